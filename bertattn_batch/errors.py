@@ -1,0 +1,25 @@
+"""Named errors raised by the library; only the CLI turns them into exit codes."""
+
+
+class BertAttnError(Exception):
+    """Base class: a problem the user can fix, reported as one line."""
+
+
+class SpecError(BertAttnError):
+    """A job spec or option is invalid (unknown key, wrong type, bad value)."""
+
+
+class InputError(BertAttnError):
+    """An input file is missing, unreadable, or lacks a needed column."""
+
+
+class ModelError(BertAttnError):
+    """A model cannot be loaded or is not a supported BERT-family classifier."""
+
+
+class RunDirError(BertAttnError):
+    """A run directory belongs to another job, model or schema, or is damaged."""
+
+
+class WriteError(BertAttnError):
+    """Writing output failed (disk full, permission denied); the run can be resumed."""

@@ -1,0 +1,324 @@
+"""Stream review rows from Parquet, JSONL, CSV/TSV, plain-text files and saved ``datasets``.
+
+Usage::
+
+    for batch in read_rows(["reviews/*.parquet"], text_col="text", id_col="id"):
+        batch.doc_id, batch.text, batch.label, batch.status
+
+Memory stays bounded whatever the corpus size: every format is read in blocks. Rows that cannot be
+read as text (a number, invalid UTF-8, a malformed JSON line) are yielded with a status, never dropped.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+
+from .errors import InputError
+
+BLOCK_ROWS = 4096
+_EXTENSIONS = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".txt": "text",
+    ".text": "text",
+}
+#: Text column name for plain-text inputs (one review a line).
+TEXT_FILE_COLUMN = "text"
+
+
+@dataclass
+class RowBatch:
+    """A block of source rows; ``status`` is 'ok' or why a row cannot be scored."""
+
+    row_index: list[int] = field(default_factory=list)
+    doc_id: list[str] = field(default_factory=list)
+    text: list[str | None] = field(default_factory=list)
+    label: list[str | None] = field(default_factory=list)
+    status: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.row_index)
+
+    def append(self, row: int, doc_id: str, text: str | None, label: str | None, status: str) -> None:
+        self.row_index.append(row)
+        self.doc_id.append(doc_id)
+        self.text.append(text)
+        self.label.append(label)
+        self.status.append(status)
+
+
+@dataclass(frozen=True)
+class Source:
+    path: Path
+    format: str
+
+
+def expand_inputs(inputs: Iterable[str], input_format: str = "auto") -> list[Source]:
+    """Resolve files, globs and folders to an ordered list of sources; raise when nothing matches."""
+    sources: list[Source] = []
+    for spec in inputs:
+        matches = sorted(glob.glob(spec, recursive=True)) if glob.has_magic(spec) else [spec]
+        if not matches:
+            raise InputError(f"no input matches {spec!r}")
+        for m in matches:
+            p = Path(m)
+            if not p.exists():
+                raise InputError(f"input not found: {p}")
+            if p.is_dir() and input_format in ("auto", "datasets") and _is_saved_dataset(p):
+                sources.append(Source(p, "datasets"))
+            elif p.is_dir():
+                files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in _EXTENSIONS)
+                files = [f for f in files if not any(part.startswith(("_", ".")) for part in f.parts)]
+                if not files:
+                    raise InputError(f"folder {p} holds no readable review files ({', '.join(_EXTENSIONS)})")
+                sources.extend(Source(f, _format_of(f, input_format)) for f in files)
+            else:
+                sources.append(Source(p, _format_of(p, input_format)))
+    return sources
+
+
+def _is_saved_dataset(p: Path) -> bool:
+    return (p / "dataset_info.json").is_file() or (p / "dataset_dict.json").is_file()
+
+
+def _format_of(path: Path, input_format: str) -> str:
+    if input_format != "auto":
+        return input_format
+    fmt = _EXTENSIONS.get(path.suffix.lower())
+    if fmt is None:
+        raise InputError(
+            f"cannot tell the format of {path} from its name; pass --input-format "
+            f"(parquet, jsonl, csv, tsv, text, datasets)"
+        )
+    return fmt
+
+
+def read_rows(
+    inputs: Iterable[str],
+    text_col: str = "text",
+    id_col: str | None = None,
+    label_col: str | None = None,
+    input_format: str = "auto",
+    limit: int | None = None,
+    block_rows: int = BLOCK_ROWS,
+) -> Iterator[RowBatch]:
+    """Yield RowBatches over all inputs in order; ``row_index`` counts across inputs from 0."""
+    sources = expand_inputs(inputs, input_format)
+    wanted = [c for c in (text_col, id_col, label_col) if c]
+    for src in sources:  # check every source's columns before streaming any of them
+        _check_columns(src, wanted)
+    row = 0
+    for src in sources:
+        for cols in _read_columns(src, wanted, block_rows):
+            batch = RowBatch()
+            n = len(cols[text_col])
+            for i in range(n):
+                if limit is not None and row >= limit:
+                    if len(batch):
+                        yield batch
+                    return
+                text, status = _as_text(cols[text_col][i])
+                doc_id = str(row)
+                if id_col:
+                    raw_id = cols[id_col][i]
+                    if raw_id is None:
+                        status = "null_id" if status == "ok" else status
+                    else:
+                        doc_id = _to_str(raw_id)
+                label = None
+                if label_col and cols[label_col][i] is not None:
+                    label = _to_str(cols[label_col][i])
+                batch.append(row, doc_id, text, label, status)
+                row += 1
+            if len(batch):
+                yield batch
+
+
+def _to_str(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _as_text(value: Any) -> tuple[str | None, str]:
+    """A cell as review text, with 'ok' or the reason it is not text."""
+    if value is None:
+        return None, "null_text"
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None, "invalid_utf8"
+    if not isinstance(value, str):
+        return None, "not_text"
+    if not value.strip():
+        return value, "empty_text"
+    return value, "ok"
+
+
+def _check_columns(src: Source, wanted: list[str]) -> None:
+    names = _column_names(src)
+    if names is None:
+        return
+    missing = [c for c in wanted if c not in names]
+    if missing:
+        raise InputError(
+            f"{src.path}: no column {', '.join(repr(c) for c in missing)}; "
+            f"columns there: {', '.join(names) or '(none)'}"
+        )
+
+
+def _column_names(src: Source) -> list[str] | None:
+    """Column names without reading the data (None where a format has no header)."""
+    try:
+        if src.format == "parquet":
+            return pq.read_schema(src.path).names
+        if src.format in ("csv", "tsv"):
+            with open(src.path, "rb") as f:
+                header = f.readline()
+            if not header.strip():
+                return []
+            reader = pcsv.open_csv(
+                pa.py_buffer(header),
+                parse_options=pcsv.ParseOptions(delimiter="\t" if src.format == "tsv" else ","),
+            )
+            return reader.schema.names
+        if src.format == "text":
+            return [TEXT_FILE_COLUMN]
+        if src.format == "datasets":
+            return list(_load_dataset(src.path).column_names)
+        if src.format == "jsonl":
+            return None  # JSON lines carry their keys row by row; missing keys are checked on read
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InputError(f"{src.path}: cannot read as {src.format}: {_first_line(e)}") from None
+    raise InputError(f"unknown input format {src.format!r}")
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
+    reader = {
+        "parquet": _read_parquet,
+        "csv": _read_csv,
+        "tsv": _read_csv,
+        "jsonl": _read_jsonl,
+        "text": _read_text,
+        "datasets": _read_datasets,
+    }[src.format]
+    try:
+        yield from reader(src, wanted, block_rows)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InputError(f"{src.path}: cannot read as {src.format}: {_first_line(e)}") from None
+
+
+def _read_parquet(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
+    pf = pq.ParquetFile(src.path)
+    for rb in pf.iter_batches(batch_size=block_rows, columns=wanted):
+        yield {c: rb.column(c).to_pylist() for c in wanted}
+
+
+def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
+    if src.path.stat().st_size == 0 or not _column_names(src):
+        return
+    # Read every wanted column as bytes so that one row of invalid UTF-8 becomes that row's status.
+    reader = pcsv.open_csv(
+        src.path,
+        read_options=pcsv.ReadOptions(block_size=1 << 22),
+        parse_options=pcsv.ParseOptions(
+            delimiter="\t" if src.format == "tsv" else ",", newlines_in_values=True
+        ),
+        convert_options=pcsv.ConvertOptions(
+            include_columns=wanted,
+            column_types={c: pa.binary() for c in wanted},
+            strings_can_be_null=False,
+            quoted_strings_can_be_null=False,
+        ),
+    )
+    for rb in reader:
+        yield {c: rb.column(c).to_pylist() for c in wanted}
+
+
+def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
+    text_col = wanted[0]
+    block: dict[str, list[Any]] = {c: [] for c in wanted}
+    with open(src.path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except UnicodeDecodeError:
+                obj = {text_col: raw}  # yields status invalid_utf8 for this row
+            except json.JSONDecodeError as e:
+                raise InputError(f"{src.path}:{lineno}: not a JSON object: {e}") from None
+            if not isinstance(obj, dict):
+                raise InputError(f"{src.path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            if lineno == 1 or len(block[text_col]) == 0:
+                missing = [c for c in wanted if c not in obj]
+                if missing:
+                    raise InputError(
+                        f"{src.path}:{lineno}: no key {', '.join(repr(c) for c in missing)}; "
+                        f"keys there: {', '.join(obj) or '(none)'}"
+                    )
+            for c in wanted:
+                block[c].append(obj.get(c))
+            if len(block[text_col]) >= block_rows:
+                yield block
+                block = {c: [] for c in wanted}
+    if block[text_col]:
+        yield block
+
+
+def _read_text(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
+    extra = [c for c in wanted if c != TEXT_FILE_COLUMN]
+    if extra:
+        raise InputError(
+            f"{src.path}: a plain-text file has one column, {TEXT_FILE_COLUMN!r}; "
+            f"it has no {', '.join(repr(c) for c in extra)}"
+        )
+    block: list[Any] = []
+    with open(src.path, "rb") as f:
+        for raw in f:
+            block.append(raw.rstrip(b"\r\n"))
+            if len(block) >= block_rows:
+                yield {TEXT_FILE_COLUMN: block}
+                block = []
+    if block:
+        yield {TEXT_FILE_COLUMN: block}
+
+
+def _load_dataset(path: Path) -> Any:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError) as e:
+        raise InputError(f"{path}: not a saved datasets dataset: {_first_line(e)}") from None
+    if isinstance(ds, datasets.DatasetDict):
+        splits = ", ".join(f"{path}/{s}" for s in ds)
+        raise InputError(f"{path} holds several splits; name one: {splits}")
+    return ds
+
+
+def _read_datasets(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
+    ds = _load_dataset(src.path).select_columns(wanted).with_format("arrow")
+    for table in ds.iter(batch_size=block_rows):  # memory-mapped: bounded resident memory
+        yield {c: table.column(c).to_pylist() for c in wanted}

