@@ -322,3 +322,16 @@ def _read_datasets(src: Source, wanted: list[str], block_rows: int) -> Iterator[
     ds = _load_dataset(src.path).select_columns(wanted).with_format("arrow")
     for table in ds.iter(batch_size=block_rows):  # memory-mapped: bounded resident memory
         yield {c: table.column(c).to_pylist() for c in wanted}
+
+
+def count_rows(inputs: Iterable[str], input_format: str = "auto") -> int | None:
+    """Total rows where the formats record it (Parquet, datasets) without reading data; else None."""
+    total = 0
+    for src in expand_inputs(inputs, input_format):
+        if src.format == "parquet":
+            total += pq.ParquetFile(src.path).metadata.num_rows
+        elif src.format == "datasets":
+            total += _load_dataset(src.path).num_rows
+        else:
+            return None
+    return total

@@ -12,12 +12,13 @@ describe the same job::
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from .errors import SpecError
 
@@ -36,6 +37,7 @@ class FinetuneSpec:
     text_col: str | None = None  # None: the job's text_col
     label_col: str | None = None  # None: the job's label_col
     base: str | None = None  # a pretrained BERT folder or hub name; None trains from scratch
+    labels: list[str] | None = None  # train only on rows with these labels, in this id order
     # From-scratch architecture (a character vocabulary is built from the training split).
     hidden_size: int = 128
     num_layers: int = 2
@@ -51,8 +53,28 @@ class FinetuneSpec:
     warmup_ratio: float = 0.06
     eval_fraction: float = 0.1
     seed: int = 13
+    label_smoothing: float = 0.0
     max_train_seconds: float | None = None
     threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.labels is not None and (len(self.labels) < 2 or len(set(self.labels)) != len(self.labels)):
+            raise SpecError(f"finetune.labels: give at least two distinct labels, got {self.labels}")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise SpecError(f"finetune.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise SpecError(f"finetune.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.epochs <= 0 or self.learning_rate <= 0:
+            raise SpecError("finetune.epochs and finetune.learning_rate must be positive")
+        if self.max_length < 3:
+            raise SpecError(f"finetune.max_length must be at least 3, got {self.max_length}")
+        for name in ("batch_size", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
+            if getattr(self, name) < 1:
+                raise SpecError(f"finetune.{name} must be at least 1, got {getattr(self, name)}")
+        if self.hidden_size % self.num_heads:
+            raise SpecError(
+                f"finetune.hidden_size ({self.hidden_size}) must be a multiple of num_heads ({self.num_heads})"
+            )
 
 
 @dataclass
@@ -73,8 +95,7 @@ class JobSpec:
     attention: str = "sdpa"
     batch_tokens: int = 16384
     max_batch_size: int = 256
-    window: int = 2048
-    part_rows: int = 8192
+    window: int = 4096  # rows per bucketing window, and per Parquet part
     limit: int | None = None
     on_existing: str = "resume"
     trust_remote_code: bool = False
@@ -95,7 +116,7 @@ class JobSpec:
             raise SpecError("layers: give at least one layer index, e.g. [-2]")
         if len(set(self.layers)) != len(self.layers):
             raise SpecError(f"layers: repeated index in {self.layers}")
-        for name in ("batch_tokens", "max_batch_size", "window", "part_rows"):
+        for name in ("batch_tokens", "max_batch_size", "window"):
             if getattr(self, name) < 1:
                 raise SpecError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_length is not None and self.max_length < 3:

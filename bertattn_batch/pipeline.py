@@ -1,0 +1,381 @@
+"""``run_job(spec)``: the one place that knows the order of the stages.
+
+Usage::
+
+    from bertattn_batch.spec import load_job
+    from bertattn_batch.pipeline import run_job
+    summary = run_job(load_job("jobs/default.toml"))
+
+    read+encode (thread) ──▶ bucket & model (this thread) ──▶ extract+write (thread)
+
+Every input row leaves as exactly one predictions row: scored, or with the status that says why not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import __version__
+from .batching import bucket_batches
+from .encode import encode_texts
+from .errors import ModelError
+from .extract import Extractor, ScoredRow, vocab_array
+from .model import Classifier
+from .read import RowBatch, count_rows, read_rows
+from .spec import JobSpec
+from .threads import Worker, prefetch
+from .write import RunWriter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Window:
+    """A block of consecutive input rows, encoded; becomes one Parquet part of each table."""
+
+    start_row: int
+    end_row: int
+    rows: list[ScoredRow]
+
+
+@dataclass
+class RunSummary:
+    """What a run did; also stored in the manifest."""
+
+    run_dir: str
+    input_rows: int = 0
+    skipped_committed: int = 0
+    scored: int = 0
+    status_counts: dict[str, int] = field(default_factory=dict)
+    tokens: int = 0
+    padded_slots: int = 0
+    truncated: int = 0
+    bytes_written: int = 0
+    parts_written: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def padding_share(self) -> float:
+        return 1 - self.tokens / self.padded_slots if self.padded_slots else 0.0
+
+    @property
+    def reviews_per_s(self) -> float:
+        wall = self.seconds.get("wall", 0.0)
+        return self.scored / wall if wall else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d.update(padding_share=round(self.padding_share, 4), reviews_per_s=round(self.reviews_per_s, 2))
+        return d
+
+    def line(self) -> str:
+        skipped = sum(v for k, v in self.status_counts.items() if k != "ok")
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.status_counts.items()) if k != "ok")
+        t = self.seconds
+        return (
+            f"{self.input_rows} reviews ({self.scored} scored, {skipped} not scored"
+            f"{': ' + reasons if reasons else ''}), {self.tokens} tokens, "
+            f"padding {self.padding_share:.1%}, {self.reviews_per_s:.1f} reviews/s, "
+            f"{_human_bytes(self.bytes_written)} written in {self.parts_written} parts; "
+            f"time: read+encode {t.get('read_encode', 0):.1f}s, model {t.get('model', 0):.1f}s, "
+            f"extract {t.get('extract', 0):.1f}s, write {t.get('write', 0):.1f}s, wall {t.get('wall', 0):.1f}s"
+        )
+
+
+def ensure_model(spec: JobSpec, progress: bool = True) -> None:
+    """Train the job's model on first run when the job has a [finetune] table and the folder is missing."""
+    if spec.finetune is None or (Path(spec.model) / "config.json").is_file():
+        return
+    from .finetune import finetune_files
+
+    ft = spec.finetune
+    log.warning("model %s not found: training it now from the job's [finetune] table", spec.model)
+    metrics = finetune_files(
+        ft.inputs or spec.inputs,
+        text_col=ft.text_col or spec.text_col,
+        label_col=ft.label_col or spec.label_col or "label",
+        out_dir=spec.model,
+        spec=ft,
+        input_format=spec.input_format,
+        progress=progress,
+    )
+    log.warning(
+        "trained %s: held-out accuracy %.4f, macro-F1 %.4f",
+        spec.model,
+        metrics.get("accuracy", float("nan")),
+        metrics.get("macro_f1", float("nan")),
+    )
+
+
+def load_classifier(spec: JobSpec) -> Classifier:
+    return Classifier.load(
+        spec.model,
+        layers=spec.layers,
+        device=spec.device,
+        dtype=spec.dtype,
+        attention=spec.attention,
+        max_length=spec.max_length,
+        trust_remote_code=spec.trust_remote_code,
+        allow_pickle=spec.allow_pickle,
+    )
+
+
+def run_header(spec: JobSpec, clf: Classifier) -> dict[str, Any]:
+    """Manifest fields fixed for the life of a run; ``fingerprint`` decides whether a resume may mix in."""
+    dtype = str(clf.dtype).removeprefix("torch.")
+    fingerprint = {
+        "model_sha256": clf.weights_sha256,
+        "inputs": [str(p) for p in spec.inputs],
+        "columns": [spec.text_col, spec.id_col, spec.label_col],
+        "layers": clf.layers,
+        "max_length": clf.max_length,
+        "dtype": dtype,
+        "attention": spec.attention,
+    }
+    fingerprint["job_sha256"] = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
+    import pyarrow
+    import tokenizers
+    import transformers
+
+    return {
+        "spec": spec.to_dict(),
+        "fingerprint": fingerprint,
+        "model": {
+            "source": clf.source,
+            "weights_sha256": clf.weights_sha256,
+            "model_type": clf.model.config.model_type,
+            "num_layers": clf.num_layers,
+            "num_heads": clf.num_heads,
+            "layers": clf.layers,
+            "id2label": {str(k): v for k, v in clf.id2label.items()},
+            "max_length": clf.max_length,
+            "dtype": dtype,
+            "device": str(clf.device),
+            "attention": spec.attention,
+        },
+        "versions": {
+            "bertattn_batch": __version__,
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+            "pyarrow": pyarrow.__version__,
+        },
+    }
+
+
+def iter_windows(
+    spec: JobSpec,
+    clf: Classifier,
+    skip_until: int = 0,
+    skip_ids: set[str] | None = None,
+    timings: Counter | None = None,
+) -> Iterator[Window]:
+    """Read and encode the input in windows of ``spec.window`` rows; rows already committed are skipped."""
+    seen_ids: set[str] = set(skip_ids or ())
+    timings = timings if timings is not None else Counter()
+    t0 = time.perf_counter()
+    for block in read_rows(
+        spec.inputs,
+        text_col=spec.text_col,
+        id_col=spec.id_col,
+        label_col=spec.label_col,
+        input_format=spec.input_format,
+        limit=spec.limit,
+        block_rows=spec.window,
+    ):
+        window = _encode_block(block, clf, skip_until, skip_ids, seen_ids if spec.id_col else None)
+        timings["read_encode"] += time.perf_counter() - t0
+        if window is not None:
+            yield window
+        t0 = time.perf_counter()
+
+
+def _encode_block(
+    block: RowBatch,
+    clf: Classifier,
+    skip_until: int,
+    skip_ids: set[str] | None,
+    seen_ids: set[str] | None,
+) -> Window | None:
+    rows: list[ScoredRow] = []
+    for i in range(len(block)):
+        row, doc_id = block.row_index[i], block.doc_id[i]
+        if row < skip_until or (skip_ids is not None and doc_id in skip_ids):
+            continue
+        status = block.status[i]
+        if seen_ids is not None:
+            if status == "ok" and doc_id in seen_ids:
+                status = "duplicate_id"
+            seen_ids.add(doc_id)
+        rows.append(ScoredRow(row, doc_id, block.label[i], status))
+    if not rows:
+        return None
+    todo = [r for r in rows if r.status == "ok"]
+    by_row = dict(zip(block.row_index, block.text, strict=True))
+    for r, enc in zip(todo, encode_texts(clf.tokenizer, [by_row[r.row_index] for r in todo], clf.max_length)):
+        r.encoded = enc
+        if enc.n_tokens <= 2:
+            r.status = "no_tokens"
+    return Window(rows[0].row_index, rows[-1].row_index + 1, rows)
+
+
+class ModelStage:
+    """Scores windows: length buckets packed by a token budget, OOM answered by halving the batch."""
+
+    def __init__(self, clf: Classifier, batch_tokens: int, max_batch_size: int) -> None:
+        self.clf = clf
+        self.batch_tokens = batch_tokens
+        self.max_batch_size = max_batch_size
+
+    def __call__(self, window: Window) -> tuple[int, int]:
+        """Fill probs and cls_rows of the window's scorable rows; returns (real tokens, padded slots)."""
+        todo = [r for r in window.rows if r.status == "ok"]
+        lengths = [r.encoded.n_tokens for r in todo]
+        real = slots = 0
+        for idx in bucket_batches(lengths, self.batch_tokens, self.max_batch_size):
+            batch = [todo[i] for i in idx]
+            self._score(batch)
+            real += sum(r.encoded.n_tokens for r in batch)
+            slots += len(batch) * max(r.encoded.n_tokens for r in batch)
+        return real, slots
+
+    def _score(self, batch: list[ScoredRow]) -> None:
+        try:
+            probs, rows = self.clf.forward([r.encoded.ids for r in batch])  # (B, C), (B, L, H, S)
+        except torch.OutOfMemoryError:
+            if len(batch) == 1:
+                raise ModelError(
+                    f"out of memory on a single review of {batch[0].encoded.n_tokens} tokens; "
+                    "lower --max-length or use a device with more memory"
+                ) from None
+            _free_device_cache(self.clf.device)
+            half = len(batch) // 2
+            log.warning("out of memory on a batch of %d reviews; retrying in halves", len(batch))
+            self._score(batch[:half])
+            self._score(batch[half:])
+            return
+        for i, r in enumerate(batch):
+            n = r.encoded.n_tokens
+            r.probs = probs[i]  # (C,)
+            r.cls_rows = rows[i, :, :, :n]  # (L, H, n): this review's own tokens, padding dropped
+
+
+def _free_device_cache(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_job(
+    spec: JobSpec, progress: bool | None = None, writer_cls: type[RunWriter] = RunWriter
+) -> RunSummary:
+    """Run one extraction job end to end; returns its summary (also written to the manifest)."""
+    show = spec.progress if progress is None else progress
+    t_start = time.perf_counter()
+    ensure_model(spec, progress=show)
+    clf = load_classifier(spec)
+    summary = RunSummary(run_dir=str(spec.out))
+    timings: Counter = Counter()
+    extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels)
+    stage = ModelStage(clf, spec.batch_tokens, spec.max_batch_size)
+    incremental = spec.on_existing == "incremental"
+    on_existing = "resume" if incremental else spec.on_existing
+    with writer_cls(spec.out, run_header(spec, clf), on_existing=on_existing) as sink:
+        generation = 0
+        skip_until, skip_ids = sink.committed_until(), None
+        if incremental and sink.parts:
+            skip_ids, skip_until = sink.committed_ids(), 0
+            generation = max(int(p.get("generation", 0)) for p in sink.parts) + 1
+        summary.skipped_committed = skip_until if not incremental else len(skip_ids or ())
+        bar = _progress_bar(spec, show, skip_until)
+
+        def write(window: Window) -> None:
+            t0 = time.perf_counter()
+            tables = extractor.tables(window.rows)
+            t1 = time.perf_counter()
+            entry = sink.write_part(window.start_row, window.end_row, tables, generation=generation)
+            timings["extract"] += t1 - t0
+            timings["write"] += time.perf_counter() - t1
+            summary.bytes_written += entry["bytes"]
+            summary.parts_written += 1
+
+        writer = Worker(write, depth=2, name="writer")
+        try:
+            for window in prefetch(iter_windows(spec, clf, skip_until, skip_ids, timings), depth=2):
+                t0 = time.perf_counter()
+                real, slots = stage(window)
+                timings["model"] += time.perf_counter() - t0
+                _count(summary, window, real, slots)
+                bar.update(len(window.rows))
+                bar.set_postfix_str(f"{summary.tokens / max(bar.format_dict['elapsed'], 1e-9):,.0f} tok/s")
+                writer.put(window)
+        finally:
+            writer.close()
+            bar.close()
+        summary.seconds = {k: round(v, 3) for k, v in timings.items()}
+        summary.seconds["wall"] = round(time.perf_counter() - t_start, 3)
+        totals = _totals(sink)
+        sink.finalize({"last_run": summary.as_dict(), "counts": totals})
+    return summary
+
+
+def _count(summary: RunSummary, window: Window, real: int, slots: int) -> None:
+    summary.input_rows += len(window.rows)
+    summary.tokens += real
+    summary.padded_slots += slots
+    for r in window.rows:
+        summary.status_counts[r.status] = summary.status_counts.get(r.status, 0) + 1
+        if r.status == "ok":
+            summary.scored += 1
+            summary.truncated += int(r.encoded.truncated)
+
+
+def _totals(sink: RunWriter) -> dict[str, int]:
+    """Row counts of every table over all committed parts (this run and earlier ones)."""
+    totals: dict[str, int] = {}
+    for p in sink.parts:
+        for table, n in p["rows"].items():
+            totals[table] = totals.get(table, 0) + n
+    return totals
+
+
+def _progress_bar(spec: JobSpec, show: bool, done: int):
+    from tqdm.auto import tqdm
+
+    total = None
+    if show:
+        try:
+            total = count_rows(spec.inputs, spec.input_format)
+        except Exception:  # a count is a nicety; the reader reports real problems
+            total = None
+        if total is not None and spec.limit is not None:
+            total = min(total, spec.limit)
+    return tqdm(
+        total=total,
+        initial=done if total else 0,
+        unit="review",
+        disable=not show,
+        dynamic_ncols=True,
+        smoothing=0.1,
+    )
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

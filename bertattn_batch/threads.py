@@ -1,0 +1,90 @@
+"""Run a stage in a background thread so that reading, the model and writing overlap.
+
+Usage::
+
+    for window in prefetch(read_and_encode(), depth=2):   # producer runs ahead in a thread
+        writer.put(score(window))                         # consumer of a Worker thread
+    writer.close()                                        # waits; re-raises the worker's error
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+_DONE = object()
+
+
+class _Failure:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
+    """Iterate ``items`` in a daemon thread, at most ``depth`` ahead; its exceptions surface here."""
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(_DONE)
+        except BaseException as e:  # handed to the consumer, raised there
+            q.put(_Failure(e))
+
+    thread = threading.Thread(target=produce, name="prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failure):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+
+
+class Worker:
+    """A single thread that applies ``fn`` to each item put, in order; errors re-raise on put/close."""
+
+    def __init__(self, fn: Callable[[Any], None], depth: int = 2, name: str = "worker") -> None:
+        self._fn = fn
+        self._q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while (item := self._q.get()) is not _DONE:
+            if self._error is None:
+                try:
+                    self._fn(item)
+                except BaseException as e:
+                    self._error = e
+
+    def put(self, item: Any) -> None:
+        self._raise()
+        self._q.put(item)
+
+    def close(self) -> None:
+        """Wait for every item to be handled, then raise the first error, if any."""
+        self._q.put(_DONE)
+        self._thread.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error

@@ -1,0 +1,258 @@
+"""The run directory: Parquet parts committed atomically, and the manifest that lists them.
+
+Usage::
+
+    with RunWriter(run_dir, header) as sink:      # header: spec, model, fingerprint...
+        sink.write_part(start_row, end_row, tables)
+        sink.finalize(summary)
+
+Life cycle of a part (the same for every table, committed together):
+1. each table is written under a name readers skip (``_part-….parquet.tmp``) and fsynced;
+2. the manifest (itself replaced atomically) lists the part: this is the commit point;
+3. the files are renamed to ``part-….parquet``.
+On reopening, parts the manifest lists are rolled forward (step 3), and files it does not list are
+removed, so a run killed at any point resumes with neither duplicates nor gaps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import schema
+from .errors import RunDirError, WriteError
+
+MANIFEST = "manifest.json"
+FORMAT = "bertattn-batch run"
+
+
+def part_name(start_row: int, generation: int = 0) -> str:
+    """Parts are named by their first row: deterministic, so a retried write replaces, never adds.
+
+    ``generation`` counts incremental passes over a run, whose rows may start where older parts did.
+    """
+    suffix = f"-g{generation}" if generation else ""
+    return f"part-{start_row:012d}{suffix}.parquet"
+
+
+def _tmp_name(name: str) -> str:
+    return f"_{name}.tmp"
+
+
+def read_manifest(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / MANIFEST
+    if not path.is_file():
+        raise RunDirError(f"{run_dir} is not a run directory (no {MANIFEST})")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise RunDirError(f"{path} is damaged: {e}") from None
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, ensure_ascii=False, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+class RunWriter:
+    """Parquet sink for one run directory; see the module docstring for the commit protocol."""
+
+    def __init__(self, run_dir: str | Path, header: dict[str, Any], on_existing: str = "resume") -> None:
+        self.run_dir = Path(run_dir)
+        self.header = header
+        self.on_existing = on_existing
+        self.manifest: dict[str, Any] = {}
+
+    # -- life cycle ---------------------------------------------------------------------------------
+    def __enter__(self) -> RunWriter:
+        self.open()
+        return self
+
+    def __exit__(self, exc_type: type | None, *_: object) -> None:
+        if exc_type is not None:
+            self.on_failed()
+
+    def open(self) -> None:
+        """Create a run, or reopen one made by the same job (rolling its parts forward)."""
+        exists = (self.run_dir / MANIFEST).is_file()
+        if exists and self.on_existing == "overwrite":
+            self._clear()
+            exists = False
+        if not exists and self.run_dir.is_dir() and any(self.run_dir.iterdir()):
+            # never delete a folder we did not make, even when asked to overwrite
+            raise RunDirError(f"{self.run_dir} is not empty and is not a run directory; choose another --out")
+        if exists:
+            if self.on_existing == "new":
+                raise RunDirError(
+                    f"{self.run_dir} already holds a run; choose another --out or pass --overwrite"
+                )
+            self.manifest = read_manifest(self.run_dir)
+            self._check_compatible(self.manifest)
+            self._recover()
+            self.manifest.update(status="running", resumed_at=_now())
+            self.manifest.setdefault("resumes", 0)
+            self.manifest["resumes"] += 1
+        else:
+            self.manifest = {
+                "format": FORMAT,
+                **self.header,
+                "schema_versions": schema.versions(),
+                "created_at": _now(),
+                "status": "running",
+                "parts": [],
+            }
+        for table in schema.TABLES:
+            (self.run_dir / table).mkdir(parents=True, exist_ok=True)
+        self._save()
+
+    def on_failed(self) -> None:
+        """Leave the run resumable: only temporary files of an uncommitted part are removed."""
+        for table in schema.TABLES:
+            d = self.run_dir / table
+            for f in d.glob("_*.tmp") if d.is_dir() else []:
+                if not self._listed_tmp(table, f.name):
+                    f.unlink(missing_ok=True)
+        if self.manifest:
+            self.manifest["status"] = "interrupted"
+            try:
+                self._save()
+            except OSError:
+                pass
+
+    def finalize(self, summary: dict[str, Any]) -> dict[str, Any]:
+        self.manifest.update(summary)
+        self.manifest["status"] = "complete"
+        self.manifest["completed_at"] = _now()
+        self._save()
+        return self.manifest
+
+    # -- parts --------------------------------------------------------------------------------------
+    @property
+    def parts(self) -> list[dict[str, Any]]:
+        return self.manifest["parts"]
+
+    def committed_until(self) -> int:
+        """Rows [0, n) of the input are committed (parts are written in input order)."""
+        return max((p["end_row"] for p in self.parts), default=0)
+
+    def committed_ids(self) -> set[str]:
+        """Doc ids of every committed review (for incremental runs)."""
+        ids: set[str] = set()
+        for p in self.parts:
+            f = self.run_dir / p["files"]["predictions"]
+            ids.update(pq.read_table(f, columns=["doc_id"]).column("doc_id").to_pylist())
+        return ids
+
+    def write_part(
+        self, start_row: int, end_row: int, tables: dict[str, pa.Table], generation: int = 0
+    ) -> dict[str, Any]:
+        """Write one part of every table and commit them together; returns the manifest entry."""
+        name = part_name(start_row, generation)
+        files, counts, nbytes = {}, {}, 0
+        try:
+            for table_name in schema.TABLES:
+                table = schema.cast(tables[table_name], table_name)
+                tmp = self.run_dir / table_name / _tmp_name(name)
+                self._write_parquet(table, tmp)
+                files[table_name] = f"{table_name}/{name}"
+                counts[table_name] = table.num_rows
+                nbytes += tmp.stat().st_size
+            entry = {
+                "name": name,
+                "start_row": start_row,
+                "end_row": end_row,
+                "files": files,
+                "rows": counts,
+                "bytes": nbytes,
+                "generation": generation,
+            }
+            self.parts[:] = [p for p in self.parts if p["name"] != name] + [entry]
+            self._save()  # commit point
+            for table_name in schema.TABLES:
+                d = self.run_dir / table_name
+                (d / _tmp_name(name)).replace(d / name)
+        except OSError as e:
+            raise WriteError(f"writing {name} to {self.run_dir} failed: {e.strerror or e}") from e
+        return entry
+
+    def _write_parquet(self, table: pa.Table, path: Path) -> None:
+        """Write and fsync one file; a subclass may override this to simulate failures in tests."""
+        pq.write_table(table, path, compression="zstd", row_group_size=1 << 20)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _save(self) -> None:
+        self.manifest["updated_at"] = _now()
+        try:
+            _write_json_atomic(self.run_dir / MANIFEST, self.manifest)
+        except OSError as e:
+            raise WriteError(f"writing {self.run_dir / MANIFEST} failed: {e.strerror or e}") from e
+
+    def _listed_tmp(self, table: str, tmp_name: str) -> bool:
+        return any(_tmp_name(p["name"]) == tmp_name for p in self.manifest.get("parts", []))
+
+    def _recover(self) -> None:
+        """Roll listed parts forward; delete every file the manifest does not list."""
+        listed = {p["name"] for p in self.parts}
+        for table in schema.TABLES:
+            d = self.run_dir / table
+            if not d.is_dir():
+                continue
+            for f in d.iterdir():
+                if f.name in listed:
+                    continue
+                if f.name.startswith("_") and f.name.endswith(".tmp") and f.name[1:-4] in listed:
+                    final = d / f.name[1:-4]
+                    if final.exists():
+                        f.unlink()
+                    else:
+                        f.replace(final)
+                elif f.is_file():
+                    f.unlink()
+            for p in self.parts:
+                if not (d / p["name"]).is_file():
+                    raise RunDirError(
+                        f"{self.run_dir}: part {table}/{p['name']} listed in the manifest is missing"
+                    )
+
+    def _check_compatible(self, old: dict[str, Any]) -> None:
+        if old.get("format") != FORMAT:
+            raise RunDirError(f"{self.run_dir}/{MANIFEST} is not a bertattn-batch manifest")
+        if old.get("schema_versions") != schema.versions():
+            raise RunDirError(
+                f"{self.run_dir} was written with schema versions {old.get('schema_versions')}, "
+                f"this version writes {schema.versions()}; pass --overwrite or choose another --out"
+            )
+        mine, theirs = self.header.get("fingerprint", {}), old.get("fingerprint", {})
+        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if diff:
+            detail = "; ".join(f"{k}: run has {theirs.get(k)!r}, job has {mine.get(k)!r}" for k in diff)
+            raise RunDirError(
+                f"{self.run_dir} was made by another job ({detail}); pass --overwrite or choose another --out"
+            )
+
+    def _clear(self) -> None:
+        for child in self.run_dir.iterdir():
+            if child.is_dir():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

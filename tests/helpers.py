@@ -1,0 +1,37 @@
+"""Small helpers the tests share: read a run back, and the independent eager oracle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import torch
+
+
+def read_table(run_dir: Path, table: str) -> pa.Table:
+    return ds.dataset(Path(run_dir) / table, format="parquet").to_table()
+
+
+def eager_oracle(model_dir: Path, texts: list[str], layer: int, max_length: int = 512) -> list[np.ndarray]:
+    """transformers' own eager attention in one padded batch: attentions[layer][i, :, 0, 1:len_i-1]."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="eager").eval()
+    enc = tok(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    with torch.no_grad():
+        out = model(**enc, output_attentions=True)
+    lengths = enc["attention_mask"].sum(1).tolist()
+    att = out.attentions[layer]  # (B, H, S, S)
+    return [att[i, :, 0, 1 : n - 1].numpy() for i, n in enumerate(lengths)]  # (H, n-2) each
+
+
+def minmax(x: np.ndarray) -> np.ndarray:
+    """Per-row min-max scaling written out plainly (MinMaxScaler on the transposed matrix)."""
+    out = np.zeros_like(x)
+    for h in range(x.shape[0]):
+        lo, hi = x[h].min(), x[h].max()
+        out[h] = (x[h] - lo) / (hi - lo) if hi > lo else 0.0
+    return out

@@ -1,0 +1,83 @@
+"""The written weights equal transformers' own eager attention, review by review, in padded batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from helpers import eager_oracle, minmax, read_table
+
+from bertattn_batch.pipeline import run_job
+from bertattn_batch.spec import JobSpec
+
+
+def _by_doc(table) -> dict[str, dict[str, np.ndarray]]:
+    cols = {c: table.column(c).to_numpy() for c in ("layer", "head", "position", "weight", "weight_scaled")}
+    docs = np.asarray(table.column("doc_id").to_pylist())
+    out = {}
+    for d in np.unique(docs):
+        sel = docs == d
+        out[d] = {k: v[sel] for k, v in cols.items()}
+    return out
+
+
+@pytest.mark.parametrize("model_fixture", ["minilm_dir", "tiny_en_dir"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_weights_match_eager_output_attentions(request, model_fixture, attention, drug_sample, tmp_path):
+    model_dir = request.getfixturevalue(model_fixture)
+    out = tmp_path / "run"
+    # a small token budget forces many padded batches of mixed lengths
+    spec = JobSpec(
+        inputs=[str(drug_sample)],
+        model=str(model_dir),
+        out=str(out),
+        id_col="doc_id",
+        label_col="label",
+        batch_tokens=1200,
+        max_batch_size=8,
+        window=10,
+        attention=attention,
+        progress=False,
+    )
+    run_job(spec)
+    texts = pq.read_table(drug_sample).column("text").to_pylist()
+    ids = pq.read_table(drug_sample).column("doc_id").to_pylist()
+    oracle = eager_oracle(model_dir, texts, layer=-2)
+    written = _by_doc(read_table(out, "cls_attention"))
+    num_layers = 6 if model_fixture == "minilm_dir" else 3
+    assert set(written) == set(ids)
+    for doc_id, expected in zip(ids, oracle, strict=True):
+        got = written[doc_id]
+        assert (got["layer"] == num_layers - 2).all()
+        heads, n = expected.shape
+        order = np.lexsort((got["position"], got["head"]))
+        weight = got["weight"][order].reshape(heads, n)
+        scaled = got["weight_scaled"][order].reshape(heads, n)
+        assert got["position"][order].reshape(heads, n)[0].tolist() == list(range(1, n + 1))
+        np.testing.assert_allclose(weight, expected, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(scaled, minmax(expected), atol=1e-5, rtol=0)
+
+
+def test_head_mass_closes_to_one(minilm_dir, drug_sample, tmp_path):
+    out = tmp_path / "run"
+    run_job(
+        JobSpec(
+            inputs=[str(drug_sample)], model=str(minilm_dir), out=str(out), layers=[-2, 0], progress=False
+        )
+    )
+    attn = read_table(out, "cls_attention")
+    summary = read_table(out, "head_summary")
+    sums: dict[tuple, float] = {}
+    for d, layer, head, w in zip(
+        attn.column("doc_id").to_pylist(),
+        attn.column("layer").to_pylist(),
+        attn.column("head").to_pylist(),
+        attn.column("weight").to_pylist(),
+        strict=True,
+    ):
+        sums[(d, layer, head)] = sums.get((d, layer, head), 0.0) + w
+    assert summary.num_rows == len(sums) == 24 * 2 * 12
+    for row in summary.to_pylist():
+        total = sums[(row["doc_id"], row["layer"], row["head"])] + row["weight_cls"] + row["weight_sep"]
+        assert total == pytest.approx(1.0, abs=1e-4)
+        assert row["weight_min"] <= row["weight_max"]
