@@ -76,7 +76,9 @@ def _layers(value: str | None) -> list[int] | None:
     try:
         return [int(x) for x in value.replace(" ", "").split(",") if x]
     except ValueError:
-        raise typer.BadParameter(f"expected comma-separated layer indices such as -2 or -2,-1; got {value!r}")
+        raise typer.BadParameter(
+            f"expected comma-separated layer indices such as -2 or -2,-1; got {value!r}"
+        ) from None
 
 
 def _on_existing(on_existing: str | None, overwrite: bool, incremental: bool) -> str | None:

@@ -226,7 +226,9 @@ def _encode_block(
         return None
     todo = [r for r in rows if r.status == "ok"]
     by_row = dict(zip(block.row_index, block.text, strict=True))
-    for r, enc in zip(todo, encode_texts(clf.tokenizer, [by_row[r.row_index] for r in todo], clf.max_length)):
+    for r, enc in zip(
+        todo, encode_texts(clf.tokenizer, [by_row[r.row_index] for r in todo], clf.max_length), strict=True
+    ):
         r.encoded = enc
         if enc.n_tokens <= 2:
             r.status = "no_tokens"

@@ -16,6 +16,7 @@ removed, so a run killed at any point resumes with neither duplicates nor gaps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -125,10 +126,8 @@ class RunWriter:
                     f.unlink(missing_ok=True)
         if self.manifest:
             self.manifest["status"] = "interrupted"
-            try:
+            with contextlib.suppress(OSError):
                 self._save()
-            except OSError:
-                pass
 
     def finalize(self, summary: dict[str, Any]) -> dict[str, Any]:
         self.manifest.update(summary)
