@@ -1,0 +1,165 @@
+"""The CLI end to end through typer's runner, on real reviews in every input format."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from bertattn_batch import schema
+from bertattn_batch.cli import app
+
+runner = CliRunner()
+
+
+def _extract(*args: str):
+    return runner.invoke(app, ["extract", *args, "--no-progress"])
+
+
+def _read_back(run_dir) -> dict[str, pa.Table]:
+    """Read every table with pyarrow and with polars; both must match schemas/."""
+    tables = {}
+    for name in schema.TABLES:
+        files = sorted((run_dir / name).glob("part-*.parquet"))
+        assert files, name
+        for f in files:
+            assert schema.check(pq.read_schema(f), name) == []
+        tables[name] = ds.dataset(run_dir / name, format="parquet").to_table()
+        pl_df = pl.scan_parquet(str(run_dir / name / "*.parquet")).collect()
+        assert pl_df.columns == schema.columns(name)
+        assert pl_df.height == tables[name].num_rows
+    return tables
+
+
+def test_every_command_explains_itself():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    commands = [c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands]
+    assert {"extract", "run", "finetune", "corpus"} <= set(commands)
+    for c in app.registered_commands:
+        assert c.callback.__doc__, f"command {c.callback.__name__} has no help text"
+    for name in commands:
+        r = runner.invoke(app, [name, "--help"])
+        assert r.exit_code == 0, name
+        assert len(r.output.strip().splitlines()) > 3, name
+
+
+def test_every_extract_option_has_a_spec_key():
+    import dataclasses
+    import inspect
+
+    from bertattn_batch.cli import extract
+    from bertattn_batch.spec import JobSpec
+
+    keys = {f.name for f in dataclasses.fields(JobSpec)}
+    options = set(inspect.signature(extract).parameters) - {"debug", "overwrite", "incremental"}
+    assert options <= keys, options - keys
+
+
+def test_extract_end_to_end(tiny_en_dir, drug_sample, tmp_path):
+    out = tmp_path / "run"
+    r = _extract(str(drug_sample), "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "doc_id",
+                 "--label-col", "label", "--layers=-2,0")
+    assert r.exit_code == 0, r.output
+    assert "24 reviews (24 scored" in r.output
+    tables = _read_back(out)
+    preds = tables["predictions"]
+    src = pq.read_table(drug_sample)
+    assert sorted(preds.column("doc_id").to_pylist()) == sorted(src.column("doc_id").to_pylist())
+    assert preds.column("label").to_pylist() == src.column("label").to_pylist()
+    assert set(preds.column("pred_label").to_pylist()) <= {"negative", "neutral", "positive"}
+    for probs in preds.column("probs").to_pylist():
+        assert len(probs) == 3 and sum(probs) == pytest.approx(1.0, abs=1e-5)
+    # heads x content tokens x layers attention rows for each review
+    n_tokens = dict(zip(preds.column("doc_id").to_pylist(), preds.column("n_tokens").to_pylist(), strict=True))
+    counts: dict[str, int] = {}
+    for d in tables["cls_attention"].column("doc_id").to_pylist():
+        counts[d] = counts.get(d, 0) + 1
+    assert counts == {d: 4 * (n - 2) * 2 for d, n in n_tokens.items()}
+    assert set(tables["cls_attention"].column("layer").to_pylist()) == {0, 1}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "complete"
+    assert manifest["counts"]["predictions"] == 24
+    assert manifest["model"]["layers"] == [1, 0]
+    assert manifest["last_run"]["padding_share"] < 0.5
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "tsv", "text", "datasets", "folder"])
+def test_input_formats(fmt, tiny_en_dir, drug_rows, tmp_path):
+    rows = drug_rows[:7]
+    texts = [r["text"].replace("\n", " ") for r in rows]
+    table = pa.table({"id": [f"r{i}" for i in range(7)], "text": texts, "stars": [i % 3 for i in range(7)]})
+    args = ["--id-col", "id", "--label-col", "stars"]
+    if fmt == "jsonl":
+        src = tmp_path / "in.jsonl"
+        src.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in table.to_pylist()))
+    elif fmt in ("csv", "tsv"):
+        import pyarrow.csv as pcsv
+
+        src = tmp_path / f"in.{fmt}"
+        pcsv.write_csv(table, src, pcsv.WriteOptions(delimiter="," if fmt == "csv" else "\t"))
+    elif fmt == "text":
+        src = tmp_path / "in.txt"
+        src.write_text("\n".join(texts) + "\n")
+        args = []
+    elif fmt == "datasets":
+        import datasets
+
+        src = tmp_path / "saved"
+        datasets.Dataset(table).save_to_disk(str(src))
+    else:
+        src = tmp_path / "folder"
+        src.mkdir()
+        pq.write_table(table.slice(0, 3), src / "a.parquet")
+        pq.write_table(table.slice(3), src / "b.parquet")
+    out = tmp_path / "run"
+    r = _extract(str(src), "--model", str(tiny_en_dir), "--out", str(out), *args)
+    assert r.exit_code == 0, r.output
+    preds = _read_back(out)["predictions"]
+    assert preds.num_rows == 7
+    assert set(preds.column("status").to_pylist()) == {"ok"}
+    expected_ids = [str(i) for i in range(7)] if fmt == "text" else [f"r{i}" for i in range(7)]
+    assert sorted(preds.column("doc_id").to_pylist()) == sorted(expected_ids)
+    if args:
+        assert sorted(preds.column("label").to_pylist()) == sorted(str(i % 3) for i in range(7))
+
+
+def test_missing_column_lists_the_columns(tiny_en_dir, drug_sample, tmp_path):
+    r = _extract(str(drug_sample), "--model", str(tiny_en_dir), "--out", str(tmp_path / "o"), "--text-col", "reviw")
+    assert r.exit_code == 1
+    assert "no column 'reviw'" in r.output and "doc_id, text, label" in r.output
+    assert "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_empty_and_null_reviews_get_a_status(tiny_en_dir, tmp_path):
+    src = tmp_path / "odd.parquet"
+    pq.write_table(pa.table({"text": ["fine drug", None, "", "   \t", "works well"]}), src)
+    out = tmp_path / "run"
+    r = _extract(str(src), "--model", str(tiny_en_dir), "--out", str(out))
+    assert r.exit_code == 0, r.output
+    tables = _read_back(out)
+    status = dict(zip(tables["predictions"].column("doc_id").to_pylist(),
+                      tables["predictions"].column("status").to_pylist(), strict=True))
+    assert status == {"0": "ok", "1": "null_text", "2": "empty_text", "3": "empty_text", "4": "ok"}
+    assert set(tables["cls_attention"].column("doc_id").to_pylist()) == {"0", "4"}
+    assert "not scored: empty_text 2, null_text 1" in r.output
+
+
+def test_run_job_file(tiny_en_dir, drug_sample, tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'inputs = ["{drug_sample}"]\nmodel = "{tiny_en_dir}"\nout = "{tmp_path / "run"}"\n'
+        'id_col = "doc_id"\nlayers = [-1]\nprogress = false\n'
+    )
+    r = runner.invoke(app, ["run", str(job)])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["model"]["layers"] == [2]
+    job.write_text(job.read_text() + "batch_size = 3\n")
+    r = runner.invoke(app, ["run", str(job)])
+    assert r.exit_code == 1 and "unknown key(s) batch_size" in r.output

@@ -1,0 +1,62 @@
+"""Every token's character span points at that token's characters in the original text."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from conftest import SEED_TEXT
+from helpers import read_table
+
+from bertattn_batch.encode import encode_texts
+from bertattn_batch.model import Classifier
+from bertattn_batch.pipeline import run_job
+from bertattn_batch.spec import JobSpec
+
+
+def _check_spans(text: str, tokens: list[str], starts: list[int], ends: list[int]) -> None:
+    for tok, s, e in zip(tokens, starts, ends, strict=True):
+        assert 0 <= s < e <= len(text)
+        piece = text[s:e]
+        if tok == "[UNK]":
+            assert piece.strip(), "an [UNK] still maps to real characters"
+        else:
+            assert piece.lower() == tok.removeprefix("##"), (tok, piece)
+
+
+def test_seed_review_spans(tiny_zh_dir, tmp_path):
+    """The seed review is full of \\xa0, which BERT's Chinese tokenizer drops; spans must still line up."""
+    src = tmp_path / "seed.parquet"
+    pq.write_table(pa.table({"text": [SEED_TEXT]}), src)
+    out = tmp_path / "run"
+    run_job(JobSpec(inputs=[str(src)], model=str(tiny_zh_dir), out=str(out), progress=False))
+    attn = read_table(out, "cls_attention")
+    attn = attn.filter(pc.equal(attn.column("head"), 0))  # one head: each token once, in position order
+    tokens = attn.column("token").to_pylist()
+    _check_spans(SEED_TEXT, tokens, attn.column("start").to_pylist(), attn.column("end").to_pylist())
+    assert "[UNK]" in tokens  # 催 is left out of this tokenizer's vocabulary on purpose
+    assert [SEED_TEXT[s:e] for s, e in zip(attn.column("start").to_pylist(), attn.column("end").to_pylist(), strict=True)] == [
+        c for c in SEED_TEXT if not c.isspace()
+    ]
+
+
+def test_english_wordpiece_spans(minilm_dir, drug_rows):
+    clf = Classifier.load(str(minilm_dir))
+    texts = [r["text"] for r in drug_rows[:50]]
+    for text, enc in zip(texts, encode_texts(clf.tokenizer, texts, clf.max_length), strict=True):
+        tokens = clf.tokenizer.convert_ids_to_tokens(enc.ids[1:-1].tolist())
+        _check_spans(text, tokens, enc.offsets[1:-1, 0].tolist(), enc.offsets[1:-1, 1].tolist())
+
+
+def test_truncation_is_recorded(minilm_dir):
+    clf = Classifier.load(str(minilm_dir), max_length=16)
+    long_text, short_text = "word " * 40, "two words"
+    a, b = encode_texts(clf.tokenizer, [long_text, short_text], clf.max_length)
+    assert a.truncated and a.n_tokens == 16
+    assert not b.truncated and b.n_tokens == 4
+    huge = "x " * 300_000  # far past the pre-cut: the flag and the length must not change
+    (c,) = encode_texts(clf.tokenizer, [huge], clf.max_length)
+    assert c.truncated and c.n_tokens == 16
+    padded = " " * 10_000 + "tail"  # the pre-cut would drop the only word: it must not
+    (d,) = encode_texts(clf.tokenizer, [padded], 4)
+    assert not d.truncated and d.n_tokens == 3
