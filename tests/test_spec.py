@@ -1,0 +1,54 @@
+"""Job specs: typed, unknown keys and wrong types refused, CLI-equivalent."""
+
+from __future__ import annotations
+
+import pytest
+
+from bertattn_batch.errors import SpecError
+from bertattn_batch.spec import FinetuneSpec, JobSpec, load_job
+
+
+def _write(tmp_path, text: str):
+    p = tmp_path / "job.toml"
+    p.write_text(text)
+    return p
+
+
+def test_shipped_jobs_load():
+    for name in ("jobs/default.toml", "jobs/en-drug-reviews.toml"):
+        spec = load_job(name)
+        assert spec.layers == [-2]
+        assert isinstance(spec.finetune, FinetuneSpec)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('inputs = ["a"]\nmodel = "m"\nout = "o"\nlayer = [-2]\n', "unknown key(s) layer"),
+        ('inputs = ["a"]\nmodel = "m"\nout = "o"\nmax_length = "long"\n', "max_length: expected int"),
+        ('inputs = ["a"]\nmodel = "m"\nout = "o"\nlayers = [-2.5]\n', "layers[0]: expected int"),
+        ('inputs = ["a"]\nmodel = "m"\nout = "o"\nprogress = 1\n', "progress: expected bool"),
+        ('inputs = ["a"]\nmodel = "m"\nout = "o"\ndtype = "fp8"\n', "dtype must be one of"),
+        ('inputs = ["a"]\nmodel = "m"\nout = "o"\n[finetune]\nepoch = 2\n', "unknown key(s) epoch"),
+        ('inputs = ["a"]\nmodel = "m"\n', "missing key(s) out"),
+        ('inputs = ["a"]\nmodel = "m"\nout = "o"\nlayers = []\n', "at least one layer"),
+        ('inputs = ["a"\n', "not valid TOML"),
+    ],
+)
+def test_bad_specs_are_refused(tmp_path, body, message):
+    with pytest.raises(SpecError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        load_job(_write(tmp_path, body))
+
+
+def test_overrides_and_int_to_float(tmp_path):
+    p = _write(tmp_path, 'inputs = ["a"]\nmodel = "m"\nout = "o"\n[finetune]\nepochs = 2\n')
+    spec = load_job(p, out="elsewhere", limit=None)
+    assert spec.out == "elsewhere" and spec.limit is None
+    assert spec.finetune.epochs == 2.0 and isinstance(spec.finetune.epochs, float)
+
+
+def test_direct_construction_validates():
+    with pytest.raises(SpecError, match="device"):
+        JobSpec(inputs=["a"], model="m", out="o", device="tpu")
+    with pytest.raises(SpecError, match="repeated"):
+        JobSpec(inputs=["a"], model="m", out="o", layers=[-2, -2])
