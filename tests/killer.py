@@ -1,0 +1,88 @@
+"""Run ``bertattn`` in this process and SIGKILL it at a chosen point; used by test_resume.py.
+
+    python tests/killer.py POINT N -- extract ARGS...
+
+POINT is where the N-th event kills the process: ``read`` (the N-th row read), ``forward`` (inside the
+N-th model batch), ``write`` (half-way through writing the N-th Parquet file), ``commit`` (right after
+the N-th manifest save, before the part's files are renamed), ``part`` (right after the N-th part).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from bertattn_batch import read, write
+from bertattn_batch.model import Classifier
+
+
+def main() -> None:
+    point, n = sys.argv[1], int(sys.argv[2])
+    args = sys.argv[sys.argv.index("--") + 1 :]
+    calls = {"n": 0}
+
+    def tick() -> bool:
+        calls["n"] += 1
+        return calls["n"] == n
+
+    def die() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if point == "read":
+        original = read._as_text
+
+        def as_text(value):
+            if tick():
+                die()
+            return original(value)
+
+        read._as_text = as_text
+    elif point == "forward":
+        original_forward = Classifier.forward
+
+        def forward(self, ids):
+            if tick():
+                self.model(*self.pad(ids))  # really mid-batch: the forward pass runs, then the kill
+                die()
+            return original_forward(self, ids)
+
+        Classifier.forward = forward
+    elif point == "write":
+        original_write = write.RunWriter._write_parquet
+
+        def write_parquet(self, table, path):
+            if tick():
+                original_write(self, table, path)
+                data = path.read_bytes()
+                path.write_bytes(data[: len(data) // 2])  # a torn file, as a kill mid-write leaves
+                die()
+            original_write(self, table, path)
+
+        write.RunWriter._write_parquet = write_parquet
+    elif point in ("commit", "part"):
+        original_save = write.RunWriter._save
+        original_part = write.RunWriter.write_part
+
+        def save(self):
+            original_save(self)
+            if point == "commit" and self.manifest.get("parts") and tick():
+                die()
+
+        def write_part(self, *a, **kw):
+            entry = original_part(self, *a, **kw)
+            if point == "part" and tick():
+                die()
+            return entry
+
+        write.RunWriter._save = save
+        write.RunWriter.write_part = write_part
+    else:
+        raise SystemExit(f"unknown point {point}")
+    from bertattn_batch.cli import app
+
+    app(args, standalone_mode=True)
+
+
+if __name__ == "__main__":
+    main()

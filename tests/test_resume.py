@@ -1,0 +1,171 @@
+"""Runs survive SIGKILL at any point, refuse to mix jobs, and rerun incrementally."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from helpers import read_table
+from typer.testing import CliRunner
+
+from bertattn_batch import schema
+from bertattn_batch.cli import app
+from bertattn_batch.errors import RunDirError, WriteError
+from bertattn_batch.pipeline import run_job
+from bertattn_batch.spec import JobSpec
+from bertattn_batch.write import RunWriter
+
+runner = CliRunner()
+KILLER = Path(__file__).with_name("killer.py")
+SORT_KEYS = {
+    "predictions": ["row_index"],
+    "cls_attention": ["doc_id", "layer", "head", "position"],
+    "head_summary": ["doc_id", "layer", "head"],
+}
+
+
+@pytest.fixture(scope="module")
+def corpus(drug_rows, tmp_path_factory) -> Path:
+    rows = [{"doc_id": r["doc_id"], "text": r["text"][:400], "label": r["label"]} for r in drug_rows[:60]]
+    path = tmp_path_factory.mktemp("resume") / "reviews.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def _args(corpus: Path, model: Path, out: Path) -> list[str]:
+    return ["extract", str(corpus), "--model", str(model), "--out", str(out), "--id-col", "doc_id",
+            "--label-col", "label", "--window", "10", "--batch-tokens", "1500", "--no-progress"]
+
+
+def _tables(run_dir: Path) -> dict[str, pa.Table]:
+    return {t: read_table(run_dir, t).sort_by([(k, "ascending") for k in SORT_KEYS[t]]) for t in schema.TABLES}
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tiny_en_dir, tmp_path_factory) -> dict[str, pa.Table]:
+    out = tmp_path_factory.mktemp("ref") / "run"
+    r = runner.invoke(app, _args(corpus, tiny_en_dir, out))
+    assert r.exit_code == 0, r.output
+    return _tables(out)
+
+
+def _assert_no_partial_files(run_dir: Path) -> None:
+    """Whatever a reader globs is a whole Parquet file; temporaries are hidden by their names."""
+    for table in schema.TABLES:
+        for f in (run_dir / table).glob("*.parquet"):
+            assert f.name.startswith("part-")
+            pq.read_table(f)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("point", "n"), [("read", 25), ("forward", 3), ("write", 4), ("commit", 2), ("part", 3)])
+def test_sigkill_then_resume_gives_the_uninterrupted_tables(point, n, corpus, tiny_en_dir, reference, tmp_path):
+    out = tmp_path / "run"
+    args = _args(corpus, tiny_en_dir, out)
+    killed = subprocess.run([sys.executable, str(KILLER), point, str(n), "--", *args], capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    if out.exists():
+        _assert_no_partial_files(out)
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    got = _tables(out)
+    for table in schema.TABLES:
+        assert got[table].equals(reference[table]), table
+    ids = got["predictions"].column("doc_id")
+    assert pc.count_distinct(ids).as_py() == len(ids) == 60
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["counts"]["predictions"] == 60
+    _assert_no_partial_files(out)
+    assert not [f for t in schema.TABLES for f in (out / t).iterdir() if f.name.startswith("_")]
+
+
+def test_rerun_of_a_complete_run_writes_nothing(corpus, tiny_en_dir, tmp_path):
+    out = tmp_path / "run"
+    assert runner.invoke(app, _args(corpus, tiny_en_dir, out)).exit_code == 0
+    before = json.loads((out / "manifest.json").read_text())["parts"]
+    r = runner.invoke(app, _args(corpus, tiny_en_dir, out))
+    assert r.exit_code == 0, r.output
+    assert "nothing new to process" in r.output
+    assert json.loads((out / "manifest.json").read_text())["parts"] == before
+
+
+def test_another_model_or_spec_is_refused(corpus, tiny_en_dir, minilm_dir, tmp_path):
+    out = tmp_path / "run"
+    assert runner.invoke(app, _args(corpus, tiny_en_dir, out)).exit_code == 0
+    r = runner.invoke(app, _args(corpus, minilm_dir, out))
+    assert r.exit_code == 1 and "made by another job" in r.output and "model_sha256" in r.output
+    r = runner.invoke(app, [*_args(corpus, tiny_en_dir, out), "--layers=-1"])
+    assert r.exit_code == 1 and "layers" in r.output
+    r = runner.invoke(app, [*_args(corpus, minilm_dir, out), "--overwrite"])
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["model"]["num_layers"] == 6
+    manifest["schema_versions"]["predictions"] = 0
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    r = runner.invoke(app, _args(corpus, minilm_dir, out))
+    assert r.exit_code == 1 and "schema versions" in r.output
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    r = runner.invoke(app, [*_args(corpus, minilm_dir, tmp_path / "notes"), "--overwrite"])
+    assert r.exit_code == 1 and "not a run directory" in r.output
+    assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
+
+
+def test_incremental_processes_only_new_ids(drug_rows, tiny_en_dir, tmp_path):
+    src = tmp_path / "in.parquet"
+    rows = [{"doc_id": r["doc_id"], "text": r["text"][:300]} for r in drug_rows[:30]]
+    pq.write_table(pa.Table.from_pylist(rows[:20]), src)
+    out = tmp_path / "run"
+    base = ["extract", str(src), "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "doc_id",
+            "--window", "8", "--no-progress", "--incremental"]
+    assert runner.invoke(app, base).exit_code == 0
+    # the source gains 10 reviews, in front of the old ones: only those 10 are processed
+    pq.write_table(pa.Table.from_pylist(rows[20:] + rows[:20]), src)
+    r = runner.invoke(app, base)
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("10 reviews")
+    preds = read_table(out, "predictions")
+    assert sorted(preds.column("doc_id").to_pylist()) == sorted(r["doc_id"] for r in rows)
+    r = runner.invoke(app, base)
+    assert r.exit_code == 0 and "nothing new to process" in r.output
+    assert read_table(out, "predictions").num_rows == 30
+
+
+class FullDisk(RunWriter):
+    """A sink whose second part fails as a full disk would."""
+
+    def _write_parquet(self, table, path):
+        if path.name.startswith("_part-000000000010"):
+            raise OSError(28, "No space left on device")
+        super()._write_parquet(table, path)
+
+
+def test_failed_write_stops_cleanly_and_resumes(corpus, tiny_en_dir, reference, tmp_path):
+    out = tmp_path / "run"
+    spec = JobSpec(inputs=[str(corpus)], model=str(tiny_en_dir), out=str(out), id_col="doc_id",
+                   label_col="label", window=10, batch_tokens=1500, progress=False)
+    with pytest.raises(WriteError, match="No space left on device"):
+        run_job(spec, writer_cls=FullDisk)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert [p["start_row"] for p in manifest["parts"]] == [0]
+    assert not list(out.glob("*/_*"))
+    run_job(spec)
+    got = _tables(out)
+    for table in schema.TABLES:
+        assert got[table].equals(reference[table]), table
+
+
+def test_manifest_listing_a_missing_part_is_reported(corpus, tiny_en_dir, tmp_path):
+    out = tmp_path / "run"
+    assert runner.invoke(app, _args(corpus, tiny_en_dir, out)).exit_code == 0
+    next((out / "cls_attention").glob("part-*.parquet")).unlink()
+    with pytest.raises(RunDirError, match="missing"):
+        RunWriter(out, json.loads((out / "manifest.json").read_text())).open()
