@@ -193,7 +193,7 @@ def _column_names(src: Source) -> list[str] | None:
             with open(src.path, "rb") as f:
                 header = f.readline()
             if not header.strip():
-                return []
+                return None  # an empty file: no rows, so no columns to check
             reader = pcsv.open_csv(
                 pa.py_buffer(header),
                 parse_options=pcsv.ParseOptions(delimiter="\t" if src.format == "tsv" else ","),

@@ -63,8 +63,18 @@ def test_every_extract_option_has_a_spec_key():
 
 def test_extract_end_to_end(tiny_en_dir, drug_sample, tmp_path):
     out = tmp_path / "run"
-    r = _extract(str(drug_sample), "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "doc_id",
-                 "--label-col", "label", "--layers=-2,0")
+    r = _extract(
+        str(drug_sample),
+        "--model",
+        str(tiny_en_dir),
+        "--out",
+        str(out),
+        "--id-col",
+        "doc_id",
+        "--label-col",
+        "label",
+        "--layers=-2,0",
+    )
     assert r.exit_code == 0, r.output
     assert "24 reviews (24 scored" in r.output
     tables = _read_back(out)
@@ -76,7 +86,9 @@ def test_extract_end_to_end(tiny_en_dir, drug_sample, tmp_path):
     for probs in preds.column("probs").to_pylist():
         assert len(probs) == 3 and sum(probs) == pytest.approx(1.0, abs=1e-5)
     # heads x content tokens x layers attention rows for each review
-    n_tokens = dict(zip(preds.column("doc_id").to_pylist(), preds.column("n_tokens").to_pylist(), strict=True))
+    n_tokens = dict(
+        zip(preds.column("doc_id").to_pylist(), preds.column("n_tokens").to_pylist(), strict=True)
+    )
     counts: dict[str, int] = {}
     for d in tables["cls_attention"].column("doc_id").to_pylist():
         counts[d] = counts.get(d, 0) + 1
@@ -130,7 +142,9 @@ def test_input_formats(fmt, tiny_en_dir, drug_rows, tmp_path):
 
 
 def test_missing_column_lists_the_columns(tiny_en_dir, drug_sample, tmp_path):
-    r = _extract(str(drug_sample), "--model", str(tiny_en_dir), "--out", str(tmp_path / "o"), "--text-col", "reviw")
+    r = _extract(
+        str(drug_sample), "--model", str(tiny_en_dir), "--out", str(tmp_path / "o"), "--text-col", "reviw"
+    )
     assert r.exit_code == 1
     assert "no column 'reviw'" in r.output and "doc_id, text, label" in r.output
     assert "Traceback" not in r.output
@@ -144,8 +158,13 @@ def test_empty_and_null_reviews_get_a_status(tiny_en_dir, tmp_path):
     r = _extract(str(src), "--model", str(tiny_en_dir), "--out", str(out))
     assert r.exit_code == 0, r.output
     tables = _read_back(out)
-    status = dict(zip(tables["predictions"].column("doc_id").to_pylist(),
-                      tables["predictions"].column("status").to_pylist(), strict=True))
+    status = dict(
+        zip(
+            tables["predictions"].column("doc_id").to_pylist(),
+            tables["predictions"].column("status").to_pylist(),
+            strict=True,
+        )
+    )
     assert status == {"0": "ok", "1": "null_text", "2": "empty_text", "3": "empty_text", "4": "ok"}
     assert set(tables["cls_attention"].column("doc_id").to_pylist()) == {"0", "4"}
     assert "not scored: empty_text 2, null_text 1" in r.output

@@ -40,12 +40,29 @@ def corpus(drug_rows, tmp_path_factory) -> Path:
 
 
 def _args(corpus: Path, model: Path, out: Path) -> list[str]:
-    return ["extract", str(corpus), "--model", str(model), "--out", str(out), "--id-col", "doc_id",
-            "--label-col", "label", "--window", "10", "--batch-tokens", "1500", "--no-progress"]
+    return [
+        "extract",
+        str(corpus),
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--id-col",
+        "doc_id",
+        "--label-col",
+        "label",
+        "--window",
+        "10",
+        "--batch-tokens",
+        "1500",
+        "--no-progress",
+    ]
 
 
 def _tables(run_dir: Path) -> dict[str, pa.Table]:
-    return {t: read_table(run_dir, t).sort_by([(k, "ascending") for k in SORT_KEYS[t]]) for t in schema.TABLES}
+    return {
+        t: read_table(run_dir, t).sort_by([(k, "ascending") for k in SORT_KEYS[t]]) for t in schema.TABLES
+    }
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +82,17 @@ def _assert_no_partial_files(run_dir: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("point", "n"), [("read", 25), ("forward", 3), ("write", 4), ("commit", 2), ("part", 3)])
-def test_sigkill_then_resume_gives_the_uninterrupted_tables(point, n, corpus, tiny_en_dir, reference, tmp_path):
+@pytest.mark.parametrize(
+    ("point", "n"), [("read", 25), ("forward", 3), ("write", 4), ("commit", 2), ("part", 3)]
+)
+def test_sigkill_then_resume_gives_the_uninterrupted_tables(
+    point, n, corpus, tiny_en_dir, reference, tmp_path
+):
     out = tmp_path / "run"
     args = _args(corpus, tiny_en_dir, out)
-    killed = subprocess.run([sys.executable, str(KILLER), point, str(n), "--", *args], capture_output=True, text=True)
+    killed = subprocess.run(
+        [sys.executable, str(KILLER), point, str(n), "--", *args], capture_output=True, text=True
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     if out.exists():
         _assert_no_partial_files(out)
@@ -123,8 +146,20 @@ def test_incremental_processes_only_new_ids(drug_rows, tiny_en_dir, tmp_path):
     rows = [{"doc_id": r["doc_id"], "text": r["text"][:300]} for r in drug_rows[:30]]
     pq.write_table(pa.Table.from_pylist(rows[:20]), src)
     out = tmp_path / "run"
-    base = ["extract", str(src), "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "doc_id",
-            "--window", "8", "--no-progress", "--incremental"]
+    base = [
+        "extract",
+        str(src),
+        "--model",
+        str(tiny_en_dir),
+        "--out",
+        str(out),
+        "--id-col",
+        "doc_id",
+        "--window",
+        "8",
+        "--no-progress",
+        "--incremental",
+    ]
     assert runner.invoke(app, base).exit_code == 0
     # the source gains 10 reviews, in front of the old ones: only those 10 are processed
     pq.write_table(pa.Table.from_pylist(rows[20:] + rows[:20]), src)
@@ -149,8 +184,16 @@ class FullDisk(RunWriter):
 
 def test_failed_write_stops_cleanly_and_resumes(corpus, tiny_en_dir, reference, tmp_path):
     out = tmp_path / "run"
-    spec = JobSpec(inputs=[str(corpus)], model=str(tiny_en_dir), out=str(out), id_col="doc_id",
-                   label_col="label", window=10, batch_tokens=1500, progress=False)
+    spec = JobSpec(
+        inputs=[str(corpus)],
+        model=str(tiny_en_dir),
+        out=str(out),
+        id_col="doc_id",
+        label_col="label",
+        window=10,
+        batch_tokens=1500,
+        progress=False,
+    )
     with pytest.raises(WriteError, match="No space left on device"):
         run_job(spec, writer_cls=FullDisk)
     manifest = json.loads((out / "manifest.json").read_text())

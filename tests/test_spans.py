@@ -35,9 +35,10 @@ def test_seed_review_spans(tiny_zh_dir, tmp_path):
     tokens = attn.column("token").to_pylist()
     _check_spans(SEED_TEXT, tokens, attn.column("start").to_pylist(), attn.column("end").to_pylist())
     assert "[UNK]" in tokens  # 催 is left out of this tokenizer's vocabulary on purpose
-    assert [SEED_TEXT[s:e] for s, e in zip(attn.column("start").to_pylist(), attn.column("end").to_pylist(), strict=True)] == [
-        c for c in SEED_TEXT if not c.isspace()
-    ]
+    assert [
+        SEED_TEXT[s:e]
+        for s, e in zip(attn.column("start").to_pylist(), attn.column("end").to_pylist(), strict=True)
+    ] == [c for c in SEED_TEXT if not c.isspace()]
 
 
 def test_english_wordpiece_spans(minilm_dir, drug_rows):

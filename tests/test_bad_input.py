@@ -1,0 +1,243 @@
+"""Bad input, row by row: a clear one-line error, or a per-row status; the counts always balance."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from helpers import read_table
+from typer.testing import CliRunner
+
+from bertattn_batch.cli import app
+from bertattn_batch.encode import encode_texts
+from bertattn_batch.errors import ModelError
+from bertattn_batch.extract import ScoredRow
+from bertattn_batch.model import Classifier
+from bertattn_batch.pipeline import ModelStage, Window
+
+runner = CliRunner()
+
+
+def _extract(src: Path, model: Path, out: Path, *extra: str):
+    return runner.invoke(
+        app, ["extract", str(src), "--model", str(model), "--out", str(out), "--no-progress", *extra]
+    )
+
+
+def _statuses(out: Path) -> dict[str, str]:
+    t = read_table(out, "predictions")
+    return dict(zip(t.column("doc_id").to_pylist(), t.column("status").to_pylist(), strict=True))
+
+
+def test_row_level_problems_get_statuses(tiny_en_dir, tmp_path):
+    zero_width = "\u200b\u200c\u200d\ufeff"
+    rows = [
+        ("a", "a good drug"),
+        ("b", None),
+        ("c", ""),
+        ("d", "  \n\t "),
+        ("e", 42),
+        ("f", "ctrl\x00\x07chars\x1b and \u200bzero\u200dwidth"),
+        ("g", "🙂🙃 great 💊"),
+        ("h", "long " * 200_000),  # about 1 MB
+        ("a", "the same id again"),
+        ("i", zero_width),
+        (None, "no id"),
+    ]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in rows))
+    out = tmp_path / "run"
+    r = _extract(src, tiny_en_dir, out, "--id-col", "id")
+    assert r.exit_code == 0, r.output
+    preds = read_table(out, "predictions")
+    assert preds.num_rows == len(rows)  # every input row accounted for
+    got = list(zip(preds.column("doc_id").to_pylist(), preds.column("status").to_pylist(), strict=True))
+    assert got == [
+        ("a", "ok"),
+        ("b", "null_text"),
+        ("c", "empty_text"),
+        ("d", "empty_text"),
+        ("e", "not_text"),
+        ("f", "ok"),
+        ("g", "ok"),
+        ("h", "ok"),
+        ("a", "duplicate_id"),
+        ("i", "no_tokens"),
+        ("10", "null_id"),
+    ]
+    truncated = dict(
+        zip(preds.column("doc_id").to_pylist(), preds.column("truncated").to_pylist(), strict=True)
+    )
+    assert truncated["h"] is True
+    assert (
+        "not scored: duplicate_id 1, empty_text 2, no_tokens 1, not_text 1, null_id 1, null_text 1"
+        in r.output
+    )
+    attn = read_table(out, "cls_attention")
+    assert set(attn.column("doc_id").to_pylist()) == {"a", "f", "g", "h"}
+
+
+def test_invalid_utf8_in_text_and_csv(tiny_en_dir, tmp_path):
+    txt = tmp_path / "in.txt"
+    txt.write_bytes(b"fine review\n\xff\xfe broken bytes\nanother fine one\n")
+    out = tmp_path / "t"
+    assert _extract(txt, tiny_en_dir, out).exit_code == 0
+    assert _statuses(out) == {"0": "ok", "1": "invalid_utf8", "2": "ok"}
+    csv = tmp_path / "in.csv"
+    csv.write_bytes(b'id,text\n1,"good, really"\n2,"bad \xc3\x28 bytes"\n3,"multi\nline"\n')
+    out = tmp_path / "c"
+    assert _extract(csv, tiny_en_dir, out, "--id-col", "id").exit_code == 0
+    assert _statuses(out) == {"1": "ok", "2": "invalid_utf8", "3": "ok"}
+
+
+def test_numbers_in_a_parquet_text_column(tiny_en_dir, tmp_path):
+    src = tmp_path / "n.parquet"
+    pq.write_table(pa.table({"text": [1.5, None, 3.0]}), src)
+    out = tmp_path / "run"
+    r = _extract(src, tiny_en_dir, out)
+    assert r.exit_code == 0, r.output
+    assert _statuses(out) == {"0": "not_text", "1": "null_text", "2": "not_text"}
+
+
+def test_empty_files_give_empty_runs(tiny_en_dir, tmp_path):
+    for name, data in [("e.txt", b""), ("e.csv", b""), ("e.jsonl", b"\n")]:
+        src = tmp_path / name
+        src.write_bytes(data)
+        out = tmp_path / f"run-{name}"
+        r = _extract(src, tiny_en_dir, out)
+        assert r.exit_code == 0, r.output
+        assert r.output.startswith("0 reviews")
+        assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        ("corrupt_parquet", "cannot read as parquet"),
+        ("missing_file", "input not found"),
+        ("misspelt_column", "no column 'txt'; columns there: text"),
+        ("unknown_extension", "cannot tell the format"),
+        ("bad_json", "not a JSON object"),
+    ],
+)
+def test_file_level_problems_are_one_line_errors(setup, message, tiny_en_dir, tmp_path):
+    src = tmp_path / "in.parquet"
+    extra: list[str] = []
+    if setup == "corrupt_parquet":
+        src.write_bytes(b"PAR1 this is not parquet at all")
+    elif setup == "missing_file":
+        src = tmp_path / "nope.parquet"
+    elif setup == "misspelt_column":
+        pq.write_table(pa.table({"text": ["x"]}), src)
+        extra = ["--text-col", "txt"]
+    elif setup == "unknown_extension":
+        src = tmp_path / "in.xlsx"
+        src.write_text("x")
+    else:
+        src = tmp_path / "in.jsonl"
+        src.write_text('{"text": "ok"}\n{"text": broken\n')
+    r = _extract(src, tiny_en_dir, tmp_path / "out", *extra)
+    assert r.exit_code == 1
+    assert message in r.output
+    assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def _bert_without_head(minilm_dir: Path, dest: Path) -> Path:
+    from transformers import AutoModel, AutoTokenizer
+
+    AutoModel.from_pretrained(minilm_dir).save_pretrained(dest)
+    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(dest)
+    return dest
+
+
+def test_model_without_classification_head(minilm_dir, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("hello\n")
+    model = _bert_without_head(minilm_dir, tmp_path / "bare")
+    r = _extract(src, model, tmp_path / "out")
+    assert r.exit_code == 1 and "no trained classification head" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_tokenizer_without_cls_first_is_refused(tiny_en_dir):
+    """A tokenizer that puts [CLS] last (as XLNet's does) is refused before any attention is read."""
+    from tokenizers import processors
+    from transformers import AutoTokenizer
+
+    from bertattn_batch.model import _check_cls_first
+
+    tok = AutoTokenizer.from_pretrained(tiny_en_dir)
+    _check_cls_first(tok, "bert")  # the normal template passes
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A [SEP] [CLS]", special_tokens=[("[SEP]", tok.sep_token_id), ("[CLS]", tok.cls_token_id)]
+    )
+    with pytest.raises(ModelError, match="does not put \\[CLS\\] at position 0"):
+        _check_cls_first(tok, "cls-last")
+
+
+def test_unsupported_architecture_is_refused(tmp_path):
+    from transformers import XLNetConfig, XLNetForSequenceClassification
+
+    XLNetForSequenceClassification(
+        XLNetConfig(vocab_size=50, d_model=16, n_layer=1, n_head=2, d_inner=32)
+    ).save_pretrained(tmp_path)
+    with pytest.raises(ModelError, match="model type 'xlnet' is not supported"):
+        Classifier.load(str(tmp_path))
+
+
+def test_pickle_weights_need_an_explicit_option(tiny_en_dir, tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    dest = tmp_path / "pickled"
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_en_dir)
+    model.config.save_pretrained(dest)
+    torch.save(model.state_dict(), dest / "pytorch_model.bin")  # the old pickle format
+    AutoTokenizer.from_pretrained(tiny_en_dir).save_pretrained(dest)
+    assert not list(dest.glob("*.safetensors")) and list(dest.glob("*.bin"))
+    with pytest.raises(ModelError, match="--allow-pickle"):
+        Classifier.load(str(dest))
+    clf = Classifier.load(str(dest), allow_pickle=True)
+    assert clf.num_layers == 3
+
+
+class ShortOfMemory(Classifier):
+    """A classifier on a device that cannot hold more than ``limit`` reviews in one batch."""
+
+    limit = 3
+    calls: list[int]
+
+    def forward(self, ids):
+        self.calls.append(len(ids))
+        if len(ids) > self.limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return super().forward(ids)
+
+
+def test_out_of_memory_retries_in_halves(tiny_en_dir, drug_rows):
+    base = Classifier.load(str(tiny_en_dir))
+    clf = ShortOfMemory(**base.__dict__)
+    clf.calls = []
+    texts = [r["text"][:200] for r in drug_rows[:10]]
+
+    def window() -> Window:
+        rows = [
+            ScoredRow(i, str(i), None, "ok", enc)
+            for i, enc in enumerate(encode_texts(clf.tokenizer, texts, 64))
+        ]
+        return Window(0, 10, rows)
+
+    big, reference = window(), window()
+    ModelStage(clf, batch_tokens=10_000, max_batch_size=64)(big)
+    ModelStage(base, batch_tokens=10_000, max_batch_size=3)(reference)
+    assert clf.calls[0] == 10 and max(c for c in clf.calls if c <= 3) <= 3
+    for a, b in zip(big.rows, reference.rows, strict=True):
+        torch.testing.assert_close(
+            torch.from_numpy(a.cls_rows), torch.from_numpy(b.cls_rows), atol=1e-5, rtol=0
+        )
+    clf.limit = 0
+    with pytest.raises(ModelError, match="out of memory on a single review"):
+        ModelStage(clf, batch_tokens=10_000, max_batch_size=64)(window())
