@@ -98,6 +98,7 @@ class Classifier:
     num_layers: int
     num_heads: int
     id2label: dict[int, str] = field(default_factory=dict)
+    _capture: ClsRowCapture | None = field(default=None, repr=False)
 
     @classmethod
     def load(
@@ -203,7 +204,9 @@ class Classifier:
             out = self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
             rows = eager_rows(out.attentions, self.layers)
         else:
-            with ClsRowCapture(self.model, self.layers) as capture:
+            if self._capture is None:
+                self._capture = ClsRowCapture(self.model, self.layers)
+            with self._capture as capture:
                 out = self.model(input_ids=input_ids, attention_mask=mask)
             rows = capture.rows(mask)
         probs = torch.softmax(out.logits.float(), dim=-1)
