@@ -314,6 +314,24 @@ def corpus(
     typer.echo(f"wrote {n} reviews to {out}")
 
 
+@app.command()
+def validate(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (holding manifest.json).")],
+    source: Annotated[
+        bool, typer.Option("--source/--no-source", help="Re-read the inputs to check spans against texts.")
+    ] = True,
+    debug: Debug = False,
+) -> None:
+    """Check a run against schemas/ and its manifest; print one line per check, exit 1 on any problem."""
+    _setup(debug)
+    from .validate import validate_run
+
+    report = _call(lambda: validate_run(run_dir, check_source=source))
+    typer.echo(report.render())
+    if not report.ok:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()
 

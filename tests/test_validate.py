@@ -1,0 +1,403 @@
+"""``bertattn validate``: real runs validate clean; each kind of damage is reported and exits 1."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from bertattn_batch import schema
+from bertattn_batch.cli import app
+from bertattn_batch.errors import RunDirError
+from bertattn_batch.pipeline import run_job
+from bertattn_batch.spec import JobSpec
+from bertattn_batch.validate import CHECKS, STATUSES, validate_run
+
+PART0 = "part-000000000000.parquet"
+
+
+def _run(source: Path, model_dir: Path, out: Path) -> Path:
+    spec = JobSpec(
+        inputs=[str(source)],
+        model=str(model_dir),
+        out=str(out),
+        id_col="doc_id",
+        label_col="label",
+        window=10,  # several parts
+        batch_tokens=1500,
+        progress=False,
+    )
+    run_job(spec)
+    return out
+
+
+@pytest.fixture(scope="module")
+def en_source(drug_sample, tmp_path_factory) -> Path:
+    """The English sample plus rows the reader and pipeline record but do not score."""
+    rows = pq.read_table(drug_sample).to_pylist()
+    rows += [
+        {**rows[3], "label": "again"},  # the same doc_id again: status duplicate_id
+        {"doc_id": "blank", "text": "   ", "label": None},  # empty_text
+        {"doc_id": "none", "text": None, "label": None},  # null_text
+    ]
+    path = tmp_path_factory.mktemp("src") / "en.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def en_run(en_source, tiny_en_dir, tmp_path_factory) -> Path:
+    return _run(en_source, tiny_en_dir, tmp_path_factory.mktemp("runs") / "en")
+
+
+@pytest.fixture(scope="module")
+def zh_run(zh_sample, tiny_zh_dir, tmp_path_factory) -> Path:
+    return _run(zh_sample, tiny_zh_dir, tmp_path_factory.mktemp("runs") / "zh")
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(app, ["validate", *args])
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / "run"
+    shutil.copytree(run, dest)
+    return dest
+
+
+def _rewrite(path: Path, change: Callable[[dict], None]) -> None:
+    """Read a part, let ``change`` edit its columns (as numpy/lists), write it back with the same types."""
+    table = pq.read_table(path)
+    cols = {name: table.column(name).to_pylist() for name in table.column_names}
+    change(cols)
+    pq.write_table(pa.table(cols, schema=table.schema), path)
+
+
+def _manifest(run: Path) -> dict:
+    return json.loads((run / "manifest.json").read_text())
+
+
+def _save_manifest(run: Path, m: dict) -> None:
+    (run / "manifest.json").write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("which", ["en_run", "zh_run"])
+def test_real_run_is_clean(request, which):
+    run = request.getfixturevalue(which)
+    report = validate_run(run)
+    assert report.ok, report.render()
+    assert [c.name for c in report.checks] == list(CHECKS)
+    assert {c.status for c in report.checks} == {"ok"}, report.render()
+    assert report.problems == [] and report.warnings == []
+    # the spans check really read the source: every scored review was compared
+    preds = pq.read_table(sorted((run / "predictions").glob("part-*.parquet"))[0]).schema
+    assert preds.names == schema.columns("predictions")
+    n_ok = sum(
+        pq.read_table(f, columns=["status"]).column("status").to_pylist().count("ok")
+        for f in (run / "predictions").glob("part-*.parquet")
+    )
+    assert f"{n_ok} reviews checked" in report.check("spans").line()
+    result = _cli(str(run))
+    assert result.exit_code == 0, result.output
+    assert "clean: 12 checks passed" in result.output
+    for name in CHECKS:
+        assert any(line.startswith(f"ok    {name}") for line in result.output.splitlines()), name
+
+
+def test_header_counts_unscored_rows(en_run):
+    report = validate_run(en_run)
+    # 24 sample rows + duplicate id + blank + null: 3 parts of window 10
+    assert "27 reviews (24 scored, duplicate_id 1, empty_text 1, null_text 1)" in report.header
+    assert "3 parts" in report.header
+
+
+def _drop_prediction(run: Path) -> None:
+    def change(c):
+        for v in c.values():
+            del v[3]
+
+    _rewrite(run / "predictions" / PART0, change)
+
+
+def _drop_attention_row(run: Path) -> None:
+    def change(c):
+        for v in c.values():
+            del v[5]
+
+    _rewrite(run / "cls_attention" / PART0, change)
+
+
+def _duplicate_part(run: Path) -> None:
+    shutil.copy(run / "predictions" / PART0, run / "predictions" / "part-000000000500.parquet")
+
+
+def _weight_off(run: Path) -> None:
+    def change(c):
+        w = c["weight"][0]
+        c["weight"][0] = w + 0.25 if w < 0.5 else w - 0.25
+
+    _rewrite(run / "cls_attention" / PART0, change)
+
+
+def _scaled_too_big(run: Path) -> None:
+    def change(c):
+        c["weight_scaled"][7] = 1.5
+
+    _rewrite(run / "cls_attention" / PART0, change)
+
+
+def _counts_edited(run: Path) -> None:
+    m = _manifest(run)
+    m["counts"]["cls_attention"] += 1
+    _save_manifest(run, m)
+
+
+def _part_rows_edited(run: Path) -> None:
+    m = _manifest(run)
+    m["parts"][1]["rows"]["head_summary"] -= 4
+    _save_manifest(run, m)
+
+
+def _span_past_end(run: Path) -> None:
+    def change(c):
+        c["end"][2] = 100_000
+
+    _rewrite(run / "cls_attention" / PART0, change)
+
+
+def _span_reversed(run: Path) -> None:
+    def change(c):
+        c["start"][2] = c["end"][2] + 1
+
+    _rewrite(run / "cls_attention" / PART0, change)
+
+
+def _wrong_type(run: Path) -> None:
+    path = run / "head_summary" / PART0
+    t = pq.read_table(path)
+    i = t.schema.get_field_index("weight_cls")
+    pq.write_table(t.set_column(i, "weight_cls", t.column(i).cast(pa.float64())), path)
+
+
+def _missing_part(run: Path) -> None:
+    (run / "head_summary" / PART0).unlink()
+
+
+def _leftover_in_complete_run(run: Path) -> None:
+    shutil.copy(run / "predictions" / PART0, run / "predictions" / f"_{PART0}.tmp")
+
+
+def _duplicate_doc_id(run: Path) -> None:
+    def change(c):
+        ok = [i for i, s in enumerate(c["status"]) if s == "ok"]
+        c["doc_id"][ok[1]] = c["doc_id"][ok[0]]
+
+    _rewrite(run / "predictions" / PART0, change)
+
+
+def _wrong_pred_id(run: Path) -> None:
+    def change(c):
+        c["pred_id"][0] = (int(np.argmax(c["probs"][0])) + 1) % len(c["probs"][0])
+
+    _rewrite(run / "predictions" / PART0, change)
+
+
+def _probs_off(run: Path) -> None:
+    def change(c):
+        c["probs"][1] = [p * 0.5 for p in c["probs"][1]]
+
+    _rewrite(run / "predictions" / PART0, change)
+
+
+def _head_missing(run: Path) -> None:
+    """A scored review loses one head in both tables (the manifest's row counts then differ too)."""
+
+    def change(c):
+        key = (c["doc_id"][0], c["layer"][0], c["head"][0])
+        keep = [i for i in range(len(c["doc_id"])) if (c["doc_id"][i], c["layer"][i], c["head"][i]) != key]
+        for k in c:
+            c[k] = [c[k][i] for i in keep]
+
+    _rewrite(run / "head_summary" / PART0, change)
+    _rewrite(run / "cls_attention" / PART0, change)
+
+
+def _wrong_position(run: Path) -> None:
+    def change(c):
+        c["position"][1] = c["position"][0]
+
+    _rewrite(run / "cls_attention" / PART0, change)
+
+
+def _status_unknown(run: Path) -> None:
+    def change(c):
+        i = c["status"].index("empty_text") if "empty_text" in c["status"] else None
+        assert i is not None
+        c["status"][i] = "exploded"
+
+    _rewrite(run / "predictions" / "part-000000000020.parquet", change)
+
+
+DAMAGE = [
+    ("drop a predictions row", _drop_prediction, {"counts", "row_index", "layers_heads"}),
+    ("drop a cls_attention row", _drop_attention_row, {"counts", "positions", "attention_mass"}),
+    ("duplicate a part under another name", _duplicate_part, {"files"}),
+    ("a weight off so the head's sum is not 1", _weight_off, {"attention_mass", "scaling"}),
+    ("a scaled weight of 1.5", _scaled_too_big, {"scaling"}),
+    ("manifest counts edited", _counts_edited, {"counts"}),
+    ("manifest part rows edited", _part_rows_edited, {"counts"}),
+    ("a span past the text's end", _span_past_end, {"spans"}),
+    ("a span with start > end", _span_reversed, {"spans"}),
+    ("a column of the wrong type", _wrong_type, {"schema"}),
+    ("a listed part missing", _missing_part, {"files"}),
+    ("a temporary left in a complete run", _leftover_in_complete_run, {"files"}),
+    ("a scored doc_id twice", _duplicate_doc_id, {"doc_id"}),
+    ("pred_id not the argmax", _wrong_pred_id, {"predictions"}),
+    ("probs not summing to 1", _probs_off, {"predictions"}),
+    ("one head missing for a review", _head_missing, {"layers_heads", "counts"}),
+    ("a position twice", _wrong_position, {"positions"}),
+    ("an unknown status", _status_unknown, {"predictions"}),
+]
+
+
+@pytest.mark.parametrize(("damage", "expected"), [(d[1], d[2]) for d in DAMAGE], ids=[d[0] for d in DAMAGE])
+def test_damage_is_reported(en_run, tmp_path, damage, expected):
+    run = _copy(en_run, tmp_path)
+    damage(run)
+    report = validate_run(run)
+    assert not report.ok
+    failed = {c.name for c in report.checks if c.problems}
+    assert expected <= failed, report.render()
+    for name in expected:
+        assert any(p.check == name for p in report.problems)
+    result = _cli(str(run))
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    for name in expected:
+        assert any(line.startswith(f"FAIL  {name}") for line in lines), result.output
+    assert "damaged:" in lines[-1]
+
+
+def test_problem_examples_name_the_place(en_run, tmp_path):
+    run = _copy(en_run, tmp_path)
+    _scaled_too_big(run)
+    report = validate_run(run)
+    check = report.check("scaling")
+    assert check.problems == 1  # outside [0, 1]; the formula rule only judges values inside the range
+    t = pq.read_table(run / "cls_attention" / PART0)
+    row = t.slice(7, 1).to_pylist()[0]
+    msg = next(p.message for p in report.problems if p.check == "scaling")
+    assert f"doc '{row['doc_id']}' layer {row['layer']} head {row['head']} position {row['position']}" in msg
+    assert "weight_scaled 1.5" in msg
+
+
+def test_no_source_skips_the_text_length_check(en_run, tmp_path):
+    run = _copy(en_run, tmp_path)
+    _span_past_end(run)
+    report = validate_run(run, check_source=False)
+    assert report.ok
+    assert report.check("spans").status == "SKIP"
+    result = _cli(str(run), "--no-source")
+    assert result.exit_code == 0, result.output
+    assert any(line.startswith("SKIP  spans") for line in result.output.splitlines())
+
+
+def test_unreadable_source_is_a_skip_not_a_failure(en_run, tmp_path):
+    run = _copy(en_run, tmp_path)
+    m = _manifest(run)
+    m["spec"]["inputs"] = [str(tmp_path / "moved-away.parquet")]
+    _save_manifest(run, m)
+    report = validate_run(run)
+    assert report.ok, report.render()
+    spans = report.check("spans")
+    assert spans.status == "SKIP" and "not readable" in spans.skipped
+
+
+def test_interrupted_run_with_uncommitted_files_is_only_warned(en_run, tmp_path):
+    """An interrupted run may hold a part's files that the manifest does not list yet."""
+    run = _copy(en_run, tmp_path)
+    _leftover_in_complete_run(run)
+    _duplicate_part(run)
+    m = _manifest(run)
+    m["status"] = "interrupted"
+    _save_manifest(run, m)
+    report = validate_run(run)
+    assert report.ok, report.render()
+    assert report.check("files").status == "WARN"
+    assert report.check("manifest").status == "WARN"
+    assert report.check("files").warnings == 2
+    assert any(w.check == "files" and "leftover" in w.message for w in report.warnings)
+    assert any(w.check == "files" and "not listed" in w.message for w in report.warnings)
+    assert _cli(str(run)).exit_code == 0
+
+
+def test_known_statuses_are_the_schemas():
+    """The statuses the validator accepts are the ones schemas/predictions.json documents."""
+    (column,) = [c for c in schema.spec("predictions")["columns"] if c["name"] == "status"]
+    listed = re.search(r"\(([^)]*)\)", column["description"]).group(1)
+    assert set(STATUSES) == {"ok", *(s.strip() for s in listed.split(","))}
+
+
+def test_not_a_run_directory(tmp_path):
+    with pytest.raises(RunDirError):
+        validate_run(tmp_path)
+    result = _cli(str(tmp_path))
+    assert result.exit_code == 1
+    assert "not a run directory" in result.output
+
+
+def test_resumed_and_incremental_runs_are_clean(en_source, tiny_en_dir, tmp_path):
+    """A run stopped by --limit, resumed without it, then extended incrementally with new reviews."""
+    source = tmp_path / "reviews.parquet"
+    rows = pq.read_table(en_source).to_pylist()
+    pq.write_table(pa.Table.from_pylist(rows[:20]), source)
+    out = tmp_path / "run"
+    base = {"inputs": [str(source)], "model": str(tiny_en_dir), "out": str(out), "id_col": "doc_id"}
+    run_job(JobSpec(**base, window=6, limit=9, progress=False))
+    assert validate_run(out).ok
+    run_job(JobSpec(**base, window=6, progress=False))  # resumes at row 9
+    report = validate_run(out)
+    assert report.ok, report.render()
+    assert report.warnings == []
+    new = [{**r, "doc_id": f"new-{i}"} for i, r in enumerate(rows[20:26])]
+    pq.write_table(pa.Table.from_pylist(rows[:20] + new), source)
+    run_job(JobSpec(**base, window=6, on_existing="incremental", progress=False))
+    m = _manifest(out)
+    assert {p["generation"] for p in m["parts"]} == {0, 1}
+    report = validate_run(out)
+    assert report.ok, report.render()
+    assert {c.status for c in report.checks} == {"ok"}, report.render()
+    statuses = [
+        s
+        for f in (out / "predictions").glob("part-*.parquet")
+        for s in pq.read_table(f)["status"].to_pylist()
+    ]
+    assert len(statuses) == 26  # rows[20:26] renamed: the duplicate id is new, the blank text stays unscored
+    assert f"{statuses.count('ok')} reviews checked" in report.check("spans").line()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "attention", "caught"),
+    [("float32", "sdpa", True), ("bfloat16", "sdpa", True), ("bfloat16", "eager", False)],
+)
+def test_mass_tolerance_follows_how_rows_were_computed(en_run, tmp_path, dtype, attention, caught):
+    """A head 0.01 off is damage where the row is a float32 softmax, rounding in half-precision eager."""
+    run = _copy(en_run, tmp_path)
+    m = _manifest(run)
+    m["model"].update(dtype=dtype, attention=attention)
+    _save_manifest(run, m)
+    t = pq.read_table(run / "head_summary" / PART0)
+    i = t.schema.get_field_index("weight_cls")
+    w = t.column(i).to_numpy().copy()
+    w[0] += 0.01
+    pq.write_table(t.set_column(i, "weight_cls", pa.array(w, pa.float32())), run / "head_summary" / PART0)
+    report = validate_run(run, check_source=False)
+    assert (report.check("attention_mass").problems == 1) is caught, report.render()
