@@ -161,6 +161,15 @@ def extract(
         bool, typer.Option(help="Allow pickle (*.bin) weights, loaded with weights_only=True.")
     ] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
+    engine: Annotated[
+        str, typer.Option(help="local (this process) or ray (Ray Data; pip install '.[ray]').")
+    ] = "local",
+    workers: Annotated[
+        int, typer.Option(help="Model workers of --engine ray (one GPU each where there are GPUs).")
+    ] = 1,
+    ray_address: Annotated[
+        str | None, typer.Option(help="Ray cluster to join (default: RAY_ADDRESS, else a local runtime).")
+    ] = None,
     debug: Debug = False,
 ) -> None:
     """Score reviews and write predictions and per-head [CLS] attention to a run directory."""
@@ -187,6 +196,9 @@ def extract(
             trust_remote_code=trust_remote_code,
             allow_pickle=allow_pickle,
             progress=progress,
+            engine=engine,
+            workers=workers,
+            ray_address=ray_address,
         )
     )
     _run(spec)
@@ -199,6 +211,8 @@ def run(
     limit: Annotated[int | None, typer.Option(help="Override the spec's limit.")] = None,
     device: Annotated[str | None, typer.Option(help="Override the spec's device.")] = None,
     dtype: Annotated[str | None, typer.Option(help="Override the spec's dtype.")] = None,
+    engine: Annotated[str | None, typer.Option(help="Override the spec's engine: local or ray.")] = None,
+    workers: Annotated[int | None, typer.Option(help="Override the spec's workers (--engine ray).")] = None,
     overwrite: Overwrite = False,
     incremental: Incremental = False,
     debug: Debug = False,
@@ -212,6 +226,8 @@ def run(
             limit=limit,
             device=device,
             dtype=dtype,
+            engine=engine,
+            workers=workers,
             on_existing=_on_existing(None, overwrite, incremental),
         )
     )

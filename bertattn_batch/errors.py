@@ -23,3 +23,7 @@ class RunDirError(BertAttnError):
 
 class WriteError(BertAttnError):
     """Writing output failed (disk full, permission denied); the run can be resumed."""
+
+
+class EngineError(BertAttnError):
+    """The distributed engine cannot run: Ray is not installed, a cluster is unreachable, or a worker failed."""

@@ -204,13 +204,10 @@ def iter_windows(
         t0 = time.perf_counter()
 
 
-def _encode_block(
-    block: RowBatch,
-    clf: Classifier,
-    skip_until: int,
-    skip_ids: set[str] | None,
-    seen_ids: set[str] | None,
-) -> Window | None:
+def _select_rows(
+    block: RowBatch, skip_until: int, skip_ids: set[str] | None, seen_ids: set[str] | None
+) -> list[ScoredRow]:
+    """The block's rows still to do, in order; a repeated id (``seen_ids`` grows) becomes duplicate_id."""
     rows: list[ScoredRow] = []
     for i in range(len(block)):
         row, doc_id = block.row_index[i], block.doc_id[i]
@@ -222,6 +219,17 @@ def _encode_block(
                 status = "duplicate_id"
             seen_ids.add(doc_id)
         rows.append(ScoredRow(row, doc_id, block.label[i], status))
+    return rows
+
+
+def _encode_block(
+    block: RowBatch,
+    clf: Classifier,
+    skip_until: int,
+    skip_ids: set[str] | None,
+    seen_ids: set[str] | None,
+) -> Window | None:
+    rows = _select_rows(block, skip_until, skip_ids, seen_ids)
     if not rows:
         return None
     todo = [r for r in rows if r.status == "ok"]
@@ -285,6 +293,10 @@ def run_job(
     spec: JobSpec, progress: bool | None = None, writer_cls: type[RunWriter] = RunWriter
 ) -> RunSummary:
     """Run one extraction job end to end; returns its summary (also written to the manifest)."""
+    if spec.engine == "ray":
+        from .ray_engine import run_job_ray
+
+        return run_job_ray(spec, progress=progress, writer_cls=writer_cls)
     show = spec.progress if progress is None else progress
     t_start = time.perf_counter()
     ensure_model(spec, progress=show)
@@ -296,11 +308,7 @@ def run_job(
     incremental = spec.on_existing == "incremental"
     on_existing = "resume" if incremental else spec.on_existing
     with writer_cls(spec.out, run_header(spec, clf), on_existing=on_existing) as sink:
-        generation = 0
-        skip_until, skip_ids = sink.committed_until(), None
-        if incremental and sink.parts:
-            skip_ids, skip_until = sink.committed_ids(), 0
-            generation = max(int(p.get("generation", 0)) for p in sink.parts) + 1
+        generation, skip_until, skip_ids = resume_point(sink, incremental)
         summary.skipped_committed = skip_until if not incremental else len(skip_ids or ())
         bar = _progress_bar(spec, show, skip_until)
 
@@ -332,6 +340,14 @@ def run_job(
         totals = _totals(sink)
         sink.finalize({"last_run": summary.as_dict(), "counts": totals})
     return summary
+
+
+def resume_point(sink: RunWriter, incremental: bool) -> tuple[int, int, set[str] | None]:
+    """(generation, skip_until, skip_ids) for a reopened run: where new parts start and what they skip."""
+    if incremental and sink.parts:
+        generation = max(int(p.get("generation", 0)) for p in sink.parts) + 1
+        return generation, 0, sink.committed_ids()
+    return 0, sink.committed_until(), None
 
 
 def _count(summary: RunSummary, window: Window, real: int, slots: int) -> None:

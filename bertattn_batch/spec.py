@@ -27,6 +27,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_MODES = ("sdpa", "eager")
 ON_EXISTING = ("resume", "overwrite", "new", "incremental")
 INPUT_FORMATS = ("auto", "parquet", "jsonl", "csv", "tsv", "text", "datasets")
+ENGINES = ("local", "ray")
 
 
 @dataclass
@@ -101,6 +102,9 @@ class JobSpec:
     trust_remote_code: bool = False
     allow_pickle: bool = False
     progress: bool = True
+    engine: str = "local"  # local: this process; ray: a Ray Data actor pool (pip install '.[ray]')
+    workers: int = 1  # model workers of the ray engine (one GPU each where the cluster has GPUs)
+    ray_address: str | None = None  # a Ray cluster to join (else RAY_ADDRESS, else a local runtime)
     finetune: FinetuneSpec | None = None
 
     def __post_init__(self) -> None:
@@ -112,11 +116,12 @@ class JobSpec:
         _choice("attention", self.attention, ATTENTION_MODES)
         _choice("on_existing", self.on_existing, ON_EXISTING)
         _choice("input_format", self.input_format, INPUT_FORMATS)
+        _choice("engine", self.engine, ENGINES)
         if not self.layers:
             raise SpecError("layers: give at least one layer index, e.g. [-2]")
         if len(set(self.layers)) != len(self.layers):
             raise SpecError(f"layers: repeated index in {self.layers}")
-        for name in ("batch_tokens", "max_batch_size", "window"):
+        for name in ("batch_tokens", "max_batch_size", "window", "workers"):
             if getattr(self, name) < 1:
                 raise SpecError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_length is not None and self.max_length < 3:

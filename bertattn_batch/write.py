@@ -157,6 +157,18 @@ class RunWriter:
         self, start_row: int, end_row: int, tables: dict[str, pa.Table], generation: int = 0
     ) -> dict[str, Any]:
         """Write one part of every table and commit them together; returns the manifest entry."""
+        entry = self.stage_part(start_row, end_row, tables, generation)
+        self.record_part(entry)  # commit point
+        self.publish_part(entry)
+        return entry
+
+    def stage_part(
+        self, start_row: int, end_row: int, tables: dict[str, pa.Table], generation: int = 0
+    ) -> dict[str, Any]:
+        """Step 1: write every table's file under its temporary name; returns the manifest entry.
+
+        Needs no open manifest, so a worker of a distributed engine can write its own parts.
+        """
         name = part_name(start_row, generation)
         files, counts, nbytes = {}, {}, 0
         try:
@@ -167,23 +179,32 @@ class RunWriter:
                 files[table_name] = f"{table_name}/{name}"
                 counts[table_name] = table.num_rows
                 nbytes += tmp.stat().st_size
-            entry = {
-                "name": name,
-                "start_row": start_row,
-                "end_row": end_row,
-                "files": files,
-                "rows": counts,
-                "bytes": nbytes,
-                "generation": generation,
-            }
-            self.parts[:] = [p for p in self.parts if p["name"] != name] + [entry]
-            self._save()  # commit point
+        except OSError as e:
+            raise WriteError(f"writing {name} to {self.run_dir} failed: {e.strerror or e}") from e
+        return {
+            "name": name,
+            "start_row": start_row,
+            "end_row": end_row,
+            "files": files,
+            "rows": counts,
+            "bytes": nbytes,
+            "generation": generation,
+        }
+
+    def record_part(self, entry: dict[str, Any]) -> None:
+        """Step 2, the commit point: the manifest lists the part (replacing one of the same name)."""
+        self.parts[:] = [p for p in self.parts if p["name"] != entry["name"]] + [entry]
+        self._save()
+
+    def publish_part(self, entry: dict[str, Any]) -> None:
+        """Step 3: rename the part's temporary files to their final names."""
+        name = entry["name"]
+        try:
             for table_name in schema.TABLES:
                 d = self.run_dir / table_name
                 (d / _tmp_name(name)).replace(d / name)
         except OSError as e:
             raise WriteError(f"writing {name} to {self.run_dir} failed: {e.strerror or e}") from e
-        return entry
 
     def _write_parquet(self, table: pa.Table, path: Path) -> None:
         """Write and fsync one file; a subclass may override this to simulate failures in tests."""

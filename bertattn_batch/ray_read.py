@@ -1,0 +1,265 @@
+"""The read phase of ``--engine ray``: Ray Data's readers, global row numbers, windows of rows.
+
+Usage::
+
+    windows, n_rows = plan_windows(ray, spec, skip_until=0)   # [WindowPlan(start, rows, ref), ...]
+
+Every input is read with Ray Data (``read_parquet``, ``read_json``, ``read_csv``, ``read_text``,
+``from_huggingface``) in input order; the blocks' sizes give each row its number, counted from 0
+across all inputs as ``read_rows`` counts them. Rows are then cut into windows of ``spec.window``
+consecutive rows, each built by a small task as one block: the unit of work of the model stage.
+This module imports no torch, so the tasks that run it start quickly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import EngineError, InputError
+from .read import RowBatch, Source, _as_text, _check_columns, _load_dataset, _to_str, expand_inputs
+from .spec import JobSpec
+
+#: Columns of a window block: the RowBatch fields, then the window's first row and its row count.
+ROW_FIELDS = tuple(f.name for f in dataclasses.fields(RowBatch))
+_ROW_TYPES = {"row_index": pa.int64()}
+WINDOW_START, WINDOW_ROWS = "_window_start", "_window_rows"
+
+
+# -- rows: the reader's rules, applied to blocks Ray Data read ----------------------------------------
+def _rows(table: pa.Table, first_row: int, lo: int, hi: int, cols: tuple) -> RowBatch:
+    """Rows [lo, hi) of a source block whose row 0 is input row ``first_row``; as ``read_rows`` yields them."""
+    text_col, id_col, label_col = cols
+    part = table.slice(lo, hi - lo)
+    data = {c: part.column(c).to_pylist() for c in cols if c}
+    batch = RowBatch()
+    for i in range(hi - lo):
+        row = first_row + lo + i
+        text, status = _as_text(data[text_col][i])
+        doc_id = str(row)
+        if id_col:
+            raw_id = data[id_col][i]
+            if raw_id is None:
+                status = "null_id" if status == "ok" else status
+            else:
+                doc_id = _to_str(raw_id)
+        label = None
+        if label_col and data[label_col][i] is not None:
+            label = _to_str(data[label_col][i])
+        batch.append(row, doc_id, text, label, status)
+    return batch
+
+
+def _num_rows(table: pa.Table) -> int:
+    return table.num_rows
+
+
+def _block_keys(table: pa.Table, first_row: int, cols: tuple) -> tuple[list[str], list[str]]:
+    """(doc ids, statuses) of a block: all the driver needs to find repeated ids in input order."""
+    batch = _rows(table, first_row, 0, table.num_rows, cols)
+    return batch.doc_id, batch.status
+
+
+def _window_block(
+    cols: tuple, pieces: list[tuple[int, int, int]], keep: list[int] | None, status: dict[int, str], *tables
+) -> pa.Table:
+    """One window's rows as a block: ``pieces`` are (first_row, lo, hi) of each source block given."""
+    rows = RowBatch()
+    for (first_row, lo, hi), table in zip(pieces, tables, strict=True):
+        piece = _rows(table, first_row, lo, hi, cols)
+        for name in ROW_FIELDS:
+            getattr(rows, name).extend(getattr(piece, name))
+    if keep is not None:
+        wanted = set(keep)
+        idx = [i for i, r in enumerate(rows.row_index) if r in wanted]
+        rows = RowBatch(**{name: [getattr(rows, name)[i] for i in idx] for name in ROW_FIELDS})
+    rows.status = [status.get(r, s) for r, s in zip(rows.row_index, rows.status, strict=True)]
+    n = len(rows)
+    columns = {name: pa.array(getattr(rows, name), _ROW_TYPES.get(name, pa.string())) for name in ROW_FIELDS}
+    columns[WINDOW_START] = pa.array([rows.row_index[0]] * n, pa.int64())
+    columns[WINDOW_ROWS] = pa.array([n] * n, pa.int64())
+    return pa.table(columns)
+
+
+def split_windows(batch: pa.Table) -> Iterator[pa.Table]:
+    """The whole windows in a batch (one, unless Ray merged blocks); a split window is an error."""
+    for start in pc.unique(batch.column(WINDOW_START)).to_pylist():
+        window = batch.filter(pc.equal(batch.column(WINDOW_START), start))
+        expected = window.column(WINDOW_ROWS)[0].as_py()
+        if window.num_rows != expected:
+            raise EngineError(f"window at row {start} arrived split ({window.num_rows} of {expected} rows)")
+        yield window
+
+
+# -- the read phase -----------------------------------------------------------------------------------
+@dataclass
+class _Block:
+    ref: Any
+    first_row: int
+    rows: int
+
+
+@dataclass
+class WindowPlan:
+    """A window sent to the model stage: its first row (the part's name), row count and block."""
+
+    start: int
+    rows: int
+    ref: Any
+
+
+def _read_dataset(ray: Any, group: list[Source], wanted: list[str]) -> Any:
+    """One Ray Dataset over consecutive sources of one format, read with Ray Data's own readers."""
+    import pyarrow.csv as pcsv
+
+    fmt, paths = group[0].format, [str(s.path) for s in group]
+    rd = ray.data
+    if fmt == "parquet":
+        return rd.read_parquet(paths, partitioning=None, file_extensions=None).select_columns(wanted)
+    if fmt == "jsonl":
+        return rd.read_json(paths, partitioning=None, file_extensions=None).select_columns(wanted)
+    if fmt in ("csv", "tsv"):
+        # Every wanted column as bytes, as the local reader does: invalid UTF-8 becomes a row's status.
+        return rd.read_csv(
+            paths,
+            partitioning=None,
+            file_extensions=None,
+            parse_options=pcsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",", newlines_in_values=True),
+            convert_options=pcsv.ConvertOptions(
+                include_columns=wanted,
+                column_types={c: pa.binary() for c in wanted},
+                strings_can_be_null=False,
+                quoted_strings_can_be_null=False,
+            ),
+        )
+    if fmt == "text":
+        return rd.read_text(paths, drop_empty_lines=False, file_extensions=None)
+    if fmt == "datasets":
+        return rd.from_huggingface(_load_dataset(group[0].path).select_columns(wanted))
+    raise InputError(f"unknown input format {fmt!r}")
+
+
+def _groups(sources: list[Source]) -> Iterator[list[Source]]:
+    """Runs of consecutive sources of one format (a saved datasets folder alone), in input order."""
+    for fmt, run in itertools.groupby(sources, key=lambda s: s.format):
+        run = list(run)
+        if fmt == "datasets":
+            yield from ([s] for s in run)
+        else:
+            yield run
+
+
+def _source_blocks(ray: Any, spec: JobSpec) -> list[_Block]:
+    """Read every input with Ray Data; the blocks in input order, each with its first row number."""
+    wanted = [c for c in (spec.text_col, spec.id_col, spec.label_col) if c]
+    sources = expand_inputs(spec.inputs, spec.input_format)
+    for src in sources:  # check every source's columns before reading any of them, as read_rows does
+        _check_columns(src, wanted)
+    # Empty delimited, JSON and text files hold no rows; Ray's readers would reject some of them.
+    sources = [s for s in sources if s.format in ("parquet", "datasets") or s.path.stat().st_size > 0]
+    count = ray.remote(_num_rows)
+    blocks: list[_Block] = []
+    row = 0
+    for group in _groups(sources):
+        ds = _read_dataset(ray, group, wanted)
+        try:
+            refs = ds.to_arrow_refs()
+            sizes = ray.get([count.remote(r) for r in refs])
+        except Exception as e:  # Ray wraps reader errors; name the files and the first line
+            where = ", ".join(str(s.path) for s in group[:3]) + (" ..." if len(group) > 3 else "")
+            raise InputError(f"{where}: cannot read as {group[0].format}: {root_message(e)}") from None
+        for ref, n in zip(refs, sizes, strict=True):
+            if spec.limit is not None:
+                n = min(n, spec.limit - row)
+            if n > 0:
+                blocks.append(_Block(ref, row, n))
+                row += n
+        if spec.limit is not None and row >= spec.limit:
+            break
+    return blocks
+
+
+def plan_windows(
+    ray: Any, spec: JobSpec, skip_until: int = 0, skip_ids: set[str] | None = None
+) -> tuple[list[WindowPlan], int]:
+    """Read the inputs and cut them into windows of ``spec.window`` rows (row numbers from 0 across all
+    inputs); returns the windows still to do, and the number of input rows."""
+    from .pipeline import _select_rows  # the local engine's rule for skipped and repeated ids
+
+    cols = (spec.text_col, spec.id_col, spec.label_col)
+    blocks = _source_blocks(ray, spec)
+    total = blocks[-1].first_row + blocks[-1].rows if blocks else 0
+    need_keys = spec.id_col is not None or skip_ids is not None
+    keys_task = ray.remote(_block_keys)
+    key_refs = [keys_task.remote(b.ref, b.first_row, cols) for b in blocks] if need_keys else []
+    window_task = ray.remote(_window_block)
+    seen_ids: set[str] | None = set() if spec.id_col else None
+    keys: dict[int, tuple[list[str], list[str]]] = {}
+    windows: list[WindowPlan] = []
+    first = 0  # the first block that can overlap the current window
+    for a in range(skip_until - skip_until % spec.window, total, spec.window):
+        a, b = max(a, skip_until), min(a + spec.window, total)
+        if a >= b:
+            continue
+        while blocks[first].first_row + blocks[first].rows <= a:
+            keys.pop(first, None)
+            first += 1
+        overlap = []
+        for i in range(first, len(blocks)):
+            if blocks[i].first_row >= b:
+                break
+            overlap.append(i)
+        pieces = [
+            (
+                blocks[i].first_row,
+                max(a - blocks[i].first_row, 0),
+                min(b - blocks[i].first_row, blocks[i].rows),
+            )
+            for i in overlap
+        ]
+        keep, status, start, n = None, {}, a, b - a
+        if need_keys:
+            ids, statuses = [], []
+            for i, (_, lo, hi) in zip(overlap, pieces, strict=True):
+                if i not in keys:
+                    keys[i] = ray.get(key_refs[i])
+                ids += keys[i][0][lo:hi]
+                statuses += keys[i][1][lo:hi]
+            block = RowBatch(list(range(a, b)), ids, [None] * n, [None] * n, statuses)
+            rows = _select_rows(block, skip_until, skip_ids, seen_ids)
+            if not rows:
+                continue
+            keep = None if len(rows) == n else [r.row_index for r in rows]
+            status = {r.row_index: r.status for r in rows if r.status != statuses[r.row_index - a]}
+            start, n = rows[0].row_index, len(rows)
+        ref = window_task.remote(cols, pieces, keep, status, *(blocks[i].ref for i in overlap))
+        windows.append(WindowPlan(start, n, ref))
+    if windows:  # every window is built before the model workers take the CPUs
+        ray.wait([w.ref for w in windows], num_returns=len(windows), fetch_local=False)
+    return windows, total
+
+
+def root_error(e: BaseException) -> BaseException:
+    """The innermost cause of an error that Ray and Ray Data wrapped (RayTaskError.cause, __cause__)."""
+    seen = set()
+    while id(e) not in seen:
+        seen.add(id(e))
+        nxt = getattr(e, "cause", None) or e.__cause__
+        if not isinstance(nxt, BaseException):
+            break
+        e = nxt
+    return e
+
+
+def root_message(e: BaseException) -> str:
+    root = root_error(e)
+    lines = [ln for ln in str(root).strip().splitlines() if ln.strip()]
+    # A RayTaskError's text starts with the task's name; the error itself is on its last line.
+    text = lines[-1] if lines and "ray::" in lines[0] else (lines[0] if lines else "")
+    return f"{type(root).__name__}: {text}" if text else type(root).__name__

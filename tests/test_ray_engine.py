@@ -1,0 +1,261 @@
+"""``--engine ray`` writes the run the local engine writes: the same review ids, predictions and attention,
+from every reader; a worker process killed mid-run is retried with no duplicate or missing rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+from helpers import read_table
+from typer.testing import CliRunner
+
+from bertattn_batch import schema
+from bertattn_batch.cli import app
+from bertattn_batch.errors import EngineError, SpecError
+from bertattn_batch.pipeline import run_job
+from bertattn_batch.ray_engine import WindowStage, plan_placement, ray_runtime, run_job_ray
+from bertattn_batch.spec import JobSpec, load_job
+from bertattn_batch.write import read_manifest
+
+HAS_RAY = importlib.util.find_spec("ray") is not None
+#: Keys that order each table's rows identically whichever engine wrote them.
+ORDER = {
+    "predictions": ["row_index"],
+    "cls_attention": ["doc_id", "layer", "head", "position"],
+    "head_summary": ["doc_id", "layer", "head"],
+}
+FLOATS = {"probs", "weight", "weight_scaled", "weight_cls", "weight_sep", "weight_min", "weight_max"}
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray runtime with 2 CPUs for this module's runs (the engine reuses it, as it would a cluster)."""
+    if not HAS_RAY:
+        pytest.skip("ray is not installed (pip install '.[ray]')")
+    with ray_runtime(num_cpus=2) as ray:
+        yield ray
+
+
+def _spec(src, model, out, **kw) -> JobSpec:
+    return JobSpec(inputs=[str(s) for s in src], model=str(model), out=str(out), progress=False, **kw)
+
+
+def _sorted(run: Path, table: str) -> pa.Table:
+    return read_table(run, table).sort_by([(k, "ascending") for k in ORDER[table]])
+
+
+def assert_same_run(ray_run: Path, local_run: Path, atol: float = 1e-5) -> None:
+    """Every table holds the same rows; floats agree to ``atol``, everything else exactly."""
+    for name in schema.TABLES:
+        got, want = _sorted(ray_run, name), _sorted(local_run, name)
+        assert got.num_rows == want.num_rows, name
+        assert got.column_names == want.column_names == schema.columns(name)
+        for col in got.column_names:
+            if col in FLOATS:
+                g, w = got.column(col).to_pylist(), want.column(col).to_pylist()
+                assert [x is None for x in g] == [x is None for x in w], (name, col)
+                g = np.concatenate([np.ravel(x) for x in g if x is not None] or [np.zeros(0)])
+                w = np.concatenate([np.ravel(x) for x in w if x is not None] or [np.zeros(0)])
+                np.testing.assert_allclose(g, w, atol=atol, rtol=0, err_msg=f"{name}.{col}")
+            else:
+                assert got.column(col).to_pylist() == want.column(col).to_pylist(), (name, col)
+
+
+def assert_parts_tile_the_rows(run: Path, n_rows: int) -> None:
+    """Manifest parts are unique and cover rows [0, n) once; the folders hold exactly the listed files."""
+    parts = sorted(read_manifest(run)["parts"], key=lambda p: p["start_row"])
+    assert len({p["name"] for p in parts}) == len(parts)
+    assert [p["start_row"] for p in parts[1:]] == [p["end_row"] for p in parts[:-1]]
+    assert parts[0]["start_row"] == 0 and parts[-1]["end_row"] == n_rows
+    for table in schema.TABLES:
+        on_disk = sorted(f.name for f in (run / table).iterdir())
+        assert on_disk == sorted(p["name"] for p in parts), table
+        rows = sum(pq.ParquetFile(run / table / p["name"]).metadata.num_rows for p in parts)
+        assert rows == sum(p["rows"][table] for p in parts) == read_table(run, table).num_rows
+
+
+# -- no Ray needed ------------------------------------------------------------------------------------
+def test_spec_keys_are_checked(tmp_path):
+    with pytest.raises(SpecError, match="engine must be one of local, ray"):
+        JobSpec(inputs=["a"], model="m", out="o", engine="spark")
+    with pytest.raises(SpecError, match="workers must be at least 1"):
+        JobSpec(inputs=["a"], model="m", out="o", workers=0)
+    job = tmp_path / "job.toml"
+    job.write_text(
+        'inputs = ["a.parquet"]\nmodel = "m"\nout = "o"\nengine = "ray"\nworkers = 3\nray_address = "auto"\n'
+    )
+    spec = load_job(job)
+    assert (spec.engine, spec.workers, spec.ray_address) == ("ray", 3, "auto")
+    assert load_job(job, engine="local", workers=2).engine == "local"
+
+
+def test_placement_gives_each_worker_a_gpu_or_a_share_of_the_cpus():
+    spec = JobSpec(inputs=["a"], model="m", out="o", engine="ray", workers=4)
+    gpu = plan_placement(spec, cluster_cpus=64, node_cpus=16, cluster_gpus=4)
+    assert (gpu.gpus, gpu.cpus, gpu.device) == (1, 1, "cuda")
+    cpu = plan_placement(spec, cluster_cpus=64, node_cpus=8, cluster_gpus=0)
+    assert (cpu.gpus, cpu.cpus, cpu.device) == (0, 8, "cpu")  # 16 each would not fit on a node
+    assert plan_placement(spec, cluster_cpus=2, node_cpus=2, cluster_gpus=0).cpus == 1
+    forced = JobSpec(inputs=["a"], model="m", out="o", engine="ray", device="cpu")
+    assert plan_placement(forced, 8, 8, cluster_gpus=2).gpus == 0
+    with pytest.raises(SpecError, match="--device cuda or auto"):
+        plan_placement(JobSpec(inputs=["a"], model="m", out="o", device="cuda:1"), 8, 8, 2)
+    with pytest.raises(SpecError, match="no GPUs"):
+        plan_placement(JobSpec(inputs=["a"], model="m", out="o", device="cuda"), 8, 8, 0)
+
+
+def test_without_ray_the_error_says_how_to_install(monkeypatch, tiny_en_dir, drug_sample, tmp_path):
+    for name in [m for m in sys.modules if m == "ray" or m.startswith("ray.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets when it is not installed
+    spec = _spec([drug_sample], tiny_en_dir, tmp_path / "run", engine="ray")
+    with pytest.raises(EngineError, match=r"pip install 'bertattn-batch\[ray\]'"):
+        run_job(spec)
+    r = CliRunner().invoke(
+        app,
+        [
+            "extract",
+            str(drug_sample),
+            "--model",
+            str(tiny_en_dir),
+            "--out",
+            str(tmp_path / "o"),
+            "--engine",
+            "ray",
+        ],
+    )
+    assert r.exit_code == 1
+    assert r.output.startswith("error: --engine ray needs Ray") and "pip install" in r.output
+    assert not (tmp_path / "run").exists()
+
+
+# -- on a local Ray runtime ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_two_workers_give_the_local_engines_answers(ray_local, minilm_dir, drug_sample, tmp_path):
+    kw = dict(id_col="doc_id", label_col="label", window=5, batch_tokens=1200, max_batch_size=8)
+    run_job(_spec([drug_sample], minilm_dir, tmp_path / "local", **kw))
+    summary = run_job(_spec([drug_sample], minilm_dir, tmp_path / "ray", engine="ray", workers=2, **kw))
+    assert summary.input_rows == summary.scored == 24
+    assert_same_run(tmp_path / "ray", tmp_path / "local")
+    assert_parts_tile_the_rows(tmp_path / "ray", 24)
+    ids = pq.read_table(drug_sample).column("doc_id").to_pylist()
+    assert sorted(read_table(tmp_path / "ray", "predictions").column("doc_id").to_pylist()) == sorted(ids)
+    ray_m, local_m = read_manifest(tmp_path / "ray"), read_manifest(tmp_path / "local")
+    assert [p["name"] for p in sorted(ray_m["parts"], key=lambda p: p["start_row"])] == [
+        p["name"] for p in local_m["parts"]
+    ]
+    assert ray_m["fingerprint"] == local_m["fingerprint"] and ray_m["counts"] == local_m["counts"]
+    assert ray_m["status"] == "complete" and ray_m["spec"]["engine"] == "ray"
+    assert ray_m["last_run"]["engine"] == "ray" and ray_m["last_run"]["placement"]["cpus"] == 1
+    # The local runtime listens on loopback only.
+    assert {n["NodeManagerAddress"] for n in ray_local.nodes()} == {"127.0.0.1"}
+
+
+class DyingStage(WindowStage):
+    """Kills its own process once, after writing the part files of the window at row ``die_at`` but
+    before the driver hears of them: the retry on a restarted worker must rewrite those very files."""
+
+    flag = ""
+    die_at = 8
+
+    def process(self, table):
+        done = super().process(table)
+        if done[0]["start_row"] == self.die_at:
+            try:
+                os.unlink(self.flag)  # one claim across processes: only the first comer dies
+            except FileNotFoundError:
+                return done
+            Path(self.flag + ".died").write_text(str(os.getpid()))
+            os._exit(1)
+        return done
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_retried_without_duplicates_or_gaps(ray_local, tiny_en_dir, drug_sample, tmp_path):
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
+    flag = tmp_path / "die"
+    flag.write_text("")
+    DyingStage.flag = str(flag)
+    kw = dict(id_col="doc_id", label_col="label", window=4)
+    run_job(_spec([drug_sample], tiny_en_dir, tmp_path / "local", **kw))
+    summary = run_job_ray(
+        _spec([drug_sample], tiny_en_dir, tmp_path / "ray", engine="ray", workers=2, **kw),
+        stage_cls=DyingStage,
+    )
+    assert not flag.exists() and Path(f"{flag}.died").is_file()  # a worker really died, once
+    assert summary.input_rows == 24 and summary.parts_written == 6
+    assert_same_run(tmp_path / "ray", tmp_path / "local")
+    assert_parts_tile_the_rows(tmp_path / "ray", 24)
+    preds = read_table(tmp_path / "ray", "predictions")
+    assert sorted(preds.column("row_index").to_pylist()) == list(range(24))
+
+
+@pytest.mark.slow
+def test_every_reader_and_status_matches_the_local_engine(ray_local, tiny_en_dir, drug_rows, tmp_path):
+    """Parquet, JSON lines and CSV in one job: row numbers run on across files, ids repeat across files,
+    texts are null, empty or not text; a limit cuts the last file."""
+    texts = [r["text"] for r in drug_rows[:9]]
+    a = pa.table(
+        {"id": ["a0", "a1", "a2", None], "text": [texts[0], None, "  ", texts[1]], "stars": [1, 2, None, 4]}
+    )
+    b = [{"id": "b0", "text": texts[2], "stars": 5}, {"id": "a1", "text": texts[3], "stars": 1}]
+    c = pa.table({"id": ["c0", "b0", "c2", "c3", "c4"], "text": [texts[4], texts[5], "", texts[6], texts[7]]})
+    c = c.append_column("stars", pa.array(["3", "2", "1", "0", "9"]))
+    pq.write_table(a, tmp_path / "a.parquet")
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in b))
+    pcsv.write_csv(c, tmp_path / "c.csv")
+    src = [tmp_path / "a.parquet", tmp_path / "b.jsonl", tmp_path / "c.csv"]
+    kw = dict(id_col="id", label_col="stars", window=3, limit=10)
+    run_job(_spec(src, tiny_en_dir, tmp_path / "local", **kw))
+    run_job(_spec(src, tiny_en_dir, tmp_path / "ray", engine="ray", workers=1, **kw))
+    assert_same_run(tmp_path / "ray", tmp_path / "local")
+    preds = _sorted(tmp_path / "ray", "predictions")
+    assert preds.column("status").to_pylist() == [
+        *["ok", "null_text", "empty_text", "null_id"],
+        *["ok", "duplicate_id"],
+        *["ok", "duplicate_id", "empty_text", "ok"],
+    ]
+    assert preds.column("doc_id").to_pylist()[3] == "3"  # a null id falls back to the row number
+    assert_parts_tile_the_rows(tmp_path / "ray", 10)
+
+
+@pytest.mark.slow
+def test_cli_text_files_and_resume(ray_local, tiny_en_dir, drug_rows, tmp_path):
+    lines = [" ".join(r["text"].split()) for r in drug_rows[:7]]  # no line breaks of any kind
+    (tmp_path / "a.txt").write_text("\n".join(lines[:3]) + "\n")
+    (tmp_path / "b.txt").write_text("\n".join(lines[3:]) + "\n\n")  # an empty line is a row too
+    runner = CliRunner()
+    args = [str(tmp_path / "a.txt"), str(tmp_path / "b.txt"), "--model", str(tiny_en_dir), "--no-progress"]
+    r = runner.invoke(app, ["extract", *args, "--out", str(tmp_path / "local")])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(
+        app, ["extract", *args, "--out", str(tmp_path / "ray"), "--engine", "ray", "--workers", "2"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "8 reviews (7 scored, 1 not scored: empty_text 1)" in r.output
+    assert_same_run(tmp_path / "ray", tmp_path / "local")
+    r = runner.invoke(app, ["extract", *args, "--out", str(tmp_path / "ray"), "--engine", "ray"])
+    assert r.exit_code == 0, r.output
+    assert "nothing new to process" in r.output
+    assert read_manifest(tmp_path / "ray")["resumes"] == 1
+    with open(tmp_path / "b.txt", "a") as f:  # one more review: --incremental scores only it
+        f.write(" ".join(drug_rows[7]["text"].split()) + "\n")
+    for engine in ("local", "ray"):
+        r = runner.invoke(
+            app, ["extract", *args, "--out", str(tmp_path / engine), "--engine", engine, "--incremental"]
+        )
+        assert r.exit_code == 0, r.output
+        assert r.output.startswith("1 reviews (1 scored")
+    assert_same_run(tmp_path / "ray", tmp_path / "local")
+    assert read_manifest(tmp_path / "ray")["parts"][-1]["name"] == "part-000000000008-g1.parquet"
+    assert_parts_tile_the_rows(tmp_path / "ray", 9)
