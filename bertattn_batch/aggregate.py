@@ -1,0 +1,384 @@
+"""Token influence by head across a run, from polars lazy scans of its committed Parquet parts.
+
+Usage::
+
+    bertattn aggregate runs/r1 --min-reviews 5 --top-k 5
+
+    from bertattn_batch.aggregate import aggregate, format_top
+    result = aggregate("runs/r1")          # writes runs/r1/aggregates/token_influence.parquet
+    print(format_top(result.table, k=5))
+
+For each (layer, head, token) and each group of reviews (all of them, each predicted label, each
+true label where the source had labels): the reviews and occurrences, the mean raw and scaled weight,
+and how often the token is the head's top token in a review. Words as well as tokens: a token that
+does not start with ``##`` and the ``##`` continuations right after it make one word.
+
+Definitions (the schema's descriptions say the same):
+- only reviews with ``status == "ok"`` count; a review's rows in ``cls_attention`` join its prediction
+  on ``doc_id``;
+- means are over occurrences (a token twice in a review counts twice);
+- a head's top token in a review is its content token with the largest raw weight; ties go to the
+  first position (numpy's ``argmax``), so every scored review has exactly one top token per head;
+- a word's raw weight is the sum of its pieces' raw weights (the head's mass is kept); its scaled
+  weight is that sum min-max scaled again over the review's words, so 1 is the review's top word.
+
+Memory stays bounded whatever the run's size: each committed part (a few thousand reviews, each
+review wholly inside one part) is reduced on its own to per-token sums, which are additive across
+parts; the sums are then combined with streaming group-bys whose size is bounded by the vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from . import schema
+from .errors import RunDirError, SpecError
+from .write import read_manifest
+
+#: Folder inside a run that holds derived tables (never inside the run's own table folders).
+AGGREGATES_DIR = "aggregates"
+TABLE = "token_influence"
+UNITS = ("token", "word")
+SPLITS = ("all", "pred_label", "label")
+#: Measures ``rank`` may order by (descending).
+RANK_MEASURES = ("mean_scaled", "mean_weight", "top_share", "n_top", "n_reviews")
+#: Tokenizers that mark word starts (byte-level BPE, SentencePiece) rather than continuations.
+NON_WORDPIECE_MODELS = frozenset({"roberta", "xlm-roberta", "camembert", "albert"})
+CONTINUATION = "##"
+
+_REVIEW = ["doc_id", "layer", "head"]
+_CLASSES = ["pred_label", "label"]
+_SUMS = ["n_reviews", "n_occurrences", "weight_sum", "scaled_sum", "n_top"]
+
+
+@dataclass
+class Aggregates:
+    """What ``aggregate`` wrote: the table (small: bounded by the vocabulary) and how it was made."""
+
+    path: Path
+    table: pl.DataFrame
+    options: dict[str, Any] = field(default_factory=dict)
+    parts: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        units = self.table.group_by("unit").len().sort("unit").rows()
+        counts = ", ".join(f"{n} {u} rows" for u, n in units)
+        return (
+            f"wrote {self.path} ({counts or 'no rows'}) from {len(self.parts)} parts "
+            f"in {self.seconds:.1f}s; min {self.options.get('min_reviews')} reviews, "
+            f"ranked by {self.options.get('rank_by')}"
+        )
+
+
+def aggregates_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / AGGREGATES_DIR / f"{TABLE}.parquet"
+
+
+def committed_parts(run_dir: str | Path) -> list[tuple[str, Path, Path]]:
+    """(part name, cls_attention file, predictions file) of every committed part, in name order.
+
+    Committed files are named ``part-*.parquet``; temporaries start with ``_`` and are never read.
+    """
+    run = Path(run_dir)
+    read_manifest(run)  # raises a clear error when this is not a run directory
+    out = []
+    for attn in sorted((run / "cls_attention").glob("part-*.parquet")):
+        preds = run / "predictions" / attn.name
+        if not preds.is_file():
+            raise RunDirError(f"{run}: predictions/{attn.name} is missing for cls_attention/{attn.name}")
+        out.append((attn.name, attn, preds))
+    return out
+
+
+def review_rows(attn_path: Path | str, preds_path: Path | str) -> pl.LazyFrame:
+    """One part's attention rows of scored reviews, each with its predicted and true label."""
+    attn = pl.scan_parquet(attn_path).select(
+        "doc_id", "layer", "head", "position", "token", "weight", "weight_scaled"
+    )
+    preds = (
+        pl.scan_parquet(preds_path)
+        .filter(pl.col("status") == "ok")
+        .select("doc_id", *_CLASSES)
+        .unique("doc_id")
+    )
+    return attn.join(preds, on="doc_id", how="inner").with_columns(
+        pl.col("weight").cast(pl.Float64), pl.col("weight_scaled").cast(pl.Float64)
+    )
+
+
+def word_rows(rows: pl.LazyFrame) -> pl.LazyFrame:
+    """Tokens joined into words, in the same columns as ``review_rows`` (position: the first piece's).
+
+    A word starts at every token that is not a ``##`` continuation of the token just before it.
+    Raw weight: the sum of the pieces'. Scaled: min-max over the review's words for that head.
+    A review's words are the same at every (layer, head): they are found once, on one head's rows.
+    """
+    one_head = (pl.col("layer") == pl.col("layer").min()) & (pl.col("head") == pl.col("head").min())
+    pieces = rows.filter(one_head).select("doc_id", "position", "token").sort(["doc_id", "position"])
+    continues = pl.col("token").str.starts_with(CONTINUATION) & (
+        pl.col("position") == pl.col("position").shift(1).over("doc_id") + 1
+    )
+    continues = continues.fill_null(False)
+    pieces = pieces.with_columns(
+        word=(~continues).cast(pl.Int32).cum_sum().over("doc_id"),
+        piece=pl.when(continues).then(pl.col("token").str.strip_prefix(CONTINUATION)).otherwise("token"),
+    )
+    texts = pieces.group_by(["doc_id", "word"]).agg(
+        token=pl.col("piece").sort_by("position").str.join(""),
+        position=pl.col("position").min(),
+    )
+    words = (
+        rows.select(*_REVIEW, "position", "weight", *_CLASSES)
+        .join(pieces.select("doc_id", "position", "word"), on=["doc_id", "position"])
+        .group_by([*_REVIEW, "word", *_CLASSES])
+        .agg(weight=pl.col("weight").sum())
+        .join(texts, on=["doc_id", "word"])
+    )
+    lo = pl.col("weight").min().over(_REVIEW)
+    hi = pl.col("weight").max().over(_REVIEW)
+    scaled = pl.when(hi > lo).then((pl.col("weight") - lo) / (hi - lo)).otherwise(0.0)
+    return words.with_columns(weight_scaled=scaled).drop("word")
+
+
+def part_sums(rows: pl.LazyFrame, unit: str) -> pl.LazyFrame:
+    """Additive per-(layer, head, token, pred_label, label) sums of one part's reviews.
+
+    ``n_reviews`` counts distinct reviews within the part; a review lives in one part only, so the
+    counts add up across parts.
+    """
+    peak = pl.col("weight").max().over(_REVIEW)
+    top_position = pl.col("position").filter(pl.col("weight") == peak).min().over(_REVIEW)
+    return (
+        rows.with_columns(is_top=pl.col("position") == top_position)
+        .group_by(["layer", "head", "token", *_CLASSES])
+        .agg(
+            n_reviews=pl.col("doc_id").n_unique().cast(pl.Int64),
+            n_occurrences=pl.len().cast(pl.Int64),
+            weight_sum=pl.col("weight").sum(),
+            scaled_sum=pl.col("weight_scaled").sum(),
+            n_top=pl.col("is_top").sum().cast(pl.Int64),
+        )
+        .with_columns(unit=pl.lit(unit))
+    )
+
+
+def class_sizes(preds_paths: Sequence[Path | str]) -> pl.DataFrame:
+    """Scored reviews per group: (split, class_label, class_reviews)."""
+    if not preds_paths:
+        return pl.DataFrame(schema={"split": pl.String, "class_label": pl.String, "class_reviews": pl.Int64})
+    ok = (
+        pl.scan_parquet(list(preds_paths))
+        .filter(pl.col("status") == "ok")
+        .group_by(_CLASSES)
+        .agg(n=pl.len().cast(pl.Int64))
+        .collect(engine="streaming")
+    )
+    frames = [
+        pl.DataFrame({"split": ["all"], "class_label": [None], "class_reviews": [int(ok["n"].sum())]}),
+        _sizes_by(ok, "pred_label"),
+        _sizes_by(ok.filter(pl.col("label").is_not_null()), "label"),
+    ]
+    schema_ = {"split": pl.String, "class_label": pl.String, "class_reviews": pl.Int64}
+    return pl.concat([f.cast(schema_) for f in frames if f.height]).filter(pl.col("class_reviews") > 0)
+
+
+def _sizes_by(ok: pl.DataFrame, column: str) -> pl.DataFrame:
+    return (
+        ok.group_by(column)
+        .agg(class_reviews=pl.col("n").sum())
+        .rename({column: "class_label"})
+        .with_columns(split=pl.lit(column))
+        .select("split", "class_label", "class_reviews")
+    )
+
+
+def combine(sums: pl.LazyFrame, sizes: pl.DataFrame, min_reviews: int, rank_by: str) -> pl.LazyFrame:
+    """Per-part sums -> the token_influence table: every split, means, the filter and the rank."""
+    agg = [pl.col(c).sum() for c in _SUMS]
+    by_split = [
+        sums.group_by(["unit", "layer", "head", "token"])
+        .agg(agg)
+        .with_columns(split=pl.lit("all"), class_label=pl.lit(None, dtype=pl.String)),
+        sums.group_by(["unit", "layer", "head", "pred_label", "token"])
+        .agg(agg)
+        .rename({"pred_label": "class_label"})
+        .with_columns(split=pl.lit("pred_label")),
+        sums.filter(pl.col("label").is_not_null())
+        .group_by(["unit", "layer", "head", "label", "token"])
+        .agg(agg)
+        .rename({"label": "class_label"})
+        .with_columns(split=pl.lit("label")),
+    ]
+    cols = ["unit", "layer", "head", "split", "class_label", "token", *_SUMS]
+    group = ["unit", "layer", "head", "split", "class_label"]
+    table = (
+        pl.concat([f.select(cols) for f in by_split])
+        .filter(pl.col("n_reviews") >= min_reviews)
+        .join(sizes.lazy(), on=["split", "class_label"], how="inner", nulls_equal=True)
+        .with_columns(
+            mean_weight=pl.col("weight_sum") / pl.col("n_occurrences"),
+            mean_scaled=pl.col("scaled_sum") / pl.col("n_occurrences"),
+            top_share=pl.col("n_top") / pl.col("n_reviews"),
+        )
+        .sort(
+            [*group, rank_by, "n_reviews", "token"],
+            descending=[False] * len(group) + [True, True, False],
+            nulls_last=False,
+        )
+        .with_columns(rank=pl.col("token").cum_count().over(group).cast(pl.Int32))
+    )
+    return table.select(schema.columns(TABLE))
+
+
+def aggregate(
+    run_dir: str | Path,
+    min_reviews: int = 5,
+    rank_by: str = "mean_scaled",
+    units: Sequence[str] = UNITS,
+) -> Aggregates:
+    """Compute token (and word) influence by head for a run; write and return it."""
+    t0 = time.perf_counter()
+    if min_reviews < 1:
+        raise SpecError(f"min_reviews must be at least 1, got {min_reviews}")
+    if rank_by not in RANK_MEASURES:
+        raise SpecError(f"rank_by must be one of {', '.join(RANK_MEASURES)}; got {rank_by!r}")
+    bad = [u for u in units if u not in UNITS]
+    if bad or not units:
+        raise SpecError(f"units must be among {', '.join(UNITS)}; got {list(units)}")
+    run = Path(run_dir)
+    manifest = read_manifest(run)
+    parts = committed_parts(run)
+    if not parts:
+        raise RunDirError(f"{run} has no committed parts yet; run bertattn extract first")
+    model_type = manifest.get("model", {}).get("model_type", "bert")
+    if "word" in units and model_type in NON_WORDPIECE_MODELS:
+        units = [u for u in units if u != "word"]  # its pieces carry no '##' marks to join
+    out_dir = run / AGGREGATES_DIR
+    work = out_dir / f"_work-{time.time_ns()}"
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        partials = []
+        for name, attn, preds in parts:
+            rows = review_rows(attn, preds)
+            for unit in units:
+                frame = part_sums(rows if unit == "token" else word_rows(rows), unit)
+                path = work / f"{unit}-{name}"
+                frame.sink_parquet(path, engine="streaming")
+                partials.append(path)
+        base_path = work / "base.parquet"
+        (
+            pl.scan_parquet(partials)
+            .group_by(["unit", "layer", "head", "token", *_CLASSES])
+            .agg([pl.col(c).sum() for c in _SUMS])
+            .sink_parquet(base_path, engine="streaming")
+        )
+        sizes = class_sizes([p for _, _, p in parts])
+        options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units)}
+        meta = {
+            "table": TABLE,
+            "schema_version": str(schema.version(TABLE)),
+            "options": json.dumps(options),
+            "parts": json.dumps([name for name, _, _ in parts]),
+            "run_job_sha256": str(manifest.get("fingerprint", {}).get("job_sha256", "")),
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        # the result is bounded by the vocabulary (x heads x groups), so it is collected and cast
+        # to the schema with pyarrow, which keeps the columns' descriptions in the file
+        table = combine(pl.scan_parquet(base_path), sizes, min_reviews, rank_by).collect(engine="streaming")
+        arrow = schema.cast(table.to_arrow(), TABLE)
+        arrow = arrow.replace_schema_metadata(meta)  # meta repeats the schema's table and version
+        tmp = work / f"{TABLE}.parquet"
+        pq.write_table(arrow, tmp, compression="zstd")
+        final = aggregates_path(run)
+        tmp.replace(final)  # atomic: readers see the old table or the new one
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return Aggregates(final, table, options, [n for n, _, _ in parts], seconds=time.perf_counter() - t0)
+
+
+def read_aggregates(run_dir: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """The written table and its metadata (options, parts); raise when there is none."""
+    path = aggregates_path(run_dir)
+    if not path.is_file():
+        raise RunDirError(f"{path} does not exist; run bertattn aggregate {run_dir}")
+    raw = pq.read_schema(path).metadata or {}
+    meta = {k.decode(): v.decode() for k, v in raw.items() if not k.startswith(b"ARROW")}
+    for key in ("options", "parts"):
+        if key in meta:
+            meta[key] = json.loads(meta[key])
+    return pl.read_parquet(path), meta
+
+
+def is_current(run_dir: str | Path) -> bool:
+    """True when the written aggregates cover exactly the run's committed parts."""
+    path = aggregates_path(run_dir)
+    if not path.is_file():
+        return False
+    _, meta = read_aggregates(run_dir)
+    return meta.get("parts") == [name for name, _, _ in committed_parts(run_dir)]
+
+
+def top_tokens(
+    table: pl.DataFrame,
+    k: int = 5,
+    unit: str = "token",
+    split: str = "all",
+    layers: Sequence[int] | None = None,
+) -> pl.DataFrame:
+    """The k best-ranked rows per (layer, head, class_label) of one unit and split."""
+    out = table.filter((pl.col("unit") == unit) & (pl.col("split") == split) & (pl.col("rank") <= k))
+    if layers is not None:
+        out = out.filter(pl.col("layer").is_in(list(layers)))
+    return out.sort(["layer", "class_label", "head", "rank"], nulls_last=False)
+
+
+def format_top(
+    table: pl.DataFrame,
+    k: int = 5,
+    unit: str = "token",
+    split: str = "all",
+    layers: Sequence[int] | None = None,
+    measure: str = "mean_scaled",
+) -> str:
+    """A compact text table: one line per head, its top k tokens with their measure."""
+    top = top_tokens(table, k, unit, split, layers)
+    if top.is_empty():
+        return f"no {unit}s pass the filter for split {split!r}; lower --min-reviews"
+    blocks = []
+    for (layer, cls), group in top.group_by(["layer", "class_label"], maintain_order=True):
+        n = group["class_reviews"][0]
+        who = "all reviews" if cls is None else f"{split} = {cls}"
+        lines = [f"layer {layer} · {who} ({n} reviews) · top {k} {unit}s, {measure}"]
+        cells: dict[int, list[str]] = {}
+        for row in group.iter_rows(named=True):
+            cells.setdefault(row["head"], []).append(f"{row['token']} {_fmt(row[measure])}")
+        width = max(_width(c) for cs in cells.values() for c in cs)
+        lines.append("head  " + "  ".join(_pad(f"#{i}", width) for i in range(1, k + 1)).rstrip())
+        for head in sorted(cells):
+            lines.append(f"{head:>4}  " + "  ".join(_pad(c, width) for c in cells[head]).rstrip())
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _width(text: str) -> int:
+    """Terminal columns: CJK characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _pad(text: str, width: int) -> str:
+    return text + " " * max(0, width - _width(text))

@@ -1,0 +1,185 @@
+"""A font for CJK characters in matplotlib figures, from a Python package or the system's fonts.
+
+Usage::
+
+    from bertattn_batch import fonts
+    plt.rcParams["font.family"] = fonts.family(tokens)   # ["DejaVu Sans", "Noto Sans CJK JP"]
+    ax.set_xticklabels([fonts.label(t) for t in tokens])
+
+Why: matplotlib's default font has no CJK glyphs and draws Chinese as empty boxes. We look, in order,
+at ``$BERTATTN_CJK_FONT`` (a font file, or ``none`` to look no further), fonts that Python packages
+ship (``pip install noto-cjk-sans-otc``), the fonts matplotlib knows, and ``fc-list :lang=zh``
+(``apt-get install fonts-noto-cjk``). With none found, characters no font covers are written as
+``U+XXXX`` codes, and one warning says how to install a font: never boxes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ENV_VAR = "BERTATTN_CJK_FONT"
+#: (package, font file inside it): CJK fonts that PyPI packages ship, best first.
+PACKAGED_FONTS = (
+    ("noto_cjk_sans_otc", "NotoSansCJK-Regular.ttc"),
+    ("mplfonts", "fonts/NotoSansCJKsc-Regular.otf"),
+)
+#: System font families with broad CJK coverage, best first.
+SYSTEM_FAMILIES = (
+    "Noto Sans CJK SC",
+    "Noto Sans CJK JP",
+    "Noto Sans CJK TC",
+    "Noto Sans SC",
+    "Source Han Sans SC",
+    "Source Han Sans CN",
+    "WenQuanYi Micro Hei",
+    "WenQuanYi Zen Hei",
+    "Droid Sans Fallback",
+    "Microsoft YaHei",
+    "PingFang SC",
+    "SimHei",
+    "AR PL UMing CN",
+)
+#: A character every CJK font has: how a candidate found by name is checked.
+_PROBE = ord("中")
+INSTALL_HINT = (
+    "pip install noto-cjk-sans-otc, or apt-get install fonts-noto-cjk, "
+    f"or set {ENV_VAR}=/path/to/a/cjk-font.ttf"
+)
+
+
+def _package_font(package: str, relpath: str) -> Path | None:
+    """A package's font file, found without importing the package."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / relpath
+        if path.is_file():
+            return path
+    return None
+
+
+def _fc_list() -> list[Path]:
+    """Font files fontconfig says cover Chinese (empty when fontconfig is absent)."""
+    if not shutil.which("fc-list"):
+        return []
+    try:
+        out = subprocess.run(
+            ["fc-list", ":lang=zh", "file"], capture_output=True, text=True, timeout=20, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted(Path(line.split(":")[0].strip()) for line in out.splitlines() if line.strip())
+
+
+def _covers_probe(path: Path) -> bool:
+    from matplotlib.ft2font import FT2Font
+
+    try:
+        return _PROBE in FT2Font(str(path)).get_charmap()
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def candidates() -> list[Path]:
+    """Font files that may hold CJK glyphs, best first (not yet checked)."""
+    from matplotlib import font_manager
+
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env.lower() == "none":
+        return []
+    found: list[Path] = [Path(env)] if env else []
+    found += [p for pkg, rel in PACKAGED_FONTS if (p := _package_font(pkg, rel))]
+    by_name = {f.name: Path(f.fname) for f in font_manager.fontManager.ttflist}
+    found += [by_name[name] for name in SYSTEM_FAMILIES if name in by_name]
+    found += _fc_list()
+    return found
+
+
+@cache
+def cjk_font() -> tuple[str, Path] | None:
+    """(family name, file) of the first usable CJK font, registered with matplotlib; None if none."""
+    from matplotlib import font_manager
+
+    for path in candidates():
+        if path.is_file() and _covers_probe(path):
+            try:
+                font_manager.fontManager.addfont(str(path))
+                name = font_manager.FontProperties(fname=str(path)).get_name()
+            except (OSError, RuntimeError, ValueError):
+                continue
+            log.debug("CJK font: %s (%s)", name, path)
+            return name, path
+    return None
+
+
+@cache
+def _base() -> list[str]:
+    from matplotlib import rcParams
+
+    return list(rcParams["font.sans-serif"][:1]) or ["DejaVu Sans"]
+
+
+@cache
+def _full() -> list[str]:
+    """The default font, then the CJK font for what it lacks."""
+    found = cjk_font()
+    return [*_base(), found[0]] if found else _base()
+
+
+def family(texts: str | list[str] = "") -> list[str]:
+    """matplotlib's font family list for drawing ``texts``: the CJK font is added only when needed
+    (a fallback font makes matplotlib's text layout several times slower)."""
+    chars = {ord(c) for t in ([texts] if isinstance(texts, str) else texts) for c in t}
+    if chars and chars <= _charmap(_base()[0]):
+        return _base()
+    return _full()
+
+
+@cache
+def _charmap(name: str) -> frozenset[int]:
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    path = font_manager.findfont(font_manager.FontProperties(family=name), fallback_to_default=True)
+    return frozenset(FT2Font(path).get_charmap())
+
+
+def _charmaps() -> tuple[frozenset[int], ...]:
+    return tuple(_charmap(name) for name in _full())
+
+
+_warned: set[str] = set()
+
+
+def label(text: str) -> str:
+    """``text`` with every character no font we have draws replaced by its ``U+XXXX`` code."""
+    maps = _charmaps()
+    missing = [c for c in text if not c.isspace() and not any(ord(c) in m for m in maps)]
+    if not missing:
+        return text
+    if "missing" not in _warned:
+        _warned.add("missing")
+        log.warning(
+            "no font here draws %r (U+%04X): such characters are shown as U+XXXX codes; for CJK: %s",
+            missing[0],
+            ord(missing[0]),
+            INSTALL_HINT,
+        )
+    return "".join(f"U+{ord(c):04X}" if c in missing else c for c in text)
+
+
+def reset() -> None:
+    """Forget what was found (after installing a font, or in tests that change the environment)."""
+    for cached in (cjk_font, _base, _full, _charmap):
+        cached.cache_clear()
+    _warned.clear()

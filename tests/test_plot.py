@@ -1,0 +1,222 @@
+"""Pictures of one review: the heatmap's matrix is the run's stored weights, the token x token maps are
+transformers' own eager attention, and Chinese characters are drawn with a real CJK font (or, with
+none, as U+XXXX codes after a warning: never boxes)."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from conftest import SEED_TEXT
+from helpers import eager_oracle, minmax, read_table
+from typer.testing import CliRunner
+
+from bertattn_batch import fonts, plot
+from bertattn_batch.cli import app
+from bertattn_batch.pipeline import run_job
+from bertattn_batch.spec import JobSpec
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def en_run(tiny_en_dir, drug_sample, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("plot") / "run"
+    run_job(
+        JobSpec(
+            inputs=[str(drug_sample)],
+            model=str(tiny_en_dir),
+            out=str(out),
+            id_col="doc_id",
+            label_col="label",
+            layers=[-2, -1],
+            window=10,
+            progress=False,
+        )
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def zh_run(tiny_zh_dir, zh_sample, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("plot") / "zh"
+    run_job(
+        JobSpec(
+            inputs=[str(zh_sample)],
+            model=str(tiny_zh_dir),
+            out=str(out),
+            id_col="doc_id",
+            label_col="label",
+            progress=False,
+        )
+    )
+    return out
+
+
+def stored(run: Path, doc_id: str, layer: int, column: str) -> np.ndarray:
+    """(heads, tokens) of one review straight from the Parquet files, ordered by hand."""
+    t = read_table(run, "cls_attention")
+    t = t.filter(pc.and_(pc.equal(t["doc_id"], doc_id), pc.equal(t["layer"], layer)))
+    t = t.sort_by([("head", "ascending"), ("position", "ascending")])
+    heads = len(set(t["head"].to_pylist()))
+    return t[column].to_numpy().reshape(heads, -1)
+
+
+def longest_doc(run: Path) -> str:
+    preds = read_table(run, "predictions").to_pylist()
+    return max((p for p in preds if p["status"] == "ok"), key=lambda p: p["n_tokens"])["doc_id"]
+
+
+def short_doc(run: Path) -> str:
+    """A review short enough for labelled token x token maps (and quick to draw)."""
+    preds = [p for p in read_table(run, "predictions").to_pylist() if p["status"] == "ok"]
+    return min((p for p in preds if p["n_tokens"] >= 12), key=lambda p: p["n_tokens"])["doc_id"]
+
+
+def test_matrix_equals_the_stored_weights(en_run):
+    doc = longest_doc(en_run)
+    for layer in (None, -1):  # default: the run's first layer (-2 of 3 is 1); -1 is 2
+        review = plot.load_review(en_run, doc, layer)
+        idx = 1 if layer is None else 2
+        assert review.layer == idx
+        np.testing.assert_array_equal(review.scaled, stored(en_run, doc, idx, "weight_scaled"))
+        np.testing.assert_array_equal(review.weight, stored(en_run, doc, idx, "weight"))
+    # and the picture draws exactly that matrix, wrapped into rows of TOKENS_PER_ROW tokens
+    fig = plot.cls_figure(review)
+    drawn = [ax.images[0].get_array() for ax in fig.axes if ax.images]
+    assert len(review.tokens) > plot.TOKENS_PER_ROW and len(drawn) > 1
+    np.testing.assert_array_equal(np.concatenate([np.asarray(d) for d in drawn], axis=1), review.scaled)
+    labels = [t.get_text() for ax in fig.axes if ax.images for t in ax.get_xticklabels()]
+    assert labels == review.tokens
+
+
+def test_pred_and_label_come_with_the_review(en_run):
+    doc = longest_doc(en_run)
+    review = plot.load_review(en_run, doc)
+    pred = next(p for p in read_table(en_run, "predictions").to_pylist() if p["doc_id"] == doc)
+    assert (review.pred_label, review.label) == (pred["pred_label"], pred["label"])
+    assert review.prob == pytest.approx(max(pred["probs"]))
+    assert f"review {doc}" in review.title() and pred["pred_label"] in review.title()
+
+
+def test_pairs_from_a_run_are_eager_attention(en_run, tiny_en_dir, drug_sample):
+    doc = short_doc(en_run)
+    review = plot.add_pairs(plot.load_review(en_run, doc), en_run)  # model and text from the run
+    texts = dict(
+        zip(*(pq.read_table(drug_sample).column(c).to_pylist() for c in ("doc_id", "text")), strict=True)
+    )
+    assert review.text == texts[doc]
+    heads, n = review.weight.shape
+    assert review.pairs.shape == (heads, n + 2, n + 2)
+    np.testing.assert_allclose(review.pairs.sum(-1), 1.0, atol=1e-5)  # every query row is a softmax
+    np.testing.assert_allclose(
+        review.pairs[:, 0, 1:-1], review.weight, atol=1e-5
+    )  # its [CLS] row is the run's
+    assert review.pair_tokens[0] == "[CLS]" and review.pair_tokens[-1] == "[SEP]"
+    fig = plot.pairs_figure(review)
+    np.testing.assert_array_equal(np.asarray(fig.axes[0].images[0].get_array()), review.pairs[0])
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == review.pair_tokens
+
+
+def test_pairs_refuse_a_text_that_is_not_the_review(en_run):
+    review = plot.load_review(en_run, longest_doc(en_run))
+    with pytest.raises(plot.InputError, match="do not give review"):
+        plot.add_pairs(review, en_run, text="an entirely different review")
+
+
+def test_text_and_model_go_through_the_library(tiny_en_dir, drug_rows):
+    text = drug_rows[7]["text"]
+    review = plot.review_from_text(text, str(tiny_en_dir), layer=-2, pairs=True)
+    expected = eager_oracle(tiny_en_dir, [text], layer=-2)[0]  # (H, n): transformers' own
+    np.testing.assert_allclose(review.weight, expected, atol=1e-5)
+    np.testing.assert_allclose(review.scaled, minmax(expected), atol=1e-5)
+    np.testing.assert_allclose(review.pairs[:, 0, 1:-1], expected, atol=1e-5)
+    assert review.layer == 1 and review.pred_label in ("negative", "neutral", "positive")
+
+
+def test_png_and_html_files(en_run, tmp_path):
+    doc = short_doc(en_run)
+    review = plot.add_pairs(plot.load_review(en_run, doc), en_run)
+    png = plot.write_review(review, tmp_path / "r.png")
+    pairs_png = plot.write_review(review, tmp_path / "pairs.png", pairs=True)
+    page = plot.write_review(review, tmp_path / "r.html")
+    assert png.read_bytes().startswith(PNG_MAGIC) and pairs_png.read_bytes().startswith(PNG_MAGIC)
+    html = page.read_text(encoding="utf-8")
+    assert html.count('<th class="tok">') == len(review.tokens)
+    assert html.count('<th class="row">') == review.num_heads
+    assert "data:image/png;base64," in html  # the token x token maps, embedded
+    assert "http://" not in html and "https://" not in html and "<script" not in html
+    with pytest.raises(plot.SpecError, match=r"\.png or \.html"):
+        plot.write_review(review, tmp_path / "r.jpg")
+
+
+def _missing_glyph_warnings(fig) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plot.htmlpage.png_bytes(fig)
+    return [str(w.message) for w in caught if "missing from" in str(w.message)]
+
+
+def test_chinese_renders_with_a_cjk_font(zh_run):
+    fonts.reset()
+    if fonts.cjk_font() is None:
+        pytest.skip(f"no CJK font on this machine ({fonts.INSTALL_HINT})")
+    review = plot.load_review(zh_run, "seed")
+    assert "超" in review.tokens and "[UNK]" in review.tokens
+    fig = plot.cls_figure(review)
+    labels = [t.get_text() for ax in fig.axes if ax.images for t in ax.get_xticklabels()]
+    assert labels == review.tokens  # drawn as they are
+    assert _missing_glyph_warnings(fig) == []
+
+
+def test_without_a_cjk_font_codes_not_boxes(zh_run, monkeypatch, caplog):
+    monkeypatch.setenv(fonts.ENV_VAR, "none")
+    fonts.reset()
+    try:
+        review = plot.load_review(zh_run, "seed")
+        with caplog.at_level(logging.WARNING, logger="bertattn_batch.fonts"):
+            fig = plot.cls_figure(review)
+        labels = [t.get_text() for ax in fig.axes if ax.images for t in ax.get_xticklabels()]
+        assert labels[review.tokens.index("超")] == f"U+{ord('超'):04X}"
+        assert "[UNK]" in labels  # what the font has stays as it is
+        assert _missing_glyph_warnings(fig) == []
+        warned = [r.getMessage() for r in caplog.records]
+        assert len(warned) == 1 and "noto-cjk" in warned[0]
+    finally:
+        monkeypatch.delenv(fonts.ENV_VAR)
+        fonts.reset()
+
+
+def test_cli_plots_a_run_and_a_text(en_run, tiny_zh_dir, tmp_path):
+    runner = CliRunner()
+    doc = longest_doc(en_run)
+    r = runner.invoke(app, ["plot", str(en_run), "--doc-id", doc, "--out", str(tmp_path / "a.html")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "a.html").is_file()
+    r = runner.invoke(
+        app,
+        [
+            "plot",
+            "--text",
+            SEED_TEXT,
+            "--model",
+            str(tiny_zh_dir),
+            "--out",
+            str(tmp_path / "b.png"),
+            "--pairs",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "b.png").read_bytes().startswith(PNG_MAGIC)
+    r = runner.invoke(app, ["plot", str(en_run), "--doc-id", "no-such-id", "--out", str(tmp_path / "c.png")])
+    assert r.exit_code == 1 and "not among the scored reviews" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    r = runner.invoke(
+        app, ["plot", str(en_run), "--doc-id", doc, "--layer", "0", "--out", str(tmp_path / "d.png")]
+    )
+    assert r.exit_code == 1 and "holds layers [1, 2]" in r.output
