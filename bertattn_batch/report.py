@@ -1,0 +1,281 @@
+"""One self-contained HTML page about a run: what it did, which tokens each head attends to, examples.
+
+Usage::
+
+    bertattn report runs/r1                      # writes runs/r1/report.html
+    bertattn report runs/r1 --out r1.html --examples 3 --top-k 8
+
+    from bertattn_batch.report import build_report
+    build_report("runs/r1")
+
+The page holds the run's counts and throughput, accuracy and a confusion matrix where the source had
+labels, the top tokens per head (a table and a heatmap, from ``aggregate``; recomputed when the run
+has changed since), and the heads x tokens heatmaps of the most confident reviews of each predicted
+label. Figures are PNG data URIs and the styles are inline: the file opens without a network.
+"""
+
+from __future__ import annotations
+
+import time
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from . import aggregate as agg
+from . import fonts, htmlpage, plot
+from .write import read_manifest
+
+REPORT_NAME = "report.html"
+
+
+def _ok_predictions(run: Path) -> pl.DataFrame:
+    files = sorted((run / "predictions").glob("part-*.parquet"))
+    if not files:
+        return pl.DataFrame()
+    return (
+        pl.scan_parquet(files)
+        .select("doc_id", "status", "label", "pred_id", "pred_label", "probs")
+        .collect(engine="streaming")
+    )
+
+
+def status_counts(preds: pl.DataFrame) -> list[tuple[str, int]]:
+    if preds.is_empty():
+        return []
+    return preds.group_by("status").len().sort(["len", "status"], descending=[True, False]).rows()
+
+
+def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
+    """Accuracy over labelled reviews whose label the model knows, and the confusion counts.
+
+    Rows: every true label seen (a label the model cannot predict, such as 'neutral' for a
+    two-label model, gets a row but stays out of the accuracy); columns: the model's labels.
+    """
+    ok = preds.filter((pl.col("status") == "ok") & pl.col("label").is_not_null())
+    if ok.is_empty():
+        return None
+    counts = {(t, p): n for t, p, n in ok.group_by(["label", "pred_label"]).len().rows()}
+    true_labels = sorted(
+        {t for t, _ in counts}, key=lambda t: (t not in labels, labels.index(t) if t in labels else 0, t)
+    )
+    known = ok.filter(pl.col("label").is_in(labels))
+    correct = known.filter(pl.col("label") == pl.col("pred_label")).height
+    return {
+        "rows": true_labels,
+        "cols": labels,
+        "counts": counts,
+        "accuracy": correct / known.height if known.height else float("nan"),
+        "n_known": known.height,
+        "n_unknown": ok.height - known.height,
+    }
+
+
+def confident(preds: pl.DataFrame, per_label: int) -> list[tuple[str, str, float]]:
+    """(doc_id, pred_label, probability) of the ``per_label`` most confident reviews of each label."""
+    ok = preds.filter(pl.col("status") == "ok").with_columns(
+        prob=pl.col("probs").list.get(pl.col("pred_id"), null_on_oob=True)
+    )
+    top = (
+        ok.sort(["pred_label", "prob", "doc_id"], descending=[False, True, False])
+        .group_by("pred_label", maintain_order=True)
+        .head(per_label)
+    )
+    return [(d, p, float(x)) for d, p, x in top.select("doc_id", "pred_label", "prob").rows()]
+
+
+def _summary_html(manifest: dict[str, Any], preds: pl.DataFrame) -> str:
+    model = manifest.get("model", {})
+    last = manifest.get("last_run", {})
+    seconds = last.get("seconds", {})
+    spec = manifest.get("spec", {})
+    rows = [
+        ("status", manifest.get("status", "?")),
+        ("inputs", ", ".join(str(i) for i in spec.get("inputs", []))),
+        (
+            "model",
+            f"{model.get('source')} ({model.get('model_type')}, {model.get('num_layers')} layers x "
+            f"{model.get('num_heads')} heads)",
+        ),
+        ("layers stored (0-based)", ", ".join(str(x) for x in model.get("layers", []))),
+        (
+            "device, dtype, attention",
+            f"{model.get('device')}, {model.get('dtype')}, {model.get('attention')}",
+        ),
+        ("reviews read (last pass)", last.get("input_rows")),
+        ("reviews scored (last pass)", last.get("scored")),
+        ("tokens", last.get("tokens")),
+        ("truncated reviews", last.get("truncated")),
+        ("padding share", f"{last.get('padding_share', 0):.1%}" if last else None),
+        ("throughput", f"{last.get('reviews_per_s', 0):.1f} reviews/s" if last else None),
+        (
+            "wall time",
+            f"{seconds.get('wall', 0):.1f} s (model {seconds.get('model', 0):.1f} s)" if last else None,
+        ),
+        ("parts committed", len(manifest.get("parts", []))),
+        ("rows per table", ", ".join(f"{k} {v}" for k, v in manifest.get("counts", {}).items())),
+        ("created", manifest.get("created_at")),
+    ]
+    parts = ["<h2>Run</h2>", htmlpage.data_table(["", ""], [(k, v) for k, v in rows if v is not None])]
+    statuses = status_counts(preds)
+    if statuses:
+        parts += [
+            "<h3>Reviews by status</h3>",
+            htmlpage.data_table(["status", "reviews"], statuses, [False, True]),
+        ]
+    if not preds.is_empty():
+        by_pred = (
+            preds.filter(pl.col("status") == "ok").group_by("pred_label").len().sort("pred_label").rows()
+        )
+        parts += [
+            "<h3>Predicted labels</h3>",
+            htmlpage.data_table(["predicted", "reviews"], by_pred, [False, True]),
+        ]
+    return "\n".join(parts)
+
+
+def _confusion_html(conf: dict[str, Any] | None) -> str:
+    if conf is None:
+        return '<h2>Accuracy</h2>\n<p class="meta">The source had no labels.</p>'
+    header = ["true \\ predicted", *conf["cols"], "total"]
+    rows = []
+    for t in conf["rows"]:
+        counts = [conf["counts"].get((t, p), 0) for p in conf["cols"]]
+        rows.append([t, *counts, sum(counts)])
+    note = f"{conf['n_known']} labelled reviews with a label the model predicts"
+    if conf["n_unknown"]:
+        note += f"; {conf['n_unknown']} with other labels are in the matrix but not in the accuracy"
+    return "\n".join(
+        [
+            "<h2>Accuracy</h2>",
+            f'<p>accuracy <b>{conf["accuracy"]:.4f}</b> <span class="meta">({escape(note)})</span></p>',
+            htmlpage.data_table(header, rows, [False] + [True] * (len(header) - 1)),
+        ]
+    )
+
+
+def _top_table_html(top: pl.DataFrame, k: int) -> str:
+    cells: dict[int, list[str]] = {}
+    for row in top.iter_rows(named=True):
+        cells.setdefault(row["head"], []).append(f"{row['token']} ({row['mean_scaled']:.2f})")
+    rows = [[h, *cells[h], *[""] * (k - len(cells[h]))] for h in sorted(cells)]
+    return htmlpage.data_table(["head", *(f"#{i}" for i in range(1, k + 1))], rows, [True])
+
+
+def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token"):
+    """Heads x (the union of every head's top k tokens): mean scaled weight, all reviews."""
+    rows = table.filter((pl.col("unit") == unit) & (pl.col("split") == "all") & (pl.col("layer") == layer))
+    top = rows.filter(pl.col("rank") <= k).sort(["head", "rank"])
+    tokens = list(dict.fromkeys(top["token"].to_list()))
+    labels = [fonts.label(t) for t in tokens]
+    plt = plot._pyplot(labels)
+    heads = sorted(rows["head"].unique().to_list())
+    values = np.full((len(heads), len(tokens)), np.nan)
+    lookup = {
+        (h, t): v
+        for h, t, v in rows.filter(pl.col("token").is_in(tokens))
+        .select("head", "token", "mean_scaled")
+        .rows()
+    }
+    for i, h in enumerate(heads):
+        for j, t in enumerate(tokens):
+            values[i, j] = lookup.get((h, t), np.nan)
+    fig, ax = plt.subplots(
+        figsize=(max(5.0, 0.24 * len(tokens) + 2.2), 0.3 * len(heads) + 1.6), layout="constrained"
+    )
+    image = ax.imshow(np.ma.masked_invalid(values), vmin=0, vmax=1, cmap=htmlpage.CMAP, aspect="auto")
+    ax.set_xticks(range(len(tokens)))
+    ax.set_xticklabels(labels, rotation=90, fontsize=8)
+    ax.set_yticks(range(len(heads)))
+    ax.set_yticklabels([f"head {h}" for h in heads], fontsize=8)
+    ax.tick_params(length=0)
+    ax.set_title(f"layer {layer}: mean scaled [CLS] weight of each head's top {k} {unit}s", fontsize=10)
+    fig.colorbar(image, ax=ax, fraction=0.02, pad=0.01)
+    return fig
+
+
+def _tokens_html(table: pl.DataFrame, meta: dict[str, Any], layer: int, k: int) -> str:
+    opts = meta.get("options", {})
+    parts = [
+        f"<h2>Top tokens per head · layer {layer}</h2>",
+        f'<p class="meta">From {agg.AGGREGATES_DIR}/{agg.TABLE}.parquet: tokens seen in at '
+        f"least {opts.get('min_reviews')} reviews, ranked by {escape(str(opts.get('rank_by')))}; "
+        "cells give the token and its mean scaled weight.</p>",
+    ]
+    for unit in opts.get("units", ["token"]):
+        top = agg.top_tokens(table, k, unit, "all", [layer])
+        if top.is_empty():
+            parts.append(f'<p class="meta">No {unit} passes the filter.</p>')
+            continue
+        parts += [f"<h3>{unit.capitalize()}s, all reviews</h3>", _top_table_html(top, k)]
+        if unit == "token":
+            parts.append(
+                htmlpage.img(
+                    htmlpage.png_bytes(top_heatmap(table, layer, k, unit)),
+                    alt=f"heatmap of the top {unit}s per head",
+                    caption=f"Heads x top {unit}s: mean scaled weight over all reviews",
+                )
+            )
+    by_pred = agg.top_tokens(table, k, "token", "pred_label", [layer])
+    for cls, group in by_pred.group_by("class_label", maintain_order=True):
+        parts += [
+            f"<h3>Tokens, reviews predicted {escape(str(cls[0]))} ({group['class_reviews'][0]})</h3>",
+            _top_table_html(group, k),
+        ]
+    return "\n".join(parts)
+
+
+def _examples_html(run: Path, picks: list[tuple[str, str, float]], layer: int) -> str:
+    if not picks:
+        return ""
+    reviews = plot.load_reviews(run, [d for d, _, _ in picks], layer)
+    parts = ["<h2>Most confident reviews</h2>"]
+    label = None
+    for review, (_, pred, _) in zip(reviews, picks, strict=True):
+        if pred != label:
+            parts.append(f"<h3>Predicted {escape(str(pred))}</h3>")
+            label = pred
+        parts.append(
+            htmlpage.img(
+                plot.cls_png(review),
+                alt=f"heads x tokens heatmap of review {review.doc_id}",
+                caption=review.title(),
+            )
+        )
+    return "\n".join(parts)
+
+
+def build_report(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    layer: int | None = None,
+    examples: int = 3,
+    top_k: int = 8,
+    min_reviews: int = 5,
+) -> Path:
+    """Write the run's report page; aggregates are (re)computed first when missing or out of date."""
+    t0 = time.perf_counter()
+    run = Path(run_dir)
+    manifest = read_manifest(run)
+    idx = plot.run_layer(manifest, layer)
+    if not agg.is_current(run):
+        agg.aggregate(run, min_reviews=min_reviews)
+    table, meta = agg.read_aggregates(run)
+    preds = _ok_predictions(run)
+    labels = [manifest["model"]["id2label"][k] for k in sorted(manifest["model"]["id2label"], key=int)]
+    body = [
+        _summary_html(manifest, preds),
+        _confusion_html(confusion(preds, labels)) if not preds.is_empty() else "",
+        _tokens_html(table, meta, idx, top_k),
+        _examples_html(run, confident(preds, examples), idx) if not preds.is_empty() else "",
+        f'<p class="meta">Written {time.strftime("%Y-%m-%d %H:%M")} by bertattn report in '
+        f"{time.perf_counter() - t0:.1f}s.</p>",
+    ]
+    path = Path(out) if out is not None else run / REPORT_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(htmlpage.page(f"bertattn run: {run.resolve().name}", "\n".join(body)), encoding="utf-8")
+    tmp.replace(path)
+    return path

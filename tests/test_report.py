@@ -1,0 +1,302 @@
+"""The run report: its figures agree with the run, and a real headless browser (Debian's chromium,
+driven over the DevTools protocol on a pipe) loads it offline without console errors, with every
+table and image in place; a screenshot is kept under tests/artifacts/."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from helpers import read_table
+from typer.testing import CliRunner
+
+from bertattn_batch import aggregate as agg
+from bertattn_batch import report
+from bertattn_batch.cli import app
+from bertattn_batch.pipeline import run_job
+from bertattn_batch.spec import JobSpec
+
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser")) if p), None)
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run installs it)"
+)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_en_dir, drug_rows, tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("report")
+    rows = [dict(r) for r in drug_rows[:30]]
+    rows[2]["text"] = ""  # not scored: empty_text
+    src = base / "reviews.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), src)
+    out = base / "run"
+    run_job(
+        JobSpec(
+            inputs=[str(src)],
+            model=str(tiny_en_dir),
+            out=str(out),
+            id_col="doc_id",
+            label_col="label",
+            window=10,
+            progress=False,
+        )
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def page(run_dir) -> Path:
+    return report.build_report(run_dir, examples=2, top_k=5, min_reviews=2)
+
+
+def test_report_states_what_the_run_holds(run_dir, page):
+    html = page.read_text(encoding="utf-8")
+    preds = [p for p in read_table(run_dir, "predictions").to_pylist() if p["status"] == "ok"]
+    correct = sum(p["label"] == p["pred_label"] for p in preds)
+    assert f"accuracy <b>{correct / len(preds):.4f}</b>" in html  # the tiny model knows all three labels
+    conf = report.confusion(
+        pl.from_arrow(read_table(run_dir, "predictions")), ["negative", "neutral", "positive"]
+    )
+    for (t, p), n in conf["counts"].items():
+        assert n == sum(r["label"] == t and r["pred_label"] == p for r in preds)
+    assert "<td>empty_text</td>" in html
+    table, meta = agg.read_aggregates(run_dir)
+    assert meta["options"]["min_reviews"] == 2
+    first = table.filter(
+        (pl.col("unit") == "token")
+        & (pl.col("split") == "all")
+        & (pl.col("head") == 0)
+        & (pl.col("rank") == 1)
+    )
+    assert f"{first['token'][0]} ({first['mean_scaled'][0]:.2f})" in html
+    # the most confident reviews of each predicted label are shown, most confident first
+    picks = report.confident(pl.from_arrow(read_table(run_dir, "predictions")), 2)
+    for label in {p["pred_label"] for p in preds}:
+        probs = sorted((max(p["probs"]) for p in preds if p["pred_label"] == label), reverse=True)[:2]
+        assert [round(x, 5) for _, lab, x in picks if lab == label] == [round(x, 5) for x in probs]
+    for doc, _, _ in picks:
+        assert f"review {doc} ·" in html
+    assert html.count("data:image/png;base64,") == 1 + len(picks)  # top-token heatmap + examples
+    assert "http://" not in html and "https://" not in html and "<script" not in html
+
+
+def test_report_recomputes_stale_aggregates(run_dir, page, tmp_path):
+    path = agg.aggregates_path(run_dir)
+    stale = pq.read_table(path)
+    stale = stale.replace_schema_metadata(
+        {**stale.schema.metadata, b"parts": b'["part-000000000000.parquet"]'}
+    )
+    pq.write_table(stale, path)
+    assert not agg.is_current(run_dir)
+    report.build_report(run_dir, out=tmp_path / "r.html", examples=1, min_reviews=2)
+    assert agg.is_current(run_dir)
+
+
+def test_cli_writes_the_report(run_dir, tmp_path):
+    out = tmp_path / "page.html"
+    r = CliRunner().invoke(
+        app, ["report", str(run_dir), "--out", str(out), "--examples", "1", "--min-reviews", "2"]
+    )
+    assert r.exit_code == 0, r.output
+    assert r.output.strip() == f"wrote {out}"
+    assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+# -- a real browser ----------------------------------------------------------------------------------
+_TRAMPOLINE = (
+    "import os, sys\n"
+    "r, w = os.dup(int(sys.argv[1])), os.dup(int(sys.argv[2]))\n"
+    "os.dup2(r, 3); os.dup2(w, 4); os.set_inheritable(3, True); os.set_inheritable(4, True)\n"
+    "os.execv(sys.argv[3], sys.argv[3:])\n"
+)
+
+
+class Browser:
+    """Headless chromium driven over the DevTools protocol on a pipe (fds 3 and 4): no port, no
+    websocket library; messages are JSON separated by NUL bytes."""
+
+    def __init__(self, binary: str, profile: Path) -> None:
+        to_chrome_r, self._w = os.pipe()
+        self._r, from_chrome_w = os.pipe()
+        flags = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-pipe",
+            "about:blank",
+        ]
+        # a small trampoline puts the two pipe ends at fds 3 and 4, where chromium looks for them
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _TRAMPOLINE, str(to_chrome_r), str(from_chrome_w), binary, *flags],
+            pass_fds=(to_chrome_r, from_chrome_w),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        os.close(to_chrome_r)
+        os.close(from_chrome_w)
+        self._buf = b""
+        self._id = 0
+        self.events: list[dict] = []
+        target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        for domain in ("Page", "Runtime", "Log", "Network"):
+            self.send(f"{domain}.enable", session=True)
+
+    def send(
+        self, method: str, params: dict | None = None, session: bool = False, timeout: float = 60
+    ) -> dict:
+        self._id += 1
+        msg: dict = {"id": self._id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = self.session
+        os.write(self._w, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while True:
+            answer = self._read(deadline)
+            if answer.get("id") == self._id:
+                if "error" in answer:
+                    raise RuntimeError(f"{method}: {answer['error']}")
+                return answer.get("result", {})
+            self.events.append(answer)
+
+    def wait_for(self, method: str, timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, event in enumerate(self.events):
+                if event.get("method") == method:
+                    return self.events.pop(i)
+            self.events.append(self._read(deadline))
+
+    def _read(self, deadline: float) -> dict:
+        while b"\0" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("chromium did not answer in time")
+            if select.select([self._r], [], [], left)[0]:
+                chunk = os.read(self._r, 1 << 20)
+                if not chunk:
+                    raise RuntimeError("chromium closed the DevTools pipe")
+                self._buf += chunk
+        raw, self._buf = self._buf.split(b"\0", 1)
+        return json.loads(raw)
+
+    def open(self, url: str, width: int = 1280) -> dict:
+        """Load a page; return what it shows and every error and request seen while loading."""
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+            session=True,
+        )
+        self.send("Page.navigate", {"url": url}, session=True)
+        self.wait_for("Page.loadEventFired")
+        probe = """JSON.stringify({
+            tables: document.querySelectorAll('table').length,
+            heat_tables: document.querySelectorAll('table.heat').length,
+            images: [...document.images].map(i => ({ok: i.complete && i.naturalWidth > 0, w: i.naturalWidth})),
+            headings: [...document.querySelectorAll('h2')].map(h => h.textContent),
+            height: document.documentElement.scrollHeight,
+        })"""
+        found = json.loads(
+            self.send("Runtime.evaluate", {"expression": probe, "returnByValue": True}, session=True)[
+                "result"
+            ]["value"]
+        )
+        found["errors"] = [
+            e["params"]
+            for e in self.events
+            if e.get("method") in ("Runtime.exceptionThrown", "Network.loadingFailed")
+            or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
+            or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
+        ]
+        found["requests"] = [
+            e["params"]["request"]["url"]
+            for e in self.events
+            if e.get("method") == "Network.requestWillBeSent"
+        ]
+        return found
+
+    def screenshot(self, path: Path, width: int, height: int) -> None:
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": min(height, 16000), "deviceScaleFactor": 1, "mobile": False},
+            session=True,
+        )
+        shot = self.send("Page.captureScreenshot", {"format": "png"}, session=True)
+        path.write_bytes(base64.b64decode(shot["data"]))
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError, TimeoutError, OSError):
+            self.send("Browser.close", timeout=10)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._w)
+        os.close(self._r)
+
+
+@pytest.fixture
+def browser(tmp_path):
+    b = Browser(CHROMIUM, tmp_path / "profile")
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+@needs_chromium
+def test_report_renders_in_a_browser(browser, page):
+    shown = browser.open(page.resolve().as_uri())
+    assert shown["errors"] == []
+    assert all(url.startswith(("file:", "data:")) for url in shown["requests"])  # nothing from a network
+    assert shown["tables"] >= 6  # run, statuses, predicted labels, confusion, top tokens, top words...
+    assert shown["images"] and all(i["ok"] for i in shown["images"])  # every figure decoded
+    assert len(shown["images"]) == page.read_text(encoding="utf-8").count("<img ")
+    assert {"Run", "Accuracy", "Most confident reviews"} <= set(shown["headings"])
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report.png"
+    browser.screenshot(shot, 1280, shown["height"])
+    assert shot.read_bytes().startswith(b"\x89PNG")
+
+
+@needs_chromium
+def test_plot_html_renders_in_a_browser(browser, run_dir, tmp_path):
+    from bertattn_batch import plot
+
+    preds = [p for p in read_table(run_dir, "predictions").to_pylist() if p["status"] == "ok"]
+    review = plot.load_review(run_dir, preds[0]["doc_id"])
+    path = plot.write_review(review, tmp_path / "review.html")
+    shown = browser.open(path.resolve().as_uri())
+    assert shown["errors"] == [] and shown["heat_tables"] == 1
+
+
+@needs_chromium
+def test_the_browser_check_can_fail(browser, tmp_path):
+    bad = tmp_path / "bad.html"
+    bad.write_text(
+        '<!DOCTYPE html><html><body><img src="missing.png"><script>console.error("boom")</script></body></html>'
+    )
+    shown = browser.open(bad.resolve().as_uri())
+    assert len(shown["errors"]) >= 2  # the console error and the image that failed to load
+    assert not all(i["ok"] for i in shown["images"])
