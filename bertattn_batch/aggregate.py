@@ -23,8 +23,9 @@ Definitions (the schema's descriptions say the same):
   weight is that sum min-max scaled again over the review's words, so 1 is the review's top word.
 
 Memory stays bounded whatever the run's size: each committed part (a few thousand reviews, each
-review wholly inside one part) is reduced on its own to per-token sums, which are additive across
-parts; the sums are then combined with streaming group-bys whose size is bounded by the vocabulary.
+review wholly inside one part; cut into slices of whole reviews past ``MAX_ROWS_PER_PASS`` rows) is
+reduced on its own to per-token sums, which are additive across parts; the sums are then combined
+with streaming group-bys whose size is bounded by the vocabulary.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ RANK_MEASURES = ("mean_scaled", "mean_weight", "top_share", "n_top", "n_reviews"
 #: Tokenizers that mark word starts (byte-level BPE, SentencePiece) rather than continuations.
 NON_WORDPIECE_MODELS = frozenset({"roberta", "xlm-roberta", "camembert", "albert"})
 CONTINUATION = "##"
+#: Attention rows reduced in one pass; a larger part is cut into slices of whole reviews (by a hash
+#: of doc_id), which bounds memory whatever the run's window size or review length.
+MAX_ROWS_PER_PASS = 1_000_000
 
 _REVIEW = ["doc_id", "layer", "head"]
 _CLASSES = ["pred_label", "label"]
@@ -270,12 +274,16 @@ def aggregate(
     try:
         partials = []
         for name, attn, preds in parts:
-            rows = review_rows(attn, preds)
-            for unit in units:
-                frame = part_sums(rows if unit == "token" else word_rows(rows), unit)
-                path = work / f"{unit}-{name}"
-                frame.sink_parquet(path, engine="streaming")
-                partials.append(path)
+            slices = -(-pq.ParquetFile(attn).metadata.num_rows // MAX_ROWS_PER_PASS)
+            for k in range(max(slices, 1)):
+                rows = review_rows(attn, preds)
+                if slices > 1:  # reviews never straddle slices: the sums stay additive
+                    rows = rows.filter(pl.col("doc_id").hash(seed=0) % slices == k)
+                for unit in units:
+                    frame = part_sums(rows if unit == "token" else word_rows(rows), unit)
+                    path = work / f"{unit}-{k}-{name}"
+                    frame.sink_parquet(path, engine="streaming")
+                    partials.append(path)
         base_path = work / "base.parquet"
         (
             pl.scan_parquet(partials)

@@ -295,11 +295,11 @@ def cls_figure(review: ReviewAttention, tokens_per_row: int = TOKENS_PER_ROW):
     n, heads = len(review.tokens), review.num_heads
     chunks = [(i, min(i + tokens_per_row, n)) for i in range(0, n, tokens_per_row)]
     cols = min(n, tokens_per_row)
-    upright = all(_columns(t) <= 2 for t in labels)  # Chinese characters read upright
+    long_labels = [t for t in labels if _columns(t) > 2]  # drawn vertically; a CJK character stays upright
     cell = 0.2  # inches per token column
     cell_h = 0.2  # inches per head row
     left, right, top, gap = 0.75, 1.05, 0.45, 0.12
-    band = 0.3 if upright else 0.12 + 0.075 * max(len(t) for t in labels)  # room for the token labels
+    band = 0.12 + 0.075 * max(map(len, long_labels)) if long_labels else 0.3  # room for the token labels
     width = max(left + cols * cell + right, 0.075 * len(review.title()) + 0.6)
     block = heads * cell_h + band + gap
     height = top + block * len(chunks)
@@ -317,7 +317,8 @@ def cls_figure(review: ReviewAttention, tokens_per_row: int = TOKENS_PER_ROW):
             interpolation="nearest",
         )
         ax.set_xlim(-0.5, cols - 0.5)
-        ax.set_xticks(range(hi - lo), labels[lo:hi], rotation=0 if upright else 90, fontsize=8)
+        ax.set_xticks(range(hi - lo), labels[lo:hi], fontsize=8)
+        _turn_long_labels(ax)
         ax.set_yticks(range(heads), [f"head {h}" for h in range(heads)], fontsize=7)
         ax.tick_params(length=0, pad=2)
     bar = fig.add_axes(
@@ -350,7 +351,6 @@ def pairs_figure(review: ReviewAttention, columns: int = 4):
     rows = -(-heads // columns)
     panel = max(3.2, 0.11 * size + 1.2) if size <= PAIR_LABELS_UP_TO else 3.0
     fig, axes = plt.subplots(rows, columns, figsize=(panel * columns, panel * rows + 0.6), squeeze=False)
-    upright = all(_columns(t) <= 2 for t in labels[1:-1])
     for h in range(rows * columns):
         ax = axes[h // columns, h % columns]
         if h >= heads:
@@ -360,7 +360,8 @@ def pairs_figure(review: ReviewAttention, columns: int = 4):
         ax.set_title(f"head {h}", fontsize=9)
         if size <= PAIR_LABELS_UP_TO:
             ax.set_xticks(range(size))
-            ax.set_xticklabels(labels, rotation=0 if upright else 90, fontsize=6)
+            ax.set_xticklabels(labels, fontsize=6)
+            _turn_long_labels(ax)
             ax.set_yticks(range(size))
             ax.set_yticklabels(labels, fontsize=6)
         else:
@@ -368,13 +369,20 @@ def pairs_figure(review: ReviewAttention, columns: int = 4):
             ax.set_yticks([])
         ax.tick_params(length=0)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
     return fig
 
 
 def _columns(text: str) -> int:
     """Width in character cells: CJK characters take two."""
     return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _turn_long_labels(ax) -> None:
+    """Tick labels wider than one CJK character are drawn vertically; single characters stay upright."""
+    for text in ax.get_xticklabels():
+        if _columns(text.get_text()) > 2:
+            text.set_rotation(90)
 
 
 def cls_html(review: ReviewAttention) -> str:

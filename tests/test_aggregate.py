@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import read_table
+from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
 from bertattn_batch import aggregate as agg
@@ -179,6 +180,13 @@ def test_every_review_has_one_top_token_per_head(run_dir):
     assert tops.height == 2 * 2 * 4  # units x layers x heads
     assert set(tops["n_top"].to_list()) == {n_ok}
     agg.aggregate(run_dir, min_reviews=MIN_REVIEWS)  # leave the module's table as it was
+
+
+def test_large_parts_are_cut_into_slices_of_whole_reviews(run_dir, result, monkeypatch, tmp_path):
+    monkeypatch.setattr(agg, "MAX_ROWS_PER_PASS", 1500)  # every part in several slices
+    sliced = agg.aggregate(run_dir, min_reviews=MIN_REVIEWS).table
+    keys = ["unit", "layer", "head", "split", "class_label", "token"]
+    assert_frame_equal(sliced.sort(keys), result.table.sort(keys), check_exact=False, rel_tol=1e-12)
 
 
 def test_rank_orders_each_group(result):
