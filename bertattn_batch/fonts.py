@@ -183,3 +183,45 @@ def reset() -> None:
     for cached in (cjk_font, _base, _full, _charmap):
         cached.cache_clear()
     _warned.clear()
+
+
+#: The family name an HTML page gives its embedded CJK subset.
+WEB_FAMILY = "bertattn-cjk"
+#: Characters from here up (CJK radicals, kana, ideographs, Hangul, full-width forms) are embedded.
+_CJK_START = 0x2E80
+
+
+def font_face_css(text: str) -> str:
+    """An ``@font-face`` rule embedding the CJK font, cut down to the CJK characters of ``text``.
+
+    Why: a page must read right offline on a machine without CJK fonts (a server, a CI runner). Empty
+    when ``text`` has no CJK characters or no CJK font is found (the browser's own fonts then apply).
+    """
+    found = cjk_font()
+    chars = sorted({c for c in text if ord(c) >= _CJK_START})
+    if not chars or found is None:
+        return ""
+    import base64
+    import io
+
+    from fontTools import subset
+    from fontTools.ttLib import TTFont
+
+    try:
+        font = TTFont(str(found[1]), fontNumber=0, lazy=True)
+        options = subset.Options()
+        options.flavor = "woff"  # zlib: needs no brotli
+        options.notdef_outline = True
+        subsetter = subset.Subsetter(options)
+        subsetter.populate(text="".join(chars))
+        subsetter.subset(font)
+        buf = io.BytesIO()
+        font.save(buf)
+    except Exception as e:  # a font fontTools cannot cut: fall back to the browser's fonts
+        log.warning("could not embed the CJK font %s in the page: %s", found[1], e)
+        return ""
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return (
+        f'@font-face {{ font-family: "{WEB_FAMILY}"; src: url(data:font/woff;base64,{data}) format("woff"); '
+        "unicode-range: U+2E80-FFFF, U+20000-3FFFF; }\n"  # CJK only: the page's other text keeps its fonts
+    )

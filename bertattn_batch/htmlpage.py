@@ -21,7 +21,7 @@ import numpy as np
 CMAP = "Reds"
 
 _CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", "Noto Sans", "Noto Sans CJK SC",
+body { font-family: "bertattn-cjk", system-ui, -apple-system, "Segoe UI", "Noto Sans", "Noto Sans CJK SC",
        "WenQuanYi Micro Hei", sans-serif; margin: 1.5em; color: #222; max-width: 100%; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; } h3 { font-size: 1em; }
 table { border-collapse: collapse; margin: .4em 0 1em; font-size: .85em; }
@@ -40,11 +40,17 @@ figure { margin: .5em 0 1.5em; } figcaption { color: #555; font-size: .9em; }
 
 
 def page(title: str, body: str) -> str:
-    """A complete HTML document around ``body`` (already escaped HTML)."""
+    """A complete HTML document around ``body`` (already escaped HTML).
+
+    CJK characters in it bring a subset of the CJK font along (see ``fonts.font_face_css``).
+    """
+    from . import fonts
+
+    face = fonts.font_face_css(title + body)
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{escape(title)}</title>\n<style>{_CSS}</style>\n</head>\n"
+        f"<title>{escape(title)}</title>\n<style>{face}{_CSS}</style>\n</head>\n"
         f"<body>\n<h1>{escape(title)}</h1>\n{body}\n</body>\n</html>\n"
     )
 

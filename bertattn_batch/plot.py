@@ -398,9 +398,9 @@ def cls_html(review: ReviewAttention) -> str:
     )
 
 
-def review_html(review: ReviewAttention) -> str:
+def review_html(review: ReviewAttention, heading: bool = True) -> str:
     """A review's section: title, its text when known, the heatmap table, and token x token maps."""
-    parts = [f"<h2>{escape(review.title())}</h2>"]
+    parts = [f"<h2>{escape(review.title())}</h2>"] if heading else []
     if review.text:
         parts.append(f'<p class="meta">{escape(review.text)}</p>')
     parts.append(cls_html(review))
@@ -423,7 +423,7 @@ def write_review(review: ReviewAttention, out: str | Path, pairs: bool = False) 
         raise SpecError(f"--out must end in {' or '.join(SUFFIXES)}; got {path.name!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
     if suffix == ".html":
-        path.write_text(htmlpage.page(review.title(), review_html(review)), encoding="utf-8")
+        path.write_text(htmlpage.page(review.title(), review_html(review, heading=False)), encoding="utf-8")
     else:
         png = htmlpage.png_bytes(pairs_figure(review), dpi=130) if pairs else cls_png(review, dpi=130)
         path.write_bytes(png)

@@ -214,6 +214,7 @@ class Browser:
             heat_tables: document.querySelectorAll('table.heat').length,
             images: [...document.images].map(i => ({ok: i.complete && i.naturalWidth > 0, w: i.naturalWidth})),
             headings: [...document.querySelectorAll('h2')].map(h => h.textContent),
+            fonts: [...document.fonts].map(f => f.family.replaceAll('"', '') + ' ' + f.status),
             height: document.documentElement.scrollHeight,
         })"""
         found = json.loads(
@@ -289,6 +290,24 @@ def test_plot_html_renders_in_a_browser(browser, run_dir, tmp_path):
     path = plot.write_review(review, tmp_path / "review.html")
     shown = browser.open(path.resolve().as_uri())
     assert shown["errors"] == [] and shown["heat_tables"] == 1
+
+
+@needs_chromium
+def test_chinese_reads_in_the_browser_without_system_fonts(browser, tiny_zh_dir, tmp_path):
+    from conftest import SEED_TEXT
+
+    from bertattn_batch import fonts, plot
+
+    fonts.reset()
+    if fonts.cjk_font() is None:
+        pytest.skip(f"no CJK font to embed ({fonts.INSTALL_HINT})")
+    review = plot.review_from_text(SEED_TEXT, str(tiny_zh_dir))
+    path = plot.write_review(review, tmp_path / "seed.html")
+    shown = browser.open(path.resolve().as_uri())
+    assert shown["errors"] == [] and shown["heat_tables"] == 1
+    assert shown["fonts"] == [f"{fonts.WEB_FAMILY} loaded"]  # the embedded subset drew the characters
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.screenshot(ARTIFACTS / "plot_zh.png", 1280, shown["height"])
 
 
 @needs_chromium
