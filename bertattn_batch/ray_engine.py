@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from . import errors
 from .errors import BertAttnError, EngineError, SpecError
 from .extract import Extractor, vocab_array
 from .pipeline import (
@@ -55,7 +57,7 @@ from .pipeline import (
     resume_point,
     run_header,
 )
-from .ray_read import ROW_FIELDS, WindowPlan, plan_windows, root_error, root_message, split_windows
+from .ray_read import ROW_FIELDS, WindowPlan, plan_windows, split_windows, worker_error
 from .read import RowBatch
 from .spec import JobSpec
 from .write import RunWriter
@@ -105,8 +107,12 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
                 logging_level=level,
             )
     except (ConnectionError, RuntimeError, ValueError) as e:
-        where = f"join the Ray cluster at {address}" if address else "start a local Ray runtime"
-        raise EngineError(f"cannot {where}: {_first_line(e)}") from None
+        if not address:
+            raise EngineError(f"cannot start a local Ray runtime: {_first_line(e)}") from None
+        raise EngineError(
+            f"cannot join the Ray cluster at {address}: {_first_line(e)}; check the address, and for a "
+            "cluster with token authentication set RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN)"
+        ) from None
     try:
         yield ray
     finally:
@@ -159,7 +165,7 @@ def _data_context(ray: Any, quiet: bool) -> Iterator[None]:
     for k, v in settings.items():
         setattr(ctx.execution_options if k == "preserve_order" else ctx, k, v)
     if quiet:
-        logging.getLogger("ray.data").setLevel(logging.ERROR)
+        logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # its errors come back as ours
     try:
         yield
     finally:
@@ -350,18 +356,26 @@ def _score_windows(
 
 
 def _ray_call(ray: Any, fn: Any) -> Any:
-    """Run ``fn``; an error raised in a Ray worker comes back as the project's own error where it is one."""
+    """Run ``fn``; an error a Ray worker raised comes back as one line, as the project's own error
+    class where it was one (a model that runs out of memory, a bad input)."""
     try:
         return fn()
-    except BertAttnError:
-        raise
+    except BertAttnError as e:
+        if type(e).__module__ == errors.__name__:  # raised here, not a Ray wrapper of a worker's error
+            raise
+        qualname, message = worker_error(e)
+        log.info("a Ray worker failed:\n%s", e)
     except Exception as e:
-        cause = root_error(e)
-        if isinstance(cause, BertAttnError):
-            raise type(cause)(str(cause)) from None
-        raise EngineError(
-            f"the Ray run failed: {root_message(e)} (rerun to resume; --debug for details)"
-        ) from e
+        qualname, message = worker_error(e)
+        log.info("a Ray worker failed:\n%s", e)
+    gc.collect()  # the failed run's frames hold its actors, and their CPUs or GPUs, until collected
+    module, _, name = qualname.rpartition(".")
+    cls = getattr(errors, name, None) if module == errors.__name__ else None
+    if isinstance(cls, type) and issubclass(cls, BertAttnError):
+        raise cls(message) from None
+    raise EngineError(
+        f"the Ray run failed: {name}: {message} (rerun to resume; --debug shows more)"
+    ) from None
 
 
 def _first_line(e: BaseException) -> str:

@@ -9,12 +9,18 @@ Every input is read with Ray Data (``read_parquet``, ``read_json``, ``read_csv``
 across all inputs as ``read_rows`` counts them. Rows are then cut into windows of ``spec.window``
 consecutive rows, each built by a small task as one block: the unit of work of the model stage.
 This module imports no torch, so the tasks that run it start quickly.
+
+Where Ray Data's readers differ from the local ones: a text file is decoded whole (one invalid UTF-8
+byte fails the file, where the local reader marks that line ``invalid_utf8``) and split by
+``str.splitlines`` (also at \\r, \\f, \\x85, \\u2028...); JSON lines need one type per key (a
+number among strings fails the read, where the local reader gives that row ``not_text``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +36,14 @@ from .spec import JobSpec
 ROW_FIELDS = tuple(f.name for f in dataclasses.fields(RowBatch))
 _ROW_TYPES = {"row_index": pa.int64()}
 WINDOW_START, WINDOW_ROWS = "_window_start", "_window_rows"
+_JSON_HINT = (
+    " (Ray Data's JSON reader needs one type per key, such as strings throughout, and one object a line;"
+    " --engine local reads such files, with a status for each value that is not text)"
+)
+#: How Ray shows a worker's error: a traceback whose last line is "module.Class: message".
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_DIRECT_CAUSE = "The above exception was the direct cause of the following exception"
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Interrupt|Exit)\w*): (.*)$")
 
 
 # -- rows: the reader's rules, applied to blocks Ray Data read ----------------------------------------
@@ -173,7 +187,11 @@ def _source_blocks(ray: Any, spec: JobSpec) -> list[_Block]:
             sizes = ray.get([count.remote(r) for r in refs])
         except Exception as e:  # Ray wraps reader errors; name the files and the first line
             where = ", ".join(str(s.path) for s in group[:3]) + (" ..." if len(group) > 3 else "")
-            raise InputError(f"{where}: cannot read as {group[0].format}: {root_message(e)}") from None
+            name, message = worker_error(e)
+            hint = _JSON_HINT if group[0].format == "jsonl" else ""
+            raise InputError(
+                f"{where}: cannot read as {group[0].format}: {name.rpartition('.')[2]}: {message}{hint}"
+            ) from None
         for ref, n in zip(refs, sizes, strict=True):
             if spec.limit is not None:
                 n = min(n, spec.limit - row)
@@ -245,21 +263,17 @@ def plan_windows(
     return windows, total
 
 
-def root_error(e: BaseException) -> BaseException:
-    """The innermost cause of an error that Ray and Ray Data wrapped (RayTaskError.cause, __cause__)."""
-    seen = set()
-    while id(e) not in seen:
-        seen.add(id(e))
-        nxt = getattr(e, "cause", None) or e.__cause__
-        if not isinstance(nxt, BaseException):
-            break
-        e = nxt
-    return e
-
-
-def root_message(e: BaseException) -> str:
-    root = root_error(e)
-    lines = [ln for ln in str(root).strip().splitlines() if ln.strip()]
-    # A RayTaskError's text starts with the task's name; the error itself is on its last line.
-    text = lines[-1] if lines and "ray::" in lines[0] else (lines[0] if lines else "")
-    return f"{type(root).__name__}: {text}" if text else type(root).__name__
+def worker_error(e: BaseException) -> tuple[str, str]:
+    """(qualified class name, message) of the error a Ray worker first raised, read through the
+    wrappers of Ray and Ray Data (which keep the original only as text in the worker's traceback)."""
+    root = e
+    while isinstance(getattr(root, "cause", None), BaseException):  # RayTaskError.cause
+        root = root.cause
+    for text in (str(e), str(root)):
+        text = _ANSI.sub("", text).split(_DIRECT_CAUSE)[0]
+        if "Traceback" in text or "ray::" in text:
+            for line in reversed(text.strip().splitlines()):
+                if m := _ERROR_LINE.match(line.strip()):
+                    return m.group(1), m.group(2)
+    lines = str(root).strip().splitlines()
+    return f"{type(root).__module__}.{type(root).__qualname__}", lines[0] if lines else ""

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from typer.testing import CliRunner
 
 from bertattn_batch import schema
 from bertattn_batch.cli import app
-from bertattn_batch.errors import EngineError, SpecError
+from bertattn_batch.errors import EngineError, InputError, ModelError, SpecError
 from bertattn_batch.pipeline import run_job
 from bertattn_batch.ray_engine import WindowStage, plan_placement, ray_runtime, run_job_ray
 from bertattn_batch.spec import JobSpec, load_job
@@ -157,6 +158,45 @@ def test_two_workers_give_the_local_engines_answers(ray_local, minilm_dir, drug_
     assert ray_m["last_run"]["engine"] == "ray" and ray_m["last_run"]["placement"]["cpus"] == 1
     # The local runtime listens on loopback only.
     assert {n["NodeManagerAddress"] for n in ray_local.nodes()} == {"127.0.0.1"}
+
+
+class FailingUDF:
+    """A map_batches class that fails as the model stage can: with the project's error, or a bug."""
+
+    def __call__(self, batch):
+        if batch.column("x")[0].as_py() == 1:
+            raise ModelError("out of memory on a single review of 512 tokens; lower --max-length")
+        return {}["missing"]
+
+
+def test_worker_errors_come_back_as_one_line(ray_local):
+    import ray.cloudpickle
+
+    from bertattn_batch.ray_engine import _data_context, _ray_call
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+    def task():
+        raise InputError("reviews.csv: no column 'text'")
+
+    def udf_run(x: int):
+        ds = ray_local.data.from_items([{"x": x}])
+        return lambda: ds.map_batches(FailingUDF, batch_format="pyarrow", concurrency=1).take_all()
+
+    with pytest.raises(InputError) as e:
+        _ray_call(ray_local, lambda: ray_local.get(ray_local.remote(task).remote()))
+    assert str(e.value) == "reviews.csv: no column 'text'"
+    with _data_context(ray_local, quiet=True):  # as the engine runs: Ray Data's error logs off
+        with pytest.raises(ModelError) as e:  # Ray Data keeps the worker's error only as text
+            _ray_call(ray_local, udf_run(1))
+        assert str(e.value) == "out of memory on a single review of 512 tokens; lower --max-length"
+        with pytest.raises(EngineError, match=r"^the Ray run failed: KeyError: 'missing' \(rerun to resume"):
+            _ray_call(ray_local, udf_run(2))
+    for _ in range(50):  # the failed runs' workers are gone: their CPUs are free for the next run
+        if ray_local.available_resources().get("CPU", 0) == 2:
+            break
+        time.sleep(0.2)
+    assert ray_local.available_resources().get("CPU", 0) == 2
 
 
 class DyingStage(WindowStage):
