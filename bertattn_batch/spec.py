@@ -44,14 +44,14 @@ class FinetuneSpec:
     num_layers: int = 2
     num_heads: int = 4
     intermediate_size: int = 512
-    min_char_count: int = 2
+    min_char_count: int = 5
     dropout: float = 0.1  # hidden-state dropout of a from-scratch model
     attention_dropout: float = 0.0  # 0 keeps the fused attention kernel in training (faster on a CPU)
     # Training.
     epochs: float = 3.0
     max_length: int = 128
     batch_size: int = 32
-    learning_rate: float = 5e-4
+    learning_rate: float | None = None  # None: 1e-3 from scratch, 5e-5 from a base model
     weight_decay: float = 0.01
     warmup_ratio: float = 0.06
     eval_fraction: float = 0.1
@@ -70,7 +70,7 @@ class FinetuneSpec:
                 raise SpecError(f"finetune.{name} must be in [0, 1), got {getattr(self, name)}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise SpecError(f"finetune.label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        if self.epochs <= 0 or self.learning_rate <= 0:
+        if self.epochs <= 0 or (self.learning_rate is not None and self.learning_rate <= 0):
             raise SpecError("finetune.epochs and finetune.learning_rate must be positive")
         if self.max_length < 3:
             raise SpecError(f"finetune.max_length must be at least 3, got {self.max_length}")
