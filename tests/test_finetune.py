@@ -22,6 +22,7 @@ from bertattn_batch.finetune import (
     build_char_vocab,
     finetune,
     finetune_files,
+    learning_rate,
     length_batches,
     macro_f1,
     resolve_base,
@@ -30,7 +31,14 @@ from bertattn_batch.finetune import (
 from bertattn_batch.spec import FinetuneSpec, load_job
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "max_length": 64}
+TINY = {
+    "hidden_size": 32,
+    "num_layers": 1,
+    "num_heads": 2,
+    "intermediate_size": 64,
+    "max_length": 64,
+    "threads": 1,
+}
 
 
 def _balanced(rows: list[dict[str, str]], n: int) -> list[dict[str, str]]:
@@ -222,6 +230,9 @@ def test_job_files_parse_and_spec_is_checked() -> None:
     en = load_job(REPO / "jobs" / "en-drug-reviews.toml").finetune
     assert zh is not None and zh.base is None and zh.num_heads >= 2
     assert en is not None and en.labels == ["negative", "positive"]
+    assert learning_rate(FinetuneSpec()) == 1e-3  # a random model needs a far higher rate ...
+    assert learning_rate(FinetuneSpec(base="some/bert")) == 5e-5  # ... than a pretrained one
+    assert learning_rate(FinetuneSpec(base="some/bert", learning_rate=2e-5)) == 2e-5
     with pytest.raises(SpecError):
         FinetuneSpec(labels=["only"])
     with pytest.raises(SpecError):
