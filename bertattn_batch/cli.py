@@ -309,10 +309,13 @@ def finetune(
     ins, tcol, lcol, dest, fmt, ft = _call(build)
     show = progress and sys.stderr.isatty()
     metrics = _call(lambda: finetune_files(ins, tcol, lcol, dest, ft, input_format=fmt, progress=show))
+    if metrics.get("accuracy") is None:  # eval_fraction = 0: nothing held out to score
+        scores = "no held-out split"
+    else:
+        scores = f"held-out accuracy {metrics['accuracy']:.4f}, macro-F1 {metrics['macro_f1']:.4f}"
     typer.echo(
-        f"saved {dest}: held-out accuracy {metrics['accuracy']:.4f}, macro-F1 {metrics['macro_f1']:.4f} "
-        f"({metrics.get('n_train', '?')} train / {metrics.get('n_eval', '?')} held out, "
-        f"{metrics.get('seconds', 0):.0f}s)"
+        f"saved {dest}: {scores} ({metrics.get('n_train', '?')} train / {metrics.get('n_eval', '?')} "
+        f"held out, {metrics.get('seconds', 0):.0f}s)"
     )
 
 

@@ -114,8 +114,8 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> None:
     log.warning(
         "trained %s: held-out accuracy %.4f, macro-F1 %.4f",
         spec.model,
-        metrics.get("accuracy", float("nan")),
-        metrics.get("macro_f1", float("nan")),
+        metrics.get("accuracy") or float("nan"),
+        metrics.get("macro_f1") or float("nan"),
     )
 
 
