@@ -10,7 +10,8 @@ FinetuneSpec())``. ``bertattn run`` calls it when a job's model folder does not 
 
 - From a base checkpoint (``spec.base``): its own tokenizer, a fresh classification head.
 - From scratch (``spec.base is None``): a character vocabulary built from the training split only (BERT's
-  Chinese tokenizer is character-based), a small BERT of the spec's shape.
+  Chinese tokenizer is character-based), a small BERT of the spec's shape whose position table is
+  ``spec.max_length`` long: a job cannot feed it positions it never saw in training (it says so instead).
 
 The folder is written under a temporary name beside ``out_dir`` and renamed when complete, so a killed
 training never leaves a half model that later looks finished. ``finetune_metrics.json`` in it records the
@@ -42,8 +43,6 @@ from .read import read_rows
 from .spec import FinetuneSpec
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-#: Position-embedding length of a from-scratch model (and the saved tokenizer's limit).
-SCRATCH_MAX_POSITIONS = 512
 METRICS_FILE = "finetune_metrics.json"
 #: Batches are sorted by length within chunks of this many batches, then shuffled.
 BUCKET_CHUNK_BATCHES = 64
@@ -145,7 +144,7 @@ def _is_cjk(ch: str) -> bool:
     )
 
 
-def _char_tokenizer(vocab: dict[str, int]) -> Any:
+def _char_tokenizer(vocab: dict[str, int], max_length: int = 512) -> Any:
     """A BERT WordPiece tokenizer over ``vocab`` (lowercasing, CJK split into characters).
 
     In transformers 5 ``BertTokenizer`` is the fast, Rust-backed class and takes the vocabulary itself;
@@ -157,7 +156,7 @@ def _char_tokenizer(vocab: dict[str, int]) -> Any:
         vocab=dict(vocab),
         do_lower_case=True,
         tokenize_chinese_chars=True,
-        model_max_length=SCRATCH_MAX_POSITIONS,
+        model_max_length=max_length,
     )
     if len(tok) != len(vocab):
         raise ModelError(f"tokenizer holds {len(tok)} tokens, the vocabulary {len(vocab)}: it was ignored")
@@ -195,7 +194,7 @@ def _scratch_model(spec: FinetuneSpec, vocab_size: int, names: list[str], pad_id
         num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads,
         intermediate_size=spec.intermediate_size,
-        max_position_embeddings=SCRATCH_MAX_POSITIONS,
+        max_position_embeddings=spec.max_length,  # only positions it is trained on: no untrained ones
         hidden_dropout_prob=spec.dropout,
         attention_probs_dropout_prob=spec.attention_dropout,
         pad_token_id=pad_id,
@@ -394,7 +393,7 @@ def _finetune(
     base_path = resolve_base(spec.base) if spec.base is not None else None
     if base_path is None:
         vocab = build_char_vocab([texts[i] for i in train_idx], spec.min_char_count)
-        tokenizer = _char_tokenizer(vocab)
+        tokenizer = _char_tokenizer(vocab, spec.max_length)
         model = _scratch_model(spec, len(vocab), names, tokenizer.pad_token_id)
     else:
         tokenizer = _load_base_tokenizer(base_path)

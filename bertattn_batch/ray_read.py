@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import EngineError, InputError
-from .read import RowBatch, Source, _as_text, _check_columns, _load_dataset, _to_str, expand_inputs
+from .read import RowBatch, Source, _check_columns, _load_dataset, expand_inputs, to_rows
 from .spec import JobSpec
 
 #: Columns of a window block: the RowBatch fields, then the window's first row and its row count.
@@ -49,25 +49,9 @@ _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Interrupt
 # -- rows: the reader's rules, applied to blocks Ray Data read ----------------------------------------
 def _rows(table: pa.Table, first_row: int, lo: int, hi: int, cols: tuple) -> RowBatch:
     """Rows [lo, hi) of a source block whose row 0 is input row ``first_row``; as ``read_rows`` yields them."""
-    text_col, id_col, label_col = cols
     part = table.slice(lo, hi - lo)
     data = {c: part.column(c).to_pylist() for c in cols if c}
-    batch = RowBatch()
-    for i in range(hi - lo):
-        row = first_row + lo + i
-        text, status = _as_text(data[text_col][i])
-        doc_id = str(row)
-        if id_col:
-            raw_id = data[id_col][i]
-            if raw_id is None:
-                status = "null_id" if status == "ok" else status
-            else:
-                doc_id = _to_str(raw_id)
-        label = None
-        if label_col and data[label_col][i] is not None:
-            label = _to_str(data[label_col][i])
-        batch.append(row, doc_id, text, label, status)
-    return batch
+    return to_rows(data, first_row + lo, hi - lo, *cols)
 
 
 def _num_rows(table: pa.Table) -> int:

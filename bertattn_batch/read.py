@@ -124,28 +124,42 @@ def read_rows(
     row = 0
     for src in sources:
         for cols in _read_columns(src, wanted, block_rows):
-            batch = RowBatch()
             n = len(cols[text_col])
-            for i in range(n):
-                if limit is not None and row >= limit:
-                    if len(batch):
-                        yield batch
-                    return
-                text, status = _as_text(cols[text_col][i])
-                doc_id = str(row)
-                if id_col:
-                    raw_id = cols[id_col][i]
-                    if raw_id is None:
-                        status = "null_id" if status == "ok" else status
-                    else:
-                        doc_id = _to_str(raw_id)
-                label = None
-                if label_col and cols[label_col][i] is not None:
-                    label = _to_str(cols[label_col][i])
-                batch.append(row, doc_id, text, label, status)
-                row += 1
-            if len(batch):
-                yield batch
+            if limit is not None:
+                n = min(n, limit - row)
+            if n > 0:
+                yield to_rows(cols, row, n, text_col, id_col, label_col)
+                row += n
+            if limit is not None and row >= limit:
+                return
+
+
+def to_rows(
+    cols: dict[str, list[Any]],
+    first_row: int,
+    n: int,
+    text_col: str,
+    id_col: str | None,
+    label_col: str | None,
+) -> RowBatch:
+    """The first ``n`` values of each column as rows numbered from ``first_row``, with their statuses.
+
+    The one place that decides a row's text, id, label and status; every engine's reader calls it.
+    """
+    batch = RowBatch()
+    for i in range(n):
+        text, status = _as_text(cols[text_col][i])
+        doc_id = str(first_row + i)
+        if id_col:
+            raw_id = cols[id_col][i]
+            if raw_id is None:
+                status = "null_id" if status == "ok" else status
+            else:
+                doc_id = _to_str(raw_id)
+        raw_label = cols[label_col][i] if label_col else None
+        label = None if raw_label is None else _to_str(raw_label)
+        batch.append(first_row + i, doc_id, text, label, status)
+    return batch
 
 
 def _to_str(value: Any) -> str:

@@ -133,6 +133,12 @@ class JobSpec:
             raise SpecError(f"max_length must be at least 3 ([CLS], one token, [SEP]), got {self.max_length}")
         if self.limit is not None and self.limit < 0:
             raise SpecError(f"limit must not be negative, got {self.limit}")
+        ft = self.finetune
+        if ft is not None and ft.base is None and (self.max_length or 0) > ft.max_length:
+            raise SpecError(
+                f"max_length {self.max_length} exceeds finetune.max_length {ft.max_length}: a model trained "
+                f"from scratch only knows the positions it was trained on; raise finetune.max_length"
+            )
         dev = self.device
         if not (dev in ("auto", "cpu", "cuda", "mps") or dev.startswith("cuda:")):
             raise SpecError(f"device must be {DEVICES_HELP}, got {dev!r}")

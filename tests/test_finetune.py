@@ -28,7 +28,8 @@ from bertattn_batch.finetune import (
     resolve_base,
     split_indices,
 )
-from bertattn_batch.spec import FinetuneSpec, load_job
+from bertattn_batch.model import Classifier
+from bertattn_batch.spec import FinetuneSpec, JobSpec, load_job
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = {
@@ -152,6 +153,12 @@ def test_scratch_model_saves_a_loadable_character_bert(zh_rows, tmp_path: Path) 
     assert tok.convert_ids_to_tokens(ids)[1:4] == ["这", "个", "酒"]
     assert (out / "config.json").stat().st_mode & 0o044  # readable by others, not the 0600 of a temp file
 
+    # Only the positions it was trained on: a longer job is refused, not run on untrained embeddings.
+    assert model.config.max_position_embeddings == tok.model_max_length == TINY["max_length"]
+    assert Classifier.load(str(out), layers=[0], device="cpu").max_length == TINY["max_length"]
+    with pytest.raises(SpecError, match="exceeds the model's limit of 64"):
+        Classifier.load(str(out), layers=[0], device="cpu", max_length=128)
+
 
 def test_label_order_follows_spec_labels(tmp_path: Path) -> None:
     from transformers import AutoConfig
@@ -237,6 +244,9 @@ def test_job_files_parse_and_spec_is_checked() -> None:
         FinetuneSpec(labels=["only"])
     with pytest.raises(SpecError):
         FinetuneSpec(hidden_size=30, num_heads=4)
+    with pytest.raises(SpecError, match="only knows the positions it was trained on"):
+        JobSpec(inputs=["x"], model="m", out="o", max_length=256, finetune=FinetuneSpec(max_length=128))
+    JobSpec(inputs=["x"], model="m", out="o", max_length=256, finetune=FinetuneSpec(base="b", max_length=64))
 
 
 @pytest.mark.slow
