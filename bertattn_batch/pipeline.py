@@ -39,10 +39,6 @@ from .threads import Worker, prefetch
 from .write import RunWriter
 
 log = logging.getLogger(__name__)
-#: A run's first window is this fraction of ``spec.window`` rows (see ramp_up), when that is at least
-#: MIN_FIRST_WINDOW rows: smaller windows would pad more for no gain.
-FIRST_WINDOW_DIVISOR = 8
-MIN_FIRST_WINDOW = 256
 
 
 @dataclass
@@ -192,7 +188,7 @@ def iter_windows(
     seen_ids: set[str] = set(skip_ids or ())
     timings = timings if timings is not None else Counter()
     t0 = time.perf_counter()
-    blocks = read_rows(
+    for block in read_rows(
         spec.inputs,
         text_col=spec.text_col,
         id_col=spec.id_col,
@@ -200,28 +196,12 @@ def iter_windows(
         input_format=spec.input_format,
         limit=spec.limit,
         block_rows=spec.window,
-    )
-    for block in ramp_up(blocks, spec.window // FIRST_WINDOW_DIVISOR):
+    ):
         window = _encode_block(block, clf, skip_until, skip_ids, seen_ids if spec.id_col else None)
         timings["read_encode"] += time.perf_counter() - t0
         if window is not None:
             yield window
         t0 = time.perf_counter()
-
-
-def ramp_up(blocks: Iterator[RowBatch], head: int) -> Iterator[RowBatch]:
-    """The blocks, with the first one split after ``head`` rows when ``head`` is worth a window of its own.
-
-    The model cannot start before its first window is read and encoded; a small first window lets it
-    start sooner, and the next window is encoded while it works (the whole of a one-window run was
-    serial before: encode, then model, then write).
-    """
-    for i, block in enumerate(blocks):
-        if i == 0 and MIN_FIRST_WINDOW <= head < len(block):
-            yield block.slice(0, head)
-            yield block.slice(head, len(block))
-        else:
-            yield block
 
 
 def _select_rows(

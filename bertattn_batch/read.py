@@ -14,7 +14,7 @@ from __future__ import annotations
 import glob
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +52,6 @@ class RowBatch:
 
     def __len__(self) -> int:
         return len(self.row_index)
-
-    def slice(self, lo: int, hi: int) -> RowBatch:
-        """Rows [lo, hi) of this batch."""
-        return RowBatch(*(getattr(self, f.name)[lo:hi] for f in fields(self)))
 
     def append(self, row: int, doc_id: str, text: str | None, label: str | None, status: str) -> None:
         self.row_index.append(row)
