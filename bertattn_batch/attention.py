@@ -118,14 +118,19 @@ def eager_rows(attentions: tuple[torch.Tensor, ...], layers: list[int]) -> torch
     return torch.stack([attentions[layer][:, :, 0, :].float() for layer in layers], dim=1)
 
 
-def minmax_scale(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-row min-max scaling to [0, 1] over the last axis (the seed's MinMaxScaler per head).
+def minmax_scale(weights: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Min-max scaling to [0, 1] of each segment of a flat array (the seed's MinMaxScaler per head).
 
-    ``weights``: (..., n) raw weights of one review's content tokens. Returns (scaled, min, max);
-    a row with no range (all equal) scales to 0, as MinMaxScaler does.
+    ``weights``: (N,) raw weights, one segment per (review, layer, head) over that review's content
+    tokens; ``lengths``: (S,) segment lengths, each at least 1, summing to N. Returns (scaled (N,),
+    min (S,), max (S,)); a segment with no range (all equal) scales to 0, as MinMaxScaler does.
     """
-    lo = weights.min(axis=-1, keepdims=True)
-    hi = weights.max(axis=-1, keepdims=True)
-    span = hi - lo
-    scaled = np.divide(weights - lo, span, out=np.zeros_like(weights), where=span > 0)
-    return scaled.astype(np.float32), lo[..., 0], hi[..., 0]
+    if len(weights) == 0:
+        return weights.astype(np.float32), weights, weights
+    starts = np.cumsum(lengths) - lengths
+    lo = np.minimum.reduceat(weights, starts)
+    hi = np.maximum.reduceat(weights, starts)
+    span = np.repeat(hi - lo, lengths)
+    shifted = weights - np.repeat(lo, lengths)
+    scaled = np.divide(shifted, span, out=np.zeros_like(weights), where=span > 0)
+    return scaled.astype(np.float32, copy=False), lo, hi

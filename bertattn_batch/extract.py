@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import schema
+from .attention import minmax_scale
 from .encode import Encoded
 
 
@@ -94,12 +95,7 @@ class Extractor:
             raise ValueError("a scored review must have at least one content token")
         weight = _cat([r.cls_rows[:, :, 1 : _last(r)].reshape(-1) for r in scored], np.float32)
         seg = np.repeat(m, L * H)  # one segment per (review, layer, head)
-        seg_start = np.cumsum(seg) - seg
-        lo = np.minimum.reduceat(weight, seg_start) if len(weight) else weight
-        hi = np.maximum.reduceat(weight, seg_start) if len(weight) else weight
-        span = np.repeat(hi - lo, seg)
-        shifted = weight - np.repeat(lo, seg)
-        scaled = np.divide(shifted, span, out=np.zeros_like(weight), where=span > 0)  # no range: 0
+        scaled, lo, hi = minmax_scale(weight, seg)
 
         sizes = L * H * m  # token rows per review
         doc_idx = np.repeat(np.arange(len(scored), dtype=np.int32), sizes)
@@ -122,7 +118,7 @@ class Extractor:
             "start": offsets[token_at, 0].astype(np.int32),
             "end": offsets[token_at, 1].astype(np.int32),
             "weight": weight,
-            "weight_scaled": scaled.astype(np.float32, copy=False),
+            "weight_scaled": scaled,
         }
         summary = {
             "doc_id": docs.take(pa.array(np.repeat(np.arange(len(scored), dtype=np.int32), L * H))),
