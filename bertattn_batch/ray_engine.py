@@ -360,12 +360,9 @@ def _ray_call(ray: Any, fn: Any) -> Any:
     class where it was one (a model that runs out of memory, a bad input)."""
     try:
         return fn()
-    except BertAttnError as e:
-        if type(e).__module__ == errors.__name__:  # raised here, not a Ray wrapper of a worker's error
-            raise
-        qualname, message = worker_error(e)
-        log.info("a Ray worker failed:\n%s", e)
     except Exception as e:
+        if isinstance(e, BertAttnError) and type(e).__module__ == errors.__name__:
+            raise  # raised here, not a Ray wrapper of a worker's error
         qualname, message = worker_error(e)
         log.info("a Ray worker failed:\n%s", e)
     gc.collect()  # the failed run's frames hold its actors, and their CPUs or GPUs, until collected
