@@ -14,7 +14,10 @@ interleaved over several rounds; the best round counts and the spread between ro
   ``attentions[-2].squeeze(0)[:, 0, 1:-1]`` (tokenizing each review inside the loop, as the seed does);
 - ``pipeline``: transformers' ``pipeline("text-classification", batch_size=32)``, predictions only;
 - ``ceiling``: our length-bucketed token-budget batches through the model with SDPA, no attention kept;
-- ``stage``: bertattn's model stage (the same batches, [CLS] rows captured in float32);
+- ``stage``: bertattn's model stage (the same batches, [CLS] rows captured in float32, the last
+  layer run past its attention for [CLS] only, which is all a classifier reads);
+- ``stage-full``: the same with the whole last layer run, as plain inference does: against the
+  ceiling, what capturing the rows costs on its own;
 - ``extract``: ``run_job`` end to end (read, encode, model, extract, write Parquet); the model's load
   time is measured separately and subtracted.
 
@@ -463,8 +466,11 @@ def ceiling_method(clf: Classifier, encoded: list[Encoded]) -> Method:
     return Method("ceiling", _dtype_name(clf), run, matmul_flops(clf.model.config, shapes))
 
 
-def stage_method(clf: Classifier, encoded: list[Encoded]) -> Method:
-    """bertattn's model stage on one window: the same batches, [CLS] rows captured and sliced."""
+def stage_method(clf: Classifier, encoded: list[Encoded], trim: bool = True) -> Method:
+    """bertattn's model stage on one window: the same batches, [CLS] rows captured and sliced.
+
+    ``trim=False`` runs the whole last layer (``stage-full``), to show what the capture alone costs.
+    """
     stage = ModelStage(clf, BATCH_TOKENS, MAX_BATCH_SIZE)
     rows = [ScoredRow(i, str(i), None, "ok", encoded=e) for i, e in enumerate(encoded)]
     window = Window(0, len(rows), rows)
@@ -472,10 +478,15 @@ def stage_method(clf: Classifier, encoded: list[Encoded]) -> Method:
     shapes = _batch_shapes(lengths, bucket_batches(lengths, BATCH_TOKENS, MAX_BATCH_SIZE))
 
     def run() -> Counts:
-        real, slots = stage(window)
+        kept, clf.trim = clf.trim, clf.trim if trim else None
+        try:
+            real, slots = stage(window)
+        finally:
+            clf.trim = kept
         return Counts(len(rows), real, slots)
 
-    return Method("stage", _dtype_name(clf), run, matmul_flops(clf.model.config, shapes))
+    name = "stage" if trim else "stage-full"
+    return Method(name, _dtype_name(clf), run, matmul_flops(clf.model.config, shapes))
 
 
 def extract_method(case: Case, clf: Classifier, out: Path) -> Method:
@@ -532,6 +543,7 @@ def build_methods(case: Case, device: torch.device, dtypes: Sequence[str], tmp: 
             pipeline_method(case, clf),
             ceiling_method(clf, encoded),
             stage_method(clf, encoded),
+            stage_method(clf, encoded, trim=False),
             extract_method(case, clf, tmp / f"run-{case.name}-{dt}"),
         ]
     return methods
@@ -560,6 +572,14 @@ def targets(model: str, figures: Sequence[Figure]) -> list[dict[str, Any]]:
         out.append(
             _target(f"{model} {dt}: model stage / ceiling", r[("stage", dt)]["vs_ceiling"], TARGET_STAGE)
         )
+        if ("stage-full", dt) in r:
+            out.append(
+                _target(
+                    f"{model} {dt}: model stage, whole last layer / ceiling",
+                    r[("stage-full", dt)]["vs_ceiling"],
+                    TARGET_STAGE,
+                )
+            )
         out.append(_target(f"{model} {dt}: extract / ceiling", r[("extract", dt)]["vs_ceiling"], TARGET_E2E))
         if ("pipeline", dt) in by:
             ratio = by[("extract", dt)].reviews_per_s / by[("pipeline", dt)].reviews_per_s
@@ -592,7 +612,7 @@ def format_table(figures: Sequence[Figure], peak_tflops: float | None = None) ->
     """One line per method; on a device with a known bf16 peak, the TFLOP/s reached and its share."""
     r = ratios(figures)
     head = (
-        f"{'model':<10}{'method':<10}{'dtype':<10}{'reviews/s':>10}{'tokens/s':>11}{'padding':>9}"
+        f"{'model':<10}{'method':<12}{'dtype':<10}{'reviews/s':>10}{'tokens/s':>11}{'padding':>9}"
         f"{'peak RSS MB':>13}{'+MB':>8}{'x ceiling':>10}{'x seed':>8}{'spread':>8}"
     )
     if peak_tflops:
@@ -601,7 +621,7 @@ def format_table(figures: Sequence[Figure], peak_tflops: float | None = None) ->
     for f in figures:
         x = r[(f.method, f.dtype)]
         line = (
-            f"{f.model:<10}{f.method:<10}{f.dtype:<10}{f.reviews_per_s:>10.1f}{f.tokens_per_s:>11.0f}"
+            f"{f.model:<10}{f.method:<12}{f.dtype:<10}{f.reviews_per_s:>10.1f}{f.tokens_per_s:>11.0f}"
             f"{f.padding_share:>9.1%}{f.peak_rss_mb:>13.0f}{f.rss_delta_mb:>8.0f}{x['vs_ceiling']:>10.2f}"
             f"{x['vs_seed']:>8.2f}{f.spread:>8.1%}"
         )

@@ -31,12 +31,22 @@ def find_self_attention(model: nn.Module) -> list[tuple[nn.Module, nn.Linear, nn
     for module in model.modules():
         for q_name, k_name in _PROJECTIONS:
             q, k = getattr(module, q_name, None), getattr(module, k_name, None)
-            if isinstance(q, nn.Linear) and isinstance(k, nn.Linear) and hasattr(module, "scaling"):
+            if isinstance(q, nn.Linear) and isinstance(k, nn.Linear) and _has_geometry(module):
                 if id(module) not in seen:
                     seen.add(id(module))
                     found.append((module, q, k))
                 break
     return found
+
+
+def _has_geometry(module: nn.Module) -> bool:
+    return hasattr(module, "scaling") or hasattr(module, "attention_head_size")
+
+
+def head_scaling(module: nn.Module) -> float:
+    """The factor on q . k: the module's own ``scaling``, else 1/sqrt(head size) (eager-only modules)."""
+    scaling = getattr(module, "scaling", None)
+    return float(scaling) if scaling is not None else head_geometry(module)[1] ** -0.5
 
 
 def head_geometry(module: nn.Module) -> tuple[int, int]:
@@ -69,7 +79,7 @@ class ClsRowCapture:
         self._q_calls = self._k_calls = 0
         for module, q, k in self._modules:
             heads, size = head_geometry(module)
-            scaling = float(module.scaling)
+            scaling = head_scaling(module)
             self._handles.append(q.register_forward_hook(self._on_query(heads, size, scaling)))
             self._handles.append(k.register_forward_hook(self._on_key))
         return self

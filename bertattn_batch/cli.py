@@ -145,6 +145,12 @@ def extract(
             help=f"{' or '.join(ATTENTION_MODES)}: sdpa computes the [CLS] row from q/k (fast); eager is transformers' output_attentions (reference)."
         ),
     ] = "sdpa",
+    trim_last_layer: Annotated[
+        bool,
+        typer.Option(
+            help="sdpa: run the last layer past its attention for [CLS] only, which is all a classifier reads (same outputs, checked on load; less work)."
+        ),
+    ] = True,
     batch_tokens: Annotated[int, typer.Option(help="Padded tokens per model batch.")] = 16384,
     max_batch_size: Annotated[int, typer.Option(help="Reviews per model batch at most.")] = 256,
     window: Annotated[int, typer.Option(help="Rows per bucketing window and per Parquet part.")] = 4096,
@@ -188,6 +194,7 @@ def extract(
             device=device,
             dtype=dtype,
             attention=attention,
+            trim_last_layer=trim_last_layer,
             batch_tokens=batch_tokens,
             max_batch_size=max_batch_size,
             window=window,

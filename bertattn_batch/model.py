@@ -12,6 +12,7 @@ runs unless asked for.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import warnings
@@ -23,6 +24,7 @@ import torch
 
 from .attention import ClsRowCapture, eager_rows, find_self_attention
 from .errors import ModelError, SpecError
+from .trim import LastLayerTrim, verified
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,7 @@ class Classifier:
     num_layers: int
     num_heads: int
     id2label: dict[int, str] = field(default_factory=dict)
+    trim: LastLayerTrim | None = field(default=None, repr=False)  # sdpa mode: last layer for [CLS] only
     _capture: ClsRowCapture | None = field(default=None, repr=False)
 
     @classmethod
@@ -111,6 +114,7 @@ class Classifier:
         max_length: int | None = None,
         trust_remote_code: bool = False,
         allow_pickle: bool = False,
+        trim_last_layer: bool = True,
     ) -> Classifier:
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -135,19 +139,30 @@ class Classifier:
         if not getattr(tokenizer, "is_fast", False):
             raise ModelError(f"{source}: a fast tokenizer (tokenizer.json) is needed for character offsets")
         _check_cls_first(tokenizer, source)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                model, info = AutoModelForSequenceClassification.from_pretrained(
+
+        def from_pretrained(implementation: str):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return AutoModelForSequenceClassification.from_pretrained(
                     source,
                     dtype=torch_dtype,
-                    attn_implementation=attention,
+                    attn_implementation=implementation,
                     use_safetensors=None if allow_pickle else True,
                     trust_remote_code=trust_remote_code,
                     output_loading_info=True,
                 )
-            except (OSError, ValueError) as e:
-                raise ModelError(f"cannot load model weights from {source!r}: {_first_line(e)}") from None
+
+        try:
+            try:
+                model, info = from_pretrained(attention)
+            except ValueError as e:
+                if attention != "sdpa" or "scaled_dot_product_attention" not in str(e):
+                    raise
+                # an architecture without SDPA (Megatron-BERT): its own attention, rows still captured
+                log.info("%s has no SDPA attention; running its eager attention", source)
+                model, info = from_pretrained("eager")
+        except (OSError, ValueError) as e:
+            raise ModelError(f"cannot load model weights from {source!r}: {_first_line(e)}") from None
         untrained = [k for k in info.get("missing_keys", []) if "classifier" in k or "score" in k]
         if untrained:
             raise ModelError(
@@ -163,6 +178,9 @@ class Classifier:
         id2label = {int(k): str(v) for k, v in config.id2label.items()}
         if all(v.startswith("LABEL_") for v in id2label.values()):
             log.warning("%s: labels are named LABEL_n; is the classification head trained?", source)
+        trim = LastLayerTrim.find(model) if trim_last_layer and attention != "eager" else None
+        if trim is not None and not verified(model, trim, len(tokenizer), dev):
+            trim = None
         return cls(
             tokenizer=tokenizer,
             model=model,
@@ -176,6 +194,7 @@ class Classifier:
             num_layers=num_layers,
             num_heads=int(getattr(config, "num_attention_heads", None) or config.n_heads),
             id2label=id2label,
+            trim=trim,
         )
 
     @property
@@ -206,7 +225,7 @@ class Classifier:
         else:
             if self._capture is None:
                 self._capture = ClsRowCapture(self.model, self.layers)
-            with self._capture as capture:
+            with self._capture as capture, self.trim or contextlib.nullcontext():
                 out = self.model(input_ids=input_ids, attention_mask=mask)
             rows = capture.rows(mask)
         probs = torch.softmax(out.logits.float(), dim=-1)

@@ -129,6 +129,7 @@ def load_classifier(spec: JobSpec) -> Classifier:
         max_length=spec.max_length,
         trust_remote_code=spec.trust_remote_code,
         allow_pickle=spec.allow_pickle,
+        trim_last_layer=spec.trim_last_layer,
     )
 
 

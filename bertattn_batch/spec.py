@@ -99,6 +99,7 @@ class JobSpec:
     device: str = "auto"
     dtype: str = "auto"
     attention: str = "sdpa"
+    trim_last_layer: bool = True  # sdpa: the last layer past attention for [CLS] only (same outputs)
     batch_tokens: int = 16384
     max_batch_size: int = 256
     window: int = 4096  # rows per bucketing window, and per Parquet part

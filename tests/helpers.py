@@ -28,6 +28,20 @@ def eager_oracle(model_dir: Path, texts: list[str], layer: int, max_length: int 
     return [att[i, :, 0, 1 : n - 1].numpy() for i, n in enumerate(lengths)]  # (H, n-2) each
 
 
+def plain_probs(model_dir: Path, texts: list[str], max_length: int = 512) -> np.ndarray:
+    """transformers' own forward, one review at a time (no padding): softmax of the logits, (N, C)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    out = []
+    with torch.no_grad():
+        for text in texts:
+            enc = tok(text, truncation=True, max_length=max_length, return_tensors="pt")
+            out.append(torch.softmax(model(**enc).logits[0], dim=-1).numpy())
+    return np.stack(out)
+
+
 def minmax(x: np.ndarray) -> np.ndarray:
     """Per-row min-max scaling written out plainly (MinMaxScaler on the transposed matrix)."""
     out = np.zeros_like(x)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import eager_oracle, minmax, read_table
+from helpers import eager_oracle, minmax, plain_probs, read_table
 
 from bertattn_batch.pipeline import run_job
 from bertattn_batch.spec import JobSpec
@@ -56,6 +56,36 @@ def test_weights_match_eager_output_attentions(request, model_fixture, attention
         assert got["position"][order].reshape(heads, n)[0].tolist() == list(range(1, n + 1))
         np.testing.assert_allclose(weight, expected, atol=1e-5, rtol=0)
         np.testing.assert_allclose(scaled, minmax(expected), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("model_fixture", ["minilm_dir", "tiny_en_dir"])
+def test_predictions_and_last_layer_match_plain_transformers(request, model_fixture, drug_sample, tmp_path):
+    """With the last layer trimmed to [CLS] (the default), probabilities and the last layer's rows
+    still equal transformers' own: a plain forward per review, and eager ``attentions[-1]``."""
+    model_dir = request.getfixturevalue(model_fixture)
+    out = tmp_path / "run"
+    spec = JobSpec(
+        inputs=[str(drug_sample)],
+        model=str(model_dir),
+        out=str(out),
+        id_col="doc_id",
+        layers=[-1],
+        batch_tokens=1200,
+        max_batch_size=8,
+        progress=False,
+    )
+    run_job(spec)
+    source = pq.read_table(drug_sample)
+    texts, ids = source.column("text").to_pylist(), source.column("doc_id").to_pylist()
+    preds = {r["doc_id"]: r for r in read_table(out, "predictions").to_pylist()}
+    np.testing.assert_allclose(
+        np.array([preds[d]["probs"] for d in ids]), plain_probs(model_dir, texts), atol=1e-5, rtol=0
+    )
+    written = _by_doc(read_table(out, "cls_attention"))
+    for doc_id, expected in zip(ids, eager_oracle(model_dir, texts, layer=-1), strict=True):
+        got = written[doc_id]
+        order = np.lexsort((got["position"], got["head"]))
+        np.testing.assert_allclose(got["weight"][order].reshape(expected.shape), expected, atol=1e-5, rtol=0)
 
 
 def test_head_mass_closes_to_one(minilm_dir, drug_sample, tmp_path):

@@ -41,7 +41,7 @@ def test_every_method_sees_the_same_reviews_and_tokens(tiny_en_dir, drug_sample,
     tok = AutoTokenizer.from_pretrained(case.model_dir)
     lengths = [len(x) for x in tok(case.texts, truncation=True, max_length=128)["input_ids"]]
     by = {(f["method"], f["dtype"]): f for f in block["figures"]}
-    assert len(by) == 1 + 4 * 2  # the seed, then four batched methods per dtype
+    assert len(by) == 1 + 5 * 2  # the seed, then five batched methods per dtype
     for f in block["figures"]:
         assert f["reviews"] == 12
         assert f["tokens"] == sum(lengths), f["method"]
@@ -56,7 +56,7 @@ def test_every_method_sees_the_same_reviews_and_tokens(tiny_en_dir, drug_sample,
     assert by[("pipeline", "float32")]["padded_slots"] == 12 * max(lengths)
     for dt in ("float32", "bfloat16"):
         assert by[("ceiling", dt)]["vs_ceiling"] == 1
-        slots = {by[(m, dt)]["padded_slots"] for m in ("ceiling", "stage", "extract")}
+        slots = {by[(m, dt)]["padded_slots"] for m in ("ceiling", "stage", "stage-full", "extract")}
         assert len(slots) == 1  # the same batches
         assert by[("extract", dt)]["detail"]["model"] > 0
     # the ratios printed agree with the figures
@@ -65,6 +65,7 @@ def test_every_method_sees_the_same_reviews_and_tokens(tiny_en_dir, drug_sample,
     assert "| tiny | extract | bfloat16 |" in bench.format_markdown({"models": {"tiny": block}})
     assert {t["target"].split(": ")[1] for t in block["targets"]} >= {
         "model stage / ceiling",
+        "model stage, whole last layer / ceiling",
         "extract / ceiling",
     }
 

