@@ -1020,7 +1020,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 def _device_slug(info: dict[str, Any]) -> str:
     if "device_name" in info:
         return "cuda-" + "".join(c if c.isalnum() else "-" for c in info["device_name"]).strip("-").lower()
-    return f"cpu-{info['cpu_count']}core"
+    return f"cpu-{info['cpu_count']}core" + ("-bf16" if info.get("native_bf16") else "")
 
 
 if __name__ == "__main__":

@@ -178,8 +178,9 @@ class Classifier:
         id2label = {int(k): str(v) for k, v in config.id2label.items()}
         if all(v.startswith("LABEL_") for v in id2label.values()):
             log.warning("%s: labels are named LABEL_n; is the classification head trained?", source)
+        limit = _max_length(max_length, tokenizer, config)
         trim = LastLayerTrim.find(model) if trim_last_layer and attention != "eager" else None
-        if trim is not None and not verified(model, trim, len(tokenizer), dev):
+        if trim is not None and not verified(model, trim, min(len(tokenizer), config.vocab_size), dev, limit):
             trim = None
         return cls(
             tokenizer=tokenizer,
@@ -187,7 +188,7 @@ class Classifier:
             device=dev,
             dtype=torch_dtype,
             layers=resolved,
-            max_length=_max_length(max_length, tokenizer, config),
+            max_length=limit,
             attention=attention,
             source=source,
             weights_sha256=weights_hash(source),

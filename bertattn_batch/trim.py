@@ -86,16 +86,20 @@ def _keep_first_residual(_m: nn.Module, args: tuple) -> tuple:
 
 
 @torch.inference_mode()
-def verified(model: nn.Module, trim: LastLayerTrim, vocab_size: int, device: torch.device) -> bool:
+def verified(
+    model: nn.Module, trim: LastLayerTrim, vocab_size: int, device: torch.device, max_length: int
+) -> bool:
     """Whether a probe batch (two lengths, one padded) gives the same logits with and without the trim.
 
     Catches a classifier head that reads more than position 0 (mean pooling, last token) and any layout
-    the hooks do not fit; ``False`` means: run the model untrimmed.
+    the hooks do not fit; ``False`` means: run the model untrimmed. The probe stays within the model's
+    ``max_length`` positions and its vocabulary.
     """
+    length = max(3, min(12, max_length))
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, max(vocab_size, 6), (2, 12), generator=gen).to(device)  # (B, S)
+    ids = torch.randint(0, vocab_size, (2, length), generator=gen).to(device)  # (B, S)
     mask = torch.ones_like(ids)
-    mask[1, 7:] = 0  # one padded review
+    mask[1, length // 2 + 1 :] = 0  # one padded review
     full = model(input_ids=ids, attention_mask=mask).logits.float()
     try:
         with trim:

@@ -88,9 +88,27 @@ def test_a_head_that_reads_every_position_is_not_trimmed():
     model = _MeanPooled().eval()
     trim = LastLayerTrim.find(model)
     assert trim is not None  # the layout fits ...
-    assert not verified(model, trim, 50, torch.device("cpu"))  # ... but the probe sees the logits move
+    assert not verified(
+        model, trim, 50, torch.device("cpu"), max_length=64
+    )  # ... but the probe sees the logits move
 
 
 def test_trim_can_be_turned_off(tiny_en_dir):
     assert Classifier.load(str(tiny_en_dir)).trim is not None
     assert Classifier.load(str(tiny_en_dir), trim_last_layer=False).trim is None
+
+
+def test_the_load_probe_stays_within_a_short_model(en_tokenizer, tmp_path):
+    """A from-scratch model with few positions: the probe must not index past them."""
+    labels = {0: "negative", 1: "positive"}
+    config = tf.BertConfig(
+        vocab_size=len(en_tokenizer),
+        max_position_embeddings=6,
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+        **TINY,
+    )
+    tf.BertForSequenceClassification(config).save_pretrained(tmp_path)
+    en_tokenizer.save_pretrained(tmp_path)
+    clf = Classifier.load(str(tmp_path))
+    assert clf.max_length == 6 and clf.trim is not None
