@@ -122,6 +122,7 @@ def test_memory_scaling_runs_extract_in_subprocesses(tiny_en_dir, drug_sample, t
     for n in (20, 50):
         run = mem["runs"][str(n)]
         assert run["peak_rss_mb"] > 100  # torch alone is more than that
+        assert len(run["peak_rss_mb_runs"]) == 2 and run["peak_rss_mb"] == max(run["peak_rss_mb_runs"])
         preds = pq.read_table(tmp_path / f"mem-{n}" / "predictions")
         assert preds.num_rows == n
     assert mem["growth"] == pytest.approx(
