@@ -789,8 +789,9 @@ def memory_scaling(
     Not ``ru_maxrss``: Linux carries the high-water mark of the forking process over into its child, so
     a child of this (by then large) bench process would report the bench's own size.
 
-    A run's peak varies by about 15% from run to run at the same size (it is the largest of many
-    transient states: which windows are in flight while a part is written), so each size runs
+    A run's peak varies from run to run at the same size (by up to a fifth at 20k reviews on a 2-core
+    CPU: it is the largest of many transient states, which windows are in flight while a part is
+    written), so each size runs
     ``repeats`` times, interleaved, and the highest peak of each size is compared.
     """
     source = repeated_corpus(corpus, max(sizes), tmp / "repeated.parquet")
