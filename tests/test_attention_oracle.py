@@ -21,25 +21,30 @@ def _by_doc(table) -> dict[str, dict[str, np.ndarray]]:
     return out
 
 
+def _run_in_small_batches(model_dir, sample, tmp_path, **options):
+    """run_job with a small token budget: many padded batches of mixed lengths; returns the run dir."""
+    out = tmp_path / "run"
+    spec = JobSpec(
+        inputs=[str(sample)],
+        model=str(model_dir),
+        out=str(out),
+        id_col="doc_id",
+        batch_tokens=1200,
+        max_batch_size=8,
+        progress=False,
+        **options,
+    )
+    run_job(spec)
+    return out
+
+
 @pytest.mark.parametrize("model_fixture", ["minilm_dir", "tiny_en_dir"])
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_weights_match_eager_output_attentions(request, model_fixture, attention, drug_sample, tmp_path):
     model_dir = request.getfixturevalue(model_fixture)
-    out = tmp_path / "run"
-    # a small token budget forces many padded batches of mixed lengths
-    spec = JobSpec(
-        inputs=[str(drug_sample)],
-        model=str(model_dir),
-        out=str(out),
-        id_col="doc_id",
-        label_col="label",
-        batch_tokens=1200,
-        max_batch_size=8,
-        window=10,
-        attention=attention,
-        progress=False,
+    out = _run_in_small_batches(
+        model_dir, drug_sample, tmp_path, label_col="label", window=10, attention=attention
     )
-    run_job(spec)
     texts = pq.read_table(drug_sample).column("text").to_pylist()
     ids = pq.read_table(drug_sample).column("doc_id").to_pylist()
     oracle = eager_oracle(model_dir, texts, layer=-2)
@@ -63,18 +68,7 @@ def test_predictions_and_last_layer_match_plain_transformers(request, model_fixt
     """With the last layer trimmed to [CLS] (the default), probabilities and the last layer's rows
     still equal transformers' own: a plain forward per review, and eager ``attentions[-1]``."""
     model_dir = request.getfixturevalue(model_fixture)
-    out = tmp_path / "run"
-    spec = JobSpec(
-        inputs=[str(drug_sample)],
-        model=str(model_dir),
-        out=str(out),
-        id_col="doc_id",
-        layers=[-1],
-        batch_tokens=1200,
-        max_batch_size=8,
-        progress=False,
-    )
-    run_job(spec)
+    out = _run_in_small_batches(model_dir, drug_sample, tmp_path, layers=[-1])
     source = pq.read_table(drug_sample)
     texts, ids = source.column("text").to_pylist(), source.column("doc_id").to_pylist()
     preds = {r["doc_id"]: r for r in read_table(out, "predictions").to_pylist()}
