@@ -791,8 +791,8 @@ def memory_scaling(
 
     A run's peak varies from run to run at the same size (by up to a fifth at 20k reviews on a 2-core
     CPU: it is the largest of many transient states, which windows are in flight while a part is
-    written), so each size runs
-    ``repeats`` times, interleaved, and the highest peak of each size is compared.
+    written), so each size runs ``repeats`` times, interleaved, and the highest peak of each size is
+    compared.
     """
     source = repeated_corpus(corpus, max(sizes), tmp / "repeated.parquet")
     runs: dict[str, dict[str, Any]] = {}

@@ -43,12 +43,6 @@ def _has_geometry(module: nn.Module) -> bool:
     return hasattr(module, "scaling") or hasattr(module, "attention_head_size")
 
 
-def head_scaling(module: nn.Module) -> float:
-    """The factor on q . k: the module's own ``scaling``, else 1/sqrt(head size) (eager-only modules)."""
-    scaling = getattr(module, "scaling", None)
-    return float(scaling) if scaling is not None else head_geometry(module)[1] ** -0.5
-
-
 def head_geometry(module: nn.Module) -> tuple[int, int]:
     """(heads, head size) of a self-attention module."""
     heads = getattr(module, "num_attention_heads", None) or module.n_heads
@@ -79,7 +73,7 @@ class ClsRowCapture:
         self._q_calls = self._k_calls = 0
         for module, q, k in self._modules:
             heads, size = head_geometry(module)
-            scaling = head_scaling(module)
+            scaling = float(getattr(module, "scaling", size**-0.5))  # eager-only modules have none
             self._handles.append(q.register_forward_hook(self._on_query(heads, size, scaling)))
             self._handles.append(k.register_forward_hook(self._on_key))
         return self
