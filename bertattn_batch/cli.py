@@ -97,7 +97,8 @@ def _run(spec: JobSpec) -> None:
     summary = _call(lambda: run_job(spec, progress=_show_progress(spec)))
     typer.echo(summary.line())
     if summary.input_rows == 0:
-        typer.echo(f"nothing new to process; {spec.out} is up to date")
+        done = summary.skipped_committed > 0
+        typer.echo(f"nothing new to process; {spec.out} is up to date" if done else "the input holds no rows")
 
 
 Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks and library logs.")]

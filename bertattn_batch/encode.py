@@ -11,14 +11,17 @@ token is traced back to its characters (BERT's Chinese tokenizer drops whitespac
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 #: Reviews longer than this many characters per allowed token are cut before tokenizing (the cut is
-#: kept only when the cut text still overflows, so the result is exact); keeps a 1 MB review cheap.
+#: kept only when it cannot have changed the tokens kept: see ``_cut_is_exact``); keeps a 1 MB review
+#: cheap.
 _CHARS_PER_TOKEN_CAP = 32
+_LAST_SPACE = re.compile(r"\s\S*\Z")
 
 
 @dataclass(frozen=True)
@@ -43,12 +46,12 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
     out = []
     for i, enc in enumerate(_encode_batch(tokenizer, cut, max_length)):
         truncated = bool(enc.overflowing)
-        if len(cut[i]) != len(texts[i]) and not truncated:
-            # the cut text fit: tokenize the whole review (rare: mostly whitespace or dropped characters)
-            enc = _encode_batch(tokenizer, [texts[i]], max_length)[0]
-            truncated = bool(enc.overflowing)
-        elif len(cut[i]) != len(texts[i]):
-            truncated = True
+        if len(cut[i]) != len(texts[i]):
+            if truncated and _cut_is_exact(cut[i], enc.offsets):
+                pass  # the review overflows anyway, and the cut did not touch what was kept
+            else:  # rare: mostly whitespace, dropped characters or words of hundreds of letters
+                enc = _encode_batch(tokenizer, [texts[i]], max_length)[0]
+                truncated = bool(enc.overflowing)
         out.append(
             Encoded(
                 ids=np.asarray(enc.ids, dtype=np.int32),
@@ -57,6 +60,20 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
             )
         )
     return out
+
+
+def _cut_is_exact(cut: str, offsets: list[tuple[int, int]]) -> bool:
+    """Whether the tokens kept from a cut text are those the whole text would give.
+
+    Tokenizers split words at whitespace, so tokens that end before the last whitespace of the cut text
+    cannot depend on what the cut removed. Failing that, tokens within the first half of the cut text are
+    taken as unaffected: WordPiece, BPE and Unigram decide a token from the characters around it, and a
+    word reaching from those tokens past the cut is longer than half the cut (16 characters per allowed
+    token), which WordPiece makes [UNK] in either text from 7 allowed tokens up (over 100 characters).
+    """
+    end = max((e for _, e in offsets), default=0)
+    space = _LAST_SPACE.search(cut)
+    return (space is not None and end <= space.start()) or end <= len(cut) // 2
 
 
 def _encode_batch(tokenizer, texts: list[str], max_length: int) -> list:

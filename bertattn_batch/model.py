@@ -132,6 +132,7 @@ class Classifier:
                 f"model type {config.model_type!r} is not supported: bertattn reads the [CLS] row at "
                 f"position 0 of BERT-family encoders ({', '.join(sorted(SUPPORTED_MODEL_TYPES))})"
             )
+        _check_single_label(config, source)
         _check_weights_format(source, allow_pickle)
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
@@ -139,6 +140,7 @@ class Classifier:
             raise ModelError(f"cannot load tokenizer from {source!r}: {_first_line(e)}") from None
         if not getattr(tokenizer, "is_fast", False):
             raise ModelError(f"{source}: a fast tokenizer (tokenizer.json) is needed for character offsets")
+        _check_vocabulary(tokenizer, config, source)
         _check_cls_first(tokenizer, source)
 
         def from_pretrained(implementation: str):
@@ -266,6 +268,37 @@ def _check_weights_format(source: str, allow_pickle: bool) -> None:
         raise ModelError(
             f"{source} has only pickle weights (*.bin); pass --allow-pickle to load them "
             "(read with torch.load(weights_only=True)), or convert them to safetensors"
+        )
+
+
+def _check_single_label(config, source: str) -> None:
+    """Refuse heads whose outputs are not one softmax over two or more labels: probs would lie."""
+    problem = getattr(config, "problem_type", None)
+    if problem == "regression" or (problem is None and config.num_labels < 2):
+        raise ModelError(
+            f"{source} is a regression model ({config.num_labels} output); bertattn reads single-label "
+            "classifiers (a softmax over two or more labels)"
+        )
+    if problem == "multi_label_classification":
+        raise ModelError(
+            f"{source} is a multi-label classifier (independent sigmoids); bertattn reads single-label "
+            "classifiers (a softmax over two or more labels)"
+        )
+
+
+def _check_vocabulary(tokenizer, config, source: str) -> None:
+    """A folder without tokenizer files still loads, as an empty vocabulary that maps every token to
+    [UNK] (transformers 5); a tokenizer larger than the embeddings fails mid-run. Refuse both at load."""
+    size, specials = len(tokenizer), len(set(tokenizer.all_special_tokens))
+    if size <= specials:
+        raise ModelError(
+            f"{source}: its tokenizer holds only its {size} special tokens; are the tokenizer files "
+            "(tokenizer.json or vocab.txt) missing?"
+        )
+    if size > config.vocab_size:
+        raise ModelError(
+            f"{source}: the tokenizer has {size} tokens but the model embeds only {config.vocab_size}; "
+            "they do not belong together"
         )
 
 

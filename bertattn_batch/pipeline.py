@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
-from . import __version__
+from . import __version__, schema
 from .batching import bucket_batches
 from .encode import encode_texts
 from .errors import ModelError
 from .extract import Extractor, ScoredRow, vocab_array
 from .model import Classifier
-from .read import RowBatch, count_rows, read_rows
+from .read import RowBatch, check_inputs, count_rows, read_rows
 from .spec import JobSpec
 from .threads import Worker, prefetch
 from .write import RunWriter
@@ -184,9 +184,14 @@ def iter_windows(
     skip_until: int = 0,
     skip_ids: set[str] | None = None,
     timings: Counter | None = None,
+    seen_ids: set[str] | None = None,
 ) -> Iterator[Window]:
-    """Read and encode the input in windows of ``spec.window`` rows; rows already committed are skipped."""
-    seen_ids: set[str] = set(skip_ids or ())
+    """Read and encode the input in windows of ``spec.window`` rows; rows already committed are skipped.
+
+    ``seen_ids``: ids already taken by committed rows, so that a resumed run marks a later repeat of one
+    ``duplicate_id`` just as an uninterrupted run would.
+    """
+    seen_ids = set(skip_ids or ()) | set(seen_ids or ())
     timings = timings if timings is not None else Counter()
     t0 = time.perf_counter()
     for block in read_rows(
@@ -215,7 +220,7 @@ def _select_rows(
         if row < skip_until or (skip_ids is not None and doc_id in skip_ids):
             continue
         status = block.status[i]
-        if seen_ids is not None:
+        if seen_ids is not None and status != "null_id":  # a null id's row number is no source id
             if status == "ok" and doc_id in seen_ids:
                 status = "duplicate_id"
             seen_ids.add(doc_id)
@@ -300,6 +305,7 @@ def run_job(
         return run_job_ray(spec, progress=progress, writer_cls=writer_cls)
     show = spec.progress if progress is None else progress
     t_start = time.perf_counter()
+    check_inputs(spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format)
     ensure_model(spec, progress=show)
     clf = load_classifier(spec)
     summary = RunSummary(run_dir=str(spec.out))
@@ -309,7 +315,7 @@ def run_job(
     incremental = spec.on_existing == "incremental"
     on_existing = "resume" if incremental else spec.on_existing
     with writer_cls(spec.out, run_header(spec, clf), on_existing=on_existing) as sink:
-        generation, skip_until, skip_ids = resume_point(sink, incremental)
+        generation, skip_until, skip_ids, taken = resume_point(sink, incremental, spec.id_col is not None)
         summary.skipped_committed = skip_until if not incremental else len(skip_ids or ())
         bar = _progress_bar(spec, show, skip_until)
 
@@ -325,7 +331,8 @@ def run_job(
 
         writer = Worker(write, depth=2, name="writer")
         try:
-            for window in prefetch(iter_windows(spec, clf, skip_until, skip_ids, timings), depth=2):
+            windows = iter_windows(spec, clf, skip_until, skip_ids, timings, seen_ids=taken)
+            for window in prefetch(windows, depth=2):
                 t0 = time.perf_counter()
                 real, slots = stage(window)
                 timings["model"] += time.perf_counter() - t0
@@ -343,12 +350,18 @@ def run_job(
     return summary
 
 
-def resume_point(sink: RunWriter, incremental: bool) -> tuple[int, int, set[str] | None]:
-    """(generation, skip_until, skip_ids) for a reopened run: where new parts start and what they skip."""
+def resume_point(
+    sink: RunWriter, incremental: bool, by_id: bool
+) -> tuple[int, int, set[str] | None, set[str] | None]:
+    """(generation, skip_until, skip_ids, taken_ids) for a reopened run: where new parts start, what
+    they skip, and (``by_id``: the job has an id column) the source ids that committed rows already
+    hold, so that a resumed run marks a repeat of one ``duplicate_id`` as an uninterrupted run would."""
     if incremental and sink.parts:
         generation = max(int(p.get("generation", 0)) for p in sink.parts) + 1
-        return generation, 0, sink.committed_ids()
-    return 0, sink.committed_until(), None
+        return generation, 0, sink.committed_ids(), None
+    skip_until = sink.committed_until()
+    taken = sink.committed_ids(source_ids_only=True) if by_id and skip_until else None
+    return 0, skip_until, None, taken
 
 
 def _count(summary: RunSummary, window: Window, real: int, slots: int) -> None:
@@ -364,7 +377,7 @@ def _count(summary: RunSummary, window: Window, real: int, slots: int) -> None:
 
 def _totals(sink: RunWriter) -> dict[str, int]:
     """Row counts of every table over all committed parts (this run and earlier ones)."""
-    totals: dict[str, int] = {}
+    totals = dict.fromkeys(schema.TABLES, 0)  # an empty input still counts its (empty) tables
     for p in sink.parts:
         for table, n in p["rows"].items():
             totals[table] = totals.get(table, 0) + n

@@ -267,10 +267,11 @@ def run_job_ray(
         incremental = spec.on_existing == "incremental"
         on_existing = "resume" if incremental else spec.on_existing
         with writer_cls(spec.out, header, on_existing=on_existing) as sink:
-            generation, skip_until, skip_ids = resume_point(sink, incremental)
+            by_id = spec.id_col is not None
+            generation, skip_until, skip_ids, taken = resume_point(sink, incremental, by_id)
             summary.skipped_committed = skip_until if not incremental else len(skip_ids or ())
             t0 = time.perf_counter()
-            windows, _ = _ray_call(ray, lambda: plan_windows(ray, spec, skip_until, skip_ids))
+            windows, _ = _ray_call(ray, lambda: plan_windows(ray, spec, skip_until, skip_ids, taken))
             timings["read_plan"] = time.perf_counter() - t0
             if windows:
                 kwargs = dict(

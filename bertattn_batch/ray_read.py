@@ -29,7 +29,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import EngineError, InputError
-from .read import RowBatch, Source, _check_columns, _load_dataset, expand_inputs, to_rows
+from .read import (
+    RowBatch,
+    Source,
+    _load_dataset,
+    check_inputs,
+    csv_options,
+    to_rows,
+    wanted_columns,
+)
 from .spec import JobSpec
 
 #: Columns of a window block: the RowBatch fields, then the window's first row and its row count.
@@ -114,8 +122,6 @@ class WindowPlan:
 
 def _read_dataset(ray: Any, group: list[Source], wanted: list[str]) -> Any:
     """One Ray Dataset over consecutive sources of one format, read with Ray Data's own readers."""
-    import pyarrow.csv as pcsv
-
     fmt, paths = group[0].format, [str(s.path) for s in group]
     rd = ray.data
     if fmt == "parquet":
@@ -123,18 +129,9 @@ def _read_dataset(ray: Any, group: list[Source], wanted: list[str]) -> Any:
     if fmt == "jsonl":
         return rd.read_json(paths, partitioning=None, file_extensions=None).select_columns(wanted)
     if fmt in ("csv", "tsv"):
-        # Every wanted column as bytes, as the local reader does: invalid UTF-8 becomes a row's status.
+        parse, convert = csv_options(fmt, wanted)
         return rd.read_csv(
-            paths,
-            partitioning=None,
-            file_extensions=None,
-            parse_options=pcsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",", newlines_in_values=True),
-            convert_options=pcsv.ConvertOptions(
-                include_columns=wanted,
-                column_types={c: pa.binary() for c in wanted},
-                strings_can_be_null=False,
-                quoted_strings_can_be_null=False,
-            ),
+            paths, partitioning=None, file_extensions=None, parse_options=parse, convert_options=convert
         )
     if fmt == "text":
         return rd.read_text(paths, drop_empty_lines=False, file_extensions=None)
@@ -155,10 +152,8 @@ def _groups(sources: list[Source]) -> Iterator[list[Source]]:
 
 def _source_blocks(ray: Any, spec: JobSpec) -> list[_Block]:
     """Read every input with Ray Data; the blocks in input order, each with its first row number."""
-    wanted = [c for c in (spec.text_col, spec.id_col, spec.label_col) if c]
-    sources = expand_inputs(spec.inputs, spec.input_format)
-    for src in sources:  # check every source's columns before reading any of them, as read_rows does
-        _check_columns(src, wanted)
+    wanted = wanted_columns(spec.text_col, spec.id_col, spec.label_col)
+    sources = check_inputs(spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format)
     # Empty delimited, JSON and text files hold no rows; Ray's readers would reject some of them.
     sources = [s for s in sources if s.format in ("parquet", "datasets") or s.path.stat().st_size > 0]
     count = ray.remote(_num_rows)
@@ -188,10 +183,15 @@ def _source_blocks(ray: Any, spec: JobSpec) -> list[_Block]:
 
 
 def plan_windows(
-    ray: Any, spec: JobSpec, skip_until: int = 0, skip_ids: set[str] | None = None
+    ray: Any,
+    spec: JobSpec,
+    skip_until: int = 0,
+    skip_ids: set[str] | None = None,
+    taken_ids: set[str] | None = None,
 ) -> tuple[list[WindowPlan], int]:
     """Read the inputs and cut them into windows of ``spec.window`` rows (row numbers from 0 across all
-    inputs); returns the windows still to do, and the number of input rows."""
+    inputs); returns the windows still to do, and the number of input rows. ``taken_ids``: source ids
+    of rows already committed (see ``pipeline.resume_point``)."""
     from .pipeline import _select_rows  # the local engine's rule for skipped and repeated ids
 
     cols = (spec.text_col, spec.id_col, spec.label_col)
@@ -201,7 +201,7 @@ def plan_windows(
     keys_task = ray.remote(_block_keys)
     key_refs = [keys_task.remote(b.ref, b.first_row, cols) for b in blocks] if need_keys else []
     window_task = ray.remote(_window_block)
-    seen_ids: set[str] | None = set() if spec.id_col else None
+    seen_ids: set[str] | None = set(taken_ids or ()) if spec.id_col else None
     keys: dict[int, tuple[list[str], list[str]]] = {}
     windows: list[WindowPlan] = []
     first = 0  # the first block that can overlap the current window

@@ -6,13 +6,15 @@ Usage::
         batch.doc_id, batch.text, batch.label, batch.status
 
 Memory stays bounded whatever the corpus size: every format is read in blocks. Rows that cannot be
-read as text (a number, invalid UTF-8, a malformed JSON line) are yielded with a status, never dropped.
+read as text (a number, invalid UTF-8, a lone surrogate) are yielded with a status, never dropped; a
+line that is not JSON at all stops the job with its file and line number.
 """
 
 from __future__ import annotations
 
 import glob
 import json
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,10 +119,8 @@ def read_rows(
     block_rows: int = BLOCK_ROWS,
 ) -> Iterator[RowBatch]:
     """Yield RowBatches over all inputs in order; ``row_index`` counts across inputs from 0."""
-    sources = expand_inputs(inputs, input_format)
-    wanted = [c for c in (text_col, id_col, label_col) if c]
-    for src in sources:  # check every source's columns before streaming any of them
-        _check_columns(src, wanted)
+    sources = check_inputs(inputs, text_col, id_col, label_col, input_format)
+    wanted = wanted_columns(text_col, id_col, label_col)
     row = 0
     for src in sources:
         for cols in _read_columns(src, wanted, block_rows):
@@ -132,6 +132,47 @@ def read_rows(
                 row += n
             if limit is not None and row >= limit:
                 return
+
+
+def check_inputs(
+    inputs: Iterable[str],
+    text_col: str = "text",
+    id_col: str | None = None,
+    label_col: str | None = None,
+    input_format: str = "auto",
+) -> list[Source]:
+    """The sources, once every one is found, readable as its format and has the wanted columns.
+
+    Reads only names and headers, so a job can fail on a mistyped path or column at once, before it
+    loads a model or creates its run directory.
+    """
+    sources = expand_inputs(inputs, input_format)
+    wanted = wanted_columns(text_col, id_col, label_col)
+    for src in sources:
+        _refuse_compressed(src)
+        _check_columns(src, wanted)
+    return sources
+
+
+def wanted_columns(text_col: str, id_col: str | None, label_col: str | None) -> list[str]:
+    """The columns to read, text first, each once: one column may serve as both text and id."""
+    return list(dict.fromkeys(c for c in (text_col, id_col, label_col) if c))
+
+
+def csv_options(fmt: str, wanted: list[str]) -> tuple[pcsv.ParseOptions, pcsv.ConvertOptions]:
+    """How CSV and TSV files are parsed, for every engine.
+
+    Every wanted column is read as bytes, so that one row of invalid UTF-8 becomes that row's status.
+    An empty cell is a missing value; a quoted "" is an empty string.
+    """
+    parse = pcsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",", newlines_in_values=True)
+    convert = pcsv.ConvertOptions(
+        include_columns=wanted,
+        column_types={c: pa.binary() for c in wanted},
+        strings_can_be_null=True,
+        quoted_strings_can_be_null=False,
+    )
+    return parse, convert
 
 
 def to_rows(
@@ -152,14 +193,19 @@ def to_rows(
         doc_id = str(first_row + i)
         if id_col:
             raw_id = cols[id_col][i]
-            if raw_id is None:
+            if _is_null(raw_id):
                 status = "null_id" if status == "ok" else status
             else:
                 doc_id = _to_str(raw_id)
         raw_label = cols[label_col][i] if label_col else None
-        label = None if raw_label is None else _to_str(raw_label)
+        label = None if _is_null(raw_label) else _to_str(raw_label)
         batch.append(first_row + i, doc_id, text, label, status)
     return batch
+
+
+def _is_null(value: Any) -> bool:
+    """None, or a float NaN (how pandas writes a missing number)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _to_str(value: Any) -> str:
@@ -181,6 +227,11 @@ def _as_text(value: Any) -> tuple[str | None, str]:
             return None, "invalid_utf8"
     if not isinstance(value, str):
         return None, "not_text"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate, from a JSON escape such as "\udc80"
+            return None, "invalid_utf8"
     if not value.strip():
         return value, "empty_text"
     return value, "ok"
@@ -243,6 +294,22 @@ def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
         raise InputError(f"{src.path}: cannot read as {src.format}: {_first_line(e)}") from None
 
 
+#: Leading bytes of compressed files, which the line-based readers would read as garbage rows.
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
+
+
+def _refuse_compressed(src: Source) -> None:
+    if src.format not in ("csv", "tsv", "jsonl", "text"):
+        return
+    with open(src.path, "rb") as f:
+        head = f.read(4)
+    for magic, kind in _COMPRESSED.items():
+        if head.startswith(magic):
+            raise InputError(
+                f"{src.path} is {kind}-compressed; decompress it first (or convert it to Parquet)"
+            )
+
+
 def _read_parquet(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
     pf = pq.ParquetFile(src.path)
     for rb in pf.iter_batches(batch_size=block_rows, columns=wanted):
@@ -252,19 +319,12 @@ def _read_parquet(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
 def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
     if src.path.stat().st_size == 0 or not _column_names(src):
         return
-    # Read every wanted column as bytes so that one row of invalid UTF-8 becomes that row's status.
+    parse, convert = csv_options(src.format, wanted)
     reader = pcsv.open_csv(
         src.path,
         read_options=pcsv.ReadOptions(block_size=1 << 22),
-        parse_options=pcsv.ParseOptions(
-            delimiter="\t" if src.format == "tsv" else ",", newlines_in_values=True
-        ),
-        convert_options=pcsv.ConvertOptions(
-            include_columns=wanted,
-            column_types={c: pa.binary() for c in wanted},
-            strings_can_be_null=False,
-            quoted_strings_can_be_null=False,
-        ),
+        parse_options=parse,
+        convert_options=convert,
     )
     for rb in reader:
         yield {c: rb.column(c).to_pylist() for c in wanted}
@@ -273,6 +333,7 @@ def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[
 def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
     text_col = wanted[0]
     block: dict[str, list[Any]] = {c: [] for c in wanted}
+    checked = False  # keys are checked on a file's first readable object; later ones may omit them
     with open(src.path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
@@ -283,15 +344,17 @@ def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dic
                 obj = {text_col: raw}  # yields status invalid_utf8 for this row
             except json.JSONDecodeError as e:
                 raise InputError(f"{src.path}:{lineno}: not a JSON object: {e}") from None
-            if not isinstance(obj, dict):
-                raise InputError(f"{src.path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            if lineno == 1 or len(block[text_col]) == 0:
-                missing = [c for c in wanted if c not in obj]
-                if missing:
-                    raise InputError(
-                        f"{src.path}:{lineno}: no key {', '.join(repr(c) for c in missing)}; "
-                        f"keys there: {', '.join(obj) or '(none)'}"
-                    )
+            else:
+                if not isinstance(obj, dict):
+                    raise InputError(f"{src.path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+                if not checked:
+                    missing = [c for c in wanted if c not in obj]
+                    if missing:
+                        raise InputError(
+                            f"{src.path}:{lineno}: no key {', '.join(repr(c) for c in missing)}; "
+                            f"keys there: {', '.join(obj) or '(none)'}"
+                        )
+                    checked = True
             for c in wanted:
                 block[c].append(obj.get(c))
             if len(block[text_col]) >= block_rows:

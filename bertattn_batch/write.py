@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import schema
@@ -86,8 +87,10 @@ class RunWriter:
 
     def open(self) -> None:
         """Create a run, or reopen one made by the same job (rolling its parts forward)."""
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise RunDirError(f"{self.run_dir} is a file, not a folder; choose another --out")
         exists = (self.run_dir / MANIFEST).is_file()
-        if exists and self.on_existing == "overwrite":
+        if exists and (self.on_existing == "overwrite" or self._holds_nothing()):
             self._clear()
             exists = False
         if not exists and self.run_dir.is_dir() and any(self.run_dir.iterdir()):
@@ -145,12 +148,17 @@ class RunWriter:
         """Rows [0, n) of the input are committed (parts are written in input order)."""
         return max((p["end_row"] for p in self.parts), default=0)
 
-    def committed_ids(self) -> set[str]:
-        """Doc ids of every committed review (for incremental runs)."""
+    def committed_ids(self, source_ids_only: bool = False) -> set[str]:
+        """Doc ids of every committed review (for incremental runs).
+
+        ``source_ids_only``: leave out rows whose id was null (their doc id is only a row number).
+        """
         ids: set[str] = set()
         for p in self.parts:
-            f = self.run_dir / p["files"]["predictions"]
-            ids.update(pq.read_table(f, columns=["doc_id"]).column("doc_id").to_pylist())
+            t = pq.read_table(self.run_dir / p["files"]["predictions"], columns=["doc_id", "status"])
+            if source_ids_only:
+                t = t.filter(pc.not_equal(t["status"], "null_id"))
+            ids.update(t.column("doc_id").to_pylist())
         return ids
 
     def write_part(
@@ -251,6 +259,15 @@ class RunWriter:
                     raise RunDirError(
                         f"{self.run_dir}: part {table}/{p['name']} listed in the manifest is missing"
                     )
+
+    def _holds_nothing(self) -> bool:
+        """A run of ours that committed no part (its start failed, say on a mistyped input): nothing to
+        keep, so the corrected job may start afresh instead of being refused as another job."""
+        try:
+            old = read_manifest(self.run_dir)
+        except RunDirError:
+            return False
+        return old.get("format") == FORMAT and not old.get("parts")
 
     def _check_compatible(self, old: dict[str, Any]) -> None:
         if old.get("format") != FORMAT:

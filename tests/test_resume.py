@@ -141,6 +141,39 @@ def test_another_model_or_spec_is_refused(corpus, tiny_en_dir, minilm_dir, tmp_p
     assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
 
 
+def test_resume_keeps_marking_repeated_ids(drug_rows, tiny_en_dir, tmp_path):
+    """An id committed before an interruption still makes its later repeats duplicate_id."""
+    rows = [{"doc_id": f"r{i % 7}", "text": r["text"][:200]} for i, r in enumerate(drug_rows[:12])]
+    src = tmp_path / "dups.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), src)
+
+    def run(out: Path, *extra: str) -> None:
+        args = ["extract", str(src), "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "doc_id"]
+        r = runner.invoke(app, [*args, "--window", "3", "--no-progress", *extra])
+        assert r.exit_code == 0, r.output
+
+    run(tmp_path / "whole")
+    run(tmp_path / "resumed", "--limit", "6")  # stops after two parts, as a killed run would
+    run(tmp_path / "resumed")
+    whole, resumed = (_tables(tmp_path / name) for name in ("whole", "resumed"))
+    assert resumed["predictions"].column("status").to_pylist() == ["ok"] * 7 + ["duplicate_id"] * 5
+    for table in schema.TABLES:
+        assert resumed[table].equals(whole[table]), table
+
+
+def test_a_run_that_committed_nothing_does_not_block_the_next(corpus, tiny_en_dir, tmp_path):
+    """A job that failed before its first part (here: a column that is not there) leaves nothing that
+    stops the corrected job from using the same --out."""
+    out = tmp_path / "run"
+    r = runner.invoke(app, [*_args(corpus, tiny_en_dir, out), "--text-col", "txt"])
+    assert r.exit_code == 1 and "no column 'txt'" in r.output
+    with RunWriter(out, {"fingerprint": {"inputs": ["elsewhere"]}}):
+        pass  # a run of another job that stopped before it committed a part
+    r = runner.invoke(app, _args(corpus, tiny_en_dir, out))
+    assert r.exit_code == 0, r.output
+    assert read_table(out, "predictions").num_rows == 60
+
+
 def test_incremental_processes_only_new_ids(drug_rows, tiny_en_dir, tmp_path):
     src = tmp_path / "in.parquet"
     rows = [{"doc_id": r["doc_id"], "text": r["text"][:300]} for r in drug_rows[:30]]

@@ -61,3 +61,29 @@ def test_truncation_is_recorded(minilm_dir):
     padded = " " * 10_000 + "tail"  # the pre-cut would drop the only word: it must not
     (d,) = encode_texts(clf.tokenizer, [padded], 4)
     assert not d.truncated and d.n_tokens == 3
+
+
+def test_pre_cut_matches_the_tokenizer_on_the_whole_text(minilm_dir, tiny_zh_dir):
+    """Long reviews are cut before tokenizing; the ids and the truncation flag must still be the
+    tokenizer's own on the whole text (oracle: the library tokenizer, no cut), whatever the words."""
+    from transformers import AutoTokenizer
+
+    long_word = "a" * 101 + " " + "b" * 101 + " " + "c" * 150  # words over 100 letters are one [UNK]
+    cases = [
+        long_word,
+        "x" * 400,  # one word, cut in its middle
+        "word " * 200,
+        "long" + "y" * 300 + " tail",
+        "好" * 600,  # no whitespace at all
+        "差评" * 100 + "a" * 200,
+        "ok " + "z" * 90 + " " + "w" * 500,
+    ]
+    for model_dir in (minilm_dir, tiny_zh_dir):
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        for max_length in (4, 8, 16):
+            got = encode_texts(tok, cases, max_length)
+            for text, enc in zip(cases, got, strict=True):
+                full = tok(text, truncation=False)["input_ids"]
+                want = tok(text, truncation=True, max_length=max_length)["input_ids"]
+                assert enc.ids.tolist() == want, (text[:20], max_length)
+                assert enc.truncated == (len(full) > max_length), (text[:20], max_length)
