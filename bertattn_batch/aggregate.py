@@ -90,18 +90,21 @@ def aggregates_path(run_dir: str | Path) -> Path:
 
 
 def committed_parts(run_dir: str | Path) -> list[tuple[str, Path, Path]]:
-    """(part name, cls_attention file, predictions file) of every committed part, in name order.
-
-    Committed files are named ``part-*.parquet``; temporaries start with ``_`` and are never read.
-    """
+    """(part name, cls_attention file, predictions file) of every part the manifest commits, in name
+    order. The manifest, not the folder, says what is committed: a stray file is never read, and a
+    committed file that is missing stops the aggregate rather than leaving its reviews out."""
     run = Path(run_dir)
-    read_manifest(run)  # raises a clear error when this is not a run directory
+    parts = read_manifest(run).get("parts", [])  # raises a clear error when this is not a run directory
     out = []
-    for attn in sorted((run / "cls_attention").glob("part-*.parquet")):
-        preds = run / "predictions" / attn.name
-        if not preds.is_file():
-            raise RunDirError(f"{run}: predictions/{attn.name} is missing for cls_attention/{attn.name}")
-        out.append((attn.name, attn, preds))
+    for part in sorted(parts, key=lambda p: p["name"]):
+        attn, preds = (run / part["files"][t] for t in ("cls_attention", "predictions"))
+        missing = [str(f.relative_to(run)) for f in (attn, preds) if not f.is_file()]
+        if missing:
+            raise RunDirError(
+                f"{run}: {', '.join(missing)} is committed in the manifest but missing; "
+                "bertattn validate tells what else is wrong"
+            )
+        out.append((part["name"], attn, preds))
     return out
 
 
@@ -264,6 +267,8 @@ def aggregate(
     manifest = read_manifest(run)
     parts = committed_parts(run)
     if not parts:
+        if manifest.get("status") == "complete":
+            raise RunDirError(f"{run} holds no reviews to aggregate: its input had no rows")
         raise RunDirError(f"{run} has no committed parts yet; run bertattn extract first")
     model_type = manifest.get("model", {}).get("model_type", "bert")
     if "word" in units and model_type in NON_WORDPIECE_MODELS:
@@ -328,12 +333,15 @@ def read_aggregates(run_dir: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
     return pl.read_parquet(path), meta
 
 
-def is_current(run_dir: str | Path) -> bool:
-    """True when the written aggregates cover exactly the run's committed parts."""
+def is_current(run_dir: str | Path, min_reviews: int | None = None) -> bool:
+    """True when the written aggregates cover exactly the run's committed parts (and were computed with
+    ``min_reviews``, where given)."""
     path = aggregates_path(run_dir)
     if not path.is_file():
         return False
     _, meta = read_aggregates(run_dir)
+    if min_reviews is not None and meta.get("options", {}).get("min_reviews") != min_reviews:
+        return False
     return meta.get("parts") == [name for name, _, _ in committed_parts(run_dir)]
 
 
@@ -351,6 +359,15 @@ def top_tokens(
     return out.sort(["layer", "class_label", "head", "rank"], nulls_last=False)
 
 
+def check_top_options(k: int, unit: str, split: str) -> None:
+    """What format_top can print; checked by the CLI before the aggregate is computed."""
+    if unit not in UNITS or split not in SPLITS or k < 1:
+        raise SpecError(
+            f"--unit must be one of {', '.join(UNITS)}, --by one of {', '.join(SPLITS)} and --top-k at "
+            f"least 1; got {unit!r}, {split!r}, {k}"
+        )
+
+
 def format_top(
     table: pl.DataFrame,
     k: int = 5,
@@ -360,8 +377,11 @@ def format_top(
     measure: str = "mean_scaled",
 ) -> str:
     """A compact text table: one line per head, its top k tokens with their measure."""
+    check_top_options(k, unit, split)
     top = top_tokens(table, k, unit, split, layers)
     if top.is_empty():
+        if split == "label" and table.filter(pl.col("split") == "label").is_empty():
+            return "this run has no input labels (extract with --label-col) to split by"
         return f"no {unit}s pass the filter for split {split!r}; lower --min-reviews"
     blocks = []
     for (layer, cls), group in top.group_by(["layer", "class_label"], maintain_order=True):

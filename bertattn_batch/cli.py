@@ -250,7 +250,7 @@ def finetune(
     out: Annotated[str | None, typer.Option(help="Folder to save the classifier to (safetensors).")] = None,
     job: Annotated[
         Path | None,
-        typer.Option(help="Take inputs, columns, --out and settings from a job spec's [finetune] table."),
+        typer.Option(help="Take inputs, columns, --out and settings from a job spec's \\[finetune] table."),
     ] = None,
     base: Annotated[
         str | None,
@@ -278,6 +278,10 @@ def finetune(
     eval_fraction: Annotated[
         float | None, typer.Option(help="Share of rows held out for accuracy and macro-F1.")
     ] = None,
+    min_char_count: Annotated[
+        int | None,
+        typer.Option(help="From scratch: keep characters seen at least this often in the training split."),
+    ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
     debug: Debug = False,
 ) -> None:
@@ -294,6 +298,7 @@ def finetune(
         "learning_rate": learning_rate,
         "seed": seed,
         "eval_fraction": eval_fraction,
+        "min_char_count": min_char_count,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
 
@@ -379,8 +384,9 @@ def aggregate(
     """Token influence by head: write RUN/aggregates/token_influence.parquet and print the top tokens."""
     _setup(debug)
     from .aggregate import aggregate as run_aggregate
-    from .aggregate import format_top
+    from .aggregate import check_top_options, format_top
 
+    _call(lambda: check_top_options(top_k, unit, by))
     result = _call(lambda: run_aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by))
     typer.echo(format_top(result.table, k=top_k, unit=unit, split=by, measure=rank_by))
     typer.echo(result.line())

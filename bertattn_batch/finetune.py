@@ -212,7 +212,7 @@ def _base_model(path: str, names: list[str]) -> Any:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report lists the new head as missing: expected here
     try:
-        return AutoModelForSequenceClassification.from_pretrained(
+        model = AutoModelForSequenceClassification.from_pretrained(
             path,
             num_labels=len(names),
             id2label=dict(enumerate(names)),
@@ -220,12 +220,35 @@ def _base_model(path: str, names: list[str]) -> Any:
             use_safetensors=True,
             attn_implementation="sdpa",
             trust_remote_code=False,
+            ignore_mismatched_sizes=True,  # a classifier base with another number of labels
         )
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RuntimeError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelError(f"cannot load base model {path}: {first}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
+    _fresh_head(model)
+    return model
+
+
+def _fresh_head(model: Any) -> None:
+    """Initialise every module outside the encoder anew (seeded by the caller).
+
+    A base that is itself a classifier would otherwise keep its head, and with it the meaning of its
+    label ids under the new names: ``--labels pos,neg`` on a neg,pos model would invert every prediction.
+    """
+    std = float(getattr(model.config, "initializer_range", 0.02))
+    with torch.no_grad():
+        for name, child in model.named_children():
+            if name == model.base_model_prefix:
+                continue
+            for module in child.modules():  # as BERT initialises: N(0, std) weights, zero biases
+                if isinstance(module, torch.nn.Linear):
+                    module.weight.normal_(0.0, std)
+                    if module.bias is not None:
+                        module.bias.zero_()
+                elif isinstance(module, torch.nn.LayerNorm):
+                    module.reset_parameters()
 
 
 # --------------------------------------------------------------------------------------------- batching
@@ -400,18 +423,20 @@ def _finetune(
         model = _base_model(base_path, names)
     tok_size = len(tokenizer)
     if tok_size <= len(SPECIAL_TOKENS):
-        raise ModelError(f"tokenizer has only {tok_size} tokens: its vocabulary was not loaded")
+        raise ModelError(f"tokenizer has only {tok_size} tokens: {_vocabulary_hint(spec, base_path)}")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     max_length = min(spec.max_length, int(getattr(model.config, "max_position_embeddings", 512)))
 
     def encode(rows: np.ndarray) -> list[list[int]]:
+        if len(rows) == 0:  # eval_fraction 0: nothing held out
+            return []
         enc = tokenizer([texts[i] for i in rows], truncation=True, max_length=max_length)
         return [list(x) for x in enc["input_ids"]]
 
     train_ids, eval_ids = encode(train_idx), encode(eval_idx)
     unk_share = _unk_share(train_ids, tokenizer.unk_token_id)
     if unk_share > 0.5:
-        raise ModelError(f"{unk_share:.0%} of training tokens are [UNK]: the tokenizer does not fit the text")
+        raise ModelError(f"{unk_share:.0%} of training tokens are [UNK]: {_vocabulary_hint(spec, base_path)}")
 
     fit = _train(model, train_ids, y[train_idx], pad_id, spec, progress)
     y_eval = y[eval_idx]
@@ -498,6 +523,17 @@ def _train(
         "shortened": step < planned,
         "final_loss": round(loss_ema, 5) if loss_ema is not None else None,
     }
+
+
+def _vocabulary_hint(spec: FinetuneSpec, base_path: str | None) -> str:
+    """Why a vocabulary misses the text: the base's tokenizer, or (from scratch) a small corpus."""
+    if base_path is not None:
+        return f"the tokenizer of {base_path} does not fit the text"
+    return (
+        f"the character vocabulary keeps characters seen at least {spec.min_char_count} times in the "
+        "training split; on a small corpus lower min_char_count (--min-char-count, or the job's "
+        "[finetune] table)"
+    )
 
 
 def _unk_share(ids: list[list[int]], unk_id: int | None) -> float:
@@ -611,6 +647,11 @@ def finetune_files(
                 labels.append(label)
     kept = Counter(labels)
     where = f"{', '.join(inputs)} (column {label_col!r})"
+    if len(kept) > max(100, len(labels) // 2):  # nearly one label per row: texts or ids, not classes
+        raise InputError(
+            f"{where} has {len(kept)} distinct labels among {len(labels)} rows "
+            f"(e.g. {', '.join(repr(k[:40]) for k in list(kept)[:3])}): is it the label column?"
+        )
     among = f" among finetune.labels {spec.labels}; labels there: {sorted(seen)[:10]}" if wanted else ""
     if len(kept) < 2:
         raise InputError(
@@ -620,7 +661,9 @@ def finetune_files(
     if wanted is not None and len(kept) < len(wanted):
         raise InputError(f"finetune.labels {sorted(wanted - set(kept))} have no rows in {where}{among}")
     if min(kept.values()) < 2:
+        rare = {k: n for k, n in kept.items() if n < 2}
         raise InputError(
-            f"too few labelled rows to train: {where} has {dict(kept)}; need at least 2 per label"
+            f"too few labelled rows to train: {where} has {len(rare)} label(s) with one row "
+            f"(e.g. {', '.join(repr(k[:40]) for k in list(rare)[:3])}); need at least 2 per label"
         )
     return finetune(texts, labels, out_dir, spec, progress=progress)

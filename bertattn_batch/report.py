@@ -26,6 +26,7 @@ import polars as pl
 
 from . import aggregate as agg
 from . import fonts, htmlpage, plot
+from .errors import SpecError
 from .write import read_manifest
 
 REPORT_NAME = "report.html"
@@ -258,10 +259,16 @@ def build_report(
 ) -> Path:
     """Write the run's report page; aggregates are (re)computed first when missing or out of date."""
     t0 = time.perf_counter()
+    if examples < 0 or top_k < 1:
+        raise SpecError(
+            f"--examples must not be negative and --top-k must be at least 1; got {examples}, {top_k}"
+        )
+    if out is not None and Path(out).suffix.lower() not in (".html", ".htm"):
+        raise SpecError(f"the report is an HTML page; name it .html, not {Path(out).name}")
     run = Path(run_dir)
     manifest = read_manifest(run)
     idx = plot.run_layer(manifest, layer)
-    if not agg.is_current(run):
+    if not agg.is_current(run, min_reviews):
         agg.aggregate(run, min_reviews=min_reviews)
     table, meta = agg.read_aggregates(run)
     preds = _ok_predictions(run)
@@ -270,7 +277,7 @@ def build_report(
         _summary_html(manifest, preds),
         _confusion_html(confusion(preds, labels)) if not preds.is_empty() else "",
         _tokens_html(table, meta, idx, top_k),
-        _examples_html(run, confident(preds, examples), idx) if not preds.is_empty() else "",
+        _examples_html(run, confident(preds, examples), idx) if examples and not preds.is_empty() else "",
         f'<p class="meta">Written {time.strftime("%Y-%m-%d %H:%M")} by bertattn report in '
         f"{time.perf_counter() - t0:.1f}s.</p>",
     ]

@@ -12,6 +12,7 @@ describe the same job::
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -70,11 +71,31 @@ class FinetuneSpec:
                 raise SpecError(f"finetune.{name} must be in [0, 1), got {getattr(self, name)}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise SpecError(f"finetune.label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        if self.epochs <= 0 or (self.learning_rate is not None and self.learning_rate <= 0):
-            raise SpecError("finetune.epochs and finetune.learning_rate must be positive")
+        for name in ("epochs", "learning_rate", "max_train_seconds"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise SpecError(f"finetune.{name} must be a positive number, got {value}")
+        if not 0.0 <= self.warmup_ratio < 1.0 or not (
+            math.isfinite(self.weight_decay) and self.weight_decay >= 0
+        ):
+            raise SpecError(
+                f"finetune.warmup_ratio must be in [0, 1) and weight_decay not negative, "
+                f"got {self.warmup_ratio} and {self.weight_decay}"
+            )
+        if not 0 <= self.seed < 2**32:
+            raise SpecError(f"finetune.seed must be in [0, 2**32), got {self.seed}")
+        if self.threads is not None and self.threads < 1:
+            raise SpecError(f"finetune.threads must be at least 1, got {self.threads}")
         if self.max_length < 3:
             raise SpecError(f"finetune.max_length must be at least 3, got {self.max_length}")
-        for name in ("batch_size", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
+        for name in (
+            "batch_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "intermediate_size",
+            "min_char_count",
+        ):
             if getattr(self, name) < 1:
                 raise SpecError(f"finetune.{name} must be at least 1, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads:
@@ -118,6 +139,10 @@ class JobSpec:
             self.inputs = [self.inputs]
         if not self.inputs:
             raise SpecError("no inputs given")
+        if not str(self.out).strip() or not str(self.model).strip():
+            raise SpecError(
+                "out and model must name a folder (or, for model, a hub name); got an empty string"
+            )
         _choice("dtype", self.dtype, DTYPES)
         _choice("attention", self.attention, ATTENTION_MODES)
         _choice("on_existing", self.on_existing, ON_EXISTING)
@@ -135,6 +160,15 @@ class JobSpec:
         if self.limit is not None and self.limit < 0:
             raise SpecError(f"limit must not be negative, got {self.limit}")
         ft = self.finetune
+        bad = [
+            i
+            for i in self.layers
+            if ft is not None and ft.base is None and not -ft.num_layers <= i < ft.num_layers
+        ]
+        if bad:  # found before training, not after
+            raise SpecError(
+                f"layers {bad} are out of range for the {ft.num_layers}-layer model that [finetune] trains"
+            )
         if ft is not None and ft.base is None and (self.max_length or 0) > ft.max_length:
             raise SpecError(
                 f"max_length {self.max_length} exceeds finetune.max_length {ft.max_length}: a model trained "
@@ -215,7 +249,7 @@ def load_job(path: str | Path, **overrides: Any) -> JobSpec:
     if not path.is_file():
         raise SpecError(f"job spec not found: {path}")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # an editor's byte-order mark too
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{path}: not valid TOML: {e}") from None
     data.update({k: v for k, v in overrides.items() if v is not None})

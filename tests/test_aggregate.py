@@ -311,6 +311,29 @@ def test_cli_prints_the_top_tokens(run_dir):
     assert "wrote " in r.output and "token_influence.parquet" in r.output
 
 
+def test_cli_refuses_options_it_cannot_print(run_dir):
+    for option in (["--unit", "words"], ["--by", "foo"], ["--top-k", "0"]):
+        r = CliRunner().invoke(app, ["aggregate", str(run_dir), *option])
+        assert r.exit_code == 1 and "--unit must be one of token, word" in r.output, option
+
+
+def test_the_manifest_decides_which_parts_are_read(run_dir, tmp_path):
+    """A stray part file is not read; a committed one that is missing stops the aggregate."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    shutil.rmtree(run / agg.AGGREGATES_DIR, ignore_errors=True)
+    first = sorted((run / "cls_attention").glob("part-*.parquet"))[0]
+    shutil.copy(first, run / "cls_attention" / "part-000000009999.parquet")  # not in the manifest
+    assert [name for name, _, _ in agg.committed_parts(run)] == [
+        name for name, _, _ in agg.committed_parts(run_dir)
+    ]
+    first.unlink()
+    with pytest.raises(agg.RunDirError, match="committed in the manifest but missing"):
+        agg.aggregate(run, min_reviews=MIN_REVIEWS)
+
+
 def test_cli_refuses_what_is_not_a_run(tmp_path):
     r = CliRunner().invoke(app, ["aggregate", str(tmp_path)])
     assert r.exit_code == 1

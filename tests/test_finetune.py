@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from bertattn_batch.errors import InputError, ModelError, SpecError
 from bertattn_batch.finetune import (
@@ -264,3 +265,52 @@ def test_pretrained_base_fine_tunes(drug_rows, tmp_path: Path) -> None:
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "en")
     assert model.config.id2label == {0: "negative", 1: "positive"}
     assert len(AutoTokenizer.from_pretrained(tmp_path / "en")) == 30522
+
+
+def test_no_held_out_split(tmp_path: Path) -> None:
+    texts, labels = ["好极了", "太差了"] * 8, ["pos", "neg"] * 8
+    spec = FinetuneSpec(**TINY, epochs=1.0, eval_fraction=0.0, min_char_count=1)
+    metrics = finetune(texts, labels, tmp_path / "m", spec, progress=False)
+    assert metrics["accuracy"] is None and metrics["n_train"] == 16 and metrics["n_eval"] == 0
+
+
+def test_a_classifier_base_gets_a_fresh_head(tiny_zh_dir, tmp_path: Path) -> None:
+    """A base that is itself a classifier: its head is not kept (new label ids mean new rows), and a
+    base with another number of labels loads instead of failing on the head's shape."""
+    from safetensors.torch import load_file
+
+    texts = ["好极了", "很好用", "太差了", "差评啊", "一般般", "还行吧"] * 4
+    labels = ["good", "good", "bad", "bad", "meh", "meh"] * 4
+    old = load_file(tiny_zh_dir / "model.safetensors")
+    spec = FinetuneSpec(base=str(tiny_zh_dir), epochs=1.0, max_length=16, learning_rate=1e-12)
+    finetune(texts, labels, tmp_path / "three", spec, progress=False)  # the base has 2 labels
+    swapped = ["neg" if lab == "bad" else "pos" for lab in labels[:16]]
+    spec = FinetuneSpec(
+        base=str(tiny_zh_dir), epochs=1.0, max_length=16, learning_rate=1e-12, labels=["pos", "neg"]
+    )
+    finetune(texts[:16], swapped, tmp_path / "two", spec, progress=False)
+    new = load_file(tmp_path / "two" / "model.safetensors")
+    head = [k for k in old if not k.startswith("bert.")]
+    encoder = [k for k in old if k.startswith("bert.encoder.")]
+    assert head and all(not torch.allclose(old[k], new[k]) for k in head if k.endswith("weight"))
+    assert all(torch.allclose(old[k], new[k], atol=1e-6) for k in encoder)  # learning rate ~0: kept
+
+
+def test_messages_name_the_real_problem(tmp_path: Path) -> None:
+    texts = [f"评论{i}号" for i in range(300)]
+    with pytest.raises(InputError, match="300 distinct labels among 300 rows") as e:
+        finetune_files(
+            [_write(tmp_path / "t.parquet", [{"text": t, "label": t} for t in texts])],
+            "text",
+            "label",
+            tmp_path / "m",
+            FinetuneSpec(**TINY),
+        )
+    assert len(str(e.value)) < 300  # not every label listed
+    rows = [
+        {"text": t, "label": lab}
+        for t, lab in zip(["甲乙", "丙丁", "戊己", "庚辛"] * 2, ["p", "n"] * 4, strict=True)
+    ]
+    spec = FinetuneSpec(**{**TINY, "max_length": 16}, epochs=1.0, eval_fraction=0.25)
+    with pytest.raises(ModelError, match="lower min_char_count"):
+        finetune_files([_write(tmp_path / "small.parquet", rows)], "text", "label", tmp_path / "m", spec)

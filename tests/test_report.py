@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 from bertattn_batch import aggregate as agg
 from bertattn_batch import report
 from bertattn_batch.cli import app
+from bertattn_batch.errors import SpecError
 from bertattn_batch.pipeline import run_job
 from bertattn_batch.spec import JobSpec
 
@@ -103,6 +104,18 @@ def test_report_recomputes_stale_aggregates(run_dir, page, tmp_path):
     assert not agg.is_current(run_dir)
     report.build_report(run_dir, out=tmp_path / "r.html", examples=1, min_reviews=2)
     assert agg.is_current(run_dir)
+
+
+def test_report_options(run_dir, tmp_path):
+    """No examples on request; the page's min-reviews is the one asked for; only .html is written."""
+    out = tmp_path / "r.html"
+    report.build_report(run_dir, out=out, examples=0, min_reviews=3)
+    html = out.read_text(encoding="utf-8")
+    assert "at least 3 reviews" in html and html.count("data:image/png;base64,") == 1  # no examples
+    assert agg.read_aggregates(run_dir)[1]["options"]["min_reviews"] == 3
+    for kwargs in ({"examples": -1}, {"top_k": 0}, {"out": tmp_path / "r.png"}):
+        with pytest.raises(SpecError):
+            report.build_report(run_dir, **{"out": out, **kwargs})
 
 
 def test_cli_writes_the_report(run_dir, tmp_path):

@@ -33,6 +33,30 @@ def test_shipped_jobs_load():
         ('inputs = ["a"]\nmodel = "m"\n', "missing key(s) out"),
         ('inputs = ["a"]\nmodel = "m"\nout = "o"\nlayers = []\n', "at least one layer"),
         ('inputs = ["a"\n', "not valid TOML"),
+        ('inputs = ["a"]\nmodel = "m"\nout = ""\n', "out and model must name a folder"),
+        (
+            'inputs = ["a"]\nmodel = "m"\nout = "o"\n[finetune]\nepochs = inf\n',
+            "epochs must be a positive number",
+        ),
+        (
+            'inputs = ["a"]\nmodel = "m"\nout = "o"\n[finetune]\nlearning_rate = nan\n',
+            "learning_rate must be",
+        ),
+        (
+            'inputs = ["a"]\nmodel = "m"\nout = "o"\n[finetune]\nmax_train_seconds = -5\n',
+            "max_train_seconds must",
+        ),
+        ('inputs = ["a"]\nmodel = "m"\nout = "o"\n[finetune]\nthreads = 0\n', "threads must be at least 1"),
+        ('inputs = ["a"]\nmodel = "m"\nout = "o"\n[finetune]\nseed = -1\n', "seed must be in"),
+        ('inputs = ["a"]\nmodel = "m"\nout = "o"\n[finetune]\nwarmup_ratio = 1.5\n', "warmup_ratio must be"),
+        (
+            'inputs = ["a"]\nmodel = "m"\nout = "o"\n[finetune]\nmin_char_count = 0\n',
+            "min_char_count must be at",
+        ),
+        (
+            'inputs = ["a"]\nmodel = "m"\nout = "o"\n[finetune]\nnum_layers = 1\n',
+            "out of range for the 1-layer",
+        ),
     ],
 )
 def test_bad_specs_are_refused(tmp_path, body, message):
@@ -52,3 +76,9 @@ def test_direct_construction_validates():
         JobSpec(inputs=["a"], model="m", out="o", device="tpu")
     with pytest.raises(SpecError, match="repeated"):
         JobSpec(inputs=["a"], model="m", out="o", layers=[-2, -2])
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path):
+    p = tmp_path / "job.toml"
+    p.write_bytes('\ufeffinputs = ["a"]\nmodel = "m"\nout = "o"\n'.encode())
+    assert load_job(p).out == "o"
