@@ -212,7 +212,7 @@ def _base_model(path: str, names: list[str]) -> Any:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report lists the new head as missing: expected here
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(
+        model, info = AutoModelForSequenceClassification.from_pretrained(
             path,
             num_labels=len(names),
             id2label=dict(enumerate(names)),
@@ -221,22 +221,30 @@ def _base_model(path: str, names: list[str]) -> Any:
             attn_implementation="sdpa",
             trust_remote_code=False,
             ignore_mismatched_sizes=True,  # a classifier base with another number of labels
+            output_loading_info=True,
         )
     except (OSError, ValueError, RuntimeError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelError(f"cannot load base model {path}: {first}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    _fresh_head(model)
+    new = set(info.get("missing_keys", [])) | {
+        k if isinstance(k, str) else k[0] for k in info.get("mismatched_keys", [])
+    }
+    _fresh_head(model, new)
     return model
 
 
-def _fresh_head(model: Any) -> None:
-    """Initialise every module outside the encoder anew (seeded by the caller).
+def _fresh_head(model: Any, new: set[str]) -> None:
+    """Initialise every module outside the encoder anew (seeded by the caller), unless none of its
+    parameters came from the checkpoint (``new``: the keys the load initialised itself).
 
     A base that is itself a classifier would otherwise keep its head, and with it the meaning of its
     label ids under the new names: ``--labels pos,neg`` on a neg,pos model would invert every prediction.
     """
+    prefix = f"{model.base_model_prefix}."
+    if all(name in new for name, _ in model.named_parameters() if not name.startswith(prefix)):
+        return  # a plain encoder: its head is new already
     std = float(getattr(model.config, "initializer_range", 0.02))
     with torch.no_grad():
         for name, child in model.named_children():
