@@ -360,7 +360,7 @@ def resume_point(
         generation = max(int(p.get("generation", 0)) for p in sink.parts) + 1
         return generation, 0, sink.committed_ids(), None
     skip_until = sink.committed_until()
-    taken = sink.committed_ids(source_ids_only=True) if by_id and skip_until else None
+    taken = sink.committed_ids() if by_id and skip_until else None
     return 0, skip_until, None, taken
 
 

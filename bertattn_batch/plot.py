@@ -73,6 +73,34 @@ class ReviewAttention:
         return " · ".join(parts)
 
 
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (RoBERTa's tokens): a printable character for each byte, inverted."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars, shifted = list(printable), 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + shifted)
+            shifted += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+_BYTES = _byte_decoder()
+_SHIFTED = {c for c, b in _BYTES.items() if ord(c) >= 256}  # bytes with no printable self: 'Ġ' (space)
+
+
+def readable(tokens: list[str]) -> list[str]:
+    """Tokens as a reader sees them. Byte-level BPE tokens (RoBERTa: 'Ġgood', 'cafÃ©') are decoded back
+    to their text; a piece holding part of a character shows '�'. Other tokens are kept as they are."""
+    if not any(c in _SHIFTED for t in tokens for c in t) or not all(c in _BYTES for t in tokens for c in t):
+        return list(tokens)
+    out = []
+    for t in tokens:
+        text = bytes(_BYTES[c] for c in t).decode("utf-8", errors="replace")
+        out.append(text.strip() or repr(text)[1:-1])  # a space of its own shows as its escape, e.g. \xa0
+    return out
+
+
 def from_rows(rows: pl.DataFrame, doc_id: str, layer: int) -> ReviewAttention:
     """Build a review from its cls_attention rows at one layer (any row order)."""
     rows = rows.filter((pl.col("doc_id") == doc_id) & (pl.col("layer") == layer)).sort(["head", "position"])
@@ -289,7 +317,7 @@ def cls_figure(review: ReviewAttention, tokens_per_row: int = TOKENS_PER_ROW):
     Laid out by hand in inches (cells, label bands, colour bar): matplotlib's automatic layouts
     measure every tick label several times, which dominates the cost of a long review.
     """
-    labels = [fonts.label(t) for t in review.tokens]
+    labels = [fonts.label(t) for t in readable(review.tokens)]
     title = fonts.label(review.title())
     plt = _pyplot([*labels, title])
     n, heads = len(review.tokens), review.num_heads
@@ -343,7 +371,7 @@ def pairs_figure(review: ReviewAttention, columns: int = 4):
     """The second seed's picture: token x token attention of every head (rows: queries)."""
     if review.pairs is None or review.pair_tokens is None:
         raise SpecError("no token x token matrices: load the review with pairs (--pairs)")
-    labels = [fonts.label(t) for t in review.pair_tokens]
+    labels = [fonts.label(t) for t in readable(review.pair_tokens)]
     title = fonts.label(review.title()) + " · token x token (row: query)"
     plt = _pyplot([*labels, title])
     heads, size = review.pairs.shape[0], review.pairs.shape[1]
@@ -387,14 +415,15 @@ def _turn_long_labels(ax) -> None:
 
 def cls_html(review: ReviewAttention) -> str:
     """The heads x tokens heatmap as an HTML table (real text; tooltips give both weights)."""
+    tokens = readable(review.tokens)
     tips = np.empty(review.scaled.shape, dtype=object)
     for h in range(review.num_heads):
-        for j, tok in enumerate(review.tokens):
+        for j, tok in enumerate(tokens):
             tips[h, j] = (
                 f"head {h} · {tok} · scaled {review.scaled[h, j]:.3f} · raw {review.weight[h, j]:.5f}"
             )
     return htmlpage.heat_table(
-        review.scaled, review.tokens, [f"head {h}" for h in range(review.num_heads)], tips=tips
+        review.scaled, tokens, [f"head {h}" for h in range(review.num_heads)], tips=tips
     )
 
 

@@ -170,7 +170,7 @@ def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token"):
     rows = table.filter((pl.col("unit") == unit) & (pl.col("split") == "all") & (pl.col("layer") == layer))
     top = rows.filter(pl.col("rank") <= k).sort(["head", "rank"])
     tokens = list(dict.fromkeys(top["token"].to_list()))
-    labels = [fonts.label(t) for t in tokens]
+    labels = [fonts.label(t) for t in plot.readable(tokens)]
     plt = plot._pyplot(labels)
     heads = sorted(rows["head"].unique().to_list())
     values = np.full((len(heads), len(tokens)), np.nan)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -135,8 +136,10 @@ class JobSpec:
     finetune: FinetuneSpec | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.inputs, str):
+        if isinstance(self.inputs, (str, os.PathLike)):
             self.inputs = [self.inputs]
+        self.inputs = [os.fspath(p) for p in self.inputs]  # pathlib.Path too, from a notebook
+        self.model, self.out = os.fspath(self.model), os.fspath(self.out)
         if not self.inputs:
             raise SpecError("no inputs given")
         if not str(self.out).strip() or not str(self.model).strip():

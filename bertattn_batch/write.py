@@ -148,17 +148,14 @@ class RunWriter:
         """Rows [0, n) of the input are committed (parts are written in input order)."""
         return max((p["end_row"] for p in self.parts), default=0)
 
-    def committed_ids(self, source_ids_only: bool = False) -> set[str]:
-        """Doc ids of every committed review (for incremental runs).
-
-        ``source_ids_only``: leave out rows whose id was null (their doc id is only a row number).
-        """
+    def committed_ids(self) -> set[str]:
+        """Source ids of every committed review: rows whose id was null are left out, as their doc id is
+        only a row number (an incremental pass records them again, and a real id equal to that number is
+        still new)."""
         ids: set[str] = set()
         for p in self.parts:
             t = pq.read_table(self.run_dir / p["files"]["predictions"], columns=["doc_id", "status"])
-            if source_ids_only:
-                t = t.filter(pc.not_equal(t["status"], "null_id"))
-            ids.update(t.column("doc_id").to_pylist())
+            ids.update(t.filter(pc.not_equal(t["status"], "null_id")).column("doc_id").to_pylist())
         return ids
 
     def write_part(

@@ -220,3 +220,22 @@ def test_cli_plots_a_run_and_a_text(en_run, tiny_zh_dir, tmp_path):
         app, ["plot", str(en_run), "--doc-id", doc, "--layer", "0", "--out", str(tmp_path / "d.png")]
     )
     assert r.exit_code == 1 and "holds layers [1, 2]" in r.output
+
+
+def test_byte_level_tokens_are_shown_as_text():
+    """RoBERTa's byte-level BPE pieces ('Ġcaf', 'Ã©') are labelled with their text; the oracle is the
+    tokenizers library's own ByteLevel decoder. WordPiece and CJK tokens are left alone."""
+    from tokenizers import ByteLevelBPETokenizer, decoders
+
+    from bertattn_batch.plot import readable
+
+    texts = ["naïve café 😀 good drug", "a\xa0b … bad side effects", "好药 worked"]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(texts * 20, vocab_size=300, min_frequency=1, show_progress=False)
+    tokens = [t for text in texts for t in bpe.encode(text).tokens]
+    decoded = [decoders.ByteLevel().decode([t]) for t in tokens]
+    got = readable(tokens)
+    for tok, want, shown in zip(tokens, decoded, got, strict=True):
+        if "\ufffd" not in want and want.strip():  # a whole character or more
+            assert shown == want.strip(), (tok, shown, want)
+    assert readable(["good", "##ness", "好", "[UNK]"]) == ["good", "##ness", "好", "[UNK]"]

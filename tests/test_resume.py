@@ -174,6 +174,23 @@ def test_a_run_that_committed_nothing_does_not_block_the_next(corpus, tiny_en_di
     assert read_table(out, "predictions").num_rows == 60
 
 
+def test_incremental_scores_a_real_id_equal_to_a_null_ids_row_number(drug_rows, tiny_en_dir, tmp_path):
+    src, out = tmp_path / "in.parquet", tmp_path / "run"
+    texts = [r["text"][:100] for r in drug_rows[:4]]
+
+    def run(ids: list[str | None]) -> None:
+        pq.write_table(pa.table({"id": ids, "text": texts[: len(ids)]}), src)
+        args = ["extract", str(src), "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "id"]
+        r = runner.invoke(app, [*args, "--incremental", "--no-progress"])
+        assert r.exit_code == 0, r.output
+
+    run(["10", None, "11"])  # the null id's row is recorded as doc '1'
+    run(["10", None, "11", "1"])  # a real id '1' is new
+    preds = read_table(out, "predictions")
+    scored = preds.filter(pc.equal(preds["status"], "ok")).column("doc_id").to_pylist()
+    assert sorted(scored) == ["1", "10", "11"]
+
+
 def test_incremental_processes_only_new_ids(drug_rows, tiny_en_dir, tmp_path):
     src = tmp_path / "in.parquet"
     rows = [{"doc_id": r["doc_id"], "text": r["text"][:300]} for r in drug_rows[:30]]

@@ -82,3 +82,9 @@ def test_a_byte_order_mark_is_read_past(tmp_path):
     p = tmp_path / "job.toml"
     p.write_bytes('\ufeffinputs = ["a"]\nmodel = "m"\nout = "o"\n'.encode())
     assert load_job(p).out == "o"
+
+
+def test_paths_are_accepted_as_in_a_notebook(tmp_path):
+    spec = JobSpec(inputs=tmp_path / "a.parquet", model=tmp_path / "m", out=tmp_path / "o")
+    assert spec.inputs == [str(tmp_path / "a.parquet")] and spec.model == str(tmp_path / "m")
+    assert JobSpec(inputs=[tmp_path / "a", "b"], model="m", out="o").inputs == [str(tmp_path / "a"), "b"]
