@@ -378,6 +378,8 @@ def format_top(
 ) -> str:
     """A compact text table: one line per head, its top k tokens with their measure."""
     check_top_options(k, unit, split)
+    if unit == "word" and table.filter(pl.col("unit") == "word").is_empty():
+        return "this run's model has no word units (its tokens carry no '##' marks to join); use --unit token"
     top = top_tokens(table, k, unit, split, layers)
     if top.is_empty():
         if split == "label" and table.filter(pl.col("split") == "label").is_empty():

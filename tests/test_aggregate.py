@@ -311,6 +311,11 @@ def test_cli_prints_the_top_tokens(run_dir):
     assert "wrote " in r.output and "token_influence.parquet" in r.output
 
 
+def test_no_word_units_is_said_so(result):
+    tokens_only = result.table.filter(pl.col("unit") == "token")
+    assert "no word units" in agg.format_top(tokens_only, unit="word")
+
+
 def test_cli_refuses_options_it_cannot_print(run_dir):
     for option in (["--unit", "words"], ["--by", "foo"], ["--top-k", "0"]):
         r = CliRunner().invoke(app, ["aggregate", str(run_dir), *option])
