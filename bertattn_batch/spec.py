@@ -142,7 +142,7 @@ class JobSpec:
         self.model, self.out = os.fspath(self.model), os.fspath(self.out)
         if not self.inputs:
             raise SpecError("no inputs given")
-        if not str(self.out).strip() or not str(self.model).strip():
+        if not self.out.strip() or not self.model.strip():
             raise SpecError(
                 "out and model must name a folder (or, for model, a hub name); got an empty string"
             )
@@ -163,20 +163,17 @@ class JobSpec:
         if self.limit is not None and self.limit < 0:
             raise SpecError(f"limit must not be negative, got {self.limit}")
         ft = self.finetune
-        bad = [
-            i
-            for i in self.layers
-            if ft is not None and ft.base is None and not -ft.num_layers <= i < ft.num_layers
-        ]
-        if bad:  # found before training, not after
-            raise SpecError(
-                f"layers {bad} are out of range for the {ft.num_layers}-layer model that [finetune] trains"
-            )
-        if ft is not None and ft.base is None and (self.max_length or 0) > ft.max_length:
-            raise SpecError(
-                f"max_length {self.max_length} exceeds finetune.max_length {ft.max_length}: a model trained "
-                f"from scratch only knows the positions it was trained on; raise finetune.max_length"
-            )
+        if ft is not None and ft.base is None:  # the model [finetune] trains from scratch: checked before
+            bad = [i for i in self.layers if not -ft.num_layers <= i < ft.num_layers]
+            if bad:
+                raise SpecError(
+                    f"layers {bad} are out of range for the {ft.num_layers}-layer model that [finetune] trains"
+                )
+            if (self.max_length or 0) > ft.max_length:
+                raise SpecError(
+                    f"max_length {self.max_length} exceeds finetune.max_length {ft.max_length}: a model "
+                    "trained from scratch only knows the positions it was trained on; raise finetune.max_length"
+                )
         dev = self.device
         if not (dev in ("auto", "cpu", "cuda", "mps") or dev.startswith("cuda:")):
             raise SpecError(f"device must be {DEVICES_HELP}, got {dev!r}")
