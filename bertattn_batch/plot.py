@@ -27,6 +27,7 @@ import numpy as np
 import polars as pl
 
 from . import fonts, htmlpage
+from .aggregate import committed_parts
 from .errors import InputError, RunDirError, SpecError
 from .write import read_manifest
 
@@ -141,10 +142,10 @@ def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = No
     """Several reviews of a run in one scan of its committed parts, with their predictions."""
     run = Path(run_dir)
     idx = run_layer(read_manifest(run), layer)
-    attn_files = sorted((run / "cls_attention").glob("part-*.parquet"))
-    pred_files = sorted((run / "predictions").glob("part-*.parquet"))
-    if not attn_files:
+    parts = committed_parts(run)  # the manifest's parts: a stray file is never read
+    if not parts:
         raise RunDirError(f"{run} has no committed parts")
+    attn_files, pred_files = [a for _, a, _ in parts], [p for _, _, p in parts]
     rows = (
         pl.scan_parquet(attn_files)
         .filter(pl.col("doc_id").is_in(doc_ids) & (pl.col("layer") == idx))
