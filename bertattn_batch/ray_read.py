@@ -34,7 +34,9 @@ from .read import (
     Source,
     _load_dataset,
     check_inputs,
+    class_label_names,
     csv_options,
+    name_class_labels,
     to_rows,
     wanted_columns,
 )
@@ -136,7 +138,12 @@ def _read_dataset(ray: Any, group: list[Source], wanted: list[str]) -> Any:
     if fmt == "text":
         return rd.read_text(paths, drop_empty_lines=False, file_extensions=None)
     if fmt == "datasets":
-        return rd.from_huggingface(_load_dataset(group[0].path).select_columns(wanted))
+        ds = _load_dataset(group[0].path).select_columns(wanted)
+        names = class_label_names(ds)
+        out = rd.from_huggingface(ds)
+        if names:
+            out = out.map_batches(name_class_labels, fn_kwargs={"names": names}, batch_format="pyarrow")
+        return out
     raise InputError(f"unknown input format {fmt!r}")
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
@@ -395,9 +396,30 @@ def _load_dataset(path: Path) -> Any:
     return ds
 
 
+def class_label_names(ds: Any) -> dict[str, list[str]]:
+    """The names of a dataset's ``ClassLabel`` columns: their integers are ids, not the labels."""
+    import datasets
+
+    return {c: list(f.names) for c, f in ds.features.items() if isinstance(f, datasets.ClassLabel)}
+
+
+def name_class_labels(table: pa.Table, names: dict[str, list[str]]) -> pa.Table:
+    """Replace ``ClassLabel`` ids by their names (-1, a missing label, and other out-of-range ids become
+    null), so that ``label`` compares with ``pred_label`` and a classifier trains on the real names."""
+    for c, labels in names.items():
+        if c in table.column_names:
+            ids = table[c]
+            valid = pc.and_(pc.greater_equal(ids, 0), pc.less(ids, len(labels)))
+            named = pc.take(pa.array(labels, pa.string()), pc.if_else(valid, ids, None))
+            table = table.set_column(table.column_names.index(c), c, named)
+    return table
+
+
 def _read_datasets(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
-    ds = _load_dataset(src.path).select_columns(wanted).with_format("arrow")
-    for table in ds.iter(batch_size=block_rows):  # memory-mapped: bounded resident memory
+    ds = _load_dataset(src.path).select_columns(wanted)
+    names = class_label_names(ds)
+    for table in ds.with_format("arrow").iter(batch_size=block_rows):  # memory-mapped: bounded memory
+        table = name_class_labels(table, names)
         yield {c: table.column(c).to_pylist() for c in wanted}
 
 

@@ -141,6 +141,27 @@ def test_input_formats(fmt, tiny_en_dir, drug_rows, tmp_path):
         assert sorted(preds.column("label").to_pylist()) == sorted(str(i % 3) for i in range(7))
 
 
+def test_class_label_columns_hold_their_names(tiny_en_dir, drug_rows, tmp_path):
+    """A datasets ClassLabel column stores ids; its label is the name (-1, a missing label: null)."""
+    import datasets
+
+    ids = [1, 0, -1, 1, 0]
+    features = datasets.Features(
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])}
+    )
+    ds = datasets.Dataset.from_dict(
+        {"text": [r["text"][:80] for r in drug_rows[:5]], "label": ids}, features=features
+    )
+    ds.save_to_disk(str(tmp_path / "saved"))
+    out = tmp_path / "run"
+    r = _extract(
+        str(tmp_path / "saved"), "--model", str(tiny_en_dir), "--out", str(out), "--label-col", "label"
+    )
+    assert r.exit_code == 0, r.output
+    want = [features["label"].int2str(i) if i >= 0 else None for i in ids]
+    assert _read_back(out)["predictions"].column("label").to_pylist() == want
+
+
 def test_missing_column_lists_the_columns(tiny_en_dir, drug_sample, tmp_path):
     r = _extract(
         str(drug_sample), "--model", str(tiny_en_dir), "--out", str(tmp_path / "o"), "--text-col", "reviw"

@@ -269,6 +269,31 @@ def test_every_reader_and_status_matches_the_local_engine(ray_local, tiny_en_dir
     assert_parts_tile_the_rows(tmp_path / "ray", 10)
 
 
+def test_a_saved_dataset_with_class_labels_matches_the_local_engine(
+    ray_local, tiny_en_dir, drug_rows, tmp_path
+):
+    import datasets
+
+    features = datasets.Features(
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])}
+    )
+    texts = [r["text"][:120] for r in drug_rows[:5]]
+    datasets.Dataset.from_dict({"text": texts, "label": [1, 0, -1, 1, 0]}, features=features).save_to_disk(
+        str(tmp_path / "saved")
+    )
+    src = [tmp_path / "saved"]
+    run_job(_spec(src, tiny_en_dir, tmp_path / "local", label_col="label"))
+    run_job(_spec(src, tiny_en_dir, tmp_path / "ray", label_col="label", engine="ray", workers=1))
+    assert_same_run(tmp_path / "ray", tmp_path / "local")
+    assert _sorted(tmp_path / "ray", "predictions").column("label").to_pylist() == [
+        "pos",
+        "neg",
+        None,
+        "pos",
+        "neg",
+    ]
+
+
 @pytest.mark.slow
 def test_cli_text_files_and_resume(ray_local, tiny_en_dir, drug_rows, tmp_path):
     lines = [" ".join(r["text"].split()) for r in drug_rows[:7]]  # no line breaks of any kind
