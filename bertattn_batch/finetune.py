@@ -360,7 +360,7 @@ def finetune(
     """Train a classifier on (text, label) pairs, save it to ``out_dir`` atomically, return its metrics."""
     if len(texts) != len(labels):
         raise InputError(f"{len(texts)} texts but {len(labels)} labels")
-    names = list(spec.labels) if spec.labels is not None else sorted(set(labels))
+    names = list(spec.labels) if spec.labels is not None else sorted(set(labels), key=_label_order)
     unknown = sorted(set(labels) - set(names))
     if unknown:
         raise InputError(f"labels {unknown[:5]} are not among finetune.labels {names}")
@@ -533,6 +533,15 @@ def _train(
     }
 
 
+def _label_order(label: str) -> tuple[int, float, str]:
+    """Numbers in numeric order (1, 2, 10: star ratings), before other labels in text order."""
+    try:
+        value = float(label)
+    except ValueError:
+        return 1, 0.0, label
+    return (0, value, label) if math.isfinite(value) else (1, 0.0, label)
+
+
 def _vocabulary_hint(spec: FinetuneSpec, base_path: str | None) -> str:
     """Why a vocabulary misses the text: the base's tokenizer, or (from scratch) a small corpus."""
     if base_path is not None:
@@ -645,14 +654,18 @@ def finetune_files(
     texts: list[str] = []
     labels: list[str] = []
     seen: Counter[str] = Counter()
+    skipped: Counter[str] = Counter()  # why rows were not trained on, for the summary
     for batch in read_rows(inputs, text_col=text_col, label_col=label_col, input_format=input_format):
         for text, label, status in zip(batch.text, batch.label, batch.status, strict=True):
             if status != "ok" or label is None or text is None:
+                skipped[status if status != "ok" else "null_label"] += 1
                 continue
             seen[label] += 1
             if wanted is None or label in wanted:
                 texts.append(text)
                 labels.append(label)
+            else:
+                skipped["other_label"] += 1
     kept = Counter(labels)
     where = f"{', '.join(inputs)} (column {label_col!r})"
     if len(kept) > max(100, len(labels) // 2):  # nearly one label per row: texts or ids, not classes
@@ -674,4 +687,6 @@ def finetune_files(
             f"too few labelled rows to train: {where} has {len(rare)} label(s) with one row "
             f"(e.g. {', '.join(repr(k[:40]) for k in list(rare)[:3])}); need at least 2 per label"
         )
-    return finetune(texts, labels, out_dir, spec, progress=progress)
+    metrics = finetune(texts, labels, out_dir, spec, progress=progress)
+    metrics["skipped_rows"] = dict(sorted(skipped.items()))
+    return metrics

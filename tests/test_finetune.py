@@ -314,3 +314,17 @@ def test_messages_name_the_real_problem(tmp_path: Path) -> None:
     spec = FinetuneSpec(**{**TINY, "max_length": 16}, epochs=1.0, eval_fraction=0.25)
     with pytest.raises(ModelError, match="lower min_char_count"):
         finetune_files([_write(tmp_path / "small.parquet", rows)], "text", "label", tmp_path / "m", spec)
+
+
+def test_numeric_labels_in_numeric_order_and_skipped_rows_counted(tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    stars = ["1", "2", "10"] * 6
+    rows = [
+        {"text": t, "label": lab} for t, lab in zip(["好极了", "一般般", "太差了"] * 6, stars, strict=True)
+    ]
+    rows += [{"text": "没有标签", "label": None}, {"text": None, "label": "2"}]
+    spec = FinetuneSpec(**TINY, epochs=1.0, min_char_count=1, eval_fraction=0.0)
+    metrics = finetune_files([_write(tmp_path / "s.parquet", rows)], "text", "label", tmp_path / "m", spec)
+    assert AutoConfig.from_pretrained(tmp_path / "m").id2label == {0: "1", 1: "2", 2: "10"}
+    assert metrics["skipped_rows"] == {"null_label": 1, "null_text": 1}
