@@ -183,7 +183,7 @@ class Classifier:
             log.warning("%s: labels are named LABEL_n; is the classification head trained?", source)
         limit = _max_length(max_length, tokenizer, config)
         trim = LastLayerTrim.find(model) if trim_last_layer and attention != "eager" else None
-        if trim is not None and not verified(model, trim, min(len(tokenizer), config.vocab_size), dev, limit):
+        if trim is not None and not verified(model, trim, len(tokenizer), dev, limit):  # within vocab_size
             trim = None
         return cls(
             tokenizer=tokenizer,
