@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import schema
@@ -92,20 +93,30 @@ def aggregates_path(run_dir: str | Path) -> Path:
 def committed_parts(run_dir: str | Path) -> list[tuple[str, Path, Path]]:
     """(part name, cls_attention file, predictions file) of every part the manifest commits, in name
     order. The manifest, not the folder, says what is committed: a stray file is never read, and a
-    committed file that is missing stops the aggregate rather than leaving its reviews out."""
+    committed file that is missing or cut short stops the reader rather than leaving its reviews out
+    (its Parquet footer is read here: a few kilobytes a file)."""
     run = Path(run_dir)
     parts = read_manifest(run).get("parts", [])  # raises a clear error when this is not a run directory
     out = []
     for part in sorted(parts, key=lambda p: p["name"]):
         attn, preds = (run / part["files"][t] for t in ("cls_attention", "predictions"))
-        missing = [str(f.relative_to(run)) for f in (attn, preds) if not f.is_file()]
-        if missing:
-            raise RunDirError(
-                f"{run}: {', '.join(missing)} is committed in the manifest but missing; "
-                "bertattn validate tells what else is wrong"
-            )
+        for f in (attn, preds):
+            _check_part_file(run, f)
         out.append((part["name"], attn, preds))
     return out
+
+
+def _check_part_file(run: Path, path: Path) -> None:
+    name = path.relative_to(run)
+    if not path.is_file():
+        problem = "is committed in the manifest but missing"
+    else:
+        try:
+            pq.read_metadata(path)
+            return
+        except (pa.ArrowException, OSError) as e:
+            problem = f"cannot be read ({str(e).splitlines()[0]})"
+    raise RunDirError(f"{run}: {name} {problem}; bertattn validate tells what else is wrong")
 
 
 def review_rows(attn_path: Path | str, preds_path: Path | str) -> pl.LazyFrame:

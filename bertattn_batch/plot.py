@@ -229,12 +229,9 @@ def source_text(run_dir: str | Path, doc_id: str) -> str:
     run = Path(run_dir)
     manifest = read_manifest(run)
     spec = manifest.get("spec", {})
-    preds = (
-        pl.scan_parquet(sorted((run / "predictions").glob("part-*.parquet")))
-        .filter(pl.col("doc_id") == doc_id)
-        .collect()
-    )
-    if preds.is_empty():
+    files = [preds for _, _, preds in committed_parts(run)]
+    preds = pl.scan_parquet(files).filter(pl.col("doc_id") == doc_id).collect() if files else None
+    if preds is None or preds.is_empty():
         raise InputError(f"review {doc_id!r} is not in {run}")
     row = int(preds["row_index"][0])
     try:

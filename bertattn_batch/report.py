@@ -33,7 +33,7 @@ REPORT_NAME = "report.html"
 
 
 def _ok_predictions(run: Path) -> pl.DataFrame:
-    files = sorted((run / "predictions").glob("part-*.parquet"))
+    files = [preds for _, _, preds in agg.committed_parts(run)]
     if not files:
         return pl.DataFrame()
     return (

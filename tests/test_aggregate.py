@@ -339,6 +339,28 @@ def test_the_manifest_decides_which_parts_are_read(run_dir, tmp_path):
         agg.aggregate(run, min_reviews=MIN_REVIEWS)
 
 
+def test_a_part_cut_short_stops_every_reader_with_one_line(run_dir, tmp_path):
+    """A committed part whose end is lost (a disk that filled, a copy cut short) is named by aggregate,
+    plot and report alike, not met with a raw Parquet error."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    shutil.rmtree(run / agg.AGGREGATES_DIR, ignore_errors=True)
+    last = sorted((run / "predictions").glob("part-*.parquet"))[-1]
+    last.write_bytes(last.read_bytes()[:200])
+    doc_id = pq.read_table(sorted((run / "predictions").glob("part-*.parquet"))[0])["doc_id"][0].as_py()
+    for command in (
+        ["aggregate", str(run)],
+        ["plot", str(run), "--doc-id", doc_id, "--out", str(tmp_path / "p.png")],
+        ["report", str(run), "--out", str(tmp_path / "r.html")],
+    ):
+        r = CliRunner().invoke(app, command)
+        assert r.exit_code == 1, command
+        assert f"predictions/{last.name} cannot be read" in r.output, command
+        assert "bertattn validate" in r.output and "Traceback" not in r.output
+
+
 def test_cli_refuses_what_is_not_a_run(tmp_path):
     r = CliRunner().invoke(app, ["aggregate", str(tmp_path)])
     assert r.exit_code == 1
