@@ -40,12 +40,11 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import schema
-from .errors import RunDirError, SpecError
-from .write import read_manifest
+from .errors import RunDirError, SpecError, WriteError
+from .write import check_part_file, read_manifest
 
 #: Folder inside a run that holds derived tables (never inside the run's own table folders).
 AGGREGATES_DIR = "aggregates"
@@ -101,22 +100,9 @@ def committed_parts(run_dir: str | Path) -> list[tuple[str, Path, Path]]:
     for part in sorted(parts, key=lambda p: p["name"]):
         attn, preds = (run / part["files"][t] for t in ("cls_attention", "predictions"))
         for f in (attn, preds):
-            _check_part_file(run, f)
+            check_part_file(run, f)
         out.append((part["name"], attn, preds))
     return out
-
-
-def _check_part_file(run: Path, path: Path) -> None:
-    name = path.relative_to(run)
-    if not path.is_file():
-        problem = "is committed in the manifest but missing"
-    else:
-        try:
-            pq.read_metadata(path)
-            return
-        except (pa.ArrowException, OSError) as e:
-            problem = f"cannot be read ({str(e).splitlines()[0]})"
-    raise RunDirError(f"{run}: {name} {problem}; bertattn validate tells what else is wrong")
 
 
 def review_rows(attn_path: Path | str, preds_path: Path | str) -> pl.LazyFrame:
@@ -286,7 +272,10 @@ def aggregate(
         units = [u for u in units if u != "word"]  # its pieces carry no '##' marks to join
     out_dir = run / AGGREGATES_DIR
     work = out_dir / f"_work-{time.time_ns()}"
-    work.mkdir(parents=True, exist_ok=True)
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError(f"cannot write the aggregates into {out_dir}: {e.strerror or e}") from None
     try:
         partials = []
         for name, attn, preds in parts:

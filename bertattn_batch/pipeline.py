@@ -305,7 +305,7 @@ def run_job(
         return run_job_ray(spec, progress=progress, writer_cls=writer_cls)
     show = spec.progress if progress is None else progress
     t_start = time.perf_counter()
-    check_inputs(spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format)
+    check_inputs(spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format, spec.out)
     ensure_model(spec, progress=show)
     clf = load_classifier(spec)
     summary = RunSummary(run_dir=str(spec.out))
@@ -355,13 +355,30 @@ def resume_point(
 ) -> tuple[int, int, set[str] | None, set[str] | None]:
     """(generation, skip_until, skip_ids, taken_ids) for a reopened run: where new parts start, what
     they skip, and (``by_id``: the job has an id column) the source ids that committed rows already
-    hold, so that a resumed run marks a repeat of one ``duplicate_id`` as an uninterrupted run would."""
-    if incremental and sink.parts:
-        generation = max(int(p.get("generation", 0)) for p in sink.parts) + 1
-        return generation, 0, sink.committed_ids(), None
-    skip_until = sink.committed_until()
-    taken = sink.committed_ids() if by_id and skip_until else None
-    return 0, skip_until, None, taken
+    hold, so that a resumed run marks a repeat of one ``duplicate_id`` as an uninterrupted run would.
+
+    An incremental job starts a new pass (generation) over a run whose last pass completed, skipping
+    every committed id; over an interrupted pass it finishes that pass, as a plain resume does. The
+    pass's generation is recorded in the manifest before its first part, so a pass interrupted before
+    it commits anything is still known.
+    """
+    parts = sink.parts
+    if incremental and parts and sink.reopened_status == "complete":
+        generation = max(int(p.get("generation", 0)) for p in parts) + 1
+        return _begin(sink, generation), 0, sink.committed_ids(), None
+    generation = int(sink.manifest.get("generation", 0)) if incremental else 0
+    # a plain resume continues from every committed part, whichever pass wrote it
+    current = [p for p in parts if not incremental or int(p.get("generation", 0)) == generation]
+    earlier = [p for p in parts if int(p.get("generation", 0)) < generation]
+    skip_until = max((p["end_row"] for p in current), default=0)
+    skip_ids = sink.committed_ids(earlier) if generation else None
+    taken = sink.committed_ids(current) if by_id and current else None
+    return _begin(sink, generation), skip_until, skip_ids, taken
+
+
+def _begin(sink: RunWriter, generation: int) -> int:
+    sink.manifest["generation"] = generation  # saved with the first part, or on interruption
+    return generation
 
 
 def _count(summary: RunSummary, window: Window, real: int, slots: int) -> None:

@@ -160,7 +160,9 @@ def _groups(sources: list[Source]) -> Iterator[list[Source]]:
 def _source_blocks(ray: Any, spec: JobSpec) -> list[_Block]:
     """Read every input with Ray Data; the blocks in input order, each with its first row number."""
     wanted = wanted_columns(spec.text_col, spec.id_col, spec.label_col)
-    sources = check_inputs(spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format)
+    sources = check_inputs(
+        spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format, spec.out
+    )
     # Empty delimited, JSON and text files hold no rows; Ray's readers would reject some of them.
     sources = [s for s in sources if s.format in ("parquet", "datasets") or s.path.stat().st_size > 0]
     count = ray.remote(_num_rows)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import json
 import math
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,14 +85,33 @@ def expand_inputs(inputs: Iterable[str], input_format: str = "auto") -> list[Sou
             if p.is_dir() and input_format in ("auto", "datasets") and _is_saved_dataset(p):
                 sources.append(Source(p, "datasets"))
             elif p.is_dir():
-                files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in _EXTENSIONS)
-                files = [f for f in files if not any(part.startswith(("_", ".")) for part in f.parts)]
+                if _is_run_dir(p):
+                    raise InputError(f"{p} is a bertattn run directory, not reviews")
+                files = _review_files(p)
                 if not files:
                     raise InputError(f"folder {p} holds no readable review files ({', '.join(_EXTENSIONS)})")
                 sources.extend(Source(f, _format_of(f, input_format)) for f in files)
             else:
                 sources.append(Source(p, _format_of(p, input_format)))
     return sources
+
+
+def _review_files(folder: Path) -> list[Path]:
+    """Files below a folder with a review file's extension, in path order. Names starting with ``_`` or
+    ``.`` (temporary and hidden files) are passed over below the folder, and so are run directories: a
+    run written inside its input folder must not be read as input on the next pass."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        here = Path(root)
+        dirs[:] = [d for d in dirs if not d.startswith(("_", ".")) and not _is_run_dir(here / d)]
+        found += [
+            here / f for f in files if not f.startswith(("_", ".")) and Path(f).suffix.lower() in _EXTENSIONS
+        ]
+    return sorted(found)
+
+
+def _is_run_dir(p: Path) -> bool:
+    return (p / "manifest.json").is_file() and (p / "predictions").is_dir()
 
 
 def _is_saved_dataset(p: Path) -> bool:
@@ -141,15 +161,20 @@ def check_inputs(
     id_col: str | None = None,
     label_col: str | None = None,
     input_format: str = "auto",
+    out: str | Path | None = None,
 ) -> list[Source]:
-    """The sources, once every one is found, readable as its format and has the wanted columns.
+    """The sources, once every one is found, readable as its format and has the wanted columns, and
+    none inside the run directory ``out`` (which --overwrite would clear).
 
     Reads only names and headers, so a job can fail on a mistyped path or column at once, before it
     loads a model or creates its run directory.
     """
     sources = expand_inputs(inputs, input_format)
     wanted = wanted_columns(text_col, id_col, label_col)
+    run = Path(out).resolve() if out else None
     for src in sources:
+        if run is not None and run in src.path.resolve().parents:
+            raise InputError(f"input {src.path} lies inside the run directory {out}; choose another --out")
         _refuse_compressed(src)
         _check_columns(src, wanted)
     return sources
@@ -195,7 +220,9 @@ def to_rows(
         if id_col:
             raw_id = cols[id_col][i]
             if _is_null(raw_id):
-                status = "null_id" if status == "ok" else status
+                # before any text problem: a row's doc id is its row number exactly when its status is
+                # null_id, which is how duplicate and incremental checks tell row numbers from ids
+                status = "null_id"
             else:
                 doc_id = _to_str(raw_id)
         raw_label = cols[label_col][i] if label_col else None
@@ -210,11 +237,15 @@ def _is_null(value: Any) -> bool:
 
 
 def _to_str(value: Any) -> str:
+    """An id or label as text; bytes that are not UTF-8 (and lone surrogates) become U+FFFD."""
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
-    return str(value)
+    text = str(value)
+    if not text.isascii():
+        return text.encode("utf-8", errors="surrogatepass").decode("utf-8", errors="replace")
+    return text
 
 
 def _as_text(value: Any) -> tuple[str | None, str]:
@@ -261,7 +292,7 @@ def _column_names(src: Source) -> list[str] | None:
             if not header.strip():
                 return None  # an empty file: no rows, so no columns to check
             reader = pcsv.open_csv(
-                pa.py_buffer(header),
+                pa.py_buffer(header.rstrip(b"\r\n") + b"\n"),  # Arrow needs the header's newline
                 parse_options=pcsv.ParseOptions(delimiter="\t" if src.format == "tsv" else ","),
             )
             return reader.schema.names
@@ -302,8 +333,11 @@ _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\x28\xb5\x2f\xfd": "zstd"
 def _refuse_compressed(src: Source) -> None:
     if src.format not in ("csv", "tsv", "jsonl", "text"):
         return
-    with open(src.path, "rb") as f:
-        head = f.read(4)
+    try:
+        with open(src.path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise InputError(f"cannot read {src.path}: {e.strerror or e}") from None
     for magic, kind in _COMPRESSED.items():
         if head.startswith(magic):
             raise InputError(
@@ -320,6 +354,10 @@ def _read_parquet(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
 def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
     if src.path.stat().st_size == 0 or not _column_names(src):
         return
+    with open(src.path, "rb") as f:
+        f.readline()
+        if not f.read(1):
+            return  # a header and no rows (Arrow refuses a header without its newline)
     parse, convert = csv_options(src.format, wanted)
     reader = pcsv.open_csv(
         src.path,
@@ -340,9 +378,12 @@ def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dic
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw)
-            except UnicodeDecodeError:
-                obj = {text_col: raw}  # yields status invalid_utf8 for this row
+                try:
+                    obj = json.loads(raw)
+                except UnicodeDecodeError:
+                    # bytes that are not UTF-8 become lone surrogates: the row keeps its id and label,
+                    # and a text holding them gets the status invalid_utf8
+                    obj = json.loads(raw.decode("utf-8", errors="surrogateescape"))
             except json.JSONDecodeError as e:
                 raise InputError(f"{src.path}:{lineno}: not a JSON object: {e}") from None
             else:

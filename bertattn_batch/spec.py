@@ -250,6 +250,8 @@ def load_job(path: str | Path, **overrides: Any) -> JobSpec:
         raise SpecError(f"job spec not found: {path}")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # an editor's byte-order mark too
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{path}: not valid TOML: {e}") from None
     data.update({k: v for k, v in overrides.items() if v is not None})

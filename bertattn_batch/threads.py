@@ -64,25 +64,45 @@ class Worker:
         self._fn = fn
         self._q: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
+        self._cancelled = False
+        self._finished = threading.Event()  # waited on instead of join(), which Ctrl-C can confuse
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
-        while (item := self._q.get()) is not _DONE:
-            if self._error is None:
-                try:
-                    self._fn(item)
-                except BaseException as e:
-                    self._error = e
+        try:
+            while (item := self._q.get()) is not _DONE:
+                if self._error is None and not self._cancelled:
+                    try:
+                        self._fn(item)
+                    except BaseException as e:
+                        self._error = e
+        finally:
+            self._finished.set()
 
     def put(self, item: Any) -> None:
         self._raise()
         self._q.put(item)
 
     def close(self) -> None:
-        """Wait for every item to be handled, then raise the first error, if any."""
-        self._q.put(_DONE)
-        self._thread.join()
+        """Wait for every item to be handled, then raise the first error, if any.
+
+        A Ctrl-C while waiting drops the items not yet started but still waits for the one in hand (it
+        may be committing a part, and the caller's clean-up must not run beside it), then re-raises.
+        """
+        interrupted = sent = False
+        while not self._finished.is_set():
+            try:
+                if not sent:
+                    self._q.put(_DONE, timeout=0.1)
+                    sent = True
+                self._finished.wait(0.1)
+            except queue.Full:
+                continue
+            except KeyboardInterrupt:
+                interrupted = self._cancelled = True
+        if interrupted:
+            raise KeyboardInterrupt
         self._raise()
 
     def _raise(self) -> None:

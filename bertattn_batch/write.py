@@ -49,13 +49,45 @@ def _tmp_name(name: str) -> str:
 
 
 def read_manifest(run_dir: str | Path) -> dict[str, Any]:
+    """A run's manifest, checked for the shape every reader relies on (its parts above all)."""
     path = Path(run_dir) / MANIFEST
     if not path.is_file():
         raise RunDirError(f"{run_dir} is not a run directory (no {MANIFEST})")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunDirError(f"{path} is damaged: {e}") from None
+    if not isinstance(data, dict):
+        raise RunDirError(f"{path} is damaged: not a JSON object")
+    if data.get("format") == FORMAT and not _parts_are_whole(data.get("parts")):
+        raise RunDirError(f"{path} is damaged: its list of parts is missing or malformed")
+    return data
+
+
+def _parts_are_whole(parts: Any) -> bool:
+    keys = ("name", "start_row", "end_row", "files", "rows")
+    return isinstance(parts, list) and all(
+        isinstance(p, dict)
+        and all(k in p for k in keys)
+        and isinstance(p["files"], dict)
+        and all(isinstance(p["files"].get(t), str) for t in schema.TABLES)
+        for p in parts
+    )
+
+
+def check_part_file(run_dir: Path, path: Path) -> None:
+    """Raise unless a committed part file is there and its Parquet footer reads (a file cut short by a
+    full disk or an interrupted copy has none): a few kilobytes read per file."""
+    name = path.relative_to(run_dir)
+    if not path.is_file():
+        problem = "is committed in the manifest but missing"
+    else:
+        try:
+            pq.read_metadata(path)
+            return
+        except (pa.ArrowException, OSError) as e:
+            problem = f"cannot be read ({(str(e).splitlines() or [type(e).__name__])[0]})"
+    raise RunDirError(f"{run_dir}: {name} {problem}; bertattn validate tells what else is wrong")
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -75,6 +107,9 @@ class RunWriter:
         self.header = header
         self.on_existing = on_existing
         self.manifest: dict[str, Any] = {}
+        #: the status the run had when it was reopened (None for a new run): "complete" means its last
+        #: pass ended, so an incremental job starts a new one rather than finishing it
+        self.reopened_status: str | None = None
 
     # -- life cycle ---------------------------------------------------------------------------------
     def __enter__(self) -> RunWriter:
@@ -90,11 +125,16 @@ class RunWriter:
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise RunDirError(f"{self.run_dir} is a file, not a folder; choose another --out")
         exists = (self.run_dir / MANIFEST).is_file()
-        if exists and (self.on_existing == "overwrite" or self._holds_nothing()):
-            self._clear()
-            exists = False
-        if not exists and self.run_dir.is_dir() and any(self.run_dir.iterdir()):
-            # never delete a folder we did not make, even when asked to overwrite
+        if exists:  # never delete a folder we did not make, even when asked to overwrite
+            old = read_manifest(self.run_dir)  # a damaged one is named, not cleared
+            if old.get("format") != FORMAT:
+                raise RunDirError(f"{self.run_dir} is not a bertattn run directory; choose another --out")
+            # a run that committed no part (its start failed, say on a mistyped input) holds nothing
+            # to keep, so the corrected job may start afresh instead of being refused as another job
+            if self.on_existing == "overwrite" or not old["parts"]:
+                self._clear()
+                exists = False
+        elif self.run_dir.is_dir() and any(self.run_dir.iterdir()):
             raise RunDirError(f"{self.run_dir} is not empty and is not a run directory; choose another --out")
         if exists:
             if self.on_existing == "new":
@@ -102,6 +142,7 @@ class RunWriter:
                     f"{self.run_dir} already holds a run; choose another --out or pass --overwrite"
                 )
             self.manifest = read_manifest(self.run_dir)
+            self.reopened_status = self.manifest.get("status")
             self._check_compatible(self.manifest)
             self._recover()
             self.manifest.update(status="running", resumed_at=_now())
@@ -144,16 +185,12 @@ class RunWriter:
     def parts(self) -> list[dict[str, Any]]:
         return self.manifest["parts"]
 
-    def committed_until(self) -> int:
-        """Rows [0, n) of the input are committed (parts are written in input order)."""
-        return max((p["end_row"] for p in self.parts), default=0)
-
-    def committed_ids(self) -> set[str]:
-        """Source ids of every committed review: rows whose id was null are left out, as their doc id is
-        only a row number (an incremental pass records them again, and a real id equal to that number is
-        still new)."""
+    def committed_ids(self, parts: list[dict[str, Any]] | None = None) -> set[str]:
+        """Source ids of every committed review (of ``parts``, by default all): rows whose id was null are
+        left out, as their doc id is only a row number (an incremental pass records them again, and a
+        real id equal to that number is still new)."""
         ids: set[str] = set()
-        for p in self.parts:
+        for p in self.parts if parts is None else parts:
             t = pq.read_table(self.run_dir / p["files"]["predictions"], columns=["doc_id", "status"])
             ids.update(t.filter(pc.not_equal(t["status"], "null_id")).column("doc_id").to_pylist())
         return ids
@@ -238,10 +275,8 @@ class RunWriter:
         listed = {p["name"] for p in self.parts}
         for table in schema.TABLES:
             d = self.run_dir / table
-            if not d.is_dir():
-                continue
-            for f in d.iterdir():
-                if f.name in listed:
+            for f in d.iterdir() if d.is_dir() else ():
+                if f.name in listed and f.is_file():
                     continue
                 if f.name.startswith("_") and f.name.endswith(".tmp") and f.name[1:-4] in listed:
                     final = d / f.name[1:-4]
@@ -249,26 +284,28 @@ class RunWriter:
                         f.unlink()
                     else:
                         f.replace(final)
-                elif f.is_file():
+                elif f.is_dir():  # a table folder holds parts only; a reader of the folder would read it
+                    shutil.rmtree(f)
+                else:
                     f.unlink()
-            for p in self.parts:
-                if not (d / p["name"]).is_file():
-                    raise RunDirError(
-                        f"{self.run_dir}: part {table}/{p['name']} listed in the manifest is missing"
-                    )
+        for p in self.parts:
+            for table in schema.TABLES:
+                check_part_file(self.run_dir, self.run_dir / p["files"][table])
+        self._check_coverage()
 
-    def _holds_nothing(self) -> bool:
-        """A run of ours that committed no part (its start failed, say on a mistyped input): nothing to
-        keep, so the corrected job may start afresh instead of being refused as another job."""
-        try:
-            old = read_manifest(self.run_dir)
-        except RunDirError:
-            return False
-        return old.get("format") == FORMAT and not old.get("parts")
+    def _check_coverage(self) -> None:
+        """The first pass's parts must cover the input's rows from 0 without a gap (resuming starts after
+        the last of them): a gap means the manifest was edited or restored from an older copy."""
+        end = 0
+        for p in sorted((p for p in self.parts if not p.get("generation")), key=lambda p: p["start_row"]):
+            if p["start_row"] != end:
+                raise RunDirError(
+                    f"{self.run_dir}: rows {end}..{p['start_row'] - 1} are in no committed part (was the "
+                    "manifest edited or restored?); pass --overwrite to start the run again"
+                )
+            end = p["end_row"]
 
     def _check_compatible(self, old: dict[str, Any]) -> None:
-        if old.get("format") != FORMAT:
-            raise RunDirError(f"{self.run_dir}/{MANIFEST} is not a bertattn-batch manifest")
         if old.get("schema_versions") != schema.versions():
             raise RunDirError(
                 f"{self.run_dir} was written with schema versions {old.get('schema_versions')}, "
@@ -283,11 +320,16 @@ class RunWriter:
             )
 
     def _clear(self) -> None:
+        """Empty the run directory, its manifest last: a clear cut short leaves a folder that is still
+        recognisably a run, so the next --overwrite can finish it."""
         for child in self.run_dir.iterdir():
-            if child.is_dir():
+            if child.name == MANIFEST:
+                continue
+            if child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child)
             else:
                 child.unlink()
+        (self.run_dir / MANIFEST).unlink()
 
 
 def _repeating(schema: pa.Schema) -> list[str]:

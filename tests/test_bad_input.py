@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -156,14 +157,21 @@ def test_awkward_ids_labels_and_texts(tiny_en_dir, tmp_path):
     jsonl.write_bytes(
         '{"id": "g", "text": "\u574f"}\n'.encode("gbk")
         + b'{"id": "s", "text": "a\\udc80b"}\n{"id": "k", "text": "fine"}\n'
+        + b'{"id": null, "text": ""}\n{"id": "0", "text": "real id 0"}\n{"id": "3", "text": "real id 3"}\n'
     )
     out = tmp_path / "odd"
     r = _extract(jsonl, tiny_en_dir, out, "--id-col", "id")
     assert r.exit_code == 0, r.output
-    assert read_table(out, "predictions").column("status").to_pylist() == [
-        "invalid_utf8",
-        "invalid_utf8",
-        "ok",
+    preds = read_table(out, "predictions")
+    # a line of invalid UTF-8 keeps its id, and a null id wins over an empty text: row numbers never
+    # stand in for ids that a later real id could collide with
+    assert list(zip(preds.column("doc_id").to_pylist(), preds.column("status").to_pylist(), strict=True)) == [
+        ("g", "invalid_utf8"),
+        ("s", "invalid_utf8"),
+        ("k", "ok"),
+        ("3", "null_id"),
+        ("0", "ok"),
+        ("3", "ok"),
     ]
 
 
@@ -341,3 +349,49 @@ def test_out_of_memory_retries_in_halves(tiny_en_dir, drug_rows):
     clf.limit = 0
     with pytest.raises(ModelError, match="out of memory on a single review"):
         ModelStage(clf, batch_tokens=10_000, max_batch_size=64)(window())
+
+
+def test_folder_inputs_and_run_directories_stay_apart(tiny_en_dir, tmp_path):
+    """A folder input is read below its own path only (a parent named ``.x`` or ``..`` is fine), never
+    reads a run directory inside it, and no input may lie inside --out (which --overwrite clears)."""
+    reviews = tmp_path / ".cache" / "reviews"
+    reviews.mkdir(parents=True)
+    pq.write_table(pa.table({"text": ["good", "bad"]}), reviews / "a.parquet")
+    out = reviews / "run"
+    for _ in range(2):  # the second pass must not read the first pass's run as reviews
+        r = _extract(reviews, tiny_en_dir, out)
+        assert r.exit_code == 0, r.output
+    assert read_table(out, "predictions").num_rows == 2
+    r = _extract(out, tiny_en_dir, tmp_path / "other")
+    assert r.exit_code == 1 and "is a bertattn run directory, not reviews" in r.output
+
+    inside = out / "extra.parquet"
+    pq.write_table(pa.table({"text": ["x"]}), inside)
+    r = _extract(inside, tiny_en_dir, out, "--overwrite")
+    assert r.exit_code == 1 and "lies inside the run directory" in r.output
+    assert inside.is_file()
+
+
+def test_overwrite_never_clears_a_folder_bertattn_did_not_write(tiny_en_dir, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("good\n")
+    app_dir = tmp_path / "webapp"
+    (app_dir / "src").mkdir(parents=True)
+    (app_dir / "manifest.json").write_text('{"name": "app"}')
+    (app_dir / "src" / "index.js").write_text("x")
+    r = _extract(src, tiny_en_dir, app_dir, "--overwrite")
+    assert r.exit_code == 1 and "not a bertattn run directory" in r.output
+    assert (app_dir / "src" / "index.js").read_text() == "x"
+
+
+def test_unreadable_inputs_and_header_only_csv(tiny_en_dir, tmp_path):
+    csv = tmp_path / "header.csv"
+    csv.write_text("id,text")  # a header without its newline: no rows
+    r = _extract(csv, tiny_en_dir, tmp_path / "h", "--id-col", "id")
+    assert r.exit_code == 0 and "the input holds no rows" in r.output, r.output
+    if os.geteuid() != 0:  # root reads any file
+        locked = tmp_path / "locked.jsonl"
+        locked.write_text('{"text": "x"}\n')
+        locked.chmod(0)
+        r = _extract(locked, tiny_en_dir, tmp_path / "l")
+        assert r.exit_code == 1 and "cannot read" in r.output and "PermissionError" not in r.output

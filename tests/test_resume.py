@@ -262,3 +262,118 @@ def test_manifest_listing_a_missing_part_is_reported(corpus, tiny_en_dir, tmp_pa
     next((out / "cls_attention").glob("part-*.parquet")).unlink()
     with pytest.raises(RunDirError, match="missing"):
         RunWriter(out, json.loads((out / "manifest.json").read_text())).open()
+
+
+def _failing_at(part_prefix: str) -> type[RunWriter]:
+    """A sink whose part named ``part_prefix…`` fails as a full disk would: a run stopped mid-pass."""
+
+    class Failing(RunWriter):
+        def _write_parquet(self, table, path):
+            if path.name.startswith(f"_{part_prefix}"):
+                raise OSError(28, "No space left on device")
+            super()._write_parquet(table, path)
+
+    return Failing
+
+
+@pytest.mark.parametrize("stop_in_pass", [0, 1])
+def test_an_interrupted_incremental_pass_resumes_to_the_uninterrupted_tables(
+    stop_in_pass, drug_rows, tiny_en_dir, tmp_path
+):
+    """Resuming an incremental pass finishes that pass: a repeat of an id committed before the stop is
+    still duplicate_id (not skipped), and rows with a null id are recorded once, not again. The same
+    for a later pass stopped before it committed anything."""
+    rows = [{"doc_id": f"r{i}", "text": r["text"][:200]} for i, r in enumerate(drug_rows[:24])]
+    rows[17]["doc_id"] = "r3"  # repeats an id of the first part
+    rows[5]["doc_id"] = rows[14]["doc_id"] = None
+    src = tmp_path / "in.parquet"
+
+    def run(out: Path, source_rows: list[dict], writer_cls: type[RunWriter] = RunWriter) -> None:
+        pq.write_table(pa.Table.from_pylist(source_rows), src)
+        spec = JobSpec(
+            inputs=[str(src)],
+            model=str(tiny_en_dir),
+            out=str(out),
+            id_col="doc_id",
+            window=6,
+            on_existing="incremental",
+            progress=False,
+        )
+        run_job(spec, writer_cls=writer_cls)
+
+    passes = [rows[:12], rows] if stop_in_pass else [rows]
+    for source_rows in passes:
+        run(tmp_path / "whole", source_rows)
+    for source_rows in passes[:-1]:
+        run(tmp_path / "resumed", source_rows)
+    stop = "part-000000000012" if stop_in_pass == 0 else "part-000000000012-g1"
+    with pytest.raises(WriteError):
+        run(tmp_path / "resumed", passes[-1], _failing_at(stop))
+    run(tmp_path / "resumed", passes[-1])
+    whole, resumed = (_tables(tmp_path / name) for name in ("whole", "resumed"))
+    statuses = resumed["predictions"].column("status").to_pylist()
+    # one pass: r3's repeat is a duplicate; two: the second skips r3 (in the run already) and records
+    # both null-id rows again, as documented
+    assert (statuses.count("duplicate_id"), statuses.count("null_id")) == ((1, 2), (0, 3))[stop_in_pass]
+    for table in schema.TABLES:
+        assert resumed[table].equals(whole[table]), table
+
+
+def test_resume_refuses_committed_parts_that_are_not_whole(corpus, tiny_en_dir, tmp_path):
+    """A part cut short, a table folder gone, or a manifest that lost a part's entry stops the resume
+    with a clear message instead of a run reported up to date."""
+    import shutil
+
+    base = tmp_path / "base"
+    assert runner.invoke(app, _args(corpus, tiny_en_dir, base)).exit_code == 0
+
+    def damaged(name: str, harm) -> str:
+        out = tmp_path / name
+        shutil.copytree(base, out)
+        harm(out)
+        r = runner.invoke(app, _args(corpus, tiny_en_dir, out))
+        assert r.exit_code == 1 and "Traceback" not in r.output
+        return r.output
+
+    def cut(out: Path) -> None:
+        f = out / "predictions" / "part-000000000010.parquet"
+        f.write_bytes(f.read_bytes()[:100])
+
+    def drop_entry(out: Path) -> None:
+        manifest = json.loads((out / "manifest.json").read_text())
+        del manifest["parts"][2]
+        (out / "manifest.json").write_text(json.dumps(manifest))
+
+    assert "predictions/part-000000000010.parquet cannot be read" in damaged("cut", cut)
+    assert "is committed in the manifest but missing" in damaged(
+        "gone", lambda out: shutil.rmtree(out / "cls_attention")
+    )
+    assert "rows 20..29 are in no committed part" in damaged("gap", drop_entry)
+    assert "its list of parts is missing or malformed" in damaged(
+        "list",
+        lambda out: (out / "manifest.json").write_text('{"format": "bertattn-batch run", "parts": null}'),
+    )
+
+
+def test_ctrl_c_while_the_writer_finishes_waits_for_the_part_in_hand():
+    """A second Ctrl-C (while the job waits for its writer thread) must not let the clean-up run beside
+    a part being committed: the part in hand is finished, the ones queued are dropped."""
+    import os
+    import threading
+    import time
+
+    from bertattn_batch.threads import Worker
+
+    done: list[int] = []
+
+    def slow(item: int) -> None:
+        time.sleep(0.5)
+        done.append(item)
+
+    worker = Worker(slow, depth=4)
+    for item in range(3):
+        worker.put(item)
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        worker.close()
+    assert done == [0]  # close() returned only once the part in hand was done
