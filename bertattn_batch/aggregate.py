@@ -60,6 +60,9 @@ CONTINUATION = "##"
 #: of doc_id), which bounds memory whatever the run's window size or review length.
 MAX_ROWS_PER_PASS = 1_000_000
 
+#: Age after which a leftover work folder is taken to be a killed aggregate's, and removed.
+STALE_WORK_SECONDS = 6 * 3600
+
 _REVIEW = ["doc_id", "layer", "head"]
 _CLASSES = ["pred_label", "label"]
 _SUMS = ["n_reviews", "n_occurrences", "weight_sum", "scaled_sum", "n_top"]
@@ -271,6 +274,9 @@ def aggregate(
     if "word" in units and model_type in NON_WORDPIECE_MODELS:
         units = [u for u in units if u != "word"]  # its pieces carry no '##' marks to join
     out_dir = run / AGGREGATES_DIR
+    for stale in out_dir.glob("_work-*"):  # left by an aggregate that was killed, not one still running
+        if time.time() - stale.stat().st_mtime > STALE_WORK_SECONDS:
+            shutil.rmtree(stale, ignore_errors=True)
     work = out_dir / f"_work-{time.time_ns()}"
     try:
         work.mkdir(parents=True, exist_ok=True)

@@ -361,6 +361,20 @@ def test_a_part_cut_short_stops_every_reader_with_one_line(run_dir, tmp_path):
         assert "bertattn validate" in r.output and "Traceback" not in r.output
 
 
+def test_a_killed_aggregates_work_folder_is_removed_later(run_dir, tmp_path):
+    import os
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    old, recent = (run / agg.AGGREGATES_DIR / f"_work-{n}" for n in (1, 2))
+    for d in (old, recent):
+        d.mkdir(parents=True)
+    os.utime(old, (0, 0))
+    agg.aggregate(run, min_reviews=MIN_REVIEWS)
+    assert not old.exists() and recent.is_dir()  # a recent one may be another aggregate's, at work
+
+
 def test_cli_refuses_what_is_not_a_run(tmp_path):
     r = CliRunner().invoke(app, ["aggregate", str(tmp_path)])
     assert r.exit_code == 1
