@@ -363,10 +363,10 @@ def resume_point(
     it commits anything is still known.
     """
     parts = sink.parts
+    last = max((int(p.get("generation", 0)) for p in parts), default=0)
     if incremental and parts and sink.reopened_status == "complete":
-        generation = max(int(p.get("generation", 0)) for p in parts) + 1
-        return _begin(sink, generation), 0, sink.committed_ids(), None
-    generation = int(sink.manifest.get("generation", 0)) if incremental else 0
+        return _begin(sink, last + 1), 0, sink.committed_ids(), None
+    generation = int(sink.manifest.get("generation", last)) if incremental else 0  # runs before the key
     # a plain resume continues from every committed part, whichever pass wrote it
     current = [p for p in parts if not incremental or int(p.get("generation", 0)) == generation]
     earlier = [p for p in parts if int(p.get("generation", 0)) < generation]
