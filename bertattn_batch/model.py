@@ -117,23 +117,12 @@ class Classifier:
         allow_pickle: bool = False,
         trim_last_layer: bool = True,
     ) -> Classifier:
-        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
-        if Path(source).exists() and not (Path(source) / "config.json").is_file():
-            raise ModelError(f"{source} is not a model folder (no config.json)")
-        try:
-            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-        except (OSError, ValueError) as e:
-            raise ModelError(f"cannot load model config from {source!r}: {_first_line(e)}") from None
-        if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ModelError(
-                f"model type {config.model_type!r} is not supported: bertattn reads the [CLS] row at "
-                f"position 0 of BERT-family encoders ({', '.join(sorted(SUPPORTED_MODEL_TYPES))})"
-            )
+        config = load_config(source, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
         _check_single_label(config, source)
-        _check_weights_format(source, allow_pickle)
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as e:
@@ -260,15 +249,60 @@ def _max_length(asked: int | None, tokenizer, config) -> int:
     return asked or limit
 
 
-def _check_weights_format(source: str, allow_pickle: bool) -> None:
+def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool | None = False):
+    """A model's config, refused before any weights load when bertattn cannot read its [CLS] row.
+
+    Shared by extract and finetune (its base), so both refuse the same models with the same words.
+    ``allow_pickle`` None: the caller has no --allow-pickle option (pickle weights are never read).
+    """
+    from transformers import AutoConfig
+
+    folder = Path(source)
+    if folder.exists() and not (folder / "config.json").is_file():
+        raise ModelError(f"{source} is not a model folder (no config.json)")
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        if not folder.exists():  # most often a mistyped local path, not a hub id
+            raise ModelError(
+                f"no model folder {source}, and it could not be loaded from the hub: {_first_line(e)}"
+            ) from None
+        raise ModelError(f"cannot load model config from {source!r}: {_first_line(e)}") from None
+    _check_architecture(config, source)
+    _check_weights_format(source, allow_pickle)
+    return config
+
+
+def _check_architecture(config, source: str) -> None:
+    """Only bidirectional encoders whose layers are counted the way ``--layers`` counts them."""
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelError(
+            f"model type {config.model_type!r} is not supported: bertattn reads the [CLS] row at "
+            f"position 0 of BERT-family encoders ({', '.join(sorted(SUPPORTED_MODEL_TYPES))})"
+        )
+    if getattr(config, "is_decoder", False):
+        raise ModelError(
+            f"{source} is built as a decoder (is_decoder=true): a causal model's [CLS] sees only itself; "
+            "bertattn reads bidirectional encoders"
+        )
+    if int(getattr(config, "inner_group_num", 1) or 1) > 1:  # ALBERT: attention calls != layers
+        raise ModelError(
+            f"{source}: ALBERT with inner_group_num={config.inner_group_num} runs several attentions per "
+            "layer, so --layers cannot name one; only inner_group_num=1 is supported"
+        )
+
+
+def _check_weights_format(source: str, allow_pickle: bool | None) -> None:
     folder = Path(source)
     if not folder.is_dir() or allow_pickle:
         return
     if not any(folder.glob("*.safetensors")) and any(folder.glob("*.bin")):
-        raise ModelError(
-            f"{source} has only pickle weights (*.bin); pass --allow-pickle to load them "
-            "(read with torch.load(weights_only=True)), or convert them to safetensors"
+        remedy = (
+            ""
+            if allow_pickle is None
+            else "pass --allow-pickle to load them (read with torch.load(weights_only=True)), or "
         )
+        raise ModelError(f"{source} has only pickle weights (*.bin); {remedy}convert them to safetensors")
 
 
 def _check_single_label(config, source: str) -> None:

@@ -254,6 +254,29 @@ def test_unsupported_architecture_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"model_type": "bert", "is_decoder": True}, "is built as a decoder"),
+        ({"model_type": "roberta", "is_decoder": True}, "is built as a decoder"),
+        ({"model_type": "albert", "num_hidden_groups": 2, "inner_group_num": 2}, "inner_group_num=2"),
+    ],
+)
+def test_encoders_whose_cls_row_cannot_be_read_are_refused(config, message, tmp_path):
+    """A causal model's [CLS] sees only itself (eager attention), and ALBERT's inner groups run several
+    attentions per layer: both are refused from config.json alone, before any weights load."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match=message):
+        Classifier.load(str(tmp_path))
+
+
+def test_a_missing_model_folder_is_named(tmp_path):
+    with pytest.raises(
+        ModelError, match=r"^no model folder .*nope, and it could not be loaded from the hub: "
+    ):
+        Classifier.load(str(tmp_path / "nope"))
+
+
+@pytest.mark.parametrize(
     ("change", "message"),
     [
         ("regression", "is a regression model"),
