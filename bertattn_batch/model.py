@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import pickle
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +124,7 @@ class Classifier:
         torch_dtype = resolve_dtype(dtype, dev)
         config = load_config(source, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
         _check_single_label(config, source)
+        id2label = _label_names(config, source)
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as e:
@@ -142,6 +144,8 @@ class Classifier:
                     use_safetensors=None if allow_pickle else True,
                     trust_remote_code=trust_remote_code,
                     output_loading_info=True,
+                    return_dict=True,  # outputs as objects (.logits), whatever config.json says
+                    output_attentions=False,  # eager mode asks per call; sdpa cannot return them
                 )
 
         try:
@@ -153,7 +157,12 @@ class Classifier:
                 # an architecture without SDPA (Megatron-BERT): its own attention, rows still captured
                 log.info("%s has no SDPA attention; running its eager attention", source)
                 model, info = from_pretrained("eager")
-        except (OSError, ValueError) as e:
+        except pickle.UnpicklingError as e:
+            raise ModelError(
+                f"cannot load model weights from {source!r} "
+                f"(pickle refused by torch.load(weights_only=True): {_pickle_reason(e)})"
+            ) from None
+        except (OSError, ValueError, RuntimeError) as e:
             raise ModelError(f"cannot load model weights from {source!r}: {_first_line(e)}") from None
         untrained = [k for k in info.get("missing_keys", []) if "classifier" in k or "score" in k]
         if untrained:
@@ -167,7 +176,6 @@ class Classifier:
         attn = find_self_attention(model)
         if not attn:
             raise ModelError(f"{source}: no self-attention query/key projections found")
-        id2label = {int(k): str(v) for k, v in config.id2label.items()}
         if all(v.startswith("LABEL_") for v in id2label.values()):
             log.warning("%s: labels are named LABEL_n; is the classification head trained?", source)
         limit = _max_length(max_length, tokenizer, config)
@@ -348,6 +356,22 @@ def _check_cls_first(tokenizer, source: str) -> None:
         )
     if sum(specials) != 2:
         raise ModelError(f"{source}: expected exactly one special token at each end, got mask {specials}")
+
+
+def _label_names(config, source: str) -> dict[int, str]:
+    """id2label with ids 0..n-1: the head's output i is label i, so a gap leaves an output unnamed."""
+    id2label = {int(k): str(v) for k, v in config.id2label.items()}
+    if sorted(id2label) != list(range(len(id2label))):
+        raise ModelError(
+            f"{source}: label ids {sorted(id2label)} in config.json (id2label) are not 0..{len(id2label) - 1}"
+        )
+    return id2label
+
+
+def _pickle_reason(e: BaseException) -> str:
+    """torch's refusal names the blocked global on a later line; its first line only says it failed."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return next((line for line in lines if "GLOBAL" in line), lines[0] if lines else type(e).__name__)
 
 
 def _first_line(e: BaseException) -> str:
