@@ -44,7 +44,8 @@ SUPPORTED_MODEL_TYPES = frozenset(
         "megatron-bert",
     }
 )
-#: Models whose position ids start after the padding index, so two positions are not usable.
+#: Models whose position ids start after the padding index (at pad_token_id + 1), so pad_token_id + 1
+#: positions are not usable.
 _POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert"})
 
 
@@ -249,7 +250,8 @@ def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list
 def _max_length(asked: int | None, tokenizer, config) -> int:
     limit = int(getattr(config, "max_position_embeddings", 512))
     if config.model_type in _POSITION_OFFSET_TYPES:
-        limit -= 2
+        pad = config.pad_token_id
+        limit -= (1 if pad is None else int(pad)) + 1
     tok_limit = getattr(tokenizer, "model_max_length", limit) or limit
     limit = min(limit, int(tok_limit)) if tok_limit < 1e9 else limit
     if asked is not None and asked > limit:
