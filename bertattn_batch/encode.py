@@ -42,6 +42,8 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
     if not texts:
         return []
     cap = max_length * _CHARS_PER_TOKEN_CAP
+    if getattr(tokenizer, "truncation_side", "right") != "right":
+        cap = len(max(texts, key=len))  # the cut keeps the start; truncation from the left keeps the end
     cut = [t[:cap] if len(t) > cap else t for t in texts]
     out = []
     for i, enc in enumerate(_encode_batch(tokenizer, cut, max_length)):
