@@ -78,12 +78,14 @@ def test_pre_cut_matches_the_tokenizer_on_the_whole_text(minilm_dir, tiny_zh_dir
         "好" * 600,  # no whitespace at all
         "差评" * 100 + "a" * 200,
         "ok " + "z" * 90 + " " + "w" * 500,
+        "abcdefghij" * 15,  # [UNK] whole (150 letters), WordPiece pieces when cut to 96
         "good " * 25 + "ok " + "terrible awful bad " * 10,  # left truncation keeps the end
+        "e\u0301\u0301" * 120,  # 360 characters; 120 after stripping accents, but 86 when cut at 256
     ]
     for model_dir in (minilm_dir, tiny_zh_dir):
         for side in ("right", "left"):
             tok = AutoTokenizer.from_pretrained(model_dir, truncation_side=side)
-            for max_length in (4, 8, 16):
+            for max_length in (3, 4, 5, 6, 8, 16):
                 got = encode_texts(tok, cases, max_length)
                 for text, enc in zip(cases, got, strict=True):
                     full = tok(text, truncation=False)["input_ids"]
