@@ -203,6 +203,13 @@ class Classifier:
     def labels(self) -> list[str]:
         return [self.id2label[i] for i in range(len(self.id2label))]
 
+    @property
+    def word_continuation(self) -> str | None:
+        """The mark of a piece that continues the word before it ("##" in WordPiece), or None where the
+        tokenizer marks word starts instead (byte-level BPE, SentencePiece): how words are joined."""
+        model = self.tokenizer.backend_tokenizer.model
+        return model.continuing_subword_prefix if type(model).__name__ == "WordPiece" else None
+
     def pad(self, ids: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-pad a batch: (B, S) input ids and attention mask on the model's device."""
         longest = max(len(x) for x in ids)
