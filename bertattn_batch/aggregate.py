@@ -11,7 +11,8 @@ Usage::
 For each (layer, head, token) and each group of reviews (all of them, each predicted label, each
 true label where the source had labels): the reviews and occurrences, the mean raw and scaled weight,
 and how often the token is the head's top token in a review. Words as well as tokens: a token that
-does not start with ``##`` and the ``##`` continuations right after it make one word.
+does not start with ``##`` and the ``##`` continuations right after it make one word (WordPiece
+tokenizers only: the manifest records the run's continuation mark).
 
 Definitions (the schema's descriptions say the same):
 - only reviews with ``status == "ok"`` count; a review's rows in ``cls_attention`` join its prediction
@@ -53,7 +54,8 @@ UNITS = ("token", "word")
 SPLITS = ("all", "pred_label", "label")
 #: Measures ``rank`` may order by (descending).
 RANK_MEASURES = ("mean_scaled", "mean_weight", "top_share", "n_top", "n_reviews")
-#: Tokenizers that mark word starts (byte-level BPE, SentencePiece) rather than continuations.
+#: Runs whose manifest predates ``model.word_continuation``: model types whose usual tokenizers mark
+#: word starts (byte-level BPE, SentencePiece) rather than continuations.
 NON_WORDPIECE_MODELS = frozenset({"roberta", "xlm-roberta", "camembert", "albert"})
 CONTINUATION = "##"
 #: Attention rows reduced in one pass; a larger part is cut into slices of whole reviews (by a hash
@@ -124,22 +126,22 @@ def review_rows(attn_path: Path | str, preds_path: Path | str) -> pl.LazyFrame:
     )
 
 
-def word_rows(rows: pl.LazyFrame) -> pl.LazyFrame:
+def word_rows(rows: pl.LazyFrame, continuation: str = CONTINUATION) -> pl.LazyFrame:
     """Tokens joined into words, in the same columns as ``review_rows`` (position: the first piece's).
 
-    A word starts at every token that is not a ``##`` continuation of the token just before it.
+    A word starts at every token that is not a continuation (``##`` piece) of the token just before it.
     Raw weight: the sum of the pieces'. Scaled: min-max over the review's words for that head.
     A review's words are the same at every (layer, head): they are found once, on one head's rows.
     """
     one_head = (pl.col("layer") == pl.col("layer").min()) & (pl.col("head") == pl.col("head").min())
     pieces = rows.filter(one_head).select("doc_id", "position", "token").sort(["doc_id", "position"])
-    continues = pl.col("token").str.starts_with(CONTINUATION) & (
+    continues = pl.col("token").str.starts_with(continuation) & (
         pl.col("position") == pl.col("position").shift(1).over("doc_id") + 1
     )
     continues = continues.fill_null(False)
     pieces = pieces.with_columns(
         word=(~continues).cast(pl.Int32).cum_sum().over("doc_id"),
-        piece=pl.when(continues).then(pl.col("token").str.strip_prefix(CONTINUATION)).otherwise("token"),
+        piece=pl.when(continues).then(pl.col("token").str.strip_prefix(continuation)).otherwise("token"),
     )
     texts = pieces.group_by(["doc_id", "word"]).agg(
         token=pl.col("piece").sort_by("position").str.join(""),
@@ -270,9 +272,9 @@ def aggregate(
         if manifest.get("status") == "complete":
             raise RunDirError(f"{run} holds no reviews to aggregate: its input had no rows")
         raise RunDirError(f"{run} has no committed parts yet; run bertattn extract first")
-    model_type = manifest.get("model", {}).get("model_type", "bert")
-    if "word" in units and model_type in NON_WORDPIECE_MODELS:
-        units = [u for u in units if u != "word"]  # its pieces carry no '##' marks to join
+    continuation = word_continuation(manifest)
+    if continuation is None:
+        units = [u for u in units if u != "word"]  # its pieces carry no continuation marks to join
     out_dir = run / AGGREGATES_DIR
     for stale in out_dir.glob("_work-*"):  # left by an aggregate that was killed, not one still running
         if time.time() - stale.stat().st_mtime > STALE_WORK_SECONDS:
@@ -291,7 +293,7 @@ def aggregate(
                 if slices > 1:  # reviews never straddle slices: the sums stay additive
                     rows = rows.filter(pl.col("doc_id").hash(seed=0) % slices == k)
                 for unit in units:
-                    frame = part_sums(rows if unit == "token" else word_rows(rows), unit)
+                    frame = part_sums(rows if unit == "token" else word_rows(rows, continuation), unit)
                     path = work / f"{unit}-{k}-{name}"
                     frame.sink_parquet(path, engine="streaming")
                     partials.append(path)
@@ -324,6 +326,15 @@ def aggregate(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return Aggregates(final, table, options, [n for n, _, _ in parts], seconds=time.perf_counter() - t0)
+
+
+def word_continuation(manifest: dict[str, Any]) -> str | None:
+    """The run's word-continuation mark, as its tokenizer had it; for runs from before it was recorded,
+    guessed from the model type."""
+    model = manifest.get("model", {})
+    if "word_continuation" in model:
+        return model["word_continuation"] or None
+    return None if model.get("model_type", "bert") in NON_WORDPIECE_MODELS else CONTINUATION
 
 
 def read_aggregates(run_dir: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:

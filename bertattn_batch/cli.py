@@ -74,10 +74,10 @@ def _layers(value: str | None) -> list[int] | None:
     if value is None:
         return None
     try:
-        return [int(x) for x in value.replace(" ", "").split(",") if x]
+        return [int(x) for x in value.replace(" ", "").split(",")]  # an empty entry is a typo too
     except ValueError:
-        raise typer.BadParameter(
-            f"expected comma-separated layer indices such as -2 or -2,-1; got {value!r}"
+        raise SpecError(
+            f"--layers: expected comma-separated layer indices such as -2 or -2,-1; got {value!r}"
         ) from None
 
 

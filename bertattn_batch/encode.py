@@ -42,12 +42,14 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
     if not texts:
         return []
     cap = max_length * _CHARS_PER_TOKEN_CAP
+    if getattr(tokenizer, "truncation_side", "right") != "right":
+        cap = len(max(texts, key=len))  # the cut keeps the start; truncation from the left keeps the end
     cut = [t[:cap] if len(t) > cap else t for t in texts]
     out = []
     for i, enc in enumerate(_encode_batch(tokenizer, cut, max_length)):
         truncated = bool(enc.overflowing)
         if len(cut[i]) != len(texts[i]):
-            if truncated and _cut_is_exact(cut[i], enc.offsets):
+            if truncated and _cut_is_exact(tokenizer.backend_tokenizer, cut[i], enc.offsets):
                 pass  # the review overflows anyway, and the cut did not touch what was kept
             else:  # rare: mostly whitespace, dropped characters or words of hundreds of letters
                 enc = _encode_batch(tokenizer, [texts[i]], max_length)[0]
@@ -62,18 +64,24 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
     return out
 
 
-def _cut_is_exact(cut: str, offsets: list[tuple[int, int]]) -> bool:
+def _cut_is_exact(backend, cut: str, offsets: list[tuple[int, int]]) -> bool:
     """Whether the tokens kept from a cut text are those the whole text would give.
 
     Tokenizers split words at whitespace, so tokens that end before the last whitespace of the cut text
-    cannot depend on what the cut removed. Failing that, tokens within the first half of the cut text are
-    taken as unaffected: WordPiece, BPE and Unigram decide a token from the characters around it, and a
-    word reaching from those tokens past the cut is longer than half the cut (16 characters per allowed
-    token), which WordPiece makes [UNK] in either text from 7 allowed tokens up (over 100 characters).
+    cannot depend on what the cut removed. Failing that, only WordPiece gives a proof: a kept token in
+    the word that reaches the cut end would make that word longer than ``max_input_chars_per_word``
+    (after normalizing) when what follows the kept tokens is, so the word would be one [UNK] ending past
+    them. Everything else is re-encoded whole (a 150-letter word is [UNK] whole, pieces when cut).
     """
     end = max((e for _, e in offsets), default=0)
     space = _LAST_SPACE.search(cut)
-    return (space is not None and end <= space.start()) or end <= len(cut) // 2
+    if space is not None and end <= space.start():
+        return True
+    model = backend.model
+    if type(model).__name__ != "WordPiece":
+        return False
+    rest = cut[end:] if backend.normalizer is None else backend.normalizer.normalize_str(cut[end:])
+    return len(rest) > model.max_input_chars_per_word
 
 
 def _encode_batch(tokenizer, texts: list[str], max_length: int) -> list:

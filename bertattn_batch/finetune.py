@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .errors import InputError, ModelError
+from .model import load_config
 from .read import read_rows
 from .spec import FinetuneSpec
 
@@ -218,7 +219,7 @@ def _base_model(path: str, names: list[str]) -> Any:
             id2label=dict(enumerate(names)),
             label2id={n: i for i, n in enumerate(names)},
             use_safetensors=True,
-            attn_implementation="sdpa",
+            # no attn_implementation: SDPA where the architecture has it, else its eager attention
             trust_remote_code=False,
             ignore_mismatched_sizes=True,  # a classifier base with another number of labels
             output_loading_info=True,
@@ -427,6 +428,7 @@ def _finetune(
         tokenizer = _char_tokenizer(vocab, spec.max_length)
         model = _scratch_model(spec, len(vocab), names, tokenizer.pad_token_id)
     else:
+        load_config(base_path, allow_pickle=None)  # refuse what extract would refuse, before training
         tokenizer = _load_base_tokenizer(base_path)
         model = _base_model(base_path, names)
     tok_size = len(tokenizer)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import pickle
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,8 @@ SUPPORTED_MODEL_TYPES = frozenset(
         "megatron-bert",
     }
 )
-#: Models whose position ids start after the padding index, so two positions are not usable.
+#: Models whose position ids start after the padding index (at pad_token_id + 1), so pad_token_id + 1
+#: positions are not usable.
 _POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert"})
 
 
@@ -117,23 +119,13 @@ class Classifier:
         allow_pickle: bool = False,
         trim_last_layer: bool = True,
     ) -> Classifier:
-        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
-        if Path(source).exists() and not (Path(source) / "config.json").is_file():
-            raise ModelError(f"{source} is not a model folder (no config.json)")
-        try:
-            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-        except (OSError, ValueError) as e:
-            raise ModelError(f"cannot load model config from {source!r}: {_first_line(e)}") from None
-        if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ModelError(
-                f"model type {config.model_type!r} is not supported: bertattn reads the [CLS] row at "
-                f"position 0 of BERT-family encoders ({', '.join(sorted(SUPPORTED_MODEL_TYPES))})"
-            )
+        config = load_config(source, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
         _check_single_label(config, source)
-        _check_weights_format(source, allow_pickle)
+        id2label = _label_names(config, source)
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as e:
@@ -153,6 +145,8 @@ class Classifier:
                     use_safetensors=None if allow_pickle else True,
                     trust_remote_code=trust_remote_code,
                     output_loading_info=True,
+                    return_dict=True,  # outputs as objects (.logits), whatever config.json says
+                    output_attentions=False,  # eager mode asks per call; sdpa cannot return them
                 )
 
         try:
@@ -164,7 +158,12 @@ class Classifier:
                 # an architecture without SDPA (Megatron-BERT): its own attention, rows still captured
                 log.info("%s has no SDPA attention; running its eager attention", source)
                 model, info = from_pretrained("eager")
-        except (OSError, ValueError) as e:
+        except pickle.UnpicklingError as e:
+            raise ModelError(
+                f"cannot load model weights from {source!r} "
+                f"(pickle refused by torch.load(weights_only=True): {_pickle_reason(e)})"
+            ) from None
+        except (OSError, ValueError, RuntimeError) as e:
             raise ModelError(f"cannot load model weights from {source!r}: {_first_line(e)}") from None
         untrained = [k for k in info.get("missing_keys", []) if "classifier" in k or "score" in k]
         if untrained:
@@ -178,7 +177,6 @@ class Classifier:
         attn = find_self_attention(model)
         if not attn:
             raise ModelError(f"{source}: no self-attention query/key projections found")
-        id2label = {int(k): str(v) for k, v in config.id2label.items()}
         if all(v.startswith("LABEL_") for v in id2label.values()):
             log.warning("%s: labels are named LABEL_n; is the classification head trained?", source)
         limit = _max_length(max_length, tokenizer, config)
@@ -204,6 +202,13 @@ class Classifier:
     @property
     def labels(self) -> list[str]:
         return [self.id2label[i] for i in range(len(self.id2label))]
+
+    @property
+    def word_continuation(self) -> str | None:
+        """The mark of a piece that continues the word before it ("##" in WordPiece), or None where the
+        tokenizer marks word starts instead (byte-level BPE, SentencePiece): how words are joined."""
+        model = self.tokenizer.backend_tokenizer.model
+        return model.continuing_subword_prefix if type(model).__name__ == "WordPiece" else None
 
     def pad(self, ids: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-pad a batch: (B, S) input ids and attention mask on the model's device."""
@@ -252,7 +257,8 @@ def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list
 def _max_length(asked: int | None, tokenizer, config) -> int:
     limit = int(getattr(config, "max_position_embeddings", 512))
     if config.model_type in _POSITION_OFFSET_TYPES:
-        limit -= 2
+        pad = config.pad_token_id
+        limit -= (1 if pad is None else int(pad)) + 1
     tok_limit = getattr(tokenizer, "model_max_length", limit) or limit
     limit = min(limit, int(tok_limit)) if tok_limit < 1e9 else limit
     if asked is not None and asked > limit:
@@ -260,15 +266,60 @@ def _max_length(asked: int | None, tokenizer, config) -> int:
     return asked or limit
 
 
-def _check_weights_format(source: str, allow_pickle: bool) -> None:
+def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool | None = False):
+    """A model's config, refused before any weights load when bertattn cannot read its [CLS] row.
+
+    Shared by extract and finetune (its base), so both refuse the same models with the same words.
+    ``allow_pickle`` None: the caller has no --allow-pickle option (pickle weights are never read).
+    """
+    from transformers import AutoConfig
+
+    folder = Path(source)
+    if folder.exists() and not (folder / "config.json").is_file():
+        raise ModelError(f"{source} is not a model folder (no config.json)")
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        if not folder.exists():  # most often a mistyped local path, not a hub id
+            raise ModelError(
+                f"no model folder {source}, and it could not be loaded from the hub: {_first_line(e)}"
+            ) from None
+        raise ModelError(f"cannot load model config from {source!r}: {_first_line(e)}") from None
+    _check_architecture(config, source)
+    _check_weights_format(source, allow_pickle)
+    return config
+
+
+def _check_architecture(config, source: str) -> None:
+    """Only bidirectional encoders whose layers are counted the way ``--layers`` counts them."""
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelError(
+            f"model type {config.model_type!r} is not supported: bertattn reads the [CLS] row at "
+            f"position 0 of BERT-family encoders ({', '.join(sorted(SUPPORTED_MODEL_TYPES))})"
+        )
+    if getattr(config, "is_decoder", False):
+        raise ModelError(
+            f"{source} is built as a decoder (is_decoder=true): a causal model's [CLS] sees only itself; "
+            "bertattn reads bidirectional encoders"
+        )
+    if int(getattr(config, "inner_group_num", 1) or 1) > 1:  # ALBERT: attention calls != layers
+        raise ModelError(
+            f"{source}: ALBERT with inner_group_num={config.inner_group_num} runs several attentions per "
+            "layer, so --layers cannot name one; only inner_group_num=1 is supported"
+        )
+
+
+def _check_weights_format(source: str, allow_pickle: bool | None) -> None:
     folder = Path(source)
     if not folder.is_dir() or allow_pickle:
         return
     if not any(folder.glob("*.safetensors")) and any(folder.glob("*.bin")):
-        raise ModelError(
-            f"{source} has only pickle weights (*.bin); pass --allow-pickle to load them "
-            "(read with torch.load(weights_only=True)), or convert them to safetensors"
+        remedy = (
+            ""
+            if allow_pickle is None
+            else "pass --allow-pickle to load them (read with torch.load(weights_only=True)), or "
         )
+        raise ModelError(f"{source} has only pickle weights (*.bin); {remedy}convert them to safetensors")
 
 
 def _check_single_label(config, source: str) -> None:
@@ -314,6 +365,22 @@ def _check_cls_first(tokenizer, source: str) -> None:
         )
     if sum(specials) != 2:
         raise ModelError(f"{source}: expected exactly one special token at each end, got mask {specials}")
+
+
+def _label_names(config, source: str) -> dict[int, str]:
+    """id2label with ids 0..n-1: the head's output i is label i, so a gap leaves an output unnamed."""
+    id2label = {int(k): str(v) for k, v in config.id2label.items()}
+    if sorted(id2label) != list(range(len(id2label))):
+        raise ModelError(
+            f"{source}: label ids {sorted(id2label)} in config.json (id2label) are not 0..{len(id2label) - 1}"
+        )
+    return id2label
+
+
+def _pickle_reason(e: BaseException) -> str:
+    """torch's refusal names the blocked global on a later line; its first line only says it failed."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return next((line for line in lines if "GLOBAL" in line), lines[0] if lines else type(e).__name__)
 
 
 def _first_line(e: BaseException) -> str:

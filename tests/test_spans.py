@@ -65,7 +65,8 @@ def test_truncation_is_recorded(minilm_dir):
 
 def test_pre_cut_matches_the_tokenizer_on_the_whole_text(minilm_dir, tiny_zh_dir):
     """Long reviews are cut before tokenizing; the ids and the truncation flag must still be the
-    tokenizer's own on the whole text (oracle: the library tokenizer, no cut), whatever the words."""
+    tokenizer's own on the whole text (oracle: the library tokenizer, no cut), whatever the words, the
+    length limit and the side truncation keeps."""
     from transformers import AutoTokenizer
 
     long_word = "a" * 101 + " " + "b" * 101 + " " + "c" * 150  # words over 100 letters are one [UNK]
@@ -77,13 +78,17 @@ def test_pre_cut_matches_the_tokenizer_on_the_whole_text(minilm_dir, tiny_zh_dir
         "好" * 600,  # no whitespace at all
         "差评" * 100 + "a" * 200,
         "ok " + "z" * 90 + " " + "w" * 500,
+        "abcdefghij" * 15,  # [UNK] whole (150 letters), WordPiece pieces when cut to 96
+        "good " * 25 + "ok " + "terrible awful bad " * 10,  # left truncation keeps the end
+        "e\u0301\u0301" * 120,  # 360 characters; 120 after stripping accents, but 86 when cut at 256
     ]
     for model_dir in (minilm_dir, tiny_zh_dir):
-        tok = AutoTokenizer.from_pretrained(model_dir)
-        for max_length in (4, 8, 16):
-            got = encode_texts(tok, cases, max_length)
-            for text, enc in zip(cases, got, strict=True):
-                full = tok(text, truncation=False)["input_ids"]
-                want = tok(text, truncation=True, max_length=max_length)["input_ids"]
-                assert enc.ids.tolist() == want, (text[:20], max_length)
-                assert enc.truncated == (len(full) > max_length), (text[:20], max_length)
+        for side in ("right", "left"):
+            tok = AutoTokenizer.from_pretrained(model_dir, truncation_side=side)
+            for max_length in (3, 4, 5, 6, 8, 16):
+                got = encode_texts(tok, cases, max_length)
+                for text, enc in zip(cases, got, strict=True):
+                    full = tok(text, truncation=False)["input_ids"]
+                    want = tok(text, truncation=True, max_length=max_length)["input_ids"]
+                    assert enc.ids.tolist() == want, (text[:20], side, max_length)
+                    assert enc.truncated == (len(full) > max_length), (text[:20], side, max_length)

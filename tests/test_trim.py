@@ -112,3 +112,27 @@ def test_the_load_probe_stays_within_a_short_model(en_tokenizer, tmp_path):
     en_tokenizer.save_pretrained(tmp_path)
     clf = Classifier.load(str(tmp_path))
     assert clf.max_length == 6 and clf.trim is not None
+
+
+def test_roberta_positions_start_after_its_padding_id(en_tokenizer, tmp_path):
+    """RoBERTa numbers positions from pad_token_id + 1: with pad id 3 and 40 positions, 36 tokens fit,
+    and a review of that many runs as transformers runs it."""
+    labels = {0: "negative", 1: "positive"}
+    config = tf.RobertaConfig(
+        vocab_size=len(en_tokenizer),
+        max_position_embeddings=40,
+        pad_token_id=3,
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+        **TINY,
+    )
+    torch.manual_seed(0)
+    tf.RobertaForSequenceClassification(config).save_pretrained(tmp_path)
+    en_tokenizer.save_pretrained(tmp_path)
+    clf = Classifier.load(str(tmp_path))
+    assert clf.max_length == 36
+    ids = [np.asarray(en_tokenizer("word " * 50, truncation=True, max_length=clf.max_length)["input_ids"])]
+    probs, rows = clf.forward(ids)
+    ref_probs, ref_rows = Classifier.load(str(tmp_path), attention="eager").forward(ids)
+    np.testing.assert_allclose(probs, ref_probs, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(rows, ref_rows, atol=1e-5, rtol=0)
