@@ -31,6 +31,7 @@ with streaming group-bys whose size is bounded by the vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -277,8 +278,9 @@ def aggregate(
         units = [u for u in units if u != "word"]  # its pieces carry no continuation marks to join
     out_dir = run / AGGREGATES_DIR
     for stale in out_dir.glob("_work-*"):  # left by an aggregate that was killed, not one still running
-        if time.time() - stale.stat().st_mtime > STALE_WORK_SECONDS:
-            shutil.rmtree(stale, ignore_errors=True)
+        with contextlib.suppress(OSError):  # another aggregate may remove it first
+            if time.time() - stale.stat().st_mtime > STALE_WORK_SECONDS:
+                shutil.rmtree(stale, ignore_errors=True)
     work = out_dir / f"_work-{time.time_ns()}"
     try:
         work.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ import torch
 from . import __version__, schema
 from .batching import bucket_batches
 from .encode import encode_texts
-from .errors import ModelError
+from .errors import ModelError, RunDirError
 from .extract import Extractor, ScoredRow, vocab_array
 from .model import Classifier
 from .read import RowBatch, check_inputs, count_rows, read_rows
@@ -317,7 +317,7 @@ def run_job(
     on_existing = "resume" if incremental else spec.on_existing
     with writer_cls(spec.out, run_header(spec, clf), on_existing=on_existing) as sink:
         generation, skip_until, skip_ids, taken = resume_point(sink, incremental, spec.id_col is not None)
-        summary.skipped_committed = skip_until if not incremental else len(skip_ids or ())
+        summary.skipped_committed = skip_until + len(skip_ids or ())
         bar = _progress_bar(spec, show, skip_until)
 
         def write(window: Window) -> None:
@@ -364,22 +364,28 @@ def resume_point(
     it commits anything is still known.
     """
     parts = sink.parts
-    last = max((int(p.get("generation", 0)) for p in parts), default=0)
-    if incremental and parts and sink.reopened_status == "complete":
-        return _begin(sink, last + 1), 0, sink.committed_ids(), None
-    generation = int(sink.manifest.get("generation", last)) if incremental else 0  # runs before the key
-    # a plain resume continues from every committed part, whichever pass wrote it
-    current = [p for p in parts if not incremental or int(p.get("generation", 0)) == generation]
+    passes = {int(p.get("generation", 0)) for p in parts}
+    if not incremental:
+        if passes - {0}:
+            raise RunDirError(
+                f"{sink.run_dir} holds incremental passes; resume it with --incremental (or --overwrite)"
+            )
+        sink.begin_pass(0)
+        skip_until = max((p["end_row"] for p in parts), default=0)
+        return 0, skip_until, None, sink.committed_ids() if by_id and skip_until else None
+    if parts and (sink.reopened_status == "complete" or "generation" not in sink.manifest):
+        generation = max(passes) + 1  # a new pass (also over a run from before passes were recorded)
+        sink.begin_pass(generation)
+        return generation, 0, sink.committed_ids(), None
+    # finish the interrupted pass where it stopped, by row number as any resume does (the input is
+    # taken to be unchanged): a repeat of one of its ids is still duplicate_id, a null id is not redone
+    generation = int(sink.manifest.get("generation", 0))
+    current = [p for p in parts if int(p.get("generation", 0)) == generation]
     earlier = [p for p in parts if int(p.get("generation", 0)) < generation]
+    sink.begin_pass(generation)
     skip_until = max((p["end_row"] for p in current), default=0)
-    skip_ids = sink.committed_ids(earlier) if generation else None
     taken = sink.committed_ids(current) if by_id and current else None
-    return _begin(sink, generation), skip_until, skip_ids, taken
-
-
-def _begin(sink: RunWriter, generation: int) -> int:
-    sink.manifest["generation"] = generation  # saved with the first part, or on interruption
-    return generation
+    return generation, skip_until, sink.committed_ids(earlier) if earlier else None, taken
 
 
 def _count(summary: RunSummary, window: Window, real: int, slots: int) -> None:

@@ -269,7 +269,7 @@ def run_job_ray(
         with writer_cls(spec.out, header, on_existing=on_existing) as sink:
             by_id = spec.id_col is not None
             generation, skip_until, skip_ids, taken = resume_point(sink, incremental, by_id)
-            summary.skipped_committed = skip_until if not incremental else len(skip_ids or ())
+            summary.skipped_committed = skip_until + len(skip_ids or ())
             t0 = time.perf_counter()
             windows, _ = _ray_call(ray, lambda: plan_windows(ray, spec, skip_until, skip_ids, taken))
             timings["read_plan"] = time.perf_counter() - t0

@@ -237,14 +237,22 @@ def _is_null(value: Any) -> bool:
 
 
 def _to_str(value: Any) -> str:
-    """An id or label as text; bytes that are not UTF-8 (and lone surrogates) become U+FFFD."""
+    """An id or label as text. Bytes that are not UTF-8 are written as escapes (``\\xff``), so two ids
+    that differ only there stay two ids, spelled alike in every format."""
     if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
+        return value.decode("utf-8", errors="backslashreplace")
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     text = str(value)
     if not text.isascii():
-        return text.encode("utf-8", errors="surrogatepass").decode("utf-8", errors="replace")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # surrogates: bytes a JSONL line could not decode, or a "\udc80" escape
+            try:
+                raw = text.encode("utf-8", errors="surrogateescape")
+            except UnicodeEncodeError:
+                raw = text.encode("utf-8", errors="surrogatepass")
+            return raw.decode("utf-8", errors="backslashreplace")
     return text
 
 
@@ -354,10 +362,10 @@ def _read_parquet(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
 def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
     if src.path.stat().st_size == 0 or not _column_names(src):
         return
-    with open(src.path, "rb") as f:
-        f.readline()
-        if not f.read(1):
-            return  # a header and no rows (Arrow refuses a header without its newline)
+    if src.path.stat().st_size < 1 << 16:  # a header and no rows: Arrow refuses one without its newline
+        body = src.path.read_bytes().rstrip(b"\r\n")
+        if b"\n" not in body and b"\r" not in body:
+            return
     parse, convert = csv_options(src.format, wanted)
     reader = pcsv.open_csv(
         src.path,

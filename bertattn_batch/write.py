@@ -48,8 +48,9 @@ def _tmp_name(name: str) -> str:
     return f"_{name}.tmp"
 
 
-def read_manifest(run_dir: str | Path) -> dict[str, Any]:
-    """A run's manifest, checked for the shape every reader relies on (its parts above all)."""
+def read_manifest(run_dir: str | Path, check_parts: bool = True) -> dict[str, Any]:
+    """A run's manifest, checked for the shape every reader relies on (its parts above all; the
+    validator, which names each bad entry itself, passes ``check_parts=False``)."""
     path = Path(run_dir) / MANIFEST
     if not path.is_file():
         raise RunDirError(f"{run_dir} is not a run directory (no {MANIFEST})")
@@ -59,17 +60,16 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
         raise RunDirError(f"{path} is damaged: {e}") from None
     if not isinstance(data, dict):
         raise RunDirError(f"{path} is damaged: not a JSON object")
-    if data.get("format") == FORMAT and not _parts_are_whole(data.get("parts")):
+    if check_parts and data.get("format") == FORMAT and not _parts_are_whole(data.get("parts")):
         raise RunDirError(f"{path} is damaged: its list of parts is missing or malformed")
     return data
 
 
 def _parts_are_whole(parts: Any) -> bool:
-    keys = ("name", "start_row", "end_row", "files", "rows")
+    types = {"name": str, "start_row": int, "end_row": int, "files": dict, "rows": dict}
     return isinstance(parts, list) and all(
         isinstance(p, dict)
-        and all(k in p for k in keys)
-        and isinstance(p["files"], dict)
+        and all(isinstance(p.get(k), t) for k, t in types.items())
         and all(isinstance(p["files"].get(t), str) for t in schema.TABLES)
         for p in parts
     )
@@ -78,7 +78,7 @@ def _parts_are_whole(parts: Any) -> bool:
 def check_part_file(run_dir: Path, path: Path) -> None:
     """Raise unless a committed part file is there and its Parquet footer reads (a file cut short by a
     full disk or an interrupted copy has none): a few kilobytes read per file."""
-    name = path.relative_to(run_dir)
+    name = path.relative_to(run_dir) if path.is_relative_to(run_dir) else path
     if not path.is_file():
         problem = "is committed in the manifest but missing"
     else:
@@ -141,8 +141,8 @@ class RunWriter:
                 raise RunDirError(
                     f"{self.run_dir} already holds a run; choose another --out or pass --overwrite"
                 )
-            self.manifest = read_manifest(self.run_dir)
-            self.reopened_status = self.manifest.get("status")
+            self.manifest = old
+            self.reopened_status = old.get("status")
             self._check_compatible(self.manifest)
             self._recover()
             self.manifest.update(status="running", resumed_at=_now())
@@ -179,6 +179,12 @@ class RunWriter:
         self.manifest["completed_at"] = _now()
         self._save()
         return self.manifest
+
+    def begin_pass(self, generation: int) -> None:
+        """Record which pass the parts to come belong to, before the first of them: a pass killed before
+        it commits anything must still be told from the finished pass before it."""
+        self.manifest["generation"] = generation
+        self._save()
 
     # -- parts --------------------------------------------------------------------------------------
     @property

@@ -474,6 +474,16 @@ def test_unreadable_inputs_and_header_only_csv(tiny_en_dir, tmp_path):
     csv.write_text("id,text")  # a header without its newline: no rows
     r = _extract(csv, tiny_en_dir, tmp_path / "h", "--id-col", "id")
     assert r.exit_code == 0 and "the input holds no rows" in r.output, r.output
+    csv.write_bytes(b"id,text\r1,good\r2,bad\r")  # old Mac line ends
+    r = _extract(csv, tiny_en_dir, tmp_path / "cr", "--id-col", "id")
+    assert r.exit_code == 0 and r.output.startswith("2 reviews"), r.output
+    jsonl = tmp_path / "ids.jsonl"  # ids that differ only in bytes that are not UTF-8 stay apart
+    jsonl.write_bytes(b'{"id": "a\xff", "text": "good"}\n{"id": "a\xfe", "text": "bad"}\n')
+    r = _extract(jsonl, tiny_en_dir, tmp_path / "j", "--id-col", "id")
+    assert r.exit_code == 0, r.output
+    preds = read_table(tmp_path / "j", "predictions")
+    assert preds.column("doc_id").to_pylist() == ["a\\xff", "a\\xfe"]
+    assert preds.column("status").to_pylist() == ["ok", "ok"]
     if os.geteuid() != 0:  # root reads any file
         locked = tmp_path / "locked.jsonl"
         locked.write_text('{"text": "x"}\n')
