@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .errors import InputError, ModelError
-from .model import load_config
+from .model import length_limit, load_config
 from .read import read_rows
 from .spec import FinetuneSpec
 
@@ -435,7 +435,7 @@ def _finetune(
     if tok_size <= len(SPECIAL_TOKENS):
         raise ModelError(f"tokenizer has only {tok_size} tokens: {_vocabulary_hint(spec, base_path)}")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    max_length = min(spec.max_length, int(getattr(model.config, "max_position_embeddings", 512)))
+    max_length = min(spec.max_length, length_limit(tokenizer, model.config))
 
     def encode(rows: np.ndarray) -> list[list[int]]:
         if len(rows) == 0:  # eval_fraction 0: nothing held out

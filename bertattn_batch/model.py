@@ -254,13 +254,18 @@ def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list
     return out
 
 
-def _max_length(asked: int | None, tokenizer, config) -> int:
+def length_limit(tokenizer, config) -> int:
+    """The most tokens (specials included) the model has positions for and the tokenizer allows."""
     limit = int(getattr(config, "max_position_embeddings", 512))
     if config.model_type in _POSITION_OFFSET_TYPES:
         pad = config.pad_token_id
         limit -= (1 if pad is None else int(pad)) + 1
     tok_limit = getattr(tokenizer, "model_max_length", limit) or limit
-    limit = min(limit, int(tok_limit)) if tok_limit < 1e9 else limit
+    return min(limit, int(tok_limit)) if tok_limit < 1e9 else limit
+
+
+def _max_length(asked: int | None, tokenizer, config) -> int:
+    limit = length_limit(tokenizer, config)
     if asked is not None and asked > limit:
         raise SpecError(f"max_length {asked} exceeds the model's limit of {limit} tokens")
     return asked or limit

@@ -335,6 +335,43 @@ def test_a_base_without_sdpa_trains(tiny_zh_dir, tmp_path: Path) -> None:
     assert Classifier.load(str(tmp_path / "m"), layers=[0]).labels == ["neg", "pos"]
 
 
+def test_a_roberta_base_trains_within_its_positions(tmp_path: Path) -> None:
+    """RoBERTa's positions start after its padding id: a base with 34 positions takes 32 tokens (an
+    asked max_length of 64 used to index past its position table)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast, RobertaConfig, RobertaForSequenceClassification
+
+    words = ["<s>", "<pad>", "</s>", "<unk>", "<mask>", "good", "bad", "very", "food"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        cls_token="<s>",
+        sep_token="</s>",
+        mask_token="<mask>",
+    )
+    config = RobertaConfig(
+        vocab_size=len(words),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=34,
+        pad_token_id=1,
+    )
+    RobertaForSequenceClassification(config).save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    spec = FinetuneSpec(base=str(tmp_path / "base"), epochs=1.0, max_length=64, eval_fraction=0.0)
+    texts = ["very good food " * 20, "very bad food " * 20] * 4
+    finetune(texts, ["pos", "neg"] * 4, tmp_path / "m", spec, progress=False)
+    assert Classifier.load(str(tmp_path / "m"), layers=[0]).max_length == 32
+
+
 def test_messages_name_the_real_problem(tmp_path: Path) -> None:
     texts = [f"评论{i}号" for i in range(300)]
     with pytest.raises(InputError, match="300 distinct labels among 300 rows") as e:
