@@ -308,9 +308,10 @@ def run_job(
     t_start = time.perf_counter()
     check_inputs(spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format, spec.out)
     ensure_model(spec, progress=show)
+    t_load = time.perf_counter()
     clf = load_classifier(spec)
     summary = RunSummary(run_dir=str(spec.out))
-    timings: Counter = Counter()
+    timings: Counter = Counter(load=time.perf_counter() - t_load)
     extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels)
     stage = ModelStage(clf, spec.batch_tokens, spec.max_batch_size)
     incremental = spec.on_existing == "incremental"
