@@ -46,10 +46,8 @@ import pyarrow.parquet as pq
 
 from . import schema
 from .errors import RunDirError, SpecError, WriteError
-from .write import check_part_file, read_manifest
+from .write import AGGREGATES_DIR, check_part_file, read_manifest
 
-#: Folder inside a run that holds derived tables (never inside the run's own table folders).
-AGGREGATES_DIR = "aggregates"
 TABLE = "token_influence"
 UNITS = ("token", "word")
 SPLITS = ("all", "pred_label", "label")

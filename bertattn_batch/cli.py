@@ -82,13 +82,15 @@ def _layers(value: str | None) -> list[int] | None:
 
 
 def _on_existing(on_existing: str | None, overwrite: bool, incremental: bool) -> str | None:
-    if overwrite and incremental:
-        raise typer.BadParameter("--overwrite and --incremental exclude each other")
-    if overwrite:
-        return "overwrite"
-    if incremental:
-        return "incremental"
-    return on_existing
+    """One answer to "what of an existing run?": the flags are shorthands that must not contradict."""
+    asked = {
+        v
+        for v in (on_existing, "overwrite" if overwrite else None, "incremental" if incremental else None)
+        if v
+    }
+    if len(asked) > 1:
+        raise SpecError(f"--overwrite, --incremental and --on-existing disagree: {', '.join(sorted(asked))}")
+    return asked.pop() if asked else None
 
 
 def _run(spec: JobSpec) -> None:
@@ -157,8 +159,9 @@ def extract(
     window: Annotated[int, typer.Option(help="Rows per bucketing window and per Parquet part.")] = 4096,
     limit: Annotated[int | None, typer.Option(help="Read only the first N rows.")] = None,
     on_existing: Annotated[
-        str, typer.Option(help=f"What to do when --out holds a run: {', '.join(ON_EXISTING)}.")
-    ] = "resume",
+        str | None,
+        typer.Option(help=f"What to do when --out holds a run: {', '.join(ON_EXISTING)} (default resume)."),
+    ] = None,
     overwrite: Overwrite = False,
     incremental: Incremental = False,
     trust_remote_code: Annotated[
@@ -200,7 +203,7 @@ def extract(
             max_batch_size=max_batch_size,
             window=window,
             limit=limit,
-            on_existing=_on_existing(on_existing, overwrite, incremental),
+            on_existing=_on_existing(on_existing, overwrite, incremental) or "resume",
             trust_remote_code=trust_remote_code,
             allow_pickle=allow_pickle,
             progress=progress,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 from .attention import ClsRowCapture, eager_rows, find_self_attention
 from .errors import ModelError, SpecError
@@ -128,8 +129,10 @@ class Classifier:
         id2label = _label_names(config, source)
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        except (OSError, ValueError) as e:
-            raise ModelError(f"cannot load tokenizer from {source!r}: {_first_line(e)}") from None
+        except Exception as e:  # a damaged tokenizer.json fails in many ways (KeyError, Rust errors...)
+            raise ModelError(
+                f"cannot load tokenizer from {source!r}: {type(e).__name__}: {_first_line(e)}"
+            ) from None
         if not getattr(tokenizer, "is_fast", False):
             raise ModelError(f"{source}: a fast tokenizer (tokenizer.json) is needed for character offsets")
         _check_vocabulary(tokenizer, config, source)
@@ -163,7 +166,7 @@ class Classifier:
                 f"cannot load model weights from {source!r} "
                 f"(pickle refused by torch.load(weights_only=True): {_pickle_reason(e)})"
             ) from None
-        except (OSError, ValueError, RuntimeError) as e:
+        except (OSError, ValueError, RuntimeError, SafetensorError) as e:
             raise ModelError(f"cannot load model weights from {source!r}: {_first_line(e)}") from None
         untrained = [k for k in info.get("missing_keys", []) if "classifier" in k or "score" in k]
         if untrained:

@@ -230,7 +230,8 @@ def source_text(run_dir: str | Path, doc_id: str) -> str:
     manifest = read_manifest(run)
     spec = manifest.get("spec", {})
     files = [preds for _, _, preds in committed_parts(run)]
-    preds = pl.scan_parquet(files).filter(pl.col("doc_id") == doc_id).collect() if files else None
+    wanted = (pl.col("doc_id") == doc_id) & (pl.col("status") == "ok")  # a null id's row number may match
+    preds = pl.scan_parquet(files).filter(wanted).collect() if files else None
     if preds is None or preds.is_empty():
         raise InputError(f"review {doc_id!r} is not in {run}")
     row = int(preds["row_index"][0])

@@ -58,7 +58,7 @@ from .pipeline import (
     run_header,
 )
 from .ray_read import ROW_FIELDS, WindowPlan, plan_windows, split_windows, worker_error
-from .read import RowBatch
+from .read import RowBatch, check_inputs
 from .spec import JobSpec
 from .write import RunWriter
 
@@ -250,6 +250,8 @@ def run_job_ray(
     show = spec.progress if progress is None else progress
     quiet = not logging.getLogger("bertattn_batch").isEnabledFor(logging.INFO)
     t_start = time.perf_counter()
+    # a mistyped path or column fails here, before a model loads or a cluster starts
+    check_inputs(spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format, spec.out)
     ensure_model(spec, progress=show)
     timings: Counter = Counter()
     address = spec.ray_address or os.environ.get("RAY_ADDRESS") or None

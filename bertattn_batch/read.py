@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import math
 import os
 from collections.abc import Iterable, Iterator
@@ -27,6 +28,8 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from .errors import InputError
+
+log = logging.getLogger(__name__)
 
 BLOCK_ROWS = 4096
 _EXTENSIONS = {
@@ -100,14 +103,30 @@ def _review_files(folder: Path) -> list[Path]:
     """Files below a folder with a review file's extension, in path order. Names starting with ``_`` or
     ``.`` (temporary and hidden files) are passed over below the folder, and so are run directories: a
     run written inside its input folder must not be read as input on the next pass."""
-    found = []
+    found, others = [], []
     for root, dirs, files in os.walk(folder):
         here = Path(root)
         dirs[:] = [d for d in dirs if not d.startswith(("_", ".")) and not _is_run_dir(here / d)]
-        found += [
-            here / f for f in files if not f.startswith(("_", ".")) and Path(f).suffix.lower() in _EXTENSIONS
-        ]
+        for f in (here / name for name in files if not name.startswith(("_", "."))):
+            (found if f.suffix.lower() in _EXTENSIONS else others).append(f)
+    packed = sorted(f for f in others if f.suffix.lower() in _COMPRESSED_SUFFIXES)
+    if packed:  # reviews, most likely, that would otherwise be left out without a word
+        raise InputError(
+            f"folder {folder} holds compressed files ({_some(packed)}); decompress them first "
+            "(or convert them to Parquet)"
+        )
+    if others:
+        log.warning(
+            "folder %s: passed over %d file(s) that are not review files (%s)",
+            folder,
+            len(others),
+            _some(sorted(others)),
+        )
     return sorted(found)
+
+
+def _some(paths: list[Path]) -> str:
+    return ", ".join(p.name for p in paths[:3]) + (", ..." if len(paths) > 3 else "")
 
 
 def _is_run_dir(p: Path) -> bool:
@@ -335,6 +354,7 @@ def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
 
 
 #: Leading bytes of compressed files, which the line-based readers would read as garbage rows.
+_COMPRESSED_SUFFIXES = frozenset({".gz", ".bz2", ".zst", ".zstd", ".zip", ".xz", ".lz4", ".7z", ".tgz"})
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
 
 

@@ -27,9 +27,7 @@ import polars as pl
 from . import aggregate as agg
 from . import fonts, htmlpage, plot
 from .errors import SpecError
-from .write import read_manifest
-
-REPORT_NAME = "report.html"
+from .write import REPORT_NAME, read_manifest
 
 
 def _ok_predictions(run: Path) -> pl.DataFrame:

@@ -33,6 +33,10 @@ from .errors import RunDirError, WriteError
 
 MANIFEST = "manifest.json"
 FORMAT = "bertattn-batch run"
+#: What ``aggregate`` and ``report`` write into a run; with the tables and the manifest, all that
+#: --overwrite removes (anything else in the folder is the user's and stays).
+AGGREGATES_DIR = "aggregates"
+REPORT_NAME = "report.html"
 
 
 def part_name(start_row: int, generation: int = 0) -> str:
@@ -326,16 +330,14 @@ class RunWriter:
             )
 
     def _clear(self) -> None:
-        """Empty the run directory, its manifest last: a clear cut short leaves a folder that is still
-        recognisably a run, so the next --overwrite can finish it."""
-        for child in self.run_dir.iterdir():
-            if child.name == MANIFEST:
-                continue
+        """Remove what bertattn wrote into the run directory, its manifest last: a clear cut short leaves
+        a folder that is still recognisably a run, so the next --overwrite can finish it."""
+        for name in (*schema.TABLES, AGGREGATES_DIR, REPORT_NAME, f".{MANIFEST}.tmp", MANIFEST):
+            child = self.run_dir / name
             if child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child)
             else:
-                child.unlink()
-        (self.run_dir / MANIFEST).unlink()
+                child.unlink(missing_ok=True)
 
 
 def _repeating(schema: pa.Schema) -> list[str]:

@@ -490,3 +490,56 @@ def test_unreadable_inputs_and_header_only_csv(tiny_en_dir, tmp_path):
         locked.chmod(0)
         r = _extract(locked, tiny_en_dir, tmp_path / "l")
         assert r.exit_code == 1 and "cannot read" in r.output and "PermissionError" not in r.output
+
+
+def test_a_folder_with_compressed_files_is_refused_and_others_are_named(tiny_en_dir, tmp_path, caplog):
+    """Compressed reviews in a folder would otherwise be left out without a word."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    pq.write_table(pa.table({"text": ["good"]}), folder / "a.parquet")
+    (folder / "b.csv.gz").write_bytes(gzip.compress(b"text\nbad\n"))
+    r = _extract(folder, tiny_en_dir, tmp_path / "r1")
+    assert r.exit_code == 1 and "holds compressed files (b.csv.gz); decompress them first" in r.output
+    (folder / "b.csv.gz").unlink()
+    (folder / "NOTES.md").write_text("not reviews")
+    with caplog.at_level("WARNING", logger="bertattn_batch"):
+        r = _extract(folder, tiny_en_dir, tmp_path / "r2")
+    assert r.exit_code == 0 and r.output.startswith("1 reviews"), r.output
+    assert "passed over 1 file(s) that are not review files (NOTES.md)" in caplog.text
+
+
+def test_overwrite_keeps_what_bertattn_did_not_write(tiny_en_dir, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("good\n")
+    out = tmp_path / "run"
+    assert _extract(src, tiny_en_dir, out).exit_code == 0
+    (out / "notes.txt").write_text("mine")
+    r = _extract(src, tiny_en_dir, out, "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert (out / "notes.txt").read_text() == "mine"
+    assert read_table(out, "predictions").num_rows == 1
+
+
+def test_contradictory_existing_run_options_are_refused(tiny_en_dir, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("good\n")
+    for flags in (["--on-existing", "new", "--overwrite"], ["--overwrite", "--incremental"]):
+        r = _extract(src, tiny_en_dir, tmp_path / "run", *flags)
+        assert r.exit_code == 1 and "disagree" in r.output and "BadParameter" not in r.output, flags
+
+
+def test_damaged_weight_and_tokenizer_files_are_one_line(tiny_en_dir, tmp_path):
+    import shutil
+
+    src = tmp_path / "in.txt"
+    src.write_text("good\n")
+    for name, content, message in [
+        ("model.safetensors", b"\x08\x00\x00", "cannot load model weights"),
+        ("tokenizer.json", b"{}", "cannot load tokenizer"),
+    ]:
+        model = tmp_path / f"m-{name}"
+        shutil.copytree(tiny_en_dir, model)
+        (model / name).write_bytes(content)
+        r = _extract(src, model, tmp_path / f"r-{name}")
+        assert r.exit_code == 1 and message in r.output and str(model) in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1

@@ -239,3 +239,29 @@ def test_byte_level_tokens_are_shown_as_text():
         if "\ufffd" not in want and want.strip():  # a whole character or more
             assert shown == want.strip(), (tok, shown, want)
     assert readable(["good", "##ness", "好", "[UNK]"]) == ["good", "##ness", "好", "[UNK]"]
+
+
+def test_pairs_read_the_scored_review_not_a_null_ids_row(tiny_en_dir, tmp_path):
+    """A null id's doc_id is its row number, which a real id may equal: the text of the scored review
+    is the one read back for token x token maps."""
+    from bertattn_batch.plot import source_text
+
+    src = tmp_path / "in.csv"
+    src.write_text("id,text\n,first review has no id\n0,the real review zero\n")
+    out = tmp_path / "run"
+    r = CliRunner().invoke(
+        app,
+        [
+            "extract",
+            str(src),
+            "--model",
+            str(tiny_en_dir),
+            "--out",
+            str(out),
+            "--id-col",
+            "id",
+            "--no-progress",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    assert source_text(out, "0") == "the real review zero"
