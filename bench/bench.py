@@ -511,7 +511,7 @@ def extract_method(case: Case, clf: Classifier, out: Path) -> Method:
         load_classifier(spec)  # a load of its own, for the CPU seconds the run's load takes
         load_cpu = time.process_time() - c0
         summary = run_job(spec)
-        seconds = summary.seconds["wall"] - summary.seconds["load"]
+        seconds = max(summary.seconds["wall"] - summary.seconds.get("load", 0.0), 1e-6)
         return Counts(
             summary.scored, summary.tokens, summary.padded_slots, seconds, dict(summary.seconds), 2 * load_cpu
         )

@@ -83,13 +83,10 @@ def _layers(value: str | None) -> list[int] | None:
 
 def _on_existing(on_existing: str | None, overwrite: bool, incremental: bool) -> str | None:
     """One answer to "what of an existing run?": the flags are shorthands that must not contradict."""
-    asked = {
-        v
-        for v in (on_existing, "overwrite" if overwrite else None, "incremental" if incremental else None)
-        if v
-    }
+    flags = (on_existing, "overwrite" if overwrite else None, "incremental" if incremental else None)
+    asked = {v for v in flags if v is not None}
     if len(asked) > 1:
-        raise SpecError(f"--overwrite, --incremental and --on-existing disagree: {', '.join(sorted(asked))}")
+        raise SpecError(f"options for an existing run disagree: {', '.join(sorted(asked))}")
     return asked.pop() if asked else None
 
 

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .errors import InputError, ModelError
-from .model import length_limit, load_config
+from .model import length_limit, load_config, load_tokenizer
 from .read import read_rows
 from .spec import FinetuneSpec
 
@@ -398,16 +398,6 @@ def _hub_progress_bars(enabled: bool) -> bool:
     return was
 
 
-def _load_base_tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-    except (OSError, ValueError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ModelError(f"cannot load the tokenizer of {path}: {first}") from None
-
-
 def _finetune(
     texts: Sequence[str],
     labels: Sequence[str],
@@ -429,7 +419,7 @@ def _finetune(
         model = _scratch_model(spec, len(vocab), names, tokenizer.pad_token_id)
     else:
         load_config(base_path, allow_pickle=None)  # refuse what extract would refuse, before training
-        tokenizer = _load_base_tokenizer(base_path)
+        tokenizer = load_tokenizer(base_path)
         model = _base_model(base_path, names)
     tok_size = len(tokenizer)
     if tok_size <= len(SPECIAL_TOKENS):

@@ -120,19 +120,14 @@ class Classifier:
         allow_pickle: bool = False,
         trim_last_layer: bool = True,
     ) -> Classifier:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoModelForSequenceClassification
 
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         config = load_config(source, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
         _check_single_label(config, source)
         id2label = _label_names(config, source)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        except Exception as e:  # a damaged tokenizer.json fails in many ways (KeyError, Rust errors...)
-            raise ModelError(
-                f"cannot load tokenizer from {source!r}: {type(e).__name__}: {_first_line(e)}"
-            ) from None
+        tokenizer = load_tokenizer(source, trust_remote_code)
         if not getattr(tokenizer, "is_fast", False):
             raise ModelError(f"{source}: a fast tokenizer (tokenizer.json) is needed for character offsets")
         _check_vocabulary(tokenizer, config, source)
@@ -296,6 +291,19 @@ def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool
     _check_architecture(config, source)
     _check_weights_format(source, allow_pickle)
     return config
+
+
+def load_tokenizer(source: str, trust_remote_code: bool = False):
+    """A model's tokenizer; a damaged tokenizer.json fails in many ways (KeyError, Rust errors...), all
+    reported as one line naming the folder."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise ModelError(
+            f"cannot load tokenizer from {source!r}: {type(e).__name__}: {_first_line(e)}"
+        ) from None
 
 
 def _check_architecture(config, source: str) -> None:

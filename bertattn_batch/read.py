@@ -109,13 +109,14 @@ def _review_files(folder: Path) -> list[Path]:
         dirs[:] = [d for d in dirs if not d.startswith(("_", ".")) and not _is_run_dir(here / d)]
         for f in (here / name for name in files if not name.startswith(("_", "."))):
             (found if f.suffix.lower() in _EXTENSIONS else others).append(f)
-    packed = sorted(f for f in others if f.suffix.lower() in _COMPRESSED_SUFFIXES)
-    if packed:  # reviews, most likely, that would otherwise be left out without a word
+    packed = sorted(f for f in others if _is_packed_reviews(f))
+    if packed:  # reviews that would otherwise be left out without a word
         raise InputError(
             f"folder {folder} holds compressed files ({_some(packed)}); decompress them first "
             "(or convert them to Parquet)"
         )
-    if others:
+    if others and folder not in _WARNED:  # once a process: the inputs are listed more than once
+        _WARNED.add(folder)
         log.warning(
             "folder %s: passed over %d file(s) that are not review files (%s)",
             folder,
@@ -123,6 +124,12 @@ def _review_files(folder: Path) -> list[Path]:
             _some(sorted(others)),
         )
     return sorted(found)
+
+
+def _is_packed_reviews(path: Path) -> bool:
+    """A compressed review file, such as ``x.csv.gz`` (an archive of anything else is no review file)."""
+    suffixes = [x.lower() for x in path.suffixes]
+    return len(suffixes) > 1 and suffixes[-1] in _COMPRESSED_SUFFIXES and suffixes[-2] in _EXTENSIONS
 
 
 def _some(paths: list[Path]) -> str:
@@ -354,6 +361,7 @@ def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
 
 
 #: Leading bytes of compressed files, which the line-based readers would read as garbage rows.
+_WARNED: set[Path] = set()  # folders whose other files were named in a warning
 _COMPRESSED_SUFFIXES = frozenset({".gz", ".bz2", ".zst", ".zstd", ".zip", ".xz", ".lz4", ".7z", ".tgz"})
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
 

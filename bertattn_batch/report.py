@@ -27,7 +27,7 @@ import polars as pl
 from . import aggregate as agg
 from . import fonts, htmlpage, plot
 from .errors import SpecError
-from .write import REPORT_NAME, read_manifest
+from .write import REPORT_NAME, hidden_tmp, read_manifest
 
 
 def _ok_predictions(run: Path) -> pl.DataFrame:
@@ -281,7 +281,7 @@ def build_report(
     ]
     path = Path(out) if out is not None else run / REPORT_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(hidden_tmp(path.name))
     tmp.write_text(htmlpage.page(f"bertattn run: {run.resolve().name}", "\n".join(body)), encoding="utf-8")
     tmp.replace(path)
     return path

@@ -94,8 +94,13 @@ def check_part_file(run_dir: Path, path: Path) -> None:
     raise RunDirError(f"{run_dir}: {name} {problem}; bertattn validate tells what else is wrong")
 
 
+def hidden_tmp(name: str) -> str:
+    """Where a file of the run's top level is written before it replaces ``name`` atomically."""
+    return f".{name}.tmp"
+
+
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(hidden_tmp(path.name))
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1, ensure_ascii=False, default=str)
         f.flush()
@@ -332,7 +337,8 @@ class RunWriter:
     def _clear(self) -> None:
         """Remove what bertattn wrote into the run directory, its manifest last: a clear cut short leaves
         a folder that is still recognisably a run, so the next --overwrite can finish it."""
-        for name in (*schema.TABLES, AGGREGATES_DIR, REPORT_NAME, f".{MANIFEST}.tmp", MANIFEST):
+        temporaries = (hidden_tmp(MANIFEST), hidden_tmp(REPORT_NAME))
+        for name in (*schema.TABLES, AGGREGATES_DIR, REPORT_NAME, *temporaries, MANIFEST):
             child = self.run_dir / name
             if child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child)

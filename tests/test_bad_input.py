@@ -502,10 +502,12 @@ def test_a_folder_with_compressed_files_is_refused_and_others_are_named(tiny_en_
     assert r.exit_code == 1 and "holds compressed files (b.csv.gz); decompress them first" in r.output
     (folder / "b.csv.gz").unlink()
     (folder / "NOTES.md").write_text("not reviews")
+    (folder / "old-model.tar.gz").write_bytes(gzip.compress(b"an archive of something else"))
     with caplog.at_level("WARNING", logger="bertattn_batch"):
         r = _extract(folder, tiny_en_dir, tmp_path / "r2")
     assert r.exit_code == 0 and r.output.startswith("1 reviews"), r.output
-    assert "passed over 1 file(s) that are not review files (NOTES.md)" in caplog.text
+    warning = "passed over 2 file(s) that are not review files (NOTES.md, old-model.tar.gz)"
+    assert caplog.text.count(warning) == 1  # once, though the inputs are listed more than once
 
 
 def test_overwrite_keeps_what_bertattn_did_not_write(tiny_en_dir, tmp_path):
@@ -543,3 +545,9 @@ def test_damaged_weight_and_tokenizer_files_are_one_line(tiny_en_dir, tmp_path):
         r = _extract(src, model, tmp_path / f"r-{name}")
         assert r.exit_code == 1 and message in r.output and str(model) in r.output, r.output
         assert len(r.output.strip().splitlines()) == 1
+        if name == "tokenizer.json":  # the same words when it is a base to fine-tune
+            labelled = tmp_path / "labelled.parquet"
+            pq.write_table(pa.table({"text": ["good", "bad"] * 4, "label": ["pos", "neg"] * 4}), labelled)
+            args = ["finetune", str(labelled), "--base", str(model), "--out", str(tmp_path / "ft")]
+            r = runner.invoke(app, args)
+            assert r.exit_code == 1 and message in r.output and str(model) in r.output, r.output
