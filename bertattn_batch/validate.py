@@ -158,8 +158,11 @@ class ValidationReport:
                 lines.append(f"        ... and {hidden} more")
         if self.ok:
             n_warn = sum(c.warnings for c in self.checks)
+            n_skip = sum(1 for c in self.checks if c.skipped)
             lines.append(
-                f"clean: {len(self.checks)} checks passed" + (f", {n_warn} warnings" if n_warn else "")
+                f"clean: {len(self.checks) - n_skip} checks passed"
+                + (f", {n_skip} skipped" if n_skip else "")
+                + (f", {n_warn} warnings" if n_warn else "")
             )
         else:
             failed = sum(1 for c in self.checks if c.problems)
