@@ -1,4 +1,5 @@
-"""Named errors raised by the library; only the CLI turns them into exit codes."""
+"""Named errors raised by the library; only the CLI turns them into exit codes. ``first_line`` cuts a
+library's many-line message down to what one of ours can quote."""
 
 
 class BertAttnError(Exception):
@@ -27,3 +28,8 @@ class WriteError(BertAttnError):
 
 class EngineError(BertAttnError):
     """The distributed engine cannot run: Ray is not installed, a cluster is unreachable, or a worker failed."""
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's first line: library messages run over many lines, ours are one."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .errors import InputError, ModelError
+from .errors import InputError, ModelError, first_line
 from .model import length_limit, load_config, load_tokenizer
 from .read import read_rows
 from .spec import FinetuneSpec
@@ -225,8 +225,7 @@ def _base_model(path: str, names: list[str]) -> Any:
             output_loading_info=True,
         )
     except (OSError, ValueError, RuntimeError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ModelError(f"cannot load base model {path}: {first}") from None
+        raise ModelError(f"cannot load base model {path}: {first_line(e)}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
     new = set(info.get("missing_keys", [])) | {

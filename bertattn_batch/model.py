@@ -26,7 +26,7 @@ import torch
 from safetensors import SafetensorError
 
 from .attention import ClsRowCapture, eager_rows, find_self_attention
-from .errors import ModelError, SpecError
+from .errors import ModelError, SpecError, first_line
 from .trim import LastLayerTrim, verified
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ class Classifier:
                 f"(pickle refused by torch.load(weights_only=True): {_pickle_reason(e)})"
             ) from None
         except (OSError, ValueError, RuntimeError, SafetensorError) as e:
-            raise ModelError(f"cannot load model weights from {source!r}: {_first_line(e)}") from None
+            raise ModelError(f"cannot load model weights from {source!r}: {first_line(e)}") from None
         untrained = [k for k in info.get("missing_keys", []) if "classifier" in k or "score" in k]
         if untrained:
             raise ModelError(
@@ -285,9 +285,9 @@ def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool
     except (OSError, ValueError) as e:
         if not folder.exists():  # most often a mistyped local path, not a hub id
             raise ModelError(
-                f"no model folder {source}, and it could not be loaded from the hub: {_first_line(e)}"
+                f"no model folder {source}, and it could not be loaded from the hub: {first_line(e)}"
             ) from None
-        raise ModelError(f"cannot load model config from {source!r}: {_first_line(e)}") from None
+        raise ModelError(f"cannot load model config from {source!r}: {first_line(e)}") from None
     _check_architecture(config, source)
     _check_weights_format(source, allow_pickle)
     return config
@@ -302,7 +302,7 @@ def load_tokenizer(source: str, trust_remote_code: bool = False):
         return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except Exception as e:
         raise ModelError(
-            f"cannot load tokenizer from {source!r}: {type(e).__name__}: {_first_line(e)}"
+            f"cannot load tokenizer from {source!r}: {type(e).__name__}: {first_line(e)}"
         ) from None
 
 
@@ -397,7 +397,3 @@ def _pickle_reason(e: BaseException) -> str:
     """torch's refusal names the blocked global on a later line; its first line only says it failed."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     return next((line for line in lines if "GLOBAL" in line), lines[0] if lines else type(e).__name__)
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -36,7 +36,7 @@ from .model import Classifier
 from .read import RowBatch, check_inputs, count_rows, read_rows
 from .spec import JobSpec
 from .threads import Worker, prefetch
-from .write import RunWriter
+from .write import RunWriter, part_generation
 
 log = logging.getLogger(__name__)
 
@@ -365,7 +365,7 @@ def resume_point(
     it commits anything is still known.
     """
     parts = sink.parts
-    passes = {int(p.get("generation", 0)) for p in parts}
+    passes = {part_generation(p) for p in parts}
     if not incremental:
         if passes - {0}:
             raise RunDirError(
@@ -381,8 +381,8 @@ def resume_point(
     # finish the interrupted pass where it stopped, by row number as any resume does (the input is
     # taken to be unchanged): a repeat of one of its ids is still duplicate_id, a null id is not redone
     generation = int(sink.manifest.get("generation", 0))
-    current = [p for p in parts if int(p.get("generation", 0)) == generation]
-    earlier = [p for p in parts if int(p.get("generation", 0)) < generation]
+    current = [p for p in parts if part_generation(p) == generation]
+    earlier = [p for p in parts if part_generation(p) < generation]
     sink.begin_pass(generation)
     skip_until = max((p["end_row"] for p in current), default=0)
     taken = sink.committed_ids(current) if by_id and current else None

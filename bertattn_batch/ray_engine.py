@@ -43,7 +43,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import errors
-from .errors import BertAttnError, EngineError, SpecError
+from .errors import BertAttnError, EngineError, SpecError, first_line
 from .extract import Extractor, vocab_array
 from .pipeline import (
     ModelStage,
@@ -108,9 +108,9 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
             )
     except (ConnectionError, RuntimeError, ValueError) as e:
         if not address:
-            raise EngineError(f"cannot start a local Ray runtime: {_first_line(e)}") from None
+            raise EngineError(f"cannot start a local Ray runtime: {first_line(e)}") from None
         raise EngineError(
-            f"cannot join the Ray cluster at {address}: {_first_line(e)}; check the address, and for a "
+            f"cannot join the Ray cluster at {address}: {first_line(e)}; check the address, and for a "
             "cluster with token authentication set RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN)"
         ) from None
     try:
@@ -376,7 +376,3 @@ def _ray_call(ray: Any, fn: Any) -> Any:
     raise EngineError(
         f"the Ray run failed: {name}: {message} (rerun to resume; --debug shows more)"
     ) from None
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]

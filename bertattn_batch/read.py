@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from .errors import InputError
+from .errors import InputError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -337,12 +337,8 @@ def _column_names(src: Source) -> list[str] | None:
         if src.format == "jsonl":
             return None  # JSON lines carry their keys row by row; missing keys are checked on read
     except (pa.ArrowInvalid, OSError) as e:
-        raise InputError(f"{src.path}: cannot read as {src.format}: {_first_line(e)}") from None
+        raise InputError(f"{src.path}: cannot read as {src.format}: {first_line(e)}") from None
     raise InputError(f"unknown input format {src.format!r}")
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
@@ -357,12 +353,13 @@ def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
     try:
         yield from reader(src, wanted, block_rows)
     except (pa.ArrowInvalid, OSError) as e:
-        raise InputError(f"{src.path}: cannot read as {src.format}: {_first_line(e)}") from None
+        raise InputError(f"{src.path}: cannot read as {src.format}: {first_line(e)}") from None
 
 
-#: Leading bytes of compressed files, which the line-based readers would read as garbage rows.
 _WARNED: set[Path] = set()  # folders whose other files were named in a warning
+#: Endings of compressed files; ``x.csv.gz`` in a folder input is a review file the readers cannot read.
 _COMPRESSED_SUFFIXES = frozenset({".gz", ".bz2", ".zst", ".zstd", ".zip", ".xz", ".lz4", ".7z", ".tgz"})
+#: Leading bytes of compressed files, which the line-based readers would read as garbage rows.
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
 
 
@@ -388,9 +385,10 @@ def _read_parquet(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
 
 
 def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
-    if src.path.stat().st_size == 0 or not _column_names(src):
+    size = src.path.stat().st_size
+    if size == 0 or not _column_names(src):
         return
-    if src.path.stat().st_size < 1 << 16:  # a header and no rows: Arrow refuses one without its newline
+    if size < 1 << 16:  # a header and no rows: Arrow refuses one without its newline
         body = src.path.read_bytes().rstrip(b"\r\n")
         if b"\n" not in body and b"\r" not in body:
             return
@@ -466,7 +464,7 @@ def _load_dataset(path: Path) -> Any:
     try:
         ds = datasets.load_from_disk(str(path))
     except (FileNotFoundError, ValueError) as e:
-        raise InputError(f"{path}: not a saved datasets dataset: {_first_line(e)}") from None
+        raise InputError(f"{path}: not a saved datasets dataset: {first_line(e)}") from None
     if isinstance(ds, datasets.DatasetDict):
         splits = ", ".join(f"{path}/{s}" for s in ds)
         raise InputError(f"{path} holds several splits; name one: {splits}")

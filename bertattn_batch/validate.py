@@ -37,9 +37,9 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from . import schema
-from .errors import BertAttnError
+from .errors import BertAttnError, first_line
 from .read import read_rows
-from .write import FORMAT, read_manifest
+from .write import FORMAT, part_generation, read_manifest, row_range_problems
 
 #: The checks, in report order, with what each one promises.
 CHECKS = {
@@ -330,7 +330,7 @@ def _parse_parts(rec: _Recorder, entries: Any) -> list[_Part]:
                 name=str(e["name"]),
                 start_row=int(e["start_row"]),
                 end_row=int(e["end_row"]),
-                generation=int(e.get("generation", 0)),
+                generation=part_generation(e),
                 rel={t: str(e["files"][t]) for t in schema.TABLES},
                 rows={t: int(e["rows"][t]) for t in schema.TABLES},
             )
@@ -400,7 +400,7 @@ def _check_schemas(rec: _Recorder, run: _Run) -> None:
             try:
                 pf = pq.ParquetFile(path)
             except Exception as e:  # any reader error means the file is not usable Parquet
-                rec.fail("schema", f"{part.rel[table]}: not readable as Parquet ({_first_line(e)})")
+                rec.fail("schema", f"{part.rel[table]}: not readable as Parquet ({first_line(e)})")
                 continue
             checked += 1
             part.file_rows[table] = pf.metadata.num_rows
@@ -526,21 +526,8 @@ def _check_predictions(rec: _Recorder, run: _Run) -> dict[str, int]:
 
 def _check_row_ranges(rec: _Recorder, run: _Run) -> None:
     """Generation 0's parts tile 0..N-1 with no gap or overlap; later generations do not overlap."""
-    by_gen: dict[int, list[_Part]] = {}
-    for p in run.parts:
-        by_gen.setdefault(p.generation, []).append(p)
-    for gen, parts in sorted(by_gen.items()):
-        parts = sorted(parts, key=lambda p: p.start_row)
-        expect = 0 if gen == 0 else parts[0].start_row
-        for p in parts:
-            if p.start_row > expect and gen == 0:
-                rec.fail("row_index", f"rows {expect}..{p.start_row - 1} are in no part (generation 0)")
-            elif p.start_row < expect:
-                rec.fail(
-                    "row_index",
-                    f"rows {p.start_row}..{min(expect, p.end_row) - 1} are in two parts of generation {gen}",
-                )
-            expect = max(expect, p.end_row)
+    for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in run.parts):
+        rec.fail("row_index", problem)
 
 
 Rule = tuple[str, pl.Expr, pl.Expr]  # (check, True where a row breaks it, message for such a row)
@@ -858,10 +845,6 @@ def _check_source_spans(rec: _Recorder, run: _Run) -> None:
     if changed > KEPT:
         rec.checks["spans"].warnings += changed - KEPT
     rec.note("spans", f"{checked} reviews checked against {', '.join(map(str, inputs))}")
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 __all__ = ["CHECKS", "Check", "Problem", "ValidationReport", "validate_run"]

@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import schema
-from .errors import RunDirError, WriteError
+from .errors import RunDirError, WriteError, first_line
 
 MANIFEST = "manifest.json"
 FORMAT = "bertattn-batch run"
@@ -46,6 +47,12 @@ def part_name(start_row: int, generation: int = 0) -> str:
     """
     suffix = f"-g{generation}" if generation else ""
     return f"part-{start_row:012d}{suffix}.parquet"
+
+
+def part_generation(part: dict[str, Any]) -> int:
+    """The incremental pass that wrote a manifest's part (0: the first; runs from before passes were
+    numbered have no key)."""
+    return int(part.get("generation", 0))
 
 
 def _tmp_name(name: str) -> str:
@@ -79,6 +86,25 @@ def _parts_are_whole(parts: Any) -> bool:
     )
 
 
+def row_range_problems(parts: Iterable[tuple[int, int, int]]) -> list[str]:
+    """What is wrong with committed parts' (generation, start_row, end_row): the first pass must tile
+    rows 0..N-1 without a gap, and no pass may hold a row twice. The writer and the validator share it."""
+    by_gen: dict[int, list[tuple[int, int]]] = {}
+    for gen, start, end in parts:
+        by_gen.setdefault(gen, []).append((start, end))
+    problems = []
+    for gen, ranges in sorted(by_gen.items()):
+        ranges.sort()
+        expect = 0 if gen == 0 else ranges[0][0]
+        for start, end in ranges:
+            if start > expect and gen == 0:
+                problems.append(f"rows {expect}..{start - 1} are in no committed part")
+            elif start < expect:
+                problems.append(f"rows {start}..{min(expect, end) - 1} are in two parts of generation {gen}")
+            expect = max(expect, end)
+    return problems
+
+
 def check_part_file(run_dir: Path, path: Path) -> None:
     """Raise unless a committed part file is there and its Parquet footer reads (a file cut short by a
     full disk or an interrupted copy has none): a few kilobytes read per file."""
@@ -90,7 +116,7 @@ def check_part_file(run_dir: Path, path: Path) -> None:
             pq.read_metadata(path)
             return
         except (pa.ArrowException, OSError) as e:
-            problem = f"cannot be read ({(str(e).splitlines() or [type(e).__name__])[0]})"
+            problem = f"cannot be read ({first_line(e)})"
     raise RunDirError(f"{run_dir}: {name} {problem}; bertattn validate tells what else is wrong")
 
 
@@ -309,16 +335,14 @@ class RunWriter:
         self._check_coverage()
 
     def _check_coverage(self) -> None:
-        """The first pass's parts must cover the input's rows from 0 without a gap (resuming starts after
-        the last of them): a gap means the manifest was edited or restored from an older copy."""
-        end = 0
-        for p in sorted((p for p in self.parts if not p.get("generation")), key=lambda p: p["start_row"]):
-            if p["start_row"] != end:
-                raise RunDirError(
-                    f"{self.run_dir}: rows {end}..{p['start_row'] - 1} are in no committed part (was the "
-                    "manifest edited or restored?); pass --overwrite to start the run again"
-                )
-            end = p["end_row"]
+        """Resuming starts after the last committed row, so the row ranges must be whole: a gap or an
+        overlap means the manifest was edited or restored from an older copy."""
+        ranges = ((part_generation(p), p["start_row"], p["end_row"]) for p in self.parts)
+        for problem in row_range_problems(ranges):
+            raise RunDirError(
+                f"{self.run_dir}: {problem} (was the manifest edited or restored?); "
+                "pass --overwrite to start the run again"
+            )
 
     def _check_compatible(self, old: dict[str, Any]) -> None:
         if old.get("schema_versions") != schema.versions():
