@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -34,8 +36,19 @@ T = TypeVar("T")
 _state = {"debug": False}
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler stopping the job), handled as Ctrl-C is: the part in hand is committed or
+    dropped whole, the manifest says "interrupted", and the same command resumes."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def _setup(debug: bool) -> None:
     _state["debug"] = debug
+    if threading.current_thread() is threading.main_thread():  # only there may a handler be set
+        signal.signal(signal.SIGTERM, _on_sigterm)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.INFO if debug else logging.WARNING, format="bertattn: %(message)s")
     try:
@@ -56,9 +69,9 @@ def _call(fn: Callable[[], T]) -> T:
             traceback.print_exc()
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         typer.echo("interrupted; rerun the same command to resume", err=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
     except Exception as e:
         if _state["debug"]:
             raise

@@ -90,7 +90,8 @@ class Worker:
         A Ctrl-C while waiting drops the items not yet started but still waits for the one in hand (it
         may be committing a part, and the caller's clean-up must not run beside it), then re-raises.
         """
-        interrupted = sent = False
+        interrupted: KeyboardInterrupt | None = None
+        sent = False
         while not self._finished.is_set():
             try:
                 if not sent:
@@ -99,10 +100,11 @@ class Worker:
                 self._finished.wait(0.1)
             except queue.Full:
                 continue
-            except KeyboardInterrupt:
-                interrupted = self._cancelled = True
-        if interrupted:
-            raise KeyboardInterrupt
+            except KeyboardInterrupt as e:  # Ctrl-C, or the CLI's SIGTERM (a subclass)
+                interrupted = interrupted or e
+                self._cancelled = True
+        if interrupted is not None:
+            raise interrupted
         self._raise()
 
     def _raise(self) -> None:

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,6 +39,8 @@ FORMAT = "bertattn-batch run"
 #: --overwrite removes (anything else in the folder is the user's and stays).
 AGGREGATES_DIR = "aggregates"
 REPORT_NAME = "report.html"
+#: Held (flock) by the one process writing a run; the file stays, the lock dies with its process.
+LOCK_NAME = ".bertattn.lock"
 
 
 def part_name(start_row: int, generation: int = 0) -> str:
@@ -125,6 +128,33 @@ def hidden_tmp(name: str) -> str:
     return f".{name}.tmp"
 
 
+def lock_run_dir(run_dir: Path) -> int | None:
+    """Take the run directory's writer lock; returns its descriptor (None where flock is unknown).
+
+    Why: two scheduled runs with the same --out would commit parts of the same names over each other
+    and each rewrite the manifest without the other's parts. A lock held by a killed process is freed
+    by the kernel, so there is never a stale lock to remove by hand.
+    """
+    if sys.platform == "win32":
+        return None
+    import fcntl
+
+    path = run_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip()
+        os.close(fd)
+        who = f" (pid {holder})" if holder.isdigit() else ""
+        raise RunDirError(
+            f"another bertattn process{who} is writing {run_dir}; wait for it to end or choose another --out"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(hidden_tmp(path.name))
     with open(tmp, "w", encoding="utf-8") as f:
@@ -145,6 +175,7 @@ class RunWriter:
         #: the status the run had when it was reopened (None for a new run): "complete" means its last
         #: pass ended, so an incremental job starts a new one rather than finishing it
         self.reopened_status: str | None = None
+        self._lock: int | None = None
 
     # -- life cycle ---------------------------------------------------------------------------------
     def __enter__(self) -> RunWriter:
@@ -152,13 +183,35 @@ class RunWriter:
         return self
 
     def __exit__(self, exc_type: type | None, *_: object) -> None:
-        if exc_type is not None:
-            self.on_failed()
+        try:
+            if exc_type is not None:
+                self.on_failed()
+        finally:
+            self.close()
 
     def open(self) -> None:
-        """Create a run, or reopen one made by the same job (rolling its parts forward)."""
+        """Create a run, or reopen one made by the same job (rolling its parts forward); holds the run's
+        writer lock until :meth:`close`."""
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise RunDirError(f"{self.run_dir} is a file, not a folder; choose another --out")
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunDirError(f"cannot create {self.run_dir}: {e.strerror or e}") from None
+        self._lock = lock_run_dir(self.run_dir)
+        try:
+            self._open_locked()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Release the writer lock (the run itself is left as it is)."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+    def _open_locked(self) -> None:
         exists = (self.run_dir / MANIFEST).is_file()
         if exists:  # never delete a folder we did not make, even when asked to overwrite
             old = read_manifest(self.run_dir)  # a damaged one is named, not cleared
@@ -169,7 +222,7 @@ class RunWriter:
             if self.on_existing == "overwrite" or not old["parts"]:
                 self._clear()
                 exists = False
-        elif self.run_dir.is_dir() and any(self.run_dir.iterdir()):
+        elif any(p.name != LOCK_NAME for p in self.run_dir.iterdir()):
             raise RunDirError(f"{self.run_dir} is not empty and is not a run directory; choose another --out")
         if exists:
             if self.on_existing == "new":

@@ -5,6 +5,8 @@
 POINT is where the N-th event kills the process: ``read`` (the N-th row read), ``forward`` (inside the
 N-th model batch), ``write`` (half-way through writing the N-th Parquet file), ``commit`` (right after
 the N-th manifest save, before the part's files are renamed), ``part`` (right after the N-th part).
+With ``KILLER_SIGNAL=TERM`` in the environment the process is sent SIGTERM instead, as a scheduler
+stopping a job would.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def main() -> None:
         return calls["n"] == n
 
     def die() -> None:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), getattr(signal, "SIG" + os.environ.get("KILLER_SIGNAL", "KILL")))
 
     if point == "read":
         original = read._as_text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from bertattn_batch.cli import app
 from bertattn_batch.errors import RunDirError, WriteError
 from bertattn_batch.pipeline import run_job
 from bertattn_batch.spec import JobSpec
-from bertattn_batch.write import RunWriter
+from bertattn_batch.write import RunWriter, lock_run_dir
 
 runner = CliRunner()
 KILLER = Path(__file__).with_name("killer.py")
@@ -107,6 +108,42 @@ def test_sigkill_then_resume_gives_the_uninterrupted_tables(
     assert manifest["status"] == "complete" and manifest["counts"]["predictions"] == 60
     _assert_no_partial_files(out)
     assert not [f for t in schema.TABLES for f in (out / t).iterdir() if f.name.startswith("_")]
+
+
+@pytest.mark.parametrize("point", ["forward", "part"])
+def test_sigterm_stops_cleanly_and_resumes(point, corpus, tiny_en_dir, reference, tmp_path):
+    out = tmp_path / "run"
+    args = _args(corpus, tiny_en_dir, out)
+    stopped = subprocess.run(
+        [sys.executable, str(KILLER), point, "2", "--", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KILLER_SIGNAL": "TERM"},
+    )
+    assert stopped.returncode == 143, stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1] == "interrupted; rerun the same command to resume"
+    assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
+    _assert_no_partial_files(out)
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    got = _tables(out)
+    for table in schema.TABLES:
+        assert got[table].equals(reference[table]), table
+
+
+def test_a_run_being_written_is_not_written_by_a_second_process(corpus, tiny_en_dir, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    held = lock_run_dir(out)  # as another process writing the run would hold it
+    try:
+        r = runner.invoke(app, _args(corpus, tiny_en_dir, out))
+        assert r.exit_code == 1
+        assert f"another bertattn process (pid {os.getpid()}) is writing {out}" in r.output
+    finally:
+        os.close(held)
+    r = runner.invoke(app, _args(corpus, tiny_en_dir, out))  # the lock is gone with its holder
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "manifest.json").read_text())["counts"]["predictions"] == 60
 
 
 def test_rerun_of_a_complete_run_writes_nothing(corpus, tiny_en_dir, tmp_path):
