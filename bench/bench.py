@@ -29,6 +29,7 @@ above its level when the method starts, plus the device allocator's peak on CUDA
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -808,7 +809,8 @@ def memory_scaling(
         log = tmp / f"mem-{n}.log"
         t0 = time.perf_counter()
         with open(log, "w") as fh:
-            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
+            series = _rss_series(proc)
         wall = time.perf_counter() - t0
         text = log.read_text()
         if proc.returncode != 0:
@@ -821,6 +823,7 @@ def memory_scaling(
             "padding_share": manifest["last_run"]["padding_share"],
             "reviews_per_s": manifest["last_run"]["reviews_per_s"],
             "summary": text.strip().splitlines()[-1] if text.strip() else "",
+            **_halves(series),
         }
         if str(n) in runs:
             kept = runs[str(n)]
@@ -833,6 +836,29 @@ def memory_scaling(
     small, big = runs[str(min(sizes))], runs[str(max(sizes))]
     growth = big["peak_rss_mb"] / small["peak_rss_mb"] - 1
     return {"runs": runs, "growth": round(growth, 4), "repeats": repeats}
+
+
+def _rss_series(proc: subprocess.Popen) -> list[tuple[float, float]]:
+    """(seconds, resident MB) of a running child every 50 ms until it exits."""
+    t0, series = time.perf_counter(), []
+    page_mb = os.sysconf("SC_PAGE_SIZE") / 2**20
+    while proc.poll() is None:
+        with contextlib.suppress(OSError, IndexError, ValueError), open(f"/proc/{proc.pid}/statm") as f:
+            series.append((time.perf_counter() - t0, int(f.read().split()[1]) * page_mb))
+        time.sleep(0.05)
+    return series
+
+
+def _halves(series: list[tuple[float, float]]) -> dict[str, float]:
+    """Peak resident memory in the first and the second half of a run's wall time: whether memory
+    still climbs as the run goes on, which a comparison of two runs' single peaks cannot tell apart
+    from the noise of which transient state each peak caught."""
+    if len(series) < 4:
+        return {}
+    mid = series[-1][0] / 2
+    first = max(r for t, r in series if t <= mid)
+    second = max(r for t, r in series if t > mid)
+    return {"peak_first_half_mb": round(first, 1), "peak_second_half_mb": round(second, 1)}
 
 
 # -- main -------------------------------------------------------------------------------------------
@@ -1023,6 +1049,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     f"   {n:>7} reviews: peak RSS {run['peak_rss_mb']:.0f} MB (runs: {peaks}), {run['wall_s']:.0f}s, {run['reviews_per_s']:.0f} reviews/s"
                 )
             print(f"   growth {mem['growth']:+.1%} (target within {TARGET_MEMORY_GROWTH:.0%})")
+            big = mem["runs"][str(max(sizes))]
+            if "peak_first_half_mb" in big:
+                print(
+                    f"   within the last {max(sizes)}-review run: peak {big['peak_first_half_mb']:.0f} MB in its "
+                    f"first half, {big['peak_second_half_mb']:.0f} MB in its second"
+                )
     checks = [t for block in results["models"].values() for t in block["targets"]]
     if "memory" in results:
         checks.append(
