@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -32,6 +33,8 @@ import pyarrow.parquet as pq
 
 from . import schema
 from .errors import RunDirError, WriteError, first_line
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 FORMAT = "bertattn-batch run"
@@ -140,7 +143,10 @@ def lock_run_dir(run_dir: Path) -> int | None:
     import fcntl
 
     path = run_dir / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise RunDirError(f"cannot write into {run_dir}: {e.strerror or e}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -150,6 +156,10 @@ def lock_run_dir(run_dir: Path) -> int | None:
         raise RunDirError(
             f"another bertattn process{who} is writing {run_dir}; wait for it to end or choose another --out"
         ) from None
+    except OSError as e:  # a file system without locks (some network mounts): write unguarded
+        os.close(fd)
+        log.warning("%s cannot be locked (%s); make sure no other job writes it", run_dir, e.strerror or e)
+        return None
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     return fd

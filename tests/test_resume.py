@@ -146,6 +146,21 @@ def test_a_run_being_written_is_not_written_by_a_second_process(corpus, tiny_en_
     assert json.loads((out / "manifest.json").read_text())["counts"]["predictions"] == 60
 
 
+def test_a_file_system_without_locks_still_gets_its_run(corpus, tiny_en_dir, tmp_path, monkeypatch, caplog):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    out = tmp_path / "run"
+    r = runner.invoke(app, _args(corpus, tiny_en_dir, out))
+    assert r.exit_code == 0, r.output
+    assert "cannot be locked (No locks available)" in caplog.text
+    assert json.loads((out / "manifest.json").read_text())["counts"]["predictions"] == 60
+
+
 def test_rerun_of_a_complete_run_writes_nothing(corpus, tiny_en_dir, tmp_path):
     out = tmp_path / "run"
     assert runner.invoke(app, _args(corpus, tiny_en_dir, out)).exit_code == 0
