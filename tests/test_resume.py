@@ -377,3 +377,25 @@ def test_ctrl_c_while_the_writer_finishes_waits_for_the_part_in_hand():
     with pytest.raises(KeyboardInterrupt):
         worker.close()
     assert done == [0]  # close() returned only once the part in hand was done
+
+
+def test_a_reader_thread_stops_when_the_model_stage_fails():
+    """When the consumer fails after the reader has read everything (the queue full, the end marker
+    still to hand over), the reader thread must stop rather than wait forever for a consumer that is
+    gone."""
+    import threading
+    import time
+
+    from bertattn_batch.threads import prefetch
+
+    def consume() -> None:
+        for _ in prefetch(iter(range(3)), depth=2):
+            time.sleep(0.3)  # the reader fills the queue meanwhile
+            raise RuntimeError("the model stage failed")
+
+    with pytest.raises(RuntimeError, match="model stage failed"):
+        consume()
+    deadline = time.monotonic() + 2
+    while any(t.name == "prefetch" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [t for t in threading.enumerate() if t.name == "prefetch"]
