@@ -399,3 +399,25 @@ def test_a_reader_thread_stops_when_the_model_stage_fails():
     while any(t.name == "prefetch" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [t for t in threading.enumerate() if t.name == "prefetch"]
+
+
+def test_incremental_records_a_null_id_again_when_its_row_number_is_a_committed_id(
+    drug_rows, tiny_en_dir, tmp_path
+):
+    src, out = tmp_path / "in.parquet", tmp_path / "run"
+    texts = [r["text"][:100] for r in drug_rows[:3]]
+
+    def run(ids: list[str | None]) -> str:
+        pq.write_table(pa.table({"id": ids, "text": texts[: len(ids)]}), src)
+        args = ["extract", str(src), "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "id"]
+        r = runner.invoke(app, [*args, "--incremental", "--no-progress"])
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    run(["1", "x"])
+    # row 1 now has no id: its doc id is its row number, '1', which a committed review holds as its
+    # real id; it is no committed review, so this pass records it as null_id
+    assert run(["1", None, "x"]).startswith("1 reviews (0 scored, 1 not scored: null_id 1)")
+    preds = read_table(out, "predictions")
+    rows = sorted(zip(preds["row_index"].to_pylist(), preds["status"].to_pylist(), strict=True))
+    assert rows == [(0, "ok"), (1, "null_id"), (1, "ok")]
