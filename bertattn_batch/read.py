@@ -399,8 +399,10 @@ def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[
         parse_options=parse,
         convert_options=convert,
     )
-    for rb in reader:
-        yield {c: rb.column(c).to_pylist() for c in wanted}
+    for rb in reader:  # Arrow's blocks are bytes, any number of rows: cut them to the window's rows
+        for lo in range(0, rb.num_rows, block_rows):
+            piece = rb.slice(lo, block_rows)
+            yield {c: piece.column(c).to_pylist() for c in wanted}
 
 
 def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
