@@ -421,3 +421,26 @@ def test_incremental_records_a_null_id_again_when_its_row_number_is_a_committed_
     preds = read_table(out, "predictions")
     rows = sorted(zip(preds["row_index"].to_pylist(), preds["status"].to_pylist(), strict=True))
     assert rows == [(0, "ok"), (1, "null_id"), (1, "ok")]
+
+
+def test_a_manifest_that_cannot_be_marked_interrupted_does_not_hide_the_error(
+    tiny_en_dir, tmp_path, monkeypatch
+):
+    """Marking a failed run interrupted is a courtesy: when that write fails too (a full disk), the
+    error that stopped the run is the one reported."""
+    from bertattn_batch import write
+    from bertattn_batch.errors import InputError
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "good"}\n{"text": broken\n')
+    real = write._write_json_atomic
+
+    def full_disk_once_failed(path: Path, data: dict) -> None:
+        if data.get("status") == "interrupted":
+            raise OSError(28, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(write, "_write_json_atomic", full_disk_once_failed)
+    spec = JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(tmp_path / "run"), progress=False)
+    with pytest.raises(InputError, match="not a JSON object"):
+        run_job(spec)
