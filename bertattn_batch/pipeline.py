@@ -217,10 +217,10 @@ def _select_rows(
     """The block's rows still to do, in order; a repeated id (``seen_ids`` grows) becomes duplicate_id."""
     rows: list[ScoredRow] = []
     for i in range(len(block)):
-        row, doc_id = block.row_index[i], block.doc_id[i]
-        if row < skip_until or (skip_ids is not None and doc_id in skip_ids):
+        row, doc_id, status = block.row_index[i], block.doc_id[i], block.status[i]
+        # a null id's doc id is its row number, never a committed source id: it is recorded every pass
+        if row < skip_until or (skip_ids is not None and status != "null_id" and doc_id in skip_ids):
             continue
-        status = block.status[i]
         if seen_ids is not None and status != "null_id":  # a null id's row number is no source id
             if status == "ok" and doc_id in seen_ids:
                 status = "duplicate_id"

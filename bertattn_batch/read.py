@@ -335,10 +335,28 @@ def _column_names(src: Source) -> list[str] | None:
         if src.format == "datasets":
             return list(_load_dataset(src.path).column_names)
         if src.format == "jsonl":
-            return None  # JSON lines carry their keys row by row; missing keys are checked on read
+            return _first_json_keys(src.path)
     except (pa.ArrowInvalid, OSError) as e:
         raise InputError(f"{src.path}: cannot read as {src.format}: {first_line(e)}") from None
     raise InputError(f"unknown input format {src.format!r}")
+
+
+def _first_json_keys(path: Path) -> list[str] | None:
+    """The keys of a JSON lines file's first object, which the reader checks too (later objects may
+    omit keys); None for an empty file, or a first line the reader will name with its line number."""
+    with open(path, "rb") as f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            try:
+                try:
+                    obj = json.loads(raw)
+                except UnicodeDecodeError:
+                    obj = json.loads(raw.decode("utf-8", errors="surrogateescape"))
+            except json.JSONDecodeError:
+                return None
+            return list(obj) if isinstance(obj, dict) else None
+    return None
 
 
 def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
@@ -399,8 +417,10 @@ def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[
         parse_options=parse,
         convert_options=convert,
     )
-    for rb in reader:
-        yield {c: rb.column(c).to_pylist() for c in wanted}
+    for rb in reader:  # Arrow's blocks are bytes, any number of rows: cut them to the window's rows
+        for lo in range(0, rb.num_rows, block_rows):
+            piece = rb.slice(lo, block_rows)
+            yield {c: piece.column(c).to_pylist() for c in wanted}
 
 
 def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:

@@ -28,20 +28,24 @@ def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
     q: queue.Queue[Any] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
+    def put(item: Any) -> bool:
+        """Hand ``item`` over; False once the consumer has stopped (a plain put would wait forever)."""
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         try:
             for item in items:
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put(item):
                     return
-            q.put(_DONE)
+            put(_DONE)
         except BaseException as e:  # handed to the consumer, raised there
-            q.put(_Failure(e))
+            put(_Failure(e))
 
     thread = threading.Thread(target=produce, name="prefetch", daemon=True)
     thread.start()

@@ -268,7 +268,7 @@ class RunWriter:
                     f.unlink(missing_ok=True)
         if self.manifest:
             self.manifest["status"] = "interrupted"
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, WriteError):  # _save wraps OSError; the first error counts
                 self._save()
 
     def finalize(self, summary: dict[str, Any]) -> dict[str, Any]:

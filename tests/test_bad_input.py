@@ -184,6 +184,7 @@ def test_awkward_ids_labels_and_texts(tiny_en_dir, tmp_path):
         ("misspelt_column", "no column 'txt'; columns there: text"),
         ("unknown_extension", "cannot tell the format"),
         ("bad_json", "not a JSON object"),
+        ("missing_json_key", "no column 'text'; columns there: txt"),
         ("gzipped_csv", "is gzip-compressed; decompress it first"),
         ("out_is_a_file", "is a file, not a folder"),
     ],
@@ -208,6 +209,9 @@ def test_file_level_problems_are_one_line_errors(setup, message, tiny_en_dir, tm
     elif setup == "out_is_a_file":
         pq.write_table(pa.table({"text": ["x"]}), src)
         (tmp_path / "out").write_text("not a folder")
+    elif setup == "missing_json_key":  # checked on the first object, before the model loads
+        src = tmp_path / "in.jsonl"
+        src.write_text('\n{"txt": "good"}\n{"txt": "bad"}\n')
     else:
         src = tmp_path / "in.jsonl"
         src.write_text('{"text": "ok"}\n{"text": broken\n')

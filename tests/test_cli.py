@@ -242,3 +242,29 @@ def test_run_trains_the_jobs_model_on_first_run_only(zh_rows, tmp_path):
     r = runner.invoke(app, ["run", str(job)])
     assert r.exit_code == 0, r.output
     assert (model / "model.safetensors").stat().st_mtime_ns == trained_at  # not trained again
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv"])
+def test_window_caps_the_rows_of_a_part_in_delimited_files(fmt, tiny_en_dir, tmp_path):
+    """--window is rows per part in every format: CSV and TSV are parsed in blocks of bytes, which hold
+    any number of rows."""
+    src = tmp_path / f"in.{fmt}"
+    src.write_text("text\n" + "".join(f"review {i}\n" for i in range(25)))
+    out = tmp_path / "run"
+    r = runner.invoke(
+        app,
+        [
+            "extract",
+            str(src),
+            "--model",
+            str(tiny_en_dir),
+            "--out",
+            str(out),
+            "--window",
+            "10",
+            "--no-progress",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    parts = json.loads((out / "manifest.json").read_text())["parts"]
+    assert [(p["start_row"], p["end_row"]) for p in parts] == [(0, 10), (10, 20), (20, 25)]

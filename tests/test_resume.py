@@ -429,3 +429,70 @@ def test_ctrl_c_while_the_writer_finishes_waits_for_the_part_in_hand():
     with pytest.raises(KeyboardInterrupt):
         worker.close()
     assert done == [0]  # close() returned only once the part in hand was done
+
+
+def test_a_reader_thread_stops_when_the_model_stage_fails():
+    """When the consumer fails after the reader has read everything (the queue full, the end marker
+    still to hand over), the reader thread must stop rather than wait forever for a consumer that is
+    gone."""
+    import threading
+    import time
+
+    from bertattn_batch.threads import prefetch
+
+    def consume() -> None:
+        for _ in prefetch(iter(range(3)), depth=2):
+            time.sleep(0.3)  # the reader fills the queue meanwhile
+            raise RuntimeError("the model stage failed")
+
+    with pytest.raises(RuntimeError, match="model stage failed"):
+        consume()
+    deadline = time.monotonic() + 2
+    while any(t.name == "prefetch" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [t for t in threading.enumerate() if t.name == "prefetch"]
+
+
+def test_incremental_records_a_null_id_again_when_its_row_number_is_a_committed_id(
+    drug_rows, tiny_en_dir, tmp_path
+):
+    src, out = tmp_path / "in.parquet", tmp_path / "run"
+    texts = [r["text"][:100] for r in drug_rows[:3]]
+
+    def run(ids: list[str | None]) -> str:
+        pq.write_table(pa.table({"id": ids, "text": texts[: len(ids)]}), src)
+        args = ["extract", str(src), "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "id"]
+        r = runner.invoke(app, [*args, "--incremental", "--no-progress"])
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    run(["1", "x"])
+    # row 1 now has no id: its doc id is its row number, '1', which a committed review holds as its
+    # real id; it is no committed review, so this pass records it as null_id
+    assert run(["1", None, "x"]).startswith("1 reviews (0 scored, 1 not scored: null_id 1)")
+    preds = read_table(out, "predictions")
+    rows = sorted(zip(preds["row_index"].to_pylist(), preds["status"].to_pylist(), strict=True))
+    assert rows == [(0, "ok"), (1, "null_id"), (1, "ok")]
+
+
+def test_a_manifest_that_cannot_be_marked_interrupted_does_not_hide_the_error(
+    tiny_en_dir, tmp_path, monkeypatch
+):
+    """Marking a failed run interrupted is a courtesy: when that write fails too (a full disk), the
+    error that stopped the run is the one reported."""
+    from bertattn_batch import write
+    from bertattn_batch.errors import InputError
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "good"}\n{"text": broken\n')
+    real = write._write_json_atomic
+
+    def full_disk_once_failed(path: Path, data: dict) -> None:
+        if data.get("status") == "interrupted":
+            raise OSError(28, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(write, "_write_json_atomic", full_disk_once_failed)
+    spec = JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(tmp_path / "run"), progress=False)
+    with pytest.raises(InputError, match="not a JSON object"):
+        run_job(spec)
