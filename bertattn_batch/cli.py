@@ -304,7 +304,7 @@ def finetune(
 
     overrides: dict[str, Any] = {
         "base": base,
-        "labels": labels.split(",") if labels else None,
+        "labels": [x.strip() for x in labels.split(",")] if labels else None,
         "epochs": epochs,
         "max_length": max_length,
         "batch_size": batch_size,

@@ -265,12 +265,12 @@ class ModelStage:
         real = slots = 0
         for idx in bucket_batches(lengths, self.batch_tokens, self.max_batch_size):
             batch = [todo[i] for i in idx]
-            self._score(batch)
+            slots += self._score(batch)
             real += sum(r.encoded.n_tokens for r in batch)
-            slots += len(batch) * max(r.encoded.n_tokens for r in batch)
         return real, slots
 
-    def _score(self, batch: list[ScoredRow]) -> None:
+    def _score(self, batch: list[ScoredRow]) -> int:
+        """Score one padded batch (in halves after an out-of-memory error); returns its padded slots."""
         try:
             probs, rows = self.clf.forward([r.encoded.ids for r in batch])  # (B, C), (B, L, H, S)
         except torch.OutOfMemoryError:
@@ -282,13 +282,12 @@ class ModelStage:
             _free_device_cache(self.clf.device)
             half = len(batch) // 2
             log.warning("out of memory on a batch of %d reviews; retrying in halves", len(batch))
-            self._score(batch[:half])
-            self._score(batch[half:])
-            return
+            return self._score(batch[:half]) + self._score(batch[half:])
         for i, r in enumerate(batch):
             n = r.encoded.n_tokens
             r.probs = probs[i]  # (C,)
             r.cls_rows = rows[i, :, :, :n]  # (L, H, n): this review's own tokens, padding dropped
+        return len(batch) * max(r.encoded.n_tokens for r in batch)
 
 
 def _free_device_cache(device: torch.device) -> None:

@@ -472,6 +472,10 @@ def plot(
     if run_dir is not None:
         if doc_id is None:
             raise SpecError("give --doc-id: the id of the review in the run to plot")
+        if not pairs and (text is not None or model is not None):
+            raise SpecError(
+                "--text and --model go with a run only for --pairs; a run's review is plotted from the run"
+            )
         review = load_review(run_dir, doc_id, layer)
         if pairs:
             add_pairs(review, run_dir, model=model, text=text, device=device)

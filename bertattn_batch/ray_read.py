@@ -136,7 +136,8 @@ def _read_dataset(ray: Any, group: list[Source], wanted: list[str]) -> Any:
             paths, partitioning=None, file_extensions=None, parse_options=parse, convert_options=convert
         )
     if fmt == "text":
-        return rd.read_text(paths, drop_empty_lines=False, file_extensions=None)
+        # utf-8-sig: a byte-order mark is no part of the first review, as in the local reader
+        return rd.read_text(paths, encoding="utf-8-sig", drop_empty_lines=False, file_extensions=None)
     if fmt == "datasets":
         ds = _load_dataset(group[0].path).select_columns(wanted)
         names = class_label_names(ds)

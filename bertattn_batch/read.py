@@ -96,7 +96,24 @@ def expand_inputs(inputs: Iterable[str], input_format: str = "auto") -> list[Sou
                 sources.extend(Source(f, _format_of(f, input_format)) for f in files)
             else:
                 sources.append(Source(p, _format_of(p, input_format)))
-    return sources
+    return _once_each(sources)
+
+
+def _once_each(sources: list[Source]) -> list[Source]:
+    """Each file once, where it is first named: ``a.parquet data/*.parquet`` would otherwise read
+    ``a.parquet`` twice (its rows doubled, or every repeat a ``duplicate_id``)."""
+    seen: set[Path] = set()
+    kept = []
+    for src in sources:
+        key = src.path.resolve()
+        if key in seen:
+            if key not in _WARNED:  # once a process: the inputs are listed more than once
+                _WARNED.add(key)
+                log.warning("%s is named more than once in the inputs; it is read once", src.path)
+            continue
+        seen.add(key)
+        kept.append(src)
+    return kept
 
 
 def _review_files(folder: Path) -> list[Path]:
@@ -267,6 +284,8 @@ def _to_str(value: Any) -> str:
     that differ only there stay two ids, spelled alike in every format."""
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="backslashreplace")
+    if isinstance(value, bool):  # as JSON and CSV spell it, so a label reads alike from every format
+        return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     text = str(value)
@@ -374,7 +393,8 @@ def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
         raise InputError(f"{src.path}: cannot read as {src.format}: {first_line(e)}") from None
 
 
-_WARNED: set[Path] = set()  # folders whose other files were named in a warning
+_WARNED: set[Path] = set()  # folders whose other files, and files named twice, a warning named
+_BOM = b"\xef\xbb\xbf"
 #: Endings of compressed files; ``x.csv.gz`` in a folder input is a review file the readers cannot read.
 _COMPRESSED_SUFFIXES = frozenset({".gz", ".bz2", ".zst", ".zstd", ".zip", ".xz", ".lz4", ".7z", ".tgz"})
 #: Leading bytes of compressed files, which the line-based readers would read as garbage rows.
@@ -469,7 +489,9 @@ def _read_text(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict
         )
     block: list[Any] = []
     with open(src.path, "rb") as f:
-        for raw in f:
+        for i, raw in enumerate(f):
+            if i == 0 and raw.startswith(_BOM):  # an editor's byte-order mark is no part of the review
+                raw = raw[len(_BOM) :]
             block.append(raw.rstrip(b"\r\n"))
             if len(block) >= block_rows:
                 yield {TEXT_FILE_COLUMN: block}

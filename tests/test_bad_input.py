@@ -9,12 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
 from helpers import read_table
 from typer.testing import CliRunner
 
+from bertattn_batch.batching import bucket_batches
 from bertattn_batch.cli import app
 from bertattn_batch.encode import encode_texts
 from bertattn_batch.errors import ModelError
@@ -111,7 +113,7 @@ def test_empty_files_give_empty_runs(tiny_en_dir, tmp_path):
     for name, data in [("e.txt", b""), ("e.csv", b""), ("e.jsonl", b"\n")]:
         src = tmp_path / name
         src.write_bytes(data)
-        out = tmp_path / f"run-{name}"
+        out = tmp_path / "runs" / name.replace(".", "-")
         r = _extract(src, tiny_en_dir, out)
         assert r.exit_code == 0, r.output
         assert r.output.startswith("0 reviews") and "the input holds no rows" in r.output
@@ -174,6 +176,33 @@ def test_awkward_ids_labels_and_texts(tiny_en_dir, tmp_path):
         ("0", "ok"),
         ("3", "ok"),
     ]
+
+
+def test_labels_read_alike_from_every_format_and_a_file_is_read_once(tiny_en_dir, tmp_path, caplog):
+    """A boolean label is spelled as JSON and CSV spell it; a text file's byte-order mark is no part of
+    its first review; a file named twice (itself and by a glob) is read once, with a warning."""
+    pq.write_table(pa.table({"text": ["a", "b"], "label": [True, False]}), tmp_path / "b.parquet")
+    (tmp_path / "b.jsonl").write_text('{"text": "a", "label": true}\n{"text": "b", "label": false}\n')
+    (tmp_path / "b.csv").write_text("text,label\na,true\nb,false\n")
+    for name in ("b.parquet", "b.jsonl", "b.csv"):
+        out = tmp_path / "runs" / name.replace(".", "-")
+        assert _extract(tmp_path / name, tiny_en_dir, out, "--label-col", "label").exit_code == 0
+        assert read_table(out, "predictions").column("label").to_pylist() == ["true", "false"], name
+
+    text = tmp_path / "bom.txt"
+    text.write_bytes("\ufeffgreat food\nslow service\n".encode())
+    out = tmp_path / "bom"
+    assert _extract(text, tiny_en_dir, out).exit_code == 0
+    attention = read_table(out, "cls_attention").filter(pc.equal(pc.field("doc_id"), "0"))
+    assert min(attention.column("start").to_pylist()) == 0  # spans index the review without the mark
+    assert attention.column("token").to_pylist()[0] == "great"
+
+    out = tmp_path / "twice"
+    args = ["extract", str(tmp_path / "b.parquet"), str(tmp_path / "*.parquet"), "--model", str(tiny_en_dir)]
+    r = runner.invoke(app, [*args, "--out", str(out), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert read_table(out, "predictions").num_rows == 2
+    assert "b.parquet is named more than once in the inputs; it is read once" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -414,6 +443,14 @@ class ShortOfMemory(Classifier):
         return super().forward(ids)
 
 
+def _halvings(batch: list, limit: int) -> list[list]:
+    """The batches that run when every batch over ``limit`` reviews is split in halves, in order."""
+    if len(batch) <= limit:
+        return [batch]
+    half = len(batch) // 2
+    return _halvings(batch[:half], limit) + _halvings(batch[half:], limit)
+
+
 def test_out_of_memory_retries_in_halves(tiny_en_dir, drug_rows):
     base = Classifier.load(str(tiny_en_dir))
     clf = ShortOfMemory(**base.__dict__)
@@ -428,9 +465,18 @@ def test_out_of_memory_retries_in_halves(tiny_en_dir, drug_rows):
         return Window(0, 10, rows)
 
     big, reference = window(), window()
-    ModelStage(clf, batch_tokens=10_000, max_batch_size=64)(big)
+    real, slots = ModelStage(clf, batch_tokens=10_000, max_batch_size=64)(big)
     ModelStage(base, batch_tokens=10_000, max_batch_size=3)(reference)
     assert clf.calls[0] == 10 and max(c for c in clf.calls if c <= 3) <= 3
+    # padded slots count the batches that ran, not the one refused: each half pads to its own longest
+    (order,) = bucket_batches([r.encoded.n_tokens for r in big.rows], 10_000, 64)
+    ran = _halvings([big.rows[i] for i in order], clf.limit)
+    assert real == sum(r.encoded.n_tokens for r in big.rows)
+    assert (
+        slots
+        == sum(len(b) * max(r.encoded.n_tokens for r in b) for b in ran)
+        < 10 * max(r.encoded.n_tokens for r in big.rows)
+    )
     for a, b in zip(big.rows, reference.rows, strict=True):
         torch.testing.assert_close(
             torch.from_numpy(a.cls_rows), torch.from_numpy(b.cls_rows), atol=1e-5, rtol=0

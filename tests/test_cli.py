@@ -268,3 +268,16 @@ def test_window_caps_the_rows_of_a_part_in_delimited_files(fmt, tiny_en_dir, tmp
     assert r.exit_code == 0, r.output
     parts = json.loads((out / "manifest.json").read_text())["parts"]
     assert [(p["start_row"], p["end_row"]) for p in parts] == [(0, 10), (10, 20), (20, 25)]
+
+
+def test_finetune_labels_option_is_split_and_trimmed(monkeypatch, tmp_path):
+    seen = {}
+
+    def capture(inputs, text_col, label_col, out, spec, input_format="auto", progress=False):
+        seen["labels"] = spec.labels
+        return {"accuracy": None}
+
+    monkeypatch.setattr("bertattn_batch.finetune.finetune_files", capture)
+    args = ["finetune", "x.csv", "--out", str(tmp_path / "m"), "--labels", "pos, neg ,meh"]
+    r = runner.invoke(app, args)
+    assert seen["labels"] == ["pos", "neg", "meh"], r.output

@@ -220,6 +220,10 @@ def test_cli_plots_a_run_and_a_text(en_run, tiny_zh_dir, tmp_path):
         app, ["plot", str(en_run), "--doc-id", doc, "--layer", "0", "--out", str(tmp_path / "d.png")]
     )
     assert r.exit_code == 1 and "holds layers [1, 2]" in r.output
+    r = runner.invoke(
+        app, ["plot", str(en_run), "--doc-id", doc, "--text", "other", "--out", str(tmp_path / "e.png")]
+    )
+    assert r.exit_code == 1 and "--text and --model go with a run only for --pairs" in r.output
 
 
 def test_byte_level_tokens_are_shown_as_text():
