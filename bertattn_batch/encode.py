@@ -21,7 +21,10 @@ import numpy as np
 #: kept only when it cannot have changed the tokens kept: see ``_cut_is_exact``); keeps a 1 MB review
 #: cheap.
 _CHARS_PER_TOKEN_CAP = 32
-_LAST_SPACE = re.compile(r"\s\S*\Z")
+#: The last whitespace of a text, taken as the end of a word: Python's ``\s`` less the control characters
+#: it also matches (\x0b, \x0c, \x1c-\x1f, \x85), which BERT's normalizer deletes, joining the letters
+#: on either side into one word ("un\x1fbelievable" is "unbelievable", not "un" and "##bel...").
+_LAST_SPACE = re.compile(r"[^\S\x0b\x0c\x1c-\x1f\x85][\S\x0b\x0c\x1c-\x1f\x85]*\Z")
 
 
 @dataclass(frozen=True)

@@ -92,3 +92,19 @@ def test_pre_cut_matches_the_tokenizer_on_the_whole_text(minilm_dir, tiny_zh_dir
                     want = tok(text, truncation=True, max_length=max_length)["input_ids"]
                     assert enc.ids.tolist() == want, (text[:20], side, max_length)
                     assert enc.truncated == (len(full) > max_length), (text[:20], side, max_length)
+
+
+def test_pre_cut_does_not_split_words_at_deleted_control_characters(minilm_dir):
+    """Python's ``\\s`` matches \\x0b, \\x0c, \\x1c-\\x1f and \\x85, but BERT's normalizer deletes them as
+    control characters, so "un\\x1fbelievable" is one word, "unbelievable"; the pre-cut must not take them
+    for a word boundary and keep the pieces of the word as the cut text spells it."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    for control in "\x0b\x0c\x1c\x1d\x1e\x1f\x85":
+        text = " " * 90 + f"un{control}believable drug"  # longer than 3 * 32 characters: cut at 96
+        (enc,) = encode_texts(tok, [text], 3)
+        want = tok(text, truncation=True, max_length=3)["input_ids"]
+        assert tok.convert_ids_to_tokens(want)[1] == "unbelievable"
+        assert enc.ids.tolist() == want, repr(control)
+        assert enc.truncated
