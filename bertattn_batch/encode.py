@@ -67,6 +67,12 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
     return out
 
 
+def id_limit(tokenizer) -> int:
+    """One past the largest token id: what a lookup by id needs. ``len(tokenizer)`` counts the tokens,
+    which falls short where a vocabulary leaves ids unused (gaps between its ids)."""
+    return max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
+
+
 def _cut_is_exact(backend, cut: str, offsets: list[tuple[int, int]]) -> bool:
     """Whether the tokens kept from a cut text are those the whole text would give.
 
