@@ -11,6 +11,7 @@ token is traced back to its characters (BERT's Chinese tokenizer drops whitespac
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
     if getattr(tokenizer, "truncation_side", "right") != "right":
         cap = len(max(texts, key=len))  # the cut keeps the start; truncation from the left keeps the end
     cut = [t[:cap] if len(t) > cap else t for t in texts]
+    mark = _word_mark_id(tokenizer.backend_tokenizer)
     out = []
     for i, enc in enumerate(_encode_batch(tokenizer, cut, max_length)):
         truncated = bool(enc.overflowing)
@@ -57,14 +59,37 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
             else:  # rare: mostly whitespace, dropped characters or words of hundreds of letters
                 enc = _encode_batch(tokenizer, [texts[i]], max_length)[0]
                 truncated = bool(enc.overflowing)
-        out.append(
-            Encoded(
-                ids=np.asarray(enc.ids, dtype=np.int32),
-                offsets=np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2),
-                truncated=truncated,
-            )
-        )
+        ids = np.asarray(enc.ids, dtype=np.int32)
+        offsets = np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2)
+        if mark is not None:
+            _unpin_prepended_marks(ids, offsets, mark)
+        out.append(Encoded(ids=ids, offsets=offsets, truncated=truncated))
     return out
+
+
+def _word_mark_id(backend) -> int | None:
+    """Id of the token that is a word-start mark alone: Metaspace's '▁', or byte-level BPE's 'Ġ' where
+    it adds a space before the text; None for tokenizers that prepend no mark (WordPiece)."""
+    state = json.loads(backend.pre_tokenizer.__getstate__()) if backend.pre_tokenizer is not None else {}
+    for part in [state, *state.get("pretokenizers", [])]:
+        if part.get("type") == "Metaspace" and part.get("prepend_scheme", "always") != "never":
+            return backend.token_to_id(part["replacement"])
+        if part.get("type") == "ByteLevel" and part.get("add_prefix_space"):
+            return backend.token_to_id("\u0120")  # the byte-level spelling of a space
+    return None
+
+
+def _unpin_prepended_marks(ids: np.ndarray, offsets: np.ndarray, mark: int) -> None:
+    """Give a lone word mark that stands for no character of the text an empty span, in place.
+
+    The mark a tokenizer prepends to the first word has no source character, yet the tokenizer aligns
+    it with that word's first character, which the next token covers too ('▁' and '好' of "好吃" both
+    at 0..1). A mark for a real space spans that space, before the next token: it is kept.
+    """
+    for k in np.flatnonzero(ids[:-2] == mark):  # content tokens followed by a content token
+        start, end = offsets[k]
+        if offsets[k + 1, 0] < end:
+            offsets[k, 1] = start
 
 
 def id_limit(tokenizer) -> int:

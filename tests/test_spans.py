@@ -108,3 +108,34 @@ def test_pre_cut_does_not_split_words_at_deleted_control_characters(minilm_dir):
         assert tok.convert_ids_to_tokens(want)[1] == "unbelievable"
         assert enc.ids.tolist() == want, repr(control)
         assert enc.truncated
+
+
+def _sentencepiece_tokenizer():
+    """An XLM-R-style tokenizer: Unigram pieces behind a Metaspace pre-tokenizer that prepends '▁'."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["<s>", "<pad>", "</s>", "<unk>", "\u2581", "好", "吃", "\u2581good", "\u2581ok", "é", "e"]
+    backend = Tokenizer(models.Unigram([(p, -1.0 if len(p) > 1 else -3.0) for p in pieces], unk_id=3))
+    backend.normalizer = normalizers.NFKC()
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, cls_token="<s>", sep_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+
+
+def test_a_prepended_word_mark_spans_no_character():
+    """Metaspace puts '▁' before the first word; alone as a token (before '好', which has no '▁好'
+    piece) it stands for no character of the text, yet the tokenizer aligns it to the word's first
+    character, which the next token also covers. A '▁' for a real space keeps that space."""
+    tok = _sentencepiece_tokenizer()
+    text = "好吃 好 good"
+    (enc,) = encode_texts(tok, [text], 32)
+    tokens = tok.convert_ids_to_tokens(enc.ids[1:-1].tolist())
+    assert tokens == ["\u2581", "好", "吃", "\u2581", "好", "\u2581good"]
+    spans = [text[s:e] for s, e in enc.offsets[1:-1].tolist()]
+    assert spans == ["", "好", "吃", " ", "好", " good"]
+    assert enc.offsets[1].tolist() == [0, 0]
