@@ -11,8 +11,10 @@ token is traced back to its characters (BERT's Chinese tokenizer drops whitespac
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -63,6 +65,9 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
         offsets = np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2)
         if mark is not None:
             _unpin_prepended_marks(ids, offsets, mark)
+        if not texts[i].isascii() and (_marks().search(texts[i]) or max(texts[i]) > "\uffff"):
+            right_cut = truncated and getattr(tokenizer, "truncation_side", "right") == "right"
+            _widen_over_marks(texts[i], offsets, end_known=not right_cut)
         out.append(Encoded(ids=ids, offsets=offsets, truncated=truncated))
     return out
 
@@ -90,6 +95,41 @@ def _unpin_prepended_marks(ids: np.ndarray, offsets: np.ndarray, mark: int) -> N
         start, end = offsets[k]
         if offsets[k + 1, 0] < end:
             offsets[k, 1] = start
+
+
+def _joins_previous(char: str) -> bool:
+    """A combining mark, or a Hangul vowel or final jamo: what a normalizer composes into (NFC, NFKC) or
+    strips from (accent stripping) the character before it."""
+    return (
+        unicodedata.category(char)[0] == "M" or "\u1160" <= char <= "\u11ff" or "\ud7b0" <= char <= "\ud7ff"
+    )
+
+
+@functools.cache
+def _marks() -> re.Pattern:
+    """The characters of :func:`_joins_previous` in the Basic Multilingual Plane, as one fast class (the
+    few outside it are looked for in texts that have such characters at all)."""
+    chars = "".join(chr(c) for c in range(0x10000) if _joins_previous(chr(c)))
+    return re.compile(f"[{re.escape(chars)}]")
+
+
+def _widen_over_marks(text: str, offsets: np.ndarray, end_known: bool) -> None:
+    """Extend each content token's span, in place, over the marks after it that no token covers.
+
+    Tokenizers align a composed 'é' (from 'e' + U+0301) with the 'e' alone, and a token whose accents
+    were stripped ends before them, so the mark belongs to no span. The last token reaches over marks
+    up to the text's end only where the text's end is known to be kept (``end_known``): after a cut,
+    what follows may be a token of its own.
+    """
+    last = len(offsets) - 1  # the [SEP]
+    for k in range(1, last):
+        start, end = offsets[k]
+        limit = offsets[k + 1, 0] if k + 1 < last else (len(text) if end_known else end)
+        if start == end or end >= limit:
+            continue
+        while end < limit and _joins_previous(text[end]):
+            end += 1
+        offsets[k, 1] = end
 
 
 def id_limit(tokenizer) -> int:

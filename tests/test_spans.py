@@ -139,3 +139,24 @@ def test_a_prepended_word_mark_spans_no_character():
     spans = [text[s:e] for s, e in enc.offsets[1:-1].tolist()]
     assert spans == ["", "好", "吃", " ", "好", " good"]
     assert enc.offsets[1].tolist() == [0, 0]
+
+
+def test_spans_keep_the_combining_marks_a_token_was_made_with(minilm_dir):
+    """A mark the normalizer folds into the token before it (NFKC: 'e' + U+0301 is 'é'; accent
+    stripping drops it) belongs to that token's span: the tokenizer aligns the token with the base
+    letter only, leaving the mark to no token."""
+    from transformers import AutoTokenizer
+
+    cases = [
+        (_sentencepiece_tokenizer(), "ok e\u0301e\u0301 good", ["ok", " ", "e\u0301", "e\u0301", " good"]),
+        (_sentencepiece_tokenizer(), "e\u0301", ["", "e\u0301"]),  # the last token reaches the text's end
+        (AutoTokenizer.from_pretrained(minilm_dir), "cafe\u0301 ok", ["cafe\u0301", "ok"]),
+        (AutoTokenizer.from_pretrained(minilm_dir), "नमस्ते", None),  # the virama U+094D is stripped
+    ]
+    for tok, text, want in cases:
+        (enc,) = encode_texts(tok, [text], 32)
+        spans = [text[s:e] for s, e in enc.offsets[1:-1].tolist()]
+        if want is not None:
+            assert spans == want, (text, spans)
+        covered = {i for s, e in enc.offsets[1:-1].tolist() for i in range(s, e)}
+        assert {i for i, c in enumerate(text) if not c.isspace()} <= covered, (text, spans)
