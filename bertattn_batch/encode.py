@@ -11,7 +11,10 @@ token is traced back to its characters (BERT's Chinese tokenizer drops whitespac
 
 from __future__ import annotations
 
+import functools
+import json
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,7 +24,10 @@ import numpy as np
 #: kept only when it cannot have changed the tokens kept: see ``_cut_is_exact``); keeps a 1 MB review
 #: cheap.
 _CHARS_PER_TOKEN_CAP = 32
-_LAST_SPACE = re.compile(r"\s\S*\Z")
+#: The last whitespace of a text, taken as the end of a word: Python's ``\s`` less the control characters
+#: it also matches (\x0b, \x0c, \x1c-\x1f, \x85), which BERT's normalizer deletes, joining the letters
+#: on either side into one word ("un\x1fbelievable" is "unbelievable", not "un" and "##bel...").
+_LAST_SPACE = re.compile(r"[^\S\x0b\x0c\x1c-\x1f\x85][\S\x0b\x0c\x1c-\x1f\x85]*\Z")
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
     if getattr(tokenizer, "truncation_side", "right") != "right":
         cap = len(max(texts, key=len))  # the cut keeps the start; truncation from the left keeps the end
     cut = [t[:cap] if len(t) > cap else t for t in texts]
+    mark = _word_mark_id(tokenizer.backend_tokenizer)
     out = []
     for i, enc in enumerate(_encode_batch(tokenizer, cut, max_length)):
         truncated = bool(enc.overflowing)
@@ -54,14 +61,81 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
             else:  # rare: mostly whitespace, dropped characters or words of hundreds of letters
                 enc = _encode_batch(tokenizer, [texts[i]], max_length)[0]
                 truncated = bool(enc.overflowing)
-        out.append(
-            Encoded(
-                ids=np.asarray(enc.ids, dtype=np.int32),
-                offsets=np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2),
-                truncated=truncated,
-            )
-        )
+        ids = np.asarray(enc.ids, dtype=np.int32)
+        offsets = np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2)
+        if mark is not None:
+            _unpin_prepended_marks(ids, offsets, mark)
+        if not texts[i].isascii() and (_marks().search(texts[i]) or max(texts[i]) > "\uffff"):
+            right_cut = truncated and getattr(tokenizer, "truncation_side", "right") == "right"
+            _widen_over_marks(texts[i], offsets, end_known=not right_cut)
+        out.append(Encoded(ids=ids, offsets=offsets, truncated=truncated))
     return out
+
+
+def _word_mark_id(backend) -> int | None:
+    """Id of the token that is a word-start mark alone: Metaspace's '▁', or byte-level BPE's 'Ġ' where
+    it adds a space before the text; None for tokenizers that prepend no mark (WordPiece)."""
+    state = json.loads(backend.pre_tokenizer.__getstate__()) if backend.pre_tokenizer is not None else {}
+    for part in [state, *state.get("pretokenizers", [])]:
+        if part.get("type") == "Metaspace" and part.get("prepend_scheme", "always") != "never":
+            return backend.token_to_id(part["replacement"])
+        if part.get("type") == "ByteLevel" and part.get("add_prefix_space"):
+            return backend.token_to_id("\u0120")  # the byte-level spelling of a space
+    return None
+
+
+def _unpin_prepended_marks(ids: np.ndarray, offsets: np.ndarray, mark: int) -> None:
+    """Give a lone word mark that stands for no character of the text an empty span, in place.
+
+    The mark a tokenizer prepends to the first word has no source character, yet the tokenizer aligns
+    it with that word's first character, which the next token covers too ('▁' and '好' of "好吃" both
+    at 0..1). A mark for a real space spans that space, before the next token: it is kept.
+    """
+    for k in np.flatnonzero(ids[:-2] == mark):  # content tokens followed by a content token
+        start, end = offsets[k]
+        if offsets[k + 1, 0] < end:
+            offsets[k, 1] = start
+
+
+def _joins_previous(char: str) -> bool:
+    """A combining mark, or a Hangul vowel or final jamo: what a normalizer composes into (NFC, NFKC) or
+    strips from (accent stripping) the character before it."""
+    return (
+        unicodedata.category(char)[0] == "M" or "\u1160" <= char <= "\u11ff" or "\ud7b0" <= char <= "\ud7ff"
+    )
+
+
+@functools.cache
+def _marks() -> re.Pattern:
+    """The characters of :func:`_joins_previous` in the Basic Multilingual Plane, as one fast class (the
+    few outside it are looked for in texts that have such characters at all)."""
+    chars = "".join(chr(c) for c in range(0x10000) if _joins_previous(chr(c)))
+    return re.compile(f"[{re.escape(chars)}]")
+
+
+def _widen_over_marks(text: str, offsets: np.ndarray, end_known: bool) -> None:
+    """Extend each content token's span, in place, over the marks after it that no token covers.
+
+    Tokenizers align a composed 'é' (from 'e' + U+0301) with the 'e' alone, and a token whose accents
+    were stripped ends before them, so the mark belongs to no span. The last token reaches over marks
+    up to the text's end only where the text's end is known to be kept (``end_known``): after a cut,
+    what follows may be a token of its own.
+    """
+    last = len(offsets) - 1  # the [SEP]
+    for k in range(1, last):
+        start, end = offsets[k]
+        limit = offsets[k + 1, 0] if k + 1 < last else (len(text) if end_known else end)
+        if start == end or end >= limit:
+            continue
+        while end < limit and _joins_previous(text[end]):
+            end += 1
+        offsets[k, 1] = end
+
+
+def id_limit(tokenizer) -> int:
+    """One past the largest token id: what a lookup by id needs. ``len(tokenizer)`` counts the tokens,
+    which falls short where a vocabulary leaves ids unused (gaps between its ids)."""
+    return max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
 
 
 def _cut_is_exact(backend, cut: str, offsets: list[tuple[int, int]]) -> bool:

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from . import schema
 from .attention import minmax_scale
-from .encode import Encoded
+from .encode import Encoded, id_limit
 
 
 @dataclass
@@ -36,8 +36,9 @@ class ScoredRow:
 
 
 def vocab_array(tokenizer) -> pa.Array:
-    """Token text for every id, so token columns are built by index in C++ rather than per row."""
-    n = len(tokenizer)
+    """Token text for every id, so token columns are built by index in C++ rather than per row; an id
+    the vocabulary leaves unused is an empty string."""
+    n = id_limit(tokenizer)
     tokens = tokenizer.convert_ids_to_tokens(list(range(n)))
     return pa.array([t if t is not None else "" for t in tokens], type=pa.string())
 

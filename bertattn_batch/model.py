@@ -26,6 +26,7 @@ import torch
 from safetensors import SafetensorError
 
 from .attention import ClsRowCapture, eager_rows, find_self_attention
+from .encode import id_limit
 from .errors import ModelError, SpecError, first_line
 from .trim import LastLayerTrim, verified
 
@@ -355,16 +356,18 @@ def _check_single_label(config, source: str) -> None:
 
 def _check_vocabulary(tokenizer, config, source: str) -> None:
     """A folder without tokenizer files still loads, as an empty vocabulary that maps every token to
-    [UNK] (transformers 5); a tokenizer larger than the embeddings fails mid-run. Refuse both at load."""
+    [UNK] (transformers 5); a token id past the embeddings fails mid-run. Refuse both at load."""
     size, specials = len(tokenizer), len(set(tokenizer.all_special_tokens))
     if size <= specials:
         raise ModelError(
             f"{source}: its tokenizer holds only its {size} special tokens; are the tokenizer files "
             "(tokenizer.json or vocab.txt) missing?"
         )
-    if size > config.vocab_size:
+    limit = id_limit(tokenizer)  # above size where the vocabulary leaves ids unused
+    if limit > config.vocab_size:
+        held = f"{size} tokens" if limit == size else f"{size} tokens with ids up to {limit - 1}"
         raise ModelError(
-            f"{source}: the tokenizer has {size} tokens but the model embeds only {config.vocab_size}; "
+            f"{source}: the tokenizer has {held} but the model embeds only {config.vocab_size}; "
             "they do not belong together"
         )
 

@@ -415,6 +415,59 @@ def test_models_that_cannot_be_read_as_classifiers_are_refused(change, message, 
         Classifier.load(str(tmp_path))
 
 
+def _gapped_vocabulary_model(path: Path, vocab_size: int) -> Path:
+    """A BERT whose WordPiece vocabulary leaves ids 7 and 8 unused: 'zz' is id 9 of 8 tokens."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4, "a": 5, "b": 6, "zz": 9}
+    backend = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer()
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.post_processor = processors.BertProcessing(("[SEP]", 3), ("[CLS]", 2))
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        mask_token="[MASK]",
+    )
+    assert len(tok) == 8 and tok("zz")["input_ids"] == [2, 9, 3]
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+    )
+    BertForSequenceClassification(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_a_vocabulary_with_unused_ids_names_every_token(tmp_path):
+    """len(tokenizer) counts tokens; where a vocabulary skips ids, its largest id is past that count."""
+    model = _gapped_vocabulary_model(tmp_path / "model", vocab_size=10)
+    src = tmp_path / "in.csv"
+    src.write_text("text\na zz b\n")
+    out = tmp_path / "run"
+    result = _extract(src, model, out, "--layers", "0")
+    assert result.exit_code == 0, result.output
+    attn = read_table(out, "cls_attention")
+    attn = attn.filter(pc.equal(attn["head"], 0))
+    assert attn.column("token").to_pylist() == ["a", "zz", "b"]
+    assert attn.column("token_id").to_pylist() == [5, 9, 6]
+
+
+def test_token_ids_past_the_embeddings_are_refused_at_load(tmp_path):
+    """8 tokens fit 9 embeddings, but id 9 does not: refused at load, not mid-run."""
+    model = _gapped_vocabulary_model(tmp_path / "model", vocab_size=9)
+    with pytest.raises(ModelError, match="the model embeds only 9"):
+        Classifier.load(str(model))
+
+
 def test_pickle_weights_need_an_explicit_option(tiny_en_dir, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

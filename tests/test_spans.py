@@ -92,3 +92,71 @@ def test_pre_cut_matches_the_tokenizer_on_the_whole_text(minilm_dir, tiny_zh_dir
                     want = tok(text, truncation=True, max_length=max_length)["input_ids"]
                     assert enc.ids.tolist() == want, (text[:20], side, max_length)
                     assert enc.truncated == (len(full) > max_length), (text[:20], side, max_length)
+
+
+def test_pre_cut_does_not_split_words_at_deleted_control_characters(minilm_dir):
+    """Python's ``\\s`` matches \\x0b, \\x0c, \\x1c-\\x1f and \\x85, but BERT's normalizer deletes them as
+    control characters, so "un\\x1fbelievable" is one word, "unbelievable"; the pre-cut must not take them
+    for a word boundary and keep the pieces of the word as the cut text spells it."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    for control in "\x0b\x0c\x1c\x1d\x1e\x1f\x85":
+        text = " " * 90 + f"un{control}believable drug"  # longer than 3 * 32 characters: cut at 96
+        (enc,) = encode_texts(tok, [text], 3)
+        want = tok(text, truncation=True, max_length=3)["input_ids"]
+        assert tok.convert_ids_to_tokens(want)[1] == "unbelievable"
+        assert enc.ids.tolist() == want, repr(control)
+        assert enc.truncated
+
+
+def _sentencepiece_tokenizer():
+    """An XLM-R-style tokenizer: Unigram pieces behind a Metaspace pre-tokenizer that prepends '▁'."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["<s>", "<pad>", "</s>", "<unk>", "\u2581", "好", "吃", "\u2581good", "\u2581ok", "é", "e"]
+    backend = Tokenizer(models.Unigram([(p, -1.0 if len(p) > 1 else -3.0) for p in pieces], unk_id=3))
+    backend.normalizer = normalizers.NFKC()
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, cls_token="<s>", sep_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+
+
+def test_a_prepended_word_mark_spans_no_character():
+    """Metaspace puts '▁' before the first word; alone as a token (before '好', which has no '▁好'
+    piece) it stands for no character of the text, yet the tokenizer aligns it to the word's first
+    character, which the next token also covers. A '▁' for a real space keeps that space."""
+    tok = _sentencepiece_tokenizer()
+    text = "好吃 好 good"
+    (enc,) = encode_texts(tok, [text], 32)
+    tokens = tok.convert_ids_to_tokens(enc.ids[1:-1].tolist())
+    assert tokens == ["\u2581", "好", "吃", "\u2581", "好", "\u2581good"]
+    spans = [text[s:e] for s, e in enc.offsets[1:-1].tolist()]
+    assert spans == ["", "好", "吃", " ", "好", " good"]
+    assert enc.offsets[1].tolist() == [0, 0]
+
+
+def test_spans_keep_the_combining_marks_a_token_was_made_with(minilm_dir):
+    """A mark the normalizer folds into the token before it (NFKC: 'e' + U+0301 is 'é'; accent
+    stripping drops it) belongs to that token's span: the tokenizer aligns the token with the base
+    letter only, leaving the mark to no token."""
+    from transformers import AutoTokenizer
+
+    cases = [
+        (_sentencepiece_tokenizer(), "ok e\u0301e\u0301 good", ["ok", " ", "e\u0301", "e\u0301", " good"]),
+        (_sentencepiece_tokenizer(), "e\u0301", ["", "e\u0301"]),  # the last token reaches the text's end
+        (AutoTokenizer.from_pretrained(minilm_dir), "cafe\u0301 ok", ["cafe\u0301", "ok"]),
+        (AutoTokenizer.from_pretrained(minilm_dir), "नमस्ते", None),  # the virama U+094D is stripped
+    ]
+    for tok, text, want in cases:
+        (enc,) = encode_texts(tok, [text], 32)
+        spans = [text[s:e] for s, e in enc.offsets[1:-1].tolist()]
+        if want is not None:
+            assert spans == want, (text, spans)
+        covered = {i for s, e in enc.offsets[1:-1].tolist() for i in range(s, e)}
+        assert {i for i, c in enumerate(text) if not c.isspace()} <= covered, (text, spans)
