@@ -368,14 +368,20 @@ def _first_json_keys(path: Path) -> list[str] | None:
             if not raw.strip():
                 continue
             try:
-                try:
-                    obj = json.loads(raw)
-                except UnicodeDecodeError:
-                    obj = json.loads(raw.decode("utf-8", errors="surrogateescape"))
+                obj = _json_line(raw)
             except json.JSONDecodeError:
                 return None
             return list(obj) if isinstance(obj, dict) else None
     return None
+
+
+def _json_line(raw: bytes) -> Any:
+    """One JSON line's value. Bytes that are not UTF-8 become lone surrogates: the row keeps its id and
+    label, and a text holding them gets the status invalid_utf8."""
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError:
+        return json.loads(raw.decode("utf-8", errors="surrogateescape"))
 
 
 def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
@@ -452,12 +458,7 @@ def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dic
             if not raw.strip():
                 continue
             try:
-                try:
-                    obj = json.loads(raw)
-                except UnicodeDecodeError:
-                    # bytes that are not UTF-8 become lone surrogates: the row keeps its id and label,
-                    # and a text holding them gets the status invalid_utf8
-                    obj = json.loads(raw.decode("utf-8", errors="surrogateescape"))
+                obj = _json_line(raw)
             except json.JSONDecodeError as e:
                 raise InputError(f"{src.path}:{lineno}: not a JSON object: {e}") from None
             else:
