@@ -651,6 +651,9 @@ def finetune_files(
             if status != "ok" or label is None or text is None:
                 skipped[status if status != "ok" else "null_label"] += 1
                 continue
+            if not label.strip():  # a blank cell, not a class: it would train a label named ''
+                skipped["empty_label"] += 1
+                continue
             seen[label] += 1
             if wanted is None or label in wanted:
                 texts.append(text)
@@ -666,9 +669,10 @@ def finetune_files(
         )
     among = f" among finetune.labels {spec.labels}; labels there: {sorted(seen)[:10]}" if wanted else ""
     if len(kept) < 2:
+        unused = f" (rows not used: {dict(sorted(skipped.items()))})" if skipped else ""
         raise InputError(
             f"need at least 2 labels to train a classifier; "
-            f"{where} has {dict(kept) or 'no labelled rows'}{among}"
+            f"{where} has {dict(kept) or 'no labelled rows'}{among}{unused}"
         )
     if wanted is not None and len(kept) < len(wanted):
         raise InputError(f"finetune.labels {sorted(wanted - set(kept))} have no rows in {where}{among}")
