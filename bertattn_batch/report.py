@@ -200,7 +200,8 @@ def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token"):
     return fig
 
 
-def _tokens_html(table: pl.DataFrame, meta: dict[str, Any], layer: int, k: int) -> str:
+def _tokens_html(table: pl.DataFrame, meta: dict[str, Any], layer: int, k: int, scored: bool = True) -> str:
+    """``scored``: some review was scored, so an empty table means the min-reviews filter emptied it."""
     opts = meta.get("options", {})
     parts = [
         f"<h2>Top tokens per head · layer {layer}</h2>",
@@ -211,7 +212,8 @@ def _tokens_html(table: pl.DataFrame, meta: dict[str, Any], layer: int, k: int) 
     for unit in opts.get("units", ["token"]):
         top = agg.top_tokens(table, k, unit, "all", [layer])
         if top.is_empty():
-            parts.append(f'<p class="meta">No {unit} passes the filter.</p>')
+            why = "passes the filter" if scored else "was counted: no review of this run was scored"
+            parts.append(f'<p class="meta">No {unit} {why}.</p>')
             continue
         parts += [f"<h3>{unit.capitalize()}s, all reviews</h3>", _top_table_html(top, k)]
         if unit == "token":
@@ -281,7 +283,7 @@ def build_report(
     body = [
         _summary_html(manifest, preds),
         _confusion_html(confusion(preds, labels), labelled) if not preds.is_empty() else "",
-        _tokens_html(table, meta, idx, top_k),
+        _tokens_html(table, meta, idx, top_k, scored=not preds.filter(pl.col("status") == "ok").is_empty()),
         _examples_html(run, confident(preds, examples), idx) if examples and not preds.is_empty() else "",
         f'<p class="meta">Written {time.strftime("%Y-%m-%d %H:%M")} by bertattn report in '
         f"{time.perf_counter() - t0:.1f}s.</p>",
