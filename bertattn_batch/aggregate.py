@@ -78,6 +78,9 @@ class Aggregates:
     options: dict[str, Any] = field(default_factory=dict)
     parts: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: The splits that hold scored reviews ('label' only where the source had labels): what an empty
+    #: printout is explained by, as the table alone cannot tell a filter from a missing split.
+    splits: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         units = self.table.group_by("unit").len().sort("unit").rows()
@@ -325,7 +328,10 @@ def aggregate(
         tmp.replace(final)  # atomic: readers see the old table or the new one
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return Aggregates(final, table, options, [n for n, _, _ in parts], seconds=time.perf_counter() - t0)
+    splits = [s for s in SPLITS if s in set(sizes["split"].to_list())]
+    return Aggregates(
+        final, table, options, [n for n, _, _ in parts], seconds=time.perf_counter() - t0, splits=splits
+    )
 
 
 def word_continuation(manifest: dict[str, Any]) -> str | None:
@@ -392,14 +398,27 @@ def format_top(
     split: str = "all",
     layers: Sequence[int] | None = None,
     measure: str = "mean_scaled",
+    units: Sequence[str] | None = None,
+    splits: Sequence[str] | None = None,
 ) -> str:
-    """A compact text table: one line per head, its top k tokens with their measure."""
+    """A compact text table: one line per head, its top k tokens with their measure.
+
+    ``units`` and ``splits`` (from :class:`Aggregates`) say what the run holds; without them it is
+    guessed from the table, which cannot tell a split or unit the run lacks from one that
+    ``--min-reviews`` emptied.
+    """
     check_top_options(k, unit, split)
-    if unit == "word" and table.filter(pl.col("unit") == "word").is_empty():
+    has_unit = unit in units if units is not None else not table.filter(pl.col("unit") == unit).is_empty()
+    if unit == "word" and not has_unit:
         return "this run's model has no word units (its tokens carry no '##' marks to join); use --unit token"
     top = top_tokens(table, k, unit, split, layers)
     if top.is_empty():
-        if split == "label" and table.filter(pl.col("split") == "label").is_empty():
+        if splits is not None and not splits:
+            return "no review of this run was scored (see the statuses in its predictions); nothing to print"
+        has_split = (
+            split in splits if splits is not None else not table.filter(pl.col("split") == split).is_empty()
+        )
+        if split == "label" and not has_split:
             return "this run has no input labels (extract with --label-col) to split by"
         return f"no {unit}s pass the filter for split {split!r}; lower --min-reviews"
     blocks = []

@@ -405,7 +405,10 @@ def aggregate(
 
     _call(lambda: check_top_options(top_k, unit, by))
     result = _call(lambda: run_aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by))
-    typer.echo(format_top(result.table, k=top_k, unit=unit, split=by, measure=rank_by))
+    units, splits = result.options.get("units"), result.splits
+    typer.echo(
+        format_top(result.table, k=top_k, unit=unit, split=by, measure=rank_by, units=units, splits=splits)
+    )
     typer.echo(result.line())
 
 

@@ -15,7 +15,8 @@ FinetuneSpec())``. ``bertattn run`` calls it when a job's model folder does not 
 
 The folder is written under a temporary name beside ``out_dir`` and renamed when complete, so a killed
 training never leaves a half model that later looks finished. ``finetune_metrics.json`` in it records the
-held-out accuracy and macro-F1, the split sizes, the spec and the time taken.
+held-out accuracy and macro-F1, the split sizes, the input rows not trained on (and why), the spec and
+the time taken.
 """
 
 from __future__ import annotations
@@ -356,8 +357,13 @@ def finetune(
     out_dir: str | Path,
     spec: FinetuneSpec,
     progress: bool = True,
+    skipped_rows: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Train a classifier on (text, label) pairs, save it to ``out_dir`` atomically, return its metrics."""
+    """Train a classifier on (text, label) pairs, save it to ``out_dir`` atomically, return its metrics.
+
+    ``skipped_rows`` (why input rows were not trained on) is saved with the metrics, so the model folder
+    tells what it was trained on, not only the summary line printed once.
+    """
     if len(texts) != len(labels):
         raise InputError(f"{len(texts)} texts but {len(labels)} labels")
     names = list(spec.labels) if spec.labels is not None else sorted(set(labels), key=_label_order)
@@ -379,7 +385,7 @@ def finetune(
     if spec.threads:
         torch.set_num_threads(spec.threads)
     try:
-        return _finetune(texts, labels, names, out_dir, spec, progress)
+        return _finetune(texts, labels, names, out_dir, spec, progress, skipped_rows or {})
     finally:
         torch.set_num_threads(old_threads)
         _hub_progress_bars(hub_bars)
@@ -404,6 +410,7 @@ def _finetune(
     out_dir: Path,
     spec: FinetuneSpec,
     progress: bool,
+    skipped_rows: dict[str, int],
 ) -> dict[str, Any]:
     started = time.monotonic()
     _seed_everything(spec.seed)
@@ -447,6 +454,7 @@ def _finetune(
         "n_eval": len(eval_idx),
         "labels": names,
         "label_counts": {n: int(np.sum(y == i)) for i, n in enumerate(names)},
+        "skipped_rows": dict(sorted(skipped_rows.items())),
         "confusion": _confusion(y_eval, preds, len(names)) if preds is not None else None,
         "seconds": None,
         **fit,
@@ -651,6 +659,9 @@ def finetune_files(
             if status != "ok" or label is None or text is None:
                 skipped[status if status != "ok" else "null_label"] += 1
                 continue
+            if not label.strip():  # a blank cell, not a class: it would train a label named ''
+                skipped["empty_label"] += 1
+                continue
             seen[label] += 1
             if wanted is None or label in wanted:
                 texts.append(text)
@@ -666,9 +677,10 @@ def finetune_files(
         )
     among = f" among finetune.labels {spec.labels}; labels there: {sorted(seen)[:10]}" if wanted else ""
     if len(kept) < 2:
+        unused = f" (rows not used: {dict(sorted(skipped.items()))})" if skipped else ""
         raise InputError(
             f"need at least 2 labels to train a classifier; "
-            f"{where} has {dict(kept) or 'no labelled rows'}{among}"
+            f"{where} has {dict(kept) or 'no labelled rows'}{among}{unused}"
         )
     if wanted is not None and len(kept) < len(wanted):
         raise InputError(f"finetune.labels {sorted(wanted - set(kept))} have no rows in {where}{among}")
@@ -678,6 +690,4 @@ def finetune_files(
             f"too few labelled rows to train: {where} has {len(rare)} label(s) with one row "
             f"(e.g. {', '.join(repr(k[:40]) for k in list(rare)[:3])}); need at least 2 per label"
         )
-    metrics = finetune(texts, labels, out_dir, spec, progress=progress)
-    metrics["skipped_rows"] = dict(sorted(skipped.items()))
-    return metrics
+    return finetune(texts, labels, out_dir, spec, progress=progress, skipped_rows=dict(skipped))

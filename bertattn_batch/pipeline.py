@@ -111,12 +111,15 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> None:
         input_format=spec.input_format,
         progress=progress,
     )
-    log.warning(
-        "trained %s: held-out accuracy %.4f, macro-F1 %.4f",
-        spec.model,
-        metrics.get("accuracy") or float("nan"),
-        metrics.get("macro_f1") or float("nan"),
-    )
+    if metrics.get("accuracy") is None:  # eval_fraction = 0; an accuracy of 0.0 is still printed
+        log.warning("trained %s: no held-out split", spec.model)
+    else:
+        log.warning(
+            "trained %s: held-out accuracy %.4f, macro-F1 %.4f",
+            spec.model,
+            metrics["accuracy"],
+            metrics["macro_f1"],
+        )
 
 
 def load_classifier(spec: JobSpec) -> Classifier:

@@ -135,9 +135,11 @@ def _summary_html(manifest: dict[str, Any], preds: pl.DataFrame) -> str:
     return "\n".join(parts)
 
 
-def _confusion_html(conf: dict[str, Any] | None) -> str:
+def _confusion_html(conf: dict[str, Any] | None, labelled: bool = False) -> str:
+    """``labelled``: the run read a label column, so a missing matrix means no labelled review scored."""
     if conf is None:
-        return '<h2>Accuracy</h2>\n<p class="meta">The source had no labels.</p>'
+        why = "No labelled review was scored." if labelled else "The source had no labels."
+        return f'<h2>Accuracy</h2>\n<p class="meta">{why}</p>'
     header = ["true \\ predicted", *conf["cols"], "total"]
     rows = []
     for t in conf["rows"]:
@@ -146,10 +148,12 @@ def _confusion_html(conf: dict[str, Any] | None) -> str:
     note = f"{conf['n_known']} labelled reviews with a label the model predicts"
     if conf["n_unknown"]:
         note += f"; {conf['n_unknown']} with other labels are in the matrix but not in the accuracy"
+    # no labelled review has a label the model predicts: there is no accuracy to give, not "nan"
+    value = f"{conf['accuracy']:.4f}" if conf["n_known"] else "n/a"
     return "\n".join(
         [
             "<h2>Accuracy</h2>",
-            f'<p>accuracy <b>{conf["accuracy"]:.4f}</b> <span class="meta">({escape(note)})</span></p>',
+            f'<p>accuracy <b>{value}</b> <span class="meta">({escape(note)})</span></p>',
             htmlpage.data_table(header, rows, [False] + [True] * (len(header) - 1)),
         ]
     )
@@ -196,7 +200,8 @@ def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token"):
     return fig
 
 
-def _tokens_html(table: pl.DataFrame, meta: dict[str, Any], layer: int, k: int) -> str:
+def _tokens_html(table: pl.DataFrame, meta: dict[str, Any], layer: int, k: int, scored: bool = True) -> str:
+    """``scored``: some review was scored, so an empty table means the min-reviews filter emptied it."""
     opts = meta.get("options", {})
     parts = [
         f"<h2>Top tokens per head · layer {layer}</h2>",
@@ -207,7 +212,8 @@ def _tokens_html(table: pl.DataFrame, meta: dict[str, Any], layer: int, k: int) 
     for unit in opts.get("units", ["token"]):
         top = agg.top_tokens(table, k, unit, "all", [layer])
         if top.is_empty():
-            parts.append(f'<p class="meta">No {unit} passes the filter.</p>')
+            why = "passes the filter" if scored else "was counted: no review of this run was scored"
+            parts.append(f'<p class="meta">No {unit} {why}.</p>')
             continue
         parts += [f"<h3>{unit.capitalize()}s, all reviews</h3>", _top_table_html(top, k)]
         if unit == "token":
@@ -271,10 +277,13 @@ def build_report(
     table, meta = agg.read_aggregates(run)
     preds = _ok_predictions(run)
     labels = [manifest["model"]["id2label"][k] for k in sorted(manifest["model"]["id2label"], key=int)]
+    labelled = bool(manifest.get("spec", {}).get("label_col")) or (
+        not preds.is_empty() and preds["label"].is_not_null().any()
+    )
     body = [
         _summary_html(manifest, preds),
-        _confusion_html(confusion(preds, labels)) if not preds.is_empty() else "",
-        _tokens_html(table, meta, idx, top_k),
+        _confusion_html(confusion(preds, labels), labelled) if not preds.is_empty() else "",
+        _tokens_html(table, meta, idx, top_k, scored=not preds.filter(pl.col("status") == "ok").is_empty()),
         _examples_html(run, confident(preds, examples), idx) if examples and not preds.is_empty() else "",
         f'<p class="meta">Written {time.strftime("%Y-%m-%d %H:%M")} by bertattn report in '
         f"{time.perf_counter() - t0:.1f}s.</p>",

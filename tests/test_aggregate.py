@@ -551,3 +551,27 @@ def test_runs_from_before_the_continuation_mark_was_recorded():
     assert agg.word_continuation({"model": {"model_type": "bert"}}) == "##"
     assert agg.word_continuation({"model": {"model_type": "albert", "word_continuation": "##"}}) == "##"
     assert agg.word_continuation({"model": {"model_type": "bert", "word_continuation": None}}) is None
+
+
+def test_an_empty_printout_names_its_real_cause(run_dir, tmp_path):
+    """A labelled WordPiece run whose tokens all fall under --min-reviews is told to lower it, not that
+    it has no labels or no word units; a run with no scored review is told that."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    for option in (["--by", "label"], ["--unit", "word"], ["--by", "pred_label"]):
+        r = CliRunner().invoke(app, ["aggregate", str(run), "--min-reviews", "1000000", *option])
+        assert r.exit_code == 0, r.output
+        assert "lower --min-reviews" in r.output, option
+        assert "no input labels" not in r.output and "no word units" not in r.output, option
+
+    manifest = json.loads((run / "manifest.json").read_text())
+    for part in manifest["parts"]:  # every review of the run unscored
+        path = run / part["files"]["predictions"]
+        preds = pq.read_table(path)
+        status = pa.array(["null_text"] * preds.num_rows, preds.schema.field("status").type)
+        pq.write_table(preds.set_column(preds.schema.get_field_index("status"), "status", status), path)
+    r = CliRunner().invoke(app, ["aggregate", str(run), "--min-reviews", "1", "--by", "label"])
+    assert r.exit_code == 0, r.output
+    assert "no review of this run was scored" in r.output

@@ -404,3 +404,49 @@ def test_numeric_labels_in_numeric_order_and_skipped_rows_counted(tmp_path: Path
     metrics = finetune_files([_write(tmp_path / "s.parquet", rows)], "text", "label", tmp_path / "m", spec)
     assert AutoConfig.from_pretrained(tmp_path / "m").id2label == {0: "1", 1: "2", 2: "10"}
     assert metrics["skipped_rows"] == {"null_label": 1, "null_text": 1}
+
+
+def test_blank_labels_are_skipped_and_counted_not_trained_as_a_class(tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    rows: list[dict[str, str | None]] = [
+        {"text": t, "label": lab}
+        for t, lab in zip(["好极了", "太差了", "还行吧"] * 6, ["pos", "neg", ""] * 6, strict=True)
+    ]
+    rows += [{"text": "一般", "label": "  "}]
+    spec = FinetuneSpec(**TINY, epochs=1.0, min_char_count=1, eval_fraction=0.0)
+    metrics = finetune_files([_write(tmp_path / "b.parquet", rows)], "text", "label", tmp_path / "m", spec)
+    assert AutoConfig.from_pretrained(tmp_path / "m").id2label == {0: "neg", 1: "pos"}
+    assert metrics["skipped_rows"] == {"empty_label": 7}
+    assert metrics["n_train"] == 12
+    saved = json.loads((tmp_path / "m" / METRICS_FILE).read_text(encoding="utf-8"))
+    assert saved["skipped_rows"] == {"empty_label": 7}  # the model folder says what it was trained on
+
+
+def test_a_job_trained_without_a_held_out_split_logs_no_accuracy(tmp_path: Path, caplog) -> None:
+    from bertattn_batch.pipeline import ensure_model
+
+    rows = [
+        {"text": t, "label": lab} for t, lab in zip(["好极了", "太差了"] * 6, ["pos", "neg"] * 6, strict=True)
+    ]
+    spec = JobSpec(
+        inputs=[_write(tmp_path / "j.parquet", rows)],
+        model=str(tmp_path / "m"),
+        out=str(tmp_path / "run"),
+        label_col="label",
+        layers=[0],
+        max_length=64,
+        progress=False,
+        finetune=FinetuneSpec(**TINY, epochs=1.0, min_char_count=1, eval_fraction=0.0),
+    )
+    with caplog.at_level("WARNING", logger="bertattn_batch"):
+        ensure_model(spec, progress=False)
+    assert "no held-out split" in caplog.text and "accuracy nan" not in caplog.text
+
+
+def test_no_usable_rows_says_why_rows_were_not_used(tmp_path: Path) -> None:
+    rows = [{"text": None, "label": lab} for lab in ["pos", "neg"] * 5]
+    with pytest.raises(InputError, match=r"no labelled rows \(rows not used: \{'null_text': 10\}\)"):
+        finetune_files(
+            [_write(tmp_path / "n.parquet", rows)], "text", "label", tmp_path / "m", FinetuneSpec(**TINY)
+        )

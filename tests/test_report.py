@@ -128,6 +128,45 @@ def test_cli_writes_the_report(run_dir, tmp_path):
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
 
 
+def _small_run(tiny_en_dir, rows: list[dict], out: Path) -> Path:
+    src = out.with_suffix(".parquet")
+    pq.write_table(pa.Table.from_pylist(rows), src)
+    run_job(
+        JobSpec(
+            inputs=[str(src)],
+            model=str(tiny_en_dir),
+            out=str(out),
+            id_col="doc_id",
+            label_col="label",
+            progress=False,
+        )
+    )
+    return out
+
+
+def test_accuracy_section_says_why_there_is_no_accuracy(tiny_en_dir, drug_rows, tmp_path):
+    """A labelled run with no scored review does not claim the source had no labels, and labels the
+    model cannot predict give no accuracy rather than "nan"."""
+    rows = [dict(r) for r in drug_rows[:4]]
+    failed = _small_run(tiny_en_dir, [{**r, "text": None} for r in rows], tmp_path / "failed")
+    html = report.build_report(failed, examples=1, min_reviews=1).read_text(encoding="utf-8")
+    assert "No labelled review was scored." in html and "The source had no labels." not in html
+    assert "No token was counted: no review of this run was scored." in html
+    assert "passes the filter" not in html
+
+    other = _small_run(tiny_en_dir, [{**r, "label": "5 stars"} for r in rows], tmp_path / "other")
+    html = report.build_report(other, examples=1, min_reviews=1).read_text(encoding="utf-8")
+    assert "accuracy <b>n/a</b>" in html and "<b>nan</b>" not in html
+    assert "4 with other labels are in the matrix" in html
+
+    unlabelled = [{k: v for k, v in r.items() if k != "label"} for r in rows]
+    src = tmp_path / "unlabelled.parquet"
+    pq.write_table(pa.Table.from_pylist(unlabelled), src)
+    out = tmp_path / "unlabelled"
+    run_job(JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(out), id_col="doc_id", progress=False))
+    assert "The source had no labels." in report.build_report(out, examples=0, min_reviews=1).read_text()
+
+
 # -- a real browser ----------------------------------------------------------------------------------
 _TRAMPOLINE = (
     "import os, sys\n"
