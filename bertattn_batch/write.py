@@ -166,12 +166,18 @@ def lock_run_dir(run_dir: Path) -> int | None:
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` atomically; a write that fails (a full disk) takes its temporary with it."""
     tmp = path.with_name(hidden_tmp(path.name))
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, ensure_ascii=False, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, ensure_ascii=False, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 class RunWriter:
@@ -232,7 +238,7 @@ class RunWriter:
             if self.on_existing == "overwrite" or not old["parts"]:
                 self._clear()
                 exists = False
-        elif any(p.name != LOCK_NAME for p in self.run_dir.iterdir()):
+        elif any(not _left_by_a_start(p) for p in self.run_dir.iterdir()):
             raise RunDirError(f"{self.run_dir} is not empty and is not a run directory; choose another --out")
         if exists:
             if self.on_existing == "new":
@@ -431,6 +437,15 @@ class RunWriter:
                 shutil.rmtree(child)
             else:
                 child.unlink(missing_ok=True)
+
+
+def _left_by_a_start(path: Path) -> bool:
+    """What a run that stopped before its first manifest was saved (a full disk, a kill) leaves: the
+    lock, the manifest's temporary and empty table folders. Why: refusing such a folder as someone
+    else's would stop every later run with this --out, --overwrite included."""
+    if path.name in (LOCK_NAME, hidden_tmp(MANIFEST)):
+        return path.is_file()
+    return path.name in schema.TABLES and path.is_dir() and not any(path.iterdir())
 
 
 def _repeating(schema: pa.Schema) -> list[str]:

@@ -496,3 +496,43 @@ def test_a_manifest_that_cannot_be_marked_interrupted_does_not_hide_the_error(
     spec = JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(tmp_path / "run"), progress=False)
     with pytest.raises(InputError, match="not a JSON object"):
         run_job(spec)
+
+
+def test_a_run_stopped_before_its_first_manifest_can_be_started_again(
+    corpus, tiny_en_dir, tmp_path, monkeypatch
+):
+    """A full disk (or a kill) while a new run writes its first manifest left the lock, a manifest
+    temporary and empty table folders: every later job with that --out, --overwrite too, was refused as
+    'not a run directory'."""
+    from bertattn_batch import write
+
+    real = write._write_json_atomic
+    calls = {"n": 0}
+
+    def full_disk_first(path: Path, data: dict) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            path.with_name(write.hidden_tmp(path.name)).write_text('{"form')  # cut short
+            raise OSError(28, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(write, "_write_json_atomic", full_disk_first)
+    out = tmp_path / "run"
+    r = runner.invoke(app, _args(corpus, tiny_en_dir, out))
+    assert r.exit_code == 1 and "No space left on device" in r.output
+    r = runner.invoke(app, _args(corpus, tiny_en_dir, out))
+    assert r.exit_code == 0, r.output
+    assert read_table(out, "predictions").num_rows == 60
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [".bertattn.lock"]
+
+
+def test_a_manifest_write_that_fails_leaves_no_temporary(tmp_path, monkeypatch):
+    from bertattn_batch import write
+
+    def full_disk(*a, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(write.json, "dump", full_disk)
+    with pytest.raises(OSError):
+        write._write_json_atomic(tmp_path / "manifest.json", {"a": 1})
+    assert list(tmp_path.iterdir()) == []
