@@ -13,9 +13,11 @@ Every input row leaves as exactly one predictions row: scored, or with the statu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import platform
 import sys
 import time
@@ -95,12 +97,58 @@ class RunSummary:
 
 
 def ensure_model(spec: JobSpec, progress: bool = True) -> None:
-    """Train the job's model on first run when the job has a [finetune] table and the folder is missing."""
+    """Train the job's model on first run when the job has a [finetune] table and the folder is missing.
+
+    One job trains it; a job started meanwhile waits for that and uses the same model. Why: each would
+    otherwise train its own and replace the other's folder, and as training is capped by time its
+    weights differ, so the first job's run would be refused as another job's on every resume.
+    """
     if spec.finetune is None or (Path(spec.model) / "config.json").is_file():
         return
+    with _training_lock(Path(spec.model)) as lock:
+        if (Path(spec.model) / "config.json").is_file():
+            log.warning("model %s was trained by another job meanwhile; using it", spec.model)
+        else:
+            _train_model(spec, progress)
+        if lock is not None:  # with the model there, waiters find it and later jobs need no lock
+            lock.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _training_lock(model: Path) -> Iterator[Path | None]:
+    """Hold an flock on ``.NAME.training.lock`` beside the model folder, waiting while another job holds
+    it; yields the lock file (None where the file system has no locks: train unguarded)."""
+    if sys.platform == "win32":
+        yield None
+        return
+    import fcntl
+
+    path = model.with_name(f".{model.name}.training.lock")
+    try:
+        model.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ModelError(f"cannot write beside {model} to train it: {e.strerror or e}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("another job is training %s; waiting for it", model)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            log.warning("%s cannot be locked (%s); make sure no other job trains it", path, e.strerror or e)
+            yield None
+            return
+        yield path
+    finally:
+        os.close(fd)
+
+
+def _train_model(spec: JobSpec, progress: bool) -> None:
     from .finetune import finetune_files
 
     ft = spec.finetune
+    assert ft is not None
     log.warning("model %s not found: training it now from the job's [finetune] table", spec.model)
     metrics = finetune_files(
         ft.inputs or spec.inputs,

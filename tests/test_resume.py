@@ -536,3 +536,35 @@ def test_a_manifest_write_that_fails_leaves_no_temporary(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         write._write_json_atomic(tmp_path / "manifest.json", {"a": 1})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_jobs_started_together_train_their_missing_model_once(tmp_path, monkeypatch):
+    """Two scheduled `bertattn run` of a job whose model is missing each trained it and replaced the
+    other's folder; training is capped by time, so the weights differed and the first job's run was
+    refused as another job's on every later resume. The second now waits and uses the first's model."""
+    import threading
+    import time
+
+    from bertattn_batch import finetune, pipeline
+    from bertattn_batch.spec import FinetuneSpec
+
+    trained: list[str] = []
+
+    def fake_finetune_files(inputs, text_col, label_col, out_dir, spec, **kw):
+        trained.append(threading.current_thread().name)
+        time.sleep(0.5)
+        Path(out_dir).mkdir(parents=True)
+        (Path(out_dir) / "config.json").write_text("{}")
+        return {"accuracy": None}
+
+    monkeypatch.setattr(finetune, "finetune_files", fake_finetune_files)
+    model = tmp_path / "models" / "m"
+    spec = JobSpec(inputs=["x"], model=str(model), out=str(tmp_path / "run"), finetune=FinetuneSpec())
+    jobs = [threading.Thread(target=pipeline.ensure_model, args=(spec, False)) for _ in range(2)]
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join()
+    assert len(trained) == 1
+    assert (model / "config.json").is_file()
+    assert sorted(p.name for p in model.parent.iterdir()) == ["m"]  # no lock file left behind
