@@ -191,6 +191,7 @@ class RunWriter:
         #: the status the run had when it was reopened (None for a new run): "complete" means its last
         #: pass ended, so an incremental job starts a new one rather than finishing it
         self.reopened_status: str | None = None
+        self._began = False  # whether this process began (or went on with) a pass: see on_failed
         self._lock: int | None = None
 
     # -- life cycle ---------------------------------------------------------------------------------
@@ -266,14 +267,20 @@ class RunWriter:
         self._save()
 
     def on_failed(self) -> None:
-        """Leave the run resumable: only temporary files of an uncommitted part are removed."""
+        """Leave the run resumable: only temporary files of an uncommitted part are removed.
+
+        A reopened run refused before its pass began (its inputs changed, say) keeps the status it had:
+        marked "interrupted", a complete run would have its next --incremental job finish its last
+        pass by row number instead of starting a new pass by id.
+        """
         for table in schema.TABLES:
             d = self.run_dir / table
             for f in d.glob("_*.tmp") if d.is_dir() else []:
                 if not self._listed_tmp(table, f.name):
                     f.unlink(missing_ok=True)
         if self.manifest:
-            self.manifest["status"] = "interrupted"
+            began = self._began or self.reopened_status is None
+            self.manifest["status"] = "interrupted" if began else self.reopened_status
             with contextlib.suppress(OSError, WriteError):  # _save wraps OSError; the first error counts
                 self._save()
 
@@ -284,10 +291,14 @@ class RunWriter:
         self._save()
         return self.manifest
 
-    def begin_pass(self, generation: int) -> None:
+    def begin_pass(self, generation: int, sources: list[dict[str, Any]] | None = None) -> None:
         """Record which pass the parts to come belong to, before the first of them: a pass killed before
-        it commits anything must still be told from the finished pass before it."""
+        it commits anything must still be told from the finished pass before it. ``sources``: the input
+        files the pass reads, which a resume of it checks are unchanged."""
         self.manifest["generation"] = generation
+        self._began = True
+        if sources is not None:
+            self.manifest["sources"] = sources
         self._save()
 
     # -- parts --------------------------------------------------------------------------------------

@@ -498,6 +498,33 @@ def test_a_manifest_that_cannot_be_marked_interrupted_does_not_hide_the_error(
         run_job(spec)
 
 
+def test_a_resume_refuses_inputs_that_changed_since_the_run_began(drug_rows, tiny_en_dir, tmp_path):
+    """A folder that gains a file sorted in front of the old ones shifts every row number: a plain rerun
+    went on by row number, wrote old reviews again and skipped the new ones, with exit status 0. It
+    is refused now, the run stays complete, and --incremental adds the new reviews by id."""
+    rows = [{"doc_id": f"r{i}", "text": r["text"][:200]} for i, r in enumerate(drug_rows[:30])]
+    folder, out = tmp_path / "in", tmp_path / "run"
+    folder.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows[:10]), folder / "b.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[10:20]), folder / "c.parquet")
+    args = ["extract", str(folder), "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "doc_id"]
+    args += ["--window", "5", "--no-progress"]
+    assert runner.invoke(app, args).exit_code == 0
+    assert "nothing new to process" in runner.invoke(app, args).output  # unchanged: still resumable
+    pq.write_table(pa.Table.from_pylist(rows[20:]), folder / "a.parquet")
+    r = runner.invoke(app, args)
+    assert r.exit_code == 1, r.output
+    assert "the inputs changed since this run began" in r.output and "a.parquet is new" in r.output
+    assert "--incremental" in r.output
+    assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
+    assert read_table(out, "predictions").num_rows == 20
+    r = runner.invoke(app, [*args, "--incremental"])
+    assert r.exit_code == 0, r.output
+    preds = read_table(out, "predictions")
+    assert sorted(preds.column("doc_id").to_pylist()) == sorted(r["doc_id"] for r in rows)
+    assert set(preds.column("status").to_pylist()) == {"ok"}
+
+
 def test_a_run_stopped_before_its_first_manifest_can_be_started_again(
     corpus, tiny_en_dir, tmp_path, monkeypatch
 ):
