@@ -13,9 +13,11 @@ Every input row leaves as exactly one predictions row: scored, or with the statu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import platform
 import sys
 import time
@@ -33,7 +35,7 @@ from .encode import encode_texts
 from .errors import ModelError, RunDirError
 from .extract import Extractor, ScoredRow, vocab_array
 from .model import Classifier
-from .read import RowBatch, check_inputs, count_rows, read_rows
+from .read import RowBatch, check_inputs, count_rows, read_rows, source_files
 from .spec import JobSpec
 from .threads import Worker, prefetch
 from .write import RunWriter, part_generation
@@ -95,12 +97,58 @@ class RunSummary:
 
 
 def ensure_model(spec: JobSpec, progress: bool = True) -> None:
-    """Train the job's model on first run when the job has a [finetune] table and the folder is missing."""
+    """Train the job's model on first run when the job has a [finetune] table and the folder is missing.
+
+    One job trains it; a job started meanwhile waits for that and uses the same model. Why: each would
+    otherwise train its own and replace the other's folder, and as training is capped by time its
+    weights differ, so the first job's run would be refused as another job's on every resume.
+    """
     if spec.finetune is None or (Path(spec.model) / "config.json").is_file():
         return
+    with _training_lock(Path(spec.model)) as lock:
+        if (Path(spec.model) / "config.json").is_file():
+            log.warning("model %s was trained by another job meanwhile; using it", spec.model)
+        else:
+            _train_model(spec, progress)
+        if lock is not None:  # with the model there, waiters find it and later jobs need no lock
+            lock.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _training_lock(model: Path) -> Iterator[Path | None]:
+    """Hold an flock on ``.NAME.training.lock`` beside the model folder, waiting while another job holds
+    it; yields the lock file (None where the file system has no locks: train unguarded)."""
+    if sys.platform == "win32":
+        yield None
+        return
+    import fcntl
+
+    path = model.with_name(f".{model.name}.training.lock")
+    try:
+        model.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ModelError(f"cannot write beside {model} to train it: {e.strerror or e}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("another job is training %s; waiting for it", model)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            log.warning("%s cannot be locked (%s); make sure no other job trains it", path, e.strerror or e)
+            yield None
+            return
+        yield path
+    finally:
+        os.close(fd)
+
+
+def _train_model(spec: JobSpec, progress: bool) -> None:
     from .finetune import finetune_files
 
     ft = spec.finetune
+    assert ft is not None
     log.warning("model %s not found: training it now from the job's [finetune] table", spec.model)
     metrics = finetune_files(
         ft.inputs or spec.inputs,
@@ -308,7 +356,9 @@ def run_job(
         return run_job_ray(spec, progress=progress, writer_cls=writer_cls)
     show = spec.progress if progress is None else progress
     t_start = time.perf_counter()
-    check_inputs(spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format, spec.out)
+    sources = check_inputs(
+        spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format, spec.out
+    )
     ensure_model(spec, progress=show)
     t_load = time.perf_counter()
     clf = load_classifier(spec)
@@ -319,7 +369,9 @@ def run_job(
     incremental = spec.on_existing == "incremental"
     on_existing = "resume" if incremental else spec.on_existing
     with writer_cls(spec.out, run_header(spec, clf), on_existing=on_existing) as sink:
-        generation, skip_until, skip_ids, taken = resume_point(sink, incremental, spec.id_col is not None)
+        generation, skip_until, skip_ids, taken = resume_point(
+            sink, incremental, spec.id_col is not None, source_files(sources)
+        )
         summary.skipped_committed = skip_until + len(skip_ids or ())
         bar = _progress_bar(spec, show, skip_until)
 
@@ -355,7 +407,7 @@ def run_job(
 
 
 def resume_point(
-    sink: RunWriter, incremental: bool, by_id: bool
+    sink: RunWriter, incremental: bool, by_id: bool, sources: list[dict[str, Any]] | None = None
 ) -> tuple[int, int, set[str] | None, set[str] | None]:
     """(generation, skip_until, skip_ids, taken_ids) for a reopened run: where new parts start, what
     they skip, and (``by_id``: the job has an id column) the source ids that committed rows already
@@ -364,7 +416,8 @@ def resume_point(
     An incremental job starts a new pass (generation) over a run whose last pass completed, skipping
     every committed id; over an interrupted pass it finishes that pass, as a plain resume does. The
     pass's generation is recorded in the manifest before its first part, so a pass interrupted before
-    it commits anything is still known.
+    it commits anything is still known, and so are its input files (``sources``, see
+    :func:`read.source_files`): a pass that continues by row number refuses inputs that changed.
     """
     parts = sink.parts
     passes = {part_generation(p) for p in parts}
@@ -373,22 +426,49 @@ def resume_point(
             raise RunDirError(
                 f"{sink.run_dir} holds incremental passes; resume it with --incremental (or --overwrite)"
             )
-        sink.begin_pass(0)
         skip_until = max((p["end_row"] for p in parts), default=0)
+        if skip_until:
+            _check_same_inputs(sink, sources, by_id)
+        sink.begin_pass(0, sources)
         return 0, skip_until, None, sink.committed_ids() if by_id and skip_until else None
     if parts and (sink.reopened_status == "complete" or "generation" not in sink.manifest):
         generation = max(passes) + 1  # a new pass (also over a run from before passes were recorded)
-        sink.begin_pass(generation)
+        sink.begin_pass(generation, sources)
         return generation, 0, sink.committed_ids(), None
     # finish the interrupted pass where it stopped, by row number as any resume does (the input is
     # taken to be unchanged): a repeat of one of its ids is still duplicate_id, a null id is not redone
     generation = int(sink.manifest.get("generation", 0))
     current = [p for p in parts if part_generation(p) == generation]
     earlier = [p for p in parts if part_generation(p) < generation]
-    sink.begin_pass(generation)
     skip_until = max((p["end_row"] for p in current), default=0)
+    if skip_until:
+        _check_same_inputs(sink, sources, by_id)
+    sink.begin_pass(generation, sources)
     taken = sink.committed_ids(current) if by_id and current else None
     return generation, skip_until, sink.committed_ids(earlier) if earlier else None, taken
+
+
+def _check_same_inputs(sink: RunWriter, sources: list[dict[str, Any]] | None, by_id: bool) -> None:
+    """Refuse to continue a pass by row number over input files that changed since it began: a file
+    sorted in front of the old ones would shift every row, so old reviews would be written again under
+    new row numbers and the new ones skipped, all with exit status 0."""
+    before = sink.manifest.get("sources")
+    if sources is None or before is None or before == sources:  # runs from before sources were kept
+        return
+    old = {s["path"]: s["bytes"] for s in before}
+    new = {s["path"]: s["bytes"] for s in sources}
+    changes = [f"{p} is new" for p in new if p not in old]
+    changes += [f"{p} is gone" for p in old if p not in new]
+    changes += [f"{p} changed size" for p in new if p in old and new[p] != old[p]]
+    changes = changes or ["the files are read in another order"]
+    more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
+    fix = "restore them, or pass --overwrite to start again"
+    if by_id and sink.reopened_status == "complete" and sink.manifest.get("generation", 0) == 0:
+        fix += ", or --incremental to add only the reviews whose ids are new"
+    raise RunDirError(
+        f"{sink.run_dir}: the inputs changed since this run began ({'; '.join(changes[:3])}{more}); "
+        f"a resume goes on by row number and would mix old and new rows: {fix}"
+    )
 
 
 def _count(summary: RunSummary, window: Window, real: int, slots: int) -> None:

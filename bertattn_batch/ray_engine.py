@@ -58,7 +58,7 @@ from .pipeline import (
     run_header,
 )
 from .ray_read import ROW_FIELDS, WindowPlan, plan_windows, split_windows, worker_error
-from .read import RowBatch, check_inputs
+from .read import RowBatch, check_inputs, source_files
 from .spec import JobSpec
 from .write import RunWriter
 
@@ -251,7 +251,9 @@ def run_job_ray(
     quiet = not logging.getLogger("bertattn_batch").isEnabledFor(logging.INFO)
     t_start = time.perf_counter()
     # a mistyped path or column fails here, before a model loads or a cluster starts
-    check_inputs(spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format, spec.out)
+    sources = check_inputs(
+        spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format, spec.out
+    )
     ensure_model(spec, progress=show)
     timings: Counter = Counter()
     address = spec.ray_address or os.environ.get("RAY_ADDRESS") or None
@@ -270,7 +272,9 @@ def run_job_ray(
         on_existing = "resume" if incremental else spec.on_existing
         with writer_cls(spec.out, header, on_existing=on_existing) as sink:
             by_id = spec.id_col is not None
-            generation, skip_until, skip_ids, taken = resume_point(sink, incremental, by_id)
+            generation, skip_until, skip_ids, taken = resume_point(
+                sink, incremental, by_id, source_files(sources)
+            )
             summary.skipped_committed = skip_until + len(skip_ids or ())
             t0 = time.perf_counter()
             windows, _ = _ray_call(ray, lambda: plan_windows(ray, spec, skip_until, skip_ids, taken))

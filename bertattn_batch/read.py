@@ -223,6 +223,18 @@ def check_inputs(
     return sources
 
 
+def source_files(sources: Iterable[Source]) -> list[dict[str, Any]]:
+    """Each source as it was expanded, in reading order, with its size in bytes (a saved dataset: its
+    files' total). Why: row numbers count across the sources, so a resume must know whether a folder
+    or glob gained a file, or a file changed, since the rows it skips were committed."""
+    out = []
+    for src in sources:
+        p = src.path
+        files = (f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+        out.append({"path": str(p), "bytes": sum(f.stat().st_size for f in files)})
+    return out
+
+
 def wanted_columns(text_col: str, id_col: str | None, label_col: str | None) -> list[str]:
     """The columns to read, text first, each once: one column may serve as both text and id."""
     return list(dict.fromkeys(c for c in (text_col, id_col, label_col) if c))

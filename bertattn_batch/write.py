@@ -166,12 +166,18 @@ def lock_run_dir(run_dir: Path) -> int | None:
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` atomically; a write that fails (a full disk) takes its temporary with it."""
     tmp = path.with_name(hidden_tmp(path.name))
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, ensure_ascii=False, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, ensure_ascii=False, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 class RunWriter:
@@ -185,6 +191,7 @@ class RunWriter:
         #: the status the run had when it was reopened (None for a new run): "complete" means its last
         #: pass ended, so an incremental job starts a new one rather than finishing it
         self.reopened_status: str | None = None
+        self._began = False  # whether this process began (or went on with) a pass: see on_failed
         self._lock: int | None = None
 
     # -- life cycle ---------------------------------------------------------------------------------
@@ -232,7 +239,7 @@ class RunWriter:
             if self.on_existing == "overwrite" or not old["parts"]:
                 self._clear()
                 exists = False
-        elif any(p.name != LOCK_NAME for p in self.run_dir.iterdir()):
+        elif any(not _left_by_a_start(p) for p in self.run_dir.iterdir()):
             raise RunDirError(f"{self.run_dir} is not empty and is not a run directory; choose another --out")
         if exists:
             if self.on_existing == "new":
@@ -260,14 +267,20 @@ class RunWriter:
         self._save()
 
     def on_failed(self) -> None:
-        """Leave the run resumable: only temporary files of an uncommitted part are removed."""
+        """Leave the run resumable: only temporary files of an uncommitted part are removed.
+
+        A reopened run refused before its pass began (its inputs changed, say) keeps the status it had:
+        marked "interrupted", a complete run would have its next --incremental job finish its last
+        pass by row number instead of starting a new pass by id.
+        """
         for table in schema.TABLES:
             d = self.run_dir / table
             for f in d.glob("_*.tmp") if d.is_dir() else []:
                 if not self._listed_tmp(table, f.name):
                     f.unlink(missing_ok=True)
         if self.manifest:
-            self.manifest["status"] = "interrupted"
+            began = self._began or self.reopened_status is None
+            self.manifest["status"] = "interrupted" if began else self.reopened_status
             with contextlib.suppress(OSError, WriteError):  # _save wraps OSError; the first error counts
                 self._save()
 
@@ -278,10 +291,14 @@ class RunWriter:
         self._save()
         return self.manifest
 
-    def begin_pass(self, generation: int) -> None:
+    def begin_pass(self, generation: int, sources: list[dict[str, Any]] | None = None) -> None:
         """Record which pass the parts to come belong to, before the first of them: a pass killed before
-        it commits anything must still be told from the finished pass before it."""
+        it commits anything must still be told from the finished pass before it. ``sources``: the input
+        files the pass reads, which a resume of it checks are unchanged."""
         self.manifest["generation"] = generation
+        self._began = True
+        if sources is not None:
+            self.manifest["sources"] = sources
         self._save()
 
     # -- parts --------------------------------------------------------------------------------------
@@ -431,6 +448,15 @@ class RunWriter:
                 shutil.rmtree(child)
             else:
                 child.unlink(missing_ok=True)
+
+
+def _left_by_a_start(path: Path) -> bool:
+    """What a run that stopped before its first manifest was saved (a full disk, a kill) leaves: the
+    lock, the manifest's temporary and empty table folders. Why: refusing such a folder as someone
+    else's would stop every later run with this --out, --overwrite included."""
+    if path.name in (LOCK_NAME, hidden_tmp(MANIFEST)):
+        return path.is_file()
+    return path.name in schema.TABLES and path.is_dir() and not any(path.iterdir())
 
 
 def _repeating(schema: pa.Schema) -> list[str]:

@@ -496,3 +496,102 @@ def test_a_manifest_that_cannot_be_marked_interrupted_does_not_hide_the_error(
     spec = JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(tmp_path / "run"), progress=False)
     with pytest.raises(InputError, match="not a JSON object"):
         run_job(spec)
+
+
+def test_a_resume_refuses_inputs_that_changed_since_the_run_began(drug_rows, tiny_en_dir, tmp_path):
+    """A folder that gains a file sorted in front of the old ones shifts every row number: a plain rerun
+    went on by row number, wrote old reviews again and skipped the new ones, with exit status 0. It
+    is refused now, the run stays complete, and --incremental adds the new reviews by id."""
+    rows = [{"doc_id": f"r{i}", "text": r["text"][:200]} for i, r in enumerate(drug_rows[:30])]
+    folder, out = tmp_path / "in", tmp_path / "run"
+    folder.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows[:10]), folder / "b.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[10:20]), folder / "c.parquet")
+    args = ["extract", str(folder), "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "doc_id"]
+    args += ["--window", "5", "--no-progress"]
+    assert runner.invoke(app, args).exit_code == 0
+    assert "nothing new to process" in runner.invoke(app, args).output  # unchanged: still resumable
+    pq.write_table(pa.Table.from_pylist(rows[20:]), folder / "a.parquet")
+    r = runner.invoke(app, args)
+    assert r.exit_code == 1, r.output
+    assert "the inputs changed since this run began" in r.output and "a.parquet is new" in r.output
+    assert "--incremental" in r.output
+    assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
+    assert read_table(out, "predictions").num_rows == 20
+    r = runner.invoke(app, [*args, "--incremental"])
+    assert r.exit_code == 0, r.output
+    preds = read_table(out, "predictions")
+    assert sorted(preds.column("doc_id").to_pylist()) == sorted(r["doc_id"] for r in rows)
+    assert set(preds.column("status").to_pylist()) == {"ok"}
+
+
+def test_a_run_stopped_before_its_first_manifest_can_be_started_again(
+    corpus, tiny_en_dir, tmp_path, monkeypatch
+):
+    """A full disk (or a kill) while a new run writes its first manifest left the lock, a manifest
+    temporary and empty table folders: every later job with that --out, --overwrite too, was refused as
+    'not a run directory'."""
+    from bertattn_batch import write
+
+    real = write._write_json_atomic
+    calls = {"n": 0}
+
+    def full_disk_first(path: Path, data: dict) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            path.with_name(write.hidden_tmp(path.name)).write_text('{"form')  # cut short
+            raise OSError(28, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(write, "_write_json_atomic", full_disk_first)
+    out = tmp_path / "run"
+    r = runner.invoke(app, _args(corpus, tiny_en_dir, out))
+    assert r.exit_code == 1 and "No space left on device" in r.output
+    r = runner.invoke(app, _args(corpus, tiny_en_dir, out))
+    assert r.exit_code == 0, r.output
+    assert read_table(out, "predictions").num_rows == 60
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [".bertattn.lock"]
+
+
+def test_a_manifest_write_that_fails_leaves_no_temporary(tmp_path, monkeypatch):
+    from bertattn_batch import write
+
+    def full_disk(*a, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(write.json, "dump", full_disk)
+    with pytest.raises(OSError):
+        write._write_json_atomic(tmp_path / "manifest.json", {"a": 1})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_jobs_started_together_train_their_missing_model_once(tmp_path, monkeypatch):
+    """Two scheduled `bertattn run` of a job whose model is missing each trained it and replaced the
+    other's folder; training is capped by time, so the weights differed and the first job's run was
+    refused as another job's on every later resume. The second now waits and uses the first's model."""
+    import threading
+    import time
+
+    from bertattn_batch import finetune, pipeline
+    from bertattn_batch.spec import FinetuneSpec
+
+    trained: list[str] = []
+
+    def fake_finetune_files(inputs, text_col, label_col, out_dir, spec, **kw):
+        trained.append(threading.current_thread().name)
+        time.sleep(0.5)
+        Path(out_dir).mkdir(parents=True)
+        (Path(out_dir) / "config.json").write_text("{}")
+        return {"accuracy": None}
+
+    monkeypatch.setattr(finetune, "finetune_files", fake_finetune_files)
+    model = tmp_path / "models" / "m"
+    spec = JobSpec(inputs=["x"], model=str(model), out=str(tmp_path / "run"), finetune=FinetuneSpec())
+    jobs = [threading.Thread(target=pipeline.ensure_model, args=(spec, False)) for _ in range(2)]
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join()
+    assert len(trained) == 1
+    assert (model / "config.json").is_file()
+    assert sorted(p.name for p in model.parent.iterdir()) == ["m"]  # no lock file left behind
