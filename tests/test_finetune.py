@@ -7,6 +7,8 @@ What is checked is what goes wrong silently: a tokenizer that ignored its vocabu
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -170,9 +172,15 @@ def test_label_order_follows_spec_labels(tmp_path: Path) -> None:
     metrics = finetune(texts, labels, tmp_path / "m", spec, progress=False)
     assert metrics["labels"] == ["good", "bad", "meh"]
     assert AutoConfig.from_pretrained(tmp_path / "m").id2label == {0: "good", 1: "bad", 2: "meh"}
-    # retraining into a folder this module wrote replaces it
+    # retraining into a folder this module wrote replaces it, and removes what a training killed while
+    # it saved left long ago (a recent one may be another training's, saving now)
+    old, recent = tmp_path / ".m.partial-abc", tmp_path / ".m.partial-def"
+    for folder in (old, recent):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"cut short")
+    os.utime(old, (time.time() - 7 * 3600,) * 2)
     finetune(texts, labels, tmp_path / "m", spec, progress=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".m.partial-def", "m"]
 
 
 def test_time_cap_shortens_the_schedule(tmp_path: Path) -> None:
