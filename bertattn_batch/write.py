@@ -432,6 +432,7 @@ class RunWriter:
             )
         mine, theirs = self.header.get("fingerprint", {}), old.get("fingerprint", {})
         diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        diff = [k for k in diff if k != "job_sha256"] or diff  # the hash of the others says nothing more
         if diff:
             detail = "; ".join(f"{k}: run has {theirs.get(k)!r}, job has {mine.get(k)!r}" for k in diff)
             raise RunDirError(
