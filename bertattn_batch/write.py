@@ -115,6 +115,7 @@ def check_part_file(run_dir: Path, path: Path) -> None:
     """Raise unless a committed part file is there and its Parquet footer reads (a file cut short by a
     full disk or an interrupted copy has none): a few kilobytes read per file."""
     name = path.relative_to(run_dir) if path.is_relative_to(run_dir) else path
+    _wait_for_rename(path)
     if not path.is_file():
         problem = "is committed in the manifest but missing"
     else:
@@ -124,6 +125,19 @@ def check_part_file(run_dir: Path, path: Path) -> None:
         except (pa.ArrowException, OSError) as e:
             problem = f"cannot be read ({first_line(e)})"
     raise RunDirError(f"{run_dir}: {name} {problem}; bertattn validate tells what else is wrong")
+
+
+#: How long a reader waits for a committed part that a running extract has yet to rename into place.
+RENAME_WAIT_SECONDS = 5.0
+
+
+def _wait_for_rename(path: Path) -> None:
+    """A reader that meets a part between its commit and its rename (step 2 and 3 of the module
+    docstring: the file still has its temporary name) waits for the writer to rename it."""
+    tmp = path.with_name(_tmp_name(path.name))
+    deadline = time.monotonic() + RENAME_WAIT_SECONDS
+    while not path.is_file() and tmp.is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def hidden_tmp(name: str) -> str:

@@ -575,3 +575,25 @@ def test_an_empty_printout_names_its_real_cause(run_dir, tmp_path):
     r = CliRunner().invoke(app, ["aggregate", str(run), "--min-reviews", "1", "--by", "label"])
     assert r.exit_code == 0, r.output
     assert "no review of this run was scored" in r.output
+
+
+def test_a_part_committed_but_not_yet_renamed_is_waited_for(run_dir, tmp_path, monkeypatch):
+    """Readers meet a running extract's newest part between its commit and its rename: they wait for it."""
+    import shutil
+    import threading
+
+    from bertattn_batch import write
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    part = sorted((run / "cls_attention").glob("part-*.parquet"))[-1]
+    tmp = part.with_name(f"_{part.name}.tmp")
+    part.rename(tmp)  # as a writer leaves it between step 2 (commit) and step 3 (rename)
+    timer = threading.Timer(0.3, tmp.rename, [part])
+    timer.start()
+    assert len(agg.committed_parts(run)) == len(json.loads((run / "manifest.json").read_text())["parts"])
+    timer.join()
+    part.rename(tmp)  # a writer that never renames it: the reader gives up and names the part
+    monkeypatch.setattr(write, "RENAME_WAIT_SECONDS", 0.2)
+    with pytest.raises(agg.RunDirError, match="committed in the manifest but missing"):
+        agg.committed_parts(run)
