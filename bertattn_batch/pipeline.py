@@ -34,6 +34,7 @@ from .batching import bucket_batches
 from .encode import encode_texts
 from .errors import ModelError, RunDirError
 from .extract import Extractor, ScoredRow, vocab_array
+from .locks import take_lock
 from .model import Classifier
 from .read import RowBatch, check_inputs, count_rows, read_rows, source_files
 from .spec import JobSpec
@@ -116,32 +117,23 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> None:
 
 @contextlib.contextmanager
 def _training_lock(model: Path) -> Iterator[Path | None]:
-    """Hold an flock on ``.NAME.training.lock`` beside the model folder, waiting while another job holds
+    """Hold a lock on ``.NAME.training.lock`` beside the model folder, waiting while another job holds
     it; yields the lock file (None where the file system has no locks: train unguarded)."""
-    if sys.platform == "win32":
-        yield None
-        return
-    import fcntl
-
     path = model.with_name(f".{model.name}.training.lock")
     try:
         model.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = take_lock(path)
+        except BlockingIOError:
+            log.warning("another job is training %s; waiting for it", model)
+            fd = take_lock(path, wait=True)
     except OSError as e:
         raise ModelError(f"cannot write beside {model} to train it: {e.strerror or e}") from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.warning("another job is training %s; waiting for it", model)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as e:
-            log.warning("%s cannot be locked (%s); make sure no other job trains it", path, e.strerror or e)
-            yield None
-            return
-        yield path
+        yield None if fd is None else path
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 def _train_model(spec: JobSpec, progress: bool) -> None:

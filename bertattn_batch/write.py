@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -33,6 +32,7 @@ import pyarrow.parquet as pq
 
 from . import schema
 from .errors import RunDirError, WriteError, first_line
+from .locks import take_lock
 
 log = logging.getLogger(__name__)
 
@@ -146,36 +146,27 @@ def hidden_tmp(name: str) -> str:
 
 
 def lock_run_dir(run_dir: Path) -> int | None:
-    """Take the run directory's writer lock; returns its descriptor (None where flock is unknown).
+    """Take the run directory's writer lock; returns its descriptor (None where there are no locks).
 
     Why: two scheduled runs with the same --out would commit parts of the same names over each other
-    and each rewrite the manifest without the other's parts. A lock held by a killed process is freed
-    by the kernel, so there is never a stale lock to remove by hand.
+    and each rewrite the manifest without the other's parts.
     """
-    if sys.platform == "win32":
-        return None
-    import fcntl
-
     path = run_dir / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise RunDirError(f"cannot write into {run_dir}: {e.strerror or e}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = take_lock(path)
     except BlockingIOError:
-        holder = os.read(fd, 32).decode(errors="replace").strip()
-        os.close(fd)
+        holder = ""
+        with contextlib.suppress(OSError):
+            holder = path.read_text(errors="replace").strip()
         who = f" (pid {holder})" if holder.isdigit() else ""
         raise RunDirError(
             f"another bertattn process{who} is writing {run_dir}; wait for it to end or choose another --out"
         ) from None
-    except OSError as e:  # a file system without locks (some network mounts): write unguarded
-        os.close(fd)
-        log.warning("%s cannot be locked (%s); make sure no other job writes it", run_dir, e.strerror or e)
-        return None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
+    except OSError as e:
+        raise RunDirError(f"cannot write into {run_dir}: {e.strerror or e}") from None
+    if fd is not None:  # who holds it, for the message of a job that finds it taken
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
     return fd
 
 
