@@ -216,6 +216,8 @@ class RunWriter:
         writer lock until :meth:`close`."""
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise RunDirError(f"{self.run_dir} is a file, not a folder; choose another --out")
+        if self.run_dir.is_dir():  # before the lock: a folder that is not a run gets no lock file either
+            self._old_manifest()
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -233,20 +235,28 @@ class RunWriter:
             os.close(self._lock)
             self._lock = None
 
+    def _old_manifest(self) -> dict[str, Any] | None:
+        """The run's manifest (None where the folder holds no run yet); refuses a folder that bertattn
+        did not make, never to delete or write into it, even when asked to overwrite."""
+        if not (self.run_dir / MANIFEST).is_file():
+            if any(not _left_by_a_start(p) for p in self.run_dir.iterdir()):
+                raise RunDirError(
+                    f"{self.run_dir} is not empty and is not a run directory; choose another --out"
+                )
+            return None
+        old = read_manifest(self.run_dir)  # a damaged one is named, not cleared
+        if old.get("format") != FORMAT:
+            raise RunDirError(f"{self.run_dir} is not a bertattn run directory; choose another --out")
+        return old
+
     def _open_locked(self) -> None:
-        exists = (self.run_dir / MANIFEST).is_file()
-        if exists:  # never delete a folder we did not make, even when asked to overwrite
-            old = read_manifest(self.run_dir)  # a damaged one is named, not cleared
-            if old.get("format") != FORMAT:
-                raise RunDirError(f"{self.run_dir} is not a bertattn run directory; choose another --out")
-            # a run that committed no part (its start failed, say on a mistyped input) holds nothing
-            # to keep, so the corrected job may start afresh instead of being refused as another job
-            if self.on_existing == "overwrite" or not old["parts"]:
-                self._clear()
-                exists = False
-        elif any(not _left_by_a_start(p) for p in self.run_dir.iterdir()):
-            raise RunDirError(f"{self.run_dir} is not empty and is not a run directory; choose another --out")
-        if exists:
+        old = self._old_manifest()
+        # a run that committed no part (its start failed, say on a mistyped input) holds nothing to
+        # keep, so the corrected job may start afresh instead of being refused as another job
+        if old is not None and (self.on_existing == "overwrite" or not old["parts"]):
+            self._clear()
+            old = None
+        if old is not None:
             if self.on_existing == "new":
                 raise RunDirError(
                     f"{self.run_dir} already holds a run; choose another --out or pass --overwrite"

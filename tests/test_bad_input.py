@@ -572,6 +572,24 @@ def test_overwrite_never_clears_a_folder_bertattn_did_not_write(tiny_en_dir, tmp
     assert (app_dir / "src" / "index.js").read_text() == "x"
 
 
+@pytest.mark.parametrize("manifest", [None, '{"name": "app"}'])
+def test_a_folder_refused_as_not_a_run_is_left_as_it_was(manifest, tmp_path):
+    """The writer lock was taken before the folder was checked, so a refused folder (someone else's,
+    or another program's manifest) kept a .bertattn.lock that bertattn had written into it."""
+    from bertattn_batch.errors import RunDirError
+    from bertattn_batch.write import RunWriter
+
+    user = tmp_path / "notes"
+    user.mkdir()
+    (user / "todo.txt").write_text("x")
+    if manifest is not None:
+        (user / "manifest.json").write_text(manifest)
+    before = sorted(p.name for p in user.iterdir())
+    with pytest.raises(RunDirError, match=r"not a (bertattn )?run directory"):
+        RunWriter(user, {}, on_existing="overwrite").open()
+    assert sorted(p.name for p in user.iterdir()) == before
+
+
 def test_unreadable_inputs_and_header_only_csv(tiny_en_dir, tmp_path):
     csv = tmp_path / "header.csv"
     csv.write_text("id,text")  # a header without its newline: no rows
