@@ -32,11 +32,10 @@ def take_lock(path: Path, wait: bool = False) -> int | None:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except BlockingIOError:
+    except BaseException as e:  # a Ctrl-C or SIGTERM while waiting too: the descriptor goes with it
         os.close(fd)
-        raise
-    except OSError as e:
-        os.close(fd)
+        if isinstance(e, BlockingIOError) or not isinstance(e, OSError):
+            raise
         log.warning("%s cannot be locked (%s); make sure no other job uses it", path, e.strerror or e)
         return None
     return fd

@@ -164,9 +164,11 @@ def lock_run_dir(run_dir: Path) -> int | None:
         ) from None
     except OSError as e:
         raise RunDirError(f"cannot write into {run_dir}: {e.strerror or e}") from None
-    if fd is not None:  # who holds it, for the message of a job that finds it taken
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+    # who holds it, for the message of a job that finds it taken; a full disk fails the run's own writes
+    with contextlib.suppress(OSError):
+        if fd is not None:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
     return fd
 
 

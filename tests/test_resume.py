@@ -146,6 +146,43 @@ def test_a_run_being_written_is_not_written_by_a_second_process(corpus, tiny_en_
     assert json.loads((out / "manifest.json").read_text())["counts"]["predictions"] == 60
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open descriptors in /proc")
+def test_taking_a_lock_leaves_no_descriptor_open_when_it_fails(tmp_path, monkeypatch):
+    """A Ctrl-C or SIGTERM while waiting for a lock (a job waiting for another's model training), or a
+    failed write of the holder's pid, left the lock file's descriptor open."""
+    from bertattn_batch.locks import take_lock
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    def ctrl_c(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    path = tmp_path / "x.lock"
+    held = take_lock(path)
+    old = signal.signal(signal.SIGALRM, ctrl_c)
+    try:
+        before = open_fds()
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            take_lock(path, wait=True)
+        assert open_fds() == before
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        os.close(held)
+
+    def full_disk(fd: int, length: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "ftruncate", full_disk)  # the pid is only for a second job's message
+    before = open_fds()
+    fd = lock_run_dir(tmp_path)
+    assert fd is not None
+    os.close(fd)
+    assert open_fds() == before
+
+
 def test_a_file_system_without_locks_still_gets_its_run(corpus, tiny_en_dir, tmp_path, monkeypatch, caplog):
     import errno
     import fcntl
