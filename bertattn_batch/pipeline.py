@@ -111,14 +111,15 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> None:
             log.warning("model %s was trained by another job meanwhile; using it", spec.model)
         else:
             _train_model(spec, progress)
-        if lock is not None:  # with the model there, waiters find it and later jobs need no lock
-            lock.unlink(missing_ok=True)
+        # with the model there, waiters find it and later jobs need no lock; the file is made even
+        # where it could not be locked
+        lock.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
-def _training_lock(model: Path) -> Iterator[Path | None]:
+def _training_lock(model: Path) -> Iterator[Path]:
     """Hold a lock on ``.NAME.training.lock`` beside the model folder, waiting while another job holds
-    it; yields the lock file (None where the file system has no locks: train unguarded)."""
+    it; yields the lock file (where the file system has no locks, unlocked: train unguarded)."""
     path = model.with_name(f".{model.name}.training.lock")
     try:
         model.parent.mkdir(parents=True, exist_ok=True)
@@ -130,7 +131,7 @@ def _training_lock(model: Path) -> Iterator[Path | None]:
     except OSError as e:
         raise ModelError(f"cannot write beside {model} to train it: {e.strerror or e}") from None
     try:
-        yield None if fd is None else path
+        yield path
     finally:
         if fd is not None:
             os.close(fd)

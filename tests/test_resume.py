@@ -603,6 +603,30 @@ def test_a_manifest_write_that_fails_leaves_no_temporary(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_first_run_training_without_locks_leaves_no_lock_file(tmp_path, monkeypatch):
+    """Where the file system has no locks the training lock file was made but never removed."""
+    import errno
+    import fcntl
+
+    from bertattn_batch import finetune, pipeline
+    from bertattn_batch.spec import FinetuneSpec
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    def fake_finetune_files(inputs, text_col, label_col, out_dir, spec, **kw):
+        Path(out_dir).mkdir(parents=True)
+        (Path(out_dir) / "config.json").write_text("{}")
+        return {"accuracy": None}
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    monkeypatch.setattr(finetune, "finetune_files", fake_finetune_files)
+    model = tmp_path / "models" / "m"
+    spec = JobSpec(inputs=["x"], model=str(model), out=str(tmp_path / "run"), finetune=FinetuneSpec())
+    pipeline.ensure_model(spec, False)
+    assert sorted(p.name for p in model.parent.iterdir()) == ["m"]
+
+
 def test_jobs_started_together_train_their_missing_model_once(tmp_path, monkeypatch):
     """Two scheduled `bertattn run` of a job whose model is missing each trained it and replaced the
     other's folder; training is capped by time, so the weights differed and the first job's run was
