@@ -116,6 +116,9 @@ def check_part_file(run_dir: Path, path: Path) -> None:
     full disk or an interrupted copy has none): a few kilobytes read per file."""
     name = path.relative_to(run_dir) if path.is_relative_to(run_dir) else path
     _wait_for_rename(path)
+    if not path.is_file() and path.with_name(_tmp_name(path.name)).is_file():
+        problem = "is committed but still has its temporary name (its extract stopped before renaming it)"
+        raise RunDirError(f"{run_dir}: {name} {problem}; rerun the extract to finish the run")
     if not path.is_file():
         problem = "is committed in the manifest but missing"
     else:

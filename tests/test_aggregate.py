@@ -595,5 +595,5 @@ def test_a_part_committed_but_not_yet_renamed_is_waited_for(run_dir, tmp_path, m
     timer.join()
     part.rename(tmp)  # a writer that never renames it: the reader gives up and names the part
     monkeypatch.setattr(write, "RENAME_WAIT_SECONDS", 0.2)
-    with pytest.raises(agg.RunDirError, match="committed in the manifest but missing"):
+    with pytest.raises(agg.RunDirError, match=r"still has its temporary name.*rerun the extract"):
         agg.committed_parts(run)
