@@ -823,14 +823,15 @@ def memory_scaling(
             "padding_share": manifest["last_run"]["padding_share"],
             "reviews_per_s": manifest["last_run"]["reviews_per_s"],
             "summary": text.strip().splitlines()[-1] if text.strip() else "",
-            **_halves(series),
         }
+        halves = _halves(series)
         if str(n) in runs:
             kept = runs[str(n)]
             kept["peak_rss_mb_runs"].append(run["peak_rss_mb"])
             kept["peak_rss_mb"] = max(kept["peak_rss_mb_runs"])
+            kept["peak_halves_mb_runs"].append(halves)
         else:
-            runs[str(n)] = run | {"peak_rss_mb_runs": [run["peak_rss_mb"]]}
+            runs[str(n)] = run | {"peak_rss_mb_runs": [run["peak_rss_mb"]], "peak_halves_mb_runs": [halves]}
         if not keep_runs:
             shutil.rmtree(out, ignore_errors=True)
     small, big = runs[str(min(sizes))], runs[str(max(sizes))]
@@ -849,16 +850,16 @@ def _rss_series(proc: subprocess.Popen) -> list[tuple[float, float]]:
     return series
 
 
-def _halves(series: list[tuple[float, float]]) -> dict[str, float]:
+def _halves(series: list[tuple[float, float]]) -> list[float] | None:
     """Peak resident memory in the first and the second half of a run's wall time: whether memory
     still climbs as the run goes on, which a comparison of two runs' single peaks cannot tell apart
     from the noise of which transient state each peak caught."""
     if len(series) < 4:
-        return {}
+        return None
     mid = series[-1][0] / 2
     first = max(r for t, r in series if t <= mid)
     second = max(r for t, r in series if t > mid)
-    return {"peak_first_half_mb": round(first, 1), "peak_second_half_mb": round(second, 1)}
+    return [round(first, 1), round(second, 1)]
 
 
 # -- main -------------------------------------------------------------------------------------------
@@ -1050,10 +1051,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 )
             print(f"   growth {mem['growth']:+.1%} (target within {TARGET_MEMORY_GROWTH:.0%})")
             big = mem["runs"][str(max(sizes))]
-            if "peak_first_half_mb" in big:
+            for halves in filter(None, big["peak_halves_mb_runs"]):
                 print(
-                    f"   within the last {max(sizes)}-review run: peak {big['peak_first_half_mb']:.0f} MB in its "
-                    f"first half, {big['peak_second_half_mb']:.0f} MB in its second"
+                    f"   one {max(sizes)}-review run: peak {halves[0]:.0f} MB in its first half, "
+                    f"{halves[1]:.0f} MB in its second"
                 )
     checks = [t for block in results["models"].values() for t in block["targets"]]
     if "memory" in results:
