@@ -36,7 +36,7 @@ from .errors import ModelError, RunDirError
 from .extract import Extractor, ScoredRow, vocab_array
 from .locks import take_lock
 from .model import Classifier
-from .read import RowBatch, check_inputs, count_rows, read_rows, source_files
+from .read import RowBatch, Source, check_inputs, count_rows, read_sources, source_files
 from .spec import JobSpec
 from .threads import Worker, prefetch
 from .write import RunWriter, part_generation
@@ -226,12 +226,14 @@ def run_header(spec: JobSpec, clf: Classifier) -> dict[str, Any]:
 def iter_windows(
     spec: JobSpec,
     clf: Classifier,
+    sources: list[Source],
     skip_until: int = 0,
     skip_ids: set[str] | None = None,
     timings: Counter | None = None,
     seen_ids: set[str] | None = None,
 ) -> Iterator[Window]:
-    """Read and encode the input in windows of ``spec.window`` rows; rows already committed are skipped.
+    """Read and encode the input (``sources``, as :func:`read.check_inputs` gave them) in windows of
+    ``spec.window`` rows; rows already committed are skipped.
 
     ``seen_ids``: ids already taken by committed rows, so that a resumed run marks a later repeat of one
     ``duplicate_id`` just as an uninterrupted run would.
@@ -239,12 +241,11 @@ def iter_windows(
     seen_ids = set(skip_ids or ()) | set(seen_ids or ())
     timings = timings if timings is not None else Counter()
     t0 = time.perf_counter()
-    for block in read_rows(
-        spec.inputs,
+    for block in read_sources(
+        sources,
         text_col=spec.text_col,
         id_col=spec.id_col,
         label_col=spec.label_col,
-        input_format=spec.input_format,
         limit=spec.limit,
         block_rows=spec.window,
     ):
@@ -366,7 +367,7 @@ def run_job(
             sink, incremental, spec.id_col is not None, source_files(sources)
         )
         summary.skipped_committed = skip_until + len(skip_ids or ())
-        bar = _progress_bar(spec, show, skip_until)
+        bar = _progress_bar(spec, show, skip_until, sources)
 
         def write(window: Window) -> None:
             t0 = time.perf_counter()
@@ -380,7 +381,7 @@ def run_job(
 
         writer = Worker(write, depth=2, name="writer")
         try:
-            windows = iter_windows(spec, clf, skip_until, skip_ids, timings, seen_ids=taken)
+            windows = iter_windows(spec, clf, sources, skip_until, skip_ids, timings, seen_ids=taken)
             for window in prefetch(windows, depth=2):
                 t0 = time.perf_counter()
                 real, slots = stage(window)
@@ -484,13 +485,13 @@ def _totals(sink: RunWriter) -> dict[str, int]:
     return totals
 
 
-def _progress_bar(spec: JobSpec, show: bool, done: int):
+def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]):
     from tqdm.auto import tqdm
 
     total = None
     if show:
         try:
-            total = count_rows(spec.inputs, spec.input_format)
+            total = count_rows(sources)
         except Exception:  # a count is a nicety; the reader reports real problems
             total = None
         if total is not None and spec.limit is not None:

@@ -277,7 +277,7 @@ def run_job_ray(
             )
             summary.skipped_committed = skip_until + len(skip_ids or ())
             t0 = time.perf_counter()
-            windows, _ = _ray_call(ray, lambda: plan_windows(ray, spec, skip_until, skip_ids, taken))
+            windows, _ = _ray_call(ray, lambda: plan_windows(ray, spec, sources, skip_until, skip_ids, taken))
             timings["read_plan"] = time.perf_counter() - t0
             if windows:
                 kwargs = dict(

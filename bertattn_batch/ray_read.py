@@ -2,7 +2,8 @@
 
 Usage::
 
-    windows, n_rows = plan_windows(ray, spec, skip_until=0)   # [WindowPlan(start, rows, ref), ...]
+    sources = check_inputs(spec.inputs, ...)
+    windows, n_rows = plan_windows(ray, spec, sources, skip_until=0)   # [WindowPlan(start, rows, ref), ...]
 
 Every input is read with Ray Data (``read_parquet``, ``read_json``, ``read_csv``, ``read_text``,
 ``from_huggingface``) in input order; the blocks' sizes give each row its number, counted from 0
@@ -33,7 +34,6 @@ from .read import (
     RowBatch,
     Source,
     _load_dataset,
-    check_inputs,
     class_label_names,
     csv_options,
     name_class_labels,
@@ -158,12 +158,10 @@ def _groups(sources: list[Source]) -> Iterator[list[Source]]:
             yield run
 
 
-def _source_blocks(ray: Any, spec: JobSpec) -> list[_Block]:
-    """Read every input with Ray Data; the blocks in input order, each with its first row number."""
+def _source_blocks(ray: Any, spec: JobSpec, sources: list[Source]) -> list[_Block]:
+    """Read every input (as ``check_inputs`` gave them) with Ray Data; the blocks in input order, each
+    with its first row number."""
     wanted = wanted_columns(spec.text_col, spec.id_col, spec.label_col)
-    sources = check_inputs(
-        spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format, spec.out
-    )
     # Empty delimited, JSON and text files hold no rows; Ray's readers would reject some of them.
     sources = [s for s in sources if s.format in ("parquet", "datasets") or s.path.stat().st_size > 0]
     count = ray.remote(_num_rows)
@@ -195,6 +193,7 @@ def _source_blocks(ray: Any, spec: JobSpec) -> list[_Block]:
 def plan_windows(
     ray: Any,
     spec: JobSpec,
+    sources: list[Source],
     skip_until: int = 0,
     skip_ids: set[str] | None = None,
     taken_ids: set[str] | None = None,
@@ -205,7 +204,7 @@ def plan_windows(
     from .pipeline import _select_rows  # the local engine's rule for skipped and repeated ids
 
     cols = (spec.text_col, spec.id_col, spec.label_col)
-    blocks = _source_blocks(ray, spec)
+    blocks = _source_blocks(ray, spec, sources)
     total = blocks[-1].first_row + blocks[-1].rows if blocks else 0
     need_keys = spec.id_col is not None or skip_ids is not None
     keys_task = ray.remote(_block_keys)

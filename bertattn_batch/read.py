@@ -12,6 +12,7 @@ line that is not JSON at all stops the job with its file and line number.
 
 from __future__ import annotations
 
+import codecs
 import glob
 import json
 import logging
@@ -28,6 +29,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from .errors import InputError, first_line
+from .write import MANIFEST
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +156,7 @@ def _some(paths: list[Path]) -> str:
 
 
 def _is_run_dir(p: Path) -> bool:
-    return (p / "manifest.json").is_file() and (p / "predictions").is_dir()
+    return (p / MANIFEST).is_file() and (p / "predictions").is_dir()
 
 
 def _is_saved_dataset(p: Path) -> bool:
@@ -184,6 +186,19 @@ def read_rows(
 ) -> Iterator[RowBatch]:
     """Yield RowBatches over all inputs in order; ``row_index`` counts across inputs from 0."""
     sources = check_inputs(inputs, text_col, id_col, label_col, input_format)
+    yield from read_sources(sources, text_col, id_col, label_col, limit, block_rows)
+
+
+def read_sources(
+    sources: Iterable[Source],
+    text_col: str = "text",
+    id_col: str | None = None,
+    label_col: str | None = None,
+    limit: int | None = None,
+    block_rows: int = BLOCK_ROWS,
+) -> Iterator[RowBatch]:
+    """:func:`read_rows` over sources that :func:`check_inputs` already gave: a job checks its inputs
+    before it loads a model, and need not walk its folders and read their headers twice."""
     wanted = wanted_columns(text_col, id_col, label_col)
     row = 0
     for src in sources:
@@ -412,7 +427,6 @@ def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
 
 
 _WARNED: set[Path] = set()  # folders whose other files, and files named twice, a warning named
-_BOM = b"\xef\xbb\xbf"
 #: Endings of compressed files; ``x.csv.gz`` in a folder input is a review file the readers cannot read.
 _COMPRESSED_SUFFIXES = frozenset({".gz", ".bz2", ".zst", ".zstd", ".zip", ".xz", ".lz4", ".7z", ".tgz"})
 #: Leading bytes of compressed files, which the line-based readers would read as garbage rows.
@@ -503,8 +517,8 @@ def _read_text(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict
     block: list[Any] = []
     with open(src.path, "rb") as f:
         for i, raw in enumerate(f):
-            if i == 0 and raw.startswith(_BOM):  # an editor's byte-order mark is no part of the review
-                raw = raw[len(_BOM) :]
+            if i == 0:  # an editor's byte-order mark is no part of the review
+                raw = raw.removeprefix(codecs.BOM_UTF8)
             block.append(raw.rstrip(b"\r\n"))
             if len(block) >= block_rows:
                 yield {TEXT_FILE_COLUMN: block}
@@ -553,10 +567,10 @@ def _read_datasets(src: Source, wanted: list[str], block_rows: int) -> Iterator[
         yield {c: table.column(c).to_pylist() for c in wanted}
 
 
-def count_rows(inputs: Iterable[str], input_format: str = "auto") -> int | None:
+def count_rows(sources: Iterable[Source]) -> int | None:
     """Total rows where the formats record it (Parquet, datasets) without reading data; else None."""
     total = 0
-    for src in expand_inputs(inputs, input_format):
+    for src in sources:
         if src.format == "parquet":
             total += pq.ParquetFile(src.path).metadata.num_rows
         elif src.format == "datasets":
