@@ -31,7 +31,6 @@ with streaming group-bys whose size is bounded by the vocabulary.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import time
@@ -46,7 +45,7 @@ import pyarrow.parquet as pq
 
 from . import schema
 from .errors import RunDirError, SpecError, WriteError
-from .write import AGGREGATES_DIR, check_part_file, read_manifest
+from .write import AGGREGATES_DIR, check_part_file, read_manifest, remove_stale
 
 TABLE = "token_influence"
 UNITS = ("token", "word")
@@ -60,9 +59,6 @@ CONTINUATION = "##"
 #: Attention rows reduced in one pass; a larger part is cut into slices of whole reviews (by a hash
 #: of doc_id), which bounds memory whatever the run's window size or review length.
 MAX_ROWS_PER_PASS = 1_000_000
-
-#: Age after which a leftover work folder is taken to be a killed aggregate's, and removed.
-STALE_WORK_SECONDS = 6 * 3600
 
 _REVIEW = ["doc_id", "layer", "head"]
 _CLASSES = ["pred_label", "label"]
@@ -278,10 +274,7 @@ def aggregate(
     if continuation is None:
         units = [u for u in units if u != "word"]  # its pieces carry no continuation marks to join
     out_dir = run / AGGREGATES_DIR
-    for stale in out_dir.glob("_work-*"):  # left by an aggregate that was killed, not one still running
-        with contextlib.suppress(OSError):  # another aggregate may remove it first
-            if time.time() - stale.stat().st_mtime > STALE_WORK_SECONDS:
-                shutil.rmtree(stale, ignore_errors=True)
+    remove_stale(out_dir, "_work-*")  # left by an aggregate that was killed
     work = out_dir / f"_work-{time.time_ns()}"
     try:
         work.mkdir(parents=True, exist_ok=True)

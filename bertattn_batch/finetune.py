@@ -21,7 +21,6 @@ the time taken.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -44,12 +43,10 @@ from .errors import InputError, ModelError, first_line
 from .model import length_limit, load_config, load_tokenizer
 from .read import read_rows
 from .spec import FinetuneSpec
+from .write import remove_stale
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 METRICS_FILE = "finetune_metrics.json"
-#: A save's temporary folder older than this was left by a training killed while it saved (a save takes
-#: seconds), and is removed by the next save beside it.
-STALE_SAVE_SECONDS = 6 * 3600
 #: Batches are sorted by length within chunks of this many batches, then shuffled.
 BUCKET_CHUNK_BATCHES = 64
 PACKAGE_PREFIX = "package:"
@@ -592,10 +589,7 @@ def _save(
     """Write to a temporary folder beside ``out_dir``, check that it reloads, then rename it into place."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     for pattern in (f".{out_dir.name}.partial-*", f".{out_dir.name}.old-*"):
-        for stale in out_dir.parent.glob(pattern):  # left by a training killed while it saved
-            with contextlib.suppress(OSError):
-                if time.time() - stale.stat().st_mtime > STALE_SAVE_SECONDS:
-                    shutil.rmtree(stale, ignore_errors=True)
+        remove_stale(out_dir.parent, pattern)  # left by a training killed while it saved
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)

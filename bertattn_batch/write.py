@@ -113,20 +113,27 @@ def row_range_problems(parts: Iterable[tuple[int, int, int]]) -> list[str]:
 
 def check_part_file(run_dir: Path, path: Path) -> None:
     """Raise unless a committed part file is there and its Parquet footer reads (a file cut short by a
-    full disk or an interrupted copy has none): a few kilobytes read per file."""
+    full disk or an interrupted copy has none): a few kilobytes read per file.
+
+    A reader may meet a running extract's part between its commit and its rename (steps 2 and 3 of the
+    module docstring): it waits up to ``RENAME_WAIT_SECONDS`` for the file to take its final name.
+    """
     name = path.relative_to(run_dir) if path.is_relative_to(run_dir) else path
-    _wait_for_rename(path)
-    if not path.is_file() and path.with_name(_tmp_name(path.name)).is_file():
-        problem = "is committed but still has its temporary name (its extract stopped before renaming it)"
-        raise RunDirError(f"{run_dir}: {name} {problem}; rerun the extract to finish the run")
-    if not path.is_file():
-        problem = "is committed in the manifest but missing"
-    else:
+    tmp = path.with_name(_tmp_name(path.name))
+    deadline = time.monotonic() + RENAME_WAIT_SECONDS
+    while not path.is_file() and tmp.is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if path.is_file():
         try:
             pq.read_metadata(path)
             return
         except (pa.ArrowException, OSError) as e:
             problem = f"cannot be read ({first_line(e)})"
+    elif tmp.is_file():
+        problem = "is committed but still has its temporary name (its extract stopped before renaming it)"
+        raise RunDirError(f"{run_dir}: {name} {problem}; rerun the extract to finish the run")
+    else:
+        problem = "is committed in the manifest but missing"
     raise RunDirError(f"{run_dir}: {name} {problem}; bertattn validate tells what else is wrong")
 
 
@@ -134,13 +141,17 @@ def check_part_file(run_dir: Path, path: Path) -> None:
 RENAME_WAIT_SECONDS = 5.0
 
 
-def _wait_for_rename(path: Path) -> None:
-    """A reader that meets a part between its commit and its rename (step 2 and 3 of the module
-    docstring: the file still has its temporary name) waits for the writer to rename it."""
-    tmp = path.with_name(_tmp_name(path.name))
-    deadline = time.monotonic() + RENAME_WAIT_SECONDS
-    while not path.is_file() and tmp.is_file() and time.monotonic() < deadline:
-        time.sleep(0.05)
+#: Age after which a temporary folder is taken to be left by a process that was killed (an aggregate's
+#: work folder, a training's save), not one still running, and removed by the next of its kind.
+STALE_SECONDS = 6 * 3600
+
+
+def remove_stale(parent: Path, pattern: str) -> None:
+    """Remove the folders in ``parent`` matching ``pattern`` that are older than ``STALE_SECONDS``."""
+    for stale in parent.glob(pattern):
+        with contextlib.suppress(OSError):  # another process may remove it first
+            if time.time() - stale.stat().st_mtime > STALE_SECONDS:
+                shutil.rmtree(stale, ignore_errors=True)
 
 
 def hidden_tmp(name: str) -> str:
