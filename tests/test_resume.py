@@ -264,15 +264,22 @@ def test_a_run_that_committed_nothing_does_not_block_the_next(corpus, tiny_en_di
     assert read_table(out, "predictions").num_rows == 60
 
 
-def test_incremental_scores_a_real_id_equal_to_a_null_ids_row_number(drug_rows, tiny_en_dir, tmp_path):
+def _incremental_pass(ids: list[str | None], texts: list[str], model: Path, tmp_path: Path) -> str:
+    """Write reviews with ``ids`` as the input and run an --incremental pass over it; its output."""
     src, out = tmp_path / "in.parquet", tmp_path / "run"
+    pq.write_table(pa.table({"id": ids, "text": texts[: len(ids)]}), src)
+    args = ["extract", str(src), "--model", str(model), "--out", str(out), "--id-col", "id"]
+    r = runner.invoke(app, [*args, "--incremental", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def test_incremental_scores_a_real_id_equal_to_a_null_ids_row_number(drug_rows, tiny_en_dir, tmp_path):
+    out = tmp_path / "run"
     texts = [r["text"][:100] for r in drug_rows[:4]]
 
-    def run(ids: list[str | None]) -> None:
-        pq.write_table(pa.table({"id": ids, "text": texts[: len(ids)]}), src)
-        args = ["extract", str(src), "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "id"]
-        r = runner.invoke(app, [*args, "--incremental", "--no-progress"])
-        assert r.exit_code == 0, r.output
+    def run(ids: list[str | None]) -> str:
+        return _incremental_pass(ids, texts, tiny_en_dir, tmp_path)
 
     run(["10", None, "11"])  # the null id's row is recorded as doc '1'
     run(["10", None, "11", "1"])  # a real id '1' is new
@@ -494,15 +501,11 @@ def test_a_reader_thread_stops_when_the_model_stage_fails():
 def test_incremental_records_a_null_id_again_when_its_row_number_is_a_committed_id(
     drug_rows, tiny_en_dir, tmp_path
 ):
-    src, out = tmp_path / "in.parquet", tmp_path / "run"
+    out = tmp_path / "run"
     texts = [r["text"][:100] for r in drug_rows[:3]]
 
     def run(ids: list[str | None]) -> str:
-        pq.write_table(pa.table({"id": ids, "text": texts[: len(ids)]}), src)
-        args = ["extract", str(src), "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "id"]
-        r = runner.invoke(app, [*args, "--incremental", "--no-progress"])
-        assert r.exit_code == 0, r.output
-        return r.output
+        return _incremental_pass(ids, texts, tiny_en_dir, tmp_path)
 
     run(["1", "x"])
     # row 1 now has no id: its doc id is its row number, '1', which a committed review holds as its
