@@ -448,8 +448,14 @@ def _refuse_compressed(src: Source) -> None:
             )
 
 
+#: Bytes read at a time from a Parquet column chunk. By default Arrow reads (pre-buffers) a row group's
+#: whole column chunks at once: about 150 MB of text for a row group of a million reviews, pyarrow's
+#: default row group size. Buffered reads without pre-buffering keep one block's worth in memory.
+PARQUET_BUFFER_BYTES = 1 << 20
+
+
 def _read_parquet(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
-    pf = pq.ParquetFile(src.path)
+    pf = pq.ParquetFile(src.path, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
     for rb in pf.iter_batches(batch_size=block_rows, columns=wanted):
         yield {c: rb.column(c).to_pylist() for c in wanted}
 
