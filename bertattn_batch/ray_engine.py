@@ -68,7 +68,15 @@ INSTALL_HINT = "pip install 'bertattn-batch[ray]' (or pip install 'ray[data]')"
 #: On Linux, Ray binds a local runtime to the machine's outward address unless this is "0".
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 #: Environment variables a worker needs to see as the driver does (offline hub, tokenizer threads).
-_WORKER_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "TOKENIZERS_PARALLELISM")
+_WORKER_ENV = (
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "TOKENIZERS_PARALLELISM",
+    "ONEDNN_PRIMITIVE_CACHE_CAPACITY",  # the kernel caches the package caps on import (__init__.py)
+    "LRU_CACHE_CAPACITY",
+)
 
 
 # -- Ray itself ---------------------------------------------------------------------------------------

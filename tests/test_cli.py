@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import polars as pl
 import pyarrow as pa
@@ -281,3 +284,20 @@ def test_finetune_labels_option_is_split_and_trimmed(monkeypatch, tmp_path):
     args = ["finetune", "x.csv", "--out", str(tmp_path / "m"), "--labels", "pos, neg ,meh"]
     r = runner.invoke(app, args)
     assert seen["labels"] == ["pos", "neg", "meh"], r.output
+
+
+@pytest.mark.parametrize(
+    ("preset", "expected"), [({}, "2 16"), ({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}, "64 16")]
+)
+def test_importing_the_package_caps_torchs_kernel_caches_unless_set(preset, expected):
+    # torch's CPU kernel caches keep one entry per batch shape: uncapped, memory grew with the corpus.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+    }
+    code = "import os, bertattn_batch; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env | preset, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == expected.split()
