@@ -30,7 +30,8 @@ from .errors import SpecError
 from .write import REPORT_NAME, hidden_tmp, read_manifest
 
 
-def _ok_predictions(run: Path) -> pl.DataFrame:
+def _committed_predictions(run: Path) -> pl.DataFrame:
+    """Every committed prediction row, whatever its status (the report counts statuses too)."""
     files = [preds for _, _, preds in agg.committed_parts(run)]
     if not files:
         return pl.DataFrame()
@@ -275,7 +276,7 @@ def build_report(
     if not agg.is_current(run, min_reviews):
         agg.aggregate(run, min_reviews=min_reviews)
     table, meta = agg.read_aggregates(run)
-    preds = _ok_predictions(run)
+    preds = _committed_predictions(run)
     labels = [manifest["model"]["id2label"][k] for k in sorted(manifest["model"]["id2label"], key=int)]
     labelled = bool(manifest.get("spec", {}).get("label_col")) or (
         not preds.is_empty() and preds["label"].is_not_null().any()
