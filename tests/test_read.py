@@ -11,8 +11,8 @@ from bertattn_batch import read
 
 
 def test_a_large_parquet_row_group_is_read_a_block_at_a_time(tmp_path):
-    # 16 MB of text that does not compress, in one row group: Arrow reads an unbuffered column chunk
-    # whole, so the first block alone would hold all of it.
+    # 16 MB of text that does not compress, in one row group: by default Arrow reads (pre-buffers) a
+    # row group's whole column chunk, so the first block alone would hold all of it.
     rng = random.Random(0)
     texts = ["".join(chr(rng.randrange(0x4E00, 0x9FA5)) for _ in range(340)) for _ in range(16_000)]
     path = tmp_path / "one-row-group.parquet"
