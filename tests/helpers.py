@@ -10,6 +10,20 @@ import pyarrow.dataset as ds
 import torch
 
 
+def tiny_bert_config(vocab_size: int, **kwargs):
+    """A BertConfig small enough to build and run in milliseconds: 2 layers, 2 heads, 16 wide."""
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        **kwargs,
+    )
+
+
 def read_table(run_dir: Path, table: str) -> pa.Table:
     return ds.dataset(Path(run_dir) / table, format="parquet").to_table()
 

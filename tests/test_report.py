@@ -41,21 +41,7 @@ def run_dir(tiny_en_dir, drug_rows, tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("report")
     rows = [dict(r) for r in drug_rows[:30]]
     rows[2]["text"] = ""  # not scored: empty_text
-    src = base / "reviews.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), src)
-    out = base / "run"
-    run_job(
-        JobSpec(
-            inputs=[str(src)],
-            model=str(tiny_en_dir),
-            out=str(out),
-            id_col="doc_id",
-            label_col="label",
-            window=10,
-            progress=False,
-        )
-    )
-    return out
+    return _small_run(tiny_en_dir, rows, base / "run", window=10)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +114,8 @@ def test_cli_writes_the_report(run_dir, tmp_path):
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
 
 
-def _small_run(tiny_en_dir, rows: list[dict], out: Path) -> Path:
+def _small_run(tiny_en_dir, rows: list[dict], out: Path, **spec) -> Path:
+    """A run of ``rows`` (with doc_id and label columns) through the tiny model, written to ``out``."""
     src = out.with_suffix(".parquet")
     pq.write_table(pa.Table.from_pylist(rows), src)
     run_job(
@@ -139,6 +126,7 @@ def _small_run(tiny_en_dir, rows: list[dict], out: Path) -> Path:
             id_col="doc_id",
             label_col="label",
             progress=False,
+            **spec,
         )
     )
     return out
