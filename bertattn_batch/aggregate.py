@@ -321,7 +321,8 @@ def aggregate(
         tmp.replace(final)  # atomic: readers see the old table or the new one
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    splits = [s for s in SPLITS if s in set(sizes["split"].to_list())]
+    present = set(sizes["split"].to_list())
+    splits = [s for s in SPLITS if s in present]
     return Aggregates(
         final, table, options, [n for n, _, _ in parts], seconds=time.perf_counter() - t0, splits=splits
     )

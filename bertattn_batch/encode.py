@@ -48,7 +48,8 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
     if not texts:
         return []
     cap = max_length * _CHARS_PER_TOKEN_CAP
-    if getattr(tokenizer, "truncation_side", "right") != "right":
+    keeps_start = getattr(tokenizer, "truncation_side", "right") == "right"
+    if not keeps_start:
         cap = len(max(texts, key=len))  # the cut keeps the start; truncation from the left keeps the end
     cut = [t[:cap] if len(t) > cap else t for t in texts]
     mark = _word_mark_id(tokenizer.backend_tokenizer)
@@ -66,8 +67,7 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
         if mark is not None:
             _unpin_prepended_marks(ids, offsets, mark)
         if not texts[i].isascii() and (_marks().search(texts[i]) or max(texts[i]) > "\uffff"):
-            right_cut = truncated and getattr(tokenizer, "truncation_side", "right") == "right"
-            _widen_over_marks(texts[i], offsets, end_known=not right_cut)
+            _widen_over_marks(texts[i], offsets, end_known=not (truncated and keeps_start))
         out.append(Encoded(ids=ids, offsets=offsets, truncated=truncated))
     return out
 
