@@ -111,6 +111,10 @@ def row_range_problems(parts: Iterable[tuple[int, int, int]]) -> list[str]:
     return problems
 
 
+#: How long a reader waits for a committed part that a running extract has yet to rename into place.
+RENAME_WAIT_SECONDS = 5.0
+
+
 def check_part_file(run_dir: Path, path: Path) -> None:
     """Raise unless a committed part file is there and its Parquet footer reads (a file cut short by a
     full disk or an interrupted copy has none): a few kilobytes read per file.
@@ -135,10 +139,6 @@ def check_part_file(run_dir: Path, path: Path) -> None:
     else:
         problem = "is committed in the manifest but missing"
     raise RunDirError(f"{run_dir}: {name} {problem}; bertattn validate tells what else is wrong")
-
-
-#: How long a reader waits for a committed part that a running extract has yet to rename into place.
-RENAME_WAIT_SECONDS = 5.0
 
 
 #: Age after which a temporary folder is taken to be left by a process that was killed (an aggregate's
