@@ -824,14 +824,10 @@ def memory_scaling(
             "reviews_per_s": manifest["last_run"]["reviews_per_s"],
             "summary": text.strip().splitlines()[-1] if text.strip() else "",
         }
-        halves = _halves(series)
-        if str(n) in runs:
-            kept = runs[str(n)]
-            kept["peak_rss_mb_runs"].append(run["peak_rss_mb"])
-            kept["peak_rss_mb"] = max(kept["peak_rss_mb_runs"])
-            kept["peak_halves_mb_runs"].append(halves)
-        else:
-            runs[str(n)] = run | {"peak_rss_mb_runs": [run["peak_rss_mb"]], "peak_halves_mb_runs": [halves]}
+        kept = runs.setdefault(str(n), run | {"peak_rss_mb_runs": [], "peak_halves_mb_runs": []})
+        kept["peak_rss_mb_runs"].append(run["peak_rss_mb"])
+        kept["peak_rss_mb"] = max(kept["peak_rss_mb_runs"])
+        kept["peak_halves_mb_runs"].append(_halves(series))
         if not keep_runs:
             shutil.rmtree(out, ignore_errors=True)
     small, big = runs[str(min(sizes))], runs[str(max(sizes))]
