@@ -660,3 +660,48 @@ def test_jobs_started_together_train_their_missing_model_once(tmp_path, monkeypa
     assert len(trained) == 1
     assert (model / "config.json").is_file()
     assert sorted(p.name for p in model.parent.iterdir()) == ["m"]  # no lock file left behind
+
+
+def test_the_reader_runs_ahead_only_where_the_model_leaves_cores_free(monkeypatch):
+    """On the CPU with a torch thread on every core the model's thread encodes between windows; on an
+    accelerator, or with cores to spare, a reader thread runs ahead."""
+    import torch
+
+    from bertattn_batch.pipeline import reads_ahead
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    assert not reads_ahead(torch.device("cpu"))
+    assert reads_ahead(torch.device("cuda", 0))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert reads_ahead(torch.device("cpu"))
+
+
+def test_reading_ahead_or_in_turn_writes_the_same_run(tiny_en_dir, drug_sample, tmp_path, monkeypatch):
+    """Both ways of feeding the model, a reader thread or the model's thread in turn, write the same
+    tables row for row."""
+    import threading
+
+    from bertattn_batch import pipeline
+
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    for ahead in (True, False):
+        started.clear()
+        monkeypatch.setattr(pipeline, "reads_ahead", lambda device, ahead=ahead: ahead)
+        out = tmp_path / f"ahead-{ahead}"
+        run_job(
+            JobSpec(inputs=[str(drug_sample)], model=str(tiny_en_dir), out=str(out), window=7, progress=False)
+        )
+        assert ("prefetch" in started) == ahead
+    for table, keys in SORT_KEYS.items():
+        order = [(k, "ascending") for k in keys]
+        ahead, in_turn = (read_table(tmp_path / f"ahead-{a}", table).sort_by(order) for a in (True, False))
+        assert ahead.num_rows == in_turn.num_rows > 0
+        assert ahead.equals(in_turn), table
