@@ -49,9 +49,7 @@ def _setup(debug: bool) -> None:
     _state["debug"] = debug
     if threading.current_thread() is threading.main_thread():  # only there may a handler be set
         signal.signal(signal.SIGTERM, _on_sigterm)
-    # set, so that a fork after encoding prints no warning from tokenizers; on, so that a batch encode uses
-    # every core (on the CPU the model's thread encodes between windows: pipeline.reads_ahead)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.INFO if debug else logging.WARNING, format="bertattn: %(message)s")
     try:
         from transformers.utils import logging as hf_logging

@@ -6,9 +6,7 @@ Usage::
     from bertattn_batch.pipeline import run_job
     summary = run_job(load_job("jobs/default.toml"))
 
-    read+encode (thread*) ──▶ bucket & model (this thread) ──▶ extract+write (thread)
-
-    * on an accelerator, or when torch leaves cores free; see :func:`reads_ahead`
+    read+encode (thread) ──▶ bucket & model (this thread) ──▶ extract+write (thread)
 
 Every input row leaves as exactly one predictions row: scored, or with the status that says why not.
 """
@@ -337,19 +335,6 @@ class ModelStage:
         return len(batch) * max(r.encoded.n_tokens for r in batch)
 
 
-def reads_ahead(device: torch.device) -> bool:
-    """Whether reading and encoding run ahead of the model in a thread of their own.
-
-    They do on an accelerator, whose thread mostly waits for the device. On the CPU, when torch's threads
-    already take every core, a reader beside them preempts them in the middle of their operations:
-    encoding in turn, with the tokenizer's batch encode on every core, is faster (measured on 2 cores,
-    the default model end to end: 0.86x the ceiling against 0.76x in bfloat16, 1.06x against 0.98x in
-    float32).
-    """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return device.type != "cpu" or torch.get_num_threads() < cores
-
-
 def _free_device_cache(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -397,9 +382,7 @@ def run_job(
         writer = Worker(write, depth=2, name="writer")
         try:
             windows = iter_windows(spec, clf, sources, skip_until, skip_ids, timings, seen_ids=taken)
-            if reads_ahead(clf.device):
-                windows = prefetch(windows, depth=2)
-            for window in windows:
+            for window in prefetch(windows, depth=2):
                 t0 = time.perf_counter()
                 real, slots = stage(window)
                 timings["model"] += time.perf_counter() - t0
