@@ -110,11 +110,11 @@ def committed_parts(run_dir: str | Path) -> list[tuple[str, Path, Path]]:
 
 def review_rows(attn_path: Path | str, preds_path: Path | str) -> pl.LazyFrame:
     """One part's attention rows of scored reviews, each with its predicted and true label."""
-    attn = pl.scan_parquet(attn_path).select(
+    attn = pl.scan_parquet(attn_path, glob=False).select(
         "doc_id", "layer", "head", "position", "token", "weight", "weight_scaled"
     )
     preds = (
-        pl.scan_parquet(preds_path)
+        pl.scan_parquet(preds_path, glob=False)
         .filter(pl.col("status") == "ok")
         .select("doc_id", *_CLASSES)
         .unique("doc_id")
@@ -185,7 +185,7 @@ def class_sizes(preds_paths: Sequence[Path | str]) -> pl.DataFrame:
     if not preds_paths:
         return pl.DataFrame(schema={"split": pl.String, "class_label": pl.String, "class_reviews": pl.Int64})
     ok = (
-        pl.scan_parquet(list(preds_paths))
+        pl.scan_parquet(list(preds_paths), glob=False)
         .filter(pl.col("status") == "ok")
         .group_by(_CLASSES)
         .agg(n=pl.len().cast(pl.Int64))
@@ -295,7 +295,7 @@ def aggregate(
                     partials.append(path)
         base_path = work / "base.parquet"
         (
-            pl.scan_parquet(partials)
+            pl.scan_parquet(partials, glob=False)
             .group_by(["unit", "layer", "head", "token", *_CLASSES])
             .agg([pl.col(c).sum() for c in _SUMS])
             .sink_parquet(base_path, engine="streaming")
@@ -312,7 +312,9 @@ def aggregate(
         }
         # the result is bounded by the vocabulary (x heads x groups), so it is collected and cast
         # to the schema with pyarrow, which keeps the columns' descriptions in the file
-        table = combine(pl.scan_parquet(base_path), sizes, min_reviews, rank_by).collect(engine="streaming")
+        table = combine(pl.scan_parquet(base_path, glob=False), sizes, min_reviews, rank_by).collect(
+            engine="streaming"
+        )
         arrow = schema.cast(table.to_arrow(), TABLE)
         arrow = arrow.replace_schema_metadata(meta)  # meta repeats the schema's table and version
         tmp = work / f"{TABLE}.parquet"
@@ -347,7 +349,7 @@ def read_aggregates(run_dir: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
     for key in ("options", "parts"):
         if key in meta:
             meta[key] = json.loads(meta[key])
-    return pl.read_parquet(path), meta
+    return pl.read_parquet(path, glob=False), meta
 
 
 def is_current(run_dir: str | Path, min_reviews: int | None = None) -> bool:

@@ -147,12 +147,12 @@ def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = No
         raise RunDirError(f"{run} has no committed parts")
     attn_files, pred_files = [a for _, a, _ in parts], [p for _, _, p in parts]
     rows = (
-        pl.scan_parquet(attn_files)
+        pl.scan_parquet(attn_files, glob=False)
         .filter(pl.col("doc_id").is_in(doc_ids) & (pl.col("layer") == idx))
         .collect(engine="streaming")
     )
     preds = (
-        pl.scan_parquet(pred_files)
+        pl.scan_parquet(pred_files, glob=False)
         .filter(pl.col("doc_id").is_in(doc_ids) & (pl.col("status") == "ok"))
         .collect(engine="streaming")
     )
@@ -231,7 +231,7 @@ def source_text(run_dir: str | Path, doc_id: str) -> str:
     spec = manifest.get("spec", {})
     files = [preds for _, _, preds in committed_parts(run)]
     wanted = (pl.col("doc_id") == doc_id) & (pl.col("status") == "ok")  # a null id's row number may match
-    preds = pl.scan_parquet(files).filter(wanted).collect() if files else None
+    preds = pl.scan_parquet(files, glob=False).filter(wanted).collect() if files else None
     if preds is None or preds.is_empty():
         raise InputError(f"review {doc_id!r} is not in {run}")
     row = int(preds["row_index"][0])

@@ -13,6 +13,7 @@ line that is not JSON at all stops the job with its file and line number.
 from __future__ import annotations
 
 import codecs
+import csv
 import glob
 import json
 import logging
@@ -34,6 +35,8 @@ from .write import MANIFEST
 log = logging.getLogger(__name__)
 
 BLOCK_ROWS = 4096
+#: How far into a CSV file its header line is looked for, past empty lines.
+HEADER_SCAN_BYTES = 1 << 20
 _EXTENSIONS = {
     ".parquet": "parquet",
     ".pq": "parquet",
@@ -80,7 +83,8 @@ def expand_inputs(inputs: Iterable[str], input_format: str = "auto") -> list[Sou
     """Resolve files, globs and folders to an ordered list of sources; raise when nothing matches."""
     sources: list[Source] = []
     for spec in inputs:
-        matches = sorted(glob.glob(spec, recursive=True)) if glob.has_magic(spec) else [spec]
+        globbed = glob.has_magic(spec) and not Path(spec).exists()  # a file named 'x[1].csv' is that file
+        matches = sorted(glob.glob(spec, recursive=True)) if globbed else [spec]
         if not matches:
             raise InputError(f"no input matches {spec!r}")
         for m in matches:
@@ -252,6 +256,9 @@ def source_files(sources: Iterable[Source]) -> list[dict[str, Any]]:
 
 def wanted_columns(text_col: str, id_col: str | None, label_col: str | None) -> list[str]:
     """The columns to read, text first, each once: one column may serve as both text and id."""
+    for what, name in (("text", text_col), ("id", id_col), ("label", label_col)):
+        if name == "":
+            raise InputError(f"the {what} column's name is empty; name a column (or leave the option out)")
     return list(dict.fromkeys(c for c in (text_col, id_col, label_col) if c))
 
 
@@ -353,6 +360,11 @@ def _check_columns(src: Source, wanted: list[str]) -> None:
     names = _column_names(src)
     if names is None:
         return
+    repeated = [c for c in wanted if names.count(c) > 1]
+    if repeated:
+        raise InputError(
+            f"{src.path}: column {', '.join(map(repr, repeated))} appears more than once; rename the copies"
+        )
     missing = [c for c in wanted if c not in names]
     if missing:
         raise InputError(
@@ -367,15 +379,7 @@ def _column_names(src: Source) -> list[str] | None:
         if src.format == "parquet":
             return pq.read_schema(src.path).names
         if src.format in ("csv", "tsv"):
-            with open(src.path, "rb") as f:
-                header = f.readline()
-            if not header.strip():
-                return None  # an empty file: no rows, so no columns to check
-            reader = pcsv.open_csv(
-                pa.py_buffer(header.rstrip(b"\r\n") + b"\n"),  # Arrow needs the header's newline
-                parse_options=pcsv.ParseOptions(delimiter="\t" if src.format == "tsv" else ","),
-            )
-            return reader.schema.names
+            return _csv_header(src.path, "\t" if src.format == "tsv" else ",")
         if src.format == "text":
             return [TEXT_FILE_COLUMN]
         if src.format == "datasets":
@@ -385,6 +389,27 @@ def _column_names(src: Source) -> list[str] | None:
     except (pa.ArrowInvalid, OSError) as e:
         raise InputError(f"{src.path}: cannot read as {src.format}: {first_line(e)}") from None
     raise InputError(f"unknown input format {src.format!r}")
+
+
+def _csv_header(path: Path, delimiter: str) -> list[str] | None:
+    """The fields of a CSV file's first line that is not empty, which is where Arrow's reader takes the
+    header from (it skips empty lines); None for a file of empty lines only (no rows).
+
+    Parsed with the ``csv`` module: reading a header through ``pyarrow.csv.open_csv`` in a process that
+    also runs polars' streaming engine can abort the interpreter at exit.
+    """
+    with open(path, "rb") as f:
+        head = f.read(HEADER_SCAN_BYTES)
+        more = bool(f.read(1))
+    lines = head.removeprefix(codecs.BOM_UTF8).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+    if more:
+        lines.pop()  # may be cut short
+    for line in lines:
+        if line:
+            return next(csv.reader([line.decode("utf-8", errors="replace")], delimiter=delimiter))
+    if more:
+        raise InputError(f"{path}: no header line in its first {HEADER_SCAN_BYTES >> 20} MB")
+    return None
 
 
 def _first_json_keys(path: Path) -> list[str] | None:
@@ -465,7 +490,7 @@ def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[
     if size == 0 or not _column_names(src):
         return
     if size < 1 << 16:  # a header and no rows: Arrow refuses one without its newline
-        body = src.path.read_bytes().rstrip(b"\r\n")
+        body = src.path.read_bytes().removeprefix(codecs.BOM_UTF8).strip(b"\r\n")
         if b"\n" not in body and b"\r" not in body:
             return
     parse, convert = csv_options(src.format, wanted)

@@ -36,7 +36,7 @@ def _committed_predictions(run: Path) -> pl.DataFrame:
     if not files:
         return pl.DataFrame()
     return (
-        pl.scan_parquet(files)
+        pl.scan_parquet(files, glob=False)
         .select("doc_id", "status", "label", "pred_id", "pred_label", "probs")
         .collect(engine="streaming")
     )

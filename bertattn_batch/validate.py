@@ -629,9 +629,11 @@ def _check_part_attention(rec: _Recorder, run: _Run, part: _Part) -> int:
     """Per-(review, layer, head) checks of one part; returns how many head_summary rows it checked."""
     assert run.layers is not None and run.num_heads is not None
     rel_attn, rel_sum = part.rel["cls_attention"], part.rel["head_summary"]
-    pred = pl.read_parquet(run.file(part, "predictions"), columns=["doc_id", "status", "n_tokens"])
+    pred = pl.read_parquet(
+        run.file(part, "predictions"), columns=["doc_id", "status", "n_tokens"], glob=False
+    )
     scored = pred.filter(pl.col("status") == "ok").select("doc_id", "n_tokens").unique("doc_id")
-    summary = pl.read_parquet(run.file(part, "head_summary"))  # reviews x layers x heads rows
+    summary = pl.read_parquet(run.file(part, "head_summary"), glob=False)  # reviews x layers x heads rows
     attn = pl.scan_parquet(run.file(part, "cls_attention"), glob=False)
     layer_ok = pl.col("layer").is_in(run.layers) & pl.col("head").is_between(0, run.num_heads - 1)
     key = _fmt("doc '{}' layer {} head {}", "doc_id", "layer", "head")

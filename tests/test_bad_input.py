@@ -657,3 +657,50 @@ def test_damaged_weight_and_tokenizer_files_are_one_line(tiny_en_dir, tmp_path):
             args = ["finetune", str(labelled), "--base", str(model), "--out", str(tmp_path / "ft")]
             r = runner.invoke(app, args)
             assert r.exit_code == 1 and message in r.output and str(model) in r.output, r.output
+
+
+@pytest.mark.parametrize("lead", [b"\n", b"\r\n\r\n", b"\xef\xbb\xbf\n"])
+def test_empty_lines_before_a_csv_header_lose_no_rows(lead, tiny_en_dir, tmp_path):
+    """Arrow takes the header from the first line that is not empty; the column check must too, or the
+    file reads as having no rows."""
+    src = tmp_path / "lead.csv"
+    src.write_bytes(lead + b"text,id\ngood,1\nbad,2\n")
+    r = _extract(src, tiny_en_dir, tmp_path / "run", "--id-col", "id")
+    assert r.exit_code == 0 and r.output.startswith("2 reviews"), r.output
+    assert _statuses(tmp_path / "run") == {"1": "ok", "2": "ok"}
+    r = _extract(src, tiny_en_dir, tmp_path / "typo", "--id-col", "ID")
+    assert r.exit_code == 1 and "no column 'ID'; columns there: text, id" in r.output, r.output
+    src.write_bytes(lead + b"text,id")  # a header without rows, after empty lines
+    r = _extract(src, tiny_en_dir, tmp_path / "none", "--id-col", "id")
+    assert r.exit_code == 0 and "the input holds no rows" in r.output, r.output
+
+
+def test_empty_and_repeated_column_names_are_refused_before_the_model_loads(tiny_en_dir, tmp_path):
+    src = tmp_path / "in.csv"
+    src.write_text("text,id\ngood,1\n")
+    for option in ("--text-col", "--id-col", "--label-col"):
+        r = _extract(src, tiny_en_dir, tmp_path / "run", option, "")
+        assert r.exit_code == 1 and "column's name is empty" in r.output, (option, r.output)
+    dup = tmp_path / "dup.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array(["x"]), pa.array(["good"])], names=["text", "text"]), dup)
+    dup_csv = tmp_path / "dup.csv"
+    dup_csv.write_text("text,text,id\nx,good,1\n")
+    for path in (dup, dup_csv):
+        r = _extract(path, tiny_en_dir, tmp_path / "run")
+        assert r.exit_code == 1 and "column 'text' appears more than once" in r.output, r.output
+    assert not (tmp_path / "run").exists()  # refused before a run directory was made
+
+
+def test_brackets_in_input_and_run_paths_are_plain_characters(tiny_en_dir, tmp_path):
+    """'reviews[2023].csv' that exists is that file, not a pattern; a run directory named 'exp[1]' is
+    read back by every command."""
+    src = tmp_path / "reviews[2023].csv"
+    src.write_text("text\ngood\nbad\n")
+    out = tmp_path / "exp[1]"
+    r = _extract(src, tiny_en_dir, out)
+    assert r.exit_code == 0 and r.output.startswith("2 reviews"), r.output
+    for args in (["validate", str(out)], ["aggregate", str(out)], ["report", str(out)]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 0, (args, r.output)
+    r = runner.invoke(app, ["plot", str(out), "--doc-id", "0", "--out", str(tmp_path / "p.html")])
+    assert r.exit_code == 0 and (tmp_path / "p.html").exists(), r.output
