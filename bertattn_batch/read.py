@@ -322,7 +322,8 @@ def _to_str(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
-    text = str(value)
+    nested = isinstance(value, (dict, list, tuple))  # a JSON object or array, a Parquet struct or list
+    text = json.dumps(value, ensure_ascii=False, default=str) if nested else str(value)
     if not text.isascii():
         try:
             text.encode("utf-8")

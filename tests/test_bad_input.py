@@ -704,3 +704,17 @@ def test_brackets_in_input_and_run_paths_are_plain_characters(tiny_en_dir, tmp_p
         assert r.exit_code == 0, (args, r.output)
     r = runner.invoke(app, ["plot", str(out), "--doc-id", "0", "--out", str(tmp_path / "p.html")])
     assert r.exit_code == 0 and (tmp_path / "p.html").exists(), r.output
+
+
+def test_nested_ids_and_labels_are_written_as_json(tiny_en_dir, tmp_path):
+    src = tmp_path / "nested.jsonl"
+    rows = [
+        {"id": {"n": 1, "s": "好"}, "text": "good", "label": [1, "a"]},
+        {"id": [2], "text": "bad", "label": None},
+    ]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = _extract(src, tiny_en_dir, tmp_path / "run", "--id-col", "id", "--label-col", "label")
+    assert r.exit_code == 0, r.output
+    preds = read_table(tmp_path / "run", "predictions")
+    assert preds.column("doc_id").to_pylist() == ['{"n": 1, "s": "好"}', "[2]"]
+    assert preds.column("label").to_pylist() == ['[1, "a"]', None]
