@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -699,11 +701,17 @@ def test_brackets_in_input_and_run_paths_are_plain_characters(tiny_en_dir, tmp_p
     out = tmp_path / "exp[1]"
     r = _extract(src, tiny_en_dir, out)
     assert r.exit_code == 0 and r.output.startswith("2 reviews"), r.output
-    for args in (["validate", str(out)], ["aggregate", str(out)], ["report", str(out)]):
-        r = runner.invoke(app, args)
-        assert r.exit_code == 0, (args, r.output)
-    r = runner.invoke(app, ["plot", str(out), "--doc-id", "0", "--out", str(tmp_path / "p.html")])
-    assert r.exit_code == 0 and (tmp_path / "p.html").exists(), r.output
+    # each command in a process of its own: run in this one, together they left a later test's SIGINT
+    # (tests/test_resume.py, Ctrl-C while writing) unraised, for a reason not yet found
+    for args in (
+        ["validate", str(out)],
+        ["aggregate", str(out)],
+        ["report", str(out)],
+        ["plot", str(out), "--doc-id", "0", "--out", str(tmp_path / "p.html")],
+    ):
+        done = subprocess.run([sys.executable, "-m", "bertattn_batch", *args], capture_output=True, text=True)
+        assert done.returncode == 0, (args, done.stderr)
+    assert (tmp_path / "p.html").exists()
 
 
 def test_nested_ids_and_labels_are_written_as_json(tiny_en_dir, tmp_path):
