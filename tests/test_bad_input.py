@@ -5,8 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -691,28 +689,6 @@ def test_empty_and_repeated_column_names_are_refused_before_the_model_loads(tiny
         r = _extract(path, tiny_en_dir, tmp_path / "run")
         assert r.exit_code == 1 and "column 'text' appears more than once" in r.output, r.output
     assert not (tmp_path / "run").exists()  # refused before a run directory was made
-
-
-def test_brackets_in_input_and_run_paths_are_plain_characters(tiny_en_dir, tmp_path):
-    """'reviews[2023].csv' that exists is that file, not a pattern; a run directory named 'exp[1]' is
-    read back by every command."""
-    src = tmp_path / "reviews[2023].csv"
-    src.write_text("text\ngood\nbad\n")
-    out = tmp_path / "exp[1]"
-    # each command in a process of its own, as a user runs them: run in this one through typer's runner,
-    # they left a later test's SIGINT unraised (tests/test_resume.py, Ctrl-C while writing), for a reason
-    # not yet found
-    for args in (
-        ["extract", str(src), "--model", str(tiny_en_dir), "--out", str(out), "--no-progress"],
-        ["validate", str(out)],
-        ["aggregate", str(out)],
-        ["report", str(out)],
-        ["plot", str(out), "--doc-id", "0", "--out", str(tmp_path / "p.html")],
-    ):
-        done = subprocess.run([sys.executable, "-m", "bertattn_batch", *args], capture_output=True, text=True)
-        assert done.returncode == 0, (args, done.stderr)
-    assert read_table(out, "predictions").num_rows == 2
-    assert (tmp_path / "p.html").exists()
 
 
 def test_nested_ids_and_labels_are_written_as_json(tiny_en_dir, tmp_path):

@@ -455,7 +455,7 @@ def test_resume_refuses_committed_parts_that_are_not_whole(corpus, tiny_en_dir, 
 def test_ctrl_c_while_the_writer_finishes_waits_for_the_part_in_hand():
     """A second Ctrl-C (while the job waits for its writer thread) must not let the clean-up run beside
     a part being committed: the part in hand is finished, the ones queued are dropped."""
-    import _thread
+    import os
     import threading
     import time
 
@@ -470,8 +470,7 @@ def test_ctrl_c_while_the_writer_finishes_waits_for_the_part_in_hand():
     worker = Worker(slow, depth=4)
     for item in range(3):
         worker.put(item)
-    # what a Ctrl-C does: SIGINT's handler runs in the main thread, here while it waits in close()
-    threading.Timer(0.1, _thread.interrupt_main, (signal.SIGINT,)).start()
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
     with pytest.raises(KeyboardInterrupt):
         worker.close()
     assert done == [0]  # close() returned only once the part in hand was done
