@@ -412,9 +412,7 @@ def test_brackets_in_input_and_run_paths_are_plain_characters(tiny_en_dir, tmp_p
     src = tmp_path / "reviews[2023].csv"
     src.write_text("text\ngood\nbad\n")
     out = tmp_path / "exp[1]"
-    # each command in a process of its own, as a user runs them. Kept out of test_bad_input.py: run before
-    # tests/test_resume.py, this test left its Ctrl-C-while-writing test's SIGINT unraised, for a reason
-    # not yet found.
+    # each command in a process of its own, as a user runs them
     for args in (
         ["extract", str(src), "--model", str(tiny_en_dir), "--out", str(out), "--no-progress"],
         ["validate", str(out)],
