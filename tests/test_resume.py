@@ -467,12 +467,18 @@ def test_ctrl_c_while_the_writer_finishes_waits_for_the_part_in_hand():
         time.sleep(0.5)
         done.append(item)
 
-    worker = Worker(slow, depth=4)
-    for item in range(3):
-        worker.put(item)
-    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
-    with pytest.raises(KeyboardInterrupt):
-        worker.close()
+    # Python's own Ctrl-C handler, as a CLI process has it: an earlier test in this process may have left
+    # SIGINT ignored, and then no KeyboardInterrupt comes
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        worker = Worker(slow, depth=4)
+        for item in range(3):
+            worker.put(item)
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            worker.close()
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert done == [0]  # close() returned only once the part in hand was done
 
 
