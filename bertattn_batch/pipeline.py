@@ -6,7 +6,9 @@ Usage::
     from bertattn_batch.pipeline import run_job
     summary = run_job(load_job("jobs/default.toml"))
 
-    read+encode (thread) ──▶ bucket & model (this thread) ──▶ extract+write (thread)
+    read+encode (thread*) ──▶ bucket & model (this thread) ──▶ extract+write (thread)
+
+    * ahead of the model, or in turn with it where torch's threads take every core: see feed_plan
 
 Every input row leaves as exactly one predictions row: scored, or with the status that says why not.
 """
@@ -22,7 +24,7 @@ import platform
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ import torch
 
 from . import __version__, schema
 from .batching import bucket_batches
-from .encode import encode_texts
+from .encode import Encoded, Encoder
 from .errors import ModelError, RunDirError
 from .extract import Extractor, ScoredRow, vocab_array
 from .locks import take_lock
@@ -225,7 +227,7 @@ def run_header(spec: JobSpec, clf: Classifier) -> dict[str, Any]:
 
 def iter_windows(
     spec: JobSpec,
-    clf: Classifier,
+    encode: Callable[[Sequence[str]], list[Encoded]],
     sources: list[Source],
     skip_until: int = 0,
     skip_ids: set[str] | None = None,
@@ -249,7 +251,7 @@ def iter_windows(
         limit=spec.limit,
         block_rows=spec.window,
     ):
-        window = _encode_block(block, clf, skip_until, skip_ids, seen_ids if spec.id_col else None)
+        window = _encode_block(block, encode, skip_until, skip_ids, seen_ids if spec.id_col else None)
         timings["read_encode"] += time.perf_counter() - t0
         if window is not None:
             yield window
@@ -276,7 +278,7 @@ def _select_rows(
 
 def _encode_block(
     block: RowBatch,
-    clf: Classifier,
+    encode: Callable[[Sequence[str]], list[Encoded]],
     skip_until: int,
     skip_ids: set[str] | None,
     seen_ids: set[str] | None,
@@ -286,9 +288,7 @@ def _encode_block(
         return None
     todo = [r for r in rows if r.status == "ok"]
     by_row = dict(zip(block.row_index, block.text, strict=True))
-    for r, enc in zip(
-        todo, encode_texts(clf.tokenizer, [by_row[r.row_index] for r in todo], clf.max_length), strict=True
-    ):
+    for r, enc in zip(todo, encode([by_row[r.row_index] for r in todo]), strict=True):
         r.encoded = enc
         if enc.n_tokens <= 2:
             r.status = "no_tokens"
@@ -335,6 +335,24 @@ class ModelStage:
         return len(batch) * max(r.encoded.n_tokens for r in batch)
 
 
+def feed_plan(device: torch.device) -> tuple[int, int]:
+    """How the model is fed: (windows the reader thread makes ahead, threads that encode a window).
+
+    On an accelerator, whose thread mostly waits for the device, the reader runs two windows ahead and
+    encodes on every core but the model's and the writer's (at most 4). On the CPU, when torch's
+    threads take every core, a reader beside them would preempt them in the middle of their operations:
+    there it makes a window only when the model asks for one, and encodes it on every core (measured on
+    2 cores, the default model end to end in bfloat16: 3.5 s against 4.2 s). With cores to spare, it
+    runs ahead on those.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if device.type != "cpu":
+        return 2, max(1, min(4, cores - 2))
+    if torch.get_num_threads() >= cores:
+        return 0, cores
+    return 2, cores - torch.get_num_threads()
+
+
 def _free_device_cache(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -379,10 +397,12 @@ def run_job(
             summary.bytes_written += entry["bytes"]
             summary.parts_written += 1
 
+        ahead, threads = feed_plan(clf.device)
+        encoder = Encoder(clf.tokenizer, clf.max_length, threads)
         writer = Worker(write, depth=2, name="writer")
         try:
-            windows = iter_windows(spec, clf, sources, skip_until, skip_ids, timings, seen_ids=taken)
-            for window in prefetch(windows, depth=2):
+            windows = iter_windows(spec, encoder, sources, skip_until, skip_ids, timings, seen_ids=taken)
+            for window in prefetch(windows, depth=ahead):
                 t0 = time.perf_counter()
                 real, slots = stage(window)
                 timings["model"] += time.perf_counter() - t0
@@ -392,6 +412,7 @@ def run_job(
                 writer.put(window)
         finally:
             writer.close()
+            encoder.close()
             bar.close()
         summary.seconds = {k: round(v, 3) for k, v in timings.items()}
         summary.seconds["wall"] = round(time.perf_counter() - t_start, 3)

@@ -43,6 +43,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import errors
+from .encode import Encoder
 from .errors import BertAttnError, EngineError, SpecError, first_line
 from .extract import Extractor, vocab_array
 from .pipeline import (
@@ -195,6 +196,7 @@ class WindowStage:
         torch.set_num_threads(max(1, threads))
         self.clf = load_classifier(spec)
         self.stage = ModelStage(self.clf, spec.batch_tokens, spec.max_batch_size)
+        self.encode = Encoder(self.clf.tokenizer, self.clf.max_length)
         self.extractor = Extractor(
             vocab_array(self.clf.tokenizer), self.clf.layers, self.clf.num_heads, self.clf.labels
         )
@@ -214,7 +216,7 @@ class WindowStage:
         """Write one window's parts under their temporary names; return the manifest entry and counts."""
         t0 = time.perf_counter()
         rows = RowBatch(**{name: table.column(name).to_pylist() for name in ROW_FIELDS})
-        window = _encode_block(rows, self.clf, 0, None, None)
+        window = _encode_block(rows, self.encode, 0, None, None)
         assert window is not None and window.start_row == rows.row_index[0]
         t1 = time.perf_counter()
         real, slots = self.stage(window)

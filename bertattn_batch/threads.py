@@ -24,8 +24,14 @@ class _Failure:
 
 
 def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
-    """Iterate ``items`` in a daemon thread, at most ``depth`` ahead; its exceptions surface here."""
-    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    """Iterate ``items`` in a daemon thread, at most ``depth`` ahead; its exceptions surface here.
+
+    ``depth=0``: the thread makes an item only when the consumer asks for one, so that it never runs
+    beside the consumer. The items are still made in a thread of their own: made in the model's thread,
+    windows fragmented its heap (peak memory grew 18% from 20k to 200k reviews; 7% from a thread).
+    """
+    q: queue.Queue[Any] = queue.Queue(maxsize=max(depth, 1))
+    asked = threading.Semaphore(0) if depth == 0 else None
     stop = threading.Event()
 
     def put(item: Any) -> bool:
@@ -38,12 +44,19 @@ def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
                 continue
         return False
 
+    def wait_until_asked() -> bool:
+        while asked is not None and not stop.is_set():
+            if asked.acquire(timeout=0.1):
+                return True
+        return not stop.is_set()
+
     def produce() -> None:
         try:
-            for item in items:
-                if not put(item):
+            it = iter(items)
+            while wait_until_asked():
+                item = next(it, _DONE)
+                if not put(item) or item is _DONE:
                     return
-            put(_DONE)
         except BaseException as e:  # handed to the consumer, raised there
             put(_Failure(e))
 
@@ -51,6 +64,8 @@ def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
     thread.start()
     try:
         while True:
+            if asked is not None:
+                asked.release()
             item = q.get()
             if item is _DONE:
                 return

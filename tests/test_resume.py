@@ -482,7 +482,8 @@ def test_ctrl_c_while_the_writer_finishes_waits_for_the_part_in_hand():
     assert done == [0]  # close() returned only once the part in hand was done
 
 
-def test_a_reader_thread_stops_when_the_model_stage_fails():
+@pytest.mark.parametrize("depth", [2, 0])
+def test_a_reader_thread_stops_when_the_model_stage_fails(depth):
     """When the consumer fails after the reader has read everything (the queue full, the end marker
     still to hand over), the reader thread must stop rather than wait forever for a consumer that is
     gone."""
@@ -492,7 +493,7 @@ def test_a_reader_thread_stops_when_the_model_stage_fails():
     from bertattn_batch.threads import prefetch
 
     def consume() -> None:
-        for _ in prefetch(iter(range(3)), depth=2):
+        for _ in prefetch(iter(range(3)), depth=depth):
             time.sleep(0.3)  # the reader fills the queue meanwhile
             raise RuntimeError("the model stage failed")
 
@@ -666,3 +667,74 @@ def test_jobs_started_together_train_their_missing_model_once(tmp_path, monkeypa
     assert len(trained) == 1
     assert (model / "config.json").is_file()
     assert sorted(p.name for p in model.parent.iterdir()) == ["m"]  # no lock file left behind
+
+
+def test_a_reader_in_turn_makes_each_item_only_when_asked():
+    """``prefetch(depth=0)`` runs the producer in its thread, but never beside the consumer: item k+1 is
+    made only after the consumer has finished with item k. The producer's errors surface in the
+    consumer, after the items made before them."""
+    import threading
+
+    from bertattn_batch.threads import prefetch
+
+    events: list[str] = []
+    threads: set[str] = set()
+
+    def produce():
+        for k in range(3):
+            threads.add(threading.current_thread().name)
+            events.append(f"make {k}")
+            yield k
+        raise ValueError("bad input at item 3")
+
+    got = []
+    with pytest.raises(ValueError, match="item 3"):
+        for k in prefetch(produce(), depth=0):
+            events.append(f"use {k}")
+            got.append(k)
+    assert got == [0, 1, 2]
+    assert events == ["make 0", "use 0", "make 1", "use 1", "make 2", "use 2"]
+    assert threads == {"prefetch"}
+
+
+def test_the_feed_plan_reads_ahead_only_where_the_model_leaves_cores_free(monkeypatch):
+    """On the CPU with a torch thread on every core the reader encodes in turn on every core; on an
+    accelerator, or with cores to spare, it runs ahead."""
+    import torch
+
+    from bertattn_batch.pipeline import feed_plan
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    assert feed_plan(torch.device("cpu")) == (0, 8)
+    assert feed_plan(torch.device("cuda", 0)) == (2, 4)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 6)
+    assert feed_plan(torch.device("cpu")) == (2, 2)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert feed_plan(torch.device("cpu")) == (0, 1)
+    assert feed_plan(torch.device("cuda", 0)) == (2, 1)
+
+
+@pytest.mark.parametrize("plan", [(2, 1), (0, 3)])
+def test_every_feed_plan_writes_the_same_run(plan, tiny_en_dir, drug_sample, tmp_path, monkeypatch):
+    """A reader ahead on one thread and a reader in turn on three threads write the same tables, row for
+    row, as the plain single-thread run."""
+    from bertattn_batch import pipeline
+
+    def run(name: str) -> Path:
+        out = tmp_path / name
+        run_job(
+            JobSpec(inputs=[str(drug_sample)], model=str(tiny_en_dir), out=str(out), window=7, progress=False)
+        )
+        return out
+
+    monkeypatch.setattr(pipeline, "feed_plan", lambda device: (1, 1))
+    plain = run("plain")
+    monkeypatch.setattr(pipeline, "feed_plan", lambda device: plan)
+    other = run("other")
+    for table, keys in SORT_KEYS.items():
+        order = [(k, "ascending") for k in keys]
+        want, got = (read_table(d, table).sort_by(order) for d in (plain, other))
+        assert want.num_rows == got.num_rows > 0
+        assert want.equals(got), table

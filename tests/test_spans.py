@@ -160,3 +160,27 @@ def test_spans_keep_the_combining_marks_a_token_was_made_with(minilm_dir):
             assert spans == want, (text, spans)
         covered = {i for s, e in enc.offsets[1:-1].tolist() for i in range(s, e)}
         assert {i for i, c in enumerate(text) if not c.isspace()} <= covered, (text, spans)
+
+
+def test_encoding_on_several_threads_gives_what_one_thread_gives(minilm_dir, tiny_zh_dir, drug_rows, zh_rows):
+    """The parallel encoder splits the texts into shares, each on its own thread and tokenizer copy;
+    put back together, every review's ids, spans and truncation flag are those of a single-thread
+    encode, in input order, whatever the number of texts (fewer than two per thread: one thread)."""
+    from transformers import AutoTokenizer
+
+    from bertattn_batch.encode import Encoder
+
+    for model, rows in ((minilm_dir, drug_rows), (tiny_zh_dir, zh_rows)):
+        tok = AutoTokenizer.from_pretrained(str(model))
+        texts = [r["text"] for r in rows[:101]] + ["", "  ", "x" * 5000]
+        want = encode_texts(tok, texts, 48)
+        assert any(e.truncated for e in want) and not all(e.truncated for e in want)
+        for threads in (1, 2, 3):
+            with Encoder(tok, 48, threads) as encode:
+                for n in (len(texts), 5, 1, 0):
+                    got = encode(texts[-n:] if n else [])
+                    assert len(got) == n
+                    for g, w in zip(got, want[len(want) - n :], strict=True):
+                        assert g.truncated == w.truncated
+                        assert g.ids.tolist() == w.ids.tolist()
+                        assert g.offsets.tolist() == w.offsets.tolist()
