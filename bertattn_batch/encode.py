@@ -17,10 +17,10 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import math
 import re
 import unicodedata
 from collections.abc import Sequence
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -82,31 +82,36 @@ class Encoder:
     """:func:`encode_texts` with a fixed ``max_length``, on ``threads`` threads at once.
 
     Each thread encodes a share of the texts with its own copy of the tokenizer: the Rust tokenizer lets
-    go of Python's lock while it encodes, but calls on one tokenizer object wait for each other.
+    go of Python's lock while it encodes, but calls on one tokenizer object wait for each other. The
+    copies are made here, so configure the tokenizer (truncation side and so on) before.
     """
 
     def __init__(self, tokenizer, max_length: int, threads: int = 1) -> None:
         self.max_length = max_length
         self._tokenizers = [tokenizer] + [copy.deepcopy(tokenizer) for _ in range(threads - 1)]
-        self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="encode") if threads > 1 else None
+        # a thread per copy (a shared pool may queue two shares on one thread while another idles)
+        self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"encode-{i}") for i in range(1, threads)]
 
     def __call__(self, texts: Sequence[str]) -> list[Encoded]:
-        if self._pool is None or len(texts) < 2 * len(self._tokenizers):
+        k = len(self._tokenizers)
+        if k == 1 or len(texts) < 2 * k:
             return encode_texts(self._tokenizers[0], texts, self.max_length)
-        size = math.ceil(len(texts) / len(self._tokenizers))
-        shares = [texts[i : i + size] for i in range(0, len(texts), size)]
+        cut = [i * len(texts) // k for i in range(k + 1)]  # k shares whose sizes differ by one at most
         others = [
-            self._pool.submit(encode_texts, tok, share, self.max_length)
-            for tok, share in zip(self._tokenizers[1:], shares[1:], strict=False)
+            thread.submit(encode_texts, tok, texts[cut[i] : cut[i + 1]], self.max_length)
+            for i, (thread, tok) in enumerate(zip(self._threads, self._tokenizers[1:], strict=True), start=1)
         ]
-        out = encode_texts(self._tokenizers[0], shares[0], self.max_length)  # this thread takes a share too
+        try:  # this thread takes the first share
+            out = encode_texts(self._tokenizers[0], texts[: cut[1]], self.max_length)
+        finally:  # even on an error here, no share is still running when this returns
+            futures.wait(others)
         for future in others:
             out += future.result()
         return out
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+        for thread in self._threads:
+            thread.shutdown(cancel_futures=True)
 
     def __enter__(self) -> Encoder:
         return self

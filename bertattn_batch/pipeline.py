@@ -335,22 +335,26 @@ class ModelStage:
         return len(batch) * max(r.encoded.n_tokens for r in batch)
 
 
+#: Each encode thread holds a copy of the tokenizer (made at the start of a run).
+MAX_ENCODE_THREADS = 8
+
+
 def feed_plan(device: torch.device) -> tuple[int, int]:
     """How the model is fed: (windows the reader thread makes ahead, threads that encode a window).
 
     On an accelerator, whose thread mostly waits for the device, the reader runs two windows ahead and
-    encodes on every core but the model's and the writer's (at most 4). On the CPU, when torch's
-    threads take every core, a reader beside them would preempt them in the middle of their operations:
-    there it makes a window only when the model asks for one, and encodes it on every core (measured on
-    2 cores, the default model end to end in bfloat16: 3.5 s against 4.2 s). With cores to spare, it
-    runs ahead on those.
+    encodes on every core but the model's and the writer's (at most 4; not yet measured on a GPU). On
+    the CPU, when torch's threads take every core, a reader beside them would preempt them in the
+    middle of their operations: there it makes a window only when the model asks for one, and encodes
+    it on every core (at most ``MAX_ENCODE_THREADS``; measured on 2 cores, the default model end to
+    end in bfloat16: 3.5 s against 4.2 s). With cores to spare, it runs ahead on those.
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if device.type != "cpu":
         return 2, max(1, min(4, cores - 2))
     if torch.get_num_threads() >= cores:
-        return 0, cores
-    return 2, cores - torch.get_num_threads()
+        return 0, min(cores, MAX_ENCODE_THREADS)
+    return 2, min(cores - torch.get_num_threads(), MAX_ENCODE_THREADS)
 
 
 def _free_device_cache(device: torch.device) -> None:
@@ -398,22 +402,25 @@ def run_job(
             summary.parts_written += 1
 
         ahead, threads = feed_plan(clf.device)
-        encoder = Encoder(clf.tokenizer, clf.max_length, threads)
-        writer = Worker(write, depth=2, name="writer")
-        try:
-            windows = iter_windows(spec, encoder, sources, skip_until, skip_ids, timings, seen_ids=taken)
-            for window in prefetch(windows, depth=ahead):
-                t0 = time.perf_counter()
-                real, slots = stage(window)
-                timings["model"] += time.perf_counter() - t0
-                _count(summary, window, real, slots)
-                bar.update(len(window.rows))
-                bar.set_postfix_str(f"{summary.tokens / max(bar.format_dict['elapsed'], 1e-9):,.0f} tok/s")
-                writer.put(window)
-        finally:
-            writer.close()
-            encoder.close()
-            bar.close()
+        with Encoder(clf.tokenizer, clf.max_length, threads) as encoder:
+            writer = Worker(write, depth=2, name="writer")
+            try:
+                windows = iter_windows(spec, encoder, sources, skip_until, skip_ids, timings, seen_ids=taken)
+                for window in prefetch(windows, depth=ahead):
+                    t0 = time.perf_counter()
+                    real, slots = stage(window)
+                    timings["model"] += time.perf_counter() - t0
+                    _count(summary, window, real, slots)
+                    bar.update(len(window.rows))
+                    bar.set_postfix_str(
+                        f"{summary.tokens / max(bar.format_dict['elapsed'], 1e-9):,.0f} tok/s"
+                    )
+                    writer.put(window)
+            finally:
+                try:
+                    writer.close()
+                finally:
+                    bar.close()
         summary.seconds = {k: round(v, 3) for k, v in timings.items()}
         summary.seconds["wall"] = round(time.perf_counter() - t_start, 3)
         totals = _totals(sink)

@@ -484,9 +484,9 @@ def test_ctrl_c_while_the_writer_finishes_waits_for_the_part_in_hand():
 
 @pytest.mark.parametrize("depth", [2, 0])
 def test_a_reader_thread_stops_when_the_model_stage_fails(depth):
-    """When the consumer fails after the reader has read everything (the queue full, the end marker
-    still to hand over), the reader thread must stop rather than wait forever for a consumer that is
-    gone."""
+    """When the consumer fails, the reader thread must stop rather than wait forever for a consumer that
+    is gone: ahead (depth 2), after it has read everything, the queue full and the end marker still to
+    hand over; in turn (depth 0), while it waits to be asked for the next item."""
     import threading
     import time
 
@@ -710,6 +710,9 @@ def test_the_feed_plan_reads_ahead_only_where_the_model_leaves_cores_free(monkey
     assert feed_plan(torch.device("cuda", 0)) == (2, 4)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 6)
     assert feed_plan(torch.device("cpu")) == (2, 2)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 64)
+    assert feed_plan(torch.device("cpu")) == (0, 8)  # a tokenizer copy per thread: at most 8
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert feed_plan(torch.device("cpu")) == (0, 1)

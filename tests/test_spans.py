@@ -162,25 +162,51 @@ def test_spans_keep_the_combining_marks_a_token_was_made_with(minilm_dir):
         assert {i for i, c in enumerate(text) if not c.isspace()} <= covered, (text, spans)
 
 
-def test_encoding_on_several_threads_gives_what_one_thread_gives(minilm_dir, tiny_zh_dir, drug_rows, zh_rows):
-    """The parallel encoder splits the texts into shares, each on its own thread and tokenizer copy;
-    put back together, every review's ids, spans and truncation flag are those of a single-thread
-    encode, in input order, whatever the number of texts (fewer than two per thread: one thread)."""
+def test_encoding_on_several_threads_gives_what_one_thread_gives(
+    minilm_dir, tiny_zh_dir, drug_rows, zh_rows, monkeypatch
+):
+    """The parallel encoder splits the texts into one share per thread, each encoded on its own thread
+    with its own tokenizer copy; put back together, every review's ids, spans and truncation flag are
+    those of a single-thread encode, in input order, whatever the number of texts (fewer than two per
+    thread: one thread) and whichever side the tokenizer truncates."""
+    import threading
+
     from transformers import AutoTokenizer
 
+    from bertattn_batch import encode as encode_module
     from bertattn_batch.encode import Encoder
 
-    for model, rows in ((minilm_dir, drug_rows), (tiny_zh_dir, zh_rows)):
+    shares: list[tuple[str, int]] = []
+    real = encode_module.encode_texts
+
+    def recording(tok, texts, max_length):
+        shares.append((threading.current_thread().name, len(texts)))
+        return real(tok, texts, max_length)
+
+    for model, rows, side in (
+        (minilm_dir, drug_rows, "right"),
+        (tiny_zh_dir, zh_rows, "right"),
+        (minilm_dir, drug_rows, "left"),
+    ):
         tok = AutoTokenizer.from_pretrained(str(model))
+        tok.truncation_side = side
         texts = [r["text"] for r in rows[:101]] + ["", "  ", "x" * 5000]
         want = encode_texts(tok, texts, 48)
         assert any(e.truncated for e in want) and not all(e.truncated for e in want)
-        for threads in (1, 2, 3):
+        for threads in (1, 2, 3, 4):
             with Encoder(tok, 48, threads) as encode:
-                for n in (len(texts), 5, 1, 0):
+                monkeypatch.setattr(encode_module, "encode_texts", recording)
+                for n in (len(texts), 9, 5, 1, 0):
+                    shares.clear()
                     got = encode(texts[-n:] if n else [])
                     assert len(got) == n
                     for g, w in zip(got, want[len(want) - n :], strict=True):
                         assert g.truncated == w.truncated
                         assert g.ids.tolist() == w.ids.tolist()
                         assert g.offsets.tolist() == w.offsets.tolist()
+                    if threads > 1 and n >= 2 * threads:  # a share per thread, each on its own thread
+                        assert len({name for name, _ in shares}) == len(shares) == threads
+                        assert max(k for _, k in shares) - min(k for _, k in shares) <= 1
+                    else:
+                        assert len(shares) == 1
+                monkeypatch.setattr(encode_module, "encode_texts", real)
