@@ -36,6 +36,7 @@ from .batching import bucket_batches
 from .encode import Encoded, Encoder
 from .errors import ModelError, RunDirError
 from .extract import Extractor, ScoredRow, vocab_array
+from .ids import IdSet
 from .locks import take_lock
 from .model import Classifier
 from .read import RowBatch, Source, check_inputs, count_rows, read_sources, source_files
@@ -230,9 +231,9 @@ def iter_windows(
     encode: Callable[[Sequence[str]], list[Encoded]],
     sources: list[Source],
     skip_until: int = 0,
-    skip_ids: set[str] | None = None,
+    skip_ids: IdSet | None = None,
     timings: Counter | None = None,
-    seen_ids: set[str] | None = None,
+    seen_ids: IdSet | None = None,
 ) -> Iterator[Window]:
     """Read and encode the input (``sources``, as :func:`read.check_inputs` gave them) in windows of
     ``spec.window`` rows; rows already committed are skipped.
@@ -240,7 +241,7 @@ def iter_windows(
     ``seen_ids``: ids already taken by committed rows, so that a resumed run marks a later repeat of one
     ``duplicate_id`` just as an uninterrupted run would.
     """
-    seen_ids = set(skip_ids or ()) | set(seen_ids or ())
+    seen_ids = (skip_ids or IdSet()) | (seen_ids or IdSet())
     timings = timings if timings is not None else Counter()
     t0 = time.perf_counter()
     for block in read_sources(
@@ -259,7 +260,7 @@ def iter_windows(
 
 
 def _select_rows(
-    block: RowBatch, skip_until: int, skip_ids: set[str] | None, seen_ids: set[str] | None
+    block: RowBatch, skip_until: int, skip_ids: IdSet | None, seen_ids: IdSet | None
 ) -> list[ScoredRow]:
     """The block's rows still to do, in order; a repeated id (``seen_ids`` grows) becomes duplicate_id."""
     rows: list[ScoredRow] = []
@@ -269,9 +270,9 @@ def _select_rows(
         if row < skip_until or (skip_ids is not None and status != "null_id" and doc_id in skip_ids):
             continue
         if seen_ids is not None and status != "null_id":  # a null id's row number is no source id
-            if status == "ok" and doc_id in seen_ids:
+            repeated = not seen_ids.add(doc_id)
+            if repeated and status == "ok":
                 status = "duplicate_id"
-            seen_ids.add(doc_id)
         rows.append(ScoredRow(row, doc_id, block.label[i], status))
     return rows
 
@@ -280,8 +281,8 @@ def _encode_block(
     block: RowBatch,
     encode: Callable[[Sequence[str]], list[Encoded]],
     skip_until: int,
-    skip_ids: set[str] | None,
-    seen_ids: set[str] | None,
+    skip_ids: IdSet | None,
+    seen_ids: IdSet | None,
 ) -> Window | None:
     rows = _select_rows(block, skip_until, skip_ids, seen_ids)
     if not rows:
@@ -430,7 +431,7 @@ def run_job(
 
 def resume_point(
     sink: RunWriter, incremental: bool, by_id: bool, sources: list[dict[str, Any]] | None = None
-) -> tuple[int, int, set[str] | None, set[str] | None]:
+) -> tuple[int, int, IdSet | None, IdSet | None]:
     """(generation, skip_until, skip_ids, taken_ids) for a reopened run: where new parts start, what
     they skip, and (``by_id``: the job has an id column) the source ids that committed rows already
     hold, so that a resumed run marks a repeat of one ``duplicate_id`` as an uninterrupted run would.

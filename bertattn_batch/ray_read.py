@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import EngineError, InputError
+from .ids import IdSet
 from .read import (
     RowBatch,
     Source,
@@ -195,8 +196,8 @@ def plan_windows(
     spec: JobSpec,
     sources: list[Source],
     skip_until: int = 0,
-    skip_ids: set[str] | None = None,
-    taken_ids: set[str] | None = None,
+    skip_ids: IdSet | None = None,
+    taken_ids: IdSet | None = None,
 ) -> tuple[list[WindowPlan], int]:
     """Read the inputs and cut them into windows of ``spec.window`` rows (row numbers from 0 across all
     inputs); returns the windows still to do, and the number of input rows. ``taken_ids``: source ids
@@ -210,7 +211,7 @@ def plan_windows(
     keys_task = ray.remote(_block_keys)
     key_refs = [keys_task.remote(b.ref, b.first_row, cols) for b in blocks] if need_keys else []
     window_task = ray.remote(_window_block)
-    seen_ids: set[str] | None = set(taken_ids or ()) if spec.id_col else None
+    seen_ids = IdSet() | (taken_ids or IdSet()) if spec.id_col else None
     keys: dict[int, tuple[list[str], list[str]]] = {}
     windows: list[WindowPlan] = []
     first = 0  # the first block that can overlap the current window

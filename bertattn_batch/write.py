@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from . import schema
 from .errors import RunDirError, WriteError, first_line
+from .ids import IdSet
 from .locks import take_lock
 
 log = logging.getLogger(__name__)
@@ -337,11 +338,11 @@ class RunWriter:
     def parts(self) -> list[dict[str, Any]]:
         return self.manifest["parts"]
 
-    def committed_ids(self, parts: list[dict[str, Any]] | None = None) -> set[str]:
+    def committed_ids(self, parts: list[dict[str, Any]] | None = None) -> IdSet:
         """Source ids of every committed review (of ``parts``, by default all): rows whose id was null are
         left out, as their doc id is only a row number (an incremental pass records them again, and a
         real id equal to that number is still new)."""
-        ids: set[str] = set()
+        ids = IdSet()
         for p in self.parts if parts is None else parts:
             t = pq.read_table(self.run_dir / p["files"]["predictions"], columns=["doc_id", "status"])
             ids.update(t.filter(pc.not_equal(t["status"], "null_id")).column("doc_id").to_pylist())
