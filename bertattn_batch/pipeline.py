@@ -241,7 +241,8 @@ def iter_windows(
     ``seen_ids``: ids already taken by committed rows, so that a resumed run marks a later repeat of one
     ``duplicate_id`` just as an uninterrupted run would.
     """
-    seen_ids = (skip_ids or IdSet()) | (seen_ids or IdSet())
+    # ids are checked for repeats only where the job has an id column: no copy of them otherwise
+    seen = (skip_ids or IdSet()) | (seen_ids or IdSet()) if spec.id_col else None
     timings = timings if timings is not None else Counter()
     t0 = time.perf_counter()
     for block in read_sources(
@@ -252,7 +253,7 @@ def iter_windows(
         limit=spec.limit,
         block_rows=spec.window,
     ):
-        window = _encode_block(block, encode, skip_until, skip_ids, seen_ids if spec.id_col else None)
+        window = _encode_block(block, encode, skip_until, skip_ids, seen)
         timings["read_encode"] += time.perf_counter() - t0
         if window is not None:
             yield window
