@@ -267,10 +267,12 @@ def _select_rows(
     rows: list[ScoredRow] = []
     for i in range(len(block)):
         row, doc_id, status = block.row_index[i], block.doc_id[i], block.status[i]
-        # a null id's doc id is its row number, never a committed source id: it is recorded every pass
-        if row < skip_until or (skip_ids is not None and status != "null_id" and doc_id in skip_ids):
+        # a row without a source id has its row number as doc id, which is no committed source id (the
+        # row is recorded again every pass) and no repeat of one
+        has_id = status not in schema.ROW_NUMBER_STATUSES
+        if row < skip_until or (skip_ids is not None and has_id and doc_id in skip_ids):
             continue
-        if seen_ids is not None and status != "null_id":  # a null id's row number is no source id
+        if seen_ids is not None and has_id:
             repeated = not seen_ids.add(doc_id)
             if repeated and status == "ok":
                 status = "duplicate_id"

@@ -14,7 +14,8 @@ This module imports no torch, so the tasks that run it start quickly.
 Where Ray Data's readers differ from the local ones: a text file is decoded whole (one invalid UTF-8
 byte fails the file, where the local reader marks that line ``invalid_utf8``) and split by
 ``str.splitlines`` (also at \\r, \\f, \\x85, \\u2028...); JSON lines need one type per key (a
-number among strings fails the read, where the local reader gives that row ``not_text``).
+number among strings fails the read, where the local reader gives that row ``not_text``) and a JSON
+object on every line (a line cut short fails the read, where the local reader gives it ``not_json``).
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ Usage::
         batch.doc_id, batch.text, batch.label, batch.status
 
 Memory stays bounded whatever the corpus size: every format is read in blocks. Rows that cannot be
-read as text (a number, invalid UTF-8, a lone surrogate) are yielded with a status, never dropped; a
-line that is not JSON at all stops the job with its file and line number.
+read as text (a number, invalid UTF-8, a lone surrogate) are yielded with a status, never dropped, and
+so is a JSON line that is not a JSON object (``not_json``, after a warning that names its line). A file
+whose first line is not a JSON object is no JSON lines file at all (a JSON array, a CSV named .json): it
+stops the job with its file and line number.
 """
 
 from __future__ import annotations
@@ -50,6 +52,17 @@ _EXTENSIONS = {
 }
 #: Text column name for plain-text inputs (one review a line).
 TEXT_FILE_COLUMN = "text"
+
+
+class _NotJson:
+    """The value of every wanted column of a JSON line that is not a JSON object; the row's status is
+    ``not_json`` and its doc id its row number (there is no id to read)."""
+
+    def __repr__(self) -> str:
+        return "NOT_JSON"
+
+
+NOT_JSON = _NotJson()
 
 
 @dataclass
@@ -292,6 +305,9 @@ def to_rows(
     """
     batch = RowBatch()
     for i in range(n):
+        if cols[text_col][i] is NOT_JSON:
+            batch.append(first_row + i, str(first_row + i), None, None, "not_json")
+            continue
         text, status = _as_text(cols[text_col][i])
         doc_id = str(first_row + i)
         if id_col:
@@ -510,7 +526,8 @@ def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[
 def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
     text_col = wanted[0]
     block: dict[str, list[Any]] = {c: [] for c in wanted}
-    checked = False  # keys are checked on a file's first readable object; later ones may omit them
+    checked = False  # keys are checked on a file's first object; later ones may omit them
+    bad: list[int] = []  # line numbers of the lines that are no JSON object
     with open(src.path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
@@ -518,18 +535,28 @@ def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dic
             try:
                 obj = _json_line(raw)
             except json.JSONDecodeError as e:
-                raise InputError(f"{src.path}:{lineno}: not a JSON object: {e}") from None
-            else:
-                if not isinstance(obj, dict):
-                    raise InputError(f"{src.path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-                if not checked:
-                    missing = [c for c in wanted if c not in obj]
-                    if missing:
-                        raise InputError(
-                            f"{src.path}:{lineno}: no key {', '.join(repr(c) for c in missing)}; "
-                            f"keys there: {', '.join(obj) or '(none)'}"
-                        )
-                    checked = True
+                obj = e
+            if not isinstance(obj, dict):
+                what = (
+                    f"not JSON: {obj.msg} at character {obj.pos + 1}"
+                    if isinstance(obj, json.JSONDecodeError)
+                    else f"got {type(obj).__name__}"
+                )
+                if not checked:  # the file's first line: no JSON lines file at all
+                    raise InputError(
+                        f"{src.path}:{lineno}: expected a JSON object on each line ({what}); "
+                        "is it JSON lines, one object a line?"
+                    )
+                bad.append(lineno)
+                obj = dict.fromkeys(wanted, NOT_JSON)
+            elif not checked:
+                missing = [c for c in wanted if c not in obj]
+                if missing:
+                    raise InputError(
+                        f"{src.path}:{lineno}: no key {', '.join(repr(c) for c in missing)}; "
+                        f"keys there: {', '.join(obj) or '(none)'}"
+                    )
+                checked = True
             for c in wanted:
                 block[c].append(obj.get(c))
             if len(block[text_col]) >= block_rows:
@@ -537,6 +564,14 @@ def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dic
                 block = {c: [] for c in wanted}
     if block[text_col]:
         yield block
+    if bad:
+        log.warning(
+            "%s: %d line%s not a JSON object (line %s); recorded with status not_json",
+            src.path,
+            len(bad),
+            " is" if len(bad) == 1 else "s are",
+            ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else ""),
+        )
 
 
 def _read_text(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:

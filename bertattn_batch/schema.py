@@ -20,6 +20,21 @@ from .errors import BertAttnError
 
 #: Tables every run directory holds, in commit order.
 TABLES = ("predictions", "cls_attention", "head_summary")
+#: A review's ``status`` in predictions: 'ok', or why it was not scored (described in schemas/).
+STATUSES = (
+    "ok",
+    "null_text",
+    "not_text",
+    "empty_text",
+    "no_tokens",
+    "invalid_utf8",
+    "not_json",
+    "duplicate_id",
+    "null_id",
+)
+#: Statuses of rows that have no source id: their doc id is their row number, so the checks for
+#: repeated and committed ids leave them out (a real id equal to that number is still new).
+ROW_NUMBER_STATUSES = ("null_id", "not_json")
 
 _PRIMITIVES = {
     "string": pa.string(),

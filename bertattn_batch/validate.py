@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from . import schema
 from .errors import BertAttnError, first_line
 from .read import read_rows
+from .schema import STATUSES
 from .write import FORMAT, part_generation, read_manifest, row_range_problems
 
 #: The checks, in report order, with what each one promises.
@@ -56,17 +57,6 @@ CHECKS = {
     "scaling": "weight_scaled in [0, 1] and = (w - min)/(max - min), 0 with no range; min/max of the weights",
     "spans": "0 <= start <= end <= the review text's length",
 }
-#: Review statuses the reader and pipeline write (see schemas/predictions.json and read.py).
-STATUSES = (
-    "ok",
-    "null_text",
-    "not_text",
-    "empty_text",
-    "no_tokens",
-    "invalid_utf8",
-    "duplicate_id",
-    "null_id",
-)
 #: |sum(probs) - 1| allowed: probabilities are a float32 softmax whatever the model's dtype.
 PROBS_TOLERANCE = 1e-4
 #: |content + [CLS] + [SEP] - 1| allowed, by the run's dtype. Eager attention in bf16/fp16 is a softmax

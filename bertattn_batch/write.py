@@ -339,13 +339,14 @@ class RunWriter:
         return self.manifest["parts"]
 
     def committed_ids(self, parts: list[dict[str, Any]] | None = None) -> IdSet:
-        """Source ids of every committed review (of ``parts``, by default all): rows whose id was null are
-        left out, as their doc id is only a row number (an incremental pass records them again, and a
-        real id equal to that number is still new)."""
+        """Source ids of every committed review (of ``parts``, by default all): rows without a source id
+        (``schema.ROW_NUMBER_STATUSES``) are left out, as their doc id is only a row number (an
+        incremental pass records them again, and a real id equal to that number is still new)."""
         ids = IdSet()
+        no_id = pa.array(schema.ROW_NUMBER_STATUSES)
         for p in self.parts if parts is None else parts:
             t = pq.read_table(self.run_dir / p["files"]["predictions"], columns=["doc_id", "status"])
-            ids.update(t.filter(pc.not_equal(t["status"], "null_id")).column("doc_id").to_pylist())
+            ids.update(t.filter(pc.invert(pc.is_in(t["status"], no_id))).column("doc_id").to_pylist())
         return ids
 
     def write_part(

@@ -100,6 +100,51 @@ def test_invalid_utf8_in_text_and_csv(tiny_en_dir, tmp_path):
     assert _statuses(out) == {"1": "ok", "2": "invalid_utf8", "3": "ok"}
 
 
+def test_lines_that_are_no_json_object_get_a_status_and_their_row_number(tiny_en_dir, tmp_path, caplog):
+    """A stray line in a million-line JSONL file is one row, not the end of the job; it has no id to
+    read, so its doc id is its row number, which never makes a real id of that spelling a repeat, and
+    an incremental pass records it again rather than taking it for a committed id."""
+    src = tmp_path / "in.jsonl"
+    lines = [
+        '{"id": "a", "text": "a good drug", "label": "pos"}',
+        '{"id": "b", "text": "cut sho',
+        "",  # blank lines are no rows
+        '["id", "c"]',
+        "2026-12-01 12:00:00 INFO a stray log line",
+        '{"id": "1", "text": "an id spelt like the row number before it", "label": "neg"}',
+    ]
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "run"
+    r = _extract(src, tiny_en_dir, out, "--id-col", "id", "--label-col", "label")
+    assert r.exit_code == 0, r.output
+    preds = read_table(out, "predictions")
+    cols = ("doc_id", "row_index", "status", "label")
+    got = list(zip(*(preds.column(c).to_pylist() for c in cols), strict=True))
+    assert got == [
+        ("a", 0, "ok", "pos"),
+        ("1", 1, "not_json", None),
+        ("2", 2, "not_json", None),
+        ("3", 3, "not_json", None),
+        ("1", 4, "ok", "neg"),  # a real id "1" is no duplicate of row 1
+    ]
+    assert "not scored: not_json 3" in r.output
+    assert "3 lines are not a JSON object (line 2, 4, 5); recorded with status not_json" in caplog.text
+    assert set(read_table(out, "cls_attention").column("doc_id").to_pylist()) == {"a", "1"}
+    assert validate_run(out).ok
+
+    with src.open("a") as f:  # a new review; the next pass scores it and records the bad lines again
+        f.write('{"id": "d", "text": "new today"}\n')
+    r = _extract(src, tiny_en_dir, out, "--id-col", "id", "--label-col", "label", "--incremental")
+    assert r.exit_code == 0, r.output
+    new = read_table(out, "predictions").slice(5)
+    assert list(zip(new.column("doc_id").to_pylist(), new.column("status").to_pylist(), strict=True)) == [
+        ("1", "not_json"),
+        ("2", "not_json"),
+        ("3", "not_json"),
+        ("d", "ok"),
+    ]
+
+
 def test_numbers_in_a_parquet_text_column(tiny_en_dir, tmp_path):
     src = tmp_path / "n.parquet"
     pq.write_table(pa.table({"text": [1.5, None, 3.0]}), src)
@@ -212,7 +257,11 @@ def test_labels_read_alike_from_every_format_and_a_file_is_read_once(tiny_en_dir
         ("missing_file", "input not found"),
         ("misspelt_column", "no column 'txt'; columns there: text"),
         ("unknown_extension", "cannot tell the format"),
-        ("bad_json", "not a JSON object"),
+        (
+            "bad_json",
+            "in.jsonl:1: expected a JSON object on each line (not JSON: Expecting value at character 10)",
+        ),
+        ("json_array", "in.jsonl:1: expected a JSON object on each line (got list); is it JSON lines"),
         ("missing_json_key", "no column 'text'; columns there: txt"),
         ("gzipped_csv", "is gzip-compressed; decompress it first"),
         ("out_is_a_file", "is a file, not a folder"),
@@ -241,14 +290,17 @@ def test_file_level_problems_are_one_line_errors(setup, message, tiny_en_dir, tm
     elif setup == "missing_json_key":  # checked on the first object, before the model loads
         src = tmp_path / "in.jsonl"
         src.write_text('\n{"txt": "good"}\n{"txt": "bad"}\n')
-    else:
+    elif setup == "json_array":  # a .json file that is one JSON document, not JSON lines
         src = tmp_path / "in.jsonl"
-        src.write_text('{"text": "ok"}\n{"text": broken\n')
+        src.write_text('[{"text": "ok"}, {"text": "fine"}]\n')
+    else:  # a file whose first line is no JSON object is no JSON lines file
+        src = tmp_path / "in.jsonl"
+        src.write_text('{"text": broken\n{"text": "ok"}\n')
     r = _extract(src, tiny_en_dir, tmp_path / "out", *extra)
     assert r.exit_code == 1
     assert message in r.output
     assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
-    if setup != "bad_json":  # found before anything was made: no run directory left behind
+    if setup not in ("bad_json", "json_array"):  # found before anything was made: no run directory
         assert not (tmp_path / "out").is_dir()
 
 

@@ -531,8 +531,9 @@ def test_a_manifest_that_cannot_be_marked_interrupted_does_not_hide_the_error(
     from bertattn_batch import write
     from bertattn_batch.errors import InputError
 
-    src = tmp_path / "in.jsonl"
-    src.write_text('{"text": "good"}\n{"text": broken\n')
+    good, bad = tmp_path / "a.jsonl", tmp_path / "b.jsonl"  # b is no JSON lines file: found mid-run
+    good.write_text('{"text": "good"}\n')
+    bad.write_text('{"text": broken\n')
     real = write._write_json_atomic
 
     def full_disk_once_failed(path: Path, data: dict) -> None:
@@ -541,8 +542,10 @@ def test_a_manifest_that_cannot_be_marked_interrupted_does_not_hide_the_error(
         real(path, data)
 
     monkeypatch.setattr(write, "_write_json_atomic", full_disk_once_failed)
-    spec = JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(tmp_path / "run"), progress=False)
-    with pytest.raises(InputError, match="not a JSON object"):
+    spec = JobSpec(
+        inputs=[str(good), str(bad)], model=str(tiny_en_dir), out=str(tmp_path / "run"), progress=False
+    )
+    with pytest.raises(InputError, match="expected a JSON object on each line"):
         run_job(spec)
 
 
