@@ -9,6 +9,7 @@ Library entry points (the CLI is a thin layer over these)::
 __version__ = "0.1.0"
 
 import os
+import sys
 
 # torch's CPU kernels cache a compiled kernel, with its buffers, for every input shape they meet: oneDNN
 # (ONEDNN_PRIMITIVE_CACHE_CAPACITY, 1024 by default) and, for bfloat16 matmuls, ideep
@@ -20,6 +21,12 @@ import os
 # is kept.
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "2")
 os.environ.setdefault("LRU_CACHE_CAPACITY", "16")
+# Arrow's tables (one part of every table per window) are allocated from jemalloc rather than mimalloc,
+# pyarrow's default on Linux: jemalloc hands freed memory back to the system as it goes. Measured peak of
+# a 200k-review run, four runs each: 1,119 to 1,130 MB against 1,154 to 1,186 MB (20k-review runs alike,
+# speed alike). Read once, when pyarrow first needs its default pool; a value the user set is kept.
+if sys.platform.startswith("linux"):  # where pyarrow's wheels include jemalloc
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
 from .errors import BertAttnError
 from .spec import JobSpec, load_job

@@ -565,12 +565,12 @@ def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dic
     if block[text_col]:
         yield block
     if bad:
+        lines = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
         log.warning(
-            "%s: %d line%s not a JSON object (line %s); recorded with status not_json",
+            "%s: %s not a JSON object (%s); recorded with status not_json",
             src.path,
-            len(bad),
-            " is" if len(bad) == 1 else "s are",
-            ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else ""),
+            "1 line is" if len(bad) == 1 else f"{len(bad)} lines are",
+            f"line {lines}" if len(bad) == 1 else f"lines {lines}",
         )
 
 

@@ -128,7 +128,7 @@ def test_lines_that_are_no_json_object_get_a_status_and_their_row_number(tiny_en
         ("1", 4, "ok", "neg"),  # a real id "1" is no duplicate of row 1
     ]
     assert "not scored: not_json 3" in r.output
-    assert "3 lines are not a JSON object (line 2, 4, 5); recorded with status not_json" in caplog.text
+    assert "3 lines are not a JSON object (lines 2, 4, 5); recorded with status not_json" in caplog.text
     assert set(read_table(out, "cls_attention").column("doc_id").to_pylist()) == {"a", "1"}
     assert validate_run(out).ok
 
