@@ -23,8 +23,9 @@ os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "2")
 os.environ.setdefault("LRU_CACHE_CAPACITY", "16")
 # Arrow's tables (one part of every table per window) are allocated from jemalloc rather than mimalloc,
 # pyarrow's default on Linux: jemalloc hands freed memory back to the system as it goes. Measured peak of
-# a 200k-review run, four runs each: 1,119 to 1,130 MB against 1,154 to 1,186 MB (20k-review runs alike,
-# speed alike). Read once, when pyarrow first needs its default pool; a value the user set is kept.
+# a 200k-review run, six runs each: 1,119 to 1,155 MB (mean 1,132) against 1,137 to 1,186 MB (mean
+# 1,165); 20k-review runs and speed alike. Read once, when pyarrow first needs its default pool; a value
+# the user set is kept.
 if sys.platform.startswith("linux"):  # where pyarrow's wheels include jemalloc
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
