@@ -527,7 +527,7 @@ def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dic
     text_col = wanted[0]
     block: dict[str, list[Any]] = {c: [] for c in wanted}
     checked = False  # keys are checked on a file's first object; later ones may omit them
-    bad: list[int] = []  # line numbers of the lines that are no JSON object
+    bad, first_bad = 0, []  # lines that are no JSON object: how many, and the first few
     with open(src.path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
@@ -547,7 +547,9 @@ def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dic
                         f"{src.path}:{lineno}: expected a JSON object on each line ({what}); "
                         "is it JSON lines, one object a line?"
                     )
-                bad.append(lineno)
+                bad += 1
+                if len(first_bad) < 5:
+                    first_bad.append(lineno)
                 obj = dict.fromkeys(wanted, NOT_JSON)
             elif not checked:
                 missing = [c for c in wanted if c not in obj]
@@ -565,12 +567,12 @@ def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dic
     if block[text_col]:
         yield block
     if bad:
-        lines = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+        lines = ", ".join(map(str, first_bad)) + (", ..." if bad > len(first_bad) else "")
         log.warning(
             "%s: %s not a JSON object (%s); recorded with status not_json",
             src.path,
-            "1 line is" if len(bad) == 1 else f"{len(bad)} lines are",
-            f"line {lines}" if len(bad) == 1 else f"lines {lines}",
+            "1 line is" if bad == 1 else f"{bad} lines are",
+            f"line {lines}" if bad == 1 else f"lines {lines}",
         )
 
 
