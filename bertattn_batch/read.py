@@ -54,15 +54,9 @@ _EXTENSIONS = {
 TEXT_FILE_COLUMN = "text"
 
 
-class _NotJson:
-    """The value of every wanted column of a JSON line that is not a JSON object; the row's status is
-    ``not_json`` and its doc id its row number (there is no id to read)."""
-
-    def __repr__(self) -> str:
-        return "NOT_JSON"
-
-
-NOT_JSON = _NotJson()
+#: The value of every wanted column of a JSON line that is not a JSON object; the row's status is
+#: ``not_json`` and its doc id its row number (there is no id to read).
+_NOT_JSON = object()
 
 
 @dataclass
@@ -305,7 +299,7 @@ def to_rows(
     """
     batch = RowBatch()
     for i in range(n):
-        if cols[text_col][i] is NOT_JSON:
+        if cols[text_col][i] is _NOT_JSON:
             batch.append(first_row + i, str(first_row + i), None, None, "not_json")
             continue
         text, status = _as_text(cols[text_col][i])
@@ -550,7 +544,7 @@ def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dic
                 bad += 1
                 if len(first_bad) < 5:
                     first_bad.append(lineno)
-                obj = dict.fromkeys(wanted, NOT_JSON)
+                obj = dict.fromkeys(wanted, _NOT_JSON)
             elif not checked:
                 missing = [c for c in wanted if c not in obj]
                 if missing:
