@@ -295,12 +295,6 @@ def finetune(
         int | None,
         typer.Option(help="From scratch: keep characters seen at least this often in the training split."),
     ] = None,
-    teacher_ngrams: Annotated[
-        int | None,
-        typer.Option(
-            help="Also learn from a logistic regression over character 1..N-grams (cross-fitted); 0: labels only."
-        ),
-    ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
     debug: Debug = False,
 ) -> None:
@@ -318,7 +312,6 @@ def finetune(
         "seed": seed,
         "eval_fraction": eval_fraction,
         "min_char_count": min_char_count,
-        "teacher_ngrams": teacher_ngrams,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
 

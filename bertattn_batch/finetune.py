@@ -12,8 +12,6 @@ FinetuneSpec())``. ``bertattn run`` calls it when a job's model folder does not 
 - From scratch (``spec.base is None``): a character vocabulary built from the training split only (BERT's
   Chinese tokenizer is character-based), a small BERT of the spec's shape whose position table is
   ``spec.max_length`` long: a job cannot feed it positions it never saw in training (it says so instead).
-- With ``spec.teacher_ngrams``, trained towards a character n-gram regression's cross-fitted
-  probabilities as well as the labels (:mod:`.teacher`).
 
 The folder is written under a temporary name beside ``out_dir`` and renamed when complete, so a killed
 training never leaves a half model that later looks finished. ``finetune_metrics.json`` in it records the
@@ -45,7 +43,6 @@ from .errors import InputError, ModelError, first_line
 from .model import length_limit, load_config, load_tokenizer
 from .read import read_rows
 from .spec import FinetuneSpec
-from .teacher import cross_fitted_probs
 from .write import remove_stale
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -448,8 +445,7 @@ def _finetune(
     if unk_share > 0.5:
         raise ModelError(f"{unk_share:.0%} of training tokens are [UNK]: {_vocabulary_hint(spec, base_path)}")
 
-    targets, teacher = _targets([texts[i] for i in train_idx], y[train_idx], len(names), spec, progress)
-    fit = _train(model, train_ids, targets, pad_id, spec, progress)
+    fit = _train(model, train_ids, y[train_idx], pad_id, spec, progress)
     y_eval = y[eval_idx]
     preds = _predict(model, eval_ids, pad_id, max(64, 2 * spec.batch_size)) if len(eval_ids) else None
     metrics: dict[str, Any] = {
@@ -463,7 +459,6 @@ def _finetune(
         "confusion": _confusion(y_eval, preds, len(names)) if preds is not None else None,
         "seconds": None,
         **fit,
-        "teacher": teacher,
         "vocab_size": tok_size,
         "unk_share": round(unk_share, 5),
         "max_length": max_length,
@@ -478,30 +473,10 @@ def _finetune(
     return metrics
 
 
-def _targets(
-    texts: list[str], y: np.ndarray, n_classes: int, spec: FinetuneSpec, progress: bool
-) -> tuple[np.ndarray, dict[str, Any] | None]:
-    """The training targets: the label ids, or with an n-gram teacher a (rows, classes) probability mix."""
-    if not spec.teacher_ngrams:
-        return y, None
-    started = time.monotonic()
-    probs = cross_fitted_probs(texts, y, n_classes, n=spec.teacher_ngrams, seed=spec.seed, progress=progress)
-    onehot = np.eye(n_classes, dtype=np.float32)[y]
-    mixed = (1 - spec.teacher_weight) * onehot + spec.teacher_weight * probs
-    return mixed.astype(np.float32), {
-        "ngrams": spec.teacher_ngrams,
-        "weight": spec.teacher_weight,
-        "cross_fitted_accuracy": accuracy(y, probs.argmax(1)),
-        "seconds": round(time.monotonic() - started, 2),
-    }
-
-
 def _train(
     model: Any, ids: list[list[int]], y: np.ndarray, pad_id: int, spec: FinetuneSpec, progress: bool
 ) -> dict[str, Any]:
     """The training loop: length-bucketed shuffled batches, AdamW, clipped gradients, optional time cap.
-
-    ``y`` holds a label id per row, or a row of class probabilities per row (a teacher's targets).
 
     With ``max_train_seconds`` the loop measures its recent pace and fits the schedule (never longer than
     planned) into the time left, so that the learning rate still decays to zero when time runs out.

@@ -59,10 +59,6 @@ class FinetuneSpec:
     eval_fraction: float = 0.1
     seed: int = 13
     label_smoothing: float = 0.0
-    # Also learn from a logistic regression over character 1..teacher_ngrams-grams (0: labels only):
-    # targets are (1 - teacher_weight) x the label + teacher_weight x its cross-fitted probabilities.
-    teacher_ngrams: int = 0
-    teacher_weight: float = 0.5
     max_train_seconds: float | None = None
     threads: int | None = None
 
@@ -74,11 +70,6 @@ class FinetuneSpec:
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise SpecError(f"finetune.{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.teacher_ngrams < 0 or not 0.0 <= self.teacher_weight <= 1.0:
-            raise SpecError(
-                f"finetune.teacher_ngrams must not be negative and teacher_weight must be in [0, 1], "
-                f"got {self.teacher_ngrams} and {self.teacher_weight}"
-            )
         if not 0.0 <= self.label_smoothing < 1.0:
             raise SpecError(f"finetune.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         for name in ("epochs", "learning_rate", "max_train_seconds"):
