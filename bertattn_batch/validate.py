@@ -39,7 +39,6 @@ import pyarrow.parquet as pq
 from . import schema
 from .errors import BertAttnError, first_line
 from .read import read_rows
-from .schema import STATUSES
 from .write import FORMAT, part_generation, read_manifest, row_range_problems
 
 #: The checks, in report order, with what each one promises.
@@ -541,7 +540,7 @@ def _prediction_rules(run: _Run) -> list[Rule]:
     predicted = probs.is_not_null() | pred_id.is_not_null() | pl.col("pred_label").is_not_null()
     top = run.max_length or 2**31 - 1
     rules = [
-        (~pl.col("status").is_in(STATUSES), _fmt("{}: unknown status '{}'", at, "status")),
+        (~pl.col("status").is_in(schema.STATUSES), _fmt("{}: unknown status '{}'", at, "status")),
         (ok & probs.is_null(), _fmt("{}: scored but probs is null", at)),
         (ok & ~((total - 1).abs() <= PROBS_TOLERANCE), _fmt("{}: probs sum to {}", at, total.round(6))),
         (

@@ -20,8 +20,9 @@ from bertattn_batch import schema
 from bertattn_batch.cli import app
 from bertattn_batch.errors import RunDirError
 from bertattn_batch.pipeline import run_job
+from bertattn_batch.schema import STATUSES
 from bertattn_batch.spec import JobSpec
-from bertattn_batch.validate import CHECKS, STATUSES, validate_run
+from bertattn_batch.validate import CHECKS, validate_run
 
 PART0 = "part-000000000000.parquet"
 
