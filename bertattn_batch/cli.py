@@ -125,7 +125,10 @@ def extract(
     inputs: Annotated[
         list[str],
         typer.Argument(
-            help="Parquet, JSONL, CSV/TSV, text files, globs, folders, or a saved datasets folder."
+            help=(
+                "Parquet, JSONL, CSV/TSV, text files (also compressed: .gz, .bz2, .zst, .lz4, .xz), "
+                "globs, folders, or a saved datasets folder."
+            )
         ),
     ],
     model: Annotated[

@@ -30,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .compressed import ARROW_CODECS, compression_of
 from .errors import EngineError, InputError
 from .ids import IdSet
 from .read import (
@@ -125,21 +126,29 @@ class WindowPlan:
 
 
 def _read_dataset(ray: Any, group: list[Source], wanted: list[str]) -> Any:
-    """One Ray Dataset over consecutive sources of one format, read with Ray Data's own readers."""
+    """One Ray Dataset over consecutive sources of one format and compression, read with Ray Data's own
+    readers."""
     fmt, paths = group[0].format, [str(s.path) for s in group]
     rd = ray.data
+    files = {"partitioning": None, "file_extensions": None}
+    kind = _compression(group[0])
+    if kind is not None:  # told by the leading bytes, as the local reader tells it, not by the name
+        if kind not in ARROW_CODECS:
+            raise InputError(
+                f"{group[0].path} is {kind}-compressed, which Ray Data cannot read; decompress it, or "
+                "run it with --engine local"
+            )
+        files["arrow_open_stream_args"] = {"compression": kind}
     if fmt == "parquet":
-        return rd.read_parquet(paths, partitioning=None, file_extensions=None).select_columns(wanted)
+        return rd.read_parquet(paths, **files).select_columns(wanted)
     if fmt == "jsonl":
-        return rd.read_json(paths, partitioning=None, file_extensions=None).select_columns(wanted)
+        return rd.read_json(paths, **files).select_columns(wanted)
     if fmt in ("csv", "tsv"):
         parse, convert = csv_options(fmt, wanted)
-        return rd.read_csv(
-            paths, partitioning=None, file_extensions=None, parse_options=parse, convert_options=convert
-        )
+        return rd.read_csv(paths, **files, parse_options=parse, convert_options=convert)
     if fmt == "text":
         # utf-8-sig: a byte-order mark is no part of the first review, as in the local reader
-        return rd.read_text(paths, encoding="utf-8-sig", drop_empty_lines=False, file_extensions=None)
+        return rd.read_text(paths, encoding="utf-8-sig", drop_empty_lines=False, **files)
     if fmt == "datasets":
         ds = _load_dataset(group[0].path).select_columns(wanted)
         names = class_label_names(ds)
@@ -150,9 +159,14 @@ def _read_dataset(ray: Any, group: list[Source], wanted: list[str]) -> Any:
     raise InputError(f"unknown input format {fmt!r}")
 
 
+def _compression(src: Source) -> str | None:
+    return None if src.format in ("parquet", "datasets") else compression_of(src.path)
+
+
 def _groups(sources: list[Source]) -> Iterator[list[Source]]:
-    """Runs of consecutive sources of one format (a saved datasets folder alone), in input order."""
-    for fmt, run in itertools.groupby(sources, key=lambda s: s.format):
+    """Runs of consecutive sources of one format and compression (a saved datasets folder alone), in
+    input order."""
+    for (fmt, _), run in itertools.groupby(sources, key=lambda s: (s.format, _compression(s))):
         run = list(run)
         if fmt == "datasets":
             yield from ([s] for s in run)

@@ -1,4 +1,6 @@
 """Stream review rows from Parquet, JSONL, CSV/TSV, plain-text files and saved ``datasets``.
+JSONL, CSV/TSV and text files may be compressed on their own (``reviews.jsonl.gz``; gzip, bzip2, zstd,
+lz4, xz): they are decompressed as they are read.
 
 Usage::
 
@@ -19,6 +21,7 @@ import csv
 import glob
 import json
 import logging
+import lzma
 import math
 import os
 from collections.abc import Iterable, Iterator
@@ -31,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
+from .compressed import ARCHIVE_SUFFIXES, check_not_archive, compression_of, format_suffix, open_binary
 from .errors import InputError, first_line
 from .write import MANIFEST
 
@@ -138,12 +142,12 @@ def _review_files(folder: Path) -> list[Path]:
         here = Path(root)
         dirs[:] = [d for d in dirs if not d.startswith(("_", ".")) and not _is_run_dir(here / d)]
         for f in (here / name for name in files if not name.startswith(("_", "."))):
-            (found if f.suffix.lower() in _EXTENSIONS else others).append(f)
+            (found if format_suffix(f) in _EXTENSIONS else others).append(f)
     packed = sorted(f for f in others if _is_packed_reviews(f))
     if packed:  # reviews that would otherwise be left out without a word
         raise InputError(
-            f"folder {folder} holds compressed files ({_some(packed)}); decompress them first "
-            "(or convert them to Parquet)"
+            f"folder {folder} holds archives of review files ({_some(packed)}); extract them first "
+            "(a file compressed on its own, such as reviews.jsonl.gz, is read as it is)"
         )
     if others and folder not in _WARNED:  # once a process: the inputs are listed more than once
         _WARNED.add(folder)
@@ -157,9 +161,9 @@ def _review_files(folder: Path) -> list[Path]:
 
 
 def _is_packed_reviews(path: Path) -> bool:
-    """A compressed review file, such as ``x.csv.gz`` (an archive of anything else is no review file)."""
+    """An archive of a review file, such as ``x.csv.zip`` (an archive of anything else is no review file)."""
     suffixes = [x.lower() for x in path.suffixes]
-    return len(suffixes) > 1 and suffixes[-1] in _COMPRESSED_SUFFIXES and suffixes[-2] in _EXTENSIONS
+    return len(suffixes) > 1 and suffixes[-1] in ARCHIVE_SUFFIXES and suffixes[-2] in _EXTENSIONS
 
 
 def _some(paths: list[Path]) -> str:
@@ -177,7 +181,7 @@ def _is_saved_dataset(p: Path) -> bool:
 def _format_of(path: Path, input_format: str) -> str:
     if input_format != "auto":
         return input_format
-    fmt = _EXTENSIONS.get(path.suffix.lower())
+    fmt = _EXTENSIONS.get(format_suffix(path))
     if fmt is None:
         raise InputError(
             f"cannot tell the format of {path} from its name; pass --input-format "
@@ -244,7 +248,7 @@ def check_inputs(
     for src in sources:
         if run is not None and run in src.path.resolve().parents:
             raise InputError(f"input {src.path} lies inside the run directory {out}; choose another --out")
-        _refuse_compressed(src)
+        _check_packing(src)
         _check_columns(src, wanted)
     return sources
 
@@ -409,7 +413,7 @@ def _csv_header(path: Path, delimiter: str) -> list[str] | None:
     Parsed with the ``csv`` module: reading a header through ``pyarrow.csv.open_csv`` in a process that
     also runs polars' streaming engine can abort the interpreter at exit.
     """
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
         head = f.read(HEADER_SCAN_BYTES)
         more = bool(f.read(1))
     lines = head.removeprefix(codecs.BOM_UTF8).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
@@ -426,7 +430,7 @@ def _csv_header(path: Path, delimiter: str) -> list[str] | None:
 def _first_json_keys(path: Path) -> list[str] | None:
     """The keys of a JSON lines file's first object, which the reader checks too (later objects may
     omit keys); None for an empty file, or a first line the reader will name with its line number."""
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
         for raw in f:
             if not raw.strip():
                 continue
@@ -458,30 +462,26 @@ def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
     }[src.format]
     try:
         yield from reader(src, wanted, block_rows)
-    except (pa.ArrowInvalid, OSError) as e:
+    except (pa.ArrowInvalid, OSError, EOFError, lzma.LZMAError) as e:  # the last two: a cut xz stream
         raise InputError(f"{src.path}: cannot read as {src.format}: {first_line(e)}") from None
 
 
 _WARNED: set[Path] = set()  # folders whose other files, and files named twice, a warning named
-#: Endings of compressed files; ``x.csv.gz`` in a folder input is a review file the readers cannot read.
-_COMPRESSED_SUFFIXES = frozenset({".gz", ".bz2", ".zst", ".zstd", ".zip", ".xz", ".lz4", ".7z", ".tgz"})
-#: Leading bytes of compressed files, which the line-based readers would read as garbage rows.
-_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
 
 
-def _refuse_compressed(src: Source) -> None:
-    if src.format not in ("csv", "tsv", "jsonl", "text"):
+def _check_packing(src: Source) -> None:
+    """Refuse archives, and compressed files of formats that compress inside (Parquet, datasets)."""
+    if src.format == "datasets":
         return
     try:
-        with open(src.path, "rb") as f:
-            head = f.read(4)
-    except OSError as e:
-        raise InputError(f"cannot read {src.path}: {e.strerror or e}") from None
-    for magic, kind in _COMPRESSED.items():
-        if head.startswith(magic):
-            raise InputError(
-                f"{src.path} is {kind}-compressed; decompress it first (or convert it to Parquet)"
-            )
+        check_not_archive(src.path)
+        kind = compression_of(src.path) if src.format == "parquet" else None
+    except (OSError, EOFError, lzma.LZMAError) as e:
+        raise InputError(f"cannot read {src.path}: {getattr(e, 'strerror', None) or e}") from None
+    if kind is not None:
+        raise InputError(
+            f"{src.path} is {kind}-compressed; decompress it first (Parquet compresses its own pages)"
+        )
 
 
 #: Bytes read at a time from a Parquet column chunk. By default Arrow reads (pre-buffers) a row group's
@@ -497,24 +497,26 @@ def _read_parquet(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
 
 
 def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
-    size = src.path.stat().st_size
-    if size == 0 or not _column_names(src):
+    if not _column_names(src):  # an empty file, or empty lines only
         return
-    if size < 1 << 16:  # a header and no rows: Arrow refuses one without its newline
-        body = src.path.read_bytes().removeprefix(codecs.BOM_UTF8).strip(b"\r\n")
+    with open_binary(src.path) as f:
+        head = f.read(1 << 16)
+    if len(head) < 1 << 16:  # a header and no rows: Arrow refuses one without its newline
+        body = head.removeprefix(codecs.BOM_UTF8).strip(b"\r\n")
         if b"\n" not in body and b"\r" not in body:
             return
     parse, convert = csv_options(src.format, wanted)
-    reader = pcsv.open_csv(
-        src.path,
-        read_options=pcsv.ReadOptions(block_size=1 << 22),
-        parse_options=parse,
-        convert_options=convert,
-    )
-    for rb in reader:  # Arrow's blocks are bytes, any number of rows: cut them to the window's rows
-        for lo in range(0, rb.num_rows, block_rows):
-            piece = rb.slice(lo, block_rows)
-            yield {c: piece.column(c).to_pylist() for c in wanted}
+    with open_binary(src.path) as f:
+        reader = pcsv.open_csv(
+            f,
+            read_options=pcsv.ReadOptions(block_size=1 << 22),
+            parse_options=parse,
+            convert_options=convert,
+        )
+        for rb in reader:  # Arrow's blocks are bytes, any number of rows: cut them to the window's rows
+            for lo in range(0, rb.num_rows, block_rows):
+                piece = rb.slice(lo, block_rows)
+                yield {c: piece.column(c).to_pylist() for c in wanted}
 
 
 def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
@@ -522,7 +524,7 @@ def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dic
     block: dict[str, list[Any]] = {c: [] for c in wanted}
     checked = False  # keys are checked on a file's first object; later ones may omit them
     bad, first_bad = 0, []  # lines that are no JSON object: how many, and the first few
-    with open(src.path, "rb") as f:
+    with open_binary(src.path) as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
@@ -578,7 +580,7 @@ def _read_text(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict
             f"it has no {', '.join(repr(c) for c in extra)}"
         )
     block: list[Any] = []
-    with open(src.path, "rb") as f:
+    with open_binary(src.path) as f:
         for i, raw in enumerate(f):
             if i == 0:  # an editor's byte-order mark is no part of the review
                 raw = raw.removeprefix(codecs.BOM_UTF8)

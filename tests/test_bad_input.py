@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -263,7 +264,7 @@ def test_labels_read_alike_from_every_format_and_a_file_is_read_once(tiny_en_dir
         ),
         ("json_array", "in.jsonl:1: expected a JSON object on each line (got list); is it JSON lines"),
         ("missing_json_key", "no column 'text'; columns there: txt"),
-        ("gzipped_csv", "is gzip-compressed; decompress it first"),
+        ("zipped_csv", "is a zip archive; extract its files first"),
         ("out_is_a_file", "is a file, not a folder"),
     ],
 )
@@ -280,10 +281,10 @@ def test_file_level_problems_are_one_line_errors(setup, message, tiny_en_dir, tm
     elif setup == "unknown_extension":
         src = tmp_path / "in.xlsx"
         src.write_text("x")
-    elif setup == "gzipped_csv":
+    elif setup == "zipped_csv":
         src = tmp_path / "in.csv"
-        src.write_bytes(gzip.compress(b"text\ngood\n"))
-        extra = ["--input-format", "csv"]
+        with zipfile.ZipFile(src, "w") as z:
+            z.writestr("in.csv", "text\ngood\n")
     elif setup == "out_is_a_file":
         pq.write_table(pa.table({"text": ["x"]}), src)
         (tmp_path / "out").write_text("not a folder")
@@ -650,14 +651,20 @@ def test_unreadable_inputs_and_header_only_csv(tiny_en_dir, tmp_path):
         assert r.exit_code == 1 and "cannot read" in r.output and "PermissionError" not in r.output
 
 
-def test_a_folder_with_compressed_files_is_refused_and_others_are_named(tiny_en_dir, tmp_path, caplog):
-    """Compressed reviews in a folder would otherwise be left out without a word."""
+def test_a_folder_with_archived_reviews_is_refused_and_others_are_named(tiny_en_dir, tmp_path, caplog):
+    """Archived reviews in a folder would otherwise be left out without a word; a compressed review
+    file is read."""
     folder = tmp_path / "in"
     folder.mkdir()
     pq.write_table(pa.table({"text": ["good"]}), folder / "a.parquet")
     (folder / "b.csv.gz").write_bytes(gzip.compress(b"text\nbad\n"))
+    with zipfile.ZipFile(folder / "c.csv.zip", "w") as z:
+        z.writestr("c.csv", "text\nbad\n")
     r = _extract(folder, tiny_en_dir, tmp_path / "r1")
-    assert r.exit_code == 1 and "holds compressed files (b.csv.gz); decompress them first" in r.output
+    assert r.exit_code == 1 and "holds archives of review files (c.csv.zip); extract them first" in r.output
+    (folder / "c.csv.zip").unlink()
+    r = _extract(folder, tiny_en_dir, tmp_path / "r1")
+    assert r.exit_code == 0 and r.output.startswith("2 reviews"), r.output
     (folder / "b.csv.gz").unlink()
     (folder / "NOTES.md").write_text("not reviews")
     (folder / "old-model.tar.gz").write_bytes(gzip.compress(b"an archive of something else"))

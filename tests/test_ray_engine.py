@@ -3,12 +3,15 @@ from every reader; a worker process killed mid-run is retried with no duplicate 
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
+import lzma
 import os
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -18,11 +21,12 @@ import pytest
 from helpers import read_table
 from typer.testing import CliRunner
 
-from bertattn_batch import schema
+from bertattn_batch import ray_read, schema
 from bertattn_batch.cli import app
 from bertattn_batch.errors import EngineError, InputError, ModelError, SpecError
 from bertattn_batch.pipeline import run_job
 from bertattn_batch.ray_engine import WindowStage, plan_placement, ray_runtime, run_job_ray
+from bertattn_batch.read import Source
 from bertattn_batch.spec import JobSpec, load_job
 from bertattn_batch.write import read_manifest
 
@@ -243,7 +247,8 @@ def test_a_killed_worker_is_retried_without_duplicates_or_gaps(ray_local, tiny_e
 @pytest.mark.slow
 def test_every_reader_and_status_matches_the_local_engine(ray_local, tiny_en_dir, drug_rows, tmp_path):
     """Parquet, JSON lines and CSV in one job: row numbers run on across files, ids repeat across files,
-    texts are null, empty or not text; a limit cuts the last file."""
+    texts are null, empty or not text; a limit cuts the last file. The JSON lines and CSV files are
+    compressed (gzip, zstd), as the local reader reads them."""
     texts = [r["text"] for r in drug_rows[:9]]
     a = pa.table(
         {"id": ["a0", "a1", "a2", None], "text": [texts[0], None, "  ", texts[1]], "stars": [1, 2, None, 4]}
@@ -252,9 +257,10 @@ def test_every_reader_and_status_matches_the_local_engine(ray_local, tiny_en_dir
     c = pa.table({"id": ["c0", "b0", "c2", "c3", "c4"], "text": [texts[4], texts[5], "", texts[6], texts[7]]})
     c = c.append_column("stars", pa.array(["3", "2", "1", "0", "9"]))
     pq.write_table(a, tmp_path / "a.parquet")
-    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in b))
-    pcsv.write_csv(c, tmp_path / "c.csv")
-    src = [tmp_path / "a.parquet", tmp_path / "b.jsonl", tmp_path / "c.csv"]
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in b).encode()))
+    with pa.CompressedOutputStream(tmp_path / "c.csv.zst", "zstd") as f:
+        pcsv.write_csv(c, f)
+    src = [tmp_path / "a.parquet", tmp_path / "b.jsonl.gz", tmp_path / "c.csv.zst"]
     kw = dict(id_col="id", label_col="stars", window=3, limit=10)
     run_job(_spec(src, tiny_en_dir, tmp_path / "local", **kw))
     run_job(_spec(src, tiny_en_dir, tmp_path / "ray", engine="ray", workers=1, **kw))
@@ -267,6 +273,13 @@ def test_every_reader_and_status_matches_the_local_engine(ray_local, tiny_en_dir
     ]
     assert preds.column("doc_id").to_pylist()[3] == "3"  # a null id falls back to the row number
     assert_parts_tile_the_rows(tmp_path / "ray", 10)
+
+
+def test_an_xz_file_is_refused_for_ray_with_what_to_do(tmp_path):
+    path = tmp_path / "r.jsonl.xz"
+    path.write_bytes(lzma.compress(b'{"text": "good"}\n'))
+    with pytest.raises(InputError, match=r"is xz-compressed, which Ray Data cannot read; .* --engine local"):
+        ray_read._read_dataset(SimpleNamespace(data=None), [Source(path, "jsonl")], ["text"])
 
 
 def test_a_saved_dataset_with_class_labels_matches_the_local_engine(

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import gzip
+import lzma
 import random
+import tarfile
+import zipfile
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from bertattn_batch import read
+from bertattn_batch.compressed import compression_of
+from bertattn_batch.errors import InputError
 
 
 def test_a_large_parquet_row_group_is_read_a_block_at_a_time(tmp_path):
@@ -26,3 +33,101 @@ def test_a_large_parquet_row_group_is_read_a_block_at_a_time(tmp_path):
     assert first.text == texts[:256]
     assert held < 4 * 2**20, f"the first block holds {held / 2**20:.1f} MB of Arrow memory"
     assert sum(len(b.text) for b in rows) == len(texts) - 256
+
+
+# -- files compressed on their own ------------------------------------------------------------------
+def _compress(data: bytes, kind: str) -> bytes:
+    if kind == "xz":
+        return lzma.compress(data, preset=1)
+    out = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(out, kind) as f:
+        f.write(data)
+    return out.getvalue().to_pybytes()
+
+
+#: One file of each line-based format, with what the readers must keep: a byte-order mark, a row of
+#: invalid UTF-8, an empty line, Chinese text, CRLF line ends.
+_PLAIN = {
+    "jsonl": b'{"id": "a", "text": "\xe5\xa5\xbd\xe5\x90\x83"}\n\n{"id": "b", "text": "\xff bad"}\n'
+    b'{"id": "c", "text": "fine"}\n',
+    "csv": b"\xef\xbb\xbfid,text\r\na,\xe5\xa5\xbd\xe5\x90\x83\r\nb,\xff bad\r\nc,fine\r\n",
+    "txt": b"\xef\xbb\xbf\xe5\xa5\xbd\xe5\x90\x83\r\n\xff bad\n\nfine\n",
+}
+
+
+def _rows(path, fmt: str, **kw) -> list[tuple]:
+    out = []
+    for b in read.read_rows([str(path)], id_col=None if fmt == "txt" else "id", block_rows=2, **kw):
+        out += zip(b.row_index, b.doc_id, b.text, b.status, strict=True)
+    return out
+
+
+@pytest.mark.parametrize(
+    "kind, suffix", [("gzip", ".gz"), ("bz2", ".bz2"), ("zstd", ".zst"), ("lz4", ".lz4"), ("xz", ".xz")]
+)
+@pytest.mark.parametrize("fmt", sorted(_PLAIN))
+def test_a_compressed_file_reads_as_its_plain_self(tmp_path, fmt, kind, suffix):
+    plain = tmp_path / f"r.{fmt}"
+    plain.write_bytes(_PLAIN[fmt])
+    packed = tmp_path / f"r.{fmt}{suffix}"
+    packed.write_bytes(_compress(_PLAIN[fmt], kind))
+    assert compression_of(packed) == kind and compression_of(plain) is None
+    expected = _rows(plain, fmt)
+    assert [r[-1] for r in expected].count("invalid_utf8") == 1 and expected[0][2] == "好吃"
+    assert _rows(packed, fmt) == expected
+
+
+def test_the_leading_bytes_decide_not_the_name(tmp_path):
+    """A gzip file named .csv is read as gzip; a plain file named .gz as plain."""
+    (tmp_path / "packed.csv").write_bytes(gzip.compress(_PLAIN["csv"]))
+    (tmp_path / "plain.csv.gz").write_bytes(_PLAIN["csv"])
+    expected = _rows(tmp_path / "packed.csv", "csv")
+    assert len(expected) == 3 and _rows(tmp_path / "plain.csv.gz", "csv") == expected
+
+
+def test_a_folder_reads_its_compressed_review_files_in_name_order(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(_PLAIN["jsonl"])
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(_PLAIN["jsonl"]))
+    (tmp_path / "c.jsonl.zst").write_bytes(_compress(_PLAIN["jsonl"], "zstd"))
+    sources = read.check_inputs([str(tmp_path)], id_col="id")
+    assert [(s.path.name, s.format) for s in sources] == [
+        ("a.jsonl", "jsonl"),
+        ("b.jsonl.gz", "jsonl"),
+        ("c.jsonl.zst", "jsonl"),
+    ]
+    rows = _rows(tmp_path, "jsonl")
+    assert [r[0] for r in rows] == list(range(9)) and [r[1] for r in rows[:3]] == ["a", "b", "c"]
+
+
+def test_a_stream_cut_short_stops_the_job_with_its_file(tmp_path):
+    """Rows before the cut are read; the cut itself is an error, not a quiet end of the file."""
+    rng = random.Random(0)
+    data = b"".join(b'{"text": "review %d"}\n' % rng.getrandbits(64) for _ in range(100_000))
+    for kind, suffix in (("gzip", ".gz"), ("xz", ".xz"), ("zstd", ".zst")):
+        packed = _compress(data, kind)
+        path = tmp_path / f"cut.jsonl{suffix}"
+        path.write_bytes(packed[: len(packed) // 2])
+        rows = read.read_rows([str(path)])
+        read_before = 0
+        with pytest.raises(InputError) as e:
+            for b in rows:
+                read_before += len(b)
+        assert f"{path}: cannot read as jsonl" in str(e.value) and read_before > 10_000
+
+
+def test_archives_and_compressed_parquet_are_refused_with_what_to_do(tmp_path):
+    (tmp_path / "r.jsonl").write_bytes(_PLAIN["jsonl"])
+    with zipfile.ZipFile(tmp_path / "r.jsonl.zip", "w") as z:
+        z.write(tmp_path / "r.jsonl", "r.jsonl")
+    with tarfile.open(tmp_path / "r.tar.gz", "w:gz") as t:
+        t.add(tmp_path / "r.jsonl", "r.jsonl")
+    pq.write_table(pa.table({"text": ["x"]}), tmp_path / "r.parquet")
+    (tmp_path / "r.parquet.gz").write_bytes(gzip.compress((tmp_path / "r.parquet").read_bytes()))
+    for name, message in [
+        ("r.jsonl.zip", "is a zip archive; extract its files first"),
+        ("r.tar.gz", "is a tar archive; extract its files first"),
+    ]:
+        with pytest.raises(InputError, match=message):
+            read.check_inputs([str(tmp_path / name)], input_format="jsonl")
+    with pytest.raises(InputError, match="is gzip-compressed; decompress it first"):
+        read.check_inputs([str(tmp_path / "r.parquet.gz")])
