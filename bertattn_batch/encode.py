@@ -59,6 +59,7 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
         cap = len(max(texts, key=len))  # the cut keeps the start; truncation from the left keeps the end
     cut = [t[:cap] if len(t) > cap else t for t in texts]
     mark = _word_mark_id(tokenizer.backend_tokenizer)
+    trims = _trims_offsets(tokenizer.backend_tokenizer)
     out = []
     for i, enc in enumerate(_encode_batch(tokenizer, cut, max_length)):
         truncated = bool(enc.overflowing)
@@ -72,6 +73,8 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
         offsets = np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2)
         if mark is not None:
             _unpin_prepended_marks(ids, offsets, mark)
+        if trims:
+            _span_trimmed_spaces(tokenizer.backend_tokenizer, texts[i], ids, offsets)
         if not texts[i].isascii() and (_marks().search(texts[i]) or max(texts[i]) > "\uffff"):
             _widen_over_marks(texts[i], offsets, end_known=not (truncated and keeps_start))
         out.append(Encoded(ids=ids, offsets=offsets, truncated=truncated))
@@ -143,6 +146,34 @@ def _unpin_prepended_marks(ids: np.ndarray, offsets: np.ndarray, mark: int) -> N
         start, end = offsets[k]
         if offsets[k + 1, 0] < end:
             offsets[k, 1] = start
+
+
+def _trims_offsets(backend) -> bool:
+    """Whether the post-processor trims whitespace off the offsets (byte-level BPE: RoBERTa and its
+    kin), which leaves a token that is whitespace alone an empty span at that whitespace's end."""
+    if backend.post_processor is None:
+        return False
+    state = json.loads(backend.post_processor.__getstate__())
+    return any(part.get("trim_offsets") for part in [state, *state.get("processors", [])])
+
+
+def _span_trimmed_spaces(backend, text: str, ids: np.ndarray, offsets: np.ndarray) -> None:
+    """Give each content token that is whitespace alone the whitespace it stands for, in place: a
+    space that byte-level BPE spells 'Ġ' (a trailing one, or one of two in a row) was trimmed to an
+    empty span at its own end, or at its start where the text opens with it. A mark the tokenizer
+    prepended stands for no character and keeps its empty span."""
+    inner = offsets[1:-1]
+    for k in np.flatnonzero(inner[:, 0] == inner[:, 1]) + 1:
+        at = int(offsets[k, 1])
+        spelt = backend.decode([int(ids[k])], skip_special_tokens=False)
+        if not spelt.isspace():
+            continue
+        if text[max(0, at - len(spelt)) : at] == spelt:
+            offsets[k, 0] = at - len(spelt)
+        elif text[at : at + len(spelt)] == spelt and (
+            k + 2 == len(offsets) or offsets[k + 1, 0] >= at + len(spelt)
+        ):
+            offsets[k, 1] = at + len(spelt)
 
 
 def _joins_previous(char: str) -> bool:

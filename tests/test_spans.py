@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 from conftest import SEED_TEXT
 from helpers import read_table
 
@@ -139,6 +140,51 @@ def test_a_prepended_word_mark_spans_no_character():
     spans = [text[s:e] for s, e in enc.offsets[1:-1].tolist()]
     assert spans == ["", "好", "吃", " ", "好", " good"]
     assert enc.offsets[1].tolist() == [0, 0]
+
+
+def _byte_level_tokenizer(add_prefix_space: bool):
+    """A RoBERTa-style tokenizer: byte-level BPE whose post-processor trims spaces off the offsets."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(["good food bad service", "good good"] * 50, trainer)
+    backend.post_processor = processors.RobertaProcessing(
+        ("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=add_prefix_space
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, cls_token="<s>", sep_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+
+
+@pytest.mark.parametrize("add_prefix_space", [False, True])
+def test_a_space_token_spans_its_space(add_prefix_space):
+    """Byte-level BPE spells a space that starts no word (a trailing one, one of two in a row) as the
+    token 'Ġ' alone, and its offset trimming leaves that token an empty span: it gets its space."""
+    tok = _byte_level_tokenizer(add_prefix_space)
+    for text, want in [
+        ("good ", ["good", " "]),
+        ("good  bad", ["good", " ", "bad"]),
+        ("good \t food  ", ["good", " ", "\t", "food", " ", " "]),
+        ("good\n", ["good", "\n"]),
+    ]:
+        (enc,) = encode_texts(tok, [text], 32)
+        spans = [text[s:e] for s, e in enc.offsets[1:-1].tolist()]
+        assert spans == want, (text, spans, tok.convert_ids_to_tokens(enc.ids.tolist()))
+    # a text that opens with its own space; a mark prepended to one that does not keeps no character
+    # ('好' is three bytes, three tokens, each aligned with the character)
+    prepended = [""] if add_prefix_space else []
+    for text, want in [(" ", [" "]), ("好 ", [*prepended, "好", "好", "好", " "])]:
+        (enc,) = encode_texts(tok, [text], 32)
+        assert [text[s:e] for s, e in enc.offsets[1:-1].tolist()] == want, text
 
 
 def test_spans_keep_the_combining_marks_a_token_was_made_with(minilm_dir):
