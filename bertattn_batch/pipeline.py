@@ -185,7 +185,7 @@ def run_header(spec: JobSpec, clf: Classifier) -> dict[str, Any]:
     dtype = str(clf.dtype).removeprefix("torch.")
     fingerprint = {
         "model_sha256": clf.weights_sha256,
-        "inputs": [str(p) for p in spec.inputs],
+        "inputs": [os.path.abspath(p) for p in spec.inputs],  # the same files, from any directory
         "columns": [spec.text_col, spec.id_col, spec.label_col],
         "layers": clf.layers,
         "max_length": clf.max_length,

@@ -29,7 +29,7 @@ import polars as pl
 from . import fonts, htmlpage
 from .aggregate import committed_parts
 from .errors import InputError, RunDirError, SpecError
-from .write import read_manifest
+from .write import read_manifest, run_inputs
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ def source_text(run_dir: str | Path, doc_id: str) -> str:
     row = int(preds["row_index"][0])
     try:
         for batch in read_rows(
-            spec["inputs"],
+            run_inputs(manifest),
             text_col=spec.get("text_col", "text"),
             id_col=spec.get("id_col"),
             label_col=None,

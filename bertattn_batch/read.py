@@ -261,7 +261,7 @@ def source_files(sources: Iterable[Source]) -> list[dict[str, Any]]:
     for src in sources:
         p = src.path
         files = (f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-        out.append({"path": str(p), "bytes": sum(f.stat().st_size for f in files)})
+        out.append({"path": os.path.abspath(p), "bytes": sum(f.stat().st_size for f in files)})
     return out
 
 

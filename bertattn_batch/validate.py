@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 from . import schema
 from .errors import BertAttnError, first_line
 from .read import read_rows
-from .write import FORMAT, part_generation, read_manifest, row_range_problems
+from .write import FORMAT, part_generation, read_manifest, row_range_problems, run_inputs
 
 #: The checks, in report order, with what each one promises.
 CHECKS = {
@@ -779,7 +779,7 @@ def _span_ends(run: _Run, part: _Part) -> dict[int, tuple[str, int]]:
 def _check_source_spans(rec: _Recorder, run: _Run) -> None:
     """Stream the inputs once, beside the parts in row order, and compare span ends to text lengths."""
     spec = run.manifest.get("spec") if isinstance(run.manifest.get("spec"), dict) else {}
-    inputs = spec.get("inputs")
+    inputs = run_inputs(run.manifest)
     if not inputs:
         rec.skip("spans", "the manifest names no inputs: end <= text length not checked")
         return

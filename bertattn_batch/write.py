@@ -66,6 +66,14 @@ def _tmp_name(name: str) -> str:
     return f"_{name}.tmp"
 
 
+def run_inputs(manifest: dict[str, Any]) -> list[str]:
+    """A run's inputs, to read its reviews again: the fingerprint's, absolute and so readable from any
+    directory, or (a run from before they were) the spec's, as the job gave them."""
+    fingerprint, spec = manifest.get("fingerprint"), manifest.get("spec")
+    inputs = fingerprint.get("inputs") if isinstance(fingerprint, dict) else None
+    return list(inputs or (spec.get("inputs") if isinstance(spec, dict) else None) or [])
+
+
 def read_manifest(run_dir: str | Path, check_parts: bool = True) -> dict[str, Any]:
     """A run's manifest, checked for the shape every reader relies on (its parts above all; the
     validator, which names each bad entry itself, passes ``check_parts=False``)."""

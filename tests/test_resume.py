@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -229,6 +230,33 @@ def test_another_model_or_spec_is_refused(corpus, tiny_en_dir, minilm_dir, tmp_p
     r = runner.invoke(app, [*_args(corpus, minilm_dir, tmp_path / "notes"), "--overwrite"])
     assert r.exit_code == 1 and "not a run directory" in r.output
     assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
+
+
+def test_a_resume_from_another_directory_knows_the_same_inputs(corpus, tiny_en_dir, tmp_path, monkeypatch):
+    """Inputs are known by their absolute paths: a run started with a relative path resumes from
+    another directory that spells the same file another way, and a file that only shares the relative
+    spelling is another job's input."""
+    (tmp_path / "a").mkdir()
+    shutil.copy(corpus, tmp_path / "reviews.parquet")
+    out = tmp_path / "run"
+
+    def run(cwd: Path, src: str, *extra: str):
+        monkeypatch.chdir(cwd)
+        args = _args(Path(src), tiny_en_dir, out)
+        return runner.invoke(app, [*args, *extra])
+
+    r = run(tmp_path, "reviews.parquet", "--limit", "20")  # stops after two parts, as a killed run would
+    assert r.exit_code == 0, r.output
+    r = run(tmp_path / "a", "../reviews.parquet")
+    assert r.exit_code == 0 and r.output.startswith("40 reviews"), r.output
+    assert read_table(out, "predictions").num_rows == 60
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["fingerprint"]["inputs"] == [str(tmp_path / "reviews.parquet")]
+    assert manifest["spec"]["inputs"] == ["reviews.parquet"]  # as the job that began the run gave it
+
+    shutil.copy(corpus, tmp_path / "a" / "reviews.parquet")
+    r = run(tmp_path / "a", "reviews.parquet")
+    assert r.exit_code == 1 and "was made by another job (inputs: run has" in r.output, r.output
 
 
 def test_resume_keeps_marking_repeated_ids(drug_rows, tiny_en_dir, tmp_path):

@@ -317,7 +317,7 @@ def test_no_source_skips_the_text_length_check(en_run, tmp_path):
 def test_unreadable_source_is_a_skip_not_a_failure(en_run, tmp_path):
     run = _copy(en_run, tmp_path)
     m = _manifest(run)
-    m["spec"]["inputs"] = [str(tmp_path / "moved-away.parquet")]
+    m["spec"]["inputs"] = m["fingerprint"]["inputs"] = [str(tmp_path / "moved-away.parquet")]
     _save_manifest(run, m)
     report = validate_run(run)
     assert report.ok, report.render()
