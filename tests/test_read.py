@@ -85,6 +85,15 @@ def test_the_leading_bytes_decide_not_the_name(tmp_path):
     assert len(expected) == 3 and _rows(tmp_path / "plain.csv.gz", "csv") == expected
 
 
+def test_concatenated_streams_read_whole(tmp_path):
+    """``cat a.gz b.gz > all.gz`` is a valid gzip file of several members (bzip2, xz and zstd alike);
+    stopping after the first would drop the rest of the reviews without a word."""
+    for kind, suffix in (("gzip", ".gz"), ("bz2", ".bz2"), ("zstd", ".zst"), ("xz", ".xz")):
+        path = tmp_path / f"all.txt{suffix}"
+        path.write_bytes(_compress(b"one\ntwo\n", kind) + _compress(b"three\n", kind))
+        assert [t for b in read.read_rows([str(path)]) for t in b.text] == ["one", "two", "three"], kind
+
+
 def test_a_folder_reads_its_compressed_review_files_in_name_order(tmp_path):
     (tmp_path / "a.jsonl").write_bytes(_PLAIN["jsonl"])
     (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(_PLAIN["jsonl"]))
