@@ -62,6 +62,8 @@ class RunSummary:
 
     run_dir: str
     input_rows: int = 0
+    # what earlier passes committed and this one does not redo: the rows a resume starts after, plus
+    # the distinct ids an incremental pass skips (every input row with one of them is skipped)
     skipped_committed: int = 0
     scored: int = 0
     status_counts: dict[str, int] = field(default_factory=dict)
