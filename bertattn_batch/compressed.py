@@ -7,8 +7,9 @@ Usage::
     with open_binary(path) as f:         # the decompressed bytes, read in blocks
         for line in f: ...
 
-The leading bytes decide, not the name: a gzip file named ``reviews.csv`` is read as gzip, and a plain
-file named ``.gz`` as plain. Archives (zip, 7z, tar) hold several files under one name; they are refused
+The leading bytes decide, not the name: a gzip file named ``reviews.csv`` is read as gzip. A file
+named as compressed (``.gz``) whose leading bytes are no stream these readers know is refused rather
+than read as garbage rows. Archives (zip, 7z, tar) hold several files under one name; they are refused
 by :func:`check_not_archive` with what to do instead.
 """
 
@@ -30,8 +31,10 @@ _STREAMS = {
     b"\x04\x22\x4d\x18": "lz4",
     b"\xfd7zXZ\x00": "xz",
 }
-#: bzip2: "BZh", a block size digit, then the first block's own magic number.
-_BZIP2 = (b"BZh", b"\x31\x41\x59\x26\x53\x59")
+#: bzip2: "BZh", a block size digit, then a block's magic number or (an empty stream) the end's.
+_BZIP2 = (b"BZh", (b"\x31\x41\x59\x26\x53\x59", b"\x17\x72\x45\x38\x50\x90"))
+#: zstd's skippable frames (0x184D2A50 to 0x184D2A5F, little-endian), which pzstd writes first.
+_ZSTD_SKIPPABLE = b"\x2a\x4d\x18"
 #: Leading bytes of archives, which hold several files (or a tar stream inside gzip, named .tgz).
 _ARCHIVES = {b"PK\x03\x04": "zip", b"7z\xbc\xaf\x27\x1c": "7z"}
 #: Name endings of stream compressions: ``reviews.jsonl.gz`` is JSON lines.
@@ -54,9 +57,18 @@ def compression_of(path: Path) -> str | None:
     """The stream compression of a file from its leading bytes, or None for a plain file."""
     with open(path, "rb") as f:
         head = f.read(10)
-    if head.startswith(_BZIP2[0]) and head[3:4].isdigit() and head[4:10] == _BZIP2[1]:
+    if head.startswith(_BZIP2[0]) and head[3:4].isdigit() and head[4:10] in _BZIP2[1]:
         return "bz2"
-    return next((kind for magic, kind in _STREAMS.items() if head.startswith(magic)), None)
+    if head[:1] and head[0] & 0xF0 == 0x50 and head[1:4] == _ZSTD_SKIPPABLE:
+        return "zstd"
+    kind = next((kind for magic, kind in _STREAMS.items() if head.startswith(magic)), None)
+    if kind is None and path.suffix.lower() in SUFFIXES:
+        # a variant these readers do not know (lz4's legacy format, say) would be read as garbage rows
+        raise InputError(
+            f"{path} is named as compressed ({path.suffix}), but its first bytes are no gzip, bzip2, "
+            "zstd, lz4 (frame) or xz stream; decompress it first, or rename it if it is not compressed"
+        )
+    return kind
 
 
 def check_not_archive(path: Path) -> None:
@@ -75,6 +87,12 @@ def check_not_archive(path: Path) -> None:
             f"{path} is a {kind} archive; extract its files first (a file compressed on its own, such "
             "as reviews.jsonl.gz, is read as it is)"
         )
+
+
+def is_empty(path: Path) -> bool:
+    """Whether a file holds no bytes once decompressed."""
+    with open_binary(path) as f:
+        return not f.read(1)
 
 
 def open_binary(path: Path) -> BinaryIO:

@@ -481,7 +481,10 @@ def _check_same_inputs(sink: RunWriter, sources: list[dict[str, Any]] | None, by
     sorted in front of the old ones would shift every row, so old reviews would be written again under
     new row numbers and the new ones skipped, all with exit status 0."""
     before = sink.manifest.get("sources")
-    if sources is None or before is None or before == sources:  # runs from before sources were kept
+    if sources is None or before is None:  # runs from before sources were kept
+        return
+    before = [{**s, "path": os.path.abspath(s["path"])} for s in before]  # older runs: relative paths
+    if before == sources:
         return
     old = {s["path"]: s["bytes"] for s in before}
     new = {s["path"]: s["bytes"] for s in sources}

@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .compressed import ARROW_CODECS, compression_of
+from .compressed import ARROW_CODECS, compression_of, is_empty
 from .errors import EngineError, InputError
 from .ids import IdSet
 from .read import (
@@ -179,7 +179,7 @@ def _source_blocks(ray: Any, spec: JobSpec, sources: list[Source]) -> list[_Bloc
     with its first row number."""
     wanted = wanted_columns(spec.text_col, spec.id_col, spec.label_col)
     # Empty delimited, JSON and text files hold no rows; Ray's readers would reject some of them.
-    sources = [s for s in sources if s.format in ("parquet", "datasets") or s.path.stat().st_size > 0]
+    sources = [s for s in sources if s.format in ("parquet", "datasets") or not is_empty(s.path)]
     count = ray.remote(_num_rows)
     blocks: list[_Block] = []
     row = 0

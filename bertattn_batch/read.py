@@ -401,7 +401,7 @@ def _column_names(src: Source) -> list[str] | None:
             return list(_load_dataset(src.path).column_names)
         if src.format == "jsonl":
             return _first_json_keys(src.path)
-    except (pa.ArrowInvalid, OSError, csv.Error) as e:
+    except (pa.ArrowInvalid, OSError, csv.Error, EOFError, lzma.LZMAError) as e:  # the last two: xz
         raise InputError(f"{src.path}: cannot read as {src.format}: {first_line(e)}") from None
     raise InputError(f"unknown input format {src.format!r}")
 

@@ -289,6 +289,8 @@ class RunWriter:
             self.manifest = old
             self.reopened_status = old.get("status")
             self._check_compatible(self.manifest)
+            if "fingerprint" in self.header:  # the same job, now spelt as this version spells it
+                self.manifest["fingerprint"] = self.header["fingerprint"]
             self._recover()
             self.manifest.update(status="running", resumed_at=_now())
             self.manifest.setdefault("resumes", 0)
@@ -471,9 +473,13 @@ class RunWriter:
                 f"{self.run_dir} was written with schema versions {old.get('schema_versions')}, "
                 f"this version writes {schema.versions()}; pass --overwrite or choose another --out"
             )
-        mine, theirs = self.header.get("fingerprint", {}), old.get("fingerprint", {})
-        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-        diff = [k for k in diff if k != "job_sha256"] or diff  # the hash of the others says nothing more
+        mine, theirs = self.header.get("fingerprint", {}), dict(old.get("fingerprint", {}))
+        if isinstance(theirs.get("inputs"), list):  # a run from before inputs were kept absolute
+            theirs["inputs"] = [os.path.abspath(p) for p in theirs["inputs"]]
+        # job_sha256 is a hash of the others (and of the inputs as an older version spelt them)
+        diff = sorted(
+            k for k in set(mine) | set(theirs) if k != "job_sha256" and mine.get(k) != theirs.get(k)
+        )
         if diff:
             detail = "; ".join(f"{k}: run has {theirs.get(k)!r}, job has {mine.get(k)!r}" for k in diff)
             raise RunDirError(

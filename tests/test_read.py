@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import lzma
 import random
@@ -78,11 +79,43 @@ def test_a_compressed_file_reads_as_its_plain_self(tmp_path, fmt, kind, suffix):
 
 
 def test_the_leading_bytes_decide_not_the_name(tmp_path):
-    """A gzip file named .csv is read as gzip; a plain file named .gz as plain."""
+    """A gzip file named .csv is read as gzip; a file named as compressed whose bytes are no stream the
+    readers know (plain text, lz4's legacy format) is refused, not read as garbage rows."""
     (tmp_path / "packed.csv").write_bytes(gzip.compress(_PLAIN["csv"]))
-    (tmp_path / "plain.csv.gz").write_bytes(_PLAIN["csv"])
-    expected = _rows(tmp_path / "packed.csv", "csv")
-    assert len(expected) == 3 and _rows(tmp_path / "plain.csv.gz", "csv") == expected
+    assert _rows(tmp_path / "packed.csv", "csv") == _rows(_write(tmp_path / "r.csv", _PLAIN["csv"]), "csv")
+    for name, data in [("plain.csv.gz", _PLAIN["csv"]), ("legacy.csv.lz4", b"\x02\x21\x4c\x18" + b"\0" * 12)]:
+        with pytest.raises(InputError, match=r"is named as compressed \(\.(gz|lz4)\), but its first bytes"):
+            read.check_inputs([str(_write(tmp_path / name, data))], id_col="id")
+
+
+def test_stream_variants_that_tools_write(tmp_path):
+    """pzstd starts with a skippable frame; an empty bzip2 stream ends at once (``bz2.compress(b"")``),
+    alone or first in a concatenation."""
+    zstd = _compress(b"one\ntwo\n", "zstd")
+    skippable = b"\x50\x2a\x4d\x18" + (4).to_bytes(4, "little") + b"\0" * 4
+    cases = {
+        "pzstd.txt.zst": (skippable + zstd, ["one", "two"]),
+        "empty.txt.bz2": (bz2.compress(b""), []),
+        "then.txt.bz2": (bz2.compress(b"") + bz2.compress(b"one\n"), ["one"]),
+    }
+    for name, (data, want) in cases.items():
+        path = _write(tmp_path / name, data)
+        assert [t for b in read.read_rows([str(path)]) for t in b.text] == want, name
+
+
+def test_a_damaged_header_names_its_file(tmp_path):
+    packed = _compress(_PLAIN["csv"] * 1000, "xz")
+    for name, data in [
+        ("cut.csv.xz", packed[:100]),
+        ("flipped.csv.xz", packed[:60] + b"\xff" * 40 + packed[100:]),
+    ]:
+        with pytest.raises(InputError, match=rf"cannot read .*{name}: |{name}: cannot read as csv"):
+            read.check_inputs([str(_write(tmp_path / name, data))], id_col="id")
+
+
+def _write(path, data: bytes):
+    path.write_bytes(data)
+    return path
 
 
 def test_concatenated_streams_read_whole(tmp_path):

@@ -235,7 +235,8 @@ def test_another_model_or_spec_is_refused(corpus, tiny_en_dir, minilm_dir, tmp_p
 def test_a_resume_from_another_directory_knows_the_same_inputs(corpus, tiny_en_dir, tmp_path, monkeypatch):
     """Inputs are known by their absolute paths: a run started with a relative path resumes from
     another directory that spells the same file another way, and a file that only shares the relative
-    spelling is another job's input."""
+    spelling is another job's input. A run whose manifest holds relative paths (written by an earlier
+    version) resumes from the directory it began in."""
     (tmp_path / "a").mkdir()
     shutil.copy(corpus, tmp_path / "reviews.parquet")
     out = tmp_path / "run"
@@ -247,8 +248,15 @@ def test_a_resume_from_another_directory_knows_the_same_inputs(corpus, tiny_en_d
 
     r = run(tmp_path, "reviews.parquet", "--limit", "20")  # stops after two parts, as a killed run would
     assert r.exit_code == 0, r.output
+    manifest = json.loads((out / "manifest.json").read_text())  # as the version before this one wrote it
+    manifest["fingerprint"]["inputs"] = ["reviews.parquet"]
+    manifest["fingerprint"]["job_sha256"] = "0" * 64
+    manifest["sources"][0]["path"] = "reviews.parquet"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    r = run(tmp_path, "reviews.parquet", "--limit", "30")  # resumed from the directory it began in
+    assert r.exit_code == 0 and r.output.startswith("10 reviews"), r.output
     r = run(tmp_path / "a", "../reviews.parquet")
-    assert r.exit_code == 0 and r.output.startswith("40 reviews"), r.output
+    assert r.exit_code == 0 and r.output.startswith("30 reviews"), r.output
     assert read_table(out, "predictions").num_rows == 60
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["fingerprint"]["inputs"] == [str(tmp_path / "reviews.parquet")]
