@@ -507,6 +507,11 @@ def _train(
                 sched.step()
                 step += 1
                 value = float(loss.detach())
+                if not math.isfinite(value):  # every weight would be NaN from here on
+                    raise ModelError(
+                        f"training diverged: the loss is {value} at step {step} with learning rate "
+                        f"{learning_rate(spec):g}; lower the learning rate"
+                    )
                 loss_ema = value if loss_ema is None else 0.95 * loss_ema + 0.05 * value
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_ema:.4f}")
@@ -576,11 +581,17 @@ def _transformers_version() -> str:
 
 # ------------------------------------------------------------------------------------------------- save
 def _check_out_dir(out_dir: Path) -> None:
-    """Refuse to replace a file or a non-empty folder that this module did not write."""
-    if not out_dir.exists():
-        return
-    if not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / METRICS_FILE).is_file()):
+    """Refuse to replace a file or a non-empty folder that this module did not write, and a place where
+    the model could not be saved, before training rather than after."""
+    if out_dir.exists() and (
+        not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / METRICS_FILE).is_file())
+    ):
         raise ModelError(f"{out_dir} exists and is not a model trained here; remove it or choose another")
+    try:  # the model is written beside its folder first (see _save): try that place now
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent).cleanup()
+    except OSError as e:
+        raise ModelError(f"cannot save a model to {out_dir}: {e.strerror or e}") from None
 
 
 def _save(

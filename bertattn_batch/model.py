@@ -237,6 +237,12 @@ class Classifier:
                 out = self.model(input_ids=input_ids, attention_mask=mask)
             rows = capture.rows(mask)
         probs = torch.softmax(out.logits.float(), dim=-1)
+        if not (torch.isfinite(probs).all() and torch.isfinite(rows).all()):
+            raise ModelError(
+                f"{self.source} gives non-finite outputs (NaN or infinity) for this batch of {len(ids)} "
+                "reviews: its weights are damaged or its training diverged"
+                + ("; in float16, try --dtype bfloat16 or float32" if self.dtype == torch.float16 else "")
+            )
         return probs.cpu().numpy(), rows.cpu().numpy()
 
 

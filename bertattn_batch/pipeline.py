@@ -189,6 +189,7 @@ def run_header(spec: JobSpec, clf: Classifier) -> dict[str, Any]:
         "model_sha256": clf.weights_sha256,
         "inputs": [os.path.abspath(p) for p in spec.inputs],  # the same files, from any directory
         "columns": [spec.text_col, spec.id_col, spec.label_col],
+        "input_format": spec.input_format,  # the same file read as another format has other rows
         "layers": clf.layers,
         "max_length": clf.max_length,
         "dtype": dtype,

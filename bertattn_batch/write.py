@@ -476,6 +476,8 @@ class RunWriter:
         mine, theirs = self.header.get("fingerprint", {}), dict(old.get("fingerprint", {}))
         if isinstance(theirs.get("inputs"), list):  # a run from before inputs were kept absolute
             theirs["inputs"] = [os.path.abspath(p) for p in theirs["inputs"]]
+        if "input_format" not in theirs and isinstance(old.get("spec"), dict):  # nor the format kept
+            theirs["input_format"] = old["spec"].get("input_format", "auto")
         # job_sha256 is a hash of the others (and of the inputs as an older version spelt them)
         diff = sorted(
             k for k in set(mine) | set(theirs) if k != "job_sha256" and mine.get(k) != theirs.get(k)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -673,6 +674,33 @@ def test_a_folder_with_archived_reviews_is_refused_and_others_are_named(tiny_en_
     assert r.exit_code == 0 and r.output.startswith("1 reviews"), r.output
     warning = "passed over 2 file(s) that are not review files (NOTES.md, old-model.tar.gz)"
     assert caplog.text.count(warning) == 1  # once, though the inputs are listed more than once
+
+
+def test_a_model_with_nan_weights_stops_the_job(tiny_en_dir, tmp_path):
+    """Not every review scored 'ok' with NaN probabilities and attention, and exit status 0."""
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_en_dir, broken)
+    weights = load_file(broken / "model.safetensors")
+    name = next(k for k in weights if k.endswith("classifier.weight"))
+    weights[name] = torch.full_like(weights[name], float("nan"))
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    src = tmp_path / "in.txt"
+    src.write_text("good\nbad\n")
+    r = _extract(src, broken, tmp_path / "out")
+    assert r.exit_code == 1 and "gives non-finite outputs (NaN or infinity)" in r.output, r.output
+
+
+def test_another_input_format_is_another_job(tiny_en_dir, tmp_path):
+    """The same file read as text and as CSV has other rows: a resume must not mix them."""
+    src = tmp_path / "in.csv"
+    src.write_text('text,label\ngood,pos\nbad,neg\n"fine, really",pos\n')
+    out = tmp_path / "out"
+    r = _extract(src, tiny_en_dir, out, "--input-format", "text", "--limit", "2", "--window", "1")
+    assert r.exit_code == 0, r.output
+    r = _extract(src, tiny_en_dir, out, "--input-format", "csv")
+    assert r.exit_code == 1 and "input_format: run has 'text', job has 'csv'" in r.output, r.output
 
 
 def test_overwrite_keeps_what_bertattn_did_not_write(tiny_en_dir, tmp_path):

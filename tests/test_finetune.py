@@ -201,6 +201,29 @@ def test_refuses_to_overwrite_a_foreign_folder(tmp_path: Path) -> None:
     assert (out / "notes.txt").read_text() == "keep me"
 
 
+def test_a_diverging_training_stops_without_saving(tmp_path: Path) -> None:
+    """A learning rate of 5e5 (for 5e-5) makes the loss NaN and every weight with it: an error, not a
+    model that scores every review NaN."""
+    texts, labels = ["好极了", "很好用", "太差了", "差评啊"] * 4, ["pos", "pos", "neg", "neg"] * 4
+    spec = FinetuneSpec(**TINY, epochs=2.0, batch_size=4, min_char_count=1, learning_rate=5e5)
+    with pytest.raises(
+        ModelError, match=r"training diverged: the loss is nan at step \d+ .*lower the learning"
+    ):
+        finetune(texts, labels, tmp_path / "m", spec, progress=False)
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_place_the_model_cannot_be_saved_is_refused_before_training(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("not a folder")
+    spec = FinetuneSpec(**TINY, epochs=1000.0, min_char_count=1)  # would train for minutes
+    started = time.monotonic()
+    with pytest.raises(ModelError, match=r"cannot save a model to .*a-file/m"):
+        finetune(
+            ["好", "差", "好", "差"], ["p", "n", "p", "n"], tmp_path / "a-file" / "m", spec, progress=False
+        )
+    assert time.monotonic() - started < 5
+
+
 def test_finetune_checks_labels() -> None:
     with pytest.raises(InputError, match=r"not among finetune\.labels"):
         finetune(["a", "b"], ["x", "y"], "unused", FinetuneSpec(labels=["x", "z"]), progress=False)
