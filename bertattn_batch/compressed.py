@@ -41,6 +41,9 @@ _ARCHIVES = {b"PK\x03\x04": "zip", b"7z\xbc\xaf\x27\x1c": "7z"}
 SUFFIXES = frozenset({".gz", ".gzip", ".bz2", ".zst", ".zstd", ".lz4", ".xz"})
 #: Name endings of archives: ``reviews.csv.zip`` holds reviews that the readers cannot reach.
 ARCHIVE_SUFFIXES = frozenset({".zip", ".7z", ".tar", ".tgz", ".rar"})
+#: What reading a file through :func:`open_binary` raises on damaged bytes: Arrow's and the system's
+#: errors are OSErrors; Python's xz reader raises the other two (EOFError: the stream was cut short).
+READ_ERRORS = (OSError, EOFError, lzma.LZMAError)
 #: Codecs that Ray Data's readers can be asked for (Arrow's); xz is read by the local engine only.
 ARROW_CODECS = frozenset({"gzip", "bz2", "zstd", "lz4"})
 

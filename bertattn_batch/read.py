@@ -21,7 +21,6 @@ import csv
 import glob
 import json
 import logging
-import lzma
 import math
 import os
 from collections.abc import Iterable, Iterator
@@ -34,7 +33,14 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from .compressed import ARCHIVE_SUFFIXES, check_not_archive, compression_of, format_suffix, open_binary
+from .compressed import (
+    ARCHIVE_SUFFIXES,
+    READ_ERRORS,
+    check_not_archive,
+    compression_of,
+    format_suffix,
+    open_binary,
+)
 from .errors import InputError, first_line
 from .write import MANIFEST
 
@@ -401,7 +407,7 @@ def _column_names(src: Source) -> list[str] | None:
             return list(_load_dataset(src.path).column_names)
         if src.format == "jsonl":
             return _first_json_keys(src.path)
-    except (pa.ArrowInvalid, OSError, csv.Error, EOFError, lzma.LZMAError) as e:  # the last two: xz
+    except (pa.ArrowInvalid, csv.Error, *READ_ERRORS) as e:
         raise InputError(f"{src.path}: cannot read as {src.format}: {first_line(e)}") from None
     raise InputError(f"unknown input format {src.format!r}")
 
@@ -462,7 +468,7 @@ def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
     }[src.format]
     try:
         yield from reader(src, wanted, block_rows)
-    except (pa.ArrowInvalid, OSError, EOFError, lzma.LZMAError) as e:  # the last two: a cut xz stream
+    except (pa.ArrowInvalid, *READ_ERRORS) as e:
         raise InputError(f"{src.path}: cannot read as {src.format}: {first_line(e)}") from None
 
 
@@ -476,7 +482,7 @@ def _check_packing(src: Source) -> None:
     try:
         check_not_archive(src.path)
         kind = compression_of(src.path) if src.format == "parquet" else None
-    except (OSError, EOFError, lzma.LZMAError) as e:
+    except READ_ERRORS as e:
         raise InputError(f"cannot read {src.path}: {getattr(e, 'strerror', None) or e}") from None
     if kind is not None:
         raise InputError(
