@@ -266,9 +266,7 @@ def aggregate(
     run = Path(run_dir)
     manifest = read_manifest(run)
     parts = committed_parts(run)
-    if not parts:
-        if manifest.get("status") == "complete":
-            raise RunDirError(f"{run} holds no reviews to aggregate: its input had no rows")
+    if not parts and manifest.get("status") != "complete":
         raise RunDirError(f"{run} has no committed parts yet; run bertattn extract first")
     continuation = word_continuation(manifest)
     if continuation is None:
@@ -281,26 +279,11 @@ def aggregate(
     except OSError as e:
         raise WriteError(f"cannot write the aggregates into {out_dir}: {e.strerror or e}") from None
     try:
-        partials = []
-        for name, attn, preds in parts:
-            slices = -(-pq.ParquetFile(attn).metadata.num_rows // MAX_ROWS_PER_PASS)
-            for k in range(max(slices, 1)):
-                rows = review_rows(attn, preds)
-                if slices > 1:  # reviews never straddle slices: the sums stay additive
-                    rows = rows.filter(pl.col("doc_id").hash(seed=0) % slices == k)
-                for unit in units:
-                    frame = part_sums(rows if unit == "token" else word_rows(rows, continuation), unit)
-                    path = work / f"{unit}-{k}-{name}"
-                    frame.sink_parquet(path, engine="streaming")
-                    partials.append(path)
-        base_path = work / "base.parquet"
-        (
-            pl.scan_parquet(partials, glob=False)
-            .group_by(["unit", "layer", "head", "token", *_CLASSES])
-            .agg([pl.col(c).sum() for c in _SUMS])
-            .sink_parquet(base_path, engine="streaming")
-        )
         sizes = class_sizes([p for _, _, p in parts])
+        if parts:
+            table = combine(_summed(parts, units, continuation, work), sizes, min_reviews, rank_by)
+        else:  # a complete run over inputs without rows: an empty table, so what reads it still works
+            table = pl.LazyFrame(schema=pl.from_arrow(schema.arrow(TABLE).empty_table()).schema)
         options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units)}
         meta = {
             "table": TABLE,
@@ -312,9 +295,7 @@ def aggregate(
         }
         # the result is bounded by the vocabulary (x heads x groups), so it is collected and cast
         # to the schema with pyarrow, which keeps the columns' descriptions in the file
-        table = combine(pl.scan_parquet(base_path, glob=False), sizes, min_reviews, rank_by).collect(
-            engine="streaming"
-        )
+        table = table.collect(engine="streaming")
         arrow = schema.cast(table.to_arrow(), TABLE)
         arrow = arrow.replace_schema_metadata(meta)  # meta repeats the schema's table and version
         tmp = work / f"{TABLE}.parquet"
@@ -328,6 +309,32 @@ def aggregate(
     return Aggregates(
         final, table, options, [n for n, _, _ in parts], seconds=time.perf_counter() - t0, splits=splits
     )
+
+
+def _summed(
+    parts: list[tuple[str, Path, Path]], units: Sequence[str], continuation: str | None, work: Path
+) -> pl.LazyFrame:
+    """Per-token sums over all parts: each part reduced on its own, then the partial sums combined."""
+    partials = []
+    for name, attn, preds in parts:
+        slices = -(-pq.ParquetFile(attn).metadata.num_rows // MAX_ROWS_PER_PASS)
+        for k in range(max(slices, 1)):
+            rows = review_rows(attn, preds)
+            if slices > 1:  # reviews never straddle slices: the sums stay additive
+                rows = rows.filter(pl.col("doc_id").hash(seed=0) % slices == k)
+            for unit in units:
+                frame = part_sums(rows if unit == "token" else word_rows(rows, continuation), unit)
+                path = work / f"{unit}-{k}-{name}"
+                frame.sink_parquet(path, engine="streaming")
+                partials.append(path)
+    base_path = work / "base.parquet"
+    (
+        pl.scan_parquet(partials, glob=False)
+        .group_by(["unit", "layer", "head", "token", *_CLASSES])
+        .agg([pl.col(c).sum() for c in _SUMS])
+        .sink_parquet(base_path, engine="streaming")
+    )
+    return pl.scan_parquet(base_path, glob=False)
 
 
 def word_continuation(manifest: dict[str, Any]) -> str | None:

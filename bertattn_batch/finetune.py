@@ -40,7 +40,14 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .errors import InputError, ModelError, first_line
-from .model import length_limit, load_config, load_tokenizer
+from .model import (
+    check_loaded_weights,
+    check_positions,
+    length_limit,
+    load_config,
+    load_tokenizer,
+    transformers_version,
+)
 from .read import read_rows
 from .spec import FinetuneSpec
 from .write import remove_stale
@@ -233,6 +240,8 @@ def _base_model(path: str, names: list[str]) -> Any:
     new = set(info.get("missing_keys", [])) | {
         k if isinstance(k, str) else k[0] for k in info.get("mismatched_keys", [])
     }
+    check_positions(model, path)
+    check_loaded_weights(model, info, path, for_training=True)
     _fresh_head(model, new)
     return model
 
@@ -466,7 +475,7 @@ def _finetune(
         "base": spec.base,
         "base_path": base_path,
         "spec": dataclasses.asdict(spec),
-        "versions": {"torch": torch.__version__, "transformers": _transformers_version()},
+        "versions": {"torch": torch.__version__, "transformers": transformers_version()},
     }
     metrics["seconds"] = round(time.monotonic() - started, 2)  # all but the save, which takes a second
     _save(model, tokenizer, metrics, out_dir, tok_size, names)
@@ -571,12 +580,6 @@ def _confusion(y_true: np.ndarray, y_pred: np.ndarray, n: int) -> list[list[int]
     m = np.zeros((n, n), dtype=np.int64)
     np.add.at(m, (y_true, y_pred), 1)
     return m.tolist()
-
-
-def _transformers_version() -> str:
-    import transformers
-
-    return transformers.__version__
 
 
 # ------------------------------------------------------------------------------------------------- save

@@ -20,6 +20,7 @@ import pickle
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -164,12 +165,8 @@ class Classifier:
             ) from None
         except (OSError, ValueError, RuntimeError, SafetensorError) as e:
             raise ModelError(f"cannot load model weights from {source!r}: {first_line(e)}") from None
-        untrained = [k for k in info.get("missing_keys", []) if "classifier" in k or "score" in k]
-        if untrained:
-            raise ModelError(
-                f"{source} has no trained classification head (missing {', '.join(sorted(untrained))}); "
-                "fine-tune it first: bertattn finetune"
-            )
+        check_positions(model, source)  # first: its dropped weights are what the next check names
+        check_loaded_weights(model, info, source)
         model.eval().to(dev)  # eval: dropout off
         num_layers = int(getattr(config, "num_hidden_layers", None) or config.n_layers)
         resolved = resolve_layers(layers, num_layers)
@@ -325,11 +322,61 @@ def _check_architecture(config, source: str) -> None:
             f"{source} is built as a decoder (is_decoder=true): a causal model's [CLS] sees only itself; "
             "bertattn reads bidirectional encoders"
         )
+    if getattr(config, "type_vocab_size", 1) == 0:
+        raise ModelError(f"{source}: type_vocab_size=0 leaves its embeddings no token-type row to look up")
     if int(getattr(config, "inner_group_num", 1) or 1) > 1:  # ALBERT: attention calls != layers
         raise ModelError(
             f"{source}: ALBERT with inner_group_num={config.inner_group_num} runs several attentions per "
             "layer, so --layers cannot name one; only inner_group_num=1 is supported"
         )
+
+
+def check_loaded_weights(model, info: dict[str, Any], source: str, for_training: bool = False) -> None:
+    """Every weight of the model came from the checkpoint, and every encoder weight of the checkpoint is
+    used. transformers fills a missing weight with random values and drops one it has no place for,
+    both with no more than a log line: the run would score with another model, a different one each
+    time it loads. ``for_training``: a base for fine-tuning, whose head and pooler training makes."""
+    prefix = f"{model.base_model_prefix}."
+    missing = sorted(info.get("missing_keys", []))
+    if for_training:
+        missing = [k for k in missing if k.startswith(prefix) and ".pooler." not in k]
+    elif missing and all("classifier" in k or "score" in k for k in missing):
+        raise ModelError(
+            f"{source} has no trained classification head (missing {', '.join(missing)}); "
+            "fine-tune it first: bertattn finetune"
+        )
+    if missing:
+        raise ModelError(
+            f"{source}: its checkpoint lacks {len(missing)} of the model's weights ({_some_keys(missing)}), "
+            "which would be random; was it saved from another architecture or under another name prefix?"
+        )
+    unused = sorted(k for k in info.get("unexpected_keys", []) if k.startswith(prefix))
+    if unused:
+        raise ModelError(
+            f"{source}: transformers {transformers_version()} has no place for {len(unused)} of its "
+            f"encoder weights ({_some_keys(unused)}), so it would run another model than the one saved"
+        )
+
+
+def check_positions(model, source: str) -> None:
+    """Refuse relative position embeddings where this transformers version no longer computes them: it
+    keeps the config field, drops the weights and runs the model with absolute positions only."""
+    kind = getattr(model.config, "position_embedding_type", None) or "absolute"
+    if kind != "absolute" and not any(hasattr(m, "distance_embedding") for m in model.modules()):
+        raise ModelError(
+            f"{source} uses position_embedding_type={kind!r}, which transformers "
+            f"{transformers_version()} does not implement; it would run the model without it"
+        )
+
+
+def _some_keys(keys: list[str]) -> str:
+    return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+
+def transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 def _check_weights_format(source: str, allow_pickle: bool | None) -> None:

@@ -38,6 +38,7 @@ from .read import (
     Source,
     _load_dataset,
     class_label_names,
+    column_values,
     csv_options,
     name_class_labels,
     to_rows,
@@ -63,7 +64,7 @@ _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Interrupt
 def _rows(table: pa.Table, first_row: int, lo: int, hi: int, cols: tuple) -> RowBatch:
     """Rows [lo, hi) of a source block whose row 0 is input row ``first_row``; as ``read_rows`` yields them."""
     part = table.slice(lo, hi - lo)
-    data = {c: part.column(c).to_pylist() for c in cols if c}
+    data = {c: column_values(part.column(c)) for c in cols if c}
     return to_rows(data, first_row + lo, hi - lo, *cols)
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
@@ -67,6 +68,9 @@ TEXT_FILE_COLUMN = "text"
 #: The value of every wanted column of a JSON line that is not a JSON object; the row's status is
 #: ``not_json`` and its doc id its row number (there is no id to read).
 _NOT_JSON = object()
+#: A value nested in a list or struct that holds bytes that are not UTF-8: as text its status is
+#: ``invalid_utf8``; as an id or a label it counts as missing.
+_UNDECODABLE = object()
 
 
 @dataclass
@@ -255,6 +259,7 @@ def check_inputs(
         if run is not None and run in src.path.resolve().parents:
             raise InputError(f"input {src.path} lies inside the run directory {out}; choose another --out")
         _check_packing(src)
+        _check_encoding(src)
         _check_columns(src, wanted)
     return sources
 
@@ -330,7 +335,7 @@ def to_rows(
 
 def _is_null(value: Any) -> bool:
     """None, or a float NaN (how pandas writes a missing number)."""
-    return value is None or (isinstance(value, float) and math.isnan(value))
+    return value is None or value is _UNDECODABLE or (isinstance(value, float) and math.isnan(value))
 
 
 def _to_str(value: Any) -> str:
@@ -360,6 +365,8 @@ def _as_text(value: Any) -> tuple[str | None, str]:
     """A cell as review text, with 'ok' or the reason it is not text."""
     if value is None:
         return None, "null_text"
+    if value is _UNDECODABLE:
+        return None, "invalid_utf8"
     if isinstance(value, bytes):
         try:
             value = value.decode("utf-8")
@@ -469,7 +476,13 @@ def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
     try:
         yield from reader(src, wanted, block_rows)
     except (pa.ArrowInvalid, *READ_ERRORS) as e:
-        raise InputError(f"{src.path}: cannot read as {src.format}: {first_line(e)}") from None
+        hint = ""
+        if src.format in ("csv", "tsv") and "columns, got" in str(e):  # a row Arrow cannot place
+            hint = (
+                "; every row needs the header's number of fields (quote a field that holds the delimiter"
+                " or a line break); fix the file and run again with --overwrite"
+            )
+        raise InputError(f"{src.path}: cannot read as {src.format}: {first_line(e)}{hint}") from None
 
 
 _WARNED: set[Path] = set()  # folders whose other files, and files named twice, a warning named
@@ -490,6 +503,34 @@ def _check_packing(src: Source) -> None:
         )
 
 
+#: Byte-order marks of the encodings that editors and spreadsheets write instead of UTF-8 ("Unicode
+#: text"); UTF-32's begin with UTF-16's, so they come first.
+_OTHER_BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+
+
+def _check_encoding(src: Source) -> None:
+    """Refuse a line-based file that announces another encoding than UTF-8: read as UTF-8 its header
+    would be garbage and every review a row of NUL-interleaved bytes."""
+    if src.format in ("parquet", "datasets"):
+        return
+    try:
+        with open_binary(src.path) as f:
+            head = f.read(4)
+    except READ_ERRORS as e:
+        raise InputError(f"cannot read {src.path}: {getattr(e, 'strerror', None) or e}") from None
+    for bom, name in _OTHER_BOMS:
+        if head.startswith(bom):
+            raise InputError(
+                f"{src.path} is {name} text (it starts with a {name} byte-order mark); bertattn reads UTF-8: "
+                f"convert it first, e.g. iconv -f {name} -t UTF-8"
+            )
+
+
 #: Bytes read at a time from a Parquet column chunk. By default Arrow reads (pre-buffers) a row group's
 #: whole column chunks at once: about 150 MB of text for a row group of a million reviews, pyarrow's
 #: default row group size. Buffered reads without pre-buffering keep one block's worth in memory.
@@ -499,7 +540,44 @@ PARQUET_BUFFER_BYTES = 1 << 20
 def _read_parquet(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
     pf = pq.ParquetFile(src.path, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
     for rb in pf.iter_batches(batch_size=block_rows, columns=wanted):
-        yield {c: rb.column(c).to_pylist() for c in wanted}
+        yield {c: column_values(rb.column(c)) for c in wanted}
+
+
+#: Arrow's string types, each with the binary type of the same layout.
+_AS_BINARY = {
+    pa.string(): pa.binary(),
+    pa.large_string(): pa.large_binary(),
+    pa.string_view(): pa.binary_view(),
+}
+
+
+def column_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """A column's values as Python objects, its strings as bytes.
+
+    Arrow does not check that a Parquet string column holds UTF-8 (a file from another writer may not):
+    decoding all of it at once would stop the job at one bad value. As bytes, each value is decoded on
+    its own by :func:`to_rows`, and a bad one becomes that row's status.
+    """
+    kind = column.type
+    if kind in (pa.float32(), pa.float16()):  # as the narrow float prints (0.1), not as its double would
+        narrow = np.float32 if kind == pa.float32() else np.float16
+        return [None if v is None else float(str(narrow(v))) for v in column.to_pylist()]
+    if pa.types.is_dictionary(kind) and kind.value_type in _AS_BINARY:
+        column = column.cast(kind.value_type)
+        kind = column.type
+    if kind in _AS_BINARY:
+        column = column.cast(_AS_BINARY[kind])  # the same bytes: no copy, no check
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:  # a string nested in a list or struct: only the bad values are lost
+        return [_decoded(v) for v in column]
+
+
+def _decoded(value: pa.Scalar) -> Any:
+    try:
+        return value.as_py()
+    except UnicodeDecodeError:
+        return _UNDECODABLE
 
 
 def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
@@ -635,7 +713,7 @@ def _read_datasets(src: Source, wanted: list[str], block_rows: int) -> Iterator[
     names = class_label_names(ds)
     for table in ds.with_format("arrow").iter(batch_size=block_rows):  # memory-mapped: bounded memory
         table = name_class_labels(table, names)
-        yield {c: table.column(c).to_pylist() for c in wanted}
+        yield {c: column_values(table.column(c)) for c in wanted}
 
 
 def count_rows(sources: Iterable[Source]) -> int | None:

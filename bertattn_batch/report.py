@@ -42,6 +42,10 @@ def _committed_predictions(run: Path) -> pl.DataFrame:
     )
 
 
+def _any_scored(preds: pl.DataFrame) -> bool:
+    return not preds.is_empty() and not preds.filter(pl.col("status") == "ok").is_empty()
+
+
 def status_counts(preds: pl.DataFrame) -> list[tuple[str, int]]:
     if preds.is_empty():
         return []
@@ -284,7 +288,7 @@ def build_report(
     body = [
         _summary_html(manifest, preds),
         _confusion_html(confusion(preds, labels), labelled) if not preds.is_empty() else "",
-        _tokens_html(table, meta, idx, top_k, scored=not preds.filter(pl.col("status") == "ok").is_empty()),
+        _tokens_html(table, meta, idx, top_k, scored=_any_scored(preds)),
         _examples_html(run, confident(preds, examples), idx) if examples and not preds.is_empty() else "",
         f'<p class="meta">Written {time.strftime("%Y-%m-%d %H:%M")} by bertattn report in '
         f"{time.perf_counter() - t0:.1f}s.</p>",

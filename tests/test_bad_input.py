@@ -169,6 +169,12 @@ def test_empty_files_give_empty_runs(tiny_en_dir, tmp_path):
         assert manifest["counts"] == {"predictions": 0, "cls_attention": 0, "head_summary": 0}
         report = validate_run(out)
         assert report.ok, report.render()
+    # what reads a run works on one without rows: an empty aggregates table, a report of 0 reviews
+    for command in ("aggregate", "report"):
+        r = CliRunner().invoke(app, [command, str(out)])
+        assert r.exit_code == 0, r.output
+    assert pq.read_table(out / "aggregates" / "token_influence.parquet").num_rows == 0
+    assert "no review of this run was scored" in (out / "report.html").read_text()
 
 
 def test_awkward_ids_labels_and_texts(tiny_en_dir, tmp_path):
@@ -389,7 +395,8 @@ def _with_config(model_dir: Path, dest: Path, **changes) -> Path:
             {"id2label": {"0": "a", "1": "b", "3": "c"}, "label2id": {"a": 0, "b": 1, "c": 3}},
             r"label ids \[0, 1, 3\] in config.json \(id2label\) are not 0..2",
         ),
-        ({"type_vocab_size": 0}, "^cannot load model weights from .*: "),
+        ({"type_vocab_size": 0}, "type_vocab_size=0 leaves its embeddings no token-type row"),
+        ({"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key', which"),
     ],
 )
 def test_configs_that_do_not_fit_are_one_line_errors(changes, message, tiny_en_dir, tmp_path):
@@ -397,6 +404,48 @@ def test_configs_that_do_not_fit_are_one_line_errors(changes, message, tiny_en_d
     with pytest.raises(ModelError, match=message) as err:
         Classifier.load(str(model))
     assert len(str(err.value).splitlines()) == 1
+
+
+def _with_weights(model_dir: Path, dest: Path, drop: str = "", add: dict | None = None) -> Path:
+    """A copy of a model folder whose weights lose the names that start with ``drop`` and gain ``add``."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model_dir, dest)
+    weights = load_file(dest / "model.safetensors")
+    kept = {k: v for k, v in weights.items() if not (drop and k.startswith(drop))}
+    save_file(kept | (add or {}), dest / "model.safetensors", metadata={"format": "pt"})
+    return dest
+
+
+@pytest.mark.parametrize(
+    ("drop", "add", "message"),
+    [
+        ("bert.pooler.", None, r"lacks 2 of the model's weights \(bert.pooler.dense.bias, "),
+        (
+            "bert.encoder.",
+            None,
+            r"lacks \d+ of the model's weights \(.* and \d+ more\), which would be random",
+        ),
+        # a relative-position model saved by an older transformers: weights the model has no place for
+        (
+            "",
+            {"bert.encoder.layer.0.attention.self.distance_embedding.weight": torch.zeros(3, 4)},
+            "has no place",
+        ),
+    ],
+)
+def test_weights_the_checkpoint_lacks_or_the_model_drops_are_refused(
+    drop, add, message, tiny_en_dir, tmp_path
+):
+    """transformers would fill a missing weight at random (each load another model) and drop an unused one;
+    both would run a model other than the one saved, so both are refused."""
+    model = _with_weights(tiny_en_dir, tmp_path / "model", drop, add)
+    with pytest.raises(ModelError, match=message) as err:
+        Classifier.load(str(model))
+    assert len(str(err.value).splitlines()) == 1
+    # leftovers of a pretraining head outside the encoder run the same model, and are accepted
+    extra = _with_weights(tiny_en_dir, tmp_path / "extra", add={"cls.predictions.bias": torch.zeros(3)})
+    assert Classifier.load(str(extra)).num_layers == Classifier.load(str(tiny_en_dir)).num_layers
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -349,6 +350,28 @@ def test_a_base_extract_would_refuse_is_refused_before_training(files, message, 
     with pytest.raises(ModelError, match=message):
         finetune(["好极了", "太差了"] * 4, ["pos", "neg"] * 4, tmp_path / "m", spec, progress=False)
     assert not (tmp_path / "m").exists()
+
+
+def test_a_base_missing_encoder_weights_is_refused_and_one_missing_its_pooler_trains(
+    tiny_zh_dir, tmp_path: Path
+) -> None:
+    """Encoder weights the base lacks would start random; a pooler, like the head, is what training makes."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(tiny_zh_dir / "model.safetensors")
+    texts, labels = ["好极了", "太差了"] * 4, ["pos", "neg"] * 4
+    for drop, trains in (("bert.encoder.layer.0.", False), ("bert.pooler.", True)):
+        base = tmp_path / drop
+        shutil.copytree(tiny_zh_dir, base)
+        kept = {k: v for k, v in weights.items() if not k.startswith(drop)}
+        save_file(kept, base / "model.safetensors", metadata={"format": "pt"})
+        spec = FinetuneSpec(base=str(base), epochs=1.0, max_length=16, eval_fraction=0.0)
+        if trains:
+            finetune(texts, labels, tmp_path / "m", spec, progress=False)
+            assert Classifier.load(str(tmp_path / "m"), layers=[0]).labels == ["neg", "pos"]
+        else:
+            with pytest.raises(ModelError, match=r"lacks \d+ of the model's weights \(bert.encoder.layer.0"):
+                finetune(texts, labels, tmp_path / "m", spec, progress=False)
 
 
 def test_a_base_without_sdpa_trains(tiny_zh_dir, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bz2
+import codecs
 import gzip
 import lzma
 import random
@@ -173,3 +174,69 @@ def test_archives_and_compressed_parquet_are_refused_with_what_to_do(tmp_path):
             read.check_inputs([str(tmp_path / name)], input_format="jsonl")
     with pytest.raises(InputError, match="is gzip-compressed; decompress it first"):
         read.check_inputs([str(tmp_path / "r.parquet.gz")])
+
+
+# -- string columns that hold bytes that are not UTF-8 ------------------------------------------------
+def _not_utf8(values: list[bytes], kind: pa.DataType = pa.string()) -> pa.Array:
+    """A string column as another writer may leave it: Arrow does not check UTF-8 when it reads one."""
+    return pa.array(values, pa.binary()).view(pa.string()).cast(kind)
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.large_string(), pa.dictionary(pa.int32(), pa.string())])
+def test_a_parquet_string_that_is_not_utf8_is_that_rows_status(tmp_path, kind):
+    texts = [b"good", b"bad \xff text", b"fine", b"also fine"]
+    ids = [b"a", b"b", b"c\xfe", b"d"]
+    path = tmp_path / "written-elsewhere.parquet"
+    pq.write_table(pa.table({"id": _not_utf8(ids, kind), "text": _not_utf8(texts, kind)}), path)
+    (batch,) = read.read_rows([str(path)], id_col="id")
+    assert batch.status == ["ok", "invalid_utf8", "ok", "ok"]
+    assert batch.doc_id == ["a", "b", "c\\xfe", "d"]  # as a JSON line's id with that byte is spelt
+    assert batch.text == ["good", None, "fine", "also fine"]
+
+
+def test_a_nested_value_that_is_not_utf8_is_missing_and_a_saved_dataset_reads_alike(tmp_path):
+    import datasets
+
+    bad = pa.array([[b"x"], [b"\xff"], [b"y"]], pa.list_(pa.binary())).view(pa.list_(pa.string()))
+    texts = _not_utf8([b"one", b"two", b"thr\xe9e"])
+    pq.write_table(pa.table({"id": bad, "text": texts}), tmp_path / "nested.parquet")
+    (batch,) = read.read_rows([str(tmp_path / "nested.parquet")], id_col="id")
+    assert batch.status == ["ok", "null_id", "invalid_utf8"]  # a null id wins, as for any missing id
+    assert batch.doc_id == ['["x"]', "1", '["y"]']
+
+    datasets.Dataset(pa.table({"text": texts})).save_to_disk(str(tmp_path / "ds"))
+    (batch,) = read.read_rows([str(tmp_path / "ds")])
+    assert batch.status == ["ok", "ok", "invalid_utf8"]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32"])
+@pytest.mark.parametrize("name", ["r.txt", "r.csv", "r.jsonl", "r.csv.gz"])
+def test_a_file_in_another_unicode_encoding_is_refused_with_what_to_do(tmp_path, encoding, name):
+    """Notepad's and Excel's "Unicode text" is UTF-16 with a byte-order mark: read as UTF-8 every review
+    would be NUL-interleaved bytes."""
+    bom = codecs.BOM_UTF16_BE if encoding == "utf-16-be" else b""  # the others write their own
+    data = bom + ('{"text": "one"}\n' if "jsonl" in name else "text\none\n").encode(encoding)
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    label = encoding[:6].upper()
+    with pytest.raises(InputError, match=rf"is {label} text .* convert it first, e.g. iconv -f {label}"):
+        read.check_inputs([str(path)])
+
+
+def test_narrow_floats_are_spelt_as_they_print(tmp_path):
+    """A float32 id 0.1 is "0.1" as in JSON or CSV, not the double it widens to (0.10000000149011612)."""
+    ids = pa.array([0.1, 2.5, None, 3.0], pa.float32())
+    labels = pa.array([2.7, None, 1.0, 0.5], pa.float32()).cast(pa.float16())
+    pq.write_table(pa.table({"id": ids, "text": list("abcd"), "label": labels}), tmp_path / "f.parquet")
+    (batch,) = read.read_rows([str(tmp_path / "f.parquet")], id_col="id", label_col="label")
+    assert batch.doc_id == ["0.1", "2.5", "2", "3"] and batch.status == ["ok", "ok", "null_id", "ok"]
+    assert batch.label == ["2.7", None, "1", "0.5"]
+
+
+def test_a_csv_row_with_too_many_fields_stops_the_job_with_what_to_do(tmp_path):
+    path = tmp_path / "ragged.csv"
+    path.write_text("id,text\na,fine\nb,one, two\nc,fine\n")
+    with pytest.raises(
+        InputError, match=r"Expected 2 columns, got 3: b,one, two; every row needs the header"
+    ):
+        list(read.read_rows([str(path)], id_col="id"))
