@@ -451,7 +451,8 @@ def resume_point(
     parts = sink.parts
     passes = {part_generation(p) for p in parts}
     if not incremental:
-        if passes - {0}:
+        if passes - {0} or int(sink.manifest.get("generation", 0)):  # an incremental pass, even one
+            # interrupted before its first part: its inputs are the grown ones, its row numbers not ours
             raise RunDirError(
                 f"{sink.run_dir} holds incremental passes; resume it with --incremental (or --overwrite)"
             )
@@ -485,13 +486,21 @@ def _check_same_inputs(sink: RunWriter, sources: list[dict[str, Any]] | None, by
     if sources is None or before is None:  # runs from before sources were kept
         return
     before = [{**s, "path": os.path.abspath(s["path"])} for s in before]  # older runs: relative paths
-    if before == sources:
+    # compared on what both record: runs from before modification times were kept compare sizes alone
+    if len(before) == len(sources) and all(
+        b == {k: s.get(k) for k in b} for b, s in zip(before, sources, strict=True)
+    ):
         return
-    old = {s["path"]: s["bytes"] for s in before}
-    new = {s["path"]: s["bytes"] for s in sources}
-    changes = [f"{p} is new" for p in new if p not in old]
-    changes += [f"{p} is gone" for p in old if p not in new]
-    changes += [f"{p} changed size" for p in new if p in old and new[p] != old[p]]
+    old = {s["path"]: s for s in before}
+    changes = [f"{s['path']} is new" for s in sources if s["path"] not in old]
+    now = {s["path"] for s in sources}
+    changes += [f"{p} is gone" for p in old if p not in now]
+    for s in sources:
+        was = old.get(s["path"])
+        if was is not None and was["bytes"] != s["bytes"]:
+            changes.append(f"{s['path']} changed size")
+        elif was is not None and was.get("mtime_ns", s["mtime_ns"]) != s["mtime_ns"]:
+            changes.append(f"{s['path']} was rewritten (its size is the same, its modification time not)")
     changes = changes or ["the files are read in another order"]
     more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
     fix = "restore them, or pass --overwrite to start again"

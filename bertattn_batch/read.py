@@ -265,14 +265,21 @@ def check_inputs(
 
 
 def source_files(sources: Iterable[Source]) -> list[dict[str, Any]]:
-    """Each source as it was expanded, in reading order, with its size in bytes (a saved dataset: its
-    files' total). Why: row numbers count across the sources, so a resume must know whether a folder
-    or glob gained a file, or a file changed, since the rows it skips were committed."""
+    """Each source as it was expanded, in reading order, with its size in bytes and its modification
+    time (a saved dataset: its files' total and latest). Why: row numbers count across the sources, so
+    a resume must know whether a folder or glob gained a file, or a file changed, since the rows it
+    skips were committed; an export rewritten in another row order keeps its size, not its time."""
     out = []
     for src in sources:
         p = src.path
-        files = (f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-        out.append({"path": os.path.abspath(p), "bytes": sum(f.stat().st_size for f in files)})
+        stats = [f.stat() for f in p.rglob("*") if f.is_file()] if p.is_dir() else [p.stat()]
+        out.append(
+            {
+                "path": os.path.abspath(p),
+                "bytes": sum(st.st_size for st in stats),
+                "mtime_ns": max((st.st_mtime_ns for st in stats), default=0),
+            }
+        )
     return out
 
 

@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 from . import schema
 from .errors import BertAttnError, first_line
 from .read import read_rows
-from .write import FORMAT, part_generation, read_manifest, row_range_problems, run_inputs
+from .write import FORMAT, part_generation, read_manifest, row_range_problems, run_inputs, tmp_name
 
 #: The checks, in report order, with what each one promises.
 CHECKS = {
@@ -356,7 +356,12 @@ def _check_files(rec: _Recorder, run: _Run) -> None:
                 continue
             listed[table].add(part.name)
             n_files += 1
-            if not run.file(part, table).is_file():
+            if run.file(part, table).is_file():
+                continue
+            if (run.path / table / tmp_name(part.name)).is_file():  # killed between commit and rename
+                listed[table].add(tmp_name(part.name))
+                rec.warn("files", f"{rel}: committed, still under its temporary name; a rerun renames it")
+            else:
                 rec.fail("files", f"{rel}: listed in the manifest but missing")
     for table in schema.TABLES:
         folder = run.path / table
@@ -390,6 +395,12 @@ def _check_schemas(rec: _Recorder, run: _Run) -> None:
                 pf = pq.ParquetFile(path)
             except Exception as e:  # any reader error means the file is not usable Parquet
                 rec.fail("schema", f"{part.rel[table]}: not readable as Parquet ({first_line(e)})")
+                continue
+            try:  # every value once: a damaged page hides behind a sound footer
+                for _ in pf.iter_batches(batch_size=1 << 16):
+                    pass
+            except Exception as e:
+                rec.fail("schema", f"{part.rel[table]}: its data cannot be decoded ({first_line(e)})")
                 continue
             checked += 1
             part.file_rows[table] = pf.metadata.num_rows

@@ -62,7 +62,7 @@ def part_generation(part: dict[str, Any]) -> int:
     return int(part.get("generation", 0))
 
 
-def _tmp_name(name: str) -> str:
+def tmp_name(name: str) -> str:
     return f"_{name}.tmp"
 
 
@@ -132,7 +132,7 @@ def check_part_file(run_dir: Path, path: Path) -> None:
     module docstring): it waits up to ``RENAME_WAIT_SECONDS`` for the file to take its final name.
     """
     name = path.relative_to(run_dir) if path.is_relative_to(run_dir) else path
-    tmp = path.with_name(_tmp_name(path.name))
+    tmp = path.with_name(tmp_name(path.name))
     deadline = time.monotonic() + RENAME_WAIT_SECONDS
     while not path.is_file() and tmp.is_file() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -291,10 +291,7 @@ class RunWriter:
             self._check_compatible(self.manifest)
             if "fingerprint" in self.header:  # the same job, now spelt as this version spells it
                 self.manifest["fingerprint"] = self.header["fingerprint"]
-            self._recover()
-            self.manifest.update(status="running", resumed_at=_now())
-            self.manifest.setdefault("resumes", 0)
-            self.manifest["resumes"] += 1
+            self._recover()  # saved with the status it had: "running" is for begin_pass to say
         else:
             self.manifest = {
                 "format": FORMAT,
@@ -338,6 +335,9 @@ class RunWriter:
         it commits anything must still be told from the finished pass before it. ``sources``: the input
         files the pass reads, which a resume of it checks are unchanged."""
         self.manifest["generation"] = generation
+        if self.reopened_status is not None:
+            self.manifest.update(status="running", resumed_at=_now())
+            self.manifest["resumes"] = self.manifest.get("resumes", 0) + 1
         self._began = True
         if sources is not None:
             self.manifest["sources"] = sources
@@ -380,7 +380,7 @@ class RunWriter:
         try:
             for table_name in schema.TABLES:
                 table = schema.cast(tables[table_name], table_name)
-                tmp = self.run_dir / table_name / _tmp_name(name)
+                tmp = self.run_dir / table_name / tmp_name(name)
                 self._write_parquet(table, tmp)
                 files[table_name] = f"{table_name}/{name}"
                 counts[table_name] = table.num_rows
@@ -408,7 +408,7 @@ class RunWriter:
         try:
             for table_name in schema.TABLES:
                 d = self.run_dir / table_name
-                (d / _tmp_name(name)).replace(d / name)
+                (d / tmp_name(name)).replace(d / name)
         except OSError as e:
             raise WriteError(f"writing {name} to {self.run_dir} failed: {e.strerror or e}") from e
 
@@ -431,8 +431,8 @@ class RunWriter:
         except OSError as e:
             raise WriteError(f"writing {self.run_dir / MANIFEST} failed: {e.strerror or e}") from e
 
-    def _listed_tmp(self, table: str, tmp_name: str) -> bool:
-        return any(_tmp_name(p["name"]) == tmp_name for p in self.manifest.get("parts", []))
+    def _listed_tmp(self, table: str, name: str) -> bool:
+        return any(tmp_name(p["name"]) == name for p in self.manifest.get("parts", []))
 
     def _recover(self) -> None:
         """Roll listed parts forward; delete every file the manifest does not list."""

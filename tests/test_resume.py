@@ -422,7 +422,9 @@ def test_an_interrupted_incremental_pass_resumes_to_the_uninterrupted_tables(
     src = tmp_path / "in.parquet"
 
     def run(out: Path, source_rows: list[dict], writer_cls: type[RunWriter] = RunWriter) -> None:
-        pq.write_table(pa.Table.from_pylist(source_rows), src)
+        table = pa.Table.from_pylist(source_rows)
+        if not src.exists() or not pq.read_table(src).equals(table):  # a resume needs the same file
+            pq.write_table(table, src)
         spec = JobSpec(
             inputs=[str(src)],
             model=str(tiny_en_dir),
@@ -780,3 +782,60 @@ def test_every_feed_plan_writes_the_same_run(plan, tiny_en_dir, drug_sample, tmp
         want, got = (read_table(d, table).sort_by(order) for d in (plain, other))
         assert want.num_rows == got.num_rows > 0
         assert want.equals(got), table
+
+
+def _incremental_job(src: Path, model: Path, out: Path, on_existing: str = "incremental") -> JobSpec:
+    return JobSpec(
+        inputs=[str(src)], model=str(model), out=str(out), id_col="doc_id", window=6,
+        on_existing=on_existing, progress=False,
+    )  # fmt: skip
+
+
+def test_a_plain_rerun_after_an_incremental_pass_stopped_before_its_first_part_is_refused(
+    drug_rows, tiny_en_dir, tmp_path
+):
+    """The stopped pass had recorded its grown inputs: a plain resume went on by the old row numbers,
+    scored old reviews again as duplicate_id and left the new ones out, with exit status 0."""
+    rows = [{"doc_id": f"r{i}", "text": r["text"][:200]} for i, r in enumerate(drug_rows[:18])]
+    src, out = tmp_path / "in.parquet", tmp_path / "run"
+    pq.write_table(pa.Table.from_pylist(rows[6:]), src)
+    run_job(_incremental_job(src, tiny_en_dir, out, "resume"))
+    pq.write_table(pa.Table.from_pylist(rows), src)  # six new reviews in front
+    with pytest.raises(WriteError):
+        run_job(_incremental_job(src, tiny_en_dir, out), writer_cls=_failing_at("part-000000000000-g1"))
+    assert json.loads((out / "manifest.json").read_text())["generation"] == 1
+    with pytest.raises(RunDirError, match="holds incremental passes; resume it with --incremental"):
+        run_job(_incremental_job(src, tiny_en_dir, out, "resume"))
+    run_job(_incremental_job(src, tiny_en_dir, out))
+    preds = read_table(out, "predictions")
+    assert sorted(preds.column("doc_id").to_pylist()) == sorted(r["doc_id"] for r in rows)
+
+
+def test_a_run_killed_as_it_reopens_is_still_complete(drug_rows, tiny_en_dir, tmp_path):
+    """Reopening writes the manifest (its recovered parts) before the pass begins; a kill in between
+    left it "running", and every later --incremental job took the finished pass for a stopped one."""
+    rows = [{"doc_id": f"r{i}", "text": r["text"][:200]} for i, r in enumerate(drug_rows[:12])]
+    src, out = tmp_path / "in.parquet", tmp_path / "run"
+    pq.write_table(pa.Table.from_pylist(rows[:6]), src)
+    run_job(_incremental_job(src, tiny_en_dir, out))
+    sink = RunWriter(out, json.loads((out / "manifest.json").read_text()))
+    sink.open()
+    sink.close()  # as a kill right after the reopen leaves it: no pass begun, no on_failed
+    assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
+    pq.write_table(pa.Table.from_pylist(rows), src)
+    run_job(_incremental_job(src, tiny_en_dir, out))
+    assert read_table(out, "predictions").num_rows == 12
+
+
+def test_a_resume_refuses_an_input_rewritten_to_the_same_size(tiny_en_dir, tmp_path):
+    """An export rewritten in another row order keeps its size: its modification time tells."""
+    src, out = tmp_path / "in.txt", tmp_path / "run"
+    src.write_text("great food\nslow service\nnice staff\n")
+    args = ["extract", str(src), "--model", str(tiny_en_dir), "--out", str(out), "--no-progress"]
+    assert runner.invoke(app, args).exit_code == 0
+    assert "nothing new to process" in runner.invoke(app, args).output
+    before = src.stat()
+    src.write_text("nice staff\ngreat food\nslow service\n")
+    os.utime(src, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    r = runner.invoke(app, args)
+    assert r.exit_code == 1 and "in.txt was rewritten (its size is the same" in r.output, r.output

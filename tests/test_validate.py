@@ -425,3 +425,45 @@ def test_brackets_in_input_and_run_paths_are_plain_characters(tiny_en_dir, tmp_p
         assert done.returncode == 0, (args, done.stderr)
     assert pq.read_table(out / "predictions").num_rows == 2
     assert (tmp_path / "p.html").exists()
+
+
+def _damage(path: Path, column: str) -> None:
+    """Overwrite the middle of one column chunk's pages, as a bad disk block or a torn copy would: the
+    footer and its statistics still read."""
+    meta = pq.read_metadata(path).row_group(0)
+    chunk = next(meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema == column)
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    middle = start + chunk.total_compressed_size // 2
+    data = bytearray(path.read_bytes())
+    data[middle : middle + 64] = bytes(range(64))
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("table", "column"), [("cls_attention", "token_id"), ("predictions", "doc_id")])
+def test_a_damaged_column_is_a_problem_named_with_its_file(table, column, en_run, tmp_path):
+    """Every value is decoded once: a column no other check reads (token_id) is checked too, and a
+    damaged one that other checks read names its file instead of stopping validate."""
+    run = _copy(en_run, tmp_path)
+    part = sorted((run / table).glob("part-*.parquet"))[0]
+    _damage(part, column)
+    with pytest.raises(Exception):  # noqa: B017 - whichever error the codec raises
+        pq.read_table(part)
+    report = validate_run(run, check_source=False)
+    assert not report.ok
+    assert any(f"{table}/{part.name}: its data cannot be decoded" in p.message for p in report.problems), (
+        report.render()
+    )
+
+
+def test_a_part_committed_but_not_yet_renamed_is_a_warning(en_run, tmp_path):
+    """A kill between a part's commit and its rename leaves a state the next resume repairs."""
+    run = _copy(en_run, tmp_path)
+    part = sorted((run / "head_summary").glob("part-*.parquet"))[0]
+    part.rename(part.with_name(f"_{part.name}.tmp"))
+    m = _manifest(run)
+    _save_manifest(run, m | {"status": "interrupted"})
+    report = validate_run(run, check_source=False)
+    assert report.problems == [], report.render()
+    assert any(
+        "committed, still under its temporary name; a rerun renames it" in w.message for w in report.warnings
+    )
