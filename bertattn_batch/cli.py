@@ -420,9 +420,9 @@ def plot(
     run_dir: Annotated[
         Path | None, typer.Argument(help="A run directory; omit it to plot --text through --model.")
     ] = None,
-    out: Annotated[Path, typer.Option(help="Picture to write: .png or .html (self-contained).")] = Path(
-        "review.png"
-    ),
+    out: Annotated[
+        Path, typer.Option(help="Picture to write: .png, or .html (self-contained; .htm too).")
+    ] = Path("review.png"),
     doc_id: Annotated[str | None, typer.Option(help="Id of the review in the run.")] = None,
     text: Annotated[
         str | None, typer.Option(help="A review text (with --model, or the run's review's text).")

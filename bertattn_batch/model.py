@@ -200,6 +200,14 @@ class Classifier:
         return [self.id2label[i] for i in range(len(self.id2label))]
 
     @property
+    def byte_level(self) -> bool:
+        """Whether tokens spell bytes (byte-level BPE: 'Ġgood'), which a reader needs decoded."""
+        import json
+
+        spec = json.loads(self.tokenizer.backend_tokenizer.to_str())
+        return '"ByteLevel"' in json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
+
+    @property
     def word_continuation(self) -> str | None:
         """The mark of a piece that continues the word before it ("##" in WordPiece), or None where the
         tokenizer marks word starts instead (byte-level BPE, SentencePiece): how words are joined."""

@@ -208,6 +208,7 @@ def run_header(spec: JobSpec, clf: Classifier) -> dict[str, Any]:
             "weights_sha256": clf.weights_sha256,
             "model_type": clf.model.config.model_type,
             "word_continuation": clf.word_continuation,
+            "byte_level": clf.byte_level,
             "num_layers": clf.num_layers,
             "num_heads": clf.num_heads,
             "layers": clf.layers,

@@ -39,7 +39,9 @@ TOKENS_PER_ROW = 64
 PAIR_LABELS_UP_TO = 48
 #: Largest |recomputed - stored| [CLS] weight accepted silently (a bf16 run differs more).
 PAIRS_TOLERANCE = 1e-3
-SUFFIXES = (".png", ".html")
+SUFFIXES = (".png", ".html", ".htm")
+#: Longest id or label a figure's title shows whole.
+TITLE_VALUE_CHARS = 80
 
 
 @dataclass
@@ -59,19 +61,27 @@ class ReviewAttention:
     text: str | None = None
     pairs: np.ndarray | None = None  # (H, S, S) every query's row, [CLS] and [SEP] included
     pair_tokens: list[str] | None = None  # (S,)
+    byte_level: bool | None = None  # whether the tokens spell bytes; None: told from the tokens
 
     @property
     def num_heads(self) -> int:
         return int(self.weight.shape[0])
 
     def title(self) -> str:
-        parts = [f"review {self.doc_id}", f"layer {self.layer}"]
+        parts = [f"review {_short(self.doc_id)}", f"layer {self.layer}"]
         if self.pred_label is not None:
             prob = f" ({self.prob:.3f})" if self.prob is not None else ""
-            parts.append(f"predicted {self.pred_label}{prob}")
+            parts.append(f"predicted {_short(self.pred_label)}{prob}")
         if self.label is not None:
-            parts.append(f"label {self.label}")
+            parts.append(f"label {_short(self.label)}")
         return " · ".join(parts)
+
+
+def _short(value: str, limit: int = TITLE_VALUE_CHARS) -> str:
+    """An id or label fit for a one-line title: line breaks and other control characters as escapes,
+    and cut to ``limit`` characters (a 3,000-character id would make the figure 30,000 pixels wide)."""
+    text = "".join(repr(c)[1:-1] if not c.isprintable() else c for c in value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -90,10 +100,16 @@ _BYTES = _byte_decoder()
 _SHIFTED = {c for c, b in _BYTES.items() if ord(c) >= 256}  # bytes with no printable self: 'Ġ' (space)
 
 
-def readable(tokens: list[str]) -> list[str]:
+def readable(tokens: list[str], byte_level: bool | None = None) -> list[str]:
     """Tokens as a reader sees them. Byte-level BPE tokens (RoBERTa: 'Ġgood', 'cafÃ©') are decoded back
-    to their text; a piece holding part of a character shows '�'. Other tokens are kept as they are."""
-    if not any(c in _SHIFTED for t in tokens for c in t) or not all(c in _BYTES for t in tokens for c in t):
+    to their text; a piece holding part of a character shows '�'. Other tokens are kept as they are.
+
+    ``byte_level``: whether the run's tokenizer is byte-level (its manifest says, since this version).
+    Only for runs that do not say is it told from the tokens, which a WordPiece token such as 'ł'
+    (a character that is also a shifted byte) can mislead."""
+    if byte_level is None:
+        byte_level = any(c in _SHIFTED for t in tokens for c in t)
+    if not byte_level or not all(c in _BYTES for t in tokens for c in t):
         return list(tokens)
     out = []
     for t in tokens:
@@ -141,7 +157,8 @@ def run_layer(manifest: dict, layer: int | None) -> int:
 def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = None) -> list[ReviewAttention]:
     """Several reviews of a run in one scan of its committed parts, with their predictions."""
     run = Path(run_dir)
-    idx = run_layer(read_manifest(run), layer)
+    manifest = read_manifest(run)
+    idx = run_layer(manifest, layer)
     parts = committed_parts(run)  # the manifest's parts: a stray file is never read
     if not parts:
         raise RunDirError(f"{run} has no committed parts")
@@ -163,6 +180,7 @@ def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = No
         review = from_rows(rows, doc_id, idx)
         pred = preds.filter(pl.col("doc_id") == doc_id).row(0, named=True)
         review.pred_label, review.label = pred["pred_label"], pred["label"]
+        review.byte_level = manifest.get("model", {}).get("byte_level")
         if pred["probs"] is not None and pred["pred_id"] is not None:
             review.prob = float(pred["probs"][pred["pred_id"]])
         out.append(review)
@@ -217,6 +235,7 @@ def review_from_text(
     review = from_rows(table, doc_id, clf.layers[0])
     pred = int(np.argmax(probs[0]))
     review.pred_label, review.prob, review.text = clf.labels[pred], float(probs[0, pred]), text
+    review.byte_level = clf.byte_level
     if pairs:
         _attach_pairs(review, clf, enc.ids)
     return review
@@ -273,10 +292,16 @@ def add_pairs(
         text = source_text(run_dir, review.doc_id)
     max_length = manifest.get("model", {}).get("max_length")
     clf = _load_classifier(model, review.layer, device, max_length)
+    run_weights = manifest.get("model", {}).get("weights_sha256")
+    if run_weights and clf.weights_sha256 != run_weights:  # the maps would be another model's
+        raise InputError(
+            f"the model at {model} is not the run's: its weights' hash differs from the one the "
+            "manifest records; pass the run's model with --model"
+        )
     enc = encode_texts(clf.tokenizer, [text], clf.max_length)[0]
     if enc.ids[1:-1].tolist() != review.token_ids:
         raise InputError(
-            f"the text and model given do not give review {review.doc_id!r}'s tokens; "
+            f"the review's text and the model do not give review {review.doc_id!r}'s tokens; "
             "pass the review's own text (--text) and the run's model (--model)"
         )
     review.text = text
@@ -307,6 +332,7 @@ def _pyplot(texts: list[str] | str = ""):
     import matplotlib.pyplot as plt
 
     plt.rcParams["font.family"] = fonts.family(texts)
+    plt.rcParams["text.parse_math"] = False  # ids, labels and tokens are text: "$x$" is no formula
     return plt
 
 
@@ -316,7 +342,7 @@ def cls_figure(review: ReviewAttention, tokens_per_row: int = TOKENS_PER_ROW):
     Laid out by hand in inches (cells, label bands, colour bar): matplotlib's automatic layouts
     measure every tick label several times, which dominates the cost of a long review.
     """
-    labels = [fonts.label(t) for t in readable(review.tokens)]
+    labels = [fonts.label(t) for t in readable(review.tokens, review.byte_level)]
     title = fonts.label(review.title())
     plt = _pyplot([*labels, title])
     n, heads = len(review.tokens), review.num_heads
@@ -370,7 +396,7 @@ def pairs_figure(review: ReviewAttention, columns: int = 4):
     """The second seed's picture: token x token attention of every head (rows: queries)."""
     if review.pairs is None or review.pair_tokens is None:
         raise SpecError("no token x token matrices: load the review with pairs (--pairs)")
-    labels = [fonts.label(t) for t in readable(review.pair_tokens)]
+    labels = [fonts.label(t) for t in readable(review.pair_tokens, review.byte_level)]
     title = fonts.label(review.title()) + " · token x token (row: query)"
     plt = _pyplot([*labels, title])
     heads, size = review.pairs.shape[0], review.pairs.shape[1]
@@ -414,7 +440,7 @@ def _turn_long_labels(ax) -> None:
 
 def cls_html(review: ReviewAttention) -> str:
     """The heads x tokens heatmap as an HTML table (real text; tooltips give both weights)."""
-    tokens = readable(review.tokens)
+    tokens = readable(review.tokens, review.byte_level)
     tips = np.empty(review.scaled.shape, dtype=object)
     for h in range(review.num_heads):
         for j, tok in enumerate(tokens):
@@ -443,14 +469,18 @@ def review_html(review: ReviewAttention, heading: bool = True) -> str:
     return "\n".join(parts)
 
 
+def _checked_out(out: str | Path) -> Path:
+    path = Path(out)
+    if path.suffix.lower() not in SUFFIXES:
+        raise SpecError(f"--out must end in {', '.join(SUFFIXES)}; got {path.name!r}")
+    return path
+
+
 def write_review(review: ReviewAttention, out: str | Path, pairs: bool = False) -> Path:
     """Write a review's picture: PNG (heads x tokens, or token x token with ``pairs``) or HTML (both)."""
-    path = Path(out)
-    suffix = path.suffix.lower()
-    if suffix not in SUFFIXES:
-        raise SpecError(f"--out must end in {' or '.join(SUFFIXES)}; got {path.name!r}")
+    path = _checked_out(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if suffix == ".html":
+    if path.suffix.lower() != ".png":
         path.write_text(htmlpage.page(review.title(), review_html(review, heading=False)), encoding="utf-8")
     else:
         png = htmlpage.png_bytes(pairs_figure(review), dpi=130) if pairs else cls_png(review, dpi=130)
@@ -469,6 +499,7 @@ def plot(
     device: str = "cpu",
 ) -> Path:
     """The ``plot`` command: a review of a run (``run_dir`` + ``doc_id``) or a text (``text`` + ``model``)."""
+    _checked_out(out)  # before any model loads
     if run_dir is not None:
         if doc_id is None:
             raise SpecError("give --doc-id: the id of the review in the run to plot")

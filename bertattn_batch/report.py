@@ -164,20 +164,22 @@ def _confusion_html(conf: dict[str, Any] | None, labelled: bool = False) -> str:
     )
 
 
-def _top_table_html(top: pl.DataFrame, k: int) -> str:
+def _top_table_html(top: pl.DataFrame) -> str:
     cells: dict[int, list[str]] = {}
     for row in top.iter_rows(named=True):
         cells.setdefault(row["head"], []).append(f"{row['token']} ({row['mean_scaled']:.2f})")
-    rows = [[h, *cells[h], *[""] * (k - len(cells[h]))] for h in sorted(cells)]
-    return htmlpage.data_table(["head", *(f"#{i}" for i in range(1, k + 1))], rows, [True])
+    width = max(map(len, cells.values()))  # the longest list, not k: few tokens may pass the filter
+    rows = [[h, *cells[h], *[""] * (width - len(cells[h]))] for h in sorted(cells)]
+    return htmlpage.data_table(["head", *(f"#{i}" for i in range(1, width + 1))], rows, [True])
 
 
-def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token"):
-    """Heads x (the union of every head's top k tokens): mean scaled weight, all reviews."""
+def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token", byte_level: bool | None = None):
+    """Heads x (the union of every head's top k tokens): mean scaled weight, all reviews.
+    ``byte_level``: the run's tokenizer spells bytes (see :func:`plot.readable`)."""
     rows = table.filter((pl.col("unit") == unit) & (pl.col("split") == "all") & (pl.col("layer") == layer))
     top = rows.filter(pl.col("rank") <= k).sort(["head", "rank"])
     tokens = list(dict.fromkeys(top["token"].to_list()))
-    labels = [fonts.label(t) for t in plot.readable(tokens)]
+    labels = [fonts.label(t) for t in plot.readable(tokens, byte_level)]
     plt = plot._pyplot(labels)
     heads = sorted(rows["head"].unique().to_list())
     values = np.full((len(heads), len(tokens)), np.nan)
@@ -205,7 +207,14 @@ def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token"):
     return fig
 
 
-def _tokens_html(table: pl.DataFrame, meta: dict[str, Any], layer: int, k: int, scored: bool = True) -> str:
+def _tokens_html(
+    table: pl.DataFrame,
+    meta: dict[str, Any],
+    layer: int,
+    k: int,
+    scored: bool = True,
+    byte_level: bool | None = None,
+) -> str:
     """``scored``: some review was scored, so an empty table means the min-reviews filter emptied it."""
     opts = meta.get("options", {})
     parts = [
@@ -220,11 +229,11 @@ def _tokens_html(table: pl.DataFrame, meta: dict[str, Any], layer: int, k: int, 
             why = "passes the filter" if scored else "was counted: no review of this run was scored"
             parts.append(f'<p class="meta">No {unit} {why}.</p>')
             continue
-        parts += [f"<h3>{unit.capitalize()}s, all reviews</h3>", _top_table_html(top, k)]
+        parts += [f"<h3>{unit.capitalize()}s, all reviews</h3>", _top_table_html(top)]
         if unit == "token":
             parts.append(
                 htmlpage.img(
-                    htmlpage.png_bytes(top_heatmap(table, layer, k, unit)),
+                    htmlpage.png_bytes(top_heatmap(table, layer, k, unit, byte_level)),
                     alt=f"heatmap of the top {unit}s per head",
                     caption=f"Heads x top {unit}s: mean scaled weight over all reviews",
                 )
@@ -233,7 +242,7 @@ def _tokens_html(table: pl.DataFrame, meta: dict[str, Any], layer: int, k: int, 
     for cls, group in by_pred.group_by("class_label", maintain_order=True):
         parts += [
             f"<h3>Tokens, reviews predicted {escape(str(cls[0]))} ({group['class_reviews'][0]})</h3>",
-            _top_table_html(group, k),
+            _top_table_html(group),
         ]
     return "\n".join(parts)
 
@@ -288,7 +297,7 @@ def build_report(
     body = [
         _summary_html(manifest, preds),
         _confusion_html(confusion(preds, labels), labelled) if not preds.is_empty() else "",
-        _tokens_html(table, meta, idx, top_k, scored=_any_scored(preds)),
+        _tokens_html(table, meta, idx, top_k, _any_scored(preds), manifest["model"].get("byte_level")),
         _examples_html(run, confident(preds, examples), idx) if examples and not preds.is_empty() else "",
         f'<p class="meta">Written {time.strftime("%Y-%m-%d %H:%M")} by bertattn report in '
         f"{time.perf_counter() - t0:.1f}s.</p>",

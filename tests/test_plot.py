@@ -151,7 +151,7 @@ def test_png_and_html_files(en_run, tmp_path):
     assert html.count('<th class="row">') == review.num_heads
     assert "data:image/png;base64," in html  # the token x token maps, embedded
     assert "http://" not in html and "https://" not in html and "<script" not in html
-    with pytest.raises(plot.SpecError, match=r"\.png or \.html"):
+    with pytest.raises(plot.SpecError, match=r"must end in \.png, \.html, \.htm; got .r\.jpg."):
         plot.write_review(review, tmp_path / "r.jpg")
 
 
@@ -243,6 +243,33 @@ def test_byte_level_tokens_are_shown_as_text():
         if "\ufffd" not in want and want.strip():  # a whole character or more
             assert shown == want.strip(), (tok, shown, want)
     assert readable(["good", "##ness", "好", "[UNK]"]) == ["good", "##ness", "好", "[UNK]"]
+    # a WordPiece run's letters that are also shifted bytes ('ł', 'ı') stay letters: its manifest says
+    assert readable(["dr", "ł", "##uka", "ı"], byte_level=False) == ["dr", "ł", "##uka", "ı"]
+    assert readable(tokens, byte_level=True) == got
+
+
+def test_a_run_records_whether_its_tokens_spell_bytes(en_run):
+    review = plot.load_review(en_run, short_doc(en_run))
+    assert review.byte_level is False  # WordPiece: whatever letters its tokens hold, shown as they are
+
+
+def test_titles_are_literal_one_line_and_bounded(en_run, tmp_path):
+    """'$...$' in an id or label is no formula (it failed to draw, or drew as math), and a long or
+    multi-line id is cut to one line instead of a figure tens of thousands of pixels wide."""
+    review = plot.load_review(en_run, short_doc(en_run))
+    review.doc_id, review.label = "c$\\frac$ " + "x" * 3000 + "\nnext", "m$x^2$d"
+    title = review.title()
+    assert "\n" not in title and len(title) < 250 and "m$x^2$d" in title
+    fig = plot.cls_figure(review)
+    assert fig.get_size_inches()[0] < 25
+    png = plot.write_review(review, tmp_path / "odd.png")
+    assert png.stat().st_size > 0
+
+
+def test_pairs_refuse_a_model_that_is_not_the_runs(en_run, tiny_zh_dir):
+    review = plot.load_review(en_run, longest_doc(en_run))
+    with pytest.raises(plot.InputError, match="is not the run's: its weights' hash differs"):
+        plot.add_pairs(review, en_run, model=str(tiny_zh_dir))
 
 
 def test_pairs_read_the_scored_review_not_a_null_ids_row(tiny_en_dir, tmp_path):
