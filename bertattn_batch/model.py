@@ -202,10 +202,9 @@ class Classifier:
     @property
     def byte_level(self) -> bool:
         """Whether tokens spell bytes (byte-level BPE: 'Ġgood'), which a reader needs decoded."""
-        import json
-
-        spec = json.loads(self.tokenizer.backend_tokenizer.to_str())
-        return '"ByteLevel"' in json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
+        backend = self.tokenizer.backend_tokenizer
+        parts = (backend.pre_tokenizer, backend.decoder)
+        return any(b'"ByteLevel"' in part.__getstate__() for part in parts if part is not None)
 
     @property
     def word_continuation(self) -> str | None:
@@ -358,7 +357,14 @@ def check_loaded_weights(model, info: dict[str, Any], source: str, for_training:
             f"{source}: its checkpoint lacks {len(missing)} of the model's weights ({_some_keys(missing)}), "
             "which would be random; was it saved from another architecture or under another name prefix?"
         )
-    unused = sorted(k for k in info.get("unexpected_keys", []) if k.startswith(prefix))
+    # a pooler the model has no place for is one it would not use: RoBERTa's classifiers pool [CLS]
+    # in their own head, yet checkpoints saved by older versions, and MLM bases, still carry one
+    pooled = any(name.startswith(f"{prefix}pooler.") for name, _ in model.named_parameters())
+    unused = sorted(
+        k
+        for k in info.get("unexpected_keys", [])
+        if k.startswith(prefix) and (pooled or not k.startswith(f"{prefix}pooler."))
+    )
     if unused:
         raise ModelError(
             f"{source}: transformers {transformers_version()} has no place for {len(unused)} of its "

@@ -455,7 +455,8 @@ def resume_point(
         if passes - {0} or int(sink.manifest.get("generation", 0)):  # an incremental pass, even one
             # interrupted before its first part: its inputs are the grown ones, its row numbers not ours
             raise RunDirError(
-                f"{sink.run_dir} holds incremental passes; resume it with --incremental (or --overwrite)"
+                f"{sink.run_dir} was last run with --incremental (its passes go by id, not by row number); "
+                "rerun it with --incremental (or --overwrite)"
             )
         skip_until = max((p["end_row"] for p in parts), default=0)
         if skip_until:
@@ -487,21 +488,18 @@ def _check_same_inputs(sink: RunWriter, sources: list[dict[str, Any]] | None, by
     if sources is None or before is None:  # runs from before sources were kept
         return
     before = [{**s, "path": os.path.abspath(s["path"])} for s in before]  # older runs: relative paths
-    # compared on what both record: runs from before modification times were kept compare sizes alone
-    if len(before) == len(sources) and all(
-        b == {k: s.get(k) for k in b} for b, s in zip(before, sources, strict=True)
-    ):
+    if len(before) == len(sources) and all(map(_same_file, before, sources)):
         return
     old = {s["path"]: s for s in before}
-    changes = [f"{s['path']} is new" for s in sources if s["path"] not in old]
     now = {s["path"] for s in sources}
+    changes = [f"{s['path']} is new" for s in sources if s["path"] not in old]
     changes += [f"{p} is gone" for p in old if p not in now]
     for s in sources:
         was = old.get(s["path"])
         if was is not None and was["bytes"] != s["bytes"]:
             changes.append(f"{s['path']} changed size")
-        elif was is not None and was.get("mtime_ns", s["mtime_ns"]) != s["mtime_ns"]:
-            changes.append(f"{s['path']} was rewritten (its size is the same, its modification time not)")
+        elif was is not None and not _same_file(was, s):
+            changes.append(f"{s['path']} was rewritten (same size, other bytes at its start or end)")
     changes = changes or ["the files are read in another order"]
     more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
     fix = "restore them, or pass --overwrite to start again"
@@ -511,6 +509,17 @@ def _check_same_inputs(sink: RunWriter, sources: list[dict[str, Any]] | None, by
         f"{sink.run_dir}: the inputs changed since this run began ({'; '.join(changes[:3])}{more}); "
         f"a resume goes on by row number and would mix old and new rows: {fix}"
     )
+
+
+def _same_file(was: dict[str, Any], now: dict[str, Any]) -> bool:
+    """The same input file as when the pass began, by what both records hold (older runs: the size
+    alone): its size and time, or where only its time changed (a copy, a re-export of the same rows),
+    the bytes at its start and end (:func:`read.source_files`)."""
+    if was["path"] != now["path"] or was["bytes"] != now["bytes"]:
+        return False
+    if "mtime_ns" not in was or was["mtime_ns"] == now["mtime_ns"]:
+        return True
+    return was.get("ends_sha256") == now["ends_sha256"]
 
 
 def _count(summary: RunSummary, window: Window, real: int, slots: int) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import codecs
 import csv
 import glob
+import hashlib
 import json
 import logging
 import math
@@ -48,6 +49,8 @@ from .write import MANIFEST
 log = logging.getLogger(__name__)
 
 BLOCK_ROWS = 4096
+#: Bytes at each end of an input file whose hash tells a rewritten file from a copy (source_files).
+ENDS_BYTES = 1 << 16
 #: How far into a CSV file its header line is looked for, past empty lines.
 HEADER_SCAN_BYTES = 1 << 20
 _EXTENSIONS = {
@@ -265,19 +268,32 @@ def check_inputs(
 
 
 def source_files(sources: Iterable[Source]) -> list[dict[str, Any]]:
-    """Each source as it was expanded, in reading order, with its size in bytes and its modification
-    time (a saved dataset: its files' total and latest). Why: row numbers count across the sources, so
-    a resume must know whether a folder or glob gained a file, or a file changed, since the rows it
-    skips were committed; an export rewritten in another row order keeps its size, not its time."""
+    """Each source as it was expanded, in reading order, with its size in bytes, its modification time
+    and a hash of its first and last ``ENDS_BYTES`` (a saved dataset: over all its files).
+
+    Why: row numbers count across the sources, so a resume must know whether a folder or glob gained
+    a file, or a file changed, since the rows it skips were committed. An export rewritten in another
+    row order keeps its size but not its time, nor (almost surely) its first rows or Parquet footer;
+    a copy of the same file keeps its bytes but not its time.
+    """
     out = []
     for src in sources:
         p = src.path
-        stats = [f.stat() for f in p.rglob("*") if f.is_file()] if p.is_dir() else [p.stat()]
+        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+        stats = [f.stat() for f in files]
+        digest = hashlib.sha256()
+        for f, st in zip(files, stats, strict=True):
+            with open(f, "rb") as fh:
+                digest.update(fh.read(ENDS_BYTES))
+                if st.st_size > ENDS_BYTES:
+                    fh.seek(max(ENDS_BYTES, st.st_size - ENDS_BYTES))
+                    digest.update(fh.read(ENDS_BYTES))
         out.append(
             {
                 "path": os.path.abspath(p),
                 "bytes": sum(st.st_size for st in stats),
                 "mtime_ns": max((st.st_mtime_ns for st in stats), default=0),
+                "ends_sha256": digest.hexdigest(),
             }
         )
     return out
@@ -566,12 +582,12 @@ def column_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
     its own by :func:`to_rows`, and a bad one becomes that row's status.
     """
     kind = column.type
+    if pa.types.is_dictionary(kind):  # a pandas categorical, say: its values, not their codes
+        column = column.cast(kind.value_type)
+        kind = column.type
     if kind in (pa.float32(), pa.float16()):  # as the narrow float prints (0.1), not as its double would
         narrow = np.float32 if kind == pa.float32() else np.float16
         return [None if v is None else float(str(narrow(v))) for v in column.to_pylist()]
-    if pa.types.is_dictionary(kind) and kind.value_type in _AS_BINARY:
-        column = column.cast(kind.value_type)
-        kind = column.type
     if kind in _AS_BINARY:
         column = column.cast(_AS_BINARY[kind])  # the same bytes: no copy, no check
     try:

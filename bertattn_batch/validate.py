@@ -396,7 +396,7 @@ def _check_schemas(rec: _Recorder, run: _Run) -> None:
             except Exception as e:  # any reader error means the file is not usable Parquet
                 rec.fail("schema", f"{part.rel[table]}: not readable as Parquet ({first_line(e)})")
                 continue
-            try:  # every value once: a damaged page hides behind a sound footer
+            try:  # every value once: a page that no longer decodes hides behind a sound footer
                 for _ in pf.iter_batches(batch_size=1 << 16):
                     pass
             except Exception as e:

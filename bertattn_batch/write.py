@@ -3,6 +3,7 @@
 Usage::
 
     with RunWriter(run_dir, header) as sink:      # header: spec, model, fingerprint...
+        sink.begin_pass(0, sources)                # pipeline.resume_point: which pass, which inputs
         sink.write_part(start_row, end_row, tables)
         sink.finalize(summary)
 

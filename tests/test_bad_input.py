@@ -448,6 +448,29 @@ def test_weights_the_checkpoint_lacks_or_the_model_drops_are_refused(
     assert Classifier.load(str(extra)).num_layers == Classifier.load(str(tiny_en_dir)).num_layers
 
 
+def test_a_roberta_classifier_saved_with_a_pooler_it_does_not_use_loads(tiny_en_dir, tmp_path):
+    """RoBERTa's classifiers pool [CLS] in their head; checkpoints from older versions still carry the
+    encoder's pooler, which changes nothing: accepted, with the same outputs. Other weights are not."""
+    from transformers import AutoTokenizer, RobertaConfig, RobertaForSequenceClassification
+
+    tok = AutoTokenizer.from_pretrained(tiny_en_dir)
+    config = RobertaConfig(
+        vocab_size=len(tok), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, pad_token_id=0, id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1},
+    )  # fmt: skip
+    torch.manual_seed(0)
+    RobertaForSequenceClassification(config).save_pretrained(tmp_path / "plain")
+    tok.save_pretrained(tmp_path / "plain")
+    pooler = {"roberta.pooler.dense.weight": torch.ones(16, 16), "roberta.pooler.dense.bias": torch.ones(16)}
+    with_pooler = _with_weights(tmp_path / "plain", tmp_path / "pooler", add=pooler)
+    ids = [np.arange(101, 109), np.arange(101, 105)]
+    got, want = (Classifier.load(str(m)).forward(ids)[0] for m in (with_pooler, tmp_path / "plain"))
+    np.testing.assert_array_equal(got, want)
+    extra = {"roberta.encoder.layer.0.attention.self.distance_embedding.weight": torch.zeros(3, 8)}
+    with pytest.raises(ModelError, match="has no place for 1 of its encoder weights"):
+        Classifier.load(str(_with_weights(tmp_path / "plain", tmp_path / "extra", add=extra)))
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("changes", [{"return_dict": False}, {"output_attentions": True}])
 def test_output_settings_in_config_json_are_overridden(changes, attention, tiny_en_dir, tmp_path):
