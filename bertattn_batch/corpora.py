@@ -77,8 +77,10 @@ def write_corpus(name: str, out: str | Path) -> int:
     """Write corpus ``name`` to a Parquet file; returns the number of rows."""
     if name not in CORPORA:
         raise InputError(f"unknown corpus {name!r}; choose one of {', '.join(CORPORA)}")
-    rows = CORPORA[name]()
     out = Path(out)
+    if out.suffix.lower() not in (".parquet", ".pq") or out.is_dir():
+        raise InputError(f"--out names the Parquet file to write (reviews.parquet); got {str(out)!r}")
+    rows = CORPORA[name]()
     out.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(
         rows, schema=pa.schema([("doc_id", pa.string()), ("text", pa.string()), ("label", pa.string())])

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .errors import InputError, ModelError, first_line
+from .locks import take_lock
 from .model import (
     check_loaded_weights,
     check_positions,
@@ -227,6 +228,10 @@ def _base_model(path: str, names: list[str]) -> Any:
             num_labels=len(names),
             id2label=dict(enumerate(names)),
             label2id={n: i for i, n in enumerate(names)},
+            # trained as a single-label softmax in float32, whatever the base was saved as: a
+            # multi-label or regression base's problem_type, or float16 weights, would otherwise stay
+            problem_type="single_label_classification",
+            dtype=torch.float32,
             use_safetensors=True,
             # no attn_implementation: SDPA where the architecture has it, else its eager attention
             trust_remote_code=False,
@@ -387,9 +392,10 @@ def finetune(
         raise InputError(
             f"too few labelled rows to train: {dict(counts)}; need at least 2 for each of {names}"
         )
-    out_dir = Path(out_dir)
+    out_dir = Path(os.path.abspath(out_dir))  # "." has no name to save beside
     _check_out_dir(out_dir)
 
+    lock = _lock_out_dir(out_dir)
     old_threads = torch.get_num_threads()
     hub_bars = _hub_progress_bars(progress)
     if spec.threads:
@@ -399,6 +405,21 @@ def finetune(
     finally:
         torch.set_num_threads(old_threads)
         _hub_progress_bars(hub_bars)
+        if lock is not None:
+            os.close(lock)
+
+
+def _lock_out_dir(out_dir: Path) -> int | None:
+    """One training per output folder at a time: a second would replace the first's model when both
+    finish, or fail on the rename after all its training. The lock dies with its process."""
+    try:
+        return take_lock(out_dir.with_name(f".{out_dir.name}.finetune.lock"))
+    except BlockingIOError:
+        raise ModelError(
+            f"another finetune is training into {out_dir}; wait for it or choose another --out"
+        ) from None
+    except OSError as e:
+        raise ModelError(f"cannot write beside {out_dir}: {e.strerror or e}") from None
 
 
 def _hub_progress_bars(enabled: bool) -> bool:

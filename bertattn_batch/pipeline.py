@@ -142,6 +142,13 @@ def _training_lock(model: Path) -> Iterator[Path]:
             os.close(fd)
 
 
+def training_format(spec: JobSpec, inputs: list[str] | None = None) -> str:
+    """The format to read a job's training inputs in: the job's own ``input_format`` applies to the
+    job's inputs; other files (``[finetune] inputs``, or ``inputs`` given) are told by their names."""
+    own = not inputs and not (spec.finetune and spec.finetune.inputs)
+    return spec.input_format if own else "auto"
+
+
 def _train_model(spec: JobSpec, progress: bool) -> None:
     from .finetune import finetune_files
 
@@ -154,7 +161,7 @@ def _train_model(spec: JobSpec, progress: bool) -> None:
         label_col=ft.label_col or spec.label_col or "label",
         out_dir=spec.model,
         spec=ft,
-        input_format=spec.input_format,
+        input_format=training_format(spec),
         progress=progress,
     )
     if metrics.get("accuracy") is None:  # eval_fraction = 0; an accuracy of 0.0 is still printed

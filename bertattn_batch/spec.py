@@ -163,7 +163,9 @@ class JobSpec:
         if self.limit is not None and self.limit < 0:
             raise SpecError(f"limit must not be negative, got {self.limit}")
         ft = self.finetune
-        if ft is not None and ft.base is None:  # the model [finetune] trains from scratch: checked before
+        # the model [finetune] would train from scratch, checked before it does (a folder that is there
+        # already is the model, whatever the table says)
+        if ft is not None and ft.base is None and not Path(self.model).exists():
             bad = [i for i in self.layers if not -ft.num_layers <= i < ft.num_layers]
             if bad:
                 raise SpecError(

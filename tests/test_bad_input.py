@@ -862,3 +862,12 @@ def test_nested_ids_and_labels_are_written_as_json(tiny_en_dir, tmp_path):
     preds = read_table(tmp_path / "run", "predictions")
     assert preds.column("doc_id").to_pylist() == ['{"n": 1, "s": "好"}', "[2]"]
     assert preds.column("label").to_pylist() == ['[1, "a"]', None]
+
+
+@pytest.mark.parametrize("out", ["corpus.csv", "folder", ""])
+def test_corpus_writes_only_a_parquet_file(out, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "folder").mkdir()
+    r = CliRunner().invoke(app, ["corpus", "drugreview", "--out", out])
+    assert r.exit_code == 1 and "--out names the Parquet file to write" in r.output, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]

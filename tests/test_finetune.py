@@ -374,6 +374,30 @@ def test_a_base_missing_encoder_weights_is_refused_and_one_missing_its_pooler_tr
                 finetune(texts, labels, tmp_path / "m", spec, progress=False)
 
 
+def test_a_multi_label_float16_base_trains_a_float32_single_label_classifier(
+    tiny_zh_dir, tmp_path: Path, monkeypatch
+) -> None:
+    """The base's problem_type and dtype are not the new model's: kept, extract refused the saved
+    model (multi-label), and float16 training diverged whatever the learning rate."""
+    from safetensors.torch import load_file, save_file
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_zh_dir, base)
+    config = json.loads((base / "config.json").read_text())
+    config |= {"problem_type": "multi_label_classification", "dtype": "float16"}
+    (base / "config.json").write_text(json.dumps(config))
+    weights = {k: v.half() for k, v in load_file(base / "model.safetensors").items()}
+    save_file(weights, base / "model.safetensors", metadata={"format": "pt"})
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")  # --out . : the folder the command runs in, empty
+    spec = FinetuneSpec(base=str(base), epochs=1.0, max_length=16, eval_fraction=0.0)
+    finetune(["好极了", "太差了"] * 4, ["pos", "neg"] * 4, ".", spec, progress=False)
+    saved = json.loads((tmp_path / "here" / "config.json").read_text())
+    assert saved.get("problem_type") == "single_label_classification" and saved.get("dtype") == "float32"
+    assert Classifier.load(str(tmp_path / "here"), layers=[0]).labels == ["neg", "pos"]
+
+
 def test_a_base_without_sdpa_trains(tiny_zh_dir, tmp_path: Path) -> None:
     """Megatron-BERT has no SDPA attention: the base trains with its own, as extract reads it."""
     from transformers import AutoTokenizer, MegatronBertConfig, MegatronBertForSequenceClassification
@@ -504,3 +528,56 @@ def test_no_usable_rows_says_why_rows_were_not_used(tmp_path: Path) -> None:
         finetune_files(
             [_write(tmp_path / "n.parquet", rows)], "text", "label", tmp_path / "m", FinetuneSpec(**TINY)
         )
+
+
+def test_a_second_finetune_into_the_same_folder_is_refused(tmp_path: Path) -> None:
+    """Two trainings into one --out: the later would replace the first's model, or fail after all its
+    training; the second is refused at once while the first holds the folder's lock."""
+    from bertattn_batch.finetune import _lock_out_dir
+
+    held = _lock_out_dir(tmp_path / "m")
+    try:
+        with pytest.raises(ModelError, match="another finetune is training into"):
+            finetune(
+                ["好极了", "太差了"] * 4, ["pos", "neg"] * 4, tmp_path / "m", FinetuneSpec(), progress=False
+            )
+    finally:
+        os.close(held)
+    assert not (tmp_path / "m").exists()
+
+
+def test_finetune_options_given_with_a_job_win_and_its_format_is_for_its_own_inputs(
+    tmp_path: Path, monkeypatch
+):
+    """--text-col and --label-col given beside --job were ignored for the job's; and the job's
+    input_format applied to [finetune] inputs of another format."""
+    from typer.testing import CliRunner
+
+    from bertattn_batch.cli import app
+    from bertattn_batch.pipeline import training_format
+    from bertattn_batch.spec import load_job
+
+    monkeypatch.chdir(tmp_path)
+    rows = {"body": ["好极了", "太差了"] * 8, "sentiment": ["pos", "neg"] * 8}
+    pq.write_table(pa.table(rows), tmp_path / "renamed.parquet")
+    (tmp_path / "reviews.txt").write_text("好\n")
+    (tmp_path / "job.toml").write_text(
+        'inputs = ["reviews.txt"]\nmodel = "m"\nout = "o"\ninput_format = "text"\nmax_length = 16\n'
+        "[finetune]\nhidden_size = 16\nnum_layers = 2\nnum_heads = 2\nintermediate_size = 32\n"
+        "max_length = 16\nepochs = 1.0\neval_fraction = 0.0\nmin_char_count = 1\n"
+    )
+    args = [
+        "finetune",
+        "renamed.parquet",
+        "--job",
+        "job.toml",
+        "--text-col",
+        "body",
+        "--label-col",
+        "sentiment",
+    ]
+    r = CliRunner().invoke(app, [*args, "--out", "m", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["id2label"] == {"0": "neg", "1": "pos"}
+    job = load_job(tmp_path / "job.toml")
+    assert training_format(job) == "text" and training_format(job, ["renamed.parquet"]) == "auto"

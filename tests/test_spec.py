@@ -88,3 +88,13 @@ def test_paths_are_accepted_as_in_a_notebook(tmp_path):
     spec = JobSpec(inputs=tmp_path / "a.parquet", model=tmp_path / "m", out=tmp_path / "o")
     assert spec.inputs == [str(tmp_path / "a.parquet")] and spec.model == str(tmp_path / "m")
     assert JobSpec(inputs=[tmp_path / "a", "b"], model="m", out="o").inputs == [str(tmp_path / "a"), "b"]
+
+
+def test_finetune_limits_apply_only_to_the_model_it_would_train(tmp_path):
+    """[finetune] trains the model only when its folder is not there: a folder that is there is the
+    model, and its own depth and positions count (extract checks them when it loads it)."""
+    body = 'inputs = ["a"]\nmodel = "{m}"\nout = "o"\nlayers = [-5]\nmax_length = 512\n[finetune]\nnum_layers = 2\n'
+    with pytest.raises(SpecError, match="out of range for the 2-layer"):
+        load_job(_write(tmp_path, body.format(m=tmp_path / "missing")))
+    (tmp_path / "there").mkdir()
+    assert load_job(_write(tmp_path, body.format(m=tmp_path / "there"))).layers == [-5]
