@@ -21,6 +21,7 @@ the time taken.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -30,7 +31,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -395,31 +396,38 @@ def finetune(
     out_dir = Path(os.path.abspath(out_dir))  # "." has no name to save beside
     _check_out_dir(out_dir)
 
-    lock = _lock_out_dir(out_dir)
     old_threads = torch.get_num_threads()
     hub_bars = _hub_progress_bars(progress)
     if spec.threads:
         torch.set_num_threads(spec.threads)
     try:
-        return _finetune(texts, labels, names, out_dir, spec, progress, skipped_rows or {})
+        with _out_dir_lock(out_dir):
+            return _finetune(texts, labels, names, out_dir, spec, progress, skipped_rows or {})
     finally:
         torch.set_num_threads(old_threads)
         _hub_progress_bars(hub_bars)
-        if lock is not None:
-            os.close(lock)
 
 
-def _lock_out_dir(out_dir: Path) -> int | None:
+@contextlib.contextmanager
+def _out_dir_lock(out_dir: Path) -> Iterator[None]:
     """One training per output folder at a time: a second would replace the first's model when both
-    finish, or fail on the rename after all its training. The lock dies with its process."""
+    finish, or fail on the rename after all its training. The lock dies with its process; its file
+    beside the folder is removed when the training ends."""
+    path = out_dir.with_name(f".{out_dir.name}.finetune.lock")
     try:
-        return take_lock(out_dir.with_name(f".{out_dir.name}.finetune.lock"))
+        fd = take_lock(path)
     except BlockingIOError:
         raise ModelError(
             f"another finetune is training into {out_dir}; wait for it or choose another --out"
         ) from None
     except OSError as e:
         raise ModelError(f"cannot write beside {out_dir}: {e.strerror or e}") from None
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        if fd is not None:
+            os.close(fd)
 
 
 def _hub_progress_bars(enabled: bool) -> bool:

@@ -533,17 +533,12 @@ def test_no_usable_rows_says_why_rows_were_not_used(tmp_path: Path) -> None:
 def test_a_second_finetune_into_the_same_folder_is_refused(tmp_path: Path) -> None:
     """Two trainings into one --out: the later would replace the first's model, or fail after all its
     training; the second is refused at once while the first holds the folder's lock."""
-    from bertattn_batch.finetune import _lock_out_dir
+    from bertattn_batch.finetune import _out_dir_lock
 
-    held = _lock_out_dir(tmp_path / "m")
-    try:
-        with pytest.raises(ModelError, match="another finetune is training into"):
-            finetune(
-                ["好极了", "太差了"] * 4, ["pos", "neg"] * 4, tmp_path / "m", FinetuneSpec(), progress=False
-            )
-    finally:
-        os.close(held)
-    assert not (tmp_path / "m").exists()
+    texts, labels = ["好极了", "太差了"] * 4, ["pos", "neg"] * 4
+    with _out_dir_lock(tmp_path / "m"), pytest.raises(ModelError, match="another finetune is training into"):
+        finetune(texts, labels, tmp_path / "m", FinetuneSpec(), progress=False)
+    assert list(tmp_path.iterdir()) == []  # no model, and no lock file left
 
 
 def test_finetune_options_given_with_a_job_win_and_its_format_is_for_its_own_inputs(
