@@ -111,6 +111,8 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> None:
     """
     if spec.finetune is None or (Path(spec.model) / "config.json").is_file():
         return
+    if Path(spec.out).exists() and not Path(spec.out).is_dir():  # found before training, not after it
+        raise RunDirError(f"{spec.out} is a file, not a folder; choose another --out")
     with _training_lock(Path(spec.model)) as lock:
         if (Path(spec.model) / "config.json").is_file():
             log.warning("model %s was trained by another job meanwhile; using it", spec.model)

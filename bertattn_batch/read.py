@@ -148,12 +148,16 @@ def _once_each(sources: list[Source]) -> list[Source]:
 
 def _review_files(folder: Path) -> list[Path]:
     """Files below a folder with a review file's extension, in path order. Names starting with ``_`` or
-    ``.`` (temporary and hidden files) are passed over below the folder, and so are run directories: a
-    run written inside its input folder must not be read as input on the next pass."""
+    ``.`` (temporary and hidden files) are passed over below the folder, and so are run directories and
+    model folders: a run or a model written inside its input folder must not be read as input next."""
     found, others = [], []
     for root, dirs, files in os.walk(folder):
         here = Path(root)
-        dirs[:] = [d for d in dirs if not d.startswith(("_", ".")) and not _is_run_dir(here / d)]
+        dirs[:] = [
+            d
+            for d in dirs
+            if not d.startswith(("_", ".")) and not _is_run_dir(here / d) and not _is_model_dir(here / d)
+        ]
         for f in (here / name for name in files if not name.startswith(("_", "."))):
             (found if format_suffix(f) in _EXTENSIONS else others).append(f)
     packed = sorted(f for f in others if _is_packed_reviews(f))
@@ -185,6 +189,13 @@ def _some(paths: list[Path]) -> str:
 
 def _is_run_dir(p: Path) -> bool:
     return (p / MANIFEST).is_file() and (p / "predictions").is_dir()
+
+
+def _is_model_dir(p: Path) -> bool:
+    """A model folder (its config.json is no JSON lines file), such as one finetune saved there."""
+    return (p / "config.json").is_file() and any(
+        (p / f).is_file() for f in ("model.safetensors", "pytorch_model.bin", "tokenizer.json")
+    )
 
 
 def _is_saved_dataset(p: Path) -> bool:

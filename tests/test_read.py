@@ -240,3 +240,13 @@ def test_a_csv_row_with_too_many_fields_stops_the_job_with_what_to_do(tmp_path):
         InputError, match=r"Expected 2 columns, got 3: b,one, two; every row needs the header"
     ):
         list(read.read_rows([str(path)], id_col="id"))
+
+
+def test_a_model_folder_inside_an_input_folder_is_no_input(tmp_path):
+    """``finetune reviews/ --out reviews/model``: the model's config.json is no JSON lines file."""
+    (tmp_path / "a.jsonl").write_text('{"text": "good"}\n')
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{\n  "model_type": "bert"\n}\n')
+    (model / "model.safetensors").write_bytes(b"")
+    assert [s.path.name for s in read.expand_inputs([str(tmp_path)])] == ["a.jsonl"]

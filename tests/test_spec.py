@@ -98,3 +98,17 @@ def test_finetune_limits_apply_only_to_the_model_it_would_train(tmp_path):
         load_job(_write(tmp_path, body.format(m=tmp_path / "missing")))
     (tmp_path / "there").mkdir()
     assert load_job(_write(tmp_path, body.format(m=tmp_path / "there"))).layers == [-5]
+
+
+def test_a_job_whose_out_is_a_file_stops_before_it_trains_its_model(tmp_path):
+    from bertattn_batch.errors import RunDirError
+    from bertattn_batch.pipeline import ensure_model
+    from bertattn_batch.spec import FinetuneSpec
+
+    (tmp_path / "out.txt").write_text("not a run")
+    spec = JobSpec(
+        inputs=["a"], model=str(tmp_path / "m"), out=str(tmp_path / "out.txt"), finetune=FinetuneSpec()
+    )
+    with pytest.raises(RunDirError, match="is a file, not a folder"):
+        ensure_model(spec, progress=False)
+    assert not (tmp_path / "m").exists()
