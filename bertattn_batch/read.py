@@ -272,8 +272,7 @@ def check_inputs(
     for src in sources:
         if run is not None and run in src.path.resolve().parents:
             raise InputError(f"input {src.path} lies inside the run directory {out}; choose another --out")
-        _check_packing(src)
-        _check_encoding(src)
+        _check_bytes(src)
         _check_columns(src, wanted)
     return sources
 
@@ -522,21 +521,6 @@ def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
 _WARNED: set[Path] = set()  # folders whose other files, and files named twice, a warning named
 
 
-def _check_packing(src: Source) -> None:
-    """Refuse archives, and compressed files of formats that compress inside (Parquet, datasets)."""
-    if src.format == "datasets":
-        return
-    try:
-        check_not_archive(src.path)
-        kind = compression_of(src.path) if src.format == "parquet" else None
-    except READ_ERRORS as e:
-        raise InputError(f"cannot read {src.path}: {getattr(e, 'strerror', None) or e}") from None
-    if kind is not None:
-        raise InputError(
-            f"{src.path} is {kind}-compressed; decompress it first (Parquet compresses its own pages)"
-        )
-
-
 #: Byte-order marks of the encodings that editors and spreadsheets write instead of UTF-8 ("Unicode
 #: text"); UTF-32's begin with UTF-16's, so they come first.
 _OTHER_BOMS = (
@@ -547,16 +531,26 @@ _OTHER_BOMS = (
 )
 
 
-def _check_encoding(src: Source) -> None:
-    """Refuse a line-based file that announces another encoding than UTF-8: read as UTF-8 its header
-    would be garbage and every review a row of NUL-interleaved bytes."""
-    if src.format in ("parquet", "datasets"):
+def _check_bytes(src: Source) -> None:
+    """Refuse files whose bytes the readers would turn into garbage rows: archives, compressed files of
+    formats that compress inside (Parquet, datasets), and line-based files that announce another
+    encoding than UTF-8 (every review would be NUL-interleaved bytes)."""
+    if src.format == "datasets":
         return
+    kind, head = None, b""
     try:
-        with open_binary(src.path) as f:
-            head = f.read(4)
+        check_not_archive(src.path)
+        if src.format == "parquet":
+            kind = compression_of(src.path)
+        else:
+            with open_binary(src.path) as f:
+                head = f.read(4)
     except READ_ERRORS as e:
         raise InputError(f"cannot read {src.path}: {getattr(e, 'strerror', None) or e}") from None
+    if kind is not None:
+        raise InputError(
+            f"{src.path} is {kind}-compressed; decompress it first (Parquet compresses its own pages)"
+        )
     for bom, name in _OTHER_BOMS:
         if head.startswith(bom):
             raise InputError(
