@@ -15,7 +15,8 @@ Where Ray Data's readers differ from the local ones: a text file is decoded whol
 byte fails the file, where the local reader marks that line ``invalid_utf8``) and split by
 ``str.splitlines`` (also at \\r, \\f, \\x85, \\u2028...); JSON lines need one type per key (a
 number among strings fails the read, where the local reader gives that row ``not_text``) and a JSON
-object on every line (a line cut short fails the read, where the local reader gives it ``not_json``).
+object on every line (a line cut short fails the read, where the local reader gives it ``not_json``);
+a CSV row with the wrong number of fields fails the read (the local reader gives it ``wrong_field_count``).
 """
 
 from __future__ import annotations

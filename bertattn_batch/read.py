@@ -9,7 +9,8 @@ Usage::
 
 Memory stays bounded whatever the corpus size: every format is read in blocks. Rows that cannot be
 read as text (a number, invalid UTF-8, a lone surrogate) are yielded with a status, never dropped, and
-so is a JSON line that is not a JSON object (``not_json``, after a warning that names its line). A file
+so is a JSON line that is not a JSON object (``not_json``, after a warning that names its line) and a CSV
+row with more or fewer fields than the header (``wrong_field_count``, after a warning). A file
 whose first line is not a JSON object is no JSON lines file at all (a JSON array, a CSV named .json): it
 stops the job with its file and line number.
 """
@@ -24,6 +25,7 @@ import json
 import logging
 import math
 import os
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +53,8 @@ log = logging.getLogger(__name__)
 BLOCK_ROWS = 4096
 #: Bytes at each end of an input file whose hash tells a rewritten file from a copy (source_files).
 ENDS_BYTES = 1 << 16
+#: Bytes of a CSV file that Arrow parses at a time.
+CSV_BLOCK_BYTES = 1 << 22
 #: How far into a CSV file its header line is looked for, past empty lines.
 HEADER_SCAN_BYTES = 1 << 20
 _EXTENSIONS = {
@@ -68,9 +72,18 @@ _EXTENSIONS = {
 TEXT_FILE_COLUMN = "text"
 
 
-#: The value of every wanted column of a JSON line that is not a JSON object; the row's status is
-#: ``not_json`` and its doc id its row number (there is no id to read).
-_NOT_JSON = object()
+class _Unreadable:
+    """The value of every wanted column of a row that could not be read as a row: its status says why,
+    and its doc id is its row number (there is no id to read)."""
+
+    def __init__(self, status: str) -> None:
+        self.status = status
+
+
+#: A JSON line that is not a JSON object.
+_NOT_JSON = _Unreadable("not_json")
+#: A CSV or TSV row with more or fewer fields than the header: which value is which is unknown.
+_WRONG_FIELD_COUNT = _Unreadable("wrong_field_count")
 #: A value nested in a list or struct that holds bytes that are not UTF-8: as text its status is
 #: ``invalid_utf8``; as an id or a label it counts as missing.
 _UNDECODABLE = object()
@@ -347,8 +360,8 @@ def to_rows(
     """
     batch = RowBatch()
     for i in range(n):
-        if cols[text_col][i] is _NOT_JSON:
-            batch.append(first_row + i, str(first_row + i), None, None, "not_json")
+        if isinstance(unreadable := cols[text_col][i], _Unreadable):
+            batch.append(first_row + i, str(first_row + i), None, None, unreadable.status)
             continue
         text, status = _as_text(cols[text_col][i])
         doc_id = str(first_row + i)
@@ -509,13 +522,7 @@ def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
     try:
         yield from reader(src, wanted, block_rows)
     except (pa.ArrowInvalid, *READ_ERRORS) as e:
-        hint = ""
-        if src.format in ("csv", "tsv") and "columns, got" in str(e):  # a row Arrow cannot place
-            hint = (
-                "; every row needs the header's number of fields (quote a field that holds the delimiter"
-                " or a line break); fix the file and run again with --overwrite"
-            )
-        raise InputError(f"{src.path}: cannot read as {src.format}: {first_line(e)}{hint}") from None
+        raise InputError(f"{src.path}: cannot read as {src.format}: {first_line(e)}") from None
 
 
 _WARNED: set[Path] = set()  # folders whose other files, and files named twice, a warning named
@@ -609,6 +616,8 @@ def _decoded(value: pa.Scalar) -> Any:
 
 
 def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
+    """A CSV or TSV file's rows. A row with more or fewer fields than the header keeps its place, with
+    the status ``wrong_field_count`` (after a warning that names it): which value is which is unknown."""
     if not _column_names(src):  # an empty file, or empty lines only
         return
     with open_binary(src.path) as f:
@@ -618,17 +627,68 @@ def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[
         if b"\n" not in body and b"\r" not in body:
             return
     parse, convert = csv_options(src.format, wanted)
+    ragged: deque[int] = deque()  # row numbers of the rows with the wrong number of fields, in order
+    named: list[int] = []  # the first few, for the warning
+    n_ragged = 0
+
+    def skip_ragged(bad: pcsv.InvalidRow) -> str:
+        nonlocal n_ragged
+        if bad.number is None:  # Arrow numbers rows only when it parses on one thread
+            return "error"
+        ragged.append(bad.number - 2)  # Arrow counts rows from 1, the header included
+        n_ragged += 1
+        if len(named) < 5:
+            named.append(bad.number - 2)
+        return "skip"
+
+    parse.invalid_row_handler = skip_ragged
+    row = 0  # the row number of the next row to yield
     with open_binary(src.path) as f:
         reader = pcsv.open_csv(
             f,
-            read_options=pcsv.ReadOptions(block_size=1 << 22),
+            read_options=pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False),
             parse_options=parse,
             convert_options=convert,
         )
         for rb in reader:  # Arrow's blocks are bytes, any number of rows: cut them to the window's rows
             for lo in range(0, rb.num_rows, block_rows):
                 piece = rb.slice(lo, block_rows)
-                yield {c: piece.column(c).to_pylist() for c in wanted}
+                cols = _with_ragged({c: piece.column(c).to_pylist() for c in wanted}, row, ragged)
+                row += len(cols[wanted[0]])
+                yield cols
+    if ragged:  # after the last row Arrow could read
+        yield {c: [_WRONG_FIELD_COUNT] * len(ragged) for c in wanted}
+    if n_ragged:
+        log.warning(
+            "%s: %s another number of fields than the header (%s %s); recorded with status wrong_field_count",
+            src.path,
+            "1 row has" if n_ragged == 1 else f"{n_ragged} rows have",
+            "row" if n_ragged == 1 else "rows",
+            ", ".join(map(str, named)) + (", ..." if n_ragged > len(named) else ""),
+        )
+
+
+def _with_ragged(cols: dict[str, list[Any]], row: int, ragged: deque[int]) -> dict[str, list[Any]]:
+    """``cols``, the rows Arrow read from row number ``row`` on, with a ``wrong_field_count`` row in the
+    place of each ragged row among them (taken from the front of ``ragged``)."""
+    n = len(next(iter(cols.values())))
+    if not ragged or ragged[0] >= row + n:  # none among them (one right after them is the next piece's)
+        return cols
+    out: dict[str, list[Any]] = {c: [] for c in cols}
+    j = 0
+    while j < n:
+        if ragged and ragged[0] <= row:
+            ragged.popleft()
+            for values in out.values():
+                values.append(_WRONG_FIELD_COUNT)
+            row += 1
+            continue
+        k = n - j if not ragged else min(n - j, ragged[0] - row)
+        for c, values in out.items():
+            values.extend(cols[c][j : j + k])
+        j += k
+        row += k
+    return out
 
 
 def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:

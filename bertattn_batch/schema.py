@@ -29,12 +29,13 @@ STATUSES = (
     "no_tokens",
     "invalid_utf8",
     "not_json",
+    "wrong_field_count",
     "duplicate_id",
     "null_id",
 )
 #: Statuses of rows that have no source id: their doc id is their row number, so the checks for
 #: repeated and committed ids leave them out (a real id equal to that number is still new).
-ROW_NUMBER_STATUSES = ("null_id", "not_json")
+ROW_NUMBER_STATUSES = ("null_id", "not_json", "wrong_field_count")
 
 _PRIMITIVES = {
     "string": pa.string(),

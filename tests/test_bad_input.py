@@ -147,6 +147,30 @@ def test_lines_that_are_no_json_object_get_a_status_and_their_row_number(tiny_en
     ]
 
 
+def test_csv_rows_with_the_wrong_number_of_fields_get_a_status_and_their_row_number(
+    tiny_en_dir, tmp_path, caplog
+):
+    """An unquoted comma in one review: that row is recorded and the job goes on; as with a line that is
+    no JSON, its doc id is its row number, and a real id of that spelling is no repeat of it."""
+    src = tmp_path / "in.csv"
+    src.write_text("id,text,label\na,a good drug,pos\nb,good, but slow,neg\n1,works,pos\nc\n")
+    out = tmp_path / "run"
+    r = _extract(src, tiny_en_dir, out, "--id-col", "id", "--label-col", "label")
+    assert r.exit_code == 0, r.output
+    preds = read_table(out, "predictions")
+    cols = ("doc_id", "row_index", "status", "label")
+    assert list(zip(*(preds.column(c).to_pylist() for c in cols), strict=True)) == [
+        ("a", 0, "ok", "pos"),
+        ("1", 1, "wrong_field_count", None),
+        ("1", 2, "ok", "pos"),
+        ("3", 3, "wrong_field_count", None),
+    ]
+    assert "not scored: wrong_field_count 2" in r.output
+    assert "2 rows have another number of fields than the header (rows 1, 3)" in caplog.text
+    assert set(read_table(out, "cls_attention").column("doc_id").to_pylist()) == {"a", "1"}
+    assert validate_run(out).ok
+
+
 def test_numbers_in_a_parquet_text_column(tiny_en_dir, tmp_path):
     src = tmp_path / "n.parquet"
     pq.write_table(pa.table({"text": [1.5, None, 3.0]}), src)
