@@ -10,6 +10,7 @@ Usage::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -152,9 +153,14 @@ def extract(
     max_length: Annotated[
         int | None, typer.Option(help="Truncate reviews to this many tokens (default: the model's limit).")
     ] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    device: Annotated[
+        str, typer.Option(help="auto (cuda where there is one, else cpu), cpu, cuda, cuda:N or mps.")
+    ] = "auto",
     dtype: Annotated[
-        str, typer.Option(help=f"{', '.join(DTYPES)}; auto is bfloat16 on CUDA, float32 on CPU.")
+        str,
+        typer.Option(
+            help=f"{', '.join(DTYPES)}; auto is bfloat16 on CUDA (float16 where the GPU lacks it), float32 elsewhere."
+        ),
     ] = "auto",
     attention: Annotated[
         str,
@@ -186,7 +192,7 @@ def extract(
     ] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
     engine: Annotated[
-        str, typer.Option(help="local (this process) or ray (Ray Data; pip install '.[ray]').")
+        str, typer.Option(help="local (this process) or ray (Ray Data; pip install '.\\[ray]').")
     ] = "local",
     workers: Annotated[
         int, typer.Option(help="Model workers of --engine ray (one GPU each where there are GPUs).")
@@ -238,6 +244,10 @@ def run(
     dtype: Annotated[str | None, typer.Option(help="Override the spec's dtype.")] = None,
     engine: Annotated[str | None, typer.Option(help="Override the spec's engine: local or ray.")] = None,
     workers: Annotated[int | None, typer.Option(help="Override the spec's workers (--engine ray).")] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="Override the spec's ray_address: the Ray cluster to join (--engine ray)."),
+    ] = None,
     overwrite: Overwrite = False,
     incremental: Incremental = False,
     debug: Debug = False,
@@ -253,10 +263,17 @@ def run(
             dtype=dtype,
             engine=engine,
             workers=workers,
+            ray_address=ray_address,
             on_existing=_on_existing(None, overwrite, incremental),
         )
     )
     _run(spec)
+
+
+def _ft_default(name: str) -> str:
+    """`` (default: X, or the job's)`` for a finetune option, from :class:`FinetuneSpec` itself."""
+    value = next(f.default for f in dataclasses.fields(FinetuneSpec) if f.name == name)
+    return f" (default: {value}, or the job's)"
 
 
 @app.command()
@@ -267,7 +284,10 @@ def finetune(
     out: Annotated[str | None, typer.Option(help="Folder to save the classifier to (safetensors).")] = None,
     job: Annotated[
         Path | None,
-        typer.Option(help="Take inputs, columns, --out and settings from a job spec's \\[finetune] table."),
+        typer.Option(
+            help="Train the model a job spec names (into its model folder, unless --out), with the settings of "
+            "its \\[finetune] table; inputs and columns not given there are the job's own."
+        ),
     ] = None,
     base: Annotated[
         str | None,
@@ -276,35 +296,46 @@ def finetune(
         ),
     ] = None,
     text_col: Annotated[
-        str | None, typer.Option(help="Column holding the review text [default: text, or the job's].")
+        str | None, typer.Option(help="Column holding the review text (default: text, or the job's).")
     ] = None,
     label_col: Annotated[
-        str | None, typer.Option(help="Column holding the label [default: label, or the job's].")
+        str | None, typer.Option(help="Column holding the label (default: label, or the job's).")
     ] = None,
     input_format: Annotated[
         str | None,
         typer.Option(
-            help="auto, parquet, jsonl, csv, tsv, text or datasets [default: auto, or the job's for its own inputs]."
+            help="auto, parquet, jsonl, csv, tsv, text or datasets (default: auto, or the job's for its own inputs)."
         ),
     ] = None,
     labels: Annotated[
         str | None, typer.Option(help="Comma-separated labels to train on (others skipped).")
     ] = None,
-    epochs: Annotated[float | None, typer.Option(help="Training epochs.")] = None,
+    epochs: Annotated[float | None, typer.Option(help=f"Training epochs{_ft_default('epochs')}.")] = None,
     max_length: Annotated[
-        int | None, typer.Option(help="Truncate training reviews to this many tokens.")
+        int | None,
+        typer.Option(help=f"Truncate training reviews to this many tokens{_ft_default('max_length')}."),
     ] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Reviews per training batch.")] = None,
-    learning_rate: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help=f"Reviews per training batch{_ft_default('batch_size')}.")
+    ] = None,
+    learning_rate: Annotated[
+        float | None,
+        typer.Option(help="Peak learning rate (default: 1e-3 from scratch, 5e-5 from a base, or the job's)."),
+    ] = None,
     seed: Annotated[
-        int | None, typer.Option(help="Seed for the split, initialisation and shuffling.")
+        int | None,
+        typer.Option(help=f"Seed for the split, initialisation and shuffling{_ft_default('seed')}."),
     ] = None,
     eval_fraction: Annotated[
-        float | None, typer.Option(help="Share of rows held out for accuracy and macro-F1.")
+        float | None,
+        typer.Option(help=f"Share of rows held out for accuracy and macro-F1{_ft_default('eval_fraction')}."),
     ] = None,
     min_char_count: Annotated[
         int | None,
-        typer.Option(help="From scratch: keep characters seen at least this often in the training split."),
+        typer.Option(
+            help="From scratch: keep characters seen at least this often in the training split"
+            f"{_ft_default('min_char_count')}."
+        ),
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
     debug: Debug = False,

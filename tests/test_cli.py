@@ -64,6 +64,32 @@ def test_every_extract_option_has_a_spec_key():
     assert options <= keys, options - keys
 
 
+def test_help_keeps_text_in_square_brackets():
+    """The help renderer reads [word] as markup and drops it: such text must be escaped."""
+    wide = {"COLUMNS": "400"}
+    assert "pip install '.[ray]'" in runner.invoke(app, ["extract", "--help"], env=wide).output
+    out = runner.invoke(app, ["finetune", "--help"], env=wide).output
+    assert "[finetune] table" in out and "(default: 3.0, or the job's)" in out
+
+
+def test_run_overrides_reach_the_spec(tmp_path, monkeypatch):
+    """Each of run's options replaces its key from the file (``ray job submit -- bertattn run job.toml
+    --engine ray --ray-address auto``)."""
+    from bertattn_batch import cli
+
+    job = tmp_path / "job.toml"
+    job.write_text('inputs = ["a.parquet"]\nmodel = "m"\nout = "o"\n')
+    seen = []
+    monkeypatch.setattr(cli, "_run", seen.append)
+    args = ["--out", "x", "--limit", "5", "--device", "cpu", "--dtype", "bfloat16", "--engine", "ray"]
+    args += ["--workers", "3", "--ray-address", "auto", "--incremental"]
+    r = runner.invoke(app, ["run", str(job), *args])
+    assert r.exit_code == 0, r.output
+    (spec,) = seen
+    got = (spec.out, spec.limit, spec.device, spec.dtype, spec.engine, spec.workers, spec.ray_address)
+    assert got == ("x", 5, "cpu", "bfloat16", "ray", 3, "auto") and spec.on_existing == "incremental"
+
+
 def test_extract_end_to_end(tiny_en_dir, drug_sample, tmp_path):
     out = tmp_path / "run"
     r = _extract(
