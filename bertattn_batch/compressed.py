@@ -92,12 +92,6 @@ def check_not_archive(path: Path) -> None:
         )
 
 
-def is_empty(path: Path) -> bool:
-    """Whether a file holds no bytes once decompressed."""
-    with open_binary(path) as f:
-        return not f.read(1)
-
-
 def open_binary(path: Path) -> BinaryIO:
     """A file's bytes, decompressed as they are read where it is compressed."""
     kind = compression_of(path)

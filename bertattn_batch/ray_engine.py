@@ -34,6 +34,8 @@ import gc
 import json
 import logging
 import os
+import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -103,6 +105,7 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
         yield ray
         return
     level = logging.ERROR if quiet else logging.INFO
+    handlers = _signal_handlers()
     try:
         if address:
             ray.init(address=address, log_to_driver=not quiet, logging_level=level)
@@ -122,10 +125,26 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
             f"cannot join the Ray cluster at {address}: {first_line(e)}; check the address, and for a "
             "cluster with token authentication set RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN)"
         ) from None
+    finally:
+        _restore(handlers)
     try:
         yield ray
     finally:
         ray.shutdown()
+
+
+def _signal_handlers() -> dict[int, Any]:
+    """This process's SIGTERM and SIGINT handlers: ``ray.init`` replaces SIGTERM's with one that dumps
+    a native stack and aborts (exit 134), where the CLI commits the part in hand and exits 143."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore(handlers: dict[int, Any]) -> None:
+    for sig, handler in handlers.items():
+        if handler is not None:  # even where Python still names it: Ray's is installed below Python's
+            signal.signal(sig, handler)
 
 
 @dataclass(frozen=True)

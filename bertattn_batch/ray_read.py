@@ -24,14 +24,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.json as pajson
 
-from .compressed import ARROW_CODECS, compression_of, is_empty
+from .compressed import ARROW_CODECS, compression_of
 from .errors import EngineError, InputError
 from .ids import IdSet
 from .read import (
@@ -41,6 +42,7 @@ from .read import (
     class_label_names,
     column_values,
     csv_options,
+    holds_rows,
     name_class_labels,
     to_rows,
     wanted_columns,
@@ -69,8 +71,9 @@ def _rows(table: pa.Table, first_row: int, lo: int, hi: int, cols: tuple) -> Row
     return to_rows(data, first_row + lo, hi - lo, *cols)
 
 
-def _num_rows(table: pa.Table) -> int:
-    return table.num_rows
+def _block_info(table: pa.Table) -> tuple[int, list[str]]:
+    """A block's row count, and its columns that Arrow read as dates or times."""
+    return table.num_rows, [f.name for f in table.schema if pa.types.is_temporal(f.type)]
 
 
 def _block_keys(table: pa.Table, first_row: int, cols: tuple) -> tuple[list[str], list[str]]:
@@ -127,9 +130,9 @@ class WindowPlan:
     ref: Any
 
 
-def _read_dataset(ray: Any, group: list[Source], wanted: list[str]) -> Any:
+def _read_dataset(ray: Any, group: list[Source], wanted: list[str], as_text: Sequence[str] = ()) -> Any:
     """One Ray Dataset over consecutive sources of one format and compression, read with Ray Data's own
-    readers."""
+    readers; JSON keys in ``as_text`` are read as strings, whatever Arrow would take them for."""
     fmt, paths = group[0].format, [str(s.path) for s in group]
     rd = ray.data
     files = {"partitioning": None, "file_extensions": None}
@@ -144,6 +147,11 @@ def _read_dataset(ray: Any, group: list[Source], wanted: list[str]) -> Any:
     if fmt == "parquet":
         return rd.read_parquet(paths, **files).select_columns(wanted)
     if fmt == "jsonl":
+        if as_text:
+            schema = pa.schema([(c, pa.string()) for c in as_text])
+            files["parse_options"] = pajson.ParseOptions(
+                explicit_schema=schema, unexpected_field_behavior="infer"
+            )
         return rd.read_json(paths, **files).select_columns(wanted)
     if fmt in ("csv", "tsv"):
         parse, convert = csv_options(fmt, wanted)
@@ -180,23 +188,17 @@ def _source_blocks(ray: Any, spec: JobSpec, sources: list[Source]) -> list[_Bloc
     """Read every input (as ``check_inputs`` gave them) with Ray Data; the blocks in input order, each
     with its first row number."""
     wanted = wanted_columns(spec.text_col, spec.id_col, spec.label_col)
-    # Empty delimited, JSON and text files hold no rows; Ray's readers would reject some of them.
-    sources = [s for s in sources if s.format in ("parquet", "datasets") or not is_empty(s.path)]
-    count = ray.remote(_num_rows)
+    # Files the local reader reads as no rows (empty lines only, a CSV header alone) are passed over:
+    # Ray's readers reject some of them. Those it refuses at their start are refused as it refuses them.
+    sources = [s for s in sources if s.format in ("parquet", "datasets") or holds_rows(s, wanted)]
     blocks: list[_Block] = []
     row = 0
     for group in _groups(sources):
-        ds = _read_dataset(ray, group, wanted)
-        try:
-            refs = ds.to_arrow_refs()
-            sizes = ray.get([count.remote(r) for r in refs])
-        except Exception as e:  # Ray wraps reader errors; name the files and the first line
-            where = ", ".join(str(s.path) for s in group[:3]) + (" ..." if len(group) > 3 else "")
-            name, message = worker_error(e)
-            hint = _JSON_HINT if group[0].format == "jsonl" else ""
-            raise InputError(
-                f"{where}: cannot read as {group[0].format}: {name.rpartition('.')[2]}: {message}{hint}"
-            ) from None
+        refs, sizes, dates = _read_blocks(ray, group, wanted)
+        if dates and group[0].format == "jsonl":
+            # Arrow reads a key whose every value looks like a date as timestamps ("2024-01-01 00:00:00",
+            # a text becomes not_text): read those keys again as the strings they are
+            refs, sizes, _ = _read_blocks(ray, group, wanted, as_text=dates)
         for ref, n in zip(refs, sizes, strict=True):
             if spec.limit is not None:
                 n = min(n, spec.limit - row)
@@ -206,6 +208,25 @@ def _source_blocks(ray: Any, spec: JobSpec, sources: list[Source]) -> list[_Bloc
         if spec.limit is not None and row >= spec.limit:
             break
     return blocks
+
+
+def _read_blocks(
+    ray: Any, group: list[Source], wanted: list[str], as_text: Sequence[str] = ()
+) -> tuple[list[Any], list[int], list[str]]:
+    """A group's blocks (object refs), their row counts, and the columns some block holds as dates."""
+    info = ray.remote(_block_info)
+    try:
+        refs = _read_dataset(ray, group, wanted, as_text).to_arrow_refs()
+        found = ray.get([info.remote(r) for r in refs])
+    except Exception as e:  # Ray wraps reader errors; name the files and the first line
+        where = ", ".join(str(s.path) for s in group[:3]) + (" ..." if len(group) > 3 else "")
+        name, message = worker_error(e)
+        hint = _JSON_HINT if group[0].format == "jsonl" else ""
+        raise InputError(
+            f"{where}: cannot read as {group[0].format}: {name.rpartition('.')[2]}: {message}{hint}"
+        ) from None
+    dates = sorted({c for _, cols in found for c in cols if c in wanted})
+    return refs, [n for n, _ in found], dates
 
 
 def plan_windows(

@@ -510,6 +510,17 @@ def _json_line(raw: bytes) -> Any:
         return json.loads(raw.decode("utf-8", errors="surrogateescape"))
 
 
+def holds_rows(src: Source, wanted: list[str]) -> bool:
+    """Whether this module's reader finds a row in ``src``: another engine passes over the files it
+    reads as no rows (empty lines only, a CSV header alone) and refuses those it refuses at their start
+    (a JSON array in a .json file) with the same message."""
+    rows = _read_columns(src, wanted, 1)
+    try:
+        return next(rows, None) is not None
+    finally:
+        rows.close()
+
+
 def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
     reader = {
         "parquet": _read_parquet,

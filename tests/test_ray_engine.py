@@ -8,6 +8,7 @@ import importlib.util
 import json
 import lzma
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -273,6 +274,59 @@ def test_every_reader_and_status_matches_the_local_engine(ray_local, tiny_en_dir
     ]
     assert preds.column("doc_id").to_pylist()[3] == "3"  # a null id falls back to the row number
     assert_parts_tile_the_rows(tmp_path / "ray", 10)
+
+
+@pytest.mark.slow
+def test_date_like_json_strings_and_files_without_rows_match_the_local_engine(
+    ray_local, tiny_en_dir, tmp_path
+):
+    """Arrow reads a JSON key whose every value looks like a date as timestamps: ids, labels and texts
+    must stay the strings they are. A CSV header alone and a file of empty lines hold no rows (Ray's
+    CSV reader rejects both)."""
+    rows = [
+        {"id": "2024-01-01", "text": "2020-05-01", "label": "2023-12-31"},
+        {"id": "2024-01-02T10:00:00Z", "text": "good since 2021", "label": "2023-12-31"},
+    ]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "header.csv").write_text("id,text,label")
+    (tmp_path / "blank.csv").write_text("\n\n")
+    src = [tmp_path / "header.csv", tmp_path / "d.jsonl", tmp_path / "blank.csv"]
+    kw = dict(id_col="id", label_col="label")
+    run_job(_spec(src, tiny_en_dir, tmp_path / "local", **kw))
+    run_job(_spec(src, tiny_en_dir, tmp_path / "ray", engine="ray", workers=1, **kw))
+    assert_same_run(tmp_path / "ray", tmp_path / "local")
+    preds = _sorted(tmp_path / "ray", "predictions")
+    assert preds.column("doc_id").to_pylist() == ["2024-01-01", "2024-01-02T10:00:00Z"]
+    assert preds.column("label").to_pylist() == ["2023-12-31"] * 2
+    assert preds.column("status").to_pylist() == ["ok", "ok"]
+
+
+def test_a_json_array_is_refused_for_ray_as_the_local_engine_refuses_it(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text('[{"text": "good"}]\n')
+    spec = _spec([path], "m", tmp_path / "out")
+    with pytest.raises(InputError, match=r"a.json:1: expected a JSON object on each line \(got list\)"):
+        ray_read._source_blocks(SimpleNamespace(), spec, [Source(path, "jsonl")])
+
+
+@pytest.mark.slow
+def test_sigterm_still_reaches_the_cli_once_ray_has_started(tmp_path):
+    """ray.init installs a native SIGTERM handler that aborts the process (exit 134); the CLI's own,
+    which commits the part in hand and exits 143, must stay in place."""
+    if not HAS_RAY:
+        pytest.skip("ray is not installed (pip install '.[ray]')")
+    marker = tmp_path / "handled"
+    code = f"""
+import os, signal, sys
+from bertattn_batch.ray_engine import ray_runtime
+signal.signal(signal.SIGTERM, lambda *_: (open({str(marker)!r}, "w").close(), sys.exit(143)))
+with ray_runtime(num_cpus=1):
+    os.kill(os.getpid(), signal.SIGTERM)
+    signal.pause()
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 143, proc.stderr[-2000:]
+    assert marker.exists()
 
 
 def test_an_xz_file_is_refused_for_ray_with_what_to_do(tmp_path):
