@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,10 @@ _JSON_HINT = (
     " (Ray Data's JSON reader needs one type per key, such as strings throughout, and one object a line;"
     " --engine local reads such files, with a status for each value that is not text)"
 )
+_CSV_HINT = (
+    " (Ray Data's CSV reader fails a file with a row of another number of fields than the header;"
+    " --engine local reads it, with the status wrong_field_count for that row)"
+)
 #: How Ray shows a worker's error: a traceback whose last line is "module.Class: message".
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _DIRECT_CAUSE = "The above exception was the direct cause of the following exception"
@@ -71,9 +75,28 @@ def _rows(table: pa.Table, first_row: int, lo: int, hi: int, cols: tuple) -> Row
     return to_rows(data, first_row + lo, hi - lo, *cols)
 
 
-def _block_info(table: pa.Table) -> tuple[int, list[str]]:
-    """A block's row count, and its columns that Arrow read as dates or times."""
-    return table.num_rows, [f.name for f in table.schema if pa.types.is_temporal(f.type)]
+def _block_info(table: pa.Table) -> tuple[int, dict[str, pa.DataType]]:
+    """A block's row count, and its columns that Arrow read as dates or times, anywhere in their type
+    (a list of dates too), each with its type with strings in their place."""
+    return table.num_rows, {f.name: _as_strings(f.type) for f in table.schema if _has_dates(f.type)}
+
+
+def _has_dates(kind: pa.DataType) -> bool:
+    return pa.types.is_temporal(kind) or any(_has_dates(kind.field(i).type) for i in range(kind.num_fields))
+
+
+def _as_strings(kind: pa.DataType) -> pa.DataType:
+    """``kind`` with pa.string() for each date or time in it."""
+    if pa.types.is_temporal(kind):
+        return pa.string()
+    if pa.types.is_struct(kind):
+        return pa.struct(
+            [kind.field(i).with_type(_as_strings(kind.field(i).type)) for i in range(kind.num_fields)]
+        )
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        item = kind.value_field.with_type(_as_strings(kind.value_type))
+        return pa.list_(item) if pa.types.is_list(kind) else pa.large_list(item)
+    return kind
 
 
 def _block_keys(table: pa.Table, first_row: int, cols: tuple) -> tuple[list[str], list[str]]:
@@ -130,9 +153,11 @@ class WindowPlan:
     ref: Any
 
 
-def _read_dataset(ray: Any, group: list[Source], wanted: list[str], as_text: Sequence[str] = ()) -> Any:
+def _read_dataset(
+    ray: Any, group: list[Source], wanted: list[str], as_text: dict[str, pa.DataType] | None = None
+) -> Any:
     """One Ray Dataset over consecutive sources of one format and compression, read with Ray Data's own
-    readers; JSON keys in ``as_text`` are read as strings, whatever Arrow would take them for."""
+    readers; JSON keys in ``as_text`` are read as the types given (strings where Arrow saw dates)."""
     fmt, paths = group[0].format, [str(s.path) for s in group]
     rd = ray.data
     files = {"partitioning": None, "file_extensions": None}
@@ -148,7 +173,7 @@ def _read_dataset(ray: Any, group: list[Source], wanted: list[str], as_text: Seq
         return rd.read_parquet(paths, **files).select_columns(wanted)
     if fmt == "jsonl":
         if as_text:
-            schema = pa.schema([(c, pa.string()) for c in as_text])
+            schema = pa.schema(list(as_text.items()))
             files["parse_options"] = pajson.ParseOptions(
                 explicit_schema=schema, unexpected_field_behavior="infer"
             )
@@ -196,9 +221,15 @@ def _source_blocks(ray: Any, spec: JobSpec, sources: list[Source]) -> list[_Bloc
     for group in _groups(sources):
         refs, sizes, dates = _read_blocks(ray, group, wanted)
         if dates and group[0].format == "jsonl":
-            # Arrow reads a key whose every value looks like a date as timestamps ("2024-01-01 00:00:00",
-            # a text becomes not_text): read those keys again as the strings they are
-            refs, sizes, _ = _read_blocks(ray, group, wanted, as_text=dates)
+            refs, sizes = [], []
+            for src in group:  # file by file: another file may hold numbers under the same key
+                file_refs, file_sizes, dates = _read_blocks(ray, [src], wanted)
+                if dates:
+                    # Arrow reads a key whose every value looks like a date as timestamps ("2024-01-01
+                    # 00:00:00", a text becomes not_text): read those keys again as the strings they are
+                    file_refs, file_sizes, _ = _read_blocks(ray, [src], wanted, as_text=dates)
+                refs += file_refs
+                sizes += file_sizes
         for ref, n in zip(refs, sizes, strict=True):
             if spec.limit is not None:
                 n = min(n, spec.limit - row)
@@ -211,9 +242,10 @@ def _source_blocks(ray: Any, spec: JobSpec, sources: list[Source]) -> list[_Bloc
 
 
 def _read_blocks(
-    ray: Any, group: list[Source], wanted: list[str], as_text: Sequence[str] = ()
-) -> tuple[list[Any], list[int], list[str]]:
-    """A group's blocks (object refs), their row counts, and the columns some block holds as dates."""
+    ray: Any, group: list[Source], wanted: list[str], as_text: dict[str, pa.DataType] | None = None
+) -> tuple[list[Any], list[int], dict[str, pa.DataType]]:
+    """A group's blocks (object refs), their row counts, and the wanted columns some block holds dates
+    in, each with its type with strings in their place."""
     info = ray.remote(_block_info)
     try:
         refs = _read_dataset(ray, group, wanted, as_text).to_arrow_refs()
@@ -221,11 +253,11 @@ def _read_blocks(
     except Exception as e:  # Ray wraps reader errors; name the files and the first line
         where = ", ".join(str(s.path) for s in group[:3]) + (" ..." if len(group) > 3 else "")
         name, message = worker_error(e)
-        hint = _JSON_HINT if group[0].format == "jsonl" else ""
+        hint = {"jsonl": _JSON_HINT, "csv": _CSV_HINT, "tsv": _CSV_HINT}.get(group[0].format, "")
         raise InputError(
             f"{where}: cannot read as {group[0].format}: {name.rpartition('.')[2]}: {message}{hint}"
         ) from None
-    dates = sorted({c for _, cols in found for c in cols if c in wanted})
+    dates = {c: kind for _, cols in found for c, kind in cols.items() if c in wanted}
     return refs, [n for n, _ in found], dates
 
 

@@ -254,15 +254,46 @@ def read_sources(
     wanted = wanted_columns(text_col, id_col, label_col)
     row = 0
     for src in sources:
-        for cols in _read_columns(src, wanted, block_rows):
-            n = len(cols[text_col])
-            if limit is not None:
-                n = min(n, limit - row)
-            if n > 0:
-                yield to_rows(cols, row, n, text_col, id_col, label_col)
-                row += n
-            if limit is not None and row >= limit:
-                return
+        ragged = _RaggedRows(src)
+        try:
+            for cols in _read_columns(src, wanted, block_rows):
+                n = len(cols[text_col])
+                if limit is not None:
+                    n = min(n, limit - row)
+                if n > 0:
+                    batch = to_rows(cols, row, n, text_col, id_col, label_col)
+                    ragged.note(batch)
+                    yield batch
+                    row += n
+                if limit is not None and row >= limit:
+                    return
+        finally:  # also when the reading stops early (a limit, an interrupt)
+            ragged.warn()
+
+
+class _RaggedRows:
+    """The rows of one CSV file that got ``wrong_field_count``, for one warning that names the first
+    few by their row numbers (their doc ids)."""
+
+    def __init__(self, src: Source) -> None:
+        self.src, self.count, self.first = src, 0, []
+
+    def note(self, batch: RowBatch) -> None:
+        if "wrong_field_count" in batch.status:
+            rows = [r for r, s in zip(batch.row_index, batch.status, strict=True) if s == "wrong_field_count"]
+            self.count += len(rows)
+            self.first.extend(rows[: 5 - len(self.first)])
+
+    def warn(self) -> None:
+        if self.count:
+            log.warning(
+                "%s: %s another number of fields than the header (%s %s); recorded with status "
+                "wrong_field_count",
+                self.src.path,
+                "1 row has" if self.count == 1 else f"{self.count} rows have",
+                "row" if self.count == 1 else "rows",
+                ", ".join(map(str, self.first)) + (", ..." if self.count > len(self.first) else ""),
+            )
 
 
 def check_inputs(
@@ -628,7 +659,7 @@ def _decoded(value: pa.Scalar) -> Any:
 
 def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
     """A CSV or TSV file's rows. A row with more or fewer fields than the header keeps its place, with
-    the status ``wrong_field_count`` (after a warning that names it): which value is which is unknown."""
+    the status ``wrong_field_count``: which value is which is unknown."""
     if not _column_names(src):  # an empty file, or empty lines only
         return
     with open_binary(src.path) as f:
@@ -638,22 +669,49 @@ def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[
         if b"\n" not in body and b"\r" not in body:
             return
     parse, convert = csv_options(src.format, wanted)
-    ragged: deque[int] = deque()  # row numbers of the rows with the wrong number of fields, in order
-    named: list[int] = []  # the first few, for the warning
-    n_ragged = 0
+    # Runs [first, end) of row numbers of the rows with the wrong number of fields, in order: runs, so
+    # that a file of such rows only (a wrong delimiter), which Arrow returns no rows of, holds two numbers.
+    ragged: deque[list[int]] = deque()
 
     def skip_ragged(bad: pcsv.InvalidRow) -> str:
-        nonlocal n_ragged
         if bad.number is None:  # Arrow numbers rows only when it parses on one thread
             return "error"
-        ragged.append(bad.number - 2)  # Arrow counts rows from 1, the header included
-        n_ragged += 1
-        if len(named) < 5:
-            named.append(bad.number - 2)
+        number = bad.number - 2  # Arrow counts rows from 1, the header included
+        if ragged and ragged[-1][1] == number:
+            ragged[-1][1] += 1
+        else:
+            ragged.append([number, number + 1])
         return "skip"
 
     parse.invalid_row_handler = skip_ragged
-    row = 0  # the row number of the next row to yield
+    out: dict[str, list[Any]] = {c: [] for c in wanted}
+    row = 0  # the row number of the next row to put in ``out``
+
+    def place(cols: dict[str, list[Any]], n: int, last: bool = False) -> Iterator[dict[str, list[Any]]]:
+        """Arrow's next ``n`` rows, with each ragged row among or right after them (all that are left,
+        if ``last``) in its place; ``out``'s rows in blocks of ``block_rows``."""
+        nonlocal out, row
+        j = 0
+        while True:
+            if ragged and (ragged[0][0] <= row or last):
+                k = min(ragged[0][1] - ragged[0][0], block_rows)
+                for values in out.values():
+                    values.extend([_WRONG_FIELD_COUNT] * k)
+                ragged[0][0] += k
+                if ragged[0][0] == ragged[0][1]:
+                    ragged.popleft()
+            elif j < n:
+                k = n - j if not ragged else min(n - j, ragged[0][0] - row)
+                for c, values in out.items():
+                    values.extend(cols[c][j : j + k])
+                j += k
+            else:
+                break
+            row += k
+            while len(out[wanted[0]]) >= block_rows:
+                yield {c: values[:block_rows] for c, values in out.items()}
+                out = {c: values[block_rows:] for c, values in out.items()}
+
     with open_binary(src.path) as f:
         reader = pcsv.open_csv(
             f,
@@ -661,45 +719,11 @@ def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[
             parse_options=parse,
             convert_options=convert,
         )
-        for rb in reader:  # Arrow's blocks are bytes, any number of rows: cut them to the window's rows
-            for lo in range(0, rb.num_rows, block_rows):
-                piece = rb.slice(lo, block_rows)
-                cols = _with_ragged({c: piece.column(c).to_pylist() for c in wanted}, row, ragged)
-                row += len(cols[wanted[0]])
-                yield cols
-    if ragged:  # after the last row Arrow could read
-        yield {c: [_WRONG_FIELD_COUNT] * len(ragged) for c in wanted}
-    if n_ragged:
-        log.warning(
-            "%s: %s another number of fields than the header (%s %s); recorded with status wrong_field_count",
-            src.path,
-            "1 row has" if n_ragged == 1 else f"{n_ragged} rows have",
-            "row" if n_ragged == 1 else "rows",
-            ", ".join(map(str, named)) + (", ..." if n_ragged > len(named) else ""),
-        )
-
-
-def _with_ragged(cols: dict[str, list[Any]], row: int, ragged: deque[int]) -> dict[str, list[Any]]:
-    """``cols``, the rows Arrow read from row number ``row`` on, with a ``wrong_field_count`` row in the
-    place of each ragged row among them (taken from the front of ``ragged``)."""
-    n = len(next(iter(cols.values())))
-    if not ragged or ragged[0] >= row + n:  # none among them (one right after them is the next piece's)
-        return cols
-    out: dict[str, list[Any]] = {c: [] for c in cols}
-    j = 0
-    while j < n:
-        if ragged and ragged[0] <= row:
-            ragged.popleft()
-            for values in out.values():
-                values.append(_WRONG_FIELD_COUNT)
-            row += 1
-            continue
-        k = n - j if not ragged else min(n - j, ragged[0] - row)
-        for c, values in out.items():
-            values.extend(cols[c][j : j + k])
-        j += k
-        row += k
-    return out
+        for rb in reader:  # Arrow's blocks are bytes, any number of rows
+            yield from place({c: rb.column(c).to_pylist() for c in wanted}, rb.num_rows)
+    yield from place({}, 0, last=True)
+    if out[wanted[0]]:
+        yield out
 
 
 def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:

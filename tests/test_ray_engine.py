@@ -284,21 +284,22 @@ def test_date_like_json_strings_and_files_without_rows_match_the_local_engine(
     must stay the strings they are. A CSV header alone and a file of empty lines hold no rows (Ray's
     CSV reader rejects both)."""
     rows = [
-        {"id": "2024-01-01", "text": "2020-05-01", "label": "2023-12-31"},
-        {"id": "2024-01-02T10:00:00Z", "text": "good since 2021", "label": "2023-12-31"},
+        {"id": "2024-01-01", "text": "2020-05-01", "label": ["2023-12-31"]},
+        {"id": "2024-01-02T10:00:00Z", "text": "good since 2021", "label": ["2023-12-31", "2024-01-01"]},
     ]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "n.jsonl").write_text('{"id": 5, "text": "a number for an id here", "label": [1]}\n')
     (tmp_path / "header.csv").write_text("id,text,label")
     (tmp_path / "blank.csv").write_text("\n\n")
-    src = [tmp_path / "header.csv", tmp_path / "d.jsonl", tmp_path / "blank.csv"]
+    src = [tmp_path / n for n in ("header.csv", "d.jsonl", "n.jsonl", "blank.csv")]
     kw = dict(id_col="id", label_col="label")
     run_job(_spec(src, tiny_en_dir, tmp_path / "local", **kw))
     run_job(_spec(src, tiny_en_dir, tmp_path / "ray", engine="ray", workers=1, **kw))
     assert_same_run(tmp_path / "ray", tmp_path / "local")
     preds = _sorted(tmp_path / "ray", "predictions")
-    assert preds.column("doc_id").to_pylist() == ["2024-01-01", "2024-01-02T10:00:00Z"]
-    assert preds.column("label").to_pylist() == ["2023-12-31"] * 2
-    assert preds.column("status").to_pylist() == ["ok", "ok"]
+    assert preds.column("doc_id").to_pylist() == ["2024-01-01", "2024-01-02T10:00:00Z", "5"]
+    assert preds.column("label").to_pylist() == ['["2023-12-31"]', '["2023-12-31", "2024-01-01"]', "[1]"]
+    assert preds.column("status").to_pylist() == ["ok", "ok", "ok"]
 
 
 def test_a_json_array_is_refused_for_ray_as_the_local_engine_refuses_it(tmp_path):

@@ -278,11 +278,26 @@ def test_csv_rows_with_the_wrong_number_of_fields_keep_their_place(tmp_path, cap
     )
 
 
-def test_a_csv_of_ragged_rows_only(tmp_path):
-    path = tmp_path / "f.csv"
-    path.write_text("id,text\na,b,c\nd\n")
-    (batch,) = read.read_rows([str(path)], id_col="id")
-    assert batch.doc_id == ["0", "1"] and batch.status == ["wrong_field_count"] * 2
+def test_a_csv_of_ragged_rows_comes_in_blocks_and_is_named_by_doc_id(tmp_path, caplog):
+    """A wrong delimiter makes every row ragged, and Arrow returns no rows at all: the rows still come
+    in blocks of the window's size. The warning names rows by their doc ids, which count on across
+    files, and is given even where a limit stops the reading."""
+    first = tmp_path / "a.csv"
+    first.write_text("id,text\nx,fine\ny,fine\n")
+    path = tmp_path / "b.csv"
+    path.write_text("id,text\n" + "".join(f"r{i},text,\n" for i in range(1_000)) + "ok,fine\n")
+    batches = list(read.read_rows([str(first), str(path)], id_col="id", block_rows=64))
+    assert max(len(b) for b in batches) == 64
+    doc_ids = [d for b in batches for d in b.doc_id]
+    assert doc_ids == ["x", "y", *map(str, range(2, 1_002)), "ok"]
+    assert (
+        "b.csv: 1000 rows have another number of fields than the header (rows 2, 3, 4, 5, 6, ...)"
+        in caplog.text
+    )
+
+    caplog.clear()
+    assert sum(len(b) for b in read.read_rows([str(path)], limit=3)) == 3
+    assert "b.csv: 3 rows have another number of fields than the header (rows 0, 1, 2)" in caplog.text
 
 
 def test_a_model_folder_inside_an_input_folder_is_no_input(tmp_path):
