@@ -155,7 +155,8 @@ class ValidationReport:
             )
         else:
             failed = sum(1 for c in self.checks if c.problems)
-            lines.append(f"damaged: {self.problem_count} problems in {failed} of {len(self.checks)} checks")
+            problems = "1 problem" if self.problem_count == 1 else f"{self.problem_count} problems"
+            lines.append(f"damaged: {problems} in {failed} of {len(self.checks)} checks")
         return "\n".join(lines)
 
 

@@ -405,6 +405,8 @@ def test_mass_tolerance_follows_how_rows_were_computed(en_run, tmp_path, dtype, 
     pq.write_table(t.set_column(i, "weight_cls", pa.array(w, pa.float32())), run / "head_summary" / PART0)
     report = validate_run(run, check_source=False)
     assert (report.check("attention_mass").problems == 1) is caught, report.render()
+    if caught:
+        assert report.render().endswith(f"damaged: 1 problem in 1 of {len(report.checks)} checks")
 
 
 def test_brackets_in_input_and_run_paths_are_plain_characters(tiny_en_dir, tmp_path):
