@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections import Counter
@@ -100,6 +101,8 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
     """Yield ``ray``, connected: to ``address`` (or RAY_ADDRESS), to the runtime this process already
     has, or to a new local one bound to loopback with no dashboard. A runtime started here stops on exit."""
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        _check_reachable(address)
     ray = import_ray(local=address is None)
     if ray.is_initialized():
         yield ray
@@ -131,6 +134,21 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
         yield ray
     finally:
         ray.shutdown()
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse a cluster address (``host:port`` or ``ray://host:port``) where nothing listens: ``ray.init``
+    would retry it for minutes without a word. Other forms (``auto``) are left to Ray."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host or "/" in host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as e:
+        raise EngineError(
+            f"cannot join the Ray cluster at {address}: nothing answers there ({e.strerror or e}); check "
+            "the address and that the cluster is up"
+        ) from None
 
 
 def _signal_handlers() -> dict[int, Any]:

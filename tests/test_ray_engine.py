@@ -8,6 +8,7 @@ import importlib.util
 import json
 import lzma
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -328,6 +329,21 @@ with ray_runtime(num_cpus=1):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 143, proc.stderr[-2000:]
     assert marker.exists()
+
+
+def test_a_cluster_address_where_nothing_listens_is_refused_at_once():
+    """ray.init would retry such an address for minutes without a word."""
+    with socket.socket() as s:  # a port that was free a moment ago
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with (
+            pytest.raises(
+                EngineError, match=rf"cannot join the Ray cluster at {address}: nothing answers there"
+            ),
+            ray_runtime(address),
+        ):
+            pass
 
 
 def test_an_xz_file_is_refused_for_ray_with_what_to_do(tmp_path):
