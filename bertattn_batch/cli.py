@@ -24,7 +24,16 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from .errors import BertAttnError, SpecError
-from .spec import ATTENTION_MODES, DTYPES, ON_EXISTING, FinetuneSpec, JobSpec, from_dict, load_job
+from .spec import (
+    ATTENTION_MODES,
+    DEVICES_HELP,
+    DTYPES,
+    ON_EXISTING,
+    FinetuneSpec,
+    JobSpec,
+    from_dict,
+    load_job,
+)
 
 app = typer.Typer(
     help="Stream review corpora through a fine-tuned BERT classifier; write each review's prediction "
@@ -154,7 +163,7 @@ def extract(
         int | None, typer.Option(help="Truncate reviews to this many tokens (default: the model's limit).")
     ] = None,
     device: Annotated[
-        str, typer.Option(help="auto (cuda where there is one, else cpu), cpu, cuda, cuda:N or mps.")
+        str, typer.Option(help=f"{DEVICES_HELP}; auto is cuda where there is one, else cpu.")
     ] = "auto",
     dtype: Annotated[
         str,
@@ -343,7 +352,7 @@ def finetune(
     """Train a sequence classifier from a pretrained BERT or from scratch; report held-out accuracy."""
     _setup(debug)
     from .finetune import finetune_files
-    from .pipeline import training_format
+    from .pipeline import training_inputs
 
     overrides: dict[str, Any] = {
         "base": base,
@@ -363,12 +372,13 @@ def finetune(
             spec = load_job(job)
             ft = spec.finetune or FinetuneSpec()
             merged = from_dict(FinetuneSpec, {**ft.__dict__, **overrides})
+            job_inputs, job_text_col, job_label_col, job_format = training_inputs(spec, inputs)
             return (
-                inputs or ft.inputs or spec.inputs,
-                text_col or ft.text_col or spec.text_col,
-                label_col or ft.label_col or spec.label_col or "label",
+                job_inputs,
+                text_col or job_text_col,
+                label_col or job_label_col,
                 out or spec.model,
-                input_format or training_format(spec, inputs),
+                input_format or job_format,
                 merged,
             )
         if not inputs or not out:

@@ -40,7 +40,7 @@ from .ids import IdSet
 from .locks import take_lock
 from .model import Classifier
 from .read import RowBatch, Source, check_inputs, count_rows, read_sources, source_files
-from .spec import JobSpec
+from .spec import FinetuneSpec, JobSpec
 from .threads import Worker, prefetch
 from .write import RunWriter, part_generation
 
@@ -144,26 +144,36 @@ def _training_lock(model: Path) -> Iterator[Path]:
             os.close(fd)
 
 
-def training_format(spec: JobSpec, inputs: list[str] | None = None) -> str:
-    """The format to read a job's training inputs in: the job's own ``input_format`` applies to the
-    job's inputs; other files (``[finetune] inputs``, or ``inputs`` given) are told by their names."""
-    own = not inputs and not (spec.finetune and spec.finetune.inputs)
-    return spec.input_format if own else "auto"
+def training_inputs(spec: JobSpec, inputs: list[str] | None = None) -> tuple[list[str], str, str, str]:
+    """What a job's model is trained on: (inputs, text column, label column, input format).
+
+    ``[finetune]``'s own inputs and columns where it names them, else the job's; ``inputs`` given
+    replace both. The job's ``input_format`` applies to the job's inputs only; other files are told by
+    their names.
+    """
+    ft = spec.finetune or FinetuneSpec()
+    own = not inputs and not ft.inputs
+    return (
+        inputs or ft.inputs or spec.inputs,
+        ft.text_col or spec.text_col,
+        ft.label_col or spec.label_col or "label",
+        spec.input_format if own else "auto",
+    )
 
 
 def _train_model(spec: JobSpec, progress: bool) -> None:
     from .finetune import finetune_files
 
-    ft = spec.finetune
-    assert ft is not None
+    assert spec.finetune is not None
     log.warning("model %s not found: training it now from the job's [finetune] table", spec.model)
+    inputs, text_col, label_col, input_format = training_inputs(spec)
     metrics = finetune_files(
-        ft.inputs or spec.inputs,
-        text_col=ft.text_col or spec.text_col,
-        label_col=ft.label_col or spec.label_col or "label",
+        inputs,
+        text_col=text_col,
+        label_col=label_col,
         out_dir=spec.model,
-        spec=ft,
-        input_format=training_format(spec),
+        spec=spec.finetune,
+        input_format=input_format,
         progress=progress,
     )
     if metrics.get("accuracy") is None:  # eval_fraction = 0; an accuracy of 0.0 is still printed

@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import SpecError
 
-DEVICES_HELP = "auto, cpu, cuda or cuda:N"
+DEVICES_HELP = "auto, cpu, cuda, cuda:N or mps"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_MODES = ("sdpa", "eager")
 ON_EXISTING = ("resume", "overwrite", "new", "incremental")

@@ -549,7 +549,7 @@ def test_finetune_options_given_with_a_job_win_and_its_format_is_for_its_own_inp
     from typer.testing import CliRunner
 
     from bertattn_batch.cli import app
-    from bertattn_batch.pipeline import training_format
+    from bertattn_batch.pipeline import training_inputs
     from bertattn_batch.spec import load_job
 
     monkeypatch.chdir(tmp_path)
@@ -575,4 +575,5 @@ def test_finetune_options_given_with_a_job_win_and_its_format_is_for_its_own_inp
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "m" / "config.json").read_text())["id2label"] == {"0": "neg", "1": "pos"}
     job = load_job(tmp_path / "job.toml")
-    assert training_format(job) == "text" and training_format(job, ["renamed.parquet"]) == "auto"
+    assert training_inputs(job) == (["reviews.txt"], "text", "label", "text")
+    assert training_inputs(job, ["renamed.parquet"])[3] == "auto"
