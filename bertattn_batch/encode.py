@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -69,13 +70,15 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
             else:  # rare: mostly whitespace, dropped characters or words of hundreds of letters
                 enc = _encode_batch(tokenizer, [texts[i]], max_length)[0]
                 truncated = bool(enc.overflowing)
+        n = len(enc)
         ids = np.asarray(enc.ids, dtype=np.int32)
-        offsets = np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2)
+        # fromiter over the flattened pairs: np.asarray on the list of tuples took twice as long
+        offsets = np.fromiter(chain.from_iterable(enc.offsets), np.int32, count=2 * n).reshape(n, 2)
         if mark is not None:
             _unpin_prepended_marks(ids, offsets, mark)
         if trims:
             _span_trimmed_spaces(tokenizer.backend_tokenizer, texts[i], ids, offsets)
-        if not texts[i].isascii() and (_marks().search(texts[i]) or max(texts[i]) > "\uffff"):
+        if not texts[i].isascii() and _marks().search(texts[i]):
             _widen_over_marks(texts[i], offsets, end_known=not (truncated and keeps_start))
         out.append(Encoded(ids=ids, offsets=offsets, truncated=truncated))
     return out
@@ -186,10 +189,11 @@ def _joins_previous(char: str) -> bool:
 
 @functools.cache
 def _marks() -> re.Pattern:
-    """The characters of :func:`_joins_previous` in the Basic Multilingual Plane, as one fast class (the
-    few outside it are looked for in texts that have such characters at all)."""
+    """The characters of :func:`_joins_previous` in the Basic Multilingual Plane, and every character
+    beyond it, as one fast class: a text without any has no mark to span (the few marks beyond the
+    plane are looked for in texts that have such characters at all)."""
     chars = "".join(chr(c) for c in range(0x10000) if _joins_previous(chr(c)))
-    return re.compile(f"[{re.escape(chars)}]")
+    return re.compile(f"[{re.escape(chars)}\U00010000-\U0010ffff]")
 
 
 def _widen_over_marks(text: str, offsets: np.ndarray, end_known: bool) -> None:
