@@ -44,8 +44,6 @@ ARCHIVE_SUFFIXES = frozenset({".zip", ".7z", ".tar", ".tgz", ".rar"})
 #: What reading a file through :func:`open_binary` raises on damaged bytes: Arrow's and the system's
 #: errors are OSErrors; Python's xz reader raises the other two (EOFError: the stream was cut short).
 READ_ERRORS = (OSError, EOFError, lzma.LZMAError)
-#: Codecs that Ray Data's readers can be asked for (Arrow's); xz is read by the local engine only.
-ARROW_CODECS = frozenset({"gzip", "bz2", "zstd", "lz4"})
 
 
 def format_suffix(path: Path) -> str:

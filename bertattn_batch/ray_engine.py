@@ -8,7 +8,7 @@ Usage::
     from bertattn_batch.ray_engine import run_job_ray
     summary = run_job_ray(spec)        # what run_job(spec) does when spec.engine == "ray"
 
-    read (Ray Data's readers) ──▶ row numbers, ids, windows of consecutive rows (driver + small tasks)
+    read (Ray Data; the local readers in a task per file) ──▶ row numbers, ids, windows of consecutive rows (driver + small tasks)
        ──▶ map_batches(WindowStage): encode, model, extract, write the part (an actor pool, one GPU each)
        ──▶ the driver records each part in the manifest, in row order
 
@@ -21,7 +21,7 @@ driver alone writes the manifest: it records parts in row order and only then gi
 their final names, so a ``part-*`` file is always a committed one, and an interrupted run resumes
 like a local one (temporary files of parts never recorded are removed when the run is reopened).
 
-The read phase (``ray_read``) holds the selected text columns in Ray's object store (spilled to disk
+The read phase (``ray_read``) holds the selected columns in Ray's object store (spilled to disk
 when larger than memory) before the model stage starts: row numbers are global, so every block's
 size must be known before the first window is cut.
 """

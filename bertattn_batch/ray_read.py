@@ -1,51 +1,51 @@
-"""The read phase of ``--engine ray``: Ray Data's readers, global row numbers, windows of rows.
+"""The read phase of ``--engine ray``: the inputs read by Ray tasks, global row numbers, windows of rows.
 
 Usage::
 
     sources = check_inputs(spec.inputs, ...)
     windows, n_rows = plan_windows(ray, spec, sources, skip_until=0)   # [WindowPlan(start, rows, ref), ...]
 
-Every input is read with Ray Data (``read_parquet``, ``read_json``, ``read_csv``, ``read_text``,
-``from_huggingface``) in input order; the blocks' sizes give each row its number, counted from 0
-across all inputs as ``read_rows`` counts them. Rows are then cut into windows of ``spec.window``
-consecutive rows, each built by a small task as one block: the unit of work of the model stage.
-This module imports no torch, so the tasks that run it start quickly.
-
-Where Ray Data's readers differ from the local ones: a text file is decoded whole (one invalid UTF-8
-byte fails the file, where the local reader marks that line ``invalid_utf8``) and split by
-``str.splitlines`` (also at \\r, \\f, \\x85, \\u2028...); JSON lines need one type per key (a
-number among strings fails the read, where the local reader gives that row ``not_text``) and a JSON
-object on every line (a line cut short fails the read, where the local reader gives it ``not_json``);
-a CSV row with the wrong number of fields fails the read (the local reader gives it ``wrong_field_count``).
+Parquet files and saved ``datasets`` folders are read with Ray Data (``read_parquet``,
+``from_huggingface``); JSON lines, CSV, TSV and text files by a Ray task per file that runs the local
+engine's own reader, so that a malformed row (a JSON line cut short, a CSV row with the wrong number of
+fields, invalid UTF-8) gets the status the local engine gives it instead of failing its file, and
+every compression the local engine reads is read. The blocks' sizes give each row its number, counted
+from 0 across all inputs as ``read_rows`` counts them. Rows are then cut into windows of
+``spec.window`` consecutive rows, each built by a small task as one block: the unit of work of the
+model stage. This module imports no torch, so the tasks that run it start quickly.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pajson
 
-from .compressed import ARROW_CODECS, compression_of
 from .errors import EngineError, InputError
 from .ids import IdSet
 from .read import (
+    RaggedRows,
     RowBatch,
     Source,
     _load_dataset,
     class_label_names,
     column_values,
-    csv_options,
-    holds_rows,
     name_class_labels,
+    read_columns,
     to_rows,
     wanted_columns,
+    wrong_field_count_runs,
+)
+from .read import (
+    log as read_log,
 )
 from .spec import JobSpec
 
@@ -53,65 +53,76 @@ from .spec import JobSpec
 ROW_FIELDS = tuple(f.name for f in dataclasses.fields(RowBatch))
 _ROW_TYPES = {"row_index": pa.int64()}
 WINDOW_START, WINDOW_ROWS = "_window_start", "_window_rows"
-_JSON_HINT = (
-    " (Ray Data's JSON reader needs one type per key, such as strings throughout, and one object a line;"
-    " --engine local reads such files, with a status for each value that is not text)"
-)
-_CSV_HINT = (
-    " (Ray Data's CSV reader fails a file with a row of another number of fields than the header;"
-    " --engine local reads it, with the status wrong_field_count for that row)"
-)
+#: Formats read by a task per file with the local reader (Ray Data reads the others).
+_BY_FILE = ("jsonl", "csv", "tsv", "text")
 #: How Ray shows a worker's error: a traceback whose last line is "module.Class: message".
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _DIRECT_CAUSE = "The above exception was the direct cause of the following exception"
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Interrupt|Exit)\w*): (.*)$")
 
+#: A source block: an Arrow table Ray Data read, or the raw values of each wanted column that the local
+#: reader read from a file (texts may be bytes, or markers of rows that are no rows).
+Block = pa.Table | dict[str, list[Any]]
 
-# -- rows: the reader's rules, applied to blocks Ray Data read ----------------------------------------
-def _rows(table: pa.Table, first_row: int, lo: int, hi: int, cols: tuple) -> RowBatch:
+
+# -- rows: the reader's rules, applied to blocks read by Ray tasks ------------------------------------
+def _rows(block: Block, first_row: int, lo: int, hi: int, cols: tuple) -> RowBatch:
     """Rows [lo, hi) of a source block whose row 0 is input row ``first_row``; as ``read_rows`` yields them."""
-    part = table.slice(lo, hi - lo)
-    data = {c: column_values(part.column(c)) for c in cols if c}
+    if isinstance(block, pa.Table):
+        part = block.slice(lo, hi - lo)
+        data = {c: column_values(part.column(c)) for c in cols if c}
+    else:
+        data = {c: block[c][lo:hi] for c in cols if c}
     return to_rows(data, first_row + lo, hi - lo, *cols)
 
 
-def _block_info(table: pa.Table) -> tuple[int, dict[str, pa.DataType]]:
-    """A block's row count, and its columns that Arrow read as dates or times, anywhere in their type
-    (a list of dates too), each with its type with strings in their place."""
-    return table.num_rows, {f.name: _as_strings(f.type) for f in table.schema if _has_dates(f.type)}
+def _block_rows(block: Block) -> int:
+    return block.num_rows if isinstance(block, pa.Table) else len(next(iter(block.values())))
 
 
-def _has_dates(kind: pa.DataType) -> bool:
-    return pa.types.is_temporal(kind) or any(_has_dates(kind.field(i).type) for i in range(kind.num_fields))
+def _block_info(block: Block) -> tuple[int, list[tuple[int, int]]]:
+    """A block's row count, and the runs of its rows (counted from the block's first) that are CSV rows
+    with the wrong number of fields, which the driver names in a warning as the local engine does."""
+    if isinstance(block, pa.Table):
+        return block.num_rows, []
+    values = next(iter(block.values()))
+    return len(values), wrong_field_count_runs(values, 0)
 
 
-def _as_strings(kind: pa.DataType) -> pa.DataType:
-    """``kind`` with pa.string() for each date or time in it."""
-    if pa.types.is_temporal(kind):
-        return pa.string()
-    if pa.types.is_struct(kind):
-        return pa.struct(
-            [kind.field(i).with_type(_as_strings(kind.field(i).type)) for i in range(kind.num_fields)]
-        )
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        item = kind.value_field.with_type(_as_strings(kind.value_type))
-        return pa.list_(item) if pa.types.is_list(kind) else pa.large_list(item)
-    return kind
+def _read_file(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]] | list[str]]:
+    """A Ray task: one file's raw column values, read by the local reader, in blocks; last, the warnings
+    the reader gave (a line cut short, say), for the driver to give: a worker's log reaches no one."""
+    said = _Messages()
+    read_log.addHandler(said)
+    try:
+        yield from read_columns(src, wanted, block_rows)
+    finally:
+        read_log.removeHandler(said)
+    yield said.messages
 
 
-def _block_keys(table: pa.Table, first_row: int, cols: tuple) -> tuple[list[str], list[str]]:
+class _Messages(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _block_keys(block: Block, first_row: int, cols: tuple) -> tuple[list[str], list[str]]:
     """(doc ids, statuses) of a block: all the driver needs to find repeated ids in input order."""
-    batch = _rows(table, first_row, 0, table.num_rows, cols)
+    batch = _rows(block, first_row, 0, _block_rows(block), cols)
     return batch.doc_id, batch.status
 
 
 def _window_block(
-    cols: tuple, pieces: list[tuple[int, int, int]], keep: list[int] | None, status: dict[int, str], *tables
+    cols: tuple, pieces: list[tuple[int, int, int]], keep: list[int] | None, status: dict[int, str], *blocks
 ) -> pa.Table:
     """One window's rows as a block: ``pieces`` are (first_row, lo, hi) of each source block given."""
     rows = RowBatch()
-    for (first_row, lo, hi), table in zip(pieces, tables, strict=True):
-        piece = _rows(table, first_row, lo, hi, cols)
+    for (first_row, lo, hi), block in zip(pieces, blocks, strict=True):
+        piece = _rows(block, first_row, lo, hi, cols)
         for name in ROW_FIELDS:
             getattr(rows, name).extend(getattr(piece, name))
     if keep is not None:
@@ -153,55 +164,22 @@ class WindowPlan:
     ref: Any
 
 
-def _read_dataset(
-    ray: Any, group: list[Source], wanted: list[str], as_text: dict[str, pa.DataType] | None = None
-) -> Any:
-    """One Ray Dataset over consecutive sources of one format and compression, read with Ray Data's own
-    readers; JSON keys in ``as_text`` are read as the types given (strings where Arrow saw dates)."""
-    fmt, paths = group[0].format, [str(s.path) for s in group]
-    rd = ray.data
-    files = {"partitioning": None, "file_extensions": None}
-    kind = _compression(group[0])
-    if kind is not None:  # told by the leading bytes, as the local reader tells it, not by the name
-        if kind not in ARROW_CODECS:
-            raise InputError(
-                f"{group[0].path} is {kind}-compressed, which Ray Data cannot read; decompress it, or "
-                "run it with --engine local"
-            )
-        files["arrow_open_stream_args"] = {"compression": kind}
-    if fmt == "parquet":
-        return rd.read_parquet(paths, **files).select_columns(wanted)
-    if fmt == "jsonl":
-        if as_text:
-            schema = pa.schema(list(as_text.items()))
-            files["parse_options"] = pajson.ParseOptions(
-                explicit_schema=schema, unexpected_field_behavior="infer"
-            )
-        return rd.read_json(paths, **files).select_columns(wanted)
-    if fmt in ("csv", "tsv"):
-        parse, convert = csv_options(fmt, wanted)
-        return rd.read_csv(paths, **files, parse_options=parse, convert_options=convert)
-    if fmt == "text":
-        # utf-8-sig: a byte-order mark is no part of the first review, as in the local reader
-        return rd.read_text(paths, encoding="utf-8-sig", drop_empty_lines=False, **files)
-    if fmt == "datasets":
-        ds = _load_dataset(group[0].path).select_columns(wanted)
-        names = class_label_names(ds)
-        out = rd.from_huggingface(ds)
-        if names:
-            out = out.map_batches(name_class_labels, fn_kwargs={"names": names}, batch_format="pyarrow")
-        return out
-    raise InputError(f"unknown input format {fmt!r}")
-
-
-def _compression(src: Source) -> str | None:
-    return None if src.format in ("parquet", "datasets") else compression_of(src.path)
+def _read_dataset(ray: Any, group: list[Source], wanted: list[str]) -> Any:
+    """One Ray Dataset over consecutive Parquet files, or over one saved ``datasets`` folder."""
+    if group[0].format == "parquet":
+        paths = [str(s.path) for s in group]
+        return ray.data.read_parquet(paths, partitioning=None, file_extensions=None).select_columns(wanted)
+    ds = _load_dataset(group[0].path).select_columns(wanted)
+    names = class_label_names(ds)
+    out = ray.data.from_huggingface(ds)
+    if names:
+        out = out.map_batches(name_class_labels, fn_kwargs={"names": names}, batch_format="pyarrow")
+    return out
 
 
 def _groups(sources: list[Source]) -> Iterator[list[Source]]:
-    """Runs of consecutive sources of one format and compression (a saved datasets folder alone), in
-    input order."""
-    for (fmt, _), run in itertools.groupby(sources, key=lambda s: (s.format, _compression(s))):
+    """Runs of consecutive sources of one format (a saved datasets folder alone), in input order."""
+    for fmt, run in itertools.groupby(sources, key=lambda s: s.format):
         run = list(run)
         if fmt == "datasets":
             yield from ([s] for s in run)
@@ -210,55 +188,55 @@ def _groups(sources: list[Source]) -> Iterator[list[Source]]:
 
 
 def _source_blocks(ray: Any, spec: JobSpec, sources: list[Source]) -> list[_Block]:
-    """Read every input (as ``check_inputs`` gave them) with Ray Data; the blocks in input order, each
-    with its first row number."""
+    """Read every input (as ``check_inputs`` gave them); the blocks in input order, each with its first
+    row number."""
     wanted = wanted_columns(spec.text_col, spec.id_col, spec.label_col)
-    # Files the local reader reads as no rows (empty lines only, a CSV header alone) are passed over:
-    # Ray's readers reject some of them. Those it refuses at their start are refused as it refuses them.
-    sources = [s for s in sources if s.format in ("parquet", "datasets") or holds_rows(s, wanted)]
     blocks: list[_Block] = []
     row = 0
     for group in _groups(sources):
-        refs, sizes, dates = _read_blocks(ray, group, wanted)
-        if dates and group[0].format == "jsonl":
-            refs, sizes = [], []
-            for src in group:  # file by file: another file may hold numbers under the same key
-                file_refs, file_sizes, dates = _read_blocks(ray, [src], wanted)
-                if dates:
-                    # Arrow reads a key whose every value looks like a date as timestamps ("2024-01-01
-                    # 00:00:00", a text becomes not_text): read those keys again as the strings they are
-                    file_refs, file_sizes, _ = _read_blocks(ray, [src], wanted, as_text=dates)
-                refs += file_refs
-                sizes += file_sizes
-        for ref, n in zip(refs, sizes, strict=True):
+        ragged = {src.path: RaggedRows(src.path) for src in group}
+        for path, ref, (n, runs) in _read_blocks(ray, group, wanted, spec.window):
             if spec.limit is not None:
                 n = min(n, spec.limit - row)
             if n > 0:
                 blocks.append(_Block(ref, row, n))
+                ragged[path].note((row + a, row + min(b, n)) for a, b in runs if a < n)
                 row += n
+        for counted in ragged.values():
+            counted.warn()
         if spec.limit is not None and row >= spec.limit:
             break
     return blocks
 
 
 def _read_blocks(
-    ray: Any, group: list[Source], wanted: list[str], as_text: dict[str, pa.DataType] | None = None
-) -> tuple[list[Any], list[int], dict[str, pa.DataType]]:
-    """A group's blocks (object refs), their row counts, and the wanted columns some block holds dates
-    in, each with its type with strings in their place."""
+    ray: Any, group: list[Source], wanted: list[str], block_rows: int
+) -> list[tuple[Path, Any, tuple[int, list[tuple[int, int]]]]]:
+    """A group's blocks in order: the file each comes from (the group's first, where Ray Data read
+    them), its object ref, and its :func:`_block_info`."""
     info = ray.remote(_block_info)
     try:
-        refs = _read_dataset(ray, group, wanted, as_text).to_arrow_refs()
-        found = ray.get([info.remote(r) for r in refs])
-    except Exception as e:  # Ray wraps reader errors; name the files and the first line
+        if group[0].format in _BY_FILE:  # every file at once, a task each
+            read = ray.remote(_read_file).options(num_returns="streaming")
+            reading = [(src.path, read.remote(src, wanted, block_rows)) for src in group]
+            refs = []
+            for path, generator in reading:
+                *blocks, said = generator
+                refs += [(path, ref) for ref in blocks]
+                for message in ray.get(said):
+                    read_log.warning("%s", message)
+        else:
+            refs = [(group[0].path, ref) for ref in _read_dataset(ray, group, wanted).to_arrow_refs()]
+        found = ray.get([info.remote(ref) for _, ref in refs])
+        return [(path, ref, n) for (path, ref), n in zip(refs, found, strict=True)]
+    except Exception as e:  # Ray wraps reader errors: the local reader's own message, or the first line
+        if isinstance(cause := getattr(e, "cause", None), InputError):
+            raise InputError(str(cause)) from None
         where = ", ".join(str(s.path) for s in group[:3]) + (" ..." if len(group) > 3 else "")
         name, message = worker_error(e)
-        hint = {"jsonl": _JSON_HINT, "csv": _CSV_HINT, "tsv": _CSV_HINT}.get(group[0].format, "")
         raise InputError(
-            f"{where}: cannot read as {group[0].format}: {name.rpartition('.')[2]}: {message}{hint}"
+            f"{where}: cannot read as {group[0].format}: {name.rpartition('.')[2]}: {message}"
         ) from None
-    dates = {c: kind for _, cols in found for c, kind in cols.items() if c in wanted}
-    return refs, [n for n, _ in found], dates
 
 
 def plan_windows(

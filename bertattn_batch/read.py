@@ -21,6 +21,7 @@ import codecs
 import csv
 import glob
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -72,21 +73,33 @@ _EXTENSIONS = {
 TEXT_FILE_COLUMN = "text"
 
 
-class _Unreadable:
+class _Marker:
+    """A value that stands for no value read. Pickled by its name, so that it is the same object again
+    in another process (a Ray task reads files with this module's readers)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self) -> str:
+        return self.name
+
+
+class _Unreadable(_Marker):
     """The value of every wanted column of a row that could not be read as a row: its status says why,
     and its doc id is its row number (there is no id to read)."""
 
-    def __init__(self, status: str) -> None:
+    def __init__(self, name: str, status: str) -> None:
+        super().__init__(name)
         self.status = status
 
 
 #: A JSON line that is not a JSON object.
-_NOT_JSON = _Unreadable("not_json")
+_NOT_JSON = _Unreadable("_NOT_JSON", "not_json")
 #: A CSV or TSV row with more or fewer fields than the header: which value is which is unknown.
-_WRONG_FIELD_COUNT = _Unreadable("wrong_field_count")
+_WRONG_FIELD_COUNT = _Unreadable("_WRONG_FIELD_COUNT", "wrong_field_count")
 #: A value nested in a list or struct that holds bytes that are not UTF-8: as text its status is
 #: ``invalid_utf8``; as an id or a label it counts as missing.
-_UNDECODABLE = object()
+_UNDECODABLE = _Marker("_UNDECODABLE")
 
 
 @dataclass
@@ -254,15 +267,16 @@ def read_sources(
     wanted = wanted_columns(text_col, id_col, label_col)
     row = 0
     for src in sources:
-        ragged = _RaggedRows(src)
+        ragged = RaggedRows(src.path)
         try:
-            for cols in _read_columns(src, wanted, block_rows):
+            for cols in read_columns(src, wanted, block_rows):
                 n = len(cols[text_col])
                 if limit is not None:
                     n = min(n, limit - row)
                 if n > 0:
                     batch = to_rows(cols, row, n, text_col, id_col, label_col)
-                    ragged.note(batch)
+                    if "wrong_field_count" in batch.status:
+                        ragged.note(wrong_field_count_runs(cols[text_col][:n], row))
                     yield batch
                     row += n
                 if limit is not None and row >= limit:
@@ -271,29 +285,43 @@ def read_sources(
             ragged.warn()
 
 
-class _RaggedRows:
+class RaggedRows:
     """The rows of one CSV file that got ``wrong_field_count``, for one warning that names the first
-    few by their row numbers (their doc ids)."""
+    few by their row numbers (their doc ids). Each engine notes them as it numbers the rows."""
 
-    def __init__(self, src: Source) -> None:
-        self.src, self.count, self.first = src, 0, []
+    def __init__(self, path: Path) -> None:
+        self.path, self.count, self.first = path, 0, []
 
-    def note(self, batch: RowBatch) -> None:
-        if "wrong_field_count" in batch.status:
-            rows = [r for r, s in zip(batch.row_index, batch.status, strict=True) if s == "wrong_field_count"]
-            self.count += len(rows)
-            self.first.extend(rows[: 5 - len(self.first)])
+    def note(self, runs: Iterable[tuple[int, int]]) -> None:
+        """Rows ``[a, b)`` of each run got ``wrong_field_count``."""
+        for a, b in runs:
+            self.count += b - a
+            self.first.extend(range(a, min(b, a + 5 - len(self.first))))
 
     def warn(self) -> None:
         if self.count:
             log.warning(
                 "%s: %s another number of fields than the header (%s %s); recorded with status "
                 "wrong_field_count",
-                self.src.path,
+                self.path,
                 "1 row has" if self.count == 1 else f"{self.count} rows have",
                 "row" if self.count == 1 else "rows",
                 ", ".join(map(str, self.first)) + (", ..." if self.count > len(self.first) else ""),
             )
+
+
+def wrong_field_count_runs(values: list[Any], first_row: int) -> list[tuple[int, int]]:
+    """Runs ``[a, b)`` of the row numbers whose value (from :func:`read_columns`, whose row 0 is row
+    ``first_row``) marks a CSV row with the wrong number of fields: a few numbers, even for a file of
+    such rows only."""
+    runs: list[tuple[int, int]] = []
+    i = 0
+    for ragged, group in itertools.groupby(values, key=lambda v: v is _WRONG_FIELD_COUNT):
+        k = sum(1 for _ in group)
+        if ragged:
+            runs.append((first_row + i, first_row + i + k))
+        i += k
+    return runs
 
 
 def check_inputs(
@@ -541,18 +569,9 @@ def _json_line(raw: bytes) -> Any:
         return json.loads(raw.decode("utf-8", errors="surrogateescape"))
 
 
-def holds_rows(src: Source, wanted: list[str]) -> bool:
-    """Whether this module's reader finds a row in ``src``: another engine passes over the files it
-    reads as no rows (empty lines only, a CSV header alone) and refuses those it refuses at their start
-    (a JSON array in a .json file) with the same message."""
-    rows = _read_columns(src, wanted, 1)
-    try:
-        return next(rows, None) is not None
-    finally:
-        rows.close()
-
-
-def _read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
+def read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
+    """One source's raw values of the ``wanted`` columns, in blocks of at most ``block_rows`` rows;
+    :func:`to_rows` makes rows of them (``--engine ray`` calls this in a task per file)."""
     reader = {
         "parquet": _read_parquet,
         "csv": _read_csv,

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -303,12 +302,12 @@ def test_date_like_json_strings_and_files_without_rows_match_the_local_engine(
     assert preds.column("status").to_pylist() == ["ok", "ok", "ok"]
 
 
-def test_a_json_array_is_refused_for_ray_as_the_local_engine_refuses_it(tmp_path):
+def test_a_json_array_is_refused_for_ray_as_the_local_engine_refuses_it(ray_local, tmp_path):
     path = tmp_path / "a.json"
     path.write_text('[{"text": "good"}]\n')
     spec = _spec([path], "m", tmp_path / "out")
     with pytest.raises(InputError, match=r"a.json:1: expected a JSON object on each line \(got list\)"):
-        ray_read._source_blocks(SimpleNamespace(), spec, [Source(path, "jsonl")])
+        ray_read._source_blocks(ray_local, spec, [Source(path, "jsonl")])
 
 
 @pytest.mark.slow
@@ -346,11 +345,54 @@ def test_a_cluster_address_where_nothing_listens_is_refused_at_once():
             pass
 
 
-def test_an_xz_file_is_refused_for_ray_with_what_to_do(tmp_path):
-    path = tmp_path / "r.jsonl.xz"
-    path.write_bytes(lzma.compress(b'{"text": "good"}\n'))
-    with pytest.raises(InputError, match=r"is xz-compressed, which Ray Data cannot read; .* --engine local"):
-        ray_read._read_dataset(SimpleNamespace(data=None), [Source(path, "jsonl")], ["text"])
+def test_the_readers_warnings_reach_the_driver(ray_local, tmp_path, caplog):
+    """The warnings of the readers that Ray tasks run are given by the driver, as the local engine gives
+    them: CSV rows with the wrong number of fields file by file, by their row numbers across all inputs
+    (their doc ids), none that a limit leaves unread; a JSON line cut short by its line number."""
+    (tmp_path / "a.csv").write_text("text\ngood\nx,y\nfine\n")
+    (tmp_path / "b.jsonl").write_text('{"text": "good"}\n\n{"text": "cut\n')
+    (tmp_path / "c.csv").write_text("text\n" + "p,q\n" * 6 + "ok\n" + "r,s\n" * 3)
+    sources = [Source(tmp_path / n, n.split(".")[1]) for n in ("a.csv", "b.jsonl", "c.csv")]
+    spec = _spec([s.path for s in sources], "m", tmp_path / "out", window=4, limit=14)
+    blocks = ray_read._source_blocks(ray_local, spec, sources)
+    assert sum(b.rows for b in blocks) == 14
+    assert "a.csv: 1 row has another number of fields than the header (row 1)" in caplog.text
+    assert "b.jsonl: 1 line is not a JSON object (line 3); recorded with status not_json" in caplog.text
+    assert (
+        "c.csv: 8 rows have another number of fields than the header (rows 5, 6, 7, 8, 9, ...)" in caplog.text
+    )
+
+
+@pytest.mark.slow
+def test_malformed_rows_get_the_local_engines_statuses(ray_local, tiny_en_dir, drug_rows, tmp_path):
+    """Rows that Ray Data's own readers would fail a whole file on keep their place with the local
+    engine's status: a CSV row with too many or too few fields, a JSON line cut short, a lone surrogate
+    escape, invalid UTF-8 in a text file; an xz file is read too."""
+    texts = [r["text"] for r in drug_rows[:6]]
+    (tmp_path / "a.csv").write_text(f'id,text\na0,"{texts[0]}"\na1,x,y\na2\na3,"{texts[1]}"\n')
+    lines = [
+        json.dumps({"id": "b0", "text": texts[2]}),
+        '{"id": "b1", "text": "cut sh',
+        '{"id": "b2", "text": "\\udc80 lone"}',
+        '{"id": "b3", "text": "first", "text": "' + texts[3] + '"}',
+    ]
+    (tmp_path / "b.jsonl.xz").write_bytes(lzma.compress("\n".join(lines).encode() + b"\n"))
+    (tmp_path / "c.txt").write_bytes(texts[4].encode() + b"\nbad \xff byte\nin\rone\n" + texts[5].encode())
+    src = [tmp_path / "a.csv", tmp_path / "b.jsonl.xz"]
+    run_job(_spec(src, tiny_en_dir, tmp_path / "local", id_col="id"))
+    run_job(_spec(src, tiny_en_dir, tmp_path / "ray", id_col="id", engine="ray", workers=1))
+    assert_same_run(tmp_path / "ray", tmp_path / "local")
+    preds = _sorted(tmp_path / "ray", "predictions")
+    assert preds.column("status").to_pylist() == [
+        *["ok", "wrong_field_count", "wrong_field_count", "ok"],
+        *["ok", "not_json", "invalid_utf8", "ok"],
+    ]
+    assert preds.column("doc_id").to_pylist() == ["a0", "1", "2", "a3", "b0", "5", "b2", "b3"]
+    run_job(_spec([tmp_path / "c.txt"], tiny_en_dir, tmp_path / "local-text"))
+    run_job(_spec([tmp_path / "c.txt"], tiny_en_dir, tmp_path / "ray-text", engine="ray", workers=1))
+    assert_same_run(tmp_path / "ray-text", tmp_path / "local-text")
+    preds = _sorted(tmp_path / "ray-text", "predictions")
+    assert preds.column("status").to_pylist() == ["ok", "invalid_utf8", "ok", "ok"]
 
 
 def test_a_saved_dataset_with_class_labels_matches_the_local_engine(
