@@ -80,8 +80,9 @@ class RunSummary:
 
     @property
     def reviews_per_s(self) -> float:
-        wall = self.seconds.get("wall", 0.0)
-        return self.scored / wall if wall else 0.0
+        """Reviews scored a second of the job, not counting the training of its model on first run."""
+        wall = self.seconds.get("wall", 0.0) - self.seconds.get("train", 0.0)
+        return self.scored / wall if wall > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -92,25 +93,28 @@ class RunSummary:
         skipped = sum(v for k, v in self.status_counts.items() if k != "ok")
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.status_counts.items()) if k != "ok")
         t = self.seconds
+        train = f"train {t['train']:.1f}s, " if "train" in t else ""
         return (
             f"{self.input_rows} reviews ({self.scored} scored, {skipped} not scored"
             f"{': ' + reasons if reasons else ''}), {self.tokens} tokens, "
             f"padding {self.padding_share:.1%}, {self.reviews_per_s:.1f} reviews/s, "
             f"{_human_bytes(self.bytes_written)} written in {self.parts_written} parts; "
-            f"time: read+encode {t.get('read_encode', 0):.1f}s, model {t.get('model', 0):.1f}s, "
+            f"time: {train}read+encode {t.get('read_encode', 0):.1f}s, model {t.get('model', 0):.1f}s, "
             f"extract {t.get('extract', 0):.1f}s, write {t.get('write', 0):.1f}s, wall {t.get('wall', 0):.1f}s"
         )
 
 
-def ensure_model(spec: JobSpec, progress: bool = True) -> None:
-    """Train the job's model on first run when the job has a [finetune] table and the folder is missing.
+def ensure_model(spec: JobSpec, progress: bool = True) -> float:
+    """Train the job's model on first run when the job has a [finetune] table and the folder is missing;
+    returns the seconds that took (0 where the model was there), which a run's summary reports apart.
 
     One job trains it; a job started meanwhile waits for that and uses the same model. Why: each would
     otherwise train its own and replace the other's folder, and as training is capped by time its
     weights differ, so the first job's run would be refused as another job's on every resume.
     """
     if spec.finetune is None or (Path(spec.model) / "config.json").is_file():
-        return
+        return 0.0
+    t0 = time.perf_counter()
     if Path(spec.out).exists() and not Path(spec.out).is_dir():  # found before training, not after it
         raise RunDirError(f"{spec.out} is a file, not a folder; choose another --out")
     with _training_lock(Path(spec.model)) as lock:
@@ -121,6 +125,7 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> None:
         # with the model there, waiters find it and later jobs need no lock; the file is made even
         # where it could not be locked
         lock.unlink(missing_ok=True)
+    return time.perf_counter() - t0
 
 
 @contextlib.contextmanager
@@ -402,11 +407,13 @@ def run_job(
     sources = check_inputs(
         spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format, spec.out
     )
-    ensure_model(spec, progress=show)
+    trained = ensure_model(spec, progress=show)
     t_load = time.perf_counter()
     clf = load_classifier(spec)
     summary = RunSummary(run_dir=str(spec.out))
     timings: Counter = Counter(load=time.perf_counter() - t_load)
+    if trained:
+        timings["train"] = trained
     extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels)
     stage = ModelStage(clf, spec.batch_tokens, spec.max_batch_size)
     incremental = spec.on_existing == "incremental"

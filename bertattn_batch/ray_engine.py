@@ -301,12 +301,14 @@ def run_job_ray(
     sources = check_inputs(
         spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format, spec.out
     )
-    ensure_model(spec, progress=show)
     timings: Counter = Counter()
+    if trained := ensure_model(spec, progress=show):
+        timings["train"] = trained
     address = spec.ray_address or os.environ.get("RAY_ADDRESS") or None
     cpus = max(os.cpu_count() or 1, spec.workers)
+    t0 = time.perf_counter()
     with ray_runtime(address, num_cpus=cpus, quiet=quiet) as ray, _data_context(ray, quiet):
-        timings["ray_start"] = time.perf_counter() - t_start
+        timings["ray_start"] = time.perf_counter() - t0
         place = plan_placement(spec, *_cluster_shape(ray))
         worker_spec = dataclasses.replace(spec, device=place.device, progress=False)
         if place.gpus or address:  # the workers' device and files decide dtype and model hash

@@ -577,3 +577,32 @@ def test_finetune_options_given_with_a_job_win_and_its_format_is_for_its_own_inp
     job = load_job(tmp_path / "job.toml")
     assert training_inputs(job) == (["reviews.txt"], "text", "label", "text")
     assert training_inputs(job, ["renamed.parquet"])[3] == "auto"
+
+
+def test_a_jobs_first_run_reports_its_training_apart_from_its_speed(tmp_path: Path) -> None:
+    """The first run of a job that trains its model says how long the training took, and its reviews a
+    second count the extraction only (training for minutes would otherwise show as a slow job)."""
+    from bertattn_batch.pipeline import run_job
+
+    rows = [
+        {"text": t, "label": lab} for t, lab in zip(["好极了", "太差了"] * 6, ["pos", "neg"] * 6, strict=True)
+    ]
+    spec = JobSpec(
+        inputs=[_write(tmp_path / "j.parquet", rows)],
+        model=str(tmp_path / "m"),
+        out=str(tmp_path / "run"),
+        label_col="label",
+        layers=[0],
+        max_length=64,
+        progress=False,
+        on_existing="overwrite",
+        finetune=FinetuneSpec(**TINY, epochs=1.0, min_char_count=1, eval_fraction=0.0),
+    )
+    first = run_job(spec)
+    t = first.seconds
+    assert 0 < t["train"] < t["wall"]
+    assert first.reviews_per_s == pytest.approx(first.scored / (t["wall"] - t["train"]))
+    assert f"time: train {t['train']:.1f}s, read+encode" in first.line()
+    again = run_job(spec)  # the model is there now
+    assert "train" not in again.seconds and "train" not in again.line()
+    assert again.reviews_per_s == pytest.approx(again.scored / again.seconds["wall"])
