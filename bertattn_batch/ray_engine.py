@@ -8,7 +8,8 @@ Usage::
     from bertattn_batch.ray_engine import run_job_ray
     summary = run_job_ray(spec)        # what run_job(spec) does when spec.engine == "ray"
 
-    read (Ray Data; the local readers in a task per file) ──▶ row numbers, ids, windows of consecutive rows (driver + small tasks)
+    read (Ray Data, or the local readers in a task per file) ──▶ row numbers, ids, windows of
+       consecutive rows (driver + small tasks)
        ──▶ map_batches(WindowStage): encode, model, extract, write the part (an actor pool, one GPU each)
        ──▶ the driver records each part in the manifest, in row order
 
