@@ -501,13 +501,12 @@ def test_blank_labels_are_skipped_and_counted_not_trained_as_a_class(tmp_path: P
     assert saved["skipped_rows"] == {"empty_label": 7}  # the model folder says what it was trained on
 
 
-def test_a_job_trained_without_a_held_out_split_logs_no_accuracy(tmp_path: Path, caplog) -> None:
-    from bertattn_batch.pipeline import ensure_model
-
+def _job_that_trains_its_model(tmp_path: Path, **kw) -> JobSpec:
+    """A job over 12 labelled reviews whose [finetune] table trains a tiny model, with no held-out split."""
     rows = [
         {"text": t, "label": lab} for t, lab in zip(["好极了", "太差了"] * 6, ["pos", "neg"] * 6, strict=True)
     ]
-    spec = JobSpec(
+    return JobSpec(
         inputs=[_write(tmp_path / "j.parquet", rows)],
         model=str(tmp_path / "m"),
         out=str(tmp_path / "run"),
@@ -516,7 +515,14 @@ def test_a_job_trained_without_a_held_out_split_logs_no_accuracy(tmp_path: Path,
         max_length=64,
         progress=False,
         finetune=FinetuneSpec(**TINY, epochs=1.0, min_char_count=1, eval_fraction=0.0),
+        **kw,
     )
+
+
+def test_a_job_trained_without_a_held_out_split_logs_no_accuracy(tmp_path: Path, caplog) -> None:
+    from bertattn_batch.pipeline import ensure_model
+
+    spec = _job_that_trains_its_model(tmp_path)
     with caplog.at_level("WARNING", logger="bertattn_batch"):
         ensure_model(spec, progress=False)
     assert "no held-out split" in caplog.text and "accuracy nan" not in caplog.text
@@ -584,20 +590,7 @@ def test_a_jobs_first_run_reports_its_training_apart_from_its_speed(tmp_path: Pa
     second count the extraction only (training for minutes would otherwise show as a slow job)."""
     from bertattn_batch.pipeline import run_job
 
-    rows = [
-        {"text": t, "label": lab} for t, lab in zip(["好极了", "太差了"] * 6, ["pos", "neg"] * 6, strict=True)
-    ]
-    spec = JobSpec(
-        inputs=[_write(tmp_path / "j.parquet", rows)],
-        model=str(tmp_path / "m"),
-        out=str(tmp_path / "run"),
-        label_col="label",
-        layers=[0],
-        max_length=64,
-        progress=False,
-        on_existing="overwrite",
-        finetune=FinetuneSpec(**TINY, epochs=1.0, min_char_count=1, eval_fraction=0.0),
-    )
+    spec = _job_that_trains_its_model(tmp_path, on_existing="overwrite")
     first = run_job(spec)
     t = first.seconds
     assert 0 < t["train"] < t["wall"]
