@@ -174,3 +174,16 @@ def test_default_corpus_pads_under_ten_percent(zh_rows):
         real, slots = real + r, slots + s
     assert real == sum(lengths)
     assert 1 - real / slots < 0.05
+
+
+def test_paired_ratios_compare_rounds_with_their_own_round():
+    # the ceiling had one lucky round (1 s) that the other method never met: best against best says
+    # 0.5, while within each round the two ran alike (ratios 0.5, 1, 1: median 1)
+    ceiling = bench.Figure("m", "ceiling", "float32", reviews=10, seconds=[1.0, 3.0, 2.0])
+    other = bench.Figure("m", "extract", "float32", reviews=10, seconds=[2.0, 3.0, 2.0])
+    r = bench.ratios([ceiling, other])[("extract", "float32")]
+    assert r["vs_ceiling"] == pytest.approx(0.5)
+    assert r["vs_ceiling_paired"] == pytest.approx(1.0)
+    assert math.isnan(r["vs_seed"]) and math.isnan(r["vs_seed_paired"])  # no seed method measured
+    target = bench._target("extract / ceiling", r["vs_ceiling"], 0.85, paired=r["vs_ceiling_paired"])
+    assert (target["met"], target["met_paired"], target["paired"]) == (False, True, 1.0)
