@@ -21,6 +21,7 @@ import codecs
 import csv
 import glob
 import hashlib
+import io
 import itertools
 import json
 import logging
@@ -30,7 +31,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -54,8 +55,10 @@ log = logging.getLogger(__name__)
 BLOCK_ROWS = 4096
 #: Bytes at each end of an input file whose hash tells a rewritten file from a copy (source_files).
 ENDS_BYTES = 1 << 16
-#: Bytes of a CSV file that Arrow parses at a time.
+#: Bytes of a CSV file that Arrow parses at a time; a file with a row longer than that is read again in
+#: blocks four times larger, up to CSV_MAX_BLOCK_BYTES (Arrow's blocks must hold any row that crosses one).
 CSV_BLOCK_BYTES = 1 << 22
+CSV_MAX_BLOCK_BYTES = 1 << 30
 #: How far into a CSV file its header line is looked for, past empty lines.
 HEADER_SCAN_BYTES = 1 << 20
 _EXTENSIONS = {
@@ -692,10 +695,16 @@ def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[
     # that a file of such rows only (a wrong delimiter), which Arrow returns no rows of, holds two numbers.
     ragged: deque[list[int]] = deque()
 
+    recorded = 0  # one past the last ragged row recorded: a read again in larger blocks meets them again
+
     def skip_ragged(bad: pcsv.InvalidRow) -> str:
+        nonlocal recorded
         if bad.number is None:  # Arrow numbers rows only when it parses on one thread
             return "error"
         number = bad.number - 2  # Arrow counts rows from 1, the header included
+        if number < recorded:
+            return "skip"
+        recorded = number + 1
         if ragged and ragged[-1][1] == number:
             ragged[-1][1] += 1
         else:
@@ -731,18 +740,65 @@ def _read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[
                 yield {c: values[:block_rows] for c, values in out.items()}
                 out = {c: values[block_rows:] for c, values in out.items()}
 
-    with open_binary(src.path) as f:
-        reader = pcsv.open_csv(
-            f,
-            read_options=pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False),
-            parse_options=parse,
-            convert_options=convert,
-        )
-        for rb in reader:  # Arrow's blocks are bytes, any number of rows
-            yield from place({c: rb.column(c).to_pylist() for c in wanted}, rb.num_rows)
+    block, placed = CSV_BLOCK_BYTES, 0  # placed: Arrow's rows already in ``out`` or yielded
+    while True:
+        try:
+            with open_binary(src.path) as f:
+                reader = pcsv.open_csv(
+                    _WholeLineBreaks(f),
+                    read_options=pcsv.ReadOptions(block_size=block, use_threads=False),
+                    parse_options=parse,
+                    convert_options=convert,
+                )
+                seen = 0
+                for rb in reader:  # Arrow's blocks are bytes, any number of rows
+                    seen += rb.num_rows
+                    if seen <= placed:  # placed before a read again in larger blocks
+                        continue
+                    rb = rb.slice(rb.num_rows - (seen - placed))
+                    yield from place({c: rb.column(c).to_pylist() for c in wanted}, rb.num_rows)
+                    placed = seen
+            break
+        except pa.ArrowInvalid as e:
+            if "straddl" not in str(e) or block >= CSV_MAX_BLOCK_BYTES:
+                raise
+            block *= 4  # a row longer than a block: read again, on from the rows placed
     yield from place({}, 0, last=True)
     if out[wanted[0]]:
         yield out
+
+
+class _WholeLineBreaks(io.RawIOBase):
+    """A binary stream whose reads never end between the ``\\r`` and the ``\\n`` of a line break.
+
+    Why: Arrow cuts its CSV blocks where a read of its input ends, and where a block ends between the two
+    bytes of a ``\\r\\n`` inside a quoted value, Arrow's reader drops the ``\\n`` (pyarrow 26): the review
+    would lose a character and every span after it would be off by one. A read that would end on
+    ``\\r`` leaves it (with the byte after it) for the next read.
+    """
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self._held = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            data, self._held = self._held + self._raw.read(), b""
+            return data
+        data = self._held + self._raw.read(max(1, size - len(self._held)))
+        self._held = b""
+        if data.endswith(b"\r"):
+            after = self._raw.read(1)
+            if len(data) > 1:
+                data, self._held = data[:-1], b"\r" + after
+            else:  # a read of one byte, "\r": give it with the byte after it, if that is no "\r"
+                data += after
+                if data.endswith(b"\r\r"):
+                    data, self._held = data[:-1], b"\r"
+        return data
 
 
 def _read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:

@@ -308,3 +308,34 @@ def test_a_model_folder_inside_an_input_folder_is_no_input(tmp_path):
     (model / "config.json").write_text('{\n  "model_type": "bert"\n}\n')
     (model / "model.safetensors").write_bytes(b"")
     assert [s.path.name for s in read.expand_inputs([str(tmp_path)])] == ["a.jsonl"]
+
+
+def test_csv_values_are_kept_byte_for_byte_across_arrows_blocks(tmp_path, monkeypatch):
+    """Line breaks inside quoted reviews, rows longer than a block (read again in larger ones) and
+    ragged rows among them: every review as Python's csv module (the oracle) reads it, with tiny blocks
+    so that block ends fall everywhere, also between the two bytes of a quoted "\\r\\n"."""
+    monkeypatch.setattr(read, "CSV_BLOCK_BYTES", 64)
+    rng = random.Random(7)
+    pieces = ["a", "b ", "\r\n", "\r", "\n", '""', "é", "，"]
+    lines = ["id,text"]
+    for i in range(400):
+        if rng.random() < 0.03:
+            lines.append(f"r{i},x,too many")
+            continue
+        size = rng.choice([3, 12, 40, 400])  # some rows far longer than a block
+        text = "a" + "".join(rng.choice(pieces) for _ in range(rng.randrange(1, size)))
+        lines.append(f'r{i},"{text}"')
+    path = tmp_path / "f.csv"
+    path.write_bytes(("\r\n".join(lines) + "\r\n").encode())
+
+    rows = list(csv.reader(path.open(newline="", encoding="utf-8")))[1:]
+    want = [
+        (r[0], r[1], "ok") if len(r) == 2 else (str(n), None, "wrong_field_count") for n, r in enumerate(rows)
+    ]
+    got = [
+        (d, t if s == "ok" else None, s)
+        for batch in read.read_rows([str(path)], id_col="id", block_rows=50)
+        for d, t, s in zip(batch.doc_id, batch.text, batch.status, strict=True)
+    ]
+    assert got == want
+    assert sum("\r\n" in t for _, t, _ in want if t) > 100
