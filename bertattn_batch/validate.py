@@ -52,6 +52,8 @@ CHECKS = {
     "predictions": "statuses known; probs sum to 1 and pred_id is their argmax when scored, null if not",
     "layers_heads": "every scored review has each manifest layer x heads 0..H-1 once, no other review any",
     "positions": "each head covers positions 1..n-2 once; rows = n_content = n_tokens - 2",
+    "tokens": "a review's position has one token id, token and span in all its layers and heads; "
+    "a token id one token",
     "attention_mass": "per head: content weights + [CLS] + [SEP] = 1, every weight in [0, 1]",
     "scaling": "weight_scaled in [0, 1] and = (w - min)/(max - min), 0 with no range; min/max of the weights",
     "spans": "0 <= start <= end <= the review text's length",
@@ -606,7 +608,7 @@ def _mass_tolerance(run: _Run) -> float:
 
 
 def _check_attention(rec: _Recorder, run: _Run) -> None:
-    checks = ("layers_heads", "positions", "attention_mass", "scaling")
+    checks = ("layers_heads", "positions", "tokens", "attention_mass", "scaling")
     if run.layers is None or run.num_heads is None:
         for c in checks:
             rec.skip(c, "the manifest lacks model.layers or model.num_heads")
@@ -614,8 +616,28 @@ def _check_attention(rec: _Recorder, run: _Run) -> None:
     parts = [p for p in run.parts if p.readable >= set(schema.TABLES)]
     skipped = len(run.parts) - len(parts)
     heads = 0
+    spellings = []  # each part's distinct (token_id, token) pairs
     for part in parts:
-        heads += _check_part_attention(rec, run, part)
+        n, spelling = _check_part_attention(rec, run, part)
+        heads += n
+        spellings.append(spelling)
+    if spellings:
+        pairs = pl.concat(spellings).unique()
+        rec.note("tokens", f"{pairs.height} distinct tokens")
+        clashes = (
+            pairs.group_by("token_id")
+            .agg(pl.col("token").sort())
+            .filter(pl.col("token").list.len() > 1)
+            .sort("token_id")
+        )
+        rec.fail_many(
+            "tokens",
+            clashes.height,
+            (
+                f"token id {i} is written as {', '.join(map(repr, t))}"
+                for i, t in clashes.head(KEPT).iter_rows()
+            ),
+        )
     tol = _mass_tolerance(run)
     rec.note("layers_heads", f"layers {run.layers} x {run.num_heads} heads")
     rec.note("positions", f"{heads} (review, layer, head) rows")
@@ -626,8 +648,9 @@ def _check_attention(rec: _Recorder, run: _Run) -> None:
             rec.note(c, f"{skipped} parts with a missing or bad file not checked")
 
 
-def _check_part_attention(rec: _Recorder, run: _Run, part: _Part) -> int:
-    """Per-(review, layer, head) checks of one part; returns how many head_summary rows it checked."""
+def _check_part_attention(rec: _Recorder, run: _Run, part: _Part) -> tuple[int, pl.DataFrame]:
+    """Per-(review, layer, head) checks of one part; returns how many head_summary rows it checked and
+    its distinct (token_id, token) pairs, which the run's parts must agree on."""
     assert run.layers is not None and run.num_heads is not None
     rel_attn, rel_sum = part.rel["cls_attention"], part.rel["head_summary"]
     pred = pl.read_parquet(
@@ -682,6 +705,24 @@ def _check_part_attention(rec: _Recorder, run: _Run, part: _Part) -> int:
             _fmt("{} doc '{}': not a scored review of this part", pl.lit(rel), "doc_id"),
         )
         report("layers_heads", grid.join(table, on=_KEYS, how="anti"), _fmt("{}: missing", where))
+
+    # per position: the same token in every layer and head
+    same = ("token_id", "token", "start", "end")
+    tokens = (
+        attn.group_by("doc_id", "position")
+        .agg(*(pl.col(c).n_unique() for c in same))
+        .filter(pl.any_horizontal(pl.col(c) > 1 for c in same))
+        .sort("doc_id", "position")
+        .collect(engine="streaming")
+    )
+    report(
+        "tokens",
+        tokens,
+        _fmt(
+            "{} doc '{}' position {}: {} token ids, {} tokens, {} starts, {} ends over its layers and heads",
+            *(pl.lit(rel_attn), "doc_id", "position", *same),
+        ),
+    )
 
     # per head: positions, mass, min/max
     tol = _mass_tolerance(run)
@@ -764,7 +805,7 @@ def _check_part_attention(rec: _Recorder, run: _Run, part: _Part) -> int:
         ),
     ]
     _apply_rules(rec, rows, row_rules)
-    return summary.height
+    return summary.height, attn.select("token_id", "token").unique().collect(engine="streaming")
 
 
 # -- spans against the source text --------------------------------------------------------------------
