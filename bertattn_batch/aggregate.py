@@ -50,6 +50,9 @@ from .write import AGGREGATES_DIR, check_part_file, read_manifest, remove_stale
 TABLE = "token_influence"
 UNITS = ("token", "word")
 SPLITS = ("all", "pred_label", "label")
+#: The defaults of :func:`aggregate`: tokens seen in fewer reviews are left out; the ranking measure.
+MIN_REVIEWS = 5
+RANK_BY = "mean_scaled"
 #: Measures ``rank`` may order by (descending).
 RANK_MEASURES = ("mean_scaled", "mean_weight", "top_share", "n_top", "n_reviews")
 #: Runs whose manifest predates ``model.word_continuation``: model types whose usual tokenizers mark
@@ -250,8 +253,8 @@ def combine(sums: pl.LazyFrame, sizes: pl.DataFrame, min_reviews: int, rank_by: 
 
 def aggregate(
     run_dir: str | Path,
-    min_reviews: int = 5,
-    rank_by: str = "mean_scaled",
+    min_reviews: int = MIN_REVIEWS,
+    rank_by: str = RANK_BY,
     units: Sequence[str] = UNITS,
 ) -> Aggregates:
     """Compute token (and word) influence by head for a run; write and return it."""

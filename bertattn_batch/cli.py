@@ -520,7 +520,13 @@ def report(
     layer: Annotated[int | None, typer.Option(help="Layer to show (default: the run's first).")] = None,
     examples: Annotated[int, typer.Option(help="Most confident reviews shown per predicted label.")] = 3,
     top_k: Annotated[int, typer.Option(help="Top tokens per head.")] = 8,
-    min_reviews: Annotated[int, typer.Option(help="min-reviews for aggregates computed on the way.")] = 5,
+    min_reviews: Annotated[
+        int | None,
+        typer.Option(
+            help="min-reviews for aggregates computed on the way (default: the run's aggregates' own, "
+            "else 5); they keep their --rank-by."
+        ),
+    ] = None,
     debug: Debug = False,
 ) -> None:
     """One self-contained HTML page: the run's summary, accuracy, top tokens per head, example heatmaps."""

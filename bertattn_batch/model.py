@@ -57,7 +57,14 @@ def resolve_device(device: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SpecError(f"device {device!r} asked for, but no CUDA device is available; use --device cpu")
-    return torch.device(device)
+    if device.startswith("mps") and not torch.backends.mps.is_available():
+        raise SpecError(
+            f"device {device!r} asked for, but no Apple MPS device is available; use --device cpu"
+        )
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise SpecError(f"device {device!r} is not one torch knows: {first_line(e)}") from None
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

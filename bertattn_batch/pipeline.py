@@ -42,7 +42,7 @@ from .model import Classifier
 from .read import RowBatch, Source, check_inputs, count_rows, read_sources, source_files
 from .spec import FinetuneSpec, JobSpec
 from .threads import Worker, prefetch
-from .write import RunWriter, part_generation
+from .write import RunWriter, old_manifest, part_generation
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +115,9 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> float:
     if spec.finetune is None or (Path(spec.model) / "config.json").is_file():
         return 0.0
     t0 = time.perf_counter()
-    if Path(spec.out).exists() and not Path(spec.out).is_dir():  # found before training, not after it
-        raise RunDirError(f"{spec.out} is a file, not a folder; choose another --out")
+    old = old_manifest(Path(spec.out))  # an --out that would be refused: found before training, not after
+    if old is not None and old.get("parts") and spec.on_existing == "new":
+        raise RunDirError(f"{spec.out} already holds a run; choose another --out or pass --overwrite")
     with _training_lock(Path(spec.model)) as lock:
         if (Path(spec.model) / "config.json").is_file():
             log.warning("model %s was trained by another job meanwhile; using it", spec.model)

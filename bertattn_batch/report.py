@@ -273,9 +273,13 @@ def build_report(
     layer: int | None = None,
     examples: int = 3,
     top_k: int = 8,
-    min_reviews: int = 5,
+    min_reviews: int | None = None,
 ) -> Path:
-    """Write the run's report page; aggregates are (re)computed first when missing or out of date."""
+    """Write the run's report page; aggregates are (re)computed first when missing or out of date.
+
+    ``min_reviews`` None keeps the aggregates' own (5 where there are none yet); aggregates computed
+    again keep their ``rank_by`` and units, so a report never swaps the table a user made for another.
+    """
     t0 = time.perf_counter()
     if examples < 0 or top_k < 1:
         raise SpecError(
@@ -286,8 +290,15 @@ def build_report(
     run = Path(run_dir)
     manifest = read_manifest(run)
     idx = plot.run_layer(manifest, layer)
+    made = agg.read_aggregates(run)[1].get("options", {}) if agg.aggregates_path(run).is_file() else {}
+    min_reviews = min_reviews if min_reviews is not None else made.get("min_reviews", agg.MIN_REVIEWS)
     if not agg.is_current(run, min_reviews):
-        agg.aggregate(run, min_reviews=min_reviews)
+        agg.aggregate(
+            run,
+            min_reviews=min_reviews,
+            rank_by=made.get("rank_by", agg.RANK_BY),
+            units=made.get("units", agg.UNITS),
+        )
     table, meta = agg.read_aggregates(run)
     preds = _committed_predictions(run)
     labels = [manifest["model"]["id2label"][k] for k in sorted(manifest["model"]["id2label"], key=int)]

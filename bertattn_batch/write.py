@@ -240,10 +240,7 @@ class RunWriter:
     def open(self) -> None:
         """Create a run, or reopen one made by the same job (rolling its parts forward); holds the run's
         writer lock until :meth:`close`."""
-        if self.run_dir.exists() and not self.run_dir.is_dir():
-            raise RunDirError(f"{self.run_dir} is a file, not a folder; choose another --out")
-        if self.run_dir.is_dir():  # before the lock: a folder that is not a run gets no lock file either
-            self._old_manifest()
+        old_manifest(self.run_dir)  # before the lock: a folder that is not a run gets no lock file either
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -262,18 +259,7 @@ class RunWriter:
             self._lock = None
 
     def _old_manifest(self) -> dict[str, Any] | None:
-        """The run's manifest (None where the folder holds no run yet); refuses a folder that bertattn
-        did not make, never to delete or write into it, even when asked to overwrite."""
-        if not (self.run_dir / MANIFEST).is_file():
-            if any(not _left_by_a_start(p) for p in self.run_dir.iterdir()):
-                raise RunDirError(
-                    f"{self.run_dir} is not empty and is not a run directory; choose another --out"
-                )
-            return None
-        old = read_manifest(self.run_dir)  # a damaged one is named, not cleared
-        if old.get("format") != FORMAT:
-            raise RunDirError(f"{self.run_dir} is not a bertattn run directory; choose another --out")
-        return old
+        return old_manifest(self.run_dir)
 
     def _open_locked(self) -> None:
         old = self._old_manifest()
@@ -499,6 +485,24 @@ class RunWriter:
                 shutil.rmtree(child)
             else:
                 child.unlink(missing_ok=True)
+
+
+def old_manifest(run_dir: Path) -> dict[str, Any] | None:
+    """The manifest of the run in ``run_dir`` (None where there is no run there yet); refuses a file and
+    a folder that bertattn did not make, never to delete or write into it, even when asked to overwrite.
+    Also called before a job trains its model, so that an --out that would be refused is found first."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is a file, not a folder; choose another --out")
+    if not run_dir.is_dir():
+        return None
+    if not (run_dir / MANIFEST).is_file():
+        if any(not _left_by_a_start(p) for p in run_dir.iterdir()):
+            raise RunDirError(f"{run_dir} is not empty and is not a run directory; choose another --out")
+        return None
+    old = read_manifest(run_dir)  # a damaged one is named, not cleared
+    if old.get("format") != FORMAT:
+        raise RunDirError(f"{run_dir} is not a bertattn run directory; choose another --out")
+    return old
 
 
 def _left_by_a_start(path: Path) -> bool:

@@ -359,3 +359,17 @@ def test_the_browser_check_can_fail(browser, tmp_path):
     shown = browser.open(bad.resolve().as_uri())
     assert len(shown["errors"]) >= 2  # the console error and the image that failed to load
     assert not all(i["ok"] for i in shown["images"])
+
+
+def test_a_report_keeps_the_aggregates_a_user_made(run_dir, tmp_path):
+    """Aggregates made with other options are the user's table: a report reuses them while they cover
+    the run, and where it must compute them again (a part added) it keeps their ranking measure."""
+    agg.aggregate(run_dir, min_reviews=2, rank_by="n_top")
+    report.build_report(run_dir, out=tmp_path / "r.html", examples=0)
+    assert (
+        agg.read_aggregates(run_dir)[1]["options"].items() >= {"min_reviews": 2, "rank_by": "n_top"}.items()
+    )
+    report.build_report(run_dir, out=tmp_path / "r.html", examples=0, min_reviews=3)  # asked for: recomputed
+    assert (
+        agg.read_aggregates(run_dir)[1]["options"].items() >= {"min_reviews": 3, "rank_by": "n_top"}.items()
+    )

@@ -100,15 +100,53 @@ def test_finetune_limits_apply_only_to_the_model_it_would_train(tmp_path):
     assert load_job(_write(tmp_path, body.format(m=tmp_path / "there"))).layers == [-5]
 
 
-def test_a_job_whose_out_is_a_file_stops_before_it_trains_its_model(tmp_path):
+@pytest.mark.parametrize(
+    ("out", "on_existing", "message"),
+    [
+        ("file", "resume", "is a file, not a folder"),
+        ("other", "resume", "is not empty and is not a run directory"),
+        ("run", "new", "already holds a run"),
+    ],
+)
+def test_an_out_that_would_be_refused_stops_the_job_before_it_trains_its_model(
+    tmp_path, out, on_existing, message
+):
+    import json
+
+    from bertattn_batch import schema
     from bertattn_batch.errors import RunDirError
     from bertattn_batch.pipeline import ensure_model
     from bertattn_batch.spec import FinetuneSpec
+    from bertattn_batch.write import FORMAT, MANIFEST
 
-    (tmp_path / "out.txt").write_text("not a run")
+    path = tmp_path / out
+    if out == "file":
+        path.write_text("not a run")
+    else:
+        path.mkdir()
+        if out == "other":
+            (path / "notes.txt").write_text("someone's notes")
+        else:  # a run that committed a part
+            files = {t: f"{t}/part-000000000000.parquet" for t in schema.TABLES}
+            part = {"name": "part-000000000000", "start_row": 0, "end_row": 1, "files": files, "rows": {}}
+            (path / MANIFEST).write_text(json.dumps({"format": FORMAT, "parts": [part]}))
     spec = JobSpec(
-        inputs=["a"], model=str(tmp_path / "m"), out=str(tmp_path / "out.txt"), finetune=FinetuneSpec()
+        inputs=["a"],
+        model=str(tmp_path / "m"),
+        out=str(path),
+        on_existing=on_existing,
+        finetune=FinetuneSpec(),
     )
-    with pytest.raises(RunDirError, match="is a file, not a folder"):
+    with pytest.raises(RunDirError, match=message):
         ensure_model(spec, progress=False)
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.skipif(__import__("torch").backends.mps.is_available(), reason="this machine has MPS")
+def test_a_device_that_is_not_there_or_unknown_is_named_in_one_line():
+    from bertattn_batch.model import resolve_device
+
+    with pytest.raises(SpecError, match="no Apple MPS device is available; use --device cpu"):
+        resolve_device("mps")
+    with pytest.raises(SpecError, match="device 'tpu' is not one torch knows"):
+        resolve_device("tpu")
