@@ -349,9 +349,8 @@ def test_no_source_skips_the_text_length_check(en_run, tmp_path):
     result = _cli(str(run), "--no-source")
     assert result.exit_code == 0, result.output
     assert any(line.startswith("SKIP  spans") for line in result.output.splitlines())
-    assert (
-        f"clean: {len(CHECKS) - 1} checks passed, 1 skipped" in result.output
-    )  # a skipped check is not a passed one
+    # a skipped check is not a passed one
+    assert f"clean: {len(CHECKS) - 1} checks passed, 1 skipped" in result.output
 
 
 def test_unreadable_source_is_a_skip_not_a_failure(en_run, tmp_path):
