@@ -115,9 +115,7 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> float:
     if spec.finetune is None or (Path(spec.model) / "config.json").is_file():
         return 0.0
     t0 = time.perf_counter()
-    old = old_manifest(Path(spec.out))  # an --out that would be refused: found before training, not after
-    if old is not None and old.get("parts") and spec.on_existing == "new":
-        raise RunDirError(f"{spec.out} already holds a run; choose another --out or pass --overwrite")
+    old_manifest(Path(spec.out), spec.on_existing)  # an --out that would be refused: found before training
     with _training_lock(Path(spec.model)) as lock:
         if (Path(spec.model) / "config.json").is_file():
             log.warning("model %s was trained by another job meanwhile; using it", spec.model)

@@ -259,7 +259,7 @@ class RunWriter:
             self._lock = None
 
     def _old_manifest(self) -> dict[str, Any] | None:
-        return old_manifest(self.run_dir)
+        return old_manifest(self.run_dir, self.on_existing)
 
     def _open_locked(self) -> None:
         old = self._old_manifest()
@@ -269,10 +269,6 @@ class RunWriter:
             self._clear()
             old = None
         if old is not None:
-            if self.on_existing == "new":
-                raise RunDirError(
-                    f"{self.run_dir} already holds a run; choose another --out or pass --overwrite"
-                )
             self.manifest = old
             self.reopened_status = old.get("status")
             self._check_compatible(self.manifest)
@@ -487,10 +483,11 @@ class RunWriter:
                 child.unlink(missing_ok=True)
 
 
-def old_manifest(run_dir: Path) -> dict[str, Any] | None:
+def old_manifest(run_dir: Path, on_existing: str = "resume") -> dict[str, Any] | None:
     """The manifest of the run in ``run_dir`` (None where there is no run there yet); refuses a file and
-    a folder that bertattn did not make, never to delete or write into it, even when asked to overwrite.
-    Also called before a job trains its model, so that an --out that would be refused is found first."""
+    a folder that bertattn did not make, never to delete or write into it, even when asked to overwrite,
+    and with ``on_existing="new"`` a run that committed parts. Also called before a job trains its
+    model, so that an --out that would be refused is found first."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"{run_dir} is a file, not a folder; choose another --out")
     if not run_dir.is_dir():
@@ -502,6 +499,8 @@ def old_manifest(run_dir: Path) -> dict[str, Any] | None:
     old = read_manifest(run_dir)  # a damaged one is named, not cleared
     if old.get("format") != FORMAT:
         raise RunDirError(f"{run_dir} is not a bertattn run directory; choose another --out")
+    if on_existing == "new" and old.get("parts"):
+        raise RunDirError(f"{run_dir} already holds a run; choose another --out or pass --overwrite")
     return old
 
 
