@@ -351,6 +351,12 @@ def word_continuation(manifest: dict[str, Any]) -> str | None:
 
 def read_aggregates(run_dir: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
     """The written table and its metadata (options, parts); raise when there is none."""
+    meta = aggregates_meta(run_dir)
+    return pl.read_parquet(aggregates_path(run_dir), glob=False), meta
+
+
+def aggregates_meta(run_dir: str | Path) -> dict[str, Any]:
+    """The written table's metadata (options, parts) alone, from its footer; raise when there is none."""
     path = aggregates_path(run_dir)
     if not path.is_file():
         raise RunDirError(f"{path} does not exist; run bertattn aggregate {run_dir}")
@@ -359,7 +365,7 @@ def read_aggregates(run_dir: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
     for key in ("options", "parts"):
         if key in meta:
             meta[key] = json.loads(meta[key])
-    return pl.read_parquet(path, glob=False), meta
+    return meta
 
 
 def is_current(run_dir: str | Path, min_reviews: int | None = None) -> bool:
@@ -368,7 +374,7 @@ def is_current(run_dir: str | Path, min_reviews: int | None = None) -> bool:
     path = aggregates_path(run_dir)
     if not path.is_file():
         return False
-    _, meta = read_aggregates(run_dir)
+    meta = aggregates_meta(run_dir)
     if min_reviews is not None and meta.get("options", {}).get("min_reviews") != min_reviews:
         return False
     return meta.get("parts") == [name for name, _, _ in committed_parts(run_dir)]

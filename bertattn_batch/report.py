@@ -290,7 +290,7 @@ def build_report(
     run = Path(run_dir)
     manifest = read_manifest(run)
     idx = plot.run_layer(manifest, layer)
-    made = agg.read_aggregates(run)[1].get("options", {}) if agg.aggregates_path(run).is_file() else {}
+    made = agg.aggregates_meta(run).get("options", {}) if agg.aggregates_path(run).is_file() else {}
     min_reviews = min_reviews if min_reviews is not None else made.get("min_reviews", agg.MIN_REVIEWS)
     if not agg.is_current(run, min_reviews):
         agg.aggregate(

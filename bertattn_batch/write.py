@@ -240,7 +240,8 @@ class RunWriter:
     def open(self) -> None:
         """Create a run, or reopen one made by the same job (rolling its parts forward); holds the run's
         writer lock until :meth:`close`."""
-        old_manifest(self.run_dir)  # before the lock: a folder that is not a run gets no lock file either
+        # before the lock: a folder that is not a run gets no lock file either
+        old_manifest(self.run_dir, self.on_existing)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -258,11 +259,8 @@ class RunWriter:
             os.close(self._lock)
             self._lock = None
 
-    def _old_manifest(self) -> dict[str, Any] | None:
-        return old_manifest(self.run_dir, self.on_existing)
-
     def _open_locked(self) -> None:
-        old = self._old_manifest()
+        old = old_manifest(self.run_dir, self.on_existing)
         # a run that committed no part (its start failed, say on a mistyped input) holds nothing to
         # keep, so the corrected job may start afresh instead of being refused as another job
         if old is not None and (self.on_existing == "overwrite" or not old["parts"]):
