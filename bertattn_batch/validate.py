@@ -708,16 +708,18 @@ def _check_part_attention(rec: _Recorder, run: _Run, part: _Part) -> tuple[int, 
 
     # per position: the same token in every layer and head
     same = ("token_id", "token", "start", "end")
-    tokens = (
+    positions = (  # one row per (review, position): also where the part's (token_id, token) pairs come from
         attn.group_by("doc_id", "position")
-        .agg(*(pl.col(c).n_unique() for c in same))
-        .filter(pl.any_horizontal(pl.col(c) > 1 for c in same))
-        .sort("doc_id", "position")
+        .agg(
+            pl.col("token_id").first().alias("id"),
+            pl.col("token").first().alias("text"),
+            *(pl.col(c).n_unique() for c in same),
+        )
         .collect(engine="streaming")
     )
     report(
         "tokens",
-        tokens,
+        positions.filter(pl.any_horizontal(pl.col(c) > 1 for c in same)).sort("doc_id", "position"),
         _fmt(
             "{} doc '{}' position {}: {} token ids, {} tokens, {} starts, {} ends over its layers and heads",
             *(pl.lit(rel_attn), "doc_id", "position", *same),
@@ -805,7 +807,7 @@ def _check_part_attention(rec: _Recorder, run: _Run, part: _Part) -> tuple[int, 
         ),
     ]
     _apply_rules(rec, rows, row_rules)
-    return summary.height, attn.select("token_id", "token").unique().collect(engine="streaming")
+    return summary.height, positions.select(token_id="id", token="text").unique()
 
 
 # -- spans against the source text --------------------------------------------------------------------
