@@ -43,6 +43,11 @@ def vocab_array(tokenizer) -> pa.Array:
     return pa.array([t if t is not None else "" for t in tokens], type=pa.string())
 
 
+#: Token rows built at once (about 40 MB of columns and 10 MB of temporaries); a window's tables are
+#: built in chunks of whole reviews of about this size.
+CHUNK_TOKEN_ROWS = 1 << 18
+
+
 class Extractor:
     """Builds the three tables of a run from scored rows; stateless apart from the vocabulary."""
 
@@ -83,49 +88,69 @@ class Extractor:
     def cls_attention(self, rows: Sequence[ScoredRow]) -> tuple[pa.Table, pa.Table]:
         """(cls_attention, head_summary) for the scored rows among ``rows``.
 
-        Built for the whole block at once: the per-review work is one slice of each array, and every
-        column comes from a few vectorised operations over the concatenated content tokens. Token rows
-        are ordered (review, layer, head, position); each (review, layer, head) is one segment of ``m``
-        content tokens, scaled over itself.
+        Built in chunks of whole reviews of at most ``CHUNK_TOKEN_ROWS`` token rows, so that the index
+        arithmetic's temporaries stay a few MB whatever the window, layers and heads (for a whole window
+        at once they were 2.5 times the table); the tables are the chunks' concatenation.
         """
-        L, H = len(self.layers), self.num_heads
         scored = [r for r in rows if r.cls_rows is not None]
+        per_review = len(self.layers) * self.num_heads
+        chunks, start, size = [], 0, 0
+        for i, r in enumerate(scored):
+            size += per_review * (r.encoded.n_tokens - 2)
+            if size > CHUNK_TOKEN_ROWS and i > start:
+                chunks.append(scored[start:i])
+                start, size = i, per_review * (r.encoded.n_tokens - 2)
+        chunks.append(scored[start:])
+        built = [self._cls_chunk(chunk) for chunk in chunks]
+        return (
+            pa.concat_tables([attn for attn, _ in built]),
+            pa.concat_tables([summary for _, summary in built]),
+        )
+
+    def _cls_chunk(self, scored: Sequence[ScoredRow]) -> tuple[pa.Table, pa.Table]:
+        """The two tables for a chunk of scored reviews: every column from a few vectorised operations
+        over the concatenated content tokens. Token rows are ordered (review, layer, head, position);
+        each (review, layer, head) is one segment of ``m`` content tokens, scaled over itself."""
+        L, H = len(self.layers), self.num_heads
         n = np.array([r.encoded.n_tokens for r in scored], dtype=np.int64)
         m = n - 2  # content tokens: positions 1 .. n-2
         if (m < 1).any():
             raise ValueError("a scored review must have at least one content token")
         weight = _cat([r.cls_rows[:, :, 1 : _last(r)].reshape(-1) for r in scored], np.float32)
-        seg = np.repeat(m, L * H)  # one segment per (review, layer, head)
+        # int32 indices where they fit (a chunk is bounded; one long review with many heads may not)
+        index = np.int32 if len(weight) < 2**31 else np.int64
+        seg = np.repeat(m, L * H).astype(index)  # one segment per (review, layer, head)
         scaled, lo, hi = minmax_scale(weight, seg)
-
-        sizes = L * H * m  # token rows per review
-        doc_idx = np.repeat(np.arange(len(scored), dtype=np.int32), sizes)
-        m_rep = np.repeat(m, sizes)
-        k = np.arange(len(weight)) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # index within its review
-        j = k % m_rep  # content token index within the review
-        lh = k // m_rep
-        token_at = np.repeat(np.cumsum(m) - m, sizes) + j  # into the concatenated content tokens
+        seg_start = np.repeat((np.cumsum(seg) - seg).astype(index), seg)
+        j = np.arange(len(weight), dtype=index) - seg_start  # content token index within its review
+        del seg_start
+        lh = np.tile(np.arange(L * H, dtype=np.int32), len(scored))  # each segment's (layer, head)
+        # into the concatenated content tokens: the review's first content token, plus j
+        token_at = np.repeat((np.cumsum(m) - m).astype(index), L * H * m) + j
         ids = _cat([r.encoded.ids[1 : _last(r)] for r in scored], np.int32)
         offsets = np.concatenate([r.encoded.offsets[1 : _last(r)] for r in scored] or [np.zeros((0, 2))])
         tok = ids[token_at]
+        start, end = offsets[token_at, 0], offsets[token_at, 1]
+        del token_at
+        review_of_seg = np.repeat(np.arange(len(scored), dtype=np.int32), L * H)
         docs = pa.array([r.doc_id for r in scored], pa.string())
         attn = {
-            "doc_id": docs.take(pa.array(doc_idx)),
-            "layer": self.layers[lh // H],
-            "head": (lh % H).astype(np.int16),
-            "position": (j + 1).astype(np.int32),
+            "doc_id": docs.take(pa.array(np.repeat(review_of_seg, seg))),
+            "layer": np.repeat(self.layers[lh // H], seg),
+            "head": np.repeat((lh % H).astype(np.int16), seg),
+            "position": (j + 1).astype(np.int32, copy=False),
             "token_id": tok,
             "token": self.vocab.take(pa.array(tok)),
-            "start": offsets[token_at, 0].astype(np.int32),
-            "end": offsets[token_at, 1].astype(np.int32),
+            "start": start.astype(np.int32, copy=False),
+            "end": end.astype(np.int32, copy=False),
             "weight": weight,
             "weight_scaled": scaled,
         }
         summary = {
-            "doc_id": docs.take(pa.array(np.repeat(np.arange(len(scored), dtype=np.int32), L * H))),
-            "layer": np.tile(np.repeat(self.layers, H), len(scored)),
-            "head": np.tile(np.arange(H, dtype=np.int16), L * len(scored)),
-            "n_content": seg.astype(np.int32),
+            "doc_id": docs.take(pa.array(review_of_seg)),
+            "layer": self.layers[lh // H],
+            "head": (lh % H).astype(np.int16),
+            "n_content": seg.astype(np.int32, copy=False),
             "weight_cls": _cat([r.cls_rows[:, :, 0].reshape(-1) for r in scored], np.float32),
             "weight_sep": _cat([r.cls_rows[:, :, _last(r)].reshape(-1) for r in scored], np.float32),
             "weight_min": lo,

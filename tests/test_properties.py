@@ -5,6 +5,8 @@ Run: ``.venv/bin/python -m pytest -q tests/test_properties.py`` (a few seconds; 
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -14,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from bertattn_batch import extract
 from bertattn_batch.attention import ClsRowCapture, eager_rows, minmax_scale
 from bertattn_batch.batching import bucket_batches
 from bertattn_batch.encode import Encoded
@@ -105,13 +108,14 @@ def padded_windows(draw):
     batch_tokens = draw(st.integers(2, 60))
     max_batch = draw(st.integers(1, 6))
     seed = draw(st.integers(0, 2**31 - 1))
-    return B, H, layers, lengths, extra, batch_tokens, max_batch, seed
+    chunk = draw(st.integers(1, 120))  # token rows the extractor builds at once
+    return B, H, layers, lengths, extra, batch_tokens, max_batch, seed, chunk
 
 
 @FAST
 @given(padded_windows())
 def test_extraction_keeps_exactly_each_reviews_content_positions(case):
-    B, H, layers, lengths, extra, batch_tokens, max_batch, seed = case
+    B, H, layers, lengths, extra, batch_tokens, max_batch, seed, chunk = case
     rng = np.random.default_rng(seed)
     vocab_size = FIRST_ID + B + 20
     rows, truth = [], {}
@@ -131,7 +135,8 @@ def test_extraction_keeps_exactly_each_reviews_content_positions(case):
     model = PaddedRowsModel(truth, extra, labels=3)
     ModelStage(model, batch_tokens=batch_tokens, max_batch_size=max_batch)(window)
     vocab = pa.array([f"t{i}" for i in range(vocab_size)])
-    tables = Extractor(vocab, layers, H, ["a", "b", "c"]).tables(rows)
+    with mock.patch.object(extract, "CHUNK_TOKEN_ROWS", chunk):  # chunk borders anywhere, or none
+        tables = Extractor(vocab, layers, H, ["a", "b", "c"]).tables(rows)
 
     attn = {
         c: np.asarray(tables["cls_attention"].column(c).to_pylist())
@@ -144,6 +149,8 @@ def test_extraction_keeps_exactly_each_reviews_content_positions(case):
     preds = tables["predictions"].to_pylist()
     assert [p["n_tokens"] for p in preds] == [n if n > 2 else 0 for n in lengths]
     assert (attn["weight"] != PAD_VALUE).all(), "a padded position leaked into the output"
+    docs = [d for i, d in enumerate(attn["doc_id"]) if i == 0 or d != attn["doc_id"][i - 1]]
+    assert docs == [r.doc_id for r in rows if r.cls_rows is not None], "token rows out of review order"
     for i, (r, n) in enumerate(zip(rows, lengths, strict=True)):
         sel = attn["doc_id"] == f"d{i}"
         if n == 2:
