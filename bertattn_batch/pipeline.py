@@ -36,6 +36,7 @@ from .batching import bucket_batches
 from .encode import Encoded, Encoder
 from .errors import ModelError, RunDirError
 from .extract import Extractor, ScoredRow, vocab_array
+from .heap import trim_heap
 from .ids import IdSet
 from .locks import take_lock
 from .model import Classifier
@@ -433,6 +434,7 @@ def run_job(
             timings["write"] += time.perf_counter() - t1
             summary.bytes_written += entry["bytes"]
             summary.parts_written += 1
+            trim_heap()
 
         ahead, threads = feed_plan(clf.device)
         with Encoder(clf.tokenizer, clf.max_length, threads) as encoder:
@@ -443,6 +445,7 @@ def run_job(
                     t0 = time.perf_counter()
                     real, slots = stage(window)
                     timings["model"] += time.perf_counter() - t0
+                    trim_heap()
                     _count(summary, window, real, slots)
                     bar.update(len(window.rows))
                     bar.set_postfix_str(

@@ -50,6 +50,7 @@ from . import errors
 from .encode import Encoder
 from .errors import BertAttnError, EngineError, SpecError, first_line
 from .extract import Extractor, vocab_array
+from .heap import trim_heap
 from .pipeline import (
     ModelStage,
     RunSummary,
@@ -266,6 +267,7 @@ class WindowStage:
         _count(part, window, real, slots)
         part.seconds = {"read_encode": t1 - t0, "model": t2 - t1, "extract": t3 - t2}
         part.seconds["write"] = time.perf_counter() - t3
+        trim_heap()
         return entry, dict(part.__dict__)
 
 
