@@ -180,7 +180,7 @@ def extract(
     trim_last_layer: Annotated[
         bool,
         typer.Option(
-            help="sdpa: run the last layer past its attention for [CLS] only, which is all a classifier reads (same outputs, checked on load; less work)."
+            help="sdpa: run the last layer's attention and feed-forward block for [CLS] only, which is all a classifier reads (same outputs, checked on load; less work)."
         ),
     ] = True,
     batch_tokens: Annotated[int, typer.Option(help="Padded tokens per model batch.")] = 16384,

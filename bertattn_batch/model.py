@@ -6,8 +6,8 @@ Usage::
     probs, rows = clf.forward([enc.ids for enc in encoded])   # (B, C), (B, L, H, S) float32
 
 This module knows nothing of files or schemas: it turns token ids into probabilities and [CLS]
-attention rows. In sdpa mode the last layer runs past its attention for [CLS] only (``trim.py``)
-where a probe on load shows that changes nothing. Weights load as safetensors unless pickle is allowed
+attention rows. In sdpa mode the last layer's attention and what follows it run for [CLS] only
+(``trim.py``) where a probe on load shows that changes nothing. Weights load as safetensors unless pickle is allowed
 explicitly; remote code never runs unless asked for.
 """
 

@@ -18,6 +18,12 @@ two hooks:
 - a forward pre-hook on its sibling output block (dense + residual + LayerNorm) keeps position 0 of
   the residual, so the rest of the layer runs on one position.
 
+Under SDPA the last layer's attention itself is also computed for the ``[CLS]`` query alone (keys and
+values of every token), through an attention function registered with transformers'
+``AttentionInterface`` (:data:`CLS_SDPA`): the model runs under it while trimmed, and every other layer
+gets plain SDPA from it. Measured on the default 2-layer model, 8192 reviews on 2 cores: the model stage
+12% (float32) to 18% (bfloat16) faster than with the last layer's full attention.
+
 Only layouts where that is exact are trimmed: the last self-attention module sits in a parent
 attention block as ``.self`` next to ``.output`` (BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, ERNIE,
 Megatron-BERT), and a probe batch gives the same logits trimmed and untrimmed (:func:`verified`),
@@ -27,14 +33,43 @@ which also rules out a layer shared across depth (ALBERT) and a head that reads 
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 import torch
 from torch import nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .attention import find_self_attention
 
 log = logging.getLogger(__name__)
+
+#: The attention implementation a trimmed SDPA model runs under: SDPA, with SDPA's masks, except in the
+#: self-attention modules of trims that are entered, where only the [CLS] query is computed.
+CLS_SDPA = "bertattn_cls_sdpa"
+_CLS_QUERY_ONLY: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def _cls_sdpa(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, **kw
+):
+    """SDPA; for a trimmed last layer, for query position 0 only (query (B, H, S, d)).
+
+    Returns the (B, S, H, d) output that the module reshapes; in a trimmed layer every position holds
+    [CLS]'s output (a broadcast view), of which the trim keeps position 0 alone.
+    """
+    if module not in _CLS_QUERY_ONLY:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-2] > 1:
+        attention_mask = attention_mask[:, :, :1]  # (B, 1 or H, S, S) -> the [CLS] query's row
+    out, weights = sdpa_attention_forward(module, query[:, :, :1], key, value, attention_mask, **kw)
+    return out.expand(query.shape[0], query.shape[2], *out.shape[2:]), weights
+
+
+AttentionInterface.register(CLS_SDPA, _cls_sdpa)
+AttentionMaskInterface.register(CLS_SDPA, sdpa_mask)
 
 
 class LastLayerTrim:
@@ -44,6 +79,9 @@ class LastLayerTrim:
         self._self_attention = self_attention
         self._output_block = output_block
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        # the model's config (every layer reads the same object); SDPA models only
+        config = getattr(self_attention, "config", None)
+        self._config = config if getattr(config, "_attn_implementation", None) == "sdpa" else None
 
     @classmethod
     def find(cls, model: nn.Module) -> LastLayerTrim | None:
@@ -62,12 +100,18 @@ class LastLayerTrim:
     def __enter__(self) -> LastLayerTrim:
         self._handles.append(self._self_attention.register_forward_hook(_keep_first_output))
         self._handles.append(self._output_block.register_forward_pre_hook(_keep_first_residual))
+        if self._config is not None:
+            self._config._attn_implementation = CLS_SDPA
+            _CLS_QUERY_ONLY.add(self._self_attention)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if self._config is not None:
+            _CLS_QUERY_ONLY.discard(self._self_attention)
+            self._config._attn_implementation = "sdpa"
 
 
 def _keep_first_output(_m: nn.Module, _args: tuple, out: Any) -> Any:

@@ -136,3 +136,33 @@ def test_roberta_positions_start_after_its_padding_id(en_tokenizer, tmp_path):
     ref_probs, ref_rows = Classifier.load(str(tmp_path), attention="eager").forward(ids)
     np.testing.assert_allclose(probs, ref_probs, atol=1e-5, rtol=0)
     np.testing.assert_allclose(rows, ref_rows, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", sorted(a for a, v in ARCHITECTURES.items() if v[3] and a != "megatron-bert"))
+def test_the_trimmed_last_layer_attends_from_cls_alone(arch, monkeypatch):
+    """Under SDPA the last layer's attention is computed for one query; every other layer for all."""
+    config_cls, model_cls, extra, _ = ARCHITECTURES[arch]
+    torch.manual_seed(0)
+    model = model_cls._from_config(config_cls(vocab_size=100, **extra), attn_implementation="sdpa").eval()
+    trim = LastLayerTrim.find(model)
+    queries: list[int] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(query, *args, **kwargs):
+        queries.append(query.shape[-2])
+        return sdpa(query, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    ids = torch.randint(5, 100, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    with torch.inference_mode():
+        full = model(input_ids=ids, attention_mask=mask).logits
+        assert queries == [9, 9, 9]
+        with trim:
+            cut = model(input_ids=ids, attention_mask=mask).logits
+        assert queries[3:] == [9, 9, 1]
+        assert model.config._attn_implementation == "sdpa"  # restored on leaving the trim
+        model(input_ids=ids, attention_mask=mask)
+        assert queries[6:] == [9, 9, 9]
+    torch.testing.assert_close(cut, full, atol=1e-6, rtol=0)
