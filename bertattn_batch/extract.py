@@ -43,8 +43,8 @@ def vocab_array(tokenizer) -> pa.Array:
     return pa.array([t if t is not None else "" for t in tokens], type=pa.string())
 
 
-#: Token rows built at once (about 40 MB of columns and 10 MB of temporaries); a window's tables are
-#: built in chunks of whole reviews of about this size.
+#: Token rows built at once (about 10 MB of columns, and temporaries of about as much); a window's
+#: tables are built in chunks of whole reviews of about this size.
 CHUNK_TOKEN_ROWS = 1 << 18
 
 
@@ -117,7 +117,7 @@ class Extractor:
         if (m < 1).any():
             raise ValueError("a scored review must have at least one content token")
         weight = _cat([r.cls_rows[:, :, 1 : _last(r)].reshape(-1) for r in scored], np.float32)
-        # int32 indices where they fit (a chunk is bounded; one long review with many heads may not)
+        # int32 indices, unless one review's rows alone overflow them
         index = np.int32 if len(weight) < 2**31 else np.int64
         seg = np.repeat(m, L * H).astype(index)  # one segment per (review, layer, head)
         scaled, lo, hi = minmax_scale(weight, seg)
