@@ -73,7 +73,7 @@ AttentionMaskInterface.register(CLS_SDPA, sdpa_mask)
 
 
 class LastLayerTrim:
-    """Context manager: while entered, the model's last layer runs past attention for [CLS] only."""
+    """Context manager: while entered, the model's last layer runs for [CLS] only past its keys and values."""
 
     def __init__(self, self_attention: nn.Module, output_block: nn.Module) -> None:
         self._self_attention = self_attention
