@@ -96,10 +96,11 @@ class Extractor:
         per_review = len(self.layers) * self.num_heads
         chunks, start, size = [], 0, 0
         for i, r in enumerate(scored):
-            size += per_review * (r.encoded.n_tokens - 2)
-            if size > CHUNK_TOKEN_ROWS and i > start:
+            rows_i = per_review * (r.encoded.n_tokens - 2)
+            if size + rows_i > CHUNK_TOKEN_ROWS and i > start:
                 chunks.append(scored[start:i])
-                start, size = i, per_review * (r.encoded.n_tokens - 2)
+                start, size = i, 0
+            size += rows_i
         chunks.append(scored[start:])
         built = [self._cls_chunk(chunk) for chunk in chunks]
         return (
@@ -125,6 +126,7 @@ class Extractor:
         j = np.arange(len(weight), dtype=index) - seg_start  # content token index within its review
         del seg_start
         lh = np.tile(np.arange(L * H, dtype=np.int32), len(scored))  # each segment's (layer, head)
+        seg_layer, seg_head = self.layers[lh // H], (lh % H).astype(np.int16)
         # into the concatenated content tokens: the review's first content token, plus j
         token_at = np.repeat((np.cumsum(m) - m).astype(index), L * H * m) + j
         ids = _cat([r.encoded.ids[1 : _last(r)] for r in scored], np.int32)
@@ -136,8 +138,8 @@ class Extractor:
         docs = pa.array([r.doc_id for r in scored], pa.string())
         attn = {
             "doc_id": docs.take(pa.array(np.repeat(review_of_seg, seg))),
-            "layer": np.repeat(self.layers[lh // H], seg),
-            "head": np.repeat((lh % H).astype(np.int16), seg),
+            "layer": np.repeat(seg_layer, seg),
+            "head": np.repeat(seg_head, seg),
             "position": (j + 1).astype(np.int32, copy=False),
             "token_id": tok,
             "token": self.vocab.take(pa.array(tok)),
@@ -148,8 +150,8 @@ class Extractor:
         }
         summary = {
             "doc_id": docs.take(pa.array(review_of_seg)),
-            "layer": self.layers[lh // H],
-            "head": (lh % H).astype(np.int16),
+            "layer": seg_layer,
+            "head": seg_head,
             "n_content": seg.astype(np.int32, copy=False),
             "weight_cls": _cat([r.cls_rows[:, :, 0].reshape(-1) for r in scored], np.float32),
             "weight_sep": _cat([r.cls_rows[:, :, _last(r)].reshape(-1) for r in scored], np.float32),

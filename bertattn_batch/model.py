@@ -7,8 +7,8 @@ Usage::
 
 This module knows nothing of files or schemas: it turns token ids into probabilities and [CLS]
 attention rows. In sdpa mode the last layer's attention and what follows it run for [CLS] only
-(``trim.py``) where a probe on load shows that changes nothing. Weights load as safetensors unless pickle is allowed
-explicitly; remote code never runs unless asked for.
+(``trim.py``) where a probe on load shows that changes nothing. Weights load as safetensors unless
+pickle is allowed explicitly; remote code never runs unless asked for.
 """
 
 from __future__ import annotations
