@@ -50,7 +50,7 @@ from .model import (
     load_tokenizer,
     transformers_version,
 )
-from .read import read_rows
+from .read import class_label_order, expand_inputs, read_rows
 from .spec import FinetuneSpec
 from .write import remove_stale
 
@@ -374,15 +374,23 @@ def finetune(
     spec: FinetuneSpec,
     progress: bool = True,
     skipped_rows: dict[str, int] | None = None,
+    label_order: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Train a classifier on (text, label) pairs, save it to ``out_dir`` atomically, return its metrics.
 
     ``skipped_rows`` (why input rows were not trained on) is saved with the metrics, so the model folder
-    tells what it was trained on, not only the summary line printed once.
+    tells what it was trained on, not only the summary line printed once. Label ids follow
+    ``spec.labels``; without it, ``label_order`` (a source's own order of its classes) for the labels
+    it names, then the others in :func:`_label_order`.
     """
     if len(texts) != len(labels):
         raise InputError(f"{len(texts)} texts but {len(labels)} labels")
-    names = list(spec.labels) if spec.labels is not None else sorted(set(labels), key=_label_order)
+    if spec.labels is not None:
+        names = list(spec.labels)
+    else:
+        present = set(labels)
+        names = [n for n in dict.fromkeys(label_order) if n in present]
+        names += sorted(present - set(names), key=_label_order)
     unknown = sorted(set(labels) - set(names))
     if unknown:
         raise InputError(f"labels {unknown[:5]} are not among finetune.labels {names}")
@@ -736,4 +744,7 @@ def finetune_files(
             f"too few labelled rows to train: {where} has {len(rare)} label(s) with one row "
             f"(e.g. {', '.join(repr(k[:40]) for k in list(rare)[:3])}); need at least 2 per label"
         )
-    return finetune(texts, labels, out_dir, spec, progress=progress, skipped_rows=dict(skipped))
+    order = class_label_order(expand_inputs(inputs, input_format), label_col)
+    return finetune(
+        texts, labels, out_dir, spec, progress=progress, skipped_rows=dict(skipped), label_order=order
+    )

@@ -894,6 +894,16 @@ def class_label_names(ds: Any) -> dict[str, list[str]]:
     return {c: list(f.names) for c, f in ds.features.items() if isinstance(f, datasets.ClassLabel)}
 
 
+def class_label_order(sources: Iterable[Source], column: str) -> list[str]:
+    """The names of ``column``'s ``ClassLabel`` in id order, where every source is a saved dataset with
+    that same ``ClassLabel`` (a classifier trained on them can then keep the dataset's ids); else none."""
+    orders = {
+        tuple(class_label_names(_load_dataset(src.path)).get(column, ())) if src.format == "datasets" else ()
+        for src in sources
+    }
+    return list(orders.pop()) if len(orders) == 1 else []
+
+
 def name_class_labels(table: pa.Table, names: dict[str, list[str]]) -> pa.Table:
     """Replace ``ClassLabel`` ids by their names (-1, a missing label, and other out-of-range ids become
     null), so that ``label`` compares with ``pred_label`` and a classifier trains on the real names."""

@@ -33,6 +33,7 @@ from bertattn_batch.finetune import (
     split_indices,
 )
 from bertattn_batch.model import Classifier
+from bertattn_batch.read import class_label_order, expand_inputs
 from bertattn_batch.spec import FinetuneSpec, JobSpec, load_job
 
 REPO = Path(__file__).resolve().parent.parent
@@ -182,6 +183,33 @@ def test_label_order_follows_spec_labels(tmp_path: Path) -> None:
     os.utime(old, (time.time() - 7 * 3600,) * 2)
     finetune(texts, labels, tmp_path / "m", spec, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".m.partial-def", "m"]
+
+
+def test_a_class_label_keeps_its_own_order(tmp_path: Path) -> None:
+    """A dataset's ClassLabel ids are the trained model's ids, not the names sorted as text; a plain
+    file beside it has no such order."""
+    import datasets
+    from transformers import AutoConfig
+
+    names = ["pos", "neg", "mixed"]  # not in text order
+    texts = ["好极了", "太差了", "还行吧"] * 6
+    features = datasets.Features(
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=names)}
+    )
+    datasets.Dataset.from_dict({"text": texts, "label": [0, 1, 2] * 6}, features=features).save_to_disk(
+        str(tmp_path / "saved")
+    )
+    spec = FinetuneSpec(**TINY, epochs=1.0, min_char_count=1, eval_fraction=0.0)
+    metrics = finetune_files([str(tmp_path / "saved")], "text", "label", tmp_path / "m", spec, progress=False)
+    assert metrics["labels"] == names
+    assert AutoConfig.from_pretrained(tmp_path / "m").id2label == dict(enumerate(names))
+
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"text": texts, "label": [names[i] for i in [0, 1, 2] * 6]}), plain)
+    assert class_label_order(expand_inputs([str(plain)]), "label") == []
+    both = expand_inputs([str(tmp_path / "saved"), str(plain)])
+    assert class_label_order(both, "label") == []  # one order must hold for every input
+    assert class_label_order(expand_inputs([str(tmp_path / "saved")]), "text") == []
 
 
 def test_time_cap_shortens_the_schedule(tmp_path: Path) -> None:
