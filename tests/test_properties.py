@@ -81,10 +81,14 @@ class PaddedRowsModel:
 
     device = torch.device("cpu")
 
-    def __init__(self, truth: dict[int, np.ndarray], extra: int, labels: int) -> None:
+    def __init__(
+        self, truth: dict[int, np.ndarray], extra: int, labels: int, layers: int, heads: int
+    ) -> None:
         self.truth = truth  # review key (its ids[1]) -> (L, H, n) weights
         self.extra = extra
-        self.labels = labels
+        self.labels = [f"label-{i}" for i in range(labels)]
+        self.layers = list(range(layers))
+        self.num_heads = heads
 
     def forward(self, ids: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         rows = [self.truth[int(x[1])] for x in ids]
@@ -93,7 +97,7 @@ class PaddedRowsModel:
         padded = np.full((len(ids), L, H, S), PAD_VALUE, dtype=np.float32)  # (B, L, H, S)
         for i, r in enumerate(rows):
             padded[i, :, :, : r.shape[-1]] = r
-        logits = np.stack([np.sin(np.arange(self.labels) + int(x[1])) for x in ids])  # (B, C)
+        logits = np.stack([np.sin(np.arange(len(self.labels)) + int(x[1])) for x in ids])  # (B, C)
         probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
         return probs.astype(np.float32), padded
 
@@ -132,7 +136,7 @@ def test_extraction_keeps_exactly_each_reviews_content_positions(case):
         rows.append(ScoredRow(i, f"d{i}", None, "ok" if n > 2 else "no_tokens", encoded=enc))
         truth[int(ids[1])] = rng.uniform(1e-3, 1, size=(len(layers), H, n)).astype(np.float32)
     window = Window(0, B, rows)
-    model = PaddedRowsModel(truth, extra, labels=3)
+    model = PaddedRowsModel(truth, extra, labels=3, layers=len(layers), heads=H)
     ModelStage(model, batch_tokens=batch_tokens, max_batch_size=max_batch)(window)
     vocab = pa.array([f"t{i}" for i in range(vocab_size)])
     with mock.patch.object(extract, "CHUNK_TOKEN_ROWS", chunk):  # chunk borders anywhere, or none
