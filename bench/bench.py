@@ -909,6 +909,7 @@ def machine(device: torch.device) -> dict[str, Any]:
     }
     if device.type == "cpu":
         info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        info["cpu_model"] = cpu_model()
     import transformers
 
     info["transformers"] = transformers.__version__
@@ -916,6 +917,15 @@ def machine(device: torch.device) -> dict[str, Any]:
         name = torch.cuda.get_device_name(device)
         info.update(device_name=name, bf16_peak_tflops=bf16_peak(name))
     return info
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (Linux): figures from two machines of the same core count differ."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return None
 
 
 def native_bf16(device: torch.device) -> bool:
