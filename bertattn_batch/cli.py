@@ -68,6 +68,9 @@ def _setup(debug: bool) -> None:
         hf_logging.disable_progress_bar()
     except ImportError:
         pass
+    # the hub client has its own stderr handler and also propagates: each of its warnings (a retry of
+    # an unreachable hub) came out twice; once, through ours, names where it comes from
+    logging.getLogger("huggingface_hub").handlers.clear()
 
 
 def _call(fn: Callable[[], T], interrupted: str = "interrupted; rerun the same command to resume") -> T:

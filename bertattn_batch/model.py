@@ -298,6 +298,8 @@ def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool
     folder = Path(source)
     if folder.exists() and not (folder / "config.json").is_file():
         raise ModelError(f"{source} is not a model folder (no config.json)")
+    if not folder.exists() and not could_be_hub_id(source):
+        raise ModelError(f"no model folder {source}")
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
@@ -309,6 +311,13 @@ def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool
     _check_architecture(config, source)
     _check_weights_format(source, allow_pickle)
     return config
+
+
+def could_be_hub_id(source: str) -> bool:
+    """Whether a name that is no local folder may still name a hub model ("name" or "owner/name").
+    Why: a missing path such as /data/models/x or ./x gets a plain "no model folder", not the hub's
+    complaint about repo ids."""
+    return not (source.startswith((".", "~", "/", "-")) or "\\" in source or source.count("/") > 1)
 
 
 def load_tokenizer(source: str, trust_remote_code: bool = False):

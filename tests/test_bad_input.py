@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -396,10 +397,15 @@ def test_encoders_whose_cls_row_cannot_be_read_are_refused(config, message, tmp_
 
 
 def test_a_missing_model_folder_is_named(tmp_path):
+    """A path that cannot be a hub id gets no hub lookup and no words about one; a name that can (this
+    test runs offline) is reported with the hub's reason too."""
+    for path in (tmp_path / "nope", "./nope", "models/zh/nope"):
+        with pytest.raises(ModelError, match=rf"^no model folder {re.escape(str(path))}$"):
+            Classifier.load(str(path))
     with pytest.raises(
-        ModelError, match=r"^no model folder .*nope, and it could not be loaded from the hub: "
+        ModelError, match=r"^no model folder owner/nope, and it could not be loaded from the hub: "
     ):
-        Classifier.load(str(tmp_path / "nope"))
+        Classifier.load("owner/nope")
 
 
 def _with_config(model_dir: Path, dest: Path, **changes) -> Path:
