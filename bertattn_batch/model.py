@@ -298,7 +298,7 @@ def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool
     folder = Path(source)
     if folder.exists() and not (folder / "config.json").is_file():
         raise ModelError(f"{source} is not a model folder (no config.json)")
-    if not folder.exists() and not could_be_hub_id(source):
+    if not folder.exists() and not _could_be_hub_id(source):
         raise ModelError(f"no model folder {source}")
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
@@ -313,7 +313,7 @@ def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool
     return config
 
 
-def could_be_hub_id(source: str) -> bool:
+def _could_be_hub_id(source: str) -> bool:
     """Whether a name that is no local folder may still name a hub model ("name" or "owner/name").
     Why: a missing path such as /data/models/x or ./x gets a plain "no model folder", not the hub's
     complaint about repo ids."""
