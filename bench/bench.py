@@ -54,12 +54,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from bertattn_batch.batching import bucket_batches, chunks
-from bertattn_batch.encode import Encoded, encode_texts
-from bertattn_batch.extract import ScoredRow
+from bertattn_batch.config import JobSpec, load_job
+from bertattn_batch.engines import load_classifier, run_job
+from bertattn_batch.extract import ModelStage, ScoredRow
+from bertattn_batch.extract.batching import bucket_batches, chunks
 from bertattn_batch.model import Classifier, resolve_device
-from bertattn_batch.pipeline import ModelStage, Window, ensure_model, load_classifier, run_job
-from bertattn_batch.spec import JobSpec, load_job
+from bertattn_batch.model.encode import Encoded, encode_texts
+from bertattn_batch.runtime import tune_runtime
+from bertattn_batch.train import ensure_model
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -474,14 +476,13 @@ def stage_method(clf: Classifier, encoded: list[Encoded], trim: bool = True) -> 
     """
     stage = ModelStage(clf, BATCH_TOKENS, MAX_BATCH_SIZE)
     rows = [ScoredRow(i, str(i), None, "ok", encoded=e) for i, e in enumerate(encoded)]
-    window = Window(0, len(rows), rows)
     lengths = [e.n_tokens for e in encoded]
     shapes = _batch_shapes(lengths, bucket_batches(lengths, BATCH_TOKENS, MAX_BATCH_SIZE))
 
     def run() -> Counts:
         kept, clf.trim = clf.trim, clf.trim if trim else None
         try:
-            real, slots = stage(window)
+            real, slots = stage(rows)
         finally:
             clf.trim = kept
         return Counts(len(rows), real, slots)
@@ -1019,6 +1020,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    tune_runtime()  # as every bertattn command does, before torch computes anything
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     import transformers
 

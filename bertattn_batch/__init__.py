@@ -2,41 +2,54 @@
 
 Library entry points (the CLI is a thin layer over these)::
 
-    from bertattn_batch import JobSpec, run_job
-    summary = run_job(JobSpec(inputs=["reviews.parquet"], model="models/zh-senti", out="runs/r1"))
+    import bertattn_batch as ba
+    ba.tune_runtime()                        # first, in a notebook: see runtime.py
+    summary = ba.run_job(ba.JobSpec(inputs=["reviews.parquet"], model="models/zh-senti", out="runs/r1"))
+    report = ba.validate_run("runs/r1")
+    result = ba.aggregate("runs/r1")
+    ba.build_report("runs/r1")
+
+Importing the package sets nothing and imports neither torch nor polars: each entry point loads its
+stage when first used.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-import os
-import sys
-
-# torch's CPU kernels cache a compiled kernel, with its buffers, for every input shape they meet: oneDNN
-# (ONEDNN_PRIMITIVE_CACHE_CAPACITY, 1024 by default) and, for bfloat16 matmuls, ideep
-# (LRU_CACHE_CAPACITY, 1024). Length-bucketed batches have hundreds of shapes, so a long run's memory grew
-# with the corpus (measured from 20k to 200k reviews: +49% in float32 with both at 1024, +12% with oneDNN's
-# at 8, +64% in bfloat16 from ideep's). Caches this small keep it flat, and extraction no slower: the
-# shapes repeat within one batch, where two entries serve, not across batches (training, with more
-# shapes per batch, is about 7% slower). Set here, before torch computes anything; a value the user set
-# is kept.
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "2")
-os.environ.setdefault("LRU_CACHE_CAPACITY", "16")
-# Arrow's tables (one part of every table per window) are allocated from jemalloc rather than mimalloc,
-# pyarrow's default on Linux: jemalloc hands freed memory back to the system as it goes. Measured peak of
-# a 200k-review run, six runs each: 1,119 to 1,155 MB (mean 1,132) against 1,137 to 1,186 MB (mean
-# 1,165); 20k-review runs and speed alike. Read once, when pyarrow first needs its default pool; a value
-# the user set is kept.
-if sys.platform.startswith("linux"):  # where pyarrow's wheels include jemalloc
-    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
-
-from .errors import BertAttnError
-from .spec import JobSpec, load_job
+#: name -> (module, attribute): the public API, imported on first use.
+_API = {
+    "BertAttnError": ("errors", "BertAttnError"),
+    "JobSpec": ("config", "JobSpec"),
+    "FinetuneSpec": ("config", "FinetuneSpec"),
+    "load_job": ("config", "load_job"),
+    "tune_runtime": ("runtime", "tune_runtime"),
+    "run_job": ("engines", "run_job"),
+    "RunSummary": ("engines", "RunSummary"),
+    "read_manifest": ("run", "read_manifest"),
+    "validate_run": ("analysis.validate", "validate_run"),
+    "aggregate": ("analysis.aggregate", "aggregate"),
+    "build_report": ("render.report", "build_report"),
+    "plot_review": ("render.plot", "plot"),
+    "finetune": ("train", "finetune_files"),
+    "write_corpus": ("inputs.corpora", "write_corpus"),
+}
 
 
-def run_job(spec: JobSpec, **kwargs):  # lazy: importing the package should not import torch
-    from .pipeline import run_job as _run_job
+def __getattr__(name: str) -> Any:
+    if name not in _API:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = _API[name]
+    value = getattr(importlib.import_module(f".{module}", __name__), attr)
+    globals()[name] = value
+    return value
 
-    return _run_job(spec, **kwargs)
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_API])
 
 
-__all__ = ["BertAttnError", "JobSpec", "__version__", "load_job", "run_job"]
+__all__ = ["__version__", *_API]

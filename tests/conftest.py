@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from bertattn_batch import corpora
+from bertattn_batch.inputs import corpora
 
 SEED_TEXT = (
     "超级差评\xa0\xa0上菜慢\xa0服务态度超级差、先把汤上来喝饱了\xa0完事菜就上了一个，找服务员催半天也上不来"

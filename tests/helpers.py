@@ -63,3 +63,10 @@ def minmax(x: np.ndarray) -> np.ndarray:
         lo, hi = x[h].min(), x[h].max()
         out[h] = (x[h] - lo) / (hi - lo) if hi > lo else 0.0
     return out
+
+
+def manifest_json(run_dir: Path) -> dict:
+    """A run's manifest as its JSON says it (tests read what was written, not the library's view)."""
+    import json
+
+    return json.loads((Path(run_dir) / "manifest.json").read_text(encoding="utf-8"))

@@ -15,8 +15,9 @@ import os
 import signal
 import sys
 
-from bertattn_batch import read, write
+from bertattn_batch.inputs import rows as read
 from bertattn_batch.model import Classifier
+from bertattn_batch.run import PartWriter, RunDir
 
 
 def main() -> None:
@@ -51,7 +52,7 @@ def main() -> None:
 
         Classifier.forward = forward
     elif point == "write":
-        original_write = write.RunWriter._write_parquet
+        original_write = PartWriter._write_parquet
 
         def write_parquet(self, table, path):
             if tick():
@@ -61,24 +62,23 @@ def main() -> None:
                 die()
             original_write(self, table, path)
 
-        write.RunWriter._write_parquet = write_parquet
+        PartWriter._write_parquet = write_parquet
     elif point in ("commit", "part"):
-        original_save = write.RunWriter._save
-        original_part = write.RunWriter.write_part
+        original_save = RunDir._save
+        original_commit = RunDir.commit
 
         def save(self):
             original_save(self)
-            if point == "commit" and self.manifest.get("parts") and tick():
+            if point == "commit" and self.manifest.parts and tick():
                 die()
 
-        def write_part(self, *a, **kw):
-            entry = original_part(self, *a, **kw)
+        def commit(self, entry):
+            original_commit(self, entry)
             if point == "part" and tick():
                 die()
-            return entry
 
-        write.RunWriter._save = save
-        write.RunWriter.write_part = write_part
+        RunDir._save = save
+        RunDir.commit = commit
     else:
         raise SystemExit(f"unknown point {point}")
     from bertattn_batch.cli import app

@@ -17,11 +17,13 @@ from helpers import read_table
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
-from bertattn_batch import aggregate as agg
+import bertattn_batch.analysis.aggregate as agg
+import bertattn_batch.analysis.top as top
 from bertattn_batch import schema
 from bertattn_batch.cli import app
-from bertattn_batch.pipeline import run_job
-from bertattn_batch.spec import JobSpec
+from bertattn_batch.config import JobSpec
+from bertattn_batch.engines import run_job
+from bertattn_batch.run import Manifest
 
 MIN_REVIEWS = 2
 
@@ -313,7 +315,7 @@ def test_cli_prints_the_top_tokens(run_dir):
 
 def test_no_word_units_is_said_so(result):
     tokens_only = result.table.filter(pl.col("unit") == "token")
-    assert "no word units" in agg.format_top(tokens_only, unit="word")
+    assert "no word units" in top.format_top(tokens_only, unit="word")
 
 
 def test_cli_refuses_options_it_cannot_print(run_dir):
@@ -547,10 +549,10 @@ def test_word_units_follow_the_tokenizer_not_the_model_type(
 
 
 def test_runs_from_before_the_continuation_mark_was_recorded():
-    assert agg.word_continuation({"model": {"model_type": "albert"}}) is None
-    assert agg.word_continuation({"model": {"model_type": "bert"}}) == "##"
-    assert agg.word_continuation({"model": {"model_type": "albert", "word_continuation": "##"}}) == "##"
-    assert agg.word_continuation({"model": {"model_type": "bert", "word_continuation": None}}) is None
+    assert agg.word_continuation(Manifest(model={"model_type": "albert"})) is None
+    assert agg.word_continuation(Manifest(model={"model_type": "bert"})) == "##"
+    assert agg.word_continuation(Manifest(model={"model_type": "albert", "word_continuation": "##"})) == "##"
+    assert agg.word_continuation(Manifest(model={"model_type": "bert", "word_continuation": None})) is None
 
 
 def test_an_empty_printout_names_its_real_cause(run_dir, tmp_path):
@@ -582,7 +584,7 @@ def test_a_part_committed_but_not_yet_renamed_is_waited_for(run_dir, tmp_path, m
     import shutil
     import threading
 
-    from bertattn_batch import write
+    import bertattn_batch.run.parts as run_parts
 
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
@@ -594,6 +596,6 @@ def test_a_part_committed_but_not_yet_renamed_is_waited_for(run_dir, tmp_path, m
     assert len(agg.committed_parts(run)) == len(json.loads((run / "manifest.json").read_text())["parts"])
     timer.join()
     part.rename(tmp)  # a writer that never renames it: the reader gives up and names the part
-    monkeypatch.setattr(write, "RENAME_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr(run_parts, "RENAME_WAIT_SECONDS", 0.2)
     with pytest.raises(agg.RunDirError, match=r"still has its temporary name.*rerun the extract"):
         agg.committed_parts(run)

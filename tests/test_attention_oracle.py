@@ -7,8 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import eager_oracle, minmax, plain_probs, read_table
 
-from bertattn_batch.pipeline import run_job
-from bertattn_batch.spec import JobSpec
+from bertattn_batch.config import JobSpec
+from bertattn_batch.engines import run_job
 
 
 def _by_doc(table) -> dict[str, dict[str, np.ndarray]]:

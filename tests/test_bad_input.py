@@ -19,14 +19,13 @@ import torch
 from helpers import read_table, tiny_bert_config
 from typer.testing import CliRunner
 
-from bertattn_batch.batching import bucket_batches
+from bertattn_batch.analysis.validate import validate_run
 from bertattn_batch.cli import app
-from bertattn_batch.encode import encode_texts
 from bertattn_batch.errors import ModelError
-from bertattn_batch.extract import ScoredRow
+from bertattn_batch.extract import ModelStage, ScoredRow, Window
+from bertattn_batch.extract.batching import bucket_batches
 from bertattn_batch.model import Classifier
-from bertattn_batch.pipeline import ModelStage, Window
-from bertattn_batch.validate import validate_run
+from bertattn_batch.model.encode import encode_texts
 
 runner = CliRunner()
 
@@ -359,15 +358,15 @@ def test_tokenizer_without_cls_first_is_refused(tiny_en_dir):
     from tokenizers import processors
     from transformers import AutoTokenizer
 
-    from bertattn_batch.model import _check_cls_first
+    from bertattn_batch.model.checks import check_cls_first
 
     tok = AutoTokenizer.from_pretrained(tiny_en_dir)
-    _check_cls_first(tok, "bert")  # the normal template passes
+    check_cls_first(tok, "bert")  # the normal template passes
     tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
         single="$A [SEP] [CLS]", special_tokens=[("[SEP]", tok.sep_token_id), ("[CLS]", tok.cls_token_id)]
     )
     with pytest.raises(ModelError, match="does not put \\[CLS\\] at position 0"):
-        _check_cls_first(tok, "cls-last")
+        check_cls_first(tok, "cls-last")
 
 
 def test_unsupported_architecture_is_refused(tmp_path):
@@ -659,8 +658,8 @@ def test_out_of_memory_retries_in_halves(tiny_en_dir, drug_rows):
         return Window(0, 10, rows)
 
     big, reference = window(), window()
-    real, slots = ModelStage(clf, batch_tokens=10_000, max_batch_size=64)(big)
-    ModelStage(base, batch_tokens=10_000, max_batch_size=3)(reference)
+    real, slots = ModelStage(clf, batch_tokens=10_000, max_batch_size=64)(big.rows)
+    ModelStage(base, batch_tokens=10_000, max_batch_size=3)(reference.rows)
     assert clf.calls[0] == 10 and max(c for c in clf.calls if c <= 3) <= 3
     # padded slots count the batches that ran, not the one refused: each half pads to its own longest
     (order,) = bucket_batches([r.encoded.n_tokens for r in big.rows], 10_000, 64)
@@ -677,7 +676,7 @@ def test_out_of_memory_retries_in_halves(tiny_en_dir, drug_rows):
         )
     clf.limit = 0
     with pytest.raises(ModelError, match="out of memory on a single review"):
-        ModelStage(clf, batch_tokens=10_000, max_batch_size=64)(window())
+        ModelStage(clf, batch_tokens=10_000, max_batch_size=64)(window().rows)
 
 
 def test_folder_inputs_and_run_directories_stay_apart(tiny_en_dir, tmp_path):
@@ -718,7 +717,7 @@ def test_a_folder_refused_as_not_a_run_is_left_as_it_was(manifest, tmp_path):
     """The writer lock was taken before the folder was checked, so a refused folder (someone else's,
     or another program's manifest) kept a .bertattn.lock that bertattn had written into it."""
     from bertattn_batch.errors import RunDirError
-    from bertattn_batch.write import RunWriter
+    from bertattn_batch.run import RunDir
 
     user = tmp_path / "notes"
     user.mkdir()
@@ -727,7 +726,7 @@ def test_a_folder_refused_as_not_a_run_is_left_as_it_was(manifest, tmp_path):
         (user / "manifest.json").write_text(manifest)
     before = sorted(p.name for p in user.iterdir())
     with pytest.raises(RunDirError, match=r"not a (bertattn )?run directory"):
-        RunWriter(user, {}, on_existing="overwrite").open()
+        RunDir(user, {}, on_existing="overwrite").open()
     assert sorted(p.name for p in user.iterdir()) == before
 
 

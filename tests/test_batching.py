@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertattn_batch.batching import bucket_batches, chunks, padded_share
+from bertattn_batch.extract.batching import bucket_batches, chunks, padded_share
 
 
 def test_chunks():

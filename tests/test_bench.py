@@ -149,7 +149,7 @@ def _best_cut_cost(lengths: list[int], overhead: int) -> int:
 
 @pytest.mark.parametrize("seed", range(20))
 def test_bucket_batches_finds_the_cheapest_cut_when_the_budget_does_not_bind(seed):
-    from bertattn_batch.batching import bucket_batches
+    from bertattn_batch.extract.batching import bucket_batches
 
     rng = np.random.default_rng(seed)
     lengths = rng.integers(3, 60, size=int(rng.integers(1, 12))).tolist()
@@ -164,7 +164,7 @@ def test_bucket_batches_finds_the_cheapest_cut_when_the_budget_does_not_bind(see
 
 def test_default_corpus_pads_under_ten_percent(zh_rows):
     """Windows of 4096 reviews of the default corpus (lengths: characters + [CLS]/[SEP], at most 256)."""
-    from bertattn_batch.batching import bucket_batches, padded_share
+    from bertattn_batch.extract.batching import bucket_batches, padded_share
 
     lengths = [min(len(r["text"]) + 2, 256) for r in zh_rows]
     real = slots = 0

@@ -56,12 +56,12 @@ def test_every_extract_option_has_a_spec_key():
     import dataclasses
     import inspect
 
-    from bertattn_batch.cli import extract
-    from bertattn_batch.spec import JobSpec
+    from bertattn_batch.cli import CLI_ONLY_OPTIONS, extract
+    from bertattn_batch.config import JobSpec
 
-    keys = {f.name for f in dataclasses.fields(JobSpec)}
-    options = set(inspect.signature(extract).parameters) - {"debug", "overwrite", "incremental"}
-    assert options <= keys, options - keys
+    keys = {f.name for f in dataclasses.fields(JobSpec)} - {"finetune"}  # a job file's table
+    options = set(inspect.signature(extract).parameters) - {"ctx", *CLI_ONLY_OPTIONS}
+    assert options == keys, (options - keys, keys - options)
 
 
 def test_help_keeps_text_in_square_brackets():
@@ -80,7 +80,7 @@ def test_run_overrides_reach_the_spec(tmp_path, monkeypatch):
     job = tmp_path / "job.toml"
     job.write_text('inputs = ["a.parquet"]\nmodel = "m"\nout = "o"\n')
     seen = []
-    monkeypatch.setattr(cli, "_run", seen.append)
+    monkeypatch.setattr(cli.jobs, "_run", seen.append)
     args = ["--out", "x", "--limit", "5", "--device", "cpu", "--dtype", "bfloat16", "--engine", "ray"]
     args += ["--workers", "3", "--ray-address", "auto", "--incremental"]
     r = runner.invoke(app, ["run", str(job), *args])
@@ -306,7 +306,7 @@ def test_finetune_labels_option_is_split_and_trimmed(monkeypatch, tmp_path):
         seen["labels"] = spec.labels
         return {"accuracy": None}
 
-    monkeypatch.setattr("bertattn_batch.finetune.finetune_files", capture)
+    monkeypatch.setattr("bertattn_batch.train.api.finetune_files", capture)
     args = ["finetune", "x.csv", "--out", str(tmp_path / "m"), "--labels", "pos, neg ,meh"]
     r = runner.invoke(app, args)
     assert seen["labels"] == ["pos", "neg", "meh"], r.output
@@ -320,13 +320,19 @@ def test_finetune_labels_option_is_split_and_trimmed(monkeypatch, tmp_path):
     ],
 )
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="jemalloc is chosen on Linux only")
-def test_importing_the_package_sets_memory_defaults_unless_set(preset, expected):
+def test_tune_runtime_sets_memory_defaults_unless_set_and_importing_sets_nothing(preset, expected):
     # torch's CPU kernel caches keep one entry per batch shape: uncapped, memory grew with the corpus;
     # Arrow's jemalloc pool gives memory back where mimalloc kept more (measured on 200k reviews)
     names = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY", "ARROW_DEFAULT_MEMORY_POOL")
     env = {k: v for k, v in os.environ.items() if k not in names}
     code = (
-        "import os, bertattn_batch, pyarrow as pa; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], "
+        "import os\nbefore = dict(os.environ)\n"
+        "import bertattn_batch, bertattn_batch.cli, bertattn_batch.model.trim\n"
+        "assert dict(os.environ) == before\n"
+        "from transformers import AttentionInterface\n"
+        "assert 'bertattn_cls_sdpa' not in AttentionInterface._global_mapping\n"
+        "bertattn_batch.tune_runtime()\n"
+        "import pyarrow as pa; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], "
         "os.environ['LRU_CACHE_CAPACITY'], pa.default_memory_pool().backend_name)"
     )
     out = subprocess.run(

@@ -18,23 +18,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from bertattn_batch.config import FinetuneSpec, JobSpec, load_job
 from bertattn_batch.errors import InputError, ModelError, SpecError
-from bertattn_batch.finetune import (
-    METRICS_FILE,
-    SPECIAL_TOKENS,
-    accuracy,
-    build_char_vocab,
-    finetune,
-    finetune_files,
-    learning_rate,
-    length_batches,
-    macro_f1,
-    resolve_base,
-    split_indices,
-)
+from bertattn_batch.inputs import class_label_order, expand_inputs
 from bertattn_batch.model import Classifier
-from bertattn_batch.read import class_label_order, expand_inputs
-from bertattn_batch.spec import FinetuneSpec, JobSpec, load_job
+from bertattn_batch.model.checks import resolve_source as resolve_base
+from bertattn_batch.train import METRICS_FILE, accuracy, finetune, finetune_files, macro_f1, split_indices
+from bertattn_batch.train.loop import learning_rate, length_batches
+from bertattn_batch.train.vocab import SPECIAL_TOKENS, build_char_vocab
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = {
@@ -548,7 +539,7 @@ def _job_that_trains_its_model(tmp_path: Path, **kw) -> JobSpec:
 
 
 def test_a_job_trained_without_a_held_out_split_logs_no_accuracy(tmp_path: Path, caplog) -> None:
-    from bertattn_batch.pipeline import ensure_model
+    from bertattn_batch.train import ensure_model
 
     spec = _job_that_trains_its_model(tmp_path)
     with caplog.at_level("WARNING", logger="bertattn_batch"):
@@ -567,7 +558,7 @@ def test_no_usable_rows_says_why_rows_were_not_used(tmp_path: Path) -> None:
 def test_a_second_finetune_into_the_same_folder_is_refused(tmp_path: Path) -> None:
     """Two trainings into one --out: the later would replace the first's model, or fail after all its
     training; the second is refused at once while the first holds the folder's lock."""
-    from bertattn_batch.finetune import _out_dir_lock
+    from bertattn_batch.train.save import out_dir_lock as _out_dir_lock
 
     texts, labels = ["好极了", "太差了"] * 4, ["pos", "neg"] * 4
     with _out_dir_lock(tmp_path / "m"), pytest.raises(ModelError, match="another finetune is training into"):
@@ -583,8 +574,8 @@ def test_finetune_options_given_with_a_job_win_and_its_format_is_for_its_own_inp
     from typer.testing import CliRunner
 
     from bertattn_batch.cli import app
-    from bertattn_batch.pipeline import training_inputs
-    from bertattn_batch.spec import load_job
+    from bertattn_batch.config import load_job
+    from bertattn_batch.train import training_inputs
 
     monkeypatch.chdir(tmp_path)
     rows = {"body": ["好极了", "太差了"] * 8, "sentiment": ["pos", "neg"] * 8}
@@ -616,7 +607,7 @@ def test_finetune_options_given_with_a_job_win_and_its_format_is_for_its_own_inp
 def test_a_jobs_first_run_reports_its_training_apart_from_its_speed(tmp_path: Path) -> None:
     """The first run of a job that trains its model says how long the training took, and its reviews a
     second count the extraction only (training for minutes would otherwise show as a slow job)."""
-    from bertattn_batch.pipeline import run_job
+    from bertattn_batch.engines import run_job
 
     spec = _job_that_trains_its_model(tmp_path, on_existing="overwrite")
     first = run_job(spec)

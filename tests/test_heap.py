@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bertattn_batch.heap import _malloc_trim, trim_heap
+from bertattn_batch.runtime import _malloc_trim, trim_heap
 
 
 def _rss_mb() -> float:

@@ -16,10 +16,14 @@ from conftest import SEED_TEXT
 from helpers import eager_oracle, minmax, read_table
 from typer.testing import CliRunner
 
-from bertattn_batch import fonts, plot
+import bertattn_batch.render.figures as figures
+import bertattn_batch.render.page as html_page
+import bertattn_batch.render.plot as plotting
+import bertattn_batch.render.review as reviews
 from bertattn_batch.cli import app
-from bertattn_batch.pipeline import run_job
-from bertattn_batch.spec import JobSpec
+from bertattn_batch.config import JobSpec
+from bertattn_batch.engines import run_job
+from bertattn_batch.render import fonts
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -81,15 +85,15 @@ def short_doc(run: Path) -> str:
 def test_matrix_equals_the_stored_weights(en_run):
     doc = longest_doc(en_run)
     for layer in (None, -1):  # default: the run's first layer (-2 of 3 is 1); -1 is 2
-        review = plot.load_review(en_run, doc, layer)
+        review = reviews.load_review(en_run, doc, layer)
         idx = 1 if layer is None else 2
         assert review.layer == idx
         np.testing.assert_array_equal(review.scaled, stored(en_run, doc, idx, "weight_scaled"))
         np.testing.assert_array_equal(review.weight, stored(en_run, doc, idx, "weight"))
     # and the picture draws exactly that matrix, wrapped into rows of TOKENS_PER_ROW tokens
-    fig = plot.cls_figure(review)
+    fig = figures.cls_figure(review)
     drawn = [ax.images[0].get_array() for ax in fig.axes if ax.images]
-    assert len(review.tokens) > plot.TOKENS_PER_ROW and len(drawn) > 1
+    assert len(review.tokens) > figures.TOKENS_PER_ROW and len(drawn) > 1
     np.testing.assert_array_equal(np.concatenate([np.asarray(d) for d in drawn], axis=1), review.scaled)
     labels = [t.get_text() for ax in fig.axes if ax.images for t in ax.get_xticklabels()]
     assert labels == review.tokens
@@ -97,7 +101,7 @@ def test_matrix_equals_the_stored_weights(en_run):
 
 def test_pred_and_label_come_with_the_review(en_run):
     doc = longest_doc(en_run)
-    review = plot.load_review(en_run, doc)
+    review = reviews.load_review(en_run, doc)
     pred = next(p for p in read_table(en_run, "predictions").to_pylist() if p["doc_id"] == doc)
     assert (review.pred_label, review.label) == (pred["pred_label"], pred["label"])
     assert review.prob == pytest.approx(max(pred["probs"]))
@@ -106,7 +110,7 @@ def test_pred_and_label_come_with_the_review(en_run):
 
 def test_pairs_from_a_run_are_eager_attention(en_run, tiny_en_dir, drug_sample):
     doc = short_doc(en_run)
-    review = plot.add_pairs(plot.load_review(en_run, doc), en_run)  # model and text from the run
+    review = reviews.add_pairs(reviews.load_review(en_run, doc), en_run)  # model and text from the run
     texts = dict(
         zip(*(pq.read_table(drug_sample).column(c).to_pylist() for c in ("doc_id", "text")), strict=True)
     )
@@ -118,20 +122,20 @@ def test_pairs_from_a_run_are_eager_attention(en_run, tiny_en_dir, drug_sample):
         review.pairs[:, 0, 1:-1], review.weight, atol=1e-5
     )  # its [CLS] row is the run's
     assert review.pair_tokens[0] == "[CLS]" and review.pair_tokens[-1] == "[SEP]"
-    fig = plot.pairs_figure(review)
+    fig = figures.pairs_figure(review)
     np.testing.assert_array_equal(np.asarray(fig.axes[0].images[0].get_array()), review.pairs[0])
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == review.pair_tokens
 
 
 def test_pairs_refuse_a_text_that_is_not_the_review(en_run):
-    review = plot.load_review(en_run, longest_doc(en_run))
-    with pytest.raises(plot.InputError, match="do not give review"):
-        plot.add_pairs(review, en_run, text="an entirely different review")
+    review = reviews.load_review(en_run, longest_doc(en_run))
+    with pytest.raises(reviews.InputError, match="do not give review"):
+        reviews.add_pairs(review, en_run, text="an entirely different review")
 
 
 def test_text_and_model_go_through_the_library(tiny_en_dir, drug_rows):
     text = drug_rows[7]["text"]
-    review = plot.review_from_text(text, str(tiny_en_dir), layer=-2, pairs=True)
+    review = reviews.review_from_text(text, str(tiny_en_dir), layer=-2, pairs=True)
     expected = eager_oracle(tiny_en_dir, [text], layer=-2)[0]  # (H, n): transformers' own
     np.testing.assert_allclose(review.weight, expected, atol=1e-5)
     np.testing.assert_allclose(review.scaled, minmax(expected), atol=1e-5)
@@ -141,24 +145,24 @@ def test_text_and_model_go_through_the_library(tiny_en_dir, drug_rows):
 
 def test_png_and_html_files(en_run, tmp_path):
     doc = short_doc(en_run)
-    review = plot.add_pairs(plot.load_review(en_run, doc), en_run)
-    png = plot.write_review(review, tmp_path / "r.png")
-    pairs_png = plot.write_review(review, tmp_path / "pairs.png", pairs=True)
-    page = plot.write_review(review, tmp_path / "r.html")
+    review = reviews.add_pairs(reviews.load_review(en_run, doc), en_run)
+    png = plotting.write_review(review, tmp_path / "r.png")
+    pairs_png = plotting.write_review(review, tmp_path / "pairs.png", pairs=True)
+    page = plotting.write_review(review, tmp_path / "r.html")
     assert png.read_bytes().startswith(PNG_MAGIC) and pairs_png.read_bytes().startswith(PNG_MAGIC)
     html = page.read_text(encoding="utf-8")
     assert html.count('<th class="tok">') == len(review.tokens)
     assert html.count('<th class="row">') == review.num_heads
     assert "data:image/png;base64," in html  # the token x token maps, embedded
     assert "http://" not in html and "https://" not in html and "<script" not in html
-    with pytest.raises(plot.SpecError, match=r"must end in \.png, \.html, \.htm; got .r\.jpg."):
-        plot.write_review(review, tmp_path / "r.jpg")
+    with pytest.raises(plotting.SpecError, match=r"must end in \.png, \.html, \.htm; got .r\.jpg."):
+        plotting.write_review(review, tmp_path / "r.jpg")
 
 
 def _missing_glyph_warnings(fig) -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plot.htmlpage.png_bytes(fig)
+        html_page.png_bytes(fig)
     return [str(w.message) for w in caught if "missing from" in str(w.message)]
 
 
@@ -166,9 +170,9 @@ def test_chinese_renders_with_a_cjk_font(zh_run):
     fonts.reset()
     if fonts.cjk_font() is None:
         pytest.skip(f"no CJK font on this machine ({fonts.INSTALL_HINT})")
-    review = plot.load_review(zh_run, "seed")
+    review = reviews.load_review(zh_run, "seed")
     assert "超" in review.tokens and "[UNK]" in review.tokens
-    fig = plot.cls_figure(review)
+    fig = figures.cls_figure(review)
     labels = [t.get_text() for ax in fig.axes if ax.images for t in ax.get_xticklabels()]
     assert labels == review.tokens  # drawn as they are
     assert _missing_glyph_warnings(fig) == []
@@ -178,9 +182,9 @@ def test_without_a_cjk_font_codes_not_boxes(zh_run, monkeypatch, caplog):
     monkeypatch.setenv(fonts.ENV_VAR, "none")
     fonts.reset()
     try:
-        review = plot.load_review(zh_run, "seed")
-        with caplog.at_level(logging.WARNING, logger="bertattn_batch.fonts"):
-            fig = plot.cls_figure(review)
+        review = reviews.load_review(zh_run, "seed")
+        with caplog.at_level(logging.WARNING, logger="bertattn_batch.render.fonts"):
+            fig = figures.cls_figure(review)
         labels = [t.get_text() for ax in fig.axes if ax.images for t in ax.get_xticklabels()]
         assert labels[review.tokens.index("超")] == f"U+{ord('超'):04X}"
         assert "[UNK]" in labels  # what the font has stays as it is
@@ -231,7 +235,7 @@ def test_byte_level_tokens_are_shown_as_text():
     tokenizers library's own ByteLevel decoder. WordPiece and CJK tokens are left alone."""
     from tokenizers import ByteLevelBPETokenizer, decoders
 
-    from bertattn_batch.plot import readable
+    from bertattn_batch.render.review import readable
 
     texts = ["naïve café 😀 good drug", "a\xa0b … bad side effects", "好药 worked"]
     bpe = ByteLevelBPETokenizer()
@@ -249,33 +253,33 @@ def test_byte_level_tokens_are_shown_as_text():
 
 
 def test_a_run_records_whether_its_tokens_spell_bytes(en_run):
-    review = plot.load_review(en_run, short_doc(en_run))
+    review = reviews.load_review(en_run, short_doc(en_run))
     assert review.byte_level is False  # WordPiece: whatever letters its tokens hold, shown as they are
 
 
 def test_titles_are_literal_one_line_and_bounded(en_run, tmp_path):
     """'$...$' in an id or label is no formula (it failed to draw, or drew as math), and a long or
     multi-line id is cut to one line instead of a figure tens of thousands of pixels wide."""
-    review = plot.load_review(en_run, short_doc(en_run))
+    review = reviews.load_review(en_run, short_doc(en_run))
     review.doc_id, review.label = "c$\\frac$ " + "x" * 3000 + "\nnext", "m$x^2$d"
     title = review.title()
     assert "\n" not in title and len(title) < 250 and "m$x^2$d" in title
-    fig = plot.cls_figure(review)
+    fig = figures.cls_figure(review)
     assert fig.get_size_inches()[0] < 25
-    png = plot.write_review(review, tmp_path / "odd.png")
+    png = plotting.write_review(review, tmp_path / "odd.png")
     assert png.stat().st_size > 0
 
 
 def test_pairs_refuse_a_model_that_is_not_the_runs(en_run, tiny_zh_dir):
-    review = plot.load_review(en_run, longest_doc(en_run))
-    with pytest.raises(plot.InputError, match="is not the run's: its weights' hash differs"):
-        plot.add_pairs(review, en_run, model=str(tiny_zh_dir))
+    review = reviews.load_review(en_run, longest_doc(en_run))
+    with pytest.raises(reviews.InputError, match="is not the run's: its weights' hash differs"):
+        reviews.add_pairs(review, en_run, model=str(tiny_zh_dir))
 
 
 def test_pairs_read_the_scored_review_not_a_null_ids_row(tiny_en_dir, tmp_path):
     """A null id's doc_id is its row number, which a real id may equal: the text of the scored review
     is the one read back for token x token maps."""
-    from bertattn_batch.plot import source_text
+    from bertattn_batch.render.review import source_text
 
     src = tmp_path / "in.csv"
     src.write_text("id,text\n,first review has no id\n0,the real review zero\n")

@@ -16,12 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from bertattn_batch import extract
-from bertattn_batch.attention import ClsRowCapture, eager_rows, minmax_scale
-from bertattn_batch.batching import bucket_batches
-from bertattn_batch.encode import Encoded
-from bertattn_batch.extract import Extractor, ScoredRow
-from bertattn_batch.pipeline import ModelStage, Window
+import bertattn_batch.extract.tables as extract_tables
+from bertattn_batch.extract import Extractor, ModelStage, ScoredRow, Window
+from bertattn_batch.extract.batching import bucket_batches
+from bertattn_batch.extract.tables import minmax_scale
+from bertattn_batch.model.capture import ClsRowCapture, eager_rows
+from bertattn_batch.model.encode import Encoded
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TORCH = settings(
@@ -137,9 +137,9 @@ def test_extraction_keeps_exactly_each_reviews_content_positions(case):
         truth[int(ids[1])] = rng.uniform(1e-3, 1, size=(len(layers), H, n)).astype(np.float32)
     window = Window(0, B, rows)
     model = PaddedRowsModel(truth, extra, labels=3, layers=len(layers), heads=H)
-    ModelStage(model, batch_tokens=batch_tokens, max_batch_size=max_batch)(window)
+    ModelStage(model, batch_tokens=batch_tokens, max_batch_size=max_batch)(window.rows)
     vocab = pa.array([f"t{i}" for i in range(vocab_size)])
-    with mock.patch.object(extract, "CHUNK_TOKEN_ROWS", chunk):  # chunk borders anywhere, or none
+    with mock.patch.object(extract_tables, "CHUNK_TOKEN_ROWS", chunk):  # chunk borders anywhere, or none
         tables = Extractor(vocab, layers, H, ["a", "b", "c"]).tables(rows)
 
     attn = {

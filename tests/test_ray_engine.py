@@ -19,17 +19,16 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
-from helpers import read_table
+from helpers import manifest_json, read_table
 from typer.testing import CliRunner
 
-from bertattn_batch import ray_read, schema
+from bertattn_batch import schema
 from bertattn_batch.cli import app
+from bertattn_batch.config import JobSpec, load_job
+from bertattn_batch.engines import run_job
+from bertattn_batch.engines.ray import RayEngine, WindowActor, plan_placement
+from bertattn_batch.engines.ray_runtime import ray_runtime
 from bertattn_batch.errors import EngineError, InputError, ModelError, SpecError
-from bertattn_batch.pipeline import run_job
-from bertattn_batch.ray_engine import WindowStage, plan_placement, ray_runtime, run_job_ray
-from bertattn_batch.read import Source
-from bertattn_batch.spec import JobSpec, load_job
-from bertattn_batch.write import read_manifest
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 #: Keys that order each table's rows identically whichever engine wrote them.
@@ -77,7 +76,7 @@ def assert_same_run(ray_run: Path, local_run: Path, atol: float = 1e-5) -> None:
 
 def assert_parts_tile_the_rows(run: Path, n_rows: int) -> None:
     """Manifest parts are unique and cover rows [0, n) once; the folders hold exactly the listed files."""
-    parts = sorted(read_manifest(run)["parts"], key=lambda p: p["start_row"])
+    parts = sorted(manifest_json(run)["parts"], key=lambda p: p["start_row"])
     assert len({p["name"] for p in parts}) == len(parts)
     assert [p["start_row"] for p in parts[1:]] == [p["end_row"] for p in parts[:-1]]
     assert parts[0]["start_row"] == 0 and parts[-1]["end_row"] == n_rows
@@ -154,7 +153,7 @@ def test_two_workers_give_the_local_engines_answers(ray_local, minilm_dir, drug_
     assert_parts_tile_the_rows(tmp_path / "ray", 24)
     ids = pq.read_table(drug_sample).column("doc_id").to_pylist()
     assert sorted(read_table(tmp_path / "ray", "predictions").column("doc_id").to_pylist()) == sorted(ids)
-    ray_m, local_m = read_manifest(tmp_path / "ray"), read_manifest(tmp_path / "local")
+    ray_m, local_m = manifest_json(tmp_path / "ray"), manifest_json(tmp_path / "local")
     assert [p["name"] for p in sorted(ray_m["parts"], key=lambda p: p["start_row"])] == [
         p["name"] for p in local_m["parts"]
     ]
@@ -165,11 +164,11 @@ def test_two_workers_give_the_local_engines_answers(ray_local, minilm_dir, drug_
     assert {n["NodeManagerAddress"] for n in ray_local.nodes()} == {"127.0.0.1"}
 
 
-class FailingUDF:
-    """A map_batches class that fails as the model stage can: with the project's error, or a bug."""
+class FailingActor:
+    """An actor that fails as a window's work can: with the project's error, or a bug."""
 
-    def __call__(self, batch):
-        if batch.column("x")[0].as_py() == 1:
+    def run(self, x: int):
+        if x == 1:
             raise ModelError("out of memory on a single review of 512 tokens; lower --max-length")
         return {}["missing"]
 
@@ -177,26 +176,23 @@ class FailingUDF:
 def test_worker_errors_come_back_as_one_line(ray_local):
     import ray.cloudpickle
 
-    from bertattn_batch.ray_engine import _data_context, _ray_call
+    from bertattn_batch.engines.ray import _ray_call
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
     def task():
         raise InputError("reviews.csv: no column 'text'")
 
-    def udf_run(x: int):
-        ds = ray_local.data.from_items([{"x": x}])
-        return lambda: ds.map_batches(FailingUDF, batch_format="pyarrow", concurrency=1).take_all()
-
     with pytest.raises(InputError) as e:
-        _ray_call(ray_local, lambda: ray_local.get(ray_local.remote(task).remote()))
+        _ray_call(lambda: ray_local.get(ray_local.remote(task).remote()))
     assert str(e.value) == "reviews.csv: no column 'text'"
-    with _data_context(ray_local, quiet=True):  # as the engine runs: Ray Data's error logs off
-        with pytest.raises(ModelError) as e:  # Ray Data keeps the worker's error only as text
-            _ray_call(ray_local, udf_run(1))
-        assert str(e.value) == "out of memory on a single review of 512 tokens; lower --max-length"
-        with pytest.raises(EngineError, match=r"^the Ray run failed: KeyError: 'missing' \(rerun to resume"):
-            _ray_call(ray_local, udf_run(2))
+    actor = ray_local.remote(FailingActor).options(num_cpus=1).remote()
+    with pytest.raises(ModelError) as e:
+        _ray_call(lambda: ray_local.get(actor.run.remote(1)))
+    assert str(e.value) == "out of memory on a single review of 512 tokens; lower --max-length"
+    with pytest.raises(EngineError, match=r"^the Ray run failed: KeyError: 'missing' \(rerun to resume"):
+        _ray_call(lambda: ray_local.get(actor.run.remote(2)))
+    ray_local.kill(actor)
     for _ in range(50):  # the failed runs' workers are gone: their CPUs are free for the next run
         if ray_local.available_resources().get("CPU", 0) == 2:
             break
@@ -204,16 +200,16 @@ def test_worker_errors_come_back_as_one_line(ray_local):
     assert ray_local.available_resources().get("CPU", 0) == 2
 
 
-class DyingStage(WindowStage):
+class DyingActor(WindowActor):
     """Kills its own process once, after writing the part files of the window at row ``die_at`` but
     before the driver hears of them: the retry on a restarted worker must rewrite those very files."""
 
     flag = ""
     die_at = 8
 
-    def process(self, table):
-        done = super().process(table)
-        if done[0]["start_row"] == self.die_at:
+    def run(self, rows):
+        done = super().run(rows)
+        if done.entry.start_row == self.die_at:
             try:
                 os.unlink(self.flag)  # one claim across processes: only the first comer dies
             except FileNotFoundError:
@@ -230,12 +226,12 @@ def test_a_killed_worker_is_retried_without_duplicates_or_gaps(ray_local, tiny_e
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
     flag = tmp_path / "die"
     flag.write_text("")
-    DyingStage.flag = str(flag)
+    DyingActor.flag = str(flag)
     kw = dict(id_col="doc_id", label_col="label", window=4)
     run_job(_spec([drug_sample], tiny_en_dir, tmp_path / "local", **kw))
-    summary = run_job_ray(
+    summary = run_job(
         _spec([drug_sample], tiny_en_dir, tmp_path / "ray", engine="ray", workers=2, **kw),
-        stage_cls=DyingStage,
+        engine=type("DyingEngine", (RayEngine,), {"actor_cls": DyingActor}),
     )
     assert not flag.exists() and Path(f"{flag}.died").is_file()  # a worker really died, once
     assert summary.input_rows == 24 and summary.parts_written == 6
@@ -302,12 +298,12 @@ def test_date_like_json_strings_and_files_without_rows_match_the_local_engine(
     assert preds.column("status").to_pylist() == ["ok", "ok", "ok"]
 
 
-def test_a_json_array_is_refused_for_ray_as_the_local_engine_refuses_it(ray_local, tmp_path):
+def test_a_json_array_is_refused_for_ray_as_the_local_engine_refuses_it(ray_local, tiny_en_dir, tmp_path):
     path = tmp_path / "a.json"
     path.write_text('[{"text": "good"}]\n')
-    spec = _spec([path], "m", tmp_path / "out")
+    spec = _spec([path], tiny_en_dir, tmp_path / "out", engine="ray")
     with pytest.raises(InputError, match=r"a.json:1: expected a JSON object on each line \(got list\)"):
-        ray_read._source_blocks(ray_local, spec, [Source(path, "jsonl")])
+        run_job(spec)
 
 
 @pytest.mark.slow
@@ -319,7 +315,7 @@ def test_sigterm_still_reaches_the_cli_once_ray_has_started(tmp_path):
     marker = tmp_path / "handled"
     code = f"""
 import os, signal, sys
-from bertattn_batch.ray_engine import ray_runtime
+from bertattn_batch.engines.ray_runtime import ray_runtime
 signal.signal(signal.SIGTERM, lambda *_: (open({str(marker)!r}, "w").close(), sys.exit(143)))
 with ray_runtime(num_cpus=1):
     os.kill(os.getpid(), signal.SIGTERM)
@@ -345,17 +341,16 @@ def test_a_cluster_address_where_nothing_listens_is_refused_at_once():
             pass
 
 
-def test_the_readers_warnings_reach_the_driver(ray_local, tmp_path, caplog):
+def test_the_readers_warnings_reach_the_driver(ray_local, tiny_en_dir, tmp_path, caplog):
     """The warnings of the readers that Ray tasks run are given by the driver, as the local engine gives
     them: CSV rows with the wrong number of fields file by file, by their row numbers across all inputs
     (their doc ids), none that a limit leaves unread; a JSON line cut short by its line number."""
     (tmp_path / "a.csv").write_text("text\ngood\nx,y\nfine\n")
     (tmp_path / "b.jsonl").write_text('{"text": "good"}\n\n{"text": "cut\n')
     (tmp_path / "c.csv").write_text("text\n" + "p,q\n" * 6 + "ok\n" + "r,s\n" * 3)
-    sources = [Source(tmp_path / n, n.split(".")[1]) for n in ("a.csv", "b.jsonl", "c.csv")]
-    spec = _spec([s.path for s in sources], "m", tmp_path / "out", window=4, limit=14)
-    blocks = ray_read._source_blocks(ray_local, spec, sources)
-    assert sum(b.rows for b in blocks) == 14
+    inputs = [tmp_path / n for n in ("a.csv", "b.jsonl", "c.csv")]
+    spec = _spec(inputs, tiny_en_dir, tmp_path / "out", window=4, limit=14, engine="ray")
+    assert run_job(spec).input_rows == 14
     assert "a.csv: 1 row has another number of fields than the header (row 1)" in caplog.text
     assert "b.jsonl: 1 line is not a JSON object (line 3); recorded with status not_json" in caplog.text
     assert (
@@ -438,7 +433,7 @@ def test_cli_text_files_and_resume(ray_local, tiny_en_dir, drug_rows, tmp_path):
     r = runner.invoke(app, ["extract", *args, "--out", str(tmp_path / "ray"), "--engine", "ray"])
     assert r.exit_code == 0, r.output
     assert "nothing new to process" in r.output
-    assert read_manifest(tmp_path / "ray")["resumes"] == 1
+    assert manifest_json(tmp_path / "ray")["resumes"] == 1
     with open(tmp_path / "b.txt", "a") as f:  # one more review: --incremental scores only it
         f.write(" ".join(drug_rows[7]["text"].split()) + "\n")
     for engine in ("local", "ray"):
@@ -448,5 +443,5 @@ def test_cli_text_files_and_resume(ray_local, tiny_en_dir, drug_rows, tmp_path):
         assert r.exit_code == 0, r.output
         assert r.output.startswith("1 reviews (1 scored")
     assert_same_run(tmp_path / "ray", tmp_path / "local")
-    assert read_manifest(tmp_path / "ray")["parts"][-1]["name"] == "part-000000000008-g1.parquet"
+    assert manifest_json(tmp_path / "ray")["parts"][-1]["name"] == "part-000000000008-g1.parquet"
     assert_parts_tile_the_rows(tmp_path / "ray", 9)

@@ -15,9 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bertattn_batch import read
-from bertattn_batch.compressed import compression_of
+import bertattn_batch.inputs.csv as csv_input
+from bertattn_batch import inputs
 from bertattn_batch.errors import InputError
+from bertattn_batch.inputs.compressed import compression_of
 
 
 def test_a_large_parquet_row_group_is_read_a_block_at_a_time(tmp_path):
@@ -29,7 +30,7 @@ def test_a_large_parquet_row_group_is_read_a_block_at_a_time(tmp_path):
     pq.write_table(pa.table({"text": texts}), path, compression="none", use_dictionary=False)
     assert pq.ParquetFile(path).metadata.num_row_groups == 1
 
-    rows = read.read_rows([str(path)], block_rows=256)
+    rows = inputs.read_rows([str(path)], block_rows=256)
     before = pa.total_allocated_bytes()
     first = next(rows)
     held = pa.total_allocated_bytes() - before
@@ -60,7 +61,7 @@ _PLAIN = {
 
 def _rows(path, fmt: str, **kw) -> list[tuple]:
     out = []
-    for b in read.read_rows([str(path)], id_col=None if fmt == "txt" else "id", block_rows=2, **kw):
+    for b in inputs.read_rows([str(path)], id_col=None if fmt == "txt" else "id", block_rows=2, **kw):
         out += zip(b.row_index, b.doc_id, b.text, b.status, strict=True)
     return out
 
@@ -87,7 +88,7 @@ def test_the_leading_bytes_decide_not_the_name(tmp_path):
     assert _rows(tmp_path / "packed.csv", "csv") == _rows(_write(tmp_path / "r.csv", _PLAIN["csv"]), "csv")
     for name, data in [("plain.csv.gz", _PLAIN["csv"]), ("legacy.csv.lz4", b"\x02\x21\x4c\x18" + b"\0" * 12)]:
         with pytest.raises(InputError, match=r"is named as compressed \(\.(gz|lz4)\), but its first bytes"):
-            read.check_inputs([str(_write(tmp_path / name, data))], id_col="id")
+            inputs.check_inputs([str(_write(tmp_path / name, data))], id_col="id")
 
 
 def test_stream_variants_that_tools_write(tmp_path):
@@ -102,7 +103,7 @@ def test_stream_variants_that_tools_write(tmp_path):
     }
     for name, (data, want) in cases.items():
         path = _write(tmp_path / name, data)
-        assert [t for b in read.read_rows([str(path)]) for t in b.text] == want, name
+        assert [t for b in inputs.read_rows([str(path)]) for t in b.text] == want, name
 
 
 def test_a_damaged_header_names_its_file(tmp_path):
@@ -112,7 +113,7 @@ def test_a_damaged_header_names_its_file(tmp_path):
         ("flipped.csv.xz", packed[:60] + b"\xff" * 40 + packed[100:]),
     ]:
         with pytest.raises(InputError, match=rf"cannot read .*{name}: |{name}: cannot read as csv"):
-            read.check_inputs([str(_write(tmp_path / name, data))], id_col="id")
+            inputs.check_inputs([str(_write(tmp_path / name, data))], id_col="id")
 
 
 def _write(path, data: bytes):
@@ -126,14 +127,14 @@ def test_concatenated_streams_read_whole(tmp_path):
     for kind, suffix in (("gzip", ".gz"), ("bz2", ".bz2"), ("zstd", ".zst"), ("xz", ".xz")):
         path = tmp_path / f"all.txt{suffix}"
         path.write_bytes(_compress(b"one\ntwo\n", kind) + _compress(b"three\n", kind))
-        assert [t for b in read.read_rows([str(path)]) for t in b.text] == ["one", "two", "three"], kind
+        assert [t for b in inputs.read_rows([str(path)]) for t in b.text] == ["one", "two", "three"], kind
 
 
 def test_a_folder_reads_its_compressed_review_files_in_name_order(tmp_path):
     (tmp_path / "a.jsonl").write_bytes(_PLAIN["jsonl"])
     (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(_PLAIN["jsonl"]))
     (tmp_path / "c.jsonl.zst").write_bytes(_compress(_PLAIN["jsonl"], "zstd"))
-    sources = read.check_inputs([str(tmp_path)], id_col="id")
+    sources = inputs.check_inputs([str(tmp_path)], id_col="id")
     assert [(s.path.name, s.format) for s in sources] == [
         ("a.jsonl", "jsonl"),
         ("b.jsonl.gz", "jsonl"),
@@ -151,7 +152,7 @@ def test_a_stream_cut_short_stops_the_job_with_its_file(tmp_path):
         packed = _compress(data, kind)
         path = tmp_path / f"cut.jsonl{suffix}"
         path.write_bytes(packed[: len(packed) // 2])
-        rows = read.read_rows([str(path)])
+        rows = inputs.read_rows([str(path)])
         read_before = 0
         with pytest.raises(InputError) as e:
             for b in rows:
@@ -172,9 +173,9 @@ def test_archives_and_compressed_parquet_are_refused_with_what_to_do(tmp_path):
         ("r.tar.gz", "is a tar archive; extract its files first"),
     ]:
         with pytest.raises(InputError, match=message):
-            read.check_inputs([str(tmp_path / name)], input_format="jsonl")
+            inputs.check_inputs([str(tmp_path / name)], input_format="jsonl")
     with pytest.raises(InputError, match="is gzip-compressed; decompress it first"):
-        read.check_inputs([str(tmp_path / "r.parquet.gz")])
+        inputs.check_inputs([str(tmp_path / "r.parquet.gz")])
 
 
 # -- string columns that hold bytes that are not UTF-8 ------------------------------------------------
@@ -189,7 +190,7 @@ def test_a_parquet_string_that_is_not_utf8_is_that_rows_status(tmp_path, kind):
     ids = [b"a", b"b", b"c\xfe", b"d"]
     path = tmp_path / "written-elsewhere.parquet"
     pq.write_table(pa.table({"id": _not_utf8(ids, kind), "text": _not_utf8(texts, kind)}), path)
-    (batch,) = read.read_rows([str(path)], id_col="id")
+    (batch,) = inputs.read_rows([str(path)], id_col="id")
     assert batch.status == ["ok", "invalid_utf8", "ok", "ok"]
     assert batch.doc_id == ["a", "b", "c\\xfe", "d"]  # as a JSON line's id with that byte is spelt
     assert batch.text == ["good", None, "fine", "also fine"]
@@ -201,12 +202,12 @@ def test_a_nested_value_that_is_not_utf8_is_missing_and_a_saved_dataset_reads_al
     bad = pa.array([[b"x"], [b"\xff"], [b"y"]], pa.list_(pa.binary())).view(pa.list_(pa.string()))
     texts = _not_utf8([b"one", b"two", b"thr\xe9e"])
     pq.write_table(pa.table({"id": bad, "text": texts}), tmp_path / "nested.parquet")
-    (batch,) = read.read_rows([str(tmp_path / "nested.parquet")], id_col="id")
+    (batch,) = inputs.read_rows([str(tmp_path / "nested.parquet")], id_col="id")
     assert batch.status == ["ok", "null_id", "invalid_utf8"]  # a null id wins, as for any missing id
     assert batch.doc_id == ['["x"]', "1", '["y"]']
 
     datasets.Dataset(pa.table({"text": texts})).save_to_disk(str(tmp_path / "ds"))
-    (batch,) = read.read_rows([str(tmp_path / "ds")])
+    (batch,) = inputs.read_rows([str(tmp_path / "ds")])
     assert batch.status == ["ok", "ok", "invalid_utf8"]
 
 
@@ -221,7 +222,7 @@ def test_a_file_in_another_unicode_encoding_is_refused_with_what_to_do(tmp_path,
     path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
     label = encoding[:6].upper()
     with pytest.raises(InputError, match=rf"is {label} text .* convert it first, e.g. iconv -f {label}"):
-        read.check_inputs([str(path)])
+        inputs.check_inputs([str(path)])
 
 
 def test_narrow_floats_are_spelt_as_they_print(tmp_path):
@@ -229,7 +230,7 @@ def test_narrow_floats_are_spelt_as_they_print(tmp_path):
     ids = pa.array([0.1, 2.5, None, 3.0], pa.float32())
     labels = pa.array([2.7, None, 1.0, 0.5], pa.float32()).cast(pa.float16())
     pq.write_table(pa.table({"id": ids, "text": list("abcd"), "label": labels}), tmp_path / "f.parquet")
-    (batch,) = read.read_rows([str(tmp_path / "f.parquet")], id_col="id", label_col="label")
+    (batch,) = inputs.read_rows([str(tmp_path / "f.parquet")], id_col="id", label_col="label")
     assert batch.doc_id == ["0.1", "2.5", "2", "3"] and batch.status == ["ok", "ok", "null_id", "ok"]
     assert batch.label == ["2.7", None, "1", "0.5"]
 
@@ -239,7 +240,7 @@ def test_csv_rows_with_the_wrong_number_of_fields_keep_their_place(tmp_path, cap
     """An unquoted delimiter in one review of a million-row export is one row with a status, not the end
     of the job: every other row keeps its id, and the ragged row its row number, as Python's csv module
     (the oracle) numbers the rows, across Arrow's blocks (the file is dozens of them) and ours."""
-    monkeypatch.setattr(read, "CSV_BLOCK_BYTES", 1 << 14)
+    monkeypatch.setattr(csv_input, "CSV_BLOCK_BYTES", 1 << 14)
     rng = random.Random(1)
     d = delimiter
     lines = [f"id{d}text"]
@@ -260,13 +261,13 @@ def test_csv_rows_with_the_wrong_number_of_fields_keep_their_place(tmp_path, cap
     lines.append("also-last")
     path = tmp_path / ("f.csv" if d == "," else "f.tsv")
     path.write_text("\r\n".join(lines) + "\r\n")
-    assert path.stat().st_size > 30 * read.CSV_BLOCK_BYTES
+    assert path.stat().st_size > 30 * csv_input.CSV_BLOCK_BYTES
 
     rows = [r for r in csv.reader(path.open(newline=""), delimiter=d) if r][1:]
     want = [(r[0], "ok") if len(r) == 2 else (str(n), "wrong_field_count") for n, r in enumerate(rows)]
     got = [
         pair
-        for batch in read.read_rows([str(path)], id_col="id", block_rows=100)
+        for batch in inputs.read_rows([str(path)], id_col="id", block_rows=100)
         for pair in zip(batch.doc_id, batch.status, strict=True)
     ]
     assert got == want
@@ -286,7 +287,7 @@ def test_a_csv_of_ragged_rows_comes_in_blocks_and_is_named_by_doc_id(tmp_path, c
     first.write_text("id,text\nx,fine\ny,fine\n")
     path = tmp_path / "b.csv"
     path.write_text("id,text\n" + "".join(f"r{i},text,\n" for i in range(1_000)) + "ok,fine\n")
-    batches = list(read.read_rows([str(first), str(path)], id_col="id", block_rows=64))
+    batches = list(inputs.read_rows([str(first), str(path)], id_col="id", block_rows=64))
     assert max(len(b) for b in batches) == 64
     doc_ids = [d for b in batches for d in b.doc_id]
     assert doc_ids == ["x", "y", *map(str, range(2, 1_002)), "ok"]
@@ -296,7 +297,7 @@ def test_a_csv_of_ragged_rows_comes_in_blocks_and_is_named_by_doc_id(tmp_path, c
     )
 
     caplog.clear()
-    assert sum(len(b) for b in read.read_rows([str(path)], limit=3)) == 3
+    assert sum(len(b) for b in inputs.read_rows([str(path)], limit=3)) == 3
     assert "b.csv: 3 rows have another number of fields than the header (rows 0, 1, 2)" in caplog.text
 
 
@@ -307,14 +308,14 @@ def test_a_model_folder_inside_an_input_folder_is_no_input(tmp_path):
     model.mkdir()
     (model / "config.json").write_text('{\n  "model_type": "bert"\n}\n')
     (model / "model.safetensors").write_bytes(b"")
-    assert [s.path.name for s in read.expand_inputs([str(tmp_path)])] == ["a.jsonl"]
+    assert [s.path.name for s in inputs.expand_inputs([str(tmp_path)])] == ["a.jsonl"]
 
 
 def test_csv_values_are_kept_byte_for_byte_across_arrows_blocks(tmp_path, monkeypatch):
     """Line breaks inside quoted reviews, rows longer than a block (read again in larger ones) and
     ragged rows among them: every review as Python's csv module (the oracle) reads it, with tiny blocks
     so that block ends fall everywhere, also between the two bytes of a quoted "\\r\\n"."""
-    monkeypatch.setattr(read, "CSV_BLOCK_BYTES", 64)
+    monkeypatch.setattr(csv_input, "CSV_BLOCK_BYTES", 64)
     rng = random.Random(7)
     pieces = ["a", "b ", "\r\n", "\r", "\n", '""', "é", "，"]
     lines = ["id,text"]
@@ -334,7 +335,7 @@ def test_csv_values_are_kept_byte_for_byte_across_arrows_blocks(tmp_path, monkey
     ]
     got = [
         (d, t if s == "ok" else None, s)
-        for batch in read.read_rows([str(path)], id_col="id", block_rows=50)
+        for batch in inputs.read_rows([str(path)], id_col="id", block_rows=50)
         for d, t, s in zip(batch.doc_id, batch.text, batch.status, strict=True)
     ]
     assert got == want

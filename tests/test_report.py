@@ -22,12 +22,12 @@ import pytest
 from helpers import read_table
 from typer.testing import CliRunner
 
-from bertattn_batch import aggregate as agg
-from bertattn_batch import report
+import bertattn_batch.analysis.aggregate as agg
 from bertattn_batch.cli import app
+from bertattn_batch.config import JobSpec
+from bertattn_batch.engines import run_job
 from bertattn_batch.errors import SpecError
-from bertattn_batch.pipeline import run_job
-from bertattn_batch.spec import JobSpec
+from bertattn_batch.render import report
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser")) if p), None)
@@ -323,11 +323,12 @@ def test_report_renders_in_a_browser(browser, page):
 
 @needs_chromium
 def test_plot_html_renders_in_a_browser(browser, run_dir, tmp_path):
-    from bertattn_batch import plot
+    import bertattn_batch.render.plot as plotting
+    import bertattn_batch.render.review as reviews
 
     preds = [p for p in read_table(run_dir, "predictions").to_pylist() if p["status"] == "ok"]
-    review = plot.load_review(run_dir, preds[0]["doc_id"])
-    path = plot.write_review(review, tmp_path / "review.html")
+    review = reviews.load_review(run_dir, preds[0]["doc_id"])
+    path = plotting.write_review(review, tmp_path / "review.html")
     shown = browser.open(path.resolve().as_uri())
     assert shown["errors"] == [] and shown["heat_tables"] == 1
 
@@ -336,13 +337,15 @@ def test_plot_html_renders_in_a_browser(browser, run_dir, tmp_path):
 def test_chinese_reads_in_the_browser_without_system_fonts(browser, tiny_zh_dir, tmp_path):
     from conftest import SEED_TEXT
 
-    from bertattn_batch import fonts, plot
+    import bertattn_batch.render.plot as plotting
+    import bertattn_batch.render.review as reviews
+    from bertattn_batch.render import fonts
 
     fonts.reset()
     if fonts.cjk_font() is None:
         pytest.skip(f"no CJK font to embed ({fonts.INSTALL_HINT})")
-    review = plot.review_from_text(SEED_TEXT, str(tiny_zh_dir))
-    path = plot.write_review(review, tmp_path / "seed.html")
+    review = reviews.review_from_text(SEED_TEXT, str(tiny_zh_dir))
+    path = plotting.write_review(review, tmp_path / "seed.html")
     shown = browser.open(path.resolve().as_uri())
     assert shown["errors"] == [] and shown["heat_tables"] == 1
     assert shown["fonts"] == [f"{fonts.WEB_FAMILY} loaded"]  # the embedded subset drew the characters

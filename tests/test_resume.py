@@ -18,11 +18,12 @@ from helpers import read_table
 from typer.testing import CliRunner
 
 from bertattn_batch import schema
+from bertattn_batch._util import file_lock
 from bertattn_batch.cli import app
+from bertattn_batch.config import JobSpec
+from bertattn_batch.engines import run_job
 from bertattn_batch.errors import RunDirError, WriteError
-from bertattn_batch.pipeline import run_job
-from bertattn_batch.spec import JobSpec
-from bertattn_batch.write import RunWriter, lock_run_dir
+from bertattn_batch.run import LOCK_NAME, PartWriter, RunDir
 
 runner = CliRunner()
 KILLER = Path(__file__).with_name("killer.py")
@@ -135,13 +136,10 @@ def test_sigterm_stops_cleanly_and_resumes(point, corpus, tiny_en_dir, reference
 def test_a_run_being_written_is_not_written_by_a_second_process(corpus, tiny_en_dir, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    held = lock_run_dir(out)  # as another process writing the run would hold it
-    try:
+    with file_lock(out / LOCK_NAME):  # as another process writing the run would hold it
         r = runner.invoke(app, _args(corpus, tiny_en_dir, out))
         assert r.exit_code == 1
         assert f"another bertattn process (pid {os.getpid()}) is writing {out}" in r.output
-    finally:
-        os.close(held)
     r = runner.invoke(app, _args(corpus, tiny_en_dir, out))  # the lock is gone with its holder
     assert r.exit_code == 0, r.output
     assert json.loads((out / "manifest.json").read_text())["counts"]["predictions"] == 60
@@ -151,7 +149,7 @@ def test_a_run_being_written_is_not_written_by_a_second_process(corpus, tiny_en_
 def test_taking_a_lock_leaves_no_descriptor_open_when_it_fails(tmp_path, monkeypatch):
     """A Ctrl-C or SIGTERM while waiting for a lock (a job waiting for another's model training), or a
     failed write of the holder's pid, left the lock file's descriptor open."""
-    from bertattn_batch.locks import take_lock
+    from bertattn_batch._util import _take_lock
 
     def open_fds() -> int:
         return len(os.listdir("/proc/self/fd"))
@@ -160,13 +158,13 @@ def test_taking_a_lock_leaves_no_descriptor_open_when_it_fails(tmp_path, monkeyp
         raise KeyboardInterrupt
 
     path = tmp_path / "x.lock"
-    held = take_lock(path)
+    held = _take_lock(path, wait=False)
     old = signal.signal(signal.SIGALRM, ctrl_c)
     try:
         before = open_fds()
         signal.setitimer(signal.ITIMER_REAL, 0.2)
         with pytest.raises(KeyboardInterrupt):
-            take_lock(path, wait=True)
+            _take_lock(path, wait=True)
         assert open_fds() == before
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -178,9 +176,8 @@ def test_taking_a_lock_leaves_no_descriptor_open_when_it_fails(tmp_path, monkeyp
 
     monkeypatch.setattr(os, "ftruncate", full_disk)  # the pid is only for a second job's message
     before = open_fds()
-    fd = lock_run_dir(tmp_path)
-    assert fd is not None
-    os.close(fd)
+    with file_lock(tmp_path / LOCK_NAME):
+        assert open_fds() == before + 1
     assert open_fds() == before
 
 
@@ -293,7 +290,7 @@ def test_a_run_that_committed_nothing_does_not_block_the_next(corpus, tiny_en_di
     out = tmp_path / "run"
     r = runner.invoke(app, [*_args(corpus, tiny_en_dir, out), "--text-col", "txt"])
     assert r.exit_code == 1 and "no column 'txt'" in r.output
-    with RunWriter(out, {"fingerprint": {"inputs": ["elsewhere"]}}):
+    with RunDir(out, {"fingerprint": {"inputs": ["elsewhere"]}}):
         pass  # a run of another job that stopped before it committed a part
     r = runner.invoke(app, _args(corpus, tiny_en_dir, out))
     assert r.exit_code == 0, r.output
@@ -356,8 +353,8 @@ def test_incremental_processes_only_new_ids(drug_rows, tiny_en_dir, tmp_path):
     assert read_table(out, "predictions").num_rows == 30
 
 
-class FullDisk(RunWriter):
-    """A sink whose second part fails as a full disk would."""
+class FullDisk(PartWriter):
+    """A part writer whose second part fails as a full disk would."""
 
     def _write_parquet(self, table, path):
         if path.name.startswith("_part-000000000010"):
@@ -378,7 +375,7 @@ def test_failed_write_stops_cleanly_and_resumes(corpus, tiny_en_dir, reference, 
         progress=False,
     )
     with pytest.raises(WriteError, match="No space left on device"):
-        run_job(spec, writer_cls=FullDisk)
+        run_job(spec, part_writer=FullDisk)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"
     assert [p["start_row"] for p in manifest["parts"]] == [0]
@@ -394,13 +391,19 @@ def test_manifest_listing_a_missing_part_is_reported(corpus, tiny_en_dir, tmp_pa
     assert runner.invoke(app, _args(corpus, tiny_en_dir, out)).exit_code == 0
     next((out / "cls_attention").glob("part-*.parquet")).unlink()
     with pytest.raises(RunDirError, match="missing"):
-        RunWriter(out, json.loads((out / "manifest.json").read_text())).open()
+        RunDir(out, _header(out)).open()
 
 
-def _failing_at(part_prefix: str) -> type[RunWriter]:
-    """A sink whose part named ``part_prefix…`` fails as a full disk would: a run stopped mid-pass."""
+def _header(run: Path) -> dict:
+    """A run's header as its own job gives it: what a reopen of it compares."""
+    manifest = json.loads((run / "manifest.json").read_text())
+    return {k: manifest[k] for k in ("spec", "fingerprint", "model", "versions")}
 
-    class Failing(RunWriter):
+
+def _failing_at(part_prefix: str) -> type[PartWriter]:
+    """A part writer whose part named ``part_prefix…`` fails as a full disk would: a run stopped mid-pass."""
+
+    class Failing(PartWriter):
         def _write_parquet(self, table, path):
             if path.name.startswith(f"_{part_prefix}"):
                 raise OSError(28, "No space left on device")
@@ -421,7 +424,7 @@ def test_an_interrupted_incremental_pass_resumes_to_the_uninterrupted_tables(
     rows[5]["doc_id"] = rows[14]["doc_id"] = None
     src = tmp_path / "in.parquet"
 
-    def run(out: Path, source_rows: list[dict], writer_cls: type[RunWriter] = RunWriter) -> None:
+    def run(out: Path, source_rows: list[dict], writer_cls: type[PartWriter] = PartWriter) -> None:
         pq.write_table(pa.Table.from_pylist(source_rows), src)  # the same bytes again: a resume goes on
         spec = JobSpec(
             inputs=[str(src)],
@@ -432,7 +435,7 @@ def test_an_interrupted_incremental_pass_resumes_to_the_uninterrupted_tables(
             on_existing="incremental",
             progress=False,
         )
-        run_job(spec, writer_cls=writer_cls)
+        run_job(spec, part_writer=writer_cls)
 
     passes = [rows[:12], rows] if stop_in_pass else [rows]
     for source_rows in passes:
@@ -495,7 +498,7 @@ def test_ctrl_c_while_the_writer_finishes_waits_for_the_part_in_hand():
     import threading
     import time
 
-    from bertattn_batch.threads import Worker
+    from bertattn_batch.engines.threads import Worker
 
     done: list[int] = []
 
@@ -526,7 +529,7 @@ def test_a_reader_thread_stops_when_the_model_stage_fails(depth):
     import threading
     import time
 
-    from bertattn_batch.threads import prefetch
+    from bertattn_batch.engines.threads import prefetch
 
     def consume() -> None:
         for _ in prefetch(iter(range(3)), depth=depth):
@@ -564,20 +567,20 @@ def test_a_manifest_that_cannot_be_marked_interrupted_does_not_hide_the_error(
 ):
     """Marking a failed run interrupted is a courtesy: when that write fails too (a full disk), the
     error that stopped the run is the one reported."""
-    from bertattn_batch import write
+    import bertattn_batch.run.manifest as manifest_module
     from bertattn_batch.errors import InputError
 
     good, bad = tmp_path / "a.jsonl", tmp_path / "b.jsonl"  # b is no JSON lines file: found mid-run
     good.write_text('{"text": "good"}\n')
     bad.write_text('{"text": broken\n')
-    real = write._write_json_atomic
+    real = manifest_module.atomic_write_text
 
-    def full_disk_once_failed(path: Path, data: dict) -> None:
-        if data.get("status") == "interrupted":
+    def full_disk_once_failed(path: Path, text: str) -> None:
+        if json.loads(text).get("status") == "interrupted":
             raise OSError(28, "No space left on device")
-        real(path, data)
+        real(path, text)
 
-    monkeypatch.setattr(write, "_write_json_atomic", full_disk_once_failed)
+    monkeypatch.setattr(manifest_module, "atomic_write_text", full_disk_once_failed)
     spec = JobSpec(
         inputs=[str(good), str(bad)], model=str(tiny_en_dir), out=str(tmp_path / "run"), progress=False
     )
@@ -618,19 +621,20 @@ def test_a_run_stopped_before_its_first_manifest_can_be_started_again(
     """A full disk (or a kill) while a new run writes its first manifest left the lock, a manifest
     temporary and empty table folders: every later job with that --out, --overwrite too, was refused as
     'not a run directory'."""
-    from bertattn_batch import write
+    import bertattn_batch.run.manifest as manifest_module
+    from bertattn_batch._util import hidden_tmp
 
-    real = write._write_json_atomic
+    real = manifest_module.atomic_write_text
     calls = {"n": 0}
 
-    def full_disk_first(path: Path, data: dict) -> None:
+    def full_disk_first(path: Path, text: str) -> None:
         calls["n"] += 1
         if calls["n"] == 1:
-            path.with_name(write.hidden_tmp(path.name)).write_text('{"form')  # cut short
+            path.with_name(hidden_tmp(path.name)).write_text('{"form')  # cut short
             raise OSError(28, "No space left on device")
-        real(path, data)
+        real(path, text)
 
-    monkeypatch.setattr(write, "_write_json_atomic", full_disk_first)
+    monkeypatch.setattr(manifest_module, "atomic_write_text", full_disk_first)
     out = tmp_path / "run"
     r = runner.invoke(app, _args(corpus, tiny_en_dir, out))
     assert r.exit_code == 1 and "No space left on device" in r.output
@@ -641,14 +645,14 @@ def test_a_run_stopped_before_its_first_manifest_can_be_started_again(
 
 
 def test_a_manifest_write_that_fails_leaves_no_temporary(tmp_path, monkeypatch):
-    from bertattn_batch import write
+    from bertattn_batch import _util
 
     def full_disk(*a, **kw):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(write.json, "dump", full_disk)
+    monkeypatch.setattr(_util.os, "fsync", full_disk)
     with pytest.raises(OSError):
-        write._write_json_atomic(tmp_path / "manifest.json", {"a": 1})
+        _util.atomic_write_text(tmp_path / "manifest.json", '{"a": 1}')
     assert list(tmp_path.iterdir()) == []
 
 
@@ -657,8 +661,9 @@ def test_a_first_run_training_without_locks_leaves_no_lock_file(tmp_path, monkey
     import errno
     import fcntl
 
-    from bertattn_batch import finetune, pipeline
-    from bertattn_batch.spec import FinetuneSpec
+    from bertattn_batch.config import FinetuneSpec
+    from bertattn_batch.train import api as train_api
+    from bertattn_batch.train import job as train_job
 
     def no_locks(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
@@ -669,10 +674,10 @@ def test_a_first_run_training_without_locks_leaves_no_lock_file(tmp_path, monkey
         return {"accuracy": None}
 
     monkeypatch.setattr(fcntl, "flock", no_locks)
-    monkeypatch.setattr(finetune, "finetune_files", fake_finetune_files)
+    monkeypatch.setattr(train_api, "finetune_files", fake_finetune_files)
     model = tmp_path / "models" / "m"
     spec = JobSpec(inputs=["x"], model=str(model), out=str(tmp_path / "run"), finetune=FinetuneSpec())
-    pipeline.ensure_model(spec, False)
+    train_job.ensure_model(spec, False)
     assert sorted(p.name for p in model.parent.iterdir()) == ["m"]
 
 
@@ -683,8 +688,9 @@ def test_jobs_started_together_train_their_missing_model_once(tmp_path, monkeypa
     import threading
     import time
 
-    from bertattn_batch import finetune, pipeline
-    from bertattn_batch.spec import FinetuneSpec
+    from bertattn_batch.config import FinetuneSpec
+    from bertattn_batch.train import api as train_api
+    from bertattn_batch.train import job as train_job
 
     trained: list[str] = []
 
@@ -695,10 +701,10 @@ def test_jobs_started_together_train_their_missing_model_once(tmp_path, monkeypa
         (Path(out_dir) / "config.json").write_text("{}")
         return {"accuracy": None}
 
-    monkeypatch.setattr(finetune, "finetune_files", fake_finetune_files)
+    monkeypatch.setattr(train_api, "finetune_files", fake_finetune_files)
     model = tmp_path / "models" / "m"
     spec = JobSpec(inputs=["x"], model=str(model), out=str(tmp_path / "run"), finetune=FinetuneSpec())
-    jobs = [threading.Thread(target=pipeline.ensure_model, args=(spec, False)) for _ in range(2)]
+    jobs = [threading.Thread(target=train_job.ensure_model, args=(spec, False)) for _ in range(2)]
     for job in jobs:
         job.start()
     for job in jobs:
@@ -714,7 +720,7 @@ def test_a_reader_in_turn_makes_each_item_only_when_asked():
     consumer, after the items made before them."""
     import threading
 
-    from bertattn_batch.threads import prefetch
+    from bertattn_batch.engines.threads import prefetch
 
     events: list[str] = []
     threads: set[str] = set()
@@ -741,7 +747,7 @@ def test_the_feed_plan_reads_ahead_only_where_the_model_leaves_cores_free(monkey
     accelerator, or with cores to spare, it runs ahead."""
     import torch
 
-    from bertattn_batch.pipeline import feed_plan
+    from bertattn_batch.engines.local import feed_plan
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
@@ -762,7 +768,7 @@ def test_the_feed_plan_reads_ahead_only_where_the_model_leaves_cores_free(monkey
 def test_every_feed_plan_writes_the_same_run(plan, tiny_en_dir, drug_sample, tmp_path, monkeypatch):
     """A reader ahead on one thread and a reader in turn on three threads write the same tables, row for
     row, as the plain single-thread run."""
-    from bertattn_batch import pipeline
+    from bertattn_batch.engines import local
 
     def run(name: str) -> Path:
         out = tmp_path / name
@@ -771,9 +777,9 @@ def test_every_feed_plan_writes_the_same_run(plan, tiny_en_dir, drug_sample, tmp
         )
         return out
 
-    monkeypatch.setattr(pipeline, "feed_plan", lambda device: (1, 1))
+    monkeypatch.setattr(local, "feed_plan", lambda device: (1, 1))
     plain = run("plain")
-    monkeypatch.setattr(pipeline, "feed_plan", lambda device: plan)
+    monkeypatch.setattr(local, "feed_plan", lambda device: plan)
     other = run("other")
     for table, keys in SORT_KEYS.items():
         order = [(k, "ascending") for k in keys]
@@ -800,7 +806,7 @@ def test_a_plain_rerun_after_an_incremental_pass_stopped_before_its_first_part_i
     run_job(_incremental_job(src, tiny_en_dir, out, "resume"))
     pq.write_table(pa.Table.from_pylist(rows), src)  # six new reviews in front
     with pytest.raises(WriteError):
-        run_job(_incremental_job(src, tiny_en_dir, out), writer_cls=_failing_at("part-000000000000-g1"))
+        run_job(_incremental_job(src, tiny_en_dir, out), part_writer=_failing_at("part-000000000000-g1"))
     assert json.loads((out / "manifest.json").read_text())["generation"] == 1
     with pytest.raises(RunDirError, match=r"was last run with --incremental .*; rerun it with --incremental"):
         run_job(_incremental_job(src, tiny_en_dir, out, "resume"))
@@ -816,7 +822,7 @@ def test_a_run_killed_as_it_reopens_is_still_complete(drug_rows, tiny_en_dir, tm
     src, out = tmp_path / "in.parquet", tmp_path / "run"
     pq.write_table(pa.Table.from_pylist(rows[:6]), src)
     run_job(_incremental_job(src, tiny_en_dir, out))
-    sink = RunWriter(out, json.loads((out / "manifest.json").read_text()))
+    sink = RunDir(out, _header(out))
     sink.open()
     sink.close()  # as a kill right after the reopen leaves it: no pass begun, no on_failed
     assert json.loads((out / "manifest.json").read_text())["status"] == "complete"

@@ -9,10 +9,10 @@ import pytest
 from conftest import SEED_TEXT
 from helpers import read_table
 
-from bertattn_batch.encode import encode_texts
+from bertattn_batch.config import JobSpec
+from bertattn_batch.engines import run_job
 from bertattn_batch.model import Classifier
-from bertattn_batch.pipeline import run_job
-from bertattn_batch.spec import JobSpec
+from bertattn_batch.model.encode import encode_texts
 
 
 def _check_spans(text: str, tokens: list[str], starts: list[int], ends: list[int]) -> None:
@@ -219,8 +219,8 @@ def test_encoding_on_several_threads_gives_what_one_thread_gives(
 
     from transformers import AutoTokenizer
 
-    from bertattn_batch import encode as encode_module
-    from bertattn_batch.encode import Encoder
+    from bertattn_batch.model import encode as encode_module
+    from bertattn_batch.model.encode import Encoder
 
     shares: list[tuple[str, int]] = []
     real = encode_module.encode_texts

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from bertattn_batch.config import FinetuneSpec, JobSpec, load_job
 from bertattn_batch.errors import SpecError
-from bertattn_batch.spec import FinetuneSpec, JobSpec, load_job
 
 
 def _write(tmp_path, text: str):
@@ -114,10 +114,10 @@ def test_an_out_that_would_be_refused_stops_the_job_before_it_trains_its_model(
     import json
 
     from bertattn_batch import schema
+    from bertattn_batch.config import FinetuneSpec
     from bertattn_batch.errors import RunDirError
-    from bertattn_batch.pipeline import ensure_model
-    from bertattn_batch.spec import FinetuneSpec
-    from bertattn_batch.write import FORMAT, MANIFEST
+    from bertattn_batch.run import FORMAT, MANIFEST
+    from bertattn_batch.train import ensure_model
 
     path = tmp_path / out
     if out == "file":
@@ -128,7 +128,8 @@ def test_an_out_that_would_be_refused_stops_the_job_before_it_trains_its_model(
             (path / "notes.txt").write_text("someone's notes")
         else:  # a run that committed a part
             files = {t: f"{t}/part-000000000000.parquet" for t in schema.TABLES}
-            part = {"name": "part-000000000000", "start_row": 0, "end_row": 1, "files": files, "rows": {}}
+            rows = dict.fromkeys(schema.TABLES, 1)
+            part = {"name": "part-000000000000", "start_row": 0, "end_row": 1, "files": files, "rows": rows}
             (path / MANIFEST).write_text(json.dumps({"format": FORMAT, "parts": [part]}))
     spec = JobSpec(
         inputs=["a"],

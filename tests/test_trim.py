@@ -11,7 +11,7 @@ import transformers as tf
 from torch import nn
 
 from bertattn_batch.model import Classifier
-from bertattn_batch.trim import LastLayerTrim, verified
+from bertattn_batch.model.trim import LastLayerTrim, verified
 
 TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64)
 #: model type -> (config class, model class, extra config, trimmed?)

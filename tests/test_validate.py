@@ -17,12 +17,12 @@ import pytest
 from typer.testing import CliRunner
 
 from bertattn_batch import schema
+from bertattn_batch.analysis.validate import CHECKS, validate_run
 from bertattn_batch.cli import app
+from bertattn_batch.config import JobSpec
+from bertattn_batch.engines import run_job
 from bertattn_batch.errors import RunDirError
-from bertattn_batch.pipeline import run_job
 from bertattn_batch.schema import STATUSES
-from bertattn_batch.spec import JobSpec
-from bertattn_batch.validate import CHECKS, validate_run
 
 PART0 = "part-000000000000.parquet"
 

@@ -1,0 +1,159 @@
+"""Small helpers every stage shares: atomic writes, one file lock, stale temporaries, human sizes.
+
+Usage::
+
+    with atomic_path(out / "report.html") as tmp:      # write tmp; it replaces the file on success
+        tmp.write_text(html)
+    atomic_write_text(run / "manifest.json", text)    # the same, fsynced, for a few bytes of text
+    with file_lock(run / ".bertattn.lock", busy=lambda who: RunDirError(f"held by {who}")):
+        ...                                           # one process at a time; the lock dies with it
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: Age after which a temporary folder is taken to be left by a process that was killed (an aggregate's
+#: work folder, a training's save), not one still running, and removed by the next of its kind.
+STALE_SECONDS = 6 * 3600
+
+
+def hidden_tmp(name: str) -> str:
+    """Where a file is written before it replaces ``name`` atomically (readers pass over dot files)."""
+    return f".{name}.tmp"
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path, fsync: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; when the block ends without an error it replaces ``path``
+    in one step (readers see the old file or the new one), else it is removed."""
+    tmp = path.with_name(hidden_tmp(path.name))
+    try:
+        yield tmp
+        if fsync:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``, fsynced: a write that fails (a full disk) takes its temporary with it."""
+    with atomic_path(path, fsync=True) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+@contextlib.contextmanager
+def atomic_dir(path: Path) -> Iterator[Path]:
+    """Yield a new temporary folder beside ``path``; on success it takes ``path``'s place (an old folder
+    there is moved aside first and removed), on failure it is removed. Temporaries that a killed
+    process left beside ``path`` are removed once they are stale."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for pattern in (f".{path.name}.partial-*", f".{path.name}.old-*"):
+        remove_stale(path.parent, pattern)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def remove_stale(parent: Path, pattern: str) -> None:
+    """Remove the files and folders in ``parent`` matching ``pattern`` that are older than ``STALE_SECONDS``."""
+    for stale in parent.glob(pattern):
+        with contextlib.suppress(OSError):  # another process may remove it first
+            if time.time() - stale.stat().st_mtime > STALE_SECONDS:
+                if stale.is_dir():
+                    shutil.rmtree(stale, ignore_errors=True)
+                else:
+                    stale.unlink()
+
+
+def _take_lock(path: Path, wait: bool) -> int | None:
+    """An exclusive ``flock`` on ``path`` (created if missing): its descriptor, or None where the platform
+    or the file system has no locks (some network mounts; a warning says so). Raises BlockingIOError
+    while another process holds it and not ``wait``, and OSError when the file cannot be created."""
+    if sys.platform == "win32":
+        return None
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BaseException as e:  # a Ctrl-C or SIGTERM while waiting too: the descriptor goes with it
+        os.close(fd)
+        if isinstance(e, BlockingIOError) or not isinstance(e, OSError):
+            raise
+        log.warning("%s cannot be locked (%s); make sure no other job uses it", path, e.strerror or e)
+        return None
+    return fd
+
+
+@contextlib.contextmanager
+def file_lock(
+    path: Path,
+    busy: Callable[[str], BaseException] | None = None,
+    waiting: str | None = None,
+    remove: bool = False,
+) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` for the block. It dies with its process, so no stale lock is
+    ever left to clear; the file records the holder's pid for the message of the next one.
+
+    Where another process holds it: with ``busy``, raise ``busy(holder)`` (holder: ``" (pid N)"`` or
+    ``""``); else wait for it, logging ``waiting`` once. ``remove``: delete the file when done (a lock
+    for a one-off task, such as a training). An OSError taking it comes back as is.
+    """
+    try:
+        fd = _take_lock(path, wait=False)
+    except BlockingIOError:
+        if busy is not None:
+            holder = ""
+            with contextlib.suppress(OSError):
+                holder = path.read_text(errors="replace").strip()
+            raise busy(f" (pid {holder})" if holder.isdigit() else "") from None
+        if waiting:
+            log.warning("%s", waiting)
+        fd = _take_lock(path, wait=True)
+    try:
+        if fd is not None:
+            with contextlib.suppress(OSError):  # a full disk fails the holder's own writes instead
+                os.ftruncate(fd, 0)
+                os.write(fd, str(os.getpid()).encode())
+        yield
+    finally:
+        if remove:
+            path.unlink(missing_ok=True)
+        if fd is not None:
+            os.close(fd)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

@@ -1,0 +1,372 @@
+"""Token influence by head across a run, from polars lazy scans of its committed Parquet parts.
+
+Usage::
+
+    bertattn aggregate runs/r1 --min-reviews 5 --top-k 5
+
+    from bertattn_batch.analysis import aggregate, format_top
+    result = aggregate("runs/r1")          # writes runs/r1/aggregates/token_influence.parquet
+    print(format_top(result.table, k=5))
+
+For each (layer, head, token) and each group of reviews (all of them, each predicted label, each
+true label where the source had labels): the reviews and occurrences, the mean raw and scaled weight,
+and how often the token is the head's top token in a review. Words as well as tokens: a token that
+does not start with ``##`` and the ``##`` continuations right after it make one word (WordPiece
+tokenizers only: the manifest records the run's continuation mark).
+
+Definitions (the schema's descriptions say the same):
+- only reviews with ``status == "ok"`` count; a review's rows in ``cls_attention`` join its prediction
+  on ``doc_id``;
+- means are over occurrences (a token twice in a review counts twice);
+- a head's top token in a review is its content token with the largest raw weight; ties go to the
+  first position (numpy's ``argmax``), so every scored review has exactly one top token per head;
+- a word's raw weight is the sum of its pieces' raw weights (the head's mass is kept); its scaled
+  weight is that sum min-max scaled again over the review's words, so 1 is the review's top word.
+
+Memory stays bounded whatever the run's size: each committed part (a few thousand reviews, each
+review wholly inside one part; cut into slices of whole reviews past ``MAX_ROWS_PER_PASS`` rows) is
+reduced on its own to per-token sums, which are additive across parts; the sums are then combined
+with streaming group-bys whose size is bounded by the vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from .. import schema
+from .._util import atomic_path, remove_stale
+from ..errors import RunDirError, SpecError, WriteError
+from ..run import AGGREGATES_DIR, Manifest, committed_files, read_manifest
+
+TABLE = "token_influence"
+UNITS = ("token", "word")
+SPLITS = ("all", "pred_label", "label")
+#: The defaults of :func:`aggregate`: tokens seen in fewer reviews are left out; the ranking measure.
+MIN_REVIEWS = 5
+RANK_BY = "mean_scaled"
+#: Measures ``rank`` may order by (descending).
+RANK_MEASURES = ("mean_scaled", "mean_weight", "top_share", "n_top", "n_reviews")
+#: Runs whose manifest predates ``model.word_continuation``: model types whose usual tokenizers mark
+#: word starts (byte-level BPE, SentencePiece) rather than continuations.
+NON_WORDPIECE_MODELS = frozenset({"roberta", "xlm-roberta", "camembert", "albert"})
+CONTINUATION = "##"
+#: Attention rows reduced in one pass; a larger part is cut into slices of whole reviews (by a hash
+#: of doc_id), which bounds memory whatever the run's window size or review length.
+MAX_ROWS_PER_PASS = 1_000_000
+
+_REVIEW = ["doc_id", "layer", "head"]
+_CLASSES = ["pred_label", "label"]
+_SUMS = ["n_reviews", "n_occurrences", "weight_sum", "scaled_sum", "n_top"]
+
+
+@dataclass
+class Aggregates:
+    """What ``aggregate`` wrote: the table (small: bounded by the vocabulary) and how it was made."""
+
+    path: Path
+    table: pl.DataFrame
+    options: dict[str, Any] = field(default_factory=dict)
+    parts: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    #: The splits that hold scored reviews ('label' only where the source had labels): what an empty
+    #: printout is explained by, as the table alone cannot tell a filter from a missing split.
+    splits: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        units = self.table.group_by("unit").len().sort("unit").rows()
+        counts = ", ".join(f"{n} {u} rows" for u, n in units)
+        return (
+            f"wrote {self.path} ({counts or 'no rows'}) from {len(self.parts)} parts "
+            f"in {self.seconds:.1f}s; min {self.options.get('min_reviews')} reviews, "
+            f"ranked by {self.options.get('rank_by')}"
+        )
+
+
+def aggregates_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / AGGREGATES_DIR / f"{TABLE}.parquet"
+
+
+def committed_parts(run_dir: str | Path) -> list[tuple[str, Path, Path]]:
+    """(part name, cls_attention file, predictions file) of every part the manifest commits, in name
+    order (see ``run.committed_files``)."""
+    return [
+        (p.name, p.files["cls_attention"], p.files["predictions"])
+        for p in committed_files(run_dir, ("cls_attention", "predictions"))
+    ]
+
+
+def review_rows(attn_path: Path | str, preds_path: Path | str) -> pl.LazyFrame:
+    """One part's attention rows of scored reviews, each with its predicted and true label."""
+    attn = pl.scan_parquet(attn_path, glob=False).select(
+        "doc_id", "layer", "head", "position", "token", "weight", "weight_scaled"
+    )
+    preds = (
+        pl.scan_parquet(preds_path, glob=False)
+        .filter(pl.col("status") == "ok")
+        .select("doc_id", *_CLASSES)
+        .unique("doc_id")
+    )
+    return attn.join(preds, on="doc_id", how="inner").with_columns(
+        pl.col("weight").cast(pl.Float64), pl.col("weight_scaled").cast(pl.Float64)
+    )
+
+
+def word_rows(rows: pl.LazyFrame, continuation: str = CONTINUATION) -> pl.LazyFrame:
+    """Tokens joined into words, in the same columns as ``review_rows`` (position: the first piece's).
+
+    A word starts at every token that is not a continuation (``##`` piece) of the token just before it.
+    Raw weight: the sum of the pieces'. Scaled: min-max over the review's words for that head.
+    A review's words are the same at every (layer, head): they are found once, on one head's rows.
+    """
+    one_head = (pl.col("layer") == pl.col("layer").min()) & (pl.col("head") == pl.col("head").min())
+    pieces = rows.filter(one_head).select("doc_id", "position", "token").sort(["doc_id", "position"])
+    continues = pl.col("token").str.starts_with(continuation) & (
+        pl.col("position") == pl.col("position").shift(1).over("doc_id") + 1
+    )
+    continues = continues.fill_null(False)
+    pieces = pieces.with_columns(
+        word=(~continues).cast(pl.Int32).cum_sum().over("doc_id"),
+        piece=pl.when(continues).then(pl.col("token").str.strip_prefix(continuation)).otherwise("token"),
+    )
+    texts = pieces.group_by(["doc_id", "word"]).agg(
+        token=pl.col("piece").sort_by("position").str.join(""),
+        position=pl.col("position").min(),
+    )
+    words = (
+        rows.select(*_REVIEW, "position", "weight", *_CLASSES)
+        .join(pieces.select("doc_id", "position", "word"), on=["doc_id", "position"])
+        .group_by([*_REVIEW, "word", *_CLASSES])
+        .agg(weight=pl.col("weight").sum())
+        .join(texts, on=["doc_id", "word"])
+    )
+    lo = pl.col("weight").min().over(_REVIEW)
+    hi = pl.col("weight").max().over(_REVIEW)
+    scaled = pl.when(hi > lo).then((pl.col("weight") - lo) / (hi - lo)).otherwise(0.0)
+    return words.with_columns(weight_scaled=scaled).drop("word")
+
+
+def part_sums(rows: pl.LazyFrame, unit: str) -> pl.LazyFrame:
+    """Additive per-(layer, head, token, pred_label, label) sums of one part's reviews.
+
+    ``n_reviews`` counts distinct reviews within the part; a review lives in one part only, so the
+    counts add up across parts.
+    """
+    peak = pl.col("weight").max().over(_REVIEW)
+    top_position = pl.col("position").filter(pl.col("weight") == peak).min().over(_REVIEW)
+    return (
+        rows.with_columns(is_top=pl.col("position") == top_position)
+        .group_by(["layer", "head", "token", *_CLASSES])
+        .agg(
+            n_reviews=pl.col("doc_id").n_unique().cast(pl.Int64),
+            n_occurrences=pl.len().cast(pl.Int64),
+            weight_sum=pl.col("weight").sum(),
+            scaled_sum=pl.col("weight_scaled").sum(),
+            n_top=pl.col("is_top").sum().cast(pl.Int64),
+        )
+        .with_columns(unit=pl.lit(unit))
+    )
+
+
+def class_sizes(preds_paths: Sequence[Path | str]) -> pl.DataFrame:
+    """Scored reviews per group: (split, class_label, class_reviews)."""
+    if not preds_paths:
+        return pl.DataFrame(schema={"split": pl.String, "class_label": pl.String, "class_reviews": pl.Int64})
+    ok = (
+        pl.scan_parquet(list(preds_paths), glob=False)
+        .filter(pl.col("status") == "ok")
+        .group_by(_CLASSES)
+        .agg(n=pl.len().cast(pl.Int64))
+        .collect(engine="streaming")
+    )
+    frames = [
+        pl.DataFrame({"split": ["all"], "class_label": [None], "class_reviews": [int(ok["n"].sum())]}),
+        _sizes_by(ok, "pred_label"),
+        _sizes_by(ok.filter(pl.col("label").is_not_null()), "label"),
+    ]
+    schema_ = {"split": pl.String, "class_label": pl.String, "class_reviews": pl.Int64}
+    return pl.concat([f.cast(schema_) for f in frames if f.height]).filter(pl.col("class_reviews") > 0)
+
+
+def _sizes_by(ok: pl.DataFrame, column: str) -> pl.DataFrame:
+    return (
+        ok.group_by(column)
+        .agg(class_reviews=pl.col("n").sum())
+        .rename({column: "class_label"})
+        .with_columns(split=pl.lit(column))
+        .select("split", "class_label", "class_reviews")
+    )
+
+
+def combine(sums: pl.LazyFrame, sizes: pl.DataFrame, min_reviews: int, rank_by: str) -> pl.LazyFrame:
+    """Per-part sums -> the token_influence table: every split, means, the filter and the rank."""
+    agg = [pl.col(c).sum() for c in _SUMS]
+    by_split = [
+        sums.group_by(["unit", "layer", "head", "token"])
+        .agg(agg)
+        .with_columns(split=pl.lit("all"), class_label=pl.lit(None, dtype=pl.String)),
+        sums.group_by(["unit", "layer", "head", "pred_label", "token"])
+        .agg(agg)
+        .rename({"pred_label": "class_label"})
+        .with_columns(split=pl.lit("pred_label")),
+        sums.filter(pl.col("label").is_not_null())
+        .group_by(["unit", "layer", "head", "label", "token"])
+        .agg(agg)
+        .rename({"label": "class_label"})
+        .with_columns(split=pl.lit("label")),
+    ]
+    cols = ["unit", "layer", "head", "split", "class_label", "token", *_SUMS]
+    group = ["unit", "layer", "head", "split", "class_label"]
+    table = (
+        pl.concat([f.select(cols) for f in by_split])
+        .filter(pl.col("n_reviews") >= min_reviews)
+        .join(sizes.lazy(), on=["split", "class_label"], how="inner", nulls_equal=True)
+        .with_columns(
+            mean_weight=pl.col("weight_sum") / pl.col("n_occurrences"),
+            mean_scaled=pl.col("scaled_sum") / pl.col("n_occurrences"),
+            top_share=pl.col("n_top") / pl.col("n_reviews"),
+        )
+        .sort(
+            [*group, rank_by, "n_reviews", "token"],
+            descending=[False] * len(group) + [True, True, False],
+            nulls_last=False,
+        )
+        .with_columns(rank=pl.col("token").cum_count().over(group).cast(pl.Int32))
+    )
+    return table.select(schema.columns(TABLE))
+
+
+def aggregate(
+    run_dir: str | Path,
+    min_reviews: int = MIN_REVIEWS,
+    rank_by: str = RANK_BY,
+    units: Sequence[str] = UNITS,
+) -> Aggregates:
+    """Compute token (and word) influence by head for a run; write and return it."""
+    t0 = time.perf_counter()
+    if min_reviews < 1:
+        raise SpecError(f"min_reviews must be at least 1, got {min_reviews}")
+    if rank_by not in RANK_MEASURES:
+        raise SpecError(f"rank_by must be one of {', '.join(RANK_MEASURES)}; got {rank_by!r}")
+    bad = [u for u in units if u not in UNITS]
+    if bad or not units:
+        raise SpecError(f"units must be among {', '.join(UNITS)}; got {list(units)}")
+    run = Path(run_dir)
+    manifest = read_manifest(run)
+    parts = committed_parts(run)
+    if not parts and manifest.status != "complete":
+        raise RunDirError(f"{run} has no committed parts yet; run bertattn extract first")
+    continuation = word_continuation(manifest)
+    if continuation is None:
+        units = [u for u in units if u != "word"]  # its pieces carry no continuation marks to join
+    out_dir = run / AGGREGATES_DIR
+    remove_stale(out_dir, "_work-*")  # left by an aggregate that was killed
+    work = out_dir / f"_work-{time.time_ns()}"
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError(f"cannot write the aggregates into {out_dir}: {e.strerror or e}") from None
+    try:
+        sizes = class_sizes([p for _, _, p in parts])
+        if parts:
+            table = combine(_summed(parts, units, continuation, work), sizes, min_reviews, rank_by)
+        else:  # a complete run over inputs without rows: an empty table, so what reads it still works
+            table = pl.LazyFrame(schema=pl.from_arrow(schema.arrow(TABLE).empty_table()).schema)
+        options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units)}
+        meta = {
+            "table": TABLE,
+            "schema_version": str(schema.version(TABLE)),
+            "options": json.dumps(options),
+            "parts": json.dumps([name for name, _, _ in parts]),
+            "run_job_sha256": manifest.job_sha256,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        # the result is bounded by the vocabulary (x heads x groups), so it is collected and cast
+        # to the schema with pyarrow, which keeps the columns' descriptions in the file
+        table = table.collect(engine="streaming")
+        arrow = schema.cast(table.to_arrow(), TABLE)
+        arrow = arrow.replace_schema_metadata(meta)  # meta repeats the schema's table and version
+        final = aggregates_path(run)
+        with atomic_path(final) as tmp:  # readers see the old table or the new one
+            pq.write_table(arrow, tmp, compression="zstd")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    present = set(sizes["split"].to_list())
+    splits = [s for s in SPLITS if s in present]
+    return Aggregates(
+        final, table, options, [n for n, _, _ in parts], seconds=time.perf_counter() - t0, splits=splits
+    )
+
+
+def _summed(
+    parts: list[tuple[str, Path, Path]], units: Sequence[str], continuation: str | None, work: Path
+) -> pl.LazyFrame:
+    """Per-token sums over all parts: each part reduced on its own, then the partial sums combined."""
+    partials = []
+    for name, attn, preds in parts:
+        slices = -(-pq.ParquetFile(attn).metadata.num_rows // MAX_ROWS_PER_PASS)
+        for k in range(max(slices, 1)):
+            rows = review_rows(attn, preds)
+            if slices > 1:  # reviews never straddle slices: the sums stay additive
+                rows = rows.filter(pl.col("doc_id").hash(seed=0) % slices == k)
+            for unit in units:
+                frame = part_sums(rows if unit == "token" else word_rows(rows, continuation), unit)
+                path = work / f"{unit}-{k}-{name}"
+                frame.sink_parquet(path, engine="streaming")
+                partials.append(path)
+    base_path = work / "base.parquet"
+    (
+        pl.scan_parquet(partials, glob=False)
+        .group_by(["unit", "layer", "head", "token", *_CLASSES])
+        .agg([pl.col(c).sum() for c in _SUMS])
+        .sink_parquet(base_path, engine="streaming")
+    )
+    return pl.scan_parquet(base_path, glob=False)
+
+
+def word_continuation(manifest: Manifest) -> str | None:
+    """The run's word-continuation mark, as its tokenizer had it; for runs from before it was recorded,
+    guessed from the model type."""
+    model = manifest.model
+    if "word_continuation" in model:
+        return model["word_continuation"] or None
+    return None if model.get("model_type", "bert") in NON_WORDPIECE_MODELS else CONTINUATION
+
+
+def read_aggregates(run_dir: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """The written table and its metadata (options, parts); raise when there is none."""
+    meta = aggregates_meta(run_dir)
+    return pl.read_parquet(aggregates_path(run_dir), glob=False), meta
+
+
+def aggregates_meta(run_dir: str | Path) -> dict[str, Any]:
+    """The written table's metadata (options, parts) alone, from its footer; raise when there is none."""
+    path = aggregates_path(run_dir)
+    if not path.is_file():
+        raise RunDirError(f"{path} does not exist; run bertattn aggregate {run_dir}")
+    raw = pq.read_schema(path).metadata or {}
+    meta = {k.decode(): v.decode() for k, v in raw.items() if not k.startswith(b"ARROW")}
+    for key in ("options", "parts"):
+        if key in meta:
+            meta[key] = json.loads(meta[key])
+    return meta
+
+
+def is_current(run_dir: str | Path, min_reviews: int | None = None) -> bool:
+    """True when the written aggregates cover exactly the run's committed parts (and were computed with
+    ``min_reviews``, where given)."""
+    path = aggregates_path(run_dir)
+    if not path.is_file():
+        return False
+    meta = aggregates_meta(run_dir)
+    if min_reviews is not None and meta.get("options", {}).get("min_reviews") != min_reviews:
+        return False
+    return meta.get("parts") == [name for name, _, _ in committed_parts(run_dir)]

@@ -1,0 +1,93 @@
+"""The printed table of ``bertattn aggregate``: each head's top tokens, a line a head."""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Sequence
+
+import polars as pl
+
+from ..errors import SpecError
+from .aggregate import SPLITS, UNITS
+
+
+def top_tokens(
+    table: pl.DataFrame,
+    k: int = 5,
+    unit: str = "token",
+    split: str = "all",
+    layers: Sequence[int] | None = None,
+) -> pl.DataFrame:
+    """The k best-ranked rows per (layer, head, class_label) of one unit and split."""
+    out = table.filter((pl.col("unit") == unit) & (pl.col("split") == split) & (pl.col("rank") <= k))
+    if layers is not None:
+        out = out.filter(pl.col("layer").is_in(list(layers)))
+    return out.sort(["layer", "class_label", "head", "rank"], nulls_last=False)
+
+
+def check_top_options(k: int, unit: str, split: str) -> None:
+    """What format_top can print; checked by the CLI before the aggregate is computed."""
+    if unit not in UNITS or split not in SPLITS or k < 1:
+        raise SpecError(
+            f"--unit must be one of {', '.join(UNITS)}, --by one of {', '.join(SPLITS)} and --top-k at "
+            f"least 1; got {unit!r}, {split!r}, {k}"
+        )
+
+
+def format_top(
+    table: pl.DataFrame,
+    k: int = 5,
+    unit: str = "token",
+    split: str = "all",
+    layers: Sequence[int] | None = None,
+    measure: str = "mean_scaled",
+    units: Sequence[str] | None = None,
+    splits: Sequence[str] | None = None,
+) -> str:
+    """A compact text table: one line per head, its top k tokens with their measure.
+
+    ``units`` and ``splits`` (from :class:`Aggregates`) say what the run holds; without them it is
+    guessed from the table, which cannot tell a split or unit the run lacks from one that
+    ``--min-reviews`` emptied.
+    """
+    check_top_options(k, unit, split)
+    has_unit = unit in units if units is not None else not table.filter(pl.col("unit") == unit).is_empty()
+    if unit == "word" and not has_unit:
+        return "this run's model has no word units (its tokens carry no '##' marks to join); use --unit token"
+    top = top_tokens(table, k, unit, split, layers)
+    if top.is_empty():
+        if splits is not None and not splits:
+            return "no review of this run was scored (see the statuses in its predictions); nothing to print"
+        has_split = (
+            split in splits if splits is not None else not table.filter(pl.col("split") == split).is_empty()
+        )
+        if split == "label" and not has_split:
+            return "this run has no input labels (extract with --label-col) to split by"
+        return f"no {unit}s pass the filter for split {split!r}; lower --min-reviews"
+    blocks = []
+    for (layer, cls), group in top.group_by(["layer", "class_label"], maintain_order=True):
+        n = group["class_reviews"][0]
+        who = "all reviews" if cls is None else f"{split} = {cls}"
+        lines = [f"layer {layer} · {who} ({n} reviews) · top {k} {unit}s, {measure}"]
+        cells: dict[int, list[str]] = {}
+        for row in group.iter_rows(named=True):
+            cells.setdefault(row["head"], []).append(f"{row['token']} {_fmt(row[measure])}")
+        width = max(_width(c) for cs in cells.values() for c in cs)
+        lines.append("head  " + "  ".join(_pad(f"#{i}", width) for i in range(1, k + 1)).rstrip())
+        for head in sorted(cells):
+            lines.append(f"{head:>4}  " + "  ".join(_pad(c, width) for c in cells[head]).rstrip())
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _width(text: str) -> int:
+    """Terminal columns: CJK characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _pad(text: str, width: int) -> str:
+    return text + " " * max(0, width - _width(text))

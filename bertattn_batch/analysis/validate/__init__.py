@@ -1,0 +1,74 @@
+"""Check a run directory against ``schemas/`` and its own manifest, and report every problem found.
+
+Usage::
+
+    bertattn validate runs/r1              # one line per check; exit status 1 on any problem
+    bertattn validate runs/r1 --no-source  # do not re-read the inputs for the span check
+
+    from bertattn_batch import validate_run
+    report = validate_run("runs/r1")
+    report.ok, report.problems, report.checks
+    print(report.render())
+
+Why: a run is read by other tools long after it was written. This says whether its files are the ones
+the manifest committed, and whether the numbers in them keep the promises extraction makes: every input
+row has one predictions row, each head's [CLS] row sums to 1, the scaled weights are that head's
+min-max of the raw ones, every scored review has exactly its content tokens 1 .. n-2.
+
+Memory stays bounded: predictions-level checks are polars lazy queries over all parts (one row per
+review); per-(review, layer, head) checks run part by part (a part holds one window of reviews); the
+span check streams the source alongside the parts, holding one part's reviews at a time.
+
+Files the manifest does not list (``part-*.parquet`` files, ``_*``/``.*`` temporaries in a table folder,
+``*.tmp`` beside the manifest) are a warning while the run is not complete (an uncommitted part, which
+the next resume removes; a distributed run publishes a part's files just before the driver lists it)
+and a problem once the manifest says complete (a finished run has listed and renamed every part).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...run import load_json
+from .attention import check_attention
+from .layout import RunView, check_counts, check_files, check_manifest, check_schemas
+from .predictions import check_predictions
+from .report import CHECKS, Check, Problem, Recorder, ValidationReport
+from .spans import check_source_spans
+
+
+def validate_run(run_dir: str | Path, check_source: bool = True) -> ValidationReport:
+    """Run every check on ``run_dir``; raise RunDirError only when it is not a readable run directory."""
+    path = Path(run_dir)
+    manifest = load_json(path)
+    rec = Recorder()
+    run = check_manifest(rec, path, manifest)
+    check_files(rec, run)
+    check_schemas(rec, run)
+    check_counts(rec, run)
+    statuses = check_predictions(rec, run)
+    check_attention(rec, run)
+    if check_source:
+        check_source_spans(rec, run)
+    else:
+        rec.skip("spans", "--no-source: end <= text length not checked")
+    return ValidationReport(
+        run_dir=str(path),
+        checks=list(rec.checks.values()),
+        problems=rec.problems,
+        warnings=rec.warnings,
+        header=_header(run, statuses),
+    )
+
+
+def _header(run: RunView, statuses: dict[str, int]) -> str:
+    n = sum(statuses.values())
+    others = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()) if k != "ok")
+    return (
+        f"{run.path}: status {run.status}, {len(run.parts)} parts, {n} reviews "
+        f"({statuses.get('ok', 0)} scored{', ' + others if others else ''}), layers {run.layers}, "
+        f"{run.num_heads} heads, {run.dtype}"
+    )
+
+
+__all__ = ["CHECKS", "Check", "Problem", "ValidationReport", "validate_run"]

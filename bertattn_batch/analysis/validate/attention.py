@@ -1,0 +1,239 @@
+"""The attention checks, part by part (a part holds one window of reviews): layers and heads, positions,
+tokens, each head's mass and its min-max scaling."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ... import schema
+from .layout import Part, RunView
+from .predictions import Rule, apply_rules, fmt, r
+from .report import KEPT, Recorder
+
+#: |content + [CLS] + [SEP] - 1| allowed, by the run's dtype. Eager attention in bf16/fp16 is a softmax
+#: rounded to half precision (measured: up to 1e-3 off on 250-token reviews); the SDPA capture computes
+#: the row in float32 whatever the model's dtype (measured: 1.3e-7), so it gets float32's tolerance.
+MASS_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
+
+
+MASS_TOLERANCE_DEFAULT = 2e-2
+
+
+#: |weight_scaled - (w - min)/(max - min)| allowed (both computed from the stored float32 weights).
+SCALED_TOLERANCE = 1e-4
+
+
+#: |weight_min/max - min/max of the stored weights| allowed (the same float32 numbers when intact).
+MINMAX_TOLERANCE = 1e-6
+
+
+_KEYS = ["doc_id", "layer", "head"]
+
+
+def _mass_tolerance(run: RunView) -> float:
+    if run.attention == "sdpa":  # the capture's softmax is float32 in every dtype
+        return MASS_TOLERANCE["float32"]
+    return MASS_TOLERANCE.get(run.dtype, MASS_TOLERANCE_DEFAULT)
+
+
+def check_attention(rec: Recorder, run: RunView) -> None:
+    checks = ("layers_heads", "positions", "tokens", "attention_mass", "scaling")
+    if run.layers is None or run.num_heads is None:
+        for c in checks:
+            rec.skip(c, "the manifest lacks model.layers or model.num_heads")
+        return
+    parts = [p for p in run.parts if p.readable >= set(schema.TABLES)]
+    skipped = len(run.parts) - len(parts)
+    heads = 0
+    spellings = []  # each part's distinct (token_id, token) pairs
+    for part in parts:
+        n, spelling = _check_part_attention(rec, run, part)
+        heads += n
+        spellings.append(spelling)
+    if spellings:
+        pairs = pl.concat(spellings).unique()
+        rec.note("tokens", f"{pairs.height} distinct tokens")
+        clashes = (
+            pairs.group_by("token_id")
+            .agg(pl.col("token").sort())
+            .filter(pl.col("token").list.len() > 1)
+            .sort("token_id")
+        )
+        rec.fail_many(
+            "tokens",
+            clashes.height,
+            (
+                f"token id {i} is written as {', '.join(map(repr, t))}"
+                for i, t in clashes.head(KEPT).iter_rows()
+            ),
+        )
+    tol = _mass_tolerance(run)
+    rec.note("layers_heads", f"layers {run.layers} x {run.num_heads} heads")
+    rec.note("positions", f"{heads} (review, layer, head) rows")
+    rec.note("attention_mass", f"tolerance {tol:g} ({run.dtype}, {run.attention})")
+    rec.note("scaling", f"tolerance {SCALED_TOLERANCE:g}")
+    if skipped:
+        for c in (*checks, "spans"):
+            rec.note(c, f"{skipped} parts with a missing or bad file not checked")
+
+
+def _check_part_attention(rec: Recorder, run: RunView, part: Part) -> tuple[int, pl.DataFrame]:
+    """Per-(review, layer, head) checks of one part; returns how many head_summary rows it checked and
+    its distinct (token_id, token) pairs, which the run's parts must agree on."""
+    assert run.layers is not None and run.num_heads is not None
+    rel_attn, rel_sum = part.rel["cls_attention"], part.rel["head_summary"]
+    pred = pl.read_parquet(
+        run.file(part, "predictions"), columns=["doc_id", "status", "n_tokens"], glob=False
+    )
+    scored = pred.filter(pl.col("status") == "ok").select("doc_id", "n_tokens").unique("doc_id")
+    summary = pl.read_parquet(run.file(part, "head_summary"), glob=False)  # reviews x layers x heads rows
+    attn = pl.scan_parquet(run.file(part, "cls_attention"), glob=False)
+    layer_ok = pl.col("layer").is_in(run.layers) & pl.col("head").is_between(0, run.num_heads - 1)
+    key = fmt("doc '{}' layer {} head {}", "doc_id", "layer", "head")
+
+    def report(check: str, rows: pl.DataFrame, message: pl.Expr) -> None:
+        rec.fail_many(check, rows.height, rows.head(KEPT).select(message).to_series().to_list())
+
+    # layers and heads: every scored review has the whole grid, once, in both tables; nothing else does
+    grid = scored.select("doc_id").join(
+        pl.DataFrame(
+            {
+                "layer": [la for la in run.layers for _ in range(run.num_heads)],
+                "head": list(range(run.num_heads)) * len(run.layers),
+            },
+            schema={"layer": pl.Int16, "head": pl.Int16},
+        ),
+        how="cross",
+    )
+    groups = (
+        attn.group_by(_KEYS)
+        .agg(
+            n=pl.len(),
+            wsum=pl.col("weight").cast(pl.Float64).sum(),
+            wmin=pl.col("weight").min(),
+            wmax=pl.col("weight").max(),
+            pmin=pl.col("position").min(),
+            pmax=pl.col("position").max(),
+            distinct=pl.col("position").n_unique(),
+        )
+        .collect(engine="streaming")
+    )
+    dup = summary.group_by(_KEYS).agg(n=pl.len()).filter(pl.col("n") > 1)
+    report("layers_heads", dup, fmt("{} {}: {} head_summary rows", pl.lit(rel_sum), key, "n"))
+    summary = summary.unique(_KEYS, keep="first", maintain_order=True)
+    for rel, table in ((rel_sum, summary), (rel_attn, groups)):
+        where = fmt("{} {}", pl.lit(rel), key)
+        wanted = f"layers {run.layers} x heads 0..{run.num_heads - 1}"
+        report("layers_heads", table.filter(~layer_ok), fmt("{}: not among {}", where, pl.lit(wanted)))
+        stray = (
+            table.filter(layer_ok).join(scored, on="doc_id", how="anti").unique("doc_id", maintain_order=True)
+        )
+        report(
+            "layers_heads",
+            stray,
+            fmt("{} doc '{}': not a scored review of this part", pl.lit(rel), "doc_id"),
+        )
+        report("layers_heads", grid.join(table, on=_KEYS, how="anti"), fmt("{}: missing", where))
+
+    # per position: the same token in every layer and head
+    same = ("token_id", "token", "start", "end")
+    positions = (  # one row per (review, position): also where the part's (token_id, token) pairs come from
+        attn.group_by("doc_id", "position")
+        .agg(
+            pl.col("token_id").first().alias("id"),
+            pl.col("token").first().alias("text"),
+            *(pl.col(c).n_unique() for c in same),
+        )
+        .collect(engine="streaming")
+    )
+    report(
+        "tokens",
+        positions.filter(pl.any_horizontal(pl.col(c) > 1 for c in same)).sort("doc_id", "position"),
+        fmt(
+            "{} doc '{}' position {}: {} token ids, {} tokens, {} starts, {} ends over its layers and heads",
+            *(pl.lit(rel_attn), "doc_id", "position", *same),
+        ),
+    )
+
+    # per head: positions, mass, min/max
+    tol = _mass_tolerance(run)
+    heads = groups.join(summary, on=_KEYS, how="inner").join(scored, on="doc_id", how="inner")
+    mass = pl.col("wsum") + pl.col("weight_cls").cast(pl.Float64) + pl.col("weight_sep").cast(pl.Float64)
+    content = pl.col("n_tokens") - 2
+    at = fmt("{} {}", pl.lit(rel_attn), key)
+    head_rules: list[Rule] = [
+        (
+            "positions",
+            ~((pl.col("n") == pl.col("n_content")) & (pl.col("n_content") == content)),
+            fmt("{}: {} rows, n_content {}, n_tokens - 2 = {}", at, "n", "n_content", content),
+        ),
+        (
+            "positions",
+            ~((pl.col("pmin") == 1) & (pl.col("pmax") == content) & (pl.col("distinct") == pl.col("n"))),
+            fmt(
+                "{}: positions {}..{} ({} distinct in {} rows), expected 1..{} once each",
+                *(at, "pmin", "pmax", "distinct", "n", content),
+            ),
+        ),
+        (
+            "attention_mass",
+            ~((mass - 1).abs() <= tol),
+            fmt(
+                "{}: content {} + [CLS] {} + [SEP] {} = {}, not 1 within {}",
+                *(at, r("wsum"), r("weight_cls"), r("weight_sep"), mass.round(6), pl.lit(tol)),
+            ),
+        ),
+        (
+            "attention_mass",
+            ~(pl.col("weight_cls").is_between(0, 1) & pl.col("weight_sep").is_between(0, 1)),
+            fmt("{}: weight_cls {} or weight_sep {} outside [0, 1]", at, r("weight_cls"), r("weight_sep")),
+        ),
+        (
+            "scaling",
+            ~(
+                ((pl.col("weight_min") - pl.col("wmin")).abs() <= MINMAX_TOLERANCE)
+                & ((pl.col("weight_max") - pl.col("wmax")).abs() <= MINMAX_TOLERANCE)
+            ),
+            fmt(
+                "{}: weight_min/max {}/{}, but the weights' min/max are {}/{}",
+                *(at, r("weight_min"), r("weight_max"), r("wmin"), r("wmax")),
+            ),
+        ),
+    ]
+    apply_rules(rec, heads.lazy(), head_rules)
+
+    # per row: raw weights, scaled weights, spans
+    lo, hi = pl.col("weight_min").cast(pl.Float64), pl.col("weight_max").cast(pl.Float64)
+    expected = pl.when(hi > lo).then((pl.col("weight").cast(pl.Float64) - lo) / (hi - lo)).otherwise(0.0)
+    rows = attn.join(summary.lazy().select(*_KEYS, "weight_min", "weight_max"), on=_KEYS, how="left")
+    at = fmt("{} {} position {}", pl.lit(rel_attn), key, "position")
+    scaled = pl.col("weight_scaled")
+    row_rules: list[Rule] = [
+        (
+            "attention_mass",
+            ~pl.col("weight").is_between(0, 1),
+            fmt("{}: weight {} outside [0, 1]", at, "weight"),
+        ),
+        (
+            "scaling",
+            ~scaled.is_between(0, 1),
+            fmt("{}: weight_scaled {} outside [0, 1]", at, "weight_scaled"),
+        ),
+        (
+            "scaling",
+            scaled.is_between(0, 1) & ~((scaled.cast(pl.Float64) - expected).abs() <= SCALED_TOLERANCE),
+            fmt(
+                "{}: weight_scaled {}, but (w - min)/(max - min) = {}",
+                at,
+                r("weight_scaled"),
+                expected.round(6),
+            ),
+        ),
+        (
+            "spans",
+            ~((pl.col("start") >= 0) & (pl.col("start") <= pl.col("end"))),
+            fmt("{}: span {}..{} is not 0 <= start <= end", at, "start", "end"),
+        ),
+    ]
+    apply_rules(rec, rows, row_rules)
+    return summary.height, positions.select(token_id="id", token="text").unique()

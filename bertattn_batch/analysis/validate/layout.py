@@ -1,0 +1,239 @@
+"""The first checks of a run: its manifest, the files it lists, their schemas and row counts.
+
+They also build :class:`RunView`, what the later checks know of the run: its parts, and which of
+their files exist and match their schema.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from ... import schema
+from ...errors import first_line
+from ...run import FORMAT, parse_parts, tmp_name
+from .report import Recorder
+
+
+@dataclass
+class Part:
+    """A manifest part entry, with what the files check learned about its files."""
+
+    name: str
+    start_row: int
+    end_row: int
+    generation: int
+    rel: dict[str, str]
+    rows: dict[str, int]
+    readable: set[str] = field(default_factory=set)  # tables whose file exists and matches its schema
+    file_rows: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class RunView:
+    path: Path
+    manifest: dict[str, Any]
+    status: str
+    layers: list[int] | None
+    num_heads: int | None
+    id2label: dict[str, str] | None
+    dtype: str
+    attention: str
+    max_length: int | None
+    parts: list[Part]
+
+    def file(self, part: Part, table: str) -> Path:
+        return self.path / part.rel[table]
+
+
+def check_manifest(rec: Recorder, path: Path, m: dict[str, Any]) -> RunView:
+    if m.get("format") != FORMAT:
+        rec.fail("manifest", f"format is {m.get('format')!r}, expected {FORMAT!r}")
+    if m.get("schema_versions") != schema.versions():
+        rec.fail(
+            "manifest",
+            f"schema versions {m.get('schema_versions')} differ from this version's {schema.versions()}",
+        )
+    status = str(m.get("status"))
+    if status in ("running", "interrupted"):
+        rec.warn("manifest", f"status {status!r}: committed parts are checked, totals are not final")
+    elif status != "complete":
+        rec.fail("manifest", f"unknown status {status!r}")
+    model = m.get("model") if isinstance(m.get("model"), dict) else {}
+    layers = model.get("layers")
+    if not (isinstance(layers, list) and layers and all(isinstance(x, int) for x in layers)):
+        rec.fail("manifest", f"model.layers is {layers!r}, expected a list of layer indices")
+        layers = None
+    heads = model.get("num_heads")
+    if not (isinstance(heads, int) and heads > 0):
+        rec.fail("manifest", f"model.num_heads is {heads!r}, expected a positive integer")
+        heads = None
+    id2label = model.get("id2label")
+    if not (isinstance(id2label, dict) and id2label):
+        rec.fail("manifest", f"model.id2label is {id2label!r}, expected a mapping")
+        id2label = None
+    max_length = model.get("max_length") if isinstance(model.get("max_length"), int) else None
+    parts = _parse_parts(rec, m.get("parts"))
+    if status == "complete":
+        rec.note("manifest", f"status complete, {len(parts)} parts")
+    return RunView(
+        path=path,
+        manifest=m,
+        status=status,
+        layers=layers,
+        num_heads=heads,
+        id2label={str(k): str(v) for k, v in id2label.items()} if id2label else None,
+        dtype=str(model.get("dtype", "unknown")),
+        attention=str(model.get("attention", "unknown")),
+        max_length=max_length,
+        parts=parts,
+    )
+
+
+def _parse_parts(rec: Recorder, entries: Any) -> list[Part]:
+    parsed, problems = parse_parts(entries)
+    for problem in problems:
+        rec.fail("manifest", problem)
+    parts: list[Part] = []
+    seen: set[str] = set()
+    for e in parsed:
+        part = Part(e.name, e.start_row, e.end_row, e.generation, dict(e.files), dict(e.rows))
+        if part.name in seen:
+            rec.fail("manifest", f"part {part.name} is listed twice")
+            continue
+        if part.end_row < part.start_row:
+            rec.fail("manifest", f"part {part.name}: end_row {part.end_row} < start_row {part.start_row}")
+        seen.add(part.name)
+        parts.append(part)
+    return parts
+
+
+def check_files(rec: Recorder, run: RunView) -> None:
+    complete = run.status == "complete"
+
+    def uncommitted(rel: str, what: str) -> None:
+        if complete:
+            rec.fail("files", f"{rel}: {what} in a run marked complete")
+        else:
+            rec.warn("files", f"{rel}: {what} (an uncommitted part; the next resume removes it)")
+
+    listed: dict[str, set[str]] = {t: set() for t in schema.TABLES}
+    n_files = 0
+    for part in run.parts:
+        for table in schema.TABLES:
+            rel = part.rel[table]
+            want = f"{table}/{part.name}"
+            if rel != want:
+                rec.fail("files", f"part {part.name}: {table} file is {rel!r}, expected {want!r}")
+                continue
+            listed[table].add(part.name)
+            n_files += 1
+            if run.file(part, table).is_file():
+                continue
+            if (run.path / table / tmp_name(part.name)).is_file():  # killed between commit and rename
+                listed[table].add(tmp_name(part.name))
+                rec.warn("files", f"{rel}: committed, still under its temporary name; a rerun renames it")
+            else:
+                rec.fail("files", f"{rel}: listed in the manifest but missing")
+    for table in schema.TABLES:
+        folder = run.path / table
+        if not folder.is_dir():
+            rec.fail("files", f"{table}/: folder missing")
+            continue
+        for f in sorted(folder.iterdir()):
+            rel = f"{table}/{f.name}"
+            if f.name in listed[table]:
+                continue
+            if f.name.startswith(("_", ".")):
+                uncommitted(rel, "leftover temporary file")
+            elif fnmatch.fnmatch(f.name, "part-*.parquet"):
+                uncommitted(rel, "not listed in the manifest (readers that glob part-*.parquet read it)")
+            else:
+                rec.warn("files", f"{rel}: unexpected file")
+    for f in sorted(run.path.iterdir()):
+        if f.is_file() and f.name.endswith(".tmp"):
+            uncommitted(f.name, "leftover temporary file")
+    rec.note("files", f"{n_files} files listed in {len(run.parts)} parts")
+
+
+def check_schemas(rec: Recorder, run: RunView) -> None:
+    checked = 0
+    for part in run.parts:
+        for table in schema.TABLES:
+            path = run.file(part, table)
+            if part.rel[table] != f"{table}/{part.name}" or not path.is_file():
+                continue
+            try:
+                pf = pq.ParquetFile(path)
+            except Exception as e:  # any reader error means the file is not usable Parquet
+                rec.fail("schema", f"{part.rel[table]}: not readable as Parquet ({first_line(e)})")
+                continue
+            try:  # every value once: a page that no longer decodes hides behind a sound footer
+                for _ in pf.iter_batches(batch_size=1 << 16):
+                    pass
+            except Exception as e:
+                rec.fail("schema", f"{part.rel[table]}: its data cannot be decoded ({first_line(e)})")
+                continue
+            checked += 1
+            part.file_rows[table] = pf.metadata.num_rows
+            diffs = schema.check(pf.schema_arrow, table)
+            for d in diffs:
+                rec.fail("schema", f"{part.rel[table]}: {d}")
+            nulls = _null_counts(pf, table)
+            for col, n in nulls.items():
+                rec.fail("schema", f"{part.rel[table]}: column {col!r} holds {n} nulls where none may be")
+            if not diffs and not nulls:
+                part.readable.add(table)
+    rec.note("schema", f"{checked} files read")
+
+
+def _null_counts(pf: pq.ParquetFile, table: str) -> dict[str, int]:
+    """Nulls in non-nullable columns, from the row groups' statistics (counted from data if absent)."""
+    wanted = [f.name for f in schema.arrow(table) if not f.nullable and f.name in pf.schema_arrow.names]
+    md = pf.metadata
+    index = {md.schema.column(i).path: i for i in range(md.num_columns)}
+    out: dict[str, int] = {}
+    for name in wanted:
+        total = 0
+        for rg in range(md.num_row_groups):
+            i = index.get(name)
+            stats = md.row_group(rg).column(i).statistics if i is not None else None
+            if stats is None or not stats.has_null_count:
+                total = pf.read(columns=[name]).column(name).null_count
+                break
+            total += stats.null_count
+        if total:
+            out[name] = total
+    return out
+
+
+def check_counts(rec: Recorder, run: RunView) -> None:
+    actual: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
+    complete_tables = set(schema.TABLES)
+    for part in run.parts:
+        for table in schema.TABLES:
+            n = part.file_rows.get(table)
+            if n is None:
+                complete_tables.discard(table)
+                continue
+            actual[table] += n
+            if n != part.rows[table]:
+                rec.fail("counts", f"{part.rel[table]}: {n} rows, the manifest says {part.rows[table]}")
+    if run.status != "complete":
+        rec.note("counts", "totals not checked: the run is not complete")
+        return
+    counts = run.manifest.get("counts")
+    if not isinstance(counts, dict):
+        rec.fail("counts", "the manifest of a complete run has no counts")
+        return
+    for table in schema.TABLES:
+        listed = sum(p.rows[table] for p in run.parts)
+        if counts.get(table) != listed:
+            rec.fail("counts", f"counts.{table} is {counts.get(table)}, its parts list {listed} rows")
+        elif table in complete_tables and counts.get(table) != actual[table]:
+            rec.fail("counts", f"counts.{table} is {counts.get(table)}, its files hold {actual[table]} rows")
+    rec.note("counts", ", ".join(f"{t} {actual[t]}" for t in schema.TABLES) + " rows")

@@ -1,0 +1,95 @@
+"""The span check: every token's character span lies within its review's text, read again from the inputs."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ...errors import BertAttnError
+from ...inputs import read_rows
+from ...run import Manifest
+from .layout import Part, RunView
+from .report import KEPT, Recorder
+
+
+def _span_ends(run: RunView, part: Part) -> dict[int, tuple[str, int]]:
+    """row_index -> (doc_id, largest span end) for the scored reviews of one part."""
+    ends = (
+        pl.scan_parquet(run.file(part, "cls_attention"), glob=False)
+        .group_by("doc_id")
+        .agg(end=pl.col("end").max())
+        .join(
+            pl.scan_parquet(run.file(part, "predictions"), glob=False)
+            .filter(pl.col("status") == "ok")
+            .select("doc_id", "row_index"),
+            on="doc_id",
+            how="inner",
+        )
+        .collect(engine="streaming")
+    )
+    return {r: (d, e) for d, e, r in ends.select("doc_id", "end", "row_index").iter_rows()}
+
+
+def check_source_spans(rec: Recorder, run: RunView) -> None:
+    """Stream the inputs once, beside the parts in row order, and compare span ends to text lengths."""
+    try:
+        manifest = Manifest.from_dict({**run.manifest, "parts": []})
+    except BertAttnError as e:  # the manifest check names what is wrong with it
+        rec.skip("spans", f"the manifest cannot say which inputs were read ({e})")
+        return
+    spec, inputs = manifest.spec, manifest.inputs
+    if not inputs:
+        rec.skip("spans", "the manifest names no inputs: end <= text length not checked")
+        return
+    pending = sorted(
+        (p for p in run.parts if p.readable >= {"predictions", "cls_attention"}),
+        key=lambda p: (p.start_row, p.generation),
+    )
+    active: list[tuple[Part, dict[int, tuple[str, int]]]] = []
+    checked = changed = 0
+    try:
+        for block in read_rows(
+            inputs,
+            text_col=spec.get("text_col") or "text",
+            id_col=spec.get("id_col"),
+            label_col=None,
+            input_format=spec.get("input_format") or "auto",  # no limit: a resume may have raised it
+        ):
+            if not pending and not active:
+                break  # every part is checked: the rest of the inputs holds no reviews of the run
+            hi = block.row_index[-1] + 1
+            while pending and pending[0].start_row < hi:
+                part = pending.pop(0)
+                active.append((part, _span_ends(run, part)))
+            for j, row in enumerate(block.row_index):
+                for part, ends in active:
+                    hit = ends.pop(row, None)
+                    if hit is None:
+                        continue
+                    doc_id, end = hit
+                    text = block.text[j]
+                    if block.doc_id[j] != doc_id or text is None:
+                        changed += 1
+                        if changed <= KEPT:
+                            rec.warn(
+                                "spans", f"input row {row} is now {block.doc_id[j]!r}, the run has {doc_id!r}"
+                            )
+                        continue
+                    checked += 1
+                    if end > len(text):
+                        rec.fail(
+                            "spans",
+                            f"{part.rel['cls_attention']} doc {doc_id!r} (row {row}): a token span ends at "
+                            f"{end}, past the text's length {len(text)}",
+                        )
+            active = [(p, e) for p, e in active if p.end_row > hi or e]
+    except BertAttnError as e:
+        rec.skip("spans", f"inputs not readable here ({e}); end <= text length not checked")
+        if checked:
+            rec.note("spans", f"{checked} reviews checked before that")
+        return
+    left = sum(len(e) for _, e in active) + sum(len(_span_ends(run, p)) for p in pending)
+    if left:
+        rec.warn("spans", f"the inputs end before {left} scored reviews of the run; those were not checked")
+    if changed > KEPT:
+        rec.checks["spans"].warnings += changed - KEPT
+    rec.note("spans", f"{checked} reviews checked against {', '.join(map(str, inputs))}")

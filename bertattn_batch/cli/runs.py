@@ -1,0 +1,131 @@
+"""The commands that read a finished run: ``validate``, ``aggregate``, ``plot`` and ``report``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .app import Debug, app, call, setup
+
+
+@app.command()
+def validate(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (holding manifest.json).")],
+    source: Annotated[
+        bool, typer.Option("--source/--no-source", help="Re-read the inputs to check spans against texts.")
+    ] = True,
+    debug: Debug = False,
+) -> None:
+    """Check a run against schemas/ and its manifest; print one line per check, exit 1 on any problem."""
+    setup(debug)
+    from ..analysis.validate import validate_run
+
+    report = call(lambda: validate_run(run_dir, check_source=source))
+    typer.echo(report.render())
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+RunDir = Annotated[Path, typer.Argument(help="A run directory (holding manifest.json).")]
+
+
+@app.command()
+def aggregate(
+    run_dir: RunDir,
+    min_reviews: Annotated[
+        int, typer.Option(help="Keep tokens seen in at least this many reviews of a group.")
+    ] = 5,
+    rank_by: Annotated[
+        str, typer.Option(help="mean_scaled, mean_weight, top_share, n_top or n_reviews.")
+    ] = "mean_scaled",
+    top_k: Annotated[int, typer.Option(help="Tokens per head in the printed table.")] = 5,
+    unit: Annotated[str, typer.Option(help="Print tokens or words.")] = "token",
+    by: Annotated[str, typer.Option(help="Print for all reviews, by pred_label or by label.")] = "all",
+    debug: Debug = False,
+) -> None:
+    """Token influence by head: write RUN/aggregates/token_influence.parquet and print the top tokens."""
+    setup(debug)
+    from ..analysis.aggregate import aggregate as run_aggregate
+    from ..analysis.top import check_top_options, format_top
+
+    call(lambda: check_top_options(top_k, unit, by))
+    result = call(lambda: run_aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by))
+    units, splits = result.options.get("units"), result.splits
+    typer.echo(
+        format_top(result.table, k=top_k, unit=unit, split=by, measure=rank_by, units=units, splits=splits)
+    )
+    typer.echo(result.line())
+
+
+@app.command()
+def plot(
+    run_dir: Annotated[
+        Path | None, typer.Argument(help="A run directory; omit it to plot --text through --model.")
+    ] = None,
+    out: Annotated[
+        Path, typer.Option(help="Picture to write: .png, or .html (self-contained; .htm too).")
+    ] = Path("review.png"),
+    doc_id: Annotated[str | None, typer.Option(help="Id of the review in the run.")] = None,
+    text: Annotated[
+        str | None, typer.Option(help="A review text (with --model, or the run's review's text).")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Model folder (default for a run: the run's model).")
+    ] = None,
+    layer: Annotated[
+        int | None,
+        typer.Option(help="Layer to show; negative counts from the end (default: the run's first)."),
+    ] = None,
+    pairs: Annotated[
+        bool, typer.Option("--pairs", help="Token x token maps per head (computed with eager attention).")
+    ] = False,
+    device: Annotated[str, typer.Option(help="Device for the model, when one is needed.")] = "cpu",
+    debug: Debug = False,
+) -> None:
+    """Heatmaps of one review: heads x tokens of the scaled [CLS] row, and token x token with --pairs."""
+    setup(debug)
+    from ..render.plot import plot as plot_review
+
+    path = call(
+        lambda: plot_review(
+            out,
+            run_dir=run_dir,
+            doc_id=doc_id,
+            text=text,
+            model=model,
+            layer=layer,
+            pairs=pairs,
+            device=device,
+        )
+    )
+    typer.echo(f"wrote {path}")
+
+
+@app.command()
+def report(
+    run_dir: RunDir,
+    out: Annotated[Path | None, typer.Option(help="HTML file to write (default: RUN/report.html).")] = None,
+    layer: Annotated[int | None, typer.Option(help="Layer to show (default: the run's first).")] = None,
+    examples: Annotated[int, typer.Option(help="Most confident reviews shown per predicted label.")] = 3,
+    top_k: Annotated[int, typer.Option(help="Top tokens per head.")] = 8,
+    min_reviews: Annotated[
+        int | None,
+        typer.Option(
+            help="min-reviews for aggregates computed on the way (default: the run's aggregates' own, "
+            "else 5); they keep their --rank-by."
+        ),
+    ] = None,
+    debug: Debug = False,
+) -> None:
+    """One self-contained HTML page: the run's summary, accuracy, top tokens per head, example heatmaps."""
+    setup(debug)
+    from ..render.report import build_report
+
+    path = call(
+        lambda: build_report(
+            run_dir, out=out, layer=layer, examples=examples, top_k=top_k, min_reviews=min_reviews
+        )
+    )
+    typer.echo(f"wrote {path}")

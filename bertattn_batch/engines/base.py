@@ -1,0 +1,216 @@
+"""``run_job(spec)``: the data path, written once. Engines only schedule its unit of work.
+
+Usage::
+
+    from bertattn_batch import load_job, run_job
+    summary = run_job(load_job("jobs/default.toml"))
+
+The path::
+
+    check inputs ─▶ train the job's model on first run ─▶ the engine starts (loads the model)
+      ─▶ open the run directory ─▶ resume point ─▶ windows of rows (extract/windows.py)
+      ─▶ the engine turns each into a staged part (extract/job.py), handed back in row order
+      ─▶ commit each part ─▶ finalize
+
+The local engine (threads, engines/local.py) and the Ray engine (actors, engines/ray.py) differ only in
+where a window's steps run. Every input row leaves as exactly one predictions row: scored, or with the
+status that says why not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .._util import human_bytes
+from ..config import JobSpec
+from ..extract import Columns, PartStats, StagedPart, WindowRows, iter_windows
+from ..inputs import Source, check_inputs, count_rows, source_files
+from ..run import PartWriter, RunDir, resume_point
+from ..runtime import tune_runtime
+from ..train import ensure_model
+
+
+@dataclass
+class RunSummary:
+    """What a run's pass did; also stored in the manifest (``last_run``)."""
+
+    run_dir: str
+    # what earlier passes committed and this one does not redo: the rows a resume starts after, plus
+    # the distinct ids an incremental pass skips (every input row with one of them is skipped)
+    skipped_committed: int = 0
+    stats: PartStats = field(default_factory=PartStats)
+    bytes_written: int = 0
+    parts_written: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    engine: dict[str, Any] = field(default_factory=dict)  # what the engine says of itself
+
+    def add(self, part: StagedPart) -> None:
+        self.stats.add(part.stats)
+        self.bytes_written += part.entry.bytes
+        self.parts_written += 1
+
+    @property
+    def input_rows(self) -> int:
+        return self.stats.input_rows
+
+    @property
+    def scored(self) -> int:
+        return self.stats.scored
+
+    @property
+    def tokens(self) -> int:
+        return self.stats.tokens
+
+    @property
+    def padded_slots(self) -> int:
+        return self.stats.padded_slots
+
+    @property
+    def status_counts(self) -> dict[str, int]:
+        return dict(self.stats.status_counts)
+
+    @property
+    def padding_share(self) -> float:
+        return self.stats.padding_share
+
+    @property
+    def reviews_per_s(self) -> float:
+        """Reviews scored a second of the job, not counting the training of its model on first run."""
+        wall = self.seconds.get("wall", 0.0) - self.seconds.get("train", 0.0)
+        return self.scored / wall if wall > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "run_dir": self.run_dir,
+            "input_rows": s.input_rows,
+            "skipped_committed": self.skipped_committed,
+            "scored": s.scored,
+            "status_counts": dict(sorted(s.status_counts.items())),
+            "tokens": s.tokens,
+            "padded_slots": s.padded_slots,
+            "truncated": s.truncated,
+            "bytes_written": self.bytes_written,
+            "parts_written": self.parts_written,
+            "seconds": self.seconds,
+            "padding_share": round(self.padding_share, 4),
+            "reviews_per_s": round(self.reviews_per_s, 2),
+            **self.engine,
+        }
+
+    def line(self) -> str:
+        s, t = self.stats, self.seconds
+        skipped = sum(v for k, v in s.status_counts.items() if k != "ok")
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(s.status_counts.items()) if k != "ok")
+        train = f"train {t['train']:.1f}s, " if "train" in t else ""
+        read_encode = t.get("read", 0) + t.get("encode", 0)
+        return (
+            f"{s.input_rows} reviews ({s.scored} scored, {skipped} not scored"
+            f"{': ' + reasons if reasons else ''}), {s.tokens} tokens, "
+            f"padding {self.padding_share:.1%}, {self.reviews_per_s:.1f} reviews/s, "
+            f"{human_bytes(self.bytes_written)} written in {self.parts_written} parts; "
+            f"time: {train}read+encode {read_encode:.1f}s, model {t.get('model', 0):.1f}s, "
+            f"extract {t.get('extract', 0):.1f}s, write {t.get('write', 0):.1f}s, wall {t.get('wall', 0):.1f}s"
+        )
+
+
+class Engine(Protocol):
+    """What ``run_job`` asks of an engine: start (load the model where it runs), describe the model for
+    the run's header, and turn windows into staged parts, handed back in row order."""
+
+    def __enter__(self) -> Engine: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def header(self) -> dict[str, Any]: ...
+
+    def parts(
+        self,
+        windows: Iterator[WindowRows],
+        part_writer: PartWriter,
+        generation: int,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> Iterator[StagedPart]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+def engine_for(spec: JobSpec) -> type[Engine]:
+    if spec.engine == "ray":
+        from .ray import RayEngine
+
+        return RayEngine
+    from .local import LocalEngine
+
+    return LocalEngine
+
+
+def run_job(
+    spec: JobSpec,
+    progress: bool | None = None,
+    part_writer: type[PartWriter] = PartWriter,
+    engine: type[Engine] | None = None,
+) -> RunSummary:
+    """Run one extraction job end to end; returns its summary (also written to the manifest).
+
+    ``part_writer`` and ``engine`` replace the classes that write parts and schedule windows (tests
+    use them to inject faults)."""
+    tune_runtime()
+    show = spec.progress if progress is None else progress
+    t_start = time.perf_counter()
+    # a mistyped path or column fails here, before a model loads or a cluster starts
+    sources = check_inputs(
+        spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format, spec.out
+    )
+    timings: Counter = Counter()
+    if trained := ensure_model(spec, progress=show):
+        timings["train"] = trained
+    summary = RunSummary(run_dir=str(spec.out))
+    incremental = spec.on_existing == "incremental"
+    with (engine or engine_for(spec))(spec) as eng:
+        header = eng.header()
+        on_existing = "resume" if incremental else spec.on_existing
+        with RunDir(spec.out, header, on_existing, part_writer(spec.out)) as run:
+            point = resume_point(run, incremental, spec.id_col is not None, source_files(sources))
+            summary.skipped_committed = point.skipped
+            columns = Columns(spec.text_col, spec.id_col, spec.label_col)
+            windows = iter_windows(sources, columns, spec.window, spec.limit, point, timings)
+            with _progress_bar(spec, show, point.skip_until, sources) as bar:
+                for part in eng.parts(windows, run.part_writer, point.generation, bar.update):
+                    run.commit(part.entry)
+                    summary.add(part)
+                    bar.update(part.stats.input_rows - part.stats.scored)  # the scored ones: per batch
+                    wall = max(bar.format_dict["elapsed"], 1e-9)
+                    bar.set_postfix_str(f"{summary.stats.tokens / wall:,.0f} tok/s")
+            timings.update(summary.stats.seconds)
+            timings.update(getattr(eng, "timings", {}))
+            summary.seconds = {k: round(v, 3) for k, v in timings.items()}
+            summary.seconds["wall"] = round(time.perf_counter() - t_start, 3)
+            summary.engine = eng.describe()
+            run.finalize(summary.as_dict())
+    return summary
+
+
+def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -> Any:
+    from tqdm.auto import tqdm
+
+    total = None
+    if show:
+        try:
+            total = count_rows(sources)
+        except Exception:  # a count is a nicety; the reader reports real problems
+            total = None
+        if total is not None and spec.limit is not None:
+            total = min(total, spec.limit)
+    return tqdm(
+        total=total,
+        initial=done if total else 0,
+        unit="review",
+        disable=not show,
+        dynamic_ncols=True,
+        smoothing=0.1,
+    )

@@ -1,0 +1,132 @@
+"""Ray itself for ``--engine ray``: imported on demand, connected to a cluster or a local runtime.
+
+Usage::
+
+    with ray_runtime(address=None, num_cpus=2) as ray:   # RAY_ADDRESS, or a local runtime on loopback
+        ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import EngineError, first_line
+
+INSTALL_HINT = "pip install 'bertattn-batch[ray]' (or pip install 'ray[data]')"
+#: On Linux, Ray binds a local runtime to the machine's outward address unless this is "0".
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def import_ray(local: bool = True) -> Any:
+    """The ``ray`` module, or an EngineError that says how to install it."""
+    if local:
+        os.environ.setdefault(_LOOPBACK_ENV, "0")  # read when ray is first imported
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise EngineError(f"--engine ray needs Ray, which is not installed: {INSTALL_HINT}") from None
+    return ray
+
+
+@contextlib.contextmanager
+def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: bool = True) -> Iterator[Any]:
+    """Yield ``ray``, connected: to ``address`` (or RAY_ADDRESS), to the runtime this process already
+    has, or to a new local one bound to loopback with no dashboard. A runtime started here stops on exit."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        _check_reachable(address)
+    ray = import_ray(local=address is None)
+    if ray.is_initialized():
+        yield ray
+        return
+    level = logging.ERROR if quiet else logging.INFO
+    handlers = _signal_handlers()
+    try:
+        if address:
+            ray.init(address=address, log_to_driver=not quiet, logging_level=level)
+        else:
+            ray.init(
+                address="local",
+                num_cpus=num_cpus or os.cpu_count() or 1,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                log_to_driver=not quiet,
+                logging_level=level,
+            )
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        if not address:
+            raise EngineError(f"cannot start a local Ray runtime: {first_line(e)}") from None
+        raise EngineError(
+            f"cannot join the Ray cluster at {address}: {first_line(e)}; check the address, and for a "
+            "cluster with token authentication set RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN)"
+        ) from None
+    finally:
+        _restore(handlers)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse a cluster address (``host:port`` or ``ray://host:port``) where nothing listens: ``ray.init``
+    would retry it for minutes without a word. Other forms (``auto``) are left to Ray."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host or "/" in host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as e:
+        raise EngineError(
+            f"cannot join the Ray cluster at {address}: nothing answers there ({e.strerror or e}); check "
+            "the address and that the cluster is up"
+        ) from None
+
+
+def _signal_handlers() -> dict[int, Any]:
+    """This process's SIGTERM and SIGINT handlers: ``ray.init`` replaces SIGTERM's with one that dumps
+    a native stack and aborts (exit 134), where the CLI commits the part in hand and exits 143."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore(handlers: dict[int, Any]) -> None:
+    for sig, handler in handlers.items():
+        if handler is not None:  # even where Python still names it: Ray's is installed below Python's
+            signal.signal(sig, handler)
+
+
+#: How Ray shows a worker's error: a traceback whose last line is "module.Class: message".
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+_DIRECT_CAUSE = "The above exception was the direct cause of the following exception"
+
+
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Interrupt|Exit)\w*): (.*)$")
+
+
+def worker_error(e: BaseException) -> tuple[str, str]:
+    """(qualified class name, message) of the error a Ray worker first raised, read through the
+    wrappers of Ray and Ray Data (which keep the original only as text in the worker's traceback)."""
+    root = e
+    while isinstance(getattr(root, "cause", None), BaseException):  # RayTaskError.cause
+        root = root.cause
+    for text in (str(e), str(root)):
+        text = _ANSI.sub("", text).split(_DIRECT_CAUSE)[0]
+        if "Traceback" in text or "ray::" in text:
+            for line in reversed(text.strip().splitlines()):
+                if m := _ERROR_LINE.match(line.strip()):
+                    return m.group(1), m.group(2)
+    lines = str(root).strip().splitlines()
+    return f"{type(root).__module__}.{type(root).__qualname__}", lines[0] if lines else ""

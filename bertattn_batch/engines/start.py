@@ -1,0 +1,80 @@
+"""What every engine does as it starts: load the job's classifier where the windows will run, and
+describe it (with the job and the library versions) for the run's header."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+from typing import Any
+
+from .. import __version__
+from ..config import JobSpec
+
+
+def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
+    """Manifest fields fixed for the life of a run; ``fingerprint`` decides whether a resume may mix in."""
+    import pyarrow
+    import tokenizers
+    import torch
+    import transformers
+
+    dtype = str(clf.dtype).removeprefix("torch.")
+    fingerprint = {
+        "model_sha256": clf.weights_sha256,
+        "inputs": [os.path.abspath(p) for p in spec.inputs],  # the same files, from any directory
+        "columns": [spec.text_col, spec.id_col, spec.label_col],
+        "input_format": spec.input_format,  # the same file read as another format has other rows
+        "layers": clf.layers,
+        "max_length": clf.max_length,
+        "dtype": dtype,
+        "attention": spec.attention,
+    }
+    fingerprint["job_sha256"] = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
+    return {
+        "spec": spec.to_dict(),
+        "fingerprint": fingerprint,
+        "model": {
+            "source": clf.source,
+            "weights_sha256": clf.weights_sha256,
+            "model_type": clf.model.config.model_type,
+            "word_continuation": clf.word_continuation,
+            "byte_level": clf.byte_level,
+            "num_layers": clf.num_layers,
+            "num_heads": clf.num_heads,
+            "layers": clf.layers,
+            "id2label": {str(k): v for k, v in clf.id2label.items()},
+            "max_length": clf.max_length,
+            "dtype": dtype,
+            "device": str(clf.device),
+            "attention": spec.attention,
+        },
+        "versions": {
+            "bertattn_batch": __version__,
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+            "pyarrow": pyarrow.__version__,
+        },
+    }
+
+
+def load_classifier(spec: JobSpec) -> Any:
+    """The job's classifier, as every engine loads it."""
+    from ..model import Classifier
+
+    return Classifier.load(
+        spec.model,
+        layers=spec.layers,
+        device=spec.device,
+        dtype=spec.dtype,
+        attention=spec.attention,
+        max_length=spec.max_length,
+        trust_remote_code=spec.trust_remote_code,
+        allow_pickle=spec.allow_pickle,
+        trim_last_layer=spec.trim_last_layer,
+    )

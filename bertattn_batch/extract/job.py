@@ -1,0 +1,146 @@
+"""One window's work, from its rows to a staged part: encode, score, extract, stage. Engines schedule it.
+
+Usage::
+
+    job = WindowJob(clf, batch_tokens=16384, max_batch_size=256, part_writer=PartWriter(run_dir))
+    part = job(window_rows)          # StagedPart: the manifest entry to commit, and the window's stats
+
+    window = job.encode(window_rows) # or step by step, each step on a thread of its own (engines/local.py)
+    job.score(window)
+    part = job.stage(window)
+
+The same object serves the local engine's threads and a Ray actor (engines/ray.py): only where its
+steps run differs, so both engines write the same parts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..model import Classifier, Encoder
+from ..run import PartEntry, PartWriter
+from ..runtime import trim_heap
+from .score import ModelStage
+from .tables import Extractor, ScoredRow, vocab_array
+from .windows import WindowRows
+
+
+@dataclass
+class PartStats:
+    """What one window (or, summed, a whole pass) held and cost."""
+
+    input_rows: int = 0
+    scored: int = 0
+    tokens: int = 0
+    padded_slots: int = 0
+    truncated: int = 0
+    status_counts: Counter = field(default_factory=Counter)
+    seconds: Counter = field(default_factory=Counter)  # encode, model, extract, write
+
+    def add(self, other: PartStats) -> None:
+        for name in ("input_rows", "scored", "tokens", "padded_slots", "truncated"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.status_counts.update(other.status_counts)
+        self.seconds.update(other.seconds)
+
+    @property
+    def padding_share(self) -> float:
+        return 1 - self.tokens / self.padded_slots if self.padded_slots else 0.0
+
+
+@dataclass
+class Window:
+    """A window's rows after encoding (then scoring): becomes one part of each table."""
+
+    start_row: int
+    end_row: int
+    rows: list[ScoredRow]
+    stats: PartStats = field(default_factory=PartStats)
+
+
+@dataclass
+class StagedPart:
+    """A window's part, written under temporary names, with its stats: what an engine hands back."""
+
+    entry: PartEntry
+    stats: PartStats
+
+
+class WindowJob:
+    """The steps of one window, with the model loaded once (per process, or per Ray actor)."""
+
+    def __init__(
+        self,
+        clf: Classifier,
+        batch_tokens: int,
+        max_batch_size: int,
+        part_writer: PartWriter,
+        generation: int = 0,
+        encode_threads: int = 1,
+    ) -> None:
+        self.clf = clf
+        self.part_writer = part_writer
+        self.generation = generation
+        self.model = ModelStage(clf, batch_tokens, max_batch_size)
+        self.encoder = Encoder(clf.tokenizer, clf.max_length, encode_threads)
+        self.extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels)
+
+    def __call__(self, rows: WindowRows) -> StagedPart:
+        window = self.encode(rows)
+        self.score(window)
+        return self.stage(window)
+
+    def encode(self, rows: WindowRows) -> Window:
+        """Tokenize the window's readable rows; a review with no content token becomes ``no_tokens``."""
+        t0 = time.perf_counter()
+        batch = rows.rows
+        scored = [
+            ScoredRow(batch.row_index[i], batch.doc_id[i], batch.label[i], batch.status[i])
+            for i in range(len(batch))
+        ]
+        todo = [i for i, r in enumerate(scored) if r.status == "ok"]
+        for i, enc in zip(todo, self.encoder([batch.text[i] for i in todo]), strict=True):
+            scored[i].encoded = enc
+            if enc.n_tokens <= 2:
+                scored[i].status = "no_tokens"
+        window = Window(rows.start_row, rows.end_row, scored)
+        window.stats.seconds["encode"] += time.perf_counter() - t0
+        return window
+
+    def score(self, window: Window, on_batch: Callable[[int], None] | None = None) -> None:
+        """Run the model over the window's scorable rows; count what it held."""
+        t0 = time.perf_counter()
+        real, slots = self.model(window.rows, on_batch)
+        trim_heap()
+        s = window.stats
+        s.seconds["model"] += time.perf_counter() - t0
+        s.input_rows, s.tokens, s.padded_slots = len(window.rows), real, slots
+        for r in window.rows:
+            s.status_counts[r.status] += 1
+            if r.status == "ok":
+                s.scored += 1
+                s.truncated += int(r.encoded.truncated)
+
+    def stage(self, window: Window) -> StagedPart:
+        """Build the window's tables and write them under temporary names."""
+        t0 = time.perf_counter()
+        tables = self.extractor.tables(window.rows)
+        t1 = time.perf_counter()
+        entry = self.part_writer.stage(window.start_row, window.end_row, tables, self.generation)
+        window.stats.seconds["extract"] += t1 - t0
+        window.stats.seconds["write"] += time.perf_counter() - t1
+        trim_heap()
+        return StagedPart(entry, window.stats)
+
+    def close(self) -> None:
+        self.encoder.close()
+
+    def __enter__(self) -> WindowJob:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,190 @@
+"""Per-review slicing of [CLS] rows and per-head scaling, into Arrow tables cast to ``schemas/``.
+
+Usage::
+
+    extractor = Extractor(vocab=clf.tokenizer, layers=clf.layers, num_heads=clf.num_heads)
+    tables = extractor.tables(scored)   # {"predictions": ..., "cls_attention": ..., "head_summary": ...}
+
+Every review is sliced by its own length: content tokens are positions 1 .. n-2 of that review, never
+the padded batch's ``[:, 0, 1:-1]`` (that keeps padding and drops a pad instead of [SEP]).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from .. import schema
+from ..model.encode import Encoded, id_limit
+
+
+@dataclass
+class ScoredRow:
+    """One input row after the model stage; ``probs``/``cls_rows`` are None when not scored."""
+
+    row_index: int
+    doc_id: str
+    label: str | None
+    status: str
+    encoded: Encoded | None = None
+    probs: np.ndarray | None = None  # (C,)
+    cls_rows: np.ndarray | None = None  # (L, H, n): the review's own tokens only
+
+
+def vocab_array(tokenizer) -> pa.Array:
+    """Token text for every id, so token columns are built by index in C++ rather than per row; an id
+    the vocabulary leaves unused is an empty string."""
+    n = id_limit(tokenizer)
+    tokens = tokenizer.convert_ids_to_tokens(list(range(n)))
+    return pa.array([t if t is not None else "" for t in tokens], type=pa.string())
+
+
+#: Token rows built at once (about 10 MB of columns, and temporaries of about as much); a window's
+#: tables are built in chunks of whole reviews of about this size.
+CHUNK_TOKEN_ROWS = 1 << 18
+
+
+class Extractor:
+    """Builds the three tables of a run from scored rows; stateless apart from the vocabulary."""
+
+    def __init__(self, vocab: pa.Array, layers: Sequence[int], num_heads: int, labels: Sequence[str]) -> None:
+        self.vocab = vocab
+        self.layers = np.asarray(layers, dtype=np.int16)
+        self.num_heads = num_heads
+        self.labels = list(labels)
+
+    def tables(self, rows: Sequence[ScoredRow]) -> dict[str, pa.Table]:
+        attention, summary = self.cls_attention(rows)
+        return {"predictions": self.predictions(rows), "cls_attention": attention, "head_summary": summary}
+
+    def predictions(self, rows: Sequence[ScoredRow]) -> pa.Table:
+        pred_id = [int(np.argmax(r.probs)) if r.probs is not None else None for r in rows]
+        table = pa.table(
+            {
+                "doc_id": [r.doc_id for r in rows],
+                "row_index": pa.array([r.row_index for r in rows], pa.int64()),
+                "status": [r.status for r in rows],
+                "label": pa.array([r.label for r in rows], pa.string()),
+                "pred_id": pa.array(pred_id, pa.int32()),
+                "pred_label": pa.array(
+                    [self.labels[p] if p is not None else None for p in pred_id], pa.string()
+                ),
+                "probs": pa.array(
+                    [r.probs.astype(np.float32) if r.probs is not None else None for r in rows],
+                    pa.list_(pa.float32()),
+                ),
+                "n_tokens": pa.array(
+                    [r.encoded.n_tokens if r.probs is not None else 0 for r in rows], pa.int32()
+                ),
+                "truncated": pa.array([bool(r.encoded and r.encoded.truncated) for r in rows], pa.bool_()),
+            }
+        )
+        return schema.cast(table, "predictions")
+
+    def cls_attention(self, rows: Sequence[ScoredRow]) -> tuple[pa.Table, pa.Table]:
+        """(cls_attention, head_summary) for the scored rows among ``rows``.
+
+        Built in chunks of whole reviews of at most ``CHUNK_TOKEN_ROWS`` token rows, so that the index
+        arithmetic's temporaries stay a few MB whatever the window, layers and heads (for a whole window
+        at once they were 2.5 times the table); the tables are the chunks' concatenation.
+        """
+        scored = [r for r in rows if r.cls_rows is not None]
+        per_review = len(self.layers) * self.num_heads
+        chunks, start, size = [], 0, 0
+        for i, r in enumerate(scored):
+            rows_i = per_review * (r.encoded.n_tokens - 2)
+            if size + rows_i > CHUNK_TOKEN_ROWS and i > start:
+                chunks.append(scored[start:i])
+                start, size = i, 0
+            size += rows_i
+        chunks.append(scored[start:])
+        built = [self._cls_chunk(chunk) for chunk in chunks]
+        return (
+            pa.concat_tables([attn for attn, _ in built]),
+            pa.concat_tables([summary for _, summary in built]),
+        )
+
+    def _cls_chunk(self, scored: Sequence[ScoredRow]) -> tuple[pa.Table, pa.Table]:
+        """The two tables for a chunk of scored reviews: every column from a few vectorised operations
+        over the concatenated content tokens. Token rows are ordered (review, layer, head, position);
+        each (review, layer, head) is one segment of ``m`` content tokens, scaled over itself."""
+        L, H = len(self.layers), self.num_heads
+        n = np.array([r.encoded.n_tokens for r in scored], dtype=np.int64)
+        m = n - 2  # content tokens: positions 1 .. n-2
+        if (m < 1).any():
+            raise ValueError("a scored review must have at least one content token")
+        weight = _cat([r.cls_rows[:, :, 1 : _last(r)].reshape(-1) for r in scored], np.float32)
+        # int32 indices, unless one review's rows alone overflow them
+        index = np.int32 if len(weight) < 2**31 else np.int64
+        seg = np.repeat(m, L * H).astype(index)  # one segment per (review, layer, head)
+        scaled, lo, hi = minmax_scale(weight, seg)
+        seg_start = np.repeat((np.cumsum(seg) - seg).astype(index), seg)
+        j = np.arange(len(weight), dtype=index) - seg_start  # content token index within its review
+        del seg_start
+        lh = np.tile(np.arange(L * H, dtype=np.int32), len(scored))  # each segment's (layer, head)
+        seg_layer, seg_head = self.layers[lh // H], (lh % H).astype(np.int16)
+        # into the concatenated content tokens: the review's first content token, plus j
+        token_at = np.repeat((np.cumsum(m) - m).astype(index), L * H * m) + j
+        ids = _cat([r.encoded.ids[1 : _last(r)] for r in scored], np.int32)
+        offsets = np.concatenate([r.encoded.offsets[1 : _last(r)] for r in scored] or [np.zeros((0, 2))])
+        tok = ids[token_at]
+        start, end = offsets[token_at, 0], offsets[token_at, 1]
+        del token_at
+        review_of_seg = np.repeat(np.arange(len(scored), dtype=np.int32), L * H)
+        docs = pa.array([r.doc_id for r in scored], pa.string())
+        attn = {
+            "doc_id": docs.take(pa.array(np.repeat(review_of_seg, seg))),
+            "layer": np.repeat(seg_layer, seg),
+            "head": np.repeat(seg_head, seg),
+            "position": (j + 1).astype(np.int32, copy=False),
+            "token_id": tok,
+            "token": self.vocab.take(pa.array(tok)),
+            "start": start.astype(np.int32, copy=False),
+            "end": end.astype(np.int32, copy=False),
+            "weight": weight,
+            "weight_scaled": scaled,
+        }
+        summary = {
+            "doc_id": docs.take(pa.array(review_of_seg)),
+            "layer": seg_layer,
+            "head": seg_head,
+            "n_content": seg.astype(np.int32, copy=False),
+            "weight_cls": _cat([r.cls_rows[:, :, 0].reshape(-1) for r in scored], np.float32),
+            "weight_sep": _cat([r.cls_rows[:, :, _last(r)].reshape(-1) for r in scored], np.float32),
+            "weight_min": lo,
+            "weight_max": hi,
+        }
+        return (
+            schema.cast(pa.table(attn), "cls_attention"),
+            schema.cast(pa.table(summary), "head_summary"),
+        )
+
+
+def _last(row: ScoredRow) -> int:
+    """Position of the review's [SEP]: its content tokens are 1 .. _last - 1."""
+    return row.encoded.n_tokens - 1
+
+
+def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)
+
+
+def minmax_scale(weights: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Min-max scaling to [0, 1] of each segment of a flat array (the seed's MinMaxScaler per head).
+
+    ``weights``: (N,) raw weights, one segment per (review, layer, head) over that review's content
+    tokens; ``lengths``: (S,) segment lengths, each at least 1, summing to N. Returns (scaled (N,),
+    min (S,), max (S,)); a segment with no range (all equal) scales to 0, as MinMaxScaler does.
+    """
+    if len(weights) == 0:
+        return weights.astype(np.float32), weights, weights
+    starts = np.cumsum(lengths) - lengths
+    lo = np.minimum.reduceat(weights, starts)
+    hi = np.maximum.reduceat(weights, starts)
+    span = np.repeat(hi - lo, lengths)
+    shifted = weights - np.repeat(lo, lengths)
+    scaled = np.divide(shifted, span, out=np.zeros_like(weights), where=span > 0)
+    return scaled.astype(np.float32, copy=False), lo, hi

@@ -1,0 +1,110 @@
+"""The one windowing rule: which input rows make up each part, for every engine.
+
+Usage::
+
+    for w in iter_windows(sources, columns, window=4096, limit=None, point=ResumePoint()):
+        w.start_row, w.end_row, w.rows          # rows[start_row, end_row) still to do, in order
+
+Windows lie on a grid of ``window`` rows counted from 0 across all inputs: window k holds rows
+``[k * window, (k + 1) * window)``, whichever files they come from (a corpus of many small files packs
+into few parts). A resume starts at its resume point and goes on to the next grid line. So a part's
+name and rows follow from the inputs alone, and a run resumes under either engine.
+
+Rows already committed are left out: those before the resume point, and in an incremental pass every
+row whose id an earlier pass committed; a later repeat of an id seen before is marked ``duplicate_id``
+(this pass's committed ids count as seen).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from .. import schema
+from ..ids import IdSet
+from ..inputs import RowBatch, Source, read_sources
+from ..run.resume import ResumePoint
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The job's columns: the review text, and the id and label where it has them."""
+
+    text: str = "text"
+    id: str | None = None
+    label: str | None = None
+
+
+@dataclass
+class WindowRows:
+    """A window's rows still to do, read and numbered but not yet encoded: the unit of work an engine
+    schedules. ``start_row`` names its part; ``end_row`` is one past its last row."""
+
+    start_row: int
+    end_row: int
+    rows: RowBatch
+
+
+def iter_windows(
+    sources: Iterable[Source],
+    columns: Columns,
+    window: int,
+    limit: int | None = None,
+    point: ResumePoint | None = None,
+    timings: Counter | None = None,
+) -> Iterator[WindowRows]:
+    """Read the inputs (as ``inputs.check_inputs`` gave them) and cut them on the grid; see the module
+    docstring. ``timings["read"]`` adds up the seconds spent reading."""
+    point = point or ResumePoint()
+    # ids are checked for repeats only where the job has an id column: no copy of them otherwise
+    seen = (point.skip_ids or IdSet()) | (point.taken_ids or IdSet()) if columns.id else None
+    timings = timings if timings is not None else Counter()
+    pending = RowBatch()
+    t0 = time.perf_counter()
+    for block in read_sources(sources, columns.text, columns.id, columns.label, limit, block_rows=window):
+        for piece in _on_grid(block, window):
+            if pending and piece.row_index[0] // window != pending.row_index[0] // window:
+                timings["read"] += time.perf_counter() - t0
+                if (done := _window(pending, point, seen)) is not None:
+                    yield done
+                t0 = time.perf_counter()
+                pending = RowBatch()
+            pending.extend(piece)
+    timings["read"] += time.perf_counter() - t0
+    if pending and (done := _window(pending, point, seen)) is not None:
+        yield done
+
+
+def _on_grid(block: RowBatch, window: int) -> Iterator[RowBatch]:
+    """A block's rows cut where they cross a grid line (a block is consecutive rows)."""
+    start = 0
+    while start < len(block):
+        first = block.row_index[start]
+        end = min(len(block), start + (first // window + 1) * window - first)
+        yield block if start == 0 and end == len(block) else block.slice(start, end)
+        start = end
+
+
+def _window(block: RowBatch, point: ResumePoint, seen: IdSet | None) -> WindowRows | None:
+    rows = select_rows(block, point.skip_until, point.skip_ids, seen)
+    if not rows:
+        return None
+    return WindowRows(rows.row_index[0], rows.row_index[-1] + 1, rows)
+
+
+def select_rows(block: RowBatch, skip_until: int, skip_ids: IdSet | None, seen_ids: IdSet | None) -> RowBatch:
+    """The block's rows still to do, in order; a repeated id (``seen_ids`` grows) becomes duplicate_id."""
+    out = RowBatch()
+    for i in range(len(block)):
+        row, doc_id, status = block.row_index[i], block.doc_id[i], block.status[i]
+        # a row without a source id has its row number as doc id, which is no committed source id (the
+        # row is recorded again every pass) and no repeat of one
+        has_id = status not in schema.ROW_NUMBER_STATUSES
+        if row < skip_until or (skip_ids is not None and has_id and doc_id in skip_ids):
+            continue
+        if seen_ids is not None and has_id and not seen_ids.add(doc_id):
+            status = "duplicate_id"
+        out.append(row, doc_id, block.text[i], block.label[i], status)
+    return out

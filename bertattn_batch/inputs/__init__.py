@@ -1,0 +1,28 @@
+"""The inputs stage: find the review files, check them, and stream their rows under one row rule.
+
+One module a format, as polars' ``io`` has them; :func:`read_rows` numbers rows across all inputs.
+"""
+
+from .checks import check_inputs
+from .discover import EXTENSIONS, Source, expand_inputs
+from .fingerprint import source_files
+from .hf_datasets import class_label_order
+from .reader import BLOCK_ROWS, count_rows, read_columns, read_rows, read_sources
+from .rows import RowBatch, to_rows, wanted_columns
+
+__all__ = [
+    "BLOCK_ROWS",
+    "EXTENSIONS",
+    "RowBatch",
+    "Source",
+    "check_inputs",
+    "class_label_order",
+    "count_rows",
+    "expand_inputs",
+    "read_columns",
+    "read_rows",
+    "read_sources",
+    "source_files",
+    "to_rows",
+    "wanted_columns",
+]

@@ -1,0 +1,125 @@
+"""The checks a job makes of its inputs before it loads a model: found, readable, the wanted columns.
+
+Usage::
+
+    sources = check_inputs(["reviews.csv"], text_col="text", id_col="id")   # or InputError, one line
+
+Reads only names and headers, so a mistyped path or column fails at once.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import InputError, first_line
+from .compressed import READ_ERRORS, check_not_archive, compression_of, open_binary
+from .csv import csv_header
+from .discover import Source, expand_inputs
+from .hf_datasets import load_dataset
+from .jsonl import first_json_keys
+from .rows import wanted_columns
+from .text import TEXT_FILE_COLUMN
+
+
+def check_inputs(
+    inputs: Iterable[str],
+    text_col: str = "text",
+    id_col: str | None = None,
+    label_col: str | None = None,
+    input_format: str = "auto",
+    out: str | Path | None = None,
+) -> list[Source]:
+    """The sources, once every one is found, readable as its format and has the wanted columns, and
+    none inside the run directory ``out`` (which --overwrite would clear).
+
+    Reads only names and headers, so a job can fail on a mistyped path or column at once, before it
+    loads a model or creates its run directory.
+    """
+    sources = expand_inputs(inputs, input_format)
+    wanted = wanted_columns(text_col, id_col, label_col)
+    run = Path(out).resolve() if out else None
+    for src in sources:
+        if run is not None and run in src.path.resolve().parents:
+            raise InputError(f"input {src.path} lies inside the run directory {out}; choose another --out")
+        _check_bytes(src)
+        _check_columns(src, wanted)
+    return sources
+
+
+#: Byte-order marks of the encodings that editors and spreadsheets write instead of UTF-8 ("Unicode
+#: text"); UTF-32's begin with UTF-16's, so they come first.
+_OTHER_BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+
+
+def _check_bytes(src: Source) -> None:
+    """Refuse files whose bytes the readers would turn into garbage rows: archives, compressed files of
+    formats that compress inside (Parquet, datasets), and line-based files that announce another
+    encoding than UTF-8 (every review would be NUL-interleaved bytes)."""
+    if src.format == "datasets":
+        return
+    kind, head = None, b""
+    try:
+        check_not_archive(src.path)
+        if src.format == "parquet":
+            kind = compression_of(src.path)
+        else:
+            with open_binary(src.path) as f:
+                head = f.read(4)
+    except READ_ERRORS as e:
+        raise InputError(f"cannot read {src.path}: {getattr(e, 'strerror', None) or e}") from None
+    if kind is not None:
+        raise InputError(
+            f"{src.path} is {kind}-compressed; decompress it first (Parquet compresses its own pages)"
+        )
+    for bom, name in _OTHER_BOMS:
+        if head.startswith(bom):
+            raise InputError(
+                f"{src.path} is {name} text (it starts with a {name} byte-order mark); bertattn reads UTF-8: "
+                f"convert it first, e.g. iconv -f {name} -t UTF-8"
+            )
+
+
+def _check_columns(src: Source, wanted: list[str]) -> None:
+    names = _column_names(src)
+    if names is None:
+        return
+    repeated = [c for c in wanted if names.count(c) > 1]
+    if repeated:
+        raise InputError(
+            f"{src.path}: column {', '.join(map(repr, repeated))} appears more than once; rename the copies"
+        )
+    missing = [c for c in wanted if c not in names]
+    if missing:
+        raise InputError(
+            f"{src.path}: no column {', '.join(repr(c) for c in missing)}; "
+            f"columns there: {', '.join(names) or '(none)'}"
+        )
+
+
+def _column_names(src: Source) -> list[str] | None:
+    """Column names without reading the data (None where a format has no header)."""
+    try:
+        if src.format == "parquet":
+            return pq.read_schema(src.path).names
+        if src.format in ("csv", "tsv"):
+            return csv_header(src.path, "\t" if src.format == "tsv" else ",")
+        if src.format == "text":
+            return [TEXT_FILE_COLUMN]
+        if src.format == "datasets":
+            return list(load_dataset(src.path).column_names)
+        if src.format == "jsonl":
+            return first_json_keys(src.path)
+    except (pa.ArrowInvalid, csv.Error, *READ_ERRORS) as e:
+        raise InputError(f"{src.path}: cannot read as {src.format}: {first_line(e)}") from None
+    raise InputError(f"unknown input format {src.format!r}")

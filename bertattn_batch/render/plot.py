@@ -1,0 +1,70 @@
+"""``bertattn plot``: heatmaps of one review, from a run by its id or from a text through a model.
+
+Usage::
+
+    bertattn plot runs/r1 --doc-id 42 --out r42.png                 # heads x tokens, [CLS] row
+    bertattn plot runs/r1 --doc-id 42 --out r42.html --pairs        # + token x token per head
+    bertattn plot --text "上菜慢，服务态度差" --model models/zh-senti --out seed.png
+
+The heads x tokens picture is the seed's: each head's ``[CLS]`` row over the content tokens, min-max
+scaled per head; from a run it shows exactly the stored ``weight_scaled``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import SpecError
+from . import page
+from .figures import cls_png, pairs_figure, review_html
+from .review import ReviewAttention, add_pairs, load_review, review_from_text
+
+SUFFIXES = (".png", ".html", ".htm")
+
+
+def _checked_out(out: str | Path) -> Path:
+    path = Path(out)
+    if path.suffix.lower() not in SUFFIXES:
+        raise SpecError(f"--out must end in {', '.join(SUFFIXES)}; got {path.name!r}")
+    return path
+
+
+def write_review(review: ReviewAttention, out: str | Path, pairs: bool = False) -> Path:
+    """Write a review's picture: PNG (heads x tokens, or token x token with ``pairs``) or HTML (both)."""
+    path = _checked_out(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() != ".png":
+        path.write_text(page.page(review.title(), review_html(review, heading=False)), encoding="utf-8")
+    else:
+        png = page.png_bytes(pairs_figure(review), dpi=130) if pairs else cls_png(review, dpi=130)
+        path.write_bytes(png)
+    return path
+
+
+def plot(
+    out: str | Path,
+    run_dir: str | Path | None = None,
+    doc_id: str | None = None,
+    text: str | None = None,
+    model: str | None = None,
+    layer: int | None = None,
+    pairs: bool = False,
+    device: str = "cpu",
+) -> Path:
+    """The ``plot`` command: a review of a run (``run_dir`` + ``doc_id``) or a text (``text`` + ``model``)."""
+    _checked_out(out)  # before any model loads
+    if run_dir is not None:
+        if doc_id is None:
+            raise SpecError("give --doc-id: the id of the review in the run to plot")
+        if not pairs and (text is not None or model is not None):
+            raise SpecError(
+                "--text and --model go with a run only for --pairs; a run's review is plotted from the run"
+            )
+        review = load_review(run_dir, doc_id, layer)
+        if pairs:
+            add_pairs(review, run_dir, model=model, text=text, device=device)
+    else:
+        if text is None or model is None:
+            raise SpecError("give RUN_DIR and --doc-id, or --text and --model")
+        review = review_from_text(text, model, -2 if layer is None else layer, pairs=pairs, device=device)
+    return write_review(review, out, pairs=pairs)

@@ -1,0 +1,324 @@
+"""One self-contained HTML page about a run: what it did, which tokens each head attends to, examples.
+
+Usage::
+
+    bertattn report runs/r1                      # writes runs/r1/report.html
+    bertattn report runs/r1 --out r1.html --examples 3 --top-k 8
+
+    from bertattn_batch import build_report
+    build_report("runs/r1")
+
+The page holds the run's counts and throughput, accuracy and a confusion matrix where the source had
+labels, the top tokens per head (a table and a heatmap, from ``aggregate``; recomputed when the run
+has changed since), and the heads x tokens heatmaps of the most confident reviews of each predicted
+label. Figures are PNG data URIs and the styles are inline: the file opens without a network.
+"""
+
+from __future__ import annotations
+
+import time
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from .._util import atomic_path
+from ..analysis import aggregate as agg
+from ..analysis.top import top_tokens
+from ..errors import SpecError
+from ..run import REPORT_NAME, Manifest, read_manifest
+from . import fonts, page
+from .figures import cls_png, pyplot, turn_long_labels
+from .review import load_reviews, readable, run_layer
+
+
+def _committed_predictions(run: Path) -> pl.DataFrame:
+    """Every committed prediction row, whatever its status (the report counts statuses too)."""
+    files = [preds for _, _, preds in agg.committed_parts(run)]
+    if not files:
+        return pl.DataFrame()
+    return (
+        pl.scan_parquet(files, glob=False)
+        .select("doc_id", "status", "label", "pred_id", "pred_label", "probs")
+        .collect(engine="streaming")
+    )
+
+
+def _any_scored(preds: pl.DataFrame) -> bool:
+    return not preds.is_empty() and not preds.filter(pl.col("status") == "ok").is_empty()
+
+
+def status_counts(preds: pl.DataFrame) -> list[tuple[str, int]]:
+    if preds.is_empty():
+        return []
+    return preds.group_by("status").len().sort(["len", "status"], descending=[True, False]).rows()
+
+
+def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
+    """Accuracy over labelled reviews whose label the model knows, and the confusion counts.
+
+    Rows: every true label seen (a label the model cannot predict, such as 'neutral' for a
+    two-label model, gets a row but stays out of the accuracy); columns: the model's labels.
+    """
+    ok = preds.filter((pl.col("status") == "ok") & pl.col("label").is_not_null())
+    if ok.is_empty():
+        return None
+    counts = {(t, p): n for t, p, n in ok.group_by(["label", "pred_label"]).len().rows()}
+    true_labels = sorted(
+        {t for t, _ in counts}, key=lambda t: (t not in labels, labels.index(t) if t in labels else 0, t)
+    )
+    known = ok.filter(pl.col("label").is_in(labels))
+    correct = known.filter(pl.col("label") == pl.col("pred_label")).height
+    return {
+        "rows": true_labels,
+        "cols": labels,
+        "counts": counts,
+        "accuracy": correct / known.height if known.height else float("nan"),
+        "n_known": known.height,
+        "n_unknown": ok.height - known.height,
+    }
+
+
+def confident(preds: pl.DataFrame, per_label: int) -> list[tuple[str, str, float]]:
+    """(doc_id, pred_label, probability) of the ``per_label`` most confident reviews of each label."""
+    ok = preds.filter(pl.col("status") == "ok").with_columns(
+        prob=pl.col("probs").list.get(pl.col("pred_id"), null_on_oob=True)
+    )
+    top = (
+        ok.sort(["pred_label", "prob", "doc_id"], descending=[False, True, False])
+        .group_by("pred_label", maintain_order=True)
+        .head(per_label)
+    )
+    return [(d, p, float(x)) for d, p, x in top.select("doc_id", "pred_label", "prob").rows()]
+
+
+def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
+    model = manifest.model
+    last = manifest.last_run or {}
+    seconds = last.get("seconds", {})
+    spec = manifest.spec
+    rows = [
+        ("status", manifest.status),
+        ("inputs", ", ".join(str(i) for i in spec.get("inputs", []))),
+        (
+            "model",
+            f"{model.get('source')} ({model.get('model_type')}, {model.get('num_layers')} layers x "
+            f"{model.get('num_heads')} heads)",
+        ),
+        ("layers stored (0-based)", ", ".join(str(x) for x in model.get("layers", []))),
+        (
+            "device, dtype, attention",
+            f"{model.get('device')}, {model.get('dtype')}, {model.get('attention')}",
+        ),
+        ("reviews read (last pass)", last.get("input_rows")),
+        ("reviews scored (last pass)", last.get("scored")),
+        ("tokens", last.get("tokens")),
+        ("truncated reviews", last.get("truncated")),
+        ("padding share", f"{last.get('padding_share', 0):.1%}" if last else None),
+        ("throughput", f"{last.get('reviews_per_s', 0):.1f} reviews/s" if last else None),
+        (
+            "wall time",
+            f"{seconds.get('wall', 0):.1f} s (model {seconds.get('model', 0):.1f} s)" if last else None,
+        ),
+        ("parts committed", len(manifest.parts)),
+        ("rows per table", ", ".join(f"{k} {v}" for k, v in (manifest.counts or {}).items())),
+        ("created", manifest.created_at),
+    ]
+    parts = ["<h2>Run</h2>", page.data_table(["", ""], [(k, v) for k, v in rows if v is not None])]
+    statuses = status_counts(preds)
+    if statuses:
+        parts += [
+            "<h3>Reviews by status</h3>",
+            page.data_table(["status", "reviews"], statuses, [False, True]),
+        ]
+    if not preds.is_empty():
+        by_pred = (
+            preds.filter(pl.col("status") == "ok").group_by("pred_label").len().sort("pred_label").rows()
+        )
+        parts += [
+            "<h3>Predicted labels</h3>",
+            page.data_table(["predicted", "reviews"], by_pred, [False, True]),
+        ]
+    return "\n".join(parts)
+
+
+def _confusion_html(conf: dict[str, Any] | None, labelled: bool = False) -> str:
+    """``labelled``: the run read a label column, so a missing matrix means no labelled review scored."""
+    if conf is None:
+        why = "No labelled review was scored." if labelled else "The source had no labels."
+        return f'<h2>Accuracy</h2>\n<p class="meta">{why}</p>'
+    header = ["true \\ predicted", *conf["cols"], "total"]
+    rows = []
+    for t in conf["rows"]:
+        counts = [conf["counts"].get((t, p), 0) for p in conf["cols"]]
+        rows.append([t, *counts, sum(counts)])
+    note = f"{conf['n_known']} labelled reviews with a label the model predicts"
+    if conf["n_unknown"]:
+        note += f"; {conf['n_unknown']} with other labels are in the matrix but not in the accuracy"
+    # no labelled review has a label the model predicts: there is no accuracy to give, not "nan"
+    value = f"{conf['accuracy']:.4f}" if conf["n_known"] else "n/a"
+    return "\n".join(
+        [
+            "<h2>Accuracy</h2>",
+            f'<p>accuracy <b>{value}</b> <span class="meta">({escape(note)})</span></p>',
+            page.data_table(header, rows, [False] + [True] * (len(header) - 1)),
+        ]
+    )
+
+
+def _top_table_html(top: pl.DataFrame) -> str:
+    cells: dict[int, list[str]] = {}
+    for row in top.iter_rows(named=True):
+        cells.setdefault(row["head"], []).append(f"{row['token']} ({row['mean_scaled']:.2f})")
+    width = max(map(len, cells.values()))  # the longest list, not k: few tokens may pass the filter
+    rows = [[h, *cells[h], *[""] * (width - len(cells[h]))] for h in sorted(cells)]
+    return page.data_table(["head", *(f"#{i}" for i in range(1, width + 1))], rows, [True])
+
+
+def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token", byte_level: bool | None = None):
+    """Heads x (the union of every head's top k tokens): mean scaled weight, all reviews.
+    ``byte_level``: the run's tokenizer spells bytes (see :func:`review.readable`)."""
+    rows = table.filter((pl.col("unit") == unit) & (pl.col("split") == "all") & (pl.col("layer") == layer))
+    top = rows.filter(pl.col("rank") <= k).sort(["head", "rank"])
+    tokens = list(dict.fromkeys(top["token"].to_list()))
+    labels = [fonts.label(t) for t in readable(tokens, byte_level)]
+    plt = pyplot(labels)
+    heads = sorted(rows["head"].unique().to_list())
+    values = np.full((len(heads), len(tokens)), np.nan)
+    lookup = {
+        (h, t): v
+        for h, t, v in rows.filter(pl.col("token").is_in(tokens))
+        .select("head", "token", "mean_scaled")
+        .rows()
+    }
+    for i, h in enumerate(heads):
+        for j, t in enumerate(tokens):
+            values[i, j] = lookup.get((h, t), np.nan)
+    fig, ax = plt.subplots(
+        figsize=(max(5.0, 0.24 * len(tokens) + 2.2), 0.3 * len(heads) + 1.6), layout="constrained"
+    )
+    image = ax.imshow(np.ma.masked_invalid(values), vmin=0, vmax=1, cmap=page.CMAP, aspect="auto")
+    ax.set_xticks(range(len(tokens)))
+    ax.set_xticklabels(labels, fontsize=8)
+    turn_long_labels(ax)
+    ax.set_yticks(range(len(heads)))
+    ax.set_yticklabels([f"head {h}" for h in heads], fontsize=8)
+    ax.tick_params(length=0)
+    ax.set_title(f"layer {layer}: mean scaled [CLS] weight of each head's top {k} {unit}s", fontsize=10)
+    fig.colorbar(image, ax=ax, fraction=0.02, pad=0.01)
+    return fig
+
+
+def _tokens_html(
+    table: pl.DataFrame,
+    meta: dict[str, Any],
+    layer: int,
+    k: int,
+    scored: bool = True,
+    byte_level: bool | None = None,
+) -> str:
+    """``scored``: some review was scored, so an empty table means the min-reviews filter emptied it."""
+    opts = meta.get("options", {})
+    parts = [
+        f"<h2>Top tokens per head · layer {layer}</h2>",
+        f'<p class="meta">From {agg.AGGREGATES_DIR}/{agg.TABLE}.parquet: tokens seen in at '
+        f"least {opts.get('min_reviews')} reviews, ranked by {escape(str(opts.get('rank_by')))}; "
+        "cells give the token and its mean scaled weight.</p>",
+    ]
+    for unit in opts.get("units", ["token"]):
+        top = top_tokens(table, k, unit, "all", [layer])
+        if top.is_empty():
+            why = "passes the filter" if scored else "was counted: no review of this run was scored"
+            parts.append(f'<p class="meta">No {unit} {why}.</p>')
+            continue
+        parts += [f"<h3>{unit.capitalize()}s, all reviews</h3>", _top_table_html(top)]
+        if unit == "token":
+            parts.append(
+                page.img(
+                    page.png_bytes(top_heatmap(table, layer, k, unit, byte_level)),
+                    alt=f"heatmap of the top {unit}s per head",
+                    caption=f"Heads x top {unit}s: mean scaled weight over all reviews",
+                )
+            )
+    by_pred = top_tokens(table, k, "token", "pred_label", [layer])
+    for cls, group in by_pred.group_by("class_label", maintain_order=True):
+        parts += [
+            f"<h3>Tokens, reviews predicted {escape(str(cls[0]))} ({group['class_reviews'][0]})</h3>",
+            _top_table_html(group),
+        ]
+    return "\n".join(parts)
+
+
+def _examples_html(run: Path, picks: list[tuple[str, str, float]], layer: int) -> str:
+    if not picks:
+        return ""
+    reviews = load_reviews(run, [d for d, _, _ in picks], layer)
+    parts = ["<h2>Most confident reviews</h2>"]
+    label = None
+    for review, (_, pred, _) in zip(reviews, picks, strict=True):
+        if pred != label:
+            parts.append(f"<h3>Predicted {escape(str(pred))}</h3>")
+            label = pred
+        parts.append(
+            page.img(
+                cls_png(review),
+                alt=f"heads x tokens heatmap of review {review.doc_id}",
+                caption=review.title(),
+            )
+        )
+    return "\n".join(parts)
+
+
+def build_report(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    layer: int | None = None,
+    examples: int = 3,
+    top_k: int = 8,
+    min_reviews: int | None = None,
+) -> Path:
+    """Write the run's report page; aggregates are (re)computed first when missing or out of date.
+
+    ``min_reviews`` None keeps the aggregates' own (5 where there are none yet); aggregates computed
+    again keep their ``rank_by`` and units, so a report never swaps the table a user made for another.
+    """
+    t0 = time.perf_counter()
+    if examples < 0 or top_k < 1:
+        raise SpecError(
+            f"--examples must not be negative and --top-k must be at least 1; got {examples}, {top_k}"
+        )
+    if out is not None and Path(out).suffix.lower() not in (".html", ".htm"):
+        raise SpecError(f"the report is an HTML page; name it .html, not {Path(out).name}")
+    run = Path(run_dir)
+    manifest = read_manifest(run)
+    idx = run_layer(manifest, layer)
+    made = agg.aggregates_meta(run).get("options", {}) if agg.aggregates_path(run).is_file() else {}
+    min_reviews = min_reviews if min_reviews is not None else made.get("min_reviews", agg.MIN_REVIEWS)
+    if not agg.is_current(run, min_reviews):
+        agg.aggregate(
+            run,
+            min_reviews=min_reviews,
+            rank_by=made.get("rank_by", agg.RANK_BY),
+            units=made.get("units", agg.UNITS),
+        )
+    table, meta = agg.read_aggregates(run)
+    preds = _committed_predictions(run)
+    labels = manifest.labels
+    labelled = bool(manifest.spec.get("label_col")) or (
+        not preds.is_empty() and preds["label"].is_not_null().any()
+    )
+    body = [
+        _summary_html(manifest, preds),
+        _confusion_html(confusion(preds, labels), labelled) if not preds.is_empty() else "",
+        _tokens_html(table, meta, idx, top_k, _any_scored(preds), manifest.byte_level),
+        _examples_html(run, confident(preds, examples), idx) if examples and not preds.is_empty() else "",
+        f'<p class="meta">Written {time.strftime("%Y-%m-%d %H:%M")} by bertattn report in '
+        f"{time.perf_counter() - t0:.1f}s.</p>",
+    ]
+    path = Path(out) if out is not None else run / REPORT_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(page.page(f"bertattn run: {run.resolve().name}", "\n".join(body)), encoding="utf-8")
+    return path

@@ -1,0 +1,313 @@
+"""One review's attention, ready to draw: from a run by its id, or from a text through a model.
+
+Usage::
+
+    review = load_review("runs/r1", "42", layer=-2)      # exactly the stored weights
+    review = review_from_text("上菜慢，服务态度差", "models/zh-senti", pairs=True)
+    review.tokens, review.weight, review.scaled           # (H, n) each
+
+The token x token matrices (``pairs``) need every query's row, which a run does not keep: they are
+computed for that one review with eager attention (``output_attentions=True``), reading the text from
+the run's source (or the one given).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from ..errors import InputError, RunDirError, SpecError
+from ..run import Manifest, committed_files, read_manifest
+
+log = logging.getLogger(__name__)
+
+#: Largest |recomputed - stored| [CLS] weight accepted silently (a bf16 run differs more).
+PAIRS_TOLERANCE = 1e-3
+#: Longest id or label a figure's title shows whole.
+TITLE_VALUE_CHARS = 80
+
+
+@dataclass
+class ReviewAttention:
+    """One review's [CLS] attention at one layer: ``weight``/``scaled`` are (heads, content tokens)."""
+
+    doc_id: str
+    layer: int  # 0-based
+    tokens: list[str]
+    token_ids: list[int]
+    positions: list[int]
+    weight: np.ndarray  # (H, n) raw softmax weights
+    scaled: np.ndarray  # (H, n) per-head min-max scaled, as stored in cls_attention
+    pred_label: str | None = None
+    prob: float | None = None
+    label: str | None = None
+    text: str | None = None
+    pairs: np.ndarray | None = None  # (H, S, S) every query's row, [CLS] and [SEP] included
+    pair_tokens: list[str] | None = None  # (S,)
+    byte_level: bool | None = None  # whether the tokens spell bytes; None: told from the tokens
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.weight.shape[0])
+
+    def title(self) -> str:
+        parts = [f"review {_short(self.doc_id)}", f"layer {self.layer}"]
+        if self.pred_label is not None:
+            prob = f" ({self.prob:.3f})" if self.prob is not None else ""
+            parts.append(f"predicted {_short(self.pred_label)}{prob}")
+        if self.label is not None:
+            parts.append(f"label {_short(self.label)}")
+        return " · ".join(parts)
+
+
+def _short(value: str, limit: int = TITLE_VALUE_CHARS) -> str:
+    """An id or label fit for a one-line title: line breaks and other control characters as escapes,
+    and cut to ``limit`` characters (a 3,000-character id would make the figure 30,000 pixels wide)."""
+    text = "".join(repr(c)[1:-1] if not c.isprintable() else c for c in value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (RoBERTa's tokens): a printable character for each byte, inverted."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars, shifted = list(printable), 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + shifted)
+            shifted += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+_BYTES = _byte_decoder()
+
+
+_SHIFTED = {c for c, b in _BYTES.items() if ord(c) >= 256}  # bytes with no printable self: 'Ġ' (space)
+
+
+def readable(tokens: list[str], byte_level: bool | None = None) -> list[str]:
+    """Tokens as a reader sees them. Byte-level BPE tokens (RoBERTa: 'Ġgood', 'cafÃ©') are decoded back
+    to their text; a piece holding part of a character shows '�'. Other tokens are kept as they are.
+
+    ``byte_level``: whether the run's tokenizer is byte-level (its manifest says, since this version).
+    Only for runs that do not say is it told from the tokens, which a WordPiece token such as 'ł'
+    (a character that is also a shifted byte) can mislead."""
+    if byte_level is None:
+        byte_level = any(c in _SHIFTED for t in tokens for c in t)
+    if not byte_level or not all(c in _BYTES for t in tokens for c in t):
+        return list(tokens)
+    out = []
+    for t in tokens:
+        text = bytes(_BYTES[c] for c in t).decode("utf-8", errors="replace")
+        out.append(text.strip() or repr(text)[1:-1])  # a space of its own shows as its escape, e.g. \xa0
+    return out
+
+
+def from_rows(rows: pl.DataFrame, doc_id: str, layer: int) -> ReviewAttention:
+    """Build a review from its cls_attention rows at one layer (any row order)."""
+    rows = rows.filter((pl.col("doc_id") == doc_id) & (pl.col("layer") == layer)).sort(["head", "position"])
+    if rows.is_empty():
+        raise InputError(f"no attention rows for review {doc_id!r} at layer {layer}")
+    heads = rows["head"].n_unique()
+    n = rows.height // heads
+    first = rows.filter(pl.col("head") == rows["head"][0])
+    if n * heads != rows.height or first.height != n:
+        raise RunDirError(f"review {doc_id!r}: heads hold different numbers of tokens at layer {layer}")
+    return ReviewAttention(
+        doc_id=doc_id,
+        layer=layer,
+        tokens=first["token"].to_list(),
+        token_ids=first["token_id"].to_list(),
+        positions=first["position"].to_list(),
+        weight=rows["weight"].to_numpy().reshape(heads, n),  # (H, n)
+        scaled=rows["weight_scaled"].to_numpy().reshape(heads, n),  # (H, n)
+    )
+
+
+def run_layer(manifest: Manifest, layer: int | None) -> int:
+    """A layer index as the user gave it (negative counts from the end) -> one the run holds."""
+    model = manifest.model
+    stored = manifest.layers
+    if layer is None:
+        if not stored:
+            raise RunDirError("the run's manifest lists no layers")
+        return int(stored[0])
+    num_layers = int(model.get("num_layers", 0))
+    idx = layer + num_layers if layer < 0 else layer
+    if idx not in stored:
+        raise SpecError(f"layer {layer} is not in this run; it holds layers {stored} (0-based)")
+    return idx
+
+
+def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = None) -> list[ReviewAttention]:
+    """Several reviews of a run in one scan of its committed parts, with their predictions."""
+    run = Path(run_dir)
+    manifest = read_manifest(run)
+    idx = run_layer(manifest, layer)
+    parts = committed_files(run, ("cls_attention", "predictions"))  # a stray file is never read
+    if not parts:
+        raise RunDirError(f"{run} has no committed parts")
+    attn_files = [p.files["cls_attention"] for p in parts]
+    pred_files = [p.files["predictions"] for p in parts]
+    rows = (
+        pl.scan_parquet(attn_files, glob=False)
+        .filter(pl.col("doc_id").is_in(doc_ids) & (pl.col("layer") == idx))
+        .collect(engine="streaming")
+    )
+    preds = (
+        pl.scan_parquet(pred_files, glob=False)
+        .filter(pl.col("doc_id").is_in(doc_ids) & (pl.col("status") == "ok"))
+        .collect(engine="streaming")
+    )
+    out = []
+    for doc_id in doc_ids:
+        if rows.filter(pl.col("doc_id") == doc_id).is_empty():
+            raise InputError(f"review {doc_id!r} is not among the scored reviews of {run}")
+        review = from_rows(rows, doc_id, idx)
+        pred = preds.filter(pl.col("doc_id") == doc_id).row(0, named=True)
+        review.pred_label, review.label = pred["pred_label"], pred["label"]
+        review.byte_level = manifest.byte_level
+        if pred["probs"] is not None and pred["pred_id"] is not None:
+            review.prob = float(pred["probs"][pred["pred_id"]])
+        out.append(review)
+    return out
+
+
+def load_review(run_dir: str | Path, doc_id: str, layer: int | None = None) -> ReviewAttention:
+    """One review of a run: exactly its stored weights, in position order."""
+    return load_reviews(run_dir, [doc_id], layer)[0]
+
+
+def _load_classifier(model: str, layer: int, device: str, max_length: int | None = None):
+    from ..model import Classifier
+
+    # eager: transformers' own attention matrices, the reference, for one review
+    return Classifier.load(model, layers=[layer], device=device, attention="eager", max_length=max_length)
+
+
+def pair_matrices(clf, ids: np.ndarray) -> np.ndarray:
+    """Every query's attention row at the classifier's (first) layer: (H, S, S) float32."""
+    import torch
+
+    input_ids, mask = clf.pad([ids])  # (1, S), (1, S)
+    with torch.inference_mode():
+        out = clf.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
+    return out.attentions[clf.layers[0]][0].float().cpu().numpy()  # (H, S, S)
+
+
+def review_from_text(
+    text: str,
+    model: str,
+    layer: int = -2,
+    pairs: bool = False,
+    device: str = "cpu",
+    max_length: int | None = None,
+    doc_id: str = "text",
+) -> ReviewAttention:
+    """Score one text and build its review through the same stages a run uses (encode, model, extract)."""
+    from ..extract import Extractor, ScoredRow, vocab_array
+    from ..model import encode_texts
+
+    if not text or not text.strip():
+        raise InputError("the text to plot is empty")
+    clf = _load_classifier(model, layer, device, max_length)
+    enc = encode_texts(clf.tokenizer, [text], clf.max_length)[0]
+    if enc.n_tokens <= 2:
+        raise InputError("the text gives no tokens to plot")
+    probs, rows = clf.forward([enc.ids])  # (1, C), (1, 1, H, S)
+    scored = ScoredRow(0, doc_id, None, "ok", enc, probs[0], rows[0, :, :, : enc.n_tokens])
+    extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels)
+    table = pl.from_arrow(extractor.tables([scored])["cls_attention"])
+    review = from_rows(table, doc_id, clf.layers[0])
+    pred = int(np.argmax(probs[0]))
+    review.pred_label, review.prob, review.text = clf.labels[pred], float(probs[0, pred]), text
+    review.byte_level = clf.byte_level
+    if pairs:
+        _attach_pairs(review, clf, enc.ids)
+    return review
+
+
+def source_text(run_dir: str | Path, doc_id: str) -> str:
+    """A review's text, read again from the run's inputs (the run stores tokens, not texts)."""
+    from ..inputs import read_rows
+
+    run = Path(run_dir)
+    manifest = read_manifest(run)
+    spec = manifest.spec
+    files = [p.files["predictions"] for p in committed_files(run, ("predictions",))]
+    wanted = (pl.col("doc_id") == doc_id) & (pl.col("status") == "ok")  # a null id's row number may match
+    preds = pl.scan_parquet(files, glob=False).filter(wanted).collect() if files else None
+    if preds is None or preds.is_empty():
+        raise InputError(f"review {doc_id!r} is not in {run}")
+    row = int(preds["row_index"][0])
+    try:
+        for batch in read_rows(
+            manifest.inputs,
+            text_col=spec.get("text_col", "text"),
+            id_col=spec.get("id_col"),
+            label_col=None,
+            input_format=spec.get("input_format", "auto"),
+        ):
+            if batch.row_index and batch.row_index[-1] >= row:
+                i = batch.row_index.index(row)
+                if batch.doc_id[i] == doc_id and batch.text[i] is not None:
+                    return batch.text[i]
+                break
+    except InputError as e:
+        raise InputError(f"cannot read the run's input again ({e}); pass the review with --text") from None
+    raise InputError(f"review {doc_id!r} was not found in the run's inputs; pass it with --text")
+
+
+def add_pairs(
+    review: ReviewAttention,
+    run_dir: str | Path | None = None,
+    model: str | None = None,
+    text: str | None = None,
+    device: str = "cpu",
+) -> ReviewAttention:
+    """Compute token x token matrices for a review of a run (its model and text, or those given)."""
+    from ..model import encode_texts
+
+    manifest = read_manifest(run_dir) if run_dir is not None else Manifest()
+    model = model or manifest.model.get("source")
+    if not model:
+        raise SpecError("token x token maps need the model: pass --model")
+    if text is None:
+        if run_dir is None:
+            raise SpecError("token x token maps need the review's text: pass --text")
+        text = source_text(run_dir, review.doc_id)
+    max_length = manifest.model.get("max_length")
+    clf = _load_classifier(model, review.layer, device, max_length)
+    run_weights = manifest.model.get("weights_sha256")
+    if run_weights and clf.weights_sha256 != run_weights:  # the maps would be another model's
+        raise InputError(
+            f"the model at {model} is not the run's: its weights' hash differs from the one the "
+            "manifest records; pass the run's model with --model"
+        )
+    enc = encode_texts(clf.tokenizer, [text], clf.max_length)[0]
+    if enc.ids[1:-1].tolist() != review.token_ids:
+        raise InputError(
+            f"the review's text and the model do not give review {review.doc_id!r}'s tokens; "
+            "pass the review's own text (--text) and the run's model (--model)"
+        )
+    review.text = text
+    _attach_pairs(review, clf, enc.ids)
+    recomputed = review.pairs[:, 0, 1:-1]  # (H, n): the [CLS] query's row over content tokens
+    gap = float(np.abs(recomputed - review.weight).max())
+    if gap > PAIRS_TOLERANCE:
+        log.warning(
+            "review %s: the [CLS] row recomputed in float32 differs from the run's by up to %.4f "
+            "(a run in bf16/fp16 or on another device?)",
+            review.doc_id,
+            gap,
+        )
+    return review
+
+
+def _attach_pairs(review: ReviewAttention, clf, ids: np.ndarray) -> None:
+    review.pairs = pair_matrices(clf, ids)
+    review.pair_tokens = clf.tokenizer.convert_ids_to_tokens(ids.tolist())

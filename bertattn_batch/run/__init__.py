@@ -1,0 +1,32 @@
+"""The run directory: its layout, its typed manifest, the life cycle of its parts, and resuming."""
+
+from .layout import AGGREGATES_DIR, FORMAT, LOCK_NAME, MANIFEST, REPORT_NAME, is_run_dir, part_name, tmp_name
+from .manifest import Manifest, PartEntry, load_json, parse_parts, read_manifest, row_range_problems
+from .parts import CommittedPart, PartWriter, check_part_file, committed_files
+from .resume import ResumePoint, resume_point
+from .rundir import RunDir, old_manifest
+
+__all__ = [
+    "AGGREGATES_DIR",
+    "FORMAT",
+    "LOCK_NAME",
+    "MANIFEST",
+    "REPORT_NAME",
+    "CommittedPart",
+    "Manifest",
+    "PartEntry",
+    "PartWriter",
+    "ResumePoint",
+    "RunDir",
+    "check_part_file",
+    "committed_files",
+    "is_run_dir",
+    "load_json",
+    "old_manifest",
+    "parse_parts",
+    "part_name",
+    "read_manifest",
+    "resume_point",
+    "row_range_problems",
+    "tmp_name",
+]

@@ -1,0 +1,46 @@
+"""The names inside a run directory: the one place that spells them.
+
+```
+runs/<run>/
+  manifest.json                 what the run is and which parts it committed (run/manifest.py)
+  predictions/part-*.parquet    one row per input review
+  cls_attention/part-*.parquet  one row per (review, layer, head, content token)
+  head_summary/part-*.parquet   one row per (review, layer, head)
+  aggregates/, report.html      what ``aggregate`` and ``report`` write into a run
+  .bertattn.lock                held by the one process writing the run
+```
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import schema
+
+MANIFEST = "manifest.json"
+FORMAT = "bertattn-batch run"
+#: What ``aggregate`` and ``report`` write into a run; with the tables and the manifest, all that
+#: --overwrite removes (anything else in the folder is the user's and stays).
+AGGREGATES_DIR = "aggregates"
+REPORT_NAME = "report.html"
+#: Held (flock) by the one process writing a run; the file stays, the lock dies with its process.
+LOCK_NAME = ".bertattn.lock"
+TABLES = schema.TABLES
+
+
+def part_name(start_row: int, generation: int = 0) -> str:
+    """Parts are named by their first row: deterministic, so a retried write replaces, never adds.
+
+    ``generation`` counts incremental passes over a run, whose rows may start where older parts did.
+    """
+    suffix = f"-g{generation}" if generation else ""
+    return f"part-{start_row:012d}{suffix}.parquet"
+
+
+def tmp_name(name: str) -> str:
+    """A part's file while it is written, before its commit: a name readers skip."""
+    return f"_{name}.tmp"
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / MANIFEST).is_file() and (path / "predictions").is_dir()

@@ -1,0 +1,248 @@
+"""``manifest.json``, typed: what a run is, and the parts it committed. Nothing else parses the file.
+
+Usage::
+
+    m = read_manifest("runs/r1")          # Manifest; RunDirError names what is wrong with the file
+    m.status, m.parts[0].start_row, m.labels, m.layers, m.inputs
+    m.to_dict()                           # what save_manifest writes
+
+Older layouts are brought up to this version's in one place, :func:`upgrade`, so readers see one
+shape: parts without a pass number belong to the first pass, a fingerprint without an input format
+was read as the spec's, relative input paths are made absolute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._util import atomic_write_text
+from ..errors import RunDirError, WriteError
+from .layout import FORMAT, MANIFEST, TABLES
+
+
+@dataclass
+class PartEntry:
+    """One committed part: the same rows of every table, named by its first row."""
+
+    name: str
+    start_row: int
+    end_row: int
+    files: dict[str, str]  # table -> path relative to the run directory
+    rows: dict[str, int]  # table -> rows in its file
+    bytes: int = 0
+    generation: int = 0  # the incremental pass that wrote it (0: the first)
+
+    @classmethod
+    def parse(cls, data: Any) -> PartEntry:
+        """A part from its JSON form; ValueError says which field is missing or wrong."""
+        if not isinstance(data, dict):
+            raise ValueError(f"expected an object, got {type(data).__name__}")
+        for key, kind in (
+            ("name", str),
+            ("start_row", int),
+            ("end_row", int),
+            ("files", dict),
+            ("rows", dict),
+        ):
+            value = data.get(key)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ValueError(f"{key} is {value!r}, expected {kind.__name__}")
+        for key in ("files", "rows"):
+            for table in TABLES:
+                value = data[key].get(table)
+                kind = str if key == "files" else int
+                if not isinstance(value, kind) or isinstance(value, bool):
+                    raise ValueError(f"{key}.{table} is {value!r}, expected {kind.__name__}")
+        for key in ("bytes", "generation"):
+            if not isinstance(data.get(key, 0), int):
+                raise ValueError(f"{key} is {data[key]!r}, expected int")
+        return cls(
+            name=data["name"],
+            start_row=data["start_row"],
+            end_row=data["end_row"],
+            files={t: data["files"][t] for t in TABLES},
+            rows={t: data["rows"][t] for t in TABLES},
+            bytes=data.get("bytes", 0),
+            generation=data.get("generation", 0),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def parse_parts(entries: Any) -> tuple[list[PartEntry], list[str]]:
+    """(the parts that parse, a message for each entry that does not): strict readers refuse a run with
+    any message, the validator reports each one and checks the rest."""
+    if not isinstance(entries, list):
+        return [], [f"parts is {type(entries).__name__}, expected a list"]
+    parts, problems = [], []
+    for i, entry in enumerate(entries):
+        try:
+            parts.append(PartEntry.parse(entry))
+        except ValueError as e:
+            problems.append(f"parts[{i}] is malformed ({e})")
+    return parts, problems
+
+
+@dataclass
+class Manifest:
+    """A run's manifest. ``spec``, ``fingerprint``, ``model`` and ``versions`` are fixed for the life of
+    the run (see ``engines.base.run_header``); the rest changes as parts are committed."""
+
+    spec: dict[str, Any] = field(default_factory=dict)
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    schema_versions: dict[str, int] = field(default_factory=dict)
+    status: str = "running"  # running, interrupted or complete
+    parts: list[PartEntry] = field(default_factory=list)
+    #: the pass (incremental generation) the run is in; None for a run from before passes were recorded
+    generation: int | None = None
+    #: the input files of the current pass (see inputs.fingerprint), which a resume checks are unchanged
+    sources: list[dict[str, Any]] | None = None
+    resumes: int = 0
+    created_at: str | None = None
+    updated_at: str | None = None
+    resumed_at: str | None = None
+    completed_at: str | None = None
+    last_run: dict[str, Any] | None = None  # the last pass's summary (engines.base.RunSummary)
+    counts: dict[str, int] | None = None  # rows of every table over all parts, once complete
+    format: str = FORMAT
+    #: keys this version does not know, kept as they were
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "manifest") -> Manifest:
+        """A manifest from its JSON form (after :func:`upgrade`); RunDirError for malformed parts."""
+        data = upgrade(data)
+        parts, problems = parse_parts(data.get("parts"))
+        if problems:
+            raise RunDirError(
+                f"{where} is damaged: its list of parts is missing or malformed ({problems[0]})"
+            )
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra", "parts"}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        for name in ("spec", "fingerprint", "model", "versions", "schema_versions"):
+            if not isinstance(kwargs.get(name, {}), dict):
+                raise RunDirError(f"{where} is damaged: {name} is not an object")
+        generation = kwargs.get("generation")
+        if generation is not None and (not isinstance(generation, int) or isinstance(generation, bool)):
+            raise RunDirError(f"{where} is damaged: generation is {generation!r}, expected int")
+        return cls(**kwargs, parts=parts, extra={k: v for k, v in data.items() if k not in known | {"parts"}})
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        out["parts"] = [p.to_dict() for p in self.parts]
+        out = {"format": out.pop("format"), **out, **self.extra}
+        return {k: v for k, v in out.items() if v is not None}
+
+    # -- what readers ask of a run -----------------------------------------------------------------
+    @property
+    def inputs(self) -> list[str]:
+        """The run's inputs, to read its reviews again: the fingerprint's, absolute and so readable from
+        any directory, or (a run from before they were) the spec's, as the job gave them."""
+        return list(self.fingerprint.get("inputs") or self.spec.get("inputs") or [])
+
+    @property
+    def layers(self) -> list[int]:
+        return list(self.model.get("layers") or [])
+
+    @property
+    def num_layers(self) -> int | None:
+        return self.model.get("num_layers")
+
+    @property
+    def labels(self) -> list[str]:
+        """The model's label names in id order."""
+        id2label = self.model.get("id2label") or {}
+        return [id2label[k] for k in sorted(id2label, key=int)]
+
+    @property
+    def byte_level(self) -> bool | None:
+        """Whether the run's tokens spell bytes (byte-level BPE); None for a run that did not record it."""
+        return self.model.get("byte_level")
+
+    @property
+    def job_sha256(self) -> str:
+        return str(self.fingerprint.get("job_sha256", ""))
+
+    @property
+    def passes(self) -> set[int]:
+        return {p.generation for p in self.parts}
+
+
+def upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """A manifest of an older layout in this version's (a copy; the input is left as it is)."""
+    data = dict(data)
+    fingerprint = data.get("fingerprint")
+    if isinstance(fingerprint, dict):
+        fingerprint = dict(fingerprint)
+        if isinstance(fingerprint.get("inputs"), list):  # from before inputs were kept absolute
+            fingerprint["inputs"] = [os.path.abspath(p) for p in fingerprint["inputs"]]
+        if "input_format" not in fingerprint:  # from before the format was part of it
+            spec = data.get("spec")
+            fingerprint["input_format"] = (
+                spec.get("input_format", "auto") if isinstance(spec, dict) else "auto"
+            )
+        data["fingerprint"] = fingerprint
+    if isinstance(data.get("sources"), list):  # relative paths in older runs
+        data["sources"] = [
+            {**s, "path": os.path.abspath(s["path"])} if isinstance(s, dict) and "path" in s else s
+            for s in data["sources"]
+        ]
+    return data
+
+
+def load_json(run_dir: str | Path) -> dict[str, Any]:
+    """The manifest's JSON object as written (the validator checks it field by field)."""
+    path = Path(run_dir) / MANIFEST
+    if not path.is_file():
+        raise RunDirError(f"{run_dir} is not a run directory (no {MANIFEST})")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunDirError(f"{path} is damaged: {e}") from None
+    if not isinstance(data, dict):
+        raise RunDirError(f"{path} is damaged: not a JSON object")
+    return data
+
+
+def read_manifest(run_dir: str | Path) -> Manifest:
+    """A run's manifest, checked for the shape every reader relies on."""
+    data = load_json(run_dir)
+    if data.get("format") != FORMAT:
+        raise RunDirError(f"{run_dir} is not a bertattn run directory")
+    return Manifest.from_dict(data, where=str(Path(run_dir) / MANIFEST))
+
+
+def save_manifest(run_dir: Path, manifest: Manifest) -> None:
+    text = json.dumps(manifest.to_dict(), indent=1, ensure_ascii=False, default=str)
+    try:
+        atomic_write_text(run_dir / MANIFEST, text)
+    except OSError as e:
+        raise WriteError(f"writing {run_dir / MANIFEST} failed: {e.strerror or e}") from e
+
+
+def row_range_problems(parts: Iterable[tuple[int, int, int]]) -> list[str]:
+    """What is wrong with committed parts' (generation, start_row, end_row): the first pass must tile
+    rows 0..N-1 without a gap, and no pass may hold a row twice. The writer and the validator share it."""
+    by_gen: dict[int, list[tuple[int, int]]] = {}
+    for gen, start, end in parts:
+        by_gen.setdefault(gen, []).append((start, end))
+    problems = []
+    for gen, ranges in sorted(by_gen.items()):
+        ranges.sort()
+        expect = 0 if gen == 0 else ranges[0][0]
+        for start, end in ranges:
+            if start > expect and gen == 0:
+                problems.append(f"rows {expect}..{start - 1} are in no committed part")
+            elif start < expect:
+                problems.append(f"rows {start}..{min(expect, end) - 1} are in two parts of generation {gen}")
+            expect = max(expect, end)
+    return problems

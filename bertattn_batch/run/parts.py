@@ -1,0 +1,131 @@
+"""A part's files: written under temporary names by whoever scored its window, published after its commit.
+
+Usage::
+
+    writer = PartWriter(run_dir)                              # needs no manifest: a Ray worker has one
+    entry = writer.stage(start_row, end_row, tables, generation)   # step 1: temporary files, fsynced
+    ...                                                       # step 2: RunDir.commit lists the entry
+    writer.publish(entry)                                     # step 3: the files take their final names
+
+    for part in committed_files(run_dir, ["cls_attention", "predictions"]):   # what readers read
+        part.name, part.files["cls_attention"]
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import schema
+from ..errors import RunDirError, WriteError, first_line
+from .layout import TABLES, part_name, tmp_name
+from .manifest import PartEntry, read_manifest
+
+#: How long a reader waits for a committed part that a running extract has yet to rename into place.
+RENAME_WAIT_SECONDS = 5.0
+
+
+class PartWriter:
+    """Writes and publishes the files of parts; a subclass may override :meth:`_write_parquet` to
+    simulate failures in tests (a full disk, a torn file)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+
+    def stage(
+        self, start_row: int, end_row: int, tables: dict[str, pa.Table], generation: int = 0
+    ) -> PartEntry:
+        """Step 1: write every table's file under its temporary name; returns the manifest entry."""
+        name = part_name(start_row, generation)
+        files, counts, nbytes = {}, {}, 0
+        try:
+            for table_name in TABLES:
+                table = schema.cast(tables[table_name], table_name)
+                tmp = self.run_dir / table_name / tmp_name(name)
+                self._write_parquet(table, tmp)
+                files[table_name] = f"{table_name}/{name}"
+                counts[table_name] = table.num_rows
+                nbytes += tmp.stat().st_size
+        except OSError as e:
+            raise WriteError(f"writing {name} to {self.run_dir} failed: {e.strerror or e}") from e
+        return PartEntry(name, start_row, end_row, files, counts, nbytes, generation)
+
+    def publish(self, entry: PartEntry) -> None:
+        """Step 3: rename the part's temporary files to their final names."""
+        try:
+            for table_name in TABLES:
+                folder = self.run_dir / table_name
+                (folder / tmp_name(entry.name)).replace(folder / entry.name)
+        except OSError as e:
+            raise WriteError(f"writing {entry.name} to {self.run_dir} failed: {e.strerror or e}") from e
+
+    def _write_parquet(self, table: pa.Table, path: Path) -> None:
+        """Write and fsync one file."""
+        pq.write_table(
+            table, path, compression="zstd", row_group_size=1 << 20, use_dictionary=_repeating(table.schema)
+        )
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _repeating(table_schema: pa.Schema) -> list[str]:
+    """Columns worth dictionary-encoding: strings (doc ids, tokens, labels) and int16 (layer, head).
+
+    Weights, positions and offsets rarely repeat; trying a dictionary on them and falling back cost
+    half the write time (docs/performance.md).
+    """
+    return [f.name for f in table_schema if f.type in (pa.string(), pa.int16())]
+
+
+def check_part_file(run_dir: Path, path: Path) -> None:
+    """Raise unless a committed part file is there and its Parquet footer reads (a file cut short by a
+    full disk or an interrupted copy has none): a few kilobytes read per file.
+
+    A reader may meet a running extract's part between its commit and its rename (steps 2 and 3 of the
+    module docstring): it waits up to ``RENAME_WAIT_SECONDS`` for the file to take its final name.
+    """
+    name = path.relative_to(run_dir) if path.is_relative_to(run_dir) else path
+    tmp = path.with_name(tmp_name(path.name))
+    deadline = time.monotonic() + RENAME_WAIT_SECONDS
+    while not path.is_file() and tmp.is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if path.is_file():
+        try:
+            pq.read_metadata(path)
+            return
+        except (pa.ArrowException, OSError) as e:
+            problem = f"cannot be read ({first_line(e)})"
+    elif tmp.is_file():
+        problem = "is committed but still has its temporary name (its extract stopped before renaming it)"
+        raise RunDirError(f"{run_dir}: {name} {problem}; rerun the extract to finish the run")
+    else:
+        problem = "is committed in the manifest but missing"
+    raise RunDirError(f"{run_dir}: {name} {problem}; bertattn validate tells what else is wrong")
+
+
+@dataclass(frozen=True)
+class CommittedPart:
+    name: str
+    files: dict[str, Path]  # table -> absolute path
+
+
+def committed_files(run_dir: str | Path, tables: tuple[str, ...] | list[str] = TABLES) -> list[CommittedPart]:
+    """The files of ``tables`` of every part the manifest commits, in name order. The manifest, not the
+    folder, says what is committed: a stray file is never read, and a committed file that is missing or
+    cut short stops the reader rather than leaving its reviews out."""
+    run = Path(run_dir)
+    out = []
+    for part in sorted(read_manifest(run).parts, key=lambda p: p.name):
+        files = {t: run / part.files[t] for t in tables}
+        for f in files.values():
+            check_part_file(run, f)
+        out.append(CommittedPart(part.name, files))
+    return out

@@ -1,0 +1,120 @@
+"""Where a reopened run goes on: the pass, the rows and ids it skips, and the ids committed rows hold.
+
+Usage::
+
+    point = resume_point(run, incremental=False, by_id=True, sources=source_files(sources))
+    point.generation, point.skip_until, point.skip_ids, point.taken_ids
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import RunDirError
+from ..ids import IdSet
+from .rundir import RunDir
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """What the parts to come are: which pass (``generation``) and, of the input, what they skip.
+
+    ``skip_until``: the rows before it are committed (a resume goes on by row number); ``skip_ids``:
+    every input row with one of these ids is skipped (an incremental pass goes by id); ``taken_ids``:
+    ids that committed rows of this pass hold, so that a later repeat of one is still ``duplicate_id``.
+    """
+
+    generation: int = 0
+    skip_until: int = 0
+    skip_ids: IdSet | None = None
+    taken_ids: IdSet | None = None
+
+    @property
+    def skipped(self) -> int:
+        """Input rows earlier passes committed that this one does not redo (for the summary)."""
+        return self.skip_until + len(self.skip_ids or ())
+
+
+def resume_point(
+    run: RunDir, incremental: bool, by_id: bool, sources: list[dict[str, Any]] | None = None
+) -> ResumePoint:
+    """The resume point of a reopened run (``by_id``: the job has an id column), recorded in its manifest
+    as the pass begins.
+
+    An incremental job starts a new pass (generation) over a run whose last pass completed, skipping
+    every committed id; over an interrupted pass it finishes that pass, as a plain resume does. The
+    pass's generation is recorded in the manifest before its first part, so a pass interrupted before
+    it commits anything is still known, and so are its input files (``sources``, see
+    ``inputs.fingerprint.source_files``): a pass that continues by row number refuses inputs that changed.
+    """
+    parts = run.parts
+    generation = run.manifest.generation
+    if not incremental:
+        if run.manifest.passes - {0} or generation:  # an incremental pass, even one interrupted before
+            # its first part: its inputs are the grown ones, its row numbers not ours
+            raise RunDirError(
+                f"{run.run_dir} was last run with --incremental (its passes go by id, not by row number); "
+                "rerun it with --incremental (or --overwrite)"
+            )
+        skip_until = max((p.end_row for p in parts), default=0)
+        if skip_until:
+            _check_same_inputs(run, sources, by_id)
+        run.begin_pass(0, sources)
+        return ResumePoint(0, skip_until, None, run.committed_ids() if by_id and skip_until else None)
+    if parts and (run.reopened_status == "complete" or generation is None):
+        generation = max(run.manifest.passes) + 1  # a new pass (also over a run from before passes were kept)
+        run.begin_pass(generation, sources)
+        return ResumePoint(generation, 0, run.committed_ids(), None)
+    # finish the interrupted pass where it stopped, by row number as any resume does (the input is
+    # taken to be unchanged): a repeat of one of its ids is still duplicate_id, a null id is not redone
+    generation = generation or 0
+    current = [p for p in parts if p.generation == generation]
+    earlier = [p for p in parts if p.generation < generation]
+    skip_until = max((p.end_row for p in current), default=0)
+    if skip_until:
+        _check_same_inputs(run, sources, by_id)
+    run.begin_pass(generation, sources)
+    taken = run.committed_ids(current) if by_id and current else None
+    return ResumePoint(generation, skip_until, run.committed_ids(earlier) if earlier else None, taken)
+
+
+def _check_same_inputs(run: RunDir, sources: list[dict[str, Any]] | None, by_id: bool) -> None:
+    """Refuse to continue a pass by row number over input files that changed since it began: a file
+    sorted in front of the old ones would shift every row, so old reviews would be written again under
+    new row numbers and the new ones skipped, all with exit status 0."""
+    before = run.manifest.sources
+    if sources is None or before is None:  # runs from before sources were kept
+        return
+    if len(before) == len(sources) and all(map(_same_file, before, sources)):
+        return
+    old = {s["path"]: s for s in before}
+    now = {s["path"] for s in sources}
+    changes = [f"{s['path']} is new" for s in sources if s["path"] not in old]
+    changes += [f"{p} is gone" for p in old if p not in now]
+    for s in sources:
+        was = old.get(s["path"])
+        if was is not None and was["bytes"] != s["bytes"]:
+            changes.append(f"{s['path']} changed size")
+        elif was is not None and not _same_file(was, s):
+            changes.append(f"{s['path']} was rewritten (same size, other bytes at its start or end)")
+    changes = changes or ["the files are read in another order"]
+    more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
+    fix = "restore them, or pass --overwrite to start again"
+    if by_id and run.reopened_status == "complete" and not run.manifest.generation:
+        fix += ", or --incremental to add only the reviews whose ids are new"
+    raise RunDirError(
+        f"{run.run_dir}: the inputs changed since this run began ({'; '.join(changes[:3])}{more}); "
+        f"a resume goes on by row number and would mix old and new rows: {fix}"
+    )
+
+
+def _same_file(was: dict[str, Any], now: dict[str, Any]) -> bool:
+    """The same input file as when the pass began, by what both records hold (older runs: the size
+    alone): its size and time, or where only its time changed (a copy, a re-export of the same rows),
+    the bytes at its start and end (``inputs.fingerprint.source_files``)."""
+    if was["path"] != now["path"] or was["bytes"] != now["bytes"]:
+        return False
+    if "mtime_ns" not in was or was["mtime_ns"] == now["mtime_ns"]:
+        return True
+    return was.get("ends_sha256") == now["ends_sha256"]

@@ -1,0 +1,297 @@
+"""The run directory while a job writes it: open (or reopen), commit parts in row order, finalize.
+
+Usage::
+
+    with RunDir(run_dir, header, on_existing="resume") as run:   # header: spec, model, fingerprint...
+        run.begin_pass(0, sources)              # engines.base.resume_point: which pass, which inputs
+        entry = run.part_writer.stage(start_row, end_row, tables)
+        run.commit(entry)
+        run.finalize(last_run)
+
+Life cycle of a part (the same for every table, committed together; compare Ray Data's ``Datasink``):
+1. ``stage``: each table is written under a name readers skip (``_part-….parquet.tmp``) and fsynced,
+   by whoever scored the window (this process, or a Ray worker);
+2. ``commit``: the manifest (replaced atomically) lists the part: this is the commit point;
+3. ``publish``: the files are renamed to ``part-….parquet``.
+On reopening, parts the manifest lists are rolled forward (step 3), and files it does not list are
+removed, so a run killed at any point resumes with neither duplicates nor gaps. ``fail`` (a job that
+stops on an error or a signal) removes the temporaries of uncommitted parts and says "interrupted".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .. import schema
+from .._util import file_lock, hidden_tmp
+from ..errors import RunDirError, WriteError
+from ..ids import IdSet
+from .layout import AGGREGATES_DIR, LOCK_NAME, MANIFEST, REPORT_NAME, TABLES, tmp_name
+from .manifest import Manifest, PartEntry, read_manifest, row_range_problems, save_manifest
+from .parts import PartWriter, check_part_file
+
+
+class RunDir:
+    """One run directory, held by this process (a lock) from :meth:`open` to :meth:`close`."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        header: dict[str, Any],
+        on_existing: str = "resume",
+        part_writer: PartWriter | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.header = header
+        self.on_existing = on_existing
+        self.part_writer = part_writer or PartWriter(self.run_dir)
+        self.manifest = Manifest()
+        #: the status the run had when it was reopened (None for a new run): "complete" means its last
+        #: pass ended, so an incremental job starts a new one rather than finishing it
+        self.reopened_status: str | None = None
+        self._began = False  # whether this process began (or went on with) a pass: see fail
+        self._held = contextlib.ExitStack()
+
+    # -- life cycle ---------------------------------------------------------------------------------
+    def __enter__(self) -> RunDir:
+        self.open()
+        return self
+
+    def __exit__(self, exc_type: type | None, *_: object) -> None:
+        try:
+            if exc_type is not None:
+                self.fail()
+        finally:
+            self.close()
+
+    def open(self) -> None:
+        """Create a run, or reopen one made by the same job (rolling its parts forward); holds the run's
+        writer lock until :meth:`close`."""
+        # before the lock: a folder that is not a run gets no lock file either
+        old_manifest(self.run_dir, self.on_existing)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._held.enter_context(file_lock(self.run_dir / LOCK_NAME, busy=self._busy))
+        except OSError as e:
+            raise RunDirError(f"cannot write into {self.run_dir}: {e.strerror or e}") from None
+        try:
+            self._open_locked()
+        except BaseException:
+            self.close()
+            raise
+
+    def _busy(self, holder: str) -> RunDirError:
+        """Why: two scheduled runs with the same --out would commit parts of the same names over each
+        other and each rewrite the manifest without the other's parts."""
+        return RunDirError(
+            f"another bertattn process{holder} is writing {self.run_dir}; wait for it to end or choose "
+            "another --out"
+        )
+
+    def close(self) -> None:
+        """Release the writer lock (the run itself is left as it is)."""
+        self._held.close()
+
+    def _open_locked(self) -> None:
+        old = old_manifest(self.run_dir, self.on_existing)
+        # a run that committed no part (its start failed, say on a mistyped input) holds nothing to
+        # keep, so the corrected job may start afresh instead of being refused as another job
+        if old is not None and (self.on_existing == "overwrite" or not old.parts):
+            self._clear()
+            old = None
+        if old is not None:
+            self.manifest = old
+            self.reopened_status = old.status
+            self._check_compatible(old)
+            if "fingerprint" in self.header:  # the same job, now spelt as this version spells it
+                self.manifest.fingerprint = self.header["fingerprint"]
+            self._recover()  # saved with the status it had: "running" is for begin_pass to say
+        else:
+            self.manifest = Manifest(
+                **{
+                    k: self.header[k]
+                    for k in ("spec", "fingerprint", "model", "versions")
+                    if k in self.header
+                },
+                schema_versions=schema.versions(),
+                created_at=_now(),
+            )
+        for table in TABLES:
+            (self.run_dir / table).mkdir(parents=True, exist_ok=True)
+        self._save()
+
+    def fail(self) -> None:
+        """Leave the run resumable: only temporary files of an uncommitted part are removed.
+
+        A reopened run refused before its pass began (its inputs changed, say) keeps the status it had:
+        marked "interrupted", a complete run would have its next --incremental job finish its last
+        pass by row number instead of starting a new pass by id.
+        """
+        listed = {tmp_name(p.name) for p in self.manifest.parts}
+        for table in TABLES:
+            folder = self.run_dir / table
+            for f in folder.glob("_*.tmp") if folder.is_dir() else []:
+                if f.name not in listed:
+                    f.unlink(missing_ok=True)
+        if self.manifest.schema_versions:  # opened
+            began = self._began or self.reopened_status is None
+            self.manifest.status = "interrupted" if began else (self.reopened_status or "interrupted")
+            with contextlib.suppress(OSError, WriteError):  # the first error counts
+                self._save()
+
+    def finalize(self, last_run: dict[str, Any]) -> Manifest:
+        """Mark the run complete, with this pass's summary and the row counts of every table."""
+        counts = dict.fromkeys(TABLES, 0)  # an empty input still counts its (empty) tables
+        for p in self.manifest.parts:
+            for table, n in p.rows.items():
+                counts[table] = counts.get(table, 0) + n
+        self.manifest.last_run = last_run
+        self.manifest.counts = counts
+        self.manifest.status = "complete"
+        self.manifest.completed_at = _now()
+        self._save()
+        return self.manifest
+
+    def begin_pass(self, generation: int, sources: list[dict[str, Any]] | None = None) -> None:
+        """Record which pass the parts to come belong to, before the first of them: a pass killed before
+        it commits anything must still be told from the finished pass before it. ``sources``: the input
+        files the pass reads, which a resume of it checks are unchanged."""
+        self.manifest.generation = generation
+        if self.reopened_status is not None:
+            self.manifest.status = "running"
+            self.manifest.resumed_at = _now()
+            self.manifest.resumes += 1
+        self._began = True
+        if sources is not None:
+            self.manifest.sources = sources
+        self._save()
+
+    # -- parts --------------------------------------------------------------------------------------
+    @property
+    def parts(self) -> list[PartEntry]:
+        return self.manifest.parts
+
+    def committed_ids(self, parts: list[PartEntry] | None = None) -> IdSet:
+        """Source ids of every committed review (of ``parts``, by default all): rows without a source id
+        (``schema.ROW_NUMBER_STATUSES``) are left out, as their doc id is only a row number (an
+        incremental pass records them again, and a real id equal to that number is still new)."""
+        ids = IdSet()
+        no_id = pa.array(schema.ROW_NUMBER_STATUSES)
+        for p in self.parts if parts is None else parts:
+            t = pq.read_table(self.run_dir / p.files["predictions"], columns=["doc_id", "status"])
+            ids.update(t.filter(pc.invert(pc.is_in(t["status"], no_id))).column("doc_id").to_pylist())
+        return ids
+
+    def commit(self, entry: PartEntry) -> None:
+        """Steps 2 and 3 for a staged part: list it (replacing one of the same name), then publish it."""
+        self.manifest.parts[:] = [p for p in self.manifest.parts if p.name != entry.name] + [entry]
+        self._save()
+        self.part_writer.publish(entry)
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _save(self) -> None:
+        self.manifest.updated_at = _now()
+        save_manifest(self.run_dir, self.manifest)
+
+    def _recover(self) -> None:
+        """Roll listed parts forward; delete every file the manifest does not list."""
+        listed = {p.name for p in self.parts}
+        for table in TABLES:
+            folder = self.run_dir / table
+            for f in folder.iterdir() if folder.is_dir() else ():
+                if f.name in listed and f.is_file():
+                    continue
+                if f.name.startswith("_") and f.name.endswith(".tmp") and f.name[1:-4] in listed:
+                    final = folder / f.name[1:-4]
+                    if final.exists():
+                        f.unlink()
+                    else:
+                        f.replace(final)
+                elif f.is_dir():  # a table folder holds parts only; a reader of the folder would read it
+                    shutil.rmtree(f)
+                else:
+                    f.unlink()
+        for p in self.parts:
+            for table in TABLES:
+                check_part_file(self.run_dir, self.run_dir / p.files[table])
+        # resuming starts after the last committed row, so the row ranges must be whole: a gap or an
+        # overlap means the manifest was edited or restored from an older copy
+        for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in self.parts):
+            raise RunDirError(
+                f"{self.run_dir}: {problem} (was the manifest edited or restored?); "
+                "pass --overwrite to start the run again"
+            )
+
+    def _check_compatible(self, old: Manifest) -> None:
+        if old.schema_versions != schema.versions():
+            raise RunDirError(
+                f"{self.run_dir} was written with schema versions {old.schema_versions}, "
+                f"this version writes {schema.versions()}; pass --overwrite or choose another --out"
+            )
+        mine, theirs = self.header.get("fingerprint", {}), old.fingerprint
+        # job_sha256 is a hash of the others (and of the inputs as an older version spelt them)
+        diff = sorted(
+            k for k in set(mine) | set(theirs) if k != "job_sha256" and mine.get(k) != theirs.get(k)
+        )
+        if diff:
+            detail = "; ".join(f"{k}: run has {theirs.get(k)!r}, job has {mine.get(k)!r}" for k in diff)
+            raise RunDirError(
+                f"{self.run_dir} was made by another job ({detail}); pass --overwrite or choose another --out"
+            )
+
+    def _clear(self) -> None:
+        """Remove what bertattn wrote into the run directory, its manifest last: a clear cut short leaves
+        a folder that is still recognisably a run, so the next --overwrite can finish it."""
+        temporaries = (hidden_tmp(MANIFEST), hidden_tmp(REPORT_NAME))
+        for name in (*TABLES, AGGREGATES_DIR, REPORT_NAME, *temporaries, MANIFEST):
+            child = self.run_dir / name
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink(missing_ok=True)
+
+
+def old_manifest(run_dir: Path, on_existing: str = "resume") -> Manifest | None:
+    """The manifest of the run in ``run_dir`` (None where there is no run there yet); refuses a file and
+    a folder that bertattn did not make, never to delete or write into it, even when asked to overwrite,
+    and with ``on_existing="new"`` a run that committed parts. Also called before a job trains its
+    model, so that an --out that would be refused is found first."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is a file, not a folder; choose another --out")
+    if not run_dir.is_dir():
+        return None
+    if not (run_dir / MANIFEST).is_file():
+        if any(not _left_by_a_start(p) for p in run_dir.iterdir()):
+            raise RunDirError(f"{run_dir} is not empty and is not a run directory; choose another --out")
+        return None
+    try:
+        old = read_manifest(run_dir)  # a damaged one is named, not cleared
+    except RunDirError as e:
+        if "is not a bertattn run directory" in str(e):
+            raise RunDirError(f"{run_dir} is not a bertattn run directory; choose another --out") from None
+        raise
+    if on_existing == "new" and old.parts:
+        raise RunDirError(f"{run_dir} already holds a run; choose another --out or pass --overwrite")
+    return old
+
+
+def _left_by_a_start(path: Path) -> bool:
+    """What a run that stopped before its first manifest was saved (a full disk, a kill) leaves: the
+    lock, the manifest's temporary and empty table folders. Why: refusing such a folder as someone
+    else's would stop every later run with this --out, --overwrite included."""
+    if path.name in (LOCK_NAME, hidden_tmp(MANIFEST)):
+        return path.is_file()
+    return path.name in TABLES and path.is_dir() and not any(path.iterdir())
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -1,0 +1,62 @@
+"""Process-wide tuning a job applies once at its start, and the per-window heap trim.
+
+Usage::
+
+    import bertattn_batch
+    bertattn_batch.tune_runtime()    # first thing in a notebook, before torch computes anything
+
+``run_job`` and every ``bertattn`` command call :func:`tune_runtime` themselves; importing the package
+changes nothing. What it sets, and why, is in ``docs/performance.md`` (memory).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import sys
+
+#: Environment variables read by torch's and Arrow's native libraries when they first need them; a value
+#: the user set is kept. The kernel caches (oneDNN's and, for bfloat16 matmuls, ideep's) keep a compiled
+#: kernel per input shape, and length-bucketed batches have hundreds of shapes: small caches keep a long
+#: run's memory flat at no cost in speed. jemalloc hands Arrow's freed memory back to the system as it goes.
+RUNTIME_ENV = {
+    "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "2",
+    "LRU_CACHE_CAPACITY": "16",
+    "TOKENIZERS_PARALLELISM": "false",  # a job runs its own encode threads
+}
+if sys.platform.startswith("linux"):  # where pyarrow's wheels include jemalloc
+    RUNTIME_ENV["ARROW_DEFAULT_MEMORY_POOL"] = "jemalloc"
+
+
+def tune_runtime() -> dict[str, str]:
+    """Set :data:`RUNTIME_ENV` where the user has not; returns the values in force (a Ray worker gets
+    the same). To take effect it must come before torch's first computation and pyarrow's first
+    allocation in the process."""
+    for key, value in RUNTIME_ENV.items():
+        os.environ.setdefault(key, value)
+    return {key: os.environ[key] for key in RUNTIME_ENV}
+
+
+@functools.cache
+def _malloc_trim():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc.malloc_trim
+    except (OSError, AttributeError):  # musl and others have no malloc_trim
+        return None
+
+
+def trim_heap() -> None:
+    """Hand the free memory of every glibc arena back to the system (a few ms; once per window).
+
+    Each window's batches and tables are large, short-lived allocations of varying sizes, which glibc
+    keeps in fragments once freed, so a long run's resident memory would drift up with the corpus.
+    A no-op where the C library is not glibc.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

@@ -1,0 +1,149 @@
+"""A job's own model: trained on first run from its ``[finetune]`` table, and by ``bertattn finetune``.
+
+Usage::
+
+    seconds = ensure_model(spec)              # train spec.model if it is missing; 0.0 if it is there
+    plan = plan_training(job="jobs/default.toml", epochs=2.0)
+    metrics = plan.run()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from .._util import file_lock
+from ..config import FinetuneSpec, JobSpec, from_dict, load_job
+from ..errors import ModelError, SpecError
+from ..run import old_manifest
+from . import api
+
+log = logging.getLogger(__name__)
+
+
+def ensure_model(spec: JobSpec, progress: bool = True) -> float:
+    """Train the job's model on first run when the job has a [finetune] table and the folder is missing;
+    returns the seconds that took (0 where the model was there), which a run's summary reports apart.
+
+    One job trains it; a job started meanwhile waits for that and uses the same model. Why: each would
+    otherwise train its own and replace the other's folder, and as training is capped by time its
+    weights differ, so the first job's run would be refused as another job's on every resume.
+    """
+    if spec.finetune is None or (Path(spec.model) / "config.json").is_file():
+        return 0.0
+    t0 = time.perf_counter()
+    old_manifest(Path(spec.out), spec.on_existing)  # an --out that would be refused: found before training
+    model = Path(spec.model)
+    try:
+        model.parent.mkdir(parents=True, exist_ok=True)
+        # with the model there, waiters find it and later jobs need no lock
+        with file_lock(
+            model.with_name(f".{model.name}.training.lock"),
+            waiting=f"another job is training {model}; waiting for it",
+            remove=True,
+        ):
+            if (model / "config.json").is_file():
+                log.warning("model %s was trained by another job meanwhile; using it", spec.model)
+            else:
+                _train_model(spec, progress)
+    except OSError as e:
+        raise ModelError(f"cannot write beside {model} to train it: {e.strerror or e}") from None
+    return time.perf_counter() - t0
+
+
+def training_inputs(spec: JobSpec, inputs: list[str] | None = None) -> tuple[list[str], str, str, str]:
+    """What a job's model is trained on: (inputs, text column, label column, input format).
+
+    ``[finetune]``'s own inputs and columns where it names them, else the job's; ``inputs`` given
+    replace both. The job's ``input_format`` applies to the job's inputs only; other files are told by
+    their names.
+    """
+    ft = spec.finetune or FinetuneSpec()
+    own = not inputs and not ft.inputs
+    return (
+        inputs or ft.inputs or spec.inputs,
+        ft.text_col or spec.text_col,
+        ft.label_col or spec.label_col or "label",
+        spec.input_format if own else "auto",
+    )
+
+
+def _train_model(spec: JobSpec, progress: bool) -> None:
+    assert spec.finetune is not None
+    log.warning("model %s not found: training it now from the job's [finetune] table", spec.model)
+    inputs, text_col, label_col, input_format = training_inputs(spec)
+    metrics = api.finetune_files(
+        inputs,
+        text_col=text_col,
+        label_col=label_col,
+        out_dir=spec.model,
+        spec=spec.finetune,
+        input_format=input_format,
+        progress=progress,
+    )
+    if metrics.get("accuracy") is None:  # eval_fraction = 0; an accuracy of 0.0 is still printed
+        log.warning("trained %s: no held-out split", spec.model)
+    else:
+        log.warning(
+            "trained %s: held-out accuracy %.4f, macro-F1 %.4f",
+            spec.model,
+            metrics["accuracy"],
+            metrics["macro_f1"],
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingPlan:
+    """What ``bertattn finetune`` trains: on which rows, into which folder, with which settings."""
+
+    inputs: list[str]
+    text_col: str
+    label_col: str
+    out_dir: str
+    input_format: str
+    spec: FinetuneSpec
+
+    def run(self, progress: bool = True) -> dict[str, Any]:
+        return api.finetune_files(
+            self.inputs, self.text_col, self.label_col, self.out_dir, self.spec, self.input_format, progress
+        )
+
+
+def plan_training(
+    inputs: list[str] | None = None,
+    out: str | None = None,
+    job: str | Path | None = None,
+    text_col: str | None = None,
+    label_col: str | None = None,
+    input_format: str | None = None,
+    **settings: Any,
+) -> TrainingPlan:
+    """A training from files and ``--out``, or from a job spec's model and ``[finetune]`` table (its
+    inputs and columns where the table names none; ``inputs`` given replace them). ``settings``: keys of
+    :class:`FinetuneSpec` (None: not given), which replace the table's."""
+    given = {k: v for k, v in settings.items() if v is not None}
+    if job is not None:
+        spec = load_job(job)
+        table = dataclasses.asdict(spec.finetune or FinetuneSpec())
+        job_inputs, job_text_col, job_label_col, job_format = training_inputs(spec, inputs)
+        return TrainingPlan(
+            job_inputs,
+            text_col or job_text_col,
+            label_col or job_label_col,
+            out or spec.model,
+            input_format or job_format,
+            from_dict(FinetuneSpec, {**table, **given}),
+        )
+    if not inputs or not out:
+        raise SpecError("give INPUT... and --out, or --job JOB.toml")
+    return TrainingPlan(
+        list(inputs),
+        text_col or "text",
+        label_col or "label",
+        out,
+        input_format or "auto",
+        from_dict(FinetuneSpec, given),
+    )

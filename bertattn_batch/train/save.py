@@ -1,0 +1,90 @@
+"""Saving a trained classifier: into a temporary folder beside its place, checked, then renamed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .._util import atomic_dir, file_lock
+from ..errors import ModelError
+
+METRICS_FILE = "finetune_metrics.json"
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse to replace a file or a non-empty folder that this module did not write, and a place where
+    the model could not be saved, before training rather than after."""
+    if out_dir.exists() and (
+        not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / METRICS_FILE).is_file())
+    ):
+        raise ModelError(f"{out_dir} exists and is not a model trained here; remove it or choose another")
+    try:  # the model is written beside its folder first (see save_model): try that place now
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent).cleanup()
+    except OSError as e:
+        raise ModelError(f"cannot save a model to {out_dir}: {e.strerror or e}") from None
+
+
+@contextlib.contextmanager
+def out_dir_lock(out_dir: Path) -> Iterator[None]:
+    """One training per output folder at a time: a second would replace the first's model when both
+    finish, or fail on the rename after all its training. The lock file beside the folder is removed
+    when the training ends."""
+
+    def busy(_holder: str) -> ModelError:
+        return ModelError(f"another finetune is training into {out_dir}; wait for it or choose another --out")
+
+    try:
+        with file_lock(out_dir.with_name(f".{out_dir.name}.finetune.lock"), busy=busy, remove=True):
+            yield
+    except OSError as e:
+        raise ModelError(f"cannot write beside {out_dir}: {e.strerror or e}") from None
+
+
+def save_model(
+    model: Any, tokenizer: Any, metrics: dict[str, Any], out_dir: Path, tok_size: int, names: list[str]
+) -> None:
+    """Write to a temporary folder beside ``out_dir``, check that it reloads, then rename it into place."""
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # truncation is chosen per call; do not save the last call's setting
+            backend.no_truncation()
+            backend.no_padding()
+        tokenizer.save_pretrained(tmp)
+        text = json.dumps(metrics, indent=2, ensure_ascii=False) + "\n"
+        (tmp / METRICS_FILE).write_text(text, encoding="utf-8")
+        _plain_permissions(tmp)
+        check_saved(tmp, tok_size, names)
+
+
+def _plain_permissions(folder: Path) -> None:
+    """Temporary folders and some saved files are private (0700/0600); give them the umask's usual modes."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for f in folder.rglob("*"):
+        f.chmod((0o777 if f.is_dir() else 0o666) & ~umask)
+
+
+def check_saved(folder: str | Path, tok_size: int, names: list[str]) -> None:
+    """Reload a saved folder and check what goes wrong silently: vocabulary, labels, weights format."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = Path(folder)
+    if not list(folder.glob("*.safetensors")):
+        raise ModelError(f"{folder}: no .safetensors weights were written")
+    tok = AutoTokenizer.from_pretrained(folder)
+    if len(tok) != tok_size:
+        raise ModelError(f"{folder}: reloaded tokenizer has {len(tok)} tokens, trained with {tok_size}")
+    model = AutoModelForSequenceClassification.from_pretrained(folder, use_safetensors=True)
+    got = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    if got != names:
+        raise ModelError(f"{folder}: reloaded labels {got}, trained with {names}")
+    if model.config.vocab_size < tok_size:
+        raise ModelError(f"{folder}: model vocabulary {model.config.vocab_size} < tokenizer's {tok_size}")

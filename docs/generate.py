@@ -1,0 +1,127 @@
+"""Regenerate the parts of docs/ that are made from the code: ``python docs/generate.py`` (``--check``:
+exit 1 if a file is out of date, which ``tests/unit/test_docs.py`` runs).
+
+Each generated part sits between ``<!-- generated: NAME -->`` and ``<!-- end generated -->`` in its file:
+
+- ``commands`` (docs/commands.md): every command's ``--help``;
+- ``tables`` (docs/run-directory.md): every column of every table, from ``schemas/``;
+- ``bench`` (docs/performance.md): the figures of every ``bench/results/*.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+REPO = DOCS.parent
+MARK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated -->)", re.S)
+#: Columns of the help text in docs/commands.md (wide enough that no option's help is cut).
+HELP_COLUMNS = 100
+
+
+def commands() -> str:
+    """``bertattn --help`` and every command's, as a terminal of ``HELP_COLUMNS`` columns prints them."""
+    from typer.testing import CliRunner
+
+    from bertattn_batch.cli import app
+
+    env = {"COLUMNS": str(HELP_COLUMNS), "TERM": "dumb", "NO_COLOR": "1", "_TYPER_FORCE_DISABLE_TERMINAL": "1"}
+    runner = CliRunner()
+    names = [c.name or c.callback.__name__ for c in app.registered_commands]
+    out = []
+    for args in ([], *([name] for name in names)):
+        text = runner.invoke(app, [*args, "--help"], env=env, prog_name="bertattn").output
+        text = "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
+        title = f"bertattn {args[0]}" if args else "bertattn"
+        out.append(f"## `{title}`\n\n```\n{text}\n```\n")
+    return "\n".join(out)
+
+
+def tables() -> str:
+    """One section per table of ``schemas/``: its description and every column."""
+    from bertattn_batch import schema
+
+    out = []
+    for table in (*schema.TABLES, "token_influence"):
+        spec = schema.spec(table)
+        lines = [
+            f"### `{table}` (schema version {spec['version']})",
+            "",
+            spec["description"],
+            "",
+            "| column | type | description |",
+            "|---|---|---|",
+        ]
+        for c in spec["columns"]:
+            kind = c["type"] + ("" if c["nullable"] else ", not null")
+            lines.append(f"| `{c['name']}` | {kind} | {c['description']} |")
+        out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
+
+
+def bench() -> str:
+    """For every ``bench/results/*.json`` with model figures: the machine, then one table per model."""
+    out = []
+    for path in sorted((REPO / "bench" / "results").glob("*.json")):
+        results = json.loads(path.read_text(encoding="utf-8"))
+        if "models" not in results:
+            continue
+        m = results["machine"]
+        cpu = m.get("cpu_model") or m.get("device")
+        out.append(
+            f"### `{path.relative_to(REPO)}`\n\n{cpu}, {m.get('cpu_count')} cores, torch {m.get('torch')}; "
+            f"{results['settings'].get('rounds')} rounds, best round shown, paired ratio in brackets.\n"
+        )
+        for model, block in results["models"].items():
+            lines = [
+                f"**{model}**",
+                "",
+                "| method | dtype | reviews/s | tokens/s | padding | × ceiling (paired) | × seed (paired) |",
+                "|---|---|---:|---:|---:|---:|---:|",
+            ]
+            for f in block["figures"]:
+                seed = f.get("vs_seed")
+                seed_text = "" if seed is None else f"{seed:.2f} ({f.get('vs_seed_paired', seed):.2f})"
+                lines.append(
+                    f"| {f['method']} | {f['dtype']} | {f['reviews_per_s']:,.1f} | {f['tokens_per_s']:,.0f} "
+                    f"| {f['padding_share']:.1%} | {f['vs_ceiling']:.2f} ({f.get('vs_ceiling_paired', 0):.2f}) "
+                    f"| {seed_text} |"
+                )
+            out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
+
+
+GENERATORS = {"commands": commands, "tables": tables, "bench": bench}
+
+
+def render(path: Path) -> str:
+    """The file's text with each of its generated parts made anew."""
+    return MARK.sub(lambda m: f"{m.group(1)}\n{GENERATORS[m.group(2)]().strip()}\n\n{m.group(4)}", path.read_text())
+
+
+def stale() -> list[Path]:
+    return [p for p in sorted(DOCS.glob("*.md")) if render(p) != p.read_text()]
+
+
+def main(argv: list[str]) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.path.insert(0, str(REPO))
+    if "--check" in argv:
+        out_of_date = stale()
+        for p in out_of_date:
+            print(f"{p.relative_to(REPO)} is out of date: run python docs/generate.py", file=sys.stderr)
+        return 1 if out_of_date else 0
+    for p in sorted(DOCS.glob("*.md")):
+        text = render(p)
+        if text != p.read_text():
+            p.write_text(text)
+            print(f"wrote {p.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
