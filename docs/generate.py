@@ -5,7 +5,8 @@ Each generated part sits between ``<!-- generated: NAME -->`` and ``<!-- end gen
 
 - ``commands`` (docs/commands.md): every command's ``--help``;
 - ``tables`` (docs/run-directory.md): every column of every table, from ``schemas/``;
-- ``bench`` (docs/performance.md): the figures of every ``bench/results/*.json``.
+- ``bench`` (docs/performance.md): the figures of every ``bench/results/*.json``;
+- ``layout`` (docs/development.md): every module of the package with the first line of its docstring.
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ def commands() -> str:
 
     from bertattn_batch.cli import app
 
-    env = {"COLUMNS": str(HELP_COLUMNS), "TERM": "dumb", "NO_COLOR": "1", "_TYPER_FORCE_DISABLE_TERMINAL": "1"}
+    env = {
+        "COLUMNS": str(HELP_COLUMNS),
+        "TERM": "dumb",
+        "NO_COLOR": "1",
+        "_TYPER_FORCE_DISABLE_TERMINAL": "1",
+    }
     runner = CliRunner()
     names = [c.name or c.callback.__name__ for c in app.registered_commands]
     out = []
@@ -95,12 +101,37 @@ def bench() -> str:
     return "\n".join(out)
 
 
-GENERATORS = {"commands": commands, "tables": tables, "bench": bench}
+def layout() -> str:
+    """The package as a tree: every module, its size in lines, and the first sentence of its docstring."""
+    import ast
+
+    package = REPO / "bertattn_batch"
+    lines = ["```"]
+    for path in sorted(package.rglob("*.py"), key=lambda p: (p.parent != package, str(p.parent), p.name)):
+        rel = path.relative_to(package)
+        text = path.read_text(encoding="utf-8")
+        doc = (ast.get_docstring(ast.parse(text)) or "").strip()
+        first = " ".join(doc.split("\n\n")[0].split())
+        first = first.split(". ")[0].rstrip(".")
+        if len(first) > 72:
+            first = first[:71] + "…"
+        if rel.name == "__init__.py":  # a package: its folder, one level out from its modules
+            name = "  " * (len(rel.parts) - 1) + f"{(package / rel).parent.name}/"
+        else:
+            name = "  " * len(rel.parts) + rel.name
+        lines.append(f"{name:<24} {len(text.splitlines()):>4}  {first}")
+    lines.append("```")
+    return "\n".join(lines)
+
+
+GENERATORS = {"commands": commands, "tables": tables, "bench": bench, "layout": layout}
 
 
 def render(path: Path) -> str:
     """The file's text with each of its generated parts made anew."""
-    return MARK.sub(lambda m: f"{m.group(1)}\n{GENERATORS[m.group(2)]().strip()}\n\n{m.group(4)}", path.read_text())
+    return MARK.sub(
+        lambda m: f"{m.group(1)}\n{GENERATORS[m.group(2)]().strip()}\n\n{m.group(4)}", path.read_text()
+    )
 
 
 def stale() -> list[Path]:

@@ -4,8 +4,11 @@ classification head, and tiny random BERTs (English WordPiece and Chinese charac
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+# hypothesis keeps a cache of constants beside the tests unless told where: not in the source tree
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="bertattn-hypothesis-"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from pathlib import Path
@@ -14,8 +17,33 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from helpers import REPO
+from hypothesis import settings
 
 from bertattn_batch.inputs import corpora
+
+settings.register_profile("bertattn", database=None)  # no .hypothesis/ folder in the source tree
+settings.load_profile("bertattn")
+
+#: Folders of the checkout that tools own (a virtual environment, caches, make's outputs).
+_NOT_SOURCE = {".git", ".venv", "__pycache__", ".ruff_cache", "data", "models", "runs"}
+
+
+def _source_tree() -> set[str]:
+    found = set()
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in _NOT_SOURCE and not d.endswith(".egg-info")]
+        found.update(os.path.relpath(os.path.join(root, f), REPO) for f in files)
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_test_writes_into_the_source_tree():
+    before = _source_tree()
+    yield
+    added = sorted(_source_tree() - before)
+    assert not added, f"tests wrote into the source tree: {added[:10]}"
+
 
 SEED_TEXT = (
     "超级差评\xa0\xa0上菜慢\xa0服务态度超级差、先把汤上来喝饱了\xa0完事菜就上了一个，找服务员催半天也上不来"

@@ -70,3 +70,19 @@ def manifest_json(run_dir: Path) -> dict:
     import json
 
     return json.loads((Path(run_dir) / "manifest.json").read_text(encoding="utf-8"))
+
+
+#: The repository's root (tests read its job files and bench script; they never write there).
+REPO = Path(__file__).resolve().parent.parent
+
+
+def load_bench():
+    """bench/bench.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("bertattn_bench", REPO / "bench" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module

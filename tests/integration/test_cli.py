@@ -339,3 +339,23 @@ def test_tune_runtime_sets_memory_defaults_unless_set_and_importing_sets_nothing
         [sys.executable, "-c", code], env=env | preset, capture_output=True, text=True, check=True
     )
     assert out.stdout.split() == expected.split()
+
+
+def test_brackets_in_input_and_run_paths_are_plain_characters(tiny_en_dir, tmp_path):
+    """'reviews[2023].csv' that exists is that file, not a pattern; a run directory named 'exp[1]' is
+    read back by every command."""
+    src = tmp_path / "reviews[2023].csv"
+    src.write_text("text\ngood\nbad\n")
+    out = tmp_path / "exp[1]"
+    # each command in a process of its own, as a user runs them
+    for args in (
+        ["extract", str(src), "--model", str(tiny_en_dir), "--out", str(out), "--no-progress"],
+        ["validate", str(out)],
+        ["aggregate", str(out)],
+        ["report", str(out)],
+        ["plot", str(out), "--doc-id", "0", "--out", str(tmp_path / "p.html")],
+    ):
+        done = subprocess.run([sys.executable, "-m", "bertattn_batch", *args], capture_output=True, text=True)
+        assert done.returncode == 0, (args, done.stderr)
+    assert pq.read_table(out / "predictions").num_rows == 2
+    assert (tmp_path / "p.html").exists()

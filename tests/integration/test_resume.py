@@ -26,7 +26,7 @@ from bertattn_batch.errors import RunDirError, WriteError
 from bertattn_batch.run import LOCK_NAME, PartWriter, RunDir
 
 runner = CliRunner()
-KILLER = Path(__file__).with_name("killer.py")
+KILLER = Path(__file__).resolve().parents[1] / "killer.py"
 SORT_KEYS = {
     "predictions": ["row_index"],
     "cls_attention": ["doc_id", "layer", "head", "position"],

@@ -12,6 +12,7 @@ import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,7 +30,8 @@ from bertattn_batch.engines import run_job
 from bertattn_batch.errors import SpecError
 from bertattn_batch.render import report
 
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+#: Screenshots of the browser tests, to look at: BERTATTN_TEST_ARTIFACTS, else a temporary folder.
+ARTIFACTS = Path(os.environ.get("BERTATTN_TEST_ARTIFACTS") or tempfile.mkdtemp(prefix="bertattn-artifacts-"))
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser")) if p), None)
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run installs it)"

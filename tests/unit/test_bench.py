@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from helpers import load_bench
 from transformers import AutoTokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("bertattn_bench", ROOT / "bench" / "bench.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+bench = load_bench()
 
 
 def test_every_method_sees_the_same_reviews_and_tokens(tiny_en_dir, drug_sample, tmp_path):
@@ -112,27 +100,6 @@ def test_repeated_corpus_has_no_ids_and_cycles(drug_sample, tmp_path):
     texts = table.column("text").to_pylist()
     assert texts[: src.num_rows] == src.column("text").to_pylist()
     assert texts[src.num_rows : 2 * src.num_rows] == src.column("text").to_pylist()
-
-
-@pytest.mark.slow
-def test_memory_scaling_runs_extract_in_subprocesses(tiny_en_dir, drug_sample, tmp_path):
-    mem = bench.memory_scaling(
-        Path(tiny_en_dir), Path(drug_sample), tmp_path, (20, 50), 128, "cpu", keep_runs=True
-    )
-    for n in (20, 50):
-        run = mem["runs"][str(n)]
-        assert run["peak_rss_mb"] > 100  # torch alone is more than that
-        assert len(run["peak_rss_mb_runs"]) == 2 and run["peak_rss_mb"] == max(run["peak_rss_mb_runs"])
-        preds = pq.read_table(tmp_path / f"mem-{n}" / "predictions")
-        assert preds.num_rows == n
-        # the sampled series sees the child, not this process: both halves hold torch and the model
-        assert len(run["peak_halves_mb_runs"]) == 2  # each run's own halves
-        for first, second in run["peak_halves_mb_runs"]:
-            assert 100 < first <= run["peak_rss_mb"] * 1.01 and 100 < second <= run["peak_rss_mb"] * 1.01
-    assert mem["growth"] == pytest.approx(
-        mem["runs"]["50"]["peak_rss_mb"] / mem["runs"]["20"]["peak_rss_mb"] - 1, abs=1e-3
-    )
-    assert np.isfinite(mem["growth"])
 
 
 # -- the batching the bench measures: cuts that minimise padding plus a per-batch cost ----------------

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from helpers import REPO
 
 from bertattn_batch.config import FinetuneSpec, JobSpec, load_job
 from bertattn_batch.errors import InputError, ModelError, SpecError
@@ -27,7 +28,6 @@ from bertattn_batch.train import METRICS_FILE, accuracy, finetune, finetune_file
 from bertattn_batch.train.loop import learning_rate, length_batches
 from bertattn_batch.train.vocab import SPECIAL_TOKENS, build_char_vocab
 
-REPO = Path(__file__).resolve().parent.parent
 TINY = {
     "hidden_size": 32,
     "num_layers": 1,

@@ -1,10 +1,12 @@
 """Token influence by head: the written table equals a direct computation over the run's rows, word
-joining is right on real WordPiece output, and the README's polars and DuckDB queries agree with it."""
+joining is right on real WordPiece output, and the polars and DuckDB queries of docs/recipes.md agree
+with it."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import read_table
+from helpers import REPO, read_table
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
@@ -383,62 +385,22 @@ def test_cli_refuses_what_is_not_a_run(tmp_path):
     assert "not a run directory" in r.output and "Traceback" not in r.output
 
 
-# -- the README's queries: the same question in polars and in DuckDB SQL over the run's files ----------
+# -- the queries of docs/recipes.md: the same question in polars and in DuckDB SQL over the run's files -
+RECIPES = re.compile(r"<!-- recipe: (\w+) -->\n```(\w+)\n(.*?)```", re.S)
+
+
+def recipe(name: str, run: str, label: str) -> str:
+    """A query of docs/recipes.md, asked of ``run`` and ``label``, of tokens seen in 2 reviews (not 5)."""
+    found = {m.group(1): m.group(3) for m in RECIPES.finditer((REPO / "docs" / "recipes.md").read_text())}
+    text = found[name].replace("runs/en-drug-reviews", run).replace(">= 5", ">= 2")
+    return text.replace("'positive'", f"'{label}'").replace('"positive"', repr(label))
+
+
 def readme_polars(run: str, label: str = "positive") -> pl.DataFrame:
-    """Top 5 tokens per head among reviews predicted ``label``, seen in at least 2 of them."""
-    preds = pl.scan_parquet(f"{run}/predictions/part-*.parquet").filter(pl.col("status") == "ok")
-    attn = pl.scan_parquet(f"{run}/cls_attention/part-*.parquet")
-    return (
-        attn.join(preds.select("doc_id", "pred_label"), on="doc_id")
-        .filter(pl.col("pred_label") == label)
-        .group_by("layer", "head", "token")
-        .agg(
-            n_reviews=pl.col("doc_id").n_unique(), mean_scaled=pl.col("weight_scaled").cast(pl.Float64).mean()
-        )
-        .filter(pl.col("n_reviews") >= 2)
-        .sort(
-            ["layer", "head", "mean_scaled", "n_reviews", "token"],
-            descending=[False, False, True, True, False],
-        )
-        .group_by("layer", "head", maintain_order=True)
-        .head(5)
-        .collect(engine="streaming")
-    )
-
-
-README_SQL = """
-WITH ok AS (
-    SELECT doc_id, pred_label FROM read_parquet('{run}/predictions/part-*.parquet') WHERE status = 'ok'
-)
-SELECT a.layer, a.head, a.token,
-       count(DISTINCT a.doc_id) AS n_reviews,
-       avg(a.weight_scaled)     AS mean_scaled
-FROM read_parquet('{run}/cls_attention/part-*.parquet') AS a JOIN ok USING (doc_id)
-WHERE ok.pred_label = '{label}'
-GROUP BY a.layer, a.head, a.token
-HAVING count(DISTINCT a.doc_id) >= 2
-QUALIFY row_number() OVER (PARTITION BY a.layer, a.head
-                           ORDER BY mean_scaled DESC, n_reviews DESC, a.token) <= 5
-ORDER BY a.layer, a.head, mean_scaled DESC, n_reviews DESC, a.token
-"""
-
-README_SQL_TOP = """
-WITH ok AS (SELECT doc_id FROM read_parquet('{run}/predictions/part-*.parquet') WHERE status = 'ok'),
-peaks AS (
-    SELECT a.layer, a.head, a.token,
-           row_number() OVER (PARTITION BY a.doc_id, a.layer, a.head ORDER BY a.weight DESC, a.position) AS r
-    FROM read_parquet('{run}/cls_attention/part-*.parquet') AS a JOIN ok USING (doc_id)
-)
-SELECT layer, head, token, count(*) AS n_top FROM peaks WHERE r = 1
-GROUP BY ALL ORDER BY layer, head, n_top DESC, token
-"""
-
-README_SQL_AGGREGATES = """
-SELECT layer, head, rank, token, n_reviews, mean_scaled
-FROM read_parquet('{run}/aggregates/token_influence.parquet')
-WHERE unit = 'token' AND split = 'pred_label' AND class_label = '{label}' AND rank <= 5
-ORDER BY layer, head, rank
-"""
+    """docs/recipes.md's polars query, run as a user would paste it."""
+    scope: dict = {}
+    exec(recipe("top_polars", run, label), scope)
+    return scope["top"]
 
 
 def _same(got: pl.DataFrame, want: pl.DataFrame) -> None:
@@ -447,9 +409,9 @@ def _same(got: pl.DataFrame, want: pl.DataFrame) -> None:
     np.testing.assert_allclose(got["mean_scaled"].to_numpy(), want["mean_scaled"].to_numpy(), rtol=1e-9)
 
 
-def test_readme_queries_agree_with_aggregate(run_dir, result):
+def test_the_recipes_agree_with_aggregate(run_dir, result):
     duckdb = pytest.importorskip("duckdb")
-    # the question is the README's, asked of the label this random model predicts most
+    # the recipes' question, asked of the label this random model predicts most
     preds = [p for p in read_table(run_dir, "predictions").to_pylist() if p["status"] == "ok"]
     label = max({p["pred_label"] for p in preds}, key=[p["pred_label"] for p in preds].count)
     run = str(run_dir)
@@ -465,15 +427,15 @@ def test_readme_queries_agree_with_aggregate(run_dir, result):
     )
     assert expected.height > 0
     with_polars = readme_polars(run, label)
-    with_duckdb = duckdb.sql(README_SQL.format(run=run, label=label)).pl()
-    from_file = duckdb.sql(README_SQL_AGGREGATES.format(run=run, label=label)).pl()
+    with_duckdb = duckdb.sql(recipe("top_sql", run, label)).pl()
+    from_file = duckdb.sql(recipe("aggregates_sql", run, label)).pl()
     _same(with_polars, expected)
     _same(with_duckdb, expected)
     assert (
         from_file.select("layer", "head", "rank", "token").rows()
         == expected.select("layer", "head", "rank", "token").rows()
     )
-    tops = duckdb.sql(README_SQL_TOP.format(run=run)).pl()
+    tops = duckdb.sql(recipe("n_top_sql", run, label)).pl()
     everyone = result.table.filter(
         (pl.col("unit") == "token") & (pl.col("split") == "all") & (pl.col("n_top") > 0)
     )
