@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import sys
 from typing import Any
 
 from .. import __version__
 from ..config import JobSpec
+from ..inputs import input_name
 
 
 def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
@@ -24,7 +24,7 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
     dtype = str(clf.dtype).removeprefix("torch.")
     fingerprint = {
         "model_sha256": clf.weights_sha256,
-        "inputs": [os.path.abspath(p) for p in spec.inputs],  # the same files, from any directory
+        "inputs": [input_name(p) for p in spec.inputs],  # the same files, from any directory
         "columns": [spec.text_col, spec.id_col, spec.label_col],
         "input_format": spec.input_format,  # the same file read as another format has other rows
         "layers": clf.layers,

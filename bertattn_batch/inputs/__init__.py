@@ -4,7 +4,7 @@ One module a format, as polars' ``io`` has them; :func:`read_rows` numbers rows 
 """
 
 from .checks import check_inputs
-from .discover import EXTENSIONS, Source, expand_inputs
+from .discover import EXTENSIONS, STDIN, Source, expand_inputs, input_name, is_stream
 from .fingerprint import source_files
 from .hf_datasets import class_label_order
 from .reader import BLOCK_ROWS, count_rows, read_columns, read_rows, read_sources
@@ -13,12 +13,15 @@ from .rows import RowBatch, to_rows, wanted_columns
 __all__ = [
     "BLOCK_ROWS",
     "EXTENSIONS",
+    "STDIN",
     "RowBatch",
     "Source",
     "check_inputs",
     "class_label_order",
     "count_rows",
     "expand_inputs",
+    "input_name",
+    "is_stream",
     "read_columns",
     "read_rows",
     "read_sources",

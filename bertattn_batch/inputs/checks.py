@@ -22,7 +22,7 @@ from .compressed import READ_ERRORS, check_not_archive, compression_of, open_bin
 from .csv import csv_header
 from .discover import Source, expand_inputs
 from .hf_datasets import load_dataset
-from .jsonl import first_json_keys
+from .jsonl import json_keys
 from .rows import wanted_columns
 from .text import TEXT_FILE_COLUMN
 
@@ -46,7 +46,7 @@ def check_inputs(
     run = Path(out).resolve() if out else None
     for src in sources:
         if run is not None and run in src.path.resolve().parents:
-            raise InputError(f"input {src.path} lies inside the run directory {out}; choose another --out")
+            raise InputError(f"input {src.label} lies inside the run directory {out}; choose another --out")
         _check_bytes(src)
         _check_columns(src, wanted)
     return sources
@@ -77,15 +77,15 @@ def _check_bytes(src: Source) -> None:
             with open_binary(src.path) as f:
                 head = f.read(4)
     except READ_ERRORS as e:
-        raise InputError(f"cannot read {src.path}: {getattr(e, 'strerror', None) or e}") from None
+        raise InputError(f"cannot read {src.label}: {getattr(e, 'strerror', None) or e}") from None
     if kind is not None:
         raise InputError(
-            f"{src.path} is {kind}-compressed; decompress it first (Parquet compresses its own pages)"
+            f"{src.label} is {kind}-compressed; decompress it first (Parquet compresses its own pages)"
         )
     for bom, name in _OTHER_BOMS:
         if head.startswith(bom):
             raise InputError(
-                f"{src.path} is {name} text (it starts with a {name} byte-order mark); bertattn reads UTF-8: "
+                f"{src.label} is {name} text (it starts with a {name} byte-order mark); bertattn reads UTF-8: "
                 f"convert it first, e.g. iconv -f {name} -t UTF-8"
             )
 
@@ -97,12 +97,12 @@ def _check_columns(src: Source, wanted: list[str]) -> None:
     repeated = [c for c in wanted if names.count(c) > 1]
     if repeated:
         raise InputError(
-            f"{src.path}: column {', '.join(map(repr, repeated))} appears more than once; rename the copies"
+            f"{src.label}: column {', '.join(map(repr, repeated))} appears more than once; rename the copies"
         )
     missing = [c for c in wanted if c not in names]
     if missing:
         raise InputError(
-            f"{src.path}: no column {', '.join(repr(c) for c in missing)}; "
+            f"{src.label}: no column {', '.join(repr(c) for c in missing)}; "
             f"columns there: {', '.join(names) or '(none)'}"
         )
 
@@ -119,7 +119,7 @@ def _column_names(src: Source) -> list[str] | None:
         if src.format == "datasets":
             return list(load_dataset(src.path).column_names)
         if src.format == "jsonl":
-            return first_json_keys(src.path)
+            return json_keys(src.path)
     except (pa.ArrowInvalid, csv.Error, *READ_ERRORS) as e:
-        raise InputError(f"{src.path}: cannot read as {src.format}: {first_line(e)}") from None
+        raise InputError(f"{src.label}: cannot read as {src.format}: {first_line(e)}") from None
     raise InputError(f"unknown input format {src.format!r}")

@@ -3,16 +3,25 @@
 Usage::
 
     sources = expand_inputs(["reviews/", "more/*.jsonl.gz"])   # [Source(path, format), ...]
+    sources = expand_inputs(["-"], "jsonl")                    # standard input, read once
 
 A folder is read in path order, its hidden and temporary files (``_*``, ``.*``), run directories and
-model folders passed over; a file named twice is read once.
+model folders passed over, and so are files that are not regular files (a FIFO, a socket, a device),
+named in a warning; a file named twice is read once. A stream named on its own (``-`` for standard
+input, ``/dev/stdin``, a FIFO, a shell's ``<(...)``) is copied once, as it is read, into a temporary
+file that the job reads from then on: its checks, its fingerprint and its rows all see the same bytes.
 """
 
 from __future__ import annotations
 
+import atexit
 import glob
 import logging
 import os
+import shutil
+import stat
+import sys
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,16 +46,32 @@ EXTENSIONS = {
 }
 
 
+#: What names standard input among the inputs.
+STDIN = "-"
+
+
 @dataclass(frozen=True)
 class Source:
+    """One input file and its format; ``name`` is what the user named it where that is not ``path``
+    (a stream read into a temporary file)."""
+
     path: Path
     format: str
+    name: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The source as the user named it, for messages and the run's record of its inputs."""
+        return self.name or str(self.path)
 
 
 def expand_inputs(inputs: Iterable[str], input_format: str = "auto") -> list[Source]:
     """Resolve files, globs and folders to an ordered list of sources; raise when nothing matches."""
     sources: list[Source] = []
     for spec in inputs:
+        if spec == STDIN or is_stream(Path(spec)):
+            sources.append(Source(spooled(spec), _format_of(Path(spec), input_format, spec), spec))
+            continue
         globbed = glob.has_magic(spec) and not Path(spec).exists()  # a file named 'x[1].csv' is that file
         matches = sorted(glob.glob(spec, recursive=True)) if globbed else [spec]
         if not matches:
@@ -69,6 +94,49 @@ def expand_inputs(inputs: Iterable[str], input_format: str = "auto") -> list[Sou
     return _once_each(sources)
 
 
+def input_name(spec: str) -> str:
+    """How a run records an input it was given: ``-`` as it is, a path absolute (the same file from any
+    directory, however a relative path spells it)."""
+    return spec if spec == STDIN else os.path.abspath(spec)
+
+
+def is_stream(path: Path) -> bool:
+    """A pipe, FIFO, socket or device (what ``/dev/stdin`` and ``<(...)`` are): read once, not reopened."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+#: Streams already read, by the name they were given: a second expansion in one process (a job's
+#: training reads its inputs again) gets the same bytes, not an exhausted stream.
+_SPOOLS: dict[str, Path] = {}
+
+
+def spooled(name: str) -> Path:
+    """The bytes of stream ``name`` (``-``: standard input), copied once into a temporary file that is
+    removed when the process ends."""
+    if name in _SPOOLS:
+        return _SPOOLS[name]
+    fd, tmp = tempfile.mkstemp(prefix="bertattn-stream-")
+    path = Path(tmp)
+    atexit.register(path.unlink, missing_ok=True)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            if name == STDIN:
+                if sys.stdin is None or sys.stdin.isatty():
+                    raise InputError("- reads reviews from standard input, but nothing is piped in")
+                shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
+            else:
+                with open(name, "rb") as stream:
+                    shutil.copyfileobj(stream, out, 1 << 20)
+    except OSError as e:
+        raise InputError(f"cannot read {name}: {e.strerror or e}") from None
+    _SPOOLS[name] = path
+    return path
+
+
 def _once_each(sources: list[Source]) -> list[Source]:
     """Each file once, where it is first named: ``a.parquet data/*.parquet`` would otherwise read
     ``a.parquet`` twice (its rows doubled, or every repeat a ``duplicate_id``)."""
@@ -79,7 +147,7 @@ def _once_each(sources: list[Source]) -> list[Source]:
         if key in seen:
             if key not in _WARNED:  # once a process: the inputs are listed more than once
                 _WARNED.add(key)
-                log.warning("%s is named more than once in the inputs; it is read once", src.path)
+                log.warning("%s is named more than once in the inputs; it is read once", src.label)
             continue
         seen.add(key)
         kept.append(src)
@@ -90,7 +158,7 @@ def _review_files(folder: Path) -> list[Path]:
     """Files below a folder with a review file's extension, in path order. Names starting with ``_`` or
     ``.`` (temporary and hidden files) are passed over below the folder, and so are run directories and
     model folders: a run or a model written inside its input folder must not be read as input next."""
-    found, others = [], []
+    found, others, streams = [], [], []
     for root, dirs, files in os.walk(folder):
         here = Path(root)
         dirs[:] = [
@@ -99,12 +167,23 @@ def _review_files(folder: Path) -> list[Path]:
             if not d.startswith(("_", ".")) and not is_run_dir(here / d) and not _is_model_dir(here / d)
         ]
         for f in (here / name for name in files if not name.startswith(("_", "."))):
-            (found if format_suffix(f) in EXTENSIONS else others).append(f)
+            if is_stream(f):  # opening a FIFO with no writer would wait forever
+                streams.append(f)
+            else:
+                (found if format_suffix(f) in EXTENSIONS else others).append(f)
     packed = sorted(f for f in others if _is_packed_reviews(f))
     if packed:  # reviews that would otherwise be left out without a word
         raise InputError(
             f"folder {folder} holds archives of review files ({_some(packed)}); extract them first "
             "(a file compressed on its own, such as reviews.jsonl.gz, is read as it is)"
+        )
+    if streams and ("streams", folder) not in _WARNED:
+        _WARNED.add(("streams", folder))
+        log.warning(
+            "folder %s: passed over %d file(s) that are not regular files (FIFOs, sockets or devices: %s)",
+            folder,
+            len(streams),
+            _some(sorted(streams)),
         )
     if others and folder not in _WARNED:  # once a process: the inputs are listed more than once
         _WARNED.add(folder)
@@ -138,16 +217,16 @@ def _is_saved_dataset(p: Path) -> bool:
     return (p / "dataset_info.json").is_file() or (p / "dataset_dict.json").is_file()
 
 
-def _format_of(path: Path, input_format: str) -> str:
+def _format_of(path: Path, input_format: str, name: str | None = None) -> str:
     if input_format != "auto":
         return input_format
-    fmt = EXTENSIONS.get(format_suffix(path))
+    fmt = EXTENSIONS.get(format_suffix(path)) if name != STDIN else None
     if fmt is None:
+        what = "standard input" if name == STDIN else f"{path} from its name"
         raise InputError(
-            f"cannot tell the format of {path} from its name; pass --input-format "
-            f"(parquet, jsonl, csv, tsv, text, datasets)"
+            f"cannot tell the format of {what}; pass --input-format (parquet, jsonl, csv, tsv, text, datasets)"
         )
     return fmt
 
 
-_WARNED: set[Path] = set()  # folders whose other files, and files named twice, a warning named
+_WARNED: set[object] = set()  # folders whose other files, and files named twice, a warning named

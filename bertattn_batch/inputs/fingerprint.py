@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterable
 from typing import Any
 
-from .discover import Source
+from .discover import Source, input_name
 
 #: Bytes at each end of an input file whose hash tells a rewritten file from a copy (source_files).
 ENDS_BYTES = 1 << 16
@@ -36,7 +35,7 @@ def source_files(sources: Iterable[Source]) -> list[dict[str, Any]]:
                     digest.update(fh.read(ENDS_BYTES))
         out.append(
             {
-                "path": os.path.abspath(p),
+                "path": input_name(src.name or str(p)),
                 "bytes": sum(st.st_size for st in stats),
                 "mtime_ns": max((st.st_mtime_ns for st in stats), default=0),
                 "ends_sha256": digest.hexdigest(),

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
     text_col = wanted[0]
     block: dict[str, list[Any]] = {c: [] for c in wanted}
-    checked = False  # keys are checked on a file's first object; later ones may omit them
+    first = True  # a first line that is no JSON object: no JSON lines file at all
     bad, first_bad = 0, []  # lines that are no JSON object: how many, and the first few
     with open_binary(src.path) as f:
         for lineno, raw in enumerate(f, 1):
@@ -35,24 +35,17 @@ def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict
                     if isinstance(obj, json.JSONDecodeError)
                     else f"got {type(obj).__name__}"
                 )
-                if not checked:  # the file's first line: no JSON lines file at all
+                if first:
                     raise InputError(
-                        f"{src.path}:{lineno}: expected a JSON object on each line ({what}); "
+                        f"{src.label}:{lineno}: expected a JSON object on each line ({what}); "
                         "is it JSON lines, one object a line?"
                     )
                 bad += 1
                 if len(first_bad) < 5:
                     first_bad.append(lineno)
                 obj = dict.fromkeys(wanted, NOT_JSON)
-            elif not checked:
-                missing = [c for c in wanted if c not in obj]
-                if missing:
-                    raise InputError(
-                        f"{src.path}:{lineno}: no key {', '.join(repr(c) for c in missing)}; "
-                        f"keys there: {', '.join(obj) or '(none)'}"
-                    )
-                checked = True
-            for c in wanted:
+            first = False
+            for c in wanted:  # a key an object leaves out (exporters drop null fields) is a missing value
                 block[c].append(obj.get(c))
             if len(block[text_col]) >= block_rows:
                 yield block
@@ -63,7 +56,7 @@ def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict
         lines = ", ".join(map(str, first_bad)) + (", ..." if bad > len(first_bad) else "")
         log.warning(
             "%s: %s not a JSON object (%s); recorded with status not_json",
-            src.path,
+            src.label,
             "1 line is" if bad == 1 else f"{bad} lines are",
             f"line {lines}" if bad == 1 else f"lines {lines}",
         )
@@ -78,9 +71,16 @@ def _json_line(raw: bytes) -> Any:
         return json.loads(raw.decode("utf-8", errors="surrogateescape"))
 
 
-def first_json_keys(path: Path) -> list[str] | None:
-    """The keys of a JSON lines file's first object, which the reader checks too (later objects may
-    omit keys); None for an empty file, or a first line the reader will name with its line number."""
+#: Objects at the start of a JSON lines file whose keys tell its columns (objects may leave keys out).
+KEY_SCAN_OBJECTS = 1000
+
+
+def json_keys(path: Path) -> list[str] | None:
+    """Every key of the first ``KEY_SCAN_OBJECTS`` objects of a JSON lines file, in order of first sight:
+    a column none of them has is a typo, not a sparse field. None for an empty file, or a first line
+    the reader will name with its line number."""
+    keys: dict[str, None] = {}
+    seen = 0
     with open_binary(path) as f:
         for raw in f:
             if not raw.strip():
@@ -88,6 +88,13 @@ def first_json_keys(path: Path) -> list[str] | None:
             try:
                 obj = _json_line(raw)
             except json.JSONDecodeError:
-                return None
-            return list(obj) if isinstance(obj, dict) else None
-    return None
+                obj = None
+            if not isinstance(obj, dict):
+                if not seen:
+                    return None
+                continue
+            keys.update(dict.fromkeys(obj))
+            seen += 1
+            if seen >= KEY_SCAN_OBJECTS:
+                break
+    return list(keys) if seen else None

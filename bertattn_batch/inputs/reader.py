@@ -64,7 +64,7 @@ def read_sources(
     wanted = wanted_columns(text_col, id_col, label_col)
     row = 0
     for src in sources:
-        ragged = RaggedRows(src.path)
+        ragged = RaggedRows(src.label)
         try:
             for cols in read_columns(src, wanted, block_rows):
                 n = len(cols[text_col])
@@ -135,7 +135,7 @@ def read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[di
     try:
         yield from reader(src, wanted, block_rows)
     except (pa.ArrowInvalid, *READ_ERRORS) as e:
-        raise InputError(f"{src.path}: cannot read as {src.format}: {first_line(e)}") from None
+        raise InputError(f"{src.label}: cannot read as {src.format}: {first_line(e)}") from None
 
 
 def count_rows(sources: Iterable[Source]) -> int | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,15 +135,29 @@ def _is_null(value: Any) -> bool:
     return value is None or value is UNDECODABLE or (isinstance(value, float) and math.isnan(value))
 
 
+#: A backslash escape of a byte, as the ids of bytes that are not UTF-8 are spelled.
+_BYTE_ESCAPE = re.compile(r"\\x[0-9a-fA-F]{2}")
+
+
 def _to_str(value: Any) -> str:
-    """An id or label as text. Bytes that are not UTF-8 are written as escapes (``\\xff``), so two ids
-    that differ only there stay two ids, spelled alike in every format."""
+    """An id or label as text, one-to-one: two different values never get the same text, in any format.
+
+    Bytes that are not UTF-8 are written with each such byte as an escape (``\\xff``) and each backslash
+    of theirs doubled; a text that itself holds such an escape (the four characters ``\\xff``) has its
+    backslashes doubled too. So an escape after an odd run of backslashes always stands for a byte,
+    and every other text is itself. Numbers are spelled as JSON spells them (a whole float without
+    its ``.0``: ``1``, ``1e+300``), booleans ``true``/``false``, as CSV cells read.
+    """
     if isinstance(value, bytes):
-        return value.decode("utf-8", errors="backslashreplace")
+        try:
+            return _plain(value.decode("utf-8"))
+        except UnicodeDecodeError:
+            return _escaped(value)
     if isinstance(value, bool):  # as JSON and CSV spell it, so a label reads alike from every format
         return "true" if value else "false"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
+    if isinstance(value, float):
+        text = repr(value)
+        return text[:-2] if text.endswith(".0") else text
     nested = isinstance(value, (dict, list, tuple))  # a JSON object or array, a Parquet struct or list
     text = json.dumps(value, ensure_ascii=False, default=str) if nested else str(value)
     if not text.isascii():
@@ -153,8 +168,18 @@ def _to_str(value: Any) -> str:
                 raw = text.encode("utf-8", errors="surrogateescape")
             except UnicodeEncodeError:
                 raw = text.encode("utf-8", errors="surrogatepass")
-            return raw.decode("utf-8", errors="backslashreplace")
-    return text
+            return _escaped(raw)
+    return _plain(text)
+
+
+def _plain(text: str) -> str:
+    return text.replace("\\", "\\\\") if _BYTE_ESCAPE.search(text) else text
+
+
+def _escaped(raw: bytes) -> str:
+    """Bytes that are not all UTF-8: backslashes doubled, then each undecodable byte as ``\\xNN`` (no
+    byte of a multi-byte UTF-8 character is a backslash, so doubling them first is safe)."""
+    return raw.replace(b"\\", b"\\\\").decode("utf-8", errors="backslashreplace")
 
 
 def _as_text(value: Any) -> tuple[str | None, str]:

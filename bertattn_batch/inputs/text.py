@@ -18,7 +18,7 @@ def read_text(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[
     extra = [c for c in wanted if c != TEXT_FILE_COLUMN]
     if extra:
         raise InputError(
-            f"{src.path}: a plain-text file has one column, {TEXT_FILE_COLUMN!r}; "
+            f"{src.label}: a plain-text file has one column, {TEXT_FILE_COLUMN!r}; "
             f"it has no {', '.join(repr(c) for c in extra)}"
         )
     block: list[Any] = []

@@ -184,7 +184,7 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     if isinstance(fingerprint, dict):
         fingerprint = dict(fingerprint)
         if isinstance(fingerprint.get("inputs"), list):  # from before inputs were kept absolute
-            fingerprint["inputs"] = [os.path.abspath(p) for p in fingerprint["inputs"]]
+            fingerprint["inputs"] = [p if p == "-" else os.path.abspath(p) for p in fingerprint["inputs"]]
         if "input_format" not in fingerprint:  # from before the format was part of it
             spec = data.get("spec")
             fingerprint["input_format"] = (
@@ -193,7 +193,9 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
         data["fingerprint"] = fingerprint
     if isinstance(data.get("sources"), list):  # relative paths in older runs
         data["sources"] = [
-            {**s, "path": os.path.abspath(s["path"])} if isinstance(s, dict) and "path" in s else s
+            {**s, "path": s["path"] if s["path"] == "-" else os.path.abspath(s["path"])}
+            if isinstance(s, dict) and "path" in s
+            else s
             for s in data["sources"]
         ]
     return data

@@ -111,10 +111,9 @@ def _check_same_inputs(run: RunDir, sources: list[dict[str, Any]] | None, by_id:
 
 def _same_file(was: dict[str, Any], now: dict[str, Any]) -> bool:
     """The same input file as when the pass began, by what both records hold (older runs: the size
-    alone): its size and time, or where only its time changed (a copy, a re-export of the same rows),
-    the bytes at its start and end (``inputs.fingerprint.source_files``)."""
+    alone): its size and the bytes at its start and end (``inputs.fingerprint.source_files``), whatever
+    its time says. Why: a file rewritten at the same size with its time kept (``cp -p``, ``rsync -t``,
+    ``touch -r``) is another file, and a copy of the same bytes with a new time is the same one."""
     if was["path"] != now["path"] or was["bytes"] != now["bytes"]:
         return False
-    if "mtime_ns" not in was or was["mtime_ns"] == now["mtime_ns"]:
-        return True
-    return was.get("ends_sha256") == now["ends_sha256"]
+    return "ends_sha256" not in was or was["ends_sha256"] == now["ends_sha256"]

@@ -848,3 +848,10 @@ def test_a_resume_refuses_an_input_rewritten_to_the_same_size(tiny_en_dir, tmp_p
     )
     src.write_text("great food\nslow service\nnice staff\n")  # a copy of the original: a new time only
     assert "nothing new to process" in runner.invoke(app, args).output
+    kept = src.stat()  # rewritten at the same size, its time kept (cp -p, rsync -t, touch -r)
+    src.write_text("great food\nslow service\nnice stuff\n")
+    os.utime(src, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    r = runner.invoke(app, args)
+    assert r.exit_code == 1 and "in.txt was rewritten (same size, other bytes at its start" in r.output, (
+        r.output
+    )

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import polars as pl
 
 from ...errors import BertAttnError
-from ...inputs import read_rows
+from ...inputs import STDIN, is_stream, read_rows
 from ...run import Manifest
 from .layout import Part, RunView
 from .report import KEPT, Recorder
@@ -37,6 +39,10 @@ def check_source_spans(rec: Recorder, run: RunView) -> None:
         rec.skip("spans", f"the manifest cannot say which inputs were read ({e})")
         return
     spec, inputs = manifest.spec, manifest.inputs
+    streams = [p for p in inputs if p == STDIN or is_stream(Path(p))]
+    if streams:
+        rec.skip("spans", f"the run read {', '.join(streams)}: a stream, which cannot be read again")
+        return
     if not inputs:
         rec.skip("spans", "the manifest names no inputs: end <= text length not checked")
         return

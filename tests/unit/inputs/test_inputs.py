@@ -340,3 +340,36 @@ def test_csv_values_are_kept_byte_for_byte_across_arrows_blocks(tmp_path, monkey
     ]
     assert got == want
     assert sum("\r\n" in t for _, t, _ in want if t) > 100
+
+
+def test_ids_are_spelt_one_to_one(tmp_path):
+    """A binary id that is not UTF-8 (``b'\\xff'``) and the four characters ``\\xff`` were both written
+    ``\\xff``, and the second review became a duplicate_id; a float id 1e300 had 301 digits."""
+    path = tmp_path / "ids.parquet"
+    ids = [b"\xff", b"\\xff", b"a\\\xff", b"a\\\\xff", b"plain", b"back\\slash"]
+    pq.write_table(pa.table({"id": pa.array(ids, pa.binary()), "text": ["x"] * len(ids)}), path)
+    (batch,) = inputs.read_rows([str(path)], id_col="id")
+    assert batch.status == ["ok"] * len(ids)
+    assert len(set(batch.doc_id)) == len(ids)
+    assert batch.doc_id[0] == "\\xff" and batch.doc_id[4:] == [
+        "plain",
+        "back\\slash",
+    ]  # plain ids as they are
+    floats = tmp_path / "floats.jsonl"
+    floats.write_text('{"id": 1e300, "text": "a"}\n{"id": 2.0, "text": "b"}\n{"id": 1e16, "text": "c"}\n')
+    (batch,) = inputs.read_rows([str(floats)], id_col="id")
+    assert batch.doc_id == ["1e+300", "2", "1e+16"]
+
+
+def test_a_jsonl_key_missing_from_the_first_object_is_a_missing_value(tmp_path):
+    """Exporters that drop null fields: a first object without the id (or text) key refused the whole
+    file, where the same omission on line 2 gave that row null_id or null_text."""
+    path = tmp_path / "sparse.jsonl"
+    path.write_text('{"text": "no id here"}\n{"id": "b", "text": "good"}\n{"id": "c"}\n')
+    (batch,) = inputs.read_rows([str(path)], id_col="id")
+    assert batch.status == ["null_id", "ok", "null_text"]
+    assert batch.doc_id == ["0", "b", "c"]
+    typo = tmp_path / "typo.jsonl"
+    typo.write_text('{"txt": "a"}\n{"txt": "b"}\n')
+    with pytest.raises(InputError, match=r"no column 'text'; columns there: txt"):
+        inputs.check_inputs([str(typo)])

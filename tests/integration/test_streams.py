@@ -1,0 +1,90 @@
+"""Streams are read once: rows from a pipe (``-``, ``/dev/stdin``, a FIFO) are scored, never lost with exit
+status 0; a FIFO inside an input folder is passed over with a warning instead of hanging the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from helpers import manifest_json, read_table
+
+ROWS = [{"id": f"r{i}", "text": t} for i, t in enumerate(["great food", "slow service", "nice staff"])]
+JSONL = "".join(json.dumps(r) + "\n" for r in ROWS)
+
+
+def _bertattn(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "bertattn_batch", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+    )
+
+
+def _extract(src: str, model: Path, out: Path, *more: str, stdin: str | None = None, timeout: float = 300):
+    args = ["extract", src, "--model", str(model), "--out", str(out), "--id-col", "id", "--no-progress"]
+    return _bertattn(*args, *more, stdin=stdin, timeout=timeout)
+
+
+@pytest.mark.parametrize("name", ["-", "/dev/stdin"])
+def test_rows_piped_in_are_scored(name, tiny_en_dir, tmp_path):
+    out = tmp_path / "run"
+    done = _extract(name, tiny_en_dir, out, "--input-format", "jsonl", stdin=JSONL)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("3 reviews (3 scored"), done.stdout
+    assert read_table(out, "predictions").column("doc_id").to_pylist() == ["r0", "r1", "r2"]
+    m = manifest_json(out)
+    assert m["sources"][0]["bytes"] == len(JSONL.encode()) and m["sources"][0]["path"] == (
+        "-" if name == "-" else os.path.abspath(name)
+    )
+    assert _bertattn("validate", str(out)).returncode == 0  # its span check says the stream is gone
+
+
+def test_the_same_stream_resumes_and_another_is_refused(tiny_en_dir, tmp_path):
+    out = tmp_path / "run"
+    assert _extract("-", tiny_en_dir, out, "--input-format", "jsonl", stdin=JSONL).returncode == 0
+    again = _extract("-", tiny_en_dir, out, "--input-format", "jsonl", stdin=JSONL)
+    assert again.returncode == 0 and "nothing new to process" in again.stdout, again.stderr
+    other = _extract("-", tiny_en_dir, out, "--input-format", "jsonl", stdin=JSONL.replace("great", "grand"))
+    assert other.returncode == 1 and "the inputs changed since this run began" in other.stderr
+
+
+def test_standard_input_needs_a_format(tiny_en_dir, tmp_path):
+    done = _extract("-", tiny_en_dir, tmp_path / "run", stdin=JSONL)
+    assert done.returncode == 1 and "cannot tell the format of standard input" in done.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_a_fifo_named_as_an_input_is_read_once(tiny_en_dir, tmp_path):
+    fifo = tmp_path / "reviews.jsonl"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with open(fifo, "w") as f:  # one writer, as a shell's <(...) has: each open eats what is written
+            f.write(JSONL)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    done = _extract(str(fifo), tiny_en_dir, tmp_path / "run")
+    writer.join(timeout=5)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("3 reviews (3 scored"), done.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_a_fifo_inside_an_input_folder_is_passed_over(tiny_en_dir, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(JSONL)
+    os.mkfifo(folder / "b.jsonl")  # no writer: opening it would wait forever
+    done = _extract(str(folder), tiny_en_dir, tmp_path / "run", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "passed over 1 file(s) that are not regular files" in done.stderr and "b.jsonl" in done.stderr
+    assert done.stdout.startswith("3 reviews (3 scored")
