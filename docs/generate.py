@@ -102,7 +102,7 @@ def bench() -> str:
 
 
 def layout() -> str:
-    """The package as a tree: every module, its size in lines, and the first sentence of its docstring."""
+    """The package as a tree: every module, and the first sentence of its docstring."""
     import ast
 
     package = REPO / "bertattn_batch"
@@ -113,13 +113,13 @@ def layout() -> str:
         doc = (ast.get_docstring(ast.parse(text)) or "").strip()
         first = " ".join(doc.split("\n\n")[0].split())
         first = first.split(". ")[0].rstrip(".")
-        if len(first) > 72:
-            first = first[:71] + "…"
+        if len(first) > 76:
+            first = first[:75] + "…"
         if rel.name == "__init__.py":  # a package: its folder, one level out from its modules
             name = "  " * (len(rel.parts) - 1) + f"{(package / rel).parent.name}/"
         else:
             name = "  " * len(rel.parts) + rel.name
-        lines.append(f"{name:<24} {len(text.splitlines()):>4}  {first}")
+        lines.append(f"{name:<24} {first}")
     lines.append("```")
     return "\n".join(lines)
 

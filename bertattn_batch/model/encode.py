@@ -215,6 +215,40 @@ def _widen_over_marks(text: str, offsets: np.ndarray, end_known: bool) -> None:
         offsets[k, 1] = end
 
 
+#: Put before a special token's piece in a Unigram vocabulary, so that no text matches it (a character
+#: of Unicode's private use area; the piece keeps its id and score).
+_UNREACHABLE = "\ue000"
+
+
+def text_backend(tokenizer):
+    """The Rust tokenizer that encodes a review's text as text (kept on ``tokenizer``, made once).
+
+    ``encode_special_tokens`` (see :func:`_encode_batch`) stops a tokenizer from matching a special
+    token's text, but a Unigram vocabulary (XLM-R's, CamemBERT's SentencePiece) also holds ``<s>``,
+    ``</s>``, ``<pad>`` as pieces with the best score there is, so ``<s>`` in a review still became the
+    control token. For those, a copy whose special pieces are renamed out of reach of any text
+    encodes instead: every other piece, id and score is the same, so text without them is segmented
+    exactly as before, and [CLS]/[SEP] are still added by their ids. WordPiece and BPE cannot produce
+    a special token from text and are used as they are.
+    """
+    backend = tokenizer.backend_tokenizer
+    cached = getattr(tokenizer, "_bertattn_text_backend", None)
+    if cached is not None and cached[0] is backend:
+        return cached[1]
+    state = json.loads(backend.to_str())
+    model = state.get("model", {})
+    specials = set(tokenizer.all_special_tokens)
+    text = backend
+    if model.get("type") == "Unigram" and any(piece in specials for piece, _ in model["vocab"]):
+        from tokenizers import Tokenizer
+
+        model["vocab"] = [[_UNREACHABLE + p if p in specials else p, score] for p, score in model["vocab"]]
+        text = Tokenizer.from_str(json.dumps(state))
+    text.encode_special_tokens = True
+    tokenizer._bertattn_text_backend = (backend, text)
+    return text
+
+
 def id_limit(tokenizer) -> int:
     """One past the largest token id: what a lookup by id needs. ``len(tokenizer)`` counts the tokens,
     which falls short where a vocabulary leaves ids unused (gaps between its ids)."""
@@ -242,12 +276,15 @@ def _cut_is_exact(backend, cut: str, offsets: list[tuple[int, int]]) -> bool:
 
 
 def _encode_batch(tokenizer, texts: list[str], max_length: int) -> list:
-    """The Rust tokenizer's own encodings, with special tokens, truncated to ``max_length``.
+    """The Rust tokenizer's own encodings, with [CLS] and [SEP] around them, truncated to ``max_length``.
 
-    Calls the backend directly: the library's ``tokenizer(...)`` would also convert every token's id
-    and offsets into Python lists that are not used here (a third of the encoding time, measured).
+    A special token's text inside a review (``[SEP]``, ``<pad>``) is encoded as the characters it is
+    (:func:`text_backend`): by default the tokenizer would turn it into the control token itself, and
+    RoBERTa's ``<pad>`` would even shift the positions after it. Calls the backend directly: the
+    library's ``tokenizer(...)`` would also convert every token's id and offsets into Python lists that
+    are not used here (a third of the encoding time).
     """
-    backend = tokenizer.backend_tokenizer
+    backend = text_backend(tokenizer)
     backend.enable_truncation(max_length, direction=getattr(tokenizer, "truncation_side", "right"))
     backend.no_padding()
     return backend.encode_batch(texts, add_special_tokens=True)

@@ -39,6 +39,7 @@ from ..config import FinetuneSpec
 from ..errors import InputError, ModelError
 from ..inputs import class_label_order, expand_inputs, read_rows
 from ..model.checks import length_limit, load_config, load_tokenizer, resolve_source, transformers_version
+from ..model.encode import encode_texts
 from .loop import learning_rate, predict, seed_everything, train_loop
 from .metrics import accuracy, confusion, macro_f1, split_indices
 from .models import base_model, scratch_model
@@ -139,13 +140,8 @@ def _finetune(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     max_length = min(spec.max_length, length_limit(tokenizer, model.config))
 
-    def encode(rows: np.ndarray) -> list[list[int]]:
-        if len(rows) == 0:  # eval_fraction 0: nothing held out
-            return []
-        enc = tokenizer([texts[i] for i in rows], truncation=True, max_length=max_length)
-        return [list(x) for x in enc["input_ids"]]
-
-    train_ids, eval_ids = encode(train_idx), encode(eval_idx)
+    train_ids = _encode_for_training(tokenizer, [texts[i] for i in train_idx], max_length)
+    eval_ids = _encode_for_training(tokenizer, [texts[i] for i in eval_idx], max_length)
     unk_share = _unk_share(train_ids, tokenizer.unk_token_id)
     if unk_share > 0.5:
         raise ModelError(f"{unk_share:.0%} of training tokens are [UNK]: {_vocabulary_hint(spec, base_path)}")
@@ -176,6 +172,11 @@ def _finetune(
     metrics["seconds"] = round(time.monotonic() - started, 2)  # all but the save, which takes a second
     save_model(model, tokenizer, metrics, out_dir, tok_size, names)
     return metrics
+
+
+def _encode_for_training(tokenizer: Any, texts: list[str], max_length: int) -> list[list[int]]:
+    """Token ids exactly as extraction makes them (a special token's text in a review is text)."""
+    return [enc.ids.tolist() for enc in encode_texts(tokenizer, texts, max_length)]
 
 
 def _label_order(label: str) -> tuple[int, float, str]:
