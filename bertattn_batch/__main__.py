@@ -1,5 +1,23 @@
-"""``python -m bertattn_batch`` runs the CLI."""
+"""``python -m bertattn_batch`` and the ``bertattn`` command: signals are handled from the first moment,
+before the command's libraries load (a scheduler may stop a job while it is still starting)."""
 
-from .cli import main
+from __future__ import annotations
 
-main()
+
+def main() -> None:
+    import signal
+    import sys
+
+    def starting(signum: int, frame: object) -> None:
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, starting)
+    from .cli import main as cli_main
+
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()

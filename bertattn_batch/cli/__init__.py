@@ -10,7 +10,7 @@ Usage::
 """
 
 from . import jobs, runs
-from .app import app, main
+from .base import app, main
 from .jobs import CLI_ONLY_OPTIONS, extract, job_from_options
 
 __all__ = ["CLI_ONLY_OPTIONS", "app", "extract", "job_from_options", "jobs", "main", "runs"]

@@ -20,7 +20,7 @@ from ..config import (
     load_job,
 )
 from ..errors import SpecError
-from .app import Debug, app, call, setup
+from .base import Debug, app, call, setup
 
 
 def _show_progress(spec: JobSpec) -> bool:
@@ -50,7 +50,7 @@ def _on_existing(on_existing: str | None, overwrite: bool, incremental: bool) ->
 def _run(spec: JobSpec) -> None:
     from ..engines import run_job
 
-    summary = call(lambda: run_job(spec, progress=_show_progress(spec)))
+    summary = call(lambda: run_job(spec, progress=_show_progress(spec)), completes=True)
     typer.echo(summary.line())
     if summary.input_rows == 0:
         done = summary.skipped_committed > 0
@@ -287,6 +287,7 @@ def finetune(
     metrics = call(
         lambda: plan.run(progress=progress and sys.stderr.isatty()),
         interrupted="interrupted; nothing was saved (a rerun trains from the start)",
+        completes=True,
     )
     if metrics.get("accuracy") is None:  # eval_fraction = 0: nothing held out to score
         scores = "no held-out split"
@@ -312,5 +313,5 @@ def corpus(
     setup(debug)
     from ..inputs.corpora import write_corpus
 
-    n = call(lambda: write_corpus(name, out))
+    n = call(lambda: write_corpus(name, out), completes=True)
     typer.echo(f"wrote {n} reviews to {out}")

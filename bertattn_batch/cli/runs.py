@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .app import Debug, app, call, setup
+from .base import Debug, app, call, setup
 
 
 @app.command()
@@ -22,7 +22,7 @@ def validate(
     setup(debug)
     from ..analysis.validate import validate_run
 
-    report = call(lambda: validate_run(run_dir, check_source=source))
+    report = call(lambda: validate_run(run_dir, check_source=source), completes=True)
     typer.echo(report.render())
     if not report.ok:
         raise typer.Exit(1)
@@ -51,7 +51,7 @@ def aggregate(
     from ..analysis.top import check_top_options, format_top
 
     call(lambda: check_top_options(top_k, unit, by))
-    result = call(lambda: run_aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by))
+    result = call(lambda: run_aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by), completes=True)
     units, splits = result.options.get("units"), result.splits
     typer.echo(
         format_top(result.table, k=top_k, unit=unit, split=by, measure=rank_by, units=units, splits=splits)
@@ -98,7 +98,8 @@ def plot(
             layer=layer,
             pairs=pairs,
             device=device,
-        )
+        ),
+        completes=True,
     )
     typer.echo(f"wrote {path}")
 
@@ -126,6 +127,7 @@ def report(
     path = call(
         lambda: build_report(
             run_dir, out=out, layer=layer, examples=examples, top_k=top_k, min_reviews=min_reviews
-        )
+        ),
+        completes=True,
     )
     typer.echo(f"wrote {path}")

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import polars as pl
 import pyarrow as pa
@@ -359,3 +360,45 @@ def test_brackets_in_input_and_run_paths_are_plain_characters(tiny_en_dir, tmp_p
         assert done.returncode == 0, (args, done.stderr)
     assert pq.read_table(out / "predictions").num_rows == 2
     assert (tmp_path / "p.html").exists()
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.6, 2.0])
+def test_sigterm_while_the_command_starts_says_interrupted_and_exits_143(delay, tiny_en_dir, tmp_path):
+    """While Python and the libraries load there was no handler yet: the process exited 130 without a
+    word, where a scheduler is told 143 and the interrupted line."""
+    import signal
+
+    src = tmp_path / "in.txt"
+    src.write_text("good\n" * 50)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bertattn_batch", "extract", str(src), "--model", str(tiny_en_dir), "--out",
+         str(tmp_path / "run"), "--no-progress"],
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(delay)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:  # the job was quicker than the signal: nothing to check
+        return
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1].startswith("interrupted"), err
+
+
+def test_a_signal_after_the_work_is_done_changes_nothing(monkeypatch):
+    """A SIGTERM or Ctrl-C that arrives once the run is complete, while its summary prints, made the
+    command exit 143 (or die of SIGINT) over a run whose manifest said complete."""
+    import signal
+
+    from bertattn_batch.cli import base as cli_app
+
+    monkeypatch.setattr(cli_app, "_state", {"debug": False, "working": False, "done": False})
+    assert cli_app.call(lambda: 42, completes=True) == 42
+    assert cli_app.on_signal(signal.SIGTERM, None) is None  # ignored: the work is finished
+    cli_app._state["done"] = False
+    cli_app._state["working"] = True
+    with pytest.raises(cli_app.Terminated):  # inside a call: its clean-up runs
+        cli_app.on_signal(signal.SIGTERM, None)
+    cli_app._state["working"] = False
+    with pytest.raises(SystemExit) as stop:  # before any call: one line and 143
+        cli_app.on_signal(signal.SIGTERM, None)
+    assert stop.value.code == 143

@@ -113,7 +113,9 @@ def test_special_token_text_in_a_review_is_text(arch, texts, wordpiece, tmp_path
     specials = " ".join(dict.fromkeys(clf.tokenizer.all_special_tokens))
     review = f"worked {specials} hated it {specials}"
     enc = encode_texts(clf.tokenizer, [review], clf.max_length)[0]
-    special_ids = set(clf.tokenizer.all_special_ids) - {clf.tokenizer.unk_token_id}  # [UNK] is a token of text
+    special_ids = set(clf.tokenizer.all_special_ids) - {
+        clf.tokenizer.unk_token_id
+    }  # [UNK] is a token of text
     assert not special_ids & set(enc.ids[1:-1].tolist()), clf.tokenizer.convert_ids_to_tokens(
         enc.ids.tolist()
     )

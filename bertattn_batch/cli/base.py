@@ -1,9 +1,10 @@
-"""The ``bertattn`` application: its set-up, and how a library call's errors become exit codes."""
+"""The `bertattn` application: its set-up, and how a library call's errors and signals become exit codes."""
 
 from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -26,7 +27,9 @@ app = typer.Typer(
 T = TypeVar("T")
 
 
-_state = {"debug": False}
+#: debug: --debug was given; working: a library call is running; done: the command's work is finished
+_state = {"debug": False, "working": False, "done": False}
+INTERRUPTED = "interrupted; rerun the same command to resume"
 
 
 class Terminated(KeyboardInterrupt):
@@ -34,14 +37,27 @@ class Terminated(KeyboardInterrupt):
     dropped whole, the manifest says "interrupted", and the same command resumes."""
 
 
-def _on_sigterm(signum: int, frame: object) -> None:
-    raise Terminated
+def on_signal(signum: int, frame: object) -> None:
+    """SIGTERM and SIGINT: inside a library call, its clean-up runs (see :func:`call`); before one, the
+    command stops with the ``interrupted`` line; once the command's work is done, the signal is
+    ignored, so a scheduler never sees a failure of a run that succeeded."""
+    if _state["done"]:
+        return
+    if _state["working"]:
+        raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    print(INTERRUPTED, file=sys.stderr)
+    raise SystemExit(128 + signum)
+
+
+def install_signal_handlers() -> None:
+    if threading.current_thread() is threading.main_thread():  # only there may a handler be set
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
 
 
 def setup(debug: bool) -> None:
     _state["debug"] = debug
-    if threading.current_thread() is threading.main_thread():  # only there may a handler be set
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    install_signal_handlers()
     tune_runtime()
     logging.basicConfig(level=logging.INFO if debug else logging.WARNING, format="bertattn: %(message)s")
     try:
@@ -56,11 +72,15 @@ def setup(debug: bool) -> None:
     logging.getLogger("huggingface_hub").handlers.clear()
 
 
-def call(fn: Callable[[], T], interrupted: str = "interrupted; rerun the same command to resume") -> T:
+def call(fn: Callable[[], T], interrupted: str = INTERRUPTED, completes: bool = False) -> T:
     """Run a library call; a BertAttnError becomes one line on stderr and exit status 1, Ctrl-C or
-    SIGTERM the line ``interrupted`` and 130 or 143."""
+    SIGTERM the line ``interrupted`` and 130 or 143. ``completes``: the call is the command's work, so
+    a signal after it returns changes nothing."""
+    _state["working"] = True
     try:
-        return fn()
+        result = fn()
+        _state["done"] = completes
+        return result
     except BertAttnError as e:
         if _state["debug"]:
             traceback.print_exc()
@@ -74,10 +94,13 @@ def call(fn: Callable[[], T], interrupted: str = "interrupted; rerun the same co
             raise
         typer.echo(f"error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True)
         raise typer.Exit(1) from None
+    finally:
+        _state["working"] = False
 
 
 Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks and library logs.")]
 
 
 def main() -> None:
+    install_signal_handlers()
     app()
