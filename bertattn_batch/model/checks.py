@@ -76,10 +76,12 @@ def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool
     from transformers import AutoConfig
 
     folder = Path(source)
+    if folder.is_file():
+        raise ModelError(f"{source} is a file; give the model's folder, which holds it: {folder.parent}")
     if folder.exists() and not (folder / "config.json").is_file():
         raise ModelError(f"{source} is not a model folder (no config.json)")
-    if not folder.exists() and not _could_be_hub_id(source):
-        raise ModelError(f"no model folder {source}")
+    if not folder.exists() and (not _could_be_hub_id(source) or _local_parent(folder)):
+        raise ModelError(f"no model folder {source}{_did_you_mean(folder)}")
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
@@ -91,6 +93,23 @@ def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool
     _check_architecture(config, source)
     _check_weights_format(source, allow_pickle)
     return config
+
+
+def _local_parent(folder: Path) -> bool:
+    """Whether a missing folder's parent is a local folder (``models/zh-sent`` beside ``models/``): a
+    mistyped path, not a hub id, so no time is spent asking the hub for it."""
+    return folder.parent != Path(".") and folder.parent.is_dir()
+
+
+def _did_you_mean(folder: Path) -> str:
+    import difflib
+
+    parent = folder.parent
+    if not parent.is_dir():
+        return ""
+    names = [p.name for p in parent.iterdir() if p.is_dir() and (p / "config.json").is_file()]
+    close = difflib.get_close_matches(folder.name, names, n=1, cutoff=0.6)
+    return f"; did you mean {parent / close[0]}?" if close else ""
 
 
 def _could_be_hub_id(source: str) -> bool:

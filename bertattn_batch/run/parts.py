@@ -65,9 +65,14 @@ class PartWriter:
             raise WriteError(f"writing {entry.name} to {self.run_dir} failed: {e.strerror or e}") from e
 
     def _write_parquet(self, table: pa.Table, path: Path) -> None:
-        """Write and fsync one file."""
+        """Write and fsync one file, with a checksum on every page (``validate`` verifies them)."""
         pq.write_table(
-            table, path, compression="zstd", row_group_size=1 << 20, use_dictionary=_repeating(table.schema)
+            table,
+            path,
+            compression="zstd",
+            row_group_size=1 << 20,
+            use_dictionary=_repeating(table.schema),
+            write_page_checksum=True,
         )
         fd = os.open(path, os.O_RDONLY)
         try:

@@ -407,6 +407,25 @@ def test_a_missing_model_folder_is_named(tmp_path):
         Classifier.load("owner/nope")
 
 
+def test_a_mistyped_model_path_is_named_at_once_with_the_folder_meant(tiny_en_dir, tmp_path, monkeypatch):
+    """``models/zh-sent`` beside ``models/zh-senti`` spent about 28 s asking the hub before it failed; a
+    path to the model's config.json said there was no config.json."""
+    import shutil
+    import time
+
+    shutil.copytree(tiny_en_dir, tmp_path / "models" / "zh-senti")
+    monkeypatch.chdir(tmp_path)
+    t0 = time.perf_counter()
+    with pytest.raises(ModelError, match=r"^no model folder models/zh-sent; did you mean models/zh-senti\?$"):
+        Classifier.load("models/zh-sent")
+    assert time.perf_counter() - t0 < 5
+    with pytest.raises(
+        ModelError,
+        match=r"models/zh-senti/config.json is a file; give the model's folder, which holds it: models/zh-senti",
+    ):
+        Classifier.load("models/zh-senti/config.json")
+
+
 def _with_config(model_dir: Path, dest: Path, **changes) -> Path:
     """A copy of a model folder whose config.json has ``changes``."""
     import shutil

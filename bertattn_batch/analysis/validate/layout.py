@@ -168,7 +168,7 @@ def check_schemas(rec: Recorder, run: RunView) -> None:
             if part.rel[table] != f"{table}/{part.name}" or not path.is_file():
                 continue
             try:
-                pf = pq.ParquetFile(path)
+                pf = pq.ParquetFile(path, page_checksum_verification=True)
             except Exception as e:  # any reader error means the file is not usable Parquet
                 rec.fail("schema", f"{part.rel[table]}: not readable as Parquet ({first_line(e)})")
                 continue

@@ -486,3 +486,26 @@ def test_a_part_committed_but_not_yet_renamed_is_a_warning(en_run, tmp_path):
     assert any(
         "committed, still under its temporary name; a rerun renames it" in w.message for w in report.warnings
     )
+
+
+def _flip_one_byte(path: Path, column: str) -> None:
+    """One bit of one data page flipped, as a bad disk sector or a faulty copy does it."""
+    meta = pq.read_metadata(path).row_group(0)
+    chunk = next(meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema == column)
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    at = start + chunk.total_compressed_size - 2  # inside the last page's values
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("table", "column"), [("predictions", "label"), ("head_summary", "n_content")])
+def test_a_flipped_byte_in_a_page_is_caught_by_its_checksum(table, column, en_run, tmp_path):
+    """Parts carry a checksum on every page: a changed value that still decodes is named, not read."""
+    run = _copy(en_run, tmp_path)
+    part = sorted((run / table).glob("part-*.parquet"))[0]
+    _flip_one_byte(part, column)
+    report = validate_run(run, check_source=False)
+    assert any(f"{table}/{part.name}" in p.message and p.check == "schema" for p in report.problems), (
+        report.render()
+    )
