@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .. import schema
+from ..errors import RunDirError
 from ..ids import IdSet
 from ..inputs import RowBatch, Source, read_sources
 from ..run.resume import ResumePoint
@@ -75,6 +76,13 @@ def iter_windows(
     timings["read"] += time.perf_counter() - t0
     if pending and (done := _window(pending, point, seen)) is not None:
         yield done
+    read = pending.row_index[-1] + 1 if pending else 0
+    if point.skip_until > read:
+        raise RunDirError(
+            f"the run's committed parts hold rows up to {point.skip_until - 1}, but the inputs"
+            f"{' (as limited)' if limit is not None else ''} have {read} rows: they changed since the run "
+            "(see bertattn validate); pass --overwrite to start again"
+        )
 
 
 def _on_grid(block: RowBatch, window: int) -> Iterator[RowBatch]:

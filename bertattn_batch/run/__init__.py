@@ -3,7 +3,7 @@
 from .layout import AGGREGATES_DIR, FORMAT, LOCK_NAME, MANIFEST, REPORT_NAME, is_run_dir, part_name, tmp_name
 from .manifest import Manifest, PartEntry, load_json, parse_parts, read_manifest, row_range_problems
 from .parts import CommittedPart, PartWriter, check_part_file, committed_files
-from .resume import ResumePoint, resume_point
+from .resume import ResumePoint, input_changes, resume_point
 from .rundir import RunDir, old_manifest
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "RunDir",
     "check_part_file",
     "committed_files",
+    "input_changes",
     "is_run_dir",
     "load_json",
     "old_manifest",

@@ -86,19 +86,9 @@ def _check_same_inputs(run: RunDir, sources: list[dict[str, Any]] | None, by_id:
     before = run.manifest.sources
     if sources is None or before is None:  # runs from before sources were kept
         return
-    if len(before) == len(sources) and all(map(_same_file, before, sources)):
+    changes = input_changes(before, sources)
+    if not changes:
         return
-    old = {s["path"]: s for s in before}
-    now = {s["path"] for s in sources}
-    changes = [f"{s['path']} is new" for s in sources if s["path"] not in old]
-    changes += [f"{p} is gone" for p in old if p not in now]
-    for s in sources:
-        was = old.get(s["path"])
-        if was is not None and was["bytes"] != s["bytes"]:
-            changes.append(f"{s['path']} changed size")
-        elif was is not None and not _same_file(was, s):
-            changes.append(f"{s['path']} was rewritten (same size, other bytes at its start or end)")
-    changes = changes or ["the files are read in another order"]
     more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
     fix = "restore them, or pass --overwrite to start again"
     if by_id and run.reopened_status == "complete" and not run.manifest.generation:
@@ -107,6 +97,24 @@ def _check_same_inputs(run: RunDir, sources: list[dict[str, Any]] | None, by_id:
         f"{run.run_dir}: the inputs changed since this run began ({'; '.join(changes[:3])}{more}); "
         f"a resume goes on by row number and would mix old and new rows: {fix}"
     )
+
+
+def input_changes(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[str]:
+    """How the input files ``now`` differ from those a pass recorded (``inputs.source_files``), a phrase
+    each; none where they are the same files, in the same order."""
+    if len(before) == len(now) and all(map(_same_file, before, now)):
+        return []
+    old = {s["path"]: s for s in before}
+    paths = {s["path"] for s in now}
+    changes = [f"{s['path']} is new" for s in now if s["path"] not in old]
+    changes += [f"{p} is gone" for p in old if p not in paths]
+    for s in now:
+        was = old.get(s["path"])
+        if was is not None and was["bytes"] != s["bytes"]:
+            changes.append(f"{s['path']} changed size")
+        elif was is not None and not _same_file(was, s):
+            changes.append(f"{s['path']} was rewritten (same size, other bytes at its start or end)")
+    return changes or ["the files are read in another order"]
 
 
 def _same_file(was: dict[str, Any], now: dict[str, Any]) -> bool:

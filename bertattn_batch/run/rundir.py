@@ -113,6 +113,8 @@ class RunDir:
             self._check_compatible(old)
             if "fingerprint" in self.header:  # the same job, now spelt as this version spells it
                 self.manifest.fingerprint = self.header["fingerprint"]
+            if "spec" in self.header:  # the spec of the pass now writing the run (a raised limit, say)
+                self.manifest.spec = self.header["spec"]
             self._recover()  # saved with the status it had: "running" is for begin_pass to say
         else:
             self.manifest = Manifest(

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ...run import load_json
 from .attention import check_attention
+from .inputs import check_inputs_covered
 from .layout import RunView, check_counts, check_files, check_manifest, check_schemas
 from .predictions import check_predictions
 from .report import CHECKS, Check, Problem, Recorder, ValidationReport
@@ -49,8 +50,10 @@ def validate_run(run_dir: str | Path, check_source: bool = True) -> ValidationRe
     statuses = check_predictions(rec, run)
     check_attention(rec, run)
     if check_source:
+        check_inputs_covered(rec, run)
         check_source_spans(rec, run)
     else:
+        rec.skip("inputs", "--no-source: the inputs' rows not counted")
         rec.skip("spans", "--no-source: end <= text length not checked")
     return ValidationReport(
         run_dir=str(path),

@@ -348,7 +348,7 @@ def test_no_source_skips_the_text_length_check(en_run, tmp_path):
     assert result.exit_code == 0, result.output
     assert any(line.startswith("SKIP  spans") for line in result.output.splitlines())
     # a skipped check is not a passed one
-    assert f"clean: {len(CHECKS) - 1} checks passed, 1 skipped" in result.output
+    assert f"clean: {len(CHECKS) - 2} checks passed, 2 skipped" in result.output  # spans and inputs
 
 
 def test_unreadable_source_is_a_skip_not_a_failure(en_run, tmp_path):
@@ -509,3 +509,37 @@ def test_a_flipped_byte_in_a_page_is_caught_by_its_checksum(table, column, en_ru
     assert any(f"{table}/{part.name}" in p.message and p.check == "schema" for p in report.problems), (
         report.render()
     )
+
+
+def test_input_rows_without_a_predictions_row_are_named(tiny_en_dir, tmp_path):
+    """validate said clean after a row was appended to the input, and after a part was deleted with the
+    manifest edited to match; a resume of the latter took the run for up to date."""
+    src = tmp_path / "in.csv"
+    src.write_text("text\n" + "".join(f"review {i}\n" for i in range(12)))
+    run = tmp_path / "run"
+    run_job(JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(run), window=4, progress=False))
+    assert validate_run(run).ok
+    with open(src, "a") as f:
+        f.write("one more\n")
+    report = validate_run(run)
+    assert report.check("inputs").problems == 1, report.render()
+    assert any("input rows 12..12 have no predictions row" in p.message for p in report.problems)
+    assert any("in.csv changed size" in w.message for w in report.warnings)
+    # a part removed with the manifest edited to match: the parts agree with each other, not the inputs
+    src.write_text("text\n" + "".join(f"review {i}\n" for i in range(12)))
+    m = _manifest(run)
+    last = m["parts"].pop()
+    for table in last["files"].values():
+        (run / table).unlink()
+    m["counts"] = {t: sum(p["rows"][t] for p in m["parts"]) for t in m["counts"]}
+    _save_manifest(run, m)
+    report = validate_run(run)
+    assert any("input rows 8..11 have no predictions row" in p.message for p in report.problems), (
+        report.render()
+    )
+    # and a manifest whose last part claims rows the inputs do not have is no run to resume
+    m["parts"][-1]["end_row"] = 20
+    _save_manifest(run, m)
+    assert any("the run holds rows 12..19" in p.message for p in validate_run(run).problems)
+    with pytest.raises(RunDirError, match=r"committed parts hold rows up to 19, but the inputs have 12 rows"):
+        run_job(JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(run), window=4, progress=False))

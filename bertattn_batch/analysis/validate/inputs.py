@@ -1,0 +1,90 @@
+"""The inputs check: every input row has its predictions row, and the input files are those the run read.
+
+The inputs are read again (in bounded memory): a run whose manifest and parts agree with each other
+can still lack rows of its inputs (rows appended since, a part deleted with the manifest edited to
+match). A run of plain passes must cover as many rows as the inputs hold (within its ``limit``); a
+run of incremental passes goes by id, so every input row with an id must have it among the run's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from ... import schema
+from ...errors import BertAttnError
+from ...ids import IdSet
+from ...inputs import STDIN, check_inputs, is_stream, read_sources, source_files
+from ...run import Manifest, input_changes
+from .layout import RunView
+from .report import Recorder
+
+
+def check_inputs_covered(rec: Recorder, run: RunView) -> None:
+    try:
+        manifest = Manifest.from_dict({**run.manifest, "parts": []})
+    except BertAttnError as e:  # the manifest check names what is wrong with it
+        rec.skip("inputs", f"the manifest cannot say which inputs were read ({e})")
+        return
+    spec, inputs = manifest.spec, manifest.inputs
+    if not inputs or any(p == STDIN or is_stream(Path(p)) for p in inputs):
+        rec.skip("inputs", "the run read a stream (or names no inputs), which cannot be read again")
+        return
+    columns = (spec.get("text_col") or "text", spec.get("id_col"), spec.get("label_col"))
+    try:
+        sources = check_inputs(inputs, *columns, spec.get("input_format") or "auto")
+        if manifest.sources is not None:
+            for change in input_changes(manifest.sources, source_files(sources))[:3]:
+                rec.warn("inputs", f"the inputs changed since the run read them: {change}")
+        incremental = bool(run.parts and {p.generation for p in run.parts} - {0})
+        if incremental:
+            _check_ids(rec, run, sources, columns)
+        else:
+            _check_count(rec, run, sources, columns, spec.get("limit"))
+    except BertAttnError as e:
+        rec.skip("inputs", f"inputs not readable here ({e}); not checked")
+
+
+def _check_count(rec: Recorder, run: RunView, sources, columns, limit: int | None) -> None:
+    n = sum(len(b) for b in read_sources(sources, *columns, limit=limit))
+    covered = max((p.end_row for p in run.parts if p.generation == 0), default=0)
+    if n > covered and run.status == "complete":
+        rec.fail(
+            "inputs",
+            f"input rows {covered}..{n - 1} have no predictions row (rows added to the inputs since, or a "
+            "part removed?); rerun the extract to add them, or --overwrite",
+        )
+    elif n > covered:
+        rec.note("inputs", f"rows {covered}..{n - 1} are still to do (the run is {run.status})")
+    elif n < covered:
+        rec.fail("inputs", f"the run holds rows {n}..{covered - 1}, which the inputs no longer have")
+    rec.note("inputs", f"{n} input rows" + (f" (limit {limit})" if limit is not None else ""))
+
+
+def _check_ids(rec: Recorder, run: RunView, sources, columns) -> None:
+    files = [str(run.file(p, "predictions")) for p in run.parts if "predictions" in p.readable]
+    ids = IdSet()
+    if files:
+        no_id = schema.ROW_NUMBER_STATUSES
+        found = pl.scan_parquet(files, glob=False).filter(~pl.col("status").is_in(no_id)).select("doc_id")
+        ids.update(found.collect(engine="streaming")["doc_id"].to_list())
+    missing, first, n = 0, [], 0
+    for block in read_sources(sources, *columns):
+        for doc_id, status in zip(block.doc_id, block.status, strict=True):
+            n += 1
+            if status in schema.ROW_NUMBER_STATUSES or doc_id in ids:
+                continue
+            missing += 1
+            if len(first) < 3:
+                first.append(doc_id)
+    if missing and run.status == "complete":
+        rec.fail_many(
+            "inputs",
+            missing,
+            [
+                f"input review {d!r} has no predictions row; rerun the extract with --incremental"
+                for d in first
+            ],
+        )
+    rec.note("inputs", f"{n} input rows, by id")
