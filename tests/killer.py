@@ -4,7 +4,8 @@
 
 POINT is where the N-th event kills the process: ``read`` (the N-th row read), ``forward`` (inside the
 N-th model batch), ``write`` (half-way through writing the N-th Parquet file), ``commit`` (right after
-the N-th manifest save, before the part's files are renamed), ``part`` (right after the N-th part).
+the N-th part is appended to the commit log, before its files are renamed), ``part`` (right after the
+N-th part).
 With ``KILLER_SIGNAL=TERM`` in the environment the process is sent SIGTERM instead, as a scheduler
 stopping a job would.
 """
@@ -17,7 +18,7 @@ import sys
 
 from bertattn_batch.inputs import rows as read
 from bertattn_batch.model import Classifier
-from bertattn_batch.run import PartWriter, RunDir
+from bertattn_batch.run import PartWriter, RunDir, rundir
 
 
 def main() -> None:
@@ -64,12 +65,12 @@ def main() -> None:
 
         PartWriter._write_parquet = write_parquet
     elif point in ("commit", "part"):
-        original_save = RunDir._save
+        original_log = rundir.log_commit
         original_commit = RunDir.commit
 
-        def save(self):
-            original_save(self)
-            if point == "commit" and self.manifest.parts and tick():
+        def log_commit(run_dir, entry):
+            original_log(run_dir, entry)
+            if point == "commit" and tick():
                 die()
 
         def commit(self, entry):
@@ -77,7 +78,7 @@ def main() -> None:
             if point == "part" and tick():
                 die()
 
-        RunDir._save = save
+        rundir.log_commit = log_commit
         RunDir.commit = commit
     else:
         raise SystemExit(f"unknown point {point}")

@@ -175,7 +175,7 @@ def run_job(
         header = eng.header()
         on_existing = "resume" if incremental else spec.on_existing
         with RunDir(spec.out, header, on_existing, part_writer(spec.out)) as run:
-            point = resume_point(run, incremental, spec.id_col is not None, source_files(sources))
+            point = resume_point(run, incremental, spec.id_col is not None, source_files(sources), spec.limit)
             summary.skipped_committed = point.skipped
             columns = Columns(spec.text_col, spec.id_col, spec.label_col)
             windows = iter_windows(sources, columns, spec.window, spec.limit, point, timings)

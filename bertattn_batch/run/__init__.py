@@ -1,6 +1,16 @@
 """The run directory: its layout, its typed manifest, the life cycle of its parts, and resuming."""
 
-from .layout import AGGREGATES_DIR, FORMAT, LOCK_NAME, MANIFEST, REPORT_NAME, is_run_dir, part_name, tmp_name
+from .layout import (
+    AGGREGATES_DIR,
+    COMMIT_LOG,
+    FORMAT,
+    LOCK_NAME,
+    MANIFEST,
+    REPORT_NAME,
+    is_run_dir,
+    part_name,
+    tmp_name,
+)
 from .manifest import Manifest, PartEntry, load_json, parse_parts, read_manifest, row_range_problems
 from .parts import CommittedPart, PartWriter, check_part_file, committed_files
 from .resume import ResumePoint, input_changes, resume_point
@@ -8,6 +18,7 @@ from .rundir import RunDir, old_manifest
 
 __all__ = [
     "AGGREGATES_DIR",
+    "COMMIT_LOG",
     "FORMAT",
     "LOCK_NAME",
     "MANIFEST",

@@ -3,6 +3,7 @@
 ```
 runs/<run>/
   manifest.json                 what the run is and which parts it committed (run/manifest.py)
+  commits.jsonl                 parts committed since the manifest was last written, one a line
   predictions/part-*.parquet    one row per input review
   cls_attention/part-*.parquet  one row per (review, layer, head, content token)
   head_summary/part-*.parquet   one row per (review, layer, head)
@@ -18,6 +19,10 @@ from pathlib import Path
 from .. import schema
 
 MANIFEST = "manifest.json"
+#: Appended to, one part a line, as parts are committed; folded into the manifest when it is next
+#: written (at the end of a pass, and when the run is reopened). Why: rewriting the whole manifest for
+#: every part made a run of n parts write O(n²) bytes.
+COMMIT_LOG = "commits.jsonl"
 FORMAT = "bertattn-batch run"
 #: What ``aggregate`` and ``report`` write into a run; with the tables and the manifest, all that
 #: --overwrite removes (anything else in the folder is the user's and stays).

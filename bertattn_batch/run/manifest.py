@@ -23,7 +23,7 @@ from typing import Any
 
 from .._util import atomic_write_text
 from ..errors import RunDirError, WriteError
-from .layout import FORMAT, MANIFEST, TABLES
+from .layout import COMMIT_LOG, FORMAT, MANIFEST, TABLES
 
 
 @dataclass
@@ -106,6 +106,8 @@ class Manifest:
     generation: int | None = None
     #: the input files of the current pass (see inputs.fingerprint), which a resume checks are unchanged
     sources: list[dict[str, Any]] | None = None
+    #: the rows the current pass reads at most (its job's limit; the spec keeps the first pass's)
+    limit: int | None = None
     resumes: int = 0
     created_at: str | None = None
     updated_at: str | None = None
@@ -140,7 +142,10 @@ class Manifest:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
         out["parts"] = [p.to_dict() for p in self.parts]
         out = {"format": out.pop("format"), **out, **self.extra}
-        return {k: v for k, v in out.items() if v is not None}
+        # an unset field is left out, but a pass's limit of None says "no limit": kept once recorded
+        return {
+            k: v for k, v in out.items() if v is not None or (k == "limit" and self.generation is not None)
+        }
 
     # -- what readers ask of a run -----------------------------------------------------------------
     @property
@@ -202,7 +207,8 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_json(run_dir: str | Path) -> dict[str, Any]:
-    """The manifest's JSON object as written (the validator checks it field by field)."""
+    """The manifest's JSON object as written, with the parts of the commit log after its own (the
+    validator checks it field by field)."""
     path = Path(run_dir) / MANIFEST
     if not path.is_file():
         raise RunDirError(f"{run_dir} is not a run directory (no {MANIFEST})")
@@ -212,7 +218,47 @@ def load_json(run_dir: str | Path) -> dict[str, Any]:
         raise RunDirError(f"{path} is damaged: {e}") from None
     if not isinstance(data, dict):
         raise RunDirError(f"{path} is damaged: not a JSON object")
+    logged = _logged_parts(Path(run_dir))
+    if logged and isinstance(data.get("parts"), list):
+        names = {e["name"] for e in logged if isinstance(e, dict) and "name" in e}
+        data["parts"] = [p for p in data["parts"] if not (isinstance(p, dict) and p.get("name") in names)]
+        data["parts"] += logged
     return data
+
+
+def _logged_parts(run_dir: Path) -> list[Any]:
+    """The part entries of the commit log, a later entry of a name replacing an earlier one. A last line
+    cut short (a kill as it was appended) was never committed and is left out."""
+    path = run_dir / COMMIT_LOG
+    try:
+        lines = path.read_bytes().splitlines()
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise RunDirError(f"{path} cannot be read: {e.strerror or e}") from None
+    entries: dict[str, Any] = {}
+    for i, line in enumerate(lines):
+        try:
+            entry = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            if i == len(lines) - 1:
+                break
+            raise RunDirError(f"{path} is damaged: line {i + 1} is no JSON") from None
+        entries[entry.get("name") if isinstance(entry, dict) else str(i)] = entry
+    return list(entries.values())
+
+
+def log_commit(run_dir: Path, entry: PartEntry) -> None:
+    """Append a part to the commit log and make it durable: the commit point of a part."""
+    path = run_dir / COMMIT_LOG
+    line = json.dumps(entry.to_dict(), ensure_ascii=False) + "\n"
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise WriteError(f"writing {path} failed: {e.strerror or e}") from e
 
 
 def read_manifest(run_dir: str | Path) -> Manifest:
@@ -224,9 +270,12 @@ def read_manifest(run_dir: str | Path) -> Manifest:
 
 
 def save_manifest(run_dir: Path, manifest: Manifest) -> None:
+    """Write the whole manifest, every committed part in it, then drop the commit log it now holds (a
+    crash in between leaves entries in both, which read as one)."""
     text = json.dumps(manifest.to_dict(), indent=1, ensure_ascii=False, default=str)
     try:
         atomic_write_text(run_dir / MANIFEST, text)
+        (run_dir / COMMIT_LOG).unlink(missing_ok=True)
     except OSError as e:
         raise WriteError(f"writing {run_dir / MANIFEST} failed: {e.strerror or e}") from e
 

@@ -37,7 +37,11 @@ class ResumePoint:
 
 
 def resume_point(
-    run: RunDir, incremental: bool, by_id: bool, sources: list[dict[str, Any]] | None = None
+    run: RunDir,
+    incremental: bool,
+    by_id: bool,
+    sources: list[dict[str, Any]] | None = None,
+    limit: int | None = None,
 ) -> ResumePoint:
     """The resume point of a reopened run (``by_id``: the job has an id column), recorded in its manifest
     as the pass begins.
@@ -60,11 +64,11 @@ def resume_point(
         skip_until = max((p.end_row for p in parts), default=0)
         if skip_until:
             _check_same_inputs(run, sources, by_id)
-        run.begin_pass(0, sources)
+        run.begin_pass(0, sources, limit)
         return ResumePoint(0, skip_until, None, run.committed_ids() if by_id and skip_until else None)
     if parts and (run.reopened_status == "complete" or generation is None):
         generation = max(run.manifest.passes) + 1  # a new pass (also over a run from before passes were kept)
-        run.begin_pass(generation, sources)
+        run.begin_pass(generation, sources, limit)
         return ResumePoint(generation, 0, run.committed_ids(), None)
     # finish the interrupted pass where it stopped, by row number as any resume does (the input is
     # taken to be unchanged): a repeat of one of its ids is still duplicate_id, a null id is not redone
@@ -74,7 +78,7 @@ def resume_point(
     skip_until = max((p.end_row for p in current), default=0)
     if skip_until:
         _check_same_inputs(run, sources, by_id)
-    run.begin_pass(generation, sources)
+    run.begin_pass(generation, sources, limit)
     taken = run.committed_ids(current) if by_id and current else None
     return ResumePoint(generation, skip_until, run.committed_ids(earlier) if earlier else None, taken)
 

@@ -34,8 +34,8 @@ from .. import schema
 from .._util import file_lock, hidden_tmp
 from ..errors import RunDirError, WriteError
 from ..ids import IdSet
-from .layout import AGGREGATES_DIR, LOCK_NAME, MANIFEST, REPORT_NAME, TABLES, tmp_name
-from .manifest import Manifest, PartEntry, read_manifest, row_range_problems, save_manifest
+from .layout import AGGREGATES_DIR, COMMIT_LOG, LOCK_NAME, MANIFEST, REPORT_NAME, TABLES, tmp_name
+from .manifest import Manifest, PartEntry, log_commit, read_manifest, row_range_problems, save_manifest
 from .parts import PartWriter, check_part_file
 
 
@@ -58,6 +58,7 @@ class RunDir:
         #: pass ended, so an incremental job starts a new one rather than finishing it
         self.reopened_status: str | None = None
         self._began = False  # whether this process began (or went on with) a pass: see fail
+        self._positions: dict[str, int] = {}  # part name -> its place in manifest.parts
         self._held = contextlib.ExitStack()
 
     # -- life cycle ---------------------------------------------------------------------------------
@@ -113,8 +114,6 @@ class RunDir:
             self._check_compatible(old)
             if "fingerprint" in self.header:  # the same job, now spelt as this version spells it
                 self.manifest.fingerprint = self.header["fingerprint"]
-            if "spec" in self.header:  # the spec of the pass now writing the run (a raised limit, say)
-                self.manifest.spec = self.header["spec"]
             self._recover()  # saved with the status it had: "running" is for begin_pass to say
         else:
             self.manifest = Manifest(
@@ -162,11 +161,15 @@ class RunDir:
         self._save()
         return self.manifest
 
-    def begin_pass(self, generation: int, sources: list[dict[str, Any]] | None = None) -> None:
+    def begin_pass(
+        self, generation: int, sources: list[dict[str, Any]] | None = None, limit: int | None = None
+    ) -> None:
         """Record which pass the parts to come belong to, before the first of them: a pass killed before
         it commits anything must still be told from the finished pass before it. ``sources``: the input
-        files the pass reads, which a resume of it checks are unchanged."""
+        files the pass reads, which a resume of it checks are unchanged; ``limit``: the rows it reads at
+        most (a resume may raise the limit the run began with)."""
         self.manifest.generation = generation
+        self.manifest.limit = limit
         if self.reopened_status is not None:
             self.manifest.status = "running"
             self.manifest.resumed_at = _now()
@@ -197,15 +200,22 @@ class RunDir:
         return ids
 
     def commit(self, entry: PartEntry) -> None:
-        """Steps 2 and 3 for a staged part: list it (replacing one of the same name), then publish it."""
-        self.manifest.parts[:] = [p for p in self.manifest.parts if p.name != entry.name] + [entry]
-        self._save()
+        """Steps 2 and 3 for a staged part: append it to the commit log (replacing one of the same name),
+        then publish it. The cost does not grow with the parts committed before."""
+        log_commit(self.run_dir, entry)
+        at = self._positions.get(entry.name)
+        if at is None:
+            self._positions[entry.name] = len(self.manifest.parts)
+            self.manifest.parts.append(entry)
+        else:
+            self.manifest.parts[at] = entry
         self.part_writer.publish(entry)
 
     # -- internals ----------------------------------------------------------------------------------
     def _save(self) -> None:
         self.manifest.updated_at = _now()
         save_manifest(self.run_dir, self.manifest)
+        self._positions = {p.name: i for i, p in enumerate(self.manifest.parts)}
 
     def _recover(self) -> None:
         """Roll listed parts forward; delete every file the manifest does not list."""
@@ -256,7 +266,7 @@ class RunDir:
     def _clear(self) -> None:
         """Remove what bertattn wrote into the run directory, its manifest last: a clear cut short leaves
         a folder that is still recognisably a run, so the next --overwrite can finish it."""
-        temporaries = (hidden_tmp(MANIFEST), hidden_tmp(REPORT_NAME))
+        temporaries = (hidden_tmp(MANIFEST), hidden_tmp(REPORT_NAME), COMMIT_LOG)
         for name in (*TABLES, AGGREGATES_DIR, REPORT_NAME, *temporaries, MANIFEST):
             child = self.run_dir / name
             if child.is_dir() and not child.is_symlink():

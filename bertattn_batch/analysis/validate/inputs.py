@@ -41,7 +41,8 @@ def check_inputs_covered(rec: Recorder, run: RunView) -> None:
         if incremental:
             _check_ids(rec, run, sources, columns)
         else:
-            _check_count(rec, run, sources, columns, spec.get("limit"))
+            limit = manifest.limit if "limit" in run.manifest else spec.get("limit")
+            _check_count(rec, run, sources, columns, limit)
     except BertAttnError as e:
         rec.skip("inputs", f"inputs not readable here ({e}); not checked")
 
