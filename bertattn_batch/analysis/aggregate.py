@@ -249,8 +249,11 @@ def aggregate(
     min_reviews: int = MIN_REVIEWS,
     rank_by: str = RANK_BY,
     units: Sequence[str] = UNITS,
+    into: str | Path | None = None,
 ) -> Aggregates:
-    """Compute token (and word) influence by head for a run; write and return it."""
+    """Compute token (and word) influence by head for a run; write and return it. ``into``: the folder
+    to write the table (and its work files) into, where not the run's own ``aggregates/`` (a run that
+    cannot be written to)."""
     t0 = time.perf_counter()
     if min_reviews < 1:
         raise SpecError(f"min_reviews must be at least 1, got {min_reviews}")
@@ -267,7 +270,7 @@ def aggregate(
     continuation = word_continuation(manifest)
     if continuation is None:
         units = [u for u in units if u != "word"]  # its pieces carry no continuation marks to join
-    out_dir = run / AGGREGATES_DIR
+    out_dir = Path(into) if into is not None else run / AGGREGATES_DIR
     remove_stale(out_dir, "_work-*")  # left by an aggregate that was killed
     work = out_dir / f"_work-{time.time_ns()}"
     try:
@@ -294,9 +297,12 @@ def aggregate(
         table = table.collect(engine="streaming")
         arrow = schema.cast(table.to_arrow(), TABLE)
         arrow = arrow.replace_schema_metadata(meta)  # meta repeats the schema's table and version
-        final = aggregates_path(run)
-        with atomic_path(final) as tmp:  # readers see the old table or the new one
-            pq.write_table(arrow, tmp, compression="zstd")
+        final = out_dir / f"{TABLE}.parquet"
+        try:
+            with atomic_path(final) as tmp:  # readers see the old table or the new one
+                pq.write_table(arrow, tmp, compression="zstd")
+        except OSError as e:
+            raise WriteError(f"cannot write the aggregates into {out_dir}: {e.strerror or e}") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     present = set(sizes["split"].to_list())

@@ -16,6 +16,7 @@ label. Figures are PNG data URIs and the styles are inline: the file opens witho
 
 from __future__ import annotations
 
+import tempfile
 import time
 from html import escape
 from pathlib import Path
@@ -27,7 +28,7 @@ import polars as pl
 from .._util import atomic_path
 from ..analysis import aggregate as agg
 from ..analysis.top import top_tokens
-from ..errors import SpecError
+from ..errors import SpecError, WriteError
 from ..run import REPORT_NAME, Manifest, read_manifest
 from . import fonts, page
 from .figures import cls_png, pyplot, turn_long_labels
@@ -296,14 +297,20 @@ def build_report(
     idx = run_layer(manifest, layer)
     made = agg.aggregates_meta(run).get("options", {}) if agg.aggregates_path(run).is_file() else {}
     min_reviews = min_reviews if min_reviews is not None else made.get("min_reviews", agg.MIN_REVIEWS)
-    if not agg.is_current(run, min_reviews):
-        agg.aggregate(
-            run,
+    if agg.is_current(run, min_reviews):
+        table, meta = agg.read_aggregates(run)
+    else:
+        options = dict(
             min_reviews=min_reviews,
             rank_by=made.get("rank_by", agg.RANK_BY),
             units=made.get("units", agg.UNITS),
         )
-    table, meta = agg.read_aggregates(run)
+        try:
+            result = agg.aggregate(run, **options)
+        except WriteError:  # a run this process cannot write to: the report alone is written
+            with tempfile.TemporaryDirectory(prefix="bertattn-aggregates-") as scratch:
+                result = agg.aggregate(run, **options, into=scratch)
+        table, meta = result.table, {"options": result.options, "parts": result.parts}
     preds = _committed_predictions(run)
     labels = manifest.labels
     labelled = bool(manifest.spec.get("label_col")) or (

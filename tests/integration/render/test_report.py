@@ -378,3 +378,18 @@ def test_a_report_keeps_the_aggregates_a_user_made(run_dir, tmp_path):
     assert (
         agg.read_aggregates(run_dir)[1]["options"].items() >= {"min_reviews": 3, "rank_by": "n_top"}.items()
     )
+
+
+def test_a_report_of_a_run_it_cannot_write_to_is_still_written(run_dir, tmp_path):
+    """``report --out elsewhere`` over a run this process may not write to (its aggregates missing):
+    the aggregates are computed beside the report's work, not into the run, and the page is written."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    shutil.rmtree(run / "aggregates", ignore_errors=True)
+    (run / "aggregates").write_text("not a folder")  # any folder made there fails, as on a read-only mount
+    out = tmp_path / "elsewhere" / "r.html"
+    path = report.build_report(run, out=out, examples=1, min_reviews=2)
+    assert path == out and "Top tokens" in out.read_text(encoding="utf-8")
+    assert (run / "aggregates").read_text() == "not a folder"  # the run is left as it was
