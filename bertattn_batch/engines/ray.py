@@ -229,6 +229,10 @@ def _as_ours(e: Exception) -> Exception:
     input), else an EngineError that names the worker's error."""
     if isinstance(e, BertAttnError) and type(e).__module__ == errors.__name__:
         return e  # raised here, not a Ray wrapper of a worker's error
+    cause = getattr(e, "cause", None)  # a Ray task's or actor's own exception, where it could be sent
+    if isinstance(cause, BertAttnError) and type(cause).__module__ == errors.__name__:
+        log.info("a Ray worker failed:\n%s", e)
+        return type(cause)(str(cause))
     qualname, message = worker_error(e)
     log.info("a Ray worker failed:\n%s", e)
     module, _, name = qualname.rpartition(".")

@@ -3,6 +3,7 @@ across file boundaries, and a run stopped on one engine resumes on the other."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -142,3 +143,25 @@ def test_a_run_stopped_on_one_engine_resumes_on_the_other(
     assert summary.skipped_committed == 4 * len(committed) and summary.input_rows == 21 - 4 * len(committed)
     assert _parts(out) == _parts(tmp_path / "whole")
     _same_tables(out, tmp_path / "whole")
+
+
+@pytest.mark.slow
+def test_parquet_files_whose_id_types_differ_read_alike_on_both_engines(
+    ray_local, drug_rows, tiny_en_dir, tmp_path
+):
+    """Ray Data merged the files' schemas and refused ``id`` as int64 in one file and string in the
+    next; both engines now read each file with its own schema and turn ids into text first."""
+    texts = [" ".join(r["text"].split())[:200] for r in drug_rows[:9]]
+    pq.write_table(
+        pa.table({"id": pa.array([1, 2, 3], pa.int64()), "text": texts[:3]}), tmp_path / "a.parquet"
+    )
+    pq.write_table(pa.table({"id": ["x", "y", "3.5"], "text": texts[3:6]}), tmp_path / "b.parquet")
+    pq.write_table(pa.table({"id": pa.array([7.0, 8.5, None]), "text": texts[6:]}), tmp_path / "c.parquet")
+    inputs = [tmp_path / f"{n}.parquet" for n in "abc"]
+    for engine in ("local", "ray"):
+        spec = _spec(inputs, tiny_en_dir, tmp_path / engine, engine=engine, workers=2)
+        run_job(dataclasses.replace(spec, id_col="id"))
+    _same_tables(tmp_path / "ray", tmp_path / "local")
+    preds = read_table(tmp_path / "ray", "predictions")
+    assert preds.column("doc_id").to_pylist() == ["1", "2", "3", "x", "y", "3.5", "7", "8.5", "8"]
+    assert preds.column("status").to_pylist() == ["ok"] * 8 + ["null_id"]
