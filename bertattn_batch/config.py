@@ -45,7 +45,7 @@ class FinetuneSpec:
     num_layers: int = 2
     num_heads: int = 4
     intermediate_size: int = 512
-    min_char_count: int = 5
+    min_char_count: int = 2  # as the default job has it: characters seen twice join the vocabulary
     dropout: float = 0.1  # hidden-state dropout of a from-scratch model
     attention_dropout: float = 0.0  # 0 keeps the fused attention kernel in training (faster on a CPU)
     # Training.
@@ -124,6 +124,7 @@ class JobSpec:
     batch_tokens: int = 16384
     max_batch_size: int = 256
     window: int = 4096  # rows per bucketing window, and per Parquet part
+    store_text: bool = True  # each review's text in predictions
     limit: int | None = None
     on_existing: str = "resume"
     trust_remote_code: bool = False

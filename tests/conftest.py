@@ -78,7 +78,7 @@ def drug_sample(drug_rows, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def zh_sample(zh_rows, tmp_path_factory) -> Path:
-    rows = [*mixed_lengths(zh_rows, 30), {"doc_id": "seed", "text": SEED_TEXT, "label": "neg"}]
+    rows = [*mixed_lengths(zh_rows, 30), {"doc_id": "seed", "text": SEED_TEXT, "label": "negative"}]
     path = tmp_path_factory.mktemp("data") / "zh_sample.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
@@ -150,7 +150,7 @@ def tiny_zh_dir(zh_rows, tmp_path_factory) -> Path:
         num_hidden_layers=2,
         num_attention_heads=4,
         intermediate_size=64,
-        id2label={0: "neg", 1: "pos"},
-        label2id={"neg": 0, "pos": 1},
+        id2label={0: "negative", 1: "positive"},
+        label2id={"negative": 0, "positive": 1},
     )
     return _save(BertForSequenceClassification(config), tok, tmp_path_factory.mktemp("tiny_zh"))

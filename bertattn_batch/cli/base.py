@@ -10,7 +10,9 @@ import traceback
 from collections.abc import Callable
 from typing import Annotated, TypeVar
 
+import click
 import typer
+from typer.core import TyperOption
 
 from ..errors import BertAttnError
 from ..runtime import tune_runtime
@@ -25,6 +27,16 @@ app = typer.Typer(
 
 
 T = TypeVar("T")
+
+
+def _no_flag_type(self: TyperOption, ctx: click.Context) -> str | None:
+    """An on/off flag has no value to type: its help shows no ``<bool>`` column."""
+    return None if self.is_flag else _display_type(self, ctx)
+
+
+# typer's help prints every option's type, flags' too; for a flag that says nothing (help only)
+_display_type = TyperOption.display_type_rich
+TyperOption.display_type_rich = _no_flag_type
 
 
 #: debug: --debug was given; working: a library call is running; done: the command's work is finished
@@ -99,6 +111,24 @@ def call(fn: Callable[[], T], interrupted: str = INTERRUPTED, completes: bool = 
 
 
 Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks and library logs.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"bertattn-batch {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Stream review corpora through a fine-tuned BERT classifier; write each review's prediction and its
+    per-head [CLS] attention to Parquet."""
 
 
 def main() -> None:

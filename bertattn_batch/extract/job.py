@@ -52,6 +52,15 @@ class PartStats:
         return 1 - self.tokens / self.padded_slots if self.padded_slots else 0.0
 
 
+@dataclass(frozen=True)
+class PassInfo:
+    """What every part of a pass shares: its generation (in the part names) and the run's id (in every
+    predictions row)."""
+
+    generation: int = 0
+    run_id: str = ""
+
+
 @dataclass
 class Window:
     """A window's rows after encoding (then scoring): becomes one part of each table."""
@@ -79,15 +88,17 @@ class WindowJob:
         batch_tokens: int,
         max_batch_size: int,
         part_writer: PartWriter,
-        generation: int = 0,
+        pass_info: PassInfo = PassInfo(),
         encode_threads: int = 1,
+        store_text: bool = True,
     ) -> None:
         self.clf = clf
         self.part_writer = part_writer
-        self.generation = generation
+        self.generation = pass_info.generation
         self.model = ModelStage(clf, batch_tokens, max_batch_size)
         self.encoder = Encoder(clf.tokenizer, clf.max_length, encode_threads)
-        self.extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels)
+        vocab = vocab_array(clf.tokenizer)
+        self.extractor = Extractor(vocab, clf.layers, clf.num_heads, clf.labels, pass_info.run_id, store_text)
 
     def __call__(self, rows: WindowRows) -> StagedPart:
         window = self.encode(rows)
@@ -99,7 +110,9 @@ class WindowJob:
         t0 = time.perf_counter()
         batch = rows.rows
         scored = [
-            ScoredRow(batch.row_index[i], batch.doc_id[i], batch.label[i], batch.status[i])
+            ScoredRow(
+                batch.row_index[i], batch.doc_id[i], batch.label[i], batch.status[i], text=batch.text[i]
+            )
             for i in range(len(batch))
         ]
         todo = [i for i, r in enumerate(scored) if r.status == "ok"]

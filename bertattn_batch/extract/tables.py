@@ -32,6 +32,7 @@ class ScoredRow:
     encoded: Encoded | None = None
     probs: np.ndarray | None = None  # (C,)
     cls_rows: np.ndarray | None = None  # (L, H, n): the review's own tokens only
+    text: str | None = None  # as read, for the predictions table
 
 
 def vocab_array(tokenizer) -> pa.Array:
@@ -50,11 +51,21 @@ CHUNK_TOKEN_ROWS = 1 << 18
 class Extractor:
     """Builds the three tables of a run from scored rows; stateless apart from the vocabulary."""
 
-    def __init__(self, vocab: pa.Array, layers: Sequence[int], num_heads: int, labels: Sequence[str]) -> None:
+    def __init__(
+        self,
+        vocab: pa.Array,
+        layers: Sequence[int],
+        num_heads: int,
+        labels: Sequence[str],
+        run_id: str = "",
+        store_text: bool = True,
+    ) -> None:
         self.vocab = vocab
         self.layers = np.asarray(layers, dtype=np.int16)
         self.num_heads = num_heads
         self.labels = list(labels)
+        self.run_id = run_id
+        self.store_text = store_text
 
     def tables(self, rows: Sequence[ScoredRow]) -> dict[str, pa.Table]:
         attention, summary = self.cls_attention(rows)
@@ -72,6 +83,13 @@ class Extractor:
                 "pred_label": pa.array(
                     [self.labels[p] if p is not None else None for p in pred_id], pa.string()
                 ),
+                "pred_prob": pa.array(
+                    [
+                        float(r.probs[p]) if p is not None else None
+                        for r, p in zip(rows, pred_id, strict=True)
+                    ],
+                    pa.float32(),
+                ),
                 "probs": pa.array(
                     [r.probs.astype(np.float32) if r.probs is not None else None for r in rows],
                     pa.list_(pa.float32()),
@@ -80,6 +98,8 @@ class Extractor:
                     [r.encoded.n_tokens if r.probs is not None else 0 for r in rows], pa.int32()
                 ),
                 "truncated": pa.array([bool(r.encoded and r.encoded.truncated) for r in rows], pa.bool_()),
+                "text": pa.array([r.text if self.store_text else None for r in rows], pa.string()),
+                "run_id": pa.array([self.run_id] * len(rows), pa.string()),
             }
         )
         return schema.cast(table, "predictions")

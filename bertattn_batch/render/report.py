@@ -31,8 +31,10 @@ from ..analysis.top import top_tokens
 from ..errors import SpecError, WriteError
 from ..run import REPORT_NAME, Manifest, read_manifest
 from . import fonts, page
-from .figures import cls_png, pyplot, turn_long_labels
-from .review import load_reviews, readable, run_layer
+from .accuracy import accuracy_html
+from .examples import examples_html, misclassified, pick
+from .figures import pyplot, turn_long_labels
+from .review import readable, run_layer
 
 
 def _committed_predictions(run: Path) -> pl.DataFrame:
@@ -42,7 +44,7 @@ def _committed_predictions(run: Path) -> pl.DataFrame:
         return pl.DataFrame()
     return (
         pl.scan_parquet(files, glob=False)
-        .select("doc_id", "status", "label", "pred_id", "pred_label", "probs")
+        .select("doc_id", "status", "label", "pred_id", "pred_label", "probs", "n_tokens")
         .collect(engine="streaming")
     )
 
@@ -55,44 +57,6 @@ def status_counts(preds: pl.DataFrame) -> list[tuple[str, int]]:
     if preds.is_empty():
         return []
     return preds.group_by("status").len().sort(["len", "status"], descending=[True, False]).rows()
-
-
-def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
-    """Accuracy over labelled reviews whose label the model knows, and the confusion counts.
-
-    Rows: every true label seen (a label the model cannot predict, such as 'neutral' for a
-    two-label model, gets a row but stays out of the accuracy); columns: the model's labels.
-    """
-    ok = preds.filter((pl.col("status") == "ok") & pl.col("label").is_not_null())
-    if ok.is_empty():
-        return None
-    counts = {(t, p): n for t, p, n in ok.group_by(["label", "pred_label"]).len().rows()}
-    true_labels = sorted(
-        {t for t, _ in counts}, key=lambda t: (t not in labels, labels.index(t) if t in labels else 0, t)
-    )
-    known = ok.filter(pl.col("label").is_in(labels))
-    correct = known.filter(pl.col("label") == pl.col("pred_label")).height
-    return {
-        "rows": true_labels,
-        "cols": labels,
-        "counts": counts,
-        "accuracy": correct / known.height if known.height else float("nan"),
-        "n_known": known.height,
-        "n_unknown": ok.height - known.height,
-    }
-
-
-def confident(preds: pl.DataFrame, per_label: int) -> list[tuple[str, str, float]]:
-    """(doc_id, pred_label, probability) of the ``per_label`` most confident reviews of each label."""
-    ok = preds.filter(pl.col("status") == "ok").with_columns(
-        prob=pl.col("probs").list.get(pl.col("pred_id"), null_on_oob=True)
-    )
-    top = (
-        ok.sort(["pred_label", "prob", "doc_id"], descending=[False, True, False])
-        .group_by("pred_label", maintain_order=True)
-        .head(per_label)
-    )
-    return [(d, p, float(x)) for d, p, x in top.select("doc_id", "pred_label", "prob").rows()]
 
 
 def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
@@ -143,30 +107,6 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
             page.data_table(["predicted", "reviews"], by_pred, [False, True]),
         ]
     return "\n".join(parts)
-
-
-def _confusion_html(conf: dict[str, Any] | None, labelled: bool = False) -> str:
-    """``labelled``: the run read a label column, so a missing matrix means no labelled review scored."""
-    if conf is None:
-        why = "No labelled review was scored." if labelled else "The source had no labels."
-        return f'<h2>Accuracy</h2>\n<p class="meta">{why}</p>'
-    header = ["true \\ predicted", *conf["cols"], "total"]
-    rows = []
-    for t in conf["rows"]:
-        counts = [conf["counts"].get((t, p), 0) for p in conf["cols"]]
-        rows.append([t, *counts, sum(counts)])
-    note = f"{conf['n_known']} labelled reviews with a label the model predicts"
-    if conf["n_unknown"]:
-        note += f"; {conf['n_unknown']} with other labels are in the matrix but not in the accuracy"
-    # no labelled review has a label the model predicts: there is no accuracy to give, not "nan"
-    value = f"{conf['accuracy']:.4f}" if conf["n_known"] else "n/a"
-    return "\n".join(
-        [
-            "<h2>Accuracy</h2>",
-            f'<p>accuracy <b>{value}</b> <span class="meta">({escape(note)})</span></p>',
-            page.data_table(header, rows, [False] + [True] * (len(header) - 1)),
-        ]
-    )
 
 
 def _top_table_html(top: pl.DataFrame) -> str:
@@ -252,26 +192,6 @@ def _tokens_html(
     return "\n".join(parts)
 
 
-def _examples_html(run: Path, picks: list[tuple[str, str, float]], layer: int) -> str:
-    if not picks:
-        return ""
-    reviews = load_reviews(run, [d for d, _, _ in picks], layer)
-    parts = ["<h2>Most confident reviews</h2>"]
-    label = None
-    for review, (_, pred, _) in zip(reviews, picks, strict=True):
-        if pred != label:
-            parts.append(f"<h3>Predicted {escape(str(pred))}</h3>")
-            label = pred
-        parts.append(
-            page.img(
-                cls_png(review),
-                alt=f"heads x tokens heatmap of review {review.doc_id}",
-                caption=review.title(),
-            )
-        )
-    return "\n".join(parts)
-
-
 def build_report(
     run_dir: str | Path,
     out: str | Path | None = None,
@@ -312,15 +232,20 @@ def build_report(
                 result = agg.aggregate(run, **options, into=scratch)
         table, meta = result.table, {"options": result.options, "parts": result.parts}
     preds = _committed_predictions(run)
-    labels = manifest.labels
     labelled = bool(manifest.spec.get("label_col")) or (
         not preds.is_empty() and preds["label"].is_not_null().any()
     )
+    shown = not preds.is_empty() and examples
     body = [
         _summary_html(manifest, preds),
-        _confusion_html(confusion(preds, labels), labelled) if not preds.is_empty() else "",
+        accuracy_html(manifest, preds, labelled),
         _tokens_html(table, meta, idx, top_k, _any_scored(preds), manifest.byte_level),
-        _examples_html(run, confident(preds, examples), idx) if examples and not preds.is_empty() else "",
+        examples_html(run, pick(preds, examples), idx, "Example reviews") if shown else "",
+        examples_html(
+            run, misclassified(preds, examples), idx, "Most confidently misclassified reviews", False
+        )
+        if shown
+        else "",
         f'<p class="meta">Written {time.strftime("%Y-%m-%d %H:%M")} by bertattn report in '
         f"{time.perf_counter() - t0:.1f}s.</p>",
     ]

@@ -232,7 +232,8 @@ def review_from_text(
 
 
 def source_text(run_dir: str | Path, doc_id: str) -> str:
-    """A review's text, read again from the run's inputs (the run stores tokens, not texts)."""
+    """A review's text: as the run stored it, or (a run made with --no-store-text) read again from the
+    run's inputs."""
     from ..inputs import read_rows
 
     run = Path(run_dir)
@@ -243,6 +244,8 @@ def source_text(run_dir: str | Path, doc_id: str) -> str:
     preds = pl.scan_parquet(files, glob=False).filter(wanted).collect() if files else None
     if preds is None or preds.is_empty():
         raise InputError(f"review {doc_id!r} is not in {run}")
+    if preds["text"][0] is not None:
+        return preds["text"][0]
     row = int(preds["row_index"][0])
     try:
         for batch in read_rows(

@@ -95,6 +95,8 @@ class Manifest:
     """A run's manifest. ``spec``, ``fingerprint``, ``model`` and ``versions`` are fixed for the life of
     the run (see ``engines.base.run_header``); the rest changes as parts are committed."""
 
+    #: names the run in every predictions row, made when the run is created
+    run_id: str = ""
     spec: dict[str, Any] = field(default_factory=dict)
     fingerprint: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)

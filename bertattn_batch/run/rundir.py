@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,7 @@ class RunDir:
             self._recover()  # saved with the status it had: "running" is for begin_pass to say
         else:
             self.manifest = Manifest(
+                run_id=f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}",
                 **{
                     k: self.header[k]
                     for k in ("spec", "fingerprint", "model", "versions")

@@ -3,9 +3,10 @@
 from .api import finetune, finetune_files
 from .job import TrainingPlan, ensure_model, plan_training, training_inputs
 from .metrics import accuracy, macro_f1, split_indices
-from .save import METRICS_FILE, check_saved
+from .save import HELDOUT_FILE, METRICS_FILE, check_saved, training_record
 
 __all__ = [
+    "HELDOUT_FILE",
     "METRICS_FILE",
     "TrainingPlan",
     "accuracy",
@@ -17,4 +18,5 @@ __all__ = [
     "plan_training",
     "split_indices",
     "training_inputs",
+    "training_record",
 ]

@@ -43,7 +43,7 @@ from ..model.encode import encode_texts
 from .loop import learning_rate, predict, seed_everything, train_loop
 from .metrics import accuracy, confusion, macro_f1, split_indices
 from .models import base_model, scratch_model
-from .save import check_out_dir, out_dir_lock, save_model
+from .save import HELDOUT_FILE, check_out_dir, out_dir_lock, save_model
 from .vocab import SPECIAL_TOKENS, build_char_vocab, char_tokenizer
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ def finetune(
     progress: bool = True,
     skipped_rows: dict[str, int] | None = None,
     label_order: Sequence[str] = (),
+    doc_ids: tuple[Sequence[str], str | None] | None = None,
 ) -> dict[str, Any]:
     """Train a classifier on (text, label) pairs, save it to ``out_dir`` atomically, return its metrics.
 
@@ -92,7 +93,7 @@ def finetune(
         torch.set_num_threads(spec.threads)
     try:
         with out_dir_lock(out_dir):
-            return _finetune(texts, labels, names, out_dir, spec, progress, skipped_rows or {})
+            return _finetune(texts, labels, names, out_dir, spec, progress, skipped_rows or {}, doc_ids)
     finally:
         torch.set_num_threads(old_threads)
         _hub_progress_bars(hub_bars)
@@ -118,6 +119,7 @@ def _finetune(
     spec: FinetuneSpec,
     progress: bool,
     skipped_rows: dict[str, int],
+    doc_ids: tuple[Sequence[str], str | None] | None = None,
 ) -> dict[str, Any]:
     started = time.monotonic()
     seed_everything(spec.seed)
@@ -169,8 +171,25 @@ def _finetune(
         "spec": dataclasses.asdict(spec),
         "versions": {"torch": torch.__version__, "transformers": transformers_version()},
     }
+    if fit["shortened"]:
+        log.warning(
+            "training stopped after %d of its %d steps (%.2f of %s epochs) at max_train_seconds=%s: this "
+            "model is not the job's full schedule, and another machine would train another one; train "
+            "it in full without max_train_seconds (bertattn finetune ... --out %s)",
+            fit["steps"],
+            fit["planned_steps"],
+            fit["epochs_done"],
+            spec.epochs,
+            spec.max_train_seconds,
+            out_dir,
+        )
+    heldout = None
+    if doc_ids is not None and len(eval_idx):
+        ids, id_col = doc_ids
+        heldout = {"id_col": id_col, "doc_ids": [ids[i] for i in eval_idx]}
+        metrics["heldout_ids"] = HELDOUT_FILE
     metrics["seconds"] = round(time.monotonic() - started, 2)  # all but the save, which takes a second
-    save_model(model, tokenizer, metrics, out_dir, tok_size, names)
+    save_model(model, tokenizer, metrics, out_dir, tok_size, names, heldout)
     return metrics
 
 
@@ -215,15 +234,26 @@ def finetune_files(
     spec: FinetuneSpec,
     input_format: str = "auto",
     progress: bool = True,
+    id_col: str | None = None,
 ) -> dict[str, Any]:
-    """Read labelled rows from files, keep readable ones with a wanted label, and :func:`finetune`."""
+    """Read labelled rows from files, keep readable ones with a wanted label, and :func:`finetune`.
+
+    The held-out reviews are recorded by their doc ids (``id_col``'s values, else their row numbers,
+    as a run of the same files spells them), so a report can tell held-out accuracy from training data.
+    """
     wanted = set(spec.labels) if spec.labels is not None else None
     texts: list[str] = []
     labels: list[str] = []
+    doc_ids: list[str] = []
     seen: Counter[str] = Counter()
     skipped: Counter[str] = Counter()  # why rows were not trained on, for the summary
-    for batch in read_rows(inputs, text_col=text_col, label_col=label_col, input_format=input_format):
-        for text, label, status in zip(batch.text, batch.label, batch.status, strict=True):
+    rows = read_rows(inputs, text_col=text_col, id_col=id_col, label_col=label_col, input_format=input_format)
+    for batch in rows:
+        for doc_id, text, label, status in zip(
+            batch.doc_id, batch.text, batch.label, batch.status, strict=True
+        ):
+            if status == "null_id" and text is not None:  # a missing id: trained on, known by its row number
+                status = "ok" if text.strip() else "empty_text"
             if status != "ok" or label is None or text is None:
                 skipped[status if status != "ok" else "null_label"] += 1
                 continue
@@ -234,6 +264,7 @@ def finetune_files(
             if wanted is None or label in wanted:
                 texts.append(text)
                 labels.append(label)
+                doc_ids.append(doc_id)
             else:
                 skipped["other_label"] += 1
     kept = Counter(labels)
@@ -260,5 +291,12 @@ def finetune_files(
         )
     order = class_label_order(expand_inputs(inputs, input_format), label_col)
     return finetune(
-        texts, labels, out_dir, spec, progress=progress, skipped_rows=dict(skipped), label_order=order
+        texts,
+        labels,
+        out_dir,
+        spec,
+        progress=progress,
+        skipped_rows=dict(skipped),
+        label_order=order,
+        doc_ids=(doc_ids, id_col),
     )

@@ -75,15 +75,11 @@ def _train_model(spec: JobSpec, progress: bool) -> None:
     assert spec.finetune is not None
     log.warning("model %s not found: training it now from the job's [finetune] table", spec.model)
     inputs, text_col, label_col, input_format = training_inputs(spec)
-    metrics = api.finetune_files(
-        inputs,
-        text_col=text_col,
-        label_col=label_col,
-        out_dir=spec.model,
-        spec=spec.finetune,
-        input_format=input_format,
-        progress=progress,
+    own = not spec.finetune.inputs  # the job's own rows: their ids name the held-out reviews in its run
+    plan = TrainingPlan(
+        inputs, text_col, label_col, spec.model, input_format, spec.finetune, spec.id_col if own else None
     )
+    metrics = plan.run(progress)
     if metrics.get("accuracy") is None:  # eval_fraction = 0; an accuracy of 0.0 is still printed
         log.warning("trained %s: no held-out split", spec.model)
     else:
@@ -105,10 +101,18 @@ class TrainingPlan:
     out_dir: str
     input_format: str
     spec: FinetuneSpec
+    id_col: str | None = None  # the ids the held-out reviews are recorded by (else their row numbers)
 
     def run(self, progress: bool = True) -> dict[str, Any]:
         return api.finetune_files(
-            self.inputs, self.text_col, self.label_col, self.out_dir, self.spec, self.input_format, progress
+            self.inputs,
+            self.text_col,
+            self.label_col,
+            self.out_dir,
+            self.spec,
+            self.input_format,
+            progress,
+            id_col=self.id_col,
         )
 
 
@@ -119,6 +123,7 @@ def plan_training(
     text_col: str | None = None,
     label_col: str | None = None,
     input_format: str | None = None,
+    id_col: str | None = None,
     **settings: Any,
 ) -> TrainingPlan:
     """A training from files and ``--out``, or from a job spec's model and ``[finetune]`` table (its
@@ -129,6 +134,7 @@ def plan_training(
         spec = load_job(job)
         table = dataclasses.asdict(spec.finetune or FinetuneSpec())
         job_inputs, job_text_col, job_label_col, job_format = training_inputs(spec, inputs)
+        own = not inputs and not table["inputs"]
         return TrainingPlan(
             job_inputs,
             text_col or job_text_col,
@@ -136,6 +142,7 @@ def plan_training(
             out or spec.model,
             input_format or job_format,
             from_dict(FinetuneSpec, {**table, **given}),
+            spec.id_col if own else None,
         )
     if not inputs or not out:
         raise SpecError("give INPUT... and --out, or --job JOB.toml")
@@ -146,4 +153,5 @@ def plan_training(
         out,
         input_format or "auto",
         from_dict(FinetuneSpec, given),
+        id_col,
     )

@@ -14,6 +14,9 @@ from .._util import atomic_dir, file_lock
 from ..errors import ModelError
 
 METRICS_FILE = "finetune_metrics.json"
+#: The doc ids of the reviews held out from training (``{"id_col": ..., "doc_ids": [...]}``): a run of the
+#: same inputs tells its held-out accuracy from the accuracy on training data by them.
+HELDOUT_FILE = "heldout_ids.json"
 
 
 def check_out_dir(out_dir: Path) -> None:
@@ -47,7 +50,13 @@ def out_dir_lock(out_dir: Path) -> Iterator[None]:
 
 
 def save_model(
-    model: Any, tokenizer: Any, metrics: dict[str, Any], out_dir: Path, tok_size: int, names: list[str]
+    model: Any,
+    tokenizer: Any,
+    metrics: dict[str, Any],
+    out_dir: Path,
+    tok_size: int,
+    names: list[str],
+    heldout: dict[str, Any] | None = None,
 ) -> None:
     """Write to a temporary folder beside ``out_dir``, check that it reloads, then rename it into place."""
     with atomic_dir(out_dir) as tmp:
@@ -59,6 +68,8 @@ def save_model(
         tokenizer.save_pretrained(tmp)
         text = json.dumps(metrics, indent=2, ensure_ascii=False) + "\n"
         (tmp / METRICS_FILE).write_text(text, encoding="utf-8")
+        if heldout is not None:
+            (tmp / HELDOUT_FILE).write_text(json.dumps(heldout, ensure_ascii=False) + "\n", encoding="utf-8")
         _plain_permissions(tmp)
         check_saved(tmp, tok_size, names)
 
@@ -88,3 +99,26 @@ def check_saved(folder: str | Path, tok_size: int, names: list[str]) -> None:
         raise ModelError(f"{folder}: reloaded labels {got}, trained with {names}")
     if model.config.vocab_size < tok_size:
         raise ModelError(f"{folder}: model vocabulary {model.config.vocab_size} < tokenizer's {tok_size}")
+
+
+def training_record(folder: str | Path) -> dict[str, Any] | None:
+    """What a run records of how its model was trained, from the model folder's metrics (None for a
+    model not trained here): held-out accuracy and its size, the seed, whether the schedule was cut."""
+    path = Path(folder) / METRICS_FILE
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    heldout = Path(folder) / HELDOUT_FILE
+    return {
+        "accuracy": metrics.get("accuracy"),
+        "macro_f1": metrics.get("macro_f1"),
+        "n_train": metrics.get("n_train"),
+        "n_eval": metrics.get("n_eval"),
+        "seed": (metrics.get("spec") or {}).get("seed"),
+        "epochs": (metrics.get("spec") or {}).get("epochs"),
+        "steps": metrics.get("steps"),
+        "planned_steps": metrics.get("planned_steps"),
+        "shortened": bool(metrics.get("shortened")),
+        "heldout_ids": str(heldout.resolve()) if heldout.is_file() else None,
+    }

@@ -263,9 +263,11 @@ def test_run_trains_the_jobs_model_on_first_run_only(zh_rows, tmp_path):
     r = runner.invoke(app, ["run", str(job)])
     assert r.exit_code == 0, r.output
     metrics = json.loads((model / "finetune_metrics.json").read_text(encoding="utf-8"))
-    assert metrics["labels"] == ["neg", "pos"] and metrics["n_train"] + metrics["n_eval"] == len(rows)
+    assert metrics["labels"] == ["negative", "positive"] and metrics["n_train"] + metrics["n_eval"] == len(
+        rows
+    )
     preds = pl.read_parquet(run / "predictions" / "*.parquet")
-    assert preds.height == len(rows) and set(preds["pred_label"]) <= {"neg", "pos"}
+    assert preds.height == len(rows) and set(preds["pred_label"]) <= {"negative", "positive"}
     assert preds["label"].to_list() == [r["label"] for r in rows]
 
     trained_at = (model / "model.safetensors").stat().st_mtime_ns
@@ -303,7 +305,7 @@ def test_window_caps_the_rows_of_a_part_in_delimited_files(fmt, tiny_en_dir, tmp
 def test_finetune_labels_option_is_split_and_trimmed(monkeypatch, tmp_path):
     seen = {}
 
-    def capture(inputs, text_col, label_col, out, spec, input_format="auto", progress=False):
+    def capture(inputs, text_col, label_col, out, spec, input_format="auto", progress=False, **kw):
         seen["labels"] = spec.labels
         return {"accuracy": None}
 

@@ -111,10 +111,18 @@ def _prediction_rules(run: RunView) -> list[Rule]:
             fmt("{}: scored with n_tokens {}, expected 3..{}", at, "n_tokens", pl.lit(top)),
         ),
         (
-            ~ok & (predicted | (pl.col("n_tokens") != 0)),
+            ~ok & (predicted | pl.col("pred_prob").is_not_null() | (pl.col("n_tokens") != 0)),
             fmt("{}: status '{}' but a prediction or n_tokens {}", at, "status", "n_tokens"),
         ),
+        (
+            ok
+            & ~((pl.col("pred_prob") - probs.list.get(pred_id, null_on_oob=True)).abs() <= PROBS_TOLERANCE),
+            fmt("{}: pred_prob {} is not probs[pred_id]", at, r("pred_prob")),
+        ),
     ]
+    run_id = run.manifest.get("run_id")
+    if isinstance(run_id, str):
+        rules.append((pl.col("run_id") != run_id, fmt("{}: run_id '{}' is not the run's", at, "run_id")))
     if run.id2label:
         n = len(run.id2label)
         label = pred_id.cast(pl.String).replace_strict(run.id2label, default=None, return_dtype=pl.String)

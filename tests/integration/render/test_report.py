@@ -8,6 +8,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import select
 import shutil
 import subprocess
@@ -28,7 +29,7 @@ from bertattn_batch.cli import app
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.errors import SpecError
-from bertattn_batch.render import report
+from bertattn_batch.render import accuracy, examples, report
 
 #: Screenshots of the browser tests, to look at: BERTATTN_TEST_ARTIFACTS, else a temporary folder.
 ARTIFACTS = Path(os.environ.get("BERTATTN_TEST_ARTIFACTS") or tempfile.mkdtemp(prefix="bertattn-artifacts-"))
@@ -56,7 +57,7 @@ def test_report_states_what_the_run_holds(run_dir, page):
     preds = [p for p in read_table(run_dir, "predictions").to_pylist() if p["status"] == "ok"]
     correct = sum(p["label"] == p["pred_label"] for p in preds)
     assert f"accuracy <b>{correct / len(preds):.4f}</b>" in html  # the tiny model knows all three labels
-    conf = report.confusion(
+    conf = accuracy.confusion(
         pl.from_arrow(read_table(run_dir, "predictions")), ["negative", "neutral", "positive"]
     )
     for (t, p), n in conf["counts"].items():
@@ -71,14 +72,30 @@ def test_report_states_what_the_run_holds(run_dir, page):
         & (pl.col("rank") == 1)
     )
     assert f"{first['token'][0]} ({first['mean_scaled'][0]:.2f})" in html
-    # the most confident reviews of each predicted label are shown, most confident first
-    picks = report.confident(pl.from_arrow(read_table(run_dir, "predictions")), 2)
-    for label in {p["pred_label"] for p in preds}:
-        probs = sorted((max(p["probs"]) for p in preds if p["pred_label"] == label), reverse=True)[:2]
-        assert [round(x, 5) for _, lab, x in picks if lab == label] == [round(x, 5) for x in probs]
-    for doc, _, _ in picks:
-        assert f"review {doc} ·" in html
-    assert html.count("data:image/png;base64,") == 1 + len(picks)  # top-token heatmap + examples
+    # examples by the stated rule: typical length, then the margin between the two likeliest labels
+    picks = examples.pick(pl.from_arrow(read_table(run_dir, "predictions")), 2)
+    lengths = sorted(p["n_tokens"] for p in preds)
+    typical = [
+        p for p in preds if lengths[len(lengths) // 4] <= p["n_tokens"] <= lengths[3 * len(lengths) // 4]
+    ]
+
+    def margin(p):
+        top = sorted(p["probs"], reverse=True)
+        return top[0] - top[1]
+
+    for label in {p["pred_label"] for p in typical}:
+        chosen = [e for e in picks if e.pred_label == label]
+        assert 1 <= len(chosen) <= 2
+        best = sorted((margin(p) for p in typical if p["pred_label"] == label), reverse=True)
+        assert [round(e.margin, 5) for e in chosen] == [round(m, 5) for m in best[: len(chosen)]]
+    for e in picks:  # each caption gives the margin, and says so where the prediction is wrong
+        mark = " · misclassified" if e.misclassified else ""
+        assert re.search(
+            rf"<figcaption>review {re.escape(e.doc_id)} ·[^<]*margin {e.margin:.3f}{mark}</", html
+        )
+    wrong = examples.misclassified(pl.from_arrow(read_table(run_dir, "predictions")), 2)
+    assert all(e.misclassified for e in wrong) and "Most confidently misclassified reviews" in html
+    assert html.count("data:image/png;base64,") == 1 + len(picks) + len(wrong)  # top tokens + examples
     assert "http://" not in html and "https://" not in html and "<script" not in html
 
 
@@ -316,7 +333,7 @@ def test_report_renders_in_a_browser(browser, page):
     assert shown["tables"] >= 6  # run, statuses, predicted labels, confusion, top tokens, top words...
     assert shown["images"] and all(i["ok"] for i in shown["images"])  # every figure decoded
     assert len(shown["images"]) == page.read_text(encoding="utf-8").count("<img ")
-    assert {"Run", "Accuracy", "Most confident reviews"} <= set(shown["headings"])
+    assert {"Run", "Accuracy", "Example reviews"} <= set(shown["headings"])
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report.png"
     browser.screenshot(shot, 1280, shown["height"])

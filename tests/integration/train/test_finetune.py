@@ -41,7 +41,7 @@ TINY = {
 def _balanced(rows: list[dict[str, str]], n: int) -> list[dict[str, str]]:
     """n rows, half of each label, spread over the corpus (deterministic)."""
     out = []
-    for label in ("neg", "pos"):
+    for label in ("negative", "positive"):
         same = [r for r in rows if r["label"] == label]
         out.extend(same[:: max(1, len(same) // (n // 2))][: n // 2])
     return out
@@ -136,13 +136,13 @@ def test_scratch_model_saves_a_loadable_character_bert(zh_rows, tmp_path: Path) 
     for m in (metrics, saved):
         assert 0.0 <= m["accuracy"] <= 1.0 and 0.0 <= m["macro_f1"] <= 1.0
         assert m["n_train"] + m["n_eval"] == 300 and m["n_eval"] == 60
-        assert m["labels"] == ["neg", "pos"]
+        assert m["labels"] == ["negative", "positive"]
         assert m["spec"]["hidden_size"] == 32 and m["base"] is None
 
     tok = AutoTokenizer.from_pretrained(out)
     model = AutoModelForSequenceClassification.from_pretrained(out)
-    assert model.config.id2label == {0: "neg", 1: "pos"}
-    assert model.config.label2id == {"neg": 0, "pos": 1}
+    assert model.config.id2label == {0: "negative", 1: "positive"}
+    assert model.config.label2id == {"negative": 0, "positive": 1}
     assert len(tok) == saved["vocab_size"] == model.config.vocab_size > 500  # the built vocabulary
     ids = tok("这个酒店的服务很好，房间也干净")["input_ids"]
     assert sum(i == tok.unk_token_id for i in ids) <= 2
@@ -484,7 +484,7 @@ def test_messages_name_the_real_problem(tmp_path: Path) -> None:
         {"text": t, "label": lab}
         for t, lab in zip(["甲乙", "丙丁", "戊己", "庚辛"] * 2, ["p", "n"] * 4, strict=True)
     ]
-    spec = FinetuneSpec(**{**TINY, "max_length": 16}, epochs=1.0, eval_fraction=0.25)
+    spec = FinetuneSpec(**{**TINY, "max_length": 16}, epochs=1.0, eval_fraction=0.25, min_char_count=5)
     with pytest.raises(ModelError, match="lower min_char_count"):
         finetune_files([_write(tmp_path / "small.parquet", rows)], "text", "label", tmp_path / "m", spec)
 

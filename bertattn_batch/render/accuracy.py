@@ -1,0 +1,107 @@
+"""The report's accuracy: held out apart from training data, where the run's model says which reviews
+trained it (``train.save.HELDOUT_FILE``), and the confusion matrix of the held-out reviews.
+
+Why: 90% of a job's labelled reviews train its model, so accuracy over all of them reads as the
+model's skill (0.90) where its held-out accuracy is 0.83.
+"""
+
+from __future__ import annotations
+
+import json
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from ..run import Manifest
+from . import page
+
+
+def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
+    """Accuracy over labelled reviews whose label the model knows, and the confusion counts.
+
+    Rows: every true label seen (a label the model cannot predict, such as 'neutral' for a
+    two-label model, gets a row but stays out of the accuracy); columns: the model's labels.
+    """
+    ok = preds.filter((pl.col("status") == "ok") & pl.col("label").is_not_null())
+    if ok.is_empty():
+        return None
+    counts = {(t, p): n for t, p, n in ok.group_by(["label", "pred_label"]).len().rows()}
+    true_labels = sorted(
+        {t for t, _ in counts}, key=lambda t: (t not in labels, labels.index(t) if t in labels else 0, t)
+    )
+    known = ok.filter(pl.col("label").is_in(labels))
+    correct = known.filter(pl.col("label") == pl.col("pred_label")).height
+    return {
+        "rows": true_labels,
+        "cols": labels,
+        "counts": counts,
+        "accuracy": correct / known.height if known.height else float("nan"),
+        "n_known": known.height,
+        "n_unknown": ok.height - known.height,
+    }
+
+
+def heldout_ids(manifest: Manifest) -> set[str] | None:
+    """The doc ids the run's model was not trained on, where its training recorded them."""
+    training = manifest.model.get("training") or {}
+    path = training.get("heldout_ids")
+    if not path:
+        return None
+    try:
+        recorded = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if recorded.get("id_col") != manifest.spec.get("id_col"):  # ids of another spelling: no match
+        return None
+    return set(recorded.get("doc_ids") or ())
+
+
+def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool) -> str:
+    """``labelled``: the run read a label column, so a missing matrix means no labelled review scored."""
+    labels = manifest.labels
+    heldout = heldout_ids(manifest) if not preds.is_empty() else None
+    parts = ["<h2>Accuracy</h2>"]
+    training = manifest.model.get("training") or {}
+    if training.get("shortened"):
+        parts.append(
+            f'<p class="meta"><b>The model\'s training was cut short</b> at {training.get("steps")} of '
+            f"{training.get('planned_steps')} steps (max_train_seconds): it is not the job's full "
+            "schedule.</p>"
+        )
+    if heldout is None:
+        conf = confusion(preds, labels) if not preds.is_empty() else None
+        if conf is None:
+            why = "No labelled review was scored." if labelled else "The source had no labels."
+            return "\n".join([*parts, f'<p class="meta">{why}</p>'])
+        note = "over every labelled review; which of them trained the model is not recorded"
+        return "\n".join([*parts, _line("accuracy", conf, note), _matrix(conf)])
+    held = preds.filter(pl.col("doc_id").is_in(list(heldout)))
+    rest = preds.filter(~pl.col("doc_id").is_in(list(heldout)))
+    conf, trained = confusion(held, labels), confusion(rest, labels)
+    if conf is None:
+        parts.append('<p class="meta">No review the model was held out from is in this run.</p>')
+    else:
+        note = "reviews held out from the model's training"
+        parts += [_line("held-out accuracy", conf, note), _matrix(conf)]
+    if trained is not None:
+        parts.append(_line("accuracy on training data", trained, "reviews the model was trained on"))
+    return "\n".join(parts)
+
+
+def _line(what: str, conf: dict[str, Any], note: str) -> str:
+    note = f"{conf['n_known']} {note}"
+    if conf["n_unknown"]:
+        note += f"; {conf['n_unknown']} with other labels are in the matrix but not in the accuracy"
+    value = f"{conf['accuracy']:.4f}" if conf["n_known"] else "n/a"  # none known: no accuracy to give
+    return f'<p>{escape(what)} <b>{value}</b> <span class="meta">({escape(note)})</span></p>'
+
+
+def _matrix(conf: dict[str, Any]) -> str:
+    header = ["true \\ predicted", *conf["cols"], "total"]
+    rows = []
+    for t in conf["rows"]:
+        counts = [conf["counts"].get((t, p), 0) for p in conf["cols"]]
+        rows.append([t, *counts, sum(counts)])
+    return page.data_table(header, rows, [False] + [True] * (len(header) - 1))
