@@ -115,6 +115,8 @@ class JobSpec:
     id_col: str | None = None
     label_col: str | None = None
     input_format: str = "auto"
+    encoding: str = "utf-8"  # of CSV, TSV, JSON lines and text inputs
+    delimiter: str | None = None  # of CSV and TSV fields (None: "," for CSV, a tab for TSV)
     layers: list[int] = field(default_factory=lambda: [-2])
     max_length: int | None = None
     device: str = "auto"
@@ -151,6 +153,9 @@ class JobSpec:
         _choice("on_existing", self.on_existing, ON_EXISTING)
         _choice("input_format", self.input_format, INPUT_FORMATS)
         _choice("engine", self.engine, ENGINES)
+        self.delimiter = check_delimiter(self.delimiter)
+        check_encoding(self.encoding)
+
         if not self.layers:
             raise SpecError("layers: give at least one layer index, e.g. [-2]")
         if len(set(self.layers)) != len(self.layers):
@@ -182,6 +187,27 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def check_delimiter(value: str | None) -> str | None:
+    """A field delimiter: one character (``\\t`` as typed on a command line is a tab)."""
+    if value is None:
+        return None
+    value = {"\\t": "\t", "tab": "\t"}.get(value, value)
+    if len(value) != 1 or value in '\r\n"':
+        raise SpecError(f"delimiter must be one character (not a quote or line break), got {value!r}")
+    return value
+
+
+def check_encoding(value: str) -> None:
+    import codecs
+
+    try:
+        codecs.lookup(value)
+    except LookupError:
+        raise SpecError(
+            f"encoding {value!r} is not one Python knows (utf-8, gb18030, big5, cp1252 ...)"
+        ) from None
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

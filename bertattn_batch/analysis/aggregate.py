@@ -80,6 +80,7 @@ class Aggregates:
     #: The splits that hold scored reviews ('label' only where the source had labels): what an empty
     #: printout is explained by, as the table alone cannot tell a filter from a missing split.
     splits: list[str] = field(default_factory=list)
+    num_layers: int | None = None  # the model's, to name layers from the end too
 
     def line(self) -> str:
         units = self.table.group_by("unit").len().sort("unit").rows()
@@ -307,9 +308,9 @@ def aggregate(
         shutil.rmtree(work, ignore_errors=True)
     present = set(sizes["split"].to_list())
     splits = [s for s in SPLITS if s in present]
-    return Aggregates(
-        final, table, options, [n for n, _, _ in parts], seconds=time.perf_counter() - t0, splits=splits
-    )
+    names = [n for n, _, _ in parts]
+    seconds = time.perf_counter() - t0
+    return Aggregates(final, table, options, names, seconds, splits, manifest.num_layers)
 
 
 def _summed(

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from ..errors import SpecError
+from ..run import layer_name
 from .aggregate import SPLITS, UNITS
 
 
@@ -43,6 +44,7 @@ def format_top(
     measure: str = "mean_scaled",
     units: Sequence[str] | None = None,
     splits: Sequence[str] | None = None,
+    num_layers: int | None = None,
 ) -> str:
     """A compact text table: one line per head, its top k tokens with their measure.
 
@@ -68,7 +70,8 @@ def format_top(
     for (layer, cls), group in top.group_by(["layer", "class_label"], maintain_order=True):
         n = group["class_reviews"][0]
         who = "all reviews" if cls is None else f"{split} = {cls}"
-        lines = [f"layer {layer} · {who} ({n} reviews) · top {k} {unit}s, {measure}"]
+        lines = [f"{layer_name(layer, num_layers)} · {who} ({n} reviews) · top {k} {unit}s, {measure}"]
+
         cells: dict[int, list[str]] = {}
         for row in group.iter_rows(named=True):
             cells.setdefault(row["head"], []).append(f"{row['token']} {_fmt(row[measure])}")

@@ -159,6 +159,19 @@ def extract(
     limit: Annotated[
         int | None, typer.Option(rich_help_panel="Inputs", help="Read only the first N rows.")
     ] = None,
+    encoding: Annotated[
+        str,
+        typer.Option(
+            rich_help_panel="Inputs",
+            help="Text encoding of CSV, TSV, JSON lines and text inputs (gb18030 for what Chinese Excel saves).",
+        ),
+    ] = "utf-8",
+    delimiter: Annotated[
+        str | None,
+        typer.Option(
+            rich_help_panel="Inputs", help="Field delimiter of CSV/TSV inputs, e.g. ';' or '\\\\t'."
+        ),
+    ] = None,
     on_existing: Annotated[
         str | None,
         typer.Option(

@@ -64,7 +64,16 @@ def aggregate(
     result = call(lambda: run_aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by), completes=True)
     units, splits = result.options.get("units"), result.splits
     typer.echo(
-        format_top(result.table, k=top_k, unit=unit, split=by, measure=rank_by, units=units, splits=splits)
+        format_top(
+            result.table,
+            k=top_k,
+            unit=unit,
+            split=by,
+            measure=rank_by,
+            units=units,
+            splits=splits,
+            num_layers=result.num_layers,
+        )
     )
     typer.echo(result.line())
 
@@ -75,7 +84,11 @@ def plot(
         Path | None, typer.Argument(help="A run directory; omit it to plot --text through --model.")
     ] = None,
     out: Annotated[
-        Path, typer.Option(help="Picture to write: .png, or .html (self-contained; .htm too).")
+        Path,
+        typer.Option(
+            help="What to write: a picture (.png, or .html: self-contained), or the heads x tokens table "
+            "(.csv, .xlsx)."
+        ),
     ] = Path("review.png"),
     doc_id: Annotated[str | None, typer.Option(help="Id of the review in the run.")] = None,
     text: Annotated[
@@ -91,6 +104,13 @@ def plot(
     pairs: Annotated[
         bool, typer.Option("--pairs", help="Token x token maps per head (computed with eager attention).")
     ] = False,
+    tokens: Annotated[
+        str | None,
+        typer.Option(help="Only these content tokens, a range of positions such as 0:40 (long reviews)."),
+    ] = None,
+    specials: Annotated[
+        bool, typer.Option(help="[CLS] and [SEP] in the token x token maps (--no-specials leaves them out).")
+    ] = True,
     device: Annotated[str, typer.Option(help="Device for the model, when one is needed.")] = "cpu",
     debug: Debug = False,
 ) -> None:
@@ -117,9 +137,12 @@ def plot(
             layer=layer,
             pairs=pairs,
             device=device,
+            tokens=tokens,
+            specials=specials,
         ),
         completes=True,
     )
+
     typer.echo(f"wrote {path}")
 
 
@@ -127,8 +150,13 @@ def plot(
 def report(
     run_dir: RunDir,
     out: Annotated[Path | None, typer.Option(help="HTML file to write (default: RUN/report.html).")] = None,
-    layer: Annotated[int | None, typer.Option(help="Layer to show (default: the run's first).")] = None,
-    examples: Annotated[int, typer.Option(help="Most confident reviews shown per predicted label.")] = 3,
+    layer: Annotated[
+        int | None,
+        typer.Option(help="Layer to show; negative counts from the end (default: the run's first)."),
+    ] = None,
+    examples: Annotated[
+        int, typer.Option(help="Example reviews per predicted label, and misclassified ones shown.")
+    ] = 3,
     top_k: Annotated[int, typer.Option(help="Top tokens per head.")] = 8,
     min_reviews: Annotated[
         int | None,

@@ -51,6 +51,13 @@ def finetune(
             help="auto, parquet, jsonl, csv, tsv, text or datasets (default: auto, or the job's for its own inputs)."
         ),
     ] = None,
+    encoding: Annotated[
+        str | None,
+        typer.Option(help="Text encoding of CSV, TSV, JSON lines and text inputs (default: utf-8)."),
+    ] = None,
+    delimiter: Annotated[
+        str | None, typer.Option(help="Field delimiter of CSV/TSV inputs, e.g. ';'.")
+    ] = None,
     labels: Annotated[
         str | None, typer.Option(help="Comma-separated labels to train on (others skipped).")
     ] = None,

@@ -166,8 +166,16 @@ def run_job(
     t_start = time.perf_counter()
     # a mistyped path or column fails here, before a model loads or a cluster starts
     sources = check_inputs(
-        spec.inputs, spec.text_col, spec.id_col, spec.label_col, spec.input_format, spec.out
+        spec.inputs,
+        spec.text_col,
+        spec.id_col,
+        spec.label_col,
+        spec.input_format,
+        spec.out,
+        spec.encoding,
+        spec.delimiter,
     )
+
     timings: Counter = Counter()
     if trained := ensure_model(spec, progress=show):
         timings["train"] = trained

@@ -29,6 +29,8 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
         "inputs": [input_name(p) for p in spec.inputs],  # the same files, from any directory
         "columns": [spec.text_col, spec.id_col, spec.label_col],
         "input_format": spec.input_format,  # the same file read as another format has other rows
+        "encoding": spec.encoding,
+        "delimiter": spec.delimiter,
         "layers": clf.layers,
         "max_length": clf.max_length,
         "dtype": dtype,

@@ -34,6 +34,8 @@ def check_inputs(
     label_col: str | None = None,
     input_format: str = "auto",
     out: str | Path | None = None,
+    encoding: str = "utf-8",
+    delimiter: str | None = None,
 ) -> list[Source]:
     """The sources, once every one is found, readable as its format and has the wanted columns, and
     none inside the run directory ``out`` (which --overwrite would clear).
@@ -41,15 +43,58 @@ def check_inputs(
     Reads only names and headers, so a job can fail on a mistyped path or column at once, before it
     loads a model or creates its run directory.
     """
-    sources = expand_inputs(inputs, input_format)
+    sources = expand_inputs(inputs, input_format, encoding, delimiter)
     wanted = wanted_columns(text_col, id_col, label_col)
     run = Path(out).resolve() if out else None
     for src in sources:
         if run is not None and run in src.path.resolve().parents:
             raise InputError(f"input {src.label} lies inside the run directory {out}; choose another --out")
         _check_bytes(src)
+        if src.format in LINE_FORMATS and codecs.lookup(src.encoding).name == "utf-8":
+            _check_mostly_utf8(src)
         _check_columns(src, wanted)
     return sources
+
+
+#: Formats read line by line, whose text is decoded (``--encoding``).
+LINE_FORMATS = ("csv", "tsv", "jsonl", "text")
+#: Bytes at a file's start in which undecodable ones are counted.
+ENCODING_SAMPLE_BYTES = 1 << 16
+#: Share of a sample's non-ASCII bytes that may be undecodable before the file is taken to be in
+#: another encoding (a few bad rows are those rows' status, ``invalid_utf8``).
+MAX_UNDECODABLE_SHARE = 0.2
+
+
+def _check_mostly_utf8(src: Source) -> None:
+    """Refuse a file whose text is mostly not UTF-8 (what Chinese Excel saves: GBK/GB18030), with the
+    command that converts it: read as UTF-8 nearly every review would be ``invalid_utf8``."""
+    try:
+        with src.open() as f:
+            head = f.read(ENCODING_SAMPLE_BYTES)
+    except READ_ERRORS:
+        return  # the reader names the problem
+    head = head[: max(0, len(head) - 4)] if len(head) == ENCODING_SAMPLE_BYTES else head  # cut characters
+    high = sum(b >= 0x80 for b in head)
+    bad = head.decode("utf-8", errors="replace").count("\ufffd")
+    if high < 16 or bad <= MAX_UNDECODABLE_SHARE * high:
+        return
+    guess = next((e for e in ("gb18030", "big5", "shift_jis", "cp1252") if _decodes(head, e)), None)
+    named = f", and reads as {guess.upper()}" if guess else ""
+    fix = (
+        f"convert it (iconv -f {guess.upper()} -t UTF-8 {src.label} > utf8-{Path(src.label).name}) or pass "
+        f"--encoding {guess}"
+        if guess
+        else "convert it to UTF-8 or pass --encoding NAME"
+    )
+    raise InputError(f"{src.label} is not UTF-8 text (most of its first bytes are no UTF-8{named}): {fix}")
+
+
+def _decodes(data: bytes, encoding: str) -> bool:
+    try:
+        data.decode(encoding)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 #: Byte-order marks of the encodings that editors and spreadsheets write instead of UTF-8 ("Unicode
@@ -74,7 +119,7 @@ def _check_bytes(src: Source) -> None:
         if src.format == "parquet":
             kind = compression_of(src.path)
         else:
-            with open_binary(src.path) as f:
+            with open_binary(src.path) as f:  # as stored: a byte-order mark says what it holds
                 head = f.read(4)
     except READ_ERRORS as e:
         raise InputError(f"cannot read {src.label}: {getattr(e, 'strerror', None) or e}") from None
@@ -83,7 +128,7 @@ def _check_bytes(src: Source) -> None:
             f"{src.label} is {kind}-compressed; decompress it first (Parquet compresses its own pages)"
         )
     for bom, name in _OTHER_BOMS:
-        if head.startswith(bom):
+        if head.startswith(bom) and codecs.lookup(src.encoding).name == "utf-8":
             raise InputError(
                 f"{src.label} is {name} text (it starts with a {name} byte-order mark); bertattn reads UTF-8: "
                 f"convert it first, e.g. iconv -f {name} -t UTF-8"
@@ -103,8 +148,19 @@ def _check_columns(src: Source, wanted: list[str]) -> None:
     if missing:
         raise InputError(
             f"{src.label}: no column {', '.join(repr(c) for c in missing)}; "
-            f"columns there: {', '.join(names) or '(none)'}"
+            f"columns there: {', '.join(names) or '(none)'}{_delimiter_hint(src, names, wanted)}"
         )
+
+
+def _delimiter_hint(src: Source, names: list[str], wanted: list[str]) -> str:
+    """Where the header's one field splits into the wanted columns at another character: say so."""
+    if src.format not in ("csv", "tsv") or len(names) != 1:
+        return ""
+    for sep in (";", "\t", "|", ",", ":"):
+        if sep != src.sep and set(wanted) <= set(names[0].split(sep)):
+            shown = "'\\t'" if sep == "\t" else repr(sep)
+            return f" (the header looks {shown}-separated: pass --delimiter {shown})"
+    return ""
 
 
 def _column_names(src: Source) -> list[str] | None:
@@ -113,13 +169,13 @@ def _column_names(src: Source) -> list[str] | None:
         if src.format == "parquet":
             return pq.read_schema(src.path).names
         if src.format in ("csv", "tsv"):
-            return csv_header(src.path, "\t" if src.format == "tsv" else ",")
+            return csv_header(src)
         if src.format == "text":
             return [TEXT_FILE_COLUMN]
         if src.format == "datasets":
             return list(load_dataset(src.path).column_names)
         if src.format == "jsonl":
-            return json_keys(src.path)
+            return json_keys(src)
     except (pa.ArrowInvalid, csv.Error, *READ_ERRORS) as e:
         raise InputError(f"{src.label}: cannot read as {src.format}: {first_line(e)}") from None
     raise InputError(f"unknown input format {src.format!r}")

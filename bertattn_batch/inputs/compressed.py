@@ -15,6 +15,7 @@ by :func:`check_not_archive` with what to do instead.
 
 from __future__ import annotations
 
+import codecs
 import io
 import lzma
 from pathlib import Path
@@ -90,11 +91,43 @@ def check_not_archive(path: Path) -> None:
         )
 
 
-def open_binary(path: Path) -> BinaryIO:
-    """A file's bytes, decompressed as they are read where it is compressed."""
+def open_binary(path: Path, encoding: str = "utf-8") -> BinaryIO:
+    """A file's bytes, decompressed as they are read where it is compressed, and turned into UTF-8 from
+    ``encoding`` (a byte that is no character of it stays as it was, so its row gets ``invalid_utf8``)."""
     kind = compression_of(path)
     if kind is None:
-        return open(path, "rb")
-    if kind == "xz":
-        return lzma.open(path, "rb")
-    return io.BufferedReader(pa.input_stream(str(path), compression=kind), buffer_size=1 << 20)
+        raw: BinaryIO = open(path, "rb")  # noqa: SIM115 - the caller closes it
+    elif kind == "xz":
+        raw = lzma.open(path, "rb")  # noqa: SIM115 - the caller closes it
+    else:
+        raw = io.BufferedReader(pa.input_stream(str(path), compression=kind), buffer_size=1 << 20)
+    if codecs.lookup(encoding).name == "utf-8":
+        return raw
+    return io.BufferedReader(_ToUTF8(raw, encoding), buffer_size=1 << 20)
+
+
+class _ToUTF8(io.RawIOBase):
+    """A binary stream of another encoding, read as UTF-8 bytes."""
+
+    def __init__(self, raw: BinaryIO, encoding: str) -> None:
+        self._raw = raw
+        self._decoder = codecs.getincrementaldecoder(encoding)(errors="surrogateescape")
+        self._held = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:
+        while not self._held:
+            block = self._raw.read(1 << 16)
+            self._held = self._decoder.decode(block, final=not block).encode("utf-8", "surrogateescape")
+            if not block:
+                break
+        n = min(len(buffer), len(self._held))
+        buffer[:n] = self._held[:n]
+        self._held = self._held[n:]
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()

@@ -11,14 +11,12 @@ import csv
 import io
 from collections import deque
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from ..errors import InputError
-from .compressed import open_binary
 from .discover import Source
 from .rows import WRONG_FIELD_COUNT
 
@@ -34,13 +32,13 @@ CSV_MAX_BLOCK_BYTES = 1 << 30
 HEADER_SCAN_BYTES = 1 << 20
 
 
-def csv_options(fmt: str, wanted: list[str]) -> tuple[pcsv.ParseOptions, pcsv.ConvertOptions]:
+def csv_options(src: Source, wanted: list[str]) -> tuple[pcsv.ParseOptions, pcsv.ConvertOptions]:
     """How CSV and TSV files are parsed, for every engine.
 
     Every wanted column is read as bytes, so that one row of invalid UTF-8 becomes that row's status.
     An empty cell is a missing value; a quoted "" is an empty string.
     """
-    parse = pcsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",", newlines_in_values=True)
+    parse = pcsv.ParseOptions(delimiter=src.sep, newlines_in_values=True)
     convert = pcsv.ConvertOptions(
         include_columns=wanted,
         column_types={c: pa.binary() for c in wanted},
@@ -53,15 +51,15 @@ def csv_options(fmt: str, wanted: list[str]) -> tuple[pcsv.ParseOptions, pcsv.Co
 def read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
     """A CSV or TSV file's rows. A row with more or fewer fields than the header keeps its place, with
     the status ``wrong_field_count``: which value is which is unknown."""
-    if not csv_header(src.path, "\t" if src.format == "tsv" else ","):  # empty, or empty lines only
+    if not csv_header(src):  # an empty file, or empty lines only
         return
-    with open_binary(src.path) as f:
+    with src.open() as f:
         head = f.read(1 << 16)
     if len(head) < 1 << 16:  # a header and no rows: Arrow refuses one without its newline
         body = head.removeprefix(codecs.BOM_UTF8).strip(b"\r\n")
         if b"\n" not in body and b"\r" not in body:
             return
-    parse, convert = csv_options(src.format, wanted)
+    parse, convert = csv_options(src, wanted)
     # Runs [first, end) of row numbers of the rows with the wrong number of fields, in order: runs, so
     # that a file of such rows only (a wrong delimiter), which Arrow returns no rows of, holds two numbers.
     ragged: deque[list[int]] = deque()
@@ -114,7 +112,7 @@ def read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[s
     block, placed = CSV_BLOCK_BYTES, 0  # placed: Arrow's rows already in ``out`` or yielded
     while True:
         try:
-            with open_binary(src.path) as f:
+            with src.open() as f:
                 reader = pcsv.open_csv(
                     _WholeLineBreaks(f),
                     read_options=pcsv.ReadOptions(block_size=block, use_threads=False),
@@ -172,14 +170,14 @@ class _WholeLineBreaks(io.RawIOBase):
         return data
 
 
-def csv_header(path: Path, delimiter: str) -> list[str] | None:
+def csv_header(src: Source) -> list[str] | None:
     """The fields of a CSV file's first line that is not empty, which is where Arrow's reader takes the
     header from (it skips empty lines); None for a file of empty lines only (no rows).
 
     Parsed with the ``csv`` module: reading a header through ``pyarrow.csv.open_csv`` in a process that
     also runs polars' streaming engine can abort the interpreter at exit.
     """
-    with open_binary(path) as f:
+    with src.open() as f:
         head = f.read(HEADER_SCAN_BYTES)
         more = bool(f.read(1))
     lines = head.removeprefix(codecs.BOM_UTF8).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
@@ -187,7 +185,7 @@ def csv_header(path: Path, delimiter: str) -> list[str] | None:
         lines.pop()  # may be cut short
     for line in lines:
         if line:
-            return next(csv.reader([line.decode("utf-8", errors="replace")], delimiter=delimiter))
+            return next(csv.reader([line.decode("utf-8", errors="replace")], delimiter=src.sep))
     if more:
-        raise InputError(f"{path}: no header line in its first {HEADER_SCAN_BYTES >> 20} MB")
+        raise InputError(f"{src.label}: no header line in its first {HEADER_SCAN_BYTES >> 20} MB")
     return None

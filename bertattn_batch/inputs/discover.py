@@ -15,6 +15,7 @@ file that the job reads from then on: its checks, its fingerprint and its rows a
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import glob
 import logging
 import os
@@ -25,10 +26,11 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from ..errors import InputError
 from ..run.layout import is_run_dir
-from .compressed import ARCHIVE_SUFFIXES, format_suffix
+from .compressed import ARCHIVE_SUFFIXES, format_suffix, open_binary
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +60,35 @@ class Source:
     path: Path
     format: str
     name: str | None = None
+    encoding: str = "utf-8"  # of a line-based file's text
+    delimiter: str | None = None  # of a CSV or TSV file's fields (None: "," or a tab)
 
     @property
     def label(self) -> str:
         """The source as the user named it, for messages and the run's record of its inputs."""
         return self.name or str(self.path)
 
+    @property
+    def sep(self) -> str:
+        return self.delimiter or ("\t" if self.format == "tsv" else ",")
 
-def expand_inputs(inputs: Iterable[str], input_format: str = "auto") -> list[Source]:
-    """Resolve files, globs and folders to an ordered list of sources; raise when nothing matches."""
+    def open(self) -> BinaryIO:
+        """The file's bytes as UTF-8, decompressed as they are read."""
+        return open_binary(self.path, self.encoding)
+
+
+def expand_inputs(
+    inputs: Iterable[str], input_format: str = "auto", encoding: str = "utf-8", delimiter: str | None = None
+) -> list[Source]:
+    """Resolve files, globs and folders to an ordered list of sources; raise when nothing matches.
+    ``encoding`` and ``delimiter`` apply to every line-based file among them."""
+    sources = [
+        dataclasses.replace(s, encoding=encoding, delimiter=delimiter) for s in _expand(inputs, input_format)
+    ]
+    return _once_each(sources)
+
+
+def _expand(inputs: Iterable[str], input_format: str) -> list[Source]:
     sources: list[Source] = []
     for spec in inputs:
         if spec == STDIN or is_stream(Path(spec)):
@@ -91,7 +113,7 @@ def expand_inputs(inputs: Iterable[str], input_format: str = "auto") -> list[Sou
                 sources.extend(Source(f, _format_of(f, input_format)) for f in files)
             else:
                 sources.append(Source(p, _format_of(p, input_format)))
-    return _once_each(sources)
+    return sources
 
 
 def input_name(spec: str) -> str:

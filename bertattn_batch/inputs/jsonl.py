@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .compressed import open_binary
 from .discover import Source
 from .rows import NOT_JSON
 
@@ -21,7 +19,7 @@ def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict
     block: dict[str, list[Any]] = {c: [] for c in wanted}
     first = True  # a first line that is no JSON object: no JSON lines file at all
     bad, first_bad = 0, []  # lines that are no JSON object: how many, and the first few
-    with open_binary(src.path) as f:
+    with src.open() as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
@@ -75,13 +73,13 @@ def _json_line(raw: bytes) -> Any:
 KEY_SCAN_OBJECTS = 1000
 
 
-def json_keys(path: Path) -> list[str] | None:
+def json_keys(src: Source) -> list[str] | None:
     """Every key of the first ``KEY_SCAN_OBJECTS`` objects of a JSON lines file, in order of first sight:
     a column none of them has is a typo, not a sparse field. None for an empty file, or a first line
     the reader will name with its line number."""
     keys: dict[str, None] = {}
     seen = 0
-    with open_binary(path) as f:
+    with src.open() as f:
         for raw in f:
             if not raw.strip():
                 continue

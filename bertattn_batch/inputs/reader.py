@@ -45,9 +45,12 @@ def read_rows(
     input_format: str = "auto",
     limit: int | None = None,
     block_rows: int = BLOCK_ROWS,
+    encoding: str = "utf-8",
+    delimiter: str | None = None,
 ) -> Iterator[RowBatch]:
     """Yield RowBatches over all inputs in order; ``row_index`` counts across inputs from 0."""
-    sources = check_inputs(inputs, text_col, id_col, label_col, input_format)
+    sources = check_inputs(inputs, text_col, id_col, label_col, input_format, None, encoding, delimiter)
+
     yield from read_sources(sources, text_col, id_col, label_col, limit, block_rows)
 
 

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import InputError
-from .compressed import open_binary
 from .discover import Source
 
 #: Text column name for plain-text inputs (one review a line).
@@ -22,7 +21,7 @@ def read_text(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[
             f"it has no {', '.join(repr(c) for c in extra)}"
         )
     block: list[Any] = []
-    with open_binary(src.path) as f:
+    with src.open() as f:
         for i, raw in enumerate(f):
             if i == 0:  # an editor's byte-order mark is no part of the review
                 raw = raw.removeprefix(codecs.BOM_UTF8)

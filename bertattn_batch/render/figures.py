@@ -3,6 +3,7 @@ maps per head; as matplotlib figures, PNG bytes, or HTML."""
 
 from __future__ import annotations
 
+import io
 import unicodedata
 from html import escape
 
@@ -87,7 +88,8 @@ def cls_png(review: ReviewAttention, dpi: int = 110) -> bytes:
 
 
 def pairs_figure(review: ReviewAttention, columns: int = 4):
-    """The second seed's picture: token x token attention of every head (rows: queries)."""
+    """The second seed's picture: token x token attention of every head (rows: queries), every head on
+    one colour scale with one colour bar, so that heads compare; laid out so no label meets a title."""
     if review.pairs is None or review.pair_tokens is None:
         raise SpecError("no token x token matrices: load the review with pairs (--pairs)")
     labels = [fonts.label(t) for t in readable(review.pair_tokens, review.byte_level)]
@@ -97,13 +99,21 @@ def pairs_figure(review: ReviewAttention, columns: int = 4):
     columns = min(columns, heads)
     rows = -(-heads // columns)
     panel = max(3.2, 0.11 * size + 1.2) if size <= PAIR_LABELS_UP_TO else 3.0
-    fig, axes = plt.subplots(rows, columns, figsize=(panel * columns, panel * rows + 0.6), squeeze=False)
+    fig, axes = plt.subplots(
+        rows,
+        columns,
+        figsize=(panel * columns + 1.0, panel * rows + 0.8),
+        squeeze=False,
+        layout="constrained",
+    )
+    vmax = float(review.pairs.max()) or 1.0
+    image = None
     for h in range(rows * columns):
         ax = axes[h // columns, h % columns]
         if h >= heads:
             ax.axis("off")
             continue
-        ax.imshow(review.pairs[h], vmin=0, vmax=float(review.pairs[h].max()) or 1.0, cmap="viridis")
+        image = ax.imshow(review.pairs[h], vmin=0, vmax=vmax, cmap="viridis")
         ax.set_title(f"head {h}", fontsize=9)
         if size <= PAIR_LABELS_UP_TO:
             ax.set_xticks(range(size))
@@ -115,9 +125,27 @@ def pairs_figure(review: ReviewAttention, columns: int = 4):
             ax.set_xticks([])
             ax.set_yticks([])
         ax.tick_params(length=0)
+    fig.colorbar(image, ax=axes.ravel().tolist(), label="attention weight (raw)", shrink=0.8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
     return fig
+
+
+def review_png(review: ReviewAttention, pairs: bool = False, dpi: int = 130) -> bytes:
+    """The heads x tokens picture, with the token x token maps below it where ``pairs``: one PNG that
+    shows what the HTML page shows."""
+    top = cls_png(review, dpi=dpi)
+    if not pairs:
+        return top
+    from PIL import Image
+
+    bottom = page.png_bytes(pairs_figure(review), dpi=dpi)
+    images = [Image.open(io.BytesIO(b)).convert("RGB") for b in (top, bottom)]
+    out = Image.new("RGB", (max(i.width for i in images), sum(i.height for i in images)), "white")
+    out.paste(images[0], (0, 0))
+    out.paste(images[1], (0, images[0].height))
+    buf = io.BytesIO()
+    out.save(buf, format="PNG")
+    return buf.getvalue()
 
 
 def _columns(text: str) -> int:
@@ -155,7 +183,7 @@ def review_html(review: ReviewAttention, heading: bool = True) -> str:
             page.img(
                 page.png_bytes(pairs_figure(review)),
                 alt=f"token x token attention of every head, review {review.doc_id}",
-                caption="token x token attention per head (rows: queries; raw weights)",
+                caption="token x token attention per head (rows: queries; raw weights, one scale)",
             )
         )
     return "\n".join(parts)

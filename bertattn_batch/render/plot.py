@@ -16,10 +16,11 @@ from pathlib import Path
 
 from ..errors import SpecError
 from . import page
-from .figures import cls_png, pairs_figure, review_html
-from .review import ReviewAttention, add_pairs, load_review, review_from_text
+from .figures import review_html, review_png
+from .review import ReviewAttention, add_pairs, load_review, review_from_text, select, token_range
+from .table import write_table
 
-SUFFIXES = (".png", ".html", ".htm")
+SUFFIXES = (".png", ".html", ".htm", ".csv", ".xlsx")
 
 
 def _checked_out(out: str | Path) -> Path:
@@ -30,14 +31,17 @@ def _checked_out(out: str | Path) -> Path:
 
 
 def write_review(review: ReviewAttention, out: str | Path, pairs: bool = False) -> Path:
-    """Write a review's picture: PNG (heads x tokens, or token x token with ``pairs``) or HTML (both)."""
+    """Write a review: PNG or HTML (heads x tokens, and the token x token maps with ``pairs``: the same
+    content either way), or its heads x tokens table as CSV or XLSX."""
     path = _checked_out(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix.lower() != ".png":
-        path.write_text(page.page(review.title(), review_html(review, heading=False)), encoding="utf-8")
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".xlsx"):
+        return write_table(review, path)
+    if suffix == ".png":
+        path.write_bytes(review_png(review, pairs=pairs))
     else:
-        png = page.png_bytes(pairs_figure(review), dpi=130) if pairs else cls_png(review, dpi=130)
-        path.write_bytes(png)
+        path.write_text(page.page(review.title(), review_html(review, heading=False)), encoding="utf-8")
     return path
 
 
@@ -50,9 +54,14 @@ def plot(
     layer: int | None = None,
     pairs: bool = False,
     device: str = "cpu",
+    tokens: str | None = None,
+    specials: bool = True,
 ) -> Path:
-    """The ``plot`` command: a review of a run (``run_dir`` + ``doc_id``) or a text (``text`` + ``model``)."""
+    """The ``plot`` command: a review of a run (``run_dir`` + ``doc_id``) or a text (``text`` + ``model``).
+    ``tokens``: a range of content tokens to show (``0:40``); ``specials``: [CLS] and [SEP] in the
+    token x token maps."""
     _checked_out(out)  # before any model loads
+    shown = token_range(tokens)
     if run_dir is not None:
         if doc_id is None:
             raise SpecError("give --doc-id: the id of the review in the run to plot")
@@ -67,4 +76,4 @@ def plot(
         if text is None or model is None:
             raise SpecError("give RUN_DIR and --doc-id, or --text and --model")
         review = review_from_text(text, model, -2 if layer is None else layer, pairs=pairs, device=device)
-    return write_review(review, out, pairs=pairs)
+    return write_review(select(review, shown, specials), out, pairs=pairs)

@@ -29,7 +29,7 @@ from .._util import atomic_path
 from ..analysis import aggregate as agg
 from ..analysis.top import top_tokens
 from ..errors import SpecError, WriteError
-from ..run import REPORT_NAME, Manifest, read_manifest
+from ..run import REPORT_NAME, Manifest, layer_name, read_manifest
 from . import fonts, page
 from .accuracy import accuracy_html
 from .examples import examples_html, misclassified, pick
@@ -159,11 +159,12 @@ def _tokens_html(
     k: int,
     scored: bool = True,
     byte_level: bool | None = None,
+    num_layers: int | None = None,
 ) -> str:
     """``scored``: some review was scored, so an empty table means the min-reviews filter emptied it."""
     opts = meta.get("options", {})
     parts = [
-        f"<h2>Top tokens per head · layer {layer}</h2>",
+        f"<h2>Top tokens per head · {layer_name(layer, num_layers)}</h2>",
         f'<p class="meta">From {agg.AGGREGATES_DIR}/{agg.TABLE}.parquet: tokens seen in at '
         f"least {opts.get('min_reviews')} reviews, ranked by {escape(str(opts.get('rank_by')))}; "
         "cells give the token and its mean scaled weight.</p>",
@@ -239,7 +240,7 @@ def build_report(
     body = [
         _summary_html(manifest, preds),
         accuracy_html(manifest, preds, labelled),
-        _tokens_html(table, meta, idx, top_k, _any_scored(preds), manifest.byte_level),
+        _tokens_html(table, meta, idx, top_k, _any_scored(preds), manifest.byte_level, manifest.num_layers),
         examples_html(run, pick(preds, examples), idx, "Example reviews") if shown else "",
         examples_html(
             run, misclassified(preds, examples), idx, "Most confidently misclassified reviews", False

@@ -13,6 +13,7 @@ the run's source (or the one given).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ import numpy as np
 import polars as pl
 
 from ..errors import InputError, RunDirError, SpecError
-from ..run import Manifest, committed_files, read_manifest
+from ..run import Manifest, committed_files, layer_name, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -49,19 +50,65 @@ class ReviewAttention:
     pairs: np.ndarray | None = None  # (H, S, S) every query's row, [CLS] and [SEP] included
     pair_tokens: list[str] | None = None  # (S,)
     byte_level: bool | None = None  # whether the tokens spell bytes; None: told from the tokens
+    num_layers: int | None = None  # the model's, to name the layer from the end too
 
     @property
     def num_heads(self) -> int:
         return int(self.weight.shape[0])
 
+    @property
+    def layer_name(self) -> str:
+        return layer_name(self.layer, self.num_layers)
+
     def title(self) -> str:
-        parts = [f"review {_short(self.doc_id)}", f"layer {self.layer}"]
+        parts = [f"review {_short(self.doc_id)}", self.layer_name]
+
         if self.pred_label is not None:
             prob = f" ({self.prob:.3f})" if self.prob is not None else ""
             parts.append(f"predicted {_short(self.pred_label)}{prob}")
         if self.label is not None:
             parts.append(f"label {_short(self.label)}")
         return " · ".join(parts)
+
+
+def token_range(value: str | None) -> slice | None:
+    """``--tokens 0:40``: content tokens 0..39 (counted from the first after [CLS]), as Python slices go."""
+    if value is None:
+        return None
+    lo, sep, hi = value.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return slice(int(lo) if lo.strip() else None, int(hi) if hi.strip() else None)
+    except ValueError:
+        raise SpecError(
+            f"--tokens takes a range of token positions such as 0:40 or 10:, got {value!r}"
+        ) from None
+
+
+def select(review: ReviewAttention, tokens: slice | None = None, specials: bool = True) -> ReviewAttention:
+    """The review with only the content tokens ``tokens`` (and in its token x token maps, [CLS] and
+    [SEP] only with ``specials``), so a long review's picture stays readable."""
+    keep = range(len(review.tokens))[tokens] if tokens is not None else range(len(review.tokens))
+    if not keep:
+        raise SpecError(
+            f"--tokens {tokens.start}:{tokens.stop} selects none of the review's {len(review.tokens)} tokens"
+        )
+    idx = list(keep)
+    out = dataclasses.replace(
+        review,
+        tokens=[review.tokens[i] for i in idx],
+        token_ids=[review.token_ids[i] for i in idx],
+        positions=[review.positions[i] for i in idx],
+        weight=review.weight[:, idx],
+        scaled=review.scaled[:, idx],
+    )
+    if review.pairs is not None and review.pair_tokens is not None:
+        size = review.pairs.shape[1]
+        rows = ([0] if specials else []) + [i + 1 for i in idx] + ([size - 1] if specials else [])
+        out.pairs = review.pairs[:, rows][:, :, rows]
+        out.pair_tokens = [review.pair_tokens[i] for i in rows]
+    return out
 
 
 def _short(value: str, limit: int = TITLE_VALUE_CHARS) -> str:
@@ -170,7 +217,7 @@ def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = No
         review = from_rows(rows, doc_id, idx)
         pred = preds.filter(pl.col("doc_id") == doc_id).row(0, named=True)
         review.pred_label, review.label = pred["pred_label"], pred["label"]
-        review.byte_level = manifest.byte_level
+        review.byte_level, review.num_layers = manifest.byte_level, manifest.num_layers
         if pred["probs"] is not None and pred["pred_id"] is not None:
             review.prob = float(pred["probs"][pred["pred_id"]])
         out.append(review)
@@ -225,7 +272,7 @@ def review_from_text(
     review = from_rows(table, doc_id, clf.layers[0])
     pred = int(np.argmax(probs[0]))
     review.pred_label, review.prob, review.text = clf.labels[pred], float(probs[0, pred]), text
-    review.byte_level = clf.byte_level
+    review.byte_level, review.num_layers = clf.byte_level, clf.num_layers
     if pairs:
         _attach_pairs(review, clf, enc.ids)
     return review
@@ -254,6 +301,8 @@ def source_text(run_dir: str | Path, doc_id: str) -> str:
             id_col=spec.get("id_col"),
             label_col=None,
             input_format=spec.get("input_format", "auto"),
+            encoding=spec.get("encoding") or "utf-8",
+            delimiter=spec.get("delimiter"),
         ):
             if batch.row_index and batch.row_index[-1] >= row:
                 i = batch.row_index.index(row)

@@ -11,7 +11,15 @@ from .layout import (
     part_name,
     tmp_name,
 )
-from .manifest import Manifest, PartEntry, load_json, parse_parts, read_manifest, row_range_problems
+from .manifest import (
+    Manifest,
+    PartEntry,
+    layer_name,
+    load_json,
+    parse_parts,
+    read_manifest,
+    row_range_problems,
+)
 from .parts import CommittedPart, PartWriter, check_part_file, committed_files
 from .resume import ResumePoint, input_changes, resume_point
 from .rundir import RunDir, old_manifest
@@ -33,6 +41,7 @@ __all__ = [
     "committed_files",
     "input_changes",
     "is_run_dir",
+    "layer_name",
     "load_json",
     "old_manifest",
     "parse_parts",

@@ -184,6 +184,12 @@ class Manifest:
         return {p.generation for p in self.parts}
 
 
+def layer_name(layer: int, num_layers: int | None) -> str:
+    """``layer 4 (−2)``: as a run stores it (0-based), and counted from the end as ``--layers`` takes it."""
+    end = f" (\u2212{num_layers - layer})" if num_layers else ""
+    return f"layer {layer}{end}"
+
+
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     """A manifest of an older layout in this version's (a copy; the input is left as it is)."""
     data = dict(data)
@@ -197,7 +203,11 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
             fingerprint["input_format"] = (
                 spec.get("input_format", "auto") if isinstance(spec, dict) else "auto"
             )
+        # from before these were job settings: what every run read then
+        for key, then in (("encoding", "utf-8"), ("delimiter", None), ("store_text", True)):
+            fingerprint.setdefault(key, then)
         data["fingerprint"] = fingerprint
+
     if isinstance(data.get("sources"), list):  # relative paths in older runs
         data["sources"] = [
             {**s, "path": s["path"] if s["path"] == "-" else os.path.abspath(s["path"])}

@@ -235,6 +235,8 @@ def finetune_files(
     input_format: str = "auto",
     progress: bool = True,
     id_col: str | None = None,
+    encoding: str = "utf-8",
+    delimiter: str | None = None,
 ) -> dict[str, Any]:
     """Read labelled rows from files, keep readable ones with a wanted label, and :func:`finetune`.
 
@@ -247,7 +249,16 @@ def finetune_files(
     doc_ids: list[str] = []
     seen: Counter[str] = Counter()
     skipped: Counter[str] = Counter()  # why rows were not trained on, for the summary
-    rows = read_rows(inputs, text_col=text_col, id_col=id_col, label_col=label_col, input_format=input_format)
+    rows = read_rows(
+        inputs,
+        text_col=text_col,
+        id_col=id_col,
+        label_col=label_col,
+        input_format=input_format,
+        encoding=encoding,
+        delimiter=delimiter,
+    )
+
     for batch in rows:
         for doc_id, text, label, status in zip(
             batch.doc_id, batch.text, batch.label, batch.status, strict=True

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import file_lock
-from ..config import FinetuneSpec, JobSpec, from_dict, load_job
+from ..config import FinetuneSpec, JobSpec, check_delimiter, from_dict, load_job
 from ..errors import ModelError, SpecError
 from ..run import old_manifest
 from . import api
@@ -77,7 +77,15 @@ def _train_model(spec: JobSpec, progress: bool) -> None:
     inputs, text_col, label_col, input_format = training_inputs(spec)
     own = not spec.finetune.inputs  # the job's own rows: their ids name the held-out reviews in its run
     plan = TrainingPlan(
-        inputs, text_col, label_col, spec.model, input_format, spec.finetune, spec.id_col if own else None
+        inputs,
+        text_col,
+        label_col,
+        spec.model,
+        input_format,
+        spec.finetune,
+        spec.id_col if own else None,
+        spec.encoding if own else "utf-8",
+        spec.delimiter if own else None,
     )
     metrics = plan.run(progress)
     if metrics.get("accuracy") is None:  # eval_fraction = 0; an accuracy of 0.0 is still printed
@@ -102,6 +110,8 @@ class TrainingPlan:
     input_format: str
     spec: FinetuneSpec
     id_col: str | None = None  # the ids the held-out reviews are recorded by (else their row numbers)
+    encoding: str = "utf-8"
+    delimiter: str | None = None
 
     def run(self, progress: bool = True) -> dict[str, Any]:
         return api.finetune_files(
@@ -113,6 +123,8 @@ class TrainingPlan:
             self.input_format,
             progress,
             id_col=self.id_col,
+            encoding=self.encoding,
+            delimiter=self.delimiter,
         )
 
 
@@ -124,6 +136,8 @@ def plan_training(
     label_col: str | None = None,
     input_format: str | None = None,
     id_col: str | None = None,
+    encoding: str | None = None,
+    delimiter: str | None = None,
     **settings: Any,
 ) -> TrainingPlan:
     """A training from files and ``--out``, or from a job spec's model and ``[finetune]`` table (its
@@ -143,6 +157,8 @@ def plan_training(
             input_format or job_format,
             from_dict(FinetuneSpec, {**table, **given}),
             spec.id_col if own else None,
+            encoding or (spec.encoding if own else "utf-8"),
+            delimiter or (spec.delimiter if own else None),
         )
     if not inputs or not out:
         raise SpecError("give INPUT... and --out, or --job JOB.toml")
@@ -154,4 +170,6 @@ def plan_training(
         input_format or "auto",
         from_dict(FinetuneSpec, given),
         id_col,
+        encoding or "utf-8",
+        check_delimiter(delimiter),
     )

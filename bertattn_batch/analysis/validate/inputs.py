@@ -33,7 +33,14 @@ def check_inputs_covered(rec: Recorder, run: RunView) -> None:
         return
     columns = (spec.get("text_col") or "text", spec.get("id_col"), spec.get("label_col"))
     try:
-        sources = check_inputs(inputs, *columns, spec.get("input_format") or "auto")
+        sources = check_inputs(
+            inputs,
+            *columns,
+            spec.get("input_format") or "auto",
+            encoding=spec.get("encoding") or "utf-8",
+            delimiter=spec.get("delimiter"),
+        )
+
         if manifest.sources is not None:
             for change in input_changes(manifest.sources, source_files(sources))[:3]:
                 rec.warn("inputs", f"the inputs changed since the run read them: {change}")

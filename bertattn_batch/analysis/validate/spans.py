@@ -59,6 +59,8 @@ def check_source_spans(rec: Recorder, run: RunView) -> None:
             id_col=spec.get("id_col"),
             label_col=None,
             input_format=spec.get("input_format") or "auto",  # no limit: a resume may have raised it
+            encoding=spec.get("encoding") or "utf-8",
+            delimiter=spec.get("delimiter"),
         ):
             if not pending and not active:
                 break  # every part is checked: the rest of the inputs holds no reviews of the run

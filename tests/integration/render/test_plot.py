@@ -155,7 +155,9 @@ def test_png_and_html_files(en_run, tmp_path):
     assert html.count('<th class="row">') == review.num_heads
     assert "data:image/png;base64," in html  # the token x token maps, embedded
     assert "http://" not in html and "https://" not in html and "<script" not in html
-    with pytest.raises(plotting.SpecError, match=r"must end in \.png, \.html, \.htm; got .r\.jpg."):
+    with pytest.raises(
+        plotting.SpecError, match=r"must end in \.png, \.html, \.htm, \.csv, \.xlsx; got .r\.jpg."
+    ):
         plotting.write_review(review, tmp_path / "r.jpg")
 
 
@@ -300,3 +302,50 @@ def test_pairs_read_the_scored_review_not_a_null_ids_row(tiny_en_dir, tmp_path):
     )
     assert r.exit_code == 0, r.output
     assert source_text(out, "0") == "the real review zero"
+
+
+def test_pictures_that_read(en_run, tmp_path):
+    """A 256-token review's token x token maps were unlabelled squares, each head on its own colour
+    scale without a bar; a PNG with --pairs dropped the heads x tokens chart; layers were named as
+    stored only."""
+    from PIL import Image
+
+    doc = short_doc(en_run)
+    review = reviews.add_pairs(reviews.load_review(en_run, doc), en_run)
+    assert "layer 1 (\u22122)" in review.title()  # the 3-layer tiny model: 0-based, and from the end
+    part = reviews.select(review, reviews.token_range("2:9"), specials=False)
+    assert part.tokens == review.tokens[2:9] and part.scaled.shape == (review.num_heads, 7)
+    assert part.pair_tokens == review.pair_tokens[3:10]  # content tokens 2..8, no [CLS]/[SEP]
+    np.testing.assert_array_equal(part.pairs, review.pairs[:, 3:10, 3:10])
+    fig = figures.pairs_figure(part)
+    images = [im for ax in fig.axes for im in ax.get_images()]
+    assert len({im.get_clim() for im in images}) == 1  # one colour scale for every head
+    assert sum(ax.get_label() == "<colorbar>" for ax in fig.axes) == 1
+    png = plotting.write_review(part, tmp_path / "both.png", pairs=True)
+    alone = Image.open(plotting.write_review(part, tmp_path / "cls.png"))
+    assert Image.open(png).height > alone.height  # the heads x tokens chart, and the maps below it
+    with pytest.raises(plotting.SpecError, match="--tokens takes a range"):
+        reviews.token_range("0-40")
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".xlsx"])
+def test_the_seeds_table_for_a_spreadsheet(suffix, en_run, tmp_path):
+    import csv
+
+    doc = short_doc(en_run)
+    review = reviews.load_review(en_run, doc)
+    out = plotting.plot(tmp_path / f"t{suffix}", run_dir=en_run, doc_id=doc)
+    if suffix == ".csv":
+        with open(out, encoding="utf-8-sig") as f:
+            rows = list(csv.reader(f))[1:]  # a title line, then the table
+
+    else:
+        import openpyxl
+
+        sheet = openpyxl.load_workbook(out)["scaled"]
+        rows = [[str(c) for c in r] for r in sheet.iter_rows(values_only=True)][1:]
+    header, body = rows[0], rows[1:]
+    assert header[:2] == ["head", "measure"] and len(header) == 2 + len(review.tokens)
+    scaled = [r for r in body if r[1] == "scaled"]
+    assert len(scaled) == review.num_heads
+    np.testing.assert_allclose(np.array([r[2:] for r in scaled], dtype=float), review.scaled, rtol=1e-6)

@@ -310,7 +310,7 @@ def test_cli_prints_the_top_tokens(run_dir):
             & (pl.col("head") == 0)
             & (pl.col("rank") == 1)
         )
-        assert f"layer {layer} · all reviews" in r.output
+        assert f"layer {layer} (\u2212{3 - layer}) · all reviews" in r.output  # the 3-layer tiny model
         assert f"{first['token'][0]} {first['mean_scaled'][0]:.3f}" in r.output
     assert "wrote " in r.output and "token_influence.parquet" in r.output
 

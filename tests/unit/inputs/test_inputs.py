@@ -373,3 +373,32 @@ def test_a_jsonl_key_missing_from_the_first_object_is_a_missing_value(tmp_path):
     typo.write_text('{"txt": "a"}\n{"txt": "b"}\n')
     with pytest.raises(InputError, match=r"no column 'text'; columns there: txt"):
         inputs.check_inputs([str(typo)])
+
+
+def test_a_file_in_gb18030_is_named_with_the_command_that_converts_it(zh_rows, tmp_path):
+    """What Chinese Excel saves: read as UTF-8 it ran with exit 0 and 299 of 300 rows invalid_utf8."""
+    rows = zh_rows[::50][:300]
+    path = tmp_path / "excel.csv"
+    with open(path, "w", encoding="gb18030", newline="") as f:
+        csv.writer(f).writerows([("text", "label"), *((r["text"], r["label"]) for r in rows)])
+    with pytest.raises(
+        InputError, match=r"not UTF-8 text .*iconv -f GB18030 -t UTF-8 .*or pass --encoding gb18030"
+    ):
+        inputs.check_inputs([str(path)])
+    read = [b for b in inputs.read_rows([str(path)], label_col="label", encoding="gb18030")]
+    assert [t for b in read for t in b.text] == [r["text"] for r in rows]
+    assert {s for b in read for s in b.status} == {"ok"}
+
+
+def test_another_delimiter_is_named_and_can_be_given(tmp_path):
+    path = tmp_path / "semi.csv"
+    path.write_text("doc_id;text;label\na;good food;positive\nb;slow, cold;negative\n")
+    with pytest.raises(
+        InputError, match=r"columns there: doc_id;text;label \(the header looks ';'-separated"
+    ):
+        inputs.check_inputs([str(path)], id_col="doc_id")
+    (batch,) = inputs.read_rows([str(path)], id_col="doc_id", label_col="label", delimiter=";")
+    assert batch.text == ["good food", "slow, cold"] and batch.label == ["positive", "negative"]
+    from bertattn_batch.config import JobSpec
+
+    assert JobSpec(inputs=["x"], model="m", out="o", delimiter="\\t").delimiter == "\t"

@@ -10,7 +10,14 @@ import pyarrow as pa
 from bertattn_batch import schema
 from bertattn_batch.run import COMMIT_LOG, MANIFEST, RunDir, read_manifest
 
-HEADER = {"spec": {}, "fingerprint": {"inputs": ["/x"], "input_format": "auto"}, "model": {}, "versions": {}}
+FINGERPRINT = {
+    "inputs": ["/x"],
+    "input_format": "auto",
+    "encoding": "utf-8",
+    "delimiter": None,
+    "store_text": True,
+}
+HEADER = {"spec": {}, "fingerprint": FINGERPRINT, "model": {}, "versions": {}}
 
 
 def _tables() -> dict[str, pa.Table]:
