@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from helpers import read_table
+from helpers import read_table, same_job_table
 from typer.testing import CliRunner
 
 from bertattn_batch import schema
@@ -64,7 +64,8 @@ def _args(corpus: Path, model: Path, out: Path) -> list[str]:
 
 def _tables(run_dir: Path) -> dict[str, pa.Table]:
     return {
-        t: read_table(run_dir, t).sort_by([(k, "ascending") for k in SORT_KEYS[t]]) for t in schema.TABLES
+        t: same_job_table(read_table(run_dir, t)).sort_by([(k, "ascending") for k in SORT_KEYS[t]])
+        for t in schema.TABLES
     }
 
 
@@ -668,7 +669,7 @@ def test_a_first_run_training_without_locks_leaves_no_lock_file(tmp_path, monkey
     def no_locks(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
 
-    def fake_finetune_files(inputs, text_col, label_col, out_dir, spec, **kw):
+    def fake_finetune_files(inputs, text_col, label_col, out_dir, spec, *args, **kw):
         Path(out_dir).mkdir(parents=True)
         (Path(out_dir) / "config.json").write_text("{}")
         return {"accuracy": None}
@@ -694,7 +695,7 @@ def test_jobs_started_together_train_their_missing_model_once(tmp_path, monkeypa
 
     trained: list[str] = []
 
-    def fake_finetune_files(inputs, text_col, label_col, out_dir, spec, **kw):
+    def fake_finetune_files(inputs, text_col, label_col, out_dir, spec, *args, **kw):
         trained.append(threading.current_thread().name)
         time.sleep(0.5)
         Path(out_dir).mkdir(parents=True)
@@ -783,7 +784,7 @@ def test_every_feed_plan_writes_the_same_run(plan, tiny_en_dir, drug_sample, tmp
     other = run("other")
     for table, keys in SORT_KEYS.items():
         order = [(k, "ascending") for k in keys]
-        want, got = (read_table(d, table).sort_by(order) for d in (plain, other))
+        want, got = (same_job_table(read_table(d, table)).sort_by(order) for d in (plain, other))
         assert want.num_rows == got.num_rows > 0
         assert want.equals(got), table
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
-from helpers import manifest_json, read_table
+from helpers import RUN_COLUMNS, manifest_json, read_table
 from typer.testing import CliRunner
 
 from bertattn_batch import schema
@@ -37,7 +37,16 @@ ORDER = {
     "cls_attention": ["doc_id", "layer", "head", "position"],
     "head_summary": ["doc_id", "layer", "head"],
 }
-FLOATS = {"probs", "weight", "weight_scaled", "weight_cls", "weight_sep", "weight_min", "weight_max"}
+FLOATS = {
+    "probs",
+    "pred_prob",
+    "weight",
+    "weight_scaled",
+    "weight_cls",
+    "weight_sep",
+    "weight_min",
+    "weight_max",
+}
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +72,7 @@ def assert_same_run(ray_run: Path, local_run: Path, atol: float = 1e-5) -> None:
         got, want = _sorted(ray_run, name), _sorted(local_run, name)
         assert got.num_rows == want.num_rows, name
         assert got.column_names == want.column_names == schema.columns(name)
-        for col in got.column_names:
+        for col in (c for c in got.column_names if c not in RUN_COLUMNS):
             if col in FLOATS:
                 g, w = got.column(col).to_pylist(), want.column(col).to_pylist()
                 assert [x is None for x in g] == [x is None for x in w], (name, col)
