@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> dict:
         "finetune": dataclasses.asdict(job.finetune) if job.finetune else None,
         "runs": runs,
         "mean_accuracy": round(mean, 4),
-        "same_weights_twice": (runs[0]["weights_sha256"] == runs[-1]["weights_sha256"]) if args.twice else None,
+        "same_weights_twice": (runs[0]["weights_sha256"] == runs[-1]["weights_sha256"])
+        if args.twice
+        else None,
         "cpus": os.cpu_count(),
     }
     print(f"mean held-out accuracy over seeds {', '.join(map(str, seeds))}: {mean:.4f}")
