@@ -3,7 +3,7 @@
 Usage::
 
     stage = ModelStage(clf, batch_tokens=16384, max_batch_size=256)
-    real, slots = stage(window.rows)     # fills each scorable row's probs and cls_rows
+    real, slots = stage(window.rows)     # fills each scorable row's probs, cls_rows and cls_norms
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ class ModelStage:
     def __call__(
         self, rows: list[ScoredRow], on_batch: Callable[[int], None] | None = None
     ) -> tuple[int, int]:
-        """Fill probs and cls_rows of a window's scorable rows; returns (real tokens, padded slots).
+        """Fill probs, cls_rows and cls_norms of a window's scorable rows; returns (real tokens, padded
+        slots).
         ``on_batch(n)`` is called after each batch of ``n`` reviews (a progress bar).
 
-        Every row's outputs are views into two arrays made for the whole window before its first
+        Every row's outputs are views into arrays made for the whole window before its first
         batch, and each batch's own outputs are copied there and freed. Kept alive by views instead,
         the batches' arrays would sit in the heap among the freed buffers of later batches, which the
         C library then cannot reuse whole: on the default model the stage's peak was 60 to 130 MB
@@ -46,11 +47,13 @@ class ModelStage:
         lengths = [r.encoded.n_tokens for r in todo]
         per_token = len(self.clf.layers) * self.clf.num_heads
         cls_rows = np.empty(per_token * sum(lengths), dtype=np.float32)
+        cls_norms = np.empty_like(cls_rows)
         probs = np.empty((len(todo), len(self.clf.labels)), dtype=np.float32)
         at = 0
         for i, (r, n) in enumerate(zip(todo, lengths, strict=True)):
             r.probs = probs[i]  # (C,)
             r.cls_rows = cls_rows[at : at + per_token * n].reshape(-1, self.clf.num_heads, n)  # (L, H, n)
+            r.cls_norms = cls_norms[at : at + per_token * n].reshape(r.cls_rows.shape)
             at += per_token * n
         real = slots = 0
         for idx in bucket_batches(lengths, self.batch_tokens, self.max_batch_size):
@@ -64,7 +67,7 @@ class ModelStage:
     def _score(self, batch: list[ScoredRow]) -> int:
         """Score one padded batch (in halves after an out-of-memory error); returns its padded slots."""
         try:
-            probs, rows = self.clf.forward([r.encoded.ids for r in batch])  # (B, C), (B, L, H, S)
+            probs, rows, norms = self.clf.forward([r.encoded.ids for r in batch])  # (B, C), (B, L, H, S) x 2
         except torch.OutOfMemoryError:
             if len(batch) == 1:
                 raise ModelError(
@@ -78,6 +81,8 @@ class ModelStage:
         for i, r in enumerate(batch):
             r.probs[:] = probs[i]
             r.cls_rows[:] = rows[i, :, :, : r.encoded.n_tokens]  # this review's own tokens, no padding
+            r.cls_norms[:] = norms[i, :, :, : r.encoded.n_tokens]
+
         return len(batch) * max(r.encoded.n_tokens for r in batch)
 
 

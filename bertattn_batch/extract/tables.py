@@ -23,7 +23,8 @@ from ..model.encode import Encoded, id_limit
 
 @dataclass
 class ScoredRow:
-    """One input row after the model stage; ``probs``/``cls_rows`` are None when not scored."""
+    """One input row after the model stage; ``probs``/``cls_rows``/``cls_norms`` are None when not
+    scored."""
 
     row_index: int
     doc_id: str
@@ -32,6 +33,7 @@ class ScoredRow:
     encoded: Encoded | None = None
     probs: np.ndarray | None = None  # (C,)
     cls_rows: np.ndarray | None = None  # (L, H, n): the review's own tokens only
+    cls_norms: np.ndarray | None = None  # (L, H, n): norm-based weights of the same tokens
     text: str | None = None  # as read, for the predictions table
 
 
@@ -166,7 +168,9 @@ class Extractor:
             "end": end.astype(np.int32, copy=False),
             "weight": weight,
             "weight_scaled": scaled,
+            "weight_norm": _cat([r.cls_norms[:, :, 1 : _last(r)].reshape(-1) for r in scored], np.float32),
         }
+
         summary = {
             "doc_id": docs.take(pa.array(review_of_seg)),
             "layer": seg_layer,

@@ -3,7 +3,7 @@
 Usage::
 
     clf = Classifier.load("models/zh-senti", layers=[-2])
-    probs, rows = clf.forward([enc.ids for enc in encoded])   # (B, C), (B, L, H, S) float32
+    probs, rows, norms = clf.forward([enc.ids for enc in encoded])   # (B, C), (B, L, H, S) x 2
 
 This module knows nothing of files or schemas: it turns token ids into probabilities and [CLS]
 attention rows. In sdpa mode the last layer's attention and what follows it run for [CLS] only
@@ -229,26 +229,29 @@ class Classifier:
         return t_ids.to(self.device, non_blocking=True), t_mask.to(self.device, non_blocking=True)
 
     @torch.inference_mode()
-    def forward(self, ids: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Probabilities (B, C) and [CLS] rows (B, L, H, S) float32 for one padded batch."""
+    def forward(self, ids: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Probabilities (B, C), [CLS] rows (B, L, H, S) and their norm-based weights (B, L, H, S), all
+        float32, for one padded batch."""
         input_ids, mask = self.pad(ids)
+        if self._capture is None:
+            self._capture = ClsRowCapture(self.model, self.layers)
         if self.attention == "eager":
-            out = self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
+            with self._capture as capture:  # the values, for the norms; the rows are transformers' own
+                out = self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
             rows = eager_rows(out.attentions, self.layers)
         else:
-            if self._capture is None:
-                self._capture = ClsRowCapture(self.model, self.layers)
             with self._capture as capture, self.trim or contextlib.nullcontext():
                 out = self.model(input_ids=input_ids, attention_mask=mask)
             rows = capture.rows(mask)
+        norms = capture.norms(rows)
         probs = torch.softmax(out.logits.float(), dim=-1)
-        if not (torch.isfinite(probs).all() and torch.isfinite(rows).all()):
+        if not (torch.isfinite(probs).all() and torch.isfinite(rows).all() and torch.isfinite(norms).all()):
             raise ModelError(
                 f"{self.source} gives non-finite outputs (NaN or infinity) for this batch of {len(ids)} "
                 "reviews: its weights are damaged or its training diverged"
                 + ("; in float16, try --dtype bfloat16 or float32" if self.dtype == torch.float16 else "")
             )
-        return probs.cpu().numpy(), rows.cpu().numpy()
+        return probs.cpu().numpy(), rows.cpu().numpy(), norms.cpu().numpy()
 
 
 def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list[int]:

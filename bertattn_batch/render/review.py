@@ -265,8 +265,10 @@ def review_from_text(
     enc = encode_texts(clf.tokenizer, [text], clf.max_length)[0]
     if enc.n_tokens <= 2:
         raise InputError("the text gives no tokens to plot")
-    probs, rows = clf.forward([enc.ids])  # (1, C), (1, 1, H, S)
-    scored = ScoredRow(0, doc_id, None, "ok", enc, probs[0], rows[0, :, :, : enc.n_tokens])
+    probs, rows, norms = clf.forward([enc.ids])  # (1, C), (1, 1, H, S) x 2
+    n = enc.n_tokens
+    scored = ScoredRow(0, doc_id, None, "ok", enc, probs[0], rows[0, :, :, :n], norms[0, :, :, :n])
+
     extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels)
     table = pl.from_arrow(extractor.tables([scored])["cls_attention"])
     review = from_rows(table, doc_id, clf.layers[0])

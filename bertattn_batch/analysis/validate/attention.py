@@ -37,7 +37,7 @@ def _mass_tolerance(run: RunView) -> float:
 
 
 def check_attention(rec: Recorder, run: RunView) -> None:
-    checks = ("layers_heads", "positions", "tokens", "attention_mass", "scaling")
+    checks = ("layers_heads", "positions", "tokens", "attention_mass", "scaling", "measures")
     if run.layers is None or run.num_heads is None:
         for c in checks:
             rec.skip(c, "the manifest lacks model.layers or model.num_heads")
@@ -228,6 +228,11 @@ def _check_part_attention(rec: Recorder, run: RunView, part: Part) -> tuple[int,
                 r("weight_scaled"),
                 expected.round(6),
             ),
+        ),
+        (
+            "measures",
+            ~(pl.col("weight_norm").is_finite() & (pl.col("weight_norm") >= 0)),
+            fmt("{}: weight_norm {} is not a finite number >= 0", at, "weight_norm"),
         ),
         (
             "spans",

@@ -30,6 +30,7 @@ TORCH = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 PAD_VALUE = -1.0  # what the fake model puts on padding: no real attention weight is negative
+NORM_FACTOR = np.float32(3.0)  # the fake model's norm-based weights: its rows times this
 CLS, SEP, PAD, FIRST_ID = 2, 3, 0, 5
 
 
@@ -90,7 +91,7 @@ class PaddedRowsModel:
         self.layers = list(range(layers))
         self.num_heads = heads
 
-    def forward(self, ids: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def forward(self, ids: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         rows = [self.truth[int(x[1])] for x in ids]
         L, H = rows[0].shape[:2]
         S = max(len(x) for x in ids) + self.extra
@@ -99,7 +100,7 @@ class PaddedRowsModel:
             padded[i, :, :, : r.shape[-1]] = r
         logits = np.stack([np.sin(np.arange(len(self.labels)) + int(x[1])) for x in ids])  # (B, C)
         probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-        return probs.astype(np.float32), padded
+        return probs.astype(np.float32), padded, padded * NORM_FACTOR  # norms: distinct from the rows
 
 
 @st.composite
@@ -170,6 +171,8 @@ def test_extraction_keeps_exactly_each_reviews_content_positions(case):
                 assert (got["layer"][li, h] == layer).all() and (got["head"][li, h] == h).all()
                 assert got["position"][li, h].tolist() == list(range(1, n - 1))
                 np.testing.assert_array_equal(got["weight"][li, h], real[k, h, 1 : n - 1])
+                np.testing.assert_array_equal(got["weight_norm"][li, h], real[k, h, 1 : n - 1] * NORM_FACTOR)
+
                 assert got["token_id"][li, h].tolist() == r.encoded.ids[1 : n - 1].tolist()
                 assert got["start"][li, h].tolist() == r.encoded.offsets[1 : n - 1, 0].tolist()
                 assert got["end"][li, h].tolist() == r.encoded.offsets[1 : n - 1, 1].tolist()
