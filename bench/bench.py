@@ -18,6 +18,8 @@ interleaved over several rounds; the best round counts and the spread between ro
   layer run past its attention for [CLS] only, which is all a classifier reads);
 - ``stage-full``: the same with the whole last layer run, as plain inference does: against the
   ceiling, what capturing the rows costs on its own;
+- ``stage-weights``: the stage with the norm-based weights replaced by zeros: against ``stage``, what
+  computing ``weight_norm`` costs;
 - ``extract``: ``run_job`` end to end (read, encode, model, extract, write Parquet); the model's load
   time is measured separately and subtracted.
 
@@ -45,6 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -59,6 +62,7 @@ from bertattn_batch.engines import load_classifier, run_job
 from bertattn_batch.extract import ModelStage, ScoredRow
 from bertattn_batch.extract.batching import bucket_batches, chunks
 from bertattn_batch.model import Classifier, resolve_device
+from bertattn_batch.model.capture import ClsRowCapture
 from bertattn_batch.model.encode import Encoded, encode_texts
 from bertattn_batch.runtime import tune_runtime
 from bertattn_batch.train import ensure_model
@@ -103,6 +107,8 @@ TARGET_E2E = 0.85
 TARGET_E2E_VS_SEED = {"float32": 1.1, "bfloat16": 2.2}
 TARGET_PADDING = 0.10
 TARGET_MEMORY_GROWTH = 0.10
+#: stage / stage-weights: the norm-based weights may cost at most 5% of the model stage.
+TARGET_NORMS = 0.95
 
 
 # -- cases: a model and the reviews it reads --------------------------------------------------------
@@ -469,10 +475,11 @@ def ceiling_method(clf: Classifier, encoded: list[Encoded]) -> Method:
     return Method("ceiling", _dtype_name(clf), run, matmul_flops(clf.model.config, shapes))
 
 
-def stage_method(clf: Classifier, encoded: list[Encoded], trim: bool = True) -> Method:
+def stage_method(clf: Classifier, encoded: list[Encoded], trim: bool = True, norms: bool = True) -> Method:
     """bertattn's model stage on one window: the same batches, [CLS] rows captured and sliced.
 
-    ``trim=False`` runs the whole last layer (``stage-full``), to show what the capture alone costs.
+    ``trim=False`` runs the whole last layer (``stage-full``), to show what the capture alone costs;
+    ``norms=False`` gives zeros for the norm-based weights (``stage-weights``), to show what they cost.
     """
     stage = ModelStage(clf, BATCH_TOKENS, MAX_BATCH_SIZE)
     rows = [ScoredRow(i, str(i), None, "ok", encoded=e) for i, e in enumerate(encoded)]
@@ -481,13 +488,15 @@ def stage_method(clf: Classifier, encoded: list[Encoded], trim: bool = True) -> 
 
     def run() -> Counts:
         kept, clf.trim = clf.trim, clf.trim if trim else None
+        skip = mock.patch.object(ClsRowCapture, "norms", lambda _self, rows: torch.zeros_like(rows))
         try:
-            real, slots = stage(rows)
+            with contextlib.nullcontext() if norms else skip:
+                real, slots = stage(rows)
         finally:
             clf.trim = kept
         return Counts(len(rows), real, slots)
 
-    name = "stage" if trim else "stage-full"
+    name = "stage" if trim and norms else "stage-full" if norms else "stage-weights"
     return Method(name, _dtype_name(clf), run, matmul_flops(clf.model.config, shapes))
 
 
@@ -540,6 +549,7 @@ def build_methods(case: Case, device: torch.device, dtypes: Sequence[str], tmp: 
             ceiling_method(clf, encoded),
             stage_method(clf, encoded),
             stage_method(clf, encoded, trim=False),
+            stage_method(clf, encoded, norms=False),
             extract_method(case, clf, tmp / f"run-{case.name}-{dt}"),
         ]
     return methods
@@ -596,6 +606,17 @@ def targets(model: str, figures: Sequence[Figure]) -> list[dict[str, Any]]:
         if ("stage-full", dt) in r:
             what = "model stage, whole last layer / ceiling"
             out.append(against("stage-full", dt, "ceiling", what, TARGET_STAGE))
+        if ("stage-weights", dt) in by:
+            stage, weights = by[("stage", dt)], by[("stage-weights", dt)]
+            out.append(
+                _target(
+                    f"{model} {dt}: model stage / the same without weight_norm",
+                    _ratio(stage, weights, paired=False),
+                    TARGET_NORMS,
+                    paired=_ratio(stage, weights, paired=True),
+                )
+            )
+
         out.append(against("extract", dt, "ceiling", "extract / ceiling", TARGET_E2E))
         if ("pipeline", dt) in by:
             extract, pipeline = by[("extract", dt)], by[("pipeline", dt)]
