@@ -9,8 +9,10 @@ Usage::
     print(format_top(result.table, k=5))
 
 For each (layer, head, token) and each group of reviews (all of them, each predicted label, each
-true label where the source had labels): the reviews and occurrences, the mean raw and scaled weight,
-and how often the token is the head's top token in a review. Words as well as tokens: a token that
+true label where the source had labels): the reviews and occurrences, the mean raw, scaled and
+norm-based weight, how often the token is the head's top token in a review, and the measures that
+rare tokens cannot win (:mod:`.contrast`): the log-odds of the token's attention mass in one label
+against the others, and the mean shrunk toward the head's. Words as well as tokens: a token that
 does not start with ``##`` and the ``##`` continuations right after it make one word (WordPiece
 tokenizers only: the manifest records the run's continuation mark).
 
@@ -21,7 +23,8 @@ Definitions (the schema's descriptions say the same):
 - a head's top token in a review is its content token with the largest raw weight; ties go to the
   first position (numpy's ``argmax``), so every scored review has exactly one top token per head;
 - a word's raw weight is the sum of its pieces' raw weights (the head's mass is kept); its scaled
-  weight is that sum min-max scaled again over the review's words, so 1 is the review's top word.
+  weight is that sum min-max scaled again over the review's words, so 1 is the review's top word;
+  its norm-based weight is the sum of its pieces' (an upper bound of the norm of their sum).
 
 Memory stays bounded whatever the run's size: each committed part (a few thousand reviews, each
 review wholly inside one part; cut into slices of whole reviews past ``MAX_ROWS_PER_PASS`` rows) is
@@ -46,6 +49,7 @@ from .. import schema
 from .._util import atomic_path, remove_stale
 from ..errors import RunDirError, SpecError, WriteError
 from ..run import AGGREGATES_DIR, Manifest, committed_files, read_manifest
+from .contrast import GROUP, with_contrasts, with_shrunk_means
 
 TABLE = "token_influence"
 UNITS = ("token", "word")
@@ -54,7 +58,19 @@ SPLITS = ("all", "pred_label", "label")
 MIN_REVIEWS = 5
 RANK_BY = "mean_scaled"
 #: Measures ``rank`` may order by (descending).
-RANK_MEASURES = ("mean_scaled", "mean_weight", "top_share", "n_top", "n_reviews")
+RANK_MEASURES = (
+    "mean_scaled",
+    "mean_weight",
+    "mean_norm",
+    "mean_scaled_shrunk",
+    "log_odds_z",
+    "log_odds",
+    "top_share",
+    "n_top",
+    "n_reviews",
+)
+#: The measures that compare a label with the others: none for the split 'all'.
+CONTRASTS = ("log_odds_z", "log_odds")
 #: Runs whose manifest predates ``model.word_continuation``: model types whose usual tokenizers mark
 #: word starts (byte-level BPE, SentencePiece) rather than continuations.
 NON_WORDPIECE_MODELS = frozenset({"roberta", "xlm-roberta", "camembert", "albert"})
@@ -65,7 +81,7 @@ MAX_ROWS_PER_PASS = 1_000_000
 
 _REVIEW = ["doc_id", "layer", "head"]
 _CLASSES = ["pred_label", "label"]
-_SUMS = ["n_reviews", "n_occurrences", "weight_sum", "scaled_sum", "n_top"]
+_SUMS = ["n_reviews", "n_occurrences", "weight_sum", "scaled_sum", "scaled_sq_sum", "norm_sum", "n_top"]
 
 
 @dataclass
@@ -108,7 +124,7 @@ def committed_parts(run_dir: str | Path) -> list[tuple[str, Path, Path]]:
 def review_rows(attn_path: Path | str, preds_path: Path | str) -> pl.LazyFrame:
     """One part's attention rows of scored reviews, each with its predicted and true label."""
     attn = pl.scan_parquet(attn_path, glob=False).select(
-        "doc_id", "layer", "head", "position", "token", "weight", "weight_scaled"
+        "doc_id", "layer", "head", "position", "token", "weight", "weight_scaled", "weight_norm"
     )
     preds = (
         pl.scan_parquet(preds_path, glob=False)
@@ -117,7 +133,7 @@ def review_rows(attn_path: Path | str, preds_path: Path | str) -> pl.LazyFrame:
         .unique("doc_id")
     )
     return attn.join(preds, on="doc_id", how="inner").with_columns(
-        pl.col("weight").cast(pl.Float64), pl.col("weight_scaled").cast(pl.Float64)
+        pl.col("weight", "weight_scaled", "weight_norm").cast(pl.Float64)
     )
 
 
@@ -125,7 +141,8 @@ def word_rows(rows: pl.LazyFrame, continuation: str = CONTINUATION) -> pl.LazyFr
     """Tokens joined into words, in the same columns as ``review_rows`` (position: the first piece's).
 
     A word starts at every token that is not a continuation (``##`` piece) of the token just before it.
-    Raw weight: the sum of the pieces'. Scaled: min-max over the review's words for that head.
+    Raw and norm-based weight: the sums of the pieces'. Scaled: min-max over the review's words for
+    that head.
     A review's words are the same at every (layer, head): they are found once, on one head's rows.
     """
     one_head = (pl.col("layer") == pl.col("layer").min()) & (pl.col("head") == pl.col("head").min())
@@ -143,10 +160,10 @@ def word_rows(rows: pl.LazyFrame, continuation: str = CONTINUATION) -> pl.LazyFr
         position=pl.col("position").min(),
     )
     words = (
-        rows.select(*_REVIEW, "position", "weight", *_CLASSES)
+        rows.select(*_REVIEW, "position", "weight", "weight_norm", *_CLASSES)
         .join(pieces.select("doc_id", "position", "word"), on=["doc_id", "position"])
         .group_by([*_REVIEW, "word", *_CLASSES])
-        .agg(weight=pl.col("weight").sum())
+        .agg(pl.col("weight").sum(), pl.col("weight_norm").sum())
         .join(texts, on=["doc_id", "word"])
     )
     lo = pl.col("weight").min().over(_REVIEW)
@@ -171,6 +188,8 @@ def part_sums(rows: pl.LazyFrame, unit: str) -> pl.LazyFrame:
             n_occurrences=pl.len().cast(pl.Int64),
             weight_sum=pl.col("weight").sum(),
             scaled_sum=pl.col("weight_scaled").sum(),
+            scaled_sq_sum=(pl.col("weight_scaled") ** 2).sum(),
+            norm_sum=pl.col("weight_norm").sum(),
             n_top=pl.col("is_top").sum().cast(pl.Int64),
         )
         .with_columns(unit=pl.lit(unit))
@@ -225,24 +244,30 @@ def combine(sums: pl.LazyFrame, sizes: pl.DataFrame, min_reviews: int, rank_by: 
         .with_columns(split=pl.lit("label")),
     ]
     cols = ["unit", "layer", "head", "split", "class_label", "token", *_SUMS]
-    group = ["unit", "layer", "head", "split", "class_label"]
+    every_token = pl.concat([f.select(cols) for f in by_split])
     table = (
-        pl.concat([f.select(cols) for f in by_split])
+        with_shrunk_means(with_contrasts(every_token))  # before the filter: the heads' totals count all
         .filter(pl.col("n_reviews") >= min_reviews)
         .join(sizes.lazy(), on=["split", "class_label"], how="inner", nulls_equal=True)
         .with_columns(
             mean_weight=pl.col("weight_sum") / pl.col("n_occurrences"),
             mean_scaled=pl.col("scaled_sum") / pl.col("n_occurrences"),
+            mean_norm=pl.col("norm_sum") / pl.col("n_occurrences"),
             top_share=pl.col("n_top") / pl.col("n_reviews"),
         )
-        .sort(
-            [*group, rank_by, "n_reviews", "token"],
-            descending=[False] * len(group) + [True, True, False],
-            nulls_last=False,
-        )
-        .with_columns(rank=pl.col("token").cum_count().over(group).cast(pl.Int32))
     )
-    return table.select(schema.columns(TABLE))
+    return ranked(table, rank_by).select(schema.columns(TABLE))
+
+
+def ranked(table: pl.LazyFrame | pl.DataFrame, measure: str) -> pl.LazyFrame | pl.DataFrame:
+    """``table`` sorted by group and ``measure`` (descending; ties: more reviews, then token text),
+    with ``rank`` 1, 2, ... within each group. A contrast is null in the split 'all', where the order
+    falls to the ties."""
+    return table.sort(
+        [*GROUP, measure, "n_reviews", "token"],
+        descending=[False] * len(GROUP) + [True, True, False],
+        nulls_last=False,
+    ).with_columns(rank=pl.col("token").cum_count().over(GROUP).cast(pl.Int32))
 
 
 def aggregate(
@@ -368,12 +393,16 @@ def aggregates_meta(run_dir: str | Path) -> dict[str, Any]:
 
 
 def is_current(run_dir: str | Path, min_reviews: int | None = None) -> bool:
-    """True when the written aggregates cover exactly the run's committed parts (and were computed with
-    ``min_reviews``, where given)."""
+    """True when the written aggregates, in this schema version, cover exactly the run's committed
+    parts (and were computed with ``min_reviews``, where given)."""
+
     path = aggregates_path(run_dir)
     if not path.is_file():
         return False
     meta = aggregates_meta(run_dir)
+    if meta.get("schema_version") != str(schema.version(TABLE)):  # written by an older bertattn
+        return False
     if min_reviews is not None and meta.get("options", {}).get("min_reviews") != min_reviews:
         return False
+
     return meta.get("parts") == [name for name, _, _ in committed_parts(run_dir)]

@@ -9,7 +9,7 @@ import polars as pl
 
 from ..errors import SpecError
 from ..run import layer_name
-from .aggregate import SPLITS, UNITS
+from .aggregate import CONTRASTS, RANK_MEASURES, SPLITS, UNITS, ranked
 
 
 def top_tokens(
@@ -18,20 +18,29 @@ def top_tokens(
     unit: str = "token",
     split: str = "all",
     layers: Sequence[int] | None = None,
+    measure: str | None = None,
 ) -> pl.DataFrame:
-    """The k best-ranked rows per (layer, head, class_label) of one unit and split."""
-    out = table.filter((pl.col("unit") == unit) & (pl.col("split") == split) & (pl.col("rank") <= k))
+    """The k best-ranked rows per (layer, head, class_label) of one unit and split: by the table's own
+    rank, or ranked again by ``measure``."""
+    out = table.filter((pl.col("unit") == unit) & (pl.col("split") == split))
     if layers is not None:
         out = out.filter(pl.col("layer").is_in(list(layers)))
-    return out.sort(["layer", "class_label", "head", "rank"], nulls_last=False)
+    if measure is not None:
+        out = ranked(out, measure)
+    return out.filter(pl.col("rank") <= k).sort(["layer", "class_label", "head", "rank"], nulls_last=False)
 
 
-def check_top_options(k: int, unit: str, split: str) -> None:
+def check_top_options(k: int, unit: str, split: str, measure: str = "mean_scaled") -> None:
     """What format_top can print; checked by the CLI before the aggregate is computed."""
-    if unit not in UNITS or split not in SPLITS or k < 1:
+    if unit not in UNITS or split not in SPLITS or k < 1 or measure not in RANK_MEASURES:
         raise SpecError(
-            f"--unit must be one of {', '.join(UNITS)}, --by one of {', '.join(SPLITS)} and --top-k at "
-            f"least 1; got {unit!r}, {split!r}, {k}"
+            f"--unit must be one of {', '.join(UNITS)}, --by one of {', '.join(SPLITS)}, --rank-by one "
+            f"of {', '.join(RANK_MEASURES)} and --top-k at least 1; got {unit!r}, {split!r}, "
+            f"{measure!r}, {k}"
+        )
+    if measure in CONTRASTS and split == "all":
+        raise SpecError(
+            f"{measure} compares one label with the others; print it --by pred_label or --by label"
         )
 
 
@@ -56,7 +65,8 @@ def format_top(
     has_unit = unit in units if units is not None else not table.filter(pl.col("unit") == unit).is_empty()
     if unit == "word" and not has_unit:
         return "this run's model has no word units (its tokens carry no '##' marks to join); use --unit token"
-    top = top_tokens(table, k, unit, split, layers)
+    top = top_tokens(table, k, unit, split, layers, measure)
+
     if top.is_empty():
         if splits is not None and not splits:
             return "no review of this run was scored (see the statuses in its predictions); nothing to print"

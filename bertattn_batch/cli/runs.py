@@ -41,11 +41,23 @@ def aggregate(
         int, typer.Option(help="Keep tokens seen in at least this many reviews of a group.")
     ] = 5,
     rank_by: Annotated[
-        str, typer.Option(help="mean_scaled, mean_weight, top_share, n_top or n_reviews.")
+        str,
+        typer.Option(
+            help="mean_scaled, mean_scaled_shrunk (rare tokens pulled to the head's mean), mean_weight, "
+            "mean_norm (norm-based), log_odds_z or log_odds (one label against the others), top_share, "
+            "n_top or n_reviews."
+        ),
     ] = "mean_scaled",
     top_k: Annotated[int, typer.Option(help="Tokens per head in the printed table.")] = 5,
     unit: Annotated[str, typer.Option(help="Print tokens or words.")] = "token",
-    by: Annotated[str, typer.Option(help="Print for all reviews, by pred_label or by label.")] = "all",
+    by: Annotated[
+        str | None,
+        typer.Option(
+            help="Print for all reviews, by pred_label or by label [default: all; pred_label for a log-odds "
+            "--rank-by].",
+            show_default=False,
+        ),
+    ] = None,
     debug: Debug = False,
 ) -> None:
     """Token influence by head: write RUN/aggregates/token_influence.parquet and print the top tokens.
@@ -55,12 +67,18 @@ def aggregate(
     bertattn aggregate runs/default
 
     bertattn aggregate runs/default --by pred_label --unit word --top-k 8
+
+    bertattn aggregate runs/default --rank-by log_odds_z   # what each head attends to more in one label
     """
     setup(debug)
+    from ..analysis.aggregate import CONTRASTS
     from ..analysis.aggregate import aggregate as run_aggregate
     from ..analysis.top import check_top_options, format_top
 
-    call(lambda: check_top_options(top_k, unit, by))
+    if by is None:
+        by = "pred_label" if rank_by in CONTRASTS else "all"
+    call(lambda: check_top_options(top_k, unit, by, rank_by))
+
     result = call(lambda: run_aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by), completes=True)
     units, splits = result.options.get("units"), result.splits
     typer.echo(

@@ -109,10 +109,10 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
     return "\n".join(parts)
 
 
-def _top_table_html(top: pl.DataFrame) -> str:
+def _top_table_html(top: pl.DataFrame, measure: str = "mean_scaled") -> str:
     cells: dict[int, list[str]] = {}
     for row in top.iter_rows(named=True):
-        cells.setdefault(row["head"], []).append(f"{row['token']} ({row['mean_scaled']:.2f})")
+        cells.setdefault(row["head"], []).append(f"{row['token']} ({row[measure]:.2f})")
     width = max(map(len, cells.values()))  # the longest list, not k: few tokens may pass the filter
     rows = [[h, *cells[h], *[""] * (width - len(cells[h]))] for h in sorted(cells)]
     return page.data_table(["head", *(f"#{i}" for i in range(1, width + 1))], rows, [True])
@@ -184,11 +184,20 @@ def _tokens_html(
                     caption=f"Heads x top {unit}s: mean scaled weight over all reviews",
                 )
             )
-    by_pred = top_tokens(table, k, "token", "pred_label", [layer])
+    by_pred = top_tokens(table, k, "token", "pred_label", [layer], measure="log_odds_z")
+    if not by_pred.is_empty():
+        parts.append(
+            "<h3>What each head attends to more in one predicted label than in the others</h3>"
+            '<p class="meta">Cells give the token and its z-score: the log-odds of the head\'s attention '
+            "mass on it in this label against the others, with the run's own totals as an informative "
+            "Dirichlet prior (Monroe, Colaresi &amp; Quinn 2008). A large z needs both a large ratio and "
+            "much attention mass, so a token seen in a few reviews cannot top it by chance. It says where "
+            "the head looks differently, not that the token moves the prediction.</p>"
+        )
     for cls, group in by_pred.group_by("class_label", maintain_order=True):
         parts += [
             f"<h3>Tokens, reviews predicted {escape(str(cls[0]))} ({group['class_reviews'][0]})</h3>",
-            _top_table_html(group),
+            _top_table_html(group, "log_odds_z"),
         ]
     return "\n".join(parts)
 

@@ -94,38 +94,46 @@ def oracle(run: Path, min_reviews: int) -> dict[tuple, dict]:
     cols = [attn.column(c).to_pylist() for c in ("doc_id", "layer", "head", "position", "token")]
     weight = attn.column("weight").to_numpy().astype(np.float64)
     scaled = attn.column("weight_scaled").to_numpy().astype(np.float64)
+    norm = attn.column("weight_norm").to_numpy().astype(np.float64)
     reviews: dict[tuple, list] = defaultdict(list)
     for i, (d, layer, head, pos, tok) in enumerate(zip(*cols, strict=True)):
-        reviews[(d, layer, head)].append((pos, tok, weight[i], scaled[i]))
+        reviews[(d, layer, head)].append((pos, tok, weight[i], scaled[i], norm[i]))
     sizes: dict[tuple, int] = defaultdict(int)
     for p in preds.values():
         sizes[("all", None)] += 1
         sizes[("pred_label", p["pred_label"])] += 1
         if p["label"] is not None:
             sizes[("label", p["label"])] += 1
-    acc: dict[tuple, dict] = defaultdict(lambda: {"docs": set(), "occ": 0, "w": 0.0, "s": 0.0, "top": 0})
+    acc: dict[tuple, dict] = defaultdict(
+        lambda: {"docs": set(), "occ": 0, "w": 0.0, "s": 0.0, "sq": 0.0, "n": 0.0, "top": 0}
+    )
     for (d, layer, head), items in reviews.items():
         items.sort()
-        words = join_words([(p, t, w) for p, t, w, _ in items])
+        words = join_words([(p, t, w) for p, t, w, _, _ in items])
         word_w = np.array([w for _, w in words])
+        word_n = [w for _, w in join_words([(p, t, n) for p, t, _, _, n in items])]
         units = {
-            "token": [(t, w, s) for _, t, w, s in items],
-            "word": list(zip([t for t, _ in words], word_w, minmax(word_w), strict=True)),
+            "token": [(t, w, s, n) for _, t, w, s, n in items],
+            "word": list(zip([t for t, _ in words], word_w, minmax(word_w), word_n, strict=True)),
         }
         p = preds[d]
         groups = [("all", None), ("pred_label", p["pred_label"])]
         if p["label"] is not None:
             groups.append(("label", p["label"]))
         for unit, seq in units.items():
-            top = int(np.argmax([w for _, w, _ in seq]))  # first position wins ties
-            for i, (tok, w, s) in enumerate(seq):
+            top = int(np.argmax([w for _, w, _, _ in seq]))  # first position wins ties
+            for i, (tok, w, s, n) in enumerate(seq):
                 for split, cls in groups:
                     a = acc[(unit, layer, head, split, cls, tok)]
                     a["docs"].add(d)
                     a["occ"] += 1
                     a["w"] += w
                     a["s"] += s
+                    a["sq"] += s * s
+                    a["n"] += n
                     a["top"] += int(i == top)
+    log_odds = fightin_words(acc)
+    shrunk = shrunk_means(acc)
     out = {}
     for key, a in acc.items():
         if len(a["docs"]) >= min_reviews:
@@ -135,9 +143,59 @@ def oracle(run: Path, min_reviews: int) -> dict[tuple, dict]:
                 "class_reviews": sizes[(key[3], key[4])],
                 "mean_weight": a["w"] / a["occ"],
                 "mean_scaled": a["s"] / a["occ"],
+                "mean_norm": a["n"] / a["occ"],
                 "n_top": a["top"],
                 "top_share": a["top"] / len(a["docs"]),
+                "log_odds": log_odds.get(key, (None, None))[0],
+                "log_odds_z": log_odds.get(key, (None, None))[1],
+                "mean_scaled_shrunk": shrunk[key],
             }
+    return out
+
+
+def fightin_words(acc: dict[tuple, dict]) -> dict[tuple, tuple[float, float]]:
+    """Monroe, Colaresi & Quinn (2008), eq. 16 and 18-22, written out: each token of each class against
+    the rest of its split, attention mass as counts, the split's totals as the informative prior."""
+    mass: dict[tuple, dict] = defaultdict(lambda: defaultdict(dict))  # (unit, layer, head, split) -> ...
+    for (unit, layer, head, split, cls, tok), a in acc.items():
+        if split != "all":
+            mass[(unit, layer, head, split)][cls][tok] = a["w"]
+    out = {}
+    for (unit, layer, head, split), classes in mass.items():
+        tokens = {t for counts in classes.values() for t in counts}
+        alpha = {t: sum(c.get(t, 0.0) for c in classes.values()) for t in tokens}
+        alpha0 = sum(alpha.values())
+        for cls, counts in classes.items():
+            n_i = sum(counts.values())
+            n_j = alpha0 - n_i
+            for t, y_i in counts.items():
+                y_j = alpha[t] - y_i
+                a = alpha[t]
+                delta = math.log((y_i + a) / (n_i + alpha0 - y_i - a)) - math.log(
+                    (y_j + a) / (n_j + alpha0 - y_j - a)
+                )
+                sigma = math.sqrt(1 / (y_i + a) + 1 / (y_j + a))
+                out[(unit, layer, head, split, cls, t)] = (delta, delta / sigma)
+    return out
+
+
+def shrunk_means(acc: dict[tuple, dict]) -> dict[tuple, float]:
+    """Normal-normal empirical Bayes with method-of-moments variances, per (unit, layer, head, group)."""
+    groups: dict[tuple, list] = defaultdict(list)
+    for key, a in acc.items():
+        groups[key[:5]].append((key, a))
+    out = {}
+    for members in groups.values():
+        occ = sum(a["occ"] for _, a in members)
+        mu = sum(a["s"] for _, a in members) / occ
+        means = np.array([a["s"] / a["occ"] for _, a in members])
+        within = sum(max(a["sq"] - a["occ"] * m * m, 0.0) for (_, a), m in zip(members, means, strict=True))
+        s2 = within / occ
+        n = np.array([len(a["docs"]) for _, a in members], dtype=np.float64)
+        tau2 = max(means.var() - np.mean(s2 / n), 1e-12)
+        kappa = s2 / tau2
+        for (key, _), m, n_w in zip(members, means, n, strict=True):
+            out[key] = (n_w * m + kappa * mu) / (n_w + kappa)
     return out
 
 
@@ -155,8 +213,13 @@ def test_aggregates_equal_a_direct_computation(expected, result):
         row = got[key]
         for col in ("n_reviews", "n_occurrences", "class_reviews", "n_top"):
             assert row[col] == want[col], (key, col)
-        for col in ("mean_weight", "mean_scaled", "top_share"):
+        for col in ("mean_weight", "mean_scaled", "mean_norm", "top_share", "mean_scaled_shrunk"):
             assert math.isclose(row[col], want[col], rel_tol=1e-9, abs_tol=1e-12), (key, col)
+        for col in ("log_odds", "log_odds_z"):
+            if want[col] is None:
+                assert row[col] is None and key[3] == "all", (key, col)
+            else:
+                assert math.isclose(row[col], want[col], rel_tol=1e-9, abs_tol=1e-12), (key, col)
 
 
 def test_only_scored_reviews_count(run_dir, result):
@@ -239,6 +302,7 @@ def tokens_to_rows(tokens: list[str], weights: np.ndarray) -> pl.LazyFrame:
             "token": tokens * heads,
             "weight": weights.reshape(-1).tolist(),
             "weight_scaled": np.zeros(heads * n).tolist(),
+            "weight_norm": weights.reshape(-1).tolist(),
             "pred_label": ["positive"] * (heads * n),
             "label": [None] * (heads * n),
         },
