@@ -20,6 +20,8 @@ interleaved over several rounds; the best round counts and the spread between ro
   ceiling, what capturing the rows costs on its own;
 - ``stage-weights``: the stage with the norm-based weights replaced by zeros: against ``stage``, what
   computing ``weight_norm`` costs;
+- ``stage-zeroing``: the stage with value zeroing too (``--value-zeroing``): against ``stage``, what
+  it costs;
 - ``extract``: ``run_job`` end to end (read, encode, model, extract, write Parquet); the model's load
   time is measured separately and subtracted.
 
@@ -475,11 +477,14 @@ def ceiling_method(clf: Classifier, encoded: list[Encoded]) -> Method:
     return Method("ceiling", _dtype_name(clf), run, matmul_flops(clf.model.config, shapes))
 
 
-def stage_method(clf: Classifier, encoded: list[Encoded], trim: bool = True, norms: bool = True) -> Method:
+def stage_method(
+    clf: Classifier, encoded: list[Encoded], trim: bool = True, norms: bool = True, zeroing: bool = False
+) -> Method:
     """bertattn's model stage on one window: the same batches, [CLS] rows captured and sliced.
 
     ``trim=False`` runs the whole last layer (``stage-full``), to show what the capture alone costs;
-    ``norms=False`` gives zeros for the norm-based weights (``stage-weights``), to show what they cost.
+    ``norms=False`` gives zeros for the norm-based weights (``stage-weights``), to show what they cost;
+    ``zeroing=True`` adds value zeroing (``stage-zeroing``).
     """
     stage = ModelStage(clf, BATCH_TOKENS, MAX_BATCH_SIZE)
     rows = [ScoredRow(i, str(i), None, "ok", encoded=e) for i, e in enumerate(encoded)]
@@ -488,15 +493,24 @@ def stage_method(clf: Classifier, encoded: list[Encoded], trim: bool = True, nor
 
     def run() -> Counts:
         kept, clf.trim = clf.trim, clf.trim if trim else None
+        clf.value_zeroing = zeroing
         skip = mock.patch.object(ClsRowCapture, "norms", lambda _self, rows: torch.zeros_like(rows))
         try:
             with contextlib.nullcontext() if norms else skip:
                 real, slots = stage(rows)
         finally:
-            clf.trim = kept
+            clf.trim, clf.value_zeroing = kept, False
         return Counts(len(rows), real, slots)
 
-    name = "stage" if trim and norms else "stage-full" if norms else "stage-weights"
+    name = (
+        "stage-zeroing"
+        if zeroing
+        else "stage"
+        if trim and norms
+        else "stage-full"
+        if norms
+        else "stage-weights"
+    )
     return Method(name, _dtype_name(clf), run, matmul_flops(clf.model.config, shapes))
 
 
@@ -550,6 +564,7 @@ def build_methods(case: Case, device: torch.device, dtypes: Sequence[str], tmp: 
             stage_method(clf, encoded),
             stage_method(clf, encoded, trim=False),
             stage_method(clf, encoded, norms=False),
+            stage_method(clf, encoded, zeroing=True),
             extract_method(case, clf, tmp / f"run-{case.name}-{dt}"),
         ]
     return methods

@@ -127,6 +127,8 @@ class JobSpec:
     max_batch_size: int = 256
     window: int = 4096  # rows per bucketing window, and per Parquet part
     store_text: bool = True  # each review's text in predictions
+    value_zeroing: bool = False  # cls_attention.value_zeroing for every token (Mohebbi et al., 2023)
+
     limit: int | None = None
     on_existing: str = "resume"
     trust_remote_code: bool = False

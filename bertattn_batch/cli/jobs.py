@@ -156,6 +156,13 @@ def extract(
             help="Keep each review's text in predictions (--no-store-text leaves it out).",
         ),
     ] = True,
+    value_zeroing: Annotated[
+        bool,
+        typer.Option(
+            rich_help_panel="Output",
+            help="Also write value zeroing (cls_attention.value_zeroing): how far each token's values move the layer's [CLS] output (Mohebbi et al., 2023); costs model time, see docs/measures.md.",
+        ),
+    ] = False,
     limit: Annotated[
         int | None, typer.Option(rich_help_panel="Inputs", help="Read only the first N rows.")
     ] = None,

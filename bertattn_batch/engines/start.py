@@ -36,6 +36,7 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
         "dtype": dtype,
         "attention": spec.attention,
         "store_text": spec.store_text,
+        "value_zeroing": spec.value_zeroing,
     }
     fingerprint["job_sha256"] = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     return {
@@ -83,4 +84,5 @@ def load_classifier(spec: JobSpec) -> Any:
         trust_remote_code=spec.trust_remote_code,
         allow_pickle=spec.allow_pickle,
         trim_last_layer=spec.trim_last_layer,
+        value_zeroing=spec.value_zeroing,
     )

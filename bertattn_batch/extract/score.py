@@ -48,12 +48,18 @@ class ModelStage:
         per_token = len(self.clf.layers) * self.clf.num_heads
         cls_rows = np.empty(per_token * sum(lengths), dtype=np.float32)
         cls_norms = np.empty_like(cls_rows)
+        zeroing = (
+            np.empty(len(self.clf.layers) * sum(lengths), np.float32) if self.clf.value_zeroing else None
+        )
         probs = np.empty((len(todo), len(self.clf.labels)), dtype=np.float32)
         at = 0
         for i, (r, n) in enumerate(zip(todo, lengths, strict=True)):
             r.probs = probs[i]  # (C,)
             r.cls_rows = cls_rows[at : at + per_token * n].reshape(-1, self.clf.num_heads, n)  # (L, H, n)
             r.cls_norms = cls_norms[at : at + per_token * n].reshape(r.cls_rows.shape)
+            if zeroing is not None:
+                start = at // self.clf.num_heads
+                r.value_zeroing = zeroing[start : start + len(self.clf.layers) * n].reshape(-1, n)  # (L, n)
             at += per_token * n
         real = slots = 0
         for idx in bucket_batches(lengths, self.batch_tokens, self.max_batch_size):
@@ -67,7 +73,7 @@ class ModelStage:
     def _score(self, batch: list[ScoredRow]) -> int:
         """Score one padded batch (in halves after an out-of-memory error); returns its padded slots."""
         try:
-            probs, rows, norms = self.clf.forward([r.encoded.ids for r in batch])  # (B, C), (B, L, H, S) x 2
+            out = self.clf.forward([r.encoded.ids for r in batch])
         except torch.OutOfMemoryError:
             if len(batch) == 1:
                 raise ModelError(
@@ -79,9 +85,12 @@ class ModelStage:
             log.warning("out of memory on a batch of %d reviews; retrying in halves", len(batch))
             return self._score(batch[:half]) + self._score(batch[half:])
         for i, r in enumerate(batch):
-            r.probs[:] = probs[i]
-            r.cls_rows[:] = rows[i, :, :, : r.encoded.n_tokens]  # this review's own tokens, no padding
-            r.cls_norms[:] = norms[i, :, :, : r.encoded.n_tokens]
+            n = r.encoded.n_tokens
+            r.probs[:] = out.probs[i]
+            r.cls_rows[:] = out.rows[i, :, :, :n]  # this review's own tokens, no padding
+            r.cls_norms[:] = out.norms[i, :, :, :n]
+            if out.value_zeroing is not None:
+                r.value_zeroing[:] = out.value_zeroing[i, :, :n]
 
         return len(batch) * max(r.encoded.n_tokens for r in batch)
 

@@ -34,6 +34,7 @@ class ScoredRow:
     probs: np.ndarray | None = None  # (C,)
     cls_rows: np.ndarray | None = None  # (L, H, n): the review's own tokens only
     cls_norms: np.ndarray | None = None  # (L, H, n): norm-based weights of the same tokens
+    value_zeroing: np.ndarray | None = None  # (L, n): where the run asked for it
     text: str | None = None  # as read, for the predictions table
 
 
@@ -169,6 +170,7 @@ class Extractor:
             "weight": weight,
             "weight_scaled": scaled,
             "weight_norm": _cat([r.cls_norms[:, :, 1 : _last(r)].reshape(-1) for r in scored], np.float32),
+            "value_zeroing": _zeroing(scored, H, len(weight)),
         }
 
         summary = {
@@ -185,6 +187,16 @@ class Extractor:
             schema.cast(pa.table(attn), "cls_attention"),
             schema.cast(pa.table(summary), "head_summary"),
         )
+
+
+def _zeroing(scored: Sequence[ScoredRow], heads: int, rows: int) -> pa.Array:
+    """The value_zeroing column of ``rows`` token rows: each (layer, token)'s distance repeated for
+    every head, in the token rows' order; nulls where the run did not compute it."""
+    if not scored or scored[0].value_zeroing is None:
+        return pa.nulls(rows, pa.float32())
+
+    parts = [np.repeat(r.value_zeroing[:, None, 1 : _last(r)], heads, axis=1).reshape(-1) for r in scored]
+    return pa.array(_cat(parts, np.float32))
 
 
 def _last(row: ScoredRow) -> int:

@@ -2,7 +2,7 @@
 
 from .capture import ClsRowCapture, eager_rows, find_self_attention
 from .checks import load_config, load_tokenizer, resolve_source
-from .classifier import Classifier, resolve_device, resolve_dtype
+from .classifier import Classifier, Outputs, resolve_device, resolve_dtype
 from .encode import Encoded, Encoder, encode_texts
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "ClsRowCapture",
     "Encoded",
     "Encoder",
+    "Outputs",
     "eager_rows",
     "encode_texts",
     "find_self_attention",

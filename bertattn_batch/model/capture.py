@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .value_zeroing import layer_tail, zeroing_distances
+
 #: (query, key, value) projection names of the self-attention modules we support.
 _PROJECTIONS = (("query", "key", "value"), ("q_lin", "k_lin", "v_lin"))
 
@@ -74,11 +76,13 @@ class ClsRowCapture:
             raise ValueError("no self-attention modules with query/key projections found")
         self._modules = attn
         self._outputs = [output_projection(model, module) for module, *_ in attn]
+        self._tails = [layer_tail(model, module) for module, *_ in attn]
         self._wanted = {layer: i for i, layer in enumerate(self.layers)}
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._q: dict[int, torch.Tensor] = {}
         self._k: dict[int, torch.Tensor] = {}
         self._v: dict[int, torch.Tensor] = {}
+        self._x: dict[int, torch.Tensor] = {}  # the layer's input at [CLS]: its residual
         self._calls = {"q": 0, "k": 0, "v": 0}
         self._geometry: dict[int, tuple[int, int, float]] = {}
         self._gram: dict[int, torch.Tensor] = {}  # layer -> (H, D, D), made on first use
@@ -88,6 +92,7 @@ class ClsRowCapture:
         self._q.clear()
         self._k.clear()
         self._v.clear()
+        self._x.clear()
         self._calls = dict.fromkeys(self._calls, 0)
         for i, (module, q, k, v) in enumerate(self._modules):
             heads, size = head_geometry(module)
@@ -103,11 +108,12 @@ class ClsRowCapture:
         self._handles.clear()
 
     def _on_query(self, index: int, heads: int, size: int, scaling: float):
-        def hook(_m: nn.Module, _inp: tuple, out: torch.Tensor) -> None:
+        def hook(_m: nn.Module, inp: tuple, out: torch.Tensor) -> None:
             layer = self._calls["q"]
             self._calls["q"] += 1
             if layer in self._wanted:
                 self._q[layer] = out[:, 0, :]  # (B, H*D): the [CLS] query only
+                self._x[layer] = inp[0][:, 0, :]  # (B, hidden)
                 self._geometry[layer] = (heads, size, scaling)
                 self._owner[layer] = index
 
@@ -157,7 +163,24 @@ class ClsRowCapture:
             out.append(rows[:, i] * squared.clamp_min(0).sqrt())  # (B, H, S)
         return torch.stack(out, dim=1)  # (B, L, H, S)
 
+    def value_zeroing(self, rows: torch.Tensor) -> torch.Tensor:
+        """Value zeroing of the captured rows (see :mod:`.value_zeroing`): for each layer and token, the
+        cosine distance of the layer's [CLS] output with that token's values zeroed in every head.
+        (B, L, S) float32 in [0, 2], 0 on padding."""
+        out = []
+        for i, layer in enumerate(self.layers):
+            heads, size, _ = self._geometry[layer]
+            tail = self._tails[self._owner[layer]]
+            if tail is None:
+                raise RuntimeError("value zeroing does not know this model's encoder layer layout")
+            out.append(zeroing_distances(tail, rows[:, i], self._v[layer], self._x[layer], heads, size))
+        return torch.stack(out, dim=1)  # (B, L, S)
+
+    def supports_value_zeroing(self) -> bool:
+        return all(tail is not None for tail in self._tails)
+
     def _gram_of(self, layer: int, heads: int, size: int) -> torch.Tensor:
+
         if layer not in self._gram:
             projection = self._outputs[self._owner[layer]]
             if projection is None:

@@ -3,7 +3,7 @@
 Usage::
 
     clf = Classifier.load("models/zh-senti", layers=[-2])
-    probs, rows, norms = clf.forward([enc.ids for enc in encoded])   # (B, C), (B, L, H, S) x 2
+    out = clf.forward([enc.ids for enc in encoded])   # out.probs (B, C), out.rows (B, L, H, S), ...
 
 This module knows nothing of files or schemas: it turns token ids into probabilities and [CLS]
 attention rows. In sdpa mode the last layer's attention and what follows it run for [CLS] only
@@ -20,6 +20,7 @@ import pickle
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -43,6 +44,15 @@ from .checks import (
 from .trim import LastLayerTrim, verified
 
 log = logging.getLogger(__name__)
+
+
+class Outputs(NamedTuple):
+    """One padded batch's outputs, float32 numpy arrays."""
+
+    probs: np.ndarray  # (B, C)
+    rows: np.ndarray  # (B, L, H, S): the [CLS] query's attention weights
+    norms: np.ndarray  # (B, L, H, S): their norm-based weights
+    value_zeroing: np.ndarray | None = None  # (B, L, S), where the classifier was loaded to compute it
 
 
 def resolve_device(device: str) -> torch.device:
@@ -107,6 +117,7 @@ class Classifier:
     num_heads: int
     id2label: dict[int, str] = field(default_factory=dict)
     trim: LastLayerTrim | None = field(default=None, repr=False)  # sdpa mode: last layer for [CLS] only
+    value_zeroing: bool = False  # also compute value zeroing (one more pass through the layer's tail)
     _capture: ClsRowCapture | None = field(default=None, repr=False)
 
     @classmethod
@@ -121,6 +132,7 @@ class Classifier:
         trust_remote_code: bool = False,
         allow_pickle: bool = False,
         trim_last_layer: bool = True,
+        value_zeroing: bool = False,
     ) -> Classifier:
         from transformers import AutoModelForSequenceClassification
 
@@ -174,6 +186,12 @@ class Classifier:
         attn = find_self_attention(model)
         if not attn:
             raise ModelError(f"{source}: no self-attention query/key projections found")
+        if value_zeroing and not ClsRowCapture(model, resolved).supports_value_zeroing():
+            raise ModelError(
+                f"{source}: value zeroing does not know the layout of this {config.model_type} model's "
+                "encoder layers (it knows BERT and its post-LayerNorm kin, DistilBERT and ALBERT); run "
+                "without --value-zeroing"
+            )
         if all(v.startswith("LABEL_") for v in id2label.values()):
             log.warning("%s: labels are named LABEL_n; is the classification head trained?", source)
         limit = _max_length(max_length, tokenizer, config)
@@ -194,6 +212,7 @@ class Classifier:
             num_heads=int(getattr(config, "num_attention_heads", None) or config.n_heads),
             id2label=id2label,
             trim=trim,
+            value_zeroing=value_zeroing,
         )
 
     @property
@@ -229,9 +248,9 @@ class Classifier:
         return t_ids.to(self.device, non_blocking=True), t_mask.to(self.device, non_blocking=True)
 
     @torch.inference_mode()
-    def forward(self, ids: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Probabilities (B, C), [CLS] rows (B, L, H, S) and their norm-based weights (B, L, H, S), all
-        float32, for one padded batch."""
+    def forward(self, ids: list[np.ndarray]) -> Outputs:
+        """Probabilities, [CLS] rows, their norm-based weights and (where asked for) value zeroing for
+        one padded batch."""
         input_ids, mask = self.pad(ids)
         if self._capture is None:
             self._capture = ClsRowCapture(self.model, self.layers)
@@ -244,14 +263,16 @@ class Classifier:
                 out = self.model(input_ids=input_ids, attention_mask=mask)
             rows = capture.rows(mask)
         norms = capture.norms(rows)
+        zeroing = capture.value_zeroing(rows) if self.value_zeroing else None
         probs = torch.softmax(out.logits.float(), dim=-1)
-        if not (torch.isfinite(probs).all() and torch.isfinite(rows).all() and torch.isfinite(norms).all()):
+        outputs = [probs, rows, norms] + ([zeroing] if zeroing is not None else [])
+        if not all(torch.isfinite(t).all() for t in outputs):
             raise ModelError(
                 f"{self.source} gives non-finite outputs (NaN or infinity) for this batch of {len(ids)} "
                 "reviews: its weights are damaged or its training diverged"
                 + ("; in float16, try --dtype bfloat16 or float32" if self.dtype == torch.float16 else "")
             )
-        return probs.cpu().numpy(), rows.cpu().numpy(), norms.cpu().numpy()
+        return Outputs(*(t.cpu().numpy() for t in outputs))
 
 
 def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list[int]:

@@ -265,9 +265,9 @@ def review_from_text(
     enc = encode_texts(clf.tokenizer, [text], clf.max_length)[0]
     if enc.n_tokens <= 2:
         raise InputError("the text gives no tokens to plot")
-    probs, rows, norms = clf.forward([enc.ids])  # (1, C), (1, 1, H, S) x 2
-    n = enc.n_tokens
-    scored = ScoredRow(0, doc_id, None, "ok", enc, probs[0], rows[0, :, :, :n], norms[0, :, :, :n])
+    out = clf.forward([enc.ids])
+    n, probs = enc.n_tokens, out.probs
+    scored = ScoredRow(0, doc_id, None, "ok", enc, probs[0], out.rows[0, :, :, :n], out.norms[0, :, :, :n])
 
     extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels)
     table = pl.from_arrow(extractor.tables([scored])["cls_attention"])

@@ -204,7 +204,12 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
                 spec.get("input_format", "auto") if isinstance(spec, dict) else "auto"
             )
         # from before these were job settings: what every run read then
-        for key, then in (("encoding", "utf-8"), ("delimiter", None), ("store_text", True)):
+        for key, then in (
+            ("encoding", "utf-8"),
+            ("delimiter", None),
+            ("store_text", True),
+            ("value_zeroing", False),
+        ):
             fingerprint.setdefault(key, then)
         data["fingerprint"] = fingerprint
 

@@ -404,3 +404,30 @@ def test_a_signal_after_the_work_is_done_changes_nothing(monkeypatch):
     with pytest.raises(SystemExit) as stop:  # before any call: one line and 143
         cli_app.on_signal(signal.SIGTERM, None)
     assert stop.value.code == 143
+
+
+def test_value_zeroing_is_written_validated_and_part_of_the_job(tiny_en_dir, drug_sample, tmp_path):
+    out = tmp_path / "run"
+    args = (str(drug_sample), "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "doc_id")
+    r = _extract(*args, "--value-zeroing")
+    assert r.exit_code == 0, r.output
+    attn = _read_back(out)["cls_attention"]
+    zeroing = attn.column("value_zeroing")
+    assert zeroing.null_count == 0 and pc_min(zeroing) >= 0 and pc_max(zeroing) <= 2
+    # one value per (review, layer, token), the same in each head's rows
+    frame = (
+        pl.from_arrow(attn).group_by("doc_id", "layer", "position").agg(pl.col("value_zeroing").n_unique())
+    )
+    assert frame["value_zeroing"].max() == 1
+    v = CliRunner().invoke(app, ["validate", str(out)])
+    assert v.exit_code == 0, v.output
+    again = _extract(*args)  # without it: another job, not a resume of this one
+    assert again.exit_code != 0 and "value_zeroing" in again.output, again.output
+
+
+def pc_min(column) -> float:
+    return pa.compute.min(column).as_py()
+
+
+def pc_max(column) -> float:
+    return pa.compute.max(column).as_py()

@@ -208,6 +208,8 @@ def _check_part_attention(rec: Recorder, run: RunView, part: Part) -> tuple[int,
     rows = attn.join(summary.lazy().select(*_KEYS, "weight_min", "weight_max"), on=_KEYS, how="left")
     at = fmt("{} {} position {}", pl.lit(rel_attn), key, "position")
     scaled = pl.col("weight_scaled")
+    zeroing_asked = bool(run.manifest.get("spec", {}).get("value_zeroing", False))
+
     row_rules: list[Rule] = [
         (
             "attention_mass",
@@ -233,6 +235,24 @@ def _check_part_attention(rec: Recorder, run: RunView, part: Part) -> tuple[int,
             "measures",
             ~(pl.col("weight_norm").is_finite() & (pl.col("weight_norm") >= 0)),
             fmt("{}: weight_norm {} is not a finite number >= 0", at, "weight_norm"),
+        ),
+        (
+            "measures",
+            pl.col("value_zeroing").is_not_null() & ~pl.col("value_zeroing").is_between(0, 2),
+            fmt("{}: value_zeroing {} outside [0, 2]", at, "value_zeroing"),
+        ),
+        (
+            "measures",
+            pl.col("value_zeroing").is_null() == zeroing_asked,
+            fmt(
+                "{}: "
+                + (
+                    "value_zeroing is null, but the run asked for it"
+                    if zeroing_asked
+                    else "value_zeroing is set, but the run did not ask for it"
+                ),
+                at,
+            ),
         ),
         (
             "spans",

@@ -106,8 +106,11 @@ def test_windows_cross_file_boundaries_on_one_grid(inputs, tiny_en_dir, tmp_path
 
 @pytest.mark.slow
 def test_both_engines_write_the_same_parts(ray_local, inputs, tiny_en_dir, tmp_path):
-    run_job(_spec(inputs, tiny_en_dir, tmp_path / "local"))
-    run_job(_spec(inputs, tiny_en_dir, tmp_path / "ray", engine="ray", workers=2))
+    """Value zeroing on, so that every column is computed on the workers too."""
+    run_job(_spec(inputs, tiny_en_dir, tmp_path / "local", value_zeroing=True))
+    run_job(_spec(inputs, tiny_en_dir, tmp_path / "ray", engine="ray", workers=2, value_zeroing=True))
+    assert pq.read_table(tmp_path / "ray" / "cls_attention").column("value_zeroing").null_count == 0
+
     assert _parts(tmp_path / "ray") == _parts(tmp_path / "local")
     for table in schema.TABLES:
         for name, *_ in _parts(tmp_path / "local"):

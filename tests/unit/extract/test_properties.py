@@ -20,6 +20,7 @@ import bertattn_batch.extract.tables as extract_tables
 from bertattn_batch.extract import Extractor, ModelStage, ScoredRow, Window
 from bertattn_batch.extract.batching import bucket_batches
 from bertattn_batch.extract.tables import minmax_scale
+from bertattn_batch.model import Outputs
 from bertattn_batch.model.capture import ClsRowCapture, eager_rows
 from bertattn_batch.model.encode import Encoded
 
@@ -83,15 +84,22 @@ class PaddedRowsModel:
     device = torch.device("cpu")
 
     def __init__(
-        self, truth: dict[int, np.ndarray], extra: int, labels: int, layers: int, heads: int
+        self,
+        truth: dict[int, np.ndarray],
+        extra: int,
+        labels: int,
+        layers: int,
+        heads: int,
+        value_zeroing: bool = False,
     ) -> None:
+        self.value_zeroing = value_zeroing
         self.truth = truth  # review key (its ids[1]) -> (L, H, n) weights
         self.extra = extra
         self.labels = [f"label-{i}" for i in range(labels)]
         self.layers = list(range(layers))
         self.num_heads = heads
 
-    def forward(self, ids: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def forward(self, ids: list[np.ndarray]) -> Outputs:
         rows = [self.truth[int(x[1])] for x in ids]
         L, H = rows[0].shape[:2]
         S = max(len(x) for x in ids) + self.extra
@@ -100,7 +108,9 @@ class PaddedRowsModel:
             padded[i, :, :, : r.shape[-1]] = r
         logits = np.stack([np.sin(np.arange(len(self.labels)) + int(x[1])) for x in ids])  # (B, C)
         probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-        return probs.astype(np.float32), padded, padded * NORM_FACTOR  # norms: distinct from the rows
+        # norms and value zeroing: distinct from the rows, and the latter one value per (layer, token)
+        zeroing = padded.sum(axis=2) if self.value_zeroing else None  # (B, L, S)
+        return Outputs(probs.astype(np.float32), padded, padded * NORM_FACTOR, zeroing)
 
 
 @st.composite
@@ -137,7 +147,8 @@ def test_extraction_keeps_exactly_each_reviews_content_positions(case):
         rows.append(ScoredRow(i, f"d{i}", None, "ok" if n > 2 else "no_tokens", encoded=enc))
         truth[int(ids[1])] = rng.uniform(1e-3, 1, size=(len(layers), H, n)).astype(np.float32)
     window = Window(0, B, rows)
-    model = PaddedRowsModel(truth, extra, labels=3, layers=len(layers), heads=H)
+    zeroing = seed % 2 == 0
+    model = PaddedRowsModel(truth, extra, labels=3, layers=len(layers), heads=H, value_zeroing=zeroing)
     ModelStage(model, batch_tokens=batch_tokens, max_batch_size=max_batch)(window.rows)
     vocab = pa.array([f"t{i}" for i in range(vocab_size)])
     with mock.patch.object(extract_tables, "CHUNK_TOKEN_ROWS", chunk):  # chunk borders anywhere, or none
@@ -172,6 +183,10 @@ def test_extraction_keeps_exactly_each_reviews_content_positions(case):
                 assert got["position"][li, h].tolist() == list(range(1, n - 1))
                 np.testing.assert_array_equal(got["weight"][li, h], real[k, h, 1 : n - 1])
                 np.testing.assert_array_equal(got["weight_norm"][li, h], real[k, h, 1 : n - 1] * NORM_FACTOR)
+                if zeroing:  # one value per (layer, token), the same in every head's rows
+                    np.testing.assert_array_equal(got["value_zeroing"][li, h], real[k].sum(0)[1 : n - 1])
+                else:
+                    assert (got["value_zeroing"][li, h] == None).all()  # noqa: E711 (an object array)
 
                 assert got["token_id"][li, h].tolist() == r.encoded.ids[1 : n - 1].tolist()
                 assert got["start"][li, h].tolist() == r.encoded.offsets[1 : n - 1, 0].tolist()

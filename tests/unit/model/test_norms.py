@@ -77,7 +77,7 @@ def minilm_ids(minilm_dir, drug_sample):
 def test_norms_equal_a_direct_computation_on_minilm(minilm_dir, minilm_ids, layers, attention):
     ids, mask = minilm_ids
     clf = Classifier.load(str(minilm_dir), layers=layers, attention=attention)
-    _, _, norms = clf.forward([row[m.bool()].numpy() for row, m in zip(ids, mask, strict=True)])
+    norms = clf.forward([row[m.bool()].numpy() for row, m in zip(ids, mask, strict=True)]).norms
     eager = tf.AutoModelForSequenceClassification.from_pretrained(minilm_dir, attn_implementation="eager")
     for i, layer in enumerate(clf.layers):
         want, _, _ = direct_norms(eager.eval(), _bert_layer, ids, mask, layer)

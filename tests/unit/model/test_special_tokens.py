@@ -131,5 +131,5 @@ def test_special_token_text_in_a_review_is_text(arch, texts, wordpiece, tmp_path
     ).eval()
     with torch.no_grad():
         out = eager(input_ids=torch.tensor([enc.ids.tolist()]), output_attentions=True)
-    _, rows, _ = clf.forward([enc.ids])
+    rows = clf.forward([enc.ids]).rows
     np.testing.assert_allclose(rows[0, 0], out.attentions[clf.layers[0]][0, :, 0].numpy(), atol=1e-5, rtol=0)
