@@ -52,7 +52,7 @@ def tables() -> str:
     from bertattn_batch import schema
 
     out = []
-    for table in (*schema.TABLES, "token_influence"):
+    for table in (*schema.TABLES, "token_influence", "head_faithfulness"):
         spec = schema.spec(table)
         lines = [
             f"### `{table}` (schema version {spec['version']})",

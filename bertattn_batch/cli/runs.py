@@ -97,6 +97,40 @@ def aggregate(
 
 
 @app.command()
+def faithfulness(
+    run_dir: RunDir,
+    sample: Annotated[
+        int, typer.Option(help="Reviews to measure on, stratified by predicted label (all where fewer).")
+    ] = 200,
+    seed: Annotated[int, typer.Option(help="Seed of the sample and of the random ranking.")] = 0,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
+    debug: Debug = False,
+) -> None:
+    """Which heads' attention tracks what moves the prediction: delete the tokens each head ranks highest
+    (1 to 50% of a review) and measure how much the prediction's probability drops (comprehensiveness)
+    and how much of it the tokens keep alone (sufficiency), against random tokens and gradient × input.
+    Writes RUN/faithfulness/head_faithfulness.parquet; see docs/measures.md.
+
+    Examples:
+
+    bertattn faithfulness runs/default
+
+    bertattn faithfulness runs/default --sample 1000 --seed 1
+    """
+    setup(debug)
+    import sys
+
+    from ..analysis.faithfulness import faithfulness as measure
+
+    show = progress and sys.stderr.isatty()
+    result = call(
+        lambda: measure(run_dir, sample=sample, seed=seed, device=device, progress=show), completes=True
+    )
+    typer.echo(result.summary())
+
+
+@app.command()
 def plot(
     run_dir: Annotated[
         Path | None, typer.Argument(help="A run directory; omit it to plot --text through --model.")

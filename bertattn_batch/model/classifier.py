@@ -274,6 +274,26 @@ class Classifier:
             )
         return Outputs(*(t.cpu().numpy() for t in outputs))
 
+    @torch.inference_mode()
+    def probabilities(self, ids: list[np.ndarray]) -> np.ndarray:
+        """Probabilities (B, C) float32 alone, for one padded batch: no attention captured."""
+        input_ids, mask = self.pad(ids)
+        with self.trim or contextlib.nullcontext():
+            logits = self.model(input_ids=input_ids, attention_mask=mask).logits
+        return torch.softmax(logits.float(), dim=-1).cpu().numpy()
+
+    def gradient_x_input(self, ids: list[np.ndarray], classes: np.ndarray) -> np.ndarray:
+        """Gradient × input (B, S) float32 for one padded batch: for each token, the dot product of its
+        input embedding with the gradient of p(``classes[b]``) with respect to it; 0 on padding."""
+        input_ids, mask = self.pad(ids)
+        with torch.enable_grad():
+            embeds = self.model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
+            logits = self.model(inputs_embeds=embeds, attention_mask=mask).logits
+            chosen = torch.as_tensor(classes, device=logits.device)[:, None]
+            p = torch.softmax(logits.float(), dim=-1).gather(1, chosen).sum()
+            (grad,) = torch.autograd.grad(p, embeds)
+        return ((grad * embeds).float().sum(-1) * mask).detach().cpu().numpy()
+
 
 def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list[int]:
     """Negative indices count from the end (-2 of 6 layers is 4); out-of-range ones are refused."""

@@ -283,37 +283,17 @@ def review_from_text(
 def source_text(run_dir: str | Path, doc_id: str) -> str:
     """A review's text: as the run stored it, or (a run made with --no-store-text) read again from the
     run's inputs."""
-    from ..inputs import read_rows
+    from ..analysis.texts import review_texts, scored_predictions
 
-    run = Path(run_dir)
-    manifest = read_manifest(run)
-    spec = manifest.spec
-    files = [p.files["predictions"] for p in committed_files(run, ("predictions",))]
-    wanted = (pl.col("doc_id") == doc_id) & (pl.col("status") == "ok")  # a null id's row number may match
-    preds = pl.scan_parquet(files, glob=False).filter(wanted).collect() if files else None
-    if preds is None or preds.is_empty():
-        raise InputError(f"review {doc_id!r} is not in {run}")
-    if preds["text"][0] is not None:
-        return preds["text"][0]
-    row = int(preds["row_index"][0])
+    preds = scored_predictions(run_dir, ["doc_id", "row_index", "text"])
+    if not preds.is_empty():
+        preds = preds.filter(pl.col("doc_id") == doc_id).head(1)  # a null id's row number may match
+    if preds.is_empty():
+        raise InputError(f"review {doc_id!r} is not in {Path(run_dir)}")
     try:
-        for batch in read_rows(
-            manifest.inputs,
-            text_col=spec.get("text_col", "text"),
-            id_col=spec.get("id_col"),
-            label_col=None,
-            input_format=spec.get("input_format", "auto"),
-            encoding=spec.get("encoding") or "utf-8",
-            delimiter=spec.get("delimiter"),
-        ):
-            if batch.row_index and batch.row_index[-1] >= row:
-                i = batch.row_index.index(row)
-                if batch.doc_id[i] == doc_id and batch.text[i] is not None:
-                    return batch.text[i]
-                break
+        return review_texts(run_dir, preds)[0]
     except InputError as e:
-        raise InputError(f"cannot read the run's input again ({e}); pass the review with --text") from None
-    raise InputError(f"review {doc_id!r} was not found in the run's inputs; pass it with --text")
+        raise InputError(f"{e}; pass the review with --text") from None
 
 
 def add_pairs(

@@ -1,0 +1,303 @@
+"""Faithfulness per head (ERASER: DeYoung et al., ACL 2020): does deleting the tokens a head ranks
+highest move the prediction more than deleting random tokens?
+
+Usage::
+
+    result = faithfulness("runs/r1", sample=200, seed=0)   # RUN/faithfulness/head_faithfulness.parquet
+    print(result.summary())
+
+On a seeded sample of the run's scored reviews, stratified by predicted label, every captured head's
+``weight`` and ``weight_norm`` (and ``value_zeroing`` where the run has it) rank each review's content
+tokens, ties by position; so do two references that depend on no head: ``random`` (a seeded
+permutation) and ``gradient_x_input`` (the gradient of p(ŷ) with respect to each input embedding, dotted
+with it). For k in ``FRACTIONS`` the top ⌈k·m⌉ of the review's m content tokens are deleted from the
+input ids ([CLS] and [SEP] kept) and the model run again:
+
+- comprehensiveness = p(ŷ | x) − p(ŷ | x without them): large when the tokens mattered;
+- sufficiency = p(ŷ | x) − p(ŷ | them alone): small when they suffice;
+
+ŷ being the prediction on the whole review. Rows with k null hold the means over k (AOPC).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+
+from .. import schema
+from .._util import atomic_path
+from ..errors import RunDirError, SpecError, WriteError
+from ..extract.batching import bucket_batches
+from ..model import Classifier, encode_texts
+from ..run import committed_files, layer_name, read_manifest
+from .texts import review_texts, scored_predictions
+
+TABLE = "head_faithfulness"
+FAITHFULNESS_DIR = "faithfulness"
+#: Shares of a review's content tokens deleted (ERASER's bins: 1, 5, 10, 20 and 50%).
+FRACTIONS = (0.01, 0.05, 0.10, 0.20, 0.50)
+SAMPLE = 200
+HEAD_SCORES = ("weight", "weight_norm", "value_zeroing")
+REFERENCES = ("gradient_x_input", "random")
+#: Padded tokens per model batch, and reviews per batch at most, of the reruns.
+BATCH_TOKENS = 16384
+MAX_BATCH_SIZE = 256
+
+
+@dataclass
+class Faithfulness:
+    """What ``faithfulness`` wrote: the table and how it was made."""
+
+    path: Path
+    table: pl.DataFrame
+    options: dict[str, Any] = field(default_factory=dict)
+    num_layers: int | None = None
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        """Per layer: each score's AOPC, best comprehensiveness first, the references among them."""
+        aopc = self.table.filter(pl.col("k").is_null())
+        refs = aopc.filter(pl.col("layer").is_null())
+        blocks = []
+        n = self.options.get("n_reviews")
+        for (layer,), rows in aopc.filter(pl.col("layer").is_not_null()).group_by(
+            "layer", maintain_order=True
+        ):
+            lines = [
+                f"{layer_name(layer, self.num_layers)} · {n} reviews · mean over k = "
+                + ", ".join(f"{k:.0%}" for k in FRACTIONS)
+                + " (AOPC); comprehensiveness: higher is more faithful, sufficiency: lower",
+                f"{'score':<18}{'head':>5}{'comprehensiveness':>19}{'sufficiency':>13}",
+            ]
+            for row in (
+                pl.concat([rows, refs]).sort("comprehensiveness", descending=True).iter_rows(named=True)
+            ):
+                head = "-" if row["head"] is None else str(row["head"])
+                lines.append(
+                    f"{row['score']:<18}{head:>5}{row['comprehensiveness']:>19.3f}{row['sufficiency']:>13.3f}"
+                )
+            blocks.append("\n".join(lines))
+        return "\n\n".join(blocks) + f"\nwrote {self.path} in {self.seconds:.1f}s"
+
+
+def faithfulness_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / FAITHFULNESS_DIR / f"{TABLE}.parquet"
+
+
+def faithfulness(
+    run_dir: str | Path,
+    sample: int = SAMPLE,
+    seed: int = 0,
+    device: str = "auto",
+    progress: bool = False,
+) -> Faithfulness:
+    """Measure every captured head's faithfulness on a sample of the run; write and return the table."""
+    t0 = time.perf_counter()
+    if sample < 1:
+        raise SpecError(f"--sample must be at least 1, got {sample}")
+    run = Path(run_dir)
+    manifest = read_manifest(run)
+    preds = scored_predictions(run, ["doc_id", "row_index", "text", "pred_id", "pred_label", "n_tokens"])
+    if preds.is_empty():
+        raise RunDirError(f"{run} has no scored reviews to measure")
+    chosen = stratified_sample(preds, sample, seed)
+    clf = _run_classifier(manifest, device)
+    texts = review_texts(run, chosen)
+    encoded = encode_texts(clf.tokenizer, texts, clf.max_length)
+    n_tokens = chosen["n_tokens"].to_list()
+    for enc, n, doc in zip(encoded, n_tokens, chosen["doc_id"], strict=True):
+        if enc.n_tokens != n:
+            raise RunDirError(
+                f"review {doc!r} encodes to {enc.n_tokens} tokens here, {n} in the run: its text or the "
+                "model's tokenizer is not what the run read"
+            )
+    keep = [i for i, n in enumerate(n_tokens) if n > 2]  # a review of one content token or more
+    ids = [encoded[i].ids for i in keep]
+    pred = chosen["pred_id"].to_numpy()[keep]
+    scores = head_scores(
+        run, chosen["doc_id"].gather(keep).to_list(), bool(manifest.spec.get("value_zeroing"))
+    )
+    scores.update(reference_scores(clf, ids, pred, seed))
+    rows = erasure_table(clf, ids, pred, scores, progress)
+    table = schema.cast(pl.DataFrame(rows).to_arrow(), TABLE) if rows else schema.arrow(TABLE).empty_table()
+    options = {"sample": sample, "seed": seed, "n_reviews": len(ids), "fractions": list(FRACTIONS)}
+    path = faithfulness_path(run)
+    meta = {
+        "table": TABLE,
+        "schema_version": str(schema.version(TABLE)),
+        "options": json.dumps(options),
+        "doc_ids": json.dumps(chosen["doc_id"].gather(keep).to_list()),
+        "run_job_sha256": manifest.job_sha256,
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
+    except OSError as e:
+        raise WriteError(f"cannot write {path}: {e.strerror or e}") from None
+    return Faithfulness(path, pl.from_arrow(table), options, manifest.num_layers, time.perf_counter() - t0)
+
+
+def stratified_sample(preds: pl.DataFrame, n: int, seed: int) -> pl.DataFrame:
+    """``n`` reviews (all where there are fewer), each predicted label in proportion to its share
+    (largest remainders; every label at least one where ``n`` allows), drawn with ``seed`` from the
+    reviews in doc_id order, so the sample does not depend on how the run's parts are cut."""
+    preds = preds.sort("doc_id")
+    if n >= preds.height:
+        return preds
+    groups = {label: frame for (label,), frame in preds.group_by("pred_label", maintain_order=True)}
+    labels = sorted(groups, key=str)
+    quota = {lab: n * groups[lab].height / preds.height for lab in labels}
+    take = {lab: max(1 if n >= len(labels) else 0, math.floor(q)) for lab, q in quota.items()}
+    for lab in sorted(labels, key=lambda lab: quota[lab] - math.floor(quota[lab]), reverse=True):
+        if sum(take.values()) >= n:
+            break
+        take[lab] += 1
+    while sum(take.values()) > n:  # the at-least-one rule overshot: take back from the largest
+        take[max(take, key=take.get)] -= 1
+    rng = np.random.default_rng(seed)
+    parts = [groups[lab][np.sort(rng.choice(groups[lab].height, take[lab], replace=False))] for lab in labels]
+    return pl.concat(parts).sort("doc_id")
+
+
+def head_scores(
+    run: Path, doc_ids: list[str], with_zeroing: bool
+) -> dict[tuple[str, int | None, int | None], list]:
+    """Every captured head's scores of each review's content tokens, from the run's cls_attention:
+    {(score, layer, head): [one (m,) array per review, in ``doc_ids`` order]}."""
+    files = [p.files["cls_attention"] for p in committed_files(run, ("cls_attention",))]
+    names = [s for s in HEAD_SCORES if s != "value_zeroing" or with_zeroing]
+    rows = (
+        pl.scan_parquet(files, glob=False)
+        .filter(pl.col("doc_id").is_in(doc_ids))
+        .select("doc_id", "layer", "head", "position", *names)
+        .sort("doc_id", "layer", "head", "position")
+        .collect()
+    )
+    order = {d: i for i, d in enumerate(doc_ids)}
+    out: dict[tuple[str, int | None, int | None], list] = {}
+    for (doc, layer, head), group in rows.group_by("doc_id", "layer", "head", maintain_order=True):
+        for name in names:
+            slot = out.setdefault((name, layer, head), [None] * len(doc_ids))
+            slot[order[doc]] = group[name].to_numpy().astype(np.float64)
+    for key, per_review in out.items():
+        if any(x is None for x in per_review):
+            raise RunDirError(f"{run}: cls_attention lacks {key[0]} rows of layer {key[1]} head {key[2]}")
+    return out
+
+
+def reference_scores(clf: Classifier, ids: list[np.ndarray], pred: np.ndarray, seed: int) -> dict:
+    """The two rankings that depend on no head: gradient × input, and random (seeded)."""
+    grads: list[np.ndarray | None] = [None] * len(ids)
+    for batch in bucket_batches([len(x) for x in ids], BATCH_TOKENS, MAX_BATCH_SIZE):
+        g = clf.gradient_x_input([ids[i] for i in batch], pred[batch])
+        for row, i in enumerate(batch):
+            grads[i] = g[row, 1 : len(ids[i]) - 1].astype(np.float64)
+    rng = np.random.default_rng(seed)
+    shuffled = [rng.random(len(x) - 2) for x in ids]
+    return {("gradient_x_input", None, None): grads, ("random", None, None): shuffled}
+
+
+def top_tokens(scores: np.ndarray, k: float) -> np.ndarray:
+    """Indices (into the content tokens) of the ⌈k·m⌉ best, highest score first, ties by position."""
+    m = len(scores)
+    order = np.lexsort((np.arange(m), -scores))
+    return order[: math.ceil(k * m)]
+
+
+def erased(ids: np.ndarray, top: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the review without the ``top`` content tokens, those tokens alone), [CLS] and [SEP] kept and the
+    kept tokens in their order."""
+    content = ids[1:-1]
+    chosen = np.zeros(len(content), dtype=bool)
+    chosen[top] = True
+    ends = ids[:1], ids[-1:]
+    return np.concatenate([ends[0], content[~chosen], ends[1]]), np.concatenate(
+        [ends[0], content[chosen], ends[1]]
+    )
+
+
+def erasure_table(
+    clf: Classifier, ids: list[np.ndarray], pred: np.ndarray, scores: dict, progress: bool = False
+) -> list[dict[str, Any]]:
+    """The table's rows: per (score, layer, head, k) the means over reviews, and their means over k."""
+    sequences: dict[bytes, int] = {}  # every distinct input, run once
+
+    def index(seq: np.ndarray) -> int:
+        return sequences.setdefault(seq.astype(np.int64).tobytes(), len(sequences))
+
+    full = [index(x) for x in ids]
+    plan = {}  # (score, layer, head) -> (reviews, k, 2) sequence indices
+    for key, per_review in scores.items():
+        plan[key] = np.array(
+            [
+                [[index(s) for s in erased(x, top_tokens(sc, k))] for k in FRACTIONS]
+                for x, sc in zip(ids, per_review, strict=True)
+            ]
+        )
+    probs = _probabilities(clf, [np.frombuffer(s, dtype=np.int64) for s in sequences], progress)
+    p_full = probs[full, pred]  # (reviews,)
+    rows = []
+    for (name, layer, head), where in plan.items():
+        p = probs[where, pred[:, None, None]]  # (reviews, k, 2): without, alone
+        comp, suff = p_full[:, None] - p[..., 0], p_full[:, None] - p[..., 1]
+        for j, k in enumerate([*FRACTIONS, None]):
+            c = comp.mean(axis=1) if k is None else comp[:, j]
+            s = suff.mean(axis=1) if k is None else suff[:, j]
+            rows.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "score": name,
+                    "k": k,
+                    "comprehensiveness": float(c.mean()),
+                    "sufficiency": float(s.mean()),
+                    "n_reviews": len(ids),
+                }
+            )
+    return rows
+
+
+def _probabilities(clf: Classifier, sequences: Sequence[np.ndarray], progress: bool) -> np.ndarray:
+    """p (N, C) of every sequence, in length-bucketed batches."""
+    from tqdm.auto import tqdm
+
+    out = np.empty((len(sequences), len(clf.labels)), dtype=np.float64)
+    batches: Iterable = bucket_batches([len(s) for s in sequences], BATCH_TOKENS, MAX_BATCH_SIZE)
+    with tqdm(
+        total=len(sequences), desc="faithfulness", unit="input", disable=not progress, leave=False
+    ) as bar:
+        for batch in batches:
+            out[batch] = clf.probabilities([sequences[i] for i in batch])
+            bar.update(len(batch))
+    return out
+
+
+def _run_classifier(manifest, device: str) -> Classifier:
+    """The run's model, with the run's layers and length, and its weights checked to be the run's."""
+    spec, model = manifest.spec, manifest.model
+    clf = Classifier.load(
+        spec["model"],
+        layers=model.get("layers") or spec.get("layers", [-2]),
+        device=device,
+        dtype=spec.get("dtype", "auto"),
+        max_length=model.get("max_length") or spec.get("max_length"),
+        trust_remote_code=bool(spec.get("trust_remote_code")),
+        allow_pickle=bool(spec.get("allow_pickle")),
+    )
+    ran = model.get("weights_sha256")
+    if ran and clf.weights_sha256 != "unknown" and ran != clf.weights_sha256:
+        raise RunDirError(
+            f"the model at {spec['model']} is not the one the run used (its weights' sha256 differs); "
+            "the run's attention cannot be checked against it"
+        )
+    return clf

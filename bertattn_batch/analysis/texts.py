@@ -1,0 +1,58 @@
+"""Reviews' texts for what reads a finished run: as the run stored them, or (a run made with
+--no-store-text) read again from its inputs, in one pass over them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from ..errors import InputError
+from ..run import committed_files, read_manifest
+
+
+def scored_predictions(run_dir: str | Path, columns: list[str]) -> pl.DataFrame:
+    """The committed predictions of scored reviews (``status == 'ok'``), in ``columns``."""
+    files = [p.files["predictions"] for p in committed_files(run_dir, ("predictions",))]
+    if not files:
+        return pl.DataFrame()
+    return pl.scan_parquet(files, glob=False).filter(pl.col("status") == "ok").select(columns).collect()
+
+
+def review_texts(run_dir: str | Path, reviews: pl.DataFrame) -> list[str]:
+    """The texts of ``reviews`` (columns doc_id, row_index, text), in their order: the stored text, else
+    the input row of that row_index (its doc_id checked)."""
+    texts = reviews["text"].to_list()
+    missing = {int(r): i for i, r in enumerate(reviews["row_index"]) if texts[i] is None}
+    if missing:
+        from ..inputs import read_rows
+
+        run = Path(run_dir)
+        manifest = read_manifest(run)
+        spec = manifest.spec
+        ids = reviews["doc_id"].to_list()
+        last = max(missing)
+        try:
+            for batch in read_rows(
+                manifest.inputs,
+                text_col=spec.get("text_col", "text"),
+                id_col=spec.get("id_col"),
+                label_col=None,
+                input_format=spec.get("input_format", "auto"),
+                encoding=spec.get("encoding") or "utf-8",
+                delimiter=spec.get("delimiter"),
+            ):
+                for row, doc_id, text in zip(batch.row_index, batch.doc_id, batch.text, strict=True):
+                    i = missing.get(row)
+                    if i is not None and doc_id == ids[i] and text is not None:
+                        texts[i] = text
+                if batch.row_index and batch.row_index[-1] >= last:
+                    break
+        except InputError as e:
+            raise InputError(f"cannot read the run's input again ({e})") from None
+        lost = [ids[i] for i in missing.values() if texts[i] is None]
+        if lost:
+            raise InputError(
+                f"{len(lost)} reviews (first {lost[0]!r}) were not found in the run's inputs as they were read"
+            )
+    return texts

@@ -1,0 +1,143 @@
+"""Faithfulness per head: the table equals a direct computation with transformers' own model, the
+sample and the random ranking are reproducible under their seed, and the pieces do what they say."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from helpers import read_table
+from transformers import AutoModelForSequenceClassification
+
+from bertattn_batch import schema
+from bertattn_batch.analysis import faithfulness as fa
+from bertattn_batch.config import JobSpec
+from bertattn_batch.engines import run_job
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_en_dir, drug_rows, tmp_path_factory):
+    base = tmp_path_factory.mktemp("faith")
+    src = base / "reviews.parquet"
+    pq.write_table(pa.Table.from_pylist([dict(r) for r in drug_rows[:12]]), src)
+    out = base / "run"
+    run_job(
+        JobSpec(
+            inputs=[str(src)],
+            model=str(tiny_en_dir),
+            out=str(out),
+            id_col="doc_id",
+            layers=[-2, 0],
+            max_length=48,
+            value_zeroing=True,
+            progress=False,
+        )
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def result(run_dir):
+    return fa.faithfulness(run_dir, sample=5, seed=3, device="cpu")
+
+
+def _direct(model, ids: list[int], ranking: list[int], k: float, label: int) -> tuple[float, float]:
+    """Comprehensiveness and sufficiency of one review, written out with the model itself."""
+    content = ids[1:-1]
+    top = set(ranking[: math.ceil(k * len(content))])
+    without = [ids[0], *[t for j, t in enumerate(content) if j not in top], ids[-1]]
+    alone = [ids[0], *[t for j, t in enumerate(content) if j in top], ids[-1]]
+
+    def p(seq: list[int]) -> float:
+        with torch.no_grad():
+            return torch.softmax(model(input_ids=torch.tensor([seq])).logits, -1)[0, label].item()
+
+    return p(ids) - p(without), p(ids) - p(alone)
+
+
+def test_the_table_equals_a_direct_computation(run_dir, result, tiny_en_dir):
+    model = AutoModelForSequenceClassification.from_pretrained(
+        tiny_en_dir, attn_implementation="eager"
+    ).eval()
+    meta = pq.read_schema(result.path).metadata
+    docs = json.loads(meta[b"doc_ids"])
+    assert len(docs) == 5 and result.options["n_reviews"] == 5
+    preds = {p["doc_id"]: p for p in read_table(run_dir, "predictions").to_pylist()}
+    attn = pl.from_arrow(read_table(run_dir, "cls_attention"))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_en_dir)
+    for score, layer, head in (("weight", 1, 2), ("weight_norm", 0, 1), ("value_zeroing", 1, 0)):
+        for k in fa.FRACTIONS:
+            comps, suffs = [], []
+            for doc in docs:
+                rows = attn.filter(
+                    (pl.col("doc_id") == doc) & (pl.col("layer") == layer) & (pl.col("head") == head)
+                )
+                rows = rows.sort("position")
+                ranking = sorted(range(rows.height), key=lambda j: (-rows[score][j], j))
+                ids = tok(preds[doc]["text"], truncation=True, max_length=48)["input_ids"]
+                c, s = _direct(model, ids, ranking, k, preds[doc]["pred_id"])
+                comps.append(c)
+                suffs.append(s)
+            got = result.table.filter(
+                (pl.col("score") == score)
+                & (pl.col("layer") == layer)
+                & (pl.col("head") == head)
+                & (pl.col("k") == k)
+            )
+            assert got.height == 1
+            assert got["comprehensiveness"][0] == pytest.approx(np.mean(comps), abs=1e-5)
+            assert got["sufficiency"][0] == pytest.approx(np.mean(suffs), abs=1e-5)
+
+
+def test_aopc_rows_are_the_means_over_k_and_references_have_no_head(result):
+    t = result.table
+    assert set(t["score"]) == {"weight", "weight_norm", "value_zeroing", "random", "gradient_x_input"}
+    for (score, layer, head), group in t.group_by("score", "layer", "head"):
+        assert group.height == len(fa.FRACTIONS) + 1
+        per_k = group.filter(pl.col("k").is_not_null())
+        aopc = group.filter(pl.col("k").is_null())
+        assert aopc["comprehensiveness"][0] == pytest.approx(per_k["comprehensiveness"].mean(), abs=1e-12)
+        assert (layer is None) == (score in fa.REFERENCES) == (head is None)
+    assert t.height == (3 * 2 * 4 + 2) * (len(fa.FRACTIONS) + 1)  # scores x layers x heads + references
+    assert schema.check(pq.read_schema(result.path), "head_faithfulness") == []
+    assert "comprehensiveness" in result.summary()
+
+
+def test_the_sample_and_the_random_ranking_follow_their_seed(run_dir, result):
+    again = fa.faithfulness(run_dir, sample=5, seed=3, device="cpu")
+    assert again.table.equals(result.table)
+    other = fa.faithfulness(run_dir, sample=5, seed=4, device="cpu")
+    random = pl.col("score") == "random"
+    assert not other.table.filter(random).equals(result.table.filter(random))
+
+
+def test_the_sample_is_stratified_by_predicted_label():
+    preds = pl.DataFrame(
+        {"doc_id": [f"d{i:03d}" for i in range(100)], "pred_label": ["neg"] * 70 + ["pos"] * 30}
+    )
+    picked = fa.stratified_sample(preds, 10, seed=0)
+    assert picked["pred_label"].value_counts().sort("pred_label").rows() == [("neg", 7), ("pos", 3)]
+    assert picked.equals(fa.stratified_sample(preds.reverse(), 10, seed=0))  # whatever the input order
+    rare = preds.with_columns(
+        pred_label=pl.when(pl.col("doc_id") == "d000").then(pl.lit("mid")).otherwise("pred_label")
+    )
+    assert set(fa.stratified_sample(rare, 10, seed=0)["pred_label"]) == {"neg", "pos", "mid"}
+    assert fa.stratified_sample(rare, 10, seed=0).height == 10
+    assert fa.stratified_sample(preds, 500, seed=0).height == 100
+
+
+def test_ranking_breaks_ties_by_position_and_erasure_keeps_the_ends():
+    scores = np.array([0.2, 0.5, 0.5, 0.1])
+    assert fa.top_tokens(scores, 0.5).tolist() == [1, 2]
+    assert fa.top_tokens(scores, 0.01).tolist() == [1]  # ⌈0.04⌉ = 1
+    ids = np.array([101, 7, 8, 9, 10, 102])
+    without, alone = fa.erased(ids, np.array([2, 0]))
+    assert without.tolist() == [101, 8, 10, 102] and alone.tolist() == [101, 7, 9, 102]
