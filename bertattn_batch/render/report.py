@@ -35,6 +35,7 @@ from .accuracy import accuracy_html
 from .examples import examples_html, misclassified, pick
 from .figures import pyplot, turn_long_labels
 from .review import readable, run_layer
+from .trust import trust_html
 
 
 def _committed_predictions(run: Path) -> pl.DataFrame:
@@ -250,6 +251,7 @@ def build_report(
         _summary_html(manifest, preds),
         accuracy_html(manifest, preds, labelled),
         _tokens_html(table, meta, idx, top_k, _any_scored(preds), manifest.byte_level, manifest.num_layers),
+        trust_html(run, manifest),
         examples_html(run, pick(preds, examples), idx, "Example reviews") if shown else "",
         examples_html(
             run, misclassified(preds, examples), idx, "Most confidently misclassified reviews", False

@@ -410,3 +410,19 @@ def test_a_report_of_a_run_it_cannot_write_to_is_still_written(run_dir, tmp_path
     path = report.build_report(run, out=out, examples=1, min_reviews=2)
     assert path == out and "Top tokens" in out.read_text(encoding="utf-8")
     assert (run / "aggregates").read_text() == "not a folder"  # the run is left as it was
+
+
+def test_the_report_ranks_heads_by_faithfulness_once_measured(tiny_en_dir, drug_rows, tmp_path):
+    from bertattn_batch.analysis.faithfulness import faithfulness
+
+    run = _small_run(tiny_en_dir, [dict(r) for r in drug_rows[:12]], tmp_path / "run")
+    html = report.build_report(run, examples=0).read_text(encoding="utf-8")
+    assert "What to believe" in html and f"bertattn faithfulness {run}" in html
+    measured = faithfulness(run, sample=6, device="cpu")
+    html = report.build_report(run, examples=0).read_text(encoding="utf-8")
+    assert "most faithful first" in html and "vs random" in html
+    aopc = measured.table.filter(pl.col("k").is_null() & (pl.col("score") == "gradient_x_input"))
+    assert f"{aopc['comprehensiveness'][0]:.3f}" in html
+    _small_run(tiny_en_dir, [dict(r) for r in drug_rows[:12]], run, on_existing="overwrite")
+    html = report.build_report(run, examples=0).read_text(encoding="utf-8")
+    assert "measured on an earlier run" in html  # a table of the run this folder held before

@@ -1,0 +1,102 @@
+"""The report's "What to believe" section: each captured layer's heads ranked by faithfulness against
+the random baseline, and what each measure means and where it stops."""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from ..analysis.faithfulness import FRACTIONS, faithfulness_path
+from ..run import Manifest, layer_name
+from . import page
+
+#: What each measure says and where it stops, in plain words (docs/measures.md has the references).
+NOTES = (
+    (
+        "weight",
+        "where the head's [CLS] query looks (the seed's view); a head can look hard at a token "
+        "whose value it barely passes on.",
+    ),
+    (
+        "weight_norm",
+        "how much the token actually adds to the head's output (Kobayashi et al., 2020): "
+        "weight times the length of its transformed value; still one layer, residual and feed-forward left out.",
+    ),
+    (
+        "value_zeroing",
+        "how far the layer's [CLS] output moves when the token's values are removed "
+        "(Mohebbi et al., 2023); one layer at a time, the attention held fixed.",
+    ),
+    (
+        "log-odds z",
+        "what a head attends to more in one label than the others, rare tokens held back "
+        "(Monroe et al., 2008); a difference in where it looks, not a cause.",
+    ),
+    (
+        "comprehensiveness / sufficiency",
+        "how much the predicted label's probability drops when the "
+        "score's top tokens are deleted, and how much of it they keep alone (ERASER, DeYoung et al., "
+        "2020); deleting tokens makes inputs the model never saw, so read them against random deletion.",
+    ),
+)
+
+
+def trust_html(run: Path, manifest: Manifest) -> str:
+    """The section: the faithfulness table where ``bertattn faithfulness`` wrote one for this run,
+    else the command that writes it; the notes in both cases."""
+    parts = ["<h2>What to believe</h2>"]
+    path = faithfulness_path(run)
+    measured = (pq.read_schema(path).metadata or {}).get(b"run_id", b"").decode() if path.is_file() else None
+    if measured == manifest.run_id:
+        parts += _faithfulness_html(pl.read_parquet(path), manifest.num_layers)
+    elif measured is not None:
+        parts.append(
+            '<p class="meta">faithfulness/head_faithfulness.parquet was measured on an earlier run in this '
+            f"folder: run <code>bertattn faithfulness {escape(str(run))}</code> again.</p>"
+        )
+    else:
+
+        parts.append(
+            f'<p class="meta">No faithfulness measured yet: <code>bertattn faithfulness {escape(str(run))}'
+            "</code> ranks every head by how much deleting its top tokens moves the prediction.</p>"
+        )
+    parts.append("<ul>" + "".join(f"<li><b>{escape(m)}</b>: {escape(t)}</li>" for m, t in NOTES) + "</ul>")
+    return "\n".join(parts)
+
+
+def _faithfulness_html(table: pl.DataFrame, num_layers: int | None) -> list[str]:
+    aopc = table.filter(pl.col("k").is_null())
+    refs = aopc.filter(pl.col("layer").is_null())
+    random = refs.filter(pl.col("score") == "random")
+    base = random["comprehensiveness"][0] if random.height else None
+    n = int(aopc["n_reviews"][0]) if aopc.height else 0
+    ks = ", ".join(f"{k:.0%}" for k in FRACTIONS)
+    out = [
+        f'<p class="meta">From faithfulness/head_faithfulness.parquet: {n} reviews, the top {ks} of each '
+        "review's tokens deleted (means over those shares). A head's ranking is worth reading where its "
+        "comprehensiveness is well above random's and its sufficiency below.</p>"
+    ]
+    for (layer,), rows in aopc.filter(pl.col("layer").is_not_null()).group_by("layer", maintain_order=True):
+        ranked = pl.concat([rows, refs]).sort("comprehensiveness", descending=True)
+        body = [
+            [
+                r["score"],
+                "" if r["head"] is None else r["head"],
+                r["comprehensiveness"],
+                f"{r['comprehensiveness'] / base:.1f}x" if base and base > 0 else "",
+                r["sufficiency"],
+            ]
+            for r in ranked.iter_rows(named=True)
+        ]
+        out += [
+            f"<h3>Heads of {escape(layer_name(layer, num_layers))}, most faithful first</h3>",
+            page.data_table(
+                ["score", "head", "comprehensiveness", "vs random", "sufficiency"],
+                body,
+                [False, True, True, True, True],
+            ),
+        ]
+    return out
