@@ -58,7 +58,6 @@ def trust_html(run: Path, manifest: Manifest) -> str:
             f"folder: run <code>bertattn faithfulness {escape(str(run))}</code> again.</p>"
         )
     else:
-
         parts.append(
             f'<p class="meta">No faithfulness measured yet: <code>bertattn faithfulness {escape(str(run))}'
             "</code> ranks every head by how much deleting its top tokens moves the prediction.</p>"
