@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,12 +120,10 @@ def faithfulness(
                 f"review {doc!r} encodes to {enc.n_tokens} tokens here, {n} in the run: its text or the "
                 "model's tokenizer is not what the run read"
             )
-    keep = [i for i, n in enumerate(n_tokens) if n > 2]  # a review of one content token or more
-    ids = [encoded[i].ids for i in keep]
-    pred = chosen["pred_id"].to_numpy()[keep]
-    scores = head_scores(
-        run, chosen["doc_id"].gather(keep).to_list(), bool(manifest.spec.get("value_zeroing"))
-    )
+    ids = [enc.ids for enc in encoded]  # scored: each has one content token at least
+    pred = chosen["pred_id"].to_numpy()
+    doc_ids = chosen["doc_id"].to_list()
+    scores = head_scores(run, doc_ids, bool(manifest.spec.get("value_zeroing")))
     scores.update(reference_scores(clf, ids, pred, seed))
     rows = erasure_table(clf, ids, pred, scores, progress)
     table = schema.cast(pl.DataFrame(rows).to_arrow(), TABLE) if rows else schema.arrow(TABLE).empty_table()
@@ -135,7 +133,7 @@ def faithfulness(
         "table": TABLE,
         "schema_version": str(schema.version(TABLE)),
         "options": json.dumps(options),
-        "doc_ids": json.dumps(chosen["doc_id"].gather(keep).to_list()),
+        "doc_ids": json.dumps(doc_ids),
         "run_job_sha256": manifest.job_sha256,
         "run_id": manifest.run_id,
     }
@@ -274,11 +272,11 @@ def _probabilities(clf: Classifier, sequences: Sequence[np.ndarray], progress: b
     from tqdm.auto import tqdm
 
     out = np.empty((len(sequences), len(clf.labels)), dtype=np.float64)
-    batches: Iterable = bucket_batches([len(s) for s in sequences], BATCH_TOKENS, MAX_BATCH_SIZE)
+    lengths = [len(s) for s in sequences]
     with tqdm(
         total=len(sequences), desc="faithfulness", unit="input", disable=not progress, leave=False
     ) as bar:
-        for batch in batches:
+        for batch in bucket_batches(lengths, BATCH_TOKENS, MAX_BATCH_SIZE):
             out[batch] = clf.probabilities([sequences[i] for i in batch])
             bar.update(len(batch))
     return out
