@@ -27,21 +27,11 @@ def review_texts(run_dir: str | Path, reviews: pl.DataFrame) -> list[str]:
     if missing:
         from ..inputs import read_rows
 
-        run = Path(run_dir)
-        manifest = read_manifest(run)
-        spec = manifest.spec
+        manifest = read_manifest(Path(run_dir))
         ids = reviews["doc_id"].to_list()
         last = max(missing)
         try:
-            for batch in read_rows(
-                manifest.inputs,
-                text_col=spec.get("text_col", "text"),
-                id_col=spec.get("id_col"),
-                label_col=None,
-                input_format=spec.get("input_format", "auto"),
-                encoding=spec.get("encoding") or "utf-8",
-                delimiter=spec.get("delimiter"),
-            ):
+            for batch in read_rows(manifest.inputs, **manifest.read_options()):
                 for row, doc_id, text in zip(batch.row_index, batch.doc_id, batch.text, strict=True):
                     i = missing.get(row)
                     if i is not None and doc_id == ids[i] and text is not None:

@@ -156,6 +156,19 @@ class Manifest:
         any directory, or (a run from before they were) the spec's, as the job gave them."""
         return list(self.fingerprint.get("inputs") or self.spec.get("inputs") or [])
 
+    def read_options(self) -> dict[str, Any]:
+        """How the run read its inputs, as ``inputs.read_rows`` takes it (labels left out): to read its
+        reviews again as they were read."""
+        spec = self.spec
+        return {
+            "text_col": spec.get("text_col") or "text",
+            "id_col": spec.get("id_col"),
+            "label_col": None,
+            "input_format": spec.get("input_format") or "auto",
+            "encoding": spec.get("encoding") or "utf-8",
+            "delimiter": spec.get("delimiter"),
+        }
+
     @property
     def layers(self) -> list[int]:
         return list(self.model.get("layers") or [])

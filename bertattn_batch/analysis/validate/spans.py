@@ -38,7 +38,7 @@ def check_source_spans(rec: Recorder, run: RunView) -> None:
     except BertAttnError as e:  # the manifest check names what is wrong with it
         rec.skip("spans", f"the manifest cannot say which inputs were read ({e})")
         return
-    spec, inputs = manifest.spec, manifest.inputs
+    inputs = manifest.inputs
     streams = [p for p in inputs if p == STDIN or is_stream(Path(p))]
     if streams:
         rec.skip("spans", f"the run read {', '.join(streams)}: a stream, which cannot be read again")
@@ -53,15 +53,7 @@ def check_source_spans(rec: Recorder, run: RunView) -> None:
     active: list[tuple[Part, dict[int, tuple[str, int]]]] = []
     checked = changed = 0
     try:
-        for block in read_rows(
-            inputs,
-            text_col=spec.get("text_col") or "text",
-            id_col=spec.get("id_col"),
-            label_col=None,
-            input_format=spec.get("input_format") or "auto",  # no limit: a resume may have raised it
-            encoding=spec.get("encoding") or "utf-8",
-            delimiter=spec.get("delimiter"),
-        ):
+        for block in read_rows(inputs, **manifest.read_options()):  # no limit: a resume may have raised it
             if not pending and not active:
                 break  # every part is checked: the rest of the inputs holds no reviews of the run
             hi = block.row_index[-1] + 1
