@@ -155,6 +155,20 @@ def _scaled_too_big(run: Path) -> None:
     _rewrite(run / "cls_attention" / PART0, change)
 
 
+def _negative_norm(run: Path) -> None:
+    def change(c):
+        c["weight_norm"][3] = -0.5
+
+    _rewrite(run / "cls_attention" / PART0, change)
+
+
+def _zeroing_where_none_was_asked(run: Path) -> None:
+    def change(c):
+        c["value_zeroing"][4] = 2.5  # outside [0, 2], in a run without --value-zeroing
+
+    _rewrite(run / "cls_attention" / PART0, change)
+
+
 def _counts_edited(run: Path) -> None:
     m = _manifest(run)
     m["counts"]["cls_attention"] += 1
@@ -287,6 +301,8 @@ DAMAGE = [
     ("duplicate a part under another name", _duplicate_part, {"files"}),
     ("a weight off so the head's sum is not 1", _weight_off, {"attention_mass", "scaling"}),
     ("a scaled weight of 1.5", _scaled_too_big, {"scaling"}),
+    ("a negative norm-based weight", _negative_norm, {"measures"}),
+    ("value zeroing out of range and not asked for", _zeroing_where_none_was_asked, {"measures"}),
     ("manifest counts edited", _counts_edited, {"counts"}),
     ("manifest part rows edited", _part_rows_edited, {"counts"}),
     ("a span past the text's end", _span_past_end, {"spans"}),

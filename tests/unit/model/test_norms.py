@@ -129,3 +129,20 @@ def test_norms_follow_each_layouts_output_projection(config_cls, model_cls, extr
         model(input_ids=ids, attention_mask=mask)
     got = capture.norms(capture.rows(mask))[:, 0].double()
     torch.testing.assert_close(got * mask[:, None], want * mask[:, None], atol=1e-5, rtol=0)
+
+
+def test_bfloat16_gives_float32_measures_close_to_float32s(minilm_dir, minilm_ids):
+    """In bfloat16 the model's values are rounded to 8 bits of mantissa; the measures are still
+    computed and returned in float32, within that rounding of the float32 run's."""
+    ids, mask = minilm_ids
+    batch = [row[m.bool()].numpy() for row, m in zip(ids, mask, strict=True)]
+    runs = {
+        dt: Classifier.load(str(minilm_dir), dtype=dt, device="cpu", value_zeroing=True).forward(batch)
+        for dt in ("float32", "bfloat16")
+    }
+    for name in ("norms", "value_zeroing"):
+        want, got = getattr(runs["float32"], name), getattr(runs["bfloat16"], name)
+        assert got.dtype == np.float32
+        scale = np.abs(want).max()
+        assert np.abs(got - want).max() < 0.1 * scale, name  # bf16 rounding of inputs and weights
+        assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.95, name
