@@ -48,8 +48,9 @@ import pyarrow.parquet as pq
 from .. import schema
 from .._util import atomic_path, remove_stale
 from ..errors import RunDirError, SpecError, WriteError
-from ..run import AGGREGATES_DIR, Manifest, committed_files, read_manifest
+from ..run import AGGREGATES_DIR, committed_files, read_manifest
 from .contrast import GROUP, with_contrasts, with_shrunk_means
+from .words import CLASSES, REVIEW, word_continuation, word_rows
 
 TABLE = "token_influence"
 UNITS = ("token", "word")
@@ -71,16 +72,10 @@ RANK_MEASURES = (
 )
 #: The measures that compare a label with the others: none for the split 'all'.
 CONTRASTS = ("log_odds_z", "log_odds")
-#: Runs whose manifest predates ``model.word_continuation``: model types whose usual tokenizers mark
-#: word starts (byte-level BPE, SentencePiece) rather than continuations.
-NON_WORDPIECE_MODELS = frozenset({"roberta", "xlm-roberta", "camembert", "albert"})
-CONTINUATION = "##"
 #: Attention rows reduced in one pass; a larger part is cut into slices of whole reviews (by a hash
 #: of doc_id), which bounds memory whatever the run's window size or review length.
 MAX_ROWS_PER_PASS = 1_000_000
 
-_REVIEW = ["doc_id", "layer", "head"]
-_CLASSES = ["pred_label", "label"]
 _SUMS = ["n_reviews", "n_occurrences", "weight_sum", "scaled_sum", "scaled_sq_sum", "norm_sum", "n_top"]
 
 
@@ -129,47 +124,12 @@ def review_rows(attn_path: Path | str, preds_path: Path | str) -> pl.LazyFrame:
     preds = (
         pl.scan_parquet(preds_path, glob=False)
         .filter(pl.col("status") == "ok")
-        .select("doc_id", *_CLASSES)
+        .select("doc_id", *CLASSES)
         .unique("doc_id")
     )
     return attn.join(preds, on="doc_id", how="inner").with_columns(
         pl.col("weight", "weight_scaled", "weight_norm").cast(pl.Float64)
     )
-
-
-def word_rows(rows: pl.LazyFrame, continuation: str = CONTINUATION) -> pl.LazyFrame:
-    """Tokens joined into words, in the same columns as ``review_rows`` (position: the first piece's).
-
-    A word starts at every token that is not a continuation (``##`` piece) of the token just before it.
-    Raw and norm-based weight: the sums of the pieces'. Scaled: min-max over the review's words for
-    that head.
-    A review's words are the same at every (layer, head): they are found once, on one head's rows.
-    """
-    one_head = (pl.col("layer") == pl.col("layer").min()) & (pl.col("head") == pl.col("head").min())
-    pieces = rows.filter(one_head).select("doc_id", "position", "token").sort(["doc_id", "position"])
-    continues = pl.col("token").str.starts_with(continuation) & (
-        pl.col("position") == pl.col("position").shift(1).over("doc_id") + 1
-    )
-    continues = continues.fill_null(False)
-    pieces = pieces.with_columns(
-        word=(~continues).cast(pl.Int32).cum_sum().over("doc_id"),
-        piece=pl.when(continues).then(pl.col("token").str.strip_prefix(continuation)).otherwise("token"),
-    )
-    texts = pieces.group_by(["doc_id", "word"]).agg(
-        token=pl.col("piece").sort_by("position").str.join(""),
-        position=pl.col("position").min(),
-    )
-    words = (
-        rows.select(*_REVIEW, "position", "weight", "weight_norm", *_CLASSES)
-        .join(pieces.select("doc_id", "position", "word"), on=["doc_id", "position"])
-        .group_by([*_REVIEW, "word", *_CLASSES])
-        .agg(pl.col("weight").sum(), pl.col("weight_norm").sum())
-        .join(texts, on=["doc_id", "word"])
-    )
-    lo = pl.col("weight").min().over(_REVIEW)
-    hi = pl.col("weight").max().over(_REVIEW)
-    scaled = pl.when(hi > lo).then((pl.col("weight") - lo) / (hi - lo)).otherwise(0.0)
-    return words.with_columns(weight_scaled=scaled).drop("word")
 
 
 def part_sums(rows: pl.LazyFrame, unit: str) -> pl.LazyFrame:
@@ -178,11 +138,11 @@ def part_sums(rows: pl.LazyFrame, unit: str) -> pl.LazyFrame:
     ``n_reviews`` counts distinct reviews within the part; a review lives in one part only, so the
     counts add up across parts.
     """
-    peak = pl.col("weight").max().over(_REVIEW)
-    top_position = pl.col("position").filter(pl.col("weight") == peak).min().over(_REVIEW)
+    peak = pl.col("weight").max().over(REVIEW)
+    top_position = pl.col("position").filter(pl.col("weight") == peak).min().over(REVIEW)
     return (
         rows.with_columns(is_top=pl.col("position") == top_position)
-        .group_by(["layer", "head", "token", *_CLASSES])
+        .group_by(["layer", "head", "token", *CLASSES])
         .agg(
             n_reviews=pl.col("doc_id").n_unique().cast(pl.Int64),
             n_occurrences=pl.len().cast(pl.Int64),
@@ -203,7 +163,7 @@ def class_sizes(preds_paths: Sequence[Path | str]) -> pl.DataFrame:
     ok = (
         pl.scan_parquet(list(preds_paths), glob=False)
         .filter(pl.col("status") == "ok")
-        .group_by(_CLASSES)
+        .group_by(CLASSES)
         .agg(n=pl.len().cast(pl.Int64))
         .collect(engine="streaming")
     )
@@ -357,20 +317,11 @@ def _summed(
     base_path = work / "base.parquet"
     (
         pl.scan_parquet(partials, glob=False)
-        .group_by(["unit", "layer", "head", "token", *_CLASSES])
+        .group_by(["unit", "layer", "head", "token", *CLASSES])
         .agg([pl.col(c).sum() for c in _SUMS])
         .sink_parquet(base_path, engine="streaming")
     )
     return pl.scan_parquet(base_path, glob=False)
-
-
-def word_continuation(manifest: Manifest) -> str | None:
-    """The run's word-continuation mark, as its tokenizer had it; for runs from before it was recorded,
-    guessed from the model type."""
-    model = manifest.model
-    if "word_continuation" in model:
-        return model["word_continuation"] or None
-    return None if model.get("model_type", "bert") in NON_WORDPIECE_MODELS else CONTINUATION
 
 
 def read_aggregates(run_dir: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:

@@ -36,7 +36,15 @@ from .._util import file_lock, hidden_tmp
 from ..errors import RunDirError, WriteError
 from ..ids import IdSet
 from .layout import AGGREGATES_DIR, COMMIT_LOG, LOCK_NAME, MANIFEST, REPORT_NAME, TABLES, tmp_name
-from .manifest import Manifest, PartEntry, log_commit, read_manifest, row_range_problems, save_manifest
+from .manifest import (
+    Manifest,
+    PartEntry,
+    log_commit,
+    read_manifest,
+    row_range_problems,
+    save_manifest,
+    upgrade,
+)
 from .parts import PartWriter, check_part_file
 
 
@@ -254,7 +262,9 @@ class RunDir:
                 f"{self.run_dir} was written with schema versions {old.schema_versions}, "
                 f"this version writes {schema.versions()}; pass --overwrite or choose another --out"
             )
-        mine, theirs = self.header.get("fingerprint", {}), old.fingerprint
+        # the job's fingerprint read as a manifest would be, so a key it leaves out means its default
+        mine = upgrade({"fingerprint": self.header.get("fingerprint", {})})["fingerprint"]
+        theirs = old.fingerprint
         # job_sha256 is a hash of the others (and of the inputs as an older version spelt them)
         diff = sorted(
             k for k in set(mine) | set(theirs) if k != "job_sha256" and mine.get(k) != theirs.get(k)
