@@ -49,8 +49,10 @@ extract-en: $(STAMP) data/drugreview.parquet
 
 	@echo "The run is in runs/en-drug-reviews/. Open runs/en-drug-reviews/report.html next; for the bertattn command: source .venv/bin/activate"
 
+# Two workers (a 2-core machine's worth); every test that starts a Ray runtime runs in one of them.
+TEST_WORKERS ?= 2
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests/unit

@@ -10,6 +10,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 # hypothesis keeps a cache of constants beside the tests unless told where: not in the source tree
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="bertattn-hypothesis-"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest -n: the workers share the cores, so one torch thread each, in the commands they start too
+    # (a run resumed in a subprocess is compared bit for bit with one made here)
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 from pathlib import Path
 

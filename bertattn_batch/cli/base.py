@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -72,13 +73,15 @@ def setup(debug: bool) -> None:
     install_signal_handlers()
     tune_runtime()
     logging.basicConfig(level=logging.INFO if debug else logging.WARNING, format="bertattn: %(message)s")
-    try:
+    # transformers and the hub client read these when first imported: a command that never loads a
+    # model does not pay the second that importing transformers takes
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:  # imported already (a notebook, a test runner)
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
     # the hub client has its own stderr handler and also propagates: each of its warnings (a retry of
     # an unreachable hub) came out twice; once, through ours, names where it comes from
     logging.getLogger("huggingface_hub").handlers.clear()

@@ -382,6 +382,9 @@ def test_sigterm_while_the_command_starts_says_interrupted_and_exits_143(delay, 
     _, err = proc.communicate(timeout=120)
     if proc.returncode == 0:  # the job was quicker than the signal: nothing to check
         return
+    if proc.returncode == -signal.SIGTERM and not err:  # before the interpreter ran a line: no handler can be
+        assert delay < 0.5, "the signal came after Python started, and no handler caught it"
+        return
     assert proc.returncode == 143, err
     assert err.strip().splitlines()[-1].startswith("interrupted"), err
 

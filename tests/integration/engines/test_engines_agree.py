@@ -22,6 +22,8 @@ from bertattn_batch.engines.ray_runtime import ray_runtime
 from bertattn_batch.errors import WriteError
 from bertattn_batch.run import PartWriter
 
+#: One worker runs every test that starts a Ray runtime (pytest -n with --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("ray")
 ORDER = {
     "predictions": ["row_index"],
     "cls_attention": ["doc_id", "layer", "head", "position"],

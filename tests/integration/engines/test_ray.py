@@ -30,6 +30,8 @@ from bertattn_batch.engines.ray import RayEngine, WindowActor, plan_placement
 from bertattn_batch.engines.ray_runtime import ray_runtime
 from bertattn_batch.errors import EngineError, InputError, ModelError, SpecError
 
+#: One worker runs every test that starts a Ray runtime (pytest -n with --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("ray")
 HAS_RAY = importlib.util.find_spec("ray") is not None
 #: Keys that order each table's rows identically whichever engine wrote them.
 ORDER = {
