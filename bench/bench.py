@@ -678,7 +678,7 @@ def format_table(figures: Sequence[Figure], peak_tflops: float | None = None) ->
     """One line per method; on a device with a known bf16 peak, the TFLOP/s reached and its share."""
     r = ratios(figures)
     head = (
-        f"{'model':<10}{'method':<12}{'dtype':<10}{'reviews/s':>10}{'tokens/s':>11}{'padding':>9}"
+        f"{'model':<10}{'method':<15}{'dtype':<10}{'reviews/s':>10}{'tokens/s':>11}{'padding':>9}"
         f"{'peak RSS MB':>13}{'+MB':>8}{'x ceiling':>10}{'paired':>8}{'x seed':>8}{'spread':>8}"
     )
     if peak_tflops:
@@ -687,7 +687,7 @@ def format_table(figures: Sequence[Figure], peak_tflops: float | None = None) ->
     for f in figures:
         x = r[(f.method, f.dtype)]
         line = (
-            f"{f.model:<10}{f.method:<12}{f.dtype:<10}{f.reviews_per_s:>10.1f}{f.tokens_per_s:>11.0f}"
+            f"{f.model:<10}{f.method:<15}{f.dtype:<10}{f.reviews_per_s:>10.1f}{f.tokens_per_s:>11.0f}"
             f"{f.padding_share:>9.1%}{f.peak_rss_mb:>13.0f}{f.rss_delta_mb:>8.0f}{x['vs_ceiling']:>10.2f}"
             f"{x['vs_ceiling_paired']:>8.2f}{x['vs_seed']:>8.2f}{f.spread:>8.1%}"
         )

@@ -7,8 +7,8 @@ Usage::
     print(result.summary())
 
 On a seeded sample of the run's scored reviews, stratified by predicted label, every captured head's
-``weight`` and ``weight_norm`` (and ``value_zeroing`` where the run has it) rank each review's content
-tokens, ties by position; so do two references that depend on no head: ``random`` (a seeded
+``weight`` and ``weight_norm`` rank each review's content tokens, ties by position (and each
+layer's ``value_zeroing`` where the run has it: one value per layer and token, head null); so do two references that depend on no head: ``random`` (a seeded
 permutation) and ``gradient_x_input`` (the gradient of p(ŷ) with respect to each input embedding, dotted
 with it). For k in ``FRACTIONS`` the top ⌈k·m⌉ of the review's m content tokens are deleted from the
 input ids ([CLS] and [SEP] kept) and the model run again:
@@ -47,6 +47,8 @@ FAITHFULNESS_DIR = "faithfulness"
 FRACTIONS = (0.01, 0.05, 0.10, 0.20, 0.50)
 SAMPLE = 200
 HEAD_SCORES = ("weight", "weight_norm", "value_zeroing")
+#: Of those, the scores of a whole layer (head null in the table).
+LAYER_SCORES = ("value_zeroing",)
 REFERENCES = ("gradient_x_input", "random")
 #: Padded tokens per model batch, and reviews per batch at most, of the reruns.
 BATCH_TOKENS = 16384
@@ -187,11 +189,13 @@ def head_scores(
     out: dict[tuple[str, int | None, int | None], list] = {}
     for (doc, layer, head), group in rows.group_by("doc_id", "layer", "head", maintain_order=True):
         for name in names:
-            slot = out.setdefault((name, layer, head), [None] * len(doc_ids))
+            # value zeroing is one value per (layer, token), the same in every head's rows: one ranking
+            key = (name, layer, None if name in LAYER_SCORES else head)
+            slot = out.setdefault(key, [None] * len(doc_ids))
             slot[order[doc]] = group[name].to_numpy().astype(np.float64)
     for key, per_review in out.items():
         if any(x is None for x in per_review):
-            raise RunDirError(f"{run}: cls_attention lacks {key[0]} rows of layer {key[1]} head {key[2]}")
+            raise RunDirError(f"{run}: cls_attention lacks {key[0]} rows of layer {key[1]}")
     return out
 
 

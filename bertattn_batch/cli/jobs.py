@@ -267,6 +267,14 @@ def run(
         str | None,
         typer.Option(help="Override the spec's ray_address: the Ray cluster to join (--engine ray)."),
     ] = None,
+    value_zeroing: Annotated[
+        bool | None,
+        typer.Option(
+            "--value-zeroing/--no-value-zeroing",
+            help="Override the spec's value_zeroing (cls_attention.value_zeroing, docs/measures.md).",
+            show_default=False,
+        ),
+    ] = None,
     overwrite: Overwrite = False,
     incremental: Incremental = False,
     debug: Debug = False,
@@ -290,6 +298,7 @@ def run(
             engine=engine,
             workers=workers,
             ray_address=ray_address,
+            value_zeroing=value_zeroing,
             on_existing=_on_existing(None, overwrite, incremental),
         )
     )

@@ -89,6 +89,14 @@ def test_run_overrides_reach_the_spec(tmp_path, monkeypatch):
     (spec,) = seen
     got = (spec.out, spec.limit, spec.device, spec.dtype, spec.engine, spec.workers, spec.ray_address)
     assert got == ("x", 5, "cpu", "bfloat16", "ray", 3, "auto") and spec.on_existing == "incremental"
+    assert spec.value_zeroing is False  # the file's (its default) where no option says otherwise
+
+    job.write_text('inputs = ["a.parquet"]\nmodel = "m"\nout = "o"\nvalue_zeroing = true\n')
+    for flag, want in ((None, True), ("--no-value-zeroing", False), ("--value-zeroing", True)):
+        seen.clear()
+        r = runner.invoke(app, ["run", str(job), *([flag] if flag else [])])
+        assert r.exit_code == 0, r.output
+        assert seen[0].value_zeroing is want, flag
 
 
 def test_extract_end_to_end(tiny_en_dir, drug_sample, tmp_path):

@@ -73,12 +73,12 @@ def test_the_table_equals_a_direct_computation(run_dir, result, tiny_en_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_en_dir)
-    for score, layer, head in (("weight", 1, 2), ("weight_norm", 0, 1), ("value_zeroing", 1, 0)):
+    for score, layer, head in (("weight", 1, 2), ("weight_norm", 0, 1), ("value_zeroing", 1, None)):
         for k in fa.FRACTIONS:
             comps, suffs = [], []
             for doc in docs:
                 rows = attn.filter(
-                    (pl.col("doc_id") == doc) & (pl.col("layer") == layer) & (pl.col("head") == head)
+                    (pl.col("doc_id") == doc) & (pl.col("layer") == layer) & (pl.col("head") == (head or 0))
                 )
                 rows = rows.sort("position")
                 ranking = sorted(range(rows.height), key=lambda j: (-rows[score][j], j))
@@ -89,7 +89,7 @@ def test_the_table_equals_a_direct_computation(run_dir, result, tiny_en_dir):
             got = result.table.filter(
                 (pl.col("score") == score)
                 & (pl.col("layer") == layer)
-                & (pl.col("head") == head)
+                & (pl.col("head").eq_missing(head))
                 & (pl.col("k") == k)
             )
             assert got.height == 1
@@ -105,8 +105,10 @@ def test_aopc_rows_are_the_means_over_k_and_references_have_no_head(result):
         per_k = group.filter(pl.col("k").is_not_null())
         aopc = group.filter(pl.col("k").is_null())
         assert aopc["comprehensiveness"][0] == pytest.approx(per_k["comprehensiveness"].mean(), abs=1e-12)
-        assert (layer is None) == (score in fa.REFERENCES) == (head is None)
-    assert t.height == (3 * 2 * 4 + 2) * (len(fa.FRACTIONS) + 1)  # scores x layers x heads + references
+        assert (layer is None) == (score in fa.REFERENCES)
+        assert (head is None) == (score in fa.REFERENCES or score in fa.LAYER_SCORES)
+    # weight and weight_norm per layer and head, value zeroing per layer, and the two references
+    assert t.height == (2 * 2 * 4 + 2 + 2) * (len(fa.FRACTIONS) + 1)
     assert schema.check(pq.read_schema(result.path), "head_faithfulness") == []
     assert "comprehensiveness" in result.summary()
 
