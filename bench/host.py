@@ -31,12 +31,15 @@ HEADS, LAYERS = 12, 12
 
 class StandIn:
     """The real classifier's tokenizer and settings, a forward that costs nothing: views of one
-    buffer of [CLS] rows (softmax-like weights), norms and probabilities of the right shapes."""
+    buffer of [CLS] rows (softmax-like weights), norms and probabilities of the right shapes. Its
+    device is ``meta``, so the engine feeds it as it feeds a GPU (``engines.local.feed_plan``)."""
 
     def __init__(self, clf, max_batch: int = 512) -> None:
         import numpy as np
+        import torch
 
         self._clf = clf
+        self.device = torch.device("meta")
         self.layers = [LAYERS - 2]
         self.num_heads = HEADS
         self.num_layers = LAYERS
@@ -73,6 +76,8 @@ def corpus(rows: int, folder: Path, source: Path = CORPUS) -> Path:
 
 def one(inputs: Path, out: Path, model: Path = MODEL) -> dict:
     """Run the job once in this process, the model stood in for; its summary's figures."""
+    import torch
+
     import bertattn_batch.engines.local as local
     from bertattn_batch import JobSpec, run_job, tune_runtime
 
@@ -90,8 +95,9 @@ def one(inputs: Path, out: Path, model: Path = MODEL) -> dict:
     finally:
         local.load_classifier = real
     attn_rows = (summary.tokens - 2 * summary.scored) * HEADS  # content tokens, each in every head
+    plan = local.feed_plan(torch.device("meta"))
     return {"reviews": summary.input_rows, "wall_s": wall, "seconds": summary.seconds, "attn_rows": attn_rows,
-            "cores": len(os.sched_getaffinity(0))}  # fmt: skip
+            "cores": len(os.sched_getaffinity(0)), "plan": vars(plan)}  # fmt: skip
 
 
 def main() -> None:
@@ -120,7 +126,7 @@ def main() -> None:
             f"{k} {r['reviews'] / v:,.0f}/s" for k, v in r["seconds"].items() if v > 0 and k != "wall"
         )
         print(
-            f"{c} core(s): {r['reviews'] / r['wall_s']:,.0f} reviews/s, "
+            f"{c} core(s), {r['plan']}: {r['reviews'] / r['wall_s']:,.0f} reviews/s, "
             f"{r['attn_rows'] / r['wall_s']:,.0f} attention rows/s end to end; per stage: {stages}"
         )
     top, low = max(results), min(results)

@@ -1,9 +1,10 @@
 """The local engine: one process, a window's steps on threads of their own so that they overlap.
 
-read + encode (a thread*) ──▶ score (this thread) ──▶ extract + stage the part (a thread)
+read + encode (a thread*) ──▶ score (this thread) ──▶ extract + stage the part (threads**)
   ──▶ staged parts back to ``run_job``, in row order, which commits them
 
 * ahead of the model, or in turn with it where torch's threads take every core: see feed_plan
+** one beside torch's threads on the CPU; where the model leaves cores free, several windows at once
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,23 +25,35 @@ from .threads import Worker, prefetch
 
 #: Each encode thread holds a copy of the tokenizer (made at the start of a run).
 MAX_ENCODE_THREADS = 8
+#: Each stage thread holds a window's tables while it builds and writes them.
+MAX_STAGE_THREADS = 8
 
 
-def feed_plan(device: torch.device) -> tuple[int, int]:
-    """How the model is fed: (windows the reader thread makes ahead, threads that encode a window).
+@dataclass(frozen=True)
+class FeedPlan:
+    """How the model is fed: windows the reader makes ahead, threads that encode a window, and
+    threads that extract and write windows (each its own)."""
 
-    On an accelerator, whose thread mostly waits for the device, the reader runs two windows ahead and
-    encodes on every core but the model's and the writer's (at most 4). On the CPU, when torch's
-    threads take every core, a reader beside them would preempt them in the middle of their
-    operations: there it makes a window only when the model asks for one, and encodes it on every core
-    (at most ``MAX_ENCODE_THREADS``). With cores to spare, it runs ahead on those.
+    ahead: int
+    encode_threads: int
+    stage_threads: int
+
+
+def feed_plan(device: torch.device) -> FeedPlan:
+    """The plan for this process's cores and ``device``.
+
+    On the CPU, when torch's threads take every core, a reader beside them would preempt them in the
+    middle of their operations: there it makes a window only when the model asks for one, encodes it
+    on every core, and one thread writes beside the model. Elsewhere the reader runs two windows ahead,
+    and encoding and writing each get a thread per free core (every core on an accelerator, whose
+    thread mostly waits for the device; the cores torch leaves on the CPU): they take turns on the
+    cores, whichever has work, so that neither waits for the other on a machine of many cores.
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if device.type != "cpu":
-        return 2, max(1, min(4, cores - 2))
-    if torch.get_num_threads() >= cores:
-        return 0, min(cores, MAX_ENCODE_THREADS)
-    return 2, min(cores - torch.get_num_threads(), MAX_ENCODE_THREADS)
+    if device.type == "cpu" and torch.get_num_threads() >= cores:
+        return FeedPlan(0, min(cores, MAX_ENCODE_THREADS), 1)
+    free = max(1, cores - torch.get_num_threads()) if device.type == "cpu" else cores
+    return FeedPlan(2, min(free, MAX_ENCODE_THREADS), min(free, MAX_STAGE_THREADS))
 
 
 class LocalEngine:
@@ -71,14 +85,15 @@ class LocalEngine:
         pass_info: PassInfo,
         on_batch: Callable[[int], None] | None = None,
     ) -> Iterator[StagedPart]:
-        ahead, threads = feed_plan(self.clf.device)
+        plan = feed_plan(self.clf.device)
         spec = self.spec
         with WindowJob(
-            self.clf, spec.batch_tokens, spec.max_batch_size, part_writer, pass_info, threads, spec.store_text
-        ) as job:
-            writer = Worker(job.stage, depth=2, name="writer")
+            self.clf, spec.batch_tokens, spec.max_batch_size, part_writer, pass_info,
+            plan.encode_threads, spec.store_text,
+        ) as job:  # fmt: skip
+            writer = Worker(job.stage, depth=2, name="writer", threads=plan.stage_threads)
             try:
-                for window in prefetch(map(job.encode, windows), depth=ahead):
+                for window in prefetch(map(job.encode, windows), depth=plan.ahead):
                     job.score(window, on_batch)
                     writer.put(window)
                     yield from writer.results()

@@ -1,11 +1,11 @@
-"""Run a stage in a background thread so that reading, the model and writing overlap.
+"""Run stages in background threads so that reading, the model and writing overlap.
 
 Usage::
 
-    writer = Worker(stage, depth=2)                       # stage(item) -> result, in a thread
+    writer = Worker(stage, depth=2, threads=2)            # stage(item) -> result, on two threads
     for window in prefetch(read_and_encode(), depth=2):   # producer runs ahead in a thread
         writer.put(score(window))
-        for result in writer.results():                   # what the worker finished so far, in order
+        for result in writer.results():                   # what the threads finished so far, in order
             commit(result)
     for result in writer.close():                         # waits; re-raises the worker's error
         commit(result)
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -82,56 +81,77 @@ def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
 
 
 class Worker:
-    """A single thread that applies ``fn`` to each item put, in order, keeping what it returns for
-    :meth:`results`; its errors re-raise on put, results and close."""
+    """``threads`` threads that apply ``fn`` to the items put, keeping what it returns for
+    :meth:`results` in the order the items were put; its errors re-raise on put, results and close.
 
-    def __init__(self, fn: Callable[[Any], Any], depth: int = 2, name: str = "worker") -> None:
+    At most ``depth`` items wait for a thread, and a result finished ahead of an earlier item's waits
+    for it, so that whoever takes the results (the commits) sees them in order.
+    """
+
+    def __init__(
+        self, fn: Callable[[Any], Any], depth: int = 2, name: str = "worker", threads: int = 1
+    ) -> None:
         self._fn = fn
         self._q: queue.Queue[Any] = queue.Queue(maxsize=depth)
-        self._done: deque[Any] = deque()
+        self._lock = threading.Lock()
+        self._done: dict[int, Any] = {}  # sequence number -> result
+        self._put = self._taken = 0  # sequence numbers of the next item put, and the next result taken
         self._error: BaseException | None = None
         self._cancelled = False
+        self._running = threads
         self._finished = threading.Event()  # waited on instead of join(), which Ctrl-C can confuse
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        for i in range(threads):
+            threading.Thread(target=self._loop, name=f"{name}-{i}" if i else name, daemon=True).start()
 
     def _loop(self) -> None:
         try:
             while (item := self._q.get()) is not _DONE:
+                seq, value = item
                 if self._error is None and not self._cancelled:
                     try:
-                        self._done.append(self._fn(item))
+                        result = self._fn(value)
+                        with self._lock:
+                            self._done[seq] = result
                     except BaseException as e:
-                        self._error = e
+                        with self._lock:
+                            self._error = self._error or e
         finally:
-            self._finished.set()
+            with self._lock:
+                self._running -= 1
+                if not self._running:
+                    self._finished.set()
 
     def put(self, item: Any) -> None:
         self._raise()
-        self._q.put(item)
+        self._q.put((self._put, item))
+        self._put += 1
 
     def results(self) -> list[Any]:
-        """What the thread has finished since the last call, in the order the items were put."""
+        """What the threads have finished since the last call, in the order the items were put, up to
+        the first item still in hand."""
         self._raise()
         out = []
-        while self._done:
-            out.append(self._done.popleft())
+        with self._lock:
+            while self._taken in self._done:
+                out.append(self._done.pop(self._taken))
+                self._taken += 1
         return out
 
     def close(self) -> list[Any]:
         """Wait for every item to be handled, then raise the first error, if any; returns the results
         not yet taken.
 
-        A Ctrl-C while waiting drops the items not yet started but still waits for the one in hand (it
-        may be writing a part's files, and the caller's clean-up must not run beside it), then re-raises.
+        A Ctrl-C while waiting drops the items not yet started but still waits for those in hand (they
+        may be writing a part's files, and the caller's clean-up must not run beside them), then
+        re-raises.
         """
         interrupted: KeyboardInterrupt | None = None
-        sent = False
+        unsent = self._running  # an end marker for each thread
         while not self._finished.is_set():
             try:
-                if not sent:
+                while unsent:
                     self._q.put(_DONE, timeout=0.1)
-                    sent = True
+                    unsent -= 1
                 self._finished.wait(0.1)
             except queue.Full:
                 continue
