@@ -19,7 +19,7 @@ import pyarrow as pa
 from .errors import BertAttnError
 
 #: Tables every run directory holds, in commit order.
-TABLES = ("predictions", "cls_attention", "head_summary")
+TABLES = ("predictions", "cls_attention", "head_summary", "tokens")
 #: A review's ``status`` in predictions: 'ok', or why it was not scored (described in schemas/).
 STATUSES = (
     "ok",

@@ -28,6 +28,19 @@ def read_table(run_dir: Path, table: str) -> pa.Table:
     return ds.dataset(Path(run_dir) / table, format="parquet").to_table()
 
 
+def read_attention(run_dir: Path) -> pa.Table:
+    """cls_attention with each row's token_id, token, start and end looked up in the tokens table by
+    (doc_id, position), in the attention rows' order: the long form, built without the package's join."""
+    attn = read_table(run_dir, "cls_attention")
+    tokens = read_table(run_dir, "tokens").to_pydict()
+    at = {(d, p): i for i, (d, p) in enumerate(zip(tokens["doc_id"], tokens["position"], strict=True))}
+    assert len(at) == len(tokens["doc_id"]), "a (doc_id, position) has two tokens rows"
+    rows = [at[(d, p)] for d, p in zip(attn["doc_id"].to_pylist(), attn["position"].to_pylist(), strict=True)]
+    for name in ("token_id", "token", "start", "end"):
+        attn = attn.append_column(name, pa.array([tokens[name][i] for i in rows]))
+    return attn
+
+
 def eager_oracle(model_dir: Path, texts: list[str], layer: int, max_length: int = 512) -> list[np.ndarray]:
     """transformers' own eager attention in one padded batch: attentions[layer][i, :, 0, 1:len_i-1]."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer

@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 from .. import schema
 from .._util import atomic_path, remove_stale
 from ..errors import RunDirError, SpecError, WriteError
-from ..run import AGGREGATES_DIR, committed_files, read_manifest
+from ..run import AGGREGATES_DIR, CommittedPart, attention_rows, committed_files, read_manifest
 from .contrast import GROUP, with_contrasts, with_shrunk_means
 from .words import CLASSES, REVIEW, word_continuation, word_rows
 
@@ -107,28 +107,29 @@ def aggregates_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / AGGREGATES_DIR / f"{TABLE}.parquet"
 
 
-def committed_parts(run_dir: str | Path) -> list[tuple[str, Path, Path]]:
-    """(part name, cls_attention file, predictions file) of every part the manifest commits, in name
-    order (see ``run.committed_files``)."""
-    return [
-        (p.name, p.files["cls_attention"], p.files["predictions"])
-        for p in committed_files(run_dir, ("cls_attention", "predictions"))
-    ]
+def committed_parts(run_dir: str | Path) -> list[CommittedPart]:
+    """The attention, token and predictions files of every part the manifest commits, in name order
+    (see ``run.committed_files``)."""
+    return committed_files(run_dir, ("cls_attention", "tokens", "predictions"))
 
 
-def review_rows(attn_path: Path | str, preds_path: Path | str) -> pl.LazyFrame:
-    """One part's attention rows of scored reviews, each with its predicted and true label."""
-    attn = pl.scan_parquet(attn_path, glob=False).select(
-        "doc_id", "layer", "head", "position", "token", "weight", "weight_scaled", "weight_norm"
+def review_rows(part: CommittedPart) -> pl.LazyFrame:
+    """One part's attention rows of scored reviews, each with its token, predicted and true label."""
+    attn = pl.scan_parquet(part.files["cls_attention"], glob=False).select(
+        "doc_id", "layer", "head", "position", "weight", "weight_scaled", "weight_norm"
     )
+    tokens = pl.scan_parquet(part.files["tokens"], glob=False)
     preds = (
-        pl.scan_parquet(preds_path, glob=False)
+        pl.scan_parquet(part.files["predictions"], glob=False)
         .filter(pl.col("status") == "ok")
         .select("doc_id", *CLASSES)
         .unique("doc_id")
     )
-    return attn.join(preds, on="doc_id", how="inner").with_columns(
-        pl.col("weight", "weight_scaled", "weight_norm").cast(pl.Float64)
+    return (
+        attention_rows(attn, tokens)
+        .drop("token_id", "start", "end")
+        .join(preds, on="doc_id", how="inner")
+        .with_columns(pl.col("weight", "weight_scaled", "weight_norm").cast(pl.Float64))
     )
 
 
@@ -264,7 +265,7 @@ def aggregate(
     except OSError as e:
         raise WriteError(f"cannot write the aggregates into {out_dir}: {e.strerror or e}") from None
     try:
-        sizes = class_sizes([p for _, _, p in parts])
+        sizes = class_sizes([p.files["predictions"] for p in parts])
         if parts:
             table = combine(_summed(parts, units, continuation, work), sizes, min_reviews, rank_by)
         else:  # a complete run over inputs without rows: an empty table, so what reads it still works
@@ -274,7 +275,7 @@ def aggregate(
             "table": TABLE,
             "schema_version": str(schema.version(TABLE)),
             "options": json.dumps(options),
-            "parts": json.dumps([name for name, _, _ in parts]),
+            "parts": json.dumps([p.name for p in parts]),
             "run_job_sha256": manifest.job_sha256,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
@@ -293,25 +294,25 @@ def aggregate(
         shutil.rmtree(work, ignore_errors=True)
     present = set(sizes["split"].to_list())
     splits = [s for s in SPLITS if s in present]
-    names = [n for n, _, _ in parts]
+    names = [p.name for p in parts]
     seconds = time.perf_counter() - t0
     return Aggregates(final, table, options, names, seconds, splits, manifest.num_layers)
 
 
 def _summed(
-    parts: list[tuple[str, Path, Path]], units: Sequence[str], continuation: str | None, work: Path
+    parts: list[CommittedPart], units: Sequence[str], continuation: str | None, work: Path
 ) -> pl.LazyFrame:
     """Per-token sums over all parts: each part reduced on its own, then the partial sums combined."""
     partials = []
-    for name, attn, preds in parts:
-        slices = -(-pq.ParquetFile(attn).metadata.num_rows // MAX_ROWS_PER_PASS)
+    for part in parts:
+        slices = -(-pq.ParquetFile(part.files["cls_attention"]).metadata.num_rows // MAX_ROWS_PER_PASS)
         for k in range(max(slices, 1)):
-            rows = review_rows(attn, preds)
+            rows = review_rows(part)
             if slices > 1:  # reviews never straddle slices: the sums stay additive
                 rows = rows.filter(pl.col("doc_id").hash(seed=0) % slices == k)
             for unit in units:
                 frame = part_sums(rows if unit == "token" else word_rows(rows, continuation), unit)
-                path = work / f"{unit}-{k}-{name}"
+                path = work / f"{unit}-{k}-{part.name}"
                 frame.sink_parquet(path, engine="streaming")
                 partials.append(path)
     base_path = work / "base.parquet"
@@ -356,4 +357,4 @@ def is_current(run_dir: str | Path, min_reviews: int | None = None) -> bool:
     if min_reviews is not None and meta.get("options", {}).get("min_reviews") != min_reviews:
         return False
 
-    return meta.get("parts") == [name for name, _, _ in committed_parts(run_dir)]
+    return meta.get("parts") == [p.name for p in committed_parts(run_dir)]

@@ -3,10 +3,12 @@
 Usage::
 
     extractor = Extractor(vocab=clf.tokenizer, layers=clf.layers, num_heads=clf.num_heads)
-    tables = extractor.tables(scored)   # {"predictions": ..., "cls_attention": ..., "head_summary": ...}
+    tables = extractor.tables(scored)   # {"predictions", "cls_attention", "head_summary", "tokens"}
 
 Every review is sliced by its own length: content tokens are positions 1 .. n-2 of that review, never
-the padded batch's ``[:, 0, 1:-1]`` (that keeps padding and drops a pad instead of [SEP]).
+the padded batch's ``[:, 0, 1:-1]`` (that keeps padding and drops a pad instead of [SEP]). A token's
+id, text and span are written once per review position (``tokens``), not once per layer and head:
+``run.attention_rows`` joins them back.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ CHUNK_TOKEN_ROWS = 1 << 18
 
 
 class Extractor:
-    """Builds the three tables of a run from scored rows; stateless apart from the vocabulary."""
+    """Builds the tables of a run from scored rows; stateless apart from the vocabulary."""
 
     def __init__(
         self,
@@ -71,8 +73,13 @@ class Extractor:
         self.store_text = store_text
 
     def tables(self, rows: Sequence[ScoredRow]) -> dict[str, pa.Table]:
-        attention, summary = self.cls_attention(rows)
-        return {"predictions": self.predictions(rows), "cls_attention": attention, "head_summary": summary}
+        attention, summary, tokens = self.cls_attention(rows)
+        return {
+            "predictions": self.predictions(rows),
+            "cls_attention": attention,
+            "head_summary": summary,
+            "tokens": tokens,
+        }
 
     def predictions(self, rows: Sequence[ScoredRow]) -> pa.Table:
         pred_id = [int(np.argmax(r.probs)) if r.probs is not None else None for r in rows]
@@ -107,8 +114,8 @@ class Extractor:
         )
         return schema.cast(table, "predictions")
 
-    def cls_attention(self, rows: Sequence[ScoredRow]) -> tuple[pa.Table, pa.Table]:
-        """(cls_attention, head_summary) for the scored rows among ``rows``.
+    def cls_attention(self, rows: Sequence[ScoredRow]) -> tuple[pa.Table, pa.Table, pa.Table]:
+        """(cls_attention, head_summary, tokens) for the scored rows among ``rows``.
 
         Built in chunks of whole reviews of at most ``CHUNK_TOKEN_ROWS`` token rows, so that the index
         arithmetic's temporaries stay a few MB whatever the window, layers and heads (for a whole window
@@ -125,14 +132,12 @@ class Extractor:
             size += rows_i
         chunks.append(scored[start:])
         built = [self._cls_chunk(chunk) for chunk in chunks]
-        return (
-            pa.concat_tables([attn for attn, _ in built]),
-            pa.concat_tables([summary for _, summary in built]),
-        )
+        attention, summary, tokens = (pa.concat_tables(tables) for tables in zip(*built, strict=True))
+        return attention, summary, tokens
 
-    def _cls_chunk(self, scored: Sequence[ScoredRow]) -> tuple[pa.Table, pa.Table]:
-        """The two tables for a chunk of scored reviews: every column from a few vectorised operations
-        over the concatenated content tokens. Token rows are ordered (review, layer, head, position);
+    def _cls_chunk(self, scored: Sequence[ScoredRow]) -> tuple[pa.Table, pa.Table, pa.Table]:
+        """The three tables for a chunk of scored reviews: every column from a few vectorised operations
+        over the concatenated content tokens. Attention rows are ordered (review, layer, head, position);
         each (review, layer, head) is one segment of ``m`` content tokens, scaled over itself."""
         L, H = len(self.layers), self.num_heads
         n = np.array([r.encoded.n_tokens for r in scored], dtype=np.int64)
@@ -149,13 +154,8 @@ class Extractor:
         del seg_start
         lh = np.tile(np.arange(L * H, dtype=np.int32), len(scored))  # each segment's (layer, head)
         seg_layer, seg_head = self.layers[lh // H], (lh % H).astype(np.int16)
-        # into the concatenated content tokens: the review's first content token, plus j
-        token_at = np.repeat((np.cumsum(m) - m).astype(index), L * H * m) + j
-        ids = _cat([r.encoded.ids[1 : _last(r)] for r in scored], np.int32)
+        ids = _cat([r.encoded.ids[1 : _last(r)] for r in scored], np.int32)  # every content token, once
         offsets = np.concatenate([r.encoded.offsets[1 : _last(r)] for r in scored] or [np.zeros((0, 2))])
-        tok = ids[token_at]
-        start, end = offsets[token_at, 0], offsets[token_at, 1]
-        del token_at
         review_of_seg = np.repeat(np.arange(len(scored), dtype=np.int32), L * H)
         docs = pa.array([r.doc_id for r in scored], pa.string())
         attn = {
@@ -163,14 +163,21 @@ class Extractor:
             "layer": np.repeat(seg_layer, seg),
             "head": np.repeat(seg_head, seg),
             "position": (j + 1).astype(np.int32, copy=False),
-            "token_id": tok,
-            "token": self.vocab.take(pa.array(tok)),
-            "start": start.astype(np.int32, copy=False),
-            "end": end.astype(np.int32, copy=False),
             "weight": weight,
             "weight_scaled": scaled,
             "weight_norm": _cat([r.cls_norms[:, :, 1 : _last(r)].reshape(-1) for r in scored], np.float32),
             "value_zeroing": _zeroing(scored, H, len(weight)),
+        }
+        del j
+        review_of_token = np.repeat(np.arange(len(scored), dtype=np.int32), m)
+        first = (np.cumsum(m) - m).astype(np.int32)  # each review's first content token among ``ids``
+        tokens = {
+            "doc_id": docs.take(pa.array(review_of_token)),
+            "position": np.arange(len(ids), dtype=np.int32) - first[review_of_token] + 1,
+            "token_id": ids,
+            "token": self.vocab.take(pa.array(ids)),
+            "start": offsets[:, 0].astype(np.int32, copy=False),
+            "end": offsets[:, 1].astype(np.int32, copy=False),
         }
 
         summary = {
@@ -186,6 +193,7 @@ class Extractor:
         return (
             schema.cast(pa.table(attn), "cls_attention"),
             schema.cast(pa.table(summary), "head_summary"),
+            schema.cast(pa.table(tokens), "tokens"),
         )
 
 

@@ -40,7 +40,7 @@ from .trust import trust_html
 
 def _committed_predictions(run: Path) -> pl.DataFrame:
     """Every committed prediction row, whatever its status (the report counts statuses too)."""
-    files = [preds for _, _, preds in agg.committed_parts(run)]
+    files = [p.files["predictions"] for p in agg.committed_parts(run)]
     if not files:
         return pl.DataFrame()
     return (

@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 
 from ..errors import InputError, RunDirError, SpecError
-from ..run import Manifest, committed_files, layer_name, read_manifest
+from ..run import Manifest, attention_rows, committed_files, layer_name, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,8 @@ def readable(tokens: list[str], byte_level: bool | None = None) -> list[str]:
 
 
 def from_rows(rows: pl.DataFrame, doc_id: str, layer: int) -> ReviewAttention:
-    """Build a review from its cls_attention rows at one layer (any row order)."""
+    """Build a review from its attention rows, in the long form (``run.attention_rows``), at one layer
+    (any row order)."""
     rows = rows.filter((pl.col("doc_id") == doc_id) & (pl.col("layer") == layer)).sort(["head", "position"])
     if rows.is_empty():
         raise InputError(f"no attention rows for review {doc_id!r} at layer {layer}")
@@ -195,16 +196,17 @@ def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = No
     run = Path(run_dir)
     manifest = read_manifest(run)
     idx = run_layer(manifest, layer)
-    parts = committed_files(run, ("cls_attention", "predictions"))  # a stray file is never read
+    parts = committed_files(run, ("cls_attention", "tokens", "predictions"))  # a stray file is never read
     if not parts:
         raise RunDirError(f"{run} has no committed parts")
-    attn_files = [p.files["cls_attention"] for p in parts]
     pred_files = [p.files["predictions"] for p in parts]
-    rows = (
-        pl.scan_parquet(attn_files, glob=False)
-        .filter(pl.col("doc_id").is_in(doc_ids) & (pl.col("layer") == idx))
-        .collect(engine="streaming")
-    )
+    wanted = pl.col("doc_id").is_in(doc_ids)
+    rows = attention_rows(
+        pl.scan_parquet([p.files["cls_attention"] for p in parts], glob=False).filter(
+            wanted & (pl.col("layer") == idx)
+        ),
+        pl.scan_parquet([p.files["tokens"] for p in parts], glob=False).filter(wanted),
+    ).collect(engine="streaming")
     preds = (
         pl.scan_parquet(pred_files, glob=False)
         .filter(pl.col("doc_id").is_in(doc_ids) & (pl.col("status") == "ok"))
@@ -270,7 +272,8 @@ def review_from_text(
     scored = ScoredRow(0, doc_id, None, "ok", enc, probs[0], out.rows[0, :, :, :n], out.norms[0, :, :, :n])
 
     extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels)
-    table = pl.from_arrow(extractor.tables([scored])["cls_attention"])
+    tables = {name: pl.from_arrow(t).lazy() for name, t in extractor.tables([scored]).items()}
+    table = attention_rows(tables["cls_attention"], tables["tokens"]).collect()
     review = from_rows(table, doc_id, clf.layers[0])
     pred = int(np.argmax(probs[0]))
     review.pred_label, review.prob, review.text = clf.labels[pred], float(probs[0, pred]), text

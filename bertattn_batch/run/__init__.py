@@ -23,6 +23,7 @@ from .manifest import (
 from .parts import CommittedPart, PartWriter, check_part_file, committed_files
 from .resume import ResumePoint, input_changes, resume_point
 from .rundir import RunDir, old_manifest
+from .views import TOKEN_COLUMNS, TOKEN_KEY, attention_rows, scan_attention
 
 __all__ = [
     "AGGREGATES_DIR",
@@ -31,12 +32,15 @@ __all__ = [
     "LOCK_NAME",
     "MANIFEST",
     "REPORT_NAME",
+    "TOKEN_COLUMNS",
+    "TOKEN_KEY",
     "CommittedPart",
     "Manifest",
     "PartEntry",
     "PartWriter",
     "ResumePoint",
     "RunDir",
+    "attention_rows",
     "check_part_file",
     "committed_files",
     "input_changes",
@@ -49,5 +53,6 @@ __all__ = [
     "read_manifest",
     "resume_point",
     "row_range_problems",
+    "scan_attention",
     "tmp_name",
 ]

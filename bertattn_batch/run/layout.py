@@ -7,6 +7,7 @@ runs/<run>/
   predictions/part-*.parquet    one row per input review
   cls_attention/part-*.parquet  one row per (review, layer, head, content token)
   head_summary/part-*.parquet   one row per (review, layer, head)
+  tokens/part-*.parquet         one row per (review, content token): its id, text and span
   aggregates/, report.html      what ``aggregate`` and ``report`` write into a run
   .bertattn.lock                held by the one process writing the run
 ```

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import eager_oracle, minmax, plain_probs, read_table
+from helpers import eager_oracle, minmax, plain_probs, read_attention, read_table
 
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
@@ -48,7 +48,7 @@ def test_weights_match_eager_output_attentions(request, model_fixture, attention
     texts = pq.read_table(drug_sample).column("text").to_pylist()
     ids = pq.read_table(drug_sample).column("doc_id").to_pylist()
     oracle = eager_oracle(model_dir, texts, layer=-2)
-    written = _by_doc(read_table(out, "cls_attention"))
+    written = _by_doc(read_attention(out))
     num_layers = 6 if model_fixture == "minilm_dir" else 3
     assert set(written) == set(ids)
     for doc_id, expected in zip(ids, oracle, strict=True):
@@ -75,7 +75,7 @@ def test_predictions_and_last_layer_match_plain_transformers(request, model_fixt
     np.testing.assert_allclose(
         np.array([preds[d]["probs"] for d in ids]), plain_probs(model_dir, texts), atol=1e-5, rtol=0
     )
-    written = _by_doc(read_table(out, "cls_attention"))
+    written = _by_doc(read_attention(out))
     for doc_id, expected in zip(ids, eager_oracle(model_dir, texts, layer=-1), strict=True):
         got = written[doc_id]
         order = np.lexsort((got["position"], got["head"]))
@@ -89,7 +89,7 @@ def test_head_mass_closes_to_one(minilm_dir, drug_sample, tmp_path):
             inputs=[str(drug_sample)], model=str(minilm_dir), out=str(out), layers=[-2, 0], progress=False
         )
     )
-    attn = read_table(out, "cls_attention")
+    attn = read_attention(out)
     summary = read_table(out, "head_summary")
     sums: dict[tuple, float] = {}
     for d, layer, head, w in zip(

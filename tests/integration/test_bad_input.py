@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import read_table, tiny_bert_config
+from helpers import read_attention, read_table, tiny_bert_config
 from typer.testing import CliRunner
 
 from bertattn_batch.analysis.validate import validate_run
@@ -85,7 +85,7 @@ def test_row_level_problems_get_statuses(tiny_en_dir, tmp_path):
         "not scored: duplicate_id 1, empty_text 2, no_tokens 1, not_text 1, null_id 1, null_text 1"
         in r.output
     )
-    attn = read_table(out, "cls_attention")
+    attn = read_attention(out)
     assert set(attn.column("doc_id").to_pylist()) == {"a", "f", "g", "h"}
 
 
@@ -131,7 +131,7 @@ def test_lines_that_are_no_json_object_get_a_status_and_their_row_number(tiny_en
     ]
     assert "not scored: not_json 3" in r.output
     assert "3 lines are not a JSON object (lines 2, 4, 5); recorded with status not_json" in caplog.text
-    assert set(read_table(out, "cls_attention").column("doc_id").to_pylist()) == {"a", "1"}
+    assert set(read_attention(out).column("doc_id").to_pylist()) == {"a", "1"}
     assert validate_run(out).ok
 
     with src.open("a") as f:  # a new review; the next pass scores it and records the bad lines again
@@ -167,7 +167,7 @@ def test_csv_rows_with_the_wrong_number_of_fields_get_a_status_and_their_row_num
     ]
     assert "not scored: wrong_field_count 2" in r.output
     assert "2 rows have another number of fields than the header (rows 1, 3)" in caplog.text
-    assert set(read_table(out, "cls_attention").column("doc_id").to_pylist()) == {"a", "1"}
+    assert set(read_attention(out).column("doc_id").to_pylist()) == {"a", "1"}
     assert validate_run(out).ok
 
 
@@ -190,7 +190,7 @@ def test_empty_files_give_empty_runs(tiny_en_dir, tmp_path):
         assert r.output.startswith("0 reviews") and "the input holds no rows" in r.output
         manifest = json.loads((out / "manifest.json").read_text())
         assert manifest["status"] == "complete"
-        assert manifest["counts"] == {"predictions": 0, "cls_attention": 0, "head_summary": 0}
+        assert manifest["counts"] == {"predictions": 0, "cls_attention": 0, "head_summary": 0, "tokens": 0}
         report = validate_run(out)
         assert report.ok, report.render()
     # what reads a run works on one without rows: an empty aggregates table, a report of 0 reviews
@@ -270,7 +270,7 @@ def test_labels_read_alike_from_every_format_and_a_file_is_read_once(tiny_en_dir
     text.write_bytes("\ufeffgreat food\nslow service\n".encode())
     out = tmp_path / "bom"
     assert _extract(text, tiny_en_dir, out).exit_code == 0
-    attention = read_table(out, "cls_attention").filter(pc.equal(pc.field("doc_id"), "0"))
+    attention = read_attention(out).filter(pc.equal(pc.field("doc_id"), "0"))
     assert min(attention.column("start").to_pylist()) == 0  # spans index the review without the mark
     assert attention.column("token").to_pylist()[0] == "great"
 
@@ -614,7 +614,7 @@ def test_a_vocabulary_with_unused_ids_names_every_token(tmp_path):
     out = tmp_path / "run"
     result = _extract(src, model, out, "--layers", "0")
     assert result.exit_code == 0, result.output
-    attn = read_table(out, "cls_attention")
+    attn = read_attention(out)
     attn = attn.filter(pc.equal(attn["head"], 0))
     assert attn.column("token").to_pylist() == ["a", "zz", "b"]
     assert attn.column("token_id").to_pylist() == [5, 9, 6]

@@ -30,6 +30,7 @@ KILLER = Path(__file__).resolve().parents[1] / "killer.py"
 SORT_KEYS = {
     "predictions": ["row_index"],
     "cls_attention": ["doc_id", "layer", "head", "position"],
+    "tokens": ["doc_id", "position"],
     "head_summary": ["doc_id", "layer", "head"],
 }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import polars as pl
 
 from ... import schema
+from ...run import TOKEN_KEY
 from .layout import Part, RunView
 from .predictions import Rule, apply_rules, fmt, r
 from .report import KEPT, Recorder
@@ -78,16 +79,17 @@ def check_attention(rec: Recorder, run: RunView) -> None:
 
 
 def _check_part_attention(rec: Recorder, run: RunView, part: Part) -> tuple[int, pl.DataFrame]:
-    """Per-(review, layer, head) checks of one part; returns how many head_summary rows it checked and
-    its distinct (token_id, token) pairs, which the run's parts must agree on."""
+    """Per-(review, layer, head) checks of one part, and of its tokens; returns how many head_summary
+    rows it checked and its distinct (token_id, token) pairs, which the run's parts must agree on."""
     assert run.layers is not None and run.num_heads is not None
-    rel_attn, rel_sum = part.rel["cls_attention"], part.rel["head_summary"]
+    rel_attn, rel_sum, rel_tok = part.rel["cls_attention"], part.rel["head_summary"], part.rel["tokens"]
     pred = pl.read_parquet(
         run.file(part, "predictions"), columns=["doc_id", "status", "n_tokens"], glob=False
     )
     scored = pred.filter(pl.col("status") == "ok").select("doc_id", "n_tokens").unique("doc_id")
     summary = pl.read_parquet(run.file(part, "head_summary"), glob=False)  # reviews x layers x heads rows
     attn = pl.scan_parquet(run.file(part, "cls_attention"), glob=False)
+    tokens = pl.scan_parquet(run.file(part, "tokens"), glob=False)
     layer_ok = pl.col("layer").is_in(run.layers) & pl.col("head").is_between(0, run.num_heads - 1)
     key = fmt("doc '{}' layer {} head {}", "doc_id", "layer", "head")
 
@@ -135,24 +137,20 @@ def _check_part_attention(rec: Recorder, run: RunView, part: Part) -> tuple[int,
         )
         report("layers_heads", grid.join(table, on=_KEYS, how="anti"), fmt("{}: missing", where))
 
-    # per position: the same token in every layer and head
-    same = ("token_id", "token", "start", "end")
-    positions = (  # one row per (review, position): also where the part's (token_id, token) pairs come from
-        attn.group_by("doc_id", "position")
-        .agg(
-            pl.col("token_id").first().alias("id"),
-            pl.col("token").first().alias("text"),
-            *(pl.col(c).n_unique() for c in same),
-        )
-        .collect(engine="streaming")
-    )
+    # per position: one tokens row for each position the attention rows hold, and no other
+    where = fmt("{} doc '{}' position {}", pl.lit(rel_tok), "doc_id", "position")
+    written = tokens.group_by(TOKEN_KEY).agg(n=pl.len()).collect(engine="streaming")
     report(
         "tokens",
-        positions.filter(pl.any_horizontal(pl.col(c) > 1 for c in same)).sort("doc_id", "position"),
-        fmt(
-            "{} doc '{}' position {}: {} token ids, {} tokens, {} starts, {} ends over its layers and heads",
-            *(pl.lit(rel_attn), "doc_id", "position", *same),
-        ),
+        written.filter(pl.col("n") > 1).sort(TOKEN_KEY),
+        fmt("{}: written {} times", where, "n"),
+    )
+    held = attn.select(TOKEN_KEY).unique().collect(engine="streaming")
+    report("tokens", held.join(written, on=TOKEN_KEY, how="anti").sort(TOKEN_KEY), fmt("{}: missing", where))
+    report(
+        "tokens",
+        written.join(held, on=TOKEN_KEY, how="anti").sort(TOKEN_KEY),
+        fmt("{}: no attention rows in {}", where, pl.lit(rel_attn)),
     )
 
     # per head: positions, mass, min/max
@@ -254,11 +252,18 @@ def _check_part_attention(rec: Recorder, run: RunView, part: Part) -> tuple[int,
                 at,
             ),
         ),
-        (
-            "spans",
-            ~((pl.col("start") >= 0) & (pl.col("start") <= pl.col("end"))),
-            fmt("{}: span {}..{} is not 0 <= start <= end", at, "start", "end"),
-        ),
     ]
     apply_rules(rec, rows, row_rules)
-    return summary.height, positions.select(token_id="id", token="text").unique()
+    span_rule: Rule = (
+        "spans",
+        ~((pl.col("start") >= 0) & (pl.col("start") <= pl.col("end"))),
+        fmt(
+            "{} doc '{}' position {}: span {}..{} is not 0 <= start <= end",
+            *(pl.lit(rel_tok), "doc_id"),
+            "position",
+            "start",
+            "end",
+        ),
+    )
+    apply_rules(rec, tokens, [span_rule])
+    return summary.height, tokens.select("token_id", "token").unique().collect(engine="streaming")

@@ -16,7 +16,7 @@ from .report import KEPT, Recorder
 def _span_ends(run: RunView, part: Part) -> dict[int, tuple[str, int]]:
     """row_index -> (doc_id, largest span end) for the scored reviews of one part."""
     ends = (
-        pl.scan_parquet(run.file(part, "cls_attention"), glob=False)
+        pl.scan_parquet(run.file(part, "tokens"), glob=False)
         .group_by("doc_id")
         .agg(end=pl.col("end").max())
         .join(
@@ -47,7 +47,7 @@ def check_source_spans(rec: Recorder, run: RunView) -> None:
         rec.skip("spans", "the manifest names no inputs: end <= text length not checked")
         return
     pending = sorted(
-        (p for p in run.parts if p.readable >= {"predictions", "cls_attention"}),
+        (p for p in run.parts if p.readable >= {"predictions", "tokens"}),
         key=lambda p: (p.start_row, p.generation),
     )
     active: list[tuple[Part, dict[int, tuple[str, int]]]] = []
@@ -78,7 +78,7 @@ def check_source_spans(rec: Recorder, run: RunView) -> None:
                     if end > len(text):
                         rec.fail(
                             "spans",
-                            f"{part.rel['cls_attention']} doc {doc_id!r} (row {row}): a token span ends at "
+                            f"{part.rel['tokens']} doc {doc_id!r} (row {row}): a token span ends at "
                             f"{end}, past the text's length {len(text)}",
                         )
             active = [(p, e) for p, e in active if p.end_row > hi or e]

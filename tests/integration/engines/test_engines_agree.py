@@ -27,6 +27,7 @@ pytestmark = pytest.mark.xdist_group("ray")
 ORDER = {
     "predictions": ["row_index"],
     "cls_attention": ["doc_id", "layer", "head", "position"],
+    "tokens": ["doc_id", "position"],
     "head_summary": ["doc_id", "layer", "head"],
 }
 

@@ -37,6 +37,7 @@ HAS_RAY = importlib.util.find_spec("ray") is not None
 ORDER = {
     "predictions": ["row_index"],
     "cls_attention": ["doc_id", "layer", "head", "position"],
+    "tokens": ["doc_id", "position"],
     "head_summary": ["doc_id", "layer", "head"],
 }
 FLOATS = {

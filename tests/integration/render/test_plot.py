@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from conftest import SEED_TEXT
-from helpers import eager_oracle, minmax, read_table
+from helpers import eager_oracle, minmax, read_attention, read_table
 from typer.testing import CliRunner
 
 import bertattn_batch.render.figures as figures
@@ -64,7 +64,7 @@ def zh_run(tiny_zh_dir, zh_sample, tmp_path_factory) -> Path:
 
 def stored(run: Path, doc_id: str, layer: int, column: str) -> np.ndarray:
     """(heads, tokens) of one review straight from the Parquet files, ordered by hand."""
-    t = read_table(run, "cls_attention")
+    t = read_attention(run)
     t = t.filter(pc.and_(pc.equal(t["doc_id"], doc_id), pc.equal(t["layer"], layer)))
     t = t.sort_by([("head", "ascending"), ("position", "ascending")])
     heads = len(set(t["head"].to_pylist()))

@@ -15,7 +15,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import REPO, read_table
+from helpers import REPO, read_attention, read_table
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
@@ -90,7 +90,7 @@ def expected(run_dir) -> dict[tuple, dict]:
 def oracle(run: Path, min_reviews: int) -> dict[tuple, dict]:
     """Every aggregate by hand from the run's rows (pyarrow + numpy), keyed like the table."""
     preds = {p["doc_id"]: p for p in read_table(run, "predictions").to_pylist() if p["status"] == "ok"}
-    attn = read_table(run, "cls_attention")
+    attn = read_attention(run)
     cols = [attn.column(c).to_pylist() for c in ("doc_id", "layer", "head", "position", "token")]
     weight = attn.column("weight").to_numpy().astype(np.float64)
     scaled = attn.column("weight_scaled").to_numpy().astype(np.float64)
@@ -399,9 +399,7 @@ def test_the_manifest_decides_which_parts_are_read(run_dir, tmp_path):
     shutil.rmtree(run / agg.AGGREGATES_DIR, ignore_errors=True)
     first = sorted((run / "cls_attention").glob("part-*.parquet"))[0]
     shutil.copy(first, run / "cls_attention" / "part-000000009999.parquet")  # not in the manifest
-    assert [name for name, _, _ in agg.committed_parts(run)] == [
-        name for name, _, _ in agg.committed_parts(run_dir)
-    ]
+    assert [p.name for p in agg.committed_parts(run)] == [p.name for p in agg.committed_parts(run_dir)]
     first.unlink()
     with pytest.raises(agg.RunDirError, match="committed in the manifest but missing"):
         agg.aggregate(run, min_reviews=MIN_REVIEWS)
@@ -471,6 +469,22 @@ def _same(got: pl.DataFrame, want: pl.DataFrame) -> None:
     cols = ["layer", "head", "token", "n_reviews"]
     assert got.select(cols).rows() == want.select(cols).rows()
     np.testing.assert_allclose(got["mean_scaled"].to_numpy(), want["mean_scaled"].to_numpy(), rtol=1e-9)
+
+
+def test_the_long_form_recipes_give_every_attention_row_with_its_token(run_dir):
+    duckdb = pytest.importorskip("duckdb")
+    from bertattn_batch.run import scan_attention
+
+    keys = ["doc_id", "layer", "head", "position"]
+    want = pl.from_arrow(read_attention(run_dir)).sort(keys)
+    scope: dict = {}
+    exec(recipe("long_polars", str(run_dir), "positive"), scope)
+    for got in (scope["attention"].collect(), scan_attention(run_dir).collect()):
+        assert got.sort(keys).select(want.columns).equals(want)
+    con = duckdb.connect()
+    con.execute(recipe("long_sql", str(run_dir), "positive"))
+    view = con.sql('SELECT doc_id, layer, head, position, token, start, "end" FROM attention').pl()
+    assert view.sort(keys).equals(want.select(view.columns).sort(keys))
 
 
 def test_the_recipes_agree_with_aggregate(run_dir, result):
@@ -625,3 +639,24 @@ def test_a_part_committed_but_not_yet_renamed_is_waited_for(run_dir, tmp_path, m
     monkeypatch.setattr(run_parts, "RENAME_WAIT_SECONDS", 0.2)
     with pytest.raises(agg.RunDirError, match=r"still has its temporary name.*rerun the extract"):
         agg.committed_parts(run)
+
+
+def test_a_run_of_an_older_table_version_is_refused_in_one_line(run_dir, tmp_path):
+    """Version 2 of cls_attention held each row's token; reading it as version 3 would fail on a missing
+    column much later. Every reader refuses it at once and says how to redo the run."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    run = tmp_path / "old"
+    shutil.copytree(run_dir, run)
+    m = json.loads((run / "manifest.json").read_text())
+    m["schema_versions"] = {"predictions": 2, "cls_attention": 2, "head_summary": 1}
+    (run / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(agg.RunDirError, match=r"cls_attention v2.*--overwrite"):
+        agg.aggregate(run, min_reviews=MIN_REVIEWS)
+    for args in (["aggregate", str(run)], ["plot", str(run), "--doc-id", "x", "--out", str(tmp_path / "x.png")]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code != 0
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert len(lines) == 1 and "--overwrite" in lines[0], result.output

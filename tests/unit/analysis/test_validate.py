@@ -182,29 +182,19 @@ def _part_rows_edited(run: Path) -> None:
 
 
 def _span_past_end(run: Path) -> None:
+    """Row 2's token ends past the text: only the source can tell."""
+
     def change(c):
         c["end"][2] = 100_000
 
-    _rewrite(run / "cls_attention" / PART0, change)
-
-
-def _span_past_end_in_every_head(run: Path) -> None:
-    """Row 2's token ends past the text in every layer and head: only the source can tell."""
-
-    def change(c):
-        at = (c["doc_id"][2], c["position"][2])
-        for i in range(len(c["end"])):
-            if (c["doc_id"][i], c["position"][i]) == at:
-                c["end"][i] = 100_000
-
-    _rewrite(run / "cls_attention" / PART0, change)
+    _rewrite(run / "tokens" / PART0, change)
 
 
 def _span_reversed(run: Path) -> None:
     def change(c):
         c["start"][2] = c["end"][2] + 1
 
-    _rewrite(run / "cls_attention" / PART0, change)
+    _rewrite(run / "tokens" / PART0, change)
 
 
 def _wrong_type(run: Path) -> None:
@@ -264,26 +254,29 @@ def _wrong_position(run: Path) -> None:
     _rewrite(run / "cls_attention" / PART0, change)
 
 
-def _token_id_changed(run: Path) -> None:
+def _token_row_dropped(run: Path) -> None:
     def change(c):
-        c["token_id"][3] += 1
+        for k in c:
+            del c[k][3]
 
-    _rewrite(run / "cls_attention" / PART0, change)
+    _rewrite(run / "tokens" / PART0, change)
 
 
-def _token_text_changed(run: Path) -> None:
+def _token_row_twice(run: Path) -> None:
     def change(c):
-        c["token"][3] += "x"
+        for k in c:
+            c[k].insert(3, c[k][3])
 
-    _rewrite(run / "cls_attention" / PART0, change)
+    _rewrite(run / "tokens" / PART0, change)
 
 
-def _span_shifted_in_one_head(run: Path) -> None:
+def _token_row_moved(run: Path) -> None:
+    """A token row at a position no attention row holds (and its own position left without one)."""
+
     def change(c):
-        c["start"][3] = max(0, c["start"][3] - 1)
-        c["end"][3] += 1
+        c["position"][3] = 10_000
 
-    _rewrite(run / "cls_attention" / PART0, change)
+    _rewrite(run / "tokens" / PART0, change)
 
 
 def _status_unknown(run: Path) -> None:
@@ -316,9 +309,9 @@ DAMAGE = [
     ("one head missing for a review", _head_missing, {"layers_heads", "counts"}),
     ("a position twice", _wrong_position, {"positions"}),
     ("an unknown status", _status_unknown, {"predictions"}),
-    ("a token id changed in one head", _token_id_changed, {"tokens"}),
-    ("a token's text changed in one head", _token_text_changed, {"tokens"}),
-    ("a span changed in one head", _span_shifted_in_one_head, {"tokens"}),
+    ("a tokens row dropped", _token_row_dropped, {"tokens", "counts"}),
+    ("a tokens row written twice", _token_row_twice, {"tokens", "counts"}),
+    ("a tokens row at a position with no attention", _token_row_moved, {"tokens"}),
 ]
 
 
@@ -355,7 +348,7 @@ def test_problem_examples_name_the_place(en_run, tmp_path):
 
 def test_no_source_skips_the_text_length_check(en_run, tmp_path):
     run = _copy(en_run, tmp_path)
-    _span_past_end_in_every_head(run)
+    _span_past_end(run)
     assert not validate_run(run).ok
     report = validate_run(run, check_source=False)
     assert report.ok
@@ -474,7 +467,7 @@ def _damage(path: Path, column: str) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize(("table", "column"), [("cls_attention", "token_id"), ("predictions", "doc_id")])
+@pytest.mark.parametrize(("table", "column"), [("tokens", "token_id"), ("predictions", "doc_id")])
 def test_a_damaged_column_is_a_problem_named_with_its_file(table, column, en_run, tmp_path):
     """Every value is decoded once: a column no other check reads (token_id) is checked too, and a
     damaged one that other checks read names its file instead of stopping validate."""

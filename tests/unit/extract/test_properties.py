@@ -158,10 +158,10 @@ def test_extraction_keeps_exactly_each_reviews_content_positions(case):
         c: np.asarray(tables["cls_attention"].column(c).to_pylist())
         for c in tables["cls_attention"].column_names
     }
-    summ = {
-        c: np.asarray(tables["head_summary"].column(c).to_pylist())
-        for c in tables["head_summary"].column_names
-    }
+    summ, tokens = (
+        {c: np.asarray(tables[t].column(c).to_pylist()) for c in tables[t].column_names}
+        for t in ("head_summary", "tokens")
+    )
     preds = tables["predictions"].to_pylist()
     assert [p["n_tokens"] for p in preds] == [n if n > 2 else 0 for n in lengths]
     assert (attn["weight"] != PAD_VALUE).all(), "a padded position leaked into the output"
@@ -188,12 +188,16 @@ def test_extraction_keeps_exactly_each_reviews_content_positions(case):
                 else:
                     assert (got["value_zeroing"][li, h] == None).all()  # noqa: E711 (an object array)
 
-                assert got["token_id"][li, h].tolist() == r.encoded.ids[1 : n - 1].tolist()
-                assert got["start"][li, h].tolist() == r.encoded.offsets[1 : n - 1, 0].tolist()
-                assert got["end"][li, h].tolist() == r.encoded.offsets[1 : n - 1, 1].tolist()
                 np.testing.assert_allclose(
                     got["weight_scaled"][li, h], plain_minmax(real[k, h, 1 : n - 1].tolist()), atol=1e-6
                 )
+        # the review's tokens once each, in position order, whatever its layers and heads
+        t = tokens["doc_id"] == f"d{i}"
+        assert tokens["position"][t].tolist() == list(range(1, n - 1))
+        assert tokens["token_id"][t].tolist() == r.encoded.ids[1 : n - 1].tolist()
+        assert tokens["token"][t].tolist() == [f"t{j}" for j in r.encoded.ids[1 : n - 1]]
+        assert tokens["start"][t].tolist() == r.encoded.offsets[1 : n - 1, 0].tolist()
+        assert tokens["end"][t].tolist() == r.encoded.offsets[1 : n - 1, 1].tolist()
         s = (summ["doc_id"] == f"d{i}") & np.isin(summ["layer"], layers)
         assert s.sum() == len(layers) * H
         for layer, h, n_content, w_cls, w_sep in zip(

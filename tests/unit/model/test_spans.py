@@ -7,7 +7,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from conftest import SEED_TEXT
-from helpers import read_table
+from helpers import read_attention
 
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
@@ -31,7 +31,7 @@ def test_seed_review_spans(tiny_zh_dir, tmp_path):
     pq.write_table(pa.table({"text": [SEED_TEXT]}), src)
     out = tmp_path / "run"
     run_job(JobSpec(inputs=[str(src)], model=str(tiny_zh_dir), out=str(out), progress=False))
-    attn = read_table(out, "cls_attention")
+    attn = read_attention(out)
     attn = attn.filter(pc.equal(attn.column("head"), 0))  # one head: each token once, in position order
     tokens = attn.column("token").to_pylist()
     _check_spans(SEED_TEXT, tokens, attn.column("start").to_pylist(), attn.column("end").to_pylist())
