@@ -655,7 +655,10 @@ def test_a_run_of_an_older_table_version_is_refused_in_one_line(run_dir, tmp_pat
     (run / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(agg.RunDirError, match=r"cls_attention v2.*--overwrite"):
         agg.aggregate(run, min_reviews=MIN_REVIEWS)
-    for args in (["aggregate", str(run)], ["plot", str(run), "--doc-id", "x", "--out", str(tmp_path / "x.png")]):
+    for args in (
+        ["aggregate", str(run)],
+        ["plot", str(run), "--doc-id", "x", "--out", str(tmp_path / "x.png")],
+    ):
         result = CliRunner().invoke(app, args)
         assert result.exit_code != 0
         lines = [line for line in result.output.splitlines() if line.strip()]
