@@ -71,7 +71,7 @@ class PartWriter:
             path,
             compression="zstd",
             row_group_size=1 << 20,
-            use_dictionary=_repeating(table.schema),
+            use_dictionary=dictionary_columns(table.schema),
             write_page_checksum=True,
         )
         fd = os.open(path, os.O_RDONLY)
@@ -81,7 +81,7 @@ class PartWriter:
             os.close(fd)
 
 
-def _repeating(table_schema: pa.Schema) -> list[str]:
+def dictionary_columns(table_schema: pa.Schema) -> list[str]:
     """Columns worth dictionary-encoding: strings (doc ids, tokens, labels) and int16 (layer, head).
 
     Weights, positions and offsets rarely repeat; trying a dictionary on them and falling back cost

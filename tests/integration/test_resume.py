@@ -749,27 +749,28 @@ def test_the_feed_plan_reads_ahead_only_where_the_model_leaves_cores_free(monkey
     accelerator, or with cores to spare, it runs ahead."""
     import torch
 
-    from bertattn_batch.engines.local import feed_plan
+    from bertattn_batch.engines.local import FeedPlan, feed_plan
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
-    assert feed_plan(torch.device("cpu")) == (0, 8)
-    assert feed_plan(torch.device("cuda", 0)) == (2, 4)
+    assert feed_plan(torch.device("cpu")) == FeedPlan(0, 8, 1)
+    assert feed_plan(torch.device("cuda", 0)) == FeedPlan(2, 8, 8)  # the device's thread mostly waits
     monkeypatch.setattr(torch, "get_num_threads", lambda: 6)
-    assert feed_plan(torch.device("cpu")) == (2, 2)
+    assert feed_plan(torch.device("cpu")) == FeedPlan(2, 2, 2)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 64)
-    assert feed_plan(torch.device("cpu")) == (0, 8)  # a tokenizer copy per thread: at most 8
+    assert feed_plan(torch.device("cpu")) == FeedPlan(0, 8, 1)  # a tokenizer copy per thread: at most 8
+    assert feed_plan(torch.device("cuda", 0)) == FeedPlan(2, 8, 8)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    assert feed_plan(torch.device("cpu")) == (0, 1)
-    assert feed_plan(torch.device("cuda", 0)) == (2, 1)
+    assert feed_plan(torch.device("cpu")) == FeedPlan(0, 1, 1)
+    assert feed_plan(torch.device("cuda", 0)) == FeedPlan(2, 1, 1)
 
 
-@pytest.mark.parametrize("plan", [(2, 1), (0, 3)])
+@pytest.mark.parametrize("plan", [(2, 1, 1), (0, 3, 1), (2, 2, 3)])
 def test_every_feed_plan_writes_the_same_run(plan, tiny_en_dir, drug_sample, tmp_path, monkeypatch):
-    """A reader ahead on one thread and a reader in turn on three threads write the same tables, row for
-    row, as the plain single-thread run."""
+    """A reader ahead on one thread, a reader in turn on three threads, and three writer threads write
+    the same tables, row for row and part for part, as the plain single-thread run."""
     from bertattn_batch.engines import local
 
     def run(name: str) -> Path:
@@ -779,10 +780,14 @@ def test_every_feed_plan_writes_the_same_run(plan, tiny_en_dir, drug_sample, tmp
         )
         return out
 
-    monkeypatch.setattr(local, "feed_plan", lambda device: (1, 1))
+    monkeypatch.setattr(local, "feed_plan", lambda device: local.FeedPlan(1, 1, 1))
     plain = run("plain")
-    monkeypatch.setattr(local, "feed_plan", lambda device: plan)
+    monkeypatch.setattr(local, "feed_plan", lambda device: local.FeedPlan(*plan))
     other = run("other")
+    names = [
+        [p["name"] for p in json.loads((d / "manifest.json").read_text())["parts"]] for d in (plain, other)
+    ]
+    assert names[0] == names[1] and len(names[0]) > 2
     for table, keys in SORT_KEYS.items():
         order = [(k, "ascending") for k in keys]
         want, got = (same_job_table(read_table(d, table)).sort_by(order) for d in (plain, other))

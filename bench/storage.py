@@ -1,0 +1,150 @@
+"""Bytes on disk and write time per attention row: the run's own layout against the options weighed.
+
+Usage::
+
+    .venv/bin/python bench/storage.py runs/default          # after make extract
+    .venv/bin/python bench/storage.py runs/default --out bench/results/storage-cpu-2core.json
+
+Reads the run's first committed part and writes it again, into memory, in each layout (every write with
+the run's own settings: zstd, page checksums, dictionaries for strings and int16):
+
+- ``wide``: the long form in one table, each token's id, text and span in every (layer, head) row (the
+  layout of cls_attention before schema version 3);
+- ``lean``: cls_attention without the token columns, plus ``tokens``, one row per review position (the
+  layout since version 3);
+- ``lean+bss``: the same with Parquet's BYTE_STREAM_SPLIT encoding for the float columns;
+- ``lean-scaled``: ``lean`` without ``weight_scaled``, which a reader could recompute from ``weight``
+  and head_summary's min and max (an option weighed, not taken: see docs/performance.md).
+
+Prints bytes per attention row and write time per million attention rows for each, best of
+``--rounds``, and the size of every column of the run as written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bertattn_batch.run import committed_files, read_manifest  # noqa: E402
+from bertattn_batch.run.parts import dictionary_columns  # noqa: E402
+
+
+def write_size(table: pa.Table, bss: bool = False) -> tuple[int, float]:
+    """(bytes, seconds) of writing ``table`` as the run writes its parts."""
+    floats = [f.name for f in table.schema if pa.types.is_floating(f.type)]
+    sink = pa.BufferOutputStream()
+    t0 = time.perf_counter()
+    pq.write_table(
+        table,
+        sink,
+        compression="zstd",
+        row_group_size=1 << 20,
+        use_dictionary=dictionary_columns(table.schema),
+        write_page_checksum=True,
+        use_byte_stream_split=floats if bss else False,
+    )
+    return sink.getvalue().size, time.perf_counter() - t0
+
+
+def layouts(attn: pa.Table, tokens: pa.Table) -> dict[str, list[pa.Table]]:
+    keys = ["doc_id", "position"]
+    wide = attn.join(tokens, keys=keys, join_type="left outer").sort_by(
+        [("doc_id", "ascending"), ("layer", "ascending"), ("head", "ascending"), ("position", "ascending")]
+    )
+    return {
+        "wide": [wide],
+        "lean": [attn, tokens],
+        "lean+bss": [attn, tokens],
+        "lean-scaled": [attn.drop_columns(["weight_scaled"]), tokens],
+    }
+
+
+def column_sizes(path: Path) -> dict[str, int]:
+    meta = pq.read_metadata(path)
+    sizes: dict[str, int] = {}
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            col = group.column(c)
+            sizes[col.path_in_schema] = sizes.get(col.path_in_schema, 0) + col.total_compressed_size
+    return sizes
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    parts = committed_files(args.run, ("cls_attention", "tokens"))
+    if not parts:
+        raise SystemExit(f"{args.run} has no committed parts")
+    attn = pq.read_table(parts[0].files["cls_attention"])
+    tokens = pq.read_table(parts[0].files["tokens"])
+    rows = attn.num_rows
+    options = {}
+    for name, tables in layouts(attn, tokens).items():
+        best = None
+        for _ in range(args.rounds):
+            written = [write_size(t, bss=name.endswith("+bss")) for t in tables]
+            size, seconds = sum(b for b, _ in written), sum(s for _, s in written)
+            best = (size, seconds) if best is None or seconds < best[1] else best
+        assert best is not None
+        options[name] = {
+            "bytes_per_row": round(best[0] / rows, 3),
+            "write_s_per_million_rows": round(best[1] / rows * 1e6, 4),
+        }
+    # the whole run as written: every table's bytes per attention row, and each column's
+    total_rows = sum(pq.read_metadata(p.files["cls_attention"]).num_rows for p in parts)
+    written_tables = {}
+    for table in ("cls_attention", "tokens"):
+        cols: dict[str, int] = {}
+        for p in parts:
+            for c, b in column_sizes(p.files[table]).items():
+                cols[c] = cols.get(c, 0) + b
+        size = sum(p.files[table].stat().st_size for p in parts)
+        written_tables[table] = {
+            "bytes_per_attention_row": round(size / total_rows, 3),
+            "columns": {c: round(b / total_rows, 3) for c, b in sorted(cols.items(), key=lambda kv: -kv[1])},
+        }
+    manifest = read_manifest(args.run)
+    result = {
+        "run": str(args.run),
+        "model": manifest.model.get("path") or manifest.model.get("name"),
+        "heads": manifest.model.get("num_heads"),
+        "layers": manifest.layers,
+        "part_rows": rows,
+        "attention_rows": total_rows,
+        "options": options,
+        "written": written_tables,
+        "bytes_per_attention_row": round(
+            sum(t["bytes_per_attention_row"] for t in written_tables.values()), 3
+        ),
+    }
+    base = options["wide"]
+    for name, o in options.items():
+        print(
+            f"{name:12s} {o['bytes_per_row']:6.2f} B/row ({o['bytes_per_row'] / base['bytes_per_row']:.2f}x), "
+            f"write {o['write_s_per_million_rows']:.3f} s per 1M rows "
+            f"({o['write_s_per_million_rows'] / base['write_s_per_million_rows']:.2f}x)"
+        )
+    print(
+        f"{args.run}: {result['bytes_per_attention_row']:.2f} bytes on disk per attention row "
+        f"(cls_attention + tokens) over {total_rows:,} rows"
+    )
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
