@@ -22,6 +22,10 @@ class RunDirError(BertAttnError):
     """A run directory belongs to another job, model or schema, or is damaged."""
 
 
+class RunVersionError(RunDirError):
+    """A run directory whose tables another version of bertattn-batch wrote in another form."""
+
+
 class WriteError(BertAttnError):
     """Writing output failed (disk full, permission denied); the run can be resumed."""
 

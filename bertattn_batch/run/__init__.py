@@ -18,6 +18,7 @@ from .manifest import (
     load_json,
     parse_parts,
     read_manifest,
+    require_current_tables,
     row_range_problems,
 )
 from .parts import CommittedPart, PartWriter, check_part_file, committed_files
@@ -51,6 +52,7 @@ __all__ = [
     "parse_parts",
     "part_name",
     "read_manifest",
+    "require_current_tables",
     "resume_point",
     "row_range_problems",
     "scan_attention",

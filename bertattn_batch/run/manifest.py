@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import schema
 from .._util import atomic_write_text
-from ..errors import RunDirError, WriteError
+from ..errors import RunDirError, RunVersionError, WriteError
 from .layout import COMMIT_LOG, FORMAT, MANIFEST, TABLES
 
 
@@ -296,7 +297,26 @@ def read_manifest(run_dir: str | Path) -> Manifest:
     data = load_json(run_dir)
     if data.get("format") != FORMAT:
         raise RunDirError(f"{run_dir} is not a bertattn run directory")
+    require_current_tables(run_dir, data.get("schema_versions"))
     return Manifest.from_dict(data, where=str(Path(run_dir) / MANIFEST))
+
+
+def require_current_tables(run_dir: str | Path, written: Any) -> None:
+    """Refuse a run whose tables another version wrote in another form (before version 3 of
+    cls_attention each row held its token; now ``tokens`` does): read as this version's tables it would
+    fail later, on a missing column or file, with a message that does not say what to do."""
+    if written == schema.versions():
+        return
+
+    def spell(versions: Any) -> str:
+        if not isinstance(versions, dict) or not versions:
+            return "no schema versions"
+        return ", ".join(f"{t} v{v}" for t, v in sorted(versions.items()))
+
+    raise RunVersionError(
+        f"{run_dir} holds tables of another version of bertattn-batch ({spell(written)}; this version "
+        f"reads {spell(schema.versions())}): run its job again with --overwrite, or into a new --out"
+    )
 
 
 def save_manifest(run_dir: Path, manifest: Manifest) -> None:

@@ -128,7 +128,6 @@ def committed_files(run_dir: str | Path, tables: tuple[str, ...] | list[str] = T
     cut short stops the reader rather than leaving its reviews out."""
     run = Path(run_dir)
     manifest = read_manifest(run)
-    require_current_tables(run, manifest.schema_versions)
     out = []
     for part in sorted(manifest.parts, key=lambda p: p.name):
         files = {t: run / part.files[t] for t in tables}
@@ -136,16 +135,3 @@ def committed_files(run_dir: str | Path, tables: tuple[str, ...] | list[str] = T
             check_part_file(run, f)
         out.append(CommittedPart(part.name, files))
     return out
-
-
-def require_current_tables(run_dir: Path, written: dict[str, int]) -> None:
-    """Refuse a run whose tables an older version wrote in another form (before version 3 of
-    cls_attention, each row held its token; now ``tokens`` does): reading it as this version's tables
-    would fail later, on a missing column, with a message that does not say what to do."""
-    if written != schema.versions():
-        old = ", ".join(f"{t} v{v}" for t, v in sorted(written.items())) or "no versions"
-        raise RunDirError(
-            f"{run_dir} holds tables of another version of bertattn-batch ({old}; this version reads "
-            f"{', '.join(f'{t} v{v}' for t, v in sorted(schema.versions().items()))}): run its job "
-            "again with --overwrite (or into a new --out) to redo it"
-        )

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from .. import schema
 from .._util import file_lock, hidden_tmp
-from ..errors import RunDirError, WriteError
+from ..errors import RunDirError, RunVersionError, WriteError
 from ..ids import IdSet
 from .layout import AGGREGATES_DIR, COMMIT_LOG, LOCK_NAME, MANIFEST, REPORT_NAME, TABLES, tmp_name
 from .manifest import (
@@ -257,11 +257,6 @@ class RunDir:
             )
 
     def _check_compatible(self, old: Manifest) -> None:
-        if old.schema_versions != schema.versions():
-            raise RunDirError(
-                f"{self.run_dir} was written with schema versions {old.schema_versions}, "
-                f"this version writes {schema.versions()}; pass --overwrite or choose another --out"
-            )
         # the job's fingerprint read as a manifest would be, so a key it leaves out means its default
         mine = upgrade({"fingerprint": self.header.get("fingerprint", {})})["fingerprint"]
         theirs = old.fingerprint
@@ -303,6 +298,10 @@ def old_manifest(run_dir: Path, on_existing: str = "resume") -> Manifest | None:
         return None
     try:
         old = read_manifest(run_dir)  # a damaged one is named, not cleared
+    except RunVersionError:
+        if on_existing == "overwrite":  # an older version's run, which this one can only redo
+            return Manifest()
+        raise
     except RunDirError as e:
         if "is not a bertattn run directory" in str(e):
             raise RunDirError(f"{run_dir} is not a bertattn run directory; choose another --out") from None

@@ -223,7 +223,7 @@ def test_another_model_or_spec_is_refused(corpus, tiny_en_dir, minilm_dir, tmp_p
     manifest["schema_versions"]["predictions"] = 0
     (out / "manifest.json").write_text(json.dumps(manifest))
     r = runner.invoke(app, _args(corpus, minilm_dir, out))
-    assert r.exit_code == 1 and "schema versions" in r.output
+    assert r.exit_code == 1 and "another version of bertattn-batch" in r.output and "--overwrite" in r.output
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "keep.txt").write_text("mine")
     r = runner.invoke(app, [*_args(corpus, minilm_dir, tmp_path / "notes"), "--overwrite"])

@@ -4,9 +4,11 @@ with it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
+import shutil
 from collections import defaultdict
 from pathlib import Path
 
@@ -392,7 +394,6 @@ def test_cli_refuses_options_it_cannot_print(run_dir):
 
 def test_the_manifest_decides_which_parts_are_read(run_dir, tmp_path):
     """A stray part file is not read; a committed one that is missing stops the aggregate."""
-    import shutil
 
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
@@ -408,7 +409,6 @@ def test_the_manifest_decides_which_parts_are_read(run_dir, tmp_path):
 def test_a_part_cut_short_stops_every_reader_with_one_line(run_dir, tmp_path):
     """A committed part whose end is lost (a disk that filled, a copy cut short) is named by aggregate,
     plot and report alike, not met with a raw Parquet error."""
-    import shutil
 
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
@@ -429,7 +429,6 @@ def test_a_part_cut_short_stops_every_reader_with_one_line(run_dir, tmp_path):
 
 def test_a_killed_aggregates_work_folder_is_removed_later(run_dir, tmp_path):
     import os
-    import shutil
 
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
@@ -598,7 +597,6 @@ def test_runs_from_before_the_continuation_mark_was_recorded():
 def test_an_empty_printout_names_its_real_cause(run_dir, tmp_path):
     """A labelled WordPiece run whose tokens all fall under --min-reviews is told to lower it, not that
     it has no labels or no word units; a run with no scored review is told that."""
-    import shutil
 
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
@@ -621,7 +619,6 @@ def test_an_empty_printout_names_its_real_cause(run_dir, tmp_path):
 
 def test_a_part_committed_but_not_yet_renamed_is_waited_for(run_dir, tmp_path, monkeypatch):
     """Readers meet a running extract's newest part between its commit and its rename: they wait for it."""
-    import shutil
     import threading
 
     import bertattn_batch.run.parts as run_parts
@@ -641,10 +638,9 @@ def test_a_part_committed_but_not_yet_renamed_is_waited_for(run_dir, tmp_path, m
         agg.committed_parts(run)
 
 
-def test_a_run_of_an_older_table_version_is_refused_in_one_line(run_dir, tmp_path):
+def test_a_run_of_an_older_table_version_is_refused_in_one_line(run_dir, tiny_en_dir, tmp_path):
     """Version 2 of cls_attention held each row's token; reading it as version 3 would fail on a missing
     column much later. Every reader refuses it at once and says how to redo the run."""
-    import shutil
 
     from typer.testing import CliRunner
 
@@ -652,14 +648,28 @@ def test_a_run_of_an_older_table_version_is_refused_in_one_line(run_dir, tmp_pat
     shutil.copytree(run_dir, run)
     m = json.loads((run / "manifest.json").read_text())
     m["schema_versions"] = {"predictions": 2, "cls_attention": 2, "head_summary": 1}
+    for part in m["parts"]:  # as version 2 listed them: no tokens table
+        del part["files"]["tokens"], part["rows"]["tokens"]
     (run / "manifest.json").write_text(json.dumps(m))
+    shutil.rmtree(run / "tokens")
     with pytest.raises(agg.RunDirError, match=r"cls_attention v2.*--overwrite"):
         agg.aggregate(run, min_reviews=MIN_REVIEWS)
     for args in (
         ["aggregate", str(run)],
         ["plot", str(run), "--doc-id", "x", "--out", str(tmp_path / "x.png")],
+        ["report", str(run)],
+        ["validate", str(run)],
     ):
         result = CliRunner().invoke(app, args)
         assert result.exit_code != 0
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert len(lines) == 1 and "--overwrite" in lines[0], result.output
+    # the job itself: refused as a resume, redone with --overwrite
+    spec = JobSpec(
+        inputs=[str(run_dir.parent / "reviews.parquet")], model=str(tiny_en_dir), out=str(run),
+        id_col="doc_id", label_col="label", layers=[-2, 0], window=10, progress=False,
+    )  # fmt: skip
+    with pytest.raises(agg.RunDirError, match="another version"):
+        run_job(spec)
+    run_job(dataclasses.replace(spec, on_existing="overwrite"))
+    assert agg.aggregate(run, min_reviews=MIN_REVIEWS).table.height > 0
