@@ -144,18 +144,28 @@ class Extractor:
         m = n - 2  # content tokens: positions 1 .. n-2
         if (m < 1).any():
             raise ValueError("a scored review must have at least one content token")
-        weight = _cat([r.cls_rows[:, :, 1 : _last(r)].reshape(-1) for r in scored], np.float32)
-        # int32 indices, unless one review's rows alone overflow them
-        index = np.int32 if len(weight) < 2**31 else np.int64
-        seg = np.repeat(m, L * H).astype(index)  # one segment per (review, layer, head)
+        # every review's whole rows, [CLS] and [SEP] included, joined in one copy each (a slice per
+        # review and array held Python's lock for longer than the copies themselves took)
+        rows = _cat([r.cls_rows.reshape(-1) for r in scored], np.float32)  # segments of n_i tokens
+        norms = _cat([r.cls_norms.reshape(-1) for r in scored], np.float32)
+        # int32 indices, unless the chunk's rows overflow them
+        index = np.int32 if len(rows) < 2**31 else np.int64
+        whole = np.repeat(n, L * H).astype(index)  # one segment per (review, layer, head)
+        whole_start = (np.cumsum(whole) - whole).astype(index)
+        at = np.arange(len(rows), dtype=index) - np.repeat(whole_start, whole)  # position in its review
+        content = (at > 0) & (at < np.repeat(whole - 1, whole))
+        weight, weight_norm = rows[content], norms[content]
+        j = at[content] - 1  # content token index within its review
+        del at, content
+        seg = whole - 2  # the content tokens of each segment
         scaled, lo, hi = minmax_scale(weight, seg)
-        seg_start = np.repeat((np.cumsum(seg) - seg).astype(index), seg)
-        j = np.arange(len(weight), dtype=index) - seg_start  # content token index within its review
-        del seg_start
         lh = np.tile(np.arange(L * H, dtype=np.int32), len(scored))  # each segment's (layer, head)
         seg_layer, seg_head = self.layers[lh // H], (lh % H).astype(np.int16)
-        ids = _cat([r.encoded.ids[1 : _last(r)] for r in scored], np.int32)  # every content token, once
-        offsets = np.concatenate([r.encoded.offsets[1 : _last(r)] for r in scored] or [np.zeros((0, 2))])
+        token_start = np.cumsum(n) - n
+        inner = np.ones(int(n.sum()), dtype=bool)
+        inner[token_start] = inner[token_start + n - 1] = False  # [CLS] and [SEP] of every review
+        ids = _cat([r.encoded.ids for r in scored], np.int32)[inner]  # every content token, once
+        offsets = np.concatenate([r.encoded.offsets for r in scored] or [np.zeros((0, 2), np.int32)])[inner]
         review_of_seg = np.repeat(np.arange(len(scored), dtype=np.int32), L * H)
         docs = pa.array([r.doc_id for r in scored], pa.string())
         attn = {
@@ -165,7 +175,7 @@ class Extractor:
             "position": (j + 1).astype(np.int32, copy=False),
             "weight": weight,
             "weight_scaled": scaled,
-            "weight_norm": _cat([r.cls_norms[:, :, 1 : _last(r)].reshape(-1) for r in scored], np.float32),
+            "weight_norm": weight_norm,
             "value_zeroing": _zeroing(scored, H, len(weight)),
         }
         del j
@@ -185,8 +195,8 @@ class Extractor:
             "layer": seg_layer,
             "head": seg_head,
             "n_content": seg.astype(np.int32, copy=False),
-            "weight_cls": _cat([r.cls_rows[:, :, 0].reshape(-1) for r in scored], np.float32),
-            "weight_sep": _cat([r.cls_rows[:, :, _last(r)].reshape(-1) for r in scored], np.float32),
+            "weight_cls": rows[whole_start],
+            "weight_sep": rows[whole_start + whole - 1],
             "weight_min": lo,
             "weight_max": hi,
         }

@@ -22,7 +22,7 @@ import unicodedata
 from collections.abc import Sequence
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
@@ -44,10 +44,12 @@ class Encoded:
     ids: np.ndarray
     offsets: np.ndarray
     truncated: bool
+    #: len(ids), kept as a plain int: every stage asks for it per review, and a property reading the
+    #: array's shape held Python's lock for a twentieth of a run's host time (docs/performance.md)
+    n_tokens: int = field(init=False)
 
-    @property
-    def n_tokens(self) -> int:
-        return int(self.ids.shape[0])
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "n_tokens", int(self.ids.shape[0]))
 
 
 def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encoded]:
