@@ -195,8 +195,7 @@ def run_job(
                     run.commit(part.entry)
                     summary.add(part)
                     bar.update(part.stats.input_rows - part.stats.scored)  # the scored ones: per batch
-                    wall = max(bar.format_dict["elapsed"], 1e-9)
-                    bar.set_postfix_str(f"{summary.stats.tokens / wall:,.0f} tok/s")
+                    bar.set_postfix_str(_postfix(summary, bar.format_dict["elapsed"], spec.workers))
             timings.update(summary.stats.seconds)
             timings.update(getattr(eng, "timings", {}))
             summary.seconds = {k: round(v, 3) for k, v in timings.items()}
@@ -204,6 +203,15 @@ def run_job(
             summary.engine = eng.describe()
             run.finalize(summary.as_dict())
     return summary
+
+
+def _postfix(summary: RunSummary, elapsed: float, workers: int) -> str:
+    """Tokens a second, and how busy the model kept its device(s): the share of the time so far that
+    the model's thread (each worker's, on Ray) spent scoring, which on a GPU says how well the host
+    side feeds it (``nvidia-smi``'s utilisation, from the inside)."""
+    wall = max(elapsed, 1e-9)
+    busy = summary.stats.seconds.get("model", 0.0) / (wall * max(workers, 1))
+    return f"{summary.stats.tokens / wall:,.0f} tok/s, model busy {min(busy, 1.0):.0%}"
 
 
 def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -> Any:
