@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bertattn_batch.run import committed_files, read_manifest  # noqa: E402
-from bertattn_batch.run.parts import dictionary_columns  # noqa: E402
+from bertattn_batch.run.parts import write_options  # noqa: E402
 
 
 def write_size(table: pa.Table, bss: bool = False) -> tuple[int, float]:
@@ -43,15 +43,7 @@ def write_size(table: pa.Table, bss: bool = False) -> tuple[int, float]:
     floats = [f.name for f in table.schema if pa.types.is_floating(f.type)]
     sink = pa.BufferOutputStream()
     t0 = time.perf_counter()
-    pq.write_table(
-        table,
-        sink,
-        compression="zstd",
-        row_group_size=1 << 20,
-        use_dictionary=dictionary_columns(table.schema),
-        write_page_checksum=True,
-        use_byte_stream_split=floats if bss else False,
-    )
+    pq.write_table(table, sink, **write_options(table.schema), use_byte_stream_split=floats if bss else False)
     return sink.getvalue().size, time.perf_counter() - t0
 
 

@@ -66,14 +66,7 @@ class PartWriter:
 
     def _write_parquet(self, table: pa.Table, path: Path) -> None:
         """Write and fsync one file, with a checksum on every page (``validate`` verifies them)."""
-        pq.write_table(
-            table,
-            path,
-            compression="zstd",
-            row_group_size=1 << 20,
-            use_dictionary=dictionary_columns(table.schema),
-            write_page_checksum=True,
-        )
+        pq.write_table(table, path, **write_options(table.schema))
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -81,13 +74,17 @@ class PartWriter:
             os.close(fd)
 
 
-def dictionary_columns(table_schema: pa.Schema) -> list[str]:
-    """Columns worth dictionary-encoding: strings (doc ids, tokens, labels) and int16 (layer, head).
-
-    Weights, positions and offsets rarely repeat; trying a dictionary on them and falling back cost
-    half the write time (docs/performance.md).
-    """
-    return [f.name for f in table_schema if f.type in (pa.string(), pa.int16())]
+def write_options(table_schema: pa.Schema) -> dict[str, object]:
+    """How every part file is written (``pq.write_table``'s options): zstd, row groups of up to 2^20
+    rows, a checksum on every page, and dictionaries only for the columns that repeat, strings (doc ids,
+    tokens, labels) and int16 (layer, head). Weights, positions and offsets rarely repeat; trying a
+    dictionary on them and falling back cost half the write time (docs/performance.md)."""
+    return {
+        "compression": "zstd",
+        "row_group_size": 1 << 20,
+        "use_dictionary": [f.name for f in table_schema if f.type in (pa.string(), pa.int16())],
+        "write_page_checksum": True,
+    }
 
 
 def check_part_file(run_dir: Path, path: Path) -> None:
