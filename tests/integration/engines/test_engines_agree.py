@@ -172,3 +172,46 @@ def test_parquet_files_whose_id_types_differ_read_alike_on_both_engines(
     preds = read_table(tmp_path / "ray", "predictions")
     assert preds.column("doc_id").to_pylist() == ["1", "2", "3", "x", "y", "3.5", "7", "8.5", "8"]
     assert preds.column("status").to_pylist() == ["ok"] * 8 + ["null_id"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_parts_are_committed_while_later_windows_are_still_unread(
+    engine, request, drug_rows, tiny_en_dir, tmp_path, monkeypatch
+):
+    """Both engines stream: the first parts are committed long before the reader reaches the end of the
+    inputs, and the windows read but not yet committed (what Ray's object store holds) stay a few,
+    whatever the corpus's length."""
+    import bertattn_batch.engines.base as base
+    from bertattn_batch.engines.ray import IN_FLIGHT_PER_WORKER
+    from bertattn_batch.run import RunDir
+
+    if engine == "ray":
+        request.getfixturevalue("ray_local")
+    src = tmp_path / "reviews.parquet"
+    rows = [
+        {"doc_id": f"r{i}", "text": " ".join(r["text"].split())[:200]} for i, r in enumerate(drug_rows[:40])
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), src)
+    read = {"windows": 0}
+    seen_at_commit: list[int] = []
+    real_windows, real_commit = base.iter_windows, RunDir.commit
+
+    def counted(*args, **kwargs):
+        for window in real_windows(*args, **kwargs):
+            read["windows"] += 1
+            yield window
+
+    def commit(self, entry):
+        seen_at_commit.append(read["windows"])
+        real_commit(self, entry)
+
+    monkeypatch.setattr(base, "iter_windows", counted)
+    monkeypatch.setattr(RunDir, "commit", commit)
+    run_job(dataclasses.replace(_spec([src], tiny_en_dir, tmp_path / "run", engine=engine), window=2))
+    assert len(seen_at_commit) == read["windows"] == 20
+    # read and not committed: the reader thread's queue of two, the one it is making, the one the engine
+    # holds (scoring it, or waiting to hand it to a worker) and, on Ray, those in the one worker's hands
+    bound = 4 + (IN_FLIGHT_PER_WORKER if engine == "ray" else 0)
+    assert all(read_then - k <= bound for k, read_then in enumerate(seen_at_commit)), seen_at_commit
+    assert seen_at_commit[0] <= bound < 20
