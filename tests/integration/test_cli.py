@@ -65,6 +65,29 @@ def test_every_extract_option_has_a_spec_key():
     assert options == keys, (options - keys, keys - options)
 
 
+def test_every_finetune_option_is_a_setting_of_the_spec_or_of_its_inputs():
+    """finetune's training settings are FinetuneSpec's keys, each left unset (None) on the command line
+    so that a job's [finetune] table, else the spec, decides; the help states the spec's default."""
+    import dataclasses
+    import inspect
+
+    from bertattn_batch.cli.training import finetune
+    from bertattn_batch.config import FinetuneSpec
+    from bertattn_batch.train.job import plan_training
+
+    reading = set(inspect.signature(plan_training).parameters) - {"settings"}  # files, columns, --job
+    cli = inspect.signature(finetune).parameters
+    settings = set(cli) - {"ctx", "progress", "debug"} - reading
+    fields = {f.name: f.default for f in dataclasses.fields(FinetuneSpec)}
+    assert settings and settings <= set(fields), settings - set(fields)
+    assert all(cli[name].default is None for name in settings)
+    help_text = " ".join(runner.invoke(app, ["finetune", "--help"], env={"COLUMNS": "400"}).output.split())
+    for name in sorted(settings):
+        default = fields[name]
+        if default is not None and not isinstance(default, list):
+            assert f"(default: {default}, or the job's)" in help_text, name
+
+
 def test_help_keeps_text_in_square_brackets():
     """The help renderer reads [word] as markup and drops it: such text must be escaped."""
     wide = {"COLUMNS": "400"}
