@@ -136,6 +136,8 @@ class Manifest:
         for name in ("spec", "fingerprint", "model", "versions", "schema_versions"):
             if not isinstance(kwargs.get(name, {}), dict):
                 raise RunDirError(f"{where} is damaged: {name} is not an object")
+        if problems := model_problems(kwargs.get("model", {})):
+            raise RunDirError(f"{where} is damaged: {problems[0]}")
         generation = kwargs.get("generation")
         if generation is not None and (not isinstance(generation, int) or isinstance(generation, bool)):
             raise RunDirError(f"{where} is damaged: generation is {generation!r}, expected int")
@@ -196,6 +198,30 @@ class Manifest:
     @property
     def passes(self) -> set[int]:
         return {p.generation for p in self.parts}
+
+
+def model_problems(model: dict[str, Any]) -> list[str]:
+    """What is wrong with the model fields that readers rely on, each named (a field left out is not
+    wrong: runs from older versions lack some): without this check a bad value stopped a reader later
+    with a bare ValueError or TypeError."""
+    problems = []
+
+    def whole(value: Any, least: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+    for name, least in (("num_layers", 1), ("num_heads", 1), ("max_length", 1)):
+        if model.get(name) is not None and not whole(model[name], least):
+            problems.append(f"model.{name} is {model[name]!r}, expected an integer of at least {least}")
+    layers = model.get("layers")
+    if layers is not None and not (isinstance(layers, list) and all(whole(x, 0) for x in layers)):
+        problems.append(f"model.layers is {layers!r}, expected a list of 0-based layer indices")
+    id2label = model.get("id2label")
+    if id2label is not None and not (
+        isinstance(id2label, dict)
+        and all(isinstance(k, str) and k.isdigit() and isinstance(v, str) for k, v in id2label.items())
+    ):
+        problems.append(f'model.id2label is {id2label!r}, expected label names by id ("0", "1", ...)')
+    return problems
 
 
 def layer_name(layer: int, num_layers: int | None) -> str:

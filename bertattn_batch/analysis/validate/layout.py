@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from ... import schema
 from ...errors import first_line
-from ...run import FORMAT, parse_parts, tmp_name
+from ...run import FORMAT, model_problems, parse_parts, tmp_name
 from .report import Recorder
 
 
@@ -59,19 +59,20 @@ def check_manifest(rec: Recorder, path: Path, m: dict[str, Any]) -> RunView:
     elif status != "complete":
         rec.fail("manifest", f"unknown status {status!r}")
     model = m.get("model") if isinstance(m.get("model"), dict) else {}
-    layers = model.get("layers")
-    if not (isinstance(layers, list) and layers and all(isinstance(x, int) for x in layers)):
-        rec.fail("manifest", f"model.layers is {layers!r}, expected a list of layer indices")
-        layers = None
-    heads = model.get("num_heads")
-    if not (isinstance(heads, int) and heads > 0):
-        rec.fail("manifest", f"model.num_heads is {heads!r}, expected a positive integer")
-        heads = None
-    id2label = model.get("id2label")
-    if not (isinstance(id2label, dict) and id2label):
-        rec.fail("manifest", f"model.id2label is {id2label!r}, expected a mapping")
-        id2label = None
-    max_length = model.get("max_length") if isinstance(model.get("max_length"), int) else None
+    problems = model_problems(model)
+    for problem in problems:
+        rec.fail("manifest", problem)
+    # what the checks below need: a field that is wrong (just reported) or missing is left unchecked
+    usable = {
+        name: model.get(name) for name in model if not any(p.startswith(f"model.{name} ") for p in problems)
+    }
+    for name in ("layers", "num_heads", "id2label"):
+        if not usable.get(name):
+            if name not in model or model[name] in (None, [], {}):
+                rec.fail("manifest", f"model.{name} is {model.get(name)!r}: the run's manifest must name it")
+            usable[name] = None
+    layers, heads, id2label = usable["layers"], usable["num_heads"], usable["id2label"]
+    max_length = usable.get("max_length")
     parts = _parse_parts(rec, m.get("parts"))
     if status == "complete":
         rec.note("manifest", f"status complete, {len(parts)} parts")
@@ -81,7 +82,7 @@ def check_manifest(rec: Recorder, path: Path, m: dict[str, Any]) -> RunView:
         status=status,
         layers=layers,
         num_heads=heads,
-        id2label={str(k): str(v) for k, v in id2label.items()} if id2label else None,
+        id2label=id2label,
         dtype=str(model.get("dtype", "unknown")),
         attention=str(model.get("attention", "unknown")),
         max_length=max_length,

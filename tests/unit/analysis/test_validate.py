@@ -552,3 +552,34 @@ def test_input_rows_without_a_predictions_row_are_named(tiny_en_dir, tmp_path):
     assert any("the run holds rows 12..19" in p.message for p in validate_run(run).problems)
     with pytest.raises(RunDirError, match=r"committed parts hold rows up to 19, but the inputs have 12 rows"):
         run_job(JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(run), window=4, progress=False))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("id2label", {"a": "x"}),
+        ("num_layers", "six"),
+        ("layers", "4"),
+        ("num_heads", 0),
+        ("max_length", True),
+    ],
+)
+def test_a_malformed_model_field_is_named_by_every_reader(field, value, en_run, tmp_path):
+    """A reader stopped with a bare ValueError or TypeError on such a manifest; now each names the field
+    in one line, and validate reports it as a problem of the manifest and goes on."""
+    run = _copy(en_run, tmp_path)
+    m = _manifest(run)
+    m["model"][field] = value
+    _save_manifest(run, m)
+    for args in (
+        ["aggregate", str(run)],
+        ["plot", str(run), "--doc-id", "x", "--out", str(tmp_path / "x.png")],
+        ["report", str(run)],
+    ):
+        result = CliRunner().invoke(app, args)
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code != 0 and len(lines) == 1, result.output
+        assert f"model.{field} is {value!r}" in lines[0] and "damaged" in lines[0], lines[0]
+    report = validate_run(run, check_source=False)
+    assert not report.ok
+    assert any(f"model.{field} is {value!r}" in p.message for p in report.problems), report.render()
