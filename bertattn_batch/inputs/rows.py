@@ -135,17 +135,21 @@ def _is_null(value: Any) -> bool:
     return value is None or value is UNDECODABLE or (isinstance(value, float) and math.isnan(value))
 
 
-#: A backslash escape of a byte, as the ids of bytes that are not UTF-8 are spelled.
-_BYTE_ESCAPE = re.compile(r"\\x[0-9a-fA-F]{2}")
+#: A backslash escape of a byte, as the ids of bytes that are not UTF-8 are spelled, or of a lone
+#: surrogate (``\ud800``), as a JSON text may hold one that stands for no byte.
+_BYTE_ESCAPE = re.compile(r"\\x[0-9a-fA-F]{2}|\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+#: Lone surrogates that do not stand for an undecodable byte (those are U+DC80..U+DCFF).
+_LONE_SURROGATE = re.compile("([\ud800-\udc7f\udd00-\udfff])")
 
 
 def _to_str(value: Any) -> str:
     """An id or label as text, one-to-one: two different values never get the same text, in any format.
 
     Bytes that are not UTF-8 are written with each such byte as an escape (``\\xff``) and each backslash
-    of theirs doubled; a text that itself holds such an escape (the four characters ``\\xff``) has its
-    backslashes doubled too. So an escape after an odd run of backslashes always stands for a byte,
-    and every other text is itself. Numbers are spelled as JSON spells them (a whole float without
+    of theirs doubled; a lone surrogate that stands for no byte (JSON's ``"\\ud800"``) as ``\\ud800``;
+    a text that itself holds such an escape (the four characters ``\\xff``) has its backslashes doubled
+    too. So an escape after an odd run of backslashes always stands for a byte or a surrogate, and every
+    other text is itself. Numbers are spelled as JSON spells them (a whole float without
     its ``.0``: ``1``, ``1e+300``), booleans ``true``/``false``, as CSV cells read.
     """
     if isinstance(value, bytes):
@@ -163,12 +167,13 @@ def _to_str(value: Any) -> str:
     if not text.isascii():
         try:
             text.encode("utf-8")
-        except UnicodeEncodeError:  # surrogates: bytes a JSONL line could not decode, or a "\udc80" escape
-            try:
-                raw = text.encode("utf-8", errors="surrogateescape")
-            except UnicodeEncodeError:
-                raw = text.encode("utf-8", errors="surrogatepass")
-            return _escaped(raw)
+        except UnicodeEncodeError:  # surrogates: bytes a JSONL line could not decode, or a "\ud800" escape
+            return "".join(
+                f"\\u{ord(piece):04x}"
+                if _LONE_SURROGATE.fullmatch(piece)
+                else _escaped(piece.encode("utf-8", errors="surrogateescape"))
+                for piece in _LONE_SURROGATE.split(text)
+            )
     return _plain(text)
 
 

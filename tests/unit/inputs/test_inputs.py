@@ -359,6 +359,13 @@ def test_ids_are_spelt_one_to_one(tmp_path):
     floats.write_text('{"id": 1e300, "text": "a"}\n{"id": 2.0, "text": "b"}\n{"id": 1e16, "text": "c"}\n')
     (batch,) = inputs.read_rows([str(floats)], id_col="id")
     assert batch.doc_id == ["1e+300", "2", "1e+16"]
+    # a lone surrogate in a JSON id and the bytes that surrogatepass would make of it
+    lone = tmp_path / "lone.jsonl"
+    lone.write_text('{"id": "\\ud800", "text": "a"}\n{"id": "\\\\ud800", "text": "b"}\n')
+    raw = tmp_path / "raw.parquet"
+    pq.write_table(pa.table({"id": pa.array([b"\xed\xa0\x80"], pa.binary()), "text": ["c"]}), raw)
+    ids = [d for b in inputs.read_rows([str(lone), str(raw)], id_col="id") for d in b.doc_id]
+    assert ids == ["\\ud800", "\\\\ud800", "\\xed\\xa0\\x80"]
 
 
 def test_a_jsonl_key_missing_from_the_first_object_is_a_missing_value(tmp_path):
