@@ -10,6 +10,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from ..analysis.faithfulness import FRACTIONS, faithfulness_path
+from ..analysis.top import top_tokens
 from ..run import Manifest, layer_name
 from . import page
 
@@ -44,14 +45,20 @@ NOTES = (
 )
 
 
-def trust_html(run: Path, manifest: Manifest) -> str:
-    """The section: the faithfulness table where ``bertattn faithfulness`` wrote one for this run,
+#: Contrast tokens shown per head and predicted label.
+CONTRAST_TOKENS = 3
+
+
+def trust_html(run: Path, manifest: Manifest, aggregates: pl.DataFrame | None = None) -> str:
+    """The section: the faithfulness table where ``bertattn faithfulness`` wrote one for this run, each
+    head with what it attends to more in one predicted label than the others (from ``aggregates``),
     else the command that writes it; the notes in both cases."""
     parts = ["<h2>What to believe</h2>"]
     path = faithfulness_path(run)
     measured = (pq.read_schema(path).metadata or {}).get(b"run_id", b"").decode() if path.is_file() else None
     if measured == manifest.run_id:
-        parts += _faithfulness_html(pl.read_parquet(path), manifest.num_layers)
+        contrasts = head_contrasts(aggregates, manifest.layers) if aggregates is not None else {}
+        parts += _faithfulness_html(pl.read_parquet(path), manifest.num_layers, contrasts)
     elif measured is not None:
         parts.append(
             '<p class="meta">faithfulness/head_faithfulness.parquet was measured on an earlier run in this '
@@ -66,7 +73,19 @@ def trust_html(run: Path, manifest: Manifest) -> str:
     return "\n".join(parts)
 
 
-def _faithfulness_html(table: pl.DataFrame, num_layers: int | None) -> list[str]:
+def head_contrasts(aggregates: pl.DataFrame, layers: list[int]) -> dict[tuple[int, int], str]:
+    """(layer, head) -> "negative: 差 不 太 · positive: 好 不错 很": each predicted label's tokens with the
+    highest log-odds z-score against the other labels, as the aggregates rank them."""
+    top = top_tokens(aggregates, CONTRAST_TOKENS, "token", "pred_label", layers, measure="log_odds_z")
+    out: dict[tuple[int, int], list[str]] = {}
+    for (layer, head, label), rows in top.group_by("layer", "head", "class_label", maintain_order=True):
+        out.setdefault((layer, head), []).append(f"{label}: {' '.join(rows.sort('rank')['token'])}")
+    return {key: " · ".join(labels) for key, labels in out.items()}
+
+
+def _faithfulness_html(
+    table: pl.DataFrame, num_layers: int | None, contrasts: dict[tuple[int, int], str]
+) -> list[str]:
     aopc = table.filter(pl.col("k").is_null())
     refs = aopc.filter(pl.col("layer").is_null())
     random = refs.filter(pl.col("score") == "random")
@@ -87,15 +106,23 @@ def _faithfulness_html(table: pl.DataFrame, num_layers: int | None) -> list[str]
                 r["comprehensiveness"],
                 f"{r['comprehensiveness'] / base:.1f}x" if base and base > 0 else "",
                 r["sufficiency"],
+                "" if r["head"] is None else contrasts.get((layer, r["head"]), ""),
             ]
             for r in ranked.iter_rows(named=True)
         ]
         out += [
             f"<h3>Heads of {escape(layer_name(layer, num_layers))}, most faithful first</h3>",
             page.data_table(
-                ["score", "head", "comprehensiveness", "vs random", "sufficiency"],
+                [
+                    "score",
+                    "head",
+                    "comprehensiveness",
+                    "vs random",
+                    "sufficiency",
+                    "attends to more, by prediction",
+                ],
                 body,
-                [False, True, True, True, True],
+                [False, True, True, True, True, False],
             ),
         ]
     return out

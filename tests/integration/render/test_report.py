@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from html import escape
 from pathlib import Path
 
 import polars as pl
@@ -423,6 +424,15 @@ def test_the_report_ranks_heads_by_faithfulness_once_measured(tiny_en_dir, drug_
     assert "most faithful first" in html and "vs random" in html
     aopc = measured.table.filter(pl.col("k").is_null() & (pl.col("score") == "gradient_x_input"))
     assert f"{aopc['comprehensiveness'][0]:.3f}" in html
+    # each head's row names what it attends to more per predicted label, as the aggregates rank it
+    from bertattn_batch.analysis.aggregate import read_aggregates
+    from bertattn_batch.analysis.top import top_tokens
+
+    table, _ = read_aggregates(run)
+    top = top_tokens(table, 3, "token", "pred_label", None, measure="log_odds_z")
+    first = top.filter((pl.col("head") == 0) & (pl.col("class_label") == top["class_label"][0])).sort("rank")
+    assert "attends to more, by prediction" in html
+    assert escape(f"{first['class_label'][0]}: {' '.join(first['token'])}") in html
     _small_run(tiny_en_dir, [dict(r) for r in drug_rows[:12]], run, on_existing="overwrite")
     html = report.build_report(run, examples=0).read_text(encoding="utf-8")
     assert "measured on an earlier run" in html  # a table of the run this folder held before
