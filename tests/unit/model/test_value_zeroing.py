@@ -55,7 +55,7 @@ def brute_force(
 def test_value_zeroing_equals_a_rerun_with_the_values_zeroed_on_minilm(minilm_dir, drug_sample, layer):
     texts = pq.read_table(drug_sample).column("text").to_pylist()[:3]
     tok = AutoTokenizer.from_pretrained(minilm_dir)
-    ids = [np.asarray(x) for x in tok(texts, truncation=True, max_length=40)["input_ids"]]
+    ids = [np.asarray(x) for x in tok(texts, truncation=True, max_length=64)["input_ids"]]
     clf = Classifier.load(str(minilm_dir), layers=[layer], value_zeroing=True)
     got = clf.forward(ids).value_zeroing  # (B, 1, S), one padded batch
     eager = tf.AutoModelForSequenceClassification.from_pretrained(minilm_dir).eval()
@@ -63,8 +63,9 @@ def test_value_zeroing_equals_a_rerun_with_the_values_zeroed_on_minilm(minilm_di
     value = eager.bert.encoder.layer[index].attention.self.value
     for b, x in enumerate(ids):
         want = brute_force(eager, value, torch.from_numpy(x)[None], index, calls_per_layer=False)
-        # the distances are small (the residual carries most of [CLS]): relative agreement, far
-        # within the 1e-4 asked for
+        # the 1e-4 asked for; and, as the distances are small (the residual carries most of [CLS]),
+        # relative agreement too, which is much tighter here
+        assert np.abs(got[b, 0, : len(x)] - want).max() <= 1e-4
         np.testing.assert_allclose(got[b, 0, : len(x)], want, rtol=1e-2, atol=1e-7)
         assert (got[b, 0, len(x) :] == 0).all()  # padding
     assert got.max() > 1e-5  # zeroing some token moves the output
