@@ -381,6 +381,28 @@ def test_cli_prints_the_top_tokens(run_dir):
     assert "wrote " in r.output and "token_influence.parquet" in r.output
 
 
+@pytest.mark.parametrize("measure", ["log_odds_z", "mean_scaled_shrunk", "mean_norm"])
+def test_cli_prints_the_tokens_ranked_by_the_measure_asked_for(run_dir, measure):
+    """--rank-by reorders what is printed: each head's first token is the one with the largest value of
+    that measure (ties as the table breaks them), printed with that value."""
+    split = "pred_label" if measure in agg.CONTRASTS else "all"
+    args = ["aggregate", str(run_dir), "--min-reviews", "2", "--top-k", "2", "--rank-by", measure]
+    r = CliRunner().invoke(app, [*args, "--by", split])
+    assert r.exit_code == 0, r.output
+    assert f"top 2 tokens, {measure}" in r.output
+    table, _ = agg.read_aggregates(run_dir)
+    best = top.top_tokens(table, 1, "token", split, [0], measure=measure).filter(pl.col("head") == 0)
+    head = table.filter(
+        (pl.col("unit") == "token")
+        & (pl.col("split") == split)
+        & (pl.col("layer") == 0)
+        & (pl.col("head") == 0)
+        & pl.col("class_label").eq_missing(best["class_label"][0])
+    )
+    assert best[measure][0] == head[measure].max()  # the first ranked is the largest
+    assert f"{best['token'][0]} {best[measure][0]:.3f}" in r.output
+
+
 def test_no_word_units_is_said_so(result):
     tokens_only = result.table.filter(pl.col("unit") == "token")
     assert "no word units" in top.format_top(tokens_only, unit="word")
