@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from html import unescape
 from pathlib import Path
 
 import numpy as np
@@ -349,3 +350,28 @@ def test_the_seeds_table_for_a_spreadsheet(suffix, en_run, tmp_path):
     scaled = [r for r in body if r[1] == "scaled"]
     assert len(scaled) == review.num_heads
     np.testing.assert_allclose(np.array([r[2:] for r in scaled], dtype=float), review.scaled, rtol=1e-6)
+
+
+def test_the_plot_command_takes_negative_layers_token_ranges_and_leaves_out_the_specials(en_run, tmp_path):
+    """What a user types: the layer counted from the end, a range of content tokens, the maps with and
+    without [CLS] and [SEP]; the HTML page holds just those tokens and names the layer both ways (what
+    the maps hold is checked in test_pictures_that_read)."""
+    import re
+
+    doc = short_doc(en_run)
+    review = reviews.load_review(en_run, doc)
+    args = ["plot", str(en_run), "--doc-id", doc, "--layer", "-2", "--tokens", "2:6", "--pairs"]
+    pages = {}
+    for specials in ("--specials", "--no-specials"):
+        out = tmp_path / f"{specials}.html"
+        r = CliRunner().invoke(app, [*args, specials, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        pages[specials] = out.read_text(encoding="utf-8")
+    html = pages["--no-specials"]
+    assert "layer 1 (\u22122)" in html  # the 3-layer tiny model: stored 1, asked -2
+    first_table = html.split("</table>")[0]
+    shown = [unescape(t) for t in re.findall(r'<th class="tok">(.*?)</th>', first_table)]
+    assert shown == review.tokens[2:6]
+    assert pages["--specials"] != html  # the maps (pictures) differ; their rows are checked above
+    r = CliRunner().invoke(app, [*args[:-3], "--tokens", "0-4", "--out", str(tmp_path / "x.html")])
+    assert r.exit_code == 1 and "--tokens takes a range" in r.output
