@@ -18,3 +18,41 @@ def test_the_line_gives_tokens_a_second_and_the_models_busy_share():
     # on Ray each worker's model seconds add up: the share is of every worker's time
     assert _postfix(_summary(10_000, 3.0), elapsed=4.0, workers=2).endswith("model busy 38%")
     assert _postfix(_summary(0, 5.0), elapsed=4.0, workers=1).endswith("model busy 100%")  # never above
+
+
+def test_the_bar_moves_per_batch_to_its_total_and_keeps_loading_bars_out(
+    tiny_en_dir, drug_sample, tmp_path, capsys, monkeypatch
+):
+    """A 979-review job sat at 0/979 for 35 s: the bar moved once per window. It moves per batch, is
+    labelled with the run, reaches the input's row count, and transformers' own loading bars (which the
+    commands turn off) do not mix into it."""
+    import pyarrow.parquet as pq
+    import tqdm.auto
+
+    from bertattn_batch.cli.base import setup
+    from bertattn_batch.config import JobSpec
+    from bertattn_batch.engines import run_job
+
+    seen: list[tuple[str, int, int | None]] = []
+
+    class Recorded(tqdm.auto.tqdm):
+        def update(self, n=1):
+            out = super().update(n)
+            seen.append((self.desc, self.n, self.total))
+            return out
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)
+    setup(False)  # what every command does first
+    rows = pq.read_metadata(drug_sample).num_rows
+    window = 16
+    spec = JobSpec(
+        inputs=[str(drug_sample)], model=str(tiny_en_dir), out=str(tmp_path / "run"), id_col="doc_id",
+        window=window, batch_tokens=256,
+    )  # fmt: skip
+    run_job(spec, progress=True)
+    moved = [n for _, n, _ in seen]
+    assert {d for d, _, _ in seen} == {"extract run"} and {t for _, _, t in seen} == {rows}
+    assert moved == sorted(moved) and moved[-1] == rows
+    assert len(set(moved)) > -(-rows // window)  # more steps than windows: per batch
+    err = capsys.readouterr().err
+    assert "extract run" in err and "model busy" in err and "Loading" not in err
