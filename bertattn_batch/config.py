@@ -134,7 +134,7 @@ class JobSpec:
     trust_remote_code: bool = False
     allow_pickle: bool = False
     progress: bool = True
-    engine: str = "local"  # local: this process; ray: a Ray Data actor pool (pip install '.[ray]')
+    engine: str = "local"  # local: this process; ray: Ray actors, one model each (pip install '.[ray]')
     workers: int = 1  # model workers of the ray engine (one GPU each where the cluster has GPUs)
     ray_address: str | None = None  # a Ray cluster to join (else RAY_ADDRESS, else a local runtime)
     finetune: FinetuneSpec | None = None

@@ -206,7 +206,8 @@ def extract(
     engine: Annotated[
         str,
         typer.Option(
-            rich_help_panel="Engine", help="local (this process) or ray (Ray Data; pip install '.\\[ray]')."
+            rich_help_panel="Engine",
+            help="local (this process) or ray (Ray actors, one model each; pip install '.\\[ray]').",
         ),
     ] = "local",
     workers: Annotated[

@@ -31,7 +31,6 @@ def import_ray(local: bool = True) -> Any:
         os.environ.setdefault(_LOOPBACK_ENV, "0")  # read when ray is first imported
     try:
         import ray
-        import ray.data
     except ImportError:
         raise EngineError(f"--engine ray needs Ray, which is not installed: {INSTALL_HINT}") from None
     return ray
@@ -118,7 +117,7 @@ _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Interrupt
 
 def worker_error(e: BaseException) -> tuple[str, str]:
     """(qualified class name, message) of the error a Ray worker first raised, read through the
-    wrappers of Ray and Ray Data (which keep the original only as text in the worker's traceback)."""
+    wrappers of Ray (which keep the original only as text in the worker's traceback)."""
     root = e
     while isinstance(getattr(root, "cause", None), BaseException):  # RayTaskError.cause
         root = root.cause

@@ -24,6 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .._util import atomic_path
 from ..errors import InputError
 
 
@@ -90,7 +91,6 @@ def write_corpus(name: str, out: str | Path) -> int:
     table = pa.Table.from_pylist(
         rows, schema=pa.schema([("doc_id", pa.string()), ("text", pa.string()), ("label", pa.string())])
     )
-    tmp = out.with_name(f".{out.name}.tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    tmp.replace(out)
+    with atomic_path(out) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
     return table.num_rows

@@ -174,8 +174,9 @@ def _finetune(
     if fit["shortened"]:
         log.warning(
             "training stopped after %d of its %d steps (%.2f of %s epochs) at max_train_seconds=%s: this "
-            "model is not the job's full schedule, and another machine would train another one; train "
-            "it in full without max_train_seconds (bertattn finetune ... --out %s)",
+            "model is not the job's full schedule, and another machine would train another one. To "
+            "train it in full: take max_train_seconds out of the job's [finetune] table, delete %s, and "
+            "run the job again (bertattn run JOB.toml trains its model on first run)",
             fit["steps"],
             fit["planned_steps"],
             fit["epochs_done"],

@@ -52,6 +52,7 @@ def test_a_cut_schedule_is_loud_and_recorded(zh_rows, tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         ensure_model(job, progress=False)
     assert "training stopped after" in caplog.text and "not the job's full schedule" in caplog.text
+    assert "take max_train_seconds out of the job's [finetune] table" in caplog.text
     metrics = json.loads((Path(job.model) / METRICS_FILE).read_text())
     assert metrics["shortened"] and metrics["steps"] < metrics["planned_steps"]
     run_job(job)
