@@ -695,3 +695,27 @@ def test_a_run_of_an_older_table_version_is_refused_in_one_line(run_dir, tiny_en
         run_job(spec)
     run_job(dataclasses.replace(spec, on_existing="overwrite"))
     assert agg.aggregate(run, min_reviews=MIN_REVIEWS).table.height > 0
+
+
+def test_the_readmes_query_runs_as_printed(run_dir):
+    """The README's polars query, pasted as a user would, with this run and its commonest prediction:
+    each head's top tokens among reviews of that prediction, as the long form computes them."""
+    block = re.search(r"```python\n(.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.S)
+    assert block is not None
+    preds = [p["pred_label"] for p in read_table(run_dir, "predictions").to_pylist() if p["status"] == "ok"]
+    label = max(set(preds), key=preds.count)
+    code = block.group(1).replace("runs/default", str(run_dir)).replace('"negative"', repr(label))
+    scope: dict = {}
+    exec(code.replace(">= 5", ">= 2"), scope)
+    top = scope["top"]
+    assert top.height > 0 and top.columns == ["layer", "head", "token", "n", "mean_scaled"]
+    assert (top.group_by("layer", "head").len()["len"] <= 5).all() and (top["n"] >= 2).all()
+    want = (
+        pl.from_arrow(read_attention(run_dir))
+        .join(pl.from_arrow(read_table(run_dir, "predictions")).filter(pl.col("status") == "ok"), on="doc_id")
+        .filter(pl.col("pred_label") == label)
+        .group_by("layer", "head", "token")
+        .agg(n=pl.col("doc_id").n_unique(), mean_scaled=pl.col("weight_scaled").mean())
+    )
+    got = top.join(want, on=["layer", "head", "token"], suffix="_want")
+    assert got.height == top.height and (got["n"] == got["n_want"]).all()
