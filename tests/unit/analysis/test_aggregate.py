@@ -382,9 +382,10 @@ def test_cli_prints_the_top_tokens(run_dir):
 
 
 @pytest.mark.parametrize("measure", ["log_odds_z", "mean_scaled_shrunk", "mean_norm"])
-def test_cli_prints_the_tokens_ranked_by_the_measure_asked_for(run_dir, measure):
+def test_cli_prints_the_tokens_ranked_by_the_measure_asked_for(run_dir, measure, tmp_path):
     """--rank-by reorders what is printed: each head's first token is the one with the largest value of
     that measure (ties as the table breaks them), printed with that value."""
+    run_dir = shutil.copytree(run_dir, tmp_path / "run")  # its aggregates are rewritten, ranked anew
     split = "pred_label" if measure in agg.CONTRASTS else "all"
     args = ["aggregate", str(run_dir), "--min-reviews", "2", "--top-k", "2", "--rank-by", measure]
     r = CliRunner().invoke(app, [*args, "--by", split])
