@@ -55,7 +55,7 @@ test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q tests/unit
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests/unit
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
