@@ -155,7 +155,7 @@ class Extractor:
         at = np.arange(len(rows), dtype=index) - np.repeat(whole_start, whole)  # position in its review
         content = (at > 0) & (at < np.repeat(whole - 1, whole))
         weight, weight_norm = rows[content], norms[content]
-        j = at[content] - 1  # content token index within its review
+        position = at[content].astype(np.int32, copy=False)  # each attention row's token
         del at, content
         seg = whole - 2  # the content tokens of each segment
         scaled, lo, hi = minmax_scale(weight, seg)
@@ -172,13 +172,12 @@ class Extractor:
             "doc_id": docs.take(pa.array(np.repeat(review_of_seg, seg))),
             "layer": np.repeat(seg_layer, seg),
             "head": np.repeat(seg_head, seg),
-            "position": (j + 1).astype(np.int32, copy=False),
+            "position": position,
             "weight": weight,
             "weight_scaled": scaled,
             "weight_norm": weight_norm,
             "value_zeroing": _zeroing(scored, H, len(weight)),
         }
-        del j
         review_of_token = np.repeat(np.arange(len(scored), dtype=np.int32), m)
         first = (np.cumsum(m) - m).astype(np.int32)  # each review's first content token among ``ids``
         tokens = {
