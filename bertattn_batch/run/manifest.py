@@ -332,7 +332,7 @@ def require_current_tables(run_dir: str | Path, written: Any) -> None:
     cls_attention each row held its token; now ``tokens`` does): read as this version's tables it would
     fail later, on a missing column or file, with a message that does not say what to do."""
     if not isinstance(written, dict) or written == schema.versions():
-        return  # the same tables; or none named, which the manifest's own checks call damaged
+        return  # the same tables; or none named (a manifest made by hand), left to its own checks
 
     def spell(versions: dict[str, Any]) -> str:
         return ", ".join(f"{t} v{v}" for t, v in sorted(versions.items()))

@@ -6,8 +6,8 @@ Usage::
     rows = scan_attention("runs/default")    # every committed part of a run, lazily
 
 Since schema version 3 a token is stored once per review position in ``tokens`` rather than once per
-layer and head in ``cls_attention`` (a third of the bytes of a 12-head model's rows, docs/performance.md);
-this join gives back the one wide table that analysts and our own readers ask questions of.
+layer and head in ``cls_attention`` (the token columns cost 1.2 bytes of every attention row when
+repeated per head; see docs/performance.md); this join gives back the one wide table that analysts and our own readers ask questions of.
 """
 
 from __future__ import annotations
