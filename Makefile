@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 # What the tests need beyond the runtime: test tools, and Debian's chromium for the report's browser
 # test where this machine can install it (the browser tests skip, saying why, where it cannot).
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[test,ray]'
+	$(BIN)/pip install -q -e '.[test,ray,s3]'
 	-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi
 	touch $@

@@ -30,6 +30,10 @@ class WriteError(BertAttnError):
     """Writing output failed (disk full, permission denied); the run can be resumed."""
 
 
+class StorageError(BertAttnError):
+    """A path or URI names no filesystem this install can serve, or the store refused us (bucket, keys)."""
+
+
 class EngineError(BertAttnError):
     """The distributed engine cannot run: Ray is not installed, a cluster is unreachable, or a worker failed."""
 

@@ -1,0 +1,61 @@
+"""Paths and URIs resolve to the right filesystem; plain paths stay exactly as before."""
+
+from __future__ import annotations
+
+import pyarrow.fs as pafs
+import pytest
+
+from bertattn_batch.errors import StorageError
+from bertattn_batch.storage import is_remote, resolve, split_uri
+
+
+@pytest.mark.parametrize(
+    ("target", "scheme", "rest"),
+    [
+        ("runs/r1", None, "runs/r1"),
+        ("/abs/r1", None, "/abs/r1"),
+        ("C:\\data\\x.parquet", None, "C:\\data\\x.parquet"),
+        ("s3://bucket/run", "s3", "bucket/run"),
+        ("S3://bucket/run", "s3", "bucket/run"),
+        ("gs://b/k", "gs", "b/k"),
+        ("file:///tmp/x", "file", "/tmp/x"),
+        ("hdfs://nn:8020/p", "hdfs", "nn:8020/p"),
+    ],
+)
+def test_split_uri(target, scheme, rest):
+    assert split_uri(target) == (scheme, rest)
+
+
+def test_remote_schemes_are_the_ones_without_rename():
+    assert is_remote("s3://b/k") and is_remote("gs://b/k") and is_remote("hdfs://nn/p")
+    assert not is_remote("runs/r1") and not is_remote("file:///tmp/x")
+
+
+def test_local_path_and_file_uri_name_the_same_file(tmp_path):
+    (tmp_path / "a.txt").write_text("hello")
+    fs1, p1 = resolve(tmp_path / "a.txt")
+    fs2, p2 = resolve(f"file://{tmp_path}/a.txt")
+    assert isinstance(fs1, pafs.LocalFileSystem) and isinstance(fs2, pafs.LocalFileSystem)
+    assert p1 == p2 == str(tmp_path / "a.txt")
+    with fs2.open_input_stream(p2) as f:
+        assert f.read() == b"hello"
+
+
+def test_relative_path_becomes_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve("runs/r1")[1] == str(tmp_path / "runs" / "r1")
+
+
+def test_unknown_scheme_is_one_line_error():
+    with pytest.raises(StorageError, match=r"unsupported scheme ftp://") as e:
+        resolve("ftp://host/x")
+    assert "\n" not in str(e.value)
+
+
+def test_s3_endpoint_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    fs, path = resolve("s3://bucket/run/")
+    assert isinstance(fs, pafs.S3FileSystem)
+    assert path == "bucket/run"
+    assert fs.region == "us-east-1"
