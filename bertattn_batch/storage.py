@@ -93,3 +93,41 @@ def _filesystem_class(pafs, name: str, scheme: str):
 
 def _one_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def list_files(target: str) -> list[str]:
+    """Every file a URI names, as URIs in sorted order: the file itself, a folder's files (recursive), or a glob's matches.
+
+    A store lists keys, not folders, so a glob is matched against the keys under its fixed prefix.
+    Raises StorageError where nothing matches, so no input is silently empty.
+    """
+    import fnmatch
+    import glob
+
+    import pyarrow.fs as pafs
+
+    scheme, _ = split_uri(target)
+    fs, path = resolve(target)
+    prefix = f"{scheme}://" if scheme else ""
+    if glob.has_magic(path):
+        fixed = path[: min(path.index(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
+        infos = fs.get_file_info(pafs.FileSelector(fixed, recursive=True, allow_not_found=True))
+        found = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, path)]
+    else:
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            found = [path]
+        elif info.type == pafs.FileType.Directory:
+            infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+            found = [i.path for i in infos if i.type == pafs.FileType.File]
+        else:
+            found = []
+    if not found:
+        raise StorageError(f"{target}: no such file, folder or match")
+    return sorted(prefix + p for p in found)
+
+
+def open_stream(target: str):
+    """A forward-only stream of a file's bytes, gzip/bz2/zstd undone by the name's suffix: bounded memory."""
+    fs, path = resolve(target)
+    return fs.open_input_stream(path, compression="detect")
