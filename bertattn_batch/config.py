@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecError
+from .storage import normalize
 
 DEVICES_HELP = "auto, cpu, cuda, cuda:N or mps"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -142,8 +143,8 @@ class JobSpec:
     def __post_init__(self) -> None:
         if isinstance(self.inputs, (str, os.PathLike)):
             self.inputs = [self.inputs]
-        self.inputs = [os.fspath(p) for p in self.inputs]  # pathlib.Path too, from a notebook
-        self.model, self.out = os.fspath(self.model), os.fspath(self.out)
+        self.inputs = [normalize(p) for p in self.inputs]  # pathlib.Path too, from a notebook
+        self.model, self.out = normalize(self.model), normalize(self.out)
         if not self.inputs:
             raise SpecError("no inputs given")
         if not self.out.strip() or not self.model.strip():

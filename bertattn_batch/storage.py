@@ -13,10 +13,22 @@ so they land neither in shell history nor in a manifest.
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
+import functools
+import glob
+import io
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
-from bertattn_batch.errors import StorageError
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from .errors import StorageError
+
+FILE = pafs.FileType.File
+NOT_FOUND = pafs.FileType.NotFound
 
 #: Schemes served by an object store or a cluster filesystem: no atomic rename, no advisory locks.
 REMOTE_SCHEMES = ("s3", "gs", "gcs", "hdfs")
@@ -33,31 +45,35 @@ def split_uri(target: str | os.PathLike[str]) -> tuple[str | None, str]:
     return scheme.lower(), rest
 
 
+def normalize(target: str | os.PathLike[str]) -> str:
+    """A ``file://`` URI as the local path it names; anything else as it is: local disk is one code path."""
+    scheme, rest = split_uri(target)
+    return rest if scheme == "file" else os.fspath(target)
+
+
 def is_remote(target: str | os.PathLike[str]) -> bool:
     """Whether ``target`` lives on an object store or cluster filesystem rather than this machine's disk."""
     return split_uri(target)[0] in REMOTE_SCHEMES
 
 
-def resolve(target: str | os.PathLike[str]):
+def resolve(target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
     """``(pyarrow.fs.FileSystem, path)`` for a local path, ``file://``, ``s3://``, ``gs://`` or ``hdfs://``.
 
     Raises StorageError naming the extra to install when this pyarrow has no filesystem for the
     scheme, and for a scheme nobody serves.
     """
-    import pyarrow.fs as pafs
-
     scheme, rest = split_uri(target)
     if scheme is None:
         return pafs.LocalFileSystem(), str(Path(rest).expanduser().absolute())
     if scheme == "file":
         return pafs.LocalFileSystem(), str(Path(rest or "/").absolute())
     if scheme == "s3":
-        return _s3(pafs), rest.strip("/")
+        return _s3(), rest.strip("/")
     if scheme in ("gs", "gcs"):
-        cls = _filesystem_class(pafs, "GcsFileSystem", scheme)
+        cls = _filesystem_class("GcsFileSystem", scheme)
         return cls(), rest.strip("/")
     if scheme == "hdfs":
-        _filesystem_class(pafs, "HadoopFileSystem", scheme)
+        _filesystem_class("HadoopFileSystem", scheme)
         try:
             fs, path = pafs.FileSystem.from_uri(os.fspath(target))
         except (OSError, ValueError) as e:
@@ -68,9 +84,25 @@ def resolve(target: str | os.PathLike[str]):
     )
 
 
-def _s3(pafs):
-    """An S3 filesystem with the endpoint from ``AWS_ENDPOINT_URL(_S3)``; keys and region from the SDK's chain."""
-    cls = _filesystem_class(pafs, "S3FileSystem", "s3")
+def _s3() -> pafs.FileSystem:
+    """An S3 filesystem with the endpoint from ``AWS_ENDPOINT_URL(_S3)``; keys and region from the SDK's
+    chain. One per environment: making one resolves credentials, which can mean a network round trip."""
+    names = (
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_ENDPOINT_URL",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_PROFILE",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+    )
+    return _s3_for(tuple(os.environ.get(n) for n in names))
+
+
+@functools.lru_cache(maxsize=4)
+def _s3_for(_env: tuple[str | None, ...]) -> pafs.FileSystem:
+    cls = _filesystem_class("S3FileSystem", "s3")
     kwargs = {}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
@@ -83,7 +115,7 @@ def _s3(pafs):
     return cls(**kwargs)
 
 
-def _filesystem_class(pafs, name: str, scheme: str):
+def _filesystem_class(name: str, scheme: str) -> type:
     """The pyarrow filesystem class, or a StorageError naming the extra when this build lacks it."""
     cls = getattr(pafs, name, None)
     if cls is None:
@@ -95,33 +127,122 @@ def _one_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
+def store_error(e: BaseException, target: str | os.PathLike[str]) -> StorageError:
+    """A store's refusal as one line that says what to fix: the AWS SDK's messages run over several
+    lines and name the failing call, not the bucket or the keys."""
+    text = str(e)
+    name = os.fspath(target)
+    if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text:
+        bucket = split_uri(name)[1].split("/", 1)[0]
+        return StorageError(f"{name}: bucket {bucket!r} does not exist (create it first)")
+    if any(
+        k in text for k in ("ACCESS_DENIED", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+    ):
+        return StorageError(
+            f"{name}: the store refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
+            "or AWS_PROFILE, and the endpoint AWS_ENDPOINT_URL)"
+        )
+    return StorageError(f"{name}: {_one_line(e)}")
+
+
+def join(base: str | os.PathLike[str], *names: str) -> str:
+    """``base`` with ``names`` appended by ``/``: a URI stays a URI (pathlib would fold ``s3://``)."""
+    return "/".join([os.fspath(base).rstrip("/"), *names])
+
+
+def name_path(target: str | os.PathLike[str]) -> PurePosixPath:
+    """The path part of a path or URI, for its name and suffixes (``reviews.jsonl.gz``)."""
+    return PurePosixPath(split_uri(target)[1])
+
+
+def info(target: str | os.PathLike[str]) -> pafs.FileInfo:
+    """``pyarrow.fs.FileInfo`` of a path or URI: type, size, modification time."""
+    fs, path = resolve(target)
+    try:
+        return fs.get_file_info(path)
+    except OSError as e:
+        raise store_error(e, target) from None
+
+
+def open_input(target: str | os.PathLike[str], buffered: bool = True) -> BinaryIO:
+    """A file's bytes, random access: a local file as Python opens it; an object on a store as a pyarrow
+    file whose reads are ranged requests, so Parquet footers and row groups are fetched as needed and
+    a stream is read in blocks, never the whole object at once."""
+    if not is_remote(target):
+        return open(split_uri(target)[1] if split_uri(target)[0] == "file" else target, "rb")
+    fs, path = resolve(target)
+    try:
+        native = fs.open_input_file(path)
+        # unbuffered for Parquet, whose reader asks for the byte ranges it needs itself
+        return io.BufferedReader(native, buffer_size=READ_BLOCK_BYTES) if buffered else native
+    except OSError as e:
+        raise store_error(e, target) from None
+
+
+#: Bytes read from a store per request while a file is streamed.
+READ_BLOCK_BYTES = 8 << 20
+
+
+def read_bytes(target: str | os.PathLike[str]) -> bytes:
+    with open_input(target) as f:
+        return f.read()
+
+
+def write_bytes(target: str | os.PathLike[str], data: bytes | pa.Buffer) -> None:
+    """Put an object whole: a store makes it visible only once the upload completes, so a reader sees
+    the old object or the new one, never a part of it (what a local rename gives)."""
+    fs, path = resolve(target)
+    try:
+        with fs.open_output_stream(path) as f:
+            f.write(data)
+    except OSError as e:
+        raise store_error(e, target) from None
+
+
+def delete(target: str | os.PathLike[str]) -> None:
+    """Remove an object; one that is already gone is no error."""
+    fs, path = resolve(target)
+    with contextlib.suppress(FileNotFoundError):
+        fs.delete_file(path)
+
+
+def list_names(folder: str | os.PathLike[str], recursive: bool = False) -> list[str]:
+    """The names (below ``folder``, ``/``-separated) of the objects under ``folder``: directly under it,
+    or at any depth; none where it does not exist."""
+    fs, path = resolve(folder)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=recursive))
+    except OSError as e:
+        raise store_error(e, folder) from None
+    return sorted(i.path[len(path) :].lstrip("/") for i in infos if i.type == FILE)
+
+
 def list_files(target: str) -> list[str]:
-    """Every file a URI names, as URIs in sorted order: the file itself, a folder's files (recursive), or a glob's matches.
-
-    A store lists keys, not folders, so a glob is matched against the keys under its fixed prefix.
-    Raises StorageError where nothing matches, so no input is silently empty.
+    """Every file a URI names, as URIs in sorted order: the file itself, a folder's files (recursive), or
+    a glob's matches. A store lists keys, not folders, so a glob is matched against the keys under its
+    fixed prefix. Raises StorageError where nothing matches, so no input is silently empty.
     """
-    import fnmatch
-    import glob
-
-    import pyarrow.fs as pafs
-
     scheme, _ = split_uri(target)
     fs, path = resolve(target)
     prefix = f"{scheme}://" if scheme else ""
-    if glob.has_magic(path):
-        fixed = path[: min(path.index(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
-        infos = fs.get_file_info(pafs.FileSelector(fixed, recursive=True, allow_not_found=True))
-        found = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, path)]
-    else:
-        info = fs.get_file_info(path)
-        if info.type == pafs.FileType.File:
-            found = [path]
-        elif info.type == pafs.FileType.Directory:
-            infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
-            found = [i.path for i in infos if i.type == pafs.FileType.File]
+    try:
+        if glob.has_magic(path):
+            fixed = path[: min(path.index(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
+            infos = fs.get_file_info(pafs.FileSelector(fixed, recursive=True, allow_not_found=True))
+            found = [
+                i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, path)
+            ]
         else:
-            found = []
+            found_info = fs.get_file_info(path)
+            if found_info.type == pafs.FileType.File:
+                found = [path]
+            elif found_info.type == pafs.FileType.Directory:
+                infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+                found = [i.path for i in infos if i.type == pafs.FileType.File]
+            else:
+                found = []
+    except OSError as e:
+        raise store_error(e, target) from None
     if not found:
         raise StorageError(f"{target}: no such file, folder or match")
     return sorted(prefix + p for p in found)

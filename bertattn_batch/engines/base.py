@@ -24,15 +24,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from .._util import human_bytes
 from ..config import JobSpec
 from ..extract import Columns, PartStats, PassInfo, StagedPart, WindowRows, iter_windows
 from ..inputs import Source, check_inputs, count_rows, source_files
-from ..run import PartWriter, RunDir, resume_point
+from ..run import PartWriter, resume_point, run_dir_class
 from ..runtime import tune_runtime
+from ..storage import name_path
 from ..train import ensure_model
 
 
@@ -184,7 +184,7 @@ def run_job(
     with (engine or engine_for(spec))(spec) as eng:
         header = eng.header()
         on_existing = "resume" if incremental else spec.on_existing
-        with RunDir(spec.out, header, on_existing, part_writer(spec.out)) as run:
+        with run_dir_class(spec.out)(spec.out, header, on_existing, part_writer(spec.out)) as run:
             point = resume_point(run, incremental, spec.id_col is not None, source_files(sources), spec.limit)
             summary.skipped_committed = point.skipped
             columns = Columns(spec.text_col, spec.id_col, spec.label_col)
@@ -228,7 +228,7 @@ def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -
     bar = tqdm(
         total=total,
         initial=done if total else 0,
-        desc=f"extract {Path(spec.out).name}",
+        desc=f"extract {name_path(spec.out).name}",
         unit="review",
         disable=not show,
         dynamic_ncols=True,

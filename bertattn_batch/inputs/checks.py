@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError, first_line
+from ..storage import is_remote
 from .compressed import READ_ERRORS, check_not_archive, compression_of, open_binary
 from .csv import csv_header
 from .discover import Source, expand_inputs
@@ -45,15 +47,20 @@ def check_inputs(
     """
     sources = expand_inputs(inputs, input_format, encoding, delimiter)
     wanted = wanted_columns(text_col, id_col, label_col)
-    run = Path(out).resolve() if out else None
     for src in sources:
-        if run is not None and run in src.path.resolve().parents:
+        if out and _inside(src.path, out):
             raise InputError(f"input {src.label} lies inside the run directory {out}; choose another --out")
         _check_bytes(src)
         if src.format in LINE_FORMATS and codecs.lookup(src.encoding).name == "utf-8":
             _check_mostly_utf8(src)
         _check_columns(src, wanted)
     return sources
+
+
+def _inside(path: Path | str, folder: str | Path) -> bool:
+    if is_remote(path) or is_remote(folder):
+        return os.fspath(path).startswith(os.fspath(folder).rstrip("/") + "/")
+    return Path(folder).resolve() in Path(path).resolve().parents
 
 
 #: Formats read line by line, whose text is decoded (``--encoding``).
@@ -167,7 +174,7 @@ def _column_names(src: Source) -> list[str] | None:
     """Column names without reading the data (None where a format has no header)."""
     try:
         if src.format == "parquet":
-            return pq.read_schema(src.path).names
+            return pq.read_schema(src.raw()).names
         if src.format in ("csv", "tsv"):
             return csv_header(src)
         if src.format == "text":

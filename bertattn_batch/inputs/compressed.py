@@ -24,6 +24,7 @@ from typing import BinaryIO
 import pyarrow as pa
 
 from ..errors import InputError
+from ..storage import is_remote, name_path, open_input
 
 #: Leading bytes of each stream compression; the codec name is Arrow's, which decompresses all but xz.
 _STREAMS = {
@@ -47,36 +48,37 @@ ARCHIVE_SUFFIXES = frozenset({".zip", ".7z", ".tar", ".tgz", ".rar"})
 READ_ERRORS = (OSError, EOFError, lzma.LZMAError)
 
 
-def format_suffix(path: Path) -> str:
+def format_suffix(path: Path | str) -> str:
     """The lowercased suffix that names a file's format, under one compression suffix if it has one."""
-    suffixes = [s.lower() for s in path.suffixes]
+    suffixes = [s.lower() for s in name_path(path).suffixes]
     if len(suffixes) > 1 and suffixes[-1] in SUFFIXES:
         return suffixes[-2]
     return suffixes[-1] if suffixes else ""
 
 
-def compression_of(path: Path) -> str | None:
+def compression_of(path: Path | str) -> str | None:
     """The stream compression of a file from its leading bytes, or None for a plain file."""
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         head = f.read(10)
     if head.startswith(_BZIP2[0]) and head[3:4].isdigit() and head[4:10] in _BZIP2[1]:
         return "bz2"
     if head[:1] and head[0] & 0xF0 == 0x50 and head[1:4] == _ZSTD_SKIPPABLE:
         return "zstd"
     kind = next((kind for magic, kind in _STREAMS.items() if head.startswith(magic)), None)
-    if kind is None and path.suffix.lower() in SUFFIXES:
+    suffix = name_path(path).suffix
+    if kind is None and suffix.lower() in SUFFIXES:
         # a variant these readers do not know (lz4's legacy format, say) would be read as garbage rows
         raise InputError(
-            f"{path} is named as compressed ({path.suffix}), but its first bytes are no gzip, bzip2, "
+            f"{path} is named as compressed ({suffix}), but its first bytes are no gzip, bzip2, "
             "zstd, lz4 (frame) or xz stream; decompress it first, or rename it if it is not compressed"
         )
     return kind
 
 
-def check_not_archive(path: Path) -> None:
+def check_not_archive(path: Path | str) -> None:
     """Refuse an archive (zip, 7z, tar, also a compressed tar): its files have names and formats of
     their own, and read as lines they would be garbage rows."""
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         head = f.read(8)
     kind = next((kind for magic, kind in _ARCHIVES.items() if head.startswith(magic)), None)
     if kind is None:
@@ -91,16 +93,17 @@ def check_not_archive(path: Path) -> None:
         )
 
 
-def open_binary(path: Path, encoding: str = "utf-8") -> BinaryIO:
+def open_binary(path: Path | str, encoding: str = "utf-8") -> BinaryIO:
     """A file's bytes, decompressed as they are read where it is compressed, and turned into UTF-8 from
     ``encoding`` (a byte that is no character of it stays as it was, so its row gets ``invalid_utf8``)."""
     kind = compression_of(path)
     if kind is None:
-        raw: BinaryIO = open(path, "rb")  # noqa: SIM115 - the caller closes it
+        raw: BinaryIO = open_input(path)
     elif kind == "xz":
-        raw = lzma.open(path, "rb")  # noqa: SIM115 - the caller closes it
+        raw = lzma.open(open_input(path), "rb")  # noqa: SIM115 - the caller closes it
     else:
-        raw = io.BufferedReader(pa.input_stream(str(path), compression=kind), buffer_size=1 << 20)
+        stored = open_input(path, buffered=False) if is_remote(path) else str(path)
+        raw = io.BufferedReader(pa.input_stream(stored, compression=kind), buffer_size=1 << 20)
     if codecs.lookup(encoding).name == "utf-8":
         return raw
     return io.BufferedReader(_ToUTF8(raw, encoding), buffer_size=1 << 20)

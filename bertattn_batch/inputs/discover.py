@@ -26,9 +26,10 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from ..errors import InputError
+from .. import storage
+from ..errors import InputError, StorageError
 from ..run.layout import is_run_dir
 from .compressed import ARCHIVE_SUFFIXES, format_suffix, open_binary
 
@@ -57,7 +58,7 @@ class Source:
     """One input file and its format; ``name`` is what the user named it where that is not ``path``
     (a stream read into a temporary file)."""
 
-    path: Path
+    path: Path | str  # a URI (str) for a file on an object store
     format: str
     name: str | None = None
     encoding: str = "utf-8"  # of a line-based file's text
@@ -76,6 +77,10 @@ class Source:
         """The file's bytes as UTF-8, decompressed as they are read."""
         return open_binary(self.path, self.encoding)
 
+    def raw(self) -> Any:
+        """What pyarrow opens: a local path, or a store's file read by ranged requests (Parquet)."""
+        return storage.open_input(self.path, buffered=False) if storage.is_remote(self.path) else self.path
+
 
 def expand_inputs(
     inputs: Iterable[str], input_format: str = "auto", encoding: str = "utf-8", delimiter: str | None = None
@@ -91,6 +96,9 @@ def expand_inputs(
 def _expand(inputs: Iterable[str], input_format: str) -> list[Source]:
     sources: list[Source] = []
     for spec in inputs:
+        if storage.is_remote(spec):
+            sources.extend(_stored(spec, input_format))
+            continue
         if spec == STDIN or is_stream(Path(spec)):
             sources.append(Source(spooled(spec), _format_of(Path(spec), input_format, spec), spec))
             continue
@@ -117,9 +125,41 @@ def _expand(inputs: Iterable[str], input_format: str) -> list[Source]:
 
 
 def input_name(spec: str) -> str:
-    """How a run records an input it was given: ``-`` as it is, a path absolute (the same file from any
-    directory, however a relative path spells it)."""
-    return spec if spec == STDIN else os.path.abspath(spec)
+    """How a run records an input it was given: ``-`` and URIs as they are, a path absolute (the same
+    file from any directory, however a relative path spells it)."""
+    return spec if spec == STDIN or storage.is_remote(spec) else os.path.abspath(spec)
+
+
+def _stored(spec: str, input_format: str) -> list[Source]:
+    """The review files an object store holds under a URI (a file, a prefix taken as a folder, or a
+    glob), by the rules of a local folder: hidden and temporary names, run directories and other files
+    passed over. A store lists keys, not folders, so this is one listing, however deep."""
+    try:
+        uris = storage.list_files(spec)
+    except StorageError as e:
+        raise InputError(str(e)) from None
+    if len(uris) == 1 and uris[0] == spec.rstrip("/"):  # one file, named: read whatever its name
+        return [Source(uris[0], _format_of(storage.name_path(spec), input_format, spec))]
+    base = spec.rstrip("/") + "/"
+    below = {u: u[len(base) :] if u.startswith(base) else storage.name_path(u).name for u in uris}
+    runs = {n.rsplit("/", 1)[0] + "/" for n in below.values() if n.endswith("/manifest.json")}
+    if "manifest.json" in below.values():
+        raise InputError(f"{spec} is a bertattn run directory, not reviews")
+    kept, others = [], []
+    for uri, name in below.items():
+        parts = name.split("/")
+        if any(p.startswith(("_", ".")) for p in parts) or any(name.startswith(r) for r in runs):
+            continue
+        if input_format == "auto" and format_suffix(name) not in EXTENSIONS:
+            others.append(uri)
+        else:
+            kept.append(Source(uri, _format_of(storage.name_path(uri), input_format, uri)))
+    if others:
+        log.warning("%s: passed over %d object(s) that are not review files (%s)", spec, len(others),
+                    ", ".join(storage.name_path(o).name for o in others[:3]))  # fmt: skip
+    if not kept:
+        raise InputError(f"{spec} holds no readable review files ({', '.join(EXTENSIONS)})")
+    return kept
 
 
 def is_stream(path: Path) -> bool:
@@ -162,10 +202,10 @@ def spooled(name: str) -> Path:
 def _once_each(sources: list[Source]) -> list[Source]:
     """Each file once, where it is first named: ``a.parquet data/*.parquet`` would otherwise read
     ``a.parquet`` twice (its rows doubled, or every repeat a ``duplicate_id``)."""
-    seen: set[Path] = set()
+    seen: set[Path | str] = set()
     kept = []
     for src in sources:
-        key = src.path.resolve()
+        key = src.path if storage.is_remote(src.path) else Path(src.path).resolve()
         if key in seen:
             if key not in _WARNED:  # once a process: the inputs are listed more than once
                 _WARNED.add(key)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
+from .. import storage
 from .discover import Source, input_name
 
 #: Bytes at each end of an input file whose hash tells a rewritten file from a copy (source_files).
@@ -24,20 +26,25 @@ def source_files(sources: Iterable[Source]) -> list[dict[str, Any]]:
     out = []
     for src in sources:
         p = src.path
-        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-        stats = [f.stat() for f in files]
+        if storage.is_remote(p):  # an object: its size and time as the store lists them
+            stored = storage.info(p)
+            files, stats = [p], [(stored.size, stored.mtime_ns or 0)]
+        else:
+            p = Path(p)
+            files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+            stats = [(st.st_size, st.st_mtime_ns) for st in (f.stat() for f in files)]
         digest = hashlib.sha256()
-        for f, st in zip(files, stats, strict=True):
-            with open(f, "rb") as fh:
+        for f, (size, _) in zip(files, stats, strict=True):
+            with storage.open_input(f, buffered=False) as fh:
                 digest.update(fh.read(ENDS_BYTES))
-                if st.st_size > ENDS_BYTES:
-                    fh.seek(max(ENDS_BYTES, st.st_size - ENDS_BYTES))
+                if size > ENDS_BYTES:
+                    fh.seek(max(ENDS_BYTES, size - ENDS_BYTES))
                     digest.update(fh.read(ENDS_BYTES))
         out.append(
             {
                 "path": input_name(src.name or str(p)),
-                "bytes": sum(st.st_size for st in stats),
-                "mtime_ns": max((st.st_mtime_ns for st in stats), default=0),
+                "bytes": sum(size for size, _ in stats),
+                "mtime_ns": max((mtime for _, mtime in stats), default=0),
                 "ends_sha256": digest.hexdigest(),
             }
         )

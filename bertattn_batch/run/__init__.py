@@ -11,6 +11,7 @@ from .layout import (
     part_name,
     tmp_name,
 )
+from .lease import Lease
 from .manifest import (
     Manifest,
     PartEntry,
@@ -22,9 +23,10 @@ from .manifest import (
     require_current_tables,
     row_range_problems,
 )
-from .parts import CommittedPart, PartWriter, check_part_file, committed_files
+from .parts import CommittedPart, PartWriter, check_part_file, committed_files, run_file
 from .resume import ResumePoint, input_changes, resume_point
 from .rundir import RunDir, old_manifest
+from .stored import StoredRunDir, run_dir_class
 from .views import TOKEN_COLUMNS, TOKEN_KEY, attention_rows, scan_attention
 
 __all__ = [
@@ -37,11 +39,13 @@ __all__ = [
     "TOKEN_COLUMNS",
     "TOKEN_KEY",
     "CommittedPart",
+    "Lease",
     "Manifest",
     "PartEntry",
     "PartWriter",
     "ResumePoint",
     "RunDir",
+    "StoredRunDir",
     "attention_rows",
     "check_part_file",
     "committed_files",
@@ -57,6 +61,8 @@ __all__ = [
     "require_current_tables",
     "resume_point",
     "row_range_problems",
+    "run_dir_class",
+    "run_file",
     "scan_attention",
     "tmp_name",
 ]

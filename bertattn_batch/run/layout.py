@@ -9,7 +9,8 @@ runs/<run>/
   head_summary/part-*.parquet   one row per (review, layer, head)
   tokens/part-*.parquet         one row per (review, content token): its id, text and span
   aggregates/, report.html      what ``aggregate`` and ``report`` write into a run
-  .bertattn.lock                held by the one process writing the run
+  .bertattn.lock                held by the one process writing the run (local disk)
+  _lease.json                   held, until it expires, by the one process writing it (object store)
 ```
 """
 
@@ -31,6 +32,8 @@ AGGREGATES_DIR = "aggregates"
 REPORT_NAME = "report.html"
 #: Held (flock) by the one process writing a run; the file stays, the lock dies with its process.
 LOCK_NAME = ".bertattn.lock"
+#: On an object store, which has no locks: who writes the run, and until when (run/lease.py).
+LEASE_NAME = "_lease.json"
 TABLES = schema.TABLES
 
 

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import schema
+from .. import schema, storage
 from .._util import atomic_write_text
 from ..errors import RunDirError, RunVersionError, WriteError
+from ..storage import is_remote
 from .layout import COMMIT_LOG, FORMAT, MANIFEST, TABLES
 
 
@@ -266,6 +267,8 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
 def load_json(run_dir: str | Path) -> dict[str, Any]:
     """The manifest's JSON object as written, with the parts of the commit log after its own (the
     validator checks it field by field)."""
+    if is_remote(run_dir):  # a store's run has no commit log: its driver rewrites the manifest
+        return _load_stored(run_dir)
     path = Path(run_dir) / MANIFEST
     if not path.is_file():
         raise RunDirError(f"{run_dir} is not a run directory (no {MANIFEST})")
@@ -280,6 +283,19 @@ def load_json(run_dir: str | Path) -> dict[str, Any]:
         names = {e["name"] for e in logged if isinstance(e, dict) and "name" in e}
         data["parts"] = [p for p in data["parts"] if not (isinstance(p, dict) and p.get("name") in names)]
         data["parts"] += logged
+    return data
+
+
+def _load_stored(run_dir: str | Path) -> dict[str, Any]:
+    uri = storage.join(run_dir, MANIFEST)
+    if storage.info(uri).type != storage.FILE:
+        raise RunDirError(f"{run_dir} is not a run directory (no {MANIFEST})")
+    try:
+        data = json.loads(storage.read_bytes(uri).decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunDirError(f"{uri} is damaged: {e}") from None
+    if not isinstance(data, dict):
+        raise RunDirError(f"{uri} is damaged: not a JSON object")
     return data
 
 
@@ -324,7 +340,7 @@ def read_manifest(run_dir: str | Path) -> Manifest:
     if data.get("format") != FORMAT:
         raise RunDirError(f"{run_dir} is not a bertattn run directory")
     require_current_tables(run_dir, data.get("schema_versions"))
-    return Manifest.from_dict(data, where=str(Path(run_dir) / MANIFEST))
+    return Manifest.from_dict(data, where=storage.join(run_dir, MANIFEST))
 
 
 def require_current_tables(run_dir: str | Path, written: Any) -> None:
@@ -343,10 +359,13 @@ def require_current_tables(run_dir: str | Path, written: Any) -> None:
     )
 
 
-def save_manifest(run_dir: Path, manifest: Manifest) -> None:
+def save_manifest(run_dir: str | Path, manifest: Manifest) -> None:
     """Write the whole manifest, every committed part in it, then drop the commit log it now holds (a
     crash in between leaves entries in both, which read as one)."""
     text = json.dumps(manifest.to_dict(), indent=1, ensure_ascii=False, default=str)
+    if is_remote(run_dir):  # one PUT: the object is the old manifest or the new one, never a mix
+        storage.write_bytes(storage.join(run_dir, MANIFEST), text.encode("utf-8"))
+        return
     try:
         atomic_write_text(run_dir / MANIFEST, text)
         (run_dir / COMMIT_LOG).unlink(missing_ok=True)

@@ -17,12 +17,14 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import schema
-from ..errors import RunDirError, WriteError, first_line
+from .. import schema, storage
+from ..errors import RunDirError, StorageError, WriteError, first_line
+from ..storage import is_remote
 from .layout import TABLES, part_name, tmp_name
 from .manifest import PartEntry, read_manifest
 
@@ -35,7 +37,10 @@ class PartWriter:
     simulate failures in tests (a full disk, a torn file)."""
 
     def __init__(self, run_dir: str | Path) -> None:
-        self.run_dir = Path(run_dir)
+        #: on an object store (no rename) a part is uploaded under its final name: the upload makes the
+        #: object visible whole, and only the manifest that lists it commits it
+        self.stored = is_remote(run_dir)
+        self.run_dir: Any = os.fspath(run_dir) if self.stored else Path(run_dir)
 
     def stage(
         self, start_row: int, end_row: int, tables: dict[str, pa.Table], generation: int = 0
@@ -46,17 +51,24 @@ class PartWriter:
         try:
             for table_name in TABLES:
                 table = schema.cast(tables[table_name], table_name)
-                tmp = self.run_dir / table_name / tmp_name(name)
-                self._write_parquet(table, tmp)
+                if self.stored:
+                    nbytes += self._upload(table, storage.join(self.run_dir, table_name, name))
+                else:
+                    tmp = self.run_dir / table_name / tmp_name(name)
+                    self._write_parquet(table, tmp)
+                    nbytes += tmp.stat().st_size
                 files[table_name] = f"{table_name}/{name}"
                 counts[table_name] = table.num_rows
-                nbytes += tmp.stat().st_size
+        except StorageError as e:
+            raise WriteError(f"writing {name} to {self.run_dir} failed: {first_line(e)}") from e
         except OSError as e:
             raise WriteError(f"writing {name} to {self.run_dir} failed: {e.strerror or e}") from e
         return PartEntry(name, start_row, end_row, files, counts, nbytes, generation)
 
     def publish(self, entry: PartEntry) -> None:
-        """Step 3: rename the part's temporary files to their final names."""
+        """Step 3: rename the part's temporary files to their final names (on a store, they have them)."""
+        if self.stored:
+            return
         try:
             for table_name in TABLES:
                 folder = self.run_dir / table_name
@@ -64,14 +76,26 @@ class PartWriter:
         except OSError as e:
             raise WriteError(f"writing {entry.name} to {self.run_dir} failed: {e.strerror or e}") from e
 
-    def _write_parquet(self, table: pa.Table, path: Path) -> None:
+    def _write_parquet(self, table: pa.Table, path: Path | pa.NativeFile) -> None:
         """Write and fsync one file, with a checksum on every page (``validate`` verifies them)."""
         pq.write_table(table, path, **write_options(table.schema))
+        if not isinstance(path, Path):
+            return
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def _upload(self, table: pa.Table, uri: str) -> int:
+        """Write one part file to a store under its final name; returns its size. The store makes the
+        object visible only once the upload completes: a killed worker leaves none, or a whole one that
+        no manifest lists (removed when the run is next opened)."""
+        sink = pa.BufferOutputStream()
+        self._write_parquet(table, sink)
+        data = sink.getvalue()
+        storage.write_bytes(uri, data)
+        return data.size
 
 
 def write_options(table_schema: pa.Schema) -> dict[str, object]:
@@ -94,6 +118,8 @@ def check_part_file(run_dir: Path, path: Path) -> None:
     A reader may meet a running extract's part between its commit and its rename (steps 2 and 3 of the
     module docstring): it waits up to ``RENAME_WAIT_SECONDS`` for the file to take its final name.
     """
+    if is_remote(path):
+        return _check_stored_part(run_dir, os.fspath(path))
     name = path.relative_to(run_dir) if path.is_relative_to(run_dir) else path
     tmp = path.with_name(tmp_name(path.name))
     deadline = time.monotonic() + RENAME_WAIT_SECONDS
@@ -113,22 +139,41 @@ def check_part_file(run_dir: Path, path: Path) -> None:
     raise RunDirError(f"{run_dir}: {name} {problem}; bertattn validate tells what else is wrong")
 
 
+def _check_stored_part(run_dir: str | Path, uri: str) -> None:
+    """:func:`check_part_file` on a store: there, a committed part has its final name from the start."""
+    name = uri.removeprefix(os.fspath(run_dir).rstrip("/") + "/")
+    if storage.info(uri).type != storage.FILE:
+        problem = "is committed in the manifest but missing"
+    else:
+        try:
+            with storage.open_input(uri) as f:
+                pq.read_metadata(f)
+            return
+        except (pa.ArrowException, OSError) as e:
+            problem = f"cannot be read ({first_line(e)})"
+    raise RunDirError(f"{run_dir}: {name} {problem}; bertattn validate tells what else is wrong")
+
+
 @dataclass(frozen=True)
 class CommittedPart:
     name: str
-    files: dict[str, Path]  # table -> absolute path
+    files: dict[str, Any]  # table -> absolute path, or URI on a store
 
 
 def committed_files(run_dir: str | Path, tables: tuple[str, ...] | list[str] = TABLES) -> list[CommittedPart]:
     """The files of ``tables`` of every part the manifest commits, in name order. The manifest, not the
     folder, says what is committed: a stray file is never read, and a committed file that is missing or
     cut short stops the reader rather than leaving its reviews out."""
-    run = Path(run_dir)
-    manifest = read_manifest(run)
+    manifest = read_manifest(run_dir)
     out = []
     for part in sorted(manifest.parts, key=lambda p: p.name):
-        files = {t: run / part.files[t] for t in tables}
+        files = {t: run_file(run_dir, part.files[t]) for t in tables}
         for f in files.values():
-            check_part_file(run, f)
+            check_part_file(run_dir, f)
         out.append(CommittedPart(part.name, files))
     return out
+
+
+def run_file(run_dir: str | Path, name: str) -> Any:
+    """A file of a run by its name in the manifest: a path on local disk, a URI on a store."""
+    return storage.join(run_dir, name) if is_remote(run_dir) else Path(run_dir) / name

@@ -21,6 +21,7 @@ stops on an error or a signal) removes the temporaries of uncommitted parts and 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import time
 import uuid
@@ -31,11 +32,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import schema
+from .. import schema, storage
 from .._util import file_lock, hidden_tmp
 from ..errors import RunDirError, RunVersionError, WriteError
 from ..ids import IdSet
-from .layout import AGGREGATES_DIR, COMMIT_LOG, LOCK_NAME, MANIFEST, REPORT_NAME, TABLES, tmp_name
+from ..storage import is_remote
+from .layout import AGGREGATES_DIR, COMMIT_LOG, LEASE_NAME, LOCK_NAME, MANIFEST, REPORT_NAME, TABLES, tmp_name
 from .manifest import (
     Manifest,
     PartEntry,
@@ -45,7 +47,7 @@ from .manifest import (
     save_manifest,
     upgrade,
 )
-from .parts import PartWriter, check_part_file
+from .parts import PartWriter, check_part_file, run_file
 
 
 class RunDir:
@@ -58,7 +60,7 @@ class RunDir:
         on_existing: str = "resume",
         part_writer: PartWriter | None = None,
     ) -> None:
-        self.run_dir = Path(run_dir)
+        self.run_dir: Any = os.fspath(run_dir).rstrip("/") if is_remote(run_dir) else Path(run_dir)
         self.header = header
         self.on_existing = on_existing
         self.part_writer = part_writer or PartWriter(self.run_dir)
@@ -135,9 +137,12 @@ class RunDir:
                 schema_versions=schema.versions(),
                 created_at=_now(),
             )
+        self._make_folders()
+        self._save()
+
+    def _make_folders(self) -> None:
         for table in TABLES:
             (self.run_dir / table).mkdir(parents=True, exist_ok=True)
-        self._save()
 
     def fail(self) -> None:
         """Leave the run resumable: only temporary files of an uncommitted part are removed.
@@ -146,17 +151,20 @@ class RunDir:
         marked "interrupted", a complete run would have its next --incremental job finish its last
         pass by row number instead of starting a new pass by id.
         """
+        self._drop_uncommitted()
+        if self.manifest.schema_versions:  # opened
+            began = self._began or self.reopened_status is None
+            self.manifest.status = "interrupted" if began else (self.reopened_status or "interrupted")
+            with contextlib.suppress(OSError, WriteError):  # the first error counts
+                self._save()
+
+    def _drop_uncommitted(self) -> None:
         listed = {tmp_name(p.name) for p in self.manifest.parts}
         for table in TABLES:
             folder = self.run_dir / table
             for f in folder.glob("_*.tmp") if folder.is_dir() else []:
                 if f.name not in listed:
                     f.unlink(missing_ok=True)
-        if self.manifest.schema_versions:  # opened
-            began = self._began or self.reopened_status is None
-            self.manifest.status = "interrupted" if began else (self.reopened_status or "interrupted")
-            with contextlib.suppress(OSError, WriteError):  # the first error counts
-                self._save()
 
     def finalize(self, last_run: dict[str, Any]) -> Manifest:
         """Mark the run complete, with this pass's summary and the row counts of every table."""
@@ -202,7 +210,7 @@ class RunDir:
         no_id = pa.array(schema.ROW_NUMBER_STATUSES)
         for p in self.parts if parts is None else parts:
             t = pq.read_table(
-                self.run_dir / p.files["predictions"],
+                storage.open_input(run_file(self.run_dir, p.files["predictions"])),
                 columns=["doc_id", "status"],
                 page_checksum_verification=True,
             )
@@ -228,7 +236,20 @@ class RunDir:
         self._positions = {p.name: i for i, p in enumerate(self.manifest.parts)}
 
     def _recover(self) -> None:
-        """Roll listed parts forward; delete every file the manifest does not list."""
+        """Roll listed parts forward; delete every file the manifest does not list; check what is left."""
+        self._sweep()
+        for p in self.parts:
+            for table in TABLES:
+                check_part_file(self.run_dir, run_file(self.run_dir, p.files[table]))
+        # resuming starts after the last committed row, so the row ranges must be whole: a gap or an
+        # overlap means the manifest was edited or restored from an older copy
+        for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in self.parts):
+            raise RunDirError(
+                f"{self.run_dir}: {problem} (was the manifest edited or restored?); "
+                "pass --overwrite to start the run again"
+            )
+
+    def _sweep(self) -> None:
         listed = {p.name for p in self.parts}
         for table in TABLES:
             folder = self.run_dir / table
@@ -245,16 +266,6 @@ class RunDir:
                     shutil.rmtree(f)
                 else:
                     f.unlink()
-        for p in self.parts:
-            for table in TABLES:
-                check_part_file(self.run_dir, self.run_dir / p.files[table])
-        # resuming starts after the last committed row, so the row ranges must be whole: a gap or an
-        # overlap means the manifest was edited or restored from an older copy
-        for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in self.parts):
-            raise RunDirError(
-                f"{self.run_dir}: {problem} (was the manifest edited or restored?); "
-                "pass --overwrite to start the run again"
-            )
 
     def _check_compatible(self, old: Manifest) -> None:
         # the job's fingerprint read as a manifest would be, so a key it leaves out means its default
@@ -282,20 +293,26 @@ class RunDir:
                 child.unlink(missing_ok=True)
 
 
-def old_manifest(run_dir: Path, on_existing: str = "resume") -> Manifest | None:
+def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest | None:
     """The manifest of the run in ``run_dir`` (None where there is no run there yet); refuses a file and
     a folder that bertattn did not make, never to delete or write into it, even when asked to overwrite,
     and with ``on_existing="new"`` a run that committed parts. Also called before a job trains its
     model, so that an --out that would be refused is found first."""
-    run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RunDirError(f"{run_dir} is a file, not a folder; choose another --out")
-    if not run_dir.is_dir():
-        return None
-    if not (run_dir / MANIFEST).is_file():
-        if any(not _left_by_a_start(p) for p in run_dir.iterdir()):
-            raise RunDirError(f"{run_dir} is not empty and is not a run directory; choose another --out")
-        return None
+    if is_remote(run_dir):
+        if storage.info(storage.join(run_dir, MANIFEST)).type != storage.FILE:
+            if any(name != LEASE_NAME for name in storage.list_names(run_dir, recursive=True)):
+                raise RunDirError(f"{run_dir} is not empty and is not a run directory; choose another --out")
+            return None
+    else:
+        run_dir = Path(run_dir)
+        if run_dir.exists() and not run_dir.is_dir():
+            raise RunDirError(f"{run_dir} is a file, not a folder; choose another --out")
+        if not run_dir.is_dir():
+            return None
+        if not (run_dir / MANIFEST).is_file():
+            if any(not _left_by_a_start(p) for p in run_dir.iterdir()):
+                raise RunDirError(f"{run_dir} is not empty and is not a run directory; choose another --out")
+            return None
     try:
         old = read_manifest(run_dir)  # a damaged one is named, not cleared
     except RunVersionError:

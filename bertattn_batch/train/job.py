@@ -35,7 +35,7 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> float:
     if spec.finetune is None or (Path(spec.model) / "config.json").is_file():
         return 0.0
     t0 = time.perf_counter()
-    old_manifest(Path(spec.out), spec.on_existing)  # an --out that would be refused: found before training
+    old_manifest(spec.out, spec.on_existing)  # an --out that would be refused: found before training
     model = Path(spec.model)
     try:
         model.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,155 @@
+"""Runs written to and read from a real S3 API on loopback (moto): exactly once without rename."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+from helpers import read_table, same_job_table
+from typer.testing import CliRunner
+
+from bertattn_batch import schema, storage
+from bertattn_batch.cli import app
+from bertattn_batch.errors import RunDirError
+from bertattn_batch.run import Lease, committed_files, read_manifest
+
+runner = CliRunner()
+KILLER = Path(__file__).resolve().parents[2] / "killer.py"
+SORT_KEYS = {
+    "predictions": ["row_index"],
+    "cls_attention": ["doc_id", "layer", "head", "position"],
+    "tokens": ["doc_id", "position"],
+    "head_summary": ["doc_id", "layer", "head"],
+}
+
+
+@pytest.fixture(scope="module")
+def corpus(drug_rows, tmp_path_factory) -> Path:
+    rows = [{"doc_id": r["doc_id"], "text": r["text"][:300], "label": r["label"]} for r in drug_rows[:40]]
+    path = tmp_path_factory.mktemp("s3corpus") / "reviews.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def _args(inputs: str, model: Path, out: str, *more: str) -> list[str]:
+    return [
+        "extract", inputs, "--model", str(model), "--out", out, "--id-col", "doc_id",
+        "--label-col", "label", "--window", "10", "--batch-tokens", "1500", "--no-progress", *more,
+    ]  # fmt: skip
+
+
+def _sorted(table: pa.Table, name: str) -> pa.Table:
+    return same_job_table(table).sort_by([(k, "ascending") for k in SORT_KEYS[name]])
+
+
+def _store_tables(run: str) -> dict[str, pa.Table]:
+    """Every table as the manifest lists it, read with pyarrow over S3 (not through bertattn)."""
+    fs, root = storage.resolve(run)
+    manifest = json.loads(fs.open_input_file(f"{root}/manifest.json").readall())
+    out = {}
+    for t in schema.TABLES:
+        files = [f"{root}/{p['files'][t]}" for p in manifest["parts"]]
+        out[t] = _sorted(ds.dataset(files, format="parquet", filesystem=fs).to_table(), t)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tiny_en_dir, tmp_path_factory) -> dict[str, pa.Table]:
+    out = tmp_path_factory.mktemp("s3ref") / "run"
+    r = runner.invoke(app, _args(str(corpus), tiny_en_dir, str(out)))
+    assert r.exit_code == 0, r.output
+    return {t: _sorted(read_table(out, t), t) for t in schema.TABLES}
+
+
+def _upload(local: Path, uri: str) -> None:
+    storage.write_bytes(uri, local.read_bytes())
+
+
+def test_extract_to_s3_from_s3_reads_back_with_pyarrow_and_polars(bucket, corpus, tiny_en_dir, reference):
+    src, run = f"s3://{bucket}/in/reviews.parquet", f"s3://{bucket}/runs/r1"
+    _upload(corpus, src)
+    r = runner.invoke(app, _args(src, tiny_en_dir, run))
+    assert r.exit_code == 0, r.output
+    got = _store_tables(run)
+    for t in schema.TABLES:
+        assert got[t].equals(reference[t]), t
+    # polars, straight from the store, through the manifest's list (credentials from the environment)
+    files = [p.files["predictions"] for p in committed_files(run, ("predictions",))]
+    assert all(f.startswith(f"s3://{bucket}/runs/r1/predictions/part-") for f in files)
+    preds = pl.scan_parquet(files).collect()
+    assert preds.height == 40 and preds["doc_id"].n_unique() == 40
+    assert read_manifest(run).status == "complete"
+    names = storage.list_names(run, recursive=True)
+    assert "_lease.json" not in names and not any(n.startswith("commits") for n in names)
+
+
+def test_sigkill_then_resume_on_s3_gives_the_uninterrupted_tables(bucket, corpus, tiny_en_dir, reference):
+    run = f"s3://{bucket}/runs/killed"
+    args = _args(str(corpus), tiny_en_dir, run)
+    killed = subprocess.run(
+        [sys.executable, str(KILLER), "write", "3", "--", *args], capture_output=True, text=True, env=os.environ
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    # the killed run's lease is live: a second process is refused until it expires
+    r = runner.invoke(app, args)
+    assert r.exit_code != 0 and "another bertattn process" in r.output, r.output
+    fs, root = storage.resolve(run)
+    lease = f"{root}/_lease.json"
+    doc = json.loads(fs.open_input_file(lease).readall())
+    doc["expires_at"] = 0  # as if its expiry had passed
+    with fs.open_output_stream(lease) as f:
+        f.write(json.dumps(doc).encode())
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    got = _store_tables(run)
+    for t in schema.TABLES:
+        assert got[t].equals(reference[t]), t
+    listed = {p.files[t].rsplit("/", 1)[1] for p in committed_files(run) for t in p.files}
+    assert set(storage.list_names(f"{run}/predictions")) <= listed  # no stray object left
+
+
+def test_a_part_no_manifest_lists_is_not_read_and_is_cleaned(bucket, corpus, tiny_en_dir):
+    run = f"s3://{bucket}/runs/stray"
+    r = runner.invoke(app, _args(str(corpus), tiny_en_dir, run, "--limit", "20"))
+    assert r.exit_code == 0, r.output
+    # a dead worker's upload, never committed, under the name its window would have
+    stray = f"{run}/predictions/part-000000000020.parquet"
+    storage.write_bytes(stray, storage.read_bytes(f"{run}/predictions/part-000000000000.parquet"))
+    assert len(committed_files(run)) == 2
+    r = runner.invoke(app, ["validate", run, "--no-source"])
+    assert r.exit_code != 0 and "part-000000000020.parquet" in r.output, r.output
+    agg = runner.invoke(app, ["aggregate", run])
+    assert agg.exit_code == 0, agg.output
+    r = runner.invoke(app, _args(str(corpus), tiny_en_dir, run))  # resume: the stray is replaced
+    assert r.exit_code == 0, r.output
+    assert read_manifest(run).counts["predictions"] == 40
+    r = runner.invoke(app, ["validate", run, "--no-source"])
+    assert r.exit_code == 0, r.output
+
+
+def test_a_live_lease_refuses_a_second_run(bucket, corpus, tiny_en_dir):
+    run = f"s3://{bucket}/runs/busy"
+    held = Lease.take(run)
+    try:
+        r = runner.invoke(app, _args(str(corpus), tiny_en_dir, run))
+        assert r.exit_code != 0 and "another bertattn process" in r.output, r.output
+        with pytest.raises(RunDirError, match="another bertattn process"):
+            Lease.take(run)
+    finally:
+        held.drop()
+
+
+def test_missing_bucket_and_bad_credentials_are_one_line(s3_env, corpus, tiny_en_dir, monkeypatch):
+    r = runner.invoke(app, _args(str(corpus), tiny_en_dir, "s3://no-such-bucket/run"))
+    assert r.exit_code != 0
+    assert "bucket 'no-such-bucket' does not exist" in r.output and "Traceback" not in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
