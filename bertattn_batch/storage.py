@@ -206,15 +206,19 @@ def delete(target: str | os.PathLike[str]) -> None:
         fs.delete_file(path)
 
 
-def list_names(folder: str | os.PathLike[str], recursive: bool = False) -> list[str]:
-    """The names (below ``folder``, ``/``-separated) of the objects under ``folder``: directly under it,
-    or at any depth; none where it does not exist."""
+def listing(folder: str | os.PathLike[str], recursive: bool = False) -> dict[str, pafs.FileInfo]:
+    """The objects under ``folder`` by their names below it (``/``-separated): directly under it, or at
+    any depth; none where it does not exist."""
     fs, path = resolve(folder)
     try:
         infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=recursive))
     except OSError as e:
         raise store_error(e, folder) from None
-    return sorted(i.path[len(path) :].lstrip("/") for i in infos if i.type == FILE)
+    return {i.path[len(path) :].lstrip("/"): i for i in infos if i.type == FILE}
+
+
+def list_names(folder: str | os.PathLike[str], recursive: bool = False) -> list[str]:
+    return sorted(listing(folder, recursive))
 
 
 def list_files(target: str) -> list[str]:
@@ -248,7 +252,11 @@ def list_files(target: str) -> list[str]:
     return sorted(prefix + p for p in found)
 
 
-def open_stream(target: str):
-    """A forward-only stream of a file's bytes, gzip/bz2/zstd undone by the name's suffix: bounded memory."""
+def open_stream(target: str | os.PathLike[str], compression: str) -> pa.NativeFile:
+    """A store's object read forward and decompressed (``gzip``, ``bz2``, ``zstd``, ``lz4``) in blocks."""
     fs, path = resolve(target)
-    return fs.open_input_stream(path, compression="detect")
+    try:
+        # wrapped here: given to the S3 filesystem itself, the compression was not undone
+        return pa.CompressedInputStream(fs.open_input_stream(path), compression)
+    except OSError as e:
+        raise store_error(e, target) from None

@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 from .. import schema
 from .._util import atomic_path, remove_stale
 from ..errors import RunDirError, SpecError, WriteError
-from ..run import AGGREGATES_DIR, CommittedPart, attention_rows, committed_files, read_manifest
+from ..run import AGGREGATES_DIR, CommittedPart, attention_rows, committed_files, on_local_copy, read_manifest
 from .contrast import GROUP, with_contrasts, with_shrunk_means
 from .words import CLASSES, REVIEW, word_continuation, word_rows
 
@@ -231,6 +231,7 @@ def ranked(table: pl.LazyFrame | pl.DataFrame, measure: str) -> pl.LazyFrame | p
     ).with_columns(rank=pl.col("token").cum_count().over(GROUP).cast(pl.Int32))
 
 
+@on_local_copy(write_back=True)
 def aggregate(
     run_dir: str | Path,
     min_reviews: int = MIN_REVIEWS,

@@ -38,7 +38,7 @@ from .._util import atomic_path
 from ..errors import RunDirError, SpecError, WriteError
 from ..extract.batching import bucket_batches
 from ..model import Classifier, encode_texts
-from ..run import committed_files, layer_name, read_manifest
+from ..run import committed_files, layer_name, on_local_copy, read_manifest
 from .texts import review_texts, scored_predictions
 
 TABLE = "head_faithfulness"
@@ -95,6 +95,7 @@ def faithfulness_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / FAITHFULNESS_DIR / f"{TABLE}.parquet"
 
 
+@on_local_copy(write_back=True)
 def faithfulness(
     run_dir: str | Path,
     sample: int = SAMPLE,

@@ -9,10 +9,18 @@ import typer
 
 from .base import Debug, app, call, setup
 
+#: A run as every command names it: a local folder, or a store's URI (credentials from the environment).
+RunDir = Annotated[
+    str,
+    typer.Argument(
+        help="A run directory (holding manifest.json): a path, or an s3://, gs:// or hdfs:// URI."
+    ),
+]
+
 
 @app.command()
 def validate(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory (holding manifest.json).")],
+    run_dir: RunDir,
     source: Annotated[
         bool, typer.Option("--source/--no-source", help="Re-read the inputs to check spans against texts.")
     ] = True,
@@ -29,9 +37,6 @@ def validate(
     typer.echo(report.render())
     if not report.ok:
         raise typer.Exit(1)
-
-
-RunDir = Annotated[Path, typer.Argument(help="A run directory (holding manifest.json).")]
 
 
 @app.command()
@@ -133,7 +138,8 @@ def faithfulness(
 @app.command()
 def plot(
     run_dir: Annotated[
-        Path | None, typer.Argument(help="A run directory; omit it to plot --text through --model.")
+        str | None,
+        typer.Argument(help="A run directory (or a store's URI); omit it to plot --text through --model."),
     ] = None,
     out: Annotated[
         Path,

@@ -24,7 +24,7 @@ from typing import BinaryIO
 import pyarrow as pa
 
 from ..errors import InputError
-from ..storage import is_remote, name_path, open_input
+from ..storage import is_remote, name_path, open_input, open_stream
 
 #: Leading bytes of each stream compression; the codec name is Arrow's, which decompresses all but xz.
 _STREAMS = {
@@ -102,8 +102,8 @@ def open_binary(path: Path | str, encoding: str = "utf-8") -> BinaryIO:
     elif kind == "xz":
         raw = lzma.open(open_input(path), "rb")  # noqa: SIM115 - the caller closes it
     else:
-        stored = open_input(path, buffered=False) if is_remote(path) else str(path)
-        raw = io.BufferedReader(pa.input_stream(stored, compression=kind), buffer_size=1 << 20)
+        stream = open_stream(path, kind) if is_remote(path) else pa.input_stream(str(path), compression=kind)
+        raw = io.BufferedReader(stream, buffer_size=1 << 20)
     if codecs.lookup(encoding).name == "utf-8":
         return raw
     return io.BufferedReader(_ToUTF8(raw, encoding), buffer_size=1 << 20)

@@ -29,7 +29,7 @@ from .._util import atomic_path
 from ..analysis import aggregate as agg
 from ..analysis.top import top_tokens
 from ..errors import SpecError, WriteError
-from ..run import REPORT_NAME, Manifest, layer_name, read_manifest
+from ..run import REPORT_NAME, Manifest, layer_name, on_local_copy, read_manifest
 from . import fonts, page
 from .accuracy import accuracy_html
 from .examples import examples_html, misclassified, pick
@@ -203,6 +203,7 @@ def _tokens_html(
     return "\n".join(parts)
 
 
+@on_local_copy(write_back=True)
 def build_report(
     run_dir: str | Path,
     out: str | Path | None = None,

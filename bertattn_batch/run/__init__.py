@@ -23,6 +23,7 @@ from .manifest import (
     require_current_tables,
     row_range_problems,
 )
+from .mirror import local_run, on_local_copy
 from .parts import CommittedPart, PartWriter, check_part_file, committed_files, run_file
 from .resume import ResumePoint, input_changes, resume_point
 from .rundir import RunDir, old_manifest
@@ -53,8 +54,10 @@ __all__ = [
     "is_run_dir",
     "layer_name",
     "load_json",
+    "local_run",
     "model_problems",
     "old_manifest",
+    "on_local_copy",
     "parse_parts",
     "part_name",
     "read_manifest",

@@ -27,9 +27,10 @@ and a problem once the manifest says complete (a finished run has listed and ren
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from ...run import FORMAT, load_json, require_current_tables
+from ...run import FORMAT, load_json, local_run, require_current_tables
 from .attention import check_attention
 from .inputs import check_inputs_covered
 from .layout import RunView, check_counts, check_files, check_manifest, check_schemas
@@ -39,8 +40,13 @@ from .spans import check_source_spans
 
 
 def validate_run(run_dir: str | Path, check_source: bool = True) -> ValidationReport:
-    """Run every check on ``run_dir``; raise RunDirError only when it is not a readable run directory."""
-    path = Path(run_dir)
+    """Run every check on ``run_dir`` (a path, or a store's URI: checked on its local mirror, every object
+    under its table folders included); raise RunDirError only when it is not a readable run directory."""
+    with local_run(run_dir) as path:
+        return _validate(path, check_source, shown=os.fspath(run_dir))
+
+
+def _validate(path: Path, check_source: bool, shown: str) -> ValidationReport:
     manifest = load_json(path)
     if manifest.get("format") == FORMAT:  # another version's tables: nothing here can be checked
         require_current_tables(path, manifest.get("schema_versions"))
@@ -58,7 +64,7 @@ def validate_run(run_dir: str | Path, check_source: bool = True) -> ValidationRe
         rec.skip("inputs", "--no-source: the inputs' rows not counted")
         rec.skip("spans", "--no-source: end <= text length not checked")
     return ValidationReport(
-        run_dir=str(path),
+        run_dir=shown,
         checks=list(rec.checks.values()),
         problems=rec.problems,
         warnings=rec.warnings,

@@ -53,3 +53,9 @@ def bucket(s3_env, request):
     )
     fs.create_dir(name)
     return name
+
+
+@pytest.fixture(autouse=True)
+def _run_cache(tmp_path, monkeypatch):
+    """Mirrors of stored runs go to the test's own folder, not the user's cache."""
+    monkeypatch.setenv("BERTATTN_CACHE", str(tmp_path / "cache"))

@@ -96,7 +96,10 @@ def test_sigkill_then_resume_on_s3_gives_the_uninterrupted_tables(bucket, corpus
     run = f"s3://{bucket}/runs/killed"
     args = _args(str(corpus), tiny_en_dir, run)
     killed = subprocess.run(
-        [sys.executable, str(KILLER), "write", "3", "--", *args], capture_output=True, text=True, env=os.environ
+        [sys.executable, str(KILLER), "write", "3", "--", *args],
+        capture_output=True,
+        text=True,
+        env=os.environ,
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     # the killed run's lease is live: a second process is refused until it expires
