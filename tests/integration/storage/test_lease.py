@@ -24,7 +24,9 @@ def _rewrite(lease: Lease, **changes) -> None:
 
 def test_a_second_holder_is_refused_while_the_lease_is_live(run):
     first = Lease.take(run, ttl_s=600)
-    with pytest.raises(RunDirError, match=r"another bertattn process \(.*\) is writing .* lease runs \d+ s more"):
+    with pytest.raises(
+        RunDirError, match=r"another bertattn process \(.*\) is writing .* lease runs \d+ s more"
+    ):
         Lease.take(run, ttl_s=600)
     first.check()
     first.drop()
