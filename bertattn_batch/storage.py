@@ -17,8 +17,10 @@ import contextlib
 import fnmatch
 import functools
 import glob
+import hashlib
 import io
 import os
+import shutil
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
@@ -130,14 +132,12 @@ def _one_line(e: BaseException) -> str:
 def store_error(e: BaseException, target: str | os.PathLike[str]) -> StorageError:
     """A store's refusal as one line that says what to fix: the AWS SDK's messages run over several
     lines and name the failing call, not the bucket or the keys."""
-    text = str(e)
+    code = str(e).upper().replace("_", "")  # the SDK spells its codes NO_SUCH_BUCKET or NoSuchBucket
     name = os.fspath(target)
-    if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text:
+    if "NOSUCHBUCKET" in code:
         bucket = split_uri(name)[1].split("/", 1)[0]
         return StorageError(f"{name}: bucket {bucket!r} does not exist (create it first)")
-    if any(
-        k in text for k in ("ACCESS_DENIED", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")
-    ):
+    if any(k in code for k in ("ACCESSDENIED", "INVALIDACCESSKEYID", "SIGNATUREDOESNOTMATCH", "EXPIREDTOKEN")):
         return StorageError(
             f"{name}: the store refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
             "or AWS_PROFILE, and the endpoint AWS_ENDPOINT_URL)"
@@ -260,3 +260,48 @@ def open_stream(target: str | os.PathLike[str], compression: str) -> pa.NativeFi
         return pa.CompressedInputStream(fs.open_input_stream(path), compression)
     except OSError as e:
         raise store_error(e, target) from None
+
+
+def cache_folder(kind: str, uri: str) -> Path:
+    """Where a store's ``kind`` of thing (``runs``, ``models``) is mirrored on this machine:
+    ``$BERTATTN_CACHE``, else ``~/.cache/bertattn``, one folder a URI (named in its ``.source``)."""
+    root = Path(os.environ.get("BERTATTN_CACHE") or Path.home() / ".cache" / "bertattn")
+    folder = root / kind / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ".source").write_text(uri + "\n", encoding="utf-8")
+    return folder
+
+
+def mirror(uri: str, local: Path, skip: tuple[str, ...] = (), fresh: tuple[str, ...] = ()) -> None:
+    """Bring ``local`` up to date with every object under ``uri`` (but ``skip``): an object whose size
+    and time its copy records is not fetched again (but ``fresh``: a store's times are whole seconds,
+    and a small object rewritten within one may keep its size); a copy whose object is gone is removed."""
+    remote = {n: i for n, i in listing(uri, recursive=True).items() if n not in skip}
+    if not remote:
+        raise StorageError(f"{uri}: no such folder, or it is empty")
+    have = {
+        f.relative_to(local).as_posix()
+        for f in local.rglob("*")
+        if f.is_file() and not f.name.startswith(".")
+    }
+    for name in have - set(remote):
+        (local / name).unlink()
+    for name, found in remote.items():
+        target = local / name
+        if name not in fresh and target.is_file() and stamp(target) == (found.size, found.mtime_ns or 0):
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.part")
+        with open_input(join(uri, name), buffered=False) as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, READ_BLOCK_BYTES)
+        tmp.replace(target)
+        stamp(target, found)
+
+
+def stamp(path: Path, found: pafs.FileInfo | None = None) -> tuple[int, int]:
+    """A copy's (size, time): with ``found``, first set its time to the object's, so that the copy itself
+    records which version of the object it holds."""
+    if found is not None:
+        os.utime(path, ns=(found.mtime_ns or 0, found.mtime_ns or 0))
+    st = path.stat()
+    return (st.st_size, st.st_mtime_ns)

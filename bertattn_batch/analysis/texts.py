@@ -27,7 +27,7 @@ def review_texts(run_dir: str | Path, reviews: pl.DataFrame) -> list[str]:
     if missing:
         from ..inputs import read_rows
 
-        manifest = read_manifest(Path(run_dir))
+        manifest = read_manifest(run_dir)
         ids = reviews["doc_id"].to_list()
         last = max(missing)
         try:

@@ -11,6 +11,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
+from .. import storage
 from ..errors import ModelError, first_line
 from .encode import id_limit
 
@@ -19,7 +20,12 @@ PACKAGE_PREFIX = "package:"
 
 
 def resolve_source(base: str) -> str:
-    """``package:NAME`` -> the folder that model package ships (``NAME.get_model_path()``); else unchanged."""
+    """``package:NAME`` -> the folder that model package ships (``NAME.get_model_path()``); a store's URI
+    -> its local mirror (fetched once, then only what changed); else unchanged."""
+    if storage.is_remote(base):
+        local = storage.cache_folder("models", base.rstrip("/"))
+        storage.mirror(base.rstrip("/"), local)
+        return str(local)
     if not base.startswith(PACKAGE_PREFIX):
         return base
     name = base[len(PACKAGE_PREFIX) :]

@@ -192,8 +192,9 @@ def run_layer(manifest: Manifest, layer: int | None) -> int:
 
 
 def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = None) -> list[ReviewAttention]:
-    """Several reviews of a run in one scan of its committed parts, with their predictions."""
-    run = Path(run_dir)
+    """Several reviews of a run in one scan of its committed parts, with their predictions (on a store,
+    read from there: a few row groups of each part, not the whole run)."""
+    run = run_dir
     manifest = read_manifest(run)
     idx = run_layer(manifest, layer)
     parts = committed_files(run, ("cls_attention", "tokens", "predictions"))  # a stray file is never read
@@ -292,7 +293,7 @@ def source_text(run_dir: str | Path, doc_id: str) -> str:
     if not preds.is_empty():
         preds = preds.filter(pl.col("doc_id") == doc_id).head(1)  # a null id's row number may match
     if preds.is_empty():
-        raise InputError(f"review {doc_id!r} is not in {Path(run_dir)}")
+        raise InputError(f"review {doc_id!r} is not in {run_dir}")
     try:
         return review_texts(run_dir, preds)[0]
     except InputError as e:

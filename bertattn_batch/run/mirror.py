@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import os
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,10 +32,6 @@ _WRITERS_OWN = (*TABLES, MANIFEST, LEASE_NAME)
 T = TypeVar("T")
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("BERTATTN_CACHE") or Path.home() / ".cache" / "bertattn") / "runs"
-
-
 @contextlib.contextmanager
 def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
     """``run_dir`` as a local folder: itself where it is local, else its mirror, brought up to date
@@ -47,10 +41,8 @@ def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
         yield Path(run_dir)
         return
     uri = os.fspath(run_dir).rstrip("/")
-    local = cache_root() / hashlib.sha256(uri.encode()).hexdigest()[:16]
-    local.mkdir(parents=True, exist_ok=True)
-    (local / ".source").write_text(uri + "\n", encoding="utf-8")
-    _sync_down(uri, local)
+    local = storage.cache_folder("runs", uri)
+    storage.mirror(uri, local, skip=(LEASE_NAME,), fresh=(MANIFEST,))
     before = _listing(local)
     yield local
     if write_back:
@@ -66,38 +58,6 @@ def _listing(local: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _sync_down(uri: str, local: Path) -> None:
-    remote = storage.listing(uri, recursive=True)
-    remote.pop(LEASE_NAME, None)
-    have = _listing(local)
-    for name in set(have) - set(remote):
-        (local / name).unlink()
-    for name, info in remote.items():
-        target = local / name
-        stamp = (info.size, info.mtime_ns or 0)
-        if name != MANIFEST and name in have and _stamp(target) == stamp:
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.part")
-        with storage.open_input(f"{uri}/{name}", buffered=False) as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst, storage.READ_BLOCK_BYTES)
-        tmp.replace(target)
-        _stamp(target, stamp)
-
-
-def _stamp(path: Path, stamp: tuple[int, int] | None = None) -> tuple[int, int] | None:
-    """The store's (size, time) of the object a cached file copies, kept beside it in the file's own
-    modification time: a changed object is fetched again, an unchanged one never."""
-    if stamp is not None:
-        os.utime(path, ns=(stamp[1], stamp[1]))
-        return stamp
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
-    return (st.st_size, st.st_mtime_ns)
-
-
 def _sync_up(local: Path, uri: str, before: dict[str, tuple[int, int]]) -> None:
     after = _listing(local)
     for name, stamp in after.items():
@@ -105,7 +65,7 @@ def _sync_up(local: Path, uri: str, before: dict[str, tuple[int, int]]) -> None:
             continue
         storage.write_bytes(f"{uri}/{name}", (local / name).read_bytes())
         info = storage.info(f"{uri}/{name}")
-        _stamp(local / name, (info.size, info.mtime_ns or 0))
+        storage.stamp(local / name, info)
     for name in set(before) - set(after):
         if name.split("/", 1)[0] not in _WRITERS_OWN:
             storage.delete(f"{uri}/{name}")

@@ -19,6 +19,7 @@ from .._util import file_lock
 from ..config import FinetuneSpec, JobSpec, check_delimiter, from_dict, load_job
 from ..errors import ModelError, SpecError
 from ..run import old_manifest
+from ..storage import is_remote
 from . import api
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,8 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> float:
     otherwise train its own and replace the other's folder, and as training is capped by time its
     weights differ, so the first job's run would be refused as another job's on every resume.
     """
-    if spec.finetune is None or (Path(spec.model) / "config.json").is_file():
-        return 0.0
+    if spec.finetune is None or is_remote(spec.model) or (Path(spec.model) / "config.json").is_file():
+        return 0.0  # a model on a store is read as it is: a job trains into a local folder only
     t0 = time.perf_counter()
     old_manifest(spec.out, spec.on_existing)  # an --out that would be refused: found before training
     model = Path(spec.model)

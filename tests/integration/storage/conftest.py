@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 
 import pytest
@@ -44,7 +45,7 @@ def bucket(s3_env, request):
     """A fresh bucket named after the test."""
     import pyarrow.fs as pafs
 
-    name = "t-" + request.node.name.lower().replace("_", "-")[:50].strip("-")
+    name = "t-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:50].strip("-")
     fs = pafs.S3FileSystem(
         endpoint_override=s3_env.removeprefix("http://"),
         scheme="http",

@@ -40,7 +40,7 @@ def corpus(drug_rows, tmp_path_factory) -> Path:
     return path
 
 
-def _args(inputs: str, model: Path, out: str, *more: str) -> list[str]:
+def _args(inputs: str, model: Path | str, out: str, *more: str) -> list[str]:
     return [
         "extract", inputs, "--model", str(model), "--out", out, "--id-col", "doc_id",
         "--label-col", "label", "--window", "10", "--batch-tokens", "1500", "--no-progress", *more,
@@ -156,3 +156,70 @@ def test_missing_bucket_and_bad_credentials_are_one_line(s3_env, corpus, tiny_en
     assert r.exit_code != 0
     assert "bucket 'no-such-bucket' does not exist" in r.output and "Traceback" not in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_model_plot_and_report_from_the_store(bucket, corpus, tiny_en_dir, tmp_path):
+    """--model from a store's folder; plot reads one review from the store; report writes its page back."""
+    model = f"s3://{bucket}/models/tiny"
+    for f in tiny_en_dir.rglob("*"):
+        if f.is_file():
+            _upload(f, f"{model}/{f.relative_to(tiny_en_dir).as_posix()}")
+    run = f"s3://{bucket}/runs/reading"
+    r = runner.invoke(app, _args(str(corpus), tiny_en_dir, run, "--limit", "20"))
+    assert r.exit_code == 0, r.output
+    local = tmp_path / "local"
+    r = runner.invoke(app, _args(str(corpus), model, str(local), "--limit", "20"))
+    assert r.exit_code == 0, r.output
+    assert read_manifest(str(local)).model["weights_sha256"] == read_manifest(run).model["weights_sha256"]
+    doc = pl.scan_parquet(committed_files(run, ("predictions",))[0].files["predictions"]).first().collect()
+    out = tmp_path / "review.csv"
+    r = runner.invoke(app, ["plot", run, "--doc-id", doc["doc_id"][0], "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.read_text(encoding="utf-8").count("\n") >= 2
+    r = runner.invoke(app, ["report", run])
+    assert r.exit_code == 0, r.output
+    page = storage.read_bytes(f"{run}/report.html").decode()
+    assert "<html" in page.lower() and "token_influence.parquet" in "".join(
+        storage.list_names(f"{run}/aggregates")
+    )
+
+
+def test_bad_credentials_are_one_line(tmp_path, corpus, tiny_en_dir, monkeypatch):
+    """A store that checks keys (moto with authentication on, in a process of its own) refuses ours."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait_for(port)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG0")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        r = runner.invoke(app, _args(str(corpus), tiny_en_dir, "s3://some-bucket/run"))
+        assert r.exit_code != 0
+        assert "refused the credentials" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+        r = runner.invoke(app, ["validate", "s3://some-bucket/run"])
+        assert r.exit_code != 0 and "refused the credentials" in r.output, r.output
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _wait_for(port: int) -> None:
+    import socket
+    import time
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError("the moto server did not start")
