@@ -32,8 +32,6 @@ from .errors import StorageError
 FILE = pafs.FileType.File
 NOT_FOUND = pafs.FileType.NotFound
 
-#: Schemes served by an object store or a cluster filesystem: no atomic rename, no advisory locks.
-REMOTE_SCHEMES = ("s3", "gs", "gcs", "hdfs")
 #: What to install where this pyarrow lacks a scheme's filesystem.
 EXTRA_HINT = "pip install 'bertattn-batch[s3]'"
 
@@ -54,15 +52,16 @@ def normalize(target: str | os.PathLike[str]) -> str:
 
 
 def is_remote(target: str | os.PathLike[str]) -> bool:
-    """Whether ``target`` lives on an object store or cluster filesystem rather than this machine's disk."""
-    return split_uri(target)[0] in REMOTE_SCHEMES
+    """Whether ``target`` lives on an object store or cluster filesystem rather than this machine's disk:
+    every scheme but ``file://`` is taken to have no rename and no locks."""
+    return split_uri(target)[0] not in (None, "file")
 
 
 def resolve(target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
-    """``(pyarrow.fs.FileSystem, path)`` for a local path, ``file://``, ``s3://``, ``gs://`` or ``hdfs://``.
+    """``(pyarrow.fs.FileSystem, path)`` for a local path, ``file://``, ``s3://``, ``gs://``, ``hdfs://``,
+    or another scheme that an installed fsspec package serves.
 
-    Raises StorageError naming the extra to install when this pyarrow has no filesystem for the
-    scheme, and for a scheme nobody serves.
+    Raises StorageError naming what to install where no filesystem serves the scheme.
     """
     scheme, rest = split_uri(target)
     if scheme is None:
@@ -81,9 +80,27 @@ def resolve(target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
         except (OSError, ValueError) as e:
             raise StorageError(f"cannot reach {os.fspath(target)}: {_one_line(e)}") from e
         return fs, path
-    raise StorageError(
-        f"{os.fspath(target)}: unsupported scheme {scheme}:// (use a path, file://, s3://, gs:// or hdfs://)"
-    )
+    return _fsspec(scheme, target)
+
+
+def _fsspec(scheme: str, target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
+    """A scheme that pyarrow has no filesystem for, through fsspec (``pip install adlfs`` for ``az://``)."""
+    import fsspec
+
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except ImportError as e:  # fsspec knows the scheme, and names the package that serves it
+        raise StorageError(f"{os.fspath(target)}: {scheme}:// needs a package: {_one_line(e)}") from None
+    except ValueError:
+        raise StorageError(
+            f"{os.fspath(target)}: unsupported scheme {scheme}:// (use a path, file://, s3://, gs://, "
+            "hdfs://, or a scheme an installed fsspec package serves)"
+        ) from None
+    try:
+        fs, path = fsspec.core.url_to_fs(os.fspath(target))
+    except (OSError, TypeError, ValueError) as e:
+        raise StorageError(f"cannot reach {os.fspath(target)}: {_one_line(e)}") from None
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
 def _s3() -> pafs.FileSystem:
@@ -214,7 +231,8 @@ def listing(folder: str | os.PathLike[str], recursive: bool = False) -> dict[str
         infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=recursive))
     except OSError as e:
         raise store_error(e, folder) from None
-    return {i.path[len(path) :].lstrip("/"): i for i in infos if i.type == FILE}
+    root = path.strip("/")  # fsspec's filesystems answer "/bucket/key" for "bucket/key"
+    return {i.path.strip("/")[len(root) :].lstrip("/"): i for i in infos if i.type == FILE}
 
 
 def list_names(folder: str | os.PathLike[str], recursive: bool = False) -> list[str]:
@@ -222,34 +240,21 @@ def list_names(folder: str | os.PathLike[str], recursive: bool = False) -> list[
 
 
 def list_files(target: str) -> list[str]:
-    """Every file a URI names, as URIs in sorted order: the file itself, a folder's files (recursive), or
-    a glob's matches. A store lists keys, not folders, so a glob is matched against the keys under its
-    fixed prefix. Raises StorageError where nothing matches, so no input is silently empty.
-    """
-    scheme, _ = split_uri(target)
-    fs, path = resolve(target)
-    prefix = f"{scheme}://" if scheme else ""
-    try:
-        if glob.has_magic(path):
-            fixed = path[: min(path.index(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
-            infos = fs.get_file_info(pafs.FileSelector(fixed, recursive=True, allow_not_found=True))
-            found = [
-                i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, path)
-            ]
-        else:
-            found_info = fs.get_file_info(path)
-            if found_info.type == pafs.FileType.File:
-                found = [path]
-            elif found_info.type == pafs.FileType.Directory:
-                infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
-                found = [i.path for i in infos if i.type == pafs.FileType.File]
-            else:
-                found = []
-    except OSError as e:
-        raise store_error(e, target) from None
+    """Every file a URI names, as URIs in sorted order: the file itself, a folder's files (at any depth),
+    or a glob's matches (a store lists keys, not folders: a glob is matched against the keys under its
+    fixed prefix). Raises StorageError where nothing matches, so no input is silently empty."""
+    target = target.rstrip("/")
+    if glob.has_magic(split_uri(target)[1]):
+        base, pattern = target[: min(target.index(c) for c in "*?[" if c in target)].rsplit("/", 1)[0], ""
+        pattern = target[len(base) + 1 :]
+        found = [join(base, n) for n in listing(base, recursive=True) if fnmatch.fnmatchcase(n, pattern)]
+    elif info(target).type == FILE:
+        found = [target]
+    else:
+        found = [join(target, n) for n in listing(target, recursive=True)]
     if not found:
         raise StorageError(f"{target}: no such file, folder or match")
-    return sorted(prefix + p for p in found)
+    return sorted(found)
 
 
 def open_stream(target: str | os.PathLike[str], compression: str) -> pa.NativeFile:

@@ -1,0 +1,91 @@
+"""The run directory on a store without rename or locks, exercised on fsspec's in-memory filesystem
+(the S3 tests run the same protocol against a real S3 API): the manifest is the commit point, parts
+have their final names from the start, uploads no manifest lists are swept, one holder at a time."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pyarrow as pa
+import pytest
+
+from bertattn_batch import schema, storage
+from bertattn_batch.errors import RunDirError
+from bertattn_batch.run import MANIFEST, RunDir, StoredRunDir, committed_files, read_manifest, run_dir_class
+
+HEADER = {
+    "spec": {},
+    "fingerprint": {"inputs": ["/x"], "input_format": "auto", "encoding": "utf-8", "delimiter": None,
+                    "store_text": True},
+    "model": {},
+    "versions": {},
+}  # fmt: skip
+
+
+@pytest.fixture
+def run() -> str:
+    return f"memory://runs-{uuid.uuid4().hex[:8]}/r1"
+
+
+def _tables() -> dict[str, pa.Table]:
+    return {t: schema.arrow(t).empty_table() for t in schema.TABLES}
+
+
+def test_the_class_follows_the_uri():
+    assert run_dir_class("s3://b/r") is StoredRunDir and run_dir_class("memory://b/r") is StoredRunDir
+    assert run_dir_class("runs/r1") is RunDir and run_dir_class("/abs/r") is RunDir
+
+
+def test_each_commit_rewrites_the_manifest_and_parts_keep_their_names(run):
+    with StoredRunDir(run, HEADER) as rd:
+        rd.begin_pass(0)
+        entry = rd.part_writer.stage(0, 10, _tables())
+        # uploaded under its final name, yet no reader sees it before the manifest lists it
+        assert "part-000000000000.parquet" in storage.list_names(f"{run}/predictions")
+        assert read_manifest(run).parts == [] and committed_files(run) == []
+        rd.commit(entry)
+        assert [p.name for p in read_manifest(run).parts] == ["part-000000000000.parquet"]
+        assert [p.name for p in committed_files(run)] == ["part-000000000000.parquet"]
+        assert "_lease.json" in storage.list_names(run)
+        rd.finalize({})
+    names = storage.list_names(run, recursive=True)
+    assert "_lease.json" not in names and not any(n.startswith(("commits", "_")) for n in names)
+    assert json.loads(storage.read_bytes(f"{run}/{MANIFEST}"))["status"] == "complete"
+
+
+def test_an_upload_no_manifest_lists_is_swept_on_reopening_and_on_failure(run):
+    with StoredRunDir(run, HEADER) as rd:
+        rd.begin_pass(0)
+        rd.commit(rd.part_writer.stage(0, 10, _tables()))
+        rd.part_writer.stage(10, 20, _tables())  # a worker's upload; its process dies before the commit
+    assert len(storage.list_names(f"{run}/tokens")) == 2
+    with StoredRunDir(run, HEADER) as rd:
+        assert [p.start_row for p in rd.parts] == [0]
+        assert storage.list_names(f"{run}/tokens") == ["part-000000000000.parquet"]
+    with pytest.raises(ValueError), StoredRunDir(run, HEADER) as rd:
+        rd.begin_pass(0)
+        rd.part_writer.stage(10, 20, _tables())
+        raise ValueError("the job stops")
+    assert storage.list_names(f"{run}/tokens") == ["part-000000000000.parquet"]
+    assert read_manifest(run).status == "interrupted"
+
+
+def test_a_second_holder_is_refused_and_overwrite_clears(run):
+    with StoredRunDir(run, HEADER) as rd:
+        rd.begin_pass(0)
+        rd.commit(rd.part_writer.stage(0, 10, _tables()))
+        with pytest.raises(RunDirError, match="another bertattn process"):
+            StoredRunDir(run, HEADER).open()
+        rd.finalize({})
+    storage.write_bytes(f"{run}/aggregates/token_influence.parquet", b"x")
+    with StoredRunDir(run, HEADER, on_existing="overwrite") as rd:
+        assert rd.parts == []
+    assert storage.list_names(run, recursive=True) == [MANIFEST]
+
+
+def test_a_prefix_holding_other_objects_is_refused(run):
+    storage.write_bytes(f"{run}/notes.txt", b"mine")
+    with pytest.raises(RunDirError, match="is not empty and is not a run directory"):
+        StoredRunDir(run, HEADER).open()
+    assert storage.list_names(run) == ["notes.txt"]
