@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from bertattn_batch.run import Lease, committed_files, read_manifest
 
 runner = CliRunner()
 KILLER = Path(__file__).resolve().parents[2] / "killer.py"
+REPO = Path(__file__).resolve().parents[3]
+RECIPE = re.compile(r"<!-- recipe: (\w+) -->\n```\w+\n(.*?)```", re.S)
 SORT_KEYS = {
     "predictions": ["row_index"],
     "cls_attention": ["doc_id", "layer", "head", "position"],
@@ -223,3 +226,41 @@ def _wait_for(port: int) -> None:
                 return
         time.sleep(0.1)
     raise AssertionError("the moto server did not start")
+
+
+def _recipe(name: str, run: str) -> str:
+    """A recipe of docs/storage.md, asked of ``run``."""
+    found = dict(RECIPE.findall((REPO / "docs" / "storage.md").read_text(encoding="utf-8")))
+    return found[name].replace("s3://runs/dianping-2026-12", run)
+
+
+def test_the_docs_recipes_read_what_the_manifest_lists(bucket, corpus, tiny_en_dir, tmp_path):
+    """docs/storage.md's polars recipe on S3 (a stray upload not read); its DuckDB SQL on a local run."""
+    run = f"s3://{bucket}/runs/recipes"
+    r = runner.invoke(app, _args(str(corpus), tiny_en_dir, run, "--limit", "20"))
+    assert r.exit_code == 0, r.output
+    stray = f"{run}/cls_attention/part-000000000020.parquet"
+    storage.write_bytes(stray, storage.read_bytes(f"{run}/cls_attention/part-000000000010.parquet"))
+    scope: dict = {}
+    exec(_recipe("store_polars", run), scope)
+    got = scope["attention"].collect()
+    want = pl.from_arrow(read_table_via_manifest(run))
+    assert got.height == want.height > 0 and "token" in got.columns
+    local = tmp_path / "local"
+    r = runner.invoke(app, _args(str(corpus), tiny_en_dir, str(local), "--limit", "20"))
+    assert r.exit_code == 0, r.output
+    import duckdb
+
+    con = duckdb.connect()
+    *sets, query = [s for s in _recipe("store_sql", str(local)).split(";") if s.strip()]
+    for statement in sets:
+        con.sql(statement)
+    counts = con.sql(query).pl()
+    assert counts["rows"].sum() == pq.read_table(local / "cls_attention").num_rows
+
+
+def read_table_via_manifest(run: str) -> pa.Table:
+    return pa.concat_tables(
+        pq.read_table(storage.open_input(p.files["cls_attention"], buffered=False))
+        for p in committed_files(run)
+    )
