@@ -154,7 +154,9 @@ def store_error(e: BaseException, target: str | os.PathLike[str]) -> StorageErro
     if "NOSUCHBUCKET" in code:
         bucket = split_uri(name)[1].split("/", 1)[0]
         return StorageError(f"{name}: bucket {bucket!r} does not exist (create it first)")
-    if any(k in code for k in ("ACCESSDENIED", "INVALIDACCESSKEYID", "SIGNATUREDOESNOTMATCH", "EXPIREDTOKEN")):
+    if any(
+        k in code for k in ("ACCESSDENIED", "INVALIDACCESSKEYID", "SIGNATUREDOESNOTMATCH", "EXPIREDTOKEN")
+    ):
         return StorageError(
             f"{name}: the store refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
             "or AWS_PROFILE, and the endpoint AWS_ENDPOINT_URL)"

@@ -142,13 +142,22 @@ def _stored(spec: str, input_format: str) -> list[Source]:
         return [Source(uris[0], _format_of(storage.name_path(spec), input_format, spec))]
     base = spec.rstrip("/") + "/"
     below = {u: u[len(base) :] if u.startswith(base) else storage.name_path(u).name for u in uris}
-    runs = {n.rsplit("/", 1)[0] + "/" for n in below.values() if n.endswith("/manifest.json")}
-    if "manifest.json" in below.values():
+    names = set(below.values())
+    if "manifest.json" in names:
         raise InputError(f"{spec} is a bertattn run directory, not reviews")
+    if names & {"dataset_info.json", "dataset_dict.json"}:
+        raise InputError(
+            f"{spec} is a saved datasets folder; copy it to local disk first (it is read memory-mapped)"
+        )
+    # run directories and model folders below the prefix are passed over, as in a local folder
+    skipped = {n[: -len("manifest.json")] for n in names if n.endswith("/manifest.json")}
+    skipped |= {
+        n[: -len("config.json")] for n in names if n.endswith("/config.json") and _model_files(n, names)
+    }
     kept, others = [], []
     for uri, name in below.items():
         parts = name.split("/")
-        if any(p.startswith(("_", ".")) for p in parts) or any(name.startswith(r) for r in runs):
+        if any(p.startswith(("_", ".")) for p in parts) or any(name.startswith(r) for r in skipped):
             continue
         if input_format == "auto" and format_suffix(name) not in EXTENSIONS:
             others.append(uri)
@@ -266,6 +275,12 @@ def _is_packed_reviews(path: Path) -> bool:
 
 def _some(paths: list[Path]) -> str:
     return ", ".join(p.name for p in paths[:3]) + (", ..." if len(paths) > 3 else "")
+
+
+def _model_files(config: str, names: set[str]) -> bool:
+    """Whether the folder of ``config`` (a ``.../config.json`` among a store's ``names``) is a model's."""
+    folder = config[: -len("config.json")]
+    return any(folder + f in names for f in ("model.safetensors", "pytorch_model.bin", "tokenizer.json"))
 
 
 def _is_model_dir(p: Path) -> bool:

@@ -28,6 +28,8 @@ def corpus(bucket):
     storage.write_bytes(f"{root}/b/notes.md", b"not reviews")  # another file: passed over, named
     storage.write_bytes(f"{root}/run/manifest.json", b"{}")  # a run inside the input: passed over
     storage.write_bytes(f"{root}/run/predictions/part-0.parquet", b"PAR1")
+    storage.write_bytes(f"{root}/model/config.json", b"{}")  # a model folder inside: passed over
+    storage.write_bytes(f"{root}/model/tokenizer.json", b"{}")
     return root
 
 
@@ -43,6 +45,9 @@ def test_nothing_matched_is_an_input_error(corpus):
         expand_inputs([f"{corpus}/a/*.csv"])
     with pytest.raises(InputError, match="is a bertattn run directory"):
         expand_inputs([f"{corpus}/run"])
+    storage.write_bytes(f"{corpus}/ds/dataset_info.json", b"{}")
+    with pytest.raises(InputError, match="is a saved datasets folder; copy it to local disk first"):
+        expand_inputs([f"{corpus}/ds"])
 
 
 def test_rows_stream_from_parquet_and_gzip_and_are_fingerprinted(corpus):
