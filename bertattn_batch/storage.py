@@ -22,15 +22,13 @@ import io
 import os
 import shutil
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
-
-import pyarrow as pa
-import pyarrow.fs as pafs
+from typing import TYPE_CHECKING, BinaryIO
 
 from .errors import StorageError
 
-FILE = pafs.FileType.File
-NOT_FOUND = pafs.FileType.NotFound
+if TYPE_CHECKING:  # pyarrow is imported where used: importing the package must not allocate (runtime.py)
+    import pyarrow as pa
+    import pyarrow.fs as pafs
 
 #: What to install where this pyarrow lacks a scheme's filesystem.
 EXTRA_HINT = "pip install 'bertattn-batch[s3]'"
@@ -63,6 +61,8 @@ def resolve(target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
 
     Raises StorageError naming what to install where no filesystem serves the scheme.
     """
+    import pyarrow.fs as pafs
+
     scheme, rest = split_uri(target)
     if scheme is None:
         return pafs.LocalFileSystem(), str(Path(rest).expanduser().absolute())
@@ -86,6 +86,7 @@ def resolve(target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
 def _fsspec(scheme: str, target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
     """A scheme that pyarrow has no filesystem for, through fsspec (``pip install adlfs`` for ``az://``)."""
     import fsspec
+    import pyarrow.fs as pafs
 
     try:
         fsspec.get_filesystem_class(scheme)
@@ -121,6 +122,7 @@ def _s3() -> pafs.FileSystem:
 
 @functools.lru_cache(maxsize=4)
 def _s3_for(_env: tuple[str | None, ...]) -> pafs.FileSystem:
+
     cls = _filesystem_class("S3FileSystem", "s3")
     kwargs = {}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -136,6 +138,8 @@ def _s3_for(_env: tuple[str | None, ...]) -> pafs.FileSystem:
 
 def _filesystem_class(name: str, scheme: str) -> type:
     """The pyarrow filesystem class, or a StorageError naming the extra when this build lacks it."""
+    import pyarrow.fs as pafs
+
     cls = getattr(pafs, name, None)
     if cls is None:
         raise StorageError(f"{scheme}:// needs a pyarrow built with {name}: {EXTRA_HINT}")
@@ -183,6 +187,11 @@ def info(target: str | os.PathLike[str]) -> pafs.FileInfo:
         raise store_error(e, target) from None
 
 
+def is_file(target: str | os.PathLike[str]) -> bool:
+    """Whether a path or URI names a file (an object), not a folder, a prefix or nothing."""
+    return info(target).type.name == "File"
+
+
 def open_input(target: str | os.PathLike[str], buffered: bool = True) -> BinaryIO:
     """A file's bytes, random access: a local file as Python opens it; an object on a store as a pyarrow
     file whose reads are ranged requests, so Parquet footers and row groups are fetched as needed and
@@ -228,13 +237,15 @@ def delete(target: str | os.PathLike[str]) -> None:
 def listing(folder: str | os.PathLike[str], recursive: bool = False) -> dict[str, pafs.FileInfo]:
     """The objects under ``folder`` by their names below it (``/``-separated): directly under it, or at
     any depth; none where it does not exist."""
+    import pyarrow.fs as pafs
+
     fs, path = resolve(folder)
     try:
         infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=recursive))
     except OSError as e:
         raise store_error(e, folder) from None
     root = path.strip("/")  # fsspec's filesystems answer "/bucket/key" for "bucket/key"
-    return {i.path.strip("/")[len(root) :].lstrip("/"): i for i in infos if i.type == FILE}
+    return {i.path.strip("/")[len(root) :].lstrip("/"): i for i in infos if i.type == pafs.FileType.File}
 
 
 def list_names(folder: str | os.PathLike[str], recursive: bool = False) -> list[str]:
@@ -247,10 +258,10 @@ def list_files(target: str) -> list[str]:
     fixed prefix). Raises StorageError where nothing matches, so no input is silently empty."""
     target = target.rstrip("/")
     if glob.has_magic(split_uri(target)[1]):
-        base, pattern = target[: min(target.index(c) for c in "*?[" if c in target)].rsplit("/", 1)[0], ""
+        base = target[: min(target.index(c) for c in "*?[" if c in target)].rsplit("/", 1)[0]
         pattern = target[len(base) + 1 :]
         found = [join(base, n) for n in listing(base, recursive=True) if fnmatch.fnmatchcase(n, pattern)]
-    elif info(target).type == FILE:
+    elif is_file(target):
         found = [target]
     else:
         found = [join(target, n) for n in listing(target, recursive=True)]
@@ -261,6 +272,8 @@ def list_files(target: str) -> list[str]:
 
 def open_stream(target: str | os.PathLike[str], compression: str) -> pa.NativeFile:
     """A store's object read forward and decompressed (``gzip``, ``bz2``, ``zstd``, ``lz4``) in blocks."""
+    import pyarrow as pa
+
     fs, path = resolve(target)
     try:
         # wrapped here: given to the S3 filesystem itself, the compression was not undone

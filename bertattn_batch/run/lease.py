@@ -63,7 +63,7 @@ class Lease:
 
     def read(self) -> tuple[str, float] | None:
         """(holder, expiry) as stored; None where there is none, or it is unreadable (counts as none)."""
-        if storage.info(self.uri).type != storage.FILE:
+        if not storage.is_file(self.uri):
             return None
         try:
             doc = json.loads(storage.read_bytes(self.uri))

@@ -288,7 +288,7 @@ def load_json(run_dir: str | Path) -> dict[str, Any]:
 
 def _load_stored(run_dir: str | Path) -> dict[str, Any]:
     uri = storage.join(run_dir, MANIFEST)
-    if storage.info(uri).type != storage.FILE:
+    if not storage.is_file(uri):
         raise RunDirError(f"{run_dir} is not a run directory (no {MANIFEST})")
     try:
         data = json.loads(storage.read_bytes(uri).decode("utf-8"))

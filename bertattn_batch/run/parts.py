@@ -142,7 +142,7 @@ def check_part_file(run_dir: Path, path: Path) -> None:
 def _check_stored_part(run_dir: str | Path, uri: str) -> None:
     """:func:`check_part_file` on a store: there, a committed part has its final name from the start."""
     name = uri.removeprefix(os.fspath(run_dir).rstrip("/") + "/")
-    if storage.info(uri).type != storage.FILE:
+    if not storage.is_file(uri):
         problem = "is committed in the manifest but missing"
     else:
         try:

@@ -299,7 +299,7 @@ def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest |
     and with ``on_existing="new"`` a run that committed parts. Also called before a job trains its
     model, so that an --out that would be refused is found first."""
     if is_remote(run_dir):
-        if storage.info(storage.join(run_dir, MANIFEST)).type != storage.FILE:
+        if not storage.is_file(storage.join(run_dir, MANIFEST)):
             if any(name != LEASE_NAME for name in storage.list_names(run_dir, recursive=True)):
                 raise RunDirError(f"{run_dir} is not empty and is not a run directory; choose another --out")
             return None

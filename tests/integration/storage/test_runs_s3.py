@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from conftest import free_port
 from helpers import read_table, same_job_table
 from typer.testing import CliRunner
 
@@ -189,11 +190,7 @@ def test_model_plot_and_report_from_the_store(bucket, corpus, tiny_en_dir, tmp_p
 
 def test_bad_credentials_are_one_line(tmp_path, corpus, tiny_en_dir, monkeypatch):
     """A store that checks keys (moto with authentication on, in a process of its own) refuses ours."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"}
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
