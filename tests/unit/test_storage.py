@@ -59,3 +59,37 @@ def test_s3_endpoint_comes_from_the_environment(monkeypatch):
     assert isinstance(fs, pafs.S3FileSystem)
     assert path == "bucket/run"
     assert fs.region == "us-east-1"
+
+
+def test_a_pyarrow_without_s3_names_the_extra(monkeypatch):
+    import bertattn_batch.storage as storage
+
+    monkeypatch.delattr(pafs, "S3FileSystem")
+    storage._s3_for.cache_clear()
+    with pytest.raises(
+        StorageError,
+        match=r"s3:// needs a pyarrow built with S3FileSystem: pip install 'bertattn-batch\[s3\]'",
+    ):
+        resolve("s3://bucket/run")
+
+
+def test_a_scheme_fsspec_serves_through_a_package_not_installed_names_it(monkeypatch):
+    import sys
+
+    import fsspec  # noqa: F401 - its registry module, not the attribute of the same name
+
+    monkeypatch.setitem(
+        sys.modules["fsspec.registry"].known_implementations,
+        "zz",
+        {"class": "no_such_pkg.ZZ", "err": "Install no_such_pkg for zz://"},
+    )
+    with pytest.raises(StorageError, match=r"zz:// needs a package: Install no_such_pkg for zz://"):
+        resolve("zz://bucket/x")
+
+
+def test_uris_join_and_name_without_losing_the_scheme():
+    from bertattn_batch.storage import join, name_path, normalize
+
+    assert join("s3://b/run/", "predictions", "part-0.parquet") == "s3://b/run/predictions/part-0.parquet"
+    assert name_path("s3://b/in/reviews.jsonl.gz").suffixes == [".jsonl", ".gz"]
+    assert normalize("file:///tmp/run") == "/tmp/run" and normalize("s3://b/r") == "s3://b/r"

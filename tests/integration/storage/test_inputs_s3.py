@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from bertattn_batch import storage
 from bertattn_batch.errors import InputError
-from bertattn_batch.inputs import expand_inputs, read_rows
+from bertattn_batch.inputs import expand_inputs, read_columns, read_rows
 from bertattn_batch.inputs.fingerprint import source_files
 
 
@@ -57,3 +59,52 @@ def test_rows_stream_from_parquet_and_gzip_and_are_fingerprinted(corpus):
     prints = source_files(sources)
     assert [p["path"] for p in prints] == [s.path for s in sources]
     assert all(p["bytes"] > 0 and len(p["ends_sha256"]) == 64 for p in prints)
+
+
+class _Counting(io.RawIOBase):
+    """A store's file that counts the bytes fetched through it."""
+
+    fetched = 0
+
+    def __init__(self, f):
+        self.f = f
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return self.f.seek(pos, whence)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        _Counting.fetched += len(data)
+        return data
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def test_a_large_parquet_file_streams_by_ranged_reads(bucket, monkeypatch):
+    """The first block of rows of a 4-row-group file costs its footer and one row group's column, not
+    the whole object: Parquet inputs are read from a store in bounded memory, as from local disk."""
+    rng = np.random.default_rng(0)
+    texts = ["".join(map(chr, rng.integers(0x4E00, 0x9FA5, 60))) for _ in range(40_000)]
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"text": texts, "n": np.arange(40_000)}), sink, row_group_size=10_000)
+    uri = f"s3://{bucket}/big/reviews.parquet"
+    storage.write_bytes(uri, sink.getvalue())
+    size = storage.info(uri).size
+    real = storage.open_input
+    monkeypatch.setattr(storage, "open_input", lambda t, buffered=True: _Counting(real(t, buffered=False)))
+    (src,) = expand_inputs([uri])
+    first = next(read_columns(src, ["text"], 1000))
+    assert first["text"][:2] == [t.encode() for t in texts[:2]]  # read as bytes: the row rule decodes
+    assert size > 4_000_000 and _Counting.fetched < size / 3, (_Counting.fetched, size)
