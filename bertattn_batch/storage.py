@@ -21,8 +21,9 @@ import hashlib
 import io
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .errors import StorageError
 
@@ -209,6 +210,17 @@ def open_input(target: str | os.PathLike[str], buffered: bool = True) -> BinaryI
 
 #: Bytes read from a store per request while a file is streamed.
 READ_BLOCK_BYTES = 8 << 20
+
+
+@contextlib.contextmanager
+def arrow_file(target: str | os.PathLike[str]) -> Iterator[Any]:
+    """What pyarrow reads: a local path as it is (Arrow opens it itself), a store's object as a file
+    whose reads are ranged requests, closed when the block ends."""
+    if not is_remote(target):
+        yield target
+        return
+    with open_input(target, buffered=False) as f:
+        yield f
 
 
 def read_bytes(target: str | os.PathLike[str]) -> bytes:

@@ -58,7 +58,7 @@ def format_suffix(path: Path | str) -> str:
 
 def compression_of(path: Path | str) -> str | None:
     """The stream compression of a file from its leading bytes, or None for a plain file."""
-    with open_input(path) as f:
+    with open_input(path, buffered=False) as f:  # ten bytes, not a block, from a store
         head = f.read(10)
     if head.startswith(_BZIP2[0]) and head[3:4].isdigit() and head[4:10] in _BZIP2[1]:
         return "bz2"
@@ -78,7 +78,7 @@ def compression_of(path: Path | str) -> str | None:
 def check_not_archive(path: Path | str) -> None:
     """Refuse an archive (zip, 7z, tar, also a compressed tar): its files have names and formats of
     their own, and read as lines they would be garbage rows."""
-    with open_input(path) as f:
+    with open_input(path, buffered=False) as f:
         head = f.read(8)
     kind = next((kind for magic, kind in _ARCHIVES.items() if head.startswith(magic)), None)
     if kind is None:

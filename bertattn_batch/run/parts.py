@@ -146,7 +146,7 @@ def _check_stored_part(run_dir: str | Path, uri: str) -> None:
         problem = "is committed in the manifest but missing"
     else:
         try:
-            with storage.open_input(uri) as f:
+            with storage.arrow_file(uri) as f:
                 pq.read_metadata(f)
             return
         except (pa.ArrowException, OSError) as e:

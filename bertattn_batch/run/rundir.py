@@ -209,11 +209,8 @@ class RunDir:
         ids = IdSet()
         no_id = pa.array(schema.ROW_NUMBER_STATUSES)
         for p in self.parts if parts is None else parts:
-            t = pq.read_table(
-                storage.open_input(run_file(self.run_dir, p.files["predictions"])),
-                columns=["doc_id", "status"],
-                page_checksum_verification=True,
-            )
+            with storage.arrow_file(run_file(self.run_dir, p.files["predictions"])) as f:
+                t = pq.read_table(f, columns=["doc_id", "status"], page_checksum_verification=True)
             ids.update(t.filter(pc.invert(pc.is_in(t["status"], no_id))).column("doc_id").to_pylist())
         return ids
 
