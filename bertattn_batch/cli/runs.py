@@ -7,13 +7,21 @@ from typing import Annotated
 
 import typer
 
+from ..storage import normalize
 from .base import Debug, app, call, setup
+
+
+def _run_location(value: str | None) -> str | None:
+    """A ``file://`` URI as the path it names; a store's URI as it is."""
+    return None if value is None else normalize(value)
+
 
 #: A run as every command names it: a local folder, or a store's URI (credentials from the environment).
 RunDir = Annotated[
     str,
     typer.Argument(
-        help="A run directory (holding manifest.json): a path, or an s3://, gs:// or hdfs:// URI."
+        help="A run directory (holding manifest.json): a path, or an s3://, gs:// or hdfs:// URI.",
+        callback=_run_location,
     ),
 ]
 
@@ -139,7 +147,10 @@ def faithfulness(
 def plot(
     run_dir: Annotated[
         str | None,
-        typer.Argument(help="A run directory (or a store's URI); omit it to plot --text through --model."),
+        typer.Argument(
+            help="A run directory (or a store's URI); omit it to plot --text through --model.",
+            callback=_run_location,
+        ),
     ] = None,
     out: Annotated[
         Path,

@@ -38,7 +38,7 @@ def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
     with the store (objects gone from the store are gone from the mirror too). With ``write_back``,
     what the block wrote outside the tables is uploaded when it ends without an error."""
     if not storage.is_remote(run_dir):
-        yield Path(run_dir)
+        yield Path(storage.normalize(run_dir))
         return
     uri = os.fspath(run_dir).rstrip("/")
     local = storage.cache_folder("runs", uri)

@@ -284,3 +284,17 @@ def test_a_nightly_incremental_run_on_s3_scores_only_new_ids(bucket, drug_rows, 
     assert manifest.generation == 1 and manifest.counts["predictions"] == 24
     ids = pl.scan_parquet([p.files["predictions"] for p in committed_files(run)]).collect()["doc_id"]
     assert sorted(ids.to_list()) == sorted(r["doc_id"] for r in rows)
+
+
+def test_file_uris_name_local_runs(corpus, tiny_en_dir, tmp_path):
+    run = f"file://{tmp_path}/run"
+    r = runner.invoke(app, _args(f"file://{corpus}", tiny_en_dir, run, "--limit", "10"))
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "run" / "manifest.json").is_file()
+    for args in (
+        ["validate", run],
+        ["aggregate", run],
+        ["plot", run, "--doc-id", "0", "--out", str(tmp_path / "p.csv")],
+    ):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 0 or "not among the scored reviews" in r.output, (args, r.output)
