@@ -13,9 +13,9 @@ Usage::
 The driver streams: the first windows are scored while later ones are still being read, and Ray's
 object store holds only the windows in flight, never the corpus. A window's part is named by its
 first row, so when a worker dies Ray restarts it and retries the window, and the retry rewrites the
-same files instead of adding new ones. Workers write their parts into the run directory themselves,
-under temporary names (on a cluster it must be a filesystem every node mounts), and hand back only the
-manifest entry; the driver alone writes the manifest.
+same files instead of adding new ones. Workers write their parts into the run directory themselves
+(under temporary names on a filesystem every node mounts; under their final names on an object store,
+run/stored.py) and hand back only the manifest entry; the driver alone writes the manifest.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ class Window:
 
 @dataclass
 class StagedPart:
-    """A window's part, written under temporary names, with its stats: what an engine hands back."""
+    """A window's part, written but not yet committed, with its stats: what an engine hands back."""
 
     entry: PartEntry
     stats: PartStats
@@ -139,7 +139,7 @@ class WindowJob:
                 s.truncated += int(r.encoded.truncated)
 
     def stage(self, window: Window) -> StagedPart:
-        """Build the window's tables and write them under temporary names."""
+        """Build the window's tables and write them (not yet committed: see run/rundir.py)."""
         t0 = time.perf_counter()
         tables = self.extractor.tables(window.rows)
         t1 = time.perf_counter()

@@ -16,6 +16,7 @@ Life cycle of a part (the same for every table, committed together; compare Ray 
 On reopening, parts the manifest lists are rolled forward (step 3), and files it does not list are
 removed, so a run killed at any point resumes with neither duplicates nor gaps. ``fail`` (a job that
 stops on an error or a signal) removes the temporaries of uncommitted parts and says "interrupted".
+On an object store, which has no rename, ``StoredRunDir`` (run/stored.py) changes steps 1 to 3.
 """
 
 from __future__ import annotations
