@@ -3,15 +3,18 @@
 Usage::
 
     lease = Lease.take(run_uri, ttl_s=120)    # RunDirError while another process holds a live lease
-    lease.renew()                              # kept fresh by a thread of the holder's own
-    lease.check()                              # before each manifest write: still ours?
-    lease.drop()                               # when the run closes
+    stop = lease.keep_fresh()                  # renewed from a thread of the holder's own
+    lease.check()                              # before each manifest write: still ours, and live?
+    stop(); lease.drop()                       # when the run closes
 
 A killed process cannot release its lease, so the lease carries its expiry: once that passes, the next
-run takes it over (a local lock file dies with its process; a lease is the store's equivalent). Taking
-is write, then read back: S3 and GCS are strongly consistent for one key, so of two processes writing
-at the same instant both read back one winner, and the loser is refused. A holder that was paused past
-its expiry finds, at its next :meth:`check`, that another run took over, and stops before it writes.
+run takes it over (a local lock file dies with its process; a lease is the store's equivalent).
+
+Taking is write, wait, read back: S3 and GCS are strongly consistent for one key, so of two processes
+that write within ``SETTLE_S`` of each other both read back the later one, and the earlier is refused.
+A holder renews only a lease it still holds, and once it finds it lost (taken over while it was paused,
+or renewals failing past its expiry) it never writes again: :meth:`check` raises from then on. Expiry
+compares the clocks of two hosts, which ``ttl_s`` (minutes) dwarfs.
 """
 
 from __future__ import annotations
@@ -21,16 +24,18 @@ import os
 import socket
 import threading
 import time
-import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from .. import storage
-from ..errors import RunDirError
+from ..errors import RunDirError, StorageError
 from .layout import LEASE_NAME
 
 #: How long a lease lives without renewal. Its holder renews it every third of that, so a run killed
 #: at any point holds its --out at most this long.
 DEFAULT_TTL_S = 120.0
+#: How long a taker waits between writing the lease and reading it back (see the module docstring).
+SETTLE_S = 1.0
 
 
 @dataclass
@@ -41,11 +46,13 @@ class Lease:
     holder: str
     ttl_s: float
     expires_at: float = 0.0
+    lost: str | None = None  # why this holder may no longer write, once it knows
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def take(cls, run_uri: str, ttl_s: float = DEFAULT_TTL_S) -> Lease:
+    def take(cls, run_uri: str, ttl_s: float = DEFAULT_TTL_S, settle_s: float = SETTLE_S) -> Lease:
         """Take the lease of the run at ``run_uri``; RunDirError while another holder's is live."""
-        holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        holder = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
         lease = cls(storage.join(run_uri, LEASE_NAME), holder, ttl_s)
         held = lease.read()
         now = time.time()
@@ -54,7 +61,8 @@ class Lease:
                 f"another bertattn process ({held[0]}) is writing {run_uri} (its lease runs "
                 f"{held[1] - now:.0f} s more); wait for it to end or choose another --out"
             )
-        lease.renew()
+        lease._write()
+        time.sleep(settle_s)
         if (back := lease.read()) is None or back[0] != holder:
             raise RunDirError(
                 f"another bertattn process took {run_uri} at the same moment; choose another --out"
@@ -72,18 +80,30 @@ class Lease:
             return None
 
     def renew(self) -> None:
+        """Extend the lease, if this holder still holds it; else mark it lost (and write nothing)."""
+        with self._lock:
+            if self.lost is None:
+                held = self.read()
+                if held is None or held[0] != self.holder:
+                    self.lost = f"taken over by {held[0] if held else 'nobody'}"
+                elif time.time() > self.expires_at:
+                    self.lost = "expired before it could be renewed"
+                else:
+                    self._write()
+
+    def _write(self) -> None:
         self.expires_at = time.time() + self.ttl_s
         doc = {"holder": self.holder, "expires_at": self.expires_at, "ttl_s": self.ttl_s}
         storage.write_bytes(self.uri, json.dumps(doc).encode())
 
     def check(self) -> None:
-        """Raise unless this holder still holds the lease: one that lost it must not write the manifest."""
-        held = self.read()
-        if held is None or held[0] != self.holder:
-            raise RunDirError(
-                f"{self.uri} was taken over by {held[0] if held else 'nobody'} while this run was paused "
-                "past its lease; this run stops without writing"
-            )
+        """Raise unless this holder still holds a live lease: one that lost it must write nothing."""
+        if self.lost is None and time.time() > self.expires_at:
+            self.lost = "expired (its renewals failed)"
+        if self.lost is None and (held := self.read()) is not None and held[0] != self.holder:
+            self.lost = f"taken over by {held[0]}"
+        if self.lost is not None:
+            raise RunDirError(f"{self.uri}: this run's lease was {self.lost}; it stops without writing")
 
     def drop(self) -> None:
         """Give the lease up if this holder still holds it; another's is left alone."""
@@ -91,16 +111,23 @@ class Lease:
         if held is not None and held[0] == self.holder:
             storage.delete(self.uri)
 
-    def keep_fresh(self) -> threading.Event:
-        """Renew the lease every third of its life from a daemon thread, until the returned event is set."""
+    def keep_fresh(self) -> Callable[[], None]:
+        """Renew the lease every third of its life from a daemon thread; returns what stops it (and waits
+        for a renewal in flight, so that none lands after :meth:`drop`)."""
         stop = threading.Event()
 
         def loop() -> None:
             while not stop.wait(self.ttl_s / 3):
                 try:
                     self.renew()
-                except Exception:  # the next check (before a manifest write) says what is wrong
+                except (OSError, StorageError):  # a store briefly away: the next renewal, or check, says
                     continue
 
-        threading.Thread(target=loop, name="lease", daemon=True).start()
-        return stop
+        thread = threading.Thread(target=loop, name="lease", daemon=True)
+        thread.start()
+
+        def stopped() -> None:
+            stop.set()
+            thread.join()
+
+        return stopped

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import storage
+from ..errors import RunDirError, StorageError
 from .layout import AGGREGATES_DIR, MANIFEST, REPORT_NAME, TABLES
-from .lease import DEFAULT_TTL_S, Lease
+from .lease import DEFAULT_TTL_S, SETTLE_S, Lease
 from .manifest import PartEntry
 from .parts import PartWriter
 from .rundir import RunDir, old_manifest
@@ -36,6 +37,8 @@ class StoredRunDir(RunDir):
 
     #: seconds a lease lives unrenewed: how long a killed run keeps others from its --out
     lease_ttl_s = DEFAULT_TTL_S
+    #: seconds between writing the lease and reading it back, when taking it (run/lease.py)
+    lease_settle_s = SETTLE_S
 
     def __init__(
         self,
@@ -49,9 +52,9 @@ class StoredRunDir(RunDir):
 
     def open(self) -> None:
         old_manifest(self.run_dir, self.on_existing)  # before the lease: a store prefix that is no run
-        self._lease = Lease.take(self.run_dir, self.lease_ttl_s)
+        self._lease = Lease.take(self.run_dir, self.lease_ttl_s, self.lease_settle_s)
         self._held.callback(self._lease.drop)
-        self._held.callback(self._lease.keep_fresh().set)
+        self._held.callback(self._lease.keep_fresh())
         try:
             self._open_locked()
         except BaseException:
@@ -71,6 +74,18 @@ class StoredRunDir(RunDir):
         if self._lease is not None:
             self._lease.check()
         super()._save()
+
+    def fail(self) -> None:
+        """As on local disk, unless this run lost its lease: then another run owns the store's objects
+        (its own uploads among them) and this one touches nothing. A store that fails now does not hide
+        the error that stopped the job."""
+        if self._lease is not None:
+            try:
+                self._lease.check()
+            except RunDirError:
+                return
+        with contextlib.suppress(StorageError):
+            super().fail()
 
     def _make_folders(self) -> None:
         """A store has no folders: a table's folder is the prefix of its parts' names."""

@@ -24,7 +24,8 @@ HEADER = {
 
 
 @pytest.fixture
-def run() -> str:
+def run(monkeypatch) -> str:
+    monkeypatch.setattr(StoredRunDir, "lease_settle_s", 0.0)  # one process here: no race to settle
     return f"memory://runs-{uuid.uuid4().hex[:8]}/r1"
 
 
