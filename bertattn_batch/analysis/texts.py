@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from ..errors import InputError
-from ..run import committed_files, read_manifest
+from ..run import committed_files, read_manifest, scan_parts
 
 
 def scored_predictions(run_dir: str | Path, columns: list[str]) -> pl.DataFrame:
@@ -16,7 +16,7 @@ def scored_predictions(run_dir: str | Path, columns: list[str]) -> pl.DataFrame:
     files = [p.files["predictions"] for p in committed_files(run_dir, ("predictions",))]
     if not files:
         return pl.DataFrame()
-    return pl.scan_parquet(files, glob=False).filter(pl.col("status") == "ok").select(columns).collect()
+    return scan_parts(files).filter(pl.col("status") == "ok").select(columns).collect()
 
 
 def review_texts(run_dir: str | Path, reviews: pl.DataFrame) -> list[str]:

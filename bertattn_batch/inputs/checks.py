@@ -174,7 +174,8 @@ def _column_names(src: Source) -> list[str] | None:
     """Column names without reading the data (None where a format has no header)."""
     try:
         if src.format == "parquet":
-            return pq.read_schema(src.raw()).names
+            with src.arrow_file() as f:
+                return pq.read_schema(f).names
         if src.format in ("csv", "tsv"):
             return csv_header(src)
         if src.format == "text":

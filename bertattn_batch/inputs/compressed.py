@@ -100,13 +100,28 @@ def open_binary(path: Path | str, encoding: str = "utf-8") -> BinaryIO:
     if kind is None:
         raw: BinaryIO = open_input(path)
     elif kind == "xz":
-        raw = lzma.open(open_input(path), "rb")  # noqa: SIM115 - the caller closes it
+        raw = _StoredXZ(open_input(path)) if is_remote(path) else lzma.open(path, "rb")  # noqa: SIM115
     else:
         stream = open_stream(path, kind) if is_remote(path) else pa.input_stream(str(path), compression=kind)
         raw = io.BufferedReader(stream, buffer_size=1 << 20)
     if codecs.lookup(encoding).name == "utf-8":
         return raw
     return io.BufferedReader(_ToUTF8(raw, encoding), buffer_size=1 << 20)
+
+
+class _StoredXZ(lzma.LZMAFile):
+    """An xz stream read from a store's file, which it closes with itself (``lzma.open`` leaves a file
+    object it was given open)."""
+
+    def __init__(self, source: BinaryIO) -> None:
+        super().__init__(source, "rb")
+        self._source = source
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._source.close()
 
 
 class _ToUTF8(io.RawIOBase):

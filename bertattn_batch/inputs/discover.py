@@ -15,6 +15,7 @@ file that the job reads from then on: its checks, its fingerprint and its rows a
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import glob
 import logging
@@ -77,9 +78,9 @@ class Source:
         """The file's bytes as UTF-8, decompressed as they are read."""
         return open_binary(self.path, self.encoding)
 
-    def raw(self) -> Any:
+    def arrow_file(self) -> contextlib.AbstractContextManager[Any]:
         """What pyarrow opens: a local path, or a store's file read by ranged requests (Parquet)."""
-        return storage.open_input(self.path, buffered=False) if storage.is_remote(self.path) else self.path
+        return storage.arrow_file(self.path)
 
 
 def expand_inputs(
@@ -140,8 +141,8 @@ def _stored(spec: str, input_format: str) -> list[Source]:
         raise InputError(str(e)) from None
     if len(uris) == 1 and uris[0] == spec.rstrip("/"):  # one file, named: read whatever its name
         return [Source(uris[0], _format_of(storage.name_path(spec), input_format, spec))]
-    base = spec.rstrip("/") + "/"
-    below = {u: u[len(base) :] if u.startswith(base) else storage.name_path(u).name for u in uris}
+    base = storage.glob_base(spec) + "/"  # names below it: the rules apply to a glob's matches too
+    below = {u: u[len(base) :] for u in uris}
     names = set(below.values())
     if "manifest.json" in names:
         raise InputError(f"{spec} is a bertattn run directory, not reviews")

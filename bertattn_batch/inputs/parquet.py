@@ -17,6 +17,7 @@ PARQUET_BUFFER_BYTES = 1 << 20
 
 
 def read_parquet(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
-    pf = pq.ParquetFile(src.raw(), buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
-    for rb in pf.iter_batches(batch_size=block_rows, columns=wanted):
-        yield {c: column_values(rb.column(c)) for c in wanted}
+    with src.arrow_file() as f:
+        pf = pq.ParquetFile(f, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
+        for rb in pf.iter_batches(batch_size=block_rows, columns=wanted):
+            yield {c: column_values(rb.column(c)) for c in wanted}

@@ -146,7 +146,8 @@ def count_rows(sources: Iterable[Source]) -> int | None:
     total = 0
     for src in sources:
         if src.format == "parquet":
-            total += pq.ParquetFile(src.raw()).metadata.num_rows
+            with src.arrow_file() as f:
+                total += pq.read_metadata(f).num_rows
         elif src.format == "datasets":
             total += load_dataset(src.path).num_rows
         else:

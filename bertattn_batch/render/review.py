@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 
 from ..errors import InputError, RunDirError, SpecError
-from ..run import Manifest, attention_rows, committed_files, layer_name, read_manifest
+from ..run import Manifest, attention_rows, committed_files, layer_name, read_manifest, scan_parts
 
 log = logging.getLogger(__name__)
 
@@ -203,13 +203,11 @@ def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = No
     pred_files = [p.files["predictions"] for p in parts]
     wanted = pl.col("doc_id").is_in(doc_ids)
     rows = attention_rows(
-        pl.scan_parquet([p.files["cls_attention"] for p in parts], glob=False).filter(
-            wanted & (pl.col("layer") == idx)
-        ),
-        pl.scan_parquet([p.files["tokens"] for p in parts], glob=False).filter(wanted),
+        scan_parts([p.files["cls_attention"] for p in parts]).filter(wanted & (pl.col("layer") == idx)),
+        scan_parts([p.files["tokens"] for p in parts]).filter(wanted),
     ).collect(engine="streaming")
     preds = (
-        pl.scan_parquet(pred_files, glob=False)
+        scan_parts(pred_files)
         .filter(pl.col("doc_id").is_in(doc_ids) & (pl.col("status") == "ok"))
         .collect(engine="streaming")
     )

@@ -28,7 +28,7 @@ from .parts import CommittedPart, PartWriter, check_part_file, committed_files, 
 from .resume import ResumePoint, input_changes, resume_point
 from .rundir import RunDir, old_manifest
 from .stored import StoredRunDir, run_dir_class
-from .views import TOKEN_COLUMNS, TOKEN_KEY, attention_rows, scan_attention
+from .views import TOKEN_COLUMNS, TOKEN_KEY, attention_rows, scan_attention, scan_parts
 
 __all__ = [
     "AGGREGATES_DIR",
@@ -67,5 +67,6 @@ __all__ = [
     "run_dir_class",
     "run_file",
     "scan_attention",
+    "scan_parts",
     "tmp_name",
 ]

@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import schema, storage
 from .._util import atomic_write_text
-from ..errors import RunDirError, RunVersionError, WriteError
+from ..errors import RunDirError, RunVersionError, StorageError, WriteError
 from ..storage import is_remote
 from .layout import COMMIT_LOG, FORMAT, MANIFEST, TABLES
 
@@ -269,6 +269,7 @@ def load_json(run_dir: str | Path) -> dict[str, Any]:
     validator checks it field by field)."""
     if is_remote(run_dir):  # a store's run has no commit log: its driver rewrites the manifest
         return _load_stored(run_dir)
+    run_dir = storage.normalize(run_dir)
     path = Path(run_dir) / MANIFEST
     if not path.is_file():
         raise RunDirError(f"{run_dir} is not a run directory (no {MANIFEST})")
@@ -364,7 +365,10 @@ def save_manifest(run_dir: str | Path, manifest: Manifest) -> None:
     crash in between leaves entries in both, which read as one)."""
     text = json.dumps(manifest.to_dict(), indent=1, ensure_ascii=False, default=str)
     if is_remote(run_dir):  # one PUT: the object is the old manifest or the new one, never a mix
-        storage.write_bytes(storage.join(run_dir, MANIFEST), text.encode("utf-8"))
+        try:
+            storage.write_bytes(storage.join(run_dir, MANIFEST), text.encode("utf-8"))
+        except StorageError as e:
+            raise WriteError(f"writing {storage.join(run_dir, MANIFEST)} failed: {e}") from e
         return
     try:
         atomic_write_text(run_dir / MANIFEST, text)

@@ -7,11 +7,10 @@ Usage::
     # ...which is then uploaded: aggregates/, report.html and faithfulness/ land on the store
 
 Why a mirror: ``validate`` verifies every page checksum, ``aggregate`` and ``report`` read every byte
-of every part, and all of them then read again; fetched once into a cache that persists between
-commands (``$BERTATTN_CACHE``, else ``~/.cache/bertattn/runs``), later commands read at disk speed and
-pay for no second GET. An object whose size and time are those of its cached copy is not fetched again
-(parts are named by their window and written whole). ``plot``, which reads one review, and the polars
-recipes read the store directly instead.
+of every part, and each reads them more than once; fetched once into a cache that persists between
+commands (``storage.cache_folder``), later commands read at disk speed and pay for no second GET. An
+object whose size and time its copy records is not fetched again (parts are named by their window and
+written whole). ``plot``, which reads one review, and the polars recipes read the store directly.
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ from typing import Any, TypeVar
 from .. import storage
 from .layout import LEASE_NAME, MANIFEST, TABLES
 
-#: What a reader writes into a run, and so what is uploaded back; the tables and manifest are the
-#: writer's alone, and never uploaded from a mirror.
+#: What the writer of a run owns, never uploaded from a mirror; what else a reader writes into it
+#: (aggregates/, report.html, faithfulness/) is.
 _WRITERS_OWN = (*TABLES, MANIFEST, LEASE_NAME)
 T = TypeVar("T")
 
@@ -42,44 +41,41 @@ def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
         return
     uri = os.fspath(run_dir).rstrip("/")
     local = storage.cache_folder("runs", uri)
-    storage.mirror(uri, local, skip=(LEASE_NAME,), fresh=(MANIFEST,))
-    before = _listing(local)
+    if storage.is_file(storage.join(uri, MANIFEST)):
+        # first: every part it lists was uploaded before it, so the listing below holds them all, even
+        # while an extract goes on committing
+        storage.download(storage.join(uri, MANIFEST), local / MANIFEST)
+    storage.mirror(uri, local, skip=(LEASE_NAME, MANIFEST))
+    before = storage.local_files(local)
     yield local
     if write_back:
-        _sync_up(local, uri, before)
+        _upload_written(local, uri, before)
 
 
-def _listing(local: Path) -> dict[str, tuple[int, int]]:
-    out = {}
-    for f in local.rglob("*"):
-        if f.is_file() and not f.name.startswith("."):
-            st = f.stat()
-            out[f.relative_to(local).as_posix()] = (st.st_size, st.st_mtime_ns)
-    return out
-
-
-def _sync_up(local: Path, uri: str, before: dict[str, tuple[int, int]]) -> None:
-    after = _listing(local)
+def _upload_written(local: Path, uri: str, before: dict[str, tuple[int, int]]) -> None:
+    after = storage.local_files(local)
     for name, stamp in after.items():
-        if name.split("/", 1)[0] in _WRITERS_OWN or before.get(name) == stamp:
-            continue
-        storage.write_bytes(f"{uri}/{name}", (local / name).read_bytes())
-        info = storage.info(f"{uri}/{name}")
-        storage.stamp(local / name, info)
+        if name.split("/", 1)[0] not in _WRITERS_OWN and before.get(name) != stamp:
+            storage.write_bytes(storage.join(uri, name), (local / name).read_bytes())
+            storage.stamp(local / name, storage.info(storage.join(uri, name)))
     for name in set(before) - set(after):
         if name.split("/", 1)[0] not in _WRITERS_OWN:
-            storage.delete(f"{uri}/{name}")
+            storage.delete(storage.join(uri, name))
 
 
 def on_local_copy(write_back: bool = False) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """Decorate a function whose first argument is a run directory so that it also takes a store's URI:
-    it is then called with the run's local mirror (see :func:`local_run`)."""
+    it is then called with the run's local mirror (see :func:`local_run`), and a path it returns inside
+    the mirror is returned as the URI it was uploaded to."""
 
     def wrap(fn: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(fn)
         def called(run_dir: str | Path, *args: Any, **kwargs: Any) -> T:
             with local_run(run_dir, write_back) as local:
-                return fn(local, *args, **kwargs)
+                result = fn(local, *args, **kwargs)
+            if storage.is_remote(run_dir) and isinstance(result, Path) and result.is_relative_to(local):
+                return storage.join(run_dir, result.relative_to(local).as_posix())  # type: ignore[return-value]
+            return result
 
         return called
 

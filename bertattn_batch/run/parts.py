@@ -40,7 +40,7 @@ class PartWriter:
         #: on an object store (no rename) a part is uploaded under its final name: the upload makes the
         #: object visible whole, and only the manifest that lists it commits it
         self.stored = is_remote(run_dir)
-        self.run_dir: Any = os.fspath(run_dir) if self.stored else Path(run_dir)
+        self.run_dir: Any = os.fspath(run_dir) if self.stored else Path(storage.normalize(run_dir))
 
     def stage(
         self, start_row: int, end_row: int, tables: dict[str, pa.Table], generation: int = 0
@@ -164,6 +164,7 @@ def committed_files(run_dir: str | Path, tables: tuple[str, ...] | list[str] = T
     """The files of ``tables`` of every part the manifest commits, in name order. The manifest, not the
     folder, says what is committed: a stray file is never read, and a committed file that is missing or
     cut short stops the reader rather than leaving its reviews out."""
+    run_dir = storage.normalize(run_dir)
     manifest = read_manifest(run_dir)
     out = []
     for part in sorted(manifest.parts, key=lambda p: p.name):

@@ -22,7 +22,6 @@ On an object store, which has no rename, ``StoredRunDir`` (run/stored.py) change
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import time
 import uuid
@@ -61,7 +60,8 @@ class RunDir:
         on_existing: str = "resume",
         part_writer: PartWriter | None = None,
     ) -> None:
-        self.run_dir: Any = os.fspath(run_dir).rstrip("/") if is_remote(run_dir) else Path(run_dir)
+        run_dir = storage.normalize(run_dir)
+        self.run_dir: Any = run_dir.rstrip("/") if is_remote(run_dir) else Path(run_dir)
         self.header = header
         self.on_existing = on_existing
         self.part_writer = part_writer or PartWriter(self.run_dir)
@@ -302,7 +302,7 @@ def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest |
                 raise RunDirError(f"{run_dir} is not empty and is not a run directory; choose another --out")
             return None
     else:
-        run_dir = Path(run_dir)
+        run_dir = Path(storage.normalize(run_dir))
         if run_dir.exists() and not run_dir.is_dir():
             raise RunDirError(f"{run_dir} is a file, not a folder; choose another --out")
         if not run_dir.is_dir():

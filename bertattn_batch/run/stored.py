@@ -104,10 +104,8 @@ class StoredRunDir(RunDir):
 
     def _clear(self) -> None:
         """Remove what bertattn wrote into the run, its manifest last (as on local disk)."""
-        fs, root = storage.resolve(self.run_dir)
         for name in (*TABLES, AGGREGATES_DIR):
-            with contextlib.suppress(FileNotFoundError):
-                fs.delete_dir_contents(f"{root}/{name}", missing_dir_ok=True)
+            storage.delete_folder(storage.join(self.run_dir, name))
         for name in (REPORT_NAME, MANIFEST):
             storage.delete(storage.join(self.run_dir, name))
 

@@ -12,11 +12,14 @@ repeated per head; see docs/performance.md); this join gives back the one wide t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import polars as pl
+import pyarrow.dataset as ds
 
-from .. import schema
+from .. import schema, storage
 from .parts import committed_files
 
 #: The columns ``tokens`` adds to each attention row.
@@ -37,8 +40,27 @@ def scan_attention(run_dir: str | Path) -> pl.LazyFrame:
     if not parts:
         return attention_rows(_empty("cls_attention"), _empty("tokens"))
     return attention_rows(
-        pl.scan_parquet([p.files["cls_attention"] for p in parts], glob=False),
-        pl.scan_parquet([p.files["tokens"] for p in parts], glob=False),
+        scan_parts([p.files["cls_attention"] for p in parts]),
+        scan_parts([p.files["tokens"] for p in parts]),
+    )
+
+
+#: Schemes that polars reads itself (its own S3 and GCS clients, from the same environment).
+POLARS_SCHEMES = (None, "s3", "gs", "gcs")
+
+
+def scan_parts(files: list[Any]) -> pl.LazyFrame:
+    """A lazy scan of part files (all of one run): local ones and those on S3 or GCS by polars itself,
+    those of other schemes (HDFS, what fsspec serves) through a pyarrow dataset on their filesystem."""
+    scheme = storage.split_uri(files[0])[0] if files else None
+    if scheme in POLARS_SCHEMES:
+        options = None
+        if scheme == "s3" and (endpoint := os.environ.get("AWS_ENDPOINT_URL_S3")):
+            options = {"aws_endpoint_url": endpoint}  # polars reads AWS_ENDPOINT_URL, not this one
+        return pl.scan_parquet(files, glob=False, storage_options=options)
+    fs, _ = storage.resolve(files[0])
+    return pl.scan_pyarrow_dataset(
+        ds.dataset([storage.resolve(f)[1] for f in files], format="parquet", filesystem=fs)
     )
 
 
