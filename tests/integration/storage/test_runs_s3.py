@@ -181,7 +181,7 @@ def test_model_plot_and_report_from_the_store(bucket, corpus, tiny_en_dir, tmp_p
     assert r.exit_code == 0, r.output
     assert out.read_text(encoding="utf-8").count("\n") >= 2
     r = runner.invoke(app, ["report", run])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 0 and f"wrote {run}/report.html" in r.output, r.output
     page = storage.read_bytes(f"{run}/report.html").decode()
     assert "<html" in page.lower() and "token_influence.parquet" in "".join(
         storage.list_names(f"{run}/aggregates")
