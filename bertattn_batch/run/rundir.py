@@ -219,15 +219,19 @@ class RunDir:
         """Steps 2 and 3 for a staged part: append it to the commit log (replacing one of the same name),
         then publish it. The cost does not grow with the parts committed before."""
         log_commit(self.run_dir, entry)
+        self._list(entry)
+        self.part_writer.publish(entry)
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _list(self, entry: PartEntry) -> None:
+        """Put ``entry`` in the manifest's parts, in place of one of the same name (a retried window)."""
         at = self._positions.get(entry.name)
         if at is None:
             self._positions[entry.name] = len(self.manifest.parts)
             self.manifest.parts.append(entry)
         else:
             self.manifest.parts[at] = entry
-        self.part_writer.publish(entry)
 
-    # -- internals ----------------------------------------------------------------------------------
     def _save(self) -> None:
         self.manifest.updated_at = _now()
         save_manifest(self.run_dir, self.manifest)

@@ -63,11 +63,7 @@ class StoredRunDir(RunDir):
 
     def commit(self, entry: PartEntry) -> None:
         """List the uploaded part in the manifest, and write the manifest: the commit point."""
-        at = self._positions.get(entry.name)
-        if at is None:
-            self.manifest.parts.append(entry)
-        else:
-            self.manifest.parts[at] = entry
+        self._list(entry)
         self._save()
 
     def _save(self) -> None:
