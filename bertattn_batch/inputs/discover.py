@@ -24,9 +24,9 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, BinaryIO
 
 from .. import storage
@@ -164,9 +164,11 @@ def _stored(spec: str, input_format: str) -> list[Source]:
             others.append(uri)
         else:
             kept.append(Source(uri, _format_of(storage.name_path(uri), input_format, uri)))
+    if packed := [storage.name_path(o) for o in others if _is_packed_reviews(storage.name_path(o))]:
+        raise InputError(f"{spec} holds archives of review files ({_some(packed)}); extract them first")
     if others:
         log.warning("%s: passed over %d object(s) that are not review files (%s)", spec, len(others),
-                    ", ".join(storage.name_path(o).name for o in others[:3]))  # fmt: skip
+                    _some([storage.name_path(o) for o in others]))  # fmt: skip
     if not kept:
         raise InputError(f"{spec} holds no readable review files ({', '.join(EXTENSIONS)})")
     return kept
@@ -268,13 +270,13 @@ def _review_files(folder: Path) -> list[Path]:
     return sorted(found)
 
 
-def _is_packed_reviews(path: Path) -> bool:
+def _is_packed_reviews(path: PurePath) -> bool:
     """An archive of a review file, such as ``x.csv.zip`` (an archive of anything else is no review file)."""
     suffixes = [x.lower() for x in path.suffixes]
     return len(suffixes) > 1 and suffixes[-1] in ARCHIVE_SUFFIXES and suffixes[-2] in EXTENSIONS
 
 
-def _some(paths: list[Path]) -> str:
+def _some(paths: Sequence[PurePath]) -> str:
     return ", ".join(p.name for p in paths[:3]) + (", ..." if len(paths) > 3 else "")
 
 

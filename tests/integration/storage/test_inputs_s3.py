@@ -47,6 +47,9 @@ def test_nothing_matched_is_an_input_error(corpus):
         expand_inputs([f"{corpus}/a/*.csv"])
     with pytest.raises(InputError, match="is a bertattn run directory"):
         expand_inputs([f"{corpus}/run"])
+    storage.write_bytes(f"{corpus}/zipped/reviews.csv.zip", b"PK\x03\x04")
+    with pytest.raises(InputError, match=r"holds archives of review files \(reviews.csv.zip\)"):
+        expand_inputs([f"{corpus}/zipped"])
     storage.write_bytes(f"{corpus}/ds/dataset_info.json", b"{}")
     with pytest.raises(InputError, match="is a saved datasets folder; copy it to local disk first"):
         expand_inputs([f"{corpus}/ds"])
