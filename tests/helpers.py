@@ -103,6 +103,13 @@ def load_bench(script: str = "bench"):
 
 #: Columns that name the run that wrote a row: they differ between two runs of the same job by design.
 RUN_COLUMNS = ("run_id",)
+#: The order two runs of one job write each table's rows in alike, whatever their parts.
+SORT_KEYS = {
+    "predictions": ["row_index"],
+    "cls_attention": ["doc_id", "layer", "head", "position"],
+    "tokens": ["doc_id", "position"],
+    "head_summary": ["doc_id", "layer", "head"],
+}
 
 
 def same_job_table(table: pa.Table) -> pa.Table:

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
 
 from .. import storage
 from ..errors import RunDirError, StorageError
 from .layout import AGGREGATES_DIR, MANIFEST, REPORT_NAME, TABLES
 from .lease import DEFAULT_TTL_S, SETTLE_S, Lease
 from .manifest import PartEntry
-from .parts import PartWriter
 from .rundir import RunDir, old_manifest
 
 
@@ -39,16 +37,7 @@ class StoredRunDir(RunDir):
     lease_ttl_s = DEFAULT_TTL_S
     #: seconds between writing the lease and reading it back, when taking it (run/lease.py)
     lease_settle_s = SETTLE_S
-
-    def __init__(
-        self,
-        run_dir: str | Path,
-        header: dict[str, Any],
-        on_existing: str = "resume",
-        part_writer: PartWriter | None = None,
-    ) -> None:
-        super().__init__(run_dir, header, on_existing, part_writer)
-        self._lease: Lease | None = None
+    _lease: Lease | None = None  # held from open to close
 
     def open(self) -> None:
         old_manifest(self.run_dir, self.on_existing)  # before the lease: a store prefix that is no run

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from helpers import read_table, same_job_table
+from helpers import SORT_KEYS, read_table, same_job_table
 from typer.testing import CliRunner
 
 from bertattn_batch import schema
@@ -27,12 +27,6 @@ from bertattn_batch.run import LOCK_NAME, PartWriter, RunDir
 
 runner = CliRunner()
 KILLER = Path(__file__).resolve().parents[1] / "killer.py"
-SORT_KEYS = {
-    "predictions": ["row_index"],
-    "cls_attention": ["doc_id", "layer", "head", "position"],
-    "tokens": ["doc_id", "position"],
-    "head_summary": ["doc_id", "layer", "head"],
-}
 
 
 @pytest.fixture(scope="module")

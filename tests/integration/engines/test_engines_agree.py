@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.csv
 import pyarrow.parquet as pq
 import pytest
-from helpers import RUN_COLUMNS, manifest_json, read_table
+from helpers import RUN_COLUMNS, SORT_KEYS, manifest_json, read_table
 
 from bertattn_batch import schema
 from bertattn_batch.config import JobSpec
@@ -24,12 +24,6 @@ from bertattn_batch.run import PartWriter
 
 #: One worker runs every test that starts a Ray runtime (pytest -n with --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("ray")
-ORDER = {
-    "predictions": ["row_index"],
-    "cls_attention": ["doc_id", "layer", "head", "position"],
-    "tokens": ["doc_id", "position"],
-    "head_summary": ["doc_id", "layer", "head"],
-}
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +59,7 @@ def _parts(run: Path) -> list[tuple[str, int, int, dict]]:
 
 
 def _same_tables(a: Path, b: Path) -> None:
-    for table, keys in ORDER.items():
+    for table, keys in SORT_KEYS.items():
         order = [(k, "ascending") for k in keys]
         got, want = read_table(a, table).sort_by(order), read_table(b, table).sort_by(order)
         assert got.num_rows == want.num_rows > 0, table

@@ -7,7 +7,7 @@ import importlib.util
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import same_job_table
+from helpers import SORT_KEYS, same_job_table
 
 from bertattn_batch import schema, storage
 from bertattn_batch.config import JobSpec
@@ -16,12 +16,6 @@ from bertattn_batch.engines.ray_runtime import ray_runtime
 from bertattn_batch.run import committed_files, read_manifest
 
 pytestmark = pytest.mark.xdist_group("ray")  # one worker runs every test that starts a Ray runtime
-ORDER = {
-    "predictions": ["row_index"],
-    "cls_attention": ["doc_id", "layer", "head", "position"],
-    "tokens": ["doc_id", "position"],
-    "head_summary": ["doc_id", "layer", "head"],
-}
 
 
 @pytest.fixture
@@ -39,7 +33,7 @@ def _tables(run: str) -> dict[str, pa.Table]:
     out = {}
     for t in schema.TABLES:
         read = [pq.read_table(storage.open_input(p.files[t], buffered=False)) for p in parts]
-        out[t] = same_job_table(pa.concat_tables(read)).sort_by([(k, "ascending") for k in ORDER[t]])
+        out[t] = same_job_table(pa.concat_tables(read)).sort_by([(k, "ascending") for k in SORT_KEYS[t]])
     return out
 
 

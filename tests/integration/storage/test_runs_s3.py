@@ -16,7 +16,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 from conftest import free_port
-from helpers import read_table, same_job_table
+from helpers import SORT_KEYS, read_table, same_job_table
 from typer.testing import CliRunner
 
 from bertattn_batch import schema, storage
@@ -28,12 +28,6 @@ runner = CliRunner()
 KILLER = Path(__file__).resolve().parents[2] / "killer.py"
 REPO = Path(__file__).resolve().parents[3]
 RECIPE = re.compile(r"<!-- recipe: (\w+) -->\n```\w+\n(.*?)```", re.S)
-SORT_KEYS = {
-    "predictions": ["row_index"],
-    "cls_attention": ["doc_id", "layer", "head", "position"],
-    "tokens": ["doc_id", "position"],
-    "head_summary": ["doc_id", "layer", "head"],
-}
 
 
 @pytest.fixture(scope="module")
