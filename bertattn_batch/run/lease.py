@@ -71,13 +71,11 @@ class Lease:
 
     def read(self) -> tuple[str, float] | None:
         """(holder, expiry) as stored; None where there is none, or it is unreadable (counts as none)."""
-        if not storage.is_file(self.uri):
-            return None
-        try:
-            doc = json.loads(storage.read_bytes(self.uri))
-            return str(doc["holder"]), float(doc["expires_at"])
-        except (ValueError, KeyError, TypeError):
-            return None
+        return _read(self.uri)
+
+    def guard(self) -> LeaseGuard:
+        """What the writers of this run's parts ask before each upload (see :class:`LeaseGuard`)."""
+        return LeaseGuard(self.uri, self.holder)
 
     def renew(self) -> None:
         """Extend the lease, if this holder still holds it; else mark it lost (and write nothing)."""
@@ -85,7 +83,7 @@ class Lease:
             if self.lost is None:
                 held = self.read()
                 if held is None or held[0] != self.holder:
-                    self.lost = f"taken over by {held[0] if held else 'nobody'}"
+                    self.lost = f"taken over by {held[0] if held else 'another run, which has ended'}"
                 elif time.time() > self.expires_at:
                     self.lost = "expired before it could be renewed"
                 else:
@@ -100,8 +98,8 @@ class Lease:
         """Raise unless this holder still holds a live lease: one that lost it must write nothing."""
         if self.lost is None and time.time() > self.expires_at:
             self.lost = "expired (its renewals failed)"
-        if self.lost is None and (held := self.read()) is not None and held[0] != self.holder:
-            self.lost = f"taken over by {held[0]}"
+        if self.lost is None and ((held := self.read()) is None or held[0] != self.holder):
+            self.lost = f"taken over by {held[0] if held else 'another run, which has ended'}"
         if self.lost is not None:
             raise RunDirError(f"{self.uri}: this run's lease was {self.lost}; it stops without writing")
 
@@ -131,3 +129,36 @@ class Lease:
             thread.join()
 
         return stopped
+
+
+@dataclass(frozen=True)
+class LeaseGuard:
+    """Asked by a part's writer (a thread of the holder, or a Ray worker: it pickles) before it uploads:
+    does the lease still name this run's holder? A writer that was paused while another run took the
+    run over then stops instead of overwriting that run's parts. (Between the check and the upload a
+    window remains; the part it would write is the same window's, by name and, for the same job, bytes.)"""
+
+    uri: str
+    holder: str
+
+    def __call__(self) -> None:
+        held = _read(self.uri)
+        if held is None or held[0] != self.holder:
+            raise RunDirError(
+                f"{self.uri}: this run's lease was taken over by {held[0] if held else 'another run, which has ended'}; "
+                "it stops without writing"
+            )
+
+
+def _read(uri: str) -> tuple[str, float] | None:
+    try:
+        data = storage.read_bytes(uri)
+    except StorageError:
+        if not storage.is_file(uri):  # there is none (or it was dropped as we looked)
+            return None
+        raise
+    try:
+        doc = json.loads(data)
+        return str(doc["holder"]), float(doc["expires_at"])
+    except (ValueError, KeyError, TypeError):
+        return None

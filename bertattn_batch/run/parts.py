@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ class PartWriter:
         #: on an object store (no rename) a part is uploaded under its final name: the upload makes the
         #: object visible whole, and only the manifest that lists it commits it
         self.stored = is_remote(run_dir)
+        #: on a store, asked before each upload: does this run still hold its lease? (run/stored.py)
+        self.guard: Callable[[], None] | None = None
         self.run_dir: Any = os.fspath(run_dir) if self.stored else Path(storage.normalize(run_dir))
 
     def stage(
@@ -52,6 +55,8 @@ class PartWriter:
             for table_name in TABLES:
                 table = schema.cast(tables[table_name], table_name)
                 if self.stored:
+                    if self.guard is not None:
+                        self.guard()
                     nbytes += self._upload(table, storage.join(self.run_dir, table_name, name))
                 else:
                     tmp = self.run_dir / table_name / tmp_name(name)

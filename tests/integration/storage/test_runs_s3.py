@@ -292,3 +292,50 @@ def test_file_uris_name_local_runs(corpus, tiny_en_dir, tmp_path):
     ):
         r = runner.invoke(app, args)
         assert r.exit_code == 0 or "not among the scored reviews" in r.output, (args, r.output)
+
+
+def _stopped(pid: int, timeout: float = 60) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP), waiting for it up to ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/status") as f:
+            if any(line.startswith("State:\tT") for line in f):
+                return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads a process's state from /proc")
+def test_a_paused_run_whose_lease_was_taken_over_writes_nothing(bucket, corpus, tiny_en_dir, reference):
+    """Two extracts on one --out: the first pauses mid-run (SIGSTOP: a frozen VM, a long GC) holding the
+    lease, and the second is refused; once the lease has expired the second takes the run over and
+    finishes it. Woken, the first finds its lease gone and stops without writing a manifest, a part, or
+    deleting the second's: the run is the uninterrupted one."""
+    run = f"s3://{bucket}/runs/paused"
+    args = _args(str(corpus), tiny_en_dir, run)
+    first = subprocess.Popen(
+        [sys.executable, str(KILLER), "forward", "2", "--", *args],
+        env={**os.environ, "KILLER_SIGNAL": "STOP"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert _stopped(first.pid), "the first extract did not reach its second batch"
+        r = runner.invoke(app, args)
+        assert r.exit_code != 0 and "another bertattn process" in r.output, r.output
+        lease = f"{run}/_lease.json"
+        doc = json.loads(storage.read_bytes(lease))
+        storage.write_bytes(lease, json.dumps({**doc, "expires_at": 0}).encode())  # as if it had expired
+        r = runner.invoke(app, args)
+        assert r.exit_code == 0, r.output
+        manifest = storage.read_bytes(f"{run}/manifest.json")
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode != 0 and "taken over" in err, err
+    assert storage.read_bytes(f"{run}/manifest.json") == manifest  # not written by the first
+    got = _store_tables(run)
+    for t in schema.TABLES:
+        assert got[t].equals(reference[t]), t
+    r = runner.invoke(app, ["validate", run, "--no-source"])
+    assert r.exit_code == 0, r.output
