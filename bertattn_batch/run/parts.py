@@ -51,12 +51,12 @@ class PartWriter:
         """Step 1: write every table's file under its temporary name; returns the manifest entry."""
         name = part_name(start_row, generation)
         files, counts, nbytes = {}, {}, 0
+        if self.stored and self.guard is not None:
+            self.guard()
         try:
             for table_name in TABLES:
                 table = schema.cast(tables[table_name], table_name)
                 if self.stored:
-                    if self.guard is not None:
-                        self.guard()
                     nbytes += self._upload(table, storage.join(self.run_dir, table_name, name))
                 else:
                     tmp = self.run_dir / table_name / tmp_name(name)

@@ -93,7 +93,9 @@ def _s3(bucket: str, _env: tuple[str | None, ...]) -> pafs.FileSystem:
     import pyarrow.fs as pafs
 
     cls = _filesystem_class("S3FileSystem", "s3")
-    kwargs = {}
+    # an object smaller than a multipart part (5 MB: a manifest, a lease, most parts) goes up in one
+    # PutObject instead of three requests; a missing bucket is then found at the close, not the open
+    kwargs: dict[str, object] = {"allow_delayed_open": True}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         scheme, rest = split_uri(endpoint)
