@@ -37,12 +37,15 @@ LEASE_NAME = "_lease.json"
 TABLES = schema.TABLES
 
 
-def part_name(start_row: int, generation: int = 0) -> str:
+def part_name(start_row: int, generation: int = 0, writer: str = "") -> str:
     """Parts are named by their first row: deterministic, so a retried write replaces, never adds.
 
     ``generation`` counts incremental passes over a run, whose rows may start where older parts did.
+    ``writer`` names the process that holds a run on an object store (run/lease.py): a process that
+    was paused mid-upload and woke after another took the run over then uploads under a name no
+    manifest lists, instead of over a part the other committed.
     """
-    suffix = f"-g{generation}" if generation else ""
+    suffix = (f"-g{generation}" if generation else "") + (f"-{writer}" if writer else "")
     return f"part-{start_row:012d}{suffix}.parquet"
 
 

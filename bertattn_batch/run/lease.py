@@ -141,6 +141,11 @@ class LeaseGuard:
     uri: str
     holder: str
 
+    @property
+    def token(self) -> str:
+        """The holder's random part, which a part uploaded under this lease carries in its name."""
+        return self.holder.rsplit(":", 1)[-1]
+
     def __call__(self) -> None:
         held = _read(self.uri)
         if held is None or held[0] != self.holder:
@@ -151,12 +156,18 @@ class LeaseGuard:
 
 
 def _read(uri: str) -> tuple[str, float] | None:
-    try:
-        data = storage.read_bytes(uri)
-    except StorageError:
-        if not storage.is_file(uri):  # there is none (or it was dropped as we looked)
-            return None
-        raise
+    """(holder, expiry) of the lease at ``uri``. A failed read is tried again twice: a run's every write
+    hangs on it, and a connection left stale (by a process paused a while, say) fails once."""
+    for wait in (0.2, 1.0, None):
+        try:
+            data = storage.read_bytes(uri)
+            break
+        except StorageError:
+            if not storage.is_file(uri):  # there is none (or it was dropped as we looked)
+                return None
+            if wait is None:
+                raise
+            time.sleep(wait)
     try:
         doc = json.loads(data)
         return str(doc["holder"]), float(doc["expires_at"])

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from .. import schema, storage
 from ..errors import RunDirError, StorageError, WriteError, first_line
 from ..storage import is_remote
 from .layout import TABLES, part_name, tmp_name
+from .lease import LeaseGuard
 from .manifest import PartEntry, read_manifest
 
 #: How long a reader waits for a committed part that a running extract has yet to rename into place.
@@ -41,18 +41,19 @@ class PartWriter:
         #: on an object store (no rename) a part is uploaded under its final name: the upload makes the
         #: object visible whole, and only the manifest that lists it commits it
         self.stored = is_remote(run_dir)
-        #: on a store, asked before each upload: does this run still hold its lease? (run/stored.py)
-        self.guard: Callable[[], None] | None = None
+        #: on a store, the lease this run holds (run/stored.py): asked before each part's upload, and
+        #: naming the holder in the part's name
+        self.lease: LeaseGuard | None = None
         self.run_dir: Any = os.fspath(run_dir) if self.stored else Path(storage.normalize(run_dir))
 
     def stage(
         self, start_row: int, end_row: int, tables: dict[str, pa.Table], generation: int = 0
     ) -> PartEntry:
         """Step 1: write every table's file under its temporary name; returns the manifest entry."""
-        name = part_name(start_row, generation)
+        name = part_name(start_row, generation, self.lease.token if self.lease else "")
         files, counts, nbytes = {}, {}, 0
-        if self.stored and self.guard is not None:
-            self.guard()
+        if self.lease is not None:
+            self.lease()
         try:
             for table_name in TABLES:
                 table = schema.cast(tables[table_name], table_name)

@@ -42,7 +42,7 @@ class StoredRunDir(RunDir):
     def open(self) -> None:
         old_manifest(self.run_dir, self.on_existing)  # before the lease: a store prefix that is no run
         self._lease = Lease.take(self.run_dir, self.lease_ttl_s, self.lease_settle_s)
-        self.part_writer.guard = self._lease.guard()
+        self.part_writer.lease = self._lease.guard()
         self._held.callback(self._lease.drop)
         self._held.callback(self._lease.keep_fresh())
         try:

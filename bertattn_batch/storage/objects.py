@@ -85,8 +85,14 @@ def open_stream(target: str | os.PathLike[str], compression: str) -> pa.NativeFi
 
 
 def read_bytes(target: str | os.PathLike[str]) -> bytes:
-    with open_input(target) as f:
-        return f.read()
+    """A whole (small) object: a manifest, a lease."""
+    try:
+        with open_input(target) as f:
+            return f.read()
+    except StorageError:
+        raise
+    except OSError as e:  # a read that fails after the open (a connection dropped)
+        raise store_error(e, target) from None
 
 
 def write_bytes(target: str | os.PathLike[str], data: bytes | pa.Buffer) -> None:

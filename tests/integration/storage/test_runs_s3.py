@@ -124,7 +124,7 @@ def test_a_part_no_manifest_lists_is_not_read_and_is_cleaned(bucket, corpus, tin
     assert r.exit_code == 0, r.output
     # a dead worker's upload, never committed, under the name its window would have
     stray = f"{run}/predictions/part-000000000020.parquet"
-    storage.write_bytes(stray, storage.read_bytes(f"{run}/predictions/part-000000000000.parquet"))
+    storage.write_bytes(stray, storage.read_bytes(committed_files(run)[0].files["predictions"]))
     assert len(committed_files(run)) == 2
     r = runner.invoke(app, ["validate", run, "--no-source"])
     assert r.exit_code != 0 and "part-000000000020.parquet" in r.output, r.output
@@ -231,7 +231,7 @@ def test_the_docs_recipes_read_what_the_manifest_lists(bucket, corpus, tiny_en_d
     r = runner.invoke(app, _args(str(corpus), tiny_en_dir, run, "--limit", "20"))
     assert r.exit_code == 0, r.output
     stray = f"{run}/cls_attention/part-000000000020.parquet"
-    storage.write_bytes(stray, storage.read_bytes(f"{run}/cls_attention/part-000000000010.parquet"))
+    storage.write_bytes(stray, storage.read_bytes(committed_files(run)[1].files["cls_attention"]))
     scope: dict = {}
     exec(_recipe("store_polars", run), scope)
     got = scope["attention"].collect()

@@ -42,12 +42,13 @@ def test_each_commit_rewrites_the_manifest_and_parts_keep_their_names(run):
     with StoredRunDir(run, HEADER) as rd:
         rd.begin_pass(0)
         entry = rd.part_writer.stage(0, 10, _tables())
-        # uploaded under its final name, yet no reader sees it before the manifest lists it
-        assert "part-000000000000.parquet" in storage.list_names(f"{run}/predictions")
+        # uploaded under its final name (its window's, and its writer's), yet unread until listed
+        name = f"part-000000000000-{rd.part_writer.lease.token}.parquet"
+        assert entry.name == name and name in storage.list_names(f"{run}/predictions")
         assert read_manifest(run).parts == [] and committed_files(run) == []
         rd.commit(entry)
-        assert [p.name for p in read_manifest(run).parts] == ["part-000000000000.parquet"]
-        assert [p.name for p in committed_files(run)] == ["part-000000000000.parquet"]
+        assert [p.name for p in read_manifest(run).parts] == [name]
+        assert [p.name for p in committed_files(run)] == [name]
         assert "_lease.json" in storage.list_names(run)
         rd.finalize({})
     names = storage.list_names(run, recursive=True)
@@ -58,17 +59,18 @@ def test_each_commit_rewrites_the_manifest_and_parts_keep_their_names(run):
 def test_an_upload_no_manifest_lists_is_swept_on_reopening_and_on_failure(run):
     with StoredRunDir(run, HEADER) as rd:
         rd.begin_pass(0)
-        rd.commit(rd.part_writer.stage(0, 10, _tables()))
+        first = rd.part_writer.stage(0, 10, _tables())
+        rd.commit(first)
         rd.part_writer.stage(10, 20, _tables())  # a worker's upload; its process dies before the commit
     assert len(storage.list_names(f"{run}/tokens")) == 2
     with StoredRunDir(run, HEADER) as rd:
         assert [p.start_row for p in rd.parts] == [0]
-        assert storage.list_names(f"{run}/tokens") == ["part-000000000000.parquet"]
+        assert storage.list_names(f"{run}/tokens") == [first.name]
     with pytest.raises(ValueError), StoredRunDir(run, HEADER) as rd:
         rd.begin_pass(0)
         rd.part_writer.stage(10, 20, _tables())
         raise ValueError("the job stops")
-    assert storage.list_names(f"{run}/tokens") == ["part-000000000000.parquet"]
+    assert storage.list_names(f"{run}/tokens") == [first.name]
     assert read_manifest(run).status == "interrupted"
 
 
