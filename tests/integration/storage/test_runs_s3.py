@@ -337,5 +337,17 @@ def test_a_paused_run_whose_lease_was_taken_over_writes_nothing(bucket, corpus, 
     got = _store_tables(run)
     for t in schema.TABLES:
         assert got[t].equals(reference[t]), t
+    # what it had in flight went up under its own name, which no manifest lists: named by validate,
+    # never read, and swept by the next run on this --out
+    listed = {f for p in committed_files(run) for f in p.files.values()}
+    strays = [
+        f"{run}/{n}" for n in storage.list_names(run, recursive=True) if n.split("/")[0] in schema.TABLES
+    ]
+    strays = [f for f in strays if f not in listed]
+    r = runner.invoke(app, ["validate", run, "--no-source"])
+    assert all(f.rsplit("/", 1)[1] in r.output for f in strays), r.output
+    assert r.exit_code == (1 if strays else 0), r.output
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["validate", run, "--no-source"])
     assert r.exit_code == 0, r.output
