@@ -90,16 +90,20 @@ class RunDir:
         writer lock until :meth:`close`."""
         # before the lock: a folder that is not a run gets no lock file either
         old_manifest(self.run_dir, self.on_existing)
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._held.enter_context(file_lock(self.run_dir / LOCK_NAME, busy=self._busy))
-        except OSError as e:
-            raise RunDirError(f"cannot write into {self.run_dir}: {e.strerror or e}") from None
+        self._hold()
         try:
             self._open_locked()
         except BaseException:
             self.close()
             raise
+
+    def _hold(self) -> None:
+        """Take the run for this process until :meth:`close`: on local disk, a lock on its folder."""
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._held.enter_context(file_lock(self.run_dir / LOCK_NAME, busy=self._busy))
+        except OSError as e:
+            raise RunDirError(f"cannot write into {self.run_dir}: {e.strerror or e}") from None
 
     def _busy(self, holder: str) -> RunDirError:
         """Why: two scheduled runs with the same --out would commit parts of the same names over each

@@ -27,7 +27,7 @@ from ..errors import RunDirError, StorageError
 from .layout import AGGREGATES_DIR, MANIFEST, REPORT_NAME, TABLES
 from .lease import DEFAULT_TTL_S, SETTLE_S, Lease
 from .manifest import PartEntry
-from .rundir import RunDir, old_manifest
+from .rundir import RunDir
 
 
 class StoredRunDir(RunDir):
@@ -39,17 +39,12 @@ class StoredRunDir(RunDir):
     lease_settle_s = SETTLE_S
     _lease: Lease | None = None  # held from open to close
 
-    def open(self) -> None:
-        old_manifest(self.run_dir, self.on_existing)  # before the lease: a store prefix that is no run
+    def _hold(self) -> None:
+        """On a store: a lease, kept fresh until :meth:`close`, which every part's upload asks first."""
         self._lease = Lease.take(self.run_dir, self.lease_ttl_s, self.lease_settle_s)
         self.part_writer.lease = self._lease.guard()
         self._held.callback(self._lease.drop)
         self._held.callback(self._lease.keep_fresh())
-        try:
-            self._open_locked()
-        except BaseException:
-            self.close()
-            raise
 
     def commit(self, entry: PartEntry) -> None:
         """List the uploaded part in the manifest, and write the manifest: the commit point."""
