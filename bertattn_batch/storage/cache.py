@@ -35,12 +35,14 @@ def cache_folder(kind: str, uri: str) -> Path:
 
 
 def local_files(local: Path) -> dict[str, tuple[int, int]]:
-    """A local folder's files (hidden ones aside) by their names below it: (size, modification time)."""
+    """A local folder's files by their names below it: (size, modification time). Hidden ones, and those
+    in hidden folders (a command's temporaries), are left out."""
     out = {}
     for f in local.rglob("*"):
-        if f.is_file() and not f.name.startswith("."):
+        name = f.relative_to(local).as_posix()
+        if f.is_file() and not any(part.startswith(".") for part in name.split("/")):
             st = f.stat()
-            out[f.relative_to(local).as_posix()] = (st.st_size, st.st_mtime_ns)
+            out[name] = (st.st_size, st.st_mtime_ns)
     return out
 
 
