@@ -59,7 +59,8 @@ class Lease:
         if held is not None and held[1] > now:
             raise RunDirError(
                 f"another bertattn process ({held[0]}) is writing {run_uri} (its lease runs "
-                f"{held[1] - now:.0f} s more); wait for it to end or choose another --out"
+                f"{held[1] - now:.0f} s more); wait for it to end (if it was killed, rerun once its "
+                "lease has run out) or choose another --out"
             )
         lease._write()
         time.sleep(settle_s)
