@@ -99,10 +99,23 @@ class Lease:
         """Raise unless this holder still holds a live lease: one that lost it must write nothing."""
         if self.lost is None and time.time() > self.expires_at:
             self.lost = "expired (its renewals failed)"
-        if self.lost is None and ((held := self.read()) is None or held[0] != self.holder):
+        if self.lost is None and not self._still_held():
+            held = self.read()
             self.lost = f"taken over by {held[0] if held else 'another run, which has ended'}"
         if self.lost is not None:
             raise RunDirError(f"{self.uri}: this run's lease was {self.lost}; it stops without writing")
+
+    def _still_held(self) -> bool:
+        """Whether the lease names this holder, looked at twice before saying no: losing it stops the
+        run, and a store that answers one read wrong (a lease half rewritten where writes are not
+        atomic) must not."""
+        for wait in (0.5, None):
+            held = self.read()
+            if held is not None and held[0] == self.holder:
+                return True
+            if wait is not None:
+                time.sleep(wait)
+        return False
 
     def drop(self) -> None:
         """Give the lease up if this holder still holds it; another's is left alone."""
@@ -157,20 +170,23 @@ class LeaseGuard:
 
 
 def _read(uri: str) -> tuple[str, float] | None:
-    """(holder, expiry) of the lease at ``uri``. A failed read is tried again twice: a run's every write
-    hangs on it, and a connection left stale (by a process paused a while, say) fails once."""
+    """(holder, expiry) of the lease at ``uri``; None where there is none, or it stays unreadable.
+
+    A run's every write hangs on this read, so a failed one is tried again twice: a connection left
+    stale (by a process paused a while) fails once, and on a store whose writes are not atomic (HDFS,
+    some fsspec ones) a reader can meet a lease half rewritten by its holder's renewal.
+    """
     for wait in (0.2, 1.0, None):
         try:
-            data = storage.read_bytes(uri)
-            break
+            doc = json.loads(storage.read_bytes(uri))
+            return str(doc["holder"]), float(doc["expires_at"])
         except StorageError:
             if not storage.is_file(uri):  # there is none (or it was dropped as we looked)
                 return None
             if wait is None:
                 raise
-            time.sleep(wait)
-    try:
-        doc = json.loads(data)
-        return str(doc["holder"]), float(doc["expires_at"])
-    except (ValueError, KeyError, TypeError):
-        return None
+        except (ValueError, KeyError, TypeError):  # damaged: counts as none if it stays so
+            if wait is None:
+                return None
+        time.sleep(wait)
+    return None
