@@ -82,13 +82,11 @@ class Lease:
         """Extend the lease, if this holder still holds it; else mark it lost (and write nothing)."""
         with self._lock:
             if self.lost is None:
-                held = self.read()
-                if held is None or held[0] != self.holder:
-                    self.lost = f"taken over by {held[0] if held else 'another run, which has ended'}"
-                elif time.time() > self.expires_at:
-                    self.lost = "expired before it could be renewed"
-                else:
-                    self._write()
+                self.lost = _taken_over(self.uri, self.holder)
+            if self.lost is None and time.time() > self.expires_at:
+                self.lost = "expired before it could be renewed"
+            if self.lost is None:
+                self._write()
 
     def _write(self) -> None:
         self.expires_at = time.time() + self.ttl_s
@@ -99,23 +97,10 @@ class Lease:
         """Raise unless this holder still holds a live lease: one that lost it must write nothing."""
         if self.lost is None and time.time() > self.expires_at:
             self.lost = "expired (its renewals failed)"
-        if self.lost is None and not self._still_held():
-            held = self.read()
-            self.lost = f"taken over by {held[0] if held else 'another run, which has ended'}"
+        if self.lost is None:
+            self.lost = _taken_over(self.uri, self.holder)
         if self.lost is not None:
             raise RunDirError(f"{self.uri}: this run's lease was {self.lost}; it stops without writing")
-
-    def _still_held(self) -> bool:
-        """Whether the lease names this holder, looked at twice before saying no: losing it stops the
-        run, and a store that answers one read wrong (a lease half rewritten where writes are not
-        atomic) must not."""
-        for wait in (0.5, None):
-            held = self.read()
-            if held is not None and held[0] == self.holder:
-                return True
-            if wait is not None:
-                time.sleep(wait)
-        return False
 
     def drop(self) -> None:
         """Give the lease up if this holder still holds it; another's is left alone."""
@@ -149,8 +134,8 @@ class Lease:
 class LeaseGuard:
     """Asked by a part's writer (a thread of the holder, or a Ray worker: it pickles) before it uploads:
     does the lease still name this run's holder? A writer that was paused while another run took the
-    run over then stops instead of overwriting that run's parts. (Between the check and the upload a
-    window remains; the part it would write is the same window's, by name and, for the same job, bytes.)"""
+    run over then stops. (An upload already past the check lands under this holder's token, a name no
+    manifest of the other run lists: see ``layout.part_name``.)"""
 
     uri: str
     holder: str
@@ -161,12 +146,21 @@ class LeaseGuard:
         return self.holder.rsplit(":", 1)[-1]
 
     def __call__(self) -> None:
-        held = _read(self.uri)
-        if held is None or held[0] != self.holder:
-            raise RunDirError(
-                f"{self.uri}: this run's lease was taken over by {held[0] if held else 'another run, which has ended'}; "
-                "it stops without writing"
-            )
+        if (lost := _taken_over(self.uri, self.holder)) is not None:
+            raise RunDirError(f"{self.uri}: this run's lease was {lost}; it stops without writing")
+
+
+def _taken_over(uri: str, holder: str) -> str | None:
+    """Why ``holder`` no longer holds the lease at ``uri`` (None while it does), looked at twice before
+    saying so: losing it stops the run, and a store that answers one read wrong (a lease half rewritten
+    where writes are not atomic) must not."""
+    for wait in (0.5, None):
+        held = _read(uri)
+        if held is not None and held[0] == holder:
+            return None
+        if wait is not None:
+            time.sleep(wait)
+    return f"taken over by {held[0] if held else 'another run, which has ended'}"
 
 
 def _read(uri: str) -> tuple[str, float] | None:
