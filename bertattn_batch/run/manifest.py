@@ -267,36 +267,23 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
 def load_json(run_dir: str | Path) -> dict[str, Any]:
     """The manifest's JSON object as written, with the parts of the commit log after its own (the
     validator checks it field by field)."""
-    if is_remote(run_dir):  # a store's run has no commit log: its driver rewrites the manifest
-        return _load_stored(run_dir)
     run_dir = storage.normalize(run_dir)
-    path = Path(run_dir) / MANIFEST
-    if not path.is_file():
+    path = storage.join(run_dir, MANIFEST)
+    if not storage.is_file(path):
         raise RunDirError(f"{run_dir} is not a run directory (no {MANIFEST})")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(storage.read_bytes(path).decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunDirError(f"{path} is damaged: {e}") from None
     if not isinstance(data, dict):
         raise RunDirError(f"{path} is damaged: not a JSON object")
+    if is_remote(run_dir):  # a store's run has no commit log: its driver rewrites the manifest
+        return data
     logged = _logged_parts(Path(run_dir))
     if logged and isinstance(data.get("parts"), list):
         names = {e["name"] for e in logged if isinstance(e, dict) and "name" in e}
         data["parts"] = [p for p in data["parts"] if not (isinstance(p, dict) and p.get("name") in names)]
         data["parts"] += logged
-    return data
-
-
-def _load_stored(run_dir: str | Path) -> dict[str, Any]:
-    uri = storage.join(run_dir, MANIFEST)
-    if not storage.is_file(uri):
-        raise RunDirError(f"{run_dir} is not a run directory (no {MANIFEST})")
-    try:
-        data = json.loads(storage.read_bytes(uri).decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RunDirError(f"{uri} is damaged: {e}") from None
-    if not isinstance(data, dict):
-        raise RunDirError(f"{uri} is damaged: not a JSON object")
     return data
 
 
