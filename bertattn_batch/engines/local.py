@@ -94,9 +94,12 @@ class LocalEngine:
             writer = Worker(job.stage, depth=2, name="writer", threads=plan.stage_threads)
             try:
                 for window in prefetch(map(job.encode, windows), depth=plan.ahead):
+                    if writer.failed:
+                        break
                     job.score(window, on_batch)
                     writer.put(window)
                     yield from writer.results()
             finally:
                 done = writer.close()
-            yield from done
+            yield from done  # the parts before a failed one are committed: finished work is kept
+            writer.check()

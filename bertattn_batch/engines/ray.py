@@ -182,6 +182,7 @@ class RayEngine:
         load = dict.fromkeys(range(len(self._actors)), 0)  # windows in flight per actor
         in_flight: dict[Any, tuple[int, int]] = {}  # ref -> (window number, actor)
         finished: dict[int, StagedPart] = {}
+        failed: dict[int, BaseException] = {}  # window number -> its worker's error
         order = {"sent": 0, "given": 0}
         t0 = time.perf_counter()
 
@@ -190,8 +191,11 @@ class RayEngine:
             ready, _ = ray.wait(list(in_flight), num_returns=1)
             for ref in ready:
                 number, actor = in_flight.pop(ref)
-                finished[number] = ray.get(ref)
                 load[actor] -= 1
+                try:
+                    finished[number] = ray.get(ref)
+                except Exception as e:
+                    failed[number] = e
                 self.timings.setdefault("first_result", time.perf_counter() - t0)
             while order["given"] in finished:
                 part = finished.pop(order["given"])
@@ -201,14 +205,20 @@ class RayEngine:
                 yield part
 
         for window in prefetch(windows, depth=2):  # the driver reads ahead in a thread
-            while len(in_flight) >= IN_FLIGHT_PER_WORKER * len(self._actors):
+            while len(in_flight) >= IN_FLIGHT_PER_WORKER * len(self._actors) and not failed:
                 yield from in_order()
+            if failed:
+                break
             actor = min(load, key=load.__getitem__)
             in_flight[self._actors[actor].run.remote(window)] = (order["sent"], actor)
             load[actor] += 1
             order["sent"] += 1
-        while in_flight:
+        # after a failure, the windows before it are still waited for and handed back: finished work is
+        # committed, and the rerun resumes from the failed window
+        while in_flight and not (failed and min(n for n, _ in in_flight.values()) > min(failed)):
             yield from in_order()
+        if failed:
+            raise failed[min(failed)]
 
 
 def _ray_call(fn: Callable[[], Any]) -> Any:

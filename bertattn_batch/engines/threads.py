@@ -4,11 +4,14 @@ Usage::
 
     writer = Worker(stage, depth=2, threads=2)            # stage(item) -> result, on two threads
     for window in prefetch(read_and_encode(), depth=2):   # producer runs ahead in a thread
+        if writer.failed:
+            break
         writer.put(score(window))
         for result in writer.results():                   # what the threads finished so far, in order
             commit(result)
-    for result in writer.close():                         # waits; re-raises the worker's error
+    for result in writer.close():                         # waits; the rest, up to a failed item
         commit(result)
+    writer.check()                                        # re-raises the stage's error, if any
 """
 
 from __future__ import annotations
@@ -82,10 +85,12 @@ def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
 
 class Worker:
     """``threads`` threads that apply ``fn`` to the items put, keeping what it returns for
-    :meth:`results` in the order the items were put; its errors re-raise on put, results and close.
+    :meth:`results` in the order the items were put.
 
     At most ``depth`` items wait for a thread, and a result finished ahead of an earlier item's waits
-    for it, so that whoever takes the results (the commits) sees them in order.
+    for it, so that whoever takes the results (the commits) sees them in order. When an item fails, the
+    results of every item put before it are still handed out (they are finished work, to be committed),
+    nothing after it is; :meth:`check` then raises its error.
     """
 
     def __init__(
@@ -97,24 +102,32 @@ class Worker:
         self._done: dict[int, Any] = {}  # sequence number -> result
         self._put = self._taken = 0  # sequence numbers of the next item put, and the next result taken
         self._error: BaseException | None = None
+        self._failed_at: int | None = None  # sequence number of the earliest item that failed
         self._cancelled = False
         self._running = threads
         self._finished = threading.Event()  # waited on instead of join(), which Ctrl-C can confuse
         for i in range(threads):
             threading.Thread(target=self._loop, name=f"{name}-{i}" if i else name, daemon=True).start()
 
+    @property
+    def failed(self) -> bool:
+        """Whether an item has failed: the items put from now on are dropped."""
+        return self._error is not None
+
     def _loop(self) -> None:
         try:
             while (item := self._q.get()) is not _DONE:
                 seq, value = item
-                if self._error is None and not self._cancelled:
-                    try:
-                        result = self._fn(value)
-                        with self._lock:
-                            self._done[seq] = result
-                    except BaseException as e:
-                        with self._lock:
-                            self._error = self._error or e
+                if self._cancelled or (self._failed_at is not None and seq > self._failed_at):
+                    continue
+                try:
+                    result = self._fn(value)
+                    with self._lock:
+                        self._done[seq] = result
+                except BaseException as e:
+                    with self._lock:
+                        if self._failed_at is None or seq < self._failed_at:
+                            self._error, self._failed_at = e, seq
         finally:
             with self._lock:
                 self._running -= 1
@@ -122,24 +135,25 @@ class Worker:
                     self._finished.set()
 
     def put(self, item: Any) -> None:
-        self._raise()
-        self._q.put((self._put, item))
-        self._put += 1
+        """Queue ``item`` (waits while ``depth`` items wait); dropped once an item has failed."""
+        if self._error is None:
+            self._q.put((self._put, item))
+            self._put += 1
 
     def results(self) -> list[Any]:
         """What the threads have finished since the last call, in the order the items were put, up to
-        the first item still in hand."""
-        self._raise()
+        the first item still in hand or failed."""
         out = []
         with self._lock:
-            while self._taken in self._done:
+            end = self._put if self._failed_at is None else self._failed_at
+            while self._taken < end and self._taken in self._done:
                 out.append(self._done.pop(self._taken))
                 self._taken += 1
         return out
 
     def close(self) -> list[Any]:
-        """Wait for every item to be handled, then raise the first error, if any; returns the results
-        not yet taken.
+        """Wait for every item to be handled; returns the results not yet taken, up to a failed item
+        (:meth:`check` raises its error).
 
         A Ctrl-C while waiting drops the items not yet started but still waits for those in hand (they
         may be writing a part's files, and the caller's clean-up must not run beside them), then
@@ -162,6 +176,7 @@ class Worker:
             raise interrupted
         return self.results()
 
-    def _raise(self) -> None:
+    def check(self) -> None:
+        """Raise the error of the item that failed, if one did."""
         if self._error is not None:
             raise self._error

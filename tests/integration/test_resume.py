@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -356,6 +357,30 @@ class FullDisk(PartWriter):
         if path.name.startswith("_part-000000000010"):
             raise OSError(28, "No space left on device")
         super()._write_parquet(table, path)
+
+
+class SlowThenFullDisk(FullDisk):
+    """The first part is slow to write, so that the second fails before the first is handed back."""
+
+    def _write_parquet(self, table, path):
+        if path.name.startswith("_part-000000000000"):
+            time.sleep(0.5)
+        super()._write_parquet(table, path)
+
+
+def test_parts_finished_before_a_failed_write_are_committed(corpus, tiny_en_dir, tmp_path):
+    """Two windows: the model is done with both while the first is still being written, and the second's
+    write fails. The first part is finished work: it is committed, not thrown away with the failure."""
+    out = tmp_path / "run"
+    spec = JobSpec(
+        inputs=[str(corpus)], model=str(tiny_en_dir), out=str(out), id_col="doc_id", window=10, limit=20,
+        progress=False,
+    )  # fmt: skip
+    with pytest.raises(WriteError, match="No space left on device"):
+        run_job(spec, part_writer=SlowThenFullDisk)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [p["start_row"] for p in manifest["parts"]] == [0]
+    assert not list(out.glob("*/_*"))
 
 
 def test_failed_write_stops_cleanly_and_resumes(corpus, tiny_en_dir, reference, tmp_path):

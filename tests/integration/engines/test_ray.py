@@ -28,7 +28,8 @@ from bertattn_batch.config import JobSpec, load_job
 from bertattn_batch.engines import run_job
 from bertattn_batch.engines.ray import RayEngine, WindowActor, plan_placement
 from bertattn_batch.engines.ray_runtime import ray_runtime
-from bertattn_batch.errors import EngineError, InputError, ModelError, SpecError
+from bertattn_batch.errors import EngineError, InputError, ModelError, SpecError, WriteError
+from bertattn_batch.run import PartWriter
 
 #: One worker runs every test that starts a Ray runtime (pytest -n with --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("ray")
@@ -251,6 +252,32 @@ def test_a_killed_worker_is_retried_without_duplicates_or_gaps(ray_local, tiny_e
     assert_parts_tile_the_rows(tmp_path / "ray", 24)
     preds = read_table(tmp_path / "ray", "predictions")
     assert sorted(preds.column("row_index").to_pylist()) == list(range(24))
+
+
+class SlowThenFullDisk(PartWriter):
+    """The first window's part is slow to write and the second's fails as a full disk would."""
+
+    def _write_parquet(self, table, path):
+        if path.name.startswith("_part-000000000000"):
+            time.sleep(1.0)
+        if path.name.startswith("_part-000000000004"):
+            raise OSError(28, "No space left on device")
+        super()._write_parquet(table, path)
+
+
+def test_parts_finished_before_a_workers_failure_are_committed(ray_local, tiny_en_dir, drug_sample, tmp_path):
+    """The second window fails while the first is still being written on the other worker: the first is
+    finished work and is committed, and the failure is raised once it is."""
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
+    out = tmp_path / "ray"
+    spec = _spec([drug_sample], tiny_en_dir, out, id_col="doc_id", window=4, limit=8, engine="ray", workers=2)
+    with pytest.raises(WriteError, match="No space left on device"):
+        run_job(spec, part_writer=SlowThenFullDisk)
+    manifest = manifest_json(out)
+    assert manifest["status"] == "interrupted"
+    assert [p["start_row"] for p in manifest["parts"]] == [0]
 
 
 @pytest.mark.slow
