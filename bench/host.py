@@ -75,11 +75,15 @@ def corpus(rows: int, folder: Path, source: Path = CORPUS) -> Path:
     return path
 
 
-def one(inputs: Path, out: Path, model: Path = MODEL) -> dict:
-    """Run the job once in this process, the model stood in for; its summary's figures."""
+def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path = MODEL) -> dict:
+    """Run the job once in this process, the model stood in for; its summary's figures, and the CPU
+    time of this process and of its host processes, if any."""
+    import resource
+
     import torch
 
     import bertattn_batch.engines.local as local
+    import bertattn_batch.model.classifier  # noqa: F401  imported before the clock starts, as before
     from bertattn_batch import JobSpec, run_job, tune_runtime
 
     tune_runtime()
@@ -88,17 +92,22 @@ def one(inputs: Path, out: Path, model: Path = MODEL) -> dict:
     spec = JobSpec(
         inputs=[str(inputs)], model=str(model), out=str(out), text_col="text", id_col="doc_id",
         label_col="label", layers=[-2], max_length=256, device="cpu", on_existing="overwrite",
+        host_processes=host_processes,
     )  # fmt: skip
     try:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         summary = run_job(spec, progress=False)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     finally:
         local.load_classifier = real
+    hosts = resource.getrusage(resource.RUSAGE_CHILDREN)  # the host processes, ended with the run
     attn_rows = (summary.tokens - 2 * summary.scored) * HEADS  # content tokens, each in every head
-    plan = local.feed_plan(torch.device("meta"))
+    meta = torch.device("meta")
+    processes = local.host_processes(host_processes, meta)
+    plan = {"host_processes": processes} if processes else vars(local.feed_plan(meta))
     return {"reviews": summary.input_rows, "wall_s": wall, "seconds": summary.seconds, "attn_rows": attn_rows,
-            "cores": len(os.sched_getaffinity(0)), "plan": vars(plan)}  # fmt: skip
+            "cores": len(os.sched_getaffinity(0)), "plan": plan, "cpu_s": round(cpu, 3),
+            "host_processes_cpu_s": round(hosts.ru_utime + hosts.ru_stime, 3)}  # fmt: skip
 
 
 def main() -> None:
@@ -108,10 +117,13 @@ def main() -> None:
     ap.add_argument(
         "--rounds", type=int, default=2, help="runs of each core count, interleaved; the best counts"
     )
+    ap.add_argument(
+        "--host-processes", type=int, default=None, help="as the job's option (default: by device and cores)"
+    )
     ap.add_argument("--one", nargs=2, metavar=("INPUTS", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(Path(args.one[0]), Path(args.one[1]))))
+        print(json.dumps(one(Path(args.one[0]), Path(args.one[1]), args.host_processes)))
         return
     allowed = sorted(os.sched_getaffinity(0))
     counts = [int(c) for c in args.cores.split(",")] if args.cores else sorted({1, len(allowed)})
@@ -125,6 +137,11 @@ def main() -> None:
                     __file__,
                     "--rows",
                     str(args.rows),
+                    *(
+                        ["--host-processes", str(args.host_processes)]
+                        if args.host_processes is not None
+                        else []
+                    ),
                     "--one",
                     str(inputs),
                     f"{tmp}/run-{c}",
@@ -145,7 +162,15 @@ def main() -> None:
             f"{r['attn_rows'] / r['wall_s']:,.0f} attention rows/s end to end; per stage: {stages}"
         )
     top, low = max(results), min(results)
-    rate = results[top]["reviews"] / results[top]["wall_s"]
+    r = results[top]
+    if r["host_processes_cpu_s"]:  # what a machine of more cores could do with more host processes
+        main_us, host_us = (1e6 * r[k] / r["reviews"] for k in ("cpu_s", "host_processes_cpu_s"))
+        print(
+            f"CPU per review on {top} cores: {main_us:.0f} µs in the model's process, {host_us:.0f} µs in the "
+            f"host processes (their start included); so on C cores at most about "
+            f"min({1e6 / main_us:,.0f}, (C - 1) × {1e6 / host_us:,.0f}) reviews/s (a bound, not a measurement)"
+        )
+    rate = r["reviews"] / r["wall_s"]
     scale = rate / (results[low]["reviews"] / results[low]["wall_s"])
     rows = results[top]["attn_rows"] / results[top]["wall_s"]
     print(

@@ -12,6 +12,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import shutil
@@ -20,12 +21,36 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 #: Age after which a temporary folder is taken to be left by a process that was killed (an aggregate's
 #: work folder, a training's save), not one still running, and removed by the next of its kind.
 STALE_SECONDS = 6 * 3600
+
+
+def lazy_exports(
+    package: str, exports: dict[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's ``__getattr__`` and ``__dir__`` that import each name's module (``exports``: name ->
+    module, relative to ``package``) when the name is first asked for.
+
+    So that importing one light module of a package does not import its heavy siblings: a host process
+    (engines/host_processes.py) encodes and writes without torch or the model's code.
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{exports[name]}", package), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted([*vars(sys.modules[package]), *exports])
+
+    return __getattr__, __dir__
 
 
 def hidden_tmp(name: str) -> str:

@@ -127,6 +127,7 @@ class JobSpec:
     batch_tokens: int = 16384
     max_batch_size: int = 256
     window: int = 4096  # rows per bucketing window, and per Parquet part
+    host_processes: int | None = None  # processes that encode, extract and write (None: by device)
     store_text: bool = True  # each review's text in predictions
     value_zeroing: bool = False  # cls_attention.value_zeroing for every token (Mohebbi et al., 2023)
 
@@ -168,6 +169,8 @@ class JobSpec:
                 raise SpecError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_length is not None and self.max_length < 3:
             raise SpecError(f"max_length must be at least 3 ([CLS], one token, [SEP]), got {self.max_length}")
+        if self.host_processes is not None and self.host_processes < 0:
+            raise SpecError(f"host_processes must not be negative, got {self.host_processes}")
         if self.limit is not None and self.limit < 0:
             raise SpecError(f"limit must not be negative, got {self.limit}")
         ft = self.finetune

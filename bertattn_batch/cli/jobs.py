@@ -223,6 +223,14 @@ def extract(
             rich_help_panel="Engine", help="Ray cluster to join (default: RAY_ADDRESS, else a local runtime)."
         ),
     ] = None,
+    host_processes: Annotated[
+        int | None,
+        typer.Option(
+            rich_help_panel="Engine",
+            help="Processes that encode, extract and write beside the model (--engine local). Default: none on the CPU (threads), one per core but one on a GPU. See docs/performance.md.",
+            show_default=False,
+        ),
+    ] = None,
     debug: Debug = False,
 ) -> None:
     """Score reviews and write predictions and per-head [CLS] attention to a run directory.

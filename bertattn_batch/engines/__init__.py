@@ -1,6 +1,23 @@
-"""The engines: ``run_job`` (the data path, base.py) and where a window's steps run (local, ray)."""
+"""The engines: ``run_job`` (the data path, base.py) and where a window's steps run (local, ray).
 
-from .base import Engine, RunSummary, engine_for, run_job
-from .start import load_classifier, run_header
+Names are imported on first use (``_util.lazy_exports``): a host process imports
+``engines.host_processes`` without the model's code.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._util import lazy_exports
+
+if TYPE_CHECKING:
+    from .base import Engine, RunSummary, engine_for, run_job
+    from .start import load_classifier, run_header
+
+_EXPORTS = {
+    **dict.fromkeys(["Engine", "RunSummary", "engine_for", "run_job"], "base"),
+    **dict.fromkeys(["load_classifier", "run_header"], "start"),
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = ["Engine", "RunSummary", "engine_for", "load_classifier", "run_header", "run_job"]

@@ -1,10 +1,14 @@
-"""The local engine: one process, a window's steps on threads of their own so that they overlap.
+"""The local engine: one process runs the model, and a window's other steps overlap with it.
 
 read + encode (a thread*) ──▶ score (this thread) ──▶ extract + stage the part (threads**)
   ──▶ staged parts back to ``run_job``, in row order, which commits them
 
 * ahead of the model, or in turn with it where torch's threads take every core: see feed_plan
 ** one beside torch's threads on the CPU; where the model leaves cores free, several windows at once
+
+Beside an accelerator on a machine of three cores or more, encoding, extraction and writing run in
+host processes instead (engines/host_processes.py): threads share Python's lock, which caps them at
+about 1.5 times one core however many there are.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 from ..config import JobSpec
 from ..extract import PassInfo, StagedPart, WindowJob, WindowRows
 from ..run import PartWriter
+from .host_processes import HostProcesses
 from .start import load_classifier, run_header
 from .threads import Worker, prefetch
 
@@ -27,6 +32,8 @@ from .threads import Worker, prefetch
 MAX_ENCODE_THREADS = 8
 #: Each stage thread holds a window's tables while it builds and writes them.
 MAX_STAGE_THREADS = 8
+#: Each host process holds a tokenizer and up to three windows (engines/host_processes.py).
+MAX_HOST_PROCESSES = 16
 
 
 @dataclass(frozen=True)
@@ -49,11 +56,28 @@ def feed_plan(device: torch.device) -> FeedPlan:
     thread mostly waits for the device; the cores torch leaves on the CPU): they take turns on the
     cores, whichever has work, so that neither waits for the other on a machine of many cores.
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = _cores()
     if device.type == "cpu" and torch.get_num_threads() >= cores:
         return FeedPlan(0, min(cores, MAX_ENCODE_THREADS), 1)
     free = max(1, cores - torch.get_num_threads()) if device.type == "cpu" else cores
     return FeedPlan(2, min(free, MAX_ENCODE_THREADS), min(free, MAX_STAGE_THREADS))
+
+
+def host_processes(asked: int | None, device: torch.device) -> int:
+    """Host processes for a run on ``device``: ``asked``, or by default one per core but the model's
+    own (at most :data:`MAX_HOST_PROCESSES`) beside an accelerator, and none (threads) on the CPU,
+    where the model takes the cores, or where there are fewer than three cores: two cores shared by
+    the model's process and host processes ran slower than threads (docs/performance.md)."""
+    if asked is not None:
+        return asked
+    cores = _cores()
+    if device.type == "cpu" or cores < 3:
+        return 0
+    return min(cores - 1, MAX_HOST_PROCESSES)
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class LocalEngine:
@@ -85,8 +109,16 @@ class LocalEngine:
         pass_info: PassInfo,
         on_batch: Callable[[int], None] | None = None,
     ) -> Iterator[StagedPart]:
-        plan = feed_plan(self.clf.device)
         spec = self.spec
+        processes = host_processes(spec.host_processes, self.clf.device)
+        if processes:
+            hosts = HostProcesses(
+                processes, self.clf, spec.batch_tokens, spec.max_batch_size, part_writer, pass_info,
+                spec.store_text,
+            )  # fmt: skip
+            yield from hosts.parts(windows, on_batch)
+            return
+        plan = feed_plan(self.clf.device)
         with WindowJob(
             self.clf, spec.batch_tokens, spec.max_batch_size, part_writer, pass_info,
             plan.encode_threads, spec.store_text,

@@ -1,12 +1,35 @@
-"""The extraction stage: cut the input into windows, and turn each into a staged part of every table."""
+"""The extraction stage: cut the input into windows, and turn each into a staged part of every table.
 
-from .batching import bucket_batches
-from .job import PartStats, PassInfo, StagedPart, Window, WindowJob
-from .score import ModelStage
-from .tables import Extractor, ScoredRow, minmax_scale, vocab_array
-from .windows import Columns, WindowRows, iter_windows, select_rows
+Names are imported on first use (``_util.lazy_exports``): the host side of a window (encode, extract,
+write) does not import torch, which only the model stage (``score``) needs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._util import lazy_exports
+
+if TYPE_CHECKING:
+    from .batching import bucket_batches
+    from .job import PartStats, PassInfo, StagedPart, Window, WindowJob
+    from .plan import BatchPlan
+    from .score import ModelStage, score_batch
+    from .tables import Extractor, ScoredRow, minmax_scale, vocab_array
+    from .windows import Columns, WindowRows, iter_windows, select_rows
+
+_EXPORTS = {
+    "bucket_batches": "batching",
+    **dict.fromkeys(["PartStats", "PassInfo", "StagedPart", "Window", "WindowJob"], "job"),
+    "BatchPlan": "plan",
+    **dict.fromkeys(["ModelStage", "score_batch"], "score"),
+    **dict.fromkeys(["Extractor", "ScoredRow", "minmax_scale", "vocab_array"], "tables"),
+    **dict.fromkeys(["Columns", "WindowRows", "iter_windows", "select_rows"], "windows"),
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
+    "BatchPlan",
     "Columns",
     "Extractor",
     "ModelStage",
@@ -20,6 +43,7 @@ __all__ = [
     "bucket_batches",
     "iter_windows",
     "minmax_scale",
+    "score_batch",
     "select_rows",
     "vocab_array",
 ]

@@ -9,6 +9,10 @@ Usage::
     job.score(window)
     part = job.stage(window)
 
+    window, ids = job.prepare(window_rows)             # or with the model elsewhere (engines/host_processes.py):
+    outputs = [score_batch(clf, batch) for batch in ids]   # where the model is
+    part = job.finish(window, outputs, model_seconds)
+
 The same object serves the local engine's threads and a Ray actor (engines/ray.py): only where its
 steps run differs, so both engines write the same parts.
 """
@@ -19,14 +23,17 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..model import Classifier, Encoder
+from ..model.encode import Encoder
 from ..run import PartEntry, PartWriter
 from ..runtime import trim_heap
-from .score import ModelStage
+from .plan import BatchPlan, ModelShape, PackedIds, pack_ids
 from .tables import Extractor, ScoredRow, vocab_array
-from .windows import WindowRows
+
+if TYPE_CHECKING:
+    from ..model import Outputs
+    from .windows import WindowRows
 
 
 @dataclass
@@ -69,6 +76,7 @@ class Window:
     end_row: int
     rows: list[ScoredRow]
     stats: PartStats = field(default_factory=PartStats)
+    plan: BatchPlan | None = None  # its batches, where the model runs apart from the rows
 
 
 @dataclass
@@ -84,7 +92,7 @@ class WindowJob:
 
     def __init__(
         self,
-        clf: Classifier,
+        clf: ModelShape,
         batch_tokens: int,
         max_batch_size: int,
         part_writer: PartWriter,
@@ -95,7 +103,7 @@ class WindowJob:
         self.clf = clf
         self.part_writer = part_writer
         self.generation = pass_info.generation
-        self.model = ModelStage(clf, batch_tokens, max_batch_size)
+        self.batch_tokens, self.max_batch_size = batch_tokens, max_batch_size
         self.encoder = Encoder(clf.tokenizer, clf.max_length, encode_threads)
         vocab = vocab_array(clf.tokenizer)
         self.extractor = Extractor(vocab, clf.layers, clf.num_heads, clf.labels, pass_info.run_id, store_text)
@@ -126,11 +134,35 @@ class WindowJob:
 
     def score(self, window: Window, on_batch: Callable[[int], None] | None = None) -> None:
         """Run the model over the window's scorable rows; count what it held."""
+        from .score import ModelStage  # torch: here, as a host process never scores
+
         t0 = time.perf_counter()
-        real, slots = self.model(window.rows, on_batch)
+        real, slots = ModelStage(self.clf, self.batch_tokens, self.max_batch_size)(window.rows, on_batch)
         trim_heap()
+        self._count(window, real, slots, time.perf_counter() - t0)
+
+    def prepare(self, rows: WindowRows) -> tuple[Window, list[PackedIds]]:
+        """Encode the window and cut it into batches, for a model in another process: returns the
+        window and each batch's token ids, packed (:func:`unpack_ids` gives the model its list)."""
+        window = self.encode(rows)
+        window.plan = BatchPlan(window.rows, self.clf, self.batch_tokens, self.max_batch_size)
+        return window, [pack_ids(ids) for ids in window.plan.batch_ids()]
+
+    def finish(self, window: Window, outputs: list[list[Outputs]], model_seconds: float) -> StagedPart:
+        """Take a prepared window's scores (for each batch, its outputs or those of its halves), and
+        stage it."""
+        plan = window.plan
+        assert plan is not None, "finish() takes a window from prepare()"
+        for k, out in enumerate(outputs):
+            plan.fill(k, out)
+        self._count(window, plan.real, plan.slots, model_seconds)
+        window.plan = None
+        return self.stage(window)
+
+    @staticmethod
+    def _count(window: Window, real: int, slots: int, model_seconds: float) -> None:
         s = window.stats
-        s.seconds["model"] += time.perf_counter() - t0
+        s.seconds["model"] += model_seconds
         s.input_rows, s.tokens, s.padded_slots = len(window.rows), real, slots
         for r in window.rows:
             s.status_counts[r.status] += 1

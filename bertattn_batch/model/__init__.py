@@ -1,9 +1,30 @@
-"""The model stage: load a BERT-family classifier, encode texts, capture [CLS] rows, trim the last layer."""
+"""The model stage: load a BERT-family classifier, encode texts, capture [CLS] rows, trim the last layer.
 
-from .capture import ClsRowCapture, eager_rows, find_self_attention
-from .checks import load_config, load_tokenizer, resolve_source
-from .classifier import Classifier, Outputs, resolve_device, resolve_dtype
-from .encode import Encoded, Encoder, encode_texts
+Names are imported on first use (``_util.lazy_exports``): ``model.encode`` alone, as a host process
+needs it, does not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._util import lazy_exports
+
+if TYPE_CHECKING:
+    from .capture import ClsRowCapture, eager_rows, find_self_attention
+    from .checks import load_config, load_tokenizer, resolve_source
+    from .classifier import Classifier, resolve_device, resolve_dtype
+    from .encode import Encoded, Encoder, encode_texts
+    from .outputs import Outputs
+
+_EXPORTS = {
+    **dict.fromkeys(["ClsRowCapture", "eager_rows", "find_self_attention"], "capture"),
+    **dict.fromkeys(["load_config", "load_tokenizer", "resolve_source"], "checks"),
+    **dict.fromkeys(["Classifier", "resolve_device", "resolve_dtype"], "classifier"),
+    **dict.fromkeys(["Encoded", "Encoder", "encode_texts"], "encode"),
+    "Outputs": "outputs",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "Classifier",

@@ -20,7 +20,6 @@ import pickle
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -41,18 +40,10 @@ from .checks import (
     pickle_reason,
     resolve_source,
 )
+from .outputs import Outputs
 from .trim import LastLayerTrim, verified
 
 log = logging.getLogger(__name__)
-
-
-class Outputs(NamedTuple):
-    """One padded batch's outputs, float32 numpy arrays."""
-
-    probs: np.ndarray  # (B, C)
-    rows: np.ndarray  # (B, L, H, S): the [CLS] query's attention weights
-    norms: np.ndarray  # (B, L, H, S): their norm-based weights
-    value_zeroing: np.ndarray | None = None  # (B, L, S), where the classifier was loaded to compute it
 
 
 def resolve_device(device: str) -> torch.device:

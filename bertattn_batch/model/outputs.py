@@ -1,0 +1,20 @@
+"""What the model hands back for one padded batch: plain arrays, no torch.
+
+Kept apart from the classifier so that a host process (engines/host_processes.py), which receives
+these and never runs the model, does not import torch when it unpickles them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Outputs(NamedTuple):
+    """One padded batch's outputs, float32 numpy arrays."""
+
+    probs: np.ndarray  # (B, C)
+    rows: np.ndarray  # (B, L, H, S): the [CLS] query's attention weights
+    norms: np.ndarray  # (B, L, H, S): their norm-based weights
+    value_zeroing: np.ndarray | None = None  # (B, L, S), where the classifier was loaded to compute it

@@ -1,0 +1,116 @@
+"""Host processes (engines/host_processes.py) write the run the threads write: the same tables, row
+for row; the windows before a failure are committed, a host process that dies is a one-line error, and
+the rerun resumes."""
+
+from __future__ import annotations
+
+import host_probes
+import pytest
+import torch
+from helpers import RUN_COLUMNS, manifest_json, read_table
+
+from bertattn_batch import schema
+from bertattn_batch.config import JobSpec
+from bertattn_batch.engines import run_job
+from bertattn_batch.engines.local import MAX_HOST_PROCESSES, host_processes
+from bertattn_batch.errors import EngineError, SpecError, WriteError
+
+
+def _spec(src, model, out, **kw) -> JobSpec:
+    return JobSpec(
+        inputs=[str(src)], model=str(model), out=str(out), id_col="doc_id", label_col="label", window=4,
+        progress=False, **kw,
+    )  # fmt: skip
+
+
+def _tables(run) -> dict:
+    return {t: read_table(run, t).drop_columns(list(RUN_COLUMNS)) if t == "predictions" else read_table(run, t)
+            for t in schema.TABLES}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def threaded(drug_sample, tiny_en_dir, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("threads") / "run"
+    run_job(_spec(drug_sample, tiny_en_dir, out, host_processes=0))
+    return _tables(out)
+
+
+def test_host_processes_write_the_tables_the_threads_write(
+    threaded, drug_sample, tiny_en_dir, tmp_path, monkeypatch
+):
+    notes = tmp_path / "notes"
+    monkeypatch.setenv("PROBE_NOTES", str(notes))
+    out = tmp_path / "run"
+    summary = run_job(_spec(drug_sample, tiny_en_dir, out, host_processes=2), part_writer=host_probes.Probe)
+    got = _tables(out)
+    for table in schema.TABLES:
+        assert got[table].equals(threaded[table]), table
+    assert summary.input_rows == 24 and summary.parts_written == 6
+    writers = [line.split() for line in notes.read_text().splitlines()]
+    # two processes wrote the parts, neither of them this one, and neither imported torch
+    assert len({pid for pid, _ in writers}) == 2 and all(torch_seen == "False" for _, torch_seen in writers)
+    assert str(__import__("os").getpid()) not in {pid for pid, _ in writers}
+
+
+def test_windows_before_a_failed_one_are_committed_and_the_rerun_resumes(
+    threaded, drug_sample, tiny_en_dir, tmp_path, monkeypatch
+):
+    """Window 12 fails in one process while window 8, before it, is still being written in the other:
+    8 is finished work, committed; the rerun starts at 12."""
+    monkeypatch.setenv("PROBE_SLOW", "8")
+    monkeypatch.setenv("PROBE_FULL", "12")
+    out = tmp_path / "run"
+    spec = _spec(drug_sample, tiny_en_dir, out, host_processes=2)
+    with pytest.raises(WriteError, match="No space left on device"):
+        run_job(spec, part_writer=host_probes.SlowThenFull)
+    manifest = manifest_json(out)
+    assert manifest["status"] == "interrupted"
+    assert [p["start_row"] for p in manifest["parts"]] == [0, 4, 8]
+    assert not list(out.glob("*/_*"))
+    summary = run_job(spec)
+    assert summary.input_rows == 12  # the rest only
+    got = _tables(out)
+    for table in schema.TABLES:
+        assert got[table].equals(threaded[table]), table
+
+
+def test_a_host_process_that_dies_is_one_line_and_the_rerun_resumes(
+    threaded, drug_sample, tiny_en_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("PROBE_DIE", "12")
+    out = tmp_path / "run"
+    spec = _spec(drug_sample, tiny_en_dir, out, host_processes=2)
+    with pytest.raises(EngineError, match="host process ended abruptly"):
+        run_job(spec, part_writer=host_probes.Dies)
+    done = [p["start_row"] for p in manifest_json(out)["parts"]]
+    assert done == list(range(0, 12, 4))  # every window before the dead one's
+    run_job(spec)
+    got = _tables(out)
+    for table in schema.TABLES:
+        assert got[table].equals(threaded[table]), table
+
+
+def test_processes_by_default_only_beside_an_accelerator():
+    assert host_processes(None, torch.device("cpu")) == 0
+    assert host_processes(3, torch.device("cpu")) == 3
+    cores = len(__import__("os").sched_getaffinity(0))
+    want = 0 if cores < 3 else min(cores - 1, MAX_HOST_PROCESSES)
+    assert host_processes(None, torch.device("meta")) == want
+    with pytest.raises(SpecError, match="host_processes must not be negative"):
+        JobSpec(inputs=["x"], model="m", out="o", host_processes=-1)
+
+
+def test_the_cli_option_runs_host_processes(threaded, drug_sample, tiny_en_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from bertattn_batch.cli import app
+
+    out = tmp_path / "run"
+    args = ["extract", str(drug_sample), "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "doc_id",
+            "--label-col", "label", "--window", "4", "--no-progress", "--host-processes", "1"]  # fmt: skip
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert manifest_json(out)["spec"]["host_processes"] == 1
+    got = _tables(out)
+    for table in schema.TABLES:
+        assert got[table].equals(threaded[table]), table
