@@ -7,9 +7,10 @@ extract, write, commit) with the model replaced by a stand-in that answers at no
 The stand-in answers each batch with outputs of a bert-base classifier's shapes (12 heads, layer −2
 of 12) cut from one buffer made in advance, so what is timed is everything a run does around the
 model. The reviews are the default corpus's, repeated to ``--rows``; the tokenizer is the default
-model's. Each core count runs in a process of its own, pinned to that many cores, ``--rounds`` times
-in turn with the others; the fastest run of each count is reported. The last line
-reads ``host: N reviews/s on C cores (R rows/s), scaling S× from 1 core``.
+model's. Each core count runs in a process of its own, pinned to that many cores, once with threads
+and once with as many host processes as cores (engines/host_processes.py), ``--rounds`` times in turn
+with the others; the fastest run of each is reported. The last line reads
+``host: N reviews/s on C cores (R rows/s), scaling S× from 1 core``, from the faster way at each count.
 """
 
 from __future__ import annotations
@@ -118,7 +119,10 @@ def main() -> None:
         "--rounds", type=int, default=2, help="runs of each core count, interleaved; the best counts"
     )
     ap.add_argument(
-        "--host-processes", type=int, default=None, help="as the job's option (default: by device and cores)"
+        "--host-processes",
+        type=int,
+        default=None,
+        help="host processes of the second way (default: one a core)",
     )
     ap.add_argument("--one", nargs=2, metavar=("INPUTS", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -127,54 +131,53 @@ def main() -> None:
         return
     allowed = sorted(os.sched_getaffinity(0))
     counts = [int(c) for c in args.cores.split(",")] if args.cores else sorted({1, len(allowed)})
-    results = {}
+    runs = [(c, 0) for c in counts] + [(c, args.host_processes or c) for c in counts]
+    results: dict[tuple[int, int], dict] = {}
     with tempfile.TemporaryDirectory(prefix="bertattn-host-") as tmp:
         inputs = corpus(args.rows, Path(tmp))
-        for _ in range(args.rounds):  # interleaved, so that a busy spell of the machine hits both counts
-            for c in counts:
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "--rows",
-                    str(args.rows),
-                    *(
-                        ["--host-processes", str(args.host_processes)]
-                        if args.host_processes is not None
-                        else []
-                    ),
-                    "--one",
-                    str(inputs),
-                    f"{tmp}/run-{c}",
-                ]
+        for _ in range(args.rounds):  # interleaved, so that a busy spell of the machine hits every run
+            for c, processes in runs:
+                cmd = [sys.executable, __file__, "--host-processes", str(processes), "--one", str(inputs),
+                       f"{tmp}/run-{c}-{processes}"]  # fmt: skip
                 pin = lambda c=c: os.sched_setaffinity(0, allowed[:c])  # noqa: E731
                 done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin)
                 if done.returncode:
                     sys.exit(done.stderr)
                 r = json.loads(done.stdout.strip().splitlines()[-1])
-                if c not in results or r["wall_s"] < results[c]["wall_s"]:
-                    results[c] = r
-    for c, r in results.items():
+                if (c, processes) not in results or r["wall_s"] < results[c, processes]["wall_s"]:
+                    results[c, processes] = r
+    rate = {key: r["reviews"] / r["wall_s"] for key, r in results.items()}
+    for (c, processes), r in results.items():
         stages = ", ".join(
             f"{k} {r['reviews'] / v:,.0f}/s" for k, v in r["seconds"].items() if v > 0 and k != "wall"
         )
         print(
-            f"{c} core(s), {r['plan']}: {r['reviews'] / r['wall_s']:,.0f} reviews/s, "
-            f"{r['attn_rows'] / r['wall_s']:,.0f} attention rows/s end to end; per stage: {stages}"
+            f"{c} core(s), {r['plan']}: {rate[c, processes]:,.0f} reviews/s, "
+            f"{r['attn_rows'] / r['wall_s']:,.0f} attention rows/s end to end; per stage: {stages}; "
+            f"CPU per review {1e6 * r['cpu_s'] / r['reviews']:.0f} µs here"
+            + (
+                f", {1e6 * r['host_processes_cpu_s'] / r['reviews']:.0f} µs in host processes"
+                if processes
+                else ""
+            )
         )
-    top, low = max(results), min(results)
-    r = results[top]
-    if r["host_processes_cpu_s"]:  # what a machine of more cores could do with more host processes
-        main_us, host_us = (1e6 * r[k] / r["reviews"] for k in ("cpu_s", "host_processes_cpu_s"))
-        print(
-            f"CPU per review on {top} cores: {main_us:.0f} µs in the model's process, {host_us:.0f} µs in the "
-            f"host processes (their start included); so on C cores at most about "
-            f"min({1e6 / main_us:,.0f}, (C - 1) × {1e6 / host_us:,.0f}) reviews/s (a bound, not a measurement)"
-        )
-    rate = r["reviews"] / r["wall_s"]
-    scale = rate / (results[low]["reviews"] / results[low]["wall_s"])
-    rows = results[top]["attn_rows"] / results[top]["wall_s"]
+    top, low = max(counts), min(counts)
+    best = {c: max((key for key in results if key[0] == c), key=rate.__getitem__) for c in counts}
+    r = results[best[top]]
+    per = results[
+        top, args.host_processes or top
+    ]  # what a machine of more cores could do with more processes
+    main_us, host_us = (1e6 * per[k] / per["reviews"] for k in ("cpu_s", "host_processes_cpu_s"))
     print(
-        f"host: {rate:,.0f} reviews/s on {top} cores ({rows:,.0f} rows/s), scaling {scale:.2f}× from {low} core"
+        f"host processes on {top} cores: CPU per review {main_us:.0f} µs in the model's process, {host_us:.0f} µs "
+        f"in host processes (their start included); so on C cores at most about "
+        f"min({1e6 / main_us:,.0f}, (C - 1) × {1e6 / host_us:,.0f}) reviews/s (a bound, not a measurement)"
+    )
+    scale = rate[best[top]] / rate[best[low]]
+    rows = r["attn_rows"] / r["wall_s"]
+    print(
+        f"host: {rate[best[top]]:,.0f} reviews/s on {top} cores ({rows:,.0f} rows/s), "
+        f"scaling {scale:.2f}× from {low} core"
     )
 
 

@@ -4,6 +4,8 @@ go through the real pipeline, every row is accounted for, and the real loader is
 from __future__ import annotations
 
 import polars as pl
+import pytest
+import torch
 from helpers import load_bench
 
 import bertattn_batch.engines.local as local
@@ -11,10 +13,14 @@ import bertattn_batch.engines.local as local
 host = load_bench("host")
 
 
-def test_the_stand_in_feeds_the_real_pipeline(tiny_zh_dir, zh_sample, tmp_path):
+@pytest.mark.parametrize("processes", [0, 2])
+def test_the_stand_in_feeds_the_real_pipeline(processes, tiny_zh_dir, zh_sample, tmp_path):
     inputs = host.corpus(300, tmp_path, source=zh_sample)
     real = local.load_classifier
-    figures = host.one(inputs, tmp_path / "run", model=tiny_zh_dir)
+    figures = host.one(inputs, tmp_path / "run", processes, model=tiny_zh_dir)
+    assert figures["plan"] == (
+        {"host_processes": 2} if processes else vars(local.feed_plan(torch.device("meta")))
+    )
     assert local.load_classifier is real
     assert figures["reviews"] == 300
     predictions = pl.read_parquet(tmp_path / "run" / "predictions" / "*.parquet")
