@@ -227,7 +227,7 @@ def extract(
         int | None,
         typer.Option(
             rich_help_panel="Engine",
-            help="Processes that encode, extract and write beside the model (--engine local). Default: none on the CPU (threads), one per core but one on a GPU. See docs/performance.md.",
+            help="Processes that encode, extract and write beside the model (--engine local); 0: threads. Default: threads on the CPU or below three cores, else one per core but the model's own. See docs/performance.md.",
             show_default=False,
         ),
     ] = None,

@@ -9,8 +9,8 @@ Usage::
     job.score(window)
     part = job.stage(window)
 
-    window, ids = job.prepare(window_rows)             # or with the model elsewhere (engines/host_processes.py):
-    outputs = [score_batch(clf, batch) for batch in ids]   # where the model is
+    window, ids = job.prepare(window_rows)   # or with the model in another process (host_processes.py)
+    outputs = [score_batch(clf, unpack_ids(packed)) for packed in ids]   # there
     part = job.finish(window, outputs, model_seconds)
 
 The same object serves the local engine's threads and a Ray actor (engines/ray.py): only where its
@@ -76,7 +76,7 @@ class Window:
     end_row: int
     rows: list[ScoredRow]
     stats: PartStats = field(default_factory=PartStats)
-    plan: BatchPlan | None = None  # its batches, where the model runs apart from the rows
+    plan: BatchPlan | None = None  # its batches, between prepare() and finish()
 
 
 @dataclass
