@@ -20,12 +20,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EngineError
 from ..extract.job import PassInfo, StagedPart, Window, WindowJob
-from ..extract.plan import PackedIds, unpack_ids
+from ..extract.plan import ModelShape, PackedIds, unpack_ids
 from ..runtime import tune_runtime
 from .threads import prefetch
 
@@ -35,35 +34,12 @@ if TYPE_CHECKING:  # a host process imports this module without torch: see _util
     from ..run import PartWriter
 
 
-@dataclass(frozen=True)
-class HostModel:
-    """What a host process needs of the classifier: its tokenizer and output shapes, not its weights."""
-
-    tokenizer: Any
-    max_length: int
-    layers: list[int]
-    num_heads: int
-    labels: list[str]
-    value_zeroing: bool
-
-    @classmethod
-    def of(cls, clf: Classifier) -> HostModel:
-        return cls(
-            clf.tokenizer,
-            clf.max_length,
-            list(clf.layers),
-            clf.num_heads,
-            list(clf.labels),
-            clf.value_zeroing,
-        )
-
-
 # One per host process: its WindowJob, and the windows it has prepared and not yet finished.
 _job: WindowJob | None = None
 _windows: dict[int, Window] = {}
 
 
-def _start(model: HostModel, batch_tokens: int, max_batch_size: int, part_writer: PartWriter,
+def _start(model: ModelShape, batch_tokens: int, max_batch_size: int, part_writer: PartWriter,
            pass_info: PassInfo, store_text: bool) -> None:  # fmt: skip
     """Set up a host process. Ctrl-C is left to the job's process, which waits for the window in hand
     before it cleans up: a host process stopped by it mid-write would leave that to chance."""
@@ -92,7 +68,7 @@ class HostProcesses:
                  part_writer: PartWriter, pass_info: PassInfo, store_text: bool) -> None:  # fmt: skip
         self.clf = clf
         ctx = multiprocessing.get_context("spawn")
-        args = (HostModel.of(clf), batch_tokens, max_batch_size, part_writer, pass_info, store_text)
+        args = (ModelShape.of(clf), batch_tokens, max_batch_size, part_writer, pass_info, store_text)
         self._pools = [
             ProcessPoolExecutor(1, mp_context=ctx, initializer=_start, initargs=args) for _ in range(n)
         ]

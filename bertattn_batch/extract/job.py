@@ -32,7 +32,7 @@ from .plan import BatchPlan, ModelShape, PackedIds, pack_ids
 from .tables import Extractor, ScoredRow, vocab_array
 
 if TYPE_CHECKING:
-    from ..model import Outputs
+    from ..model import Classifier, Outputs
     from .windows import WindowRows
 
 
@@ -92,7 +92,7 @@ class WindowJob:
 
     def __init__(
         self,
-        clf: ModelShape,
+        clf: Classifier | ModelShape,
         batch_tokens: int,
         max_batch_size: int,
         part_writer: PartWriter,

@@ -13,7 +13,8 @@ another process, and only packed token ids and the outputs cross between them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,16 +22,17 @@ from .batching import bucket_batches
 from .tables import ScoredRow
 
 if TYPE_CHECKING:
-    from ..model import Outputs
+    from ..model import Classifier, Outputs
 
 #: A batch's token ids as one array and each review's length: sent to another process in one piece
 #: (a list of an array a review took five times as long to pickle).
 PackedIds = tuple[np.ndarray, np.ndarray]
 
 
-class ModelShape(Protocol):
+@dataclass(frozen=True)
+class ModelShape:
     """What the host side of a window needs of a classifier: its tokenizer and the shapes of its
-    outputs, not its weights (a :class:`~bertattn_batch.model.Classifier` is one)."""
+    outputs, not its weights; what a host process is sent in its place."""
 
     tokenizer: Any
     max_length: int
@@ -38,6 +40,11 @@ class ModelShape(Protocol):
     num_heads: int
     labels: list[str]
     value_zeroing: bool
+
+    @classmethod
+    def of(cls, clf: Classifier) -> ModelShape:
+        return cls(clf.tokenizer, clf.max_length, list(clf.layers), clf.num_heads, list(clf.labels),
+                   clf.value_zeroing)  # fmt: skip
 
 
 def pack_ids(ids: Sequence[np.ndarray]) -> PackedIds:
@@ -60,7 +67,7 @@ class BatchPlan:
     """
 
     def __init__(
-        self, rows: Sequence[ScoredRow], clf: ModelShape, batch_tokens: int, max_batch_size: int
+        self, rows: Sequence[ScoredRow], clf: Classifier | ModelShape, batch_tokens: int, max_batch_size: int
     ) -> None:
         todo = [r for r in rows if r.status == "ok"]
         lengths = [r.encoded.n_tokens for r in todo]
