@@ -69,9 +69,12 @@ class HostProcesses:
         self.clf = clf
         ctx = multiprocessing.get_context("spawn")
         args = (ModelShape.of(clf), batch_tokens, max_batch_size, part_writer, pass_info, store_text)
-        self._pools = [
-            ProcessPoolExecutor(1, mp_context=ctx, initializer=_start, initargs=args) for _ in range(n)
-        ]
+        self._pools = [ProcessPoolExecutor(1, mp_context=ctx) for _ in range(n)]
+        # set up by a first task, not an initializer: the initializer's arguments (the tokenizer) go
+        # into the process's start-up pipe, and a process that failed to start before reading them
+        # (a script without ``if __name__ == "__main__":`` runs its job again there) would leave this
+        # one waiting forever to finish writing them
+        self._ready = [_submit(pool, _start, *args) for pool in self._pools]
 
     def parts(
         self, windows: Iterator[WindowRows], on_batch: Callable[[int], None] | None = None
@@ -85,6 +88,8 @@ class HostProcesses:
         finishing: deque[Future] = deque()
         reader = enumerate(prefetch(windows, depth=2))
         try:
+            for ready in self._ready:
+                _result(ready)
             while True:
                 try:
                     while len(prepared) < 2 * n and (item := next(reader, None)) is not None:
@@ -143,4 +148,7 @@ def _submit(pool: ProcessPoolExecutor, fn: Callable[..., Any], *args: Any) -> Fu
 
 
 def _ended() -> EngineError:
-    return EngineError("a host process ended abruptly (killed, or out of memory); rerun to resume")
+    return EngineError(
+        "a host process ended abruptly (killed, out of memory, or it failed to start: a script that "
+        'runs a job must do so under `if __name__ == "__main__":`); rerun to resume'
+    )

@@ -114,3 +114,22 @@ def test_the_cli_option_runs_host_processes(threaded, drug_sample, tiny_en_dir, 
     got = _tables(out)
     for table in schema.TABLES:
         assert got[table].equals(threaded[table]), table
+
+
+def test_a_script_without_a_main_guard_fails_with_a_hint_instead_of_hanging(
+    drug_sample, tiny_en_dir, tmp_path
+):
+    """A spawned host process imports the script that started the job; without the guard it runs the
+    job again there and fails to start. The job must say so, not wait forever for it."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(
+        "from bertattn_batch import JobSpec, run_job\n"
+        f"run_job(JobSpec(inputs=[{str(drug_sample)!r}], model={str(tiny_en_dir)!r}, out={str(tmp_path / 'run')!r},"
+        " window=4, progress=False, host_processes=1))\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 1
+    assert 'under `if __name__ == "__main__":`' in done.stderr.strip().splitlines()[-1]
