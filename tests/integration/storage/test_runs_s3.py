@@ -90,6 +90,18 @@ def test_extract_to_s3_from_s3_reads_back_with_pyarrow_and_polars(bucket, corpus
     assert "_lease.json" not in names and not any(n.startswith("commits") for n in names)
 
 
+def test_host_processes_upload_the_parts_of_a_run_on_s3(bucket, corpus, tiny_en_dir, reference):
+    """Host processes upload parts under the run's lease (pickled to them with the part writer), and the
+    job's process commits them: the same tables as a local run."""
+    run = f"s3://{bucket}/runs/hosts"
+    r = runner.invoke(app, _args(str(corpus), tiny_en_dir, run, "--host-processes", "2"))
+    assert r.exit_code == 0, r.output
+    got = _store_tables(run)
+    for t in schema.TABLES:
+        assert got[t].equals(reference[t]), t
+    assert read_manifest(run).status == "complete"
+
+
 def test_sigkill_then_resume_on_s3_gives_the_uninterrupted_tables(bucket, corpus, tiny_en_dir, reference):
     run = f"s3://{bucket}/runs/killed"
     args = _args(str(corpus), tiny_en_dir, run)
