@@ -163,6 +163,7 @@ def run_job(
     use them to inject faults)."""
     tune_runtime()
     show = spec.progress if progress is None else progress
+    engine_cls = engine or engine_for(spec)  # imports the model's code: not part of the job's time
     t_start = time.perf_counter()
     # a mistyped path or column fails here, before a model loads or a cluster starts
     sources = check_inputs(
@@ -181,7 +182,7 @@ def run_job(
         timings["train"] = trained
     summary = RunSummary(run_dir=str(spec.out))
     incremental = spec.on_existing == "incremental"
-    with (engine or engine_for(spec))(spec) as eng:
+    with engine_cls(spec) as eng:
         header = eng.header()
         on_existing = "resume" if incremental else spec.on_existing
         with run_dir_class(spec.out)(spec.out, header, on_existing, part_writer(spec.out)) as run:

@@ -13,6 +13,7 @@ from .. import __version__
 from ..config import JobSpec
 from ..inputs import input_name
 from ..model.checks import resolve_source
+from ..model.classifier import Classifier
 from ..train.save import training_record
 
 
@@ -72,8 +73,6 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
 
 def load_classifier(spec: JobSpec) -> Any:
     """The job's classifier, as every engine loads it."""
-    from ..model import Classifier
-
     return Classifier.load(
         spec.model,
         layers=spec.layers,
