@@ -100,7 +100,7 @@ class LocalEngine:
         return run_header(self.spec, self.clf)
 
     def describe(self) -> dict[str, Any]:
-        return {}
+        return {"host_processes": host_processes(self.spec.host_processes, self.clf.device)}
 
     def parts(
         self,

@@ -46,6 +46,7 @@ def test_host_processes_write_the_tables_the_threads_write(
     for table in schema.TABLES:
         assert got[table].equals(threaded[table]), table
     assert summary.input_rows == 24 and summary.parts_written == 6
+    assert manifest_json(out)["last_run"]["host_processes"] == 2  # what ran, for whoever reads the run
     writers = [line.split() for line in notes.read_text().splitlines()]
     # two processes wrote the parts, neither of them this one, and neither imported torch
     assert len({pid for pid, _ in writers}) == 2 and all(torch_seen == "False" for _, torch_seen in writers)
