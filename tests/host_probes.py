@@ -45,3 +45,11 @@ class Dies(PartWriter):
         if _starts(path, "PROBE_DIE"):
             os._exit(1)
         super()._write_parquet(table, path)
+
+
+class Slow(PartWriter):
+    """Every part takes ``$PROBE_SLEEP`` seconds longer to write: a job that is still running."""
+
+    def _write_parquet(self, table, path):
+        time.sleep(float(os.environ["PROBE_SLEEP"]))
+        super()._write_parquet(table, path)

@@ -14,10 +14,13 @@ arrays. At most ``2 n`` windows are read ahead and ``n`` wait to be taken, so me
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
@@ -27,6 +30,9 @@ from ..extract.job import PassInfo, StagedPart, Window, WindowJob
 from ..extract.plan import ModelShape, PackedIds, unpack_ids
 from ..runtime import tune_runtime
 from .threads import prefetch
+
+#: How often a host process looks whether the job's process is still there.
+PARENT_POLL_S = 0.5
 
 if TYPE_CHECKING:  # a host process imports this module without torch: see _util.lazy_exports
     from ..extract.windows import WindowRows
@@ -41,12 +47,27 @@ _windows: dict[int, Window] = {}
 
 def _start(model: ModelShape, batch_tokens: int, max_batch_size: int, part_writer: PartWriter,
            pass_info: PassInfo, store_text: bool) -> None:  # fmt: skip
-    """Set up a host process. Ctrl-C is left to the job's process, which waits for the window in hand
-    before it cleans up: a host process stopped by it mid-write would leave that to chance."""
+    """Set up a host process's job (its first task)."""
     global _job
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     tune_runtime()
     _job = WindowJob(model, batch_tokens, max_batch_size, part_writer, pass_info, 1, store_text)
+
+
+def _init(parent: int) -> None:
+    """A host process's first step, before it takes any task. Ctrl-C is left to the job's process,
+    which waits for the window in hand before it cleans up: a host process stopped by it mid-write
+    would leave that to chance."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_end_with, args=(parent,), name="parent-watch", daemon=True).start()
+
+
+def _end_with(parent: int) -> None:
+    """End this process once the job's process is gone (killed: it holds the model, so it is the one
+    the kernel picks when memory runs out). A host process waits for its next task on a queue whose
+    write end it holds itself, so it would never see its parent go, and would live on, orphaned."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
 
 
 def _prepare(seq: int, rows: WindowRows) -> list[PackedIds]:
@@ -69,12 +90,16 @@ class HostProcesses:
         self.clf = clf
         ctx = multiprocessing.get_context("spawn")
         args = (ModelShape.of(clf), batch_tokens, max_batch_size, part_writer, pass_info, store_text)
-        self._pools = [ProcessPoolExecutor(1, mp_context=ctx) for _ in range(n)]
-        # set up by a first task, not an initializer: the initializer's arguments (the tokenizer) go
-        # into the process's start-up pipe, and a process that failed to start before reading them
-        # (a script without ``if __name__ == "__main__":`` runs its job again there) would leave this
-        # one waiting forever to finish writing them
-        self._ready = [_submit(pool, _start, *args) for pool in self._pools]
+        init = (os.getpid(),)
+        self._pools = [
+            ProcessPoolExecutor(1, mp_context=ctx, initializer=_init, initargs=init) for _ in range(n)
+        ]
+        # the job is set up by a first task, not by the initializer: its arguments (the tokenizer)
+        # would go into the process's start-up pipe, and a process that failed to start before reading
+        # them (a script without ``if __name__ == "__main__":`` runs its job again there) would leave
+        # this one waiting forever to finish writing them
+        self._submitted: list[Future] = []
+        self._ready = [self._submit(k, _start, *args) for k in range(n)]
 
     def parts(
         self, windows: Iterator[WindowRows], on_batch: Callable[[int], None] | None = None
@@ -94,7 +119,7 @@ class HostProcesses:
                 try:
                     while len(prepared) < 2 * n and (item := next(reader, None)) is not None:
                         seq, rows = item
-                        prepared.append((seq, _submit(self._pools[seq % n], _prepare, seq, rows)))
+                        prepared.append((seq, self._submit(seq % n, _prepare, seq, rows)))
                     if not prepared:
                         break
                     seq, future = prepared.popleft()
@@ -106,7 +131,7 @@ class HostProcesses:
                         if on_batch is not None:
                             on_batch(len(packed[1]))
                     seconds = time.perf_counter() - t0
-                    finishing.append(_submit(self._pools[seq % n], _finish, seq, outputs, seconds))
+                    finishing.append(self._submit(seq % n, _finish, seq, outputs, seconds))
                 except Exception:
                     while finishing:  # the windows before the failed one first
                         yield _result(finishing.popleft())
@@ -120,29 +145,34 @@ class HostProcesses:
 
     def close(self) -> None:
         """Wait for the window each process has in hand (it may be writing a part's files, and the job's
-        clean-up must not run beside it), drop the rest, and end the processes."""
-        interrupted: KeyboardInterrupt | None = None
+        clean-up must not run beside it), drop the rest, and end the processes.
+
+        The wait is on the tasks' futures, which a second Ctrl-C cannot cut short: the pool's own
+        ``shutdown(wait=True)`` joins a thread, and an interrupted join returns as if it had ended."""
         for pool in self._pools:
-            while True:
-                try:
-                    pool.shutdown(wait=True, cancel_futures=True)
-                    break
-                except KeyboardInterrupt as e:  # a second Ctrl-C: still wait, then re-raise
-                    interrupted = interrupted or e
+            pool.shutdown(wait=False, cancel_futures=True)
+        interrupted: KeyboardInterrupt | None = None
+        while pending := [f for f in self._submitted if not f.done()]:
+            try:
+                futures.wait(pending, timeout=0.1)
+            except KeyboardInterrupt as e:  # a second Ctrl-C: still wait, then re-raise
+                interrupted = interrupted or e
         if interrupted is not None:
             raise interrupted
+
+    def _submit(self, k: int, fn: Callable[..., Any], *args: Any) -> Future:
+        """``fn(*args)`` in host process ``k``; its future is kept until done, for :meth:`close`."""
+        try:
+            future = self._pools[k].submit(fn, *args)
+        except BrokenProcessPool:
+            raise _ended() from None
+        self._submitted = [f for f in self._submitted if not f.done()] + [future]
+        return future
 
 
 def _result(future: Future) -> Any:
     try:
         return future.result()
-    except BrokenProcessPool:
-        raise _ended() from None
-
-
-def _submit(pool: ProcessPoolExecutor, fn: Callable[..., Any], *args: Any) -> Future:
-    try:
-        return pool.submit(fn, *args)
     except BrokenProcessPool:
         raise _ended() from None
 

@@ -131,6 +131,9 @@ class LocalEngine:
                     job.score(window, on_batch)
                     writer.put(window)
                     yield from writer.results()
+            except Exception:  # the model or the reader failed: the parts written so far are kept
+                yield from writer.close()
+                raise
             finally:
                 done = writer.close()
             yield from done  # the parts before a failed one are committed: finished work is kept

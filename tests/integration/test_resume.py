@@ -383,6 +383,43 @@ def test_parts_finished_before_a_failed_write_are_committed(corpus, tiny_en_dir,
     assert not list(out.glob("*/_*"))
 
 
+class SlowFirst(PartWriter):
+    """The first part is slow to write."""
+
+    def _write_parquet(self, table, path):
+        if path.name.startswith("_part-000000000000"):
+            time.sleep(0.5)
+        super()._write_parquet(table, path)
+
+
+def test_parts_written_before_a_model_error_are_committed(corpus, tiny_en_dir, tmp_path, monkeypatch):
+    """The model fails on the second window while the first is still being written: the first part is
+    finished work, committed before the error ends the job."""
+    from bertattn_batch.errors import ModelError
+    from bertattn_batch.extract import WindowJob
+
+    score = WindowJob.score
+    calls = []
+
+    def failing_score(self, window, on_batch=None):
+        calls.append(window.start_row)
+        if len(calls) == 2:
+            raise ModelError("the model failed (simulated)")
+        return score(self, window, on_batch)
+
+    monkeypatch.setattr(WindowJob, "score", failing_score)
+    out = tmp_path / "run"
+    spec = JobSpec(
+        inputs=[str(corpus)], model=str(tiny_en_dir), out=str(out), id_col="doc_id", window=10, limit=30,
+        progress=False,
+    )  # fmt: skip
+    with pytest.raises(ModelError, match="simulated"):
+        run_job(spec, part_writer=SlowFirst)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [p["start_row"] for p in manifest["parts"]] == [0]
+    assert not list(out.glob("*/_*"))
+
+
 def test_failed_write_stops_cleanly_and_resumes(corpus, tiny_en_dir, reference, tmp_path):
     out = tmp_path / "run"
     spec = JobSpec(

@@ -4,6 +4,9 @@ the rerun resumes."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import host_probes
 import pytest
 import torch
@@ -134,3 +137,65 @@ def test_a_script_without_a_main_guard_fails_with_a_hint_instead_of_hanging(
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
     assert done.returncode == 1
     assert 'under `if __name__ == "__main__":`' in done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the processes in /proc")
+def test_host_processes_end_when_the_jobs_process_is_killed(drug_sample, tiny_en_dir, tmp_path):
+    """The job's process is the one the kernel kills when memory runs out: its host processes must not
+    live on, orphaned, each holding a tokenizer and windows."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    tests = Path(__file__).resolve().parents[2]
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(tests)!r})\n"
+        "import host_probes\n"
+        "from bertattn_batch import JobSpec, run_job\n"
+        "if __name__ == '__main__':\n"
+        f"    run_job(JobSpec(inputs=[{str(drug_sample)!r}], model={str(tiny_en_dir)!r},"
+        f" out={str(tmp_path / 'run')!r}, window=2, progress=False, host_processes=2),"
+        " part_writer=host_probes.Slow)\n"
+    )
+    job = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "PROBE_SLEEP": "2"})
+    try:
+        deadline = time.monotonic() + 120
+        hosts: list[int] = []
+        while len(hosts) < 2 and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.2)
+            hosts = [p for p in _children(job.pid) if b"spawn_main" in _cmdline(p)]
+        assert len(hosts) == 2, "the host processes did not start"
+        job.send_signal(signal.SIGKILL)
+        job.wait()
+        deadline = time.monotonic() + 15
+        while any(_alive(p) for p in hosts) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in hosts if _alive(p)]
+    finally:
+        job.kill()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
