@@ -359,30 +359,6 @@ class FullDisk(PartWriter):
         super()._write_parquet(table, path)
 
 
-class SlowThenFullDisk(FullDisk):
-    """The first part is slow to write, so that the second fails before the first is handed back."""
-
-    def _write_parquet(self, table, path):
-        if path.name.startswith("_part-000000000000"):
-            time.sleep(0.5)
-        super()._write_parquet(table, path)
-
-
-def test_parts_finished_before_a_failed_write_are_committed(corpus, tiny_en_dir, tmp_path):
-    """Two windows: the model is done with both while the first is still being written, and the second's
-    write fails. The first part is finished work: it is committed, not thrown away with the failure."""
-    out = tmp_path / "run"
-    spec = JobSpec(
-        inputs=[str(corpus)], model=str(tiny_en_dir), out=str(out), id_col="doc_id", window=10, limit=20,
-        progress=False,
-    )  # fmt: skip
-    with pytest.raises(WriteError, match="No space left on device"):
-        run_job(spec, part_writer=SlowThenFullDisk)
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert [p["start_row"] for p in manifest["parts"]] == [0]
-    assert not list(out.glob("*/_*"))
-
-
 class SlowFirst(PartWriter):
     """The first part is slow to write."""
 
@@ -392,29 +368,34 @@ class SlowFirst(PartWriter):
         super()._write_parquet(table, path)
 
 
-def test_parts_written_before_a_model_error_are_committed(corpus, tiny_en_dir, tmp_path, monkeypatch):
-    """The model fails on the second window while the first is still being written: the first part is
-    finished work, committed before the error ends the job."""
+class SlowThenFullDisk(SlowFirst, FullDisk):
+    """The first part is slow to write, and the second fails as a full disk would."""
+
+
+@pytest.mark.parametrize("failure", ["write", "model"])
+def test_parts_finished_before_a_failure_are_committed(failure, corpus, tiny_en_dir, tmp_path, monkeypatch):
+    """Two windows: the first is still being written when the second fails (its write, or the model on
+    it). The first part is finished work: it is committed before the error ends the job."""
     from bertattn_batch.errors import ModelError
     from bertattn_batch.extract import WindowJob
 
-    score = WindowJob.score
-    calls = []
+    if failure == "model":
+        score = WindowJob.score
 
-    def failing_score(self, window, on_batch=None):
-        calls.append(window.start_row)
-        if len(calls) == 2:
-            raise ModelError("the model failed (simulated)")
-        return score(self, window, on_batch)
+        def failing_score(self, window, on_batch=None):
+            if window.start_row == 10:
+                raise ModelError("the model failed (simulated)")
+            return score(self, window, on_batch)
 
-    monkeypatch.setattr(WindowJob, "score", failing_score)
+        monkeypatch.setattr(WindowJob, "score", failing_score)
     out = tmp_path / "run"
     spec = JobSpec(
-        inputs=[str(corpus)], model=str(tiny_en_dir), out=str(out), id_col="doc_id", window=10, limit=30,
+        inputs=[str(corpus)], model=str(tiny_en_dir), out=str(out), id_col="doc_id", window=10, limit=20,
         progress=False,
     )  # fmt: skip
-    with pytest.raises(ModelError, match="simulated"):
-        run_job(spec, part_writer=SlowFirst)
+    error = (WriteError, "No space left") if failure == "write" else (ModelError, "simulated")
+    with pytest.raises(error[0], match=error[1]):
+        run_job(spec, part_writer=SlowThenFullDisk if failure == "write" else SlowFirst)
     manifest = json.loads((out / "manifest.json").read_text())
     assert [p["start_row"] for p in manifest["parts"]] == [0]
     assert not list(out.glob("*/_*"))
