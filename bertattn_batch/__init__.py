@@ -15,41 +15,27 @@ stage when first used.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ._util import lazy_exports
 
 __version__ = "0.1.0"
 
-#: name -> (module, attribute): the public API, imported on first use.
+#: name -> module (or module:attribute): the public API, imported on first use.
 _API = {
-    "BertAttnError": ("errors", "BertAttnError"),
-    "JobSpec": ("config", "JobSpec"),
-    "FinetuneSpec": ("config", "FinetuneSpec"),
-    "load_job": ("config", "load_job"),
-    "tune_runtime": ("runtime", "tune_runtime"),
-    "run_job": ("engines", "run_job"),
-    "RunSummary": ("engines", "RunSummary"),
-    "read_manifest": ("run", "read_manifest"),
-    "validate_run": ("analysis.validate", "validate_run"),
-    "aggregate": ("analysis.aggregate", "aggregate"),
-    "build_report": ("render.report", "build_report"),
-    "plot_review": ("render.plot", "plot"),
-    "finetune": ("train", "finetune_files"),
-    "write_corpus": ("inputs.corpora", "write_corpus"),
+    "BertAttnError": "errors",
+    "JobSpec": "config",
+    "FinetuneSpec": "config",
+    "load_job": "config",
+    "tune_runtime": "runtime",
+    "run_job": "engines",
+    "RunSummary": "engines",
+    "read_manifest": "run",
+    "validate_run": "analysis.validate",
+    "aggregate": "analysis.aggregate",
+    "build_report": "render.report",
+    "plot_review": "render.plot:plot",
+    "finetune": "train:finetune_files",
+    "write_corpus": "inputs.corpora",
 }
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _API:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attr = _API[name]
-    value = getattr(importlib.import_module(f".{module}", __name__), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_API])
-
+__getattr__, __dir__ = lazy_exports(__name__, _API)
 
 __all__ = ["__version__", *_API]

@@ -34,7 +34,8 @@ def lazy_exports(
     package: str, exports: dict[str, str]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """A package's ``__getattr__`` and ``__dir__`` that import each name's module (``exports``: name ->
-    module, relative to ``package``) when the name is first asked for.
+    module relative to ``package``, or ``module:attribute`` where the name differs) when the name is
+    first asked for.
 
     So that importing one light module of a package does not import its heavy siblings: a host process
     (engines/host_processes.py) encodes and writes without torch or the model's code.
@@ -43,7 +44,8 @@ def lazy_exports(
     def __getattr__(name: str) -> Any:
         if name not in exports:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f".{exports[name]}", package), name)
+        module, _, attribute = exports[name].partition(":")
+        value = getattr(importlib.import_module(f".{module}", package), attribute or name)
         setattr(sys.modules[package], name, value)
         return value
 
