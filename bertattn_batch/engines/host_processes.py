@@ -106,7 +106,7 @@ class HostProcesses:
     ) -> Iterator[StagedPart]:
         """Each window's staged part, in row order. When a window fails, the parts of the windows
         before it are still handed back (finished work, to be committed), then its error is raised."""
-        from ..extract.score import score_batch  # torch, which the host processes do without
+        from ..extract.score import score_batches  # torch, which the host processes do without
 
         n = len(self._pools)
         prepared: deque[tuple[int, Future]] = deque()
@@ -126,8 +126,8 @@ class HostProcesses:
                     ids = _result(future)
                     t0 = time.perf_counter()
                     outputs = []
-                    for packed in ids:
-                        outputs.append(score_batch(self.clf, unpack_ids(packed)))
+                    for packed, out in zip(ids, score_batches(self.clf, map(unpack_ids, ids)), strict=True):
+                        outputs.append(out)
                         if on_batch is not None:
                             on_batch(len(packed[1]))
                     seconds = time.perf_counter() - t0

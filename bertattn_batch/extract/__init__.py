@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from .batching import bucket_batches
     from .job import PartStats, PassInfo, StagedPart, Window, WindowJob
     from .plan import BatchPlan
-    from .score import ModelStage, score_batch
+    from .score import ModelStage, score_batches
     from .tables import Extractor, ScoredRow, minmax_scale, vocab_array
     from .windows import Columns, WindowRows, iter_windows, select_rows
 
@@ -22,7 +22,7 @@ _EXPORTS = {
     "bucket_batches": "batching",
     **dict.fromkeys(["PartStats", "PassInfo", "StagedPart", "Window", "WindowJob"], "job"),
     "BatchPlan": "plan",
-    **dict.fromkeys(["ModelStage", "score_batch"], "score"),
+    **dict.fromkeys(["ModelStage", "score_batches"], "score"),
     **dict.fromkeys(["Extractor", "ScoredRow", "minmax_scale", "vocab_array"], "tables"),
     **dict.fromkeys(["Columns", "WindowRows", "iter_windows", "select_rows"], "windows"),
 }
@@ -43,7 +43,7 @@ __all__ = [
     "bucket_batches",
     "iter_windows",
     "minmax_scale",
-    "score_batch",
+    "score_batches",
     "select_rows",
     "vocab_array",
 ]

@@ -10,7 +10,7 @@ Usage::
     part = job.stage(window)
 
     window, ids = job.prepare(window_rows)   # or with the model in another process (host_processes.py)
-    outputs = [score_batch(clf, unpack_ids(packed)) for packed in ids]   # there
+    outputs = list(score_batches(clf, map(unpack_ids, ids)))          # there
     part = job.finish(window, outputs, model_seconds)
 
 The same object serves the local engine's threads and a Ray actor (engines/ray.py): only where its

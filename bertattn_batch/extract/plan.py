@@ -3,8 +3,8 @@
 Usage::
 
     plan = BatchPlan(window.rows, clf, batch_tokens=16384, max_batch_size=256)
-    for k, ids in enumerate(plan.batch_ids()):
-        plan.fill(k, score_batch(clf, ids))   # extract/score.py, where the model is
+    for k, outputs in enumerate(score_batches(clf, plan.batch_ids())):   # extract/score.py: the model
+        plan.fill(k, outputs)
 
 No torch here: a host process (engines/host_processes.py) plans and fills while the model runs in
 another process, and only packed token ids and the outputs cross between them.

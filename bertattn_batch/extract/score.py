@@ -1,33 +1,50 @@
-"""The model stage of a window: length buckets packed by a token budget, OOM answered by halving.
+"""The model stage of a window: length buckets packed by a token budget, queued on the device one
+batch ahead, OOM answered by halving.
 
 Usage::
 
     stage = ModelStage(clf, batch_tokens=16384, max_batch_size=256)
     real, slots = stage(window.rows)     # fills each scorable row's probs, cls_rows and cls_norms
 
-    outputs = score_batch(clf, ids)      # one batch (its halves, out of memory): see plan.py
+    for outputs in score_batches(clf, batches):   # each batch's (its halves', out of memory), in order
+        ...
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 
 from ..errors import ModelError
 from ..model import Classifier, Outputs
+from ..model.classifier import PendingOutputs
 from .plan import BatchPlan
 from .tables import ScoredRow
 
 log = logging.getLogger(__name__)
 
 
-def score_batch(clf: Classifier, ids: list[np.ndarray]) -> list[Outputs]:
-    """One padded batch's outputs; out of device memory, those of its halves, in order."""
+def score_batches(clf: Classifier, batches: Iterable[list[np.ndarray]]) -> Iterator[list[Outputs]]:
+    """Each batch's outputs (one, or its halves out of memory), in order. Batch ``k + 1`` is queued on
+    the device before batch ``k``'s outputs are read back, so that a GPU does not wait for the host
+    between batches."""
+    pending: list[PendingOutputs] | None = None
+    for ids in batches:
+        launched = launch_batch(clf, ids)
+        if pending is not None:
+            yield [p.result() for p in pending]
+        pending = launched
+    if pending is not None:
+        yield [p.result() for p in pending]
+
+
+def launch_batch(clf: Classifier, ids: list[np.ndarray]) -> list[PendingOutputs]:
+    """One padded batch queued on the device; out of device memory, its halves, in order."""
     try:
-        return [clf.forward(ids)]
+        return [clf.launch(ids)]
     except torch.OutOfMemoryError:
         if len(ids) == 1:
             raise ModelError(
@@ -38,12 +55,12 @@ def score_batch(clf: Classifier, ids: list[np.ndarray]) -> list[Outputs]:
             torch.cuda.empty_cache()
         half = len(ids) // 2
         log.warning("out of memory on a batch of %d reviews; retrying in halves", len(ids))
-        return score_batch(clf, ids[:half]) + score_batch(clf, ids[half:])
+        return launch_batch(clf, ids[:half]) + launch_batch(clf, ids[half:])
 
 
 class ModelStage:
-    """Scores windows in this process: a :class:`BatchPlan` per window, each batch through
-    :func:`score_batch`."""
+    """Scores windows in this process: a :class:`BatchPlan` per window, its batches through
+    :func:`score_batches`."""
 
     def __init__(self, clf: Classifier, batch_tokens: int, max_batch_size: int) -> None:
         self.clf = clf
@@ -56,8 +73,8 @@ class ModelStage:
         """Fill probs, cls_rows and cls_norms of a window's scorable rows; returns (real tokens, padded
         slots). ``on_batch(n)`` is called after each batch of ``n`` reviews (a progress bar)."""
         plan = BatchPlan(rows, self.clf, self.batch_tokens, self.max_batch_size)
-        for k, ids in enumerate(plan.batch_ids()):
-            plan.fill(k, score_batch(self.clf, ids))
+        for k, outputs in enumerate(score_batches(self.clf, plan.batch_ids())):
+            plan.fill(k, outputs)
             if on_batch is not None:
-                on_batch(len(ids))
+                on_batch(len(plan.batches[k]))
         return plan.real, plan.slots

@@ -4,6 +4,7 @@ Usage::
 
     clf = Classifier.load("models/zh-senti", layers=[-2])
     out = clf.forward([enc.ids for enc in encoded])   # out.probs (B, C), out.rows (B, L, H, S), ...
+    pending = clf.launch(ids)                          # queued on the device; pending.result() later
 
 This module knows nothing of files or schemas: it turns token ids into probabilities and [CLS]
 attention rows. In sdpa mode the last layer's attention and what follows it run for [CLS] only
@@ -238,10 +239,16 @@ class Classifier:
             t_ids, t_mask = t_ids.pin_memory(), t_mask.pin_memory()
         return t_ids.to(self.device, non_blocking=True), t_mask.to(self.device, non_blocking=True)
 
-    @torch.inference_mode()
     def forward(self, ids: list[np.ndarray]) -> Outputs:
         """Probabilities, [CLS] rows, their norm-based weights and (where asked for) value zeroing for
         one padded batch."""
+        return self.launch(ids).result()
+
+    @torch.inference_mode()
+    def launch(self, ids: list[np.ndarray]) -> PendingOutputs:
+        """Queue one padded batch on the device and return at once: :meth:`PendingOutputs.result` waits
+        for its outputs. Queueing the next batch before reading this one back keeps a GPU busy while the
+        host copies and hands on the outputs (extract/score.py); on the CPU the work is done here."""
         input_ids, mask = self.pad(ids)
         if self._capture is None:
             self._capture = ClsRowCapture(self.model, self.layers)
@@ -257,13 +264,8 @@ class Classifier:
         zeroing = capture.value_zeroing(rows) if self.value_zeroing else None
         probs = torch.softmax(out.logits.float(), dim=-1)
         outputs = [probs, rows, norms] + ([zeroing] if zeroing is not None else [])
-        if not all(torch.isfinite(t).all() for t in outputs):
-            raise ModelError(
-                f"{self.source} gives non-finite outputs (NaN or infinity) for this batch of {len(ids)} "
-                "reviews: its weights are damaged or its training diverged"
-                + ("; in float16, try --dtype bfloat16 or float32" if self.dtype == torch.float16 else "")
-            )
-        return Outputs(*(t.cpu().numpy() for t in outputs))
+        finite = torch.stack([torch.isfinite(t).all() for t in outputs]).all()  # on the device: no wait
+        return PendingOutputs(self, len(ids), [t.to("cpu", non_blocking=True) for t in [finite, *outputs]])
 
     @torch.inference_mode()
     def probabilities(self, ids: list[np.ndarray]) -> np.ndarray:
@@ -284,6 +286,31 @@ class Classifier:
             p = torch.softmax(logits.float(), dim=-1).gather(1, chosen).sum()
             (grad,) = torch.autograd.grad(p, embeds)
         return ((grad * embeds).float().sum(-1) * mask).detach().cpu().numpy()
+
+
+class PendingOutputs:
+    """One batch's outputs on their way to the host: copies into pinned memory that the device makes
+    after the batch's kernels, and an event that says when they are done."""
+
+    def __init__(self, clf: Classifier, size: int, host: list[torch.Tensor]) -> None:
+        self._clf, self._size, self._host = clf, size, host
+        self._done = torch.cuda.Event() if clf.device.type == "cuda" else None
+        if self._done is not None:
+            self._done.record()
+
+    def result(self) -> Outputs:
+        """The batch's outputs as float32 numpy arrays, once the device has copied them."""
+        if self._done is not None:
+            self._done.synchronize()
+        finite, *outputs = self._host
+        if not bool(finite):
+            clf = self._clf
+            raise ModelError(
+                f"{clf.source} gives non-finite outputs (NaN or infinity) for this batch of {self._size} "
+                "reviews: its weights are damaged or its training diverged"
+                + ("; in float16, try --dtype bfloat16 or float32" if clf.dtype == torch.float16 else "")
+            )
+        return Outputs(*(t.numpy() for t in outputs))
 
 
 def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list[int]:

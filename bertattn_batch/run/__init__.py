@@ -1,5 +1,14 @@
-"""The run directory: its layout, its typed manifest, the life cycle of its parts, and resuming."""
+"""The run directory: its layout, its typed manifest, the life cycle of its parts, and resuming.
 
+The polars views (``views.py``) are imported on first use (``_util.lazy_exports``): writing a run needs
+no polars, so a job's process and its host processes never load it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._util import lazy_exports
 from .layout import (
     AGGREGATES_DIR,
     COMMIT_LOG,
@@ -28,7 +37,12 @@ from .parts import CommittedPart, PartWriter, check_part_file, committed_files, 
 from .resume import ResumePoint, input_changes, resume_point
 from .rundir import RunDir, old_manifest
 from .stored import StoredRunDir, run_dir_class
-from .views import TOKEN_COLUMNS, TOKEN_KEY, attention_rows, scan_attention, scan_parts
+
+if TYPE_CHECKING:
+    from .views import TOKEN_COLUMNS, TOKEN_KEY, attention_rows, scan_attention, scan_parts
+
+_VIEWS = ["TOKEN_COLUMNS", "TOKEN_KEY", "attention_rows", "scan_attention", "scan_parts"]
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(_VIEWS, "views"))
 
 __all__ = [
     "AGGREGATES_DIR",

@@ -100,6 +100,8 @@ def test_repeated_corpus_has_no_ids_and_cycles(drug_sample, tmp_path):
     texts = table.column("text").to_pylist()
     assert texts[: src.num_rows] == src.column("text").to_pylist()
     assert texts[src.num_rows : 2 * src.num_rows] == src.column("text").to_pylist()
+    with_ids = pq.read_table(bench.repeated_corpus(Path(drug_sample), 60, tmp_path / "ids.parquet", ids=True))
+    assert with_ids.column("doc_id").to_pylist() == [str(i) for i in range(60)]
 
 
 # -- the batching the bench measures: cuts that minimise padding plus a per-batch cost ----------------

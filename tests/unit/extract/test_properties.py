@@ -5,6 +5,7 @@ Run: ``.venv/bin/python -m pytest -q tests/test_properties.py`` (a few seconds; 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from unittest import mock
 
 import numpy as np
@@ -98,6 +99,11 @@ class PaddedRowsModel:
         self.labels = [f"label-{i}" for i in range(labels)]
         self.layers = list(range(layers))
         self.num_heads = heads
+
+    def launch(self, ids: list[np.ndarray]) -> SimpleNamespace:
+        """Classifier.launch's stand-in: the outputs at once, behind the same ``result()``."""
+        outputs = self.forward(ids)
+        return SimpleNamespace(result=lambda: outputs)
 
     def forward(self, ids: list[np.ndarray]) -> Outputs:
         rows = [self.truth[int(x[1])] for x in ids]
