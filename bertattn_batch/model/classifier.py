@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import ModelError, SpecError, first_line
 from .capture import ClsRowCapture, eager_rows, find_self_attention
@@ -45,6 +46,12 @@ from .outputs import Outputs
 from .trim import LastLayerTrim, verified
 
 log = logging.getLogger(__name__)
+
+#: The SDPA kernels a batch may run: all but cuDNN's. torch 2.11 tries cuDNN first on Hopper and newer
+#: GPUs for a padded batch, and cuDNN builds an execution plan for every new (batch, length) shape, which
+#: took longer than the batch itself on an H200; length-bucketed batches come in hundreds of shapes
+#: (docs/performance.md, GPU).
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def resolve_device(device: str) -> torch.device:
@@ -257,7 +264,7 @@ class Classifier:
                 out = self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
             rows = eager_rows(out.attentions, self.layers)
         else:
-            with self._capture as capture, self.trim or contextlib.nullcontext():
+            with self._capture as capture, self.trim or contextlib.nullcontext(), sdpa_kernel(SDPA_BACKENDS):
                 out = self.model(input_ids=input_ids, attention_mask=mask)
             rows = capture.rows(mask)
         norms = capture.norms(rows)
@@ -271,7 +278,7 @@ class Classifier:
     def probabilities(self, ids: list[np.ndarray]) -> np.ndarray:
         """Probabilities (B, C) float32 alone, for one padded batch: no attention captured."""
         input_ids, mask = self.pad(ids)
-        with self.trim or contextlib.nullcontext():
+        with self.trim or contextlib.nullcontext(), sdpa_kernel(SDPA_BACKENDS):
             logits = self.model(input_ids=input_ids, attention_mask=mask).logits
         return torch.softmax(logits.float(), dim=-1).cpu().numpy()
 
@@ -279,7 +286,7 @@ class Classifier:
         """Gradient × input (B, S) float32 for one padded batch: for each token, the dot product of its
         input embedding with the gradient of p(``classes[b]``) with respect to it; 0 on padding."""
         input_ids, mask = self.pad(ids)
-        with torch.enable_grad():
+        with torch.enable_grad(), sdpa_kernel(SDPA_BACKENDS):
             embeds = self.model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
             logits = self.model(inputs_embeds=embeds, attention_mask=mask).logits
             chosen = torch.as_tensor(classes, device=logits.device)[:, None]

@@ -1,0 +1,40 @@
+"""Every forward the classifier runs keeps cuDNN's SDPA kernel out: on Hopper and newer GPUs torch 2.11
+tries it first for a padded batch, and it builds an execution plan for each new (batch, length) shape,
+slower than the batch itself. The flags are process-wide, so the check runs here, on the CPU: they are
+what a CUDA device would read at each SDPA call."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bertattn_batch.model import Classifier, encode_texts
+
+
+@pytest.fixture
+def cudnn_at_each_call(monkeypatch) -> list[bool]:
+    """Whether cuDNN's SDPA kernel was allowed at each SDPA call."""
+    seen: list[bool] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    return seen
+
+
+def test_no_forward_lets_cudnn_attention_run(tiny_en_dir, drug_rows, cudnn_at_each_call):
+    clf = Classifier.load(str(tiny_en_dir), device="cpu")
+    assert clf.trim is not None  # the trimmed last layer calls SDPA through its own function
+    ids = [e.ids for e in encode_texts(clf.tokenizer, [r["text"][:300] for r in drug_rows[:5]], 64)]
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    cudnn_at_each_call.clear()  # the load's probe of the trim
+    clf.forward(ids)
+    clf.probabilities(ids)
+    clf.gradient_x_input(ids, np.zeros(len(ids), np.int64))
+    layers = clf.num_layers
+    assert len(cudnn_at_each_call) == 3 * layers and not any(cudnn_at_each_call)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # put back for the rest of the process
