@@ -141,7 +141,11 @@ def extract(
         ),
     ] = True,
     batch_tokens: Annotated[
-        int, typer.Option(rich_help_panel="Batches", help="Padded tokens per model batch.")
+        int,
+        typer.Option(
+            rich_help_panel="Batches",
+            help="Padded tokens per model batch. A GPU wants more: on an H200 a bert-base model scored 28% faster with 65536 (and --max-batch-size 1024).",
+        ),
     ] = 16384,
     max_batch_size: Annotated[
         int, typer.Option(rich_help_panel="Batches", help="Reviews per model batch at most.")
