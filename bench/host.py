@@ -89,6 +89,7 @@ def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path 
         host_processes=host_processes,
     )  # fmt: skip
     try:
+        faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0, cpu0 = time.perf_counter(), time.process_time()
         summary = run_job(spec, progress=False)
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
@@ -97,13 +98,15 @@ def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path 
     while multiprocessing.active_children():  # the host processes end just after the run: wait for them
         time.sleep(0.01)
     hosts = resource.getrusage(resource.RUSAGE_CHILDREN)  # ... so that their CPU time is counted here
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
     attn_rows = (summary.tokens - 2 * summary.scored) * HEADS  # content tokens, each in every head
     meta = torch.device("meta")
     processes = local.host_processes(host_processes, meta)
     plan = {"host_processes": processes} if processes else vars(local.feed_plan(meta))
     return {"reviews": summary.input_rows, "wall_s": wall, "seconds": summary.seconds, "attn_rows": attn_rows,
             "cores": len(os.sched_getaffinity(0)), "plan": plan, "cpu_s": round(cpu, 3),
-            "host_processes_cpu_s": round(hosts.ru_utime + hosts.ru_stime, 3)}  # fmt: skip
+            "host_processes_cpu_s": round(hosts.ru_utime + hosts.ru_stime, 3),
+            "page_faults": faults, "host_processes_page_faults": hosts.ru_minflt}  # fmt: skip
 
 
 def main() -> None:
@@ -157,6 +160,7 @@ def main() -> None:
                 if processes
                 else ""
             )
+            + f"; minor page faults per review {(r['page_faults'] + r['host_processes_page_faults']) / r['reviews']:.1f}"
         )
     top, low = max(counts), min(counts)
     best = {c: max((key for key in results if key[0] == c), key=rate.__getitem__) for c in counts}
