@@ -399,12 +399,15 @@ def _sync(device: torch.device) -> None:
 # -- the methods ---------------------------------------------------------------------------------------
 
 
-def matmul_flops(config: Any, batches: Sequence[tuple[int, int]]) -> float:
+def matmul_flops(config: Any, batches: Sequence[tuple[int, int]], trimmed: bool = False) -> float:
     """Forward FLOPs of an encoder over padded (batch, length) blocks: 2 x matmul params per token plus
-    the attention products (q.k and weights.v: 4 x length x hidden per token and layer)."""
+    the attention products (q.k and weights.v: 4 x length x hidden per token and layer). ``trimmed``:
+    the last layer runs for [CLS] alone (model/trim.py), so of it only the keys and values of every
+    token count (the one query a review is left out)."""
     h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    per_token = 2 * layers * (4 * h * h + 2 * h * i)
-    return float(sum(b * s * (per_token + 4 * layers * s * h) for b, s in batches))
+    full = layers - 1 if trimmed else layers
+    per_token = 2 * full * (4 * h * h + 2 * h * i) + (2 * 2 * h * h if trimmed else 0)
+    return float(sum(b * s * (per_token + 4 * full * s * h) for b, s in batches))
 
 
 def _batch_shapes(lengths: Sequence[int], batches: Sequence[np.ndarray]) -> list[tuple[int, int]]:

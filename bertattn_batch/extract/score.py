@@ -51,11 +51,12 @@ def launch_batch(clf: Classifier, ids: list[np.ndarray]) -> list[PendingOutputs]
                 f"out of memory on a single review of {len(ids[0])} tokens; "
                 "lower --max-length or use a device with more memory"
             ) from None
-        if clf.device.type == "cuda":
-            torch.cuda.empty_cache()
-        half = len(ids) // 2
-        log.warning("out of memory on a batch of %d reviews; retrying in halves", len(ids))
-        return launch_batch(clf, ids[:half]) + launch_batch(clf, ids[half:])
+    # retried outside the except block, whose traceback holds the failed forward's activations
+    if clf.device.type == "cuda":
+        torch.cuda.empty_cache()
+    half = len(ids) // 2
+    log.warning("out of memory on a batch of %d reviews; retrying in halves", len(ids))
+    return launch_batch(clf, ids[:half]) + launch_batch(clf, ids[half:])
 
 
 class ModelStage:

@@ -18,14 +18,15 @@ import contextlib
 import hashlib
 import logging
 import pickle
+import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import ModelError, SpecError, first_line
 from .capture import ClsRowCapture, eager_rows, find_self_attention
@@ -47,11 +48,30 @@ from .trim import LastLayerTrim, verified
 
 log = logging.getLogger(__name__)
 
-#: The SDPA kernels a batch may run: all but cuDNN's. torch 2.11 tries cuDNN first on Hopper and newer
-#: GPUs for a padded batch, and cuDNN builds an execution plan for every new (batch, length) shape, which
-#: took longer than the batch itself on an H200; length-bucketed batches come in hundreds of shapes
-#: (docs/performance.md, GPU).
-SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_cudnn_lock = threading.Lock()
+_cudnn_users = 0
+_cudnn_was = True
+
+
+@contextlib.contextmanager
+def no_cudnn_attention() -> Iterator[None]:
+    """SDPA without cuDNN's kernel while any thread is inside (the flag is process-wide, so the last one
+    out puts it back). torch 2.11 tries cuDNN first on Hopper and newer GPUs for a padded batch, and
+    cuDNN builds an execution plan for every new (batch, length) shape, which took longer than the batch
+    itself on an H200; length-bucketed batches come in hundreds of shapes (docs/performance.md, GPU)."""
+    global _cudnn_users, _cudnn_was
+    with _cudnn_lock:
+        if _cudnn_users == 0:
+            _cudnn_was = torch.backends.cuda.cudnn_sdp_enabled()
+            torch.backends.cuda.enable_cudnn_sdp(False)
+        _cudnn_users += 1
+    try:
+        yield
+    finally:
+        with _cudnn_lock:
+            _cudnn_users -= 1
+            if _cudnn_users == 0:
+                torch.backends.cuda.enable_cudnn_sdp(_cudnn_was)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -195,8 +215,9 @@ class Classifier:
             log.warning("%s: labels are named LABEL_n; is the classification head trained?", source)
         limit = _max_length(max_length, tokenizer, config)
         trim = LastLayerTrim.find(model) if trim_last_layer and attention != "eager" else None
-        if trim is not None and not verified(model, trim, len(tokenizer), dev, limit):  # within vocab_size
-            trim = None
+        if trim is not None:
+            with no_cudnn_attention():  # the kernels the batches run
+                trim = trim if verified(model, trim, len(tokenizer), dev, limit) else None  # within vocab
         return cls(
             tokenizer=tokenizer,
             model=model,
@@ -264,7 +285,7 @@ class Classifier:
                 out = self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
             rows = eager_rows(out.attentions, self.layers)
         else:
-            with self._capture as capture, self.trim or contextlib.nullcontext(), sdpa_kernel(SDPA_BACKENDS):
+            with self._capture as capture, self.trim or contextlib.nullcontext(), no_cudnn_attention():
                 out = self.model(input_ids=input_ids, attention_mask=mask)
             rows = capture.rows(mask)
         norms = capture.norms(rows)
@@ -272,13 +293,14 @@ class Classifier:
         probs = torch.softmax(out.logits.float(), dim=-1)
         outputs = [probs, rows, norms] + ([zeroing] if zeroing is not None else [])
         finite = torch.stack([torch.isfinite(t).all() for t in outputs]).all()  # on the device: no wait
-        return PendingOutputs(self, len(ids), [t.to("cpu", non_blocking=True) for t in [finite, *outputs]])
+        cuda = self.device.type == "cuda"  # elsewhere (mps) a copy is waited for here: no event to wait on
+        return PendingOutputs(self, len(ids), [t.to("cpu", non_blocking=cuda) for t in [finite, *outputs]])
 
     @torch.inference_mode()
     def probabilities(self, ids: list[np.ndarray]) -> np.ndarray:
         """Probabilities (B, C) float32 alone, for one padded batch: no attention captured."""
         input_ids, mask = self.pad(ids)
-        with self.trim or contextlib.nullcontext(), sdpa_kernel(SDPA_BACKENDS):
+        with self.trim or contextlib.nullcontext(), no_cudnn_attention():
             logits = self.model(input_ids=input_ids, attention_mask=mask).logits
         return torch.softmax(logits.float(), dim=-1).cpu().numpy()
 
@@ -286,7 +308,7 @@ class Classifier:
         """Gradient × input (B, S) float32 for one padded batch: for each token, the dot product of its
         input embedding with the gradient of p(``classes[b]``) with respect to it; 0 on padding."""
         input_ids, mask = self.pad(ids)
-        with torch.enable_grad(), sdpa_kernel(SDPA_BACKENDS):
+        with torch.enable_grad(), no_cudnn_attention():
             embeds = self.model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
             logits = self.model(inputs_embeds=embeds, attention_mask=mask).logits
             chosen = torch.as_tensor(classes, device=logits.device)[:, None]
@@ -302,8 +324,8 @@ class PendingOutputs:
     def __init__(self, clf: Classifier, size: int, host: list[torch.Tensor]) -> None:
         self._clf, self._size, self._host = clf, size, host
         self._done = torch.cuda.Event() if clf.device.type == "cuda" else None
-        if self._done is not None:
-            self._done.record()
+        if self._done is not None:  # on the stream of the model's device, which the copies went into
+            self._done.record(torch.cuda.current_stream(clf.device))
 
     def result(self) -> Outputs:
         """The batch's outputs as float32 numpy arrays, once the device has copied them."""

@@ -5,11 +5,14 @@ what a CUDA device would read at each SDPA call."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
 
 from bertattn_batch.model import Classifier, encode_texts
+from bertattn_batch.model.classifier import no_cudnn_attention
 
 
 @pytest.fixture
@@ -38,3 +41,22 @@ def test_no_forward_lets_cudnn_attention_run(tiny_en_dir, drug_rows, cudnn_at_ea
     layers = clf.num_layers
     assert len(cudnn_at_each_call) == 3 * layers and not any(cudnn_at_each_call)
     assert torch.backends.cuda.cudnn_sdp_enabled()  # put back for the rest of the process
+
+
+def test_the_flag_stays_off_while_any_thread_is_inside_and_comes_back_after():
+    inside, leave = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with no_cudnn_attention():
+            inside.set()
+            leave.wait()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    inside.wait()
+    with no_cudnn_attention():
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        leave.set()
+        thread.join()  # the other thread left first: still off for this one
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled()
