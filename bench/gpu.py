@@ -55,6 +55,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
+from transformers import AutoConfig  # noqa: E402
 
 import bench  # noqa: E402  (bench/bench.py: the shared model builders and the peak table)
 from bertattn_batch import JobSpec, run_job  # noqa: E402
@@ -135,7 +136,7 @@ def job_weights(run: Path, n_heads: int) -> tuple[int, dict[int, np.ndarray], np
 def correctness(corpus: Path, model: Path, device: str, n: int, tmp: Path) -> dict[str, Any]:
     inputs = sample(corpus, n, tmp / "oracle.parquet")
     texts = pq.read_table(inputs, columns=["text"])["text"].to_pylist()
-    heads = Classifier.load(str(model), device="cpu").num_heads
+    heads = AutoConfig.from_pretrained(model).num_attention_heads
     want_w: list[np.ndarray] | None = None
     out: dict[str, Any] = {"reviews": n, "model": model.name, "corpus": corpus.name}
     for dtype in ("float32", "bfloat16"):
@@ -164,20 +165,15 @@ def correctness(corpus: Path, model: Path, device: str, n: int, tmp: Path) -> di
 # -- (b) speed --------------------------------------------------------------------------------------------
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def best_seconds(run: Callable[[], None], device: torch.device, rounds: int) -> float:
     """The best of ``rounds`` timed calls, after one untimed call (kernels for new shapes)."""
     run()
-    _sync(device)
+    bench._sync(device)
     best = float("inf")
     for _ in range(rounds):
         t0 = time.perf_counter()
         run()
-        _sync(device)
+        bench._sync(device)
         best = min(best, time.perf_counter() - t0)
     return best
 
