@@ -36,8 +36,10 @@ import argparse
 import contextlib
 import faulthandler
 import json
+import multiprocessing
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -235,9 +237,12 @@ def end_to_end(
 ) -> dict[str, Any]:
     """One job; its rates over its whole time, and less its model load (which a longer run spreads
     over more reviews)."""
-    t0 = time.perf_counter()
+    t0, cpu0, host0 = time.perf_counter(), time.process_time(), _children_cpu()
     summary = job(inputs, model, out, device, dtype, **options)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    while multiprocessing.active_children():  # host processes end just after the job: count their time
+        time.sleep(0.01)
+    host_cpu = _children_cpu() - host0
     running = wall - summary.seconds.get("load", 0.0)
     stage_s = summary.seconds.get("model", running)
     return {
@@ -252,7 +257,14 @@ def end_to_end(
         "stage_reviews_per_s": summary.scored / stage_s,
         "e2e_vs_stage": stage_s / running,
         "seconds": summary.seconds,
+        "model_process_cpu_us_per_review": 1e6 * cpu / summary.scored,
+        "host_processes_cpu_us_per_review": 1e6 * host_cpu / summary.scored,
     }
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def speed(args: argparse.Namespace, tmp: Path, report: Callable[[str, Any], None]) -> None:
@@ -399,6 +411,8 @@ def lines_of(name: str, r: dict[str, Any]) -> list[str]:
             f"      its model stage {r['stage_reviews_per_s']:,.0f} reviews/s; end to end less load = "
             f"{r['e2e_vs_stage']:.2f}x the model stage (target {TARGET_E2E_VS_STAGE}x)",
             f"      seconds: {json.dumps(r['seconds'])}",
+            f"      CPU per review: {r['model_process_cpu_us_per_review']:.0f} µs in the model's process, "
+            f"{r['host_processes_cpu_us_per_review']:.0f} µs in host processes",
         ]
     if name == "compile":
         return [f"(c) torch.compile, batch {r['batch']} x {r['length']} tokens: eager SDPA {r['eager_ms']:.2f} ms, "
