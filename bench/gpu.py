@@ -186,12 +186,17 @@ def stage_alone(
     peak: float | None,
     batch_tokens: int = bench.BATCH_TOKENS,
     ways: tuple[str, ...] = ("sync", "ahead", "ceiling"),
+    window: int = JobSpec.window,
 ) -> dict[str, Any]:
-    """The model stage on reviews encoded beforehand, in batches of up to ``batch_tokens`` tokens, the
-    given ways (module docstring)."""
+    """The model stage on reviews encoded beforehand, the given ways (module docstring), in the batches
+    a job makes: each ``window`` of reviews cut into batches of up to ``batch_tokens`` tokens."""
     lengths = [e.n_tokens for e in encoded]
     max_batch = max(bench.MAX_BATCH_SIZE, batch_tokens // 64)  # a bigger budget is not capped by count
-    batches = [[encoded[i].ids for i in idx] for idx in bucket_batches(lengths, batch_tokens, max_batch)]
+    batches = [
+        [encoded[start + i].ids for i in idx]
+        for start in range(0, len(encoded), window)
+        for idx in bucket_batches(lengths[start : start + window], batch_tokens, max_batch)
+    ]
     shapes = [(len(b), max(len(x) for x in b)) for b in batches]
 
     def sync() -> None:
@@ -216,6 +221,7 @@ def stage_alone(
     padded = bench.matmul_flops(clf.model.config, shapes, trimmed)
     out: dict[str, Any] = {
         "reviews": len(encoded), "tokens": sum(lengths), "batches": len(batches), "batch_tokens": batch_tokens,
+        "window": window,
         "padding_share": 1 - sum(lengths) / sum(b * s for b, s in shapes),
     }  # fmt: skip
     methods = {"sync": sync, "ahead": ahead, "ceiling": ceiling}
@@ -237,9 +243,10 @@ def end_to_end(
 ) -> dict[str, Any]:
     """One job; its rates over its whole time, and less its model load (which a longer run spreads
     over more reviews)."""
-    t0, cpu0, host0 = time.perf_counter(), time.process_time(), _children_cpu()
+    t0, cpu0, host0, machine0 = time.perf_counter(), time.process_time(), _children_cpu(), _machine_cpu()
     summary = job(inputs, model, out, device, dtype, **options)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    busy, total = (a - b for a, b in zip(_machine_cpu(), machine0, strict=True))
     while multiprocessing.active_children():  # host processes end just after the job: count their time
         time.sleep(0.01)
     host_cpu = _children_cpu() - host0
@@ -259,7 +266,19 @@ def end_to_end(
         "seconds": summary.seconds,
         "model_process_cpu_us_per_review": 1e6 * cpu / summary.scored,
         "host_processes_cpu_us_per_review": 1e6 * host_cpu / summary.scored,
+        "machine_cpu_busy_share": busy / total if total else None,
+        "options": options,
     }
+
+
+def _machine_cpu() -> tuple[int, int]:
+    """Busy and total jiffies of all the machine's CPUs so far (/proc/stat; zeros elsewhere)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return 0, 0
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
 
 
 def _children_cpu() -> float:
@@ -283,7 +302,8 @@ def speed(args: argparse.Namespace, tmp: Path, report: Callable[[str, Any], None
         encoded = encode_texts(clf.tokenizer, stage_texts, clf.max_length)
         for k, budget in enumerate(args.batch_tokens):
             part = "stage" if k == 0 else f"stage_{budget}"
-            report(part, stage_alone(clf, encoded, peak, budget, tuple(args.ways)))
+            window = args.stage_windows[min(k, len(args.stage_windows) - 1)]
+            report(part, stage_alone(clf, encoded, peak, budget, tuple(args.ways), window))
     del clf
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -293,8 +313,9 @@ def speed(args: argparse.Namespace, tmp: Path, report: Callable[[str, Any], None
     with stall_watch(args.stall_seconds):
         if "e2e" in args.parts:
             inputs = sample(args.corpus, args.rows, tmp / "speed.parquet")
-            options = {} if args.host_processes is None else {"host_processes": args.host_processes}
-            report("e2e", end_to_end(inputs, model, args.device, dtype, tmp / "speed", **options))
+            for k, options in enumerate(args.e2e):
+                part = "e2e" if k == 0 else f"e2e_{k + 1}"
+                report(part, end_to_end(inputs, model, args.device, dtype, tmp / "speed", **options))
         if "threads" in args.parts and args.threads_rows:
             inputs = sample(args.corpus, args.threads_rows, tmp / "threads.parquet")
             report(
@@ -388,7 +409,7 @@ def lines_of(name: str, r: dict[str, Any]) -> list[str]:
                 f"{r['last_layer_trim']}, dense bf16 peak " + (f"{peak:.0f} TFLOP/s" if peak else "unknown")]  # fmt: skip
     if name.startswith("stage"):
         out = [f"    model stage alone: {r['reviews']:,} reviews, {r['tokens']:,} tokens in {r['batches']} batches "
-            f"of up to {r['batch_tokens']:,} tokens, "
+               f"of up to {r['batch_tokens']:,} tokens (windows of {r.get('window', 'all the'):,} reviews), "
                f"padding {r['padding_share']:.1%}"]  # fmt: skip
         for way in ("sync", "ahead", "ceiling"):
             if way not in r:
@@ -399,20 +420,23 @@ def lines_of(name: str, r: dict[str, Any]) -> list[str]:
                        f"{w['tflops']:6.1f} TFLOP/s{share}")  # fmt: skip
         out.append(f"      target: ahead at {TARGET_PEAK_SHARE:.0%} of peak or more")
         return out
-    if name in ("e2e", "e2e_threads"):
+    if name.startswith("e2e"):
         engine = r["engine"] or {}
         how = (
             f"{engine.get('host_processes', 0)} host processes" if engine.get("host_processes") else "threads"
         )
+        asked = "".join(f", {k} {v}" for k, v in r.get("options", {}).items() if k != "host_processes")
         return [
-            f"    end to end ({how}): {r['reviews']:,} reviews, {r['tokens']:,} tokens, padding {r['padding_share']:.1%}",
+            f"    end to end ({how}{asked}): {r['reviews']:,} reviews, {r['tokens']:,} tokens, "
+            f"padding {r['padding_share']:.1%}",
             f"      {r['e2e_reviews_per_s']:,.0f} reviews/s, {r['e2e_tokens_per_s']:,.0f} tokens/s in {r['wall_s']:.1f} s; "
             f"less the model's load {r['e2e_less_load_reviews_per_s']:,.0f} reviews/s",
             f"      its model stage {r['stage_reviews_per_s']:,.0f} reviews/s; end to end less load = "
             f"{r['e2e_vs_stage']:.2f}x the model stage (target {TARGET_E2E_VS_STAGE}x)",
             f"      seconds: {json.dumps(r['seconds'])}",
             f"      CPU per review: {r['model_process_cpu_us_per_review']:.0f} µs in the model's process, "
-            f"{r['host_processes_cpu_us_per_review']:.0f} µs in host processes",
+            f"{r['host_processes_cpu_us_per_review']:.0f} µs in host processes; the machine's CPUs "
+            f"{r['machine_cpu_busy_share']:.0%} busy",
         ]
     if name == "compile":
         return [f"(c) torch.compile, batch {r['batch']} x {r['length']} tokens: eager SDPA {r['eager_ms']:.2f} ms, "
@@ -426,6 +450,10 @@ def _names(text: str) -> list[str]:
 
 def _ints(text: str) -> list[int]:
     return [int(t) for t in _names(text)]
+
+
+def _options(text: str) -> dict[str, int]:
+    return {key: int(value) for key, value in (item.split("=", 1) for item in _names(text))}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -451,13 +479,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--ways", type=_names, default=["sync", "ahead", "ceiling"], help="the stage alone's ways"
     )
     ap.add_argument(
-        "--host-processes", type=int, default=None, help="of the end-to-end run (default: the job's)"
-    )
+        "--stage-windows", type=_ints, default=[JobSpec.window],
+        help="rows per window of the stage alone, one per token budget (the last one for the rest)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--e2e", type=_options, action="append", default=None, metavar="KEY=VALUE,...",
+        help="job options of an end-to-end run (host_processes, batch_tokens, max_batch_size, window); "
+        "repeat for more runs over the same reviews (default: one run with the job's defaults)",
+    )  # fmt: skip
     ap.add_argument(
         "--stall-seconds", type=float, default=0, help="dump every thread's stack this often in a run"
     )
     ap.add_argument("--out", type=Path, default=None, help="JSON (default bench/results/<device>-gpu.json)")
     args = ap.parse_args(argv)
+    args.e2e = args.e2e or [{}]
     for needed in (args.corpus, args.oracle_model):
         if not needed.exists():
             raise SystemExit(f"{needed} is missing: run make extract first (or carry it to this machine)")

@@ -323,7 +323,8 @@ class PendingOutputs:
 
     def __init__(self, clf: Classifier, size: int, host: list[torch.Tensor]) -> None:
         self._clf, self._size, self._host = clf, size, host
-        self._done = torch.cuda.Event() if clf.device.type == "cuda" else None
+        # blocking: the waiting thread sleeps rather than spinning on a core that the host side needs
+        self._done = torch.cuda.Event(blocking=True) if clf.device.type == "cuda" else None
         if self._done is not None:  # on the stream of the model's device, which the copies went into
             self._done.record(torch.cuda.current_stream(clf.device))
 
