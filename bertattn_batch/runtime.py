@@ -39,14 +39,23 @@ def tune_runtime() -> dict[str, str]:
     return {key: os.environ[key] for key in RUNTIME_ENV}
 
 
+#: mallopt's parameters (glibc's malloc.h), and glibc's default for both
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_GLIBC_DEFAULT_THRESHOLD = 128 * 1024
+#: While the heap is kept (:func:`keep_heap`): arrays up to this size come from the heap, and this much
+#: free memory may stay at its top.
+KEPT_THRESHOLD = 1 << 28
+_heap_kept = False
+
+
 @functools.cache
-def _malloc_trim():
+def _glibc(name: str):
     if not sys.platform.startswith("linux"):
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim
-    except (OSError, AttributeError):  # musl and others have no malloc_trim
+        return getattr(libc, name)
+    except (OSError, AttributeError):  # musl and others have no malloc_trim or mallopt
         return None
 
 
@@ -55,8 +64,30 @@ def trim_heap() -> None:
 
     Each window's batches and tables are large, short-lived allocations of varying sizes, which glibc
     keeps in fragments once freed, so a long run's resident memory would drift up with the corpus.
-    A no-op where the C library is not glibc.
+    A no-op where the C library is not glibc, and while the heap is kept (:func:`keep_heap`).
     """
-    trim = _malloc_trim()
-    if trim is not None:
+    trim = _glibc("malloc_trim")
+    if trim is not None and not _heap_kept:
         trim(0)
+
+
+def keep_heap(keep: bool = True) -> None:
+    """Keep freed memory for the next window (``True``), or go back to glibc's defaults and hand the
+    free memory back (``False``); for a process busy with little but windows (host processes).
+
+    Each window allocates about what the one before it freed. By default glibc maps every array over
+    128 KiB to fresh pages and unmaps it when freed, so each window pays a page fault per 4 KiB again,
+    and pickling a window's model outputs spent more time on those than on copying. Kept, a host
+    process takes less than half the page faults, and memory stays at about one window's peak
+    (docs/performance.md). A no-op where the C library is not glibc.
+    """
+    global _heap_kept
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
+        return
+    threshold = KEPT_THRESHOLD if keep else _GLIBC_DEFAULT_THRESHOLD
+    mallopt(_M_MMAP_THRESHOLD, threshold)
+    mallopt(_M_TRIM_THRESHOLD, threshold)
+    _heap_kept = keep
+    if not keep:
+        trim_heap()

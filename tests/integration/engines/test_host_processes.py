@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import RUN_COLUMNS, manifest_json, read_table
 
-from bertattn_batch import schema
+from bertattn_batch import runtime, schema
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.engines.local import MAX_HOST_PROCESSES, host_processes
@@ -51,9 +51,11 @@ def test_host_processes_write_the_tables_the_threads_write(
     assert summary.input_rows == 24 and summary.parts_written == 6
     assert manifest_json(out)["last_run"]["host_processes"] == 2  # what ran, for whoever reads the run
     writers = [line.split() for line in notes.read_text().splitlines()]
-    # two processes wrote the parts, neither of them this one, and neither imported torch
-    assert len({pid for pid, _ in writers}) == 2 and all(torch_seen == "False" for _, torch_seen in writers)
-    assert str(__import__("os").getpid()) not in {pid for pid, _ in writers}
+    # two processes wrote the parts, neither of them this one, and neither imported torch; both kept
+    # their heaps for the next window, and this process, which kept its own during the run, no longer does
+    assert len({pid for pid, _, _ in writers}) == 2 and all(torch == "False" for _, torch, _ in writers)
+    assert str(__import__("os").getpid()) not in {pid for pid, _, _ in writers}
+    assert all(kept == "True" for _, _, kept in writers) and not runtime._heap_kept
 
 
 def test_windows_before_a_failed_one_are_committed_and_the_rerun_resumes(
