@@ -13,13 +13,16 @@ the predictions that flip.
 (b) Speed: a bert-base-chinese-sized classifier (12 layers, 12 heads, hidden 768; random weights time
 the same as trained ones, see bench.py) in bfloat16.
   - The model stage alone, on ``--stage-reviews`` reviews encoded beforehand and cut into the job's
-    batches: each batch read back before the next is queued (``sync``), the job's way of queueing one
+    batches (each window of ``--stage-windows`` reviews apart, as a job cuts them): each batch read
+    back before the next is queued (``sync``), the job's way of queueing one
     batch ahead (``ahead``), and plain inference of the same batches with nothing captured, queued
     ahead too (``ceiling``). Useful matmul FLOP/s (no padding) as a share of the device's dense bf16
     peak (``bench.BF16_PEAK_TFLOPS``).
   - End to end: one job over ``--rows`` reviews (the default corpus repeated) with the default engine
-    (host processes beside a GPU), then one with threads alone (``--threads-rows`` reviews). Its model
-    stage is the seconds the model's thread spent scoring.
+    (host processes beside a GPU), or one per ``--e2e KEY=VALUE,...`` (job options, such as
+    ``host_processes=8,window=16384``), then one with threads alone (``--threads-rows`` reviews). Its
+    model stage is the seconds the model's thread spent scoring; the CPU time of each process and how
+    busy the machine's CPUs were say where the rest went.
   Targets: the model stage at 40% of peak or more, end to end at 0.8x the model stage or more.
 (c) Beyond padding: the padding share of the job's batches (the most that unpadded attention could
 save), and ``torch.compile`` of the encoder on one batch shape against eager SDPA, in a process of its

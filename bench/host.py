@@ -11,6 +11,11 @@ model's. Each core count runs in a process of its own, pinned to that many cores
 and once with as many host processes as cores (engines/host_processes.py), ``--rounds`` times in turn
 with the others; the fastest run of each is reported. The last line reads
 ``host: N reviews/s on C cores (R rows/s), scaling S× from 1 core``, from the faster way at each count.
+
+``--device-like LAUNCH_MS US_PER_TOKEN`` makes the stand-in act like a GPU: each batch holds Python's
+lock for ``LAUNCH_MS`` (the forward's Python) and its answer is ready ``US_PER_TOKEN`` µs a padded token
+after the device is free, one batch at a time; the model stage's seconds then show how much of the
+device's time the rest of the run leaves it.
 """
 
 from __future__ import annotations
