@@ -1,4 +1,5 @@
-"""Process-wide tuning a job applies once at its start, and the per-window heap trim.
+"""Process-wide tuning a job applies once at its start, and the C heap between windows: trimmed, or
+kept for the next window in processes that do little else.
 
 Usage::
 
@@ -72,14 +73,14 @@ def trim_heap() -> None:
 
 
 def keep_heap(keep: bool = True) -> None:
-    """Keep freed memory for the next window (``True``), or go back to glibc's defaults and hand the
-    free memory back (``False``); for a process busy with little but windows (host processes).
+    """Keep freed memory for the next window (``True``), or go back to glibc's default thresholds and
+    hand the free memory back (``False``); for a process busy with little but windows (host processes).
 
-    Each window allocates about what the one before it freed. By default glibc maps every array over
-    128 KiB to fresh pages and unmaps it when freed, so each window pays a page fault per 4 KiB again,
-    and pickling a window's model outputs spent more time on those than on copying. Kept, a host
-    process takes less than half the page faults, and memory stays at about one window's peak
-    (docs/performance.md). A no-op where the C library is not glibc.
+    Each window allocates about what the one before it freed. By default glibc maps large arrays (over
+    128 KiB, up to 32 MiB as it adapts) to fresh pages and unmaps them once freed, so each window pays
+    a page fault per 4 KiB again: pickling a window's model outputs spent more time on those than on
+    copying. Kept, a host process takes less than half the page faults, and memory stays at about one
+    window's peak (docs/performance.md). A no-op where the C library is not glibc.
     """
     global _heap_kept
     mallopt = _glibc("mallopt")

@@ -84,9 +84,15 @@ def resolve_device(device: str) -> torch.device:
             f"device {device!r} asked for, but no Apple MPS device is available; use --device cpu"
         )
     try:
-        return torch.device(device)
+        dev = torch.device(device)
     except RuntimeError as e:
         raise SpecError(f"device {device!r} is not one torch knows: {first_line(e)}") from None
+    if dev.type == "cuda" and dev.index is not None and dev.index >= (count := torch.cuda.device_count()):
+        raise SpecError(
+            f"device {device!r} asked for, but this machine has {count} CUDA device(s) "
+            f"(cuda:0 to cuda:{count - 1}); see nvidia-smi, or CUDA_VISIBLE_DEVICES"
+        )
+    return dev
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -199,7 +205,18 @@ class Classifier:
             raise ModelError(f"cannot load model weights from {source!r}: {first_line(e)}") from None
         check_positions(model, source)  # first: its dropped weights are what the next check names
         check_loaded_weights(model, info, source)
-        model.eval().to(dev)  # eval: dropout off
+        try:
+            model.eval().to(dev)  # eval: dropout off
+        except torch.OutOfMemoryError:
+            model = None  # what was moved already goes back
+            free = ""
+            if dev.type == "cuda":
+                left, total = torch.cuda.mem_get_info(dev)
+                free = f" ({left / 2**30:.1f} of {total / 2**30:.1f} GiB free)"
+            raise ModelError(
+                f"{source} does not fit on {dev}{free}: free the device, choose another (--device), or "
+                "load it in half the memory (--dtype bfloat16)"
+            ) from None
         num_layers = int(getattr(config, "num_hidden_layers", None) or config.n_layers)
         resolved = resolve_layers(layers, num_layers)
         attn = find_self_attention(model)
