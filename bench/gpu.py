@@ -275,13 +275,16 @@ def end_to_end(
 
 
 def _machine_cpu() -> tuple[int, int]:
-    """Busy and total jiffies of all the machine's CPUs so far (/proc/stat; zeros elsewhere)."""
+    """Busy and total jiffies of all the machine's CPUs so far (/proc/stat; zeros elsewhere). Of its
+    fields, user to steal: guest time is counted in user already, and time stolen by the host is not
+    this machine's to use."""
     try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
     except OSError:
         return 0, 0
-    idle = fields[3] + fields[4]  # idle, iowait
-    return sum(fields) - idle, sum(fields)
+    user, nice, system, idle, iowait, irq, softirq, _steal = fields
+    busy = user + nice + system + irq + softirq
+    return busy, busy + idle + iowait
 
 
 def _children_cpu() -> float:
@@ -412,7 +415,7 @@ def lines_of(name: str, r: dict[str, Any]) -> list[str]:
                 f"{r['last_layer_trim']}, dense bf16 peak " + (f"{peak:.0f} TFLOP/s" if peak else "unknown")]  # fmt: skip
     if name.startswith("stage"):
         out = [f"    model stage alone: {r['reviews']:,} reviews, {r['tokens']:,} tokens in {r['batches']} batches "
-               f"of up to {r['batch_tokens']:,} tokens (windows of {r.get('window', 'all the'):,} reviews), "
+               f"of up to {r['batch_tokens']:,} tokens (windows of {r['window']:,} reviews), "
                f"padding {r['padding_share']:.1%}"]  # fmt: skip
         for way in ("sync", "ahead", "ceiling"):
             if way not in r:
@@ -439,7 +442,11 @@ def lines_of(name: str, r: dict[str, Any]) -> list[str]:
             f"      seconds: {json.dumps(r['seconds'])}",
             f"      CPU per review: {r['model_process_cpu_us_per_review']:.0f} µs in the model's process, "
             f"{r['host_processes_cpu_us_per_review']:.0f} µs in host processes; the machine's CPUs "
-            f"{r['machine_cpu_busy_share']:.0%} busy",
+            + (
+                f"{r['machine_cpu_busy_share']:.0%} busy"
+                if r["machine_cpu_busy_share"] is not None
+                else "unknown"
+            ),
         ]
     if name == "compile":
         return [f"(c) torch.compile, batch {r['batch']} x {r['length']} tokens: eager SDPA {r['eager_ms']:.2f} ms, "

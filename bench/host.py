@@ -66,7 +66,7 @@ class StandIn:
 
     def launch(self, ids):
         """Classifier.launch's stand-in: the answer at once, behind the same ``result()``; with
-        ``STAND_IN_DEVICE`` set, a device-like one (see ``--device-like``)."""
+        :data:`DEVICE_LIKE` set, as a device would give it (``--device-like``)."""
         from types import SimpleNamespace
 
         from bertattn_batch.model import Outputs
@@ -128,7 +128,7 @@ def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path 
             "host_processes_cpu_s": round(hosts.ru_utime + hosts.ru_stime, 3),
             "page_faults": faults, "host_processes_page_faults": hosts.ru_minflt,
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-            "host_processes_max_rss_mb": hosts.ru_maxrss // 1024}  # fmt: skip
+            "largest_host_process_max_rss_mb": hosts.ru_maxrss // 1024}  # fmt: skip
 
 
 def main() -> None:
@@ -169,6 +169,8 @@ def main() -> None:
             for c, processes in runs:
                 cmd = [sys.executable, __file__, "--host-processes", str(processes), "--one", str(inputs),
                        f"{tmp}/run-{c}-{processes}"]  # fmt: skip
+                if args.device_like:
+                    cmd += ["--device-like", *map(str, args.device_like)]
                 pin = lambda c=c: os.sched_setaffinity(0, allowed[:c])  # noqa: E731
                 done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin)
                 if done.returncode:
@@ -191,6 +193,12 @@ def main() -> None:
                 else ""
             )
             + f"; minor page faults per review {(r['page_faults'] + r['host_processes_page_faults']) / r['reviews']:.1f}"
+            + f"; peak memory {r['max_rss_mb']:,} MB here"
+            + (
+                f", {r['largest_host_process_max_rss_mb']:,} MB in the largest host process"
+                if processes
+                else ""
+            )
         )
     top, low = max(counts), min(counts)
     best = {c: max((key for key in results if key[0] == c), key=rate.__getitem__) for c in counts}

@@ -40,12 +40,12 @@ def tune_runtime() -> dict[str, str]:
     return {key: os.environ[key] for key in RUNTIME_ENV}
 
 
-#: mallopt's parameters (glibc's malloc.h), and glibc's default for both
+#: mallopt's parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_GLIBC_DEFAULT_THRESHOLD = 128 * 1024
 #: While the heap is kept (:func:`keep_heap`): arrays up to this size come from the heap, and this much
-#: free memory may stay at its top.
-KEPT_THRESHOLD = 1 << 28
+#: free memory may stay at its top. glibc's manual gives 32 MiB as the most the first may be; newer
+#: glibc takes more, which a window's model outputs (about 30 MB) need.
+KEPT_THRESHOLDS = (1 << 28, 1 << 25)
 _heap_kept = False
 
 
@@ -72,23 +72,27 @@ def trim_heap() -> None:
         trim(0)
 
 
-def keep_heap(keep: bool = True) -> None:
-    """Keep freed memory for the next window (``True``), or go back to glibc's default thresholds and
-    hand the free memory back (``False``); for a process busy with little but windows (host processes).
+def keep_heap() -> bool:
+    """Keep freed memory for the next window, for the rest of this process's life: for a process that
+    does nothing but windows (a host process), never for the caller's own. Returns whether it could.
 
     Each window allocates about what the one before it freed. By default glibc maps large arrays (over
     128 KiB, up to 32 MiB as it adapts) to fresh pages and unmaps them once freed, so each window pays
-    a page fault per 4 KiB again: pickling a window's model outputs spent more time on those than on
+    a page fault per 4 KiB again: unpickling a window's model outputs spent more time on those than on
     copying. Kept, a host process takes less than half the page faults, and memory stays at about one
-    window's peak (docs/performance.md). A no-op where the C library is not glibc.
+    window's peak (docs/performance.md). There is no way back: setting a threshold stops glibc from
+    adapting it. A no-op where the C library is not glibc, or where the user set glibc's
+    malloc settings (``MALLOC_*`` or ``GLIBC_TUNABLES``).
     """
     global _heap_kept
     mallopt = _glibc("mallopt")
-    if mallopt is None:
-        return
-    threshold = KEPT_THRESHOLD if keep else _GLIBC_DEFAULT_THRESHOLD
-    mallopt(_M_MMAP_THRESHOLD, threshold)
-    mallopt(_M_TRIM_THRESHOLD, threshold)
-    _heap_kept = keep
-    if not keep:
-        trim_heap()
+    tuned = any(k.startswith("MALLOC_") for k in os.environ) or "malloc" in os.environ.get(
+        "GLIBC_TUNABLES", ""
+    )
+    if mallopt is None or tuned:  # glibc's own settings, which the user chose, are kept
+        return False
+    for threshold in KEPT_THRESHOLDS:
+        if mallopt(_M_MMAP_THRESHOLD, threshold) and mallopt(_M_TRIM_THRESHOLD, threshold):
+            _heap_kept = True
+            break
+    return _heap_kept

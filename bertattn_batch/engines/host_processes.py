@@ -50,7 +50,7 @@ def _start(model: ModelShape, batch_tokens: int, max_batch_size: int, part_write
     """Set up a host process's job (its first task)."""
     global _job
     tune_runtime()
-    keep_heap()
+    keep_heap()  # a host process does nothing but windows, each taking about what the last one freed
     _job = WindowJob(model, batch_tokens, max_batch_size, part_writer, pass_info, 1, store_text)
 
 
@@ -101,7 +101,6 @@ class HostProcesses:
         # this one waiting forever to finish writing them
         self._submitted: list[Future] = []
         self._ready = [self._submit(k, _start, *args) for k in range(n)]
-        keep_heap()  # this process pickles each window's outputs; close() gives the heap back
 
     def parts(
         self, windows: Iterator[WindowRows], on_batch: Callable[[int], None] | None = None
@@ -159,7 +158,6 @@ class HostProcesses:
                 futures.wait(pending, timeout=0.1)
             except KeyboardInterrupt as e:  # a second Ctrl-C: still wait, then re-raise
                 interrupted = interrupted or e
-        keep_heap(False)
         if interrupted is not None:
             raise interrupted
 

@@ -207,16 +207,12 @@ class Classifier:
         check_loaded_weights(model, info, source)
         try:
             model.eval().to(dev)  # eval: dropout off
+            fits = True
         except torch.OutOfMemoryError:
-            model = None  # what was moved already goes back
-            free = ""
-            if dev.type == "cuda":
-                left, total = torch.cuda.mem_get_info(dev)
-                free = f" ({left / 2**30:.1f} of {total / 2**30:.1f} GiB free)"
-            raise ModelError(
-                f"{source} does not fit on {dev}{free}: free the device, choose another (--device), or "
-                "load it in half the memory (--dtype bfloat16)"
-            ) from None
+            fits = False
+        if not fits:  # out of the except block, whose traceback holds what was moved already
+            del model  # ... and this frame, which the error's traceback holds too
+            raise _does_not_fit(source, dev, torch_dtype)
         num_layers = int(getattr(config, "num_hidden_layers", None) or config.n_layers)
         resolved = resolve_layers(layers, num_layers)
         attn = find_self_attention(model)
@@ -360,6 +356,19 @@ class PendingOutputs:
         # copies, so that the pinned buffers go back to torch's cache now: a caller may keep a window's
         # outputs (host processes send them on whole), and new page-locked memory is slow to get
         return Outputs(*(np.array(t.numpy()) if self._done is not None else t.numpy() for t in outputs))
+
+
+def _does_not_fit(source: str, dev: torch.device, dtype: torch.dtype) -> ModelError:
+    """The error for a model too big for its device, said once what it took there is given back."""
+    free = ""
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+        left, total = torch.cuda.mem_get_info(dev)
+        free = f" ({left / 2**30:.1f} of {total / 2**30:.1f} GiB free)"
+    half = ", or load it in half the memory (--dtype bfloat16)" if dtype == torch.float32 else ""
+    return ModelError(
+        f"{source} does not fit on {dev}{free}: free the device or choose another (--device){half}"
+    )
 
 
 def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list[int]:

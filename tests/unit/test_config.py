@@ -151,33 +151,3 @@ def test_a_device_that_is_not_there_or_unknown_is_named_in_one_line():
         resolve_device("mps")
     with pytest.raises(SpecError, match="device 'tpu' is not one torch knows"):
         resolve_device("tpu")
-
-
-def test_a_cuda_device_past_the_last_one_is_named_with_the_count(monkeypatch):
-    import torch
-
-    from bertattn_batch.model import resolve_device
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert resolve_device("cuda:1") == torch.device("cuda:1")
-    with pytest.raises(
-        SpecError, match=r"'cuda:2' asked for, but this machine has 2 CUDA device\(s\) \(cuda:0 to cuda:1\)"
-    ):
-        resolve_device("cuda:2")
-
-
-def test_a_model_that_does_not_fit_on_its_device_is_one_line(tiny_en_dir, monkeypatch):
-    import torch
-
-    from bertattn_batch.errors import ModelError
-    from bertattn_batch.model import Classifier
-
-    def full(self, *args, **kwargs):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
-
-    monkeypatch.setattr(torch.nn.Module, "to", full)
-    with pytest.raises(
-        ModelError, match=r"does not fit on cpu: free the device, choose another \(--device\)"
-    ):
-        Classifier.load(str(tiny_en_dir), device="cpu")

@@ -52,7 +52,7 @@ def test_host_processes_write_the_tables_the_threads_write(
     assert manifest_json(out)["last_run"]["host_processes"] == 2  # what ran, for whoever reads the run
     writers = [line.split() for line in notes.read_text().splitlines()]
     # two processes wrote the parts, neither of them this one, and neither imported torch; both kept
-    # their heaps for the next window, and this process, which kept its own during the run, no longer does
+    # their heaps for the next window, and this process did not touch its own
     assert len({pid for pid, _, _ in writers}) == 2 and all(torch == "False" for _, torch, _ in writers)
     assert str(__import__("os").getpid()) not in {pid for pid, _, _ in writers}
     assert all(kept == "True" for _, _, kept in writers) and not runtime._heap_kept
