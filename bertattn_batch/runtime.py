@@ -86,13 +86,17 @@ def keep_heap() -> bool:
     """
     global _heap_kept
     mallopt = _glibc("mallopt")
-    tuned = any(k.startswith("MALLOC_") for k in os.environ) or "malloc" in os.environ.get(
-        "GLIBC_TUNABLES", ""
-    )
-    if mallopt is None or tuned:  # glibc's own settings, which the user chose, are kept
+    if mallopt is None or _malloc_settings_set():  # what the user chose is kept
         return False
     for threshold in KEPT_THRESHOLDS:
         if mallopt(_M_MMAP_THRESHOLD, threshold) and mallopt(_M_TRIM_THRESHOLD, threshold):
             _heap_kept = True
             break
     return _heap_kept
+
+
+def _malloc_settings_set() -> bool:
+    """Whether glibc's malloc was configured from the environment."""
+    return any(k.startswith("MALLOC_") for k in os.environ) or "malloc" in os.environ.get(
+        "GLIBC_TUNABLES", ""
+    )

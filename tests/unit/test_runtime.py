@@ -53,9 +53,8 @@ print(json.dumps({"kept": kept, "freed_but_held_mb": rss_mb() - before}))
 
 
 def _held(**env: str) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", _KEPT], env={**os.environ, **env}, capture_output=True, text=True
-    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    done = subprocess.run([sys.executable, "-c", _KEPT], env={**base, **env}, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
