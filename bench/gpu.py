@@ -39,10 +39,8 @@ import argparse
 import contextlib
 import faulthandler
 import json
-import multiprocessing
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -246,13 +244,12 @@ def end_to_end(
 ) -> dict[str, Any]:
     """One job; its rates over its whole time, and less its model load (which a longer run spreads
     over more reviews)."""
-    t0, cpu0, host0, machine0 = time.perf_counter(), time.process_time(), _children_cpu(), _machine_cpu()
+    host0, machine0 = bench.cpu_seconds(bench.ended_children()), _machine_cpu()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     summary = job(inputs, model, out, device, dtype, **options)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     busy, total = (a - b for a, b in zip(_machine_cpu(), machine0, strict=True))
-    while multiprocessing.active_children():  # host processes end just after the job: count their time
-        time.sleep(0.01)
-    host_cpu = _children_cpu() - host0
+    host_cpu = bench.cpu_seconds(bench.ended_children()) - host0
     running = wall - summary.seconds.get("load", 0.0)
     stage_s = summary.seconds.get("model", running)
     return {
@@ -285,11 +282,6 @@ def _machine_cpu() -> tuple[int, int]:
     user, nice, system, idle, iowait, irq, softirq, _steal = fields
     busy = user + nice + system + irq + softirq
     return busy, busy + idle + iowait
-
-
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def speed(args: argparse.Namespace, tmp: Path, report: Callable[[str, Any], None]) -> None:
