@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -101,6 +101,11 @@ class HostProcesses:
         # this one waiting forever to finish writing them
         self._submitted: list[Future] = []
         self._ready = [self._submit(k, _start, *args) for k in range(n)]
+        #: Where this process's time went besides scoring (``launch``, ``device_wait``): waiting for the
+        #: host processes to start (``host_start``), to hand a window over (``wait_prepared``) or to
+        #: finish one (``wait_finished``), and the caller's time with each part (``commit``). The device
+        #: idles through all but the last.
+        self.seconds: Counter = Counter()
 
     def parts(
         self, windows: Iterator[WindowRows], on_batch: Callable[[int], None] | None = None
@@ -113,9 +118,10 @@ class HostProcesses:
         prepared: deque[tuple[int, Future]] = deque()
         finishing: deque[Future] = deque()
         reader = enumerate(prefetch(windows, depth=2))
+        seconds = self.seconds
         try:
             for ready in self._ready:
-                _result(ready)
+                _timed(seconds, "host_start", ready)
             while True:
                 try:
                     while len(prepared) < 2 * n and (item := next(reader, None)) is not None:
@@ -124,23 +130,27 @@ class HostProcesses:
                     if not prepared:
                         break
                     seq, future = prepared.popleft()
-                    ids = _result(future)
+                    ids = _timed(seconds, "wait_prepared", future)
                     t0 = time.perf_counter()
                     outputs = []
-                    for packed, out in zip(ids, score_batches(self.clf, map(unpack_ids, ids)), strict=True):
+                    batches = score_batches(self.clf, map(unpack_ids, ids), seconds)
+                    for packed, out in zip(ids, batches, strict=True):
                         outputs.append(out)
                         if on_batch is not None:
                             on_batch(len(packed[1]))
-                    seconds = time.perf_counter() - t0
-                    finishing.append(self._submit(seq % n, _finish, seq, outputs, seconds))
+                    model_seconds = time.perf_counter() - t0
+                    finishing.append(self._submit(seq % n, _finish, seq, outputs, model_seconds))
                 except Exception:
                     while finishing:  # the windows before the failed one first
                         yield _result(finishing.popleft())
                     raise
                 while finishing and (finishing[0].done() or len(finishing) > n):
-                    yield _result(finishing.popleft())
+                    part = _timed(seconds, "wait_finished", finishing.popleft())
+                    t0 = time.perf_counter()
+                    yield part
+                    seconds["commit"] += time.perf_counter() - t0
             while finishing:
-                yield _result(finishing.popleft())
+                yield _timed(seconds, "wait_finished", finishing.popleft())
         finally:
             self.close()
 
@@ -169,6 +179,15 @@ class HostProcesses:
             raise _ended() from None
         self._submitted = [f for f in self._submitted if not f.done()] + [future]
         return future
+
+
+def _timed(seconds: Counter, what: str, future: Future) -> Any:
+    """``future``'s result, the wait for it added to ``seconds[what]``."""
+    t0 = time.perf_counter()
+    try:
+        return _result(future)
+    finally:
+        seconds[what] += time.perf_counter() - t0
 
 
 def _result(future: Future) -> Any:

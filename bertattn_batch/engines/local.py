@@ -116,7 +116,10 @@ class LocalEngine:
                 processes, self.clf, spec.batch_tokens, spec.max_batch_size, part_writer, pass_info,
                 spec.store_text,
             )  # fmt: skip
-            yield from hosts.parts(windows, on_batch)
+            try:
+                yield from hosts.parts(windows, on_batch)
+            finally:
+                self.timings.update(hosts.seconds)
             return
         plan = feed_plan(self.clf.device)
         with WindowJob(

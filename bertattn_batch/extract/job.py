@@ -46,7 +46,7 @@ class PartStats:
     padded_slots: int = 0
     truncated: int = 0
     status_counts: Counter = field(default_factory=Counter)
-    seconds: Counter = field(default_factory=Counter)  # encode, model, extract, write
+    seconds: Counter = field(default_factory=Counter)  # encode, model (of it: launch, device_wait), extract, write
 
     def add(self, other: PartStats) -> None:
         for name in ("input_rows", "scored", "tokens", "padded_slots", "truncated"):
@@ -137,7 +137,8 @@ class WindowJob:
         from .score import ModelStage  # torch: here, as a host process never scores
 
         t0 = time.perf_counter()
-        real, slots = ModelStage(self.clf, self.batch_tokens, self.max_batch_size)(window.rows, on_batch)
+        stage = ModelStage(self.clf, self.batch_tokens, self.max_batch_size)
+        real, slots = stage(window.rows, on_batch, window.stats.seconds)
         trim_heap()
         self._count(window, real, slots, time.perf_counter() - t0)
 

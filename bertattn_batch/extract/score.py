@@ -13,6 +13,8 @@ Usage::
 from __future__ import annotations
 
 import logging
+import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -27,18 +29,34 @@ from .tables import ScoredRow
 log = logging.getLogger(__name__)
 
 
-def score_batches(clf: Classifier, batches: Iterable[list[np.ndarray]]) -> Iterator[list[Outputs]]:
+def score_batches(
+    clf: Classifier, batches: Iterable[list[np.ndarray]], seconds: Counter | None = None
+) -> Iterator[list[Outputs]]:
     """Each batch's outputs (one, or its halves out of memory), in order. Batch ``k + 1`` is queued on
     the device before batch ``k``'s outputs are read back, so that a GPU does not wait for the host
-    between batches."""
+    between batches.
+
+    ``seconds`` adds up where this thread's time went: ``launch`` (padding, copying and queueing the
+    batches: the host's share, which on a GPU bounds the stage when it nears the device's time) and
+    ``device_wait`` (waiting for the device's outputs)."""
+    seconds = seconds if seconds is not None else Counter()
     pending: list[PendingOutputs] | None = None
     for ids in batches:
+        t0 = time.perf_counter()
         launched = launch_batch(clf, ids)
+        seconds["launch"] += time.perf_counter() - t0
         if pending is not None:
-            yield [p.result() for p in pending]
+            yield _read_back(pending, seconds)
         pending = launched
     if pending is not None:
-        yield [p.result() for p in pending]
+        yield _read_back(pending, seconds)
+
+
+def _read_back(pending: list[PendingOutputs], seconds: Counter) -> list[Outputs]:
+    t0 = time.perf_counter()
+    outputs = [p.result() for p in pending]
+    seconds["device_wait"] += time.perf_counter() - t0
+    return outputs
 
 
 def launch_batch(clf: Classifier, ids: list[np.ndarray]) -> list[PendingOutputs]:
@@ -69,12 +87,16 @@ class ModelStage:
         self.max_batch_size = max_batch_size
 
     def __call__(
-        self, rows: list[ScoredRow], on_batch: Callable[[int], None] | None = None
+        self,
+        rows: list[ScoredRow],
+        on_batch: Callable[[int], None] | None = None,
+        seconds: Counter | None = None,
     ) -> tuple[int, int]:
         """Fill probs, cls_rows and cls_norms of a window's scorable rows; returns (real tokens, padded
-        slots). ``on_batch(n)`` is called after each batch of ``n`` reviews (a progress bar)."""
+        slots). ``on_batch(n)`` is called after each batch of ``n`` reviews (a progress bar); ``seconds``
+        as :func:`score_batches` fills it."""
         plan = BatchPlan(rows, self.clf, self.batch_tokens, self.max_batch_size)
-        for k, outputs in enumerate(score_batches(self.clf, plan.batch_ids())):
+        for k, outputs in enumerate(score_batches(self.clf, plan.batch_ids(), seconds)):
             plan.fill(k, outputs)
             if on_batch is not None:
                 on_batch(len(plan.batches[k]))
