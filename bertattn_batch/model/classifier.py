@@ -44,7 +44,7 @@ from .checks import (
     resolve_source,
 )
 from .outputs import Outputs
-from .trim import LastLayerTrim, verified
+from .trim import LastLayerTrim, cls_sdpa, verified
 
 log = logging.getLogger(__name__)
 
@@ -298,8 +298,16 @@ class Classifier:
                 out = self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
             rows = eager_rows(out.attentions, self.layers)
         else:
-            with self._capture as capture, self.trim or contextlib.nullcontext(), no_cudnn_attention():
-                out = self.model(input_ids=input_ids, attention_mask=mask)
+            # no mask for a batch without padding: what lets transformers skip it without reading it on
+            # the device (trim._sdpa_mask), and SDPA take its fastest kernel
+            padded = any(len(x) < input_ids.shape[1] for x in ids)
+            with (
+                self._capture as capture,
+                cls_sdpa(self.model),
+                self.trim or contextlib.nullcontext(),
+                no_cudnn_attention(),
+            ):
+                out = self.model(input_ids=input_ids, attention_mask=mask if padded else None)
             rows = capture.rows(mask)
         norms = capture.norms(rows)
         zeroing = capture.value_zeroing(rows) if self.value_zeroing else None

@@ -168,8 +168,9 @@ def test_host_processes_end_when_the_jobs_process_is_killed(drug_sample, tiny_en
         hosts: list[int] = []
         while len(hosts) < 2 and time.monotonic() < deadline and job.poll() is None:
             time.sleep(0.2)
-            hosts = [p for p in _children(job.pid) if b"spawn_main" in _cmdline(p)]
+            hosts = [p for p in _descendants(job.pid) if _is_host_process(p)]
         assert len(hosts) == 2, "the host processes did not start"
+        hosts = _descendants(job.pid)  # and the fork server they came from
         job.send_signal(signal.SIGKILL)
         job.wait()
         deadline = time.monotonic() + 15
@@ -186,6 +187,26 @@ def _children(pid: int) -> list[int]:
     except OSError:
         return []
     return [int(x) for x in text.split()]
+
+
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for child in _children(pid):
+        found += [child, *_descendants(child)]
+    return found
+
+
+def _is_host_process(pid: int) -> bool:
+    """Forked from the fork server (whose command line they share), or spawned."""
+    line = _cmdline(pid)
+    return b"spawn_main" in line or (b"forkserver" in line and b"forkserver" in _cmdline(_parent(pid)))
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _cmdline(pid: int) -> bytes:
