@@ -37,10 +37,8 @@ import contextlib
 import gc
 import json
 import math
-import multiprocessing
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -822,18 +820,6 @@ def _summary_dict(summary: Any) -> dict[str, Any]:
         "reviews_per_s": round(summary.reviews_per_s, 2),
         "seconds": summary.seconds,
     }
-
-
-def ended_children() -> resource.struct_rusage:
-    """The resource use of this process's ended children, once those still ending are gone too (a job's
-    host processes end just after it), so that their time is counted."""
-    while multiprocessing.active_children():
-        time.sleep(0.01)
-    return resource.getrusage(resource.RUSAGE_CHILDREN)
-
-
-def cpu_seconds(usage: resource.struct_rusage) -> float:
-    return usage.ru_utime + usage.ru_stime
 
 
 def repeated_corpus(

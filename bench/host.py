@@ -95,7 +95,6 @@ def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path 
 
     import torch
 
-    import bench  # bench/bench.py, beside this script
     import bertattn_batch.engines.local as local
     import bertattn_batch.model.classifier  # noqa: F401  imported before the clock starts, as before
     from bertattn_batch import JobSpec, run_job, tune_runtime
@@ -115,7 +114,7 @@ def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path 
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     finally:
         local.load_classifier = real
-    hosts = bench.ended_children()
+    hosts = summary.engine or {}  # what the host processes used, if any
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
     attn_rows = (summary.tokens - 2 * summary.scored) * HEADS  # content tokens, each in every head
     meta = torch.device("meta")
@@ -123,10 +122,10 @@ def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path 
     plan = {"host_processes": processes} if processes else vars(local.feed_plan(meta))
     return {"reviews": summary.input_rows, "wall_s": wall, "seconds": summary.seconds, "attn_rows": attn_rows,
             "cores": len(os.sched_getaffinity(0)), "plan": plan, "cpu_s": round(cpu, 3),
-            "host_processes_cpu_s": round(bench.cpu_seconds(hosts), 3),
-            "page_faults": faults, "host_processes_page_faults": hosts.ru_minflt,
+            "host_processes_cpu_s": hosts.get("host_processes_cpu_s", 0.0),
+            "page_faults": faults, "host_processes_page_faults": hosts.get("host_processes_page_faults", 0),
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-            "largest_host_process_max_rss_mb": hosts.ru_maxrss // 1024}  # fmt: skip
+            "largest_host_process_max_rss_mb": hosts.get("largest_host_process_max_rss_mb", 0)}  # fmt: skip
 
 
 def main() -> None:

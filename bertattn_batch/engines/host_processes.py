@@ -14,7 +14,6 @@ arrays. At most ``2 n`` windows are read ahead and ``n`` wait to be taken, so me
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import signal
 import threading
@@ -31,6 +30,7 @@ from ..errors import EngineError
 from ..extract.job import PassInfo, StagedPart, Window, WindowJob
 from ..extract.plan import ModelShape, PackedIds, unpack_ids
 from ..runtime import keep_heap, tune_runtime
+from . import fork_server
 from .threads import prefetch
 
 if TYPE_CHECKING:  # a host process imports this module without torch: see _util.lazy_exports
@@ -81,6 +81,17 @@ def _prepare(seq: int, rows: WindowRows) -> list[PackedIds]:
     return ids
 
 
+def _usage() -> dict[str, float]:
+    """This host process's CPU seconds, page faults and peak memory (MiB) so far; none without the
+    ``resource`` module (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return {}
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return {"cpu_s": r.ru_utime + r.ru_stime, "page_faults": r.ru_minflt, "max_rss_mb": r.ru_maxrss / 1024}
+
+
 def _finish(seq: int, outputs: list[list[Outputs]], model_seconds: float) -> StagedPart:
     assert _job is not None
     return _job.finish(_windows.pop(seq), outputs, model_seconds)
@@ -92,8 +103,14 @@ class HostProcesses:
 
     def __init__(self, n: int, clf: Classifier, batch_tokens: int, max_batch_size: int,
                  part_writer: PartWriter, pass_info: PassInfo, store_text: bool) -> None:  # fmt: skip
+        t0 = time.perf_counter()
+        #: Where this process's time went besides scoring (``launch``, ``device_wait``): starting the
+        #: host processes (``host_start``), waiting for them to hand a window over (``wait_prepared``)
+        #: or to finish one (``wait_finished``), and the caller's time with each part (``commit``). The
+        #: device idles through all but the last.
+        self.seconds: Counter = Counter()
         self.clf = clf
-        ctx = _context(clf)
+        ctx = fork_server.context(__name__, type(clf.tokenizer).__module__)
         args = (dict(os.environ), ModelShape.of(clf), batch_tokens, max_batch_size, part_writer, pass_info,
                 store_text)  # fmt: skip
         self._watch = ctx.Pipe(duplex=False)  # the host processes read, this one holds the write end
@@ -107,11 +124,10 @@ class HostProcesses:
         # this one waiting forever to finish writing them
         self._submitted: list[Future] = []
         self._ready = [self._submit(k, _start, *args) for k in range(n)]
-        #: Where this process's time went besides scoring (``launch``, ``device_wait``): waiting for the
-        #: host processes to start (``host_start``), to hand a window over (``wait_prepared``) or to
-        #: finish one (``wait_finished``), and the caller's time with each part (``commit``). The device
-        #: idles through all but the last.
-        self.seconds: Counter = Counter()
+        self.seconds["host_start"] += time.perf_counter() - t0
+        #: What the host processes used, all together (their peak memory: the largest), once a run ends:
+        #: their CPU time counts nowhere else, as they are not this process's children.
+        self.usage: dict[str, float] = {}
 
     def parts(
         self, windows: Iterator[WindowRows], on_batch: Callable[[int], None] | None = None
@@ -156,8 +172,18 @@ class HostProcesses:
                     seconds["commit"] += time.perf_counter() - t0
             while finishing:
                 yield _timed(seconds, "wait_finished", finishing.popleft())
+            self.usage = self._usage()
         finally:
             self.close()
+
+    def _usage(self) -> dict[str, float]:
+        each = [_result(self._submit(k, _usage)) for k in range(len(self._pools))]
+        if not all(each):
+            return {}
+        total = {key: sum(u[key] for u in each) for key in ("cpu_s", "page_faults")}
+        return {f"host_processes_{k}": round(v, 3) for k, v in total.items()} | {
+            "largest_host_process_max_rss_mb": round(max(u["max_rss_mb"] for u in each), 1)
+        }
 
     def close(self) -> None:
         """Wait for the window each process has in hand (it may be writing a part's files, and the job's
@@ -182,7 +208,7 @@ class HostProcesses:
         """``fn(*args)`` in host process ``k``; its future is kept until done, for :meth:`close`."""
         try:
             future = self._pools[k].submit(fn, *args)
-        except BrokenProcessPool:
+        except (BrokenProcessPool, EOFError, ConnectionError):  # the last two: the fork server is gone
             raise _ended() from None
         self._submitted = [f for f in self._submitted if not f.done()] + [future]
         return future
@@ -195,17 +221,6 @@ def _timed(seconds: Counter, what: str, future: Future) -> Any:
         return _result(future)
     finally:
         seconds[what] += time.perf_counter() - t0
-
-
-def _context(clf: Classifier) -> multiprocessing.context.BaseContext:
-    """Host processes forked from a server process that has imported this module, the tokenizer's and
-    the main script's once (``forkserver``): spawned each on its own, they imported them each, which took
-    15 host processes beside an H200 10 s of a 33 s run. Where there is no fork server (Windows), spawn."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["__main__", __name__, type(clf.tokenizer).__module__])
-    return ctx
 
 
 def _result(future: Future) -> Any:

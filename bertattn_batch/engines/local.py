@@ -86,6 +86,7 @@ class LocalEngine:
     def __init__(self, spec: JobSpec) -> None:
         self.spec = spec
         self.timings: dict[str, float] = {}
+        self._host_usage: dict[str, float] = {}
 
     def __enter__(self) -> LocalEngine:
         t0 = time.perf_counter()
@@ -100,7 +101,10 @@ class LocalEngine:
         return run_header(self.spec, self.clf)
 
     def describe(self) -> dict[str, Any]:
-        return {"host_processes": host_processes(self.spec.host_processes, self.clf.device)}
+        """The host processes run, and what they used (engines/host_processes.py)."""
+        return {
+            "host_processes": host_processes(self.spec.host_processes, self.clf.device)
+        } | self._host_usage
 
     def parts(
         self,
@@ -120,6 +124,7 @@ class LocalEngine:
                 yield from hosts.parts(windows, on_batch)
             finally:
                 self.timings.update(hosts.seconds)
+                self._host_usage = hosts.usage
             return
         plan = feed_plan(self.clf.device)
         with WindowJob(
