@@ -59,7 +59,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from bertattn_batch.config import JobSpec, load_job
+from bertattn_batch.config import BATCH_DEFAULTS, JobSpec, load_job
 from bertattn_batch.engines import load_classifier, run_job
 from bertattn_batch.extract import ModelStage, ScoredRow
 from bertattn_batch.extract.batching import bucket_batches, chunks
@@ -80,8 +80,7 @@ MODELS = ("zh", "minilm", "bert-base")
 #: and, for the small default model, two windows of the pipeline (one window would be all serial).
 DEFAULT_N = {"zh": 8192, "minilm": 512, "bert-base": 512}
 #: The job defaults: every batched method packs its batches with these.
-BATCH_TOKENS = JobSpec.__dataclass_fields__["batch_tokens"].default
-MAX_BATCH_SIZE = JobSpec.__dataclass_fields__["max_batch_size"].default
+BATCH_TOKENS, MAX_BATCH_SIZE = BATCH_DEFAULTS["cpu"]
 PIPELINE_BATCH = 32
 SEED_LAYER = -2
 #: Dense bf16 tensor-core peaks in TFLOP/s (no sparsity), matched by substring of the device name.

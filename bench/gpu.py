@@ -63,6 +63,7 @@ from transformers import AutoConfig  # noqa: E402
 
 import bench  # noqa: E402  (bench/bench.py: the shared model builders and the peak table)
 from bertattn_batch import JobSpec, run_job  # noqa: E402
+from bertattn_batch.config import BATCH_DEFAULTS  # noqa: E402
 from bertattn_batch.extract.batching import bucket_batches  # noqa: E402
 from bertattn_batch.extract.score import score_batches  # noqa: E402
 from bertattn_batch.model import Classifier, encode_texts  # noqa: E402
@@ -323,26 +324,26 @@ def speed(args: argparse.Namespace, tmp: Path, report: Callable[[str, Any], None
     if "e2e" in args.parts or "threads" in args.parts:
         warm = sample(args.corpus, 512, tmp / "warm.parquet")  # the device's kernels for new shapes
         job(warm, model, tmp / "warm", args.device, dtype, host_processes=0)
-    with stall_watch(args.stall_seconds):
-        if "e2e" in args.parts:
-            inputs = sample(args.corpus, args.rows, tmp / "speed.parquet")
-            for k, options in enumerate(args.e2e):
-                part = "e2e" if k == 0 else f"e2e_{k + 1}"
+    if "e2e" in args.parts:
+        inputs = sample(args.corpus, args.rows, tmp / "speed.parquet")
+        for k, options in enumerate(args.e2e):
+            part = "e2e" if k == 0 else f"e2e_{k + 1}"
+            with stall_watch(args.stall_seconds):
                 report(part, end_to_end(inputs, model, args.device, dtype, tmp / "speed", **options))
-        if "threads" in args.parts and args.threads_rows:
-            inputs = sample(args.corpus, args.threads_rows, tmp / "threads.parquet")
-            report(
-                "e2e_threads",
-                end_to_end(inputs, model, args.device, dtype, tmp / "threads", host_processes=0),
-            )
+    if "threads" in args.parts and args.threads_rows:
+        inputs = sample(args.corpus, args.threads_rows, tmp / "threads.parquet")
+        with stall_watch(args.stall_seconds):
+            result = end_to_end(inputs, model, args.device, dtype, tmp / "threads", host_processes=0)
+        report("e2e_threads", result)
     if "compile" in args.parts and args.compile_seconds > 0:
         report("compile", compile_probe(model, args.device, dtype, args.compile_seconds))
 
 
 @contextlib.contextmanager
 def stall_watch(seconds: float) -> Iterator[None]:
-    """Every ``seconds`` (0: never), the stacks of all this process's threads on stderr: where a slow
-    end-to-end run spends its time, on a machine one cannot attach to."""
+    """Every ``seconds`` (0: never), the stacks of all this process's threads on stderr: where a stalled
+    end-to-end run spends its time, on a machine one cannot attach to. Only for a stall: a dump that
+    catches a thread mid-call can crash the process (it did once, on an H200)."""
     if seconds > 0:
         faulthandler.dump_traceback_later(seconds, repeat=True)
     try:
@@ -491,7 +492,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--speed-model", type=Path, default=None, help="default: a bert-base-sized random model")
     ap.add_argument("--parts", type=_names, default=PARTS, help=f"comma-separated, of {','.join(PARTS)}")
     ap.add_argument(
-        "--batch-tokens", type=_ints, default=[bench.BATCH_TOKENS], help="token budgets of the stage alone"
+        "--batch-tokens",
+        type=_ints,
+        default=[BATCH_DEFAULTS["cuda"][0]],
+        help="token budgets of the stage alone (default: a job's on a GPU)",
     )
     ap.add_argument(
         "--ways", type=_names, default=["sync", "ahead", "ceiling"], help="the stage alone's ways"

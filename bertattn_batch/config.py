@@ -30,6 +30,10 @@ ATTENTION_MODES = ("sdpa", "eager")
 ON_EXISTING = ("resume", "overwrite", "new", "incremental")
 INPUT_FORMATS = ("auto", "parquet", "jsonl", "csv", "tsv", "text", "datasets")
 ENGINES = ("local", "ray")
+#: Padded tokens and reviews per model batch where a spec leaves them out, by device type. A CPU wants
+#: small batches; a GPU wants big ones, for it is launching each batch that takes the time: on an H200,
+#: bert-base ran end to end 1.9 times as fast at 65536 tokens as at 16384 (docs/performance.md).
+BATCH_DEFAULTS = {"cpu": (16384, 256), "cuda": (65536, 1024)}
 
 
 @dataclass
@@ -124,8 +128,8 @@ class JobSpec:
     dtype: str = "auto"
     attention: str = "sdpa"
     trim_last_layer: bool = True  # sdpa: the last layer past attention for [CLS] only (same outputs)
-    batch_tokens: int = 16384
-    max_batch_size: int = 256
+    batch_tokens: int | None = None  # None: by device (BATCH_DEFAULTS)
+    max_batch_size: int | None = None
     window: int = 4096  # rows per bucketing window, and per Parquet part
     host_processes: int | None = None  # processes that encode, extract and write (None: by device)
     store_text: bool = True  # each review's text in predictions
@@ -165,7 +169,7 @@ class JobSpec:
         if len(set(self.layers)) != len(self.layers):
             raise SpecError(f"layers: repeated index in {self.layers}")
         for name in ("batch_tokens", "max_batch_size", "window", "workers"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise SpecError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_length is not None and self.max_length < 3:
             raise SpecError(f"max_length must be at least 3 ([CLS], one token, [SEP]), got {self.max_length}")
@@ -193,6 +197,12 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def batch_budget(self, device_type: str) -> tuple[int, int]:
+        """(padded tokens, reviews) per model batch on a device of this type: the spec's, else the
+        device's defaults (:data:`BATCH_DEFAULTS`; a device type not named there gets the CPU's)."""
+        tokens, reviews = BATCH_DEFAULTS.get(device_type, BATCH_DEFAULTS["cpu"])
+        return self.batch_tokens or tokens, self.max_batch_size or reviews
 
 
 def check_delimiter(value: str | None) -> str | None:

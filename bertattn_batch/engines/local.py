@@ -23,7 +23,9 @@ import torch
 
 from ..config import JobSpec
 from ..extract import PassInfo, StagedPart, WindowJob, WindowRows
+from ..model import resolve_device
 from ..run import PartWriter
+from . import fork_server
 from .host_processes import HostProcesses
 from .start import load_classifier, run_header
 from .threads import Worker, prefetch
@@ -34,6 +36,9 @@ MAX_ENCODE_THREADS = 8
 MAX_STAGE_THREADS = 8
 #: Each host process holds a tokenizer and up to three windows (engines/host_processes.py).
 MAX_HOST_PROCESSES = 16
+#: What the host processes' fork server imports before the model's tokenizer is known (its own
+#: module, then what any tokenizer's does).
+HOST_PRELOAD = ("bertattn_batch.engines.host_processes", "transformers", "transformers.models")
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,8 @@ class LocalEngine:
 
     def __enter__(self) -> LocalEngine:
         t0 = time.perf_counter()
+        if host_processes(self.spec.host_processes, resolve_device(self.spec.device)):
+            fork_server.context(*HOST_PRELOAD)  # the server imports them while the model loads
         self.clf = load_classifier(self.spec)
         self.timings["load"] = time.perf_counter() - t0
         return self
@@ -115,11 +122,11 @@ class LocalEngine:
     ) -> Iterator[StagedPart]:
         spec = self.spec
         processes = host_processes(spec.host_processes, self.clf.device)
+        batch_tokens, max_batch_size = spec.batch_budget(self.clf.device.type)
         if processes:
             hosts = HostProcesses(
-                processes, self.clf, spec.batch_tokens, spec.max_batch_size, part_writer, pass_info,
-                spec.store_text,
-            )  # fmt: skip
+                processes, self.clf, batch_tokens, max_batch_size, part_writer, pass_info, spec.store_text
+            )
             try:
                 yield from hosts.parts(windows, on_batch)
             finally:
@@ -128,7 +135,7 @@ class LocalEngine:
             return
         plan = feed_plan(self.clf.device)
         with WindowJob(
-            self.clf, spec.batch_tokens, spec.max_batch_size, part_writer, pass_info,
+            self.clf, batch_tokens, max_batch_size, part_writer, pass_info,
             plan.encode_threads, spec.store_text,
         ) as job:  # fmt: skip
             writer = Worker(job.stage, depth=2, name="writer", threads=plan.stage_threads)

@@ -94,8 +94,9 @@ class WindowActor:
 
         torch.set_num_threads(max(1, threads))
         clf = load_classifier(spec)
+        batch_tokens, max_batch_size = spec.batch_budget(clf.device.type)
         self.job = WindowJob(
-            clf, spec.batch_tokens, spec.max_batch_size, part_writer, pass_info, store_text=spec.store_text
+            clf, batch_tokens, max_batch_size, part_writer, pass_info, store_text=spec.store_text
         )
 
     def run(self, rows: WindowRows) -> StagedPart:
