@@ -151,3 +151,15 @@ def test_a_device_that_is_not_there_or_unknown_is_named_in_one_line():
         resolve_device("mps")
     with pytest.raises(SpecError, match="device 'tpu' is not one torch knows"):
         resolve_device("tpu")
+
+
+def test_batch_sizes_left_out_are_the_devices_and_given_ones_are_kept():
+    """A GPU wants big batches, a CPU small ones (config.BATCH_DEFAULTS); what a job gives is its own."""
+    spec = JobSpec(inputs=["x"], model="m", out="o")
+    assert spec.batch_budget("cpu") == (16384, 256)
+    assert spec.batch_budget("cuda") == (65536, 1024)
+    assert spec.batch_budget("mps") == (16384, 256)  # any other device: the CPU's
+    given = JobSpec(inputs=["x"], model="m", out="o", batch_tokens=4096)
+    assert given.batch_budget("cuda") == (4096, 1024)
+    with pytest.raises(SpecError, match="max_batch_size must be at least 1"):
+        JobSpec(inputs=["x"], model="m", out="o", max_batch_size=0)

@@ -56,6 +56,10 @@ def test_host_processes_write_the_tables_the_threads_write(
     assert len({pid for pid, _, _ in writers}) == 2 and all(torch == "False" for _, torch, _ in writers)
     assert str(__import__("os").getpid()) not in {pid for pid, _, _ in writers}
     assert all(kept == "True" for _, _, kept in writers) and not runtime._heap_kept
+    # where the job's time went, and what the host processes used (they are not this one's children)
+    assert {"host_start", "wait_prepared", "wait_finished", "launch", "device_wait"} <= set(summary.seconds)
+    used = manifest_json(out)["last_run"]
+    assert used["host_processes_cpu_s"] > 0 and used["largest_host_process_max_rss_mb"] > 0
 
 
 def test_windows_before_a_failed_one_are_committed_and_the_rerun_resumes(
@@ -139,6 +143,42 @@ def test_a_script_without_a_main_guard_fails_with_a_hint_instead_of_hanging(
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
     assert done.returncode == 1
     assert 'under `if __name__ == "__main__":`' in done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is POSIX's")
+def test_the_fork_server_imports_the_script_once_and_each_job_passes_its_environment(
+    drug_sample, tiny_en_dir, tmp_path
+):
+    """Host processes are forked from one server, which imported the job's script: forked or spawned
+    each on their own, they imported it each (a script that imports torch: seconds apiece). A second job
+    reuses the server, and its host processes still see the environment as the job set it."""
+    import os
+    import subprocess
+
+    tests = Path(__file__).resolve().parents[2]
+    imports = tmp_path / "imports"
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(tests)!r})\n"
+        f"open({str(imports)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        "import host_probes\n"
+        "from bertattn_batch import JobSpec, run_job\n"
+        "if __name__ == '__main__':\n"
+        "    for k in range(2):\n"
+        f"        os.environ['PROBE_NOTES'] = {str(tmp_path)!r} + f'/notes-{{k}}'\n"
+        f"        run_job(JobSpec(inputs=[{str(drug_sample)!r}], model={str(tiny_en_dir)!r},"
+        f" out={str(tmp_path)!r} + f'/run-{{k}}', window=4, progress=False, host_processes=2),"
+        " part_writer=host_probes.Probe)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PROBE_NOTES"}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert len(imports.read_text().split()) == 2  # the job's process, and the server: not each host process
+    writers = [
+        {line.split()[0] for line in (tmp_path / f"notes-{k}").read_text().splitlines()} for k in (0, 1)
+    ]
+    assert all(len(w) == 2 for w in writers) and not writers[0] & writers[1]  # new processes, new notes
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the processes in /proc")
