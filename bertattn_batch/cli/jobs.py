@@ -144,7 +144,7 @@ def extract(
         int | None,
         typer.Option(
             rich_help_panel="Batches",
-            help="Padded tokens per model batch [default: 16384 on a CPU, 65536 on a GPU, which wants big batches].",
+            help="Padded tokens per model batch (default: 16384 on a CPU, 65536 on a GPU, which wants big batches).",
             show_default=False,
         ),
     ] = None,
@@ -152,7 +152,7 @@ def extract(
         int | None,
         typer.Option(
             rich_help_panel="Batches",
-            help="Reviews per model batch at most [default: 256 on a CPU, 1024 on a GPU].",
+            help="Reviews per model batch at most (default: 256 on a CPU, 1024 on a GPU).",
             show_default=False,
         ),
     ] = None,
