@@ -3,8 +3,8 @@ imports their modules and the job's main script once, where each spawned host pr
 all on its own (15 of them beside an H200 waited 10 s of a 33 s run for that).
 
 Imported by the server itself too, ahead of any fork (it is in the server's preload list): there it
-imports the main script, which Python's fork server leaves to each forked process (up to 3.13 it looks for
-the script under a key that multiprocessing no longer sets).
+imports the main script, which Python's own fork server leaves to each forked process (3.11 and 3.12, at
+least, look for the script under a key that multiprocessing no longer sets).
 """
 
 from __future__ import annotations

@@ -98,8 +98,8 @@ def _finish(seq: int, outputs: list[list[Outputs]], model_seconds: float) -> Sta
 
 
 class HostProcesses:
-    """``n`` host processes (spawned: the model's process may hold threads and a CUDA context, which a
-    fork would copy half-made)."""
+    """``n`` host processes, forked from a fresh server (engines/fork_server.py), never from this process:
+    it may hold threads and a CUDA context, which a fork would copy half-made."""
 
     def __init__(self, n: int, clf: Classifier, batch_tokens: int, max_batch_size: int,
                  part_writer: PartWriter, pass_info: PassInfo, store_text: bool) -> None:  # fmt: skip
