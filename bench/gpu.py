@@ -64,7 +64,7 @@ from transformers import AutoConfig  # noqa: E402
 import bench  # noqa: E402  (bench/bench.py: the shared model builders and the peak table)
 from bertattn_batch import JobSpec, run_job  # noqa: E402
 from bertattn_batch.config import BATCH_DEFAULTS  # noqa: E402
-from bertattn_batch.extract.batching import bucket_batches  # noqa: E402
+from bertattn_batch.extract.batching import batch_overhead, bucket_batches  # noqa: E402
 from bertattn_batch.extract.score import score_batches  # noqa: E402
 from bertattn_batch.model import Classifier, encode_texts  # noqa: E402
 from bertattn_batch.model.classifier import no_cudnn_attention  # noqa: E402
@@ -198,7 +198,12 @@ def stage_alone(
     batches = [
         [encoded[start + i].ids for i in idx]
         for start in range(0, len(encoded), window)
-        for idx in bucket_batches(lengths[start : start + window], batch_tokens, max_batch)
+        for idx in bucket_batches(
+            lengths[start : start + window],
+            batch_tokens,
+            max_batch,
+            batch_overhead(batch_tokens, clf.device_type),
+        )
     ]
     shapes = [(len(b), max(len(x) for x in b)) for b in batches]
 

@@ -27,11 +27,20 @@ def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
 
 
 #: What one more batch costs, in padded tokens: a batch is worth cutting when it saves more padding
-#: than this. A share of the token budget (16384 // 64 = 256 tokens by default), so a larger budget
-#: (an accelerator, where each forward call costs more fixed time) also makes batches harder to cut;
-#: never below a floor, as no forward call is free.
-BATCH_OVERHEAD_SHARE = 64
+#: than this. A share of the token budget, by device type. On a CPU, 1/64 (256 tokens of the default
+#: 16384). On a GPU, 1/16 (4096 of 65536): there the host's launch of a batch is what bounds the model
+#: stage (about 12 ms a bert-base batch beside an H200, as long as the device takes for some 20k
+#: tokens), and bigger batches were faster at any padding measured (docs/performance.md). Never below
+#: a floor, as no forward call is free.
+BATCH_OVERHEAD_SHARE = {"cpu": 64, "cuda": 16}
 MIN_BATCH_OVERHEAD = 32
+
+
+def batch_overhead(batch_tokens: int, device_type: str = "cpu") -> int:
+    """What one more batch costs on a device of this type, in padded tokens (a type not named in
+    :data:`BATCH_OVERHEAD_SHARE` is taken as a CPU)."""
+    share = BATCH_OVERHEAD_SHARE.get(device_type, BATCH_OVERHEAD_SHARE["cpu"])
+    return max(MIN_BATCH_OVERHEAD, batch_tokens // share)
 
 
 def bucket_batches(
@@ -40,7 +49,7 @@ def bucket_batches(
     """Split positions into batches of similar length, each within ``batch_tokens`` padded tokens.
 
     Positions are sorted by length (stable, so ties keep input order) and cut into runs that minimise
-    padded tokens + ``overhead_tokens`` per batch (default: ``batch_tokens // BATCH_OVERHEAD_SHARE``),
+    padded tokens + ``overhead_tokens`` per batch (default: a CPU's, :func:`batch_overhead`),
     with ``len(batch) * longest <= batch_tokens`` and ``len(batch) <= max_batch_size``. A greedy cut by
     the budget alone pads a batch of short reviews to the longest of up to 256 of them (27% padding on
     512 Chinese reviews, 15% on the English drug reviews); this cut pads 2-6% on the same reviews.
@@ -53,7 +62,7 @@ def bucket_batches(
     if len(lengths) == 0:
         return []
     if overhead_tokens is None:
-        overhead_tokens = max(MIN_BATCH_OVERHEAD, batch_tokens // BATCH_OVERHEAD_SHARE)
+        overhead_tokens = batch_overhead(batch_tokens)
     lens = np.asarray(lengths, dtype=np.int64)
     order = np.argsort(lens, kind="stable")  # (N,) shortest first
     values, counts = np.unique(lens[order], return_counts=True)  # (G,) distinct lengths, ascending

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .batching import bucket_batches
+from .batching import batch_overhead, bucket_batches
 from .tables import ScoredRow
 
 if TYPE_CHECKING:
@@ -40,11 +40,12 @@ class ModelShape:
     num_heads: int
     labels: list[str]
     value_zeroing: bool
+    device_type: str  # where the model runs, which sizes its batches (batching.batch_overhead)
 
     @classmethod
     def of(cls, clf: Classifier) -> ModelShape:
         return cls(clf.tokenizer, clf.max_length, list(clf.layers), clf.num_heads, list(clf.labels),
-                   clf.value_zeroing)  # fmt: skip
+                   clf.value_zeroing, clf.device_type)  # fmt: skip
 
 
 def pack_ids(ids: Sequence[np.ndarray]) -> PackedIds:
@@ -86,7 +87,10 @@ class BatchPlan:
                 r.value_zeroing = zeroing[start : start + layers * n].reshape(layers, n)  # (L, n)
             at += layers * heads * n
         self.batches = [
-            [todo[i] for i in idx] for idx in bucket_batches(lengths, batch_tokens, max_batch_size)
+            [todo[i] for i in idx]
+            for idx in bucket_batches(
+                lengths, batch_tokens, max_batch_size, batch_overhead(batch_tokens, clf.device_type)
+            )
         ]
         self.real = sum(lengths)  # tokens the model reads
         self.slots = 0  # padded slots of the batches that ran (after any halving)

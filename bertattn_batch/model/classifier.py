@@ -266,6 +266,11 @@ class Classifier:
         model = self.tokenizer.backend_tokenizer.model
         return model.continuing_subword_prefix if type(model).__name__ == "WordPiece" else None
 
+    @property
+    def device_type(self) -> str:
+        """``cpu``, ``cuda`` or ``mps``: what sizes the batches (extract/batching.py)."""
+        return self.device.type
+
     def pad(self, ids: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-pad a batch: (B, S) input ids and attention mask on the model's device."""
         longest = max(len(x) for x in ids)

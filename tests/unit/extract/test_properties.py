@@ -83,6 +83,7 @@ class PaddedRowsModel:
     to one (B, L, H, S) array whose padding holds PAD_VALUE (and some extra width), as a real batch."""
 
     device = torch.device("cpu")
+    device_type = "cpu"
 
     def __init__(
         self,
