@@ -303,15 +303,11 @@ class Classifier:
                 out = self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
             rows = eager_rows(out.attentions, self.layers)
         else:
-            # no mask for a batch without padding: what lets transformers skip it without reading it on
-            # the device (trim._sdpa_mask), and SDPA take its fastest kernel
+            # no mask for a batch without padding: transformers then skips it without reading it back
+            # (trim._sdpa_mask), and SDPA may take its fastest kernel
             padded = any(len(x) < input_ids.shape[1] for x in ids)
-            with (
-                self._capture as capture,
-                cls_sdpa(self.model),
-                self.trim or contextlib.nullcontext(),
-                no_cudnn_attention(),
-            ):
+            trim = self.trim or contextlib.nullcontext()
+            with self._capture as capture, cls_sdpa(self.model), trim, no_cudnn_attention():
                 out = self.model(input_ids=input_ids, attention_mask=mask if padded else None)
             rows = capture.rows(mask)
         norms = capture.norms(rows)
