@@ -79,7 +79,7 @@ MODELS = ("zh", "minilm", "bert-base")
 #: Reviews per case when --n is not given: enough for a timed round of several seconds on a 2-core CPU
 #: and, for the small default model, two windows of the pipeline (one window would be all serial).
 DEFAULT_N = {"zh": 8192, "minilm": 512, "bert-base": 512}
-#: The job defaults: every batched method packs its batches with these.
+#: A job's batch sizes on the CPU (make bench's device): every batched method packs its batches with these.
 BATCH_TOKENS, MAX_BATCH_SIZE = BATCH_DEFAULTS["cpu"]
 PIPELINE_BATCH = 32
 SEED_LAYER = -2

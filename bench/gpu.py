@@ -194,7 +194,7 @@ def stage_alone(
     """The model stage on reviews encoded beforehand, the given ways (module docstring), in the batches
     a job makes: each ``window`` of reviews cut into batches of up to ``batch_tokens`` tokens."""
     lengths = [e.n_tokens for e in encoded]
-    max_batch = max(bench.MAX_BATCH_SIZE, batch_tokens // 64)  # a bigger budget is not capped by count
+    max_batch = BATCH_DEFAULTS.get(clf.device_type, BATCH_DEFAULTS["cpu"])[1]  # as a job on this device
     batches = [
         [encoded[start + i].ids for i in idx]
         for start in range(0, len(encoded), window)

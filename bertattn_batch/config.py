@@ -32,7 +32,8 @@ INPUT_FORMATS = ("auto", "parquet", "jsonl", "csv", "tsv", "text", "datasets")
 ENGINES = ("local", "ray")
 #: Padded tokens and reviews per model batch where a spec leaves them out, by device type. A CPU wants
 #: small batches; a GPU wants big ones, for it is launching each batch that takes the time: on an H200,
-#: bert-base ran end to end 1.9 times as fast at 65536 tokens as at 16384 (docs/performance.md).
+#: bert-base ran end to end 1.5 times as fast at 65536 tokens as at 16384 in one run, and 1.9 times in
+#: another (docs/performance.md).
 BATCH_DEFAULTS = {"cpu": (16384, 256), "cuda": (65536, 1024)}
 
 

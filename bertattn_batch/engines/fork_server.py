@@ -12,26 +12,35 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import threading
 from multiprocessing import forkserver, process, spawn
 
 #: How the job's process tells the server which main script to import (read and removed at once).
 MAIN_ENV = "BERTATTN_FORKSERVER_MAIN"
+#: What the server imports before any fork: this module (for the main script), the host processes'
+#: module and the tokenizers' library, which each host process imported on its own when spawned.
+PRELOAD = [__name__, "bertattn_batch.engines.host_processes", "transformers", "transformers.models"]
+
+_starting = threading.Lock()
 
 
-def context(*preload: str) -> multiprocessing.context.BaseContext:
-    """The fork server's context, the server started with ``preload`` and the main script imported;
-    spawn where there is no fork server (Windows). A server that a job before started is used as it is."""
+def context() -> multiprocessing.context.BaseContext:
+    """The fork server's context, the server started if it is not yet (its imports run while the caller
+    goes on: the model loads); spawn where there is no fork server (Windows). A server that a job
+    before started is used as it is."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__, *preload])
-    keys = ("init_main_from_path", "init_main_from_name")
-    main = {k: v for k, v in spawn.get_preparation_data("host").items() if k in keys}
-    os.environ[MAIN_ENV] = json.dumps(main)  # the server starts with this process's environment
-    try:
-        forkserver.ensure_running()
-    finally:
-        del os.environ[MAIN_ENV]
+    with _starting:
+        if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:  # not started yet
+            ctx.set_forkserver_preload(PRELOAD)
+            keys = ("init_main_from_path", "init_main_from_name")
+            main = {k: v for k, v in spawn.get_preparation_data("host").items() if k in keys}
+            os.environ[MAIN_ENV] = json.dumps(main)  # the server starts with this process's environment
+            try:
+                forkserver.ensure_running()
+            finally:
+                os.environ.pop(MAIN_ENV, None)
     return ctx
 
 

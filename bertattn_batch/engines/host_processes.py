@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -89,7 +90,8 @@ def _usage() -> dict[str, float]:
     except ImportError:
         return {}
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return {"cpu_s": r.ru_utime + r.ru_stime, "page_faults": r.ru_minflt, "max_rss_mb": r.ru_maxrss / 1024}
+    rss_mb = r.ru_maxrss / (1 << 20 if sys.platform == "darwin" else 1 << 10)  # bytes there, KiB here
+    return {"cpu_s": r.ru_utime + r.ru_stime, "page_faults": r.ru_minflt, "max_rss_mb": rss_mb}
 
 
 def _finish(seq: int, outputs: list[list[Outputs]], model_seconds: float) -> StagedPart:
@@ -109,25 +111,30 @@ class HostProcesses:
         #: or to finish one (``wait_finished``), and the caller's time with each part (``commit``). The
         #: device idles through all but the last.
         self.seconds: Counter = Counter()
-        self.clf = clf
-        ctx = fork_server.context(__name__, type(clf.tokenizer).__module__)
-        args = (dict(os.environ), ModelShape.of(clf), batch_tokens, max_batch_size, part_writer, pass_info,
-                store_text)  # fmt: skip
-        self._watch = ctx.Pipe(duplex=False)  # the host processes read, this one holds the write end
-        init = (self._watch[0],)
-        self._pools = [
-            ProcessPoolExecutor(1, mp_context=ctx, initializer=_init, initargs=init) for _ in range(n)
-        ]
-        # the job is set up by a first task, not by the initializer: its arguments (the tokenizer)
-        # would go into the process's start-up pipe, and a process that failed to start before reading
-        # them (a script without ``if __name__ == "__main__":`` runs its job again there) would leave
-        # this one waiting forever to finish writing them
-        self._submitted: list[Future] = []
-        self._ready = [self._submit(k, _start, *args) for k in range(n)]
-        self.seconds["host_start"] += time.perf_counter() - t0
         #: What the host processes used, all together (their peak memory: the largest), once a run ends:
         #: their CPU time counts nowhere else, as they are not this process's children.
         self.usage: dict[str, float] = {}
+        self.clf = clf
+        ctx = fork_server.context()
+        args = (dict(os.environ), ModelShape.of(clf), batch_tokens, max_batch_size, part_writer, pass_info,
+                store_text)  # fmt: skip
+        self._watch = ctx.Pipe(duplex=False)  # the host processes read, this one holds the write end
+        self._pools: list[ProcessPoolExecutor] = []
+        self._submitted: list[Future] = []
+        try:
+            self._pools += [
+                ProcessPoolExecutor(1, mp_context=ctx, initializer=_init, initargs=(self._watch[0],))
+                for _ in range(n)
+            ]
+            # the job is set up by a first task, not by the initializer: its arguments (the tokenizer)
+            # would go into the process's start-up pipe, and a process that failed to start before
+            # reading them (a script without ``if __name__ == "__main__":`` runs its job again there)
+            # would leave this one waiting forever to finish writing them
+            self._ready = [self._submit(k, _start, *args) for k in range(n)]
+        except BaseException:  # the processes started so far end (Ctrl-C, or one that failed to start)
+            self.close()
+            raise
+        self.seconds["host_start"] += time.perf_counter() - t0
 
     def parts(
         self, windows: Iterator[WindowRows], on_batch: Callable[[int], None] | None = None
@@ -177,7 +184,12 @@ class HostProcesses:
             self.close()
 
     def _usage(self) -> dict[str, float]:
-        each = [_result(self._submit(k, _usage)) for k in range(len(self._pools))]
+        """Best effort: a host process that ended after its last window leaves the run's figures out,
+        not the run unfinished."""
+        try:
+            each = [_result(self._submit(k, _usage)) for k in range(len(self._pools))]
+        except EngineError:
+            return {}
         if not all(each):
             return {}
         total = {key: sum(u[key] for u in each) for key in ("cpu_s", "page_faults")}

@@ -36,9 +36,6 @@ MAX_ENCODE_THREADS = 8
 MAX_STAGE_THREADS = 8
 #: Each host process holds a tokenizer and up to three windows (engines/host_processes.py).
 MAX_HOST_PROCESSES = 16
-#: What the host processes' fork server imports before the model's tokenizer is known (its own
-#: module, then what any tokenizer's does).
-HOST_PRELOAD = ("bertattn_batch.engines.host_processes", "transformers", "transformers.models")
 
 
 @dataclass(frozen=True)
@@ -96,7 +93,7 @@ class LocalEngine:
     def __enter__(self) -> LocalEngine:
         t0 = time.perf_counter()
         if host_processes(self.spec.host_processes, resolve_device(self.spec.device)):
-            fork_server.context(*HOST_PRELOAD)  # the server imports them while the model loads
+            fork_server.context()  # the server makes its imports while the model loads
         self.clf = load_classifier(self.spec)
         self.timings["load"] = time.perf_counter() - t0
         return self
@@ -108,9 +105,13 @@ class LocalEngine:
         return run_header(self.spec, self.clf)
 
     def describe(self) -> dict[str, Any]:
-        """The host processes run, and what they used (engines/host_processes.py)."""
+        """The batch sizes and host processes the run had (the spec may leave them to the device), and
+        what the host processes used (engines/host_processes.py)."""
+        batch_tokens, max_batch_size = self.spec.batch_budget(self.clf.device_type)
         return {
-            "host_processes": host_processes(self.spec.host_processes, self.clf.device)
+            "batch_tokens": batch_tokens,
+            "max_batch_size": max_batch_size,
+            "host_processes": host_processes(self.spec.host_processes, self.clf.device),
         } | self._host_usage
 
     def parts(
@@ -122,7 +123,7 @@ class LocalEngine:
     ) -> Iterator[StagedPart]:
         spec = self.spec
         processes = host_processes(spec.host_processes, self.clf.device)
-        batch_tokens, max_batch_size = spec.batch_budget(self.clf.device.type)
+        batch_tokens, max_batch_size = spec.batch_budget(self.clf.device_type)
         if processes:
             hosts = HostProcesses(
                 processes, self.clf, batch_tokens, max_batch_size, part_writer, pass_info, spec.store_text

@@ -94,7 +94,7 @@ class WindowActor:
 
         torch.set_num_threads(max(1, threads))
         clf = load_classifier(spec)
-        batch_tokens, max_batch_size = spec.batch_budget(clf.device.type)
+        batch_tokens, max_batch_size = spec.batch_budget(clf.device_type)
         self.job = WindowJob(
             clf, batch_tokens, max_batch_size, part_writer, pass_info, store_text=spec.store_text
         )
