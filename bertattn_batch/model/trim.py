@@ -100,7 +100,7 @@ def cls_sdpa(model: nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        config._attn_implementation = "sdpa"
+        config._attn_implementation = "sdpa"  # what it was (checked above)
 
 
 class LastLayerTrim:
@@ -133,6 +133,7 @@ class LastLayerTrim:
         self._handles.append(self._self_attention.register_forward_hook(_keep_first_output))
         self._handles.append(self._output_block.register_forward_pre_hook(_keep_first_residual))
         if self._config is not None:
+            self._was = self._config._attn_implementation  # sdpa, or CLS_SDPA inside cls_sdpa()
             self._config._attn_implementation = CLS_SDPA
             _CLS_QUERY_ONLY.add(self._self_attention)
         return self
@@ -143,7 +144,7 @@ class LastLayerTrim:
         self._handles.clear()
         if self._config is not None:
             _CLS_QUERY_ONLY.discard(self._self_attention)
-            self._config._attn_implementation = "sdpa"
+            self._config._attn_implementation = self._was
 
 
 def _keep_first_output(_m: nn.Module, _args: tuple, out: Any) -> Any:
