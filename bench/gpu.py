@@ -256,9 +256,8 @@ def end_to_end(
 ) -> dict[str, Any]:
     """One job; its rates over its whole time, and less its model load (which a longer run spreads
     over more reviews)."""
-    switch = options.pop(
-        "switch_interval_us", None
-    )  # Python's: how soon a thread waiting for its lock gets it
+    # Python's thread switch interval: how soon a thread waiting for its lock gets it
+    switch = options.pop("switch_interval_us", None)
     before = sys.getswitchinterval()
     if switch is not None:
         sys.setswitchinterval(switch / 1e6)

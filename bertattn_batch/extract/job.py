@@ -46,9 +46,8 @@ class PartStats:
     padded_slots: int = 0
     truncated: int = 0
     status_counts: Counter = field(default_factory=Counter)
-    seconds: Counter = field(
-        default_factory=Counter
-    )  # encode, model (of it: launch, device_wait), extract, write
+    # encode, model (of it: launch, device_wait), extract, write
+    seconds: Counter = field(default_factory=Counter)
 
     def add(self, other: PartStats) -> None:
         for name in ("input_rows", "scored", "tokens", "padded_slots", "truncated"):

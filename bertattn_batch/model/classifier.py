@@ -307,7 +307,7 @@ class Classifier:
             # (trim._sdpa_mask), and SDPA may take its fastest kernel
             padded = any(len(x) < input_ids.shape[1] for x in ids)
             trim = self.trim or contextlib.nullcontext()
-            with self._capture as capture, cls_sdpa(self.model), trim, no_cudnn_attention():
+            with self._capture as capture, cls_sdpa(self.model.config), trim, no_cudnn_attention():
                 out = self.model(input_ids=input_ids, attention_mask=mask if padded else None)
             rows = capture.rows(mask)
         norms = capture.norms(rows)

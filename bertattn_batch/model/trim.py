@@ -88,10 +88,9 @@ def register_attention() -> None:
 
 
 @contextlib.contextmanager
-def cls_sdpa(model: nn.Module) -> Iterator[None]:
-    """Run an SDPA model under :data:`CLS_SDPA` (plain SDPA where no trim is entered), for its masks;
-    any other model as it is."""
-    config = getattr(model, "config", None)
+def cls_sdpa(config: Any) -> Iterator[None]:
+    """Run the SDPA model of this config under :data:`CLS_SDPA` (plain SDPA where no trim is entered),
+    for its masks; any other model, or one already under it, as it is."""
     if getattr(config, "_attn_implementation", None) != "sdpa":
         yield
         return
@@ -110,6 +109,7 @@ class LastLayerTrim:
         self._self_attention = self_attention
         self._output_block = output_block
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._mode = contextlib.ExitStack()  # cls_sdpa() while entered
         # the model's config (every layer reads the same object); SDPA models only
         config = getattr(self_attention, "config", None)
         self._config = config if getattr(config, "_attn_implementation", None) == "sdpa" else None
@@ -120,7 +120,6 @@ class LastLayerTrim:
         found = find_self_attention(model)
         if not found:
             return None
-        register_attention()
         last = found[-1][0]
         for module in model.modules():
             if getattr(module, "self", None) is last and isinstance(
@@ -133,8 +132,7 @@ class LastLayerTrim:
         self._handles.append(self._self_attention.register_forward_hook(_keep_first_output))
         self._handles.append(self._output_block.register_forward_pre_hook(_keep_first_residual))
         if self._config is not None:
-            self._was = self._config._attn_implementation  # sdpa, or CLS_SDPA inside cls_sdpa()
-            self._config._attn_implementation = CLS_SDPA
+            self._mode.enter_context(cls_sdpa(self._config))
             _CLS_QUERY_ONLY.add(self._self_attention)
         return self
 
@@ -144,7 +142,7 @@ class LastLayerTrim:
         self._handles.clear()
         if self._config is not None:
             _CLS_QUERY_ONLY.discard(self._self_attention)
-            self._config._attn_implementation = self._was
+            self._mode.close()
 
 
 def _keep_first_output(_m: nn.Module, _args: tuple, out: Any) -> Any:
