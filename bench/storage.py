@@ -14,7 +14,11 @@ the run's own settings: zstd, page checksums, dictionaries for strings and int16
   layout since version 3);
 - ``lean+bss``: the same with Parquet's BYTE_STREAM_SPLIT encoding for the float columns;
 - ``lean-scaled``: ``lean`` without ``weight_scaled``, which a reader could recompute from ``weight``
-  and head_summary's min and max (an option weighed, not taken: see docs/performance.md).
+  and head_summary's min and max (an option weighed, not taken: see docs/performance.md);
+- lossy, weighed and not taken (the tables keep float32's precision): ``lean+f16`` stores the three
+  weights as float16; ``lean+bits10`` and ``lean+bits7`` keep float32 but round each weight's mantissa
+  to 10 bits (float16's precision) or 7 (bfloat16's), so zstd finds the zeroed low bits (bit rounding,
+  as in numcodecs' ``BitRound``); ``lean-scaled+bits7`` also drops ``weight_scaled``.
 
 Prints bytes per attention row and write time per million attention rows for each, best of
 ``--rounds``, and the size of every column of the run as written.
@@ -28,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -47,6 +52,28 @@ def write_size(table: pa.Table, bss: bool = False) -> tuple[int, float]:
     return sink.getvalue().size, time.perf_counter() - t0
 
 
+WEIGHTS = ("weight", "weight_scaled", "weight_norm")
+
+
+def bit_rounded(values: np.ndarray, keep: int) -> np.ndarray:
+    """float32 ``values`` rounded to ``keep`` mantissa bits (to nearest, ties to even): the relative
+    error is at most 2^-(keep+1), and the 23 - keep low bits are zero."""
+    bits = values.astype(np.float32).view(np.uint32)
+    drop = 23 - keep
+    odd = (bits >> np.uint32(drop)) & np.uint32(1)
+    rounded = (bits + np.uint32((1 << (drop - 1)) - 1) + odd) & np.uint32(0xFFFFFFFF << drop & 0xFFFFFFFF)
+    return rounded.view(np.float32)
+
+
+def with_weights(attn: pa.Table, convert) -> pa.Table:
+    """``attn`` with each weight column of it replaced by ``convert(numpy float32 values)``."""
+    for name in WEIGHTS:
+        if name in attn.column_names:
+            i = attn.schema.get_field_index(name)
+            attn = attn.set_column(i, name, pa.array(convert(attn[name].to_numpy())))
+    return attn
+
+
 def layouts(attn: pa.Table, tokens: pa.Table) -> dict[str, list[pa.Table]]:
     keys = ["doc_id", "position"]
     wide = attn.join(tokens, keys=keys, join_type="left outer").sort_by(
@@ -57,6 +84,10 @@ def layouts(attn: pa.Table, tokens: pa.Table) -> dict[str, list[pa.Table]]:
         "lean": [attn, tokens],
         "lean+bss": [attn, tokens],
         "lean-scaled": [attn.drop_columns(["weight_scaled"]), tokens],
+        "lean+f16": [with_weights(attn, lambda v: v.astype(np.float16)), tokens],
+        "lean+bits10": [with_weights(attn, lambda v: bit_rounded(v, 10)), tokens],
+        "lean+bits7": [with_weights(attn, lambda v: bit_rounded(v, 7)), tokens],
+        "lean-scaled+bits7": [with_weights(attn.drop_columns(["weight_scaled"]), lambda v: bit_rounded(v, 7)), tokens],
     }
 
 
