@@ -87,7 +87,10 @@ def layouts(attn: pa.Table, tokens: pa.Table) -> dict[str, list[pa.Table]]:
         "lean+f16": [with_weights(attn, lambda v: v.astype(np.float16)), tokens],
         "lean+bits10": [with_weights(attn, lambda v: bit_rounded(v, 10)), tokens],
         "lean+bits7": [with_weights(attn, lambda v: bit_rounded(v, 7)), tokens],
-        "lean-scaled+bits7": [with_weights(attn.drop_columns(["weight_scaled"]), lambda v: bit_rounded(v, 7)), tokens],
+        "lean-scaled+bits7": [
+            with_weights(attn.drop_columns(["weight_scaled"]), lambda v: bit_rounded(v, 7)),
+            tokens,
+        ],
     }
 
 

@@ -13,14 +13,16 @@ from .._util import lazy_exports
 if TYPE_CHECKING:
     from .capture import ClsRowCapture, eager_rows, find_self_attention
     from .checks import load_config, load_tokenizer, resolve_source
-    from .classifier import Classifier, resolve_device, resolve_dtype
+    from .classifier import Classifier
+    from .device import resolve_device, resolve_dtype
     from .encode import Encoded, Encoder, encode_texts
     from .outputs import Outputs
 
 _EXPORTS = {
     **dict.fromkeys(["ClsRowCapture", "eager_rows", "find_self_attention"], "capture"),
     **dict.fromkeys(["load_config", "load_tokenizer", "resolve_source"], "checks"),
-    **dict.fromkeys(["Classifier", "resolve_device", "resolve_dtype"], "classifier"),
+    "Classifier": "classifier",
+    **dict.fromkeys(["resolve_device", "resolve_dtype"], "device"),
     **dict.fromkeys(["Encoded", "Encoder", "encode_texts"], "encode"),
     "Outputs": "outputs",
 }

@@ -18,9 +18,7 @@ import contextlib
 import hashlib
 import logging
 import pickle
-import threading
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,65 +41,11 @@ from .checks import (
     pickle_reason,
     resolve_source,
 )
+from .device import does_not_fit, no_cudnn_attention, resolve_device, resolve_dtype
 from .outputs import Outputs
 from .trim import LastLayerTrim, cls_sdpa, verified
 
 log = logging.getLogger(__name__)
-
-_cudnn_lock = threading.Lock()
-_cudnn_users = 0
-_cudnn_was = True
-
-
-@contextlib.contextmanager
-def no_cudnn_attention() -> Iterator[None]:
-    """SDPA without cuDNN's kernel while any thread is inside (the flag is process-wide, so the last one
-    out puts it back). torch 2.11 tries cuDNN first on Hopper and newer GPUs for a padded batch, and
-    cuDNN builds an execution plan for every new (batch, length) shape, which took longer than the batch
-    itself on an H200; length-bucketed batches come in hundreds of shapes (docs/performance.md, GPU)."""
-    global _cudnn_users, _cudnn_was
-    with _cudnn_lock:
-        if _cudnn_users == 0:
-            _cudnn_was = torch.backends.cuda.cudnn_sdp_enabled()
-            torch.backends.cuda.enable_cudnn_sdp(False)
-        _cudnn_users += 1
-    try:
-        yield
-    finally:
-        with _cudnn_lock:
-            _cudnn_users -= 1
-            if _cudnn_users == 0:
-                torch.backends.cuda.enable_cudnn_sdp(_cudnn_was)
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise SpecError(f"device {device!r} asked for, but no CUDA device is available; use --device cpu")
-    if device.startswith("mps") and not torch.backends.mps.is_available():
-        raise SpecError(
-            f"device {device!r} asked for, but no Apple MPS device is available; use --device cpu"
-        )
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        raise SpecError(f"device {device!r} is not one torch knows: {first_line(e)}") from None
-    if dev.type == "cuda" and dev.index is not None and dev.index >= (count := torch.cuda.device_count()):
-        raise SpecError(
-            f"device {device!r} asked for, but this machine has {count} CUDA device(s) "
-            f"(cuda:0 to cuda:{count - 1}); see nvidia-smi, or CUDA_VISIBLE_DEVICES"
-        )
-    return dev
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """auto: bfloat16 on CUDA devices that support it, float16 on older ones, float32 on CPU."""
-    if dtype == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
 def weights_hash(path: str) -> str:
@@ -212,7 +156,7 @@ class Classifier:
             fits = False
         if not fits:  # out of the except block, whose traceback holds what was moved already
             del model  # ... and this frame, which the error's traceback holds too
-            raise _does_not_fit(source, dev, torch_dtype)
+            raise does_not_fit(source, dev, torch_dtype)
         num_layers = int(getattr(config, "num_hidden_layers", None) or config.n_layers)
         resolved = resolve_layers(layers, num_layers)
         attn = find_self_attention(model)
@@ -365,19 +309,6 @@ class PendingOutputs:
         # copies, so that the pinned buffers go back to torch's cache now: a caller may keep a window's
         # outputs (host processes send them on whole), and new page-locked memory is slow to get
         return Outputs(*(np.array(t.numpy()) if self._done is not None else t.numpy() for t in outputs))
-
-
-def _does_not_fit(source: str, dev: torch.device, dtype: torch.dtype) -> ModelError:
-    """The error for a model too big for its device, said once what it took there is given back."""
-    free = ""
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-        left, total = torch.cuda.mem_get_info(dev)
-        free = f" ({left / 2**30:.1f} of {total / 2**30:.1f} GiB free)"
-    half = ", or load it in half the memory (--dtype bfloat16)" if dtype == torch.float32 else ""
-    return ModelError(
-        f"{source} does not fit on {dev}{free}: free the device or choose another (--device){half}"
-    )
 
 
 def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list[int]:
