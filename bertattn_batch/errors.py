@@ -39,5 +39,7 @@ class EngineError(BertAttnError):
 
 
 def first_line(e: BaseException) -> str:
-    """An exception's first line: library messages run over many lines, ours are one."""
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+    """An exception's first line: library messages run over many lines, ours are one. A first line that
+    ends in a colon only announces the next, so that one is kept too."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [type(e).__name__]
+    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]

@@ -7,7 +7,9 @@ softmax, a tokenizer that does not put [CLS] first, weights that would be random
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,16 +91,48 @@ def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool
     if not folder.exists() and (not _could_be_hub_id(source) or _local_parent(folder)):
         raise ModelError(f"no model folder {source}{_did_you_mean(folder)}")
     try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:
+        # quiet: a value it cannot set makes transformers log the whole config before it raises
+        with transformers_log_level("critical"):
+            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        check_geometry(config)
+    except Exception as e:  # a damaged config.json fails in many ways (wrong types, nulls, bad keys)
         if not folder.exists():  # most often a mistyped local path, not a hub id
             raise ModelError(
                 f"no model folder {source}, and it could not be loaded from the hub: {first_line(e)}"
             ) from None
-        raise ModelError(f"cannot load model config from {source!r}: {first_line(e)}") from None
+        raise ModelError(
+            f"cannot load model config from {source!r} (its config.json): {type(e).__name__}: {first_line(e)}"
+        ) from None
     _check_architecture(config, source)
     _check_weights_format(source, allow_pickle)
     return config
+
+
+@contextlib.contextmanager
+def transformers_log_level(level: str) -> Iterator[None]:
+    """transformers' own log at ``level`` ("error", "critical") inside, for loads whose every failure
+    becomes one of our errors and whose expected reports (a new head) are no news."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.get_verbosity()
+    hf_logging.set_verbosity(getattr(hf_logging, level.upper()))
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(was)
+
+
+def check_geometry(config) -> None:
+    """Refuse sizes no encoder can have (a hand-edited config.json) before a model is built from them,
+    which would fail deep inside torch (a division by zero heads) or build a model of no use."""
+    sizes = {
+        name: getattr(config, name)
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "n_layers")
+        if hasattr(config, name)
+    }
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} is {value!r}, not a whole number of at least 1")
 
 
 def _local_parent(folder: Path) -> bool:
@@ -173,6 +207,21 @@ def check_loaded_weights(model, info: dict[str, Any], source: str, for_training:
             f"{source} has no trained classification head (missing {', '.join(missing)}); "
             "fine-tune it first: bertattn finetune"
         )
+    mismatched = sorted(info.get("mismatched_keys", []))  # (name, saved shape, shape the config makes)
+    if for_training:  # a head of another size is replaced, and trained
+        mismatched = [m for m in mismatched if m[0].startswith(prefix)]
+    if mismatched:
+        name, saved, made = mismatched[0]
+        head = all(not m[0].startswith(prefix) for m in mismatched)
+        hint = (
+            "its classification head has another number of labels than config.json's id2label names"
+            if head
+            else "was config.json edited, or saved for another model?"
+        )
+        raise ModelError(
+            f"{source}: {len(mismatched)} of its weights do not have the shape its config.json gives them "
+            f"({name}: saved {_shape(saved)}, config {_shape(made)}); {hint}"
+        )
     if missing:
         raise ModelError(
             f"{source}: its checkpoint lacks {len(missing)} of the model's weights ({_some_keys(missing)}), "
@@ -191,6 +240,10 @@ def check_loaded_weights(model, info: dict[str, Any], source: str, for_training:
             f"{source}: transformers {transformers_version()} has no place for {len(unused)} of its "
             f"encoder weights ({_some_keys(unused)}), so it would run another model than the one saved"
         )
+
+
+def _shape(size) -> str:
+    return " x ".join(map(str, size)) or "scalar"
 
 
 def check_positions(model, source: str) -> None:

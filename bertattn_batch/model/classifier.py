@@ -40,6 +40,7 @@ from .checks import (
     load_tokenizer,
     pickle_reason,
     resolve_source,
+    transformers_log_level,
 )
 from .device import does_not_fit, no_cudnn_attention, resolve_device, resolve_dtype
 from .outputs import Outputs
@@ -118,7 +119,8 @@ class Classifier:
         check_cls_first(tokenizer, source)
 
         def from_pretrained(implementation: str):
-            with warnings.catch_warnings():
+            # quiet: what its load report says, check_loaded_weights says as one error
+            with warnings.catch_warnings(), transformers_log_level("error"):
                 warnings.simplefilter("ignore")
                 return AutoModelForSequenceClassification.from_pretrained(
                     path,
@@ -127,6 +129,7 @@ class Classifier:
                     use_safetensors=None if allow_pickle else True,
                     trust_remote_code=trust_remote_code,
                     output_loading_info=True,
+                    ignore_mismatched_sizes=True,  # refused below, naming the weights, not raised bare
                     return_dict=True,  # outputs as objects (.logits), whatever config.json says
                     output_attentions=False,  # eager mode asks per call; sdpa cannot return them
                 )

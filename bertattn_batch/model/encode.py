@@ -143,9 +143,11 @@ def _word_mark_id(backend) -> int | None:
 def _unpin_prepended_marks(ids: np.ndarray, offsets: np.ndarray, mark: int) -> None:
     """Give a lone word mark that stands for no character of the text an empty span, in place.
 
-    The mark a tokenizer prepends to the first word has no source character, yet the tokenizer aligns
-    it with that word's first character, which the next token covers too ('▁' and '好' of "好吃" both
-    at 0..1). A mark for a real space spans that space, before the next token: it is kept.
+    The mark a tokenizer prepends to a word has no source character of its own (the pre-tokenizer drops
+    the space it replaces), yet the tokenizer aligns it with that word's first character, which the next
+    token covers too ('▁' and '好' of "好吃" both at 0..1; the same before a later word that has no
+    ``▁x`` piece). A mark whose span ends before the next token's start (a tokenizer that keeps the
+    spaces) spans real text: it is kept.
     """
     for k in np.flatnonzero(ids[:-2] == mark):  # content tokens followed by a content token
         start, end = offsets[k]

@@ -8,7 +8,7 @@ import torch
 
 from ..config import FinetuneSpec
 from ..errors import ModelError, first_line
-from ..model.checks import check_loaded_weights, check_positions
+from ..model.checks import check_loaded_weights, check_positions, transformers_log_level
 
 
 def scratch_model(spec: FinetuneSpec, vocab_size: int, names: list[str], pad_id: int) -> Any:
@@ -33,30 +33,27 @@ def scratch_model(spec: FinetuneSpec, vocab_size: int, names: list[str], pad_id:
 
 def base_model(path: str, names: list[str]) -> Any:
     from transformers import AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
 
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # its load report lists the new head as missing: expected here
     try:
-        model, info = AutoModelForSequenceClassification.from_pretrained(
-            path,
-            num_labels=len(names),
-            id2label=dict(enumerate(names)),
-            label2id={n: i for i, n in enumerate(names)},
-            # trained as a single-label softmax in float32, whatever the base was saved as: a
-            # multi-label or regression base's problem_type, or float16 weights, would otherwise stay
-            problem_type="single_label_classification",
-            dtype=torch.float32,
-            use_safetensors=True,
-            # no attn_implementation: SDPA where the architecture has it, else its eager attention
-            trust_remote_code=False,
-            ignore_mismatched_sizes=True,  # a classifier base with another number of labels
-            output_loading_info=True,
-        )
+        # quiet: its load report lists the new head as missing, which is expected here
+        with transformers_log_level("error"):
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                path,
+                num_labels=len(names),
+                id2label=dict(enumerate(names)),
+                label2id={n: i for i, n in enumerate(names)},
+                # trained as a single-label softmax in float32, whatever the base was saved as: a
+                # multi-label or regression base's problem_type, or float16 weights, would otherwise stay
+                problem_type="single_label_classification",
+                dtype=torch.float32,
+                use_safetensors=True,
+                # no attn_implementation: SDPA where the architecture has it, else its eager attention
+                trust_remote_code=False,
+                ignore_mismatched_sizes=True,  # a classifier base with another number of labels
+                output_loading_info=True,
+            )
     except (OSError, ValueError, RuntimeError) as e:
         raise ModelError(f"cannot load base model {path}: {first_line(e)}") from None
-    finally:
-        hf_logging.set_verbosity(verbosity)
     new = set(info.get("missing_keys", [])) | {
         k if isinstance(k, str) else k[0] for k in info.get("mismatched_keys", [])
     }

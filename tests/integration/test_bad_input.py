@@ -445,13 +445,28 @@ def _with_config(model_dir: Path, dest: Path, **changes) -> Path:
         ),
         ({"type_vocab_size": 0}, "type_vocab_size=0 leaves its embeddings no token-type row"),
         ({"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key', which"),
+        # the head saved for 3 labels, config.json edited to name 2
+        (
+            {"id2label": {"0": "a", "1": "b"}, "label2id": {"a": 0, "b": 1}},
+            r"2 of its weights do not have the shape its config.json gives them \(classifier.bias: saved 3, "
+            r"config 2\); its classification head has another number of labels",
+        ),
+        (
+            {"max_position_embeddings": 8},
+            r"\(bert.embeddings.position_embeddings.weight: saved 512 x 32, config 8 x 32\); was config.json",
+        ),
+        # hand-edited values: the field and the value, not a bare exception name
+        ({"num_attention_heads": 0}, r"config.json\): ValueError: num_attention_heads is 0, not a whole"),
+        ({"num_hidden_layers": "3"}, r"for field 'num_hidden_layers': TypeError: .*expected int, got str"),
+        ({"use_return_dict": False}, r"config.json\): AttributeError: .*use_return_dict"),
     ],
 )
-def test_configs_that_do_not_fit_are_one_line_errors(changes, message, tiny_en_dir, tmp_path):
+def test_configs_that_do_not_fit_are_one_line_errors(changes, message, tiny_en_dir, tmp_path, capfd):
     model = _with_config(tiny_en_dir, tmp_path / "model", **changes)
     with pytest.raises(ModelError, match=message) as err:
         Classifier.load(str(model))
     assert len(str(err.value).splitlines()) == 1
+    assert "MISMATCH" not in capfd.readouterr().err  # transformers' load report: the error says it
 
 
 def _with_weights(model_dir: Path, dest: Path, drop: str = "", add: dict | None = None) -> Path:
