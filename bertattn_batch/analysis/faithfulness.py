@@ -107,6 +107,8 @@ def faithfulness(
     t0 = time.perf_counter()
     if sample < 1:
         raise SpecError(f"--sample must be at least 1, got {sample}")
+    if not 0 <= seed < 2**32:  # numpy's generators take no negative seed
+        raise SpecError(f"--seed must be in [0, 2**32), got {seed}")
     run = Path(run_dir)
     manifest = read_manifest(run)
     preds = scored_predictions(run, ["doc_id", "row_index", "text", "pred_id", "pred_label", "n_tokens"])

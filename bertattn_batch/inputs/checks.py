@@ -127,19 +127,51 @@ def _check_bytes(src: Source) -> None:
             kind = compression_of(src.path)
         else:
             with open_binary(src.path) as f:  # as stored: a byte-order mark says what it holds
-                head = f.read(4)
+                head = f.read(UTF16_SAMPLE_BYTES)
+            if codecs.lookup(src.encoding).name != "utf-8":
+                with open_binary(src.path, src.encoding) as f:  # as read: the decoder's own complaints
+                    f.read(1 << 12)
+    except UnicodeError as e:  # not a byte it cannot decode (kept, as invalid_utf8), a stream it refuses
+        raise InputError(
+            f"{src.label} cannot be read as {src.encoding} ({first_line(e)}); check --encoding"
+        ) from None
     except READ_ERRORS as e:
         raise InputError(f"cannot read {src.label}: {getattr(e, 'strerror', None) or e}") from None
     if kind is not None:
         raise InputError(
             f"{src.label} is {kind}-compressed; decompress it first (Parquet compresses its own pages)"
         )
+    if codecs.lookup(src.encoding).name != "utf-8":
+        return
     for bom, name in _OTHER_BOMS:
-        if head.startswith(bom) and codecs.lookup(src.encoding).name == "utf-8":
+        if head.startswith(bom):
             raise InputError(
                 f"{src.label} is {name} text (it starts with a {name} byte-order mark); bertattn reads UTF-8: "
                 f"convert it first, e.g. iconv -f {name} -t UTF-8"
             )
+    if (name := _utf16_without_bom(head)) is not None:
+        raise InputError(
+            f"{src.label} looks like {name} text without a byte-order mark (every other byte is NUL); "
+            f"bertattn reads UTF-8: convert it first (iconv -f {name} -t UTF-8) or pass --encoding {name.lower()}"
+        )
+
+
+#: Bytes at a file's start in which UTF-16 without a byte-order mark is looked for.
+UTF16_SAMPLE_BYTES = 64
+
+
+def _utf16_without_bom(head: bytes) -> str | None:
+    """``UTF-16LE`` or ``UTF-16BE`` where most of one parity of ``head``'s bytes are NUL and few of the
+    other (ASCII spelt in UTF-16), else None: such a file is valid UTF-8, of NUL-interleaved text."""
+    even, odd = head[0::2], head[1::2]
+    if len(odd) < 8:
+        return None
+    share = {parity: bytes(part).count(0) / len(part) for parity, part in (("even", even), ("odd", odd))}
+    if share["odd"] >= 0.6 and share["even"] <= 0.1:
+        return "UTF-16LE"
+    if share["even"] >= 0.6 and share["odd"] <= 0.1:
+        return "UTF-16BE"
+    return None
 
 
 def _check_columns(src: Source, wanted: list[str]) -> None:

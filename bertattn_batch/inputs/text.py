@@ -1,4 +1,8 @@
-"""Plain-text inputs: one review a line, in a column named ``text``."""
+"""Plain-text inputs: one review a line, in a column named ``text``.
+
+Lines end as Python's universal newlines end them, in ``\n``, ``\r\n`` or a lone ``\r`` (old Mac files):
+the same rows a CSV reader finds in the same bytes.
+"""
 
 from __future__ import annotations
 
@@ -25,9 +29,16 @@ def read_text(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[
         for i, raw in enumerate(f):
             if i == 0:  # an editor's byte-order mark is no part of the review
                 raw = raw.removeprefix(codecs.BOM_UTF8)
-            block.append(raw.rstrip(b"\r\n"))
+            block.extend(_lines(raw))
             if len(block) >= block_rows:
                 yield {TEXT_FILE_COLUMN: block}
                 block = []
     if block:
         yield {TEXT_FILE_COLUMN: block}
+
+
+def _lines(raw: bytes) -> list[bytes]:
+    """The lines of one ``\n``-terminated chunk, split again at each lone ``\r``."""
+    raw = raw[:-2] if raw.endswith(b"\r\n") else raw.removesuffix(b"\n")
+    lines = raw.split(b"\r")
+    return lines[:-1] if len(lines) > 1 and not lines[-1] else lines

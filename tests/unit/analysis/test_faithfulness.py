@@ -19,6 +19,7 @@ from bertattn_batch import schema
 from bertattn_batch.analysis import faithfulness as fa
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
+from bertattn_batch.errors import SpecError
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +120,12 @@ def test_the_sample_and_the_random_ranking_follow_their_seed(run_dir, result):
     other = fa.faithfulness(run_dir, sample=5, seed=4, device="cpu")
     random = pl.col("score") == "random"
     assert not other.table.filter(random).equals(result.table.filter(random))
+    for sample, seed, message in [
+        (0, 0, "--sample must be at least 1, got 0"),
+        (5, -1, r"--seed must be in \[0"),
+    ]:
+        with pytest.raises(SpecError, match=message):
+            fa.faithfulness(run_dir, sample=sample, seed=seed, device="cpu")
 
 
 def test_the_sample_is_stratified_by_predicted_label():

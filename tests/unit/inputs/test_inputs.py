@@ -409,3 +409,48 @@ def test_another_delimiter_is_named_and_can_be_given(tmp_path):
     from bertattn_batch.config import JobSpec
 
     assert JobSpec(inputs=["x"], model="m", out="o", delimiter="\\t").delimiter == "\t"
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_a_text_file_has_a_review_a_line_whatever_its_line_endings(tmp_path, newline):
+    """Old Mac files end lines in a lone \\r: each is a review, as a CSV reader finds in the same bytes."""
+    lines = ["好评一", "", "差评二", "中评三 "]
+    (tmp_path / "r.txt").write_bytes(newline.join(lines).encode() + newline.encode())
+    (tmp_path / "r.csv").write_bytes(newline.join(["text", *(f'"{x}"' for x in lines)]).encode())
+    read = [t for b in inputs.read_rows([str(tmp_path / "r.txt")], block_rows=2) for t in b.text]
+    assert read == lines
+    assert read == [t for b in inputs.read_rows([str(tmp_path / "r.csv")]) for t in b.text]
+
+
+def test_a_lone_carriage_return_inside_a_text_line_ends_it():
+    from bertattn_batch.inputs.text import _lines
+
+    assert _lines(b"one\rtwo\r\n") == [b"one", b"two"]
+    assert _lines(b"one\r\r") == [b"one", b""]
+    assert _lines(b"\n") == [b""] and _lines(b"last") == [b"last"]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
+@pytest.mark.parametrize("name", ["r.txt", "r.csv", "r.csv.gz"])
+def test_utf16_without_a_byte_order_mark_is_refused_with_what_to_do(tmp_path, encoding, name):
+    """ASCII in UTF-16 without a mark is valid UTF-8, of NUL-interleaved text: without this check its
+    header names columns 't e x t' and no review reads right."""
+    data = "text\n好评 one\n差评 two\n".encode(encoding)
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    label = encoding.upper().replace("-LE", "LE").replace("-BE", "BE")
+    with pytest.raises(InputError, match=rf"looks like {label} text without a byte-order mark.*--encoding"):
+        inputs.check_inputs([str(path)])
+    # read as what it is, it is fine
+    assert inputs.check_inputs([str(path)], encoding=encoding)
+    (batch,) = inputs.read_rows([str(path)], encoding=encoding)
+    assert batch.text[-2:] == ["好评 one", "差评 two"]  # a text file's first line, "text", is a review
+
+
+def test_an_encoding_that_refuses_the_file_is_named(tmp_path):
+    path = tmp_path / "r.csv"
+    path.write_text("text\none\n", encoding="utf-8")
+    with pytest.raises(
+        InputError, match=r"r.csv cannot be read as utf-16 \(UTF-16 stream does not start with BOM"
+    ):
+        inputs.check_inputs([str(path)], encoding="utf-16")
