@@ -37,7 +37,17 @@ from .._util import file_lock, hidden_tmp
 from ..errors import RunDirError, RunVersionError, WriteError
 from ..ids import IdSet
 from ..storage import is_remote
-from .layout import AGGREGATES_DIR, COMMIT_LOG, LEASE_NAME, LOCK_NAME, MANIFEST, REPORT_NAME, TABLES, tmp_name
+from .layout import (
+    AGGREGATES_DIR,
+    COMMIT_LOG,
+    LEASE_NAME,
+    LOCK_NAME,
+    MANIFEST,
+    REPORT_NAME,
+    TABLES,
+    is_run_dir,
+    tmp_name,
+)
 from .manifest import (
     Manifest,
     PartEntry,
@@ -328,7 +338,19 @@ def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest |
     except RunDirError as e:
         if "is not a bertattn run directory" in str(e):
             raise RunDirError(f"{run_dir} is not a bertattn run directory; choose another --out") from None
-        raise
+        if " is damaged: " not in str(e):
+            raise
+        # a damaged manifest beside the run's tables is a run of ours to redo when asked (clearing takes
+        # only what bertattn writes), else named with the way out
+        if on_existing != "overwrite":
+            raise RunDirError(
+                f"{e}; pass --overwrite to start the run again, or choose another --out"
+            ) from None
+        if not is_remote(run_dir) and is_run_dir(Path(run_dir)):
+            return Manifest()
+        raise RunDirError(
+            f"{e}; with no run's tables beside it, it is left as it is: choose another --out"
+        ) from None
     if on_existing == "new" and old.parts:
         raise RunDirError(f"{run_dir} already holds a run; choose another --out or pass --overwrite")
     return old

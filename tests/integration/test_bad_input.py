@@ -850,6 +850,29 @@ def test_overwrite_keeps_what_bertattn_did_not_write(tiny_en_dir, tmp_path):
     assert read_table(out, "predictions").num_rows == 1
 
 
+def test_a_run_whose_manifest_is_damaged_is_named_and_overwrite_redoes_it(tiny_en_dir, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("good\nbad\n")
+    out = tmp_path / "run"
+    assert _extract(src, tiny_en_dir, out).exit_code == 0
+    manifest = out / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:100])  # cut short: a full disk, a bad copy
+    (out / "notes.txt").write_text("mine")
+    r = _extract(src, tiny_en_dir, out)
+    assert r.exit_code == 1
+    assert "manifest.json is damaged: " in r.output and "pass --overwrite to start the run again" in r.output
+    r = _extract(src, tiny_en_dir, out, "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert read_table(out, "predictions").num_rows == 2 and (out / "notes.txt").read_text() == "mine"
+    # a damaged manifest.json with no run's tables beside it is not taken for a run, even to overwrite
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "manifest.json").write_text('{"name": ')
+    r = _extract(src, tiny_en_dir, other, "--overwrite")
+    assert r.exit_code == 1 and "it is left as it is: choose another --out" in r.output
+    assert (other / "manifest.json").read_text() == '{"name": '
+
+
 def test_contradictory_existing_run_options_are_refused(tiny_en_dir, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("good\n")
