@@ -53,7 +53,10 @@ def _run(spec: JobSpec) -> None:
     typer.echo(summary.line())
     if summary.input_rows == 0:
         done = summary.skipped_committed > 0
-        typer.echo(f"nothing new to process; {spec.out} is up to date" if done else "the input holds no rows")
+        if done:
+            typer.echo(f"nothing new to process; {spec.out} is up to date")
+        else:
+            typer.echo("--limit 0 reads no rows" if spec.limit == 0 else "the input holds no rows")
 
 
 Overwrite = Annotated[

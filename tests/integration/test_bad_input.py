@@ -193,6 +193,8 @@ def test_empty_files_give_empty_runs(tiny_en_dir, tmp_path):
         assert manifest["counts"] == {"predictions": 0, "cls_attention": 0, "head_summary": 0, "tokens": 0}
         report = validate_run(out)
         assert report.ok, report.render()
+    r = _extract(src, tiny_en_dir, tmp_path / "runs" / "none", "--limit", "0")
+    assert r.exit_code == 0 and "--limit 0 reads no rows" in r.output, r.output
     # what reads a run works on one without rows: an empty aggregates table, a report of 0 reviews
     for command in ("aggregate", "report"):
         r = CliRunner().invoke(app, [command, str(out)])

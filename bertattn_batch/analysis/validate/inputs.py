@@ -61,7 +61,7 @@ def _check_count(rec: Recorder, run: RunView, sources, columns, limit: int | Non
         rec.fail(
             "inputs",
             f"input rows {covered}..{n - 1} have no predictions row (rows added to the inputs since, or a "
-            "part removed?); rerun the extract to add them, or --overwrite",
+            "part removed?); rerun the extract with --incremental to add them, or with --overwrite to redo it",
         )
     elif n > covered:
         rec.note("inputs", f"rows {covered}..{n - 1} are still to do (the run is {run.status})")
