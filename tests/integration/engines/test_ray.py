@@ -46,6 +46,8 @@ FLOATS = {
     "pred_prob",
     "weight",
     "weight_scaled",
+    "weight_norm",
+    "value_zeroing",
     "weight_cls",
     "weight_sep",
     "weight_min",
@@ -401,7 +403,8 @@ def test_the_readers_warnings_reach_the_driver(ray_local, tiny_en_dir, tmp_path,
 def test_malformed_rows_get_the_local_engines_statuses(ray_local, tiny_en_dir, drug_rows, tmp_path):
     """Rows that Ray Data's own readers would fail a whole file on keep their place with the local
     engine's status: a CSV row with too many or too few fields, a JSON line cut short, a lone surrogate
-    escape, invalid UTF-8 in a text file; an xz file is read too."""
+    escape, invalid UTF-8 in a text file, a lone carriage return ending a text line; an xz file is read
+    too."""
     texts = [r["text"] for r in drug_rows[:6]]
     (tmp_path / "a.csv").write_text(f'id,text\na0,"{texts[0]}"\na1,x,y\na2\na3,"{texts[1]}"\n')
     lines = [
@@ -426,7 +429,8 @@ def test_malformed_rows_get_the_local_engines_statuses(ray_local, tiny_en_dir, d
     run_job(_spec([tmp_path / "c.txt"], tiny_en_dir, tmp_path / "ray-text", engine="ray", workers=1))
     assert_same_run(tmp_path / "ray-text", tmp_path / "local-text")
     preds = _sorted(tmp_path / "ray-text", "predictions")
-    assert preds.column("status").to_pylist() == ["ok", "invalid_utf8", "ok", "ok"]
+    assert preds.column("status").to_pylist() == ["ok", "invalid_utf8", "ok", "ok", "ok"]
+    assert preds.column("text").to_pylist()[2:4] == ["in", "one"]
 
 
 def test_a_saved_dataset_with_class_labels_matches_the_local_engine(
