@@ -121,6 +121,7 @@ def _check_bytes(src: Source) -> None:
     if src.format == "datasets":
         return
     kind, head = None, b""
+    utf8 = codecs.lookup(src.encoding).name == "utf-8"
     try:
         check_not_archive(src.path)
         if src.format == "parquet":
@@ -128,7 +129,7 @@ def _check_bytes(src: Source) -> None:
         else:
             with open_binary(src.path) as f:  # as stored: a byte-order mark says what it holds
                 head = f.read(UTF16_SAMPLE_BYTES)
-            if codecs.lookup(src.encoding).name != "utf-8":
+            if not utf8:
                 with open_binary(src.path, src.encoding) as f:  # as read: the decoder's own complaints
                     f.read(1 << 12)
     except UnicodeError as e:  # not a byte it cannot decode (kept, as invalid_utf8), a stream it refuses
@@ -141,7 +142,7 @@ def _check_bytes(src: Source) -> None:
         raise InputError(
             f"{src.label} is {kind}-compressed; decompress it first (Parquet compresses its own pages)"
         )
-    if codecs.lookup(src.encoding).name != "utf-8":
+    if not utf8:
         return
     for bom, name in _OTHER_BOMS:
         if head.startswith(bom):
@@ -163,13 +164,12 @@ UTF16_SAMPLE_BYTES = 64
 def _utf16_without_bom(head: bytes) -> str | None:
     """``UTF-16LE`` or ``UTF-16BE`` where most of one parity of ``head``'s bytes are NUL and few of the
     other (ASCII spelt in UTF-16), else None: such a file is valid UTF-8, of NUL-interleaved text."""
-    even, odd = head[0::2], head[1::2]
-    if len(odd) < 8:
+    if len(head) < 16:
         return None
-    share = {parity: bytes(part).count(0) / len(part) for parity, part in (("even", even), ("odd", odd))}
-    if share["odd"] >= 0.6 and share["even"] <= 0.1:
+    even, odd = head[0::2].count(0) / len(head[0::2]), head[1::2].count(0) / len(head[1::2])
+    if odd >= 0.6 and even <= 0.1:
         return "UTF-16LE"
-    if share["even"] >= 0.6 and share["odd"] <= 0.1:
+    if even >= 0.6 and odd <= 0.1:
         return "UTF-16BE"
     return None
 
