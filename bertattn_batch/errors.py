@@ -22,6 +22,10 @@ class RunDirError(BertAttnError):
     """A run directory belongs to another job, model or schema, or is damaged."""
 
 
+class DamagedRunError(RunDirError):
+    """A run directory whose manifest or commit log cannot be read as one (cut short, edited)."""
+
+
 class RunVersionError(RunDirError):
     """A run directory whose tables another version of bertattn-batch wrote in another form."""
 

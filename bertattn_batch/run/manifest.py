@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import schema, storage
 from .._util import atomic_write_text
-from ..errors import RunDirError, RunVersionError, StorageError, WriteError
+from ..errors import DamagedRunError, RunDirError, RunVersionError, StorageError, WriteError
 from ..storage import is_remote
 from .layout import COMMIT_LOG, FORMAT, MANIFEST, TABLES
 
@@ -129,19 +129,19 @@ class Manifest:
         data = upgrade(data)
         parts, problems = parse_parts(data.get("parts"))
         if problems:
-            raise RunDirError(
+            raise DamagedRunError(
                 f"{where} is damaged: its list of parts is missing or malformed ({problems[0]})"
             )
         known = {f.name for f in dataclasses.fields(cls)} - {"extra", "parts"}
         kwargs = {k: v for k, v in data.items() if k in known}
         for name in ("spec", "fingerprint", "model", "versions", "schema_versions"):
             if not isinstance(kwargs.get(name, {}), dict):
-                raise RunDirError(f"{where} is damaged: {name} is not an object")
+                raise DamagedRunError(f"{where} is damaged: {name} is not an object")
         if problems := model_problems(kwargs.get("model", {})):
-            raise RunDirError(f"{where} is damaged: {problems[0]}")
+            raise DamagedRunError(f"{where} is damaged: {problems[0]}")
         generation = kwargs.get("generation")
         if generation is not None and (not isinstance(generation, int) or isinstance(generation, bool)):
-            raise RunDirError(f"{where} is damaged: generation is {generation!r}, expected int")
+            raise DamagedRunError(f"{where} is damaged: generation is {generation!r}, expected int")
         return cls(**kwargs, parts=parts, extra={k: v for k, v in data.items() if k not in known | {"parts"}})
 
     def to_dict(self) -> dict[str, Any]:
@@ -274,9 +274,9 @@ def load_json(run_dir: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(storage.read_bytes(path).decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RunDirError(f"{path} is damaged: {e}") from None
+        raise DamagedRunError(f"{path} is damaged: {e}") from None
     if not isinstance(data, dict):
-        raise RunDirError(f"{path} is damaged: not a JSON object")
+        raise DamagedRunError(f"{path} is damaged: not a JSON object")
     if is_remote(run_dir):  # a store's run has no commit log: its driver rewrites the manifest
         return data
     logged = _logged_parts(Path(run_dir))
@@ -304,7 +304,7 @@ def _logged_parts(run_dir: Path) -> list[Any]:
         except (json.JSONDecodeError, UnicodeDecodeError):
             if i == len(lines) - 1:
                 break
-            raise RunDirError(f"{path} is damaged: line {i + 1} is no JSON") from None
+            raise DamagedRunError(f"{path} is damaged: line {i + 1} is no JSON") from None
         entries[entry.get("name") if isinstance(entry, dict) else str(i)] = entry
     return list(entries.values())
 

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from .. import schema, storage
 from .._util import file_lock, hidden_tmp
-from ..errors import RunDirError, RunVersionError, WriteError
+from ..errors import DamagedRunError, RunDirError, RunVersionError, WriteError
 from ..ids import IdSet
 from ..storage import is_remote
 from .layout import (
@@ -330,16 +330,12 @@ def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest |
                 raise RunDirError(f"{run_dir} is not empty and is not a run directory; choose another --out")
             return None
     try:
-        old = read_manifest(run_dir)  # a damaged one is named, not cleared
+        old = read_manifest(run_dir)
     except RunVersionError:
         if on_existing == "overwrite":  # an older version's run, which this one can only redo
             return Manifest()
         raise
-    except RunDirError as e:
-        if "is not a bertattn run directory" in str(e):
-            raise RunDirError(f"{run_dir} is not a bertattn run directory; choose another --out") from None
-        if " is damaged: " not in str(e):
-            raise
+    except DamagedRunError as e:
         # a damaged manifest beside the run's tables is a run of ours to redo when asked (clearing takes
         # only what bertattn writes), else named with the way out
         if on_existing != "overwrite":
@@ -351,6 +347,10 @@ def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest |
         raise RunDirError(
             f"{e}; with no run's tables beside it, it is left as it is: choose another --out"
         ) from None
+    except RunDirError as e:
+        if "is not a bertattn run directory" in str(e):
+            raise RunDirError(f"{run_dir} is not a bertattn run directory; choose another --out") from None
+        raise
     if on_existing == "new" and old.parts:
         raise RunDirError(f"{run_dir} already holds a run; choose another --out or pass --overwrite")
     return old
