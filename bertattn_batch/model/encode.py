@@ -27,6 +27,8 @@ from itertools import chain
 
 import numpy as np
 
+from .char_tokens import CharTokens, Encoding
+
 #: Reviews longer than this many characters per allowed token are cut before tokenizing (the cut is
 #: kept only when it cannot have changed the tokens kept: see ``_cut_is_exact``); keeps a 1 MB review
 #: cheap.
@@ -64,18 +66,12 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
     mark = _word_mark_id(tokenizer.backend_tokenizer)
     trims = _trims_offsets(tokenizer.backend_tokenizer)
     out = []
-    for i, enc in enumerate(_encode_batch(tokenizer, cut, max_length)):
-        truncated = bool(enc.overflowing)
+    for i, (ids, offsets, truncated) in enumerate(_encode_batch(tokenizer, cut, max_length)):
         if len(cut[i]) != len(texts[i]):
-            if truncated and _cut_is_exact(tokenizer.backend_tokenizer, cut[i], enc.offsets):
+            if truncated and _cut_is_exact(tokenizer.backend_tokenizer, cut[i], offsets):
                 pass  # the review overflows anyway, and the cut did not touch what was kept
             else:  # rare: mostly whitespace, dropped characters or words of hundreds of letters
-                enc = _encode_batch(tokenizer, [texts[i]], max_length)[0]
-                truncated = bool(enc.overflowing)
-        n = len(enc)
-        ids = np.asarray(enc.ids, dtype=np.int32)
-        # fromiter over the flattened pairs: np.asarray on the list of tuples took twice as long
-        offsets = np.fromiter(chain.from_iterable(enc.offsets), np.int32, count=2 * n).reshape(n, 2)
+                ids, offsets, truncated = _encode_batch(tokenizer, [texts[i]], max_length)[0]
         if mark is not None:
             _unpin_prepended_marks(ids, offsets, mark)
         if trims:
@@ -259,7 +255,7 @@ def id_limit(tokenizer) -> int:
     return max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
 
 
-def _cut_is_exact(backend, cut: str, offsets: list[tuple[int, int]]) -> bool:
+def _cut_is_exact(backend, cut: str, offsets: np.ndarray) -> bool:
     """Whether the tokens kept from a cut text are those the whole text would give.
 
     Tokenizers split words at whitespace, so tokens that end before the last whitespace of the cut text
@@ -268,7 +264,7 @@ def _cut_is_exact(backend, cut: str, offsets: list[tuple[int, int]]) -> bool:
     (after normalizing) when what follows the kept tokens is, so the word would be one [UNK] ending past
     them. Everything else is re-encoded whole (a 150-letter word is [UNK] whole, pieces when cut).
     """
-    end = max((e for _, e in offsets), default=0)
+    end = int(offsets[:, 1].max(initial=0))
     space = _LAST_SPACE.search(cut)
     if space is not None and end <= space.start():
         return True
@@ -279,16 +275,38 @@ def _cut_is_exact(backend, cut: str, offsets: list[tuple[int, int]]) -> bool:
     return len(rest) > model.max_input_chars_per_word
 
 
-def _encode_batch(tokenizer, texts: list[str], max_length: int) -> list:
-    """The Rust tokenizer's own encodings, with [CLS] and [SEP] around them, truncated to ``max_length``.
+def _encode_batch(tokenizer, texts: list[str], max_length: int) -> list[Encoding]:
+    """The tokenizer's own ids and offsets, with [CLS] and [SEP] around them, truncated to
+    ``max_length``, and whether each text was truncated.
 
     A special token's text inside a review (``[SEP]``, ``<pad>``) is encoded as the characters it is
     (:func:`text_backend`): by default the tokenizer would turn it into the control token itself, and
-    RoBERTa's ``<pad>`` would even shift the positions after it. Calls the backend directly: the
-    library's ``tokenizer(...)`` would also convert every token's id and offsets into Python lists that
-    are not used here (a third of the encoding time).
+    RoBERTa's ``<pad>`` would even shift the positions after it. BERT's tokenizers take the fast path of
+    :mod:`.char_tokens`, which gives the same tokens. Calls the backend directly: the library's
+    ``tokenizer(...)`` would also convert every token's id and offsets into Python lists that are not
+    used here (a third of the encoding time).
     """
     backend = text_backend(tokenizer)
-    backend.enable_truncation(max_length, direction=getattr(tokenizer, "truncation_side", "right"))
+    side = getattr(tokenizer, "truncation_side", "right")
+    chars = _char_tokens(tokenizer, backend)
+    encoded = chars.encode(texts, max_length, keep_start=side == "right") if chars is not None else None
+    if encoded is not None:
+        return encoded
+    backend.enable_truncation(max_length, direction=side)
     backend.no_padding()
-    return backend.encode_batch(texts, add_special_tokens=True)
+    out = []
+    for enc in backend.encode_batch(texts, add_special_tokens=True):
+        n = len(enc)
+        # fromiter over the flattened pairs: np.asarray on the list of tuples took twice as long
+        offsets = np.fromiter(chain.from_iterable(enc.offsets), np.int32, count=2 * n).reshape(n, 2)
+        out.append((np.asarray(enc.ids, dtype=np.int32), offsets, bool(enc.overflowing)))
+    return out
+
+
+def _char_tokens(tokenizer, backend) -> CharTokens | None:
+    """The fast path's table for this tokenizer (kept on it, made once), or None where it has none."""
+    cached = getattr(tokenizer, "_bertattn_char_tokens", None)
+    if cached is None or cached[0] is not backend:
+        cached = (backend, CharTokens.for_backend(backend))
+        tokenizer._bertattn_char_tokens = cached
+    return cached[1]
