@@ -104,15 +104,21 @@ def _window(block: RowBatch, point: ResumePoint, seen: IdSet | None) -> WindowRo
 
 def select_rows(block: RowBatch, skip_until: int, skip_ids: IdSet | None, seen_ids: IdSet | None) -> RowBatch:
     """The block's rows still to do, in order; a repeated id (``seen_ids`` grows) becomes duplicate_id."""
+    # a row without a source id has its row number as doc id, which is no committed source id (the row
+    # is recorded again every pass) and no repeat of one
+    has_id = [status not in schema.ROW_NUMBER_STATUSES for status in block.status]
+    todo = [i for i in range(len(block)) if block.row_index[i] >= skip_until]
+    if skip_ids is not None:
+        with_id = [i for i in todo if has_id[i]]
+        done = dict(zip(with_id, skip_ids.contains_each([block.doc_id[i] for i in with_id]), strict=True))
+        todo = [i for i in todo if not done.get(i, False)]
+    repeated: set[int] = set()
+    if seen_ids is not None:
+        with_id = [i for i in todo if has_id[i]]
+        new = seen_ids.add_each([block.doc_id[i] for i in with_id])
+        repeated = {i for i, is_new in zip(with_id, new, strict=True) if not is_new}
     out = RowBatch()
-    for i in range(len(block)):
-        row, doc_id, status = block.row_index[i], block.doc_id[i], block.status[i]
-        # a row without a source id has its row number as doc id, which is no committed source id (the
-        # row is recorded again every pass) and no repeat of one
-        has_id = status not in schema.ROW_NUMBER_STATUSES
-        if row < skip_until or (skip_ids is not None and has_id and doc_id in skip_ids):
-            continue
-        if seen_ids is not None and has_id and not seen_ids.add(doc_id):
-            status = "duplicate_id"
-        out.append(row, doc_id, block.text[i], block.label[i], status)
+    for i in todo:
+        status = "duplicate_id" if i in repeated else block.status[i]
+        out.append(block.row_index[i], block.doc_id[i], block.text[i], block.label[i], status)
     return out

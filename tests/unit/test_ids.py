@@ -30,3 +30,19 @@ def test_an_id_set_answers_as_a_python_set(monkeypatch):
     assert len(both) == len(oracle | {"r-1", "new", "好评"})
     assert "new" in both and "r-01" in both and "new" not in seen  # the operands stay as they were
     assert len(IdSet() | IdSet()) == 0 and "" not in IdSet()
+
+
+def test_block_calls_match_one_at_a_time():
+    """add_each and contains_each agree with add and ``in`` called id by id, across merges into the
+    sorted array, with repeats inside a block and against earlier blocks."""
+    import random
+
+    rng = random.Random(3)
+    ids = [f"r{rng.randrange(30_000)}" for _ in range(120_000)]
+    one, block = IdSet(), IdSet()
+    for k in range(0, len(ids), 5_000):
+        chunk = ids[k : k + 5_000]
+        probe = [f"r{rng.randrange(40_000)}" for _ in range(200)]
+        assert block.contains_each(probe) == [p in one for p in probe]
+        assert block.add_each(chunk) == [one.add(i) for i in chunk]
+    assert len(block) == len(one) == len(set(ids))
