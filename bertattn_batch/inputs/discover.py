@@ -214,16 +214,19 @@ def spooled(name: str) -> Path:
 def _once_each(sources: list[Source]) -> list[Source]:
     """Each file once, where it is first named: ``a.parquet data/*.parquet`` would otherwise read
     ``a.parquet`` twice (its rows doubled, or every repeat a ``duplicate_id``)."""
-    seen: set[Path | str] = set()
+    first: dict[Path | str, str] = {}  # each file, by its resolved path, and the label it was first met by
     kept = []
     for src in sources:
         key = src.path if storage.is_remote(src.path) else Path(src.path).resolve()
-        if key in seen:
+        if key in first:
             if key not in _WARNED:  # once a process: the inputs are listed more than once
                 _WARNED.add(key)
-                log.warning("%s is named more than once in the inputs; it is read once", src.label)
+                if src.label == first[key]:
+                    log.warning("%s is named more than once in the inputs; it is read once", src.label)
+                else:  # a link to a file already named, or the same file by another path
+                    log.warning("%s is the same file as %s; it is read once", src.label, first[key])
             continue
-        seen.add(key)
+        first[key] = src.label
         kept.append(src)
     return kept
 

@@ -283,6 +283,16 @@ def test_labels_read_alike_from_every_format_and_a_file_is_read_once(tiny_en_dir
     assert read_table(out, "predictions").num_rows == 2
     assert "b.parquet is named more than once in the inputs; it is read once" in caplog.text
 
+    (tmp_path / "links").mkdir()  # the same file again, by a link (a file warned about once a process)
+    shutil.copy(tmp_path / "b.parquet", tmp_path / "c.parquet")
+    (tmp_path / "links" / "l.parquet").symlink_to(tmp_path / "c.parquet")
+    out = tmp_path / "linked"
+    args = ["extract", str(tmp_path / "c.parquet"), str(tmp_path / "links"), "--model", str(tiny_en_dir)]
+    r = runner.invoke(app, [*args, "--out", str(out), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert read_table(out, "predictions").num_rows == 2
+    assert "l.parquet is the same file as" in caplog.text and "c.parquet; it is read once" in caplog.text
+
 
 @pytest.mark.parametrize(
     ("setup", "message"),
