@@ -9,9 +9,11 @@ Reads the run's first committed part and writes it again, into memory, in each l
 the run's own settings: zstd, page checksums, dictionaries for strings and int16):
 
 - ``wide``: the long form in one table, each token's id, text and span in every (layer, head) row (the
-  layout of cls_attention before schema version 3);
+  layout of cls_attention before schema version 3), written with the options of that time
+  (:func:`options_before`): the baseline;
+- ``lean-before``: the layout since version 3, written with those options too;
 - ``lean``: cls_attention without the token columns, plus ``tokens``, one row per review position (the
-  layout since version 3);
+  layout since version 3), written with this version's options;
 - ``lean+bss``: the same with Parquet's BYTE_STREAM_SPLIT encoding for the float columns;
 - ``lean-scaled``: ``lean`` without ``weight_scaled``, which a reader could recompute from ``weight``
   and head_summary's min and max (an option weighed, not taken: see docs/performance.md);
@@ -43,13 +45,23 @@ from bertattn_batch.run import committed_files, read_manifest  # noqa: E402
 from bertattn_batch.run.parts import write_options  # noqa: E402
 
 
-def write_size(table: pa.Table, bss: bool = False) -> tuple[int, float]:
-    """(bytes, seconds) of writing ``table`` as the run writes its parts."""
+def write_size(table: pa.Table, bss: bool = False, before: bool = False) -> tuple[int, float]:
+    """(bytes, seconds) of writing ``table`` as the run writes its parts (``before``: as the first
+    version of the lean layout wrote them, :func:`options_before`)."""
     floats = [f.name for f in table.schema if pa.types.is_floating(f.type)]
+    options = options_before(table.schema) if before else write_options(table.schema)
     sink = pa.BufferOutputStream()
     t0 = time.perf_counter()
-    pq.write_table(table, sink, **write_options(table.schema), use_byte_stream_split=floats if bss else False)
+    pq.write_table(table, sink, **options, use_byte_stream_split=floats if bss else False)
     return sink.getvalue().size, time.perf_counter() - t0
+
+
+def options_before(table_schema: pa.Schema) -> dict[str, object]:
+    """The write options up to this version: dictionaries on the int16 columns too (layer, head), and
+    statistics on every column. The ``wide`` layout is written with them: it is the baseline of the
+    write-cost target, as the run wrote its parts when that was set."""
+    int16_too = [f.name for f in table_schema if f.type in (pa.string(), pa.int16())]
+    return {**write_options(table_schema), "use_dictionary": int16_too, "write_statistics": True}
 
 
 WEIGHTS = ("weight", "weight_scaled", "weight_norm")
@@ -81,6 +93,7 @@ def layouts(attn: pa.Table, tokens: pa.Table) -> dict[str, list[pa.Table]]:
     )
     return {
         "wide": [wide],
+        "lean-before": [attn, tokens],
         "lean": [attn, tokens],
         "lean+bss": [attn, tokens],
         "lean-scaled": [attn.drop_columns(["weight_scaled"]), tokens],
@@ -121,7 +134,8 @@ def main(argv: list[str] | None = None) -> dict:
     for name, tables in layouts(attn, tokens).items():
         best = None
         for _ in range(args.rounds):
-            written = [write_size(t, bss=name.endswith("+bss")) for t in tables]
+            before = name in ("wide", "lean-before")
+            written = [write_size(t, bss=name.endswith("+bss"), before=before) for t in tables]
             size, seconds = sum(b for b, _ in written), sum(s for _, s in written)
             best = (size, seconds) if best is None or seconds < best[1] else best
         assert best is not None

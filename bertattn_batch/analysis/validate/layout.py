@@ -188,13 +188,16 @@ def check_schemas(rec: Recorder, run: RunView) -> None:
 
 
 def _null_counts(pf: pq.ParquetFile, table: str) -> dict[str, int]:
-    """Nulls in non-nullable columns, from the row groups' statistics (counted from data if absent)."""
+    """Nulls in non-nullable columns: none where the file declares the column required (this project's
+    files do), else from the row groups' statistics, else counted from the data."""
     wanted = [f.name for f in schema.arrow(table) if not f.nullable and f.name in pf.schema_arrow.names]
     md = pf.metadata
     index = {md.schema.column(i).path: i for i in range(md.num_columns)}
     out: dict[str, int] = {}
     for name in wanted:
         total = 0
+        if name in index and md.schema.column(index[name]).max_definition_level == 0:
+            continue  # a required column: Parquet has no way to store a null in it
         for rg in range(md.num_row_groups):
             i = index.get(name)
             stats = md.row_group(rg).column(i).statistics if i is not None else None

@@ -204,6 +204,18 @@ def _wrong_type(run: Path) -> None:
     pq.write_table(t.set_column(i, "weight_cls", t.column(i).cast(pa.float64())), path)
 
 
+def _null_weight(run: Path) -> None:
+    """A weight of cls_attention null, in a file that declares the column optional (this project
+    writes it required, and no statistics for it: validate counts the nulls from the data)."""
+    path = run / "cls_attention" / PART0
+    t = pq.read_table(path)
+    i = t.schema.get_field_index("weight")
+    weights = t.column(i).to_pylist()
+    weights[3] = None
+    field = t.schema.field(i).with_nullable(True)
+    pq.write_table(t.set_column(i, field, pa.array(weights, pa.float32())), path, write_statistics=["doc_id"])
+
+
 def _missing_part(run: Path) -> None:
     (run / "head_summary" / PART0).unlink()
 
@@ -301,6 +313,7 @@ DAMAGE = [
     ("a span past the text's end", _span_past_end, {"spans"}),
     ("a span with start > end", _span_reversed, {"spans"}),
     ("a column of the wrong type", _wrong_type, {"schema"}),
+    ("a null weight", _null_weight, {"schema"}),
     ("a listed part missing", _missing_part, {"files"}),
     ("a temporary left in a complete run", _leftover_in_complete_run, {"files"}),
     ("a scored doc_id twice", _duplicate_doc_id, {"doc_id"}),
