@@ -23,7 +23,8 @@ the run's own settings: zstd, page checksums, dictionaries for strings and int16
   as in numcodecs' ``BitRound``); ``lean-scaled+bits7`` also drops ``weight_scaled``.
 
 Prints bytes per attention row and write time per million attention rows for each, best of
-``--rounds``, and the size of every column of the run as written.
+``--rounds``, the write time of cls_attention alone under variants of the options (``option_costs``),
+and the size of every column of the run as written.
 """
 
 from __future__ import annotations
@@ -107,6 +108,31 @@ def layouts(attn: pa.Table, tokens: pa.Table) -> dict[str, list[pa.Table]]:
     }
 
 
+def option_costs(attn: pa.Table, rounds: int) -> dict[str, float]:
+    """Write time of cls_attention alone under variants of the options, as a ratio to the options
+    before this version (:func:`options_before`), the variants in turn each round, best of ``rounds``."""
+    import pyarrow.compute as pc
+
+    base = options_before(attn.schema)
+    now = write_options(attn.schema)
+    as_dictionary = attn.set_column(0, "doc_id", pc.dictionary_encode(attn.column("doc_id")))
+    variants = {
+        "before": (attn, base),
+        "no statistics": (attn, {**base, "write_statistics": False}),
+        "no dictionary on layer, head": (attn, {**base, "use_dictionary": ["doc_id"]}),
+        "this version": (attn, now),
+        "this version, no statistics": (attn, {**now, "write_statistics": False}),
+        "this version, doc_id handed over dictionary-encoded": (as_dictionary, now),
+    }
+    best = dict.fromkeys(variants, float("inf"))
+    for _ in range(rounds):
+        for name, (table, options) in variants.items():
+            t0 = time.perf_counter()
+            pq.write_table(table, pa.BufferOutputStream(), **options)
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return {name: round(t / best["before"], 3) for name, t in best.items()}
+
+
 def column_sizes(path: Path) -> dict[str, int]:
     meta = pq.read_metadata(path)
     sizes: dict[str, int] = {}
@@ -143,6 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
             "bytes_per_row": round(best[0] / rows, 3),
             "write_s_per_million_rows": round(best[1] / rows * 1e6, 4),
         }
+    costs = option_costs(attn, args.rounds)
     # the whole run as written: every table's bytes per attention row, and each column's
     total_rows = sum(pq.read_metadata(p.files["cls_attention"]).num_rows for p in parts)
     written_tables = {}
@@ -165,6 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
         "part_rows": rows,
         "attention_rows": total_rows,
         "options": options,
+        "cls_attention_write_by_options": costs,
         "written": written_tables,
         "bytes_per_attention_row": round(
             sum(t["bytes_per_attention_row"] for t in written_tables.values()), 3
@@ -177,6 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"write {o['write_s_per_million_rows']:.3f} s per 1M rows "
             f"({o['write_s_per_million_rows'] / base['write_s_per_million_rows']:.2f}x)"
         )
+    print("cls_attention's write time by options: " + ", ".join(f"{k} {v:.2f}x" for k, v in costs.items()))
     print(
         f"{args.run}: {result['bytes_per_attention_row']:.2f} bytes on disk per attention row "
         f"(cls_attention + tokens) over {total_rows:,} rows"
