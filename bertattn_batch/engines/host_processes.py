@@ -32,6 +32,7 @@ from ..extract.job import PassInfo, StagedPart, Window, WindowJob
 from ..extract.plan import ModelShape, PackedIds, unpack_ids
 from ..runtime import keep_heap, tune_runtime
 from . import fork_server
+from .shared_outputs import OutputBlocks, SharedOutputs, take
 from .threads import prefetch
 
 if TYPE_CHECKING:  # a host process imports this module without torch: see _util.lazy_exports
@@ -94,9 +95,9 @@ def _usage() -> dict[str, float]:
     return {"cpu_s": r.ru_utime + r.ru_stime, "page_faults": r.ru_minflt, "max_rss_mb": rss_mb}
 
 
-def _finish(seq: int, outputs: list[list[Outputs]], model_seconds: float) -> StagedPart:
+def _finish(seq: int, outputs: SharedOutputs | list[list[Outputs]], model_seconds: float) -> StagedPart:
     assert _job is not None
-    return _job.finish(_windows.pop(seq), outputs, model_seconds)
+    return _job.finish(_windows.pop(seq), take(outputs), model_seconds)
 
 
 class HostProcesses:
@@ -119,6 +120,8 @@ class HostProcesses:
         args = (dict(os.environ), ModelShape.of(clf), batch_tokens, max_batch_size, part_writer, pass_info,
                 store_text)  # fmt: skip
         self._watch = ctx.Pipe(duplex=False)  # the host processes read, this one holds the write end
+        #: where the model's outputs for each host process are put (engines/shared_outputs.py)
+        self._blocks = [OutputBlocks() for _ in range(n)]
         self._pools: list[ProcessPoolExecutor] = []
         self._submitted: list[Future] = []
         try:
@@ -167,7 +170,10 @@ class HostProcesses:
                         if on_batch is not None:
                             on_batch(len(packed[1]))
                     model_seconds = time.perf_counter() - t0
-                    finishing.append(self._submit(seq % n, _finish, seq, outputs, model_seconds))
+                    # a slot is written again only after the window that used it is finished: the
+                    # loop below leaves at most n windows finishing, and slots alternate every n
+                    sent = self._blocks[seq % n].put((seq // n) % 2, outputs)
+                    finishing.append(self._submit(seq % n, _finish, seq, sent, model_seconds))
                 except Exception:
                     while finishing:  # the windows before the failed one first
                         yield _result(finishing.popleft())
@@ -213,6 +219,8 @@ class HostProcesses:
                 interrupted = interrupted or e
         for end in self._watch:
             end.close()
+        for blocks in self._blocks:
+            blocks.close()
         if interrupted is not None:
             raise interrupted
 

@@ -1,0 +1,84 @@
+"""The model's outputs through shared memory (engines/shared_outputs.py): the same arrays come out as
+went in, blocks grow and are removed, and where /dev/shm is short the outputs take the pipe."""
+
+from __future__ import annotations
+
+from multiprocessing import shared_memory
+
+import numpy as np
+import pytest
+
+from bertattn_batch.engines import shared_outputs
+from bertattn_batch.engines.shared_outputs import OutputBlocks, SharedOutputs, take
+from bertattn_batch.model import Outputs
+
+pytestmark = pytest.mark.skipif(not shared_outputs._room_for(1 << 24), reason="no /dev/shm to speak of")
+
+
+def _outputs(rng: np.random.Generator, batches: int, reviews: int, zeroing: bool) -> list[list[Outputs]]:
+    """Batches of padded outputs, the second cut in halves (as after running out of memory); the rows
+    are strided views, as cut from a larger buffer."""
+    out = []
+    for k in range(batches):
+        pieces = []
+        for b in [reviews // 2, reviews - reviews // 2] if k == 1 else [reviews]:
+            wide = rng.random((b, 1, 12, 80), dtype=np.float32)
+            rows = wide[:, :, :, : 37 + k]
+            vz = rng.random((b, 1, 37 + k), dtype=np.float32) if zeroing else None
+            pieces.append(Outputs(rng.random((b, 3), dtype=np.float32), rows, rows * 2, vz))
+        out.append(pieces)
+    return out
+
+
+def _same(a: list[list[Outputs]], b: list[list[Outputs]]) -> None:
+    assert [len(p) for p in a] == [len(p) for p in b]
+    for pa, pb in zip(a, b, strict=True):
+        for oa, ob in zip(pa, pb, strict=True):
+            for x, y in zip(oa, ob, strict=True):
+                if x is None:
+                    assert y is None
+                else:
+                    assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("zeroing", [False, True])
+def test_what_goes_in_comes_out(zeroing):
+    rng = np.random.default_rng(0)
+    blocks = OutputBlocks()
+    try:
+        for window in range(4):  # both slots, each used twice
+            outputs = _outputs(rng, batches=3, reviews=16, zeroing=zeroing)
+            sent = blocks.put(window % 2, outputs)
+            assert isinstance(sent, SharedOutputs)
+            _same(take(sent), outputs)
+    finally:
+        blocks.close()
+
+
+def test_a_block_grows_and_the_old_one_is_removed():
+    rng = np.random.default_rng(1)
+    blocks = OutputBlocks()
+    try:
+        small = blocks.put(0, _outputs(rng, batches=1, reviews=4, zeroing=False))
+        assert take(small)  # attached here as a host process would
+        big_outputs = _outputs(rng, batches=4, reviews=4096, zeroing=False)  # past the first block's size
+        big = blocks.put(0, big_outputs)
+        assert isinstance(big, SharedOutputs) and big.name != small.name
+        with pytest.raises(FileNotFoundError):
+            shared_memory.SharedMemory(name=small.name)
+        _same(take(big), big_outputs)
+    finally:
+        blocks.close()
+    with pytest.raises(FileNotFoundError):
+        shared_memory.SharedMemory(name=big.name)
+
+
+def test_short_shared_memory_sends_through_the_pipe(monkeypatch):
+    """A container's small /dev/shm: the block is not made (a write past it would kill the process);
+    put hands the outputs back for the pipe, and take passes them through."""
+    monkeypatch.setattr(shared_outputs, "_room_for", lambda size: False)
+    outputs = _outputs(np.random.default_rng(2), batches=2, reviews=8, zeroing=False)
+    blocks = OutputBlocks()
+    sent = blocks.put(0, outputs)
+    assert sent is outputs and take(sent) is outputs
+    blocks.close()
