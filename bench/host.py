@@ -15,7 +15,8 @@ with the others; the fastest run of each is reported. The last line reads
 ``--device-like LAUNCH_MS US_PER_TOKEN`` makes the stand-in act like a GPU: each batch holds Python's
 lock for ``LAUNCH_MS`` (the forward's Python) and its answer is ready ``US_PER_TOKEN`` µs a padded token
 after the device is free, one batch at a time; the model stage's seconds then show how much of the
-device's time the rest of the run leaves it.
+device's time the rest of the run leaves it. ``--pipes`` sends the model's outputs to host processes
+through their pipes instead of shared memory (engines/shared_outputs.py), to weigh the difference.
 """
 
 from __future__ import annotations
@@ -148,11 +149,19 @@ def main() -> None:
         help="a stand-in that holds Python's lock LAUNCH_MS a batch and answers after DEVICE_US_PER_TOKEN "
         "a padded token, one batch at a time, as a GPU would (default: free)",
     )  # fmt: skip
+    ap.add_argument(
+        "--pipes", action="store_true",
+        help="send the model's outputs to host processes through their pipes, not shared memory (to weigh it)",
+    )  # fmt: skip
     ap.add_argument("--one", nargs=2, metavar=("INPUTS", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.device_like:
         global DEVICE_LIKE
         DEVICE_LIKE = (args.device_like[0] / 1e3, args.device_like[1] / 1e6)
+    if args.pipes:
+        from bertattn_batch.engines import shared_outputs
+
+        shared_outputs._room_for = lambda size: False  # as where /dev/shm is short
     if args.one:
         print(json.dumps(one(Path(args.one[0]), Path(args.one[1]), args.host_processes)))
         return
@@ -170,6 +179,8 @@ def main() -> None:
                        f"{tmp}/run-{c}-{processes}"]  # fmt: skip
                 if args.device_like:
                     cmd += ["--device-like", *map(str, args.device_like)]
+                if args.pipes:
+                    cmd.append("--pipes")
                 pin = lambda c=c: os.sched_setaffinity(0, allowed[:c])  # noqa: E731
                 done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin)
                 if done.returncode:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
+from itertools import islice
 
 import numpy as np
 
@@ -53,7 +54,9 @@ class IdSet:
         return True
 
     def update(self, ids: Iterable[str]) -> None:
-        self.add_each(list(ids))
+        it = iter(ids)
+        while block := list(islice(it, _MIN_RECENT)):  # blocks: millions of ids are never all listed
+            self.add_each(block)
 
     def add_each(self, ids: Sequence[str]) -> list[bool]:
         """Add the ids in turn; for each, whether it was new (in neither the set nor earlier in
