@@ -7,7 +7,7 @@ given.
 
 Threads alone cannot do this on many cores: building a window's rows and tables holds Python's lock
 for most of the host's time (docs/performance.md). Window ``i`` goes to process ``i % n``, which keeps
-its rows between the two calls; only token ids (back) and the model's outputs (there) cross, as whole
+its rows between the two calls; only token ids (there) and the model's outputs (back) cross, as whole
 arrays, the outputs through shared memory (engines/shared_outputs.py). At most ``2 n`` windows are read
 ahead and ``n`` wait to be taken, so memory stays bounded.
 """
