@@ -98,6 +98,14 @@ class OutputBlocks:
         except OSError as e:
             log.warning("shared memory refused %d bytes (%s); the model's outputs go through pipes", size, e)
             return None
+        try:  # the pages now, while a full /dev/shm can still say so, not at a write that kills
+            os.posix_fallocate(new._fd, 0, size)
+        except (AttributeError, OSError) as e:  # no such call here, or no room after all
+            log.warning(
+                "shared memory has no room for %d bytes (%s); the model's outputs go through pipes", size, e
+            )
+            _remove(new)
+            return None
         if block is not None:
             _remove(block)
         self._blocks[slot] = new
@@ -112,7 +120,8 @@ class OutputBlocks:
 
 def _room_for(size: int) -> bool:
     """Whether ``/dev/shm`` has ``size`` bytes free, twice over. Its pages are granted as they are
-    written, and a write past its size kills the process (SIGBUS) where a pipe would only be slower."""
+    written, and a write past its size kills the process (SIGBUS) where a pipe would only be slower: a
+    new block's pages are also reserved at once (``posix_fallocate``), which fails cleanly."""
     try:
         st = os.statvfs(SHM_DIR)
     except OSError:

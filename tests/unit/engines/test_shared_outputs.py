@@ -82,3 +82,27 @@ def test_short_shared_memory_sends_through_the_pipe(monkeypatch):
     sent = blocks.put(0, outputs)
     assert sent is outputs and take(sent) is outputs
     blocks.close()
+
+
+def test_a_block_whose_pages_cannot_be_had_is_not_used(monkeypatch, caplog):
+    """/dev/shm filled by someone else between the look at its free space and the block: reserving the
+    pages fails, the block is removed, and the outputs take the pipe."""
+    made = []
+    real = shared_memory.SharedMemory
+
+    def recording(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    def full(fd, offset, size):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shared_outputs.shared_memory, "SharedMemory", recording)
+    monkeypatch.setattr(shared_outputs.os, "posix_fallocate", full)
+    outputs = _outputs(np.random.default_rng(3), batches=1, reviews=4, zeroing=False)
+    blocks = OutputBlocks()
+    assert blocks.put(0, outputs) is outputs
+    assert "no room" in caplog.text
+    with pytest.raises(FileNotFoundError):
+        real(name=made[0].name)
+    blocks.close()
