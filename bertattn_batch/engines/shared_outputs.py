@@ -57,6 +57,7 @@ class OutputBlocks:
 
     def __init__(self) -> None:
         self._blocks: list[shared_memory.SharedMemory | None] = [None, None]
+        self._refused = False  # a block could not be made: pipes from then on, and one warning
 
     def put(self, slot: int, outputs: list[list[Outputs]]) -> SharedOutputs | list[list[Outputs]]:
         """Copy a window's outputs into block ``slot``; returns where they lie, or the outputs
@@ -91,25 +92,25 @@ class OutputBlocks:
         if block is not None and block.size >= size:
             return block
         size = max(size + size // 4, 1 << 20)  # room to grow: a block is remade rarely
-        if not _room_for(size):
+        if self._refused or not _room_for(size):
             return None
         try:
             new = shared_memory.SharedMemory(create=True, size=size)
         except OSError as e:
-            log.warning("shared memory refused %d bytes (%s); the model's outputs go through pipes", size, e)
-            return None
+            return self._refuse(size, e)
         try:  # the pages now, while a full /dev/shm can still say so, not at a write that kills
             os.posix_fallocate(new._fd, 0, size)
         except (AttributeError, OSError) as e:  # no such call here, or no room after all
-            log.warning(
-                "shared memory has no room for %d bytes (%s); the model's outputs go through pipes", size, e
-            )
             _remove(new)
-            return None
+            return self._refuse(size, e)
         if block is not None:
             _remove(block)
         self._blocks[slot] = new
         return new
+
+    def _refuse(self, size: int, e: Exception) -> None:
+        log.warning("no shared memory for %d bytes (%s); the model's outputs go through pipes", size, e)
+        self._refused = True
 
     def close(self) -> None:
         for k, block in enumerate(self._blocks):

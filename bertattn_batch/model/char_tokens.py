@@ -82,8 +82,9 @@ class CharTokens:
         bounds = np.zeros(len(texts) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts)), out=bounds[1:])
         ids = self._table[codes]
-        if (ids == _UNSEEN).any():
-            self._learn(np.unique(codes[ids == _UNSEEN]))
+        unseen = ids == _UNSEEN
+        if unseen.any():
+            self._learn(np.unique(codes[unseen]))
             ids = self._table[codes]
         if np.count_nonzero(ids >= 0) < _MIN_TABLE_SHARE * len(ids):
             return None
