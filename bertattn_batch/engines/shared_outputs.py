@@ -13,8 +13,9 @@ spent 13 µs a review on it, half its share of a run (docs/performance.md): that
 every host process waits on. Here they are copied once.
 
 Each host process has two blocks, taken in turns (``slot``): the caller must not write a slot again
-before the window that last used it is finished (engines/host_processes.py keeps at most ``n`` windows
-finishing, so window ``i`` of process ``i % n`` takes slot ``(i // n) % 2``). A block is replaced by a
+before the window that last used it is finished (engines/host_processes.py leaves at most ``n`` windows
+finishing after each one it hands over, so window ``i`` of process ``i % n`` takes slot
+``(i // n) % 2``). A block is replaced by a
 larger one when a window needs more. Where shared memory is missing or short (a container's 64 MB
 ``/dev/shm``), the outputs go through the pipe as before: ``put`` hands them back unchanged.
 """
@@ -57,7 +58,7 @@ class OutputBlocks:
 
     def __init__(self) -> None:
         self._blocks: list[shared_memory.SharedMemory | None] = [None, None]
-        self._refused = False  # a block could not be made: pipes from then on, and one warning
+        self._refused = False  # a block could not be made: pipes from then on, said once
 
     def put(self, slot: int, outputs: list[list[Outputs]]) -> SharedOutputs | list[list[Outputs]]:
         """Copy a window's outputs into block ``slot``; returns where they lie, or the outputs
@@ -92,31 +93,34 @@ class OutputBlocks:
         if block is not None and block.size >= size:
             return block
         size = max(size + size // 4, 1 << 20)  # room to grow: a block is remade rarely
-        if self._refused or not _room_for(size):
+        if self._refused:
             return None
+        if not _room_for(size):  # a container's small /dev/shm: nothing wrong, only slower
+            return self._refuse(logging.INFO, size, f"{SHM_DIR} has less than twice that free")
         try:
             new = shared_memory.SharedMemory(create=True, size=size)
         except OSError as e:
-            return self._refuse(size, e)
+            return self._refuse(logging.WARNING, size, e)
         try:  # the pages now, while a full /dev/shm can still say so, not at a write that kills
             os.posix_fallocate(new._fd, 0, size)
         except (AttributeError, OSError) as e:  # no such call here, or no room after all
             _remove(new)
-            return self._refuse(size, e)
+            return self._refuse(logging.WARNING, size, e)
+        self._blocks[slot] = new  # before the old one goes: an interrupt between leaves no block unlisted
         if block is not None:
             _remove(block)
-        self._blocks[slot] = new
         return new
 
-    def _refuse(self, size: int, e: Exception) -> None:
-        log.warning("no shared memory for %d bytes (%s); the model's outputs go through pipes", size, e)
+    def _refuse(self, level: int, size: int, why: object) -> None:
+        log.log(level, "no shared memory for %d bytes (%s); the model's outputs go through pipes", size, why)
         self._refused = True
 
     def close(self) -> None:
+        """Remove the blocks; one already gone (a cleaner of /dev/shm) is no error."""
         for k, block in enumerate(self._blocks):
             if block is not None:
-                _remove(block)
                 self._blocks[k] = None
+                _remove(block)
 
 
 def _room_for(size: int) -> bool:
@@ -132,7 +136,8 @@ def _room_for(size: int) -> bool:
 
 def _remove(block: shared_memory.SharedMemory) -> None:
     block.close()
-    block.unlink()
+    with contextlib.suppress(FileNotFoundError):  # removed by someone else: gone all the same
+        block.unlink()
 
 
 def _view(block: shared_memory.SharedMemory, place: tuple[int, tuple[int, ...], str]) -> np.ndarray:

@@ -73,14 +73,16 @@ def test_a_block_grows_and_the_old_one_is_removed():
         shared_memory.SharedMemory(name=big.name)
 
 
-def test_short_shared_memory_sends_through_the_pipe(monkeypatch):
+def test_short_shared_memory_sends_through_the_pipe(monkeypatch, caplog):
     """A container's small /dev/shm: the block is not made (a write past it would kill the process);
     put hands the outputs back for the pipe, and take passes them through."""
     monkeypatch.setattr(shared_outputs, "_room_for", lambda size: False)
     outputs = _outputs(np.random.default_rng(2), batches=2, reviews=8, zeroing=False)
     blocks = OutputBlocks()
-    sent = blocks.put(0, outputs)
+    with caplog.at_level("INFO"):
+        sent = blocks.put(0, outputs)
     assert sent is outputs and take(sent) is outputs
+    assert "has less than twice that free" in caplog.text
     blocks.close()
 
 
@@ -107,3 +109,16 @@ def test_a_block_whose_pages_cannot_be_had_is_not_used(monkeypatch, caplog):
     with pytest.raises(FileNotFoundError):
         real(name=made[0].name)
     blocks.close()
+
+
+def test_a_block_removed_by_someone_else_is_no_error_on_close():
+    """A cleaner of /dev/shm (systemd's RemoveIPC, a tmp reaper) took one block: closing removes the
+    others and raises nothing, or a finished run would end in an error."""
+    rng = np.random.default_rng(4)
+    blocks = OutputBlocks()
+    first = blocks.put(0, _outputs(rng, batches=1, reviews=4, zeroing=False))
+    second = blocks.put(1, _outputs(rng, batches=1, reviews=4, zeroing=False))
+    shared_memory.SharedMemory(name=first.name).unlink()
+    blocks.close()
+    with pytest.raises(FileNotFoundError):
+        shared_memory.SharedMemory(name=second.name)
