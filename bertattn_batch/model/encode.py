@@ -233,7 +233,8 @@ def text_backend(tokenizer):
     """
     backend = tokenizer.backend_tokenizer
     cached = getattr(tokenizer, "_bertattn_text_backend", None)
-    if cached is not None and cached[0] is backend:
+    # a copied or unpickled tokenizer keeps the cache but not the Rust flag: made again then
+    if cached is not None and cached[0] is backend and cached[1].encode_special_tokens:
         return cached[1]
     state = json.loads(backend.to_str())
     model = state.get("model", {})

@@ -4,6 +4,9 @@ RoBERTa's padding id, which would shift the position of every token after it).""
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -122,6 +125,10 @@ def test_special_token_text_in_a_review_is_text(arch, texts, wordpiece, tmp_path
     assert enc.ids[0] == clf.tokenizer.cls_token_id and enc.ids[-1] == clf.tokenizer.sep_token_id
     covered = "".join(review[s:e] for s, e in enc.offsets[1:-1] if e > s)
     assert "".join(covered.split()) == "".join(review.split())  # every character is some token's
+    # so does a copy made after that first encode (an Encoder's threads, a host process's pickle): the
+    # Rust flag that keeps special tokens' text as text does not survive copying
+    for copied in (copy.deepcopy(clf.tokenizer), pickle.loads(pickle.dumps(clf.tokenizer))):
+        assert encode_texts(copied, [review], clf.max_length)[0].ids.tolist() == enc.ids.tolist()
     # training encodes the same way
     (train_ids,) = _encode_for_training(clf.tokenizer, [review], clf.max_length)
     assert train_ids == enc.ids.tolist()
