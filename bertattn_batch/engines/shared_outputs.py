@@ -15,9 +15,9 @@ every host process waits on. Here they are copied once.
 Each host process has two blocks, taken in turns (``slot``): the caller must not write a slot again
 before the window that last used it is finished (engines/host_processes.py leaves at most ``n`` windows
 finishing after each one it hands over, so window ``i`` of process ``i % n`` takes slot
-``(i // n) % 2``). A block is replaced by a
-larger one when a window needs more. Where shared memory is missing or short (a container's 64 MB
-``/dev/shm``), the outputs go through the pipe as before: ``put`` hands them back unchanged.
+``(i // n) % 2``). A block is replaced by a larger one when a window needs more. Where shared memory
+is missing or short (a container's 64 MB ``/dev/shm``), the outputs go through the pipe as before:
+``put`` hands them back unchanged.
 """
 
 from __future__ import annotations
@@ -92,9 +92,9 @@ class OutputBlocks:
         block = self._blocks[slot]
         if block is not None and block.size >= size:
             return block
-        size = max(size + size // 4, 1 << 20)  # room to grow: a block is remade rarely
         if self._refused:
             return None
+        size = max(size + size // 4, 1 << 20)  # room to grow: a block is remade rarely
         if not _room_for(size):  # a container's small /dev/shm: nothing wrong, only slower
             return self._refuse(logging.INFO, size, f"{SHM_DIR} has less than twice that free")
         try:

@@ -110,8 +110,9 @@ def select_rows(block: RowBatch, skip_until: int, skip_ids: IdSet | None, seen_i
     todo = [i for i in range(len(block)) if block.row_index[i] >= skip_until]
     if skip_ids is not None:
         with_id = [i for i in todo if has_id[i]]
-        done = dict(zip(with_id, skip_ids.contains_each([block.doc_id[i] for i in with_id]), strict=True))
-        todo = [i for i in todo if not done.get(i, False)]
+        had = skip_ids.contains_each([block.doc_id[i] for i in with_id])
+        done = {i for i, is_done in zip(with_id, had, strict=True) if is_done}
+        todo = [i for i in todo if i not in done]
     repeated: set[int] = set()
     if seen_ids is not None:
         with_id = [i for i in todo if has_id[i]]
