@@ -105,16 +105,37 @@ def columns(table: str) -> list[str]:
 
 
 def cast(table: pa.Table, name: str) -> pa.Table:
-    """Select and cast ``table`` to schema ``name``; raise on missing columns or nulls where none may be."""
+    """Select and cast ``table`` to schema ``name``; raise on missing columns or nulls where none may be.
+
+    A string column that comes dictionary-encoded stays so (the tables repeat each review's id on
+    every token row): the Parquet writer then takes its dictionary as it is instead of hashing every
+    value, and the file reads back as plain strings (:func:`declared`)."""
     target = arrow(name)
     missing = [f.name for f in target if f.name not in table.column_names]
     if missing:
         raise BertAttnError(f"table {name!r} lacks columns {missing}")
-    out = table.select(target.names).cast(target)
+    kept = [
+        f.with_type(table.schema.field(f.name).type)
+        if _encoded_string(table.schema.field(f.name).type, f.type)
+        else f
+        for f in target
+    ]
+    out = table.select(target.names).cast(pa.schema(kept, metadata=target.metadata))
     for field in target:
         if not field.nullable and out.column(field.name).null_count:
             raise BertAttnError(f"table {name!r}: column {field.name!r} holds nulls")
     return out
+
+
+def _encoded_string(given: pa.DataType, wanted: pa.DataType) -> bool:
+    return pa.types.is_dictionary(given) and given.value_type == wanted == pa.string()
+
+
+def declared(table_schema: pa.Schema) -> pa.Schema:
+    """``table_schema`` with every dictionary-encoded column as its plain value type: what the table's
+    columns are, however they are held in memory."""
+    fields = [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in table_schema]
+    return pa.schema(fields, metadata=table_schema.metadata)
 
 
 def check(actual: pa.Schema, name: str) -> list[str]:

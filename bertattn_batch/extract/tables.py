@@ -8,7 +8,9 @@ Usage::
 Every review is sliced by its own length: content tokens are positions 1 .. n-2 of that review, never
 the padded batch's ``[:, 0, 1:-1]`` (that keeps padding and drops a pad instead of [SEP]). A token's
 id, text and span are written once per review position (``tokens``), not once per layer and head:
-``run.attention_rows`` joins them back.
+``run.attention_rows`` joins them back. Their ``doc_id`` columns come dictionary-encoded, one
+dictionary of the window's ids (a part writer takes it as it is); ``t.cast(schema.declared(t.schema))``
+gives plain strings, as the files read back.
 """
 
 from __future__ import annotations
@@ -123,21 +125,26 @@ class Extractor:
         """
         scored = [r for r in rows if r.cls_rows is not None]
         per_review = len(self.layers) * self.num_heads
-        chunks, start, size = [], 0, 0
+        starts, size = [0], 0
         for i, r in enumerate(scored):
             rows_i = per_review * (r.encoded.n_tokens - 2)
-            if size + rows_i > CHUNK_TOKEN_ROWS and i > start:
-                chunks.append(scored[start:i])
-                start, size = i, 0
+            if size + rows_i > CHUNK_TOKEN_ROWS and i > starts[-1]:
+                starts.append(i)
+                size = 0
             size += rows_i
-        chunks.append(scored[start:])
-        built = [self._cls_chunk(chunk) for chunk in chunks]
+        # every chunk's doc_id columns index one dictionary of the window's ids: a Parquet writer takes
+        # it whole, where ids spelled out on every row would each be hashed (run.parts.write_table)
+        docs = pa.array([r.doc_id for r in scored], pa.string())
+        ends = [*starts[1:], len(scored)]
+        built = [self._cls_chunk(scored[a:b], docs, a) for a, b in zip(starts, ends, strict=True)]
         attention, summary, tokens = (pa.concat_tables(tables) for tables in zip(*built, strict=True))
         return attention, summary, tokens
 
-    def _cls_chunk(self, scored: Sequence[ScoredRow]) -> tuple[pa.Table, pa.Table, pa.Table]:
-        """The three tables for a chunk of scored reviews: every column from a few vectorised operations
-        over the concatenated content tokens. Attention rows are ordered (review, layer, head, position);
+    def _cls_chunk(
+        self, scored: Sequence[ScoredRow], docs: pa.Array, first: int
+    ) -> tuple[pa.Table, pa.Table, pa.Table]:
+        """The three tables for a chunk of scored reviews (their ids from ``docs[first]`` on): every
+        column from a few vectorised operations over the concatenated content tokens. Attention rows are ordered (review, layer, head, position);
         each (review, layer, head) is one segment of ``m`` content tokens, scaled over itself."""
         L, H = len(self.layers), self.num_heads
         n = np.array([r.encoded.n_tokens for r in scored], dtype=np.int64)
@@ -166,10 +173,14 @@ class Extractor:
         inner[token_start] = inner[token_start + n - 1] = False  # [CLS] and [SEP] of every review
         ids = _cat([r.encoded.ids for r in scored], np.int32)[inner]  # every content token, once
         offsets = np.concatenate([r.encoded.offsets for r in scored] or [np.zeros((0, 2), np.int32)])[inner]
-        review_of_seg = np.repeat(np.arange(len(scored), dtype=np.int32), L * H)
-        docs = pa.array([r.doc_id for r in scored], pa.string())
+        review = np.arange(first, first + len(scored), dtype=np.int32)  # each review's index in ``docs``
+        review_of_seg = np.repeat(review, L * H)
+
+        def doc_ids(review_of_row: np.ndarray) -> pa.DictionaryArray:
+            return pa.DictionaryArray.from_arrays(pa.array(review_of_row), docs)
+
         attn = {
-            "doc_id": docs.take(pa.array(np.repeat(review_of_seg, seg))),
+            "doc_id": doc_ids(np.repeat(review_of_seg, seg)),
             "layer": np.repeat(seg_layer, seg),
             "head": np.repeat(seg_head, seg),
             "position": position,
@@ -179,10 +190,10 @@ class Extractor:
             "value_zeroing": _zeroing(scored, H, len(weight)),
         }
         review_of_token = np.repeat(np.arange(len(scored), dtype=np.int32), m)
-        first = (np.cumsum(m) - m).astype(np.int32)  # each review's first content token among ``ids``
+        first_token = (np.cumsum(m) - m).astype(np.int32)  # each review's first content token in ``ids``
         tokens = {
-            "doc_id": docs.take(pa.array(review_of_token)),
-            "position": np.arange(len(ids), dtype=np.int32) - first[review_of_token] + 1,
+            "doc_id": doc_ids(review_of_token + np.int32(first)),
+            "position": np.arange(len(ids), dtype=np.int32) - first_token[review_of_token] + 1,
             "token_id": ids,
             "token": self.vocab.take(pa.array(ids)),
             "start": offsets[:, 0].astype(np.int32, copy=False),
@@ -190,7 +201,7 @@ class Extractor:
         }
 
         summary = {
-            "doc_id": docs.take(pa.array(review_of_seg)),
+            "doc_id": doc_ids(review_of_seg),
             "layer": seg_layer,
             "head": seg_head,
             "n_content": seg.astype(np.int32, copy=False),

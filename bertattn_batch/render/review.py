@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from .. import schema
 from ..errors import InputError, RunDirError, SpecError
 from ..run import Manifest, attention_rows, committed_files, layer_name, read_manifest, scan_parts
 
@@ -271,7 +272,10 @@ def review_from_text(
     scored = ScoredRow(0, doc_id, None, "ok", enc, probs[0], out.rows[0, :, :, :n], out.norms[0, :, :, :n])
 
     extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels)
-    tables = {name: pl.from_arrow(t).lazy() for name, t in extractor.tables([scored]).items()}
+    tables = {
+        name: pl.from_arrow(t.cast(schema.declared(t.schema))).lazy()
+        for name, t in extractor.tables([scored]).items()
+    }
     table = attention_rows(tables["cls_attention"], tables["tokens"]).collect()
     review = from_rows(table, doc_id, clf.layers[0])
     pred = int(np.argmax(probs[0]))

@@ -13,6 +13,7 @@ Usage::
 
 from __future__ import annotations
 
+import base64
 import os
 import time
 from dataclasses import dataclass
@@ -28,6 +29,12 @@ from ..storage import is_remote
 from .layout import TABLES, part_name, tmp_name
 from .lease import LeaseGuard
 from .manifest import PartEntry, read_manifest
+
+#: Rows in a row group at most: one to a few a part (DuckDB and Spark parallelise over a run's many
+#: part files).
+ROW_GROUP_ROWS = 1 << 20
+#: Where a Parquet file keeps its Arrow schema (the key pyarrow, polars and arrow-rs read).
+ARROW_SCHEMA_KEY = b"ARROW:schema"
 
 #: How long a reader waits for a committed part that a running extract has yet to rename into place.
 RENAME_WAIT_SECONDS = 5.0
@@ -84,7 +91,7 @@ class PartWriter:
 
     def _write_parquet(self, table: pa.Table, path: Path | pa.NativeFile) -> None:
         """Write and fsync one file, with a checksum on every page (``validate`` verifies them)."""
-        pq.write_table(table, path, **write_options(table.schema))
+        write_table(table, path)
         if not isinstance(path, Path):
             return
         fd = os.open(path, os.O_RDONLY)
@@ -104,10 +111,30 @@ class PartWriter:
         return data.size
 
 
+def write_table(table: pa.Table, where: Path | pa.NativeFile, **options: Any) -> None:
+    """Write ``table`` as one Parquet file with :func:`write_options`, in row groups of up to
+    ``ROW_GROUP_ROWS`` (``options`` override, for benchmarks).
+
+    A dictionary-encoded string column (``schema.cast`` keeps it so) goes in as Parquet's dictionary
+    without hashing each value; but pyarrow would then record a dictionary type in the file's Arrow
+    schema (polars would read a categorical). So that schema is written here instead, serialised as
+    pyarrow does, with the column's plain type: the file's metadata is the same as a plain string
+    column's (a test checks it), and every reader reads strings."""
+    declared = schema.declared(table.schema)
+    metadata = {
+        **(declared.metadata or {}),
+        ARROW_SCHEMA_KEY: base64.b64encode(declared.serialize().to_pybytes()),
+    }
+    options = {**write_options(declared), **options}
+    with pq.ParquetWriter(where, table.schema, store_schema=False, **options) as writer:
+        writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        writer.add_key_value_metadata(metadata)
+
+
 def write_options(table_schema: pa.Schema) -> dict[str, object]:
-    """How every part file is written (``pq.write_table``'s options): zstd, row groups of up to 2^20
-    rows, a checksum on every page, dictionaries for the string columns (doc ids, tokens, labels), which
-    repeat, and statistics (min, max, nulls) where a reader can skip a row group by them.
+    """How every part file is written (``pq.ParquetWriter``'s options): zstd, a checksum on every
+    page, dictionaries for the string columns (doc ids, tokens, labels), which repeat, and statistics
+    (min, max, nulls) where a reader can skip a row group by them.
 
     That is every column but cls_attention's numbers: each of its row groups spans every layer, head,
     position and weight, and computing their minima and maxima took a fifth of its write time, as a
@@ -118,7 +145,6 @@ def write_options(table_schema: pa.Schema) -> dict[str, object]:
     per_head = (table_schema.metadata or {}).get(b"table") == b"cls_attention"
     return {
         "compression": "zstd",
-        "row_group_size": 1 << 20,
         "use_dictionary": strings,
         "write_statistics": strings if per_head else True,
         "write_page_checksum": True,
