@@ -68,21 +68,16 @@ def atomic_path(path: Path, fsync: bool = False) -> Iterator[Path]:
     try:
         yield tmp
         if fsync:
-            fsync_file(tmp)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         tmp.replace(path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
-
-
-def fsync_file(path: Path) -> None:
-    """Wait until ``path``'s data is on disk (whichever process wrote it)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -16,15 +16,14 @@ def _starts(path, row: str) -> bool:
 
 
 class Probe(PartWriter):
-    """Notes, per part, the process that wrote it, whether that process had imported torch, whether
-    it keeps its heap (runtime.keep_heap) and whether it waits for the disk, in the file
-    ``$PROBE_NOTES``."""
+    """Notes, per part, the process that wrote it, whether that process had imported torch and whether
+    it keeps its heap (runtime.keep_heap), in the file ``$PROBE_NOTES``."""
 
     def _write_parquet(self, table, path):
         from bertattn_batch import runtime
 
         with open(os.environ["PROBE_NOTES"], "a") as f:
-            f.write(f"{os.getpid()} {'torch' in sys.modules} {runtime._heap_kept} {self.sync_on_stage}\n")
+            f.write(f"{os.getpid()} {'torch' in sys.modules} {runtime._heap_kept}\n")
         super()._write_parquet(table, path)
 
 

@@ -15,7 +15,6 @@ ahead and ``n`` wait to be taken, so memory stays bounded.
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import signal
 import sys
@@ -24,7 +23,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -118,14 +117,8 @@ class HostProcesses:
         #: their CPU time counts nowhere else, as they are not this process's children.
         self.usage: dict[str, float] = {}
         self.clf = clf
-        self.part_writer = part_writer
         ctx = fork_server.context()
-        # the host processes stage parts without waiting for the disk (a tenth of their time on the
-        # 2-core machine): threads of this process fsync each part before it is handed on for commit
-        host_writer = copy.copy(part_writer)
-        host_writer.sync_on_stage = False
-        self._syncs = ThreadPoolExecutor(n + 1, thread_name_prefix="bertattn-part-sync")
-        args = (dict(os.environ), ModelShape.of(clf), batch_tokens, max_batch_size, host_writer, pass_info,
+        args = (dict(os.environ), ModelShape.of(clf), batch_tokens, max_batch_size, part_writer, pass_info,
                 store_text)  # fmt: skip
         self._watch = ctx.Pipe(duplex=False)  # the host processes read, this one holds the write end
         #: where the model's outputs for each host process are put (engines/shared_outputs.py)
@@ -181,8 +174,7 @@ class HostProcesses:
                     # a slot is written again only after the window that used it is finished: the
                     # loop below leaves at most n windows finishing, and slots alternate every n
                     sent = self._blocks[seq % n].put((seq // n) % 2, outputs)
-                    finished = self._submit(seq % n, _finish, seq, sent, model_seconds)
-                    finishing.append(self._track(self._syncs.submit(self._synced, finished)))
+                    finishing.append(self._submit(seq % n, _finish, seq, sent, model_seconds))
                 except Exception:
                     while finishing:  # the windows before the failed one first
                         yield _result(finishing.popleft())
@@ -197,13 +189,6 @@ class HostProcesses:
             self.usage = self._usage()
         finally:
             self.close()
-
-    def _synced(self, finished: Future) -> StagedPart:
-        """A host process's staged part once its files are on disk (at most ``n + 1`` wait at once, one
-        thread each)."""
-        part = _result(finished)
-        self.part_writer.sync(part.entry)
-        return part
 
     def _usage(self) -> dict[str, float]:
         """Best effort: a host process that ended after its last window leaves the run's figures out,
@@ -233,7 +218,6 @@ class HostProcesses:
                 futures.wait(pending, timeout=0.1)
             except KeyboardInterrupt as e:  # a second Ctrl-C: still wait, then re-raise
                 interrupted = interrupted or e
-        self._syncs.shutdown(wait=False)  # what is left there ends with the tasks waited for above
         for end in self._watch:
             end.close()
         for blocks in self._blocks:
@@ -247,10 +231,6 @@ class HostProcesses:
             future = self._pools[k].submit(fn, *args)
         except (BrokenProcessPool, EOFError, ConnectionError):  # the last two: the fork server is gone
             raise _ended() from None
-        return self._track(future)
-
-    def _track(self, future: Future) -> Future:
-        """Keep ``future`` until done: :meth:`close` waits for it."""
         self._submitted = [f for f in self._submitted if not f.done()] + [future]
         return future
 

@@ -24,7 +24,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import schema, storage
-from .._util import fsync_file
 from ..errors import RunDirError, StorageError, WriteError, first_line
 from ..storage import is_remote
 from .layout import TABLES, part_name, tmp_name
@@ -53,16 +52,11 @@ class PartWriter:
         #: naming the holder in the part's name
         self.lease: LeaseGuard | None = None
         self.run_dir: Any = os.fspath(run_dir) if self.stored else Path(storage.normalize(run_dir))
-        #: whether :meth:`stage` waits for its files to reach the disk; an engine that stages parts in
-        #: processes of its own turns it off there and calls :meth:`sync` itself before each commit, so
-        #: that those processes go on to their next window meanwhile
-        self.sync_on_stage = True
 
     def stage(
         self, start_row: int, end_row: int, tables: dict[str, pa.Table], generation: int = 0
     ) -> PartEntry:
-        """Step 1: write every table's file under its temporary name, fsynced (:meth:`sync`); returns
-        the manifest entry."""
+        """Step 1: write every table's file under its temporary name; returns the manifest entry."""
         name = part_name(start_row, generation, self.lease.token if self.lease else "")
         files, counts, nbytes = {}, {}, 0
         if self.lease is not None:
@@ -82,21 +76,7 @@ class PartWriter:
             raise WriteError(f"writing {name} to {self.run_dir} failed: {first_line(e)}") from e
         except OSError as e:
             raise WriteError(f"writing {name} to {self.run_dir} failed: {e.strerror or e}") from e
-        entry = PartEntry(name, start_row, end_row, files, counts, nbytes, generation)
-        if self.sync_on_stage:
-            self.sync(entry)
-        return entry
-
-    def sync(self, entry: PartEntry) -> None:
-        """Wait until a staged part's files are on disk: a commit must never list a file that a crash
-        could still lose. Any process may do it (an upload to a store needs nothing more)."""
-        if self.stored:
-            return
-        try:
-            for table_name in TABLES:
-                fsync_file(self.run_dir / table_name / tmp_name(entry.name))
-        except OSError as e:
-            raise WriteError(f"writing {entry.name} to {self.run_dir} failed: {e.strerror or e}") from e
+        return PartEntry(name, start_row, end_row, files, counts, nbytes, generation)
 
     def publish(self, entry: PartEntry) -> None:
         """Step 3: rename the part's temporary files to their final names (on a store, they have them)."""
@@ -110,8 +90,15 @@ class PartWriter:
             raise WriteError(f"writing {entry.name} to {self.run_dir} failed: {e.strerror or e}") from e
 
     def _write_parquet(self, table: pa.Table, path: Path | pa.NativeFile) -> None:
-        """Write one file, with a checksum on every page (``validate`` verifies them)."""
+        """Write and fsync one file, with a checksum on every page (``validate`` verifies them)."""
         write_table(table, path)
+        if not isinstance(path, Path):
+            return
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def _upload(self, table: pa.Table, uri: str) -> int:
         """Write one part file to a store under its final name; returns its size. The store makes the

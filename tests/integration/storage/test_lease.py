@@ -92,12 +92,15 @@ def test_a_lease_past_its_expiry_stops_its_holder(run):
 
 
 def test_keep_fresh_renews_before_expiry(run):
-    lease = Lease.take(run, ttl_s=0.6, settle_s=0)
+    # a life long enough that a busy machine's slow store call does not outlast it (0.6 s did, at times)
+    lease = Lease.take(run, ttl_s=3.0, settle_s=0)
     first = lease.read()[1]
     stop = lease.keep_fresh()
     try:
-        time.sleep(0.5)
-        assert lease.read()[1] > first
+        before_expiry = time.time() + 2.5  # the first renewal is due after 1 s
+        while lease.read()[1] <= first and time.time() < before_expiry:
+            time.sleep(0.05)
+        assert lease.read()[1] > first, "not renewed within the lease's life"
         lease.check()
     finally:
         stop()

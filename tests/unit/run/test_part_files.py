@@ -13,11 +13,10 @@ import pytest
 
 import bertattn_batch.extract.tables as extract_tables
 from bertattn_batch import schema
-from bertattn_batch.errors import WriteError
 from bertattn_batch.extract import Extractor, ScoredRow
 from bertattn_batch.model.encode import Encoded
 from bertattn_batch.run import parts
-from bertattn_batch.run.layout import TABLES, tmp_name
+from bertattn_batch.run.layout import TABLES
 
 LAYERS, HEADS = [4], 3
 
@@ -107,30 +106,3 @@ def test_cast_keeps_dictionary_strings_and_refuses_nulls_in_them():
     with_null = pa.DictionaryArray.from_arrays(pa.array([0, None, 1], pa.int32()), pa.array(["a", "b"]))
     with pytest.raises(Exception, match="doc_id"):
         schema.cast(table.set_column(0, "doc_id", with_null), "head_summary")
-
-
-def test_a_part_is_on_disk_when_staged_or_once_synced(tables, tmp_path, monkeypatch):
-    """A staged part's files are fsynced before it can be committed: by stage() itself, or, where an
-    engine stages parts in processes of its own, by sync() in the job's process."""
-    synced = []
-    monkeypatch.setattr(parts, "fsync_file", lambda path: synced.append(path))
-    for table in TABLES:
-        (tmp_path / table).mkdir()
-    writer = parts.PartWriter(tmp_path)
-    entry = writer.stage(0, 120, tables)
-    expected = [tmp_path / table / tmp_name(entry.name) for table in TABLES]
-    assert synced == expected and all(p.is_file() for p in expected)
-
-    synced.clear()
-    writer.sync_on_stage = False
-    entry = writer.stage(120, 240, tables)
-    assert synced == []
-    writer.sync(entry)
-    assert synced == [tmp_path / table / tmp_name(entry.name) for table in TABLES]
-
-    def full_disk(path):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(parts, "fsync_file", full_disk)
-    with pytest.raises(WriteError, match="No space left on device"):
-        writer.sync(entry)
