@@ -104,19 +104,20 @@ def columns(table: str) -> list[str]:
     return [c["name"] for c in spec(table)["columns"]]
 
 
-def cast(table: pa.Table, name: str) -> pa.Table:
+def cast(table: pa.Table, name: str, keep_dictionaries: bool = False) -> pa.Table:
     """Select and cast ``table`` to schema ``name``; raise on missing columns or nulls where none may be.
 
-    A string column that comes dictionary-encoded stays so (the tables repeat each review's id on
-    every token row): the Parquet writer then takes its dictionary as it is instead of hashing every
-    value, and the file reads back as plain strings (:func:`declared`)."""
+    ``keep_dictionaries``: a string column that comes dictionary-encoded stays so (the extractor's
+    tables repeat each review's id on every token row): the part writer hands its dictionary to Parquet
+    as it is instead of hashing every value, and the file reads back as plain strings
+    (``run.parts.write_table``)."""
     target = arrow(name)
     missing = [f.name for f in target if f.name not in table.column_names]
     if missing:
         raise BertAttnError(f"table {name!r} lacks columns {missing}")
     kept = [
         f.with_type(table.schema.field(f.name).type)
-        if _encoded_string(table.schema.field(f.name).type, f.type)
+        if keep_dictionaries and _encoded_string(table.schema.field(f.name).type, f.type)
         else f
         for f in target
     ]

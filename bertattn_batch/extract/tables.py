@@ -211,9 +211,9 @@ class Extractor:
             "weight_max": hi,
         }
         return (
-            schema.cast(pa.table(attn), "cls_attention"),
-            schema.cast(pa.table(summary), "head_summary"),
-            schema.cast(pa.table(tokens), "tokens"),
+            schema.cast(pa.table(attn), "cls_attention", keep_dictionaries=True),
+            schema.cast(pa.table(summary), "head_summary", keep_dictionaries=True),
+            schema.cast(pa.table(tokens), "tokens", keep_dictionaries=True),
         )
 
 

@@ -63,7 +63,7 @@ class PartWriter:
             self.lease()
         try:
             for table_name in TABLES:
-                table = schema.cast(tables[table_name], table_name)
+                table = schema.cast(tables[table_name], table_name, keep_dictionaries=True)
                 if self.stored:
                     nbytes += self._upload(table, storage.join(self.run_dir, table_name, name))
                 else:

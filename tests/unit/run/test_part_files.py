@@ -98,11 +98,12 @@ def test_cast_keeps_dictionary_strings_and_refuses_nulls_in_them():
     ids = pa.DictionaryArray.from_arrays(pa.array([0, 0, 1], pa.int32()), pa.array(["a", "b"]))
     table = pa.table({c: pa.array([1, 2, 3]) for c in schema.columns("head_summary")})
     table = table.set_column(0, "doc_id", ids).set_column(1, "layer", pa.array([4, 4, 4], pa.int8()))
-    out = schema.cast(table, "head_summary")
+    assert schema.cast(table, "head_summary").schema == schema.arrow("head_summary")  # decoded unless asked
+    out = schema.cast(table, "head_summary", keep_dictionaries=True)
     assert pa.types.is_dictionary(out.schema.field("doc_id").type)
     assert out.schema.field("layer").type == pa.int16()  # other columns cast as before
     assert schema.declared(out.schema) == schema.arrow("head_summary")
 
     with_null = pa.DictionaryArray.from_arrays(pa.array([0, None, 1], pa.int32()), pa.array(["a", "b"]))
     with pytest.raises(Exception, match="doc_id"):
-        schema.cast(table.set_column(0, "doc_id", with_null), "head_summary")
+        schema.cast(table.set_column(0, "doc_id", with_null), "head_summary", keep_dictionaries=True)
