@@ -136,17 +136,17 @@ def write_options(table_schema: pa.Schema) -> dict[str, object]:
     page, dictionaries for the string columns (doc ids, tokens, labels), which repeat, and statistics
     (min, max, nulls) where a reader can skip a row group by them.
 
-    That is every column but cls_attention's numbers: each of its row groups spans every layer, head,
-    position and weight, and computing their minima and maxima took a fifth of its write time, as a
-    dictionary on layer and head took a tenth (plain, zstd packs them within 0.3%). Weights, positions
-    and offsets rarely repeat: trying a dictionary on them and falling back cost half the write time
-    (docs/performance.md)."""
-    strings = [f.name for f in table_schema if f.type == pa.string()]
-    per_head = (table_schema.metadata or {}).get(b"table") == b"cls_attention"
+    Those are every column of predictions (a row a review, in row order) but only ``doc_id`` in the
+    tables of a row a token or a head: each of their row groups spans every layer, head, position,
+    token and weight, and the minima and maxima of those took a fifth of cls_attention's write time
+    and an eighth of tokens'. A dictionary on layer and head took a tenth (plain, zstd packs them
+    within 0.3%); weights, positions and offsets rarely repeat, and trying a dictionary on them and
+    falling back cost half the write time (docs/performance.md)."""
+    per_review = (table_schema.metadata or {}).get(b"table") == b"predictions"
     return {
         "compression": "zstd",
-        "use_dictionary": strings,
-        "write_statistics": strings if per_head else True,
+        "use_dictionary": [f.name for f in table_schema if f.type == pa.string()],
+        "write_statistics": True if per_review else [f.name for f in table_schema if f.name == "doc_id"],
         "write_page_checksum": True,
     }
 

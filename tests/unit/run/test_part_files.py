@@ -107,3 +107,16 @@ def test_cast_keeps_dictionary_strings_and_refuses_nulls_in_them():
     with_null = pa.DictionaryArray.from_arrays(pa.array([0, None, 1], pa.int32()), pa.array(["a", "b"]))
     with pytest.raises(Exception, match="doc_id"):
         schema.cast(table.set_column(0, "doc_id", with_null), "head_summary", keep_dictionaries=True)
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_statistics_are_kept_where_a_reader_skips_by_them(name, tables, tmp_path):
+    """Every column of predictions (a row a review, in row order); elsewhere only doc_id, by which a
+    reader of one review skips row groups: the others' ranges span everything in every row group."""
+    path = tmp_path / f"{name}.parquet"
+    parts.write_table(tables[name], path)
+    group = pq.read_metadata(path).row_group(0)
+    columns = [group.column(i) for i in range(group.num_columns)]
+    with_stats = {c.path_in_schema.split(".")[0] for c in columns if c.is_stats_set}  # probs.list.element
+    expected = set(schema.columns(name)) if name == "predictions" else {"doc_id"}
+    assert with_stats == expected
