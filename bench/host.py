@@ -10,7 +10,9 @@ model. The reviews are the default corpus's, repeated to ``--rows``; the tokeniz
 model's. Each core count runs in a process of its own, pinned to that many cores, once with threads
 and once with as many host processes as cores (engines/host_processes.py), ``--rounds`` times in turn
 with the others; the fastest run of each is reported. The last line reads
-``host: N reviews/s on C cores (R rows/s), scaling S× from 1 core``, from the faster way at each count.
+``host: N reviews/s on C cores (R rows/s), scaling S× from 1 core``, from the faster way at each count;
+the line before it gives the pace after each run's first parts (one a core), its start behind it: what
+a long run keeps up.
 
 ``--device-like LAUNCH_MS US_PER_TOKEN`` makes the stand-in act like a GPU: each batch holds Python's
 lock for ``LAUNCH_MS`` (the forward's Python) and its answer is ready ``US_PER_TOKEN`` µs a padded token
@@ -101,10 +103,19 @@ def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path 
     import bertattn_batch.engines.local as local
     import bertattn_batch.model.classifier  # noqa: F401  imported before the clock starts, as before
     from bertattn_batch import JobSpec, run_job, tune_runtime
+    from bertattn_batch.run import RunDir
 
     tune_runtime()
     real = local.load_classifier
     local.load_classifier = lambda spec: StandIn(real(spec))
+    commits = []  # (time, rows) of each part committed
+    real_commit = RunDir.commit
+
+    def timed_commit(self, entry):
+        real_commit(self, entry)
+        commits.append((time.perf_counter(), entry.end_row - entry.start_row))
+
+    RunDir.commit = timed_commit
     spec = JobSpec(
         inputs=[str(inputs)], model=str(model), out=str(out), text_col="text", id_col="doc_id",
         label_col="label", layers=[-2], max_length=256, device="cpu", on_existing="overwrite",
@@ -117,13 +128,20 @@ def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path 
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     finally:
         local.load_classifier = real
+        RunDir.commit = real_commit
     hosts = summary.engine or {}  # what the host processes used, if any
+    # the pace from the first wave of parts on (one window a core starts at once, and their parts come
+    # in together): the start of a run, which a long run pays once, behind it
+    wave = len(os.sched_getaffinity(0))
+    after = sum(rows for _, rows in commits[wave:])
+    steady = after / (commits[-1][0] - commits[wave - 1][0]) if len(commits) > wave + 1 else None
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
     attn_rows = (summary.tokens - 2 * summary.scored) * HEADS  # content tokens, each in every head
     meta = torch.device("meta")
     processes = local.host_processes(host_processes, meta)
     plan = {"host_processes": processes} if processes else vars(local.feed_plan(meta))
-    return {"reviews": summary.input_rows, "wall_s": wall, "seconds": summary.seconds, "attn_rows": attn_rows,
+    return {"reviews": summary.input_rows, "wall_s": wall, "steady_reviews_per_s": steady,
+            "seconds": summary.seconds, "attn_rows": attn_rows,
             "cores": len(os.sched_getaffinity(0)), "plan": plan, "cpu_s": round(cpu, 3),
             "host_processes_cpu_s": hosts.get("host_processes_cpu_s", 0.0),
             "page_faults": faults, "host_processes_page_faults": hosts.get("host_processes_page_faults", 0),
@@ -195,7 +213,8 @@ def main() -> None:
         )
         print(
             f"{c} core(s), {r['plan']}: {rate[c, processes]:,.0f} reviews/s, "
-            f"{r['attn_rows'] / r['wall_s']:,.0f} attention rows/s end to end; per stage: {stages}; "
+            f"{r['attn_rows'] / r['wall_s']:,.0f} attention rows/s end to end "
+            f"({r['steady_reviews_per_s'] or 0:,.0f} reviews/s after the first parts); per stage: {stages}; "
             f"CPU per review {1e6 * r['cpu_s'] / r['reviews']:.0f} µs here"
             + (
                 f", {1e6 * r['host_processes_cpu_s'] / r['reviews']:.0f} µs in host processes"
@@ -221,6 +240,12 @@ def main() -> None:
         f"host processes on {top} cores: CPU per review {main_us:.0f} µs in the model's process, {host_us:.0f} µs "
         f"in host processes (from their fork on); so on C cores at most about "
         f"min({1e6 / main_us:,.0f}, (C - 1) × {1e6 / host_us:,.0f}) reviews/s (a bound, not a measurement)"
+    )
+    steady = {key: r["steady_reviews_per_s"] or 0.0 for key, r in results.items()}
+    fastest = {c: max((key for key in results if key[0] == c), key=steady.__getitem__) for c in counts}
+    print(
+        f"after the first parts (a part a core; the start behind): {steady[fastest[top]]:,.0f} reviews/s on {top} "
+        f"cores, {steady[fastest[low]]:,.0f} on {low}, scaling {steady[fastest[top]] / max(steady[fastest[low]], 1e-9):.2f}×"
     )
     scale = rate[best[top]] / rate[best[low]]
     rows = r["attn_rows"] / r["wall_s"]
