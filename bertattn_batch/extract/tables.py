@@ -144,8 +144,9 @@ class Extractor:
         self, scored: Sequence[ScoredRow], docs: pa.Array, first: int
     ) -> tuple[pa.Table, pa.Table, pa.Table]:
         """The three tables for a chunk of scored reviews (their ids from ``docs[first]`` on): every
-        column from a few vectorised operations over the concatenated content tokens. Attention rows are ordered (review, layer, head, position);
-        each (review, layer, head) is one segment of ``m`` content tokens, scaled over itself."""
+        column from a few vectorised operations over the concatenated content tokens. Attention rows
+        are ordered (review, layer, head, position); each (review, layer, head) is one segment of ``m``
+        content tokens, scaled over itself."""
         L, H = len(self.layers), self.num_heads
         n = np.array([r.encoded.n_tokens for r in scored], dtype=np.int64)
         m = n - 2  # content tokens: positions 1 .. n-2
