@@ -134,7 +134,7 @@ def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path 
     # in together): the start of a run, which a long run pays once, behind it
     wave = len(os.sched_getaffinity(0))
     after = sum(rows for _, rows in commits[wave:])
-    steady = after / (commits[-1][0] - commits[wave - 1][0]) if len(commits) > wave + 1 else None
+    steady = after / (commits[-1][0] - commits[wave - 1][0]) if len(commits) > wave else None
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
     attn_rows = (summary.tokens - 2 * summary.scored) * HEADS  # content tokens, each in every head
     meta = torch.device("meta")
@@ -214,7 +214,7 @@ def main() -> None:
         print(
             f"{c} core(s), {r['plan']}: {rate[c, processes]:,.0f} reviews/s, "
             f"{r['attn_rows'] / r['wall_s']:,.0f} attention rows/s end to end "
-            f"({r['steady_reviews_per_s'] or 0:,.0f} reviews/s after the first parts); per stage: {stages}; "
+            f"({_rate(r['steady_reviews_per_s'])} reviews/s after the first parts); per stage: {stages}; "
             f"CPU per review {1e6 * r['cpu_s'] / r['reviews']:.0f} µs here"
             + (
                 f", {1e6 * r['host_processes_cpu_s'] / r['reviews']:.0f} µs in host processes"
@@ -243,9 +243,11 @@ def main() -> None:
     )
     steady = {key: r["steady_reviews_per_s"] or 0.0 for key, r in results.items()}
     fastest = {c: max((key for key in results if key[0] == c), key=steady.__getitem__) for c in counts}
+    top_pace, low_pace = steady[fastest[top]], steady[fastest[low]]
     print(
-        f"after the first parts (a part a core; the start behind): {steady[fastest[top]]:,.0f} reviews/s on {top} "
-        f"cores, {steady[fastest[low]]:,.0f} on {low}, scaling {steady[fastest[top]] / max(steady[fastest[low]], 1e-9):.2f}×"
+        f"after the first parts (a part a core; the start behind): {_rate(top_pace)} reviews/s on {top} "
+        f"cores, {_rate(low_pace)} on {low}, scaling "
+        + (f"{top_pace / low_pace:.2f}×" if top_pace and low_pace else "n/a (too few parts: more --rows)")
     )
     scale = rate[best[top]] / rate[best[low]]
     rows = r["attn_rows"] / r["wall_s"]
@@ -253,6 +255,11 @@ def main() -> None:
         f"host: {rate[best[top]]:,.0f} reviews/s on {top} cores ({rows:,.0f} rows/s), "
         f"scaling {scale:.2f}× from {low} core"
     )
+
+
+def _rate(value: float | None) -> str:
+    """A pace, or n/a where a run had too few parts to give one."""
+    return f"{value:,.0f}" if value else "n/a"
 
 
 if __name__ == "__main__":

@@ -123,7 +123,12 @@ def cast(table: pa.Table, name: str, keep_dictionaries: bool = False) -> pa.Tabl
     ]
     out = table.select(target.names).cast(pa.schema(kept, metadata=target.metadata))
     for field in target:
-        if not field.nullable and out.column(field.name).null_count:
+        column = out.column(field.name)
+        # a dictionary column's nulls may be in its dictionary as well as among its indices
+        in_dictionary = pa.types.is_dictionary(column.type) and any(
+            c.dictionary.null_count for c in column.chunks
+        )
+        if not field.nullable and (column.null_count or in_dictionary):
             raise BertAttnError(f"table {name!r}: column {field.name!r} holds nulls")
     return out
 

@@ -9,8 +9,8 @@ Every review is sliced by its own length: content tokens are positions 1 .. n-2 
 the padded batch's ``[:, 0, 1:-1]`` (that keeps padding and drops a pad instead of [SEP]). A token's
 id, text and span are written once per review position (``tokens``), not once per layer and head:
 ``run.attention_rows`` joins them back. Their ``doc_id`` columns come dictionary-encoded, one
-dictionary of the window's ids (a part writer takes it as it is); ``t.cast(schema.declared(t.schema))``
-gives plain strings, as the files read back.
+dictionary of the window's ids (a part writer takes it as it is); ``schema.cast(t, name)`` gives plain
+strings, as the files read back.
 """
 
 from __future__ import annotations
@@ -190,11 +190,10 @@ class Extractor:
             "weight_norm": weight_norm,
             "value_zeroing": _zeroing(scored, H, len(weight)),
         }
-        review_of_token = np.repeat(np.arange(len(scored), dtype=np.int32), m)
         first_token = (np.cumsum(m) - m).astype(np.int32)  # each review's first content token in ``ids``
         tokens = {
-            "doc_id": doc_ids(review_of_token + np.int32(first)),
-            "position": np.arange(len(ids), dtype=np.int32) - first_token[review_of_token] + 1,
+            "doc_id": doc_ids(np.repeat(review, m)),
+            "position": np.arange(len(ids), dtype=np.int32) - np.repeat(first_token, m) + 1,
             "token_id": ids,
             "token": self.vocab.take(pa.array(ids)),
             "start": offsets[:, 0].astype(np.int32, copy=False),

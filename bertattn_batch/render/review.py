@@ -273,7 +273,7 @@ def review_from_text(
 
     extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels)
     tables = {
-        name: pl.from_arrow(t.cast(schema.declared(t.schema))).lazy()
+        name: pl.from_arrow(schema.cast(t, name)).lazy()  # ids as plain strings, as in the files
         for name, t in extractor.tables([scored]).items()
     }
     table = attention_rows(tables["cls_attention"], tables["tokens"]).collect()

@@ -16,11 +16,13 @@ from __future__ import annotations
 import base64
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import schema, storage
@@ -126,9 +128,46 @@ def write_table(table: pa.Table, where: Path | pa.NativeFile, **options: Any) ->
         ARROW_SCHEMA_KEY: base64.b64encode(declared.serialize().to_pybytes()),
     }
     options = {**write_options(declared), **options}
-    with pq.ParquetWriter(where, table.schema, store_schema=False, **options) as writer:
-        writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
-        writer.add_key_value_metadata(metadata)
+    try:
+        with pq.ParquetWriter(where, table.schema, store_schema=False, **options) as writer:
+            for group in _row_groups(table):
+                writer.write_table(group, row_group_size=ROW_GROUP_ROWS)
+            writer.add_key_value_metadata(metadata)
+    except BaseException:
+        if isinstance(where, Path):  # as pq.write_table does: no file is left half written
+            where.unlink(missing_ok=True)
+        raise
+
+
+def _row_groups(table: pa.Table) -> Iterator[pa.Table]:
+    """``table`` a row group at a time, each dictionary column's dictionary cut to the stretch its rows
+    use (a window's rows come review by review): a row group then lists only its own ids, which a
+    reader that skips row groups by their dictionary (Spark) needs, rather than the whole window's."""
+    if table.num_rows == 0:
+        yield table
+        return
+    for start in range(0, table.num_rows, ROW_GROUP_ROWS):
+        group = table.slice(start, ROW_GROUP_ROWS)
+        for i, field in enumerate(group.schema):
+            if pa.types.is_dictionary(field.type):
+                group = group.set_column(i, field, _used_stretch(group.column(i)))
+        yield group
+
+
+def _used_stretch(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """``column`` over the stretch of its dictionary between its smallest and largest index, one
+    dictionary for every chunk; as it is where its chunks do not share one."""
+    chunks = column.chunks
+    dictionary = chunks[0].dictionary
+    bounds = pc.min_max(pa.chunked_array([c.indices for c in chunks], chunks[0].indices.type))
+    lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+    if lo is None or any(not c.dictionary.equals(dictionary) for c in chunks[1:]):
+        return column
+    used = dictionary.slice(lo, hi - lo + 1)
+    shift = pa.scalar(lo, chunks[0].indices.type)
+    return pa.chunked_array(
+        [pa.DictionaryArray.from_arrays(pc.subtract(c.indices, shift), used, safe=False) for c in chunks]
+    )
 
 
 def write_options(table_schema: pa.Schema) -> dict[str, object]:

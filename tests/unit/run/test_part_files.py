@@ -82,6 +82,14 @@ def test_a_part_file_reads_back_as_the_declared_table(name, tables, tmp_path):
         offset += len(ids)
         stats = chunk.statistics  # a reader skips row groups by these
         assert (stats.min, stats.max, stats.null_count) == (min(ids), max(ids), 0)
+    # and each row group's dictionary lists its own ids only, not the whole window's
+    stored = pq.ParquetFile(path, read_dictionary=["doc_id"])
+    offset = 0
+    for g in range(meta.num_row_groups):
+        group = stored.read_row_group(g, columns=["doc_id"]).column("doc_id")
+        ids = plain.column("doc_id").slice(offset, len(group)).to_pylist()
+        offset += len(group)
+        assert sorted(set(group.combine_chunks().dictionary.to_pylist())) == sorted(set(ids))
 
 
 def test_a_table_without_dictionaries_is_written_as_pyarrow_writes_it(tmp_path):
@@ -104,9 +112,22 @@ def test_cast_keeps_dictionary_strings_and_refuses_nulls_in_them():
     assert out.schema.field("layer").type == pa.int16()  # other columns cast as before
     assert schema.declared(out.schema) == schema.arrow("head_summary")
 
-    with_null = pa.DictionaryArray.from_arrays(pa.array([0, None, 1], pa.int32()), pa.array(["a", "b"]))
-    with pytest.raises(Exception, match="doc_id"):
-        schema.cast(table.set_column(0, "doc_id", with_null), "head_summary", keep_dictionaries=True)
+    null_index = pa.DictionaryArray.from_arrays(pa.array([0, None, 1], pa.int32()), pa.array(["a", "b"]))
+    null_value = pa.DictionaryArray.from_arrays(pa.array([0, 1, 1], pa.int32()), pa.array(["a", None]))
+    for ids in (null_index, null_value):
+        with pytest.raises(Exception, match="doc_id"):
+            schema.cast(table.set_column(0, "doc_id", ids), "head_summary", keep_dictionaries=True)
+
+
+def test_a_write_that_fails_leaves_no_file(tables, tmp_path, monkeypatch):
+    def full_disk(self, table, row_group_size=None):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full_disk)
+    path = tmp_path / "cls_attention.parquet"
+    with pytest.raises(OSError, match="No space left"):
+        parts.write_table(tables["cls_attention"], path)
+    assert not path.exists()
 
 
 @pytest.mark.parametrize("name", TABLES)
