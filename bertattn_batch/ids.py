@@ -49,8 +49,7 @@ class IdSet:
         if self._has(d):
             return False
         self._recent.add(d)
-        if len(self._recent) >= max(_MIN_RECENT, len(self._sorted) // 8):
-            self._merge()
+        self._merge_when_due()
         return True
 
     def update(self, ids: Iterable[str]) -> None:
@@ -62,23 +61,18 @@ class IdSet:
         """Add the ids in turn; for each, whether it was new (in neither the set nor earlier in
         ``ids``). A block at a time: one search of the sorted array for all, which took a sixth of the
         reader's time when done id by id (docs/performance.md)."""
-        digests = [_digest(doc_id) for doc_id in ids]
-        old = self._in_sorted(np.array(digests, dtype=_DIGEST)).tolist()
         recent, new = self._recent, []
-        for d, is_old in zip(digests, old, strict=True):
+        for d, is_old in self._sorted_holds(ids):
             is_new = not is_old and d not in recent
             if is_new:
                 recent.add(d)
             new.append(is_new)
-        if len(recent) >= max(_MIN_RECENT, len(self._sorted) // 8):
-            self._merge()
+        self._merge_when_due()
         return new
 
     def contains_each(self, ids: Sequence[str]) -> list[bool]:
         """``[doc_id in self for doc_id in ids]``, with one search of the sorted array for all."""
-        digests = [_digest(doc_id) for doc_id in ids]
-        old = self._in_sorted(np.array(digests, dtype=_DIGEST)).tolist()
-        return [is_old or d in self._recent for d, is_old in zip(digests, old, strict=True)]
+        return [is_old or d in self._recent for d, is_old in self._sorted_holds(ids)]
 
     def __or__(self, other: IdSet) -> IdSet:
         out = IdSet()
@@ -92,13 +86,21 @@ class IdSet:
         # the element's raw bytes: reading it back as bytes would strip its trailing zero bytes
         return self._sorted[i : i + 1].tobytes() == d
 
-    def _in_sorted(self, digests: np.ndarray) -> np.ndarray:
-        """Which of ``digests`` (dtype S16; every digest is 16 bytes, so no padding is stripped) the
-        sorted array holds."""
+    def _sorted_holds(self, ids: Sequence[str]) -> list[tuple[bytes, bool]]:
+        """Each id's digest, and whether the sorted array holds it: one search for all (dtype S16: every
+        digest is 16 bytes, so no padding is stripped)."""
+        digests = [_digest(doc_id) for doc_id in ids]
         if not len(self._sorted):
-            return np.zeros(len(digests), bool)
-        i = np.minimum(np.searchsorted(self._sorted, digests), len(self._sorted) - 1)
-        return self._sorted[i] == digests
+            return [(d, False) for d in digests]
+        wanted = np.array(digests, dtype=_DIGEST)
+        i = np.minimum(np.searchsorted(self._sorted, wanted), len(self._sorted) - 1)
+        return list(zip(digests, (self._sorted[i] == wanted).tolist(), strict=True))
+
+    def _merge_when_due(self) -> None:
+        """Merge once the recent additions are an eighth of the array (at least ``_MIN_RECENT``): a
+        set lookup stays cheap, and each merge copies the array rarely."""
+        if len(self._recent) >= max(_MIN_RECENT, len(self._sorted) // 8):
+            self._merge()
 
     def _digests(self) -> np.ndarray:
         self._merge()
