@@ -68,16 +68,21 @@ def atomic_path(path: Path, fsync: bool = False) -> Iterator[Path]:
     try:
         yield tmp
         if fsync:
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_file(tmp)
         tmp.replace(path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
+
+
+def fsync_file(path: Path) -> None:
+    """Wait until ``path``'s data is on disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

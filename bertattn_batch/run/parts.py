@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import schema, storage
+from .._util import fsync_file
 from ..errors import RunDirError, StorageError, WriteError, first_line
 from ..storage import is_remote
 from .layout import TABLES, part_name, tmp_name
@@ -94,13 +95,8 @@ class PartWriter:
     def _write_parquet(self, table: pa.Table, path: Path | pa.NativeFile) -> None:
         """Write and fsync one file, with a checksum on every page (``validate`` verifies them)."""
         write_table(table, path)
-        if not isinstance(path, Path):
-            return
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if isinstance(path, Path):
+            fsync_file(path)
 
     def _upload(self, table: pa.Table, uri: str) -> int:
         """Write one part file to a store under its final name; returns its size. The store makes the
