@@ -19,6 +19,11 @@ lock for ``LAUNCH_MS`` (the forward's Python) and its answer is ready ``US_PER_T
 after the device is free, one batch at a time; the model stage's seconds then show how much of the
 device's time the rest of the run leaves it. ``--pipes`` sends the model's outputs to host processes
 through their pipes instead of shared memory (engines/shared_outputs.py), to weigh the difference.
+
+Each round also runs one job per core side by side, each with one host process and pinned to its own
+core, sharing nothing but the machine. Their scaling from one such job alone is the machine's own for
+this work (its shared caches, memory and disk, and a virtual machine's neighbours), so the ceiling
+that no way of splitting one job can pass; it is printed before the pace.
 """
 
 from __future__ import annotations
@@ -131,10 +136,11 @@ def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path 
         RunDir.commit = real_commit
     hosts = summary.engine or {}  # what the host processes used, if any
     # the pace from the first wave of parts on (one window a core starts at once, and their parts come
-    # in together): the start of a run, which a long run pays once, behind it
+    # in together): the start of a run, which a long run pays once, behind it; none from fewer than
+    # two more waves, as parts that end together would make a pace of nothing but their rows
     wave = len(os.sched_getaffinity(0))
     after = sum(rows for _, rows in commits[wave:])
-    steady = after / (commits[-1][0] - commits[wave - 1][0]) if len(commits) > wave else None
+    steady = after / (commits[-1][0] - commits[wave - 1][0]) if len(commits) > 2 * wave else None
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
     attn_rows = (summary.tokens - 2 * summary.scored) * HEADS  # content tokens, each in every head
     meta = torch.device("meta")
@@ -187,25 +193,38 @@ def main() -> None:
     counts = [int(c) for c in args.cores.split(",")] if args.cores else sorted({1, len(allowed)})
     runs = [(c, 0) for c in counts] + [(c, args.host_processes or c) for c in counts]
     results: dict[tuple[int, int], dict] = {}
+    copies: list[dict] = []  # the fastest round of one job a core, side by side (see the module's doc)
     with tempfile.TemporaryDirectory(prefix="bertattn-host-") as tmp:
         import bench  # bench/bench.py, beside this script
 
         inputs = bench.repeated_corpus(CORPUS, args.rows, Path(tmp) / "host.parquet", ids=True)
+
+        def start(cores: list[int], processes: int, out: str) -> subprocess.Popen:
+            cmd = [sys.executable, __file__, "--host-processes", str(processes), "--one", str(inputs),
+                   f"{tmp}/{out}"]  # fmt: skip
+            if args.device_like:
+                cmd += ["--device-like", *map(str, args.device_like)]
+            if args.pipes:
+                cmd.append("--pipes")
+            pin = lambda: os.sched_setaffinity(0, cores)  # noqa: E731
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    preexec_fn=pin)  # fmt: skip
+
+        def result(job: subprocess.Popen) -> dict:
+            out, err = job.communicate()
+            if job.returncode:
+                sys.exit(err)
+            return json.loads(out.strip().splitlines()[-1])
+
         for _ in range(args.rounds):  # interleaved, so that a busy spell of the machine hits every run
             for c, processes in runs:
-                cmd = [sys.executable, __file__, "--host-processes", str(processes), "--one", str(inputs),
-                       f"{tmp}/run-{c}-{processes}"]  # fmt: skip
-                if args.device_like:
-                    cmd += ["--device-like", *map(str, args.device_like)]
-                if args.pipes:
-                    cmd.append("--pipes")
-                pin = lambda c=c: os.sched_setaffinity(0, allowed[:c])  # noqa: E731
-                done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin)
-                if done.returncode:
-                    sys.exit(done.stderr)
-                r = json.loads(done.stdout.strip().splitlines()[-1])
+                r = result(start(allowed[:c], processes, f"run-{c}-{processes}"))
                 if (c, processes) not in results or r["wall_s"] < results[c, processes]["wall_s"]:
                     results[c, processes] = r
+            if len(allowed) > 1 and (1, 1) in results:
+                side = [result(job) for job in [start([core], 1, f"copy-{core}") for core in allowed]]
+                if not copies or max(r["wall_s"] for r in side) < max(r["wall_s"] for r in copies):
+                    copies = side
     rate = {key: r["reviews"] / r["wall_s"] for key, r in results.items()}
     for (c, processes), r in results.items():
         stages = ", ".join(
@@ -241,6 +260,17 @@ def main() -> None:
         f"in host processes (from their fork on); so on C cores at most about "
         f"min({1e6 / main_us:,.0f}, (C - 1) × {1e6 / host_us:,.0f}) reviews/s (a bound, not a measurement)"
     )
+    if copies:
+        both = sum(r["reviews"] for r in copies) / max(r["wall_s"] for r in copies)
+        pace = sum(r["steady_reviews_per_s"] or 0.0 for r in copies)
+        alone = results[1, 1]["steady_reviews_per_s"]
+        paced = f"{pace / alone:.2f}×" if pace and alone else "n/a"
+        print(
+            f"independent copies (one job a core, each pinned to its core, sharing nothing): {both:,.0f} "
+            f"reviews/s on {len(copies)} cores, {both / rate[1, 1]:.2f}× one such job alone on 1 core "
+            f"(after the first parts {paced}): what this machine gives work that needs no coordination, "
+            f"the ceiling of any split"
+        )
     steady = {key: r["steady_reviews_per_s"] or 0.0 for key, r in results.items()}
     fastest = {c: max((key for key in results if key[0] == c), key=steady.__getitem__) for c in counts}
     top_pace, low_pace = steady[fastest[top]], steady[fastest[low]]
