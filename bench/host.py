@@ -262,9 +262,8 @@ def main() -> None:
     )
     if copies:
         both = sum(r["reviews"] for r in copies) / max(r["wall_s"] for r in copies)
-        pace = sum(r["steady_reviews_per_s"] or 0.0 for r in copies)
-        alone = results[1, 1]["steady_reviews_per_s"]
-        paced = f"{pace / alone:.2f}×" if pace and alone else "n/a"
+        paces, alone = [r["steady_reviews_per_s"] for r in copies], results[1, 1]["steady_reviews_per_s"]
+        paced = f"{sum(paces) / alone:.2f}×" if all(paces) and alone else "n/a"
         print(
             f"independent copies (one job a core, each pinned to its core, sharing nothing): {both:,.0f} "
             f"reviews/s on {len(copies)} cores, {both / rate[1, 1]:.2f}× one such job alone on 1 core "
