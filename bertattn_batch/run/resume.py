@@ -64,6 +64,7 @@ def resume_point(
         skip_until = max((p.end_row for p in parts), default=0)
         if skip_until:
             _check_same_inputs(run, sources, by_id)
+            _check_limit(run, skip_until, limit)
         run.begin_pass(0, sources, limit)
         return ResumePoint(0, skip_until, None, run.committed_ids() if by_id and skip_until else None)
     if parts and (run.reopened_status == "complete" or generation is None):
@@ -78,6 +79,7 @@ def resume_point(
     skip_until = max((p.end_row for p in current), default=0)
     if skip_until:
         _check_same_inputs(run, sources, by_id)
+        _check_limit(run, skip_until, limit)
     run.begin_pass(generation, sources, limit)
     taken = run.committed_ids(current) if by_id and current else None
     return ResumePoint(generation, skip_until, run.committed_ids(earlier) if earlier else None, taken)
@@ -101,6 +103,16 @@ def _check_same_inputs(run: RunDir, sources: list[dict[str, Any]] | None, by_id:
         f"{run.run_dir}: the inputs changed since this run began ({'; '.join(changes[:3])}{more}); "
         f"a resume goes on by row number and would mix old and new rows: {fix}"
     )
+
+
+def _check_limit(run: RunDir, skip_until: int, limit: int | None) -> None:
+    """Refuse a resume whose ``--limit`` stops before the rows already committed, before the pass
+    begins, so that the run keeps its status: its tables would hold more rows than the limit allows."""
+    if limit is not None and limit < skip_until:
+        raise RunDirError(
+            f"{run.run_dir}: the run already holds {skip_until:,} input rows, more than --limit {limit:,}; "
+            f"resume with --limit {skip_until:,} or more (or none), or pass --overwrite to start again"
+        )
 
 
 def input_changes(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[str]:

@@ -203,6 +203,25 @@ def test_rerun_of_a_complete_run_writes_nothing(corpus, tiny_en_dir, tmp_path):
     assert json.loads((out / "manifest.json").read_text())["parts"] == before
 
 
+@pytest.mark.parametrize("limit", ["30", "0"])
+def test_a_resume_with_a_smaller_limit_is_refused_and_leaves_the_run_as_it_was(
+    limit, corpus, tiny_en_dir, tmp_path
+):
+    """A --limit below the rows a run already holds cannot be honoured: it is refused before the pass
+    begins, naming --limit, and the finished run keeps its manifest (it was marked interrupted)."""
+    out = tmp_path / "run"
+    assert runner.invoke(app, _args(corpus, tiny_en_dir, out)).exit_code == 0
+    before = json.loads((out / "manifest.json").read_text())
+    r = runner.invoke(app, [*_args(corpus, tiny_en_dir, out), "--limit", limit])
+    assert r.exit_code == 1, r.output
+    assert "--limit" in r.output and "60" in r.output
+    after = json.loads((out / "manifest.json").read_text())
+    assert {k: after[k] for k in ("status", "limit", "resumes", "parts")} == {
+        k: before[k] for k in ("status", "limit", "resumes", "parts")
+    }
+    assert runner.invoke(app, ["validate", str(out)]).exit_code == 0
+
+
 def test_another_model_or_spec_is_refused(corpus, tiny_en_dir, minilm_dir, tmp_path):
     out = tmp_path / "run"
     assert runner.invoke(app, _args(corpus, tiny_en_dir, out)).exit_code == 0
