@@ -11,8 +11,8 @@ into few parts). A resume starts at its resume point and goes on to the next gri
 name and rows follow from the inputs alone, and a run resumes under either engine.
 
 Rows already committed are left out: those before the resume point, and in an incremental pass every
-row whose id an earlier pass committed; a later repeat of an id seen before is marked ``duplicate_id``
-(this pass's committed ids count as seen).
+row whose id an earlier pass committed; a later row with a text and an id that an earlier row with a
+text had is marked ``duplicate_id`` (this pass's committed ids count as seen).
 """
 
 from __future__ import annotations
@@ -107,6 +107,9 @@ def select_rows(block: RowBatch, skip_until: int, skip_ids: IdSet | None, seen_i
     # a row without a source id has its row number as doc id, which is no committed source id (the row
     # is recorded again every pass) and no repeat of one
     has_id = [status not in schema.ROW_NUMBER_STATUSES for status in block.status]
+    # only a row with a text claims its id: after a null or empty text, the review under the same id
+    # is still scored (so the id's one scored row is the review, not a duplicate_id)
+    claims = [status == "ok" for status in block.status]
     todo = [i for i in range(len(block)) if block.row_index[i] >= skip_until]
     if skip_ids is not None:
         with_id = [i for i in todo if has_id[i]]
@@ -115,9 +118,9 @@ def select_rows(block: RowBatch, skip_until: int, skip_ids: IdSet | None, seen_i
         todo = [i for i in todo if i not in done]
     repeated: set[int] = set()
     if seen_ids is not None:
-        with_id = [i for i in todo if has_id[i]]
-        new = seen_ids.add_each([block.doc_id[i] for i in with_id])
-        repeated = {i for i, is_new in zip(with_id, new, strict=True) if not is_new}
+        with_text = [i for i in todo if claims[i]]
+        new = seen_ids.add_each([block.doc_id[i] for i in with_text])
+        repeated = {i for i, is_new in zip(with_text, new, strict=True) if not is_new}
     out = RowBatch()
     for i in todo:
         status = "duplicate_id" if i in repeated else block.status[i]

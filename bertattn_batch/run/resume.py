@@ -66,7 +66,8 @@ def resume_point(
             _check_same_inputs(run, sources, by_id)
             _check_limit(run, skip_until, limit)
         run.begin_pass(0, sources, limit)
-        return ResumePoint(0, skip_until, None, run.committed_ids() if by_id and skip_until else None)
+        taken = run.committed_ids(claimed=True) if by_id and skip_until else None
+        return ResumePoint(0, skip_until, None, taken)
     if parts and (run.reopened_status == "complete" or generation is None):
         generation = max(run.manifest.passes) + 1  # a new pass (also over a run from before passes were kept)
         run.begin_pass(generation, sources, limit)
@@ -81,7 +82,7 @@ def resume_point(
         _check_same_inputs(run, sources, by_id)
         _check_limit(run, skip_until, limit)
     run.begin_pass(generation, sources, limit)
-    taken = run.committed_ids(current) if by_id and current else None
+    taken = run.committed_ids(current, claimed=True) if by_id and current else None
     return ResumePoint(generation, skip_until, run.committed_ids(earlier) if earlier else None, taken)
 
 

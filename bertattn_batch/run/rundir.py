@@ -217,12 +217,14 @@ class RunDir:
     def parts(self) -> list[PartEntry]:
         return self.manifest.parts
 
-    def committed_ids(self, parts: list[PartEntry] | None = None) -> IdSet:
+    def committed_ids(self, parts: list[PartEntry] | None = None, claimed: bool = False) -> IdSet:
         """Source ids of every committed review (of ``parts``, by default all): rows without a source id
         (``schema.ROW_NUMBER_STATUSES``) are left out, as their doc id is only a row number (an
-        incremental pass records them again, and a real id equal to that number is still new)."""
+        incremental pass records them again, and a real id equal to that number is still new).
+        ``claimed``: only the ids that rows with a text claimed (``schema.NO_TEXT_STATUSES`` left out
+        too), the ids a pass resumed by row number has seen."""
         ids = IdSet()
-        no_id = pa.array(schema.ROW_NUMBER_STATUSES)
+        no_id = pa.array(schema.ROW_NUMBER_STATUSES + (schema.NO_TEXT_STATUSES if claimed else ()))
         for p in self.parts if parts is None else parts:
             with storage.arrow_file(run_file(self.run_dir, p.files["predictions"])) as f:
                 t = pq.read_table(f, columns=["doc_id", "status"], page_checksum_verification=True)

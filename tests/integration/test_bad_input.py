@@ -89,6 +89,23 @@ def test_row_level_problems_get_statuses(tiny_en_dir, tmp_path):
     assert set(attn.column("doc_id").to_pylist()) == {"a", "f", "g", "h"}
 
 
+@pytest.mark.parametrize("resumed", [False, True])
+def test_a_row_without_text_does_not_claim_its_id(resumed, tiny_en_dir, tmp_path):
+    """An empty or null text under an id, then the review under the same id: the review is scored (it
+    was a duplicate_id, and the id was never scored), and a later repeat of it is a duplicate_id; a
+    resume between them marks the same rows."""
+    src = tmp_path / "in.csv"
+    src.write_text('id,text\nx,\nx,the food was good\ny,"  "\nx,the food was good\ny,bad service\n')
+    out = tmp_path / "run"
+    if resumed:
+        assert _extract(src, tiny_en_dir, out, "--id-col", "id", "--window", "1", "--limit", "1").exit_code == 0
+    r = _extract(src, tiny_en_dir, out, "--id-col", "id", "--window", "1")
+    assert r.exit_code == 0, r.output
+    preds = read_table(out, "predictions").sort_by("row_index")
+    got = list(zip(preds.column("doc_id").to_pylist(), preds.column("status").to_pylist(), strict=True))
+    assert got == [("x", "null_text"), ("x", "ok"), ("y", "empty_text"), ("x", "duplicate_id"), ("y", "ok")]
+
+
 def test_invalid_utf8_in_text_and_csv(tiny_en_dir, tmp_path):
     txt = tmp_path / "in.txt"
     txt.write_bytes(b"fine review\n\xff\xfe broken bytes\nanother fine one\n")
