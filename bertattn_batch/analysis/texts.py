@@ -25,9 +25,16 @@ def review_texts(run_dir: str | Path, reviews: pl.DataFrame) -> list[str]:
     texts = reviews["text"].to_list()
     missing = {int(r): i for i, r in enumerate(reviews["row_index"]) if texts[i] is None}
     if missing:
-        from ..inputs import read_rows
+        from ..inputs import STDIN, is_stream, read_rows
 
         manifest = read_manifest(run_dir)
+        streams = [s for s in manifest.inputs if s == STDIN or is_stream(Path(s))]
+        if streams:
+            where = "standard input" if streams[0] == STDIN else streams[0]
+            raise InputError(
+                f"this run read its reviews from {where}, which cannot be read again, and stored no text "
+                "(--no-store-text); rerun the extract from a file, or without --no-store-text"
+            )
         ids = reviews["doc_id"].to_list()
         last = max(missing)
         try:

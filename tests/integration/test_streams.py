@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 from helpers import manifest_json, read_table
 
+from bertattn_batch.analysis.texts import review_texts, scored_predictions
+from bertattn_batch.errors import InputError
+
 ROWS = [{"id": f"r{i}", "text": t} for i, t in enumerate(["great food", "slow service", "nice staff"])]
 JSONL = "".join(json.dumps(r) + "\n" for r in ROWS)
 
@@ -88,3 +91,14 @@ def test_a_fifo_inside_an_input_folder_is_passed_over(tiny_en_dir, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "passed over 1 file(s) that are not regular files" in done.stderr and "b.jsonl" in done.stderr
     assert done.stdout.startswith("3 reviews (3 scored")
+
+
+def test_texts_of_a_stream_run_without_stored_text_cannot_be_read_again(tiny_en_dir, tmp_path):
+    """What reads texts back (plot, faithfulness) says why a piped run without its text has none, rather
+    than that the reviews were not found in its inputs."""
+    out = tmp_path / "run"
+    done = _extract("-", tiny_en_dir, out, "--input-format", "jsonl", "--no-store-text", stdin=JSONL)
+    assert done.returncode == 0, done.stderr
+    reviews = scored_predictions(out, ["doc_id", "row_index", "text"])
+    with pytest.raises(InputError, match="from standard input, which cannot be read again"):
+        review_texts(out, reviews)
