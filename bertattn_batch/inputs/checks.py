@@ -142,6 +142,11 @@ def _check_bytes(src: Source) -> None:
         raise InputError(
             f"{src.label} is {kind}-compressed; decompress it first (Parquet compresses its own pages)"
         )
+    if head.startswith(PARQUET_MAGIC):
+        raise InputError(
+            f"{src.label} is a Parquet file, not {src.format} text; pass --input-format parquet "
+            "(or leave --input-format auto with a .parquet name)"
+        )
     if not utf8:
         return
     for bom, name in _OTHER_BOMS:
@@ -157,6 +162,8 @@ def _check_bytes(src: Source) -> None:
         )
 
 
+#: The bytes a Parquet file starts with: read as lines, one would be rows of binary garbage.
+PARQUET_MAGIC = b"PAR1"
 #: Bytes at a file's start in which UTF-16 without a byte-order mark is looked for.
 UTF16_SAMPLE_BYTES = 64
 

@@ -176,6 +176,11 @@ def test_archives_and_compressed_parquet_are_refused_with_what_to_do(tmp_path):
             inputs.check_inputs([str(tmp_path / name)], input_format="jsonl")
     with pytest.raises(InputError, match="is gzip-compressed; decompress it first"):
         inputs.check_inputs([str(tmp_path / "r.parquet.gz")])
+    for fmt in ("csv", "jsonl", "text"):  # a Parquet file named as text: not rows of binary garbage
+        with pytest.raises(
+            InputError, match=f"is a Parquet file, not {fmt} text; pass --input-format parquet"
+        ):
+            inputs.check_inputs([str(tmp_path / "r.parquet")], input_format=fmt)
 
 
 # -- string columns that hold bytes that are not UTF-8 ------------------------------------------------
