@@ -145,6 +145,28 @@ def _take_lock(path: Path, wait: bool) -> int | None:
     return fd
 
 
+def lock_is_held(path: Path) -> bool | None:
+    """Whether a process holds the ``file_lock`` on ``path`` now; None where that cannot be told (no
+    such file, no locks on this platform or file system). Creates nothing: a reader's question."""
+    if sys.platform == "win32":
+        return None
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # also lets go of the lock taken
+    return False
+
+
 @contextlib.contextmanager
 def file_lock(
     path: Path,

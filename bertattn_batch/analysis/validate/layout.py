@@ -14,8 +14,9 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from ... import schema
+from ..._util import lock_is_held
 from ...errors import first_line
-from ...run import FORMAT, model_problems, parse_parts, tmp_name
+from ...run import FORMAT, LOCK_NAME, model_problems, parse_parts, tmp_name
 from .report import Recorder
 
 
@@ -54,6 +55,9 @@ def check_manifest(rec: Recorder, path: Path, m: dict[str, Any]) -> RunView:
     if m.get("format") != FORMAT:
         rec.fail("manifest", f"format is {m.get('format')!r}, expected {FORMAT!r}")
     status = str(m.get("status"))
+    if status == "running" and lock_is_held(path / LOCK_NAME) is False:
+        rec.warn("manifest", "status 'running', but no process is writing it: it was stopped (killed?)")
+        status = "interrupted"  # rerunning the extract resumes it
     if status in ("running", "interrupted"):
         rec.warn("manifest", f"status {status!r}: committed parts are checked, totals are not final")
     elif status != "complete":

@@ -15,11 +15,13 @@ import pytest
 from typer.testing import CliRunner
 
 from bertattn_batch import schema
+from bertattn_batch._util import file_lock
 from bertattn_batch.analysis.validate import CHECKS, validate_run
 from bertattn_batch.cli import app
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.errors import RunDirError
+from bertattn_batch.run import LOCK_NAME
 from bertattn_batch.schema import STATUSES
 
 PART0 = "part-000000000000.parquet"
@@ -400,6 +402,21 @@ def test_interrupted_run_with_uncommitted_files_is_only_warned(en_run, tmp_path)
     assert any(w.check == "files" and "leftover" in w.message for w in report.warnings)
     assert any(w.check == "files" and "not listed" in w.message for w in report.warnings)
     assert _cli(str(run)).exit_code == 0
+
+
+def test_a_running_run_whose_writer_is_gone_is_called_stopped(en_run, tmp_path):
+    """A run killed mid-write keeps the status 'running'; validate tells it from one being written by
+    asking for its lock, which a live writer holds."""
+    run = _copy(en_run, tmp_path)
+    _save_manifest(run, _manifest(run) | {"status": "running"})
+    report = validate_run(run)
+    assert any("no process is writing it: it was stopped" in w.message for w in report.warnings), (
+        report.render()
+    )
+    with file_lock(run / LOCK_NAME):
+        report = validate_run(run)
+    assert not any("no process is writing it" in w.message for w in report.warnings), report.render()
+    assert any("status 'running'" in w.message for w in report.warnings)
 
 
 def test_known_statuses_are_the_schemas():
