@@ -68,11 +68,32 @@ def install_signal_handlers() -> None:
             signal.signal(sig, on_signal)
 
 
+class _OncePerMessage(logging.Filter):
+    """Show each message once: ``validate`` reads the inputs twice (coverage, then spans), and each
+    reading warned of the same rows."""
+
+    def __init__(self, most: int = 10_000) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+        self._most = most
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self._seen:
+            return False
+        if len(self._seen) < self._most:
+            self._seen.add(message)
+        return True
+
+
 def setup(debug: bool) -> None:
     _state["debug"] = debug
     install_signal_handlers()
     tune_runtime()
-    logging.basicConfig(level=logging.INFO if debug else logging.WARNING, format="bertattn: %(message)s")
+    root = logging.getLogger()
+    if not root.handlers:  # ours, not a notebook's or a test runner's
+        logging.basicConfig(level=logging.INFO if debug else logging.WARNING, format="bertattn: %(message)s")
+        root.handlers[0].addFilter(_OncePerMessage())
     # transformers and the hub client read these when first imported: a command that never loads a
     # model does not pay the second that importing transformers takes
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

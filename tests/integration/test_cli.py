@@ -523,3 +523,27 @@ def test_model_package_names_work_for_extract_and_plot(tiny_en_dir, drug_sample,
             r = runner.invoke(app, args)
             lines = [line for line in r.output.splitlines() if line.strip()]
             assert r.exit_code == 1 and len(lines) == 1 and says in lines[0], (args, r.output)
+
+
+def test_validate_warns_of_a_bad_input_line_once(tiny_en_dir, tmp_path):
+    """validate reads the inputs twice (coverage, then spans); its warnings came out once for each."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"id": "a", "text": "good"}\nnot json\n{"id": "b", "text": "bad"}\n')
+    out = tmp_path / "run"
+    for args in (
+        [
+            "extract",
+            str(src),
+            "--model",
+            str(tiny_en_dir),
+            "--out",
+            str(out),
+            "--id-col",
+            "id",
+            "--no-progress",
+        ],
+        ["validate", str(out)],
+    ):
+        done = subprocess.run([sys.executable, "-m", "bertattn_batch", *args], capture_output=True, text=True)
+        assert done.returncode == 0, (args, done.stderr)
+    assert done.stderr.count("1 line is not a JSON object (line 2)") == 1, done.stderr
