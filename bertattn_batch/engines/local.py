@@ -13,6 +13,7 @@ about 1.5 times one core however many there are.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +37,8 @@ MAX_ENCODE_THREADS = 8
 MAX_STAGE_THREADS = 8
 #: Each host process holds a tokenizer and up to three windows (engines/host_processes.py).
 MAX_HOST_PROCESSES = 16
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,13 @@ class LocalEngine:
 
     def __enter__(self) -> LocalEngine:
         t0 = time.perf_counter()
+        if (asked := self.spec.host_processes or 0) > (cores := _cores()):
+            log.warning(
+                "%d host processes on %d cores: they take turns on the cores, each with its own tokenizer "
+                "and windows in memory; leave --host-processes out for the default of the device",
+                asked,
+                cores,
+            )
         if host_processes(self.spec.host_processes, resolve_device(self.spec.device)):
             fork_server.context()  # the server makes its imports while the model loads
         self.clf = load_classifier(self.spec)

@@ -115,17 +115,22 @@ def test_processes_by_default_only_beside_an_accelerator():
         JobSpec(inputs=["x"], model="m", out="o", host_processes=-1)
 
 
-def test_the_cli_option_runs_host_processes(threaded, drug_sample, tiny_en_dir, tmp_path):
+def test_the_cli_option_runs_host_processes(
+    threaded, drug_sample, tiny_en_dir, tmp_path, monkeypatch, caplog
+):
+    """As asked, also more than the cores (they take turns on them), with a warning that says so."""
     from typer.testing import CliRunner
 
     from bertattn_batch.cli import app
 
+    monkeypatch.setattr("bertattn_batch.engines.local._cores", lambda: 1)
     out = tmp_path / "run"
     args = ["extract", str(drug_sample), "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "doc_id",
-            "--label-col", "label", "--window", "4", "--no-progress", "--host-processes", "1"]  # fmt: skip
+            "--label-col", "label", "--window", "4", "--no-progress", "--host-processes", "2"]  # fmt: skip
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
-    assert manifest_json(out)["spec"]["host_processes"] == 1
+    assert manifest_json(out)["spec"]["host_processes"] == 2
+    assert "2 host processes on 1 cores: they take turns on the cores" in caplog.text
     got = _tables(out)
     for table in schema.TABLES:
         assert got[table].equals(threaded[table]), table
