@@ -32,12 +32,15 @@ def top_tokens(
 
 def check_top_options(k: int, unit: str, split: str, measure: str = "mean_scaled") -> None:
     """What format_top can print; checked by the CLI before the aggregate is computed."""
-    if unit not in UNITS or split not in SPLITS or k < 1 or measure not in RANK_MEASURES:
-        raise SpecError(
-            f"--unit must be one of {', '.join(UNITS)}, --by one of {', '.join(SPLITS)}, --rank-by one "
-            f"of {', '.join(RANK_MEASURES)} and --top-k at least 1; got {unit!r}, {split!r}, "
-            f"{measure!r}, {k}"
-        )
+    for option, value, allowed in (
+        ("--unit", unit, UNITS),
+        ("--by", split, SPLITS),
+        ("--rank-by", measure, RANK_MEASURES),
+    ):
+        if value not in allowed:
+            raise SpecError(f"{option} must be one of {', '.join(allowed)}; got {value!r}")
+    if k < 1:
+        raise SpecError(f"--top-k must be at least 1; got {k}")
     if measure in CONTRASTS and split == "all":
         raise SpecError(
             f"{measure} compares one label with the others; print it --by pred_label or --by label"

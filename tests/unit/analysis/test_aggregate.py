@@ -410,9 +410,15 @@ def test_no_word_units_is_said_so(result):
 
 
 def test_cli_refuses_options_it_cannot_print(run_dir):
-    for option in (["--unit", "words"], ["--by", "foo"], ["--top-k", "0"]):
+    """Each bad option is named alone, with what it may be."""
+    for option, message in (
+        (["--unit", "words"], "--unit must be one of token, word; got 'words'"),
+        (["--by", "foo"], "--by must be one of all, pred_label, label; got 'foo'"),
+        (["--rank-by", "max"], "--rank-by must be one of mean_scaled,"),
+        (["--top-k", "0"], "--top-k must be at least 1; got 0"),
+    ):
         r = CliRunner().invoke(app, ["aggregate", str(run_dir), *option])
-        assert r.exit_code == 1 and "--unit must be one of token, word" in r.output, option
+        assert r.exit_code == 1 and message in r.output, (option, r.output)
 
 
 def test_the_manifest_decides_which_parts_are_read(run_dir, tmp_path):
