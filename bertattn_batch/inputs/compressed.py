@@ -95,7 +95,8 @@ def check_not_archive(path: Path | str) -> None:
 
 def open_binary(path: Path | str, encoding: str = "utf-8") -> BinaryIO:
     """A file's bytes, decompressed as they are read where it is compressed, and turned into UTF-8 from
-    ``encoding`` (a byte that is no character of it stays as it was, so its row gets ``invalid_utf8``)."""
+    ``encoding``. A byte that is no character of it stays as it was: bytes that spell UTF-8 so (a UTF-8
+    file read with ``--encoding ascii``) are read as UTF-8, any other gives its row ``invalid_utf8``."""
     kind = compression_of(path)
     if kind is None:
         raw: BinaryIO = open_input(path)
