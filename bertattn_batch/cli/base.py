@@ -69,8 +69,9 @@ def install_signal_handlers() -> None:
 
 
 class _OncePerMessage(logging.Filter):
-    """Show each message once: ``validate`` reads the inputs twice (coverage, then spans), and each
-    reading warned of the same rows."""
+    """Show each of the input readers' messages once: ``validate`` reads the inputs twice (coverage,
+    then spans), and each reading warned of the same rows. Other messages (an out-of-memory retry that
+    recurs, say) are all shown."""
 
     def __init__(self, most: int = 10_000) -> None:
         super().__init__()
@@ -78,6 +79,8 @@ class _OncePerMessage(logging.Filter):
         self._most = most
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("bertattn_batch.inputs"):
+            return True
         message = record.getMessage()
         if message in self._seen:
             return False

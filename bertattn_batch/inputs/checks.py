@@ -142,10 +142,10 @@ def _check_bytes(src: Source) -> None:
         raise InputError(
             f"{src.label} is {kind}-compressed; decompress it first (Parquet compresses its own pages)"
         )
-    if head.startswith(PARQUET_MAGIC):
+    if head.startswith(PARQUET_MAGIC) and b"\0" in head:  # a review may begin with "PAR1"; no NUL
         raise InputError(
-            f"{src.label} is a Parquet file, not {src.format} text; pass --input-format parquet "
-            "(or leave --input-format auto with a .parquet name)"
+            f"{src.label} is a Parquet file, not {_FORMAT_NAMES.get(src.format, src.format)}; pass "
+            "--input-format parquet (or leave --input-format auto with a .parquet name)"
         )
     if not utf8:
         return
@@ -162,8 +162,10 @@ def _check_bytes(src: Source) -> None:
         )
 
 
-#: The bytes a Parquet file starts with: read as lines, one would be rows of binary garbage.
+#: The bytes a Parquet file starts with (then binary page headers): read as lines, one would be rows
+#: of binary garbage.
 PARQUET_MAGIC = b"PAR1"
+_FORMAT_NAMES = {"csv": "CSV", "tsv": "TSV", "jsonl": "JSON lines", "text": "plain text"}
 #: Bytes at a file's start in which UTF-16 without a byte-order mark is looked for.
 UTF16_SAMPLE_BYTES = 64
 

@@ -176,11 +176,11 @@ def test_archives_and_compressed_parquet_are_refused_with_what_to_do(tmp_path):
             inputs.check_inputs([str(tmp_path / name)], input_format="jsonl")
     with pytest.raises(InputError, match="is gzip-compressed; decompress it first"):
         inputs.check_inputs([str(tmp_path / "r.parquet.gz")])
-    for fmt in ("csv", "jsonl", "text"):  # a Parquet file named as text: not rows of binary garbage
-        with pytest.raises(
-            InputError, match=f"is a Parquet file, not {fmt} text; pass --input-format parquet"
-        ):
+    for fmt, name in (("csv", "CSV"), ("jsonl", "JSON lines"), ("text", "plain text")):
+        with pytest.raises(InputError, match=f"is a Parquet file, not {name}; pass --input-format parquet"):
             inputs.check_inputs([str(tmp_path / "r.parquet")], input_format=fmt)
+    (tmp_path / "par1.txt").write_text("PAR1 headphones broke after a week\n")  # a review, not Parquet
+    assert inputs.check_inputs([str(tmp_path / "par1.txt")], input_format="text")
 
 
 # -- string columns that hold bytes that are not UTF-8 ------------------------------------------------
