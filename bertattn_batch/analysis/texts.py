@@ -25,10 +25,10 @@ def review_texts(run_dir: str | Path, reviews: pl.DataFrame) -> list[str]:
     texts = reviews["text"].to_list()
     missing = {int(r): i for i, r in enumerate(reviews["row_index"]) if texts[i] is None}
     if missing:
-        from ..inputs import STDIN, is_stream, read_rows
+        from ..inputs import STDIN, read_once, read_rows
 
         manifest = read_manifest(run_dir)
-        streams = [s for s in manifest.inputs if s == STDIN or is_stream(Path(s))]
+        streams = [s for s in manifest.inputs if read_once(s)]
         if streams:
             where = "standard input" if streams[0] == STDIN else streams[0]
             raise InputError(

@@ -174,6 +174,13 @@ def _stored(spec: str, input_format: str) -> list[Source]:
     return kept
 
 
+def read_once(spec: str) -> bool:
+    """Whether an input a run recorded was a stream, which cannot be read again: standard input, a
+    device path (``/dev/stdin``, ``/dev/fd/63`` of a shell's ``<(...)``, which name whatever the reading
+    process has there now) or a FIFO."""
+    return spec == STDIN or spec.startswith(("/dev/", "/proc/")) or is_stream(Path(spec))
+
+
 def is_stream(path: Path) -> bool:
     """A pipe, FIFO, socket or device (what ``/dev/stdin`` and ``<(...)`` are): read once, not reopened."""
     try:

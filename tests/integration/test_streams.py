@@ -93,12 +93,14 @@ def test_a_fifo_inside_an_input_folder_is_passed_over(tiny_en_dir, tmp_path):
     assert done.stdout.startswith("3 reviews (3 scored")
 
 
-def test_texts_of_a_stream_run_without_stored_text_cannot_be_read_again(tiny_en_dir, tmp_path):
+@pytest.mark.parametrize("name", ["-", "/dev/stdin"])
+def test_texts_of_a_stream_run_without_stored_text_cannot_be_read_again(name, tiny_en_dir, tmp_path):
     """What reads texts back (plot, faithfulness) says why a piped run without its text has none, rather
     than that the reviews were not found in its inputs."""
     out = tmp_path / "run"
-    done = _extract("-", tiny_en_dir, out, "--input-format", "jsonl", "--no-store-text", stdin=JSONL)
+    done = _extract(name, tiny_en_dir, out, "--input-format", "jsonl", "--no-store-text", stdin=JSONL)
     assert done.returncode == 0, done.stderr
     reviews = scored_predictions(out, ["doc_id", "row_index", "text"])
-    with pytest.raises(InputError, match="from standard input, which cannot be read again"):
+    where = "standard input" if name == "-" else name  # not this process's own stdin, read again
+    with pytest.raises(InputError, match=f"from {where}, which cannot be read again"):
         review_texts(out, reviews)

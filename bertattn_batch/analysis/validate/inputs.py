@@ -8,14 +8,12 @@ run of incremental passes goes by id, so every input row with an id must have it
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import polars as pl
 
 from ... import schema
 from ...errors import BertAttnError
 from ...ids import IdSet
-from ...inputs import STDIN, check_inputs, is_stream, read_sources, source_files
+from ...inputs import check_inputs, read_once, read_sources, source_files
 from ...run import Manifest, input_changes
 from .layout import RunView
 from .report import Recorder
@@ -28,7 +26,7 @@ def check_inputs_covered(rec: Recorder, run: RunView) -> None:
         rec.skip("inputs", f"the manifest cannot say which inputs were read ({e})")
         return
     spec, inputs = manifest.spec, manifest.inputs
-    if not inputs or any(p == STDIN or is_stream(Path(p)) for p in inputs):
+    if not inputs or any(map(read_once, inputs)):
         rec.skip("inputs", "the run read a stream (or names no inputs), which cannot be read again")
         return
     columns = (spec.get("text_col") or "text", spec.get("id_col"), spec.get("label_col"))

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import polars as pl
 
 from ...errors import BertAttnError
-from ...inputs import STDIN, is_stream, read_rows
+from ...inputs import read_once, read_rows
 from ...run import Manifest
 from .layout import Part, RunView
 from .report import KEPT, Recorder
@@ -39,7 +37,7 @@ def check_source_spans(rec: Recorder, run: RunView) -> None:
         rec.skip("spans", f"the manifest cannot say which inputs were read ({e})")
         return
     inputs = manifest.inputs
-    streams = [p for p in inputs if p == STDIN or is_stream(Path(p))]
+    streams = [p for p in inputs if read_once(p)]
     if streams:
         rec.skip("spans", f"the run read {', '.join(streams)}: a stream, which cannot be read again")
         return
