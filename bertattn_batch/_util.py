@@ -125,17 +125,25 @@ def remove_stale(parent: Path, pattern: str) -> None:
                     stale.unlink()
 
 
-def _take_lock(path: Path, wait: bool) -> int | None:
+def _take_lock(path: Path, wait: bool, tries: int = 1) -> int | None:
     """An exclusive ``flock`` on ``path`` (created if missing): its descriptor, or None where the platform
     or the file system has no locks (some network mounts; a warning says so). Raises BlockingIOError
-    while another process holds it and not ``wait``, and OSError when the file cannot be created."""
+    while another process holds it and not ``wait`` (after ``tries`` attempts 0.1 s apart: a reader
+    asking ``lock_is_held`` holds it for an instant), and OSError when the file cannot be created."""
     if sys.platform == "win32":
         return None
     import fcntl
 
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        for attempt in range(tries):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                break
+            except BlockingIOError:
+                if attempt == tries - 1:
+                    raise
+                time.sleep(0.1)
     except BaseException as e:  # a Ctrl-C or SIGTERM while waiting too: the descriptor goes with it
         os.close(fd)
         if isinstance(e, BlockingIOError) or not isinstance(e, OSError):
@@ -147,7 +155,8 @@ def _take_lock(path: Path, wait: bool) -> int | None:
 
 def lock_is_held(path: Path) -> bool | None:
     """Whether a process holds the ``file_lock`` on ``path`` now; None where that cannot be told (no
-    such file, no locks on this platform or file system). Creates nothing: a reader's question."""
+    such file, no locks on this platform or file system). Creates nothing; takes a shared lock for an
+    instant, which a writer starting then waits out (``file_lock`` tries again before it gives up)."""
     if sys.platform == "win32":
         return None
     import fcntl
@@ -182,7 +191,7 @@ def file_lock(
     for a one-off task, such as a training). An OSError taking it comes back as is.
     """
     try:
-        fd = _take_lock(path, wait=False)
+        fd = _take_lock(path, wait=False, tries=5 if busy is not None else 1)
     except BlockingIOError:
         if busy is not None:
             holder = ""

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -140,6 +141,23 @@ def test_a_run_being_written_is_not_written_by_a_second_process(corpus, tiny_en_
     r = runner.invoke(app, _args(corpus, tiny_en_dir, out))  # the lock is gone with its holder
     assert r.exit_code == 0, r.output
     assert json.loads((out / "manifest.json").read_text())["counts"]["predictions"] == 60
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock")
+def test_a_reader_asking_for_the_lock_does_not_turn_a_starting_writer_away(tmp_path):
+    """validate asks whether a run's lock is held by taking it shared for an instant; a job that starts
+    then tries again instead of reporting the run busy."""
+    import fcntl
+
+    lock = tmp_path / LOCK_NAME
+    lock.write_text("")
+    fd = os.open(lock, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # a reader's probe, held longer than it ever is
+    releaser = threading.Timer(0.15, os.close, [fd])
+    releaser.start()
+    with file_lock(lock, busy=RunDirError):
+        pass
+    releaser.join()
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open descriptors in /proc")
