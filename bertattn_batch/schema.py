@@ -37,7 +37,8 @@ STATUSES = (
 #: repeated and committed ids leave them out (a real id equal to that number is still new).
 ROW_NUMBER_STATUSES = ("null_id", "not_json", "wrong_field_count")
 #: Statuses of rows read without a text to score: they do not claim their id within a pass, so a later
-#: row with the same id and a text is scored rather than marked ``duplicate_id``.
+#: row with the same id and a text is scored rather than marked ``duplicate_id``. With
+#: ``ROW_NUMBER_STATUSES`` and 'ok' they are every status a row can have as it is read.
 NO_TEXT_STATUSES = ("null_text", "not_text", "empty_text", "invalid_utf8")
 
 _PRIMITIVES = {

@@ -22,7 +22,8 @@ class ResumePoint:
 
     ``skip_until``: the rows before it are committed (a resume goes on by row number); ``skip_ids``:
     every input row with one of these ids is skipped (an incremental pass goes by id); ``taken_ids``:
-    ids that committed rows of this pass hold, so that a later repeat of one is still ``duplicate_id``.
+    ids that committed rows of this pass with a text claimed, so that a later repeat of one is still
+    ``duplicate_id``.
     """
 
     generation: int = 0
