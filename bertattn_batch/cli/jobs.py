@@ -189,7 +189,7 @@ def extract(
     delimiter: Annotated[
         str | None,
         typer.Option(
-            rich_help_panel="Inputs", help="Field delimiter of CSV/TSV inputs, e.g. ';' or '\\\\t'."
+            rich_help_panel="Inputs", help="Field delimiter of CSV/TSV inputs, e.g. ';' or '\\t' (a tab)."
         ),
     ] = None,
     on_existing: Annotated[
