@@ -530,18 +530,9 @@ def test_validate_warns_of_a_bad_input_line_once(tiny_en_dir, tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text('{"id": "a", "text": "good"}\nnot json\n{"id": "b", "text": "bad"}\n')
     out = tmp_path / "run"
+    extract = ["extract", str(src), "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "id"]
     for args in (
-        [
-            "extract",
-            str(src),
-            "--model",
-            str(tiny_en_dir),
-            "--out",
-            str(out),
-            "--id-col",
-            "id",
-            "--no-progress",
-        ],
+        [*extract, "--no-progress"],
         ["validate", str(out)],
     ):
         done = subprocess.run([sys.executable, "-m", "bertattn_batch", *args], capture_output=True, text=True)
