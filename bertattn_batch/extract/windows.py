@@ -108,8 +108,9 @@ def select_rows(block: RowBatch, skip_until: int, skip_ids: IdSet | None, seen_i
     # is recorded again every pass) and no repeat of one
     has_id = [status not in schema.ROW_NUMBER_STATUSES for status in block.status]
     # only a row with a text claims its id: after a null or empty text, the review under the same id
-    # is still scored (so the id's one scored row is the review, not a duplicate_id)
-    claims = [status == "ok" for status in block.status]
+    # is still scored (the statuses that RunDir.committed_ids(claimed=True) leaves out on a resume)
+    unclaimed = schema.ROW_NUMBER_STATUSES + schema.NO_TEXT_STATUSES
+    claims = [status not in unclaimed for status in block.status]
     todo = [i for i in range(len(block)) if block.row_index[i] >= skip_until]
     if skip_ids is not None:
         with_id = [i for i in todo if has_id[i]]
