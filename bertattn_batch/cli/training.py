@@ -45,6 +45,14 @@ def finetune(
     label_col: Annotated[
         str | None, typer.Option(help="Column holding the label (default: label, or the job's).")
     ] = None,
+    id_col: Annotated[
+        str | None,
+        typer.Option(
+            help="Column of unique review ids, by which the held-out reviews are recorded for a run's report "
+            "(default: the job's for its own inputs; else row numbers, which name the same reviews only in a "
+            "run over the same files)."
+        ),
+    ] = None,
     input_format: Annotated[
         str | None,
         typer.Option(

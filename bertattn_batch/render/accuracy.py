@@ -43,25 +43,46 @@ def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
     }
 
 
-def heldout_ids(manifest: Manifest) -> set[str] | None:
-    """The doc ids the run's model was not trained on, where its training recorded them."""
+def heldout_ids(manifest: Manifest) -> set[str] | str:
+    """The doc ids the run's model was not trained on, where its training recorded them; else why not.
+
+    Ids of the run's own id column name the same reviews in any corpus. Row numbers (a training
+    without an id column) do so only where the run read the files the model was trained on, first
+    and in the same order: row 7 of another corpus is another review.
+    """
     training = manifest.model.get("training") or {}
     path = training.get("heldout_ids")
     if not path:
-        return None
+        return "which of them trained the model is not recorded"
     try:
         recorded = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    if recorded.get("id_col") != manifest.spec.get("id_col"):  # ids of another spelling: no match
-        return None
+        return f"which of them trained the model is not readable ({path})"
+    id_col = recorded.get("id_col")
+    if id_col != manifest.spec.get("id_col"):
+        if id_col is None:
+            return "the model's held-out reviews are known by row number, and this run has ids"
+        return f"the model's held-out reviews are known by column {id_col!r}, which this run does not read"
+    if id_col is None and not _same_first_files(recorded.get("sources"), manifest.sources):
+        return "the model was trained on other files, whose row numbers name other reviews"
     return set(recorded.get("doc_ids") or ())
+
+
+def _same_first_files(trained: list[dict[str, Any]] | None, run: list[dict[str, Any]] | None) -> bool:
+    """The files the model was trained on are the run's first files, by size and end bytes (a copy
+    elsewhere is the same file)."""
+    if not trained or not run or len(trained) > len(run):
+        return False
+    return all(
+        (t.get("bytes"), t.get("ends_sha256")) == (r.get("bytes"), r.get("ends_sha256"))
+        for t, r in zip(trained, run, strict=False)
+    )
 
 
 def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool) -> str:
     """``labelled``: the run read a label column, so a missing matrix means no labelled review scored."""
     labels = manifest.labels
-    heldout = heldout_ids(manifest) if not preds.is_empty() else None
+    heldout = heldout_ids(manifest) if not preds.is_empty() else ""
     parts = ["<h2>Accuracy</h2>"]
     training = manifest.model.get("training") or {}
     if training.get("shortened"):
@@ -70,12 +91,12 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool) -> st
             f"{training.get('planned_steps')} steps (max_train_seconds): it is not the job's full "
             "schedule.</p>"
         )
-    if heldout is None:
+    if isinstance(heldout, str):
         conf = confusion(preds, labels) if not preds.is_empty() else None
         if conf is None:
             why = "No labelled review was scored." if labelled else "The source had no labels."
             return "\n".join([*parts, f'<p class="meta">{why}</p>'])
-        note = "over every labelled review; which of them trained the model is not recorded"
+        note = f"over every labelled review; {heldout}"
         return "\n".join([*parts, _line("accuracy", conf, note), _matrix(conf)])
     held = preds.filter(pl.col("doc_id").is_in(list(heldout)))
     rest = preds.filter(~pl.col("doc_id").is_in(list(heldout)))

@@ -37,7 +37,7 @@ import torch
 
 from ..config import FinetuneSpec
 from ..errors import InputError, ModelError
-from ..inputs import class_label_order, expand_inputs, read_rows
+from ..inputs import class_label_order, expand_inputs, read_rows, source_files
 from ..model.checks import length_limit, load_config, load_tokenizer, resolve_source, transformers_version
 from ..model.encode import encode_texts
 from .loop import learning_rate, predict, seed_everything, train_loop
@@ -58,13 +58,16 @@ def finetune(
     skipped_rows: dict[str, int] | None = None,
     label_order: Sequence[str] = (),
     doc_ids: tuple[Sequence[str], str | None] | None = None,
+    sources: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Train a classifier on (text, label) pairs, save it to ``out_dir`` atomically, return its metrics.
 
     ``skipped_rows`` (why input rows were not trained on) is saved with the metrics, so the model folder
     tells what it was trained on, not only the summary line printed once. Label ids follow
     ``spec.labels``; without it, ``label_order`` (a source's own order of its classes) for the labels
-    it names, then the others in :func:`_label_order`.
+    it names, then the others in :func:`_label_order`. ``doc_ids`` (each text's id and the column they
+    come from, None for row numbers) and ``sources`` (the files they were read from, as
+    ``inputs.source_files`` records them) name the held-out reviews for a run's report.
     """
     if len(texts) != len(labels):
         raise InputError(f"{len(texts)} texts but {len(labels)} labels")
@@ -93,7 +96,9 @@ def finetune(
         torch.set_num_threads(spec.threads)
     try:
         with out_dir_lock(out_dir):
-            return _finetune(texts, labels, names, out_dir, spec, progress, skipped_rows or {}, doc_ids)
+            return _finetune(
+                texts, labels, names, out_dir, spec, progress, skipped_rows or {}, doc_ids, sources
+            )
     finally:
         torch.set_num_threads(old_threads)
         _hub_progress_bars(hub_bars)
@@ -120,6 +125,7 @@ def _finetune(
     progress: bool,
     skipped_rows: dict[str, int],
     doc_ids: tuple[Sequence[str], str | None] | None = None,
+    sources: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     started = time.monotonic()
     seed_everything(spec.seed)
@@ -187,7 +193,7 @@ def _finetune(
     heldout = None
     if doc_ids is not None and len(eval_idx):
         ids, id_col = doc_ids
-        heldout = {"id_col": id_col, "doc_ids": [ids[i] for i in eval_idx]}
+        heldout = {"id_col": id_col, "sources": sources, "doc_ids": [ids[i] for i in eval_idx]}
         metrics["heldout_ids"] = HELDOUT_FILE
     metrics["seconds"] = round(time.monotonic() - started, 2)  # all but the save, which takes a second
     save_model(model, tokenizer, metrics, out_dir, tok_size, names, heldout)
@@ -242,7 +248,8 @@ def finetune_files(
     """Read labelled rows from files, keep readable ones with a wanted label, and :func:`finetune`.
 
     The held-out reviews are recorded by their doc ids (``id_col``'s values, else their row numbers,
-    as a run of the same files spells them), so a report can tell held-out accuracy from training data.
+    as a run of the same files spells them) with the files read, so a report can tell held-out accuracy
+    from training data, and row numbers are matched in runs over the same files only.
     """
     wanted = set(spec.labels) if spec.labels is not None else None
     texts: list[str] = []
@@ -301,7 +308,8 @@ def finetune_files(
             f"too few labelled rows to train: {where} has {len(rare)} label(s) with one row "
             f"(e.g. {', '.join(repr(k[:40]) for k in list(rare)[:3])}); need at least 2 per label"
         )
-    order = class_label_order(expand_inputs(inputs, input_format), label_col)
+    expanded = expand_inputs(inputs, input_format, encoding, delimiter)
+    order = class_label_order(expanded, label_col)
     return finetune(
         texts,
         labels,
@@ -311,4 +319,5 @@ def finetune_files(
         skipped_rows=dict(skipped),
         label_order=order,
         doc_ids=(doc_ids, id_col),
+        sources=source_files(expanded),
     )

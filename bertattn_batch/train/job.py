@@ -157,7 +157,7 @@ def plan_training(
             out or spec.model,
             input_format or job_format,
             from_dict(FinetuneSpec, {**table, **given}),
-            spec.id_col if own else None,
+            id_col or (spec.id_col if own else None),
             encoding or (spec.encoding if own else "utf-8"),
             delimiter or (spec.delimiter if own else None),
         )

@@ -87,3 +87,55 @@ def test_version_and_help_examples():
     shown = runner.invoke(app, ["extract", "--help"], env={"COLUMNS": "200"}).output
     assert "Examples" in shown and "Inputs" in shown and "<bool>" not in shown
     assert FinetuneSpec().min_char_count == 2  # as the shipped default job trains
+
+
+def _run_report(tmp_path: Path, model: Path, data: Path, name: str, id_col: str | None = None) -> str:
+    job = tmp_path / f"{name}.toml"
+    ids = f'id_col = "{id_col}"\n' if id_col else ""
+    job.write_text(
+        f'inputs = ["{data}"]\nmodel = "{model}"\nout = "{tmp_path / name}"\n{ids}'
+        'label_col = "label"\nlayers = [0]\nmax_length = 64\nprogress = false\n'
+    )
+    run_job(load_job(job))
+    return build_report(tmp_path / name, examples=1, min_reviews=1).read_text(encoding="utf-8")
+
+
+def test_row_numbers_name_held_out_reviews_only_in_a_run_over_the_training_files(zh_rows, tmp_path):
+    """A model trained without an id column knows its held-out reviews by row number; a run over another
+    corpus showed its rows 'held out' or 'trained on' by number alone."""
+    trained, other = tmp_path / "trained.parquet", tmp_path / "other.parquet"
+    pq.write_table(pa.Table.from_pylist(zh_rows[::140][:120]), trained)
+    pq.write_table(pa.Table.from_pylist(zh_rows[70::140][:120]), other)
+    model = tmp_path / "model"
+    args = ["finetune", str(trained), "--out", str(model), "--epochs", "1", "--eval-fraction", "0.25"]
+    args += ["--max-length", "64", "--no-progress"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    heldout = json.loads((model / HELDOUT_FILE).read_text())
+    assert heldout["id_col"] is None and len(heldout["sources"]) == 1 and len(heldout["doc_ids"]) == 30
+
+    same = _run_report(tmp_path, model, trained, "same")
+    assert "30 reviews held out" in same and "90 reviews the model was trained on" in same
+    # the same bytes under another name are the same reviews
+    copy = tmp_path / "copy.parquet"
+    copy.write_bytes(trained.read_bytes())
+    assert "30 reviews held out" in _run_report(tmp_path, model, copy, "copy")
+
+    elsewhere = _run_report(tmp_path, model, other, "other")
+    assert "held-out accuracy" not in elsewhere and "accuracy on training data" not in elsewhere
+    assert "120 over every labelled review; the model was trained on other files" in elsewhere
+
+
+def test_finetune_id_col_records_held_out_reviews_by_id(zh_rows, tmp_path):
+    data = tmp_path / "reviews.parquet"
+    rows = zh_rows[::140][:120]
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    model = tmp_path / "model"
+    args = ["finetune", str(data), "--out", str(model), "--epochs", "1", "--eval-fraction", "0.25"]
+    args += ["--max-length", "64", "--no-progress", "--id-col", "doc_id"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    heldout = json.loads((model / HELDOUT_FILE).read_text())
+    assert heldout["id_col"] == "doc_id" and set(heldout["doc_ids"]) <= {r["doc_id"] for r in rows}
+    by_id = _run_report(tmp_path, model, data, "ids", id_col="doc_id")
+    assert "30 reviews held out" in by_id
+    by_number = _run_report(tmp_path, model, data, "numbers")
+    assert "known by column &#x27;doc_id&#x27;, which this run does not read" in by_number
