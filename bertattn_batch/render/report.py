@@ -45,7 +45,7 @@ def _committed_predictions(run: Path) -> pl.DataFrame:
         return pl.DataFrame()
     return (
         pl.scan_parquet(files, glob=False)
-        .select("doc_id", "status", "label", "pred_id", "pred_label", "probs", "n_tokens")
+        .select("doc_id", "status", "label", "pred_id", "pred_label", "probs", "n_tokens", "truncated")
         .collect(engine="streaming")
     )
 
@@ -63,7 +63,6 @@ def status_counts(preds: pl.DataFrame) -> list[tuple[str, int]]:
 def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
     model = manifest.model
     last = manifest.last_run or {}
-    seconds = last.get("seconds", {})
     spec = manifest.spec
     rows = [
         ("status", manifest.status),
@@ -78,16 +77,8 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
             "device, dtype, attention",
             f"{model.get('device')}, {model.get('dtype')}, {model.get('attention')}",
         ),
-        ("reviews read (last pass)", last.get("input_rows")),
-        ("reviews scored (last pass)", last.get("scored")),
-        ("tokens", last.get("tokens")),
-        ("truncated reviews", last.get("truncated")),
-        ("padding share", f"{last.get('padding_share', 0):.1%}" if last else None),
-        ("throughput", f"{last.get('reviews_per_s', 0):.1f} reviews/s" if last else None),
-        (
-            "wall time",
-            f"{seconds.get('wall', 0):.1f} s (model {seconds.get('model', 0):.1f} s)" if last else None,
-        ),
+        *_whole_run_rows(preds),
+        *((f"{k} (last run)", v) for k, v in _last_run_rows(last)),
         ("parts committed", len(manifest.parts)),
         ("rows per table", ", ".join(f"{k} {v}" for k, v in (manifest.counts or {}).items())),
         ("created", manifest.created_at),
@@ -108,6 +99,33 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
             page.data_table(["predicted", "reviews"], by_pred, [False, True]),
         ]
     return "\n".join(parts)
+
+
+def _whole_run_rows(preds: pl.DataFrame) -> list[tuple[str, Any]]:
+    """What every committed part holds, over all passes and resumes."""
+    if preds.is_empty():
+        return []
+    ok = preds.filter(pl.col("status") == "ok")
+    return [
+        ("reviews", preds.height),
+        ("reviews scored", ok.height),
+        ("tokens", int(ok["n_tokens"].sum())),
+        ("truncated reviews", int(ok["truncated"].sum())),
+    ]
+
+
+def _last_run_rows(last: dict[str, Any]) -> list[tuple[str, Any]]:
+    """What the job's last run did (a resume or an ``--incremental`` pass reads only part of the run):
+    its speed belongs to it alone."""
+    if not last:
+        return []
+    seconds = last.get("seconds", {})
+    return [
+        ("reviews read", last.get("input_rows")),
+        ("padding share", f"{last.get('padding_share', 0):.1%}"),
+        ("throughput", f"{last.get('reviews_per_s', 0):.1f} reviews/s"),
+        ("wall time", f"{seconds.get('wall', 0):.1f} s (model {seconds.get('model', 0):.1f} s)"),
+    ]
 
 
 def _top_table_html(top: pl.DataFrame, measure: str = "mean_scaled") -> str:

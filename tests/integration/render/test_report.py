@@ -175,6 +175,22 @@ def test_accuracy_section_says_why_there_is_no_accuracy(tiny_en_dir, drug_rows, 
     assert "The source had no labels." in report.build_report(out, examples=0, min_reviews=1).read_text()
 
 
+def test_counts_cover_every_pass_and_speed_the_last_run(tiny_en_dir, drug_rows, tmp_path):
+    """After an --incremental pass the tokens and truncated lines counted that pass alone, unmarked."""
+    rows = [{**r, "text": r["text"][: 40 if i % 2 else None]} for i, r in enumerate(drug_rows[:12])]
+    out = _small_run(tiny_en_dir, rows[:8], tmp_path / "run", max_length=32)
+    _small_run(tiny_en_dir, rows, tmp_path / "run", max_length=32, on_existing="incremental")
+    html = report.build_report(out, examples=0, min_reviews=1).read_text(encoding="utf-8")
+    preds = read_table(out, "predictions").to_pylist()
+    assert len(preds) == 12
+    tokens = sum(p["n_tokens"] for p in preds if p["status"] == "ok")
+    truncated = sum(p["truncated"] for p in preds if p["status"] == "ok")
+    assert 0 < truncated < 12  # some reviews were cut at 32 tokens, some not
+    assert f"<td>tokens</td><td>{tokens}</td>" in html
+    assert f"<td>truncated reviews</td><td>{truncated}</td>" in html
+    assert "<td>reviews read (last run)</td><td>4</td>" in html and "<td>throughput (last run)</td>" in html
+
+
 # -- a real browser ----------------------------------------------------------------------------------
 _TRAMPOLINE = (
     "import os, sys\n"
