@@ -24,6 +24,30 @@ def tiny_bert_config(vocab_size: int, **kwargs):
     )
 
 
+ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+ROBERTA_TOKENS = dict(
+    bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>", pad_token="<pad>",
+    unk_token="<unk>", mask_token="<mask>",
+)  # fmt: skip
+
+
+def byte_level_bpe(texts: list[str], vocab_size: int = 400):
+    """A tokenizer of RoBERTa's kind trained on ``texts``: byte-level BPE, ``<s> ... </s>``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=ROBERTA_SPECIALS, initial_alphabet=alphabet
+    )
+    backend.train_from_iterator(texts, trainer)
+    backend.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **ROBERTA_TOKENS)
+
+
 def read_table(run_dir: Path, table: str) -> pa.Table:
     return ds.dataset(Path(run_dir) / table, format="parquet").to_table()
 

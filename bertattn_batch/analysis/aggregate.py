@@ -92,6 +92,7 @@ class Aggregates:
     #: printout is explained by, as the table alone cannot tell a filter from a missing split.
     splits: list[str] = field(default_factory=list)
     num_layers: int | None = None  # the model's, to name layers from the end too
+    byte_level: bool | None = None  # the run's tokens spell bytes: printed decoded
 
     def line(self) -> str:
         units = self.table.group_by("unit").len().sort("unit").rows()
@@ -297,7 +298,7 @@ def aggregate(
     splits = [s for s in SPLITS if s in present]
     names = [p.name for p in parts]
     seconds = time.perf_counter() - t0
-    return Aggregates(final, table, options, names, seconds, splits, manifest.num_layers)
+    return Aggregates(final, table, options, names, seconds, splits, manifest.num_layers, manifest.byte_level)
 
 
 def _summed(

@@ -10,6 +10,7 @@ import polars as pl
 from ..errors import SpecError
 from ..run import layer_name
 from .aggregate import CONTRASTS, RANK_MEASURES, SPLITS, UNITS, ranked
+from .spelling import readable_map
 
 
 def top_tokens(
@@ -57,8 +58,12 @@ def format_top(
     units: Sequence[str] | None = None,
     splits: Sequence[str] | None = None,
     num_layers: int | None = None,
+    byte_level: bool | None = None,
 ) -> str:
     """A compact text table: one line per head, its top k tokens with their measure.
+
+    ``byte_level``: the run's tokens spell bytes (byte-level BPE); they are printed as text
+    (:func:`spelling.readable`).
 
     ``units`` and ``splits`` (from :class:`Aggregates`) say what the run holds; without them it is
     guessed from the table, which cannot tell a split or unit the run lacks from one that
@@ -79,6 +84,7 @@ def format_top(
         if split == "label" and not has_split:
             return "this run has no input labels (extract with --label-col) to split by"
         return f"no {unit}s pass the filter for split {split!r}; lower --min-reviews"
+    shown = readable_map(top["token"].to_list(), byte_level)
     blocks = []
     for (layer, cls), group in top.group_by(["layer", "class_label"], maintain_order=True):
         n = group["class_reviews"][0]
@@ -87,7 +93,7 @@ def format_top(
 
         cells: dict[int, list[str]] = {}
         for row in group.iter_rows(named=True):
-            cells.setdefault(row["head"], []).append(f"{row['token']} {_fmt(row[measure])}")
+            cells.setdefault(row["head"], []).append(f"{shown[row['token']]} {_fmt(row[measure])}")
         width = max(_width(c) for cs in cells.values() for c in cs)
         lines.append("head  " + "  ".join(_pad(f"#{i}", width) for i in range(1, k + 1)).rstrip())
         for head in sorted(cells):

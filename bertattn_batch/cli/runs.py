@@ -104,6 +104,7 @@ def aggregate(
             units=units,
             splits=splits,
             num_layers=result.num_layers,
+            byte_level=result.byte_level,
         )
     )
     typer.echo(result.line())

@@ -9,9 +9,10 @@ from html import escape
 
 import numpy as np
 
+from ..analysis.spelling import readable
 from ..errors import SpecError
 from . import fonts, page
-from .review import ReviewAttention, readable
+from .review import ReviewAttention
 
 #: Tokens per row of a heads x tokens figure; longer reviews wrap onto more rows.
 TOKENS_PER_ROW = 64

@@ -27,6 +27,7 @@ import polars as pl
 
 from .._util import atomic_path
 from ..analysis import aggregate as agg
+from ..analysis.spelling import readable, readable_map
 from ..analysis.top import top_tokens
 from ..errors import SpecError, WriteError
 from ..run import REPORT_NAME, Manifest, layer_name, on_local_copy, read_manifest
@@ -34,7 +35,7 @@ from . import fonts, page
 from .accuracy import accuracy_html
 from .examples import examples_html, misclassified, pick
 from .figures import pyplot, turn_long_labels
-from .review import readable, run_layer
+from .review import run_layer
 from .trust import trust_html
 
 
@@ -128,10 +129,11 @@ def _last_run_rows(last: dict[str, Any]) -> list[tuple[str, Any]]:
     ]
 
 
-def _top_table_html(top: pl.DataFrame, measure: str = "mean_scaled") -> str:
+def _top_table_html(top: pl.DataFrame, measure: str = "mean_scaled", byte_level: bool | None = None) -> str:
+    shown = readable_map(top["token"].to_list(), byte_level)
     cells: dict[int, list[str]] = {}
     for row in top.iter_rows(named=True):
-        cells.setdefault(row["head"], []).append(f"{row['token']} ({row[measure]:.2f})")
+        cells.setdefault(row["head"], []).append(f"{shown[row['token']]} ({row[measure]:.2f})")
     width = max(map(len, cells.values()))  # the longest list, not k: few tokens may pass the filter
     rows = [[h, *cells[h], *[""] * (width - len(cells[h]))] for h in sorted(cells)]
     return page.data_table(["head", *(f"#{i}" for i in range(1, width + 1))], rows, [True])
@@ -139,7 +141,7 @@ def _top_table_html(top: pl.DataFrame, measure: str = "mean_scaled") -> str:
 
 def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token", byte_level: bool | None = None):
     """Heads x (the union of every head's top k tokens): mean scaled weight, all reviews.
-    ``byte_level``: the run's tokenizer spells bytes (see :func:`review.readable`)."""
+    ``byte_level``: the run's tokenizer spells bytes (see :func:`spelling.readable`)."""
     rows = table.filter((pl.col("unit") == unit) & (pl.col("split") == "all") & (pl.col("layer") == layer))
     top = rows.filter(pl.col("rank") <= k).sort(["head", "rank"])
     tokens = list(dict.fromkeys(top["token"].to_list()))
@@ -194,7 +196,7 @@ def _tokens_html(
             why = "passes the filter" if scored else "was counted: no review of this run was scored"
             parts.append(f'<p class="meta">No {unit} {why}.</p>')
             continue
-        parts += [f"<h3>{unit.capitalize()}s, all reviews</h3>", _top_table_html(top)]
+        parts += [f"<h3>{unit.capitalize()}s, all reviews</h3>", _top_table_html(top, byte_level=byte_level)]
         if unit == "token":
             parts.append(
                 page.img(
@@ -216,7 +218,7 @@ def _tokens_html(
     for cls, group in by_pred.group_by("class_label", maintain_order=True):
         parts += [
             f"<h3>Tokens, reviews predicted {escape(str(cls[0]))} ({group['class_reviews'][0]})</h3>",
-            _top_table_html(group, "log_odds_z"),
+            _top_table_html(group, "log_odds_z", byte_level),
         ]
     return "\n".join(parts)
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from ..analysis.spelling import readable
 from ..errors import SpecError
-from .review import ReviewAttention, readable
+from .review import ReviewAttention
 
 
 def table_rows(review: ReviewAttention) -> tuple[list[str], list[list[object]]]:

@@ -238,7 +238,7 @@ def test_byte_level_tokens_are_shown_as_text():
     tokenizers library's own ByteLevel decoder. WordPiece and CJK tokens are left alone."""
     from tokenizers import ByteLevelBPETokenizer, decoders
 
-    from bertattn_batch.render.review import readable
+    from bertattn_batch.analysis.spelling import readable
 
     texts = ["naïve café 😀 good drug", "a\xa0b … bad side effects", "好药 worked"]
     bpe = ByteLevelBPETokenizer()

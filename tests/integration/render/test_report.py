@@ -22,7 +22,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import read_table
+import torch
+from helpers import byte_level_bpe, read_table
 from typer.testing import CliRunner
 
 import bertattn_batch.analysis.aggregate as agg
@@ -189,6 +190,38 @@ def test_counts_cover_every_pass_and_speed_the_last_run(tiny_en_dir, drug_rows, 
     assert f"<td>tokens</td><td>{tokens}</td>" in html
     assert f"<td>truncated reviews</td><td>{truncated}</td>" in html
     assert "<td>reviews read (last run)</td><td>4</td>" in html and "<td>throughput (last run)</td>" in html
+
+
+def test_a_byte_level_runs_tokens_are_printed_as_text(drug_rows, tmp_path):
+    """A RoBERTa run's tables printed its tokens in the byte alphabet ('Ġgood', 'Ã©'), which plot
+    already decoded: aggregate's printout and the report spell them as text too."""
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    texts = [" ".join(r["text"].split())[:200] for r in drug_rows[:200]]
+    tok = byte_level_bpe(texts)
+    torch.manual_seed(0)
+    config = RobertaConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=130, pad_token_id=1, type_vocab_size=1,
+    )  # fmt: skip
+    RobertaForSequenceClassification(config).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    rows = [{"doc_id": str(i), "text": t} for i, t in enumerate(texts[:20])]
+    out = _small_run(tmp_path / "model", [{**r, "label": "x"} for r in rows], tmp_path / "run", max_length=64)
+
+    stored = set(read_table(out, "tokens").column("token").to_pylist())
+    assert any(t.startswith("Ġ") for t in stored)  # the tables keep the tokenizer's own spelling
+    r = CliRunner().invoke(app, ["aggregate", str(out), "--min-reviews", "1", "--top-k", "8"])
+    assert r.exit_code == 0, r.output
+    table = r.output.split("\nwrote ")[0]
+    assert not set("ĠĊ") & set(table), table
+    cells = re.findall(r"(\S+) -?\d+\.\d{3}", table.split("\n", 2)[2])
+    spelled = {tok.convert_tokens_to_string([t]).strip() for t in stored}
+    words = [c for c in cells if "␣" not in c]  # '␣': a token of spaces alone
+    assert words and set(words) <= spelled  # each cell reads as the tokenizer's own decoder reads it
+    html = report.build_report(out, examples=0, min_reviews=1).read_text(encoding="utf-8")
+    tops = html[html.index("Top tokens per head") :]
+    assert "Ġ" not in tops and escape(words[0]) in tops
 
 
 # -- a real browser ----------------------------------------------------------------------------------

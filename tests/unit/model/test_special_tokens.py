@@ -11,35 +11,17 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
+from helpers import ROBERTA_SPECIALS, ROBERTA_TOKENS, byte_level_bpe
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from bertattn_batch.model import Classifier, encode_texts
 from bertattn_batch.train.api import _encode_for_training
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
-ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
 
 def _wrap(backend: Tokenizer, specials: dict[str, str]) -> tf.PreTrainedTokenizerFast:
     return tf.PreTrainedTokenizerFast(tokenizer_object=backend, **specials)
-
-
-def byte_level_bpe(texts: list[str]) -> tf.PreTrainedTokenizerFast:
-    """RoBERTa's kind: byte-level BPE, ``<s> ... </s>``."""
-    backend = Tokenizer(models.BPE(unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=ROBERTA_SPECIALS, initial_alphabet=alphabet)
-    backend.train_from_iterator(texts, trainer)
-    backend.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True)
-    return _wrap(
-        backend,
-        dict(
-            bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>", pad_token="<pad>",
-            unk_token="<unk>", mask_token="<mask>",
-        ),
-    )  # fmt: skip
 
 
 def sentencepiece_unigram(texts: list[str]) -> tf.PreTrainedTokenizerFast:
@@ -53,13 +35,7 @@ def sentencepiece_unigram(texts: list[str]) -> tf.PreTrainedTokenizerFast:
     backend.post_processor = processors.TemplateProcessing(
         single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
     )
-    return _wrap(
-        backend,
-        dict(
-            bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>", pad_token="<pad>",
-            unk_token="<unk>", mask_token="<mask>",
-        ),
-    )  # fmt: skip
+    return _wrap(backend, ROBERTA_TOKENS)
 
 
 @pytest.fixture(scope="module")

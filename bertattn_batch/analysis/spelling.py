@@ -1,0 +1,52 @@
+"""Tokens as a reader sees them: byte-level BPE pieces (RoBERTa's 'Ġgood', 'cafÃ©') decoded back to
+text, for every printed table and figure alike; the stored tables keep the tokenizer's own spelling,
+which is what joins and token ids agree with."""
+
+from __future__ import annotations
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (RoBERTa's tokens): a printable character for each byte, inverted."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars, shifted = list(printable), 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + shifted)
+            shifted += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+_BYTES = _byte_decoder()
+
+
+_SHIFTED = {c for c, b in _BYTES.items() if ord(c) >= 256}  # bytes with no printable self: 'Ġ' (space)
+
+
+def readable(tokens: list[str], byte_level: bool | None = None) -> list[str]:
+    """Tokens as a reader sees them. Byte-level BPE tokens (RoBERTa: 'Ġgood', 'cafÃ©') are decoded back
+    to their text; a piece holding part of a character shows '�'. Other tokens are kept as they are.
+
+    ``byte_level``: whether the run's tokenizer is byte-level (its manifest says, since this version).
+    Only for runs that do not say is it told from the tokens, which a WordPiece token such as 'ł'
+    (a character that is also a shifted byte) can mislead."""
+    if byte_level is None:
+        byte_level = any(c in _SHIFTED for t in tokens for c in t)
+    if not byte_level or not all(c in _BYTES for t in tokens for c in t):
+        return list(tokens)
+    out = []
+    for t in tokens:
+        text = bytes(_BYTES[c] for c in t).decode("utf-8", errors="replace")
+        out.append(text.strip() or _visible_space(text))
+    return out
+
+
+def _visible_space(text: str) -> str:
+    """A token of spaces alone, as a reader can see it: '␣' for a space, escapes for others ('\\n')."""
+    return "".join("␣" if c == " " else repr(c)[1:-1] for c in text)
+
+
+def readable_map(tokens: list[str], byte_level: bool | None = None) -> dict[str, str]:
+    """Each distinct token and how it reads (see :func:`readable`), for a table's cells."""
+    distinct = list(dict.fromkeys(tokens))
+    return dict(zip(distinct, readable(distinct, byte_level), strict=True))
