@@ -141,6 +141,8 @@ def faithfulness(
         "doc_ids": json.dumps(doc_ids),
         "run_job_sha256": manifest.job_sha256,
         "run_id": manifest.run_id,
+        # the parts it sampled from: a later --incremental pass adds reviews it has not seen
+        "parts": json.dumps(sorted(p.name for p in manifest.parts)),
     }
 
     try:

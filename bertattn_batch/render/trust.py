@@ -3,6 +3,7 @@ the random baseline, and what each measure means and where it stops."""
 
 from __future__ import annotations
 
+import json
 from html import escape
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from ..analysis.faithfulness import FRACTIONS, faithfulness_path
+from ..analysis.spelling import readable_map
 from ..analysis.top import top_tokens
 from ..run import Manifest, layer_name
 from . import page
@@ -55,9 +57,19 @@ def trust_html(run: Path, manifest: Manifest, aggregates: pl.DataFrame | None = 
     else the command that writes it; the notes in both cases."""
     parts = ["<h2>What to believe</h2>"]
     path = faithfulness_path(run)
-    measured = (pq.read_schema(path).metadata or {}).get(b"run_id", b"").decode() if path.is_file() else None
+    meta = (pq.read_schema(path).metadata or {}) if path.is_file() else None
+    measured = meta.get(b"run_id", b"").decode() if meta is not None else None
     if measured == manifest.run_id:
-        contrasts = head_contrasts(aggregates, manifest.layers) if aggregates is not None else {}
+        contrasts = (
+            head_contrasts(aggregates, manifest.layers, manifest.byte_level) if aggregates is not None else {}
+        )
+        sampled = meta.get(b"parts")  # None: measured by a version that did not record it
+        if sampled is not None and json.loads(sampled) != sorted(p.name for p in manifest.parts):
+            parts.append(
+                '<p class="meta">Measured before the run\'s latest parts were committed (an '
+                "<code>--incremental</code> pass or a resume): its sample leaves their reviews out. Run "
+                f"<code>bertattn faithfulness {escape(str(run))}</code> again to sample them all.</p>"
+            )
         parts += _faithfulness_html(pl.read_parquet(path), manifest.num_layers, contrasts)
     elif measured is not None:
         parts.append(
@@ -73,13 +85,18 @@ def trust_html(run: Path, manifest: Manifest, aggregates: pl.DataFrame | None = 
     return "\n".join(parts)
 
 
-def head_contrasts(aggregates: pl.DataFrame, layers: list[int]) -> dict[tuple[int, int], str]:
+def head_contrasts(
+    aggregates: pl.DataFrame, layers: list[int], byte_level: bool | None = None
+) -> dict[tuple[int, int], str]:
     """(layer, head) -> "negative: 差 不 太 · positive: 好 不错 很": each predicted label's tokens with the
-    highest log-odds z-score against the other labels, as the aggregates rank them."""
+    highest log-odds z-score against the other labels, as the aggregates rank them (and as a reader
+    spells them: ``byte_level``, see :func:`spelling.readable`)."""
     top = top_tokens(aggregates, CONTRAST_TOKENS, "token", "pred_label", layers, measure="log_odds_z")
+    shown = readable_map(top["token"].to_list(), byte_level)
     out: dict[tuple[int, int], list[str]] = {}
     for (layer, head, label), rows in top.group_by("layer", "head", "class_label", maintain_order=True):
-        out.setdefault((layer, head), []).append(f"{label}: {' '.join(rows.sort('rank')['token'])}")
+        tokens = " ".join(shown[t] for t in rows.sort("rank")["token"])
+        out.setdefault((layer, head), []).append(f"{label}: {tokens}")
     return {key: " · ".join(labels) for key, labels in out.items()}
 
 

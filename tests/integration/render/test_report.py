@@ -482,6 +482,11 @@ def test_the_report_ranks_heads_by_faithfulness_once_measured(tiny_en_dir, drug_
     first = top.filter((pl.col("head") == 0) & (pl.col("class_label") == top["class_label"][0])).sort("rank")
     assert "attends to more, by prediction" in html
     assert escape(f"{first['class_label'][0]}: {' '.join(first['token'])}") in html
+    assert "Measured before the run" not in html
+    # an --incremental pass adds reviews the sample could not hold: the table is still shown, marked
+    _small_run(tiny_en_dir, [dict(r) for r in drug_rows[:16]], run, on_existing="incremental")
+    html = report.build_report(run, examples=0).read_text(encoding="utf-8")
+    assert "most faithful first" in html and "Measured before the run's latest parts" in html
     _small_run(tiny_en_dir, [dict(r) for r in drug_rows[:12]], run, on_existing="overwrite")
     html = report.build_report(run, examples=0).read_text(encoding="utf-8")
     assert "measured on an earlier run" in html  # a table of the run this folder held before
