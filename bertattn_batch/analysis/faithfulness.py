@@ -37,7 +37,7 @@ from .. import schema
 from .._util import atomic_path
 from ..errors import RunDirError, SpecError, WriteError
 from ..extract.batching import bucket_batches
-from ..model import Classifier, encode_texts
+from ..model import Classifier, encode_texts, is_other_model
 from ..run import committed_files, layer_name, on_local_copy, read_manifest
 from .texts import review_texts, scored_predictions
 
@@ -294,6 +294,11 @@ def _probabilities(clf: Classifier, sequences: Sequence[np.ndarray], progress: b
 def _run_classifier(manifest, device: str) -> Classifier:
     """The run's model, with the run's layers and length, and its weights checked to be the run's."""
     spec, model = manifest.spec, manifest.model
+    if is_other_model(spec["model"], model.get("weights_sha256")):
+        raise RunDirError(
+            f"the model at {spec['model']} is not the one the run used (its weights' sha256 differs); "
+            "the run's attention cannot be checked against it"
+        )
     clf = Classifier.load(
         spec["model"],
         layers=model.get("layers") or spec.get("layers", [-2]),
@@ -303,10 +308,4 @@ def _run_classifier(manifest, device: str) -> Classifier:
         trust_remote_code=bool(spec.get("trust_remote_code")),
         allow_pickle=bool(spec.get("allow_pickle")),
     )
-    ran = model.get("weights_sha256")
-    if ran and clf.weights_sha256 != "unknown" and ran != clf.weights_sha256:
-        raise RunDirError(
-            f"the model at {spec['model']} is not the one the run used (its weights' sha256 differs); "
-            "the run's attention cannot be checked against it"
-        )
     return clf

@@ -13,7 +13,7 @@ from .._util import lazy_exports
 if TYPE_CHECKING:
     from .capture import ClsRowCapture, eager_rows, find_self_attention
     from .checks import load_config, load_tokenizer, resolve_source
-    from .classifier import Classifier
+    from .classifier import Classifier, is_other_model
     from .device import resolve_device, resolve_dtype
     from .encode import Encoded, Encoder, encode_texts
     from .outputs import Outputs
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     **dict.fromkeys(["ClsRowCapture", "eager_rows", "find_self_attention"], "capture"),
     **dict.fromkeys(["load_config", "load_tokenizer", "resolve_source"], "checks"),
-    "Classifier": "classifier",
+    **dict.fromkeys(["Classifier", "is_other_model"], "classifier"),
     **dict.fromkeys(["resolve_device", "resolve_dtype"], "device"),
     **dict.fromkeys(["Encoded", "Encoder", "encode_texts"], "encode"),
     "Outputs": "outputs",
@@ -37,6 +37,7 @@ __all__ = [
     "eager_rows",
     "encode_texts",
     "find_self_attention",
+    "is_other_model",
     "load_config",
     "load_tokenizer",
     "resolve_device",

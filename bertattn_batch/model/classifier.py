@@ -70,6 +70,16 @@ def weights_hash(path: str) -> str:
     return h.hexdigest() if files else "unknown"
 
 
+def is_other_model(source: str, weights_sha256: str | None) -> bool:
+    """Whether the model at ``source`` surely has other weights than those a run recorded: checked
+    before it is loaded, since a model retrained into the same folder may fail the run's settings (its
+    length, its layers) and be refused for that instead of for being another model."""
+    if not weights_sha256:
+        return False
+    now = weights_hash(resolve_source(source))
+    return now != "unknown" and now != weights_sha256
+
+
 @dataclass
 class Classifier:
     """A loaded tokenizer + classifier, and what the job needs to know about them."""

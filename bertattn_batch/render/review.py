@@ -274,7 +274,7 @@ def add_pairs(
     device: str = "cpu",
 ) -> ReviewAttention:
     """Compute token x token matrices for a review of a run (its model and text, or those given)."""
-    from ..model import encode_texts
+    from ..model import encode_texts, is_other_model
 
     manifest = read_manifest(run_dir) if run_dir is not None else Manifest()
     model = model or manifest.model.get("source")
@@ -284,14 +284,12 @@ def add_pairs(
         if run_dir is None:
             raise SpecError("token x token maps need the review's text: pass --text")
         text = source_text(run_dir, review.doc_id)
-    max_length = manifest.model.get("max_length")
-    clf = _load_classifier(model, review.layer, device, max_length)
-    run_weights = manifest.model.get("weights_sha256")
-    if run_weights and clf.weights_sha256 != run_weights:  # the maps would be another model's
+    if is_other_model(model, manifest.model.get("weights_sha256")):  # the maps would be another model's
         raise InputError(
             f"the model at {model} is not the run's: its weights' hash differs from the one the "
             "manifest records; pass the run's model with --model"
         )
+    clf = _load_classifier(model, review.layer, device, manifest.model.get("max_length"))
     enc = encode_texts(clf.tokenizer, [text], clf.max_length)[0]
     if enc.ids[1:-1].tolist() != review.token_ids:
         raise InputError(

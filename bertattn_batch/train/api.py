@@ -88,7 +88,12 @@ def finetune(
             f"too few labelled rows to train: {dict(counts)}; need at least 2 for each of {names}"
         )
     out_dir = Path(os.path.abspath(out_dir))  # "." has no name to save beside
-    check_out_dir(out_dir)
+    if check_out_dir(out_dir):
+        log.warning(
+            "%s holds a model trained before; it is replaced when this training ends (runs made with it "
+            "can no longer be resumed, nor their token x token maps and faithfulness computed)",
+            out_dir,
+        )
 
     old_threads = torch.get_num_threads()
     hub_bars = _hub_progress_bars(progress)
@@ -147,6 +152,13 @@ def _finetune(
         raise ModelError(f"tokenizer has only {tok_size} tokens: {_vocabulary_hint(spec, base_path)}")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     max_length = min(spec.max_length, length_limit(tokenizer, model.config))
+    if max_length < spec.max_length:
+        log.warning(
+            "max_length %d is more than %s takes; training at %d tokens",
+            spec.max_length,
+            spec.base,
+            max_length,
+        )
 
     train_ids = _encode_for_training(tokenizer, [texts[i] for i in train_idx], max_length)
     eval_ids = _encode_for_training(tokenizer, [texts[i] for i in eval_idx], max_length)

@@ -19,18 +19,19 @@ METRICS_FILE = "finetune_metrics.json"
 HELDOUT_FILE = "heldout_ids.json"
 
 
-def check_out_dir(out_dir: Path) -> None:
+def check_out_dir(out_dir: Path) -> bool:
     """Refuse to replace a file or a non-empty folder that this module did not write, and a place where
-    the model could not be saved, before training rather than after."""
-    if out_dir.exists() and (
-        not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / METRICS_FILE).is_file())
-    ):
+    the model could not be saved, before training rather than after. True where a model trained here
+    is there, to be replaced."""
+    trained = out_dir.is_dir() and (out_dir / METRICS_FILE).is_file()
+    if out_dir.exists() and not trained and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ModelError(f"{out_dir} exists and is not a model trained here; remove it or choose another")
     try:  # the model is written beside its folder first (see save_model): try that place now
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent).cleanup()
     except OSError as e:
         raise ModelError(f"cannot save a model to {out_dir}: {e.strerror or e}") from None
+    return trained
 
 
 @contextlib.contextmanager

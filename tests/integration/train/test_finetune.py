@@ -7,6 +7,7 @@ What is checked is what goes wrong silently: a tokenizer that ignored its vocabu
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -221,6 +222,16 @@ def test_refuses_to_overwrite_a_foreign_folder(tmp_path: Path) -> None:
     assert (out / "notes.txt").read_text() == "keep me"
 
 
+def test_replacing_a_model_trained_here_is_said(tmp_path: Path, caplog) -> None:
+    texts, labels = ["好极了", "太差了"] * 4, ["pos", "neg"] * 4
+    spec = FinetuneSpec(**TINY, epochs=1.0, min_char_count=1, eval_fraction=0.0)
+    with caplog.at_level(logging.WARNING):
+        finetune(texts, labels, tmp_path / "m", spec, progress=False)
+        assert "holds a model trained before" not in caplog.text
+        finetune(texts, labels, tmp_path / "m", spec, progress=False)
+    assert f"{tmp_path / 'm'} holds a model trained before; it is replaced" in caplog.text
+
+
 def test_a_diverging_training_stops_without_saving(tmp_path: Path) -> None:
     """A learning rate of 5e5 (for 5e-5) makes the loss NaN and every weight with it: an error, not a
     model that scores every review NaN."""
@@ -432,7 +443,7 @@ def test_a_base_without_sdpa_trains(tiny_zh_dir, tmp_path: Path) -> None:
     assert Classifier.load(str(tmp_path / "m"), layers=[0]).labels == ["neg", "pos"]
 
 
-def test_a_roberta_base_trains_within_its_positions(tmp_path: Path) -> None:
+def test_a_roberta_base_trains_within_its_positions(tmp_path: Path, caplog) -> None:
     """RoBERTa's positions start after its padding id: a base with 34 positions takes 32 tokens (an
     asked max_length of 64 used to index past its position table)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -465,8 +476,10 @@ def test_a_roberta_base_trains_within_its_positions(tmp_path: Path) -> None:
     tok.save_pretrained(tmp_path / "base")
     spec = FinetuneSpec(base=str(tmp_path / "base"), epochs=1.0, max_length=64, eval_fraction=0.0)
     texts = ["very good food " * 20, "very bad food " * 20] * 4
-    finetune(texts, ["pos", "neg"] * 4, tmp_path / "m", spec, progress=False)
+    with caplog.at_level(logging.WARNING):
+        finetune(texts, ["pos", "neg"] * 4, tmp_path / "m", spec, progress=False)
     assert Classifier.load(str(tmp_path / "m"), layers=[0]).max_length == 32
+    assert "max_length 64 is more than" in caplog.text and "training at 32 tokens" in caplog.text
 
 
 def test_messages_name_the_real_problem(tmp_path: Path) -> None:
