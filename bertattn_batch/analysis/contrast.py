@@ -11,7 +11,8 @@ head's totals and variances count every token it attended to.
   the split's own totals as the prior (``α_w`` = the token's mass over every class, ``α_0`` = the
   head's total mass). The z-score divides by the estimate's standard deviation, which is large for a
   token with little mass: a token seen in three reviews cannot reach the z of one seen in three
-  hundred with the same ratio. Null for the split 'all', which has nothing to contrast.
+  hundred with the same ratio. Null for the split 'all', and for a split whose scored reviews all
+  have one class: neither has another class to contrast with.
 - ``mean_scaled_shrunk``: the mean scaled weight shrunk toward the head's mean over the group by the
   token's review count, an empirical-Bayes (normal-normal) estimate with method-of-moments variances:
   ``(n·m + κ·μ) / (n + κ)``, with ``κ = s² / τ²``, ``s²`` the pooled within-token variance of the
@@ -44,7 +45,7 @@ def with_contrasts(sums: pl.LazyFrame) -> pl.LazyFrame:
     odds_rest = (y_rest + prior) / (n_rest + prior_total - y_rest - prior)
     delta = odds_class.log() - odds_rest.log()
     sd = (1 / (y + prior) + 1 / (y_rest + prior)).sqrt()
-    contrast = pl.col("split") != "all"
+    contrast = (pl.col("split") != "all") & (n_rest > 0)
     return sums.with_columns(
         log_odds=pl.when(contrast).then(delta),
         log_odds_z=pl.when(contrast).then(delta / sd),

@@ -84,6 +84,12 @@ def format_top(
         if split == "label" and not has_split:
             return "this run has no input labels (extract with --label-col) to split by"
         return f"no {unit}s pass the filter for split {split!r}; lower --min-reviews"
+    if measure in CONTRASTS and top[measure].is_null().all():
+        classes = ", ".join(str(c) for c in top["class_label"].unique(maintain_order=True))
+        return (
+            f"{measure} compares a {split} with the others, and every scored review has {split} {classes}: "
+            "nothing to contrast; rank by another measure (--rank-by mean_scaled)"
+        )
     shown = readable_map(top["token"].to_list(), byte_level)
     blocks = []
     for (layer, cls), group in top.group_by(["layer", "class_label"], maintain_order=True):

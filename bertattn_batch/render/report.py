@@ -206,6 +206,10 @@ def _tokens_html(
                 )
             )
     by_pred = top_tokens(table, k, "token", "pred_label", [layer], measure="log_odds_z")
+    if not by_pred.is_empty() and by_pred["log_odds_z"].is_null().all():  # one predicted label
+        label = escape(str(by_pred["class_label"][0]))
+        parts.append(f'<p class="meta">Every scored review is predicted {label}: no label to contrast.</p>')
+        by_pred = by_pred.clear()
     if not by_pred.is_empty():
         parts.append(
             "<h3>What each head attends to more in one predicted label than in the others</h3>"

@@ -92,6 +92,7 @@ def head_contrasts(
     highest log-odds z-score against the other labels, as the aggregates rank them (and as a reader
     spells them: ``byte_level``, see :func:`spelling.readable`)."""
     top = top_tokens(aggregates, CONTRAST_TOKENS, "token", "pred_label", layers, measure="log_odds_z")
+    top = top.filter(pl.col("log_odds_z").is_not_null())  # one predicted label: nothing to contrast
     shown = readable_map(top["token"].to_list(), byte_level)
     out: dict[tuple[int, int], list[str]] = {}
     for (layer, head, label), rows in top.group_by("layer", "head", "class_label", maintain_order=True):

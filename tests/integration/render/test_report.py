@@ -462,10 +462,30 @@ def test_a_report_of_a_run_it_cannot_write_to_is_still_written(run_dir, tmp_path
     assert (run / "aggregates").read_text() == "not a folder"  # the run is left as it was
 
 
+def _biased(tiny_en_dir, texts: list[str], out: Path, split: bool) -> Path:
+    """The tiny model with its head's bias set so that it predicts 'negative' for about half of
+    ``texts`` and 'neutral' for the rest (``split``), or 'negative' for all of them."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_en_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_en_dir).eval()
+    with torch.no_grad():
+        enc = tok(texts, truncation=True, max_length=512, padding=True, return_tensors="pt")
+        logits = model(**enc).logits
+        gap = (logits[:, 0] - logits[:, 1]).median().item() if split else -50.0
+        model.classifier.bias += torch.tensor([-gap, 0.0, -50.0])
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 def test_the_report_ranks_heads_by_faithfulness_once_measured(tiny_en_dir, drug_rows, tmp_path):
     from bertattn_batch.analysis.faithfulness import faithfulness
 
-    run = _small_run(tiny_en_dir, [dict(r) for r in drug_rows[:12]], tmp_path / "run")
+    rows = [dict(r) for r in drug_rows[:12]]
+    model = _biased(tiny_en_dir, [r["text"] for r in rows], tmp_path / "model", split=True)
+    run = _small_run(model, rows, tmp_path / "run")
+    assert len(set(read_table(run, "predictions")["pred_label"].to_pylist())) == 2
     html = report.build_report(run, examples=0).read_text(encoding="utf-8")
     assert "What to believe" in html and f"bertattn faithfulness {run}" in html
     measured = faithfulness(run, sample=6, device="cpu")
@@ -484,7 +504,7 @@ def test_the_report_ranks_heads_by_faithfulness_once_measured(tiny_en_dir, drug_
     assert escape(f"{first['class_label'][0]}: {' '.join(first['token'])}") in html
     assert "Measured before the run" not in html
     # an --incremental pass adds reviews the sample could not hold: the table is still shown, marked
-    _small_run(tiny_en_dir, [dict(r) for r in drug_rows[:16]], run, on_existing="incremental")
+    _small_run(model, [dict(r) for r in drug_rows[:16]], run, on_existing="incremental")
     html = report.build_report(run, examples=0).read_text(encoding="utf-8")
     assert "most faithful first" in html and "Measured before the run's latest parts" in html
     _small_run(tiny_en_dir, [dict(r) for r in drug_rows[:12]], run, on_existing="overwrite")
@@ -521,3 +541,18 @@ def test_a_model_retrained_into_the_runs_folder_is_named_as_another_model(drug_r
     review = load_review(run, read_table(run, "predictions")["doc_id"][0].as_py())
     with pytest.raises(InputError, match="is not the run's"):
         add_pairs(review, run)
+
+
+def test_a_run_with_one_predicted_label_says_there_is_nothing_to_contrast(tiny_en_dir, drug_rows, tmp_path):
+    """A model that predicts one label on the whole corpus: aggregate --rank-by log_odds_z printed a z of
+    0.000 for every token, as if measured."""
+    rows = [dict(r) for r in drug_rows[:8]]
+    model = _biased(tiny_en_dir, [r["text"] for r in rows], tmp_path / "model", split=False)
+    run = _small_run(model, rows, tmp_path / "run")
+    assert set(read_table(run, "predictions")["pred_label"].to_pylist()) == {"negative"}
+    r = CliRunner().invoke(app, ["aggregate", str(run), "--rank-by", "log_odds_z", "--min-reviews", "1"])
+    assert r.exit_code == 0, r.output
+    assert "every scored review has pred_label negative: nothing to contrast" in r.output
+    assert "0.000" not in r.output
+    html = report.build_report(run, examples=0, min_reviews=1).read_text(encoding="utf-8")
+    assert "Every scored review is predicted negative: no label to contrast." in html

@@ -43,6 +43,14 @@ def test_the_same_ratio_on_more_mass_gives_a_larger_z():
     assert abs(z[("negative", "common")] + z[("positive", "common")]) < 1e-9  # two classes: symmetric
 
 
+def test_a_split_with_one_class_has_no_contrast():
+    """Every review predicted 'negative': log_odds came out 0 for every token, as if measured."""
+    got = with_contrasts(
+        _sums([("negative", "good", 5.0, 3, 0.0, 0.0), ("negative", "bad", 9.0, 4, 0.0, 0.0)])
+    )
+    assert got.collect().select("log_odds", "log_odds_z").null_count().row(0) == (2, 2)
+
+
 def test_a_token_seen_once_is_pulled_to_the_heads_mean_more_than_one_seen_often():
     # scaled weights: 'once' 1.0 in one review; 'often' 0.9 in 50 (variance 0.05); ten others around 0.2
     # (variance 0.08): sums of squares are n * (mean² + variance)
