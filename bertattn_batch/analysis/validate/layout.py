@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 from ... import schema
 from ..._util import lock_is_held
 from ...errors import first_line
-from ...run import FORMAT, LOCK_NAME, model_problems, parse_parts, tmp_name
+from ...run import FORMAT, LOCK_NAME, load_json, model_problems, parse_parts, tmp_name
 from .report import Recorder
 
 
@@ -56,8 +56,12 @@ def check_manifest(rec: Recorder, path: Path, m: dict[str, Any]) -> RunView:
         rec.fail("manifest", f"format is {m.get('format')!r}, expected {FORMAT!r}")
     status = str(m.get("status"))
     if status == "running" and lock_is_held(path / LOCK_NAME) is False:
-        rec.warn("manifest", "status 'running', but no process is writing it: it was stopped (killed?)")
-        status = "interrupted"  # rerunning the extract resumes it
+        ended = load_json(path).get("status")  # the job may have ended between the read and the probe
+        if ended == "running":
+            rec.warn("manifest", "status 'running', but no process is writing it: it was stopped (killed?)")
+            status = "interrupted"  # rerunning the extract resumes it
+        else:
+            rec.warn("manifest", f"the run's job ended ({ended}) while it was read: validate it again")
     if status in ("running", "interrupted"):
         rec.warn("manifest", f"status {status!r}: committed parts are checked, totals are not final")
     elif status != "complete":

@@ -419,6 +419,27 @@ def test_a_running_run_whose_writer_is_gone_is_called_stopped(en_run, tmp_path):
     assert any("status 'running'" in w.message for w in report.warnings)
 
 
+def test_a_run_that_completes_while_validate_reads_it_is_not_called_stopped(en_run, tmp_path, monkeypatch):
+    """The job commits its last part and releases its lock between validate's read of the manifest and
+    its probe of the lock: the run is complete, not stopped."""
+    from bertattn_batch.analysis.validate import layout
+
+    run = _copy(en_run, tmp_path)
+    complete = _manifest(run)
+    _save_manifest(run, complete | {"status": "running"})
+
+    def job_ends_meanwhile(lock):
+        _save_manifest(run, complete)
+        return False
+
+    monkeypatch.setattr(layout, "lock_is_held", job_ends_meanwhile)
+    report = validate_run(run)
+    assert not any("no process is writing it" in w.message for w in report.warnings), report.render()
+    assert any(
+        "job ended (complete) while it was read: validate it again" in w.message for w in report.warnings
+    )
+
+
 def test_known_statuses_are_the_schemas():
     """The statuses the validator accepts are the ones schemas/predictions.json documents."""
     (column,) = [c for c in schema.spec("predictions")["columns"] if c["name"] == "status"]
