@@ -112,8 +112,9 @@ def _check_limit(run: RunDir, skip_until: int, limit: int | None) -> None:
     begins, so that the run keeps its status: its tables would hold more rows than the limit allows."""
     if limit is not None and limit < skip_until:
         raise RunDirError(
-            f"{run.run_dir}: the run already holds {skip_until:,} input rows, more than --limit {limit:,}; "
-            f"resume with --limit {skip_until:,} or more (or none), or pass --overwrite to start again"
+            f"{run.run_dir}: the run already holds {skip_until:,} input rows, more than --limit {limit:,} "
+            f"(a job's limit); resume with a limit of {skip_until:,} or more (or none), or pass --overwrite "
+            "to start again"
         )
 
 
