@@ -34,11 +34,11 @@ def readable(tokens: list[str], byte_level: bool | None = None) -> list[str]:
         byte_level = any(c in _SHIFTED for t in tokens for c in t)
     if not byte_level or not all(c in _BYTES for t in tokens for c in t):
         return list(tokens)
-    out = []
-    for t in tokens:
-        text = bytes(_BYTES[c] for c in t).decode("utf-8", errors="replace")
-        out.append(text.strip() or _visible_space(text))
-    return out
+    return [_decode(t).strip() or _visible_space(_decode(t)) for t in tokens]
+
+
+def _decode(token: str) -> str:
+    return bytes(_BYTES[c] for c in token).decode("utf-8", errors="replace")
 
 
 def _visible_space(text: str) -> str:
@@ -47,6 +47,21 @@ def _visible_space(text: str) -> str:
 
 
 def readable_map(tokens: list[str], byte_level: bool | None = None) -> dict[str, str]:
-    """Each distinct token and how it reads (see :func:`readable`), for a table's cells."""
+    """Each distinct token and how it reads (see :func:`readable`), for a table's cells, where no
+    context tells tokens apart: two that read alike ('Ġgood' starts a word, 'good' does not) show their
+    spaces ('␣good', 'good'), and two that still do (pieces of characters, '�') their own spelling."""
     distinct = list(dict.fromkeys(tokens))
-    return dict(zip(distinct, readable(distinct, byte_level), strict=True))
+    shown = dict(zip(distinct, readable(distinct, byte_level), strict=True))
+    for clash in _alike(shown):
+        shown.update({t: _visible_space(_decode(t)) for t in clash})
+    for clash in _alike(shown):
+        shown.update({t: t for t in clash})
+    return shown
+
+
+def _alike(shown: dict[str, str]) -> list[list[str]]:
+    """The groups of tokens that read the same."""
+    by_text: dict[str, list[str]] = {}
+    for token, text in shown.items():
+        by_text.setdefault(text, []).append(token)
+    return [tokens for tokens in by_text.values() if len(tokens) > 1]

@@ -82,7 +82,7 @@ def format_top(
             split in splits if splits is not None else not table.filter(pl.col("split") == split).is_empty()
         )
         if split == "label" and not has_split:
-            return "this run has no input labels (extract with --label-col) to split by"
+            raise SpecError("--by label: this run has no input labels to split by (extract with --label-col)")
         return f"no {unit}s pass the filter for split {split!r}; lower --min-reviews"
     if measure in CONTRASTS and top[measure].is_null().all():
         classes = ", ".join(str(c) for c in top["class_label"].unique(maintain_order=True))

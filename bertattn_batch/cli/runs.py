@@ -94,8 +94,8 @@ def aggregate(
 
     result = call(lambda: run_aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by), completes=True)
     units, splits = result.options.get("units"), result.splits
-    typer.echo(
-        format_top(
+    printed = call(
+        lambda: format_top(
             result.table,
             k=top_k,
             unit=unit,
@@ -107,6 +107,7 @@ def aggregate(
             byte_level=result.byte_level,
         )
     )
+    typer.echo(printed)
     typer.echo(result.line())
 
 

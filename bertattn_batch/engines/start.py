@@ -11,9 +11,11 @@ from typing import Any
 
 from .. import __version__
 from ..config import JobSpec
+from ..errors import ModelError, RunDirError, SpecError, first_line
 from ..inputs import input_name
 from ..model.checks import resolve_source
-from ..model.classifier import Classifier
+from ..model.classifier import Classifier, is_other_model
+from ..run import read_manifest
 from ..train.save import training_record
 
 
@@ -72,16 +74,37 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
 
 
 def load_classifier(spec: JobSpec) -> Any:
-    """The job's classifier, as every engine loads it."""
-    return Classifier.load(
-        spec.model,
-        layers=spec.layers,
-        device=spec.device,
-        dtype=spec.dtype,
-        attention=spec.attention,
-        max_length=spec.max_length,
-        trust_remote_code=spec.trust_remote_code,
-        allow_pickle=spec.allow_pickle,
-        trim_last_layer=spec.trim_last_layer,
-        value_zeroing=spec.value_zeroing,
-    )
+    """The job's classifier, as every engine loads it. A model that the job's settings do not fit is
+    named as another model where the run it continues was made with other weights (a folder trained
+    again since), which is what the user has to know."""
+    try:
+        return Classifier.load(
+            spec.model,
+            layers=spec.layers,
+            device=spec.device,
+            dtype=spec.dtype,
+            attention=spec.attention,
+            max_length=spec.max_length,
+            trust_remote_code=spec.trust_remote_code,
+            allow_pickle=spec.allow_pickle,
+            trim_last_layer=spec.trim_last_layer,
+            value_zeroing=spec.value_zeroing,
+        )
+    except (SpecError, ModelError) as e:
+        if spec.on_existing in ("resume", "incremental") and is_other_model(
+            spec.model, _run_weights(spec.out)
+        ):
+            raise RunDirError(
+                f"{spec.out} was made with other weights than the model at {spec.model} now has (trained "
+                f"again since?), which does not load with the run's settings ({first_line(e)}); pass "
+                "--overwrite or choose another --out"
+            ) from None
+        raise
+
+
+def _run_weights(run_dir: str) -> str | None:
+    """The weights' hash the run in ``run_dir`` records, if there is a readable run there."""
+    try:
+        return read_manifest(run_dir).model.get("weights_sha256")
+    except (RunDirError, OSError):
+        return None

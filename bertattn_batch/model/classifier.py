@@ -61,13 +61,22 @@ def weights_hash(path: str) -> str:
         except OSError:
             return "unknown"
     files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            while block := fh.read(1 << 23):
-                h.update(block)
-    return h.hexdigest() if files else "unknown"
+    if not files:
+        return "unknown"
+    key = tuple((str(f.resolve()), st.st_size, st.st_mtime_ns) for f, st in ((f, f.stat()) for f in files))
+    if key not in _HASHES:  # a check before loading, then the load: a 1 GB model is read once
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f.name.encode())
+            with open(f, "rb") as fh:
+                while block := fh.read(1 << 23):
+                    h.update(block)
+        _HASHES[key] = h.hexdigest()
+    return _HASHES[key]
+
+
+#: weights_hash's results, by the files' paths, sizes and modification times
+_HASHES: dict[tuple, str] = {}
 
 
 def is_other_model(source: str, weights_sha256: str | None) -> bool:

@@ -7,6 +7,7 @@ model's skill (0.90) where its held-out accuracy is 0.83.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from html import escape
 from pathlib import Path
@@ -46,32 +47,39 @@ def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
 def heldout_ids(manifest: Manifest) -> set[str] | str:
     """The doc ids the run's model was not trained on, where its training recorded them; else why not.
 
-    Ids of the run's own id column name the same reviews in any corpus. Row numbers (a training
-    without an id column) do so only where the run read the files the model was trained on, first
-    and in the same order: row 7 of another corpus is another review.
+    Ids of the run's own id column are taken to name the same reviews in any corpus (a corpus whose
+    ids repeat another's, such as 1..N, would be misread: train with ids unique to each). Row numbers
+    (a training without an id column) do so only where the run read the files the model was trained
+    on, first and in the same order: row 7 of another corpus is another review.
     """
     training = manifest.model.get("training") or {}
     path = training.get("heldout_ids")
     if not path:
         return "which of them trained the model is not recorded"
     try:
-        recorded = json.loads(Path(path).read_text(encoding="utf-8"))
+        raw = Path(path).read_bytes()
+        recorded = json.loads(raw)
     except (OSError, ValueError):
         return f"which of them trained the model is not readable ({path})"
+    if training.get("heldout_sha256") not in (None, hashlib.sha256(raw).hexdigest()):
+        return "the model's folder was trained again since this run: which of them trained its model is not known"
     id_col = recorded.get("id_col")
     if id_col != manifest.spec.get("id_col"):
         if id_col is None:
             return "the model's held-out reviews are known by row number, and this run has ids"
         return f"the model's held-out reviews are known by column {id_col!r}, which this run does not read"
-    if id_col is None and not _same_first_files(recorded.get("sources"), manifest.sources):
-        return "the model was trained on other files, whose row numbers name other reviews"
+    if id_col is None:
+        if not recorded.get("sources") or not manifest.sources:  # written before files were recorded
+            return "the model's held-out reviews are known by row number, but not of which files"
+        if not _same_first_files(recorded["sources"], manifest.sources):
+            return "the model was trained on other files, whose row numbers name other reviews"
     return set(recorded.get("doc_ids") or ())
 
 
-def _same_first_files(trained: list[dict[str, Any]] | None, run: list[dict[str, Any]] | None) -> bool:
+def _same_first_files(trained: list[dict[str, Any]], run: list[dict[str, Any]]) -> bool:
     """The files the model was trained on are the run's first files, by size and end bytes (a copy
     elsewhere is the same file)."""
-    if not trained or not run or len(trained) > len(run):
+    if len(trained) > len(run):
         return False
     return all(
         (t.get("bytes"), t.get("ends_sha256")) == (r.get("bytes"), r.get("ends_sha256"))

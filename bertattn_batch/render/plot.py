@@ -23,17 +23,21 @@ from .table import write_table
 SUFFIXES = (".png", ".html", ".htm", ".csv", ".xlsx")
 
 
-def _checked_out(out: str | Path) -> Path:
+def _checked_out(out: str | Path, pairs: bool = False) -> Path:
     path = Path(out)
     if path.suffix.lower() not in SUFFIXES:
         raise SpecError(f"--out must end in {', '.join(SUFFIXES)}; got {path.name!r}")
+    if pairs and path.suffix.lower() in (".csv", ".xlsx"):
+        raise SpecError(
+            f"--pairs draws token x token maps, which a {path.suffix} table cannot hold; write .png or .html"
+        )
     return path
 
 
 def write_review(review: ReviewAttention, out: str | Path, pairs: bool = False) -> Path:
     """Write a review: PNG or HTML (heads x tokens, and the token x token maps with ``pairs``: the same
     content either way), or its heads x tokens table as CSV or XLSX."""
-    path = _checked_out(out)
+    path = _checked_out(out, pairs)
     path.parent.mkdir(parents=True, exist_ok=True)
     suffix = path.suffix.lower()
     if suffix in (".csv", ".xlsx"):
@@ -60,7 +64,7 @@ def plot(
     """The ``plot`` command: a review of a run (``run_dir`` + ``doc_id``) or a text (``text`` + ``model``).
     ``tokens``: a range of content tokens to show (``0:40``); ``specials``: [CLS] and [SEP] in the
     token x token maps."""
-    _checked_out(out)  # before any model loads
+    _checked_out(out, pairs)  # before any model loads
     shown = token_range(tokens)
     if run_dir is not None:
         if doc_id is None:

@@ -108,7 +108,7 @@ def _whole_run_rows(preds: pl.DataFrame) -> list[tuple[str, Any]]:
         return []
     ok = preds.filter(pl.col("status") == "ok")
     return [
-        ("reviews", preds.height),
+        ("prediction rows", preds.height),  # an unreadable row or null id is recorded again each pass
         ("reviews scored", ok.height),
         ("tokens", int(ok["n_tokens"].sum())),
         ("truncated reviews", int(ok["truncated"].sum())),

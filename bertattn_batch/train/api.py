@@ -91,7 +91,8 @@ def finetune(
     if check_out_dir(out_dir):
         log.warning(
             "%s holds a model trained before; it is replaced when this training ends (runs made with it "
-            "can no longer be resumed, nor their token x token maps and faithfulness computed)",
+            "can no longer be resumed, nor their token x token maps, faithfulness and held-out accuracy "
+            "computed)",
             out_dir,
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -122,4 +123,6 @@ def training_record(folder: str | Path) -> dict[str, Any] | None:
         "planned_steps": metrics.get("planned_steps"),
         "shortened": bool(metrics.get("shortened")),
         "heldout_ids": str(heldout.resolve()) if heldout.is_file() else None,
+        # the report reads the ids from the folder later: a model trained into it since has other ids
+        "heldout_sha256": hashlib.sha256(heldout.read_bytes()).hexdigest() if heldout.is_file() else None,
     }

@@ -160,6 +160,11 @@ def test_png_and_html_files(en_run, tmp_path):
         plotting.SpecError, match=r"must end in \.png, \.html, \.htm, \.csv, \.xlsx; got .r\.jpg."
     ):
         plotting.write_review(review, tmp_path / "r.jpg")
+    # a table holds the heads x tokens weights only: --pairs there was dropped without a word
+    r = CliRunner().invoke(
+        app, ["plot", str(en_run), "--doc-id", review.doc_id, "--out", str(tmp_path / "p.csv"), "--pairs"]
+    )
+    assert r.exit_code == 1 and "--pairs draws token x token maps, which a .csv table cannot hold" in r.output
 
 
 def _missing_glyph_warnings(fig) -> list[str]:
@@ -253,6 +258,11 @@ def test_byte_level_tokens_are_shown_as_text():
     # a WordPiece run's letters that are also shifted bytes ('ł', 'ı') stay letters: its manifest says
     assert readable(["dr", "ł", "##uka", "ı"], byte_level=False) == ["dr", "ł", "##uka", "ı"]
     assert readable(tokens, byte_level=True) == got
+    # in a table, with no text around them, tokens that read alike are still told apart
+    from bertattn_batch.analysis.spelling import readable_map
+
+    shown = readable_map(["Ġgood", "good", "Ã", "©", "ä¸į"], byte_level=True)
+    assert shown == {"Ġgood": "␣good", "good": "good", "Ã": "Ã", "©": "©", "ä¸į": "不"}
 
 
 def test_a_run_records_whether_its_tokens_spell_bytes(en_run):

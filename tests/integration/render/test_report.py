@@ -541,6 +541,10 @@ def test_a_model_retrained_into_the_runs_folder_is_named_as_another_model(drug_r
     review = load_review(run, read_table(run, "predictions")["doc_id"][0].as_py())
     with pytest.raises(InputError, match="is not the run's"):
         add_pairs(review, run)
+    # so does a resume or an --incremental pass of the run with its length
+    for on_existing in ("resume", "incremental"):
+        with pytest.raises(RunDirError, match="was made with other weights than the model at"):
+            _small_run(model, [dict(r) for r in drug_rows[:6]], run, max_length=128, on_existing=on_existing)
 
 
 def test_a_run_with_one_predicted_label_says_there_is_nothing_to_contrast(tiny_en_dir, drug_rows, tmp_path):

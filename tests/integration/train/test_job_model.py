@@ -139,3 +139,20 @@ def test_finetune_id_col_records_held_out_reviews_by_id(zh_rows, tmp_path):
     assert "30 reviews held out" in by_id
     by_number = _run_report(tmp_path, model, data, "numbers")
     assert "known by column &#x27;doc_id&#x27;, which this run does not read" in by_number
+    # the folder trained again (another split): the run's model is gone, and so is its split
+    assert CliRunner().invoke(app, [*args, "--seed", "5"]).exit_code == 0
+    again = build_report(tmp_path / "ids", examples=1, min_reviews=1).read_text(encoding="utf-8")
+    assert "held-out accuracy" not in again and "folder was trained again since this run: which" in again
+
+
+def test_a_model_trained_before_files_were_recorded_gives_no_row_number_split(zh_rows, tmp_path):
+    data = tmp_path / "reviews.parquet"
+    pq.write_table(pa.Table.from_pylist(zh_rows[::140][:120]), data)
+    model = tmp_path / "model"
+    args = ["finetune", str(data), "--out", str(model), "--epochs", "1", "--eval-fraction", "0.25"]
+    assert CliRunner().invoke(app, [*args, "--max-length", "64", "--no-progress"]).exit_code == 0
+    heldout = json.loads((model / HELDOUT_FILE).read_text())
+    del heldout["sources"]
+    (model / HELDOUT_FILE).write_text(json.dumps(heldout))
+    html = _run_report(tmp_path, model, data, "run")
+    assert "held-out accuracy" not in html and "known by row number, but not of which files" in html

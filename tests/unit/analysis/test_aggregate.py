@@ -649,6 +649,19 @@ def test_an_empty_printout_names_its_real_cause(run_dir, tmp_path):
     assert "no review of this run was scored" in r.output
 
 
+def test_by_label_on_a_run_without_labels_is_an_error(run_dir, tmp_path):
+    """It printed a note and exited 0, so a script could not tell it printed nothing."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    for part in json.loads((run / "manifest.json").read_text())["parts"]:
+        path = run / part["files"]["predictions"]
+        preds = pq.read_table(path)
+        label = pa.nulls(preds.num_rows, preds.schema.field("label").type)
+        pq.write_table(preds.set_column(preds.schema.get_field_index("label"), "label", label), path)
+    r = CliRunner().invoke(app, ["aggregate", str(run), "--min-reviews", "1", "--by", "label"])
+    assert r.exit_code == 1 and "--by label: this run has no input labels to split by" in r.output
+
+
 def test_a_part_committed_but_not_yet_renamed_is_waited_for(run_dir, tmp_path, monkeypatch):
     """Readers meet a running extract's newest part between its commit and its rename: they wait for it."""
     import threading
