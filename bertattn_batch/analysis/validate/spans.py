@@ -48,8 +48,9 @@ def check_source_spans(rec: Recorder, run: RunView) -> None:
         (p for p in run.parts if p.readable >= {"predictions", "tokens"}),
         key=lambda p: (p.start_row, p.generation),
     )
+    current = manifest.generation or 0  # an earlier pass's rows may be another file's by now
     active: list[tuple[Part, dict[int, tuple[str, int]]]] = []
-    checked = changed = 0
+    checked = changed = replaced = 0
     try:
         for block in read_rows(inputs, **manifest.read_options()):  # no limit: a resume may have raised it
             if not pending and not active:
@@ -66,6 +67,9 @@ def check_source_spans(rec: Recorder, run: RunView) -> None:
                     doc_id, end = hit
                     text = block.text[j]
                     if block.doc_id[j] != doc_id or text is None:
+                        if part.generation < current:
+                            replaced += 1
+                            continue
                         changed += 1
                         if changed <= KEPT:
                             rec.warn(
@@ -90,4 +94,10 @@ def check_source_spans(rec: Recorder, run: RunView) -> None:
         rec.warn("spans", f"the inputs end before {left} scored reviews of the run; those were not checked")
     if changed > KEPT:
         rec.checks["spans"].warnings += changed - KEPT
+    if replaced:
+        rec.note(
+            "spans",
+            f"{replaced} reviews of earlier --incremental passes not checked: their input rows now hold "
+            "other reviews (the inputs were replaced or reordered since)",
+        )
     rec.note("spans", f"{checked} reviews checked against {', '.join(map(str, inputs))}")
