@@ -435,9 +435,8 @@ def test_a_run_that_completes_while_validate_reads_it_is_not_called_stopped(en_r
     monkeypatch.setattr(layout, "lock_is_held", job_ends_meanwhile)
     report = validate_run(run)
     assert not any("no process is writing it" in w.message for w in report.warnings), report.render()
-    assert any(
-        "job ended (complete) while it was read: validate it again" in w.message for w in report.warnings
-    )
+    assert "job ended (complete) while it was read; checked as it ended" in report.check("manifest").line()
+    assert report.ok and report.warnings == [], report.render()  # the complete run, checked whole
 
 
 def test_known_statuses_are_the_schemas():
