@@ -81,6 +81,7 @@ def check_manifest(rec: Recorder, path: Path, m: dict[str, Any]) -> RunView:
                 rec.fail("manifest", f"model.{name} is {model.get(name)!r}: the run's manifest must name it")
             usable[name] = None
     layers, heads, id2label = usable["layers"], usable["num_heads"], usable["id2label"]
+    _check_spec_layers(rec, m.get("spec"), layers, usable.get("num_layers"))
     max_length = usable.get("max_length")
     parts = _parse_parts(rec, m.get("parts"))
     if status == "complete":
@@ -97,6 +98,21 @@ def check_manifest(rec: Recorder, path: Path, m: dict[str, Any]) -> RunView:
         max_length=max_length,
         parts=parts,
     )
+
+
+def _check_spec_layers(rec: Recorder, spec: Any, layers: list[int] | None, num_layers: Any) -> None:
+    """The layers the job asked for (``spec.layers``, negative from the end) are the ones stored."""
+    asked = spec.get("layers") if isinstance(spec, dict) else None
+    if not layers or not isinstance(num_layers, int) or not isinstance(asked, list):
+        return  # what is missing or malformed is named by the checks above
+    if not all(isinstance(x, int) for x in asked):
+        rec.fail("manifest", f"spec.layers is {asked!r}, expected layer numbers")
+    elif [x + num_layers if x < 0 else x for x in asked] != list(layers):
+        rec.fail(
+            "manifest",
+            f"spec.layers {asked} name layers {[x % num_layers for x in asked]} of {num_layers}, but "
+            f"model.layers (the layers stored) is {layers}",
+        )
 
 
 def _parse_parts(rec: Recorder, entries: Any) -> list[Part]:

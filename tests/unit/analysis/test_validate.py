@@ -439,6 +439,18 @@ def test_a_run_that_completes_while_validate_reads_it_is_not_called_stopped(en_r
     assert report.ok and report.warnings == [], report.render()  # the complete run, checked whole
 
 
+def test_spec_layers_other_than_the_stored_ones_are_a_problem(en_run, tmp_path):
+    run = _copy(en_run, tmp_path)
+    m = _manifest(run)
+    n, stored = m["model"]["num_layers"], m["model"]["layers"]
+    assert m["spec"]["layers"] != stored  # counted from the end as asked, e.g. [-2] for layer n-2
+    assert validate_run(run).ok
+    m["spec"]["layers"] = [(stored[0] + 1) % n - n]
+    _save_manifest(run, m)
+    report = validate_run(run)
+    assert not report.ok and "but model.layers (the layers stored) is" in report.render()
+
+
 def test_known_statuses_are_the_schemas():
     """The statuses the validator accepts are the ones schemas/predictions.json documents."""
     (column,) = [c for c in schema.spec("predictions")["columns"] if c["name"] == "status"]
