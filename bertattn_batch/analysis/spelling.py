@@ -42,7 +42,8 @@ def _decode(token: str) -> str:
 
 
 def _visible_space(text: str) -> str:
-    """A token of spaces alone, as a reader can see it: '␣' for a space, escapes for others ('\\n')."""
+    """A decoded token with its spaces shown ('␣good', '␣'), and other unprintable characters as
+    escapes ('\\n'): for a token of spaces alone, and for two tokens that differ only in a space."""
     return "".join("␣" if c == " " else repr(c)[1:-1] for c in text)
 
 

@@ -98,8 +98,8 @@ class LocalEngine:
         if (asked := self.spec.host_processes or 0) > (cores := _cores()):
             log.warning(
                 "%d host processes on %d cores: they take turns on the cores, each with its own tokenizer "
-                "and windows in memory; leave --host-processes (a job's host_processes) out for the default of the "
-                "device",
+                "and windows in memory; leave --host-processes (a job's host_processes) out for the "
+                "default of the device",
                 asked,
                 cores,
             )
