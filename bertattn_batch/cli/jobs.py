@@ -113,7 +113,9 @@ def extract(
     max_length: Annotated[
         int | None,
         typer.Option(
-            rich_help_panel="Model", help="Truncate reviews to this many tokens (default: the model's limit)."
+            rich_help_panel="Model",
+            help="Truncate reviews to this many tokens, [CLS] and [SEP] included (default: the tokenizer's "
+            "model_max_length; at most the model's positions).",
         ),
     ] = None,
     device: Annotated[

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,14 +66,23 @@ SUPPORTED_MODEL_TYPES = frozenset(
 _POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert"})
 
 
-def length_limit(tokenizer, config) -> int:
-    """The most tokens (specials included) the model has positions for and the tokenizer allows."""
+def position_limit(config) -> int:
+    """The most tokens (specials included) the model has position embeddings for."""
     limit = int(getattr(config, "max_position_embeddings", 512))
     if config.model_type in _POSITION_OFFSET_TYPES:
-        pad = config.pad_token_id
-        limit -= (1 if pad is None else int(pad)) + 1
-    tok_limit = getattr(tokenizer, "model_max_length", limit) or limit
-    return min(limit, int(tok_limit)) if tok_limit < 1e9 else limit
+        limit -= int(config.pad_token_id) + 1  # not None: refused on load (_check_architecture)
+    return limit
+
+
+def tokenizer_limit(tokenizer) -> int | None:
+    """The tokenizer's own ``model_max_length``; None where it sets none (transformers' 1e30 stand-in)."""
+    limit = getattr(tokenizer, "model_max_length", None)
+    return int(limit) if limit and limit < 1e9 else None
+
+
+def length_limit(tokenizer, config) -> int:
+    """The most tokens (specials included) the model has positions for and the tokenizer allows."""
+    return min(position_limit(config), tokenizer_limit(tokenizer) or position_limit(config))
 
 
 def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool | None = False):
@@ -90,6 +100,8 @@ def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool
         raise ModelError(f"{source} is not a model folder (no config.json)")
     if not folder.exists() and (not _could_be_hub_id(source) or _local_parent(folder)):
         raise ModelError(f"no model folder {source}{_did_you_mean(folder)}")
+    if folder.is_dir():
+        _check_raw_config(folder / "config.json", source)
     try:
         # quiet: a value it cannot set makes transformers log the whole config before it raises
         with transformers_log_level("critical"):
@@ -106,6 +118,34 @@ def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool
     _check_architecture(config, source)
     _check_weights_format(source, allow_pickle)
     return config
+
+
+def _check_raw_config(path: Path, source: str) -> None:
+    """What transformers reports badly, said before it reads config.json: a model type of its own (it
+    asks to run the model's code, which would not make it a type bertattn reads) and label names as
+    id2label's keys (an int() error)."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # transformers' own error names what is wrong with the file
+    if not isinstance(raw, dict):
+        return
+    model_type = raw.get("model_type")
+    if isinstance(model_type, str) and model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelError(_unsupported(model_type))
+    id2label = raw.get("id2label")
+    if isinstance(id2label, dict) and not all(str(k).strip().lstrip("-").isdigit() for k in id2label):
+        raise ModelError(
+            f"{source}: config.json's id2label must map label ids (0, 1, ...) to names, not "
+            f"{_some_keys([str(k) for k in id2label])} to ids (is it label2id?)"
+        )
+
+
+def _unsupported(model_type: str) -> str:
+    return (
+        f"model type {model_type!r} is not supported: bertattn reads the [CLS] row at "
+        f"position 0 of BERT-family encoders ({', '.join(sorted(SUPPORTED_MODEL_TYPES))})"
+    )
 
 
 @contextlib.contextmanager
@@ -168,17 +208,15 @@ def load_tokenizer(source: str, trust_remote_code: bool = False):
         return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except Exception as e:
         raise ModelError(
-            f"cannot load tokenizer from {source!r}: {type(e).__name__}: {first_line(e)}"
+            f"cannot load tokenizer from {source!r} (are its tokenizer files damaged?): "
+            f"{type(e).__name__}: {first_line(e)}"
         ) from None
 
 
 def _check_architecture(config, source: str) -> None:
     """Only bidirectional encoders whose layers are counted the way ``--layers`` counts them."""
     if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelError(
-            f"model type {config.model_type!r} is not supported: bertattn reads the [CLS] row at "
-            f"position 0 of BERT-family encoders ({', '.join(sorted(SUPPORTED_MODEL_TYPES))})"
-        )
+        raise ModelError(_unsupported(config.model_type))
     if getattr(config, "is_decoder", False):
         raise ModelError(
             f"{source} is built as a decoder (is_decoder=true): a causal model's [CLS] sees only itself; "
@@ -186,6 +224,11 @@ def _check_architecture(config, source: str) -> None:
         )
     if getattr(config, "type_vocab_size", 1) == 0:
         raise ModelError(f"{source}: type_vocab_size=0 leaves its embeddings no token-type row to look up")
+    if config.model_type in _POSITION_OFFSET_TYPES and config.pad_token_id is None:
+        raise ModelError(
+            f"{source}: a {config.model_type} model numbers positions from its padding id, and its "
+            "config.json gives pad_token_id null; set it to the tokenizer's pad token id (1 in RoBERTa)"
+        )
     if int(getattr(config, "inner_group_num", 1) or 1) > 1:  # ALBERT: attention calls != layers
         raise ModelError(
             f"{source}: ALBERT with inner_group_num={config.inner_group_num} runs several attentions per "
@@ -214,7 +257,8 @@ def check_loaded_weights(model, info: dict[str, Any], source: str, for_training:
         name, saved, made = mismatched[0]
         head = all(not m[0].startswith(prefix) for m in mismatched)
         hint = (
-            "its classification head has another number of labels than config.json's id2label names"
+            f"its classification head has {saved[0]} outputs, config.json {made[0]} labels (its "
+            "num_labels or id2label)"
             if head
             else "was config.json edited, or saved for another model?"
         )
@@ -293,6 +337,15 @@ def check_single_label(config, source: str) -> None:
             f"{source} is a multi-label classifier (independent sigmoids); bertattn reads single-label "
             "classifiers (a softmax over two or more labels)"
         )
+
+
+def check_tokenizer(tokenizer, config, source: str) -> None:
+    """What extraction and training both need of a model's tokenizer: character offsets (a fast
+    tokenizer), ids the model embeds, and [CLS] at position 0."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelError(f"{source}: a fast tokenizer (tokenizer.json) is needed for character offsets")
+    check_vocabulary(tokenizer, config, source)
+    check_cls_first(tokenizer, source)
 
 
 def check_vocabulary(tokenizer, config, source: str) -> None:

