@@ -18,7 +18,7 @@ def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict
     text_col = wanted[0]
     block: dict[str, list[Any]] = {c: [] for c in wanted}
     first = True  # a first line that is no JSON object: no JSON lines file at all
-    bad, first_bad = 0, []  # lines that are no JSON object: how many, and the first few
+    bad: dict[str, list[int]] = {"not a JSON object": [0], _TOO_DEEP: [0]}  # of each: count, first lines
     with src.open() as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
@@ -27,20 +27,23 @@ def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict
                 obj = _json_line(raw)
             except json.JSONDecodeError as e:
                 obj = e
+            except RecursionError:  # valid JSON, perhaps, but nested deeper than json.loads goes
+                obj = _TOO_DEEP
             if not isinstance(obj, dict):
-                what = (
-                    f"not JSON: {obj.msg} at character {obj.pos + 1}"
-                    if isinstance(obj, json.JSONDecodeError)
-                    else f"got {type(obj).__name__}"
-                )
-                if first:
+                if first and obj is not _TOO_DEEP:
+                    what = (
+                        f"not JSON: {obj.msg} at character {obj.pos + 1}"
+                        if isinstance(obj, json.JSONDecodeError)
+                        else f"got {type(obj).__name__}"
+                    )
                     raise InputError(
                         f"{src.label}:{lineno}: expected a JSON object on each line ({what}); "
                         "is it JSON lines, one object a line?"
                     )
-                bad += 1
-                if len(first_bad) < 5:
-                    first_bad.append(lineno)
+                kind = bad[_TOO_DEEP if obj is _TOO_DEEP else "not a JSON object"]
+                kind[0] += 1
+                if len(kind) <= 5:
+                    kind.append(lineno)
                 obj = dict.fromkeys(wanted, NOT_JSON)
             first = False
             for c in wanted:  # a key an object leaves out (exporters drop null fields) is a missing value
@@ -50,14 +53,16 @@ def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict
                 block = {c: [] for c in wanted}
     if block[text_col]:
         yield block
-    if bad:
-        lines = ", ".join(map(str, first_bad)) + (", ..." if bad > len(first_bad) else "")
-        log.warning(
-            "%s: %s not a JSON object (%s); recorded with status not_json",
-            src.label,
-            "1 line is" if bad == 1 else f"{bad} lines are",
-            f"line {lines}" if bad == 1 else f"lines {lines}",
-        )
+    for what, (count, *linenos) in bad.items():
+        if count:
+            lines = ", ".join(map(str, linenos)) + (", ..." if count > len(linenos) else "")
+            log.warning(
+                "%s: %s %s (%s); recorded with status not_json",
+                src.label,
+                "1 line is" if count == 1 else f"{count} lines are",
+                what,
+                f"line {lines}" if count == 1 else f"lines {lines}",
+            )
 
 
 def _json_line(raw: bytes) -> Any:
@@ -68,6 +73,9 @@ def _json_line(raw: bytes) -> Any:
     except UnicodeDecodeError:
         return json.loads(raw.decode("utf-8", errors="surrogateescape"))
 
+
+#: A line Python's JSON reader cannot read for its depth (about 1,000 nested arrays or objects).
+_TOO_DEEP = "nested deeper than the JSON reader goes"
 
 #: Objects at the start of a JSON lines file whose keys tell its columns (objects may leave keys out).
 KEY_SCAN_OBJECTS = 1000
@@ -87,6 +95,8 @@ def json_keys(src: Source) -> list[str] | None:
                 obj = _json_line(raw)
             except json.JSONDecodeError:
                 obj = None
+            except RecursionError:  # a row the reader records as not_json, no sign of a wrong format
+                continue
             if not isinstance(obj, dict):
                 if not seen:
                     return None

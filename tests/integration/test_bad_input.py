@@ -165,6 +165,23 @@ def test_lines_that_are_no_json_object_get_a_status_and_their_row_number(tiny_en
     ]
 
 
+def test_a_line_nested_deeper_than_json_reads_is_a_row_not_the_end_of_the_job(tiny_en_dir, tmp_path, caplog):
+    """json.loads raises RecursionError past about 1,000 levels: such a line, first or later, is one
+    not_json row, and the job, its resume and validate go on (it used to stop all three)."""
+    deep = '{"id": "deep", "text": "deep", "x": ' + "[" * 5000 + "]" * 5000 + "}"
+    src = tmp_path / "in.jsonl"
+    rows = [deep, '{"id": "a", "text": "a good drug"}', deep, '{"id": "b", "text": "bad"}']
+    src.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "run"
+    r = _extract(src, tiny_en_dir, out, "--id-col", "id")
+    assert r.exit_code == 0, r.output
+    preds = read_table(out, "predictions")
+    assert preds.column("status").to_pylist() == ["not_json", "ok", "not_json", "ok"]
+    assert preds.column("doc_id").to_pylist() == ["0", "a", "2", "b"]
+    assert "2 lines are nested deeper than the JSON reader goes (lines 1, 3)" in caplog.text
+    assert validate_run(out).ok
+
+
 def test_csv_rows_with_the_wrong_number_of_fields_get_a_status_and_their_row_number(
     tiny_en_dir, tmp_path, caplog
 ):
