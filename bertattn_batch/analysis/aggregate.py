@@ -108,10 +108,10 @@ def aggregates_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / AGGREGATES_DIR / f"{TABLE}.parquet"
 
 
-def committed_parts(run_dir: str | Path) -> list[CommittedPart]:
+def committed_parts(run_dir: str | Path, verify: bool = False) -> list[CommittedPart]:
     """The attention, token and predictions files of every part the manifest commits, in name order
-    (see ``run.committed_files``)."""
-    return committed_files(run_dir, ("cls_attention", "tokens", "predictions"))
+    (see ``run.committed_files``; ``verify``: their pages' checksums checked)."""
+    return committed_files(run_dir, ("cls_attention", "tokens", "predictions"), verify)
 
 
 def review_rows(part: CommittedPart) -> pl.LazyFrame:
@@ -253,7 +253,7 @@ def aggregate(
         raise SpecError(f"units must be among {', '.join(UNITS)}; got {list(units)}")
     run = Path(run_dir)
     manifest = read_manifest(run)
-    parts = committed_parts(run)
+    parts = committed_parts(run, verify=True)
     if not parts and manifest.status != "complete":
         raise RunDirError(f"{run} has no committed parts yet; run bertattn extract first")
     continuation = word_continuation(manifest)

@@ -181,7 +181,7 @@ def head_scores(
 ) -> dict[tuple[str, int | None, int | None], list]:
     """Every captured head's scores of each review's content tokens, from the run's cls_attention:
     {(score, layer, head): [one (m,) array per review, in ``doc_ids`` order]}."""
-    files = [p.files["cls_attention"] for p in committed_files(run, ("cls_attention",))]
+    files = [p.files["cls_attention"] for p in committed_files(run, ("cls_attention",), verify=True)]
     names = [s for s in HEAD_SCORES if s != "value_zeroing" or with_zeroing]
     rows = (
         pl.scan_parquet(files, glob=False)

@@ -13,7 +13,7 @@ from ..run import committed_files, read_manifest, scan_parts
 
 def scored_predictions(run_dir: str | Path, columns: list[str]) -> pl.DataFrame:
     """The committed predictions of scored reviews (``status == 'ok'``), in ``columns``."""
-    files = [p.files["predictions"] for p in committed_files(run_dir, ("predictions",))]
+    files = [p.files["predictions"] for p in committed_files(run_dir, ("predictions",), verify=True)]
     if not files:
         return pl.DataFrame()
     return scan_parts(files).filter(pl.col("status") == "ok").select(columns).collect()

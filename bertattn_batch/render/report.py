@@ -30,7 +30,7 @@ from ..analysis import aggregate as agg
 from ..analysis.spelling import readable, readable_map
 from ..analysis.top import top_tokens
 from ..errors import SpecError, WriteError
-from ..run import REPORT_NAME, Manifest, layer_name, on_local_copy, read_manifest
+from ..run import REPORT_NAME, Manifest, committed_files, layer_name, on_local_copy, read_manifest
 from . import fonts, page
 from .accuracy import accuracy_html
 from .examples import examples_html, misclassified, pick
@@ -41,7 +41,7 @@ from .trust import trust_html
 
 def _committed_predictions(run: Path) -> pl.DataFrame:
     """Every committed prediction row, whatever its status (the report counts statuses too)."""
-    files = [p.files["predictions"] for p in agg.committed_parts(run)]
+    files = [p.files["predictions"] for p in committed_files(run, ("predictions",), verify=True)]
     if not files:
         return pl.DataFrame()
     return (

@@ -604,6 +604,21 @@ def test_a_flipped_byte_in_a_page_is_caught_by_its_checksum(table, column, en_ru
     )
 
 
+@pytest.mark.parametrize("command", ["aggregate", "report", "faithfulness"])
+def test_commands_that_read_a_whole_run_refuse_a_flipped_bit(command, en_run, tmp_path):
+    """polars reads no checksums: a flipped bit in a weight was summed into the aggregates as 2e24. The
+    commands that read whole runs check every page first and name the damaged file."""
+    run = _copy(en_run, tmp_path)
+    shutil.rmtree(run / "aggregates", ignore_errors=True)
+    table, column = ("predictions", "label") if command == "report" else ("cls_attention", "weight")
+    part = sorted((run / table).glob("part-*.parquet"))[-1]
+    _flip_one_byte(part, column)
+    result = CliRunner().invoke(app, [command, str(run)])
+    assert result.exit_code == 1, result.output
+    assert f"{table}/{part.name} is damaged" in result.output
+    assert "bertattn validate tells what else is wrong" in result.output
+
+
 def test_input_rows_without_a_predictions_row_are_named(tiny_en_dir, tmp_path):
     """validate said clean after a row was appended to the input, and after a part was deleted with the
     manifest edited to match; a resume of the latter took the run for up to date."""
