@@ -214,6 +214,50 @@ def check_part_file(run_dir: Path, path: Path) -> None:
     raise RunDirError(f"{run_dir}: {name} {problem}; bertattn validate tells what else is wrong")
 
 
+def check_part_rows(run_dir: Path, part: PartEntry) -> None:
+    """Raise unless a committed part's files hold what its entry records, read from their footers:
+    as many rows in each, and row numbers within its range in ``predictions``. A part swapped for
+    another (a restore from the wrong copy) has sound files and other reviews: resumed, the run would
+    say complete with a range missing and another twice."""
+    for table, name in part.files.items():
+        meta = pq.read_metadata(run_file(run_dir, name))
+        problem = None
+        if table in part.rows and meta.num_rows != part.rows[table]:
+            problem = f"holds {meta.num_rows} rows where its commit recorded {part.rows[table]}"
+        elif table == "predictions" and meta.num_rows:
+            low, high = _row_index_range(meta)
+            if low is not None and (low < part.start_row or high >= part.end_row):
+                problem = (
+                    f"holds input rows {low}..{high}, outside its part's {part.start_row}..{part.end_row - 1}"
+                )
+        if problem:
+            raise RunDirError(
+                f"{run_dir}: {name} {problem} (was it replaced by another file?); bertattn validate tells "
+                "what else is wrong, and --overwrite starts the run again"
+            )
+
+
+def _row_index_range(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
+    """The smallest and largest row_index in a predictions file, from its statistics (None: none kept)."""
+    lows, highs = [], []
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        column = next(
+            (
+                group.column(i)
+                for i in range(group.num_columns)
+                if group.column(i).path_in_schema == "row_index"
+            ),
+            None,
+        )
+        stats = column.statistics if column is not None else None
+        if stats is None or not stats.has_min_max:
+            return None, None
+        lows.append(stats.min)
+        highs.append(stats.max)
+    return (min(lows), max(highs)) if lows else (None, None)
+
+
 def _check_stored_part(run_dir: str | Path, uri: str) -> None:
     """:func:`check_part_file` on a store: there, a committed part has its final name from the start."""
     name = uri.removeprefix(os.fspath(run_dir).rstrip("/") + "/")

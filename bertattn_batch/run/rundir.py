@@ -57,7 +57,7 @@ from .manifest import (
     save_manifest,
     upgrade,
 )
-from .parts import PartWriter, check_part_file, run_file
+from .parts import PartWriter, check_part_file, check_part_rows, run_file
 
 
 class RunDir:
@@ -259,6 +259,7 @@ class RunDir:
         for p in self.parts:
             for table in TABLES:
                 check_part_file(self.run_dir, run_file(self.run_dir, p.files[table]))
+            check_part_rows(self.run_dir, p)
         # resuming starts after the last committed row, so the row ranges must be whole: a gap or an
         # overlap means the manifest was edited or restored from an older copy
         for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in self.parts):

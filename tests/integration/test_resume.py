@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -561,6 +562,20 @@ def test_resume_refuses_committed_parts_that_are_not_whole(corpus, tiny_en_dir, 
         "gone", lambda out: shutil.rmtree(out / "cls_attention")
     )
     assert "rows 20..29 are in no committed part" in damaged("gap", drop_entry)
+
+    def swapped(table: str):  # a restore from the wrong copy: sound files, another part's reviews
+        return lambda out: shutil.copyfile(
+            out / table / "part-000000000000.parquet", out / table / "part-000000000010.parquet"
+        )
+
+    assert (
+        "predictions/part-000000000010.parquet holds input rows 0..9, outside its part's 10..19"
+        in damaged("swapped", swapped("predictions"))
+    )
+    swapped_rows = damaged("swapped-attention", swapped("cls_attention"))
+    assert re.search(
+        r"cls_attention/part-000000000010.parquet holds \d+ rows where its commit recorded", swapped_rows
+    )
     assert "its list of parts is missing or malformed" in damaged(
         "list",
         lambda out: (out / "manifest.json").write_text('{"format": "bertattn-batch run", "parts": null}'),
