@@ -22,6 +22,7 @@ On an object store, which has no rename, ``StoredRunDir`` (run/stored.py) change
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import time
 import uuid
@@ -295,7 +296,9 @@ class RunDir:
             k for k in set(mine) | set(theirs) if k != "job_sha256" and mine.get(k) != theirs.get(k)
         )
         if diff:
-            detail = "; ".join(f"{k}: run has {theirs.get(k)!r}, job has {mine.get(k)!r}" for k in diff)
+            detail = "; ".join(
+                f"{k}: run has {_spelled(theirs.get(k))}, job has {_spelled(mine.get(k))}" for k in diff
+            )
             raise RunDirError(
                 f"{self.run_dir} was made by another job ({detail}); pass --overwrite or choose another --out"
             )
@@ -370,3 +373,8 @@ def _left_by_a_start(path: Path) -> bool:
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _spelled(value: Any) -> str:
+    """A fingerprint value as a job file or the command line spells it (JSON: null, not Python's None)."""
+    return json.dumps(value, ensure_ascii=False)

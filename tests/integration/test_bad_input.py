@@ -919,7 +919,7 @@ def test_another_input_format_is_another_job(tiny_en_dir, tmp_path):
     r = _extract(src, tiny_en_dir, out, "--input-format", "text", "--limit", "2", "--window", "1")
     assert r.exit_code == 0, r.output
     r = _extract(src, tiny_en_dir, out, "--input-format", "csv")
-    assert r.exit_code == 1 and "input_format: run has 'text', job has 'csv'" in r.output, r.output
+    assert r.exit_code == 1 and 'input_format: run has "text", job has "csv"' in r.output, r.output
 
 
 def test_overwrite_keeps_what_bertattn_did_not_write(tiny_en_dir, tmp_path):

@@ -249,6 +249,9 @@ def test_another_model_or_spec_is_refused(corpus, tiny_en_dir, minilm_dir, tmp_p
     assert "job_sha256" not in r.output  # the hash of what differs adds nothing to the message
     r = runner.invoke(app, [*_args(corpus, tiny_en_dir, out), "--layers=-1"])
     assert r.exit_code == 1 and "layers" in r.output
+    no_labels = [a for a in _args(corpus, tiny_en_dir, out) if a not in ("--label-col", "label")]
+    r = runner.invoke(app, no_labels)  # values as a job file spells them: null, not Python's None
+    assert 'columns: run has ["text", "doc_id", "label"], job has ["text", "doc_id", null]' in r.output
     r = runner.invoke(app, [*_args(corpus, minilm_dir, out), "--overwrite"])
     assert r.exit_code == 0, r.output
     manifest = json.loads((out / "manifest.json").read_text())
