@@ -220,7 +220,8 @@ def check_part_rows(run_dir: Path, part: PartEntry) -> None:
     another (a restore from the wrong copy) has sound files and other reviews: resumed, the run would
     say complete with a range missing and another twice."""
     for table, name in part.files.items():
-        meta = pq.read_metadata(run_file(run_dir, name))
+        with storage.arrow_file(run_file(run_dir, name)) as f:
+            meta = pq.read_metadata(f)
         problem = None
         if table in part.rows and meta.num_rows != part.rows[table]:
             problem = f"holds {meta.num_rows} rows where its commit recorded {part.rows[table]}"
