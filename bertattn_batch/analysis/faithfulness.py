@@ -111,7 +111,9 @@ def faithfulness(
         raise SpecError(f"--seed must be in [0, 2**32), got {seed}")
     run = Path(run_dir)
     manifest = read_manifest(run)
-    preds = scored_predictions(run, ["doc_id", "row_index", "text", "pred_id", "pred_label", "n_tokens"])
+    preds = scored_predictions(
+        run, ["doc_id", "row_index", "text", "pred_id", "pred_label", "n_tokens"], verify=True
+    )
     if preds.is_empty():
         raise RunDirError(f"{run} has no scored reviews to measure")
     chosen = stratified_sample(preds, sample, seed)

@@ -11,9 +11,10 @@ from ..errors import InputError
 from ..run import committed_files, read_manifest, scan_parts
 
 
-def scored_predictions(run_dir: str | Path, columns: list[str]) -> pl.DataFrame:
-    """The committed predictions of scored reviews (``status == 'ok'``), in ``columns``."""
-    files = [p.files["predictions"] for p in committed_files(run_dir, ("predictions",), verify=True)]
+def scored_predictions(run_dir: str | Path, columns: list[str], verify: bool = False) -> pl.DataFrame:
+    """The committed predictions of scored reviews (``status == 'ok'``), in ``columns`` (``verify``:
+    every page's checksum checked first, for a reader of whole runs)."""
+    files = [p.files["predictions"] for p in committed_files(run_dir, ("predictions",), verify)]
     if not files:
         return pl.DataFrame()
     return scan_parts(files).filter(pl.col("status") == "ok").select(columns).collect()

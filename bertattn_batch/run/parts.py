@@ -223,7 +223,7 @@ def check_part_rows(run_dir: Path, part: PartEntry) -> None:
         with storage.arrow_file(run_file(run_dir, name)) as f:
             meta = pq.read_metadata(f)
         problem = None
-        if table in part.rows and meta.num_rows != part.rows[table]:
+        if meta.num_rows != part.rows[table]:
             problem = f"holds {meta.num_rows} rows where its commit recorded {part.rows[table]}"
         elif table == "predictions" and meta.num_rows:
             low, high = _row_index_range(meta)
@@ -304,8 +304,8 @@ def verify_pages(run_dir: str | Path, path: Any) -> None:
     """Decode every page of a local part file with its checksum checked, once per file a process.
 
     polars, which the analysis commands read with, checks no page checksums: a flipped bit on disk
-    would be read as a value (a weight of 2e24) and summed into the aggregates. This costs about a
-    tenth of ``aggregate``'s time. A file on a store is left to ``validate``: ``plot`` reads a few
+    would be read as a value (a weight of 2e24) and summed into the aggregates. This costs ``aggregate``
+    about a tenth more time (docs/reliability.md). A file on a store is left to ``validate``: ``plot`` reads a few
     row groups of it, and the commands that read whole runs read a local mirror."""
     if is_remote(path):
         return
@@ -314,8 +314,12 @@ def verify_pages(run_dir: str | Path, path: Any) -> None:
     if key in _VERIFIED:
         return
     try:
-        for _ in pq.ParquetFile(path, page_checksum_verification=True).iter_batches(batch_size=1 << 16):
-            pass
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
+        try:
+            for _ in pf.iter_batches(batch_size=1 << 16):
+                pass
+        finally:
+            pf.close()
     except (pa.ArrowException, OSError) as e:
         name = path.relative_to(run_dir) if path.is_relative_to(run_dir) else path
         raise RunDirError(

@@ -164,7 +164,8 @@ def _finetune(
     max_length = min(spec.max_length, length_limit(tokenizer, model.config))
     if max_length < spec.max_length:
         log.warning(
-            "max_length %d is more than %s takes; training at %d tokens",
+            "max_length %d is more than %s takes (its tokenizer's model_max_length, or its positions); "
+            "training at %d tokens",
             spec.max_length,
             spec.base,
             max_length,
