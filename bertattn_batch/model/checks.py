@@ -134,19 +134,11 @@ def _check_raw_config(path: Path, source: str) -> None:
     if isinstance(model_type, str) and model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelError(_unsupported(model_type))
     id2label = raw.get("id2label")
-    if isinstance(id2label, dict) and not all(map(_is_int, id2label)):
+    if isinstance(id2label, dict) and not all(k.strip().lstrip("+-").isdecimal() for k in id2label):
         raise ModelError(
             f"{source}: config.json's id2label must map label ids (0, 1, ...) to names, not "
             f"{_some_keys([str(k) for k in id2label])} to ids (is it label2id?)"
         )
-
-
-def _is_int(key: str) -> bool:
-    try:
-        int(key)
-        return True
-    except ValueError:
-        return False
 
 
 def _unsupported(model_type: str) -> str:
