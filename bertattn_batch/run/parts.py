@@ -186,9 +186,9 @@ def write_options(table_schema: pa.Schema) -> dict[str, object]:
     }
 
 
-def check_part_file(run_dir: Path, path: Path) -> None:
+def check_part_file(run_dir: Path, path: Path) -> pq.FileMetaData:
     """Raise unless a committed part file is there and its Parquet footer reads (a file cut short by a
-    full disk or an interrupted copy has none): a few kilobytes read per file.
+    full disk or an interrupted copy has none), and return that footer: a few kilobytes read per file.
 
     A reader may meet a running extract's part between its commit and its rename (steps 2 and 3 of the
     module docstring): it waits up to ``RENAME_WAIT_SECONDS`` for the file to take its final name.
@@ -202,8 +202,7 @@ def check_part_file(run_dir: Path, path: Path) -> None:
         time.sleep(0.05)
     if path.is_file():
         try:
-            pq.read_metadata(path)
-            return
+            return pq.read_metadata(path)
         except (pa.ArrowException, OSError) as e:
             problem = f"cannot be read ({first_line(e)})"
     elif tmp.is_file():
@@ -214,14 +213,14 @@ def check_part_file(run_dir: Path, path: Path) -> None:
     raise RunDirError(f"{run_dir}: {name} {problem}; bertattn validate tells what else is wrong")
 
 
-def check_part_rows(run_dir: Path, part: PartEntry) -> None:
-    """Raise unless a committed part's files hold what its entry records, read from their footers:
-    as many rows in each, and row numbers within its range in ``predictions``. A part swapped for
+def check_part_rows(run_dir: Path, part: PartEntry, footers: dict[str, pq.FileMetaData]) -> None:
+    """Raise unless a committed part's files hold what its entry records, read from their ``footers``
+    (by table, as :func:`check_part_file` returns them): as many rows in each, and row numbers within
+    its range in ``predictions``. A part swapped for
     another (a restore from the wrong copy) has sound files and other reviews: resumed, the run would
     say complete with a range missing and another twice."""
     for table, name in part.files.items():
-        with storage.arrow_file(run_file(run_dir, name)) as f:
-            meta = pq.read_metadata(f)
+        meta = footers[table]
         problem = None
         if meta.num_rows != part.rows[table]:
             problem = f"holds {meta.num_rows} rows where its commit recorded {part.rows[table]}"
@@ -259,7 +258,7 @@ def _row_index_range(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
     return (min(lows), max(highs)) if lows else (None, None)
 
 
-def _check_stored_part(run_dir: str | Path, uri: str) -> None:
+def _check_stored_part(run_dir: str | Path, uri: str) -> pq.FileMetaData:
     """:func:`check_part_file` on a store: there, a committed part has its final name from the start."""
     name = uri.removeprefix(os.fspath(run_dir).rstrip("/") + "/")
     if not storage.is_file(uri):
@@ -267,8 +266,7 @@ def _check_stored_part(run_dir: str | Path, uri: str) -> None:
     else:
         try:
             with storage.arrow_file(uri) as f:
-                pq.read_metadata(f)
-            return
+                return pq.read_metadata(f)
         except (pa.ArrowException, OSError) as e:
             problem = f"cannot be read ({first_line(e)})"
     raise RunDirError(f"{run_dir}: {name} {problem}; bertattn validate tells what else is wrong")

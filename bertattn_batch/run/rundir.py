@@ -258,9 +258,8 @@ class RunDir:
         """Roll listed parts forward; delete every file the manifest does not list; check what is left."""
         self._sweep()
         for p in self.parts:
-            for table in TABLES:
-                check_part_file(self.run_dir, run_file(self.run_dir, p.files[table]))
-            check_part_rows(self.run_dir, p)
+            footers = {t: check_part_file(self.run_dir, run_file(self.run_dir, p.files[t])) for t in TABLES}
+            check_part_rows(self.run_dir, p, footers)
         # resuming starts after the last committed row, so the row ranges must be whole: a gap or an
         # overlap means the manifest was edited or restored from an older copy
         for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in self.parts):
