@@ -23,7 +23,15 @@ import polars as pl
 
 from .. import schema
 from ..errors import InputError, RunDirError, SpecError
-from ..run import Manifest, attention_rows, committed_files, layer_name, read_manifest, scan_parts
+from ..run import (
+    Manifest,
+    attention_rows,
+    committed_files,
+    layer_name,
+    read_manifest,
+    scan_parts,
+    verify_pages,
+)
 
 log = logging.getLogger(__name__)
 
@@ -158,24 +166,27 @@ def run_layer(manifest: Manifest, layer: int | None) -> int:
 
 def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = None) -> list[ReviewAttention]:
     """Several reviews of a run in one scan of its committed parts, with their predictions (on a store,
-    read from there: a few row groups of each part, not the whole run)."""
+    read from there: a few row groups of each part, not the whole run). The pages of the parts that hold
+    them are checked first (:func:`verify_pages`): polars would draw a flipped bit as a weight."""
     run = run_dir
     manifest = read_manifest(run)
     idx = run_layer(manifest, layer)
     parts = committed_files(run, ("cls_attention", "tokens", "predictions"))  # a stray file is never read
     if not parts:
         raise RunDirError(f"{run} has no committed parts")
-    pred_files = [p.files["predictions"] for p in parts]
     wanted = pl.col("doc_id").is_in(doc_ids)
+    preds = (
+        scan_parts([p.files["predictions"] for p in parts])
+        .filter(wanted & (pl.col("status") == "ok"))
+        .collect(engine="streaming")
+    )
+    holding = {e.name for e in manifest.parts for i in preds["row_index"] if e.start_row <= i < e.end_row}
+    for f in (f for p in parts if p.name in holding for f in p.files.values()):
+        verify_pages(run, f)
     rows = attention_rows(
         scan_parts([p.files["cls_attention"] for p in parts]).filter(wanted & (pl.col("layer") == idx)),
         scan_parts([p.files["tokens"] for p in parts]).filter(wanted),
     ).collect(engine="streaming")
-    preds = (
-        scan_parts(pred_files)
-        .filter(pl.col("doc_id").is_in(doc_ids) & (pl.col("status") == "ok"))
-        .collect(engine="streaming")
-    )
     out = []
     for doc_id in doc_ids:
         if rows.filter(pl.col("doc_id") == doc_id).is_empty():

@@ -33,7 +33,7 @@ from .manifest import (
     row_range_problems,
 )
 from .mirror import local_run, on_local_copy
-from .parts import CommittedPart, PartWriter, check_part_file, committed_files, run_file
+from .parts import CommittedPart, PartWriter, check_part_file, committed_files, run_file, verify_pages
 from .resume import ResumePoint, input_changes, resume_point
 from .rundir import RunDir, old_manifest
 from .stored import StoredRunDir, run_dir_class
@@ -83,4 +83,5 @@ __all__ = [
     "scan_attention",
     "scan_parts",
     "tmp_name",
+    "verify_pages",
 ]

@@ -621,6 +621,25 @@ def test_commands_that_read_a_whole_run_refuse_a_flipped_bit(command, en_run, tm
     assert "bertattn validate tells what else is wrong" in result.output
 
 
+def test_plot_refuses_a_flipped_bit_in_the_part_that_holds_its_review(en_run, tmp_path):
+    """plot reads a few row groups with polars, which checks no checksums: it drew a flipped weight. The
+    parts holding the review are checked; a review of a sound part still plots."""
+    run = _copy(en_run, tmp_path)
+    parts = sorted((run / "cls_attention").glob("part-*.parquet"))
+    _flip_one_byte(parts[-1], "weight")
+    damaged, sound = (
+        pq.read_table(run / "predictions" / p.name, columns=["doc_id"])["doc_id"][0].as_py()
+        for p in (parts[-1], parts[0])
+    )
+    result = CliRunner().invoke(
+        app, ["plot", str(run), "--doc-id", damaged, "--out", str(tmp_path / "d.csv")]
+    )
+    assert result.exit_code == 1, result.output
+    assert f"cls_attention/{parts[-1].name} is damaged" in result.output
+    result = CliRunner().invoke(app, ["plot", str(run), "--doc-id", sound, "--out", str(tmp_path / "s.csv")])
+    assert result.exit_code == 0, result.output
+
+
 def test_input_rows_without_a_predictions_row_are_named(tiny_en_dir, tmp_path):
     """validate said clean after a row was appended to the input, and after a part was deleted with the
     manifest edited to match; a resume of the latter took the run for up to date."""
