@@ -200,7 +200,8 @@ def spooled(name: str) -> Path:
     removed when the process ends."""
     if name in _SPOOLS:
         return _SPOOLS[name]
-    fd, tmp = tempfile.mkstemp(prefix="bertattn-stream-")
+    _remove_orphan_spools()
+    fd, tmp = tempfile.mkstemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
     path = Path(tmp)
     atexit.register(path.unlink, missing_ok=True)
     try:
@@ -216,6 +217,30 @@ def spooled(name: str) -> Path:
         raise InputError(f"cannot read {name}: {e.strerror or e}") from None
     _SPOOLS[name] = path
     return path
+
+
+#: How a spool's name begins; the process that wrote it follows, so one left by a killed process is known.
+SPOOL_PREFIX = "bertattn-stream-"
+
+
+def _remove_orphan_spools() -> None:
+    """Remove the spools of processes that no longer run: a ``kill -9`` skips the exit hook that removes
+    a spool, and a stream can be gigabytes."""
+    for old in Path(tempfile.gettempdir()).glob(f"{SPOOL_PREFIX}*-*"):
+        pid = old.name[len(SPOOL_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _running(int(pid)):
+            with contextlib.suppress(OSError):  # another user's, or removed meanwhile
+                old.unlink()
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it runs, as another user
+        return True
+    return True
 
 
 def _once_each(sources: list[Source]) -> list[Source]:

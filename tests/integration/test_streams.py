@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from helpers import manifest_json, read_table
 
 from bertattn_batch.analysis.texts import review_texts, scored_predictions
 from bertattn_batch.errors import InputError
+from bertattn_batch.inputs.discover import spooled
 
 ROWS = [{"id": f"r{i}", "text": t} for i, t in enumerate(["great food", "slow service", "nice staff"])]
 JSONL = "".join(json.dumps(r) + "\n" for r in ROWS)
@@ -104,3 +106,20 @@ def test_texts_of_a_stream_run_without_stored_text_cannot_be_read_again(name, ti
     where = "standard input" if name == "-" else name  # not this process's own stdin, read again
     with pytest.raises(InputError, match=f"from {where}, which cannot be read again"):
         review_texts(out, reviews)
+
+
+def test_spools_of_killed_processes_are_removed(tmp_path, monkeypatch):
+    """A kill -9 skips the exit hook that removes a stream's copy; the next stream read removes the
+    copies of processes that no longer run, and no other."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    orphan = tmp_path / f"bertattn-stream-{ended.pid}-x1"
+    live = tmp_path / f"bertattn-stream-{os.getpid()}-x2"
+    for f in (orphan, live):
+        f.write_text("rows")
+    src = tmp_path / "stream.jsonl"
+    src.write_text(JSONL)
+    spool = spooled(str(src))
+    assert spool.read_text() == JSONL and spool.name.startswith(f"bertattn-stream-{os.getpid()}-")
+    assert not orphan.exists() and live.exists()
