@@ -350,15 +350,18 @@ def _max_length(asked: int | None, tokenizer, config, source: str) -> int:
         return length_limit(tokenizer, config)
     if asked > positions:
         raise SpecError(f"max_length {asked} exceeds the {positions} tokens {source} has positions for")
+    warn_above_tokenizer(asked, tokenizer, positions, source)
+    return asked
+
+
+def warn_above_tokenizer(length: int, tokenizer, positions: int, source: str) -> None:
+    """Say so where reviews keep more tokens than the tokenizer's ``model_max_length`` (the model's
+    positions allow it): a hub tokenizer's limit is often a default, but the model may not have been
+    trained that long."""
     tok_limit = tokenizer_limit(tokenizer)
-    if tok_limit is not None and asked > tok_limit:
+    if tok_limit is not None and length > tok_limit:
         log.warning(
             "max_length %d is above the %d tokens %s's tokenizer is set for (model_max_length); its "
             "model has positions for %d, so reviews keep up to %d",
-            asked,
-            tok_limit,
-            source,
-            positions,
-            asked,
-        )
-    return asked
+            length, tok_limit, source, positions, length,
+        )  # fmt: skip

@@ -40,12 +40,14 @@ from ..errors import InputError, ModelError
 from ..inputs import class_label_order, expand_inputs, read_rows, source_files
 from ..model.checks import (
     check_tokenizer,
-    length_limit,
     load_config,
     load_tokenizer,
+    position_limit,
     resolve_source,
+    tokenizer_limit,
     transformers_version,
 )
+from ..model.classifier import warn_above_tokenizer
 from ..model.encode import encode_texts
 from .loop import learning_rate, predict, seed_everything, train_loop
 from .metrics import accuracy, confusion, macro_f1, split_indices
@@ -161,16 +163,7 @@ def _finetune(
     if tok_size <= len(SPECIAL_TOKENS):
         raise ModelError(f"tokenizer has only {tok_size} tokens: {_vocabulary_hint(spec, base_path)}")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    max_length = min(spec.max_length, length_limit(tokenizer, model.config))
-    if max_length < spec.max_length:
-        log.warning(
-            "max_length %d is more than %s takes (its tokenizer's model_max_length, or its positions); "
-            "training at %d tokens",
-            spec.max_length,
-            spec.base,
-            max_length,
-        )
-
+    max_length = _training_length(spec, tokenizer, model.config)
     train_ids = _encode_for_training(tokenizer, [texts[i] for i in train_idx], max_length)
     eval_ids = _encode_for_training(tokenizer, [texts[i] for i in eval_idx], max_length)
     unk_share = _unk_share(train_ids, tokenizer.unk_token_id)
@@ -221,6 +214,23 @@ def _finetune(
     metrics["seconds"] = round(time.monotonic() - started, 2)  # all but the save, which takes a second
     save_model(model, tokenizer, metrics, out_dir, tok_size, names, heldout)
     return metrics
+
+
+def _training_length(spec: FinetuneSpec, tokenizer: Any, config: Any) -> int:
+    """The tokens a training review keeps: as extract, up to the base's positions even where its
+    tokenizer's ``model_max_length`` says less (with a warning, and the saved tokenizer raised to match), so
+    a job trains at the length it scores."""
+    positions = position_limit(config)
+    if spec.max_length > positions:
+        log.warning(
+            "max_length %d is more than the %d tokens %s has positions for; training at %d tokens",
+            spec.max_length, positions, spec.base, positions,
+        )  # fmt: skip
+        return positions
+    if (tokenizer_limit(tokenizer) or positions) < spec.max_length:
+        warn_above_tokenizer(spec.max_length, tokenizer, positions, spec.base or "the base")
+        tokenizer.model_max_length = spec.max_length  # saved so: extract scores as long as it trained
+    return spec.max_length
 
 
 def _encode_for_training(tokenizer: Any, texts: list[str], max_length: int) -> list[list[int]]:

@@ -518,6 +518,26 @@ def test_a_roberta_base_trains_within_its_positions(tmp_path: Path, caplog) -> N
     assert "max_length 64 is more than" in caplog.text and "training at 32 tokens" in caplog.text
 
 
+def test_a_base_trains_past_its_tokenizer_limit_as_extract_scores(
+    tiny_en_dir, tmp_path: Path, caplog
+) -> None:
+    """A hub tokenizer's model_max_length is often below the model's positions; extract may go up to the
+    positions, so training does too (it stopped at the tokenizer's limit), with the same warning."""
+    from transformers import AutoTokenizer
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_en_dir, base)
+    tok = AutoTokenizer.from_pretrained(base)
+    tok.model_max_length = 16
+    tok.save_pretrained(base)
+    spec = FinetuneSpec(base=str(base), epochs=1.0, max_length=32, eval_fraction=0.0)
+    with caplog.at_level(logging.WARNING):
+        metrics = finetune(["very good food " * 20, "very bad food " * 20] * 4, ["pos", "neg"] * 4,
+                           tmp_path / "m", spec, progress=False)  # fmt: skip
+    assert metrics["max_length"] == 32 and Classifier.load(str(tmp_path / "m")).max_length == 32
+    assert f"max_length 32 is above the 16 tokens {base}'s tokenizer is set for" in caplog.text
+
+
 def test_messages_name_the_real_problem(tmp_path: Path) -> None:
     texts = [f"评论{i}号" for i in range(300)]
     with pytest.raises(InputError, match="300 distinct labels among 300 rows") as e:
