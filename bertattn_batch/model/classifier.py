@@ -43,6 +43,7 @@ from .checks import (
     tokenizer_limit,
     transformers_log_level,
 )
+from .compiled import compiled_model
 from .device import does_not_fit, no_cudnn_attention, resolve_device, resolve_dtype
 from .outputs import Outputs
 from .trim import LastLayerTrim, cls_sdpa, verified
@@ -108,6 +109,7 @@ class Classifier:
     id2label: dict[int, str] = field(default_factory=dict)
     trim: LastLayerTrim | None = field(default=None, repr=False)  # sdpa mode: last layer for [CLS] only
     value_zeroing: bool = False  # also compute value zeroing (one more pass through the layer's tail)
+    compiled: torch.nn.Module | None = field(default=None, repr=False)  # torch.compile'd model (--compile)
     _capture: ClsRowCapture | None = field(default=None, repr=False)
 
     @classmethod
@@ -123,6 +125,7 @@ class Classifier:
         allow_pickle: bool = False,
         trim_last_layer: bool = True,
         value_zeroing: bool = False,
+        compile: bool = False,
     ) -> Classifier:
         from transformers import AutoModelForSequenceClassification
 
@@ -195,7 +198,7 @@ class Classifier:
         if trim is not None:
             with no_cudnn_attention():  # the kernels the batches run
                 trim = trim if verified(model, trim, len(tokenizer), dev, limit) else None  # within vocab
-        return cls(
+        clf = cls(
             tokenizer=tokenizer,
             model=model,
             device=dev,
@@ -211,6 +214,9 @@ class Classifier:
             trim=trim,
             value_zeroing=value_zeroing,
         )
+        if compile:
+            clf.compiled = compiled_model(clf)
+        return clf
 
     @property
     def labels(self) -> list[str]:
@@ -260,9 +266,10 @@ class Classifier:
         input_ids, mask = self.pad(ids)
         if self._capture is None:
             self._capture = ClsRowCapture(self.model, self.layers)
+        model = self.model if self.compiled is None else self.compiled
         if self.attention == "eager":
             with self._capture as capture:  # the values, for the norms; the rows are transformers' own
-                out = self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
+                out = model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
             rows = eager_rows(out.attentions, self.layers)
         else:
             # no mask for a batch without padding: transformers then skips it without reading it back
@@ -270,7 +277,7 @@ class Classifier:
             padded = min(map(len, ids)) < input_ids.shape[1]
             trim = self.trim or contextlib.nullcontext()
             with self._capture as capture, cls_sdpa(self.model.config), trim, no_cudnn_attention():
-                out = self.model(input_ids=input_ids, attention_mask=mask if padded else None)
+                out = model(input_ids=input_ids, attention_mask=mask if padded else None)
             rows = capture.rows(mask)
         norms = capture.norms(rows)
         zeroing = capture.value_zeroing(rows) if self.value_zeroing else None

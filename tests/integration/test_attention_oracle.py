@@ -105,3 +105,28 @@ def test_head_mass_closes_to_one(minilm_dir, drug_sample, tmp_path):
         total = sums[(row["doc_id"], row["layer"], row["head"])] + row["weight_cls"] + row["weight_sep"]
         assert total == pytest.approx(1.0, abs=1e-4)
         assert row["weight_min"] <= row["weight_max"]
+
+
+def test_compiled_model_matches_eager_output_attentions(minilm_dir, drug_sample, tmp_path):
+    """--compile (torch.compile, dynamic shapes) traces the hooks that capture the rows and trim the
+    last layer: its weights and probabilities still equal transformers' own, over batches of many
+    shapes, padded and not."""
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
+    out = _run_in_small_batches(minilm_dir, drug_sample, tmp_path, layers=[-2, -1], window=10, compile=True)
+    assert counters["stats"]["unique_graphs"] > graphs  # the batches ran compiled (CPU: in this process)
+    source = pq.read_table(drug_sample)
+    texts, ids = source.column("text").to_pylist(), source.column("doc_id").to_pylist()
+    preds = {r["doc_id"]: r for r in read_table(out, "predictions").to_pylist()}
+    np.testing.assert_allclose(
+        np.array([preds[d]["probs"] for d in ids]), plain_probs(minilm_dir, texts), atol=1e-5, rtol=0
+    )
+    written = _by_doc(read_attention(out))
+    for layer in (-2, -1):
+        for doc_id, expected in zip(ids, eager_oracle(minilm_dir, texts, layer=layer), strict=True):
+            got = written[doc_id]
+            sel = got["layer"] == 6 + layer
+            order = np.lexsort((got["position"][sel], got["head"][sel]))
+            weight = got["weight"][sel][order].reshape(expected.shape)
+            np.testing.assert_allclose(weight, expected, atol=1e-5, rtol=0)

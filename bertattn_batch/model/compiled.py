@@ -1,0 +1,53 @@
+"""``torch.compile`` of a classifier's model, checked on a probe batch before a job relies on it.
+
+Usage::
+
+    clf = Classifier.load("models/zh-senti", compile=True)   # calls compiled_model(clf) on load
+
+Compiled with dynamic shapes: a job's batches come in hundreds of (batch, length) shapes, which one
+graph serves (one for padded batches, one for unpadded), where static shapes would compile each anew.
+The forward hooks that capture the [CLS] rows and trim the last layer are traced into the graph.
+Opt-in (``--compile``): compiling takes tens of seconds and a C++ compiler, and the gain on a CPU is
+small, so it pays back on long jobs only (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ModelError, first_line
+
+log = logging.getLogger(__name__)
+
+#: Largest difference of a probe's outputs, compiled against eager, by weight dtype (kernels differ
+#: in the order they sum; bfloat16 and float16 keep about 3 significant digits).
+TOLERANCE = {torch.float32: 1e-4}
+LOW_PRECISION_TOLERANCE = 5e-2
+
+
+def compiled_model(clf: Any) -> torch.nn.Module:
+    """``clf.model`` (of a :class:`~.classifier.Classifier`) compiled, once a probe batch (two reviews, one padded) has given the same outputs
+    through it as eager; a ModelError names why where compiling fails on this machine or changes them."""
+    rng = np.random.default_rng(0)
+    probe = [rng.integers(0, len(clf.tokenizer), min(n, clf.max_length)) for n in (12, 7)]
+    expected = clf.forward(probe)
+    compiled = torch.compile(clf.model, dynamic=True)
+    clf.compiled = compiled
+    try:
+        got = clf.forward(probe)
+    except Exception as e:  # what torch raises varies: no C++ compiler, an op inductor cannot lower
+        raise ModelError(f"--compile: torch.compile fails for {clf.source} here ({first_line(e)}); "
+                         "run without --compile") from None  # fmt: skip
+    finally:
+        clf.compiled = None
+    tol = TOLERANCE.get(clf.dtype, LOW_PRECISION_TOLERANCE)
+    worst = max(float(np.abs(a - b).max()) for a, b in zip(expected, got, strict=True) if a is not None)
+    if worst > tol:
+        raise ModelError(f"--compile: {clf.source} compiled gives outputs {worst:.2g} away from its eager "
+                         "ones on a probe batch; run without --compile")  # fmt: skip
+    log.info("%s compiled (probe within %.1g of eager)", clf.source, worst)
+    return compiled
