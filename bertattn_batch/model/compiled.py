@@ -30,8 +30,9 @@ LOW_PRECISION_TOLERANCE = 5e-2
 
 
 def compiled_model(clf: Any) -> torch.nn.Module:
-    """``clf.model`` (of a :class:`~.classifier.Classifier`) compiled, once a probe batch (two reviews, one padded) has given the same outputs
-    through it as eager; a ModelError names why where compiling fails on this machine or changes them."""
+    """``clf.model`` (of a :class:`~.classifier.Classifier`) compiled, once a probe batch (two reviews,
+    one padded) has given the same outputs through it as eager; a ModelError names why where compiling
+    fails on this machine or changes them."""
     rng = np.random.default_rng(0)
     probe = [rng.integers(0, len(clf.tokenizer), min(n, clf.max_length)) for n in (12, 7)]
     expected = clf.forward(probe)
