@@ -221,11 +221,13 @@ def check_encoding(value: str) -> None:
     import codecs
 
     try:
-        codecs.lookup(value)
+        info = codecs.lookup(value)
     except LookupError:
         raise SpecError(
             f"encoding {value!r} is not one Python knows (utf-8, gb18030, big5, cp1252 ...)"
         ) from None
+    if not getattr(info, "_is_text_encoding", True):  # rot13, hex, base64: codecs, but of no text file
+        raise SpecError(f"encoding {value!r} is no text encoding (utf-8, gb18030, big5, cp1252 ...)")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 from collections.abc import Iterator
@@ -18,19 +19,22 @@ def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict
     text_col = wanted[0]
     block: dict[str, list[Any]] = {c: [] for c in wanted}
     first = True  # a first line that is no JSON object: no JSON lines file at all
-    bad: dict[str, list[int]] = {"not a JSON object": [0], _TOO_DEEP: [0]}  # of each: count, first lines
+    # of each kind of line that is no object: its count, then its first line numbers
+    bad: dict[str, list[int]] = {"not a JSON object": [0], _TOO_DEEP: [0], _TOO_LONG: [0]}
     with src.open() as f:
         for lineno, raw in enumerate(f, 1):
+            if lineno == 1:  # an editor's byte-order mark, even before a blank line
+                raw = raw.removeprefix(codecs.BOM_UTF8)
             if not raw.strip():
                 continue
             try:
                 obj = _json_line(raw)
             except json.JSONDecodeError as e:
                 obj = e
-            except RecursionError:  # valid JSON, perhaps, but nested deeper than json.loads goes
-                obj = _TOO_DEEP
+            except Unreadable as e:
+                obj = e
             if not isinstance(obj, dict):
-                if first and obj is not _TOO_DEEP:
+                if first and not isinstance(obj, Unreadable):
                     what = (
                         f"not JSON: {obj.msg} at character {obj.pos + 1}"
                         if isinstance(obj, json.JSONDecodeError)
@@ -40,7 +44,7 @@ def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict
                         f"{src.label}:{lineno}: expected a JSON object on each line ({what}); "
                         "is it JSON lines, one object a line?"
                     )
-                kind = bad[_TOO_DEEP if obj is _TOO_DEEP else "not a JSON object"]
+                kind = bad[str(obj) if isinstance(obj, Unreadable) else "not a JSON object"]
                 kind[0] += 1
                 if len(kind) <= 5:
                     kind.append(lineno)
@@ -65,17 +69,30 @@ def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict
             )
 
 
+class Unreadable(Exception):
+    """A line that may be valid JSON but that Python's JSON reader cannot read; its message says why."""
+
+
 def _json_line(raw: bytes) -> Any:
     """One JSON line's value. Bytes that are not UTF-8 become lone surrogates: the row keeps its id and
     label, and a text holding them gets the status invalid_utf8."""
     try:
-        return json.loads(raw)
-    except UnicodeDecodeError:
-        return json.loads(raw.decode("utf-8", errors="surrogateescape"))
+        try:
+            return json.loads(raw)
+        except UnicodeDecodeError:
+            return json.loads(raw.decode("utf-8", errors="surrogateescape"))
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise Unreadable(_TOO_DEEP) from None
+    except ValueError:  # int() refuses more digits than sys.get_int_max_str_digits()
+        raise Unreadable(_TOO_LONG) from None
 
 
-#: A line Python's JSON reader cannot read for its depth (about 1,000 nested arrays or objects).
+#: Lines Python's JSON reader cannot read: for their depth (about 1,000 nested arrays or objects), or for
+#: an integer of more digits than ``int()`` reads (4,300 by default).
 _TOO_DEEP = "nested deeper than the JSON reader goes"
+_TOO_LONG = "holding an integer longer than the JSON reader reads"
 
 #: Objects at the start of a JSON lines file whose keys tell its columns (objects may leave keys out).
 KEY_SCAN_OBJECTS = 1000
@@ -89,13 +106,14 @@ def json_keys(src: Source) -> list[str] | None:
     seen = 0
     with src.open() as f:
         for raw in f:
+            raw = raw.removeprefix(codecs.BOM_UTF8) if not seen else raw
             if not raw.strip():
                 continue
             try:
                 obj = _json_line(raw)
             except json.JSONDecodeError:
                 obj = None
-            except RecursionError:  # a row the reader records as not_json, no sign of a wrong format
+            except Unreadable:  # a row the reader records as not_json, no sign of a wrong format
                 continue
             if not isinstance(obj, dict):
                 if not seen:

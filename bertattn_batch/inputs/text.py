@@ -38,7 +38,9 @@ def read_text(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[
 
 
 def _lines(raw: bytes) -> list[bytes]:
-    """The lines of one ``\n``-terminated chunk, split again at each lone ``\r``."""
-    raw = raw[:-2] if raw.endswith(b"\r\n") else raw.removesuffix(b"\n")
-    lines = raw.split(b"\r")
-    return lines[:-1] if len(lines) > 1 and not lines[-1] else lines
+    """The lines of one ``\n``-terminated chunk (or the file's last, unterminated one), split again at
+    each lone ``\r``: ``a\r\r\n`` is ``a`` and an empty line, as Python's universal newlines read it."""
+    if raw.endswith(b"\n"):
+        return (raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]).split(b"\r")
+    lines = raw.split(b"\r")  # the end of the file: a last \r ends a line, and nothing is no line
+    return lines[:-1] if not lines[-1] else lines

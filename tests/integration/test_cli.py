@@ -538,3 +538,17 @@ def test_validate_warns_of_a_bad_input_line_once(tiny_en_dir, tmp_path):
         done = subprocess.run([sys.executable, "-m", "bertattn_batch", *args], capture_output=True, text=True)
         assert done.returncode == 0, (args, done.stderr)
     assert done.stderr.count("1 line is not a JSON object (line 2)") == 1, done.stderr
+
+
+@pytest.mark.parametrize(("args", "code"), [(["--version"], 0), (["validate", "no-such-run"], 1)])
+def test_the_command_exits_with_its_code_after_the_exit_hooks(args, code, tmp_path):
+    """The command skips the interpreter's teardown (Arrow's and polars' thread pools abort it now and
+    then, exit 134 after a clean validate); Python's exit hooks still run and the exit code stays."""
+    hook = (
+        "import atexit, sys; from bertattn_batch.cli import main; "
+        "atexit.register(lambda: print('hook ran', flush=True)); "
+        f"sys.argv = ['bertattn', *{args!r}]; main()"
+    )
+    done = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == code, done.stderr
+    assert done.stdout.rstrip().endswith("hook ran"), done.stdout

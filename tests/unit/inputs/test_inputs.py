@@ -435,6 +435,46 @@ def test_a_lone_carriage_return_inside_a_text_line_ends_it():
     assert _lines(b"\n") == [b""] and _lines(b"last") == [b"last"]
 
 
+def test_an_empty_line_after_a_lone_carriage_return_is_a_row(tmp_path):
+    """``a\r\r\n`` is ``a`` and an empty line, as universal newlines read it: the empty line was lost,
+    and every later row took the wrong row number (its id in a text file)."""
+    path = tmp_path / "r.txt"
+    path.write_bytes(b"a\r\r\nb\r\r\nc\r\n")
+    assert [(r[0], r[2]) for r in _rows(path, "txt")] == [(0, "a"), (1, ""), (2, "b"), (3, ""), (4, "c")]
+    (tmp_path / "bom.txt").write_bytes(codecs.BOM_UTF8)  # an editor's mark alone is an empty file
+    assert _rows(tmp_path / "bom.txt", "txt") == []
+
+
+def test_json_lines_that_python_cannot_read_keep_their_place(tmp_path):
+    """An integer of over 4,300 digits (in any field) stopped the job and every resume with a bare
+    ValueError; a byte-order mark before a blank first line refused the file."""
+    path = tmp_path / "big.jsonl"
+    path.write_text(
+        '{"id": "a", "text": "good"}\n{"id": ' + "9" * 5000 + ', "text": "big"}\n'
+        '{"id": "c", "text": "fine", "n": ' + "1" * 5000 + '}\n{"id": "d", "text": "ok"}\n'
+    )
+    assert [(r[1], r[3]) for r in _rows(path, "jsonl")] == [
+        ("a", "ok"), ("1", "not_json"), ("2", "not_json"), ("d", "ok")
+    ]  # fmt: skip
+    first = tmp_path / "first.jsonl"
+    first.write_text('{"id": ' + "9" * 5000 + ', "text": "big"}\n{"id": "b", "text": "ok"}\n')
+    assert inputs.check_inputs([str(first)], id_col="id")
+    assert [r[3] for r in _rows(first, "jsonl")] == ["not_json", "ok"]
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(codecs.BOM_UTF8 + b'\n{"id": "a", "text": "good"}\n')
+    assert inputs.check_inputs([str(bom)], id_col="id")
+    assert [(r[1], r[3]) for r in _rows(bom, "jsonl")] == [("a", "ok")]
+
+
+def test_a_review_that_spells_a_tar_magic_is_no_archive(tmp_path):
+    """A tar header is told by its checksum too, not by "ustar" at byte 257 alone ("mustard")."""
+    header = b"id,text\n"
+    path = tmp_path / "mustard.csv"
+    path.write_bytes(header + b"1," + b"x" * (257 - len(header) - 4) + b" mustard was great\n2,fine\n")
+    assert path.read_bytes()[257:262] == b"ustar"
+    assert [r[3] for r in _rows(path, "csv")] == ["ok", "ok"]
+
+
 @pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
 @pytest.mark.parametrize("name", ["r.txt", "r.csv", "r.csv.gz"])
 def test_utf16_without_a_byte_order_mark_is_refused_with_what_to_do(tmp_path, encoding, name):
