@@ -116,10 +116,12 @@ def _expand(inputs: Iterable[str], input_format: str) -> list[Source]:
             elif p.is_dir():
                 if is_run_dir(p):
                     raise InputError(f"{p} is a bertattn run directory, not reviews")
-                files = _review_files(p)
+                files = _review_files(p, datasets=input_format in ("auto", "datasets"))
                 if not files:
                     raise InputError(f"folder {p} holds no readable review files ({', '.join(EXTENSIONS)})")
-                sources.extend(Source(f, _format_of(f, input_format)) for f in files)
+                sources.extend(
+                    Source(f, "datasets" if f.is_dir() else _format_of(f, input_format)) for f in files
+                )
             else:
                 sources.append(Source(p, _format_of(p, input_format)))
     return sources
@@ -263,10 +265,12 @@ def _once_each(sources: list[Source]) -> list[Source]:
     return kept
 
 
-def _review_files(folder: Path) -> list[Path]:
-    """Files below a folder with a review file's extension, in path order. Names starting with ``_`` or
-    ``.`` (temporary and hidden files) are passed over below the folder, and so are run directories and
-    model folders: a run or a model written inside its input folder must not be read as input next."""
+def _review_files(folder: Path, datasets: bool = True) -> list[Path]:
+    """Files below a folder with a review file's extension, in path order, and saved datasets folders
+    (read as datasets; passed over with a warning where ``datasets`` is False, another format asked for:
+    their metadata is no review file). Names starting with ``_`` or ``.`` (temporary and hidden files)
+    are passed over below the folder, and so are run directories and model folders: a run or a model
+    written inside its input folder must not be read as input next."""
     found, others, streams = [], [], []
     for root, dirs, files in os.walk(folder):
         here = Path(root)
@@ -275,6 +279,9 @@ def _review_files(folder: Path) -> list[Path]:
             for d in dirs
             if not d.startswith(("_", ".")) and not is_run_dir(here / d) and not _is_model_dir(here / d)
         ]
+        saved = [here / d for d in dirs if _is_saved_dataset(here / d)]
+        (found if datasets else others).extend(saved)
+        dirs[:] = [d for d in dirs if here / d not in saved]
         for f in (here / name for name in files if not name.startswith(("_", "."))):
             if is_stream(f):  # opening a FIFO with no writer would wait forever
                 streams.append(f)

@@ -6,6 +6,7 @@ import bz2
 import codecs
 import csv
 import gzip
+import logging
 import lzma
 import random
 import tarfile
@@ -433,6 +434,22 @@ def test_a_lone_carriage_return_inside_a_text_line_ends_it():
     assert _lines(b"one\rtwo\r\n") == [b"one", b"two"]
     assert _lines(b"one\r\r") == [b"one", b""]
     assert _lines(b"\n") == [b""] and _lines(b"last") == [b"last"]
+
+
+def test_a_saved_dataset_inside_an_input_folder_is_read_as_a_dataset(tmp_path, caplog):
+    """Its dataset_info.json and state.json were read as JSON lines files, which stopped the job."""
+    import datasets
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.csv").write_text("id,text\na1,good\n")
+    datasets.Dataset(pa.table({"id": ["d1", "d2"], "text": ["fine", "slow"]})).save_to_disk(str(folder / "b"))
+    (folder / "c.jsonl").write_text('{"id": "c1", "text": "ok"}\n')
+    assert [r[1] for r in _rows(folder, "csv")] == ["a1", "d1", "d2", "c1"]
+    with caplog.at_level(logging.WARNING):
+        sources = inputs.expand_inputs([str(folder)], "csv")
+    assert [s.path.name for s in sources] == ["a.csv", "c.jsonl"]  # a format asked for: no dataset
+    assert "passed over 1 file(s) that are not review files (b)" in caplog.text
 
 
 def test_an_empty_line_after_a_lone_carriage_return_is_a_row(tmp_path):
