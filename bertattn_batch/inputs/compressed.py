@@ -16,9 +16,11 @@ by :func:`check_not_archive` with what to do instead.
 from __future__ import annotations
 
 import codecs
+import gzip
 import io
 import lzma
 import tarfile
+import zlib
 from pathlib import Path
 from typing import BinaryIO
 
@@ -45,8 +47,8 @@ SUFFIXES = frozenset({".gz", ".gzip", ".bz2", ".zst", ".zstd", ".lz4", ".xz"})
 #: Name endings of archives: ``reviews.csv.zip`` holds reviews that the readers cannot reach.
 ARCHIVE_SUFFIXES = frozenset({".zip", ".7z", ".tar", ".tgz", ".rar"})
 #: What reading a file through :func:`open_binary` raises on damaged bytes: Arrow's and the system's
-#: errors are OSErrors; Python's xz reader raises the other two (EOFError: the stream was cut short).
-READ_ERRORS = (OSError, EOFError, lzma.LZMAError)
+#: errors are OSErrors; Python's xz and gzip readers raise the others too (EOFError: cut short).
+READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
 
 
 def format_suffix(path: Path | str) -> str:
@@ -115,6 +117,8 @@ def open_binary(path: Path | str, encoding: str = "utf-8") -> BinaryIO:
         raw: BinaryIO = open_input(path)
     elif kind == "xz":
         raw = _StoredXZ(open_input(path)) if is_remote(path) else lzma.open(path, "rb")  # noqa: SIM115
+    elif kind == "gzip" and not is_remote(path):  # Arrow's refuses the zeros a tape or dd pads it with
+        raw = io.BufferedReader(gzip.GzipFile(path, "rb"), buffer_size=1 << 20)  # type: ignore[arg-type]
     else:
         stream = open_stream(path, kind) if is_remote(path) else pa.input_stream(str(path), compression=kind)
         raw = io.BufferedReader(stream, buffer_size=1 << 20)

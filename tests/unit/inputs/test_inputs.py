@@ -161,6 +161,20 @@ def test_a_stream_cut_short_stops_the_job_with_its_file(tmp_path):
         assert f"{path}: cannot read as jsonl" in str(e.value) and read_before > 10_000
 
 
+def test_a_gzip_padded_with_zeros_reads_and_a_damaged_one_is_named(tmp_path):
+    """Tapes and dd pad a gzip file with zeros, which gzip -dc reads past; Arrow's reader refused it."""
+    data = b"".join(b'{"text": "review %d"}\n' % i for i in range(200))
+    padded = tmp_path / "padded.jsonl.gz"
+    padded.write_bytes(gzip.compress(data) + b"\0" * 100)
+    assert [r[2] for r in _rows(padded, "txt")] == [f"review {i}" for i in range(200)]
+    damaged = bytearray(gzip.compress(data))
+    damaged[30:40] = b"\xff" * 10  # inside the deflate stream
+    path = tmp_path / "damaged.jsonl.gz"
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(InputError, match=f"cannot read {path}: Error -3 while decompressing data"):
+        list(inputs.read_rows([str(path)]))
+
+
 def test_archives_and_compressed_parquet_are_refused_with_what_to_do(tmp_path):
     (tmp_path / "r.jsonl").write_bytes(_PLAIN["jsonl"])
     with zipfile.ZipFile(tmp_path / "r.jsonl.zip", "w") as z:
