@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from helpers import eager_oracle, minmax, plain_probs, read_attention, read_table
+from transformers import AutoConfig
 
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
@@ -69,17 +70,27 @@ def test_predictions_and_last_layer_match_plain_transformers(request, model_fixt
     still equal transformers' own: a plain forward per review, and eager ``attentions[-1]``."""
     model_dir = request.getfixturevalue(model_fixture)
     out = _run_in_small_batches(model_dir, drug_sample, tmp_path, layers=[-1])
-    source = pq.read_table(drug_sample)
+    _assert_as_transformers(out, model_dir, drug_sample, [-1])
+
+
+def _assert_as_transformers(out, model_dir, sample, layers: list[int]) -> None:
+    """A run's probabilities equal a plain forward per review, and its weights at each of ``layers`` eager
+    ``output_attentions``, within 1e-5."""
+    source = pq.read_table(sample)
     texts, ids = source.column("text").to_pylist(), source.column("doc_id").to_pylist()
     preds = {r["doc_id"]: r for r in read_table(out, "predictions").to_pylist()}
     np.testing.assert_allclose(
         np.array([preds[d]["probs"] for d in ids]), plain_probs(model_dir, texts), atol=1e-5, rtol=0
     )
     written = _by_doc(read_attention(out))
-    for doc_id, expected in zip(ids, eager_oracle(model_dir, texts, layer=-1), strict=True):
-        got = written[doc_id]
-        order = np.lexsort((got["position"], got["head"]))
-        np.testing.assert_allclose(got["weight"][order].reshape(expected.shape), expected, atol=1e-5, rtol=0)
+    num_layers = AutoConfig.from_pretrained(model_dir).num_hidden_layers
+    for layer in layers:
+        for doc_id, expected in zip(ids, eager_oracle(model_dir, texts, layer=layer), strict=True):
+            got = written[doc_id]
+            sel = got["layer"] == num_layers + layer
+            order = np.lexsort((got["position"][sel], got["head"][sel]))
+            weight = got["weight"][sel][order].reshape(expected.shape)
+            np.testing.assert_allclose(weight, expected, atol=1e-5, rtol=0)
 
 
 def test_head_mass_closes_to_one(minilm_dir, drug_sample, tmp_path):
@@ -116,17 +127,4 @@ def test_compiled_model_matches_eager_output_attentions(minilm_dir, drug_sample,
     graphs = counters["stats"]["unique_graphs"]
     out = _run_in_small_batches(minilm_dir, drug_sample, tmp_path, layers=[-2, -1], window=10, compile=True)
     assert counters["stats"]["unique_graphs"] > graphs  # the batches ran compiled (CPU: in this process)
-    source = pq.read_table(drug_sample)
-    texts, ids = source.column("text").to_pylist(), source.column("doc_id").to_pylist()
-    preds = {r["doc_id"]: r for r in read_table(out, "predictions").to_pylist()}
-    np.testing.assert_allclose(
-        np.array([preds[d]["probs"] for d in ids]), plain_probs(minilm_dir, texts), atol=1e-5, rtol=0
-    )
-    written = _by_doc(read_attention(out))
-    for layer in (-2, -1):
-        for doc_id, expected in zip(ids, eager_oracle(minilm_dir, texts, layer=layer), strict=True):
-            got = written[doc_id]
-            sel = got["layer"] == 6 + layer
-            order = np.lexsort((got["position"][sel], got["head"][sel]))
-            weight = got["weight"][sel][order].reshape(expected.shape)
-            np.testing.assert_allclose(weight, expected, atol=1e-5, rtol=0)
+    _assert_as_transformers(out, minilm_dir, drug_sample, [-2, -1])
