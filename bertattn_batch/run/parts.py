@@ -219,8 +219,8 @@ def check_part_rows(run_dir: Path, part: PartEntry, footers: dict[str, pq.FileMe
     its range in ``predictions``. A part swapped for
     another (a restore from the wrong copy) has sound files and other reviews: resumed, the run would
     say complete with a range missing and another twice."""
-    for table, name in part.files.items():
-        meta = footers[table]
+    for table, meta in footers.items():
+        name = part.files[table]
         problem = None
         if meta.num_rows != part.rows[table]:
             problem = f"holds {meta.num_rows} rows where its commit recorded {part.rows[table]}"
@@ -232,7 +232,7 @@ def check_part_rows(run_dir: Path, part: PartEntry, footers: dict[str, pq.FileMe
                 )
         if problem:
             raise RunDirError(
-                f"{run_dir}: {name} {problem} (was it replaced by another file?); bertattn validate tells "
+                f"{run_dir}: {name} {problem} (changed or replaced since?); bertattn validate tells "
                 "what else is wrong, and --overwrite starts the run again"
             )
 
@@ -282,18 +282,18 @@ def committed_files(
     run_dir: str | Path, tables: tuple[str, ...] | list[str] = TABLES, verify: bool = False
 ) -> list[CommittedPart]:
     """The files of ``tables`` of every part the manifest commits, in name order. The manifest, not the
-    folder, says what is committed: a stray file is never read, and a committed file that is missing or
-    cut short stops the reader rather than leaving its reviews out. ``verify``: every page's checksum
+    folder, says what is committed: a stray file is never read, and a committed file that is missing, cut
+    short or holding other rows than its commit recorded stops the reader rather than leaving its reviews
+    out or counting some twice. ``verify``: every page's checksum
     checked too (:func:`verify_pages`), for a reader of whole runs."""
     run_dir = storage.normalize(run_dir)
     manifest = read_manifest(run_dir)
     out = []
     for part in sorted(manifest.parts, key=lambda p: p.name):
         files = {t: run_file(run_dir, part.files[t]) for t in tables}
-        for f in files.values():
-            check_part_file(run_dir, f)
-            if verify:
-                verify_pages(run_dir, f)
+        check_part_rows(run_dir, part, {t: check_part_file(run_dir, f) for t, f in files.items()})
+        for f in files.values() if verify else ():
+            verify_pages(run_dir, f)
         out.append(CommittedPart(part.name, files))
     return out
 

@@ -621,6 +621,30 @@ def test_commands_that_read_a_whole_run_refuse_a_flipped_bit(command, en_run, tm
     assert "bertattn validate tells what else is wrong" in result.output
 
 
+@pytest.mark.parametrize("command", ["aggregate", "report", "faithfulness", "plot"])
+def test_readers_refuse_a_part_that_holds_other_rows_than_its_commit(command, en_run, tmp_path):
+    """A row appended to a part (or a part swapped for another's) was read into the aggregates and the
+    pictures with exit status 0; the footers' row counts are checked against the commit."""
+    run = _copy(en_run, tmp_path)
+    shutil.rmtree(run / "aggregates", ignore_errors=True)
+    table = "predictions" if command == "report" else "cls_attention"
+    part = sorted((run / table).glob("part-*.parquet"))[0]
+    if command == "report":
+        assert CliRunner().invoke(app, ["aggregate", str(run)]).exit_code == 0
+    doc = pq.read_table(run / "predictions" / part.name, columns=["doc_id"])["doc_id"][0].as_py()
+    rows = pq.read_table(part)
+    pq.write_table(pa.concat_tables([rows, rows.slice(0, 1)]), part)
+    args = [command, str(run)] + (
+        ["--doc-id", doc, "--out", str(tmp_path / "r.csv")] if command == "plot" else []
+    )
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert (
+        f"{table}/{part.name} holds {rows.num_rows + 1} rows where its commit recorded {rows.num_rows}"
+        in (result.output)
+    )
+
+
 def test_plot_refuses_a_flipped_bit_in_the_part_that_holds_its_review(en_run, tmp_path):
     """plot reads a few row groups with polars, which checks no checksums: it drew a flipped weight. The
     parts holding the review are checked; a review of a sound part still plots."""
