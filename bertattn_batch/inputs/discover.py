@@ -237,11 +237,11 @@ def _remove_orphan_spools() -> None:
 
 def _running(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0: only whether it could be sent
     except ProcessLookupError:
         return False
-    except OSError:  # EPERM: it runs, as another user
-        return True
+    except (PermissionError, OverflowError):  # it runs, as another user; no pid: not ours to remove
+        pass
     return True
 
 

@@ -29,12 +29,10 @@ def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict
                 continue
             try:
                 obj = _json_line(raw)
-            except json.JSONDecodeError as e:
-                obj = e
-            except Unreadable as e:
+            except (json.JSONDecodeError, _Unreadable) as e:
                 obj = e
             if not isinstance(obj, dict):
-                if first and not isinstance(obj, Unreadable):
+                if first and not isinstance(obj, _Unreadable):
                     what = (
                         f"not JSON: {obj.msg} at character {obj.pos + 1}"
                         if isinstance(obj, json.JSONDecodeError)
@@ -44,7 +42,7 @@ def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict
                         f"{src.label}:{lineno}: expected a JSON object on each line ({what}); "
                         "is it JSON lines, one object a line?"
                     )
-                kind = bad[str(obj) if isinstance(obj, Unreadable) else "not a JSON object"]
+                kind = bad[str(obj) if isinstance(obj, _Unreadable) else "not a JSON object"]
                 kind[0] += 1
                 if len(kind) <= 5:
                     kind.append(lineno)
@@ -69,7 +67,7 @@ def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict
             )
 
 
-class Unreadable(Exception):
+class _Unreadable(Exception):
     """A line that may be valid JSON but that Python's JSON reader cannot read; its message says why."""
 
 
@@ -84,9 +82,9 @@ def _json_line(raw: bytes) -> Any:
     except json.JSONDecodeError:
         raise
     except RecursionError:
-        raise Unreadable(_TOO_DEEP) from None
+        raise _Unreadable(_TOO_DEEP) from None
     except ValueError:  # int() refuses more digits than sys.get_int_max_str_digits()
-        raise Unreadable(_TOO_LONG) from None
+        raise _Unreadable(_TOO_LONG) from None
 
 
 #: Lines Python's JSON reader cannot read: for their depth (about 1,000 nested arrays or objects), or for
@@ -113,7 +111,7 @@ def json_keys(src: Source) -> list[str] | None:
                 obj = _json_line(raw)
             except json.JSONDecodeError:
                 obj = None
-            except Unreadable:  # a row the reader records as not_json, no sign of a wrong format
+            except _Unreadable:  # a row the reader records as not_json, no sign of a wrong format
                 continue
             if not isinstance(obj, dict):
                 if not seen:
