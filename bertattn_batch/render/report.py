@@ -182,12 +182,17 @@ def _tokens_html(
     byte_level: bool | None = None,
     num_layers: int | None = None,
 ) -> str:
-    """``scored``: some review was scored, so an empty table means the min-reviews filter emptied it."""
+    """``scored``: some review was scored, so an empty table means the min-reviews filter emptied it.
+    A table ranked by a contrast between labels, which all reviews together do not have, is shown ranked
+    by mean scaled weight over all reviews."""
     opts = meta.get("options", {})
+    rank_by = str(opts.get("rank_by"))
+    if rank_by in agg.CONTRASTS:
+        table, rank_by = agg.ranked(table, agg.RANK_BY), f"{agg.RANK_BY} ({rank_by} compares labels)"
     parts = [
         f"<h2>Top tokens per head · {layer_name(layer, num_layers)}</h2>",
         f'<p class="meta">From {agg.AGGREGATES_DIR}/{agg.TABLE}.parquet: tokens seen in at '
-        f"least {opts.get('min_reviews')} reviews, ranked by {escape(str(opts.get('rank_by')))}; "
+        f"least {opts.get('min_reviews')} reviews, ranked by {escape(rank_by)}; "
         "cells give the token and its mean scaled weight.</p>",
     ]
     for unit in opts.get("units", ["token"]):

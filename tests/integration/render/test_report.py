@@ -560,3 +560,23 @@ def test_a_run_with_one_predicted_label_says_there_is_nothing_to_contrast(tiny_e
     assert "0.000" not in r.output
     html = report.build_report(run, examples=0, min_reviews=1).read_text(encoding="utf-8")
     assert "Every scored review is predicted negative: no label to contrast." in html
+
+
+def test_a_table_ranked_by_a_contrast_shows_all_reviews_by_mean_scaled(run_dir, tmp_path):
+    """log_odds_z is null over all reviews: after aggregate --rank-by log_odds_z the report's all-reviews
+    tables were in review-count order, headed "ranked by log_odds_z". They are now as a mean_scaled
+    aggregate shows them, and say so."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+
+    def all_reviews_html(rank_by: str) -> str:
+        agg.aggregate(run, min_reviews=2, rank_by=rank_by)
+        table, meta = agg.read_aggregates(run)
+        html = report._tokens_html(table, meta, layer=table["layer"][0], k=5)
+        start = html.index("<h3>Tokens, all reviews</h3>")
+        return html[start : html.find("<h3>", start + 1)]  # to the tables by predicted label, if any
+
+    by_mean = all_reviews_html("mean_scaled")
+    assert all_reviews_html("log_odds_z") == by_mean
+    html = report.build_report(run, out=tmp_path / "r.html", examples=0).read_text()
+    assert "ranked by mean_scaled (log_odds_z compares labels)" in html
