@@ -157,4 +157,11 @@ def check(actual: pa.Schema, name: str) -> list[str]:
     for field in target:
         if field.name in actual.names and actual.field(field.name).type != field.type:
             problems.append(f"{field.name}: {actual.field(field.name).type} != {field.type}")
+    said = {
+        k.decode(errors="replace"): v.decode(errors="replace") for k, v in (actual.metadata or {}).items()
+    }
+    for key, value in (target.metadata or {}).items():  # which table, of which version, the file says it is
+        key, value = key.decode(), value.decode()
+        if said.get(key) != value:
+            problems.append(f"its metadata says {key} {said.get(key)!r} where schemas/ says {value!r}")
     return problems

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 CHECKS = {
     "manifest": "manifest readable, same format and schema versions, run complete",
     "files": "every listed part exists; no unlisted part files, no leftovers",
-    "schema": "every part's columns and types equal schemas/, no nulls where none may be",
+    "schema": "every part's columns, types, table and version equal schemas/, no nulls where none may be",
     "counts": "rows of every part and the run's totals equal the manifest's",
     "row_index": "every input row once: parts cover their row ranges, generation 0 covers 0..N-1",
     "inputs": "every input row (within the run's limit) has a predictions row; the inputs are the files read",

@@ -645,6 +645,23 @@ def test_readers_refuse_a_part_that_holds_other_rows_than_its_commit(command, en
     )
 
 
+def test_a_part_that_says_it_is_of_another_schema_version_is_named(en_run, tmp_path):
+    """A part's own metadata names its table and schema version; one of another version (a part copied
+    in from an older run) passed as clean while its columns happened to match."""
+    run = _copy(en_run, tmp_path)
+    part = sorted((run / "cls_attention").glob("part-*.parquet"))[0]
+    rows = pq.read_table(part)
+    old = rows.replace_schema_metadata({b"table": b"cls_attention", b"schema_version": b"2"})
+    pq.write_table(old, part)
+    report = validate_run(run, check_source=False)
+    version = schema.version("cls_attention")
+    assert any(
+        f"cls_attention/{part.name}: its metadata says schema_version '2' where schemas/ says '{version}'"
+        in p.message
+        for p in report.problems
+    ), report.render()
+
+
 def test_plot_refuses_a_flipped_bit_in_the_part_that_holds_its_review(en_run, tmp_path):
     """plot reads a few row groups with polars, which checks no checksums: it drew a flipped weight. The
     parts holding the review are checked; a review of a sound part still plots."""
