@@ -7,7 +7,7 @@ Usage::
     .venv/bin/python bench/compile.py --models bert-base --n 256 --rounds 3 --out bench/results/compile-cpu-2core.txt
 
 Batches are cut as a job cuts them (windows of 4096 rows, the device's token budget). Compiling is
-timed apart (the load's probe and the first pass over new variants); each round then scores the batches
+timed apart (the load's probe and the first pass over new variants, together); each round then scores the batches
 eager and compiled. Prints each round's seconds, the median of the paired ratios (eager / compiled),
 the largest difference of any output, and how many graphs were compiled.
 """
@@ -70,7 +70,8 @@ def measure(name: str, n: int, rounds: int, tmp: Path, say) -> None:
     t0 = time.perf_counter()
     clf.compiled = compiled_model(clf)  # what Classifier.load(compile=True) does
     first, _ = one_pass(clf, batches)
-    say(f"  compiling: {time.perf_counter() - t0:.1f}s for load and probe and a first pass of {first:.1f}s")
+    say(f"  compiling: {time.perf_counter() - t0:.1f}s for the probe and a first pass, of which the pass "
+        f"{first:.1f}s")  # fmt: skip
     ratios, worst = [], 0.0
     for k in range(rounds):
         model = clf.compiled

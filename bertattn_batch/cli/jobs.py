@@ -150,7 +150,7 @@ def extract(
         typer.Option(
             "--compile",
             rich_help_panel="Model",
-            help="torch.compile the model: one graph for every batch shape, checked against eager on load. A little faster (5 to 13% on a CPU); compiling takes 10 to 40 s and a C++ compiler, so it pays on long jobs only. See docs/performance.md.",
+            help="torch.compile the model: one graph for every batch shape, checked against eager on load. A little faster (5 to 13% on a CPU); compiling takes 10 to 25 s and a C++ compiler, so it pays on long jobs only. See docs/performance.md.",
         ),
     ] = False,
     batch_tokens: Annotated[
