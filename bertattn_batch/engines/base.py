@@ -99,8 +99,8 @@ class RunSummary:
             "bytes_written": self.bytes_written,
             "parts_written": self.parts_written,
             "seconds": self.seconds,
-            "padding_share": round(self.padding_share, 4),
-            "reviews_per_s": round(self.reviews_per_s, 2),
+            "padding_share": self.padding_share,
+            "reviews_per_s": self.reviews_per_s,
             **self.engine,
         }
 

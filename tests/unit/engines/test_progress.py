@@ -20,6 +20,19 @@ def test_the_line_gives_tokens_a_second_and_the_models_busy_share():
     assert _postfix(_summary(0, 5.0), elapsed=4.0, workers=1).endswith("model busy 100%")  # never above
 
 
+def test_the_manifest_and_the_summary_line_give_the_same_figures():
+    """The report read a padding share a tenth of a percent above the line's: the manifest's figures were rounded once
+    and the report rounded them again. They are stored unrounded."""
+    s = RunSummary(
+        run_dir="r",
+        stats=PartStats(tokens=90_051, padded_slots=100_000, scored=1413),  # padding 9.949%
+        seconds={"wall": 11.0},  # 128.4545 reviews/s
+    )
+    stored = s.as_dict()
+    assert "padding 9.9%, 128.5 reviews/s" in s.line()
+    assert f"{stored['padding_share']:.1%}, {stored['reviews_per_s']:.1f}" == "9.9%, 128.5"
+
+
 def test_the_bar_moves_per_batch_to_its_total_and_keeps_loading_bars_out(
     tiny_en_dir, drug_sample, tmp_path, capsys, monkeypatch
 ):
