@@ -18,7 +18,7 @@ from ..config import (
     from_dict,
     load_job,
 )
-from ..errors import SpecError
+from ..errors import SpecError, WriteError
 from .base import Debug, app, call, setup
 
 
@@ -46,10 +46,34 @@ def _on_existing(on_existing: str | None, overwrite: bool, incremental: bool) ->
     return asked.pop() if asked else None
 
 
+def resume_hint(on_existing: str) -> str:
+    """How to go on after an interruption or a failed write. Why: with ``overwrite`` the same command
+    starts the run over, and with ``new`` it refuses the run it left."""
+    if on_existing in ("resume", "incremental"):
+        return "rerun the same command to resume"
+    if on_existing == "overwrite":
+        return (
+            'to resume, rerun without --overwrite (or on_existing = "overwrite" in the job): as it is, '
+            "the same command starts the run over"
+        )
+    return (
+        f'to resume, rerun with --on-existing resume (or on_existing = "resume" in the job): with '
+        f"{on_existing!r} the same command refuses a run that holds parts"
+    )
+
+
 def _run(spec: JobSpec) -> None:
     from ..engines import run_job
 
-    summary = call(lambda: run_job(spec, progress=_show_progress(spec)), completes=True)
+    hint = resume_hint(spec.on_existing)
+
+    def job():
+        try:
+            return run_job(spec, progress=_show_progress(spec))
+        except WriteError as e:  # a full disk, a permission: what was committed is kept
+            raise WriteError(f"{e}; what was committed is kept: once that is fixed, {hint}") from e
+
+    summary = call(job, interrupted=f"interrupted; {hint}", completes=True)
     typer.echo(summary.line())
     if summary.input_rows == 0:
         done = summary.skipped_committed > 0

@@ -132,6 +132,40 @@ def test_sigterm_stops_cleanly_and_resumes(point, corpus, tiny_en_dir, reference
         assert got[table].equals(reference[table]), table
 
 
+@pytest.mark.parametrize("existing", [["--overwrite"], ["--on-existing", "new"]])
+def test_an_interrupted_run_says_how_to_resume_where_the_same_command_would_not(
+    existing, corpus, tiny_en_dir, reference, tmp_path
+):
+    """ "rerun the same command to resume" was said to a job with --overwrite, which then started over,
+    and to one with --on-existing new, which then refused its own run."""
+    out = tmp_path / "run"
+    args = _args(corpus, tiny_en_dir, out)
+    stopped = subprocess.run(
+        [sys.executable, str(KILLER), "part", "2", "--", *args, *existing],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KILLER_SIGNAL": "TERM"},
+    )
+    assert stopped.returncode == 143, stopped.stderr
+    said = stopped.stderr.strip().splitlines()[-1]
+    assert said.startswith("interrupted; to resume, rerun ") and "same command" not in said.split(":")[0]
+    if existing == ["--overwrite"]:
+        assert "rerun without --overwrite" in said
+        again = args
+    else:
+        assert "rerun with --on-existing resume" in said
+        again = [*args, "--on-existing", "resume"]
+    committed = json.loads((out / "manifest.json").read_text())["parts"]
+    assert committed  # something to resume from
+    r = runner.invoke(app, again)
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["parts"][: len(committed)] == committed  # resumed, not started over
+    got = _tables(out)
+    for table in schema.TABLES:
+        assert got[table].equals(reference[table]), table
+
+
 def test_a_run_being_written_is_not_written_by_a_second_process(corpus, tiny_en_dir, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
@@ -732,6 +766,7 @@ def test_a_run_stopped_before_its_first_manifest_can_be_started_again(
     out = tmp_path / "run"
     r = runner.invoke(app, _args(corpus, tiny_en_dir, out))
     assert r.exit_code == 1 and "No space left on device" in r.output
+    assert "once that is fixed, rerun the same command to resume" in r.output
     r = runner.invoke(app, _args(corpus, tiny_en_dir, out))
     assert r.exit_code == 0, r.output
     assert read_table(out, "predictions").num_rows == 60
