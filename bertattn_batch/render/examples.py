@@ -4,8 +4,9 @@ The rule (:data:`RULE`): among scored reviews of a typical length (their token c
 25th and 75th percentile of the run's), those with the largest margin between the two most probable
 labels; ties go to the length nearest the median, then the doc id. Why: probabilities that label
 smoothing caps tie by the hundred, and the shortest reviews (two characters) say nothing of what a
-head reads. A review whose known label differs from its prediction is marked, and the most
-confidently misclassified reviews get a section of their own.
+head reads. A review whose label is one the model predicts and differs from its prediction is marked,
+and the most confidently misclassified reviews get a section of their own; a label the model cannot
+predict (0/1 against negative/positive, or 'neutral') is left out, as the accuracy leaves it out.
 """
 
 from __future__ import annotations
@@ -32,14 +33,12 @@ class Example:
     pred_label: str
     label: str | None
     margin: float
-
-    @property
-    def misclassified(self) -> bool:
-        return self.label is not None and self.label != self.pred_label
+    misclassified: bool  # the label is one the model predicts, and not the prediction
 
 
-def _ranked(preds: pl.DataFrame) -> pl.DataFrame:
-    """Scored reviews of typical length with their margin, in the rule's order."""
+def _ranked(preds: pl.DataFrame, labels: list[str]) -> pl.DataFrame:
+    """Scored reviews of typical length with their margin and whether they are misclassified, in the
+    rule's order."""
     ok = preds.filter(pl.col("status") == "ok")
     if ok.is_empty():
         return ok
@@ -50,18 +49,22 @@ def _ranked(preds: pl.DataFrame) -> pl.DataFrame:
         .with_columns(
             margin=(top2.list.get(0) - top2.list.get(1, null_on_oob=True).fill_null(0.0)).cast(pl.Float64),
             off_median=(pl.col("n_tokens") - mid).abs(),
+            misclassified=pl.col("label").is_in(labels).fill_null(False)
+            & (pl.col("label") != pl.col("pred_label")),
         )
         .sort(["margin", "off_median", "doc_id"], descending=[True, False, False])
     )
 
 
 def _examples(rows: pl.DataFrame) -> list[Example]:
-    return [Example(*r) for r in rows.select("doc_id", "pred_label", "label", "margin").rows()]
+    return [
+        Example(*r) for r in rows.select("doc_id", "pred_label", "label", "margin", "misclassified").rows()
+    ]
 
 
-def pick(preds: pl.DataFrame, per_label: int) -> list[Example]:
-    """The ``per_label`` examples of each predicted label, by :data:`RULE`."""
-    ranked = _ranked(preds)
+def pick(preds: pl.DataFrame, per_label: int, labels: list[str]) -> list[Example]:
+    """The ``per_label`` examples of each predicted label, by :data:`RULE` (``labels``: the model's)."""
+    ranked = _ranked(preds, labels)
     if ranked.is_empty() or per_label < 1:
         return []
     top = (
@@ -72,13 +75,12 @@ def pick(preds: pl.DataFrame, per_label: int) -> list[Example]:
     return _examples(top)
 
 
-def misclassified(preds: pl.DataFrame, k: int) -> list[Example]:
-    """The ``k`` most confidently misclassified reviews (a known label other than the prediction)."""
-    ranked = _ranked(preds)
+def misclassified(preds: pl.DataFrame, k: int, labels: list[str]) -> list[Example]:
+    """The ``k`` most confidently misclassified reviews (``labels``: the model's)."""
+    ranked = _ranked(preds, labels)
     if ranked.is_empty() or k < 1:
         return []
-    wrong = ranked.filter(pl.col("label").is_not_null() & (pl.col("label") != pl.col("pred_label")))
-    return _examples(wrong.head(k))
+    return _examples(ranked.filter(pl.col("misclassified")).head(k))
 
 
 def examples_html(run: Path, picks: list[Example], layer: int, title: str, by_label: bool = True) -> str:

@@ -282,9 +282,13 @@ def build_report(
         accuracy_html(manifest, preds, labelled),
         _tokens_html(table, meta, idx, top_k, _any_scored(preds), manifest.byte_level, manifest.num_layers),
         trust_html(run, manifest, table),
-        examples_html(run, pick(preds, examples), idx, "Example reviews") if shown else "",
+        examples_html(run, pick(preds, examples, manifest.labels), idx, "Example reviews") if shown else "",
         examples_html(
-            run, misclassified(preds, examples), idx, "Most confidently misclassified reviews", False
+            run,
+            misclassified(preds, examples, manifest.labels),
+            idx,
+            "Most confidently misclassified reviews",
+            False,
         )
         if shown
         else "",

@@ -75,7 +75,8 @@ def test_report_states_what_the_run_holds(run_dir, page):
     )
     assert f"{first['token'][0]} ({first['mean_scaled'][0]:.2f})" in html
     # examples by the stated rule: typical length, then the margin between the two likeliest labels
-    picks = examples.pick(pl.from_arrow(read_table(run_dir, "predictions")), 2)
+    labels = ["negative", "neutral", "positive"]
+    picks = examples.pick(pl.from_arrow(read_table(run_dir, "predictions")), 2, labels)
     lengths = sorted(p["n_tokens"] for p in preds)
     typical = [
         p for p in preds if lengths[len(lengths) // 4] <= p["n_tokens"] <= lengths[3 * len(lengths) // 4]
@@ -95,7 +96,7 @@ def test_report_states_what_the_run_holds(run_dir, page):
         assert re.search(
             rf"<figcaption>review {re.escape(e.doc_id)} ·[^<]*margin {e.margin:.3f}{mark}</", html
         )
-    wrong = examples.misclassified(pl.from_arrow(read_table(run_dir, "predictions")), 2)
+    wrong = examples.misclassified(pl.from_arrow(read_table(run_dir, "predictions")), 2, labels)
     assert all(e.misclassified for e in wrong) and "Most confidently misclassified reviews" in html
     assert html.count("data:image/png;base64,") == 1 + len(picks) + len(wrong)  # top tokens + examples
     assert "http://" not in html and "https://" not in html and "<script" not in html
@@ -167,6 +168,8 @@ def test_accuracy_section_says_why_there_is_no_accuracy(tiny_en_dir, drug_rows, 
     html = report.build_report(other, examples=1, min_reviews=1).read_text(encoding="utf-8")
     assert "accuracy <b>n/a</b>" in html and "<b>nan</b>" not in html
     assert "4 with other labels are in the matrix" in html
+    # nor are they "misclassified": the examples were all marked so, and listed as the most confident
+    assert "misclassified" not in html and html.count("<figcaption>") == 1 + 1  # top tokens, an example
 
     unlabelled = [{k: v for k, v in r.items() if k != "label"} for r in rows]
     src = tmp_path / "unlabelled.parquet"
