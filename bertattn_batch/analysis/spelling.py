@@ -4,6 +4,8 @@ which is what joins and token ids agree with."""
 
 from __future__ import annotations
 
+import unicodedata
+
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet (RoBERTa's tokens): a printable character for each byte, inverted."""
@@ -23,18 +25,43 @@ _BYTES = _byte_decoder()
 _SHIFTED = {c for c, b in _BYTES.items() if ord(c) >= 256}  # bytes with no printable self: 'Ġ' (space)
 
 
+#: The most characters a token shows in a table cell or on a figure (the stored tables keep it whole):
+#: a 500-character token made every column of a terminal table that wide.
+PRINTED_CHARS = 40
+
+
+#: Characters that reorder what follows them on screen (bidi embeddings, overrides and isolates).
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def printable(text: str, limit: int | None = PRINTED_CHARS) -> str:
+    """``text`` fit to print: control characters, line breaks and bidi controls as escapes ('\\n',
+    '\\x1b', '\\u202e'), cut to ``limit`` characters. Why: an ESC in a token reached the terminal, a
+    newline in a label broke a table's header line, and U+202E turns the rest of a line around."""
+    text = "".join(repr(c)[1:-1] if _hidden(c) else c for c in text)
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _hidden(c: str) -> bool:
+    return unicodedata.category(c) in ("Cc", "Zl", "Zp") or c in _BIDI
+
+
 def readable(tokens: list[str], byte_level: bool | None = None) -> list[str]:
-    """Tokens as a reader sees them. Byte-level BPE tokens (RoBERTa: 'Ġgood', 'cafÃ©') are decoded back
-    to their text; a piece holding part of a character shows '�'. Other tokens are kept as they are.
+    """Tokens as a reader sees them (:func:`printable`). Byte-level BPE tokens (RoBERTa: 'Ġgood', 'cafÃ©')
+    are decoded back to their text; a piece holding part of a character shows '�'.
 
     ``byte_level``: whether the run's tokenizer is byte-level (its manifest says, since this version).
     Only for runs that do not say is it told from the tokens, which a WordPiece token such as 'ł'
     (a character that is also a shifted byte) can mislead."""
+    if _spells_bytes(tokens, byte_level):
+        tokens = [_decode(t).strip() or _visible_space(_decode(t)) for t in tokens]
+    return [printable(t) for t in tokens]
+
+
+def _spells_bytes(tokens: list[str], byte_level: bool | None) -> bool:
     if byte_level is None:
         byte_level = any(c in _SHIFTED for t in tokens for c in t)
-    if not byte_level or not all(c in _BYTES for t in tokens for c in t):
-        return list(tokens)
-    return [_decode(t).strip() or _visible_space(_decode(t)) for t in tokens]
+    return byte_level and all(c in _BYTES for t in tokens for c in t)
 
 
 def _decode(token: str) -> str:
@@ -52,12 +79,13 @@ def readable_map(tokens: list[str], byte_level: bool | None = None) -> dict[str,
     context tells tokens apart: two that read alike ('Ġgood' starts a word, 'good' does not) show their
     spaces ('␣good', 'good'), and two that still do (pieces of characters, '�') their own spelling."""
     distinct = list(dict.fromkeys(tokens))
-    shown = dict(zip(distinct, readable(distinct, byte_level), strict=True))
-    for clash in _alike(shown):
-        shown.update({t: _visible_space(_decode(t)) for t in clash})
-    for clash in _alike(shown):
-        shown.update({t: t for t in clash})
-    return shown
+    cells = dict(zip(distinct, readable(distinct, byte_level), strict=True))
+    if _spells_bytes(distinct, byte_level):
+        for clash in _alike(cells):
+            cells.update({t: printable(_visible_space(_decode(t)), None) for t in clash})
+    for clash in _alike(cells):  # cut alike, or pieces of one character
+        cells.update({t: printable(t, None) for t in clash})
+    return cells
 
 
 def _alike(shown: dict[str, str]) -> list[list[str]]:

@@ -10,7 +10,7 @@ import polars as pl
 from ..errors import SpecError
 from ..run import layer_name
 from .aggregate import CONTRASTS, RANK_MEASURES, SPLITS, UNITS, ranked
-from .spelling import readable_map
+from .spelling import printable, readable_map
 
 
 def top_tokens(
@@ -94,7 +94,7 @@ def format_top(
     blocks = []
     for (layer, cls), group in top.group_by(["layer", "class_label"], maintain_order=True):
         n = group["class_reviews"][0]
-        who = "all reviews" if cls is None else f"{split} = {cls}"
+        who = "all reviews" if cls is None else f"{split} = {printable(str(cls), None)}"
         lines = [f"{layer_name(layer, num_layers)} · {who} ({n} reviews) · top {k} {unit}s, {measure}"]
 
         cells: dict[int, list[str]] = {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +123,7 @@ def _line(what: str, conf: dict[str, Any], note: str) -> str:
     if conf["n_unknown"]:
         note += f"; {conf['n_unknown']} with other labels are in the matrix but not in the accuracy"
     value = f"{conf['accuracy']:.4f}" if conf["n_known"] else "n/a"  # none known: no accuracy to give
-    return f'<p>{escape(what)} <b>{value}</b> <span class="meta">({escape(note)})</span></p>'
+    return f'<p>{page.esc(what)} <b>{value}</b> <span class="meta">({page.esc(note)})</span></p>'
 
 
 def _matrix(conf: dict[str, Any]) -> str:

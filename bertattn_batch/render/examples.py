@@ -12,7 +12,6 @@ predict (0/1 against negative/positive, or 'neutral') is left out, as the accura
 from __future__ import annotations
 
 from dataclasses import dataclass
-from html import escape
 from pathlib import Path
 
 import polars as pl
@@ -87,17 +86,17 @@ def examples_html(run: Path, picks: list[Example], layer: int, title: str, by_la
     if not picks:
         return ""
     reviews = load_reviews(run, [e.doc_id for e in picks], layer)
-    parts = [f"<h2>{escape(title)}</h2>", f'<p class="meta">Chosen as {escape(RULE)}.</p>']
+    parts = [f"<h2>{page.esc(title)}</h2>", f'<p class="meta">Chosen as {page.esc(RULE)}.</p>']
     label = None
     for review, example in zip(reviews, picks, strict=True):
         if by_label and example.pred_label != label:
-            parts.append(f"<h3>Predicted {escape(str(example.pred_label))}</h3>")
+            parts.append(f"<h3>Predicted {page.esc(str(example.pred_label))}</h3>")
             label = example.pred_label
         mark = " · misclassified" if example.misclassified else ""
         parts.append(
             page.img(
                 cls_png(review),
-                alt=f"heads x tokens heatmap of review {review.doc_id}",
+                alt=f"heads x tokens heatmap of {review.title()}",
                 caption=f"{review.title()} · margin {example.margin:.3f}{mark}",
             )
         )

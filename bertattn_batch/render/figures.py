@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import unicodedata
-from html import escape
 
 import numpy as np
 
@@ -175,9 +174,9 @@ def cls_html(review: ReviewAttention) -> str:
 
 def review_html(review: ReviewAttention, heading: bool = True) -> str:
     """A review's section: title, its text when known, the heatmap table, and token x token maps."""
-    parts = [f"<h2>{escape(review.title())}</h2>"] if heading else []
+    parts = [f"<h2>{page.esc(review.title())}</h2>"] if heading else []
     if review.text:
-        parts.append(f'<p class="meta">{escape(review.text)}</p>')
+        parts.append(f'<p class="meta">{page.esc(review.text)}</p>')
     parts.append(cls_html(review))
     if review.pairs is not None:
         parts.append(

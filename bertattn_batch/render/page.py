@@ -18,6 +18,8 @@ from html import escape
 
 import numpy as np
 
+from ..analysis.spelling import printable
+
 CMAP = "Reds"
 
 _CSS = """
@@ -50,8 +52,8 @@ def page(title: str, body: str) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{escape(title)}</title>\n<style>{face}{_CSS}</style>\n</head>\n"
-        f"<body>\n<h1>{escape(title)}</h1>\n{body}\n</body>\n</html>\n"
+        f"<title>{esc(title)}</title>\n<style>{face}{_CSS}</style>\n</head>\n"
+        f"<body>\n<h1>{esc(title)}</h1>\n{body}\n</body>\n</html>\n"
     )
 
 
@@ -84,32 +86,38 @@ def heat_table(
     shape as ``values``) become each cell's tooltip.
     """
     hexes = colors(values, vmin, vmax)
-    head = "".join(f'<th class="tok">{escape(c)}</th>' for c in columns)
+    head = "".join(f'<th class="tok">{esc(c)}</th>' for c in columns)
     lines = [f'<div class="scroll"><table class="heat"><tr><th></th>{head}</tr>']
     for i, name in enumerate(rows):
         cells = "".join(
             f'<td style="background:{hexes[i, j]}"'
-            + (f' title="{escape(str(tips[i, j]))}"' if tips is not None else "")
+            + (f' title="{esc(str(tips[i, j]))}"' if tips is not None else "")
             + "></td>"
             for j in range(values.shape[1])
         )
-        lines.append(f'<tr><th class="row">{escape(name)}</th>{cells}</tr>')
+        lines.append(f'<tr><th class="row">{esc(name)}</th>{cells}</tr>')
     lines.append("</table></div>")
     if caption:
-        lines.append(f'<p class="meta">{escape(caption)}</p>')
+        lines.append(f'<p class="meta">{esc(caption)}</p>')
     return "\n".join(lines)
+
+
+def esc(value: object) -> str:
+    """Text for a page: HTML-escaped, its control characters shown as escapes (a label holding an ESC
+    or a line break, a token a NUL; see ``spelling.printable``)."""
+    return escape(printable(str(value), None))
 
 
 def data_table(header: Sequence[str], rows: Sequence[Sequence[object]], numeric: Sequence[bool] = ()) -> str:
     """A plain HTML table; cells escaped, floats written with 3 decimals."""
     num = list(numeric) + [False] * (len(header) - len(numeric))
-    out = ["<table><tr>" + "".join(f"<th>{escape(str(h))}</th>" for h in header) + "</tr>"]
+    out = ["<table><tr>" + "".join(f"<th>{esc(str(h))}</th>" for h in header) + "</tr>"]
     for row in rows:
         cells = []
         for value, is_num in zip(row, num, strict=False):
             text = f"{value:.3f}" if isinstance(value, float) else ("" if value is None else str(value))
             cls = ' class="num"' if is_num else ""
-            cells.append(f"<td{cls}>{escape(text)}</td>")
+            cells.append(f"<td{cls}>{esc(text)}</td>")
         out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</table>")
     return "\n".join(out)
@@ -129,5 +137,5 @@ def png_bytes(fig, dpi: int = 110, tight: bool = True) -> bytes:
 def img(png: bytes, alt: str, caption: str = "") -> str:
     """A PNG embedded as a data URI, inside a figure with an optional caption."""
     src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-    cap = f"<figcaption>{escape(caption)}</figcaption>" if caption else ""
-    return f'<figure><img class="fig" src="{src}" alt="{escape(alt)}">{cap}</figure>'
+    cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
+    return f'<figure><img class="fig" src="{src}" alt="{esc(alt)}">{cap}</figure>'

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import tempfile
 import time
-from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +191,7 @@ def _tokens_html(
     parts = [
         f"<h2>Top tokens per head · {layer_name(layer, num_layers)}</h2>",
         f'<p class="meta">From {agg.AGGREGATES_DIR}/{agg.TABLE}.parquet: tokens seen in at '
-        f"least {opts.get('min_reviews')} reviews, ranked by {escape(rank_by)}; "
+        f"least {opts.get('min_reviews')} reviews, ranked by {page.esc(rank_by)}; "
         "cells give the token and its mean scaled weight.</p>",
     ]
     for unit in opts.get("units", ["token"]):
@@ -212,7 +211,7 @@ def _tokens_html(
             )
     by_pred = top_tokens(table, k, "token", "pred_label", [layer], measure="log_odds_z")
     if not by_pred.is_empty() and by_pred["log_odds_z"].is_null().all():  # one predicted label
-        label = escape(str(by_pred["class_label"][0]))
+        label = page.esc(str(by_pred["class_label"][0]))
         parts.append(f'<p class="meta">Every scored review is predicted {label}: no label to contrast.</p>')
         by_pred = by_pred.clear()
     if not by_pred.is_empty():
@@ -226,7 +225,7 @@ def _tokens_html(
         )
     for cls, group in by_pred.group_by("class_label", maintain_order=True):
         parts += [
-            f"<h3>Tokens, reviews predicted {escape(str(cls[0]))} ({group['class_reviews'][0]})</h3>",
+            f"<h3>Tokens, reviews predicted {page.esc(str(cls[0]))} ({group['class_reviews'][0]})</h3>",
             _top_table_html(group, "log_odds_z", byte_level),
         ]
     return "\n".join(parts)

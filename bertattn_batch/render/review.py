@@ -22,6 +22,7 @@ import numpy as np
 import polars as pl
 
 from .. import schema
+from ..analysis.spelling import printable
 from ..errors import InputError, RunDirError, SpecError
 from ..run import (
     Manifest,
@@ -70,13 +71,13 @@ class ReviewAttention:
         return layer_name(self.layer, self.num_layers)
 
     def title(self) -> str:
-        parts = [f"review {_short(self.doc_id)}", self.layer_name]
+        parts = [f"review {printable(self.doc_id, TITLE_VALUE_CHARS)}", self.layer_name]
 
         if self.pred_label is not None:
             prob = f" ({self.prob:.3f})" if self.prob is not None else ""
-            parts.append(f"predicted {_short(self.pred_label)}{prob}")
+            parts.append(f"predicted {printable(self.pred_label, TITLE_VALUE_CHARS)}{prob}")
         if self.label is not None:
-            parts.append(f"label {_short(self.label)}")
+            parts.append(f"label {printable(self.label, TITLE_VALUE_CHARS)}")
         return " · ".join(parts)
 
 
@@ -118,13 +119,6 @@ def select(review: ReviewAttention, tokens: slice | None = None, specials: bool 
         out.pairs = review.pairs[:, rows][:, :, rows]
         out.pair_tokens = [review.pair_tokens[i] for i in rows]
     return out
-
-
-def _short(value: str, limit: int = TITLE_VALUE_CHARS) -> str:
-    """An id or label fit for a one-line title: line breaks and other control characters as escapes,
-    and cut to ``limit`` characters (a 3,000-character id would make the figure 30,000 pixels wide)."""
-    text = "".join(repr(c)[1:-1] if not c.isprintable() else c for c in value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def from_rows(rows: pl.DataFrame, doc_id: str, layer: int) -> ReviewAttention:

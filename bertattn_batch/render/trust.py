@@ -4,7 +4,6 @@ the random baseline, and what each measure means and where it stops."""
 from __future__ import annotations
 
 import json
-from html import escape
 from pathlib import Path
 
 import polars as pl
@@ -68,20 +67,22 @@ def trust_html(run: Path, manifest: Manifest, aggregates: pl.DataFrame | None = 
             parts.append(
                 '<p class="meta">Measured before the run\'s latest parts were committed (an '
                 "<code>--incremental</code> pass or a resume): its sample leaves their reviews out. Run "
-                f"<code>bertattn faithfulness {escape(str(run))}</code> again to sample them all.</p>"
+                f"<code>bertattn faithfulness {page.esc(str(run))}</code> again to sample them all.</p>"
             )
         parts += _faithfulness_html(pl.read_parquet(path), manifest.num_layers, contrasts)
     elif measured is not None:
         parts.append(
             '<p class="meta">faithfulness/head_faithfulness.parquet was measured on an earlier run in this '
-            f"folder: run <code>bertattn faithfulness {escape(str(run))}</code> again.</p>"
+            f"folder: run <code>bertattn faithfulness {page.esc(str(run))}</code> again.</p>"
         )
     else:
         parts.append(
-            f'<p class="meta">No faithfulness measured yet: <code>bertattn faithfulness {escape(str(run))}'
+            f'<p class="meta">No faithfulness measured yet: <code>bertattn faithfulness {page.esc(str(run))}'
             "</code> ranks every head by how much deleting its top tokens moves the prediction.</p>"
         )
-    parts.append("<ul>" + "".join(f"<li><b>{escape(m)}</b>: {escape(t)}</li>" for m, t in NOTES) + "</ul>")
+    parts.append(
+        "<ul>" + "".join(f"<li><b>{page.esc(m)}</b>: {page.esc(t)}</li>" for m, t in NOTES) + "</ul>"
+    )
     return "\n".join(parts)
 
 
@@ -129,7 +130,7 @@ def _faithfulness_html(
             for r in ranked.iter_rows(named=True)
         ]
         out += [
-            f"<h3>Heads of {escape(layer_name(layer, num_layers))}, most faithful first</h3>",
+            f"<h3>Heads of {page.esc(layer_name(layer, num_layers))}, most faithful first</h3>",
             page.data_table(
                 [
                     "score",

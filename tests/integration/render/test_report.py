@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -198,17 +199,8 @@ def test_counts_cover_every_pass_and_speed_the_last_run(tiny_en_dir, drug_rows, 
 def test_a_byte_level_runs_tokens_are_printed_as_text(drug_rows, tmp_path):
     """A RoBERTa run's tables printed its tokens in the byte alphabet ('Ġgood', 'Ã©'), which plot
     already decoded: aggregate's printout and the report spell them as text too."""
-    from transformers import RobertaConfig, RobertaForSequenceClassification
-
     texts = [" ".join(r["text"].split())[:200] for r in drug_rows[:200]]
-    tok = byte_level_bpe(texts)
-    torch.manual_seed(0)
-    config = RobertaConfig(
-        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=130, pad_token_id=1, type_vocab_size=1,
-    )  # fmt: skip
-    RobertaForSequenceClassification(config).save_pretrained(tmp_path / "model")
-    tok.save_pretrained(tmp_path / "model")
+    tok = _roberta(texts, tmp_path / "model")
     rows = [{"doc_id": str(i), "text": t} for i, t in enumerate(texts[:20])]
     out = _small_run(tmp_path / "model", [{**r, "label": "x"} for r in rows], tmp_path / "run", max_length=64)
 
@@ -225,6 +217,56 @@ def test_a_byte_level_runs_tokens_are_printed_as_text(drug_rows, tmp_path):
     html = report.build_report(out, examples=0, min_reviews=1).read_text(encoding="utf-8")
     tops = html[html.index("Top tokens per head") :]
     assert "Ġ" not in tops and escape(words[0]) in tops
+
+
+def _roberta(texts: list[str], folder: Path, vocab_size: int = 400):
+    """A tiny random RoBERTa classifier with a byte-level BPE trained on ``texts``, saved in ``folder``."""
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    tok = byte_level_bpe(texts, vocab_size)
+    torch.manual_seed(0)
+    config = RobertaConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=130, pad_token_id=1, type_vocab_size=1,
+    )  # fmt: skip
+    RobertaForSequenceClassification(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return tok
+
+
+#: What no printed table, page or figure may hold raw: C0 and C1 controls but tab and line breaks, and
+#: the bidi controls that turn the rest of a line around.
+_HIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def test_control_characters_and_long_tokens_are_printed_escaped_and_cut(drug_rows, tmp_path):
+    """A byte-level tokenizer keeps control characters as tokens: an ESC reached the terminal from
+    aggregate's table, and NUL, BEL and DEL were written raw into the report and plot's HTML and CSV; a
+    label with a line break split the table's header; a 500-character token (a review of digits) made
+    every column of the table that wide."""
+    odd = ["good\x00 stuff\x07 here\x1b[31m red\x7f", "bad \u202eevil\u0085 end", "1" * 3000]
+    texts = [" ".join(r["text"].split())[:200] for r in drug_rows[:100]] + odd * 20
+    tok = _roberta(texts, tmp_path / "model", vocab_size=700)
+    assert max(len(t) for t in tok.get_vocab()) > 100  # a long run of digits became one token
+    rows = [{"doc_id": f"d\x1b{i}", "text": t, "label": "pos\nitive\x1b" if i % 2 else "neg"} for i, t in
+            enumerate(texts[:10] + odd)]  # fmt: skip
+    out = _small_run(tmp_path / "model", rows, tmp_path / "run", max_length=128)
+
+    r = CliRunner().invoke(app, ["aggregate", str(out), "--min-reviews", "1", "--by", "label", "--top-k", "20"])
+    assert r.exit_code == 0, r.output
+    assert not _HIDDEN.search(r.output), repr(r.output)
+    assert max(map(len, r.output.splitlines())) < 20 * 60  # each cell at most 40 characters
+    assert "label = pos\\nitive\\x1b (" in r.output  # the header on one line, its label escaped
+    html = report.build_report(out, examples=1, min_reviews=1).read_text(encoding="utf-8")
+    assert not _HIDDEN.search(html)
+    for doc_id, suffix in itertools.product(("d\x1b10", "d\x1b12"), ("html", "csv")):
+        to = tmp_path / f"plot.{suffix}"
+        r = CliRunner().invoke(app, ["plot", str(out), "--doc-id", doc_id, "--out", str(to)])
+        assert r.exit_code == 0, r.output
+        written = to.read_text(encoding="utf-8")
+        assert not _HIDDEN.search(written), suffix
+        if doc_id == "d\x1b12" and suffix == "csv":  # the review of digits: its long token cut
+            assert "1" * 39 + "…" in written and "1" * 41 not in written
 
 
 # -- a real browser ----------------------------------------------------------------------------------
