@@ -1,4 +1,5 @@
-"""The span check: every token's character span lies within its review's text, read again from the inputs."""
+"""The span check: every token's character span lies within its review's text, read again from the inputs
+(or, for a run that read a stream, the texts it stored)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,39 @@ def _span_ends(run: RunView, part: Part) -> dict[int, tuple[str, int]]:
     return {r: (d, e) for d, e, r in ends.select("doc_id", "end", "row_index").iter_rows()}
 
 
+def _check_stored_spans(rec: Recorder, run: RunView) -> bool:
+    """Span ends against the texts the run stored, for a run that read a stream; False where it stored
+    none (``--no-store-text``), so that nothing could be checked."""
+    parts = [p for p in run.parts if p.readable >= {"predictions", "tokens"}]
+    checked = 0
+    for part in parts:
+        ends = (
+            pl.scan_parquet(run.file(part, "tokens"), glob=False)
+            .group_by("doc_id")
+            .agg(end=pl.col("end").max())
+            .join(
+                pl.scan_parquet(run.file(part, "predictions"), glob=False)
+                .filter(pl.col("status") == "ok")
+                .select("doc_id", "row_index", length=pl.col("text").str.len_chars()),
+                on="doc_id",
+                how="inner",
+            )
+            .collect(engine="streaming")
+        )
+        if ends["length"].null_count():
+            return False
+        checked += ends.height
+        past = ends.filter(pl.col("end") > pl.col("length")).select("doc_id", "row_index", "end", "length")
+        for doc_id, row, end, length in past.head(KEPT).iter_rows():
+            rec.fail(
+                "spans",
+                f"{part.rel['tokens']} doc {doc_id!r} (row {row}): a token span ends at {end}, past the "
+                f"stored text's length {length}",
+            )
+    rec.note("spans", f"{checked} reviews checked against the texts the run stored (it read a stream)")
+    return True
+
+
 def check_source_spans(rec: Recorder, run: RunView) -> None:
     """Stream the inputs once, beside the parts in row order, and compare span ends to text lengths."""
     try:
@@ -39,7 +73,8 @@ def check_source_spans(rec: Recorder, run: RunView) -> None:
     inputs = manifest.inputs
     streams = [p for p in inputs if read_once(p)]
     if streams:
-        rec.skip("spans", f"the run read {', '.join(streams)}: a stream, which cannot be read again")
+        if not _check_stored_spans(rec, run):
+            rec.skip("spans", f"the run read {', '.join(streams)}: a stream, which cannot be read again")
         return
     if not inputs:
         rec.skip("spans", "the manifest names no inputs: end <= text length not checked")

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import read_table
 from typer.testing import CliRunner
 
 from bertattn_batch import schema
@@ -384,6 +385,30 @@ def test_unreadable_source_is_a_skip_not_a_failure(en_run, tmp_path):
     assert report.ok, report.render()
     spans = report.check("spans")
     assert spans.status == "SKIP" and "not readable" in spans.skipped
+
+
+def test_a_stream_runs_spans_are_checked_against_the_texts_it_stored(en_run, tmp_path):
+    """A run that read standard input had its span check skipped, though it stored every text."""
+    run = _copy(en_run, tmp_path)
+    m = _manifest(run)
+    m["spec"]["inputs"] = m["fingerprint"]["inputs"] = ["-"]
+    _save_manifest(run, m)
+    report = validate_run(run)
+    assert report.ok, report.render()
+    scored = sum(s == "ok" for s in read_table(run, "predictions").column("status").to_pylist())
+    assert f"{scored} reviews checked against the texts the run stored" in report.render()
+    _span_past_end(run)
+    report = validate_run(run)
+    assert {p.check for p in report.problems} == {"spans"}, report.render()
+    assert "past the stored text's length" in report.render()
+
+    def forget_texts(c):
+        c["text"] = [None] * len(c["text"])
+
+    for part in (run / "predictions").glob("*.parquet"):  # as --no-store-text leaves them
+        _rewrite(part, forget_texts)
+    spans = validate_run(run).check("spans")
+    assert spans.status == "SKIP" and "a stream, which cannot be read again" in spans.skipped
 
 
 def test_interrupted_run_with_uncommitted_files_is_only_warned(en_run, tmp_path):
