@@ -49,7 +49,8 @@ def test_rows_piped_in_are_scored(name, tiny_en_dir, tmp_path):
     assert m["sources"][0]["bytes"] == len(JSONL.encode()) and m["sources"][0]["path"] == (
         "-" if name == "-" else os.path.abspath(name)
     )
-    assert _bertattn("validate", str(out)).returncode == 0  # its span check says the stream is gone
+    checked = _bertattn("validate", str(out))
+    assert checked.returncode == 0 and "3 reviews checked against the texts the run stored" in checked.stdout
 
 
 def test_the_same_stream_resumes_and_another_is_refused(tiny_en_dir, tmp_path):
