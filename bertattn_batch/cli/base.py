@@ -175,9 +175,9 @@ def exit_now(code: int | str | None) -> NoReturn:
     if isinstance(code, str):  # sys.exit("message"), as Python prints it
         print(code, file=sys.stderr)
         code = 1
-    for thread in threading.enumerate():  # what Python's own exit would wait for
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    # what Python's own exit does first: threading's exit hooks, which end the workers of thread pools
+    # left open (torch.compile's: without them extract --compile never exited), then wait for threads
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()  # logging's flush, temporary files, multiprocessing's children
     sys.stdout.flush()
     sys.stderr.flush()

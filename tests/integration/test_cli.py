@@ -552,3 +552,17 @@ def test_the_command_exits_with_its_code_after_the_exit_hooks(args, code, tmp_pa
     done = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == code, done.stderr
     assert done.stdout.rstrip().endswith("hook ran"), done.stdout
+
+
+def test_the_command_exits_with_a_thread_pool_left_open(tmp_path):
+    """extract --compile wrote its run and never exited: torch.compile leaves an idle thread pool, whose
+    workers end only on the exit hook Python's threading runs before it waits for threads."""
+    script = (
+        "import concurrent.futures, sys; from bertattn_batch.cli import main; "
+        "pool = concurrent.futures.ThreadPoolExecutor(2); pool.submit(int).result(); "
+        "sys.argv = ['bertattn', '--version']; main()"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    assert done.returncode == 0, done.stderr

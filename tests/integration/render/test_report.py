@@ -252,7 +252,9 @@ def test_control_characters_and_long_tokens_are_printed_escaped_and_cut(drug_row
             enumerate(texts[:10] + odd)]  # fmt: skip
     out = _small_run(tmp_path / "model", rows, tmp_path / "run", max_length=128)
 
-    r = CliRunner().invoke(app, ["aggregate", str(out), "--min-reviews", "1", "--by", "label", "--top-k", "20"])
+    r = CliRunner().invoke(
+        app, ["aggregate", str(out), "--min-reviews", "1", "--by", "label", "--top-k", "20"]
+    )
     assert r.exit_code == 0, r.output
     assert not _HIDDEN.search(r.output), repr(r.output)
     assert max(map(len, r.output.splitlines())) < 20 * 60  # each cell at most 40 characters
