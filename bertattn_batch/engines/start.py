@@ -29,6 +29,9 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
     dtype = str(clf.dtype).removeprefix("torch.")
     fingerprint = {
         "model_sha256": clf.weights_sha256,
+        # the model folder's other files: labels renamed or a tokenizer changed beside the same weights
+        "labels": {str(k): v for k, v in clf.id2label.items()},
+        "tokenizer_sha256": tokenizer_hash(clf.tokenizer),
         "inputs": [input_name(p) for p in spec.inputs],  # the same files, from any directory
         "columns": [spec.text_col, spec.id_col, spec.label_col],
         "input_format": spec.input_format,  # the same file read as another format has other rows
@@ -71,6 +74,20 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
             "pyarrow": pyarrow.__version__,
         },
     }
+
+
+#: Text that tells tokenizers apart by what they do: case, accents, width, CJK, digits, emoji, spaces.
+_PROBE = "Hello WORLD! Ünïcödé café naïve 123,456.7 好吃不贵 ＡＢＣ１ 😀 don't re-do it\tnow\nthen"
+
+
+def tokenizer_hash(tokenizer: Any) -> str:
+    """sha256 of what the tokenizer does: its vocabulary, the ids and spans it gives a probe text, and the
+    side it truncates. Behaviour, not its saved form, so that a library upgrade that spells the same
+    tokenizer otherwise does not stop a nightly run from resuming."""
+    enc = tokenizer(_PROBE, return_offsets_mapping=True)
+    state = [sorted(tokenizer.get_vocab().items()), enc["input_ids"], enc["offset_mapping"]]
+    state.append(getattr(tokenizer, "truncation_side", "right"))
+    return hashlib.sha256(json.dumps(state, ensure_ascii=False).encode()).hexdigest()
 
 
 def load_classifier(spec: JobSpec) -> Any:

@@ -245,6 +245,8 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
                 spec.get("input_format", "auto") if isinstance(spec, dict) else "auto"
             )
         # from before these were job settings: what every run read then
+        if "labels" not in fingerprint and isinstance(data.get("model"), dict):  # from before it was there
+            fingerprint["labels"] = data["model"].get("id2label")
         for key, then in (
             ("encoding", "utf-8"),
             ("delimiter", None),

@@ -290,9 +290,12 @@ class RunDir:
         # the job's fingerprint read as a manifest would be, so a key it leaves out means its default
         mine = upgrade({"fingerprint": self.header.get("fingerprint", {})})["fingerprint"]
         theirs = old.fingerprint
-        # job_sha256 is a hash of the others (and of the inputs as an older version spelt them)
+        # job_sha256 is a hash of the others (and of the inputs as an older version spelt them); a key
+        # an older version did not record and upgrade() cannot fill in (tokenizer_sha256) is not compared
         diff = sorted(
-            k for k in set(mine) | set(theirs) if k != "job_sha256" and mine.get(k) != theirs.get(k)
+            k
+            for k in set(mine) | set(theirs)
+            if k != "job_sha256" and k in theirs and mine.get(k) != theirs.get(k)
         )
         if diff:
             detail = "; ".join(

@@ -275,6 +275,35 @@ def test_a_resume_with_a_smaller_limit_is_refused_and_leaves_the_run_as_it_was(
     assert runner.invoke(app, ["validate", str(out)]).exit_code == 0
 
 
+def test_a_model_folder_with_other_labels_or_tokenizer_beside_the_same_weights_is_refused(
+    corpus, tiny_en_dir, tmp_path
+):
+    """--incremental into a run whose model folder had its labels renamed, or its tokenizer changed,
+    beside the same weights mixed two models' rows silently (a run its own validate then refused)."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_en_dir, model)
+    out = tmp_path / "run"
+    assert runner.invoke(app, _args(corpus, model, out)).exit_code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    config = json.loads((model / "config.json").read_text())
+    renamed = {k: f"new {v}" for k, v in config["id2label"].items()}
+    (model / "config.json").write_text(json.dumps({**config, "id2label": renamed}))
+    r = runner.invoke(app, [*_args(corpus, model, out), "--incremental"])
+    assert r.exit_code == 1 and "made by another job (labels: run has" in r.output, r.output
+    (model / "config.json").write_text(json.dumps(config))
+    tok_config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**tok_config, "do_lower_case": False}))
+    r = runner.invoke(app, [*_args(corpus, model, out), "--incremental"])
+    assert r.exit_code == 1 and "made by another job (tokenizer_sha256: run has" in r.output, r.output
+    # a run an older version wrote, which recorded neither, resumes as before
+    for key in ("labels", "tokenizer_sha256"):
+        del manifest["fingerprint"][key]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    shutil.copy(tiny_en_dir / "tokenizer_config.json", model / "tokenizer_config.json")
+    r = runner.invoke(app, [*_args(corpus, model, out), "--incremental"])
+    assert r.exit_code == 0 and "nothing new to process" in r.output, r.output
+
+
 def test_another_model_or_spec_is_refused(corpus, tiny_en_dir, minilm_dir, tmp_path):
     out = tmp_path / "run"
     assert runner.invoke(app, _args(corpus, tiny_en_dir, out)).exit_code == 0
