@@ -18,6 +18,7 @@ import copy
 import functools
 import json
 import re
+import secrets
 import unicodedata
 from collections.abc import Sequence
 from concurrent import futures
@@ -215,9 +216,9 @@ def _widen_over_marks(text: str, offsets: np.ndarray, end_known: bool) -> None:
         offsets[k, 1] = end
 
 
-#: Put before a special token's piece in a Unigram vocabulary, so that no text matches it (a character
-#: of Unicode's private use area; the piece keeps its id and score).
-_UNREACHABLE = "\ue000"
+#: Put before a special token's piece in a Unigram vocabulary, so that no text matches it: random for
+#: each process, as a fixed prefix can be typed ("\ue000<s>" was); the piece keeps its id and score.
+_UNREACHABLE = f"\ue000{secrets.token_hex(16)}"
 
 
 def text_backend(tokenizer):

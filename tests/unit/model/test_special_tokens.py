@@ -90,7 +90,9 @@ def test_special_token_text_in_a_review_is_text(arch, texts, wordpiece, tmp_path
     tok.save_pretrained(tmp_path)
     clf = Classifier.load(str(tmp_path))
     specials = " ".join(dict.fromkeys(clf.tokenizer.all_special_tokens))
-    review = f"worked {specials} hated it {specials}"
+    # a Unigram vocabulary's special pieces were renamed "\ue000<s>" out of reach, which text can spell
+    prefixed = " ".join(f"\ue000{t}" for t in dict.fromkeys(clf.tokenizer.all_special_tokens))
+    review = f"worked {specials} hated it {specials} {prefixed}"
     enc = encode_texts(clf.tokenizer, [review], clf.max_length)[0]
     special_ids = set(clf.tokenizer.all_special_ids) - {
         clf.tokenizer.unk_token_id
@@ -100,7 +102,8 @@ def test_special_token_text_in_a_review_is_text(arch, texts, wordpiece, tmp_path
     )
     assert enc.ids[0] == clf.tokenizer.cls_token_id and enc.ids[-1] == clf.tokenizer.sep_token_id
     covered = "".join(review[s:e] for s, e in enc.offsets[1:-1] if e > s)
-    assert "".join(covered.split()) == "".join(review.split())  # every character is some token's
+    # every character is some token's (U+E000 but where the normalizer drops it, as BERT's does)
+    assert "".join(covered.split()).replace("\ue000", "") == "".join(review.split()).replace("\ue000", "")
     # so does a copy made after that first encode (an Encoder's threads, a host process's pickle): the
     # Rust flag that keeps special tokens' text as text does not survive copying
     for copied in (copy.deepcopy(clf.tokenizer), pickle.loads(pickle.dumps(clf.tokenizer))):
