@@ -353,8 +353,16 @@ def _max_length(asked: int | None, tokenizer, config, source: str) -> int:
     """The tokens a review keeps: the tokenizer's ``model_max_length`` unless asked for more, and never
     more than the model has positions for. Hub tokenizers often carry a shorter limit than the model's."""
     positions = position_limit(config)
+    few = "too few for [CLS], one token and [SEP]"
+    if positions < 3:
+        raise ModelError(f"{source} has positions for {positions} tokens: {few}")
     if asked is None:
-        return length_limit(tokenizer, config)
+        if (limit := length_limit(tokenizer, config)) < 3:
+            raise ModelError(
+                f"{source}'s tokenizer keeps {limit} tokens (its model_max_length): {few}; pass "
+                f"--max-length (its model has positions for {positions})"
+            )
+        return limit
     if asked > positions:
         raise SpecError(f"max_length {asked} exceeds the {positions} tokens {source} has positions for")
     warn_above_tokenizer(asked, tokenizer, positions, source)

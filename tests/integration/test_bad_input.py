@@ -549,6 +549,29 @@ def test_a_tokenizer_limit_below_the_positions_is_the_default_and_can_be_passed(
         Classifier.load(str(model), max_length=positions + 1)
 
 
+def test_a_model_or_tokenizer_that_keeps_fewer_than_three_tokens_is_refused(tiny_en_dir, tmp_path):
+    """Two positions gave a bare RuntimeError from a probe batch; a tokenizer set for two tokens scored
+    nothing and called every review no_tokens."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_en_dir)
+    config = AutoConfig.from_pretrained(tiny_en_dir)
+    config.max_position_embeddings = 2
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path / "short")
+    tok.save_pretrained(tmp_path / "short")
+    with pytest.raises(ModelError, match="has positions for 2 tokens: too few for"):
+        Classifier.load(str(tmp_path / "short"))
+    model = tmp_path / "model"
+    shutil.copytree(tiny_en_dir, model)
+    tok.model_max_length = 2
+    tok.save_pretrained(model)
+    with pytest.raises(ModelError, match=r"tokenizer keeps 2 tokens \(its model_max_length\).*--max-length"):
+        Classifier.load(str(model))
+    assert Classifier.load(str(model), max_length=16).max_length == 16
+
+
 def _with_weights(model_dir: Path, dest: Path, drop: str = "", add: dict | None = None) -> Path:
     """A copy of a model folder whose weights lose the names that start with ``drop`` and gain ``add``."""
     from safetensors.torch import load_file, save_file
