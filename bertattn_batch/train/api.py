@@ -218,19 +218,20 @@ def _finetune(
 
 def _training_length(spec: FinetuneSpec, tokenizer: Any, config: Any) -> int:
     """The tokens a training review keeps: as extract, up to the base's positions even where its
-    tokenizer's ``model_max_length`` says less (with a warning, and the saved tokenizer raised to match), so
-    a job trains at the length it scores."""
+    tokenizer's ``model_max_length`` says less (with a warning). The saved tokenizer is set to that
+    length, above or below the base's, so that extract scores as long as the model trained."""
     positions = position_limit(config)
-    if spec.max_length > positions:
+    length = spec.max_length
+    if length > positions:
         log.warning(
             "max_length %d is more than the %d tokens %s has positions for; training at %d tokens",
-            spec.max_length, positions, spec.base, positions,
+            length, positions, spec.base, positions,
         )  # fmt: skip
-        return positions
-    if (tokenizer_limit(tokenizer) or positions) < spec.max_length:
-        warn_above_tokenizer(spec.max_length, tokenizer, positions, spec.base or "the base")
-        tokenizer.model_max_length = spec.max_length  # saved so: extract scores as long as it trained
-    return spec.max_length
+        length = positions
+    elif (tokenizer_limit(tokenizer) or positions) < length:
+        warn_above_tokenizer(length, tokenizer, positions, spec.base or "the base")
+    tokenizer.model_max_length = length
+    return length
 
 
 def _encode_for_training(tokenizer: Any, texts: list[str], max_length: int) -> list[list[int]]:

@@ -536,6 +536,12 @@ def test_a_base_trains_past_its_tokenizer_limit_as_extract_scores(
                            tmp_path / "m", spec, progress=False)  # fmt: skip
     assert metrics["max_length"] == 32 and Classifier.load(str(tmp_path / "m")).max_length == 32
     assert f"max_length 32 is above the 16 tokens {base}'s tokenizer is set for" in caplog.text
+    # and below it: a model trained on 8 tokens scored 16 (the base tokenizer's) by default
+    spec = FinetuneSpec(base=str(base), epochs=1.0, max_length=8, eval_fraction=0.0)
+    finetune(
+        ["very good food", "very bad food"] * 4, ["pos", "neg"] * 4, tmp_path / "short", spec, progress=False
+    )
+    assert Classifier.load(str(tmp_path / "short")).max_length == 8
 
 
 def test_messages_name_the_real_problem(tmp_path: Path) -> None:
