@@ -47,18 +47,8 @@ def resolve_source(base: str) -> str:
 
 #: Encoders whose [CLS] (or <s>) sits at position 0 and whose self-attention we can read.
 SUPPORTED_MODEL_TYPES = frozenset(
-    {
-        "bert",
-        "roberta",
-        "xlm-roberta",
-        "camembert",
-        "distilbert",
-        "electra",
-        "albert",
-        "ernie",
-        "megatron-bert",
-    }
-)
+    {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "albert", "ernie", "megatron-bert"}
+)  # fmt: skip
 
 
 #: Models whose position ids start after the padding index (at pad_token_id + 1), so pad_token_id + 1
@@ -341,7 +331,7 @@ def check_single_label(config, source: str) -> None:
 
 def check_tokenizer(tokenizer, config, source: str) -> None:
     """What extraction and training both need of a model's tokenizer: character offsets (a fast
-    tokenizer), ids the model embeds, and [CLS] at position 0."""
+    tokenizer), ids the model embeds, [CLS] at position 0 and one segment."""
     if not getattr(tokenizer, "is_fast", False):
         raise ModelError(f"{source}: a fast tokenizer (tokenizer.json) is needed for character offsets")
     check_vocabulary(tokenizer, config, source)
@@ -367,9 +357,14 @@ def check_vocabulary(tokenizer, config, source: str) -> None:
 
 
 def check_cls_first(tokenizer, source: str) -> None:
-    """The product reads the attention of the token at position 0; make sure it is [CLS]."""
+    """The product reads the attention of the token at position 0; make sure it is [CLS]. The model is
+    fed token type 0 throughout, as BERT reads one text: a template that types it otherwise is refused."""
     cls_id = tokenizer.cls_token_id
-    enc = tokenizer("a b", return_special_tokens_mask=True)
+    enc = tokenizer("a b", return_special_tokens_mask=True, return_token_type_ids=True)
+    if any(types := enc.get("token_type_ids") or ()):
+        raise ModelError(
+            f"{source}: the tokenizer gives one text the token types {types}; only type 0 is fed"
+        )
     specials = enc["special_tokens_mask"]
     if cls_id is None or enc["input_ids"][0] != cls_id or specials[0] != 1 or specials[-1] != 1:
         raise ModelError(
@@ -387,6 +382,8 @@ def label_names(config, source: str) -> dict[int, str]:
         raise ModelError(
             f"{source}: label ids {sorted(id2label)} in config.json (id2label) are not 0..{len(id2label) - 1}"
         )
+    if len(set(id2label.values())) < len(id2label):  # two outputs one label: aggregates merge them
+        raise ModelError(f"{source}: config.json (id2label) names a label twice: {id2label}")
     return id2label
 
 

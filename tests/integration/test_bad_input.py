@@ -414,6 +414,12 @@ def test_tokenizer_without_cls_first_is_refused(tiny_en_dir):
     )
     with pytest.raises(ModelError, match="does not put \\[CLS\\] at position 0"):
         check_cls_first(tok, "cls-last")
+    # a template that types one text as segment 1: its model would be fed type 0 and score otherwise
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A:1 [SEP]:1", special_tokens=[("[CLS]", tok.cls_token_id), ("[SEP]", tok.sep_token_id)]
+    )
+    with pytest.raises(ModelError, match=r"gives one text the token types \[0, 1, 1, 1\]; only type 0"):
+        check_cls_first(tok, "typed")
 
 
 def test_unsupported_architecture_is_refused(tmp_path):
@@ -491,6 +497,11 @@ def _with_config(model_dir: Path, dest: Path, **changes) -> Path:
             r"label ids \[0, 1, 3\] in config.json \(id2label\) are not 0..2",
         ),
         ({"type_vocab_size": 0}, "type_vocab_size=0 leaves its embeddings no token-type row"),
+        # two outputs under one name: their reviews would be one class in every aggregate
+        (
+            {"id2label": {"0": "a", "1": "b", "2": "a"}, "label2id": {"a": 0, "b": 1}},
+            r"config.json \(id2label\) names a label twice",
+        ),
         ({"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key', which"),
         # the head saved for 3 labels, config.json edited to name 2
         (
