@@ -68,8 +68,11 @@ class FinetuneSpec:
     threads: int | None = None
 
     def __post_init__(self) -> None:
-        if self.labels is not None and (len(self.labels) < 2 or len(set(self.labels)) != len(self.labels)):
-            raise SpecError(f"finetune.labels: give at least two distinct labels, got {self.labels}")
+        if self.labels is not None:
+            if twice := sorted({x for x in self.labels if self.labels.count(x) > 1}):
+                raise SpecError(f"finetune.labels names {', '.join(map(repr, twice))} twice: {self.labels}")
+            if len(self.labels) < 2:
+                raise SpecError(f"finetune.labels: give at least two labels, got {self.labels}")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise SpecError(f"finetune.eval_fraction must be in [0, 1), got {self.eval_fraction}")
         for name in ("dropout", "attention_dropout"):

@@ -50,6 +50,11 @@ def test_shipped_jobs_load():
             "max_train_seconds must",
         ),
         ('inputs = ["a"]\nmodel = "m"\nout = "o"\n[finetune]\nthreads = 0\n', "threads must be at least 1"),
+        (  # named as the repeat it is, not as too few labels
+            'inputs = ["a"]\nmodel = "m"\nout = "o"\n[finetune]\nlabels = ["a", "a", "b"]\n',
+            "finetune.labels names 'a' twice",
+        ),
+        ('inputs = ["a"]\nmodel = "m"\nout = "o"\n[finetune]\nlabels = ["a"]\n', "at least two labels"),
         ('inputs = ["a"]\nmodel = "m"\nout = "o"\n[finetune]\nseed = -1\n', "seed must be in"),
         ('inputs = ["a"]\nmodel = "m"\nout = "o"\n[finetune]\nwarmup_ratio = 1.5\n', "warmup_ratio must be"),
         (
