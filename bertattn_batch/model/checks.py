@@ -388,6 +388,12 @@ def label_names(config, source: str) -> dict[int, str]:
 
 
 def pickle_reason(e: BaseException) -> str:
-    """torch's refusal names the blocked global on a later line; its first line only says it failed."""
+    """Why torch refused a pickle: its later lines name the blocked global or the unpickler's error; its
+    first only says it failed, with advice to turn the check off, which bertattn does not take."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return next((line for line in lines if "GLOBAL" in line), lines[0] if lines else type(e).__name__)
+    for line, after in zip(lines, [*lines[1:], ""], strict=True):
+        if "GLOBAL" in line:
+            return line
+        if line.endswith("WeightsUnpickler error:") and after:
+            return after
+    return lines[0].split(". ")[0] if lines else type(e).__name__
