@@ -319,7 +319,7 @@ def check_single_label(config, source: str) -> None:
     problem = getattr(config, "problem_type", None)
     if problem == "regression" or (problem is None and config.num_labels < 2):
         raise ModelError(
-            f"{source} is a regression model ({config.num_labels} output); bertattn reads single-label "
+            f"{source} is a regression model ({config.num_labels} outputs); bertattn reads single-label "
             "classifiers (a softmax over two or more labels)"
         )
     if problem == "multi_label_classification":

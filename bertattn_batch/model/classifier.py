@@ -342,7 +342,10 @@ def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list
     for layer in layers:
         idx = layer + num_layers if layer < 0 else layer
         if not 0 <= idx < num_layers:
-            raise SpecError(f"layer {layer} is out of range for a model with {num_layers} layers")
+            raise SpecError(
+                f"layer {layer} is out of range for a model with {num_layers} layer(s): give one of "
+                f"{-num_layers} to {num_layers - 1} (--layers)"
+            )
         out.append(idx)
     if len(set(out)) != len(out):
         raise SpecError(f"layers {list(layers)} name the same layer twice")

@@ -171,3 +171,14 @@ def test_batch_sizes_left_out_are_the_devices_and_given_ones_are_kept():
     assert given.batch_budget("cuda") == (4096, 1024)
     with pytest.raises(SpecError, match="max_batch_size must be at least 1"):
         JobSpec(inputs=["x"], model="m", out="o", max_batch_size=0)
+
+
+def test_a_layer_out_of_range_says_which_there_are():
+    """On a one-layer model the default -2 was refused without saying what to give instead."""
+    from bertattn_batch.model.classifier import resolve_layers
+
+    assert resolve_layers([-1, 0], 2) == [1, 0]
+    with pytest.raises(SpecError, match=r"model with 1 layer\(s\): give one of -1 to 0 \(--layers\)"):
+        resolve_layers([-2], 1)
+    with pytest.raises(SpecError, match="same layer twice"):
+        resolve_layers([-1, 1], 2)
