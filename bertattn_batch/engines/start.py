@@ -84,7 +84,7 @@ def tokenizer_hash(tokenizer: Any) -> str:
     """sha256 of what the tokenizer does: its vocabulary, the ids and spans it gives a probe text, and the
     side it truncates. Behaviour, not its saved form, so that a library upgrade that spells the same
     tokenizer otherwise does not stop a nightly run from resuming."""
-    enc = tokenizer(_PROBE, return_offsets_mapping=True)
+    enc = tokenizer(_PROBE, return_offsets_mapping=True, verbose=False)  # verbose: of a length limit
     state = [sorted(tokenizer.get_vocab().items()), enc["input_ids"], enc["offset_mapping"]]
     state.append(getattr(tokenizer, "truncation_side", "right"))
     return hashlib.sha256(json.dumps(state, ensure_ascii=False).encode()).hexdigest()

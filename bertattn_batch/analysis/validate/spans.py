@@ -12,43 +12,36 @@ from .layout import Part, RunView
 from .report import KEPT, Recorder
 
 
-def _span_ends(run: RunView, part: Part) -> dict[int, tuple[str, int]]:
-    """row_index -> (doc_id, largest span end) for the scored reviews of one part."""
-    ends = (
+def _span_ends(run: RunView, part: Part, *more: pl.Expr) -> pl.DataFrame:
+    """doc_id, its largest span end and row_index (and ``more`` of its predictions row) for the scored
+    reviews of one part."""
+    return (
         pl.scan_parquet(run.file(part, "tokens"), glob=False)
         .group_by("doc_id")
         .agg(end=pl.col("end").max())
         .join(
             pl.scan_parquet(run.file(part, "predictions"), glob=False)
             .filter(pl.col("status") == "ok")
-            .select("doc_id", "row_index"),
+            .select("doc_id", "row_index", *more),
             on="doc_id",
             how="inner",
         )
         .collect(engine="streaming")
     )
+
+
+def _ends_by_row(run: RunView, part: Part) -> dict[int, tuple[str, int]]:
+    """row_index -> (doc_id, largest span end) for the scored reviews of one part."""
+    ends = _span_ends(run, part)
     return {r: (d, e) for d, e, r in ends.select("doc_id", "end", "row_index").iter_rows()}
 
 
 def _check_stored_spans(rec: Recorder, run: RunView) -> bool:
     """Span ends against the texts the run stored, for a run that read a stream; False where it stored
     none (``--no-store-text``), so that nothing could be checked."""
-    parts = [p for p in run.parts if p.readable >= {"predictions", "tokens"}]
     checked = 0
-    for part in parts:
-        ends = (
-            pl.scan_parquet(run.file(part, "tokens"), glob=False)
-            .group_by("doc_id")
-            .agg(end=pl.col("end").max())
-            .join(
-                pl.scan_parquet(run.file(part, "predictions"), glob=False)
-                .filter(pl.col("status") == "ok")
-                .select("doc_id", "row_index", length=pl.col("text").str.len_chars()),
-                on="doc_id",
-                how="inner",
-            )
-            .collect(engine="streaming")
-        )
+    for part in (p for p in run.parts if p.readable >= {"predictions", "tokens"}):
+        ends = _span_ends(run, part, pl.col("text").str.len_chars().alias("length"))
         if ends["length"].null_count():
             return False
         checked += ends.height
@@ -93,7 +86,7 @@ def check_source_spans(rec: Recorder, run: RunView) -> None:
             hi = block.row_index[-1] + 1
             while pending and pending[0].start_row < hi:
                 part = pending.pop(0)
-                active.append((part, _span_ends(run, part)))
+                active.append((part, _ends_by_row(run, part)))
             for j, row in enumerate(block.row_index):
                 for part, ends in active:
                     hit = ends.pop(row, None)
@@ -124,7 +117,7 @@ def check_source_spans(rec: Recorder, run: RunView) -> None:
         if checked:
             rec.note("spans", f"{checked} reviews checked before that")
         return
-    left = sum(len(e) for _, e in active) + sum(len(_span_ends(run, p)) for p in pending)
+    left = sum(len(e) for _, e in active) + sum(len(_ends_by_row(run, p)) for p in pending)
     if left:
         rec.warn("spans", f"the inputs end before {left} scored reviews of the run; those were not checked")
     if changed > KEPT:
