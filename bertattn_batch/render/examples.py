@@ -90,7 +90,7 @@ def examples_html(run: Path, picks: list[Example], layer: int, title: str, by_la
     label = None
     for review, example in zip(reviews, picks, strict=True):
         if by_label and example.pred_label != label:
-            parts.append(f"<h3>Predicted {page.esc(str(example.pred_label))}</h3>")
+            parts.append(f"<h3>Predicted {page.esc(example.pred_label)}</h3>")
             label = example.pred_label
         mark = " · misclassified" if example.misclassified else ""
         parts.append(

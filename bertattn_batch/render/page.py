@@ -91,7 +91,7 @@ def heat_table(
     for i, name in enumerate(rows):
         cells = "".join(
             f'<td style="background:{hexes[i, j]}"'
-            + (f' title="{esc(str(tips[i, j]))}"' if tips is not None else "")
+            + (f' title="{esc(tips[i, j])}"' if tips is not None else "")
             + "></td>"
             for j in range(values.shape[1])
         )
@@ -111,7 +111,7 @@ def esc(value: object) -> str:
 def data_table(header: Sequence[str], rows: Sequence[Sequence[object]], numeric: Sequence[bool] = ()) -> str:
     """A plain HTML table; cells escaped, floats written with 3 decimals."""
     num = list(numeric) + [False] * (len(header) - len(numeric))
-    out = ["<table><tr>" + "".join(f"<th>{esc(str(h))}</th>" for h in header) + "</tr>"]
+    out = ["<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
     for row in rows:
         cells = []
         for value, is_num in zip(row, num, strict=False):

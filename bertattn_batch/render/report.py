@@ -211,7 +211,7 @@ def _tokens_html(
             )
     by_pred = top_tokens(table, k, "token", "pred_label", [layer], measure="log_odds_z")
     if not by_pred.is_empty() and by_pred["log_odds_z"].is_null().all():  # one predicted label
-        label = page.esc(str(by_pred["class_label"][0]))
+        label = page.esc(by_pred["class_label"][0])
         parts.append(f'<p class="meta">Every scored review is predicted {label}: no label to contrast.</p>')
         by_pred = by_pred.clear()
     if not by_pred.is_empty():
@@ -225,7 +225,7 @@ def _tokens_html(
         )
     for cls, group in by_pred.group_by("class_label", maintain_order=True):
         parts += [
-            f"<h3>Tokens, reviews predicted {page.esc(str(cls[0]))} ({group['class_reviews'][0]})</h3>",
+            f"<h3>Tokens, reviews predicted {page.esc(cls[0])} ({group['class_reviews'][0]})</h3>",
             _top_table_html(group, "log_odds_z", byte_level),
         ]
     return "\n".join(parts)
