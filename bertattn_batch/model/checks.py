@@ -382,8 +382,9 @@ def label_names(config, source: str) -> dict[int, str]:
         raise ModelError(
             f"{source}: label ids {sorted(id2label)} in config.json (id2label) are not 0..{len(id2label) - 1}"
         )
-    if len(set(id2label.values())) < len(id2label):  # two outputs one label: aggregates merge them
-        raise ModelError(f"{source}: config.json (id2label) names a label twice: {id2label}")
+    # two outputs under one name would be merged in every aggregate; null would be the label 'None'
+    if len(set(id2label.values())) < len(id2label) or None in config.id2label.values():
+        raise ModelError(f"{source}: config.json (id2label) names a label twice or not at all: {id2label}")
     return id2label
 
 

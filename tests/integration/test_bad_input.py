@@ -500,7 +500,11 @@ def _with_config(model_dir: Path, dest: Path, **changes) -> Path:
         # two outputs under one name: their reviews would be one class in every aggregate
         (
             {"id2label": {"0": "a", "1": "b", "2": "a"}, "label2id": {"a": 0, "b": 1}},
-            r"config.json \(id2label\) names a label twice",
+            r"config.json \(id2label\) names a label twice or not at all",
+        ),
+        (
+            {"id2label": {"0": "a", "1": "b", "2": None}, "label2id": {"a": 0, "b": 1}},
+            r"config.json \(id2label\) names a label twice or not at all: .*2: 'None'",
         ),
         ({"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key', which"),
         # the head saved for 3 labels, config.json edited to name 2
