@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -176,8 +177,11 @@ def exit_now(code: int | str | None) -> NoReturn:
         print(code, file=sys.stderr)
         code = 1
     # what Python's own exit does first: threading's exit hooks, which end the workers of thread pools
-    # left open (torch.compile's: without them extract --compile never exited), then wait for threads
-    threading._shutdown()  # type: ignore[attr-defined]
+    # left open (torch.compile's: without them extract --compile never exited), then wait for threads.
+    # A hook that fails (a process pool's wake-up pipe already closed: Bad file descriptor) is passed
+    # over, as Python passes it over, rather than turning a finished command into exit status 1.
+    with contextlib.suppress(Exception):
+        threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()  # logging's flush, temporary files, multiprocessing's children
     sys.stdout.flush()
     sys.stderr.flush()
