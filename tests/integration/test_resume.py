@@ -166,6 +166,28 @@ def test_an_interrupted_run_says_how_to_resume_where_the_same_command_would_not(
         assert got[table].equals(reference[table]), table
 
 
+def test_a_run_stopped_before_its_first_part_without_table_folders_is_not_damaged(
+    corpus, tiny_en_dir, reference, tmp_path
+):
+    """On a store a run killed before its first part has no table folders (a store has none): validate
+    called it damaged, 'folder missing'."""
+    out = tmp_path / "run"
+    args = _args(corpus, tiny_en_dir, out)
+    killed = subprocess.run(
+        [sys.executable, str(KILLER), "read", "1", "--", *args], capture_output=True, text=True
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not json.loads((out / "manifest.json").read_text())["parts"]
+    for table in schema.TABLES:
+        (out / table).rmdir()  # empty, as the store's mirror has none
+    r = runner.invoke(app, ["validate", str(out)])
+    assert r.exit_code == 0 and "folder missing" not in r.output, r.output
+    assert runner.invoke(app, args).exit_code == 0  # and it resumes
+    got = _tables(out)
+    for table in schema.TABLES:
+        assert got[table].equals(reference[table]), table
+
+
 def test_a_run_being_written_is_not_written_by_a_second_process(corpus, tiny_en_dir, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
