@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .errors import WriteError
+
 log = logging.getLogger(__name__)
 
 #: Age after which a temporary folder is taken to be left by a process that was killed (an aggregate's
@@ -74,6 +76,16 @@ def atomic_path(path: Path, fsync: bool = False) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """An output file a command writes: a failure (a read-only place, a full disk) as one line that
+    says where to write instead, not an OSError."""
+    try:
+        yield
+    except OSError as e:
+        raise WriteError(f"cannot write {path}: {e.strerror or e}; choose another place with --out") from None
 
 
 def fsync_file(path: Path) -> None:

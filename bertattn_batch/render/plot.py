@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .._util import writing
 from ..errors import SpecError
 from . import page
 from .figures import review_html, review_png
@@ -38,14 +39,15 @@ def write_review(review: ReviewAttention, out: str | Path, pairs: bool = False) 
     """Write a review: PNG or HTML (heads x tokens, and the token x token maps with ``pairs``: the same
     content either way), or its heads x tokens table as CSV or XLSX."""
     path = _checked_out(out, pairs)
-    path.parent.mkdir(parents=True, exist_ok=True)
     suffix = path.suffix.lower()
-    if suffix in (".csv", ".xlsx"):
-        return write_table(review, path)
-    if suffix == ".png":
-        path.write_bytes(review_png(review, pairs=pairs))
-    else:
-        path.write_text(page.page(review.title(), review_html(review, heading=False)), encoding="utf-8")
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if suffix in (".csv", ".xlsx"):
+            return write_table(review, path)
+        if suffix == ".png":
+            path.write_bytes(review_png(review, pairs=pairs))
+        else:
+            path.write_text(page.page(review.title(), review_html(review, heading=False)), encoding="utf-8")
     return path
 
 

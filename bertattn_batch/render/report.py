@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from .._util import atomic_path
+from .._util import atomic_path, writing
 from ..analysis import aggregate as agg
 from ..analysis.spelling import readable, readable_map
 from ..analysis.top import top_tokens
@@ -295,7 +295,7 @@ def build_report(
         f"{time.perf_counter() - t0:.1f}s.</p>",
     ]
     path = Path(out) if out is not None else run / REPORT_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
+    with writing(path), atomic_path(path) as tmp:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(page.page(f"bertattn run: {run.resolve().name}", "\n".join(body)), encoding="utf-8")
     return path

@@ -627,3 +627,18 @@ def test_a_table_ranked_by_a_contrast_shows_all_reviews_by_mean_scaled(run_dir, 
     assert all_reviews_html("log_odds_z") == by_mean
     html = report.build_report(run, out=tmp_path / "r.html", examples=0).read_text()
     assert "ranked by mean_scaled (log_odds_z compares labels)" in html
+
+
+def test_a_page_that_cannot_be_written_is_one_line(run_dir, tmp_path):
+    """report and plot into a read-only place ended in 'error: OSError: [Errno 30] ...' without a way out."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    doc_id = next(p["doc_id"] for p in read_table(run_dir, "predictions").to_pylist() if p["status"] == "ok")
+    for args in (["report", str(run_dir)], ["plot", str(run_dir), "--doc-id", doc_id]):
+        r = CliRunner().invoke(app, [*args, "--out", str(blocker / "page.html")])
+        assert r.exit_code == 1, r.output
+        assert (
+            f"cannot write {blocker / 'page.html'}: " in r.output
+            and "choose another place with --out" in r.output
+        )
+        assert "OSError" not in r.output and "NotADirectoryError" not in r.output
