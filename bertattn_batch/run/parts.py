@@ -186,6 +186,11 @@ def write_options(table_schema: pa.Schema) -> dict[str, object]:
     }
 
 
+#: What a reader says after naming a committed part it cannot use: what the run's committed rows were
+#: is lost with it, so only redoing the run gets them back.
+DAMAGED = "bertattn validate tells what else is wrong; an extract with --overwrite redoes the run"
+
+
 def check_part_file(run_dir: Path, path: Path) -> pq.FileMetaData:
     """Raise unless a committed part file is there and its Parquet footer reads (a file cut short by a
     full disk or an interrupted copy has none), and return that footer: a few kilobytes read per file.
@@ -210,7 +215,7 @@ def check_part_file(run_dir: Path, path: Path) -> pq.FileMetaData:
         raise RunDirError(f"{run_dir}: {name} {problem}; rerun the extract to finish the run")
     else:
         problem = "is committed in the manifest but missing"
-    raise RunDirError(f"{run_dir}: {name} {problem}; bertattn validate tells what else is wrong")
+    raise RunDirError(f"{run_dir}: {name} {problem}; {DAMAGED}")
 
 
 def check_part_rows(run_dir: Path, part: PartEntry, footers: dict[str, pq.FileMetaData]) -> None:
@@ -269,7 +274,7 @@ def _check_stored_part(run_dir: str | Path, uri: str) -> pq.FileMetaData:
                 return pq.read_metadata(f)
         except (pa.ArrowException, OSError) as e:
             problem = f"cannot be read ({first_line(e)})"
-    raise RunDirError(f"{run_dir}: {name} {problem}; bertattn validate tells what else is wrong")
+    raise RunDirError(f"{run_dir}: {name} {problem}; {DAMAGED}")
 
 
 @dataclass(frozen=True)
@@ -320,9 +325,7 @@ def verify_pages(run_dir: str | Path, path: Any) -> None:
             pf.close()
     except (pa.ArrowException, OSError) as e:
         name = path.relative_to(run_dir) if path.is_relative_to(run_dir) else path
-        raise RunDirError(
-            f"{run_dir}: {name} is damaged ({first_line(e)}); bertattn validate tells what else is wrong"
-        ) from None
+        raise RunDirError(f"{run_dir}: {name} is damaged ({first_line(e)}); {DAMAGED}") from None
     _VERIFIED.add(key)
 
 
