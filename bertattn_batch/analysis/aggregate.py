@@ -48,7 +48,15 @@ import pyarrow.parquet as pq
 from .. import schema
 from .._util import atomic_path, remove_stale
 from ..errors import RunDirError, SpecError, WriteError
-from ..run import AGGREGATES_DIR, CommittedPart, attention_rows, committed_files, on_local_copy, read_manifest
+from ..run import (
+    AGGREGATES_DIR,
+    CommittedPart,
+    attention_rows,
+    committed_files,
+    display_path,
+    on_local_copy,
+    read_manifest,
+)
 from .contrast import GROUP, with_contrasts, with_shrunk_means
 from .words import CLASSES, REVIEW, word_continuation, word_rows
 
@@ -98,7 +106,7 @@ class Aggregates:
         units = self.table.group_by("unit").len().sort("unit").rows()
         counts = ", ".join(f"{n} {u} rows" for u, n in units)
         return (
-            f"wrote {self.path} ({counts or 'no rows'}) from {len(self.parts)} parts "
+            f"wrote {display_path(self.path)} ({counts or 'no rows'}) from {len(self.parts)} parts "
             f"in {self.seconds:.1f}s; min {self.options.get('min_reviews')} reviews, "
             f"ranked by {self.options.get('rank_by')}"
         )

@@ -38,7 +38,7 @@ from .._util import atomic_path
 from ..errors import RunDirError, SpecError, WriteError
 from ..extract.batching import bucket_batches
 from ..model import Classifier, encode_texts, is_other_model
-from ..run import committed_files, layer_name, on_local_copy, read_manifest
+from ..run import committed_files, display_path, layer_name, on_local_copy, read_manifest
 from .texts import review_texts, scored_predictions
 
 TABLE = "head_faithfulness"
@@ -88,7 +88,7 @@ class Faithfulness:
                     f"{row['score']:<18}{head:>5}{row['comprehensiveness']:>19.3f}{row['sufficiency']:>13.3f}"
                 )
             blocks.append("\n".join(lines))
-        return "\n\n".join(blocks) + f"\nwrote {self.path} in {self.seconds:.1f}s"
+        return "\n\n".join(blocks) + f"\nwrote {display_path(self.path)} in {self.seconds:.1f}s"
 
 
 def faithfulness_path(run_dir: str | Path) -> Path:

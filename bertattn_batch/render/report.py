@@ -29,7 +29,15 @@ from ..analysis import aggregate as agg
 from ..analysis.spelling import readable, readable_map
 from ..analysis.top import top_tokens
 from ..errors import SpecError, WriteError
-from ..run import REPORT_NAME, Manifest, committed_files, layer_name, on_local_copy, read_manifest
+from ..run import (
+    REPORT_NAME,
+    Manifest,
+    committed_files,
+    display_path,
+    layer_name,
+    on_local_copy,
+    read_manifest,
+)
 from . import fonts, page
 from .accuracy import accuracy_html
 from .examples import examples_html, misclassified, pick
@@ -297,5 +305,10 @@ def build_report(
     path = Path(out) if out is not None else run / REPORT_NAME
     with writing(path), atomic_path(path) as tmp:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(page.page(f"bertattn run: {run.resolve().name}", "\n".join(body)), encoding="utf-8")
+        tmp.write_text(
+            page.page(
+                f"bertattn run: {display_path(run.resolve()).rstrip('/').rsplit('/', 1)[-1]}", "\n".join(body)
+            ),
+            encoding="utf-8",
+        )
     return path

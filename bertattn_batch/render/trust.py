@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from ..analysis.faithfulness import FRACTIONS, faithfulness_path
 from ..analysis.spelling import readable_map
 from ..analysis.top import top_tokens
-from ..run import Manifest, layer_name
+from ..run import Manifest, display_path, layer_name
 from . import page
 
 #: What each measure says and where it stops, in plain words (docs/measures.md has the references).
@@ -67,17 +67,17 @@ def trust_html(run: Path, manifest: Manifest, aggregates: pl.DataFrame | None = 
             parts.append(
                 '<p class="meta">Measured before the run\'s latest parts were committed (an '
                 "<code>--incremental</code> pass or a resume): its sample leaves their reviews out. Run "
-                f"<code>bertattn faithfulness {page.esc(run)}</code> again to sample them all.</p>"
+                f"<code>bertattn faithfulness {page.esc(display_path(run))}</code> again to sample them all.</p>"
             )
         parts += _faithfulness_html(pl.read_parquet(path), manifest.num_layers, contrasts)
     elif measured is not None:
         parts.append(
             '<p class="meta">faithfulness/head_faithfulness.parquet was measured on an earlier run in this '
-            f"folder: run <code>bertattn faithfulness {page.esc(run)}</code> again.</p>"
+            f"folder: run <code>bertattn faithfulness {page.esc(display_path(run))}</code> again.</p>"
         )
     else:
         parts.append(
-            f'<p class="meta">No faithfulness measured yet: <code>bertattn faithfulness {page.esc(run)}'
+            f'<p class="meta">No faithfulness measured yet: <code>bertattn faithfulness {page.esc(display_path(run))}'
             "</code> ranks every head by how much deleting its top tokens moves the prediction.</p>"
         )
     parts.append(

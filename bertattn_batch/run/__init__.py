@@ -32,7 +32,7 @@ from .manifest import (
     require_current_tables,
     row_range_problems,
 )
-from .mirror import local_run, on_local_copy
+from .mirror import display_path, local_run, on_local_copy
 from .parts import CommittedPart, PartWriter, check_part_file, committed_files, run_file, verify_pages
 from .resume import ResumePoint, input_changes, resume_point
 from .rundir import RunDir, old_manifest
@@ -64,6 +64,7 @@ __all__ = [
     "attention_rows",
     "check_part_file",
     "committed_files",
+    "display_path",
     "input_changes",
     "is_run_dir",
     "layer_name",

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .. import storage
+from ..errors import BertAttnError
 from .layout import LEASE_NAME, MANIFEST, TABLES
 
 #: What the writer of a run owns, never uploaded from a mirror; what else a reader writes into it
@@ -41,15 +42,34 @@ def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
         return
     uri = os.fspath(run_dir).rstrip("/")
     local = storage.cache_folder("runs", uri)
+    _URIS[local] = uri
     if storage.is_file(storage.join(uri, MANIFEST)):
         # first: every part it lists was uploaded before it, so the listing below holds them all, even
         # while an extract goes on committing
         storage.download(storage.join(uri, MANIFEST), local / MANIFEST)
     storage.mirror(uri, local, skip=(LEASE_NAME, MANIFEST))
     before = storage.local_files(local)
-    yield local
+    try:
+        yield local
+    except BertAttnError as e:  # said of the run, not of a cache folder the user never named
+        e.args = (str(e).replace(str(local), uri),)
+        raise
     if write_back:
         _upload_written(local, uri, before)
+
+
+#: The store URI of each mirror folder this process made, for :func:`display_path`.
+_URIS: dict[Path, str] = {}
+
+
+def display_path(path: str | Path) -> str:
+    """How to name ``path`` to the user: a file or folder of a run's mirror as its URI on the store (the
+    report advised running faithfulness on the mirror, whose next update undid it), else as it is."""
+    for local, uri in _URIS.items():
+        if isinstance(path, Path) and path.resolve().is_relative_to(local.resolve()):
+            rel = path.resolve().relative_to(local.resolve()).as_posix()
+            return uri if rel == "." else storage.join(uri, rel)
+    return os.fspath(path)
 
 
 def _upload_written(local: Path, uri: str, before: dict[str, tuple[int, int]]) -> None:

@@ -192,6 +192,19 @@ def test_model_plot_and_report_from_the_store(bucket, corpus, tiny_en_dir, tmp_p
     assert "<html" in page.lower() and "token_influence.parquet" in "".join(
         storage.list_names(f"{run}/aggregates")
     )
+    # named by the run's URI, not the cache folder it is mirrored into (the report advised running
+    # faithfulness on the mirror, which the next mirror update undid)
+    cache = str(storage.cache_folder("runs", run))
+    assert "<title>bertattn run: reading</title>" in page and f"bertattn faithfulness {run}" in page
+    assert cache not in page
+    r = runner.invoke(app, ["aggregate", run])
+    assert r.exit_code == 0 and f"wrote {run}/aggregates/token_influence.parquet" in r.output, r.output
+    r = runner.invoke(app, ["plot", run, "--doc-id", "no-such-review", "--out", str(out)])
+    assert r.exit_code == 1 and cache not in r.output and run in r.output, r.output
+    none = f"s3://{bucket}/runs/none"
+    storage.write_bytes(f"{none}/notes.txt", b"no run here")
+    r = runner.invoke(app, ["aggregate", none])
+    assert r.exit_code == 1 and f"{none} is not a run directory" in r.output, r.output
 
 
 def test_bad_credentials_are_one_line(tmp_path, corpus, tiny_en_dir, monkeypatch):
