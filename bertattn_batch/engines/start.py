@@ -9,10 +9,9 @@ import platform
 import sys
 from typing import Any
 
-from .. import __version__
+from .. import __version__, storage
 from ..config import JobSpec
 from ..errors import ModelError, RunDirError, SpecError, first_line
-from ..inputs import input_name
 from ..model.checks import resolve_source
 from ..model.classifier import Classifier, is_other_model
 from ..run import read_manifest
@@ -32,7 +31,7 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
         # the model folder's other files: labels renamed or a tokenizer changed beside the same weights
         "labels": {str(k): v for k, v in clf.id2label.items()},
         "tokenizer_sha256": tokenizer_hash(clf.tokenizer),
-        "inputs": [input_name(p) for p in spec.inputs],  # the same files, from any directory
+        "inputs": [storage.absolute(p) for p in spec.inputs],  # the same files, from any directory
         "columns": [spec.text_col, spec.id_col, spec.label_col],
         "input_format": spec.input_format,  # the same file read as another format has other rows
         "encoding": spec.encoding,

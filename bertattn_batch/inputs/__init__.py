@@ -4,7 +4,7 @@ One module a format, as polars' ``io`` has them; :func:`read_rows` numbers rows 
 """
 
 from .checks import check_inputs
-from .discover import EXTENSIONS, STDIN, Source, expand_inputs, input_name, is_stream, read_once
+from .discover import EXTENSIONS, STDIN, Source, expand_inputs, is_stream, read_once
 from .fingerprint import source_files
 from .hf_datasets import class_label_order
 from .reader import BLOCK_ROWS, count_rows, read_columns, read_rows, read_sources
@@ -20,7 +20,6 @@ __all__ = [
     "class_label_order",
     "count_rows",
     "expand_inputs",
-    "input_name",
     "is_stream",
     "read_columns",
     "read_once",

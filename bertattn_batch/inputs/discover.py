@@ -127,12 +127,6 @@ def _expand(inputs: Iterable[str], input_format: str) -> list[Source]:
     return sources
 
 
-def input_name(spec: str) -> str:
-    """How a run records an input it was given: ``-`` and URIs as they are, a path absolute (the same
-    file from any directory, however a relative path spells it)."""
-    return spec if spec == STDIN or storage.is_remote(spec) else os.path.abspath(spec)
-
-
 def _stored(spec: str, input_format: str) -> list[Source]:
     """The review files an object store holds under a URI (a file, a prefix taken as a folder, or a
     glob), by the rules of a local folder: hidden and temporary names, run directories and other files

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import storage
-from .discover import Source, input_name
+from .discover import Source
 
 #: Bytes at each end of an input file whose hash tells a rewritten file from a copy (source_files).
 ENDS_BYTES = 1 << 16
@@ -42,7 +42,7 @@ def source_files(sources: Iterable[Source]) -> list[dict[str, Any]]:
                     digest.update(fh.read(ENDS_BYTES))
         out.append(
             {
-                "path": input_name(src.name or str(p)),
+                "path": storage.absolute(src.name or str(p)),
                 "bytes": sum(size for size, _ in stats),
                 "mtime_ns": max((mtime for _, mtime in stats), default=0),
                 "ends_sha256": digest.hexdigest(),

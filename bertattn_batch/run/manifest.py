@@ -238,7 +238,7 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     if isinstance(fingerprint, dict):
         fingerprint = dict(fingerprint)
         if isinstance(fingerprint.get("inputs"), list):  # from before inputs were kept absolute
-            fingerprint["inputs"] = [_absolute(p) for p in fingerprint["inputs"]]
+            fingerprint["inputs"] = [storage.absolute(p) for p in fingerprint["inputs"]]
         if "input_format" not in fingerprint:  # from before the format was part of it
             spec = data.get("spec")
             fingerprint["input_format"] = (
@@ -258,16 +258,10 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
 
     if isinstance(data.get("sources"), list):  # relative paths in older runs
         data["sources"] = [
-            {**s, "path": _absolute(s["path"])} if isinstance(s, dict) and "path" in s else s
+            {**s, "path": storage.absolute(s["path"])} if isinstance(s, dict) and "path" in s else s
             for s in data["sources"]
         ]
     return data
-
-
-def _absolute(path: str) -> str:
-    """An input as this version records it: a local path absolute; ``-`` and a store's URI as they are
-    (made 'absolute', s3://corp/x.csv became ./s3:/corp/x.csv and every resume was refused)."""
-    return path if path == "-" or is_remote(path) else os.path.abspath(path)
 
 
 def load_json(run_dir: str | Path) -> dict[str, Any]:

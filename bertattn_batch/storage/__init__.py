@@ -22,11 +22,12 @@ from .objects import (
     read_bytes,
     write_bytes,
 )
-from .uris import EXTRA_HINT, is_remote, join, name_path, normalize, resolve, split_uri, store_error
+from .uris import EXTRA_HINT, absolute, is_remote, join, name_path, normalize, resolve, split_uri, store_error
 
 __all__ = [
     "EXTRA_HINT",
     "READ_BLOCK_BYTES",
+    "absolute",
     "arrow_file",
     "cache_folder",
     "delete",

@@ -56,6 +56,13 @@ def is_remote(target: str | os.PathLike[str]) -> bool:
     return split_uri(target)[0] not in (None, "file")
 
 
+def absolute(target: str) -> str:
+    """A path as a run records an input, the same file from any directory however a relative path spells
+    it: a local path absolute; a store's URI and ``-`` (standard input) as they are (made absolute,
+    ``s3://corp/x.csv`` became ``./s3:/corp/x.csv``)."""
+    return target if target == "-" or is_remote(target) else os.path.abspath(target)
+
+
 def join(base: str | os.PathLike[str], *names: str) -> str:
     """``base`` with ``names`` appended by ``/``: a URI stays a URI (pathlib would fold ``s3://``)."""
     return "/".join([os.fspath(base).rstrip("/"), *names])
