@@ -42,7 +42,7 @@ def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
         return
     uri = os.fspath(run_dir).rstrip("/")
     local = storage.cache_folder("runs", uri)
-    _URIS[local] = uri
+    _URIS[local.resolve()] = uri
     if storage.is_file(storage.join(uri, MANIFEST)):
         # first: every part it lists was uploaded before it, so the listing below holds them all, even
         # while an extract goes on committing
@@ -58,17 +58,19 @@ def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
         _upload_written(local, uri, before)
 
 
-#: The store URI of each mirror folder this process made, for :func:`display_path`.
+#: The store URI of each mirror folder (resolved) this process made, for :func:`display_path`.
 _URIS: dict[Path, str] = {}
 
 
 def display_path(path: str | Path) -> str:
     """How to name ``path`` to the user: a file or folder of a run's mirror as its URI on the store (the
     report advised running faithfulness on the mirror, whose next update undid it), else as it is."""
-    for local, uri in _URIS.items():
-        if isinstance(path, Path) and path.resolve().is_relative_to(local.resolve()):
-            rel = path.resolve().relative_to(local.resolve()).as_posix()
-            return uri if rel == "." else storage.join(uri, rel)
+    if isinstance(path, Path):
+        resolved = path.resolve()
+        for local, uri in _URIS.items():
+            if resolved.is_relative_to(local):
+                rel = resolved.relative_to(local).as_posix()
+                return uri if rel == "." else storage.join(uri, rel)
     return os.fspath(path)
 
 
