@@ -27,6 +27,8 @@ from .storage import normalize
 DEVICES_HELP = "auto, cpu, cuda, cuda:N or mps"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_MODES = ("sdpa", "eager")
+#: The fewest tokens a review can keep: [CLS], one token of text, [SEP].
+MIN_TOKENS = 3
 ON_EXISTING = ("resume", "overwrite", "new", "incremental")
 INPUT_FORMATS = ("auto", "parquet", "jsonl", "csv", "tsv", "text", "datasets")
 ENGINES = ("local", "ray")
@@ -95,8 +97,8 @@ class FinetuneSpec:
             raise SpecError(f"finetune.seed must be in [0, 2**32), got {self.seed}")
         if self.threads is not None and self.threads < 1:
             raise SpecError(f"finetune.threads must be at least 1, got {self.threads}")
-        if self.max_length < 3:
-            raise SpecError(f"finetune.max_length must be at least 3, got {self.max_length}")
+        if self.max_length < MIN_TOKENS:
+            raise SpecError(f"finetune.max_length must be at least {MIN_TOKENS}, got {self.max_length}")
         for name in (
             "batch_size",
             "hidden_size",
@@ -176,8 +178,10 @@ class JobSpec:
         for name in ("batch_tokens", "max_batch_size", "window", "workers"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise SpecError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.max_length is not None and self.max_length < 3:
-            raise SpecError(f"max_length must be at least 3 ([CLS], one token, [SEP]), got {self.max_length}")
+        if self.max_length is not None and self.max_length < MIN_TOKENS:
+            raise SpecError(
+                f"max_length must be at least {MIN_TOKENS} ([CLS], one token, [SEP]), got {self.max_length}"
+            )
         if self.host_processes is not None and self.host_processes < 0:
             raise SpecError(f"host_processes must not be negative, got {self.host_processes}")
         if self.limit is not None and self.limit < 0:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
+from ..config import MIN_TOKENS
 from ..errors import ModelError, SpecError, first_line
 from .capture import ClsRowCapture, eager_rows, find_self_attention
 from .checks import (
@@ -357,10 +358,10 @@ def _max_length(asked: int | None, tokenizer, config, source: str) -> int:
     more than the model has positions for. Hub tokenizers often carry a shorter limit than the model's."""
     positions = position_limit(config)
     few = "too few for [CLS], one token and [SEP]"
-    if positions < 3:
+    if positions < MIN_TOKENS:
         raise ModelError(f"{source} has positions for {positions} tokens: {few}")
     if asked is None:
-        if (limit := length_limit(tokenizer, config)) < 3:
+        if (limit := length_limit(tokenizer, config)) < MIN_TOKENS:
             raise ModelError(
                 f"{source}'s tokenizer keeps {limit} tokens (its model_max_length): {few}; pass "
                 f"--max-length (its model has positions for {positions})"
