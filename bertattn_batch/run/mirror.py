@@ -18,11 +18,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from .. import storage
+from .._util import file_lock
 from ..errors import BertAttnError
 from .layout import LEASE_NAME, MANIFEST, TABLES
 
@@ -43,6 +45,11 @@ def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
     uri = os.fspath(run_dir).rstrip("/")
     local = storage.cache_folder("runs", uri)
     _URIS[local.resolve()] = uri
+    with _only_user(local, uri):
+        yield from _mirrored(uri, local, write_back)
+
+
+def _mirrored(uri: str, local: Path, write_back: bool) -> Iterator[Path]:
     if storage.is_file(storage.join(uri, MANIFEST)):
         # first: every part it lists was uploaded before it, so the listing below holds them all, even
         # while an extract goes on committing
@@ -56,6 +63,33 @@ def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
         raise
     if write_back:
         _upload_written(local, uri, before)
+
+
+#: Per mirror folder: a lock for this process's threads, and how deep the holding thread is in it.
+_THREAD_LOCKS: dict[Path, threading.RLock] = {}
+_DEPTH: dict[Path, int] = {}
+_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def _only_user(local: Path, uri: str) -> Iterator[None]:
+    """Hold the mirror for one command of this machine at a time: two that update and write into it at
+    once deleted each other's files (two aggregates of one run, started together, failed). A file lock
+    beside the folder serializes processes; the same thread may enter again (a command calling another)."""
+    with _GUARD:
+        lock = _THREAD_LOCKS.setdefault(local, threading.RLock())
+    with lock:
+        depth = _DEPTH.get(local, 0)
+        _DEPTH[local] = depth + 1
+        try:
+            if depth:
+                yield
+            else:
+                waiting = f"waiting for another command on this machine that reads {uri}"
+                with file_lock(local.parent / f"{local.name}.lock", waiting=waiting):
+                    yield
+        finally:
+            _DEPTH[local] = depth
 
 
 #: The store URI of each mirror folder (resolved) this process made, for :func:`display_path`.

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from bertattn_batch import schema, storage
 from bertattn_batch.cli import app
 from bertattn_batch.errors import RunDirError
-from bertattn_batch.run import Lease, committed_files, read_manifest
+from bertattn_batch.run import Lease, committed_files, local_run, read_manifest
 
 runner = CliRunner()
 KILLER = Path(__file__).resolve().parents[2] / "killer.py"
@@ -376,3 +376,30 @@ def test_a_paused_run_whose_lease_was_taken_over_writes_nothing(bucket, corpus, 
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["validate", run, "--no-source"])
     assert r.exit_code == 0, r.output
+
+
+def test_commands_on_one_machine_take_a_stored_runs_mirror_in_turn(bucket, tmp_path):
+    """Two commands updating one mirror at once deleted each other's files: the second now waits."""
+    uri = f"s3://{bucket}/runs/r"
+    storage.write_bytes(f"{uri}/aggregates/x.txt", b"x")
+    done = tmp_path / "done"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import pathlib, time\nfrom bertattn_batch.run import local_run\n"
+         f"with local_run({uri!r}):\n    print('in', flush=True)\n    time.sleep(3)\n"
+         f"    pathlib.Path({str(done)!r}).touch()\n"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "in"
+        with local_run(uri) as local:
+            assert done.exists(), "entered the mirror while another process held it"
+            assert (local / "aggregates" / "x.txt").read_bytes() == b"x"
+            with local_run(uri + "/") as again:  # the same thread may enter again
+                assert again == local
+    finally:
+        try:
+            holder.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
+    assert holder.returncode == 0
