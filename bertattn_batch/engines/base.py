@@ -30,7 +30,7 @@ from .._util import human_bytes
 from ..config import JobSpec
 from ..extract import Columns, PartStats, PassInfo, StagedPart, WindowRows, iter_windows
 from ..inputs import Source, check_inputs, count_rows, source_files
-from ..run import PartWriter, resume_point, run_dir_class
+from ..run import PartWriter, check_read_unchanged, resume_point, run_dir_class
 from ..runtime import tune_runtime
 from ..storage import name_path
 from ..train import ensure_model
@@ -186,7 +186,8 @@ def run_job(
         header = eng.header()
         on_existing = "resume" if incremental else spec.on_existing
         with run_dir_class(spec.out)(spec.out, header, on_existing, part_writer(spec.out)) as run:
-            point = resume_point(run, incremental, spec.id_col is not None, source_files(sources), spec.limit)
+            fingerprint = source_files(sources)
+            point = resume_point(run, incremental, spec.id_col is not None, fingerprint, spec.limit)
             summary.skipped_committed = point.skipped
             columns = Columns(spec.text_col, spec.id_col, spec.label_col)
             windows = iter_windows(sources, columns, spec.window, spec.limit, point, timings)
@@ -197,6 +198,7 @@ def run_job(
                     summary.add(part)
                     bar.update(part.stats.input_rows - part.stats.scored)  # the scored ones: per batch
                     bar.set_postfix_str(_postfix(summary, bar.format_dict["elapsed"], spec.workers))
+            check_read_unchanged(run, fingerprint, source_files(sources))
             timings.update(summary.stats.seconds)
             timings.update(getattr(eng, "timings", {}))
             summary.seconds = {k: round(v, 3) for k, v in timings.items()}

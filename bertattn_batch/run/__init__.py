@@ -34,7 +34,7 @@ from .manifest import (
 )
 from .mirror import display_path, local_run, on_local_copy
 from .parts import CommittedPart, PartWriter, check_part_file, committed_files, run_file, verify_pages
-from .resume import ResumePoint, input_changes, resume_point
+from .resume import ResumePoint, check_read_unchanged, input_changes, resume_point
 from .rundir import RunDir, old_manifest
 from .stored import StoredRunDir, run_dir_class
 
@@ -63,6 +63,7 @@ __all__ = [
     "StoredRunDir",
     "attention_rows",
     "check_part_file",
+    "check_read_unchanged",
     "committed_files",
     "display_path",
     "input_changes",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import RunDirError
+from ..errors import InputError, RunDirError
 from ..ids import IdSet
 from .rundir import RunDir
 
@@ -97,14 +97,29 @@ def _check_same_inputs(run: RunDir, sources: list[dict[str, Any]] | None, by_id:
     changes = input_changes(before, sources)
     if not changes:
         return
-    more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
     fix = "restore them, or pass --overwrite to start again"
     if by_id and run.reopened_status == "complete" and not run.manifest.generation:
         fix += ", or --incremental to add only the reviews whose ids are new"
     raise RunDirError(
-        f"{run.run_dir}: the inputs changed since this run began ({'; '.join(changes[:3])}{more}); "
+        f"{run.run_dir}: the inputs changed since this run began ({_listed(changes)}); "
         f"a resume goes on by row number and would mix old and new rows: {fix}"
     )
+
+
+def check_read_unchanged(run: RunDir, before: list[dict[str, Any]], now: list[dict[str, Any]]) -> None:
+    """Refuse to finish a pass whose input files changed while it read them (an export still being
+    written, a file truncated or replaced): its tables would hold rows of two versions of them, or
+    fewer rows than the file has, under a complete status. The pass stays interrupted."""
+    if changes := input_changes(before, now):
+        raise InputError(
+            f"{run.run_dir}: the inputs changed while this run read them ({_listed(changes)}), so its "
+            "tables may hold rows of two versions of them; once they are final, rerun with --overwrite"
+        )
+
+
+def _listed(changes: list[str]) -> str:
+    more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
+    return "; ".join(changes[:3]) + more
 
 
 def _check_limit(run: RunDir, skip_until: int, limit: int | None) -> None:

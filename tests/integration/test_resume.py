@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv
 import pyarrow.parquet as pq
 import pytest
 from helpers import SORT_KEYS, read_table, same_job_table
@@ -25,7 +26,7 @@ from bertattn_batch._util import file_lock
 from bertattn_batch.cli import app
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
-from bertattn_batch.errors import RunDirError, WriteError
+from bertattn_batch.errors import InputError, RunDirError, WriteError
 from bertattn_batch.run import LOCK_NAME, PartWriter, RunDir
 
 runner = CliRunner()
@@ -549,6 +550,33 @@ def test_failed_write_stops_cleanly_and_resumes(corpus, tiny_en_dir, reference, 
     got = _tables(out)
     for table in schema.TABLES:
         assert got[table].equals(reference[table]), table
+
+
+def test_inputs_changed_while_read_leave_the_run_interrupted(corpus, tiny_en_dir, tmp_path):
+    """A file truncated while the run read it (an export still being written) must not end as a
+    complete run of fewer rows, or of rows of two versions of the file."""
+    rows = pq.read_table(corpus).to_pylist()
+    csv = tmp_path / "reviews.csv"
+
+    def write(n: int) -> None:
+        pa.csv.write_csv(pa.Table.from_pylist(rows[:n]), csv)
+
+    class TruncatesTheInput(PartWriter):
+        def _write_parquet(self, table, path):
+            write(25)
+            super()._write_parquet(table, path)
+
+    write(len(rows))
+    out = tmp_path / "run"
+    spec = JobSpec(inputs=[str(csv)], model=str(tiny_en_dir), out=str(out), id_col="doc_id", window=10,
+                   progress=False)  # fmt: skip
+    with pytest.raises(
+        InputError, match=r"the inputs changed while this run read them \(.*reviews.csv changed size\)"
+    ):
+        run_job(spec, part_writer=TruncatesTheInput)
+    assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
+    with pytest.raises(RunDirError, match="the inputs changed since this run began"):
+        run_job(spec)
 
 
 def test_manifest_listing_a_missing_part_is_reported(corpus, tiny_en_dir, tmp_path):
