@@ -9,10 +9,13 @@ least, look for the script under a key that multiprocessing no longer sets).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
+import signal
 import threading
+from collections.abc import Iterator
 from multiprocessing import forkserver, process, spawn
 
 #: How the job's process tells the server which main script to import (read and removed at once).
@@ -42,6 +45,31 @@ def context() -> multiprocessing.context.BaseContext:
             finally:
                 os.environ.pop(MAIN_ENV, None)
     return ctx
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Keep Ctrl-C and SIGTERM for the end of the block, where they act as they would have (only the
+    main thread's handlers can be swapped: elsewhere the block runs as it is).
+
+    Why: starting a process waits for the fork server, which may still be importing its modules; cut
+    short there, the job went on to end, and the server forked the process after all, which found the
+    job's semaphores gone and printed a traceback after ``interrupted``."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    held = {sig: handler for sig, handler in held.items() if handler is not None}  # None: not Python's
+    for sig in held:
+        signal.signal(sig, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+        if caught:
+            signal.raise_signal(caught[0])
 
 
 def _import_main() -> None:

@@ -134,7 +134,8 @@ class HostProcesses:
             # would go into the process's start-up pipe, and a process that failed to start before
             # reading them (a script without ``if __name__ == "__main__":`` runs its job again there)
             # would leave this one waiting forever to finish writing them
-            self._ready = [self._submit(k, _start, *args) for k in range(n)]
+            with fork_server.signals_held():  # each process starts on its first task
+                self._ready = [self._submit(k, _start, *args) for k in range(n)]
         except BaseException:  # the processes started so far end (Ctrl-C, or one that failed to start)
             self.close()
             raise

@@ -272,3 +272,35 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is POSIX's")
+def test_ctrl_c_while_the_fork_server_starts_leaves_no_traceback(drug_sample, tiny_en_dir, tmp_path):
+    """A Ctrl-C while a host process waited for the fork server (still importing) left the server to
+    fork it after the job had let go of its semaphores: a traceback after ``interrupted``. The slow
+    import and the job's slow exit here make that race certain."""
+    import subprocess
+
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(3)\n")
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import atexit, time\n"
+        "atexit.register(time.sleep, 5)  # runs after multiprocessing's own exit: the job lingers\n"
+        "import os, signal, sys, threading\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from bertattn_batch import JobSpec, run_job\n"
+        "from bertattn_batch.engines import fork_server, host_processes as hp\n"
+        "fork_server.PRELOAD.append('slow_import')\n"
+        "submit = hp.HostProcesses._submit\n"
+        "def interrupted(self, k, fn, *args):\n"
+        "    if fn is hp._start and k == 0:\n"
+        "        threading.Timer(1, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+        "    return submit(self, k, fn, *args)\n"
+        "hp.HostProcesses._submit = interrupted\n"
+        "if __name__ == '__main__':\n"
+        f"    run_job(JobSpec(inputs=[{str(drug_sample)!r}], model={str(tiny_en_dir)!r},"
+        f" out={str(tmp_path / 'run')!r}, window=4, progress=False, host_processes=2))\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    assert done.stderr.strip().splitlines()[-1] == "KeyboardInterrupt", done.stderr
+    assert "_serve_one" not in done.stderr and "FileNotFoundError" not in done.stderr, done.stderr
