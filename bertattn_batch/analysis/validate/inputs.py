@@ -42,11 +42,11 @@ def check_inputs_covered(rec: Recorder, run: RunView) -> None:
         if manifest.sources is not None:
             for change in input_changes(manifest.sources, source_files(sources))[:3]:
                 rec.warn("inputs", f"the inputs changed since the run read them: {change}")
+        limit = manifest.limit if "limit" in run.manifest else spec.get("limit")  # of the last pass
         incremental = bool(run.parts and {p.generation for p in run.parts} - {0})
         if incremental:
-            _check_ids(rec, run, sources, columns)
+            _check_ids(rec, run, sources, columns, limit)
         else:
-            limit = manifest.limit if "limit" in run.manifest else spec.get("limit")
             _check_count(rec, run, sources, columns, limit)
     except BertAttnError as e:
         rec.skip("inputs", f"inputs not readable here ({e}); not checked")
@@ -68,7 +68,9 @@ def _check_count(rec: Recorder, run: RunView, sources, columns, limit: int | Non
     rec.note("inputs", f"{n} input rows" + (f" (limit {limit})" if limit is not None else ""))
 
 
-def _check_ids(rec: Recorder, run: RunView, sources, columns) -> None:
+def _check_ids(rec: Recorder, run: RunView, sources, columns, limit: int | None) -> None:
+    """Every id among the rows the last pass read (its ``limit``: the first rows of the inputs as they
+    are now) is in the run; rows past that limit were never asked for."""
     files = [str(run.file(p, "predictions")) for p in run.parts if "predictions" in p.readable]
     ids = IdSet()
     if files:
@@ -76,7 +78,7 @@ def _check_ids(rec: Recorder, run: RunView, sources, columns) -> None:
         found = pl.scan_parquet(files, glob=False).filter(~pl.col("status").is_in(no_id)).select("doc_id")
         ids.update(found.collect(engine="streaming")["doc_id"].to_list())
     missing, first, n = 0, [], 0
-    for block in read_sources(sources, *columns):
+    for block in read_sources(sources, *columns, limit=limit):
         for doc_id, status in zip(block.doc_id, block.status, strict=True):
             n += 1
             if status in schema.ROW_NUMBER_STATUSES or doc_id in ids:
@@ -93,4 +95,4 @@ def _check_ids(rec: Recorder, run: RunView, sources, columns) -> None:
                 for d in first
             ],
         )
-    rec.note("inputs", f"{n} input rows, by id")
+    rec.note("inputs", f"{n} input rows, by id" + (f" (limit {limit})" if limit is not None else ""))

@@ -521,6 +521,22 @@ def test_resumed_and_incremental_runs_are_clean(en_source, tiny_en_dir, tmp_path
     assert f"{statuses.count('ok')} reviews checked" in report.check("spans").line()
 
 
+def test_incremental_passes_with_growing_limits_are_clean(en_source, tiny_en_dir, tmp_path):
+    """Each pass reads the first ``limit`` rows: the rows past the last pass's limit were never asked for
+    (validate called every one of them missing, the run damaged). A row of those it read is still named."""
+    source = tmp_path / "reviews.parquet"
+    pq.write_table(pq.read_table(en_source).slice(0, 20), source)
+    out = tmp_path / "run"
+    base = {"inputs": [str(source)], "model": str(tiny_en_dir), "out": str(out), "id_col": "doc_id"}
+    for limit in (6, 12):
+        run_job(JobSpec(**base, window=4, limit=limit, on_existing="incremental", progress=False))
+        report = validate_run(out)
+        assert report.ok, report.render()
+        assert f"(limit {limit})" in report.check("inputs").line()
+    _drop_prediction(out)  # a row of the first pass
+    assert "1 problem" in validate_run(out).check("inputs").line()
+
+
 def test_a_nightly_file_replaced_between_incremental_passes_is_not_a_warning_per_review(
     en_source, tiny_en_dir, tmp_path
 ):
