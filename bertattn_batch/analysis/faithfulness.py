@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from .. import schema
 from .._util import atomic_path
-from ..errors import RunDirError, SpecError, WriteError
+from ..errors import ModelError, RunDirError, SpecError, WriteError
 from ..extract.batching import bucket_batches
 from ..model import Classifier, encode_texts, is_other_model
 from ..run import committed_files, display_path, layer_name, on_local_copy, read_manifest
@@ -102,8 +102,10 @@ def faithfulness(
     seed: int = 0,
     device: str = "auto",
     progress: bool = False,
+    model: str | None = None,
 ) -> Faithfulness:
-    """Measure every captured head's faithfulness on a sample of the run; write and return the table."""
+    """Measure every captured head's faithfulness on a sample of the run; write and return the table.
+    ``model``: where the run's model is now, where it is not where the run recorded it (moved)."""
     t0 = time.perf_counter()
     if sample < 1:
         raise SpecError(f"--sample must be at least 1, got {sample}")
@@ -117,7 +119,7 @@ def faithfulness(
     if preds.is_empty():
         raise RunDirError(f"{run} has no scored reviews to measure")
     chosen = stratified_sample(preds, sample, seed)
-    clf = _run_classifier(manifest, device)
+    clf = _run_classifier(manifest, device, model)
     texts = review_texts(run, chosen)
     encoded = encode_texts(clf.tokenizer, texts, clf.max_length)
     n_tokens = chosen["n_tokens"].to_list()
@@ -293,21 +295,27 @@ def _probabilities(clf: Classifier, sequences: Sequence[np.ndarray], progress: b
     return out
 
 
-def _run_classifier(manifest, device: str) -> Classifier:
+def _run_classifier(manifest, device: str, source: str | None = None) -> Classifier:
     """The run's model, with the run's layers and length, and its weights checked to be the run's."""
     spec, model = manifest.spec, manifest.model
-    if is_other_model(spec["model"], model.get("weights_sha256")):
+    recorded = source is None
+    source = source or manifest.model_source
+    if is_other_model(source, model.get("weights_sha256")):
         raise RunDirError(
-            f"the model at {spec['model']} is not the one the run used (its weights' sha256 differs); "
-            "the run's attention cannot be checked against it"
+            f"the model at {source} is not the one the run used (its weights' sha256 differs); "
+            "the run's attention cannot be checked against it; pass the run's model with --model"
         )
-    clf = Classifier.load(
-        spec["model"],
-        layers=model.get("layers") or spec.get("layers", [-2]),
-        device=device,
-        dtype=spec.get("dtype", "auto"),
-        max_length=model.get("max_length") or spec.get("max_length"),
-        trust_remote_code=bool(spec.get("trust_remote_code")),
-        allow_pickle=bool(spec.get("allow_pickle")),
-    )
-    return clf
+    try:
+        return Classifier.load(
+            source,
+            layers=model.get("layers") or spec.get("layers", [-2]),
+            device=device,
+            dtype=spec.get("dtype", "auto"),
+            max_length=model.get("max_length") or spec.get("max_length"),
+            trust_remote_code=bool(spec.get("trust_remote_code")),
+            allow_pickle=bool(spec.get("allow_pickle")),
+        )
+    except ModelError as e:
+        if not recorded:
+            raise
+        raise ModelError(f"{e} ({manifest.MODEL_MOVED})") from None

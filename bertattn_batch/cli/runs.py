@@ -119,6 +119,12 @@ def faithfulness(
     ] = 200,
     seed: Annotated[int, typer.Option(help="Seed of the sample and of the random ranking.")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="The run's model, where it is not where the run recorded it (moved, another machine)."
+        ),
+    ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
     debug: Debug = False,
 ) -> None:
@@ -140,7 +146,8 @@ def faithfulness(
 
     show = progress and sys.stderr.isatty()
     result = call(
-        lambda: measure(run_dir, sample=sample, seed=seed, device=device, progress=show), completes=True
+        lambda: measure(run_dir, sample=sample, seed=seed, device=device, progress=show, model=model),
+        completes=True,
     )
     typer.echo(result.summary())
 

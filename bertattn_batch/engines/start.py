@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import sys
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 from .. import __version__, storage
 from ..config import JobSpec
 from ..errors import ModelError, RunDirError, SpecError, first_line
-from ..model.checks import resolve_source
+from ..model.checks import PACKAGE_PREFIX, resolve_source
 from ..model.classifier import Classifier, is_other_model
 from ..run import read_manifest
 from ..train.save import training_record
@@ -44,11 +45,12 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
         "value_zeroing": spec.value_zeroing,
     }
     fingerprint["job_sha256"] = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
+    source = _located(clf.source)
     return {
-        "spec": spec.to_dict(),
+        "spec": {**spec.to_dict(), "model": _located(spec.model)},
         "fingerprint": fingerprint,
         "model": {
-            "source": clf.source,
+            "source": source,
             "weights_sha256": clf.weights_sha256,
             "model_type": clf.model.config.model_type,
             "word_continuation": clf.word_continuation,
@@ -61,7 +63,7 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
             "dtype": dtype,
             "device": str(clf.device),
             "attention": spec.attention,
-            "training": training_record(resolve_source(clf.source)),
+            "training": training_record(resolve_source(source)),
         },
         "versions": {
             "bertattn_batch": __version__,
@@ -73,6 +75,14 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
             "pyarrow": pyarrow.__version__,
         },
     }
+
+
+def _located(model: str) -> str:
+    """A model as a run records it for the commands that load it again: a local folder by its absolute
+    path (named as the job named it, ``faithfulness`` failed in any other directory); a hub name,
+    ``package:NAME`` or a store's URI as it is."""
+    local = not storage.is_remote(model) and not model.startswith(PACKAGE_PREFIX)
+    return os.path.abspath(model) if local and os.path.exists(model) else model
 
 
 #: Text that tells tokenizers apart by what they do: case, accents, width, CJK, digits, emoji, spaces.

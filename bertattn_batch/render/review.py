@@ -23,7 +23,7 @@ import polars as pl
 
 from .. import schema
 from ..analysis.spelling import printable
-from ..errors import InputError, RunDirError, SpecError
+from ..errors import InputError, ModelError, RunDirError, SpecError
 from ..run import (
     Manifest,
     attention_rows,
@@ -282,7 +282,8 @@ def add_pairs(
     from ..model import encode_texts, is_other_model
 
     manifest = read_manifest(run_dir) if run_dir is not None else Manifest()
-    model = model or manifest.model.get("source")
+    recorded = model is None
+    model = model or manifest.model_source
     if not model:
         raise SpecError("token x token maps need the model: pass --model")
     if text is None:
@@ -294,7 +295,12 @@ def add_pairs(
             f"the model at {model} is not the run's: its weights' hash differs from the one the "
             "manifest records; pass the run's model with --model"
         )
-    clf = _load_classifier(model, review.layer, device, manifest.model.get("max_length"))
+    try:
+        clf = _load_classifier(model, review.layer, device, manifest.model.get("max_length"))
+    except ModelError as e:
+        if not recorded:
+            raise
+        raise ModelError(f"{e} ({manifest.MODEL_MOVED})") from None
     enc = encode_texts(clf.tokenizer, [text], clf.max_length)[0]
     if enc.ids[1:-1].tolist() != review.token_ids:
         raise InputError(

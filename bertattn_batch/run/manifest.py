@@ -160,6 +160,15 @@ class Manifest:
         any directory, or (a run from before they were) the spec's, as the job gave them."""
         return list(self.fingerprint.get("inputs") or self.spec.get("inputs") or [])
 
+    #: Said of a model that does not load from where the run recorded it (moved, or another machine).
+    MODEL_MOVED = "the model the run recorded; pass it with --model where it is now"
+
+    @property
+    def model_source(self) -> str | None:
+        """Where the run's model is, to load it again (``faithfulness``, ``plot --pairs``): a local folder
+        by its absolute path (runs made before: as the job named it), a hub name or a store's URI."""
+        return self.model.get("source") or self.spec.get("model")
+
     def read_options(self) -> dict[str, Any]:
         """How the run read its inputs, as ``inputs.read_rows`` takes it (labels left out): to read its
         reviews again as they were read."""

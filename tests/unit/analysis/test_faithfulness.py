@@ -19,7 +19,7 @@ from bertattn_batch import schema
 from bertattn_batch.analysis import faithfulness as fa
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
-from bertattn_batch.errors import SpecError
+from bertattn_batch.errors import ModelError, SpecError
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +150,29 @@ def test_ranking_breaks_ties_by_position_and_erasure_keeps_the_ends():
     ids = np.array([101, 7, 8, 9, 10, 102])
     without, alone = fa.erased(ids, np.array([2, 0]))
     assert without.tolist() == [101, 8, 10, 102] and alone.tolist() == [101, 7, 9, 102]
+
+
+def test_the_runs_model_is_found_from_any_directory_or_given_where_it_moved(
+    run_dir, result, tiny_en_dir, tmp_path, monkeypatch
+):
+    """A job that named its model by a relative path: the run records the folder's absolute path, so
+    faithfulness finds it from elsewhere; a moved model is named as the run's, and --model finds it."""
+    import shutil
+
+    monkeypatch.chdir(tiny_en_dir.parent)
+    out = tmp_path / "run"
+    spec = json.loads((run_dir / "manifest.json").read_text())["spec"]
+    run_job(JobSpec(inputs=spec["inputs"], model=tiny_en_dir.name, out=str(out), id_col="doc_id",
+                    layers=[-2, 0], max_length=48, value_zeroing=True, progress=False))  # fmt: skip
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["spec"]["model"] == manifest["model"]["source"] == str(tiny_en_dir)
+    monkeypatch.chdir(tmp_path)
+    got = fa.faithfulness(out, sample=5, seed=3, device="cpu")
+    assert got.table.equals(result.table)
+
+    moved = shutil.copytree(tiny_en_dir, tmp_path / "moved")
+    manifest["spec"]["model"] = manifest["model"]["source"] = "models/gone"  # as a run made elsewhere
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelError, match="the model the run recorded; pass it with --model"):
+        fa.faithfulness(out, sample=5, seed=3, device="cpu")
+    assert fa.faithfulness(out, sample=5, seed=3, device="cpu", model=str(moved)).table.equals(result.table)
