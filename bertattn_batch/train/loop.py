@@ -111,6 +111,25 @@ def _optimizer(model: Any, spec: FinetuneSpec, schedule: Schedule) -> tuple[Any,
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
 
 
+def _diverged(what: str, step: int, spec: FinetuneSpec) -> ModelError:
+    return ModelError(
+        f"training diverged: {what} at step {step} with learning rate {learning_rate(spec):g}; "
+        "lower the learning rate"
+    )
+
+
+def _check_outputs(model: Any, ids: list[list[int]], pad_id: int, step: int, spec: FinetuneSpec) -> None:
+    """The loss is checked before each update, so the last update can still leave the model giving NaN
+    (one step at 5e5): saved, it scored every review as label 0 and failed every extract. Its outputs
+    on a batch of its training reviews are checked here."""
+    rows = np.arange(min(len(ids), spec.batch_size))
+    input_ids, mask = _collate(ids, rows, pad_id)
+    with torch.inference_mode():
+        logits = model(input_ids=input_ids, attention_mask=mask).logits
+    if not bool(torch.isfinite(logits).all()):
+        raise _diverged("the model's outputs are not finite", step, spec)
+
+
 def train_loop(
     model: Any, ids: list[list[int]], y: np.ndarray, pad_id: int, spec: FinetuneSpec, progress: bool
 ) -> dict[str, Any]:
@@ -146,10 +165,7 @@ def train_loop(
                 step += 1
                 value = float(loss.detach())
                 if not math.isfinite(value):  # every weight would be NaN from here on
-                    raise ModelError(
-                        f"training diverged: the loss is {value} at step {step} with learning rate "
-                        f"{learning_rate(spec):g}; lower the learning rate"
-                    )
+                    raise _diverged(f"the loss is {value}", step, spec)
                 loss_ema = value if loss_ema is None else 0.95 * loss_ema + 0.05 * value
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_ema:.4f}")
@@ -166,6 +182,7 @@ def train_loop(
     finally:
         bar.close()
     model.eval()
+    _check_outputs(model, ids, pad_id, step, spec)
     return {
         "train_seconds": round(time.monotonic() - started, 2),
         "steps": step,

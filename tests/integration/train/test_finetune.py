@@ -242,6 +242,11 @@ def test_a_diverging_training_stops_without_saving(tmp_path: Path) -> None:
     ):
         finetune(texts, labels, tmp_path / "m", spec, progress=False)
     assert not (tmp_path / "m").exists()
+    # one step: its loss was finite, the model it left gives NaN
+    spec = FinetuneSpec(**TINY, epochs=1.0, batch_size=64, min_char_count=1, learning_rate=1e30)
+    with pytest.raises(ModelError, match=r"training diverged: the model's outputs are not finite at step 1 "):
+        finetune(texts, labels, tmp_path / "m", spec, progress=False)
+    assert not (tmp_path / "m").exists()
 
 
 def test_a_place_the_model_cannot_be_saved_is_refused_before_training(tmp_path: Path) -> None:
