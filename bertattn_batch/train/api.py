@@ -146,7 +146,10 @@ def _finetune(
     seed_everything(spec.seed)
     label2id = {n: i for i, n in enumerate(names)}
     y = np.array([label2id[lab] for lab in labels], dtype=np.int64)
-    train_idx, eval_idx = split_indices(y, spec.eval_fraction, spec.seed)
+    same: list[Sequence[str]] = [[t.strip() for t in texts]]
+    if doc_ids is not None and doc_ids[1] is not None:  # an id column: a repeated id is one review
+        same.append(doc_ids[0])
+    train_idx, eval_idx = split_indices(y, spec.eval_fraction, spec.seed, same)
 
     base_path = resolve_source(spec.base) if spec.base is not None else None
     if base_path is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
@@ -37,29 +37,49 @@ def macro_f1(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[int] | np.ndar
 
 
 def split_indices(
-    label_ids: Sequence[int] | np.ndarray, eval_fraction: float, seed: int
+    label_ids: Sequence[int] | np.ndarray,
+    eval_fraction: float,
+    seed: int,
+    same: Sequence[Sequence[Hashable]] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """A seeded, stratified (train, eval) split of row indices, each sorted.
 
     Every class with at least two rows keeps at least one row on each side when ``eval_fraction > 0``,
-    so the held-out metrics see every label and training does too.
+    so the held-out metrics see every label and training does too. ``same``: keys per row (its text,
+    its id); rows that share one go to the same side, so that no held-out review was trained on, word
+    for word or under its id. A row's class is that of the first row of its group.
     """
     y = np.asarray(label_ids)
+    group = _groups(len(y), same)
+    firsts = np.flatnonzero(group == np.arange(len(y)))  # one row a group, in row order
     rng = np.random.default_rng(seed)
-    train: list[np.ndarray] = []
-    held: list[np.ndarray] = []
-    for c in np.unique(y):
-        idx = rng.permutation(np.flatnonzero(y == c))
+    held_groups: list[np.ndarray] = []
+    for c in np.unique(y[firsts]):
+        idx = rng.permutation(firsts[y[firsts] == c])
         k = round(len(idx) * eval_fraction)
         if eval_fraction > 0 and len(idx) >= 2:
             k = min(max(k, 1), len(idx) - 1)
-        held.append(idx[:k])
-        train.append(idx[k:])
-    empty = np.zeros(0, dtype=np.int64)
-    return (
-        np.sort(np.concatenate(train)) if train else empty,
-        np.sort(np.concatenate(held)) if held else empty,
-    )
+        held_groups.append(idx[:k])
+    held = np.isin(group, np.concatenate(held_groups)) if held_groups else np.zeros(len(y), dtype=bool)
+    return np.flatnonzero(~held), np.flatnonzero(held)
+
+
+def _groups(n: int, same: Sequence[Sequence[Hashable]]) -> np.ndarray:
+    """Each row's group: the first row it is joined to through a key it shares (union-find)."""
+    parent = list(range(n))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for keys in same:
+        first: dict[Hashable, int] = {}
+        for i, key in enumerate(keys):
+            a, b = root(first.setdefault(key, i)), root(i)
+            parent[max(a, b)] = min(a, b)  # the group's root is its first row
+    return np.array([root(i) for i in range(n)], dtype=np.int64)
 
 
 def confusion(y_true: np.ndarray, y_pred: np.ndarray, n: int) -> list[list[int]]:

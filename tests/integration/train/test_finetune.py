@@ -86,6 +86,39 @@ def test_split_is_deterministic_stratified_and_disjoint() -> None:
     assert all(np.sum(y[train] == c) >= 1 for c in range(3))
 
 
+def test_split_keeps_repeated_texts_and_ids_on_one_side() -> None:
+    """A review given twice (the same file under two names, a duplicated export) was trained on and
+    held out at once, and so was an id repeated: the held-out accuracy counted reviews seen in training."""
+    texts = [f"t{i % 30}" for i in range(60)]  # every text twice
+    ids = [f"u{i}" for i in range(60)]
+    ids[45] = ids[3]  # one id given to two texts, joining their groups
+    y = np.array([i % 2 for i in range(30)] * 2)
+    train, held = split_indices(y, 0.25, seed=3, same=[texts, ids])
+    assert sorted([*train, *held]) == list(range(60)) and len(held) >= 8
+    assert not {texts[i] for i in train} & {texts[i] for i in held}
+    assert not {ids[i] for i in train} & {ids[i] for i in held}
+    assert {0, 1} <= set(y[held].tolist()) and {0, 1} <= set(y[train].tolist())
+
+
+def test_finetune_holds_out_no_review_it_trained_on(tmp_path: Path) -> None:
+    rows = [
+        {"text": t, "label": lab}
+        for t, lab in zip(
+            ["好极了", "很好用", "太差了", "差评啊"] * 3, ["pos", "pos", "neg", "neg"] * 3, strict=True
+        )
+    ]
+    rows += [
+        {"text": f"{k}好{k}" if k % 2 else f"{k}差{k}", "label": "pos" if k % 2 else "neg"} for k in range(20)
+    ]
+    src = _write(tmp_path / "dups.parquet", rows)
+    spec = FinetuneSpec(**TINY, epochs=1.0, batch_size=8, min_char_count=1, eval_fraction=0.3)
+    metrics = finetune_files([src], "text", "label", tmp_path / "m", spec, progress=False)
+    held = json.loads((tmp_path / "m" / "heldout_ids.json").read_text())["doc_ids"]
+    held_texts = {rows[int(i)]["text"] for i in held}
+    trained = {r["text"] for i, r in enumerate(rows) if str(i) not in held}
+    assert metrics["n_eval"] == len(held) and not held_texts & trained
+
+
 def test_split_without_eval() -> None:
     train, held = split_indices(np.array([0, 1, 0, 1]), 0.0, seed=1)
     assert train.tolist() == [0, 1, 2, 3] and held.size == 0
