@@ -238,7 +238,7 @@ def test_a_class_label_keeps_its_own_order(tmp_path: Path) -> None:
 
 
 def test_time_cap_shortens_the_schedule(tmp_path: Path) -> None:
-    texts = ["好极了", "很好用", "太差了", "差评啊"] * 8
+    texts = [f"{t}{i}" for i, t in enumerate(["好极了", "很好用", "太差了", "差评啊"] * 8)]  # 4 held out
     labels = ["pos", "pos", "neg", "neg"] * 8
     spec = FinetuneSpec(**TINY, epochs=5000.0, batch_size=8, max_train_seconds=1.0, min_char_count=1)
     metrics = finetune(texts, labels, tmp_path / "m", spec, progress=False)
