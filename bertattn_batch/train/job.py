@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import file_lock
-from ..config import FinetuneSpec, JobSpec, check_delimiter, from_dict, load_job
+from ..config import FinetuneSpec, JobSpec, check_delimiter, check_encoding, from_dict, load_job
 from ..errors import ModelError, SpecError
 from ..model.checks import load_config, position_limit, resolve_source
 from ..model.classifier import layer_count, resolve_layers
@@ -132,6 +132,10 @@ class TrainingPlan:
     encoding: str = "utf-8"
     delimiter: str | None = None
 
+    def __post_init__(self) -> None:  # as a job's are: a plan from --job and options is not one
+        object.__setattr__(self, "delimiter", check_delimiter(self.delimiter))
+        check_encoding(self.encoding)
+
     def run(self, progress: bool = True) -> dict[str, Any]:
         return api.finetune_files(
             self.inputs,
@@ -190,5 +194,5 @@ def plan_training(
         from_dict(FinetuneSpec, given),
         id_col,
         encoding or "utf-8",
-        check_delimiter(delimiter),
+        delimiter,
     )

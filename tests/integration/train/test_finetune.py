@@ -783,3 +783,20 @@ def test_a_job_cannot_train_into_a_package_or_its_own_run(tmp_path: Path) -> Non
                 finetune=FinetuneSpec(),
             )
     JobSpec(inputs=["x.csv"], model="bert-base-chinese", out=".")  # a hub name is no folder here
+
+
+def test_finetune_refuses_a_bad_delimiter_or_encoding_as_extract_does(tmp_path: Path) -> None:
+    """With --job, --delimiter '\\t' was not read as a tab, and no --encoding was checked: a TypeError
+    or LookupError after reading started, where extract gives one line."""
+    from bertattn_batch.train import plan_training
+
+    (tmp_path / "job.toml").write_text('inputs = ["r.tsv"]\nmodel = "m"\nout = "o"\n[finetune]\n')
+    job = tmp_path / "job.toml"
+    assert plan_training(job=job, delimiter="\\t").delimiter == "\t"
+    for bad in ({"delimiter": ";;"}, {"encoding": "nope"}, {"encoding": "rot13"}):
+        with pytest.raises(
+            SpecError, match=r"delimiter must be one character|encoding 'nope' is not|no text encoding"
+        ):
+            plan_training(job=job, **bad)
+        with pytest.raises(SpecError):
+            plan_training(inputs=["r.tsv"], out=str(tmp_path / "m"), **bad)
