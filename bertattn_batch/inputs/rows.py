@@ -125,7 +125,8 @@ def to_rows(
             else:
                 doc_id = _to_str(raw_id)
         raw_label = cols[label_col][i] if label_col else None
-        label = None if _is_null(raw_label) else _to_str(raw_label)
+        # a label's surrounding spaces are a spreadsheet's, not a class of its own ('positive ')
+        label = None if _is_null(raw_label) else _to_str(raw_label).strip()
         batch.append(first_row + i, doc_id, text, label, status)
     return batch
 
