@@ -183,7 +183,11 @@ class RunDir:
                     f.unlink(missing_ok=True)
 
     def finalize(self, last_run: dict[str, Any]) -> Manifest:
-        """Mark the run complete, with this pass's summary and the row counts of every table."""
+        """Mark the run complete, with this pass's summary and the row counts of every table. A pass
+        that read no rows (a rerun of a complete run, a nightly pass with nothing new) keeps the summary
+        of the one before: its zeros replaced the run's speed and size figures in the report."""
+        if not last_run.get("input_rows") and self.manifest.last_run:
+            last_run = self.manifest.last_run
         counts = dict.fromkeys(TABLES, 0)  # an empty input still counts its (empty) tables
         for p in self.manifest.parts:
             for table, n in p.rows.items():

@@ -194,6 +194,9 @@ def test_counts_cover_every_pass_and_speed_the_last_run(tiny_en_dir, drug_rows, 
     assert f"<td>tokens</td><td>{tokens}</td>" in html
     assert f"<td>truncated reviews</td><td>{truncated}</td>" in html
     assert "<td>reviews read (last run)</td><td>4</td>" in html and "<td>throughput (last run)</td>" in html
+    before = json.loads((out / "manifest.json").read_text())["last_run"]
+    _small_run(tiny_en_dir, rows, tmp_path / "run", max_length=32, on_existing="incremental")  # nothing new
+    assert json.loads((out / "manifest.json").read_text())["last_run"] == before
 
 
 def test_a_byte_level_runs_tokens_are_printed_as_text(drug_rows, tmp_path):
