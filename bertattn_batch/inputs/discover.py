@@ -336,7 +336,10 @@ def _is_saved_dataset(p: Path) -> bool:
 def _format_of(path: Path, input_format: str, name: str | None = None) -> str:
     if input_format != "auto":
         return input_format
-    fmt = EXTENSIONS.get(format_suffix(path)) if name != STDIN else None
+    suffix = format_suffix(path)
+    fmt = EXTENSIONS.get(suffix) if name != STDIN else None
+    if fmt is None and name != STDIN and suffix in ARCHIVE_SUFFIXES:  # x.csv.zip, x.tar.gz
+        raise InputError(f"{path} is an archive ({suffix}); extract its files first")
     if fmt is None:
         what = "standard input" if name == STDIN else f"{path} from its name"
         raise InputError(

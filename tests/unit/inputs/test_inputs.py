@@ -189,6 +189,8 @@ def test_archives_and_compressed_parquet_are_refused_with_what_to_do(tmp_path):
     ]:
         with pytest.raises(InputError, match=message):
             inputs.check_inputs([str(tmp_path / name)], input_format="jsonl")
+        with pytest.raises(InputError, match=r"is an archive \(\.(zip|tar)\); extract its files first"):
+            inputs.check_inputs([str(tmp_path / name)])  # said at once, not "cannot tell the format"
     with pytest.raises(InputError, match="is gzip-compressed; decompress it first"):
         inputs.check_inputs([str(tmp_path / "r.parquet.gz")])
     for fmt, name in (("csv", "CSV"), ("jsonl", "JSON lines"), ("text", "plain text")):
