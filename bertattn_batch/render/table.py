@@ -1,6 +1,7 @@
 """The seed's own output: one review's heads x tokens table, for a spreadsheet (``plot --out r.csv``,
 ``.xlsx``): a row per head and measure (the raw [CLS] weight, the per-head min-max scaled one), a
-column per token, as the seed post read it in Excel."""
+column per token, as the seed post read it in Excel. The header is the first row, so that polars and
+pandas read the table as it is; the review's title is the xlsx file's third sheet."""
 
 from __future__ import annotations
 
@@ -26,9 +27,7 @@ def write_table(review: ReviewAttention, path: Path) -> Path:
     header, rows = table_rows(review)
     if path.suffix.lower() == ".csv":
         with open(path, "w", newline="", encoding="utf-8-sig") as f:  # the mark tells Excel it is UTF-8
-            writer = csv.writer(f)
-            writer.writerow([f"# {review.title()}"])
-            writer.writerows([header, *rows])
+            csv.writer(f).writerows([header, *rows])
         return path
     try:
         import xlsxwriter
@@ -38,11 +37,11 @@ def write_table(review: ReviewAttention, path: Path) -> Path:
     try:
         for measure in ("scaled", "raw"):
             sheet = book.add_worksheet(measure)
-            sheet.write_row(0, 0, [review.title()])
-            sheet.write_row(1, 0, header)
+            sheet.write_row(0, 0, header)
             for i, row in enumerate(r for r in rows if r[1] == measure):
-                sheet.write_row(2 + i, 0, row)
-            sheet.conditional_format(2, 2, 1 + review.num_heads, len(header) - 1, {"type": "2_color_scale"})
+                sheet.write_row(1 + i, 0, row)
+            sheet.conditional_format(1, 2, review.num_heads, len(header) - 1, {"type": "2_color_scale"})
+        book.add_worksheet("review").write(0, 0, review.title())
     finally:
         book.close()
     return path
