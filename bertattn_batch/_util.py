@@ -227,8 +227,9 @@ def file_lock(
 
 
 def human_bytes(n: float) -> str:
+    """Bytes in decimal units (1 MB = 1,000,000 bytes), as the docs and object stores count them."""
     for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
+        if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+        n /= 1000
     return f"{n} B"

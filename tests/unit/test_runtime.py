@@ -71,3 +71,10 @@ def test_a_kept_heap_holds_a_freed_array_for_the_next_window():
 def test_malloc_settings_the_user_chose_are_left_alone():
     assert _held(KEEP="1", MALLOC_ARENA_MAX="2")["kept"] is False
     assert _held(KEEP="1", GLIBC_TUNABLES="glibc.malloc.trim_threshold=1000000")["kept"] is False
+
+
+def test_sizes_are_printed_in_the_decimal_units_they_name():
+    """The summary said "59.3 MB" for 62,062,804 bytes (divided by 1024), where the docs said 62.1 MB."""
+    from bertattn_batch._util import human_bytes
+
+    assert [human_bytes(n) for n in (999, 62_062_804, 1_500, 3e9)] == ["999 B", "62.1 MB", "1.5 KB", "3.0 GB"]
