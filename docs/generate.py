@@ -90,15 +90,20 @@ def bench() -> str:
                 "|---|---|---:|---:|---:|---:|---:|",
             ]
             for f in block["figures"]:
-                seed = f.get("vs_seed")
-                seed_text = "" if seed is None else f"{seed:.2f} ({f.get('vs_seed_paired', seed):.2f})"
                 lines.append(
                     f"| {f['method']} | {f['dtype']} | {f['reviews_per_s']:,.1f} | {f['tokens_per_s']:,.0f} "
-                    f"| {f['padding_share']:.1%} | {f['vs_ceiling']:.2f} ({f.get('vs_ceiling_paired', 0):.2f}) "
-                    f"| {seed_text} |"
+                    f"| {f['padding_share']:.1%} | {_ratio(f, 'vs_ceiling')} | {_ratio(f, 'vs_seed')} |"
                 )
             out.append("\n".join(lines) + "\n")
     return "\n".join(out)
+
+
+def _ratio(figures: dict, key: str) -> str:
+    """A ratio with its paired one in brackets; results of older benchmarks have no paired figures."""
+    if figures.get(key) is None:
+        return ""
+    paired = figures.get(f"{key}_paired")
+    return f"{figures[key]:.2f}" + ("" if paired is None else f" ({paired:.2f})")
 
 
 def layout() -> str:
