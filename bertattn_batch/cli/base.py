@@ -127,8 +127,8 @@ def call(fn: Callable[[], T], interrupted: str = INTERRUPTED, completes: bool = 
             traceback.print_exc()
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
-    except KeyboardInterrupt as e:
-        typer.echo(interrupted, err=True)
+    except KeyboardInterrupt as e:  # its args: what a rerun does where that is not to resume
+        typer.echo(f"interrupted; {e.args[0]}" if e.args else interrupted, err=True)
         raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
     except Exception as e:
         if _state["debug"]:

@@ -53,7 +53,11 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> float:
             if (model / "config.json").is_file():
                 log.warning("model %s was trained by another job meanwhile; using it", spec.model)
             else:
-                _train_model(spec, progress)
+                try:
+                    _train_model(spec, progress)
+                except KeyboardInterrupt as e:  # (SIGTERM too) said on the "interrupted" line
+                    e.args = (f"the training of {spec.model} starts over when the same command is rerun",)
+                    raise
     except OSError as e:
         raise ModelError(f"cannot write beside {model} to train it: {e.strerror or e}") from None
     return time.perf_counter() - t0

@@ -182,3 +182,11 @@ def test_a_layer_out_of_range_says_which_there_are():
         resolve_layers([-2], 1)
     with pytest.raises(SpecError, match="same layer twice"):
         resolve_layers([-1, 1], 2)
+
+
+def test_ray_settings_on_the_local_engine_are_said_to_be_unused(caplog):
+    JobSpec(inputs=["x.csv"], model="m", out="o", workers=4)
+    assert "workers and ray_address are the ray engine's" in caplog.text
+    caplog.clear()
+    JobSpec(inputs=["x.csv"], model="m", out="o", engine="ray", workers=4)
+    assert not caplog.text

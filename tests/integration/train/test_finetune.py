@@ -804,3 +804,27 @@ def test_finetune_refuses_a_bad_delimiter_or_encoding_as_extract_does(tmp_path: 
             plan_training(job=job, **bad)
         with pytest.raises(SpecError):
             plan_training(inputs=["r.tsv"], out=str(tmp_path / "m"), **bad)
+
+
+def test_a_job_interrupted_in_its_training_says_the_training_starts_over(tmp_path: Path, monkeypatch) -> None:
+    """ "rerun the same command to resume" promised what a training does not do: it starts over."""
+    from typer.testing import CliRunner
+
+    import bertattn_batch.train.job as job
+    from bertattn_batch.cli import app
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(job, "_train_model", stopped)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.csv").write_text("text,label\n好,pos\n差,neg\n")
+    (tmp_path / "job.toml").write_text(
+        'inputs = ["r.csv"]\nmodel = "m"\nout = "o"\nlabel_col = "label"\n[finetune]\n'
+    )
+    r = CliRunner().invoke(app, ["run", "job.toml"])
+    assert r.exit_code == 130
+    assert (
+        r.output.strip().splitlines()[-1]
+        == "interrupted; the training of m starts over when the same command is rerun"
+    )
