@@ -43,8 +43,9 @@ def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
     }
 
 
-def heldout_ids(manifest: Manifest) -> set[str] | str:
-    """The doc ids the run's model was not trained on, where its training recorded them; else why not.
+def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
+    """The doc ids the run's model was not trained on, where its training recorded them, and whether
+    the run read the files it was trained on (so that its other reviews are training data); else why not.
 
     Ids of the run's own id column are taken to name the same reviews in any corpus (a corpus whose
     ids repeat another's, such as 1..N, would be misread: train with ids unique to each). Row numbers
@@ -67,12 +68,15 @@ def heldout_ids(manifest: Manifest) -> set[str] | str:
         if id_col is None:
             return "the model's held-out reviews are known by row number, and this run has ids"
         return f"the model's held-out reviews are known by column {id_col!r}, which this run does not read"
+    trained_on, run = recorded.get("sources"), manifest.sources
+    known = bool(trained_on) and bool(run)  # not for a model or run from before files were recorded
     if id_col is None:
-        if not recorded.get("sources") or not manifest.sources:  # written before files were recorded
+        if not known:
             return "the model's held-out reviews are known by row number, but not of which files"
-        if not _same_first_files(recorded["sources"], manifest.sources):
+        if not _same_first_files(trained_on, run):
             return "the model was trained on other files, whose row numbers name other reviews"
-    return set(recorded.get("doc_ids") or ())
+    same = not known or (len(trained_on) == len(run) and _same_first_files(trained_on, run))
+    return set(recorded.get("doc_ids") or ()), same
 
 
 def _same_first_files(trained: list[dict[str, Any]], run: list[dict[str, Any]]) -> bool:
@@ -105,16 +109,20 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool) -> st
             return "\n".join([*parts, f'<p class="meta">{why}</p>'])
         note = f"over every labelled review; {heldout}"
         return "\n".join([*parts, _line("accuracy", conf, note), _matrix(conf)])
-    held = preds.filter(pl.col("doc_id").is_in(list(heldout)))
-    rest = preds.filter(~pl.col("doc_id").is_in(list(heldout)))
+    ids, training_files = heldout
+    held = preds.filter(pl.col("doc_id").is_in(list(ids)))
+    rest = preds.filter(~pl.col("doc_id").is_in(list(ids)))
     conf, trained = confusion(held, labels), confusion(rest, labels)
     if conf is None:
         parts.append('<p class="meta">No review the model was held out from is in this run.</p>')
     else:
         note = "reviews held out from the model's training"
         parts += [_line("held-out accuracy", conf, note), _matrix(conf)]
-    if trained is not None:
+    if trained is not None and training_files:
         parts.append(_line("accuracy on training data", trained, "reviews the model was trained on"))
+    elif trained is not None:  # the run read other files too: not every review not held out trained it
+        note = "reviews not held out, of files besides those the model was trained on"
+        parts.append(_line("accuracy on the other reviews", trained, note))
     return "\n".join(parts)
 
 

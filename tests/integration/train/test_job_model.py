@@ -136,7 +136,16 @@ def test_finetune_id_col_records_held_out_reviews_by_id(zh_rows, tmp_path):
     heldout = json.loads((model / HELDOUT_FILE).read_text())
     assert heldout["id_col"] == "doc_id" and set(heldout["doc_ids"]) <= {r["doc_id"] for r in rows}
     by_id = _run_report(tmp_path, model, data, "ids", id_col="doc_id")
-    assert "30 reviews held out" in by_id
+    assert "30 reviews held out" in by_id and "90 reviews the model was trained on" in by_id
+    # another corpus: its reviews that are not held out did not train the model either
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.Table.from_pylist(zh_rows[70::140][:40]), other)
+    elsewhere = _run_report(tmp_path, model, other, "other", id_col="doc_id")
+    assert "accuracy on training data" not in elsewhere
+    assert (
+        "accuracy on the other reviews" in elsewhere
+        and "40 reviews not held out, of files besides" in elsewhere
+    )
     by_number = _run_report(tmp_path, model, data, "numbers")
     assert "known by column &#x27;doc_id&#x27;, which this run does not read" in by_number
     # the folder trained again (another split): the run's model is gone, and so is its split
