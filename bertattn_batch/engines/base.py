@@ -28,9 +28,10 @@ from typing import Any, Protocol
 
 from .._util import human_bytes
 from ..config import JobSpec
+from ..errors import InputError
 from ..extract import Columns, PartStats, PassInfo, StagedPart, WindowRows, iter_windows
 from ..inputs import Source, check_inputs, count_rows, source_files
-from ..run import PartWriter, check_read_unchanged, resume_point, run_dir_class
+from ..run import PartWriter, RunDir, check_read_unchanged, resume_point, run_dir_class
 from ..runtime import tune_runtime
 from ..storage import name_path
 from ..train import ensure_model
@@ -198,7 +199,8 @@ def run_job(
                     summary.add(part)
                     bar.update(part.stats.input_rows - part.stats.scored)  # the scored ones: per batch
                     bar.set_postfix_str(_postfix(summary, bar.format_dict["elapsed"], spec.workers))
-            check_read_unchanged(run, fingerprint, source_files(sources))
+            if not incremental:  # a pass by id takes what it read; the next one reads what came since
+                _check_read_unchanged(run, fingerprint, sources)
             timings.update(summary.stats.seconds)
             timings.update(getattr(eng, "timings", {}))
             summary.seconds = {k: round(v, 3) for k, v in timings.items()}
@@ -206,6 +208,20 @@ def run_job(
             summary.engine = eng.describe()
             run.finalize(summary.as_dict())
     return summary
+
+
+def _check_read_unchanged(run: RunDir, fingerprint: list[dict[str, Any]], sources: list[Source]) -> None:
+    """The input files are still those the pass began with (``run.check_read_unchanged``); one gone
+    since is said so too."""
+    try:
+        now = source_files(sources)
+    except OSError as e:
+        gone = e.filename or "an input file"
+        raise InputError(
+            f"{run.run_dir}: {gone} went while this run read it ({e.strerror or e}), so its tables may "
+            "lack its rows; once the inputs are final, rerun with --overwrite"
+        ) from None
+    check_read_unchanged(run, fingerprint, now)
 
 
 def _postfix(summary: RunSummary, elapsed: float, workers: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -577,6 +578,29 @@ def test_inputs_changed_while_read_leave_the_run_interrupted(corpus, tiny_en_dir
     assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
     with pytest.raises(RunDirError, match="the inputs changed since this run began"):
         run_job(spec)
+
+    # a file gone while read: one line, not a bare FileNotFoundError
+    class RemovesTheInput(PartWriter):
+        def _write_parquet(self, table, path):
+            csv.unlink(missing_ok=True)
+            super()._write_parquet(table, path)
+
+    write(len(rows))
+    with pytest.raises(InputError, match=r"reviews.csv went while this run read it .*rerun with --overwrite"):
+        run_job(dataclasses.replace(spec, on_existing="overwrite"), part_writer=RemovesTheInput)
+
+    # a pass by id (--incremental) takes what it read: a nightly file appended to meanwhile is no error
+    class AppendsToTheInput(PartWriter):
+        def _write_parquet(self, table, path):
+            write(len(rows))
+            super()._write_parquet(table, path)
+
+    write(25)
+    nightly = dataclasses.replace(spec, out=str(tmp_path / "nightly"), on_existing="incremental")
+    run_job(nightly, part_writer=AppendsToTheInput)
+    assert json.loads((tmp_path / "nightly" / "manifest.json").read_text())["status"] == "complete"
+    run_job(nightly)  # the next night adds the rows appended during the first
+    assert read_table(tmp_path / "nightly", "predictions").num_rows == len(rows)
 
 
 def test_manifest_listing_a_missing_part_is_reported(corpus, tiny_en_dir, tmp_path):
