@@ -45,8 +45,11 @@ def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
     uri = os.fspath(run_dir).rstrip("/")
     local = storage.cache_folder("runs", uri)
     _URIS[local.resolve()] = uri
-    with _only_user(local, uri):
-        yield from _mirrored(uri, local, write_back)
+    with _only_user(local, uri) as outermost:
+        if outermost:
+            yield from _mirrored(uri, local, write_back)
+        else:  # the outer block brought it up to date, and uploads what is written
+            yield local
 
 
 def _mirrored(uri: str, local: Path, write_back: bool) -> Iterator[Path]:
@@ -72,10 +75,11 @@ _GUARD = threading.Lock()
 
 
 @contextlib.contextmanager
-def _only_user(local: Path, uri: str) -> Iterator[None]:
+def _only_user(local: Path, uri: str) -> Iterator[bool]:
     """Hold the mirror for one command of this machine at a time: two that update and write into it at
     once deleted each other's files (two aggregates of one run, started together, failed). A file lock
-    beside the folder serializes processes; the same thread may enter again (a command calling another)."""
+    in the folder (hidden: never mirrored nor uploaded) serializes processes; the same thread may enter
+    again (a command calling another), told so by the False it gets."""
     with _GUARD:
         lock = _THREAD_LOCKS.setdefault(local, threading.RLock())
     with lock:
@@ -83,11 +87,11 @@ def _only_user(local: Path, uri: str) -> Iterator[None]:
         _DEPTH[local] = depth + 1
         try:
             if depth:
-                yield
+                yield False
             else:
                 waiting = f"waiting for another command on this machine that reads {uri}"
-                with file_lock(local.parent / f"{local.name}.lock", waiting=waiting):
-                    yield
+                with file_lock(local / ".lock", waiting=waiting):
+                    yield True
         finally:
             _DEPTH[local] = depth
 

@@ -394,8 +394,9 @@ def test_commands_on_one_machine_take_a_stored_runs_mirror_in_turn(bucket, tmp_p
         with local_run(uri) as local:
             assert done.exists(), "entered the mirror while another process held it"
             assert (local / "aggregates" / "x.txt").read_bytes() == b"x"
-            with local_run(uri + "/") as again:  # the same thread may enter again
-                assert again == local
+            (local / "report.html").write_text("r")
+            with local_run(uri + "/", write_back=True) as again:  # the same thread may enter again...
+                assert again == local and (local / "report.html").is_file()  # ...and finds it as it was
     finally:
         try:
             holder.wait(timeout=60)
