@@ -42,7 +42,7 @@ def class_label_order(sources: Iterable[Source], column: str) -> list[str]:
         tuple(class_label_names(load_dataset(src.path)).get(column, ())) if src.format == "datasets" else ()
         for src in sources
     }
-    return list(orders.pop()) if len(orders) == 1 else []
+    return [name.strip() for name in orders.pop()] if len(orders) == 1 else []  # as labels are read
 
 
 def name_class_labels(table: pa.Table, names: dict[str, list[str]]) -> pa.Table:

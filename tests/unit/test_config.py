@@ -190,3 +190,10 @@ def test_ray_settings_on_the_local_engine_are_said_to_be_unused(caplog):
     caplog.clear()
     JobSpec(inputs=["x.csv"], model="m", out="o", engine="ray", workers=4)
     assert not caplog.text
+
+
+def test_finetune_labels_lose_their_spaces_as_labels_read_from_a_file_do():
+    """A job's labels = ["positive ", ...] matched no row once labels were read without their spaces."""
+    assert FinetuneSpec(labels=["positive ", " negative"]).labels == ["positive", "negative"]
+    with pytest.raises(SpecError, match="names 'a' twice"):
+        FinetuneSpec(labels=["a", "a ", "b"])
