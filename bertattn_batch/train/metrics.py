@@ -44,23 +44,35 @@ def split_indices(
 ) -> tuple[np.ndarray, np.ndarray]:
     """A seeded, stratified (train, eval) split of row indices, each sorted.
 
-    Every class with at least two rows keeps at least one row on each side when ``eval_fraction > 0``,
-    so the held-out metrics see every label and training does too. ``same``: keys per row (its text,
-    its id); rows that share one go to the same side, so that no held-out review was trained on, word
-    for word or under its id. A row's class is that of the first row of its group.
+    ``same``: keys per row (its text, its id); rows that share one are a group, which goes to one side
+    whole, so that no held-out review was trained on, word for word or under its id. A group counts in
+    the class of its first row. Each class holds out whole groups, in a seeded order, as long as they
+    fit in its share of rows; where none fits, its smallest group. So a class with rows in two groups or
+    more keeps rows on each side when ``eval_fraction > 0``; a class that is one group (its rows all
+    one text) stays in training. Without repeats this is a plain stratified split.
     """
     y = np.asarray(label_ids)
     group = _groups(len(y), same)
     firsts = np.flatnonzero(group == np.arange(len(y)))  # one row a group, in row order
+    sizes = np.bincount(group, minlength=len(y))  # a group's rows, at its first row
     rng = np.random.default_rng(seed)
-    held_groups: list[np.ndarray] = []
+    held_groups: list[int] = []
     for c in np.unique(y[firsts]):
-        idx = rng.permutation(firsts[y[firsts] == c])
-        k = round(len(idx) * eval_fraction)
-        if eval_fraction > 0 and len(idx) >= 2:
-            k = min(max(k, 1), len(idx) - 1)
-        held_groups.append(idx[:k])
-    held = np.isin(group, np.concatenate(held_groups)) if held_groups else np.zeros(len(y), dtype=bool)
+        order = rng.permutation(firsts[y[firsts] == c])
+        n = int(sizes[order].sum())
+        k = round(n * eval_fraction)
+        if eval_fraction > 0 and n >= 2:
+            k = min(max(k, 1), n - 1)
+        taken: list[int] = []
+        rows = 0
+        for g in order:
+            if rows + sizes[g] <= k:
+                taken.append(int(g))
+                rows += int(sizes[g])
+        if not taken and k and len(order) > 1:  # every group is bigger than the share
+            taken.append(int(order[np.argmin(sizes[order])]))
+        held_groups += taken
+    held = np.isin(group, held_groups)
     return np.flatnonzero(~held), np.flatnonzero(held)
 
 

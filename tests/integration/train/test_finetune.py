@@ -99,6 +99,15 @@ def test_split_keeps_repeated_texts_and_ids_on_one_side() -> None:
     assert not {texts[i] for i in train} & {texts[i] for i in held}
     assert not {ids[i] for i in train} & {ids[i] for i in held}
     assert {0, 1} <= set(y[held].tolist()) and {0, 1} <= set(y[train].tolist())
+    # a text repeated 60 times is one group: it does not fill the held-out share (20 of 200 rows)...
+    texts = ["great"] * 60 + [f"t{i}" for i in range(140)]
+    y = np.array([1] * 60 + [i % 2 for i in range(140)])
+    for seed in range(5):
+        _, held = split_indices(y, 0.1, seed=seed, same=[texts])
+        assert len(held) == 20 and "great" not in {texts[i] for i in held}
+    # ...and a class that is one group stays in training, whatever the share
+    train, held = split_indices(np.array([0] * 5 + [1] * 5), 0.6, seed=1, same=[["a"] * 5 + list("bcdef")])
+    assert set(range(5)) <= set(train.tolist()) and len(held) == 3
 
 
 def test_finetune_holds_out_no_review_it_trained_on(tmp_path: Path) -> None:
