@@ -219,8 +219,7 @@ class JobSpec:
         if self.engine == "local" and (self.workers != 1 or self.ray_address):
             log.warning(
                 "workers and ray_address are the ray engine's: engine 'local' runs one model here (add "
-                '--engine ray, or engine = "ray" in the job, for %d workers)',
-                self.workers,
+                '--engine ray, or engine = "ray" in the job)'
             )
         dev = self.device
         if not (dev in ("auto", "cpu", "cuda", "mps") or dev.startswith("cuda:")):
@@ -302,7 +301,7 @@ def _inside(path: str, folder: str) -> bool:
     """Whether local ``path`` is ``folder`` or below it (a URI or ``package:NAME`` is not)."""
     if path.startswith(PACKAGE_PREFIX) or split_uri(path)[0] is not None or split_uri(folder)[0] is not None:
         return False
-    path, folder = os.path.abspath(path), os.path.abspath(folder)
+    path, folder = os.path.realpath(path), os.path.realpath(folder)  # a link to out is out
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 

@@ -316,6 +316,6 @@ def _run_classifier(manifest, device: str, source: str | None = None) -> Classif
             allow_pickle=bool(spec.get("allow_pickle")),
         )
     except ModelError as e:
-        if not recorded:
+        if not recorded or Path(source).exists():  # there, but it does not load: not a move
             raise
         raise ModelError(f"{e} ({manifest.MODEL_MOVED})") from None

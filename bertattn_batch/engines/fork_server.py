@@ -68,8 +68,8 @@ def signals_held() -> Iterator[None]:
     finally:
         for sig, handler in held.items():
             signal.signal(sig, handler)
-        if caught:
-            signal.raise_signal(caught[0])
+        if caught:  # a scheduler's SIGTERM after a Ctrl-C still ends the job as stopped by it
+            signal.raise_signal(signal.SIGTERM if signal.SIGTERM in caught else caught[0])
 
 
 def _import_main() -> None:

@@ -86,7 +86,7 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
             f"{model.get('device')}, {model.get('dtype')}, {model.get('attention')}",
         ),
         *_whole_run_rows(preds),
-        *((f"{k} (last run)", v) for k, v in _last_run_rows(last)),
+        *((f"{k} (last pass that read reviews)", v) for k, v in _last_run_rows(last)),
         ("parts committed", len(manifest.parts)),
         ("rows per table", ", ".join(f"{k} {v}" for k, v in (manifest.counts or {}).items())),
         ("created", manifest.created_at),

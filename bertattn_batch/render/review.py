@@ -298,7 +298,7 @@ def add_pairs(
     try:
         clf = _load_classifier(model, review.layer, device, manifest.model.get("max_length"))
     except ModelError as e:
-        if not recorded:
+        if not recorded or Path(model).exists():  # there, but it does not load: not a move
             raise
         raise ModelError(f"{e} ({manifest.MODEL_MOVED})") from None
     enc = encode_texts(clf.tokenizer, [text], clf.max_length)[0]

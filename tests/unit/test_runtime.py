@@ -74,7 +74,8 @@ def test_malloc_settings_the_user_chose_are_left_alone():
 
 
 def test_sizes_are_printed_in_the_decimal_units_they_name():
-    """The summary said "59.3 MB" for 62,062,804 bytes (divided by 1024), where the docs said 62.1 MB."""
+    """The summary said "59.2 MB" for 62,062,804 bytes (it divided by 1024)."""
     from bertattn_batch._util import human_bytes
 
-    assert [human_bytes(n) for n in (999, 62_062_804, 1_500, 3e9)] == ["999 B", "62.1 MB", "1.5 KB", "3.0 GB"]
+    got = [human_bytes(n) for n in (999, 62_062_804, 1_500, 999_999, 3e9)]
+    assert got == ["999 B", "62.1 MB", "1.5 KB", "1.0 MB", "3.0 GB"]
