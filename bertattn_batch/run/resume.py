@@ -8,12 +8,15 @@ Usage::
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError, RunDirError
 from ..ids import IdSet
 from .rundir import RunDir
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,9 @@ def resume_point(
     as the pass begins.
 
     An incremental job starts a new pass (generation) over a run whose last pass completed, skipping
-    every committed id; over an interrupted pass it finishes that pass, as a plain resume does. The
+    every committed id; over an interrupted pass it finishes that pass, as a plain resume does, unless
+    the inputs changed since it began (a nightly file replaced) or a lower limit stops before its rows:
+    then it starts a new pass too, as the interrupted one cannot go on by row number. The
     pass's generation is recorded in the manifest before its first part, so a pass interrupted before
     it commits anything is still known, and so are its input files (``sources``, see
     ``inputs.fingerprint.source_files``): a pass that continues by row number refuses inputs that changed.
@@ -79,12 +84,31 @@ def resume_point(
     current = [p for p in parts if p.generation == generation]
     earlier = [p for p in parts if p.generation < generation]
     skip_until = max((p.end_row for p in current), default=0)
+    if skip_until and by_id and (why := _moved_on(run, sources, skip_until, limit)):
+        # a nightly file replaced, or a folder that gained a file, since the interrupted pass began: it
+        # cannot go on by row number, and its inputs are gone; a new pass takes every id not in the run
+        log.warning("%s: %s since its interrupted pass began; a new pass adds the reviews whose ids are "
+                    "not in the run yet", run.run_dir, why)  # fmt: skip
+        generation = max(run.manifest.passes) + 1
+        run.begin_pass(generation, sources, limit)
+        return ResumePoint(generation, 0, run.committed_ids(), None)
     if skip_until:
         _check_same_inputs(run, sources, by_id)
         _check_limit(run, skip_until, limit)
     run.begin_pass(generation, sources, limit)
     taken = run.committed_ids(current, claimed=True) if by_id and current else None
     return ResumePoint(generation, skip_until, run.committed_ids(earlier) if earlier else None, taken)
+
+
+def _moved_on(run: RunDir, sources: list[dict[str, Any]] | None, skip_until: int, limit: int | None) -> str:
+    """Why an interrupted incremental pass cannot go on by row number (its inputs changed, or a lower
+    limit stops before its rows), or "" where it can."""
+    before = run.manifest.sources
+    if sources is not None and before is not None and (changes := input_changes(before, sources)):
+        return f"the inputs changed ({_listed(changes)})"
+    if limit is not None and limit < skip_until:
+        return f"--limit {limit:,} stops before the {skip_until:,} input rows it read"
+    return ""
 
 
 def _check_same_inputs(run: RunDir, sources: list[dict[str, Any]] | None, by_id: bool) -> None:

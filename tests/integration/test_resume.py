@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from bertattn_batch import schema
 from bertattn_batch._util import file_lock
+from bertattn_batch.analysis.validate import validate_run
 from bertattn_batch.cli import app
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
@@ -1092,3 +1093,30 @@ def test_a_resume_refuses_an_input_rewritten_to_the_same_size(tiny_en_dir, tmp_p
     assert r.exit_code == 1 and "in.txt was rewritten (same size, other bytes at its start" in r.output, (
         r.output
     )
+
+
+@pytest.mark.parametrize("change", ["replaced", "grown", "limit"])
+def test_an_interrupted_nightly_pass_over_a_replaced_file_goes_on_by_id(
+    change, drug_rows, tiny_en_dir, tmp_path
+):
+    """A nightly --incremental pass stopped mid-way, then the next night's file: the pass could not go
+    on by row number, and every night after was refused with advice (--overwrite) that deleted the
+    run's history. A new pass now takes every id not in the run yet; nothing is lost or doubled."""
+    rows = [{"doc_id": f"r{i}", "text": r["text"][:200]} for i, r in enumerate(drug_rows[:40])]
+    src = tmp_path / "night.parquet"
+    out = tmp_path / "run"
+    spec = JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(out), id_col="doc_id", window=6,
+                   on_existing="incremental", progress=False)  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows[:10]), src)
+    run_job(spec)
+    pq.write_table(pa.Table.from_pylist(rows[10:30]), src)  # night 2: stopped after its first part
+    with pytest.raises(WriteError):
+        run_job(spec, part_writer=_failing_at("part-000000000006-g1"))
+    night3 = {"replaced": rows[30:40], "grown": rows[10:40], "limit": rows[10:30]}[change]
+    pq.write_table(pa.Table.from_pylist(night3), src)
+    run_job(dataclasses.replace(spec, limit=4) if change == "limit" else spec)
+    ids = read_table(out, "predictions").column("doc_id").to_pylist()
+    assert len(ids) == len(set(ids))  # nothing scored twice
+    kept = {"replaced": rows[:16] + rows[30:40], "grown": rows, "limit": rows[:16]}[change]
+    assert set(ids) == {r["doc_id"] for r in kept}  # night 2's committed part is kept
+    assert validate_run(out).ok, validate_run(out).render()
