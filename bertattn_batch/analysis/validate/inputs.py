@@ -43,7 +43,8 @@ def check_inputs_covered(rec: Recorder, run: RunView) -> None:
             for change in input_changes(manifest.sources, source_files(sources))[:3]:
                 rec.warn("inputs", f"the inputs changed since the run read them: {change}")
         limit = manifest.limit if "limit" in run.manifest else spec.get("limit")  # of the last pass
-        incremental = bool(run.parts and {p.generation for p in run.parts} - {0})
+        # a pass by id since the first, even one that wrote nothing (its inputs may be another file)
+        incremental = bool(manifest.generation) or bool({p.generation for p in run.parts} - {0})
         if incremental:
             _check_ids(rec, run, sources, columns, limit)
         else:

@@ -559,6 +559,22 @@ def test_a_nightly_file_replaced_between_incremental_passes_is_not_a_warning_per
     assert validate_run(out).check("spans").warnings == 2
 
 
+def test_a_night_with_nothing_new_or_an_edited_review_is_not_damage(en_source, tiny_en_dir, tmp_path):
+    """Only the first night wrote parts, then the file was replaced (or emptied): validate counted rows
+    as for a plain run and called the run damaged. A review edited since (same id, a shorter text) kept
+    its first scoring, as documented, and its spans were checked against the new text."""
+    source = tmp_path / "day.parquet"
+    rows = pq.read_table(en_source).to_pylist()[:10]
+    out = tmp_path / "run"
+    base = {"inputs": [str(source)], "model": str(tiny_en_dir), "out": str(out), "id_col": "doc_id"}
+    for night in (rows, rows[:0], [{**rows[0], "text": "ok"}, *rows[1:]]):
+        pq.write_table(pa.Table.from_pylist(night, schema=pq.read_schema(en_source)), source)
+        run_job(JobSpec(**base, window=4, on_existing="incremental", progress=False))
+        report = validate_run(out)
+        assert report.ok, report.render()
+    assert "other texts (the inputs were replaced, reordered or edited since)" in report.check("spans").line()
+
+
 @pytest.mark.parametrize(
     ("dtype", "attention", "caught"),
     [("float32", "sdpa", True), ("bfloat16", "sdpa", True), ("bfloat16", "eager", False)],
