@@ -77,7 +77,11 @@ def _run(spec: JobSpec) -> None:
     typer.echo(summary.line())
     if summary.input_rows == 0:
         done = summary.skipped_committed > 0
-        if done:
+        if done and spec.limit is not None:  # a limit takes the first rows, not the first new ones
+            typer.echo(
+                f"nothing new among the first {spec.limit:,} input rows (--limit); rows past them are not read"
+            )
+        elif done:
             typer.echo(f"nothing new to process; {spec.out} is up to date")
         else:
             typer.echo("--limit 0 reads no rows" if spec.limit == 0 else "the input holds no rows")

@@ -477,6 +477,10 @@ def test_incremental_processes_only_new_ids(drug_rows, tiny_en_dir, tmp_path):
     r = runner.invoke(app, base)
     assert r.exit_code == 0 and "nothing new to process" in r.output
     assert read_table(out, "predictions").num_rows == 30
+    # a limit takes the first rows each night, not new ones: said so, not "up to date"
+    pq.write_table(pa.Table.from_pylist([*rows, {"doc_id": "new", "text": "a new review"}]), src)
+    r = runner.invoke(app, [*base, "--limit", "30"])
+    assert r.exit_code == 0 and "nothing new among the first 30 input rows (--limit)" in r.output
 
 
 class FullDisk(PartWriter):
