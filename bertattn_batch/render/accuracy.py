@@ -113,8 +113,10 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool) -> st
     held = preds.filter(pl.col("doc_id").is_in(list(ids)))
     rest = preds.filter(~pl.col("doc_id").is_in(list(ids)))
     conf, trained = confusion(held, labels), confusion(rest, labels)
+    if conf is None and not labelled:  # held-out reviews may be here, without labels to score
+        return "\n".join([*parts, '<p class="meta">The source had no labels.</p>'])
     if conf is None:
-        parts.append('<p class="meta">No review the model was held out from is in this run.</p>')
+        parts.append('<p class="meta">No labelled review the model was held out from is in this run.</p>')
     else:
         note = "reviews held out from the model's training"
         parts += [_line("held-out accuracy", conf, note), _matrix(conf)]

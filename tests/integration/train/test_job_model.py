@@ -146,6 +146,14 @@ def test_finetune_id_col_records_held_out_reviews_by_id(zh_rows, tmp_path):
         "accuracy on the other reviews" in elsewhere
         and "40 reviews not held out, of files besides" in elsewhere
     )
+    unlabelled = tmp_path / "unlabelled.toml"
+    unlabelled.write_text(
+        f'inputs = ["{data}"]\nmodel = "{model}"\nout = "{tmp_path / "nolabels"}"\nid_col = "doc_id"\n'
+        "layers = [0]\nmax_length = 64\nprogress = false\n"
+    )
+    run_job(load_job(unlabelled))  # its held-out reviews are there, without labels to score
+    page = build_report(tmp_path / "nolabels", examples=1, min_reviews=1).read_text(encoding="utf-8")
+    assert "The source had no labels." in page and "held out from is in this run" not in page
     by_number = _run_report(tmp_path, model, data, "numbers")
     assert "known by column &#x27;doc_id&#x27;, which this run does not read" in by_number
     # the folder trained again (another split): the run's model is gone, and so is its split
