@@ -135,10 +135,14 @@ def _parse_parts(rec: Recorder, entries: Any) -> list[Part]:
 
 def check_files(rec: Recorder, run: RunView) -> None:
     complete = run.status == "complete"
+    live = run.status == "running" and lock_is_held(run.path / LOCK_NAME) is True
+    in_hand: list[str] = []
 
     def uncommitted(rel: str, what: str) -> None:
         if complete:
             rec.fail("files", f"{rel}: {what} in a run marked complete")
+        elif live:  # the extract writing the run now is writing it
+            in_hand.append(rel)
         else:
             rec.warn("files", f"{rel}: {what} (an uncommitted part; the next resume removes it)")
 
@@ -177,6 +181,8 @@ def check_files(rec: Recorder, run: RunView) -> None:
     for f in sorted(run.path.iterdir()):
         if f.is_file() and f.name.endswith(".tmp"):
             uncommitted(f.name, "leftover temporary file")
+    if in_hand:
+        rec.note("files", f"{len(in_hand)} uncommitted files that the running extract is writing")
     rec.note("files", f"{n_files} files listed in {len(run.parts)} parts")
 
 

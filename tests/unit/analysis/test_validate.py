@@ -440,8 +440,14 @@ def test_a_running_run_whose_writer_is_gone_is_called_stopped(en_run, tmp_path):
     )
     with file_lock(run / LOCK_NAME):
         report = validate_run(run)
+        _leftover_in_complete_run(run)  # the part the live writer has in hand: no "leftover"
+        live = validate_run(run)
     assert not any("no process is writing it" in w.message for w in report.warnings), report.render()
     assert any("status 'running'" in w.message for w in report.warnings)
+    assert (
+        live.check("files").warnings == 0
+        and "that the running extract is writing" in live.check("files").line()
+    )
 
 
 def test_a_run_that_completes_while_validate_reads_it_is_not_called_stopped(en_run, tmp_path, monkeypatch):
