@@ -86,7 +86,7 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
             f"{model.get('device')}, {model.get('dtype')}, {model.get('attention')}",
         ),
         *_whole_run_rows(preds),
-        *((f"{k} (last pass that read reviews)", v) for k, v in _last_run_rows(last)),
+        *((f"{k} (last run that read reviews)", v) for k, v in _last_run_rows(last)),
         ("parts committed", len(manifest.parts)),
         ("rows per table", ", ".join(f"{k} {v}" for k, v in (manifest.counts or {}).items())),
         ("created", manifest.created_at),
@@ -129,6 +129,7 @@ def _last_run_rows(last: dict[str, Any]) -> list[tuple[str, Any]]:
         return []
     seconds = last.get("seconds", {})
     return [
+        ("ended", last.get("ended_at")),
         ("reviews read", last.get("input_rows")),
         ("padding share", f"{last.get('padding_share', 0):.1%}"),
         ("throughput", f"{last.get('reviews_per_s', 0):.1f} reviews/s"),

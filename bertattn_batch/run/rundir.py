@@ -188,6 +188,8 @@ class RunDir:
         of the one before: its zeros replaced the run's speed and size figures in the report."""
         if not last_run.get("input_rows") and self.manifest.last_run:
             last_run = self.manifest.last_run
+        else:
+            last_run = {**last_run, "ended_at": _now()}  # which run the kept figures are of
         counts = dict.fromkeys(TABLES, 0)  # an empty input still counts its (empty) tables
         for p in self.manifest.parts:
             for table, n in p.rows.items():

@@ -193,8 +193,8 @@ def test_counts_cover_every_pass_and_speed_the_last_run(tiny_en_dir, drug_rows, 
     assert 0 < truncated < 12  # some reviews were cut at 32 tokens, some not
     assert f"<td>tokens</td><td>{tokens}</td>" in html
     assert f"<td>truncated reviews</td><td>{truncated}</td>" in html
-    assert "<td>reviews read (last pass that read reviews)</td><td>4</td>" in html
-    assert "<td>throughput (last pass that read reviews)</td>" in html
+    assert "<td>reviews read (last run that read reviews)</td><td>4</td>" in html
+    assert "<td>throughput (last run that read reviews)</td>" in html and "<td>ended (last run" in html
     before = json.loads((out / "manifest.json").read_text())["last_run"]
     _small_run(tiny_en_dir, rows, tmp_path / "run", max_length=32, on_existing="incremental")  # nothing new
     assert json.loads((out / "manifest.json").read_text())["last_run"] == before
