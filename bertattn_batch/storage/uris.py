@@ -45,9 +45,13 @@ def split_uri(target: str | os.PathLike[str]) -> tuple[str | None, str]:
 
 
 def normalize(target: str | os.PathLike[str]) -> str:
-    """A ``file://`` URI as the local path it names; anything else as it is: local disk is one code path."""
+    """A ``file://`` URI as the local path it names, and ``~`` as the home folder (a job file's
+    ``out = "~/runs/x"`` made a folder named ``~`` here while Arrow wrote under the home folder); a
+    store's URI as it is: local disk is one code path."""
     scheme, rest = split_uri(target)
-    return rest if scheme == "file" else os.fspath(target)
+    if scheme is not None and scheme != "file":
+        return os.fspath(target)
+    return os.path.expanduser(rest if scheme == "file" else os.fspath(target))
 
 
 def is_remote(target: str | os.PathLike[str]) -> bool:

@@ -93,3 +93,18 @@ def test_uris_join_and_name_without_losing_the_scheme():
     assert join("s3://b/run/", "predictions", "part-0.parquet") == "s3://b/run/predictions/part-0.parquet"
     assert name_path("s3://b/in/reviews.jsonl.gz").suffixes == [".jsonl", ".gz"]
     assert normalize("file:///tmp/run") == "/tmp/run" and normalize("s3://b/r") == "s3://b/r"
+
+
+def test_a_home_folder_path_is_one_place(tmp_path, monkeypatch):
+    """out = "~/nightly" made a folder named "~" here while Arrow wrote the parts under the home folder."""
+    from bertattn_batch.config import JobSpec
+    from bertattn_batch.storage import normalize
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert normalize("~/runs/x") == str(tmp_path / "runs" / "x") and normalize("s3://b/~x") == "s3://b/~x"
+    spec = JobSpec(inputs=["~/in.csv"], model="~/m", out="~/nightly")
+    assert (spec.inputs, spec.model, spec.out) == (
+        [str(tmp_path / "in.csv")],
+        str(tmp_path / "m"),
+        str(tmp_path / "nightly"),
+    )
