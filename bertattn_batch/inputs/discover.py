@@ -111,6 +111,11 @@ def _expand(inputs: Iterable[str], input_format: str) -> list[Source]:
             p = Path(m)
             if not p.exists():
                 raise InputError(f"input not found: {p}")
+            if globbed and is_stream(p):  # opening a FIFO with no writer would wait forever
+                log.warning(
+                    "%s: passed over %s, which is not a regular file (a FIFO, socket or device)", spec, p
+                )
+                continue
             if p.is_dir() and input_format in ("auto", "datasets") and _is_saved_dataset(p):
                 sources.append(Source(p, "datasets"))
             elif p.is_dir():
@@ -242,10 +247,10 @@ def _running(pid: int) -> bool:
 def _once_each(sources: list[Source]) -> list[Source]:
     """Each file once, where it is first named: ``a.parquet data/*.parquet`` would otherwise read
     ``a.parquet`` twice (its rows doubled, or every repeat a ``duplicate_id``)."""
-    first: dict[Path | str, str] = {}  # each file, by its resolved path, and the label it was first met by
+    first: dict[object, str] = {}  # each file, by what it is, and the label it was first met by
     kept = []
     for src in sources:
-        key = src.path if storage.is_remote(src.path) else Path(src.path).resolve()
+        key = src.path if storage.is_remote(src.path) else _identity(Path(src.path))
         if key in first:
             if key not in _WARNED:  # once a process: the inputs are listed more than once
                 _WARNED.add(key)
@@ -259,6 +264,16 @@ def _once_each(sources: list[Source]) -> list[Source]:
     return kept
 
 
+def _identity(path: Path) -> object:
+    """What a local file is, however it is named: its device and inode (a hard link is the same file,
+    which its resolved path does not tell), else its resolved path."""
+    try:
+        st = path.stat()
+    except OSError:
+        return path.resolve()
+    return (st.st_dev, st.st_ino) if st.st_ino else path.resolve()
+
+
 def _review_files(folder: Path, datasets: bool = True) -> list[Path]:
     """Files below a folder with a review file's extension, in path order, and saved datasets folders
     (read as datasets; passed over with a warning where ``datasets`` is False, another format asked for:
@@ -266,8 +281,13 @@ def _review_files(folder: Path, datasets: bool = True) -> list[Path]:
     are passed over below the folder, and so are run directories and model folders: a run or a model
     written inside its input folder must not be read as input next."""
     found, others, streams = [], [], []
-    for root, dirs, files in os.walk(folder):
+    seen: set[Path] = set()  # folders walked, by their real path: a link back up is not walked again
+    for root, dirs, files in os.walk(folder, followlinks=True):  # a linked subfolder's reviews count
         here = Path(root)
+        if here.resolve() in seen:
+            dirs[:] = []
+            continue
+        seen.add(here.resolve())
         dirs[:] = [
             d
             for d in dirs

@@ -11,6 +11,7 @@ import lzma
 import random
 import tarfile
 import zipfile
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -532,3 +533,29 @@ def test_an_encoding_that_refuses_the_file_is_named(tmp_path):
         InputError, match=r"r.csv cannot be read as utf-16 \(UTF-16 stream does not start with BOM"
     ):
         inputs.check_inputs([str(path)], encoding="utf-16")
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="links and FIFOs are POSIX's")
+def test_links_and_fifos_among_the_inputs(tmp_path, caplog):
+    """A hard link to an input was read twice (rows doubled); a linked subfolder of an input folder was
+    left out without a word; a glob that matched a FIFO waited forever."""
+    import os
+
+    data = tmp_path / "data"
+    (data / "real").mkdir(parents=True)
+    (data / "real" / "a.csv").write_text("text\nfine\n")
+    os.link(data / "real" / "a.csv", tmp_path / "hard.csv")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "b.csv").write_text("text\nslow\n")
+    (data / "linked").symlink_to(shared, target_is_directory=True)
+    (data / "loop").symlink_to(data, target_is_directory=True)  # walked once, not forever
+    found = inputs.expand_inputs([str(data), str(tmp_path / "hard.csv")])
+    assert sorted(Path(s.path).name for s in found) == ["a.csv", "b.csv"]
+    assert "hard.csv is the same file as" in caplog.text
+    os.mkfifo(tmp_path / "pipe.csv")
+    (tmp_path / "c.csv").write_text("text\nok\n")
+    found = inputs.expand_inputs([str(tmp_path / "[cp]*.csv")])
+    assert [Path(s.path).name for s in found] == [
+        "c.csv"
+    ] and "pipe.csv, which is not a regular file" in caplog.text
