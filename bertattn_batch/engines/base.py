@@ -176,6 +176,7 @@ def run_job(
         spec.out,
         spec.encoding,
         spec.delimiter,
+        spec.limit,  # of a stream, no more is copied than the job reads
     )
 
     timings: Counter = Counter()

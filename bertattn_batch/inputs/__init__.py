@@ -4,11 +4,12 @@ One module a format, as polars' ``io`` has them; :func:`read_rows` numbers rows 
 """
 
 from .checks import check_inputs
-from .discover import EXTENSIONS, STDIN, Source, expand_inputs, is_stream, read_once
+from .discover import EXTENSIONS, Source, expand_inputs
 from .fingerprint import source_files
 from .hf_datasets import class_label_order
 from .reader import BLOCK_ROWS, count_rows, read_columns, read_rows, read_sources
 from .rows import RowBatch, to_rows, wanted_columns
+from .streams import STDIN, is_stream, read_once
 
 __all__ = [
     "BLOCK_ROWS",

@@ -38,6 +38,7 @@ def check_inputs(
     out: str | Path | None = None,
     encoding: str = "utf-8",
     delimiter: str | None = None,
+    limit: int | None = None,
 ) -> list[Source]:
     """The sources, once every one is found, readable as its format and has the wanted columns, and
     none inside the run directory ``out`` (which --overwrite would clear).
@@ -45,7 +46,7 @@ def check_inputs(
     Reads only names and headers, so a job can fail on a mistyped path or column at once, before it
     loads a model or creates its run directory.
     """
-    sources = expand_inputs(inputs, input_format, encoding, delimiter)
+    sources = expand_inputs(inputs, input_format, encoding, delimiter, limit)
     wanted = wanted_columns(text_col, id_col, label_col)
     for src in sources:
         if out and _inside(src.path, out):

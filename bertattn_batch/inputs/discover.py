@@ -14,16 +14,11 @@ file that the job reads from then on: its checks, its fingerprint and its rows a
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import glob
 import logging
 import os
-import shutil
-import stat
-import sys
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -33,6 +28,7 @@ from .. import storage
 from ..errors import InputError, StorageError
 from ..run.layout import is_run_dir
 from .compressed import ARCHIVE_SUFFIXES, format_suffix, open_binary
+from .streams import STDIN, is_stream, spooled
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +44,6 @@ EXTENSIONS = {
     ".txt": "text",
     ".text": "text",
 }
-
-
-#: What names standard input among the inputs.
-STDIN = "-"
 
 
 @dataclass(frozen=True)
@@ -84,24 +76,33 @@ class Source:
 
 
 def expand_inputs(
-    inputs: Iterable[str], input_format: str = "auto", encoding: str = "utf-8", delimiter: str | None = None
+    inputs: Iterable[str],
+    input_format: str = "auto",
+    encoding: str = "utf-8",
+    delimiter: str | None = None,
+    limit: int | None = None,
 ) -> list[Source]:
     """Resolve files, globs and folders to an ordered list of sources; raise when nothing matches.
-    ``encoding`` and ``delimiter`` apply to every line-based file among them."""
+    ``encoding`` and ``delimiter`` apply to every line-based file among them; ``limit``: the rows a job
+    reads, of which a stream is copied no more than it needs (``streams.spooled``)."""
     sources = [
-        dataclasses.replace(s, encoding=encoding, delimiter=delimiter) for s in _expand(inputs, input_format)
+        dataclasses.replace(s, encoding=encoding, delimiter=delimiter)
+        for s in _expand(inputs, input_format, delimiter, limit)
     ]
     return _once_each(sources)
 
 
-def _expand(inputs: Iterable[str], input_format: str) -> list[Source]:
+def _expand(
+    inputs: Iterable[str], input_format: str, delimiter: str | None, limit: int | None
+) -> list[Source]:
     sources: list[Source] = []
     for spec in inputs:
         if storage.is_remote(spec):
             sources.extend(_stored(spec, input_format))
             continue
         if spec == STDIN or is_stream(Path(spec)):
-            sources.append(Source(spooled(spec), _format_of(Path(spec), input_format, spec), spec))
+            fmt = _format_of(Path(spec), input_format, spec)
+            sources.append(Source(spooled(spec, limit, fmt, delimiter), fmt, spec))
             continue
         globbed = glob.has_magic(spec) and not Path(spec).exists()  # a file named 'x[1].csv' is that file
         matches = sorted(glob.glob(spec, recursive=True)) if globbed else [spec]
@@ -173,75 +174,6 @@ def _stored(spec: str, input_format: str) -> list[Source]:
     if not kept:
         raise InputError(f"{spec} holds no readable review files ({', '.join(EXTENSIONS)})")
     return kept
-
-
-def read_once(spec: str) -> bool:
-    """Whether an input a run recorded was a stream, which cannot be read again: standard input, a
-    device path (``/dev/stdin``, ``/dev/fd/63`` of a shell's ``<(...)``, which name whatever the reading
-    process has there now) or a FIFO."""
-    return spec == STDIN or spec.startswith(("/dev/", "/proc/")) or is_stream(Path(spec))
-
-
-def is_stream(path: Path) -> bool:
-    """A pipe, FIFO, socket or device (what ``/dev/stdin`` and ``<(...)`` are): read once, not reopened."""
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return False
-    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
-
-
-#: Streams already read, by the name they were given: a second expansion in one process (a job's
-#: training reads its inputs again) gets the same bytes, not an exhausted stream.
-_SPOOLS: dict[str, Path] = {}
-
-
-def spooled(name: str) -> Path:
-    """The bytes of stream ``name`` (``-``: standard input), copied once into a temporary file that is
-    removed when the process ends."""
-    if name in _SPOOLS:
-        return _SPOOLS[name]
-    _remove_orphan_spools()
-    fd, tmp = tempfile.mkstemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
-    path = Path(tmp)
-    atexit.register(path.unlink, missing_ok=True)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            if name == STDIN:
-                if sys.stdin is None or sys.stdin.isatty():
-                    raise InputError("- reads reviews from standard input, but nothing is piped in")
-                shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
-            else:
-                with open(name, "rb") as stream:
-                    shutil.copyfileobj(stream, out, 1 << 20)
-    except OSError as e:
-        raise InputError(f"cannot read {name}: {e.strerror or e}") from None
-    _SPOOLS[name] = path
-    return path
-
-
-#: How a spool's name begins; the process that wrote it follows, so one left by a killed process is known.
-SPOOL_PREFIX = "bertattn-stream-"
-
-
-def _remove_orphan_spools() -> None:
-    """Remove the spools of processes that no longer run: a ``kill -9`` skips the exit hook that removes
-    a spool, and a stream can be gigabytes."""
-    for old in Path(tempfile.gettempdir()).glob(f"{SPOOL_PREFIX}*-*"):
-        pid = old.name[len(SPOOL_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _running(int(pid)):
-            with contextlib.suppress(OSError):  # another user's, or removed meanwhile
-                old.unlink()
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only whether it could be sent
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):  # it runs, as another user; no pid: not ours to remove
-        pass
-    return True
 
 
 def _once_each(sources: list[Source]) -> list[Source]:

@@ -16,7 +16,7 @@ from helpers import manifest_json, read_table
 
 from bertattn_batch.analysis.texts import review_texts, scored_predictions
 from bertattn_batch.errors import InputError
-from bertattn_batch.inputs.discover import spooled
+from bertattn_batch.inputs.streams import spooled
 
 ROWS = [{"id": f"r{i}", "text": t} for i, t in enumerate(["great food", "slow service", "nice staff"])]
 JSONL = "".join(json.dumps(r) + "\n" for r in ROWS)
@@ -124,3 +124,51 @@ def test_spools_of_killed_processes_are_removed(tmp_path, monkeypatch):
     spool = spooled(str(src))
     assert spool.read_text() == JSONL and spool.name.startswith(f"bertattn-stream-{os.getpid()}-")
     assert not orphan.exists() and live.exists()
+
+
+def test_a_limit_copies_no_more_of_an_endless_stream_than_it_reads(tiny_en_dir, tmp_path):
+    """`producer | bertattn extract - --limit N` copied the whole stream to the temporary folder before
+    it read a row: gigabytes, and forever for a producer that does not end."""
+    out = tmp_path / "run"
+    endless = 'import itertools\nfor i in itertools.count():\n    print(\'{"id": "r%d", "text": "good food %d"}\' % (i, i))'
+    producer = subprocess.Popen([sys.executable, "-c", endless], stdout=subprocess.PIPE)
+    try:
+        args = [
+            "extract",
+            "-",
+            "--model",
+            str(tiny_en_dir),
+            "--out",
+            str(out),
+            "--id-col",
+            "id",
+            "--no-progress",
+        ]
+        done = subprocess.run(
+            [sys.executable, "-m", "bertattn_batch", *args, "--input-format", "jsonl", "--limit", "300"],
+            stdin=producer.stdout, capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+    finally:
+        producer.kill()
+    assert done.returncode == 0, done.stderr
+    ids = read_table(out, "predictions").column("doc_id").to_pylist()
+    assert ids == [f"r{i}" for i in range(300)]
+    assert manifest_json(out)["sources"][0]["bytes"] < 1 << 20  # a copy of what it read, and a little more
+
+
+def test_a_limited_copy_of_a_csv_holds_whole_rows(tmp_path):
+    """A CSV's quoted field may hold line breaks: the copy stops on rows, not lines, and goes on copying
+    for a later call that wants more."""
+    body = "".join(f'r{i},"line one\nline two of {i}"\n' for i in range(5000))
+    src = tmp_path / "in.csv"
+    os.mkfifo(src)
+    writer = threading.Thread(target=lambda: src.write_text("id,text\n" + body))
+    writer.start()
+    part = spooled(str(src), rows=1000, fmt="csv")
+    import csv
+
+    with open(part, newline="") as f:
+        rows = list(csv.reader(f))
+    assert 1000 < len(rows) - 1 < 5000
+    assert spooled(str(src)).read_text() == "id,text\n" + body  # the rest, for a reader of all of it
+    writer.join()

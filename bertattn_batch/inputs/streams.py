@@ -1,0 +1,145 @@
+"""A stream among the inputs (``-`` for standard input, ``/dev/stdin``, a FIFO, a shell's ``<(...)``),
+copied as it is read into a temporary file that the job reads from then on: its checks, its
+fingerprint and its rows all see the same bytes.
+
+Usage::
+
+    path = spooled("-", rows=2000, fmt="jsonl")   # enough of standard input for 2000 rows
+
+With a row count (a job's ``--limit``), a line-based stream is copied only until the copy holds more
+rows than that: ``zcat huge.gz | bertattn extract - --limit 2000`` copied the whole stream to the
+temporary folder first (an endless producer, forever). A later call that wants more goes on copying.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import csv
+import io
+import os
+import stat
+import sys
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+from ..errors import InputError
+from .compressed import READ_ERRORS, open_binary
+
+#: What names standard input among the inputs.
+STDIN = "-"
+#: How a spool's name begins; the process that wrote it follows, so one left by a killed process is known.
+SPOOL_PREFIX = "bertattn-stream-"
+#: Rows a copy holds beyond those asked for before it stops, as a share and at least: a row counted
+#: here may be one the reader splits otherwise (a last line cut short, a stray quote).
+ROW_MARGIN = (0.1, 100)
+
+#: Streams copied so far, by the name they were given: the copy, and the stream while it has more.
+#: A second expansion in one process (a job's training reads its inputs again) gets the same bytes.
+_SPOOLS: dict[str, tuple[Path, BinaryIO | None]] = {}
+
+
+def read_once(spec: str) -> bool:
+    """Whether an input a run recorded was a stream, which cannot be read again: standard input, a
+    device path (``/dev/stdin``, ``/dev/fd/63`` of a shell's ``<(...)``, which name whatever the reading
+    process has there now) or a FIFO."""
+    return spec == STDIN or spec.startswith(("/dev/", "/proc/")) or is_stream(Path(spec))
+
+
+def is_stream(path: Path) -> bool:
+    """A pipe, FIFO, socket or device (what ``/dev/stdin`` and ``<(...)`` are): read once, not reopened."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: str | None = None) -> Path:
+    """The bytes of stream ``name`` (``-``: standard input) in a temporary file, removed when the process
+    ends: all of them, or with ``rows``, of a line-based ``fmt``, enough for more rows than that."""
+    if name in _SPOOLS:
+        path, stream = _SPOOLS[name]
+    else:
+        path, stream = _start(name)
+    if stream is None:
+        return path
+    want = None if rows is None or fmt not in ("csv", "tsv", "jsonl", "text") else rows
+    if want is not None:
+        want += max(int(want * ROW_MARGIN[0]), ROW_MARGIN[1])
+    try:
+        with open(path, "ab") as out:
+            check_at = max(out.tell() * 2, 1 << 16)  # counted at doubling sizes: linear in all
+            while chunk := stream.read1(1 << 20):
+                out.write(chunk)
+                if want is not None and out.tell() >= check_at:
+                    out.flush()
+                    if _holds(path, fmt, delimiter, want):
+                        break
+                    check_at = out.tell() * 2
+            else:
+                stream = None  # read to its end
+    except OSError as e:
+        raise InputError(f"cannot read {name}: {e.strerror or e}") from None
+    _SPOOLS[name] = (path, stream)
+    return path
+
+
+def _start(name: str) -> tuple[Path, BinaryIO]:
+    _remove_orphan_spools()
+    fd, tmp = tempfile.mkstemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
+    os.close(fd)
+    path = Path(tmp)
+    atexit.register(path.unlink, missing_ok=True)
+    if name == STDIN:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise InputError("- reads reviews from standard input, but nothing is piped in")
+        return path, sys.stdin.buffer
+    try:
+        return path, open(name, "rb")  # kept open: a later call may copy more
+    except OSError as e:
+        raise InputError(f"cannot read {name}: {e.strerror or e}") from None
+
+
+def _holds(path: Path, fmt: str, delimiter: str | None, want: int) -> bool:
+    """Whether the copy so far holds ``want`` rows: lines (JSON lines: those not blank), or records of
+    a CSV (a quoted field may hold line breaks). Its bytes are read as Latin-1, one character a byte:
+    the quotes, delimiters and line breaks of any encoding a job reads are ASCII."""
+    n = 0
+    try:
+        with io.TextIOWrapper(open_binary(path), encoding="latin-1", newline="") as text:
+            if fmt in ("csv", "tsv"):
+                sep = delimiter or ("\t" if fmt == "tsv" else ",")
+                for _ in csv.reader(text, delimiter=sep):
+                    n += 1
+                    if n > want:  # and the header
+                        return True
+                return False
+            for line in text:
+                n += fmt == "text" or bool(line.strip())
+                if n >= want:
+                    return True
+    except (*READ_ERRORS, csv.Error):  # a compressed stream cut short where the copy stops: enough so far?
+        pass
+    return n >= want
+
+
+def _remove_orphan_spools() -> None:
+    """Remove the spools of processes that no longer run: a ``kill -9`` skips the exit hook that removes
+    a spool, and a stream can be gigabytes."""
+    for old in Path(tempfile.gettempdir()).glob(f"{SPOOL_PREFIX}*-*"):
+        pid = old.name[len(SPOOL_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _running(int(pid)):
+            with contextlib.suppress(OSError):  # another user's, or removed meanwhile
+                old.unlink()
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only whether it could be sent
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # it runs, as another user; no pid: not ours to remove
+        pass
+    return True
