@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import logging
 import os
 import shutil
@@ -224,6 +225,18 @@ def file_lock(
             path.unlink(missing_ok=True)
         if fd is not None:
             os.close(fd)
+
+
+def json_text(value: Any, **options: Any) -> str:
+    """``value`` as JSON that is valid UTF-8: its text as it is (Chinese stays readable), except where
+    it holds a file name that is no UTF-8 (``os`` spells its bytes as lone surrogates, which no UTF-8
+    file may hold): then escaped, which ``json.loads`` reads back to the same name."""
+    text = json.dumps(value, ensure_ascii=False, **options)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, ensure_ascii=True, **options)
+    return text
 
 
 def human_bytes(n: float) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import schema, storage
-from .._util import atomic_write_text
+from .._util import atomic_write_text, json_text
 from ..errors import DamagedRunError, RunDirError, RunVersionError, StorageError, WriteError
 from ..storage import is_remote
 from .layout import COMMIT_LOG, FORMAT, MANIFEST, TABLES
@@ -321,7 +321,7 @@ def _logged_parts(run_dir: Path) -> list[Any]:
 def log_commit(run_dir: Path, entry: PartEntry) -> None:
     """Append a part to the commit log and make it durable: the commit point of a part."""
     path = run_dir / COMMIT_LOG
-    line = json.dumps(entry.to_dict(), ensure_ascii=False) + "\n"
+    line = json_text(entry.to_dict()) + "\n"
     try:
         with open(path, "a", encoding="utf-8") as f:
             f.write(line)
@@ -359,7 +359,7 @@ def require_current_tables(run_dir: str | Path, written: Any) -> None:
 def save_manifest(run_dir: str | Path, manifest: Manifest) -> None:
     """Write the whole manifest, every committed part in it, then drop the commit log it now holds (a
     crash in between leaves entries in both, which read as one)."""
-    text = json.dumps(manifest.to_dict(), indent=1, ensure_ascii=False, default=str)
+    text = json_text(manifest.to_dict(), indent=1, default=str)
     if is_remote(run_dir):  # one PUT: the object is the old manifest or the new one, never a mix
         try:
             storage.write_bytes(storage.join(run_dir, MANIFEST), text.encode("utf-8"))

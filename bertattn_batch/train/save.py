@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .._util import atomic_dir, file_lock
+from .._util import atomic_dir, file_lock, json_text
 from ..errors import ModelError
 
 METRICS_FILE = "finetune_metrics.json"
@@ -68,10 +68,10 @@ def save_model(
             backend.no_truncation()
             backend.no_padding()
         tokenizer.save_pretrained(tmp)
-        text = json.dumps(metrics, indent=2, ensure_ascii=False) + "\n"
+        text = json_text(metrics, indent=2) + "\n"
         (tmp / METRICS_FILE).write_text(text, encoding="utf-8")
         if heldout is not None:
-            (tmp / HELDOUT_FILE).write_text(json.dumps(heldout, ensure_ascii=False) + "\n", encoding="utf-8")
+            (tmp / HELDOUT_FILE).write_text(json_text(heldout) + "\n", encoding="utf-8")
         _plain_permissions(tmp)
         check_saved(tmp, tok_size, names)
 

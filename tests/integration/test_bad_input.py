@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import zipfile
 from pathlib import Path
 
@@ -1087,3 +1088,22 @@ def test_corpus_writes_only_a_parquet_file(out, tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["corpus", "drugreview", "--out", out])
     assert r.exit_code == 1 and "--out names the Parquet file to write" in r.output, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="file names are bytes on Linux")
+def test_a_file_name_that_is_no_utf8_is_read_and_resumed(tiny_en_dir, tmp_path):
+    """A GBK-named file from a Windows archive stopped every job at the manifest's write (its name is no
+    UTF-8), leaving the run 'running'."""
+    import os
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    name = os.fsdecode(b"\xc4\xe3\xba\xc3.csv")  # 你好 in GBK
+    (folder / name).write_text("text\ngreat food\nslow service\n")
+    out = tmp_path / "run"
+    r = _extract(folder, tiny_en_dir, out)
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "manifest.json").read_bytes().decode("utf-8"))["status"] == "complete"
+    again = _extract(folder, tiny_en_dir, out)  # the name read back is the same file
+    assert again.exit_code == 0 and "nothing new to process" in again.output, again.output
+    assert validate_run(out).ok
