@@ -5,6 +5,7 @@ from __future__ import annotations
 
 
 def main() -> None:
+    import os
     import signal
     import sys
 
@@ -14,6 +15,8 @@ def main() -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, starting)
+    if not os.environ.get("COLUMNS", "1").isdigit() or os.environ.get("COLUMNS") == "0":
+        del os.environ["COLUMNS"]  # COLUMNS=0 made the help and usage errors print nothing at all
     from .cli import main as cli_main
 
     cli_main()

@@ -576,3 +576,16 @@ def test_the_command_exits_with_a_thread_pool_left_open(tmp_path):
         [sys.executable, "-c", failing], capture_output=True, text=True, cwd=tmp_path, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_a_terminal_width_of_zero_still_shows_the_help():
+    """COLUMNS=0 (set by some CI runners) made --help and usage errors print nothing."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "0"}
+    done = subprocess.run(
+        [sys.executable, "-m", "bertattn_batch", "--help"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "extract" in done.stdout
