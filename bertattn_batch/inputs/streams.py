@@ -88,7 +88,7 @@ def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: st
 
 def _start(name: str) -> tuple[Path, BinaryIO]:
     _remove_orphan_spools()
-    fd, tmp = tempfile.mkstemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
+    fd, tmp = tempfile.mkstemp(prefix=f"{SPOOL_PREFIX}{owner()}-")
     os.close(fd)
     path = Path(tmp)
     atexit.register(path.unlink, missing_ok=True)
@@ -125,12 +125,24 @@ def _holds(path: Path, fmt: str, delimiter: str | None, want: int) -> bool:
     return n >= want
 
 
+def owner(pid: int | None = None) -> str:
+    """Who a spool is of, as its name says: the process (``pid``, else this one) in its pid namespace.
+    Why the namespace: containers that share a temporary folder number their processes apart, and a
+    process of one looked ended to another, which removed its live spool."""
+    try:
+        space = "".join(filter(str.isdigit, os.readlink("/proc/self/ns/pid")))
+    except OSError:  # not Linux
+        space = "0"
+    return f"{space}.{os.getpid() if pid is None else pid}"
+
+
 def _remove_orphan_spools() -> None:
-    """Remove the spools of processes that no longer run: a ``kill -9`` skips the exit hook that removes
-    a spool, and a stream can be gigabytes."""
-    for old in Path(tempfile.gettempdir()).glob(f"{SPOOL_PREFIX}*-*"):
-        pid = old.name[len(SPOOL_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _running(int(pid)):
+    """Remove the spools of this namespace's processes that no longer run: a ``kill -9`` skips the exit
+    hook that removes a spool, and a stream can be gigabytes."""
+    here = owner().split(".")[0]
+    for old in Path(tempfile.gettempdir()).glob(f"{SPOOL_PREFIX}*.*-*"):
+        space, _, pid = old.name[len(SPOOL_PREFIX) :].split("-", 1)[0].partition(".")
+        if space == here and pid.isdigit() and not _running(int(pid)):
             with contextlib.suppress(OSError):  # another user's, or removed meanwhile
                 old.unlink()
 

@@ -16,7 +16,7 @@ from helpers import manifest_json, read_table
 
 from bertattn_batch.analysis.texts import review_texts, scored_predictions
 from bertattn_batch.errors import InputError
-from bertattn_batch.inputs.streams import spooled
+from bertattn_batch.inputs.streams import owner, spooled
 
 ROWS = [{"id": f"r{i}", "text": t} for i, t in enumerate(["great food", "slow service", "nice staff"])]
 JSONL = "".join(json.dumps(r) + "\n" for r in ROWS)
@@ -115,15 +115,17 @@ def test_spools_of_killed_processes_are_removed(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     ended = subprocess.Popen(["true"])
     ended.wait()
-    orphan = tmp_path / f"bertattn-stream-{ended.pid}-x1"
-    live = tmp_path / f"bertattn-stream-{os.getpid()}-x2"
-    for f in (orphan, live):
+    orphan = tmp_path / f"bertattn-stream-{owner(ended.pid)}-x1"
+    live = tmp_path / f"bertattn-stream-{owner()}-x2"
+    # a process of another container that shares the folder: its pid means nothing here
+    elsewhere = tmp_path / f"bertattn-stream-1.{ended.pid}-x3"
+    for f in (orphan, live, elsewhere):
         f.write_text("rows")
     src = tmp_path / "stream.jsonl"
     src.write_text(JSONL)
     spool = spooled(str(src))
-    assert spool.read_text() == JSONL and spool.name.startswith(f"bertattn-stream-{os.getpid()}-")
-    assert not orphan.exists() and live.exists()
+    assert spool.read_text() == JSONL and spool.name.startswith(f"bertattn-stream-{owner()}-")
+    assert not orphan.exists() and live.exists() and elsewhere.exists()
 
 
 def test_a_limit_copies_no_more_of_an_endless_stream_than_it_reads(tiny_en_dir, tmp_path):
