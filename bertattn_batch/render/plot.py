@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .._util import writing
+from .._util import atomic_path, writing
 from ..errors import SpecError
 from . import page
 from .figures import review_html, review_png
@@ -42,12 +42,19 @@ def write_review(review: ReviewAttention, out: str | Path, pairs: bool = False) 
     suffix = path.suffix.lower()
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        if suffix in (".csv", ".xlsx"):
-            return write_table(review, path)
-        if suffix == ".png":
-            path.write_bytes(review_png(review, pairs=pairs))
-        else:
-            path.write_text(page.page(review.title(), review_html(review, heading=False)), encoding="utf-8")
+        with atomic_path(path) as tmp:  # a full disk leaves no empty picture behind
+            if suffix in (".csv", ".xlsx"):
+                part = tmp.with_name(tmp.name + suffix)  # the suffix says which table to write
+                try:
+                    write_table(review, part).replace(tmp)
+                finally:
+                    part.unlink(missing_ok=True)
+            elif suffix == ".png":
+                tmp.write_bytes(review_png(review, pairs=pairs))
+            else:
+                tmp.write_text(
+                    page.page(review.title(), review_html(review, heading=False)), encoding="utf-8"
+                )
     return path
 
 
