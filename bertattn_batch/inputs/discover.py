@@ -108,6 +108,7 @@ def _expand(
         matches = sorted(glob.glob(spec, recursive=True)) if globbed else [spec]
         if not matches:
             raise InputError(f"no input matches {spec!r}")
+        before = len(sources)
         for m in matches:
             p = Path(m)
             if not p.exists():
@@ -123,6 +124,9 @@ def _expand(
                 if is_run_dir(p):
                     raise InputError(f"{p} is a bertattn run directory, not reviews")
                 files = _review_files(p, datasets=input_format in ("auto", "datasets"))
+                if not files and globbed:  # one match of several, such as an empty folder named x.csv
+                    log.warning("%s: passed over folder %s, which holds no review files", spec, p)
+                    continue
                 if not files:
                     raise InputError(f"folder {p} holds no readable review files ({', '.join(EXTENSIONS)})")
                 sources.extend(
@@ -130,6 +134,8 @@ def _expand(
                 )
             else:
                 sources.append(Source(p, _format_of(p, input_format)))
+        if len(sources) == before:  # every match passed over
+            raise InputError(f"{spec!r} matches no review files (only folders without any, or FIFOs)")
     return sources
 
 

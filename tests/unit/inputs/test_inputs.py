@@ -555,7 +555,9 @@ def test_links_and_fifos_among_the_inputs(tmp_path, caplog):
     assert "hard.csv is the same file as" in caplog.text
     os.mkfifo(tmp_path / "pipe.csv")
     (tmp_path / "c.csv").write_text("text\nok\n")
-    found = inputs.expand_inputs([str(tmp_path / "[cp]*.csv")])
-    assert [Path(s.path).name for s in found] == [
-        "c.csv"
-    ] and "pipe.csv, which is not a regular file" in caplog.text
+    (tmp_path / "empty.csv").mkdir()  # a folder a glob matches, holding nothing: passed over
+    found = inputs.expand_inputs([str(tmp_path / "[cpe]*.csv")])
+    assert [Path(s.path).name for s in found] == ["c.csv"]
+    assert "pipe.csv, which is not a regular file" in caplog.text
+    with pytest.raises(InputError, match="matches no review files"):
+        inputs.expand_inputs([str(tmp_path / "[pe]*.csv")])
