@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import time
 import uuid
@@ -114,6 +115,9 @@ class RunDir:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._held.enter_context(file_lock(self.run_dir / LOCK_NAME, busy=self._busy))
         except OSError as e:
+            if self.run_dir.is_symlink() and not self.run_dir.exists():
+                target = os.readlink(self.run_dir)
+                raise RunDirError(f"{self.run_dir} is a link to {target}, which does not exist") from None
             raise RunDirError(f"cannot write into {self.run_dir}: {e.strerror or e}") from None
 
     def _busy(self, holder: str) -> RunDirError:

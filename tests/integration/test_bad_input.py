@@ -1107,3 +1107,14 @@ def test_a_file_name_that_is_no_utf8_is_read_and_resumed(tiny_en_dir, tmp_path):
     again = _extract(folder, tiny_en_dir, out)  # the name read back is the same file
     assert again.exit_code == 0 and "nothing new to process" in again.output, again.output
     assert validate_run(out).ok
+
+
+def test_an_out_that_is_a_broken_link_is_named_so(tiny_en_dir, tmp_path):
+    """It said "cannot write into run: File exists"."""
+    src = tmp_path / "r.csv"
+    src.write_text("text\ngreat food\n")
+    (tmp_path / "run").symlink_to(tmp_path / "gone" / "run")
+    r = _extract(src, tiny_en_dir, tmp_path / "run")
+    assert r.exit_code == 1 and r.output.strip().endswith(
+        f"is a link to {tmp_path / 'gone' / 'run'}, which does not exist"
+    )
