@@ -300,6 +300,11 @@ def aggregate(
                 pq.write_table(arrow, tmp, compression="zstd")
         except OSError as e:
             raise WriteError(f"cannot write the aggregates into {out_dir}: {e.strerror or e}") from None
+    except FileNotFoundError as e:  # (polars's) a part went while it was read
+        raise RunDirError(
+            f"{run}: {e.filename or 'a part'} went while aggregate read it (an --overwrite of the run "
+            "meanwhile?); run aggregate again"
+        ) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     present = set(sizes["split"].to_list())

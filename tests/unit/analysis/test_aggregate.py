@@ -742,3 +742,23 @@ def test_the_readmes_query_runs_as_printed(run_dir):
     )
     got = top.join(want, on=["layer", "head", "token"], suffix="_want")
     assert got.height == top.height and (got["n"] == got["n_want"]).all()
+
+
+def test_a_part_gone_while_read_is_one_line(run_dir, tmp_path, monkeypatch):
+    """An --overwrite of the run while aggregate read it ended with a bare FileNotFoundError."""
+    import shutil
+
+    from bertattn_batch.errors import RunDirError
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    sizes = agg.class_sizes
+
+    def overwritten(files):
+        got = sizes(files)
+        next((run / "cls_attention").glob("part-*.parquet")).unlink()
+        return got
+
+    monkeypatch.setattr(agg, "class_sizes", overwritten)
+    with pytest.raises(RunDirError, match="went while aggregate read it"):
+        agg.aggregate(run, min_reviews=1)
