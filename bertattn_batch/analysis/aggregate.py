@@ -300,6 +300,10 @@ def aggregate(
                 pq.write_table(arrow, tmp, compression="zstd")
         except OSError as e:
             raise WriteError(f"cannot write the aggregates into {out_dir}: {e.strerror or e}") from None
+    except pl.exceptions.ComputeError as e:  # polars's word for a write that failed
+        if "No space left" not in str(e):
+            raise
+        raise WriteError(f"cannot write the aggregates into {out_dir}: no space left on the device") from None
     except FileNotFoundError as e:  # (polars's) a part went while it was read
         raise RunDirError(
             f"{run}: {e.filename or 'a part'} went while aggregate read it (an --overwrite of the run "

@@ -762,3 +762,23 @@ def test_a_part_gone_while_read_is_one_line(run_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(agg, "class_sizes", overwritten)
     with pytest.raises(RunDirError, match="went while aggregate read it"):
         agg.aggregate(run, min_reviews=1)
+
+
+def test_a_full_disk_is_named_as_one(run_dir, tmp_path, monkeypatch):
+    """polars says a failed write of the partial sums is a ComputeError ("File out of specification")."""
+    import shutil
+
+    import polars as pl
+
+    from bertattn_batch.errors import WriteError
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    message = "parquet: File out of specification: underlying IO error: No space left on device (os error 28)"
+
+    def full(*args, **kwargs):
+        raise pl.exceptions.ComputeError(message)
+
+    monkeypatch.setattr(pl.LazyFrame, "sink_parquet", full)
+    with pytest.raises(WriteError, match=r"aggregates into .*: no space left on the device"):
+        agg.aggregate(run, min_reviews=1)
