@@ -60,6 +60,8 @@ def resume_point(
     """
     parts = run.parts
     generation = run.manifest.generation
+    if run.inputs_renamed and sources is not None:
+        _rename_same_files(run, sources)
     if not incremental:
         if run.manifest.passes - {0} or generation:  # an incremental pass, even one interrupted before
             # its first part: its inputs are the grown ones, its row numbers not ours
@@ -98,6 +100,19 @@ def resume_point(
     run.begin_pass(generation, sources, limit)
     taken = run.committed_ids(current, claimed=True) if by_id and current else None
     return ResumePoint(generation, skip_until, run.committed_ids(earlier) if earlier else None, taken)
+
+
+def _rename_same_files(run: RunDir, sources: list[dict[str, Any]]) -> None:
+    """Inputs named otherwise than the run recorded them (``run.inputs_renamed``): where they are the
+    same files (size and end bytes, in the same order), as after the project moved, the run takes the
+    new names, so that its resume sees them unchanged; other files stay "changed" for the checks below."""
+    before = run.manifest.sources or []
+    same = len(before) == len(sources) and all(
+        (b["bytes"], b.get("ends_sha256")) == (s["bytes"], s.get("ends_sha256"))
+        for b, s in zip(before, sources, strict=False)
+    )
+    if same:
+        run.manifest.sources = [{**b, "path": s["path"]} for b, s in zip(before, sources, strict=True)]
 
 
 def _moved_on(run: RunDir, sources: list[dict[str, Any]] | None, skip_until: int, limit: int | None) -> str:

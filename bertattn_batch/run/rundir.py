@@ -81,6 +81,8 @@ class RunDir:
         #: the status the run had when it was reopened (None for a new run): "complete" means its last
         #: pass ended, so an incremental job starts a new one rather than finishing it
         self.reopened_status: str | None = None
+        #: the reopened run's inputs were named otherwise: what they hold decides (see _check_compatible)
+        self.inputs_renamed = False
         self._began = False  # whether this process began (or went on with) a pass: see fail
         self._positions: dict[str, int] = {}  # part name -> its place in manifest.parts
         self._held = contextlib.ExitStack()
@@ -143,8 +145,8 @@ class RunDir:
             self.manifest = old
             self.reopened_status = old.status
             self._check_compatible(old)
-            if "fingerprint" in self.header:  # the same job, now spelt as this version spells it
-                self.manifest.fingerprint = self.header["fingerprint"]
+            if "fingerprint" in self.header and not self.inputs_renamed:  # the same job, now spelt as
+                self.manifest.fingerprint = self.header["fingerprint"]  # this version spells it
             self._recover()  # saved with the status it had: "running" is for begin_pass to say
         else:
             self.manifest = Manifest(
@@ -221,6 +223,8 @@ class RunDir:
         self._began = True
         if sources is not None:
             self.manifest.sources = sources
+        if self.inputs_renamed:  # accepted: the run is of the inputs by their new names from now on
+            self.manifest.fingerprint = self.header["fingerprint"]
         self._save()
 
     # -- parts --------------------------------------------------------------------------------------
@@ -307,6 +311,11 @@ class RunDir:
             for k in set(mine) | set(theirs)
             if k != "job_sha256" and k in theirs and mine.get(k) != theirs.get(k)
         )
+        if diff == ["inputs"] and old.sources is not None:
+            # named otherwise (the project moved, a nightly file named by its date): the resume decides
+            # by what the files hold (resume.resume_point), and the pass that goes on records the names
+            self.inputs_renamed = True
+            return
         if diff:
             detail = "; ".join(
                 f"{k}: run has {_spelled(theirs.get(k))}, job has {_spelled(mine.get(k))}" for k in diff

@@ -357,8 +357,8 @@ def test_another_model_or_spec_is_refused(corpus, tiny_en_dir, minilm_dir, tmp_p
 
 def test_a_resume_from_another_directory_knows_the_same_inputs(corpus, tiny_en_dir, tmp_path, monkeypatch):
     """Inputs are known by their absolute paths: a run started with a relative path resumes from
-    another directory that spells the same file another way, and a file that only shares the relative
-    spelling is another job's input. A run whose manifest holds relative paths (written by an earlier
+    another directory that spells the same file another way; a file that only shares the relative
+    spelling is the same input where it holds the same bytes (a copy, a project moved), else not. A run whose manifest holds relative paths (written by an earlier
     version) resumes from the directory it began in."""
     (tmp_path / "a").mkdir()
     shutil.copy(corpus, tmp_path / "reviews.parquet")
@@ -385,9 +385,13 @@ def test_a_resume_from_another_directory_knows_the_same_inputs(corpus, tiny_en_d
     assert manifest["fingerprint"]["inputs"] == [str(tmp_path / "reviews.parquet")]
     assert manifest["spec"]["inputs"] == ["reviews.parquet"]  # as the job that began the run gave it
 
-    shutil.copy(corpus, tmp_path / "a" / "reviews.parquet")
+    # a copy of the same file elsewhere holds the same reviews (a project moved); another file does not
+    shutil.copy(tmp_path / "reviews.parquet", tmp_path / "a" / "reviews.parquet")
     r = run(tmp_path / "a", "reviews.parquet")
-    assert r.exit_code == 1 and "was made by another job (inputs: run has" in r.output, r.output
+    assert r.exit_code == 0 and "nothing new to process" in r.output, r.output
+    pq.write_table(pq.read_table(corpus).slice(0, 5), tmp_path / "a" / "reviews.parquet")
+    r = run(tmp_path / "a", "reviews.parquet")
+    assert r.exit_code == 1 and "the inputs changed since this run began" in r.output, r.output
 
 
 def test_resume_keeps_marking_repeated_ids(drug_rows, tiny_en_dir, tmp_path):
@@ -1124,3 +1128,33 @@ def test_an_interrupted_nightly_pass_over_a_replaced_file_goes_on_by_id(
     kept = {"replaced": rows[:16] + rows[30:40], "grown": rows, "limit": rows[:16]}[change]
     assert set(ids) == {r["doc_id"] for r in kept}  # night 2's committed part is kept
     assert validate_run(out).ok, validate_run(out).render()
+
+
+def test_a_moved_project_resumes_and_other_files_are_still_refused(
+    drug_rows, tiny_en_dir, tmp_path, monkeypatch
+):
+    """The inputs were compared by their absolute paths: after `mv project project2` (data and runs
+    together, the same relative command) every resume was refused as another job's, with --overwrite
+    (the run's history gone) as the way out. The same files by new names are the same inputs."""
+    rows = [{"doc_id": f"r{i}", "text": r["text"][:200]} for i, r in enumerate(drug_rows[:24])]
+    project = tmp_path / "project"
+    project.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), project / "reviews.parquet")
+    monkeypatch.chdir(project)
+    spec = JobSpec(inputs=["reviews.parquet"], model=str(tiny_en_dir), out="run", id_col="doc_id", window=6,
+                   progress=False)  # fmt: skip
+    with pytest.raises(WriteError):
+        run_job(spec, part_writer=_failing_at("part-000000000012"))
+    moved = tmp_path / "project2"
+    project.rename(moved)
+    monkeypatch.chdir(moved)
+    run_job(spec)  # goes on where it stopped
+    ids = read_table(moved / "run", "predictions").column("doc_id").to_pylist()
+    assert sorted(ids) == sorted(r["doc_id"] for r in rows) and len(ids) == len(set(ids))
+    manifest = json.loads((moved / "run" / "manifest.json").read_text())
+    assert manifest["fingerprint"]["inputs"] == [str(moved / "reviews.parquet")]
+    assert validate_run(moved / "run").ok
+    # another file under another name is not the run's input
+    pq.write_table(pa.Table.from_pylist(rows[:5]), moved / "other.parquet")
+    with pytest.raises(RunDirError, match="the inputs changed since this run began"):
+        run_job(dataclasses.replace(spec, inputs=["other.parquet"]))
