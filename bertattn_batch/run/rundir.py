@@ -118,8 +118,8 @@ class RunDir:
             self._held.enter_context(file_lock(self.run_dir / LOCK_NAME, busy=self._busy))
         except OSError as e:
             if self.run_dir.is_symlink() and not self.run_dir.exists():
-                target = os.readlink(self.run_dir)
-                raise RunDirError(f"{self.run_dir} is a link to {target}, which does not exist") from None
+                where = os.readlink(self.run_dir)
+                raise RunDirError(f"{self.run_dir} is a link to {where}, which does not exist") from None
             raise RunDirError(f"cannot write into {self.run_dir}: {e.strerror or e}") from None
 
     def _busy(self, holder: str) -> RunDirError:
@@ -306,11 +306,8 @@ class RunDir:
         theirs = old.fingerprint
         # job_sha256 is a hash of the others (and of the inputs as an older version spelt them); a key
         # an older version did not record and upgrade() cannot fill in (tokenizer_sha256) is not compared
-        diff = sorted(
-            k
-            for k in set(mine) | set(theirs)
-            if k != "job_sha256" and k in theirs and mine.get(k) != theirs.get(k)
-        )
+        keys = set(mine) | set(theirs)
+        diff = sorted(k for k in keys if k != "job_sha256" and k in theirs and mine.get(k) != theirs.get(k))
         if diff == ["inputs"] and old.sources is not None:
             # named otherwise (the project moved, a nightly file named by its date): the resume decides
             # by what the files hold (resume.resume_point), and the pass that goes on records the names
