@@ -6,8 +6,8 @@ Usage::
 
     path = spooled("-", rows=2000, fmt="jsonl")   # enough of standard input for 2000 rows
 
-With a row count (a job's ``--limit``), a line-based stream is copied only until the copy holds more
-rows than that: ``zcat huge.gz | bertattn extract - --limit 2000`` copied the whole stream to the
+With a row count (a job's ``--limit``), a line-based stream (not compressed) is copied only until the
+copy holds more rows than that: ``zcat huge.gz | bertattn extract - --limit 2000`` copied the whole stream to the
 temporary folder first (an endless producer, forever). A later call that wants more goes on copying.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import InputError
-from .compressed import READ_ERRORS, open_binary
+from .compressed import READ_ERRORS, compression_of, open_binary
 
 #: What names standard input among the inputs.
 STDIN = "-"
@@ -75,7 +75,9 @@ def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: st
                 out.write(chunk)
                 if want is not None and out.tell() >= check_at:
                     out.flush()
-                    if _holds(path, fmt, delimiter, want):
+                    if compression_of(path) is not None:  # cut short, its end could not be read
+                        want = None
+                    elif _holds(path, fmt, delimiter, want):
                         break
                     check_at = out.tell() * 2
             else:

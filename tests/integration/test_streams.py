@@ -164,3 +164,24 @@ def test_a_limited_copy_of_a_csv_holds_whole_rows(tmp_path):
     assert 1000 < len(rows) - 1 < 5000
     assert spooled(str(src)).read_text() == "id,text\n" + body  # the rest, for a reader of all of it
     writer.join()
+
+
+def test_a_compressed_stream_with_a_limit_is_copied_whole(tiny_en_dir, tmp_path):
+    """A gzip stream cut where the rows suffice cannot be read to its end: it is copied whole."""
+    import gzip
+    import random
+
+    rng = random.Random(0)
+    lines = "".join(
+        json.dumps({"id": f"r{i}", "text": f"{rng.getrandbits(256):x}"}) + "\n" for i in range(4000)
+    )
+    packed = gzip.compress(lines.encode())
+    assert len(packed) > 1 << 17  # past the first place a copy may stop
+    out = tmp_path / "run"
+    args = ["extract", "-", "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "id", "--no-progress"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bertattn_batch", *args, "--input-format", "jsonl", "--limit", "50"],
+        input=packed, capture_output=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert read_table(out, "predictions").num_rows == 50
