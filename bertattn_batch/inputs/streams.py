@@ -16,28 +16,29 @@ from __future__ import annotations
 import atexit
 import contextlib
 import csv
-import io
 import os
 import stat
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import InputError
-from .compressed import READ_ERRORS, compression_of, open_binary
+from .compressed import compression_of
 
 #: What names standard input among the inputs.
 STDIN = "-"
 #: How a spool's name begins; the process that wrote it follows, so one left by a killed process is known.
 SPOOL_PREFIX = "bertattn-stream-"
 #: Rows a copy holds beyond those asked for before it stops, as a share and at least: a row counted
-#: here may be one the reader splits otherwise (a last line cut short, a stray quote).
+#: here may be one the reader splits otherwise (a stray quote).
 ROW_MARGIN = (0.1, 100)
 
-#: Streams copied so far, by the name they were given: the copy, and the stream while it has more.
+#: Streams copied so far, by the name they were given: the copy, the stream while it has more, and the
+#: bytes read past the copy's last whole row.
 #: A second expansion in one process (a job's training reads its inputs again) gets the same bytes.
-_SPOOLS: dict[str, tuple[Path, BinaryIO | None]] = {}
+_SPOOLS: dict[str, tuple[Path, BinaryIO | None, bytes]] = {}
 
 
 def read_once(spec: str) -> bool:
@@ -58,11 +59,8 @@ def is_stream(path: Path) -> bool:
 
 def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: str | None = None) -> Path:
     """The bytes of stream ``name`` (``-``: standard input) in a temporary file, removed when the process
-    ends: all of them, or with ``rows``, of a line-based ``fmt``, enough for more rows than that."""
-    if name in _SPOOLS:
-        path, stream = _SPOOLS[name]
-    else:
-        path, stream = _start(name)
+    ends: all of them, or with ``rows``, of a line-based ``fmt``, whole rows enough for more than that."""
+    path, stream, tail = _SPOOLS[name] if name in _SPOOLS else (*_start(name), b"")
     if stream is None:
         return path
     want = None if rows is None or fmt not in ("csv", "tsv", "jsonl", "text") else rows
@@ -70,6 +68,8 @@ def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: st
         want += max(int(want * ROW_MARGIN[0]), ROW_MARGIN[1])
     try:
         with open(path, "ab") as out:
+            out.write(tail)  # what a copy that stopped cut off, a part of a row
+            tail = b""
             check_at = max(out.tell() * 2, 1 << 16)  # counted at doubling sizes: linear in all
             while chunk := stream.read1(1 << 20):
                 out.write(chunk)
@@ -77,14 +77,15 @@ def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: st
                     out.flush()
                     if compression_of(path) is not None:  # cut short, its end could not be read
                         want = None
-                    elif _holds(path, fmt, delimiter, want):
+                    elif (end := _rows_end(path, fmt, delimiter, want)) is not None:
+                        tail = _cut(path, end)  # the copy ends with a whole row
                         break
                     check_at = out.tell() * 2
             else:
                 stream = None  # read to its end
     except OSError as e:
         raise InputError(f"cannot read {name}: {e.strerror or e}") from None
-    _SPOOLS[name] = (path, stream)
+    _SPOOLS[name] = (path, stream, tail)
     return path
 
 
@@ -104,27 +105,42 @@ def _start(name: str) -> tuple[Path, BinaryIO]:
         raise InputError(f"cannot read {name}: {e.strerror or e}") from None
 
 
-def _holds(path: Path, fmt: str, delimiter: str | None, want: int) -> bool:
-    """Whether the copy so far holds ``want`` rows: lines (JSON lines: those not blank), or records of
-    a CSV (a quoted field may hold line breaks). Its bytes are read as Latin-1, one character a byte:
-    the quotes, delimiters and line breaks of any encoding a job reads are ASCII."""
+def _rows_end(path: Path, fmt: str, delimiter: str | None, want: int) -> int | None:
+    """Where the copy's first ``want`` rows end (a CSV's header too), in bytes; None where it holds
+    fewer. Rows: lines (JSON lines: those not blank), or records of a CSV, whose quoted field may hold
+    line breaks. Read as Latin-1, a character a byte: the quotes, delimiters and line breaks of any
+    encoding a job reads are ASCII."""
+    end = 0
+
+    def lines() -> Iterator[str]:
+        nonlocal end
+        with open(path, "rb") as f:
+            for line in f:
+                end += len(line)
+                yield line.decode("latin-1")
+
+    if fmt in ("csv", "tsv"):
+        sep = delimiter or ("\t" if fmt == "tsv" else ",")
+        records: Iterator[object] = csv.reader(lines(), delimiter=sep)  # reads no line past a record
+        want += 1  # the header
+    else:
+        records = (line for line in lines() if fmt == "text" or line.strip())
     n = 0
-    try:
-        with io.TextIOWrapper(open_binary(path), encoding="latin-1", newline="") as text:
-            if fmt in ("csv", "tsv"):
-                sep = delimiter or ("\t" if fmt == "tsv" else ",")
-                for _ in csv.reader(text, delimiter=sep):
-                    n += 1
-                    if n > want:  # and the header
-                        return True
-                return False
-            for line in text:
-                n += fmt == "text" or bool(line.strip())
-                if n >= want:
-                    return True
-    except (*READ_ERRORS, csv.Error):  # a compressed stream cut short where the copy stops: enough so far?
-        pass
-    return n >= want
+    with contextlib.suppress(csv.Error):  # a quote left open where the copy stops: not yet
+        for _ in records:
+            n += 1
+            if n == want:
+                return end
+    return None
+
+
+def _cut(path: Path, end: int) -> bytes:
+    """Cut the copy at ``end``; what followed, to be written again when it goes on."""
+    with open(path, "r+b") as f:
+        f.seek(end)
+        tail = f.read()
+        f.truncate(end)
+    return tail
 
 
 def owner(pid: int | None = None) -> str:

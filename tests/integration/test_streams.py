@@ -11,6 +11,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+import pyarrow.csv
 import pytest
 from helpers import manifest_json, read_table
 
@@ -151,7 +152,7 @@ def test_a_limit_copies_no_more_of_an_endless_stream_than_it_reads(tiny_en_dir, 
 def test_a_limited_copy_of_a_csv_holds_whole_rows(tmp_path):
     """A CSV's quoted field may hold line breaks: the copy stops on rows, not lines, and goes on copying
     for a later call that wants more."""
-    body = "".join(f'r{i},"line one\nline two of {i}"\n' for i in range(5000))
+    body = "".join(f'r{i},"好 line one\nline two of {i}"\n' for i in range(5000))
     src = tmp_path / "in.csv"
     os.mkfifo(src)
     writer = threading.Thread(target=lambda: src.write_text("id,text\n" + body))
@@ -159,10 +160,16 @@ def test_a_limited_copy_of_a_csv_holds_whole_rows(tmp_path):
     part = spooled(str(src), rows=1000, fmt="csv")
     import csv
 
-    with open(part, newline="") as f:
+    with open(part, newline="", encoding="utf-8") as f:  # no character cut in two...
         rows = list(csv.reader(f))
-    assert 1000 < len(rows) - 1 < 5000
-    assert spooled(str(src)).read_text() == "id,text\n" + body  # the rest, for a reader of all of it
+    assert len(rows) - 1 == 1100  # the rows asked for and a margin, whole: a row cut in two was Arrow's
+    assert pyarrow.csv.read_csv(part).num_rows == 1100 and rows[-1] == [
+        "r1099",
+        "好 line one\nline two of 1099",
+    ]
+    assert (
+        spooled(str(src)).read_text(encoding="utf-8") == "id,text\n" + body
+    )  # the rest, for a reader of all of it
     writer.join()
 
 
