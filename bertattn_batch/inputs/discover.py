@@ -222,10 +222,10 @@ def _review_files(folder: Path, datasets: bool = True) -> list[Path]:
     seen: set[Path] = set()  # folders walked, by their real path: a link back up is not walked again
     for root, dirs, files in os.walk(folder, followlinks=True):  # a linked subfolder's reviews count
         here = Path(root)
-        if here.resolve() in seen:
+        if (real := here.resolve()) in seen:
             dirs[:] = []
             continue
-        seen.add(here.resolve())
+        seen.add(real)
         dirs[:] = [
             d
             for d in dirs

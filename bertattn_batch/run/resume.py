@@ -107,12 +107,11 @@ def _rename_same_files(run: RunDir, sources: list[dict[str, Any]]) -> None:
     same files (size and end bytes, in the same order), as after the project moved, the run takes the
     new names, so that its resume sees them unchanged; other files stay "changed" for the checks below."""
     before = run.manifest.sources or []
-    same = len(before) == len(sources) and all(
-        (b["bytes"], b.get("ends_sha256")) == (s["bytes"], s.get("ends_sha256"))
-        for b, s in zip(before, sources, strict=False)
-    )
-    if same:
-        run.manifest.sources = [{**b, "path": s["path"]} for b, s in zip(before, sources, strict=True)]
+    if len(before) != len(sources):
+        return
+    renamed = [{**b, "path": s["path"]} for b, s in zip(before, sources, strict=True)]
+    if all(map(_same_file, renamed, sources)):  # by what a resume compares of them
+        run.manifest.sources = renamed
 
 
 def _moved_on(run: RunDir, sources: list[dict[str, Any]] | None, skip_until: int, limit: int | None) -> str:
