@@ -26,6 +26,7 @@ from .discover import Source, expand_inputs
 from .hf_datasets import load_dataset
 from .jsonl import json_keys
 from .rows import wanted_columns
+from .streams import LINE_FORMATS
 from .text import TEXT_FILE_COLUMN
 
 
@@ -64,8 +65,6 @@ def _inside(path: Path | str, folder: str | Path) -> bool:
     return Path(folder).resolve() in Path(path).resolve().parents
 
 
-#: Formats read line by line, whose text is decoded (``--encoding``).
-LINE_FORMATS = ("csv", "tsv", "jsonl", "text")
 #: Bytes at a file's start in which undecodable ones are counted.
 ENCODING_SAMPLE_BYTES = 1 << 16
 #: Share of a sample's non-ASCII bytes that may be undecodable before the file is taken to be in

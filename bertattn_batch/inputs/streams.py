@@ -7,8 +7,9 @@ Usage::
     path = spooled("-", rows=2000, fmt="jsonl")   # enough of standard input for 2000 rows
 
 With a row count (a job's ``--limit``), a line-based stream (not compressed) is copied only until the
-copy holds more rows than that: ``zcat huge.gz | bertattn extract - --limit 2000`` copied the whole stream to the
-temporary folder first (an endless producer, forever). A later call that wants more goes on copying.
+copy holds more rows than that, cut after a whole row: ``zcat huge.gz | bertattn extract - --limit
+2000`` copied the whole stream first (an endless producer, forever). A later call that wants more goes
+on copying.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from .compressed import compression_of
 
 #: What names standard input among the inputs.
 STDIN = "-"
-#: How a spool's name begins; the process that wrote it follows, so one left by a killed process is known.
+#: Formats read line by line, whose text is decoded (``--encoding``).
+LINE_FORMATS = ("csv", "tsv", "jsonl", "text")
+#: How a spool's name begins; its :func:`owner` follows, so one left by a killed process is known.
 SPOOL_PREFIX = "bertattn-stream-"
 #: Rows a copy holds beyond those asked for before it stops, as a share and at least: a row counted
 #: here may be one the reader splits otherwise (a stray quote).
@@ -63,7 +66,7 @@ def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: st
     path, stream, tail = _SPOOLS[name] if name in _SPOOLS else (*_start(name), b"")
     if stream is None:
         return path
-    want = None if rows is None or fmt not in ("csv", "tsv", "jsonl", "text") else rows
+    want = None if rows is None or fmt not in LINE_FORMATS else rows
     if want is not None:
         want += max(int(want * ROW_MARGIN[0]), ROW_MARGIN[1])
     try:
