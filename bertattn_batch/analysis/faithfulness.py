@@ -35,10 +35,11 @@ import pyarrow.parquet as pq
 
 from .. import schema
 from .._util import atomic_path
-from ..errors import ModelError, RunDirError, SpecError, WriteError
+from ..errors import RunDirError, SpecError, WriteError
 from ..extract.batching import bucket_batches
-from ..model import Classifier, encode_texts, is_other_model
+from ..model import Classifier, encode_texts
 from ..run import committed_files, display_path, layer_name, on_local_copy, read_manifest
+from .run_model import load_run_model
 from .texts import review_texts, scored_predictions
 
 TABLE = "head_faithfulness"
@@ -296,18 +297,12 @@ def _probabilities(clf: Classifier, sequences: Sequence[np.ndarray], progress: b
 
 
 def _run_classifier(manifest, device: str, source: str | None = None) -> Classifier:
-    """The run's model, with the run's layers and length, and its weights checked to be the run's."""
+    """The run's model, with the run's layers and length."""
     spec, model = manifest.spec, manifest.model
-    recorded = source is None
-    source = source or manifest.model_source
-    if is_other_model(source, model.get("weights_sha256")):
-        raise RunDirError(
-            f"the model at {source} is not the one the run used (its weights' sha256 differs); "
-            "the run's attention cannot be checked against it; pass the run's model with --model"
-        )
-    try:
+
+    def load(at: str) -> Classifier:
         return Classifier.load(
-            source,
+            at,
             layers=model.get("layers") or spec.get("layers", [-2]),
             device=device,
             dtype=spec.get("dtype", "auto"),
@@ -315,7 +310,5 @@ def _run_classifier(manifest, device: str, source: str | None = None) -> Classif
             trust_remote_code=bool(spec.get("trust_remote_code")),
             allow_pickle=bool(spec.get("allow_pickle")),
         )
-    except ModelError as e:
-        if not recorded or Path(source).exists():  # there, but it does not load: not a move
-            raise
-        raise ModelError(f"{e} ({manifest.MODEL_MOVED})") from None
+
+    return load_run_model(manifest, source, load)

@@ -22,8 +22,9 @@ import numpy as np
 import polars as pl
 
 from .. import schema
+from ..analysis.run_model import load_run_model
 from ..analysis.spelling import printable
-from ..errors import InputError, ModelError, RunDirError, SpecError
+from ..errors import InputError, RunDirError, SpecError
 from ..run import (
     Manifest,
     attention_rows,
@@ -279,28 +280,18 @@ def add_pairs(
     device: str = "cpu",
 ) -> ReviewAttention:
     """Compute token x token matrices for a review of a run (its model and text, or those given)."""
-    from ..model import encode_texts, is_other_model
+    from ..model import encode_texts
 
     manifest = read_manifest(run_dir) if run_dir is not None else Manifest()
-    recorded = model is None
-    model = model or manifest.model_source
-    if not model:
-        raise SpecError("token x token maps need the model: pass --model")
     if text is None:
         if run_dir is None:
             raise SpecError("token x token maps need the review's text: pass --text")
         text = source_text(run_dir, review.doc_id)
-    if is_other_model(model, manifest.model.get("weights_sha256")):  # the maps would be another model's
-        raise InputError(
-            f"the model at {model} is not the run's: its weights' hash differs from the one the "
-            "manifest records; pass the run's model with --model"
-        )
-    try:
-        clf = _load_classifier(model, review.layer, device, manifest.model.get("max_length"))
-    except ModelError as e:
-        if not recorded or Path(model).exists():  # there, but it does not load: not a move
-            raise
-        raise ModelError(f"{e} ({manifest.MODEL_MOVED})") from None
+    clf = load_run_model(
+        manifest,
+        model,
+        lambda at: _load_classifier(at, review.layer, device, manifest.model.get("max_length")),
+    )
     enc = encode_texts(clf.tokenizer, [text], clf.max_length)[0]
     if enc.ids[1:-1].tolist() != review.token_ids:
         raise InputError(

@@ -587,7 +587,7 @@ def test_a_model_retrained_into_the_runs_folder_is_named_as_another_model(drug_r
     train(128)
     run = _small_run(model, [dict(r) for r in drug_rows[:6]], tmp_path / "run", max_length=128)
     train(32)
-    with pytest.raises(RunDirError, match="is not the one the run used"):
+    with pytest.raises(InputError, match="is not the run's: its weights' hash differs"):
         faithfulness(run, sample=2, device="cpu")
     review = load_review(run, read_table(run, "predictions")["doc_id"][0].as_py())
     with pytest.raises(InputError, match="is not the run's"):
