@@ -51,14 +51,13 @@ from ..errors import RunDirError, SpecError, WriteError
 from ..run import (
     AGGREGATES_DIR,
     CommittedPart,
-    attention_rows,
     committed_files,
     display_path,
     on_local_copy,
     read_manifest,
 )
 from .contrast import GROUP, with_contrasts, with_shrunk_means
-from .words import CLASSES, REVIEW, word_continuation, word_rows
+from .words import CLASSES, KEY, REVIEW, word_continuation, word_rows
 
 TABLE = "token_influence"
 UNITS = ("token", "word")
@@ -80,8 +79,8 @@ RANK_MEASURES = (
 )
 #: The measures that compare a label with the others: none for the split 'all'.
 CONTRASTS = ("log_odds_z", "log_odds")
-#: Attention rows reduced in one pass; a larger part is cut into slices of whole reviews (by a hash
-#: of doc_id), which bounds memory whatever the run's window size or review length.
+#: Attention rows reduced in one pass; a larger part is cut into slices of whole reviews (by their
+#: number), which bounds memory whatever the run's window size or review length.
 MAX_ROWS_PER_PASS = 1_000_000
 
 _SUMS = ["n_reviews", "n_occurrences", "weight_sum", "scaled_sum", "scaled_sq_sum", "norm_sum", "n_top"]
@@ -123,21 +122,33 @@ def committed_parts(run_dir: str | Path, verify: bool = False) -> list[Committed
 
 
 def review_rows(part: CommittedPart) -> pl.LazyFrame:
-    """One part's attention rows of scored reviews, each with its token, predicted and true label."""
-    attn = pl.scan_parquet(part.files["cls_attention"], glob=False).select(
-        "doc_id", "layer", "head", "position", "weight", "weight_scaled", "weight_norm"
-    )
-    tokens = pl.scan_parquet(part.files["tokens"], glob=False)
-    preds = (
+    """One part's attention rows of scored reviews, each with its token, predicted and true label, and
+    keyed by the review's number within the part (``KEY``) instead of its doc_id."""
+    keys = (
         pl.scan_parquet(part.files["predictions"], glob=False)
         .filter(pl.col("status") == "ok")
         .select("doc_id", *CLASSES)
-        .unique("doc_id")
+        .unique("doc_id", maintain_order=True)
+        .with_row_index(KEY)
+        .collect()  # one row per review: small, and numbered once for both joins
+        .lazy()
+    )
+    ids = keys.select("doc_id", KEY)
+    attn = (
+        pl.scan_parquet(part.files["cls_attention"], glob=False)
+        .select("doc_id", "layer", "head", "position", "weight", "weight_scaled", "weight_norm")
+        .join(ids, on="doc_id", how="inner")
+        .drop("doc_id")
+    )
+    tokens = (
+        pl.scan_parquet(part.files["tokens"], glob=False)
+        .select("doc_id", "position", "token")
+        .join(ids, on="doc_id", how="inner")
+        .drop("doc_id")
     )
     return (
-        attention_rows(attn, tokens)
-        .drop("token_id", "start", "end")
-        .join(preds, on="doc_id", how="inner")
+        attn.join(tokens, on=[KEY, "position"], how="left")  # a missing token row keeps a null token
+        .join(keys.drop("doc_id"), on=KEY, how="inner")
         .with_columns(pl.col("weight", "weight_scaled", "weight_norm").cast(pl.Float64))
     )
 
@@ -154,7 +165,7 @@ def part_sums(rows: pl.LazyFrame, unit: str) -> pl.LazyFrame:
         rows.with_columns(is_top=pl.col("position") == top_position)
         .group_by(["layer", "head", "token", *CLASSES])
         .agg(
-            n_reviews=pl.col("doc_id").n_unique().cast(pl.Int64),
+            n_reviews=pl.col(KEY).n_unique().cast(pl.Int64),
             n_occurrences=pl.len().cast(pl.Int64),
             weight_sum=pl.col("weight").sum(),
             scaled_sum=pl.col("weight_scaled").sum(),
@@ -328,7 +339,7 @@ def _summed(
         for k in range(max(slices, 1)):
             rows = review_rows(part)
             if slices > 1:  # reviews never straddle slices: the sums stay additive
-                rows = rows.filter(pl.col("doc_id").hash(seed=0) % slices == k)
+                rows = rows.filter(pl.col(KEY) % slices == k)
             for unit in units:
                 frame = part_sums(rows if unit == "token" else word_rows(rows, continuation), unit)
                 path = work / f"{unit}-{k}-{part.name}"

@@ -188,21 +188,22 @@ def head_scores(
     {(score, layer, head): [one (m,) array per review, in ``doc_ids`` order]}."""
     files = [p.files["cls_attention"] for p in committed_files(run, ("cls_attention",), verify=True)]
     names = [s for s in HEAD_SCORES if s != "value_zeroing" or with_zeroing]
+    # each review by its place in doc_ids: a doc_id on every row would take memory in proportion to its length
+    order = pl.LazyFrame({"doc_id": doc_ids, "review": range(len(doc_ids))})
     rows = (
         pl.scan_parquet(files, glob=False)
-        .filter(pl.col("doc_id").is_in(doc_ids))
-        .select("doc_id", "layer", "head", "position", *names)
-        .sort("doc_id", "layer", "head", "position")
-        .collect()
+        .join(order, on="doc_id")
+        .select("review", "layer", "head", "position", *names)
+        .sort("review", "layer", "head", "position")
+        .collect(engine="streaming")
     )
-    order = {d: i for i, d in enumerate(doc_ids)}
     out: dict[tuple[str, int | None, int | None], list] = {}
-    for (doc, layer, head), group in rows.group_by("doc_id", "layer", "head", maintain_order=True):
+    for (review, layer, head), group in rows.group_by("review", "layer", "head", maintain_order=True):
         for name in names:
             # value zeroing is one value per (layer, token), the same in every head's rows: one ranking
             key = (name, layer, None if name in LAYER_SCORES else head)
             slot = out.setdefault(key, [None] * len(doc_ids))
-            slot[order[doc]] = group[name].to_numpy().astype(np.float64)
+            slot[review] = group[name].to_numpy().astype(np.float64)
     for key, per_review in out.items():
         if any(x is None for x in per_review):
             raise RunDirError(f"{run}: cls_attention lacks {key[0]} rows of layer {key[1]}")

@@ -15,8 +15,11 @@ from ..run import Manifest
 #: word starts (byte-level BPE, SentencePiece) rather than continuations.
 NON_WORDPIECE_MODELS = frozenset({"roberta", "xlm-roberta", "camembert", "albert"})
 CONTINUATION = "##"
+#: A review's number within its part: the key the rows are reduced by, as a doc_id (repeated on every
+#: attention row, and as long as the source's ids) would hold memory in proportion to its length.
+KEY = "review"
 #: The columns naming one review's head, and the classes a review is counted in.
-REVIEW = ["doc_id", "layer", "head"]
+REVIEW = [KEY, "layer", "head"]
 CLASSES = ["pred_label", "label"]
 
 
@@ -29,25 +32,25 @@ def word_rows(rows: pl.LazyFrame, continuation: str = CONTINUATION) -> pl.LazyFr
     A review's words are the same at every (layer, head): they are found once, on one head's rows.
     """
     one_head = (pl.col("layer") == pl.col("layer").min()) & (pl.col("head") == pl.col("head").min())
-    pieces = rows.filter(one_head).select("doc_id", "position", "token").sort(["doc_id", "position"])
+    pieces = rows.filter(one_head).select(KEY, "position", "token").sort([KEY, "position"])
     continues = pl.col("token").str.starts_with(continuation) & (
-        pl.col("position") == pl.col("position").shift(1).over("doc_id") + 1
+        pl.col("position") == pl.col("position").shift(1).over(KEY) + 1
     )
     continues = continues.fill_null(False)
     pieces = pieces.with_columns(
-        word=(~continues).cast(pl.Int32).cum_sum().over("doc_id"),
+        word=(~continues).cast(pl.Int32).cum_sum().over(KEY),
         piece=pl.when(continues).then(pl.col("token").str.strip_prefix(continuation)).otherwise("token"),
     )
-    texts = pieces.group_by(["doc_id", "word"]).agg(
+    texts = pieces.group_by([KEY, "word"]).agg(
         token=pl.col("piece").sort_by("position").str.join(""),
         position=pl.col("position").min(),
     )
     words = (
         rows.select(*REVIEW, "position", "weight", "weight_norm", *CLASSES)
-        .join(pieces.select("doc_id", "position", "word"), on=["doc_id", "position"])
+        .join(pieces.select(KEY, "position", "word"), on=[KEY, "position"])
         .group_by([*REVIEW, "word", *CLASSES])
         .agg(pl.col("weight").sum(), pl.col("weight_norm").sum())
-        .join(texts, on=["doc_id", "word"])
+        .join(texts, on=[KEY, "word"])
     )
     lo = pl.col("weight").min().over(REVIEW)
     hi = pl.col("weight").max().over(REVIEW)

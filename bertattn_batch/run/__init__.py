@@ -33,7 +33,15 @@ from .manifest import (
     row_range_problems,
 )
 from .mirror import display_path, local_run, on_local_copy
-from .parts import CommittedPart, PartWriter, check_part_file, committed_files, run_file, verify_pages
+from .parts import (
+    CommittedPart,
+    PartWriter,
+    check_part_file,
+    committed_files,
+    decode_every_page,
+    run_file,
+    verify_pages,
+)
 from .resume import ResumePoint, check_read_unchanged, input_changes, resume_point
 from .rundir import RunDir, old_manifest
 from .stored import StoredRunDir, run_dir_class
@@ -65,6 +73,7 @@ __all__ = [
     "check_part_file",
     "check_read_unchanged",
     "committed_files",
+    "decode_every_page",
     "display_path",
     "input_changes",
     "is_run_dir",

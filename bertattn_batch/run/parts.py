@@ -317,16 +317,26 @@ def verify_pages(run_dir: str | Path, path: Any) -> None:
     if key in _VERIFIED:
         return
     try:
-        pf = pq.ParquetFile(path, page_checksum_verification=True)
-        try:
-            for _ in pf.iter_batches(batch_size=1 << 16):
-                pass
-        finally:
-            pf.close()
+        decode_every_page(path)
     except (pa.ArrowException, OSError) as e:
         name = path.relative_to(run_dir) if path.is_relative_to(run_dir) else path
         raise RunDirError(f"{run_dir}: {name} is damaged ({first_line(e)}); {DAMAGED}") from None
     _VERIFIED.add(key)
+
+
+def decode_every_page(path: Any) -> None:
+    """Decode every page of a Parquet file with its checksum checked; what pyarrow raises is raised.
+    Strings are read as dictionaries: decoded, a doc_id repeated on every attention row would take
+    memory in proportion to the file's rows times the id's length."""
+    strings = [
+        f.name for f in pq.read_schema(path) if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+    ]
+    pf = pq.ParquetFile(path, page_checksum_verification=True, read_dictionary=strings)
+    try:
+        for _ in pf.iter_batches(batch_size=1 << 16):
+            pass
+    finally:
+        pf.close()
 
 
 #: The part files :func:`verify_pages` found sound, by path, size and modification time.

@@ -139,17 +139,28 @@ def _check_part_attention(rec: Recorder, run: RunView, part: Part) -> tuple[int,
 
     # per position: one tokens row for each position the attention rows hold, and no other
     where = fmt("{} doc '{}' position {}", pl.lit(rel_tok), "doc_id", "position")
-    written = tokens.group_by(TOKEN_KEY).agg(n=pl.len()).collect(engine="streaming")
-    report(
-        "tokens",
-        written.filter(pl.col("n") > 1).sort(TOKEN_KEY),
-        fmt("{}: written {} times", where, "n"),
+    # (reviews numbered: keyed by doc_id, a set of positions holds memory in proportion to its length)
+    docs = (
+        pl.concat([attn.select("doc_id"), tokens.select("doc_id")])
+        .unique()
+        .collect(engine="streaming")
+        .with_row_index("doc")
     )
-    held = attn.select(TOKEN_KEY).unique().collect(engine="streaming")
-    report("tokens", held.join(written, on=TOKEN_KEY, how="anti").sort(TOKEN_KEY), fmt("{}: missing", where))
+    spot = ["doc", "position"]
+
+    def positions(frame: pl.LazyFrame) -> pl.LazyFrame:
+        return frame.join(docs.lazy(), on="doc_id").select(*spot)
+
+    def named(frame: pl.DataFrame) -> pl.DataFrame:
+        return frame.join(docs, on="doc").sort(TOKEN_KEY)
+
+    written = positions(tokens).group_by(spot).agg(n=pl.len()).collect(engine="streaming")
+    report("tokens", named(written.filter(pl.col("n") > 1)), fmt("{}: written {} times", where, "n"))
+    held = positions(attn).unique().collect(engine="streaming")
+    report("tokens", named(held.join(written, on=spot, how="anti")), fmt("{}: missing", where))
     report(
         "tokens",
-        written.join(held, on=TOKEN_KEY, how="anti").sort(TOKEN_KEY),
+        named(written.join(held, on=spot, how="anti")),
         fmt("{}: no attention rows in {}", where, pl.lit(rel_attn)),
     )
 

@@ -300,7 +300,7 @@ def tokens_to_rows(tokens: list[str], weights: np.ndarray) -> pl.LazyFrame:
     heads, n = weights.shape
     return pl.LazyFrame(
         {
-            "doc_id": ["r1"] * (heads * n),
+            "review": [0] * (heads * n),
             "layer": [4] * (heads * n),
             "head": np.repeat(np.arange(heads), n).tolist(),
             "position": np.tile(np.arange(1, n + 1), heads).tolist(),
