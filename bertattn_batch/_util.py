@@ -28,8 +28,8 @@ from .errors import WriteError
 
 log = logging.getLogger(__name__)
 
-#: Age after which a temporary folder is taken to be left by a process that was killed (an aggregate's
-#: work folder, a training's save), not one still running, and removed by the next of its kind.
+#: Age after which a temporary file or folder is taken to be left by a process that was killed, not one
+#: still running, and removed by the next of its kind (where its lock cannot tell: see ``claim_dir``).
 STALE_SECONDS = 6 * 3600
 
 
@@ -113,8 +113,10 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     for pattern in (f".{path.name}.partial-*", f".{path.name}.old-*"):
         remove_stale(path.parent, pattern)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
+    claim = claim_dir(tmp)
     try:
         yield tmp
+        (tmp / DIR_LOCK).unlink(missing_ok=True)  # not part of what it holds; now told by its age
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             path.rename(old)
@@ -125,17 +127,39 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        if claim is not None:
+            os.close(claim)
 
 
 def remove_stale(parent: Path, pattern: str) -> None:
-    """Remove the files and folders in ``parent`` matching ``pattern`` that are older than ``STALE_SECONDS``."""
+    """Remove the files and folders in ``parent`` matching ``pattern`` that were left behind: a folder
+    claimed with :func:`claim_dir` as soon as no process holds its lock, anything else once it is older
+    than ``STALE_SECONDS``."""
     for stale in parent.glob(pattern):
         with contextlib.suppress(OSError):  # another process may remove it first
-            if time.time() - stale.stat().st_mtime > STALE_SECONDS:
+            held = lock_is_held(stale / DIR_LOCK) if stale.is_dir() else None
+            if held is False or (held is None and time.time() - stale.stat().st_mtime > STALE_SECONDS):
                 if stale.is_dir():
                     shutil.rmtree(stale, ignore_errors=True)
                 else:
                     stale.unlink()
+
+
+#: The lock that the process working in a temporary folder holds in it (:func:`claim_dir`).
+DIR_LOCK = ".claimed"
+
+
+def claim_dir(path: Path) -> int | None:
+    """Hold a lock in the (new) folder ``path`` for as long as this process runs or until the returned
+    descriptor is closed, so that ``remove_stale`` removes the folder at once when its process was killed
+    (a ``kill -9`` runs no cleanup) instead of hours later. The lock file gets its name only once held:
+    a folder whose lock is there but free is surely left behind."""
+    new = path / f"{DIR_LOCK}.new"
+    fd = _take_lock(new, wait=False)
+    if fd is not None:
+        new.rename(path / DIR_LOCK)
+    return fd
 
 
 def _take_lock(path: Path, wait: bool, tries: int = 1) -> int | None:

@@ -35,6 +35,7 @@ with streaming group-bys whose size is bounded by the vocabulary.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -46,7 +47,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from .. import schema
-from .._util import atomic_path, remove_stale
+from .._util import atomic_path, claim_dir, remove_stale
 from ..errors import RunDirError, SpecError, WriteError
 from ..run import (
     AGGREGATES_DIR,
@@ -283,6 +284,7 @@ def aggregate(
     work = out_dir / f"_work-{time.time_ns()}"
     try:
         work.mkdir(parents=True, exist_ok=True)
+        claim = claim_dir(work)
     except OSError as e:
         raise WriteError(f"cannot write the aggregates into {out_dir}: {e.strerror or e}") from None
     try:
@@ -322,6 +324,8 @@ def aggregate(
         ) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if claim is not None:
+            os.close(claim)
     present = set(sizes["split"].to_list())
     splits = [s for s in SPLITS if s in present]
     names = [p.name for p in parts]

@@ -175,6 +175,7 @@ def test_scratch_model_saves_a_loadable_character_bert(zh_rows, tmp_path: Path) 
     metrics = finetune([r["text"] for r in rows], [r["label"] for r in rows], out, spec, progress=False)
 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["zh-model"]  # no temporary folder left
+    assert not list(out.glob(".claimed*"))  # nor the lock its save held
     assert list(out.glob("*.safetensors")) and not list(out.glob("*.bin"))
     saved = json.loads((out / METRICS_FILE).read_text(encoding="utf-8"))
     for m in (metrics, saved):
@@ -210,12 +211,14 @@ def test_label_order_follows_spec_labels(tmp_path: Path) -> None:
     assert metrics["labels"] == ["good", "bad", "meh"]
     assert AutoConfig.from_pretrained(tmp_path / "m").id2label == {0: "good", 1: "bad", 2: "meh"}
     # retraining into a folder this module wrote replaces it, and removes what a training killed while
-    # it saved left long ago (a recent one may be another training's, saving now)
-    old, recent = tmp_path / ".m.partial-abc", tmp_path / ".m.partial-def"
-    for folder in (old, recent):
+    # it saved left long ago, or whose lock no process holds (a recent one without a lock may be
+    # another training's, saving now)
+    old, recent, killed = (tmp_path / f".m.partial-{s}" for s in ("abc", "def", "ghi"))
+    for folder in (old, recent, killed):
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"cut short")
     os.utime(old, (time.time() - 7 * 3600,) * 2)
+    (killed / ".claimed").write_bytes(b"12345")  # its holder is gone
     finetune(texts, labels, tmp_path / "m", spec, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".m.partial-def", "m"]
 

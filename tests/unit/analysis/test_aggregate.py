@@ -7,8 +7,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import shutil
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -24,6 +27,7 @@ from typer.testing import CliRunner
 import bertattn_batch.analysis.aggregate as agg
 import bertattn_batch.analysis.top as top
 from bertattn_batch import schema
+from bertattn_batch._util import claim_dir
 from bertattn_batch.cli import app
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
@@ -782,3 +786,24 @@ def test_a_full_disk_is_named_as_one(run_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(pl.LazyFrame, "sink_parquet", full)
     with pytest.raises(WriteError, match=r"aggregates into .*: no space left on the device"):
         agg.aggregate(run, min_reviews=1)
+
+
+def test_a_killed_aggregates_work_folder_goes_with_the_next_one(run_dir, tmp_path):
+    """A killed aggregate's work folder (sums of every part: as large as the run's vocabulary times its
+    heads) stayed six hours; its lock tells it from a live one's at once."""
+    out = tmp_path / "agg"
+    out.mkdir()
+    killed, live = out / "_work-1", out / "_work-2"
+    for folder in (killed, live):
+        folder.mkdir()
+        (folder / "token-0-part.parquet").write_bytes(b"sums")
+    claim = f"import os, pathlib, bertattn_batch._util as u; u.claim_dir(pathlib.Path({str(killed)!r})); os._exit(0)"
+    subprocess.run([sys.executable, "-c", claim], check=True)  # its process is gone: so is its lock
+    held = claim_dir(live)  # this process works in it
+    try:
+        agg.aggregate(run_dir, into=out)
+        assert not killed.exists()
+        assert (live / "token-0-part.parquet").exists()
+    finally:
+        if held is not None:
+            os.close(held)
