@@ -78,8 +78,8 @@ def open_stream(target: str | os.PathLike[str], compression: str) -> pa.NativeFi
 
     fs, path = resolve(target)
     try:
-        # wrapped here: given to the S3 filesystem itself, the compression was not undone
-        return pa.CompressedInputStream(fs.open_input_stream(path), compression)
+        # no compression by the file system: it would detect it from the name too and undo it twice
+        return pa.CompressedInputStream(fs.open_input_stream(path, compression=None), compression)
     except OSError as e:
         raise store_error(e, target) from None
 
@@ -100,7 +100,7 @@ def write_bytes(target: str | os.PathLike[str], data: bytes | pa.Buffer) -> None
     the old object or the new one, never a part of it (what a local rename gives)."""
     fs, path = resolve(target)
     try:
-        with fs.open_output_stream(path) as f:
+        with fs.open_output_stream(path, compression=None) as f:  # the bytes as given, whatever the name
             f.write(data)
     except OSError as e:
         raise store_error(e, target) from None

@@ -64,6 +64,29 @@ def test_rows_stream_from_parquet_and_gzip_and_are_fingerprinted(corpus):
     assert all(p["bytes"] > 0 and len(p["ends_sha256"]) == 64 for p in prints)
 
 
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".zst", ".lz4", ".xz"])
+def test_compressed_objects_uploaded_as_they_are_are_read(bucket, suffix):
+    """An object uploaded byte for byte (``aws s3 cp``) was decompressed twice, by the file system (which
+    detects compression from the name) and by the reader: every .gz, .bz2, .zst and .lz4 input failed.
+    What ``write_bytes`` stores is the bytes it is given, so tests upload as a user does."""
+    import lzma
+
+    rows = "".join(json.dumps({"text": f"j{k}"}) + "\n" for k in range(50)).encode()
+    codec = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4"}.get(suffix)
+    packed = lzma.compress(rows)
+    if codec is not None:  # as its command-line tool writes it, frame and all
+        sink = pa.BufferOutputStream()
+        with pa.CompressedOutputStream(sink, codec) as f:
+            f.write(rows)
+        packed = sink.getvalue().to_pybytes()
+    target = f"s3://{bucket}/packed/reviews.jsonl{suffix}"
+    storage.write_bytes(target, packed)
+    with storage.open_input(target) as f:
+        assert f.read() == packed  # stored as given
+    texts = [t for block in read_rows([target]) for t in block.text]
+    assert texts == [f"j{k}" for k in range(50)]
+
+
 class _Counting(io.RawIOBase):
     """A store's file that counts the bytes fetched through it."""
 
