@@ -36,7 +36,7 @@ from ..extract import PassInfo, StagedPart, WindowJob, WindowRows
 from ..run import PartWriter
 from ..runtime import tune_runtime
 from .ray_runtime import ray_runtime, worker_error
-from .start import load_classifier, run_header
+from .start import load_classifier, located, run_header
 from .threads import prefetch
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,11 @@ class RayEngine:
         self.timings["ray_start"] = time.perf_counter() - t0
         try:
             self.place = plan_placement(spec, *_cluster_shape(ray))
-            self.worker_spec = dataclasses.replace(spec, device=self.place.device, progress=False)
+            # the model by its absolute path: a worker on a cluster's node runs in the raylet's directory
+            model = located(spec.model)
+            self.worker_spec = dataclasses.replace(
+                spec, model=model, device=self.place.device, progress=False
+            )
             if self.place.gpus or address:  # the workers' device and files decide dtype and model hash
                 task = ray.remote(_header_of).options(num_cpus=1, num_gpus=self.place.gpus)
                 self._header = _ray_call(lambda: ray.get(task.remote(spec, self.worker_spec)))

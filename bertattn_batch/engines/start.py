@@ -45,9 +45,9 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
         "value_zeroing": spec.value_zeroing,
     }
     fingerprint["job_sha256"] = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
-    source = _located(clf.source)
+    source = located(clf.source)
     return {
-        "spec": {**spec.to_dict(), "model": _located(spec.model)},
+        "spec": {**spec.to_dict(), "model": located(spec.model)},
         "fingerprint": fingerprint,
         "model": {
             "source": source,
@@ -77,7 +77,7 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
     }
 
 
-def _located(model: str) -> str:
+def located(model: str) -> str:
     """A model as a run records it for the commands that load it again: a local folder by its absolute
     path (named as the job named it, ``faithfulness`` failed in any other directory); a hub name,
     ``package:NAME`` or a store's URI as it is."""

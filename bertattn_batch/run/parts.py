@@ -54,7 +54,10 @@ class PartWriter:
         #: on a store, the lease this run holds (run/stored.py): asked before each part's upload, and
         #: naming the holder in the part's name
         self.lease: LeaseGuard | None = None
-        self.run_dir: Any = os.fspath(run_dir) if self.stored else Path(storage.normalize(run_dir))
+        #: absolute: a Ray worker on a cluster's node writes from the raylet's directory, not the job's
+        self.run_dir: Any = (
+            os.fspath(run_dir) if self.stored else Path(storage.absolute(storage.normalize(run_dir)))
+        )
 
     def stage(
         self, start_row: int, end_row: int, tables: dict[str, pa.Table], generation: int = 0

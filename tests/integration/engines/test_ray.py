@@ -8,9 +8,11 @@ import importlib.util
 import json
 import lzma
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -254,6 +256,30 @@ def test_a_killed_worker_is_retried_without_duplicates_or_gaps(ray_local, tiny_e
     assert_parts_tile_the_rows(tmp_path / "ray", 24)
     preds = read_table(tmp_path / "ray", "predictions")
     assert sorted(preds.column("row_index").to_pylist()) == list(range(24))
+
+
+class ElsewhereActor(WindowActor):
+    """A worker that runs in another directory, as one on a cluster's node runs in the raylet's."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        os.chdir(tempfile.mkdtemp())
+        super().__init__(*args, **kwargs)
+
+
+def test_relative_paths_reach_workers_that_run_in_another_directory(
+    ray_local, tiny_en_dir, drug_sample, tmp_path, monkeypatch
+):
+    """--out and --model relative to the shell's directory failed on a cluster ("no model folder",
+    "Failed to open local file"): the workers were given them as typed."""
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
+    shutil.copytree(tiny_en_dir, tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+    spec = _spec([drug_sample], "model", "run", id_col="doc_id", window=8, engine="ray", workers=2)
+    summary = run_job(spec, engine=type("ElsewhereEngine", (RayEngine,), {"actor_cls": ElsewhereActor}))
+    assert summary.input_rows == summary.scored == 24
+    assert_parts_tile_the_rows(tmp_path / "run", 24)
 
 
 class SlowThenFullDisk(PartWriter):
