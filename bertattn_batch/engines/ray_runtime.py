@@ -23,6 +23,10 @@ from ..errors import EngineError, first_line
 INSTALL_HINT = "pip install 'bertattn-batch[ray]' (or pip install 'ray[data]')"
 #: On Linux, Ray binds a local runtime to the machine's outward address unless this is "0".
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+#: After this long joining a cluster, a line says so (Ray itself says nothing while it retries).
+JOIN_WARN_SECONDS = 30.0
+
+log = logging.getLogger(__name__)
 
 
 def import_ray(local: bool = True) -> Any:
@@ -43,14 +47,27 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         _check_reachable(address)
-    ray = import_ray(local=address is None)
+    # a cluster on this machine's loopback is joined there too: Ray would look for it at the outward
+    # address, and retry that for a quarter of an hour
+    ray = import_ray(local=address is None or _on_loopback(address))
     if ray.is_initialized():
         yield ray
         return
     level = logging.ERROR if quiet else logging.INFO
     handlers = _signal_handlers()
+    slow = threading.Timer(
+        JOIN_WARN_SECONDS,
+        log.warning,
+        (
+            "%s",
+            f"still joining the Ray cluster at {address}: "
+            "Ray retries an address that answers but does not take it for many minutes; Ctrl-C stops it",
+        ),
+    )
+    slow.daemon = True
     try:
         if address:
+            slow.start()
             ray.init(address=address, log_to_driver=not quiet, logging_level=level)
         else:
             ray.init(
@@ -69,6 +86,7 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
             "cluster with token authentication set RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN)"
         ) from None
     finally:
+        slow.cancel()
         _restore(handlers)
     try:
         yield ray
@@ -76,14 +94,27 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
         ray.shutdown()
 
 
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``host:port`` or ``ray://host:port`` split; None for other forms (``auto``)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host or "/" in host:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _on_loopback(address: str) -> bool:
+    where = _host_port(address)
+    return where is not None and (where[0] == "localhost" or where[0].startswith("127.") or where[0] == "::1")
+
+
 def _check_reachable(address: str) -> None:
     """Refuse a cluster address (``host:port`` or ``ray://host:port``) where nothing listens: ``ray.init``
     would retry it for minutes without a word. Other forms (``auto``) are left to Ray."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not port.isdigit() or not host or "/" in host:
+    where = _host_port(address)
+    if where is None:
         return
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+        socket.create_connection(where, timeout=5).close()
     except OSError as e:
         raise EngineError(
             f"cannot join the Ray cluster at {address}: nothing answers there ({e.strerror or e}); check "

@@ -408,6 +408,21 @@ def test_a_cluster_address_where_nothing_listens_is_refused_at_once():
             pass
 
 
+def test_a_cluster_on_this_machines_loopback_is_joined_there(ray_local):
+    """A cluster started on loopback (as this module's runtime is) was looked for at the machine's
+    outward address, which Ray retried for about 14 minutes without a word."""
+    address = ray_local.get_runtime_context().gcs_address
+    assert address.startswith("127.0.0.1:")
+    code = (
+        "from bertattn_batch.engines.ray_runtime import ray_runtime\n"
+        f"with ray_runtime({address!r}) as ray: print(ray.cluster_resources()['CPU'])"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {"RAY_AUTH_MODE": "token"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.split()[-1]) == 2.0  # the fixture's runtime, not a new one
+
+
 def test_the_readers_warnings_reach_the_driver(ray_local, tiny_en_dir, tmp_path, caplog):
     """The warnings of the readers that Ray tasks run are given by the driver, as the local engine gives
     them: CSV rows with the wrong number of fields file by file, by their row numbers across all inputs
