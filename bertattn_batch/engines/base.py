@@ -30,7 +30,7 @@ from .._util import human_bytes
 from ..config import JobSpec
 from ..errors import InputError
 from ..extract import Columns, PartStats, PassInfo, StagedPart, WindowRows, iter_windows
-from ..inputs import Source, check_inputs, count_rows, source_files
+from ..inputs import Source, check_inputs, count_rows, source_files, streams_as_recorded
 from ..run import PartWriter, RunDir, check_read_unchanged, resume_point, run_dir_class
 from ..runtime import tune_runtime
 from ..storage import name_path
@@ -189,7 +189,8 @@ def run_job(
         on_existing = "resume" if incremental else spec.on_existing
         with run_dir_class(spec.out)(spec.out, header, on_existing, part_writer(spec.out)) as run:
             fingerprint = source_files(sources)
-            point = resume_point(run, incremental, spec.id_col is not None, fingerprint, spec.limit)
+            seen = streams_as_recorded(sources, fingerprint, run.manifest.sources)
+            point = resume_point(run, incremental, spec.id_col is not None, seen, spec.limit)
             summary.skipped_committed = point.skipped
             columns = Columns(spec.text_col, spec.id_col, spec.label_col)
             windows = iter_windows(sources, columns, spec.window, spec.limit, point, timings)

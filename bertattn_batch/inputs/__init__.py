@@ -5,7 +5,7 @@ One module a format, as polars' ``io`` has them; :func:`read_rows` numbers rows 
 
 from .checks import check_inputs
 from .discover import EXTENSIONS, Source, expand_inputs
-from .fingerprint import source_files
+from .fingerprint import source_files, streams_as_recorded
 from .hf_datasets import class_label_order
 from .reader import BLOCK_ROWS, count_rows, read_columns, read_rows, read_sources
 from .rows import RowBatch, to_rows, wanted_columns
@@ -27,6 +27,7 @@ __all__ = [
     "read_rows",
     "read_sources",
     "source_files",
+    "streams_as_recorded",
     "to_rows",
     "wanted_columns",
 ]

@@ -63,6 +63,29 @@ def test_the_same_stream_resumes_and_another_is_refused(tiny_en_dir, tmp_path):
     assert other.returncode == 1 and "the inputs changed since this run began" in other.stderr
 
 
+def test_a_stream_read_with_a_limit_goes_on_when_piped_again_whole(tiny_en_dir, tmp_path):
+    """The run records the start of the stream it copied up to its --limit; piped again whole, with a
+    larger limit or none, the same stream was refused as changed ("- changed size")."""
+    out = tmp_path / "run"
+    rows = "".join(
+        json.dumps({"id": f"r{i}", "text": f"review number {i} was fine"}) + "\n" for i in range(2000)
+    )
+    first = _extract("-", tiny_en_dir, out, "--input-format", "jsonl", "--limit", "300", stdin=rows)
+    assert first.returncode == 0, first.stderr
+    assert manifest_json(out)["sources"][0]["bytes"] < len(rows)  # only a start of it was copied
+    rest = _extract("-", tiny_en_dir, out, "--input-format", "jsonl", stdin=rows)
+    assert rest.returncode == 0, rest.stderr
+    assert rest.stdout.startswith("1700 reviews (1700 scored"), rest.stdout
+    assert sorted(read_table(out, "predictions").column("row_index").to_pylist()) == list(range(2000))
+    other = tmp_path / "other"
+    assert (
+        _extract("-", tiny_en_dir, other, "--input-format", "jsonl", "--limit", "300", stdin=rows).returncode
+        == 0
+    )
+    changed = _extract("-", tiny_en_dir, other, "--input-format", "jsonl", stdin=rows.replace('r5"', 'x5"'))
+    assert changed.returncode == 1 and "the inputs changed since this run began" in changed.stderr
+
+
 def test_standard_input_needs_a_format(tiny_en_dir, tmp_path):
     done = _extract("-", tiny_en_dir, tmp_path / "run", stdin=JSONL)
     assert done.returncode == 1 and "cannot tell the format of standard input" in done.stderr
