@@ -74,7 +74,7 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
             else:  # rare: mostly whitespace, dropped characters or words of hundreds of letters
                 ids, offsets, truncated = _encode_batch(tokenizer, [texts[i]], max_length)[0]
         if mark is not None:
-            _unpin_prepended_marks(ids, offsets, mark)
+            _unpin_prepended_marks(texts[i], ids, offsets, mark)
         if trims:
             _span_trimmed_spaces(tokenizer.backend_tokenizer, texts[i], ids, offsets)
         if not texts[i].isascii() and _marks().search(texts[i]):
@@ -137,18 +137,23 @@ def _word_mark_id(backend) -> int | None:
     return None
 
 
-def _unpin_prepended_marks(ids: np.ndarray, offsets: np.ndarray, mark: int) -> None:
+def _unpin_prepended_marks(text: str, ids: np.ndarray, offsets: np.ndarray, mark: int) -> None:
     """Give a lone word mark that stands for no character of the text an empty span, in place.
 
     The mark a tokenizer prepends to a word has no source character of its own (the pre-tokenizer drops
     the space it replaces), yet the tokenizer aligns it with that word's first character, which the next
     token covers too ('▁' and '好' of "好吃" both at 0..1; the same before a later word that has no
     ``▁x`` piece). A mark whose span ends before the next token's start (a tokenizer that keeps the
-    spaces) spans real text: it is kept.
+    spaces) spans real text: it is kept. The last content token has no next one where truncation cut
+    the review after it: there a mark is pinned when its span holds no space.
     """
-    for k in np.flatnonzero(ids[:-2] == mark):  # content tokens followed by a content token
+    for k in np.flatnonzero(ids[1:-1] == mark) + 1:
         start, end = offsets[k]
-        if offsets[k + 1, 0] < end:
+        if k + 1 < len(ids) - 1:
+            pinned = offsets[k + 1, 0] < end
+        else:
+            pinned = end > start and not text[start:end].isspace()
+        if pinned:
             offsets[k, 1] = start
 
 

@@ -142,6 +142,17 @@ def test_a_prepended_word_mark_spans_no_character():
     assert enc.offsets[1].tolist() == [0, 0]
 
 
+def test_a_word_mark_left_last_by_truncation_spans_no_character():
+    """Cut after a lone '▁', the mark had the span of the first character cut away (no next token
+    told it was the word's); one for a real space still spans that space."""
+    tok = _sentencepiece_tokenizer()
+    text = "好吃 好 good"
+    (first,) = encode_texts(tok, [text], 3)  # <s> ▁ </s>
+    assert first.truncated and first.offsets[1].tolist() == [0, 0]
+    (space,) = encode_texts(tok, [text], 6)  # <s> ▁ 好 吃 ▁ </s>
+    assert space.truncated and [text[s:e] for s, e in space.offsets[1:-1].tolist()] == ["", "好", "吃", " "]
+
+
 def _byte_level_tokenizer(add_prefix_space: bool):
     """A RoBERTa-style tokenizer: byte-level BPE whose post-processor trims spaces off the offsets."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
