@@ -20,7 +20,7 @@ from .layout import (
     part_name,
     tmp_name,
 )
-from .lease import Lease
+from .lease import Lease, writer_is_live
 from .manifest import (
     Manifest,
     PartEntry,
@@ -95,4 +95,5 @@ __all__ = [
     "scan_parts",
     "tmp_name",
     "verify_pages",
+    "writer_is_live",
 ]

@@ -26,10 +26,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .. import storage
+from .._util import lock_is_held
 from ..errors import RunDirError, StorageError
-from .layout import LEASE_NAME
+from .layout import LEASE_NAME, LOCK_NAME
 
 #: How long a lease lives without renewal. Its holder renews it every third of that, so a run killed
 #: at any point holds its --out at most this long.
@@ -148,6 +150,15 @@ class LeaseGuard:
     def __call__(self) -> None:
         if (lost := _taken_over(self.uri, self.holder)) is not None:
             raise RunDirError(f"{self.uri}: this run's lease was {lost}; it stops without writing")
+
+
+def writer_is_live(run_dir: str | os.PathLike[str]) -> bool | None:
+    """Whether a process is writing the run now: on a store, whether its lease is live; locally, whether
+    its lock is held. None where that cannot be told (no locks on this file system)."""
+    if storage.is_remote(run_dir):
+        held = _read(storage.join(os.fspath(run_dir), LEASE_NAME))
+        return held is not None and held[1] > time.time()
+    return lock_is_held(Path(storage.normalize(run_dir)) / LOCK_NAME)
 
 
 def _taken_over(uri: str, holder: str) -> str | None:

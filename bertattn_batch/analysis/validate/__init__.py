@@ -28,9 +28,10 @@ and a problem once the manifest says complete (a finished run has listed and ren
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
-from ...run import FORMAT, load_json, local_run, require_current_tables
+from ...run import FORMAT, load_json, local_run, require_current_tables, writer_is_live
 from .attention import check_attention
 from .inputs import check_inputs_covered
 from .layout import RunView, check_counts, check_files, check_manifest, check_schemas
@@ -43,15 +44,20 @@ def validate_run(run_dir: str | Path, check_source: bool = True) -> ValidationRe
     """Run every check on ``run_dir`` (a path, or a store's URI: checked on its local mirror, every object
     under its table folders included); raise RunDirError only when it is not a readable run directory."""
     with local_run(run_dir) as path:
-        return _validate(path, check_source, shown=os.fspath(run_dir))
+        # asked of the run itself (a mirror has no writer), once its manifest is read
+        return _validate(
+            path, check_source, shown=os.fspath(run_dir), writing=lambda: writer_is_live(run_dir)
+        )
 
 
-def _validate(path: Path, check_source: bool, shown: str) -> ValidationReport:
+def _validate(
+    path: Path, check_source: bool, shown: str, writing: Callable[[], bool | None]
+) -> ValidationReport:
     manifest = load_json(path)
     if manifest.get("format") == FORMAT:  # another version's tables: nothing here can be checked
         require_current_tables(path, manifest.get("schema_versions"))
     rec = Recorder()
-    run = check_manifest(rec, path, manifest)
+    run = check_manifest(rec, path, manifest, writing)
     check_files(rec, run)
     check_schemas(rec, run)
     check_counts(rec, run)
@@ -68,15 +74,15 @@ def _validate(path: Path, check_source: bool, shown: str) -> ValidationReport:
         checks=list(rec.checks.values()),
         problems=rec.problems,
         warnings=rec.warnings,
-        header=_header(run, statuses),
+        header=_header(run, statuses, shown),
     )
 
 
-def _header(run: RunView, statuses: dict[str, int]) -> str:
+def _header(run: RunView, statuses: dict[str, int], shown: str) -> str:
     n = sum(statuses.values())
     others = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()) if k != "ok")
     return (
-        f"{run.path}: status {run.status}, {len(run.parts)} parts, {n} reviews "
+        f"{shown}: status {run.status}, {len(run.parts)} parts, {n} reviews "
         f"({statuses.get('ok', 0)} scored{', ' + others if others else ''}), layers {run.layers}, "
         f"{run.num_heads} heads, {run.dtype}"
     )

@@ -7,6 +7,7 @@ their files exist and match their schema.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,8 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from ... import schema
-from ..._util import lock_is_held
 from ...errors import first_line
-from ...run import FORMAT, LOCK_NAME, decode_every_page, load_json, model_problems, parse_parts, tmp_name
+from ...run import FORMAT, decode_every_page, load_json, model_problems, parse_parts, tmp_name
 from .report import Recorder
 
 
@@ -46,16 +46,21 @@ class RunView:
     attention: str
     max_length: int | None
     parts: list[Part]
+    writing: Callable[[], bool | None] = lambda: None  # whether a process writes the run now
 
     def file(self, part: Part, table: str) -> Path:
         return self.path / part.rel[table]
 
 
-def check_manifest(rec: Recorder, path: Path, m: dict[str, Any]) -> RunView:
+def check_manifest(
+    rec: Recorder, path: Path, m: dict[str, Any], writing: Callable[[], bool | None] = lambda: None
+) -> RunView:
+    """``writing``: asks whether a process writes the run now (``run.writer_is_live``; None: unknown),
+    after its manifest ``m`` was read (a job that ends in between is told by reading it again)."""
     if m.get("format") != FORMAT:
         rec.fail("manifest", f"format is {m.get('format')!r}, expected {FORMAT!r}")
     status = str(m.get("status"))
-    if status == "running" and lock_is_held(path / LOCK_NAME) is False:
+    if status == "running" and writing() is False:
         ended = load_json(path)  # the job may have ended between the read and the probe
         if ended.get("status") == "running":
             rec.warn("manifest", "status 'running', but no process is writing it: it was stopped (killed?)")
@@ -97,6 +102,7 @@ def check_manifest(rec: Recorder, path: Path, m: dict[str, Any]) -> RunView:
         attention=str(model.get("attention", "unknown")),
         max_length=max_length,
         parts=parts,
+        writing=writing,
     )
 
 
@@ -135,7 +141,7 @@ def _parse_parts(rec: Recorder, entries: Any) -> list[Part]:
 
 def check_files(rec: Recorder, run: RunView) -> None:
     complete = run.status == "complete"
-    live = run.status == "running" and lock_is_held(run.path / LOCK_NAME) is True
+    live = run.status == "running" and run.writing() is True
     in_hand: list[str] = []
 
     def uncommitted(rel: str, what: str) -> None:

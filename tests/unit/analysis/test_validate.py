@@ -453,7 +453,7 @@ def test_a_running_run_whose_writer_is_gone_is_called_stopped(en_run, tmp_path):
 def test_a_run_that_completes_while_validate_reads_it_is_not_called_stopped(en_run, tmp_path, monkeypatch):
     """The job commits its last part and releases its lock between validate's read of the manifest and
     its probe of the lock: the run is complete, not stopped."""
-    from bertattn_batch.analysis.validate import layout
+    from bertattn_batch.run import lease
 
     run = _copy(en_run, tmp_path)
     complete = _manifest(run)
@@ -463,7 +463,7 @@ def test_a_run_that_completes_while_validate_reads_it_is_not_called_stopped(en_r
         _save_manifest(run, complete)
         return False
 
-    monkeypatch.setattr(layout, "lock_is_held", job_ends_meanwhile)
+    monkeypatch.setattr(lease, "lock_is_held", job_ends_meanwhile)
     report = validate_run(run)
     assert not any("no process is writing it" in w.message for w in report.warnings), report.render()
     assert "job ended (complete) while it was read; checked as it ended" in report.check("manifest").line()
