@@ -168,8 +168,25 @@ def list_files(target: str) -> list[str]:
     else:
         found = [join(target, n) for n in listing(target, recursive=True)]
     if not found:
-        raise StorageError(f"{target}: no such file, folder or match")
+        raise StorageError(f"{target}: {_bucket_missing(target) or 'no such file, folder or match'}")
     return sorted(found)
+
+
+def _bucket_missing(target: str) -> str | None:
+    """What to say of a URI whose bucket does not exist (listing it finds nothing, as for an empty
+    folder); None where it does, or the store has no buckets."""
+    import pyarrow.fs as pafs
+
+    scheme, rest = split_uri(target)
+    if scheme not in ("s3", "gs", "gcs"):
+        return None
+    bucket = rest.strip("/").split("/", 1)[0]
+    fs, _ = resolve(f"{scheme}://{bucket}")
+    try:
+        missing = fs.get_file_info(bucket).type == pafs.FileType.NotFound
+    except OSError:  # not allowed to look: the listing's answer stands
+        return None
+    return f"bucket {bucket!r} does not exist (create it first)" if missing else None
 
 
 def _matches(parts: list[str], pattern: list[str]) -> bool:

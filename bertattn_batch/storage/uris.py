@@ -178,12 +178,21 @@ def store_error(e: BaseException, target: str | os.PathLike[str]) -> StorageErro
     code = str(e).upper().replace("_", "")  # the SDK spells its codes NO_SUCH_BUCKET or NoSuchBucket
     name = os.fspath(target)
     if "NOSUCHBUCKET" in code:
-        bucket = split_uri(name)[1].split("/", 1)[0]
-        return StorageError(f"{name}: bucket {bucket!r} does not exist (create it first)")
+        scheme, rest = split_uri(name)
+        bucket = rest.strip("/").split("/", 1)[0]  # named alone: the object asked for may be one of ours
+        where = f"{scheme}://{bucket}" if scheme else name
+        return StorageError(f"{where}: bucket {bucket!r} does not exist (create it first)")
     refused = ("ACCESSDENIED", "INVALIDACCESSKEYID", "SIGNATUREDOESNOTMATCH", "EXPIREDTOKEN", "FORBIDDEN")
     if any(k in code for k in refused):
         return StorageError(
             f"{name}: the store refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
             "or AWS_PROFILE, and the endpoint AWS_ENDPOINT_URL)"
+        )
+    if "NETWORKCONNECTION" in code or "CURLCODE" in code:  # nothing answers at the endpoint
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        at = f" at {endpoint}" if endpoint else ""
+        return StorageError(
+            f"{name}: the store cannot be reached{at} ({one_line(e)}); check the endpoint "
+            "(AWS_ENDPOINT_URL) and the network"
         )
     return StorageError(f"{name}: {one_line(e)}")

@@ -168,8 +168,11 @@ def test_a_live_lease_refuses_a_second_run(bucket, corpus, tiny_en_dir):
 def test_missing_bucket_and_bad_credentials_are_one_line(s3_env, corpus, tiny_en_dir, monkeypatch):
     r = runner.invoke(app, _args(str(corpus), tiny_en_dir, "s3://no-such-bucket/run"))
     assert r.exit_code != 0
-    assert "bucket 'no-such-bucket' does not exist" in r.output and "Traceback" not in r.output, r.output
-    assert len(r.output.strip().splitlines()) == 1, r.output
+    # the bucket named, not the lease object the run first reads (a name the user never gave)
+    assert "s3://no-such-bucket: bucket 'no-such-bucket' does not exist" in r.output, r.output
+    assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    r = runner.invoke(app, _args("s3://no-such-bucket/reviews/*.jsonl", tiny_en_dir, f"{corpus}-out"))
+    assert r.exit_code != 0 and "bucket 'no-such-bucket' does not exist" in r.output, r.output
 
 
 def test_model_plot_and_report_from_the_store(bucket, corpus, tiny_en_dir, tmp_path):
@@ -209,6 +212,16 @@ def test_model_plot_and_report_from_the_store(bucket, corpus, tiny_en_dir, tmp_p
     storage.write_bytes(f"{none}/notes.txt", b"no run here")
     r = runner.invoke(app, ["aggregate", none])
     assert r.exit_code == 1 and f"{none} is not a run directory" in r.output, r.output
+
+
+def test_an_endpoint_where_nothing_answers_is_one_line(s3_env, tiny_en_dir, monkeypatch):
+    """The SDK's own text ("AWS Error NETWORK_CONNECTION during HeadObject operation: curlCode: 7")
+    did not say which setting to look at."""
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    r = runner.invoke(app, ["validate", "s3://some-bucket/run"])
+    assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1, r.output
+    assert f"the store cannot be reached at {endpoint}" in r.output and "AWS_ENDPOINT_URL" in r.output, r.output
 
 
 def test_bad_credentials_are_one_line(tmp_path, corpus, tiny_en_dir, monkeypatch):
