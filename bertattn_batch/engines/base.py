@@ -19,6 +19,7 @@ status that says why not.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -31,9 +32,9 @@ from ..config import JobSpec
 from ..errors import InputError
 from ..extract import Columns, PartStats, PassInfo, StagedPart, WindowRows, iter_windows
 from ..inputs import Source, check_inputs, count_rows, source_files, streams_as_recorded
-from ..run import PartWriter, RunDir, check_read_unchanged, resume_point, run_dir_class
+from ..run import PartWriter, RunDir, check_read_unchanged, refuse_if_held, resume_point, run_dir_class
 from ..runtime import tune_runtime
-from ..storage import name_path
+from ..storage import is_remote, name_path
 from ..train import ensure_model
 
 
@@ -179,6 +180,8 @@ def run_job(
         spec.limit,  # of a stream, no more is copied than the job reads
     )
 
+    if is_remote(spec.out):  # refused now, not once the model is loaded or a cluster joined
+        refuse_if_held(os.fspath(spec.out))
     timings: Counter = Counter()
     if trained := ensure_model(spec, progress=show):
         timings["train"] = trained

@@ -20,7 +20,7 @@ from .layout import (
     part_name,
     tmp_name,
 )
-from .lease import Lease, writer_is_live
+from .lease import Lease, refuse_if_held, writer_is_live
 from .manifest import (
     Manifest,
     PartEntry,
@@ -86,6 +86,7 @@ __all__ = [
     "parse_parts",
     "part_name",
     "read_manifest",
+    "refuse_if_held",
     "require_current_tables",
     "resume_point",
     "row_range_problems",

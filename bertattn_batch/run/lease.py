@@ -56,14 +56,7 @@ class Lease:
         """Take the lease of the run at ``run_uri``; RunDirError while another holder's is live."""
         holder = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
         lease = cls(storage.join(run_uri, LEASE_NAME), holder, ttl_s)
-        held = lease.read()
-        now = time.time()
-        if held is not None and held[1] > now:
-            raise RunDirError(
-                f"another bertattn process ({held[0]}) is writing {run_uri} (its lease runs "
-                f"{held[1] - now:.0f} s more); wait for it to end (if it was killed, rerun once its "
-                "lease has run out) or choose another --out"
-            )
+        refuse_if_held(run_uri)
         lease._write()
         time.sleep(settle_s)
         if (back := lease.read()) is None or back[0] != holder:
@@ -150,6 +143,19 @@ class LeaseGuard:
     def __call__(self) -> None:
         if (lost := _taken_over(self.uri, self.holder)) is not None:
             raise RunDirError(f"{self.uri}: this run's lease was {lost}; it stops without writing")
+
+
+def refuse_if_held(run_uri: str) -> None:
+    """RunDirError while another process holds a live lease on the run at ``run_uri``: asked by a job
+    before it starts its engine too (a Ray runtime takes seconds to start, only to be refused)."""
+    held = _read(storage.join(run_uri, LEASE_NAME))
+    now = time.time()
+    if held is not None and held[1] > now:
+        raise RunDirError(
+            f"another bertattn process ({held[0]}) is writing {run_uri} (its lease runs "
+            f"{held[1] - now:.0f} s more); wait for it to end (if it was killed, rerun once its "
+            "lease has run out) or choose another --out"
+        )
 
 
 def writer_is_live(run_dir: str | os.PathLike[str]) -> bool | None:

@@ -21,6 +21,8 @@ from typer.testing import CliRunner
 
 from bertattn_batch import schema, storage
 from bertattn_batch.cli import app
+from bertattn_batch.config import JobSpec
+from bertattn_batch.engines import run_job
 from bertattn_batch.errors import RunDirError
 from bertattn_batch.run import Lease, committed_files, local_run, read_manifest
 
@@ -161,6 +163,14 @@ def test_a_live_lease_refuses_a_second_run(bucket, corpus, tiny_en_dir):
         assert r.exit_code != 0 and "another bertattn process" in r.output, r.output
         with pytest.raises(RunDirError, match="another bertattn process"):
             Lease.take(run)
+
+        class NotStarted:  # refused before the engine (a Ray runtime: seconds) starts
+            def __init__(self, spec):
+                raise AssertionError("the engine started")
+
+        spec = JobSpec(inputs=[str(corpus)], model=str(tiny_en_dir), out=run, progress=False)
+        with pytest.raises(RunDirError, match="another bertattn process"):
+            run_job(spec, engine=NotStarted)
     finally:
         held.drop()
 
