@@ -56,7 +56,7 @@ class Lease:
         """Take the lease of the run at ``run_uri``; RunDirError while another holder's is live."""
         holder = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
         lease = cls(storage.join(run_uri, LEASE_NAME), holder, ttl_s)
-        refuse_if_held(run_uri)
+        _refuse_if_live(run_uri, lease.read())
         lease._write()
         time.sleep(settle_s)
         if (back := lease.read()) is None or back[0] != holder:
@@ -148,7 +148,10 @@ class LeaseGuard:
 def refuse_if_held(run_uri: str) -> None:
     """RunDirError while another process holds a live lease on the run at ``run_uri``: asked by a job
     before it starts its engine too (a Ray runtime takes seconds to start, only to be refused)."""
-    held = _read(storage.join(run_uri, LEASE_NAME))
+    _refuse_if_live(run_uri, _read(storage.join(run_uri, LEASE_NAME)))
+
+
+def _refuse_if_live(run_uri: str, held: tuple[str, float] | None) -> None:
     now = time.time()
     if held is not None and held[1] > now:
         raise RunDirError(
