@@ -34,6 +34,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_MODES = ("sdpa", "eager")
 #: The fewest tokens a review can keep: [CLS], one token of text, [SEP].
 MIN_TOKENS = 3
+#: The largest count a job may give (of tokens, reviews, rows, processes): numpy's and torch's integers.
+MAX_COUNT = 2**63 - 1
 ON_EXISTING = ("resume", "overwrite", "new", "incremental")
 INPUT_FORMATS = ("auto", "parquet", "jsonl", "csv", "tsv", "text", "datasets")
 ENGINES = ("local", "ray")
@@ -192,6 +194,9 @@ class JobSpec:
             raise SpecError(f"host_processes must not be negative, got {self.host_processes}")
         if self.limit is not None and self.limit < 0:
             raise SpecError(f"limit must not be negative, got {self.limit}")
+        for name in ("batch_tokens", "max_batch_size", "window", "workers", "host_processes", "limit"):
+            if (getattr(self, name) or 0) > MAX_COUNT:  # past what numpy and torch hold: an OverflowError
+                raise SpecError(f"{name} must be at most {MAX_COUNT:,}, got {getattr(self, name):,}")
         ft = self.finetune
         if (ft is not None or Path(self.model).exists()) and _inside(self.model, self.out):
             raise SpecError(
@@ -220,6 +225,11 @@ class JobSpec:
             log.warning(
                 "workers and ray_address are the ray engine's: engine 'local' runs one model here (add "
                 '--engine ray, or engine = "ray" in the job)'
+            )
+        if self.engine == "ray" and self.host_processes is not None:
+            log.warning(
+                "host_processes is the local engine's: engine 'ray' reads, encodes and writes in its "
+                "workers (--workers)"
             )
         dev = self.device
         if not (dev in ("auto", "cpu", "cuda", "mps") or dev.startswith("cuda:")):

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..config import JobSpec
+from ..errors import SpecError
 from ..extract import PassInfo, StagedPart, WindowJob, WindowRows
 from ..model import resolve_device
 from ..run import PartWriter
@@ -35,6 +36,9 @@ from .threads import Worker, prefetch
 MAX_ENCODE_THREADS = 8
 #: Each stage thread holds a window's tables while it builds and writes them.
 MAX_STAGE_THREADS = 8
+#: More host processes than this a core are refused: they only take turns, and thousands ran out of
+#: open files (an OSError that named no option).
+MAX_HOST_PROCESSES_PER_CORE = 4
 #: Each host process holds a tokenizer and up to three windows (engines/host_processes.py).
 MAX_HOST_PROCESSES = 16
 
@@ -95,7 +99,13 @@ class LocalEngine:
 
     def __enter__(self) -> LocalEngine:
         t0 = time.perf_counter()
-        if (asked := self.spec.host_processes or 0) > (cores := _cores()):
+        if (asked := self.spec.host_processes or 0) > MAX_HOST_PROCESSES_PER_CORE * (cores := _cores()):
+            raise SpecError(
+                f"--host-processes {asked} is more than this machine's {cores} cores can take "
+                f"({MAX_HOST_PROCESSES_PER_CORE} a core at most: each holds a tokenizer, windows and open "
+                "files); leave it out for the default of the device"
+            )
+        if asked > cores:
             log.warning(
                 "%d host processes on %d cores: they take turns on the cores, each with its own tokenizer "
                 "and windows in memory; leave --host-processes (a job's host_processes) out for the "

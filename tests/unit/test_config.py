@@ -171,6 +171,10 @@ def test_batch_sizes_left_out_are_the_devices_and_given_ones_are_kept():
     assert given.batch_budget("cuda") == (4096, 1024)
     with pytest.raises(SpecError, match="max_batch_size must be at least 1"):
         JobSpec(inputs=["x"], model="m", out="o", max_batch_size=0)
+    # past 2**63 - 1 an OverflowError that named no option came from numpy
+    for name in ("batch_tokens", "max_batch_size", "window", "workers", "host_processes", "limit"):
+        with pytest.raises(SpecError, match=f"{name} must be at most 9,223,372,036,854,775,807, got 10"):
+            JobSpec(inputs=["x"], model="m", out="o", **{name: 10**20})
 
 
 def test_a_layer_out_of_range_says_which_there_are():
@@ -182,6 +186,11 @@ def test_a_layer_out_of_range_says_which_there_are():
         resolve_layers([-2], 1)
     with pytest.raises(SpecError, match="same layer twice"):
         resolve_layers([-1, 1], 2)
+
+
+def test_host_processes_on_the_ray_engine_are_said_to_be_unused(caplog):
+    JobSpec(inputs=["x"], model="m", out="o", engine="ray", host_processes=2)
+    assert "host_processes is the local engine's" in caplog.text
 
 
 def test_ray_settings_on_the_local_engine_are_said_to_be_unused(caplog):

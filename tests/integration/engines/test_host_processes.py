@@ -115,6 +115,15 @@ def test_processes_by_default_only_beside_an_accelerator():
         JobSpec(inputs=["x"], model="m", out="o", host_processes=-1)
 
 
+def test_more_host_processes_than_the_cores_can_take_are_refused(drug_sample, tiny_en_dir, tmp_path):
+    """100,000 ran out of open files: an OSError that named no option, after a warning."""
+    from bertattn_batch.engines.local import MAX_HOST_PROCESSES_PER_CORE, _cores
+
+    too_many = MAX_HOST_PROCESSES_PER_CORE * _cores() + 1
+    with pytest.raises(SpecError, match=f"--host-processes {too_many} is more than this machine's"):
+        run_job(_spec(drug_sample, tiny_en_dir, tmp_path / "run", host_processes=too_many))
+
+
 def test_the_cli_option_runs_host_processes(
     threaded, drug_sample, tiny_en_dir, tmp_path, monkeypatch, caplog
 ):
