@@ -251,6 +251,19 @@ def file_lock(
             os.close(fd)
 
 
+def bar_size() -> dict[str, Any]:
+    """tqdm's size options for a progress bar on standard error: the terminal's width as it changes, or
+    a fixed size where the terminal reports none (0 columns or rows: a pseudo-terminal opened without
+    one, as ``script`` and ``docker run -t`` open them), on which tqdm draws nothing at all."""
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):  # not a terminal: no bar is shown there anyway
+        return {"dynamic_ncols": True}
+    if size.columns and size.lines:
+        return {"dynamic_ncols": True}
+    return {"ncols": size.columns or 100, "nrows": size.lines or 24}
+
+
 def json_text(value: Any, **options: Any) -> str:
     """``value`` as JSON that is valid UTF-8: its text as it is (Chinese stays readable), except where
     it holds a file name that is no UTF-8 (``os`` spells its bytes as lone surrogates, which no UTF-8

@@ -34,7 +34,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from .. import schema
-from .._util import atomic_path
+from .._util import atomic_path, bar_size
 from ..errors import RunDirError, SpecError, WriteError
 from ..extract.batching import bucket_batches
 from ..model import Classifier, encode_texts
@@ -289,7 +289,12 @@ def _probabilities(clf: Classifier, sequences: Sequence[np.ndarray], progress: b
     out = np.empty((len(sequences), len(clf.labels)), dtype=np.float64)
     lengths = [len(s) for s in sequences]
     with tqdm(
-        total=len(sequences), desc="faithfulness", unit="input", disable=not progress, leave=False
+        total=len(sequences),
+        desc="faithfulness",
+        unit="input",
+        disable=not progress,
+        leave=False,
+        **bar_size(),
     ) as bar:
         for batch in bucket_batches(lengths, BATCH_TOKENS, MAX_BATCH_SIZE):
             out[batch] = clf.probabilities([sequences[i] for i in batch])

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .._util import human_bytes
+from .._util import bar_size, human_bytes
 from ..config import JobSpec
 from ..errors import InputError
 from ..extract import Columns, PartStats, PassInfo, StagedPart, WindowRows, iter_windows
@@ -255,8 +255,8 @@ def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -
         desc=f"extract {name_path(spec.out).name}",
         unit="review",
         disable=not show,
-        dynamic_ncols=True,
         smoothing=0.1,
+        **bar_size(),
     )
     return _Ticking(bar) if show else bar
 

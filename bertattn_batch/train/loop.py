@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .._util import bar_size
 from ..config import FinetuneSpec
 from ..errors import ModelError
 
@@ -149,7 +150,7 @@ def train_loop(
     cap = spec.max_train_seconds
     started = last = time.monotonic()
     pace: float | None = None  # recent seconds per step: the first steps are slow, load changes
-    bar = tqdm(total=planned, desc="finetune", unit="step", disable=not progress, leave=False)
+    bar = tqdm(total=planned, desc="finetune", unit="step", disable=not progress, leave=False, **bar_size())
     try:
         while step < schedule.total:
             for rows in length_batches(lengths, spec.batch_size, rng):

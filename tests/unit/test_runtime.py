@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -79,3 +80,22 @@ def test_sizes_are_printed_in_the_decimal_units_they_name():
 
     got = [human_bytes(n) for n in (999, 62_062_804, 1_500, 999_999, 3e9)]
     assert got == ["999 B", "62.1 MB", "1.5 KB", "1.0 MB", "3.0 GB"]
+
+
+def test_a_terminal_that_reports_no_size_still_gets_a_bar(monkeypatch):
+    """A pseudo-terminal opened without a size (``script``, ``docker run -t``) reports 0 columns and 0
+    rows, on which tqdm drew no bar at all: every progress bar got a fixed size there."""
+    import os
+
+    from tqdm import tqdm
+
+    from bertattn_batch._util import bar_size
+
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((0, 0)))
+    assert bar_size() == {"ncols": 100, "nrows": 24}
+    out = io.StringIO()
+    with tqdm(total=3, file=out, mininterval=0, **bar_size()) as bar:
+        bar.update(3)
+    assert "3/3" in out.getvalue()
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((120, 40)))
+    assert bar_size() == {"dynamic_ncols": True}
