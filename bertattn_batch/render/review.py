@@ -97,13 +97,18 @@ def token_range(value: str | None) -> slice | None:
         ) from None
 
 
+def _bound(end: int | None) -> str:
+    return "" if end is None else str(end)
+
+
 def select(review: ReviewAttention, tokens: slice | None = None, specials: bool = True) -> ReviewAttention:
     """The review with only the content tokens ``tokens`` (and in its token x token maps, [CLS] and
     [SEP] only with ``specials``), so a long review's picture stays readable."""
     keep = range(len(review.tokens))[tokens] if tokens is not None else range(len(review.tokens))
     if not keep:
         raise SpecError(
-            f"--tokens {tokens.start}:{tokens.stop} selects none of the review's {len(review.tokens)} tokens"
+            f"--tokens {_bound(tokens.start)}:{_bound(tokens.stop)} selects none of the review's "
+            f"{len(review.tokens)} tokens"
         )
     idx = list(keep)
     out = dataclasses.replace(
@@ -204,8 +209,10 @@ def load_review(run_dir: str | Path, doc_id: str, layer: int | None = None) -> R
 def _load_classifier(model: str, layer: int, device: str, max_length: int | None = None):
     from ..model import Classifier
 
-    # eager: transformers' own attention matrices, the reference, for one review
-    return Classifier.load(model, layers=[layer], device=device, attention="eager", max_length=max_length)
+    try:  # eager: transformers' own attention matrices, the reference, for one review
+        return Classifier.load(model, layers=[layer], device=device, attention="eager", max_length=max_length)
+    except SpecError as e:  # named as plot's option, not extract's
+        raise SpecError(str(e).replace("(--layers)", "(--layer)")) from None
 
 
 def pair_matrices(clf, ids: np.ndarray) -> np.ndarray:

@@ -46,6 +46,9 @@ NOTES = (
 )
 
 
+#: Random deletion's comprehensiveness below which no head's ratio to it is shown: a probability moved
+#: by less than this is noise, and a ratio to it (16x, or negative) says nothing.
+MIN_RANDOM = 0.01
 #: Contrast tokens shown per head and predicted label.
 CONTRAST_TOKENS = 3
 
@@ -123,7 +126,7 @@ def _faithfulness_html(
                 r["score"],
                 "" if r["head"] is None else r["head"],
                 r["comprehensiveness"],
-                f"{r['comprehensiveness'] / base:.1f}x" if base and base > 0 else "",
+                f"{r['comprehensiveness'] / base:.1f}x" if base is not None and base >= MIN_RANDOM else "",
                 r["sufficiency"],
                 "" if r["head"] is None else contrasts.get((layer, r["head"]), ""),
             ]

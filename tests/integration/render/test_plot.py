@@ -205,6 +205,12 @@ def test_without_a_cjk_font_codes_not_boxes(zh_run, monkeypatch, caplog):
         fonts.reset()
 
 
+def test_a_layer_out_of_range_names_plots_option(tiny_en_dir):
+    """It named extract's --layers."""
+    with pytest.raises(plotting.SpecError, match=r"give one of -3 to 2 \(--layer\)$"):
+        reviews.review_from_text("good food", str(tiny_en_dir), layer=3)
+
+
 def test_cli_plots_a_run_and_a_text(en_run, tiny_zh_dir, tmp_path):
     runner = CliRunner()
     doc = longest_doc(en_run)
@@ -338,6 +344,8 @@ def test_pictures_that_read(en_run, tmp_path):
     assert Image.open(png).height > alone.height  # the heads x tokens chart, and the maps below it
     with pytest.raises(plotting.SpecError, match="--tokens takes a range"):
         reviews.token_range("0-40")
+    with pytest.raises(plotting.SpecError, match=r"--tokens :0 selects none"):  # it said "None:0"
+        reviews.select(review, reviews.token_range(":0"))
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".xlsx"])

@@ -646,3 +646,22 @@ def test_a_page_that_cannot_be_written_is_one_line(run_dir, tmp_path):
             and "choose another place with --out" in r.output
         )
         assert "OSError" not in r.output and "NotADirectoryError" not in r.output
+
+
+@pytest.mark.parametrize(("random", "shown"), [(0.0004, False), (0.05, True)])
+def test_no_ratio_to_a_random_deletion_that_moves_nothing(random, shown):
+    """Random deletion that moves the prediction by next to nothing gave ratios of noise (16.0x, -2.8x)."""
+    from bertattn_batch.render.trust import _faithfulness_html
+
+    rows = [
+        {"score": "random", "layer": None, "head": None, "comprehensiveness": random, "sufficiency": 0.1},
+        {"score": "attention", "layer": 4, "head": 0, "comprehensiveness": 0.0064, "sufficiency": 0.1},
+        {"score": "attention", "layer": 4, "head": 1, "comprehensiveness": -0.0011, "sufficiency": 0.1},
+    ]
+    table = pl.DataFrame(
+        [{**r, "k": None, "n_reviews": 6} for r in rows],
+        schema_overrides={"layer": pl.Int16, "head": pl.Int16, "k": pl.Float64},
+    )
+    html = "".join(_faithfulness_html(table, 6, {}))
+    ratios = re.findall(r"-?\d+\.\dx", html)
+    assert bool(ratios) == shown, ratios
