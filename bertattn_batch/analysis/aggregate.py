@@ -11,8 +11,8 @@ Usage::
 For each (layer, head, token) and each group of reviews (all of them, each predicted label, each
 true label where the source had labels): the reviews and occurrences, the mean raw, scaled and
 norm-based weight, how often the token is the head's top token in a review, and the measures that
-rare tokens cannot win (:mod:`.contrast`): the log-odds of the token's attention mass in one label
-against the others, and the mean shrunk toward the head's. Words as well as tokens: a token that
+weigh rarity (:mod:`.contrast`): the log-odds of the token's attention mass in one label against the
+others, which rare tokens cannot win, and the mean shrunk toward the head's. Words as well as tokens: a token that
 does not start with ``##`` and the ``##`` continuations right after it make one word (WordPiece
 tokenizers only: the manifest records the run's continuation mark).
 

@@ -1,5 +1,5 @@
-"""Measures over the per-token sums that rare tokens cannot win: contrasts between labels and means
-shrunk toward their head's mean.
+"""Measures over the per-token sums that weigh rarity: contrasts between labels (which rare tokens
+cannot win) and means shrunk toward their head's mean (by as much as the spread between tokens allows).
 
 Both work on the unfiltered per-(unit, layer, head, split, class_label, token) sums of
 :func:`~bertattn_batch.analysis.aggregate.combine`, before ``min_reviews`` drops rows, so that a
