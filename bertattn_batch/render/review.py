@@ -173,7 +173,9 @@ def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = No
     idx = run_layer(manifest, layer)
     parts = committed_files(run, ("cls_attention", "tokens", "predictions"))  # a stray file is never read
     if not parts:
-        raise RunDirError(f"{run} has no committed parts")
+        if manifest.status == "complete":  # a run over inputs without rows
+            raise InputError(f"{run} holds no reviews: its inputs had no rows")
+        raise RunDirError(f"{run} has no committed parts yet; run bertattn extract first")
     wanted = pl.col("doc_id").is_in(doc_ids)
     preds = (
         scan_parts([p.files["predictions"] for p in parts])

@@ -237,6 +237,8 @@ def test_empty_files_give_empty_runs(tiny_en_dir, tmp_path):
         assert r.exit_code == 0, r.output
     assert pq.read_table(out / "aggregates" / "token_influence.parquet").num_rows == 0
     assert "no review of this run was scored" in (out / "report.html").read_text()
+    r = CliRunner().invoke(app, ["plot", str(out), "--doc-id", "x", "--out", str(tmp_path / "x.png")])
+    assert r.exit_code == 1 and "holds no reviews: its inputs had no rows" in r.output, r.output
 
 
 def test_awkward_ids_labels_and_texts(tiny_en_dir, tmp_path):
