@@ -192,8 +192,9 @@ def run_job(
         on_existing = "resume" if incremental else spec.on_existing
         with run_dir_class(spec.out)(spec.out, header, on_existing, part_writer(spec.out)) as run:
             fingerprint = source_files(sources)
-            seen = streams_as_recorded(sources, fingerprint, run.manifest.sources)
-            point = resume_point(run, incremental, spec.id_col is not None, seen, spec.limit)
+            limited = run.manifest.limit is not None  # the recorded pass's: it may have read a stream's start
+            compared = streams_as_recorded(sources, fingerprint, run.manifest.sources, limited)
+            point = resume_point(run, incremental, spec.id_col is not None, fingerprint, spec.limit, compared)
             summary.skipped_committed = point.skipped
             columns = Columns(spec.text_col, spec.id_col, spec.label_col)
             windows = iter_windows(sources, columns, spec.window, spec.limit, point, timings)

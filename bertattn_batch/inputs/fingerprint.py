@@ -46,13 +46,14 @@ def source_files(sources: Iterable[Source]) -> list[dict[str, Any]]:
 
 
 def streams_as_recorded(
-    sources: list[Source], now: list[dict[str, Any]], before: list[dict[str, Any]] | None
+    sources: list[Source], now: list[dict[str, Any]], before: list[dict[str, Any]] | None, limited: bool
 ) -> list[dict[str, Any]]:
-    """``now`` (``source_files(sources)``), with each stream of which the recorded pass (``before``) read
-    only a start (it stopped copying at the job's ``--limit``) given as that start: its size and the hash
-    of its ends there. Why: a stream cannot be read again, so a job that goes on with a larger limit, or
-    none, has it piped again whole; it is the same input if it begins with the same bytes."""
-    if not before or len(before) != len(now):
+    """``now`` (``source_files(sources)``) to compare with the recorded pass's (``before``): where that
+    pass had a limit (``limited``) and so copied only a start of a stream, the stream is given as that
+    start, its size and the hash of its ends there. Why: a stream cannot be read again, so a job that
+    goes on with a larger limit, or none, has it piped again whole; it is the same input if it begins
+    with the same bytes. (A stream a pass read whole is compared whole: one that grew since is another.)"""
+    if not limited or not before or len(before) != len(now):
         return now
     out = []
     for src, rec, was in zip(sources, now, before, strict=True):

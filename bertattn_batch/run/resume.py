@@ -46,6 +46,7 @@ def resume_point(
     by_id: bool,
     sources: list[dict[str, Any]] | None = None,
     limit: int | None = None,
+    compared: list[dict[str, Any]] | None = None,
 ) -> ResumePoint:
     """The resume point of a reopened run (``by_id``: the job has an id column), recorded in its manifest
     as the pass begins.
@@ -57,9 +58,12 @@ def resume_point(
     pass's generation is recorded in the manifest before its first part, so a pass interrupted before
     it commits anything is still known, and so are its input files (``sources``, see
     ``inputs.fingerprint.source_files``): a pass that continues by row number refuses inputs that changed.
+    ``compared``: the sources as they are checked against the recorded pass's, where that differs from
+    what this pass records (a stream the recorded pass copied only a start of: ``streams_as_recorded``).
     """
     parts = run.parts
     generation = run.manifest.generation
+    checked = compared if compared is not None else sources
     if run.inputs_renamed and sources is not None:
         _rename_same_files(run, sources)
     if not incremental:
@@ -71,7 +75,7 @@ def resume_point(
             )
         skip_until = max((p.end_row for p in parts), default=0)
         if skip_until:
-            _check_same_inputs(run, sources, by_id)
+            _check_same_inputs(run, checked, by_id)
             _check_limit(run, skip_until, limit)
         run.begin_pass(0, sources, limit)
         taken = run.committed_ids(claimed=True) if by_id and skip_until else None
@@ -86,7 +90,7 @@ def resume_point(
     current = [p for p in parts if p.generation == generation]
     earlier = [p for p in parts if p.generation < generation]
     skip_until = max((p.end_row for p in current), default=0)
-    if skip_until and by_id and (why := _moved_on(run, sources, skip_until, limit)):
+    if skip_until and by_id and (why := _moved_on(run, checked, skip_until, limit)):
         # a nightly file replaced, or a folder that gained a file, since the interrupted pass began: it
         # cannot go on by row number, and its inputs are gone; a new pass takes every id not in the run
         log.warning("%s: %s since its interrupted pass began; a new pass adds the reviews whose ids are "
@@ -95,7 +99,7 @@ def resume_point(
         run.begin_pass(generation, sources, limit)
         return ResumePoint(generation, 0, run.committed_ids(), None)
     if skip_until:
-        _check_same_inputs(run, sources, by_id)
+        _check_same_inputs(run, checked, by_id)
         _check_limit(run, skip_until, limit)
     run.begin_pass(generation, sources, limit)
     taken = run.committed_ids(current, claimed=True) if by_id and current else None

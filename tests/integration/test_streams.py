@@ -77,6 +77,11 @@ def test_a_stream_read_with_a_limit_goes_on_when_piped_again_whole(tiny_en_dir, 
     assert rest.returncode == 0, rest.stderr
     assert rest.stdout.startswith("1700 reviews (1700 scored"), rest.stdout
     assert sorted(read_table(out, "predictions").column("row_index").to_pylist()) == list(range(2000))
+    assert manifest_json(out)["sources"][0]["bytes"] == len(rows)  # what this pass read is what it records
+    # read whole, a stream is compared whole: one that grew since is another stream
+    grown = rows + json.dumps({"id": "new", "text": "appended"}) + "\n"
+    refused = _extract("-", tiny_en_dir, out, "--input-format", "jsonl", stdin=grown)
+    assert refused.returncode == 1 and "the inputs changed since this run began" in refused.stderr
     other = tmp_path / "other"
     assert (
         _extract("-", tiny_en_dir, other, "--input-format", "jsonl", "--limit", "300", stdin=rows).returncode
