@@ -154,11 +154,24 @@ def claim_dir(path: Path) -> int | None:
     """Hold a lock in the (new) folder ``path`` for as long as this process runs or until the returned
     descriptor is closed, so that ``remove_stale`` removes the folder at once when its process was killed
     (a ``kill -9`` runs no cleanup) instead of hours later. The lock file gets its name only once held:
-    a folder whose lock is there but free is surely left behind."""
+    a folder whose lock is there but free is surely left behind. None where no lock can be taken (no
+    locks on this file system, a full disk): the folder is then told by its age, and holds no lock file."""
+    if sys.platform == "win32":
+        return None
+    import fcntl
+
     new = path / f"{DIR_LOCK}.new"
-    fd = _take_lock(new, wait=False)
-    if fd is not None:
+    try:
+        fd = os.open(new, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         new.rename(path / DIR_LOCK)
+    except OSError:
+        os.close(fd)
+        new.unlink(missing_ok=True)
+        return None
     return fd
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -84,18 +83,41 @@ def test_sizes_are_printed_in_the_decimal_units_they_name():
 
 def test_a_terminal_that_reports_no_size_still_gets_a_bar(monkeypatch):
     """A pseudo-terminal opened without a size (``script``, ``docker run -t``) reports 0 columns and 0
-    rows, on which tqdm drew no bar at all: every progress bar got a fixed size there."""
-    import os
+    rows, on which tqdm drew no bar at all: every progress bar gets a fixed size there."""
+    import pty
 
     from tqdm import tqdm
 
     from bertattn_batch._util import bar_size
 
-    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((0, 0)))
-    assert bar_size() == {"ncols": 100, "nrows": 24}
-    out = io.StringIO()
-    with tqdm(total=3, file=out, mininterval=0, **bar_size()) as bar:
-        bar.update(3)
-    assert "3/3" in out.getvalue()
-    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((120, 40)))
-    assert bar_size() == {"dynamic_ncols": True}
+    leader, follower = pty.openpty()  # 0 x 0, as such terminals report
+    try:
+        with os.fdopen(follower, "w", closefd=False) as term:
+            assert os.get_terminal_size(term.fileno()) == (0, 0)
+            monkeypatch.setattr(sys, "stderr", term)
+            assert bar_size() == {"ncols": 100, "nrows": 24}
+            with tqdm(total=3, file=term, mininterval=0, **bar_size()) as bar:
+                bar.update(3)
+            term.flush()
+            drawn = os.read(leader, 65536).decode()
+        assert "3/3" in drawn, repr(drawn)
+    finally:
+        os.close(leader)
+        os.close(follower)
+
+
+def test_a_folder_without_locks_holds_no_lock_file(tmp_path, monkeypatch):
+    """Where the file system has no locks, the claim left '.claimed.new' in the saved folder (a trained
+    model's) and warned of a file the user never named; the folder is told by its age instead."""
+    import errno
+    import fcntl
+
+    from bertattn_batch._util import atomic_dir
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with atomic_dir(tmp_path / "model") as tmp:
+        (tmp / "config.json").write_text("{}")
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == ["config.json"]
