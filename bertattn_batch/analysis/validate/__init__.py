@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...run import FORMAT, load_json, local_run, require_current_tables, writer_is_live
+from ...storage import is_remote
 from .attention import check_attention
 from .inputs import check_inputs_covered
 from .layout import RunView, check_counts, check_files, check_manifest, check_schemas
@@ -43,11 +44,19 @@ from .spans import check_source_spans
 def validate_run(run_dir: str | Path, check_source: bool = True) -> ValidationReport:
     """Run every check on ``run_dir`` (a path, or a store's URI: checked on its local mirror, every object
     under its table folders included); raise RunDirError only when it is not a readable run directory."""
+    # asked of the run itself (a mirror has no writer)
+    if is_remote(run_dir):  # before the mirror is made: a job that ends meanwhile is told running
+        live = writer_is_live(run_dir)
+
+        def writing() -> bool | None:
+            return live
+    else:  # once the manifest is read, which is read again where the job ended in between
+
+        def writing() -> bool | None:
+            return writer_is_live(run_dir)
+
     with local_run(run_dir) as path:
-        # asked of the run itself (a mirror has no writer), once its manifest is read
-        return _validate(
-            path, check_source, shown=os.fspath(run_dir), writing=lambda: writer_is_live(run_dir)
-        )
+        return _validate(path, check_source, shown=os.fspath(run_dir), writing=writing)
 
 
 def _validate(

@@ -155,6 +155,27 @@ def test_a_part_no_manifest_lists_is_not_read_and_is_cleaned(bucket, corpus, tin
     assert r.exit_code == 0, r.output
 
 
+def test_a_stored_job_that_ends_while_validate_mirrors_it_is_not_called_stopped(
+    bucket, corpus, tiny_en_dir, monkeypatch
+):
+    """Its lease was asked after the mirror was made: a job that ended meanwhile had dropped it, and
+    the mirror's manifest still said running, so a live run was called stopped (killed?)."""
+    run = f"s3://{bucket}/runs/ending"
+    assert runner.invoke(app, _args(str(corpus), tiny_en_dir, run, "--limit", "20")).exit_code == 0
+    manifest = json.loads(storage.read_bytes(f"{run}/manifest.json"))
+    storage.write_bytes(f"{run}/manifest.json", json.dumps({**manifest, "status": "running"}).encode())
+    held = Lease.take(run, settle_s=0)
+    mirror = storage.mirror
+
+    def job_ends_meanwhile(*args, **kwargs):
+        held.drop()
+        return mirror(*args, **kwargs)
+
+    monkeypatch.setattr(storage, "mirror", job_ends_meanwhile)
+    r = runner.invoke(app, ["validate", run, "--no-source"])
+    assert "no process is writing it" not in r.output and "status running" in r.output, r.output
+
+
 def test_a_live_lease_refuses_a_second_run(bucket, corpus, tiny_en_dir):
     run = f"s3://{bucket}/runs/busy"
     held = Lease.take(run)
