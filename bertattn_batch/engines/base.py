@@ -180,8 +180,13 @@ def run_job(
         spec.limit,  # of a stream, no more is copied than the job reads
     )
 
-    if is_remote(spec.out):  # refused now, not once the model is loaded or a cluster joined
+    # refused now, not once the model is trained or loaded, or a cluster joined
+    if is_remote(spec.out):
         refuse_if_held(os.fspath(spec.out))
+    if spec.engine == "local":
+        from .local import check_host_processes
+
+        check_host_processes(spec)
     timings: Counter = Counter()
     if trained := ensure_model(spec, progress=show):
         timings["train"] = trained

@@ -89,6 +89,25 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def check_host_processes(spec: JobSpec) -> None:
+    """Refuse more host processes than this machine's cores can take, and say where they only take
+    turns: before a job trains its model or loads it."""
+    if (asked := spec.host_processes or 0) > MAX_HOST_PROCESSES_PER_CORE * (cores := _cores()):
+        raise SpecError(
+            f"--host-processes {asked} is more than this machine's {cores} cores can take "
+            f"({MAX_HOST_PROCESSES_PER_CORE} a core at most: each holds a tokenizer, windows and open "
+            "files); leave it out for the default of the device"
+        )
+    if asked > cores:
+        log.warning(
+            "%d host processes on %d cores: they take turns on the cores, each with its own tokenizer "
+            "and windows in memory; leave --host-processes (a job's host_processes) out for the "
+            "default of the device",
+            asked,
+            cores,
+        )
+
+
 class LocalEngine:
     """Loads the model in this process and runs every window here."""
 
@@ -99,20 +118,6 @@ class LocalEngine:
 
     def __enter__(self) -> LocalEngine:
         t0 = time.perf_counter()
-        if (asked := self.spec.host_processes or 0) > MAX_HOST_PROCESSES_PER_CORE * (cores := _cores()):
-            raise SpecError(
-                f"--host-processes {asked} is more than this machine's {cores} cores can take "
-                f"({MAX_HOST_PROCESSES_PER_CORE} a core at most: each holds a tokenizer, windows and open "
-                "files); leave it out for the default of the device"
-            )
-        if asked > cores:
-            log.warning(
-                "%d host processes on %d cores: they take turns on the cores, each with its own tokenizer "
-                "and windows in memory; leave --host-processes (a job's host_processes) out for the "
-                "default of the device",
-                asked,
-                cores,
-            )
         if host_processes(self.spec.host_processes, resolve_device(self.spec.device)):
             fork_server.context()  # the server makes its imports while the model loads
         self.clf = load_classifier(self.spec)

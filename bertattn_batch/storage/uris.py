@@ -189,10 +189,10 @@ def store_error(e: BaseException, target: str | os.PathLike[str]) -> StorageErro
             "or AWS_PROFILE, and the endpoint AWS_ENDPOINT_URL)"
         )
     if "NETWORKCONNECTION" in code or "CURLCODE" in code:  # nothing answers at the endpoint
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        at = f" at {endpoint}" if endpoint else ""
-        return StorageError(
-            f"{name}: the store cannot be reached{at} ({one_line(e)}); check the endpoint "
-            "(AWS_ENDPOINT_URL) and the network"
+        var = "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
+        endpoint = os.environ.get(var) if split_uri(name)[0] == "s3" else None
+        at, check = (
+            (f" at {endpoint}", f"the endpoint ({var}) and the network") if endpoint else ("", "the network")
         )
+        return StorageError(f"{name}: the store cannot be reached{at} ({one_line(e)}); check {check}")
     return StorageError(f"{name}: {one_line(e)}")

@@ -115,10 +115,18 @@ def test_processes_by_default_only_beside_an_accelerator():
         JobSpec(inputs=["x"], model="m", out="o", host_processes=-1)
 
 
-def test_more_host_processes_than_the_cores_can_take_are_refused(drug_sample, tiny_en_dir, tmp_path):
-    """100,000 ran out of open files: an OSError that named no option, after a warning."""
+def test_more_host_processes_than_the_cores_can_take_are_refused(
+    drug_sample, tiny_en_dir, tmp_path, monkeypatch
+):
+    """100,000 ran out of open files: an OSError that named no option, after a warning (and after a
+    job's model was trained)."""
+    from bertattn_batch.engines import base
     from bertattn_batch.engines.local import MAX_HOST_PROCESSES_PER_CORE, _cores
 
+    def trained(*args, **kwargs):
+        raise AssertionError("the model was trained or loaded first")
+
+    monkeypatch.setattr(base, "ensure_model", trained)
     too_many = MAX_HOST_PROCESSES_PER_CORE * _cores() + 1
     with pytest.raises(SpecError, match=f"--host-processes {too_many} is more than this machine's"):
         run_job(_spec(drug_sample, tiny_en_dir, tmp_path / "run", host_processes=too_many))
