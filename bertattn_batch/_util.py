@@ -12,6 +12,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import json
 import logging
@@ -64,10 +65,15 @@ def hidden_tmp(name: str) -> str:
 
 
 @contextlib.contextmanager
-def atomic_path(path: Path, fsync: bool = False) -> Iterator[Path]:
+def atomic_path(path: Path, fsync: bool = False, unique: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; when the block ends without an error it replaces ``path``
-    in one step (readers see the old file or the new one), else it is removed."""
+    in one step (readers see the old file or the new one), else it is removed. ``unique``: a temporary
+    of this process's own, for a file that two commands may write at once (two ``aggregate`` of one
+    run wrote into one temporary, and the first to finish published both writes mixed)."""
     tmp = path.with_name(hidden_tmp(path.name))
+    if unique:
+        remove_stale(path.parent, f".{path.name}.*.tmp")  # left by a process that was killed
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         yield tmp
         if fsync:
@@ -130,6 +136,28 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     finally:
         if claim is not None:
             os.close(claim)
+
+
+def remove_tree(folder: Path, tries: int = 5) -> None:
+    """Remove ``folder`` while another process may work in it (an ``aggregate`` adding and removing its
+    work files as an ``--overwrite`` clears the run): a file gone meanwhile is no error, and a folder
+    that gained one is cleared again."""
+
+    def gone_is_fine(function: Any, path: str, error: Any) -> None:
+        error = error if isinstance(error, BaseException) else error[1]  # onerror passes exc_info
+        if not isinstance(error, FileNotFoundError):
+            raise error
+
+    # onexc from Python 3.12, where onerror is deprecated
+    handler = {"onexc" if sys.version_info >= (3, 12) else "onerror": gone_is_fine}
+    for attempt in range(tries):
+        try:
+            shutil.rmtree(folder, **handler)
+            return
+        except OSError as e:
+            if e.errno != errno.ENOTEMPTY or attempt == tries - 1:
+                raise
+            time.sleep(0.1)
 
 
 def remove_stale(parent: Path, pattern: str) -> None:

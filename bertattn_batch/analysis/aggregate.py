@@ -309,7 +309,7 @@ def aggregate(
         arrow = arrow.replace_schema_metadata(meta)  # meta repeats the schema's table and version
         final = out_dir / f"{TABLE}.parquet"
         try:
-            with atomic_path(final) as tmp:  # readers see the old table or the new one
+            with atomic_path(final, unique=True) as tmp:  # readers see the old table or the new one
                 pq.write_table(arrow, tmp, compression="zstd")
         except OSError as e:
             raise WriteError(f"cannot write the aggregates into {out_dir}: {e.strerror or e}") from None

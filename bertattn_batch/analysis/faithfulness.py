@@ -152,7 +152,7 @@ def faithfulness(
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path) as tmp:
+        with atomic_path(path, unique=True) as tmp:
             pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
     except OSError as e:
         raise WriteError(f"cannot write {path}: {e.strerror or e}") from None

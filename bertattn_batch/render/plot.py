@@ -42,7 +42,7 @@ def write_review(review: ReviewAttention, out: str | Path, pairs: bool = False) 
     suffix = path.suffix.lower()
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path) as tmp:  # a full disk leaves no empty picture behind
+        with atomic_path(path, unique=True) as tmp:  # a full disk leaves no empty picture behind
             if suffix in (".csv", ".xlsx"):
                 part = tmp.with_name(tmp.name + suffix)  # the suffix says which table to write
                 try:

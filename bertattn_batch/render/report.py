@@ -304,7 +304,7 @@ def build_report(
         f"{time.perf_counter() - t0:.1f}s.</p>",
     ]
     path = Path(out) if out is not None else run / REPORT_NAME
-    with writing(path), atomic_path(path) as tmp:
+    with writing(path), atomic_path(path, unique=True) as tmp:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(
             page.page(

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import schema, storage
-from .._util import file_lock, hidden_tmp
+from .._util import file_lock, hidden_tmp, remove_tree
 from ..errors import DamagedRunError, RunDirError, RunVersionError, WriteError
 from ..ids import IdSet
 from ..storage import is_remote
@@ -324,11 +324,12 @@ class RunDir:
     def _clear(self) -> None:
         """Remove what bertattn wrote into the run directory, its manifest last: a clear cut short leaves
         a folder that is still recognisably a run, so the next --overwrite can finish it."""
-        temporaries = (hidden_tmp(MANIFEST), hidden_tmp(REPORT_NAME), COMMIT_LOG)
+        temporaries = [p.name for p in self.run_dir.glob(f".{REPORT_NAME}*.tmp")]  # a report's, a process's
+        temporaries += [hidden_tmp(MANIFEST), COMMIT_LOG]
         for name in (*TABLES, AGGREGATES_DIR, REPORT_NAME, *temporaries, MANIFEST):
             child = self.run_dir / name
             if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
+                remove_tree(child)
             else:
                 child.unlink(missing_ok=True)
 

@@ -121,3 +121,35 @@ def test_a_folder_without_locks_holds_no_lock_file(tmp_path, monkeypatch):
     with atomic_dir(tmp_path / "model") as tmp:
         (tmp / "config.json").write_text("{}")
     assert sorted(p.name for p in (tmp_path / "model").iterdir()) == ["config.json"]
+
+
+def test_a_tree_cleared_while_another_process_removes_its_files(tmp_path, monkeypatch):
+    """An --overwrite cleared the run while an aggregate removed its work files: the file gone between
+    the listing and its removal stopped the extract with an OSError."""
+    from bertattn_batch._util import remove_tree
+
+    folder = tmp_path / "aggregates" / "_work-1"
+    folder.mkdir(parents=True)
+    for name in ("a.parquet", "b.parquet"):
+        (folder / name).write_bytes(b"sums")
+    unlink = os.unlink
+
+    def removed_first(path, *, dir_fd=None):
+        unlink(path, dir_fd=dir_fd)  # the other process's removal, just before ours
+        unlink(path, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "unlink", removed_first)
+    remove_tree(tmp_path / "aggregates")
+    assert not (tmp_path / "aggregates").exists()
+
+
+def test_a_file_two_commands_may_write_at_once_gets_a_temporary_of_each_process(tmp_path):
+    """Two aggregates of one run wrote into one temporary, and the first to finish published both
+    writes mixed (a corrupt table whose footer named the other's options)."""
+    from bertattn_batch._util import atomic_path
+
+    target = tmp_path / "token_influence.parquet"
+    with atomic_path(target, unique=True) as tmp:
+        assert tmp.name == f".token_influence.parquet.{os.getpid()}.tmp"
+        tmp.write_bytes(b"mine")
+    assert target.read_bytes() == b"mine" and [p.name for p in tmp_path.iterdir()] == [target.name]
