@@ -45,6 +45,8 @@ TyperOption.display_type_rich = _no_flag_type
 #: debug: --debug was given; working: a library call is running; done: the command's work is finished
 _state = {"debug": False, "working": False, "done": False}
 INTERRUPTED = "interrupted; rerun the same command to resume"
+#: Said of a command that reads a run and writes what it computed whole, or nothing.
+REDONE = "interrupted; nothing was written: rerun the command to compute it again"
 
 
 class Terminated(KeyboardInterrupt):

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ..storage import normalize
-from .base import Debug, app, call, setup
+from .base import REDONE, Debug, app, call, setup
 
 
 def _run_location(value: str | None) -> str | None:
@@ -92,7 +92,9 @@ def aggregate(
         by = "pred_label" if rank_by in CONTRASTS else "all"
     call(lambda: check_top_options(top_k, unit, by, rank_by))
 
-    result = call(lambda: run_aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by), completes=True)
+    result = call(
+        lambda: run_aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by), REDONE, completes=True
+    )
     units, splits = result.options.get("units"), result.splits
     printed = call(
         lambda: format_top(
@@ -147,6 +149,7 @@ def faithfulness(
     show = progress and sys.stderr.isatty()
     result = call(
         lambda: measure(run_dir, sample=sample, seed=seed, device=device, progress=show, model=model),
+        REDONE,
         completes=True,
     )
     typer.echo(result.summary())
@@ -218,6 +221,7 @@ def plot(
             tokens=tokens,
             specials=specials,
         ),
+        REDONE,
         completes=True,
     )
 
@@ -256,6 +260,7 @@ def report(
         lambda: build_report(
             run_dir, out=out, layer=layer, examples=examples, top_k=top_k, min_reviews=min_reviews
         ),
+        REDONE,
         completes=True,
     )
     typer.echo(f"wrote {path}")

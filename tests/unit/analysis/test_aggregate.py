@@ -807,3 +807,15 @@ def test_a_killed_aggregates_work_folder_goes_with_the_next_one(run_dir, tmp_pat
     finally:
         if held is not None:
             os.close(held)
+
+
+def test_an_interrupted_aggregate_does_not_promise_a_resume(run_dir, monkeypatch):
+    """It said "rerun the same command to resume", which aggregate does not: it computes again."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(agg, "aggregate", interrupted)
+    r = CliRunner().invoke(app, ["aggregate", str(run_dir)])
+    assert r.exit_code == 130
+    assert "interrupted; nothing was written: rerun the command to compute it again" in r.output, r.output
