@@ -252,7 +252,9 @@ def test_an_endpoint_where_nothing_answers_is_one_line(s3_env, tiny_en_dir, monk
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     r = runner.invoke(app, ["validate", "s3://some-bucket/run"])
     assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1, r.output
-    assert f"the store cannot be reached at {endpoint}" in r.output and "AWS_ENDPOINT_URL" in r.output, r.output
+    assert f"the store cannot be reached at {endpoint}" in r.output and "AWS_ENDPOINT_URL" in r.output, (
+        r.output
+    )
 
 
 def test_bad_credentials_are_one_line(tmp_path, corpus, tiny_en_dir, monkeypatch):
