@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import csv
+import errno
 import os
 import stat
 import sys
@@ -87,6 +88,11 @@ def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: st
             else:
                 stream = None  # read to its end
     except OSError as e:
+        if e.errno == errno.ENOSPC:  # the copy's folder is full, not the stream at fault
+            raise InputError(
+                f"cannot copy {name} into {path.parent}: no space left on the device; set TMPDIR to a "
+                "folder with room"
+            ) from None
         raise InputError(f"cannot read {name}: {e.strerror or e}") from None
     _SPOOLS[name] = (path, stream, tail)
     return path

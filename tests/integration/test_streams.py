@@ -138,6 +138,20 @@ def test_texts_of_a_stream_run_without_stored_text_cannot_be_read_again(name, ti
         review_texts(out, reviews)
 
 
+def test_a_full_temporary_folder_is_named_not_the_stream(tmp_path, monkeypatch):
+    """A stream's copy that filled the temporary folder was said as "cannot read -": the stream was
+    blamed, and nothing said where the copy goes or how to move it."""
+    from bertattn_batch.errors import InputError
+    from bertattn_batch.inputs import streams
+
+    src = tmp_path / "stream.jsonl"
+    src.write_text(JSONL)
+    with open(src, "rb") as stream:
+        monkeypatch.setattr(streams, "_start", lambda name: (Path("/dev/full"), stream))  # writes: ENOSPC
+        with pytest.raises(InputError, match=r"cannot copy .*stream.jsonl into /dev: no space left .*TMPDIR"):
+            spooled(str(src))
+
+
 def test_spools_of_killed_processes_are_removed(tmp_path, monkeypatch):
     """A kill -9 skips the exit hook that removes a stream's copy; the next stream read removes the
     copies of processes that no longer run, and no other."""
