@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import atomic_dir, file_lock, json_text
-from ..errors import ModelError
+from ..errors import ModelError, WriteError, first_line
 
 METRICS_FILE = "finetune_metrics.json"
 #: The doc ids of the reviews held out from training (``{"id_col": ..., "doc_ids": [...]}``): a run of the
@@ -60,7 +60,28 @@ def save_model(
     names: list[str],
     heldout: dict[str, Any] | None = None,
 ) -> None:
-    """Write to a temporary folder beside ``out_dir``, check that it reloads, then rename it into place."""
+    """Write to a temporary folder beside ``out_dir``, check that it reloads, then rename it into place;
+    a save that fails (a full disk) leaves the model that was there."""
+    from safetensors import SafetensorError
+
+    try:
+        _save(model, tokenizer, metrics, out_dir, tok_size, names, heldout)
+    except (OSError, SafetensorError) as e:  # safetensors says a full disk in its own words
+        why = "no space left on the device" if "No space left" in str(e) else first_line(e)
+        raise WriteError(
+            f"cannot save the trained model to {out_dir}: {why}; any model there is kept"
+        ) from None
+
+
+def _save(
+    model: Any,
+    tokenizer: Any,
+    metrics: dict[str, Any],
+    out_dir: Path,
+    tok_size: int,
+    names: list[str],
+    heldout: dict[str, Any] | None,
+) -> None:
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         backend = getattr(tokenizer, "backend_tokenizer", None)

@@ -840,3 +840,28 @@ def test_a_job_interrupted_in_its_training_says_the_training_starts_over(tmp_pat
         r.output.strip().splitlines()[-1]
         == "interrupted; the training of m starts over when the same command is rerun"
     )
+
+
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_old_model(tmp_path: Path) -> None:
+    """safetensors says a full disk in its own words: "SafetensorError: Error while serializing" came
+    out with no hint of the disk or the model's folder."""
+    from safetensors import SafetensorError
+
+    from bertattn_batch.errors import WriteError
+    from bertattn_batch.train.save import save_model
+
+    class FullDisk:
+        def save_pretrained(self, folder, **kwargs):
+            raise SafetensorError(
+                'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+            )
+
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"the old model")
+    with pytest.raises(
+        WriteError, match=r"cannot save the trained model to .*m: no space left on the device"
+    ):
+        save_model(FullDisk(), None, {}, out, 0, [])
+    assert (out / "model.safetensors").read_bytes() == b"the old model"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no partial folder left
