@@ -65,36 +65,24 @@ def save_model(
     from safetensors import SafetensorError
 
     try:
-        _save(model, tokenizer, metrics, out_dir, tok_size, names, heldout)
+        with atomic_dir(out_dir) as tmp:
+            model.save_pretrained(tmp, safe_serialization=True)
+            backend = getattr(tokenizer, "backend_tokenizer", None)
+            if backend is not None:  # truncation is chosen per call; do not save the last call's setting
+                backend.no_truncation()
+                backend.no_padding()
+            tokenizer.save_pretrained(tmp)
+            text = json_text(metrics, indent=2) + "\n"
+            (tmp / METRICS_FILE).write_text(text, encoding="utf-8")
+            if heldout is not None:
+                (tmp / HELDOUT_FILE).write_text(json_text(heldout) + "\n", encoding="utf-8")
+            _plain_permissions(tmp)
+            check_saved(tmp, tok_size, names)
     except (OSError, SafetensorError) as e:  # safetensors says a full disk in its own words
         why = "no space left on the device" if "No space left" in str(e) else first_line(e)
         raise WriteError(
             f"cannot save the trained model to {out_dir}: {why}; any model there is kept"
         ) from None
-
-
-def _save(
-    model: Any,
-    tokenizer: Any,
-    metrics: dict[str, Any],
-    out_dir: Path,
-    tok_size: int,
-    names: list[str],
-    heldout: dict[str, Any] | None,
-) -> None:
-    with atomic_dir(out_dir) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is not None:  # truncation is chosen per call; do not save the last call's setting
-            backend.no_truncation()
-            backend.no_padding()
-        tokenizer.save_pretrained(tmp)
-        text = json_text(metrics, indent=2) + "\n"
-        (tmp / METRICS_FILE).write_text(text, encoding="utf-8")
-        if heldout is not None:
-            (tmp / HELDOUT_FILE).write_text(json_text(heldout) + "\n", encoding="utf-8")
-        _plain_permissions(tmp)
-        check_saved(tmp, tok_size, names)
 
 
 def _plain_permissions(folder: Path) -> None:
