@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..errors import StorageError
-from .uris import is_remote, join, normalize, resolve, split_uri, store_error
+from .uris import is_remote, join, no_bucket, normalize, resolve, split_uri, store_error
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -186,7 +186,7 @@ def _bucket_missing(target: str) -> str | None:
         missing = fs.get_file_info(bucket).type == pafs.FileType.NotFound
     except OSError:  # not allowed to look: the listing's answer stands
         return None
-    return f"bucket {bucket!r} does not exist (create it first)" if missing else None
+    return no_bucket(bucket) if missing else None
 
 
 def _matches(parts: list[str], pattern: list[str]) -> bool:

@@ -172,6 +172,11 @@ def one_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
+def no_bucket(bucket: str) -> str:
+    """What is said of a bucket that does not exist, however that was found."""
+    return f"bucket {bucket!r} does not exist (create it first)"
+
+
 def store_error(e: BaseException, target: str | os.PathLike[str]) -> StorageError:
     """A store's refusal as one line that says what to fix: the AWS SDK's messages run over several
     lines and name the failing call, not the bucket or the keys."""
@@ -181,7 +186,7 @@ def store_error(e: BaseException, target: str | os.PathLike[str]) -> StorageErro
         scheme, rest = split_uri(name)
         bucket = rest.strip("/").split("/", 1)[0]  # named alone: the object asked for may be one of ours
         where = f"{scheme}://{bucket}" if scheme else name
-        return StorageError(f"{where}: bucket {bucket!r} does not exist (create it first)")
+        return StorageError(f"{where}: {no_bucket(bucket)}")
     refused = ("ACCESSDENIED", "INVALIDACCESSKEYID", "SIGNATUREDOESNOTMATCH", "EXPIREDTOKEN", "FORBIDDEN")
     if any(k in code for k in refused):
         return StorageError(
