@@ -340,6 +340,8 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
 def load_job(path: str | Path, **overrides: Any) -> JobSpec:
     """Read a TOML job spec; ``overrides`` (non-None values) replace keys from the file."""
     path = Path(path)
+    if path.is_dir():
+        raise SpecError(f"{path} is a folder; give the job spec's TOML file (see jobs/)")
     if not path.is_file():
         raise SpecError(f"job spec not found: {path}")
     try:

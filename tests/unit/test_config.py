@@ -92,6 +92,11 @@ def test_a_byte_order_mark_is_read_past(tmp_path):
     assert load_job(p).out == "o"
 
 
+def test_a_folder_given_as_the_job_spec_is_named_as_one(tmp_path):
+    with pytest.raises(SpecError, match="is a folder"):
+        load_job(tmp_path)
+
+
 def test_paths_are_accepted_as_in_a_notebook(tmp_path):
     spec = JobSpec(inputs=tmp_path / "a.parquet", model=tmp_path / "m", out=tmp_path / "o")
     assert spec.inputs == [str(tmp_path / "a.parquet")] and spec.model == str(tmp_path / "m")
