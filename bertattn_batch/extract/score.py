@@ -23,6 +23,7 @@ import torch
 from ..errors import ModelError
 from ..model import Classifier, Outputs
 from ..model.classifier import PendingOutputs
+from ..model.device import out_of_memory
 from .plan import BatchPlan
 from .tables import ScoredRow
 
@@ -60,10 +61,19 @@ def _read_back(pending: list[PendingOutputs], seconds: Counter) -> list[Outputs]
 
 
 def launch_batch(clf: Classifier, ids: list[np.ndarray]) -> list[PendingOutputs]:
-    """One padded batch queued on the device; out of device memory, its halves, in order."""
+    """One padded batch queued on the device; out of device memory, its halves, in order.
+
+    A batch of as many padded tokens as one that ran out before (``clf.oom_tokens``) is halved before it
+    is tried: each failure costs a partial forward and emptying the device's cache, which waits for
+    every batch queued."""
+    tokens = len(ids) * max(map(len, ids))
+    if len(ids) > 1 and clf.oom_tokens is not None and tokens >= clf.oom_tokens:
+        return _halves(clf, ids)
     try:
         return [clf.launch(ids)]
-    except torch.OutOfMemoryError:
+    except RuntimeError as e:  # torch's OutOfMemoryError is one
+        if not out_of_memory(e):
+            raise
         if len(ids) == 1:
             raise ModelError(
                 f"out of memory on a single review of {len(ids[0])} tokens; "
@@ -72,8 +82,17 @@ def launch_batch(clf: Classifier, ids: list[np.ndarray]) -> list[PendingOutputs]
     # retried outside the except block, whose traceback holds the failed forward's activations
     if clf.device.type == "cuda":
         torch.cuda.empty_cache()
+    clf.oom_tokens = tokens if clf.oom_tokens is None else min(clf.oom_tokens, tokens)
+    log.warning(
+        "out of memory on a batch of %d reviews (%d padded tokens); batches as big are halved from now on",
+        len(ids),
+        tokens,
+    )
+    return _halves(clf, ids)
+
+
+def _halves(clf: Classifier, ids: list[np.ndarray]) -> list[PendingOutputs]:
     half = len(ids) // 2
-    log.warning("out of memory on a batch of %d reviews; retrying in halves", len(ids))
     return launch_batch(clf, ids[:half]) + launch_batch(clf, ids[half:])
 
 

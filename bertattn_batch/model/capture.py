@@ -89,10 +89,7 @@ class ClsRowCapture:
         self._owner: dict[int, int] = {}  # layer -> index of its module in _modules (ALBERT shares them)
 
     def __enter__(self) -> ClsRowCapture:
-        self._q.clear()
-        self._k.clear()
-        self._v.clear()
-        self._x.clear()
+        self.release()
         self._calls = dict.fromkeys(self._calls, 0)
         for i, (module, q, k, v) in enumerate(self._modules):
             heads, size = head_geometry(module)
@@ -106,6 +103,14 @@ class ClsRowCapture:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if exc[0] is not None:  # a forward that failed (out of memory): nothing of it is read
+            self.release()
+
+    def release(self) -> None:
+        """Let go of the captured activations (a batch's keys and values, all its tokens): once its
+        outputs are made, and before a batch out of memory is retried in halves."""
+        for store in (self._q, self._k, self._v, self._x):
+            store.clear()
 
     def _on_query(self, index: int, heads: int, size: int, scaling: float):
         def hook(_m: nn.Module, inp: tuple, out: torch.Tensor) -> None:

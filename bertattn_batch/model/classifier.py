@@ -45,7 +45,7 @@ from .checks import (
     transformers_log_level,
 )
 from .compiled import compiled_model
-from .device import does_not_fit, no_cudnn_attention, resolve_device, resolve_dtype
+from .device import does_not_fit, no_cudnn_attention, out_of_memory, resolve_device, resolve_dtype
 from .outputs import Outputs
 from .trim import LastLayerTrim, cls_sdpa, verified
 
@@ -111,6 +111,7 @@ class Classifier:
     trim: LastLayerTrim | None = field(default=None, repr=False)  # sdpa mode: last layer for [CLS] only
     value_zeroing: bool = False  # also compute value zeroing (one more pass through the layer's tail)
     compiled: torch.nn.Module | None = field(default=None, repr=False)  # torch.compile'd model (--compile)
+    oom_tokens: int | None = None  # the fewest padded tokens of a batch that ran out of device memory
     _capture: ClsRowCapture | None = field(default=None, repr=False)
 
     @classmethod
@@ -176,7 +177,9 @@ class Classifier:
         try:
             model.eval().to(dev)  # eval: dropout off
             fits = True
-        except torch.OutOfMemoryError:
+        except RuntimeError as e:  # torch's OutOfMemoryError is one
+            if not out_of_memory(e):
+                raise
             fits = False
         if not fits:  # out of the except block, whose traceback holds what was moved already
             del model  # ... and this frame, which the error's traceback holds too
@@ -282,6 +285,7 @@ class Classifier:
             rows = capture.rows(mask)
         norms = capture.norms(rows)
         zeroing = capture.value_zeroing(rows) if self.value_zeroing else None
+        capture.release()
         probs = torch.softmax(out.logits.float(), dim=-1)
         outputs = [probs, rows, norms] + ([zeroing] if zeroing is not None else [])
         finite = torch.stack([torch.isfinite(t).all() for t in outputs]).all()  # on the device: no wait

@@ -65,9 +65,24 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """auto: bfloat16 on CUDA devices that support it, float16 on older ones, float32 on CPU."""
     if dtype == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            return torch.bfloat16 if cuda_bf16(device) else torch.float16
         return torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def cuda_bf16(device: torch.device) -> bool:
+    """Whether CUDA ``device`` (not the current one) has bfloat16 tensor cores: compute capability 8.0
+    (Ampere) or later. ``torch.cuda.is_bf16_supported()`` also says yes where bfloat16 is only emulated
+    (a V100 or T4), far slower there than float16."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` says the device ran out of memory: torch's own error, or the RuntimeError of an
+    allocation outside its caching allocator (pinned host memory, a cuBLAS handle, Apple's MPS)."""
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(e, RuntimeError) and any(s in str(e) for s in ("out of memory", "ALLOC_FAILED"))
 
 
 def does_not_fit(source: str, dev: torch.device, dtype: torch.dtype) -> ModelError:

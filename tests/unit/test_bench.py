@@ -69,6 +69,8 @@ def test_flops_of_bert_base_match_the_parameter_count():
     assert bench.bf16_peak("NVIDIA H100 80GB HBM3") == 989.0
     assert bench.bf16_peak("NVIDIA H100 PCIe") == 756.0
     assert bench.bf16_peak("NVIDIA A100-SXM4-80GB") == 312.0
+    assert bench.bf16_peak("NVIDIA H200 NVL") == 835.0 and bench.bf16_peak("NVIDIA H100 NVL") == 835.0
+    assert bench.bf16_peak("NVIDIA GB200") == 2500.0 and bench.bf16_peak("NVIDIA B200") == 2250.0
     assert bench.bf16_peak("Some Unknown GPU") is None
 
 

@@ -5,8 +5,15 @@ block counts every review. What a GPU machine runs is this same code with other 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 from helpers import load_bench
+
+REPO = Path(__file__).resolve().parents[2]
 
 gpu = load_bench("gpu")
 
@@ -29,3 +36,30 @@ def test_the_gpu_check_runs_through_on_the_cpu(tiny_zh_dir, zh_sample, tmp_path,
     printed = capsys.readouterr().out
     assert "(a) correctness: 12 reviews" in printed and "end to end (threads): 40 reviews" in printed
     assert "FAILED" not in printed
+
+
+def _gpu_sh(tmp_path: Path, python: str, gpu_listed: bool) -> subprocess.CompletedProcess:
+    """bench/gpu.sh with ``python`` as its Python, on a PATH whose nvidia-smi lists a GPU or fails."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n{'echo GPU 0: NVIDIA H200' if gpu_listed else 'exit 9'}\n")
+    smi.chmod(0o755)
+    env = {**os.environ, "PYTHON": python, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return subprocess.run(["bash", str(REPO / "bench" / "gpu.sh")], env=env, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    ("python", "gpu_listed", "rc", "said"),
+    [
+        (sys.executable, False, 0, "no CUDA device visible"),  # a CPU machine: nothing to do
+        (sys.executable, True, 1, "install a CUDA build of torch"),  # this CPU build on a GPU machine
+        ("/bin/false", True, 1, "cannot import torch"),  # a Python without torch
+    ],
+)
+def test_gpu_sh_fails_where_a_gpu_is_there_but_its_python_cannot_use_it(
+    tmp_path, python, gpu_listed, rc, said
+):
+    done = _gpu_sh(tmp_path, python, gpu_listed)
+    assert done.returncode == rc
+    assert said in done.stdout + done.stderr

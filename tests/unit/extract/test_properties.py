@@ -84,6 +84,7 @@ class PaddedRowsModel:
 
     device = torch.device("cpu")
     device_type = "cpu"
+    oom_tokens = None
 
     def __init__(
         self,

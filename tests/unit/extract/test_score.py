@@ -18,15 +18,17 @@ class Recorder:
 
     device = torch.device("cpu")
 
-    def __init__(self, limit: int = 1_000) -> None:
+    def __init__(self, limit: int = 1_000, error: type[Exception] = torch.OutOfMemoryError) -> None:
         self.log: list[str] = []
         self.limit = limit  # batches over this many reviews run out of memory
+        self.error = error
+        self.oom_tokens = None
 
     def launch(self, ids: list[np.ndarray]) -> SimpleNamespace:
         name = ",".join(str(int(x[0])) for x in ids)
         if len(ids) > self.limit:
             self.log.append(f"oom {name}")
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            raise self.error("CUDA error: out of memory (simulated)")
         self.log.append(f"launch {name}")
 
         def result() -> str:
@@ -64,3 +66,26 @@ def test_a_batch_out_of_memory_is_queued_in_halves_in_order():
 def test_a_single_review_out_of_memory_is_an_error():
     with pytest.raises(ModelError, match="single review"):
         list(score_batches(Recorder(limit=0), batches(1)))
+
+
+def test_a_batch_as_big_as_one_out_of_memory_is_halved_before_it_is_tried():
+    clf = Recorder(limit=2)
+    got = list(score_batches(clf, batches(4, 4, 2)))
+    assert got == [["0,1", "2,3"], ["4,5", "6,7"], ["8,9"]]  # each batch's halves, in order
+    assert [e for e in clf.log if e.startswith("oom")] == ["oom 0,1,2,3"]  # once, not once a batch
+    assert clf.oom_tokens == 4
+
+
+def test_an_allocation_failure_outside_torchs_allocator_is_halved_too():
+    clf = Recorder(limit=1, error=RuntimeError)  # pinned host memory, a cuBLAS handle
+    assert list(score_batches(clf, batches(2))) == [["0", "1"]]
+    assert clf.log[0] == "oom 0,1"
+
+
+def test_other_runtime_errors_are_not_taken_for_out_of_memory():
+    class Broken(Recorder):
+        def launch(self, ids):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        list(score_batches(Broken(), batches(2)))

@@ -12,15 +12,18 @@ from bertattn_batch.model import Classifier
 
 
 class _Doubled(torch.nn.Module):
-    """A stand-in for a compiled model that computes other logits."""
+    """A stand-in for a compiled model that computes other logits, on the batches ``wrong`` picks (a
+    graph of its own, such as the unpadded batches', can be the one that is wrong)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, wrong) -> None:
         super().__init__()
         self.inner = model
+        self.wrong = wrong
 
     def forward(self, **inputs):
         out = self.inner(**inputs)
-        out.logits = out.logits * 2
+        if self.wrong(inputs):
+            out.logits = out.logits * 2
         return out
 
 
@@ -41,9 +44,18 @@ def test_a_compile_that_fails_here_is_one_line(tiny_en_dir, monkeypatch):
     )
 
 
-def test_a_compile_that_changes_the_outputs_is_refused(tiny_en_dir, monkeypatch):
-    monkeypatch.setattr(torch, "compile", lambda model, **_options: _Doubled(model))
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        lambda inputs: True,
+        lambda inputs: inputs.get("attention_mask") is None,  # unpadded batches only
+        lambda inputs: len(inputs["input_ids"]) == 1,  # a single review only
+    ],
+    ids=["every batch", "unpadded", "single"],
+)
+def test_a_compile_that_changes_the_outputs_is_refused(tiny_en_dir, monkeypatch, wrong):
+    monkeypatch.setattr(torch, "compile", lambda model, **_options: _Doubled(model, wrong))
     with pytest.raises(
-        ModelError, match=r"compiled gives outputs .* away from its eager ones on a probe batch"
+        ModelError, match=r"compiled gives outputs .* away from its eager ones on probe batches"
     ):
         Classifier.load(str(tiny_en_dir), compile=True)
