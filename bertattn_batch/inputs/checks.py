@@ -85,15 +85,23 @@ def _check_mostly_utf8(src: Source) -> None:
     bad = head.decode("utf-8", errors="replace").count("\ufffd")
     if high < 16 or bad <= MAX_UNDECODABLE_SHARE * high:
         return
-    guess = next((e for e in ("gb18030", "big5", "shift_jis", "cp1252") if _decodes(head, e)), None)
-    named = f", and reads as {guess.upper()}" if guess else ""
-    fix = (
-        f"convert it (iconv -f {guess.upper()} -t UTF-8 {src.label} > utf8-{Path(src.label).name}) or pass "
-        f"--encoding {guess}"
-        if guess
-        else "convert it to UTF-8 or pass --encoding NAME"
-    )
+    fits = [e for e in ("gb18030", "big5", "shift_jis", "cp1252") if _decodes(head, e)]
+    if len(fits) == 1:
+        fix = f"convert it ({_iconv(src, fits[0].upper())}) or pass --encoding {fits[0]}"
+    elif fits:  # one double-byte encoding's bytes are often valid in another (Big5 in GB18030): the user
+        # knows which it was saved in, and the wrong one reads as garbled reviews
+        names = ", ".join(fits[:-1]) + f" or {fits[-1]}"
+        fix = (f"they read as {', '.join(e.upper() for e in fits[:-1])} or {fits[-1].upper()}: pass the one "
+               f"it was saved in (--encoding {names}; a wrong one reads as garbled reviews), or convert it "
+               f"({_iconv(src, 'ENCODING')})")  # fmt: skip
+    else:
+        fix = "convert it to UTF-8 or pass --encoding NAME"
+    named = f", and reads as {fits[0].upper()}" if len(fits) == 1 else ""
     raise InputError(f"{src.label} is not UTF-8 text (most of its first bytes are no UTF-8{named}): {fix}")
+
+
+def _iconv(src: Source, encoding: str) -> str:
+    return f"iconv -f {encoding} -t UTF-8 {src.label} > utf8-{Path(src.label).name}"
 
 
 def _decodes(data: bytes, encoding: str) -> bool:

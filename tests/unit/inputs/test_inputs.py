@@ -420,6 +420,21 @@ def test_a_file_in_gb18030_is_named_with_the_command_that_converts_it(zh_rows, t
     assert {s for b in read for s in b.status} == {"ok"}
 
 
+@pytest.mark.parametrize(
+    ("encoding", "text"),
+    [("big5", "這家店很好吃，服務態度很差"), ("shift_jis", "とても美味しいです。また来ます")],
+)
+def test_a_file_that_several_encodings_read_is_not_said_to_be_one_of_them(tmp_path, encoding, text):
+    """GB18030 reads nearly any double-byte text: named alone, it turned Big5 and Shift_JIS files into
+    garbled reviews that all scored ok."""
+    path = tmp_path / "reviews.csv"
+    path.write_bytes(("id,text\n" + "".join(f"{k},{text}\n" for k in range(6))).encode(encoding))
+    with pytest.raises(InputError) as e:
+        inputs.check_inputs([str(path)])
+    assert "pass the one it was saved in (--encoding gb18030" in str(e.value)
+    assert encoding in str(e.value) and "garbled" in str(e.value)
+
+
 def test_another_delimiter_is_named_and_can_be_given(tmp_path):
     path = tmp_path / "semi.csv"
     path.write_text("doc_id;text;label\na;good food;positive\nb;slow, cold;negative\n")
