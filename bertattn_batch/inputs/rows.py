@@ -125,8 +125,9 @@ def to_rows(
             else:
                 doc_id = _to_str(raw_id)
         raw_label = cols[label_col][i] if label_col else None
-        # a label's surrounding spaces are a spreadsheet's, not a class of its own ('positive ')
-        label = None if _is_null(raw_label) else _to_str(raw_label).strip()
+        # a label's surrounding spaces are a spreadsheet's, not a class of its own ('positive '), and a
+        # blank one is no label: a class named '' would be trained, counted and reported
+        label = None if _is_null(raw_label) else _to_str(raw_label).strip() or None
         batch.append(first_row + i, doc_id, text, label, status)
     return batch
 

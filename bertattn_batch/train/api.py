@@ -313,9 +313,6 @@ def finetune_files(
             if status != "ok" or label is None or text is None:
                 skipped[status if status != "ok" else "null_label"] += 1
                 continue
-            if not label:  # a blank cell, not a class: it would train a label named ''
-                skipped["empty_label"] += 1
-                continue
             seen[label] += 1
             if wanted is None or label in wanted:
                 texts.append(text)

@@ -271,7 +271,8 @@ def test_awkward_ids_labels_and_texts(tiny_en_dir, tmp_path):
     assert _extract(csv, tiny_en_dir, out, "--id-col", "id", "--label-col", "label").exit_code == 0
     preds = read_table(out, "predictions")
     assert preds.column("status").to_pylist() == ["null_id", "null_id", "ok", "ok"]
-    assert preds.column("label").to_pylist() == ["pos", None, "", "neg"]  # a quoted "" is a value
+    assert preds.column("doc_id").to_pylist()[2] == ""  # a quoted "" is an id ...
+    assert preds.column("label").to_pylist() == ["pos", None, None, "neg"]  # ... but no label: no class ''
 
     jsonl = tmp_path / "odd.jsonl"
     jsonl.write_bytes(

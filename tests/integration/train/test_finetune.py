@@ -644,10 +644,10 @@ def test_blank_labels_are_skipped_and_counted_not_trained_as_a_class(tmp_path: P
     spec = FinetuneSpec(**TINY, epochs=1.0, min_char_count=1, eval_fraction=0.0)
     metrics = finetune_files([_write(tmp_path / "b.parquet", rows)], "text", "label", tmp_path / "m", spec)
     assert AutoConfig.from_pretrained(tmp_path / "m").id2label == {0: "neg", 1: "pos"}
-    assert metrics["skipped_rows"] == {"empty_label": 7}
+    assert metrics["skipped_rows"] == {"null_label": 7}  # blank: no label, as extract reads it
     assert metrics["n_train"] == 14  # a spreadsheet's "pos " is pos, not a third class
     saved = json.loads((tmp_path / "m" / METRICS_FILE).read_text(encoding="utf-8"))
-    assert saved["skipped_rows"] == {"empty_label": 7}  # the model folder says what it was trained on
+    assert saved["skipped_rows"] == {"null_label": 7}  # the model folder says what it was trained on
 
 
 def _job_that_trains_its_model(tmp_path: Path, **kw) -> JobSpec:
