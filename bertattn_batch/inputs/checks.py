@@ -202,9 +202,16 @@ def _check_columns(src: Source, wanted: list[str]) -> None:
         )
     missing = [c for c in wanted if c not in names]
     if missing:
+        # a name with spaces around it (a header written "id, text"), or none, is shown quoted
+        shown = ", ".join(repr(n) if n != n.strip() or not n else n for n in names) or "(none)"
+        spaced = [n for n in names if n != n.strip() and n.strip() in {c.strip() for c in missing}]
+        hint = (
+            f" (give {spaced[0]!r} with its spaces, quoted)"
+            if spaced
+            else _delimiter_hint(src, names, wanted)
+        )
         raise InputError(
-            f"{src.label}: no column {', '.join(repr(c) for c in missing)}; "
-            f"columns there: {', '.join(names) or '(none)'}{_delimiter_hint(src, names, wanted)}"
+            f"{src.label}: no column {', '.join(repr(c) for c in missing)}; columns there: {shown}{hint}"
         )
 
 

@@ -118,7 +118,12 @@ def _expand(
                     "%s: passed over %s, which is not a regular file (a FIFO, socket or device)", spec, p
                 )
                 continue
-            if p.is_dir() and input_format in ("auto", "datasets") and _is_saved_dataset(p):
+            if p.is_dir() and _is_saved_dataset(p):
+                if input_format not in ("auto", "datasets"):  # its metadata is no review file
+                    raise InputError(
+                        f"{p} is a saved datasets folder, not {input_format}: pass --input-format "
+                        "datasets, or leave it out"
+                    )
                 sources.append(Source(p, "datasets"))
             elif p.is_dir():
                 if is_run_dir(p):

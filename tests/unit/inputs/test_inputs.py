@@ -405,6 +405,15 @@ def test_a_jsonl_key_missing_from_the_first_object_is_a_missing_value(tmp_path):
         inputs.check_inputs([str(typo)])
 
 
+def test_a_column_name_with_spaces_around_it_is_shown_quoted(tmp_path):
+    path = tmp_path / "spaced.csv"
+    path.write_text("id, text\n1, good\n")  # what a hand-written header often is
+    with pytest.raises(
+        InputError, match=r"columns there: id, ' text' \(give ' text' with its spaces, quoted\)"
+    ):
+        inputs.check_inputs([str(path)])
+
+
 def test_a_file_in_gb18030_is_named_with_the_command_that_converts_it(zh_rows, tmp_path):
     """What Chinese Excel saves: read as UTF-8 it ran with exit 0 and 299 of 300 rows invalid_utf8."""
     rows = zh_rows[::50][:300]
@@ -482,6 +491,11 @@ def test_a_saved_dataset_inside_an_input_folder_is_read_as_a_dataset(tmp_path, c
         sources = inputs.expand_inputs([str(folder)], "csv")
     assert [s.path.name for s in sources] == ["a.csv", "c.jsonl"]  # a format asked for: no dataset
     assert "passed over 1 file(s) that are not review files (b)" in caplog.text
+    # the saved dataset itself, named with another format: its metadata read as csv said "columns there: {"
+    with pytest.raises(
+        InputError, match=r"b is a saved datasets folder, not csv: pass --input-format datasets"
+    ):
+        inputs.expand_inputs([str(folder / "b")], "csv")
 
 
 def test_an_empty_line_after_a_lone_carriage_return_is_a_row(tmp_path):
