@@ -48,7 +48,7 @@ def cls_figure(review: ReviewAttention, tokens_per_row: int = TOKENS_PER_ROW):
     cell_h = 0.2  # inches per head row
     left, right, top, gap = 0.75, 1.05, 0.45, 0.12
     band = 0.12 + 0.075 * max(map(len, long_labels)) if long_labels else 0.3  # room for the token labels
-    width = max(left + cols * cell + right, 0.075 * len(review.title()) + 0.6)
+    width = max(left + cols * cell + right, left + _inches(plt, title, 10) + 0.2)
     block = heads * cell_h + band + gap
     height = top + block * len(chunks)
     fig = plt.figure(figsize=(width, height))
@@ -146,6 +146,17 @@ def review_png(review: ReviewAttention, pairs: bool = False, dpi: int = 130) -> 
     buf = io.BytesIO()
     out.save(buf, format="PNG")
     return buf.getvalue()
+
+
+def _inches(plt, text: str, fontsize: float) -> float:
+    """How wide ``text`` is drawn in the fonts set: measured, since its characters differ in width by
+    more than twice (a CJK character, a U+XXXX code standing for one that no font here draws)."""
+    scratch = plt.figure()
+    try:
+        drawn = scratch.text(0, 0, text, fontsize=fontsize)
+        return drawn.get_window_extent(renderer=scratch.canvas.get_renderer()).width / scratch.dpi
+    finally:
+        plt.close(scratch)
 
 
 def _columns(text: str) -> int:

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,9 @@ SYSTEM_FAMILIES = (
     "SimHei",
     "AR PL UMing CN",
 )
+_RANK = {name: k for k, name in enumerate(SYSTEM_FAMILIES)}
+#: Radicals to ideographs and kana, Hangul, compatibility ideographs, full-width forms, extensions B+.
+_CJK_RANGES = ((0x2E80, 0x9FFF), (0xAC00, 0xD7AF), (0xF900, 0xFAFF), (0xFF00, 0xFFEF), (0x20000, 0x3FFFF))
 #: A character every CJK font has: how a candidate found by name is checked.
 _PROBE = ord("中")
 INSTALL_HINT = (
@@ -105,20 +109,33 @@ def candidates() -> list[Path]:
     return found
 
 
+class CjkFont(NamedTuple):
+    name: str  # its family name, as matplotlib knows it
+    path: Path
+    index: int  # of its face in a font collection (.ttc); 0 in a single font's file
+
+
 @cache
-def cjk_font() -> tuple[str, Path] | None:
-    """(family name, file) of the first usable CJK font, registered with matplotlib; None if none."""
+def cjk_font() -> CjkFont | None:
+    """The first usable CJK font, registered with matplotlib; None if none. Of a collection's faces (the
+    packaged Noto file holds JP, KR, SC, TC and HK), the simplified Chinese one: the first face, JP,
+    draws characters such as 骨 and 直 in their Japanese forms."""
     from matplotlib import font_manager
 
+    env = os.environ.get(ENV_VAR, "").strip()
     for path in candidates():
         if path.is_file() and _covers_probe(path):
             try:
                 font_manager.fontManager.addfont(str(path))
-                name = font_manager.FontProperties(fname=str(path)).get_name()
             except (OSError, RuntimeError, ValueError):
                 continue
-            log.debug("CJK font: %s (%s)", name, path)
-            return name, path
+            # matplotlib 3.10 and later register each face of a collection, earlier ones the first alone
+            faces = [f for f in font_manager.fontManager.ttflist if Path(f.fname) == path]
+            best = min(faces, key=lambda f: _RANK.get(f.name, len(_RANK)))
+            log.debug("CJK font: %s (%s)", best.name, path)
+            return CjkFont(best.name, path, int(getattr(best, "index", 0)))
+        if env and path == Path(env):  # what the user named, passed over: say so once
+            log.warning("%s=%s is no font file with CJK characters; looking further", ENV_VAR, env)
     return None
 
 
@@ -133,7 +150,7 @@ def _base() -> list[str]:
 def _full() -> list[str]:
     """The default font, then the CJK font for what it lacks."""
     found = cjk_font()
-    return [*_base(), found[0]] if found else _base()
+    return [*_base(), found.name] if found else _base()
 
 
 def family(texts: str | list[str] = "") -> list[str]:
@@ -169,11 +186,15 @@ def label(text: str) -> str:
         return text
     if "missing" not in _warned:
         _warned.add("missing")
+        cjk = [c for c in missing if any(lo <= ord(c) <= hi for lo, hi in _CJK_RANGES)]
+        shown = (cjk or missing)[0]
         log.warning(
-            "no font here draws %r (U+%04X): such characters are shown as U+XXXX codes; for CJK: %s",
-            missing[0],
-            ord(missing[0]),
-            INSTALL_HINT,
+            "no font here draws %r (U+%04X): such characters are shown as U+XXXX codes; %s",
+            shown,
+            ord(shown),
+            f"for CJK: {INSTALL_HINT}"
+            if cjk
+            else "install a font that has them (fc-list shows the fonts here)",
         )
     return "".join(f"U+{ord(c):04X}" if c in missing else c for c in text)
 
@@ -208,7 +229,7 @@ def font_face_css(text: str) -> str:
     from fontTools.ttLib import TTFont
 
     try:
-        font = TTFont(str(found[1]), fontNumber=0, lazy=True)
+        font = TTFont(str(found.path), fontNumber=found.index, lazy=True)
         options = subset.Options()
         options.flavor = "woff"  # zlib: needs no brotli
         options.notdef_outline = True
@@ -218,7 +239,7 @@ def font_face_css(text: str) -> str:
         buf = io.BytesIO()
         font.save(buf)
     except Exception as e:  # a font fontTools cannot cut: fall back to the browser's fonts
-        log.warning("could not embed the CJK font %s in the page: %s", found[1], e)
+        log.warning("could not embed the CJK font %s in the page: %s", found.path, e)
         return ""
     data = base64.b64encode(buf.getvalue()).decode("ascii")
     return (

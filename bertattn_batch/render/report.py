@@ -41,7 +41,7 @@ from ..run import (
 from . import fonts, page
 from .accuracy import accuracy_html
 from .examples import examples_html, misclassified, pick
-from .figures import pyplot, turn_long_labels
+from .figures import TOKENS_PER_ROW, pyplot, turn_long_labels
 from .review import run_layer
 from .trust import trust_html
 
@@ -147,12 +147,22 @@ def _top_table_html(top: pl.DataFrame, measure: str = "mean_scaled", byte_level:
     return page.data_table(["head", *(f"#{i}" for i in range(1, width + 1))], rows, [True])
 
 
+#: Token columns of the heads x top tokens picture at most (rows of figures.TOKENS_PER_ROW): past it,
+#: each head's top k shrinks until the union fits, so that the labels stay readable on the page.
+HEATMAP_TOKENS = 256
+
+
 def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token", byte_level: bool | None = None):
-    """Heads x (the union of every head's top k tokens): mean scaled weight, all reviews.
+    """Heads x (the union of every head's top k tokens): mean scaled weight, all reviews, in rows of
+    ``TOKENS_PER_ROW`` tokens; where that union passes ``HEATMAP_TOKENS``, every head's top k' < k.
     ``byte_level``: the run's tokenizer spells bytes (see :func:`spelling.readable`)."""
     rows = table.filter((pl.col("unit") == unit) & (pl.col("split") == "all") & (pl.col("layer") == layer))
     top = rows.filter(pl.col("rank") <= k).sort(["head", "rank"])
-    tokens = list(dict.fromkeys(top["token"].to_list()))
+    first_rank = top.group_by("token").agg(pl.col("rank").min())["rank"].sort()  # where each joins the union
+    if len(first_rank) > HEATMAP_TOKENS:
+        k = max(int(first_rank[HEATMAP_TOKENS]) - 1, 1)  # the largest k whose union fits
+        top = top.filter(pl.col("rank") <= k)
+    tokens = list(dict.fromkeys(top["token"].to_list()))[:HEATMAP_TOKENS]  # (k = 1 alone may pass it)
     labels = [fonts.label(t) for t in readable(tokens, byte_level)]
     plt = pyplot(labels)
     heads = sorted(rows["head"].unique().to_list())
@@ -166,18 +176,30 @@ def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token", by
     for i, h in enumerate(heads):
         for j, t in enumerate(tokens):
             values[i, j] = lookup.get((h, t), np.nan)
-    fig, ax = plt.subplots(
-        figsize=(max(5.0, 0.24 * len(tokens) + 2.2), 0.3 * len(heads) + 1.6), layout="constrained"
+    cols = min(len(tokens), TOKENS_PER_ROW)
+    chunks = range(0, len(tokens), TOKENS_PER_ROW)
+    fig, axes = plt.subplots(
+        len(chunks),
+        1,
+        figsize=(max(5.0, 0.24 * cols + 2.2), (0.3 * len(heads) + 1.2) * len(chunks) + 0.4),
+        layout="constrained",
+        squeeze=False,
     )
-    image = ax.imshow(np.ma.masked_invalid(values), vmin=0, vmax=1, cmap=page.CMAP, aspect="auto")
-    ax.set_xticks(range(len(tokens)))
-    ax.set_xticklabels(labels, fontsize=8)
-    turn_long_labels(ax)
-    ax.set_yticks(range(len(heads)))
-    ax.set_yticklabels([f"head {h}" for h in heads], fontsize=8)
-    ax.tick_params(length=0)
-    ax.set_title(f"layer {layer}: mean scaled [CLS] weight of each head's top {k} {unit}s", fontsize=10)
-    fig.colorbar(image, ax=ax, fraction=0.02, pad=0.01)
+    for ax, lo in zip(axes[:, 0], chunks, strict=True):
+        image = ax.imshow(
+            np.ma.masked_invalid(values[:, lo : lo + cols]), vmin=0, vmax=1, cmap=page.CMAP, aspect="auto"
+        )
+        ax.set_xlim(-0.5, cols - 0.5)
+        ax.set_xticks(range(len(labels[lo : lo + cols])))
+        ax.set_xticklabels(labels[lo : lo + cols], fontsize=8)
+        turn_long_labels(ax)
+        ax.set_yticks(range(len(heads)))
+        ax.set_yticklabels([f"head {h}" for h in heads], fontsize=8)
+        ax.tick_params(length=0)
+    axes[0, 0].set_title(
+        f"layer {layer}: mean scaled [CLS] weight of each head's top {k} {unit}s", fontsize=10
+    )
+    fig.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.02, pad=0.01)
     return fig
 
 

@@ -397,3 +397,52 @@ def test_the_plot_command_takes_negative_layers_token_ranges_and_leaves_out_the_
     assert pages["--specials"] != html  # the maps (pictures) differ; their rows are checked above
     r = CliRunner().invoke(app, [*args[:-3], "--tokens", "0-4", "--out", str(tmp_path / "x.html")])
     assert r.exit_code == 1 and "--tokens takes a range" in r.output
+
+
+@pytest.mark.parametrize("doc_id", ["北京市朝阳区餐厅评论第00001号" * 2, "समीक्षा-संख्या-एक-सौ-बीस"])
+def test_the_whole_title_is_drawn_whatever_its_script(zh_run, doc_id):
+    """Its width was counted in characters: a CJK id (each character two wide), or one in a script no
+    font here draws (each character a U+XXXX code), cut the prediction and label off its end."""
+    import dataclasses
+
+    review = reviews.select(reviews.load_review(zh_run, "seed"), slice(0, 4))  # a short review
+    review = dataclasses.replace(review, doc_id=doc_id)
+    fig = figures.cls_figure(review)
+    fig.canvas.draw()
+    (title,) = fig.texts
+    assert title.get_text().endswith(f"label {review.label}")
+    assert title.get_window_extent().x1 <= fig.bbox.x1
+
+
+def test_chinese_is_drawn_in_the_chinese_face_of_a_font_collection():
+    """The packaged Noto collection's first face is Japanese: 骨 and 直 were drawn in their Japanese
+    forms, in figures and in the font that pages embed."""
+    fonts.reset()
+    found = fonts.cjk_font()
+    if found is None or found.path.suffix != ".ttc":
+        pytest.skip("no CJK font collection here")
+    assert found.name.endswith(" SC")
+    from fontTools.ttLib import TTFont
+
+    assert TTFont(str(found.path), fontNumber=found.index)["name"].getDebugName(1) == found.name
+    assert found.name in figures.pyplot("骨").rcParams["font.family"]
+
+
+def test_a_cjk_font_setting_that_is_no_font_is_said(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv(fonts.ENV_VAR, str(tmp_path / "missing.ttf"))
+    fonts.reset()
+    try:
+        with caplog.at_level(logging.WARNING, logger="bertattn_batch.render.fonts"):
+            fonts.cjk_font()
+        assert f"{fonts.ENV_VAR}={tmp_path / 'missing.ttf'} is no font file" in caplog.text
+    finally:
+        monkeypatch.delenv(fonts.ENV_VAR)
+        fonts.reset()
+
+
+def test_a_missing_glyph_that_is_not_cjk_gets_no_cjk_advice(caplog):
+    fonts.reset()
+    with caplog.at_level(logging.WARNING, logger="bertattn_batch.render.fonts"):
+        assert fonts.label("कक") == "U+0915U+0915"
+    assert "install a font that has them" in caplog.text and "noto-cjk" not in caplog.text
+    fonts.reset()

@@ -665,3 +665,29 @@ def test_no_ratio_to_a_random_deletion_that_moves_nothing(random, shown):
     html = "".join(_faithfulness_html(table, 6, {}))
     ratios = re.findall(r"-?\d+\.\dx", html)
     assert bool(ratios) == shown, ratios
+
+
+def test_the_top_tokens_heatmap_stays_readable_however_many_tokens_the_heads_top():
+    """Its width grew with the union of every head's top k: 16 heads' top 300 made a 73,000-pixel image
+    that the page shrank to 3-pixel labels. Now rows of 64 tokens, and at most 256 tokens: each head's
+    top k shrinks until the union fits."""
+    from bertattn_batch.render import report
+
+    heads, k = 16, 300
+    table = pl.DataFrame(
+        {
+            "unit": "token",
+            "split": "all",
+            "layer": 4,
+            "head": [h for h in range(heads) for _ in range(k)],
+            "rank": [r for _ in range(heads) for r in range(1, k + 1)],
+            "token": [f"t{h}-{r}" for h in range(heads) for r in range(1, k + 1)],  # no two heads share one
+            "mean_scaled": 0.5,
+        }
+    )
+    fig = report.top_heatmap(table, 4, k)
+    tokens = [t.get_text() for ax in fig.axes[:-1] for t in ax.get_xticklabels()]
+    assert len(tokens) == 256 and len(set(tokens)) == 256  # top 16 of each of 16 heads
+    assert {f"t{h}-{r}" for h in range(heads) for r in range(1, 17)} == set(tokens)
+    assert "top 16 tokens" in fig.axes[0].get_title()
+    assert fig.get_figwidth() < 0.24 * 64 + 3 and len(fig.axes) == 4 + 1  # four rows and the colour bar
