@@ -95,6 +95,17 @@ def writing(path: Path) -> Iterator[None]:
         raise WriteError(f"cannot write {path}: {e.strerror or e}; choose another place with --out") from None
 
 
+def check_writable(folder: Path, what: str) -> None:
+    """Raise WriteError unless a file can be made in ``folder`` (made where missing): asked before long
+    work whose result goes there, not after it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise WriteError(f"cannot write {what} into {folder}: {e.strerror or e}") from None
+
+
 def fsync_file(path: Path) -> None:
     """Wait until ``path``'s data is on disk."""
     fd = os.open(path, os.O_RDONLY)

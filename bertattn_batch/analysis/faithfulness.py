@@ -34,7 +34,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from .. import schema
-from .._util import atomic_path, bar_size
+from .._util import atomic_path, bar_size, check_writable
 from ..errors import RunDirError, SpecError, WriteError
 from ..extract.batching import bucket_batches
 from ..model import Classifier, encode_texts
@@ -119,6 +119,8 @@ def faithfulness(
     )
     if preds.is_empty():
         raise RunDirError(f"{run} has no scored reviews to measure")
+    path = faithfulness_path(run)
+    check_writable(path.parent, "the faithfulness table")  # before minutes of measuring
     chosen = stratified_sample(preds, sample, seed)
     clf = _run_classifier(manifest, device, model)
     texts = review_texts(run, chosen)
@@ -138,7 +140,6 @@ def faithfulness(
     rows = erasure_table(clf, ids, pred, scores, progress)
     table = schema.cast(pl.DataFrame(rows).to_arrow(), TABLE) if rows else schema.arrow(TABLE).empty_table()
     options = {"sample": sample, "seed": seed, "n_reviews": len(ids), "fractions": list(FRACTIONS)}
-    path = faithfulness_path(run)
     meta = {
         "table": TABLE,
         "schema_version": str(schema.version(TABLE)),

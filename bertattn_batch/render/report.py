@@ -98,10 +98,10 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
             "<h3>Reviews by status</h3>",
             page.data_table(["status", "reviews"], statuses, [False, True]),
         ]
-    if not preds.is_empty():
-        by_pred = (
-            preds.filter(pl.col("status") == "ok").group_by("pred_label").len().sort("pred_label").rows()
-        )
+    by_pred = [] if preds.is_empty() else (
+        preds.filter(pl.col("status") == "ok").group_by("pred_label").len().sort("pred_label").rows()
+    )  # fmt: skip
+    if by_pred:  # no table of none where no review was scored
         parts += [
             "<h3>Predicted labels</h3>",
             page.data_table(["predicted", "reviews"], by_pred, [False, True]),

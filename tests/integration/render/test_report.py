@@ -164,6 +164,7 @@ def test_accuracy_section_says_why_there_is_no_accuracy(tiny_en_dir, drug_rows, 
     assert "No labelled review was scored." in html and "The source had no labels." not in html
     assert "No token was counted: no review of this run was scored." in html
     assert "passes the filter" not in html
+    assert "Predicted labels" not in html  # no table of none
 
     other = _small_run(tiny_en_dir, [{**r, "label": "5 stars"} for r in rows], tmp_path / "other")
     html = report.build_report(other, examples=1, min_reviews=1).read_text(encoding="utf-8")

@@ -176,3 +176,18 @@ def test_the_runs_model_is_found_from_any_directory_or_given_where_it_moved(
     with pytest.raises(ModelError, match="the model the run recorded; pass it with --model"):
         fa.faithfulness(out, sample=5, seed=3, device="cpu")
     assert fa.faithfulness(out, sample=5, seed=3, device="cpu", model=str(moved)).table.equals(result.table)
+
+
+def test_a_run_it_cannot_write_to_is_said_before_anything_is_measured(run_dir, tmp_path, monkeypatch):
+    """It measured for minutes, then failed at the write with pyarrow's own words."""
+    import shutil
+
+    from bertattn_batch.errors import WriteError
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    shutil.rmtree(run / "faithfulness", ignore_errors=True)
+    (run / "faithfulness").write_text("a file where its folder goes")  # as a read-only place, for root too
+    monkeypatch.setattr(fa, "_run_classifier", lambda *a, **k: pytest.fail("measured before the check"))
+    with pytest.raises(WriteError, match=r"cannot write the faithfulness table into .*faithfulness: "):
+        fa.faithfulness(run, sample=5, seed=3, device="cpu")
