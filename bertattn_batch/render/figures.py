@@ -3,8 +3,11 @@ maps per head; as matplotlib figures, PNG bytes, or HTML."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import unicodedata
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -19,16 +22,26 @@ TOKENS_PER_ROW = 64
 PAIR_LABELS_UP_TO = 48
 
 
-def pyplot(texts: list[str] | str = ""):
-    """pyplot on the Agg backend, with fonts that draw ``texts`` (labels and titles to come)."""
+@contextlib.contextmanager
+def drawing(texts: list[str] | str = "") -> Iterator[None]:
+    """matplotlib's settings for figures made in this block, with fonts that draw ``texts`` (labels and
+    titles to come); the user's own settings (a notebook's) are as they were after it."""
     import matplotlib
 
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    # ids, labels and tokens are text: "$x$" is no formula
+    with matplotlib.rc_context({"font.family": fonts.family(texts), "text.parse_math": False}):
+        yield
 
-    plt.rcParams["font.family"] = fonts.family(texts)
-    plt.rcParams["text.parse_math"] = False  # ids, labels and tokens are text: "$x$" is no formula
-    return plt
+
+def new_figure(**options: Any):
+    """A figure that pyplot does not know of, drawn by Agg whatever the user's backend is (switching
+    it stopped a notebook's plots from showing) and let go with its last reference."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(**options)
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def cls_figure(review: ReviewAttention, tokens_per_row: int = TOKENS_PER_ROW):
@@ -39,47 +52,49 @@ def cls_figure(review: ReviewAttention, tokens_per_row: int = TOKENS_PER_ROW):
     """
     labels = [fonts.label(t) for t in readable(review.tokens, review.byte_level)]
     title = fonts.label(review.title())
-    plt = pyplot([*labels, title])
-    n, heads = len(review.tokens), review.num_heads
-    chunks = [(i, min(i + tokens_per_row, n)) for i in range(0, n, tokens_per_row)]
-    cols = min(n, tokens_per_row)
-    long_labels = [t for t in labels if _columns(t) > 2]  # drawn vertically; a CJK character stays upright
-    cell = 0.2  # inches per token column
-    cell_h = 0.2  # inches per head row
-    left, right, top, gap = 0.75, 1.05, 0.45, 0.12
-    band = 0.12 + 0.075 * max(map(len, long_labels)) if long_labels else 0.3  # room for the token labels
-    width = max(left + cols * cell + right, left + _inches(plt, title, 10) + 0.2)
-    block = heads * cell_h + band + gap
-    height = top + block * len(chunks)
-    fig = plt.figure(figsize=(width, height))
-    image = None
-    for k, (lo, hi) in enumerate(chunks):
-        y = height - top - k * block - heads * cell_h
-        ax = fig.add_axes(((left) / width, y / height, cols * cell / width, heads * cell_h / height))
-        image = ax.imshow(
-            review.scaled[:, lo:hi],
-            vmin=0,
-            vmax=1,
-            cmap=page.CMAP,
-            aspect="auto",
-            interpolation="nearest",
+    with drawing([*labels, title]):
+        n, heads = len(review.tokens), review.num_heads
+        chunks = [(i, min(i + tokens_per_row, n)) for i in range(0, n, tokens_per_row)]
+        cols = min(n, tokens_per_row)
+        long_labels = [
+            t for t in labels if _columns(t) > 2
+        ]  # drawn vertically; a CJK character stays upright
+        cell = 0.2  # inches per token column
+        cell_h = 0.2  # inches per head row
+        left, right, top, gap = 0.75, 1.05, 0.45, 0.12
+        band = 0.12 + 0.075 * max(map(len, long_labels)) if long_labels else 0.3  # room for the token labels
+        width = max(left + cols * cell + right, left + _inches(title, 10) + 0.2)
+        block = heads * cell_h + band + gap
+        height = top + block * len(chunks)
+        fig = new_figure(figsize=(width, height))
+        image = None
+        for k, (lo, hi) in enumerate(chunks):
+            y = height - top - k * block - heads * cell_h
+            ax = fig.add_axes(((left) / width, y / height, cols * cell / width, heads * cell_h / height))
+            image = ax.imshow(
+                review.scaled[:, lo:hi],
+                vmin=0,
+                vmax=1,
+                cmap=page.CMAP,
+                aspect="auto",
+                interpolation="nearest",
+            )
+            ax.set_xlim(-0.5, cols - 0.5)
+            ax.set_xticks(range(hi - lo), labels[lo:hi], fontsize=8)
+            turn_long_labels(ax)
+            ax.set_yticks(range(heads), [f"head {h}" for h in range(heads)], fontsize=7)
+            ax.tick_params(length=0, pad=2)
+        bar = fig.add_axes(
+            (
+                (left + cols * cell + 0.15) / width,
+                (height - top - heads * cell_h) / height,
+                0.12 / width,
+                heads * cell_h / height,
+            )
         )
-        ax.set_xlim(-0.5, cols - 0.5)
-        ax.set_xticks(range(hi - lo), labels[lo:hi], fontsize=8)
-        turn_long_labels(ax)
-        ax.set_yticks(range(heads), [f"head {h}" for h in range(heads)], fontsize=7)
-        ax.tick_params(length=0, pad=2)
-    bar = fig.add_axes(
-        (
-            (left + cols * cell + 0.15) / width,
-            (height - top - heads * cell_h) / height,
-            0.12 / width,
-            heads * cell_h / height,
-        )
-    )
-    fig.colorbar(image, cax=bar, label="scaled weight")
-    fig.text(left / width, 1 - 0.2 / height, title, fontsize=10, va="center")
-    return fig
+        fig.colorbar(image, cax=bar, label="scaled weight")
+        fig.text(left / width, 1 - 0.2 / height, title, fontsize=10, va="center")
+        return fig
 
 
 def cls_png(review: ReviewAttention, dpi: int = 110) -> bytes:
@@ -94,40 +109,35 @@ def pairs_figure(review: ReviewAttention, columns: int = 4):
         raise SpecError("no token x token matrices: load the review with pairs (--pairs)")
     labels = [fonts.label(t) for t in readable(review.pair_tokens, review.byte_level)]
     title = fonts.label(review.title()) + " · token x token (row: query)"
-    plt = pyplot([*labels, title])
-    heads, size = review.pairs.shape[0], review.pairs.shape[1]
-    columns = min(columns, heads)
-    rows = -(-heads // columns)
-    panel = max(3.2, 0.11 * size + 1.2) if size <= PAIR_LABELS_UP_TO else 3.0
-    fig, axes = plt.subplots(
-        rows,
-        columns,
-        figsize=(panel * columns + 1.0, panel * rows + 0.8),
-        squeeze=False,
-        layout="constrained",
-    )
-    vmax = float(review.pairs.max()) or 1.0
-    image = None
-    for h in range(rows * columns):
-        ax = axes[h // columns, h % columns]
-        if h >= heads:
-            ax.axis("off")
-            continue
-        image = ax.imshow(review.pairs[h], vmin=0, vmax=vmax, cmap="viridis")
-        ax.set_title(f"head {h}", fontsize=9)
-        if size <= PAIR_LABELS_UP_TO:
-            ax.set_xticks(range(size))
-            ax.set_xticklabels(labels, fontsize=6)
-            turn_long_labels(ax)
-            ax.set_yticks(range(size))
-            ax.set_yticklabels(labels, fontsize=6)
-        else:
-            ax.set_xticks([])
-            ax.set_yticks([])
-        ax.tick_params(length=0)
-    fig.colorbar(image, ax=axes.ravel().tolist(), label="attention weight (raw)", shrink=0.8)
-    fig.suptitle(title, fontsize=10)
-    return fig
+    with drawing([*labels, title]):
+        heads, size = review.pairs.shape[0], review.pairs.shape[1]
+        columns = min(columns, heads)
+        rows = -(-heads // columns)
+        panel = max(3.2, 0.11 * size + 1.2) if size <= PAIR_LABELS_UP_TO else 3.0
+        fig = new_figure(figsize=(panel * columns + 1.0, panel * rows + 0.8), layout="constrained")
+        axes = fig.subplots(rows, columns, squeeze=False)
+        vmax = float(review.pairs.max()) or 1.0
+        image = None
+        for h in range(rows * columns):
+            ax = axes[h // columns, h % columns]
+            if h >= heads:
+                ax.axis("off")
+                continue
+            image = ax.imshow(review.pairs[h], vmin=0, vmax=vmax, cmap="viridis")
+            ax.set_title(f"head {h}", fontsize=9)
+            if size <= PAIR_LABELS_UP_TO:
+                ax.set_xticks(range(size))
+                ax.set_xticklabels(labels, fontsize=6)
+                turn_long_labels(ax)
+                ax.set_yticks(range(size))
+                ax.set_yticklabels(labels, fontsize=6)
+            else:
+                ax.set_xticks([])
+                ax.set_yticks([])
+            ax.tick_params(length=0)
+        fig.colorbar(image, ax=axes.ravel().tolist(), label="attention weight (raw)", shrink=0.8)
+        fig.suptitle(title, fontsize=10)
+        return fig
 
 
 def review_png(review: ReviewAttention, pairs: bool = False, dpi: int = 130) -> bytes:
@@ -148,15 +158,12 @@ def review_png(review: ReviewAttention, pairs: bool = False, dpi: int = 130) -> 
     return buf.getvalue()
 
 
-def _inches(plt, text: str, fontsize: float) -> float:
+def _inches(text: str, fontsize: float) -> float:
     """How wide ``text`` is drawn in the fonts set: measured, since its characters differ in width by
     more than twice (a CJK character, a U+XXXX code standing for one that no font here draws)."""
-    scratch = plt.figure()
-    try:
-        drawn = scratch.text(0, 0, text, fontsize=fontsize)
-        return drawn.get_window_extent(renderer=scratch.canvas.get_renderer()).width / scratch.dpi
-    finally:
-        plt.close(scratch)
+    scratch = new_figure()
+    drawn = scratch.text(0, 0, text, fontsize=fontsize)
+    return drawn.get_window_extent(renderer=scratch.canvas.get_renderer()).width / scratch.dpi
 
 
 def _columns(text: str) -> int:

@@ -2,9 +2,9 @@
 
 Usage::
 
-    from bertattn_batch import fonts
-    plt.rcParams["font.family"] = fonts.family(tokens)   # ["DejaVu Sans", "Noto Sans CJK JP"]
-    ax.set_xticklabels([fonts.label(t) for t in tokens])
+    from bertattn_batch.render import fonts
+    with matplotlib.rc_context({"font.family": fonts.family(tokens)}):   # ["DejaVu Sans", "Noto Sans CJK SC"]
+        ax.set_xticklabels([fonts.label(t) for t in tokens])
 
 Why: matplotlib's default font has no CJK glyphs and draws Chinese as empty boxes. We look, in order,
 at ``$BERTATTN_CJK_FONT`` (a font file, or ``none`` to look no further), fonts that Python packages

@@ -124,13 +124,10 @@ def data_table(header: Sequence[str], rows: Sequence[Sequence[object]], numeric:
 
 
 def png_bytes(fig, dpi: int = 110, tight: bool = True) -> bytes:
-    """A matplotlib figure as PNG bytes; the figure is closed. ``tight=False`` for figures laid out
-    by hand (a tight box measures every text again)."""
-    import matplotlib.pyplot as plt
-
+    """A matplotlib figure as PNG bytes. ``tight=False`` for figures laid out by hand (a tight box
+    measures every text again)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight" if tight else None)
-    plt.close(fig)
     return buf.getvalue()
 
 

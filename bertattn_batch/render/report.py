@@ -41,7 +41,7 @@ from ..run import (
 from . import fonts, page
 from .accuracy import accuracy_html
 from .examples import examples_html, misclassified, pick
-from .figures import TOKENS_PER_ROW, pyplot, turn_long_labels
+from .figures import TOKENS_PER_ROW, drawing, new_figure, turn_long_labels
 from .review import run_layer
 from .trust import trust_html
 
@@ -164,43 +164,39 @@ def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token", by
         top = top.filter(pl.col("rank") <= k)
     tokens = list(dict.fromkeys(top["token"].to_list()))[:HEATMAP_TOKENS]  # (k = 1 alone may pass it)
     labels = [fonts.label(t) for t in readable(tokens, byte_level)]
-    plt = pyplot(labels)
-    heads = sorted(rows["head"].unique().to_list())
-    values = np.full((len(heads), len(tokens)), np.nan)
-    lookup = {
-        (h, t): v
-        for h, t, v in rows.filter(pl.col("token").is_in(tokens))
-        .select("head", "token", "mean_scaled")
-        .rows()
-    }
-    for i, h in enumerate(heads):
-        for j, t in enumerate(tokens):
-            values[i, j] = lookup.get((h, t), np.nan)
-    cols = min(len(tokens), TOKENS_PER_ROW)
-    chunks = range(0, len(tokens), TOKENS_PER_ROW)
-    fig, axes = plt.subplots(
-        len(chunks),
-        1,
-        figsize=(max(5.0, 0.24 * cols + 2.2), (0.3 * len(heads) + 1.2) * len(chunks) + 0.4),
-        layout="constrained",
-        squeeze=False,
-    )
-    for ax, lo in zip(axes[:, 0], chunks, strict=True):
-        image = ax.imshow(
-            np.ma.masked_invalid(values[:, lo : lo + cols]), vmin=0, vmax=1, cmap=page.CMAP, aspect="auto"
+    with drawing(labels):
+        heads = sorted(rows["head"].unique().to_list())
+        values = np.full((len(heads), len(tokens)), np.nan)
+        lookup = {
+            (h, t): v
+            for h, t, v in rows.filter(pl.col("token").is_in(tokens))
+            .select("head", "token", "mean_scaled")
+            .rows()
+        }
+        for i, h in enumerate(heads):
+            for j, t in enumerate(tokens):
+                values[i, j] = lookup.get((h, t), np.nan)
+        cols = min(len(tokens), TOKENS_PER_ROW)
+        chunks = range(0, len(tokens), TOKENS_PER_ROW)
+        size = (max(5.0, 0.24 * cols + 2.2), (0.3 * len(heads) + 1.2) * len(chunks) + 0.4)
+        fig = new_figure(figsize=size, layout="constrained")
+        axes = fig.subplots(len(chunks), 1, squeeze=False)
+        for ax, lo in zip(axes[:, 0], chunks, strict=True):
+            image = ax.imshow(
+                np.ma.masked_invalid(values[:, lo : lo + cols]), vmin=0, vmax=1, cmap=page.CMAP, aspect="auto"
+            )
+            ax.set_xlim(-0.5, cols - 0.5)
+            ax.set_xticks(range(len(labels[lo : lo + cols])))
+            ax.set_xticklabels(labels[lo : lo + cols], fontsize=8)
+            turn_long_labels(ax)
+            ax.set_yticks(range(len(heads)))
+            ax.set_yticklabels([f"head {h}" for h in heads], fontsize=8)
+            ax.tick_params(length=0)
+        axes[0, 0].set_title(
+            f"layer {layer}: mean scaled [CLS] weight of each head's top {k} {unit}s", fontsize=10
         )
-        ax.set_xlim(-0.5, cols - 0.5)
-        ax.set_xticks(range(len(labels[lo : lo + cols])))
-        ax.set_xticklabels(labels[lo : lo + cols], fontsize=8)
-        turn_long_labels(ax)
-        ax.set_yticks(range(len(heads)))
-        ax.set_yticklabels([f"head {h}" for h in heads], fontsize=8)
-        ax.tick_params(length=0)
-    axes[0, 0].set_title(
-        f"layer {layer}: mean scaled [CLS] weight of each head's top {k} {unit}s", fontsize=10
-    )
-    fig.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.02, pad=0.01)
-    return fig
+        fig.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.02, pad=0.01)
+        return fig
 
 
 def _tokens_html(

@@ -425,7 +425,10 @@ def test_chinese_is_drawn_in_the_chinese_face_of_a_font_collection():
     from fontTools.ttLib import TTFont
 
     assert TTFont(str(found.path), fontNumber=found.index)["name"].getDebugName(1) == found.name
-    assert found.name in figures.pyplot("骨").rcParams["font.family"]
+    import matplotlib
+
+    with figures.drawing("骨"):
+        assert found.name in matplotlib.rcParams["font.family"]
 
 
 def test_a_cjk_font_setting_that_is_no_font_is_said(monkeypatch, tmp_path, caplog):
@@ -446,3 +449,22 @@ def test_a_missing_glyph_that_is_not_cjk_gets_no_cjk_advice(caplog):
         assert fonts.label("कक") == "U+0915U+0915"
     assert "install a font that has them" in caplog.text and "noto-cjk" not in caplog.text
     fonts.reset()
+
+
+def test_drawing_leaves_the_users_matplotlib_as_it_was(zh_run):
+    """A notebook's backend was switched to Agg (its plots stopped showing), and its fonts and math
+    text were set for good."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    before = matplotlib.get_backend()
+    plt.switch_backend("svg")  # a backend of the user's own
+    with matplotlib.rc_context({"font.family": ["serif"], "text.parse_math": True}):
+        plt.figure()  # pyplot in use, as in a notebook
+        figures.cls_png(reviews.load_review(zh_run, "seed"))
+        figures.review_png(reviews.load_review(zh_run, "seed"))
+        assert matplotlib.rcParams["font.family"] == ["serif"] and matplotlib.rcParams["text.parse_math"]
+        assert plt.get_fignums() == [1]  # none of its figures left with pyplot
+        assert matplotlib.get_backend() == "svg"
+        plt.close("all")
+    plt.switch_backend(before)
