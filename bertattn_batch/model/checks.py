@@ -138,16 +138,20 @@ def _unsupported(model_type: str) -> str:
 
 @contextlib.contextmanager
 def transformers_log_level(level: str) -> Iterator[None]:
-    """transformers' own log at ``level`` ("error", "critical") inside, for loads whose every failure
+    """transformers' own log at ``level`` ("error", "critical") inside, and its progress bars off
+    ("Loading weights", on every load, whatever the caller's ``progress``), for loads whose every failure
     becomes one of our errors and whose expected reports (a new head) are no news."""
     from transformers.utils import logging as hf_logging
 
-    was = hf_logging.get_verbosity()
+    was, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity(getattr(hf_logging, level.upper()))
+    hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         hf_logging.set_verbosity(was)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def check_geometry(config) -> None:

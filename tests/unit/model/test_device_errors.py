@@ -80,3 +80,14 @@ def test_a_batchs_activations_are_let_go_once_its_outputs_are_made(tiny_en_dir, 
     assert keys and keys[0]() is None
     if not fails:
         assert len(pending.result().probs) == 2
+
+
+def test_loading_a_model_draws_no_progress_bar_of_transformers(tiny_en_dir, capfd):
+    """transformers' "Loading weights" bar came on every load, whatever the caller's progress=False
+    (a loop of plot_review calls filled stderr with them)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()
+    Classifier.load(str(tiny_en_dir), device="cpu")
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # the caller's setting, as it was
