@@ -12,8 +12,10 @@ describe the same job::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
+import numbers
 import os
 import tomllib
 import types
@@ -77,6 +79,7 @@ class FinetuneSpec:
     threads: int | None = None
 
     def __post_init__(self) -> None:
+        _check_fields(self, "finetune.")
         if self.labels is not None:
             self.labels = [str(x).strip() for x in self.labels]  # as labels are read (inputs.rows)
             if twice := sorted({x for x in self.labels if self.labels.count(x) > 1}):
@@ -163,8 +166,11 @@ class JobSpec:
     def __post_init__(self) -> None:
         if isinstance(self.inputs, (str, os.PathLike)):
             self.inputs = [self.inputs]
-        self.inputs = [normalize(p) for p in self.inputs]  # pathlib.Path too, from a notebook
-        self.model, self.out = normalize(self.model), normalize(self.out)
+        paths = (str, os.PathLike)  # pathlib.Path too, from a notebook
+        if isinstance(self.inputs, (list, tuple)):
+            self.inputs = [normalize(p) if isinstance(p, paths) else p for p in self.inputs]
+        self.model, self.out = (normalize(p) if isinstance(p, paths) else p for p in (self.model, self.out))
+        _check_fields(self)
         if not self.inputs:
             raise SpecError("no inputs given")
         if not self.out.strip() or not self.model.strip():
@@ -291,20 +297,37 @@ def _check_type(where: str, value: Any, hint: Any) -> Any:
         raise SpecError(errors[0] if errors else f"{where}: unexpected value {value!r}")
     if origin is list:
         (item,) = typing.get_args(hint)
-        if not isinstance(value, list):
+        if not isinstance(value, (list, tuple)):  # a tuple: from Python
             raise SpecError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
         return [_check_type(f"{where}[{i}]", v, item) for i, v in enumerate(value)]
     if dataclasses.is_dataclass(hint):
+        if isinstance(value, hint):  # built in Python, and checked then
+            return value
         if not isinstance(value, dict):
             raise SpecError(f"{where}: expected a table, got {value!r}")
         return from_dict(hint, value, where=where)
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+    if hint in (int, float) and isinstance(value, bool):
+        raise SpecError(f"{where}: expected {hint.__name__}, got bool {value!r}")
+    if hint is int and isinstance(value, numbers.Integral):  # numpy's too, from a notebook
+        return int(value)
+    if hint is float and isinstance(value, numbers.Real):
         return float(value)
-    if hint is int and isinstance(value, bool):
-        raise SpecError(f"{where}: expected int, got bool {value!r}")
     if not isinstance(value, hint):
         raise SpecError(f"{where}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
     return value
+
+
+def _check_fields(spec: Any, where: str = "") -> None:
+    """Check a spec built in Python as :func:`from_dict` checks one read from TOML: a wrong type is one
+    line naming the key now, not a TypeError deep in the job, after its model has loaded."""
+    hints = _hints(type(spec))
+    for f in dataclasses.fields(spec):
+        setattr(spec, f.name, _check_type(f"{where}{f.name}", getattr(spec, f.name), hints[f.name]))
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 def _inside(path: str, folder: str) -> bool:

@@ -169,6 +169,7 @@ def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = No
     read from there: a few row groups of each part, not the whole run). The pages of the parts that hold
     them are checked first (:func:`verify_pages`): polars would draw a flipped bit as a weight."""
     run = run_dir
+    doc_ids = [str(d) for d in doc_ids]  # ids are stored as text: a row number given as 0 is "0"
     manifest = read_manifest(run)
     idx = run_layer(manifest, layer)
     parts = committed_files(run, ("cls_attention", "tokens", "predictions"))  # a stray file is never read

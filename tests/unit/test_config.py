@@ -86,6 +86,30 @@ def test_direct_construction_validates():
         JobSpec(inputs=["a"], model="m", out="o", layers=[-2, -2])
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"limit": 30.0}, "limit: expected int, got float 30.0"),
+        ({"layers": -2}, "layers: expected a list, got int -2"),
+        ({"model": None}, "model: expected str, got NoneType None"),
+        ({"progress": 1}, "progress: expected bool, got int 1"),
+        ({"finetune": {"epochs": "3"}}, "finetune.epochs: expected float, got str '3'"),
+    ],
+)
+def test_a_spec_built_in_python_is_type_checked_as_one_read_from_toml(options, message):
+    """limit=30.0 failed as a TypeError after the model had loaded and the run folder was made."""
+    with pytest.raises(SpecError) as e:
+        JobSpec(**{"inputs": ["a"], "model": "m", "out": "o", **options})
+    assert str(e.value) == message
+
+
+def test_what_python_hands_a_spec_is_taken_where_nothing_is_lost():
+    import numpy as np
+
+    spec = JobSpec(inputs=["a"], model="m", out="o", limit=np.int64(5), layers=(-2, -1))
+    assert (spec.limit, type(spec.limit), spec.layers) == (5, int, [-2, -1])
+
+
 def test_a_byte_order_mark_is_read_past(tmp_path):
     p = tmp_path / "job.toml"
     p.write_bytes('\ufeffinputs = ["a"]\nmodel = "m"\nout = "o"\n'.encode())

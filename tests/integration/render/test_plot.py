@@ -468,3 +468,11 @@ def test_drawing_leaves_the_users_matplotlib_as_it_was(zh_run):
         assert matplotlib.get_backend() == "svg"
         plt.close("all")
     plt.switch_backend(before)
+
+
+def test_a_row_number_given_as_an_int_finds_its_review(tiny_en_dir, tmp_path):
+    """Without an id column a review's id is its row number, stored as text: 0 was a raw polars error."""
+    src = tmp_path / "r.csv"
+    src.write_text("text\na good drug\nslow and bad\n")
+    run_job(JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(tmp_path / "run"), progress=False))
+    assert reviews.load_review(tmp_path / "run", 1).doc_id == "1"
