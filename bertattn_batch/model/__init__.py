@@ -12,15 +12,17 @@ from .._util import lazy_exports
 
 if TYPE_CHECKING:
     from .capture import ClsRowCapture, eager_rows, find_self_attention
-    from .checks import load_config, load_tokenizer, resolve_source
+    from .checks import load_config, resolve_source
     from .classifier import Classifier, is_other_model
     from .device import resolve_device, resolve_dtype
     from .encode import Encoded, Encoder, encode_texts
     from .outputs import Outputs
+    from .tokenizer_checks import load_tokenizer
 
 _EXPORTS = {
     **dict.fromkeys(["ClsRowCapture", "eager_rows", "find_self_attention"], "capture"),
-    **dict.fromkeys(["load_config", "load_tokenizer", "resolve_source"], "checks"),
+    **dict.fromkeys(["load_config", "resolve_source"], "checks"),
+    "load_tokenizer": "tokenizer_checks",
     **dict.fromkeys(["Classifier", "is_other_model"], "classifier"),
     **dict.fromkeys(["resolve_device", "resolve_dtype"], "device"),
     **dict.fromkeys(["Encoded", "Encoder", "encode_texts"], "encode"),

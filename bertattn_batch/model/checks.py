@@ -2,7 +2,7 @@
 
 Shared by extraction and training (a base model), so both refuse the same models with the same words:
 an unsupported architecture, a decoder, pickle weights not allowed, a head that is no single-label
-softmax, a tokenizer that does not put [CLS] first, weights that would be random or dropped.
+softmax, weights that would be random or dropped. What its tokenizer must be: tokenizer_checks.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from .. import storage
 from ..config import PACKAGE_PREFIX
 from ..errors import ModelError, first_line
-from .encode import id_limit
+from .tokenizer_checks import tokenizer_limit
 
 
 def resolve_source(base: str) -> str:
@@ -60,12 +60,6 @@ def position_limit(config) -> int:
     if config.model_type in _POSITION_OFFSET_TYPES:
         limit -= int(config.pad_token_id) + 1  # not None: refused on load (_check_architecture)
     return limit
-
-
-def tokenizer_limit(tokenizer) -> int | None:
-    """The tokenizer's own ``model_max_length``; None where it sets none (transformers' 1e30 stand-in)."""
-    limit = getattr(tokenizer, "model_max_length", None)
-    return int(limit) if limit and limit < 1e9 else None
 
 
 def length_limit(tokenizer, config) -> int:
@@ -189,20 +183,6 @@ def _could_be_hub_id(source: str) -> bool:
     Why: a missing path such as /data/models/x or ./x gets a plain "no model folder", not the hub's
     complaint about repo ids."""
     return not (source.startswith((".", "~", "/", "-")) or "\\" in source or source.count("/") > 1)
-
-
-def load_tokenizer(source: str, trust_remote_code: bool = False):
-    """A model's tokenizer; a damaged tokenizer.json fails in many ways (KeyError, Rust errors...), all
-    reported as one line naming the folder."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except Exception as e:
-        raise ModelError(
-            f"cannot load tokenizer from {source!r} (are its tokenizer files damaged?): "
-            f"{type(e).__name__}: {first_line(e)}"
-        ) from None
 
 
 def _check_architecture(config, source: str) -> None:
@@ -329,52 +309,6 @@ def check_single_label(config, source: str) -> None:
             f"{source} is a multi-label classifier (independent sigmoids); bertattn reads single-label "
             "classifiers (a softmax over two or more labels)"
         )
-
-
-def check_tokenizer(tokenizer, config, source: str) -> None:
-    """What extraction and training both need of a model's tokenizer: character offsets (a fast
-    tokenizer), ids the model embeds, [CLS] at position 0 and one segment."""
-    if not getattr(tokenizer, "is_fast", False):
-        raise ModelError(f"{source}: a fast tokenizer (tokenizer.json) is needed for character offsets")
-    check_vocabulary(tokenizer, config, source)
-    check_cls_first(tokenizer, source)
-
-
-def check_vocabulary(tokenizer, config, source: str) -> None:
-    """A folder without tokenizer files still loads, as an empty vocabulary that maps every token to
-    [UNK] (transformers 5); a token id past the embeddings fails mid-run. Refuse both at load."""
-    size, specials = len(tokenizer), len(set(tokenizer.all_special_tokens))
-    if size <= specials:
-        raise ModelError(
-            f"{source}: its tokenizer holds only its {size} special tokens; are the tokenizer files "
-            "(tokenizer.json or vocab.txt) missing?"
-        )
-    limit = id_limit(tokenizer)  # above size where the vocabulary leaves ids unused
-    if limit > config.vocab_size:
-        held = f"{size} tokens" if limit == size else f"{size} tokens with ids up to {limit - 1}"
-        raise ModelError(
-            f"{source}: the tokenizer has {held} but the model embeds only {config.vocab_size}; "
-            "they do not belong together"
-        )
-
-
-def check_cls_first(tokenizer, source: str) -> None:
-    """The product reads the attention of the token at position 0; make sure it is [CLS]. The model is
-    fed token type 0 throughout, as BERT reads one text: a template that types it otherwise is refused."""
-    cls_id = tokenizer.cls_token_id
-    enc = tokenizer("a b", return_special_tokens_mask=True, return_token_type_ids=True)
-    if any(types := enc.get("token_type_ids") or ()):
-        raise ModelError(
-            f"{source}: the tokenizer gives one text the token types {types}; only type 0 is fed"
-        )
-    specials = enc["special_tokens_mask"]
-    if cls_id is None or enc["input_ids"][0] != cls_id or specials[0] != 1 or specials[-1] != 1:
-        raise ModelError(
-            f"{source}: the tokenizer does not put [CLS] at position 0 and [SEP] last "
-            f"(tokens: {tokenizer.convert_ids_to_tokens(enc['input_ids'])}); only BERT-style inputs are supported"
-        )
-    if sum(specials) != 2:
-        raise ModelError(f"{source}: expected exactly one special token at each end, got mask {specials}")
 
 
 def label_names(config, source: str) -> dict[int, str]:

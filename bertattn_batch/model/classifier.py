@@ -33,20 +33,18 @@ from .checks import (
     check_loaded_weights,
     check_positions,
     check_single_label,
-    check_tokenizer,
     label_names,
     length_limit,
     load_config,
-    load_tokenizer,
     pickle_reason,
     position_limit,
     resolve_source,
-    tokenizer_limit,
     transformers_log_level,
 )
 from .compiled import compiled_model
 from .device import does_not_fit, no_cudnn_attention, out_of_memory, resolve_device, resolve_dtype
 from .outputs import Outputs
+from .tokenizer_checks import check_tokenizer, load_tokenizer, tokenizer_limit
 from .trim import LastLayerTrim, cls_sdpa, verified
 
 log = logging.getLogger(__name__)

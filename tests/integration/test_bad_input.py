@@ -409,7 +409,7 @@ def test_tokenizer_without_cls_first_is_refused(tiny_en_dir):
     from tokenizers import processors
     from transformers import AutoTokenizer
 
-    from bertattn_batch.model.checks import check_cls_first
+    from bertattn_batch.model.tokenizer_checks import check_cls_first
 
     tok = AutoTokenizer.from_pretrained(tiny_en_dir)
     check_cls_first(tok, "bert")  # the normal template passes
@@ -424,6 +424,30 @@ def test_tokenizer_without_cls_first_is_refused(tiny_en_dir):
     )
     with pytest.raises(ModelError, match=r"gives one text the token types \[0, 1, 1, 1\]; only type 0"):
         check_cls_first(tok, "typed")
+
+
+def test_a_sentencepiece_tokenizer_without_its_package_names_the_package(tiny_en_dir, tmp_path, monkeypatch):
+    """An ALBERT or XLM-R folder with spiece.model and no tokenizer.json: transformers' fallback asked
+    for tiktoken, and with tiktoken installed called the file damaged."""
+    import importlib.util
+    import shutil
+
+    from bertattn_batch.model import tokenizer_checks
+
+    folder = tmp_path / "albert"
+    shutil.copytree(tiny_en_dir, folder)
+    (folder / "tokenizer.json").unlink()
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "AlbertTokenizer"}')
+    (folder / "spiece.model").write_bytes(b"\x0a\x0e<unk>")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(  # whether or not this machine has it
+        importlib.util, "find_spec", lambda name, *a: None if name == "sentencepiece" else real(name, *a)
+    )
+    with pytest.raises(
+        ModelError,
+        match=r"SentencePiece model alone \(spiece.model, no tokenizer.json\).*pip install sentencepiece",
+    ):
+        tokenizer_checks.load_tokenizer(str(folder))
 
 
 def test_unsupported_architecture_is_refused(tmp_path):
