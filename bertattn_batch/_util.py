@@ -125,8 +125,10 @@ def atomic_write_text(path: Path, text: str) -> None:
 def atomic_dir(path: Path) -> Iterator[Path]:
     """Yield a new temporary folder beside ``path``; on success it takes ``path``'s place (an old folder
     there is moved aside first and removed), on failure it is removed. Temporaries that a killed
-    process left beside ``path`` are removed once they are stale."""
+    process left beside ``path`` are removed once they are stale; an old folder that one left aside
+    between its two renames goes back to ``path``. The caller holds a lock on ``path`` (one writer)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    restore_moved_aside(path)
     for pattern in (f".{path.name}.partial-*", f".{path.name}.old-*"):
         remove_stale(path.parent, pattern)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
@@ -147,6 +149,18 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     finally:
         if claim is not None:
             os.close(claim)
+
+
+def restore_moved_aside(path: Path) -> None:
+    """Put back the folder that :func:`atomic_dir` moved aside, where its process was killed before the
+    new one took ``path``'s place: ``path`` would be missing, its old contents hidden, and removed as a
+    stale temporary by the next writer."""
+    if path.exists():
+        return
+    aside = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime)
+    if aside:
+        with contextlib.suppress(OSError):
+            aside[-1].rename(path)
 
 
 def remove_tree(folder: Path, tries: int = 5) -> None:

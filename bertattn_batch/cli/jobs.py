@@ -316,7 +316,12 @@ def job_from_options(params: dict[str, Any]) -> JobSpec:
 
 @app.command()
 def run(
-    job: Annotated[Path, typer.Argument(help="A TOML job spec (see jobs/); every extract option has a key (--overwrite and --incremental: on_existing).")],
+    job: Annotated[
+        Path,
+        typer.Argument(
+            help="A TOML job spec (see jobs/): a key per extract option (on_existing for --overwrite)."
+        ),
+    ],
     out: Annotated[str | None, typer.Option(help="Override the spec's out.")] = None,
     limit: Annotated[int | None, typer.Option(help="Override the spec's limit.")] = None,
     device: Annotated[str | None, typer.Option(help="Override the spec's device.")] = None,

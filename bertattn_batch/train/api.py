@@ -47,6 +47,7 @@ from ..model.checks import (
 from ..model.classifier import warn_above_tokenizer
 from ..model.encode import encode_texts
 from ..model.tokenizer_checks import check_tokenizer, load_tokenizer, tokenizer_limit
+from ..storage import is_remote
 from .loop import learning_rate, predict, seed_everything, train_loop
 from .metrics import accuracy, confusion, macro_f1, split_indices
 from .models import base_model, scratch_model
@@ -87,6 +88,7 @@ def finetune(
     unknown = sorted(set(labels) - set(names))
     if unknown:
         raise InputError(f"labels {unknown[:5]} are not among finetune.labels {names}")
+    _refuse_one_number_spelled_twice(names)
     counts = Counter(labels)
     if len(names) < 2:
         raise InputError(f"need at least 2 labels to train a classifier; found {names or 'none'}")
@@ -148,6 +150,13 @@ def _finetune(
     if doc_ids is not None and doc_ids[1] is not None:  # an id column: a repeated id is one review
         same.append(doc_ids[0])
     train_idx, eval_idx = split_indices(y, spec.eval_fraction, spec.seed, same)
+    if untrained := [names[c] for c in sorted(set(range(len(names))) - set(y[train_idx].tolist()))]:
+        # a review repeated under several labels is held out whole, in the class of its first row
+        raise InputError(
+            f"label(s) {untrained} keep no training rows once {len(eval_idx)} reviews are held out: their "
+            "rows repeat texts (or ids) of other labels' held-out reviews; give more rows of them, or a "
+            "lower eval_fraction"
+        )
 
     base_path = resolve_source(spec.base) if spec.base is not None else None
     if base_path is None:
@@ -268,6 +277,23 @@ def _unk_share(ids: list[list[int]], unk_id: int | None) -> float:
     return sum(t == unk_id for t in content) / len(content) if content else 0.0
 
 
+def _refuse_one_number_spelled_twice(names: Sequence[str]) -> None:
+    """Labels ``1`` and ``1.0`` are one class written two ways (a CSV of floats beside a Parquet of
+    integers: a CSV cell is kept as written): trained apart, they would make a class of each."""
+    seen: dict[float, str] = {}
+    for name in names:
+        try:
+            value = float(name)
+        except ValueError:
+            continue
+        if value in seen:
+            raise InputError(
+                f"labels {seen[value]!r} and {name!r} are one number written two ways; write them alike in "
+                "every input"
+            )
+        seen[value] = name
+
+
 def finetune_files(
     inputs: list[str],
     text_col: str,
@@ -286,6 +312,14 @@ def finetune_files(
     as a run of the same files spells them) with the files read, so a report can tell held-out accuracy
     from training data, and row numbers are matched in runs over the same files only.
     """
+    expanded = expand_inputs(inputs, input_format, encoding, delimiter)
+    out_dir = Path(os.path.abspath(out_dir))
+    for src in expanded:  # the old model folder is removed when the new one takes its place
+        if not is_remote(src.path) and out_dir.resolve() in Path(src.path).resolve().parents:
+            raise InputError(
+                f"input {src.label} lies inside the model folder {out_dir}, which training replaces; move "
+                "it or choose another --out"
+            )
     wanted = set(spec.labels) if spec.labels is not None else None
     texts: list[str] = []
     labels: list[str] = []
@@ -340,7 +374,6 @@ def finetune_files(
             f"too few labelled rows to train: {where} has {len(rare)} label(s) with one row "
             f"(e.g. {', '.join(repr(k[:40]) for k in list(rare)[:3])}); need at least 2 per label"
         )
-    expanded = expand_inputs(inputs, input_format, encoding, delimiter)
     order = class_label_order(expanded, label_col)
     return finetune(
         texts,

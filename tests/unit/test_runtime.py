@@ -153,3 +153,18 @@ def test_a_file_two_commands_may_write_at_once_gets_a_temporary_of_each_process(
         assert tmp.name == f".token_influence.parquet.{os.getpid()}.tmp"
         tmp.write_bytes(b"mine")
     assert target.read_bytes() == b"mine" and [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+def test_a_folder_moved_aside_by_a_killed_save_goes_back(tmp_path):
+    """A kill between atomic_dir's two renames left no model at its path, the old one hidden beside it
+    and removed by the next save as a stale temporary."""
+    from bertattn_batch._util import atomic_dir
+
+    aside = tmp_path / ".model.old-4242"  # the old model, as the killed process left it
+    aside.mkdir()
+    (aside / "config.json").write_text("old")
+    with atomic_dir(tmp_path / "model") as tmp:
+        assert (tmp_path / "model" / "config.json").read_text() == "old"  # back before anything else
+        (tmp / "config.json").write_text("new")
+    assert (tmp_path / "model" / "config.json").read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]

@@ -865,3 +865,40 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_old_model(tmp_path: 
         save_model(FullDisk(), None, {}, out, 0, [])
     assert (out / "model.safetensors").read_bytes() == b"the old model"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no partial folder left
+
+
+def test_an_input_inside_the_model_folder_is_refused_before_training(tmp_path: Path) -> None:
+    """Training into the folder that held its input replaced the folder, input and all."""
+    out = tmp_path / "model"
+    (out / "data").mkdir(parents=True)
+    (out / METRICS_FILE).write_text("{}")  # a model trained there before, to be replaced
+    path = _write(
+        out / "data" / "r.parquet", [{"text": t, "label": lab} for t, lab in [("好", "p"), ("差", "n")] * 3]
+    )
+    with pytest.raises(InputError, match=r"lies inside the model folder .*model, which training replaces"):
+        finetune_files([path], "text", "label", out, FinetuneSpec(**TINY, epochs=1.0))
+    assert Path(path).is_file()
+
+
+def test_labels_that_are_one_number_written_two_ways_are_refused(tmp_path: Path) -> None:
+    """A CSV of floats beside a Parquet of integers trained a class '1' and a class '1.0'."""
+    csv = tmp_path / "b.csv"
+    csv.write_text("text,label\n好极了,1.0\n太差了,0.0\n很好,1.0\n很差,0.0\n")
+    parquet = _write(
+        tmp_path / "a.parquet", [{"text": t, "label": lab} for t, lab in [("好", 1), ("差", 0)] * 2]
+    )
+    with pytest.raises(InputError, match=r"labels '0' and '0.0' are one number written two ways"):
+        finetune_files([parquet, str(csv)], "text", "label", tmp_path / "m", FinetuneSpec(**TINY, epochs=1.0))
+
+
+def test_a_label_left_without_training_rows_by_the_split_is_refused(tmp_path: Path) -> None:
+    """A review repeated under another label is held out whole, in the class of its first row: a label
+    whose every row repeats a held-out review trained a class on no rows, without a word."""
+    texts = [f"第{i}条评论" for i in range(40)]
+    rows = [{"text": t, "label": "pos" if i % 2 else "neg"} for i, t in enumerate(texts)]
+    spec = FinetuneSpec(**TINY, epochs=1.0, min_char_count=1, eval_fraction=0.25, seed=0)
+    ids = np.arange(len(rows))
+    _, held = split_indices(np.array([i % 2 for i in ids]), 0.25, 0, [texts])
+    rows += [{"text": texts[i], "label": "mixed"} for i in held[:2]]  # repeats of held-out reviews only
+    with pytest.raises(InputError, match=r"label\(s\) \['mixed'\] keep no training rows once"):
+        finetune_files([_write(tmp_path / "d.parquet", rows)], "text", "label", tmp_path / "m", spec)
