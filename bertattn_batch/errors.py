@@ -42,6 +42,11 @@ class EngineError(BertAttnError):
     """The distributed engine cannot run: Ray is not installed, a cluster is unreachable, or a worker failed."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler stopping the job), handled as Ctrl-C is: the part in hand is committed or
+    dropped whole, the manifest says "interrupted", and the same command resumes."""
+
+
 def first_line(e: BaseException) -> str:
     """An exception's first line: library messages run over many lines, ours are one. A first line that
     ends in a colon only announces the next, so that one is kept too."""

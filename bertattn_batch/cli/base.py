@@ -17,7 +17,7 @@ import click
 import typer
 from typer.core import TyperOption
 
-from ..errors import BertAttnError
+from ..errors import BertAttnError, Terminated
 from ..runtime import tune_runtime
 
 app = typer.Typer(
@@ -47,11 +47,6 @@ _state = {"debug": False, "working": False, "done": False}
 INTERRUPTED = "interrupted; rerun the same command to resume"
 #: Said of a command that reads a run and writes what it computed whole, or nothing.
 REDONE = "interrupted; nothing was written: rerun the command to compute it again"
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler stopping the job), handled as Ctrl-C is: the part in hand is committed or
-    dropped whole, the manifest says "interrupted", and the same command resumes."""
 
 
 def on_signal(signum: int, frame: object) -> None:

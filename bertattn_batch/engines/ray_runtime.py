@@ -18,9 +18,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import EngineError, first_line
+from ..errors import EngineError, Terminated
 
-INSTALL_HINT = "pip install 'bertattn-batch[ray]' (or pip install 'ray[data]')"
+INSTALL_HINT = "pip install '.[ray]' in a checkout (or pip install 'ray[data]')"
 #: On Linux, Ray binds a local runtime to the machine's outward address unless this is "0".
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 #: After this long joining a cluster, a line says so (Ray itself says nothing while it retries).
@@ -79,18 +79,33 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
                 logging_level=level,
             )
     except (ConnectionError, RuntimeError, ValueError) as e:
+        said = " ".join(str(e).split())[:600] or type(e).__name__  # Ray's advice runs over several lines
         if not address:
-            raise EngineError(f"cannot start a local Ray runtime: {first_line(e)}") from None
+            raise EngineError(f"cannot start a local Ray runtime: {said}") from None
         raise EngineError(
-            f"cannot join the Ray cluster at {address}: {first_line(e)}; check the address, and for a "
+            f"cannot join the Ray cluster at {address}: {said}; check the address, and for a "
             "cluster with token authentication set RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN)"
         ) from None
+    except SystemExit as e:  # SIGTERM while Ray starts: its own handler, in place till ours are back, exits
+        _stop_what_started(ray)
+        if e.code == signal.SIGTERM:
+            raise Terminated from None  # as the CLI's own handler says it: "interrupted", exit 143
+        raise
+    except KeyboardInterrupt:
+        _stop_what_started(ray)
+        raise
     finally:
         slow.cancel()
         _restore(handlers)
     try:
         yield ray
     finally:
+        ray.shutdown()
+
+
+def _stop_what_started(ray: Any) -> None:
+    """The processes of a runtime interrupted while it started (its agents lived on, orphaned)."""
+    with contextlib.suppress(Exception):
         ray.shutdown()
 
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pyarrow is imported where used: importing the package must 
     import pyarrow.fs as pafs
 
 #: What to install where this pyarrow lacks a scheme's filesystem.
-EXTRA_HINT = "pip install 'bertattn-batch[s3]'"
+EXTRA_HINT = "pip install '.[s3]' in a checkout"
 #: The environment a store's filesystem is made from: one filesystem per value of it (making one
 #: resolves credentials, which can mean a network round trip).
 _ENV = (

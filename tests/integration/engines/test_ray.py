@@ -393,6 +393,28 @@ with ray_runtime(num_cpus=1):
     assert marker.exists()
 
 
+def test_sigterm_while_ray_starts_is_an_interrupt_and_stops_what_started(monkeypatch):
+    """Ray's own SIGTERM handler, in place while it starts, exited 15 without a word and left its agents
+    running."""
+    if not HAS_RAY:
+        pytest.skip("ray is not installed (pip install '.[ray]')")
+    import ray
+
+    from bertattn_batch.errors import Terminated
+
+    stopped = []
+
+    def init(**_options):  # what Ray's handler does with a SIGTERM in its start
+        raise SystemExit(15)
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: stopped.append(True))
+    with pytest.raises(Terminated), ray_runtime(num_cpus=1):
+        pass
+    assert stopped == [True]
+
+
 def test_a_cluster_address_where_nothing_listens_is_refused_at_once():
     """ray.init would retry such an address for minutes without a word."""
     with socket.socket() as s:  # a port that was free a moment ago
