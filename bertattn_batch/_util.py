@@ -72,7 +72,11 @@ def atomic_path(path: Path, fsync: bool = False, unique: bool = False) -> Iterat
     run wrote into one temporary, and the first to finish published both writes mixed)."""
     tmp = path.with_name(hidden_tmp(path.name))
     if unique:
-        remove_stale(path.parent, f".{path.name}.*.tmp")  # left by a process that was killed
+        for left in path.parent.glob(f".{path.name}.*.tmp"):  # by a process that was killed: gone at once
+            owner = left.name[len(path.name) + 2 : -len(".tmp")]
+            if owner.isdigit() and not process_alive(int(owner)):
+                left.unlink(missing_ok=True)
+        remove_stale(path.parent, f".{path.name}.*.tmp")  # the rest once stale (a process id reused)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         yield tmp
@@ -93,6 +97,17 @@ def writing(path: Path) -> Iterator[None]:
         yield
     except OSError as e:
         raise WriteError(f"cannot write {path}: {e.strerror or e}; choose another place with --out") from None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (one of another user's counts as running)."""
+    try:
+        os.kill(pid, 0)  # signal 0: only whether it could be sent
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # it runs, as another user; no pid: not ours to remove
+        pass
+    return True
 
 
 def check_writable(folder: Path, what: str) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from .._util import process_alive
 from ..errors import InputError
 from .compressed import compression_of
 
@@ -169,16 +170,8 @@ def _remove_orphan_spools() -> None:
     here = owner().split(".")[0]
     for old in Path(tempfile.gettempdir()).glob(f"{SPOOL_PREFIX}*.*-*"):
         space, _, pid = old.name[len(SPOOL_PREFIX) :].split("-", 1)[0].partition(".")
-        if space == here and pid.isdigit() and not _running(int(pid)):
+        if space == here and pid.isdigit() and not process_alive(int(pid)):
             with contextlib.suppress(OSError):  # another user's, or removed meanwhile
                 old.unlink()
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only whether it could be sent
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):  # it runs, as another user; no pid: not ours to remove
-        pass
-    return True

@@ -168,3 +168,22 @@ def test_a_folder_moved_aside_by_a_killed_save_goes_back(tmp_path):
         (tmp / "config.json").write_text("new")
     assert (tmp_path / "model" / "config.json").read_text() == "new"
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_a_temporary_of_a_killed_process_goes_at_once(tmp_path):
+    """A report killed while writing left its temporary for six hours, and validate called the run
+    damaged meanwhile; a temporary of a process still running stays."""
+    from bertattn_batch._util import atomic_path
+
+    dead = _a_dead_pid()
+    (tmp_path / f".report.html.{dead}.tmp").write_text("killed")
+    (tmp_path / f".report.html.{os.getppid()}.tmp").write_text("writing now")
+    with atomic_path(tmp_path / "report.html", unique=True) as tmp:
+        tmp.write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".report.html.{os.getppid()}.tmp", "report.html"]
+
+
+def _a_dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid

@@ -31,6 +31,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from ...errors import RunDirError
 from ...run import FORMAT, load_json, local_run, require_current_tables, writer_is_live
 from ...storage import is_remote
 from .attention import check_attention
@@ -56,7 +57,13 @@ def validate_run(run_dir: str | Path, check_source: bool = True) -> ValidationRe
             return writer_is_live(run_dir)
 
     with local_run(run_dir) as path:
-        return _validate(path, check_source, shown=os.fspath(run_dir), writing=writing)
+        try:
+            return _validate(path, check_source, shown=os.fspath(run_dir), writing=writing)
+        except FileNotFoundError as e:  # (pyarrow's, polars's) a file listed when the checks began
+            raise RunDirError(
+                f"{run_dir}: {e.filename or 'a part'} went while validate read it (an --overwrite of the run "
+                "meanwhile?); run validate again"
+            ) from None
 
 
 def _validate(

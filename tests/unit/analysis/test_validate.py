@@ -807,3 +807,25 @@ def test_a_malformed_model_field_is_named_by_every_reader(field, value, en_run, 
     report = validate_run(run, check_source=False)
     assert not report.ok
     assert any(f"model.{field} is {value!r}" in p.message for p in report.problems), report.render()
+
+
+def test_a_report_being_written_or_killed_does_not_make_a_run_damaged(en_run, tmp_path):
+    """report's temporary beside the manifest (a report writing now, or one killed) made a complete
+    run 'damaged' until it was six hours old."""
+    run = _copy(en_run, tmp_path)
+    (run / ".report.html.4242.tmp").write_text("<html>")
+    report = validate_run(run)
+    assert report.ok, report.render()
+    assert any("temporary file of a command writing" in w.message for w in report.warnings)
+
+
+def test_a_part_gone_while_validate_reads_it_is_one_line(en_run, tmp_path, monkeypatch):
+    """An --overwrite removed the parts under a validate, which stopped with a bare FileNotFoundError."""
+    import bertattn_batch.analysis.validate as validate
+
+    def gone(rec, run):
+        raise FileNotFoundError(2, "No such file or directory", "predictions/part-000000000000.parquet")
+
+    monkeypatch.setattr(validate, "check_attention", gone)
+    with pytest.raises(RunDirError, match=r"part-000000000000.parquet went while validate read it"):
+        validate_run(_copy(en_run, tmp_path))
