@@ -173,5 +173,3 @@ def _remove_orphan_spools() -> None:
         if space == here and pid.isdigit() and not process_alive(int(pid)):
             with contextlib.suppress(OSError):  # another user's, or removed meanwhile
                 old.unlink()
-
-

@@ -68,7 +68,7 @@ def test_a_pyarrow_without_s3_names_the_extra(monkeypatch):
     uris._s3.cache_clear()
     with pytest.raises(
         StorageError,
-        match=r"s3:// needs a pyarrow built with S3FileSystem: pip install 'bertattn-batch\[s3\]'",
+        match=r"s3:// needs a pyarrow built with S3FileSystem: pip install '\.\[s3\]' in a checkout",
     ):
         resolve("s3://bucket/run")
 

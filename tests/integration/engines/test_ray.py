@@ -140,7 +140,7 @@ def test_without_ray_the_error_says_how_to_install(monkeypatch, tiny_en_dir, dru
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets when it is not installed
     spec = _spec([drug_sample], tiny_en_dir, tmp_path / "run", engine="ray")
-    with pytest.raises(EngineError, match=r"pip install 'bertattn-batch\[ray\]'"):
+    with pytest.raises(EngineError, match=r"pip install '\.\[ray\]' in a checkout"):
         run_job(spec)
     r = CliRunner().invoke(
         app,
