@@ -35,6 +35,7 @@ with streaming group-bys whose size is bounded by the vocabulary.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -59,6 +60,8 @@ from ..run import (
 )
 from .contrast import GROUP, with_contrasts, with_shrunk_means
 from .words import CLASSES, KEY, REVIEW, word_continuation, word_rows
+
+log = logging.getLogger(__name__)
 
 TABLE = "token_influence"
 UNITS = ("token", "word")
@@ -276,6 +279,10 @@ def aggregate(
     parts = committed_parts(run, verify=True)
     if not parts and manifest.status != "complete":
         raise RunDirError(f"{run} has no committed parts yet; run bertattn extract first")
+    if manifest.status != "complete":
+        log.warning(
+            "%s is %s: the aggregates cover its %d committed parts only", run, manifest.status, len(parts)
+        )
     continuation = word_continuation(manifest)
     if continuation is None:
         units = [u for u in units if u != "word"]  # its pieces carry no continuation marks to join

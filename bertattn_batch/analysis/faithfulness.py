@@ -22,6 +22,7 @@ input ids ([CLS] and [SEP] kept) and the model run again:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -41,6 +42,8 @@ from ..model import Classifier, encode_texts
 from ..run import committed_files, display_path, layer_name, on_local_copy, read_manifest
 from .run_model import load_run_model
 from .texts import review_texts, scored_predictions
+
+log = logging.getLogger(__name__)
 
 TABLE = "head_faithfulness"
 FAITHFULNESS_DIR = "faithfulness"
@@ -114,6 +117,8 @@ def faithfulness(
         raise SpecError(f"--seed must be in [0, 2**32), got {seed}")
     run = Path(run_dir)
     manifest = read_manifest(run)
+    if manifest.status != "complete":
+        log.warning("%s is %s: its committed parts alone are sampled", run, manifest.status)
     preds = scored_predictions(
         run, ["doc_id", "row_index", "text", "pred_id", "pred_label", "n_tokens"], verify=True
     )

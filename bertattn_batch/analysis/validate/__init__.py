@@ -19,10 +19,11 @@ Memory stays bounded: predictions-level checks are polars lazy queries over all 
 review); per-(review, layer, head) checks run part by part (a part holds one window of reviews); the
 span check streams the source alongside the parts, holding one part's reviews at a time.
 
-Files the manifest does not list (``part-*.parquet`` files, ``_*``/``.*`` temporaries in a table folder,
-``*.tmp`` beside the manifest) are a warning while the run is not complete (an uncommitted part, which
-the next resume removes; a distributed run publishes a part's files just before the driver lists it)
-and a problem once the manifest says complete (a finished run has listed and renamed every part).
+Files the manifest does not list (``part-*.parquet`` files, ``_*``/``.*`` temporaries in a table folder)
+are a warning while the run is not complete (an uncommitted part, which the next resume removes; a
+distributed run publishes a part's files just before the driver lists it) and a problem once the
+manifest says complete (a finished run has listed and renamed every part). A ``*.tmp`` beside the
+manifest (the manifest's or a report's, being written or left by a kill) is no part: a warning.
 """
 
 from __future__ import annotations

@@ -819,3 +819,20 @@ def test_an_interrupted_aggregate_does_not_promise_a_resume(run_dir, monkeypatch
     r = CliRunner().invoke(app, ["aggregate", str(run_dir)])
     assert r.exit_code == 130
     assert "interrupted; nothing was written: rerun the command to compute it again" in r.output, r.output
+
+
+def test_a_run_that_is_not_complete_is_said_to_be_covered_in_part(run_dir, tmp_path, caplog):
+    """On an interrupted (or running) run, aggregate used its committed parts and said only "from N
+    parts", as if they were the corpus."""
+    import json
+    import logging
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps(manifest | {"status": "interrupted"}))
+    with caplog.at_level(logging.WARNING, logger="bertattn_batch.analysis.aggregate"):
+        agg.aggregate(run, min_reviews=MIN_REVIEWS, into=tmp_path / "aggregates")
+    parts = len(manifest["parts"])
+    assert f"is interrupted: the aggregates cover its {parts} committed parts only" in caplog.text

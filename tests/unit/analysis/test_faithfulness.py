@@ -191,3 +191,17 @@ def test_a_run_it_cannot_write_to_is_said_before_anything_is_measured(run_dir, t
     monkeypatch.setattr(fa, "_run_classifier", lambda *a, **k: pytest.fail("measured before the check"))
     with pytest.raises(WriteError, match=r"cannot write the faithfulness table into .*faithfulness: "):
         fa.faithfulness(run, sample=5, seed=3, device="cpu")
+
+
+def test_a_run_that_is_not_complete_is_said_to_be_sampled_in_part(run_dir, tmp_path, caplog):
+    import json
+    import logging
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps(manifest | {"status": "interrupted"}))
+    with caplog.at_level(logging.WARNING, logger="bertattn_batch.analysis.faithfulness"):
+        fa.faithfulness(run, sample=5, seed=3, device="cpu")
+    assert "is interrupted: its committed parts alone are sampled" in caplog.text
