@@ -277,12 +277,10 @@ def aggregate(
     run = Path(run_dir)
     manifest = read_manifest(run)
     parts = committed_parts(run, verify=True)
-    if not parts and manifest.status != "complete":
-        raise RunDirError(f"{run} has no committed parts yet; run bertattn extract first")
-    if manifest.status != "complete":
-        log.warning(
-            "%s is %s: the aggregates cover its %d committed parts only", run, manifest.status, len(parts)
-        )
+    if manifest.status != "complete":  # running or interrupted: its committed parts alone
+        if not parts:
+            raise RunDirError(f"{run} has no committed parts yet; run bertattn extract first")
+        log.warning("%s is %s: aggregates of its %d committed parts only", run, manifest.status, len(parts))
     continuation = word_continuation(manifest)
     if continuation is None:
         units = [u for u in units if u != "word"]  # its pieces carry no continuation marks to join

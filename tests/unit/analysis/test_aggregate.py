@@ -835,4 +835,4 @@ def test_a_run_that_is_not_complete_is_said_to_be_covered_in_part(run_dir, tmp_p
     with caplog.at_level(logging.WARNING, logger="bertattn_batch.analysis.aggregate"):
         agg.aggregate(run, min_reviews=MIN_REVIEWS, into=tmp_path / "aggregates")
     parts = len(manifest["parts"])
-    assert f"is interrupted: the aggregates cover its {parts} committed parts only" in caplog.text
+    assert f"is interrupted: aggregates of its {parts} committed parts only" in caplog.text
