@@ -56,9 +56,8 @@ def cls_figure(review: ReviewAttention, tokens_per_row: int = TOKENS_PER_ROW):
         n, heads = len(review.tokens), review.num_heads
         chunks = [(i, min(i + tokens_per_row, n)) for i in range(0, n, tokens_per_row)]
         cols = min(n, tokens_per_row)
-        long_labels = [
-            t for t in labels if _columns(t) > 2
-        ]  # drawn vertically; a CJK character stays upright
+        # drawn vertically; a CJK character stays upright
+        long_labels = [t for t in labels if _columns(t) > 2]
         cell = 0.2  # inches per token column
         cell_h = 0.2  # inches per head row
         left, right, top, gap = 0.75, 1.05, 0.45, 0.12
