@@ -115,12 +115,11 @@ def finetune(
         params.pop(name)
     if params["labels"]:
         params["labels"] = [x.strip() for x in params["labels"].split(",")]
-    plan = call(lambda: plan_training(**params))
+    nothing_saved = "interrupted; nothing was saved (a rerun trains from the start)"
+    plan = call(lambda: plan_training(**params), interrupted=nothing_saved)
     dest = plan.out_dir
     metrics = call(
-        lambda: plan.run(progress=progress and sys.stderr.isatty()),
-        interrupted="interrupted; nothing was saved (a rerun trains from the start)",
-        completes=True,
+        lambda: plan.run(progress=progress and sys.stderr.isatty()), interrupted=nothing_saved, completes=True
     )
     if metrics.get("accuracy") is None:  # eval_fraction = 0: nothing held out to score
         scores = "no held-out split"

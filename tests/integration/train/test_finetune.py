@@ -842,6 +842,24 @@ def test_a_job_interrupted_in_its_training_says_the_training_starts_over(tmp_pat
     )
 
 
+def test_ctrl_c_while_finetune_reads_its_inputs_does_not_offer_a_resume(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C before training began said "rerun the same command to resume": finetune keeps nothing."""
+    from typer.testing import CliRunner
+
+    import bertattn_batch.train as train
+    from bertattn_batch.cli import app
+
+    def stopped(**params):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "plan_training", stopped)
+    r = CliRunner().invoke(app, ["finetune", "r.csv", "--out", str(tmp_path / "m"), "--base", "x"])
+    assert r.exit_code == 130
+    assert (
+        r.output.strip().splitlines()[-1] == "interrupted; nothing was saved (a rerun trains from the start)"
+    )
+
+
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_old_model(tmp_path: Path) -> None:
     """safetensors says a full disk in its own words: "SafetensorError: Error while serializing" came
     out with no hint of the disk or the model's folder."""
