@@ -162,9 +162,11 @@ class RayEngine:
         pass_info: PassInfo,
         on_batch: Callable[[int], None] | None = None,
     ) -> Iterator[StagedPart]:
-        """Keep every actor fed, and hand the parts back in the order of their windows."""
+        """Keep every actor fed, and hand the parts back in the order of their windows. What Ray raises
+        comes back as the project's error (:func:`_as_ours`); the driver's own errors (reading the
+        inputs, committing parts) pass through as they are, as with every other engine."""
         try:
-            yield from _ray_call_iter(lambda: self._parts(windows, part_writer, pass_info, on_batch))
+            yield from self._parts(windows, part_writer, pass_info, on_batch)
         finally:
             self._actors = []
 
@@ -180,20 +182,22 @@ class RayEngine:
         remote = ray.remote(self.actor_cls).options(
             num_cpus=place.cpus, num_gpus=place.gpus, max_restarts=MAX_RETRIES, max_task_retries=MAX_RETRIES
         )
-        self._actors = [
-            remote.remote(self.worker_spec, part_writer, pass_info, place.cpus, env)
-            for _ in range(self.spec.workers)
-        ]
+        self._actors = _ray_call(
+            lambda: [
+                remote.remote(self.worker_spec, part_writer, pass_info, place.cpus, env)
+                for _ in range(self.spec.workers)
+            ]
+        )
         load = dict.fromkeys(range(len(self._actors)), 0)  # windows in flight per actor
         in_flight: dict[Any, tuple[int, int]] = {}  # ref -> (window number, actor)
         finished: dict[int, StagedPart] = {}
-        failed: dict[int, BaseException] = {}  # window number -> its worker's error
+        failed: dict[int, Exception] = {}  # window number -> its worker's error
         order = {"sent": 0, "given": 0}
         t0 = time.perf_counter()
 
         def in_order() -> Iterator[StagedPart]:
             """Collect one result, then hand back every part whose windows before it are all back."""
-            ready, _ = ray.wait(list(in_flight), num_returns=1)
+            ready, _ = _ray_call(lambda: ray.wait(list(in_flight), num_returns=1))
             for ref in ready:
                 number, actor = in_flight.pop(ref)
                 load[actor] -= 1
@@ -215,7 +219,8 @@ class RayEngine:
             if failed:
                 break
             actor = min(load, key=load.__getitem__)
-            in_flight[self._actors[actor].run.remote(window)] = (order["sent"], actor)
+            ref = _ray_call(lambda a=self._actors[actor], w=window: a.run.remote(w))
+            in_flight[ref] = (order["sent"], actor)
             load[actor] += 1
             order["sent"] += 1
         # after a failure, the windows before it are still waited for and handed back: finished work is
@@ -223,20 +228,13 @@ class RayEngine:
         while in_flight and not (failed and min(n for n, _ in in_flight.values()) > min(failed)):
             yield from in_order()
         if failed:
-            raise failed[min(failed)]
+            raise _as_ours(failed[min(failed)]) from None
 
 
 def _ray_call(fn: Callable[[], Any]) -> Any:
     """Run ``fn``; an error a Ray worker raised comes back as one line (see :func:`_as_ours`)."""
     try:
         return fn()
-    except Exception as e:
-        raise _as_ours(e) from None
-
-
-def _ray_call_iter(fn: Callable[[], Iterator[Any]]) -> Iterator[Any]:
-    try:
-        yield from fn()
     except Exception as e:
         raise _as_ours(e) from None
 

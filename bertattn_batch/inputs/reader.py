@@ -87,7 +87,7 @@ def read_sources(
 
 class RaggedRows:
     """The rows of one CSV file that got ``wrong_field_count``, for one warning that names the first
-    few by their row numbers (their doc ids). Each engine notes them as it numbers the rows."""
+    few by their row numbers (their doc ids), noted by :func:`read_sources` as it numbers the rows."""
 
     def __init__(self, path: Path) -> None:
         self.path, self.count, self.first = path, 0, []
@@ -126,7 +126,7 @@ def wrong_field_count_runs(values: list[Any], first_row: int) -> list[tuple[int,
 
 def read_columns(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
     """One source's raw values of the ``wanted`` columns, in blocks of at most ``block_rows`` rows;
-    :func:`to_rows` makes rows of them (``--engine ray`` calls this in a task per file)."""
+    :func:`to_rows` makes rows of them."""
     reader = {
         "parquet": read_parquet,
         "csv": read_csv,

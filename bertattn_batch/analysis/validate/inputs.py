@@ -29,15 +29,10 @@ def check_inputs_covered(rec: Recorder, run: RunView) -> None:
     if not inputs or any(map(read_once, inputs)):
         rec.skip("inputs", "the run read a stream (or names no inputs), which cannot be read again")
         return
-    columns = (spec.get("text_col") or "text", spec.get("id_col"), spec.get("label_col"))
+    options = {**manifest.read_options(), "label_col": spec.get("label_col")}  # as the run read them
+    columns = (options["text_col"], options["id_col"], options["label_col"])
     try:
-        sources = check_inputs(
-            inputs,
-            *columns,
-            spec.get("input_format") or "auto",
-            encoding=spec.get("encoding") or "utf-8",
-            delimiter=spec.get("delimiter"),
-        )
+        sources = check_inputs(inputs, **options)
 
         if manifest.sources is not None:
             for change in input_changes(manifest.sources, source_files(sources))[:3]:

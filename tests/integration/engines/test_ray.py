@@ -309,6 +309,32 @@ def test_parts_finished_before_a_workers_failure_are_committed(ray_local, tiny_e
     assert [p["start_row"] for p in manifest["parts"]] == [0]
 
 
+def test_the_drivers_own_errors_are_not_blamed_on_a_worker(
+    ray_local, tiny_en_dir, drug_sample, tmp_path, monkeypatch
+):
+    """The driver reads the inputs: an error there came back as "the Ray run failed: OSError ... (rerun
+    to resume)", as if a worker had failed, with the traceback gone. It is raised as it is, as the local
+    engine raises it."""
+    import bertattn_batch.engines.base as base
+
+    real = base.iter_windows
+
+    def input_gone(*args, **kwargs):
+        windows = real(*args, **kwargs)
+        yield next(windows)
+        raise OSError(5, "Input/output error", str(drug_sample))
+
+    monkeypatch.setattr(base, "iter_windows", input_gone)
+    out = tmp_path / "ray"
+    spec = _spec(
+        [drug_sample], tiny_en_dir, out, id_col="doc_id", window=4, limit=12, engine="ray", workers=1
+    )
+    with pytest.raises(OSError, match="Input/output error") as e:
+        run_job(spec)
+    assert type(e.value) is OSError
+    assert manifest_json(out)["status"] == "interrupted"
+
+
 @pytest.mark.slow
 def test_every_reader_and_status_matches_the_local_engine(ray_local, tiny_en_dir, drug_rows, tmp_path):
     """Parquet, JSON lines and CSV in one job: row numbers run on across files, ids repeat across files,
