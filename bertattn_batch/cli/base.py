@@ -112,8 +112,10 @@ def setup(debug: bool) -> None:
 
 def call(fn: Callable[[], T], interrupted: str = INTERRUPTED, completes: bool = False) -> T:
     """Run a library call; a BertAttnError becomes one line on stderr and exit status 1, Ctrl-C or
-    SIGTERM the line ``interrupted`` and 130 or 143. ``completes``: the call is the command's work, so
-    a signal after it returns changes nothing."""
+    SIGTERM the line ``interrupted`` and 130 or 143. Any other error (a bug, or an error of a library
+    underneath that no check foresaw) is one line too, naming its type and ``--debug``, which raises
+    it with its traceback: a scheduled job's log keeps one line per failure. ``completes``: the call
+    is the command's work, so a signal after it returns changes nothing."""
     _state["working"] = True
     try:
         result = fn()

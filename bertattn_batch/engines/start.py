@@ -14,7 +14,8 @@ from .. import __version__, storage
 from ..config import PACKAGE_PREFIX, JobSpec
 from ..errors import ModelError, RunDirError, SpecError, first_line
 from ..model.checks import resolve_source
-from ..model.classifier import Classifier, is_other_model
+from ..model.classifier import Classifier
+from ..model.fingerprint import is_other_model
 from ..run import read_manifest
 from ..train.save import training_record
 

@@ -13,9 +13,10 @@ from .._util import lazy_exports
 if TYPE_CHECKING:
     from .capture import ClsRowCapture, eager_rows, find_self_attention
     from .checks import load_config, resolve_source
-    from .classifier import Classifier, is_other_model
+    from .classifier import Classifier
     from .device import resolve_device, resolve_dtype
     from .encode import Encoded, Encoder, encode_texts
+    from .fingerprint import is_other_model
     from .outputs import Outputs
     from .tokenizer_checks import load_tokenizer
 
@@ -23,7 +24,8 @@ _EXPORTS = {
     **dict.fromkeys(["ClsRowCapture", "eager_rows", "find_self_attention"], "capture"),
     **dict.fromkeys(["load_config", "resolve_source"], "checks"),
     "load_tokenizer": "tokenizer_checks",
-    **dict.fromkeys(["Classifier", "is_other_model"], "classifier"),
+    "Classifier": "classifier",
+    "is_other_model": "fingerprint",
     **dict.fromkeys(["resolve_device", "resolve_dtype"], "device"),
     **dict.fromkeys(["Encoded", "Encoder", "encode_texts"], "encode"),
     "Outputs": "outputs",

@@ -6,7 +6,7 @@ Usage::
     out = clf.forward([enc.ids for enc in encoded])   # out.probs (B, C), out.rows (B, L, H, S), ...
     pending = clf.launch(ids)                          # queued on the device; pending.result() later
 
-This module knows nothing of files or schemas: it turns token ids into probabilities and [CLS]
+This module knows nothing of schemas: it turns token ids into probabilities and [CLS]
 attention rows. In sdpa mode the last layer's attention and what follows it run for [CLS] only
 (``trim.py``) where a probe on load shows that changes nothing. Weights load as safetensors unless
 pickle is allowed explicitly; remote code never runs unless asked for (``checks.py``).
@@ -15,12 +15,10 @@ pickle is allowed explicitly; remote code never runs unless asked for (``checks.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import pickle
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -43,51 +41,12 @@ from .checks import (
 )
 from .compiled import compiled_model
 from .device import does_not_fit, no_cudnn_attention, out_of_memory, resolve_device, resolve_dtype
+from .fingerprint import weights_hash
 from .outputs import Outputs
 from .tokenizer_checks import check_tokenizer, load_tokenizer, tokenizer_limit
 from .trim import LastLayerTrim, cls_sdpa, verified
 
 log = logging.getLogger(__name__)
-
-
-def weights_hash(path: str) -> str:
-    """sha256 over the weight files of a local model folder (or its hub cache), to tell models apart."""
-    folder = Path(path)
-    if not folder.is_dir():
-        try:
-            from transformers.utils import cached_file
-
-            found = cached_file(path, "config.json")
-            folder = Path(found).parent if found else folder
-        except OSError:
-            return "unknown"
-    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
-    if not files:
-        return "unknown"
-    key = tuple((str(f.resolve()), st.st_size, st.st_mtime_ns) for f, st in ((f, f.stat()) for f in files))
-    if key not in _HASHES:  # a check before loading, then the load: a 1 GB model is read once
-        h = hashlib.sha256()
-        for f in files:
-            h.update(f.name.encode())
-            with open(f, "rb") as fh:
-                while block := fh.read(1 << 23):
-                    h.update(block)
-        _HASHES[key] = h.hexdigest()
-    return _HASHES[key]
-
-
-#: weights_hash's results, by the files' paths, sizes and modification times
-_HASHES: dict[tuple, str] = {}
-
-
-def is_other_model(source: str, weights_sha256: str | None) -> bool:
-    """Whether the model at ``source`` surely has other weights than those a run recorded: checked
-    before it is loaded, since a model retrained into the same folder may fail the run's settings (its
-    length, its layers) and be refused for that instead of for being another model."""
-    if not weights_sha256:
-        return False
-    now = weights_hash(resolve_source(source))
-    return now != "unknown" and now != weights_sha256
 
 
 @dataclass
@@ -100,7 +59,9 @@ class Classifier:
     dtype: torch.dtype
     layers: list[int]  # 0-based encoder layer indices
     max_length: int
-    attention: str  # "sdpa" (captured rows) or "eager" (output_attentions)
+    # how [CLS] rows are read: "sdpa", captured from each layer's queries and keys (a model without SDPA
+    # runs its own eager attention then), or "eager", transformers' output_attentions
+    attention: str
     source: str
     weights_sha256: str
     num_layers: int
@@ -127,8 +88,6 @@ class Classifier:
         value_zeroing: bool = False,
         compile: bool = False,
     ) -> Classifier:
-        from transformers import AutoModelForSequenceClassification
-
         path = resolve_source(source)  # package:NAME, else the folder or hub name itself
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
@@ -138,49 +97,9 @@ class Classifier:
         tokenizer = load_tokenizer(path, trust_remote_code)
         check_tokenizer(tokenizer, config, source)
 
-        def from_pretrained(implementation: str):
-            # quiet: what its load report says, check_loaded_weights says as one error
-            with warnings.catch_warnings(), transformers_log_level("error"):
-                warnings.simplefilter("ignore")
-                return AutoModelForSequenceClassification.from_pretrained(
-                    path,
-                    dtype=torch_dtype,
-                    attn_implementation=implementation,
-                    use_safetensors=None if allow_pickle else True,
-                    trust_remote_code=trust_remote_code,
-                    output_loading_info=True,
-                    ignore_mismatched_sizes=True,  # refused below, naming the weights, not raised bare
-                    return_dict=True,  # outputs as objects (.logits), whatever config.json says
-                    output_attentions=False,  # eager mode asks per call; sdpa cannot return them
-                )
-
-        try:
-            try:
-                model, info = from_pretrained(attention)
-            except ValueError as e:
-                if attention != "sdpa" or "scaled_dot_product_attention" not in str(e):
-                    raise
-                # an architecture without SDPA (Megatron-BERT): its own attention, rows still captured
-                log.info("%s has no SDPA attention; running its eager attention", source)
-                model, info = from_pretrained("eager")
-        except pickle.UnpicklingError as e:
-            raise ModelError(
-                f"cannot load model weights from {source!r} "
-                f"(pickle refused by torch.load(weights_only=True): {pickle_reason(e)})"
-            ) from None
-        except (OSError, ValueError, RuntimeError, SafetensorError) as e:
-            raise ModelError(f"cannot load model weights from {source!r}: {first_line(e)}") from None
-        check_positions(model, source)  # first: its dropped weights are what the next check names
-        check_loaded_weights(model, info, source)
-        try:
-            model.eval().to(dev)  # eval: dropout off
-            fits = True
-        except RuntimeError as e:  # torch's OutOfMemoryError is one
-            if not out_of_memory(e):
-                raise
-            fits = False
-        if not fits:  # out of the except block, whose traceback holds what was moved already
-            del model  # ... and this frame, which the error's traceback holds too
+        model = _load_weights(path, source, attention, torch_dtype, trust_remote_code, allow_pickle)
+        if not _moved(model, dev):
+            del model  # the error's traceback holds this frame: the weights go before it is raised
             raise does_not_fit(source, dev, torch_dtype)
         num_layers = layer_count(config)
         resolved = resolve_layers(layers, num_layers)
@@ -358,6 +277,60 @@ def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list
     if len(set(out)) != len(out):
         raise SpecError(f"layers {list(layers)} name the same layer twice")
     return out
+
+
+def _load_weights(
+    path: str, source: str, attention: str, dtype: torch.dtype, trust_remote_code: bool, allow_pickle: bool
+) -> torch.nn.Module:
+    """The classifier's weights, checked: every weight loaded and fitting its positions. An
+    architecture without SDPA runs its own eager attention (its [CLS] rows are captured all the same)."""
+    from transformers import AutoModelForSequenceClassification
+
+    def from_pretrained(implementation: str):
+        # quiet: what its load report says, check_loaded_weights says as one error
+        with warnings.catch_warnings(), transformers_log_level("error"):
+            warnings.simplefilter("ignore")
+            return AutoModelForSequenceClassification.from_pretrained(
+                path,
+                dtype=dtype,
+                attn_implementation=implementation,
+                use_safetensors=None if allow_pickle else True,
+                trust_remote_code=trust_remote_code,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,  # refused below, naming the weights, not raised bare
+                return_dict=True,  # outputs as objects (.logits), whatever config.json says
+                output_attentions=False,  # eager mode asks per call; sdpa cannot return them
+            )
+
+    try:
+        try:
+            model, info = from_pretrained(attention)
+        except ValueError as e:
+            if attention != "sdpa" or "scaled_dot_product_attention" not in str(e):
+                raise
+            log.info("%s has no SDPA attention; running its eager attention", source)  # Megatron-BERT
+            model, info = from_pretrained("eager")
+    except pickle.UnpicklingError as e:
+        raise ModelError(
+            f"cannot load model weights from {source!r} "
+            f"(pickle refused by torch.load(weights_only=True): {pickle_reason(e)})"
+        ) from None
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+        raise ModelError(f"cannot load model weights from {source!r}: {first_line(e)}") from None
+    check_positions(model, source)  # first: its dropped weights are what the next check names
+    check_loaded_weights(model, info, source)
+    return model
+
+
+def _moved(model: torch.nn.Module, dev: torch.device) -> bool:
+    """Whether the model is now on its device, in eval mode (dropout off), or the device is too small."""
+    try:
+        model.eval().to(dev)
+        return True
+    except RuntimeError as e:  # torch's OutOfMemoryError is one
+        if not out_of_memory(e):
+            raise
+    return False  # out of the except block, whose traceback holds the weights moved already
 
 
 def _max_length(asked: int | None, tokenizer, config, source: str) -> int:
