@@ -48,7 +48,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from .. import schema
-from .._util import atomic_path, claim_dir, remove_stale
+from .._util import claim_dir, remove_stale
 from ..errors import RunDirError, SpecError, WriteError
 from ..run import (
     AGGREGATES_DIR,
@@ -59,6 +59,7 @@ from ..run import (
     read_manifest,
 )
 from .contrast import GROUP, with_contrasts, with_shrunk_means
+from .derived import write_derived
 from .words import CLASSES, KEY, REVIEW, word_continuation, word_rows
 
 log = logging.getLogger(__name__)
@@ -299,25 +300,19 @@ def aggregate(
         else:  # a complete run over inputs without rows: an empty table, so what reads it still works
             table = pl.LazyFrame(schema=pl.from_arrow(schema.arrow(TABLE).empty_table()).schema)
         options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units)}
-        meta = {
-            "table": TABLE,
-            "schema_version": str(schema.version(TABLE)),
-            "options": json.dumps(options),
-            "parts": json.dumps([p.name for p in parts]),
-            "run_job_sha256": manifest.job_sha256,
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
         # the result is bounded by the vocabulary (x heads x groups), so it is collected and cast
         # to the schema with pyarrow, which keeps the columns' descriptions in the file
         table = table.collect(engine="streaming")
-        arrow = schema.cast(table.to_arrow(), TABLE)
-        arrow = arrow.replace_schema_metadata(meta)  # meta repeats the schema's table and version
         final = out_dir / f"{TABLE}.parquet"
-        try:
-            with atomic_path(final, unique=True) as tmp:  # readers see the old table or the new one
-                pq.write_table(arrow, tmp, compression="zstd")
-        except OSError as e:
-            raise WriteError(f"cannot write the aggregates into {out_dir}: {e.strerror or e}") from None
+        write_derived(
+            final,
+            schema.cast(table.to_arrow(), TABLE),
+            TABLE,
+            options,
+            manifest.job_sha256,
+            parts=json.dumps([p.name for p in parts]),
+            created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        )
     except pl.exceptions.ComputeError as e:  # polars's word for a write that failed
         if "No space left" not in str(e):
             raise

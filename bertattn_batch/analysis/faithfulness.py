@@ -32,14 +32,14 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-import pyarrow.parquet as pq
 
 from .. import schema
-from .._util import atomic_path, bar_size, check_writable
-from ..errors import RunDirError, SpecError, WriteError
+from .._util import bar_size, check_writable
+from ..errors import RunDirError, SpecError
 from ..extract.batching import bucket_batches
 from ..model import Classifier, encode_texts
 from ..run import committed_files, display_path, layer_name, on_local_copy, read_manifest
+from .derived import write_derived
 from .run_model import load_run_model
 from .texts import review_texts, scored_predictions
 
@@ -145,23 +145,17 @@ def faithfulness(
     rows = erasure_table(clf, ids, pred, scores, progress)
     table = schema.cast(pl.DataFrame(rows).to_arrow(), TABLE) if rows else schema.arrow(TABLE).empty_table()
     options = {"sample": sample, "seed": seed, "n_reviews": len(ids), "fractions": list(FRACTIONS)}
-    meta = {
-        "table": TABLE,
-        "schema_version": str(schema.version(TABLE)),
-        "options": json.dumps(options),
-        "doc_ids": json.dumps(doc_ids),
-        "run_job_sha256": manifest.job_sha256,
-        "run_id": manifest.run_id,
+    write_derived(
+        path,
+        table,
+        TABLE,
+        options,
+        manifest.job_sha256,
+        doc_ids=json.dumps(doc_ids),
+        run_id=manifest.run_id,
         # the parts it sampled from: a later --incremental pass adds reviews it has not seen
-        "parts": json.dumps(sorted(p.name for p in manifest.parts)),
-    }
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path, unique=True) as tmp:
-            pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
-    except OSError as e:
-        raise WriteError(f"cannot write {path}: {e.strerror or e}") from None
+        parts=json.dumps(sorted(p.name for p in manifest.parts)),
+    )
     return Faithfulness(path, pl.from_arrow(table), options, manifest.num_layers, time.perf_counter() - t0)
 
 
