@@ -139,3 +139,11 @@ SORT_KEYS = {
 def same_job_table(table: pa.Table) -> pa.Table:
     """A table as two runs of the same job must write it alike: without the columns naming the run."""
     return table.drop_columns([c for c in RUN_COLUMNS if c in table.column_names])
+
+
+def padded_share(lengths, batches) -> tuple[int, int]:
+    """(real tokens, padded slots) that ``batches`` (index arrays into ``lengths``) feed the model."""
+    lens = np.asarray(lengths)
+    real = int(sum(lens[b].sum() for b in batches))
+    slots = int(sum(len(b) * lens[b].max() for b in batches))
+    return real, slots

@@ -86,11 +86,3 @@ def bucket_batches(
             batches.append(run_idx[max(0, hi - k) : hi])
         b = a
     return batches
-
-
-def padded_share(lengths: Sequence[int], batches: Sequence[np.ndarray]) -> tuple[int, int]:
-    """(real tokens, padded slots) that ``batches`` feed the model."""
-    lens = np.asarray(lengths)
-    real = int(sum(lens[b].sum() for b in batches))
-    slots = int(sum(len(b) * lens[b].max() for b in batches))
-    return real, slots

@@ -57,14 +57,14 @@ def page(title: str, body: str) -> str:
     )
 
 
-def colors(values: np.ndarray, vmin: float = 0.0, vmax: float = 1.0, cmap: str = CMAP) -> np.ndarray:
+def colors(values: np.ndarray, vmin: float = 0.0, vmax: float = 1.0) -> np.ndarray:
     """Hex colours of ``values`` under a matplotlib colour map; NaN becomes white."""
     from matplotlib import colormaps
     from matplotlib.colors import to_hex
 
     span = vmax - vmin or 1.0
     norm = np.clip((np.asarray(values, dtype=np.float64) - vmin) / span, 0, 1)
-    cm = colormaps[cmap]
+    cm = colormaps[CMAP]
     out = np.empty(norm.shape, dtype=object)
     for idx, v in np.ndenumerate(norm):
         out[idx] = "#ffffff" if np.isnan(v) else to_hex(cm(v))
@@ -78,7 +78,6 @@ def heat_table(
     tips: np.ndarray | None = None,
     vmin: float = 0.0,
     vmax: float = 1.0,
-    caption: str = "",
 ) -> str:
     """A heatmap as an HTML table: one coloured cell per value, column labels written vertically.
 
@@ -97,8 +96,6 @@ def heat_table(
         )
         lines.append(f'<tr><th class="row">{esc(name)}</th>{cells}</tr>')
     lines.append("</table></div>")
-    if caption:
-        lines.append(f'<p class="meta">{esc(caption)}</p>')
     return "\n".join(lines)
 
 

@@ -122,7 +122,7 @@ def _diverged(what: str, step: int, spec: FinetuneSpec) -> ModelError:
 def _check_outputs(model: Any, ids: list[list[int]], pad_id: int, step: int, spec: FinetuneSpec) -> None:
     """The loss is checked before each update, so the last update can still leave the model giving NaN
     (one step at 5e5): saved, it scored every review as label 0 and failed every extract. Its outputs
-    on a batch of its training reviews are checked here."""
+    on a batch of its training reviews are checked after training."""
     rows = np.arange(min(len(ids), spec.batch_size))
     input_ids, mask = _collate(ids, rows, pad_id)
     with torch.inference_mode():
@@ -158,15 +158,15 @@ def train_loop(
                 logits = model(input_ids=input_ids, attention_mask=mask).logits
                 target = torch.from_numpy(y[rows])
                 loss = F.cross_entropy(logits, target, label_smoothing=spec.label_smoothing)
+                step += 1
+                value = float(loss.detach())
+                if not math.isfinite(value):  # before the update, which would make every weight NaN
+                    raise _diverged(f"the loss is {value}", step, spec)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 sched.step()
-                step += 1
-                value = float(loss.detach())
-                if not math.isfinite(value):  # every weight would be NaN from here on
-                    raise _diverged(f"the loss is {value}", step, spec)
                 loss_ema = value if loss_ema is None else 0.95 * loss_ema + 0.05 * value
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_ema:.4f}")

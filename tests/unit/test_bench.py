@@ -135,7 +135,9 @@ def test_bucket_batches_finds_the_cheapest_cut_when_the_budget_does_not_bind(see
 
 def test_default_corpus_pads_under_ten_percent(zh_rows):
     """Windows of 4096 reviews of the default corpus (lengths: characters + [CLS]/[SEP], at most 256)."""
-    from bertattn_batch.extract.batching import bucket_batches, padded_share
+    from helpers import padded_share
+
+    from bertattn_batch.extract.batching import bucket_batches
 
     lengths = [min(len(r["text"]) + 2, 256) for r in zh_rows]
     real = slots = 0

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from helpers import padded_share
 
-from bertattn_batch.extract.batching import batch_overhead, bucket_batches, chunks, padded_share
+from bertattn_batch.extract.batching import batch_overhead, bucket_batches, chunks
 
 
 def test_chunks():
