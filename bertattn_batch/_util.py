@@ -359,8 +359,10 @@ def json_text(value: Any, **options: Any) -> str:
 
 def human_bytes(n: float) -> str:
     """Bytes in decimal units (1 MB = 1,000,000 bytes), as the docs and object stores count them."""
-    for unit in ("B", "KB", "MB", "GB"):
-        if round(n, 1) < 1000 or unit == "GB":  # 999,999 bytes: 1.0 MB, not 1000.0 KB
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    if n < 1000:
+        return f"{n:.0f} B"
+    for unit in ("KB", "MB"):
         n /= 1000
-    return f"{n} B"
+        if round(n, 1) < 1000:  # 999,999 bytes: 1.0 MB, not 1000.0 KB
+            return f"{n:.1f} {unit}"
+    return f"{n / 1000:.1f} GB"

@@ -20,8 +20,6 @@ def _byte_decoder() -> dict[str, int]:
 
 
 _BYTES = _byte_decoder()
-
-
 _SHIFTED = {c for c, b in _BYTES.items() if ord(c) >= 256}  # bytes with no printable self: 'Ġ' (space)
 
 

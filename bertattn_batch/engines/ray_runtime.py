@@ -178,13 +178,10 @@ def _restore(handlers: dict[int, Any]) -> None:
             signal.signal(sig, handler)
 
 
-#: How Ray shows a worker's error: a traceback whose last line is "module.Class: message".
+#: Terminal colours, which Ray may put around a worker's traceback.
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
 _DIRECT_CAUSE = "The above exception was the direct cause of the following exception"
-
-
+#: How Ray shows a worker's error: a traceback whose last line is "module.Class: message".
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Interrupt|Exit)\w*): (.*)$")
 
 

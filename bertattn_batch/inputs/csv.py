@@ -23,8 +23,6 @@ from .rows import WRONG_FIELD_COUNT
 #: Bytes of a CSV file that Arrow parses at a time; a file with a row longer than that is read again in
 #: blocks four times larger, up to CSV_MAX_BLOCK_BYTES (Arrow's blocks must hold any row that crosses one).
 CSV_BLOCK_BYTES = 1 << 22
-
-
 CSV_MAX_BLOCK_BYTES = 1 << 30
 
 

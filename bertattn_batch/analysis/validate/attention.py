@@ -15,8 +15,7 @@ from .report import KEPT, Recorder
 #: rounded to half precision (measured: up to 1e-3 off on 250-token reviews); the SDPA capture computes
 #: the row in float32 whatever the model's dtype (measured: 1.3e-7), so it gets float32's tolerance.
 MASS_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
-
-
+#: ... and for a run whose dtype is not recorded or not among those.
 MASS_TOLERANCE_DEFAULT = 2e-2
 
 

@@ -26,10 +26,9 @@ CHECKS = {
 }
 
 
-#: Examples shown per check in the report, and problems kept per check in ``ValidationReport``.
+#: Examples shown per check in the report.
 SHOWN = 3
-
-
+#: Problems kept per check in ``ValidationReport`` (the counts stay exact).
 KEPT = 20
 
 
