@@ -340,7 +340,7 @@ def _inside(path: str, folder: str) -> bool:
 
 def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
     """Build dataclass ``cls`` from ``data``; unknown keys, missing keys and wrong types raise SpecError."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:

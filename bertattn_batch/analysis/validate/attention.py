@@ -80,200 +80,226 @@ def check_attention(rec: Recorder, run: RunView) -> None:
 def _check_part_attention(rec: Recorder, run: RunView, part: Part) -> tuple[int, pl.DataFrame]:
     """Per-(review, layer, head) checks of one part, and of its tokens; returns how many head_summary
     rows it checked and its distinct (token_id, token) pairs, which the run's parts must agree on."""
-    assert run.layers is not None and run.num_heads is not None
-    rel_attn, rel_sum, rel_tok = part.rel["cls_attention"], part.rel["head_summary"], part.rel["tokens"]
-    pred = pl.read_parquet(
-        run.file(part, "predictions"), columns=["doc_id", "status", "n_tokens"], glob=False
-    )
-    scored = pred.filter(pl.col("status") == "ok").select("doc_id", "n_tokens").unique("doc_id")
-    summary = pl.read_parquet(run.file(part, "head_summary"), glob=False)  # reviews x layers x heads rows
-    attn = pl.scan_parquet(run.file(part, "cls_attention"), glob=False)
-    tokens = pl.scan_parquet(run.file(part, "tokens"), glob=False)
-    layer_ok = pl.col("layer").is_in(run.layers) & pl.col("head").is_between(0, run.num_heads - 1)
-    key = fmt("doc '{}' layer {} head {}", "doc_id", "layer", "head")
+    check = _PartCheck(rec, run, part)
+    summary = check.grid()
+    check.token_positions()
+    apply_rules(rec, check.heads(summary), check.head_rules())
+    apply_rules(rec, check.rows(summary), check.row_rules())
+    apply_rules(rec, check.tokens, [check.span_rule()])
+    return summary.height, check.tokens.select("token_id", "token").unique().collect(engine="streaming")
 
-    def report(check: str, rows: pl.DataFrame, message: pl.Expr) -> None:
-        rec.fail_many(check, rows.height, rows.head(KEPT).select(message).to_series().to_list())
 
-    # layers and heads: every scored review has the whole grid, once, in both tables; nothing else does
-    grid = scored.select("doc_id").join(
-        pl.DataFrame(
-            {
-                "layer": [la for la in run.layers for _ in range(run.num_heads)],
-                "head": list(range(run.num_heads)) * len(run.layers),
-            },
-            schema={"layer": pl.Int16, "head": pl.Int16},
-        ),
-        how="cross",
-    )
-    groups = (
-        attn.group_by(_KEYS)
-        .agg(
-            n=pl.len(),
-            wsum=pl.col("weight").cast(pl.Float64).sum(),
-            wmin=pl.col("weight").min(),
-            wmax=pl.col("weight").max(),
-            pmin=pl.col("position").min(),
-            pmax=pl.col("position").max(),
-            distinct=pl.col("position").n_unique(),
+class _PartCheck:
+    """One part's tables, read once, and the checks over them, one method per kind."""
+
+    def __init__(self, rec: Recorder, run: RunView, part: Part) -> None:
+        assert run.layers is not None and run.num_heads is not None
+        self.rec, self.run = rec, run
+        self.rel_attn, self.rel_sum = part.rel["cls_attention"], part.rel["head_summary"]
+        self.rel_tok = part.rel["tokens"]
+        pred = pl.read_parquet(
+            run.file(part, "predictions"), columns=["doc_id", "status", "n_tokens"], glob=False
         )
-        .collect(engine="streaming")
-    )
-    dup = summary.group_by(_KEYS).agg(n=pl.len()).filter(pl.col("n") > 1)
-    report("layers_heads", dup, fmt("{} {}: {} head_summary rows", pl.lit(rel_sum), key, "n"))
-    summary = summary.unique(_KEYS, keep="first", maintain_order=True)
-    for rel, table in ((rel_sum, summary), (rel_attn, groups)):
-        where = fmt("{} {}", pl.lit(rel), key)
-        wanted = f"layers {run.layers} x heads 0..{run.num_heads - 1}"
-        report("layers_heads", table.filter(~layer_ok), fmt("{}: not among {}", where, pl.lit(wanted)))
-        stray = (
-            table.filter(layer_ok).join(scored, on="doc_id", how="anti").unique("doc_id", maintain_order=True)
+        self.scored = pred.filter(pl.col("status") == "ok").select("doc_id", "n_tokens").unique("doc_id")
+        self.summary = pl.read_parquet(run.file(part, "head_summary"), glob=False)  # reviews x layers x heads
+        self.attn = pl.scan_parquet(run.file(part, "cls_attention"), glob=False)
+        self.tokens = pl.scan_parquet(run.file(part, "tokens"), glob=False)
+        self.key = fmt("doc '{}' layer {} head {}", "doc_id", "layer", "head")
+        self.groups = (  # each (review, layer, head) of the attention rows, summed up
+            self.attn.group_by(_KEYS)
+            .agg(
+                n=pl.len(),
+                wsum=pl.col("weight").cast(pl.Float64).sum(),
+                wmin=pl.col("weight").min(),
+                wmax=pl.col("weight").max(),
+                pmin=pl.col("position").min(),
+                pmax=pl.col("position").max(),
+                distinct=pl.col("position").n_unique(),
+            )
+            .collect(engine="streaming")
         )
-        report(
-            "layers_heads",
-            stray,
-            fmt("{} doc '{}': not a scored review of this part", pl.lit(rel), "doc_id"),
+
+    def report(self, check: str, rows: pl.DataFrame, message: pl.Expr) -> None:
+        self.rec.fail_many(check, rows.height, rows.head(KEPT).select(message).to_series().to_list())
+
+    def grid(self) -> pl.DataFrame:
+        """Layers and heads: every scored review has the whole grid, once, in both tables; nothing else
+        does. Returns head_summary with each (review, layer, head) once."""
+        run, key = self.run, self.key
+        assert run.layers is not None and run.num_heads is not None
+        layer_ok = pl.col("layer").is_in(run.layers) & pl.col("head").is_between(0, run.num_heads - 1)
+        grid = self.scored.select("doc_id").join(
+            pl.DataFrame(
+                {
+                    "layer": [la for la in run.layers for _ in range(run.num_heads)],
+                    "head": list(range(run.num_heads)) * len(run.layers),
+                },
+                schema={"layer": pl.Int16, "head": pl.Int16},
+            ),
+            how="cross",
         )
-        report("layers_heads", grid.join(table, on=_KEYS, how="anti"), fmt("{}: missing", where))
+        dup = self.summary.group_by(_KEYS).agg(n=pl.len()).filter(pl.col("n") > 1)
+        self.report("layers_heads", dup, fmt("{} {}: {} head_summary rows", pl.lit(self.rel_sum), key, "n"))
+        summary = self.summary.unique(_KEYS, keep="first", maintain_order=True)
+        for rel, table in ((self.rel_sum, summary), (self.rel_attn, self.groups)):
+            where = fmt("{} {}", pl.lit(rel), key)
+            wanted = f"layers {run.layers} x heads 0..{run.num_heads - 1}"
+            self.report(
+                "layers_heads", table.filter(~layer_ok), fmt("{}: not among {}", where, pl.lit(wanted))
+            )
+            stray = (
+                table.filter(layer_ok)
+                .join(self.scored, on="doc_id", how="anti")
+                .unique("doc_id", maintain_order=True)
+            )
+            self.report(
+                "layers_heads",
+                stray,
+                fmt("{} doc '{}': not a scored review of this part", pl.lit(rel), "doc_id"),
+            )
+            self.report("layers_heads", grid.join(table, on=_KEYS, how="anti"), fmt("{}: missing", where))
+        return summary
 
-    # per position: one tokens row for each position the attention rows hold, and no other
-    where = fmt("{} doc '{}' position {}", pl.lit(rel_tok), "doc_id", "position")
-    # (reviews numbered: keyed by doc_id, a set of positions holds memory in proportion to its length)
-    docs = (
-        pl.concat([attn.select("doc_id"), tokens.select("doc_id")])
-        .unique()
-        .collect(engine="streaming")
-        .with_row_index("doc")
-    )
-    spot = ["doc", "position"]
+    def token_positions(self) -> None:
+        """One tokens row for each position the attention rows hold, and no other."""
+        where = fmt("{} doc '{}' position {}", pl.lit(self.rel_tok), "doc_id", "position")
+        # (reviews numbered: keyed by doc_id, a set of positions holds memory in proportion to its length)
+        docs = (
+            pl.concat([self.attn.select("doc_id"), self.tokens.select("doc_id")])
+            .unique()
+            .collect(engine="streaming")
+            .with_row_index("doc")
+        )
+        spot = ["doc", "position"]
 
-    def positions(frame: pl.LazyFrame) -> pl.LazyFrame:
-        return frame.join(docs.lazy(), on="doc_id").select(*spot)
+        def positions(frame: pl.LazyFrame) -> pl.LazyFrame:
+            return frame.join(docs.lazy(), on="doc_id").select(*spot)
 
-    def named(frame: pl.DataFrame) -> pl.DataFrame:
-        return frame.join(docs, on="doc").sort(TOKEN_KEY)
+        def named(frame: pl.DataFrame) -> pl.DataFrame:
+            return frame.join(docs, on="doc").sort(TOKEN_KEY)
 
-    written = positions(tokens).group_by(spot).agg(n=pl.len()).collect(engine="streaming")
-    report("tokens", named(written.filter(pl.col("n") > 1)), fmt("{}: written {} times", where, "n"))
-    held = positions(attn).unique().collect(engine="streaming")
-    report("tokens", named(held.join(written, on=spot, how="anti")), fmt("{}: missing", where))
-    report(
-        "tokens",
-        named(written.join(held, on=spot, how="anti")),
-        fmt("{}: no attention rows in {}", where, pl.lit(rel_attn)),
-    )
+        written = positions(self.tokens).group_by(spot).agg(n=pl.len()).collect(engine="streaming")
+        self.report("tokens", named(written.filter(pl.col("n") > 1)), fmt("{}: written {} times", where, "n"))
+        held = positions(self.attn).unique().collect(engine="streaming")
+        self.report("tokens", named(held.join(written, on=spot, how="anti")), fmt("{}: missing", where))
+        self.report(
+            "tokens",
+            named(written.join(held, on=spot, how="anti")),
+            fmt("{}: no attention rows in {}", where, pl.lit(self.rel_attn)),
+        )
 
-    # per head: positions, mass, min/max
-    tol = _mass_tolerance(run)
-    heads = groups.join(summary, on=_KEYS, how="inner").join(scored, on="doc_id", how="inner")
-    mass = pl.col("wsum") + pl.col("weight_cls").cast(pl.Float64) + pl.col("weight_sep").cast(pl.Float64)
-    content = pl.col("n_tokens") - 2
-    at = fmt("{} {}", pl.lit(rel_attn), key)
-    head_rules: list[Rule] = [
-        (
-            "positions",
-            ~((pl.col("n") == pl.col("n_content")) & (pl.col("n_content") == content)),
-            fmt("{}: {} rows, n_content {}, n_tokens - 2 = {}", at, "n", "n_content", content),
-        ),
-        (
-            "positions",
-            ~((pl.col("pmin") == 1) & (pl.col("pmax") == content) & (pl.col("distinct") == pl.col("n"))),
-            fmt(
-                "{}: positions {}..{} ({} distinct in {} rows), expected 1..{} once each",
-                *(at, "pmin", "pmax", "distinct", "n", content),
+    def heads(self, summary: pl.DataFrame) -> pl.LazyFrame:
+        """Each scored (review, layer, head): its attention rows summed up beside its head_summary row."""
+        return (
+            self.groups.join(summary, on=_KEYS, how="inner")
+            .join(self.scored, on="doc_id", how="inner")
+            .lazy()
+        )
+
+    def head_rules(self) -> list[Rule]:
+        """Per head: positions, mass, min/max."""
+        tol = _mass_tolerance(self.run)
+        mass = pl.col("wsum") + pl.col("weight_cls").cast(pl.Float64) + pl.col("weight_sep").cast(pl.Float64)
+        content = pl.col("n_tokens") - 2
+        at = fmt("{} {}", pl.lit(self.rel_attn), self.key)
+        return [
+            (
+                "positions",
+                ~((pl.col("n") == pl.col("n_content")) & (pl.col("n_content") == content)),
+                fmt("{}: {} rows, n_content {}, n_tokens - 2 = {}", at, "n", "n_content", content),
             ),
-        ),
-        (
-            "attention_mass",
-            ~((mass - 1).abs() <= tol),
-            fmt(
-                "{}: content {} + [CLS] {} + [SEP] {} = {}, not 1 within {}",
-                *(at, r("wsum"), r("weight_cls"), r("weight_sep"), mass.round(6), pl.lit(tol)),
-            ),
-        ),
-        (
-            "attention_mass",
-            ~(pl.col("weight_cls").is_between(0, 1) & pl.col("weight_sep").is_between(0, 1)),
-            fmt("{}: weight_cls {} or weight_sep {} outside [0, 1]", at, r("weight_cls"), r("weight_sep")),
-        ),
-        (
-            "scaling",
-            ~(
-                ((pl.col("weight_min") - pl.col("wmin")).abs() <= MINMAX_TOLERANCE)
-                & ((pl.col("weight_max") - pl.col("wmax")).abs() <= MINMAX_TOLERANCE)
-            ),
-            fmt(
-                "{}: weight_min/max {}/{}, but the weights' min/max are {}/{}",
-                *(at, r("weight_min"), r("weight_max"), r("wmin"), r("wmax")),
-            ),
-        ),
-    ]
-    apply_rules(rec, heads.lazy(), head_rules)
-
-    # per row: raw weights, scaled weights, spans
-    lo, hi = pl.col("weight_min").cast(pl.Float64), pl.col("weight_max").cast(pl.Float64)
-    expected = pl.when(hi > lo).then((pl.col("weight").cast(pl.Float64) - lo) / (hi - lo)).otherwise(0.0)
-    rows = attn.join(summary.lazy().select(*_KEYS, "weight_min", "weight_max"), on=_KEYS, how="left")
-    at = fmt("{} {} position {}", pl.lit(rel_attn), key, "position")
-    scaled = pl.col("weight_scaled")
-    zeroing_asked = bool(run.manifest.get("spec", {}).get("value_zeroing", False))
-
-    row_rules: list[Rule] = [
-        (
-            "attention_mass",
-            ~pl.col("weight").is_between(0, 1),
-            fmt("{}: weight {} outside [0, 1]", at, "weight"),
-        ),
-        (
-            "scaling",
-            ~scaled.is_between(0, 1),
-            fmt("{}: weight_scaled {} outside [0, 1]", at, "weight_scaled"),
-        ),
-        (
-            "scaling",
-            scaled.is_between(0, 1) & ~((scaled.cast(pl.Float64) - expected).abs() <= SCALED_TOLERANCE),
-            fmt(
-                "{}: weight_scaled {}, but (w - min)/(max - min) = {}",
-                at,
-                r("weight_scaled"),
-                expected.round(6),
-            ),
-        ),
-        (
-            "measures",
-            ~(pl.col("weight_norm").is_finite() & (pl.col("weight_norm") >= 0)),
-            fmt("{}: weight_norm {} is not a finite number >= 0", at, "weight_norm"),
-        ),
-        (
-            "measures",
-            pl.col("value_zeroing").is_not_null() & ~pl.col("value_zeroing").is_between(0, 2),
-            fmt("{}: value_zeroing {} outside [0, 2]", at, "value_zeroing"),
-        ),
-        (
-            "measures",
-            pl.col("value_zeroing").is_null() == zeroing_asked,
-            fmt(
-                "{}: "
-                + (
-                    "value_zeroing is null, but the run asked for it"
-                    if zeroing_asked
-                    else "value_zeroing is set, but the run did not ask for it"
+            (
+                "positions",
+                ~((pl.col("pmin") == 1) & (pl.col("pmax") == content) & (pl.col("distinct") == pl.col("n"))),
+                fmt(
+                    "{}: positions {}..{} ({} distinct in {} rows), expected 1..{} once each",
+                    *(at, "pmin", "pmax", "distinct", "n", content),
                 ),
-                at,
             ),
-        ),
-    ]
-    apply_rules(rec, rows, row_rules)
-    span_rule: Rule = (
-        "spans",
-        ~((pl.col("start") >= 0) & (pl.col("start") <= pl.col("end"))),
-        fmt(
-            "{} doc '{}' position {}: span {}..{} is not 0 <= start <= end",
-            *(pl.lit(rel_tok), "doc_id"),
-            "position",
-            "start",
-            "end",
-        ),
-    )
-    apply_rules(rec, tokens, [span_rule])
-    return summary.height, tokens.select("token_id", "token").unique().collect(engine="streaming")
+            (
+                "attention_mass",
+                ~((mass - 1).abs() <= tol),
+                fmt(
+                    "{}: content {} + [CLS] {} + [SEP] {} = {}, not 1 within {}",
+                    *(at, r("wsum"), r("weight_cls"), r("weight_sep"), mass.round(6), pl.lit(tol)),
+                ),
+            ),
+            (
+                "attention_mass",
+                ~(pl.col("weight_cls").is_between(0, 1) & pl.col("weight_sep").is_between(0, 1)),
+                fmt(
+                    "{}: weight_cls {} or weight_sep {} outside [0, 1]", at, r("weight_cls"), r("weight_sep")
+                ),
+            ),
+            (
+                "scaling",
+                ~(
+                    ((pl.col("weight_min") - pl.col("wmin")).abs() <= MINMAX_TOLERANCE)
+                    & ((pl.col("weight_max") - pl.col("wmax")).abs() <= MINMAX_TOLERANCE)
+                ),
+                fmt(
+                    "{}: weight_min/max {}/{}, but the weights' min/max are {}/{}",
+                    *(at, r("weight_min"), r("weight_max"), r("wmin"), r("wmax")),
+                ),
+            ),
+        ]
+
+    def rows(self, summary: pl.DataFrame) -> pl.LazyFrame:
+        """The attention rows beside their head's min and max."""
+        return self.attn.join(summary.lazy().select(*_KEYS, "weight_min", "weight_max"), on=_KEYS, how="left")
+
+    def row_rules(self) -> list[Rule]:
+        """Per row: raw weights, scaled weights, the measures."""
+        lo, hi = pl.col("weight_min").cast(pl.Float64), pl.col("weight_max").cast(pl.Float64)
+        expected = pl.when(hi > lo).then((pl.col("weight").cast(pl.Float64) - lo) / (hi - lo)).otherwise(0.0)
+        at = fmt("{} {} position {}", pl.lit(self.rel_attn), self.key, "position")
+        scaled = pl.col("weight_scaled")
+        zeroing_asked = bool(self.run.manifest.get("spec", {}).get("value_zeroing", False))
+        zeroing_wrong = (
+            "value_zeroing is null, but the run asked for it"
+            if zeroing_asked
+            else "value_zeroing is set, but the run did not ask for it"
+        )
+        return [
+            (
+                "attention_mass",
+                ~pl.col("weight").is_between(0, 1),
+                fmt("{}: weight {} outside [0, 1]", at, "weight"),
+            ),
+            (
+                "scaling",
+                ~scaled.is_between(0, 1),
+                fmt("{}: weight_scaled {} outside [0, 1]", at, "weight_scaled"),
+            ),
+            (
+                "scaling",
+                scaled.is_between(0, 1) & ~((scaled.cast(pl.Float64) - expected).abs() <= SCALED_TOLERANCE),
+                fmt(
+                    "{}: weight_scaled {}, but (w - min)/(max - min) = {}",
+                    at,
+                    r("weight_scaled"),
+                    expected.round(6),
+                ),
+            ),
+            (
+                "measures",
+                ~(pl.col("weight_norm").is_finite() & (pl.col("weight_norm") >= 0)),
+                fmt("{}: weight_norm {} is not a finite number >= 0", at, "weight_norm"),
+            ),
+            (
+                "measures",
+                pl.col("value_zeroing").is_not_null() & ~pl.col("value_zeroing").is_between(0, 2),
+                fmt("{}: value_zeroing {} outside [0, 2]", at, "value_zeroing"),
+            ),
+            ("measures", pl.col("value_zeroing").is_null() == zeroing_asked, fmt("{}: " + zeroing_wrong, at)),
+        ]
+
+    def span_rule(self) -> Rule:
+        return (
+            "spans",
+            ~((pl.col("start") >= 0) & (pl.col("start") <= pl.col("end"))),
+            fmt(
+                "{} doc '{}' position {}: span {}..{} is not 0 <= start <= end",
+                *(pl.lit(self.rel_tok), "doc_id", "position", "start", "end"),
+            ),
+        )
