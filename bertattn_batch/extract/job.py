@@ -76,6 +76,7 @@ class Window:
     start_row: int
     end_row: int
     rows: list[ScoredRow]
+    digest: str = ""  # of its input rows as read (WindowRows.digest)
     stats: PartStats = field(default_factory=PartStats)
     plan: BatchPlan | None = None  # its batches, between prepare() and finish()
 
@@ -129,7 +130,7 @@ class WindowJob:
             scored[i].encoded = enc
             if enc.n_tokens <= 2:
                 scored[i].status = "no_tokens"
-        window = Window(rows.start_row, rows.end_row, scored)
+        window = Window(rows.start_row, rows.end_row, scored, rows.digest)
         window.stats.seconds["encode"] += time.perf_counter() - t0
         return window
 
@@ -177,7 +178,9 @@ class WindowJob:
         t0 = time.perf_counter()
         tables = self.extractor.tables(window.rows)
         t1 = time.perf_counter()
-        entry = self.part_writer.stage(window.start_row, window.end_row, tables, self.generation)
+        entry = self.part_writer.stage(
+            window.start_row, window.end_row, tables, self.generation, window.digest
+        )
         window.stats.seconds["extract"] += t1 - t0
         window.stats.seconds["write"] += time.perf_counter() - t1
         trim_heap()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from .. import schema
 from ..errors import RunDirError
 from ..ids import IdSet
-from ..inputs import RowBatch, Source, read_sources
+from ..inputs import RowBatch, RowDigests, Source, read_sources, rows_digest
 from ..run.resume import ResumePoint
 
 
@@ -46,6 +46,9 @@ class WindowRows:
     start_row: int
     end_row: int
     rows: RowBatch
+    #: of the rows as read (``inputs.digest``), where they are every row of ``[start_row, end_row)``: a
+    #: pass by row number; a resume reads them again and compares (empty in a pass by id)
+    digest: str = ""
 
 
 def iter_windows(
@@ -63,8 +66,11 @@ def iter_windows(
     seen = (point.skip_ids or IdSet()) | (point.taken_ids or IdSet()) if columns.id else None
     timings = timings if timings is not None else Counter()
     pending = RowBatch()
+    committed = RowDigests(point.digests)
     t0 = time.perf_counter()
     for block in read_sources(sources, columns.text, columns.id, columns.label, limit, block_rows=window):
+        if not committed.done:
+            _check_committed(committed.feed(block))
         for piece in _on_grid(block, window):
             if pending and piece.row_index[0] // window != pending.row_index[0] // window:
                 timings["read"] += time.perf_counter() - t0
@@ -85,6 +91,14 @@ def iter_windows(
         )
 
 
+def _check_committed(changed: list[tuple[str, int, int]]) -> None:
+    for name, a, b in changed[:1]:
+        raise RunDirError(
+            f"input rows {a}..{b - 1} read otherwise now than when the run committed them (part {name}): "
+            "the inputs were edited since (see bertattn validate); pass --overwrite to start again"
+        )
+
+
 def _on_grid(block: RowBatch, window: int) -> Iterator[RowBatch]:
     """A block's rows cut where they cross a grid line (a block is consecutive rows)."""
     start = 0
@@ -99,7 +113,8 @@ def _window(block: RowBatch, point: ResumePoint, seen: IdSet | None) -> WindowRo
     rows = select_rows(block, point.skip_until, point.skip_ids, seen)
     if not rows:
         return None
-    return WindowRows(rows.row_index[0], rows.row_index[-1] + 1, rows)
+    digest = rows_digest(rows) if point.skip_ids is None else ""  # by row number: every row in its range
+    return WindowRows(rows.row_index[0], rows.row_index[-1] + 1, rows, digest)
 
 
 def select_rows(block: RowBatch, skip_until: int, skip_ids: IdSet | None, seen_ids: IdSet | None) -> RowBatch:

@@ -4,6 +4,7 @@ One module a format, as polars' ``io`` has them; :func:`read_rows` numbers rows 
 """
 
 from .checks import check_inputs
+from .digest import RowDigests, rows_digest
 from .discover import EXTENSIONS, Source, expand_inputs
 from .fingerprint import source_files, streams_as_recorded
 from .hf_datasets import class_label_order
@@ -16,6 +17,7 @@ __all__ = [
     "EXTENSIONS",
     "STDIN",
     "RowBatch",
+    "RowDigests",
     "Source",
     "check_inputs",
     "class_label_order",
@@ -26,6 +28,7 @@ __all__ = [
     "read_once",
     "read_rows",
     "read_sources",
+    "rows_digest",
     "source_files",
     "streams_as_recorded",
     "to_rows",

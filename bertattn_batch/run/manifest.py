@@ -39,6 +39,7 @@ class PartEntry:
     rows: dict[str, int]  # table -> rows in its file
     bytes: int = 0
     generation: int = 0  # the incremental pass that wrote it (0: the first)
+    rows_digest: str = ""  # of its input rows as read (inputs/digest.py); empty in a pass by id
 
     @classmethod
     def parse(cls, data: Any) -> PartEntry:
@@ -64,6 +65,8 @@ class PartEntry:
         for key in ("bytes", "generation"):
             if not isinstance(data.get(key, 0), int):
                 raise ValueError(f"{key} is {data[key]!r}, expected int")
+        if not isinstance(data.get("rows_digest", ""), str):
+            raise ValueError(f"rows_digest is {data['rows_digest']!r}, expected str")
         return cls(
             name=data["name"],
             start_row=data["start_row"],
@@ -72,6 +75,7 @@ class PartEntry:
             rows={t: data["rows"][t] for t in TABLES},
             bytes=data.get("bytes", 0),
             generation=data.get("generation", 0),
+            rows_digest=data.get("rows_digest", ""),
         )
 
     def to_dict(self) -> dict[str, Any]:

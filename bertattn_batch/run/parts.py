@@ -60,7 +60,12 @@ class PartWriter:
         )
 
     def stage(
-        self, start_row: int, end_row: int, tables: dict[str, pa.Table], generation: int = 0
+        self,
+        start_row: int,
+        end_row: int,
+        tables: dict[str, pa.Table],
+        generation: int = 0,
+        rows_digest: str = "",
     ) -> PartEntry:
         """Step 1: write every table's file under its temporary name; returns the manifest entry."""
         name = part_name(start_row, generation, self.lease.token if self.lease else "")
@@ -82,7 +87,7 @@ class PartWriter:
             raise WriteError(f"writing {name} to {self.run_dir} failed: {first_line(e)}") from e
         except OSError as e:
             raise WriteError(f"writing {name} to {self.run_dir} failed: {e.strerror or e}") from e
-        return PartEntry(name, start_row, end_row, files, counts, nbytes, generation)
+        return PartEntry(name, start_row, end_row, files, counts, nbytes, generation, rows_digest)
 
     def publish(self, entry: PartEntry) -> None:
         """Step 3: rename the part's temporary files to their final names (on a store, they have them)."""

@@ -9,7 +9,7 @@ Usage::
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, RunDirError
@@ -33,6 +33,9 @@ class ResumePoint:
     skip_until: int = 0
     skip_ids: IdSet | None = None
     taken_ids: IdSet | None = None
+    #: (name, start_row, end_row, rows digest) of the committed parts that a pass by row number reads
+    #: again before its resume point: rows that now read otherwise are refused (``inputs.digest``)
+    digests: list[tuple[str, int, int, str]] = field(default_factory=list)
 
     @property
     def skipped(self) -> int:
@@ -79,7 +82,8 @@ def resume_point(
             _check_limit(run, skip_until, limit)
         run.begin_pass(0, sources, limit)
         taken = run.committed_ids(claimed=True) if by_id and skip_until else None
-        return ResumePoint(0, skip_until, None, taken)
+        digests = [(p.name, p.start_row, p.end_row, p.rows_digest) for p in parts if p.rows_digest]
+        return ResumePoint(0, skip_until, None, taken, digests)
     if parts and (run.reopened_status == "complete" or generation is None):
         generation = max(run.manifest.passes) + 1  # a new pass (also over a run from before passes were kept)
         run.begin_pass(generation, sources, limit)

@@ -1158,3 +1158,32 @@ def test_a_moved_project_resumes_and_other_files_are_still_refused(
     pq.write_table(pa.Table.from_pylist(rows[:5]), moved / "other.parquet")
     with pytest.raises(RunDirError, match="the inputs changed since this run began"):
         run_job(dataclasses.replace(spec, inputs=["other.parquet"]))
+
+
+def test_a_resume_refuses_rows_edited_in_the_middle_of_a_file_that_kept_its_size_and_ends(
+    tiny_en_dir, tmp_path
+):
+    """A row fixed in place, away from the 64 KB at each end that the input fingerprint hashes, kept the
+    file's size and ends: the resume went on and the run held the old text beside rows of the new file,
+    and validate passed it. Each part's rows are now read again and compared before the run goes on."""
+    filler = "x" * 150  # each line ~170 bytes: the edited row lies far from both ends' 64 KB
+    lines = [f"review {i:04d} {filler}" for i in range(1200)]
+    src, out = tmp_path / "in.txt", tmp_path / "run"
+    src.write_text("\n".join(lines) + "\n")
+    spec = JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(out), window=100, progress=False)
+    with pytest.raises(WriteError):
+        run_job(spec, part_writer=_failing_at("part-000000000700"))
+    at = len("\n".join(lines[:500]))  # the edited row's first byte: past the first 64 KB, before the last
+    assert 65536 < at < src.stat().st_size - 65536
+    lines[500] = lines[500].replace("review", "REVIEW")  # same size, same ends
+    src.write_text("\n".join(lines) + "\n")
+    with pytest.raises(RunDirError, match=r"input rows 500\.\.599 read otherwise now .*part-000000000500"):
+        run_job(spec)
+    assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
+    report = validate_run(out)
+    assert not report.ok and "input rows 500..599" in report.render(), report.render()
+    lines[500] = lines[500].replace("REVIEW", "review")  # the file as it was: the run goes on
+    src.write_text("\n".join(lines) + "\n")
+    run_job(spec)
+    assert read_table(out, "predictions").num_rows == 1200
+    assert validate_run(out).ok

@@ -13,7 +13,7 @@ import polars as pl
 from ... import schema
 from ...errors import BertAttnError
 from ...ids import IdSet
-from ...inputs import check_inputs, read_once, read_sources, source_files
+from ...inputs import RowDigests, check_inputs, read_once, read_sources, source_files
 from ...run import Manifest, input_changes
 from .layout import RunView
 from .report import Recorder
@@ -49,7 +49,22 @@ def check_inputs_covered(rec: Recorder, run: RunView) -> None:
 
 
 def _check_count(rec: Recorder, run: RunView, sources, columns, limit: int | None) -> None:
-    n = sum(len(b) for b in read_sources(sources, *columns, limit=limit))
+    """As many input rows as the run covers, and the rows of each part as they read when it was written
+    (a file edited in place keeps its size, and its ends where the edit is in its middle)."""
+    committed = RowDigests((p.name, p.start_row, p.end_row, p.rows_digest) for p in run.parts)
+    n, changed = 0, []
+    for block in read_sources(sources, *columns, limit=limit):
+        n += len(block)
+        changed += committed.feed(block)
+    rec.fail_many(
+        "inputs",
+        len(changed),
+        [
+            f"input rows {a}..{b - 1} read otherwise now than when {name} was written (the inputs edited "
+            "since?); rerun the extract with --overwrite to redo the run"
+            for name, a, b in changed[:3]
+        ],
+    )
     covered = max((p.end_row for p in run.parts if p.generation == 0), default=0)
     if n > covered and run.status == "complete":
         rec.fail(

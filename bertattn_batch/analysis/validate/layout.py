@@ -30,6 +30,7 @@ class Part:
     generation: int
     rel: dict[str, str]
     rows: dict[str, int]
+    rows_digest: str = ""  # of its input rows as read (inputs/digest.py)
     readable: set[str] = field(default_factory=set)  # tables whose file exists and matches its schema
     file_rows: dict[str, int] = field(default_factory=dict)
 
@@ -128,7 +129,7 @@ def _parse_parts(rec: Recorder, entries: Any) -> list[Part]:
     parts: list[Part] = []
     seen: set[str] = set()
     for e in parsed:
-        part = Part(e.name, e.start_row, e.end_row, e.generation, dict(e.files), dict(e.rows))
+        part = Part(e.name, e.start_row, e.end_row, e.generation, dict(e.files), dict(e.rows), e.rows_digest)
         if part.name in seen:
             rec.fail("manifest", f"part {part.name} is listed twice")
             continue

@@ -1,0 +1,69 @@
+"""A digest of input rows as they were read, so that a resume (and ``validate``) can tell that rows a run
+already committed read differently now: a file edited in place keeps its size and, when the edit is in
+its middle, the bytes at its ends that the input fingerprint hashes (``fingerprint.py``).
+
+Each part records the digest of its rows (their numbers, ids, texts and labels, not their statuses,
+which depend on what came before); reading the same rows again gives the same digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+from .rows import RowBatch
+
+
+def rows_digest(batch: RowBatch, start: int = 0, end: int | None = None) -> str:
+    """The digest of rows ``[start, end)`` of ``batch`` (positions in the batch, not row numbers)."""
+    h = hashlib.blake2b(digest_size=16)
+    _update(h, batch, start, len(batch) if end is None else end)
+    return h.hexdigest()
+
+
+def _update(h: hashlib.blake2b, batch: RowBatch, start: int, end: int) -> None:
+    rows = zip(
+        batch.row_index[start:end],
+        batch.doc_id[start:end],
+        batch.text[start:end],
+        batch.label[start:end],
+        strict=True,
+    )
+    # repr: unambiguous (a text holding any separator cannot pass for two fields), and plain ASCII
+    # escapes for what UTF-8 cannot encode (a lone surrogate)
+    h.update("\n".join(map(repr, rows)).encode("utf-8", "backslashreplace") + b"\n")
+
+
+class RowDigests:
+    """Check rows read again against the digests that parts recorded: feed every block in row order;
+    :meth:`feed` returns the parts (name, first row, end row) whose rows now give another digest."""
+
+    def __init__(self, parts: Iterable[tuple[str, int, int, str]]) -> None:
+        #: (name, start_row, end_row, digest), in row order; parts without a digest are not checked
+        self._parts = sorted((p for p in parts if p[3]), key=lambda p: p[1])
+        self._next = 0  # the first part not yet finished
+        self._hash: hashlib.blake2b | None = None  # of the part being read
+
+    @property
+    def done(self) -> bool:
+        return self._next >= len(self._parts)
+
+    def feed(self, batch: RowBatch) -> list[tuple[str, int, int]]:
+        """Consecutive rows (the next ones read); the parts they finish whose digest differs."""
+        changed: list[tuple[str, int, int]] = []
+        i, n = 0, len(batch)
+        while i < n and not self.done:
+            name, a, b, digest = self._parts[self._next]
+            row = batch.row_index[i]
+            if row < a:  # rows of no checked part: skip to the part's first row
+                i = min(n, i + (a - row))
+                continue
+            self._hash = self._hash or hashlib.blake2b(digest_size=16)
+            end = min(n, i + (b - row))
+            _update(self._hash, batch, i, end)
+            i = end
+            if batch.row_index[end - 1] == b - 1:  # the part's last row
+                if self._hash.hexdigest() != digest:
+                    changed.append((name, a, b))
+                self._hash, self._next = None, self._next + 1
+        return changed

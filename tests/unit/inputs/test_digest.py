@@ -1,0 +1,32 @@
+from bertattn_batch.inputs import RowBatch, RowDigests, rows_digest
+
+
+def _batch(texts: list[str | None], first: int = 0) -> RowBatch:
+    batch = RowBatch()
+    for i, text in enumerate(texts):
+        batch.append(first + i, f"d{first + i}", text, None, "ok")
+    return batch
+
+
+def _blocks(batch: RowBatch, size: int) -> list[RowBatch]:
+    return [batch.slice(i, min(len(batch), i + size)) for i in range(0, len(batch), size)]
+
+
+def test_rows_read_again_in_other_blocks_give_the_digests_their_parts_recorded():
+    texts = [f"review {i}" for i in range(12)]
+    whole = _batch(texts)
+    parts = [("p2", 2, 5, rows_digest(whole, 2, 5)), ("p5", 5, 9, rows_digest(whole, 5, 9))]
+    for size in (1, 2, 3, 12):
+        check = RowDigests(parts)
+        assert [c for block in _blocks(whole, size) for c in check.feed(block)] == []
+        assert check.done
+    texts[6] = "review 6, edited"
+    check = RowDigests(parts)
+    assert [c for block in _blocks(_batch(texts), 4) for c in check.feed(block)] == [("p5", 5, 9)]
+
+
+def test_a_digest_tells_a_text_from_a_null_and_a_shifted_separator():
+    a, b = _batch(["x\n1", None]), _batch(["x", "1"])
+    assert rows_digest(a) != rows_digest(b)
+    assert rows_digest(_batch(["ab", "c"])) != rows_digest(_batch(["a", "bc"]))
+    assert rows_digest(_batch(["\ud800 lone surrogate"]))  # what UTF-8 cannot encode still hashes
