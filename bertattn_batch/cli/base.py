@@ -159,8 +159,38 @@ def _options(
     per-head [CLS] attention to Parquet."""
 
 
+class GuardedStdout:
+    """Standard output that does not raise: a reader that closed the pipe early (``| head -1``) or a
+    full disk made the command fail after its work was done (a complete run's extract exited 1), or
+    broke a validate's verdict into a traceback. The first error is kept, later output dropped, and
+    :func:`exit_now` says what became of it."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self.error: OSError | None = None
+
+    def write(self, text: str) -> int:
+        if self.error is None:
+            try:
+                return self._stream.write(text)
+            except OSError as e:
+                self.error = e
+        return len(text)
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self._stream.flush()
+            except OSError as e:
+                self.error = e
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main() -> None:
     install_signal_handlers()
+    sys.stdout = GuardedStdout(sys.stdout)
     try:
         app()
     except SystemExit as e:  # how click ends every command, 0 included
@@ -183,5 +213,9 @@ def exit_now(code: int | str | None) -> NoReturn:
         threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()  # logging's flush, temporary files, multiprocessing's children
     sys.stdout.flush()
+    error = getattr(sys.stdout, "error", None)  # GuardedStdout's
+    if error is not None and not isinstance(error, BrokenPipeError):  # a closed pipe: its reader's wish
+        print(f"error: cannot write to standard output: {error.strerror or error}", file=sys.stderr)
+        code = code or 1
     sys.stderr.flush()
     os._exit(code or 0)

@@ -589,3 +589,18 @@ def test_a_terminal_width_of_zero_still_shows_the_help():
         [sys.executable, "-m", "bertattn_batch", "--help"], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0 and "extract" in done.stdout
+
+
+def test_output_that_cannot_be_written_is_one_line_and_a_closed_pipe_no_failure(tmp_path):
+    """``bertattn ... | head -1`` made a finished command exit 1, and stdout on a full disk ended in a
+    traceback: a closed pipe is now the reader's choice (the command's own exit status stands), a write
+    error one line and exit status 1."""
+    command = [sys.executable, "-m", "bertattn_batch", "--version"]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(command, stdout=full, stderr=subprocess.PIPE, text=True)
+    assert done.returncode == 1
+    assert done.stderr.strip() == "error: cannot write to standard output: No space left on device"
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # before the command writes: its write meets a closed pipe
+    assert proc.wait() == 0
+    assert proc.stderr.read() == ""
