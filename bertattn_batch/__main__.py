@@ -13,8 +13,9 @@ def main() -> None:
         print("interrupted", file=sys.stderr)
         raise SystemExit(128 + signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, starting)
+    for name in ("SIGTERM", "SIGINT", "SIGHUP"):  # the package's errors.STOP_SIGNALS (Windows: no SIGHUP)
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), starting)
     if not os.environ.get("COLUMNS", "1").isdigit() or os.environ.get("COLUMNS") == "0":
         del os.environ["COLUMNS"]  # COLUMNS=0 made the help and usage errors print nothing at all
     from .cli import main as cli_main

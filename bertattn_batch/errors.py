@@ -1,6 +1,8 @@
 """Named errors raised by the library; only the CLI turns them into exit codes. ``first_line`` cuts a
 library's many-line message down to what one of ours can quote."""
 
+import signal
+
 
 class BertAttnError(Exception):
     """Base class: a problem the user can fix, reported as one line."""
@@ -43,8 +45,17 @@ class EngineError(BertAttnError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler stopping the job), handled as Ctrl-C is: the part in hand is committed or
-    dropped whole, the manifest says "interrupted", and the same command resumes."""
+    """SIGTERM (a scheduler stopping the job) or SIGHUP (the terminal or ssh session it ran in closed),
+    handled as Ctrl-C is: the part in hand is committed or dropped whole, the manifest says
+    "interrupted", and the same command resumes. ``signum``: which, for the exit status (128 + it)."""
+
+    signum: int = signal.SIGTERM
+
+
+#: The signals that stop a job as Ctrl-C does (Windows has no SIGHUP).
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
 
 
 def first_line(e: BaseException) -> str:

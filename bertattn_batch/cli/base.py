@@ -17,7 +17,7 @@ import click
 import typer
 from typer.core import TyperOption
 
-from ..errors import BertAttnError, Terminated
+from ..errors import STOP_SIGNALS, BertAttnError, Terminated
 from ..runtime import tune_runtime
 
 app = typer.Typer(
@@ -50,20 +50,24 @@ REDONE = "interrupted; nothing was written: rerun the command to compute it agai
 
 
 def on_signal(signum: int, frame: object) -> None:
-    """SIGTERM and SIGINT: inside a library call, its clean-up runs (see :func:`call`); before one, the
+    """SIGINT, SIGTERM and SIGHUP: inside a library call, its clean-up runs (see :func:`call`); before one, the
     command stops with the ``interrupted`` line; once the command's work is done, the signal is
     ignored, so a scheduler never sees a failure of a run that succeeded."""
     if _state["done"]:
         return
     if _state["working"]:
-        raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop = Terminated()
+        stop.signum = signum
+        raise stop
     print(INTERRUPTED, file=sys.stderr)
     raise SystemExit(128 + signum)
 
 
 def install_signal_handlers() -> None:
     if threading.current_thread() is threading.main_thread():  # only there may a handler be set
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, on_signal)
 
 
@@ -112,7 +116,7 @@ def setup(debug: bool) -> None:
 
 def call(fn: Callable[[], T], interrupted: str = INTERRUPTED, completes: bool = False) -> T:
     """Run a library call; a BertAttnError becomes one line on stderr and exit status 1, Ctrl-C or
-    SIGTERM the line ``interrupted`` and 130 or 143. Any other error (a bug, or an error of a library
+    SIGTERM (SIGHUP) the line ``interrupted`` and 130 or 143 (129). Any other error (a bug, or an error of a library
     underneath that no check foresaw) is one line too, naming its type and ``--debug``, which raises
     it with its traceback: a scheduled job's log keeps one line per failure. ``completes``: the call
     is the command's work, so a signal after it returns changes nothing."""
@@ -128,7 +132,7 @@ def call(fn: Callable[[], T], interrupted: str = INTERRUPTED, completes: bool = 
         raise typer.Exit(1) from None
     except KeyboardInterrupt as e:  # its args: what a rerun does where that is not to resume
         typer.echo(f"interrupted; {e.args[0]}" if e.args else interrupted, err=True)
-        raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
+        raise typer.Exit(128 + e.signum if isinstance(e, Terminated) else 130) from None
     except Exception as e:
         if _state["debug"]:
             raise

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Iterator
 from multiprocessing import forkserver, process, spawn
 
+from ..errors import STOP_SIGNALS
+
 #: How the job's process tells the server which main script to import (read and removed at once).
 MAIN_ENV = "BERTATTN_FORKSERVER_MAIN"
 #: What the server imports before any fork: this module (for the main script), the host processes'
@@ -49,7 +51,7 @@ def context() -> multiprocessing.context.BaseContext:
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """Keep Ctrl-C and SIGTERM for the end of the block, where they act as they would have (only the
+    """Keep Ctrl-C, SIGTERM and SIGHUP for the end of the block, where they act as they would have (only the
     main thread's handlers can be swapped: elsewhere the block runs as it is).
 
     Why: starting a process waits for the fork server, which may still be importing its modules; cut
@@ -59,7 +61,7 @@ def signals_held() -> Iterator[None]:
         yield
         return
     caught: list[int] = []
-    held = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    held = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     held = {sig: handler for sig, handler in held.items() if handler is not None}  # None: not Python's
     for sig in held:
         signal.signal(sig, lambda signum, _frame: caught.append(signum))

@@ -114,17 +114,19 @@ def test_sigkill_then_resume_gives_the_uninterrupted_tables(
     assert not [f for t in schema.TABLES for f in (out / t).iterdir() if f.name.startswith("_")]
 
 
-@pytest.mark.parametrize("point", ["forward", "part"])
-def test_sigterm_stops_cleanly_and_resumes(point, corpus, tiny_en_dir, reference, tmp_path):
+@pytest.mark.parametrize(("point", "sig"), [("forward", "TERM"), ("part", "TERM"), ("part", "HUP")])
+def test_sigterm_stops_cleanly_and_resumes(point, sig, corpus, tiny_en_dir, reference, tmp_path):
+    """SIGHUP (the terminal or ssh session closed) left the run "running" with its temporaries: it stops
+    the job as SIGTERM does."""
     out = tmp_path / "run"
     args = _args(corpus, tiny_en_dir, out)
     stopped = subprocess.run(
         [sys.executable, str(KILLER), point, "2", "--", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "KILLER_SIGNAL": "TERM"},
+        env={**os.environ, "KILLER_SIGNAL": sig},
     )
-    assert stopped.returncode == 143, stopped.stderr
+    assert stopped.returncode == 128 + getattr(signal, "SIG" + sig), stopped.stderr
     assert stopped.stderr.strip().splitlines()[-1] == "interrupted; rerun the same command to resume"
     assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
     _assert_no_partial_files(out)
