@@ -57,6 +57,7 @@ from ..run import (
     display_path,
     on_local_copy,
     read_manifest,
+    status_now,
 )
 from .contrast import GROUP, with_contrasts, with_shrunk_means
 from .derived import write_derived
@@ -278,10 +279,10 @@ def aggregate(
     run = Path(run_dir)
     manifest = read_manifest(run)
     parts = committed_parts(run, verify=True)
-    if manifest.status != "complete":  # running or interrupted: its committed parts alone
+    if (status := status_now(run, manifest.status)) != "complete":  # its committed parts alone
         if not parts:
             raise RunDirError(f"{run} has no committed parts yet; run bertattn extract first")
-        log.warning("%s is %s: aggregates of its %d committed parts only", run, manifest.status, len(parts))
+        log.warning("%s is %s: aggregates of its %d committed parts only", run, status, len(parts))
     continuation = word_continuation(manifest)
     if continuation is None:
         units = [u for u in units if u != "word"]  # its pieces carry no continuation marks to join

@@ -38,7 +38,7 @@ from .._util import bar_size, check_writable
 from ..errors import RunDirError, SpecError
 from ..extract.batching import bucket_batches
 from ..model import Classifier, encode_texts
-from ..run import committed_files, display_path, layer_name, on_local_copy, read_manifest
+from ..run import committed_files, display_path, layer_name, on_local_copy, read_manifest, status_now
 from .derived import write_derived
 from .run_model import load_run_model
 from .texts import review_texts, scored_predictions
@@ -117,8 +117,8 @@ def faithfulness(
         raise SpecError(f"--seed must be in [0, 2**32), got {seed}")
     run = Path(run_dir)
     manifest = read_manifest(run)
-    if manifest.status != "complete":
-        log.warning("%s is %s: its committed parts alone are sampled", run, manifest.status)
+    if (status := status_now(run, manifest.status)) != "complete":
+        log.warning("%s is %s: its committed parts alone are sampled", run, status)
     preds = scored_predictions(
         run, ["doc_id", "row_index", "text", "pred_id", "pred_label", "n_tokens"], verify=True
     )

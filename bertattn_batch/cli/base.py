@@ -82,7 +82,7 @@ class _OncePerMessage(logging.Filter):
         self._most = most
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith("bertattn_batch.inputs"):
+        if not record.name.startswith(("bertattn_batch.inputs", "bertattn_batch.analysis")):
             return True
         message = record.getMessage()
         if message in self._seen:

@@ -37,6 +37,7 @@ from ..run import (
     layer_name,
     on_local_copy,
     read_manifest,
+    status_now,
 )
 from . import fonts, page
 from .accuracy import accuracy_html
@@ -281,6 +282,7 @@ def build_report(
         raise SpecError(f"the report is an HTML page; name it .html, not {Path(out).name}")
     run = Path(run_dir)
     manifest = read_manifest(run)
+    manifest.status = status_now(run, manifest.status)  # as the page says it
     idx = run_layer(manifest, layer)
     made = agg.aggregates_meta(run).get("options", {}) if agg.aggregates_path(run).is_file() else {}
     min_reviews = min_reviews if min_reviews is not None else made.get("min_reviews", agg.MIN_REVIEWS)

@@ -20,7 +20,7 @@ from .layout import (
     part_name,
     tmp_name,
 )
-from .lease import Lease, refuse_if_held, writer_is_live
+from .lease import Lease, refuse_if_held, status_now, writer_is_live
 from .manifest import (
     Manifest,
     PartEntry,
@@ -94,6 +94,7 @@ __all__ = [
     "run_file",
     "scan_attention",
     "scan_parts",
+    "status_now",
     "tmp_name",
     "verify_pages",
     "writer_is_live",

@@ -170,6 +170,15 @@ def writer_is_live(run_dir: str | os.PathLike[str]) -> bool | None:
     return lock_is_held(Path(storage.normalize(run_dir)) / LOCK_NAME)
 
 
+def status_now(run_dir: str | os.PathLike[str], status: str) -> str:
+    """A run's manifest status as a reader should say it: "running" in a manifest that no process writes
+    any more (its job killed, or its last manifest write failed on a full disk) is "interrupted", as
+    rerunning the extract resumes it."""
+    if status == "running" and writer_is_live(run_dir) is False:
+        return "interrupted"
+    return status
+
+
 def _taken_over(uri: str, holder: str) -> str | None:
     """Why ``holder`` no longer holds the lease at ``uri`` (None while it does), looked at twice before
     saying so: losing it stops the run, and a store that answers one read wrong (a lease half rewritten

@@ -64,7 +64,11 @@ def check_manifest(
     if status == "running" and writing() is False:
         ended = load_json(path)  # the job may have ended between the read and the probe
         if ended.get("status") == "running":
-            rec.warn("manifest", "status 'running', but no process is writing it: it was stopped (killed?)")
+            rec.warn(
+                "manifest",
+                "status 'running', but no process is writing it: it was stopped (killed, or its last "
+                "manifest write failed)",
+            )
             status = "interrupted"  # rerunning the extract resumes it
         else:  # checked as it ended
             m, status = ended, str(ended.get("status"))

@@ -836,3 +836,31 @@ def test_a_run_that_is_not_complete_is_said_to_be_covered_in_part(run_dir, tmp_p
         agg.aggregate(run, min_reviews=MIN_REVIEWS, into=tmp_path / "aggregates")
     parts = len(manifest["parts"])
     assert f"is interrupted: aggregates of its {parts} committed parts only" in caplog.text
+
+
+def test_a_running_manifest_that_no_process_writes_is_said_interrupted(run_dir, tmp_path, caplog):
+    """An extract whose last manifest write failed (a full disk) or that was killed leaves "running":
+    aggregate and report said the run was running, with nothing writing it."""
+    import json
+    import logging
+    import shutil
+
+    from bertattn_batch._util import file_lock
+    from bertattn_batch.run import LOCK_NAME
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps(manifest | {"status": "running"}))
+    with file_lock(run / LOCK_NAME):  # left by the extract, no longer held
+        pass
+    with caplog.at_level(logging.WARNING, logger="bertattn_batch.analysis.aggregate"):
+        agg.aggregate(run, min_reviews=MIN_REVIEWS, into=tmp_path / "aggregates")
+    assert "is interrupted: aggregates of its" in caplog.text
+    caplog.clear()
+    with (
+        file_lock(run / LOCK_NAME),
+        caplog.at_level(logging.WARNING, logger="bertattn_batch.analysis.aggregate"),
+    ):
+        agg.aggregate(run, min_reviews=MIN_REVIEWS, into=tmp_path / "aggregates")  # a live writer
+    assert "is running: aggregates of its" in caplog.text
