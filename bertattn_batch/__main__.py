@@ -14,8 +14,9 @@ def main() -> None:
         raise SystemExit(128 + signum)
 
     for name in ("SIGTERM", "SIGINT", "SIGHUP"):  # the package's errors.STOP_SIGNALS (Windows: no SIGHUP)
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), starting)
+        sig = getattr(signal, name, None)
+        if sig is not None and not (name == "SIGHUP" and signal.getsignal(sig) is signal.SIG_IGN):
+            signal.signal(sig, starting)  # (nohup's SIGHUP stays ignored)
     if not os.environ.get("COLUMNS", "1").isdigit() or os.environ.get("COLUMNS") == "0":
         del os.environ["COLUMNS"]  # COLUMNS=0 made the help and usage errors print nothing at all
     from .cli import main as cli_main

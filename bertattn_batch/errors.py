@@ -24,6 +24,11 @@ class RunDirError(BertAttnError):
     """A run directory belongs to another job, model or schema, or is damaged."""
 
 
+class InputsEditedError(RunDirError):
+    """Input rows a run committed read otherwise now: found on the way to the resume point, before the
+    pass writes anything, so the run keeps the manifest it had."""
+
+
 class DamagedRunError(RunDirError):
     """A run directory whose manifest or commit log cannot be read as one (cut short, edited)."""
 

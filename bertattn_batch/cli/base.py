@@ -68,7 +68,8 @@ def on_signal(signum: int, frame: object) -> None:
 def install_signal_handlers() -> None:
     if threading.current_thread() is threading.main_thread():  # only there may a handler be set
         for sig in STOP_SIGNALS:
-            signal.signal(sig, on_signal)
+            if sig != getattr(signal, "SIGHUP", None) or signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, on_signal)  # (nohup's SIGHUP stays ignored)
 
 
 class _OncePerMessage(logging.Filter):
@@ -181,6 +182,10 @@ class GuardedStdout:
                 self.error = e
         return len(text)
 
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
     def flush(self) -> None:
         if self.error is None:
             try:
@@ -194,7 +199,8 @@ class GuardedStdout:
 
 def main() -> None:
     install_signal_handlers()
-    sys.stdout = GuardedStdout(sys.stdout)
+    if sys.stdout is not None:  # None: started with its output closed, which click and rich allow for
+        sys.stdout = GuardedStdout(sys.stdout)
     try:
         app()
     except SystemExit as e:  # how click ends every command, 0 included
@@ -216,10 +222,14 @@ def exit_now(code: int | str | None) -> NoReturn:
     with contextlib.suppress(Exception):
         threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()  # logging's flush, temporary files, multiprocessing's children
-    sys.stdout.flush()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:  # None: started with it closed
+            with contextlib.suppress(OSError):  # (stdout: GuardedStdout's error, said below)
+                stream.flush()
     error = getattr(sys.stdout, "error", None)  # GuardedStdout's
     if error is not None and not isinstance(error, BrokenPipeError):  # a closed pipe: its reader's wish
-        print(f"error: cannot write to standard output: {error.strerror or error}", file=sys.stderr)
+        with contextlib.suppress(OSError, AttributeError):
+            print(f"error: cannot write to standard output: {error.strerror or error}", file=sys.stderr)
+            sys.stderr.flush()
         code = code or 1
-    sys.stderr.flush()
     os._exit(code or 0)

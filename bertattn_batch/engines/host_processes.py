@@ -60,10 +60,12 @@ def _start(environ: dict[str, str], model: ModelShape, batch_tokens: int, max_ba
 
 
 def _init(job_alive: Connection) -> None:
-    """A host process's first step, before it takes any task. Ctrl-C is left to the job's process,
-    which waits for the window in hand before it cleans up: a host process stopped by it mid-write
-    would leave that to chance."""
+    """A host process's first step, before it takes any task. Ctrl-C (and a closed terminal's SIGHUP,
+    which reaches the whole process group too) is left to the job's process, which waits for the window
+    in hand before it cleans up: a host process stopped by it mid-write would leave that to chance."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     threading.Thread(target=_end_with, args=(job_alive,), name="job-watch", daemon=True).start()
 
 

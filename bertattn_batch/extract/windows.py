@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .. import schema
-from ..errors import RunDirError
+from ..errors import InputsEditedError, RunDirError
 from ..ids import IdSet
 from ..inputs import RowBatch, RowDigests, Source, read_sources, rows_digest
 from ..run.resume import ResumePoint
@@ -93,7 +93,7 @@ def iter_windows(
 
 def _check_committed(changed: list[tuple[str, int, int]]) -> None:
     for name, a, b in changed[:1]:
-        raise RunDirError(
+        raise InputsEditedError(
             f"input rows {a}..{b - 1} read otherwise now than when the run committed them (part {name}): "
             "the inputs were edited since (see bertattn validate); pass --overwrite to start again"
         )

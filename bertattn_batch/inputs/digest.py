@@ -22,16 +22,18 @@ def rows_digest(batch: RowBatch, start: int = 0, end: int | None = None) -> str:
 
 
 def _update(h: hashlib.blake2b, batch: RowBatch, start: int, end: int) -> None:
-    rows = zip(
-        batch.row_index[start:end],
-        batch.doc_id[start:end],
-        batch.text[start:end],
-        batch.label[start:end],
-        strict=True,
-    )
-    # repr: unambiguous (a text holding any separator cannot pass for two fields), and plain ASCII
-    # escapes for what UTF-8 cannot encode (a lone surrogate)
-    h.update("\n".join(map(repr, rows)).encode("utf-8", "backslashreplace") + b"\n")
+    fields = (batch.row_index, batch.doc_id, batch.text, batch.label)
+    rows = zip(*(f[start:end] for f in fields), strict=True)
+    # each field as its length and itself ("-" for none): unambiguous, whatever a text holds, and the
+    # same in every Python (repr escapes by the Unicode version of the Python that runs it)
+    h.update("".join(_field(v) for row in rows for v in row).encode("utf-8", "surrogatepass"))
+
+
+def _field(value: object) -> str:
+    if value is None:
+        return "-"
+    text = str(value)
+    return f"{len(text)}:{text}"
 
 
 class RowDigests:
@@ -57,6 +59,9 @@ class RowDigests:
             row = batch.row_index[i]
             if row < a:  # rows of no checked part: skip to the part's first row
                 i = min(n, i + (a - row))
+                continue
+            if self._hash is None and row > a:  # begins within rows read already (parts that overlap,
+                self._next += 1  # which validate reports): it cannot be read again here
                 continue
             self._hash = self._hash or hashlib.blake2b(digest_size=16)
             end = min(n, i + (b - row))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._util import lazy_exports
+from .existing import old_manifest
 from .layout import (
     AGGREGATES_DIR,
     COMMIT_LOG,
@@ -43,7 +44,7 @@ from .parts import (
     verify_pages,
 )
 from .resume import ResumePoint, check_read_unchanged, input_changes, resume_point
-from .rundir import RunDir, old_manifest
+from .rundir import RunDir
 from .stored import StoredRunDir, run_dir_class
 
 if TYPE_CHECKING:

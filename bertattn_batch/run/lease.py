@@ -32,6 +32,7 @@ from .. import storage
 from .._util import lock_is_held
 from ..errors import RunDirError, StorageError
 from .layout import LEASE_NAME, LOCK_NAME
+from .manifest import load_json
 
 #: How long a lease lives without renewal. Its holder renews it every third of that, so a run killed
 #: at any point holds its --out at most this long.
@@ -175,7 +176,11 @@ def status_now(run_dir: str | os.PathLike[str], status: str) -> str:
     any more (its job killed, or its last manifest write failed on a full disk) is "interrupted", as
     rerunning the extract resumes it."""
     if status == "running" and writer_is_live(run_dir) is False:
-        return "interrupted"
+        try:  # a job that ended since its manifest was read wrote its last status first
+            now = load_json(run_dir).get("status")
+        except RunDirError:
+            return "interrupted"
+        return "interrupted" if now == "running" else str(now)
     return status
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import InputError, RunDirError
 from ..ids import IdSet
+from .manifest import PartEntry
 from .rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,7 @@ def resume_point(
             _check_limit(run, skip_until, limit)
         run.begin_pass(0, sources, limit)
         taken = run.committed_ids(claimed=True) if by_id and skip_until else None
-        digests = [(p.name, p.start_row, p.end_row, p.rows_digest) for p in parts if p.rows_digest]
-        return ResumePoint(0, skip_until, None, taken, digests)
+        return ResumePoint(0, skip_until, None, taken, _digests(parts))
     if parts and (run.reopened_status == "complete" or generation is None):
         generation = max(run.manifest.passes) + 1  # a new pass (also over a run from before passes were kept)
         run.begin_pass(generation, sources, limit)
@@ -107,7 +107,14 @@ def resume_point(
         _check_limit(run, skip_until, limit)
     run.begin_pass(generation, sources, limit)
     taken = run.committed_ids(current, claimed=True) if by_id and current else None
-    return ResumePoint(generation, skip_until, run.committed_ids(earlier) if earlier else None, taken)
+    earlier_ids = run.committed_ids(earlier) if earlier else None
+    return ResumePoint(generation, skip_until, earlier_ids, taken, _digests(current))
+
+
+def _digests(parts: list[PartEntry]) -> list[tuple[str, int, int, str]]:
+    """What a pass going on by row number reads again and compares: the parts that recorded a digest
+    (a pass by id records none: its rows are not every row of their range)."""
+    return [(p.name, p.start_row, p.end_row, p.rows_digest) for p in parts if p.rows_digest]
 
 
 def _rename_same_files(run: RunDir, sources: list[dict[str, Any]]) -> None:

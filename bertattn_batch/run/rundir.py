@@ -22,6 +22,7 @@ On an object store, which has no rename, ``StoredRunDir`` (run/stored.py) change
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -36,25 +37,23 @@ import pyarrow.parquet as pq
 
 from .. import schema, storage
 from .._util import file_lock, hidden_tmp, remove_tree
-from ..errors import DamagedRunError, RunDirError, RunVersionError, WriteError
+from ..errors import InputsEditedError, RunDirError, WriteError
 from ..ids import IdSet
 from ..storage import is_remote
+from .existing import old_manifest
 from .layout import (
     AGGREGATES_DIR,
     COMMIT_LOG,
-    LEASE_NAME,
     LOCK_NAME,
     MANIFEST,
     REPORT_NAME,
     TABLES,
-    is_run_dir,
     tmp_name,
 )
 from .manifest import (
     Manifest,
     PartEntry,
     log_commit,
-    read_manifest,
     row_range_problems,
     save_manifest,
     upgrade,
@@ -84,6 +83,7 @@ class RunDir:
         #: the reopened run's inputs were named otherwise: what they hold decides (see _check_compatible)
         self.inputs_renamed = False
         self._began = False  # whether this process began (or went on with) a pass: see fail
+        self._before_pass: Manifest | None = None  # the manifest as the run was reopened: see fail
         self._positions: dict[str, int] = {}  # part name -> its place in manifest.parts
         self._held = contextlib.ExitStack()
 
@@ -92,10 +92,10 @@ class RunDir:
         self.open()
         return self
 
-    def __exit__(self, exc_type: type | None, *_: object) -> None:
+    def __exit__(self, exc_type: type | None, error: BaseException | None, *_: object) -> None:
         try:
             if exc_type is not None:
-                self.fail()
+                self.fail(error)
         finally:
             self.close()
 
@@ -166,14 +166,22 @@ class RunDir:
         for table in TABLES:
             (self.run_dir / table).mkdir(parents=True, exist_ok=True)
 
-    def fail(self) -> None:
+    def fail(self, error: BaseException | None = None) -> None:
         """Leave the run resumable: only temporary files of an uncommitted part are removed.
 
         A reopened run refused before its pass began (its inputs changed, say) keeps the status it had:
         marked "interrupted", a complete run would have its next --incremental job finish its last
-        pass by row number instead of starting a new pass by id.
+        pass by row number instead of starting a new pass by id. One refused as its pass read the rows
+        it committed before (edited since) keeps its whole manifest: the pass wrote nothing.
         """
         self._drop_uncommitted()
+        if isinstance(error, InputsEditedError) and self._before_pass is not None:
+            self.manifest = self._before_pass
+            if self.manifest.status == "running":  # (a run that was killed) stopped, as it is
+                self.manifest.status = "interrupted"
+            with contextlib.suppress(OSError, WriteError):
+                self._save()
+            return
         if self.manifest.schema_versions:  # opened
             began = self._began or self.reopened_status is None
             self.manifest.status = "interrupted" if began else (self.reopened_status or "interrupted")
@@ -214,6 +222,8 @@ class RunDir:
         it commits anything must still be told from the finished pass before it. ``sources``: the input
         files the pass reads, which a resume of it checks are unchanged; ``limit``: the rows it reads at
         most (a resume may raise the limit the run began with)."""
+        if self.reopened_status is not None:
+            self._before_pass = copy.deepcopy(self.manifest)
         self.manifest.generation = generation
         self.manifest.limit = limit
         if self.reopened_status is not None:
@@ -332,62 +342,6 @@ class RunDir:
                 remove_tree(child)
             else:
                 child.unlink(missing_ok=True)
-
-
-def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest | None:
-    """The manifest of the run in ``run_dir`` (None where there is no run there yet); refuses a file and
-    a folder that bertattn did not make, never to delete or write into it, even when asked to overwrite,
-    and with ``on_existing="new"`` a run that committed parts. Also called before a job trains its
-    model, so that an --out that would be refused is found first."""
-    if is_remote(run_dir):
-        if not storage.is_file(storage.join(run_dir, MANIFEST)):
-            if any(name != LEASE_NAME for name in storage.list_names(run_dir, recursive=True)):
-                raise RunDirError(f"{run_dir} is not empty and is not a run directory; choose another --out")
-            return None
-    else:
-        run_dir = Path(storage.normalize(run_dir))
-        if run_dir.exists() and not run_dir.is_dir():
-            raise RunDirError(f"{run_dir} is a file, not a folder; choose another --out")
-        if not run_dir.is_dir():
-            return None
-        if not (run_dir / MANIFEST).is_file():
-            if any(not _left_by_a_start(p) for p in run_dir.iterdir()):
-                raise RunDirError(f"{run_dir} is not empty and is not a run directory; choose another --out")
-            return None
-    try:
-        old = read_manifest(run_dir)
-    except RunVersionError:
-        if on_existing == "overwrite":  # an older version's run, which this one can only redo
-            return Manifest()
-        raise
-    except DamagedRunError as e:
-        # a damaged manifest beside the run's tables is a run of ours to redo when asked (clearing takes
-        # only what bertattn writes), else named with the way out
-        if on_existing != "overwrite":
-            raise RunDirError(
-                f"{e}; pass --overwrite to start the run again, or choose another --out"
-            ) from None
-        if not is_remote(run_dir) and is_run_dir(Path(run_dir)):
-            return Manifest()
-        raise RunDirError(
-            f"{e}; with no run's tables beside it, it is left as it is: choose another --out"
-        ) from None
-    except RunDirError as e:
-        if "is not a bertattn run directory" in str(e):
-            raise RunDirError(f"{run_dir} is not a bertattn run directory; choose another --out") from None
-        raise
-    if on_existing == "new" and old.parts:
-        raise RunDirError(f"{run_dir} already holds a run; choose another --out or pass --overwrite")
-    return old
-
-
-def _left_by_a_start(path: Path) -> bool:
-    """What a run that stopped before its first manifest was saved (a full disk, a kill) leaves: the
-    lock, the manifest's temporary and empty table folders. Why: refusing such a folder as someone
-    else's would stop every later run with this --out, --overwrite included."""
-    if path.name in (LOCK_NAME, hidden_tmp(MANIFEST)):
-        return path.is_file()
-    return path.name in TABLES and path.is_dir() and not any(path.iterdir())
 
 
 def _now() -> str:

@@ -56,7 +56,7 @@ class StoredRunDir(RunDir):
             self._lease.check()
         super()._save()
 
-    def fail(self) -> None:
+    def fail(self, error: BaseException | None = None) -> None:
         """As on local disk, unless this run lost its lease: then another run owns the store's objects
         (its own uploads among them) and this one touches nothing. A store that fails now does not hide
         the error that stopped the job."""
@@ -66,7 +66,7 @@ class StoredRunDir(RunDir):
             except RunDirError:
                 return
         with contextlib.suppress(StorageError):
-            super().fail()
+            super().fail(error)
 
     def _make_folders(self) -> None:
         """A store has no folders: a table's folder is the prefix of its parts' names."""

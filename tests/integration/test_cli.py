@@ -604,3 +604,25 @@ def test_output_that_cannot_be_written_is_one_line_and_a_closed_pipe_no_failure(
     proc.stdout.close()  # before the command writes: its write meets a closed pipe
     assert proc.wait() == 0
     assert proc.stderr.read() == ""
+    closed = subprocess.run(command, preexec_fn=lambda: os.close(1), stderr=subprocess.PIPE, text=True)
+    assert (closed.returncode, closed.stderr) == (0, "")  # started with no stdout at all (>&-)
+
+
+def test_a_sighup_that_nohup_ignores_stays_ignored():
+    """Under nohup a closed terminal must not stop the job; SIGTERM is handled all the same."""
+    import signal
+
+    from bertattn_batch.cli.base import install_signal_handlers, on_signal
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        install_signal_handlers()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is on_signal
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        install_signal_handlers()
+        assert signal.getsignal(signal.SIGHUP) is on_signal
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -1189,3 +1189,40 @@ def test_a_resume_refuses_rows_edited_in_the_middle_of_a_file_that_kept_its_size
     run_job(spec)
     assert read_table(out, "predictions").num_rows == 1200
     assert validate_run(out).ok
+
+
+def _edited_middle(tmp_path: Path) -> tuple[Path, list[str]]:
+    lines = [f"review {i:04d} {'x' * 150}" for i in range(1200)]  # row 500 lies past both ends' 64 KB
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n")
+    return src, lines
+
+
+def test_a_complete_run_refused_for_edited_rows_keeps_its_manifest(tiny_en_dir, tmp_path):
+    """The refusal came after the pass began: a complete run was left "interrupted" (its next
+    --incremental job then finished it by row number, edited rows and all), its resumes counted."""
+    src, lines = _edited_middle(tmp_path)
+    out = tmp_path / "run"
+    spec = JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(out), window=100, progress=False)
+    run_job(spec)
+    before = json.loads((out / "manifest.json").read_text())
+    lines[500] = lines[500].replace("review", "REVIEW")
+    src.write_text("\n".join(lines) + "\n")
+    with pytest.raises(RunDirError, match=r"input rows 500\.\.599 read otherwise now"):
+        run_job(spec)
+    after = json.loads((out / "manifest.json").read_text())
+    assert after.pop("updated_at") >= before.pop("updated_at")
+    assert after == before
+
+
+def test_an_interrupted_first_incremental_pass_refuses_edited_rows_too(tiny_en_dir, tmp_path):
+    src, lines = _edited_middle(tmp_path)
+    out = tmp_path / "run"
+    spec = JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(out), window=100, progress=False,
+                   on_existing="incremental")  # fmt: skip
+    with pytest.raises(WriteError):
+        run_job(spec, part_writer=_failing_at("part-000000000700"))
+    lines[500] = lines[500].replace("review", "REVIEW")
+    src.write_text("\n".join(lines) + "\n")
+    with pytest.raises(RunDirError, match=r"input rows 500\.\.599 read otherwise now"):
+        run_job(spec)
