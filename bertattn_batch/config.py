@@ -184,7 +184,14 @@ class JobSpec:
         _choice("engine", self.engine, ENGINES)
         self.delimiter = check_delimiter(self.delimiter)
         check_encoding(self.encoding)
+        dev = self.device
+        if not (dev in ("auto", "cpu", "cuda", "mps") or dev.startswith("cuda:")):
+            raise SpecError(f"device must be {DEVICES_HELP}, got {dev!r}")
+        self._check_counts()
+        self._check_model_place()
+        self._warn_other_engines_options()
 
+    def _check_counts(self) -> None:
         if not self.layers:
             raise SpecError("layers: give at least one layer index, e.g. [-2]")
         if len(set(self.layers)) != len(self.layers):
@@ -203,6 +210,10 @@ class JobSpec:
         for name in ("batch_tokens", "max_batch_size", "window", "workers", "host_processes", "limit"):
             if (getattr(self, name) or 0) > MAX_COUNT:  # past what numpy and torch hold: an OverflowError
                 raise SpecError(f"{name} must be at most {MAX_COUNT:,}, got {getattr(self, name):,}")
+
+    def _check_model_place(self) -> None:
+        """The model beside the run, and (one that [finetune] trains from scratch) able to give what the
+        job asks of it, checked before it is trained."""
         ft = self.finetune
         if (ft is not None or Path(self.model).exists()) and _inside(self.model, self.out):
             raise SpecError(
@@ -227,6 +238,8 @@ class JobSpec:
                     f"max_length {self.max_length} exceeds finetune.max_length {ft.max_length}: a model "
                     "trained from scratch only knows the positions it was trained on; raise finetune.max_length"
                 )
+
+    def _warn_other_engines_options(self) -> None:
         if self.engine == "local" and (self.workers != 1 or self.ray_address):
             log.warning(
                 "workers and ray_address are the ray engine's: engine 'local' runs one model here (add "
@@ -237,9 +250,6 @@ class JobSpec:
                 "host_processes is the local engine's: engine 'ray' reads, encodes and writes in its "
                 "workers (--workers)"
             )
-        dev = self.device
-        if not (dev in ("auto", "cpu", "cuda", "mps") or dev.startswith("cuda:")):
-            raise SpecError(f"device must be {DEVICES_HELP}, got {dev!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
