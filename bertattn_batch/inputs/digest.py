@@ -2,8 +2,10 @@
 already committed read differently now: a file edited in place keeps its size and, when the edit is in
 its middle, the bytes at its ends that the input fingerprint hashes (``fingerprint.py``).
 
-Each part records the digest of its rows (their numbers, ids, texts and labels, not their statuses,
-which depend on what came before); reading the same rows again gives the same digest.
+Each part of a pass by row number records the digest of its rows (their numbers, ids, texts and
+labels; not their statuses, as ``duplicate_id`` depends on the rows before, but a row whose id is its
+row number is told from one whose id is that number); reading the same rows again gives the same
+digest. A pass by id (``--incremental``) keeps the text an id had when it was scored: not compared.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
+from ..schema import ROW_NUMBER_STATUSES
 from .rows import RowBatch
 
 
@@ -22,8 +25,14 @@ def rows_digest(batch: RowBatch, start: int = 0, end: int | None = None) -> str:
 
 
 def _update(h: hashlib.blake2b, batch: RowBatch, start: int, end: int) -> None:
-    fields = (batch.row_index, batch.doc_id, batch.text, batch.label)
-    rows = zip(*(f[start:end] for f in fields), strict=True)
+    # a row without an id of its own has its row number as doc id: none, so that it differs from a row
+    # whose id is that number
+    ids = [
+        None if s in ROW_NUMBER_STATUSES else d
+        for d, s in zip(batch.doc_id[start:end], batch.status[start:end], strict=True)
+    ]
+    fields = (batch.row_index[start:end], ids, batch.text[start:end], batch.label[start:end])
+    rows = zip(*fields, strict=True)
     # each field as its length and itself ("-" for none): unambiguous, whatever a text holds, and the
     # same in every Python (repr escapes by the Unicode version of the Python that runs it)
     h.update("".join(_field(v) for row in rows for v in row).encode("utf-8", "surrogatepass"))

@@ -68,7 +68,7 @@ def resume_point(
     parts = run.parts
     generation = run.manifest.generation
     checked = compared if compared is not None else sources
-    if run.inputs_renamed and sources is not None:
+    if sources is not None:  # the files renamed (or the folder they are in): the same inputs
         _rename_same_files(run, sources)
     if not incremental:
         if run.manifest.passes - {0} or generation:  # an incremental pass, even one interrupted before
@@ -107,8 +107,9 @@ def resume_point(
         _check_limit(run, skip_until, limit)
     run.begin_pass(generation, sources, limit)
     taken = run.committed_ids(current, claimed=True) if by_id and current else None
-    earlier_ids = run.committed_ids(earlier) if earlier else None
-    return ResumePoint(generation, skip_until, earlier_ids, taken, _digests(current))
+    # no digests compared: a pass by id keeps the text an id had when it was scored (an edit under a
+    # new id is an id the next pass adds)
+    return ResumePoint(generation, skip_until, run.committed_ids(earlier) if earlier else None, taken)
 
 
 def _digests(parts: list[PartEntry]) -> list[tuple[str, int, int, str]]:

@@ -36,6 +36,14 @@ def test_the_digest_is_of_each_fields_length_and_text_in_any_python():
     assert rows_digest(batch) == want
 
 
+def test_a_null_id_is_told_from_an_id_equal_to_its_row_number():
+    """A null id's doc id is its row number: "null" edited to "300" in place read the same."""
+    null, given = RowBatch(), RowBatch()
+    null.append(300, "300", "good", None, "null_id")
+    given.append(300, "300", "good", None, "ok")
+    assert rows_digest(null) != rows_digest(given)
+
+
 def test_a_digest_tells_a_text_from_a_null_and_a_shifted_separator():
     a, b = _batch(["x\n1", None]), _batch(["x", "1"])
     assert rows_digest(a) != rows_digest(b)
