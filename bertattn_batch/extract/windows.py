@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .. import schema
-from ..errors import InputsEditedError, RunDirError
+from ..errors import InputsEditedError
 from ..ids import IdSet
 from ..inputs import RowBatch, RowDigests, Source, read_sources, rows_digest
 from ..run.resume import ResumePoint
@@ -70,7 +70,7 @@ def iter_windows(
     t0 = time.perf_counter()
     for block in read_sources(sources, columns.text, columns.id, columns.label, limit, block_rows=window):
         if not committed.done:
-            _check_committed(committed.feed(block))
+            _check_committed(committed.feed(block), columns)
         for piece in _on_grid(block, window):
             if pending and piece.row_index[0] // window != pending.row_index[0] // window:
                 timings["read"] += time.perf_counter() - t0
@@ -83,20 +83,25 @@ def iter_windows(
     if pending and (done := _window(pending, point, seen)) is not None:
         yield done
     read = pending.row_index[-1] + 1 if pending else 0
-    if point.skip_until > read:
-        raise RunDirError(
+    if point.skip_until > read:  # found before any window of this pass: the run is left as it was
+        raise InputsEditedError(
             f"the run's committed parts hold rows up to {point.skip_until - 1}, but the inputs"
             f"{' (as limited)' if limit is not None else ''} have {read} rows: they changed since the run "
-            "(see bertattn validate); pass --overwrite to start again"
+            f"(see bertattn validate); {_ways_out(columns)}"
         )
 
 
-def _check_committed(changed: list[tuple[str, int, int]]) -> None:
+def _check_committed(changed: list[tuple[str, int, int]], columns: Columns) -> None:
     for name, a, b in changed[:1]:
         raise InputsEditedError(
             f"input rows {a}..{b - 1} read otherwise now than when the run committed them (part {name}): "
-            "the inputs were edited since (see bertattn validate); pass --overwrite to start again"
+            f"the inputs were edited since (see bertattn validate); {_ways_out(columns)}"
         )
+
+
+def _ways_out(columns: Columns) -> str:
+    by_id = " (or --incremental to keep what was scored and add the reviews whose ids are new)"
+    return "pass --overwrite to start again" + (by_id if columns.id else "")
 
 
 def _on_grid(block: RowBatch, window: int) -> Iterator[RowBatch]:

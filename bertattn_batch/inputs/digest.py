@@ -16,12 +16,16 @@ from collections.abc import Iterable
 from ..schema import ROW_NUMBER_STATUSES
 from .rows import RowBatch
 
+#: Names how rows are written into the digest: a digest of another form (a later version's) is not
+#: compared, rather than taken for an edit.
+FORM = "r1:"
+
 
 def rows_digest(batch: RowBatch, start: int = 0, end: int | None = None) -> str:
     """The digest of rows ``[start, end)`` of ``batch`` (positions in the batch, not row numbers)."""
     h = hashlib.blake2b(digest_size=16)
     _update(h, batch, start, len(batch) if end is None else end)
-    return h.hexdigest()
+    return FORM + h.hexdigest()
 
 
 def _update(h: hashlib.blake2b, batch: RowBatch, start: int, end: int) -> None:
@@ -50,8 +54,9 @@ class RowDigests:
     :meth:`feed` returns the parts (name, first row, end row) whose rows now give another digest."""
 
     def __init__(self, parts: Iterable[tuple[str, int, int, str]]) -> None:
-        #: (name, start_row, end_row, digest), in row order; parts without a digest are not checked
-        self._parts = sorted((p for p in parts if p[3]), key=lambda p: p[1])
+        #: (name, start_row, end_row, digest), in row order; parts without a digest (of this form) are
+        #: not checked
+        self._parts = sorted((p for p in parts if p[3].startswith(FORM)), key=lambda p: p[1])
         self._next = 0  # the first part not yet finished
         self._hash: hashlib.blake2b | None = None  # of the part being read
 
@@ -77,7 +82,7 @@ class RowDigests:
             _update(self._hash, batch, i, end)
             i = end
             if batch.row_index[end - 1] == b - 1:  # the part's last row
-                if self._hash.hexdigest() != digest:
+                if FORM + self._hash.hexdigest() != digest:
                     changed.append((name, a, b))
                 self._hash, self._next = None, self._next + 1
         return changed

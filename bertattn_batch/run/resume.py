@@ -125,6 +125,8 @@ def _rename_same_files(run: RunDir, sources: list[dict[str, Any]]) -> None:
     before = run.manifest.sources or []
     if len(before) != len(sources):
         return
+    if not run.inputs_renamed and any("ends_sha256" not in b for b in before):
+        return  # files of a folder told apart by their size alone (runs from before their ends were hashed)
     renamed = [{**b, "path": s["path"]} for b, s in zip(before, sources, strict=True)]
     if all(map(_same_file, renamed, sources)):  # by what a resume compares of them
         run.manifest.sources = renamed

@@ -1246,3 +1246,25 @@ def test_files_renamed_inside_an_input_folder_are_the_same_inputs(tiny_en_dir, t
     (folder / "c.txt").rename(folder / "d.txt")  # still after a.txt
     run_job(dataclasses.replace(spec, limit=None))
     assert sorted(read_table(out, "predictions").column("row_index").to_pylist()) == list(range(60))
+
+
+def test_a_row_blanked_in_place_in_the_last_part_keeps_a_complete_run_complete(tiny_en_dir, tmp_path):
+    """A row of the last part blanked in place (a JSONL reader skips blank lines): the inputs had one
+    row fewer, the last part's rows never all came back to be compared, and the refusal marked the
+    complete run "interrupted", after which --incremental could only fail the same way."""
+    rows = [json.dumps({"doc_id": f"r{i}", "text": f"review {i} " + "y" * 2000}) for i in range(300)]
+    src, out = tmp_path / "in.jsonl", tmp_path / "run"
+    src.write_text("\n".join(rows) + "\n")
+    spec = JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(out), window=128, id_col="doc_id",
+                   max_length=16, progress=False)  # fmt: skip
+    run_job(spec)
+    before = json.loads((out / "manifest.json").read_text())
+    rows[260] = " " * len(rows[260])  # past the first 64 KB, before the last
+    src.write_text("\n".join(rows) + "\n")
+    with pytest.raises(RunDirError, match="hold rows up to 299, but the inputs have 299 rows"):
+        run_job(spec)
+    after = json.loads((out / "manifest.json").read_text())
+    assert after.pop("updated_at") >= before.pop("updated_at")
+    assert after == before
+    run_job(dataclasses.replace(spec, on_existing="incremental"))  # a new pass by id: nothing new
+    assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
