@@ -77,7 +77,10 @@ def format_top(
 
     if top.is_empty():
         if splits is not None and not splits:
-            return "no review of this run was scored (see the statuses in its predictions); nothing to print"
+            return (
+                "no review of this run was scored (its inputs held no rows, or see the statuses in its "
+                "predictions); nothing to print"
+            )
         has_split = (
             split in splits if splits is not None else not table.filter(pl.col("split") == split).is_empty()
         )

@@ -187,7 +187,10 @@ def plot(
     ] = False,
     tokens: Annotated[
         str | None,
-        typer.Option(help="Only these content tokens, a range of positions such as 0:40 (long reviews)."),
+        typer.Option(
+            help="Only these content tokens (long reviews), as a Python range counted from 0 at the first "
+            "after [CLS]: 0:40 shows the tables' positions 1 to 40."
+        ),
     ] = None,
     specials: Annotated[
         bool, typer.Option(help="[CLS] and [SEP] in the token x token maps (--no-specials leaves them out).")

@@ -91,7 +91,8 @@ def cls_figure(review: ReviewAttention, tokens_per_row: int = TOKENS_PER_ROW):
                 heads * cell_h / height,
             )
         )
-        fig.colorbar(image, cax=bar, label="scaled weight")
+        # a bar of a few heads is shorter than "scaled weight": its label would run into the title
+        fig.colorbar(image, cax=bar).set_label("scaled weight" if heads >= 6 else "scaled", fontsize=8)
         fig.text(left / width, 1 - 0.2 / height, title, fontsize=10, va="center")
         return fig
 

@@ -181,6 +181,16 @@ def test_accuracy_section_says_why_there_is_no_accuracy(tiny_en_dir, drug_rows, 
     assert "The source had no labels." in report.build_report(out, examples=0, min_reviews=1).read_text()
 
 
+def test_a_stopped_runs_rows_per_table_are_those_of_its_committed_parts(tiny_en_dir, drug_rows, tmp_path):
+    """The cell was empty until the run completed: the counts are written then."""
+    out = _small_run(tiny_en_dir, [dict(r) for r in drug_rows[:6]], tmp_path / "run", window=3)
+    manifest = json.loads((out / "manifest.json").read_text())
+    counts = manifest.pop("counts")
+    (out / "manifest.json").write_text(json.dumps({**manifest, "status": "interrupted"}))
+    html = report.build_report(out, examples=0, min_reviews=1).read_text(encoding="utf-8")
+    assert "<td>rows per table</td><td>" + ", ".join(f"{k} {v}" for k, v in counts.items()) in html
+
+
 def test_counts_cover_every_pass_and_speed_the_last_run(tiny_en_dir, drug_rows, tmp_path):
     """After an --incremental pass the tokens and truncated lines counted that pass alone, unmarked."""
     rows = [{**r, "text": r["text"][: 40 if i % 2 else None]} for i, r in enumerate(drug_rows[:12])]
