@@ -50,9 +50,9 @@ REDONE = "interrupted; nothing was written: rerun the command to compute it agai
 
 
 def on_signal(signum: int, frame: object) -> None:
-    """SIGINT, SIGTERM and SIGHUP: inside a library call, its clean-up runs (see :func:`call`); before one, the
-    command stops with the ``interrupted`` line; once the command's work is done, the signal is
-    ignored, so a scheduler never sees a failure of a run that succeeded."""
+    """SIGINT, SIGTERM and SIGHUP: inside a library call, its clean-up runs (see :func:`call`); before
+    one, the command stops with the ``interrupted`` line; once the command's work is done, the signal
+    is ignored, so a scheduler never sees a failure of a run that succeeded."""
     if _state["done"]:
         return
     if _state["working"]:
@@ -117,10 +117,10 @@ def setup(debug: bool) -> None:
 
 def call(fn: Callable[[], T], interrupted: str = INTERRUPTED, completes: bool = False) -> T:
     """Run a library call; a BertAttnError becomes one line on stderr and exit status 1, Ctrl-C or
-    SIGTERM (SIGHUP) the line ``interrupted`` and 130 or 143 (129). Any other error (a bug, or an error of a library
-    underneath that no check foresaw) is one line too, naming its type and ``--debug``, which raises
-    it with its traceback: a scheduled job's log keeps one line per failure. ``completes``: the call
-    is the command's work, so a signal after it returns changes nothing."""
+    SIGTERM (SIGHUP) the line ``interrupted`` and 130 or 143 (129). Any other error (a bug, or an error
+    of a library underneath that no check foresaw) is one line too, naming its type and ``--debug``,
+    which raises it with its traceback: a scheduled job's log keeps one line per failure.
+    ``completes``: the call is the command's work, so a signal after it returns changes nothing."""
     _state["working"] = True
     try:
         result = fn()
