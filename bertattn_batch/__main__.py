@@ -13,10 +13,10 @@ def main() -> None:
         print("interrupted", file=sys.stderr)
         raise SystemExit(128 + signum)
 
-    for name in ("SIGTERM", "SIGINT", "SIGHUP"):  # the package's errors.STOP_SIGNALS (Windows: no SIGHUP)
-        sig = getattr(signal, name, None)
-        if sig is not None and not (name == "SIGHUP" and signal.getsignal(sig) is signal.SIG_IGN):
-            signal.signal(sig, starting)  # (nohup's SIGHUP stays ignored)
+    from .errors import signals_to_handle  # signals only: the command's libraries load after
+
+    for sig in signals_to_handle():
+        signal.signal(sig, starting)
     if not os.environ.get("COLUMNS", "1").isdigit() or os.environ.get("COLUMNS") == "0":
         del os.environ["COLUMNS"]  # COLUMNS=0 made the help and usage errors print nothing at all
     from .cli import main as cli_main

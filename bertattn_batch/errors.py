@@ -63,6 +63,13 @@ STOP_SIGNALS = tuple(
 )
 
 
+def signals_to_handle() -> list[int]:
+    """The stop signals a command takes over: all but a SIGHUP that ``nohup`` set to be ignored (a job
+    started so must outlive the terminal)."""
+    hangup = getattr(signal, "SIGHUP", None)
+    return [s for s in STOP_SIGNALS if not (s == hangup and signal.getsignal(s) is signal.SIG_IGN)]
+
+
 def first_line(e: BaseException) -> str:
     """An exception's first line: library messages run over many lines, ours are one. A first line that
     ends in a colon only announces the next, so that one is kept too."""

@@ -17,7 +17,7 @@ import click
 import typer
 from typer.core import TyperOption
 
-from ..errors import STOP_SIGNALS, BertAttnError, Terminated
+from ..errors import BertAttnError, Terminated, signals_to_handle
 from ..runtime import tune_runtime
 
 app = typer.Typer(
@@ -67,9 +67,8 @@ def on_signal(signum: int, frame: object) -> None:
 
 def install_signal_handlers() -> None:
     if threading.current_thread() is threading.main_thread():  # only there may a handler be set
-        for sig in STOP_SIGNALS:
-            if sig != getattr(signal, "SIGHUP", None) or signal.getsignal(sig) is not signal.SIG_IGN:
-                signal.signal(sig, on_signal)  # (nohup's SIGHUP stays ignored)
+        for sig in signals_to_handle():
+            signal.signal(sig, on_signal)
 
 
 class _OncePerMessage(logging.Filter):

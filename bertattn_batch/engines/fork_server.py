@@ -51,8 +51,8 @@ def context() -> multiprocessing.context.BaseContext:
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """Keep Ctrl-C, SIGTERM and SIGHUP for the end of the block, where they act as they would have (only the
-    main thread's handlers can be swapped: elsewhere the block runs as it is).
+    """Keep Ctrl-C, SIGTERM and SIGHUP for the end of the block, where they act as they would have
+    (only the main thread's handlers can be swapped: elsewhere the block runs as it is).
 
     Why: starting a process waits for the fork server, which may still be importing its modules; cut
     short there, the job went on to end, and the server forked the process after all, which found the

@@ -66,7 +66,7 @@ def iter_windows(
     seen = (point.skip_ids or IdSet()) | (point.taken_ids or IdSet()) if columns.id else None
     timings = timings if timings is not None else Counter()
     pending = RowBatch()
-    committed = RowDigests(point.digests)
+    committed = RowDigests(point.digested)
     t0 = time.perf_counter()
     for block in read_sources(sources, columns.text, columns.id, columns.label, limit, block_rows=window):
         if not committed.done:
@@ -92,7 +92,8 @@ def iter_windows(
 
 
 def _check_committed(changed: list[tuple[str, int, int]], columns: Columns) -> None:
-    for name, a, b in changed[:1]:
+    if changed:
+        name, a, b = changed[0]
         raise InputsEditedError(
             f"input rows {a}..{b - 1} read otherwise now than when the run committed them (part {name}): "
             f"the inputs were edited since (see bertattn validate); {_ways_out(columns)}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from typing import Protocol
 
 from ..schema import ROW_NUMBER_STATUSES
 from .rows import RowBatch
@@ -49,14 +50,30 @@ def _field(value: object) -> str:
     return f"{len(text)}:{text}"
 
 
+class DigestedPart(Protocol):
+    """A committed part as a manifest lists it (``run.PartEntry``, validate's view of one)."""
+
+    name: str
+    start_row: int
+    end_row: int
+    rows_digest: str
+
+
 class RowDigests:
     """Check rows read again against the digests that parts recorded: feed every block in row order;
     :meth:`feed` returns the parts (name, first row, end row) whose rows now give another digest."""
 
-    def __init__(self, parts: Iterable[tuple[str, int, int, str]]) -> None:
-        #: (name, start_row, end_row, digest), in row order; parts without a digest (of this form) are
-        #: not checked
-        self._parts = sorted((p for p in parts if p[3].startswith(FORM)), key=lambda p: p[1])
+    def __init__(self, parts: Iterable[DigestedPart]) -> None:
+        #: (name, start_row, end_row, digest), in row order; parts without a digest of this form (a
+        #: pass by id, an older or later version) are not checked
+        self._parts = sorted(
+            (
+                (p.name, p.start_row, p.end_row, p.rows_digest)
+                for p in parts
+                if p.rows_digest.startswith(FORM)
+            ),
+            key=lambda p: p[1],
+        )
         self._next = 0  # the first part not yet finished
         self._hash: hashlib.blake2b | None = None  # of the part being read
 

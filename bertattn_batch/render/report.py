@@ -36,6 +36,7 @@ from ..run import (
     display_path,
     layer_name,
     on_local_copy,
+    part_rows,
     read_manifest,
     status_now,
 )
@@ -69,18 +70,6 @@ def status_counts(preds: pl.DataFrame) -> list[tuple[str, int]]:
     return preds.group_by("status").len().sort(["len", "status"], descending=[True, False]).rows()
 
 
-def _row_counts(manifest: Manifest) -> dict[str, int]:
-    """Rows per table: as the run counted them when it completed, else (still running, or stopped) as
-    its committed parts hold them."""
-    if manifest.counts:
-        return dict(manifest.counts)
-    counts: dict[str, int] = {}
-    for part in manifest.parts:
-        for table, n in part.rows.items():
-            counts[table] = counts.get(table, 0) + n
-    return counts
-
-
 def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
     model = manifest.model
     last = manifest.last_run or {}
@@ -101,7 +90,11 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
         *_whole_run_rows(preds),
         *((f"{k} (last run that read reviews)", v) for k, v in _last_run_rows(last)),
         ("parts committed", len(manifest.parts)),
-        ("rows per table", ", ".join(f"{k} {v}" for k, v in _row_counts(manifest).items())),
+        # as the run counted them when it completed, else (running, or stopped) as its parts hold them
+        (
+            "rows per table",
+            ", ".join(f"{k} {v}" for k, v in (manifest.counts or part_rows(manifest)).items()),
+        ),
         ("created", manifest.created_at),
     ]
     parts = ["<h2>Run</h2>", page.data_table(["", ""], [(k, v) for k, v in rows if v is not None])]

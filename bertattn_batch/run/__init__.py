@@ -44,7 +44,7 @@ from .parts import (
     verify_pages,
 )
 from .resume import ResumePoint, check_read_unchanged, input_changes, resume_point
-from .rundir import RunDir
+from .rundir import RunDir, part_rows
 from .stored import StoredRunDir, run_dir_class
 
 if TYPE_CHECKING:
@@ -86,6 +86,7 @@ __all__ = [
     "on_local_copy",
     "parse_parts",
     "part_name",
+    "part_rows",
     "read_manifest",
     "refuse_if_held",
     "require_current_tables",

@@ -34,9 +34,9 @@ class ResumePoint:
     skip_until: int = 0
     skip_ids: IdSet | None = None
     taken_ids: IdSet | None = None
-    #: (name, start_row, end_row, rows digest) of the committed parts that a pass by row number reads
-    #: again before its resume point: rows that now read otherwise are refused (``inputs.digest``)
-    digests: list[tuple[str, int, int, str]] = field(default_factory=list)
+    #: the committed parts that a pass by row number reads again before its resume point: rows that now
+    #: give another digest than the part recorded are refused (``inputs.digest``)
+    digested: list[PartEntry] = field(default_factory=list)
 
     @property
     def skipped(self) -> int:
@@ -83,7 +83,7 @@ def resume_point(
             _check_limit(run, skip_until, limit)
         run.begin_pass(0, sources, limit)
         taken = run.committed_ids(claimed=True) if by_id and skip_until else None
-        return ResumePoint(0, skip_until, None, taken, _digests(parts))
+        return ResumePoint(0, skip_until, None, taken, parts)
     if parts and (run.reopened_status == "complete" or generation is None):
         generation = max(run.manifest.passes) + 1  # a new pass (also over a run from before passes were kept)
         run.begin_pass(generation, sources, limit)
@@ -110,12 +110,6 @@ def resume_point(
     # no digests compared: a pass by id keeps the text an id had when it was scored (an edit under a
     # new id is an id the next pass adds)
     return ResumePoint(generation, skip_until, run.committed_ids(earlier) if earlier else None, taken)
-
-
-def _digests(parts: list[PartEntry]) -> list[tuple[str, int, int, str]]:
-    """What a pass going on by row number reads again and compares: the parts that recorded a digest
-    (a pass by id records none: its rows are not every row of their range)."""
-    return [(p.name, p.start_row, p.end_row, p.rows_digest) for p in parts if p.rows_digest]
 
 
 def _rename_same_files(run: RunDir, sources: list[dict[str, Any]]) -> None:

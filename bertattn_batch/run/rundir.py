@@ -204,12 +204,8 @@ class RunDir:
             last_run = self.manifest.last_run
         else:
             last_run = {**last_run, "ended_at": _now()}  # which run the kept figures are of
-        counts = dict.fromkeys(TABLES, 0)  # an empty input still counts its (empty) tables
-        for p in self.manifest.parts:
-            for table, n in p.rows.items():
-                counts[table] = counts.get(table, 0) + n
         self.manifest.last_run = last_run
-        self.manifest.counts = counts
+        self.manifest.counts = part_rows(self.manifest)
         self.manifest.status = "complete"
         self.manifest.completed_at = _now()
         self._save()
@@ -223,13 +219,12 @@ class RunDir:
         files the pass reads, which a resume of it checks are unchanged; ``limit``: the rows it reads at
         most (a resume may raise the limit the run began with)."""
         if self.reopened_status is not None:
-            self._before_pass = copy.deepcopy(self.manifest)
-        self.manifest.generation = generation
-        self.manifest.limit = limit
-        if self.reopened_status is not None:
+            self._before_pass = copy.deepcopy(self.manifest)  # before this pass changes it
             self.manifest.status = "running"
             self.manifest.resumed_at = _now()
             self.manifest.resumes += 1
+        self.manifest.generation = generation
+        self.manifest.limit = limit
         self._began = True
         if sources is not None:
             self.manifest.sources = sources
@@ -342,6 +337,16 @@ class RunDir:
                 remove_tree(child)
             else:
                 child.unlink(missing_ok=True)
+
+
+def part_rows(manifest: Manifest) -> dict[str, int]:
+    """Rows of every table over the committed parts (an empty input still counts its empty tables):
+    what ``counts`` says once the run is complete."""
+    counts = dict.fromkeys(TABLES, 0)
+    for p in manifest.parts:
+        for table, n in p.rows.items():
+            counts[table] = counts.get(table, 0) + n
+    return counts
 
 
 def _now() -> str:

@@ -54,8 +54,7 @@ def _check_count(rec: Recorder, run: RunView, sources, columns, limit: int | Non
     """As many input rows as the run covers, and (a run by row number) the rows of each part as they
     read when it was written (a file edited in place keeps its size, and its ends where the edit is in
     its middle)."""
-    parts = run.parts if by_row else []
-    committed = RowDigests((p.name, p.start_row, p.end_row, p.rows_digest) for p in parts)
+    committed = RowDigests(run.parts if by_row else [])
     n, changed = 0, []
     for block in read_sources(sources, *columns, limit=limit):
         n += len(block)

@@ -1,4 +1,11 @@
+from types import SimpleNamespace
+
 from bertattn_batch.inputs import RowBatch, RowDigests, rows_digest
+
+
+def _part(name: str, start_row: int, end_row: int, digest: str) -> SimpleNamespace:
+    """A committed part as a manifest lists it, with the attributes RowDigests reads."""
+    return SimpleNamespace(name=name, start_row=start_row, end_row=end_row, rows_digest=digest)
 
 
 def _batch(texts: list[str | None], first: int = 0) -> RowBatch:
@@ -15,7 +22,7 @@ def _blocks(batch: RowBatch, size: int) -> list[RowBatch]:
 def test_rows_read_again_in_other_blocks_give_the_digests_their_parts_recorded():
     texts = [f"review {i}" for i in range(12)]
     whole = _batch(texts)
-    parts = [("p2", 2, 5, rows_digest(whole, 2, 5)), ("p5", 5, 9, rows_digest(whole, 5, 9))]
+    parts = [_part("p2", 2, 5, rows_digest(whole, 2, 5)), _part("p5", 5, 9, rows_digest(whole, 5, 9))]
     for size in (1, 2, 3, 12):
         check = RowDigests(parts)
         assert [c for block in _blocks(whole, size) for c in check.feed(block)] == []
@@ -39,7 +46,7 @@ def test_the_digest_is_of_each_fields_length_and_text_in_any_python():
 def test_a_digest_of_another_form_is_not_compared():
     """A later version may write rows into the digest otherwise: its parts are not taken for edits."""
     batch = _batch(["a", "b"])
-    check = RowDigests([("p0", 0, 2, "r0:" + "0" * 32)])
+    check = RowDigests([_part("p0", 0, 2, "r0:" + "0" * 32)])
     assert check.done and check.feed(batch) == []
 
 
