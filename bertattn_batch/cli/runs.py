@@ -130,10 +130,11 @@ def faithfulness(
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
     debug: Debug = False,
 ) -> None:
-    """Which heads' attention tracks what moves the prediction: delete the tokens each head ranks highest
-    (1 to 50% of a review) and measure how much the prediction's probability drops (comprehensiveness)
-    and how much of it the tokens keep alone (sufficiency), against random tokens and gradient × input.
-    Writes RUN/faithfulness/head_faithfulness.parquet; see docs/measures.md.
+    """Which heads' attention tracks what moves the prediction; writes RUN/faithfulness/head_faithfulness.parquet.
+
+    Deletes the tokens each head ranks highest (1 to 50% of a review) and measures how much the
+    prediction's probability drops (comprehensiveness) and how much of it the tokens keep alone
+    (sufficiency), against random tokens and gradient × input. See docs/measures.md.
 
     Examples:
 
