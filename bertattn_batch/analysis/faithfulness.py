@@ -11,7 +11,7 @@ On a seeded sample of the run's scored reviews, stratified by predicted label, e
 layer's ``value_zeroing`` where the run has it: one value per layer and token, head null); so do two references that depend on no head: ``random`` (a seeded
 permutation) and ``gradient_x_input`` (the gradient of p(ŷ) with respect to each input embedding, dotted
 with it). For k in ``FRACTIONS`` the top ⌈k·m⌉ of the review's m content tokens are deleted from the
-input ids ([CLS] and [SEP] kept) and the model run again:
+input ids the run scored (its tokens table; [CLS] and [SEP] kept) and the model run again:
 
 - comprehensiveness = p(ŷ | x) − p(ŷ | x without them): large when the tokens mattered;
 - sufficiency = p(ŷ | x) − p(ŷ | them alone): small when they suffice;
@@ -41,7 +41,7 @@ from ..model import Classifier, encode_texts
 from ..run import committed_files, display_path, layer_name, on_local_copy, read_manifest, status_now
 from .derived import write_derived
 from .run_model import load_run_model
-from .texts import review_texts, scored_predictions
+from .texts import scored_predictions
 
 log = logging.getLogger(__name__)
 
@@ -119,27 +119,16 @@ def faithfulness(
     manifest = read_manifest(run)
     if (status := status_now(run, manifest.status)) != "complete":
         log.warning("%s is %s: its committed parts alone are sampled", run, status)
-    preds = scored_predictions(
-        run, ["doc_id", "row_index", "text", "pred_id", "pred_label", "n_tokens"], verify=True
-    )
+    preds = scored_predictions(run, ["doc_id", "pred_id", "pred_label", "n_tokens"], verify=True)
     if preds.is_empty():
         raise RunDirError(f"{run} has no scored reviews to measure")
     path = faithfulness_path(run)
     check_writable(path.parent, "the faithfulness table")  # before minutes of measuring
     chosen = stratified_sample(preds, sample, seed)
     clf = _run_classifier(manifest, device, model)
-    texts = review_texts(run, chosen)
-    encoded = encode_texts(clf.tokenizer, texts, clf.max_length)
-    n_tokens = chosen["n_tokens"].to_list()
-    for enc, n, doc in zip(encoded, n_tokens, chosen["doc_id"], strict=True):
-        if enc.n_tokens != n:
-            raise RunDirError(
-                f"review {doc!r} encodes to {enc.n_tokens} tokens here, {n} in the run: its text or the "
-                "model's tokenizer is not what the run read"
-            )
-    ids = [enc.ids for enc in encoded]  # scored: each has one content token at least
-    pred = chosen["pred_id"].to_numpy()
     doc_ids = chosen["doc_id"].to_list()
+    ids = scored_ids(run, doc_ids, chosen["n_tokens"].to_list(), _special_ends(clf))
+    pred = chosen["pred_id"].to_numpy()
     scores = head_scores(run, doc_ids, bool(manifest.spec.get("value_zeroing")))
     scores.update(reference_scores(clf, ids, pred, seed))
     rows = erasure_table(clf, ids, pred, scores, progress)
@@ -208,6 +197,44 @@ def head_scores(
         if any(x is None for x in per_review):
             raise RunDirError(f"{run}: cls_attention lacks {key[0]} rows of layer {key[1]}")
     return out
+
+
+def scored_ids(run: Path, doc_ids: list[str], n_tokens: list[int], ends: tuple[int, int]) -> list[np.ndarray]:
+    """Each review's input ids as the run scored them: its content tokens from the run's tokens table
+    between the two special ``ends``. Read from the run, not encoded again from the text, so that a
+    run without stored text needs no inputs and what is erased is exactly what the run scored."""
+    files = [p.files["tokens"] for p in committed_files(run, ("tokens",), verify=True)]
+    order = pl.LazyFrame({"doc_id": doc_ids, "review": range(len(doc_ids))})
+    rows = (
+        pl.scan_parquet(files, glob=False)
+        .join(order, on="doc_id")
+        .select("review", "position", "token_id")
+        .sort("review", "position")
+        .collect(engine="streaming")
+    )
+    content: list[np.ndarray | None] = [None] * len(doc_ids)
+    for (review,), group in rows.group_by("review", maintain_order=True):
+        content[review] = group["token_id"].to_numpy()
+        positions = group["position"].to_numpy()
+        if not np.array_equal(positions, np.arange(1, n_tokens[review] - 1)):
+            content[review] = None  # said below, with the reviews that have no tokens at all
+    for i, tokens in enumerate(content):
+        if tokens is None:
+            raise RunDirError(
+                f"{run}: the tokens table does not hold positions 1 to {n_tokens[i] - 2} of review "
+                f"{doc_ids[i]!r} ({n_tokens[i]} tokens in predictions)"
+            )
+    return [np.concatenate([[ends[0]], tokens, [ends[1]]]).astype(np.int32) for tokens in content]
+
+
+def _special_ends(clf: Classifier) -> tuple[int, int]:
+    """The ids the model's tokenizer puts before and after a review's tokens ([CLS] and [SEP])."""
+    ends = encode_texts(clf.tokenizer, [""], clf.max_length)[0].ids
+    if len(ends) != 2:
+        raise RunDirError(
+            f"the tokenizer of {clf.source} wraps a review in {len(ends)} special tokens, not 2"
+        )
+    return int(ends[0]), int(ends[1])
 
 
 def reference_scores(clf: Classifier, ids: list[np.ndarray], pred: np.ndarray, seed: int) -> dict:

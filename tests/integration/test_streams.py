@@ -127,7 +127,7 @@ def test_a_fifo_inside_an_input_folder_is_passed_over(tiny_en_dir, tmp_path):
 
 @pytest.mark.parametrize("name", ["-", "/dev/stdin"])
 def test_texts_of_a_stream_run_without_stored_text_cannot_be_read_again(name, tiny_en_dir, tmp_path):
-    """What reads texts back (plot, faithfulness) says why a piped run without its text has none, rather
+    """What reads texts back (plot --pairs, validate) says why a piped run without its text has none, rather
     than that the reviews were not found in its inputs."""
     out = tmp_path / "run"
     done = _extract(name, tiny_en_dir, out, "--input-format", "jsonl", "--no-store-text", stdin=JSONL)

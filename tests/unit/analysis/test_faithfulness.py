@@ -205,3 +205,33 @@ def test_a_run_that_is_not_complete_is_said_to_be_sampled_in_part(run_dir, tmp_p
     with caplog.at_level(logging.WARNING, logger="bertattn_batch.analysis.faithfulness"):
         fa.faithfulness(run, sample=5, seed=3, device="cpu")
     assert "is interrupted: its committed parts alone are sampled" in caplog.text
+
+
+def test_a_run_without_its_text_is_measured_from_its_tokens_with_its_inputs_gone(run_dir, result, tmp_path):
+    """The reviews erased are the token ids the run scored, so a --no-store-text run whose inputs are
+    gone (a stream, a deleted file) is measured, and measures what a run with its text does."""
+    import shutil
+
+    spec = json.loads((run_dir / "manifest.json").read_text())["spec"]
+    src = shutil.copy(spec["inputs"][0], tmp_path / "reviews.parquet")
+    out = tmp_path / "run"
+    run_job(JobSpec(inputs=[src], model=spec["model"], out=str(out), id_col="doc_id", layers=[-2, 0],
+                    max_length=48, value_zeroing=True, store_text=False, progress=False))  # fmt: skip
+    assert read_table(out, "predictions")["text"].null_count == 12
+    (tmp_path / "reviews.parquet").unlink()
+    assert fa.faithfulness(out, sample=5, seed=3, device="cpu").table.equals(result.table)
+
+
+def test_a_tokens_table_short_of_a_reviews_positions_is_named(run_dir, tmp_path):
+    import shutil
+
+    from bertattn_batch.errors import RunDirError
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    for part in (run / "tokens").glob("*.parquet"):
+        table = pl.read_parquet(part)
+        moved = pl.when(pl.col("position") == 3).then(99).otherwise(pl.col("position")).alias("position")
+        pq.write_table(schema.cast(table.with_columns(moved).to_arrow(), "tokens"), part)  # rows kept
+    with pytest.raises(RunDirError, match=r"the tokens table does not hold positions 1 to \d+ of review"):
+        fa.faithfulness(run, sample=5, seed=3, device="cpu")
