@@ -37,11 +37,18 @@ from .. import schema
 from .._util import bar_size, check_writable
 from ..errors import RunDirError, SpecError
 from ..extract.batching import bucket_batches
-from ..model import Classifier, encode_texts
-from ..run import committed_files, display_path, layer_name, on_local_copy, read_manifest, status_now
+from ..model import Classifier, with_special_tokens
+from ..run import (
+    committed_files,
+    display_path,
+    layer_name,
+    on_local_copy,
+    read_manifest,
+    scan_parts,
+    status_now,
+)
 from .derived import write_derived
 from .run_model import load_run_model
-from .texts import scored_predictions
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +126,7 @@ def faithfulness(
     manifest = read_manifest(run)
     if (status := status_now(run, manifest.status)) != "complete":
         log.warning("%s is %s: its committed parts alone are sampled", run, status)
-    preds = scored_predictions(run, ["doc_id", "pred_id", "pred_label", "n_tokens"], verify=True)
+    preds = scored_predictions(run, ["doc_id", "pred_id", "pred_label", "n_tokens"])
     if preds.is_empty():
         raise RunDirError(f"{run} has no scored reviews to measure")
     path = faithfulness_path(run)
@@ -127,7 +134,7 @@ def faithfulness(
     chosen = stratified_sample(preds, sample, seed)
     clf = _run_classifier(manifest, device, model)
     doc_ids = chosen["doc_id"].to_list()
-    ids = scored_ids(run, doc_ids, chosen["n_tokens"].to_list(), _special_ends(clf))
+    ids = with_special_tokens(clf.tokenizer, scored_tokens(run, doc_ids, chosen["n_tokens"].to_list()))
     pred = chosen["pred_id"].to_numpy()
     scores = head_scores(run, doc_ids, bool(manifest.spec.get("value_zeroing")))
     scores.update(reference_scores(clf, ids, pred, seed))
@@ -146,6 +153,14 @@ def faithfulness(
         parts=json.dumps(sorted(p.name for p in manifest.parts)),
     )
     return Faithfulness(path, pl.from_arrow(table), options, manifest.num_layers, time.perf_counter() - t0)
+
+
+def scored_predictions(run_dir: Path, columns: list[str]) -> pl.DataFrame:
+    """The committed predictions of scored reviews (``status == 'ok'``), every page's checksum checked."""
+    files = [p.files["predictions"] for p in committed_files(run_dir, ("predictions",), verify=True)]
+    if not files:
+        return pl.DataFrame()
+    return scan_parts(files).filter(pl.col("status") == "ok").select(columns).collect()
 
 
 def stratified_sample(preds: pl.DataFrame, n: int, seed: int) -> pl.DataFrame:
@@ -199,10 +214,9 @@ def head_scores(
     return out
 
 
-def scored_ids(run: Path, doc_ids: list[str], n_tokens: list[int], ends: tuple[int, int]) -> list[np.ndarray]:
-    """Each review's input ids as the run scored them: its content tokens from the run's tokens table
-    between the two special ``ends``. Read from the run, not encoded again from the text, so that a
-    run without stored text needs no inputs and what is erased is exactly what the run scored."""
+def scored_tokens(run: Path, doc_ids: list[str], n_tokens: list[int]) -> list[np.ndarray]:
+    """Each review's content token ids as the run scored them, from its tokens table: not encoded again
+    from the text, so a run without stored text needs no inputs and what is erased is what was scored."""
     files = [p.files["tokens"] for p in committed_files(run, ("tokens",), verify=True)]
     order = pl.LazyFrame({"doc_id": doc_ids, "review": range(len(doc_ids))})
     rows = (
@@ -214,27 +228,15 @@ def scored_ids(run: Path, doc_ids: list[str], n_tokens: list[int], ends: tuple[i
     )
     content: list[np.ndarray | None] = [None] * len(doc_ids)
     for (review,), group in rows.group_by("review", maintain_order=True):
-        content[review] = group["token_id"].to_numpy()
-        positions = group["position"].to_numpy()
-        if not np.array_equal(positions, np.arange(1, n_tokens[review] - 1)):
-            content[review] = None  # said below, with the reviews that have no tokens at all
+        if np.array_equal(group["position"].to_numpy(), np.arange(1, n_tokens[review] - 1)):
+            content[review] = group["token_id"].to_numpy()
     for i, tokens in enumerate(content):
         if tokens is None:
             raise RunDirError(
                 f"{run}: the tokens table does not hold positions 1 to {n_tokens[i] - 2} of review "
                 f"{doc_ids[i]!r} ({n_tokens[i]} tokens in predictions)"
             )
-    return [np.concatenate([[ends[0]], tokens, [ends[1]]]).astype(np.int32) for tokens in content]
-
-
-def _special_ends(clf: Classifier) -> tuple[int, int]:
-    """The ids the model's tokenizer puts before and after a review's tokens ([CLS] and [SEP])."""
-    ends = encode_texts(clf.tokenizer, [""], clf.max_length)[0].ids
-    if len(ends) != 2:
-        raise RunDirError(
-            f"the tokenizer of {clf.source} wraps a review in {len(ends)} special tokens, not 2"
-        )
-    return int(ends[0]), int(ends[1])
+    return content  # type: ignore[return-value]  # none is None here
 
 
 def reference_scores(clf: Classifier, ids: list[np.ndarray], pred: np.ndarray, seed: int) -> dict:

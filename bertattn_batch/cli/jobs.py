@@ -204,8 +204,8 @@ def extract(
         bool,
         typer.Option(
             rich_help_panel="Output",
-            help="Keep each review's text in predictions (--no-store-text leaves it out: plot --pairs and "
-            "validate's span check then read it again from the run's inputs).",
+            help="Keep each review's text in predictions (--no-store-text leaves it out: validate's span "
+            "check then reads it again from the run's inputs).",
         ),
     ] = True,
     value_zeroing: Annotated[

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .checks import load_config, resolve_source
     from .classifier import Classifier
     from .device import resolve_device, resolve_dtype
-    from .encode import Encoded, Encoder, encode_texts
+    from .encode import Encoded, Encoder, encode_texts, with_special_tokens
     from .fingerprint import is_other_model
     from .outputs import Outputs
     from .tokenizer_checks import load_tokenizer
@@ -27,7 +27,7 @@ _EXPORTS = {
     "Classifier": "classifier",
     "is_other_model": "fingerprint",
     **dict.fromkeys(["resolve_device", "resolve_dtype"], "device"),
-    **dict.fromkeys(["Encoded", "Encoder", "encode_texts"], "encode"),
+    **dict.fromkeys(["Encoded", "Encoder", "encode_texts", "with_special_tokens"], "encode"),
     "Outputs": "outputs",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -47,4 +47,5 @@ __all__ = [
     "resolve_device",
     "resolve_dtype",
     "resolve_source",
+    "with_special_tokens",
 ]

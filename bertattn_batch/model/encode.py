@@ -256,6 +256,14 @@ def text_backend(tokenizer):
     return text
 
 
+def with_special_tokens(tokenizer, contents: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Each review's content token ids (as a run's tokens table holds them) between the two special
+    tokens the tokenizer adds around a text ([CLS] and [SEP], one each: checked on load): the ids the
+    run scored."""
+    ends = _encode_batch(tokenizer, [""], 2)[0][0]
+    return [np.concatenate([ends[:1], np.asarray(c, dtype=np.int32), ends[1:]]) for c in contents]
+
+
 def id_limit(tokenizer) -> int:
     """One past the largest token id: what a lookup by id needs. ``len(tokenizer)`` counts the tokens,
     which falls short where a vocabulary leaves ids unused (gaps between its ids)."""

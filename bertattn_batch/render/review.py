@@ -7,8 +7,8 @@ Usage::
     review.tokens, review.weight, review.scaled           # (H, n) each
 
 The token x token matrices (``pairs``) need every query's row, which a run does not keep: they are
-computed for that one review with eager attention (``output_attentions=True``), reading the text from
-the run's source (or the one given).
+computed for that one review with eager attention (``output_attentions=True``), on the token ids the
+run scored (or on the text given).
 """
 
 from __future__ import annotations
@@ -266,22 +266,6 @@ def review_from_text(
     return review
 
 
-def source_text(run_dir: str | Path, doc_id: str) -> str:
-    """A review's text: as the run stored it, or (a run made with --no-store-text) read again from the
-    run's inputs."""
-    from ..analysis.texts import review_texts, scored_predictions
-
-    preds = scored_predictions(run_dir, ["doc_id", "row_index", "text"])
-    if not preds.is_empty():
-        preds = preds.filter(pl.col("doc_id") == doc_id).head(1)  # a null id's row number may match
-    if preds.is_empty():
-        raise InputError(f"review {doc_id!r} is not in {run_dir}")
-    try:
-        return review_texts(run_dir, preds)[0]
-    except InputError as e:
-        raise InputError(f"{e}; pass the review with --text") from None
-
-
 def add_pairs(
     review: ReviewAttention,
     run_dir: str | Path | None = None,
@@ -289,27 +273,29 @@ def add_pairs(
     text: str | None = None,
     device: str = "cpu",
 ) -> ReviewAttention:
-    """Compute token x token matrices for a review of a run (its model and text, or those given)."""
-    from ..model import encode_texts
+    """Compute token x token matrices for a review of a run: its model (or ``model``) on the token ids
+    the run scored, or on ``text`` where one is given (checked to give the run's tokens)."""
+    from ..model import encode_texts, with_special_tokens
 
+    if text is None and run_dir is None:
+        raise SpecError("token x token maps need the review's run or its text: pass --text")
     manifest = read_manifest(run_dir) if run_dir is not None else Manifest()
-    if text is None:
-        if run_dir is None:
-            raise SpecError("token x token maps need the review's text: pass --text")
-        text = source_text(run_dir, review.doc_id)
     clf = load_run_model(
         manifest,
         model,
         lambda at: _load_classifier(at, review.layer, device, manifest.model.get("max_length")),
     )
-    enc = encode_texts(clf.tokenizer, [text], clf.max_length)[0]
-    if enc.ids[1:-1].tolist() != review.token_ids:
-        raise InputError(
-            f"the review's text and the model do not give review {review.doc_id!r}'s tokens; "
-            "pass the review's own text (--text) and the run's model (--model)"
-        )
-    review.text = text
-    _attach_pairs(review, clf, enc.ids)
+    if text is None:
+        ids = with_special_tokens(clf.tokenizer, [np.asarray(review.token_ids)])[0]
+    else:
+        ids = encode_texts(clf.tokenizer, [text], clf.max_length)[0].ids
+        if ids[1:-1].tolist() != review.token_ids:
+            raise InputError(
+                f"the review's text and the model do not give review {review.doc_id!r}'s tokens; "
+                "pass the review's own text (--text) and the run's model (--model)"
+            )
+        review.text = text
+    _attach_pairs(review, clf, ids)
     recomputed = review.pairs[:, 0, 1:-1]  # (H, n): the [CLS] query's row over content tokens
     gap = float(np.abs(recomputed - review.weight).max())
     if gap > PAIRS_TOLERANCE:

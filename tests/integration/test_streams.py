@@ -15,7 +15,6 @@ import pyarrow.csv
 import pytest
 from helpers import manifest_json, read_table
 
-from bertattn_batch.analysis.texts import review_texts, scored_predictions
 from bertattn_batch.errors import InputError
 from bertattn_batch.inputs.streams import owner, spooled
 
@@ -125,23 +124,22 @@ def test_a_fifo_inside_an_input_folder_is_passed_over(tiny_en_dir, tmp_path):
     assert done.stdout.startswith("3 reviews (3 scored")
 
 
-@pytest.mark.parametrize("name", ["-", "/dev/stdin"])
-def test_texts_of_a_stream_run_without_stored_text_cannot_be_read_again(name, tiny_en_dir, tmp_path):
-    """What reads texts back (plot --pairs, validate) says why a piped run without its text has none, rather
-    than that the reviews were not found in its inputs."""
+def test_a_stream_run_without_stored_text_is_measured_and_drawn_from_its_tokens(tiny_en_dir, tmp_path):
+    """faithfulness and plot --pairs read the token ids the run scored: a piped run without its text,
+    whose rows cannot be read again, was refused by both."""
     out = tmp_path / "run"
-    done = _extract(name, tiny_en_dir, out, "--input-format", "jsonl", "--no-store-text", stdin=JSONL)
+    done = _extract("-", tiny_en_dir, out, "--input-format", "jsonl", "--no-store-text", stdin=JSONL)
     assert done.returncode == 0, done.stderr
-    reviews = scored_predictions(out, ["doc_id", "row_index", "text"])
-    where = "standard input" if name == "-" else name  # not this process's own stdin, read again
-    with pytest.raises(InputError, match=f"from {where}, which cannot be read again"):
-        review_texts(out, reviews)
+    faith = _bertattn("faithfulness", str(out), "--sample", "3", "--device", "cpu", "--no-progress")
+    assert faith.returncode == 0 and "wrote " in faith.stdout, faith.stderr
+    png = tmp_path / "r1.png"
+    drawn = _bertattn("plot", str(out), "--doc-id", "r1", "--pairs", "--out", str(png))
+    assert drawn.returncode == 0 and png.stat().st_size > 0, drawn.stderr
 
 
 def test_a_full_temporary_folder_is_named_not_the_stream(tmp_path, monkeypatch):
     """A stream's copy that filled the temporary folder was said as "cannot read -": the stream was
     blamed, and nothing said where the copy goes or how to move it."""
-    from bertattn_batch.errors import InputError
     from bertattn_batch.inputs import streams
 
     src = tmp_path / "stream.jsonl"

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import pytest
 from conftest import SEED_TEXT
 from helpers import eager_oracle, minmax, read_attention, read_table
@@ -110,13 +109,9 @@ def test_pred_and_label_come_with_the_review(en_run):
     assert f"review {doc}" in review.title() and pred["pred_label"] in review.title()
 
 
-def test_pairs_from_a_run_are_eager_attention(en_run, tiny_en_dir, drug_sample):
+def test_pairs_from_a_run_are_eager_attention(en_run):
     doc = short_doc(en_run)
-    review = reviews.add_pairs(reviews.load_review(en_run, doc), en_run)  # model and text from the run
-    texts = dict(
-        zip(*(pq.read_table(drug_sample).column(c).to_pylist() for c in ("doc_id", "text")), strict=True)
-    )
-    assert review.text == texts[doc]
+    review = reviews.add_pairs(reviews.load_review(en_run, doc), en_run)  # model and token ids of the run
     heads, n = review.weight.shape
     assert review.pairs.shape == (heads, n + 2, n + 2)
     np.testing.assert_allclose(review.pairs.sum(-1), 1.0, atol=1e-5)  # every query row is a softmax
@@ -296,11 +291,11 @@ def test_pairs_refuse_a_model_that_is_not_the_runs(en_run, tiny_zh_dir):
         reviews.add_pairs(review, en_run, model=str(tiny_zh_dir))
 
 
-def test_pairs_read_the_scored_review_not_a_null_ids_row(tiny_en_dir, tmp_path):
-    """A null id's doc_id is its row number, which a real id may equal: the text of the scored review
-    is the one read back for token x token maps."""
-    from bertattn_batch.render.review import source_text
-
+@pytest.mark.parametrize("store_text", [True, False])
+def test_pairs_are_of_the_scored_review_with_its_inputs_gone(tiny_en_dir, tmp_path, store_text):
+    """Token x token maps are computed on the token ids the run scored: a run made with --no-store-text
+    whose inputs are gone draws them, and a null id's doc_id (its row number, which a real id may
+    equal) does not pick another row's text."""
     src = tmp_path / "in.csv"
     src.write_text("id,text\n,first review has no id\n0,the real review zero\n")
     out = tmp_path / "run"
@@ -316,10 +311,14 @@ def test_pairs_read_the_scored_review_not_a_null_ids_row(tiny_en_dir, tmp_path):
             "--id-col",
             "id",
             "--no-progress",
+            "--store-text" if store_text else "--no-store-text",
         ],
     )
     assert r.exit_code == 0, r.output
-    assert source_text(out, "0") == "the real review zero"
+    src.unlink()
+    review = reviews.add_pairs(reviews.load_review(out, "0"), out)
+    assert review.pair_tokens == ["[CLS]", "the", "real", "review", "zero", "[SEP]"]
+    np.testing.assert_allclose(review.pairs[:, 0, 1:-1], review.weight, atol=1e-5)
 
 
 def test_pictures_that_read(en_run, tmp_path):
