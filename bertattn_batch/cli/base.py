@@ -198,6 +198,9 @@ class GuardedStdout:
 
 def main() -> None:
     install_signal_handlers()
+    for stream in (sys.stdout, sys.stderr):  # a token, a "−" or rich's "…" that the terminal's encoding
+        if hasattr(stream, "reconfigure"):  # lacks (latin-1, cp1252) is escaped, not a traceback at the end
+            stream.reconfigure(errors="backslashreplace")
     if sys.stdout is not None:  # None: started with its output closed, which click and rich allow for
         sys.stdout = GuardedStdout(sys.stdout)
     try:

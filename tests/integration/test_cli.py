@@ -608,6 +608,17 @@ def test_output_that_cannot_be_written_is_one_line_and_a_closed_pipe_no_failure(
     assert (closed.returncode, closed.stderr) == (0, "")  # started with no stdout at all (>&-)
 
 
+def test_characters_the_outputs_encoding_lacks_are_escaped_not_a_traceback():
+    """Under a latin-1 or cp1252 output encoding a printed "−", token or help character ended a command
+    that had done its work in a traceback and exit status 1."""
+    env = {**os.environ, "PYTHONIOENCODING": "latin-1", "COLUMNS": "100"}
+    done = subprocess.run(
+        [sys.executable, "-m", "bertattn_batch", "plot", "--help"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr
+    assert "Heatmaps of one review" in done.stdout and "\\u" in done.stdout
+
+
 def test_a_sighup_that_nohup_ignores_stays_ignored():
     """Under nohup a closed terminal must not stop the job; SIGTERM is handled all the same."""
     import signal
