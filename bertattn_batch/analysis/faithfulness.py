@@ -39,6 +39,7 @@ from ..errors import RunDirError, SpecError
 from ..extract.batching import bucket_batches
 from ..model import Classifier, with_special_tokens
 from ..run import (
+    FAITHFULNESS_DIR,
     committed_files,
     display_path,
     layer_name,
@@ -53,7 +54,6 @@ from .run_model import load_run_model
 log = logging.getLogger(__name__)
 
 TABLE = "head_faithfulness"
-FAITHFULNESS_DIR = "faithfulness"
 #: Shares of a review's content tokens deleted (ERASER's bins: 1, 5, 10, 20 and 50%).
 FRACTIONS = (0.01, 0.05, 0.10, 0.20, 0.50)
 SAMPLE = 200

@@ -13,6 +13,7 @@ from .existing import old_manifest
 from .layout import (
     AGGREGATES_DIR,
     COMMIT_LOG,
+    FAITHFULNESS_DIR,
     FORMAT,
     LOCK_NAME,
     MANIFEST,
@@ -56,6 +57,7 @@ __getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(_VIEWS, "views"))
 __all__ = [
     "AGGREGATES_DIR",
     "COMMIT_LOG",
+    "FAITHFULNESS_DIR",
     "FORMAT",
     "LOCK_NAME",
     "MANIFEST",

@@ -26,9 +26,11 @@ MANIFEST = "manifest.json"
 #: every part made a run of n parts write O(n²) bytes.
 COMMIT_LOG = "commits.jsonl"
 FORMAT = "bertattn-batch run"
-#: What ``aggregate`` and ``report`` write into a run; with the tables and the manifest, all that
-#: --overwrite removes (anything else in the folder is the user's and stays).
+#: What ``aggregate``, ``faithfulness`` and ``report`` write into a run; with the tables and the
+#: manifest, all that --overwrite removes (anything else in the folder is the user's and stays).
 AGGREGATES_DIR = "aggregates"
+FAITHFULNESS_DIR = "faithfulness"
+DERIVED_DIRS = (AGGREGATES_DIR, FAITHFULNESS_DIR)
 REPORT_NAME = "report.html"
 #: Held (flock) by the one process writing a run; the file stays, the lock dies with its process.
 LOCK_NAME = ".bertattn.lock"

@@ -42,8 +42,8 @@ from ..ids import IdSet
 from ..storage import is_remote
 from .existing import old_manifest
 from .layout import (
-    AGGREGATES_DIR,
     COMMIT_LOG,
+    DERIVED_DIRS,
     LOCK_NAME,
     MANIFEST,
     REPORT_NAME,
@@ -331,7 +331,7 @@ class RunDir:
         a folder that is still recognisably a run, so the next --overwrite can finish it."""
         temporaries = [p.name for p in self.run_dir.glob(f".{REPORT_NAME}*.tmp")]  # a report's, a process's
         temporaries += [hidden_tmp(MANIFEST), COMMIT_LOG]
-        for name in (*TABLES, AGGREGATES_DIR, REPORT_NAME, *temporaries, MANIFEST):
+        for name in (*TABLES, *DERIVED_DIRS, REPORT_NAME, *temporaries, MANIFEST):
             child = self.run_dir / name
             if child.is_dir() and not child.is_symlink():
                 remove_tree(child)

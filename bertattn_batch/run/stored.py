@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .. import storage
 from ..errors import RunDirError, StorageError
-from .layout import AGGREGATES_DIR, MANIFEST, REPORT_NAME, TABLES
+from .layout import DERIVED_DIRS, MANIFEST, REPORT_NAME, TABLES
 from .lease import DEFAULT_TTL_S, SETTLE_S, Lease
 from .manifest import PartEntry
 from .rundir import RunDir
@@ -85,7 +85,7 @@ class StoredRunDir(RunDir):
 
     def _clear(self) -> None:
         """Remove what bertattn wrote into the run, its manifest last (as on local disk)."""
-        for name in (*TABLES, AGGREGATES_DIR):
+        for name in (*TABLES, *DERIVED_DIRS):
             storage.delete_folder(storage.join(self.run_dir, name))
         for name in (REPORT_NAME, MANIFEST):
             storage.delete(storage.join(self.run_dir, name))

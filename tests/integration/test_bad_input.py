@@ -997,14 +997,19 @@ def test_another_input_format_is_another_job(tiny_en_dir, tmp_path):
 
 
 def test_overwrite_keeps_what_bertattn_did_not_write(tiny_en_dir, tmp_path):
+    """...and removes all it did: the old run's faithfulness table stayed beside the new run."""
     src = tmp_path / "in.txt"
     src.write_text("good\n")
     out = tmp_path / "run"
     assert _extract(src, tiny_en_dir, out).exit_code == 0
     (out / "notes.txt").write_text("mine")
+    for derived in ("aggregates", "faithfulness"):
+        (out / derived).mkdir()
+        (out / derived / "table.parquet").write_bytes(b"of the old run")
     r = _extract(src, tiny_en_dir, out, "--overwrite")
     assert r.exit_code == 0, r.output
     assert (out / "notes.txt").read_text() == "mine"
+    assert not (out / "aggregates").exists() and not (out / "faithfulness").exists()
     assert read_table(out, "predictions").num_rows == 1
 
 

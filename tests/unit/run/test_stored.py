@@ -82,6 +82,7 @@ def test_a_second_holder_is_refused_and_overwrite_clears(run):
             StoredRunDir(run, HEADER).open()
         rd.finalize({})
     storage.write_bytes(f"{run}/aggregates/token_influence.parquet", b"x")
+    storage.write_bytes(f"{run}/faithfulness/head_faithfulness.parquet", b"x")
     with StoredRunDir(run, HEADER, on_existing="overwrite") as rd:
         assert rd.parts == []
     assert storage.list_names(run, recursive=True) == [MANIFEST]
