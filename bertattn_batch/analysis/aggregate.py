@@ -101,9 +101,10 @@ class Aggregates:
     options: dict[str, Any] = field(default_factory=dict)
     parts: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    #: The splits that hold scored reviews ('label' only where the source had labels): what an empty
-    #: printout is explained by, as the table alone cannot tell a filter from a missing split.
-    splits: list[str] = field(default_factory=list)
+    #: Scored reviews per group (split, class_label, class_reviews; 'label' only where the source had
+    #: labels): what a printout explains its missing groups by, as the table cannot tell a group that
+    #: --min-reviews emptied from one the run lacks.
+    groups: pl.DataFrame | None = None
     num_layers: int | None = None  # the model's, to name layers from the end too
     byte_level: bool | None = None  # the run's tokens spell bytes: printed decoded
 
@@ -327,11 +328,9 @@ def aggregate(
         shutil.rmtree(work, ignore_errors=True)
         if claim is not None:
             os.close(claim)
-    present = set(sizes["split"].to_list())
-    splits = [s for s in SPLITS if s in present]
     names = [p.name for p in parts]
     seconds = time.perf_counter() - t0
-    return Aggregates(final, table, options, names, seconds, splits, manifest.num_layers, manifest.byte_level)
+    return Aggregates(final, table, options, names, seconds, sizes, manifest.num_layers, manifest.byte_level)
 
 
 def _summed(

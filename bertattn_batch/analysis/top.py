@@ -56,7 +56,7 @@ def format_top(
     layers: Sequence[int] | None = None,
     measure: str = "mean_scaled",
     units: Sequence[str] | None = None,
-    splits: Sequence[str] | None = None,
+    groups: pl.DataFrame | None = None,
     num_layers: int | None = None,
     byte_level: bool | None = None,
 ) -> str:
@@ -65,10 +65,11 @@ def format_top(
     ``byte_level``: the run's tokens spell bytes (byte-level BPE); they are printed as text
     (:func:`spelling.readable`).
 
-    ``units`` and ``splits`` (from :class:`Aggregates`) say what the run holds; without them it is
-    guessed from the table, which cannot tell a split or unit the run lacks from one that
+    ``units`` and ``groups`` (from :class:`Aggregates`) say what the run holds; without them it is
+    guessed from the table, which cannot tell a group or unit the run lacks from one that
     ``--min-reviews`` emptied.
     """
+    splits = None if groups is None else set(groups["split"].to_list())
     check_top_options(k, unit, split)
     has_unit = unit in units if units is not None else not table.filter(pl.col("unit") == unit).is_empty()
     if unit == "word" and not has_unit:
@@ -108,7 +109,20 @@ def format_top(
         for head in sorted(cells):
             lines.append(f"{head:>4}  " + "  ".join(_pad(c, width) for c in cells[head]).rstrip())
         blocks.append("\n".join(lines))
+    blocks += _emptied(groups, split, unit, set(top["class_label"].to_list()))
     return "\n\n".join(blocks)
+
+
+def _emptied(groups: pl.DataFrame | None, split: str, unit: str, shown: set) -> list[str]:
+    """A line for each group of ``split`` that has scored reviews but no row left to print: without
+    it a label whose reviews are too few for --min-reviews was left out without a word."""
+    rows = [] if groups is None else groups.filter(pl.col("split") == split).iter_rows(named=True)
+    return [
+        f"{split} = {printable(str(g['class_label']), None)} ({g['class_reviews']} reviews): "
+        f"no {unit}s pass the filter; lower --min-reviews"
+        for g in rows
+        if g["class_label"] not in shown
+    ]
 
 
 def _fmt(value: float) -> str:

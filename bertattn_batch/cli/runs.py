@@ -95,7 +95,7 @@ def aggregate(
     result = call(
         lambda: run_aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by), REDONE, completes=True
     )
-    units, splits = result.options.get("units"), result.splits
+    units = result.options.get("units")
     printed = call(
         lambda: format_top(
             result.table,
@@ -104,7 +104,7 @@ def aggregate(
             split=by,
             measure=rank_by,
             units=units,
-            splits=splits,
+            groups=result.groups,
             num_layers=result.num_layers,
             byte_level=result.byte_level,
         )

@@ -864,3 +864,16 @@ def test_a_running_manifest_that_no_process_writes_is_said_interrupted(run_dir, 
     ):
         agg.aggregate(run, min_reviews=MIN_REVIEWS, into=tmp_path / "aggregates")  # a live writer
     assert "is running: aggregates of its" in caplog.text
+
+
+def test_a_group_the_filter_emptied_is_named_not_left_out(result):
+    """--by pred_label printed one label's block and nothing of the other, whose few reviews left no
+    token at --min-reviews."""
+    sizes = result.groups.filter(pl.col("split") == "label")
+    assert sizes.height >= 2
+    gone, n = sizes.row(0)[1:]
+    emptied = result.table.filter(~((pl.col("split") == "label") & (pl.col("class_label") == gone)))
+    printed = top.format_top(emptied, k=2, split="label", groups=result.groups)
+    assert f"label = {gone} ({n} reviews): no tokens pass the filter; lower --min-reviews" in printed
+    assert printed.count("no tokens pass the filter") == 1
+    assert all(f"label = {kept} (" in printed for kept in sizes["class_label"][1:])
