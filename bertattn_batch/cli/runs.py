@@ -172,7 +172,9 @@ def plot(
             "(.csv, .xlsx)."
         ),
     ] = Path("review.png"),
-    doc_id: Annotated[str | None, typer.Option(help="Id of the review in the run.")] = None,
+    doc_id: Annotated[
+        str | None, typer.Option(help="Id of the review in the run (with --text: a name for the title).")
+    ] = None,
     text: Annotated[
         str | None, typer.Option(help="A review text (with --model, or the run's review's text).")
     ] = None,
@@ -181,7 +183,9 @@ def plot(
     ] = None,
     layer: Annotated[
         int | None,
-        typer.Option(help="Layer to show; negative counts from the end (default: the run's first)."),
+        typer.Option(
+            help="Layer to show; negative counts from the end (default: the run's first; -2 for --text)."
+        ),
     ] = None,
     pairs: Annotated[
         bool, typer.Option("--pairs", help="Token x token maps per head (computed with eager attention).")

@@ -70,10 +70,13 @@ def plot(
     tokens: str | None = None,
     specials: bool = True,
 ) -> Path:
-    """The ``plot`` command: a review of a run (``run_dir`` + ``doc_id``) or a text (``text`` + ``model``).
+    """The ``plot`` command: a review of a run (``run_dir`` + ``doc_id``) or a text (``text`` + ``model``;
+    ``doc_id`` then names it in the title).
     ``tokens``: a range of content tokens to show (``0:40``); ``specials``: [CLS] and [SEP] in the
     token x token maps."""
     _checked_out(out, pairs)  # before any model loads
+    if not specials and not pairs:
+        raise SpecError("--no-specials leaves [CLS] and [SEP] out of the token x token maps: add --pairs")
     shown = token_range(tokens)
     if run_dir is not None:
         if doc_id is None:
@@ -88,5 +91,7 @@ def plot(
     else:
         if text is None or model is None:
             raise SpecError("give RUN_DIR and --doc-id, or --text and --model")
-        review = review_from_text(text, model, -2 if layer is None else layer, pairs=pairs, device=device)
+        review = review_from_text(
+            text, model, -2 if layer is None else layer, pairs=pairs, device=device, doc_id=doc_id or "text"
+        )
     return write_review(select(review, shown, specials), out, pairs=pairs)

@@ -240,6 +240,18 @@ def test_cli_plots_a_run_and_a_text(en_run, tiny_zh_dir, tmp_path):
     assert r.exit_code == 1 and "--text and --model go with a run only for --pairs" in r.output
 
 
+def test_options_plot_would_not_use_are_used_or_refused(tiny_zh_dir, tmp_path):
+    """--doc-id with --text, and --no-specials without --pairs, were passed over without a word."""
+    runner = CliRunner()
+    text = ["plot", "--text", SEED_TEXT, "--model", str(tiny_zh_dir)]
+    r = runner.invoke(app, [*text, "--doc-id", "my-review", "--out", str(tmp_path / "t.html")])
+    assert r.exit_code == 0, r.output
+    assert "review my-review" in (tmp_path / "t.html").read_text()
+    r = runner.invoke(app, [*text, "--no-specials", "--out", str(tmp_path / "s.png")])
+    assert r.exit_code == 1 and "--no-specials leaves [CLS] and [SEP] out" in r.output
+    assert not (tmp_path / "s.png").exists()
+
+
 def test_byte_level_tokens_are_shown_as_text():
     """RoBERTa's byte-level BPE pieces ('Ġcaf', 'Ã©') are labelled with their text; the oracle is the
     tokenizers library's own ByteLevel decoder. WordPiece and CJK tokens are left alone."""
