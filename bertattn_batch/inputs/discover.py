@@ -128,6 +128,8 @@ def _expand(
             elif p.is_dir():
                 if is_run_dir(p):
                     raise InputError(f"{p} is a bertattn run directory, not reviews")
+                if _is_model_dir(p):
+                    raise InputError(f"{p} is a model folder, not reviews (a model is given with --model)")
                 files = _review_files(p, datasets=input_format in ("auto", "datasets"))
                 if not files and globbed:  # one match of several, such as an empty folder named x.csv
                     log.warning("%s: passed over folder %s, which holds no review files", spec, p)
@@ -159,6 +161,8 @@ def _stored(spec: str, input_format: str) -> list[Source]:
     names = set(below.values())
     if "manifest.json" in names:
         raise InputError(f"{spec} is a bertattn run directory, not reviews")
+    if _model_files("config.json", names):
+        raise InputError(f"{spec} is a model folder, not reviews (a model is given with --model)")
     if names & {"dataset_info.json", "dataset_dict.json"}:
         raise InputError(
             f"{spec} is a saved datasets folder; copy it to local disk first (it is read memory-mapped)"

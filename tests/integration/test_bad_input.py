@@ -884,6 +884,8 @@ def test_folder_inputs_and_run_directories_stay_apart(tiny_en_dir, tmp_path):
     assert read_table(out, "predictions").num_rows == 2
     r = _extract(out, tiny_en_dir, tmp_path / "other")
     assert r.exit_code == 1 and "is a bertattn run directory, not reviews" in r.output
+    r = _extract(tiny_en_dir, tiny_en_dir, tmp_path / "other")  # its JSON files were read as reviews
+    assert r.exit_code == 1 and "is a model folder, not reviews" in r.output, r.output
 
     inside = out / "extra.parquet"
     pq.write_table(pa.table({"text": ["x"]}), inside)

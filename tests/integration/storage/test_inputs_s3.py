@@ -47,6 +47,8 @@ def test_nothing_matched_is_an_input_error(corpus):
         expand_inputs([f"{corpus}/a/*.csv"])
     with pytest.raises(InputError, match="is a bertattn run directory"):
         expand_inputs([f"{corpus}/run"])
+    with pytest.raises(InputError, match=r"is a model folder, not reviews \(a model is given with --model\)"):
+        expand_inputs([f"{corpus}/model"])
     storage.write_bytes(f"{corpus}/zipped/reviews.csv.zip", b"PK\x03\x04")
     with pytest.raises(InputError, match=r"holds archives of review files \(reviews.csv.zip\)"):
         expand_inputs([f"{corpus}/zipped"])
