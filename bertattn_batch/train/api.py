@@ -97,13 +97,7 @@ def finetune(
             f"too few labelled rows to train: {dict(counts)}; need at least 2 for each of {names}"
         )
     out_dir = Path(os.path.abspath(out_dir))  # "." has no name to save beside
-    if check_out_dir(out_dir):
-        log.warning(
-            "%s holds a model trained before; it is replaced when this training ends (runs made with it "
-            "can no longer be resumed, nor their token x token maps, faithfulness and held-out accuracy "
-            "computed)",
-            out_dir,
-        )
+    replaces = check_out_dir(out_dir)
 
     old_threads = torch.get_num_threads()
     hub_bars = _hub_progress_bars(progress)
@@ -112,7 +106,7 @@ def finetune(
     try:
         with out_dir_lock(out_dir):
             return _finetune(
-                texts, labels, names, out_dir, spec, progress, skipped_rows or {}, doc_ids, sources
+                texts, labels, names, out_dir, spec, progress, skipped_rows or {}, doc_ids, sources, replaces
             )
     finally:
         torch.set_num_threads(old_threads)
@@ -141,6 +135,7 @@ def _finetune(
     skipped_rows: dict[str, int],
     doc_ids: tuple[Sequence[str], str | None] | None = None,
     sources: list[dict[str, Any]] | None = None,
+    replaces: bool = False,
 ) -> dict[str, Any]:
     started = time.monotonic()
     seed_everything(spec.seed)
@@ -172,6 +167,13 @@ def _finetune(
     tok_size = len(tokenizer)
     if tok_size <= len(SPECIAL_TOKENS):
         raise ModelError(f"tokenizer has only {tok_size} tokens: {_vocabulary_hint(spec, base_path)}")
+    if replaces:  # said once the base has loaded: a base that fails replaces nothing
+        log.warning(
+            "%s holds a model trained before; it is replaced when this training ends (runs made with it "
+            "can no longer be resumed, nor their token x token maps, faithfulness and held-out accuracy "
+            "computed)",
+            out_dir,
+        )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     max_length = _training_length(spec, tokenizer, model.config)
     train_ids = _encode_for_training(tokenizer, [texts[i] for i in train_idx], max_length)

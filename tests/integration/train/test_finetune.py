@@ -274,6 +274,9 @@ def test_replacing_a_model_trained_here_is_said(tmp_path: Path, caplog) -> None:
     with caplog.at_level(logging.WARNING):
         finetune(texts, labels, tmp_path / "m", spec, progress=False)
         assert "holds a model trained before" not in caplog.text
+        with pytest.raises(ModelError, match="no model folder"):  # a base that fails replaces nothing
+            finetune(texts, labels, tmp_path / "m", dataclasses.replace(spec, base=str(tmp_path / "gone")))
+        assert "holds a model trained before" not in caplog.text
         finetune(texts, labels, tmp_path / "m", spec, progress=False)
     assert f"{tmp_path / 'm'} holds a model trained before; it is replaced" in caplog.text
 
