@@ -216,7 +216,11 @@ def extract(
         ),
     ] = False,
     limit: Annotated[
-        int | None, typer.Option(rich_help_panel="Inputs", help="Read only the first N rows.")
+        int | None,
+        typer.Option(
+            rich_help_panel="Inputs",
+            help="Score only the first N rows (a job's [finetune] still trains its model on all of them).",
+        ),
     ] = None,
     encoding: Annotated[
         str,

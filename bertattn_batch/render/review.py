@@ -175,7 +175,8 @@ def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = No
     parts = committed_files(run, ("cls_attention", "tokens", "predictions"))  # a stray file is never read
     if not parts:
         if manifest.status == "complete":  # a run over inputs without rows
-            raise InputError(f"{run} holds no reviews: its inputs had no rows")
+            read = "--limit 0 read" if manifest.spec.get("limit") == 0 else "its inputs had"
+            raise InputError(f"{run} holds no reviews: {read} no rows")
         raise RunDirError(f"{run} has no committed parts yet; run bertattn extract first")
     wanted = pl.col("doc_id").is_in(doc_ids)
     preds = (

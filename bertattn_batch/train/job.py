@@ -96,7 +96,10 @@ def training_inputs(spec: JobSpec, inputs: list[str] | None = None) -> tuple[lis
 
 def _train_model(spec: JobSpec, progress: bool) -> None:
     assert spec.finetune is not None
-    log.warning("model %s not found: training it now from the job's [finetune] table", spec.model)
+    # on every row of its inputs, --limit or not: a model trained on a trial's few rows would stay
+    # in the model folder and score every later run of the job
+    every = " (on all its rows: --limit applies to the reviews scored)" if spec.limit is not None else ""
+    log.warning("model %s not found: training it now from the job's [finetune] table%s", spec.model, every)
     inputs, text_col, label_col, input_format = training_inputs(spec)
     own = not spec.finetune.inputs  # the job's own rows: their ids name the held-out reviews in its run
     plan = TrainingPlan(

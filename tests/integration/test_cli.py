@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -291,9 +292,10 @@ def test_run_job_file(tiny_en_dir, drug_sample, tmp_path):
     assert r.exit_code == 1 and "unknown key(s) batch_size" in r.output
 
 
-def test_run_trains_the_jobs_model_on_first_run_only(zh_rows, tmp_path):
+def test_run_trains_the_jobs_model_on_first_run_only(zh_rows, tmp_path, caplog):
     """What `make extract` does: a job whose model folder is missing trains it from its [finetune]
-    table, scores every row with it, and reuses the saved model on the next run."""
+    table, scores every row with it, and reuses the saved model on the next run. A trial with --limit
+    scores its rows, but trains on all: the model stays for every later run."""
     rows = zh_rows[::200][:80]  # both labels, spread over the corpus
     data = tmp_path / "reviews.parquet"
     pq.write_table(pa.Table.from_pylist(rows), data)
@@ -305,7 +307,12 @@ def test_run_trains_the_jobs_model_on_first_run_only(zh_rows, tmp_path):
         "[finetune]\nhidden_size = 32\nnum_layers = 1\nnum_heads = 2\nintermediate_size = 64\n"
         "max_length = 64\nepochs = 1.0\nthreads = 1\n"
     )
-    r = runner.invoke(app, ["run", str(job)])
+    with caplog.at_level(logging.WARNING):
+        r = runner.invoke(app, ["run", str(job), "--limit", "30"])
+    assert r.exit_code == 0, r.output
+    assert "(on all its rows: --limit applies to the reviews scored)" in caplog.text
+    assert pl.read_parquet(run / "predictions" / "*.parquet").height == 30
+    r = runner.invoke(app, ["run", str(job), "--limit", "80"])
     assert r.exit_code == 0, r.output
     metrics = json.loads((model / "finetune_metrics.json").read_text(encoding="utf-8"))
     assert metrics["labels"] == ["negative", "positive"] and metrics["n_train"] + metrics["n_eval"] == len(
