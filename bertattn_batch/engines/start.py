@@ -15,7 +15,7 @@ from ..config import PACKAGE_PREFIX, JobSpec
 from ..errors import ModelError, RunDirError, SpecError, first_line
 from ..model.checks import resolve_source
 from ..model.classifier import Classifier
-from ..model.fingerprint import is_other_model
+from ..model.fingerprint import other_model_files, tokenizer_hash
 from ..run import read_manifest
 from ..train.save import training_record
 
@@ -30,6 +30,7 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
     dtype = str(clf.dtype).removeprefix("torch.")
     fingerprint = {
         "model_sha256": clf.weights_sha256,
+        "model_config_sha256": clf.config_sha256,  # heads, activation, epsilon edited beside the same weights
         # the model folder's other files: labels renamed or a tokenizer changed beside the same weights
         "labels": {str(k): v for k, v in clf.id2label.items()},
         "tokenizer_sha256": tokenizer_hash(clf.tokenizer),
@@ -53,6 +54,7 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
         "model": {
             "source": source,
             "weights_sha256": clf.weights_sha256,
+            "config_sha256": clf.config_sha256,
             "model_type": clf.model.config.model_type,
             "word_continuation": clf.word_continuation,
             "byte_level": clf.byte_level,
@@ -86,20 +88,6 @@ def located(model: str) -> str:
     return os.path.abspath(model) if local and os.path.exists(model) else model
 
 
-#: Text that tells tokenizers apart by what they do: case, accents, width, CJK, digits, emoji, spaces.
-_PROBE = "Hello WORLD! Ünïcödé café naïve 123,456.7 好吃不贵 ＡＢＣ１ 😀 don't re-do it\tnow\nthen"
-
-
-def tokenizer_hash(tokenizer: Any) -> str:
-    """sha256 of what the tokenizer does: its vocabulary, the ids and spans it gives a probe text, and the
-    side it truncates. Behaviour, not its saved form, so that a library upgrade that spells the same
-    tokenizer otherwise does not stop a nightly run from resuming."""
-    enc = tokenizer(_PROBE, return_offsets_mapping=True, verbose=False)  # verbose: of a length limit
-    state = [sorted(tokenizer.get_vocab().items()), enc["input_ids"], enc["offset_mapping"]]
-    state.append(getattr(tokenizer, "truncation_side", "right"))
-    return hashlib.sha256(json.dumps(state, ensure_ascii=False).encode()).hexdigest()
-
-
 def load_classifier(spec: JobSpec) -> Any:
     """The job's classifier, as every engine loads it. A model that the job's settings do not fit is
     named as another model where the run it continues was made with other weights (a folder trained
@@ -119,20 +107,19 @@ def load_classifier(spec: JobSpec) -> Any:
             compile=spec.compile,
         )
     except (SpecError, ModelError) as e:
-        if spec.on_existing in ("resume", "incremental") and is_other_model(
-            spec.model, _run_weights(spec.out)
-        ):
+        resumes = spec.on_existing in ("resume", "incremental")
+        if resumes and (other := other_model_files(spec.model, _run_model(spec.out))):
             raise RunDirError(
-                f"{spec.out} was made with other weights than the model at {spec.model} now has (trained "
+                f"{spec.out} was made with {other} than the model at {spec.model} now has (trained "
                 f"again since?), which does not load with the run's settings ({first_line(e)}); pass "
                 "--overwrite or choose another --out"
             ) from None
         raise
 
 
-def _run_weights(run_dir: str) -> str | None:
-    """The weights' hash the run in ``run_dir`` records, if there is a readable run there."""
+def _run_model(run_dir: str) -> dict:
+    """The model the run in ``run_dir`` records (its hashes), if there is a readable run there."""
     try:
-        return read_manifest(run_dir).model.get("weights_sha256")
+        return read_manifest(run_dir).model
     except (RunDirError, OSError):
-        return None
+        return {}

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .classifier import Classifier
     from .device import resolve_device, resolve_dtype
     from .encode import Encoded, Encoder, encode_texts, with_special_tokens
-    from .fingerprint import is_other_model
+    from .fingerprint import other_model_files, tokenizer_hash
     from .outputs import Outputs
     from .tokenizer_checks import load_tokenizer
 
@@ -25,7 +25,7 @@ _EXPORTS = {
     **dict.fromkeys(["load_config", "resolve_source"], "checks"),
     "load_tokenizer": "tokenizer_checks",
     "Classifier": "classifier",
-    "is_other_model": "fingerprint",
+    **dict.fromkeys(["other_model_files", "tokenizer_hash"], "fingerprint"),
     **dict.fromkeys(["resolve_device", "resolve_dtype"], "device"),
     **dict.fromkeys(["Encoded", "Encoder", "encode_texts", "with_special_tokens"], "encode"),
     "Outputs": "outputs",
@@ -41,11 +41,12 @@ __all__ = [
     "eager_rows",
     "encode_texts",
     "find_self_attention",
-    "is_other_model",
     "load_config",
     "load_tokenizer",
+    "other_model_files",
     "resolve_device",
     "resolve_dtype",
     "resolve_source",
+    "tokenizer_hash",
     "with_special_tokens",
 ]

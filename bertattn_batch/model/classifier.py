@@ -41,7 +41,7 @@ from .checks import (
 )
 from .compiled import compiled_model
 from .device import does_not_fit, no_cudnn_attention, out_of_memory, resolve_device, resolve_dtype
-from .fingerprint import weights_hash
+from .fingerprint import config_hash, weights_hash
 from .outputs import Outputs
 from .tokenizer_checks import check_tokenizer, load_tokenizer, tokenizer_limit
 from .trim import LastLayerTrim, cls_sdpa, verified
@@ -67,6 +67,7 @@ class Classifier:
     num_layers: int
     num_heads: int
     id2label: dict[int, str] = field(default_factory=dict)
+    config_sha256: str = "unknown"
     trim: LastLayerTrim | None = field(default=None, repr=False)  # sdpa mode: last layer for [CLS] only
     value_zeroing: bool = False  # also compute value zeroing (one more pass through the layer's tail)
     compiled: torch.nn.Module | None = field(default=None, repr=False)  # torch.compile'd model (--compile)
@@ -129,6 +130,7 @@ class Classifier:
             attention=attention,
             source=source,
             weights_sha256=weights_hash(path),
+            config_sha256=config_hash(path),
             num_layers=num_layers,
             num_heads=int(getattr(config, "num_attention_heads", None) or config.n_heads),
             id2label=id2label,

@@ -302,11 +302,12 @@ def test_a_resume_with_a_smaller_limit_is_refused_and_leaves_the_run_as_it_was(
     assert runner.invoke(app, ["validate", str(out)]).exit_code == 0
 
 
-def test_a_model_folder_with_other_labels_or_tokenizer_beside_the_same_weights_is_refused(
+def test_a_model_folder_with_other_labels_tokenizer_or_config_beside_the_same_weights_is_refused(
     corpus, tiny_en_dir, tmp_path
 ):
-    """--incremental into a run whose model folder had its labels renamed, or its tokenizer changed,
-    beside the same weights mixed two models' rows silently (a run its own validate then refused)."""
+    """--incremental into a run whose model folder had its labels renamed, its tokenizer changed, or its
+    config edited (another activation: every probability moves, and validate saw nothing) beside the
+    same weights mixed two models' rows silently. A key that changes no output is no other model."""
     model = tmp_path / "model"
     shutil.copytree(tiny_en_dir, model)
     out = tmp_path / "run"
@@ -317,13 +318,21 @@ def test_a_model_folder_with_other_labels_or_tokenizer_beside_the_same_weights_i
     (model / "config.json").write_text(json.dumps({**config, "id2label": renamed}))
     r = runner.invoke(app, [*_args(corpus, model, out), "--incremental"])
     assert r.exit_code == 1 and "made by another job (labels: run has" in r.output, r.output
+    for edit in ({"hidden_act": "relu"}, {"layer_norm_eps": 1e-2}):
+        (model / "config.json").write_text(json.dumps({**config, **edit}))
+        r = runner.invoke(app, [*_args(corpus, model, out), "--incremental"])
+        assert r.exit_code == 1 and "made by another job (model_config_sha256: run has" in r.output, r.output
+    inert = {"transformers_version": "9.9.9", "torch_dtype": "bfloat16", "hidden_dropout_prob": 0.3}
+    (model / "config.json").write_text(json.dumps({**config, **inert}))
+    r = runner.invoke(app, [*_args(corpus, model, out), "--incremental"])
+    assert r.exit_code == 0 and "nothing new to process" in r.output, r.output
     (model / "config.json").write_text(json.dumps(config))
     tok_config = json.loads((model / "tokenizer_config.json").read_text())
     (model / "tokenizer_config.json").write_text(json.dumps({**tok_config, "do_lower_case": False}))
     r = runner.invoke(app, [*_args(corpus, model, out), "--incremental"])
     assert r.exit_code == 1 and "made by another job (tokenizer_sha256: run has" in r.output, r.output
-    # a run an older version wrote, which recorded neither, resumes as before
-    for key in ("labels", "tokenizer_sha256"):
+    # a run an older version wrote, which recorded none of them, resumes as before
+    for key in ("labels", "tokenizer_sha256", "model_config_sha256"):
         del manifest["fingerprint"][key]
     (out / "manifest.json").write_text(json.dumps(manifest))
     shutil.copy(tiny_en_dir / "tokenizer_config.json", model / "tokenizer_config.json")

@@ -569,7 +569,11 @@ def test_the_report_ranks_heads_by_faithfulness_once_measured(tiny_en_dir, drug_
     _small_run(model, [dict(r) for r in drug_rows[:16]], run, on_existing="incremental")
     html = report.build_report(run, examples=0).read_text(encoding="utf-8")
     assert "most faithful first" in html and "Measured before the run's latest parts" in html
+    earlier = (run / "faithfulness" / "head_faithfulness.parquet").read_bytes()
     _small_run(tiny_en_dir, [dict(r) for r in drug_rows[:12]], run, on_existing="overwrite")
+    assert not (run / "faithfulness").exists()  # --overwrite removes it with the run
+    (run / "faithfulness").mkdir()
+    (run / "faithfulness" / "head_faithfulness.parquet").write_bytes(earlier)  # as a restore puts it back
     html = report.build_report(run, examples=0).read_text(encoding="utf-8")
     assert "measured on an earlier run" in html  # a table of the run this folder held before
 
@@ -598,7 +602,7 @@ def test_a_model_retrained_into_the_runs_folder_is_named_as_another_model(drug_r
     train(128)
     run = _small_run(model, [dict(r) for r in drug_rows[:6]], tmp_path / "run", max_length=128)
     train(32)
-    with pytest.raises(InputError, match="is not the run's: its weights' hash differs"):
+    with pytest.raises(InputError, match="is not the run's: it has other weights than the manifest records"):
         faithfulness(run, sample=2, device="cpu")
     review = load_review(run, read_table(run, "predictions")["doc_id"][0].as_py())
     with pytest.raises(InputError, match="is not the run's"):

@@ -235,3 +235,30 @@ def test_a_tokens_table_short_of_a_reviews_positions_is_named(run_dir, tmp_path)
         pq.write_table(schema.cast(table.with_columns(moved).to_arrow(), "tokens"), part)  # rows kept
     with pytest.raises(RunDirError, match=r"the tokens table does not hold positions 1 to \d+ of review"):
         fa.faithfulness(run, sample=5, seed=3, device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        ("hidden_act", "it has another config.json than the manifest records"),
+        ("id2label", "its label names differ from what the manifest records"),
+        ("do_lower_case", "its tokenizer differs from what the manifest records"),
+    ],
+)
+def test_a_model_folder_edited_since_the_run_is_not_the_runs(run_dir, tiny_en_dir, tmp_path, edit, said):
+    """Beside the same weights, a config.json, label names or tokenizer edited since the run measured
+    another model's faithfulness (and plot --pairs drew it, or failed in numpy) without a word."""
+    import shutil
+
+    from bertattn_batch.errors import InputError
+
+    model = shutil.copytree(tiny_en_dir, tmp_path / "model")
+    name = "tokenizer_config.json" if edit == "do_lower_case" else "config.json"
+    settings = json.loads((model / name).read_text())
+    if edit == "id2label":
+        settings[edit] = {k: f"new {v}" for k, v in settings[edit].items()}
+    else:
+        settings[edit] = {"hidden_act": "relu", "do_lower_case": False}[edit]
+    (model / name).write_text(json.dumps(settings))
+    with pytest.raises(InputError, match=f"is not the run's: {said}; pass the run's model with --model"):
+        fa.faithfulness(run_dir, sample=2, seed=3, device="cpu", model=str(model))
