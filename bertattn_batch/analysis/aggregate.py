@@ -271,7 +271,7 @@ def aggregate(
     cannot be written to)."""
     t0 = time.perf_counter()
     if min_reviews < 1:
-        raise SpecError(f"min_reviews must be at least 1, got {min_reviews}")
+        raise SpecError(f"--min-reviews must be at least 1, got {min_reviews}")
     if rank_by not in RANK_MEASURES:
         raise SpecError(f"rank_by must be one of {', '.join(RANK_MEASURES)}; got {rank_by!r}")
     bad = [u for u in units if u not in UNITS]

@@ -283,7 +283,10 @@ def load_json(run_dir: str | Path) -> dict[str, Any]:
     run_dir = storage.normalize(run_dir)
     path = storage.join(run_dir, MANIFEST)
     if not storage.is_file(path):
-        raise RunDirError(f"{run_dir} is not a run directory (no {MANIFEST})")
+        gone = not storage.is_remote(run_dir) and not Path(run_dir).exists()  # a mistyped path, say
+        raise RunDirError(
+            f"{run_dir} does not exist" if gone else f"{run_dir} is not a run directory (no {MANIFEST})"
+        )
     try:
         data = json.loads(storage.read_bytes(path).decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
