@@ -105,7 +105,7 @@ def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool
 def _check_raw_config(path: Path, source: str) -> None:
     """What transformers reports badly, said before it reads config.json: a model type of its own (it
     asks to run the model's code, which would not make it a type bertattn reads) and label names as
-    id2label's keys (an int() error)."""
+    id2label's keys (an int() error) or as a list (an AttributeError)."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -116,6 +116,11 @@ def _check_raw_config(path: Path, source: str) -> None:
     if isinstance(model_type, str) and model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelError(_unsupported(model_type))
     id2label = raw.get("id2label")
+    if id2label is not None and not isinstance(id2label, dict):
+        raise ModelError(
+            f'{source}: config.json\'s id2label must map label ids to names ({{"0": "negative", ...}}), '
+            f"not be a {type(id2label).__name__}"
+        )
     if isinstance(id2label, dict) and not all(k.strip().lstrip("+-").isdecimal() for k in id2label):
         raise ModelError(
             f"{source}: config.json's id2label must map label ids (0, 1, ...) to names, not "
@@ -189,6 +194,11 @@ def _check_architecture(config, source: str) -> None:
     """Only bidirectional encoders whose layers are counted the way ``--layers`` counts them."""
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelError(_unsupported(config.model_type))
+    if getattr(config, "add_cross_attention", False):  # its layers expect an encoder's outputs to attend to
+        raise ModelError(
+            f"{source} is built with cross-attention (add_cross_attention=true), as a decoder of an "
+            "encoder-decoder model; bertattn reads encoders alone"
+        )
     if getattr(config, "is_decoder", False):
         raise ModelError(
             f"{source} is built as a decoder (is_decoder=true): a causal model's [CLS] sees only itself; "

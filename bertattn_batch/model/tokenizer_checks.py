@@ -25,9 +25,16 @@ def load_tokenizer(source: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except Exception as e:
         error = e
+    else:
+        limit = getattr(tokenizer, "model_max_length", None)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float)):
+            raise ModelError(  # a string failed as a TypeError in the first text it encoded
+                f"{source}: tokenizer_config.json's model_max_length is {limit!r}, not a number"
+            )
+        return tokenizer
     _check_sentencepiece(source)  # what failed may be a package missing, not a file damaged
     raise ModelError(
         f"cannot load tokenizer from {source!r} (are its tokenizer files damaged?): "

@@ -465,6 +465,8 @@ def test_unsupported_architecture_is_refused(tmp_path):
     [
         ({"model_type": "bert", "is_decoder": True}, "is built as a decoder"),
         ({"model_type": "roberta", "is_decoder": True}, "is built as a decoder"),
+        ({"model_type": "bert", "add_cross_attention": True}, r"is built with cross-attention"),  # "BertLayer("
+        ({"model_type": "bert", "id2label": ["neg", "pos"]}, r"id2label must map label ids to names .*list"),
         ({"model_type": "albert", "num_hidden_groups": 2, "inner_group_num": 2}, "inner_group_num=2"),
     ],
 )
@@ -474,6 +476,17 @@ def test_encoders_whose_cls_row_cannot_be_read_are_refused(config, message, tmp_
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelError, match=message):
         Classifier.load(str(tmp_path))
+
+
+def test_a_tokenizer_length_limit_that_is_no_number_is_named(tiny_en_dir, tmp_path):
+    """model_max_length "256" failed as a TypeError in transformers, in the first text encoded."""
+    import shutil
+
+    model = shutil.copytree(tiny_en_dir, tmp_path / "model")
+    settings = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**settings, "model_max_length": "256"}))
+    with pytest.raises(ModelError, match=r"tokenizer_config.json's model_max_length is '256', not a number$"):
+        Classifier.load(str(model))
 
 
 def test_a_missing_model_folder_is_named(tmp_path):
