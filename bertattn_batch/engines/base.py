@@ -19,6 +19,7 @@ status that says why not.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -37,6 +38,12 @@ from ..runtime import tune_runtime
 from ..storage import is_remote, name_path
 from ..train import ensure_model
 
+log = logging.getLogger(__name__)
+
+#: A share of [UNK] among content tokens that says the tokenizer does not fit the texts (a fitting one
+#: leaves well under 1%: 0.06% on the default run), warned of once the pass has read this many tokens.
+UNKNOWN_WARNING, UNKNOWN_SAMPLE = 0.05, 2000
+
 
 @dataclass
 class RunSummary:
@@ -51,11 +58,21 @@ class RunSummary:
     parts_written: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     engine: dict[str, Any] = field(default_factory=dict)  # what the engine says of itself
+    _said_unknown: bool = field(default=False, repr=False)
 
     def add(self, part: StagedPart) -> None:
         self.stats.add(part.stats)
         self.bytes_written += part.entry.bytes
         self.parts_written += 1
+        share = self.stats.unknown_share
+        if share > UNKNOWN_WARNING and self.stats.tokens >= UNKNOWN_SAMPLE and not self._said_unknown:
+            self._said_unknown = True  # said as soon as it shows, so that a long job can be stopped
+            log.warning(
+                "%.0f%% of the tokens so far are [UNK]: the model's tokenizer does not fit these texts "
+                "(another language or script, a cased vocabulary lower-cased or the other way round, "
+                "CJK characters not split?); its attention over [UNK] says little",
+                100 * share,
+            )
 
     @property
     def input_rows(self) -> int:
@@ -96,6 +113,7 @@ class RunSummary:
             "scored": s.scored,
             "status_counts": dict(sorted(s.status_counts.items())),
             "tokens": s.tokens,
+            "unknown_tokens": s.unknown,
             "padded_slots": s.padded_slots,
             "truncated": s.truncated,
             "bytes_written": self.bytes_written,
@@ -112,9 +130,10 @@ class RunSummary:
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(s.status_counts.items()) if k != "ok")
         train = f"train {t['train']:.1f}s, " if "train" in t else ""
         read_encode = t.get("read", 0) + t.get("encode", 0)
+        unknown = f" ({s.unknown_share:.1%} [UNK])" if s.unknown_share >= 0.01 else ""
         return (
             f"{s.input_rows} reviews ({s.scored} scored, {skipped} not scored"
-            f"{': ' + reasons if reasons else ''}), {s.tokens} tokens, "
+            f"{': ' + reasons if reasons else ''}), {s.tokens} tokens{unknown}, "
             f"padding {self.padding_share:.1%}, {self.reviews_per_s:.1f} reviews/s, "
             f"{human_bytes(self.bytes_written)} written in {self.parts_written} parts to {self.run_dir}; "
             f"time: {train}read+encode {read_encode:.1f}s, model {t.get('model', 0):.1f}s, "

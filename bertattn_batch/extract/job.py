@@ -43,6 +43,7 @@ class PartStats:
     input_rows: int = 0
     scored: int = 0
     tokens: int = 0
+    unknown: int = 0  # tokens that are the tokenizer's [UNK]
     padded_slots: int = 0
     truncated: int = 0
     status_counts: Counter = field(default_factory=Counter)
@@ -50,7 +51,7 @@ class PartStats:
     seconds: Counter = field(default_factory=Counter)
 
     def add(self, other: PartStats) -> None:
-        for name in ("input_rows", "scored", "tokens", "padded_slots", "truncated"):
+        for name in ("input_rows", "scored", "tokens", "unknown", "padded_slots", "truncated"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.status_counts.update(other.status_counts)
         self.seconds.update(other.seconds)
@@ -58,6 +59,12 @@ class PartStats:
     @property
     def padding_share(self) -> float:
         return 1 - self.tokens / self.padded_slots if self.padded_slots else 0.0
+
+    @property
+    def unknown_share(self) -> float:
+        """[UNK] among the scored reviews' content tokens (not [CLS] and [SEP])."""
+        content = self.tokens - 2 * self.scored
+        return self.unknown / content if content > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,7 @@ class WindowJob:
         self.generation = pass_info.generation
         self.batch_tokens, self.max_batch_size = batch_tokens, max_batch_size
         self.encoder = Encoder(clf.tokenizer, clf.max_length, encode_threads)
+        self.unk_id = clf.tokenizer.unk_token_id  # None: a byte-level vocabulary has no unknown token
         vocab = vocab_array(clf.tokenizer)
         self.extractor = Extractor(vocab, clf.layers, clf.num_heads, clf.labels, pass_info.run_id, store_text)
 
@@ -131,6 +139,10 @@ class WindowJob:
             if enc.n_tokens <= 2:
                 scored[i].status = "no_tokens"
         window = Window(rows.start_row, rows.end_row, scored, rows.digest)
+        if self.unk_id is not None:
+            window.stats.unknown = sum(
+                int((r.encoded.ids == self.unk_id).sum()) for r in scored if r.status == "ok"
+            )
         window.stats.seconds["encode"] += time.perf_counter() - t0
         return window
 

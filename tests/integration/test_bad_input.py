@@ -13,12 +13,13 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import read_attention, read_table, tiny_bert_config
+from helpers import manifest_json, read_attention, read_table, tiny_bert_config
 from typer.testing import CliRunner
 
 from bertattn_batch.analysis.validate import validate_run
@@ -465,7 +466,10 @@ def test_unsupported_architecture_is_refused(tmp_path):
     [
         ({"model_type": "bert", "is_decoder": True}, "is built as a decoder"),
         ({"model_type": "roberta", "is_decoder": True}, "is built as a decoder"),
-        ({"model_type": "bert", "add_cross_attention": True}, r"is built with cross-attention"),  # "BertLayer("
+        (
+            {"model_type": "bert", "add_cross_attention": True},
+            r"is built with cross-attention",
+        ),  # "BertLayer("
         ({"model_type": "bert", "id2label": ["neg", "pos"]}, r"id2label must map label ids to names .*list"),
         ({"model_type": "albert", "num_hidden_groups": 2, "inner_group_num": 2}, "inner_group_num=2"),
     ],
@@ -1165,3 +1169,25 @@ def test_an_out_that_is_a_broken_link_is_named_so(tiny_en_dir, tmp_path):
     assert r.exit_code == 1 and r.output.strip().endswith(
         f"is a link to {tmp_path / 'gone' / 'run'}, which does not exist"
     )
+
+
+def test_a_tokenizer_that_does_not_fit_the_texts_is_said_so(tiny_en_dir, drug_sample, tmp_path, caplog):
+    """Reviews in a script the vocabulary lacks score, but mostly as [UNK]: the run said nothing. Their
+    share is counted (as the tokens table spells them), in the summary and last_run, and warned of while
+    the job runs; reviews the tokenizer fits are not warned of."""
+    src = tmp_path / "ka.jsonl"
+    texts = ["ძალიან ცუდი საკვები 🤬", "ꦧꦼꦕꦶꦏ꧀ ꦱꦏꦺꦭ good", "🤬🤬 😡 terrible"] * 200
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    with caplog.at_level(logging.WARNING):
+        r = _extract(src, tiny_en_dir, tmp_path / "ka")
+    assert r.exit_code == 0, r.output
+    tokens = pl.from_arrow(read_table(tmp_path / "ka", "tokens"))
+    unknown = tokens.filter(pl.col("token") == "[UNK]").height
+    assert unknown > 0.3 * tokens.height
+    assert manifest_json(tmp_path / "ka")["last_run"]["unknown_tokens"] == unknown
+    assert f"({unknown / tokens.height:.1%} [UNK])" in r.output
+    assert "of the tokens so far are [UNK]: the model's tokenizer does not fit these texts" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        r = _extract(drug_sample, tiny_en_dir, tmp_path / "en", "--id-col", "doc_id")
+    assert r.exit_code == 0 and "[UNK]" not in r.output and "[UNK]" not in caplog.text

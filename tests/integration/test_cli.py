@@ -650,6 +650,8 @@ def test_a_run_directory_that_does_not_exist_is_said_so(tmp_path):
     """A mistyped run path was called "not a run directory (no manifest.json)"."""
     for command in ("validate", "aggregate", "report"):
         r = CliRunner().invoke(app, [command, str(tmp_path / "rnus" / "default")])
-        assert r.exit_code == 1 and r.output.strip() == f"error: {tmp_path / 'rnus' / 'default'} does not exist"
+        assert (
+            r.exit_code == 1 and r.output.strip() == f"error: {tmp_path / 'rnus' / 'default'} does not exist"
+        )
     r = CliRunner().invoke(app, ["validate", str(tmp_path)])
     assert r.exit_code == 1 and "is not a run directory (no manifest.json)" in r.output
