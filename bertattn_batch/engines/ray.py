@@ -129,8 +129,8 @@ class RayEngine:
             self.place = plan_placement(spec, *_cluster_shape(ray))
             # the model by its absolute path: a worker on a cluster's node runs in the raylet's directory
             model = located(spec.model)
-            self.worker_spec = dataclasses.replace(
-                spec, model=model, device=self.place.device, progress=False
+            self.worker_spec = dataclasses.replace(  # (host_processes: warned of once, in spec)
+                spec, model=model, device=self.place.device, progress=False, host_processes=None
             )
             if self.place.gpus or address:  # the workers' device and files decide dtype and model hash
                 task = ray.remote(_header_of).options(num_cpus=1, num_gpus=self.place.gpus)

@@ -493,13 +493,15 @@ def test_a_cluster_on_this_machines_loopback_is_joined_there(ray_local):
 def test_the_readers_warnings_reach_the_driver(ray_local, tiny_en_dir, tmp_path, caplog):
     """The warnings of the readers that Ray tasks run are given by the driver, as the local engine gives
     them: CSV rows with the wrong number of fields file by file, by their row numbers across all inputs
-    (their doc ids), none that a limit leaves unread; a JSON line cut short by its line number."""
+    (their doc ids), none that a limit leaves unread; a JSON line cut short by its line number. An
+    option of the local engine is warned of once (the workers' copy of the spec warned again)."""
     (tmp_path / "a.csv").write_text("text\ngood\nx,y\nfine\n")
     (tmp_path / "b.jsonl").write_text('{"text": "good"}\n\n{"text": "cut\n')
     (tmp_path / "c.csv").write_text("text\n" + "p,q\n" * 6 + "ok\n" + "r,s\n" * 3)
     inputs = [tmp_path / n for n in ("a.csv", "b.jsonl", "c.csv")]
-    spec = _spec(inputs, tiny_en_dir, tmp_path / "out", window=4, limit=14, engine="ray")
+    spec = _spec(inputs, tiny_en_dir, tmp_path / "out", window=4, limit=14, engine="ray", host_processes=2)
     assert run_job(spec).input_rows == 14
+    assert caplog.text.count("host_processes is the local engine's") == 1
     assert "a.csv: 1 row has another number of fields than the header (row 1)" in caplog.text
     assert "b.jsonl: 1 line is not a JSON object (line 3); recorded with status not_json" in caplog.text
     assert (
