@@ -23,6 +23,7 @@ import stat
 import sys
 import tempfile
 from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
 from typing import BinaryIO
 
@@ -135,6 +136,10 @@ def _rows_end(path: Path, fmt: str, delimiter: str | None, want: int) -> int | N
         want += 1  # the header
     else:
         records = (line for line in lines() if fmt == "text" or line.strip())
+        first = next(records, "")
+        if fmt == "jsonl" and first.removeprefix("\xef\xbb\xbf").lstrip().startswith("["):
+            return None  # one JSON array: a row is no line, so the copy takes all of it
+        records = chain([first], records) if first else records
     n = 0
     with contextlib.suppress(csv.Error):  # a quote left open where the copy stops: not yet
         for _ in records:

@@ -345,7 +345,7 @@ def test_labels_read_alike_from_every_format_and_a_file_is_read_once(tiny_en_dir
             "bad_json",
             "in.jsonl:1: expected a JSON object on each line (not JSON: Expecting value at character 10)",
         ),
-        ("json_array", "in.jsonl:1: expected a JSON object on each line (got list); is it JSON lines"),
+        ("json_array", "in.jsonl:1: expected a JSON object in each element of the array (got str)"),
         ("missing_json_key", "no column 'text'; columns there: txt"),
         ("zipped_csv", "is a zip archive; extract its files first"),
         ("out_is_a_file", "is a file, not a folder"),
@@ -374,9 +374,9 @@ def test_file_level_problems_are_one_line_errors(setup, message, tiny_en_dir, tm
     elif setup == "missing_json_key":  # checked on the first object, before the model loads
         src = tmp_path / "in.jsonl"
         src.write_text('\n{"txt": "good"}\n{"txt": "bad"}\n')
-    elif setup == "json_array":  # a .json file that is one JSON document, not JSON lines
+    elif setup == "json_array":  # an array, but of no objects: no rows with columns
         src = tmp_path / "in.jsonl"
-        src.write_text('[{"text": "ok"}, {"text": "fine"}]\n')
+        src.write_text('["ok", {"text": "fine"}]\n')
     else:  # a file whose first line is no JSON object is no JSON lines file
         src = tmp_path / "in.jsonl"
         src.write_text('{"text": broken\n{"text": "ok"}\n')

@@ -232,3 +232,13 @@ def test_a_compressed_stream_with_a_limit_is_copied_whole(tiny_en_dir, tmp_path)
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert read_table(out, "predictions").num_rows == 50
+
+
+def test_a_json_array_piped_in_with_a_limit_is_scored(tiny_en_dir, tmp_path):
+    """A --limit copies a line-based stream only as far as its rows; an indented JSON array's rows are
+    no lines, so it is copied whole and read as an array."""
+    out = tmp_path / "run"
+    array = json.dumps([{"id": f"r{i}", "text": f"review {i}"} for i in range(5000)], indent=2)  # 300 KB
+    done = _extract("-", tiny_en_dir, out, "--input-format", "jsonl", "--limit", "200", stdin=array)
+    assert done.returncode == 0, done.stderr
+    assert read_table(out, "predictions").column("doc_id").to_pylist() == [f"r{i}" for i in range(200)]

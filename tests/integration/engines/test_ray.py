@@ -392,11 +392,13 @@ def test_date_like_json_strings_and_files_without_rows_match_the_local_engine(
     assert preds.column("status").to_pylist() == ["ok", "ok", "ok"]
 
 
-def test_a_json_array_is_refused_for_ray_as_the_local_engine_refuses_it(ray_local, tiny_en_dir, tmp_path):
+def test_a_json_array_is_read_by_ray_as_the_local_engine_reads_it(ray_local, tiny_en_dir, tmp_path):
     path = tmp_path / "a.json"
-    path.write_text('[{"text": "good"}]\n')
-    spec = _spec([path], tiny_en_dir, tmp_path / "out", engine="ray")
-    with pytest.raises(InputError, match=r"a.json:1: expected a JSON object on each line \(got list\)"):
+    path.write_text('[{"text": "good"}, {"text": "bad"}]\n')
+    assert run_job(_spec([path], tiny_en_dir, tmp_path / "out", engine="ray")).scored == 2
+    path.write_text('["good"]\n')
+    spec = _spec([path], tiny_en_dir, tmp_path / "out2", engine="ray")
+    with pytest.raises(InputError, match=r"a.json:1: expected a JSON object in each element of the array"):
         run_job(spec)
 
 

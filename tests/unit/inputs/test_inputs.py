@@ -6,6 +6,7 @@ import bz2
 import codecs
 import csv
 import gzip
+import json
 import logging
 import lzma
 import random
@@ -590,3 +591,70 @@ def test_links_and_fifos_among_the_inputs(tmp_path, caplog):
     assert "pipe.csv, which is not a regular file" in caplog.text
     with pytest.raises(InputError, match="matches no review files"):
         inputs.expand_inputs([str(tmp_path / "[pe]*.csv")])
+
+
+def _array_rows(tmp_path, objects: list, **dump) -> list[tuple]:
+    """The rows of ``objects`` written as one JSON array, and (the oracle) as JSON lines."""
+    array, lines = tmp_path / "a.json", tmp_path / "a.jsonl"
+    array.write_text(json.dumps(objects, **dump), encoding="utf-8")
+    lines.write_text("".join(json.dumps(o, ensure_ascii=False) + "\n" for o in objects), encoding="utf-8")
+    got = _rows(array, "jsonl")
+    assert got == _rows(lines, "jsonl")
+    return got
+
+
+@pytest.mark.parametrize("chunk", [7, 1 << 20])
+@pytest.mark.parametrize("dump", [{}, {"indent": 2, "ensure_ascii": False}, {"separators": (",", ":")}])
+def test_a_json_array_of_objects_reads_as_its_json_lines(tmp_path, monkeypatch, chunk, dump):
+    """What many exports write (one array of objects, pretty or minified) was refused as not JSON lines.
+    Read element by element in a buffer of ``chunk`` bytes: elements, multi-byte characters and numbers
+    cut by a buffer's end are read whole."""
+    from bertattn_batch.inputs import jsonl
+
+    monkeypatch.setattr(jsonl, "ARRAY_CHUNK", chunk)
+    objects = [
+        {"id": f"r{i}", "text": t, "n": 1234567890123 * i}
+        for i, t in enumerate(["好吃不贵 😀", 'say "hi"\n', "", "x" * 50, None, "ünï [bracket]"])
+    ]
+    rows = _array_rows(tmp_path, objects, **dump)
+    assert [r[1] for r in rows] == [f"r{i}" for i in range(6)] and rows[0][2] == "好吃不贵 😀"
+    assert _array_rows(tmp_path, []) == []
+
+
+def test_a_json_arrays_elements_that_are_no_objects_keep_their_place(tmp_path, caplog):
+    path = tmp_path / "a.json"
+    path.write_bytes(codecs.BOM_UTF8 + b' \n [{"id": "a", "text": "good"}, 3, {"id": "c", "text": "ok"}]\n')
+    with caplog.at_level(logging.WARNING):
+        rows = _rows(path, "jsonl")
+    assert [(r[1], r[3]) for r in rows] == [("a", "ok"), ("1", "not_json"), ("c", "ok")]
+    assert "a.json: 1 element is not a JSON object (element 2); recorded with status not_json" in caplog.text
+    path.write_text('["first", {"id": "b", "text": "ok"}]')
+    with pytest.raises(
+        InputError, match=r"a.json:1: expected a JSON object in each element of the array \(got str\)$"
+    ):
+        _rows(path, "jsonl")
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            '[{"id": "a", "text": "good"}, {"id": "b", "te',
+            r"the JSON array ends inside element 2 \(the file is",
+        ),
+        ('[{"id": "a", "text": "good"}, ', r"the JSON array ends without its closing \]"),
+        ('[{"id": "a", "text": "good"} {"id": "b"}]', r"expected , or \] after element 1 of the JSON array"),
+        (
+            '[{"id": "a", "text": "good"}, {"id": b}]',
+            r"element 2 of the JSON array is not JSON \(Expecting value\)",
+        ),
+        ('[{"id": "a", "text": "good"}]\n[{"id": "b"}]', r"text follows the JSON array's closing \]"),
+    ],
+)
+def test_a_damaged_json_array_is_named(tmp_path, text, said):
+    """An array cut short, or with an element that is not JSON, cannot be read past it: where the next
+    element starts is not known. It stops the read with a message, never with rows lost silently."""
+    path = tmp_path / "a.json"
+    path.write_text(text)
+    with pytest.raises(InputError, match=f"a.json: {said}"):
+        _rows(path, "jsonl")
