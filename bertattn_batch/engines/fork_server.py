@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
-from multiprocessing import forkserver, process, spawn
+from multiprocessing import forkserver, process, resource_tracker, spawn
 
 from ..errors import STOP_SIGNALS
 
@@ -43,10 +43,35 @@ def context() -> multiprocessing.context.BaseContext:
             main = {k: v for k, v in spawn.get_preparation_data("host").items() if k in keys}
             os.environ[MAIN_ENV] = json.dumps(main)  # the server starts with this process's environment
             try:
-                forkserver.ensure_running()
+                # the tracker first (the server would start it with SIGHUP open); each in a block of
+                # its own, as the tracker's start unblocks SIGINT on its way out
+                for start in (resource_tracker.ensure_running, forkserver.ensure_running):
+                    with _deaf_children():
+                        start()
             finally:
                 os.environ.pop(MAIN_ENV, None)
     return ctx
+
+
+@contextlib.contextmanager
+def _deaf_children() -> Iterator[None]:
+    """Block Ctrl-C's SIGINT and a closed terminal's SIGHUP in this thread while the fork server and
+    the resource tracker start: they inherit the mask, and neither unblocks SIGHUP. Here the signals
+    wait for the end of the block, and then act.
+
+    Why: both reach the whole process group. SIGHUP killed the resource tracker (which ignores SIGINT
+    and SIGTERM alone), and the one started in its place printed a KeyError for each shared-memory
+    block it never knew of; a Ctrl-C while the server still imported its modules printed its traceback
+    after ``interrupted``."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = {signal.SIGINT, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 @contextlib.contextmanager

@@ -321,3 +321,25 @@ def test_ctrl_c_while_the_fork_server_starts_leaves_no_traceback(drug_sample, ti
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
     assert done.stderr.strip().splitlines()[-1] == "KeyboardInterrupt", done.stderr
     assert "_serve_one" not in done.stderr and "FileNotFoundError" not in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the processes' signal masks in /proc")
+def test_the_fork_server_and_resource_tracker_are_deaf_to_what_reaches_the_process_group():
+    """A closed terminal's SIGHUP reaches the whole process group: it killed the resource tracker (which
+    ignores SIGINT and SIGTERM alone), and the one started in its place printed a KeyError for every
+    shared-memory block. A Ctrl-C while the server imported its modules printed its traceback."""
+    import signal
+    import subprocess
+
+    probe = (
+        "from multiprocessing import forkserver, resource_tracker\n"
+        "from bertattn_batch.engines import fork_server\n"
+        "fork_server.context()\n"
+        "for pid in (forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid):\n"
+        "    status = dict(line.split(':\\t') for line in open(f'/proc/{pid}/status').read().splitlines())\n"
+        "    print(int(status['SigBlk'], 16) | int(status['SigIgn'], 16))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for deaf in map(int, done.stdout.split()):
+        assert deaf & (1 << (signal.SIGINT - 1)) and deaf & (1 << (signal.SIGHUP - 1))
