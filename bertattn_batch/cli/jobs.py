@@ -219,7 +219,7 @@ def extract(
         int | None,
         typer.Option(
             rich_help_panel="Inputs",
-            help="Score only the first N rows (a job's [finetune] still trains its model on all of them).",
+            help="Score only the first N rows (a job's finetune table still trains its model on all of them).",
         ),
     ] = None,
     encoding: Annotated[
