@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 
 #: Bytes of a JSON array read at a time: an element is decoded once the buffer holds all of it.
 ARRAY_CHUNK = 1 << 20
+#: Characters after an element (or a decoding error) that tell it was not cut by the buffer's end.
+_SLACK = 64
 
 
 def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
@@ -71,8 +73,8 @@ def json_values(f: BinaryIO, label: str) -> tuple[str, Iterator[tuple[int, Any]]
     exception that reading it raised; and what the numbers count ("line" or "element"). Told apart by
     the first character that is not a space (after an editor's byte-order mark)."""
     lead = f.read(3).removeprefix(codecs.BOM_UTF8)
-    while not lead.strip() and (byte := f.read(1)):
-        lead += byte
+    while not lead.strip() and (block := f.read(1 << 16)):  # blank lines before the first value
+        lead += block
     if lead.lstrip().startswith(b"["):
         return "element", _array_elements(lead, f, label)
     lines = chain(io.BytesIO(lead + f.readline()), f)  # split at b"\n" alone, as a file's lines are
@@ -88,14 +90,18 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
     buf, pos, ended = text.decode(lead).lstrip()[1:], 0, False
     number, expect_value = 0, True
 
-    def more() -> None:
+    def more() -> None:  # at least as much again as the buffer holds: a long element costs linear time
         nonlocal buf, pos, ended
-        chunk = f.read(ARRAY_CHUNK)
+        chunk = f.read(max(ARRAY_CHUNK, len(buf) - pos))
         buf, pos, ended = buf[pos:] + text.decode(chunk, final=not chunk), 0, not chunk
 
+    def next_char(at: int) -> int:  # the first that is not a space from ``at``; len(buf) if none
+        while at < len(buf) and buf[at] in " \t\r\n":
+            at += 1
+        return at
+
     while True:
-        while pos < len(buf) and buf[pos] in " \t\r\n":
-            pos += 1
+        pos = next_char(pos)
         if pos == len(buf):
             if ended:
                 raise InputError(
@@ -103,7 +109,7 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
                 )
             more()
             continue
-        if buf[pos] == "]" and (expect_value is False or number == 0):
+        if buf[pos] == "]" and (not expect_value or number == 0):
             break
         if not expect_value:
             if buf[pos] != ",":
@@ -113,10 +119,11 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
         try:
             value, end = decode(buf, pos)
         except json.JSONDecodeError as e:
-            if not ended:  # most likely an element the buffer holds only the start of
+            at_end = e.msg.startswith("Unterminated") or e.pos >= len(buf.rstrip())
+            if not ended and (at_end or e.pos >= len(buf) - _SLACK):  # cut by the buffer ("tru"): read on
                 more()
                 continue
-            if e.msg.startswith("Unterminated") or e.pos >= len(buf.rstrip()):
+            if at_end:
                 raise InputError(
                     f"{label}: the JSON array ends inside element {number + 1} (the file is cut short?)"
                 ) from None
@@ -127,14 +134,19 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
             raise InputError(
                 f"{label}: element {number + 1} of the JSON array is {_TOO_DEEP_OR_LONG}"
             ) from None
-        if end == len(buf) and not ended:  # a number the buffer cuts may go on: decode it whole
+        if not ended and len(buf) - end < _SLACK:  # "1." of "1.5e3" decodes too: read on, decode it whole
             more()
             continue
         number, pos, expect_value = number + 1, end, False
         yield number, value
-    rest = buf[pos + 1 :] + text.decode(f.read(), final=True)  # after the array: spaces only
-    if rest.strip():
-        raise InputError(f"{label}: text follows the JSON array's closing ]")
+    pos += 1
+    while (pos := next_char(pos)) == len(buf) and not ended:  # after the array: spaces only
+        buf, pos = "", 0
+        more()
+    if pos < len(buf):
+        raise InputError(
+            f"{label}: text follows the JSON array's closing ] (one array a file, or JSON lines)"
+        )
 
 
 class _Unreadable(Exception):
@@ -186,5 +198,4 @@ def json_keys(src: Source) -> list[str] | None:
             seen += 1
             if seen >= KEY_SCAN_OBJECTS:
                 break
-    return list(keys) if seen else None
     return list(keys) if seen else None

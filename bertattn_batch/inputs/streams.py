@@ -15,6 +15,7 @@ on copying.
 from __future__ import annotations
 
 import atexit
+import codecs
 import contextlib
 import csv
 import errno
@@ -23,7 +24,6 @@ import stat
 import sys
 import tempfile
 from collections.abc import Iterator
-from itertools import chain
 from pathlib import Path
 from typing import BinaryIO
 
@@ -81,8 +81,8 @@ def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: st
                 out.write(chunk)
                 if want is not None and out.tell() >= check_at:
                     out.flush()
-                    if compression_of(path) is not None:  # cut short, its end could not be read
-                        want = None
+                    if compression_of(path) is not None or (fmt == "jsonl" and _json_array(path)):
+                        want = None  # cut short, its end could not be read; an array's rows are no lines
                     elif (end := _rows_end(path, fmt, delimiter, want)) is not None:
                         tail = _cut(path, end)  # the copy ends with a whole row
                         break
@@ -136,10 +136,6 @@ def _rows_end(path: Path, fmt: str, delimiter: str | None, want: int) -> int | N
         want += 1  # the header
     else:
         records = (line for line in lines() if fmt == "text" or line.strip())
-        first = next(records, "")
-        if fmt == "jsonl" and first.removeprefix("\xef\xbb\xbf").lstrip().startswith("["):
-            return None  # one JSON array: a row is no line, so the copy takes all of it
-        records = chain([first], records) if first else records
     n = 0
     with contextlib.suppress(csv.Error):  # a quote left open where the copy stops: not yet
         for _ in records:
@@ -147,6 +143,15 @@ def _rows_end(path: Path, fmt: str, delimiter: str | None, want: int) -> int | N
             if n == want:
                 return end
     return None
+
+
+def _json_array(path: Path) -> bool:
+    """Whether a JSON file holds one array: its first character that is not a space is ``[``."""
+    with open(path, "rb") as f:
+        head = f.read(3).removeprefix(codecs.BOM_UTF8)
+        while not head.strip() and (block := f.read(1 << 16)):
+            head += block
+    return head.lstrip().startswith(b"[")
 
 
 def _cut(path: Path, end: int) -> bytes:

@@ -658,3 +658,37 @@ def test_a_damaged_json_array_is_named(tmp_path, text, said):
     path.write_text(text)
     with pytest.raises(InputError, match=f"a.json: {said}"):
         _rows(path, "jsonl")
+
+
+@pytest.mark.parametrize("chunk", range(1, 9))
+def test_a_json_arrays_numbers_are_read_whole_across_the_buffers_end(tmp_path, monkeypatch, chunk, caplog):
+    """``1.5e3`` cut after ``1.`` was taken for the element ``1`` and the rest for a missing comma."""
+    from bertattn_batch.inputs import jsonl
+
+    monkeypatch.setattr(jsonl, "ARRAY_CHUNK", chunk)
+    path = tmp_path / "a.json"
+    path.write_text('[{"id": "a", "text": "x", "n": 1.5e3}, 1.5e3, 12345, {"id": "b", "text": "y"}]')
+    assert [r[3] for r in _rows(path, "jsonl")] == ["ok", "not_json", "not_json", "ok"]
+
+
+def test_a_json_array_with_an_element_that_is_no_json_stops_where_it_is(monkeypatch):
+    """Every error was taken for an element cut by the buffer's end: the rest of the file was read
+    into memory (tens of minutes and out of memory on a large export) before it was named."""
+    import io
+
+    from bertattn_batch.inputs import jsonl
+
+    monkeypatch.setattr(jsonl, "ARRAY_CHUNK", 1024)
+    f = io.BytesIO(b'[{"text": "a"}, {"text": nope}, ' + b'{"text": "b"}, ' * 100_000 + b"]")
+    with pytest.raises(InputError, match=r"element 2 of the JSON array is not JSON \(Expecting value\)"):
+        list(jsonl.json_values(f, "big.json")[1])
+    assert f.tell() < 10_000
+
+
+def test_blank_lines_before_the_first_value_keep_the_line_numbers(tmp_path, caplog):
+    """They were read a byte at a time, each time scanning all before: 256 KB of them took 20 s."""
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b"\n" * 300_000 + b'{"id": "a", "text": "ok"}\n[1]\n')
+    with caplog.at_level(logging.WARNING):
+        assert [r[3] for r in _rows(path, "jsonl")] == ["ok", "not_json"]
+    assert "1 line is not a JSON object (line 300002)" in caplog.text
