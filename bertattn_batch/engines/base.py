@@ -58,7 +58,7 @@ class RunSummary:
     parts_written: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     engine: dict[str, Any] = field(default_factory=dict)  # what the engine says of itself
-    _said_unknown: bool = field(default=False, repr=False)
+    _said_unknown: bool = field(default=False, init=False, repr=False)
 
     def add(self, part: StagedPart) -> None:
         self.stats.add(part.stats)

@@ -57,7 +57,8 @@ def context() -> multiprocessing.context.BaseContext:
 def _deaf_children() -> Iterator[None]:
     """Block Ctrl-C's SIGINT and a closed terminal's SIGHUP in this thread while the fork server and
     the resource tracker start: they inherit the mask, and neither unblocks SIGHUP. Here the signals
-    wait for the end of the block, and then act.
+    wait for the end of the block, and then act. Host processes forked from the server inherit it too;
+    they ignore both signals anyway (``host_processes._init``), and SIGTERM stays open.
 
     Why: both reach the whole process group. SIGHUP killed the resource tracker (which ignores SIGINT
     and SIGTERM alone), and the one started in its place printed a KeyError for each shared-memory

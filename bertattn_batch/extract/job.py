@@ -114,7 +114,7 @@ class WindowJob:
         self.generation = pass_info.generation
         self.batch_tokens, self.max_batch_size = batch_tokens, max_batch_size
         self.encoder = Encoder(clf.tokenizer, clf.max_length, encode_threads)
-        self.unk_id = clf.tokenizer.unk_token_id  # None: a byte-level vocabulary has no unknown token
+        self.unk_id = clf.tokenizer.unk_token_id  # None where a vocabulary has no unknown token
         vocab = vocab_array(clf.tokenizer)
         self.extractor = Extractor(vocab, clf.layers, clf.num_heads, clf.labels, pass_info.run_id, store_text)
 

@@ -283,17 +283,22 @@ def _some(paths: Sequence[PurePath]) -> str:
     return ", ".join(p.name for p in paths[:3]) + (", ..." if len(paths) > 3 else "")
 
 
+#: Files beside a config.json that make its folder a model's (weights, sharded or not, or a tokenizer).
+_MODEL_FILES = (
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+    "tokenizer.json", "vocab.txt",
+)  # fmt: skip
+
+
 def _model_files(config: str, names: set[str]) -> bool:
     """Whether the folder of ``config`` (a ``.../config.json`` among a store's ``names``) is a model's."""
     folder = config[: -len("config.json")]
-    return any(folder + f in names for f in ("model.safetensors", "pytorch_model.bin", "tokenizer.json"))
+    return any(folder + f in names for f in _MODEL_FILES)
 
 
 def _is_model_dir(p: Path) -> bool:
     """A model folder (its config.json is no JSON lines file), such as one finetune saved there."""
-    return (p / "config.json").is_file() and any(
-        (p / f).is_file() for f in ("model.safetensors", "pytorch_model.bin", "tokenizer.json")
-    )
+    return (p / "config.json").is_file() and any((p / f).is_file() for f in _MODEL_FILES)
 
 
 def _is_saved_dataset(p: Path) -> bool:

@@ -17,8 +17,9 @@ _HASHES: dict[tuple, str] = {}
 
 #: config.json keys that leave the outputs of inference as they are: names and versions, settings that
 #: a load chooses (dtype, attention kernel, what is returned), dropout and initialisation (training
-#: only). Labels are compared by their names. Every other key (heads, activation, layer-norm epsilon,
-#: positions) changes what the model computes.
+#: only). Labels are compared by their names. Every other key changes what the model computes: heads,
+#: activation, layer-norm epsilon, positions, pruned heads, and pad_token_id too (RoBERTa numbers its
+#: positions from it).
 _INERT_CONFIG_KEYS = frozenset(
     {
         "transformers_version", "architectures", "id2label", "label2id", "torch_dtype", "dtype",
@@ -26,6 +27,8 @@ _INERT_CONFIG_KEYS = frozenset(
         "use_cache", "chunk_size_feed_forward", "classifier_dropout", "hidden_dropout_prob",
         "attention_probs_dropout_prob", "dropout", "attention_dropout", "initializer_range",
         "gradient_checkpointing", "finetuning_task", "task_specific_params", "tokenizer_class",
+        "classifier_dropout_prob", "seq_classif_dropout", "qa_dropout", "summary_last_dropout",
+        "problem_type",
     }
 )  # fmt: skip
 
@@ -94,13 +97,14 @@ def other_model_files(source: str, recorded: Mapping[str, Any]) -> str | None:
     """What of the model at ``source`` surely differs from what a run ``recorded`` (its manifest's
     model): "other weights" or "another config.json", else None. Checked before the model loads, since
     a model retrained into the same folder may fail the run's settings (its length, its layers) and be
-    refused for that instead of for being another model. A hash the run did not record is not compared."""
+    refused for that instead of for being another model. A hash the run did not record (or recorded as
+    "unknown") is not compared."""
     path = resolve_source(source)
     for what, key, now in (
         ("other weights", "weights_sha256", weights_hash),
         ("another config.json", "config_sha256", config_hash),
     ):
         theirs = recorded.get(key)
-        if theirs and (mine := now(path)) != "unknown" and mine != theirs:
+        if theirs not in (None, "", "unknown") and (mine := now(path)) != "unknown" and mine != theirs:
             return what
     return None

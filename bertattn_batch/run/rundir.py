@@ -310,9 +310,12 @@ class RunDir:
         mine = upgrade({"fingerprint": self.header.get("fingerprint", {})})["fingerprint"]
         theirs = old.fingerprint
         # job_sha256 is a hash of the others (and of the inputs as an older version spelt them); a key
-        # an older version did not record and upgrade() cannot fill in (tokenizer_sha256) is not compared
-        keys = set(mine) | set(theirs)
-        diff = sorted(k for k in keys if k != "job_sha256" and k in theirs and mine.get(k) != theirs.get(k))
+        # an older version did not record and upgrade() cannot fill in (tokenizer_sha256) is not compared,
+        # nor a model hash the run could not take ("unknown": no local files)
+        keys = {
+            k for k in set(mine) | set(theirs) if k != "job_sha256" and theirs.get(k, "unknown") != "unknown"
+        }
+        diff = sorted(k for k in keys if mine.get(k) != theirs.get(k))
         if diff == ["inputs"] and old.sources is not None:
             # named otherwise (the project moved, a nightly file named by its date): the resume decides
             # by what the files hold (resume.resume_point), and the pass that goes on records the names

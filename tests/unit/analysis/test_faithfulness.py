@@ -242,23 +242,38 @@ def test_a_tokens_table_short_of_a_reviews_positions_is_named(run_dir, tmp_path)
     [
         ("hidden_act", "it has another config.json than the manifest records"),
         ("id2label", "its label names differ from what the manifest records"),
-        ("do_lower_case", "its tokenizer differs from what the manifest records"),
     ],
 )
 def test_a_model_folder_edited_since_the_run_is_not_the_runs(run_dir, tiny_en_dir, tmp_path, edit, said):
-    """Beside the same weights, a config.json, label names or tokenizer edited since the run measured
-    another model's faithfulness (and plot --pairs drew it, or failed in numpy) without a word."""
+    """Beside the same weights, a config.json or label names edited since the run measured another
+    model's faithfulness (and plot --pairs drew it, or failed in numpy) without a word."""
     import shutil
 
     from bertattn_batch.errors import InputError
 
     model = shutil.copytree(tiny_en_dir, tmp_path / "model")
-    name = "tokenizer_config.json" if edit == "do_lower_case" else "config.json"
-    settings = json.loads((model / name).read_text())
+    settings = json.loads((model / "config.json").read_text())
     if edit == "id2label":
         settings[edit] = {k: f"new {v}" for k, v in settings[edit].items()}
     else:
-        settings[edit] = {"hidden_act": "relu", "do_lower_case": False}[edit]
-    (model / name).write_text(json.dumps(settings))
+        settings[edit] = "relu"
+    (model / "config.json").write_text(json.dumps(settings))
     with pytest.raises(InputError, match=f"is not the run's: {said}; pass the run's model with --model"):
         fa.faithfulness(run_dir, sample=2, seed=3, device="cpu", model=str(model))
+
+
+def test_a_tokenizer_that_does_otherwise_is_warned_of_and_the_runs_token_ids_scored(
+    run_dir, result, tiny_en_dir, tmp_path, caplog
+):
+    """The run's stored token ids are what is erased: a tokenizer edited since (or read by another
+    tokenizers version) changes nothing measured, but is said."""
+    import logging
+    import shutil
+
+    model = shutil.copytree(tiny_en_dir, tmp_path / "model")
+    settings = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**settings, "do_lower_case": False}))
+    with caplog.at_level(logging.WARNING):
+        got = fa.faithfulness(run_dir, sample=5, seed=3, device="cpu", model=str(model))
+    assert got.table.equals(result.table)
+    assert "does otherwise than the run's (edited since, or another tokenizers version)" in caplog.text
