@@ -209,24 +209,21 @@ class HostProcesses:
 
     def close(self) -> None:
         """Wait for the window each process has in hand (it may be writing a part's files, and the job's
-        clean-up must not run beside it), drop the rest, and end the processes.
+        clean-up must not run beside it), drop the rest, end the processes and remove the shared blocks.
 
-        The wait is on the tasks' futures, which a second Ctrl-C cannot cut short: the pool's own
-        ``shutdown(wait=True)`` joins a thread, and an interrupted join returns as if it had ended."""
-        for pool in self._pools:
-            pool.shutdown(wait=False, cancel_futures=True)
-        interrupted: KeyboardInterrupt | None = None
-        while pending := [f for f in self._submitted if not f.done()]:
-            try:
+        A stop signal meanwhile (a second Ctrl-C, a closed terminal's SIGHUP right after the last part)
+        acts at the end: cut short, the close left shared-memory blocks behind, or a part half written.
+        The wait is on the tasks' futures: the pool's own ``shutdown(wait=True)`` joins a thread, and an
+        interrupted join returns as if it had ended."""
+        with fork_server.signals_held():
+            for pool in self._pools:
+                pool.shutdown(wait=False, cancel_futures=True)
+            while pending := [f for f in self._submitted if not f.done()]:
                 futures.wait(pending, timeout=0.1)
-            except KeyboardInterrupt as e:  # a second Ctrl-C: still wait, then re-raise
-                interrupted = interrupted or e
-        for end in self._watch:
-            end.close()
-        for blocks in self._blocks:
-            blocks.close()
-        if interrupted is not None:
-            raise interrupted
+            for end in self._watch:
+                end.close()
+            for blocks in self._blocks:
+                blocks.close()
 
     def _submit(self, k: int, fn: Callable[..., Any], *args: Any) -> Future:
         """``fn(*args)`` in host process ``k``; its future is kept until done, for :meth:`close`."""

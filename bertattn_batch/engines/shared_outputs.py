@@ -22,6 +22,7 @@ is missing or short (a container's 64 MB ``/dev/shm``), the outputs go through t
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -106,6 +107,7 @@ class OutputBlocks:
         except (AttributeError, OSError) as e:  # no such call here, or no room after all
             _remove(new)
             return self._refuse(logging.WARNING, size, e)
+        _LIVE[new.name] = new
         self._blocks[slot] = new  # before the old one goes: an interrupt between leaves no block unlisted
         if block is not None:
             _remove(block)
@@ -134,7 +136,20 @@ def _room_for(size: int) -> bool:
     return st.f_bavail * st.f_frsize >= 2 * size
 
 
+#: The blocks this process made and has not removed. Whatever a job cut short leaves here is removed
+#: at exit: the resource tracker would warn of each ("leaked shared_memory objects") on the job's stderr.
+_LIVE: dict[str, shared_memory.SharedMemory] = {}
+
+
+@atexit.register
+def _remove_live() -> None:
+    for block in list(_LIVE.values()):
+        with contextlib.suppress(OSError):
+            _remove(block)
+
+
 def _remove(block: shared_memory.SharedMemory) -> None:
+    _LIVE.pop(block.name, None)
     block.close()
     with contextlib.suppress(FileNotFoundError):  # removed by someone else: gone all the same
         block.unlink()
