@@ -109,6 +109,16 @@ def manifest_json(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "manifest.json").read_text(encoding="utf-8"))
 
 
+def python_probe(*lines: str, timeout: float = 120):
+    """Run ``lines`` as a fresh Python process (what a process does from its start: signal masks, exit
+    hooks); its completed process, output as text."""
+    import subprocess
+    import sys
+
+    code = "\n".join(lines) + "\n"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+
+
 #: The repository's root (tests read its job files and bench script; they never write there).
 REPO = Path(__file__).resolve().parent.parent
 

@@ -329,17 +329,17 @@ def test_the_fork_server_and_resource_tracker_are_deaf_to_what_reaches_the_proce
     ignores SIGINT and SIGTERM alone), and the one started in its place printed a KeyError for every
     shared-memory block. A Ctrl-C while the server imported its modules printed its traceback."""
     import signal
-    import subprocess
 
-    probe = (
-        "from multiprocessing import forkserver, resource_tracker\n"
-        "from bertattn_batch.engines import fork_server\n"
-        "fork_server.context()\n"
-        "for pid in (forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid):\n"
-        "    status = dict(line.split(':\\t') for line in open(f'/proc/{pid}/status').read().splitlines())\n"
-        "    print(int(status['SigBlk'], 16) | int(status['SigIgn'], 16))\n"
+    from helpers import python_probe
+
+    done = python_probe(
+        "from multiprocessing import forkserver, resource_tracker",
+        "from bertattn_batch.engines import fork_server",
+        "fork_server.context()",
+        "for pid in (forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid):",
+        "    status = dict(line.split(':\\t') for line in open(f'/proc/{pid}/status').read().splitlines())",
+        "    print(int(status['SigBlk'], 16) | int(status['SigIgn'], 16))",
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     for deaf in map(int, done.stdout.split()):
         assert deaf & (1 << (signal.SIGINT - 1)) and deaf & (1 << (signal.SIGHUP - 1))

@@ -127,19 +127,17 @@ def test_a_block_removed_by_someone_else_is_no_error_on_close():
 def test_blocks_a_job_left_open_are_removed_at_exit_without_a_warning():
     """A closed terminal's SIGHUP right after the last part cut the close short: the resource tracker
     then warned of "leaked shared_memory objects" on the job's stderr (a cron log)."""
-    import subprocess
-    import sys
+    from helpers import python_probe
 
-    probe = (
-        "import numpy as np, sys\n"
-        "from bertattn_batch.engines.shared_outputs import OutputBlocks\n"
-        "from bertattn_batch.model import Outputs\n"
-        "rows = np.ones((2, 1, 4, 8), dtype=np.float32)\n"
-        "sent = OutputBlocks().put(0, [[Outputs(np.ones((2, 3), dtype=np.float32), rows, rows, None)]])\n"
-        "print(sent.name, flush=True)\n"
-        "sys.exit(0)  # never closed\n"
+    done = python_probe(
+        "import numpy as np, sys",
+        "from bertattn_batch.engines.shared_outputs import OutputBlocks",
+        "from bertattn_batch.model import Outputs",
+        "rows = np.ones((2, 1, 4, 8), dtype=np.float32)",
+        "sent = OutputBlocks().put(0, [[Outputs(np.ones((2, 3), dtype=np.float32), rows, rows, None)]])",
+        "print(sent.name, flush=True)",
+        "sys.exit(0)  # never closed",
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "leaked" not in done.stderr, done.stderr
     with pytest.raises(FileNotFoundError):
