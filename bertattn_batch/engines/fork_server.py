@@ -88,7 +88,9 @@ def signals_held() -> Iterator[None]:
         return
     caught: list[int] = []
     held = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    held = {sig: handler for sig, handler in held.items() if handler is not None}  # None: not Python's
+    # Python's own handlers only: an ignored SIGHUP (nohup) re-raised at the end would have stood for a
+    # Ctrl-C caught after it, and SIGTERM left at its default (a library's caller) still ends the process
+    held = {sig: handler for sig, handler in held.items() if callable(handler)}
     for sig in held:
         signal.signal(sig, lambda signum, _frame: caught.append(signum))
     try:

@@ -144,15 +144,17 @@ _LIVE: dict[str, shared_memory.SharedMemory] = {}
 @atexit.register
 def _remove_live() -> None:
     for block in list(_LIVE.values()):
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, BufferError):
             _remove(block)
 
 
 def _remove(block: shared_memory.SharedMemory) -> None:
+    """Unlink the block, then unmap it: unlinked first, it is gone even where a view of it is still
+    alive here (its unmapping then fails with BufferError)."""
     _LIVE.pop(block.name, None)
-    block.close()
     with contextlib.suppress(FileNotFoundError):  # removed by someone else: gone all the same
         block.unlink()
+    block.close()
 
 
 def _view(block: shared_memory.SharedMemory, place: tuple[int, tuple[int, ...], str]) -> np.ndarray:

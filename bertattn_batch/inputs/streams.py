@@ -150,7 +150,7 @@ def _json_array(path: Path) -> bool:
     with open(path, "rb") as f:
         head = f.read(3).removeprefix(codecs.BOM_UTF8)
         while not head.strip() and (block := f.read(1 << 16)):
-            head += block
+            head = block  # spaces alone so far: only what follows can tell
     return head.lstrip().startswith(b"[")
 
 

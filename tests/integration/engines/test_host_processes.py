@@ -343,3 +343,26 @@ def test_the_fork_server_and_resource_tracker_are_deaf_to_what_reaches_the_proce
     assert done.returncode == 0, done.stderr
     for deaf in map(int, done.stdout.split()):
         assert deaf & (1 << (signal.SIGINT - 1)) and deaf & (1 << (signal.SIGHUP - 1))
+
+
+def test_signals_held_leave_what_python_does_not_handle_as_it_is():
+    """Under nohup an ignored SIGHUP was taken over too, and re-raised at the end in place of a Ctrl-C
+    caught after it: the Ctrl-C was lost. SIGTERM at its default (a library's caller) was held too, so a
+    host process that hung in the close could no longer be stopped with it."""
+    from helpers import python_probe
+
+    done = python_probe(  # in a process of its own: signals sent here would reach the test runner
+        "import os, signal",
+        "from bertattn_batch.engines import fork_server",
+        "signal.signal(signal.SIGHUP, signal.SIG_IGN)",
+        "try:",
+        "    with fork_server.signals_held():",
+        "        os.kill(os.getpid(), signal.SIGHUP)",
+        "        os.kill(os.getpid(), signal.SIGINT)",
+        "except KeyboardInterrupt:",
+        "    print('ctrl-c kept')",
+        "with fork_server.signals_held():",
+        "    print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, signal.getsignal(signal.SIGHUP) is signal.SIG_IGN)",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["ctrl-c kept", "True True"], done.stdout

@@ -142,3 +142,19 @@ def test_blocks_a_job_left_open_are_removed_at_exit_without_a_warning():
     assert "leaked" not in done.stderr, done.stderr
     with pytest.raises(FileNotFoundError):
         shared_memory.SharedMemory(name=done.stdout.strip())
+
+
+def test_a_block_with_a_view_still_alive_is_unlinked_all_the_same():
+    """It was unmapped first: with a view of it alive that raised BufferError, and the block was left
+    behind, no longer listed for removal at exit."""
+    rows = np.ones((2, 1, 4, 8), dtype=np.float32)
+    blocks = OutputBlocks()
+    sent = blocks.put(0, [[Outputs(np.ones((2, 3), dtype=np.float32), rows, rows, None)]])
+    block = blocks._blocks[0]
+    view = block.buf[:4]  # a view of it the job still holds
+    with pytest.raises(BufferError):
+        blocks.close()
+    with pytest.raises(FileNotFoundError):
+        shared_memory.SharedMemory(name=sent.name)
+    view.release()
+    block.close()
