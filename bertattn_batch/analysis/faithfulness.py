@@ -190,17 +190,8 @@ def head_scores(
 ) -> dict[tuple[str, int | None, int | None], list]:
     """Every captured head's scores of each review's content tokens, from the run's cls_attention:
     {(score, layer, head): [one (m,) array per review, in ``doc_ids`` order]}."""
-    files = [p.files["cls_attention"] for p in committed_files(run, ("cls_attention",), verify=True)]
     names = [s for s in HEAD_SCORES if s != "value_zeroing" or with_zeroing]
-    # each review by its place in doc_ids: a doc_id on every row would take memory in proportion to its length
-    order = pl.LazyFrame({"doc_id": doc_ids, "review": range(len(doc_ids))})
-    rows = (
-        pl.scan_parquet(files, glob=False)
-        .join(order, on="doc_id")
-        .select("review", "layer", "head", "position", *names)
-        .sort("review", "layer", "head", "position")
-        .collect(engine="streaming")
-    )
+    rows = _rows_of(run, "cls_attention", doc_ids, ["layer", "head", "position"], names)
     out: dict[tuple[str, int | None, int | None], list] = {}
     for (review, layer, head), group in rows.group_by("review", "layer", "head", maintain_order=True):
         for name in names:
@@ -217,15 +208,7 @@ def head_scores(
 def scored_tokens(run: Path, doc_ids: list[str], n_tokens: list[int]) -> list[np.ndarray]:
     """Each review's content token ids as the run scored them, from its tokens table: not encoded again
     from the text, so a run without stored text needs no inputs and what is erased is what was scored."""
-    files = [p.files["tokens"] for p in committed_files(run, ("tokens",), verify=True)]
-    order = pl.LazyFrame({"doc_id": doc_ids, "review": range(len(doc_ids))})
-    rows = (
-        pl.scan_parquet(files, glob=False)
-        .join(order, on="doc_id")
-        .select("review", "position", "token_id")
-        .sort("review", "position")
-        .collect(engine="streaming")
-    )
+    rows = _rows_of(run, "tokens", doc_ids, ["position"], ["token_id"])
     content: list[np.ndarray | None] = [None] * len(doc_ids)
     for (review,), group in rows.group_by("review", maintain_order=True):
         if np.array_equal(group["position"].to_numpy(), np.arange(1, n_tokens[review] - 1)):
@@ -237,6 +220,20 @@ def scored_tokens(run: Path, doc_ids: list[str], n_tokens: list[int]) -> list[np
                 f"{doc_ids[i]!r} ({n_tokens[i]} tokens in predictions)"
             )
     return content  # type: ignore[return-value]  # none is None here
+
+
+def _rows_of(run: Path, table: str, doc_ids: list[str], order: list[str], values: list[str]) -> pl.DataFrame:
+    """The rows of ``table`` of the reviews ``doc_ids``, each named by its place in them (``review``: a
+    doc_id on every row would take memory in proportion to its length), sorted by review and ``order``."""
+    files = [p.files[table] for p in committed_files(run, (table,), verify=True)]
+    places = pl.LazyFrame({"doc_id": doc_ids, "review": range(len(doc_ids))})
+    return (
+        pl.scan_parquet(files, glob=False)
+        .join(places, on="doc_id")
+        .select("review", *order, *values)
+        .sort("review", *order)
+        .collect(engine="streaming")
+    )
 
 
 def reference_scores(clf: Classifier, ids: list[np.ndarray], pred: np.ndarray, seed: int) -> dict:

@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 from ..errors import InputError
 from .discover import Source
 from .rows import NOT_JSON
+from .streams import json_lead
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +73,7 @@ def json_values(f: BinaryIO, label: str) -> tuple[str, Iterator[tuple[int, Any]]
     """The values of a JSON lines file or of a JSON array, by number from 1, each a value or the
     exception that reading it raised; and what the numbers count ("line" or "element"). Told apart by
     the first character that is not a space (after an editor's byte-order mark)."""
-    lead, blank = f.read(3).removeprefix(codecs.BOM_UTF8), 0
-    while not lead.strip() and (block := f.read(1 << 16)):  # blank lines before the first value: counted
-        blank, lead = blank + lead.count(b"\n"), block
+    lead, blank = json_lead(f)
     if lead.lstrip().startswith(b"["):
         return "element", _array_elements(lead, f, label)
     lines = chain(io.BytesIO(lead + f.readline()), f)  # split at b"\n" alone, as a file's lines are

@@ -145,13 +145,20 @@ def _rows_end(path: Path, fmt: str, delimiter: str | None, want: int) -> int | N
     return None
 
 
+def json_lead(f: BinaryIO) -> tuple[bytes, int]:
+    """A JSON file's first bytes that hold more than spaces (an editor's byte-order mark dropped), and
+    the line breaks before them: whether its first value starts with ``[`` tells one array from JSON
+    lines. Blank lines before it are read in blocks and dropped, whatever their length."""
+    lead, breaks = f.read(3).removeprefix(codecs.BOM_UTF8), 0
+    while not lead.strip() and (block := f.read(1 << 16)):
+        breaks, lead = breaks + lead.count(b"\n"), block
+    return lead, breaks
+
+
 def _json_array(path: Path) -> bool:
-    """Whether a JSON file holds one array: its first character that is not a space is ``[``."""
+    """Whether a JSON file holds one array (:func:`json_lead`)."""
     with open(path, "rb") as f:
-        head = f.read(3).removeprefix(codecs.BOM_UTF8)
-        while not head.strip() and (block := f.read(1 << 16)):
-            head = block  # spaces alone so far: only what follows can tell
-    return head.lstrip().startswith(b"[")
+        return json_lead(f)[0].lstrip().startswith(b"[")
 
 
 def _cut(path: Path, end: int) -> bytes:
