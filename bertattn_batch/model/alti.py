@@ -1,0 +1,167 @@
+"""ALTI (Ferrando, Gállego & Costa-jussà, EMNLP 2022): each token's contribution to the ``[CLS]``
+representation after the last layer, rolled out over every layer, captured during the job's own forward.
+
+Usage::
+
+    alti = AltiCapture(model)
+    with alti.forward(attention_mask):
+        logits = model(input_ids, attention_mask=attention_mask).logits
+    contributions = alti.cls_contributions()      # (B, S) float32, 0 on padding
+
+Per layer, the attention block's output for token i is decomposed over the tokens j it reads::
+
+    T_i(x_j) = s_i · L(Σ_h a^h_ij W_O^h v^h_j + [i = j] x_i)
+
+where ``L`` is the block's LayerNorm centring times its weight and ``s_i`` that LayerNorm's own scale
+for token i (biased variance plus epsilon, as ``torch.nn.LayerNorm``), so that
+``Σ_j T_i(x_j) + s_i · L(b_O) + β`` is the block's real output ``y_i``. Then
+``c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁)``, each row normalised to sum to 1; the feed-forward block
+passes contributions through unchanged. The rollout ``R = C^L ⋯ C^1`` is accumulated bottom up, and only
+``R[0]`` is kept, so a trimmed last layer (its rows cut to ``[CLS]``) needs no more than it computes.
+The authors' code scales by an unbiased standard deviation without epsilon; this one reproduces the
+block's output exactly (docs/measures.md).
+
+The ``(rows, S, hidden)`` tensor of one layer's decomposition is made in chunks of rows, so memory stays
+bounded by :data:`CHUNK_BYTES` whatever the review length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from .capture import find_self_attention, head_geometry, output_projection
+
+#: The most bytes one chunk of a layer's decomposition (B, rows, S, hidden) float32 may take.
+CHUNK_BYTES = 64 << 20
+
+
+def attention_layer_norm(model: nn.Module, attention: nn.Module) -> nn.LayerNorm | None:
+    """The LayerNorm that closes a self-attention block (residual included): BERT and its kin's
+    ``attention.output.LayerNorm``, DistilBERT's ``sa_layer_norm``, ALBERT's ``attention.LayerNorm``."""
+    if isinstance(getattr(attention, "LayerNorm", None), nn.LayerNorm):  # ALBERT
+        return attention.LayerNorm
+    for module in model.modules():
+        block = getattr(module, "attention", None)
+        if block is None:
+            continue
+        if getattr(block, "self", None) is attention:
+            norm = getattr(getattr(block, "output", None), "LayerNorm", None)
+            return norm if isinstance(norm, nn.LayerNorm) else None
+        if block is attention and isinstance(getattr(module, "sa_layer_norm", None), nn.LayerNorm):
+            return module.sa_layer_norm
+    return None
+
+
+class AltiCapture:
+    """Forward hooks that decompose every attention block of one forward pass (see the module's doc)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._blocks = []
+        for module, q, k, v in find_self_attention(model):
+            dense, norm = output_projection(model, module), attention_layer_norm(model, module)
+            if dense is None or norm is None:
+                raise ValueError(
+                    "ALTI needs post-LayerNorm attention blocks (BERT, RoBERTa, DistilBERT, ALBERT)"
+                )
+            self._blocks.append((module, q, k, v, dense, norm))
+        if not self._blocks:
+            raise ValueError("no self-attention modules with query/key/value projections found")
+        self._seen: dict[str, torch.Tensor] = {}
+        self._rollout: torch.Tensor | None = None  # (B, rows, S): C^l ⋯ C^1 so far
+        self._mask: torch.Tensor | None = None
+
+    @contextlib.contextmanager
+    def forward(self, attention_mask: torch.Tensor) -> Iterator[AltiCapture]:
+        """Hooks in place for one forward over a batch with this (B, S) mask."""
+        self._mask, self._rollout, self._seen = attention_mask.bool(), None, {}
+        handles = []
+        for module, q, k, v, dense, norm in self._blocks:
+            heads, size = head_geometry(module)
+            scaling = float(getattr(module, "scaling", size**-0.5))
+            handles += [
+                q.register_forward_hook(self._keep("q", with_input=True)),
+                k.register_forward_hook(self._keep("k")),
+                v.register_forward_hook(self._keep("v")),
+                norm.register_forward_hook(self._on_norm(heads, size, scaling, dense)),
+            ]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+            self._seen = {}
+
+    def cls_contributions(self) -> torch.Tensor:
+        """``R[0, :]``: each token's contribution to ``[CLS]`` after the last layer, (B, S) float32."""
+        if self._rollout is None:
+            raise RuntimeError("no forward pass was captured")
+        return self._rollout[:, 0]  # (B, S)
+
+    def _keep(self, name: str, with_input: bool = False):
+        def hook(_m: nn.Module, inp: tuple, out: torch.Tensor) -> None:
+            self._seen[name] = out  # (B, S, H*D)
+            if with_input:
+                self._seen["x"] = inp[0]  # (B, S, hidden): the block's input, its residual
+
+        return hook
+
+    def _on_norm(self, heads: int, size: int, scaling: float, dense: nn.Linear):
+        def hook(norm: nn.LayerNorm, inp: tuple, out: torch.Tensor) -> None:
+            c = layer_contributions(
+                self._seen["q"], self._seen["k"], self._seen["v"], self._seen["x"], inp[0], out,
+                self._mask, norm, dense, heads, size, scaling,
+            )  # fmt: skip
+            # (B, rows, S) @ (B, S, S): rows of the last layer are what it computed (a trim keeps [CLS])
+            self._rollout = c if self._rollout is None else torch.bmm(c, self._rollout)
+
+        return hook
+
+
+def layer_contributions(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    y: torch.Tensor,
+    mask: torch.Tensor,
+    norm: nn.LayerNorm,
+    dense: nn.Linear,
+    heads: int,
+    size: int,
+    scaling: float,
+) -> torch.Tensor:
+    """One layer's normalised contributions ``C`` (B, rows, S) float32, for the ``rows`` positions the
+    LayerNorm saw (all of them, or ``[CLS]`` alone in a trimmed layer). ``q, k, v`` (B, S, H*D) are the
+    projections, ``x`` (B, S, hidden) the block's input, ``z`` and ``y`` (B, rows, hidden) the
+    LayerNorm's input and output, ``mask`` (B, S) bool."""
+    B, S = k.shape[:2]
+    rows = z.shape[1]
+    q = q[:, :rows].float().view(B, rows, heads, size).transpose(1, 2)  # (B, H, rows, D)
+    k = k.float().view(B, S, heads, size).transpose(1, 2)  # (B, H, S, D)
+    scores = (q @ k.transpose(-1, -2)) * scaling  # (B, H, rows, S)
+    a = torch.softmax(scores.masked_fill(~mask[:, None, None, :], float("-inf")), dim=-1)  # (B, H, rows, S)
+    w = dense.weight.detach().float()  # (hidden, H*D)
+    w = w.view(w.shape[0], heads, size)  # (hidden, H, D)
+    f = torch.einsum("bshd,ehd->bhse", v.float().view(B, S, heads, size), w)  # (B, H, S, hidden): W_O^h v^h_j
+    x, z, y = x.float(), z.float(), y.float()
+    s = torch.rsqrt(z.var(dim=-1, unbiased=False, keepdim=True) + norm.eps)  # (B, rows, 1)
+    gamma = norm.weight.detach().float() if norm.weight is not None else torch.ones_like(z[0, 0])
+    hidden = x.shape[-1]
+    chunk = max(1, CHUNK_BYTES // max(1, B * S * hidden * 4))
+    out = []
+    for start in range(0, rows, chunk):
+        i = slice(start, min(start + chunk, rows))
+        part = torch.einsum("bhij,bhje->bije", a[:, :, i], f)  # (B, c, S, hidden): Σ_h a^h_ij W_O^h v^h_j
+        idx = torch.arange(i.start, i.stop, device=part.device)
+        part[:, idx - i.start, idx] += x[:, i]  # the residual: token i contributes itself
+        t = s[:, i, None] * gamma * (part - part.mean(dim=-1, keepdim=True))  # (B, c, S, hidden): T_i(x_j)
+        yi = y[:, i, None]  # (B, c, 1, hidden)
+        d = (yi - t).abs().sum(dim=-1)  # (B, c, S)
+        out.append((yi.abs().sum(dim=-1) - d).clamp_min(0))  # (B, c, S)
+    c = torch.cat(out, dim=1) * mask[:, None, :]  # (B, rows, S), 0 at padding
+    return c / c.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)
