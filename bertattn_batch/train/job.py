@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._util import file_lock
+from .._files import file_lock
 from ..config import FinetuneSpec, JobSpec, check_delimiter, check_encoding, from_dict, load_job
 from ..errors import ModelError, SpecError
 from ..model.checks import load_config, position_limit, resolve_source

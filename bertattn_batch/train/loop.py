@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .._util import bar_size
+from .._terminal import bar_size
 from ..config import FinetuneSpec
 from ..errors import ModelError
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .._util import atomic_dir, file_lock, json_text
+from .._files import atomic_dir, file_lock, json_text
 from ..errors import ModelError, WriteError, first_line
 
 METRICS_FILE = "finetune_metrics.json"
