@@ -1,8 +1,8 @@
 """The training stage: the classifier a job reads reviews with, fine-tuned or trained from scratch."""
 
 from .api import finetune, finetune_files
-from .job import TrainingPlan, ensure_model, plan_training, training_inputs
-from .metrics import accuracy, macro_f1, split_indices
+from .job import TrainingPlan, ensure_model, plan_training
+from .loop import accuracy, macro_f1, split_indices
 from .save import HELDOUT_FILE, METRICS_FILE, check_saved, training_record
 
 __all__ = [
@@ -17,6 +17,5 @@ __all__ = [
     "macro_f1",
     "plan_training",
     "split_indices",
-    "training_inputs",
     "training_record",
 ]
