@@ -3,14 +3,13 @@
 from .api import finetune, finetune_files
 from .job import TrainingPlan, ensure_model, plan_training
 from .loop import accuracy, macro_f1, split_indices
-from .save import HELDOUT_FILE, METRICS_FILE, check_saved, training_record
+from .save import HELDOUT_FILE, METRICS_FILE, training_record
 
 __all__ = [
     "HELDOUT_FILE",
     "METRICS_FILE",
     "TrainingPlan",
     "accuracy",
-    "check_saved",
     "ensure_model",
     "finetune",
     "finetune_files",
