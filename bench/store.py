@@ -20,15 +20,14 @@ import json
 import os
 import re
 import socket
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import harness
+
+REPO = harness.ROOT
 
 
 def _free_port() -> int:

@@ -15,7 +15,7 @@ stage when first used.
 
 from __future__ import annotations
 
-from ._util import lazy_exports
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 

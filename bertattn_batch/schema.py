@@ -20,36 +20,14 @@ from .errors import BertAttnError
 
 #: Tables every run directory holds, in commit order.
 TABLES = ("predictions", "cls_attention", "head_summary", "tokens")
-#: A review's ``status`` in predictions: 'ok', or why it was not scored (described in schemas/).
-STATUSES = (
-    "ok",
-    "null_text",
-    "not_text",
-    "empty_text",
-    "no_tokens",
-    "invalid_utf8",
-    "not_json",
-    "wrong_field_count",
-    "duplicate_id",
-    "null_id",
-)
-#: Statuses of rows that have no source id: their doc id is their row number, so the checks for
-#: repeated and committed ids leave them out (a real id equal to that number is still new).
+#: Statuses of rows without a source id: their doc id is their row number, which the checks for repeated
+#: and committed ids leave out.
 ROW_NUMBER_STATUSES = ("null_id", "not_json", "wrong_field_count")
-#: Statuses of rows read without a text to score: they do not claim their id within a pass, so a later
-#: row with the same id and a text is scored rather than marked ``duplicate_id``. With
-#: ``ROW_NUMBER_STATUSES`` and 'ok' they are every status a row can have as it is read.
+#: Statuses of rows without a text to score: they claim no id, so a later row with that id and a text is
+#: scored, not marked ``duplicate_id``.
 NO_TEXT_STATUSES = ("null_text", "not_text", "empty_text", "invalid_utf8")
-
-_PRIMITIVES = {
-    "string": pa.string(),
-    "bool": pa.bool_(),
-    "int16": pa.int16(),
-    "int32": pa.int32(),
-    "int64": pa.int64(),
-    "float32": pa.float32(),
-    "float64": pa.float64(),
-}
+#: A review's ``status`` in predictions: 'ok', or why it was not scored (described in schemas/).
+STATUSES = ("ok", "no_tokens", "duplicate_id", *ROW_NUMBER_STATUSES, *NO_TEXT_STATUSES)
 
 
 def schema_dir() -> Path:
@@ -65,8 +43,8 @@ def _arrow_type(name: str) -> pa.DataType:
     if name.startswith("list<") and name.endswith(">"):
         return pa.list_(_arrow_type(name[5:-1]))
     try:
-        return _PRIMITIVES[name]
-    except KeyError:
+        return pa.type_for_alias(name)
+    except ValueError:
         raise BertAttnError(f"unknown column type {name!r} in schemas/") from None
 
 
@@ -80,6 +58,7 @@ def spec(table: str) -> dict[str, Any]:
 
 
 def version(table: str) -> int:
+    """A table's schema version."""
     return int(spec(table)["version"])
 
 
@@ -105,16 +84,14 @@ def arrow(table: str) -> pa.Schema:
 
 
 def columns(table: str) -> list[str]:
+    """A table's column names, in order."""
     return [c["name"] for c in spec(table)["columns"]]
 
 
 def cast(table: pa.Table, name: str, keep_dictionaries: bool = False) -> pa.Table:
     """Select and cast ``table`` to schema ``name``; raise on missing columns or nulls where none may be.
-
-    ``keep_dictionaries``: a string column that comes dictionary-encoded stays so (the extractor's
-    tables repeat each review's id on every token row): the part writer hands its dictionary to Parquet
-    as it is instead of hashing every value, and the file reads back as plain strings
-    (``run.parts.write_table``)."""
+    ``keep_dictionaries``: a dictionary-encoded string column stays so, for the part writer to hand to
+    Parquet as it is."""
     target = arrow(name)
     missing = [f.name for f in target if f.name not in table.column_names]
     if missing:
@@ -142,8 +119,7 @@ def _encoded_string(given: pa.DataType, wanted: pa.DataType) -> bool:
 
 
 def declared(table_schema: pa.Schema) -> pa.Schema:
-    """``table_schema`` with every dictionary-encoded column as its plain value type: what the table's
-    columns are, however they are held in memory."""
+    """``table_schema`` with every dictionary-encoded column as its plain value type."""
     fields = [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in table_schema]
     return pa.schema(fields, metadata=table_schema.metadata)
 
@@ -160,7 +136,7 @@ def check(actual: pa.Schema, name: str) -> list[str]:
     said = {
         k.decode(errors="replace"): v.decode(errors="replace") for k, v in (actual.metadata or {}).items()
     }
-    for key, value in (target.metadata or {}).items():  # which table, of which version, the file says it is
+    for key, value in (target.metadata or {}).items():  # the table and version the file says it is
         key, value = key.decode(), value.decode()
         if said.get(key) != value:
             problems.append(f"its metadata says {key} {said.get(key)!r} where schemas/ says {value!r}")

@@ -5,13 +5,11 @@ Each generated part sits between ``<!-- generated: NAME -->`` and ``<!-- end gen
 
 - ``commands`` (docs/commands.md): every command's ``--help``;
 - ``tables`` (docs/run-directory.md): every column of every table, from ``schemas/``;
-- ``bench`` (docs/performance.md): the figures of every ``bench/results/*.json``;
 - ``layout`` (docs/development.md): every module of the package with the first line of its docstring.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -69,50 +67,6 @@ def tables() -> str:
     return "\n".join(out)
 
 
-def bench() -> str:
-    """For every ``bench/results/*.json`` with model figures: the machine, then one table per model."""
-    out = []
-    for path in sorted((REPO / "bench" / "results").glob("*.json")):
-        results = json.loads(path.read_text(encoding="utf-8"))
-        if "models" not in results:
-            continue
-        m = results["machine"]
-        cpu = m.get("cpu_model") or m.get("device")
-        out.append(
-            f"### `{path.relative_to(REPO)}`\n\n{cpu}, {m.get('cpu_count')} cores, torch {m.get('torch')}; "
-            f"{results['settings'].get('rounds')} rounds, best round shown"
-            + (", paired ratio in brackets.\n" if _paired(results) else ".\n")
-        )
-        pairs = " (paired)" if _paired(results) else ""
-        for model, block in results["models"].items():
-            lines = [
-                f"**{model}**",
-                "",
-                f"| method | dtype | reviews/s | tokens/s | padding | × ceiling{pairs} | × seed{pairs} |",
-                "|---|---|---:|---:|---:|---:|---:|",
-            ]
-            for f in block["figures"]:
-                lines.append(
-                    f"| {f['method']} | {f['dtype']} | {f['reviews_per_s']:,.1f} | {f['tokens_per_s']:,.0f} "
-                    f"| {f['padding_share']:.1%} | {_ratio(f, 'vs_ceiling')} | {_ratio(f, 'vs_seed')} |"
-                )
-            out.append("\n".join(lines) + "\n")
-    return "\n".join(out)
-
-
-def _paired(results: dict) -> bool:
-    """Whether a benchmark's results hold paired ratios (those before paired rounds do not)."""
-    return any("vs_ceiling_paired" in f for block in results["models"].values() for f in block["figures"])
-
-
-def _ratio(figures: dict, key: str) -> str:
-    """A ratio with its paired one in brackets; results of older benchmarks have no paired figures."""
-    if figures.get(key) is None:
-        return ""
-    paired = figures.get(f"{key}_paired")
-    return f"{figures[key]:.2f}" + ("" if paired is None else f" ({paired:.2f})")
-
-
 def layout() -> str:
     """The package as a tree: every module, and the first sentence of its docstring."""
     import ast
@@ -136,7 +90,7 @@ def layout() -> str:
     return "\n".join(lines)
 
 
-GENERATORS = {"commands": commands, "tables": tables, "bench": bench, "layout": layout}
+GENERATORS = {"commands": commands, "tables": tables, "layout": layout}
 
 
 def render(path: Path) -> str:

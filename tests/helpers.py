@@ -128,6 +128,8 @@ def load_bench(script: str = "bench"):
     import importlib.util
     import sys
 
+    if str(REPO / "bench") not in sys.path:  # the scripts import bench/harness.py
+        sys.path.insert(0, str(REPO / "bench"))
     spec = importlib.util.spec_from_file_location(f"bertattn_{script}", REPO / "bench" / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up by name

@@ -48,7 +48,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from .. import schema
-from .._util import claim_dir, remove_stale
+from .._files import claim_dir, remove_stale
 from ..errors import RunDirError, SpecError, WriteError
 from ..run import (
     AGGREGATES_DIR,

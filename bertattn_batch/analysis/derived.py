@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import schema
-from .._util import atomic_path
+from .._files import atomic_path
 from ..errors import WriteError
 
 

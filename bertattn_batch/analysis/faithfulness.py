@@ -34,7 +34,8 @@ import numpy as np
 import polars as pl
 
 from .. import schema
-from .._util import bar_size, check_writable
+from .._files import check_writable
+from .._terminal import bar_size
 from ..errors import RunDirError, SpecError
 from ..extract.batching import bucket_batches
 from ..model import Classifier, with_special_tokens

@@ -1,6 +1,6 @@
 """The engines: ``run_job`` (the data path, base.py) and where a window's steps run (local, ray).
 
-Names are imported on first use (``_util.lazy_exports``): a host process imports
+Names are imported on first use (``_lazy.lazy_exports``): a host process imports
 ``engines.host_processes`` without the model's code.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._util import lazy_exports
+from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .base import Engine, RunSummary, engine_for, run_job

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .._util import bar_size, human_bytes
+from .._terminal import bar_size, human_bytes
 from ..config import JobSpec
 from ..errors import InputError
 from ..extract import Columns, PartStats, PassInfo, StagedPart, WindowRows, iter_windows

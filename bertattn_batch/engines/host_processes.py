@@ -36,7 +36,7 @@ from . import fork_server
 from .shared_outputs import OutputBlocks, SharedOutputs, take
 from .threads import prefetch
 
-if TYPE_CHECKING:  # a host process imports this module without torch: see _util.lazy_exports
+if TYPE_CHECKING:  # a host process imports this module without torch: see _lazy.lazy_exports
     from ..extract.windows import WindowRows
     from ..model import Classifier, Outputs
     from ..run import PartWriter

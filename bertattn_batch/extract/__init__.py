@@ -1,6 +1,6 @@
 """The extraction stage: cut the input into windows, and turn each into a staged part of every table.
 
-Names are imported on first use (``_util.lazy_exports``): the host side of a window (encode, extract,
+Names are imported on first use (``_lazy.lazy_exports``): the host side of a window (encode, extract,
 write) does not import torch, which only the model stage (``score``) needs.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._util import lazy_exports
+from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .batching import bucket_batches

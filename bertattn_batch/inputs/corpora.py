@@ -24,7 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .._util import atomic_path
+from .._files import atomic_path
 from ..errors import InputError
 
 

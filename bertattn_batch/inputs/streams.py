@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from .._util import process_alive
+from .._files import process_alive
 from ..errors import InputError
 from .compressed import compression_of
 

@@ -1,6 +1,6 @@
 """The model stage: load a BERT-family classifier, encode texts, capture [CLS] rows, trim the last layer.
 
-Names are imported on first use (``_util.lazy_exports``): ``model.encode`` alone, as a host process
+Names are imported on first use (``_lazy.lazy_exports``): ``model.encode`` alone, as a host process
 needs it, does not import torch.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._util import lazy_exports
+from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .capture import ClsRowCapture, eager_rows, find_self_attention

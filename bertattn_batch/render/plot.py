@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .._util import atomic_path, writing
+from .._files import atomic_path, writing
 from ..errors import SpecError
 from . import page
 from .figures import review_html, review_png

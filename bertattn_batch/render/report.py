@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from .._util import atomic_path, writing
+from .._files import atomic_path, writing
 from ..analysis import aggregate as agg
 from ..analysis.spelling import readable, readable_map
 from ..analysis.top import top_tokens

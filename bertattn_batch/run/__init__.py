@@ -1,6 +1,6 @@
 """The run directory: its layout, its typed manifest, the life cycle of its parts, and resuming.
 
-The polars views (``views.py``) are imported on first use (``_util.lazy_exports``): writing a run needs
+The polars views (``views.py``) are imported on first use (``_lazy.lazy_exports``): writing a run needs
 no polars, so a job's process and its host processes never load it.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._util import lazy_exports
+from .._lazy import lazy_exports
 from .existing import old_manifest
 from .layout import (
     AGGREGATES_DIR,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import storage
-from .._util import hidden_tmp
+from .._files import hidden_tmp
 from ..errors import DamagedRunError, RunDirError, RunVersionError
 from ..storage import is_remote
 from .layout import LEASE_NAME, LOCK_NAME, MANIFEST, TABLES, is_run_dir

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import storage
-from .._util import lock_is_held
+from .._files import lock_is_held
 from ..errors import RunDirError, StorageError
 from .layout import LEASE_NAME, LOCK_NAME
 from .manifest import load_json

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import schema, storage
-from .._util import atomic_write_text, json_text
+from .._files import atomic_write_text, json_text
 from ..errors import DamagedRunError, RunDirError, RunVersionError, StorageError, WriteError
 from ..storage import is_remote
 from .layout import COMMIT_LOG, FORMAT, MANIFEST, TABLES

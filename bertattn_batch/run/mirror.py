@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .. import storage
-from .._util import file_lock
+from .._files import file_lock
 from ..errors import BertAttnError
 from .layout import LEASE_NAME, MANIFEST, TABLES
 

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import schema, storage
-from .._util import fsync_file
+from .._files import fsync_file
 from ..errors import RunDirError, StorageError, WriteError, first_line
 from ..storage import is_remote
 from .layout import TABLES, part_name, tmp_name

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import schema, storage
-from .._util import file_lock, hidden_tmp, remove_tree
+from .._files import file_lock, hidden_tmp, remove_tree
 from ..errors import InputsEditedError, RunDirError, WriteError
 from ..ids import IdSet
 from ..storage import is_remote

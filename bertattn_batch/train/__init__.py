@@ -1,22 +1,20 @@
 """The training stage: the classifier a job reads reviews with, fine-tuned or trained from scratch."""
 
 from .api import finetune, finetune_files
-from .job import TrainingPlan, ensure_model, plan_training, training_inputs
-from .metrics import accuracy, macro_f1, split_indices
-from .save import HELDOUT_FILE, METRICS_FILE, check_saved, training_record
+from .job import TrainingPlan, ensure_model, plan_training
+from .loop import accuracy, macro_f1, split_indices
+from .save import HELDOUT_FILE, METRICS_FILE, training_record
 
 __all__ = [
     "HELDOUT_FILE",
     "METRICS_FILE",
     "TrainingPlan",
     "accuracy",
-    "check_saved",
     "ensure_model",
     "finetune",
     "finetune_files",
     "macro_f1",
     "plan_training",
     "split_indices",
-    "training_inputs",
     "training_record",
 ]

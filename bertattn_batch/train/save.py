@@ -1,4 +1,5 @@
-"""Saving a trained classifier: into a temporary folder beside its place, checked, then renamed."""
+"""Saving a trained classifier: into a temporary folder beside its place, checked, then renamed; and
+what a run records of it."""
 
 from __future__ import annotations
 
@@ -11,23 +12,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .._util import atomic_dir, file_lock, json_text
+from .._files import atomic_dir, file_lock, json_text
 from ..errors import ModelError, WriteError, first_line
 
 METRICS_FILE = "finetune_metrics.json"
-#: The doc ids of the reviews held out from training (``{"id_col": ..., "doc_ids": [...]}``): a run of the
-#: same inputs tells its held-out accuracy from the accuracy on training data by them.
+#: The doc ids of the reviews held out from training (``{"id_col": ..., "sources": ..., "doc_ids": [...]}``),
+#: by which a run's report tells held-out accuracy from accuracy on training data.
 HELDOUT_FILE = "heldout_ids.json"
 
 
 def check_out_dir(out_dir: Path) -> bool:
-    """Refuse to replace a file or a non-empty folder that this module did not write, and a place where
-    the model could not be saved, before training rather than after. True where a model trained here
-    is there, to be replaced."""
+    """Refuse, before training, a file or non-empty folder that is not a model trained here, and a place
+    where the model could not be saved; whether a model trained here is there, to be replaced."""
     trained = out_dir.is_dir() and (out_dir / METRICS_FILE).is_file()
     if out_dir.exists() and not trained and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ModelError(f"{out_dir} exists and is not a model trained here; remove it or choose another")
-    try:  # the model is written beside its folder first (see save_model): try that place now
+    try:  # the model is written beside its folder first
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent).cleanup()
     except OSError as e:
@@ -37,9 +37,7 @@ def check_out_dir(out_dir: Path) -> bool:
 
 @contextlib.contextmanager
 def out_dir_lock(out_dir: Path) -> Iterator[None]:
-    """One training per output folder at a time: a second would replace the first's model when both
-    finish, or fail on the rename after all its training. The lock file beside the folder is removed
-    when the training ends."""
+    """One training per output folder at a time; the lock file beside the folder goes when it ends."""
 
     def busy(_holder: str) -> ModelError:
         return ModelError(f"another finetune is training into {out_dir}; wait for it or choose another --out")
@@ -61,14 +59,14 @@ def save_model(
     heldout: dict[str, Any] | None = None,
 ) -> None:
     """Write to a temporary folder beside ``out_dir``, check that it reloads, then rename it into place;
-    a save that fails (a full disk) leaves the model that was there."""
+    a save that fails leaves the model that was there."""
     from safetensors import SafetensorError
 
     try:
         with atomic_dir(out_dir) as tmp:
             model.save_pretrained(tmp, safe_serialization=True)
             backend = getattr(tokenizer, "backend_tokenizer", None)
-            if backend is not None:  # truncation is chosen per call; do not save the last call's setting
+            if backend is not None:  # truncation is chosen per call, not saved
                 backend.no_truncation()
                 backend.no_padding()
             tokenizer.save_pretrained(tmp)
@@ -86,7 +84,7 @@ def save_model(
 
 
 def _plain_permissions(folder: Path) -> None:
-    """Temporary folders and some saved files are private (0700/0600); give them the umask's usual modes."""
+    """Give a temporary folder (0700) and its files the umask's usual modes."""
     umask = os.umask(0)
     os.umask(umask)
     folder.chmod(0o777 & ~umask)
@@ -113,8 +111,7 @@ def check_saved(folder: str | Path, tok_size: int, names: list[str]) -> None:
 
 
 def training_record(folder: str | Path) -> dict[str, Any] | None:
-    """What a run records of how its model was trained, from the model folder's metrics (None for a
-    model not trained here): held-out accuracy and its size, the seed, whether the schedule was cut."""
+    """What a run records of how its model was trained (None for a model not trained here)."""
     path = Path(folder) / METRICS_FILE
     try:
         metrics = json.loads(path.read_text(encoding="utf-8"))
@@ -132,6 +129,6 @@ def training_record(folder: str | Path) -> dict[str, Any] | None:
         "planned_steps": metrics.get("planned_steps"),
         "shortened": bool(metrics.get("shortened")),
         "heldout_ids": str(heldout.resolve()) if heldout.is_file() else None,
-        # the report reads the ids from the folder later: a model trained into it since has other ids
+        # the report reads the ids later: a model trained into the folder since has other ids
         "heldout_sha256": hashlib.sha256(heldout.read_bytes()).hexdigest() if heldout.is_file() else None,
     }

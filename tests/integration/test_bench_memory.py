@@ -1,4 +1,4 @@
-"""bench/bench.py's memory measurement: extract runs in subprocesses of their own, each sampled."""
+"""bench/memory.py: extract runs in subprocesses of their own, each sampled."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import load_bench
 
-bench = load_bench()
+memory = load_bench("memory")
 
 
 @pytest.mark.slow
 def test_memory_scaling_runs_extract_in_subprocesses(tiny_en_dir, drug_sample, tmp_path):
-    mem = bench.memory_scaling(
+    mem = memory.memory_scaling(
         Path(tiny_en_dir), Path(drug_sample), tmp_path, (20, 50), 128, "cpu", keep_runs=True
     )
     for n in (20, 50):

@@ -23,7 +23,7 @@ from helpers import SORT_KEYS, read_table, same_job_table
 from typer.testing import CliRunner
 
 from bertattn_batch import schema
-from bertattn_batch._util import file_lock
+from bertattn_batch._files import file_lock
 from bertattn_batch.analysis.validate import validate_run
 from bertattn_batch.cli import app
 from bertattn_batch.config import JobSpec
@@ -226,7 +226,7 @@ def test_a_reader_asking_for_the_lock_does_not_turn_a_starting_writer_away(tmp_p
 def test_taking_a_lock_leaves_no_descriptor_open_when_it_fails(tmp_path, monkeypatch):
     """A Ctrl-C or SIGTERM while waiting for a lock (a job waiting for another's model training), or a
     failed write of the holder's pid, left the lock file's descriptor open."""
-    from bertattn_batch._util import _take_lock
+    from bertattn_batch._files import _take_lock
 
     def open_fds() -> int:
         return len(os.listdir("/proc/self/fd"))
@@ -873,7 +873,7 @@ def test_a_run_stopped_before_its_first_manifest_can_be_started_again(
     temporary and empty table folders: every later job with that --out, --overwrite too, was refused as
     'not a run directory'."""
     import bertattn_batch.run.manifest as manifest_module
-    from bertattn_batch._util import hidden_tmp
+    from bertattn_batch._files import hidden_tmp
 
     real = manifest_module.atomic_write_text
     calls = {"n": 0}
@@ -897,14 +897,14 @@ def test_a_run_stopped_before_its_first_manifest_can_be_started_again(
 
 
 def test_a_manifest_write_that_fails_leaves_no_temporary(tmp_path, monkeypatch):
-    from bertattn_batch import _util
+    from bertattn_batch import _files
 
     def full_disk(*a, **kw):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(_util.os, "fsync", full_disk)
+    monkeypatch.setattr(_files.os, "fsync", full_disk)
     with pytest.raises(OSError):
-        _util.atomic_write_text(tmp_path / "manifest.json", '{"a": 1}')
+        _files.atomic_write_text(tmp_path / "manifest.json", '{"a": 1}')
     assert list(tmp_path.iterdir()) == []
 
 

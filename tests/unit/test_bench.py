@@ -1,4 +1,4 @@
-"""bench/bench.py on a handful of reviews with a tiny model: figures are produced and sane (not fast)."""
+"""bench/ on a handful of reviews with a tiny model: figures are produced and sane (not fast)."""
 
 from __future__ import annotations
 
@@ -14,22 +14,23 @@ from helpers import load_bench
 from transformers import AutoTokenizer
 
 bench = load_bench()
+drift = load_bench("drift")
+harness = bench.harness
 
 
-def test_every_method_sees_the_same_reviews_and_tokens(tiny_en_dir, drug_sample, tmp_path):
+def test_every_method_sees_the_same_reviews_and_tokens(tiny_en_dir, drug_sample, tmp_path, capsys):
     sample = tmp_path / "sample.parquet"
-    texts = bench.sample_corpus(Path(drug_sample), 12, sample)
-    case = bench.Case("tiny", Path(tiny_en_dir), Path(drug_sample), sample, texts, max_length=128)
-    block = bench.bench_case(
+    texts = harness.sample_corpus(Path(drug_sample), 12, sample)
+    case = harness.Case("tiny", Path(tiny_en_dir), Path(drug_sample), sample, texts, max_length=128)
+    block, figures = bench.bench_case(
         case, torch.device("cpu"), ["float32", "bfloat16"], rounds=2, warmup=0, tmp=tmp_path
     )
-    figures = block.pop("_figures")
     json.dumps(block)  # what main writes
 
     tok = AutoTokenizer.from_pretrained(case.model_dir)
     lengths = [len(x) for x in tok(case.texts, truncation=True, max_length=128)["input_ids"]]
     by = {(f["method"], f["dtype"]): f for f in block["figures"]}
-    assert len(by) == 1 + 7 * 2  # the seed, then seven batched methods per dtype
+    assert len(by) == 1 + 6 * 2  # the seed, then six batched methods per dtype
     for f in block["figures"]:
         assert f["reviews"] == 12
         assert f["tokens"] == sum(lengths), f["method"]
@@ -50,12 +51,7 @@ def test_every_method_sees_the_same_reviews_and_tokens(tiny_en_dir, drug_sample,
     # the ratios printed agree with the figures
     for f in figures:
         assert f.reviews_per_s == pytest.approx(f.reviews / min(f.seconds))
-    assert "| tiny | extract | bfloat16 |" in bench.format_markdown({"models": {"tiny": block}})
-    assert {t["target"].split(": ")[1] for t in block["targets"]} >= {
-        "model stage / ceiling",
-        "model stage, whole last layer / ceiling",
-        "extract / ceiling",
-    }
+    assert "stage-zeroing  bfloat16" in bench.format_table(block["figures"])
 
 
 def test_flops_of_bert_base_match_the_parameter_count():
@@ -64,18 +60,18 @@ def test_flops_of_bert_base_match_the_parameter_count():
     config = BertConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
     # encoder matmul weights of bert-base: 12 x (4 x 768^2 + 2 x 768 x 3072) = 84.9M
     per_token = 2 * 84_934_656
-    assert bench.matmul_flops(config, [(1, 1)]) == per_token + 4 * 12 * 768
-    assert bench.matmul_flops(config, [(8, 100)]) == 800 * (per_token + 4 * 12 * 100 * 768)
-    assert bench.bf16_peak("NVIDIA H100 80GB HBM3") == 989.0
-    assert bench.bf16_peak("NVIDIA H100 PCIe") == 756.0
-    assert bench.bf16_peak("NVIDIA A100-SXM4-80GB") == 312.0
-    assert bench.bf16_peak("NVIDIA H200 NVL") == 835.0 and bench.bf16_peak("NVIDIA H100 NVL") == 835.0
-    assert bench.bf16_peak("NVIDIA GB200") == 2500.0 and bench.bf16_peak("NVIDIA B200") == 2250.0
-    assert bench.bf16_peak("Some Unknown GPU") is None
+    assert harness.matmul_flops(config, [(1, 1)]) == per_token + 4 * 12 * 768
+    assert harness.matmul_flops(config, [(8, 100)]) == 800 * (per_token + 4 * 12 * 100 * 768)
+    assert harness.bf16_peak("NVIDIA H100 80GB HBM3") == 989.0
+    assert harness.bf16_peak("NVIDIA H100 PCIe") == 756.0
+    assert harness.bf16_peak("NVIDIA A100-SXM4-80GB") == 312.0
+    assert harness.bf16_peak("NVIDIA H200 NVL") == 835.0 and harness.bf16_peak("NVIDIA H100 NVL") == 835.0
+    assert harness.bf16_peak("NVIDIA GB200") == 2500.0 and harness.bf16_peak("NVIDIA B200") == 2250.0
+    assert harness.bf16_peak("Some Unknown GPU") is None
 
 
 def test_drift_is_zero_against_itself_and_small_in_bf16(tiny_en_dir, drug_sample, tmp_path):
-    same = bench.precision_drift(
+    same = drift.precision_drift(
         Path(tiny_en_dir), Path(drug_sample), tmp_path / "a", "cpu", 128, low="float32"
     )
     n = pq.read_table(drug_sample).num_rows
@@ -88,21 +84,23 @@ def test_drift_is_zero_against_itself_and_small_in_bf16(tiny_en_dir, drug_sample
         4 * (len(x) - 2) for x in tok(texts, truncation=True, max_length=128)["input_ids"]
     )
 
-    low = bench.precision_drift(Path(tiny_en_dir), Path(drug_sample), tmp_path / "b", "cpu", 128)
+    low = drift.precision_drift(Path(tiny_en_dir), Path(drug_sample), tmp_path / "b", "cpu", 128)
     assert low["reviews"] == n and 0 <= low["flipped"] <= n
     assert 0 < low["weight_mean_abs_diff"] <= low["weight_max_abs_diff"] < 0.5
     assert low["runs"]["bfloat16"]["scored"] == n
 
 
 def test_repeated_corpus_has_no_ids_and_cycles(drug_sample, tmp_path):
-    out = bench.repeated_corpus(Path(drug_sample), 60, tmp_path / "rep.parquet")
+    out = harness.repeated_corpus(Path(drug_sample), 60, tmp_path / "rep.parquet")
     table = pq.read_table(out)
     src = pq.read_table(drug_sample)
     assert table.column_names == ["text", "label"] and table.num_rows == 60
     texts = table.column("text").to_pylist()
     assert texts[: src.num_rows] == src.column("text").to_pylist()
     assert texts[src.num_rows : 2 * src.num_rows] == src.column("text").to_pylist()
-    with_ids = pq.read_table(bench.repeated_corpus(Path(drug_sample), 60, tmp_path / "ids.parquet", ids=True))
+    with_ids = pq.read_table(
+        harness.repeated_corpus(Path(drug_sample), 60, tmp_path / "ids.parquet", ids=True)
+    )
     assert with_ids.column("doc_id").to_pylist() == [str(i) for i in range(60)]
 
 
@@ -152,11 +150,8 @@ def test_default_corpus_pads_under_ten_percent(zh_rows):
 def test_paired_ratios_compare_rounds_with_their_own_round():
     # the ceiling had one lucky round (1 s) that the other method never met: best against best says
     # 0.5, while within each round the two ran alike (ratios 0.5, 1, 1: median 1)
-    ceiling = bench.Figure("m", "ceiling", "float32", reviews=10, seconds=[1.0, 3.0, 2.0])
-    other = bench.Figure("m", "extract", "float32", reviews=10, seconds=[2.0, 3.0, 2.0])
-    r = bench.ratios([ceiling, other])[("extract", "float32")]
-    assert r["vs_ceiling"] == pytest.approx(0.5)
-    assert r["vs_ceiling_paired"] == pytest.approx(1.0)
-    assert math.isnan(r["vs_seed"]) and math.isnan(r["vs_seed_paired"])  # no seed method measured
-    target = bench._target("extract / ceiling", r["vs_ceiling"], 0.85, paired=r["vs_ceiling_paired"])
-    assert (target["met"], target["met_paired"], target["paired"]) == (False, True, 1.0)
+    ceiling = harness.Figure("m", "ceiling", "float32", reviews=10, seconds=[1.0, 3.0, 2.0])
+    other = harness.Figure("m", "extract", "float32", reviews=10, seconds=[2.0, 3.0, 2.0])
+    assert harness.ratio(other, ceiling) == pytest.approx(0.5)
+    assert harness.ratio(other, ceiling, paired=True) == pytest.approx(1.0)
+    assert math.isnan(harness.ratio(other, None))  # no baseline measured

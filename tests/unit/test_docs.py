@@ -1,5 +1,5 @@
 """The docs stay true: the README's two commands and size, the generated parts of docs/ (commands,
-tables, benchmark figures, the package's layout), and every column of every table."""
+tables, the package's layout), and every column of every table."""
 
 from __future__ import annotations
 

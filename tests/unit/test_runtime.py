@@ -75,7 +75,7 @@ def test_malloc_settings_the_user_chose_are_left_alone():
 
 def test_sizes_are_printed_in_the_decimal_units_they_name():
     """The summary said "59.2 MB" for 62,062,804 bytes (it divided by 1024)."""
-    from bertattn_batch._util import human_bytes
+    from bertattn_batch._terminal import human_bytes
 
     got = [human_bytes(n) for n in (999, 62_062_804, 1_500, 999_999, 3e9)]
     assert got == ["999 B", "62.1 MB", "1.5 KB", "1.0 MB", "3.0 GB"]
@@ -88,7 +88,7 @@ def test_a_terminal_that_reports_no_size_still_gets_a_bar(monkeypatch):
 
     from tqdm import tqdm
 
-    from bertattn_batch._util import bar_size
+    from bertattn_batch._terminal import bar_size
 
     leader, follower = pty.openpty()  # 0 x 0, as such terminals report
     try:
@@ -112,7 +112,7 @@ def test_a_folder_without_locks_holds_no_lock_file(tmp_path, monkeypatch):
     import errno
     import fcntl
 
-    from bertattn_batch._util import atomic_dir
+    from bertattn_batch._files import atomic_dir
 
     def no_locks(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
@@ -126,7 +126,7 @@ def test_a_folder_without_locks_holds_no_lock_file(tmp_path, monkeypatch):
 def test_a_tree_cleared_while_another_process_removes_its_files(tmp_path, monkeypatch):
     """An --overwrite cleared the run while an aggregate removed its work files: the file gone between
     the listing and its removal stopped the extract with an OSError."""
-    from bertattn_batch._util import remove_tree
+    from bertattn_batch._files import remove_tree
 
     folder = tmp_path / "aggregates" / "_work-1"
     folder.mkdir(parents=True)
@@ -146,7 +146,7 @@ def test_a_tree_cleared_while_another_process_removes_its_files(tmp_path, monkey
 def test_a_file_two_commands_may_write_at_once_gets_a_temporary_of_each_process(tmp_path):
     """Two aggregates of one run wrote into one temporary, and the first to finish published both
     writes mixed (a corrupt table whose footer named the other's options)."""
-    from bertattn_batch._util import atomic_path
+    from bertattn_batch._files import atomic_path
 
     target = tmp_path / "token_influence.parquet"
     with atomic_path(target, unique=True) as tmp:
@@ -158,7 +158,7 @@ def test_a_file_two_commands_may_write_at_once_gets_a_temporary_of_each_process(
 def test_a_folder_moved_aside_by_a_killed_save_goes_back(tmp_path):
     """A kill between atomic_dir's two renames left no model at its path, the old one hidden beside it
     and removed by the next save as a stale temporary."""
-    from bertattn_batch._util import atomic_dir
+    from bertattn_batch._files import atomic_dir
 
     aside = tmp_path / ".model.old-4242"  # the old model, as the killed process left it
     aside.mkdir()
@@ -173,7 +173,7 @@ def test_a_folder_moved_aside_by_a_killed_save_goes_back(tmp_path):
 def test_a_temporary_of_a_killed_process_goes_at_once(tmp_path):
     """A report killed while writing left its temporary for six hours, and validate called the run
     damaged meanwhile; a temporary of a process still running stays."""
-    from bertattn_batch._util import atomic_path
+    from bertattn_batch._files import atomic_path
 
     dead = _a_dead_pid()
     (tmp_path / f".report.html.{dead}.tmp").write_text("killed")

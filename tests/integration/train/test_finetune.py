@@ -1,4 +1,4 @@
-"""Training the job's classifier: `.venv/bin/python -m pytest -q tests/test_finetune.py` (offline, seconds).
+"""Training the job's classifier: `.venv/bin/python -m pytest -q tests/integration/train` (offline).
 
 What is checked is what goes wrong silently: a tokenizer that ignored its vocabulary (every character
 [UNK]), LABEL_0 names, pickle weights, a half-written model folder, a split that moves between runs.
@@ -28,7 +28,7 @@ from bertattn_batch.model import Classifier
 from bertattn_batch.model.checks import resolve_source as resolve_base
 from bertattn_batch.train import METRICS_FILE, accuracy, finetune, finetune_files, macro_f1, split_indices
 from bertattn_batch.train.loop import learning_rate, length_batches
-from bertattn_batch.train.vocab import SPECIAL_TOKENS, build_char_vocab
+from bertattn_batch.train.models import SPECIAL_TOKENS, build_char_vocab
 
 TINY = {
     "hidden_size": 32,
@@ -708,7 +708,7 @@ def test_finetune_options_given_with_a_job_win_and_its_format_is_for_its_own_inp
 
     from bertattn_batch.cli import app
     from bertattn_batch.config import load_job
-    from bertattn_batch.train import training_inputs
+    from bertattn_batch.train import plan_training
 
     monkeypatch.chdir(tmp_path)
     rows = {"body": ["好极了", "太差了"] * 8, "sentiment": ["pos", "neg"] * 8}
@@ -733,8 +733,14 @@ def test_finetune_options_given_with_a_job_win_and_its_format_is_for_its_own_inp
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "m" / "config.json").read_text())["id2label"] == {"0": "neg", "1": "pos"}
     job = load_job(tmp_path / "job.toml")
-    assert training_inputs(job) == (["reviews.txt"], "text", "label", "text")
-    assert training_inputs(job, ["renamed.parquet"])[3] == "auto"
+    plan = plan_training(job=job)
+    assert (plan.inputs, plan.text_col, plan.label_col, plan.input_format) == (
+        ["reviews.txt"],
+        "text",
+        "label",
+        "text",
+    )
+    assert plan_training(["renamed.parquet"], job=job).input_format == "auto"
 
 
 def test_a_jobs_first_run_reports_its_training_apart_from_its_speed(tmp_path: Path) -> None:

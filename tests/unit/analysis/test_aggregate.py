@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 import bertattn_batch.analysis.aggregate as agg
 import bertattn_batch.analysis.top as top
 from bertattn_batch import schema
-from bertattn_batch._util import claim_dir
+from bertattn_batch._files import claim_dir
 from bertattn_batch.cli import app
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
@@ -797,7 +797,7 @@ def test_a_killed_aggregates_work_folder_goes_with_the_next_one(run_dir, tmp_pat
     for folder in (killed, live):
         folder.mkdir()
         (folder / "token-0-part.parquet").write_bytes(b"sums")
-    claim = f"import os, pathlib, bertattn_batch._util as u; u.claim_dir(pathlib.Path({str(killed)!r})); os._exit(0)"
+    claim = f"import os, pathlib, bertattn_batch._files as u; u.claim_dir(pathlib.Path({str(killed)!r})); os._exit(0)"
     subprocess.run([sys.executable, "-c", claim], check=True)  # its process is gone: so is its lock
     held = claim_dir(live)  # this process works in it
     try:
@@ -845,7 +845,7 @@ def test_a_running_manifest_that_no_process_writes_is_said_interrupted(run_dir, 
     import logging
     import shutil
 
-    from bertattn_batch._util import file_lock
+    from bertattn_batch._files import file_lock
     from bertattn_batch.run import LOCK_NAME
 
     run = tmp_path / "run"

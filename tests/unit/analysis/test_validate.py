@@ -16,7 +16,7 @@ from helpers import read_table
 from typer.testing import CliRunner
 
 from bertattn_batch import schema
-from bertattn_batch._util import file_lock
+from bertattn_batch._files import file_lock
 from bertattn_batch.analysis.validate import CHECKS, validate_run
 from bertattn_batch.cli import app
 from bertattn_batch.config import JobSpec
