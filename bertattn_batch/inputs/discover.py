@@ -1,34 +1,30 @@
-"""Which files a job reads: files, globs and folders resolved to an ordered list of sources.
+"""Which files a job reads: files, globs, folders and object-store prefixes, resolved to an ordered list
+of sources.
 
 Usage::
 
     sources = expand_inputs(["reviews/", "more/*.jsonl.gz"])   # [Source(path, format), ...]
-    sources = expand_inputs(["-"], "jsonl")                    # standard input, read once
+    sources = expand_inputs(["-"], "jsonl")                    # standard input, copied once
 
-A folder is read in path order, its hidden and temporary files (``_*``, ``.*``), run directories and
-model folders passed over, and so are files that are not regular files (a FIFO, a socket, a device),
-named in a warning; a file named twice is read once. A stream named on its own (``-`` for standard
-input, ``/dev/stdin``, a FIFO, a shell's ``<(...)``) is copied once, as it is read, into a temporary
-file that the job reads from then on: its checks, its fingerprint and its rows all see the same bytes.
+A folder is read in path order; its hidden and temporary files (``_*``, ``.*``), run directories, model
+folders and files that are not regular files (FIFOs, sockets, devices) are passed over, named in a
+warning. A file named twice is read once. A stream named on its own is copied once into a file that
+the job's checks, fingerprint and rows all read.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import glob
 import logging
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path, PurePath
-from typing import Any, BinaryIO
 
 from .. import storage
 from ..errors import InputError, StorageError
 from ..run.layout import is_run_dir
-from .compressed import ARCHIVE_SUFFIXES, format_suffix, open_binary
-from .streams import STDIN, is_stream, spooled
+from .files import ARCHIVE_SUFFIXES, STDIN, Source, format_suffix, is_stream, spooled
 
 log = logging.getLogger(__name__)
 
@@ -44,35 +40,9 @@ EXTENSIONS = {
     ".txt": "text",
     ".text": "text",
 }
-
-
-@dataclass(frozen=True)
-class Source:
-    """One input file and its format; ``name`` is what the user named it where that is not ``path``
-    (a stream read into a temporary file)."""
-
-    path: Path | str  # a URI (str) for a file on an object store
-    format: str
-    name: str | None = None
-    encoding: str = "utf-8"  # of a line-based file's text
-    delimiter: str | None = None  # of a CSV or TSV file's fields (None: "," or a tab)
-
-    @property
-    def label(self) -> str:
-        """The source as the user named it, for messages and the run's record of its inputs."""
-        return self.name or str(self.path)
-
-    @property
-    def sep(self) -> str:
-        return self.delimiter or ("\t" if self.format == "tsv" else ",")
-
-    def open(self) -> BinaryIO:
-        """The file's bytes as UTF-8, decompressed as they are read."""
-        return open_binary(self.path, self.encoding)
-
-    def arrow_file(self) -> contextlib.AbstractContextManager[Any]:
-        """What pyarrow opens: a local path, or a store's file read by ranged requests (Parquet)."""
-        return storage.arrow_file(self.path)
+#: Folders whose other files, and files named twice, a warning named: once a process, as a job's
+#: inputs are expanded more than once.
+_WARNED: set[object] = set()
 
 
 def expand_inputs(
@@ -83,8 +53,8 @@ def expand_inputs(
     limit: int | None = None,
 ) -> list[Source]:
     """Resolve files, globs and folders to an ordered list of sources; raise when nothing matches.
-    ``encoding`` and ``delimiter`` apply to every line-based file among them; ``limit``: the rows a job
-    reads, of which a stream is copied no more than it needs (``streams.spooled``)."""
+    ``encoding`` and ``delimiter`` apply to every line-based file; of a stream no more is copied than
+    ``limit`` rows need."""
     sources = [
         dataclasses.replace(s, encoding=encoding, delimiter=delimiter)
         for s in _expand(inputs, input_format, delimiter, limit)
@@ -147,9 +117,8 @@ def _expand(
 
 
 def _stored(spec: str, input_format: str) -> list[Source]:
-    """The review files an object store holds under a URI (a file, a prefix taken as a folder, or a
-    glob), by the rules of a local folder: hidden and temporary names, run directories and other files
-    passed over. A store lists keys, not folders, so this is one listing, however deep."""
+    """The review files a store holds under a URI (a file, a prefix taken as a folder, or a glob), by the
+    rules of a local folder, from one listing of keys however deep."""
     try:
         uris = storage.list_files(spec)
     except StorageError as e:
@@ -192,14 +161,13 @@ def _stored(spec: str, input_format: str) -> list[Source]:
 
 
 def _once_each(sources: list[Source]) -> list[Source]:
-    """Each file once, where it is first named: ``a.parquet data/*.parquet`` would otherwise read
-    ``a.parquet`` twice (its rows doubled, or every repeat a ``duplicate_id``)."""
-    first: dict[object, str] = {}  # each file, by what it is, and the label it was first met by
+    """Each file once, where it is first named (``a.parquet data/*.parquet``), by what it is."""
+    first: dict[object, str] = {}  # each file's identity, and the label it was first met by
     kept = []
     for src in sources:
         key = src.path if storage.is_remote(src.path) else _identity(Path(src.path))
         if key in first:
-            if key not in _WARNED:  # once a process: the inputs are listed more than once
+            if key not in _WARNED:
                 _WARNED.add(key)
                 if src.label == first[key]:
                     log.warning("%s is named more than once in the inputs; it is read once", src.label)
@@ -212,8 +180,7 @@ def _once_each(sources: list[Source]) -> list[Source]:
 
 
 def _identity(path: Path) -> object:
-    """What a local file is, however it is named: its device and inode (a hard link is the same file,
-    which its resolved path does not tell), else its resolved path."""
+    """A local file's device and inode (a hard link is the same file), else its resolved path."""
     try:
         st = path.stat()
     except OSError:
@@ -222,11 +189,9 @@ def _identity(path: Path) -> object:
 
 
 def _review_files(folder: Path, datasets: bool = True) -> list[Path]:
-    """Files below a folder with a review file's extension, in path order, and saved datasets folders
-    (read as datasets; passed over with a warning where ``datasets`` is False, another format asked for:
-    their metadata is no review file). Names starting with ``_`` or ``.`` (temporary and hidden files)
-    are passed over below the folder, and so are run directories and model folders: a run or a model
-    written inside its input folder must not be read as input next."""
+    """Files below a folder with a review file's extension, and saved datasets folders (passed over
+    unless ``datasets``), in path order. Hidden and temporary names, run directories and model folders
+    (a run or model written inside its input folder) are passed over."""
     found, others, streams = [], [], []
     seen: set[Path] = set()  # folders walked, by their real path: a link back up is not walked again
     for root, dirs, files in os.walk(folder, followlinks=True):  # a linked subfolder's reviews count
@@ -262,7 +227,7 @@ def _review_files(folder: Path, datasets: bool = True) -> list[Path]:
             len(streams),
             _some(sorted(streams)),
         )
-    if others and folder not in _WARNED:  # once a process: the inputs are listed more than once
+    if others and folder not in _WARNED:
         _WARNED.add(folder)
         log.warning(
             "folder %s: passed over %d file(s) that are not review files (%s)",
@@ -297,7 +262,7 @@ def _model_files(config: str, names: set[str]) -> bool:
 
 
 def _is_model_dir(p: Path) -> bool:
-    """A model folder (its config.json is no JSON lines file), such as one finetune saved there."""
+    """A model folder (its config.json is no JSON lines file)."""
     return (p / "config.json").is_file() and any((p / f).is_file() for f in _MODEL_FILES)
 
 
@@ -318,6 +283,3 @@ def _format_of(path: Path, input_format: str, name: str | None = None) -> str:
             f"cannot tell the format of {what}; pass --input-format (parquet, jsonl, csv, tsv, text, datasets)"
         )
     return fmt
-
-
-_WARNED: set[object] = set()  # folders whose other files, and files named twice, a warning named

@@ -1,5 +1,5 @@
-"""Saved ``datasets`` folders (``Dataset.save_to_disk``): memory-mapped, read in blocks; ``ClassLabel``
-ids are turned into their names."""
+"""Saved ``datasets`` folders (``Dataset.save_to_disk``): memory-mapped, read in blocks, ``ClassLabel``
+ids turned into their names."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import InputError, first_line
-from .discover import Source
+from .files import Source
 from .rows import column_values
 
 
@@ -36,8 +36,8 @@ def class_label_names(ds: Any) -> dict[str, list[str]]:
 
 
 def class_label_order(sources: Iterable[Source], column: str) -> list[str]:
-    """The names of ``column``'s ``ClassLabel`` in id order, where every source is a saved dataset with
-    that same ``ClassLabel`` (a classifier trained on them can then keep the dataset's ids); else none."""
+    """The names of ``column``'s ``ClassLabel`` in id order where every source is a saved dataset with
+    that same ``ClassLabel`` (a classifier trained on them keeps the dataset's ids), else none."""
     orders = {
         tuple(class_label_names(load_dataset(src.path)).get(column, ())) if src.format == "datasets" else ()
         for src in sources
@@ -46,8 +46,8 @@ def class_label_order(sources: Iterable[Source], column: str) -> list[str]:
 
 
 def name_class_labels(table: pa.Table, names: dict[str, list[str]]) -> pa.Table:
-    """Replace ``ClassLabel`` ids by their names (-1, a missing label, and other out-of-range ids become
-    null), so that ``label`` compares with ``pred_label`` and a classifier trains on the real names."""
+    """``ClassLabel`` ids replaced by their names (-1 and other ids out of range: null), so that
+    ``label`` compares with ``pred_label`` and a classifier trains on the real names."""
     for c, labels in names.items():
         if c in table.column_names:
             ids = table[c]
@@ -63,3 +63,11 @@ def read_datasets(src: Source, wanted: list[str], block_rows: int) -> Iterator[d
     for table in ds.with_format("arrow").iter(batch_size=block_rows):  # memory-mapped: bounded memory
         table = name_class_labels(table, names)
         yield {c: column_values(table.column(c)) for c in wanted}
+
+
+def datasets_columns(src: Source) -> list[str]:
+    return list(load_dataset(src.path).column_names)
+
+
+def datasets_rows(src: Source) -> int:
+    return int(load_dataset(src.path).num_rows)

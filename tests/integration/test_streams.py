@@ -16,7 +16,7 @@ import pytest
 from helpers import manifest_json, read_table
 
 from bertattn_batch.errors import InputError
-from bertattn_batch.inputs.streams import owner, spooled
+from bertattn_batch.inputs.files import owner, spooled
 
 ROWS = [{"id": f"r{i}", "text": t} for i, t in enumerate(["great food", "slow service", "nice staff"])]
 JSONL = "".join(json.dumps(r) + "\n" for r in ROWS)
@@ -140,12 +140,12 @@ def test_a_stream_run_without_stored_text_is_measured_and_drawn_from_its_tokens(
 def test_a_full_temporary_folder_is_named_not_the_stream(tmp_path, monkeypatch):
     """A stream's copy that filled the temporary folder was said as "cannot read -": the stream was
     blamed, and nothing said where the copy goes or how to move it."""
-    from bertattn_batch.inputs import streams
+    from bertattn_batch.inputs import files
 
     src = tmp_path / "stream.jsonl"
     src.write_text(JSONL)
     with open(src, "rb") as stream:
-        monkeypatch.setattr(streams, "_start", lambda name: (Path("/dev/full"), stream))  # writes: ENOSPC
+        monkeypatch.setattr(files, "_start", lambda name: (Path("/dev/full"), stream))  # writes: ENOSPC
         with pytest.raises(InputError, match=r"cannot copy .*stream.jsonl into /dev: no space left .*TMPDIR"):
             spooled(str(src))
 

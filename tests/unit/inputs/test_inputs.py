@@ -21,7 +21,7 @@ import pytest
 import bertattn_batch.inputs.csv as csv_input
 from bertattn_batch import inputs
 from bertattn_batch.errors import InputError
-from bertattn_batch.inputs.compressed import compression_of
+from bertattn_batch.inputs.files import compression_of
 
 
 def test_a_large_parquet_row_group_is_read_a_block_at_a_time(tmp_path):
@@ -470,12 +470,15 @@ def test_a_text_file_has_a_review_a_line_whatever_its_line_endings(tmp_path, new
     assert read == [t for b in inputs.read_rows([str(tmp_path / "r.csv")]) for t in b.text]
 
 
-def test_a_lone_carriage_return_inside_a_text_line_ends_it():
-    from bertattn_batch.inputs.text import _lines
-
-    assert _lines(b"one\rtwo\r\n") == [b"one", b"two"]
-    assert _lines(b"one\r\r") == [b"one", b""]
-    assert _lines(b"\n") == [b""] and _lines(b"last") == [b"last"]
+def test_a_lone_carriage_return_inside_a_text_line_ends_it(tmp_path):
+    for data, want in [
+        (b"one\rtwo\r\n", ["one", "two"]),
+        (b"one\r\r", ["one", ""]),
+        (b"\n", [""]),
+        (b"last", ["last"]),
+    ]:
+        path = _write(tmp_path / "r.txt", data)
+        assert [t for b in inputs.read_rows([str(path)]) for t in b.text] == want, data
 
 
 def test_a_saved_dataset_inside_an_input_folder_is_read_as_a_dataset(tmp_path, caplog):
