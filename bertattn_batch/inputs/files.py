@@ -14,6 +14,7 @@ refused with what to do instead.
 from __future__ import annotations
 
 import atexit
+import bz2
 import codecs
 import contextlib
 import csv
@@ -22,12 +23,13 @@ import gzip
 import io
 import lzma
 import os
+import re
 import stat
 import sys
 import tarfile
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -77,18 +79,23 @@ class Source:
 
 
 # -- compression ---------------------------------------------------------------------------------------
-#: Leading bytes of each stream compression; the codec name is Arrow's, which decompresses all but xz.
-_STREAMS = {
-    b"\x1f\x8b\x08": "gzip",
-    b"\x28\xb5\x2f\xfd": "zstd",
-    b"\x04\x22\x4d\x18": "lz4",
-    b"\xfd7zXZ\x00": "xz",
+#: Leading bytes of each stream compression (bzip2: a block's magic or, empty, the end's; zstd: also a
+#: skippable frame, which pzstd writes first) and of archives, which hold several files.
+_MAGIC = {
+    "gzip": re.compile(rb"\x1f\x8b\x08"),
+    "bz2": re.compile(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)"),
+    "zstd": re.compile(rb"\x28\xb5\x2f\xfd|[\x50-\x5f]\x2a\x4d\x18"),
+    "lz4": re.compile(rb"\x04\x22\x4d\x18"),
+    "xz": re.compile(rb"\xfd7zXZ\x00"),
 }
-#: bzip2: "BZh", a block size digit, then a block's magic number or (an empty stream) the end's.
-_BZIP2 = (b"BZh", (b"\x31\x41\x59\x26\x53\x59", b"\x17\x72\x45\x38\x50\x90"))
-#: zstd's skippable frames (0x184D2A50 to 0x184D2A5F, little-endian), which pzstd writes first.
-_ZSTD_SKIPPABLE = b"\x2a\x4d\x18"
-_ARCHIVES = {b"PK\x03\x04": "zip", b"7z\xbc\xaf\x27\x1c": "7z"}
+_ARCHIVES = {"zip": re.compile(rb"PK\x03\x04"), "7z": re.compile(rb"7z\xbc\xaf\x27\x1c")}
+#: Python's readers of the compressions it knows (its gzip reads past the zeros a tape pads a file
+#: with, which Arrow's refuses); Arrow reads the others.
+_PYTHON_READERS: dict[str, Callable[[BinaryIO], BinaryIO]] = {
+    "gzip": gzip.open,
+    "bz2": bz2.open,
+    "xz": lzma.open,
+}
 #: Name endings of stream compressions: ``reviews.jsonl.gz`` is JSON lines.
 SUFFIXES = frozenset({".gz", ".gzip", ".bz2", ".zst", ".zstd", ".lz4", ".xz"})
 #: Name endings of archives: ``reviews.csv.zip`` holds reviews that the readers cannot reach.
@@ -107,11 +114,7 @@ def compression_of(path: Path | str) -> str | None:
     """The stream compression of a file from its leading bytes, or None for a plain file."""
     with storage.open_input(path, buffered=False) as f:  # ten bytes, not a block, from a store
         head = f.read(10)
-    if head.startswith(_BZIP2[0]) and head[3:4].isdigit() and head[4:10] in _BZIP2[1]:
-        return "bz2"
-    if head[:1] and head[0] & 0xF0 == 0x50 and head[1:4] == _ZSTD_SKIPPABLE:
-        return "zstd"
-    kind = next((kind for magic, kind in _STREAMS.items() if head.startswith(magic)), None)
+    kind = next((kind for kind, magic in _MAGIC.items() if magic.match(head)), None)
     suffix = storage.name_path(path).suffix
     if kind is None and suffix.lower() in SUFFIXES:  # a variant not known here would read as garbage rows
         raise InputError(
@@ -125,30 +128,24 @@ def open_binary(path: Path | str, encoding: str = "utf-8") -> BinaryIO:
     """A file's bytes, decompressed where it is compressed, and turned into UTF-8 from ``encoding``. A
     byte that is no character of it stays as it was, so its row gets ``invalid_utf8``."""
     kind = compression_of(path)
-    remote = storage.is_remote(path)
-    if kind is None:
-        raw: BinaryIO = storage.open_input(path)
-    elif kind == "xz":
-        raw = _StoredXZ(storage.open_input(path)) if remote else lzma.open(path, "rb")  # noqa: SIM115
-    elif kind == "gzip" and not remote:  # Arrow's refuses the zeros a tape or dd pads it with
-        raw = io.BufferedReader(gzip.GzipFile(path, "rb"), buffer_size=1 << 20)  # type: ignore[arg-type]
-    else:
-        stream = storage.open_stream(path, kind) if remote else pa.input_stream(str(path), compression=kind)
-        raw = io.BufferedReader(stream, buffer_size=1 << 20)
-    if _is_utf8(encoding):
-        return raw
-    return io.BufferedReader(_ToUTF8(raw, encoding), buffer_size=1 << 20)
+    raw = storage.open_input(path)
+    if kind is not None:
+        read = _PYTHON_READERS.get(kind) or (lambda f: pa.CompressedInputStream(f, kind))
+        raw = _Decompressed(read(raw), raw)
+    if not _is_utf8(encoding):
+        raw = io.BufferedReader(_ToUTF8(raw, encoding), buffer_size=1 << 20)
+    return raw
 
 
 def _is_utf8(encoding: str) -> bool:
     return codecs.lookup(encoding).name == "utf-8"
 
 
-class _StoredXZ(lzma.LZMAFile):
-    """An xz stream of a store's file, which it closes with itself (``lzma.open`` leaves it open)."""
+class _Decompressed(io.BufferedReader):
+    """A decompressing stream that closes the file it reads (Python's readers leave one given open)."""
 
-    def __init__(self, source: BinaryIO) -> None:
-        super().__init__(source, "rb")
+    def __init__(self, stream: Any, source: BinaryIO) -> None:
+        super().__init__(stream, buffer_size=1 << 20)
         self._source = source
 
     def close(self) -> None:
@@ -169,7 +166,7 @@ class _ToUTF8(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+    def readinto(self, buffer: memoryview) -> int:
         while not self._held:
             block = self._raw.read(1 << 16)
             self._held = self._decoder.decode(block, final=not block).encode("utf-8", "surrogateescape")
@@ -299,7 +296,7 @@ def check_not_archive(path: Path | str) -> None:
     """Refuse an archive (zip, 7z, tar, also a compressed tar): read as lines, its files are garbage."""
     with storage.open_input(path, buffered=False) as f:
         head = f.read(8)
-    kind = next((kind for magic, kind in _ARCHIVES.items() if head.startswith(magic)), None)
+    kind = next((kind for kind, magic in _ARCHIVES.items() if magic.match(head)), None)
     if kind is None:
         with open_binary(path) as f:
             kind = "tar" if _is_tar_header(f.read(512)) else None

@@ -118,7 +118,7 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
         buf, pos, ended = buf[pos:] + text.decode(chunk, final=not chunk), 0, not chunk
 
     while True:
-        pos = _SPACES.match(buf, pos).end()  # type: ignore[union-attr]
+        pos = _SPACES.match(buf, pos).end()
         if pos == len(buf):
             if ended:
                 raise InputError(
@@ -157,7 +157,7 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
             number, pos, after_element = number + 1, end, True
             yield number, value
     pos += 1
-    while (pos := _SPACES.match(buf, pos).end()) == len(buf) and not ended:  # type: ignore[union-attr]
+    while (pos := _SPACES.match(buf, pos).end()) == len(buf) and not ended:
         more()
     if pos < len(buf):
         raise InputError(
