@@ -15,7 +15,7 @@ from .files import Source
 from .rows import column_values
 
 
-def load_dataset(path: Path) -> Any:
+def load_dataset(path: Path | str) -> Any:
     import datasets
 
     try:
@@ -23,13 +23,12 @@ def load_dataset(path: Path) -> Any:
     except (FileNotFoundError, ValueError) as e:
         raise InputError(f"{path}: not a saved datasets dataset: {first_line(e)}") from None
     if isinstance(ds, datasets.DatasetDict):
-        splits = ", ".join(f"{path}/{s}" for s in ds)
-        raise InputError(f"{path} holds several splits; name one: {splits}")
+        raise InputError(f"{path} holds several splits; name one: {', '.join(f'{path}/{s}' for s in ds)}")
     return ds
 
 
 def class_label_names(ds: Any) -> dict[str, list[str]]:
-    """The names of a dataset's ``ClassLabel`` columns: their integers are ids, not the labels."""
+    """The names of a dataset's ``ClassLabel`` columns, whose integers are ids, not labels."""
     import datasets
 
     return {c: list(f.names) for c, f in ds.features.items() if isinstance(f, datasets.ClassLabel)}
@@ -45,24 +44,20 @@ def class_label_order(sources: Iterable[Source], column: str) -> list[str]:
     return [name.strip() for name in orders.pop()] if len(orders) == 1 else []  # as labels are read
 
 
-def name_class_labels(table: pa.Table, names: dict[str, list[str]]) -> pa.Table:
-    """``ClassLabel`` ids replaced by their names (-1 and other ids out of range: null), so that
-    ``label`` compares with ``pred_label`` and a classifier trains on the real names."""
-    for c, labels in names.items():
-        if c in table.column_names:
-            ids = table[c]
-            valid = pc.and_(pc.greater_equal(ids, 0), pc.less(ids, len(labels)))
-            named = pc.take(pa.array(labels, pa.string()), pc.if_else(valid, ids, None))
-            table = table.set_column(table.column_names.index(c), c, named)
-    return table
-
-
 def read_datasets(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
     ds = load_dataset(src.path).select_columns(wanted)
     names = class_label_names(ds)
-    for table in ds.with_format("arrow").iter(batch_size=block_rows):  # memory-mapped: bounded memory
-        table = name_class_labels(table, names)
-        yield {c: column_values(table.column(c)) for c in wanted}
+    for table in ds.with_format("arrow").iter(batch_size=block_rows):
+        yield {c: _named(table.column(c), names.get(c)) for c in wanted}
+
+
+def _named(ids: pa.ChunkedArray, labels: list[str] | None) -> list[Any]:
+    """A column's values; a ``ClassLabel``'s ids as their names (-1 and other ids out of range: null),
+    so that ``label`` compares with ``pred_label`` and a classifier trains on the real names."""
+    if labels is not None:
+        valid = pc.and_(pc.greater_equal(ids, 0), pc.less(ids, len(labels)))
+        ids = pc.take(pa.array(labels, pa.string()), pc.if_else(valid, ids, None))
+    return column_values(ids)
 
 
 def datasets_columns(src: Source) -> list[str]:

@@ -134,10 +134,7 @@ def _to_str(value: Any) -> str:
     Numbers are spelled as JSON spells them (``1``, ``1e+300``), booleans ``true``/``false``.
     """
     if isinstance(value, bytes):
-        try:
-            return _plain(value.decode("utf-8"))
-        except UnicodeDecodeError:
-            return _escaped(value)
+        value = value.decode("utf-8", errors="surrogateescape")
     if isinstance(value, bool):  # as JSON and CSV spell it, so a label reads alike from every format
         return "true" if value else "false"
     if isinstance(value, float):
@@ -148,7 +145,7 @@ def _to_str(value: Any) -> str:
     if not text.isascii():
         try:
             text.encode("utf-8")
-        except UnicodeEncodeError:  # surrogates: bytes a JSONL line could not decode, or a "\ud800" escape
+        except UnicodeEncodeError:  # surrogates: bytes that are not UTF-8, or a JSON "\ud800" escape
             return "".join(
                 f"\\u{ord(piece):04x}"
                 if _LONE_SURROGATE.fullmatch(piece)
@@ -163,8 +160,8 @@ def _plain(text: str) -> str:
 
 
 def _escaped(raw: bytes) -> str:
-    """Bytes that are not all UTF-8: backslashes doubled, then each undecodable byte as ``\\xNN`` (no
-    byte of a multi-byte UTF-8 character is a backslash, so doubling them first is safe)."""
+    """Bytes that are not all UTF-8: backslashes doubled (no byte of a multi-byte character is one),
+    then each undecodable byte as ``\\xNN``."""
     return raw.replace(b"\\", b"\\\\").decode("utf-8", errors="backslashreplace")
 
 

@@ -1,5 +1,5 @@
 """Plain-text inputs: one review a line, in a column named ``text``; lines end in ``\\n``, ``\\r\\n`` or a
-lone ``\\r`` (universal newlines), the same rows a CSV reader finds in the same bytes."""
+lone ``\\r`` (universal newlines), the rows a CSV reader finds in the same bytes."""
 
 from __future__ import annotations
 
@@ -8,25 +8,16 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import InputError
 from .files import Source
-
-#: Text column name for plain-text inputs.
-TEXT_FILE_COLUMN = "text"
 
 
 def read_text(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
-    if extra := [c for c in wanted if c != TEXT_FILE_COLUMN]:
-        raise InputError(
-            f"{src.label}: a plain-text file has one column, {TEXT_FILE_COLUMN!r}; "
-            f"it has no {', '.join(repr(c) for c in extra)}"
-        )
-    # bytes that are not UTF-8 become lone surrogates, and their rows invalid_utf8; a byte-order mark is
+    # bytes that are not UTF-8 become lone surrogates (their rows: invalid_utf8); a byte-order mark is
     # no part of the first review
     with io.TextIOWrapper(src.open(), encoding="utf-8-sig", errors="surrogateescape") as f:
         while block := [line.removesuffix("\n") for line in itertools.islice(f, block_rows)]:
-            yield {TEXT_FILE_COLUMN: block}
+            yield {"text": block}
 
 
 def text_columns(src: Source) -> list[str]:
-    return [TEXT_FILE_COLUMN]
+    return ["text"]
