@@ -1,14 +1,11 @@
-"""An input file's bytes: decompressed as they are read, turned into UTF-8, checked before any row is read;
-a stream (``-``, ``/dev/stdin``, a FIFO, a shell's ``<(...)``) copied once into a file the job reads from.
+"""An input file's bytes: decompressed as they are read (the leading bytes tell the compression, not the
+name), turned into UTF-8, and checked before any row is read; a stream (``-``, ``/dev/stdin``, a FIFO,
+a shell's ``<(...)``) copied once into a file that the job reads from then on.
 
 Usage::
 
-    with Source(path, "csv").open() as f:     # UTF-8 bytes, whatever the compression and encoding
-        ...
+    with Source(path, "csv").open() as f: ...     # UTF-8 bytes, whatever the compression and encoding
     path = spooled("-", rows=2000, fmt="jsonl")   # enough of standard input for 2000 rows
-
-The leading bytes tell a compression, not the name; archives (zip, 7z, tar) hold several files and are
-refused with what to do instead.
 """
 
 from __future__ import annotations
@@ -62,7 +59,7 @@ class Source:
 
     @property
     def label(self) -> str:
-        """The source as the user named it, for messages and the run's record of its inputs."""
+        """The source as the user named it (messages, the run's record of its inputs)."""
         return self.name or str(self.path)
 
     @property
@@ -72,10 +69,6 @@ class Source:
     def open(self) -> BinaryIO:
         """The file's bytes as UTF-8, decompressed as they are read."""
         return open_binary(self.path, self.encoding)
-
-    def arrow_file(self) -> contextlib.AbstractContextManager[Any]:
-        """What pyarrow opens: a local path, or a store's file read by ranged requests (Parquet)."""
-        return storage.arrow_file(self.path)
 
 
 # -- compression ---------------------------------------------------------------------------------------
@@ -112,7 +105,7 @@ def format_suffix(path: Path | str) -> str:
 
 def compression_of(path: Path | str) -> str | None:
     """The stream compression of a file from its leading bytes, or None for a plain file."""
-    with storage.open_input(path, buffered=False) as f:  # ten bytes, not a block, from a store
+    with storage.open_input(path, buffered=False) as f:  # ten bytes, not a block, of a store's file
         head = f.read(10)
     kind = next((kind for kind, magic in _MAGIC.items() if magic.match(head)), None)
     suffix = storage.name_path(path).suffix

@@ -7,6 +7,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from .. import storage
 from .files import Source
 from .rows import column_values
 
@@ -16,17 +17,17 @@ PARQUET_BUFFER_BYTES = 1 << 20
 
 
 def read_parquet(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
-    with src.arrow_file() as f:
+    with storage.arrow_file(src.path) as f:
         pf = pq.ParquetFile(f, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
         for rb in pf.iter_batches(batch_size=block_rows, columns=wanted):
             yield {c: column_values(rb.column(c)) for c in wanted}
 
 
 def parquet_columns(src: Source) -> list[str]:
-    with src.arrow_file() as f:
+    with storage.arrow_file(src.path) as f:
         return pq.read_schema(f).names
 
 
 def parquet_rows(src: Source) -> int:
-    with src.arrow_file() as f:
+    with storage.arrow_file(src.path) as f:
         return pq.read_metadata(f).num_rows
