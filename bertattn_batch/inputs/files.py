@@ -314,9 +314,6 @@ def _is_tar_header(block: bytes) -> bool:
 # -- streams ----------------------------------------------------------------------------------------------
 #: How a spool's name begins; its :func:`owner` follows, so one left by a killed process is known.
 SPOOL_PREFIX = "bertattn-stream-"
-#: Rows a limited copy holds beyond those asked for, as a share and at least: a row counted here may
-#: be one the reader splits otherwise (a stray quote).
-ROW_MARGIN = (0.1, 100)
 #: Streams copied so far, by name: the copy, the stream while it has more, and the bytes read past the
 #: copy's last whole row. A second expansion in one process (finetune's) gets the same bytes.
 _SPOOLS: dict[str, tuple[Path, BinaryIO | None, bytes]] = {}
@@ -339,16 +336,13 @@ def is_stream(path: Path) -> bool:
 
 def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: str | None = None) -> Path:
     """The bytes of stream ``name`` in a temporary file removed at exit: all of them, or with ``rows``
-    (a job's ``--limit``), of a plain line-based ``fmt``, whole rows enough for more than that, so an
-    endless producer is not copied forever. A later call that wants more goes on copying."""
+    (a job's ``--limit``), of a plain line-based ``fmt``, whole rows enough for those and a margin (a
+    row counted here may be one the reader splits otherwise), so an endless producer is not copied
+    forever. A later call that wants more goes on copying."""
     path, stream, tail = _SPOOLS[name] if name in _SPOOLS else (*_start(name), b"")
     if stream is None:
         return path
-    want = (
-        None
-        if rows is None or fmt not in LINE_FORMATS
-        else rows + max(int(rows * ROW_MARGIN[0]), ROW_MARGIN[1])
-    )
+    want = None if rows is None or fmt not in LINE_FORMATS else rows + max(int(rows * 0.1), 100)
     try:
         with open(path, "ab") as out:
             out.write(tail)  # what a copy that stopped cut off, a part of a row
@@ -358,10 +352,9 @@ def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: st
                 out.write(chunk)
                 if want is not None and out.tell() >= check_at:
                     out.flush()
+                    # a compressed copy cut short cannot be read, and an array's rows are no lines
                     if compression_of(path) is not None or (fmt == "jsonl" and _json_array(path)):
-                        want = (
-                            None  # a compressed copy cut short cannot be read; an array's rows are no lines
-                        )
+                        want = None
                     elif (end := _rows_end(path, fmt, delimiter, want)) is not None:
                         tail = _cut(path, end)
                         break

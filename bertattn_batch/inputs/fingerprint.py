@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from .. import storage
 from ..schema import ROW_NUMBER_STATUSES
@@ -98,20 +98,11 @@ def _update(h: hashlib.blake2b, batch: RowBatch, start: int, end: int) -> None:
     h.update(text.encode("utf-8", "surrogatepass"))
 
 
-class DigestedPart(Protocol):
-    """A committed part as a manifest lists it."""
-
-    name: str
-    start_row: int
-    end_row: int
-    rows_digest: str
-
-
 class RowDigests:
-    """Check rows read again against the digests their parts recorded: :meth:`feed` every block in row
-    order; it returns the parts (name, first row, end row) whose rows now give another digest."""
+    """Check rows read again against the digests that committed parts (with ``name``, ``start_row``,
+    ``end_row``, ``rows_digest``) recorded: :meth:`feed` every block in row order."""
 
-    def __init__(self, parts: Iterable[DigestedPart]) -> None:
+    def __init__(self, parts: Iterable[Any]) -> None:
         #: (name, start_row, end_row, digest) in row order; parts without a digest of this form unchecked
         self._parts = sorted(
             (
@@ -129,7 +120,8 @@ class RowDigests:
         return self._next >= len(self._parts)
 
     def feed(self, batch: RowBatch) -> list[tuple[str, int, int]]:
-        """The next rows read; the parts they finish whose digest differs."""
+        """The next rows read; the parts they finish whose rows now give another digest, as (name, first
+        row, end row)."""
         changed: list[tuple[str, int, int]] = []
         i, n = 0, len(batch)
         while i < n and not self.done:
