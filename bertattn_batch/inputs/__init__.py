@@ -1,6 +1,9 @@
 """The inputs stage: find the review files, check them, and stream their rows under one row rule.
 
-One module a format, as polars' ``io`` has them; :func:`read_sources` numbers rows across all inputs.
+``discover`` finds the files; ``files`` reads their bytes (compression, encodings, streams) and checks
+them; one module a format (``parquet``, ``csv``, ``jsonl``, ``text``, ``hf_datasets``) reads their
+values; ``rows`` makes rows of them; ``read`` holds the entry points (:func:`check_inputs`,
+:func:`read_sources`); ``fingerprint`` is what a resume checks of them.
 """
 
 from .discover import EXTENSIONS, expand_inputs
