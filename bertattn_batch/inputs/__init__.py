@@ -1,16 +1,17 @@
 """The inputs stage: find the review files, check them, and stream their rows under one row rule.
 
-One module a format, as polars' ``io`` has them; :func:`read_rows` numbers rows across all inputs.
+``discover`` finds the files; ``files`` reads their bytes (compression, encodings, streams) and checks
+them; one module a format (``parquet``, ``csv``, ``jsonl``, ``text``, ``hf_datasets``) reads their
+values; ``rows`` makes rows of them; ``read`` holds the entry points (:func:`check_inputs`,
+:func:`read_sources`); ``fingerprint`` is what a resume checks of them.
 """
 
-from .checks import check_inputs
-from .digest import RowDigests, rows_digest
-from .discover import EXTENSIONS, Source, expand_inputs
-from .fingerprint import source_files, streams_as_recorded
+from .discover import EXTENSIONS, expand_inputs
+from .files import STDIN, Source, is_stream, read_once
+from .fingerprint import RowDigests, rows_digest, source_files, streams_as_recorded
 from .hf_datasets import class_label_order
-from .reader import BLOCK_ROWS, count_rows, read_columns, read_rows, read_sources
+from .read import BLOCK_ROWS, check_inputs, count_rows, read_columns, read_rows, read_sources
 from .rows import RowBatch, to_rows, wanted_columns
-from .streams import STDIN, is_stream, read_once
 
 __all__ = [
     "BLOCK_ROWS",

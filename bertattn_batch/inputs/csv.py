@@ -1,7 +1,6 @@
-"""CSV and TSV inputs: every wanted column read as bytes, a row of the wrong field count kept in place.
-
-A row with more or fewer fields than the header keeps its place with the status ``wrong_field_count``
-(which value is which is unknown); a quoted value may hold line breaks, kept byte for byte.
+"""CSV and TSV inputs, parsed by Arrow with every wanted column as bytes (one row of invalid UTF-8 is that
+row's status). A row with more or fewer fields than the header keeps its place as ``wrong_field_count``;
+a quoted value may hold line breaks, kept byte for byte; an empty cell is missing, a quoted "" is empty.
 """
 
 from __future__ import annotations
@@ -17,51 +16,25 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from ..errors import InputError
-from .discover import Source
+from .files import Source
 from .rows import WRONG_FIELD_COUNT
 
-#: Bytes of a CSV file that Arrow parses at a time; a file with a row longer than that is read again in
-#: blocks four times larger, up to CSV_MAX_BLOCK_BYTES (Arrow's blocks must hold any row that crosses one).
+#: Bytes Arrow parses at a time; a row longer than that is read again in blocks four times larger, up
+#: to CSV_MAX_BLOCK_BYTES (an Arrow block must hold every row that starts in it).
 CSV_BLOCK_BYTES = 1 << 22
 CSV_MAX_BLOCK_BYTES = 1 << 30
-
-
-#: How far into a CSV file its header line is looked for, past empty lines.
+#: How far into a file its header line is looked for, past empty lines.
 HEADER_SCAN_BYTES = 1 << 20
 
 
-def csv_options(src: Source, wanted: list[str]) -> tuple[pcsv.ParseOptions, pcsv.ConvertOptions]:
-    """How CSV and TSV files are parsed, for every engine.
-
-    Every wanted column is read as bytes, so that one row of invalid UTF-8 becomes that row's status.
-    An empty cell is a missing value; a quoted "" is an empty string.
-    """
-    parse = pcsv.ParseOptions(delimiter=src.sep, newlines_in_values=True)
-    convert = pcsv.ConvertOptions(
-        include_columns=wanted,
-        column_types={c: pa.binary() for c in wanted},
-        strings_can_be_null=True,
-        quoted_strings_can_be_null=False,
-    )
-    return parse, convert
-
-
 def read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
-    """A CSV or TSV file's rows. A row with more or fewer fields than the header keeps its place, with
-    the status ``wrong_field_count``: which value is which is unknown."""
-    if not csv_header(src):  # an empty file, or empty lines only
+    """A CSV or TSV file's rows in blocks of ``block_rows``."""
+    header, rows_follow = _header(src)
+    if header is None or not rows_follow:  # Arrow refuses a header without its newline
         return
-    with src.open() as f:
-        head = f.read(1 << 16)
-    if len(head) < 1 << 16:  # a header and no rows: Arrow refuses one without its newline
-        body = head.removeprefix(codecs.BOM_UTF8).strip(b"\r\n")
-        if b"\n" not in body and b"\r" not in body:
-            return
-    parse, convert = csv_options(src, wanted)
-    # Runs [first, end) of row numbers of the rows with the wrong number of fields, in order: runs, so
-    # that a file of such rows only (a wrong delimiter), which Arrow returns no rows of, holds two numbers.
+    # Arrow skips the rows of another field count; they are put back by their numbers, kept as runs
+    # [first, end) so that a file of such rows only (a wrong delimiter) holds a few numbers
     ragged: deque[list[int]] = deque()
-
     recorded = 0  # one past the last ragged row recorded: a read again in larger blocks meets them again
 
     def skip_ragged(bad: pcsv.InvalidRow) -> str:
@@ -69,62 +42,62 @@ def read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[s
         if bad.number is None:  # Arrow numbers rows only when it parses on one thread
             return "error"
         number = bad.number - 2  # Arrow counts rows from 1, the header included
-        if number < recorded:
-            return "skip"
-        recorded = number + 1
-        if ragged and ragged[-1][1] == number:
-            ragged[-1][1] += 1
-        else:
-            ragged.append([number, number + 1])
+        if number >= recorded:
+            recorded = number + 1
+            if ragged and ragged[-1][1] == number:
+                ragged[-1][1] += 1
+            else:
+                ragged.append([number, number + 1])
         return "skip"
 
-    parse.invalid_row_handler = skip_ragged
+    parse = pcsv.ParseOptions(delimiter=src.sep, newlines_in_values=True, invalid_row_handler=skip_ragged)
+    convert = pcsv.ConvertOptions(
+        include_columns=wanted,
+        column_types={c: pa.binary() for c in wanted},
+        strings_can_be_null=True,
+        quoted_strings_can_be_null=False,
+    )
     out: dict[str, list[Any]] = {c: [] for c in wanted}
-    row = 0  # the row number of the next row to put in ``out``
+    row = 0  # the row number of the next row put in ``out``
 
     def place(cols: dict[str, list[Any]], n: int, last: bool = False) -> Iterator[dict[str, list[Any]]]:
-        """Arrow's next ``n`` rows, with each ragged row among or right after them (all that are left,
-        if ``last``) in its place; ``out``'s rows in blocks of ``block_rows``."""
+        """Arrow's next ``n`` rows with the ragged rows among them (all left, if ``last``) in their
+        places, in blocks of ``block_rows``."""
         nonlocal out, row
         j = 0
         while True:
+            room = block_rows - len(out[wanted[0]])
             if ragged and (ragged[0][0] <= row or last):
-                k = min(ragged[0][1] - ragged[0][0], block_rows)
+                k = min(ragged[0][1] - ragged[0][0], room)
                 for values in out.values():
                     values.extend([WRONG_FIELD_COUNT] * k)
                 ragged[0][0] += k
                 if ragged[0][0] == ragged[0][1]:
                     ragged.popleft()
             elif j < n:
-                k = n - j if not ragged else min(n - j, ragged[0][0] - row)
+                k = min(n - j, room, ragged[0][0] - row if ragged else n)
                 for c, values in out.items():
                     values.extend(cols[c][j : j + k])
                 j += k
             else:
-                break
+                return
             row += k
-            while len(out[wanted[0]]) >= block_rows:
-                yield {c: values[:block_rows] for c, values in out.items()}
-                out = {c: values[block_rows:] for c, values in out.items()}
+            if k == room:
+                yield out
+                out = {c: [] for c in wanted}
 
-    block, placed = CSV_BLOCK_BYTES, 0  # placed: Arrow's rows already in ``out`` or yielded
+    block, placed = CSV_BLOCK_BYTES, 0  # placed: Arrow's rows already placed
     while True:
         try:
             with src.open() as f:
-                reader = pcsv.open_csv(
-                    _WholeLineBreaks(f),
-                    read_options=pcsv.ReadOptions(block_size=block, use_threads=False),
-                    parse_options=parse,
-                    convert_options=convert,
-                )
+                read = pcsv.ReadOptions(block_size=block, use_threads=False)
                 seen = 0
-                for rb in reader:  # Arrow's blocks are bytes, any number of rows
+                for rb in pcsv.open_csv(_WholeLineBreaks(f), read, parse, convert):
                     seen += rb.num_rows
-                    if seen <= placed:  # placed before a read again in larger blocks
-                        continue
-                    rb = rb.slice(rb.num_rows - (seen - placed))
-                    yield from place({c: rb.column(c).to_pylist() for c in wanted}, rb.num_rows)
-                    placed = seen
+                    if seen > placed:  # not placed before a read again in larger blocks
+                        rb = rb.slice(rb.num_rows - (seen - placed))
+                        yield from place({c: rb.column(c).to_pylist() for c in wanted}, rb.num_rows)
+                        placed = seen
             break
         except pa.ArrowInvalid as e:
             if "straddl" not in str(e) or block >= CSV_MAX_BLOCK_BYTES:
@@ -136,13 +109,8 @@ def read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[s
 
 
 class _WholeLineBreaks(io.RawIOBase):
-    """A binary stream whose reads never end between the ``\\r`` and the ``\\n`` of a line break.
-
-    Why: Arrow cuts its CSV blocks where a read of its input ends, and where a block ends between the two
-    bytes of a ``\\r\\n`` inside a quoted value, Arrow's reader drops the ``\\n`` (pyarrow 26): the review
-    would lose a character and every span after it would be off by one. A read that would end on
-    ``\\r`` leaves it (with the byte after it) for the next read.
-    """
+    """A binary stream whose reads never end between the ``\\r`` and ``\\n`` of a line break: where an
+    Arrow block ends there inside a quoted value, Arrow drops the ``\\n`` (pyarrow 26)."""
 
     def __init__(self, raw: BinaryIO) -> None:
         self._raw = raw
@@ -168,22 +136,24 @@ class _WholeLineBreaks(io.RawIOBase):
         return data
 
 
-def csv_header(src: Source) -> list[str] | None:
-    """The fields of a CSV file's first line that is not empty, which is where Arrow's reader takes the
-    header from (it skips empty lines); None for a file of empty lines only (no rows).
-
-    Parsed with the ``csv`` module: reading a header through ``pyarrow.csv.open_csv`` in a process that
-    also runs polars' streaming engine can abort the interpreter at exit.
-    """
+def _header(src: Source) -> tuple[list[str] | None, bool]:
+    """The fields of the first line that is not empty, where Arrow takes the header from (None for a file
+    of empty lines only), and whether a line follows it. Parsed with the ``csv`` module: Arrow's reader in
+    a process that also runs polars' streaming engine can abort the interpreter at exit."""
     with src.open() as f:
         head = f.read(HEADER_SCAN_BYTES)
         more = bool(f.read(1))
     lines = head.removeprefix(codecs.BOM_UTF8).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
     if more:
         lines.pop()  # may be cut short
-    for line in lines:
+    for i, line in enumerate(lines):
         if line:
-            return next(csv.reader([line.decode("utf-8", errors="replace")], delimiter=src.sep))
+            fields = next(csv.reader([line.decode("utf-8", errors="replace")], delimiter=src.sep))
+            return fields, more or any(lines[i + 1 :])
     if more:
         raise InputError(f"{src.label}: no header line in its first {HEADER_SCAN_BYTES >> 20} MB")
-    return None
+    return None, False
+
+
+def csv_columns(src: Source) -> list[str] | None:
+    return _header(src)[0]

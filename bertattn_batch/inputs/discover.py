@@ -1,34 +1,29 @@
-"""Which files a job reads: files, globs and folders resolved to an ordered list of sources.
+"""Which files a job reads: files, globs, folders and object-store prefixes, resolved to an ordered list
+of sources.
 
 Usage::
 
     sources = expand_inputs(["reviews/", "more/*.jsonl.gz"])   # [Source(path, format), ...]
-    sources = expand_inputs(["-"], "jsonl")                    # standard input, read once
+    sources = expand_inputs(["-"], "jsonl")                    # standard input, copied once
 
-A folder is read in path order, its hidden and temporary files (``_*``, ``.*``), run directories and
-model folders passed over, and so are files that are not regular files (a FIFO, a socket, a device),
-named in a warning; a file named twice is read once. A stream named on its own (``-`` for standard
-input, ``/dev/stdin``, a FIFO, a shell's ``<(...)``) is copied once, as it is read, into a temporary
-file that the job reads from then on: its checks, its fingerprint and its rows all see the same bytes.
+A folder is read in path order; its hidden and temporary files (``_*``, ``.*``), run directories, model
+folders and files that are not regular files (FIFOs, sockets, devices) are passed over, named in a
+warning. A file named twice is read once. A stream named on its own is copied once into a file that
+the job's checks, fingerprint and rows all read.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import glob
 import logging
 import os
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path, PurePath
-from typing import Any, BinaryIO
 
 from .. import storage
 from ..errors import InputError, StorageError
 from ..run.layout import is_run_dir
-from .compressed import ARCHIVE_SUFFIXES, format_suffix, open_binary
-from .streams import STDIN, is_stream, spooled
+from .files import ARCHIVE_SUFFIXES, STDIN, Source, format_suffix, is_stream, spooled
 
 log = logging.getLogger(__name__)
 
@@ -44,35 +39,9 @@ EXTENSIONS = {
     ".txt": "text",
     ".text": "text",
 }
-
-
-@dataclass(frozen=True)
-class Source:
-    """One input file and its format; ``name`` is what the user named it where that is not ``path``
-    (a stream read into a temporary file)."""
-
-    path: Path | str  # a URI (str) for a file on an object store
-    format: str
-    name: str | None = None
-    encoding: str = "utf-8"  # of a line-based file's text
-    delimiter: str | None = None  # of a CSV or TSV file's fields (None: "," or a tab)
-
-    @property
-    def label(self) -> str:
-        """The source as the user named it, for messages and the run's record of its inputs."""
-        return self.name or str(self.path)
-
-    @property
-    def sep(self) -> str:
-        return self.delimiter or ("\t" if self.format == "tsv" else ",")
-
-    def open(self) -> BinaryIO:
-        """The file's bytes as UTF-8, decompressed as they are read."""
-        return open_binary(self.path, self.encoding)
-
-    def arrow_file(self) -> contextlib.AbstractContextManager[Any]:
-        """What pyarrow opens: a local path, or a store's file read by ranged requests (Parquet)."""
-        return storage.arrow_file(self.path)
+#: Folders whose other files, and files named twice, a warning named: once a process, as a job's
+#: inputs are expanded more than once.
+_WARNED: set[object] = set()
 
 
 def expand_inputs(
@@ -83,79 +52,120 @@ def expand_inputs(
     limit: int | None = None,
 ) -> list[Source]:
     """Resolve files, globs and folders to an ordered list of sources; raise when nothing matches.
-    ``encoding`` and ``delimiter`` apply to every line-based file among them; ``limit``: the rows a job
-    reads, of which a stream is copied no more than it needs (``streams.spooled``)."""
-    sources = [
-        dataclasses.replace(s, encoding=encoding, delimiter=delimiter)
-        for s in _expand(inputs, input_format, delimiter, limit)
-    ]
-    return _once_each(sources)
+    ``encoding`` and ``delimiter`` apply to every line-based file; of a stream no more is copied than
+    ``limit`` rows need."""
+    first: dict[object, str] = {}  # each file by what it is (a link is the file it links to): its label
+    sources = []
+    for path, fmt, name in _expand(inputs, input_format, delimiter, limit):
+        src = Source(path, fmt, name, encoding, delimiter)
+        key = path if storage.is_remote(path) else _identity(Path(path))
+        if key not in first:
+            first[key] = src.label
+            sources.append(src)
+        elif key not in _WARNED:
+            _WARNED.add(key)
+            if src.label == first[key]:
+                log.warning("%s is named more than once in the inputs; it is read once", src.label)
+            else:
+                log.warning("%s is the same file as %s; it is read once", src.label, first[key])
+    return sources
+
+
+def _identity(path: Path) -> object:
+    """A local file's device and inode (a hard link is the same file), else its resolved path."""
+    try:
+        st = path.stat()
+    except OSError:
+        return path.resolve()
+    return (st.st_dev, st.st_ino) if st.st_ino else path.resolve()
 
 
 def _expand(
     inputs: Iterable[str], input_format: str, delimiter: str | None, limit: int | None
-) -> list[Source]:
-    sources: list[Source] = []
+) -> Iterator[tuple[Path | str, str, str | None]]:
+    """(path, format, the name a stream was given) of each input file in order."""
     for spec in inputs:
         if storage.is_remote(spec):
-            sources.extend(_stored(spec, input_format))
+            yield from ((uri, _format_of(uri, input_format), None) for uri in _stored(spec, input_format))
             continue
         if spec == STDIN or is_stream(Path(spec)):
-            fmt = _format_of(Path(spec), input_format, spec)
-            sources.append(Source(spooled(spec, limit, fmt, delimiter), fmt, spec))
+            fmt = _format_of(spec, input_format)
+            yield spooled(spec, limit, fmt, delimiter), fmt, spec
             continue
         globbed = glob.has_magic(spec) and not Path(spec).exists()  # a file named 'x[1].csv' is that file
         matches = sorted(glob.glob(spec, recursive=True)) if globbed else [spec]
         if not matches:
             raise InputError(f"no input matches {spec!r}")
-        before = len(sources)
-        for m in matches:
-            p = Path(m)
+        found: list[Path] = []
+        for p in map(Path, matches):
             if not p.exists():
                 raise InputError(f"input not found: {p}")
             if globbed and is_stream(p):  # opening a FIFO with no writer would wait forever
                 log.warning(
                     "%s: passed over %s, which is not a regular file (a FIFO, socket or device)", spec, p
                 )
-                continue
-            if p.is_dir() and _is_saved_dataset(p):
+            elif _is_saved_dataset(p):
                 if input_format not in ("auto", "datasets"):  # its metadata is no review file
                     raise InputError(
-                        f"{p} is a saved datasets folder, not {input_format}: pass --input-format "
-                        "datasets, or leave it out"
+                        f"{p} is a saved datasets folder, not {input_format}: pass --input-format datasets, "
+                        "or leave it out"
                     )
-                sources.append(Source(p, "datasets"))
-            elif p.is_dir():
-                if is_run_dir(p):
-                    raise InputError(f"{p} is a bertattn run directory, not reviews")
-                if _is_model_dir(p):
-                    raise InputError(f"{p} is a model folder, not reviews (a model is given with --model)")
-                files = _review_files(p, datasets=input_format in ("auto", "datasets"))
-                if not files and globbed:  # one match of several, such as an empty folder named x.csv
-                    log.warning("%s: passed over folder %s, which holds no review files", spec, p)
-                    continue
-                if not files:
-                    raise InputError(f"folder {p} holds no readable review files ({', '.join(EXTENSIONS)})")
-                sources.extend(
-                    Source(f, "datasets" if f.is_dir() else _format_of(f, input_format)) for f in files
-                )
+                found.append(p)
+            elif not p.is_dir():
+                found.append(p)
+            elif is_run_dir(p):
+                raise InputError(f"{p} is a bertattn run directory, not reviews")
+            elif _is_model_dir(p):
+                raise InputError(f"{p} is a model folder, not reviews (a model is given with --model)")
+            elif files := _review_files(p, datasets=input_format in ("auto", "datasets")):
+                found += files
+            elif globbed:  # one match of several, such as an empty folder named x.csv
+                log.warning("%s: passed over folder %s, which holds no review files", spec, p)
             else:
-                sources.append(Source(p, _format_of(p, input_format)))
-        if len(sources) == before:  # every match passed over
+                raise InputError(f"folder {p} holds no readable review files ({', '.join(EXTENSIONS)})")
+        if not found:
             raise InputError(f"{spec!r} matches no review files (only folders without any, or FIFOs)")
-    return sources
+        yield from ((f, "datasets" if f.is_dir() else _format_of(f, input_format), None) for f in found)
 
 
-def _stored(spec: str, input_format: str) -> list[Source]:
-    """The review files an object store holds under a URI (a file, a prefix taken as a folder, or a
-    glob), by the rules of a local folder: hidden and temporary names, run directories and other files
-    passed over. A store lists keys, not folders, so this is one listing, however deep."""
+def _review_files(folder: Path, datasets: bool) -> list[Path]:
+    """Files below a folder with a review file's extension, and saved datasets folders (unless another
+    format is asked for), in path order; hidden and temporary names, run directories and model folders
+    (a run or model written inside its input folder) passed over."""
+    found, others, streams = [], [], []
+    seen: set[Path] = set()  # folders walked, by their real path: a link back up is not walked again
+    for root, dirs, files in os.walk(folder, followlinks=True):  # a linked subfolder's reviews count
+        here = Path(root)
+        if (real := here.resolve()) in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = [d for d in dirs if not d.startswith(("_", ".")) and not is_run_dir(here / d)]
+        dirs[:] = [d for d in dirs if not _is_model_dir(here / d)]
+        saved = [here / d for d in dirs if _is_saved_dataset(here / d)]
+        (found if datasets else others).extend(saved)
+        dirs[:] = [d for d in dirs if here / d not in saved]
+        for f in (here / name for name in files if not name.startswith(("_", "."))):
+            (streams if is_stream(f) else found if format_suffix(f) in EXTENSIONS else others).append(f)
+    if streams and ("streams", folder) not in _WARNED:
+        _WARNED.add(("streams", folder))
+        log.warning(
+            "folder %s: passed over %d file(s) that are not regular files (FIFOs, sockets or devices: %s)",
+            folder, len(streams), _some(sorted(streams)),
+        )  # fmt: skip
+    _pass_over(f"folder {folder}", others, "file(s)")
+    return sorted(found)
+
+
+def _stored(spec: str, input_format: str) -> list[str]:
+    """The review files a store holds under a URI (a file, a prefix taken as a folder, or a glob), by the
+    rules of a local folder, from one listing of keys however deep."""
     try:
         uris = storage.list_files(spec)
     except StorageError as e:
         raise InputError(str(e)) from None
-    if len(uris) == 1 and uris[0] == spec.rstrip("/"):  # one file, named: read whatever its name
-        return [Source(uris[0], _format_of(storage.name_path(spec), input_format, spec))]
+    if uris == [spec.rstrip("/")]:  # one file, named: read whatever its name
+        return uris
     base = storage.glob_base(spec) + "/"  # names below it: the rules apply to a glob's matches too
     below = {u: u[len(base) :] for u in uris}
     names = set(below.values())
@@ -168,109 +178,35 @@ def _stored(spec: str, input_format: str) -> list[Source]:
             f"{spec} is a saved datasets folder; copy it to local disk first (it is read memory-mapped)"
         )
     # run directories and model folders below the prefix are passed over, as in a local folder
-    skipped = {n[: -len("manifest.json")] for n in names if n.endswith("/manifest.json")}
-    skipped |= {
-        n[: -len("config.json")] for n in names if n.endswith("/config.json") and _model_files(n, names)
-    }
+    skipped = [n.removesuffix("manifest.json") for n in names if n.endswith("/manifest.json")]
+    skipped += [
+        n.removesuffix("config.json") for n in names if n.endswith("/config.json") and _model_files(n, names)
+    ]
     kept, others = [], []
     for uri, name in below.items():
-        parts = name.split("/")
-        if any(p.startswith(("_", ".")) for p in parts) or any(name.startswith(r) for r in skipped):
+        if any(p.startswith(("_", ".")) for p in name.split("/")) or name.startswith(tuple(skipped)):
             continue
-        if input_format == "auto" and format_suffix(name) not in EXTENSIONS:
-            others.append(uri)
-        else:
-            kept.append(Source(uri, _format_of(storage.name_path(uri), input_format, uri)))
-    if packed := [storage.name_path(o) for o in others if _is_packed_reviews(storage.name_path(o))]:
-        raise InputError(f"{spec} holds archives of review files ({_some(packed)}); extract them first")
-    if others:
-        log.warning("%s: passed over %d object(s) that are not review files (%s)", spec, len(others),
-                    _some([storage.name_path(o) for o in others]))  # fmt: skip
+        (others if input_format == "auto" and format_suffix(name) not in EXTENSIONS else kept).append(uri)
+    _pass_over(spec, others, "object(s)")
     if not kept:
         raise InputError(f"{spec} holds no readable review files ({', '.join(EXTENSIONS)})")
     return kept
 
 
-def _once_each(sources: list[Source]) -> list[Source]:
-    """Each file once, where it is first named: ``a.parquet data/*.parquet`` would otherwise read
-    ``a.parquet`` twice (its rows doubled, or every repeat a ``duplicate_id``)."""
-    first: dict[object, str] = {}  # each file, by what it is, and the label it was first met by
-    kept = []
-    for src in sources:
-        key = src.path if storage.is_remote(src.path) else _identity(Path(src.path))
-        if key in first:
-            if key not in _WARNED:  # once a process: the inputs are listed more than once
-                _WARNED.add(key)
-                if src.label == first[key]:
-                    log.warning("%s is named more than once in the inputs; it is read once", src.label)
-                else:  # a link to a file already named, or the same file by another path
-                    log.warning("%s is the same file as %s; it is read once", src.label, first[key])
-            continue
-        first[key] = src.label
-        kept.append(src)
-    return kept
-
-
-def _identity(path: Path) -> object:
-    """What a local file is, however it is named: its device and inode (a hard link is the same file,
-    which its resolved path does not tell), else its resolved path."""
-    try:
-        st = path.stat()
-    except OSError:
-        return path.resolve()
-    return (st.st_dev, st.st_ino) if st.st_ino else path.resolve()
-
-
-def _review_files(folder: Path, datasets: bool = True) -> list[Path]:
-    """Files below a folder with a review file's extension, in path order, and saved datasets folders
-    (read as datasets; passed over with a warning where ``datasets`` is False, another format asked for:
-    their metadata is no review file). Names starting with ``_`` or ``.`` (temporary and hidden files)
-    are passed over below the folder, and so are run directories and model folders: a run or a model
-    written inside its input folder must not be read as input next."""
-    found, others, streams = [], [], []
-    seen: set[Path] = set()  # folders walked, by their real path: a link back up is not walked again
-    for root, dirs, files in os.walk(folder, followlinks=True):  # a linked subfolder's reviews count
-        here = Path(root)
-        if (real := here.resolve()) in seen:
-            dirs[:] = []
-            continue
-        seen.add(real)
-        dirs[:] = [
-            d
-            for d in dirs
-            if not d.startswith(("_", ".")) and not is_run_dir(here / d) and not _is_model_dir(here / d)
-        ]
-        saved = [here / d for d in dirs if _is_saved_dataset(here / d)]
-        (found if datasets else others).extend(saved)
-        dirs[:] = [d for d in dirs if here / d not in saved]
-        for f in (here / name for name in files if not name.startswith(("_", "."))):
-            if is_stream(f):  # opening a FIFO with no writer would wait forever
-                streams.append(f)
-            else:
-                (found if format_suffix(f) in EXTENSIONS else others).append(f)
-    packed = sorted(f for f in others if _is_packed_reviews(f))
-    if packed:  # reviews that would otherwise be left out without a word
+def _pass_over(where: str, others: list[Path] | list[str], what: str) -> None:
+    """Refuse archives of review files among files that are not review files (their reviews would be
+    left out without a word); name the others in a warning."""
+    names = sorted(storage.name_path(o) for o in others)
+    if packed := [n for n in names if _is_packed_reviews(n)]:
         raise InputError(
-            f"folder {folder} holds archives of review files ({_some(packed)}); extract them first "
+            f"{where} holds archives of review files ({_some(packed)}); extract them first "
             "(a file compressed on its own, such as reviews.jsonl.gz, is read as it is)"
         )
-    if streams and ("streams", folder) not in _WARNED:
-        _WARNED.add(("streams", folder))
+    if names and where not in _WARNED:
+        _WARNED.add(where)
         log.warning(
-            "folder %s: passed over %d file(s) that are not regular files (FIFOs, sockets or devices: %s)",
-            folder,
-            len(streams),
-            _some(sorted(streams)),
+            "%s: passed over %d %s that are not review files (%s)", where, len(names), what, _some(names)
         )
-    if others and folder not in _WARNED:  # once a process: the inputs are listed more than once
-        _WARNED.add(folder)
-        log.warning(
-            "folder %s: passed over %d file(s) that are not review files (%s)",
-            folder,
-            len(others),
-            _some(sorted(others)),
-        )
-    return sorted(found)
 
 
 def _is_packed_reviews(path: PurePath) -> bool:
@@ -292,12 +228,10 @@ _MODEL_FILES = (
 
 def _model_files(config: str, names: set[str]) -> bool:
     """Whether the folder of ``config`` (a ``.../config.json`` among a store's ``names``) is a model's."""
-    folder = config[: -len("config.json")]
-    return any(folder + f in names for f in _MODEL_FILES)
+    return any(config.removesuffix("config.json") + f in names for f in _MODEL_FILES)
 
 
 def _is_model_dir(p: Path) -> bool:
-    """A model folder (its config.json is no JSON lines file), such as one finetune saved there."""
     return (p / "config.json").is_file() and any((p / f).is_file() for f in _MODEL_FILES)
 
 
@@ -305,19 +239,18 @@ def _is_saved_dataset(p: Path) -> bool:
     return (p / "dataset_info.json").is_file() or (p / "dataset_dict.json").is_file()
 
 
-def _format_of(path: Path, input_format: str, name: str | None = None) -> str:
+def _format_of(path: Path | str, input_format: str) -> str:
     if input_format != "auto":
         return input_format
-    suffix = format_suffix(path)
-    fmt = EXTENSIONS.get(suffix) if name != STDIN else None
-    if fmt is None and name != STDIN and suffix in ARCHIVE_SUFFIXES:  # x.csv.zip, x.tar.gz
-        raise InputError(f"{path} is an archive ({suffix}); extract its files first")
-    if fmt is None:
-        what = "standard input" if name == STDIN else f"{path} from its name"
+    if path == STDIN:
         raise InputError(
-            f"cannot tell the format of {what}; pass --input-format (parquet, jsonl, csv, tsv, text, datasets)"
+            "cannot tell the format of standard input; pass --input-format (parquet, jsonl, csv, tsv, text, datasets)"
         )
-    return fmt
-
-
-_WARNED: set[object] = set()  # folders whose other files, and files named twice, a warning named
+    if (suffix := format_suffix(path)) in ARCHIVE_SUFFIXES:  # x.csv.zip, x.tar.gz
+        raise InputError(f"{path} is an archive ({suffix}); extract its files first")
+    if suffix not in EXTENSIONS:
+        raise InputError(
+            f"cannot tell the format of {path} from its name; pass --input-format (parquet, jsonl, csv, tsv, "
+            "text, datasets)"
+        )
+    return EXTENSIONS[suffix]

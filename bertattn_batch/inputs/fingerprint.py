@@ -1,4 +1,11 @@
-"""What a resume checks of its inputs: each file's size, time and the hash of its ends."""
+"""What a resume and ``validate`` check of the inputs: each file's fingerprint, and a digest of the rows
+each committed part read.
+
+A fingerprint (size, time, the hash of a file's ends) tells that a folder gained a file or an export was
+rewritten; a file edited in its middle keeps those, so each part of a pass by row number also records
+the digest of its rows (numbers, ids, texts, labels), which reading the same rows again gives again. A
+pass by id (``--incremental``) keeps the text an id had when it was scored: its parts record none.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from .. import storage
-from .discover import Source
-from .streams import read_once
+from ..schema import ROW_NUMBER_STATUSES
+from .files import Source, read_once
+from .rows import RowBatch
 
-#: Bytes at each end of an input file whose hash tells a rewritten file from a copy (source_files).
+#: Bytes at each end of an input file whose hash tells a rewritten file from a copy.
 ENDS_BYTES = 1 << 16
+#: Names how rows are written into a digest: one of another form (another version's) is not compared.
+FORM = "r1:"
 
 
 def source_files(sources: Iterable[Source]) -> list[dict[str, Any]]:
-    """Each source as it was expanded, in reading order, with its size in bytes, its modification time
-    and a hash of its first and last ``ENDS_BYTES`` (a saved dataset: over all its files).
-
-    Why: row numbers count across the sources, so a resume must know whether a folder or glob gained
-    a file, or a file changed, since the rows it skips were committed. An export rewritten in another
-    row order keeps its size but not its time, nor (almost surely) its first rows or Parquet footer;
-    a copy of the same file keeps its bytes but not its time.
-    """
+    """Each source in reading order with its size, modification time and a hash of its first and last
+    ``ENDS_BYTES`` (a saved dataset: over all its files). Row numbers count across the sources, so a
+    resume must know that none was added, removed or rewritten since the rows it skips were committed."""
     out = []
     for src in sources:
         p = src.path
@@ -48,11 +53,9 @@ def source_files(sources: Iterable[Source]) -> list[dict[str, Any]]:
 def streams_as_recorded(
     sources: list[Source], now: list[dict[str, Any]], before: list[dict[str, Any]] | None, limited: bool
 ) -> list[dict[str, Any]]:
-    """``now`` (``source_files(sources)``) to compare with the recorded pass's (``before``): where that
-    pass had a limit (``limited``) and so copied only a start of a stream, the stream is given as that
-    start, its size and the hash of its ends there. Why: a stream cannot be read again, so a job that
-    goes on with a larger limit, or none, has it piped again whole; it is the same input if it begins
-    with the same bytes. (A stream a pass read whole is compared whole: one that grew since is another.)"""
+    """``now`` (``source_files(sources)``) to compare with a pass's record ``before``: where that pass had
+    a limit and so copied only a start of a stream, the stream is taken as that start, since a stream
+    piped again whole is the same input if it begins with the same bytes."""
     if not limited or not before or len(before) != len(now):
         return now
     out = []
@@ -74,3 +77,68 @@ def _ends_sha256(files: list[Any], sizes: list[int]) -> str:
                 fh.seek(start)
                 digest.update(fh.read(size - start))
     return digest.hexdigest()
+
+
+def rows_digest(batch: RowBatch, start: int = 0, end: int | None = None) -> str:
+    """The digest of rows ``[start, end)`` of ``batch`` (positions in the batch, not row numbers)."""
+    h = hashlib.blake2b(digest_size=16)
+    _update(h, batch, start, len(batch) if end is None else end)
+    return FORM + h.hexdigest()
+
+
+def _update(h: hashlib.blake2b, batch: RowBatch, start: int, end: int) -> None:
+    # a row whose doc id is its row number has no id: told from a row whose id is that number
+    ids = [
+        None if s in ROW_NUMBER_STATUSES else d
+        for d, s in zip(batch.doc_id[start:end], batch.status[start:end], strict=True)
+    ]
+    rows = zip(batch.row_index[start:end], ids, batch.text[start:end], batch.label[start:end], strict=True)
+    # each field as its length and itself, "-" for none: unambiguous, and the same in every Python
+    text = "".join("-" if v is None else f"{len(str(v))}:{v}" for row in rows for v in row)
+    h.update(text.encode("utf-8", "surrogatepass"))
+
+
+class RowDigests:
+    """Check rows read again against the digests that committed parts (with ``name``, ``start_row``,
+    ``end_row``, ``rows_digest``) recorded: :meth:`feed` every block in row order."""
+
+    def __init__(self, parts: Iterable[Any]) -> None:
+        #: (name, start_row, end_row, digest) in row order; parts without a digest of this form unchecked
+        self._parts = sorted(
+            (
+                (p.name, p.start_row, p.end_row, p.rows_digest)
+                for p in parts
+                if p.rows_digest.startswith(FORM)
+            ),
+            key=lambda p: p[1],
+        )
+        self._next = 0  # the first part not yet finished
+        self._hash: hashlib.blake2b | None = None  # of the part being read
+
+    @property
+    def done(self) -> bool:
+        return self._next >= len(self._parts)
+
+    def feed(self, batch: RowBatch) -> list[tuple[str, int, int]]:
+        """The next rows read; the parts they finish whose rows now give another digest, as (name, first
+        row, end row)."""
+        changed: list[tuple[str, int, int]] = []
+        i, n = 0, len(batch)
+        while i < n and not self.done:
+            name, a, b, digest = self._parts[self._next]
+            row = batch.row_index[i]
+            if row < a:  # rows of no checked part: skip to the part's first row
+                i = min(n, i + (a - row))
+                continue
+            if self._hash is None and row > a:  # begins within rows read already (overlapping parts)
+                self._next += 1
+                continue
+            self._hash = self._hash or hashlib.blake2b(digest_size=16)
+            end = min(n, i + (b - row))
+            _update(self._hash, batch, i, end)
+            i = end
+            if batch.row_index[end - 1] == b - 1:  # the part's last row
+                if FORM + self._hash.hexdigest() != digest:
+                    changed.append((name, a, b))
+                self._hash, self._next = None, self._next + 1
+        return changed

@@ -1,5 +1,5 @@
-"""Saved ``datasets`` folders (``Dataset.save_to_disk``): memory-mapped, read in blocks; ``ClassLabel``
-ids are turned into their names."""
+"""Saved ``datasets`` folders (``Dataset.save_to_disk``): memory-mapped, read in blocks, ``ClassLabel``
+ids turned into their names."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import InputError, first_line
-from .discover import Source
+from .files import Source
 from .rows import column_values
 
 
-def load_dataset(path: Path) -> Any:
+def load_dataset(path: Path | str) -> Any:
     import datasets
 
     try:
@@ -23,21 +23,20 @@ def load_dataset(path: Path) -> Any:
     except (FileNotFoundError, ValueError) as e:
         raise InputError(f"{path}: not a saved datasets dataset: {first_line(e)}") from None
     if isinstance(ds, datasets.DatasetDict):
-        splits = ", ".join(f"{path}/{s}" for s in ds)
-        raise InputError(f"{path} holds several splits; name one: {splits}")
+        raise InputError(f"{path} holds several splits; name one: {', '.join(f'{path}/{s}' for s in ds)}")
     return ds
 
 
 def class_label_names(ds: Any) -> dict[str, list[str]]:
-    """The names of a dataset's ``ClassLabel`` columns: their integers are ids, not the labels."""
+    """The names of a dataset's ``ClassLabel`` columns, whose integers are ids, not labels."""
     import datasets
 
     return {c: list(f.names) for c, f in ds.features.items() if isinstance(f, datasets.ClassLabel)}
 
 
 def class_label_order(sources: Iterable[Source], column: str) -> list[str]:
-    """The names of ``column``'s ``ClassLabel`` in id order, where every source is a saved dataset with
-    that same ``ClassLabel`` (a classifier trained on them can then keep the dataset's ids); else none."""
+    """The names of ``column``'s ``ClassLabel`` in id order where every source is a saved dataset with
+    that same ``ClassLabel`` (a classifier trained on them keeps the dataset's ids), else none."""
     orders = {
         tuple(class_label_names(load_dataset(src.path)).get(column, ())) if src.format == "datasets" else ()
         for src in sources
@@ -45,21 +44,25 @@ def class_label_order(sources: Iterable[Source], column: str) -> list[str]:
     return [name.strip() for name in orders.pop()] if len(orders) == 1 else []  # as labels are read
 
 
-def name_class_labels(table: pa.Table, names: dict[str, list[str]]) -> pa.Table:
-    """Replace ``ClassLabel`` ids by their names (-1, a missing label, and other out-of-range ids become
-    null), so that ``label`` compares with ``pred_label`` and a classifier trains on the real names."""
-    for c, labels in names.items():
-        if c in table.column_names:
-            ids = table[c]
-            valid = pc.and_(pc.greater_equal(ids, 0), pc.less(ids, len(labels)))
-            named = pc.take(pa.array(labels, pa.string()), pc.if_else(valid, ids, None))
-            table = table.set_column(table.column_names.index(c), c, named)
-    return table
-
-
 def read_datasets(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
     ds = load_dataset(src.path).select_columns(wanted)
     names = class_label_names(ds)
-    for table in ds.with_format("arrow").iter(batch_size=block_rows):  # memory-mapped: bounded memory
-        table = name_class_labels(table, names)
-        yield {c: column_values(table.column(c)) for c in wanted}
+    for table in ds.with_format("arrow").iter(batch_size=block_rows):
+        yield {c: _named(table.column(c), names.get(c)) for c in wanted}
+
+
+def _named(ids: pa.ChunkedArray, labels: list[str] | None) -> list[Any]:
+    """A column's values; a ``ClassLabel``'s ids as their names (-1 and other ids out of range: null),
+    so that ``label`` compares with ``pred_label`` and a classifier trains on the real names."""
+    if labels is not None:
+        valid = pc.and_(pc.greater_equal(ids, 0), pc.less(ids, len(labels)))
+        ids = pc.take(pa.array(labels, pa.string()), pc.if_else(valid, ids, None))
+    return column_values(ids)
+
+
+def datasets_columns(src: Source) -> list[str]:
+    return list(load_dataset(src.path).column_names)
+
+
+def datasets_rows(src: Source) -> int:
+    return int(load_dataset(src.path).num_rows)

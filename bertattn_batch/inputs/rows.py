@@ -6,9 +6,8 @@ Usage::
                     label_col=None)
     batch.row_index, batch.doc_id, batch.text, batch.label, batch.status
 
-Rows that cannot be read as text (a number, invalid UTF-8, a lone surrogate) keep their place with a
-status, never dropped; so do a JSON line that is no JSON object (``not_json``) and a CSV row with
-more or fewer fields than its header (``wrong_field_count``): readers mark those with the markers here.
+A row that cannot be read as text keeps its place with a status, never dropped; so does a row a reader
+could not read as a row at all (a JSON line that is no object, a CSV row of the wrong field count).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -25,37 +24,21 @@ import pyarrow as pa
 from ..errors import InputError
 
 
-class _Marker:
-    """A value that stands for no value read. Pickled by its name, so that it is the same object again
-    in another process (a Ray task reads files with this module's readers)."""
+class Unreadable:
+    """The value of every wanted column of a row a reader could not read as a row: ``status`` says why;
+    its doc id is its row number (there is no id to read)."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __reduce__(self) -> str:
-        return self.name
-
-
-class _Unreadable(_Marker):
-    """The value of every wanted column of a row that could not be read as a row: its status says why,
-    and its doc id is its row number (there is no id to read)."""
-
-    def __init__(self, name: str, status: str) -> None:
-        super().__init__(name)
+    def __init__(self, status: str) -> None:
         self.status = status
 
 
-#: A JSON line that is not a JSON object.
-NOT_JSON = _Unreadable("NOT_JSON", "not_json")
-
-
+#: A JSON line or array element that is not a JSON object.
+NOT_JSON = Unreadable("not_json")
 #: A CSV or TSV row with more or fewer fields than the header: which value is which is unknown.
-WRONG_FIELD_COUNT = _Unreadable("WRONG_FIELD_COUNT", "wrong_field_count")
-
-
-#: A value nested in a list or struct that holds bytes that are not UTF-8: as text its status is
-#: ``invalid_utf8``; as an id or a label it counts as missing.
-UNDECODABLE = _Marker("UNDECODABLE")
+WRONG_FIELD_COUNT = Unreadable("wrong_field_count")
+#: A value nested in a list or struct holding bytes that are not UTF-8: as text ``invalid_utf8``, as
+#: an id or label missing.
+UNDECODABLE = object()
 
 
 @dataclass
@@ -79,14 +62,11 @@ class RowBatch:
         self.status.append(status)
 
     def extend(self, other: RowBatch) -> None:
-        for name in _FIELDS:
-            getattr(self, name).extend(getattr(other, name))
+        for f in fields(self):
+            getattr(self, f.name).extend(getattr(other, f.name))
 
     def slice(self, start: int, end: int) -> RowBatch:
-        return RowBatch(*(getattr(self, name)[start:end] for name in _FIELDS))
-
-
-_FIELDS = ("row_index", "doc_id", "text", "label", "status")
+        return RowBatch(*(getattr(self, f.name)[start:end] for f in fields(self)))
 
 
 def wanted_columns(text_col: str, id_col: str | None, label_col: str | None) -> list[str]:
@@ -105,31 +85,33 @@ def to_rows(
     id_col: str | None,
     label_col: str | None,
 ) -> RowBatch:
-    """The first ``n`` values of each column as rows numbered from ``first_row``, with their statuses.
-
-    The one place that decides a row's text, id, label and status; every engine's reader calls it.
-    """
+    """The first ``n`` values of each column as rows numbered from ``first_row``, with their statuses:
+    the one place that decides a row's text, id, label and status, for every engine."""
     batch = RowBatch()
     for i in range(n):
-        if isinstance(unreadable := cols[text_col][i], _Unreadable):
-            batch.append(first_row + i, str(first_row + i), None, None, unreadable.status)
+        row = first_row + i
+        if isinstance(unreadable := cols[text_col][i], Unreadable):
+            batch.append(row, str(row), None, None, unreadable.status)
             continue
         text, status = _as_text(cols[text_col][i])
-        doc_id = str(first_row + i)
+        doc_id = str(row)
         if id_col:
             raw_id = cols[id_col][i]
-            if _is_null(raw_id):
-                # before any text problem: a row's doc id is its row number exactly when its status is
-                # null_id, which is how duplicate and incremental checks tell row numbers from ids
+            if _is_null(raw_id):  # before any text problem: a doc id is the row number exactly when null_id
                 status = "null_id"
             else:
                 doc_id = _to_str(raw_id)
         raw_label = cols[label_col][i] if label_col else None
-        # a label's surrounding spaces are a spreadsheet's, not a class of its own ('positive '), and a
-        # blank one is no label: a class named '' would be trained, counted and reported
+        # a label's surrounding spaces are a spreadsheet's ('positive '), and a blank one is no class
         label = None if _is_null(raw_label) else _to_str(raw_label).strip() or None
-        batch.append(first_row + i, doc_id, text, label, status)
+        batch.append(row, doc_id, text, label, status)
     return batch
+
+
+def some(numbers: list[int], count: int, unit: str) -> str:
+    """The first few of ``count`` numbers, as a warning names them: ``rows 2, 3, 4, 5, 6, ...``."""
+    listed = ", ".join(map(str, numbers)) + (", ..." if count > len(numbers) else "")
+    return f"{unit}{'s' if count > 1 else ''} {listed}"
 
 
 def _is_null(value: Any) -> bool:
@@ -147,18 +129,12 @@ _LONE_SURROGATE = re.compile("([\ud800-\udc7f\udd00-\udfff])")
 def _to_str(value: Any) -> str:
     """An id or label as text, one-to-one: two different values never get the same text, in any format.
 
-    Bytes that are not UTF-8 are written with each such byte as an escape (``\\xff``) and each backslash
-    of theirs doubled; a lone surrogate that stands for no byte (JSON's ``"\\ud800"``) as ``\\ud800``;
-    a text that itself holds such an escape (the four characters ``\\xff``) has its backslashes doubled
-    too. So an escape after an odd run of backslashes always stands for a byte or a surrogate, and every
-    other text is itself. Numbers are spelled as JSON spells them (a whole float without
-    its ``.0``: ``1``, ``1e+300``), booleans ``true``/``false``, as CSV cells read.
+    A byte that is not UTF-8 is written ``\\xff`` and a lone surrogate that stands for no byte (JSON's
+    ``"\\ud800"``) ``\\ud800``; a text that itself spells such an escape has its backslashes doubled.
+    Numbers are spelled as JSON spells them (``1``, ``1e+300``), booleans ``true``/``false``.
     """
     if isinstance(value, bytes):
-        try:
-            return _plain(value.decode("utf-8"))
-        except UnicodeDecodeError:
-            return _escaped(value)
+        value = value.decode("utf-8", errors="surrogateescape")
     if isinstance(value, bool):  # as JSON and CSV spell it, so a label reads alike from every format
         return "true" if value else "false"
     if isinstance(value, float):
@@ -169,7 +145,7 @@ def _to_str(value: Any) -> str:
     if not text.isascii():
         try:
             text.encode("utf-8")
-        except UnicodeEncodeError:  # surrogates: bytes a JSONL line could not decode, or a "\ud800" escape
+        except UnicodeEncodeError:  # surrogates: bytes that are not UTF-8, or a JSON "\ud800" escape
             return "".join(
                 f"\\u{ord(piece):04x}"
                 if _LONE_SURROGATE.fullmatch(piece)
@@ -184,8 +160,8 @@ def _plain(text: str) -> str:
 
 
 def _escaped(raw: bytes) -> str:
-    """Bytes that are not all UTF-8: backslashes doubled, then each undecodable byte as ``\\xNN`` (no
-    byte of a multi-byte UTF-8 character is a backslash, so doubling them first is safe)."""
+    """Bytes that are not all UTF-8: backslashes doubled (no byte of a multi-byte character is one),
+    then each undecodable byte as ``\\xNN``."""
     return raw.replace(b"\\", b"\\\\").decode("utf-8", errors="backslashreplace")
 
 
@@ -221,12 +197,8 @@ _AS_BINARY = {
 
 
 def column_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
-    """A column's values as Python objects, its strings as bytes.
-
-    Arrow does not check that a Parquet string column holds UTF-8 (a file from another writer may not):
-    decoding all of it at once would stop the job at one bad value. As bytes, each value is decoded on
-    its own by :func:`to_rows`, and a bad one becomes that row's status.
-    """
+    """A column's values as Python objects, its strings as bytes: Arrow does not check that a Parquet
+    string holds UTF-8, so each is decoded on its own by :func:`to_rows` and a bad one is its row's status."""
     kind = column.type
     if pa.types.is_dictionary(kind):  # a pandas categorical, say: its values, not their codes
         column = column.cast(kind.value_type)

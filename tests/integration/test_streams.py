@@ -16,7 +16,7 @@ import pytest
 from helpers import manifest_json, read_table
 
 from bertattn_batch.errors import InputError
-from bertattn_batch.inputs.streams import owner, spooled
+from bertattn_batch.inputs.files import owner, spooled
 
 ROWS = [{"id": f"r{i}", "text": t} for i, t in enumerate(["great food", "slow service", "nice staff"])]
 JSONL = "".join(json.dumps(r) + "\n" for r in ROWS)
@@ -64,7 +64,7 @@ def test_the_same_stream_resumes_and_another_is_refused(tiny_en_dir, tmp_path):
 
 def test_a_stream_read_with_a_limit_goes_on_when_piped_again_whole(tiny_en_dir, tmp_path):
     """The run records the start of the stream it copied up to its --limit; piped again whole, with a
-    larger limit or none, the same stream was refused as changed ("- changed size")."""
+    larger limit or none, the same stream goes on."""
     out = tmp_path / "run"
     rows = "".join(
         json.dumps({"id": f"r{i}", "text": f"review number {i} was fine"}) + "\n" for i in range(2000)
@@ -126,7 +126,7 @@ def test_a_fifo_inside_an_input_folder_is_passed_over(tiny_en_dir, tmp_path):
 
 def test_a_stream_run_without_stored_text_is_measured_and_drawn_from_its_tokens(tiny_en_dir, tmp_path):
     """faithfulness and plot --pairs read the token ids the run scored: a piped run without its text,
-    whose rows cannot be read again, was refused by both."""
+    whose rows cannot be read again, is measured and drawn."""
     out = tmp_path / "run"
     done = _extract("-", tiny_en_dir, out, "--input-format", "jsonl", "--no-store-text", stdin=JSONL)
     assert done.returncode == 0, done.stderr
@@ -138,14 +138,14 @@ def test_a_stream_run_without_stored_text_is_measured_and_drawn_from_its_tokens(
 
 
 def test_a_full_temporary_folder_is_named_not_the_stream(tmp_path, monkeypatch):
-    """A stream's copy that filled the temporary folder was said as "cannot read -": the stream was
-    blamed, and nothing said where the copy goes or how to move it."""
-    from bertattn_batch.inputs import streams
+    """A stream's copy that fills the temporary folder names the folder and how to move it, not the
+    stream."""
+    from bertattn_batch.inputs import files
 
     src = tmp_path / "stream.jsonl"
     src.write_text(JSONL)
     with open(src, "rb") as stream:
-        monkeypatch.setattr(streams, "_start", lambda name: (Path("/dev/full"), stream))  # writes: ENOSPC
+        monkeypatch.setattr(files, "_start", lambda name: (Path("/dev/full"), stream))  # writes: ENOSPC
         with pytest.raises(InputError, match=r"cannot copy .*stream.jsonl into /dev: no space left .*TMPDIR"):
             spooled(str(src))
 
@@ -170,8 +170,7 @@ def test_spools_of_killed_processes_are_removed(tmp_path, monkeypatch):
 
 
 def test_a_limit_copies_no_more_of_an_endless_stream_than_it_reads(tiny_en_dir, tmp_path):
-    """`producer | bertattn extract - --limit N` copied the whole stream to the temporary folder before
-    it read a row: gigabytes, and forever for a producer that does not end."""
+    """`producer | bertattn extract - --limit N` copies no more than it reads: a producer may not end."""
     out = tmp_path / "run"
     endless = 'import itertools\nfor i in itertools.count():\n    print(\'{"id": "r%d", "text": "good food %d"}\' % (i, i))'
     producer = subprocess.Popen([sys.executable, "-c", endless], stdout=subprocess.PIPE)
@@ -202,7 +201,7 @@ def test_a_limited_copy_of_a_csv_holds_whole_rows(tmp_path):
 
     with open(part, newline="", encoding="utf-8") as f:  # no character cut in two...
         rows = list(csv.reader(f))
-    assert len(rows) - 1 == 1100  # the rows asked for and a margin, whole: a row cut in two was Arrow's
+    assert len(rows) - 1 == 1100  # the rows asked for and a margin, whole
     assert pyarrow.csv.read_csv(part).num_rows == 1100 and rows[-1] == [
         "r1099",
         "好 line one\nline two of 1099",

@@ -68,9 +68,8 @@ def test_rows_stream_from_parquet_and_gzip_and_are_fingerprinted(corpus):
 
 @pytest.mark.parametrize("suffix", [".gz", ".bz2", ".zst", ".lz4", ".xz"])
 def test_compressed_objects_uploaded_as_they_are_are_read(bucket, suffix):
-    """An object uploaded byte for byte (``aws s3 cp``) was decompressed twice, by the file system (which
-    detects compression from the name) and by the reader: every .gz, .bz2, .zst and .lz4 input failed.
-    What ``write_bytes`` stores is the bytes it is given, so tests upload as a user does."""
+    """An object uploaded byte for byte (``aws s3 cp``) is decompressed once, by the reader, not also by
+    the file system from its name. ``write_bytes`` stores the bytes it is given, as a user uploads."""
     import lzma
 
     rows = "".join(json.dumps({"text": f"j{k}"}) + "\n" for k in range(50)).encode()
@@ -139,8 +138,8 @@ def test_a_large_parquet_file_streams_by_ranged_reads(bucket, monkeypatch):
 
 
 def test_a_run_of_inputs_on_a_store_resumes_and_reruns(bucket, tiny_en_dir, tmp_path):
-    """A manifest read back made its inputs 'absolute': s3://b/x.csv became ./s3:/b/x.csv, and every
-    resume or rerun was refused as a run of changed inputs."""
+    """A manifest read back keeps its inputs' URIs (s3://b/x.csv, not ./s3:/b/x.csv), so a resume or
+    rerun reads the same inputs."""
     from bertattn_batch import run_job, validate_run
     from bertattn_batch.config import JobSpec
 

@@ -21,7 +21,7 @@ import pytest
 import bertattn_batch.inputs.csv as csv_input
 from bertattn_batch import inputs
 from bertattn_batch.errors import InputError
-from bertattn_batch.inputs.compressed import compression_of
+from bertattn_batch.inputs.files import compression_of
 
 
 def test_a_large_parquet_row_group_is_read_a_block_at_a_time(tmp_path):
@@ -164,7 +164,7 @@ def test_a_stream_cut_short_stops_the_job_with_its_file(tmp_path):
 
 
 def test_a_gzip_padded_with_zeros_reads_and_a_damaged_one_is_named(tmp_path):
-    """Tapes and dd pad a gzip file with zeros, which gzip -dc reads past; Arrow's reader refused it."""
+    """Tapes and dd pad a gzip file with zeros, which gzip -dc reads past; so do the readers."""
     data = b"".join(b'{"text": "review %d"}\n' % i for i in range(200))
     padded = tmp_path / "padded.jsonl.gz"
     padded.write_bytes(gzip.compress(data) + b"\0" * 100)
@@ -367,8 +367,8 @@ def test_csv_values_are_kept_byte_for_byte_across_arrows_blocks(tmp_path, monkey
 
 
 def test_ids_are_spelt_one_to_one(tmp_path):
-    """A binary id that is not UTF-8 (``b'\\xff'``) and the four characters ``\\xff`` were both written
-    ``\\xff``, and the second review became a duplicate_id; a float id 1e300 had 301 digits."""
+    """A binary id that is not UTF-8 (``b'\\xff'``) and the four characters ``\\xff`` are spelt apart (else
+    the second review would be a duplicate_id); a float id 1e300 is spelt as JSON spells it."""
     path = tmp_path / "ids.parquet"
     ids = [b"\xff", b"\\xff", b"a\\\xff", b"a\\\\xff", b"plain", b"back\\slash"]
     pq.write_table(pa.table({"id": pa.array(ids, pa.binary()), "text": ["x"] * len(ids)}), path)
@@ -393,8 +393,8 @@ def test_ids_are_spelt_one_to_one(tmp_path):
 
 
 def test_a_jsonl_key_missing_from_the_first_object_is_a_missing_value(tmp_path):
-    """Exporters that drop null fields: a first object without the id (or text) key refused the whole
-    file, where the same omission on line 2 gave that row null_id or null_text."""
+    """Exporters drop null fields: a key an object leaves out, on the first line or a later one, is that
+    row's null_id or null_text, not a missing column."""
     path = tmp_path / "sparse.jsonl"
     path.write_text('{"text": "no id here"}\n{"id": "b", "text": "good"}\n{"id": "c"}\n')
     (batch,) = inputs.read_rows([str(path)], id_col="id")
@@ -416,7 +416,7 @@ def test_a_column_name_with_spaces_around_it_is_shown_quoted(tmp_path):
 
 
 def test_a_file_in_gb18030_is_named_with_the_command_that_converts_it(zh_rows, tmp_path):
-    """What Chinese Excel saves: read as UTF-8 it ran with exit 0 and 299 of 300 rows invalid_utf8."""
+    """What Chinese Excel saves: read as UTF-8, nearly every row would be invalid_utf8."""
     rows = zh_rows[::50][:300]
     path = tmp_path / "excel.csv"
     with open(path, "w", encoding="gb18030", newline="") as f:
@@ -435,8 +435,8 @@ def test_a_file_in_gb18030_is_named_with_the_command_that_converts_it(zh_rows, t
     [("big5", "這家店很好吃，服務態度很差"), ("shift_jis", "とても美味しいです。また来ます")],
 )
 def test_a_file_that_several_encodings_read_is_not_said_to_be_one_of_them(tmp_path, encoding, text):
-    """GB18030 reads nearly any double-byte text: named alone, it turned Big5 and Shift_JIS files into
-    garbled reviews that all scored ok."""
+    """GB18030 reads nearly any double-byte text: named alone, it would turn Big5 and Shift_JIS files
+    into garbled reviews that all score ok."""
     path = tmp_path / "reviews.csv"
     path.write_bytes(("id,text\n" + "".join(f"{k},{text}\n" for k in range(6))).encode(encoding))
     with pytest.raises(InputError) as e:
@@ -470,16 +470,19 @@ def test_a_text_file_has_a_review_a_line_whatever_its_line_endings(tmp_path, new
     assert read == [t for b in inputs.read_rows([str(tmp_path / "r.csv")]) for t in b.text]
 
 
-def test_a_lone_carriage_return_inside_a_text_line_ends_it():
-    from bertattn_batch.inputs.text import _lines
-
-    assert _lines(b"one\rtwo\r\n") == [b"one", b"two"]
-    assert _lines(b"one\r\r") == [b"one", b""]
-    assert _lines(b"\n") == [b""] and _lines(b"last") == [b"last"]
+def test_a_lone_carriage_return_inside_a_text_line_ends_it(tmp_path):
+    for data, want in [
+        (b"one\rtwo\r\n", ["one", "two"]),
+        (b"one\r\r", ["one", ""]),
+        (b"\n", [""]),
+        (b"last", ["last"]),
+    ]:
+        path = _write(tmp_path / "r.txt", data)
+        assert [t for b in inputs.read_rows([str(path)]) for t in b.text] == want, data
 
 
 def test_a_saved_dataset_inside_an_input_folder_is_read_as_a_dataset(tmp_path, caplog):
-    """Its dataset_info.json and state.json were read as JSON lines files, which stopped the job."""
+    """Its dataset_info.json and state.json are no JSON lines files."""
     import datasets
 
     folder = tmp_path / "in"
@@ -500,8 +503,8 @@ def test_a_saved_dataset_inside_an_input_folder_is_read_as_a_dataset(tmp_path, c
 
 
 def test_an_empty_line_after_a_lone_carriage_return_is_a_row(tmp_path):
-    """``a\r\r\n`` is ``a`` and an empty line, as universal newlines read it: the empty line was lost,
-    and every later row took the wrong row number (its id in a text file)."""
+    """``a\r\r\n`` is ``a`` and an empty line, as universal newlines read it: losing the empty line would
+    give every later row the wrong row number (its id in a text file)."""
     path = tmp_path / "r.txt"
     path.write_bytes(b"a\r\r\nb\r\r\nc\r\n")
     assert [(r[0], r[2]) for r in _rows(path, "txt")] == [(0, "a"), (1, ""), (2, "b"), (3, ""), (4, "c")]
@@ -510,8 +513,8 @@ def test_an_empty_line_after_a_lone_carriage_return_is_a_row(tmp_path):
 
 
 def test_json_lines_that_python_cannot_read_keep_their_place(tmp_path):
-    """An integer of over 4,300 digits (in any field) stopped the job and every resume with a bare
-    ValueError; a byte-order mark before a blank first line refused the file."""
+    """A line with an integer of over 4,300 digits (in any field) is a not_json row, not the end of the
+    job; a byte-order mark before a blank first line is no part of the file's values."""
     path = tmp_path / "big.jsonl"
     path.write_text(
         '{"id": "a", "text": "good"}\n{"id": ' + "9" * 5000 + ', "text": "big"}\n'
@@ -567,8 +570,8 @@ def test_an_encoding_that_refuses_the_file_is_named(tmp_path):
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="links and FIFOs are POSIX's")
 def test_links_and_fifos_among_the_inputs(tmp_path, caplog):
-    """A hard link to an input was read twice (rows doubled); a linked subfolder of an input folder was
-    left out without a word; a glob that matched a FIFO waited forever."""
+    """A hard link to an input is read once; a linked subfolder of an input folder is read; a FIFO a
+    glob matches is passed over (opening it would wait forever)."""
     import os
 
     data = tmp_path / "data"
@@ -606,7 +609,7 @@ def _array_rows(tmp_path, objects: list, **dump) -> list[tuple]:
 @pytest.mark.parametrize("chunk", [7, 1 << 20])
 @pytest.mark.parametrize("dump", [{}, {"indent": 2, "ensure_ascii": False}, {"separators": (",", ":")}])
 def test_a_json_array_of_objects_reads_as_its_json_lines(tmp_path, monkeypatch, chunk, dump):
-    """What many exports write (one array of objects, pretty or minified) was refused as not JSON lines.
+    """What many exports write (one array of objects, pretty or minified) reads as its JSON lines.
     Read element by element in a buffer of ``chunk`` bytes: elements, multi-byte characters and numbers
     cut by a buffer's end are read whole."""
     from bertattn_batch.inputs import jsonl
@@ -662,7 +665,7 @@ def test_a_damaged_json_array_is_named(tmp_path, text, said):
 
 @pytest.mark.parametrize("chunk", range(1, 9))
 def test_a_json_arrays_numbers_are_read_whole_across_the_buffers_end(tmp_path, monkeypatch, chunk, caplog):
-    """``1.5e3`` cut after ``1.`` was taken for the element ``1`` and the rest for a missing comma."""
+    """``1.5e3`` cut by the buffer's end after ``1.`` is read whole, not as ``1`` and a missing comma."""
     from bertattn_batch.inputs import jsonl
 
     monkeypatch.setattr(jsonl, "ARRAY_CHUNK", chunk)
@@ -672,8 +675,8 @@ def test_a_json_arrays_numbers_are_read_whole_across_the_buffers_end(tmp_path, m
 
 
 def test_a_json_array_with_an_element_that_is_no_json_stops_where_it_is(monkeypatch):
-    """Every error was taken for an element cut by the buffer's end: the rest of the file was read
-    into memory (tens of minutes and out of memory on a large export) before it was named."""
+    """An element that is not JSON is named where it is, not taken for one cut by the buffer's end (the
+    rest of a large export would be read into memory first)."""
     import io
 
     from bertattn_batch.inputs import jsonl
@@ -686,7 +689,7 @@ def test_a_json_array_with_an_element_that_is_no_json_stops_where_it_is(monkeypa
 
 
 def test_blank_lines_before_the_first_value_keep_the_line_numbers(tmp_path, caplog):
-    """They were read a byte at a time, each time scanning all before: 256 KB of them took 20 s."""
+    """They are counted, and read in blocks, whatever their length."""
     path = tmp_path / "r.jsonl"
     path.write_bytes(b"\n" * 300_000 + b'{"id": "a", "text": "ok"}\n[1]\n')
     with caplog.at_level(logging.WARNING):

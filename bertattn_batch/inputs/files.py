@@ -1,0 +1,457 @@
+"""An input file's bytes: decompressed as they are read (the leading bytes tell the compression, not the
+name), turned into UTF-8, and checked before any row is read; a stream (``-``, ``/dev/stdin``, a FIFO,
+a shell's ``<(...)``) copied once into a file that the job reads from then on.
+
+Usage::
+
+    with Source(path, "csv").open() as f: ...     # UTF-8 bytes, whatever the compression and encoding
+    path = spooled("-", rows=2000, fmt="jsonl")   # enough of standard input for 2000 rows
+"""
+
+from __future__ import annotations
+
+import atexit
+import bz2
+import codecs
+import contextlib
+import csv
+import errno
+import gzip
+import io
+import lzma
+import os
+import re
+import stat
+import sys
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+
+from .. import storage
+from .._util import process_alive
+from ..errors import InputError, first_line
+
+#: What names standard input among the inputs.
+STDIN = "-"
+#: Formats read line by line, whose text is decoded (``--encoding``).
+LINE_FORMATS = ("csv", "tsv", "jsonl", "text")
+_FORMAT_NAMES = {"csv": "CSV", "tsv": "TSV", "jsonl": "JSON lines", "text": "plain text"}
+#: What reading a file through :func:`open_binary` raises on damaged bytes (EOFError: cut short).
+READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input file and its format; ``name`` is what the user named it where that is not ``path``
+    (a stream copied into a temporary file)."""
+
+    path: Path | str  # a URI (str) for a file on an object store
+    format: str
+    name: str | None = None
+    encoding: str = "utf-8"  # of a line-based file's text
+    delimiter: str | None = None  # of a CSV or TSV file's fields (None: "," or a tab)
+
+    @property
+    def label(self) -> str:
+        """The source as the user named it (messages, the run's record of its inputs)."""
+        return self.name or str(self.path)
+
+    @property
+    def sep(self) -> str:
+        return self.delimiter or ("\t" if self.format == "tsv" else ",")
+
+    def open(self) -> BinaryIO:
+        """The file's bytes as UTF-8, decompressed as they are read."""
+        return open_binary(self.path, self.encoding)
+
+
+# -- compression ---------------------------------------------------------------------------------------
+#: Leading bytes of each stream compression (bzip2: a block's magic or, empty, the end's; zstd: also a
+#: skippable frame, which pzstd writes first) and of archives, which hold several files.
+_MAGIC = {
+    "gzip": re.compile(rb"\x1f\x8b\x08"),
+    "bz2": re.compile(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)"),
+    "zstd": re.compile(rb"\x28\xb5\x2f\xfd|[\x50-\x5f]\x2a\x4d\x18"),
+    "lz4": re.compile(rb"\x04\x22\x4d\x18"),
+    "xz": re.compile(rb"\xfd7zXZ\x00"),
+}
+_ARCHIVES = {"zip": re.compile(rb"PK\x03\x04"), "7z": re.compile(rb"7z\xbc\xaf\x27\x1c")}
+#: Python's readers of the compressions it knows (its gzip reads past the zeros a tape pads a file
+#: with, which Arrow's refuses); Arrow reads the others.
+_PYTHON_READERS: dict[str, Callable[[BinaryIO], BinaryIO]] = {
+    "gzip": gzip.open,
+    "bz2": bz2.open,
+    "xz": lzma.open,
+}
+#: Name endings of stream compressions: ``reviews.jsonl.gz`` is JSON lines.
+SUFFIXES = frozenset({".gz", ".gzip", ".bz2", ".zst", ".zstd", ".lz4", ".xz"})
+#: Name endings of archives: ``reviews.csv.zip`` holds reviews that the readers cannot reach.
+ARCHIVE_SUFFIXES = frozenset({".zip", ".7z", ".tar", ".tgz", ".rar"})
+
+
+def format_suffix(path: Path | str) -> str:
+    """The lowercased suffix that names a file's format, under one compression suffix if it has one."""
+    suffixes = [s.lower() for s in storage.name_path(path).suffixes]
+    if len(suffixes) > 1 and suffixes[-1] in SUFFIXES:
+        return suffixes[-2]
+    return suffixes[-1] if suffixes else ""
+
+
+def compression_of(path: Path | str) -> str | None:
+    """The stream compression of a file from its leading bytes, or None for a plain file."""
+    with storage.open_input(path, buffered=False) as f:  # ten bytes, not a block, of a store's file
+        head = f.read(10)
+    kind = next((kind for kind, magic in _MAGIC.items() if magic.match(head)), None)
+    suffix = storage.name_path(path).suffix
+    if kind is None and suffix.lower() in SUFFIXES:  # a variant not known here would read as garbage rows
+        raise InputError(
+            f"{path} is named as compressed ({suffix}), but its first bytes are no gzip, bzip2, "
+            "zstd, lz4 (frame) or xz stream; decompress it first, or rename it if it is not compressed"
+        )
+    return kind
+
+
+def open_binary(path: Path | str, encoding: str = "utf-8") -> BinaryIO:
+    """A file's bytes, decompressed where it is compressed, and turned into UTF-8 from ``encoding``. A
+    byte that is no character of it stays as it was, so its row gets ``invalid_utf8``."""
+    kind = compression_of(path)
+    raw = storage.open_input(path)
+    if kind is not None:
+        read = _PYTHON_READERS.get(kind) or (lambda f: pa.CompressedInputStream(f, kind))
+        raw = _Decompressed(read(raw), raw)
+    if not _is_utf8(encoding):
+        raw = io.BufferedReader(_ToUTF8(raw, encoding), buffer_size=1 << 20)
+    return raw
+
+
+def _is_utf8(encoding: str) -> bool:
+    return codecs.lookup(encoding).name == "utf-8"
+
+
+class _Decompressed(io.BufferedReader):
+    """A decompressing stream that closes the file it reads (Python's readers leave one given open)."""
+
+    def __init__(self, stream: Any, source: BinaryIO) -> None:
+        super().__init__(stream, buffer_size=1 << 20)
+        self._source = source
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._source.close()
+
+
+class _ToUTF8(io.RawIOBase):
+    """A binary stream of another encoding, read as UTF-8 bytes."""
+
+    def __init__(self, raw: BinaryIO, encoding: str) -> None:
+        self._raw = raw
+        self._decoder = codecs.getincrementaldecoder(encoding)(errors="surrogateescape")
+        self._held = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:
+        while not self._held:
+            block = self._raw.read(1 << 16)
+            self._held = self._decoder.decode(block, final=not block).encode("utf-8", "surrogateescape")
+            if not block:
+                break
+        n = min(len(buffer), len(self._held))
+        buffer[:n] = self._held[:n]
+        self._held = self._held[n:]
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+# -- checks of the bytes ---------------------------------------------------------------------------------
+#: Bytes at a file's start in which undecodable ones are counted.
+ENCODING_SAMPLE_BYTES = 1 << 16
+#: Share of a sample's non-ASCII bytes that may be undecodable before the file is taken to be in
+#: another encoding (a few bad rows are those rows' status, ``invalid_utf8``).
+MAX_UNDECODABLE_SHARE = 0.2
+#: The bytes a Parquet file starts with; read as lines, it would be rows of binary garbage.
+PARQUET_MAGIC = b"PAR1"
+#: Byte-order marks of "Unicode text"; UTF-32's begin with UTF-16's, so they come first.
+_OTHER_BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+
+
+def check_bytes(src: Source) -> None:
+    """Refuse files whose bytes the readers would turn into garbage rows: archives, compressed Parquet,
+    a Parquet file named as another format, and text in another encoding than the one given."""
+    if src.format == "datasets":
+        return
+    head = b""
+    try:
+        check_not_archive(src.path)
+        if src.format == "parquet":
+            if kind := compression_of(src.path):
+                raise InputError(
+                    f"{src.label} is {kind}-compressed; decompress it first (Parquet compresses its own pages)"
+                )
+            return
+        with open_binary(src.path) as f:  # as stored: a byte-order mark says what it holds
+            head = f.read(ENCODING_SAMPLE_BYTES)
+        if not _is_utf8(src.encoding):
+            with open_binary(src.path, src.encoding) as f:  # the decoder's own complaints
+                f.read(1 << 12)
+    except UnicodeError as e:  # not a byte it cannot decode (kept, as invalid_utf8): a stream it refuses
+        raise InputError(
+            f"{src.label} cannot be read as {src.encoding} ({first_line(e)}); check --encoding"
+        ) from None
+    except READ_ERRORS as e:
+        raise InputError(f"cannot read {src.label}: {getattr(e, 'strerror', None) or e}") from None
+    if head.startswith(PARQUET_MAGIC) and b"\0" in head[:64]:  # a review may begin with "PAR1"; no NUL
+        raise InputError(
+            f"{src.label} is a Parquet file, not {_FORMAT_NAMES.get(src.format, src.format)}; pass "
+            "--input-format parquet (or leave --input-format auto with a .parquet name)"
+        )
+    if not _is_utf8(src.encoding):
+        return
+    for bom, name in _OTHER_BOMS:
+        if head.startswith(bom):
+            raise InputError(
+                f"{src.label} is {name} text (it starts with a {name} byte-order mark); bertattn reads UTF-8: "
+                f"convert it first, e.g. iconv -f {name} -t UTF-8"
+            )
+    if name := _utf16_without_bom(head[:64]):
+        raise InputError(
+            f"{src.label} looks like {name} text without a byte-order mark (every other byte is NUL); "
+            f"bertattn reads UTF-8: convert it first (iconv -f {name} -t UTF-8) or pass --encoding {name.lower()}"
+        )
+    _check_mostly_utf8(src, head)
+
+
+def _utf16_without_bom(head: bytes) -> str | None:
+    """``UTF-16LE`` or ``UTF-16BE`` where most bytes of one parity are NUL and few of the other (ASCII
+    spelt in UTF-16, which is valid UTF-8), else None."""
+    if len(head) < 16:
+        return None
+    even, odd = head[0::2].count(0) / len(head[0::2]), head[1::2].count(0) / len(head[1::2])
+    if odd >= 0.6 and even <= 0.1:
+        return "UTF-16LE"
+    if even >= 0.6 and odd <= 0.1:
+        return "UTF-16BE"
+    return None
+
+
+def _check_mostly_utf8(src: Source, head: bytes) -> None:
+    """Refuse a file whose text is mostly not UTF-8 (what Chinese Excel saves: GB18030), with the
+    command that converts it: read as UTF-8 nearly every review would be ``invalid_utf8``."""
+    if len(head) == ENCODING_SAMPLE_BYTES:
+        head = head[:-4]  # a character the sample cut in two is no error
+    high = sum(b >= 0x80 for b in head)
+    bad = head.decode("utf-8", errors="replace").count("\ufffd")
+    if high < 16 or bad <= MAX_UNDECODABLE_SHARE * high:
+        return
+    fits = [e for e in ("gb18030", "big5", "shift_jis", "cp1252") if _decodes(head, e)]
+    if len(fits) == 1:
+        fix = f"convert it ({_iconv(src, fits[0].upper())}) or pass --encoding {fits[0]}"
+    elif fits:  # one double-byte encoding's bytes are often valid in another: the user knows which
+        fix = (f"they read as {', '.join(e.upper() for e in fits[:-1])} or {fits[-1].upper()}: pass the one "
+               f"it was saved in (--encoding {', '.join(fits[:-1])} or {fits[-1]}; a wrong one reads as garbled "
+               f"reviews), or convert it ({_iconv(src, 'ENCODING')})")  # fmt: skip
+    else:
+        fix = "convert it to UTF-8 or pass --encoding NAME"
+    named = f", and reads as {fits[0].upper()}" if len(fits) == 1 else ""
+    raise InputError(f"{src.label} is not UTF-8 text (most of its first bytes are no UTF-8{named}): {fix}")
+
+
+def _iconv(src: Source, encoding: str) -> str:
+    return f"iconv -f {encoding} -t UTF-8 {src.label} > utf8-{Path(src.label).name}"
+
+
+def _decodes(data: bytes, encoding: str) -> bool:
+    try:
+        data.decode(encoding)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def check_not_archive(path: Path | str) -> None:
+    """Refuse an archive (zip, 7z, tar, also a compressed tar): read as lines, its files are garbage."""
+    with storage.open_input(path, buffered=False) as f:
+        head = f.read(8)
+    kind = next((kind for kind, magic in _ARCHIVES.items() if magic.match(head)), None)
+    if kind is None:
+        with open_binary(path) as f:
+            kind = "tar" if _is_tar_header(f.read(512)) else None
+    if kind is not None:
+        raise InputError(
+            f"{path} is a {kind} archive; extract its files first (a file compressed on its own, such "
+            "as reviews.jsonl.gz, is read as it is)"
+        )
+
+
+def _is_tar_header(block: bytes) -> bool:
+    """A tar header: its magic at its place and its checksum right (a review may spell "mustard" there)."""
+    if len(block) < 512 or block[257:262] != b"ustar":
+        return False
+    try:
+        recorded = int(block[148:156].replace(b"\0", b" ").strip(), 8)
+    except ValueError:
+        return False
+    return recorded in tarfile.calc_chksums(block[:512])
+
+
+# -- streams ----------------------------------------------------------------------------------------------
+#: How a spool's name begins; its :func:`owner` follows, so one left by a killed process is known.
+SPOOL_PREFIX = "bertattn-stream-"
+#: Streams copied so far, by name: the copy, the stream while it has more, and the bytes read past the
+#: copy's last whole row. A second expansion in one process (finetune's) gets the same bytes.
+_SPOOLS: dict[str, tuple[Path, BinaryIO | None, bytes]] = {}
+
+
+def read_once(spec: str) -> bool:
+    """Whether an input a run recorded was a stream, which cannot be read again: standard input, a
+    device path (``/dev/fd/63`` names whatever the reading process has there now) or a FIFO."""
+    return spec == STDIN or spec.startswith(("/dev/", "/proc/")) or is_stream(Path(spec))
+
+
+def is_stream(path: Path) -> bool:
+    """A pipe, FIFO, socket or device: read once, not reopened (opening a FIFO without a writer hangs)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: str | None = None) -> Path:
+    """The bytes of stream ``name`` in a temporary file removed at exit: all of them, or with ``rows``
+    (a job's ``--limit``), of a plain line-based ``fmt``, whole rows enough for those and a margin (a
+    row counted here may be one the reader splits otherwise), so an endless producer is not copied
+    forever. A later call that wants more goes on copying."""
+    path, stream, tail = _SPOOLS[name] if name in _SPOOLS else (*_start(name), b"")
+    if stream is None:
+        return path
+    want = None if rows is None or fmt not in LINE_FORMATS else rows + max(int(rows * 0.1), 100)
+    try:
+        with open(path, "ab") as out:
+            out.write(tail)  # what a copy that stopped cut off, a part of a row
+            tail = b""
+            check_at = max(out.tell() * 2, 1 << 16)  # counted at doubling sizes: linear in all
+            while chunk := stream.read1(1 << 20):
+                out.write(chunk)
+                if want is not None and out.tell() >= check_at:
+                    out.flush()
+                    # a compressed copy cut short cannot be read, and an array's rows are no lines
+                    if compression_of(path) is not None or (fmt == "jsonl" and _json_array(path)):
+                        want = None
+                    elif (end := _rows_end(path, fmt, delimiter, want)) is not None:
+                        tail = _cut(path, end)
+                        break
+                    check_at = out.tell() * 2
+            else:
+                stream = None  # read to its end
+    except OSError as e:
+        if e.errno == errno.ENOSPC:  # the copy's folder is full, not the stream at fault
+            raise InputError(
+                f"cannot copy {name} into {path.parent}: no space left on the device; set TMPDIR to a "
+                "folder with room"
+            ) from None
+        raise InputError(f"cannot read {name}: {e.strerror or e}") from None
+    _SPOOLS[name] = (path, stream, tail)
+    return path
+
+
+def _start(name: str) -> tuple[Path, BinaryIO]:
+    _remove_orphan_spools()
+    fd, tmp = tempfile.mkstemp(prefix=f"{SPOOL_PREFIX}{owner()}-")
+    os.close(fd)
+    path = Path(tmp)
+    atexit.register(path.unlink, missing_ok=True)
+    if name == STDIN:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise InputError("- reads reviews from standard input, but nothing is piped in")
+        return path, sys.stdin.buffer
+    try:
+        return path, open(name, "rb")  # kept open: a later call may copy more
+    except OSError as e:
+        raise InputError(f"cannot read {name}: {e.strerror or e}") from None
+
+
+def _rows_end(path: Path, fmt: str, delimiter: str | None, want: int) -> int | None:
+    """Where the copy's first ``want`` rows end (a CSV's header too), in bytes; None where it holds
+    fewer. Read as Latin-1: the quotes, delimiters and line breaks of any encoding read are ASCII."""
+    end = 0
+
+    def lines() -> Iterator[str]:
+        nonlocal end
+        with open(path, "rb") as f:
+            for line in f:
+                end += len(line)
+                yield line.decode("latin-1")
+
+    if fmt in ("csv", "tsv"):  # a quoted field may hold line breaks: count records
+        records: Iterator[object] = csv.reader(
+            lines(), delimiter=delimiter or ("\t" if fmt == "tsv" else ",")
+        )
+        want += 1  # the header
+    else:
+        records = (line for line in lines() if fmt == "text" or line.strip())
+    with contextlib.suppress(csv.Error):  # a quote left open where the copy stops: not yet
+        for n, _ in enumerate(records, 1):
+            if n == want:
+                return end
+    return None
+
+
+def json_lead(f: BinaryIO) -> tuple[bytes, int]:
+    """A JSON file's first bytes that hold more than spaces (a byte-order mark dropped), and the line
+    breaks before them: a first ``[`` tells one array from JSON lines."""
+    lead, breaks = f.read(3).removeprefix(codecs.BOM_UTF8), 0
+    while not lead.strip() and (block := f.read(1 << 16)):
+        breaks, lead = breaks + lead.count(b"\n"), block
+    return lead, breaks
+
+
+def _json_array(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return json_lead(f)[0].lstrip().startswith(b"[")
+
+
+def _cut(path: Path, end: int) -> bytes:
+    """Cut the copy at ``end``; what followed, to be written again when it goes on."""
+    with open(path, "r+b") as f:
+        f.seek(end)
+        tail = f.read()
+        f.truncate(end)
+    return tail
+
+
+def owner(pid: int | None = None) -> str:
+    """Whose spool it is: the process (``pid``, else this one) in its pid namespace, as containers that
+    share a temporary folder number their processes apart."""
+    try:
+        space = "".join(filter(str.isdigit, os.readlink("/proc/self/ns/pid")))
+    except OSError:  # not Linux
+        space = "0"
+    return f"{space}.{os.getpid() if pid is None else pid}"
+
+
+def _remove_orphan_spools() -> None:
+    """Remove the spools of this namespace's processes that no longer run (a ``kill -9`` skips atexit)."""
+    here = owner().split(".")[0]
+    for old in Path(tempfile.gettempdir()).glob(f"{SPOOL_PREFIX}*.*-*"):
+        space, _, pid = old.name[len(SPOOL_PREFIX) :].split("-", 1)[0].partition(".")
+        if space == here and pid.isdigit() and not process_alive(int(pid)):
+            with contextlib.suppress(OSError):  # another user's, or removed meanwhile
+                old.unlink()
