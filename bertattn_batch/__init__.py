@@ -32,7 +32,7 @@ _API = {
     "validate_run": "analysis.validate",
     "aggregate": "analysis.aggregate",
     "build_report": "render.report",
-    "plot_review": "render.plot:plot",
+    "plot_review": "render.plot",
     "finetune": "train:finetune_files",
     "write_corpus": "inputs.corpora",
 }

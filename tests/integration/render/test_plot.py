@@ -18,7 +18,6 @@ from helpers import eager_oracle, minmax, read_attention, read_table
 from typer.testing import CliRunner
 
 import bertattn_batch.render.figures as figures
-import bertattn_batch.render.page as html_page
 import bertattn_batch.render.plot as plotting
 import bertattn_batch.render.review as reviews
 from bertattn_batch.cli import app
@@ -166,7 +165,7 @@ def test_png_and_html_files(en_run, tmp_path):
 def _missing_glyph_warnings(fig) -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        html_page.png_bytes(fig)
+        figures.png_bytes(fig)
     return [str(w.message) for w in caught if "missing from" in str(w.message)]
 
 
@@ -367,7 +366,7 @@ def test_the_seeds_table_for_a_spreadsheet(suffix, en_run, tmp_path):
 
     doc = short_doc(en_run)
     review = reviews.load_review(en_run, doc)
-    out = plotting.plot(tmp_path / f"t{suffix}", run_dir=en_run, doc_id=doc)
+    out = plotting.write_review(plotting.review_for_plot(en_run, doc), tmp_path / f"t{suffix}")
     if suffix == ".csv":
         with open(out, encoding="utf-8-sig") as f:
             rows = list(csv.reader(f))
@@ -474,8 +473,8 @@ def test_drawing_leaves_the_users_matplotlib_as_it_was(zh_run):
     plt.switch_backend("svg")  # a backend of the user's own
     with matplotlib.rc_context({"font.family": ["serif"], "text.parse_math": True}):
         plt.figure()  # pyplot in use, as in a notebook
-        figures.cls_png(reviews.load_review(zh_run, "seed"))
         figures.review_png(reviews.load_review(zh_run, "seed"))
+        plotting.plot_review(zh_run, "seed")
         assert matplotlib.rcParams["font.family"] == ["serif"] and matplotlib.rcParams["text.parse_math"]
         assert plt.get_fignums() == [1]  # none of its figures left with pyplot
         assert matplotlib.get_backend() == "svg"
@@ -489,3 +488,21 @@ def test_a_row_number_given_as_an_int_finds_its_review(tiny_en_dir, tmp_path):
     src.write_text("text\na good drug\nslow and bad\n")
     run_job(JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(tmp_path / "run"), progress=False))
     assert reviews.load_review(tmp_path / "run", 1).doc_id == "1"
+
+
+def test_plot_review_returns_figures_and_writes_nothing(en_run, tmp_path, monkeypatch):
+    """The notebook API: the package's plot_review gives the heads x tokens figure of the stored weights
+    (and with pairs=True the token x token maps too); only write_review writes a file."""
+    import bertattn_batch
+
+    monkeypatch.chdir(tmp_path)
+    doc = short_doc(en_run)
+    fig = bertattn_batch.plot_review(en_run, doc)
+    drawn = np.concatenate([np.asarray(ax.images[0].get_array()) for ax in fig.axes if ax.images], axis=1)
+    np.testing.assert_array_equal(drawn, stored(en_run, doc, 1, "weight_scaled"))
+    heads_fig, maps = bertattn_batch.plot_review(en_run, doc, pairs=True, tokens="0:5")
+    assert [t.get_text() for t in heads_fig.axes[0].get_xticklabels()] == reviews.load_review(
+        en_run, doc
+    ).tokens[:5]
+    assert maps.axes[0].images[0].get_array().shape == (7, 7)  # [CLS], 5 tokens, [SEP]
+    assert list(tmp_path.iterdir()) == []

@@ -32,7 +32,7 @@ from bertattn_batch.cli import app
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.errors import SpecError
-from bertattn_batch.render import accuracy, examples, report
+from bertattn_batch.render import accuracy, figures, report
 
 #: Screenshots of the browser tests, to look at: BERTATTN_TEST_ARTIFACTS, else a temporary folder.
 ARTIFACTS = Path(os.environ.get("BERTATTN_TEST_ARTIFACTS") or tempfile.mkdtemp(prefix="bertattn-artifacts-"))
@@ -77,7 +77,7 @@ def test_report_states_what_the_run_holds(run_dir, page):
     assert f"{first['token'][0]} ({first['mean_scaled'][0]:.2f})" in html
     # examples by the stated rule: typical length, then the margin between the two likeliest labels
     labels = ["negative", "neutral", "positive"]
-    picks = examples.pick(pl.from_arrow(read_table(run_dir, "predictions")), 2, labels)
+    picks = report.pick(pl.from_arrow(read_table(run_dir, "predictions")), 2, labels)
     lengths = sorted(p["n_tokens"] for p in preds)
     typical = [
         p for p in preds if lengths[len(lengths) // 4] <= p["n_tokens"] <= lengths[3 * len(lengths) // 4]
@@ -97,7 +97,7 @@ def test_report_states_what_the_run_holds(run_dir, page):
         assert re.search(
             rf"<figcaption>review {re.escape(e.doc_id)} ·[^<]*margin {e.margin:.3f}{mark}</", html
         )
-    wrong = examples.misclassified(pl.from_arrow(read_table(run_dir, "predictions")), 2, labels)
+    wrong = report.misclassified(pl.from_arrow(read_table(run_dir, "predictions")), 2, labels)
     assert all(e.misclassified for e in wrong) and "Most confidently misclassified reviews" in html
     assert html.count("data:image/png;base64,") == 1 + len(picks) + len(wrong)  # top tokens + examples
     assert "http://" not in html and "https://" not in html and "<script" not in html
@@ -666,7 +666,7 @@ def test_a_page_that_cannot_be_written_is_one_line(run_dir, tmp_path):
 @pytest.mark.parametrize(("random", "shown"), [(0.0004, False), (0.05, True)])
 def test_no_ratio_to_a_random_deletion_that_moves_nothing(random, shown):
     """Random deletion that moves the prediction by next to nothing gave ratios of noise (16.0x, -2.8x)."""
-    from bertattn_batch.render.trust import _faithfulness_html
+    from bertattn_batch.render.report import _faithfulness_html
 
     rows = [
         {"score": "random", "layer": None, "head": None, "comprehensiveness": random, "sufficiency": 0.1},
@@ -686,8 +686,6 @@ def test_the_top_tokens_heatmap_stays_readable_however_many_tokens_the_heads_top
     """Its width grew with the union of every head's top k: 16 heads' top 300 made a 73,000-pixel image
     that the page shrank to 3-pixel labels. Now rows of 64 tokens, and at most 256 tokens: each head's
     top k shrinks until the union fits."""
-    from bertattn_batch.render import report
-
     heads, k = 16, 300
     table = pl.DataFrame(
         {
@@ -700,9 +698,9 @@ def test_the_top_tokens_heatmap_stays_readable_however_many_tokens_the_heads_top
             "mean_scaled": 0.5,
         }
     )
-    fig = report.top_heatmap(table, 4, k)
+    fig = figures.top_heatmap(table, 4, k)
     tokens = [t.get_text() for ax in fig.axes[:-1] for t in ax.get_xticklabels()]
     assert len(tokens) == 256 and len(set(tokens)) == 256  # top 16 of each of 16 heads
     assert {f"t{h}-{r}" for h in range(heads) for r in range(1, 17)} == set(tokens)
-    assert "top 16 tokens" in fig.axes[0].get_title()
+    assert "top 16 tokens" in fig.texts[0].get_text()
     assert fig.get_figwidth() < 0.24 * 64 + 3 and len(fig.axes) == 4 + 1  # four rows and the colour bar
