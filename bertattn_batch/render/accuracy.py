@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 
 from ..run import Manifest
-from .html import data_table, esc
+from .html import data_table, esc, muted
 
 
 def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
@@ -89,16 +89,18 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool) -> st
     parts = ["<h2>Accuracy</h2>"]
     training = manifest.model.get("training") or {}
     if training.get("shortened"):
+        steps = f"{training.get('steps')} of {training.get('planned_steps')} steps"
         parts.append(
-            f'<p class="meta"><b>The model\'s training was cut short</b> at {training.get("steps")} of '
-            f"{training.get('planned_steps')} steps (max_train_seconds): it is not the job's full "
-            "schedule.</p>"
+            muted(
+                f"<b>The model's training was cut short</b> at {steps} (max_train_seconds): it is "
+                "not the job's full schedule."
+            )
         )
     if isinstance(heldout, str):
         conf = confusion(preds, labels) if not preds.is_empty() else None
         if conf is None:
             why = "No labelled review was scored." if labelled else "The source had no labels."
-            return "\n".join([*parts, f'<p class="meta">{why}</p>'])
+            return "\n".join([*parts, muted(why)])
         note = f"over every labelled review; {heldout}"
         return "\n".join([*parts, _line("accuracy", conf, note), _matrix(conf)])
     ids, training_files = heldout
@@ -106,9 +108,9 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool) -> st
     rest = preds.filter(~pl.col("doc_id").is_in(list(ids)))
     conf, trained = confusion(held, labels), confusion(rest, labels)
     if conf is None and not labelled:  # held-out reviews may be here, without labels to score
-        return "\n".join([*parts, '<p class="meta">The source had no labels.</p>'])
+        return "\n".join([*parts, muted("The source had no labels.")])
     if conf is None:
-        parts.append('<p class="meta">No labelled review the model was held out from is in this run.</p>')
+        parts.append(muted("No labelled review the model was held out from is in this run."))
     else:
         note = "reviews held out from the model's training"
         parts += [_line("held-out accuracy", conf, note), _matrix(conf)]

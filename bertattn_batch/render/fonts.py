@@ -146,16 +146,9 @@ def label(text: str) -> str:
     if not _warned:
         _warned.add("missing")
         shown = min(missing, key=lambda c: (not is_cjk(c), text.index(c)))
-        advice = (
-            f"for CJK: {INSTALL_HINT}"
-            if is_cjk(shown)
-            else "install a font that has them (fc-list shows the fonts here)"
-        )
+        advice = f"for CJK: {INSTALL_HINT}" if is_cjk(shown) else "install a font that has them (fc-list)"
         log.warning(
-            "no font here draws %r (U+%04X): such characters are shown as U+XXXX codes; %s",
-            shown,
-            ord(shown),
-            advice,
+            "no font here draws %r (U+%04X): it is shown as a U+XXXX code; %s", shown, ord(shown), advice
         )
     return "".join(f"U+{ord(c):04X}" if c in missing else c for c in text)
 

@@ -41,6 +41,11 @@ def esc(value: object) -> str:
     return escape(printable(str(value), None))
 
 
+def muted(text: str) -> str:
+    """A paragraph of notes in grey (``text``: HTML)."""
+    return f'<p class="meta">{text}</p>'
+
+
 def page(title: str, body: str) -> str:
     """A complete HTML document around ``body`` (HTML); its CJK characters bring a font subset along."""
     return (

@@ -1,17 +1,11 @@
-"""One self-contained HTML page about a run: what it did, how accurate it is, which tokens each head
-attends to, how far to believe it, and example reviews.
+"""One self-contained HTML page about a run: what it did, its accuracy, the tokens each head attends to,
+how far to believe that, and example reviews. Figures are PNG data URIs and styles inline: the page opens
+without a network.
 
 Usage::
 
-    bertattn report runs/r1                      # writes runs/r1/report.html
-    bertattn report runs/r1 --out r1.html --examples 3 --top-k 8
-
-    from bertattn_batch import build_report
-    build_report("runs/r1")
-
-The top tokens come from ``aggregate`` (recomputed when missing or out of date); the faithfulness table
-from ``bertattn faithfulness``. Figures are PNG data URIs and the styles are inline: the file opens
-without a network.
+    bertattn report runs/r1 --out r1.html --examples 3 --top-k 8     # default: runs/r1/report.html
+    bertattn_batch.build_report("runs/r1")
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import polars as pl
 import pyarrow.parquet as pq
@@ -43,53 +37,29 @@ from ..run import (
     status_now,
 )
 from .accuracy import accuracy_html
-from .figures import png_bytes, review_png, top_heatmap
-from .html import data_table, esc, img, page
-from .review import load_reviews, run_layer
+from .examples import examples_html, misclassified, pick
+from .figures import png_bytes, top_heatmap
+from .html import data_table, esc, img, muted, page
+from .review import run_layer
 
-#: How the example reviews are chosen. Probabilities that label smoothing caps tie by the hundred, and
-#: the shortest reviews say nothing of what a head reads.
-RULE = (
-    "reviews of a typical length (tokens between the 25th and 75th percentile of the run's), largest "
-    "margin between the two most probable labels first; ties by the length nearest the median"
-)
 #: What each measure says and where it stops (docs/measures.md has the references).
-NOTES = (
-    (
-        "weight",
-        "where the head's [CLS] query looks (the seed's view); a head can look hard at a token "
-        "whose value it barely passes on.",
-    ),
-    (
-        "weight_norm",
-        "how much the token actually adds to the head's output (Kobayashi et al., 2020): "
-        "weight times the length of its transformed value; still one layer, residual and feed-forward left out.",
-    ),
-    (
-        "value_zeroing",
-        "how far the layer's [CLS] output moves when the token's values are removed "
-        "(Mohebbi et al., 2023); one layer at a time, the attention held fixed.",
-    ),
-    (
-        "log-odds z",
-        "what a head attends to more in one label than the others, rare tokens held back "
-        "(Monroe et al., 2008); a difference in where it looks, not a cause.",
-    ),
-    (
-        "comprehensiveness / sufficiency",
-        "how much the predicted label's probability drops when the "
-        "score's top tokens are deleted, and how much of it they keep alone (ERASER, DeYoung et al., "
-        "2020); deleting tokens makes inputs the model never saw, so read them against random deletion.",
-    ),
-)
+NOTES = {
+    "weight": "where the head's [CLS] query looks (the seed's view); a head can look hard at a token whose "
+    "value it barely passes on.",
+    "weight_norm": "how much the token actually adds to the head's output (Kobayashi et al., 2020): weight "
+    "times the length of its transformed value; still one layer, residual and feed-forward left out.",
+    "value_zeroing": "how far the layer's [CLS] output moves when the token's values are removed (Mohebbi et "
+    "al., 2023); one layer at a time, the attention held fixed.",
+    "log-odds z": "what a head attends to more in one label than the others, rare tokens held back (Monroe "
+    "et al., 2008); a difference in where it looks, not a cause.",
+    "comprehensiveness / sufficiency": "how much the predicted label's probability drops when the score's "
+    "top tokens are deleted, and how much of it they keep alone (ERASER, DeYoung et al., 2020); deleting "
+    "tokens makes inputs the model never saw, so read them against random deletion.",
+}
 #: Random deletion's comprehensiveness below which no ratio to it is shown: it moved nothing but noise.
 MIN_RANDOM = 0.01
 #: Contrast tokens shown per head and predicted label.
 CONTRAST_TOKENS = 3
-
-
-def _meta(text: str) -> str:
-    return f'<p class="meta">{text}</p>'
 
 
 # -- the run ------------------------------------------------------------------------------------------
@@ -180,7 +150,7 @@ def _tokens_html(
         table, rank_by = agg.ranked(table, agg.RANK_BY), f"{agg.RANK_BY} ({rank_by} compares labels)"
     parts = [
         f"<h2>Top tokens per head · {layer_name(layer, num_layers)}</h2>",
-        _meta(
+        muted(
             f"From {agg.AGGREGATES_DIR}/{agg.TABLE}.parquet: tokens seen in at least {opts.get('min_reviews')} "
             f"reviews, ranked by {esc(rank_by)}; cells give the token and its mean scaled weight."
         ),
@@ -189,7 +159,7 @@ def _tokens_html(
         top = top_tokens(table, k, unit, "all", [layer])
         if top.is_empty():
             why = "passes the filter" if scored else "was counted: no review of this run was scored"
-            parts.append(_meta(f"No {unit} {why}."))
+            parts.append(muted(f"No {unit} {why}."))
             continue
         parts += [f"<h3>{unit.capitalize()}s, all reviews</h3>", _top_table_html(top, byte_level=byte_level)]
         if unit == "token":
@@ -201,10 +171,10 @@ def _tokens_html(
         return "\n".join(parts)
     if by_pred["log_odds_z"].is_null().all():  # one predicted label
         label = esc(by_pred["class_label"][0])
-        return "\n".join([*parts, _meta(f"Every scored review is predicted {label}: no label to contrast.")])
+        return "\n".join([*parts, muted(f"Every scored review is predicted {label}: no label to contrast.")])
     parts.append(
         "<h3>What each head attends to more in one predicted label than in the others</h3>"
-        + _meta(
+        + muted(
             "Cells give the token and its z-score: the log-odds of the head's attention mass on it in this "
             "label against the others, with the run's own totals as an informative Dirichlet prior "
             "(Monroe, Colaresi &amp; Quinn 2008). A large z needs both a large ratio and much attention "
@@ -247,7 +217,7 @@ def _faithfulness_html(
     base = random["comprehensiveness"][0] if random.height else None
     n = int(aopc["n_reviews"][0]) if aopc.height else 0
     out = [
-        _meta(
+        muted(
             f"From faithfulness/head_faithfulness.parquet: {n} reviews, the top "
             f"{', '.join(f'{k:.0%}' for k in FRACTIONS)} of each review's tokens deleted (means over those "
             "shares). A head's ranking is worth reading where its comprehensiveness is well above random's "
@@ -290,15 +260,15 @@ def _believe_html(run: Path, manifest: Manifest, aggregates: pl.DataFrame) -> st
     meta = (pq.read_schema(path).metadata or {}) if path.is_file() else None
     if meta is None:
         what = "ranks every head by how much deleting its top tokens moves the prediction"
-        parts.append(_meta(f"No faithfulness measured yet: {command} {what}."))
+        parts.append(muted(f"No faithfulness measured yet: {command} {what}."))
     elif meta.get(b"run_id", b"").decode() != manifest.run_id:
         where = "faithfulness/head_faithfulness.parquet was measured on an earlier run in this folder"
-        parts.append(_meta(f"{where}: run {command} again."))
+        parts.append(muted(f"{where}: run {command} again."))
     else:
         sampled = meta.get(b"parts")
         if sampled is not None and json.loads(sampled) != sorted(p.name for p in manifest.parts):
             parts.append(
-                _meta(
+                muted(
                     "Measured before the run's latest parts were committed (an <code>--incremental</code> "
                     f"pass or a resume): its sample leaves their reviews out. Run {command} again to sample "
                     "them all."
@@ -306,72 +276,7 @@ def _believe_html(run: Path, manifest: Manifest, aggregates: pl.DataFrame) -> st
             )
         contrasts = head_contrasts(aggregates, manifest.layers, manifest.byte_level)
         parts += _faithfulness_html(pl.read_parquet(path), manifest.num_layers, contrasts)
-    parts.append("<ul>" + "".join(f"<li><b>{esc(m)}</b>: {esc(t)}</li>" for m, t in NOTES) + "</ul>")
-    return "\n".join(parts)
-
-
-# -- example reviews ----------------------------------------------------------------------------------
-class Example(NamedTuple):
-    doc_id: str
-    pred_label: str
-    label: str | None
-    margin: float
-    misclassified: bool  # the label is one the model predicts, and not the prediction
-
-
-def _ranked(preds: pl.DataFrame, labels: list[str]) -> pl.DataFrame:
-    """Scored reviews of typical length in the order of :data:`RULE` (``labels``: the model's; a label it
-    cannot predict marks no review misclassified)."""
-    ok = preds.filter(pl.col("status") == "ok")
-    if ok.is_empty():
-        return ok.with_columns(margin=pl.lit(0.0), misclassified=pl.lit(False))
-    lo, mid, hi = (ok["n_tokens"].quantile(q, "nearest") for q in (0.25, 0.5, 0.75))
-    top2 = pl.col("probs").list.sort(descending=True)
-    return (
-        ok.filter(pl.col("n_tokens").is_between(lo, hi))
-        .with_columns(
-            margin=(top2.list.get(0) - top2.list.get(1, null_on_oob=True).fill_null(0.0)).cast(pl.Float64),
-            off_median=(pl.col("n_tokens") - mid).abs(),
-            misclassified=pl.col("label").is_in(labels).fill_null(False)
-            & (pl.col("label") != pl.col("pred_label")),
-        )
-        .sort(["margin", "off_median", "doc_id"], descending=[True, False, False])
-    )
-
-
-def _examples(rows: pl.DataFrame) -> list[Example]:
-    return [Example(*r) for r in rows.select(*Example._fields).rows()]
-
-
-def pick(preds: pl.DataFrame, per_label: int, labels: list[str]) -> list[Example]:
-    """The first ``per_label`` examples of each predicted label by :data:`RULE`, labels in order."""
-    ranked = _ranked(preds, labels).group_by("pred_label", maintain_order=True).head(per_label)
-    return _examples(ranked.sort("pred_label", maintain_order=True))
-
-
-def misclassified(preds: pl.DataFrame, k: int, labels: list[str]) -> list[Example]:
-    """The ``k`` most confidently misclassified reviews."""
-    return _examples(_ranked(preds, labels).filter(pl.col("misclassified")).head(k))
-
-
-def _examples_html(run: Path, picks: list[Example], layer: int, title: str, by_label: bool = True) -> str:
-    if not picks:
-        return ""
-    parts = [f"<h2>{esc(title)}</h2>", _meta(f"Chosen as {esc(RULE)}.")]
-    label = None
-    for review, example in zip(load_reviews(run, [e.doc_id for e in picks], layer), picks, strict=True):
-        if by_label and example.pred_label != label:
-            parts.append(f"<h3>Predicted {esc(example.pred_label)}</h3>")
-            label = example.pred_label
-        mark = " · misclassified" if example.misclassified else ""
-        caption = f"{review.title()} · margin {example.margin:.3f}{mark}"
-        parts.append(
-            img(
-                review_png(review, dpi=110),
-                alt=f"heads x tokens heatmap of {review.title()}",
-                caption=caption,
-            )
-        )
+    parts.append("<ul>" + "".join(f"<li><b>{esc(m)}</b>: {esc(t)}</li>" for m, t in NOTES.items()) + "</ul>")
     return "\n".join(parts)
 
 
@@ -432,9 +337,9 @@ def build_report(
         accuracy_html(manifest, preds, labelled),
         _tokens_html(table, meta, idx, top_k, scored, manifest.byte_level, manifest.num_layers),
         _believe_html(run, manifest, table),
-        _examples_html(run, pick(preds, examples, labels), idx, "Example reviews") if shown else "",
-        _examples_html(run, wrong, idx, "Most confidently misclassified reviews", False) if shown else "",
-        _meta(
+        examples_html(run, pick(preds, examples, labels), idx, "Example reviews") if shown else "",
+        examples_html(run, wrong, idx, "Most confidently misclassified reviews", False) if shown else "",
+        muted(
             f"Written {time.strftime('%Y-%m-%d %H:%M')} by bertattn report in {time.perf_counter() - t0:.1f}s."
         ),
     ]

@@ -32,7 +32,7 @@ from bertattn_batch.cli import app
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.errors import SpecError
-from bertattn_batch.render import accuracy, figures, report
+from bertattn_batch.render import accuracy, examples, figures, report
 
 #: Screenshots of the browser tests, to look at: BERTATTN_TEST_ARTIFACTS, else a temporary folder.
 ARTIFACTS = Path(os.environ.get("BERTATTN_TEST_ARTIFACTS") or tempfile.mkdtemp(prefix="bertattn-artifacts-"))
@@ -77,7 +77,7 @@ def test_report_states_what_the_run_holds(run_dir, page):
     assert f"{first['token'][0]} ({first['mean_scaled'][0]:.2f})" in html
     # examples by the stated rule: typical length, then the margin between the two likeliest labels
     labels = ["negative", "neutral", "positive"]
-    picks = report.pick(pl.from_arrow(read_table(run_dir, "predictions")), 2, labels)
+    picks = examples.pick(pl.from_arrow(read_table(run_dir, "predictions")), 2, labels)
     lengths = sorted(p["n_tokens"] for p in preds)
     typical = [
         p for p in preds if lengths[len(lengths) // 4] <= p["n_tokens"] <= lengths[3 * len(lengths) // 4]
@@ -97,7 +97,7 @@ def test_report_states_what_the_run_holds(run_dir, page):
         assert re.search(
             rf"<figcaption>review {re.escape(e.doc_id)} ·[^<]*margin {e.margin:.3f}{mark}</", html
         )
-    wrong = report.misclassified(pl.from_arrow(read_table(run_dir, "predictions")), 2, labels)
+    wrong = examples.misclassified(pl.from_arrow(read_table(run_dir, "predictions")), 2, labels)
     assert all(e.misclassified for e in wrong) and "Most confidently misclassified reviews" in html
     assert html.count("data:image/png;base64,") == 1 + len(picks) + len(wrong)  # top tokens + examples
     assert "http://" not in html and "https://" not in html and "<script" not in html
