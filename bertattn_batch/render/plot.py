@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .._util import atomic_path, writing
 from ..analysis.spelling import readable
@@ -22,6 +23,9 @@ from ..errors import SpecError
 from .figures import cls_figure, pairs_figure, review_png
 from .html import page, review_html
 from .review import ReviewAttention, add_pairs, load_review, review_from_text, select, token_range
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SUFFIXES = (".png", ".html", ".htm", ".csv", ".xlsx")
 TABLES = (".csv", ".xlsx")
@@ -75,7 +79,9 @@ def review_for_plot(
     return select(review, shown, specials)
 
 
-def plot_review(run_dir: str | Path | None = None, doc_id: str | None = None, **options):
+def plot_review(
+    run_dir: str | Path | None = None, doc_id: str | None = None, **options: Any
+) -> Figure | tuple[Figure, Figure]:
     """The heads x tokens figure of a review (see :func:`review_for_plot` for the options); with
     ``pairs=True``, that figure and the token x token maps' figure."""
     review = review_for_plot(run_dir, doc_id, **options)

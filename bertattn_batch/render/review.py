@@ -123,7 +123,7 @@ def from_rows(rows: pl.DataFrame, doc_id: str, layer: int) -> ReviewAttention:
     """A review from its attention rows in the long form (``run.attention_rows``), in any order."""
     rows = rows.filter((pl.col("doc_id") == doc_id) & (pl.col("layer") == layer)).sort(["head", "position"])
     if rows.is_empty():
-        raise InputError(f"no attention rows for review {doc_id!r} at layer {layer}")
+        raise RunDirError(f"review {doc_id!r} has no attention rows at layer {layer}")
     heads = rows["head"].n_unique()
     n = rows.height // heads
     first = rows.filter(pl.col("head") == rows["head"][0])
@@ -181,10 +181,10 @@ def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = No
     ).collect(engine="streaming")
     out = []
     for doc_id in doc_ids:
-        if rows.filter(pl.col("doc_id") == doc_id).is_empty():
+        found = preds.filter(pl.col("doc_id") == doc_id)
+        if found.is_empty():
             raise InputError(f"review {doc_id!r} is not among the scored reviews of {run}")
-        review = from_rows(rows, doc_id, idx)
-        pred = preds.filter(pl.col("doc_id") == doc_id).row(0, named=True)
+        review, pred = from_rows(rows, doc_id, idx), found.row(0, named=True)
         review.pred_label, review.label = pred["pred_label"], pred["label"]
         review.byte_level, review.num_layers = manifest.byte_level, manifest.num_layers
         if pred["probs"] is not None and pred["pred_id"] is not None:
@@ -259,7 +259,7 @@ def review_from_text(
 
 def add_pairs(
     review: ReviewAttention,
-    run_dir: str | Path | None = None,
+    run_dir: str | Path,
     model: str | None = None,
     text: str | None = None,
     device: str = "cpu",
@@ -268,9 +268,7 @@ def add_pairs(
     run scored, or on ``text`` where given (which must give the run's tokens)."""
     from ..model import encode_texts, with_special_tokens
 
-    if text is None and run_dir is None:
-        raise SpecError("token x token maps need the review's run or its text: pass --text")
-    manifest = read_manifest(run_dir) if run_dir is not None else Manifest()
+    manifest = read_manifest(run_dir)
     clf = load_run_model(
         manifest,
         model,
