@@ -8,6 +8,7 @@ Library entry points (the CLI is a thin layer over these)::
     report = ba.validate_run("runs/r1")
     result = ba.aggregate("runs/r1")
     ba.build_report("runs/r1")
+    fig = ba.plot_review("runs/r1", "42")    # a matplotlib figure of one review
 
 Importing the package sets nothing and imports neither torch nor polars: each entry point loads its
 stage when first used.
@@ -32,7 +33,7 @@ _API = {
     "validate_run": "analysis.validate",
     "aggregate": "analysis.aggregate",
     "build_report": "render.report",
-    "plot_review": "render.plot:plot",
+    "plot_review": "render.plot",
     "finetune": "train:finetune_files",
     "write_corpus": "inputs.corpora",
 }

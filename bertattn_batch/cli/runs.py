@@ -214,25 +214,15 @@ def plot(
     bertattn plot --text "上菜慢，服务态度差" --model models/zh-senti --out seed.png
     """
     setup(debug)
-    from ..render.plot import plot as plot_review
+    from ..render.plot import output_path, review_for_plot, write_review
 
-    path = call(
-        lambda: plot_review(
-            out,
-            run_dir=run_dir,
-            doc_id=doc_id,
-            text=text,
-            model=model,
-            layer=layer,
-            pairs=pairs,
-            device=device,
-            tokens=tokens,
-            specials=specials,
-        ),
-        REDONE,
-        completes=True,
-    )
+    def plot_to_file() -> Path:
+        output_path(out, pairs)  # before any model loads
+        options = dict(text=text, model=model, layer=layer, pairs=pairs, device=device, tokens=tokens)
+        review = review_for_plot(run_dir, doc_id, specials=specials, **options)
+        return write_review(review, out, pairs=pairs)
 
+    path = call(plot_to_file, REDONE, completes=True)
     typer.echo(f"wrote {path}")
 
 

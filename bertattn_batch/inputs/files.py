@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 
 from .. import storage
-from .._util import process_alive
+from .._files import process_alive
 from ..errors import InputError, first_line
 
 #: What names standard input among the inputs.

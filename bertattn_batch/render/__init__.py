@@ -1,7 +1,7 @@
-"""The rendering stage: pictures of one review (``plot``) and one self-contained page per run (``report``).
-The function ``plot`` is ``render.plot.plot``."""
+"""The rendering stage: pictures of one review (``plot_review``, ``bertattn plot``) and one
+self-contained HTML page per run (``build_report``, ``bertattn report``)."""
 
-from .plot import write_review
+from .plot import plot_review, review_for_plot, write_review
 from .report import build_report
 from .review import ReviewAttention, load_review, load_reviews, review_from_text
 
@@ -10,6 +10,8 @@ __all__ = [
     "build_report",
     "load_review",
     "load_reviews",
+    "plot_review",
+    "review_for_plot",
     "review_from_text",
     "write_review",
 ]

@@ -1,9 +1,6 @@
-"""The report's accuracy: held out apart from training data, where the run's model says which reviews
-trained it (``train.save.HELDOUT_FILE``), and the confusion matrix of the held-out reviews.
-
-Why: 90% of a job's labelled reviews train its model, so accuracy over all of them reads as the
-model's skill (0.90) where its held-out accuracy is 0.83.
-"""
+"""The report's accuracy section: the confusion matrix, and accuracy on reviews held out from the model's
+training apart from accuracy on the reviews that trained it (where its training recorded which:
+``train.save.HELDOUT_FILE``), since most of a job's labelled reviews train its model."""
 
 from __future__ import annotations
 
@@ -15,15 +12,13 @@ from typing import Any
 import polars as pl
 
 from ..run import Manifest
-from . import page
+from .html import data_table, esc, muted
 
 
 def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
-    """Accuracy over labelled reviews whose label the model knows, and the confusion counts.
-
-    Rows: every true label seen (a label the model cannot predict, such as 'neutral' for a
-    two-label model, gets a row but stays out of the accuracy); columns: the model's labels.
-    """
+    """Accuracy over labelled reviews whose label the model knows, and the confusion counts. Rows: every
+    true label seen (one the model cannot predict gets a row but stays out of the accuracy); columns:
+    the model's labels."""
     ok = preds.filter((pl.col("status") == "ok") & pl.col("label").is_not_null())
     if ok.is_empty():
         return None
@@ -44,13 +39,11 @@ def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
 
 
 def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
-    """The doc ids the run's model was not trained on, where its training recorded them, and whether
-    the run read the files it was trained on (so that its other reviews are training data); else why not.
+    """The doc ids the run's model was not trained on, and whether the run read just the files it was
+    trained on (so that its other reviews trained it); else why they are not known.
 
-    Ids of the run's own id column are taken to name the same reviews in any corpus (a corpus whose
-    ids repeat another's, such as 1..N, would be misread: train with ids unique to each). Row numbers
-    (a training without an id column) do so only where the run read the files the model was trained
-    on, first and in the same order: row 7 of another corpus is another review.
+    Ids of an id column name the same reviews in any corpus; row numbers only where the run read the
+    files the model was trained on, first and in the same order.
     """
     training = manifest.model.get("training") or {}
     path = training.get("heldout_ids")
@@ -80,8 +73,7 @@ def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
 
 
 def _same_first_files(trained: list[dict[str, Any]], run: list[dict[str, Any]]) -> bool:
-    """The files the model was trained on are the run's first files, by size and end bytes (a copy
-    elsewhere is the same file)."""
+    """The files the model was trained on are the run's first files, by size and end bytes."""
     if len(trained) > len(run):
         return False
     return all(
@@ -91,22 +83,24 @@ def _same_first_files(trained: list[dict[str, Any]], run: list[dict[str, Any]]) 
 
 
 def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool) -> str:
-    """``labelled``: the run read a label column, so a missing matrix means no labelled review scored."""
+    """The section; ``labelled``: the run read labels, so a missing matrix means none was scored."""
     labels = manifest.labels
     heldout = heldout_ids(manifest) if not preds.is_empty() else ""
     parts = ["<h2>Accuracy</h2>"]
     training = manifest.model.get("training") or {}
     if training.get("shortened"):
+        steps = f"{training.get('steps')} of {training.get('planned_steps')} steps"
         parts.append(
-            f'<p class="meta"><b>The model\'s training was cut short</b> at {training.get("steps")} of '
-            f"{training.get('planned_steps')} steps (max_train_seconds): it is not the job's full "
-            "schedule.</p>"
+            muted(
+                f"<b>The model's training was cut short</b> at {steps} (max_train_seconds): it is "
+                "not the job's full schedule."
+            )
         )
     if isinstance(heldout, str):
         conf = confusion(preds, labels) if not preds.is_empty() else None
         if conf is None:
             why = "No labelled review was scored." if labelled else "The source had no labels."
-            return "\n".join([*parts, f'<p class="meta">{why}</p>'])
+            return "\n".join([*parts, muted(why)])
         note = f"over every labelled review; {heldout}"
         return "\n".join([*parts, _line("accuracy", conf, note), _matrix(conf)])
     ids, training_files = heldout
@@ -114,9 +108,9 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool) -> st
     rest = preds.filter(~pl.col("doc_id").is_in(list(ids)))
     conf, trained = confusion(held, labels), confusion(rest, labels)
     if conf is None and not labelled:  # held-out reviews may be here, without labels to score
-        return "\n".join([*parts, '<p class="meta">The source had no labels.</p>'])
+        return "\n".join([*parts, muted("The source had no labels.")])
     if conf is None:
-        parts.append('<p class="meta">No labelled review the model was held out from is in this run.</p>')
+        parts.append(muted("No labelled review the model was held out from is in this run."))
     else:
         note = "reviews held out from the model's training"
         parts += [_line("held-out accuracy", conf, note), _matrix(conf)]
@@ -133,7 +127,7 @@ def _line(what: str, conf: dict[str, Any], note: str) -> str:
     if conf["n_unknown"]:
         note += f"; {conf['n_unknown']} with other labels are in the matrix but not in the accuracy"
     value = f"{conf['accuracy']:.4f}" if conf["n_known"] else "n/a"  # none known: no accuracy to give
-    return f'<p>{page.esc(what)} <b>{value}</b> <span class="meta">({page.esc(note)})</span></p>'
+    return f'<p>{esc(what)} <b>{value}</b> <span class="meta">({esc(note)})</span></p>'
 
 
 def _matrix(conf: dict[str, Any]) -> str:
@@ -142,4 +136,4 @@ def _matrix(conf: dict[str, Any]) -> str:
     for t in conf["rows"]:
         counts = [conf["counts"].get((t, p), 0) for p in conf["cols"]]
         rows.append([t, *counts, sum(counts)])
-    return page.data_table(header, rows, [False] + [True] * (len(header) - 1))
+    return data_table(header, rows, [False] + [True] * (len(header) - 1))

@@ -1,10 +1,11 @@
-"""``bertattn plot``: heatmaps of one review, from a run by its id or from a text through a model.
+"""One review's pictures: ``plot_review`` returns them as matplotlib figures, ``write_review`` writes
+them (``bertattn plot``) as PNG or HTML, or the heads x tokens table as CSV or XLSX.
 
 Usage::
 
-    bertattn plot runs/r1 --doc-id 42 --out r42.png                 # heads x tokens, [CLS] row
-    bertattn plot runs/r1 --doc-id 42 --out r42.html --pairs        # + token x token per head
-    bertattn plot --text "上菜慢，服务态度差" --model models/zh-senti --out seed.png
+    fig = plot_review("runs/r1", "42")                                   # heads x tokens, [CLS] row
+    fig, maps = plot_review("runs/r1", "42", pairs=True)                 # + token x token per head
+    fig = plot_review(text="上菜慢，服务态度差", model="models/zh-senti")
 
 The heads x tokens picture is the seed's: each head's ``[CLS]`` row over the content tokens, min-max
 scaled per head; from a run it shows exactly the stored ``weight_scaled``.
@@ -12,56 +13,40 @@ scaled per head; from a run it shows exactly the stored ``weight_scaled``.
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .._files import atomic_path, writing
+from ..analysis.spelling import readable
 from ..errors import SpecError
-from . import page
-from .figures import review_html, review_png
+from .figures import cls_figure, pairs_figure, review_png
+from .html import page, review_html
 from .review import ReviewAttention, add_pairs, load_review, review_from_text, select, token_range
-from .table import write_table
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SUFFIXES = (".png", ".html", ".htm", ".csv", ".xlsx")
+TABLES = (".csv", ".xlsx")
 
 
-def _checked_out(out: str | Path, pairs: bool = False) -> Path:
+def output_path(out: str | Path, pairs: bool = False) -> Path:
+    """``out`` checked to name a file ``write_review`` writes (before any model loads)."""
     path = Path(out)
     if path.suffix.lower() not in SUFFIXES:
         raise SpecError(f"--out must end in {', '.join(SUFFIXES)}; got {path.name!r}")
-    if pairs and path.suffix.lower() in (".csv", ".xlsx"):
+    if pairs and path.suffix.lower() in TABLES:
         raise SpecError(
             f"--pairs draws token x token maps, which a {path.suffix} table cannot hold; write .png or .html"
         )
     return path
 
 
-def write_review(review: ReviewAttention, out: str | Path, pairs: bool = False) -> Path:
-    """Write a review: PNG or HTML (heads x tokens, and the token x token maps with ``pairs``: the same
-    content either way), or its heads x tokens table as CSV or XLSX."""
-    path = _checked_out(out, pairs)
-    suffix = path.suffix.lower()
-    with writing(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path, unique=True) as tmp:  # a full disk leaves no empty picture behind
-            if suffix in (".csv", ".xlsx"):
-                part = tmp.with_name(tmp.name + suffix)  # the suffix says which table to write
-                try:
-                    write_table(review, part).replace(tmp)
-                finally:
-                    part.unlink(missing_ok=True)
-            elif suffix == ".png":
-                tmp.write_bytes(review_png(review, pairs=pairs))
-            else:
-                tmp.write_text(
-                    page.page(review.title(), review_html(review, heading=False)), encoding="utf-8"
-                )
-    return path
-
-
-def plot(
-    out: str | Path,
+def review_for_plot(
     run_dir: str | Path | None = None,
     doc_id: str | None = None,
+    *,
     text: str | None = None,
     model: str | None = None,
     layer: int | None = None,
@@ -69,12 +54,10 @@ def plot(
     device: str = "cpu",
     tokens: str | None = None,
     specials: bool = True,
-) -> Path:
-    """The ``plot`` command: a review of a run (``run_dir`` + ``doc_id``) or a text (``text`` + ``model``;
-    ``doc_id`` then names it in the title).
-    ``tokens``: a range of content tokens to show (``0:40``); ``specials``: [CLS] and [SEP] in the
-    token x token maps."""
-    _checked_out(out, pairs)  # before any model loads
+) -> ReviewAttention:
+    """A review of a run (``run_dir`` + ``doc_id``) or a text (``text`` + ``model``; ``doc_id`` then
+    names it), with token x token matrices where ``pairs``. ``tokens``: the content tokens to show
+    (``"0:40"``); ``specials``: [CLS] and [SEP] in the token x token maps."""
     if not specials and not pairs:
         raise SpecError("--no-specials leaves [CLS] and [SEP] out of the token x token maps: add --pairs")
     shown = token_range(tokens)
@@ -91,7 +74,56 @@ def plot(
     else:
         if text is None or model is None:
             raise SpecError("give RUN_DIR and --doc-id, or --text and --model")
-        review = review_from_text(
-            text, model, -2 if layer is None else layer, pairs=pairs, device=device, doc_id=doc_id or "text"
-        )
-    return write_review(select(review, shown, specials), out, pairs=pairs)
+        layer = -2 if layer is None else layer
+        review = review_from_text(text, model, layer, pairs=pairs, device=device, doc_id=doc_id or "text")
+    return select(review, shown, specials)
+
+
+def plot_review(
+    run_dir: str | Path | None = None, doc_id: str | None = None, **options: Any
+) -> Figure | tuple[Figure, Figure]:
+    """The heads x tokens figure of a review (see :func:`review_for_plot` for the options); with
+    ``pairs=True``, that figure and the token x token maps' figure."""
+    review = review_for_plot(run_dir, doc_id, **options)
+    return (cls_figure(review), pairs_figure(review)) if options.get("pairs") else cls_figure(review)
+
+
+def _write_table(review: ReviewAttention, path: Path, suffix: str) -> None:
+    """The seed's table, as the seed post read it in Excel: a row per head and measure (scaled, raw),
+    a column per token (``position token``), the header first; the xlsx's third sheet holds the title."""
+    tokens = readable(review.tokens, review.byte_level)
+    header = ["head", "measure", *(f"{p} {t}" for p, t in zip(review.positions, tokens, strict=True))]
+    measures = {"scaled": review.scaled, "raw": review.weight}
+    rows = {
+        m: [[h, m, *map(float, values[h])] for h in range(review.num_heads)] for m, values in measures.items()
+    }
+    if suffix == ".csv":
+        with open(path, "w", newline="", encoding="utf-8-sig") as f:  # the mark tells Excel it is UTF-8
+            csv.writer(f).writerows([header, *rows["scaled"], *rows["raw"]])
+        return
+    import xlsxwriter
+
+    with xlsxwriter.Workbook(str(path)) as book:
+        for measure, body in rows.items():
+            sheet = book.add_worksheet(measure)
+            for i, row in enumerate([header, *body]):
+                sheet.write_row(i, 0, row)
+            sheet.conditional_format(1, 2, review.num_heads, len(header) - 1, {"type": "2_color_scale"})
+        book.add_worksheet("review").write(0, 0, review.title())
+
+
+def write_review(review: ReviewAttention, out: str | Path, pairs: bool = False) -> Path:
+    """Write a review to ``out``: PNG or HTML (heads x tokens, and its token x token maps with ``pairs``:
+    the same content either way), or the heads x tokens table as CSV or XLSX."""
+    path = output_path(out, pairs)
+    suffix = path.suffix.lower()
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path, unique=True) as tmp:  # a full disk leaves no half-written file behind
+            if suffix in TABLES:
+                _write_table(review, tmp, suffix)
+            elif suffix == ".png":
+                tmp.write_bytes(review_png(review, pairs=pairs))
+            else:
+                tmp.write_text(page(review.title(), review_html(review)), encoding="utf-8")
+    return path

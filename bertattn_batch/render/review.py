@@ -1,4 +1,4 @@
-"""One review's attention, ready to draw: from a run by its id, or from a text through a model.
+"""One review's [CLS] attention at one layer, ready to draw: from a run by its id, or from a text.
 
 Usage::
 
@@ -6,9 +6,9 @@ Usage::
     review = review_from_text("上菜慢，服务态度差", "models/zh-senti", pairs=True)
     review.tokens, review.weight, review.scaled           # (H, n) each
 
-The token x token matrices (``pairs``) need every query's row, which a run does not keep: they are
-computed for that one review with eager attention (``output_attentions=True``), on the token ids the
-run scored (or on the text given).
+Token x token matrices (``pairs``) need every query's row, which a run does not keep: they are computed
+for the one review with eager attention (``output_attentions=True``), on the token ids the run scored
+(or on the text given).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 #: Largest |recomputed - stored| [CLS] weight accepted silently (a bf16 run differs more).
 PAIRS_TOLERANCE = 1e-3
-#: Longest id or label a figure's title shows whole (a 3,000-character id made a figure 30,000 pixels wide).
+#: Longest id or label a title shows whole, so that a figure stays a readable width.
 TITLE_VALUE_CHARS = 80
 
 
@@ -67,13 +67,12 @@ class ReviewAttention:
     def num_heads(self) -> int:
         return int(self.weight.shape[0])
 
-    @property
-    def layer_name(self) -> str:
-        return layer_name(self.layer, self.num_layers)
-
     def title(self) -> str:
-        parts = [f"review {printable(self.doc_id, TITLE_VALUE_CHARS)}", self.layer_name]
-
+        """One line: id, layer, prediction and label, each cut to ``TITLE_VALUE_CHARS``."""
+        parts = [
+            f"review {printable(self.doc_id, TITLE_VALUE_CHARS)}",
+            layer_name(self.layer, self.num_layers),
+        ]
         if self.pred_label is not None:
             prob = f" ({self.prob:.3f})" if self.prob is not None else ""
             parts.append(f"predicted {printable(self.pred_label, TITLE_VALUE_CHARS)}{prob}")
@@ -83,7 +82,7 @@ class ReviewAttention:
 
 
 def token_range(value: str | None) -> slice | None:
-    """``--tokens 0:40``: content tokens 0..39 (counted from the first after [CLS]), as Python slices go."""
+    """``--tokens 0:40``: content tokens 0..39 (0 is the first after [CLS]), as Python slices go."""
     if value is None:
         return None
     lo, sep, hi = value.partition(":")
@@ -97,20 +96,13 @@ def token_range(value: str | None) -> slice | None:
         ) from None
 
 
-def _bound(end: int | None) -> str:
-    return "" if end is None else str(end)
-
-
 def select(review: ReviewAttention, tokens: slice | None = None, specials: bool = True) -> ReviewAttention:
-    """The review with only the content tokens ``tokens`` (and in its token x token maps, [CLS] and
-    [SEP] only with ``specials``), so a long review's picture stays readable."""
-    keep = range(len(review.tokens))[tokens] if tokens is not None else range(len(review.tokens))
-    if not keep:
-        raise SpecError(
-            f"--tokens {_bound(tokens.start)}:{_bound(tokens.stop)} selects none of the review's "
-            f"{len(review.tokens)} tokens"
-        )
-    idx = list(keep)
+    """The review with only the content tokens ``tokens``, and [CLS] and [SEP] in its token x token
+    maps only with ``specials``: a long review's picture stays readable."""
+    idx = list(range(len(review.tokens))[tokens or slice(None)])
+    if not idx:
+        lo, hi = ("" if end is None else end for end in (tokens.start, tokens.stop))
+        raise SpecError(f"--tokens {lo}:{hi} selects none of the review's {len(review.tokens)} tokens")
     out = dataclasses.replace(
         review,
         tokens=[review.tokens[i] for i in idx],
@@ -120,19 +112,18 @@ def select(review: ReviewAttention, tokens: slice | None = None, specials: bool 
         scaled=review.scaled[:, idx],
     )
     if review.pairs is not None and review.pair_tokens is not None:
-        size = review.pairs.shape[1]
-        rows = ([0] if specials else []) + [i + 1 for i in idx] + ([size - 1] if specials else [])
-        out.pairs = review.pairs[:, rows][:, :, rows]
+        last = review.pairs.shape[1] - 1
+        rows = ([0] if specials else []) + [i + 1 for i in idx] + ([last] if specials else [])
+        out.pairs = review.pairs[:, rows][:, :, rows]  # (H, s, s)
         out.pair_tokens = [review.pair_tokens[i] for i in rows]
     return out
 
 
 def from_rows(rows: pl.DataFrame, doc_id: str, layer: int) -> ReviewAttention:
-    """Build a review from its attention rows, in the long form (``run.attention_rows``), at one layer
-    (any row order)."""
+    """A review from its attention rows in the long form (``run.attention_rows``), in any order."""
     rows = rows.filter((pl.col("doc_id") == doc_id) & (pl.col("layer") == layer)).sort(["head", "position"])
     if rows.is_empty():
-        raise InputError(f"no attention rows for review {doc_id!r} at layer {layer}")
+        raise RunDirError(f"review {doc_id!r} has no attention rows at layer {layer}")
     heads = rows["head"].n_unique()
     n = rows.height // heads
     first = rows.filter(pl.col("head") == rows["head"][0])
@@ -150,29 +141,26 @@ def from_rows(rows: pl.DataFrame, doc_id: str, layer: int) -> ReviewAttention:
 
 
 def run_layer(manifest: Manifest, layer: int | None) -> int:
-    """A layer index as the user gave it (negative counts from the end) -> one the run holds."""
-    model = manifest.model
+    """A layer as the user gives it (negative counts from the end; None: the run's first) -> its index."""
     stored = manifest.layers
     if layer is None:
         if not stored:
             raise RunDirError("the run's manifest lists no layers")
         return int(stored[0])
-    num_layers = int(model.get("num_layers", 0))
-    idx = layer + num_layers if layer < 0 else layer
+    idx = layer + int(manifest.model.get("num_layers", 0)) if layer < 0 else layer
     if idx not in stored:
         raise SpecError(f"layer {layer} is not in this run; it holds layers {stored} (0-based)")
     return idx
 
 
 def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = None) -> list[ReviewAttention]:
-    """Several reviews of a run in one scan of its committed parts, with their predictions (on a store,
-    read from there: a few row groups of each part, not the whole run). The pages of the parts that hold
-    them are checked first (:func:`verify_pages`): polars would draw a flipped bit as a weight."""
+    """Several reviews of a run with their predictions, in one scan of its committed parts. The pages of
+    the parts that hold them are checked first: polars would draw a flipped bit as a weight."""
     run = run_dir
-    doc_ids = [str(d) for d in doc_ids]  # ids are stored as text: a row number given as 0 is "0"
+    doc_ids = [str(d) for d in doc_ids]  # ids are stored as text: row number 0 is "0"
     manifest = read_manifest(run)
     idx = run_layer(manifest, layer)
-    parts = committed_files(run, ("cls_attention", "tokens", "predictions"))  # a stray file is never read
+    parts = committed_files(run, ("cls_attention", "tokens", "predictions"))
     if not parts:
         if manifest.status == "complete":  # a run over inputs without rows
             read = "--limit 0 read" if manifest.spec.get("limit") == 0 else "its inputs had"
@@ -193,10 +181,10 @@ def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = No
     ).collect(engine="streaming")
     out = []
     for doc_id in doc_ids:
-        if rows.filter(pl.col("doc_id") == doc_id).is_empty():
+        found = preds.filter(pl.col("doc_id") == doc_id)
+        if found.is_empty():
             raise InputError(f"review {doc_id!r} is not among the scored reviews of {run}")
-        review = from_rows(rows, doc_id, idx)
-        pred = preds.filter(pl.col("doc_id") == doc_id).row(0, named=True)
+        review, pred = from_rows(rows, doc_id, idx), found.row(0, named=True)
         review.pred_label, review.label = pred["pred_label"], pred["label"]
         review.byte_level, review.num_layers = manifest.byte_level, manifest.num_layers
         if pred["probs"] is not None and pred["pred_id"] is not None:
@@ -211,22 +199,24 @@ def load_review(run_dir: str | Path, doc_id: str, layer: int | None = None) -> R
 
 
 def _load_classifier(model: str, layer: int, device: str, max_length: int | None = None):
+    """The classifier with eager attention: transformers' own attention matrices, the reference."""
     from ..model import Classifier
 
-    try:  # eager: transformers' own attention matrices, the reference, for one review
+    try:
         return Classifier.load(model, layers=[layer], device=device, attention="eager", max_length=max_length)
     except SpecError as e:  # named as plot's option, not extract's
         raise SpecError(str(e).replace("(--layers)", "(--layer)")) from None
 
 
-def pair_matrices(clf, ids: np.ndarray) -> np.ndarray:
-    """Every query's attention row at the classifier's (first) layer: (H, S, S) float32."""
+def _attach_pairs(review: ReviewAttention, clf, ids: np.ndarray) -> None:
+    """Every query's attention row at the classifier's layer, on token ids ``ids`` ([CLS] ... [SEP])."""
     import torch
 
     input_ids, mask = clf.pad([ids])  # (1, S), (1, S)
     with torch.inference_mode():
         out = clf.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
-    return out.attentions[clf.layers[0]][0].float().cpu().numpy()  # (H, S, S)
+    review.pairs = out.attentions[clf.layers[0]][0].float().cpu().numpy()  # (H, S, S)
+    review.pair_tokens = clf.tokenizer.convert_ids_to_tokens(ids.tolist())
 
 
 def review_from_text(
@@ -238,7 +228,7 @@ def review_from_text(
     max_length: int | None = None,
     doc_id: str = "text",
 ) -> ReviewAttention:
-    """Score one text and build its review through the same stages a run uses (encode, model, extract)."""
+    """Score one text and build its review through the stages a run uses (encode, model, extract)."""
     from ..extract import Extractor, ScoredRow, vocab_array
     from ..model import encode_texts
 
@@ -251,14 +241,14 @@ def review_from_text(
     out = clf.forward([enc.ids])
     n, probs = enc.n_tokens, out.probs
     scored = ScoredRow(0, doc_id, None, "ok", enc, probs[0], out.rows[0, :, :, :n], out.norms[0, :, :, :n])
-
     extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels)
     tables = {
         name: pl.from_arrow(schema.cast(t, name)).lazy()  # ids as plain strings, as in the files
         for name, t in extractor.tables([scored]).items()
     }
-    table = attention_rows(tables["cls_attention"], tables["tokens"]).collect()
-    review = from_rows(table, doc_id, clf.layers[0])
+    review = from_rows(
+        attention_rows(tables["cls_attention"], tables["tokens"]).collect(), doc_id, clf.layers[0]
+    )
     pred = int(np.argmax(probs[0]))
     review.pred_label, review.prob, review.text = clf.labels[pred], float(probs[0, pred]), text
     review.byte_level, review.num_layers = clf.byte_level, clf.num_layers
@@ -269,18 +259,16 @@ def review_from_text(
 
 def add_pairs(
     review: ReviewAttention,
-    run_dir: str | Path | None = None,
+    run_dir: str | Path,
     model: str | None = None,
     text: str | None = None,
     device: str = "cpu",
 ) -> ReviewAttention:
-    """Compute token x token matrices for a review of a run: its model (or ``model``) on the token ids
-    the run scored, or on ``text`` where one is given (checked to give the run's tokens)."""
+    """Add token x token matrices to a review of a run: its model (or ``model``) on the token ids the
+    run scored, or on ``text`` where given (which must give the run's tokens)."""
     from ..model import encode_texts, with_special_tokens
 
-    if text is None and run_dir is None:
-        raise SpecError("token x token maps need the review's run or its text: pass --text")
-    manifest = read_manifest(run_dir) if run_dir is not None else Manifest()
+    manifest = read_manifest(run_dir)
     clf = load_run_model(
         manifest,
         model,
@@ -297,8 +285,7 @@ def add_pairs(
             )
         review.text = text
     _attach_pairs(review, clf, ids)
-    recomputed = review.pairs[:, 0, 1:-1]  # (H, n): the [CLS] query's row over content tokens
-    gap = float(np.abs(recomputed - review.weight).max())
+    gap = float(np.abs(review.pairs[:, 0, 1:-1] - review.weight).max())  # the [CLS] row, (H, n)
     if gap > PAIRS_TOLERANCE:
         log.warning(
             "review %s: the [CLS] row recomputed in float32 differs from the run's by up to %.4f "
@@ -307,8 +294,3 @@ def add_pairs(
             gap,
         )
     return review
-
-
-def _attach_pairs(review: ReviewAttention, clf, ids: np.ndarray) -> None:
-    review.pairs = pair_matrices(clf, ids)
-    review.pair_tokens = clf.tokenizer.convert_ids_to_tokens(ids.tolist())

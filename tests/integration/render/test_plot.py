@@ -18,7 +18,6 @@ from helpers import eager_oracle, minmax, read_attention, read_table
 from typer.testing import CliRunner
 
 import bertattn_batch.render.figures as figures
-import bertattn_batch.render.page as html_page
 import bertattn_batch.render.plot as plotting
 import bertattn_batch.render.review as reviews
 from bertattn_batch.cli import app
@@ -156,7 +155,7 @@ def test_png_and_html_files(en_run, tmp_path):
         plotting.SpecError, match=r"must end in \.png, \.html, \.htm, \.csv, \.xlsx; got .r\.jpg."
     ):
         plotting.write_review(review, tmp_path / "r.jpg")
-    # a table holds the heads x tokens weights only: --pairs there was dropped without a word
+    # a table holds the heads x tokens weights only: --pairs with it is refused
     r = CliRunner().invoke(
         app, ["plot", str(en_run), "--doc-id", review.doc_id, "--out", str(tmp_path / "p.csv"), "--pairs"]
     )
@@ -166,7 +165,7 @@ def test_png_and_html_files(en_run, tmp_path):
 def _missing_glyph_warnings(fig) -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        html_page.png_bytes(fig)
+        figures.png_bytes(fig)
     return [str(w.message) for w in caught if "missing from" in str(w.message)]
 
 
@@ -201,7 +200,7 @@ def test_without_a_cjk_font_codes_not_boxes(zh_run, monkeypatch, caplog):
 
 
 def test_a_layer_out_of_range_names_plots_option(tiny_en_dir):
-    """It named extract's --layers."""
+    """The error names plot's own option, --layer."""
     with pytest.raises(plotting.SpecError, match=r"give one of -3 to 2 \(--layer\)$"):
         reviews.review_from_text("good food", str(tiny_en_dir), layer=3)
 
@@ -241,7 +240,7 @@ def test_cli_plots_a_run_and_a_text(en_run, tiny_zh_dir, tmp_path):
 
 
 def test_options_plot_would_not_use_are_used_or_refused(tiny_zh_dir, tmp_path):
-    """--doc-id with --text, and --no-specials without --pairs, were passed over without a word."""
+    """--doc-id names a text's review; --no-specials without --pairs is refused."""
     runner = CliRunner()
     text = ["plot", "--text", SEED_TEXT, "--model", str(tiny_zh_dir)]
     r = runner.invoke(app, [*text, "--doc-id", "my-review", "--out", str(tmp_path / "t.html")])
@@ -285,8 +284,8 @@ def test_a_run_records_whether_its_tokens_spell_bytes(en_run):
 
 
 def test_titles_are_literal_one_line_and_bounded(en_run, tmp_path):
-    """'$...$' in an id or label is no formula (it failed to draw, or drew as math), and a long or
-    multi-line id is cut to one line instead of a figure tens of thousands of pixels wide."""
+    """'$...$' in an id or label is text, not a formula, and a long or multi-line id is cut
+    to one line: the figure stays a readable width."""
     review = reviews.load_review(en_run, short_doc(en_run))
     review.doc_id, review.label = "c$\\frac$ " + "x" * 3000 + "\nnext", "m$x^2$d"
     title = review.title()
@@ -336,9 +335,8 @@ def test_pairs_are_of_the_scored_review_with_its_inputs_gone(tiny_en_dir, tmp_pa
 
 
 def test_pictures_that_read(en_run, tmp_path):
-    """A 256-token review's token x token maps were unlabelled squares, each head on its own colour
-    scale without a bar; a PNG with --pairs dropped the heads x tokens chart; layers were named as
-    stored only."""
+    """Token x token maps of a selected range are labelled, share one colour scale and one bar; a
+    PNG with --pairs holds the heads x tokens chart above them; layers are named both ways."""
     from PIL import Image
 
     doc = short_doc(en_run)
@@ -357,7 +355,7 @@ def test_pictures_that_read(en_run, tmp_path):
     assert Image.open(png).height > alone.height  # the heads x tokens chart, and the maps below it
     with pytest.raises(plotting.SpecError, match="--tokens takes a range"):
         reviews.token_range("0-40")
-    with pytest.raises(plotting.SpecError, match=r"--tokens :0 selects none"):  # it said "None:0"
+    with pytest.raises(plotting.SpecError, match=r"--tokens :0 selects none"):  # the range as typed
         reviews.select(review, reviews.token_range(":0"))
 
 
@@ -367,11 +365,11 @@ def test_the_seeds_table_for_a_spreadsheet(suffix, en_run, tmp_path):
 
     doc = short_doc(en_run)
     review = reviews.load_review(en_run, doc)
-    out = plotting.plot(tmp_path / f"t{suffix}", run_dir=en_run, doc_id=doc)
+    out = plotting.write_review(plotting.review_for_plot(en_run, doc), tmp_path / f"t{suffix}")
     if suffix == ".csv":
         with open(out, encoding="utf-8-sig") as f:
             rows = list(csv.reader(f))
-        # the header first: polars reads it as a table (a title line before it broke that)
+        # the header first, so that polars reads it as a table
         read = pl.read_csv(out)
         assert read.columns[:2] == ["head", "measure"] and read.height == 2 * review.num_heads
     else:
@@ -414,8 +412,8 @@ def test_the_plot_command_takes_negative_layers_token_ranges_and_leaves_out_the_
 
 @pytest.mark.parametrize("doc_id", ["北京市朝阳区餐厅评论第00001号" * 2, "समीक्षा-संख्या-एक-सौ-बीस"])
 def test_the_whole_title_is_drawn_whatever_its_script(zh_run, doc_id):
-    """Its width was counted in characters: a CJK id (each character two wide), or one in a script no
-    font here draws (each character a U+XXXX code), cut the prediction and label off its end."""
+    """The title fits the figure whatever its script: CJK characters (two cells wide) or
+    characters no font here draws (written as U+XXXX codes)."""
     import dataclasses
 
     review = reviews.select(reviews.load_review(zh_run, "seed"), slice(0, 4))  # a short review
@@ -428,8 +426,8 @@ def test_the_whole_title_is_drawn_whatever_its_script(zh_run, doc_id):
 
 
 def test_chinese_is_drawn_in_the_chinese_face_of_a_font_collection():
-    """The packaged Noto collection's first face is Japanese: 骨 and 直 were drawn in their Japanese
-    forms, in figures and in the font that pages embed."""
+    """Of a font collection, the simplified Chinese face draws (the first face, Japanese,
+    draws 骨 and 直 in their Japanese forms), in figures and in the font that pages embed."""
     fonts.reset()
     found = fonts.cjk_font()
     if found is None or found.path.suffix != ".ttc":
@@ -465,8 +463,7 @@ def test_a_missing_glyph_that_is_not_cjk_gets_no_cjk_advice(caplog):
 
 
 def test_drawing_leaves_the_users_matplotlib_as_it_was(zh_run):
-    """A notebook's backend was switched to Agg (its plots stopped showing), and its fonts and math
-    text were set for good."""
+    """Drawing leaves a notebook's backend, fonts, math text and pyplot figures as they are."""
     import matplotlib
     import matplotlib.pyplot as plt
 
@@ -474,8 +471,8 @@ def test_drawing_leaves_the_users_matplotlib_as_it_was(zh_run):
     plt.switch_backend("svg")  # a backend of the user's own
     with matplotlib.rc_context({"font.family": ["serif"], "text.parse_math": True}):
         plt.figure()  # pyplot in use, as in a notebook
-        figures.cls_png(reviews.load_review(zh_run, "seed"))
         figures.review_png(reviews.load_review(zh_run, "seed"))
+        plotting.plot_review(zh_run, "seed")
         assert matplotlib.rcParams["font.family"] == ["serif"] and matplotlib.rcParams["text.parse_math"]
         assert plt.get_fignums() == [1]  # none of its figures left with pyplot
         assert matplotlib.get_backend() == "svg"
@@ -484,8 +481,26 @@ def test_drawing_leaves_the_users_matplotlib_as_it_was(zh_run):
 
 
 def test_a_row_number_given_as_an_int_finds_its_review(tiny_en_dir, tmp_path):
-    """Without an id column a review's id is its row number, stored as text: 0 was a raw polars error."""
+    """Without an id column a review's id is its row number, stored as text: 0 finds review "0"."""
     src = tmp_path / "r.csv"
     src.write_text("text\na good drug\nslow and bad\n")
     run_job(JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(tmp_path / "run"), progress=False))
     assert reviews.load_review(tmp_path / "run", 1).doc_id == "1"
+
+
+def test_plot_review_returns_figures_and_writes_nothing(en_run, tmp_path, monkeypatch):
+    """The notebook API: the package's plot_review gives the heads x tokens figure of the stored weights
+    (and with pairs=True the token x token maps too); only write_review writes a file."""
+    import bertattn_batch
+
+    monkeypatch.chdir(tmp_path)
+    doc = short_doc(en_run)
+    fig = bertattn_batch.plot_review(en_run, doc)
+    drawn = np.concatenate([np.asarray(ax.images[0].get_array()) for ax in fig.axes if ax.images], axis=1)
+    np.testing.assert_array_equal(drawn, stored(en_run, doc, 1, "weight_scaled"))
+    heads_fig, maps = bertattn_batch.plot_review(en_run, doc, pairs=True, tokens="0:5")
+    assert [t.get_text() for t in heads_fig.axes[0].get_xticklabels()] == reviews.load_review(
+        en_run, doc
+    ).tokens[:5]
+    assert maps.axes[0].images[0].get_array().shape == (7, 7)  # [CLS], 5 tokens, [SEP]
+    assert list(tmp_path.iterdir()) == []

