@@ -6,12 +6,11 @@ Usage::
     result = faithfulness("runs/r1", sample=200, seed=0)   # RUN/faithfulness/head_faithfulness.parquet
     print(result.summary())
 
-On a seeded sample of the run's scored reviews, stratified by predicted label, every captured head's
-``weight`` and ``weight_norm`` rank each review's content tokens, ties by position (and each
-layer's ``value_zeroing`` where the run has it: one value per layer and token, head null); so do two references that depend on no head: ``random`` (a seeded
-permutation) and ``gradient_x_input`` (the gradient of p(ŷ) with respect to each input embedding, dotted
-with it). For k in ``FRACTIONS`` the top ⌈k·m⌉ of the review's m content tokens are deleted from the
-input ids the run scored (its tokens table; [CLS] and [SEP] kept) and the model run again:
+On a seeded sample of the run's scored reviews, stratified by predicted label, each captured head's
+``weight`` and ``weight_norm`` (and each layer's ``value_zeroing``, head null) rank the review's content
+tokens, ties by position; so do two references that depend on no head: ``random`` and
+``gradient_x_input``. For k in ``FRACTIONS`` the top ⌈k·m⌉ of the m content tokens are deleted from the
+token ids the run scored ([CLS] and [SEP] kept) and the model runs again:
 
 - comprehensiveness = p(ŷ | x) − p(ŷ | x without them): large when the tokens mattered;
 - sufficiency = p(ŷ | x) − p(ŷ | them alone): small when they suffice;
@@ -48,8 +47,7 @@ from ..run import (
     scan_parts,
     status_now,
 )
-from .derived import write_derived
-from .run_model import load_run_model
+from .provenance import load_run_model, write_derived
 
 log = logging.getLogger(__name__)
 

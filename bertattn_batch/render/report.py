@@ -26,8 +26,8 @@ import polars as pl
 
 from .._util import atomic_path, writing
 from ..analysis import aggregate as agg
+from ..analysis.aggregate import top_tokens
 from ..analysis.spelling import readable, readable_map
-from ..analysis.top import top_tokens
 from ..errors import SpecError, WriteError
 from ..run import (
     REPORT_NAME,

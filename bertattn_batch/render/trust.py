@@ -9,9 +9,9 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
+from ..analysis.aggregate import top_tokens
 from ..analysis.faithfulness import FRACTIONS, faithfulness_path
 from ..analysis.spelling import readable_map
-from ..analysis.top import top_tokens
 from ..run import Manifest, display_path, layer_name
 from . import page
 

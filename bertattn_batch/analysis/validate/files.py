@@ -1,7 +1,11 @@
-"""The first checks of a run: its manifest, the files it lists, their schemas and row counts.
+"""The checks of a run's files: its manifest, the files it lists, their schemas and row counts.
 
-They also build :class:`RunView`, what the later checks know of the run: its parts, and which of
-their files exist and match their schema.
+They build :class:`RunView`, what the later checks know of the run: its parts, and which of their files
+exist and match their schema.
+
+Files the manifest does not list (``part-*.parquet``, ``_*``/``.*`` temporaries in a table folder) are
+a warning while the run is not complete (an uncommitted part, which the next resume removes) and a
+problem once it is. A ``*.tmp`` beside the manifest (the manifest's or a report's) is a warning.
 """
 
 from __future__ import annotations
