@@ -25,9 +25,9 @@ from pathlib import Path
 from ...errors import RunDirError
 from ...run import FORMAT, load_json, local_run, require_current_tables, writer_is_live
 from ...storage import is_remote
-from .files import RunView, check_counts, check_files, check_manifest, check_schemas
+from .files import check_counts, check_files, check_manifest, check_schemas
 from .inputs import check_inputs_and_spans
-from .report import CHECKS, Check, Problem, Recorder, ValidationReport
+from .report import CHECKS, Check, Problem, ValidationReport
 from .tables import check_attention, check_predictions
 
 
@@ -57,35 +57,25 @@ def _validate(
     manifest = load_json(path)
     if manifest.get("format") == FORMAT:  # another version's tables: nothing here can be checked
         require_current_tables(path, manifest.get("schema_versions"))
-    rec = Recorder()
-    run = check_manifest(rec, path, manifest, writing)
-    check_files(rec, run)
-    check_schemas(rec, run)
-    check_counts(rec, run)
-    statuses = check_predictions(rec, run)
-    check_attention(rec, run)
+    report = ValidationReport(shown)
+    run = check_manifest(report, path, manifest, writing)
+    check_files(report, run)
+    check_schemas(report, run)
+    check_counts(report, run)
+    statuses = check_predictions(report, run)
+    check_attention(report, run)
     if check_source:
-        check_inputs_and_spans(rec, run)
+        check_inputs_and_spans(report, run)
     else:
-        rec.skip("inputs", "--no-source: the inputs' rows not counted")
-        rec.skip("spans", "--no-source: end <= text length not checked")
-    return ValidationReport(
-        run_dir=shown,
-        checks=list(rec.checks.values()),
-        problems=rec.problems,
-        warnings=rec.warnings,
-        header=_header(run, statuses, shown),
-    )
-
-
-def _header(run: RunView, statuses: dict[str, int], shown: str) -> str:
+        report.skip("inputs", "--no-source: the inputs' rows not counted")
+        report.skip("spans", "--no-source: end <= text length not checked")
     n = sum(statuses.values())
-    others = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()) if k != "ok")
-    return (
+    others = "".join(f", {k} {v}" for k, v in sorted(statuses.items()) if k != "ok")
+    report.header = (
         f"{shown}: status {run.status}, {len(run.parts)} parts, {n} reviews "
-        f"({statuses.get('ok', 0)} scored{', ' + others if others else ''}), layers {run.layers}, "
-        f"{run.num_heads} heads, {run.dtype}"
+        f"({statuses.get('ok', 0)} scored{others}), layers {run.layers}, {run.num_heads} heads, {run.dtype}"
     )
+    return report
 
 
 __all__ = ["CHECKS", "Check", "Problem", "ValidationReport", "validate_run"]

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from ... import schema
 from ...errors import first_line
 from ...run import FORMAT, decode_every_page, load_json, model_problems, parse_parts, tmp_name
-from .report import Recorder
+from .report import ValidationReport
 
 
 @dataclass
@@ -58,7 +58,7 @@ class RunView:
 
 
 def check_manifest(
-    rec: Recorder, path: Path, m: dict[str, Any], writing: Callable[[], bool | None] = lambda: None
+    rec: ValidationReport, path: Path, m: dict[str, Any], writing: Callable[[], bool | None] = lambda: None
 ) -> RunView:
     """``writing``: asks whether a process writes the run now (``run.writer_is_live``; None: unknown),
     after its manifest ``m`` was read (a job that ends in between is told by reading it again)."""
@@ -115,7 +115,7 @@ def check_manifest(
     )
 
 
-def _check_spec_layers(rec: Recorder, spec: Any, layers: list[int] | None, num_layers: Any) -> None:
+def _check_spec_layers(rec: ValidationReport, spec: Any, layers: list[int] | None, num_layers: Any) -> None:
     """The layers the job asked for (``spec.layers``, negative from the end) are the ones stored."""
     asked = spec.get("layers") if isinstance(spec, dict) else None
     if not layers or not isinstance(num_layers, int) or not isinstance(asked, list):
@@ -130,7 +130,7 @@ def _check_spec_layers(rec: Recorder, spec: Any, layers: list[int] | None, num_l
         )
 
 
-def _parse_parts(rec: Recorder, entries: Any) -> list[Part]:
+def _parse_parts(rec: ValidationReport, entries: Any) -> list[Part]:
     parsed, problems = parse_parts(entries)
     for problem in problems:
         rec.fail("manifest", problem)
@@ -148,7 +148,7 @@ def _parse_parts(rec: Recorder, entries: Any) -> list[Part]:
     return parts
 
 
-def check_files(rec: Recorder, run: RunView) -> None:
+def check_files(rec: ValidationReport, run: RunView) -> None:
     complete = run.status == "complete"
     live = run.status == "running" and run.writing() is True
     in_hand: list[str] = []
@@ -201,7 +201,7 @@ def check_files(rec: Recorder, run: RunView) -> None:
     rec.note("files", f"{n_files} files listed in {len(run.parts)} parts")
 
 
-def check_schemas(rec: Recorder, run: RunView) -> None:
+def check_schemas(rec: ValidationReport, run: RunView) -> None:
     checked = 0
     for part in run.parts:
         for table in schema.TABLES:
@@ -254,7 +254,7 @@ def _null_counts(pf: pq.ParquetFile, table: str) -> dict[str, int]:
     return out
 
 
-def check_counts(rec: Recorder, run: RunView) -> None:
+def check_counts(rec: ValidationReport, run: RunView) -> None:
     actual: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
     complete_tables = set(schema.TABLES)
     for part in run.parts:

@@ -17,12 +17,12 @@ from ...ids import IdSet
 from ...inputs import RowBatch, RowDigests, check_inputs, read_once, read_sources, source_files
 from ...run import Manifest, input_changes
 from .files import Part, RunView
-from .report import KEPT, Recorder
+from .report import KEPT, ValidationReport
 
 STREAM = "the run read a stream (or names no inputs), which cannot be read again"
 
 
-def check_inputs_and_spans(rec: Recorder, run: RunView) -> None:
+def check_inputs_and_spans(rec: ValidationReport, run: RunView) -> None:
     """Read the inputs once, as the run read them, feeding both checks."""
     try:
         manifest = Manifest.from_dict({**run.manifest, "parts": []})
@@ -68,7 +68,7 @@ class _Coverage:
     """The inputs check: as many rows as the run covers and, by row number, each part's rows as they read
     when it was written (a digest: an edit in place keeps a file's size); by id, every id in the run."""
 
-    def __init__(self, rec: Recorder, run: RunView, manifest: Manifest) -> None:
+    def __init__(self, rec: ValidationReport, run: RunView, manifest: Manifest) -> None:
         self.rec, self.run = rec, run
         spec = manifest.spec
         self.limit = manifest.limit if "limit" in run.manifest else spec.get("limit")  # of the last pass
@@ -150,7 +150,7 @@ class _Spans:
     A review of an earlier incremental pass whose row now holds another review or text is not checked:
     a pass by id keeps its first scoring."""
 
-    def __init__(self, rec: Recorder, run: RunView, generation: int) -> None:
+    def __init__(self, rec: ValidationReport, run: RunView, generation: int) -> None:
         self.rec, self.run, self.current = rec, run, generation
         self.pending = sorted(
             (p for p in run.parts if p.readable >= {"predictions", "tokens"}),
@@ -203,7 +203,7 @@ class _Spans:
                 "spans", f"the inputs end before {left} scored reviews of the run; those were not checked"
             )
         if self.changed > KEPT:
-            rec.checks["spans"].warnings += self.changed - KEPT
+            rec.check("spans").warnings += self.changed - KEPT
         if self.replaced:
             rec.note(
                 "spans",
@@ -237,7 +237,7 @@ def _ends_by_row(run: RunView, part: Part) -> dict[int, tuple[str, int]]:
     return {r: (d, e) for d, e, r in ends.select("doc_id", "end", "row_index").iter_rows()}
 
 
-def _check_stored_spans(rec: Recorder, run: RunView) -> bool:
+def _check_stored_spans(rec: ValidationReport, run: RunView) -> bool:
     """Span ends against the texts the run stored; False where it stored none (``--no-store-text``)."""
     checked = 0
     for part in (p for p in run.parts if p.readable >= {"predictions", "tokens"}):

@@ -8,7 +8,7 @@ import polars as pl
 from ... import schema
 from ...run import TOKEN_KEY, row_range_problems
 from .files import Part, RunView
-from .report import KEPT, Recorder
+from .report import KEPT, ValidationReport
 
 #: |sum(probs) - 1| allowed: probabilities are a float32 softmax whatever the model's dtype.
 PROBS_TOLERANCE = 1e-4
@@ -23,7 +23,8 @@ MINMAX_TOLERANCE = 1e-6
 
 _KEYS = ["doc_id", "layer", "head"]
 
-Rule = tuple[str, pl.Expr, pl.Expr]  # (check, True where a row breaks it, message for such a row)
+#: (check, True where a row breaks it, message template, its arguments: column names or expressions)
+Rule = tuple
 
 
 def fmt(template: str, *args: str | pl.Expr) -> pl.Expr:
@@ -36,19 +37,19 @@ def r(name: str) -> pl.Expr:
     return pl.col(name).cast(pl.Float64).round(6)
 
 
-def apply_rules(rec: Recorder, lf: pl.LazyFrame, rules: list[Rule]) -> None:
-    """Count the rows breaking each rule in one pass over ``lf``; format messages only for broken rules."""
-    flags = [bad.fill_null(False) for _, bad, _ in rules]
-    counts = (
-        lf.select([f.sum().alias(f"n{i}") for i, f in enumerate(flags)]).collect(engine="streaming").row(0)
-    )
-    for (check, _, msg), flag, n in zip(rules, flags, counts, strict=True):
+def apply_rules(rec: ValidationReport, lf: pl.LazyFrame, at: pl.Expr, rules: list[Rule]) -> None:
+    """Count the rows breaking each rule in one pass over ``lf``; messages (``at``: where, then the
+    template) are formatted only for broken rules."""
+    flags = [bad.fill_null(False) for _, bad, *_ in rules]
+    counts = lf.select([f.sum().alias(f"n{i}") for i, f in enumerate(flags)]).collect(engine="streaming")
+    for (check, _, template, *args), flag, n in zip(rules, flags, counts.row(0), strict=True):
         if n:
+            msg = fmt("{}: " + template, at, *args)
             examples = lf.filter(flag).head(KEPT).select(msg).collect(engine="streaming").to_series()
             rec.fail_many(check, int(n), examples.to_list())
 
 
-def check_predictions(rec: Recorder, run: RunView) -> dict[str, int]:
+def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
     """row_index, doc_id and predictions checks over every readable predictions part; status counts."""
     parts = [p for p in run.parts if "predictions" in p.readable]
     _check_row_ranges(rec, run)
@@ -100,13 +101,13 @@ def check_predictions(rec: Recorder, run: RunView) -> dict[str, int]:
         (f"doc {d!r} scored {n} times ({', '.join(f)})" for d, n, f in dups.head(KEPT).iter_rows()),
     )
     rec.note("doc_id", f"{statuses.get('ok', 0)} scored reviews")
-    apply_rules(rec, lf, _prediction_rules(run))
+    apply_rules(rec, lf, fmt("{} row {} doc '{}'", "_file", "row_index", "doc_id"), _prediction_rules(run))
     labels = f", {len(run.id2label)} labels" if run.id2label else ""
     rec.note("predictions", f"{sum(statuses.values())} rows{labels}")
     return statuses
 
 
-def _check_row_ranges(rec: Recorder, run: RunView) -> None:
+def _check_row_ranges(rec: ValidationReport, run: RunView) -> None:
     """Generation 0's parts tile 0..N-1 with no gap or overlap; later generations do not overlap."""
     for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in run.parts):
         rec.fail("row_index", problem)
@@ -114,51 +115,51 @@ def _check_row_ranges(rec: Recorder, run: RunView) -> None:
 
 def _prediction_rules(run: RunView) -> list[Rule]:
     ok = pl.col("status") == "ok"
-    probs, pred_id = pl.col("probs"), pl.col("pred_id")
-    at = fmt("{} row {} doc '{}'", "_file", "row_index", "doc_id")
+    probs, pred_id, n_tokens = pl.col("probs"), pl.col("pred_id"), pl.col("n_tokens")
     argmax = probs.list.arg_max()
     total = probs.list.sum().cast(pl.Float64)
     predicted = probs.is_not_null() | pred_id.is_not_null() | pl.col("pred_label").is_not_null()
+    pred_prob = (pl.col("pred_prob") - probs.list.get(pred_id, null_on_oob=True)).abs()
     top = run.max_length or 2**31 - 1
     rules = [
-        (~pl.col("status").is_in(schema.STATUSES), fmt("{}: unknown status '{}'", at, "status")),
-        (ok & probs.is_null(), fmt("{}: scored but probs is null", at)),
-        (ok & ~((total - 1).abs() <= PROBS_TOLERANCE), fmt("{}: probs sum to {}", at, total.round(6))),
+        (~pl.col("status").is_in(schema.STATUSES), "unknown status '{}'", "status"),
+        (ok & probs.is_null(), "scored but probs is null"),
+        (ok & ~((total - 1).abs() <= PROBS_TOLERANCE), "probs sum to {}", total.round(6)),
         (
             ok & (pred_id.is_null() | (pred_id != argmax)),
-            fmt("{}: pred_id {} is not the argmax {} of probs", at, "pred_id", argmax),
+            "pred_id {} is not the argmax {} of probs",
+            "pred_id",
+            argmax,
         ),
         (
-            ok & ~pl.col("n_tokens").is_between(3, top),
-            fmt("{}: scored with n_tokens {}, expected 3..{}", at, "n_tokens", pl.lit(top)),
+            ok & ~n_tokens.is_between(3, top),
+            "scored with n_tokens {}, expected 3..{}",
+            "n_tokens",
+            pl.lit(top),
         ),
         (
-            ~ok & (predicted | pl.col("pred_prob").is_not_null() | (pl.col("n_tokens") != 0)),
-            fmt("{}: status '{}' but a prediction or n_tokens {}", at, "status", "n_tokens"),
+            ~ok & (predicted | pl.col("pred_prob").is_not_null() | (n_tokens != 0)),
+            "status '{}' but a prediction or n_tokens {}",
+            "status",
+            "n_tokens",
         ),
-        (
-            ok
-            & ~((pl.col("pred_prob") - probs.list.get(pred_id, null_on_oob=True)).abs() <= PROBS_TOLERANCE),
-            fmt("{}: pred_prob {} is not probs[pred_id]", at, r("pred_prob")),
-        ),
+        (ok & ~(pred_prob <= PROBS_TOLERANCE), "pred_prob {} is not probs[pred_id]", r("pred_prob")),
     ]
-    run_id = run.manifest.get("run_id")
-    if isinstance(run_id, str):
-        rules.append((pl.col("run_id") != run_id, fmt("{}: run_id '{}' is not the run's", at, "run_id")))
+    if isinstance(run_id := run.manifest.get("run_id"), str):
+        rules.append((pl.col("run_id") != run_id, "run_id '{}' is not the run's", "run_id"))
     if run.id2label:
         n = len(run.id2label)
         label = pred_id.cast(pl.String).replace_strict(run.id2label, default=None, return_dtype=pl.String)
         rules += [
-            (
-                ok & (probs.list.len() != n),
-                fmt("{}: {} probs for {} labels", at, probs.list.len(), pl.lit(n)),
-            ),
+            (ok & (probs.list.len() != n), "{} probs for {} labels", probs.list.len(), pl.lit(n)),
             (
                 ok & (label.is_null() | (pl.col("pred_label") != label)),
-                fmt("{}: pred_label '{}' is not id2label[{}]", at, "pred_label", "pred_id"),
+                "pred_label '{}' is not id2label[{}]",
+                "pred_label",
+                "pred_id",
             ),
         ]
-    return [("predictions", bad, msg) for bad, msg in rules]
+    return [("predictions", *rule) for rule in rules]
 
 
 def _mass_tolerance(run: RunView) -> float:
@@ -167,7 +168,7 @@ def _mass_tolerance(run: RunView) -> float:
     return MASS_TOLERANCE.get(run.dtype, MASS_TOLERANCE_DEFAULT)
 
 
-def check_attention(rec: Recorder, run: RunView) -> None:
+def check_attention(rec: ValidationReport, run: RunView) -> None:
     checks = ("layers_heads", "positions", "tokens", "attention_mass", "scaling", "measures")
     if run.layers is None or run.num_heads is None:
         for c in checks:
@@ -208,22 +209,22 @@ def check_attention(rec: Recorder, run: RunView) -> None:
             rec.note(c, f"{skipped} parts with a missing or bad file not checked")
 
 
-def _check_part_attention(rec: Recorder, run: RunView, part: Part) -> tuple[int, pl.DataFrame]:
+def _check_part_attention(rec: ValidationReport, run: RunView, part: Part) -> tuple[int, pl.DataFrame]:
     """Per-(review, layer, head) checks of one part, and of its tokens; returns how many head_summary
     rows it checked and its distinct (token_id, token) pairs, which the run's parts must agree on."""
     check = _PartCheck(rec, run, part)
     summary = check.grid()
     check.token_positions()
-    apply_rules(rec, check.heads(summary), check.head_rules())
-    apply_rules(rec, check.rows(summary), check.row_rules())
-    apply_rules(rec, check.tokens, [check.span_rule()])
+    check.heads(summary)
+    check.rows(summary)
+    check.spans()
     return summary.height, check.tokens.select("token_id", "token").unique().collect(engine="streaming")
 
 
 class _PartCheck:
     """One part's tables, read once, and the checks over them, one method per kind."""
 
-    def __init__(self, rec: Recorder, run: RunView, part: Part) -> None:
+    def __init__(self, rec: ValidationReport, run: RunView, part: Part) -> None:
         assert run.layers is not None and run.num_heads is not None
         self.rec, self.run = rec, run
         self.rel_attn, self.rel_sum = part.rel["cls_attention"], part.rel["head_summary"]
@@ -319,118 +320,113 @@ class _PartCheck:
             fmt("{}: no attention rows in {}", where, pl.lit(self.rel_attn)),
         )
 
-    def heads(self, summary: pl.DataFrame) -> pl.LazyFrame:
-        """Each scored (review, layer, head): its attention rows summed up beside its head_summary row."""
-        return (
-            self.groups.join(summary, on=_KEYS, how="inner")
-            .join(self.scored, on="doc_id", how="inner")
-            .lazy()
-        )
-
-    def head_rules(self) -> list[Rule]:
-        """Per head: positions, mass, min/max."""
+    def heads(self, summary: pl.DataFrame) -> None:
+        """Per scored (review, layer, head), its rows summed up beside its head_summary row: positions,
+        mass, min/max."""
         tol = _mass_tolerance(self.run)
-        mass = pl.col("wsum") + pl.col("weight_cls").cast(pl.Float64) + pl.col("weight_sep").cast(pl.Float64)
-        content = pl.col("n_tokens") - 2
-        at = fmt("{} {}", pl.lit(self.rel_attn), self.key)
-        return [
+        n, n_content, content = pl.col("n"), pl.col("n_content"), pl.col("n_tokens") - 2
+        cls, sep = pl.col("weight_cls"), pl.col("weight_sep")
+        mass = pl.col("wsum") + cls.cast(pl.Float64) + sep.cast(pl.Float64)
+        minmax = ((pl.col("weight_min") - pl.col("wmin")).abs() <= MINMAX_TOLERANCE) & (
+            (pl.col("weight_max") - pl.col("wmax")).abs() <= MINMAX_TOLERANCE
+        )
+        rules = [
             (
                 "positions",
-                ~((pl.col("n") == pl.col("n_content")) & (pl.col("n_content") == content)),
-                fmt("{}: {} rows, n_content {}, n_tokens - 2 = {}", at, "n", "n_content", content),
+                ~((n == n_content) & (n_content == content)),
+                "{} rows, n_content {}, n_tokens - 2 = {}",
+                "n",
+                "n_content",
+                content,
             ),
             (
                 "positions",
-                ~((pl.col("pmin") == 1) & (pl.col("pmax") == content) & (pl.col("distinct") == pl.col("n"))),
-                fmt(
-                    "{}: positions {}..{} ({} distinct in {} rows), expected 1..{} once each",
-                    *(at, "pmin", "pmax", "distinct", "n", content),
-                ),
+                ~((pl.col("pmin") == 1) & (pl.col("pmax") == content) & (pl.col("distinct") == n)),
+                "positions {}..{} ({} distinct in {} rows), expected 1..{} once each",
+                "pmin",
+                "pmax",
+                "distinct",
+                "n",
+                content,
             ),
             (
                 "attention_mass",
                 ~((mass - 1).abs() <= tol),
-                fmt(
-                    "{}: content {} + [CLS] {} + [SEP] {} = {}, not 1 within {}",
-                    *(at, r("wsum"), r("weight_cls"), r("weight_sep"), mass.round(6), pl.lit(tol)),
-                ),
+                "content {} + [CLS] {} + [SEP] {} = {}, not 1 within {}",
+                r("wsum"),
+                r("weight_cls"),
+                r("weight_sep"),
+                mass.round(6),
+                pl.lit(tol),
             ),
             (
                 "attention_mass",
-                ~(pl.col("weight_cls").is_between(0, 1) & pl.col("weight_sep").is_between(0, 1)),
-                fmt(
-                    "{}: weight_cls {} or weight_sep {} outside [0, 1]", at, r("weight_cls"), r("weight_sep")
-                ),
+                ~(cls.is_between(0, 1) & sep.is_between(0, 1)),
+                "weight_cls {} or weight_sep {} outside [0, 1]",
+                r("weight_cls"),
+                r("weight_sep"),
             ),
             (
                 "scaling",
-                ~(
-                    ((pl.col("weight_min") - pl.col("wmin")).abs() <= MINMAX_TOLERANCE)
-                    & ((pl.col("weight_max") - pl.col("wmax")).abs() <= MINMAX_TOLERANCE)
-                ),
-                fmt(
-                    "{}: weight_min/max {}/{}, but the weights' min/max are {}/{}",
-                    *(at, r("weight_min"), r("weight_max"), r("wmin"), r("wmax")),
-                ),
+                ~minmax,
+                "weight_min/max {}/{}, but the weights' min/max are {}/{}",
+                r("weight_min"),
+                r("weight_max"),
+                r("wmin"),
+                r("wmax"),
             ),
         ]
+        heads = self.groups.join(summary, on=_KEYS).join(self.scored, on="doc_id").lazy()
+        apply_rules(self.rec, heads, fmt("{} {}", pl.lit(self.rel_attn), self.key), rules)
 
-    def rows(self, summary: pl.DataFrame) -> pl.LazyFrame:
-        """The attention rows beside their head's min and max."""
-        return self.attn.join(summary.lazy().select(*_KEYS, "weight_min", "weight_max"), on=_KEYS, how="left")
-
-    def row_rules(self) -> list[Rule]:
-        """Per row: raw weights, scaled weights, the measures."""
+    def rows(self, summary: pl.DataFrame) -> None:
+        """Per attention row, beside its head's min and max: raw weights, scaled weights, the measures."""
         lo, hi = pl.col("weight_min").cast(pl.Float64), pl.col("weight_max").cast(pl.Float64)
         expected = pl.when(hi > lo).then((pl.col("weight").cast(pl.Float64) - lo) / (hi - lo)).otherwise(0.0)
-        at = fmt("{} {} position {}", pl.lit(self.rel_attn), self.key, "position")
-        scaled = pl.col("weight_scaled")
-        zeroing_asked = bool(self.run.manifest.get("spec", {}).get("value_zeroing", False))
-        zeroing_wrong = (
-            "value_zeroing is null, but the run asked for it"
-            if zeroing_asked
-            else "value_zeroing is set, but the run did not ask for it"
-        )
-        return [
-            (
-                "attention_mass",
-                ~pl.col("weight").is_between(0, 1),
-                fmt("{}: weight {} outside [0, 1]", at, "weight"),
-            ),
-            (
-                "scaling",
-                ~scaled.is_between(0, 1),
-                fmt("{}: weight_scaled {} outside [0, 1]", at, "weight_scaled"),
-            ),
+        scaled, norm, zeroing = pl.col("weight_scaled"), pl.col("weight_norm"), pl.col("value_zeroing")
+        asked = bool(self.run.manifest.get("spec", {}).get("value_zeroing", False))
+        rules = [
+            ("attention_mass", ~pl.col("weight").is_between(0, 1), "weight {} outside [0, 1]", "weight"),
+            ("scaling", ~scaled.is_between(0, 1), "weight_scaled {} outside [0, 1]", "weight_scaled"),
             (
                 "scaling",
                 scaled.is_between(0, 1) & ~((scaled.cast(pl.Float64) - expected).abs() <= SCALED_TOLERANCE),
-                fmt(
-                    "{}: weight_scaled {}, but (w - min)/(max - min) = {}",
-                    at,
-                    r("weight_scaled"),
-                    expected.round(6),
-                ),
+                "weight_scaled {}, but (w - min)/(max - min) = {}",
+                r("weight_scaled"),
+                expected.round(6),
             ),
             (
                 "measures",
-                ~(pl.col("weight_norm").is_finite() & (pl.col("weight_norm") >= 0)),
-                fmt("{}: weight_norm {} is not a finite number >= 0", at, "weight_norm"),
+                ~(norm.is_finite() & (norm >= 0)),
+                "weight_norm {} is not a finite number >= 0",
+                "weight_norm",
             ),
             (
                 "measures",
-                pl.col("value_zeroing").is_not_null() & ~pl.col("value_zeroing").is_between(0, 2),
-                fmt("{}: value_zeroing {} outside [0, 2]", at, "value_zeroing"),
+                zeroing.is_not_null() & ~zeroing.is_between(0, 2),
+                "value_zeroing {} outside [0, 2]",
+                "value_zeroing",
             ),
-            ("measures", pl.col("value_zeroing").is_null() == zeroing_asked, fmt("{}: " + zeroing_wrong, at)),
+            (
+                "measures",
+                zeroing.is_null() == asked,
+                "value_zeroing is null, but the run asked for it"
+                if asked
+                else "value_zeroing is set, but the run did not ask for it",
+            ),
         ]
+        rows = self.attn.join(summary.lazy().select(*_KEYS, "weight_min", "weight_max"), on=_KEYS, how="left")
+        apply_rules(
+            self.rec, rows, fmt("{} {} position {}", pl.lit(self.rel_attn), self.key, "position"), rules
+        )
 
-    def span_rule(self) -> Rule:
-        return (
-            "spans",
-            ~((pl.col("start") >= 0) & (pl.col("start") <= pl.col("end"))),
-            fmt(
-                "{} doc '{}' position {}: span {}..{} is not 0 <= start <= end",
-                *(pl.lit(self.rel_tok), "doc_id", "position", "start", "end"),
-            ),
+    def spans(self) -> None:
+        """Per token: 0 <= start <= end (end <= the text's length is the inputs' check)."""
+        bad = ~((pl.col("start") >= 0) & (pl.col("start") <= pl.col("end")))
+        at = fmt("{} doc '{}' position {}", pl.lit(self.rel_tok), "doc_id", "position")
+        apply_rules(
+            self.rec,
+            self.tokens,
+            at,
+            [("spans", bad, "span {}..{} is not 0 <= start <= end", "start", "end")],
         )
