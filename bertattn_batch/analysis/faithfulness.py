@@ -78,24 +78,20 @@ class Faithfulness:
         """Per layer: each score's AOPC, best comprehensiveness first, the references among them."""
         aopc = self.table.filter(pl.col("k").is_null())
         refs = aopc.filter(pl.col("layer").is_null())
+        heads = aopc.filter(pl.col("layer").is_not_null())
+        ks = ", ".join(f"{k:.0%}" for k in FRACTIONS)
         blocks = []
-        n = self.options.get("n_reviews")
-        for (layer,), rows in aopc.filter(pl.col("layer").is_not_null()).group_by(
-            "layer", maintain_order=True
-        ):
+        for (layer,), rows in heads.group_by("layer", maintain_order=True):
             lines = [
-                f"{layer_name(layer, self.num_layers)} · {n} reviews · mean over k = "
-                + ", ".join(f"{k:.0%}" for k in FRACTIONS)
-                + " (AOPC); comprehensiveness: higher is more faithful, sufficiency: lower",
+                f"{layer_name(layer, self.num_layers)} · {self.options.get('n_reviews')} reviews · mean over "
+                f"k = {ks} (AOPC); comprehensiveness: higher is more faithful, sufficiency: lower",
                 f"{'score':<18}{'head':>5}{'comprehensiveness':>19}{'sufficiency':>13}",
             ]
-            for row in (
-                pl.concat([rows, refs]).sort("comprehensiveness", descending=True).iter_rows(named=True)
-            ):
-                head = "-" if row["head"] is None else str(row["head"])
-                lines.append(
-                    f"{row['score']:<18}{head:>5}{row['comprehensiveness']:>19.3f}{row['sufficiency']:>13.3f}"
-                )
+            ranked = pl.concat([rows, refs]).sort("comprehensiveness", descending=True)
+            for score, head, comp, suff in ranked.select(
+                "score", "head", "comprehensiveness", "sufficiency"
+            ).rows():
+                lines.append(f"{score:<18}{'-' if head is None else head:>5}{comp:>19.3f}{suff:>13.3f}")
             blocks.append("\n".join(lines))
         return "\n\n".join(blocks) + f"\nwrote {display_path(self.path)} in {self.seconds:.1f}s"
 
@@ -312,14 +308,15 @@ def _probabilities(clf: Classifier, sequences: Sequence[np.ndarray], progress: b
 
     out = np.empty((len(sequences), len(clf.labels)), dtype=np.float64)
     lengths = [len(s) for s in sequences]
-    with tqdm(
+    bar = tqdm(
         total=len(sequences),
         desc="faithfulness",
         unit="input",
         disable=not progress,
         leave=False,
         **bar_size(),
-    ) as bar:
+    )
+    with bar:
         for batch in bucket_batches(lengths, BATCH_TOKENS, MAX_BATCH_SIZE):
             out[batch] = clf.probabilities([sequences[i] for i in batch])
             bar.update(len(batch))

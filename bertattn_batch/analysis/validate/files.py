@@ -232,26 +232,16 @@ def check_schemas(rec: ValidationReport, run: RunView) -> None:
 
 
 def _null_counts(pf: pq.ParquetFile, table: str) -> dict[str, int]:
-    """Nulls in non-nullable columns: none where the file declares the column required (this project's
-    files do), else from the row groups' statistics, else counted from the data."""
-    wanted = [f.name for f in schema.arrow(table) if not f.nullable and f.name in pf.schema_arrow.names]
-    md = pf.metadata
-    index = {md.schema.column(i).path: i for i in range(md.num_columns)}
-    out: dict[str, int] = {}
-    for name in wanted:
-        total = 0
-        if name in index and md.schema.column(index[name]).max_definition_level == 0:
-            continue  # a required column: Parquet has no way to store a null in it
-        for rg in range(md.num_row_groups):
-            i = index.get(name)
-            stats = md.row_group(rg).column(i).statistics if i is not None else None
-            if stats is None or not stats.has_null_count:
-                total = pf.read(columns=[name]).column(name).null_count
-                break
-            total += stats.null_count
-        if total:
-            out[name] = total
-    return out
+    """Nulls in the columns that may hold none, counted where the file declares the column nullable (a
+    required column, as this project writes them, cannot store a null)."""
+    names = pf.schema_arrow.names
+    may = [f.name for f in schema.arrow(table) if not f.nullable and f.name in names]
+    counts = {
+        c: sum(b.column(0).null_count for b in pf.iter_batches(columns=[c]))
+        for c in may
+        if pf.schema_arrow.field(c).nullable
+    }
+    return {c: n for c, n in counts.items() if n}
 
 
 def check_counts(rec: ValidationReport, run: RunView) -> None:
