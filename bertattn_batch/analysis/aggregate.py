@@ -4,22 +4,15 @@ Usage::
 
     bertattn aggregate runs/r1 --min-reviews 5 --top-k 5
 
-    from bertattn_batch.analysis import aggregate, format_top
+    from bertattn_batch.analysis.aggregate import aggregate, format_top
     result = aggregate("runs/r1")          # writes runs/r1/aggregates/token_influence.parquet
     print(format_top(result.table, k=5))
 
-For each (layer, head, token) and each group of reviews (all, each predicted label, each true label):
-reviews and occurrences, the mean raw, scaled and norm-based weight, how often the token is the head's
-top token in a review, and two measures that weigh rarity (see :func:`with_contrasts` and
-:func:`with_shrunk_means`). Words as well as tokens, for WordPiece tokenizers (:func:`word_rows`).
-
-Definitions (the schema's descriptions say the same): only reviews with ``status == "ok"`` count; means
-are over occurrences; a head's top token in a review is its content token with the largest raw weight,
-ties to the first position.
-
-Memory stays bounded: each committed part (cut into slices of whole reviews past ``MAX_ROWS_PER_PASS``
-rows) is reduced on its own to per-token sums, which add up across parts; the sums are combined with
-streaming group-bys bounded by the vocabulary.
+Per (layer, head, token) and group of scored reviews (all, each predicted label, each true label):
+counts, mean weights, how often the token is the head's top token, and measures that weigh rarity
+(:func:`with_contrasts`, :func:`with_shrunk_means`); by word too, for WordPiece tokenizers. The schema's
+descriptions define each column. Memory stays bounded: each part (in slices of whole reviews) is
+reduced to per-token sums, which add up across parts.
 """
 
 from __future__ import annotations

@@ -164,6 +164,8 @@ class _Spans:
         return not self.pending and not self.active
 
     def feed(self, block: RowBatch) -> None:
+        if self.done:
+            return
         hi = block.row_index[-1] + 1
         while self.pending and self.pending[0].start_row < hi:
             part = self.pending.pop(0)
