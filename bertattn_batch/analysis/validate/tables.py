@@ -3,6 +3,8 @@ per review), attention and tokens part by part (a part holds one window of revie
 
 from __future__ import annotations
 
+from typing import Any
+
 import polars as pl
 
 from ... import schema
@@ -24,7 +26,7 @@ MINMAX_TOLERANCE = 1e-6
 _KEYS = ["doc_id", "layer", "head"]
 
 #: (check, True where a row breaks it, message template, its arguments: column names or expressions)
-Rule = tuple
+Rule = tuple[Any, ...]
 
 
 def fmt(template: str, *args: str | pl.Expr) -> pl.Expr:
@@ -179,7 +181,7 @@ def check_attention(rec: ValidationReport, run: RunView) -> None:
     heads = 0
     spellings = []  # each part's distinct (token_id, token) pairs
     for part in parts:
-        n, spelling = _check_part_attention(rec, run, part)
+        n, spelling = _PartCheck(rec, run, part).check()
         heads += n
         spellings.append(spelling)
     if spellings:
@@ -207,18 +209,6 @@ def check_attention(rec: ValidationReport, run: RunView) -> None:
     if skipped:
         for c in (*checks, "spans"):
             rec.note(c, f"{skipped} parts with a missing or bad file not checked")
-
-
-def _check_part_attention(rec: ValidationReport, run: RunView, part: Part) -> tuple[int, pl.DataFrame]:
-    """Per-(review, layer, head) checks of one part, and of its tokens; returns how many head_summary
-    rows it checked and its distinct (token_id, token) pairs, which the run's parts must agree on."""
-    check = _PartCheck(rec, run, part)
-    summary = check.grid()
-    check.token_positions()
-    check.heads(summary)
-    check.rows(summary)
-    check.spans()
-    return summary.height, check.tokens.select("token_id", "token").unique().collect(engine="streaming")
 
 
 class _PartCheck:
@@ -250,6 +240,16 @@ class _PartCheck:
             )
             .collect(engine="streaming")
         )
+
+    def check(self) -> tuple[int, pl.DataFrame]:
+        """Every check of the part; how many heads it checked, and its distinct (token_id, token) pairs,
+        which the run's parts must agree on."""
+        summary = self.grid()
+        self.token_positions()
+        self.heads(summary)
+        self.rows(summary)
+        self.spans()
+        return summary.height, self.tokens.select("token_id", "token").unique().collect(engine="streaming")
 
     def report(self, check: str, rows: pl.DataFrame, message: pl.Expr) -> None:
         self.rec.fail_many(check, rows.height, rows.head(KEPT).select(message).to_series().to_list())
