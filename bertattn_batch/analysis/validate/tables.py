@@ -3,8 +3,6 @@ per review), attention and tokens part by part (a part holds one window of revie
 
 from __future__ import annotations
 
-from typing import Any
-
 import polars as pl
 
 from ... import schema
@@ -25,8 +23,7 @@ MINMAX_TOLERANCE = 1e-6
 
 _KEYS = ["doc_id", "layer", "head"]
 
-#: (check, True where a row breaks it, message template, its arguments: column names or expressions)
-Rule = tuple[Any, ...]
+Rule = tuple[str, pl.Expr, pl.Expr]  # (check, True where a row breaks it, what to say of such a row)
 
 
 def fmt(template: str, *args: str | pl.Expr) -> pl.Expr:
@@ -40,13 +37,13 @@ def r(name: str) -> pl.Expr:
 
 
 def apply_rules(rec: ValidationReport, lf: pl.LazyFrame, at: pl.Expr, rules: list[Rule]) -> None:
-    """Count the rows breaking each rule in one pass over ``lf``; messages (``at``: where, then the
-    template) are formatted only for broken rules."""
-    flags = [bad.fill_null(False) for _, bad, *_ in rules]
+    """Count the rows breaking each rule in one pass over ``lf``; format messages (``at``: where the row
+    is) only for broken rules."""
+    flags = [bad.fill_null(False) for _, bad, _ in rules]
     counts = lf.select([f.sum().alias(f"n{i}") for i, f in enumerate(flags)]).collect(engine="streaming")
-    for (check, _, template, *args), flag, n in zip(rules, flags, counts.row(0), strict=True):
+    for (check, _, say), flag, n in zip(rules, flags, counts.row(0), strict=True):
         if n:
-            msg = fmt("{}: " + template, at, *args)
+            msg = pl.format("{}: {}", at, say)
             examples = lf.filter(flag).head(KEPT).select(msg).collect(engine="streaming").to_series()
             rec.fail_many(check, int(n), examples.to_list())
 
@@ -123,43 +120,27 @@ def _prediction_rules(run: RunView) -> list[Rule]:
     predicted = probs.is_not_null() | pred_id.is_not_null() | pl.col("pred_label").is_not_null()
     pred_prob = (pl.col("pred_prob") - probs.list.get(pred_id, null_on_oob=True)).abs()
     top = run.max_length or 2**31 - 1
+    bad_argmax = ok & (pred_id.is_null() | (pred_id != argmax))
+    bad_length = ok & ~n_tokens.is_between(3, top)
+    stray = ~ok & (predicted | pl.col("pred_prob").is_not_null() | (n_tokens != 0))
     rules = [
-        (~pl.col("status").is_in(schema.STATUSES), "unknown status '{}'", "status"),
-        (ok & probs.is_null(), "scored but probs is null"),
-        (ok & ~((total - 1).abs() <= PROBS_TOLERANCE), "probs sum to {}", total.round(6)),
-        (
-            ok & (pred_id.is_null() | (pred_id != argmax)),
-            "pred_id {} is not the argmax {} of probs",
-            "pred_id",
-            argmax,
-        ),
-        (
-            ok & ~n_tokens.is_between(3, top),
-            "scored with n_tokens {}, expected 3..{}",
-            "n_tokens",
-            pl.lit(top),
-        ),
-        (
-            ~ok & (predicted | pl.col("pred_prob").is_not_null() | (n_tokens != 0)),
-            "status '{}' but a prediction or n_tokens {}",
-            "status",
-            "n_tokens",
-        ),
-        (ok & ~(pred_prob <= PROBS_TOLERANCE), "pred_prob {} is not probs[pred_id]", r("pred_prob")),
+        (~pl.col("status").is_in(schema.STATUSES), fmt("unknown status '{}'", "status")),
+        (ok & probs.is_null(), pl.lit("scored but probs is null")),
+        (ok & ~((total - 1).abs() <= PROBS_TOLERANCE), fmt("probs sum to {}", total.round(6))),
+        (bad_argmax, fmt("pred_id {} is not the argmax {} of probs", "pred_id", argmax)),
+        (bad_length, fmt("scored with n_tokens {}, expected 3..{}", "n_tokens", pl.lit(top))),
+        (stray, fmt("status '{}' but a prediction or n_tokens {}", "status", "n_tokens")),
+        (ok & ~(pred_prob <= PROBS_TOLERANCE), fmt("pred_prob {} is not probs[pred_id]", r("pred_prob"))),
     ]
     if isinstance(run_id := run.manifest.get("run_id"), str):
-        rules.append((pl.col("run_id") != run_id, "run_id '{}' is not the run's", "run_id"))
+        rules.append((pl.col("run_id") != run_id, fmt("run_id '{}' is not the run's", "run_id")))
     if run.id2label:
         n = len(run.id2label)
         label = pred_id.cast(pl.String).replace_strict(run.id2label, default=None, return_dtype=pl.String)
+        bad_label = ok & (label.is_null() | (pl.col("pred_label") != label))
         rules += [
-            (ok & (probs.list.len() != n), "{} probs for {} labels", probs.list.len(), pl.lit(n)),
-            (
-                ok & (label.is_null() | (pl.col("pred_label") != label)),
-                "pred_label '{}' is not id2label[{}]",
-                "pred_label",
-                "pred_id",
-            ),
+            (ok & (probs.list.len() != n), fmt("{} probs for {} labels", probs.list.len(), pl.lit(n))),
+            (bad_label, fmt("pred_label '{}' is not id2label[{}]", "pred_label", "pred_id")),
         ]
     return [("predictions", *rule) for rule in rules]
 
@@ -330,50 +311,39 @@ class _PartCheck:
         minmax = ((pl.col("weight_min") - pl.col("wmin")).abs() <= MINMAX_TOLERANCE) & (
             (pl.col("weight_max") - pl.col("wmax")).abs() <= MINMAX_TOLERANCE
         )
+        count = ~((n == n_content) & (n_content == content))
+        spread = ~((pl.col("pmin") == 1) & (pl.col("pmax") == content) & (pl.col("distinct") == n))
+        ends = ~(cls.is_between(0, 1) & sep.is_between(0, 1))
         rules = [
+            ("positions", count, fmt("{} rows, n_content {}, n_tokens - 2 = {}", "n", "n_content", content)),
             (
                 "positions",
-                ~((n == n_content) & (n_content == content)),
-                "{} rows, n_content {}, n_tokens - 2 = {}",
-                "n",
-                "n_content",
-                content,
-            ),
-            (
-                "positions",
-                ~((pl.col("pmin") == 1) & (pl.col("pmax") == content) & (pl.col("distinct") == n)),
-                "positions {}..{} ({} distinct in {} rows), expected 1..{} once each",
-                "pmin",
-                "pmax",
-                "distinct",
-                "n",
-                content,
+                spread,
+                fmt(
+                    "positions {}..{} ({} distinct in {} rows), expected 1..{} once each",
+                    *("pmin", "pmax", "distinct", "n", content),
+                ),
             ),
             (
                 "attention_mass",
                 ~((mass - 1).abs() <= tol),
-                "content {} + [CLS] {} + [SEP] {} = {}, not 1 within {}",
-                r("wsum"),
-                r("weight_cls"),
-                r("weight_sep"),
-                mass.round(6),
-                pl.lit(tol),
+                fmt(
+                    "content {} + [CLS] {} + [SEP] {} = {}, not 1 within {}",
+                    *(r("wsum"), r("weight_cls"), r("weight_sep"), mass.round(6), pl.lit(tol)),
+                ),
             ),
             (
                 "attention_mass",
-                ~(cls.is_between(0, 1) & sep.is_between(0, 1)),
-                "weight_cls {} or weight_sep {} outside [0, 1]",
-                r("weight_cls"),
-                r("weight_sep"),
+                ends,
+                fmt("weight_cls {} or weight_sep {} outside [0, 1]", r("weight_cls"), r("weight_sep")),
             ),
             (
                 "scaling",
                 ~minmax,
-                "weight_min/max {}/{}, but the weights' min/max are {}/{}",
-                r("weight_min"),
-                r("weight_max"),
-                r("wmin"),
-                r("wmax"),
+                fmt(
+                    "weight_min/max {}/{}, but the weights' min/max are {}/{}",
+                    *(r("weight_min"), r("weight_max"), r("wmin"), r("wmax")),
+                ),
             ),
         ]
         heads = self.groups.join(summary, on=_KEYS).join(self.scored, on="doc_id").lazy()
@@ -385,35 +355,33 @@ class _PartCheck:
         expected = pl.when(hi > lo).then((pl.col("weight").cast(pl.Float64) - lo) / (hi - lo)).otherwise(0.0)
         scaled, norm, zeroing = pl.col("weight_scaled"), pl.col("weight_norm"), pl.col("value_zeroing")
         asked = bool(self.run.manifest.get("spec", {}).get("value_zeroing", False))
+        off = scaled.is_between(0, 1) & ~((scaled.cast(pl.Float64) - expected).abs() <= SCALED_TOLERANCE)
+        zeroing_wrong = (
+            "value_zeroing is null, but the run asked for it"
+            if asked
+            else "value_zeroing is set, but the run did not ask for it"
+        )
         rules = [
-            ("attention_mass", ~pl.col("weight").is_between(0, 1), "weight {} outside [0, 1]", "weight"),
-            ("scaling", ~scaled.is_between(0, 1), "weight_scaled {} outside [0, 1]", "weight_scaled"),
+            ("attention_mass", ~pl.col("weight").is_between(0, 1), fmt("weight {} outside [0, 1]", "weight")),
+            ("scaling", ~scaled.is_between(0, 1), fmt("weight_scaled {} outside [0, 1]", "weight_scaled")),
             (
                 "scaling",
-                scaled.is_between(0, 1) & ~((scaled.cast(pl.Float64) - expected).abs() <= SCALED_TOLERANCE),
-                "weight_scaled {}, but (w - min)/(max - min) = {}",
-                r("weight_scaled"),
-                expected.round(6),
+                off,
+                fmt(
+                    "weight_scaled {}, but (w - min)/(max - min) = {}", r("weight_scaled"), expected.round(6)
+                ),
             ),
             (
                 "measures",
                 ~(norm.is_finite() & (norm >= 0)),
-                "weight_norm {} is not a finite number >= 0",
-                "weight_norm",
+                fmt("weight_norm {} is not a finite number >= 0", "weight_norm"),
             ),
             (
                 "measures",
                 zeroing.is_not_null() & ~zeroing.is_between(0, 2),
-                "value_zeroing {} outside [0, 2]",
-                "value_zeroing",
+                fmt("value_zeroing {} outside [0, 2]", "value_zeroing"),
             ),
-            (
-                "measures",
-                zeroing.is_null() == asked,
-                "value_zeroing is null, but the run asked for it"
-                if asked
-                else "value_zeroing is set, but the run did not ask for it",
-            ),
+            ("measures", zeroing.is_null() == asked, pl.lit(zeroing_wrong)),
         ]
         rows = self.attn.join(summary.lazy().select(*_KEYS, "weight_min", "weight_max"), on=_KEYS, how="left")
         apply_rules(
@@ -424,9 +392,5 @@ class _PartCheck:
         """Per token: 0 <= start <= end (end <= the text's length is the inputs' check)."""
         bad = ~((pl.col("start") >= 0) & (pl.col("start") <= pl.col("end")))
         at = fmt("{} doc '{}' position {}", pl.lit(self.rel_tok), "doc_id", "position")
-        apply_rules(
-            self.rec,
-            self.tokens,
-            at,
-            [("spans", bad, "span {}..{} is not 0 <= start <= end", "start", "end")],
-        )
+        say = fmt("span {}..{} is not 0 <= start <= end", "start", "end")
+        apply_rules(self.rec, self.tokens, at, [("spans", bad, say)])
