@@ -1,35 +1,18 @@
-"""Token influence by head across a run, from polars lazy scans of its committed Parquet parts.
+"""Token influence by head across a run (the ``token_influence`` table), and its printed top tokens.
 
 Usage::
 
     bertattn aggregate runs/r1 --min-reviews 5 --top-k 5
 
-    from bertattn_batch.analysis import aggregate, format_top
+    from bertattn_batch.analysis.aggregate import aggregate, format_top
     result = aggregate("runs/r1")          # writes runs/r1/aggregates/token_influence.parquet
     print(format_top(result.table, k=5))
 
-For each (layer, head, token) and each group of reviews (all of them, each predicted label, each
-true label where the source had labels): the reviews and occurrences, the mean raw, scaled and
-norm-based weight, how often the token is the head's top token in a review, and the measures that
-weigh rarity (:mod:`.contrast`): the log-odds of the token's attention mass in one label against the
-others, which rare tokens cannot win, and the mean shrunk toward the head's. Words as well as tokens: a token that
-does not start with ``##`` and the ``##`` continuations right after it make one word (WordPiece
-tokenizers only: the manifest records the run's continuation mark).
-
-Definitions (the schema's descriptions say the same):
-- only reviews with ``status == "ok"`` count; a review's rows in ``cls_attention`` join its prediction
-  on ``doc_id``;
-- means are over occurrences (a token twice in a review counts twice);
-- a head's top token in a review is its content token with the largest raw weight; ties go to the
-  first position (numpy's ``argmax``), so every scored review has exactly one top token per head;
-- a word's raw weight is the sum of its pieces' raw weights (the head's mass is kept); its scaled
-  weight is that sum min-max scaled again over the review's words, so 1 is the review's top word;
-  its norm-based weight is the sum of its pieces' (an upper bound of the norm of their sum).
-
-Memory stays bounded whatever the run's size: each committed part (a few thousand reviews, each
-review wholly inside one part; cut into slices of whole reviews past ``MAX_ROWS_PER_PASS`` rows) is
-reduced on its own to per-token sums, which are additive across parts; the sums are then combined
-with streaming group-bys whose size is bounded by the vocabulary.
+Per (layer, head, token) and group of scored reviews (all, each predicted label, each true label):
+counts, mean weights, how often the token is the head's top token, and measures that weigh rarity
+(:func:`with_contrasts`, :func:`with_shrunk_means`); by word too, for WordPiece tokenizers. The schema's
+descriptions define each column. Memory stays bounded: each part (in slices of whole reviews) is
+reduced to per-token sums, which add up across parts.
 """
 
 from __future__ import annotations
@@ -39,6 +22,7 @@ import logging
 import os
 import shutil
 import time
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,15 +37,16 @@ from ..errors import RunDirError, SpecError, WriteError
 from ..run import (
     AGGREGATES_DIR,
     CommittedPart,
+    Manifest,
     committed_files,
     display_path,
+    layer_name,
     on_local_copy,
     read_manifest,
     status_now,
 )
-from .contrast import GROUP, with_contrasts, with_shrunk_means
-from .derived import write_derived
-from .words import CLASSES, KEY, REVIEW, word_continuation, word_rows
+from .provenance import derived_meta, write_derived
+from .spelling import printable, readable_map
 
 log = logging.getLogger(__name__)
 
@@ -83,27 +68,42 @@ RANK_MEASURES = (
     "n_top",
     "n_reviews",
 )
-#: The measures that compare a label with the others: none for the split 'all'.
+#: The measures that compare a label with the others: null in the split 'all'.
 CONTRASTS = ("log_odds_z", "log_odds")
-#: Attention rows reduced in one pass; a larger part is cut into slices of whole reviews (by their
-#: number), which bounds memory whatever the run's window size or review length.
+#: Attention rows reduced in one pass; a larger part is cut into slices of whole reviews.
 MAX_ROWS_PER_PASS = 1_000_000
+#: Floor of τ² (the spread of the true token means): a head whose token means differ by no more than
+#: chance shrinks every token to the head's mean.
+MIN_BETWEEN_VARIANCE = 1e-12
+#: Runs whose manifest does not record ``model.word_continuation``: model types whose tokenizers mark
+#: word starts rather than continuations.
+NON_WORDPIECE_MODELS = frozenset({"roberta", "xlm-roberta", "camembert", "albert"})
+CONTINUATION = "##"
 
+#: A review's number within its part: the key rows are reduced by (a doc_id on every row would hold
+#: memory in proportion to its length).
+KEY = "review"
+REVIEW = [KEY, "layer", "head"]
+CLASSES = ["pred_label", "label"]
+#: One head's tokens within one class; one head over a split; one token of a head over a split.
+GROUP = ["unit", "layer", "head", "split", "class_label"]
+_SPLIT = ["unit", "layer", "head", "split"]
+_TOKEN = ["unit", "layer", "head", "split", "token"]
 _SUMS = ["n_reviews", "n_occurrences", "weight_sum", "scaled_sum", "scaled_sq_sum", "norm_sum", "n_top"]
+_SIZES = {"split": pl.String, "class_label": pl.String, "class_reviews": pl.Int64}
 
 
 @dataclass
 class Aggregates:
-    """What ``aggregate`` wrote: the table (small: bounded by the vocabulary) and how it was made."""
+    """What ``aggregate`` wrote: the table (bounded by the vocabulary) and how it was made."""
 
     path: Path
     table: pl.DataFrame
     options: dict[str, Any] = field(default_factory=dict)
     parts: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    #: Scored reviews per group (split, class_label, class_reviews; 'label' only where the source had
-    #: labels): what a printout explains its missing groups by, as the table cannot tell a group that
-    #: --min-reviews emptied from one the run lacks.
+    #: Scored reviews per group (split, class_label, class_reviews): what a printout names its missing
+    #: groups by, as the table cannot tell a group --min-reviews emptied from one the run lacks.
     groups: pl.DataFrame | None = None
     num_layers: int | None = None  # the model's, to name layers from the end too
     byte_level: bool | None = None  # the run's tokens spell bytes: printed decoded
@@ -123,14 +123,12 @@ def aggregates_path(run_dir: str | Path) -> Path:
 
 
 def committed_parts(run_dir: str | Path, verify: bool = False) -> list[CommittedPart]:
-    """The attention, token and predictions files of every part the manifest commits, in name order
-    (see ``run.committed_files``; ``verify``: their pages' checksums checked)."""
+    """The attention, token and predictions files of every part the manifest commits, in name order."""
     return committed_files(run_dir, ("cls_attention", "tokens", "predictions"), verify)
 
 
 def review_rows(part: CommittedPart) -> pl.LazyFrame:
-    """One part's attention rows of scored reviews, each with its token, predicted and true label, and
-    keyed by the review's number within the part (``KEY``) instead of its doc_id."""
+    """One part's attention rows of scored reviews, each with its token and labels, keyed by ``KEY``."""
     keys = (
         pl.scan_parquet(part.files["predictions"], glob=False)
         .filter(pl.col("status") == "ok")
@@ -160,12 +158,51 @@ def review_rows(part: CommittedPart) -> pl.LazyFrame:
     )
 
 
-def part_sums(rows: pl.LazyFrame, unit: str) -> pl.LazyFrame:
-    """Additive per-(layer, head, token, pred_label, label) sums of one part's reviews.
+def word_rows(rows: pl.LazyFrame, continuation: str = CONTINUATION) -> pl.LazyFrame:
+    """Tokens joined into words, in the columns of :func:`review_rows` (position: the first piece's).
 
-    ``n_reviews`` counts distinct reviews within the part; a review lives in one part only, so the
-    counts add up across parts.
+    A word starts at every token that is not a continuation (``##`` piece) of the token just before it.
+    Raw and norm-based weight: the sums of the pieces' (the head's mass is kept); scaled: min-max over
+    the review's words for that head. A review's words are found once, on one head's rows.
     """
+    one_head = (pl.col("layer") == pl.col("layer").min()) & (pl.col("head") == pl.col("head").min())
+    pieces = rows.filter(one_head).select(KEY, "position", "token").sort([KEY, "position"])
+    continues = pl.col("token").str.starts_with(continuation) & (
+        pl.col("position") == pl.col("position").shift(1).over(KEY) + 1
+    )
+    continues = continues.fill_null(False)
+    pieces = pieces.with_columns(
+        word=(~continues).cast(pl.Int32).cum_sum().over(KEY),
+        piece=pl.when(continues).then(pl.col("token").str.strip_prefix(continuation)).otherwise("token"),
+    )
+    texts = pieces.group_by([KEY, "word"]).agg(
+        token=pl.col("piece").sort_by("position").str.join(""),
+        position=pl.col("position").min(),
+    )
+    words = (
+        rows.select(*REVIEW, "position", "weight", "weight_norm", *CLASSES)
+        .join(pieces.select(KEY, "position", "word"), on=[KEY, "position"])
+        .group_by([*REVIEW, "word", *CLASSES])
+        .agg(pl.col("weight").sum(), pl.col("weight_norm").sum())
+        .join(texts, on=[KEY, "word"])
+    )
+    lo = pl.col("weight").min().over(REVIEW)
+    hi = pl.col("weight").max().over(REVIEW)
+    scaled = pl.when(hi > lo).then((pl.col("weight") - lo) / (hi - lo)).otherwise(0.0)
+    return words.with_columns(weight_scaled=scaled).drop("word")
+
+
+def word_continuation(manifest: Manifest) -> str | None:
+    """The run's word-continuation mark; for runs that did not record it, told from the model type."""
+    model = manifest.model
+    if "word_continuation" in model:
+        return model["word_continuation"] or None
+    return None if model.get("model_type", "bert") in NON_WORDPIECE_MODELS else CONTINUATION
+
+
+def part_sums(rows: pl.LazyFrame, unit: str) -> pl.LazyFrame:
+    """Additive per-(layer, head, token, pred_label, label) sums of one part's reviews (a review lives in
+    one part, so ``n_reviews`` adds up across parts)."""
     peak = pl.col("weight").max().over(REVIEW)
     top_position = pl.col("position").filter(pl.col("weight") == peak).min().over(REVIEW)
     return (
@@ -184,10 +221,22 @@ def part_sums(rows: pl.LazyFrame, unit: str) -> pl.LazyFrame:
     )
 
 
+def _splits(frame: pl.LazyFrame | pl.DataFrame, keys: list[str], aggs: list[pl.Expr]) -> list:
+    """``frame`` grouped by ``keys`` within each split, with its ``split`` and ``class_label``."""
+    out = []
+    for split in SPLITS:
+        part = frame.filter(pl.col("label").is_not_null()) if split == "label" else frame
+        label = pl.lit(None, dtype=pl.String) if split == "all" else pl.col(split)
+        by = keys if split == "all" else [*keys, split]
+        grouped = part.group_by(by).agg(aggs) if by else part.select(aggs)
+        out.append(grouped.with_columns(split=pl.lit(split), class_label=label))
+    return out
+
+
 def class_sizes(preds_paths: Sequence[Path | str]) -> pl.DataFrame:
     """Scored reviews per group: (split, class_label, class_reviews)."""
     if not preds_paths:
-        return pl.DataFrame(schema={"split": pl.String, "class_label": pl.String, "class_reviews": pl.Int64})
+        return pl.DataFrame(schema=_SIZES)
     ok = (
         pl.scan_parquet(list(preds_paths), glob=False)
         .filter(pl.col("status") == "ok")
@@ -195,44 +244,57 @@ def class_sizes(preds_paths: Sequence[Path | str]) -> pl.DataFrame:
         .agg(n=pl.len().cast(pl.Int64))
         .collect(engine="streaming")
     )
-    frames = [
-        pl.DataFrame({"split": ["all"], "class_label": [None], "class_reviews": [int(ok["n"].sum())]}),
-        _sizes_by(ok, "pred_label"),
-        _sizes_by(ok.filter(pl.col("label").is_not_null()), "label"),
-    ]
-    schema_ = {"split": pl.String, "class_label": pl.String, "class_reviews": pl.Int64}
-    return pl.concat([f.cast(schema_) for f in frames if f.height]).filter(pl.col("class_reviews") > 0)
+    frames = _splits(ok, [], [pl.col("n").sum().alias("class_reviews")])
+    sizes = pl.concat([f.select(*_SIZES).cast(_SIZES) for f in frames])
+    return sizes.filter(pl.col("class_reviews") > 0)
 
 
-def _sizes_by(ok: pl.DataFrame, column: str) -> pl.DataFrame:
-    return (
-        ok.group_by(column)
-        .agg(class_reviews=pl.col("n").sum())
-        .rename({column: "class_label"})
-        .with_columns(split=pl.lit(column))
-        .select("split", "class_label", "class_reviews")
+def with_contrasts(sums: pl.LazyFrame) -> pl.LazyFrame:
+    """``sums`` with ``log_odds`` and ``log_odds_z`` of each token in its class against the rest.
+
+    The weighted log-odds ratio with an informative Dirichlet prior (Monroe, Colaresi & Quinn 2008,
+    "Fightin' Words", eq. 16 to 22): a head's raw attention mass (``weight_sum``) is the token's count,
+    the split's own totals the prior. The z-score divides by the estimate's standard deviation, large
+    for a token with little mass, so a rare token cannot win by chance. Null for the split 'all' and
+    where the split has one class only."""
+    y = pl.col("weight_sum")
+    prior = y.sum().over(_TOKEN)  # α_w: the token's mass in every class of the split
+    prior_total = y.sum().over(_SPLIT)  # α_0: the head's mass over the split
+    n_class = y.sum().over(GROUP)
+    y_rest, n_rest = prior - y, prior_total - n_class
+    odds_class = (y + prior) / (n_class + prior_total - y - prior)
+    odds_rest = (y_rest + prior) / (n_rest + prior_total - y_rest - prior)
+    delta = odds_class.log() - odds_rest.log()
+    sd = (1 / (y + prior) + 1 / (y_rest + prior)).sqrt()
+    contrast = (pl.col("split") != "all") & (n_rest > 0)
+    return sums.with_columns(
+        log_odds=pl.when(contrast).then(delta),
+        log_odds_z=pl.when(contrast).then(delta / sd),
     )
+
+
+def with_shrunk_means(sums: pl.LazyFrame) -> pl.LazyFrame:
+    """``sums`` with ``mean_scaled_shrunk``: each token's mean scaled weight pulled toward its head's
+    mean in the group, the more so the fewer reviews it was seen in.
+
+    An empirical-Bayes (normal-normal) estimate with method-of-moments variances:
+    ``(n·m + κ·μ) / (n + κ)``, ``κ = s² / τ²``, ``s²`` the pooled within-token variance and ``τ²`` the
+    variance of the token means less their mean sampling variance ``s²/n``."""
+    n_occ, n_rev = pl.col("n_occurrences"), pl.col("n_reviews")
+    mean = pl.col("scaled_sum") / n_occ
+    head_mean = pl.col("scaled_sum").sum().over(GROUP) / n_occ.sum().over(GROUP)
+    within = (pl.col("scaled_sq_sum") - n_occ * mean**2).clip(lower_bound=0)
+    pooled = within.sum().over(GROUP) / n_occ.sum().over(GROUP)  # s²
+    between = (mean.var(ddof=0).over(GROUP) - (pooled / n_rev).mean().over(GROUP)).fill_null(0)
+    kappa = pooled / pl.max_horizontal(between, pl.lit(MIN_BETWEEN_VARIANCE))
+    return sums.with_columns(mean_scaled_shrunk=(n_rev * mean + kappa * head_mean) / (n_rev + kappa))
 
 
 def combine(sums: pl.LazyFrame, sizes: pl.DataFrame, min_reviews: int, rank_by: str) -> pl.LazyFrame:
     """Per-part sums -> the token_influence table: every split, means, the filter and the rank."""
-    agg = [pl.col(c).sum() for c in _SUMS]
-    by_split = [
-        sums.group_by(["unit", "layer", "head", "token"])
-        .agg(agg)
-        .with_columns(split=pl.lit("all"), class_label=pl.lit(None, dtype=pl.String)),
-        sums.group_by(["unit", "layer", "head", "pred_label", "token"])
-        .agg(agg)
-        .rename({"pred_label": "class_label"})
-        .with_columns(split=pl.lit("pred_label")),
-        sums.filter(pl.col("label").is_not_null())
-        .group_by(["unit", "layer", "head", "label", "token"])
-        .agg(agg)
-        .rename({"label": "class_label"})
-        .with_columns(split=pl.lit("label")),
-    ]
     cols = ["unit", "layer", "head", "split", "class_label", "token", *_SUMS]
-    every_token = pl.concat([f.select(cols) for f in by_split])
+    frames = _splits(sums, ["unit", "layer", "head", "token"], [pl.col(c).sum() for c in _SUMS])
+    every_token = pl.concat([f.select(cols) for f in frames])
     table = (
         with_shrunk_means(with_contrasts(every_token))  # before the filter: the heads' totals count all
         .filter(pl.col("n_reviews") >= min_reviews)
@@ -248,9 +310,8 @@ def combine(sums: pl.LazyFrame, sizes: pl.DataFrame, min_reviews: int, rank_by: 
 
 
 def ranked(table: pl.LazyFrame | pl.DataFrame, measure: str) -> pl.LazyFrame | pl.DataFrame:
-    """``table`` sorted by group and ``measure`` (descending; ties: more reviews, then token text),
-    with ``rank`` 1, 2, ... within each group. A contrast is null in the split 'all', where the order
-    falls to the ties."""
+    """``table`` sorted by group and ``measure`` (descending; ties: more reviews, then token text), with
+    ``rank`` 1, 2, ... within each group."""
     return table.sort(
         [*GROUP, measure, "n_reviews", "token"],
         descending=[False] * len(GROUP) + [True, True, False],
@@ -267,15 +328,13 @@ def aggregate(
     into: str | Path | None = None,
 ) -> Aggregates:
     """Compute token (and word) influence by head for a run; write and return it. ``into``: the folder
-    to write the table (and its work files) into, where not the run's own ``aggregates/`` (a run that
-    cannot be written to)."""
+    to write into instead of the run's ``aggregates/`` (a run that cannot be written to)."""
     t0 = time.perf_counter()
     if min_reviews < 1:
         raise SpecError(f"--min-reviews must be at least 1, got {min_reviews}")
     if rank_by not in RANK_MEASURES:
         raise SpecError(f"rank_by must be one of {', '.join(RANK_MEASURES)}; got {rank_by!r}")
-    bad = [u for u in units if u not in UNITS]
-    if bad or not units:
+    if not units or any(u not in UNITS for u in units):
         raise SpecError(f"units must be among {', '.join(UNITS)}; got {list(units)}")
     run = Path(run_dir)
     manifest = read_manifest(run)
@@ -299,12 +358,10 @@ def aggregate(
         sizes = class_sizes([p.files["predictions"] for p in parts])
         if parts:
             table = combine(_summed(parts, units, continuation, work), sizes, min_reviews, rank_by)
-        else:  # a complete run over inputs without rows: an empty table, so what reads it still works
+        else:  # a complete run over inputs without rows: an empty table
             table = pl.LazyFrame(schema=pl.from_arrow(schema.arrow(TABLE).empty_table()).schema)
         options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units)}
-        # the result is bounded by the vocabulary (x heads x groups), so it is collected and cast
-        # to the schema with pyarrow, which keeps the columns' descriptions in the file
-        table = table.collect(engine="streaming")
+        table = table.collect(engine="streaming")  # small; cast by pyarrow to keep column descriptions
         final = out_dir / f"{TABLE}.parquet"
         write_derived(
             final,
@@ -319,7 +376,7 @@ def aggregate(
         if "No space left" not in str(e):
             raise
         raise WriteError(f"cannot write the aggregates into {out_dir}: no space left on the device") from None
-    except FileNotFoundError as e:  # (polars's) a part went while it was read
+    except FileNotFoundError as e:  # a part went while it was read
         raise RunDirError(
             f"{run}: {e.filename or 'a part'} went while aggregate read it (an --overwrite of the run "
             "meanwhile?); run aggregate again"
@@ -336,7 +393,7 @@ def aggregate(
 def _summed(
     parts: list[CommittedPart], units: Sequence[str], continuation: str | None, work: Path
 ) -> pl.LazyFrame:
-    """Per-token sums over all parts: each part reduced on its own, then the partial sums combined."""
+    """Per-token sums over all parts: each part (slice) reduced on its own, then the partial sums added."""
     partials = []
     for part in parts:
         slices = -(-pq.ParquetFile(part.files["cls_attention"]).metadata.num_rows // MAX_ROWS_PER_PASS)
@@ -366,29 +423,136 @@ def read_aggregates(run_dir: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
 
 
 def aggregates_meta(run_dir: str | Path) -> dict[str, Any]:
-    """The written table's metadata (options, parts) alone, from its footer; raise when there is none."""
+    """The written table's metadata (options, parts), from its footer; raise when there is none."""
     path = aggregates_path(run_dir)
     if not path.is_file():
         raise RunDirError(f"{path} does not exist; run bertattn aggregate {run_dir}")
-    raw = pq.read_schema(path).metadata or {}
-    meta = {k.decode(): v.decode() for k, v in raw.items() if not k.startswith(b"ARROW")}
-    for key in ("options", "parts"):
-        if key in meta:
-            meta[key] = json.loads(meta[key])
-    return meta
+    return derived_meta(path)
 
 
 def is_current(run_dir: str | Path, min_reviews: int | None = None) -> bool:
-    """True when the written aggregates, in this schema version, cover exactly the run's committed
-    parts (and were computed with ``min_reviews``, where given)."""
-
-    path = aggregates_path(run_dir)
-    if not path.is_file():
+    """True when the written aggregates, in this schema version, cover exactly the run's committed parts
+    (and were computed with ``min_reviews``, where given)."""
+    if not aggregates_path(run_dir).is_file():
         return False
     meta = aggregates_meta(run_dir)
-    if meta.get("schema_version") != str(schema.version(TABLE)):  # written by an older bertattn
+    if meta.get("schema_version") != str(schema.version(TABLE)):
         return False
     if min_reviews is not None and meta.get("options", {}).get("min_reviews") != min_reviews:
         return False
-
     return meta.get("parts") == [p.name for p in committed_parts(run_dir)]
+
+
+def top_tokens(
+    table: pl.DataFrame,
+    k: int = 5,
+    unit: str = "token",
+    split: str = "all",
+    layers: Sequence[int] | None = None,
+    measure: str | None = None,
+) -> pl.DataFrame:
+    """The k best-ranked rows per (layer, head, class_label) of one unit and split: by the table's own
+    rank, or ranked again by ``measure``."""
+    out = table.filter((pl.col("unit") == unit) & (pl.col("split") == split))
+    if layers is not None:
+        out = out.filter(pl.col("layer").is_in(list(layers)))
+    if measure is not None:
+        out = ranked(out, measure)
+    return out.filter(pl.col("rank") <= k).sort(["layer", "class_label", "head", "rank"], nulls_last=False)
+
+
+def check_top_options(k: int, unit: str, split: str, measure: str = "mean_scaled") -> None:
+    """What :func:`format_top` can print; the CLI checks it before the aggregate is computed."""
+    for option, value, allowed in (
+        ("--unit", unit, UNITS),
+        ("--by", split, SPLITS),
+        ("--rank-by", measure, RANK_MEASURES),
+    ):
+        if value not in allowed:
+            raise SpecError(f"{option} must be one of {', '.join(allowed)}; got {value!r}")
+    if k < 1:
+        raise SpecError(f"--top-k must be at least 1; got {k}")
+    if measure in CONTRASTS and split == "all":
+        raise SpecError(
+            f"{measure} compares one label with the others; print it --by pred_label or --by label"
+        )
+
+
+def format_top(
+    table: pl.DataFrame,
+    k: int = 5,
+    unit: str = "token",
+    split: str = "all",
+    layers: Sequence[int] | None = None,
+    measure: str = "mean_scaled",
+    units: Sequence[str] | None = None,
+    groups: pl.DataFrame | None = None,
+    num_layers: int | None = None,
+    byte_level: bool | None = None,
+) -> str:
+    """A text table: a line per head, its top k tokens with their measure.
+
+    ``units`` and ``groups`` (from :class:`Aggregates`) say what the run holds; without them it is told
+    from the table, which cannot tell a group the run lacks from one ``--min-reviews`` emptied.
+    ``byte_level``: the tokens spell bytes (byte-level BPE) and are printed decoded."""
+    splits = None if groups is None else set(groups["split"].to_list())
+    check_top_options(k, unit, split)
+    has_unit = unit in units if units is not None else not table.filter(pl.col("unit") == unit).is_empty()
+    if unit == "word" and not has_unit:
+        return "this run's model has no word units (its tokens carry no '##' marks to join); use --unit token"
+    top = top_tokens(table, k, unit, split, layers, measure)
+    if top.is_empty():
+        if splits is not None and not splits:
+            return (
+                "no review of this run was scored (its inputs held no rows, or see the statuses in its "
+                "predictions); nothing to print"
+            )
+        has_split = (
+            split in splits if splits is not None else not table.filter(pl.col("split") == split).is_empty()
+        )
+        if split == "label" and not has_split:
+            raise SpecError("--by label: this run has no input labels to split by (extract with --label-col)")
+        return f"no {unit}s pass the filter for split {split!r}; lower --min-reviews"
+    if measure in CONTRASTS and top[measure].is_null().all():
+        classes = ", ".join(str(c) for c in top["class_label"].unique(maintain_order=True))
+        return (
+            f"{measure} compares a {split} with the others, and every scored review has {split} {classes}: "
+            "nothing to contrast; rank by another measure (--rank-by mean_scaled)"
+        )
+    shown = readable_map(top["token"].to_list(), byte_level)
+    blocks = []
+    for (layer, cls), group in top.group_by(["layer", "class_label"], maintain_order=True):
+        n = group["class_reviews"][0]
+        who = "all reviews" if cls is None else f"{split} = {printable(str(cls), None)}"
+        lines = [f"{layer_name(layer, num_layers)} · {who} ({n} reviews) · top {k} {unit}s, {measure}"]
+        cells: dict[int, list[str]] = {}
+        for row in group.iter_rows(named=True):
+            cells.setdefault(row["head"], []).append(f"{shown[row['token']]} {_fmt(row[measure])}")
+        width = max(_width(c) for cs in cells.values() for c in cs)
+        lines.append("head  " + "  ".join(_pad(f"#{i}", width) for i in range(1, k + 1)).rstrip())
+        for head in sorted(cells):
+            lines.append(f"{head:>4}  " + "  ".join(_pad(c, width) for c in cells[head]).rstrip())
+        blocks.append("\n".join(lines))
+    # a group with scored reviews but no row left is named, not left out
+    shown_classes = set(top["class_label"].to_list())
+    emptied = [] if groups is None else groups.filter(pl.col("split") == split).iter_rows(named=True)
+    blocks += [
+        f"{split} = {printable(str(g['class_label']), None)} ({g['class_reviews']} reviews): "
+        f"no {unit}s pass the filter; lower --min-reviews"
+        for g in emptied
+        if g["class_label"] not in shown_classes
+    ]
+    return "\n\n".join(blocks)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _width(text: str) -> int:
+    """Terminal columns: CJK characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _pad(text: str, width: int) -> str:
+    return text + " " * max(0, width - _width(text))

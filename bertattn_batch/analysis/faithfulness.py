@@ -6,12 +6,11 @@ Usage::
     result = faithfulness("runs/r1", sample=200, seed=0)   # RUN/faithfulness/head_faithfulness.parquet
     print(result.summary())
 
-On a seeded sample of the run's scored reviews, stratified by predicted label, every captured head's
-``weight`` and ``weight_norm`` rank each review's content tokens, ties by position (and each
-layer's ``value_zeroing`` where the run has it: one value per layer and token, head null); so do two references that depend on no head: ``random`` (a seeded
-permutation) and ``gradient_x_input`` (the gradient of p(ŷ) with respect to each input embedding, dotted
-with it). For k in ``FRACTIONS`` the top ⌈k·m⌉ of the review's m content tokens are deleted from the
-input ids the run scored (its tokens table; [CLS] and [SEP] kept) and the model run again:
+On a seeded sample of the run's scored reviews, stratified by predicted label, each captured head's
+``weight`` and ``weight_norm`` (and each layer's ``value_zeroing``, head null) rank the review's content
+tokens, ties by position; so do two references that depend on no head: ``random`` and
+``gradient_x_input``. For k in ``FRACTIONS`` the top ⌈k·m⌉ of the m content tokens are deleted from the
+token ids the run scored ([CLS] and [SEP] kept) and the model runs again:
 
 - comprehensiveness = p(ŷ | x) − p(ŷ | x without them): large when the tokens mattered;
 - sufficiency = p(ŷ | x) − p(ŷ | them alone): small when they suffice;
@@ -49,8 +48,7 @@ from ..run import (
     scan_parts,
     status_now,
 )
-from .derived import write_derived
-from .run_model import load_run_model
+from .provenance import load_run_model, write_derived
 
 log = logging.getLogger(__name__)
 
@@ -81,24 +79,20 @@ class Faithfulness:
         """Per layer: each score's AOPC, best comprehensiveness first, the references among them."""
         aopc = self.table.filter(pl.col("k").is_null())
         refs = aopc.filter(pl.col("layer").is_null())
+        heads = aopc.filter(pl.col("layer").is_not_null())
+        ks = ", ".join(f"{k:.0%}" for k in FRACTIONS)
         blocks = []
-        n = self.options.get("n_reviews")
-        for (layer,), rows in aopc.filter(pl.col("layer").is_not_null()).group_by(
-            "layer", maintain_order=True
-        ):
+        for (layer,), rows in heads.group_by("layer", maintain_order=True):
             lines = [
-                f"{layer_name(layer, self.num_layers)} · {n} reviews · mean over k = "
-                + ", ".join(f"{k:.0%}" for k in FRACTIONS)
-                + " (AOPC); comprehensiveness: higher is more faithful, sufficiency: lower",
+                f"{layer_name(layer, self.num_layers)} · {self.options.get('n_reviews')} reviews · mean over "
+                f"k = {ks} (AOPC); comprehensiveness: higher is more faithful, sufficiency: lower",
                 f"{'score':<18}{'head':>5}{'comprehensiveness':>19}{'sufficiency':>13}",
             ]
-            for row in (
-                pl.concat([rows, refs]).sort("comprehensiveness", descending=True).iter_rows(named=True)
-            ):
-                head = "-" if row["head"] is None else str(row["head"])
-                lines.append(
-                    f"{row['score']:<18}{head:>5}{row['comprehensiveness']:>19.3f}{row['sufficiency']:>13.3f}"
-                )
+            ranked = pl.concat([rows, refs]).sort("comprehensiveness", descending=True)
+            for score, head, comp, suff in ranked.select(
+                "score", "head", "comprehensiveness", "sufficiency"
+            ).rows():
+                lines.append(f"{score:<18}{'-' if head is None else head:>5}{comp:>19.3f}{suff:>13.3f}")
             blocks.append("\n".join(lines))
         return "\n\n".join(blocks) + f"\nwrote {display_path(self.path)} in {self.seconds:.1f}s"
 
@@ -315,14 +309,15 @@ def _probabilities(clf: Classifier, sequences: Sequence[np.ndarray], progress: b
 
     out = np.empty((len(sequences), len(clf.labels)), dtype=np.float64)
     lengths = [len(s) for s in sequences]
-    with tqdm(
+    bar = tqdm(
         total=len(sequences),
         desc="faithfulness",
         unit="input",
         disable=not progress,
         leave=False,
         **bar_size(),
-    ) as bar:
+    )
+    with bar:
         for batch in bucket_batches(lengths, BATCH_TOKENS, MAX_BATCH_SIZE):
             out[batch] = clf.probabilities([sequences[i] for i in batch])
             bar.update(len(batch))

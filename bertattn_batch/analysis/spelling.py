@@ -1,6 +1,6 @@
-"""Tokens as a reader sees them: byte-level BPE pieces (RoBERTa's 'Ġgood', 'cafÃ©') decoded back to
-text, for every printed table and figure alike; the stored tables keep the tokenizer's own spelling,
-which is what joins and token ids agree with."""
+"""Tokens as a reader sees them, in every printed table and figure: byte-level BPE pieces (RoBERTa's
+'Ġgood', 'cafÃ©') decoded back to text, and characters that would disturb a terminal escaped. The stored
+tables keep the tokenizer's own spelling, which joins and token ids agree with."""
 
 from __future__ import annotations
 
@@ -21,21 +21,15 @@ def _byte_decoder() -> dict[str, int]:
 
 _BYTES = _byte_decoder()
 _SHIFTED = {c for c, b in _BYTES.items() if ord(c) >= 256}  # bytes with no printable self: 'Ġ' (space)
-
-
-#: The most characters a token shows in a table cell or on a figure (the stored tables keep it whole):
-#: a 500-character token made every column of a terminal table that wide.
+#: The most characters a token shows in a table cell or on a figure (the stored tables keep it whole).
 PRINTED_CHARS = 40
-
-
 #: Characters that reorder what follows them on screen (bidi embeddings, overrides and isolates).
 _BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 def printable(text: str, limit: int | None = PRINTED_CHARS) -> str:
-    """``text`` fit to print: control characters, line breaks and bidi controls as escapes ('\\n',
-    '\\x1b', '\\u202e'), cut to ``limit`` characters. Why: an ESC in a token reached the terminal, a
-    newline in a label broke a table's header line, and U+202E turns the rest of a line around."""
+    """``text`` fit to print on one line: control characters, line breaks and bidi controls as escapes
+    ('\\n', '\\x1b', '\\u202e'), cut to ``limit`` characters."""
     text = "".join(repr(c)[1:-1] if _hidden(c) else c for c in text)
     return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
@@ -48,9 +42,8 @@ def readable(tokens: list[str], byte_level: bool | None = None) -> list[str]:
     """Tokens as a reader sees them (:func:`printable`). Byte-level BPE tokens (RoBERTa: 'Ġgood', 'cafÃ©')
     are decoded back to their text; a piece holding part of a character shows '�'.
 
-    ``byte_level``: whether the run's tokenizer is byte-level (its manifest says, since this version).
-    Only for runs that do not say is it told from the tokens, which a WordPiece token such as 'ł'
-    (a character that is also a shifted byte) can mislead."""
+    ``byte_level``: whether the run's tokenizer is byte-level, as its manifest says; None (a manifest
+    that does not say): told from the tokens."""
     if _spells_bytes(tokens, byte_level):
         tokens = [_decode(t).strip() or _visible_space(_decode(t)) for t in tokens]
     return [printable(t) for t in tokens]

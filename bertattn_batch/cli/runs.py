@@ -84,9 +84,8 @@ def aggregate(
     bertattn aggregate runs/default --rank-by log_odds_z   # what each head attends to more in one label
     """
     setup(debug)
-    from ..analysis.aggregate import CONTRASTS
+    from ..analysis.aggregate import CONTRASTS, check_top_options, format_top
     from ..analysis.aggregate import aggregate as run_aggregate
-    from ..analysis.top import check_top_options, format_top
 
     if by is None:
         by = "pred_label" if rank_by in CONTRASTS else "all"

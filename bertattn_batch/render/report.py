@@ -21,9 +21,9 @@ import pyarrow.parquet as pq
 
 from .._files import atomic_path, writing
 from ..analysis import aggregate as agg
+from ..analysis.aggregate import top_tokens
 from ..analysis.faithfulness import FRACTIONS, faithfulness_path
 from ..analysis.spelling import readable_map
-from ..analysis.top import top_tokens
 from ..errors import SpecError, WriteError
 from ..run import (
     REPORT_NAME,

@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 
 from .. import schema
-from ..analysis.run_model import load_run_model
+from ..analysis.provenance import load_run_model
 from ..analysis.spelling import printable
 from ..errors import InputError, RunDirError, SpecError
 from ..run import (

@@ -3,27 +3,17 @@
 Usage::
 
     bertattn validate runs/r1              # one line per check; exit status 1 on any problem
-    bertattn validate runs/r1 --no-source  # do not re-read the inputs for the span check
+    bertattn validate runs/r1 --no-source  # do not read the inputs again
 
     from bertattn_batch import validate_run
     report = validate_run("runs/r1")
     report.ok, report.problems, report.checks
     print(report.render())
 
-Why: a run is read by other tools long after it was written. This says whether its files are the ones
-the manifest committed, and whether the numbers in them keep the promises extraction makes: every input
-row has one predictions row, each head's [CLS] row sums to 1, the scaled weights are that head's
-min-max of the raw ones, every scored review has exactly its content tokens 1 .. n-2.
-
-Memory stays bounded: predictions-level checks are polars lazy queries over all parts (one row per
-review); per-(review, layer, head) checks run part by part (a part holds one window of reviews); the
-span check streams the source alongside the parts, holding one part's reviews at a time.
-
-Files the manifest does not list (``part-*.parquet`` files, ``_*``/``.*`` temporaries in a table folder)
-are a warning while the run is not complete (an uncommitted part, which the next resume removes; a
-distributed run publishes a part's files just before the driver lists it) and a problem once the
-manifest says complete (a finished run has listed and renamed every part). A ``*.tmp`` beside the
-manifest (the manifest's or a report's, being written or left by a kill) is no part: a warning.
+A run is read by other tools long after it was written: this says whether its files are the ones the
+manifest committed, and whether their numbers keep the promises extraction makes (``report.CHECKS``).
+Memory stays bounded: predictions are checked by lazy queries over all parts, attention part by part,
+and the inputs are streamed once beside the parts.
 """
 
 from __future__ import annotations
@@ -35,27 +25,21 @@ from pathlib import Path
 from ...errors import RunDirError
 from ...run import FORMAT, load_json, local_run, require_current_tables, writer_is_live
 from ...storage import is_remote
-from .attention import check_attention
-from .inputs import check_inputs_covered
-from .layout import RunView, check_counts, check_files, check_manifest, check_schemas
-from .predictions import check_predictions
-from .report import CHECKS, Check, Problem, Recorder, ValidationReport
-from .spans import check_source_spans
+from .files import check_counts, check_files, check_manifest, check_schemas
+from .inputs import check_inputs_and_spans
+from .report import CHECKS, Check, Problem, ValidationReport
+from .tables import check_attention, check_predictions
 
 
 def validate_run(run_dir: str | Path, check_source: bool = True) -> ValidationReport:
     """Run every check on ``run_dir`` (a path, or a store's URI: checked on its local mirror, every object
     under its table folders included); raise RunDirError only when it is not a readable run directory."""
-    # asked of the run itself (a mirror has no writer)
-    if is_remote(run_dir):  # before the mirror is made: a job that ends meanwhile is told running
-        live = writer_is_live(run_dir)
+    # asked of the run itself (a mirror has no writer): of a store before the mirror is made, of a
+    # folder once the manifest is read (which is read again where the job ended in between)
+    live = writer_is_live(run_dir) if is_remote(run_dir) else None
 
-        def writing() -> bool | None:
-            return live
-    else:  # once the manifest is read, which is read again where the job ended in between
-
-        def writing() -> bool | None:
-            return writer_is_live(run_dir)
+    def writing() -> bool | None:
+        return live if is_remote(run_dir) else writer_is_live(run_dir)
 
     with local_run(run_dir) as path:
         try:
@@ -73,36 +57,25 @@ def _validate(
     manifest = load_json(path)
     if manifest.get("format") == FORMAT:  # another version's tables: nothing here can be checked
         require_current_tables(path, manifest.get("schema_versions"))
-    rec = Recorder()
-    run = check_manifest(rec, path, manifest, writing)
-    check_files(rec, run)
-    check_schemas(rec, run)
-    check_counts(rec, run)
-    statuses = check_predictions(rec, run)
-    check_attention(rec, run)
+    report = ValidationReport(shown)
+    run = check_manifest(report, path, manifest, writing)
+    check_files(report, run)
+    check_schemas(report, run)
+    check_counts(report, run)
+    statuses = check_predictions(report, run)
+    check_attention(report, run)
     if check_source:
-        check_inputs_covered(rec, run)
-        check_source_spans(rec, run)
+        check_inputs_and_spans(report, run)
     else:
-        rec.skip("inputs", "--no-source: the inputs' rows not counted")
-        rec.skip("spans", "--no-source: end <= text length not checked")
-    return ValidationReport(
-        run_dir=shown,
-        checks=list(rec.checks.values()),
-        problems=rec.problems,
-        warnings=rec.warnings,
-        header=_header(run, statuses, shown),
-    )
-
-
-def _header(run: RunView, statuses: dict[str, int], shown: str) -> str:
+        report.skip("inputs", "--no-source: the inputs' rows not counted")
+        report.skip("spans", "--no-source: end <= text length not checked")
     n = sum(statuses.values())
-    others = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()) if k != "ok")
-    return (
+    others = "".join(f", {k} {v}" for k, v in sorted(statuses.items()) if k != "ok")
+    report.header = (
         f"{shown}: status {run.status}, {len(run.parts)} parts, {n} reviews "
-        f"({statuses.get('ok', 0)} scored{', ' + others if others else ''}), layers {run.layers}, "
-        f"{run.num_heads} heads, {run.dtype}"
+        f"({statuses.get('ok', 0)} scored{others}), layers {run.layers}, {run.num_heads} heads, {run.dtype}"
     )
+    return report
 
 
 __all__ = ["CHECKS", "Check", "Problem", "ValidationReport", "validate_run"]

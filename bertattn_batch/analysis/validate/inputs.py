@@ -1,9 +1,10 @@
-"""The inputs check: every input row has its predictions row, and the input files are those the run read.
+"""The checks that read the run's inputs again, in one pass: every input row has its predictions row
+(``inputs``), and every token's span lies within its review's text (``spans``).
 
-The inputs are read again (in bounded memory): a run whose manifest and parts agree with each other
-can still lack rows of its inputs (rows appended since, a part deleted with the manifest edited to
-match). A run of plain passes must cover as many rows as the inputs hold (within its ``limit``); a
-run of incremental passes goes by id, so every input row with an id must have it among the run's.
+A run whose manifest and parts agree can still lack rows of its inputs (rows appended since, a part
+deleted with the manifest edited to match). A run of plain passes covers as many rows as the inputs hold
+within its ``limit``; a run of incremental passes goes by id. A run that read a stream has its spans
+checked against the texts it stored.
 """
 
 from __future__ import annotations
@@ -13,100 +14,245 @@ import polars as pl
 from ... import schema
 from ...errors import BertAttnError
 from ...ids import IdSet
-from ...inputs import RowDigests, check_inputs, read_once, read_sources, source_files
+from ...inputs import RowBatch, RowDigests, check_inputs, read_once, read_sources, source_files
 from ...run import Manifest, input_changes
-from .layout import RunView
-from .report import Recorder
+from .files import Part, RunView
+from .report import KEPT, ValidationReport
+
+STREAM = "the run read a stream (or names no inputs), which cannot be read again"
 
 
-def check_inputs_covered(rec: Recorder, run: RunView) -> None:
+def check_inputs_and_spans(rec: ValidationReport, run: RunView) -> None:
+    """Read the inputs once, as the run read them, feeding both checks."""
     try:
         manifest = Manifest.from_dict({**run.manifest, "parts": []})
     except BertAttnError as e:  # the manifest check names what is wrong with it
-        rec.skip("inputs", f"the manifest cannot say which inputs were read ({e})")
+        for check in ("inputs", "spans"):
+            rec.skip(check, f"the manifest cannot say which inputs were read ({e})")
         return
-    spec, inputs = manifest.spec, manifest.inputs
-    if not inputs or any(map(read_once, inputs)):
-        rec.skip("inputs", "the run read a stream (or names no inputs), which cannot be read again")
+    inputs = manifest.inputs
+    if not inputs:
+        rec.skip("inputs", STREAM)
+        rec.skip("spans", "the manifest names no inputs: end <= text length not checked")
         return
-    options = {**manifest.read_options(), "label_col": spec.get("label_col")}  # as the run read them
-    columns = (options["text_col"], options["id_col"], options["label_col"])
+    if streams := [p for p in inputs if read_once(p)]:
+        rec.skip("inputs", STREAM)
+        if not _check_stored_spans(rec, run):
+            rec.skip("spans", f"the run read {', '.join(streams)}: a stream, which cannot be read again")
+        return
+    options = {**manifest.read_options(), "label_col": manifest.spec.get("label_col")}
+    coverage, spans = _Coverage(rec, run, manifest), _Spans(rec, run, manifest.generation or 0)
     try:
         sources = check_inputs(inputs, **options)
-
         if manifest.sources is not None:
             for change in input_changes(manifest.sources, source_files(sources))[:3]:
                 rec.warn("inputs", f"the inputs changed since the run read them: {change}")
-        limit = manifest.limit if "limit" in run.manifest else spec.get("limit")  # of the last pass
-        # a pass by id since the first, even one that wrote nothing (its inputs may be another file)
-        incremental = bool(manifest.generation) or bool({p.generation for p in run.parts} - {0})
-        if incremental:
-            _check_ids(rec, run, sources, columns, limit)
-        else:
-            # a run made with --incremental keeps the text an id had when scored: not compared
-            by_row = spec.get("on_existing") != "incremental"
-            _check_count(rec, run, sources, columns, limit, by_row)
+        # no limit: spans of a pass whose limit a resume raised lie past the last pass's
+        columns = (options["text_col"], options["id_col"], options["label_col"])
+        for block in read_sources(sources, *columns):
+            if coverage.done and spans.done:
+                break
+            coverage.feed(block)
+            spans.feed(block)
     except BertAttnError as e:
         rec.skip("inputs", f"inputs not readable here ({e}); not checked")
+        rec.skip("spans", f"inputs not readable here ({e}); end <= text length not checked")
+        if spans.checked:
+            rec.note("spans", f"{spans.checked} reviews checked before that")
+        return
+    coverage.finish()
+    spans.finish(inputs)
 
 
-def _check_count(rec: Recorder, run: RunView, sources, columns, limit: int | None, by_row: bool) -> None:
-    """As many input rows as the run covers, and (a run by row number) the rows of each part as they
-    read when it was written (a file edited in place keeps its size, and its ends where the edit is in
-    its middle)."""
-    committed = RowDigests(run.parts if by_row else [])
-    n, changed = 0, []
-    for block in read_sources(sources, *columns, limit=limit):
-        n += len(block)
-        changed += committed.feed(block)
-    rec.fail_many(
-        "inputs",
-        len(changed),
-        [
-            f"input rows {a}..{b - 1} read otherwise now than when {name} was written (the inputs edited "
-            "since?); rerun the extract with --overwrite to redo the run"
-            for name, a, b in changed[:3]
-        ],
-    )
-    covered = max((p.end_row for p in run.parts if p.generation == 0), default=0)
-    if n > covered and run.status == "complete":
-        rec.fail(
-            "inputs",
-            f"input rows {covered}..{n - 1} have no predictions row (rows added to the inputs since, or a "
-            "part removed?); rerun the extract with --incremental to add them, or with --overwrite to redo it",
-        )
-    elif n > covered:
-        rec.note("inputs", f"rows {covered}..{n - 1} are still to do (the run is {run.status})")
-    elif n < covered:
-        rec.fail("inputs", f"the run holds rows {n}..{covered - 1}, which the inputs no longer have")
-    rec.note("inputs", f"{n} input rows" + (f" (limit {limit})" if limit is not None else ""))
+class _Coverage:
+    """The inputs check: as many rows as the run covers and, by row number, each part's rows as they read
+    when it was written (a digest: an edit in place keeps a file's size); by id, every id in the run."""
 
+    def __init__(self, rec: ValidationReport, run: RunView, manifest: Manifest) -> None:
+        self.rec, self.run = rec, run
+        spec = manifest.spec
+        self.limit = manifest.limit if "limit" in run.manifest else spec.get("limit")  # of the last pass
+        # a pass by id since the first, even one that wrote nothing (its inputs may be another file)
+        self.by_id = bool(manifest.generation) or any(p.generation for p in run.parts)
+        # a run made with --incremental keeps the text an id had when scored: not compared
+        by_row = not self.by_id and spec.get("on_existing") != "incremental"
+        self.digests = RowDigests(run.parts if by_row else [])
+        self.ids = IdSet()
+        if self.by_id:
+            self.ids.update(self._run_ids())
+        self.n, self.changed, self.missing, self.first = 0, [], 0, []
 
-def _check_ids(rec: Recorder, run: RunView, sources, columns, limit: int | None) -> None:
-    """Every id among the rows the last pass read (its ``limit``: the first rows of the inputs as they
-    are now) is in the run; rows past that limit were never asked for."""
-    files = [str(run.file(p, "predictions")) for p in run.parts if "predictions" in p.readable]
-    ids = IdSet()
-    if files:
-        no_id = schema.ROW_NUMBER_STATUSES
-        found = pl.scan_parquet(files, glob=False).filter(~pl.col("status").is_in(no_id)).select("doc_id")
-        ids.update(found.collect(engine="streaming")["doc_id"].to_list())
-    missing, first, n = 0, [], 0
-    for block in read_sources(sources, *columns, limit=limit):
+    def _run_ids(self) -> list[str]:
+        files = [str(self.run.file(p, "predictions")) for p in self.run.parts if "predictions" in p.readable]
+        if not files:
+            return []
+        found = pl.scan_parquet(files, glob=False).filter(~pl.col("status").is_in(schema.ROW_NUMBER_STATUSES))
+        return found.select("doc_id").collect(engine="streaming")["doc_id"].to_list()
+
+    @property
+    def done(self) -> bool:
+        return self.limit is not None and self.n >= self.limit
+
+    def feed(self, block: RowBatch) -> None:
+        if self.limit is not None:  # rows past the last pass's limit were never asked for
+            block = block.slice(0, max(0, self.limit - block.row_index[0]))
+        self.n += len(block)
+        if not self.by_id:
+            self.changed += self.digests.feed(block)
+            return
         for doc_id, status in zip(block.doc_id, block.status, strict=True):
-            n += 1
-            if status in schema.ROW_NUMBER_STATUSES or doc_id in ids:
-                continue
-            missing += 1
-            if len(first) < 3:
-                first.append(doc_id)
-    if missing and run.status == "complete":
+            if status not in schema.ROW_NUMBER_STATUSES and doc_id not in self.ids:
+                self.missing += 1
+                if len(self.first) < 3:
+                    self.first.append(doc_id)
+
+    def finish(self) -> None:
+        rec, run, n = self.rec, self.run, self.n
+        limited = f" (limit {self.limit})" if self.limit is not None else ""
+        if self.by_id:
+            if self.missing and run.status == "complete":
+                rec.fail_many(
+                    "inputs",
+                    self.missing,
+                    [
+                        f"input review {d!r} has no predictions row; rerun the extract with --incremental"
+                        for d in self.first
+                    ],
+                )
+            rec.note("inputs", f"{n} input rows, by id{limited}")
+            return
         rec.fail_many(
             "inputs",
-            missing,
+            len(self.changed),
             [
-                f"input review {d!r} has no predictions row; rerun the extract with --incremental"
-                for d in first
+                f"input rows {a}..{b - 1} read otherwise now than when {name} was written (the inputs edited "
+                "since?); rerun the extract with --overwrite to redo the run"
+                for name, a, b in self.changed[:3]
             ],
         )
-    rec.note("inputs", f"{n} input rows, by id" + (f" (limit {limit})" if limit is not None else ""))
+        covered = max((p.end_row for p in run.parts if p.generation == 0), default=0)
+        if n > covered and run.status == "complete":
+            rec.fail(
+                "inputs",
+                f"input rows {covered}..{n - 1} have no predictions row (rows added to the inputs since, or "
+                "a part removed?); rerun the extract with --incremental to add them, or with --overwrite to "
+                "redo it",
+            )
+        elif n > covered:
+            rec.note("inputs", f"rows {covered}..{n - 1} are still to do (the run is {run.status})")
+        elif n < covered:
+            rec.fail("inputs", f"the run holds rows {n}..{covered - 1}, which the inputs no longer have")
+        rec.note("inputs", f"{n} input rows{limited}")
+
+
+class _Spans:
+    """The span check, fed the inputs in row order beside the parts, holding one part's reviews at a time.
+    A review of an earlier incremental pass whose row now holds another review or text is not checked:
+    a pass by id keeps its first scoring."""
+
+    def __init__(self, rec: ValidationReport, run: RunView, generation: int) -> None:
+        self.rec, self.run, self.current = rec, run, generation
+        self.pending = sorted(
+            (p for p in run.parts if p.readable >= {"predictions", "tokens"}),
+            key=lambda p: (p.start_row, p.generation),
+        )
+        self.active: list[tuple[Part, dict[int, tuple[str, int]]]] = []
+        self.checked = self.changed = self.replaced = 0
+
+    @property
+    def done(self) -> bool:
+        return not self.pending and not self.active
+
+    def feed(self, block: RowBatch) -> None:
+        if self.done:
+            return
+        hi = block.row_index[-1] + 1
+        while self.pending and self.pending[0].start_row < hi:
+            part = self.pending.pop(0)
+            self.active.append((part, _ends_by_row(self.run, part)))
+        for j, row in enumerate(block.row_index):
+            for part, ends in self.active:
+                if (hit := ends.pop(row, None)) is not None:
+                    self._check(part, row, *hit, block.doc_id[j], block.text[j])
+        self.active = [(p, e) for p, e in self.active if p.end_row > hi or e]
+
+    def _check(self, part: Part, row: int, doc_id: str, end: int, now_id: str, text: str | None) -> None:
+        earlier = part.generation < self.current
+        if now_id != doc_id or text is None:
+            if earlier:
+                self.replaced += 1
+                return
+            self.changed += 1
+            if self.changed <= KEPT:
+                self.rec.warn("spans", f"input row {row} is now {now_id!r}, the run has {doc_id!r}")
+            return
+        if end > len(text) and earlier:
+            self.replaced += 1  # edited since: a pass by id kept its first scoring, as documented
+            return
+        self.checked += 1
+        if end > len(text):
+            self.rec.fail(
+                "spans",
+                f"{part.rel['tokens']} doc {doc_id!r} (row {row}): a token span ends at {end}, past the "
+                f"text's length {len(text)}",
+            )
+
+    def finish(self, inputs: list[str]) -> None:
+        rec = self.rec
+        left = sum(len(e) for _, e in self.active) + sum(len(_ends_by_row(self.run, p)) for p in self.pending)
+        if left:
+            rec.warn(
+                "spans", f"the inputs end before {left} scored reviews of the run; those were not checked"
+            )
+        if self.changed > KEPT:
+            rec.check("spans").warnings += self.changed - KEPT
+        if self.replaced:
+            rec.note(
+                "spans",
+                f"{self.replaced} reviews of earlier --incremental passes not checked: their input rows now "
+                "hold other reviews or other texts (the inputs were replaced, reordered or edited since)",
+            )
+        rec.note("spans", f"{self.checked} reviews checked against {', '.join(map(str, inputs))}")
+
+
+def _span_ends(run: RunView, part: Part, *more: pl.Expr) -> pl.DataFrame:
+    """doc_id, its largest span end and row_index (and ``more`` of its predictions row) for the scored
+    reviews of one part."""
+    return (
+        pl.scan_parquet(run.file(part, "tokens"), glob=False)
+        .group_by("doc_id")
+        .agg(end=pl.col("end").max())
+        .join(
+            pl.scan_parquet(run.file(part, "predictions"), glob=False)
+            .filter(pl.col("status") == "ok")
+            .select("doc_id", "row_index", *more),
+            on="doc_id",
+            how="inner",
+        )
+        .collect(engine="streaming")
+    )
+
+
+def _ends_by_row(run: RunView, part: Part) -> dict[int, tuple[str, int]]:
+    """row_index -> (doc_id, largest span end) for the scored reviews of one part."""
+    ends = _span_ends(run, part)
+    return {r: (d, e) for d, e, r in ends.select("doc_id", "end", "row_index").iter_rows()}
+
+
+def _check_stored_spans(rec: ValidationReport, run: RunView) -> bool:
+    """Span ends against the texts the run stored; False where it stored none (``--no-store-text``)."""
+    checked = 0
+    for part in (p for p in run.parts if p.readable >= {"predictions", "tokens"}):
+        ends = _span_ends(run, part, pl.col("text").str.len_chars().alias("length"))
+        if ends["length"].null_count():
+            return False
+        checked += ends.height
+        past = ends.filter(pl.col("end") > pl.col("length")).select("doc_id", "row_index", "end", "length")
+        for doc_id, row, end, length in past.head(KEPT).iter_rows():
+            rec.fail(
+                "spans",
+                f"{part.rel['tokens']} doc {doc_id!r} (row {row}): a token span ends at {end}, past the "
+                f"stored text's length {length}",
+            )
+    rec.note("spans", f"{checked} reviews checked against the texts the run stored (it read a stream)")
+    return True

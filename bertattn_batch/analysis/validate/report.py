@@ -1,4 +1,4 @@
-"""What ``bertattn validate`` reports: the checks, their findings, and the text it prints."""
+"""What ``bertattn validate`` reports: the checks, what each found, and the text it prints."""
 
 from __future__ import annotations
 
@@ -24,17 +24,15 @@ CHECKS = {
     "measures": "weight_norm finite and >= 0; value_zeroing in [0, 2], set exactly when the run asked for it",
     "spans": "0 <= start <= end <= the review text's length",
 }
-
-
-#: Examples shown per check in the report.
+#: Examples shown per check in the printed report.
 SHOWN = 3
-#: Problems kept per check in ``ValidationReport`` (the counts stay exact).
+#: Problems and warnings kept per check (the counts stay exact).
 KEPT = 20
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a run (``severity`` 'problem') or worth knowing (``severity`` 'warning')."""
+    """One thing wrong with a run (``severity`` 'problem') or worth knowing ('warning')."""
 
     check: str
     message: str
@@ -43,15 +41,20 @@ class Problem:
 
 @dataclass
 class Check:
-    """One check's outcome; ``problems``/``warnings`` are exact counts, ``examples`` the first few."""
+    """One check's outcome: exact counts, the first ``KEPT`` problems and warnings, notes, or why it was
+    skipped."""
 
     name: str
     description: str
     problems: int = 0
     warnings: int = 0
-    examples: list[str] = field(default_factory=list)
+    found: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     skipped: str | None = None
+
+    @property
+    def examples(self) -> list[str]:
+        return [p.message if p.severity == "problem" else f"warning: {p.message}" for p in self.found]
 
     @property
     def status(self) -> str:
@@ -62,11 +65,8 @@ class Check:
         return "WARN" if self.warnings else "ok"
 
     def line(self) -> str:
-        parts = []
-        if self.problems:
-            parts.append(f"{self.problems} problem{'s' if self.problems != 1 else ''}")
-        if self.warnings:
-            parts.append(f"{self.warnings} warning{'s' if self.warnings != 1 else ''}")
+        counts = ((self.problems, "problem"), (self.warnings, "warning"))
+        parts = [f"{n} {what}{'s' if n != 1 else ''}" for n, what in counts if n]
         if self.skipped:
             parts.append(f"skipped: {self.skipped}")
         parts.extend(self.notes)
@@ -75,31 +75,56 @@ class Check:
 
 @dataclass
 class ValidationReport:
-    """Every check run over a run directory, and the problems and warnings they found."""
+    """Every check run over a run directory and what it found; the checks record into it as they run."""
 
     run_dir: str
-    checks: list[Check]
-    problems: list[Problem]
-    warnings: list[Problem]
+    checks: list[Check] = field(default_factory=lambda: [Check(n, d) for n, d in CHECKS.items()])
     header: str = ""
+
+    @property
+    def problems(self) -> list[Problem]:
+        return [p for c in self.checks for p in c.found if p.severity == "problem"]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for c in self.checks for p in c.found if p.severity == "warning"]
 
     @property
     def ok(self) -> bool:
         return not any(c.problems for c in self.checks)
 
-    @property
-    def problem_count(self) -> int:
-        return sum(c.problems for c in self.checks)
-
     def check(self, name: str) -> Check:
         return next(c for c in self.checks if c.name == name)
+
+    def fail(self, check: str, message: str) -> None:
+        self.fail_many(check, 1, [message])
+
+    def fail_many(self, check: str, count: int, examples: Iterable[str]) -> None:
+        """``count`` problems of ``check``, of which the first of ``examples`` are kept."""
+        if count <= 0:
+            return
+        c = self.check(check)
+        kept = sum(p.severity == "problem" for p in c.found)
+        c.found += [Problem(check, m) for m in list(examples)[: max(0, KEPT - kept)]]
+        c.problems += count
+
+    def warn(self, check: str, message: str) -> None:
+        c = self.check(check)
+        c.warnings += 1
+        if c.warnings <= KEPT:
+            c.found.append(Problem(check, message, "warning"))
+
+    def note(self, check: str, text: str) -> None:
+        self.check(check).notes.append(text)
+
+    def skip(self, check: str, reason: str) -> None:
+        self.check(check).skipped = reason
 
     def render(self) -> str:
         lines = [self.header or self.run_dir]
         for c in self.checks:
             lines.append(c.line())
-            for ex in c.examples[:SHOWN]:
-                lines.append(f"        - {ex}")
+            lines += [f"        - {ex}" for ex in c.examples[:SHOWN]]
             hidden = c.problems + c.warnings - min(len(c.examples), SHOWN)
             if c.examples and hidden > 0:
                 lines.append(f"        ... and {hidden} more")
@@ -113,42 +138,8 @@ class ValidationReport:
             )
         else:
             failed = sum(1 for c in self.checks if c.problems)
-            problems = "1 problem" if self.problem_count == 1 else f"{self.problem_count} problems"
-            lines.append(f"damaged: {problems} in {failed} of {len(self.checks)} checks")
+            n = sum(c.problems for c in self.checks)
+            lines.append(
+                f"damaged: {n} problem{'s' if n != 1 else ''} in {failed} of {len(self.checks)} checks"
+            )
         return "\n".join(lines)
-
-
-class Recorder:
-    """Collects findings per check; keeps exact counts and the first few messages."""
-
-    def __init__(self) -> None:
-        self.checks = {name: Check(name, desc) for name, desc in CHECKS.items()}
-        self.problems: list[Problem] = []
-        self.warnings: list[Problem] = []
-
-    def fail(self, check: str, message: str) -> None:
-        self.fail_many(check, 1, [message])
-
-    def fail_many(self, check: str, count: int, examples: Iterable[str]) -> None:
-        if count <= 0:
-            return
-        c = self.checks[check]
-        kept = sum(1 for p in self.problems if p.check == check)
-        for msg in list(examples)[: max(0, KEPT - kept)]:
-            self.problems.append(Problem(check, msg))
-            if len(c.examples) < KEPT:
-                c.examples.append(msg)
-        c.problems += count
-
-    def warn(self, check: str, message: str) -> None:
-        c = self.checks[check]
-        c.warnings += 1
-        if sum(1 for p in self.warnings if p.check == check) < KEPT:
-            self.warnings.append(Problem(check, message, "warning"))
-            c.examples.append(f"warning: {message}")
-
-    def note(self, check: str, text: str) -> None:
-        self.checks[check].notes.append(text)
-
-    def skip(self, check: str, reason: str) -> None:
-        self.checks[check].skipped = reason

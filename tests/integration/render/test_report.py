@@ -555,8 +555,7 @@ def test_the_report_ranks_heads_by_faithfulness_once_measured(tiny_en_dir, drug_
     aopc = measured.table.filter(pl.col("k").is_null() & (pl.col("score") == "gradient_x_input"))
     assert f"{aopc['comprehensiveness'][0]:.3f}" in html
     # each head's row names what it attends to more per predicted label, as the aggregates rank it
-    from bertattn_batch.analysis.aggregate import read_aggregates
-    from bertattn_batch.analysis.top import top_tokens
+    from bertattn_batch.analysis.aggregate import read_aggregates, top_tokens
 
     table, _ = read_aggregates(run)
     top = top_tokens(table, 3, "token", "pred_label", None, measure="log_odds_z")

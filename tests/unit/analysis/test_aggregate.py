@@ -25,7 +25,7 @@ from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
 import bertattn_batch.analysis.aggregate as agg
-import bertattn_batch.analysis.top as top
+import bertattn_batch.analysis.aggregate as top
 from bertattn_batch import schema
 from bertattn_batch._files import claim_dir
 from bertattn_batch.cli import app

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from bertattn_batch.analysis.contrast import with_contrasts, with_shrunk_means
+from bertattn_batch.analysis.aggregate import with_contrasts, with_shrunk_means
 
 
 def _sums(rows: list[tuple[str, str, float, int, float, float]]) -> pl.LazyFrame:

@@ -1,7 +1,11 @@
-"""The first checks of a run: its manifest, the files it lists, their schemas and row counts.
+"""The checks of a run's files: its manifest, the files it lists, their schemas and row counts.
 
-They also build :class:`RunView`, what the later checks know of the run: its parts, and which of
-their files exist and match their schema.
+They build :class:`RunView`, what the later checks know of the run: its parts, and which of their files
+exist and match their schema.
+
+Files the manifest does not list (``part-*.parquet``, ``_*``/``.*`` temporaries in a table folder) are
+a warning while the run is not complete (an uncommitted part, which the next resume removes) and a
+problem once it is. A ``*.tmp`` beside the manifest (the manifest's or a report's) is a warning.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import pyarrow.parquet as pq
 from ... import schema
 from ...errors import first_line
 from ...run import FORMAT, decode_every_page, load_json, model_problems, parse_parts, tmp_name
-from .report import Recorder
+from .report import ValidationReport
 
 
 @dataclass
@@ -54,7 +58,7 @@ class RunView:
 
 
 def check_manifest(
-    rec: Recorder, path: Path, m: dict[str, Any], writing: Callable[[], bool | None] = lambda: None
+    rec: ValidationReport, path: Path, m: dict[str, Any], writing: Callable[[], bool | None] = lambda: None
 ) -> RunView:
     """``writing``: asks whether a process writes the run now (``run.writer_is_live``; None: unknown),
     after its manifest ``m`` was read (a job that ends in between is told by reading it again)."""
@@ -111,7 +115,7 @@ def check_manifest(
     )
 
 
-def _check_spec_layers(rec: Recorder, spec: Any, layers: list[int] | None, num_layers: Any) -> None:
+def _check_spec_layers(rec: ValidationReport, spec: Any, layers: list[int] | None, num_layers: Any) -> None:
     """The layers the job asked for (``spec.layers``, negative from the end) are the ones stored."""
     asked = spec.get("layers") if isinstance(spec, dict) else None
     if not layers or not isinstance(num_layers, int) or not isinstance(asked, list):
@@ -126,7 +130,7 @@ def _check_spec_layers(rec: Recorder, spec: Any, layers: list[int] | None, num_l
         )
 
 
-def _parse_parts(rec: Recorder, entries: Any) -> list[Part]:
+def _parse_parts(rec: ValidationReport, entries: Any) -> list[Part]:
     parsed, problems = parse_parts(entries)
     for problem in problems:
         rec.fail("manifest", problem)
@@ -144,7 +148,7 @@ def _parse_parts(rec: Recorder, entries: Any) -> list[Part]:
     return parts
 
 
-def check_files(rec: Recorder, run: RunView) -> None:
+def check_files(rec: ValidationReport, run: RunView) -> None:
     complete = run.status == "complete"
     live = run.status == "running" and run.writing() is True
     in_hand: list[str] = []
@@ -197,7 +201,7 @@ def check_files(rec: Recorder, run: RunView) -> None:
     rec.note("files", f"{n_files} files listed in {len(run.parts)} parts")
 
 
-def check_schemas(rec: Recorder, run: RunView) -> None:
+def check_schemas(rec: ValidationReport, run: RunView) -> None:
     checked = 0
     for part in run.parts:
         for table in schema.TABLES:
@@ -228,29 +232,19 @@ def check_schemas(rec: Recorder, run: RunView) -> None:
 
 
 def _null_counts(pf: pq.ParquetFile, table: str) -> dict[str, int]:
-    """Nulls in non-nullable columns: none where the file declares the column required (this project's
-    files do), else from the row groups' statistics, else counted from the data."""
-    wanted = [f.name for f in schema.arrow(table) if not f.nullable and f.name in pf.schema_arrow.names]
-    md = pf.metadata
-    index = {md.schema.column(i).path: i for i in range(md.num_columns)}
-    out: dict[str, int] = {}
-    for name in wanted:
-        total = 0
-        if name in index and md.schema.column(index[name]).max_definition_level == 0:
-            continue  # a required column: Parquet has no way to store a null in it
-        for rg in range(md.num_row_groups):
-            i = index.get(name)
-            stats = md.row_group(rg).column(i).statistics if i is not None else None
-            if stats is None or not stats.has_null_count:
-                total = pf.read(columns=[name]).column(name).null_count
-                break
-            total += stats.null_count
-        if total:
-            out[name] = total
-    return out
+    """Nulls in the columns that may hold none, counted where the file declares the column nullable (a
+    required column, as this project writes them, cannot store a null)."""
+    names = pf.schema_arrow.names
+    may = [f.name for f in schema.arrow(table) if not f.nullable and f.name in names]
+    counts = {
+        c: sum(b.column(0).null_count for b in pf.iter_batches(columns=[c]))
+        for c in may
+        if pf.schema_arrow.field(c).nullable
+    }
+    return {c: n for c, n in counts.items() if n}
 
 
-def check_counts(rec: Recorder, run: RunView) -> None:
+def check_counts(rec: ValidationReport, run: RunView) -> None:
     actual: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
     complete_tables = set(schema.TABLES)
     for part in run.parts:

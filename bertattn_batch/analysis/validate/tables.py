@@ -1,0 +1,396 @@
+"""The checks of what the tables hold: predictions over every part at once (lazy polars queries, a row
+per review), attention and tokens part by part (a part holds one window of reviews)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ... import schema
+from ...run import TOKEN_KEY, row_range_problems
+from .files import Part, RunView
+from .report import KEPT, ValidationReport
+
+#: |sum(probs) - 1| allowed: probabilities are a float32 softmax whatever the model's dtype.
+PROBS_TOLERANCE = 1e-4
+#: |content + [CLS] + [SEP] - 1| allowed, by the run's dtype: eager attention in half precision is a
+#: rounded softmax; the SDPA capture computes the row in float32 whatever the dtype.
+MASS_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
+MASS_TOLERANCE_DEFAULT = 2e-2  # a dtype not recorded or not among those
+#: |weight_scaled - (w - min)/(max - min)| allowed (both from the stored float32 weights).
+SCALED_TOLERANCE = 1e-4
+#: |weight_min/max - min/max of the stored weights| allowed (the same float32 numbers when intact).
+MINMAX_TOLERANCE = 1e-6
+
+_KEYS = ["doc_id", "layer", "head"]
+
+Rule = tuple[str, pl.Expr, pl.Expr]  # (check, True where a row breaks it, what to say of such a row)
+
+
+def fmt(template: str, *args: str | pl.Expr) -> pl.Expr:
+    """``pl.format`` where a plain string names a column."""
+    return pl.format(template, *(pl.col(a) if isinstance(a, str) else a for a in args))
+
+
+def r(name: str) -> pl.Expr:
+    """A float column rounded to 6 decimals, for a message."""
+    return pl.col(name).cast(pl.Float64).round(6)
+
+
+def apply_rules(rec: ValidationReport, lf: pl.LazyFrame, at: pl.Expr, rules: list[Rule]) -> None:
+    """Count the rows breaking each rule in one pass over ``lf``; format messages (``at``: where the row
+    is) only for broken rules."""
+    flags = [bad.fill_null(False) for _, bad, _ in rules]
+    counts = lf.select([f.sum().alias(f"n{i}") for i, f in enumerate(flags)]).collect(engine="streaming")
+    for (check, _, say), flag, n in zip(rules, flags, counts.row(0), strict=True):
+        if n:
+            msg = pl.format("{}: {}", at, say)
+            examples = lf.filter(flag).head(KEPT).select(msg).collect(engine="streaming").to_series()
+            rec.fail_many(check, int(n), examples.to_list())
+
+
+def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
+    """row_index, doc_id and predictions checks over every readable predictions part; status counts."""
+    parts = [p for p in run.parts if "predictions" in p.readable]
+    _check_row_ranges(rec, run)
+    if not parts:
+        for check in ("row_index", "doc_id", "predictions"):
+            rec.skip(check, "no readable predictions parts")
+        return {}
+    by_file = {str(run.file(p, "predictions")): p for p in parts}
+    lf = pl.scan_parquet(list(by_file), include_file_paths="_file", glob=False).with_columns(
+        pl.col("_file").replace_strict({f: p.rel["predictions"] for f, p in by_file.items()})
+    )
+    statuses = dict(
+        lf.group_by("status").agg(pl.len()).collect(engine="streaming").iter_rows()  # (status, n)
+    )
+
+    per_file = lf.group_by("_file").agg(
+        n=pl.len(),
+        lo=pl.col("row_index").min(),
+        hi=pl.col("row_index").max(),
+        distinct=pl.col("row_index").n_unique(),
+    )
+    rel_to_part = {p.rel["predictions"]: p for p in parts}
+    for rel, n, lo, hi, distinct in per_file.collect(engine="streaming").iter_rows():
+        p = rel_to_part[rel]
+        if p.generation == 0:
+            good = n == distinct == p.end_row - p.start_row and lo == p.start_row and hi == p.end_row - 1
+            want = f"each of {p.start_row}..{p.end_row - 1} once"
+        else:
+            good = n == distinct and (n == 0 or (lo >= p.start_row and hi < p.end_row))
+            want = f"distinct indices within {p.start_row}..{p.end_row - 1}"
+        if not good:
+            rec.fail(
+                "row_index",
+                f"{rel}: {n} rows, {distinct} distinct row_index in {lo}..{hi}; expected {want}",
+            )
+    rec.note("row_index", f"{sum(statuses.values())} rows in {len(parts)} parts")
+
+    dups = (
+        lf.filter(pl.col("status") == "ok")
+        .group_by("doc_id")
+        .agg(n=pl.len(), files=pl.col("_file").unique().sort().head(2))
+        .filter(pl.col("n") > 1)
+        .sort("doc_id")
+        .collect(engine="streaming")
+    )
+    rec.fail_many(
+        "doc_id",
+        dups.height,
+        (f"doc {d!r} scored {n} times ({', '.join(f)})" for d, n, f in dups.head(KEPT).iter_rows()),
+    )
+    rec.note("doc_id", f"{statuses.get('ok', 0)} scored reviews")
+    apply_rules(rec, lf, fmt("{} row {} doc '{}'", "_file", "row_index", "doc_id"), _prediction_rules(run))
+    labels = f", {len(run.id2label)} labels" if run.id2label else ""
+    rec.note("predictions", f"{sum(statuses.values())} rows{labels}")
+    return statuses
+
+
+def _check_row_ranges(rec: ValidationReport, run: RunView) -> None:
+    """Generation 0's parts tile 0..N-1 with no gap or overlap; later generations do not overlap."""
+    for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in run.parts):
+        rec.fail("row_index", problem)
+
+
+def _prediction_rules(run: RunView) -> list[Rule]:
+    ok = pl.col("status") == "ok"
+    probs, pred_id, n_tokens = pl.col("probs"), pl.col("pred_id"), pl.col("n_tokens")
+    argmax = probs.list.arg_max()
+    total = probs.list.sum().cast(pl.Float64)
+    predicted = probs.is_not_null() | pred_id.is_not_null() | pl.col("pred_label").is_not_null()
+    pred_prob = (pl.col("pred_prob") - probs.list.get(pred_id, null_on_oob=True)).abs()
+    top = run.max_length or 2**31 - 1
+    bad_argmax = ok & (pred_id.is_null() | (pred_id != argmax))
+    bad_length = ok & ~n_tokens.is_between(3, top)
+    stray = ~ok & (predicted | pl.col("pred_prob").is_not_null() | (n_tokens != 0))
+    rules = [
+        (~pl.col("status").is_in(schema.STATUSES), fmt("unknown status '{}'", "status")),
+        (ok & probs.is_null(), pl.lit("scored but probs is null")),
+        (ok & ~((total - 1).abs() <= PROBS_TOLERANCE), fmt("probs sum to {}", total.round(6))),
+        (bad_argmax, fmt("pred_id {} is not the argmax {} of probs", "pred_id", argmax)),
+        (bad_length, fmt("scored with n_tokens {}, expected 3..{}", "n_tokens", pl.lit(top))),
+        (stray, fmt("status '{}' but a prediction or n_tokens {}", "status", "n_tokens")),
+        (ok & ~(pred_prob <= PROBS_TOLERANCE), fmt("pred_prob {} is not probs[pred_id]", r("pred_prob"))),
+    ]
+    if isinstance(run_id := run.manifest.get("run_id"), str):
+        rules.append((pl.col("run_id") != run_id, fmt("run_id '{}' is not the run's", "run_id")))
+    if run.id2label:
+        n = len(run.id2label)
+        label = pred_id.cast(pl.String).replace_strict(run.id2label, default=None, return_dtype=pl.String)
+        bad_label = ok & (label.is_null() | (pl.col("pred_label") != label))
+        rules += [
+            (ok & (probs.list.len() != n), fmt("{} probs for {} labels", probs.list.len(), pl.lit(n))),
+            (bad_label, fmt("pred_label '{}' is not id2label[{}]", "pred_label", "pred_id")),
+        ]
+    return [("predictions", *rule) for rule in rules]
+
+
+def _mass_tolerance(run: RunView) -> float:
+    if run.attention == "sdpa":  # the capture's softmax is float32 in every dtype
+        return MASS_TOLERANCE["float32"]
+    return MASS_TOLERANCE.get(run.dtype, MASS_TOLERANCE_DEFAULT)
+
+
+def check_attention(rec: ValidationReport, run: RunView) -> None:
+    checks = ("layers_heads", "positions", "tokens", "attention_mass", "scaling", "measures")
+    if run.layers is None or run.num_heads is None:
+        for c in checks:
+            rec.skip(c, "the manifest lacks model.layers or model.num_heads")
+        return
+    parts = [p for p in run.parts if p.readable >= set(schema.TABLES)]
+    skipped = len(run.parts) - len(parts)
+    heads = 0
+    spellings = []  # each part's distinct (token_id, token) pairs
+    for part in parts:
+        n, spelling = _PartCheck(rec, run, part).check()
+        heads += n
+        spellings.append(spelling)
+    if spellings:
+        pairs = pl.concat(spellings).unique()
+        rec.note("tokens", f"{pairs.height} distinct tokens")
+        clashes = (
+            pairs.group_by("token_id")
+            .agg(pl.col("token").sort())
+            .filter(pl.col("token").list.len() > 1)
+            .sort("token_id")
+        )
+        rec.fail_many(
+            "tokens",
+            clashes.height,
+            (
+                f"token id {i} is written as {', '.join(map(repr, t))}"
+                for i, t in clashes.head(KEPT).iter_rows()
+            ),
+        )
+    tol = _mass_tolerance(run)
+    rec.note("layers_heads", f"layers {run.layers} x {run.num_heads} heads")
+    rec.note("positions", f"{heads} (review, layer, head) rows")
+    rec.note("attention_mass", f"tolerance {tol:g} ({run.dtype}, {run.attention})")
+    rec.note("scaling", f"tolerance {SCALED_TOLERANCE:g}")
+    if skipped:
+        for c in (*checks, "spans"):
+            rec.note(c, f"{skipped} parts with a missing or bad file not checked")
+
+
+class _PartCheck:
+    """One part's tables, read once, and the checks over them, one method per kind."""
+
+    def __init__(self, rec: ValidationReport, run: RunView, part: Part) -> None:
+        assert run.layers is not None and run.num_heads is not None
+        self.rec, self.run = rec, run
+        self.rel_attn, self.rel_sum = part.rel["cls_attention"], part.rel["head_summary"]
+        self.rel_tok = part.rel["tokens"]
+        pred = pl.read_parquet(
+            run.file(part, "predictions"), columns=["doc_id", "status", "n_tokens"], glob=False
+        )
+        self.scored = pred.filter(pl.col("status") == "ok").select("doc_id", "n_tokens").unique("doc_id")
+        self.summary = pl.read_parquet(run.file(part, "head_summary"), glob=False)  # reviews x layers x heads
+        self.attn = pl.scan_parquet(run.file(part, "cls_attention"), glob=False)
+        self.tokens = pl.scan_parquet(run.file(part, "tokens"), glob=False)
+        self.key = fmt("doc '{}' layer {} head {}", "doc_id", "layer", "head")
+        self.groups = (  # each (review, layer, head) of the attention rows, summed up
+            self.attn.group_by(_KEYS)
+            .agg(
+                n=pl.len(),
+                wsum=pl.col("weight").cast(pl.Float64).sum(),
+                wmin=pl.col("weight").min(),
+                wmax=pl.col("weight").max(),
+                pmin=pl.col("position").min(),
+                pmax=pl.col("position").max(),
+                distinct=pl.col("position").n_unique(),
+            )
+            .collect(engine="streaming")
+        )
+
+    def check(self) -> tuple[int, pl.DataFrame]:
+        """Every check of the part; how many heads it checked, and its distinct (token_id, token) pairs,
+        which the run's parts must agree on."""
+        summary = self.grid()
+        self.token_positions()
+        self.heads(summary)
+        self.rows(summary)
+        self.spans()
+        return summary.height, self.tokens.select("token_id", "token").unique().collect(engine="streaming")
+
+    def report(self, check: str, rows: pl.DataFrame, message: pl.Expr) -> None:
+        self.rec.fail_many(check, rows.height, rows.head(KEPT).select(message).to_series().to_list())
+
+    def grid(self) -> pl.DataFrame:
+        """Layers and heads: every scored review has the whole grid, once, in both tables; nothing else
+        does. Returns head_summary with each (review, layer, head) once."""
+        run, key = self.run, self.key
+        assert run.layers is not None and run.num_heads is not None
+        layer_ok = pl.col("layer").is_in(run.layers) & pl.col("head").is_between(0, run.num_heads - 1)
+        grid = self.scored.select("doc_id").join(
+            pl.DataFrame(
+                {
+                    "layer": [la for la in run.layers for _ in range(run.num_heads)],
+                    "head": list(range(run.num_heads)) * len(run.layers),
+                },
+                schema={"layer": pl.Int16, "head": pl.Int16},
+            ),
+            how="cross",
+        )
+        dup = self.summary.group_by(_KEYS).agg(n=pl.len()).filter(pl.col("n") > 1)
+        self.report("layers_heads", dup, fmt("{} {}: {} head_summary rows", pl.lit(self.rel_sum), key, "n"))
+        summary = self.summary.unique(_KEYS, keep="first", maintain_order=True)
+        for rel, table in ((self.rel_sum, summary), (self.rel_attn, self.groups)):
+            where = fmt("{} {}", pl.lit(rel), key)
+            wanted = f"layers {run.layers} x heads 0..{run.num_heads - 1}"
+            self.report(
+                "layers_heads", table.filter(~layer_ok), fmt("{}: not among {}", where, pl.lit(wanted))
+            )
+            stray = (
+                table.filter(layer_ok)
+                .join(self.scored, on="doc_id", how="anti")
+                .unique("doc_id", maintain_order=True)
+            )
+            self.report(
+                "layers_heads",
+                stray,
+                fmt("{} doc '{}': not a scored review of this part", pl.lit(rel), "doc_id"),
+            )
+            self.report("layers_heads", grid.join(table, on=_KEYS, how="anti"), fmt("{}: missing", where))
+        return summary
+
+    def token_positions(self) -> None:
+        """One tokens row for each position the attention rows hold, and no other."""
+        where = fmt("{} doc '{}' position {}", pl.lit(self.rel_tok), "doc_id", "position")
+        # (reviews numbered: keyed by doc_id, a set of positions holds memory in proportion to its length)
+        docs = (
+            pl.concat([self.attn.select("doc_id"), self.tokens.select("doc_id")])
+            .unique()
+            .collect(engine="streaming")
+            .with_row_index("doc")
+        )
+        spot = ["doc", "position"]
+
+        def positions(frame: pl.LazyFrame) -> pl.LazyFrame:
+            return frame.join(docs.lazy(), on="doc_id").select(*spot)
+
+        def named(frame: pl.DataFrame) -> pl.DataFrame:
+            return frame.join(docs, on="doc").sort(TOKEN_KEY)
+
+        written = positions(self.tokens).group_by(spot).agg(n=pl.len()).collect(engine="streaming")
+        self.report("tokens", named(written.filter(pl.col("n") > 1)), fmt("{}: written {} times", where, "n"))
+        held = positions(self.attn).unique().collect(engine="streaming")
+        self.report("tokens", named(held.join(written, on=spot, how="anti")), fmt("{}: missing", where))
+        self.report(
+            "tokens",
+            named(written.join(held, on=spot, how="anti")),
+            fmt("{}: no attention rows in {}", where, pl.lit(self.rel_attn)),
+        )
+
+    def heads(self, summary: pl.DataFrame) -> None:
+        """Per scored (review, layer, head), its rows summed up beside its head_summary row: positions,
+        mass, min/max."""
+        tol = _mass_tolerance(self.run)
+        n, n_content, content = pl.col("n"), pl.col("n_content"), pl.col("n_tokens") - 2
+        cls, sep = pl.col("weight_cls"), pl.col("weight_sep")
+        mass = pl.col("wsum") + cls.cast(pl.Float64) + sep.cast(pl.Float64)
+        minmax = ((pl.col("weight_min") - pl.col("wmin")).abs() <= MINMAX_TOLERANCE) & (
+            (pl.col("weight_max") - pl.col("wmax")).abs() <= MINMAX_TOLERANCE
+        )
+        count = ~((n == n_content) & (n_content == content))
+        spread = ~((pl.col("pmin") == 1) & (pl.col("pmax") == content) & (pl.col("distinct") == n))
+        ends = ~(cls.is_between(0, 1) & sep.is_between(0, 1))
+        rules = [
+            ("positions", count, fmt("{} rows, n_content {}, n_tokens - 2 = {}", "n", "n_content", content)),
+            (
+                "positions",
+                spread,
+                fmt(
+                    "positions {}..{} ({} distinct in {} rows), expected 1..{} once each",
+                    *("pmin", "pmax", "distinct", "n", content),
+                ),
+            ),
+            (
+                "attention_mass",
+                ~((mass - 1).abs() <= tol),
+                fmt(
+                    "content {} + [CLS] {} + [SEP] {} = {}, not 1 within {}",
+                    *(r("wsum"), r("weight_cls"), r("weight_sep"), mass.round(6), pl.lit(tol)),
+                ),
+            ),
+            (
+                "attention_mass",
+                ends,
+                fmt("weight_cls {} or weight_sep {} outside [0, 1]", r("weight_cls"), r("weight_sep")),
+            ),
+            (
+                "scaling",
+                ~minmax,
+                fmt(
+                    "weight_min/max {}/{}, but the weights' min/max are {}/{}",
+                    *(r("weight_min"), r("weight_max"), r("wmin"), r("wmax")),
+                ),
+            ),
+        ]
+        heads = self.groups.join(summary, on=_KEYS).join(self.scored, on="doc_id").lazy()
+        apply_rules(self.rec, heads, fmt("{} {}", pl.lit(self.rel_attn), self.key), rules)
+
+    def rows(self, summary: pl.DataFrame) -> None:
+        """Per attention row, beside its head's min and max: raw weights, scaled weights, the measures."""
+        lo, hi = pl.col("weight_min").cast(pl.Float64), pl.col("weight_max").cast(pl.Float64)
+        expected = pl.when(hi > lo).then((pl.col("weight").cast(pl.Float64) - lo) / (hi - lo)).otherwise(0.0)
+        scaled, norm, zeroing = pl.col("weight_scaled"), pl.col("weight_norm"), pl.col("value_zeroing")
+        asked = bool(self.run.manifest.get("spec", {}).get("value_zeroing", False))
+        off = scaled.is_between(0, 1) & ~((scaled.cast(pl.Float64) - expected).abs() <= SCALED_TOLERANCE)
+        zeroing_wrong = (
+            "value_zeroing is null, but the run asked for it"
+            if asked
+            else "value_zeroing is set, but the run did not ask for it"
+        )
+        rules = [
+            ("attention_mass", ~pl.col("weight").is_between(0, 1), fmt("weight {} outside [0, 1]", "weight")),
+            ("scaling", ~scaled.is_between(0, 1), fmt("weight_scaled {} outside [0, 1]", "weight_scaled")),
+            (
+                "scaling",
+                off,
+                fmt(
+                    "weight_scaled {}, but (w - min)/(max - min) = {}", r("weight_scaled"), expected.round(6)
+                ),
+            ),
+            (
+                "measures",
+                ~(norm.is_finite() & (norm >= 0)),
+                fmt("weight_norm {} is not a finite number >= 0", "weight_norm"),
+            ),
+            (
+                "measures",
+                zeroing.is_not_null() & ~zeroing.is_between(0, 2),
+                fmt("value_zeroing {} outside [0, 2]", "value_zeroing"),
+            ),
+            ("measures", zeroing.is_null() == asked, pl.lit(zeroing_wrong)),
+        ]
+        rows = self.attn.join(summary.lazy().select(*_KEYS, "weight_min", "weight_max"), on=_KEYS, how="left")
+        apply_rules(
+            self.rec, rows, fmt("{} {} position {}", pl.lit(self.rel_attn), self.key, "position"), rules
+        )
+
+    def spans(self) -> None:
+        """Per token: 0 <= start <= end (end <= the text's length is the inputs' check)."""
+        bad = ~((pl.col("start") >= 0) & (pl.col("start") <= pl.col("end")))
+        at = fmt("{} doc '{}' position {}", pl.lit(self.rel_tok), "doc_id", "position")
+        say = fmt("span {}..{} is not 0 <= start <= end", "start", "end")
+        apply_rules(self.rec, self.tokens, at, [("spans", bad, say)])
