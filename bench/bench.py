@@ -65,7 +65,7 @@ from bertattn_batch.extract import ModelStage, ScoredRow
 from bertattn_batch.extract.batching import bucket_batches, chunks
 from bertattn_batch.model import Classifier, resolve_device
 from bertattn_batch.model.capture import ClsRowCapture
-from bertattn_batch.model.device import cuda_bf16
+from bertattn_batch.model.classifier import cuda_bf16
 from bertattn_batch.model.encode import Encoded, encode_texts
 from bertattn_batch.runtime import tune_runtime
 from bertattn_batch.train import ensure_model

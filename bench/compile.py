@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench
 from bertattn_batch.extract.batching import batch_overhead, bucket_batches, chunks
 from bertattn_batch.model import Classifier, encode_texts
-from bertattn_batch.model.compiled import compiled_model
+from bertattn_batch.model.classifier import compiled_model
 
 DEFAULT_N = {"zh": 4096, "minilm": 512, "bert-base": 256}
 WINDOW = 4096

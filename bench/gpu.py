@@ -67,7 +67,7 @@ from bertattn_batch.config import BATCH_DEFAULTS  # noqa: E402
 from bertattn_batch.extract.batching import batch_overhead, bucket_batches  # noqa: E402
 from bertattn_batch.extract.score import score_batches  # noqa: E402
 from bertattn_batch.model import Classifier, encode_texts  # noqa: E402
-from bertattn_batch.model.device import no_cudnn_attention  # noqa: E402
+from bertattn_batch.model.classifier import no_cudnn_attention  # noqa: E402
 from bertattn_batch.model.encode import Encoded  # noqa: E402
 
 REPO = HERE.parent

@@ -39,14 +39,16 @@ from ..config import FinetuneSpec
 from ..errors import InputError, ModelError
 from ..inputs import class_label_order, expand_inputs, read_rows, source_files
 from ..model.checks import (
+    check_tokenizer,
     load_config,
+    load_tokenizer,
     position_limit,
     resolve_source,
+    tokenizer_limit,
     transformers_version,
 )
 from ..model.classifier import warn_above_tokenizer
 from ..model.encode import encode_texts
-from ..model.tokenizer_checks import check_tokenizer, load_tokenizer, tokenizer_limit
 from ..storage import is_remote
 from .loop import learning_rate, predict, seed_everything, train_loop
 from .metrics import accuracy, confusion, macro_f1, split_indices

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bertattn_batch.model import Classifier, encode_texts
-from bertattn_batch.model.device import no_cudnn_attention
+from bertattn_batch.model.classifier import no_cudnn_attention
 
 
 @pytest.fixture
