@@ -128,8 +128,8 @@ def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool
     _check_architecture(config, source)
     pickle_only = folder.is_dir() and not any(folder.glob("*.safetensors")) and any(folder.glob("*.bin"))
     if pickle_only and not allow_pickle:
-        remedy = "" if allow_pickle is None else "pass --allow-pickle to load them (read with "
-        remedy += "" if allow_pickle is None else "torch.load(weights_only=True)), or "
+        remedy = "pass --allow-pickle to load them (read with torch.load(weights_only=True)), or "
+        remedy = "" if allow_pickle is None else remedy
         raise ModelError(f"{source} has only pickle weights (*.bin); {remedy}convert them to safetensors")
     return config
 

@@ -21,11 +21,13 @@ import json
 import re
 import secrets
 import unicodedata
+import weakref
 from collections.abc import Sequence
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any
 
 import numpy as np
 
@@ -207,31 +209,43 @@ def _widen_over_marks(text: str, offsets: np.ndarray, end_known: bool) -> None:
 #: Put before a special token's piece in a Unigram vocabulary so that no text matches it (random, as a
 #: fixed prefix can be typed); the piece keeps its id and score.
 _UNREACHABLE = f"\ue000{secrets.token_hex(16)}"
+#: Per tokenizer object: (its backend, the Rust tokenizer that encodes text as text, the fast path or None).
+_PREPARED: weakref.WeakKeyDictionary[Any, tuple[Any, Any, CharTokens | None]] = weakref.WeakKeyDictionary()
 
 
 def text_backend(tokenizer):
-    """The Rust tokenizer that encodes a review's text as text, special tokens' text included (kept on
-    ``tokenizer``, made once): ``encode_special_tokens`` on, and for a Unigram vocabulary (XLM-R,
-    CamemBERT), which also holds ``<s>`` and ``<pad>`` as pieces, a copy whose special pieces are out of
-    reach of any text; every other piece, id and score is the same.
-    """
-    backend = tokenizer.backend_tokenizer
-    cached = getattr(tokenizer, "_bertattn_text_backend", None)
-    # a copied or unpickled tokenizer keeps the cache but not the Rust flag: made again then
-    if cached is not None and cached[0] is backend and cached[1].encode_special_tokens:
-        return cached[1]
-    state = json.loads(backend.to_str())
-    model = state.get("model", {})
-    specials = set(tokenizer.all_special_tokens)
-    text = backend
-    if model.get("type") == "Unigram" and any(piece in specials for piece, _ in model["vocab"]):
-        from tokenizers import Tokenizer
+    """The Rust tokenizer that encodes a review's text as text, special tokens' text included:
+    ``encode_special_tokens`` on, and for a Unigram vocabulary (XLM-R, CamemBERT), which also holds
+    ``<s>`` and ``<pad>`` as pieces, a copy whose special pieces are out of reach of any text (every
+    other piece, id and score the same)."""
+    return _prepared(tokenizer)[0]
 
-        model["vocab"] = [[_UNREACHABLE + p if p in specials else p, score] for p, score in model["vocab"]]
-        text = Tokenizer.from_str(json.dumps(state))
-    text.encode_special_tokens = True
-    tokenizer._bertattn_text_backend = (backend, text)
-    return text
+
+def without_fast_path(tokenizer) -> None:
+    """Encode every text with ``tokenizer``'s own Rust path from now on, not :mod:`.char_tokens`'s (to
+    compare the two)."""
+    _PREPARED[tokenizer] = (tokenizer.backend_tokenizer, text_backend(tokenizer), None)
+
+
+def _prepared(tokenizer) -> tuple[Any, CharTokens | None]:
+    """:func:`text_backend` and the fast path of :mod:`.char_tokens` for it, made once per tokenizer."""
+    backend = tokenizer.backend_tokenizer
+    cached = _PREPARED.get(tokenizer)
+    if cached is None or cached[0] is not backend:
+        state = json.loads(backend.to_str())
+        model = state.get("model", {})
+        specials = set(tokenizer.all_special_tokens)
+        text = backend
+        if model.get("type") == "Unigram" and any(piece in specials for piece, _ in model["vocab"]):
+            from tokenizers import Tokenizer
+
+            model["vocab"] = [
+                [_UNREACHABLE + p if p in specials else p, score] for p, score in model["vocab"]
+            ]
+            text = Tokenizer.from_str(json.dumps(state))
+        text.encode_special_tokens = True
+        cached = _PREPARED[tokenizer] = (backend, text, CharTokens.for_backend(text))
+    return cached[1], cached[2]
 
 
 def with_special_tokens(tokenizer, contents: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -264,12 +278,9 @@ def _cut_is_exact(backend, cut: str, offsets: np.ndarray) -> bool:
 
 def _encode_batch(tokenizer, texts: list[str], max_length: int) -> list[Encoding]:
     """The tokenizer's own ids and offsets with [CLS] and [SEP], truncated to ``max_length``, and whether
-    each text was truncated; a special token's text in a review is text (:func:`text_backend`). BERT's
-    tokenizers take the fast path of :mod:`.char_tokens`; the others the Rust backend directly.
-    """
-    backend = text_backend(tokenizer)
+    each text was truncated; a special token's text in a review is text (:func:`text_backend`)."""
+    backend, chars = _prepared(tokenizer)
     side = getattr(tokenizer, "truncation_side", "right")
-    chars = _char_tokens(tokenizer, backend)
     encoded = chars.encode(texts, max_length, keep_start=side == "right") if chars is not None else None
     if encoded is not None:
         return encoded
@@ -281,12 +292,3 @@ def _encode_batch(tokenizer, texts: list[str], max_length: int) -> list[Encoding
         offsets = np.fromiter(chain.from_iterable(enc.offsets), np.int32, count=2 * n).reshape(n, 2)
         out.append((np.asarray(enc.ids, dtype=np.int32), offsets, bool(enc.overflowing)))
     return out
-
-
-def _char_tokens(tokenizer, backend) -> CharTokens | None:
-    """The fast path's table for this tokenizer (kept on it, made once), or None where it has none."""
-    cached = getattr(tokenizer, "_bertattn_char_tokens", None)
-    if cached is None or cached[0] is not backend:
-        cached = (backend, CharTokens.for_backend(backend))
-        tokenizer._bertattn_char_tokens = cached
-    return cached[1]
