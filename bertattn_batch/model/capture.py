@@ -98,31 +98,32 @@ class ClsRowCapture:
 
     def __init__(self, model: nn.Module, layers: list[int]) -> None:
         self.layers = list(layers)
-        self._modules = find_self_attention(model)
-        if not self._modules:
-            raise ValueError("no self-attention modules with query/key projections found")
-        self._geometry = []  # per module: (heads, head size, scaling)
-        for module, q, *_ in self._modules:
+        self.modules = find_self_attention(model)
+        self._per_module = []  # (heads H, head size D, scaling, (H, D, D) Gram matrix or None, tail or None)
+        for module, q, *_ in self.modules:
             heads = int(getattr(module, "num_attention_heads", None) or module.n_heads)
             size = int(getattr(module, "attention_head_size", None) or q.out_features // heads)
-            self._geometry.append((heads, size, float(getattr(module, "scaling", size**-0.5))))
-        self._outputs = [output_projection(model, module) for module, *_ in self._modules]
-        self._tails = [layer_tail(model, module) for module, *_ in self._modules]
+            gram = None
+            if (projection := output_projection(model, module)) is not None:
+                w = projection.weight.detach().float()  # (hidden, H*D): y = x Wᵀ
+                w = w.view(w.shape[0], heads, size).permute(1, 0, 2)  # (H, hidden, D)
+                gram = w.transpose(1, 2) @ w  # (H, D, D)
+            scaling = float(getattr(module, "scaling", size**-0.5))
+            self._per_module.append((heads, size, scaling, gram, layer_tail(model, module)))
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._calls = dict.fromkeys("qkv", 0)
-        # "q": (B, H*D) [CLS] query; "x": (B, hidden) the layer's input at [CLS] (its residual);
-        # "k", "v": (B, S, H*D); each by layer
+        # by layer: "q" (B, H*D) the [CLS] query, "x" (B, hidden) the layer's input at [CLS] (its
+        # residual), "k" and "v" (B, S, H*D)
         self._kept: dict[str, dict[int, torch.Tensor]] = {name: {} for name in "qxkv"}
         self._owner: dict[int, int] = {}  # layer -> index of its module (ALBERT shares one)
-        self._gram: dict[int, torch.Tensor] = {}  # layer -> (H, D, D), made on first use
 
     def supports_value_zeroing(self) -> bool:
-        return all(tail is not None for tail in self._tails)
+        return all(tail is not None for *_, tail in self._per_module)
 
     def __enter__(self) -> ClsRowCapture:
         self.release()
         self._calls = dict.fromkeys("qkv", 0)
-        for i, (_, *projections) in enumerate(self._modules):
+        for i, (_, *projections) in enumerate(self.modules):
             for name, projection in zip("qkv", projections, strict=True):
                 self._handles.append(projection.register_forward_hook(partial(self._keep, name, i)))
         return self
@@ -135,8 +136,8 @@ class ClsRowCapture:
             self.release()
 
     def release(self) -> None:
-        """Let go of a batch's captured activations: once its outputs are made, and before a batch out
-        of memory is retried in halves."""
+        """Let go of a batch's activations: once its outputs are made, and before a batch out of memory
+        is retried in halves."""
         for store in self._kept.values():
             store.clear()
 
@@ -154,20 +155,17 @@ class ClsRowCapture:
 
     def _heads(self, name: str, layer: int) -> torch.Tensor:
         """A kept projection in float32, split into heads: (B, H, D) for "q", (B, S, H, D) for "k", "v"."""
-        heads, size, _ = self._geometry[self._owner[layer]]
+        heads, size, *_ = self._per_module[self._owner[layer]]
         return self._kept[name][layer].float().unflatten(-1, (heads, size))
 
     def rows(self, attention_mask: torch.Tensor) -> torch.Tensor:
         """The [CLS] rows: (B, len(layers), H, S) float32, exactly 0 on padding."""
-        missing = [
-            layer for layer in self.layers if layer not in self._kept["q"] or layer not in self._kept["k"]
-        ]
-        if missing:
+        if missing := [layer for layer in self.layers if layer not in self._kept["k"]]:
             raise RuntimeError(f"layers {missing} were not reached in the forward pass")
         keep = attention_mask.bool()[:, None, :]  # (B, 1, S)
         out = []
         for layer in self.layers:
-            scaling = self._geometry[self._owner[layer]][2]
+            scaling = self._per_module[self._owner[layer]][2]
             scores = torch.einsum("bhd,bshd->bhs", self._heads("q", layer), self._heads("k", layer)) * scaling
             out.append(torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1))  # (B, H, S)
         return torch.stack(out, dim=1)  # (B, L, H, S)
@@ -175,36 +173,26 @@ class ClsRowCapture:
     def norms(self, rows: torch.Tensor) -> torch.Tensor:
         """Norm-based weights (Kobayashi et al., 2020) of the rows: ``‖α_j · f_h(x_j)‖``, where ``f_h(x_j)``
         is token j's value (bias included) through head h's slice of the layer's output projection.
-        (B, L, H, S) float32, 0 on padding. ``‖v W_hᵀ‖² = v G_h vᵀ`` with ``G_h = W_hᵀ W_h`` (D x D per
-        head), so no (B, S, H, hidden) tensor is made."""
+        (B, L, H, S) float32, 0 on padding. ``‖v W_hᵀ‖² = v G_h vᵀ`` with ``G_h = W_hᵀ W_h``, so no
+        (B, S, H, hidden) tensor is made."""
         out = []
         for i, layer in enumerate(self.layers):
+            gram = self._per_module[self._owner[layer]][3]  # (H, D, D)
+            if gram is None:
+                raise RuntimeError("no output projection found beside the self-attention module")
             v = self._heads("v", layer)  # (B, S, H, D)
-            squared = torch.einsum("bshd,hde,bshe->bhs", v, self._gram_of(layer), v)  # (B, H, S)
+            squared = torch.einsum("bshd,hde,bshe->bhs", v, gram, v)  # (B, H, S)
             out.append(rows[:, i] * squared.clamp_min(0).sqrt())  # (B, H, S)
         return torch.stack(out, dim=1)  # (B, L, H, S)
-
-    def _gram_of(self, layer: int) -> torch.Tensor:
-        if layer not in self._gram:
-            heads, size, _ = self._geometry[self._owner[layer]]
-            projection = self._outputs[self._owner[layer]]
-            if projection is None:
-                raise RuntimeError("no output projection found beside the self-attention module")
-            w = projection.weight.detach().float()  # (hidden, H*D): y = x Wᵀ
-            w = w.view(w.shape[0], heads, size).permute(1, 0, 2)  # (H, hidden, D)
-            self._gram[layer] = w.transpose(1, 2) @ w  # (H, D, D)
-        return self._gram[layer]
 
     def value_zeroing(self, rows: torch.Tensor) -> torch.Tensor:
         """Value zeroing (Mohebbi et al., EACL 2023) of the rows: per layer and token j, the cosine distance
         between the layer's [CLS] output and that output with v_j zeroed in every head. (B, L, S) float32
-        in [0, 2], 0 on padding.
-
-        Zeroing v_j changes only the attention output, by ``-α_hj v_hj`` in head h, so the [CLS] output is
-        recomputed through the rest of the layer once per token, batched, instead of rerunning the layer."""
+        in [0, 2], 0 on padding. Zeroing v_j changes only the attention output, by ``-α_hj v_hj`` in head
+        h, so the [CLS] output is recomputed through the rest of the layer once per token, batched."""
         out = []
         for i, layer in enumerate(self.layers):
-            tail = self._tails[self._owner[layer]]
+            tail = self._per_module[self._owner[layer]][4]
             if tail is None:
                 raise RuntimeError("value zeroing does not know this model's encoder layer layout")
             dtype = self._kept["v"][layer].dtype
@@ -215,9 +203,10 @@ class ClsRowCapture:
             contexts = torch.cat([context, context - part], dim=1).view(B * (S + 1), H * D)  # row 0: intact
             x = self._kept["x"][layer]  # (B, hidden)
             residual = x.unsqueeze(1).expand(B, S + 1, x.shape[-1]).reshape(B * (S + 1), -1)
-            unit = nn.functional.normalize(
-                tail(contexts.to(dtype), residual.to(dtype)).float().view(B, S + 1, -1), dim=-1
-            )
+            after = (
+                tail(contexts.to(dtype), residual.to(dtype)).float().view(B, S + 1, -1)
+            )  # (B, S + 1, hidden)
+            unit = nn.functional.normalize(after, dim=-1)
             # 1 - cos(a, b) = |a/|a| - b/|b||² / 2: exact in float32 for small distances, where 1 - cos is not
             distance = (unit[:, 1:] - unit[:, :1]).pow(2).sum(dim=-1) / 2  # (B, S)
             out.append(distance.clamp(0, 2) * (rows[:, i].sum(dim=1) > 0))
@@ -225,7 +214,6 @@ class ClsRowCapture:
 
 
 def eager_rows(attentions: tuple[torch.Tensor, ...], layers: list[int]) -> torch.Tensor:
-    """The reference: [CLS] rows from transformers' ``output_attentions``, (B, L, H, S) float32."""
-    return torch.stack(
-        [attentions[layer][:, :, 0, :].float() for layer in layers], dim=1
-    )  # (B, H, S, S) -> (B, H, S)
+    """The reference: [CLS] rows (B, L, H, S) float32 from transformers' ``output_attentions``, each
+    layer's (B, H, S, S)."""
+    return torch.stack([attentions[layer][:, :, 0, :].float() for layer in layers], dim=1)

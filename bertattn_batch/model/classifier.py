@@ -26,7 +26,7 @@ from safetensors import SafetensorError
 
 from ..config import MIN_TOKENS
 from ..errors import ModelError, SpecError, first_line
-from .capture import ClsRowCapture, eager_rows, find_self_attention
+from .capture import ClsRowCapture, eager_rows
 from .checks import (
     check_loaded_weights,
     check_positions,
@@ -67,13 +67,13 @@ class Classifier:
     weights_sha256: str
     num_layers: int
     num_heads: int
+    capture: ClsRowCapture = field(repr=False)
     id2label: dict[int, str] = field(default_factory=dict)
     config_sha256: str = "unknown"
     trim: LastLayerTrim | None = field(default=None, repr=False)  # sdpa mode: last layer for [CLS] only
     value_zeroing: bool = False  # also compute value zeroing (one more pass through the layer's tail)
     compiled: torch.nn.Module | None = field(default=None, repr=False)  # torch.compile'd model (--compile)
     oom_tokens: int | None = None  # the fewest padded tokens of a batch that ran out of device memory
-    _capture: ClsRowCapture | None = field(default=None, repr=False)
 
     @classmethod
     def load(
@@ -105,9 +105,10 @@ class Classifier:
             raise does_not_fit(source, dev, torch_dtype)
         num_layers = layer_count(config)
         resolved = resolve_layers(layers, num_layers)
-        if not find_self_attention(model):
+        capture = ClsRowCapture(model, resolved)
+        if not capture.modules:
             raise ModelError(f"{source}: no self-attention query/key projections found")
-        if value_zeroing and not ClsRowCapture(model, resolved).supports_value_zeroing():
+        if value_zeroing and not capture.supports_value_zeroing():
             raise ModelError(
                 f"{source}: value zeroing does not know the layout of this {config.model_type} model's "
                 "encoder layers (it knows BERT and its post-LayerNorm kin, DistilBERT and ALBERT); run "
@@ -133,6 +134,7 @@ class Classifier:
             config_sha256=config_hash(path),
             num_layers=num_layers,
             num_heads=int(getattr(config, "num_attention_heads", None) or config.n_heads),
+            capture=capture,
             id2label=id2label,
             trim=trim,
             value_zeroing=value_zeroing,
@@ -184,11 +186,9 @@ class Classifier:
         """Queue one padded batch on the device and return at once, reading nothing back: the next batch
         is queued while the host copies this one's outputs (:meth:`PendingOutputs.result`)."""
         input_ids, mask = self.pad(ids)  # (B, S) each
-        if self._capture is None:
-            self._capture = ClsRowCapture(self.model, self.layers)
         model = self.model if self.compiled is None else self.compiled
         if self.attention == "eager":
-            with self._capture as capture:  # the values, for the norms; the rows are transformers' own
+            with self.capture as capture:  # the values, for the norms; the rows are transformers' own
                 out = model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
             rows = eager_rows(out.attentions, self.layers)  # (B, L, H, S)
         else:
@@ -196,7 +196,7 @@ class Classifier:
             # and SDPA may take its fastest kernel
             padded = min(map(len, ids)) < input_ids.shape[1]
             trim = self.trim or contextlib.nullcontext()
-            with self._capture as capture, cls_sdpa(self.model.config), trim, no_cudnn_attention():
+            with self.capture as capture, cls_sdpa(self.model.config), trim, no_cudnn_attention():
                 out = model(input_ids=input_ids, attention_mask=mask if padded else None)
             rows = capture.rows(mask)  # (B, L, H, S)
         norms = capture.norms(rows)  # (B, L, H, S)
