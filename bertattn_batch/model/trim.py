@@ -6,14 +6,10 @@ Usage::
     with trim:
         logits = model(input_ids, attention_mask=mask).logits
 
-A sequence classifier reads only position 0 of the last layer's output, so past its keys and values
-(which every token needs) the last layer runs for [CLS] alone: under SDPA its attention is computed for
-the [CLS] query only (:data:`CLS_SDPA`, registered with transformers' ``AttentionInterface``), a forward
-hook keeps position 0 of the self-attention output and a pre-hook position 0 of the residual into the
-sibling output block. Only layouts with ``.self`` beside ``.output`` are trimmed (BERT, RoBERTa, XLM-R,
-CamemBERT, ELECTRA, ERNIE, Megatron-BERT), and only where a probe batch gives the same logits trimmed
-(:func:`verified`), which rules out a layer shared across depth (ALBERT) and a head that reads more
-than position 0.
+A classifier reads only position 0 of the last layer's output, so past its keys and values the last
+layer runs for [CLS] alone: its attention for the [CLS] query only (:data:`CLS_SDPA`), then position 0 of
+the attention output and of the residual (two hooks). Only layouts with ``.self`` beside ``.output`` are
+trimmed, and only where a probe batch gives the same logits (:func:`verified`).
 """
 
 from __future__ import annotations
