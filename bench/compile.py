@@ -28,7 +28,7 @@ import torch
 from bertattn_batch.config import BATCH_DEFAULTS
 from bertattn_batch.extract.batching import batch_overhead, bucket_batches, chunks
 from bertattn_batch.model import Classifier, encode_texts
-from bertattn_batch.model.compiled import compiled_model
+from bertattn_batch.model.classifier import compiled_model
 
 DEFAULT_N = {"zh": 4096, "minilm": 512, "bert-base": 256}
 WINDOW = 4096

@@ -25,11 +25,11 @@ WINDOW, MAX_LENGTH = 4096, 256
 def _tokenizer(path: Path, fast: bool):
     from transformers import AutoTokenizer
 
-    from bertattn_batch.model.encode import text_backend
+    from bertattn_batch.model.encode import without_fast_path
 
     tok = AutoTokenizer.from_pretrained(path)
     if not fast:
-        tok._bertattn_char_tokens = (text_backend(tok), None)  # no table: the tokenizer on every text
+        without_fast_path(tok)  # no table: the tokenizer on every text
     return tok
 
 

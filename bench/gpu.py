@@ -62,7 +62,7 @@ from bertattn_batch.config import BATCH_DEFAULTS
 from bertattn_batch.extract.batching import batch_overhead, bucket_batches
 from bertattn_batch.extract.score import score_batches
 from bertattn_batch.model import Classifier, encode_texts
-from bertattn_batch.model.device import no_cudnn_attention
+from bertattn_batch.model.classifier import no_cudnn_attention
 from bertattn_batch.model.encode import Encoded
 
 CORPUS = harness.ZH_CORPUS

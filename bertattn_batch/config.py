@@ -145,7 +145,7 @@ class JobSpec:
     dtype: str = "auto"
     attention: str = "sdpa"
     trim_last_layer: bool = True  # sdpa: the last layer past attention for [CLS] only (same outputs)
-    compile: bool = False  # torch.compile the model, dynamic shapes (model/compiled.py)
+    compile: bool = False  # torch.compile the model, dynamic shapes (model/classifier.py)
     batch_tokens: int | None = None  # None: by device (BATCH_DEFAULTS)
     max_batch_size: int | None = None
     window: int = 4096  # rows per bucketing window, and per Parquet part

@@ -13,9 +13,8 @@ from typing import Any
 from .. import __version__, storage
 from ..config import PACKAGE_PREFIX, JobSpec
 from ..errors import ModelError, RunDirError, SpecError, first_line
-from ..model.checks import resolve_source
+from ..model.checks import other_model_files, resolve_source, tokenizer_hash
 from ..model.classifier import Classifier
-from ..model.fingerprint import other_model_files, tokenizer_hash
 from ..run import read_manifest
 from ..train.save import training_record
 

@@ -22,8 +22,7 @@ import torch
 
 from ..errors import ModelError
 from ..model import Classifier, Outputs
-from ..model.classifier import PendingOutputs
-from ..model.device import out_of_memory
+from ..model.classifier import PendingOutputs, out_of_memory
 from .plan import BatchPlan
 from .tables import ScoredRow
 

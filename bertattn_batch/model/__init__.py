@@ -1,7 +1,7 @@
 """The model stage: load a BERT-family classifier, encode texts, capture [CLS] rows, trim the last layer.
 
-Names are imported on first use (``_lazy.lazy_exports``): ``model.encode`` alone, as a host process
-needs it, does not import torch.
+Names are imported on first use, so that ``model.encode`` alone (as a host process needs it) imports
+no torch.
 """
 
 from __future__ import annotations
@@ -12,21 +12,17 @@ from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .capture import ClsRowCapture, eager_rows, find_self_attention
-    from .checks import load_config, resolve_source
-    from .classifier import Classifier
-    from .device import resolve_device, resolve_dtype
+    from .checks import load_config, load_tokenizer, other_model_files, resolve_source, tokenizer_hash
+    from .classifier import Classifier, resolve_device, resolve_dtype
     from .encode import Encoded, Encoder, encode_texts, with_special_tokens
-    from .fingerprint import other_model_files, tokenizer_hash
     from .outputs import Outputs
-    from .tokenizer_checks import load_tokenizer
 
 _EXPORTS = {
     **dict.fromkeys(["ClsRowCapture", "eager_rows", "find_self_attention"], "capture"),
-    **dict.fromkeys(["load_config", "resolve_source"], "checks"),
-    "load_tokenizer": "tokenizer_checks",
-    "Classifier": "classifier",
-    **dict.fromkeys(["other_model_files", "tokenizer_hash"], "fingerprint"),
-    **dict.fromkeys(["resolve_device", "resolve_dtype"], "device"),
+    **dict.fromkeys(
+        ["load_config", "load_tokenizer", "other_model_files", "resolve_source", "tokenizer_hash"], "checks"
+    ),
+    **dict.fromkeys(["Classifier", "resolve_device", "resolve_dtype"], "classifier"),
     **dict.fromkeys(["Encoded", "Encoder", "encode_texts", "with_special_tokens"], "encode"),
     "Outputs": "outputs",
 }

@@ -1,42 +1,42 @@
-"""The ``[CLS]`` query's attention row at chosen layers, without materialising n x n attention.
+"""The ``[CLS]`` query's attention row at chosen layers, its norms and value zeroing, without n x n attention.
 
 Usage::
 
-    capture = ClsRowCapture(model, layers=[4])     # hooks the query/key projections
+    capture = ClsRowCapture(model, layers=[4])     # hooks the query/key/value projections
     with capture:
         logits = model(input_ids, attention_mask=mask).logits
     rows = capture.rows(mask)                      # (B, len(layers), H, S) float32
 
-Why: under SDPA transformers returns no attention weights, and eager attention materialises
-layers x heads x n x n floats per review. We need one row of one layer, so we recompute it from that
-layer's own projections: ``softmax(q_cls . K^T * scaling + padding mask)`` per head, in float32.
-Layers are counted by call order of their self-attention projections, which also covers encoders
-that share one layer's weights across depth (ALBERT).
+Under SDPA transformers returns no attention weights, and eager attention materialises layers x heads x
+n x n floats per review; we need one row, so it is recomputed from the layer's own projections:
+``softmax(q_cls . K^T * scaling + padding mask)`` per head, in float32. Layers are counted by the call
+order of their projections, which also covers a layer shared across depth (ALBERT).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 from torch import nn
 
-from .value_zeroing import layer_tail, zeroing_distances
-
 #: (query, key, value) projection names of the self-attention modules we support.
 _PROJECTIONS = (("query", "key", "value"), ("q_lin", "k_lin", "v_lin"))
+#: (context (N, H*D), residual (N, hidden)) -> the layer's output (N, hidden) for those rows.
+LayerTail = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def find_self_attention(model: nn.Module) -> list[tuple[nn.Module, nn.Linear, nn.Linear, nn.Linear]]:
-    """Unique self-attention modules in forward order, each with its query, key and value projections."""
+    """Self-attention modules in forward order (each once), with their query, key and value projections."""
     found = []
-    seen: set[int] = set()
     for module in model.modules():
+        if not (hasattr(module, "scaling") or hasattr(module, "attention_head_size")):
+            continue
         for names in _PROJECTIONS:
             q, k, v = (getattr(module, name, None) for name in names)
-            linear = all(isinstance(p, nn.Linear) for p in (q, k, v))
-            if linear and _has_geometry(module):
-                if id(module) not in seen:
-                    seen.add(id(module))
-                    found.append((module, q, k, v))
+            if all(isinstance(p, nn.Linear) for p in (q, k, v)):
+                found.append((module, q, k, v))
                 break
     return found
 
@@ -54,49 +54,78 @@ def output_projection(model: nn.Module, self_attention: nn.Module) -> nn.Linear 
     return None
 
 
-def _has_geometry(module: nn.Module) -> bool:
-    return hasattr(module, "scaling") or hasattr(module, "attention_head_size")
+def layer_tail(model: nn.Module, attention: nn.Module) -> LayerTail | None:
+    """What follows a self-attention module's weighted sum of values in its encoder layer, for the
+    post-LayerNorm layouts: BERT and its kin, DistilBERT and ALBERT. None for others (Megatron-BERT's
+    pre-LayerNorm layer reads a residual the capture does not keep)."""
 
+    def has(module: nn.Module, *names: str) -> bool:
+        return all(hasattr(module, n) for n in names)
 
-def head_geometry(module: nn.Module) -> tuple[int, int]:
-    """(heads, head size) of a self-attention module."""
-    heads = getattr(module, "num_attention_heads", None) or module.n_heads
-    size = getattr(module, "attention_head_size", None) or module.q_lin.out_features // heads
-    return int(heads), int(size)
+    for layer in model.modules():
+        block = getattr(layer, "attention", None)
+        if block is None:
+            continue
+        if getattr(block, "self", None) is attention and has(layer, "intermediate", "output"):
+            if not hasattr(block.output, "LayerNorm"):
+                return None
+
+            def bert(ctx: torch.Tensor, x: torch.Tensor, layer=layer) -> torch.Tensor:
+                a = layer.attention.output(ctx, x)
+                return layer.output(layer.intermediate(a), a)
+
+            return bert
+        if block is attention and has(layer, "sa_layer_norm", "ffn", "output_layer_norm"):
+
+            def distilbert(ctx: torch.Tensor, x: torch.Tensor, layer=layer) -> torch.Tensor:
+                a = layer.sa_layer_norm(layer.attention.out_lin(ctx) + x)
+                return layer.output_layer_norm(layer.ffn(a) + a)
+
+            return distilbert
+        if block is attention and has(layer, "ffn", "ffn_output", "full_layer_layer_norm"):
+
+            def albert(ctx: torch.Tensor, x: torch.Tensor, layer=layer) -> torch.Tensor:
+                a = layer.attention.LayerNorm(layer.attention.dense(ctx) + x)
+                return layer.full_layer_layer_norm(layer.ffn_output(layer.activation(layer.ffn(a))) + a)
+
+            return albert
+    return None
 
 
 class ClsRowCapture:
-    """Forward hooks that keep the [CLS] query, all keys and all values of the chosen layers during one
-    forward: enough for the [CLS] row of attention weights and for their norms (:meth:`norms`)."""
+    """Forward hooks that keep, for the chosen layers during one forward, the [CLS] query and input and
+    every key and value: enough for the [CLS] row of attention weights, its norms and value zeroing."""
 
     def __init__(self, model: nn.Module, layers: list[int]) -> None:
         self.layers = list(layers)
-        attn = find_self_attention(model)
-        if not attn:
-            raise ValueError("no self-attention modules with query/key projections found")
-        self._modules = attn
-        self._outputs = [output_projection(model, module) for module, *_ in attn]
-        self._tails = [layer_tail(model, module) for module, *_ in attn]
-        self._wanted = {layer: i for i, layer in enumerate(self.layers)}
+        self.modules = find_self_attention(model)
+        self._per_module = []  # (heads H, head size D, scaling, (H, D, D) Gram matrix or None, tail or None)
+        for module, q, *_ in self.modules:
+            heads = int(getattr(module, "num_attention_heads", None) or module.n_heads)
+            size = int(getattr(module, "attention_head_size", None) or q.out_features // heads)
+            gram = None
+            if (projection := output_projection(model, module)) is not None:
+                w = projection.weight.detach().float()  # (hidden, H*D): y = x Wᵀ
+                w = w.view(w.shape[0], heads, size).permute(1, 0, 2)  # (H, hidden, D)
+                gram = w.transpose(1, 2) @ w  # (H, D, D)
+            scaling = float(getattr(module, "scaling", size**-0.5))
+            self._per_module.append((heads, size, scaling, gram, layer_tail(model, module)))
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        self._q: dict[int, torch.Tensor] = {}
-        self._k: dict[int, torch.Tensor] = {}
-        self._v: dict[int, torch.Tensor] = {}
-        self._x: dict[int, torch.Tensor] = {}  # the layer's input at [CLS]: its residual
-        self._calls = {"q": 0, "k": 0, "v": 0}
-        self._geometry: dict[int, tuple[int, int, float]] = {}
-        self._gram: dict[int, torch.Tensor] = {}  # layer -> (H, D, D), made on first use
-        self._owner: dict[int, int] = {}  # layer -> index of its module in _modules (ALBERT shares them)
+        self._calls = dict.fromkeys("qkv", 0)
+        # by layer: "q" (B, H*D) the [CLS] query, "x" (B, hidden) the layer's input at [CLS] (its
+        # residual), "k" and "v" (B, S, H*D)
+        self._kept: dict[str, dict[int, torch.Tensor]] = {name: {} for name in "qxkv"}
+        self._owner: dict[int, int] = {}  # layer -> index of its module (ALBERT shares one)
+
+    def supports_value_zeroing(self) -> bool:
+        return all(tail is not None for *_, tail in self._per_module)
 
     def __enter__(self) -> ClsRowCapture:
         self.release()
-        self._calls = dict.fromkeys(self._calls, 0)
-        for i, (module, q, k, v) in enumerate(self._modules):
-            heads, size = head_geometry(module)
-            scaling = float(getattr(module, "scaling", size**-0.5))  # eager-only modules have none
-            self._handles.append(q.register_forward_hook(self._on_query(i, heads, size, scaling)))
-            self._handles.append(k.register_forward_hook(self._keep("k", self._k)))
-            self._handles.append(v.register_forward_hook(self._keep("v", self._v)))
+        self._calls = dict.fromkeys("qkv", 0)
+        for i, (_, *projections) in enumerate(self.modules):
+            for name, projection in zip("qkv", projections, strict=True):
+                self._handles.append(projection.register_forward_hook(partial(self._keep, name, i)))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -107,95 +136,84 @@ class ClsRowCapture:
             self.release()
 
     def release(self) -> None:
-        """Let go of the captured activations (a batch's keys and values, all its tokens): once its
-        outputs are made, and before a batch out of memory is retried in halves."""
-        for store in (self._q, self._k, self._v, self._x):
+        """Let go of a batch's activations: once its outputs are made, and before a batch out of memory
+        is retried in halves."""
+        for store in self._kept.values():
             store.clear()
 
-    def _on_query(self, index: int, heads: int, size: int, scaling: float):
-        def hook(_m: nn.Module, inp: tuple, out: torch.Tensor) -> None:
-            layer = self._calls["q"]
-            self._calls["q"] += 1
-            if layer in self._wanted:
-                self._q[layer] = out[:, 0, :]  # (B, H*D): the [CLS] query only
-                self._x[layer] = inp[0][:, 0, :]  # (B, hidden)
-                self._geometry[layer] = (heads, size, scaling)
-                self._owner[layer] = index
+    def _keep(self, name: str, index: int, _m: nn.Module, inp: tuple, out: torch.Tensor) -> None:
+        layer = self._calls[name]
+        self._calls[name] += 1
+        if layer not in self.layers:
+            return
+        if name == "q":
+            self._kept["q"][layer] = out[:, 0, :]  # (B, S, H*D) -> (B, H*D)
+            self._kept["x"][layer] = inp[0][:, 0, :]  # (B, S, hidden) -> (B, hidden)
+            self._owner[layer] = index
+        else:
+            self._kept[name][layer] = out  # (B, S, H*D)
 
-        return hook
-
-    def _keep(self, name: str, store: dict[int, torch.Tensor]):
-        def hook(_m: nn.Module, _inp: tuple, out: torch.Tensor) -> None:
-            layer = self._calls[name]
-            self._calls[name] += 1
-            if layer in self._wanted:
-                store[layer] = out  # (B, S, H*D)
-
-        return hook
+    def _heads(self, name: str, layer: int) -> torch.Tensor:
+        """A kept projection in float32, split into heads: (B, H, D) for "q", (B, S, H, D) for "k", "v"."""
+        heads, size, *_ = self._per_module[self._owner[layer]]
+        return self._kept[name][layer].float().unflatten(-1, (heads, size))
 
     def rows(self, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The captured [CLS] rows: (B, len(layers), H, S) float32, exactly 0 on padding."""
-        missing = [layer for layer in self.layers if layer not in self._q or layer not in self._k]
-        if missing:
+        """The [CLS] rows: (B, len(layers), H, S) float32, exactly 0 on padding."""
+        if missing := [layer for layer in self.layers if layer not in self._kept["k"]]:
             raise RuntimeError(f"layers {missing} were not reached in the forward pass")
         keep = attention_mask.bool()[:, None, :]  # (B, 1, S)
         out = []
         for layer in self.layers:
-            heads, size, scaling = self._geometry[layer]
-            q = self._q[layer].float().view(-1, heads, size)  # (B, H, D)
-            k = self._k[layer].float()
-            k = k.view(k.shape[0], k.shape[1], heads, size)  # (B, S, H, D)
-            scores = torch.einsum("bhd,bshd->bhs", q, k) * scaling  # (B, H, S)
-            scores = scores.masked_fill(~keep, float("-inf"))
-            out.append(torch.softmax(scores, dim=-1))  # (B, H, S)
+            scaling = self._per_module[self._owner[layer]][2]
+            scores = torch.einsum("bhd,bshd->bhs", self._heads("q", layer), self._heads("k", layer)) * scaling
+            out.append(torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1))  # (B, H, S)
         return torch.stack(out, dim=1)  # (B, L, H, S)
 
     def norms(self, rows: torch.Tensor) -> torch.Tensor:
-        """Norm-based weights (Kobayashi et al., 2020) of the captured rows: ``‖α_j · f_h(x_j)‖``, where
-        ``f_h(x_j)`` is token j's value vector of head h (its bias included) through that head's slice of
-        the layer's output projection. (B, L, H, S) float32, 0 on padding.
-
-        ``‖v W_hᵀ‖² = v G_h vᵀ`` with ``G_h = W_hᵀ W_h`` (D x D per head), so no (B, S, H, hidden)
-        tensor is ever made: the cost is that of one more small matmul per captured layer.
-        """
+        """Norm-based weights (Kobayashi et al., 2020) of the rows: ``‖α_j · f_h(x_j)‖``, where ``f_h(x_j)``
+        is token j's value (bias included) through head h's slice of the layer's output projection.
+        (B, L, H, S) float32, 0 on padding. ``‖v W_hᵀ‖² = v G_h vᵀ`` with ``G_h = W_hᵀ W_h``, so no
+        (B, S, H, hidden) tensor is made."""
         out = []
         for i, layer in enumerate(self.layers):
-            heads, size, _ = self._geometry[layer]
-            gram = self._gram_of(layer, heads, size)  # (H, D, D)
-            v = self._v[layer].float()
-            v = v.view(v.shape[0], v.shape[1], heads, size)  # (B, S, H, D)
+            gram = self._per_module[self._owner[layer]][3]  # (H, D, D)
+            if gram is None:
+                raise RuntimeError("no output projection found beside the self-attention module")
+            v = self._heads("v", layer)  # (B, S, H, D)
             squared = torch.einsum("bshd,hde,bshe->bhs", v, gram, v)  # (B, H, S)
             out.append(rows[:, i] * squared.clamp_min(0).sqrt())  # (B, H, S)
         return torch.stack(out, dim=1)  # (B, L, H, S)
 
     def value_zeroing(self, rows: torch.Tensor) -> torch.Tensor:
-        """Value zeroing of the captured rows (see :mod:`.value_zeroing`): for each layer and token, the
-        cosine distance of the layer's [CLS] output with that token's values zeroed in every head.
-        (B, L, S) float32 in [0, 2], 0 on padding."""
+        """Value zeroing (Mohebbi et al., EACL 2023) of the rows: per layer and token j, the cosine distance
+        between the layer's [CLS] output and that output with v_j zeroed in every head. (B, L, S) float32
+        in [0, 2], 0 on padding. Zeroing v_j changes only the attention output, by ``-α_hj v_hj`` in head
+        h, so the [CLS] output is recomputed through the rest of the layer once per token, batched."""
         out = []
         for i, layer in enumerate(self.layers):
-            heads, size, _ = self._geometry[layer]
-            tail = self._tails[self._owner[layer]]
+            tail = self._per_module[self._owner[layer]][4]
             if tail is None:
                 raise RuntimeError("value zeroing does not know this model's encoder layer layout")
-            out.append(zeroing_distances(tail, rows[:, i], self._v[layer], self._x[layer], heads, size))
+            dtype = self._kept["v"][layer].dtype
+            v = self._heads("v", layer)  # (B, S, H, D)
+            B, S, H, D = v.shape
+            part = rows[:, i].permute(0, 2, 1).unsqueeze(-1) * v  # (B, S, H, D): token j's term in each head
+            context = part.sum(dim=1, keepdim=True)  # (B, 1, H, D)
+            contexts = torch.cat([context, context - part], dim=1).view(B * (S + 1), H * D)  # row 0: intact
+            x = self._kept["x"][layer]  # (B, hidden)
+            residual = x.unsqueeze(1).expand(B, S + 1, x.shape[-1]).reshape(B * (S + 1), -1)
+            after = (
+                tail(contexts.to(dtype), residual.to(dtype)).float().view(B, S + 1, -1)
+            )  # (B, S + 1, hidden)
+            unit = nn.functional.normalize(after, dim=-1)
+            # 1 - cos(a, b) = |a/|a| - b/|b||² / 2: exact in float32 for small distances, where 1 - cos is not
+            distance = (unit[:, 1:] - unit[:, :1]).pow(2).sum(dim=-1) / 2  # (B, S)
+            out.append(distance.clamp(0, 2) * (rows[:, i].sum(dim=1) > 0))
         return torch.stack(out, dim=1)  # (B, L, S)
-
-    def supports_value_zeroing(self) -> bool:
-        return all(tail is not None for tail in self._tails)
-
-    def _gram_of(self, layer: int, heads: int, size: int) -> torch.Tensor:
-
-        if layer not in self._gram:
-            projection = self._outputs[self._owner[layer]]
-            if projection is None:
-                raise RuntimeError("no output projection found beside the self-attention module")
-            w = projection.weight.detach().float()  # (hidden, H*D): y = x Wᵀ
-            w = w.view(w.shape[0], heads, size).permute(1, 0, 2)  # (H, hidden, D)
-            self._gram[layer] = w.transpose(1, 2) @ w  # (H, D, D)
-        return self._gram[layer]
 
 
 def eager_rows(attentions: tuple[torch.Tensor, ...], layers: list[int]) -> torch.Tensor:
-    """The reference: [CLS] rows from transformers' ``output_attentions`` (B, L, H, S) float32."""
+    """The reference: [CLS] rows (B, L, H, S) float32 from transformers' ``output_attentions``, each
+    layer's (B, H, S, S)."""
     return torch.stack([attentions[layer][:, :, 0, :].float() for layer in layers], dim=1)

@@ -7,13 +7,10 @@ Usage::
     chars = CharTokens.for_backend(backend)     # None where the tokenizer is not BERT's kind
     ids, offsets, truncated = chars.encode(["好吃!", "wifi 差"], max_length=512)[0]
 
-A Chinese review is mostly such characters, and a one-character word is one token (itself or
-[UNK]), yet the Rust tokenizer spends about 1.5 µs on each keeping its alignments. Here each
-character's token is asked of the tokenizer once, the first time it is seen, and kept in a table; the
-stretches between table characters (Latin words, digits, spaces) still go to the tokenizer, each as a
-text of its own, and their tokens are put back where they came from. Every word ends at a table
-character, so the result is the tokenizer's own, token for token and span for span
-(tests/unit/model/test_char_tokens.py holds it to that).
+A Chinese review is mostly such characters, each one token. Each character's token is asked of the
+tokenizer once and kept in a table; the stretches between table characters (Latin words, digits,
+spaces) go to the tokenizer, each as a text of its own, and their tokens are put back in place. Every
+word ends at a table character, so the result is the tokenizer's own, token for token and span for span.
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ _UNSEEN, _OTHER = -2, -1
 #: The letter around a character when asking whether it is a word of its own.
 _PROBE = "a"
 #: The share of a block's characters that must be in the table for the fast path to be taken: English
-#: text (a few percent, its punctuation) is split into so many runs that the tokenizer alone is faster
-#: (docs/performance.md).
+#: text splits into so many runs that the tokenizer alone is faster.
 _MIN_TABLE_SHARE = 0.5
 #: One (ids, offsets, truncated) per text; ids and offsets include [CLS] and [SEP].
 Encoding = tuple[np.ndarray, np.ndarray, bool]
@@ -46,9 +42,9 @@ class CharTokens:
 
     @classmethod
     def for_backend(cls, backend) -> CharTokens | None:
-        """The fast path for a Rust tokenizer, or None where it would not give the tokenizer's own
-        tokens: anything but BERT's normalizer, pre-tokenizer and WordPiece, added tokens that are not
-        special (they match across characters), or a template other than [CLS] text [SEP]."""
+        """The fast path for a Rust tokenizer, or None where it would not give the tokenizer's own tokens:
+        anything but BERT's normalizer, pre-tokenizer and WordPiece, with only special added tokens and
+        the template [CLS] text [SEP]."""
         state = json.loads(backend.to_str())
         kinds = [(state.get(k) or {}).get("type") for k in ("normalizer", "pre_tokenizer", "model")]
         if kinds != ["BertNormalizer", "BertPreTokenizer", "WordPiece"]:
@@ -68,10 +64,9 @@ class CharTokens:
         return cls(backend, empty.ids[0], empty.ids[1], probe.ids[0])
 
     def encode(self, texts: Sequence[str], max_length: int, keep_start: bool = True) -> list[Encoding] | None:
-        """Each text's ids and character offsets with [CLS] and [SEP], truncated to ``max_length``
-        (keeping the start, or the end where not ``keep_start``), as the tokenizer would give them;
-        None where it cannot say (a lone surrogate in the texts, or no room for a content token) or
-        would be slower than the tokenizer (too few of the characters are in the table)."""
+        """Each text's ids and character offsets with [CLS] and [SEP], truncated to ``max_length`` (keeping
+        the start, or the end where not ``keep_start``), as the tokenizer gives them; None where it cannot
+        say (a lone surrogate, no room for a content token) or the tokenizer alone is faster."""
         if max_length < 3:
             return None
         joined = "".join(texts)
@@ -141,9 +136,8 @@ class CharTokens:
         return np.repeat(starts, counts), ids, offsets
 
     def _learn(self, codes: np.ndarray) -> None:
-        """Ask the tokenizer about characters not seen yet. A character is put in the table when it is
-        one token alone, stays that token between two letters (a letter that joined it would make one
-        word: a single token, or pieces spelt with ``##``), and twice in a row is that token twice."""
+        """Ask the tokenizer about characters not seen yet: one goes in the table when it is one token alone,
+        the same token between two letters and twice in a row that token twice."""
         _untruncated_unpadded(self._backend)
         chars = [chr(c) for c in codes.tolist()]
         probes = [p for c in chars for p in (c, _PROBE + c + _PROBE, c + c)]
@@ -163,7 +157,6 @@ class CharTokens:
 
 
 def _untruncated_unpadded(backend) -> None:
-    """Turn off the truncation and padding a tokenizer may be saved with (or that the other path of
-    model/encode.py set): here each run of text is encoded whole, and truncated after."""
+    """Turn off the truncation and padding a tokenizer may carry: each run is encoded whole, truncated after."""
     backend.no_truncation()
     backend.no_padding()

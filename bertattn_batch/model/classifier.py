@@ -1,4 +1,4 @@
-"""Load a BERT-family sequence classifier once; run padded batches under ``inference_mode``.
+"""Load a BERT-family sequence classifier onto its device once; run padded batches under ``inference_mode``.
 
 Usage::
 
@@ -6,10 +6,8 @@ Usage::
     out = clf.forward([enc.ids for enc in encoded])   # out.probs (B, C), out.rows (B, L, H, S), ...
     pending = clf.launch(ids)                          # queued on the device; pending.result() later
 
-This module knows nothing of schemas: it turns token ids into probabilities and [CLS]
-attention rows. In sdpa mode the last layer's attention and what follows it run for [CLS] only
-(``trim.py``) where a probe on load shows that changes nothing. Weights load as safetensors unless
-pickle is allowed explicitly; remote code never runs unless asked for (``checks.py``).
+It turns token ids into probabilities and [CLS] attention rows and knows nothing of schemas. Weights
+load as safetensors unless pickle is allowed; remote code runs only where asked for.
 """
 
 from __future__ import annotations
@@ -17,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import pickle
+import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,24 +26,25 @@ from safetensors import SafetensorError
 
 from ..config import MIN_TOKENS
 from ..errors import ModelError, SpecError, first_line
-from .capture import ClsRowCapture, eager_rows, find_self_attention
+from .capture import ClsRowCapture, eager_rows
 from .checks import (
     check_loaded_weights,
     check_positions,
     check_single_label,
+    check_tokenizer,
+    config_hash,
     label_names,
     length_limit,
     load_config,
+    load_tokenizer,
     pickle_reason,
     position_limit,
     resolve_source,
+    tokenizer_limit,
     transformers_log_level,
+    weights_hash,
 )
-from .compiled import compiled_model
-from .device import does_not_fit, no_cudnn_attention, out_of_memory, resolve_device, resolve_dtype
-from .fingerprint import config_hash, weights_hash
 from .outputs import Outputs
-from .tokenizer_checks import check_tokenizer, load_tokenizer, tokenizer_limit
 from .trim import LastLayerTrim, cls_sdpa, verified
 
 log = logging.getLogger(__name__)
@@ -66,13 +67,13 @@ class Classifier:
     weights_sha256: str
     num_layers: int
     num_heads: int
+    capture: ClsRowCapture = field(repr=False)
     id2label: dict[int, str] = field(default_factory=dict)
     config_sha256: str = "unknown"
     trim: LastLayerTrim | None = field(default=None, repr=False)  # sdpa mode: last layer for [CLS] only
     value_zeroing: bool = False  # also compute value zeroing (one more pass through the layer's tail)
     compiled: torch.nn.Module | None = field(default=None, repr=False)  # torch.compile'd model (--compile)
     oom_tokens: int | None = None  # the fewest padded tokens of a batch that ran out of device memory
-    _capture: ClsRowCapture | None = field(default=None, repr=False)
 
     @classmethod
     def load(
@@ -89,7 +90,7 @@ class Classifier:
         value_zeroing: bool = False,
         compile: bool = False,
     ) -> Classifier:
-        path = resolve_source(source)  # package:NAME, else the folder or hub name itself
+        path = resolve_source(source)
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         config = load_config(path, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
@@ -104,10 +105,10 @@ class Classifier:
             raise does_not_fit(source, dev, torch_dtype)
         num_layers = layer_count(config)
         resolved = resolve_layers(layers, num_layers)
-        attn = find_self_attention(model)
-        if not attn:
+        capture = ClsRowCapture(model, resolved)
+        if not capture.modules:
             raise ModelError(f"{source}: no self-attention query/key projections found")
-        if value_zeroing and not ClsRowCapture(model, resolved).supports_value_zeroing():
+        if value_zeroing and not capture.supports_value_zeroing():
             raise ModelError(
                 f"{source}: value zeroing does not know the layout of this {config.model_type} model's "
                 "encoder layers (it knows BERT and its post-LayerNorm kin, DistilBERT and ALBERT); run "
@@ -119,7 +120,7 @@ class Classifier:
         trim = LastLayerTrim.find(model) if trim_last_layer and attention != "eager" else None
         if trim is not None:
             with no_cudnn_attention():  # the kernels the batches run
-                trim = trim if verified(model, trim, len(tokenizer), dev, limit) else None  # within vocab
+                trim = trim if verified(model, trim, len(tokenizer), dev, limit) else None
         clf = cls(
             tokenizer=tokenizer,
             model=model,
@@ -133,6 +134,7 @@ class Classifier:
             config_sha256=config_hash(path),
             num_layers=num_layers,
             num_heads=int(getattr(config, "num_attention_heads", None) or config.n_heads),
+            capture=capture,
             id2label=id2label,
             trim=trim,
             value_zeroing=value_zeroing,
@@ -154,8 +156,8 @@ class Classifier:
 
     @property
     def word_continuation(self) -> str | None:
-        """The mark of a piece that continues the word before it ("##" in WordPiece), or None where the
-        tokenizer marks word starts instead (byte-level BPE, SentencePiece): how words are joined."""
+        """The mark of a piece that continues a word ("##" in WordPiece), or None where the tokenizer
+        marks word starts instead (byte-level BPE, SentencePiece): how words are joined."""
         model = self.tokenizer.backend_tokenizer.model
         return model.continuing_subword_prefix if type(model).__name__ == "WordPiece" else None
 
@@ -165,8 +167,7 @@ class Classifier:
         return self.device.type
 
     def pad(self, ids: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-pad a batch: (B, S) input ids and attention mask on the model's device. One scatter
-        of all the ids, not a copy per review: on a GPU this runs on the host between batches."""
+        """Right-pad a batch: (B, S) input ids and attention mask on the model's device, in one scatter."""
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         keep = np.arange(lengths.max()) < lengths[:, None]  # (B, S)
         input_ids = np.full(keep.shape, self.tokenizer.pad_token_id or 0, dtype=np.int64)
@@ -177,35 +178,31 @@ class Classifier:
         return t_ids.to(self.device, non_blocking=True), t_mask.to(self.device, non_blocking=True)
 
     def forward(self, ids: list[np.ndarray]) -> Outputs:
-        """Probabilities, [CLS] rows, their norm-based weights and (where asked for) value zeroing for
-        one padded batch."""
+        """Probabilities, [CLS] rows, their norms and (where asked for) value zeroing of one padded batch."""
         return self.launch(ids).result()
 
     @torch.inference_mode()
     def launch(self, ids: list[np.ndarray]) -> PendingOutputs:
-        """Queue one padded batch on the device and return at once: :meth:`PendingOutputs.result` waits
-        for its outputs. Queueing the next batch before reading this one back keeps a GPU busy while the
-        host copies and hands on the outputs (extract/score.py); on the CPU the work is done here."""
-        input_ids, mask = self.pad(ids)
-        if self._capture is None:
-            self._capture = ClsRowCapture(self.model, self.layers)
+        """Queue one padded batch on the device and return at once, reading nothing back: the next batch
+        is queued while the host copies this one's outputs (:meth:`PendingOutputs.result`)."""
+        input_ids, mask = self.pad(ids)  # (B, S) each
         model = self.model if self.compiled is None else self.compiled
         if self.attention == "eager":
-            with self._capture as capture:  # the values, for the norms; the rows are transformers' own
+            with self.capture as capture:  # the values, for the norms; the rows are transformers' own
                 out = model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
-            rows = eager_rows(out.attentions, self.layers)
+            rows = eager_rows(out.attentions, self.layers)  # (B, L, H, S)
         else:
-            # no mask for a batch without padding: transformers then skips it without reading it back
-            # (trim._sdpa_mask), and SDPA may take its fastest kernel
+            # no mask for a batch without padding: transformers then skips it without reading it back,
+            # and SDPA may take its fastest kernel
             padded = min(map(len, ids)) < input_ids.shape[1]
             trim = self.trim or contextlib.nullcontext()
-            with self._capture as capture, cls_sdpa(self.model.config), trim, no_cudnn_attention():
+            with self.capture as capture, cls_sdpa(self.model.config), trim, no_cudnn_attention():
                 out = model(input_ids=input_ids, attention_mask=mask if padded else None)
-            rows = capture.rows(mask)
-        norms = capture.norms(rows)
-        zeroing = capture.value_zeroing(rows) if self.value_zeroing else None
+            rows = capture.rows(mask)  # (B, L, H, S)
+        norms = capture.norms(rows)  # (B, L, H, S)
+        zeroing = capture.value_zeroing(rows) if self.value_zeroing else None  # (B, L, S)
         capture.release()
-        probs = torch.softmax(out.logits.float(), dim=-1)
+        probs = torch.softmax(out.logits.float(), dim=-1)  # (B, C)
         outputs = [probs, rows, norms] + ([zeroing] if zeroing is not None else [])
         finite = torch.stack([torch.isfinite(t).all() for t in outputs]).all()  # on the device: no wait
         cuda = self.device.type == "cuda"  # elsewhere (mps) a copy is waited for here: no event to wait on
@@ -213,34 +210,34 @@ class Classifier:
 
     @torch.inference_mode()
     def probabilities(self, ids: list[np.ndarray]) -> np.ndarray:
-        """Probabilities (B, C) float32 alone, for one padded batch: no attention captured."""
+        """Probabilities (B, C) float32 of one padded batch, no attention captured."""
         input_ids, mask = self.pad(ids)
         with self.trim or contextlib.nullcontext(), no_cudnn_attention():
             logits = self.model(input_ids=input_ids, attention_mask=mask).logits
         return torch.softmax(logits.float(), dim=-1).cpu().numpy()
 
     def gradient_x_input(self, ids: list[np.ndarray], classes: np.ndarray) -> np.ndarray:
-        """Gradient × input (B, S) float32 for one padded batch: for each token, the dot product of its
-        input embedding with the gradient of p(``classes[b]``) with respect to it; 0 on padding."""
+        """Gradient × input (B, S) float32 of one padded batch: per token, its input embedding · the
+        gradient of p(``classes[b]``) with respect to it; 0 on padding."""
         input_ids, mask = self.pad(ids)
         with torch.enable_grad(), no_cudnn_attention():
-            embeds = self.model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
+            embeds = self.model.get_input_embeddings()(input_ids).detach().requires_grad_(True)  # (B, S, E)
             logits = self.model(inputs_embeds=embeds, attention_mask=mask).logits
-            chosen = torch.as_tensor(classes, device=logits.device)[:, None]
+            chosen = torch.as_tensor(classes, device=logits.device)[:, None]  # (B, 1)
             p = torch.softmax(logits.float(), dim=-1).gather(1, chosen).sum()
             (grad,) = torch.autograd.grad(p, embeds)
         return ((grad * embeds).float().sum(-1) * mask).detach().cpu().numpy()
 
 
 class PendingOutputs:
-    """One batch's outputs on their way to the host: copies into pinned memory that the device makes
-    after the batch's kernels, and an event that says when they are done."""
+    """One batch's outputs on their way to the host: copies the device makes after the batch's kernels,
+    and an event that says when they are done."""
 
     def __init__(self, clf: Classifier, size: int, host: list[torch.Tensor]) -> None:
         self._clf, self._size, self._host = clf, size, host
         # blocking: the waiting thread sleeps rather than spinning on a core that the host side needs
         self._done = torch.cuda.Event(blocking=True) if clf.device.type == "cuda" else None
-        if self._done is not None:  # on the stream of the model's device, which the copies went into
+        if self._done is not None:
             self._done.record(torch.cuda.current_stream(clf.device))
 
     def result(self) -> Outputs:
@@ -255,8 +252,7 @@ class PendingOutputs:
                 "reviews: its weights are damaged or its training diverged"
                 + ("; in float16, try --dtype bfloat16 or float32" if clf.dtype == torch.float16 else "")
             )
-        # copies, so that the pinned buffers go back to torch's cache now: a caller may keep a window's
-        # outputs (host processes send them on whole), and new page-locked memory is slow to get
+        # on CUDA, copies: the pinned buffers go back to torch's cache while a caller keeps the outputs
         return Outputs(*(np.array(t.numpy()) if self._done is not None else t.numpy() for t in outputs))
 
 
@@ -284,8 +280,8 @@ def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list
 def _load_weights(
     path: str, source: str, attention: str, dtype: torch.dtype, trust_remote_code: bool, allow_pickle: bool
 ) -> torch.nn.Module:
-    """The classifier's weights, checked: every weight loaded and fitting its positions. An
-    architecture without SDPA runs its own eager attention (its [CLS] rows are captured all the same)."""
+    """The classifier's weights, every one loaded and fitting its positions. An architecture without
+    SDPA runs its own eager attention (its [CLS] rows are captured all the same)."""
     from transformers import AutoModelForSequenceClassification
 
     def from_pretrained(implementation: str):
@@ -336,8 +332,8 @@ def _moved(model: torch.nn.Module, dev: torch.device) -> bool:
 
 
 def _max_length(asked: int | None, tokenizer, config, source: str) -> int:
-    """The tokens a review keeps: the tokenizer's ``model_max_length`` unless asked for more, and never
-    more than the model has positions for. Hub tokenizers often carry a shorter limit than the model's."""
+    """The tokens a review keeps: the tokenizer's ``model_max_length`` unless asked for more, never more
+    than the model has positions for."""
     positions = position_limit(config)
     few = "too few for [CLS], one token and [SEP]"
     if positions < MIN_TOKENS:
@@ -356,9 +352,8 @@ def _max_length(asked: int | None, tokenizer, config, source: str) -> int:
 
 
 def warn_above_tokenizer(length: int, tokenizer, positions: int, source: str) -> None:
-    """Say so where reviews keep more tokens than the tokenizer's ``model_max_length`` (the model's
-    positions allow it): a hub tokenizer's limit is often a default, but the model may not have been
-    trained that long."""
+    """Warn where reviews keep more tokens than the tokenizer's ``model_max_length``: the positions allow
+    it, but the model may not have been trained that long."""
     tok_limit = tokenizer_limit(tokenizer)
     if tok_limit is not None and length > tok_limit:
         log.warning(
@@ -366,3 +361,121 @@ def warn_above_tokenizer(length: int, tokenizer, positions: int, source: str) ->
             "model has positions for %d, so reviews keep up to %d",
             length, tok_limit, source, positions, length,
         )  # fmt: skip
+
+
+# --- the device ---
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecError(f"device {device!r} asked for, but no CUDA device is available; use --device cpu")
+    if device.startswith("mps") and not torch.backends.mps.is_available():
+        raise SpecError(
+            f"device {device!r} asked for, but no Apple MPS device is available; use --device cpu"
+        )
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise SpecError(f"device {device!r} is not one torch knows: {first_line(e)}") from None
+    if dev.type == "cuda" and dev.index is not None and dev.index >= (count := torch.cuda.device_count()):
+        raise SpecError(
+            f"device {device!r} asked for, but this machine has {count} CUDA device(s) "
+            f"(cuda:0 to cuda:{count - 1}); see nvidia-smi, or CUDA_VISIBLE_DEVICES"
+        )
+    return dev
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """auto: bfloat16 on CUDA devices that support it, float16 on older ones, float32 on CPU."""
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if cuda_bf16(device) else torch.float16
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def cuda_bf16(device: torch.device) -> bool:
+    """Whether CUDA ``device`` has bfloat16 tensor cores (compute capability 8.0 or later);
+    ``torch.cuda.is_bf16_supported()`` also says yes where bfloat16 is emulated, and slow."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` says the device ran out of memory: torch's own error, or the RuntimeError of an
+    allocation outside its caching allocator (pinned host memory, a cuBLAS handle, Apple's MPS)."""
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(e, RuntimeError) and any(s in str(e) for s in ("out of memory", "ALLOC_FAILED"))
+
+
+def does_not_fit(source: str, dev: torch.device, dtype: torch.dtype) -> ModelError:
+    """The error for a model too big for its device, made once what it took there is given back."""
+    free = ""
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+        left, total = torch.cuda.mem_get_info(dev)
+        free = f" ({left / 2**30:.1f} of {total / 2**30:.1f} GiB free)"
+    half = ", or load it in half the memory (--dtype bfloat16)" if dtype == torch.float32 else ""
+    return ModelError(
+        f"{source} does not fit on {dev}{free}: free the device or choose another (--device){half}"
+    )
+
+
+_cudnn_lock = threading.Lock()
+_cudnn_users = 0
+_cudnn_was = True
+
+
+@contextlib.contextmanager
+def no_cudnn_attention() -> Iterator[None]:
+    """SDPA without cuDNN's kernel while any thread is inside (the flag is process-wide; the last thread
+    out restores it): cuDNN plans each new (batch, length) shape anew, and bucketed batches have many."""
+    global _cudnn_users, _cudnn_was
+    with _cudnn_lock:
+        if _cudnn_users == 0:
+            _cudnn_was = torch.backends.cuda.cudnn_sdp_enabled()
+            torch.backends.cuda.enable_cudnn_sdp(False)
+        _cudnn_users += 1
+    try:
+        yield
+    finally:
+        with _cudnn_lock:
+            _cudnn_users -= 1
+            if _cudnn_users == 0:
+                torch.backends.cuda.enable_cudnn_sdp(_cudnn_was)
+
+
+def compiled_model(clf: Classifier) -> torch.nn.Module:
+    """``clf.model`` under ``torch.compile`` (dynamic shapes), once probe batches of each graph a job needs
+    (padded, unpadded, one review) give eager's outputs through it; else a ModelError says why.
+    The capture's and trim's hooks are traced into the graph."""
+    rng = np.random.default_rng(0)
+    probes = [
+        [rng.integers(0, len(clf.tokenizer), min(n, clf.max_length)) for n in lengths]
+        for lengths in ((12, 7), (9, 9), (5,))
+    ]
+    expected = [clf.forward(probe) for probe in probes]
+    compiled = torch.compile(clf.model, dynamic=True)
+    clf.compiled = compiled
+    try:
+        got = [clf.forward(probe) for probe in probes]
+    except Exception as e:  # what torch raises varies: no C++ compiler, an op inductor cannot lower
+        raise ModelError(f"--compile: torch.compile fails for {clf.source} here ({first_line(e)}); "
+                         "run without --compile") from None  # fmt: skip
+    finally:
+        clf.compiled = None
+    # as trim.verified: kernels sum in other orders; bfloat16 and float16 keep about 3 significant digits
+    tol = 1e-4 if clf.dtype == torch.float32 else 5e-2
+    worst = max(
+        float(np.abs(a - b).max())
+        for want, have in zip(expected, got, strict=True)
+        for a, b in zip(want, have, strict=True)
+        if a is not None
+    )
+    if worst > tol:
+        raise ModelError(f"--compile: {clf.source} compiled gives outputs {worst:.2g} away from its eager "
+                         "ones on probe batches; run without --compile")  # fmt: skip
+    log.info("%s compiled (probes within %.1g of eager)", clf.source, worst)
+    return compiled

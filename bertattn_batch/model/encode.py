@@ -8,8 +8,9 @@ Usage::
     with Encoder(tokenizer, max_length=512, threads=2) as encode:   # the same, on two threads
         encoded = encode(texts)
 
-Needs a fast (Rust-backed) tokenizer: only it gives offsets into the original text, which is how a
-token is traced back to its characters (BERT's Chinese tokenizer drops whitespace such as ``\\xa0``).
+Needs a fast (Rust-backed) tokenizer: only it gives offsets into the original text, which trace each
+token back to its characters (BERT's Chinese tokenizer drops whitespace such as ``\\xa0``). Imports no
+torch: host processes encode.
 """
 
 from __future__ import annotations
@@ -20,23 +21,23 @@ import json
 import re
 import secrets
 import unicodedata
+import weakref
 from collections.abc import Sequence
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any
 
 import numpy as np
 
 from .char_tokens import CharTokens, Encoding
 
-#: Reviews longer than this many characters per allowed token are cut before tokenizing (the cut is
-#: kept only when it cannot have changed the tokens kept: see ``_cut_is_exact``); keeps a 1 MB review
-#: cheap.
+#: Reviews longer than this many characters per allowed token are cut before tokenizing, where the cut
+#: cannot change the tokens kept (``_cut_is_exact``): a 1 MB review stays cheap.
 _CHARS_PER_TOKEN_CAP = 32
-#: The last whitespace of a text, taken as the end of a word: Python's ``\s`` less the control characters
-#: it also matches (\x0b, \x0c, \x1c-\x1f, \x85), which BERT's normalizer deletes, joining the letters
-#: on either side into one word ("un\x1fbelievable" is "unbelievable", not "un" and "##bel...").
+#: The last whitespace of a text, which ends a word: ``\s`` less the control characters BERT's normalizer
+#: deletes, joining the letters either side ("un\x1fbelievable" is one word).
 _LAST_SPACE = re.compile(r"[^\S\x0b\x0c\x1c-\x1f\x85][\S\x0b\x0c\x1c-\x1f\x85]*\Z")
 
 
@@ -47,8 +48,7 @@ class Encoded:
     ids: np.ndarray
     offsets: np.ndarray
     truncated: bool
-    #: len(ids), kept as a plain int: every stage asks for it per review, and a property reading the
-    #: array's shape held Python's lock for a twentieth of a run's host time (docs/performance.md)
+    #: len(ids) as a plain int: every stage asks for it per review
     n_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -84,17 +84,13 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
 
 
 class Encoder:
-    """:func:`encode_texts` with a fixed ``max_length``, on ``threads`` threads at once.
-
-    Each thread encodes a share of the texts with its own copy of the tokenizer: the Rust tokenizer lets
-    go of Python's lock while it encodes, but calls on one tokenizer object wait for each other. The
-    copies are made here, so configure the tokenizer (truncation side and so on) before.
-    """
+    """:func:`encode_texts` with a fixed ``max_length``, on ``threads`` threads at once, each with its own
+    copy of the tokenizer (calls on one tokenizer wait for each other). Configure the tokenizer first."""
 
     def __init__(self, tokenizer, max_length: int, threads: int = 1) -> None:
         self.max_length = max_length
         self._tokenizers = [tokenizer] + [copy.deepcopy(tokenizer) for _ in range(threads - 1)]
-        # a thread per copy (a shared pool may queue two shares on one thread while another idles)
+        # a thread per copy: a shared pool may queue two shares on one thread while another idles
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"encode-{i}") for i in range(1, threads)]
 
     def __call__(self, texts: Sequence[str]) -> list[Encoded]:
@@ -140,12 +136,9 @@ def _word_mark_id(backend) -> int | None:
 def _unpin_prepended_marks(text: str, ids: np.ndarray, offsets: np.ndarray, mark: int) -> None:
     """Give a lone word mark that stands for no character of the text an empty span, in place.
 
-    The mark a tokenizer prepends to a word has no source character of its own (the pre-tokenizer drops
-    the space it replaces), yet the tokenizer aligns it with that word's first character, which the next
-    token covers too ('▁' and '好' of "好吃" both at 0..1; the same before a later word that has no
-    ``▁x`` piece). A mark whose span ends before the next token's start (a tokenizer that keeps the
-    spaces) spans real text: it is kept. The last content token has no next one where truncation cut
-    the review after it: there a mark is pinned when its span holds no space.
+    A prepended mark is aligned with its word's first character, which the next token covers too ('▁'
+    and '好' of "好吃" both at 0..1). A mark whose span ends before the next token (a tokenizer that keeps
+    spaces) spans real text and is kept; a last one (truncation cut after it) where its span holds no space.
     """
     for k in np.flatnonzero(ids[1:-1] == mark) + 1:
         start, end = offsets[k]
@@ -158,8 +151,7 @@ def _unpin_prepended_marks(text: str, ids: np.ndarray, offsets: np.ndarray, mark
 
 
 def _trims_offsets(backend) -> bool:
-    """Whether the post-processor trims whitespace off the offsets (byte-level BPE: RoBERTa and its
-    kin), which leaves a token that is whitespace alone an empty span at that whitespace's end."""
+    """Whether the post-processor trims whitespace off the offsets (byte-level BPE: RoBERTa and its kin)."""
     if backend.post_processor is None:
         return False
     state = json.loads(backend.post_processor.__getstate__())
@@ -167,10 +159,8 @@ def _trims_offsets(backend) -> bool:
 
 
 def _span_trimmed_spaces(backend, text: str, ids: np.ndarray, offsets: np.ndarray) -> None:
-    """Give each content token that is whitespace alone the whitespace it stands for, in place: a
-    space that byte-level BPE spells 'Ġ' (a trailing one, or one of two in a row) was trimmed to an
-    empty span at its own end, or at its start where the text opens with it. A mark the tokenizer
-    prepended stands for no character and keeps its empty span."""
+    """Give each content token that is whitespace alone (a trimmed, empty span) the whitespace it stands
+    for, in place; a prepended mark stands for no character and keeps its empty span."""
     inner = offsets[1:-1]
     for k in np.flatnonzero(inner[:, 0] == inner[:, 1]) + 1:
         at = int(offsets[k, 1])
@@ -186,8 +176,8 @@ def _span_trimmed_spaces(backend, text: str, ids: np.ndarray, offsets: np.ndarra
 
 
 def _joins_previous(char: str) -> bool:
-    """A combining mark, or a Hangul vowel or final jamo: what a normalizer composes into (NFC, NFKC) or
-    strips from (accent stripping) the character before it."""
+    """A combining mark, or a Hangul vowel or final jamo: what a normalizer composes into or strips from
+    the character before it."""
     return (
         unicodedata.category(char)[0] == "M" or "\u1160" <= char <= "\u11ff" or "\ud7b0" <= char <= "\ud7ff"
     )
@@ -195,21 +185,16 @@ def _joins_previous(char: str) -> bool:
 
 @functools.cache
 def _marks() -> re.Pattern:
-    """The characters of :func:`_joins_previous` in the Basic Multilingual Plane, and every character
-    beyond it, as one fast class: a text without any has no mark to span (the few marks beyond the
-    plane are looked for in texts that have such characters at all)."""
+    """One fast class of the characters of :func:`_joins_previous` in the Basic Multilingual Plane and
+    every character beyond it: a text without any has no mark to span."""
     chars = "".join(chr(c) for c in range(0x10000) if _joins_previous(chr(c)))
     return re.compile(f"[{re.escape(chars)}\U00010000-\U0010ffff]")
 
 
 def _widen_over_marks(text: str, offsets: np.ndarray, end_known: bool) -> None:
-    """Extend each content token's span, in place, over the marks after it that no token covers.
-
-    Tokenizers align a composed 'é' (from 'e' + U+0301) with the 'e' alone, and a token whose accents
-    were stripped ends before them, so the mark belongs to no span. The last token reaches over marks
-    up to the text's end only where the text's end is known to be kept (``end_known``): after a cut,
-    what follows may be a token of its own.
-    """
+    """Extend each content token's span, in place, over the marks after it that no token covers (a
+    composed 'é' from 'e' + U+0301 is aligned with the 'e'). The last token reaches to the text's end
+    only where that end is kept (``end_known``)."""
     last = len(offsets) - 1  # the [SEP]
     for k in range(1, last):
         start, end = offsets[k]
@@ -221,63 +206,64 @@ def _widen_over_marks(text: str, offsets: np.ndarray, end_known: bool) -> None:
         offsets[k, 1] = end
 
 
-#: Put before a special token's piece in a Unigram vocabulary, so that no text matches it: random for
-#: each process, as a fixed prefix can be typed ("\ue000<s>" was); the piece keeps its id and score.
+#: Put before a special token's piece in a Unigram vocabulary so that no text matches it (random, as a
+#: fixed prefix can be typed); the piece keeps its id and score.
 _UNREACHABLE = f"\ue000{secrets.token_hex(16)}"
+#: Per tokenizer object: (its backend, the Rust tokenizer that encodes text as text, the fast path or None).
+_PREPARED: weakref.WeakKeyDictionary[Any, tuple[Any, Any, CharTokens | None]] = weakref.WeakKeyDictionary()
 
 
 def text_backend(tokenizer):
-    """The Rust tokenizer that encodes a review's text as text (kept on ``tokenizer``, made once).
+    """The Rust tokenizer that encodes a review's text as text, special tokens' text included:
+    ``encode_special_tokens`` on, and for a Unigram vocabulary (XLM-R, CamemBERT), which also holds
+    ``<s>`` and ``<pad>`` as pieces, a copy whose special pieces are out of reach of any text (every
+    other piece, id and score the same)."""
+    return _prepared(tokenizer)[0]
 
-    ``encode_special_tokens`` (see :func:`_encode_batch`) stops a tokenizer from matching a special
-    token's text, but a Unigram vocabulary (XLM-R's, CamemBERT's SentencePiece) also holds ``<s>``,
-    ``</s>``, ``<pad>`` as pieces with the best score there is, so ``<s>`` in a review still became the
-    control token. For those, a copy whose special pieces are renamed out of reach of any text
-    encodes instead: every other piece, id and score is the same, so text without them is segmented
-    exactly as before, and [CLS]/[SEP] are still added by their ids. WordPiece and BPE cannot produce
-    a special token from text and are used as they are.
-    """
+
+def without_fast_path(tokenizer) -> None:
+    """Encode every text with ``tokenizer``'s own Rust path from now on, not :mod:`.char_tokens`'s (to
+    compare the two)."""
+    _PREPARED[tokenizer] = (tokenizer.backend_tokenizer, text_backend(tokenizer), None)
+
+
+def _prepared(tokenizer) -> tuple[Any, CharTokens | None]:
+    """:func:`text_backend` and the fast path of :mod:`.char_tokens` for it, made once per tokenizer."""
     backend = tokenizer.backend_tokenizer
-    cached = getattr(tokenizer, "_bertattn_text_backend", None)
-    # a copied or unpickled tokenizer keeps the cache but not the Rust flag: made again then
-    if cached is not None and cached[0] is backend and cached[1].encode_special_tokens:
-        return cached[1]
-    state = json.loads(backend.to_str())
-    model = state.get("model", {})
-    specials = set(tokenizer.all_special_tokens)
-    text = backend
-    if model.get("type") == "Unigram" and any(piece in specials for piece, _ in model["vocab"]):
-        from tokenizers import Tokenizer
+    cached = _PREPARED.get(tokenizer)
+    if cached is None or cached[0] is not backend:
+        state = json.loads(backend.to_str())
+        model = state.get("model", {})
+        specials = set(tokenizer.all_special_tokens)
+        text = backend
+        if model.get("type") == "Unigram" and any(piece in specials for piece, _ in model["vocab"]):
+            from tokenizers import Tokenizer
 
-        model["vocab"] = [[_UNREACHABLE + p if p in specials else p, score] for p, score in model["vocab"]]
-        text = Tokenizer.from_str(json.dumps(state))
-    text.encode_special_tokens = True
-    tokenizer._bertattn_text_backend = (backend, text)
-    return text
+            model["vocab"] = [
+                [_UNREACHABLE + p if p in specials else p, score] for p, score in model["vocab"]
+            ]
+            text = Tokenizer.from_str(json.dumps(state))
+        text.encode_special_tokens = True
+        cached = _PREPARED[tokenizer] = (backend, text, CharTokens.for_backend(text))
+    return cached[1], cached[2]
 
 
 def with_special_tokens(tokenizer, contents: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Each review's content token ids (as a run's tokens table holds them) between the two special
-    tokens the tokenizer adds around a text ([CLS] and [SEP], one each: checked on load): the ids the
-    run scored."""
+    """Each review's content token ids (as a run's tokens table holds them) between [CLS] and [SEP]: the
+    ids the run scored."""
     ends = _encode_batch(tokenizer, [""], 2)[0][0]
     return [np.concatenate([ends[:1], np.asarray(c, dtype=np.int32), ends[1:]]) for c in contents]
 
 
 def id_limit(tokenizer) -> int:
-    """One past the largest token id: what a lookup by id needs. ``len(tokenizer)`` counts the tokens,
-    which falls short where a vocabulary leaves ids unused (gaps between its ids)."""
+    """One past the largest token id (``len(tokenizer)`` falls short where a vocabulary leaves gaps)."""
     return max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
 
 
 def _cut_is_exact(backend, cut: str, offsets: np.ndarray) -> bool:
-    """Whether the tokens kept from a cut text are those the whole text would give.
-
-    Tokenizers split words at whitespace, so tokens that end before the last whitespace of the cut text
-    cannot depend on what the cut removed. Failing that, only WordPiece gives a proof: a kept token in
-    the word that reaches the cut end would make that word longer than ``max_input_chars_per_word``
-    (after normalizing) when what follows the kept tokens is, so the word would be one [UNK] ending past
-    them. Everything else is re-encoded whole (a 150-letter word is [UNK] whole, pieces when cut).
+    """Whether the tokens kept from a cut text are those the whole text would give: they end before its
+    last whitespace (words split there), or, in WordPiece, what follows them is longer than
+    ``max_input_chars_per_word`` (a word that long is one [UNK] reaching past the cut either way).
     """
     end = int(offsets[:, 1].max(initial=0))
     space = _LAST_SPACE.search(cut)
@@ -291,19 +277,10 @@ def _cut_is_exact(backend, cut: str, offsets: np.ndarray) -> bool:
 
 
 def _encode_batch(tokenizer, texts: list[str], max_length: int) -> list[Encoding]:
-    """The tokenizer's own ids and offsets, with [CLS] and [SEP] around them, truncated to
-    ``max_length``, and whether each text was truncated.
-
-    A special token's text inside a review (``[SEP]``, ``<pad>``) is encoded as the characters it is
-    (:func:`text_backend`): by default the tokenizer would turn it into the control token itself, and
-    RoBERTa's ``<pad>`` would even shift the positions after it. BERT's tokenizers take the fast path of
-    :mod:`.char_tokens`, which gives the same tokens. Calls the backend directly: the library's
-    ``tokenizer(...)`` would also convert every token's id and offsets into Python lists that are not
-    used here (a third of the encoding time).
-    """
-    backend = text_backend(tokenizer)
+    """The tokenizer's own ids and offsets with [CLS] and [SEP], truncated to ``max_length``, and whether
+    each text was truncated; a special token's text in a review is text (:func:`text_backend`)."""
+    backend, chars = _prepared(tokenizer)
     side = getattr(tokenizer, "truncation_side", "right")
-    chars = _char_tokens(tokenizer, backend)
     encoded = chars.encode(texts, max_length, keep_start=side == "right") if chars is not None else None
     if encoded is not None:
         return encoded
@@ -312,16 +289,6 @@ def _encode_batch(tokenizer, texts: list[str], max_length: int) -> list[Encoding
     out = []
     for enc in backend.encode_batch(texts, add_special_tokens=True):
         n = len(enc)
-        # fromiter over the flattened pairs: np.asarray on the list of tuples took twice as long
         offsets = np.fromiter(chain.from_iterable(enc.offsets), np.int32, count=2 * n).reshape(n, 2)
         out.append((np.asarray(enc.ids, dtype=np.int32), offsets, bool(enc.overflowing)))
     return out
-
-
-def _char_tokens(tokenizer, backend) -> CharTokens | None:
-    """The fast path's table for this tokenizer (kept on it, made once), or None where it has none."""
-    cached = getattr(tokenizer, "_bertattn_char_tokens", None)
-    if cached is None or cached[0] is not backend:
-        cached = (backend, CharTokens.for_backend(backend))
-        tokenizer._bertattn_char_tokens = cached
-    return cached[1]

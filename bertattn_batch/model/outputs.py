@@ -1,8 +1,5 @@
-"""What the model hands back for one padded batch: plain arrays, no torch.
-
-Kept apart from the classifier so that a host process (engines/host_processes.py), which receives
-these and never runs the model, does not import torch when it unpickles them.
-"""
+"""What the model hands back for one padded batch: plain arrays, importable without torch (a host
+process receives these and never runs the model)."""
 
 from __future__ import annotations
 

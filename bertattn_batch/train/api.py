@@ -30,10 +30,13 @@ import torch
 from ..config import FinetuneSpec
 from ..errors import InputError, ModelError
 from ..inputs import class_label_order, expand_inputs, read_rows, source_files
-from ..model.checks import position_limit, transformers_version
+from ..model.checks import (
+    position_limit,
+    tokenizer_limit,
+    transformers_version,
+)
 from ..model.classifier import warn_above_tokenizer
 from ..model.encode import encode_texts
-from ..model.tokenizer_checks import tokenizer_limit
 from ..storage import is_remote
 from .loop import (
     accuracy,

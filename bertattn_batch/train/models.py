@@ -14,11 +14,12 @@ from ..errors import ModelError, first_line
 from ..model.checks import (
     check_loaded_weights,
     check_positions,
+    check_tokenizer,
     load_config,
+    load_tokenizer,
     resolve_source,
     transformers_log_level,
 )
-from ..model.tokenizer_checks import check_tokenizer, load_tokenizer
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 #: The code-point ranges BERT's tokenizer splits into single characters.

@@ -410,7 +410,7 @@ def test_tokenizer_without_cls_first_is_refused(tiny_en_dir):
     from tokenizers import processors
     from transformers import AutoTokenizer
 
-    from bertattn_batch.model.tokenizer_checks import check_cls_first
+    from bertattn_batch.model.checks import check_cls_first
 
     tok = AutoTokenizer.from_pretrained(tiny_en_dir)
     check_cls_first(tok, "bert")  # the normal template passes
@@ -433,7 +433,7 @@ def test_a_sentencepiece_tokenizer_without_its_package_names_the_package(tiny_en
     import importlib.util
     import shutil
 
-    from bertattn_batch.model import tokenizer_checks
+    from bertattn_batch.model import checks
 
     folder = tmp_path / "albert"
     shutil.copytree(tiny_en_dir, folder)
@@ -448,7 +448,7 @@ def test_a_sentencepiece_tokenizer_without_its_package_names_the_package(tiny_en
         ModelError,
         match=r"SentencePiece model alone \(spiece.model, no tokenizer.json\).*pip install sentencepiece",
     ):
-        tokenizer_checks.load_tokenizer(str(folder))
+        checks.load_tokenizer(str(folder))
 
 
 def test_unsupported_architecture_is_refused(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, normalizers
 from transformers import AutoTokenizer
 
-from bertattn_batch.model import char_tokens, encode_texts
+from bertattn_batch.model import char_tokens, encode, encode_texts
 from bertattn_batch.model.char_tokens import CharTokens
 from bertattn_batch.model.encode import text_backend
 
@@ -98,9 +98,9 @@ def test_encode_texts_takes_the_fast_path_and_keeps_its_results(tiny_zh_dir, zh_
     texts = [r["text"] for r in zh_rows[:500]]
     tok = AutoTokenizer.from_pretrained(tiny_zh_dir)
     fast = encode_texts(tok, texts, 64)
-    chars = tok._bertattn_char_tokens[1]
+    chars = encode._prepared(tok)[1]
     assert chars is not None and (chars._table >= 0).sum() > 500
-    tok._bertattn_char_tokens = (text_backend(tok), None)
+    encode.without_fast_path(tok)
     slow = encode_texts(tok, texts, 64)
     for a, b in zip(fast, slow, strict=True):
         assert a.ids.tolist() == b.ids.tolist() and a.offsets.tolist() == b.offsets.tolist()

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from bertattn_batch.errors import ModelError, SpecError
-from bertattn_batch.model import Classifier, resolve_device
-from bertattn_batch.model.device import resolve_dtype
+from bertattn_batch.model import Classifier, resolve_device, resolve_dtype
 
 
 def test_a_cuda_device_past_the_last_one_is_named_with_the_count(monkeypatch):

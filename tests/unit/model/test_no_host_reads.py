@@ -1,7 +1,6 @@
 """Launching a batch reads no value of the device's tensors on the host: such a read (``bool(t)``,
 ``t.item()``) waits for every batch queued before it, and on a GPU the device then idles while the host
-launches the next one (transformers' own check of the padding mask did this: 98% of the model stage's
-time on an H200, docs/performance.md). Checked on the CPU by the torch functions the launch calls."""
+launches the next one. Checked on the CPU by the torch functions the launch calls."""
 
 from __future__ import annotations
 
@@ -48,7 +47,7 @@ def test_launch_reads_nothing_back(tiny_en_dir, trim, lengths):
 
 
 def test_a_read_is_seen():
-    """The check itself (before the fix, transformers' check of the padding mask failed all four above)."""
+    """The check itself sees a read."""
     mask = torch.ones(2, 4, dtype=torch.bool)
     with HostReads() as reads:
         if mask.all():

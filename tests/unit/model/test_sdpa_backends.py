@@ -1,7 +1,6 @@
-"""Every forward the classifier runs keeps cuDNN's SDPA kernel out: on Hopper and newer GPUs torch 2.11
-tries it first for a padded batch, and it builds an execution plan for each new (batch, length) shape,
-slower than the batch itself. The flags are process-wide, so the check runs here, on the CPU: they are
-what a CUDA device would read at each SDPA call."""
+"""Every forward the classifier runs keeps cuDNN's SDPA kernel out: it builds an execution plan for each
+new (batch, length) shape. The flags are process-wide, so the check runs on the CPU: they are what a CUDA
+device would read at each SDPA call."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import pytest
 import torch
 
 from bertattn_batch.model import Classifier, encode_texts
-from bertattn_batch.model.device import no_cudnn_attention
+from bertattn_batch.model.classifier import no_cudnn_attention
 
 
 @pytest.fixture
