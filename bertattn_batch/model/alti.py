@@ -80,8 +80,7 @@ class AltiCapture:
         self._mask, self._rollout, self._seen = attention_mask.bool(), None, {}
         handles = []
         for module, q, k, v, dense, norm in self._blocks:
-            heads, size = head_geometry(module)
-            scaling = float(getattr(module, "scaling", size**-0.5))
+            heads, size, scaling = head_geometry(module, q)
             handles += [
                 q.register_forward_hook(self._keep("q", with_input=True)),
                 k.register_forward_hook(self._keep("k")),

@@ -92,6 +92,13 @@ def layer_tail(model: nn.Module, attention: nn.Module) -> LayerTail | None:
     return None
 
 
+def head_geometry(module: nn.Module, query: nn.Linear) -> tuple[int, int, float]:
+    """(heads, head size, score scaling) of a self-attention module and its query projection."""
+    heads = int(getattr(module, "num_attention_heads", None) or module.n_heads)
+    size = int(getattr(module, "attention_head_size", None) or query.out_features // heads)
+    return heads, size, float(getattr(module, "scaling", size**-0.5))  # eager-only modules have none
+
+
 class ClsRowCapture:
     """Forward hooks that keep, for the chosen layers during one forward, the [CLS] query and input and
     every key and value: enough for the [CLS] row of attention weights, its norms and value zeroing."""
@@ -101,14 +108,12 @@ class ClsRowCapture:
         self.modules = find_self_attention(model)
         self._per_module = []  # (heads H, head size D, scaling, (H, D, D) Gram matrix or None, tail or None)
         for module, q, *_ in self.modules:
-            heads = int(getattr(module, "num_attention_heads", None) or module.n_heads)
-            size = int(getattr(module, "attention_head_size", None) or q.out_features // heads)
+            heads, size, scaling = head_geometry(module, q)
             gram = None
             if (projection := output_projection(model, module)) is not None:
                 w = projection.weight.detach().float()  # (hidden, H*D): y = x Wᵀ
                 w = w.view(w.shape[0], heads, size).permute(1, 0, 2)  # (H, hidden, D)
                 gram = w.transpose(1, 2) @ w  # (H, D, D)
-            scaling = float(getattr(module, "scaling", size**-0.5))
             self._per_module.append((heads, size, scaling, gram, layer_tail(model, module)))
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._calls = dict.fromkeys("qkv", 0)
