@@ -54,7 +54,6 @@ from .layout import (
     REPORT_NAME,
     TABLES,
     is_run_dir,
-    tmp_name,
 )
 from .lease import DEFAULT_TTL_S, SETTLE_S, Lease
 from .manifest import (
@@ -226,11 +225,10 @@ class RunDir:
             (self.run_dir / table).mkdir(parents=True, exist_ok=True)
 
     def fail(self, error: BaseException | None = None) -> None:
-        """Leave the run resumable: only files of uncommitted parts are removed, and the run is
-        "interrupted". A reopened run refused before its pass began keeps the status it had (a complete
+        """Leave the run resumable: files of uncommitted parts are removed, and the run is "interrupted". A reopened run refused before its pass began keeps the status it had (a complete
         run marked interrupted would have its next --incremental job finish the last pass by row
         number); one refused because its committed rows' inputs were edited keeps its whole manifest."""
-        self._drop_uncommitted()
+        self._sweep()
         if isinstance(error, InputsEditedError) and self._before_pass is not None:
             self.manifest = self._before_pass
             if self.manifest.status == "running":  # (a run that was killed) stopped, as it is
@@ -242,14 +240,6 @@ class RunDir:
             return
         with contextlib.suppress(OSError, WriteError):  # the first error counts
             self._save()
-
-    def _drop_uncommitted(self) -> None:
-        listed = {tmp_name(p.name) for p in self.manifest.parts}
-        for table in TABLES:
-            folder = self.run_dir / table
-            for f in folder.glob("_*.tmp") if folder.is_dir() else []:
-                if f.name not in listed:
-                    f.unlink(missing_ok=True)
 
     def finalize(self, last_run: dict[str, Any]) -> Manifest:
         """Mark the run complete, with this pass's summary and every table's row count. A pass that read
@@ -336,6 +326,7 @@ class RunDir:
             )
 
     def _sweep(self) -> None:
+        """Roll committed parts forward; remove every file in a table folder the manifest does not list."""
         listed = {p.name for p in self.parts}
         for table in TABLES:
             folder = self.run_dir / table
@@ -424,9 +415,6 @@ class StoredRunDir(RunDir):
 
     def _make_folders(self) -> None:
         """A store has no folders."""
-
-    def _drop_uncommitted(self) -> None:
-        self._sweep()
 
     def _sweep(self) -> None:
         """Delete every object in a table folder that the manifest does not list."""
