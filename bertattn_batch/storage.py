@@ -1,19 +1,13 @@
-"""Local disk and object stores (S3, GCS, HDFS, and what fsspec serves) behind one set of calls.
+"""Local disk and object stores (S3, GCS, HDFS, what fsspec serves) behind one set of calls.
 
 Usage::
 
-    fs, path = resolve("s3://corpora/reviews/part-0.parquet")   # S3, endpoint and keys from the env
-    with arrow_file("s3://b/run/predictions/part-0.parquet") as f:
-        pq.read_metadata(f)                                       # only the ranges Parquet asks for
+    fs, path = resolve("s3://corpora/reviews/part-0.parquet")   # endpoint and keys from the environment
     write_bytes("s3://b/run/manifest.json", data)                 # visible whole, or not at all
     list_files("s3://b/corpus/**/*.parquet")                      # URIs; a glob as on local disk
-    mirror("s3://b/models/zh", cache_folder("models", "s3://b/models/zh"))   # a local copy, kept fresh
 
-``s3://``, ``gs://`` and ``hdfs://`` are served by pyarrow's own filesystems, any other scheme by an
-installed fsspec package through pyarrow's fsspec handler; every scheme but ``file://`` is taken to have
-no rename and no locks. Credentials and endpoints come only from the standard environment
-(``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ``GOOGLE_APPLICATION_CREDENTIALS``...), never from an option, so
-they land neither in shell history nor in a manifest. A store's errors are one-line StorageErrors.
+Every scheme but ``file://`` is taken to have no rename and no locks. Credentials come only from the
+standard environment, never from an option, so they land in no shell history and no manifest.
 """
 
 from __future__ import annotations
@@ -33,7 +27,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .errors import StorageError
 
-if TYPE_CHECKING:  # pyarrow is imported where used: importing the package allocates nothing
+if TYPE_CHECKING:  # pyarrow is imported where used: a command's start does not wait for it
     import pyarrow as pa
     import pyarrow.fs as pafs
 
@@ -41,7 +35,7 @@ if TYPE_CHECKING:  # pyarrow is imported where used: importing the package alloc
 EXTRA_HINT = "pip install '.[s3]' in a checkout"
 #: Bytes read from a store per request while a file is streamed.
 READ_BLOCK_BYTES = 8 << 20
-#: The environment a store's filesystem is made from: one filesystem per value of it.
+#: The environment a store's filesystem is made from: one filesystem is kept per value of it.
 _ENV = (
     "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE",
     "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "GOOGLE_APPLICATION_CREDENTIALS",
@@ -59,7 +53,7 @@ def split_uri(target: str | os.PathLike[str]) -> tuple[str | None, str]:
 
 
 def normalize(target: str | os.PathLike[str]) -> str:
-    """A ``file://`` URI as the local path it names and ``~`` as the home folder; a store's URI as it is."""
+    """A ``file://`` URI as its local path, ``~`` as the home folder; a store's URI as it is."""
     scheme, rest = split_uri(target)
     if scheme is not None and scheme != "file":
         return os.fspath(target)
@@ -87,17 +81,16 @@ def name_path(target: str | os.PathLike[str]) -> PurePosixPath:
 
 
 def resolve(target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
-    """``(pyarrow.fs.FileSystem, path)`` for a path or URI; StorageError, naming what to install, where
-    no filesystem serves its scheme."""
+    """``(pyarrow.fs.FileSystem, path)`` for a path or URI; StorageError naming what to install where
+    nothing serves its scheme (pyarrow serves s3, gs and hdfs; fsspec packages the others)."""
     import pyarrow.fs as pafs
 
     scheme, rest = split_uri(target)
     if scheme is None or scheme == "file":
         return pafs.LocalFileSystem(), str(Path(rest or "/").expanduser().absolute())
     env = tuple(os.environ.get(n) for n in _ENV)
-    if scheme == "s3":
-        bucket = rest.split("/", 1)[0]
-        return _s3(bucket if not any(env[:4]) else "", env), rest.strip("/")
+    if scheme == "s3":  # the bucket, for its region where the environment names none
+        return _filesystem(scheme, "" if any(env[:4]) else rest.split("/", 1)[0], env), rest.strip("/")
     if scheme in ("gs", "gcs"):
         return _filesystem(scheme, "", env), rest.strip("/")
     if scheme == "hdfs":
@@ -107,30 +100,8 @@ def resolve(target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
 
 
 @functools.lru_cache(maxsize=16)
-def _s3(bucket: str, _env: tuple[str | None, ...]) -> pafs.FileSystem:
-    """An S3 filesystem: the endpoint from ``AWS_ENDPOINT_URL(_S3)``, keys from the SDK's chain, the region
-    from ``AWS_REGION`` or else the bucket's own (``bucket`` is given only then)."""
-    import pyarrow.fs as pafs
-
-    cls = _filesystem_class("S3FileSystem", "s3")
-    # a small object (a manifest, a lease, most parts) goes up in one PutObject
-    kwargs: dict[str, object] = {"allow_delayed_open": True}
-    if endpoint := os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"):
-        scheme, rest = split_uri(endpoint)
-        kwargs["endpoint_override"] = rest if scheme else endpoint
-        kwargs["scheme"] = scheme or "https"
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    if not region and bucket:  # a bucket outside the SDK's default region answers every call with 301
-        with contextlib.suppress(OSError):  # a missing bucket: its first request names it
-            region = pafs.resolve_s3_region(bucket)
-    if region:
-        kwargs["region"] = region
-    return cls(**kwargs)
-
-
-@functools.lru_cache(maxsize=16)
 def _filesystem(scheme: str, authority: str, _env: tuple[str | None, ...]) -> pafs.FileSystem:
-    """GCS (credentials from the environment) and HDFS (``host:port``) filesystems, one per value."""
+    """An S3 (``authority``: a bucket), GCS or HDFS (``host:port``) filesystem."""
     import pyarrow.fs as pafs
 
     if scheme == "hdfs":
@@ -139,11 +110,25 @@ def _filesystem(scheme: str, authority: str, _env: tuple[str | None, ...]) -> pa
             return pafs.FileSystem.from_uri(f"hdfs://{authority}/")[0]
         except (OSError, ValueError) as e:
             raise StorageError(f"cannot reach hdfs://{authority}: {_one_line(e)}") from None
-    return _filesystem_class("GcsFileSystem", scheme)()
+    if scheme != "s3":
+        return _filesystem_class("GcsFileSystem", scheme)()
+    cls = _filesystem_class("S3FileSystem", "s3")
+    kwargs: dict[str, object] = {"allow_delayed_open": True}  # a small object goes up in one PutObject
+    if endpoint := os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"):
+        endpoint_scheme, rest = split_uri(endpoint)
+        kwargs["endpoint_override"] = rest if endpoint_scheme else endpoint
+        kwargs["scheme"] = endpoint_scheme or "https"
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if not region and authority:  # a bucket outside the SDK's default region answers every call with 301
+        with contextlib.suppress(OSError):  # a missing bucket: its first request names it
+            region = pafs.resolve_s3_region(authority)
+    if region:
+        kwargs["region"] = region
+    return cls(**kwargs)
 
 
 def _fsspec(scheme: str, target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
-    """A scheme that pyarrow has no filesystem for, through fsspec (``pip install adlfs`` for ``az://``)."""
+    """A scheme pyarrow has no filesystem for, through fsspec (``az://`` with adlfs)."""
     import fsspec
     import pyarrow.fs as pafs
 
@@ -180,7 +165,7 @@ def _no_bucket(bucket: str) -> str:
 
 
 def store_error(e: BaseException, target: str | os.PathLike[str]) -> StorageError:
-    """A store's refusal as one line that says what to fix (the SDK's name the call, not the bucket)."""
+    """A store's refusal as one line that says what to fix."""
     code = str(e).upper().replace("_", "")  # the SDK spells its codes NO_SUCH_BUCKET or NoSuchBucket
     name = os.fspath(target)
     if "NOSUCHBUCKET" in code:
@@ -228,8 +213,8 @@ def is_file(target: str | os.PathLike[str]) -> bool:
 
 
 def open_input(target: str | os.PathLike[str], buffered: bool = True) -> BinaryIO:
-    """A file's bytes, random access: a local file as Python opens it; an object as a pyarrow file of
-    ranged reads, in blocks of ``READ_BLOCK_BYTES`` (``buffered``) or as asked (Parquet's reader)."""
+    """A file's bytes, random access: on a store, ranged reads of ``READ_BLOCK_BYTES`` (``buffered``) or
+    of what is asked (Parquet's reader)."""
     if not is_remote(target):
         return open(normalize(target), "rb")
     fs, path = resolve(target)
@@ -240,7 +225,7 @@ def open_input(target: str | os.PathLike[str], buffered: bool = True) -> BinaryI
 
 @contextlib.contextmanager
 def arrow_file(target: str | os.PathLike[str]) -> Iterator[Any]:
-    """What pyarrow reads: a local path as it is, a store's object as a file of ranged reads."""
+    """What pyarrow reads: a local path, or a store's object as a file of ranged reads."""
     if not is_remote(target):
         yield normalize(target)
         return
@@ -249,7 +234,7 @@ def arrow_file(target: str | os.PathLike[str]) -> Iterator[Any]:
 
 
 def open_stream(target: str | os.PathLike[str], compression: str) -> pa.NativeFile:
-    """A store's object read forward and decompressed (``gzip``, ``bz2``, ``zstd``, ``lz4``) in blocks."""
+    """A store's object read forward and decompressed (``gzip``, ``bz2``, ``zstd``, ``lz4``)."""
     import pyarrow as pa
 
     fs, path = resolve(target)
@@ -324,7 +309,7 @@ def list_files(target: str) -> list[str]:
 
 
 def _bucket_missing(target: str) -> str | None:
-    """What to say of a URI whose bucket does not exist (its listing is empty, as an empty folder's)."""
+    """What to say of a URI whose bucket does not exist (its listing is as empty as an empty folder's)."""
     import pyarrow.fs as pafs
 
     scheme, rest = split_uri(target)
@@ -349,8 +334,8 @@ def _matches(parts: list[str], pattern: list[str]) -> bool:
 
 # -- local copies --------------------------------------------------------------------------------------
 def cache_folder(kind: str, uri: str) -> Path:
-    """Where a store's ``kind`` of thing (``runs``, ``models``) is copied on this machine:
-    ``$BERTATTN_CACHE`` or ``~/.cache/bertattn``, one folder a URI (named in its ``.source``)."""
+    """Where a store's ``kind`` of thing (``runs``, ``models``) is copied on this machine, one folder a
+    URI: ``$BERTATTN_CACHE`` or ``~/.cache/bertattn``."""
     root = Path(os.environ.get("BERTATTN_CACHE") or Path.home() / ".cache" / "bertattn")
     folder = root / kind / hashlib.sha256(uri.encode()).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
@@ -385,8 +370,8 @@ def mirror(uri: str, local: Path, skip: tuple[str, ...] = ()) -> None:
 
 
 def download(uri: str, target: Path, obj: pafs.FileInfo | None = None) -> None:
-    """Copy one object to ``target`` through a temporary file of this process's own (several workers of
-    one machine may copy the same model at once), stamped with the object's time."""
+    """Copy one object to ``target`` through a temporary of this process's own (workers of one machine
+    may copy one model at once), stamped with the object's time."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     try:
@@ -401,8 +386,7 @@ def download(uri: str, target: Path, obj: pafs.FileInfo | None = None) -> None:
 
 
 def stamp(path: Path, obj: pafs.FileInfo | None = None) -> tuple[int, int]:
-    """A copy's (size, time); with ``obj``, its time first set to the object's, so the copy records
-    which version of the object it holds."""
+    """A copy's (size, time); with ``obj``, its time first set to the object's version."""
     if obj is not None and obj.mtime_ns:
         os.utime(path, ns=(obj.mtime_ns, obj.mtime_ns))
     st = path.stat()

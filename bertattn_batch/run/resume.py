@@ -58,36 +58,31 @@ def resume_point(
     (``inputs.fingerprint.source_files``); ``compared``: those checked against the recorded pass's,
     where they differ (a stream the recorded pass copied only a start of).
     """
-    parts = run.parts
-    generation = run.manifest.generation
+    parts, generation = run.parts, run.manifest.generation or 0
     checked = compared if compared is not None else sources
     if sources is not None:  # the files renamed (or the folder they are in): the same inputs
         _rename_same_files(run, sources)
-    if not incremental:
-        if run.manifest.passes - {0} or generation:  # an incremental run: its row numbers are not ours
-            raise RunDirError(
-                f"{run.run_dir} was last run with --incremental (its passes go by id, not by row number); "
-                "rerun it with --incremental (or --overwrite)"
-            )
-        skip_until = max((p.end_row for p in parts), default=0)
-        if skip_until:
-            _check_same_inputs(run, checked, by_id)
-            _check_limit(run, skip_until, limit)
-        run.begin_pass(0, sources, limit)
-        taken = run.committed_ids(claimed=True) if by_id and skip_until else None
-        return ResumePoint(0, skip_until, None, taken, parts)
-    if parts and (run.reopened_status == "complete" or generation is None):
-        generation = max(run.manifest.passes) + 1
-        run.begin_pass(generation, sources, limit)
-        return ResumePoint(generation, 0, run.committed_ids(), None)
-    # finish the interrupted pass by row number: a repeat of one of its ids is still duplicate_id
-    generation = generation or 0
+    if not incremental and (run.manifest.passes - {0} or generation):  # its row numbers are not ours
+        raise RunDirError(
+            f"{run.run_dir} was last run with --incremental (its passes go by id, not by row number); "
+            "rerun it with --incremental (or --overwrite)"
+        )
     current = [p for p in parts if p.generation == generation]
-    earlier = [p for p in parts if p.generation < generation]
     skip_until = max((p.end_row for p in current), default=0)
-    if skip_until and by_id and (why := _moved_on(run, checked, skip_until, limit)):
+    new_pass = (
+        incremental and bool(parts) and (run.reopened_status == "complete" or run.manifest.generation is None)
+    )
+    if (
+        incremental
+        and not new_pass
+        and skip_until
+        and by_id
+        and (why := _moved_on(run, checked, skip_until, limit))
+    ):
         log.warning("%s: %s since its interrupted pass began; a new pass adds the reviews whose ids are "
                     "not in the run yet", run.run_dir, why)  # fmt: skip
+        new_pass = True
+    if new_pass:
         generation = max(run.manifest.passes) + 1
         run.begin_pass(generation, sources, limit)
         return ResumePoint(generation, 0, run.committed_ids(), None)
@@ -95,9 +90,11 @@ def resume_point(
         _check_same_inputs(run, checked, by_id)
         _check_limit(run, skip_until, limit)
     run.begin_pass(generation, sources, limit)
-    taken = run.committed_ids(current, claimed=True) if by_id and current else None
-    # no digests compared: a pass by id keeps the text an id had when it was scored
-    return ResumePoint(generation, skip_until, run.committed_ids(earlier) if earlier else None, taken)
+    earlier = [p for p in parts if p.generation < generation]
+    taken = run.committed_ids(current, claimed=True) if by_id and skip_until else None
+    skip_ids = run.committed_ids(earlier) if earlier else None
+    # digests are compared only by row number: a pass by id keeps the text an id had when scored
+    return ResumePoint(generation, skip_until, skip_ids, taken, [] if incremental else parts)
 
 
 def _rename_same_files(run: RunDir, sources: list[dict[str, Any]]) -> None:

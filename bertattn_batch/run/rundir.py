@@ -138,8 +138,7 @@ class RunDir:
         self.on_existing = on_existing
         self.part_writer = part_writer or PartWriter(self.run_dir)
         self.manifest = Manifest()
-        #: the status the reopened run had (None for a new run): "complete" means an incremental job
-        #: starts a new pass rather than finishing the last
+        #: the status of the reopened run (None for a new run)
         self.reopened_status: str | None = None
         #: the reopened run's inputs are named otherwise: what they hold decides (run.resume)
         self.inputs_renamed = False
@@ -160,8 +159,7 @@ class RunDir:
             self.close()
 
     def open(self) -> None:
-        """Create a run, or reopen one made by the same job (rolling its parts forward); holds the run
-        until :meth:`close`."""
+        """Create a run, or reopen one of the same job (rolling its parts forward), and hold it."""
         old_manifest(self.run_dir, self.on_existing)  # before the lock: a folder not ours gets no lock file
         self._hold()
         try:
@@ -171,8 +169,7 @@ class RunDir:
             raise
 
     def _hold(self) -> None:
-        """Take the run for this process until :meth:`close`: on local disk, a lock on its folder (two
-        runs with the same --out would commit over each other)."""
+        """Take the run for this process until :meth:`close`: on local disk, a lock on its folder."""
 
         def busy(holder: str) -> RunDirError:
             return RunDirError(
@@ -225,9 +222,10 @@ class RunDir:
             (self.run_dir / table).mkdir(parents=True, exist_ok=True)
 
     def fail(self, error: BaseException | None = None) -> None:
-        """Leave the run resumable: files of uncommitted parts are removed, and the run is "interrupted". A reopened run refused before its pass began keeps the status it had (a complete
-        run marked interrupted would have its next --incremental job finish the last pass by row
-        number); one refused because its committed rows' inputs were edited keeps its whole manifest."""
+        """Leave the run resumable and "interrupted", files of uncommitted parts removed. A reopened run
+        refused before its pass began keeps its status (a complete one would otherwise have its next
+        --incremental job finish the last pass by row number); one refused because the inputs of its
+        committed rows were edited keeps its whole manifest."""
         self._sweep()
         if isinstance(error, InputsEditedError) and self._before_pass is not None:
             self.manifest = self._before_pass
@@ -242,8 +240,8 @@ class RunDir:
             self._save()
 
     def finalize(self, last_run: dict[str, Any]) -> Manifest:
-        """Mark the run complete, with this pass's summary and every table's row count. A pass that read
-        no rows keeps the summary of the one before (its figures are the run's)."""
+        """Mark the run complete, with this pass's summary (a pass that read no rows keeps the last
+        one's) and every table's row count."""
         if not last_run.get("input_rows") and self.manifest.last_run:
             last_run = self.manifest.last_run
         else:
@@ -258,9 +256,8 @@ class RunDir:
     def begin_pass(
         self, generation: int, sources: list[dict[str, Any]] | None = None, limit: int | None = None
     ) -> None:
-        """Record the pass the parts to come belong to, before the first of them (a pass killed before
-        it commits is still told from the one before), its input files (``sources``, which a resume
-        checks are unchanged) and the rows it reads at most (``limit``)."""
+        """Record, before its first part, the pass the parts to come belong to, its input files
+        (``sources``, which a resume checks are unchanged) and the rows it reads at most (``limit``)."""
         if self.reopened_status is not None:
             self._before_pass = copy.deepcopy(self.manifest)
             self.manifest.status = "running"
@@ -280,9 +277,8 @@ class RunDir:
         return self.manifest.parts
 
     def committed_ids(self, parts: list[PartEntry] | None = None, claimed: bool = False) -> IdSet:
-        """Source ids of every committed review (of ``parts``, by default all), leaving out rows whose
-        doc id is only a row number (``schema.ROW_NUMBER_STATUSES``); ``claimed``: and rows with no text
-        (``schema.NO_TEXT_STATUSES``), leaving the ids a pass resumed by row number has seen."""
+        """Source ids of the committed reviews (of ``parts``, by default all) whose doc id is not a row
+        number; ``claimed``: only those with a text (the ids a pass resumed by row number has seen)."""
         ids = IdSet()
         no_id = pa.array(schema.ROW_NUMBER_STATUSES + (schema.NO_TEXT_STATUSES if claimed else ()))
         for p in self.parts if parts is None else parts:
@@ -292,8 +288,7 @@ class RunDir:
         return ids
 
     def commit(self, entry: PartEntry) -> None:
-        """Commit a staged part (its line in the commit log, replacing one of the same name), then
-        publish it; the cost does not grow with the parts before."""
+        """Commit a staged part (a line of the commit log, replacing one of the same name), publish it."""
         log_commit(self.run_dir, entry)
         self._list(entry)
         self.part_writer.publish(entry)
@@ -313,8 +308,8 @@ class RunDir:
         self._positions = {p.name: i for i, p in enumerate(self.manifest.parts)}
 
     def _recover(self) -> None:
-        """Roll listed parts forward, delete every file the manifest does not list, check what is left:
-        a resume starts after the last committed row, so the row ranges must be whole."""
+        """Sweep, then check the committed parts: a resume starts after the last committed row, so their
+        files must be sound and their row ranges whole."""
         self._sweep()
         for p in self.parts:
             footers = {t: check_part_file(self.run_dir, run_file(self.run_dir, p.files[t])) for t in TABLES}
@@ -345,8 +340,7 @@ class RunDir:
                     f.unlink()
 
     def _check_compatible(self, old: Manifest) -> None:
-        """Refuse a run made by another job: every fingerprint key but the hash of them all is compared,
-        save one the run could not record ("unknown") or did not (an older version's)."""
+        """Refuse a run of another job: every fingerprint key the run recorded is compared, but their hash."""
         mine = upgrade({"fingerprint": self.header.get("fingerprint", {})})["fingerprint"]
         theirs = old.fingerprint
         keys = {
@@ -365,8 +359,7 @@ class RunDir:
             )
 
     def _clear(self) -> None:
-        """Remove what bertattn wrote into the run, its manifest last: a clear cut short leaves a folder
-        still recognisably a run, which the next --overwrite finishes."""
+        """Remove what bertattn wrote into the run, its manifest last (a clear cut short is still a run)."""
         temporaries = [p.name for p in self.run_dir.glob(f".{REPORT_NAME}*.tmp")]
         temporaries += [hidden_tmp(MANIFEST), COMMIT_LOG]
         for name in (*TABLES, *DERIVED_DIRS, REPORT_NAME, *temporaries, MANIFEST):
@@ -393,7 +386,7 @@ class StoredRunDir(RunDir):
         self._held.callback(self._lease.keep_fresh())
 
     def commit(self, entry: PartEntry) -> None:
-        """List the uploaded part and write the manifest: the commit point (a store cannot append)."""
+        """List the uploaded part and write the manifest, the commit point (a store cannot append)."""
         self._list(entry)
         self._save()
 
@@ -403,8 +396,8 @@ class StoredRunDir(RunDir):
         super()._save()
 
     def fail(self, error: BaseException | None = None) -> None:
-        """As on local disk, unless this run lost its lease (then the store's objects are another run's);
-        a store that fails now does not hide the error that stopped the job."""
+        """As on local disk, unless the run's lease is lost (its objects are then another run's); a
+        store's error here does not hide the one that stopped the job."""
         if self._lease is not None:
             try:
                 self._lease.check()
@@ -438,7 +431,7 @@ def run_dir_class(out: str | Path) -> type[RunDir]:
 
 
 def part_rows(manifest: Manifest) -> dict[str, int]:
-    """Rows of every table over the committed parts (zero for an empty input): the run's ``counts``."""
+    """Rows of every table over the committed parts: the run's ``counts``."""
     counts = dict.fromkeys(TABLES, 0)
     for p in manifest.parts:
         for table, n in p.rows.items():

@@ -65,7 +65,7 @@ def test_a_pyarrow_without_s3_names_the_extra(monkeypatch):
     from bertattn_batch import storage
 
     monkeypatch.delattr(pafs, "S3FileSystem")
-    storage._s3.cache_clear()
+    storage._filesystem.cache_clear()
     with pytest.raises(
         StorageError,
         match=r"s3:// needs a pyarrow built with S3FileSystem: pip install '\.\[s3\]' in a checkout",
