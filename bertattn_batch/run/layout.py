@@ -1,18 +1,4 @@
-"""The names inside a run directory: the one place that spells them.
-
-```
-runs/<run>/
-  manifest.json                 what the run is and which parts it committed (run/manifest.py)
-  commits.jsonl                 parts committed since the manifest was last written, one a line
-  predictions/part-*.parquet    one row per input review
-  cls_attention/part-*.parquet  one row per (review, layer, head, content token)
-  head_summary/part-*.parquet   one row per (review, layer, head)
-  tokens/part-*.parquet         one row per (review, content token): its id, text and span
-  aggregates/, faithfulness/, report.html   what the analysis commands write into a run
-  .bertattn.lock                held by the one process writing the run (local disk)
-  _lease.json                   held, until it expires, by the one process writing it (object store)
-```
-"""
+"""The names inside a run directory (docs/run-directory.md draws it): the one place that spells them."""
 
 from __future__ import annotations
 
@@ -21,8 +7,8 @@ from pathlib import Path
 from .. import schema
 
 MANIFEST = "manifest.json"
-#: Appended to as parts are committed, folded into the manifest when it is next written: a commit
-#: costs the same however many parts came before.
+#: Parts committed since the manifest was last written, one a line: a commit costs the same however
+#: many parts came before.
 COMMIT_LOG = "commits.jsonl"
 FORMAT = "bertattn-batch run"
 AGGREGATES_DIR = "aggregates"
@@ -31,8 +17,8 @@ FAITHFULNESS_DIR = "faithfulness"
 #: removes (anything else in the folder is the user's).
 DERIVED_DIRS = (AGGREGATES_DIR, FAITHFULNESS_DIR)
 REPORT_NAME = "report.html"
-LOCK_NAME = ".bertattn.lock"
-LEASE_NAME = "_lease.json"
+LOCK_NAME = ".bertattn.lock"  # held by the process writing a run on local disk
+LEASE_NAME = "_lease.json"  # on an object store (run/lease.py)
 TABLES = schema.TABLES
 
 

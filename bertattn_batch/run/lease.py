@@ -7,10 +7,9 @@ Usage::
     lease.check()                              # before each manifest write: still ours, and live?
     stop(); lease.drop()                       # when the run closes
 
-A killed process cannot release its lease, so the lease carries its expiry, after which the next run
-takes it over. Taking is write, wait ``SETTLE_S``, read back: S3 and GCS are strongly consistent for one
-key, so of two takers both read back the later write and the earlier is refused. A holder that finds
-its lease lost (taken over while it was paused, or renewals failing past its expiry) never writes again.
+A killed process's lease expires, and the next run takes it over. Taking is write, wait, read back:
+stores are consistent for one key, so of two takers the earlier write is refused. A holder that finds
+its lease lost (taken over while it was paused, or renewals failing past its expiry) writes no more.
 """
 
 from __future__ import annotations
@@ -99,8 +98,8 @@ class Lease:
             storage.delete(self.uri)
 
     def keep_fresh(self) -> Callable[[], None]:
-        """Renew the lease every third of its life from a daemon thread; returns what stops it (waiting
-        for a renewal in flight, so that none lands after :meth:`drop`)."""
+        """Renew the lease every third of its life from a thread; returns what stops it (waiting for a
+        renewal in flight, so that none lands after :meth:`drop`)."""
         stop = threading.Event()
 
         def loop() -> None:
@@ -122,9 +121,9 @@ class Lease:
 
 @dataclass(frozen=True)
 class LeaseGuard:
-    """What a part's writer (a thread of the holder, or a Ray worker: it pickles) asks before each
-    upload: does the lease still name this run's holder? An upload already past the check lands under
-    the holder's token, a name no other run's manifest lists."""
+    """What a part's writer (a thread, or a Ray worker: it pickles) asks before each upload: does the
+    lease still name this run's holder? An upload past the check carries the holder's token in its name,
+    which no other run's manifest lists."""
 
     uri: str
     holder: str
@@ -140,8 +139,7 @@ class LeaseGuard:
 
 
 def refuse_if_held(run_uri: str) -> None:
-    """RunDirError while another process holds a live lease on the run at ``run_uri`` (asked before a
-    job starts its engine, which can take seconds)."""
+    """RunDirError while another process holds a live lease on the run (asked before an engine starts)."""
     _refuse_if_live(run_uri, _read(storage.join(run_uri, LEASE_NAME)))
 
 
@@ -178,7 +176,7 @@ def status_now(run_dir: str | os.PathLike[str], status: str) -> str:
 
 def _taken_over(uri: str, holder: str) -> str | None:
     """Why ``holder`` no longer holds the lease at ``uri`` (None while it does), looked at twice: one
-    wrong answer of a store (a lease half rewritten where writes are not atomic) must not stop a run."""
+    wrong answer of a store must not stop a run."""
     for wait in (0.5, None):
         held = _read(uri)
         if held is not None and held[0] == holder:
@@ -190,8 +188,8 @@ def _taken_over(uri: str, holder: str) -> str | None:
 
 def _read(uri: str) -> tuple[str, float] | None:
     """(holder, expiry) of the lease at ``uri``; None where there is none or it stays unreadable. A
-    failed read is tried twice more: a stale connection fails once, and a reader can meet a lease half
-    rewritten on a store whose writes are not atomic."""
+    failed read is tried twice more (a stale connection; a lease half rewritten where writes are not
+    atomic)."""
     for wait in (0.2, 1.0, None):
         try:
             doc = json.loads(storage.read_bytes(uri))

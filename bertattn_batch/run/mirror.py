@@ -1,14 +1,11 @@
-"""A run on an object store, mirrored into a local folder for the commands that read a whole run.
+"""A run on an object store, mirrored into a local cache for the commands that read all of it.
 
 Usage::
 
     with local_run("s3://bucket/runs/r1", write_back=True) as run:   # a local Path; a local run as it is
-        aggregate(run)             # reads the parts, writes aggregates/ into the mirror...
-    # ...which is then uploaded: aggregates/, report.html and faithfulness/ land on the store
+        aggregate(run)             # reads the parts, writes aggregates/ into the mirror, then uploaded
 
-``validate``, ``aggregate`` and ``report`` read every byte of every part, more than once; the mirror
-persists between commands (``storage.cache_folder``), and an object whose size and time its copy
-records is not fetched again (parts are written whole under names of their own).
+The mirror persists between commands; an unchanged object is not fetched again.
 """
 
 from __future__ import annotations
@@ -39,9 +36,8 @@ T = TypeVar("T")
 
 @contextlib.contextmanager
 def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
-    """``run_dir`` as a local folder: itself where it is local, else its mirror, brought up to date
-    with the store. With ``write_back``, what the block wrote outside the tables is uploaded when it
-    ends without an error."""
+    """``run_dir`` as a local folder: itself, or its mirror brought up to date. With ``write_back``, what
+    the block wrote outside the tables is uploaded when it ends without an error."""
     if not storage.is_remote(run_dir):
         yield Path(storage.normalize(run_dir))
         return
@@ -68,9 +64,8 @@ def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def _only_user(local: Path, uri: str) -> Iterator[bool]:
-    """Hold the mirror for one command of this machine at a time (two at once delete each other's
-    files): a file lock in the folder for processes; the same thread may enter again (a command calling
-    another), told so by the False it gets."""
+    """Hold the mirror for one command of this machine at a time (a file lock); the same thread may
+    enter again (a command calling another), told so by the False it gets."""
     with _GUARD:
         lock = _THREAD_LOCKS.setdefault(local, threading.RLock())
     with lock:

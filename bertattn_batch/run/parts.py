@@ -2,13 +2,9 @@
 
 Usage::
 
-    writer = PartWriter(run_dir)                              # needs no manifest: a Ray worker has one
-    entry = writer.stage(start_row, end_row, tables, generation)   # temporary files, fsynced
-    ...                                                       # RunDir.commit lists the entry
-    writer.publish(entry)                                     # the files take their final names
-
-    for part in committed_files(run_dir, ["cls_attention", "predictions"]):   # what readers read
-        part.name, part.files["cls_attention"]
+    entry = PartWriter(run_dir).stage(start_row, end_row, tables)   # needs no manifest (Ray workers)
+    for part in committed_files(run_dir, ["cls_attention"]):        # what readers read
+        part.files["cls_attention"]
 """
 
 from __future__ import annotations
@@ -111,12 +107,9 @@ class PartWriter:
 
 
 def write_table(table: pa.Table, where: Path | pa.NativeFile, **options: Any) -> None:
-    """Write ``table`` as one Parquet file with :func:`write_options` (``options`` override them), in row
-    groups of up to ``ROW_GROUP_ROWS``; a file that fails is removed.
-
-    A dictionary-encoded string column goes in as Parquet's dictionary without hashing each value; the
-    Arrow schema stored in the file is the declared one (plain strings), so every reader reads strings
-    and the file's metadata is the same as a plain table's."""
+    """Write ``table`` as one Parquet file with :func:`write_options` (``options`` override them); a
+    file that fails is removed. A dictionary column goes in as Parquet's dictionary, unhashed, under
+    the declared Arrow schema (plain strings): every reader reads strings."""
     declared = schema.declared(table.schema)
     metadata = {
         **(declared.metadata or {}),
@@ -247,10 +240,9 @@ class CommittedPart:
 def committed_files(
     run_dir: str | Path, tables: tuple[str, ...] | list[str] = TABLES, verify: bool = False
 ) -> list[CommittedPart]:
-    """The files of ``tables`` of every part the manifest commits, in name order. The manifest, not the
-    folder, says what is committed: a stray file is never read, and a committed file that is missing,
-    cut short or holding other rows than recorded stops the reader. ``verify``: every page's checksum
-    checked too (:func:`verify_pages`)."""
+    """The files of ``tables`` of every part the manifest commits, in name order: a stray file is never
+    read, and a committed one missing, cut short or holding other rows stops the reader. ``verify``:
+    every page's checksum checked too (:func:`verify_pages`)."""
     run_dir = storage.normalize(run_dir)
     out = []
     for part in sorted(read_manifest(run_dir).parts, key=lambda p: p.name):
@@ -264,15 +256,13 @@ def committed_files(
 
 def part_paths(run_dir: str | Path, table: str) -> list[str]:
     """The files of one table that a run's manifest commits, as paths or URIs, for any Parquet reader
-    (DuckDB's ``read_parquet``, Spark's ``spark.read.parquet(*paths)``): a glob over the table's folder
-    would also read an upload that no manifest lists."""
+    (DuckDB, Spark): a glob over the table's folder would also read what no manifest lists."""
     return [os.fspath(p.files[table]) for p in committed_files(run_dir, [table])]
 
 
 def verify_pages(run_dir: str | Path, path: Any) -> None:
-    """Decode every page of a local part file with its checksum checked, once per file a process:
-    polars checks none, and a flipped bit would be read as a value. A file on a store is left to
-    ``validate`` (the commands that read whole runs read a local mirror)."""
+    """Decode every page of a local part file with its checksum checked, once per file a process
+    (polars checks none). On a store, left to ``validate``."""
     if is_remote(path):
         return
     st = path.stat()
