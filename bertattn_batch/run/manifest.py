@@ -348,10 +348,8 @@ def save_manifest(run_dir: str | Path, manifest: Manifest) -> None:
         else:
             atomic_write_text(run_dir / MANIFEST, text)
             (run_dir / COMMIT_LOG).unlink(missing_ok=True)
-    except StorageError as e:
-        raise WriteError(f"writing {path} failed: {e}") from e
-    except OSError as e:
-        raise WriteError(f"writing {path} failed: {e.strerror or e}") from e
+    except (OSError, StorageError) as e:
+        raise WriteError(f"writing {path} failed: {getattr(e, 'strerror', None) or e}") from e
 
 
 def row_range_problems(parts: Iterable[tuple[int, int, int]]) -> list[str]:

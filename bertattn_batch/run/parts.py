@@ -82,10 +82,9 @@ class PartWriter:
                     nbytes += tmp.stat().st_size
                 files[table_name] = f"{table_name}/{name}"
                 counts[table_name] = table.num_rows
-        except StorageError as e:
-            raise WriteError(f"writing {name} to {self.run_dir} failed: {first_line(e)}") from e
-        except OSError as e:
-            raise WriteError(f"writing {name} to {self.run_dir} failed: {e.strerror or e}") from e
+        except (OSError, StorageError) as e:
+            why = getattr(e, "strerror", None) or first_line(e)
+            raise WriteError(f"writing {name} to {self.run_dir} failed: {why}") from e
         return PartEntry(name, start_row, end_row, files, counts, nbytes, generation, rows_digest)
 
     def publish(self, entry: PartEntry) -> None:

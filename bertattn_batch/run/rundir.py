@@ -377,7 +377,7 @@ class StoredRunDir(RunDir):
     lease_ttl_s = DEFAULT_TTL_S
     #: seconds between writing the lease and reading it back, when taking it
     lease_settle_s = SETTLE_S
-    _lease: Lease | None = None
+    _lease: Lease  # taken by open
 
     def _hold(self) -> None:
         self._lease = Lease.take(self.run_dir, self.lease_ttl_s, self.lease_settle_s)
@@ -391,18 +391,16 @@ class StoredRunDir(RunDir):
         self._save()
 
     def _save(self) -> None:
-        if self._lease is not None:
-            self._lease.check()
+        self._lease.check()
         super()._save()
 
     def fail(self, error: BaseException | None = None) -> None:
         """As on local disk, unless the run's lease is lost (its objects are then another run's); a
         store's error here does not hide the one that stopped the job."""
-        if self._lease is not None:
-            try:
-                self._lease.check()
-            except RunDirError:
-                return
+        try:
+            self._lease.check()
+        except RunDirError:
+            return
         with contextlib.suppress(StorageError):
             super().fail(error)
 
