@@ -30,6 +30,8 @@ _API = {
     "run_job": "engines",
     "RunSummary": "engines",
     "read_manifest": "run",
+    "scan_run": "run",
+    "part_paths": "run",
     "validate_run": "analysis.validate",
     "aggregate": "analysis.aggregate",
     "build_report": "render.report",

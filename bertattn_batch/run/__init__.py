@@ -1,7 +1,6 @@
-"""The run directory: its layout, its typed manifest, the life cycle of its parts, and resuming.
+"""The run directory: its layout, its typed manifest, the life cycle of its parts, resuming, reading.
 
-The polars views (``views.py``) are imported on first use (``_lazy.lazy_exports``): writing a run needs
-no polars, so a job's process and its host processes never load it.
+The polars scans (``scan.py``) are imported on first use: writing a run needs no polars.
 """
 
 from __future__ import annotations
@@ -9,7 +8,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
-from .existing import old_manifest
 from .layout import (
     AGGREGATES_DIR,
     COMMIT_LOG,
@@ -19,7 +17,6 @@ from .layout import (
     MANIFEST,
     REPORT_NAME,
     is_run_dir,
-    part_name,
     tmp_name,
 )
 from .lease import Lease, refuse_if_held, status_now, writer_is_live
@@ -35,24 +32,15 @@ from .manifest import (
     row_range_problems,
 )
 from .mirror import display_path, local_run, on_local_copy
-from .parts import (
-    CommittedPart,
-    PartWriter,
-    check_part_file,
-    committed_files,
-    decode_every_page,
-    run_file,
-    verify_pages,
-)
+from .parts import CommittedPart, PartWriter, committed_files, decode_every_page, part_paths, verify_pages
 from .resume import ResumePoint, check_read_unchanged, input_changes, resume_point
-from .rundir import RunDir, part_rows
-from .stored import StoredRunDir, run_dir_class
+from .rundir import RunDir, StoredRunDir, old_manifest, part_rows, run_dir_class
 
 if TYPE_CHECKING:
-    from .views import TOKEN_COLUMNS, TOKEN_KEY, attention_rows, scan_attention, scan_parts
+    from .scan import TOKEN_KEY, RunFrames, attention_rows, scan_attention, scan_parts, scan_run
 
-_VIEWS = ["TOKEN_COLUMNS", "TOKEN_KEY", "attention_rows", "scan_attention", "scan_parts"]
-__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(_VIEWS, "views"))
+_SCANS = ["TOKEN_KEY", "RunFrames", "attention_rows", "scan_attention", "scan_parts", "scan_run"]
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(_SCANS, "scan"))
 
 __all__ = [
     "AGGREGATES_DIR",
@@ -62,7 +50,6 @@ __all__ = [
     "LOCK_NAME",
     "MANIFEST",
     "REPORT_NAME",
-    "TOKEN_COLUMNS",
     "TOKEN_KEY",
     "CommittedPart",
     "Lease",
@@ -71,9 +58,9 @@ __all__ = [
     "PartWriter",
     "ResumePoint",
     "RunDir",
+    "RunFrames",
     "StoredRunDir",
     "attention_rows",
-    "check_part_file",
     "check_read_unchanged",
     "committed_files",
     "decode_every_page",
@@ -87,7 +74,7 @@ __all__ = [
     "old_manifest",
     "on_local_copy",
     "parse_parts",
-    "part_name",
+    "part_paths",
     "part_rows",
     "read_manifest",
     "refuse_if_held",
@@ -95,9 +82,9 @@ __all__ = [
     "resume_point",
     "row_range_problems",
     "run_dir_class",
-    "run_file",
     "scan_attention",
     "scan_parts",
+    "scan_run",
     "status_now",
     "tmp_name",
     "verify_pages",

@@ -1,18 +1,4 @@
-"""The names inside a run directory: the one place that spells them.
-
-```
-runs/<run>/
-  manifest.json                 what the run is and which parts it committed (run/manifest.py)
-  commits.jsonl                 parts committed since the manifest was last written, one a line
-  predictions/part-*.parquet    one row per input review
-  cls_attention/part-*.parquet  one row per (review, layer, head, content token)
-  head_summary/part-*.parquet   one row per (review, layer, head)
-  tokens/part-*.parquet         one row per (review, content token): its id, text and span
-  aggregates/, report.html      what ``aggregate`` and ``report`` write into a run
-  .bertattn.lock                held by the one process writing the run (local disk)
-  _lease.json                   held, until it expires, by the one process writing it (object store)
-```
-"""
+"""The names inside a run directory (docs/run-directory.md draws it): the one place that spells them."""
 
 from __future__ import annotations
 
@@ -21,38 +7,31 @@ from pathlib import Path
 from .. import schema
 
 MANIFEST = "manifest.json"
-#: Appended to, one part a line, as parts are committed; folded into the manifest when it is next
-#: written (at the end of a pass, and when the run is reopened). Why: rewriting the whole manifest for
-#: every part made a run of n parts write O(n²) bytes.
+#: Parts committed since the manifest was last written, one a line: a commit costs the same however
+#: many parts came before.
 COMMIT_LOG = "commits.jsonl"
 FORMAT = "bertattn-batch run"
-#: What ``aggregate``, ``faithfulness`` and ``report`` write into a run; with the tables and the
-#: manifest, all that --overwrite removes (anything else in the folder is the user's and stays).
 AGGREGATES_DIR = "aggregates"
 FAITHFULNESS_DIR = "faithfulness"
+#: What the analysis commands write into a run; with the tables and the manifest, all that --overwrite
+#: removes (anything else in the folder is the user's).
 DERIVED_DIRS = (AGGREGATES_DIR, FAITHFULNESS_DIR)
 REPORT_NAME = "report.html"
-#: Held (flock) by the one process writing a run; the file stays, the lock dies with its process.
-LOCK_NAME = ".bertattn.lock"
-#: On an object store, which has no locks: who writes the run, and until when (run/lease.py).
-LEASE_NAME = "_lease.json"
+LOCK_NAME = ".bertattn.lock"  # held by the process writing a run on local disk
+LEASE_NAME = "_lease.json"  # on an object store (run/lease.py)
 TABLES = schema.TABLES
 
 
 def part_name(start_row: int, generation: int = 0, writer: str = "") -> str:
-    """Parts are named by their first row: deterministic, so a retried write replaces, never adds.
-
-    ``generation`` counts incremental passes over a run, whose rows may start where older parts did.
-    ``writer`` names the process that holds a run on an object store (run/lease.py): a process that
-    was paused mid-upload and woke after another took the run over then uploads under a name no
-    manifest lists, instead of over a part the other committed.
-    """
+    """A part's name: its first row (a retried window replaces, never adds), its pass (``generation``)
+    and, on a store, the token of the process holding the run (run/lease.py), so that a writer that
+    lost the run uploads under a name no manifest lists."""
     suffix = (f"-g{generation}" if generation else "") + (f"-{writer}" if writer else "")
     return f"part-{start_row:012d}{suffix}.parquet"
 
 
 def tmp_name(name: str) -> str:
-    """A part's file while it is written, before its commit: a name readers skip."""
+    """A part's file until it is published: a name readers skip."""
     return f"_{name}.tmp"
 
 

@@ -1,4 +1,4 @@
-"""A lease with a stated expiry: one process at a time writes a run on a store that has no locks.
+"""Who writes a run: on an object store, which has no locks, a lease with a stated expiry.
 
 Usage::
 
@@ -7,14 +7,9 @@ Usage::
     lease.check()                              # before each manifest write: still ours, and live?
     stop(); lease.drop()                       # when the run closes
 
-A killed process cannot release its lease, so the lease carries its expiry: once that passes, the next
-run takes it over (a local lock file dies with its process; a lease is the store's equivalent).
-
-Taking is write, wait, read back: S3 and GCS are strongly consistent for one key, so of two processes
-that write within ``SETTLE_S`` of each other both read back the later one, and the earlier is refused.
-A holder renews only a lease it still holds, and once it finds it lost (taken over while it was paused,
-or renewals failing past its expiry) it never writes again: :meth:`check` raises from then on. Expiry
-compares the clocks of two hosts, which ``ttl_s`` (minutes) dwarfs.
+A killed process's lease expires, and the next run takes it over. Taking is write, wait, read back:
+stores are consistent for one key, so of two takers the earlier write is refused. A holder that finds
+its lease lost (taken over while it was paused, or renewals failing past its expiry) writes no more.
 """
 
 from __future__ import annotations
@@ -34,10 +29,9 @@ from ..errors import RunDirError, StorageError
 from .layout import LEASE_NAME, LOCK_NAME
 from .manifest import load_json
 
-#: How long a lease lives without renewal. Its holder renews it every third of that, so a run killed
-#: at any point holds its --out at most this long.
+#: How long a lease lives without renewal; its holder renews it every third of that.
 DEFAULT_TTL_S = 120.0
-#: How long a taker waits between writing the lease and reading it back (see the module docstring).
+#: How long a taker waits between writing the lease and reading it back.
 SETTLE_S = 1.0
 
 
@@ -67,15 +61,14 @@ class Lease:
         return lease
 
     def read(self) -> tuple[str, float] | None:
-        """(holder, expiry) as stored; None where there is none, or it is unreadable (counts as none)."""
+        """(holder, expiry) as stored; None where there is none or it is unreadable."""
         return _read(self.uri)
 
     def guard(self) -> LeaseGuard:
-        """What the writers of this run's parts ask before each upload (see :class:`LeaseGuard`)."""
         return LeaseGuard(self.uri, self.holder)
 
     def renew(self) -> None:
-        """Extend the lease, if this holder still holds it; else mark it lost (and write nothing)."""
+        """Extend the lease if this holder still holds it; else mark it lost, and write nothing."""
         with self._lock:
             if self.lost is None:
                 self.lost = _taken_over(self.uri, self.holder)
@@ -90,7 +83,7 @@ class Lease:
         storage.write_bytes(self.uri, json.dumps(doc).encode())
 
     def check(self) -> None:
-        """Raise unless this holder still holds a live lease: one that lost it must write nothing."""
+        """Raise unless this holder still holds a live lease."""
         if self.lost is None and time.time() > self.expires_at:
             self.lost = "expired (its renewals failed)"
         if self.lost is None:
@@ -105,8 +98,8 @@ class Lease:
             storage.delete(self.uri)
 
     def keep_fresh(self) -> Callable[[], None]:
-        """Renew the lease every third of its life from a daemon thread; returns what stops it (and waits
-        for a renewal in flight, so that none lands after :meth:`drop`)."""
+        """Renew the lease every third of its life from a thread; returns what stops it (waiting for a
+        renewal in flight, so that none lands after :meth:`drop`)."""
         stop = threading.Event()
 
         def loop() -> None:
@@ -128,17 +121,16 @@ class Lease:
 
 @dataclass(frozen=True)
 class LeaseGuard:
-    """Asked by a part's writer (a thread of the holder, or a Ray worker: it pickles) before it uploads:
-    does the lease still name this run's holder? A writer that was paused while another run took the
-    run over then stops. (An upload already past the check lands under this holder's token, a name no
-    manifest of the other run lists: see ``layout.part_name``.)"""
+    """What a part's writer (a thread, or a Ray worker: it pickles) asks before each upload: does the
+    lease still name this run's holder? An upload past the check carries the holder's token in its name,
+    which no other run's manifest lists."""
 
     uri: str
     holder: str
 
     @property
     def token(self) -> str:
-        """The holder's random part, which a part uploaded under this lease carries in its name."""
+        """The holder's random part, which its parts carry in their names."""
         return self.holder.rsplit(":", 1)[-1]
 
     def __call__(self) -> None:
@@ -147,8 +139,7 @@ class LeaseGuard:
 
 
 def refuse_if_held(run_uri: str) -> None:
-    """RunDirError while another process holds a live lease on the run at ``run_uri``: asked by a job
-    before it starts its engine too (a Ray runtime takes seconds to start, only to be refused)."""
+    """RunDirError while another process holds a live lease on the run (asked before an engine starts)."""
     _refuse_if_live(run_uri, _read(storage.join(run_uri, LEASE_NAME)))
 
 
@@ -163,8 +154,8 @@ def _refuse_if_live(run_uri: str, held: tuple[str, float] | None) -> None:
 
 
 def writer_is_live(run_dir: str | os.PathLike[str]) -> bool | None:
-    """Whether a process is writing the run now: on a store, whether its lease is live; locally, whether
-    its lock is held. None where that cannot be told (no locks on this file system)."""
+    """Whether a process writes the run now (its lease is live, or its lock held); None where that
+    cannot be told (no locks on this file system)."""
     if storage.is_remote(run_dir):
         held = _read(storage.join(os.fspath(run_dir), LEASE_NAME))
         return held is not None and held[1] > time.time()
@@ -172,9 +163,8 @@ def writer_is_live(run_dir: str | os.PathLike[str]) -> bool | None:
 
 
 def status_now(run_dir: str | os.PathLike[str], status: str) -> str:
-    """A run's manifest status as a reader should say it: "running" in a manifest that no process writes
-    any more (its job killed, or its last manifest write failed on a full disk) is "interrupted", as
-    rerunning the extract resumes it."""
+    """A run's status as a reader should say it: "running" with no process writing the run is
+    "interrupted" (rerunning the extract resumes it)."""
     if status == "running" and writer_is_live(run_dir) is False:
         try:  # a job that ended since its manifest was read wrote its last status first
             now = load_json(run_dir).get("status")
@@ -185,9 +175,8 @@ def status_now(run_dir: str | os.PathLike[str], status: str) -> str:
 
 
 def _taken_over(uri: str, holder: str) -> str | None:
-    """Why ``holder`` no longer holds the lease at ``uri`` (None while it does), looked at twice before
-    saying so: losing it stops the run, and a store that answers one read wrong (a lease half rewritten
-    where writes are not atomic) must not."""
+    """Why ``holder`` no longer holds the lease at ``uri`` (None while it does), looked at twice: one
+    wrong answer of a store must not stop a run."""
     for wait in (0.5, None):
         held = _read(uri)
         if held is not None and held[0] == holder:
@@ -198,12 +187,9 @@ def _taken_over(uri: str, holder: str) -> str | None:
 
 
 def _read(uri: str) -> tuple[str, float] | None:
-    """(holder, expiry) of the lease at ``uri``; None where there is none, or it stays unreadable.
-
-    A run's every write hangs on this read, so a failed one is tried again twice: a connection left
-    stale (by a process paused a while) fails once, and on a store whose writes are not atomic (HDFS,
-    some fsspec ones) a reader can meet a lease half rewritten by its holder's renewal.
-    """
+    """(holder, expiry) of the lease at ``uri``; None where there is none or it stays unreadable. A
+    failed read is tried twice more (a stale connection; a lease half rewritten where writes are not
+    atomic)."""
     for wait in (0.2, 1.0, None):
         try:
             doc = json.loads(storage.read_bytes(uri))

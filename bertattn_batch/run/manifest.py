@@ -4,11 +4,8 @@ Usage::
 
     m = read_manifest("runs/r1")          # Manifest; RunDirError names what is wrong with the file
     m.status, m.parts[0].start_row, m.labels, m.layers, m.inputs
-    m.to_dict()                           # what save_manifest writes
 
-Older layouts are brought up to this version's in one place, :func:`upgrade`, so readers see one
-shape: parts without a pass number belong to the first pass, a fingerprint without an input format
-was read as the spec's, relative input paths are made absolute.
+Older layouts are brought to this version's in one place, :func:`upgrade`, so readers see one shape.
 """
 
 from __future__ import annotations
@@ -27,6 +24,16 @@ from ..errors import DamagedRunError, RunDirError, RunVersionError, StorageError
 from ..storage import is_remote
 from .layout import COMMIT_LOG, FORMAT, MANIFEST, TABLES
 
+#: The JSON type of each field of a part entry.
+_KINDS = dict(
+    name=str, start_row=int, end_row=int, files=dict, rows=dict, bytes=int, generation=int, rows_digest=str
+)
+
+
+def _expect(key: str, value: Any, kind: type) -> None:
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ValueError(f"{key} is {value!r}, expected {kind.__name__}")
+
 
 @dataclass
 class PartEntry:
@@ -43,40 +50,20 @@ class PartEntry:
 
     @classmethod
     def parse(cls, data: Any) -> PartEntry:
-        """A part from its JSON form; ValueError says which field is missing or wrong."""
+        """A part from its JSON form; ValueError names the field that is missing or wrong."""
         if not isinstance(data, dict):
             raise ValueError(f"expected an object, got {type(data).__name__}")
-        for key, kind in (
-            ("name", str),
-            ("start_row", int),
-            ("end_row", int),
-            ("files", dict),
-            ("rows", dict),
-        ):
-            value = data.get(key)
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise ValueError(f"{key} is {value!r}, expected {kind.__name__}")
-        for key in ("files", "rows"):
-            for table in TABLES:
-                value = data[key].get(table)
-                kind = str if key == "files" else int
-                if not isinstance(value, kind) or isinstance(value, bool):
-                    raise ValueError(f"{key}.{table} is {value!r}, expected {kind.__name__}")
-        for key in ("bytes", "generation"):
-            if not isinstance(data.get(key, 0), int):
-                raise ValueError(f"{key} is {data[key]!r}, expected int")
-        if not isinstance(data.get("rows_digest", ""), str):
-            raise ValueError(f"rows_digest is {data['rows_digest']!r}, expected str")
-        return cls(
-            name=data["name"],
-            start_row=data["start_row"],
-            end_row=data["end_row"],
-            files={t: data["files"][t] for t in TABLES},
-            rows={t: data["rows"][t] for t in TABLES},
-            bytes=data.get("bytes", 0),
-            generation=data.get("generation", 0),
-            rows_digest=data.get("rows_digest", ""),
-        )
+        fields = dataclasses.fields(cls)
+        values = {
+            f.name: data.get(f.name, None if f.default is dataclasses.MISSING else f.default) for f in fields
+        }
+        for key, value in values.items():
+            _expect(key, value, _KINDS[key])
+        for key, kind in (("files", str), ("rows", int)):
+            values[key] = {t: values[key].get(t) for t in TABLES}
+            for table, value in values[key].items():
+                _expect(f"{key}.{table}", value, kind)
+        return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -99,10 +86,9 @@ def parse_parts(entries: Any) -> tuple[list[PartEntry], list[str]]:
 @dataclass
 class Manifest:
     """A run's manifest. ``spec``, ``fingerprint``, ``model`` and ``versions`` are fixed for the life of
-    the run (see ``engines.base.run_header``); the rest changes as parts are committed."""
+    the run (``engines.base.run_header``); the rest changes as parts are committed."""
 
-    #: names the run in every predictions row, made when the run is created
-    run_id: str = ""
+    run_id: str = ""  # names the run in every predictions row
     spec: dict[str, Any] = field(default_factory=dict)
     fingerprint: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
@@ -110,12 +96,9 @@ class Manifest:
     schema_versions: dict[str, int] = field(default_factory=dict)
     status: str = "running"  # running, interrupted or complete
     parts: list[PartEntry] = field(default_factory=list)
-    #: the pass (incremental generation) the run is in; None for a run from before passes were recorded
-    generation: int | None = None
-    #: the input files of the current pass (see inputs.fingerprint), which a resume checks are unchanged
-    sources: list[dict[str, Any]] | None = None
-    #: the rows the current pass reads at most (its job's limit; the spec keeps the first pass's)
-    limit: int | None = None
+    generation: int | None = None  # the pass the run is in; None in runs from before passes
+    sources: list[dict[str, Any]] | None = None  # the current pass's input files (inputs.fingerprint)
+    limit: int | None = None  # the rows the current pass reads at most
     resumes: int = 0
     created_at: str | None = None
     updated_at: str | None = None
@@ -124,12 +107,11 @@ class Manifest:
     last_run: dict[str, Any] | None = None  # the last pass's summary (engines.base.RunSummary)
     counts: dict[str, int] | None = None  # rows of every table over all parts, once complete
     format: str = FORMAT
-    #: keys this version does not know, kept as they were
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, kept
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "manifest") -> Manifest:
-        """A manifest from its JSON form (after :func:`upgrade`); RunDirError for malformed parts."""
+        """A manifest from its JSON form (after :func:`upgrade`); DamagedRunError for malformed fields."""
         data = upgrade(data)
         parts, problems = parse_parts(data.get("parts"))
         if problems:
@@ -152,16 +134,14 @@ class Manifest:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
         out["parts"] = [p.to_dict() for p in self.parts]
         out = {"format": out.pop("format"), **out, **self.extra}
-        # an unset field is left out, but a pass's limit of None says "no limit": kept once recorded
+        # an unset field is left out; a pass's limit of None says "no limit", kept once passes are
         return {
             k: v for k, v in out.items() if v is not None or (k == "limit" and self.generation is not None)
         }
 
-    # -- what readers ask of a run -----------------------------------------------------------------
     @property
     def inputs(self) -> list[str]:
-        """The run's inputs, to read its reviews again: the fingerprint's, absolute and so readable from
-        any directory, or (a run from before they were) the spec's, as the job gave them."""
+        """The run's inputs, to read its reviews again: the fingerprint's (absolute), else the spec's."""
         return list(self.fingerprint.get("inputs") or self.spec.get("inputs") or [])
 
     #: Said of a model that does not load from where the run recorded it (moved, or another machine).
@@ -169,13 +149,11 @@ class Manifest:
 
     @property
     def model_source(self) -> str | None:
-        """Where the run's model is, to load it again (``faithfulness``, ``plot --pairs``): a local folder
-        by its absolute path (runs made before: as the job named it), a hub name or a store's URI."""
+        """Where the run's model is, to load it again: a local folder, a hub name or a store's URI."""
         return self.model.get("source") or self.spec.get("model")
 
     def read_options(self) -> dict[str, Any]:
-        """How the run read its inputs, as ``inputs.read_rows`` takes it (labels left out): to read its
-        reviews again as they were read."""
+        """How the run read its inputs, as ``inputs.read_rows`` takes it (labels left out)."""
         spec = self.spec
         return {
             "text_col": spec.get("text_col") or "text",
@@ -202,7 +180,7 @@ class Manifest:
 
     @property
     def byte_level(self) -> bool | None:
-        """Whether the run's tokens spell bytes (byte-level BPE); None for a run that did not record it."""
+        """Whether the run's tokens spell bytes (byte-level BPE); None where the run did not record it."""
         return self.model.get("byte_level")
 
     @property
@@ -215,17 +193,16 @@ class Manifest:
 
 
 def model_problems(model: dict[str, Any]) -> list[str]:
-    """What is wrong with the model fields that readers rely on, each named (a field left out is not
-    wrong: runs from older versions lack some): without this check a bad value stopped a reader later
-    with a bare ValueError or TypeError."""
-    problems = []
+    """What is wrong with the model fields readers rely on, each named (a field left out is not wrong)."""
 
     def whole(value: Any, least: int) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
-    for name, least in (("num_layers", 1), ("num_heads", 1), ("max_length", 1)):
-        if model.get(name) is not None and not whole(model[name], least):
-            problems.append(f"model.{name} is {model[name]!r}, expected an integer of at least {least}")
+    problems = [
+        f"model.{name} is {model[name]!r}, expected an integer of at least 1"
+        for name in ("num_layers", "num_heads", "max_length")
+        if model.get(name) is not None and not whole(model[name], 1)
+    ]
     layers = model.get("layers")
     if layers is not None and not (isinstance(layers, list) and all(whole(x, 0) for x in layers)):
         problems.append(f"model.layers is {layers!r}, expected a list of 0-based layer indices")
@@ -245,21 +222,21 @@ def layer_name(layer: int, num_layers: int | None) -> str:
 
 
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
-    """A manifest of an older layout in this version's (a copy; the input is left as it is)."""
+    """A manifest of an older layout in this version's (a copy): inputs made absolute, and the settings
+    a fingerprint did not record yet given the values every run had then."""
     data = dict(data)
     fingerprint = data.get("fingerprint")
     if isinstance(fingerprint, dict):
         fingerprint = dict(fingerprint)
-        if isinstance(fingerprint.get("inputs"), list):  # from before inputs were kept absolute
+        if isinstance(fingerprint.get("inputs"), list):
             fingerprint["inputs"] = [storage.absolute(p) for p in fingerprint["inputs"]]
-        if "input_format" not in fingerprint:  # from before the format was part of it
-            spec = data.get("spec")
+        spec, model = data.get("spec"), data.get("model")
+        if "input_format" not in fingerprint:
             fingerprint["input_format"] = (
                 spec.get("input_format", "auto") if isinstance(spec, dict) else "auto"
             )
-        # from before these were job settings: what every run read then
-        if "labels" not in fingerprint and isinstance(data.get("model"), dict):  # from before it was there
-            fingerprint["labels"] = data["model"].get("id2label")
+        if "labels" not in fingerprint and isinstance(model, dict):
+            fingerprint["labels"] = model.get("id2label")
         for key, then in (
             ("encoding", "utf-8"),
             ("delimiter", None),
@@ -268,8 +245,7 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
         ):
             fingerprint.setdefault(key, then)
         data["fingerprint"] = fingerprint
-
-    if isinstance(data.get("sources"), list):  # relative paths in older runs
+    if isinstance(data.get("sources"), list):
         data["sources"] = [
             {**s, "path": storage.absolute(s["path"])} if isinstance(s, dict) and "path" in s else s
             for s in data["sources"]
@@ -278,12 +254,11 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_json(run_dir: str | Path) -> dict[str, Any]:
-    """The manifest's JSON object as written, with the parts of the commit log after its own (the
-    validator checks it field by field)."""
+    """The manifest's JSON object as written, with the parts of the commit log after its own."""
     run_dir = storage.normalize(run_dir)
     path = storage.join(run_dir, MANIFEST)
     if not storage.is_file(path):
-        gone = not storage.is_remote(run_dir) and not Path(run_dir).exists()  # a mistyped path, say
+        gone = not is_remote(run_dir) and not Path(run_dir).exists()  # a mistyped path, say
         raise RunDirError(
             f"{run_dir} does not exist" if gone else f"{run_dir} is not a run directory (no {MANIFEST})"
         )
@@ -293,10 +268,11 @@ def load_json(run_dir: str | Path) -> dict[str, Any]:
         raise DamagedRunError(f"{path} is damaged: {e}") from None
     if not isinstance(data, dict):
         raise DamagedRunError(f"{path} is damaged: not a JSON object")
-    if is_remote(run_dir):  # a store's run has no commit log: its driver rewrites the manifest
-        return data
-    logged = _logged_parts(Path(run_dir))
-    if logged and isinstance(data.get("parts"), list):
+    if (
+        not is_remote(run_dir)
+        and (logged := _logged_parts(Path(run_dir)))
+        and isinstance(data.get("parts"), list)
+    ):
         names = {e["name"] for e in logged if isinstance(e, dict) and "name" in e}
         data["parts"] = [p for p in data["parts"] if not (isinstance(p, dict) and p.get("name") in names)]
         data["parts"] += logged
@@ -304,8 +280,8 @@ def load_json(run_dir: str | Path) -> dict[str, Any]:
 
 
 def _logged_parts(run_dir: Path) -> list[Any]:
-    """The part entries of the commit log, a later entry of a name replacing an earlier one. A last line
-    cut short (a kill as it was appended) was never committed and is left out."""
+    """The commit log's entries, a later entry of a name replacing an earlier one; a last line cut short
+    (killed as it was appended) was never committed."""
     path = run_dir / COMMIT_LOG
     try:
         lines = path.read_bytes().splitlines()
@@ -326,12 +302,11 @@ def _logged_parts(run_dir: Path) -> list[Any]:
 
 
 def log_commit(run_dir: Path, entry: PartEntry) -> None:
-    """Append a part to the commit log and make it durable: the commit point of a part."""
+    """Append a part to the commit log and make it durable: the commit point of a part on local disk."""
     path = run_dir / COMMIT_LOG
-    line = json_text(entry.to_dict()) + "\n"
     try:
         with open(path, "a", encoding="utf-8") as f:
-            f.write(line)
+            f.write(json_text(entry.to_dict()) + "\n")
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
@@ -348,9 +323,8 @@ def read_manifest(run_dir: str | Path) -> Manifest:
 
 
 def require_current_tables(run_dir: str | Path, written: Any) -> None:
-    """Refuse a run whose tables another version wrote in another form (before version 3 of
-    cls_attention each row held its token; now ``tokens`` does): read as this version's tables it would
-    fail later, on a missing column or file, with a message that does not say what to do."""
+    """Refuse a run whose tables another version wrote in another form, before a reader fails on a
+    missing column or file."""
     if not isinstance(written, dict) or written == schema.versions():
         return  # the same tables; or none named (a manifest made by hand), left to its own checks
 
@@ -364,20 +338,18 @@ def require_current_tables(run_dir: str | Path, written: Any) -> None:
 
 
 def save_manifest(run_dir: str | Path, manifest: Manifest) -> None:
-    """Write the whole manifest, every committed part in it, then drop the commit log it now holds (a
-    crash in between leaves entries in both, which read as one)."""
+    """Write the whole manifest atomically, then drop the commit log it now holds (a crash in between
+    leaves entries in both, which read as one). On a store, one PUT."""
     text = json_text(manifest.to_dict(), indent=1, default=str)
-    if is_remote(run_dir):  # one PUT: the object is the old manifest or the new one, never a mix
-        try:
-            storage.write_bytes(storage.join(run_dir, MANIFEST), text.encode("utf-8"))
-        except StorageError as e:
-            raise WriteError(f"writing {storage.join(run_dir, MANIFEST)} failed: {e}") from e
-        return
+    path = storage.join(run_dir, MANIFEST)
     try:
-        atomic_write_text(run_dir / MANIFEST, text)
-        (run_dir / COMMIT_LOG).unlink(missing_ok=True)
-    except OSError as e:
-        raise WriteError(f"writing {run_dir / MANIFEST} failed: {e.strerror or e}") from e
+        if is_remote(run_dir):
+            storage.write_bytes(path, text.encode("utf-8"))
+        else:
+            atomic_write_text(run_dir / MANIFEST, text)
+            (run_dir / COMMIT_LOG).unlink(missing_ok=True)
+    except (OSError, StorageError) as e:
+        raise WriteError(f"writing {path} failed: {getattr(e, 'strerror', None) or e}") from e
 
 
 def row_range_problems(parts: Iterable[tuple[int, int, int]]) -> list[str]:

@@ -1,16 +1,11 @@
-"""A run on an object store, mirrored into a local folder for the commands that read a whole run.
+"""A run on an object store, mirrored into a local cache for the commands that read all of it.
 
 Usage::
 
     with local_run("s3://bucket/runs/r1", write_back=True) as run:   # a local Path; a local run as it is
-        aggregate(run)             # reads the parts, writes aggregates/ into the mirror...
-    # ...which is then uploaded: aggregates/, report.html and faithfulness/ land on the store
+        aggregate(run)             # reads the parts, writes aggregates/ into the mirror, then uploaded
 
-Why a mirror: ``validate`` verifies every page checksum, ``aggregate`` and ``report`` read every byte
-of every part, and each reads them more than once; fetched once into a cache that persists between
-commands (``storage.cache_folder``), later commands read at disk speed and pay for no second GET. An
-object whose size and time its copy records is not fetched again (parts are named by their window and
-written whole). ``plot``, which reads one review, and the polars recipes read the store directly.
+The mirror persists between commands; an unchanged object is not fetched again.
 """
 
 from __future__ import annotations
@@ -28,17 +23,21 @@ from .._files import file_lock
 from ..errors import BertAttnError
 from .layout import LEASE_NAME, MANIFEST, TABLES
 
-#: What the writer of a run owns, never uploaded from a mirror; what else a reader writes into it
-#: (aggregates/, report.html, faithfulness/) is.
+#: What the writer of a run owns, never uploaded from a mirror.
 _WRITERS_OWN = (*TABLES, MANIFEST, LEASE_NAME)
+#: The store URI of each mirror folder (resolved) this process made, for :func:`display_path`.
+_URIS: dict[Path, str] = {}
+#: Per mirror folder: a lock for this process's threads, and how deep the holding thread is in it.
+_THREAD_LOCKS: dict[Path, threading.RLock] = {}
+_DEPTH: dict[Path, int] = {}
+_GUARD = threading.Lock()
 T = TypeVar("T")
 
 
 @contextlib.contextmanager
 def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
-    """``run_dir`` as a local folder: itself where it is local, else its mirror, brought up to date
-    with the store (objects gone from the store are gone from the mirror too). With ``write_back``,
-    what the block wrote outside the tables is uploaded when it ends without an error."""
+    """``run_dir`` as a local folder: itself, or its mirror brought up to date. With ``write_back``, what
+    the block wrote outside the tables is uploaded when it ends without an error."""
     if not storage.is_remote(run_dir):
         yield Path(storage.normalize(run_dir))
         return
@@ -46,40 +45,27 @@ def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
     local = storage.cache_folder("runs", uri)
     _URIS[local.resolve()] = uri
     with _only_user(local, uri) as outermost:
-        if outermost:
-            yield from _mirrored(uri, local, write_back)
-        else:  # the outer block brought it up to date, and uploads what is written
+        if not outermost:  # the outer block brought it up to date, and uploads what is written
             yield local
-
-
-def _mirrored(uri: str, local: Path, write_back: bool) -> Iterator[Path]:
-    if storage.is_file(storage.join(uri, MANIFEST)):
-        # first: every part it lists was uploaded before it, so the listing below holds them all, even
-        # while an extract goes on committing
-        storage.download(storage.join(uri, MANIFEST), local / MANIFEST)
-    storage.mirror(uri, local, skip=(LEASE_NAME, MANIFEST))
-    before = storage.local_files(local)
-    try:
-        yield local
-    except BertAttnError as e:  # said of the run, not of a cache folder the user never named
-        e.args = (str(e).replace(str(local), uri),)
-        raise
-    if write_back:
-        _upload_written(local, uri, before)
-
-
-#: Per mirror folder: a lock for this process's threads, and how deep the holding thread is in it.
-_THREAD_LOCKS: dict[Path, threading.RLock] = {}
-_DEPTH: dict[Path, int] = {}
-_GUARD = threading.Lock()
+            return
+        if storage.is_file(storage.join(uri, MANIFEST)):
+            # first: every part it lists was uploaded before it, so the listing below holds them all
+            storage.download(storage.join(uri, MANIFEST), local / MANIFEST)
+        storage.mirror(uri, local, skip=(LEASE_NAME, MANIFEST))
+        before = storage.local_files(local)
+        try:
+            yield local
+        except BertAttnError as e:  # said of the run, not of a cache folder the user never named
+            e.args = (str(e).replace(str(local), uri),)
+            raise
+        if write_back:
+            _upload_written(local, uri, before)
 
 
 @contextlib.contextmanager
 def _only_user(local: Path, uri: str) -> Iterator[bool]:
-    """Hold the mirror for one command of this machine at a time: two that update and write into it at
-    once deleted each other's files (two aggregates of one run, started together, failed). A file lock
-    in the folder (hidden: never mirrored nor uploaded) serializes processes; the same thread may enter
-    again (a command calling another), told so by the False it gets."""
+    """Hold the mirror for one command of this machine at a time (a file lock); the same thread may
+    enter again (a command calling another), told so by the False it gets."""
     with _GUARD:
         lock = _THREAD_LOCKS.setdefault(local, threading.RLock())
     with lock:
@@ -96,13 +82,8 @@ def _only_user(local: Path, uri: str) -> Iterator[bool]:
             _DEPTH[local] = depth
 
 
-#: The store URI of each mirror folder (resolved) this process made, for :func:`display_path`.
-_URIS: dict[Path, str] = {}
-
-
 def display_path(path: str | Path) -> str:
-    """How to name ``path`` to the user: a file or folder of a run's mirror as its URI on the store (the
-    report advised running faithfulness on the mirror, whose next update undid it), else as it is."""
+    """How to name ``path`` to the user: a file or folder of a run's mirror as its URI on the store."""
     if isinstance(path, Path):
         resolved = path.resolve()
         for local, uri in _URIS.items():
@@ -125,8 +106,8 @@ def _upload_written(local: Path, uri: str, before: dict[str, tuple[int, int]]) -
 
 def on_local_copy(write_back: bool = False) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """Decorate a function whose first argument is a run directory so that it also takes a store's URI:
-    it is then called with the run's local mirror (see :func:`local_run`), and a path it returns inside
-    the mirror is returned as the URI it was uploaded to."""
+    it is called with the run's mirror (:func:`local_run`), and a path it returns inside the mirror is
+    returned as the URI it was uploaded to."""
 
     def wrap(fn: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(fn)

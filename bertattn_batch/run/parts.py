@@ -1,14 +1,10 @@
-"""A part's files: written under temporary names by whoever scored its window, published after its commit.
+"""Part files: written by whoever scored a window, published after their commit, checked when read.
 
 Usage::
 
-    writer = PartWriter(run_dir)                              # needs no manifest: a Ray worker has one
-    entry = writer.stage(start_row, end_row, tables, generation)   # step 1: temporary files, fsynced
-    ...                                                       # step 2: RunDir.commit lists the entry
-    writer.publish(entry)                                     # step 3: the files take their final names
-
-    for part in committed_files(run_dir, ["cls_attention", "predictions"]):   # what readers read
-        part.name, part.files["cls_attention"]
+    entry = PartWriter(run_dir).stage(start_row, end_row, tables)   # needs no manifest (Ray workers)
+    for part in committed_files(run_dir, ["cls_attention"]):        # what readers read
+        part.files["cls_attention"]
 """
 
 from __future__ import annotations
@@ -33,28 +29,26 @@ from .layout import TABLES, part_name, tmp_name
 from .lease import LeaseGuard
 from .manifest import PartEntry, read_manifest
 
-#: Rows in a row group at most: one to a few a part (DuckDB and Spark parallelise over a run's many
-#: part files).
+#: Rows in a row group at most: one to a few a part (DuckDB and Spark parallelise over part files).
 ROW_GROUP_ROWS = 1 << 20
 #: Where a Parquet file keeps its Arrow schema (the key pyarrow, polars and arrow-rs read).
 ARROW_SCHEMA_KEY = b"ARROW:schema"
-
 #: How long a reader waits for a committed part that a running extract has yet to rename into place.
 RENAME_WAIT_SECONDS = 5.0
+#: What a reader says after naming a committed part it cannot use.
+DAMAGED = "bertattn validate tells what else is wrong; an extract with --overwrite redoes the run"
 
 
 class PartWriter:
-    """Writes and publishes the files of parts; a subclass may override :meth:`_write_parquet` to
-    simulate failures in tests (a full disk, a torn file)."""
+    """Writes and publishes the files of parts. Tests subclass it and override :meth:`_write_parquet`
+    to simulate failures (a full disk, a torn file)."""
 
     def __init__(self, run_dir: str | Path) -> None:
-        #: on an object store (no rename) a part is uploaded under its final name: the upload makes the
-        #: object visible whole, and only the manifest that lists it commits it
+        #: on a store (no rename) a part is uploaded under its final name; only the manifest commits it
         self.stored = is_remote(run_dir)
-        #: on a store, the lease this run holds (run/stored.py): asked before each part's upload, and
-        #: naming the holder in the part's name
+        #: on a store, the run's lease: asked before each upload, its token in each part's name
         self.lease: LeaseGuard | None = None
-        #: absolute: a Ray worker on a cluster's node writes from the raylet's directory, not the job's
+        #: absolute: a Ray worker writes from the raylet's directory, not the job's
         self.run_dir: Any = (
             os.fspath(run_dir) if self.stored else Path(storage.absolute(storage.normalize(run_dir)))
         )
@@ -67,7 +61,8 @@ class PartWriter:
         generation: int = 0,
         rows_digest: str = "",
     ) -> PartEntry:
-        """Step 1: write every table's file under its temporary name; returns the manifest entry."""
+        """Write every table's file under its temporary name (on a store, its final one); returns the
+        manifest entry."""
         name = part_name(start_row, generation, self.lease.token if self.lease else "")
         files, counts, nbytes = {}, {}, 0
         if self.lease is not None:
@@ -76,21 +71,24 @@ class PartWriter:
             for table_name in TABLES:
                 table = schema.cast(tables[table_name], table_name, keep_dictionaries=True)
                 if self.stored:
-                    nbytes += self._upload(table, storage.join(self.run_dir, table_name, name))
+                    sink = pa.BufferOutputStream()
+                    self._write_parquet(table, sink)
+                    data = sink.getvalue()
+                    storage.write_bytes(storage.join(self.run_dir, table_name, name), data)
+                    nbytes += data.size
                 else:
                     tmp = self.run_dir / table_name / tmp_name(name)
                     self._write_parquet(table, tmp)
                     nbytes += tmp.stat().st_size
                 files[table_name] = f"{table_name}/{name}"
                 counts[table_name] = table.num_rows
-        except StorageError as e:
-            raise WriteError(f"writing {name} to {self.run_dir} failed: {first_line(e)}") from e
-        except OSError as e:
-            raise WriteError(f"writing {name} to {self.run_dir} failed: {e.strerror or e}") from e
+        except (OSError, StorageError) as e:
+            why = getattr(e, "strerror", None) or first_line(e)
+            raise WriteError(f"writing {name} to {self.run_dir} failed: {why}") from e
         return PartEntry(name, start_row, end_row, files, counts, nbytes, generation, rows_digest)
 
     def publish(self, entry: PartEntry) -> None:
-        """Step 3: rename the part's temporary files to their final names (on a store, they have them)."""
+        """Rename a committed part's temporary files to their final names (on a store they have them)."""
         if self.stored:
             return
         try:
@@ -101,31 +99,16 @@ class PartWriter:
             raise WriteError(f"writing {entry.name} to {self.run_dir} failed: {e.strerror or e}") from e
 
     def _write_parquet(self, table: pa.Table, path: Path | pa.NativeFile) -> None:
-        """Write and fsync one file, with a checksum on every page (``validate`` verifies them)."""
+        """Write one file (fsynced where it is one) with a checksum on every page."""
         write_table(table, path)
         if isinstance(path, Path):
             fsync_file(path)
 
-    def _upload(self, table: pa.Table, uri: str) -> int:
-        """Write one part file to a store under its final name; returns its size. The store makes the
-        object visible only once the upload completes: a killed worker leaves none, or a whole one that
-        no manifest lists (removed when the run is next opened)."""
-        sink = pa.BufferOutputStream()
-        self._write_parquet(table, sink)
-        data = sink.getvalue()
-        storage.write_bytes(uri, data)
-        return data.size
-
 
 def write_table(table: pa.Table, where: Path | pa.NativeFile, **options: Any) -> None:
-    """Write ``table`` as one Parquet file with :func:`write_options`, in row groups of up to
-    ``ROW_GROUP_ROWS`` (``options`` override, for benchmarks).
-
-    A dictionary-encoded string column (``schema.cast`` keeps it so) goes in as Parquet's dictionary
-    without hashing each value; but pyarrow would then record a dictionary type in the file's Arrow
-    schema (polars would read a categorical). So that schema is written here instead, serialised as
-    pyarrow does, with the column's plain type: the file's metadata is the same as a plain string
-    column's (a test checks it), and every reader reads strings."""
+    """Write ``table`` as one Parquet file with :func:`write_options` (``options`` override them); a
+    file that fails is removed. A dictionary column goes in as Parquet's dictionary, unhashed, under
+    the declared Arrow schema (plain strings): every reader reads strings."""
     declared = schema.declared(table.schema)
     metadata = {
         **(declared.metadata or {}),
@@ -138,15 +121,14 @@ def write_table(table: pa.Table, where: Path | pa.NativeFile, **options: Any) ->
                 writer.write_table(group, row_group_size=ROW_GROUP_ROWS)
             writer.add_key_value_metadata(metadata)
     except BaseException:
-        if isinstance(where, Path):  # as pq.write_table does: no file is left half written
+        if isinstance(where, Path):
             where.unlink(missing_ok=True)
         raise
 
 
 def _row_groups(table: pa.Table) -> Iterator[pa.Table]:
-    """``table`` a row group at a time, each dictionary column's dictionary cut to the stretch its rows
-    use (a window's rows come review by review): a row group then lists only its own ids, which a
-    reader that skips row groups by their dictionary (Spark) needs, rather than the whole window's."""
+    """``table`` a row group at a time, each dictionary cut to the stretch its rows use, so that a row
+    group's dictionary lists its own ids only (readers such as Spark skip row groups by it)."""
     if table.num_rows == 0:
         yield table
         return
@@ -159,8 +141,8 @@ def _row_groups(table: pa.Table) -> Iterator[pa.Table]:
 
 
 def _used_stretch(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """``column`` over the stretch of its dictionary between its smallest and largest index, one
-    dictionary for every chunk; as it is where its chunks do not share one."""
+    """``column`` over its dictionary's stretch between its smallest and largest index (a window's rows
+    come review by review); as it is where its chunks do not share one dictionary."""
     chunks = column.chunks
     dictionary = chunks[0].dictionary
     bounds = pc.min_max(pa.chunked_array([c.indices for c in chunks], chunks[0].indices.type))
@@ -175,16 +157,9 @@ def _used_stretch(column: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def write_options(table_schema: pa.Schema) -> dict[str, object]:
-    """How every part file is written (``pq.ParquetWriter``'s options): zstd, a checksum on every
-    page, dictionaries for the string columns (doc ids, tokens, labels), which repeat, and statistics
-    (min, max, nulls) where a reader can skip a row group by them.
-
-    Those are every column of predictions (a row a review, in row order) but only ``doc_id`` in the
-    tables of a row a token or a head: each of their row groups spans every layer, head, position,
-    token and weight, and the minima and maxima of those took a fifth of cls_attention's write time
-    and an eighth of tokens'. A dictionary on layer and head took a tenth (plain, zstd packs them
-    within 0.3%); weights, positions and offsets rarely repeat, and trying a dictionary on them and
-    falling back cost half the write time (docs/performance.md)."""
+    """``pq.ParquetWriter``'s options for every part: zstd, page checksums, dictionaries for the string
+    columns, and statistics where a reader can skip row groups by them: every column of predictions
+    (a row a review, in row order), only ``doc_id`` elsewhere (docs/performance.md)."""
     per_review = (table_schema.metadata or {}).get(b"table") == b"predictions"
     return {
         "compression": "zstd",
@@ -194,95 +169,65 @@ def write_options(table_schema: pa.Schema) -> dict[str, object]:
     }
 
 
-#: What a reader says after naming a committed part it cannot use: what the run's committed rows were
-#: is lost with it, so only redoing the run gets them back.
-DAMAGED = "bertattn validate tells what else is wrong; an extract with --overwrite redoes the run"
+def _shown(run_dir: str | Path, path: Any) -> str:
+    """A run's file as it is named to the user: below the run."""
+    root = os.fspath(run_dir).rstrip("/") if is_remote(path) else str(Path(run_dir))
+    return os.fspath(path).removeprefix(root + "/")
 
 
-def check_part_file(run_dir: Path, path: Path) -> pq.FileMetaData:
-    """Raise unless a committed part file is there and its Parquet footer reads (a file cut short by a
-    full disk or an interrupted copy has none), and return that footer: a few kilobytes read per file.
-
-    A reader may meet a running extract's part between its commit and its rename (steps 2 and 3 of the
-    module docstring): it waits up to ``RENAME_WAIT_SECONDS`` for the file to take its final name.
-    """
-    if is_remote(path):
-        return _check_stored_part(run_dir, os.fspath(path))
-    name = path.relative_to(run_dir) if path.is_relative_to(run_dir) else path
-    tmp = path.with_name(tmp_name(path.name))
-    deadline = time.monotonic() + RENAME_WAIT_SECONDS
-    while not path.is_file() and tmp.is_file() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if path.is_file():
+def check_part_file(run_dir: str | Path, path: Any) -> pq.FileMetaData:
+    """The footer of a committed part file; RunDirError where it is missing or cut short. On local disk,
+    a part met between its commit and its rename is waited for up to ``RENAME_WAIT_SECONDS``."""
+    name = _shown(run_dir, path)
+    if not is_remote(path):
+        tmp = path.with_name(tmp_name(path.name))
+        deadline = time.monotonic() + RENAME_WAIT_SECONDS
+        while not path.is_file() and tmp.is_file() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not path.is_file() and tmp.is_file():
+            raise RunDirError(
+                f"{run_dir}: {name} is committed but still has its temporary name (its extract stopped "
+                "before renaming it); rerun the extract to finish the run"
+            )
+    if not storage.is_file(path):
+        problem = "is committed in the manifest but missing"
+    else:
         try:
-            return pq.read_metadata(path)
+            with storage.arrow_file(path) as f:
+                return pq.read_metadata(f)
         except (pa.ArrowException, OSError) as e:
             problem = f"cannot be read ({first_line(e)})"
-    elif tmp.is_file():
-        problem = "is committed but still has its temporary name (its extract stopped before renaming it)"
-        raise RunDirError(f"{run_dir}: {name} {problem}; rerun the extract to finish the run")
-    else:
-        problem = "is committed in the manifest but missing"
     raise RunDirError(f"{run_dir}: {name} {problem}; {DAMAGED}")
 
 
-def check_part_rows(run_dir: Path, part: PartEntry, footers: dict[str, pq.FileMetaData]) -> None:
-    """Raise unless a committed part's files hold what its entry records, read from their ``footers``
-    (by table, as :func:`check_part_file` returns them): as many rows in each, and row numbers within
-    its range in ``predictions``. A part swapped for
-    another (a restore from the wrong copy) has sound files and other reviews: resumed, the run would
-    say complete with a range missing and another twice."""
+def check_part_rows(run_dir: str | Path, part: PartEntry, footers: dict[str, pq.FileMetaData]) -> None:
+    """Raise unless a committed part's files (their ``footers`` by table) hold the rows its entry
+    records, and row numbers within its range in ``predictions``: a part swapped for another (a restore
+    from the wrong copy) has sound files and other reviews."""
     for table, meta in footers.items():
-        name = part.files[table]
         problem = None
         if meta.num_rows != part.rows[table]:
             problem = f"holds {meta.num_rows} rows where its commit recorded {part.rows[table]}"
-        elif table == "predictions" and meta.num_rows:
-            low, high = _row_index_range(meta)
-            if low is not None and (low < part.start_row or high >= part.end_row):
+        elif table == "predictions" and meta.num_rows and (span := _row_index_range(meta)):
+            low, high = span
+            if low < part.start_row or high >= part.end_row:
                 problem = (
                     f"holds input rows {low}..{high}, outside its part's {part.start_row}..{part.end_row - 1}"
                 )
         if problem:
             raise RunDirError(
-                f"{run_dir}: {name} {problem} (changed or replaced since?); bertattn validate tells "
-                "what else is wrong, and --overwrite starts the run again"
+                f"{run_dir}: {part.files[table]} {problem} (changed or replaced since?); bertattn validate "
+                "tells what else is wrong, and --overwrite starts the run again"
             )
 
 
-def _row_index_range(meta: pq.FileMetaData) -> tuple[int | None, int | None]:
-    """The smallest and largest row_index in a predictions file, from its statistics (None: none kept)."""
-    lows, highs = [], []
-    for g in range(meta.num_row_groups):
-        group = meta.row_group(g)
-        column = next(
-            (
-                group.column(i)
-                for i in range(group.num_columns)
-                if group.column(i).path_in_schema == "row_index"
-            ),
-            None,
-        )
-        stats = column.statistics if column is not None else None
-        if stats is None or not stats.has_min_max:
-            return None, None
-        lows.append(stats.min)
-        highs.append(stats.max)
-    return (min(lows), max(highs)) if lows else (None, None)
-
-
-def _check_stored_part(run_dir: str | Path, uri: str) -> pq.FileMetaData:
-    """:func:`check_part_file` on a store: there, a committed part has its final name from the start."""
-    name = uri.removeprefix(os.fspath(run_dir).rstrip("/") + "/")
-    if not storage.is_file(uri):
-        problem = "is committed in the manifest but missing"
-    else:
-        try:
-            with storage.arrow_file(uri) as f:
-                return pq.read_metadata(f)
-        except (pa.ArrowException, OSError) as e:
-            problem = f"cannot be read ({first_line(e)})"
-    raise RunDirError(f"{run_dir}: {name} {problem}; {DAMAGED}")
+def _row_index_range(meta: pq.FileMetaData) -> tuple[int, int] | None:
+    """The smallest and largest row_index of a predictions file, from its statistics (None: none kept)."""
+    column = meta.schema.names.index("row_index")
+    stats = [meta.row_group(g).column(column).statistics for g in range(meta.num_row_groups)]
+    if not stats or any(s is None or not s.has_min_max for s in stats):
+        return None
+    return min(s.min for s in stats), max(s.max for s in stats)
 
 
 @dataclass(frozen=True)
@@ -294,15 +239,12 @@ class CommittedPart:
 def committed_files(
     run_dir: str | Path, tables: tuple[str, ...] | list[str] = TABLES, verify: bool = False
 ) -> list[CommittedPart]:
-    """The files of ``tables`` of every part the manifest commits, in name order. The manifest, not the
-    folder, says what is committed: a stray file is never read, and a committed file that is missing, cut
-    short or holding other rows than its commit recorded stops the reader rather than leaving its reviews
-    out or counting some twice. ``verify``: every page's checksum
-    checked too (:func:`verify_pages`), for a reader of whole runs."""
+    """The files of ``tables`` of every part the manifest commits, in name order: a stray file is never
+    read, and a committed one missing, cut short or holding other rows stops the reader. ``verify``:
+    every page's checksum checked too (:func:`verify_pages`)."""
     run_dir = storage.normalize(run_dir)
-    manifest = read_manifest(run_dir)
     out = []
-    for part in sorted(manifest.parts, key=lambda p: p.name):
+    for part in sorted(read_manifest(run_dir).parts, key=lambda p: p.name):
         files = {t: run_file(run_dir, part.files[t]) for t in tables}
         check_part_rows(run_dir, part, {t: check_part_file(run_dir, f) for t, f in files.items()})
         for f in files.values() if verify else ():
@@ -311,13 +253,15 @@ def committed_files(
     return out
 
 
-def verify_pages(run_dir: str | Path, path: Any) -> None:
-    """Decode every page of a local part file with its checksum checked, once per file a process.
+def part_paths(run_dir: str | Path, table: str) -> list[str]:
+    """The files of one table that a run's manifest commits, as paths or URIs, for any Parquet reader
+    (DuckDB, Spark): a glob over the table's folder would also read what no manifest lists."""
+    return [os.fspath(p.files[table]) for p in committed_files(run_dir, [table])]
 
-    polars, which the analysis commands read with, checks no page checksums: a flipped bit on disk
-    would be read as a value (a weight of 2e24) and summed into the aggregates. This costs ``aggregate``
-    about a tenth more time (docs/reliability.md). A file on a store is left to ``validate``: ``plot`` reads a few
-    row groups of it, and the commands that read whole runs read a local mirror."""
+
+def verify_pages(run_dir: str | Path, path: Any) -> None:
+    """Decode every page of a local part file with its checksum checked, once per file a process
+    (polars checks none). On a store, left to ``validate``."""
     if is_remote(path):
         return
     st = path.stat()
@@ -327,24 +271,21 @@ def verify_pages(run_dir: str | Path, path: Any) -> None:
     try:
         decode_every_page(path)
     except (pa.ArrowException, OSError) as e:
-        name = path.relative_to(run_dir) if path.is_relative_to(run_dir) else path
-        raise RunDirError(f"{run_dir}: {name} is damaged ({first_line(e)}); {DAMAGED}") from None
+        raise RunDirError(
+            f"{run_dir}: {_shown(run_dir, path)} is damaged ({first_line(e)}); {DAMAGED}"
+        ) from None
     _VERIFIED.add(key)
 
 
 def decode_every_page(path: Any) -> None:
     """Decode every page of a Parquet file with its checksum checked; what pyarrow raises is raised.
-    Strings are read as dictionaries: decoded, a doc_id repeated on every attention row would take
-    memory in proportion to the file's rows times the id's length."""
+    Strings are read as dictionaries, so memory does not grow with a repeated doc_id's length."""
     strings = [
         f.name for f in pq.read_schema(path) if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
     ]
-    pf = pq.ParquetFile(path, page_checksum_verification=True, read_dictionary=strings)
-    try:
+    with pq.ParquetFile(path, page_checksum_verification=True, read_dictionary=strings) as pf:
         for _ in pf.iter_batches(batch_size=1 << 16):
             pass
-    finally:
-        pf.close()
 
 
 #: The part files :func:`verify_pages` found sound, by path, size and modification time.

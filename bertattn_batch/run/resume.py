@@ -4,6 +4,9 @@ Usage::
 
     point = resume_point(run, incremental=False, by_id=True, sources=source_files(sources))
     point.generation, point.skip_until, point.skip_ids, point.taken_ids
+
+A resume goes on by row number, over the same inputs (refused where they changed); an incremental pass
+over a complete run goes by id, skipping every committed id.
 """
 
 from __future__ import annotations
@@ -22,25 +25,20 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """What the parts to come are: which pass (``generation``) and, of the input, what they skip.
-
-    ``skip_until``: the rows before it are committed (a resume goes on by row number); ``skip_ids``:
-    every input row with one of these ids is skipped (an incremental pass goes by id); ``taken_ids``:
-    ids that committed rows of this pass with a text claimed, so that a later repeat of one is still
-    ``duplicate_id``.
-    """
+    """Which pass the parts to come are of, and what of the input they skip: the rows before
+    ``skip_until``, and rows with ``skip_ids``. ``taken_ids``: ids committed rows of this pass claimed
+    with a text, so that a later repeat of one is still ``duplicate_id``."""
 
     generation: int = 0
     skip_until: int = 0
     skip_ids: IdSet | None = None
     taken_ids: IdSet | None = None
-    #: the committed parts that a pass by row number reads again before its resume point: rows that now
-    #: give another digest than the part recorded are refused (``inputs.digest``)
+    #: the committed parts a pass by row number reads again: rows whose digest changed are refused
     digested: list[PartEntry] = field(default_factory=list)
 
     @property
     def skipped(self) -> int:
-        """Input rows earlier passes committed that this one does not redo (for the summary)."""
+        """Input rows committed before that this pass does not redo (for the summary)."""
         return self.skip_until + len(self.skip_ids or ())
 
 
@@ -52,53 +50,39 @@ def resume_point(
     limit: int | None = None,
     compared: list[dict[str, Any]] | None = None,
 ) -> ResumePoint:
-    """The resume point of a reopened run (``by_id``: the job has an id column), recorded in its manifest
-    as the pass begins.
+    """The resume point of a reopened run (``by_id``: the job has an id column), its pass begun.
 
-    An incremental job starts a new pass (generation) over a run whose last pass completed, skipping
-    every committed id; over an interrupted pass it finishes that pass, as a plain resume does, unless
-    the inputs changed since it began (a nightly file replaced) or a lower limit stops before its rows:
-    then it starts a new pass too, as the interrupted one cannot go on by row number. The
-    pass's generation is recorded in the manifest before its first part, so a pass interrupted before
-    it commits anything is still known, and so are its input files (``sources``, see
-    ``inputs.fingerprint.source_files``): a pass that continues by row number refuses inputs that changed.
-    ``compared``: the sources as they are checked against the recorded pass's, where that differs from
-    what this pass records (a stream the recorded pass copied only a start of: ``streams_as_recorded``).
+    An incremental job starts a new pass over a run whose last pass completed; over an interrupted pass
+    it finishes that pass by row number, unless its inputs changed or a lower limit stops before its
+    rows, which only a new pass can go on from. ``sources``: the pass's input files
+    (``inputs.fingerprint.source_files``); ``compared``: those checked against the recorded pass's,
+    where they differ (a stream the recorded pass copied only a start of).
     """
-    parts = run.parts
-    generation = run.manifest.generation
+    parts, generation = run.parts, run.manifest.generation or 0
     checked = compared if compared is not None else sources
     if sources is not None:  # the files renamed (or the folder they are in): the same inputs
         _rename_same_files(run, sources)
-    if not incremental:
-        if run.manifest.passes - {0} or generation:  # an incremental pass, even one interrupted before
-            # its first part: its inputs are the grown ones, its row numbers not ours
-            raise RunDirError(
-                f"{run.run_dir} was last run with --incremental (its passes go by id, not by row number); "
-                "rerun it with --incremental (or --overwrite)"
-            )
-        skip_until = max((p.end_row for p in parts), default=0)
-        if skip_until:
-            _check_same_inputs(run, checked, by_id)
-            _check_limit(run, skip_until, limit)
-        run.begin_pass(0, sources, limit)
-        taken = run.committed_ids(claimed=True) if by_id and skip_until else None
-        return ResumePoint(0, skip_until, None, taken, parts)
-    if parts and (run.reopened_status == "complete" or generation is None):
-        generation = max(run.manifest.passes) + 1  # a new pass (also over a run from before passes were kept)
-        run.begin_pass(generation, sources, limit)
-        return ResumePoint(generation, 0, run.committed_ids(), None)
-    # finish the interrupted pass where it stopped, by row number as any resume does (the input is
-    # taken to be unchanged): a repeat of one of its ids is still duplicate_id, a null id is not redone
-    generation = generation or 0
+    if not incremental and (run.manifest.passes - {0} or generation):  # its row numbers are not ours
+        raise RunDirError(
+            f"{run.run_dir} was last run with --incremental (its passes go by id, not by row number); "
+            "rerun it with --incremental (or --overwrite)"
+        )
     current = [p for p in parts if p.generation == generation]
-    earlier = [p for p in parts if p.generation < generation]
     skip_until = max((p.end_row for p in current), default=0)
-    if skip_until and by_id and (why := _moved_on(run, checked, skip_until, limit)):
-        # a nightly file replaced, or a folder that gained a file, since the interrupted pass began: it
-        # cannot go on by row number, and its inputs are gone; a new pass takes every id not in the run
+    new_pass = (
+        incremental and bool(parts) and (run.reopened_status == "complete" or run.manifest.generation is None)
+    )
+    if (
+        incremental
+        and not new_pass
+        and skip_until
+        and by_id
+        and (why := _moved_on(run, checked, skip_until, limit))
+    ):
         log.warning("%s: %s since its interrupted pass began; a new pass adds the reviews whose ids are "
                     "not in the run yet", run.run_dir, why)  # fmt: skip
+        new_pass = True
+    if new_pass:
         generation = max(run.manifest.passes) + 1
         run.begin_pass(generation, sources, limit)
         return ResumePoint(generation, 0, run.committed_ids(), None)
@@ -106,29 +90,28 @@ def resume_point(
         _check_same_inputs(run, checked, by_id)
         _check_limit(run, skip_until, limit)
     run.begin_pass(generation, sources, limit)
-    taken = run.committed_ids(current, claimed=True) if by_id and current else None
-    # no digests compared: a pass by id keeps the text an id had when it was scored (an edit under a
-    # new id is an id the next pass adds)
-    return ResumePoint(generation, skip_until, run.committed_ids(earlier) if earlier else None, taken)
+    earlier = [p for p in parts if p.generation < generation]
+    taken = run.committed_ids(current, claimed=True) if by_id and skip_until else None
+    skip_ids = run.committed_ids(earlier) if earlier else None
+    # digests are compared only by row number: a pass by id keeps the text an id had when scored
+    return ResumePoint(generation, skip_until, skip_ids, taken, [] if incremental else parts)
 
 
 def _rename_same_files(run: RunDir, sources: list[dict[str, Any]]) -> None:
-    """Inputs named otherwise than the run recorded them (``run.inputs_renamed``): where they are the
-    same files (size and end bytes, in the same order), as after the project moved, the run takes the
-    new names, so that its resume sees them unchanged; other files stay "changed" for the checks below."""
+    """Where the inputs are the files the run recorded under other names (size and end bytes, in the
+    same order: the project moved), the run takes the new names."""
     before = run.manifest.sources or []
     if len(before) != len(sources):
         return
     if not run.inputs_renamed and any("ends_sha256" not in b for b in before):
-        return  # files of a folder told apart by their size alone (runs from before their ends were hashed)
+        return  # files told apart by their size alone (older runs)
     renamed = [{**b, "path": s["path"]} for b, s in zip(before, sources, strict=True)]
     if all(map(_same_file, renamed, sources)):  # by what a resume compares of them
         run.manifest.sources = renamed
 
 
 def _moved_on(run: RunDir, sources: list[dict[str, Any]] | None, skip_until: int, limit: int | None) -> str:
-    """Why an interrupted incremental pass cannot go on by row number (its inputs changed, or a lower
-    limit stops before its rows), or "" where it can."""
+    """Why an interrupted incremental pass cannot go on by row number, or "" where it can."""
     before = run.manifest.sources
     if sources is not None and before is not None and (changes := input_changes(before, sources)):
         return f"the inputs changed ({_listed(changes)})"
@@ -138,9 +121,8 @@ def _moved_on(run: RunDir, sources: list[dict[str, Any]] | None, skip_until: int
 
 
 def _check_same_inputs(run: RunDir, sources: list[dict[str, Any]] | None, by_id: bool) -> None:
-    """Refuse to continue a pass by row number over input files that changed since it began: a file
-    sorted in front of the old ones would shift every row, so old reviews would be written again under
-    new row numbers and the new ones skipped, all with exit status 0."""
+    """Refuse to continue a pass by row number over input files that changed since it began (a file
+    sorted before the old ones would shift every row)."""
     before = run.manifest.sources
     if sources is None or before is None:  # runs from before sources were kept
         return
@@ -158,8 +140,7 @@ def _check_same_inputs(run: RunDir, sources: list[dict[str, Any]] | None, by_id:
 
 def check_read_unchanged(run: RunDir, before: list[dict[str, Any]], now: list[dict[str, Any]]) -> None:
     """Refuse to finish a pass whose input files changed while it read them (an export still being
-    written, a file truncated or replaced): its tables would hold rows of two versions of them, or
-    fewer rows than the file has, under a complete status. The pass stays interrupted."""
+    written, a file replaced): the pass stays interrupted."""
     if changes := input_changes(before, now):
         raise InputError(
             f"{run.run_dir}: the inputs changed while this run read them ({_listed(changes)}), so its "
@@ -173,8 +154,7 @@ def _listed(changes: list[str]) -> str:
 
 
 def _check_limit(run: RunDir, skip_until: int, limit: int | None) -> None:
-    """Refuse a resume whose ``--limit`` stops before the rows already committed, before the pass
-    begins, so that the run keeps its status: its tables would hold more rows than the limit allows."""
+    """Refuse, before the pass begins, a resume whose ``--limit`` stops before the committed rows."""
     if limit is not None and limit < skip_until:
         raise RunDirError(
             f"{run.run_dir}: the run already holds {skip_until:,} input rows, more than --limit {limit:,} "
@@ -184,8 +164,8 @@ def _check_limit(run: RunDir, skip_until: int, limit: int | None) -> None:
 
 
 def input_changes(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[str]:
-    """How the input files ``now`` differ from those a pass recorded (``inputs.source_files``), a phrase
-    each; none where they are the same files, in the same order."""
+    """How the input files ``now`` differ from those a pass recorded, a phrase each; none where they are
+    the same files, in the same order."""
     if len(before) == len(now) and all(map(_same_file, before, now)):
         return []
     old = {s["path"]: s for s in before}
@@ -202,10 +182,8 @@ def input_changes(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> li
 
 
 def _same_file(was: dict[str, Any], now: dict[str, Any]) -> bool:
-    """The same input file as when the pass began, by what both records hold (older runs: the size
-    alone): its size and the bytes at its start and end (``inputs.fingerprint.source_files``), whatever
-    its time says. Why: a file rewritten at the same size with its time kept (``cp -p``, ``rsync -t``,
-    ``touch -r``) is another file, and a copy of the same bytes with a new time is the same one."""
+    """The same input file as when the pass began: its size and the bytes at its start and end (older
+    runs: the size alone), whatever its time says (``cp -p`` keeps a time, a copy gets a new one)."""
     if was["path"] != now["path"] or was["bytes"] != now["bytes"]:
         return False
     return "ends_sha256" not in was or was["ends_sha256"] == now["ends_sha256"]

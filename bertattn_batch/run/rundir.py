@@ -2,21 +2,19 @@
 
 Usage::
 
-    with RunDir(run_dir, header, on_existing="resume") as run:   # header: spec, model, fingerprint...
-        run.begin_pass(0, sources)              # engines.base.resume_point: which pass, which inputs
-        entry = run.part_writer.stage(start_row, end_row, tables)
-        run.commit(entry)
+    with run_dir_class(out)(out, header, on_existing="resume") as run:   # header: spec, model...
+        run.begin_pass(0, sources)              # run.resume.resume_point: which pass, which inputs
+        run.commit(run.part_writer.stage(start_row, end_row, tables))
         run.finalize(last_run)
 
-Life cycle of a part (the same for every table, committed together; compare Ray Data's ``Datasink``):
-1. ``stage``: each table is written under a name readers skip (``_part-….parquet.tmp``) and fsynced,
-   by whoever scored the window (this process, or a Ray worker);
-2. ``commit``: the manifest (replaced atomically) lists the part: this is the commit point;
-3. ``publish``: the files are renamed to ``part-….parquet``.
-On reopening, parts the manifest lists are rolled forward (step 3), and files it does not list are
-removed, so a run killed at any point resumes with neither duplicates nor gaps. ``fail`` (a job that
-stops on an error or a signal) removes the temporaries of uncommitted parts and says "interrupted".
-On an object store, which has no rename, ``StoredRunDir`` (run/stored.py) changes steps 1 to 3.
+A part's life, every table together (compare Ray Data's ``Datasink``): ``stage`` writes each file under
+a name readers skip, fsynced, wherever the window was scored; ``commit`` appends the part to the commit
+log, the commit point; ``publish`` renames the files. Reopening rolls listed parts forward and removes
+what no manifest lists, so a run killed at any point resumes with neither duplicates nor gaps.
+
+An object store has no rename and no lock, so there (``StoredRunDir``) a part is uploaded under its
+final name, the driver commits it by rewriting the manifest, and a lease (run/lease.py) stands for the
+lock; objects no manifest lists are deleted on reopening and when a job fails.
 """
 
 from __future__ import annotations
@@ -37,23 +35,32 @@ import pyarrow.parquet as pq
 
 from .. import schema, storage
 from .._files import file_lock, hidden_tmp, remove_tree
-from ..errors import InputsEditedError, RunDirError, WriteError
+from ..errors import (
+    DamagedRunError,
+    InputsEditedError,
+    RunDirError,
+    RunVersionError,
+    StorageError,
+    WriteError,
+)
 from ..ids import IdSet
 from ..storage import is_remote
-from .existing import old_manifest
 from .layout import (
     COMMIT_LOG,
     DERIVED_DIRS,
+    LEASE_NAME,
     LOCK_NAME,
     MANIFEST,
     REPORT_NAME,
     TABLES,
-    tmp_name,
+    is_run_dir,
 )
+from .lease import DEFAULT_TTL_S, SETTLE_S, Lease
 from .manifest import (
     Manifest,
     PartEntry,
     log_commit,
+    read_manifest,
     row_range_problems,
     save_manifest,
     upgrade,
@@ -61,8 +68,62 @@ from .manifest import (
 from .parts import PartWriter, check_part_file, check_part_rows, run_file
 
 
+def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest | None:
+    """The manifest of the run at a job's --out (None where there is none yet). Refuses a file, and a
+    folder bertattn did not make, even when asked to overwrite; with ``on_existing="new"``, a run that
+    committed parts. Asked before a job trains its model too."""
+    if not is_remote(run_dir):
+        run_dir = Path(storage.normalize(run_dir))
+    not_ours = f"{run_dir} is not empty and is not a run directory; choose another --out"
+    if isinstance(run_dir, str):
+        if not storage.is_file(storage.join(run_dir, MANIFEST)):
+            if any(name != LEASE_NAME for name in storage.list_names(run_dir, recursive=True)):
+                raise RunDirError(not_ours)
+            return None
+    else:
+        if run_dir.exists() and not run_dir.is_dir():
+            raise RunDirError(f"{run_dir} is a file, not a folder; choose another --out")
+        if not run_dir.is_dir():
+            return None
+        if not (run_dir / MANIFEST).is_file():
+            if any(not _left_by_a_start(p) for p in run_dir.iterdir()):
+                raise RunDirError(not_ours)
+            return None
+    try:
+        old = read_manifest(run_dir)
+    except RunVersionError:
+        if on_existing == "overwrite":  # an older version's run, which this one can only redo
+            return Manifest()
+        raise
+    except DamagedRunError as e:  # beside the run's tables, a run of ours to redo when asked
+        if on_existing != "overwrite":
+            raise RunDirError(
+                f"{e}; pass --overwrite to start the run again, or choose another --out"
+            ) from None
+        if not is_remote(run_dir) and is_run_dir(Path(run_dir)):
+            return Manifest()
+        raise RunDirError(
+            f"{e}; with no run's tables beside it, it is left as it is: choose another --out"
+        ) from None
+    except RunDirError as e:
+        if "is not a bertattn run directory" in str(e):
+            raise RunDirError(f"{run_dir} is not a bertattn run directory; choose another --out") from None
+        raise
+    if on_existing == "new" and old.parts:
+        raise RunDirError(f"{run_dir} already holds a run; choose another --out or pass --overwrite")
+    return old
+
+
+def _left_by_a_start(path: Path) -> bool:
+    """What a run stopped before its first manifest leaves (the lock, the manifest's temporary, empty
+    table folders): not someone else's folder, or no later run could use this --out."""
+    if path.name in (LOCK_NAME, hidden_tmp(MANIFEST)):
+        return path.is_file()
+    return path.name in TABLES and path.is_dir() and not any(path.iterdir())
+
+
 class RunDir:
-    """One run directory, held by this process (a lock) from :meth:`open` to :meth:`close`."""
+    """One run directory on local disk, held by this process (a lock) from :meth:`open` to :meth:`close`."""
 
     def __init__(
         self,
@@ -77,17 +138,15 @@ class RunDir:
         self.on_existing = on_existing
         self.part_writer = part_writer or PartWriter(self.run_dir)
         self.manifest = Manifest()
-        #: the status the run had when it was reopened (None for a new run): "complete" means its last
-        #: pass ended, so an incremental job starts a new one rather than finishing it
+        #: the status of the reopened run (None for a new run)
         self.reopened_status: str | None = None
-        #: the reopened run's inputs were named otherwise: what they hold decides (see _check_compatible)
+        #: the reopened run's inputs are named otherwise: what they hold decides (run.resume)
         self.inputs_renamed = False
         self._began = False  # whether this process began (or went on with) a pass: see fail
         self._before_pass: Manifest | None = None  # the manifest as the run was reopened: see fail
         self._positions: dict[str, int] = {}  # part name -> its place in manifest.parts
         self._held = contextlib.ExitStack()
 
-    # -- life cycle ---------------------------------------------------------------------------------
     def __enter__(self) -> RunDir:
         self.open()
         return self
@@ -100,44 +159,40 @@ class RunDir:
             self.close()
 
     def open(self) -> None:
-        """Create a run, or reopen one made by the same job (rolling its parts forward); holds the run's
-        writer lock until :meth:`close`."""
-        # before the lock: a folder that is not a run gets no lock file either
-        old_manifest(self.run_dir, self.on_existing)
+        """Create a run, or reopen one of the same job (rolling its parts forward), and hold it."""
+        old_manifest(self.run_dir, self.on_existing)  # before the lock: a folder not ours gets no lock file
         self._hold()
         try:
-            self._open_locked()
+            self._open_held()
         except BaseException:
             self.close()
             raise
 
     def _hold(self) -> None:
         """Take the run for this process until :meth:`close`: on local disk, a lock on its folder."""
+
+        def busy(holder: str) -> RunDirError:
+            return RunDirError(
+                f"another bertattn process{holder} is writing {self.run_dir}; wait for it to end or choose "
+                "another --out"
+            )
+
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._held.enter_context(file_lock(self.run_dir / LOCK_NAME, busy=self._busy))
+            self._held.enter_context(file_lock(self.run_dir / LOCK_NAME, busy=busy))
         except OSError as e:
             if self.run_dir.is_symlink() and not self.run_dir.exists():
                 where = os.readlink(self.run_dir)
                 raise RunDirError(f"{self.run_dir} is a link to {where}, which does not exist") from None
             raise RunDirError(f"cannot write into {self.run_dir}: {e.strerror or e}") from None
 
-    def _busy(self, holder: str) -> RunDirError:
-        """Why: two scheduled runs with the same --out would commit parts of the same names over each
-        other and each rewrite the manifest without the other's parts."""
-        return RunDirError(
-            f"another bertattn process{holder} is writing {self.run_dir}; wait for it to end or choose "
-            "another --out"
-        )
-
     def close(self) -> None:
-        """Release the writer lock (the run itself is left as it is)."""
+        """Release the run (it is left as it is)."""
         self._held.close()
 
-    def _open_locked(self) -> None:
+    def _open_held(self) -> None:
         old = old_manifest(self.run_dir, self.on_existing)
-        # a run that committed no part (its start failed, say on a mistyped input) holds nothing to
-        # keep, so the corrected job may start afresh instead of being refused as another job
+        # a run that committed no part holds nothing to keep: the corrected job may start afresh
         if old is not None and (self.on_existing == "overwrite" or not old.parts):
             self._clear()
             old = None
@@ -145,8 +200,8 @@ class RunDir:
             self.manifest = old
             self.reopened_status = old.status
             self._check_compatible(old)
-            if "fingerprint" in self.header and not self.inputs_renamed:  # the same job, now spelt as
-                self.manifest.fingerprint = self.header["fingerprint"]  # this version spells it
+            if "fingerprint" in self.header and not self.inputs_renamed:  # the same job, as this version
+                self.manifest.fingerprint = self.header["fingerprint"]  # spells it
             self._recover()  # saved with the status it had: "running" is for begin_pass to say
         else:
             self.manifest = Manifest(
@@ -167,43 +222,30 @@ class RunDir:
             (self.run_dir / table).mkdir(parents=True, exist_ok=True)
 
     def fail(self, error: BaseException | None = None) -> None:
-        """Leave the run resumable: only temporary files of an uncommitted part are removed.
-
-        A reopened run refused before its pass began (its inputs changed, say) keeps the status it had:
-        marked "interrupted", a complete run would have its next --incremental job finish its last
-        pass by row number instead of starting a new pass by id. One refused as its pass read the rows
-        it committed before (edited since) keeps its whole manifest: the pass wrote nothing.
-        """
-        self._drop_uncommitted()
+        """Leave the run resumable and "interrupted", files of uncommitted parts removed. A reopened run
+        refused before its pass began keeps its status (a complete one would otherwise have its next
+        --incremental job finish the last pass by row number); one refused because the inputs of its
+        committed rows were edited keeps its whole manifest."""
+        self._sweep()
         if isinstance(error, InputsEditedError) and self._before_pass is not None:
             self.manifest = self._before_pass
             if self.manifest.status == "running":  # (a run that was killed) stopped, as it is
                 self.manifest.status = "interrupted"
-            with contextlib.suppress(OSError, WriteError):
-                self._save()
-            return
-        if self.manifest.schema_versions:  # opened
+        elif self.manifest.schema_versions:  # opened
             began = self._began or self.reopened_status is None
             self.manifest.status = "interrupted" if began else (self.reopened_status or "interrupted")
-            with contextlib.suppress(OSError, WriteError):  # the first error counts
-                self._save()
-
-    def _drop_uncommitted(self) -> None:
-        listed = {tmp_name(p.name) for p in self.manifest.parts}
-        for table in TABLES:
-            folder = self.run_dir / table
-            for f in folder.glob("_*.tmp") if folder.is_dir() else []:
-                if f.name not in listed:
-                    f.unlink(missing_ok=True)
+        else:
+            return
+        with contextlib.suppress(OSError, WriteError):  # the first error counts
+            self._save()
 
     def finalize(self, last_run: dict[str, Any]) -> Manifest:
-        """Mark the run complete, with this pass's summary and the row counts of every table. A pass
-        that read no rows (a rerun of a complete run, a nightly pass with nothing new) keeps the summary
-        of the one before: its zeros replaced the run's speed and size figures in the report."""
+        """Mark the run complete, with this pass's summary (a pass that read no rows keeps the last
+        one's) and every table's row count."""
         if not last_run.get("input_rows") and self.manifest.last_run:
             last_run = self.manifest.last_run
         else:
-            last_run = {**last_run, "ended_at": _now()}  # which run the kept figures are of
+            last_run = {**last_run, "ended_at": _now()}
         self.manifest.last_run = last_run
         self.manifest.counts = part_rows(self.manifest)
         self.manifest.status = "complete"
@@ -214,12 +256,10 @@ class RunDir:
     def begin_pass(
         self, generation: int, sources: list[dict[str, Any]] | None = None, limit: int | None = None
     ) -> None:
-        """Record which pass the parts to come belong to, before the first of them: a pass killed before
-        it commits anything must still be told from the finished pass before it. ``sources``: the input
-        files the pass reads, which a resume of it checks are unchanged; ``limit``: the rows it reads at
-        most (a resume may raise the limit the run began with)."""
+        """Record, before its first part, the pass the parts to come belong to, its input files
+        (``sources``, which a resume checks are unchanged) and the rows it reads at most (``limit``)."""
         if self.reopened_status is not None:
-            self._before_pass = copy.deepcopy(self.manifest)  # before this pass changes it
+            self._before_pass = copy.deepcopy(self.manifest)
             self.manifest.status = "running"
             self.manifest.resumed_at = _now()
             self.manifest.resumes += 1
@@ -232,17 +272,13 @@ class RunDir:
             self.manifest.fingerprint = self.header["fingerprint"]
         self._save()
 
-    # -- parts --------------------------------------------------------------------------------------
     @property
     def parts(self) -> list[PartEntry]:
         return self.manifest.parts
 
     def committed_ids(self, parts: list[PartEntry] | None = None, claimed: bool = False) -> IdSet:
-        """Source ids of every committed review (of ``parts``, by default all): rows without a source id
-        (``schema.ROW_NUMBER_STATUSES``) are left out, as their doc id is only a row number (an
-        incremental pass records them again, and a real id equal to that number is still new).
-        ``claimed``: only the ids that rows with a text claimed (``schema.NO_TEXT_STATUSES`` left out
-        too), the ids a pass resumed by row number has seen."""
+        """Source ids of the committed reviews (of ``parts``, by default all) whose doc id is not a row
+        number; ``claimed``: only those with a text (the ids a pass resumed by row number has seen)."""
         ids = IdSet()
         no_id = pa.array(schema.ROW_NUMBER_STATUSES + (schema.NO_TEXT_STATUSES if claimed else ()))
         for p in self.parts if parts is None else parts:
@@ -252,13 +288,11 @@ class RunDir:
         return ids
 
     def commit(self, entry: PartEntry) -> None:
-        """Steps 2 and 3 for a staged part: append it to the commit log (replacing one of the same name),
-        then publish it. The cost does not grow with the parts committed before."""
+        """Commit a staged part (a line of the commit log, replacing one of the same name), publish it."""
         log_commit(self.run_dir, entry)
         self._list(entry)
         self.part_writer.publish(entry)
 
-    # -- internals ----------------------------------------------------------------------------------
     def _list(self, entry: PartEntry) -> None:
         """Put ``entry`` in the manifest's parts, in place of one of the same name (a retried window)."""
         at = self._positions.get(entry.name)
@@ -274,13 +308,12 @@ class RunDir:
         self._positions = {p.name: i for i, p in enumerate(self.manifest.parts)}
 
     def _recover(self) -> None:
-        """Roll listed parts forward; delete every file the manifest does not list; check what is left."""
+        """Sweep, then check the committed parts: a resume starts after the last committed row, so their
+        files must be sound and their row ranges whole."""
         self._sweep()
         for p in self.parts:
             footers = {t: check_part_file(self.run_dir, run_file(self.run_dir, p.files[t])) for t in TABLES}
             check_part_rows(self.run_dir, p, footers)
-        # resuming starts after the last committed row, so the row ranges must be whole: a gap or an
-        # overlap means the manifest was edited or restored from an older copy
         for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in self.parts):
             raise RunDirError(
                 f"{self.run_dir}: {problem} (was the manifest edited or restored?); "
@@ -288,6 +321,7 @@ class RunDir:
             )
 
     def _sweep(self) -> None:
+        """Roll committed parts forward; remove every file in a table folder the manifest does not list."""
         listed = {p.name for p in self.parts}
         for table in TABLES:
             folder = self.run_dir / table
@@ -300,26 +334,21 @@ class RunDir:
                         f.unlink()
                     else:
                         f.replace(final)
-                elif f.is_dir():  # a table folder holds parts only; a reader of the folder would read it
+                elif f.is_dir():  # a table folder holds parts only
                     shutil.rmtree(f)
                 else:
                     f.unlink()
 
     def _check_compatible(self, old: Manifest) -> None:
-        # the job's fingerprint read as a manifest would be, so a key it leaves out means its default
+        """Refuse a run of another job: every fingerprint key the run recorded is compared, but their hash."""
         mine = upgrade({"fingerprint": self.header.get("fingerprint", {})})["fingerprint"]
         theirs = old.fingerprint
-        # job_sha256 is a hash of the others (and of the inputs as an older version spelt them); a key
-        # an older version did not record and upgrade() cannot fill in (tokenizer_sha256) is not compared,
-        # nor a model hash the run could not take ("unknown": no local files)
         keys = {
             k for k in set(mine) | set(theirs) if k != "job_sha256" and theirs.get(k, "unknown") != "unknown"
         }
         diff = sorted(k for k in keys if mine.get(k) != theirs.get(k))
         if diff == ["inputs"] and old.sources is not None:
-            # named otherwise (the project moved, a nightly file named by its date): the resume decides
-            # by what the files hold (resume.resume_point), and the pass that goes on records the names
-            self.inputs_renamed = True
+            self.inputs_renamed = True  # a resume decides by what the files hold (run.resume)
             return
         if diff:
             detail = "; ".join(
@@ -330,9 +359,8 @@ class RunDir:
             )
 
     def _clear(self) -> None:
-        """Remove what bertattn wrote into the run directory, its manifest last: a clear cut short leaves
-        a folder that is still recognisably a run, so the next --overwrite can finish it."""
-        temporaries = [p.name for p in self.run_dir.glob(f".{REPORT_NAME}*.tmp")]  # a report's, a process's
+        """Remove what bertattn wrote into the run, its manifest last (a clear cut short is still a run)."""
+        temporaries = [p.name for p in self.run_dir.glob(f".{REPORT_NAME}*.tmp")]
         temporaries += [hidden_tmp(MANIFEST), COMMIT_LOG]
         for name in (*TABLES, *DERIVED_DIRS, REPORT_NAME, *temporaries, MANIFEST):
             child = self.run_dir / name
@@ -342,9 +370,66 @@ class RunDir:
                 child.unlink(missing_ok=True)
 
 
+class StoredRunDir(RunDir):
+    """One run on an object store, held by this process (a lease) from :meth:`open` to :meth:`close`."""
+
+    #: seconds a lease lives unrenewed: how long a killed run keeps others from its --out
+    lease_ttl_s = DEFAULT_TTL_S
+    #: seconds between writing the lease and reading it back, when taking it
+    lease_settle_s = SETTLE_S
+    _lease: Lease  # taken by open
+
+    def _hold(self) -> None:
+        self._lease = Lease.take(self.run_dir, self.lease_ttl_s, self.lease_settle_s)
+        self.part_writer.lease = self._lease.guard()
+        self._held.callback(self._lease.drop)
+        self._held.callback(self._lease.keep_fresh())
+
+    def commit(self, entry: PartEntry) -> None:
+        """List the uploaded part and write the manifest, the commit point (a store cannot append)."""
+        self._list(entry)
+        self._save()
+
+    def _save(self) -> None:
+        self._lease.check()
+        super()._save()
+
+    def fail(self, error: BaseException | None = None) -> None:
+        """As on local disk, unless the run's lease is lost (its objects are then another run's); a
+        store's error here does not hide the one that stopped the job."""
+        try:
+            self._lease.check()
+        except RunDirError:
+            return
+        with contextlib.suppress(StorageError):
+            super().fail(error)
+
+    def _make_folders(self) -> None:
+        """A store has no folders."""
+
+    def _sweep(self) -> None:
+        """Delete every object in a table folder that the manifest does not list."""
+        listed = {p.name for p in self.parts}
+        for table in TABLES:
+            folder = storage.join(self.run_dir, table)
+            for name in storage.list_names(folder, recursive=True):
+                if name not in listed:
+                    storage.delete(storage.join(folder, name))
+
+    def _clear(self) -> None:
+        for name in (*TABLES, *DERIVED_DIRS):
+            storage.delete_folder(storage.join(self.run_dir, name))
+        for name in (REPORT_NAME, MANIFEST):
+            storage.delete(storage.join(self.run_dir, name))
+
+
+def run_dir_class(out: str | Path) -> type[RunDir]:
+    """The run directory class for ``--out``: a store's URI, or a local path (``file://`` included)."""
+    return StoredRunDir if is_remote(out) else RunDir
+
+
 def part_rows(manifest: Manifest) -> dict[str, int]:
-    """Rows of every table over the committed parts (an empty input still counts its empty tables):
-    what ``counts`` says once the run is complete."""
+    """Rows of every table over the committed parts: the run's ``counts``."""
     counts = dict.fromkeys(TABLES, 0)
     for p in manifest.parts:
         for table, n in p.rows.items():
@@ -357,5 +442,5 @@ def _now() -> str:
 
 
 def _spelled(value: Any) -> str:
-    """A fingerprint value as a job file or the command line spells it (JSON: null, not Python's None)."""
+    """A fingerprint value as a job file spells it (JSON: null, not Python's None)."""
     return json.dumps(value, ensure_ascii=False)

@@ -62,10 +62,10 @@ def test_s3_endpoint_comes_from_the_environment(monkeypatch):
 
 
 def test_a_pyarrow_without_s3_names_the_extra(monkeypatch):
-    from bertattn_batch.storage import uris
+    from bertattn_batch import storage
 
     monkeypatch.delattr(pafs, "S3FileSystem")
-    uris._s3.cache_clear()
+    storage._filesystem.cache_clear()
     with pytest.raises(
         StorageError,
         match=r"s3:// needs a pyarrow built with S3FileSystem: pip install '\.\[s3\]' in a checkout",

@@ -24,7 +24,7 @@ from bertattn_batch.cli import app
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.errors import RunDirError
-from bertattn_batch.run import Lease, committed_files, local_run, read_manifest
+from bertattn_batch.run import Lease, committed_files, local_run, part_paths, read_manifest
 
 runner = CliRunner()
 KILLER = Path(__file__).resolve().parents[2] / "killer.py"
@@ -304,7 +304,8 @@ def _recipe(name: str, run: str) -> str:
 
 
 def test_the_docs_recipes_read_what_the_manifest_lists(bucket, corpus, tiny_en_dir, tmp_path):
-    """docs/storage.md's polars recipe on S3 (a stray upload not read); its DuckDB SQL on a local run."""
+    """docs/storage.md's polars recipe on S3 (a stray upload not read); its DuckDB recipe on a local run
+    (offline, DuckDB cannot fetch httpfs), and the files it is handed on S3."""
     run = f"s3://{bucket}/runs/recipes"
     r = runner.invoke(app, _args(str(corpus), tiny_en_dir, run, "--limit", "20"))
     assert r.exit_code == 0, r.output
@@ -315,17 +316,16 @@ def test_the_docs_recipes_read_what_the_manifest_lists(bucket, corpus, tiny_en_d
     got = scope["attention"].collect()
     want = pl.from_arrow(read_table_via_manifest(run))
     assert got.height == want.height > 0 and "token" in got.columns
+    assert part_paths(run, "cls_attention") == [p.files["cls_attention"] for p in committed_files(run)]
     local = tmp_path / "local"
     r = runner.invoke(app, _args(str(corpus), tiny_en_dir, str(local), "--limit", "20"))
     assert r.exit_code == 0, r.output
-    import duckdb
-
-    con = duckdb.connect()
-    *sets, query = [s for s in _recipe("store_sql", str(local)).split(";") if s.strip()]
-    for statement in sets:
-        con.sql(statement)
-    counts = con.sql(query).pl()
-    assert counts["rows"].sum() == pq.read_table(local / "cls_attention").num_rows
+    offline = _recipe("store_duckdb", str(local)).replace(
+        'con.sql("INSTALL httpfs; LOAD httpfs; CREATE SECRET (TYPE s3, PROVIDER credential_chain)")', ""
+    )
+    scope = {}
+    exec(offline, scope)
+    assert scope["counts"]["rows"].sum() == pq.read_table(local / "cls_attention").num_rows
 
 
 def read_table_via_manifest(run: str) -> pa.Table:

@@ -493,6 +493,13 @@ def recipe(name: str, run: str, label: str) -> str:
     return text.replace("'positive'", f"'{label}'").replace('"positive"', repr(label))
 
 
+def duckdb_views(run: str):
+    """docs/recipes.md's DuckDB connection: a view of each table of ``run``."""
+    scope: dict = {}
+    exec(recipe("duckdb_views", run, "positive"), scope)
+    return scope["con"]
+
+
 def readme_polars(run: str, label: str = "positive") -> pl.DataFrame:
     """docs/recipes.md's polars query, run as a user would paste it."""
     scope: dict = {}
@@ -507,7 +514,7 @@ def _same(got: pl.DataFrame, want: pl.DataFrame) -> None:
 
 
 def test_the_long_form_recipes_give_every_attention_row_with_its_token(run_dir):
-    duckdb = pytest.importorskip("duckdb")
+    pytest.importorskip("duckdb")
     from bertattn_batch.run import scan_attention
 
     keys = ["doc_id", "layer", "head", "position"]
@@ -516,7 +523,7 @@ def test_the_long_form_recipes_give_every_attention_row_with_its_token(run_dir):
     exec(recipe("long_polars", str(run_dir), "positive"), scope)
     for got in (scope["attention"].collect(), scan_attention(run_dir).collect()):
         assert got.sort(keys).select(want.columns).equals(want)
-    con = duckdb.connect()
+    con = duckdb_views(str(run_dir))
     con.execute(recipe("long_sql", str(run_dir), "positive"))
     view = con.sql('SELECT doc_id, layer, head, position, token, start, "end" FROM attention').pl()
     assert view.sort(keys).equals(want.select(view.columns).sort(keys))
@@ -540,7 +547,8 @@ def test_the_recipes_agree_with_aggregate(run_dir, result):
     )
     assert expected.height > 0
     with_polars = readme_polars(run, label)
-    with_duckdb = duckdb.sql(recipe("top_sql", run, label)).pl()
+    con = duckdb_views(run)
+    with_duckdb = con.sql(recipe("top_sql", run, label)).pl()
     from_file = duckdb.sql(recipe("aggregates_sql", run, label)).pl()
     _same(with_polars, expected)
     _same(with_duckdb, expected)
@@ -548,7 +556,7 @@ def test_the_recipes_agree_with_aggregate(run_dir, result):
         from_file.select("layer", "head", "rank", "token").rows()
         == expected.select("layer", "head", "rank", "token").rows()
     )
-    tops = duckdb.sql(recipe("n_top_sql", run, label)).pl()
+    tops = con.sql(recipe("n_top_sql", run, label)).pl()
     everyone = result.table.filter(
         (pl.col("unit") == "token") & (pl.col("split") == "all") & (pl.col("n_top") > 0)
     )

@@ -1,0 +1,85 @@
+"""A run's committed parts as polars LazyFrames, read through the manifest.
+
+Usage::
+
+    run = scan_run("runs/default")       # or "s3://bucket/runs/r1"
+    run.predictions.filter(pl.col("status") == "ok")
+    run.attention                          # cls_attention joined with tokens: the long form
+
+A token is stored once per review position in ``tokens``, not once per layer and head in
+``cls_attention``; :func:`attention_rows` joins them back into the one wide table questions start from.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow.dataset as ds
+
+from .. import schema, storage
+from .parts import committed_files
+
+#: The columns ``tokens`` adds to each attention row.
+TOKEN_COLUMNS = ("token_id", "token", "start", "end")
+#: What a token row is found by.
+TOKEN_KEY = ["doc_id", "position"]
+#: Schemes that polars reads itself (its own S3 and GCS clients, from the same environment).
+POLARS_SCHEMES = (None, "s3", "gs", "gcs")
+
+
+@dataclass(frozen=True)
+class RunFrames:
+    """One LazyFrame per table of a run, over the parts its manifest commits."""
+
+    predictions: pl.LazyFrame
+    cls_attention: pl.LazyFrame
+    head_summary: pl.LazyFrame
+    tokens: pl.LazyFrame
+
+    @property
+    def attention(self) -> pl.LazyFrame:
+        """The long form: each ``cls_attention`` row with its token's id, text and span."""
+        return attention_rows(self.cls_attention, self.tokens)
+
+
+def scan_run(run_dir: str | Path) -> RunFrames:
+    """Every table of a run, lazily, from the parts its manifest commits (a stray file is never read;
+    a run of an empty input has empty tables). Local runs and runs on a store alike."""
+    parts = committed_files(run_dir)
+    return RunFrames(
+        **{t: scan_parts([p.files[t] for p in parts]) if parts else _empty(t) for t in schema.TABLES}
+    )
+
+
+def scan_attention(run_dir: str | Path) -> pl.LazyFrame:
+    """The long form of every part a run's manifest commits."""
+    return scan_run(run_dir).attention
+
+
+def attention_rows(attention: pl.LazyFrame, tokens: pl.LazyFrame) -> pl.LazyFrame:
+    """Attention rows joined with their tokens: a left join, so that a row whose token is missing keeps
+    null token columns rather than vanishing (``validate`` reports it)."""
+    return attention.join(tokens.select(*TOKEN_KEY, *TOKEN_COLUMNS), on=TOKEN_KEY, how="left")
+
+
+def scan_parts(files: list[Any]) -> pl.LazyFrame:
+    """A lazy scan of part files of one run: local ones and those on S3 or GCS by polars itself, other
+    schemes (HDFS, what fsspec serves) through a pyarrow dataset on their filesystem."""
+    scheme = storage.split_uri(files[0])[0] if files else None
+    if scheme in POLARS_SCHEMES:
+        options = None
+        if scheme == "s3" and (endpoint := os.environ.get("AWS_ENDPOINT_URL_S3")):
+            options = {"aws_endpoint_url": endpoint}  # polars reads AWS_ENDPOINT_URL, not this one
+        return pl.scan_parquet(files, glob=False, storage_options=options)
+    fs, _ = storage.resolve(files[0])
+    return pl.scan_pyarrow_dataset(
+        ds.dataset([storage.resolve(f)[1] for f in files], format="parquet", filesystem=fs)
+    )
+
+
+def _empty(table: str) -> pl.LazyFrame:
+    return pl.from_arrow(schema.arrow(table).empty_table()).lazy()  # type: ignore[union-attr]

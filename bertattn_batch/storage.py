@@ -1,0 +1,393 @@
+"""Local disk and object stores (S3, GCS, HDFS, what fsspec serves) behind one set of calls.
+
+Usage::
+
+    fs, path = resolve("s3://corpora/reviews/part-0.parquet")   # endpoint and keys from the environment
+    write_bytes("s3://b/run/manifest.json", data)                 # visible whole, or not at all
+    list_files("s3://b/corpus/**/*.parquet")                      # URIs; a glob as on local disk
+
+Every scheme but ``file://`` is taken to have no rename and no locks. Credentials come only from the
+standard environment, never from an option, so they land in no shell history and no manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import functools
+import glob
+import hashlib
+import io
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from .errors import StorageError
+
+if TYPE_CHECKING:  # pyarrow is imported where used: a command's start does not wait for it
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+#: What to install where this pyarrow lacks a scheme's filesystem.
+EXTRA_HINT = "pip install '.[s3]' in a checkout"
+#: Bytes read from a store per request while a file is streamed.
+READ_BLOCK_BYTES = 8 << 20
+#: The environment a store's filesystem is made from: one filesystem is kept per value of it.
+_ENV = (
+    "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE",
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "GOOGLE_APPLICATION_CREDENTIALS",
+)  # fmt: skip
+
+
+# -- paths and URIs ------------------------------------------------------------------------------------
+def split_uri(target: str | os.PathLike[str]) -> tuple[str | None, str]:
+    """The scheme (lower case, None for a plain path) and the rest; Windows drive letters are paths."""
+    text = os.fspath(target)
+    scheme, sep, rest = text.partition("://")
+    if not sep or len(scheme) < 2 or not scheme.replace("+", "").isalnum():
+        return None, text
+    return scheme.lower(), rest
+
+
+def normalize(target: str | os.PathLike[str]) -> str:
+    """A ``file://`` URI as its local path, ``~`` as the home folder; a store's URI as it is."""
+    scheme, rest = split_uri(target)
+    if scheme is not None and scheme != "file":
+        return os.fspath(target)
+    return os.path.expanduser(rest if scheme == "file" else os.fspath(target))
+
+
+def is_remote(target: str | os.PathLike[str]) -> bool:
+    """Whether ``target`` is on an object store or cluster filesystem rather than this machine's disk."""
+    return split_uri(target)[0] not in (None, "file")
+
+
+def absolute(target: str) -> str:
+    """A path as a run records an input: a local path absolute; a URI and ``-`` (stdin) as they are."""
+    return target if target == "-" or is_remote(target) else os.path.abspath(target)
+
+
+def join(base: str | os.PathLike[str], *names: str) -> str:
+    """``base`` with ``names`` appended by ``/``: a URI stays a URI (pathlib would fold ``s3://``)."""
+    return "/".join([os.fspath(base).rstrip("/"), *names])
+
+
+def name_path(target: str | os.PathLike[str]) -> PurePosixPath:
+    """The path part of a path or URI, for its name and suffixes (``reviews.jsonl.gz``)."""
+    return PurePosixPath(split_uri(target)[1])
+
+
+def resolve(target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
+    """``(pyarrow.fs.FileSystem, path)`` for a path or URI; StorageError naming what to install where
+    nothing serves its scheme (pyarrow serves s3, gs and hdfs; fsspec packages the others)."""
+    import pyarrow.fs as pafs
+
+    scheme, rest = split_uri(target)
+    if scheme is None or scheme == "file":
+        return pafs.LocalFileSystem(), str(Path(rest or "/").expanduser().absolute())
+    env = tuple(os.environ.get(n) for n in _ENV)
+    if scheme == "s3":  # the bucket, for its region where the environment names none
+        return _filesystem(scheme, "" if any(env[:4]) else rest.split("/", 1)[0], env), rest.strip("/")
+    if scheme in ("gs", "gcs"):
+        return _filesystem(scheme, "", env), rest.strip("/")
+    if scheme == "hdfs":
+        authority, _, path = rest.partition("/")
+        return _filesystem(scheme, authority, env), "/" + path.strip("/")
+    return _fsspec(scheme, target)
+
+
+@functools.lru_cache(maxsize=16)
+def _filesystem(scheme: str, authority: str, _env: tuple[str | None, ...]) -> pafs.FileSystem:
+    """An S3 (``authority``: a bucket), GCS or HDFS (``host:port``) filesystem."""
+    import pyarrow.fs as pafs
+
+    if scheme == "hdfs":
+        _filesystem_class("HadoopFileSystem", scheme)
+        try:
+            return pafs.FileSystem.from_uri(f"hdfs://{authority}/")[0]
+        except (OSError, ValueError) as e:
+            raise StorageError(f"cannot reach hdfs://{authority}: {_one_line(e)}") from None
+    if scheme != "s3":
+        return _filesystem_class("GcsFileSystem", scheme)()
+    cls = _filesystem_class("S3FileSystem", "s3")
+    kwargs: dict[str, object] = {"allow_delayed_open": True}  # a small object goes up in one PutObject
+    if endpoint := os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"):
+        endpoint_scheme, rest = split_uri(endpoint)
+        kwargs["endpoint_override"] = rest if endpoint_scheme else endpoint
+        kwargs["scheme"] = endpoint_scheme or "https"
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if not region and authority:  # a bucket outside the SDK's default region answers every call with 301
+        with contextlib.suppress(OSError):  # a missing bucket: its first request names it
+            region = pafs.resolve_s3_region(authority)
+    if region:
+        kwargs["region"] = region
+    return cls(**kwargs)
+
+
+def _fsspec(scheme: str, target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
+    """A scheme pyarrow has no filesystem for, through fsspec (``az://`` with adlfs)."""
+    import fsspec
+    import pyarrow.fs as pafs
+
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except ImportError as e:  # fsspec knows the scheme, and names the package that serves it
+        raise StorageError(f"{os.fspath(target)}: {scheme}:// needs a package: {_one_line(e)}") from None
+    except ValueError:
+        raise StorageError(
+            f"{os.fspath(target)}: unsupported scheme {scheme}:// (use a path, file://, s3://, gs://, "
+            "hdfs://, or a scheme an installed fsspec package serves)"
+        ) from None
+    try:
+        fs, path = fsspec.core.url_to_fs(os.fspath(target))
+    except (OSError, TypeError, ValueError) as e:
+        raise StorageError(f"cannot reach {os.fspath(target)}: {_one_line(e)}") from None
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+
+
+def _filesystem_class(name: str, scheme: str) -> type:
+    import pyarrow.fs as pafs
+
+    if (cls := getattr(pafs, name, None)) is None:
+        raise StorageError(f"{scheme}:// needs a pyarrow built with {name}: {EXTRA_HINT}")
+    return cls
+
+
+def _one_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _no_bucket(bucket: str) -> str:
+    return f"bucket {bucket!r} does not exist (create it first)"
+
+
+def store_error(e: BaseException, target: str | os.PathLike[str]) -> StorageError:
+    """A store's refusal as one line that says what to fix."""
+    code = str(e).upper().replace("_", "")  # the SDK spells its codes NO_SUCH_BUCKET or NoSuchBucket
+    name = os.fspath(target)
+    if "NOSUCHBUCKET" in code:
+        scheme, rest = split_uri(name)
+        bucket = rest.strip("/").split("/", 1)[0]
+        return StorageError(f"{f'{scheme}://{bucket}' if scheme else name}: {_no_bucket(bucket)}")
+    refused = ("ACCESSDENIED", "INVALIDACCESSKEYID", "SIGNATUREDOESNOTMATCH", "EXPIREDTOKEN", "FORBIDDEN")
+    if any(k in code for k in refused):
+        return StorageError(
+            f"{name}: the store refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
+            "or AWS_PROFILE, and the endpoint AWS_ENDPOINT_URL)"
+        )
+    if "NETWORKCONNECTION" in code or "CURLCODE" in code:  # nothing answers at the endpoint
+        var = "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
+        endpoint = os.environ.get(var) if split_uri(name)[0] == "s3" else None
+        at, check = (
+            (f" at {endpoint}", f"the endpoint ({var}) and the network") if endpoint else ("", "the network")
+        )
+        return StorageError(f"{name}: the store cannot be reached{at} ({_one_line(e)}); check {check}")
+    return StorageError(f"{name}: {_one_line(e)}")
+
+
+@contextlib.contextmanager
+def _errors(target: str | os.PathLike[str]) -> Iterator[None]:
+    """A store's OSError as a one-line StorageError."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as e:
+        raise store_error(e, target) from None
+
+
+# -- objects -------------------------------------------------------------------------------------------
+def info(target: str | os.PathLike[str]) -> pafs.FileInfo:
+    """``pyarrow.fs.FileInfo`` of a path or URI: type, size, modification time."""
+    fs, path = resolve(target)
+    with _errors(target):
+        return fs.get_file_info(path)
+
+
+def is_file(target: str | os.PathLike[str]) -> bool:
+    """Whether a path or URI names a file (an object), not a folder, a prefix or nothing."""
+    return info(target).type.name == "File"
+
+
+def open_input(target: str | os.PathLike[str], buffered: bool = True) -> BinaryIO:
+    """A file's bytes, random access: on a store, ranged reads of ``READ_BLOCK_BYTES`` (``buffered``) or
+    of what is asked (Parquet's reader)."""
+    if not is_remote(target):
+        return open(normalize(target), "rb")
+    fs, path = resolve(target)
+    with _errors(target):
+        native = fs.open_input_file(path)
+    return io.BufferedReader(native, buffer_size=READ_BLOCK_BYTES) if buffered else native
+
+
+@contextlib.contextmanager
+def arrow_file(target: str | os.PathLike[str]) -> Iterator[Any]:
+    """What pyarrow reads: a local path, or a store's object as a file of ranged reads."""
+    if not is_remote(target):
+        yield normalize(target)
+        return
+    with open_input(target, buffered=False) as f:
+        yield f
+
+
+def open_stream(target: str | os.PathLike[str], compression: str) -> pa.NativeFile:
+    """A store's object read forward and decompressed (``gzip``, ``bz2``, ``zstd``, ``lz4``)."""
+    import pyarrow as pa
+
+    fs, path = resolve(target)
+    with _errors(target):  # compression=None: the filesystem would undo it a second time
+        return pa.CompressedInputStream(fs.open_input_stream(path, compression=None), compression)
+
+
+def read_bytes(target: str | os.PathLike[str]) -> bytes:
+    """A whole (small) object: a manifest, a lease."""
+    with _errors(target), open_input(target) as f:
+        return f.read()
+
+
+def write_bytes(target: str | os.PathLike[str], data: bytes | pa.Buffer) -> None:
+    """Put an object whole: a reader sees the old object or the new one, never a part of it."""
+    fs, path = resolve(target)
+    with _errors(target), fs.open_output_stream(path, compression=None) as f:
+        f.write(data)
+
+
+def delete(target: str | os.PathLike[str]) -> None:
+    """Remove an object; one that is already gone is no error."""
+    fs, path = resolve(target)
+    with _errors(target), contextlib.suppress(FileNotFoundError):
+        fs.delete_file(path)
+
+
+def delete_folder(target: str | os.PathLike[str]) -> None:
+    """Remove every object under a folder or prefix; none there is no error."""
+    fs, path = resolve(target)
+    with _errors(target), contextlib.suppress(FileNotFoundError):
+        fs.delete_dir_contents(path, missing_dir_ok=True)
+
+
+def listing(folder: str | os.PathLike[str], recursive: bool = False) -> dict[str, pafs.FileInfo]:
+    """The objects under ``folder`` by their ``/``-separated names below it; none where it does not exist."""
+    import pyarrow.fs as pafs
+
+    fs, path = resolve(folder)
+    with _errors(folder):
+        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=recursive))
+    root = path.strip("/")  # fsspec's filesystems answer "/bucket/key" for "bucket/key"
+    return {i.path.strip("/")[len(root) :].lstrip("/"): i for i in infos if i.type == pafs.FileType.File}
+
+
+def list_names(folder: str | os.PathLike[str], recursive: bool = False) -> list[str]:
+    return sorted(listing(folder, recursive))
+
+
+def glob_base(target: str) -> str:
+    """The fixed folder a glob lists below (``s3://b/corpus`` of ``s3://b/corpus/*/day-*.parquet``)."""
+    if not glob.has_magic(split_uri(target)[1]):
+        return target.rstrip("/")
+    return target[: min(target.index(c) for c in "*?[" if c in target)].rsplit("/", 1)[0]
+
+
+def list_files(target: str) -> list[str]:
+    """Every file a URI names, sorted: the file, a folder's files at any depth, or a glob's matches
+    (``*`` within one folder, ``**`` across any). StorageError where nothing matches."""
+    target = target.rstrip("/")
+    base = glob_base(target)
+    if base != target:
+        pattern = target[len(base) + 1 :].split("/")
+        found = [join(base, n) for n in listing(base, recursive=True) if _matches(n.split("/"), pattern)]
+    elif is_file(target):
+        found = [target]
+    else:
+        found = [join(target, n) for n in listing(target, recursive=True)]
+    if not found:
+        raise StorageError(f"{target}: {_bucket_missing(target) or 'no such file, folder or match'}")
+    return sorted(found)
+
+
+def _bucket_missing(target: str) -> str | None:
+    """What to say of a URI whose bucket does not exist (its listing is as empty as an empty folder's)."""
+    import pyarrow.fs as pafs
+
+    scheme, rest = split_uri(target)
+    if scheme not in ("s3", "gs", "gcs"):
+        return None
+    bucket = rest.strip("/").split("/", 1)[0]
+    fs, _ = resolve(f"{scheme}://{bucket}")
+    try:
+        missing = fs.get_file_info(bucket).type == pafs.FileType.NotFound
+    except OSError:  # not allowed to look: the listing's answer stands
+        return None
+    return _no_bucket(bucket) if missing else None
+
+
+def _matches(parts: list[str], pattern: list[str]) -> bool:
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_matches(parts[i:], pattern[1:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _matches(parts[1:], pattern[1:])
+
+
+# -- local copies --------------------------------------------------------------------------------------
+def cache_folder(kind: str, uri: str) -> Path:
+    """Where a store's ``kind`` of thing (``runs``, ``models``) is copied on this machine, one folder a
+    URI: ``$BERTATTN_CACHE`` or ``~/.cache/bertattn``."""
+    root = Path(os.environ.get("BERTATTN_CACHE") or Path.home() / ".cache" / "bertattn")
+    folder = root / kind / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ".source").write_text(uri + "\n", encoding="utf-8")
+    return folder
+
+
+def local_files(local: Path) -> dict[str, tuple[int, int]]:
+    """A folder's files by their names below it: (size, modification time); hidden ones left out."""
+    out = {}
+    for f in local.rglob("*"):
+        name = f.relative_to(local).as_posix()
+        if f.is_file() and not any(part.startswith(".") for part in name.split("/")):
+            st = f.stat()
+            out[name] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def mirror(uri: str, local: Path, skip: tuple[str, ...] = ()) -> None:
+    """Bring ``local`` up to date with every object under ``uri`` but ``skip``: an object whose size and
+    time its copy records is not fetched again; a copy whose object is gone is removed."""
+    found = listing(uri, recursive=True)
+    if not found:
+        raise StorageError(f"{uri}: no such folder, or it is empty")
+    remote = {n: i for n, i in found.items() if n not in skip}
+    for name in set(local_files(local)) - set(remote) - set(skip):
+        (local / name).unlink()
+    for name, obj in remote.items():
+        target = local / name
+        if not (obj.mtime_ns and target.is_file() and stamp(target) == (obj.size, obj.mtime_ns)):
+            download(join(uri, name), target, obj)  # (a store that gives no time: fetched every time)
+
+
+def download(uri: str, target: Path, obj: pafs.FileInfo | None = None) -> None:
+    """Copy one object to ``target`` through a temporary of this process's own (workers of one machine
+    may copy one model at once), stamped with the object's time."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    try:
+        with open_input(uri, buffered=False) as src, os.fdopen(fd, "wb") as dst:
+            shutil.copyfileobj(src, dst, READ_BLOCK_BYTES)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if obj is not None:
+        stamp(target, obj)
+
+
+def stamp(path: Path, obj: pafs.FileInfo | None = None) -> tuple[int, int]:
+    """A copy's (size, time); with ``obj``, its time first set to the object's version."""
+    if obj is not None and obj.mtime_ns:
+        os.utime(path, ns=(obj.mtime_ns, obj.mtime_ns))
+    st = path.stat()
+    return (st.st_size, st.st_mtime_ns)
