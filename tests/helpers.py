@@ -109,6 +109,18 @@ def manifest_json(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "manifest.json").read_text(encoding="utf-8"))
 
 
+def parquet_with_a_flipped_byte(texts: list[str]) -> bytes:
+    """A Parquet file with page checksums, one byte of its last text flipped inside its data page."""
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    plain = {"compression": "none", "use_dictionary": False, "write_statistics": False}  # values once
+    pq.write_table(pa.table({"text": texts}), sink, write_page_checksum=True, **plain)
+    data = bytearray(sink.getvalue().to_pybytes())
+    data[data.index(texts[-1].encode())] ^= 1
+    return bytes(data)
+
+
 def python_probe(*lines: str, timeout: float = 120):
     """Run ``lines`` as a fresh Python process (what a process does from its start: signal masks, exit
     hooks); its completed process, output as text."""

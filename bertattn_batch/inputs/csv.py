@@ -8,6 +8,7 @@ from __future__ import annotations
 import codecs
 import csv
 import io
+import re
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, BinaryIO
@@ -25,6 +26,8 @@ CSV_BLOCK_BYTES = 1 << 22
 CSV_MAX_BLOCK_BYTES = 1 << 30
 #: How far into a file its header line is looked for, past empty lines.
 HEADER_SCAN_BYTES = 1 << 20
+#: A quoted field's bytes after its opening quote, to its closing quote.
+_REST = re.compile(rb'[^"]*+(?:""[^"]*+)*+"')
 
 
 def read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
@@ -92,7 +95,7 @@ def read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[s
             with src.open() as f:
                 read = pcsv.ReadOptions(block_size=block, use_threads=False)
                 seen = 0
-                for rb in pcsv.open_csv(_WholeLineBreaks(f), read, parse, convert):
+                for rb in pcsv.open_csv(_CheckedBytes(f, src), read, parse, convert):
                     seen += rb.num_rows
                     if seen > placed:  # not placed before a read again in larger blocks
                         rb = rb.slice(rb.num_rows - (seen - placed))
@@ -108,13 +111,23 @@ def read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[s
         yield out
 
 
-class _WholeLineBreaks(io.RawIOBase):
-    """A binary stream whose reads never end between the ``\\r`` and ``\\n`` of a line break: where an
-    Arrow block ends there inside a quoted value, Arrow drops the ``\\n`` (pyarrow 26)."""
+class _CheckedBytes(io.RawIOBase):
+    """A CSV file's bytes as Arrow reads them. A read never ends between the ``\\r`` and ``\\n`` of a line
+    break: where an Arrow block ends there inside a quoted value, Arrow drops the ``\\n`` (pyarrow 26). A
+    quoted field that never closes, or spans lines and has more than the delimiter or a line break after
+    its closing quote, is refused with its line: Arrow reads the lines after such a stray ``"`` into it."""
 
-    def __init__(self, raw: BinaryIO) -> None:
-        self._raw = raw
-        self._held = b""
+    def __init__(self, raw: BinaryIO, src: Source) -> None:
+        self._raw, self._held, self._src = raw, b"", src
+        sep = re.escape(src.sep.encode())
+        # bytes up to a quoted field that does not close in them or has more than sep or a line break after
+        # it (a field that starts with a quote is quoted; a quote further in is a character)
+        self._fields = re.compile(
+            rb'(?:[^"]++|(?<=[^%b\r\n])"|"%b(?![^%b\r\n]))*+' % (sep, _REST.pattern, sep)
+        )
+        self._unscanned = bytearray()  # read, after the last line break
+        self._offset = 0  # of the first unscanned byte in the file
+        self._open = -1  # where a quoted field that has not closed opens in the file (-1: none)
 
     def readable(self) -> bool:
         return True
@@ -122,18 +135,56 @@ class _WholeLineBreaks(io.RawIOBase):
     def read(self, size: int | None = -1) -> bytes:
         if size is None or size < 0:
             data, self._held = self._held + self._raw.read(), b""
-            return data
-        data = self._held + self._raw.read(max(1, size - len(self._held)))
-        self._held = b""
-        if data.endswith(b"\r"):
-            after = self._raw.read(1)
-            if len(data) > 1:
-                data, self._held = data[:-1], b"\r" + after
-            else:  # a read of one byte, "\r": give it with the byte after it, if that is no "\r"
-                data += after
-                if data.endswith(b"\r\r"):
-                    data, self._held = data[:-1], b"\r"
+        else:
+            data = self._held + self._raw.read(max(1, size - len(self._held)))
+            self._held = b""
+            if data.endswith(b"\r"):
+                after = self._raw.read(1)
+                if len(data) > 1:
+                    data, self._held = data[:-1], b"\r" + after
+                else:  # a read of one byte, "\r": give it with the byte after it, if that is no "\r"
+                    data += after
+                    if data.endswith(b"\r\r"):
+                        data, self._held = data[:-1], b"\r"
+        self._scan(data)
         return data
+
+    def _scan(self, data: bytes) -> None:
+        """Scan the bytes read up to the last line break; at the end of the file (``data`` empty), all."""
+        if data and b"\n" not in data and b"\r" not in data:
+            self._unscanned += data
+            return
+        buf = bytes(self._unscanned) + data
+        end = max(buf.rfind(b"\n"), buf.rfind(b"\r")) + 1 if data else len(buf)
+        self._unscanned = bytearray(buf[end:])
+        start, i = self._offset, 0
+        self._offset += end
+        while i < end:
+            if self._open >= 0:
+                if (m := _REST.match(buf, i, end)) is None:
+                    break
+                i = m.end()
+                crossed = self._open < start or re.search(rb"[\r\n]", buf[self._open - start : i])
+                if crossed and buf[i : i + 1] not in b"\r\n" + self._src.sep.encode():
+                    raise self._stray()
+                self._open = -1
+            i = self._fields.match(buf, i, end).end()
+            if i < end:
+                self._open, i = start + i, i + 1
+        if self._open >= 0 and not data:
+            raise self._stray()
+
+    def _stray(self) -> InputError:
+        line, before = 1, self._open
+        with self._src.open() as f:  # the line it opens on, counted again
+            for text in io.TextIOWrapper(f, "latin-1", newline=""):
+                if (before := before - len(text)) < 0:
+                    break
+                line += 1
+        return InputError(
+            f"{self._src.label}, line {line}: a quoted field opens there that runs on over the lines after "
+            'it (a stray "?); quote the field whole, doubling each " inside it'
+        )
 
 
 def _header(src: Source) -> tuple[list[str] | None, bool]:

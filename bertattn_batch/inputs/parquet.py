@@ -18,7 +18,9 @@ PARQUET_BUFFER_BYTES = 1 << 20
 
 def read_parquet(src: Source, wanted: list[str], block_rows: int) -> Iterator[dict[str, list[Any]]]:
     with storage.arrow_file(src.path) as f:
-        pf = pq.ParquetFile(f, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
+        pf = pq.ParquetFile(
+            f, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False, page_checksum_verification=True
+        )
         for rb in pf.iter_batches(batch_size=block_rows, columns=wanted):
             yield {c: column_values(rb.column(c)) for c in wanted}
 

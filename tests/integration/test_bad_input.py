@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import manifest_json, read_attention, read_table, tiny_bert_config
+from helpers import manifest_json, parquet_with_a_flipped_byte, read_attention, read_table, tiny_bert_config
 from typer.testing import CliRunner
 
 from bertattn_batch.analysis.validate import validate_run
@@ -338,6 +338,8 @@ def test_labels_read_alike_from_every_format_and_a_file_is_read_once(tiny_en_dir
     ("setup", "message"),
     [
         ("corrupt_parquet", "cannot read as parquet"),
+        ("flipped_byte", "in.parquet: cannot read as parquet: could not verify page integrity, CRC checksum"),
+        ("stray_quote", "in.csv, line 3: a quoted field opens there that runs on over the lines after it"),
         ("missing_file", "input not found"),
         ("misspelt_column", "no column 'txt'; columns there: text"),
         ("unknown_extension", "cannot tell the format"),
@@ -356,6 +358,11 @@ def test_file_level_problems_are_one_line_errors(setup, message, tiny_en_dir, tm
     extra: list[str] = []
     if setup == "corrupt_parquet":
         src.write_bytes(b"PAR1 this is not parquet at all")
+    elif setup == "flipped_byte":  # the checksum of the page it is in no longer fits
+        src.write_bytes(parquet_with_a_flipped_byte(["good", "fine"]))
+    elif setup == "stray_quote":  # the lines after it were read into its field, their rows lost
+        src = tmp_path / "in.csv"
+        src.write_text('text\nfine\n"the rest\nlost\n')
     elif setup == "missing_file":
         src = tmp_path / "nope.parquet"
     elif setup == "misspelt_column":
@@ -384,7 +391,8 @@ def test_file_level_problems_are_one_line_errors(setup, message, tiny_en_dir, tm
     assert r.exit_code == 1
     assert message in r.output
     assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
-    if setup not in ("bad_json", "json_array"):  # found before anything was made: no run directory
+    # found before anything was made: no run directory
+    if setup not in ("bad_json", "json_array", "flipped_byte", "stray_quote"):
         assert not (tmp_path / "out").is_dir()
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import polars as pl
 
 from ... import schema
-from ...errors import BertAttnError
+from ...errors import BertAttnError, InputError
 from ...ids import IdSet
 from ...inputs import RowBatch, RowDigests, check_inputs, read_once, read_sources, source_files
 from ...run import Manifest, input_changes
@@ -42,6 +42,7 @@ def check_inputs_and_spans(rec: ValidationReport, run: RunView) -> None:
         return
     options = {**manifest.read_options(), "label_col": manifest.spec.get("label_col")}
     coverage, spans = _Coverage(rec, run, manifest), _Spans(rec, run, manifest.generation or 0)
+    sources = None
     try:
         sources = check_inputs(inputs, **options)
         if manifest.sources is not None:
@@ -55,7 +56,10 @@ def check_inputs_and_spans(rec: ValidationReport, run: RunView) -> None:
             coverage.feed(block)
             spans.feed(block)
     except BertAttnError as e:
-        rec.skip("inputs", f"inputs not readable here ({e}); not checked")
+        if sources is not None and isinstance(e, InputError):  # found, but rows no job reads: damaged
+            rec.fail("inputs", f"{e}; the run cannot hold these inputs' rows")
+        else:
+            rec.skip("inputs", f"inputs not readable here ({e}); not checked")
         rec.skip("spans", f"inputs not readable here ({e}); end <= text length not checked")
         if spans.checked:
             rec.note("spans", f"{spans.checked} reviews checked before that")

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import parquet_with_a_flipped_byte
 
 from bertattn_batch import storage
 from bertattn_batch.errors import InputError
@@ -117,6 +118,14 @@ class _Counting(io.RawIOBase):
         data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
+
+
+def test_a_parquet_object_with_a_damaged_page_is_refused(bucket):
+    """One flipped byte changed a review's text, read without a word: page checksums are verified."""
+    path = f"s3://{bucket}/damaged.parquet"
+    storage.write_bytes(path, parquet_with_a_flipped_byte(["good", "fine"]))
+    with pytest.raises(InputError, match=r"damaged.parquet: cannot read as parquet: .*CRC checksum"):
+        list(read_rows([path]))
 
 
 def test_a_large_parquet_file_streams_by_ranged_reads(bucket, monkeypatch):

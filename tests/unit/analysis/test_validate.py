@@ -778,6 +778,18 @@ def test_input_rows_without_a_predictions_row_are_named(tiny_en_dir, tmp_path):
         run_job(JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(run), window=4, progress=False))
 
 
+def test_an_input_with_a_stray_quote_is_a_problem_not_a_clean_run(tiny_en_dir, tmp_path):
+    """Arrow reads the lines after an unmatched ``"`` into its field, and a run made so was clean to
+    ``validate``, which read it the same way: the rows it lost are named by the quote's line."""
+    src = tmp_path / "in.csv"
+    src.write_text('text\nfine\n"the rest\nlost\nlost\n"\n')  # one review of three lines
+    run = tmp_path / "run"
+    run_job(JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(run), window=4, progress=False))
+    src.write_text('text\nfine\n"the rest\nlost\nlost\n')  # as Arrow read it: the same two reviews
+    report = validate_run(run)
+    assert not report.ok and "in.csv, line 3: a quoted field opens there" in report.render(), report.render()
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [

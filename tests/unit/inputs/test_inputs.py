@@ -366,6 +366,23 @@ def test_csv_values_are_kept_byte_for_byte_across_arrows_blocks(tmp_path, monkey
     assert sum("\r\n" in t for _, t, _ in want if t) > 100
 
 
+@pytest.mark.parametrize("d", [",", "\t"])
+def test_a_stray_quote_that_would_swallow_the_rows_after_it_is_refused_with_its_line(tmp_path, d):
+    """A review opening with a ``"`` that never closes took the rest of the file into its field (2,000
+    lines read as 11 rows); one closed lines later with more after its quote merged the rows between.
+    A quote closed on its own line with more after it loses no row, and is read as before."""
+    lines = [f"id{d}text", *(f"r{i}{d}review {i}" for i in range(2_000))]
+    path = tmp_path / ("f.csv" if d == "," else "f.tsv")
+    for stray in [{11: f'r10{d}"never closed'}, {11: f'r10{d}"opens here', 15: f'r14{d}a "quote" in it'}]:
+        path.write_text("\n".join({**dict(enumerate(lines)), **stray}.values()) + "\n")
+        with pytest.raises(
+            InputError, match=f"{path.name}, line 12: a quoted field opens there that runs on"
+        ):
+            list(inputs.read_rows([str(path)], id_col="id"))
+    path.write_text("\n".join({**dict(enumerate(lines)), 11: f'r10{d}"Best" phone'}.values()) + "\n")
+    assert sum(b.status.count("ok") for b in inputs.read_rows([str(path)], id_col="id")) == 2_000
+
+
 def test_ids_are_spelt_one_to_one(tmp_path):
     """A binary id that is not UTF-8 (``b'\\xff'``) and the four characters ``\\xff`` are spelt apart (else
     the second review would be a duplicate_id); a float id 1e300 is spelt as JSON spells it."""
