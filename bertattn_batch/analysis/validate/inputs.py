@@ -1,5 +1,6 @@
-"""The checks that read the run's inputs again, in one pass: every input row has its predictions row
-(``inputs``), and every token's span lies within its review's text (``spans``).
+"""The checks that read the run's inputs again, in one pass: every input row has its predictions row,
+with the id, label and text the inputs give it, and the run no review the inputs lack (``inputs``); and
+every token's span lies within its review's text (``spans``).
 
 A run whose manifest and parts agree can still lack rows of its inputs (rows appended since, a part
 deleted with the manifest edited to match). A run of plain passes covers as many rows as the inputs hold
@@ -14,7 +15,7 @@ import polars as pl
 from ... import schema
 from ...errors import BertAttnError, InputError
 from ...ids import IdSet
-from ...inputs import RowBatch, RowDigests, check_inputs, read_once, read_sources, source_files
+from ...inputs import RowBatch, RowDigests, check_inputs, read_once, read_sources, rows_digest, source_files
 from ...run import Manifest, input_changes
 from .files import Part, RunView
 from .report import KEPT, ValidationReport
@@ -70,7 +71,8 @@ def check_inputs_and_spans(rec: ValidationReport, run: RunView) -> None:
 
 class _Coverage:
     """The inputs check: as many rows as the run covers and, by row number, each part's rows as they read
-    when it was written (a digest: an edit in place keeps a file's size); by id, every id in the run."""
+    when it was written (a digest: an edit in place keeps a file's size) and as the run stored them; by
+    id, every id in the run, and every id of the last pass in the inputs."""
 
     def __init__(self, rec: ValidationReport, run: RunView, manifest: Manifest) -> None:
         self.rec, self.run = rec, run
@@ -79,15 +81,17 @@ class _Coverage:
         # a pass by id since the first, even one that wrote nothing (its inputs may be another file)
         self.by_id = bool(manifest.generation) or any(p.generation for p in run.parts)
         # a run made with --incremental keeps the text an id had when scored: not compared
-        by_row = not self.by_id and spec.get("on_existing") != "incremental"
-        self.digests = RowDigests(run.parts if by_row else [])
-        self.ids = IdSet()
+        self.by_row = not self.by_id and spec.get("on_existing") != "incremental"
+        self.digests = RowDigests(run.parts if self.by_row else [])
+        self.stored = _StoredRows(run)
+        self.ids, self.input_ids = IdSet(), IdSet()
         if self.by_id:
-            self.ids.update(self._run_ids())
+            self.ids.update(self._run_ids(run.parts))
+        self.last_pass = [p for p in run.parts if p.generation == (manifest.generation or 0)]
         self.n, self.changed, self.missing, self.first = 0, [], 0, []
 
-    def _run_ids(self) -> list[str]:
-        files = [str(self.run.file(p, "predictions")) for p in self.run.parts if "predictions" in p.readable]
+    def _run_ids(self, parts: list[Part]) -> list[str]:
+        files = [str(self.run.file(p, "predictions")) for p in parts if "predictions" in p.readable]
         if not files:
             return []
         found = pl.scan_parquet(files, glob=False).filter(~pl.col("status").is_in(schema.ROW_NUMBER_STATUSES))
@@ -101,11 +105,16 @@ class _Coverage:
         if self.limit is not None:  # rows past the last pass's limit were never asked for
             block = block.slice(0, max(0, self.limit - block.row_index[0]))
         self.n += len(block)
-        if not self.by_id:
+        if self.by_row:
             self.changed += self.digests.feed(block)
+            self.stored.feed(block)
             return
-        for doc_id, status in zip(block.doc_id, block.status, strict=True):
-            if status not in schema.ROW_NUMBER_STATUSES and doc_id not in self.ids:
+        ids = [
+            d for d, s in zip(block.doc_id, block.status, strict=True) if s not in schema.ROW_NUMBER_STATUSES
+        ]
+        self.input_ids.update(ids)
+        for doc_id in ids if self.by_id else []:
+            if doc_id not in self.ids:
                 self.missing += 1
                 if len(self.first) < 3:
                     self.first.append(doc_id)
@@ -113,6 +122,16 @@ class _Coverage:
     def finish(self) -> None:
         rec, run, n = self.rec, self.run, self.n
         limited = f" (limit {self.limit})" if self.limit is not None else ""
+        redo = "; rerun the extract with --overwrite to redo the run"
+        rec.fail_many("inputs", self.stored.differ, (m + redo for m in self.stored.first))
+        if not self.by_row:
+            ids = self._run_ids(self.last_pass)
+            gone = [d for d, has in zip(ids, self.input_ids.contains_each(ids), strict=True) if not has]
+            rec.fail_many(
+                "inputs",
+                len(gone),
+                (f"the run holds review {d!r}, which no input row has{redo}" for d in gone[:3]),
+            )
         if self.by_id:
             if self.missing and run.status == "complete":
                 rec.fail_many(
@@ -147,6 +166,51 @@ class _Coverage:
         elif n < covered:
             rec.fail("inputs", f"the run holds rows {n}..{covered - 1}, which the inputs no longer have")
         rec.note("inputs", f"{n} input rows{limited}")
+
+
+class _StoredRows:
+    """Each input row beside the predictions row the run stored of it (a pass by row number): its id, its
+    label and, where the run stores texts, its text (by the row's digest), a part at a time. A part whose
+    stored rows give the digest its manifest entry records is as committed (the inputs are compared with
+    that digest): its rows are not compared one by one."""
+
+    def __init__(self, run: RunView) -> None:
+        self.run = run
+        self.pending = sorted(
+            (p for p in run.parts if "predictions" in p.readable), key=lambda p: p.start_row
+        )
+        self.rows: dict[int, tuple[str, str | None, str | None]] = {}  # row -> (doc_id, label, digest)
+        self.differ = 0
+        self.first: list[str] = []
+
+    def feed(self, block: RowBatch) -> None:
+        hi = block.row_index[-1] + 1
+        while self.pending and self.pending[0].start_row < hi:
+            self.rows.update(self._read(self.pending.pop(0)))
+        for j, row in enumerate(block.row_index):
+            if (stored := self.rows.pop(row, None)) is None:
+                continue
+            (doc_id, label, digest), now = stored, block.doc_id[j]
+            if doc_id != now:
+                say = f"input row {row} is review {now!r}, but the run's row {row} is {doc_id!r}"
+            elif label != block.label[j]:
+                say = f"input row {row} (review {now!r}) has a label other than the one the run stored"
+            elif digest and digest != rows_digest(block, j, j + 1):
+                say = f"input row {row} (review {now!r}) has a text other than the one the run stored"
+            else:
+                continue
+            self.differ += 1
+            if len(self.first) < 3:
+                self.first.append(say)
+
+    def _read(self, part: Part) -> dict[int, tuple[str, str | None, str | None]]:
+        columns = ["row_index", "doc_id", "text", "label", "status"]
+        frame = pl.read_parquet(self.run.file(part, "predictions"), columns=columns, glob=False)
+        rows = RowBatch(*(frame.sort("row_index")[c].to_list() for c in columns))
+        if rows_digest(rows) == part.rows_digest:
+            return {}
+        digests = [None if t is None else rows_digest(rows, i, i + 1) for i, t in enumerate(rows.text)]
+        return dict(zip(rows.row_index, zip(rows.doc_id, rows.label, digests, strict=True), strict=True))
 
 
 class _Spans:

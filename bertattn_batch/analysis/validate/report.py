@@ -12,7 +12,8 @@ CHECKS = {
     "schema": "every part's columns, types, table and version equal schemas/, no nulls where none may be",
     "counts": "rows of every part and the run's totals equal the manifest's",
     "row_index": "every input row once: parts cover their row ranges, generation 0 covers 0..N-1",
-    "inputs": "every input row (within the run's limit) has a predictions row; the inputs are the files read",
+    "inputs": "every input row (within the run's limit) has a predictions row with its id, label and "
+    "text, and the run no review the inputs lack; the inputs are the files read",
     "doc_id": "doc ids unique among scored reviews",
     "predictions": "statuses known; probs sum to 1 and pred_id is their argmax when scored, null if not",
     "layers_heads": "every scored review has each manifest layer x heads 0..H-1 once, no other review any",

@@ -22,6 +22,7 @@ from bertattn_batch.cli import app
 from bertattn_batch.config import JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.errors import RunDirError
+from bertattn_batch.inputs import RowBatch, rows_digest
 from bertattn_batch.run import LOCK_NAME
 from bertattn_batch.schema import STATUSES
 
@@ -841,3 +842,90 @@ def test_a_part_gone_while_validate_reads_it_is_one_line(en_run, tmp_path, monke
     monkeypatch.setattr(validate, "check_attention", gone)
     with pytest.raises(RunDirError, match=r"part-000000000000.parquet went while validate read it"):
         validate_run(_copy(en_run, tmp_path))
+
+
+def _in_every_table(run: Path, change: Callable[[dict], None]) -> None:
+    """``change`` applied to each table's first part, as an editor that keeps every file valid would."""
+    for table in schema.TABLES:
+        _rewrite(run / table / PART0, change)
+
+
+def _rename(old: str, new: str) -> Callable[[dict], None]:
+    def change(c):
+        c["doc_id"] = [new if d == old else d for d in c["doc_id"]]
+
+    return change
+
+
+def test_a_review_renamed_in_every_table_is_a_problem(en_run, tmp_path):
+    """One review's id replaced in all four tables: the tables agree with each other, not the inputs.
+    validate warned and passed a run that lacks an input review and holds one no input row has."""
+    run = _copy(en_run, tmp_path)
+    doc = read_table(run, "predictions").column("doc_id")[2].as_py()
+    _in_every_table(run, _rename(doc, "FORGED"))
+    report = validate_run(run)
+    assert report.check("inputs").problems == 1, report.render()
+    msg = next(p.message for p in report.problems if p.check == "inputs")
+    assert f"input row 2 is review {doc!r}, but the run's row 2 is 'FORGED'" in msg
+    assert _cli(str(run)).exit_code == 1
+    # the part's digest in the manifest forged too: the inputs no longer give it
+    m = _manifest(run)
+    stored = pq.read_table(run / "predictions" / PART0).to_pydict()
+    rows = RowBatch(*(stored[c] for c in ("row_index", "doc_id", "text", "label", "status")))
+    m["parts"][0]["rows_digest"] = rows_digest(rows)
+    _save_manifest(run, m)
+    assert validate_run(run).check("inputs").problems == 1
+
+
+@pytest.mark.parametrize("column", ["text", "label"])
+def test_stored_texts_and_labels_other_than_the_inputs_are_named(column, en_run, tmp_path):
+    """Stored texts reversed, known labels swapped (they drive the report's accuracy): validate passed
+    both without a word. Each row that differs counts, the first few are named by doc id."""
+    run = _copy(en_run, tmp_path)
+
+    def change(c):
+        if column == "text":
+            c["text"] = [t and t[::-1] for t in c["text"]]
+        else:  # each known label becomes the next one
+            known = sorted({v for v in c["label"] if v})
+            c["label"] = [v and known[(known.index(v) + 1) % len(known)] for v in c["label"]]
+
+    before = read_table(run, "predictions").slice(0, 10).to_pylist()
+    _rewrite(run / "predictions" / PART0, change)
+    after = read_table(run, "predictions").slice(0, 10).to_pylist()
+    differ = [b["doc_id"] for b, a in zip(before, after, strict=True) if b[column] != a[column]]
+    report = validate_run(run)
+    assert report.check("inputs").problems == len(differ) > 3, report.render()
+    named = [p.message for p in report.problems if p.check == "inputs"]
+    assert len(named) == 3 and all(f"{column} other than" in m for m in named), named
+    assert all(f"review {d!r}" in m for d, m in zip(differ, named, strict=False))
+    assert _cli(str(run)).exit_code == 1
+    assert validate_run(run, check_source=False).ok  # without the inputs, nothing to compare with
+
+
+def test_a_run_without_stored_texts_still_has_its_ids_and_labels_compared(en_run, tmp_path):
+    run = _copy(en_run, tmp_path)
+
+    def forget_texts(c):
+        c["text"] = [None] * len(c["text"])
+
+    for part in (run / "predictions").glob("*.parquet"):  # as --no-store-text leaves them
+        _rewrite(part, forget_texts)
+    assert validate_run(run).ok, validate_run(run).render()
+    doc = read_table(run, "predictions").column("doc_id")[4].as_py()
+    _in_every_table(run, _rename(doc, "FORGED"))
+    assert validate_run(run).check("inputs").problems == 1
+
+
+def test_an_incremental_pass_holding_a_review_no_input_row_has_is_a_problem(en_source, tiny_en_dir, tmp_path):
+    source = tmp_path / "reviews.parquet"
+    pq.write_table(pq.read_table(en_source).slice(0, 12), source)
+    out = tmp_path / "run"
+    base = {"inputs": [str(source)], "model": str(tiny_en_dir), "out": str(out), "id_col": "doc_id"}
+    run_job(JobSpec(**base, window=6, on_existing="incremental", progress=False))
+    assert validate_run(out).ok
+    doc = read_table(out, "predictions").column("doc_id")[1].as_py()
+    _in_every_table(out, _rename(doc, "FORGED"))
+    report = validate_run(out)
+    assert report.check("inputs").problems == 1, report.render()
+    assert "'FORGED'" in report.render()
