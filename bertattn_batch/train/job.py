@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import file_lock
-from ..config import FinetuneSpec, JobSpec, check_delimiter, check_encoding, from_dict, load_job
+from ..config import FinetuneSpec, InputSpec, JobSpec, keys, load_job
 from ..errors import ModelError, SpecError
 from ..model.checks import load_config, position_limit, resolve_source
 from ..model.classifier import layer_count, resolve_layers
@@ -77,42 +77,24 @@ def _check_base_fits(spec: JobSpec) -> None:
         )
 
 
-def training_inputs(spec: JobSpec, inputs: list[str] | None = None) -> tuple[list[str], str, str, str]:
-    """What a job's model is trained on: (inputs, text column, label column, input format).
-
-    ``[finetune]``'s own inputs and columns where it names them, else the job's; ``inputs`` given
-    replace both. The job's ``input_format`` applies to the job's inputs only; other files are told by
-    their names.
-    """
-    ft = spec.finetune or FinetuneSpec()
-    own = not inputs and not ft.inputs
-    return (
-        inputs or ft.inputs or spec.inputs,
-        ft.text_col or spec.text_col,
-        ft.label_col or spec.label_col or "label",
-        spec.input_format if own else "auto",
-    )
+def training_inputs(spec: JobSpec, paths: list[str] | None = None) -> InputSpec:
+    """What a job's model is trained on: ``[finetune]``'s inputs where it names them, else the job's own
+    (all their rows); ``paths`` given replace the files, read by their names, with the same columns."""
+    own = spec.finetune.inputs if spec.finetune and spec.finetune.inputs else spec.inputs
+    if paths:
+        return InputSpec(paths, text_col=own.text_col, label_col=own.label_col)
+    return dataclasses.replace(own, limit=None)
 
 
 def _train_model(spec: JobSpec, progress: bool) -> None:
     assert spec.finetune is not None
     # on every row of its inputs, --limit or not: a model trained on a trial's few rows would stay
     # in the model folder and score every later run of the job
-    every = " (on all its rows: --limit applies to the reviews scored)" if spec.limit is not None else ""
-    log.warning("model %s not found: training it now from the job's [finetune] table%s", spec.model, every)
-    inputs, text_col, label_col, input_format = training_inputs(spec)
-    own = not spec.finetune.inputs  # the job's own rows: their ids name the held-out reviews in its run
-    plan = TrainingPlan(
-        inputs,
-        text_col,
-        label_col,
-        spec.model,
-        input_format,
-        spec.finetune,
-        spec.id_col if own else None,
-        spec.encoding if own else "utf-8",
-        spec.delimiter if own else None,
+    every = (
+        " (on all its rows: --limit applies to the reviews scored)" if spec.inputs.limit is not None else ""
     )
+    log.warning("model %s not found: training it now from the job's [finetune] table%s", spec.model, every)
+    plan = TrainingPlan(training_inputs(spec), spec.model, spec.finetune)
     metrics = plan.run(progress)
     if metrics.get("accuracy") is None:  # eval_fraction = 0; an accuracy of 0.0 is still printed
         log.warning("trained %s: no held-out split", spec.model)
@@ -129,77 +111,29 @@ def _train_model(spec: JobSpec, progress: bool) -> None:
 class TrainingPlan:
     """What ``bertattn finetune`` trains: on which rows, into which folder, with which settings."""
 
-    inputs: list[str]
-    text_col: str
-    label_col: str
+    inputs: InputSpec
     out_dir: str
-    input_format: str
     spec: FinetuneSpec
-    id_col: str | None = None  # the ids the held-out reviews are recorded by (else their row numbers)
-    encoding: str = "utf-8"
-    delimiter: str | None = None
-
-    def __post_init__(self) -> None:  # as a job's are: a plan from --job and options is not one
-        object.__setattr__(self, "delimiter", check_delimiter(self.delimiter))
-        check_encoding(self.encoding)
 
     def run(self, progress: bool = True) -> dict[str, Any]:
-        return api.finetune_files(
-            self.inputs,
-            self.text_col,
-            self.label_col,
-            self.out_dir,
-            self.spec,
-            self.input_format,
-            progress,
-            id_col=self.id_col,
-            encoding=self.encoding,
-            delimiter=self.delimiter,
-        )
+        return api.finetune_files(self.inputs, self.out_dir, self.spec, progress)
 
 
 def plan_training(
-    inputs: list[str] | None = None,
-    out: str | None = None,
-    job: str | Path | None = None,
-    text_col: str | None = None,
-    label_col: str | None = None,
-    input_format: str | None = None,
-    id_col: str | None = None,
-    encoding: str | None = None,
-    delimiter: str | None = None,
-    **settings: Any,
+    inputs: list[str] | None = None, out: str | None = None, job: str | Path | None = None, **given: Any
 ) -> TrainingPlan:
     """A training from files and ``--out``, or from a job spec's model and ``[finetune]`` table (its
-    inputs and columns where the table names none; ``inputs`` given replace them). ``settings``: keys of
-    :class:`FinetuneSpec` (None: not given), which replace the table's."""
-    given = {k: v for k, v in settings.items() if v is not None}
+    inputs and columns where the table names none; ``inputs`` given replace the files). ``given``: keys
+    of :class:`InputSpec` and of :class:`FinetuneSpec` as a job file names them (None: not given), which
+    replace the job's."""
+    given = {k: v for k, v in given.items() if v is not None}
+    reading = {keys(InputSpec)[k][1].name: given.pop(k) for k in list(given) if k in keys(InputSpec)}
     if job is not None:
         spec = load_job(job)
-        table = dataclasses.asdict(spec.finetune or FinetuneSpec())
-        job_inputs, job_text_col, job_label_col, job_format = training_inputs(spec, inputs)
-        own = not inputs and not table["inputs"]
+        settings = dataclasses.replace(spec.finetune or FinetuneSpec(), **given)
         return TrainingPlan(
-            job_inputs,
-            text_col or job_text_col,
-            label_col or job_label_col,
-            out or spec.model,
-            input_format or job_format,
-            from_dict(FinetuneSpec, {**table, **given}),
-            id_col or (spec.id_col if own else None),
-            encoding or (spec.encoding if own else "utf-8"),
-            delimiter or (spec.delimiter if own else None),
+            dataclasses.replace(training_inputs(spec, inputs), **reading), out or spec.model, settings
         )
     if not inputs or not out:
         raise SpecError("give INPUT... and --out, or --job JOB.toml")
-    return TrainingPlan(
-        list(inputs),
-        text_col or "text",
-        label_col or "label",
-        out,
-        input_format or "auto",
-        from_dict(FinetuneSpec, given),
-        id_col,
-        encoding or "utf-8",
-        delimiter,
-    )
+    return TrainingPlan(InputSpec(inputs, **reading), out, FinetuneSpec(**given))

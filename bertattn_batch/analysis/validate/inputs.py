@@ -8,6 +8,8 @@ run of incremental passes goes by id, so every input row with an id must have it
 
 from __future__ import annotations
 
+import dataclasses
+
 import polars as pl
 
 from ... import schema
@@ -29,10 +31,9 @@ def check_inputs_covered(rec: Recorder, run: RunView) -> None:
     if not inputs or any(map(read_once, inputs)):
         rec.skip("inputs", "the run read a stream (or names no inputs), which cannot be read again")
         return
-    options = {**manifest.read_options(), "label_col": spec.get("label_col")}  # as the run read them
-    columns = (options["text_col"], options["id_col"], options["label_col"])
     try:
-        sources = check_inputs(inputs, **options)
+        columns = dataclasses.replace(manifest.read_options(), label_col=spec.get("label_col"))  # as read
+        sources = check_inputs(columns)
 
         if manifest.sources is not None:
             for change in input_changes(manifest.sources, source_files(sources))[:3]:
@@ -56,7 +57,7 @@ def _check_count(rec: Recorder, run: RunView, sources, columns, limit: int | Non
     its middle)."""
     committed = RowDigests(run.parts if by_row else [])
     n, changed = 0, []
-    for block in read_sources(sources, *columns, limit=limit):
+    for block in read_sources(sources, dataclasses.replace(columns, limit=limit)):
         n += len(block)
         changed += committed.feed(block)
     rec.fail_many(
@@ -92,7 +93,7 @@ def _check_ids(rec: Recorder, run: RunView, sources, columns, limit: int | None)
         found = pl.scan_parquet(files, glob=False).filter(~pl.col("status").is_in(no_id)).select("doc_id")
         ids.update(found.collect(engine="streaming")["doc_id"].to_list())
     missing, first, n = 0, [], 0
-    for block in read_sources(sources, *columns, limit=limit):
+    for block in read_sources(sources, dataclasses.replace(columns, limit=limit)):
         for doc_id, status in zip(block.doc_id, block.status, strict=True):
             n += 1
             if status in schema.ROW_NUMBER_STATUSES or doc_id in ids:

@@ -80,7 +80,7 @@ def check_source_spans(rec: Recorder, run: RunView) -> None:
     active: list[tuple[Part, dict[int, tuple[str, int]]]] = []
     checked = changed = replaced = 0
     try:
-        for block in read_rows(inputs, **manifest.read_options()):  # no limit: a resume may have raised it
+        for block in read_rows(manifest.read_options()):  # no limit: a resume may have raised it
             if not pending and not active:
                 break  # every part is checked: the rest of the inputs holds no reviews of the run
             hi = block.row_index[-1] + 1
