@@ -59,7 +59,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from bertattn_batch.config import BATCH_DEFAULTS, JobSpec, load_job
+from bertattn_batch.config import BATCH_DEFAULTS, InputSpec, JobSpec, load_job
 from bertattn_batch.engines import load_classifier, run_job
 from bertattn_batch.extract import ModelStage, ScoredRow
 from bertattn_batch.extract.batching import bucket_batches, chunks
@@ -523,11 +523,9 @@ def stage_method(
 def extract_method(case: Case, clf: Classifier, out: Path) -> Method:
     """``run_job`` end to end on the sampled Parquet, less its model load (which the run times itself)."""
     spec = JobSpec(
-        inputs=[str(case.sample)],
+        inputs=InputSpec([str(case.sample)], id_col=case.id_col, label_col=case.label_col),
         model=str(case.model_dir),
         out=str(out),
-        id_col=case.id_col,
-        label_col=case.label_col,
         max_length=case.max_length,
         device=str(clf.device),
         dtype=_dtype_name(clf),
@@ -746,11 +744,9 @@ def precision_drift(
     summaries = {}
     for dt in ("float32", low):
         spec = JobSpec(
-            inputs=[str(corpus)],
+            inputs=InputSpec([str(corpus)], id_col=id_col, label_col=label_col),
             model=str(case_model),
             out=str(out_root / f"drift-{dt}"),
-            id_col=id_col,
-            label_col=label_col,
             max_length=max_length,
             device=device,
             dtype=dt,

@@ -62,7 +62,7 @@ import torch  # noqa: E402
 from transformers import AutoConfig  # noqa: E402
 
 import bench  # noqa: E402  (bench/bench.py: the shared model builders and the peak table)
-from bertattn_batch import JobSpec, run_job  # noqa: E402
+from bertattn_batch import InputSpec, JobSpec, run_job  # noqa: E402
 from bertattn_batch.config import BATCH_DEFAULTS  # noqa: E402
 from bertattn_batch.extract.batching import batch_overhead, bucket_batches  # noqa: E402
 from bertattn_batch.extract.score import score_batches  # noqa: E402
@@ -90,9 +90,15 @@ def sample(corpus: Path, rows: int, out: Path) -> Path:
 
 def job(inputs: Path, model: Path, out: Path, device: str, dtype: str, **options: Any) -> Any:
     spec = JobSpec(
-        inputs=[str(inputs)], model=str(model), out=str(out), text_col="text", id_col="doc_id",
-        label_col="label", device=device, dtype=dtype, on_existing="overwrite", progress=False, **options,
-    )  # fmt: skip
+        inputs=InputSpec([str(inputs)], text_col="text", id_col="doc_id", label_col="label"),
+        model=str(model),
+        out=str(out),
+        device=device,
+        dtype=dtype,
+        on_existing="overwrite",
+        progress=False,
+        **options,
+    )
     return run_job(spec)
 
 

@@ -81,9 +81,10 @@ def training_inputs(spec: JobSpec, paths: list[str] | None = None) -> InputSpec:
     """What a job's model is trained on: ``[finetune]``'s inputs where it names them, else the job's own
     (all their rows); ``paths`` given replace the files, read by their names, with the same columns."""
     own = spec.finetune.inputs if spec.finetune and spec.finetune.inputs else spec.inputs
+    label_col = own.label_col or "label"
     if paths:
-        return InputSpec(paths, text_col=own.text_col, label_col=own.label_col)
-    return dataclasses.replace(own, limit=None)
+        return InputSpec(paths, text_col=own.text_col, label_col=label_col)
+    return dataclasses.replace(own, label_col=label_col, limit=None)
 
 
 def _train_model(spec: JobSpec, progress: bool) -> None:

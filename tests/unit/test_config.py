@@ -267,7 +267,7 @@ def test_a_job_files_flat_input_keys_make_its_input_spec_and_are_recorded_flat(t
     }  # fmt: skip
     assert "paths" not in recorded and "format" not in recorded
     assert from_dict(JobSpec, recorded) == spec
-    with pytest.raises(SpecError, match="missing key.s. inputs"):
+    with pytest.raises(SpecError, match=r"missing key\(s\) inputs"):
         load_job(_write(tmp_path, 'model = "m"\nout = "o"\ntext_col = "t"\n'))
 
 

@@ -142,13 +142,13 @@ def test_a_run_of_inputs_on_a_store_resumes_and_reruns(bucket, tiny_en_dir, tmp_
     """A manifest read back made its inputs 'absolute': s3://b/x.csv became ./s3:/b/x.csv, and every
     resume or rerun was refused as a run of changed inputs."""
     from bertattn_batch import run_job, validate_run
-    from bertattn_batch.config import JobSpec
+    from bertattn_batch.config import JobSpec, from_dict
 
     src = f"s3://{bucket}/reviews.csv"
     storage.write_bytes(src, ("text\n" + "".join(f"review {i} was good\n" for i in range(40))).encode())
     out = tmp_path / "run"
     spec = dict(inputs=[src], model=str(tiny_en_dir), out=str(out), progress=False, window=10)
-    assert run_job(JobSpec(**spec, limit=20)).input_rows == 20
+    assert run_job(from_dict(JobSpec, {**spec, "limit": 20})).input_rows == 20
     again = run_job(JobSpec(**spec))
     assert (again.input_rows, again.skipped_committed) == (20, 20)
     assert run_job(JobSpec(**spec)).input_rows == 0  # nothing new to process
