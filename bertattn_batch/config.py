@@ -345,7 +345,7 @@ def _check_value(name: str, value: Any, rules: Any) -> None:
         raise SpecError(f"{name} must {f'be at least {least}' if least else 'not be negative'}, got {value}")
     if not math.isfinite(value):
         raise SpecError(f"{name} must be a finite number, got {value}")
-    if value > MAX_COUNT:  # past what numpy and torch hold: an OverflowError that names no key
+    if isinstance(value, int) and value > MAX_COUNT:  # past numpy's and torch's: an OverflowError
         raise SpecError(f"{name} must be at most {MAX_COUNT:,}, got {value:,}")
 
 
@@ -444,6 +444,6 @@ def _finetune_reads_as_job(data: dict[str, Any]) -> dict[str, Any]:
     table = data.get("finetune")
     if not isinstance(table, dict) or not set(table) & set(keys(InputSpec)):
         return data
-    table = {k: v for k, v in table.items() if (k, v) != ("inputs", [])}  # [] once meant the job's
+    table = {k: v for k, v in table.items() if (k, v) != ("inputs", [])}  # no inputs: the job's
     shared = ["text_col", "label_col"] if "inputs" in table else [k for k in keys(InputSpec) if k != "limit"]
     return {**data, "finetune": {**{k: data[k] for k in shared if k in data}, **table}}

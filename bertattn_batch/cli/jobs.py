@@ -11,22 +11,13 @@ import typer
 from ..config import JobSpec, from_dict, load_job
 from ..errors import SpecError, WriteError
 from .base import Debug, app, call, setup
-from .options import options, spec_options, spec_values
+from .options import spec_options, spec_values
 
 #: extract's options that are no JobSpec key: shorthands of on_existing, and the CLI's own.
 CLI_ONLY_OPTIONS = ("overwrite", "incremental", "debug")
 #: The keys ``run`` can override on the command line.
-RUN_OVERRIDES = (
-    "out",
-    "limit",
-    "device",
-    "dtype",
-    "engine",
-    "workers",
-    "ray_address",
-    "value_zeroing",
-    "compile",
-)
+RUN_OVERRIDES = ("out", "limit", "device", "dtype", "engine", "workers", "ray_address", "value_zeroing",
+                 "compile")  # fmt: skip
 
 Overwrite = Annotated[
     bool, typer.Option("--overwrite", help="Replace an existing run in --out.", rich_help_panel="Output")
@@ -92,7 +83,7 @@ def _run(spec: JobSpec) -> None:
 
 
 @app.command()
-@options(*spec_options(JobSpec))
+@spec_options(JobSpec)
 def extract(
     *, overwrite: Overwrite = False, incremental: Incremental = False, debug: Debug = False, **given: Any
 ) -> None:
@@ -117,7 +108,7 @@ def extract(
 
 
 @app.command()
-@options(*spec_options(JobSpec, only=RUN_OVERRIDES, defaults="job"))
+@spec_options(JobSpec, only=RUN_OVERRIDES, defaults="job")
 def run(
     job: Annotated[
         Path,

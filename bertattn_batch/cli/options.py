@@ -4,8 +4,9 @@
 Usage::
 
     @app.command()
-    @options(*spec_options(JobSpec))
-    def extract(*, debug: Debug = False, **given): ...   # given: every key, None where not given
+    @spec_options(JobSpec)
+    def extract(*, debug: Debug = False, **given: Any) -> None:  # given: every key, None if not given
+        spec = from_dict(JobSpec, spec_values(given, JobSpec))
 """
 
 from __future__ import annotations
@@ -28,9 +29,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 Defaults = Literal["spec", "job", "spec or job"]
 
 
-def options(*params: inspect.Parameter) -> Callable[[F], F]:
-    """Add ``params`` to a command's signature, where typer reads its options: after its arguments,
-    before its own keyword-only options."""
+def spec_options(
+    cls: type,
+    only: Iterable[str] | None = None,
+    skip: Iterable[str] = (),
+    defaults: Defaults = "spec",
+    default_texts: dict[str, str] | None = None,
+) -> Callable[[F], F]:
+    """Give a command an option (or the argument) for each key of spec ``cls`` (or ``only`` those), in
+    the signature typer reads: after its arguments, before its keyword-only options. ``default_texts``:
+    what an option left out means in this command, where that is not the spec's default."""
+    params = [
+        _parameter(name, f, type_hints(owner)[f.name], defaults, (default_texts or {}).get(name))
+        for name, (owner, f) in keys(cls).items()
+        if (only is None or name in only) and name not in skip and f.metadata.get("cli", True)
+    ]
 
     def add(command: F) -> F:
         own = list(inspect.signature(command, eval_str=True).parameters.values())
@@ -40,23 +53,6 @@ def options(*params: inspect.Parameter) -> Callable[[F], F]:
         return command
 
     return add
-
-
-def spec_options(
-    cls: type,
-    only: Iterable[str] | None = None,
-    skip: Iterable[str] = (),
-    defaults: Defaults = "spec",
-    default_texts: dict[str, str] | None = None,
-) -> list[inspect.Parameter]:
-    """An option (or the argument) for each key of spec ``cls`` (or ``only`` those); ``default_texts``:
-    what an option left out means in this command, where that is not the spec's default."""
-    wanted = set(only) if only is not None else None
-    return [
-        _parameter(name, f, type_hints(owner)[f.name], defaults, (default_texts or {}).get(name))
-        for name, (owner, f) in keys(cls).items()
-        if (wanted is None or name in wanted) and name not in skip and f.metadata.get("cli", True)
-    ]
 
 
 def _parameter(name: str, f: Any, hint: Any, defaults: Defaults, said: str | None) -> inspect.Parameter:

@@ -10,15 +10,13 @@ import typer
 
 from ..config import FinetuneSpec
 from .base import Debug, app, call, setup
-from .options import options, spec_options, spec_values
+from .options import spec_options, spec_values
 
 NOTHING_SAVED = "interrupted; nothing was saved (a rerun trains from the start)"
 
 
 @app.command()
-@options(
-    *spec_options(FinetuneSpec, skip=("limit",), defaults="spec or job", default_texts={"label_col": "label"})
-)
+@spec_options(FinetuneSpec, skip=("limit",), defaults="spec or job", default_texts={"label_col": "label"})
 def finetune(
     out: Annotated[str | None, typer.Option(help="Folder to save the classifier to (safetensors).")] = None,
     job: Annotated[
