@@ -131,5 +131,10 @@ def run(
     bertattn run jobs/default.toml --incremental --out runs/nightly   (new ids only, appended)
     """
     setup(debug)
-    on_existing = _on_existing(None, overwrite, incremental)
-    _run(call(lambda: load_job(job, **spec_values(given, JobSpec), on_existing=on_existing)))
+
+    def spec() -> JobSpec:
+        return load_job(
+            job, **spec_values(given, JobSpec), on_existing=_on_existing(None, overwrite, incremental)
+        )
+
+    _run(call(spec))
