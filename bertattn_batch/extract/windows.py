@@ -77,8 +77,8 @@ def iter_windows(
     if point.skip_until > read:  # found before any window of this pass: the run is left as it was
         raise InputsEditedError(
             f"the run's committed parts hold rows up to {point.skip_until - 1}, but the inputs"
-            f"{' (as limited)' if inputs.limit is not None else ''} have {read} rows: they changed since the run "
-            f"(see bertattn validate); {_ways_out(inputs)}"
+            f"{' (as limited)' if inputs.limit is not None else ''} have {read} rows: they changed since the "
+            f"run (see bertattn validate); {_ways_out(inputs)}"
         )
 
 

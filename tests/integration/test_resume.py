@@ -1189,7 +1189,7 @@ def test_a_moved_project_resumes_and_other_files_are_still_refused(
     # another file under another name is not the run's input
     pq.write_table(pa.Table.from_pylist(rows[:5]), moved / "other.parquet")
     with pytest.raises(RunDirError, match="the inputs changed since this run began"):
-        run_job(dataclasses.replace(spec, inputs=["other.parquet"]))
+        run_job(dataclasses.replace(spec, inputs=dataclasses.replace(spec.inputs, paths=["other.parquet"])))
 
 
 def test_a_resume_refuses_rows_edited_in_the_middle_of_a_file_that_kept_its_size_and_ends(

@@ -32,8 +32,8 @@ def check_inputs_covered(rec: Recorder, run: RunView) -> None:
         rec.skip("inputs", "the run read a stream (or names no inputs), which cannot be read again")
         return
     try:
-        columns = dataclasses.replace(manifest.read_options(), label_col=spec.get("label_col"))  # as read
-        sources = check_inputs(columns)
+        read_as = dataclasses.replace(manifest.read_options(), label_col=spec.get("label_col"))
+        sources = check_inputs(read_as)
 
         if manifest.sources is not None:
             for change in input_changes(manifest.sources, source_files(sources))[:3]:
@@ -42,11 +42,11 @@ def check_inputs_covered(rec: Recorder, run: RunView) -> None:
         # a pass by id since the first, even one that wrote nothing (its inputs may be another file)
         incremental = bool(manifest.generation) or bool({p.generation for p in run.parts} - {0})
         if incremental:
-            _check_ids(rec, run, sources, columns, limit)
+            _check_ids(rec, run, sources, read_as, limit)
         else:
             # a run made with --incremental keeps the text an id had when scored: not compared
             by_row = spec.get("on_existing") != "incremental"
-            _check_count(rec, run, sources, columns, limit, by_row)
+            _check_count(rec, run, sources, read_as, limit, by_row)
     except BertAttnError as e:
         rec.skip("inputs", f"inputs not readable here ({e}); not checked")
 
