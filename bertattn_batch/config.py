@@ -351,21 +351,9 @@ def _check_value(name: str, value: Any, rules: Any) -> None:
 
 def _check_type(where: str, value: Any, hint: Any) -> Any:
     """Return ``value`` converted to ``hint`` where that is lossless (int -> float), else raise."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _check_type(where, value, arg)
-            except SpecError as e:
-                errors.append(str(e))
-        raise SpecError(errors[0] if errors else f"{where}: unexpected value {value!r}")
-    if origin is list:
+    if (kind := non_none(hint)) is not hint:
+        return None if value is None else _check_type(where, value, kind)
+    if typing.get_origin(hint) is list:
         (item,) = typing.get_args(hint)
         if not isinstance(value, (list, tuple)):  # a tuple: from Python
             raise SpecError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
@@ -385,6 +373,13 @@ def _check_type(where: str, value: Any, hint: Any) -> Any:
     if not isinstance(value, hint):
         raise SpecError(f"{where}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
     return value
+
+
+def non_none(hint: Any) -> Any:
+    """``X`` of ``X | None`` (the only unions a spec has); another type as it is."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
 
 
 @functools.cache

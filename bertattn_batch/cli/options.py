@@ -12,7 +12,6 @@ Usage::
 from __future__ import annotations
 
 import inspect
-import types
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import MISSING
@@ -20,7 +19,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 
-from ..config import keys, type_hints
+from ..config import keys, non_none, type_hints
 from ..errors import SpecError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,7 +56,7 @@ def spec_options(
 
 def _parameter(name: str, f: Any, hint: Any, defaults: Defaults, said: str | None) -> inspect.Parameter:
     meta = f.metadata
-    kind = _without_none(hint)
+    kind = non_none(hint)
     value = f.default_factory() if f.default_factory is not MISSING else f.default
     said = said or meta.get("default_text")
     text = meta["help"].rstrip(".")
@@ -90,13 +89,6 @@ def _parameter(name: str, f: Any, hint: Any, defaults: Defaults, said: str | Non
     )
 
 
-def _without_none(hint: Any) -> Any:
-    """``X`` of ``X | None``."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return next(a for a in typing.get_args(hint) if a is not type(None))
-    return hint
-
-
 def _spelled(name: str, value: Any) -> str:
     """A default as the command line spells it (a flag by its name)."""
     if isinstance(value, bool):
@@ -113,7 +105,7 @@ def spec_values(given: dict[str, Any], *classes: type) -> dict[str, Any]:
         if value is None or name not in known:
             continue
         owner, f = known[name]
-        kind = _without_none(type_hints(owner)[f.name])
+        kind = non_none(type_hints(owner)[f.name])
         if isinstance(value, str) and typing.get_origin(kind) is list:
             (item,) = typing.get_args(kind)
             try:
