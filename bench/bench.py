@@ -35,7 +35,7 @@ import harness
 import torch
 from harness import Case, Counts, Figure, Method
 
-from bertattn_batch.config import BATCH_DEFAULTS, JobSpec
+from bertattn_batch.config import BATCH_DEFAULTS, InputSpec, JobSpec
 from bertattn_batch.engines import load_classifier, run_job
 from bertattn_batch.extract import ModelStage, ScoredRow
 from bertattn_batch.extract.batching import bucket_batches, chunks
@@ -143,11 +143,9 @@ def stage_method(clf: Classifier, encoded: list[Encoded], name: str) -> Method:
 
 def extract_method(case: Case, clf: Classifier, out: Path) -> Method:
     spec = JobSpec(
-        inputs=[str(case.sample)],
+        inputs=InputSpec([str(case.sample)], id_col=case.id_col, label_col=case.label_col),
         model=str(case.model_dir),
         out=str(out),
-        id_col=case.id_col,
-        label_col=case.label_col,
         max_length=case.max_length,
         device=str(clf.device),
         dtype=_dtype(clf),

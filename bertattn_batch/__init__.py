@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 _API = {
     "BertAttnError": "errors",
     "JobSpec": "config",
+    "InputSpec": "config",
     "FinetuneSpec": "config",
     "load_job": "config",
     "tune_runtime": "runtime",

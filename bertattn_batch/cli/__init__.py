@@ -11,6 +11,6 @@ Usage::
 
 from . import jobs, runs, training
 from .base import app, main
-from .jobs import CLI_ONLY_OPTIONS, extract, job_from_options
+from .jobs import CLI_ONLY_OPTIONS, extract
 
-__all__ = ["CLI_ONLY_OPTIONS", "app", "extract", "job_from_options", "jobs", "main", "runs", "training"]
+__all__ = ["CLI_ONLY_OPTIONS", "app", "extract", "jobs", "main", "runs", "training"]

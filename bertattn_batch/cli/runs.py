@@ -1,4 +1,4 @@
-"""The commands that read a finished run: ``validate``, ``aggregate``, ``plot`` and ``report``."""
+"""The commands that read a run: ``validate``, ``aggregate``, ``faithfulness``, ``plot`` and ``report``."""
 
 from __future__ import annotations
 

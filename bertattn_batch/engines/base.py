@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from .._terminal import bar_size, human_bytes
 from ..config import JobSpec
 from ..errors import InputError
-from ..extract import Columns, PartStats, PassInfo, StagedPart, WindowRows, iter_windows
+from ..extract import PartStats, PassInfo, StagedPart, WindowRows, iter_windows
 from ..inputs import Source, check_inputs, count_rows, source_files, streams_as_recorded
 from ..run import PartWriter, RunDir, check_read_unchanged, refuse_if_held, resume_point, run_dir_class
 from ..runtime import tune_runtime
@@ -187,17 +187,7 @@ def run_job(
     engine_cls = engine or engine_for(spec)  # imports the model's code: not part of the job's time
     t_start = time.perf_counter()
     # a mistyped path or column fails here, before a model loads or a cluster starts
-    sources = check_inputs(
-        spec.inputs,
-        spec.text_col,
-        spec.id_col,
-        spec.label_col,
-        spec.input_format,
-        spec.out,
-        spec.encoding,
-        spec.delimiter,
-        spec.limit,  # of a stream, no more is copied than the job reads
-    )
+    sources = check_inputs(spec.inputs, spec.out)  # of a stream, no more is copied than the job reads
 
     # refused now, not once the model is trained or loaded, or a cluster joined
     if is_remote(spec.out):
@@ -218,10 +208,10 @@ def run_job(
             fingerprint = source_files(sources)
             limited = run.manifest.limit is not None  # the recorded pass's: it may have read a stream's start
             compared = streams_as_recorded(sources, fingerprint, run.manifest.sources, limited)
-            point = resume_point(run, incremental, spec.id_col is not None, fingerprint, spec.limit, compared)
+            by_id, limit = spec.inputs.id_col is not None, spec.inputs.limit
+            point = resume_point(run, incremental, by_id, fingerprint, limit, compared)
             summary.skipped_committed = point.skipped
-            columns = Columns(spec.text_col, spec.id_col, spec.label_col)
-            windows = iter_windows(sources, columns, spec.window, spec.limit, point, timings)
+            windows = iter_windows(sources, spec.inputs, spec.window, point, timings)
             with _progress_bar(spec, show, point.skip_until, sources) as bar:
                 pass_info = PassInfo(point.generation, run.manifest.run_id)
                 for part in eng.parts(windows, run.part_writer, pass_info, bar.update):
@@ -272,8 +262,8 @@ def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -
             total = count_rows(sources)
         except Exception:  # a count is a nicety; the reader reports real problems
             total = None
-        if total is not None and spec.limit is not None:
-            total = min(total, spec.limit)
+        if total is not None and spec.inputs.limit is not None:
+            total = min(total, spec.inputs.limit)
     bar = tqdm(
         total=total,
         initial=done if total else 0,

@@ -33,11 +33,11 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
         # the model folder's other files: labels renamed or a tokenizer changed beside the same weights
         "labels": {str(k): v for k, v in clf.id2label.items()},
         "tokenizer_sha256": tokenizer_hash(clf.tokenizer),
-        "inputs": [storage.absolute(p) for p in spec.inputs],  # the same files, from any directory
-        "columns": [spec.text_col, spec.id_col, spec.label_col],
-        "input_format": spec.input_format,  # the same file read as another format has other rows
-        "encoding": spec.encoding,
-        "delimiter": spec.delimiter,
+        "inputs": [storage.absolute(p) for p in spec.inputs.paths],  # the same files, from any directory
+        "columns": [spec.inputs.text_col, spec.inputs.id_col, spec.inputs.label_col],
+        "input_format": spec.inputs.format,  # the same file read as another format has other rows
+        "encoding": spec.inputs.encoding,
+        "delimiter": spec.inputs.delimiter,
         "layers": clf.layers,
         "max_length": clf.max_length,
         "dtype": dtype,

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .plan import BatchPlan
     from .score import ModelStage, score_batches
     from .tables import Extractor, ScoredRow, minmax_scale, vocab_array
-    from .windows import Columns, WindowRows, iter_windows, select_rows
+    from .windows import WindowRows, iter_windows, select_rows
 
 _EXPORTS = {
     "bucket_batches": "batching",
@@ -24,13 +24,12 @@ _EXPORTS = {
     "BatchPlan": "plan",
     **dict.fromkeys(["ModelStage", "score_batches"], "score"),
     **dict.fromkeys(["Extractor", "ScoredRow", "minmax_scale", "vocab_array"], "tables"),
-    **dict.fromkeys(["Columns", "WindowRows", "iter_windows", "select_rows"], "windows"),
+    **dict.fromkeys(["WindowRows", "iter_windows", "select_rows"], "windows"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "BatchPlan",
-    "Columns",
     "Extractor",
     "ModelStage",
     "PartStats",

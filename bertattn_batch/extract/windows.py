@@ -2,7 +2,7 @@
 
 Usage::
 
-    for w in iter_windows(sources, columns, window=4096, limit=None, point=ResumePoint()):
+    for w in iter_windows(sources, inputs, window=4096, point=ResumePoint()):
         w.start_row, w.end_row, w.rows          # rows[start_row, end_row) still to do, in order
 
 Windows lie on a grid of ``window`` rows counted from 0 across all inputs: window k holds rows
@@ -23,19 +23,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .. import schema
+from ..config import InputSpec
 from ..errors import InputsEditedError
 from ..ids import IdSet
 from ..inputs import RowBatch, RowDigests, Source, read_sources, rows_digest
 from ..run.resume import ResumePoint
-
-
-@dataclass(frozen=True)
-class Columns:
-    """The job's columns: the review text, and the id and label where it has them."""
-
-    text: str = "text"
-    id: str | None = None
-    label: str | None = None
 
 
 @dataclass
@@ -53,24 +45,23 @@ class WindowRows:
 
 def iter_windows(
     sources: Iterable[Source],
-    columns: Columns,
+    inputs: InputSpec,
     window: int,
-    limit: int | None = None,
     point: ResumePoint | None = None,
     timings: Counter | None = None,
 ) -> Iterator[WindowRows]:
-    """Read the inputs (as ``inputs.check_inputs`` gave them) and cut them on the grid; see the module
-    docstring. ``timings["read"]`` adds up the seconds spent reading."""
+    """Read the inputs (as ``inputs.check_inputs`` gave them, with ``inputs``' columns and limit) and cut
+    them on the grid; see the module docstring. ``timings["read"]`` adds up the seconds spent reading."""
     point = point or ResumePoint()
     # ids are checked for repeats only where the job has an id column: no copy of them otherwise
-    seen = (point.skip_ids or IdSet()) | (point.taken_ids or IdSet()) if columns.id else None
+    seen = (point.skip_ids or IdSet()) | (point.taken_ids or IdSet()) if inputs.id_col else None
     timings = timings if timings is not None else Counter()
     pending = RowBatch()
     committed = RowDigests(point.digested)
     t0 = time.perf_counter()
-    for block in read_sources(sources, columns.text, columns.id, columns.label, limit, block_rows=window):
+    for block in read_sources(sources, inputs, block_rows=window):
         if not committed.done:
-            _check_committed(committed.feed(block), columns)
+            _check_committed(committed.feed(block), inputs)
         for piece in _on_grid(block, window):
             if pending and piece.row_index[0] // window != pending.row_index[0] // window:
                 timings["read"] += time.perf_counter() - t0
@@ -86,23 +77,23 @@ def iter_windows(
     if point.skip_until > read:  # found before any window of this pass: the run is left as it was
         raise InputsEditedError(
             f"the run's committed parts hold rows up to {point.skip_until - 1}, but the inputs"
-            f"{' (as limited)' if limit is not None else ''} have {read} rows: they changed since the run "
-            f"(see bertattn validate); {_ways_out(columns)}"
+            f"{' (as limited)' if inputs.limit is not None else ''} have {read} rows: they changed since the "
+            f"run (see bertattn validate); {_ways_out(inputs)}"
         )
 
 
-def _check_committed(changed: list[tuple[str, int, int]], columns: Columns) -> None:
+def _check_committed(changed: list[tuple[str, int, int]], inputs: InputSpec) -> None:
     if changed:
         name, a, b = changed[0]
         raise InputsEditedError(
             f"input rows {a}..{b - 1} read otherwise now than when the run committed them (part {name}): "
-            f"the inputs were edited since (see bertattn validate); {_ways_out(columns)}"
+            f"the inputs were edited since (see bertattn validate); {_ways_out(inputs)}"
         )
 
 
-def _ways_out(columns: Columns) -> str:
+def _ways_out(inputs: InputSpec) -> str:
     by_id = " (or --incremental to keep what was scored and add the reviews whose ids are new)"
-    return "pass --overwrite to start again" + (by_id if columns.id else "")
+    return "pass --overwrite to start again" + (by_id if inputs.id_col else "")
 
 
 def _on_grid(block: RowBatch, window: int) -> Iterator[RowBatch]:

@@ -2,8 +2,9 @@
 
 Usage::
 
-    sources = check_inputs(["reviews/*.parquet"], text_col="text", id_col="id")   # or InputError
-    for batch in read_sources(sources, text_col="text", id_col="id"):
+    spec = InputSpec(["reviews/*.parquet"], id_col="id")
+    sources = check_inputs(spec)                    # or InputError, one line
+    for batch in read_sources(sources, spec):
         batch.doc_id, batch.text, batch.label, batch.status
 
 The checks read only names, headers and first bytes, so a mistyped path or column fails before a model
@@ -22,6 +23,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
+from ..config import InputSpec
 from ..errors import InputError, first_line
 from ..storage import is_remote
 from .csv import csv_columns, read_csv
@@ -57,21 +59,11 @@ FORMATS = {
 }
 
 
-def check_inputs(
-    inputs: Iterable[str],
-    text_col: str = "text",
-    id_col: str | None = None,
-    label_col: str | None = None,
-    input_format: str = "auto",
-    out: str | Path | None = None,
-    encoding: str = "utf-8",
-    delimiter: str | None = None,
-    limit: int | None = None,
-) -> list[Source]:
+def check_inputs(spec: InputSpec, out: str | Path | None = None) -> list[Source]:
     """The sources, once every one is found, readable as its format and has the wanted columns, and
     none inside the run directory ``out`` (which --overwrite would clear)."""
-    sources = expand_inputs(inputs, input_format, encoding, delimiter, limit)
-    wanted = wanted_columns(text_col, id_col, label_col)
+    sources = expand_inputs(spec.paths, spec.format, spec.encoding, spec.delimiter, spec.limit)
+    wanted = wanted_columns(spec.text_col, spec.id_col, spec.label_col)
     for src in sources:
         if out and _inside(src.path, out):
             raise InputError(f"input {src.label} lies inside the run directory {out}; choose another --out")
@@ -124,31 +116,14 @@ def _delimiter_hint(src: Source, names: list[str], wanted: list[str]) -> str:
     return ""
 
 
-def read_rows(
-    inputs: Iterable[str],
-    text_col: str = "text",
-    id_col: str | None = None,
-    label_col: str | None = None,
-    input_format: str = "auto",
-    limit: int | None = None,
-    block_rows: int = BLOCK_ROWS,
-    encoding: str = "utf-8",
-    delimiter: str | None = None,
-) -> Iterator[RowBatch]:
+def read_rows(spec: InputSpec, block_rows: int = BLOCK_ROWS) -> Iterator[RowBatch]:
     """Yield RowBatches over all inputs in order; ``row_index`` counts across inputs from 0."""
-    sources = check_inputs(inputs, text_col, id_col, label_col, input_format, None, encoding, delimiter)
-    yield from read_sources(sources, text_col, id_col, label_col, limit, block_rows)
+    yield from read_sources(check_inputs(spec), spec, block_rows)
 
 
-def read_sources(
-    sources: Iterable[Source],
-    text_col: str = "text",
-    id_col: str | None = None,
-    label_col: str | None = None,
-    limit: int | None = None,
-    block_rows: int = BLOCK_ROWS,
-) -> Iterator[RowBatch]:
+def read_sources(sources: Iterable[Source], spec: InputSpec, block_rows: int = BLOCK_ROWS) -> Iterator[RowBatch]:
     """:func:`read_rows` over sources :func:`check_inputs` gave (a job checks them before its model loads)."""
+    text_col, id_col, label_col, limit = spec.text_col, spec.id_col, spec.label_col, spec.limit
     wanted = wanted_columns(text_col, id_col, label_col)
     row = 0
     for src in sources:

@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import schema, storage
 from .._files import atomic_write_text, json_text
+from ..config import InputSpec
 from ..errors import DamagedRunError, RunDirError, RunVersionError, StorageError, WriteError
 from ..storage import is_remote
 from .layout import COMMIT_LOG, FORMAT, MANIFEST, TABLES
@@ -152,17 +153,18 @@ class Manifest:
         """Where the run's model is, to load it again: a local folder, a hub name or a store's URI."""
         return self.model.get("source") or self.spec.get("model")
 
-    def read_options(self) -> dict[str, Any]:
-        """How the run read its inputs, as ``inputs.read_rows`` takes it (labels left out)."""
+    def read_options(self) -> InputSpec:
+        """How the run read its inputs (labels left out, and no limit): to read its reviews again as
+        they were read."""
         spec = self.spec
-        return {
-            "text_col": spec.get("text_col") or "text",
-            "id_col": spec.get("id_col"),
-            "label_col": None,
-            "input_format": spec.get("input_format") or "auto",
-            "encoding": spec.get("encoding") or "utf-8",
-            "delimiter": spec.get("delimiter"),
-        }
+        return InputSpec(
+            self.inputs,
+            text_col=spec.get("text_col") or "text",
+            id_col=spec.get("id_col"),
+            format=spec.get("input_format") or "auto",
+            encoding=spec.get("encoding") or "utf-8",
+            delimiter=spec.get("delimiter"),
+        )
 
     @property
     def layers(self) -> list[int]:

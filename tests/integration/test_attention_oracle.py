@@ -8,7 +8,7 @@ import pytest
 from helpers import eager_oracle, minmax, plain_probs, read_attention, read_table
 from transformers import AutoConfig
 
-from bertattn_batch.config import JobSpec
+from bertattn_batch.config import JobSpec, from_dict
 from bertattn_batch.engines import run_job
 
 
@@ -25,15 +25,18 @@ def _by_doc(table) -> dict[str, dict[str, np.ndarray]]:
 def _run_in_small_batches(model_dir, sample, tmp_path, **options):
     """run_job with a small token budget: many padded batches of mixed lengths; returns the run dir."""
     out = tmp_path / "run"
-    spec = JobSpec(
-        inputs=[str(sample)],
-        model=str(model_dir),
-        out=str(out),
-        id_col="doc_id",
-        batch_tokens=1200,
-        max_batch_size=8,
-        progress=False,
-        **options,
+    spec = from_dict(
+        JobSpec,
+        {
+            "inputs": [str(sample)],
+            "id_col": "doc_id",
+            "model": str(model_dir),
+            "out": str(out),
+            "batch_tokens": 1200,
+            "max_batch_size": 8,
+            "progress": False,
+            **options,
+        },
     )
     run_job(spec)
     return out

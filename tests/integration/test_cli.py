@@ -69,15 +69,15 @@ def test_no_help_text_is_swallowed_as_markup():
 
 
 def test_every_extract_option_has_a_spec_key():
-    import dataclasses
     import inspect
 
     from bertattn_batch.cli import CLI_ONLY_OPTIONS, extract
-    from bertattn_batch.config import JobSpec
+    from bertattn_batch.config import JobSpec, keys
 
-    keys = {f.name for f in dataclasses.fields(JobSpec)} - {"finetune"}  # a job file's table
-    options = set(inspect.signature(extract).parameters) - {"ctx", *CLI_ONLY_OPTIONS}
-    assert options == keys, (options - keys, keys - options)
+    spec_keys = set(keys(JobSpec)) - {"finetune"}  # a job file's table
+    options = set(inspect.signature(extract).parameters) - set(CLI_ONLY_OPTIONS)
+    assert options == spec_keys, (options - spec_keys, spec_keys - options)
+    assert {"inputs", "text_col", "input_format", "limit", "layers"} <= options  # the job file's flat keys
 
 
 def test_every_finetune_option_is_a_setting_of_the_spec_or_of_its_inputs():
@@ -87,14 +87,14 @@ def test_every_finetune_option_is_a_setting_of_the_spec_or_of_its_inputs():
     import inspect
 
     from bertattn_batch.cli.training import finetune
-    from bertattn_batch.config import FinetuneSpec
-    from bertattn_batch.train.job import plan_training
+    from bertattn_batch.config import FinetuneSpec, InputSpec, keys
 
-    reading = set(inspect.signature(plan_training).parameters) - {"settings"}  # files, columns, --job
+    reading = set(keys(InputSpec)) | {"out", "job"}  # files, columns, --out, --job
     cli = inspect.signature(finetune).parameters
-    settings = set(cli) - {"ctx", "progress", "debug"} - reading
+    settings = set(cli) - {"progress", "debug"} - reading
     fields = {f.name: f.default for f in dataclasses.fields(FinetuneSpec)}
     assert settings and settings <= set(fields), settings - set(fields)
+    assert all(cli[name].default is None for name in set(cli) & set(keys(InputSpec)))
     assert all(cli[name].default is None for name in settings)
     help_text = " ".join(runner.invoke(app, ["finetune", "--help"], env={"COLUMNS": "400"}).output.split())
     for name in sorted(settings):
@@ -125,7 +125,7 @@ def test_run_overrides_reach_the_spec(tmp_path, monkeypatch):
     r = runner.invoke(app, ["run", str(job), *args])
     assert r.exit_code == 0, r.output
     (spec,) = seen
-    got = (spec.out, spec.limit, spec.device, spec.dtype, spec.engine, spec.workers, spec.ray_address)
+    got = (spec.out, spec.inputs.limit, spec.device, spec.dtype, spec.engine, spec.workers, spec.ray_address)
     assert got == ("x", 5, "cpu", "bfloat16", "ray", 3, "auto") and spec.on_existing == "incremental"
     assert spec.value_zeroing is False  # the file's (its default) where no option says otherwise
 
@@ -357,7 +357,7 @@ def test_window_caps_the_rows_of_a_part_in_delimited_files(fmt, tiny_en_dir, tmp
 def test_finetune_labels_option_is_split_and_trimmed(monkeypatch, tmp_path):
     seen = {}
 
-    def capture(inputs, text_col, label_col, out, spec, input_format="auto", progress=False, **kw):
+    def capture(inputs, out, spec, progress=False):
         seen["labels"] = spec.labels
         return {"accuracy": None}
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bertattn_batch.cli import app
-from bertattn_batch.config import FinetuneSpec, JobSpec
+from bertattn_batch.config import FinetuneSpec, InputSpec, JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.train import finetune
 
@@ -37,10 +37,9 @@ def test_gradient_x_input_beats_random_on_a_trained_model(zh_rows, tmp_path):
     pq.write_table(pa.Table.from_pylist([{"doc_id": f"r{i}", **r} for i, r in enumerate(held)]), src)
     run_job(
         JobSpec(
-            inputs=[str(src)],
+            inputs=InputSpec([str(src)], id_col="doc_id"),
             model=str(tmp_path / "m"),
             out=str(tmp_path / "run"),
-            id_col="doc_id",
             progress=False,
         )
     )

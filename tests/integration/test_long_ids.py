@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bertattn_batch.config import JobSpec
+from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
 
 #: Each command's peak, in a process of its own, as it reads a whole run.
@@ -40,7 +40,9 @@ def _peaks(tiny_en_dir: Path, rows: list[dict], id_length: int, out: Path) -> di
     ids = [{**r, "doc_id": f"{i:05d}".ljust(id_length, "x")} for i, r in enumerate(rows)]
     src = out.with_suffix(".parquet")
     pq.write_table(pa.Table.from_pylist(ids), src)
-    spec = JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(out), id_col="doc_id", progress=False)
+    spec = JobSpec(
+        inputs=InputSpec([str(src)], id_col="doc_id"), model=str(tiny_en_dir), out=str(out), progress=False
+    )
     run_job(spec)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(

@@ -26,7 +26,7 @@ from bertattn_batch import schema
 from bertattn_batch._files import file_lock
 from bertattn_batch.analysis.validate import validate_run
 from bertattn_batch.cli import app
-from bertattn_batch.config import JobSpec
+from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.errors import InputError, RunDirError, WriteError
 from bertattn_batch.run import LOCK_NAME, PartWriter, RunDir
@@ -538,9 +538,12 @@ def test_parts_finished_before_a_failure_are_committed(failure, corpus, tiny_en_
         monkeypatch.setattr(WindowJob, "score", failing_score)
     out = tmp_path / "run"
     spec = JobSpec(
-        inputs=[str(corpus)], model=str(tiny_en_dir), out=str(out), id_col="doc_id", window=10, limit=20,
+        inputs=InputSpec([str(corpus)], id_col="doc_id", limit=20),
+        model=str(tiny_en_dir),
+        out=str(out),
+        window=10,
         progress=False,
-    )  # fmt: skip
+    )
     error = (WriteError, "No space left") if failure == "write" else (ModelError, "simulated")
     with pytest.raises(error[0], match=error[1]):
         run_job(spec, part_writer=SlowThenFullDisk if failure == "write" else SlowFirst)
@@ -552,11 +555,9 @@ def test_parts_finished_before_a_failure_are_committed(failure, corpus, tiny_en_
 def test_failed_write_stops_cleanly_and_resumes(corpus, tiny_en_dir, reference, tmp_path):
     out = tmp_path / "run"
     spec = JobSpec(
-        inputs=[str(corpus)],
+        inputs=InputSpec([str(corpus)], id_col="doc_id", label_col="label"),
         model=str(tiny_en_dir),
         out=str(out),
-        id_col="doc_id",
-        label_col="label",
         window=10,
         batch_tokens=1500,
         progress=False,
@@ -589,8 +590,13 @@ def test_inputs_changed_while_read_leave_the_run_interrupted(corpus, tiny_en_dir
 
     write(len(rows))
     out = tmp_path / "run"
-    spec = JobSpec(inputs=[str(csv)], model=str(tiny_en_dir), out=str(out), id_col="doc_id", window=10,
-                   progress=False)  # fmt: skip
+    spec = JobSpec(
+        inputs=InputSpec([str(csv)], id_col="doc_id"),
+        model=str(tiny_en_dir),
+        out=str(out),
+        window=10,
+        progress=False,
+    )
     with pytest.raises(
         InputError, match=r"the inputs changed while this run read them \(.*reviews.csv changed size\)"
     ):
@@ -664,10 +670,9 @@ def test_an_interrupted_incremental_pass_resumes_to_the_uninterrupted_tables(
     def run(out: Path, source_rows: list[dict], writer_cls: type[PartWriter] = PartWriter) -> None:
         pq.write_table(pa.Table.from_pylist(source_rows), src)  # the same bytes again: a resume goes on
         spec = JobSpec(
-            inputs=[str(src)],
+            inputs=InputSpec([str(src)], id_col="doc_id"),
             model=str(tiny_en_dir),
             out=str(out),
-            id_col="doc_id",
             window=6,
             on_existing="incremental",
             progress=False,
@@ -920,7 +925,7 @@ def test_a_first_run_training_without_locks_leaves_no_lock_file(tmp_path, monkey
     def no_locks(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
 
-    def fake_finetune_files(inputs, text_col, label_col, out_dir, spec, *args, **kw):
+    def fake_finetune_files(inputs, out_dir, spec, *args, **kw):
         Path(out_dir).mkdir(parents=True)
         (Path(out_dir) / "config.json").write_text("{}")
         return {"accuracy": None}
@@ -946,7 +951,7 @@ def test_jobs_started_together_train_their_missing_model_once(tmp_path, monkeypa
 
     trained: list[str] = []
 
-    def fake_finetune_files(inputs, text_col, label_col, out_dir, spec, *args, **kw):
+    def fake_finetune_files(inputs, out_dir, spec, *args, **kw):
         trained.append(threading.current_thread().name)
         time.sleep(0.5)
         Path(out_dir).mkdir(parents=True)
@@ -1047,9 +1052,13 @@ def test_every_feed_plan_writes_the_same_run(plan, tiny_en_dir, drug_sample, tmp
 
 def _incremental_job(src: Path, model: Path, out: Path, on_existing: str = "incremental") -> JobSpec:
     return JobSpec(
-        inputs=[str(src)], model=str(model), out=str(out), id_col="doc_id", window=6,
-        on_existing=on_existing, progress=False,
-    )  # fmt: skip
+        inputs=InputSpec([str(src)], id_col="doc_id"),
+        model=str(model),
+        out=str(out),
+        window=6,
+        on_existing=on_existing,
+        progress=False,
+    )
 
 
 def test_a_plain_rerun_after_an_incremental_pass_stopped_before_its_first_part_is_refused(
@@ -1124,8 +1133,14 @@ def test_an_interrupted_nightly_pass_over_a_replaced_file_goes_on_by_id(
     rows = [{"doc_id": f"r{i}", "text": r["text"][:200]} for i, r in enumerate(drug_rows[:40])]
     src = tmp_path / "night.parquet"
     out = tmp_path / "run"
-    spec = JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(out), id_col="doc_id", window=6,
-                   on_existing="incremental", progress=False)  # fmt: skip
+    spec = JobSpec(
+        inputs=InputSpec([str(src)], id_col="doc_id"),
+        model=str(tiny_en_dir),
+        out=str(out),
+        window=6,
+        on_existing="incremental",
+        progress=False,
+    )
     pq.write_table(pa.Table.from_pylist(rows[:10]), src)
     run_job(spec)
     pq.write_table(pa.Table.from_pylist(rows[10:30]), src)  # night 2: stopped after its first part
@@ -1133,7 +1148,8 @@ def test_an_interrupted_nightly_pass_over_a_replaced_file_goes_on_by_id(
         run_job(spec, part_writer=_failing_at("part-000000000006-g1"))
     night3 = {"replaced": rows[30:40], "grown": rows[10:40], "limit": rows[10:30]}[change]
     pq.write_table(pa.Table.from_pylist(night3), src)
-    run_job(dataclasses.replace(spec, limit=4) if change == "limit" else spec)
+    limited = dataclasses.replace(spec, inputs=dataclasses.replace(spec.inputs, limit=4))
+    run_job(limited if change == "limit" else spec)
     ids = read_table(out, "predictions").column("doc_id").to_pylist()
     assert len(ids) == len(set(ids))  # nothing scored twice
     kept = {"replaced": rows[:16] + rows[30:40], "grown": rows, "limit": rows[:16]}[change]
@@ -1152,8 +1168,13 @@ def test_a_moved_project_resumes_and_other_files_are_still_refused(
     project.mkdir()
     pq.write_table(pa.Table.from_pylist(rows), project / "reviews.parquet")
     monkeypatch.chdir(project)
-    spec = JobSpec(inputs=["reviews.parquet"], model=str(tiny_en_dir), out="run", id_col="doc_id", window=6,
-                   progress=False)  # fmt: skip
+    spec = JobSpec(
+        inputs=InputSpec(["reviews.parquet"], id_col="doc_id"),
+        model=str(tiny_en_dir),
+        out="run",
+        window=6,
+        progress=False,
+    )
     with pytest.raises(WriteError):
         run_job(spec, part_writer=_failing_at("part-000000000012"))
     moved = tmp_path / "project2"
@@ -1168,7 +1189,7 @@ def test_a_moved_project_resumes_and_other_files_are_still_refused(
     # another file under another name is not the run's input
     pq.write_table(pa.Table.from_pylist(rows[:5]), moved / "other.parquet")
     with pytest.raises(RunDirError, match="the inputs changed since this run began"):
-        run_job(dataclasses.replace(spec, inputs=["other.parquet"]))
+        run_job(dataclasses.replace(spec, inputs=dataclasses.replace(spec.inputs, paths=["other.parquet"])))
 
 
 def test_a_resume_refuses_rows_edited_in_the_middle_of_a_file_that_kept_its_size_and_ends(
@@ -1249,11 +1270,16 @@ def test_files_renamed_inside_an_input_folder_are_the_same_inputs(tiny_en_dir, t
     folder.mkdir()
     for name, start in (("a.txt", 0), ("c.txt", 30)):
         (folder / name).write_text("".join(f"review {i} is fine\n" for i in range(start, start + 30)))
-    spec = JobSpec(inputs=[str(folder)], model=str(tiny_en_dir), out=str(out), window=10, limit=40,
-                   progress=False)  # fmt: skip
+    spec = JobSpec(
+        inputs=InputSpec([str(folder)], limit=40),
+        model=str(tiny_en_dir),
+        out=str(out),
+        window=10,
+        progress=False,
+    )
     run_job(spec)
     (folder / "c.txt").rename(folder / "d.txt")  # still after a.txt
-    run_job(dataclasses.replace(spec, limit=None))
+    run_job(dataclasses.replace(spec, inputs=dataclasses.replace(spec.inputs, limit=None)))
     assert sorted(read_table(out, "predictions").column("row_index").to_pylist()) == list(range(60))
 
 
@@ -1264,8 +1290,14 @@ def test_a_row_blanked_in_place_in_the_last_part_keeps_a_complete_run_complete(t
     rows = [json.dumps({"doc_id": f"r{i}", "text": f"review {i} " + "y" * 2000}) for i in range(300)]
     src, out = tmp_path / "in.jsonl", tmp_path / "run"
     src.write_text("\n".join(rows) + "\n")
-    spec = JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(out), window=128, id_col="doc_id",
-                   max_length=16, progress=False)  # fmt: skip
+    spec = JobSpec(
+        inputs=InputSpec([str(src)], id_col="doc_id"),
+        model=str(tiny_en_dir),
+        out=str(out),
+        window=128,
+        max_length=16,
+        progress=False,
+    )
     run_job(spec)
     before = json.loads((out / "manifest.json").read_text())
     rows[260] = " " * len(rows[260])  # past the first 64 KB, before the last

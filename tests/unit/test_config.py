@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bertattn_batch.config import FinetuneSpec, JobSpec, load_job
+from bertattn_batch.config import FinetuneSpec, InputSpec, JobSpec, from_dict, load_job
 from bertattn_batch.errors import SpecError
 
 
@@ -75,7 +75,7 @@ def test_bad_specs_are_refused(tmp_path, body, message):
 def test_overrides_and_int_to_float(tmp_path):
     p = _write(tmp_path, 'inputs = ["a"]\nmodel = "m"\nout = "o"\n[finetune]\nepochs = 2\n')
     spec = load_job(p, out="elsewhere", limit=None)
-    assert spec.out == "elsewhere" and spec.limit is None
+    assert spec.out == "elsewhere" and spec.inputs.limit is None
     assert spec.finetune.epochs == 2.0 and isinstance(spec.finetune.epochs, float)
 
 
@@ -89,7 +89,7 @@ def test_direct_construction_validates():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"limit": 30.0}, "limit: expected int, got float 30.0"),
+        ({"inputs": lambda: InputSpec(["a"], limit=30.0)}, "limit: expected int, got float 30.0"),
         ({"layers": -2}, "layers: expected a list, got int -2"),
         ({"model": None}, "model: expected str, got NoneType None"),
         ({"progress": 1}, "progress: expected bool, got int 1"),
@@ -99,15 +99,22 @@ def test_direct_construction_validates():
 def test_a_spec_built_in_python_is_type_checked_as_one_read_from_toml(options, message):
     """limit=30.0 failed as a TypeError after the model had loaded and the run folder was made."""
     with pytest.raises(SpecError) as e:
-        JobSpec(**{"inputs": ["a"], "model": "m", "out": "o", **options})
+        JobSpec(
+            **{
+                "inputs": ["a"],
+                "model": "m",
+                "out": "o",
+                **{k: v() if callable(v) else v for k, v in options.items()},
+            }
+        )
     assert str(e.value) == message
 
 
 def test_what_python_hands_a_spec_is_taken_where_nothing_is_lost():
     import numpy as np
 
-    spec = JobSpec(inputs=["a"], model="m", out="o", limit=np.int64(5), layers=(-2, -1))
-    assert (spec.limit, type(spec.limit), spec.layers) == (5, int, [-2, -1])
+    spec = JobSpec(inputs=InputSpec(["a"], limit=np.int64(5)), model="m", out="o", layers=(-2, -1))
+    assert (spec.inputs.limit, type(spec.inputs.limit), spec.layers) == (5, int, [-2, -1])
 
 
 def test_a_byte_order_mark_is_read_past(tmp_path):
@@ -123,8 +130,11 @@ def test_a_folder_given_as_the_job_spec_is_named_as_one(tmp_path):
 
 def test_paths_are_accepted_as_in_a_notebook(tmp_path):
     spec = JobSpec(inputs=tmp_path / "a.parquet", model=tmp_path / "m", out=tmp_path / "o")
-    assert spec.inputs == [str(tmp_path / "a.parquet")] and spec.model == str(tmp_path / "m")
-    assert JobSpec(inputs=[tmp_path / "a", "b"], model="m", out="o").inputs == [str(tmp_path / "a"), "b"]
+    assert spec.inputs.paths == [str(tmp_path / "a.parquet")] and spec.model == str(tmp_path / "m")
+    assert JobSpec(inputs=[tmp_path / "a", "b"], model="m", out="o").inputs.paths == [
+        str(tmp_path / "a"),
+        "b",
+    ]
 
 
 def test_finetune_limits_apply_only_to_the_model_it_would_train(tmp_path):
@@ -201,9 +211,11 @@ def test_batch_sizes_left_out_are_the_devices_and_given_ones_are_kept():
     with pytest.raises(SpecError, match="max_batch_size must be at least 1"):
         JobSpec(inputs=["x"], model="m", out="o", max_batch_size=0)
     # past 2**63 - 1 an OverflowError that named no option came from numpy
-    for name in ("batch_tokens", "max_batch_size", "window", "workers", "host_processes", "limit"):
+    for name in ("batch_tokens", "max_batch_size", "window", "workers", "host_processes"):
         with pytest.raises(SpecError, match=f"{name} must be at most 9,223,372,036,854,775,807, got 10"):
             JobSpec(inputs=["x"], model="m", out="o", **{name: 10**20})
+    with pytest.raises(SpecError, match="limit must be at most 9,223,372,036,854,775,807, got 10"):
+        InputSpec(["x"], limit=10**20)
 
 
 def test_a_layer_out_of_range_says_which_there_are():
@@ -235,3 +247,45 @@ def test_finetune_labels_lose_their_spaces_as_labels_read_from_a_file_do():
     assert FinetuneSpec(labels=["positive ", " negative"]).labels == ["positive", "negative"]
     with pytest.raises(SpecError, match="names 'a' twice"):
         FinetuneSpec(labels=["a", "a ", "b"])
+
+
+def test_a_job_files_flat_input_keys_make_its_input_spec_and_are_recorded_flat(tmp_path):
+    """Job files keep their flat keys (inputs, text_col ... limit); the manifest records the spec as a
+    job file spells it, so a run made before reads and resumes the same."""
+    body = (
+        'inputs = ["a.csv"]\nmodel = "m"\nout = "o"\ntext_col = "body"\nid_col = "doc_id"\n'
+        'input_format = "csv"\nencoding = "gb18030"\ndelimiter = ";"\nlimit = 5\n'
+    )
+    spec = load_job(_write(tmp_path, body))
+    assert spec.inputs == InputSpec(
+        ["a.csv"], text_col="body", id_col="doc_id", format="csv", encoding="gb18030", delimiter=";", limit=5
+    )
+    recorded = spec.to_dict()
+    assert {k: recorded[k] for k in ("inputs", "text_col", "id_col", "label_col", "input_format", "limit")} == {
+        "inputs": ["a.csv"], "text_col": "body", "id_col": "doc_id", "label_col": None, "input_format": "csv",
+        "limit": 5,
+    }  # fmt: skip
+    assert "paths" not in recorded and "format" not in recorded
+    assert from_dict(JobSpec, recorded) == spec
+    with pytest.raises(SpecError, match=r"missing key\(s\) inputs"):
+        load_job(_write(tmp_path, 'model = "m"\nout = "o"\ntext_col = "t"\n'))
+
+
+@pytest.mark.parametrize(
+    ("table", "want"),
+    [
+        ("", None),  # the job's own rows: training_inputs reads them
+        ('text_col = "t"\n', InputSpec(["j.csv"], text_col="t", id_col="id", label_col="l", format="csv")),
+        ('inputs = []\nlabel_col = "y"\n', InputSpec(["j.csv"], id_col="id", label_col="y", format="csv")),
+        (
+            'inputs = ["o.parquet"]\n',
+            InputSpec(["o.parquet"], label_col="l"),
+        ),  # other files: their own format
+    ],
+)
+def test_a_finetune_tables_input_keys_are_completed_from_the_jobs(tmp_path, table, want):
+    body = (
+        'inputs = ["j.csv"]\nmodel = "m"\nout = "o"\nid_col = "id"\nlabel_col = "l"\ninput_format = "csv"\n'
+    )
+    spec = load_job(_write(tmp_path, body + "limit = 3\n[finetune]\n" + table))
+    assert spec.finetune.inputs == want

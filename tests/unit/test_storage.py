@@ -103,7 +103,7 @@ def test_a_home_folder_path_is_one_place(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert normalize("~/runs/x") == str(tmp_path / "runs" / "x") and normalize("s3://b/~x") == "s3://b/~x"
     spec = JobSpec(inputs=["~/in.csv"], model="~/m", out="~/nightly")
-    assert (spec.inputs, spec.model, spec.out) == (
+    assert (spec.inputs.paths, spec.model, spec.out) == (
         [str(tmp_path / "in.csv")],
         str(tmp_path / "m"),
         str(tmp_path / "nightly"),

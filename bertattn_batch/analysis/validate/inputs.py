@@ -10,6 +10,8 @@ checked against the texts it stored.
 
 from __future__ import annotations
 
+import dataclasses
+
 import polars as pl
 
 from ... import schema
@@ -41,17 +43,16 @@ def check_inputs_and_spans(rec: ValidationReport, run: RunView) -> None:
         if not _check_stored_spans(rec, run):
             rec.skip("spans", f"the run read {', '.join(streams)}: a stream, which cannot be read again")
         return
-    options = {**manifest.read_options(), "label_col": manifest.spec.get("label_col")}
+    # no limit (none recorded): spans of a pass whose limit a resume raised lie past the last pass's
+    read_as = dataclasses.replace(manifest.read_options(), label_col=manifest.spec.get("label_col"))
     coverage, spans = _Coverage(rec, run, manifest), _Spans(rec, run, manifest.generation or 0)
     sources = None
     try:
-        sources = check_inputs(inputs, **options)
+        sources = check_inputs(read_as)
         if manifest.sources is not None:
             for change in input_changes(manifest.sources, source_files(sources))[:3]:
                 rec.warn("inputs", f"the inputs changed since the run read them: {change}")
-        # no limit: spans of a pass whose limit a resume raised lie past the last pass's
-        columns = (options["text_col"], options["id_col"], options["label_col"])
-        for block in read_sources(sources, *columns):
+        for block in read_sources(sources, read_as):
             if coverage.done and spans.done:
                 break
             coverage.feed(block)

@@ -16,7 +16,7 @@ import pytest
 from helpers import RUN_COLUMNS, SORT_KEYS, manifest_json, read_table
 
 from bertattn_batch import schema
-from bertattn_batch.config import JobSpec
+from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.engines.ray_runtime import ray_runtime
 from bertattn_batch.errors import WriteError
@@ -49,9 +49,13 @@ def inputs(drug_rows, tmp_path) -> list[Path]:
 
 def _spec(inputs, model, out, **kw) -> JobSpec:
     return JobSpec(
-        inputs=[str(p) for p in inputs], model=str(model), out=str(out), id_col="doc_id", window=4,
-        progress=False, **kw,
-    )  # fmt: skip
+        inputs=InputSpec([str(p) for p in inputs], id_col="doc_id"),
+        model=str(model),
+        out=str(out),
+        window=4,
+        progress=False,
+        **kw,
+    )
 
 
 def _parts(run: Path) -> list[tuple[str, int, int, dict]]:
@@ -161,7 +165,7 @@ def test_parquet_files_whose_id_types_differ_read_alike_on_both_engines(
     inputs = [tmp_path / f"{n}.parquet" for n in "abc"]
     for engine in ("local", "ray"):
         spec = _spec(inputs, tiny_en_dir, tmp_path / engine, engine=engine, workers=2)
-        run_job(dataclasses.replace(spec, id_col="id"))
+        run_job(dataclasses.replace(spec, inputs=dataclasses.replace(spec.inputs, id_col="id")))
     _same_tables(tmp_path / "ray", tmp_path / "local")
     preds = read_table(tmp_path / "ray", "predictions")
     assert preds.column("doc_id").to_pylist() == ["1", "2", "3", "x", "y", "3.5", "7", "8.5", "8"]

@@ -13,7 +13,7 @@ import torch
 from helpers import RUN_COLUMNS, manifest_json, read_table
 
 from bertattn_batch import runtime, schema
-from bertattn_batch.config import JobSpec
+from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.engines.local import MAX_HOST_PROCESSES, host_processes
 from bertattn_batch.errors import EngineError, SpecError, WriteError
@@ -21,9 +21,13 @@ from bertattn_batch.errors import EngineError, SpecError, WriteError
 
 def _spec(src, model, out, **kw) -> JobSpec:
     return JobSpec(
-        inputs=[str(src)], model=str(model), out=str(out), id_col="doc_id", label_col="label", window=4,
-        progress=False, **kw,
-    )  # fmt: skip
+        inputs=InputSpec([str(src)], id_col="doc_id", label_col="label"),
+        model=str(model),
+        out=str(out),
+        window=4,
+        progress=False,
+        **kw,
+    )
 
 
 def _tables(run) -> dict:

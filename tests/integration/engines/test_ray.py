@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 
 from bertattn_batch import schema
 from bertattn_batch.cli import app
-from bertattn_batch.config import JobSpec, load_job
+from bertattn_batch.config import JobSpec, from_dict, load_job
 from bertattn_batch.engines import run_job
 from bertattn_batch.engines.ray import RayEngine, WindowActor, plan_placement
 from bertattn_batch.engines.ray_runtime import ray_runtime
@@ -68,7 +68,11 @@ def ray_local():
 
 
 def _spec(src, model, out, **kw) -> JobSpec:
-    return JobSpec(inputs=[str(s) for s in src], model=str(model), out=str(out), progress=False, **kw)
+    """A job over ``src`` with ``kw``'s keys, as a job file names them."""
+    return from_dict(
+        JobSpec,
+        {"inputs": [str(s) for s in src], "model": str(model), "out": str(out), "progress": False, **kw},
+    )
 
 
 def _sorted(run: Path, table: str) -> pa.Table:

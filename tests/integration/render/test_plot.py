@@ -21,7 +21,7 @@ import bertattn_batch.render.figures as figures
 import bertattn_batch.render.plot as plotting
 import bertattn_batch.render.review as reviews
 from bertattn_batch.cli import app
-from bertattn_batch.config import JobSpec
+from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.render import fonts
 
@@ -33,11 +33,9 @@ def en_run(tiny_en_dir, drug_sample, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("plot") / "run"
     run_job(
         JobSpec(
-            inputs=[str(drug_sample)],
+            inputs=InputSpec([str(drug_sample)], id_col="doc_id", label_col="label"),
             model=str(tiny_en_dir),
             out=str(out),
-            id_col="doc_id",
-            label_col="label",
             layers=[-2, -1],
             window=10,
             progress=False,
@@ -51,11 +49,9 @@ def zh_run(tiny_zh_dir, zh_sample, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("plot") / "zh"
     run_job(
         JobSpec(
-            inputs=[str(zh_sample)],
+            inputs=InputSpec([str(zh_sample)], id_col="doc_id", label_col="label"),
             model=str(tiny_zh_dir),
             out=str(out),
-            id_col="doc_id",
-            label_col="label",
             progress=False,
         )
     )

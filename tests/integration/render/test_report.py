@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 
 import bertattn_batch.analysis.aggregate as agg
 from bertattn_batch.cli import app
-from bertattn_batch.config import JobSpec
+from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.errors import SpecError
 from bertattn_batch.render import accuracy, examples, figures, report
@@ -143,11 +143,9 @@ def _small_run(tiny_en_dir, rows: list[dict], out: Path, **spec) -> Path:
     pq.write_table(pa.Table.from_pylist(rows), src)
     run_job(
         JobSpec(
-            inputs=[str(src)],
+            inputs=InputSpec([str(src)], id_col="doc_id", label_col="label"),
             model=str(tiny_en_dir),
             out=str(out),
-            id_col="doc_id",
-            label_col="label",
             progress=False,
             **spec,
         )
@@ -177,7 +175,14 @@ def test_accuracy_section_says_why_there_is_no_accuracy(tiny_en_dir, drug_rows, 
     src = tmp_path / "unlabelled.parquet"
     pq.write_table(pa.Table.from_pylist(unlabelled), src)
     out = tmp_path / "unlabelled"
-    run_job(JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(out), id_col="doc_id", progress=False))
+    run_job(
+        JobSpec(
+            inputs=InputSpec([str(src)], id_col="doc_id"),
+            model=str(tiny_en_dir),
+            out=str(out),
+            progress=False,
+        )
+    )
     assert "The source had no labels." in report.build_report(out, examples=0, min_reviews=1).read_text()
 
 

@@ -13,6 +13,7 @@ import pytest
 from helpers import parquet_with_a_flipped_byte
 
 from bertattn_batch import storage
+from bertattn_batch.config import InputSpec
 from bertattn_batch.errors import InputError
 from bertattn_batch.inputs import expand_inputs, read_columns, read_rows
 from bertattn_batch.inputs.fingerprint import source_files
@@ -60,7 +61,7 @@ def test_nothing_matched_is_an_input_error(corpus):
 
 def test_rows_stream_from_parquet_and_gzip_and_are_fingerprinted(corpus):
     sources = expand_inputs([corpus])
-    texts = [t for block in read_rows([corpus], block_rows=40) for t in block.text]
+    texts = [t for block in read_rows(InputSpec([corpus]), block_rows=40) for t in block.text]
     assert len(texts) == 350 and texts[0] == "r0-0" and texts[-1] == "j49"
     prints = source_files(sources)
     assert [p["path"] for p in prints] == [s.path for s in sources]
@@ -85,7 +86,7 @@ def test_compressed_objects_uploaded_as_they_are_are_read(bucket, suffix):
     storage.write_bytes(target, packed)
     with storage.open_input(target) as f:
         assert f.read() == packed  # stored as given
-    texts = [t for block in read_rows([target]) for t in block.text]
+    texts = [t for block in read_rows(InputSpec([target])) for t in block.text]
     assert texts == [f"j{k}" for k in range(50)]
 
 
@@ -125,7 +126,7 @@ def test_a_parquet_object_with_a_damaged_page_is_refused(bucket):
     path = f"s3://{bucket}/damaged.parquet"
     storage.write_bytes(path, parquet_with_a_flipped_byte(["good", "fine"]))
     with pytest.raises(InputError, match=r"damaged.parquet: cannot read as parquet: .*CRC checksum"):
-        list(read_rows([path]))
+        list(read_rows(InputSpec([path])))
 
 
 def test_a_large_parquet_file_streams_by_ranged_reads(bucket, monkeypatch):
@@ -150,13 +151,13 @@ def test_a_run_of_inputs_on_a_store_resumes_and_reruns(bucket, tiny_en_dir, tmp_
     """A manifest read back keeps its inputs' URIs (s3://b/x.csv, not ./s3:/b/x.csv), so a resume or
     rerun reads the same inputs."""
     from bertattn_batch import run_job, validate_run
-    from bertattn_batch.config import JobSpec
+    from bertattn_batch.config import JobSpec, from_dict
 
     src = f"s3://{bucket}/reviews.csv"
     storage.write_bytes(src, ("text\n" + "".join(f"review {i} was good\n" for i in range(40))).encode())
     out = tmp_path / "run"
     spec = dict(inputs=[src], model=str(tiny_en_dir), out=str(out), progress=False, window=10)
-    assert run_job(JobSpec(**spec, limit=20)).input_rows == 20
+    assert run_job(from_dict(JobSpec, {**spec, "limit": 20})).input_rows == 20
     again = run_job(JobSpec(**spec))
     assert (again.input_rows, again.skipped_committed) == (20, 20)
     assert run_job(JobSpec(**spec)).input_rows == 0  # nothing new to process

@@ -10,7 +10,7 @@ import pytest
 from helpers import SORT_KEYS, same_job_table
 
 from bertattn_batch import schema, storage
-from bertattn_batch.config import JobSpec
+from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.engines.ray_runtime import ray_runtime
 from bertattn_batch.run import committed_files, read_manifest
@@ -45,8 +45,14 @@ def test_two_ray_workers_write_one_run_to_s3(ray_with_s3_env, bucket, drug_rows,
     storage.write_bytes(src, sink.getvalue())
 
     def spec(out: str, **kw) -> JobSpec:
-        return JobSpec(inputs=[src], model=str(tiny_en_dir), out=out, id_col="doc_id", window=4,
-                       progress=False, **kw)  # fmt: skip
+        return JobSpec(
+            inputs=InputSpec([src], id_col="doc_id"),
+            model=str(tiny_en_dir),
+            out=out,
+            window=4,
+            progress=False,
+            **kw,
+        )
 
     run_job(spec(f"s3://{bucket}/runs/ray", engine="ray", workers=2))
     run_job(spec(f"s3://{bucket}/runs/local"))

@@ -21,7 +21,7 @@ import pytest
 import torch
 from helpers import REPO
 
-from bertattn_batch.config import FinetuneSpec, JobSpec, load_job
+from bertattn_batch.config import FinetuneSpec, InputSpec, JobSpec, load_job
 from bertattn_batch.errors import InputError, ModelError, SpecError
 from bertattn_batch.inputs import class_label_order, expand_inputs
 from bertattn_batch.model import Classifier
@@ -122,7 +122,7 @@ def test_finetune_holds_out_no_review_it_trained_on(tmp_path: Path) -> None:
     ]
     src = _write(tmp_path / "dups.parquet", rows)
     spec = FinetuneSpec(**TINY, epochs=1.0, batch_size=8, min_char_count=1, eval_fraction=0.3)
-    metrics = finetune_files([src], "text", "label", tmp_path / "m", spec, progress=False)
+    metrics = finetune_files(InputSpec([src]), tmp_path / "m", spec, progress=False)
     held = json.loads((tmp_path / "m" / "heldout_ids.json").read_text())["doc_ids"]
     held_texts = {rows[int(i)]["text"] for i in held}
     trained = {r["text"] for i, r in enumerate(rows) if str(i) not in held}
@@ -238,7 +238,7 @@ def test_a_class_label_keeps_its_own_order(tmp_path: Path) -> None:
         str(tmp_path / "saved")
     )
     spec = FinetuneSpec(**TINY, epochs=1.0, min_char_count=1, eval_fraction=0.0)
-    metrics = finetune_files([str(tmp_path / "saved")], "text", "label", tmp_path / "m", spec, progress=False)
+    metrics = finetune_files(InputSpec([str(tmp_path / "saved")]), tmp_path / "m", spec, progress=False)
     assert metrics["labels"] == names
     assert AutoConfig.from_pretrained(tmp_path / "m").id2label == dict(enumerate(names))
 
@@ -320,13 +320,13 @@ def test_finetune_checks_labels() -> None:
 def test_finetune_files_needs_two_labels(tmp_path: Path) -> None:
     one = _write(tmp_path / "one.parquet", [{"text": f"好评{i}", "label": "pos"} for i in range(20)])
     with pytest.raises(InputError, match="at least 2 labels"):
-        finetune_files([one], "text", "label", tmp_path / "m", FinetuneSpec(**TINY), progress=False)
+        finetune_files(InputSpec([one]), tmp_path / "m", FinetuneSpec(**TINY), progress=False)
 
     rows = [{"text": f"评{i}", "label": lab} for i, lab in enumerate(["pos", "neg", "neutral"] * 5)]
     three = _write(tmp_path / "three.parquet", rows)
     with pytest.raises(InputError, match="at least 2 labels"):
         spec = FinetuneSpec(**TINY, labels=["pos", "missing"])
-        finetune_files([three], "text", "label", tmp_path / "m", spec, progress=False)
+        finetune_files(InputSpec([three]), tmp_path / "m", spec, progress=False)
     assert not (tmp_path / "m").exists()
 
 
@@ -335,7 +335,7 @@ def test_finetune_files_skips_unusable_rows(tmp_path: Path) -> None:
     rows += [{"text": None, "label": "neg"}, {"text": "  ", "label": "neg"}, {"text": "差", "label": None}]
     path = _write(tmp_path / "few.parquet", rows)
     with pytest.raises(InputError, match="too few labelled rows"):
-        finetune_files([path], "text", "label", tmp_path / "m", FinetuneSpec(**TINY), progress=False)
+        finetune_files(InputSpec([path]), tmp_path / "m", FinetuneSpec(**TINY), progress=False)
 
 
 # ------------------------------------------------------------------------------------------ base and spec
@@ -602,9 +602,7 @@ def test_messages_name_the_real_problem(tmp_path: Path) -> None:
     texts = [f"评论{i}号" for i in range(300)]
     with pytest.raises(InputError, match="300 distinct labels among 300 rows") as e:
         finetune_files(
-            [_write(tmp_path / "t.parquet", [{"text": t, "label": t} for t in texts])],
-            "text",
-            "label",
+            InputSpec([_write(tmp_path / "t.parquet", [{"text": t, "label": t} for t in texts])]),
             tmp_path / "m",
             FinetuneSpec(**TINY),
         )
@@ -615,7 +613,7 @@ def test_messages_name_the_real_problem(tmp_path: Path) -> None:
     ]
     spec = FinetuneSpec(**{**TINY, "max_length": 16}, epochs=1.0, eval_fraction=0.25, min_char_count=5)
     with pytest.raises(ModelError, match="lower min_char_count"):
-        finetune_files([_write(tmp_path / "small.parquet", rows)], "text", "label", tmp_path / "m", spec)
+        finetune_files(InputSpec([_write(tmp_path / "small.parquet", rows)]), tmp_path / "m", spec)
 
 
 def test_numeric_labels_in_numeric_order_and_skipped_rows_counted(tmp_path: Path) -> None:
@@ -627,7 +625,7 @@ def test_numeric_labels_in_numeric_order_and_skipped_rows_counted(tmp_path: Path
     ]
     rows += [{"text": "没有标签", "label": None}, {"text": None, "label": "2"}]
     spec = FinetuneSpec(**TINY, epochs=1.0, min_char_count=1, eval_fraction=0.0)
-    metrics = finetune_files([_write(tmp_path / "s.parquet", rows)], "text", "label", tmp_path / "m", spec)
+    metrics = finetune_files(InputSpec([_write(tmp_path / "s.parquet", rows)]), tmp_path / "m", spec)
     assert AutoConfig.from_pretrained(tmp_path / "m").id2label == {0: "1", 1: "2", 2: "10"}
     assert metrics["skipped_rows"] == {"null_label": 1, "null_text": 1}
 
@@ -645,7 +643,7 @@ def test_blank_labels_are_skipped_and_counted_not_trained_as_a_class(tmp_path: P
         {"text": "差评", "label": " neg"},
     ]
     spec = FinetuneSpec(**TINY, epochs=1.0, min_char_count=1, eval_fraction=0.0)
-    metrics = finetune_files([_write(tmp_path / "b.parquet", rows)], "text", "label", tmp_path / "m", spec)
+    metrics = finetune_files(InputSpec([_write(tmp_path / "b.parquet", rows)]), tmp_path / "m", spec)
     assert AutoConfig.from_pretrained(tmp_path / "m").id2label == {0: "neg", 1: "pos"}
     assert metrics["skipped_rows"] == {"null_label": 7}  # blank: no label, as extract reads it
     assert metrics["n_train"] == 14  # a spreadsheet's "pos " is pos, not a third class
@@ -659,10 +657,9 @@ def _job_that_trains_its_model(tmp_path: Path, **kw) -> JobSpec:
         {"text": t, "label": lab} for t, lab in zip(["好极了", "太差了"] * 6, ["pos", "neg"] * 6, strict=True)
     ]
     return JobSpec(
-        inputs=[_write(tmp_path / "j.parquet", rows)],
+        inputs=InputSpec([_write(tmp_path / "j.parquet", rows)], label_col="label"),
         model=str(tmp_path / "m"),
         out=str(tmp_path / "run"),
-        label_col="label",
         layers=[0],
         max_length=64,
         progress=False,
@@ -684,7 +681,7 @@ def test_no_usable_rows_says_why_rows_were_not_used(tmp_path: Path) -> None:
     rows = [{"text": None, "label": lab} for lab in ["pos", "neg"] * 5]
     with pytest.raises(InputError, match=r"no labelled rows \(rows not used: \{'null_text': 10\}\)"):
         finetune_files(
-            [_write(tmp_path / "n.parquet", rows)], "text", "label", tmp_path / "m", FinetuneSpec(**TINY)
+            InputSpec([_write(tmp_path / "n.parquet", rows)]), tmp_path / "m", FinetuneSpec(**TINY)
         )
 
 
@@ -708,7 +705,7 @@ def test_finetune_options_given_with_a_job_win_and_its_format_is_for_its_own_inp
 
     from bertattn_batch.cli import app
     from bertattn_batch.config import load_job
-    from bertattn_batch.train import plan_training
+    from bertattn_batch.train.job import training_inputs
 
     monkeypatch.chdir(tmp_path)
     rows = {"body": ["好极了", "太差了"] * 8, "sentiment": ["pos", "neg"] * 8}
@@ -733,14 +730,9 @@ def test_finetune_options_given_with_a_job_win_and_its_format_is_for_its_own_inp
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "m" / "config.json").read_text())["id2label"] == {"0": "neg", "1": "pos"}
     job = load_job(tmp_path / "job.toml")
-    plan = plan_training(job=job)
-    assert (plan.inputs, plan.text_col, plan.label_col, plan.input_format) == (
-        ["reviews.txt"],
-        "text",
-        "label",
-        "text",
-    )
-    assert plan_training(["renamed.parquet"], job=job).input_format == "auto"
+    own = training_inputs(job)
+    assert (own.paths, own.text_col, own.label_col, own.format) == (["reviews.txt"], "text", "label", "text")
+    assert training_inputs(job, ["renamed.parquet"]).format == "auto"
 
 
 def test_a_jobs_first_run_reports_its_training_apart_from_its_speed(tmp_path: Path) -> None:
@@ -817,7 +809,7 @@ def test_finetune_refuses_a_bad_delimiter_or_encoding_as_extract_does(tmp_path: 
 
     (tmp_path / "job.toml").write_text('inputs = ["r.tsv"]\nmodel = "m"\nout = "o"\n[finetune]\n')
     job = tmp_path / "job.toml"
-    assert plan_training(job=job, delimiter="\\t").delimiter == "\t"
+    assert plan_training(job=job, delimiter="\\t").inputs.delimiter == "\t"
     for bad in ({"delimiter": ";;"}, {"encoding": "nope"}, {"encoding": "rot13"}):
         with pytest.raises(
             SpecError, match=r"delimiter must be one character|encoding 'nope' is not|no text encoding"
@@ -903,7 +895,7 @@ def test_an_input_inside_the_model_folder_is_refused_before_training(tmp_path: P
         out / "data" / "r.parquet", [{"text": t, "label": lab} for t, lab in [("好", "p"), ("差", "n")] * 3]
     )
     with pytest.raises(InputError, match=r"lies inside the model folder .*model, which training replaces"):
-        finetune_files([path], "text", "label", out, FinetuneSpec(**TINY, epochs=1.0))
+        finetune_files(InputSpec([path]), out, FinetuneSpec(**TINY, epochs=1.0))
     assert Path(path).is_file()
 
 
@@ -915,7 +907,7 @@ def test_labels_that_are_one_number_written_two_ways_are_refused(tmp_path: Path)
         tmp_path / "a.parquet", [{"text": t, "label": lab} for t, lab in [("好", 1), ("差", 0)] * 2]
     )
     with pytest.raises(InputError, match=r"labels '0' and '0.0' are one number written two ways"):
-        finetune_files([parquet, str(csv)], "text", "label", tmp_path / "m", FinetuneSpec(**TINY, epochs=1.0))
+        finetune_files(InputSpec([parquet, str(csv)]), tmp_path / "m", FinetuneSpec(**TINY, epochs=1.0))
 
 
 def test_a_label_left_without_training_rows_by_the_split_is_refused(tmp_path: Path) -> None:
@@ -928,4 +920,4 @@ def test_a_label_left_without_training_rows_by_the_split_is_refused(tmp_path: Pa
     _, held = split_indices(np.array([i % 2 for i in ids]), 0.25, 0, [texts])
     rows += [{"text": texts[i], "label": "mixed"} for i in held[:2]]  # repeats of held-out reviews only
     with pytest.raises(InputError, match=r"label\(s\) \['mixed'\] keep no training rows once"):
-        finetune_files([_write(tmp_path / "d.parquet", rows)], "text", "label", tmp_path / "m", spec)
+        finetune_files(InputSpec([_write(tmp_path / "d.parquet", rows)]), tmp_path / "m", spec)

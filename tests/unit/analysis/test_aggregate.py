@@ -29,7 +29,7 @@ import bertattn_batch.analysis.aggregate as top
 from bertattn_batch import schema
 from bertattn_batch._files import claim_dir
 from bertattn_batch.cli import app
-from bertattn_batch.config import JobSpec
+from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.run import Manifest
 
@@ -49,11 +49,9 @@ def run_dir(tiny_en_dir, drug_rows, tmp_path_factory) -> Path:
     out = base / "run"
     run_job(
         JobSpec(
-            inputs=[str(src)],
+            inputs=InputSpec([str(src)], id_col="doc_id", label_col="label"),
             model=str(tiny_en_dir),
             out=str(out),
-            id_col="doc_id",
-            label_col="label",
             layers=[-2, 0],
             window=10,
             progress=False,
@@ -723,9 +721,13 @@ def test_a_run_of_an_older_table_version_is_refused_in_one_line(run_dir, tiny_en
         assert len(lines) == 1 and "--overwrite" in lines[0], result.output
     # the job itself: refused as a resume, redone with --overwrite
     spec = JobSpec(
-        inputs=[str(run_dir.parent / "reviews.parquet")], model=str(tiny_en_dir), out=str(run),
-        id_col="doc_id", label_col="label", layers=[-2, 0], window=10, progress=False,
-    )  # fmt: skip
+        inputs=InputSpec([str(run_dir.parent / "reviews.parquet")], id_col="doc_id", label_col="label"),
+        model=str(tiny_en_dir),
+        out=str(run),
+        layers=[-2, 0],
+        window=10,
+        progress=False,
+    )
     with pytest.raises(agg.RunDirError, match="another version"):
         run_job(spec)
     run_job(dataclasses.replace(spec, on_existing="overwrite"))

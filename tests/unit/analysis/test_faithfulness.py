@@ -17,7 +17,7 @@ from transformers import AutoModelForSequenceClassification
 
 from bertattn_batch import schema
 from bertattn_batch.analysis import faithfulness as fa
-from bertattn_batch.config import JobSpec
+from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.errors import ModelError, SpecError
 
@@ -30,10 +30,9 @@ def run_dir(tiny_en_dir, drug_rows, tmp_path_factory):
     out = base / "run"
     run_job(
         JobSpec(
-            inputs=[str(src)],
+            inputs=InputSpec([str(src)], id_col="doc_id"),
             model=str(tiny_en_dir),
             out=str(out),
-            id_col="doc_id",
             layers=[-2, 0],
             max_length=48,
             value_zeroing=True,
@@ -162,8 +161,17 @@ def test_the_runs_model_is_found_from_any_directory_or_given_where_it_moved(
     monkeypatch.chdir(tiny_en_dir.parent)
     out = tmp_path / "run"
     spec = json.loads((run_dir / "manifest.json").read_text())["spec"]
-    run_job(JobSpec(inputs=spec["inputs"], model=tiny_en_dir.name, out=str(out), id_col="doc_id",
-                    layers=[-2, 0], max_length=48, value_zeroing=True, progress=False))  # fmt: skip
+    run_job(
+        JobSpec(
+            inputs=InputSpec(spec["inputs"], id_col="doc_id"),
+            model=tiny_en_dir.name,
+            out=str(out),
+            layers=[-2, 0],
+            max_length=48,
+            value_zeroing=True,
+            progress=False,
+        )
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["spec"]["model"] == manifest["model"]["source"] == str(tiny_en_dir)
     monkeypatch.chdir(tmp_path)
@@ -215,8 +223,18 @@ def test_a_run_without_its_text_is_measured_from_its_tokens_with_its_inputs_gone
     spec = json.loads((run_dir / "manifest.json").read_text())["spec"]
     src = shutil.copy(spec["inputs"][0], tmp_path / "reviews.parquet")
     out = tmp_path / "run"
-    run_job(JobSpec(inputs=[src], model=spec["model"], out=str(out), id_col="doc_id", layers=[-2, 0],
-                    max_length=48, value_zeroing=True, store_text=False, progress=False))  # fmt: skip
+    run_job(
+        JobSpec(
+            inputs=InputSpec([src], id_col="doc_id"),
+            model=spec["model"],
+            out=str(out),
+            layers=[-2, 0],
+            max_length=48,
+            value_zeroing=True,
+            store_text=False,
+            progress=False,
+        )
+    )
     assert read_table(out, "predictions")["text"].null_count == 12
     (tmp_path / "reviews.parquet").unlink()
     assert fa.faithfulness(out, sample=5, seed=3, device="cpu").table.equals(result.table)

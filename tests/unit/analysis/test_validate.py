@@ -19,7 +19,7 @@ from bertattn_batch import schema
 from bertattn_batch._files import file_lock
 from bertattn_batch.analysis.validate import CHECKS, validate_run
 from bertattn_batch.cli import app
-from bertattn_batch.config import JobSpec
+from bertattn_batch.config import InputSpec, JobSpec, from_dict
 from bertattn_batch.engines import run_job
 from bertattn_batch.errors import RunDirError
 from bertattn_batch.inputs import RowBatch, rows_digest
@@ -31,11 +31,9 @@ PART0 = "part-000000000000.parquet"
 
 def _run(source: Path, model_dir: Path, out: Path) -> Path:
     spec = JobSpec(
-        inputs=[str(source)],
+        inputs=InputSpec([str(source)], id_col="doc_id", label_col="label"),
         model=str(model_dir),
         out=str(out),
-        id_col="doc_id",
-        label_col="label",
         window=10,  # several parts
         batch_tokens=1500,
         progress=False,
@@ -505,15 +503,15 @@ def test_resumed_and_incremental_runs_are_clean(en_source, tiny_en_dir, tmp_path
     pq.write_table(pa.Table.from_pylist(rows[:20]), source)
     out = tmp_path / "run"
     base = {"inputs": [str(source)], "model": str(tiny_en_dir), "out": str(out), "id_col": "doc_id"}
-    run_job(JobSpec(**base, window=6, limit=9, progress=False))
+    run_job(from_dict(JobSpec, {**base, "window": 6, "limit": 9, "progress": False}))
     assert validate_run(out).ok
-    run_job(JobSpec(**base, window=6, progress=False))  # resumes at row 9
+    run_job(from_dict(JobSpec, {**base, "window": 6, "progress": False}))  # resumes at row 9
     report = validate_run(out)
     assert report.ok, report.render()
     assert report.warnings == []
     new = [{**r, "doc_id": f"new-{i}"} for i, r in enumerate(rows[20:26])]
     pq.write_table(pa.Table.from_pylist(rows[:20] + new), source)
-    run_job(JobSpec(**base, window=6, on_existing="incremental", progress=False))
+    run_job(from_dict(JobSpec, {**base, "window": 6, "on_existing": "incremental", "progress": False}))
     m = _manifest(out)
     assert {p["generation"] for p in m["parts"]} == {0, 1}
     report = validate_run(out)
@@ -536,7 +534,12 @@ def test_incremental_passes_with_growing_limits_are_clean(en_source, tiny_en_dir
     out = tmp_path / "run"
     base = {"inputs": [str(source)], "model": str(tiny_en_dir), "out": str(out), "id_col": "doc_id"}
     for limit in (6, 12):
-        run_job(JobSpec(**base, window=4, limit=limit, on_existing="incremental", progress=False))
+        run_job(
+            from_dict(
+                JobSpec,
+                {**base, "window": 4, "limit": limit, "on_existing": "incremental", "progress": False},
+            )
+        )
         report = validate_run(out)
         assert report.ok, report.render()
         assert f"(limit {limit})" in report.check("inputs").line()
@@ -555,7 +558,7 @@ def test_a_nightly_file_replaced_between_incremental_passes_is_not_a_warning_per
     base = {"inputs": [str(source)], "model": str(tiny_en_dir), "out": str(out), "id_col": "doc_id"}
     for day in (rows[:10], rows[10:20]):
         pq.write_table(pa.Table.from_pylist(day), source)
-        run_job(JobSpec(**base, window=6, on_existing="incremental", progress=False))
+        run_job(from_dict(JobSpec, {**base, "window": 6, "on_existing": "incremental", "progress": False}))
     report = validate_run(out)
     assert report.ok and report.check("spans").warnings == 0, report.render()
     assert "reviews of earlier --incremental passes not checked" in report.check("spans").line()
@@ -576,7 +579,7 @@ def test_a_night_with_nothing_new_or_an_edited_review_is_not_damage(en_source, t
     base = {"inputs": [str(source)], "model": str(tiny_en_dir), "out": str(out), "id_col": "doc_id"}
     for night in (rows, rows[:0], [{**rows[0], "text": "ok"}, *rows[1:]]):
         pq.write_table(pa.Table.from_pylist(night, schema=pq.read_schema(en_source)), source)
-        run_job(JobSpec(**base, window=4, on_existing="incremental", progress=False))
+        run_job(from_dict(JobSpec, {**base, "window": 4, "on_existing": "incremental", "progress": False}))
         report = validate_run(out)
         assert report.ok, report.render()
     assert "other texts (the inputs were replaced, reordered or edited since)" in report.check("spans").line()

@@ -43,7 +43,7 @@ def test_the_bar_moves_per_batch_to_its_total_and_keeps_loading_bars_out(
     import tqdm.auto
 
     from bertattn_batch.cli.base import setup
-    from bertattn_batch.config import JobSpec
+    from bertattn_batch.config import InputSpec, JobSpec
     from bertattn_batch.engines import run_job
 
     seen: list[tuple[str, int, int | None]] = []
@@ -59,9 +59,12 @@ def test_the_bar_moves_per_batch_to_its_total_and_keeps_loading_bars_out(
     rows = pq.read_metadata(drug_sample).num_rows
     window = 16
     spec = JobSpec(
-        inputs=[str(drug_sample)], model=str(tiny_en_dir), out=str(tmp_path / "run"), id_col="doc_id",
-        window=window, batch_tokens=256,
-    )  # fmt: skip
+        inputs=InputSpec([str(drug_sample)], id_col="doc_id"),
+        model=str(tiny_en_dir),
+        out=str(tmp_path / "run"),
+        window=window,
+        batch_tokens=256,
+    )
     run_job(spec, progress=True)
     moved = [n for _, n, _ in seen]
     assert {d for d, _, _ in seen} == {"extract run"} and {t for _, _, t in seen} == {rows}

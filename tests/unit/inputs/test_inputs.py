@@ -20,6 +20,7 @@ import pytest
 
 import bertattn_batch.inputs.csv as csv_input
 from bertattn_batch import inputs
+from bertattn_batch.config import InputSpec
 from bertattn_batch.errors import InputError
 from bertattn_batch.inputs.files import compression_of
 
@@ -33,7 +34,7 @@ def test_a_large_parquet_row_group_is_read_a_block_at_a_time(tmp_path):
     pq.write_table(pa.table({"text": texts}), path, compression="none", use_dictionary=False)
     assert pq.ParquetFile(path).metadata.num_row_groups == 1
 
-    rows = inputs.read_rows([str(path)], block_rows=256)
+    rows = inputs.read_rows(InputSpec([str(path)]), block_rows=256)
     before = pa.total_allocated_bytes()
     first = next(rows)
     held = pa.total_allocated_bytes() - before
@@ -64,7 +65,9 @@ _PLAIN = {
 
 def _rows(path, fmt: str, **kw) -> list[tuple]:
     out = []
-    for b in inputs.read_rows([str(path)], id_col=None if fmt == "txt" else "id", block_rows=2, **kw):
+    for b in inputs.read_rows(
+        InputSpec([str(path)], id_col=None if fmt == "txt" else "id", **kw), block_rows=2
+    ):
         out += zip(b.row_index, b.doc_id, b.text, b.status, strict=True)
     return out
 
@@ -91,7 +94,7 @@ def test_the_leading_bytes_decide_not_the_name(tmp_path):
     assert _rows(tmp_path / "packed.csv", "csv") == _rows(_write(tmp_path / "r.csv", _PLAIN["csv"]), "csv")
     for name, data in [("plain.csv.gz", _PLAIN["csv"]), ("legacy.csv.lz4", b"\x02\x21\x4c\x18" + b"\0" * 12)]:
         with pytest.raises(InputError, match=r"is named as compressed \(\.(gz|lz4)\), but its first bytes"):
-            inputs.check_inputs([str(_write(tmp_path / name, data))], id_col="id")
+            inputs.check_inputs(InputSpec([str(_write(tmp_path / name, data))], id_col="id"))
 
 
 def test_stream_variants_that_tools_write(tmp_path):
@@ -106,7 +109,7 @@ def test_stream_variants_that_tools_write(tmp_path):
     }
     for name, (data, want) in cases.items():
         path = _write(tmp_path / name, data)
-        assert [t for b in inputs.read_rows([str(path)]) for t in b.text] == want, name
+        assert [t for b in inputs.read_rows(InputSpec([str(path)])) for t in b.text] == want, name
 
 
 def test_a_damaged_header_names_its_file(tmp_path):
@@ -116,7 +119,7 @@ def test_a_damaged_header_names_its_file(tmp_path):
         ("flipped.csv.xz", packed[:60] + b"\xff" * 40 + packed[100:]),
     ]:
         with pytest.raises(InputError, match=rf"cannot read .*{name}: |{name}: cannot read as csv"):
-            inputs.check_inputs([str(_write(tmp_path / name, data))], id_col="id")
+            inputs.check_inputs(InputSpec([str(_write(tmp_path / name, data))], id_col="id"))
 
 
 def _write(path, data: bytes):
@@ -130,14 +133,18 @@ def test_concatenated_streams_read_whole(tmp_path):
     for kind, suffix in (("gzip", ".gz"), ("bz2", ".bz2"), ("zstd", ".zst"), ("xz", ".xz")):
         path = tmp_path / f"all.txt{suffix}"
         path.write_bytes(_compress(b"one\ntwo\n", kind) + _compress(b"three\n", kind))
-        assert [t for b in inputs.read_rows([str(path)]) for t in b.text] == ["one", "two", "three"], kind
+        assert [t for b in inputs.read_rows(InputSpec([str(path)])) for t in b.text] == [
+            "one",
+            "two",
+            "three",
+        ], kind
 
 
 def test_a_folder_reads_its_compressed_review_files_in_name_order(tmp_path):
     (tmp_path / "a.jsonl").write_bytes(_PLAIN["jsonl"])
     (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(_PLAIN["jsonl"]))
     (tmp_path / "c.jsonl.zst").write_bytes(_compress(_PLAIN["jsonl"], "zstd"))
-    sources = inputs.check_inputs([str(tmp_path)], id_col="id")
+    sources = inputs.check_inputs(InputSpec([str(tmp_path)], id_col="id"))
     assert [(s.path.name, s.format) for s in sources] == [
         ("a.jsonl", "jsonl"),
         ("b.jsonl.gz", "jsonl"),
@@ -155,7 +162,7 @@ def test_a_stream_cut_short_stops_the_job_with_its_file(tmp_path):
         packed = _compress(data, kind)
         path = tmp_path / f"cut.jsonl{suffix}"
         path.write_bytes(packed[: len(packed) // 2])
-        rows = inputs.read_rows([str(path)])
+        rows = inputs.read_rows(InputSpec([str(path)]))
         read_before = 0
         with pytest.raises(InputError) as e:
             for b in rows:
@@ -174,7 +181,7 @@ def test_a_gzip_padded_with_zeros_reads_and_a_damaged_one_is_named(tmp_path):
     path = tmp_path / "damaged.jsonl.gz"
     path.write_bytes(bytes(damaged))
     with pytest.raises(InputError, match=f"cannot read {path}: Error -3 while decompressing data"):
-        list(inputs.read_rows([str(path)]))
+        list(inputs.read_rows(InputSpec([str(path)])))
 
 
 def test_archives_and_compressed_parquet_are_refused_with_what_to_do(tmp_path):
@@ -190,16 +197,18 @@ def test_archives_and_compressed_parquet_are_refused_with_what_to_do(tmp_path):
         ("r.tar.gz", "is a tar archive; extract its files first"),
     ]:
         with pytest.raises(InputError, match=message):
-            inputs.check_inputs([str(tmp_path / name)], input_format="jsonl")
+            inputs.check_inputs(InputSpec([str(tmp_path / name)], format="jsonl"))
         with pytest.raises(InputError, match=r"is an archive \(\.(zip|tar)\); extract its files first"):
-            inputs.check_inputs([str(tmp_path / name)])  # said at once, not "cannot tell the format"
+            inputs.check_inputs(
+                InputSpec([str(tmp_path / name)])
+            )  # said at once, not "cannot tell the format"
     with pytest.raises(InputError, match="is gzip-compressed; decompress it first"):
-        inputs.check_inputs([str(tmp_path / "r.parquet.gz")])
+        inputs.check_inputs(InputSpec([str(tmp_path / "r.parquet.gz")]))
     for fmt, name in (("csv", "CSV"), ("jsonl", "JSON lines"), ("text", "plain text")):
         with pytest.raises(InputError, match=f"is a Parquet file, not {name}; pass --input-format parquet"):
-            inputs.check_inputs([str(tmp_path / "r.parquet")], input_format=fmt)
+            inputs.check_inputs(InputSpec([str(tmp_path / "r.parquet")], format=fmt))
     (tmp_path / "par1.txt").write_text("PAR1 headphones broke after a week\n")  # a review, not Parquet
-    assert inputs.check_inputs([str(tmp_path / "par1.txt")], input_format="text")
+    assert inputs.check_inputs(InputSpec([str(tmp_path / "par1.txt")], format="text"))
 
 
 # -- string columns that hold bytes that are not UTF-8 ------------------------------------------------
@@ -214,7 +223,7 @@ def test_a_parquet_string_that_is_not_utf8_is_that_rows_status(tmp_path, kind):
     ids = [b"a", b"b", b"c\xfe", b"d"]
     path = tmp_path / "written-elsewhere.parquet"
     pq.write_table(pa.table({"id": _not_utf8(ids, kind), "text": _not_utf8(texts, kind)}), path)
-    (batch,) = inputs.read_rows([str(path)], id_col="id")
+    (batch,) = inputs.read_rows(InputSpec([str(path)], id_col="id"))
     assert batch.status == ["ok", "invalid_utf8", "ok", "ok"]
     assert batch.doc_id == ["a", "b", "c\\xfe", "d"]  # as a JSON line's id with that byte is spelt
     assert batch.text == ["good", None, "fine", "also fine"]
@@ -226,12 +235,12 @@ def test_a_nested_value_that_is_not_utf8_is_missing_and_a_saved_dataset_reads_al
     bad = pa.array([[b"x"], [b"\xff"], [b"y"]], pa.list_(pa.binary())).view(pa.list_(pa.string()))
     texts = _not_utf8([b"one", b"two", b"thr\xe9e"])
     pq.write_table(pa.table({"id": bad, "text": texts}), tmp_path / "nested.parquet")
-    (batch,) = inputs.read_rows([str(tmp_path / "nested.parquet")], id_col="id")
+    (batch,) = inputs.read_rows(InputSpec([str(tmp_path / "nested.parquet")], id_col="id"))
     assert batch.status == ["ok", "null_id", "invalid_utf8"]  # a null id wins, as for any missing id
     assert batch.doc_id == ['["x"]', "1", '["y"]']
 
     datasets.Dataset(pa.table({"text": texts})).save_to_disk(str(tmp_path / "ds"))
-    (batch,) = inputs.read_rows([str(tmp_path / "ds")])
+    (batch,) = inputs.read_rows(InputSpec([str(tmp_path / "ds")]))
     assert batch.status == ["ok", "ok", "invalid_utf8"]
 
 
@@ -246,7 +255,7 @@ def test_a_file_in_another_unicode_encoding_is_refused_with_what_to_do(tmp_path,
     path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
     label = encoding[:6].upper()
     with pytest.raises(InputError, match=rf"is {label} text .* convert it first, e.g. iconv -f {label}"):
-        inputs.check_inputs([str(path)])
+        inputs.check_inputs(InputSpec([str(path)]))
 
 
 def test_narrow_floats_are_spelt_as_they_print(tmp_path):
@@ -254,7 +263,7 @@ def test_narrow_floats_are_spelt_as_they_print(tmp_path):
     ids = pa.array([0.1, 2.5, None, 3.0], pa.float32())
     labels = pa.array([2.7, None, 1.0, 0.5], pa.float32()).cast(pa.float16())
     pq.write_table(pa.table({"id": ids, "text": list("abcd"), "label": labels}), tmp_path / "f.parquet")
-    (batch,) = inputs.read_rows([str(tmp_path / "f.parquet")], id_col="id", label_col="label")
+    (batch,) = inputs.read_rows(InputSpec([str(tmp_path / "f.parquet")], id_col="id", label_col="label"))
     assert batch.doc_id == ["0.1", "2.5", "2", "3"] and batch.status == ["ok", "ok", "null_id", "ok"]
     assert batch.label == ["2.7", None, "1", "0.5"]
 
@@ -291,7 +300,7 @@ def test_csv_rows_with_the_wrong_number_of_fields_keep_their_place(tmp_path, cap
     want = [(r[0], "ok") if len(r) == 2 else (str(n), "wrong_field_count") for n, r in enumerate(rows)]
     got = [
         pair
-        for batch in inputs.read_rows([str(path)], id_col="id", block_rows=100)
+        for batch in inputs.read_rows(InputSpec([str(path)], id_col="id"), block_rows=100)
         for pair in zip(batch.doc_id, batch.status, strict=True)
     ]
     assert got == want
@@ -311,7 +320,7 @@ def test_a_csv_of_ragged_rows_comes_in_blocks_and_is_named_by_doc_id(tmp_path, c
     first.write_text("id,text\nx,fine\ny,fine\n")
     path = tmp_path / "b.csv"
     path.write_text("id,text\n" + "".join(f"r{i},text,\n" for i in range(1_000)) + "ok,fine\n")
-    batches = list(inputs.read_rows([str(first), str(path)], id_col="id", block_rows=64))
+    batches = list(inputs.read_rows(InputSpec([str(first), str(path)], id_col="id"), block_rows=64))
     assert max(len(b) for b in batches) == 64
     doc_ids = [d for b in batches for d in b.doc_id]
     assert doc_ids == ["x", "y", *map(str, range(2, 1_002)), "ok"]
@@ -321,7 +330,7 @@ def test_a_csv_of_ragged_rows_comes_in_blocks_and_is_named_by_doc_id(tmp_path, c
     )
 
     caplog.clear()
-    assert sum(len(b) for b in inputs.read_rows([str(path)], limit=3)) == 3
+    assert sum(len(b) for b in inputs.read_rows(InputSpec([str(path)], limit=3))) == 3
     assert "b.csv: 3 rows have another number of fields than the header (rows 0, 1, 2)" in caplog.text
 
 
@@ -359,7 +368,7 @@ def test_csv_values_are_kept_byte_for_byte_across_arrows_blocks(tmp_path, monkey
     ]
     got = [
         (d, t if s == "ok" else None, s)
-        for batch in inputs.read_rows([str(path)], id_col="id", block_rows=50)
+        for batch in inputs.read_rows(InputSpec([str(path)], id_col="id"), block_rows=50)
         for d, t, s in zip(batch.doc_id, batch.text, batch.status, strict=True)
     ]
     assert got == want
@@ -378,9 +387,9 @@ def test_a_stray_quote_that_would_swallow_the_rows_after_it_is_refused_with_its_
         with pytest.raises(
             InputError, match=f"{path.name}, line 12: a quoted field opens there that runs on"
         ):
-            list(inputs.read_rows([str(path)], id_col="id"))
+            list(inputs.read_rows(InputSpec([str(path)], id_col="id")))
     path.write_text("\n".join({**dict(enumerate(lines)), 11: f'r10{d}"Best" phone'}.values()) + "\n")
-    assert sum(b.status.count("ok") for b in inputs.read_rows([str(path)], id_col="id")) == 2_000
+    assert sum(b.status.count("ok") for b in inputs.read_rows(InputSpec([str(path)], id_col="id"))) == 2_000
 
 
 def test_ids_are_spelt_one_to_one(tmp_path):
@@ -389,7 +398,7 @@ def test_ids_are_spelt_one_to_one(tmp_path):
     path = tmp_path / "ids.parquet"
     ids = [b"\xff", b"\\xff", b"a\\\xff", b"a\\\\xff", b"plain", b"back\\slash"]
     pq.write_table(pa.table({"id": pa.array(ids, pa.binary()), "text": ["x"] * len(ids)}), path)
-    (batch,) = inputs.read_rows([str(path)], id_col="id")
+    (batch,) = inputs.read_rows(InputSpec([str(path)], id_col="id"))
     assert batch.status == ["ok"] * len(ids)
     assert len(set(batch.doc_id)) == len(ids)
     assert batch.doc_id[0] == "\\xff" and batch.doc_id[4:] == [
@@ -398,14 +407,14 @@ def test_ids_are_spelt_one_to_one(tmp_path):
     ]  # plain ids as they are
     floats = tmp_path / "floats.jsonl"
     floats.write_text('{"id": 1e300, "text": "a"}\n{"id": 2.0, "text": "b"}\n{"id": 1e16, "text": "c"}\n')
-    (batch,) = inputs.read_rows([str(floats)], id_col="id")
+    (batch,) = inputs.read_rows(InputSpec([str(floats)], id_col="id"))
     assert batch.doc_id == ["1e+300", "2", "1e+16"]
     # a lone surrogate in a JSON id and the bytes that surrogatepass would make of it
     lone = tmp_path / "lone.jsonl"
     lone.write_text('{"id": "\\ud800", "text": "a"}\n{"id": "\\\\ud800", "text": "b"}\n')
     raw = tmp_path / "raw.parquet"
     pq.write_table(pa.table({"id": pa.array([b"\xed\xa0\x80"], pa.binary()), "text": ["c"]}), raw)
-    ids = [d for b in inputs.read_rows([str(lone), str(raw)], id_col="id") for d in b.doc_id]
+    ids = [d for b in inputs.read_rows(InputSpec([str(lone), str(raw)], id_col="id")) for d in b.doc_id]
     assert ids == ["\\ud800", "\\\\ud800", "\\xed\\xa0\\x80"]
 
 
@@ -414,13 +423,13 @@ def test_a_jsonl_key_missing_from_the_first_object_is_a_missing_value(tmp_path):
     row's null_id or null_text, not a missing column."""
     path = tmp_path / "sparse.jsonl"
     path.write_text('{"text": "no id here"}\n{"id": "b", "text": "good"}\n{"id": "c"}\n')
-    (batch,) = inputs.read_rows([str(path)], id_col="id")
+    (batch,) = inputs.read_rows(InputSpec([str(path)], id_col="id"))
     assert batch.status == ["null_id", "ok", "null_text"]
     assert batch.doc_id == ["0", "b", "c"]
     typo = tmp_path / "typo.jsonl"
     typo.write_text('{"txt": "a"}\n{"txt": "b"}\n')
     with pytest.raises(InputError, match=r"no column 'text'; columns there: txt"):
-        inputs.check_inputs([str(typo)])
+        inputs.check_inputs(InputSpec([str(typo)]))
 
 
 def test_a_column_name_with_spaces_around_it_is_shown_quoted(tmp_path):
@@ -429,7 +438,7 @@ def test_a_column_name_with_spaces_around_it_is_shown_quoted(tmp_path):
     with pytest.raises(
         InputError, match=r"columns there: id, ' text' \(give ' text' with its spaces, quoted\)"
     ):
-        inputs.check_inputs([str(path)])
+        inputs.check_inputs(InputSpec([str(path)]))
 
 
 def test_a_file_in_gb18030_is_named_with_the_command_that_converts_it(zh_rows, tmp_path):
@@ -441,8 +450,8 @@ def test_a_file_in_gb18030_is_named_with_the_command_that_converts_it(zh_rows, t
     with pytest.raises(
         InputError, match=r"not UTF-8 text .*iconv -f GB18030 -t UTF-8 .*or pass --encoding gb18030"
     ):
-        inputs.check_inputs([str(path)])
-    read = [b for b in inputs.read_rows([str(path)], label_col="label", encoding="gb18030")]
+        inputs.check_inputs(InputSpec([str(path)]))
+    read = [b for b in inputs.read_rows(InputSpec([str(path)], label_col="label", encoding="gb18030"))]
     assert [t for b in read for t in b.text] == [r["text"] for r in rows]
     assert {s for b in read for s in b.status} == {"ok"}
 
@@ -457,7 +466,7 @@ def test_a_file_that_several_encodings_read_is_not_said_to_be_one_of_them(tmp_pa
     path = tmp_path / "reviews.csv"
     path.write_bytes(("id,text\n" + "".join(f"{k},{text}\n" for k in range(6))).encode(encoding))
     with pytest.raises(InputError) as e:
-        inputs.check_inputs([str(path)])
+        inputs.check_inputs(InputSpec([str(path)]))
     assert "pass the one it was saved in (--encoding gb18030" in str(e.value)
     assert encoding in str(e.value) and "garbled" in str(e.value)
 
@@ -468,12 +477,10 @@ def test_another_delimiter_is_named_and_can_be_given(tmp_path):
     with pytest.raises(
         InputError, match=r"columns there: doc_id;text;label \(the header looks ';'-separated"
     ):
-        inputs.check_inputs([str(path)], id_col="doc_id")
-    (batch,) = inputs.read_rows([str(path)], id_col="doc_id", label_col="label", delimiter=";")
+        inputs.check_inputs(InputSpec([str(path)], id_col="doc_id"))
+    (batch,) = inputs.read_rows(InputSpec([str(path)], id_col="doc_id", label_col="label", delimiter=";"))
     assert batch.text == ["good food", "slow, cold"] and batch.label == ["positive", "negative"]
-    from bertattn_batch.config import JobSpec
-
-    assert JobSpec(inputs=["x"], model="m", out="o", delimiter="\\t").delimiter == "\t"
+    assert InputSpec(["x"], delimiter="\\t").delimiter == "\t"
 
 
 @pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
@@ -482,9 +489,9 @@ def test_a_text_file_has_a_review_a_line_whatever_its_line_endings(tmp_path, new
     lines = ["好评一", "", "差评二", "中评三 "]
     (tmp_path / "r.txt").write_bytes(newline.join(lines).encode() + newline.encode())
     (tmp_path / "r.csv").write_bytes(newline.join(["text", *(f'"{x}"' for x in lines)]).encode())
-    read = [t for b in inputs.read_rows([str(tmp_path / "r.txt")], block_rows=2) for t in b.text]
+    read = [t for b in inputs.read_rows(InputSpec([str(tmp_path / "r.txt")]), block_rows=2) for t in b.text]
     assert read == lines
-    assert read == [t for b in inputs.read_rows([str(tmp_path / "r.csv")]) for t in b.text]
+    assert read == [t for b in inputs.read_rows(InputSpec([str(tmp_path / "r.csv")])) for t in b.text]
 
 
 def test_a_lone_carriage_return_inside_a_text_line_ends_it(tmp_path):
@@ -495,7 +502,7 @@ def test_a_lone_carriage_return_inside_a_text_line_ends_it(tmp_path):
         (b"last", ["last"]),
     ]:
         path = _write(tmp_path / "r.txt", data)
-        assert [t for b in inputs.read_rows([str(path)]) for t in b.text] == want, data
+        assert [t for b in inputs.read_rows(InputSpec([str(path)])) for t in b.text] == want, data
 
 
 def test_a_saved_dataset_inside_an_input_folder_is_read_as_a_dataset(tmp_path, caplog):
@@ -542,11 +549,11 @@ def test_json_lines_that_python_cannot_read_keep_their_place(tmp_path):
     ]  # fmt: skip
     first = tmp_path / "first.jsonl"
     first.write_text('{"id": ' + "9" * 5000 + ', "text": "big"}\n{"id": "b", "text": "ok"}\n')
-    assert inputs.check_inputs([str(first)], id_col="id")
+    assert inputs.check_inputs(InputSpec([str(first)], id_col="id"))
     assert [r[3] for r in _rows(first, "jsonl")] == ["not_json", "ok"]
     bom = tmp_path / "bom.jsonl"
     bom.write_bytes(codecs.BOM_UTF8 + b'\n{"id": "a", "text": "good"}\n')
-    assert inputs.check_inputs([str(bom)], id_col="id")
+    assert inputs.check_inputs(InputSpec([str(bom)], id_col="id"))
     assert [(r[1], r[3]) for r in _rows(bom, "jsonl")] == [("a", "ok")]
 
 
@@ -569,10 +576,10 @@ def test_utf16_without_a_byte_order_mark_is_refused_with_what_to_do(tmp_path, en
     path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
     label = encoding.upper().replace("-LE", "LE").replace("-BE", "BE")
     with pytest.raises(InputError, match=rf"looks like {label} text without a byte-order mark.*--encoding"):
-        inputs.check_inputs([str(path)])
+        inputs.check_inputs(InputSpec([str(path)]))
     # read as what it is, it is fine
-    assert inputs.check_inputs([str(path)], encoding=encoding)
-    (batch,) = inputs.read_rows([str(path)], encoding=encoding)
+    assert inputs.check_inputs(InputSpec([str(path)], encoding=encoding))
+    (batch,) = inputs.read_rows(InputSpec([str(path)], encoding=encoding))
     assert batch.text[-2:] == ["好评 one", "差评 two"]  # a text file's first line, "text", is a review
 
 
@@ -582,7 +589,7 @@ def test_an_encoding_that_refuses_the_file_is_named(tmp_path):
     with pytest.raises(
         InputError, match=r"r.csv cannot be read as utf-16 \(UTF-16 stream does not start with BOM"
     ):
-        inputs.check_inputs([str(path)], encoding="utf-16")
+        inputs.check_inputs(InputSpec([str(path)], encoding="utf-16"))
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="links and FIFOs are POSIX's")

@@ -18,7 +18,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from bertattn_batch import part_paths, scan_run, schema
-from bertattn_batch.config import JobSpec
+from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.run import read_manifest
 
@@ -34,8 +34,8 @@ def runs(tiny_en_dir, drug_rows, tmp_path_factory) -> tuple[Path, Path, str]:
     base = tmp_path_factory.mktemp("recipes")
     pq.write_table(pa.Table.from_pylist(drug_rows[:30]), base / "reviews.parquet")
     clean, stray = base / "clean", base / "stray"
-    spec = JobSpec(inputs=[str(base / "reviews.parquet")], model=str(tiny_en_dir), out=str(clean),
-                   id_col="doc_id", window=10, progress=False)  # fmt: skip
+    spec = JobSpec(inputs=InputSpec([str(base / "reviews.parquet")], id_col="doc_id"), model=str(tiny_en_dir),
+                   out=str(clean), window=10, progress=False)  # fmt: skip
     run_job(spec)
     shutil.copytree(clean, stray)
     first = read_manifest(stray).parts[0]

@@ -99,13 +99,18 @@ def test_a_run_on_an_fsspec_store_reads_back_like_a_local_one(run, drug_sample, 
     """A scheme neither pyarrow nor polars serves itself (fsspec's in-memory store): the parts are read
     through a pyarrow dataset, and validate reads the run's mirror."""
     from bertattn_batch.analysis.validate import validate_run
-    from bertattn_batch.config import JobSpec
+    from bertattn_batch.config import InputSpec, JobSpec
     from bertattn_batch.engines import run_job
     from bertattn_batch.run import scan_attention
 
     def job(out: str) -> JobSpec:
-        return JobSpec(inputs=[str(drug_sample)], model=str(tiny_en_dir), out=out, window=7, limit=20,
-                       progress=False)  # fmt: skip
+        return JobSpec(
+            inputs=InputSpec([str(drug_sample)], limit=20),
+            model=str(tiny_en_dir),
+            out=out,
+            window=7,
+            progress=False,
+        )
 
     run_job(job(run))
     run_job(job(str(tmp_path / "local")))
