@@ -924,8 +924,8 @@ def test_an_incremental_pass_holding_a_review_no_input_row_has_is_a_problem(en_s
     source = tmp_path / "reviews.parquet"
     pq.write_table(pq.read_table(en_source).slice(0, 12), source)
     out = tmp_path / "run"
-    base = {"inputs": [str(source)], "model": str(tiny_en_dir), "out": str(out), "id_col": "doc_id"}
-    run_job(JobSpec(**base, window=6, on_existing="incremental", progress=False))
+    inputs = InputSpec([str(source)], id_col="doc_id")
+    run_job(JobSpec(inputs, str(tiny_en_dir), str(out), window=6, on_existing="incremental", progress=False))
     assert validate_run(out).ok
     doc = read_table(out, "predictions").column("doc_id")[1].as_py()
     _in_every_table(out, _rename(doc, "FORGED"))
