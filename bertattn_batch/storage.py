@@ -19,6 +19,7 @@ import glob
 import hashlib
 import io
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -40,6 +41,11 @@ _ENV = (
     "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE",
     "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "GOOGLE_APPLICATION_CREDENTIALS",
 )  # fmt: skip
+#: A URI in a text, and in one the credentials: a ``user:password@`` and query values named as keys,
+#: tokens, secrets or signatures (a presigned URL's ``X-Amz-*``).
+_URI = re.compile(r"\b[a-z][a-z0-9+.-]+://[^\s'\"<>]*?(?=[:,;.)]?(?:[\s'\"<>]|$))", re.I)
+_SECRET = re.compile(r"(?<=://)[^/?#@]*@|(?<=[?&])((?:x-amz-[^=&#]*|[^=&#]*(?:token|key|secret|signature|"
+                     r"password|credential|sig)[^=&#]*)=)[^&#]*", re.I)  # fmt: skip
 
 
 # -- paths and URIs ------------------------------------------------------------------------------------
@@ -52,10 +58,18 @@ def split_uri(target: str | os.PathLike[str]) -> tuple[str | None, str]:
     return scheme.lower(), rest
 
 
+def redact(text: str | os.PathLike[str]) -> str:
+    """``text`` with the credentials in each URI it holds replaced by ``***``: how a URI is recorded or
+    shown (a manifest, a report, a log, an error)."""
+    return _URI.sub(lambda m: _SECRET.sub(lambda s: f"{s[1]}***" if s[1] else "***@", m[0]), os.fspath(text))
+
+
 def normalize(target: str | os.PathLike[str]) -> str:
-    """A ``file://`` URI as its local path, ``~`` as the home folder; a store's URI as it is."""
+    """A ``file://`` URI as its local path, ``~`` as the home folder; a store's URI as it is (one that
+    names no bucket, or holds keys, refused)."""
     scheme, rest = split_uri(target)
     if scheme is not None and scheme != "file":
+        _check_bucket(scheme, rest)
         return os.fspath(target)
     return os.path.expanduser(rest if scheme == "file" else os.fspath(target))
 
@@ -66,8 +80,8 @@ def is_remote(target: str | os.PathLike[str]) -> bool:
 
 
 def absolute(target: str) -> str:
-    """A path as a run records an input: a local path absolute; a URI and ``-`` (stdin) as they are."""
-    return target if target == "-" or is_remote(target) else os.path.abspath(target)
+    """A path as a run records an input: a local path absolute; ``-`` (stdin) as it is; a URI redacted."""
+    return target if target == "-" else redact(target) if is_remote(target) else os.path.abspath(target)
 
 
 def join(base: str | os.PathLike[str], *names: str) -> str:
@@ -77,7 +91,12 @@ def join(base: str | os.PathLike[str], *names: str) -> str:
 
 def name_path(target: str | os.PathLike[str]) -> PurePosixPath:
     """The path part of a path or URI, for its name and suffixes (``reviews.jsonl.gz``)."""
-    return PurePosixPath(split_uri(target)[1])
+    return PurePosixPath(split_uri(_no_query(os.fspath(target)))[1])
+
+
+def _no_query(target: str) -> str:
+    """A web URL without its query (``?token=``), which is no part of its name and no glob."""
+    return target.partition("?")[0] if split_uri(target)[0] in ("http", "https") else target
 
 
 def resolve(target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
@@ -88,6 +107,7 @@ def resolve(target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
     scheme, rest = split_uri(target)
     if scheme is None or scheme == "file":
         return pafs.LocalFileSystem(), str(Path(rest or "/").expanduser().absolute())
+    _check_bucket(scheme, rest)
     env = tuple(os.environ.get(n) for n in _ENV)
     if scheme == "s3":  # the bucket, for its region where the environment names none
         return _filesystem(scheme, "" if any(env[:4]) else rest.split("/", 1)[0], env), rest.strip("/")
@@ -146,6 +166,19 @@ def _fsspec(scheme: str, target: str | os.PathLike[str]) -> tuple[pafs.FileSyste
     except (OSError, TypeError, ValueError) as e:
         raise StorageError(f"cannot reach {os.fspath(target)}: {_one_line(e)}") from None
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+
+
+def _check_bucket(scheme: str, rest: str) -> None:
+    """Refuse a store's URI that names no bucket (``s3://``, not a local folder ``s3:``), or holds keys,
+    which a run would record and log with it (the refusal does not repeat them)."""
+    bucket = rest.split("/", 1)[0]
+    if scheme in ("s3", "gs", "gcs") and not bucket:
+        raise StorageError(f"{scheme}:// names no bucket: give {scheme}://BUCKET/PATH")
+    if scheme in ("s3", "gs", "gcs") and ("@" in bucket or ":" in bucket):
+        raise StorageError(
+            f"a {scheme}:// URI holds keys (KEY:SECRET@BUCKET): give them in the environment or a "
+            "credentials file (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), never in a URI"
+        )
 
 
 def _filesystem_class(name: str, scheme: str) -> type:
@@ -285,10 +318,12 @@ def list_names(folder: str | os.PathLike[str], recursive: bool = False) -> list[
 
 
 def glob_base(target: str) -> str:
-    """The fixed folder a glob lists below (``s3://b/corpus`` of ``s3://b/corpus/*/day-*.parquet``)."""
-    if not glob.has_magic(split_uri(target)[1]):
+    """The fixed folder a glob lists below (``s3://b/corpus`` of ``s3://b/corpus/*/day-*.parquet``); a web
+    URL's query (``?token=``) is no glob."""
+    pattern = _no_query(target)
+    if not glob.has_magic(split_uri(pattern)[1]):
         return target.rstrip("/")
-    return target[: min(target.index(c) for c in "*?[" if c in target)].rsplit("/", 1)[0]
+    return pattern[: min(pattern.index(c) for c in "*?[" if c in pattern)].rsplit("/", 1)[0]
 
 
 def list_files(target: str) -> list[str]:

@@ -19,6 +19,7 @@ from typer.core import TyperOption
 
 from ..errors import BertAttnError, Terminated, signals_to_handle
 from ..runtime import tune_runtime
+from ..storage import redact
 
 app = typer.Typer(
     help="Stream review corpora through a fine-tuned BERT classifier; write each review's prediction "
@@ -74,7 +75,7 @@ def install_signal_handlers() -> None:
 class _OncePerMessage(logging.Filter):
     """Show each of the input readers' messages once: ``validate`` reads the inputs twice (coverage,
     then spans), and each reading warned of the same rows. Other messages (an out-of-memory retry that
-    recurs, say) are all shown."""
+    recurs, say) are all shown. No message shows a URI's credentials."""
 
     def __init__(self, most: int = 10_000) -> None:
         super().__init__()
@@ -82,6 +83,7 @@ class _OncePerMessage(logging.Filter):
         self._most = most
 
     def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = redact(record.getMessage()), ()  # no URI's credentials in a log
         if not record.name.startswith(("bertattn_batch.inputs", "bertattn_batch.analysis")):
             return True
         message = record.getMessage()
@@ -128,7 +130,7 @@ def call(fn: Callable[[], T], interrupted: str = INTERRUPTED, completes: bool = 
     except BertAttnError as e:
         if _state["debug"]:
             traceback.print_exc()
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(f"error: {redact(str(e))}", err=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt as e:  # its args: what a rerun does where that is not to resume
         typer.echo(f"interrupted; {e.args[0]}" if e.args else interrupted, err=True)
@@ -136,7 +138,9 @@ def call(fn: Callable[[], T], interrupted: str = INTERRUPTED, completes: bool = 
     except Exception as e:
         if _state["debug"]:
             raise
-        typer.echo(f"error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True)
+        typer.echo(
+            f"error: {type(e).__name__}: {redact(str(e))} (rerun with --debug for the traceback)", err=True
+        )
         raise typer.Exit(1) from None
     finally:
         _state["working"] = False

@@ -48,7 +48,11 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
     fingerprint["job_sha256"] = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     source = located(clf.source)
     return {
-        "spec": {**spec.to_dict(), "model": located(spec.model)},
+        "spec": {
+            **spec.to_dict(),
+            "inputs": list(map(storage.redact, spec.inputs)),
+            "model": located(spec.model),
+        },
         "fingerprint": fingerprint,
         "model": {
             "source": source,
@@ -82,9 +86,9 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
 def located(model: str) -> str:
     """A model as a run records it for the commands that load it again: a local folder by its absolute
     path (named as the job named it, ``faithfulness`` failed in any other directory); a hub name,
-    ``package:NAME`` or a store's URI as it is."""
+    ``package:NAME`` or a store's URI as it is (its credentials redacted)."""
     local = not storage.is_remote(model) and not model.startswith(PACKAGE_PREFIX)
-    return os.path.abspath(model) if local and os.path.exists(model) else model
+    return os.path.abspath(model) if local and os.path.exists(model) else storage.redact(model)
 
 
 def load_classifier(spec: JobSpec) -> Any:

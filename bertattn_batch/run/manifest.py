@@ -64,6 +64,9 @@ class PartEntry:
             values[key] = {t: values[key].get(t) for t in TABLES}
             for table, value in values[key].items():
                 _expect(f"{key}.{table}", value, kind)
+        for table, path in values["files"].items():  # a reader must not follow one out of the run
+            if Path(path).anchor or ".." in Path(path).parts:
+                raise ValueError(f"files.{table} is {path!r}, outside the run")
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -48,12 +49,12 @@ from ..storage import is_remote
 from .layout import (
     COMMIT_LOG,
     DERIVED_DIRS,
+    FORMAT,
     LEASE_NAME,
     LOCK_NAME,
     MANIFEST,
     REPORT_NAME,
     TABLES,
-    is_run_dir,
 )
 from .lease import DEFAULT_TTL_S, SETTLE_S, Lease
 from .manifest import (
@@ -95,16 +96,17 @@ def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest |
         if on_existing == "overwrite":  # an older version's run, which this one can only redo
             return Manifest()
         raise
-    except DamagedRunError as e:  # beside the run's tables, a run of ours to redo when asked
+    except DamagedRunError as e:  # a run of ours (it names our format) to redo when asked
+        ours = rb'"format"\s*:\s*' + json.dumps(FORMAT).encode()
+        if not re.search(ours, storage.read_bytes(storage.join(run_dir, MANIFEST))):
+            raise RunDirError(
+                f"{e}; bertattn did not write it, so it is left as it is: choose another --out"
+            ) from None
         if on_existing != "overwrite":
             raise RunDirError(
                 f"{e}; pass --overwrite to start the run again, or choose another --out"
             ) from None
-        if not is_remote(run_dir) and is_run_dir(Path(run_dir)):
-            return Manifest()
-        raise RunDirError(
-            f"{e}; with no run's tables beside it, it is left as it is: choose another --out"
-        ) from None
+        return Manifest()
     except RunDirError as e:
         if "is not a bertattn run directory" in str(e):
             raise RunDirError(f"{run_dir} is not a bertattn run directory; choose another --out") from None
@@ -334,9 +336,9 @@ class RunDir:
                         f.unlink()
                     else:
                         f.replace(final)
-                elif f.is_dir():  # a table folder holds parts only
+                elif f.is_dir() and not f.is_symlink():  # a table folder holds parts only
                     shutil.rmtree(f)
-                else:
+                else:  # a file, or a link (not what it links to)
                     f.unlink()
 
     def _check_compatible(self, old: Manifest) -> None:

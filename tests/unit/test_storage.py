@@ -6,7 +6,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from bertattn_batch.errors import StorageError
-from bertattn_batch.storage import is_remote, resolve, split_uri
+from bertattn_batch.storage import glob_base, is_remote, name_path, normalize, redact, resolve, split_uri
 
 
 @pytest.mark.parametrize(
@@ -108,3 +108,32 @@ def test_a_home_folder_path_is_one_place(tmp_path, monkeypatch):
         str(tmp_path / "m"),
         str(tmp_path / "nightly"),
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("https://u:pw@h:8080/r.csv?token=t1&page=2", "https://***@h:8080/r.csv?token=***&page=2"),
+        ("cannot read https://h/r.csv?X-Amz-Date=d&X-Amz-Signature=s: gone",
+         "cannot read https://h/r.csv?X-Amz-Date=***&X-Amz-Signature=***: gone"),
+        ("az://acct/c/r.csv?sig=s&api_key=k&secret=x", "az://acct/c/r.csv?sig=***&api_key=***&secret=***"),
+        ("s3://bucket/day-?.parquet", "s3://bucket/day-?.parquet"),
+        ("/data/reviews?token=x.csv", "/data/reviews?token=x.csv"),
+    ],
+)  # fmt: skip
+def test_redact_hides_every_credential_of_a_uri_and_nothing_else(text, shown):
+    assert redact(text) == shown
+
+
+def test_a_web_urls_query_is_no_glob_and_no_part_of_its_name():
+    url = "https://h/corpus/reviews.csv?token=abc"
+    assert glob_base(url) == url and name_path(url).suffix == ".csv"
+    assert glob_base("s3://b/corpus/day-?.csv") == "s3://b/corpus"
+
+
+@pytest.mark.parametrize("uri", ["s3://", "gs:///path", "s3://AKIAX:se/cret@bucket/run", "s3://K:S@b/run"])
+def test_a_store_uri_without_a_bucket_or_with_keys_is_refused_without_repeating_them(uri):
+    for call in (normalize, resolve):
+        with pytest.raises(StorageError) as e:
+            call(uri)
+        assert "cret" not in str(e.value) and "AKIAX" not in str(e.value) and "\n" not in str(e.value)
