@@ -50,7 +50,7 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
     return {
         "spec": {
             **spec.to_dict(),
-            "inputs": list(map(storage.redact, spec.inputs)),
+            "inputs": list(map(storage.redact, spec.inputs.paths)),
             "model": located(spec.model),
         },
         "fingerprint": fingerprint,
