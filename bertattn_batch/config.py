@@ -155,6 +155,7 @@ class JobSpec:
 
     limit: int | None = None
     on_existing: str = "resume"
+    unsafe_store_commits: bool = False  # write a run on a store without conditional writes (docs/storage.md)
     trust_remote_code: bool = False
     allow_pickle: bool = False
     progress: bool = True

@@ -244,6 +244,14 @@ def extract(
     ] = None,
     overwrite: Overwrite = False,
     incremental: Incremental = False,
+    unsafe_store_commits: Annotated[
+        bool,
+        typer.Option(
+            rich_help_panel="Output",
+            help="Write a run on a store without conditional writes (gs://, hdfs://): a writer paused past "
+            "its lease could then overwrite the run another took over (docs/storage.md).",
+        ),
+    ] = False,
     trust_remote_code: Annotated[
         bool,
         typer.Option(
