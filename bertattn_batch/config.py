@@ -190,6 +190,9 @@ class JobSpec:
     on_existing: str = option("resume", "What to do when --out holds a run: resume, overwrite, new or "
                               "incremental.", panel="Output", default_text="resume",
                               choices=("resume", "overwrite", "new", "incremental"))
+    unsafe_store_commits: bool = option(False, "Write a run on a store without conditional writes (gs://, "
+                                        "hdfs://): a writer paused past its lease could then overwrite the "
+                                        "run another took over (docs/storage.md).", panel="Output")
     progress: bool = option(True, "Show a progress bar on a terminal.", panel="Output")
     engine: str = option("local", "local (this process) or ray (Ray actors, one model each; pip install "
                          "'.[ray]').", panel="Engine", choices=("local", "ray"))

@@ -288,6 +288,83 @@ def write_bytes(target: str | os.PathLike[str], data: bytes | pa.Buffer) -> None
         f.write(data)
 
 
+class CommitRefused(StorageError):
+    """A conditional write refused: the object is no longer the version the writer named."""
+
+
+class NoConditionalWrites(StorageError):
+    """A store that does not honour conditional writes (If-Match / If-None-Match on PUT)."""
+
+
+def has_conditional_writes(target: str | os.PathLike[str]) -> bool:
+    """Whether :func:`put_if` serves ``target``'s scheme: S3's API (AWS, MinIO, Ceph, R2...)."""
+    return split_uri(target)[0] == "s3"
+
+
+def etag(target: str | os.PathLike[str]) -> str | None:
+    """An S3 object's version tag, what :func:`put_if` names (None where there is no object)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    client, bucket, key = _s3(target)
+    try:
+        return str(client.head_object(Bucket=bucket, Key=key)["ETag"])
+    except ClientError as e:
+        if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+            return None
+        raise store_error(e, target) from None
+    except BotoCoreError as e:
+        raise store_error(e, target) from None
+
+
+def put_if(target: str | os.PathLike[str], data: bytes, version: str | None) -> str:
+    """Put an S3 object whole only if it is still ``version`` (an ETag), or, ``version`` None, only if
+    there is none: a compare-and-swap. Returns the new ETag; CommitRefused where another writer put
+    one since; NoConditionalWrites where the store refuses the condition (501 Not Implemented)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    client, bucket, key = _s3(target)
+    condition = {"IfMatch": version} if version is not None else {"IfNoneMatch": "*"}
+    try:
+        return str(client.put_object(Bucket=bucket, Key=key, Body=data, **condition)["ETag"])
+    except ClientError as e:
+        code = e.response.get("Error", {}).get("Code", "")
+        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        # 409: a conditional write to the same key in flight at the same moment
+        if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+            raise CommitRefused(f"{os.fspath(target)}: another writer replaced it") from None
+        if status == 501 or code == "NotImplemented":
+            raise NoConditionalWrites(f"{os.fspath(target)}: the store refuses conditional writes") from None
+        raise store_error(e, target) from None
+    except BotoCoreError as e:
+        raise store_error(e, target) from None
+
+
+def _s3(target: str | os.PathLike[str]) -> tuple[Any, str, str]:
+    """(boto3 client, bucket, key) of an ``s3://`` URI."""
+    bucket, _, key = split_uri(target)[1].strip("/").partition("/")
+    return _s3_client(bucket, tuple(os.environ.get(n) for n in _ENV)), bucket, key
+
+
+@functools.lru_cache(maxsize=16)
+def _s3_client(bucket: str, _env: tuple[str | None, ...]) -> Any:
+    """A boto3 S3 client that reaches the store pyarrow's filesystem reaches: the same endpoint and
+    region, and the standard credential chain."""
+    try:
+        import boto3
+    except ImportError:
+        raise StorageError(f"writing a run to s3:// needs boto3: {EXTRA_HINT}") from None
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint and split_uri(endpoint)[0] is None:
+        endpoint = f"https://{endpoint}"
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if not region and not endpoint:
+        import pyarrow.fs as pafs
+
+        with contextlib.suppress(OSError):
+            region = pafs.resolve_s3_region(bucket)
+    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region)
+
+
 def delete(target: str | os.PathLike[str]) -> None:
     """Remove an object; one that is already gone is no error."""
     fs, path = resolve(target)

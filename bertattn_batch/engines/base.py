@@ -33,7 +33,15 @@ from ..config import JobSpec
 from ..errors import InputError
 from ..extract import PartStats, PassInfo, StagedPart, WindowRows, iter_windows
 from ..inputs import Source, check_inputs, count_rows, source_files, streams_as_recorded
-from ..run import PartWriter, RunDir, check_read_unchanged, refuse_if_held, resume_point, run_dir_class
+from ..run import (
+    PartWriter,
+    RunDir,
+    check_read_unchanged,
+    refuse_if_held,
+    refuse_unsafe_store,
+    resume_point,
+    run_dir_class,
+)
 from ..runtime import tune_runtime
 from ..storage import is_remote, name_path
 from ..train import ensure_model
@@ -191,6 +199,7 @@ def run_job(
 
     # refused now, not once the model is trained or loaded, or a cluster joined
     if is_remote(spec.out):
+        refuse_unsafe_store(spec.out, spec.unsafe_store_commits)
         refuse_if_held(os.fspath(spec.out))
     if spec.engine == "local":
         from .local import check_host_processes
@@ -204,7 +213,8 @@ def run_job(
     with engine_cls(spec) as eng:
         header = eng.header()
         on_existing = "resume" if incremental else spec.on_existing
-        with run_dir_class(spec.out)(spec.out, header, on_existing, part_writer(spec.out)) as run:
+        run_dir = run_dir_class(spec.out)
+        with run_dir(spec.out, header, on_existing, part_writer(spec.out), spec.unsafe_store_commits) as run:
             fingerprint = source_files(sources)
             limited = run.manifest.limit is not None  # the recorded pass's: it may have read a stream's start
             compared = streams_as_recorded(sources, fingerprint, run.manifest.sources, limited)

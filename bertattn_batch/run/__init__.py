@@ -34,7 +34,7 @@ from .manifest import (
 from .mirror import display_path, local_run, on_local_copy
 from .parts import CommittedPart, PartWriter, committed_files, decode_every_page, part_paths, verify_pages
 from .resume import ResumePoint, check_read_unchanged, input_changes, resume_point
-from .rundir import RunDir, StoredRunDir, old_manifest, part_rows, run_dir_class
+from .rundir import RunDir, StoredRunDir, old_manifest, part_rows, refuse_unsafe_store, run_dir_class
 
 if TYPE_CHECKING:
     from .scan import TOKEN_KEY, RunFrames, attention_rows, scan_attention, scan_parts, scan_run
@@ -78,6 +78,7 @@ __all__ = [
     "part_rows",
     "read_manifest",
     "refuse_if_held",
+    "refuse_unsafe_store",
     "require_current_tables",
     "resume_point",
     "row_range_problems",

@@ -342,10 +342,14 @@ def require_current_tables(run_dir: str | Path, written: Any) -> None:
     )
 
 
+def manifest_text(manifest: Manifest) -> str:
+    return json_text(manifest.to_dict(), indent=1, default=str)
+
+
 def save_manifest(run_dir: str | Path, manifest: Manifest) -> None:
     """Write the whole manifest atomically, then drop the commit log it now holds (a crash in between
     leaves entries in both, which read as one). On a store, one PUT."""
-    text = json_text(manifest.to_dict(), indent=1, default=str)
+    text = manifest_text(manifest)
     path = storage.join(run_dir, MANIFEST)
     try:
         if is_remote(run_dir):

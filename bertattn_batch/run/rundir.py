@@ -13,8 +13,9 @@ log, the commit point; ``publish`` renames the files. Reopening rolls listed par
 what no manifest lists, so a run killed at any point resumes with neither duplicates nor gaps.
 
 An object store has no rename and no lock, so there (``StoredRunDir``) a part is uploaded under its
-final name, the driver commits it by rewriting the manifest, and a lease (run/lease.py) stands for the
-lock; objects no manifest lists are deleted on reopening and when a job fails.
+final name, the driver commits it by rewriting the manifest, a compare-and-swap (S3's conditional
+writes), and a lease (run/lease.py) keeps a second writer away; objects no manifest lists are deleted
+on reopening and when a job fails, once a manifest write has shown the run is still this writer's.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from .manifest import (
     Manifest,
     PartEntry,
     log_commit,
+    manifest_text,
     read_manifest,
     row_range_problems,
     save_manifest,
@@ -133,11 +135,14 @@ class RunDir:
         header: dict[str, Any],
         on_existing: str = "resume",
         part_writer: PartWriter | None = None,
+        unsafe_store_commits: bool = False,
     ) -> None:
+        """``unsafe_store_commits``: write a run on a store without conditional writes (docs/storage.md)."""
         run_dir = storage.normalize(run_dir)
         self.run_dir: Any = run_dir.rstrip("/") if is_remote(run_dir) else Path(run_dir)
         self.header = header
         self.on_existing = on_existing
+        self.unsafe_store_commits = unsafe_store_commits
         self.part_writer = part_writer or PartWriter(self.run_dir)
         self.manifest = Manifest()
         #: the status of the reopened run (None for a new run)
@@ -306,8 +311,11 @@ class RunDir:
 
     def _save(self) -> None:
         self.manifest.updated_at = _now()
-        save_manifest(self.run_dir, self.manifest)
+        self._write_manifest()
         self._positions = {p.name: i for i, p in enumerate(self.manifest.parts)}
+
+    def _write_manifest(self) -> None:
+        save_manifest(self.run_dir, self.manifest)
 
     def _recover(self) -> None:
         """Sweep, then check the committed parts: a resume starts after the last committed row, so their
@@ -380,6 +388,20 @@ class StoredRunDir(RunDir):
     #: seconds between writing the lease and reading it back, when taking it
     lease_settle_s = SETTLE_S
     _lease: Lease  # taken by open
+    _conditional = False  # whether manifest writes are compare-and-swaps (set by open)
+    _etag: str | None = None  # the manifest's version this writer last read or wrote
+    _refused = False  # a manifest write was refused: the run is another writer's now
+    _strays: tuple[str, ...] = ()  # uploads no manifest lists, deleted after the next manifest write
+
+    def open(self) -> None:
+        refuse_unsafe_store(self.run_dir, self.unsafe_store_commits)
+        self._conditional = storage.has_conditional_writes(self.run_dir)
+        super().open()
+
+    def _open_held(self) -> None:
+        if self._conditional:  # looked up before the manifest is read: a commit between is refused
+            self._etag = storage.etag(storage.join(self.run_dir, MANIFEST))
+        super()._open_held()
 
     def _hold(self) -> None:
         self._lease = Lease.take(self.run_dir, self.lease_ttl_s, self.lease_settle_s)
@@ -393,36 +415,84 @@ class StoredRunDir(RunDir):
         self._save()
 
     def _save(self) -> None:
+        """Write the manifest, then delete the uploads it was found not to list: the write, a
+        compare-and-swap, shows that no other writer has taken the run over since they were listed."""
         self._lease.check()
         super()._save()
+        for uri in self._strays:
+            storage.delete(uri)
+        self._strays = ()
+
+    def _write_manifest(self) -> None:
+        """One PUT, conditional on the manifest being the version this writer last read or wrote."""
+        path = storage.join(self.run_dir, MANIFEST)
+        data = manifest_text(self.manifest).encode("utf-8")
+        try:
+            if self._conditional:
+                try:
+                    self._etag = storage.put_if(path, data, self._etag)
+                    return
+                except storage.NoConditionalWrites:
+                    if not self.unsafe_store_commits:
+                        raise RunDirError(_unsafe_store(self.run_dir, "refuses conditional writes")) from None
+                    self._conditional = False
+            storage.write_bytes(path, data)
+        except storage.CommitRefused:
+            self._refused = True
+            raise RunDirError(
+                f"{self.run_dir}: another bertattn process committed to this run since this one last did "
+                "(this one was paused past its lease); the run is the other's: this one stops without "
+                "writing more"
+            ) from None
+        except StorageError as e:
+            raise WriteError(f"writing {path} failed: {e}") from e
 
     def fail(self, error: BaseException | None = None) -> None:
-        """As on local disk, unless the run's lease is lost (its objects are then another run's); a
+        """As on local disk, unless the run is another's now (its lease lost, a commit refused); a
         store's error here does not hide the one that stopped the job."""
+        if self._refused:
+            return
         try:
             self._lease.check()
         except RunDirError:
             return
-        with contextlib.suppress(StorageError):
+        with contextlib.suppress(StorageError, RunDirError):
             super().fail(error)
 
     def _make_folders(self) -> None:
         """A store has no folders."""
 
     def _sweep(self) -> None:
-        """Delete every object in a table folder that the manifest does not list."""
+        """Note every object in a table folder that the manifest does not list, for :meth:`_save`."""
         listed = {p.name for p in self.parts}
-        for table in TABLES:
-            folder = storage.join(self.run_dir, table)
-            for name in storage.list_names(folder, recursive=True):
-                if name not in listed:
-                    storage.delete(storage.join(folder, name))
+        self._strays = tuple(
+            storage.join(self.run_dir, table, name)
+            for table in TABLES
+            for name in storage.list_names(storage.join(self.run_dir, table), recursive=True)
+            if name not in listed
+        )
 
     def _clear(self) -> None:
         for name in (*TABLES, *DERIVED_DIRS):
             storage.delete_folder(storage.join(self.run_dir, name))
         for name in (REPORT_NAME, MANIFEST):
             storage.delete(storage.join(self.run_dir, name))
+        self._etag = None
+
+
+def refuse_unsafe_store(out: str | Path, unsafe_store_commits: bool = False) -> None:
+    """RunDirError where ``out`` is on a store whose manifest writes cannot be compare-and-swaps, unless
+    the user accepts the risk (``unsafe_store_commits``)."""
+    if is_remote(out) and not unsafe_store_commits and not storage.has_conditional_writes(out):
+        raise RunDirError(_unsafe_store(out, "has no conditional writes"))
+
+
+def _unsafe_store(out: str | Path, why: str) -> str:
+    return (
+        f"{out}: this store {why}, so a writer paused past its lease could overwrite the run another "
+        "took over; pass --unsafe-store-commits (unsafe_store_commits = true in a job) to write there "
+        "anyway, or choose an s3:// or local --out"
+    )
 
 
 def run_dir_class(out: str | Path) -> type[RunDir]:

@@ -1,6 +1,7 @@
 """The run directory on a store without rename or locks, exercised on fsspec's in-memory filesystem
 (the S3 tests run the same protocol against a real S3 API): the manifest is the commit point, parts
-have their final names from the start, uploads no manifest lists are swept, one holder at a time."""
+have their final names from the start, uploads no manifest lists are swept, one holder at a time. A
+store without conditional writes takes a run only with ``unsafe_store_commits``."""
 
 from __future__ import annotations
 
@@ -38,8 +39,14 @@ def test_the_class_follows_the_uri():
     assert run_dir_class("runs/r1") is RunDir and run_dir_class("/abs/r") is RunDir
 
 
+def test_a_store_without_conditional_writes_is_refused_unless_the_risk_is_accepted(run):
+    with pytest.raises(RunDirError, match=r"has no conditional writes.*--unsafe-store-commits"):
+        StoredRunDir(run, HEADER).open()
+    assert storage.list_names(run, recursive=True) == []  # not even a lease
+
+
 def test_each_commit_rewrites_the_manifest_and_parts_keep_their_names(run):
-    with StoredRunDir(run, HEADER) as rd:
+    with StoredRunDir(run, HEADER, unsafe_store_commits=True) as rd:
         rd.begin_pass(0)
         entry = rd.part_writer.stage(0, 10, _tables())
         # uploaded under its final name (its window's, and its writer's), yet unread until listed
@@ -57,16 +64,16 @@ def test_each_commit_rewrites_the_manifest_and_parts_keep_their_names(run):
 
 
 def test_an_upload_no_manifest_lists_is_swept_on_reopening_and_on_failure(run):
-    with StoredRunDir(run, HEADER) as rd:
+    with StoredRunDir(run, HEADER, unsafe_store_commits=True) as rd:
         rd.begin_pass(0)
         first = rd.part_writer.stage(0, 10, _tables())
         rd.commit(first)
         rd.part_writer.stage(10, 20, _tables())  # a worker's upload; its process dies before the commit
     assert len(storage.list_names(f"{run}/tokens")) == 2
-    with StoredRunDir(run, HEADER) as rd:
+    with StoredRunDir(run, HEADER, unsafe_store_commits=True) as rd:
         assert [p.start_row for p in rd.parts] == [0]
         assert storage.list_names(f"{run}/tokens") == [first.name]
-    with pytest.raises(ValueError), StoredRunDir(run, HEADER) as rd:
+    with pytest.raises(ValueError), StoredRunDir(run, HEADER, unsafe_store_commits=True) as rd:
         rd.begin_pass(0)
         rd.part_writer.stage(10, 20, _tables())
         raise ValueError("the job stops")
@@ -75,15 +82,15 @@ def test_an_upload_no_manifest_lists_is_swept_on_reopening_and_on_failure(run):
 
 
 def test_a_second_holder_is_refused_and_overwrite_clears(run):
-    with StoredRunDir(run, HEADER) as rd:
+    with StoredRunDir(run, HEADER, unsafe_store_commits=True) as rd:
         rd.begin_pass(0)
         rd.commit(rd.part_writer.stage(0, 10, _tables()))
         with pytest.raises(RunDirError, match="another bertattn process"):
-            StoredRunDir(run, HEADER).open()
+            StoredRunDir(run, HEADER, unsafe_store_commits=True).open()
         rd.finalize({})
     storage.write_bytes(f"{run}/aggregates/token_influence.parquet", b"x")
     storage.write_bytes(f"{run}/faithfulness/head_faithfulness.parquet", b"x")
-    with StoredRunDir(run, HEADER, on_existing="overwrite") as rd:
+    with StoredRunDir(run, HEADER, on_existing="overwrite", unsafe_store_commits=True) as rd:
         assert rd.parts == []
     assert storage.list_names(run, recursive=True) == [MANIFEST]
 
@@ -91,7 +98,7 @@ def test_a_second_holder_is_refused_and_overwrite_clears(run):
 def test_a_prefix_holding_other_objects_is_refused(run):
     storage.write_bytes(f"{run}/notes.txt", b"mine")
     with pytest.raises(RunDirError, match="is not empty and is not a run directory"):
-        StoredRunDir(run, HEADER).open()
+        StoredRunDir(run, HEADER, unsafe_store_commits=True).open()
     assert storage.list_names(run) == ["notes.txt"]
 
 
@@ -110,6 +117,7 @@ def test_a_run_on_an_fsspec_store_reads_back_like_a_local_one(run, drug_sample, 
             out=out,
             window=7,
             progress=False,
+            unsafe_store_commits=True,
         )
 
     run_job(job(run))
