@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from bertattn_batch import schema, storage
 from bertattn_batch.cli import app
-from bertattn_batch.config import JobSpec
+from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.errors import RunDirError
 from bertattn_batch.run import MANIFEST, StoredRunDir, read_manifest
@@ -135,7 +135,7 @@ def test_an_extract_paused_mid_run_leaves_the_run_that_took_it_over_whole(
     corpus = tmp_path / "reviews.parquet"
     pq.write_table(pa.Table.from_pylist(rows), corpus)
     run = f"s3://{bucket}/runs/paused"
-    spec = JobSpec(inputs=[str(corpus)], model=str(tiny_en_dir), out=run, id_col="doc_id", window=10,
+    spec = JobSpec(inputs=InputSpec([str(corpus)], id_col="doc_id"), model=str(tiny_en_dir), out=run, window=10,
                    batch_tokens=1500, progress=False)  # fmt: skip
     monkeypatch.setattr(StoredRunDir, "lease_settle_s", 0.0)
     parked, go, writes = threading.Event(), threading.Event(), []
