@@ -119,10 +119,21 @@ class HostProcesses:
         self.in_flight = 3 * n
         args = (dict(os.environ), ModelShape.of(clf), *job)
         ctx = start_server()
-        with signals_deferred():
-            self._pools = [ProcessPoolExecutor(1, ctx, initializer=_start, initargs=args) for _ in range(n)]
         self._model = ThreadPoolExecutor(1, "model")
+        self._pools: list[ProcessPoolExecutor] = []
         self._seq = itertools.count()
+        try:
+            # a process starts once the server has its imports: cut short while it waits, the job would
+            # end and the server fork it all the same, into a job that is gone (a traceback)
+            with signals_deferred():
+                for _ in range(n):
+                    self._pools.append(ProcessPoolExecutor(1, ctx, initializer=_start, initargs=args))
+                    self._pools[-1].submit(int)  # starts its process now
+        except BaseException as e:
+            self.__exit__(type(e), e, None)
+            if (error := _ended(e)) is e:
+                raise
+            raise error from None
 
     def submit(self, rows: WindowRows) -> Future[StagedPart]:
         seq = next(self._seq)
