@@ -48,7 +48,12 @@ class Manual:
 
 @pytest.mark.parametrize(
     "order",
-    [list(range(8)), list(reversed(range(8))), [3, 1, 7, 0, 2, 6, 5, 4], random.Random(0).sample(range(8), 8)],
+    [
+        list(range(8)),
+        list(reversed(range(8))),
+        [3, 1, 7, 0, 2, 6, 5, 4],
+        random.Random(0).sample(range(8), 8),
+    ],
     ids=["in order", "reversed", "mixed", "shuffled"],
 )
 def test_results_come_back_in_the_order_submitted_whatever_the_order_of_completion(order):
