@@ -258,9 +258,11 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _is_host_process(pid: int) -> bool:
-    """Forked from the fork server (whose command line they share), or spawned."""
+    """Forked from the fork server (whose command line they share), and set up: its thread that
+    watches the job's process runs."""
     line = _cmdline(pid)
-    return b"spawn_main" in line or (b"forkserver" in line and b"forkserver" in _cmdline(_parent(pid)))
+    forked = b"forkserver" in line and b"forkserver" in _cmdline(_parent(pid))
+    return forked and len(list(Path(f"/proc/{pid}/task").glob("*"))) > 1
 
 
 def _parent(pid: int) -> int:
