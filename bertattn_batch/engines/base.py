@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -52,7 +52,7 @@ class RunSummary:
 
     run_dir: str
     # what earlier passes committed and this one does not redo: the rows a resume starts after, plus
-    # the distinct ids an incremental pass skips (every input row with one of them is skipped)
+    # the distinct ids an incremental pass skips
     skipped_committed: int = 0
     stats: PartStats = field(default_factory=PartStats)
     bytes_written: int = 0
@@ -75,29 +75,11 @@ class RunSummary:
                 100 * share,
             )
 
-    @property
-    def input_rows(self) -> int:
-        return self.stats.input_rows
-
-    @property
-    def scored(self) -> int:
-        return self.stats.scored
-
-    @property
-    def tokens(self) -> int:
-        return self.stats.tokens
-
-    @property
-    def padded_slots(self) -> int:
-        return self.stats.padded_slots
-
-    @property
-    def status_counts(self) -> dict[str, int]:
-        return dict(self.stats.status_counts)
-
-    @property
-    def padding_share(self) -> float:
-        return self.stats.padding_share
+    input_rows = property(lambda self: self.stats.input_rows)
+    scored = property(lambda self: self.stats.scored)
+    tokens = property(lambda self: self.stats.tokens)
+    padded_slots = property(lambda self: self.stats.padded_slots)
+    padding_share = property(lambda self: self.stats.padding_share)
 
     @property
     def reviews_per_s(self) -> float:
@@ -283,46 +265,33 @@ def _postfix(summary: RunSummary, elapsed: float, workers: int) -> str:
     return f"{summary.stats.tokens / wall:,.0f} tok/s, model busy {min(busy, 1.0):.0%}"
 
 
-def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -> Any:
+@contextlib.contextmanager
+def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -> Iterator[Any]:
+    """The job's progress bar, redrawn every second so that its time moves while a window is scored."""
     from tqdm.auto import tqdm
 
     total = None
     if show:
-        try:
+        with contextlib.suppress(Exception):  # a count is a nicety; the reader reports real problems
             total = count_rows(sources)
-        except Exception:  # a count is a nicety; the reader reports real problems
-            total = None
         if total is not None and spec.limit is not None:
             total = min(total, spec.limit)
-    bar = tqdm(
-        total=total,
-        initial=done if total else 0,
-        desc=f"extract {name_path(spec.out).name}",
-        unit="review",
-        disable=not show,
-        smoothing=0.1,
-        **bar_size(),
-    )
-    return _Ticking(bar) if show else bar
+    name = f"extract {name_path(spec.out).name}"
+    bar = tqdm(total=total, initial=done if total else 0, desc=name, unit="review", disable=not show,
+               smoothing=0.1, **bar_size())  # fmt: skip
+    stop = threading.Event()
 
+    def tick() -> None:
+        while not stop.wait(1.0):
+            bar.refresh()
 
-class _Ticking:
-    """A progress bar redrawn every second, so that its time moves while a long window is scored."""
-
-    def __init__(self, bar: Any) -> None:
-        self.bar = bar
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._tick, name="progress", daemon=True)
-
-    def _tick(self) -> None:
-        while not self._stop.wait(1.0):
-            self.bar.refresh()
-
-    def __enter__(self) -> Any:
-        self._thread.start()
-        return self.bar
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.bar.close()
+    ticker = threading.Thread(target=tick, name="progress", daemon=True)
+    if show:
+        ticker.start()
+    try:
+        yield bar
+    finally:
+        stop.set()
+        if show:
+            ticker.join()
+        bar.close()

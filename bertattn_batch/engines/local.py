@@ -33,12 +33,9 @@ from . import processes
 from .scheduling import then
 from .start import load_classifier, run_header
 
-#: Each encode thread holds a copy of the tokenizer (made at the start of a run).
-MAX_ENCODE_THREADS = 8
-#: Each stage thread holds a window's tables while it builds and writes them.
-MAX_STAGE_THREADS = 8
-#: More host processes than this a core are refused: they only take turns, and thousands ran out of
-#: open files (an OSError that named no option).
+#: Each encode thread holds a copy of the tokenizer; each stage thread a window's tables.
+MAX_ENCODE_THREADS = MAX_STAGE_THREADS = 8
+#: More host processes than this a core are refused: they only take turns, and run out of open files.
 MAX_HOST_PROCESSES_PER_CORE = 4
 #: Each host process holds a tokenizer and up to three windows.
 MAX_HOST_PROCESSES = 16
@@ -130,8 +127,7 @@ class LocalEngine:
         return run_header(self.spec, self.clf)
 
     def describe(self) -> dict[str, Any]:
-        """The batch sizes and host processes the run had (the spec may leave them to the device), and
-        what the host processes used."""
+        """The batch sizes and host processes the run had (the spec may leave them to the device)."""
         batch_tokens, max_batch_size = self.spec.batch_budget(self.clf.device_type)
         n = host_processes(self.spec.host_processes, self.clf.device)
         return {

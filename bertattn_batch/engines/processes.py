@@ -1,15 +1,12 @@
-"""The host side of a window in processes of its own, so that it scales with cores: this process
-reads windows and runs the model; each host process encodes, extracts and writes the windows it is
-given.
+"""The host side of a window in processes of its own, so that it scales with cores (threads share
+Python's lock, which building a window's rows and tables holds most of the time).
 
     window i ──▶ host process i % n: encode, cut into batches ──▶ this process: the model (a thread)
       ──▶ host process i % n: fill the rows, extract, write ──▶ the staged part, back to ``run_job``
 
-Threads alone cannot do this on many cores: building a window's rows and tables holds Python's lock
-for most of the host's time. A host process keeps a window's rows between its two steps; only token
-ids (there) and the model's outputs (back) cross. Host processes are forked from a fork server, never
-from this process, which may hold threads and a CUDA context. No torch here: the fork server imports
-this module.
+A host process keeps a window's rows between its two steps: only token ids (there) and the model's
+outputs (back) cross. Host processes are forked from a fork server, never from this process, which
+may hold threads and a CUDA context. No torch here: the fork server imports this module.
 """
 
 from __future__ import annotations
@@ -80,32 +77,26 @@ def start_server() -> multiprocessing.context.BaseContext:
     as it starts), and so are the host processes forked from the server; the job's process decides."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
-    mine = any(k.startswith("MALLOC_") for k in os.environ) or "GLIBC_TUNABLES" in os.environ
+    tuned = not any(k.startswith("MALLOC_") or k == "GLIBC_TUNABLES" for k in os.environ)
     for start in (resource_tracker.ensure_running, forkserver.ensure_running):
-        with _deaf(), _environ({} if mine else {"GLIBC_TUNABLES": HOST_MALLOC}):
+        with _started_deaf(tuned):
             start()
     return ctx
 
 
 @contextlib.contextmanager
-def _deaf() -> Iterator[None]:
-    """SIGINT and SIGHUP blocked in this thread (and in the processes it starts) for the block."""
-    held = {signal.SIGINT, signal.SIGHUP}
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+def _started_deaf(tuned: bool) -> Iterator[None]:
+    """SIGINT and SIGHUP blocked in this thread, and :data:`HOST_MALLOC` in the environment, for the
+    processes started in the block."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGHUP})
+    if tuned:
+        os.environ["GLIBC_TUNABLES"] = HOST_MALLOC
     try:
         yield
     finally:
+        if tuned:
+            del os.environ["GLIBC_TUNABLES"]
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
-
-
-@contextlib.contextmanager
-def _environ(extra: dict[str, str]) -> Iterator[None]:
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for key in extra:
-            os.environ.pop(key, None)
 
 
 class HostProcesses:
