@@ -31,11 +31,11 @@ from typing import Any
 
 from .. import errors
 from ..config import JobSpec
-from ..errors import BertAttnError, EngineError, SpecError
+from ..errors import BertAttnError, EngineError, SpecError, first_line
 from ..extract import PassInfo, StagedPart, WindowJob, WindowRows
 from ..run import PartWriter
 from ..runtime import tune_runtime
-from .ray_runtime import ray_runtime, worker_error
+from .ray_runtime import ray_runtime
 from .scheduling import converted
 from .start import load_classifier, located, run_header
 
@@ -215,19 +215,17 @@ def _ray_call(fn: Callable[[], Any]) -> Any:
         raise _as_ours(e) from None
 
 
-def _as_ours(e: Exception) -> Exception:
-    """The project's own error class where a worker raised one (a model that runs out of memory, a bad
-    input), else an EngineError that names the worker's error."""
-    if isinstance(e, BertAttnError) and type(e).__module__ == errors.__name__:
+def _as_ours(e: BaseException) -> BaseException:
+    """The project's own error where a worker raised one (a model out of memory, a bad input), else an
+    EngineError that names the worker's error; the driver's own errors as they are."""
+    if type(e).__module__ == errors.__name__:
         return e  # raised here, not a Ray wrapper of a worker's error
-    cause = getattr(e, "cause", None)  # a Ray task's or actor's own exception, where it could be sent
-    if isinstance(cause, BertAttnError) and type(cause).__module__ == errors.__name__:
-        log.info("a Ray worker failed:\n%s", e)
-        return type(cause)(str(cause))
-    qualname, message = worker_error(e)
     log.info("a Ray worker failed:\n%s", e)
-    module, _, name = qualname.rpartition(".")
-    cls = getattr(errors, name, None) if module == errors.__name__ else None
-    if isinstance(cls, type) and issubclass(cls, BertAttnError):
-        return cls(message)
-    return EngineError(f"the Ray run failed: {name}: {message} (rerun to resume; --debug shows more)")
+    root = e
+    while isinstance(getattr(root, "cause", None), BaseException):  # RayTaskError.cause
+        root = root.cause
+    if isinstance(root, BertAttnError):
+        return root
+    return EngineError(
+        f"the Ray run failed: {type(root).__name__}: {first_line(root)} (rerun to resume; --debug shows more)"
+    )
