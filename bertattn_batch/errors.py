@@ -1,5 +1,4 @@
-"""Named errors raised by the library; only the CLI turns them into exit codes. ``first_line`` cuts a
-library's many-line message down to what one of ours can quote."""
+"""Named errors raised by the library; only the CLI turns them into exit codes."""
 
 import signal
 
@@ -50,24 +49,11 @@ class EngineError(BertAttnError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler stopping the job) or SIGHUP (the terminal or ssh session it ran in closed),
-    handled as Ctrl-C is: the part in hand is committed or dropped whole, the manifest says
-    "interrupted", and the same command resumes. ``signum``: which, for the exit status (128 + it)."""
+    """SIGTERM (a scheduler stopping the job) or SIGHUP (its terminal closed), handled as Ctrl-C is: the
+    part in hand is committed or dropped whole, the manifest says "interrupted", and the same command
+    resumes. ``signum``: which, for the exit status (128 + it)."""
 
     signum: int = signal.SIGTERM
-
-
-#: The signals that stop a job as Ctrl-C does (Windows has no SIGHUP).
-STOP_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
-)
-
-
-def signals_to_handle() -> list[int]:
-    """The stop signals a command takes over: all but a SIGHUP that ``nohup`` set to be ignored (a job
-    started so must outlive the terminal)."""
-    hangup = getattr(signal, "SIGHUP", None)
-    return [s for s in STOP_SIGNALS if not (s == hangup and signal.getsignal(s) is signal.SIG_IGN)]
 
 
 def first_line(e: BaseException) -> str:

@@ -4,6 +4,7 @@ set through the environment, which a host process inherits (a class attribute se
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -15,15 +16,29 @@ def _starts(path, row: str) -> bool:
     return path.name.startswith(f"_part-{int(os.environ[row]):012d}")
 
 
+@functools.cache
+def heap_kept() -> bool:
+    """Whether this process keeps 100 MB it freed for its next use (glibc's malloc tuned so), rather
+    than handing it back to the system; asked once a process."""
+    import numpy as np
+
+    def rss_mb() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    before = rss_mb()
+    array = np.ones(100 << 20, np.uint8)
+    del array
+    return rss_mb() - before > 90
+
+
 class Probe(PartWriter):
-    """Notes, per part, the process that wrote it, whether that process had imported torch and whether
-    it keeps its heap (runtime.keep_heap), in the file ``$PROBE_NOTES``."""
+    """Notes, per part, the process that wrote it, whether that process had imported torch, whether
+    it keeps its heap and its parent, in the file ``$PROBE_NOTES``."""
 
     def _write_parquet(self, table, path):
-        from bertattn_batch import runtime
-
         with open(os.environ["PROBE_NOTES"], "a") as f:
-            f.write(f"{os.getpid()} {'torch' in sys.modules} {runtime._heap_kept}\n")
+            f.write(f"{os.getpid()} {'torch' in sys.modules} {heap_kept()} {os.getppid()}\n")
         super()._write_parquet(table, path)
 
 

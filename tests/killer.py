@@ -84,9 +84,10 @@ def main() -> None:
         RunDir.commit = commit
     else:
         raise SystemExit(f"unknown point {point}")
-    from bertattn_batch.cli import app
+    from bertattn_batch.__main__ import main as bertattn
 
-    app(args, standalone_mode=True)
+    sys.argv = ["bertattn", *args]
+    bertattn()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The engines: ``run_job`` (the data path, base.py) and where a window's steps run (local, ray).
 
-Names are imported on first use (``_lazy.lazy_exports``): a host process imports
-``engines.host_processes`` without the model's code.
+Names are imported on first use (``_lazy.lazy_exports``): a host process imports ``engines.processes``
+without the model's code.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``run_job(spec)``: the data path, written once. Engines only schedule its unit of work.
+"""``run_job(spec)``: the data path, written once. Engines only decide where a window's work runs.
 
 Usage::
 
@@ -9,22 +9,22 @@ The path::
 
     check inputs ─▶ train the job's model on first run ─▶ the engine starts (loads the model)
       ─▶ open the run directory ─▶ resume point ─▶ windows of rows (extract/windows.py)
-      ─▶ the engine turns each into a staged part (extract/job.py), handed back in row order
-      ─▶ commit each part ─▶ finalize
+      ─▶ the engine's executor turns each into the future of a staged part (extract/job.py)
+      ─▶ commit each part in row order (scheduling.in_order) ─▶ finalize
 
-The local engine (threads, engines/local.py) and the Ray engine (actors, engines/ray.py) differ only in
-where a window's steps run. Every input row leaves as exactly one predictions row: scored, or with the
-status that says why not.
+Every input row leaves as exactly one predictions row: scored, or with the status that says why not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -45,11 +45,12 @@ from ..run import (
 from ..runtime import tune_runtime
 from ..storage import is_remote, name_path
 from ..train import ensure_model
+from .scheduling import in_order
 
 log = logging.getLogger(__name__)
 
-#: A share of [UNK] among content tokens that says the tokenizer does not fit the texts (a fitting one
-#: leaves well under 1%: 0.06% on the default run), warned of once the pass has read this many tokens.
+#: A share of [UNK] among content tokens that says the tokenizer does not fit the texts, warned of once
+#: the pass has read this many tokens (a fitting one leaves well under 1%).
 UNKNOWN_WARNING, UNKNOWN_SAMPLE = 0.05, 2000
 
 
@@ -59,7 +60,7 @@ class RunSummary:
 
     run_dir: str
     # what earlier passes committed and this one does not redo: the rows a resume starts after, plus
-    # the distinct ids an incremental pass skips (every input row with one of them is skipped)
+    # the distinct ids an incremental pass skips
     skipped_committed: int = 0
     stats: PartStats = field(default_factory=PartStats)
     bytes_written: int = 0
@@ -82,29 +83,11 @@ class RunSummary:
                 100 * share,
             )
 
-    @property
-    def input_rows(self) -> int:
-        return self.stats.input_rows
-
-    @property
-    def scored(self) -> int:
-        return self.stats.scored
-
-    @property
-    def tokens(self) -> int:
-        return self.stats.tokens
-
-    @property
-    def padded_slots(self) -> int:
-        return self.stats.padded_slots
-
-    @property
-    def status_counts(self) -> dict[str, int]:
-        return dict(self.stats.status_counts)
-
-    @property
-    def padding_share(self) -> float:
-        return self.stats.padding_share
+    input_rows = property(lambda self: self.stats.input_rows)
+    scored = property(lambda self: self.stats.scored)
+    tokens = property(lambda self: self.stats.tokens)
+    padded_slots = property(lambda self: self.stats.padded_slots)
+    padding_share = property(lambda self: self.stats.padding_share)
 
     @property
     def reviews_per_s(self) -> float:
@@ -149,9 +132,25 @@ class RunSummary:
         )
 
 
+class Executor(Protocol):
+    """Where windows run: ``submit`` schedules one and returns the future of its staged part. Leaving
+    it waits for the windows still running (a part being written) and drops the rest."""
+
+    #: windows submitted and not yet committed, at most
+    in_flight: int
+
+    def submit(self, rows: WindowRows) -> Future[StagedPart]: ...
+
+    def __enter__(self) -> Executor: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
 class Engine(Protocol):
     """What ``run_job`` asks of an engine: start (load the model where it runs), describe the model for
-    the run's header, and turn windows into staged parts, handed back in row order."""
+    the run's header, and an executor for a pass's windows. ``timings``: its own seconds."""
+
+    timings: dict[str, float]
 
     def __enter__(self) -> Engine: ...
 
@@ -159,13 +158,9 @@ class Engine(Protocol):
 
     def header(self) -> dict[str, Any]: ...
 
-    def parts(
-        self,
-        windows: Iterator[WindowRows],
-        part_writer: PartWriter,
-        pass_info: PassInfo,
-        on_batch: Callable[[int], None] | None = None,
-    ) -> Iterator[StagedPart]: ...
+    def executor(
+        self, part_writer: PartWriter, pass_info: PassInfo, on_batch: Callable[[int], None]
+    ) -> Executor: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -187,9 +182,7 @@ def run_job(
     engine: type[Engine] | None = None,
 ) -> RunSummary:
     """Run one extraction job end to end; returns its summary (also written to the manifest).
-
-    ``part_writer`` and ``engine`` replace the classes that write parts and schedule windows (tests
-    use them to inject faults)."""
+    ``part_writer`` and ``engine`` replace the classes that write parts and run windows (tests)."""
     tune_runtime()
     show = spec.progress if progress is None else progress
     engine_cls = engine or engine_for(spec)  # imports the model's code: not part of the job's time
@@ -223,16 +216,26 @@ def run_job(
             summary.skipped_committed = point.skipped
             windows = iter_windows(sources, spec.inputs, spec.window, point, timings)
             with _progress_bar(spec, show, point.skip_until, sources) as bar:
+                lock = threading.Lock()  # the engine's threads add each batch's reviews
+
+                def advance(n: int) -> None:
+                    with lock:
+                        bar.update(n)
+
                 pass_info = PassInfo(point.generation, run.manifest.run_id)
-                for part in eng.parts(windows, run.part_writer, pass_info, bar.update):
-                    run.commit(part.entry)
-                    summary.add(part)
-                    bar.update(part.stats.input_rows - part.stats.scored)  # the scored ones: per batch
-                    bar.set_postfix_str(_postfix(summary, bar.format_dict["elapsed"], spec.workers))
+                with (
+                    eng.executor(run.part_writer, pass_info, advance) as ex,
+                    contextlib.closing(in_order(windows, ex.submit, ex.in_flight)) as parts,
+                ):
+                    for part in parts:
+                        run.commit(part.entry)
+                        summary.add(part)
+                        advance(part.stats.input_rows - part.stats.scored)  # the scored ones: per batch
+                        bar.set_postfix_str(_postfix(summary, bar.format_dict["elapsed"], spec.workers))
             if not incremental:  # a pass by id takes what it read; the next one reads what came since
                 _check_read_unchanged(run, fingerprint, sources)
             timings.update(summary.stats.seconds)
-            timings.update(getattr(eng, "timings", {}))
+            timings.update(eng.timings)
             summary.seconds = {k: round(v, 3) for k, v in timings.items()}
             summary.seconds["wall"] = round(time.perf_counter() - t_start, 3)
             summary.engine = eng.describe()
@@ -255,55 +258,40 @@ def _check_read_unchanged(run: RunDir, fingerprint: list[dict[str, Any]], source
 
 
 def _postfix(summary: RunSummary, elapsed: float, workers: int) -> str:
-    """Tokens a second, and how busy the model kept its device(s): the share of the time so far that
-    the model's thread (each worker's, on Ray) spent scoring, which on a GPU says how well the host
-    side feeds it (``nvidia-smi``'s utilisation, from the inside)."""
+    """Tokens a second, and the share of the time so far the model's thread (each worker's, on Ray)
+    spent scoring: on a GPU, how well the host side feeds it."""
     wall = max(elapsed, 1e-9)
     busy = summary.stats.seconds.get("model", 0.0) / (wall * max(workers, 1))
     return f"{summary.stats.tokens / wall:,.0f} tok/s, model busy {min(busy, 1.0):.0%}"
 
 
-def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -> Any:
+@contextlib.contextmanager
+def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -> Iterator[Any]:
+    """The job's progress bar, redrawn every second so that its time moves while a window is scored."""
     from tqdm.auto import tqdm
 
     total = None
     if show:
-        try:
+        with contextlib.suppress(Exception):  # a count is a nicety; the reader reports real problems
             total = count_rows(sources)
-        except Exception:  # a count is a nicety; the reader reports real problems
-            total = None
         if total is not None and spec.inputs.limit is not None:
             total = min(total, spec.inputs.limit)
-    bar = tqdm(
-        total=total,
-        initial=done if total else 0,
-        desc=f"extract {name_path(spec.out).name}",
-        unit="review",
-        disable=not show,
-        smoothing=0.1,
-        **bar_size(),
-    )
-    return _Ticking(bar) if show else bar
+    name = f"extract {name_path(spec.out).name}"
+    bar = tqdm(total=total, initial=done if total else 0, desc=name, unit="review", disable=not show,
+               smoothing=0.1, **bar_size())  # fmt: skip
+    stop = threading.Event()
 
+    def tick() -> None:
+        while not stop.wait(1.0):
+            bar.refresh()
 
-class _Ticking:
-    """A progress bar whose elapsed time moves while the model loads or a long window is scored: it is
-    redrawn every second from a thread of its own."""
-
-    def __init__(self, bar: Any) -> None:
-        self.bar = bar
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._tick, name="progress", daemon=True)
-
-    def _tick(self) -> None:
-        while not self._stop.wait(1.0):
-            self.bar.refresh()
-
-    def __enter__(self) -> Any:
-        self._thread.start()
-        return self.bar
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.bar.close()
+    ticker = threading.Thread(target=tick, name="progress", daemon=True)
+    if show:
+        ticker.start()
+    try:
+        yield bar
+    finally:
+        stop.set()
+        if show:
+            ticker.join()
+        bar.close()

@@ -1,22 +1,23 @@
-"""The local engine: one process runs the model, and a window's other steps overlap with it.
+"""The local engine: the model runs in this process, and a window's other steps overlap with it.
 
-read + encode (a thread*) ──▶ score (this thread) ──▶ extract + stage the part (threads**)
-  ──▶ staged parts back to ``run_job``, in row order, which commits them
-
-* ahead of the model, or in turn with it where torch's threads take every core: see feed_plan
-** one beside torch's threads on the CPU; where the model leaves cores free, several windows at once
+    read (run_job's thread) ──▶ encode (a thread) ──▶ score (the model's thread)
+      ──▶ extract + stage the part (threads) ──▶ staged parts back to ``run_job``, in row order
 
 Beside an accelerator on a machine of three cores or more, encoding, extraction and writing run in
-host processes instead (engines/host_processes.py): threads share Python's lock, which caps them at
-about 1.5 times one core however many there are.
+host processes instead (engines/processes.py): threads share Python's lock, which caps them at about
+1.5 times one core however many there are.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,22 +25,19 @@ import torch
 
 from ..config import JobSpec
 from ..errors import SpecError
-from ..extract import PassInfo, StagedPart, WindowJob, WindowRows
+from ..extract import PassInfo, StagedPart, Window, WindowJob, WindowRows
 from ..model import resolve_device
 from ..run import PartWriter
-from . import fork_server
-from .host_processes import HostProcesses
+from ..runtime import signals_deferred
+from . import processes
+from .scheduling import then
 from .start import load_classifier, run_header
-from .threads import Worker, prefetch
 
-#: Each encode thread holds a copy of the tokenizer (made at the start of a run).
-MAX_ENCODE_THREADS = 8
-#: Each stage thread holds a window's tables while it builds and writes them.
-MAX_STAGE_THREADS = 8
-#: More host processes than this a core are refused: they only take turns, and thousands ran out of
-#: open files (an OSError that named no option).
+#: Each encode thread holds a copy of the tokenizer; each stage thread a window's tables.
+MAX_ENCODE_THREADS = MAX_STAGE_THREADS = 8
+#: More host processes than this a core are refused: they only take turns, and run out of open files.
 MAX_HOST_PROCESSES_PER_CORE = 4
-#: Each host process holds a tokenizer and up to three windows (engines/host_processes.py).
+#: Each host process holds a tokenizer and up to three windows.
 MAX_HOST_PROCESSES = 16
 
 log = logging.getLogger(__name__)
@@ -47,8 +45,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class FeedPlan:
-    """How the model is fed: windows the reader makes ahead, threads that encode a window, and
-    threads that extract and write windows (each its own)."""
+    """How the model is fed: windows read ahead of it, threads that encode a window, and threads that
+    extract and write windows (each its own)."""
 
     ahead: int
     encode_threads: int
@@ -58,12 +56,11 @@ class FeedPlan:
 def feed_plan(device: torch.device) -> FeedPlan:
     """The plan for this process's cores and ``device``.
 
-    On the CPU, when torch's threads take every core, a reader beside them would preempt them in the
-    middle of their operations: there it makes a window only when the model asks for one, encodes it
-    on every core, and one thread writes beside the model. Elsewhere the reader runs two windows ahead,
-    and encoding and writing each get a thread per free core (every core on an accelerator, whose
-    thread mostly waits for the device; the cores torch leaves on the CPU): they take turns on the
-    cores, whichever has work, so that neither waits for the other on a machine of many cores.
+    On the CPU, where torch's threads take every core, reading and encoding beside them would preempt
+    them in the middle of their operations: a window is read and encoded (on every core) only once the
+    model is done with the one before, and one thread writes beside the model. Elsewhere two windows
+    are read ahead, and encoding and writing each get a thread per free core (every core beside an
+    accelerator; the cores torch leaves on the CPU).
     """
     cores = _cores()
     if device.type == "cpu" and torch.get_num_threads() >= cores:
@@ -74,13 +71,12 @@ def feed_plan(device: torch.device) -> FeedPlan:
 
 def host_processes(asked: int | None, device: torch.device) -> int:
     """Host processes for a run on ``device``: ``asked``, or by default one per core but the model's
-    own (at most :data:`MAX_HOST_PROCESSES`) beside an accelerator, and none (threads) on the CPU,
-    where the model takes the cores, or where there are fewer than three cores: two cores shared by
-    the model's process and host processes ran slower than threads (docs/performance.md)."""
+    own (at most :data:`MAX_HOST_PROCESSES`) beside an accelerator; none (threads) on the CPU, where
+    the model takes the cores, or on fewer than three cores (docs/performance.md)."""
     if asked is not None:
         return asked
     cores = _cores()
-    if device.type == "cpu" or cores < 3:
+    if device.type == "cpu" or cores < 3 or "forkserver" not in multiprocessing.get_all_start_methods():
         return 0
     return min(cores - 1, MAX_HOST_PROCESSES)
 
@@ -90,7 +86,7 @@ def _cores() -> int:
 
 
 def check_host_processes(spec: JobSpec) -> None:
-    """Refuse more host processes than this machine's cores can take, and say where they only take
+    """Refuse more host processes than this machine's cores can take, and warn where they only take
     turns: before a job trains its model or loads it."""
     if (asked := spec.host_processes or 0) > MAX_HOST_PROCESSES_PER_CORE * (cores := _cores()):
         raise SpecError(
@@ -113,13 +109,13 @@ class LocalEngine:
 
     def __init__(self, spec: JobSpec) -> None:
         self.spec = spec
-        self.timings: dict[str, float] = {}
-        self._host_usage: dict[str, float] = {}
+        self.timings: Counter = Counter()
+        self._usage: dict[str, float] = {}
 
     def __enter__(self) -> LocalEngine:
         t0 = time.perf_counter()
         if host_processes(self.spec.host_processes, resolve_device(self.spec.device)):
-            fork_server.context()  # the server makes its imports while the model loads
+            processes.start_server()  # its imports run while the model loads
         self.clf = load_classifier(self.spec)
         self.timings["load"] = time.perf_counter() - t0
         return self
@@ -131,52 +127,58 @@ class LocalEngine:
         return run_header(self.spec, self.clf)
 
     def describe(self) -> dict[str, Any]:
-        """The batch sizes and host processes the run had (the spec may leave them to the device), and
-        what the host processes used (engines/host_processes.py)."""
+        """The batch sizes and host processes the run had (the spec may leave them to the device)."""
         batch_tokens, max_batch_size = self.spec.batch_budget(self.clf.device_type)
+        n = host_processes(self.spec.host_processes, self.clf.device)
         return {
             "batch_tokens": batch_tokens,
             "max_batch_size": max_batch_size,
-            "host_processes": host_processes(self.spec.host_processes, self.clf.device),
-        } | self._host_usage
+            "host_processes": n,
+        } | self._usage
 
-    def parts(
-        self,
-        windows: Iterator[WindowRows],
-        part_writer: PartWriter,
-        pass_info: PassInfo,
-        on_batch: Callable[[int], None] | None = None,
-    ) -> Iterator[StagedPart]:
-        spec = self.spec
-        processes = host_processes(spec.host_processes, self.clf.device)
-        batch_tokens, max_batch_size = spec.batch_budget(self.clf.device_type)
-        if processes:
-            hosts = HostProcesses(
-                processes, self.clf, batch_tokens, max_batch_size, part_writer, pass_info, spec.store_text
-            )
-            try:
-                yield from hosts.parts(windows, on_batch)
-            finally:
-                self.timings.update(hosts.seconds)
-                self._host_usage = hosts.usage
-            return
-        plan = feed_plan(self.clf.device)
-        with WindowJob(
-            self.clf, batch_tokens, max_batch_size, part_writer, pass_info,
-            plan.encode_threads, spec.store_text,
-        ) as job:  # fmt: skip
-            writer = Worker(job.stage, depth=2, name="writer", threads=plan.stage_threads)
-            try:
-                for window in prefetch(map(job.encode, windows), depth=plan.ahead):
-                    if writer.failed:
-                        break
-                    job.score(window, on_batch)
-                    writer.put(window)
-                    yield from writer.results()
-            except Exception:  # the model or the reader failed: the parts written so far are kept
-                yield from writer.close()
-                raise
-            finally:
-                done = writer.close()
-            yield from done  # the parts before a failed one are committed: finished work is kept
-            writer.check()
+    def executor(
+        self, part_writer: PartWriter, pass_info: PassInfo, on_batch: Callable[[int], None]
+    ) -> Threads | processes.HostProcesses:
+        spec, clf = self.spec, self.clf
+        batch_tokens, max_batch_size = spec.batch_budget(clf.device_type)
+        if n := host_processes(spec.host_processes, clf.device):
+            job = (batch_tokens, max_batch_size, part_writer, pass_info, spec.store_text)
+            return processes.HostProcesses(n, clf, job, on_batch, self.timings, self._usage)
+        plan = feed_plan(clf.device)
+        job = WindowJob(clf, batch_tokens, max_batch_size, part_writer, pass_info, plan.encode_threads,
+                        spec.store_text)  # fmt: skip
+        return Threads(job, plan, on_batch)
+
+
+class Threads:
+    """A window's steps on threads, overlapping across windows: encoding (one thread, the encoder's own
+    threads under it), the model (one thread) and staging (``plan.stage_threads``). ``submit`` waits
+    while the model has ``plan.ahead + 1`` windows to score."""
+
+    def __init__(self, job: WindowJob, plan: FeedPlan, on_batch: Callable[[int], None]) -> None:
+        self.job, self.on_batch = job, on_batch
+        self.in_flight = plan.ahead + plan.stage_threads + 2  # read ahead, scored, staged, committing
+        self._pools = [ThreadPoolExecutor(1, "encode"), ThreadPoolExecutor(1, "model"),
+                       ThreadPoolExecutor(plan.stage_threads, "stage")]  # fmt: skip
+        self._room = threading.Semaphore(plan.ahead)
+
+    def submit(self, rows: WindowRows) -> Future[StagedPart]:
+        encode, model, stage = self._pools
+        scored = then(encode.submit(self.job.encode, rows), model, self._score)
+        scored.add_done_callback(lambda _: self._room.release())
+        self._room.acquire()
+        return then(scored, stage, self.job.stage)
+
+    def _score(self, window: Window) -> Window:
+        return self.job.score(window, self.on_batch)
+
+    def __enter__(self) -> Threads:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with signals_deferred():
+            for pool in self._pools:
+                pool.shutdown(wait=False, cancel_futures=True)
+            for pool in self._pools:
+                pool.shutdown()
+        self.job.close()

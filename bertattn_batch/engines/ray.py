@@ -5,39 +5,39 @@ Usage::
     bertattn extract reviews/ --model models/zh-senti --out runs/r1 --engine ray --workers 4
     bertattn run jobs/default.toml --engine ray --ray-address ray://head:10001   # or RAY_ADDRESS=...
 
-    driver: read + number the rows, cut the windows (the one rule, extract/windows.py), in a thread
+    driver: read + number the rows, cut the windows (the one rule, extract/windows.py)
        ──▶ an actor per worker (one GPU each where the cluster has GPUs): encode, score, extract and
            stage the window's part (extract/job.py), at most ``IN_FLIGHT_PER_WORKER`` windows each
-       ──▶ the driver commits each part once every part before it is committed
+       ──▶ the driver commits the parts in row order (``run_job``)
 
-The driver streams: the first windows are scored while later ones are still being read, and Ray's
-object store holds only the windows in flight, never the corpus. A window's part is named by its
-first row, so when a worker dies Ray restarts it and retries the window, and the retry rewrites the
-same files instead of adding new ones. Workers write their parts into the run directory themselves
-(under temporary names on a filesystem every node mounts; under their final names on an object store,
+The driver streams: Ray's object store holds only the windows in flight, never the corpus. A window's
+part is named by its first row, so when a worker dies Ray restarts it and retries the window, and the
+retry rewrites the same files. Workers write their parts into the run directory themselves (under
+temporary names on a filesystem every node mounts; under their final names on an object store,
 run/stored.py) and hand back only the manifest entry; the driver alone writes the manifest.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from .. import errors
 from ..config import JobSpec
-from ..errors import BertAttnError, EngineError, SpecError
+from ..errors import BertAttnError, EngineError, SpecError, first_line
 from ..extract import PassInfo, StagedPart, WindowJob, WindowRows
 from ..run import PartWriter
 from ..runtime import tune_runtime
-from .ray_runtime import ray_runtime, worker_error
+from .ray_runtime import ray_runtime
+from .scheduling import converted
 from .start import load_classifier, located, run_header
-from .threads import prefetch
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +143,6 @@ class RayEngine:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._actors = []
-        gc.collect()  # the failed run's frames hold its actors, and their CPUs or GPUs, until collected
         if self._runtime is not None:
             self._runtime.__exit__(None, None, None)
             self._runtime = None
@@ -155,80 +153,58 @@ class RayEngine:
     def describe(self) -> dict[str, Any]:
         return {"engine": "ray", "workers": self.spec.workers, "placement": dataclasses.asdict(self.place)}
 
-    def parts(
-        self,
-        windows: Iterator[WindowRows],
-        part_writer: PartWriter,
-        pass_info: PassInfo,
-        on_batch: Callable[[int], None] | None = None,
-    ) -> Iterator[StagedPart]:
-        """Keep every actor fed, and hand the parts back in the order of their windows. What Ray raises
-        comes back as the project's error (:func:`_as_ours`); the driver's own errors (reading the
-        inputs, committing parts) pass through as they are, as with every other engine."""
-        try:
-            yield from self._parts(windows, part_writer, pass_info, on_batch)
-        finally:
-            self._actors = []
-
-    def _parts(
-        self,
-        windows: Iterator[WindowRows],
-        part_writer: PartWriter,
-        pass_info: PassInfo,
-        on_batch: Callable[[int], None] | None,
-    ) -> Iterator[StagedPart]:
+    def executor(
+        self, part_writer: PartWriter, pass_info: PassInfo, on_batch: Callable[[int], None]
+    ) -> Actors:
+        """A pool of :class:`WindowActor` for a pass. What Ray raises comes back as the project's error
+        (:func:`_as_ours`); the driver's own errors (reading the inputs) pass through as they are."""
         ray, place = self.ray, self.place
         env = {k: os.environ[k] for k in _WORKER_ENV if k in os.environ} | tune_runtime()
         remote = ray.remote(self.actor_cls).options(
             num_cpus=place.cpus, num_gpus=place.gpus, max_restarts=MAX_RETRIES, max_task_retries=MAX_RETRIES
         )
-        self._actors = _ray_call(
+        actors = _ray_call(
             lambda: [
                 remote.remote(self.worker_spec, part_writer, pass_info, place.cpus, env)
                 for _ in range(self.spec.workers)
             ]
         )
-        load = dict.fromkeys(range(len(self._actors)), 0)  # windows in flight per actor
-        in_flight: dict[Any, tuple[int, int]] = {}  # ref -> (window number, actor)
-        finished: dict[int, StagedPart] = {}
-        failed: dict[int, Exception] = {}  # window number -> its worker's error
-        order = {"sent": 0, "given": 0}
-        t0 = time.perf_counter()
+        return Actors(ray, actors, on_batch, self.timings)
 
-        def in_order() -> Iterator[StagedPart]:
-            """Collect one result, then hand back every part whose windows before it are all back."""
-            ready, _ = _ray_call(lambda: ray.wait(list(in_flight), num_returns=1))
-            for ref in ready:
-                number, actor = in_flight.pop(ref)
-                load[actor] -= 1
-                try:
-                    finished[number] = ray.get(ref)
-                except Exception as e:
-                    failed[number] = e
-                self.timings.setdefault("first_result", time.perf_counter() - t0)
-            while order["given"] in finished:
-                part = finished.pop(order["given"])
-                order["given"] += 1
-                if on_batch is not None:
-                    on_batch(part.stats.scored)
-                yield part
 
-        for window in prefetch(windows, depth=2):  # the driver reads ahead in a thread
-            while len(in_flight) >= IN_FLIGHT_PER_WORKER * len(self._actors) and not failed:
-                yield from in_order()
-            if failed:
-                break
-            actor = min(load, key=load.__getitem__)
-            ref = _ray_call(lambda a=self._actors[actor], w=window: a.run.remote(w))
-            in_flight[ref] = (order["sent"], actor)
-            load[actor] += 1
-            order["sent"] += 1
-        # after a failure, the windows before it are still waited for and handed back: finished work is
-        # committed, and the rerun resumes from the failed window
-        while in_flight and not (failed and min(n for n, _ in in_flight.values()) > min(failed)):
-            yield from in_order()
-        if failed:
-            raise _as_ours(failed[min(failed)]) from None
+class Actors:
+    """Windows sent to the least loaded of the actors, ``IN_FLIGHT_PER_WORKER`` each at most."""
+
+    def __init__(self, ray: Any, actors: list[Any], on_batch: Callable[[int], None], timings: dict) -> None:
+        self.ray, self._actors, self.on_batch, self.timings = ray, actors, on_batch, timings
+        self.in_flight = IN_FLIGHT_PER_WORKER * len(actors)
+        self._load = [0] * len(actors)
+        self._lock = threading.Lock()
+        self._t0 = time.perf_counter()
+
+    def submit(self, rows: WindowRows) -> Future[StagedPart]:
+        with self._lock:
+            k = min(range(len(self._actors)), key=self._load.__getitem__)
+            self._load[k] += 1
+        ref = _ray_call(lambda: self._actors[k].run.remote(rows))
+        future = converted(ref.future(), _as_ours)
+        future.add_done_callback(lambda f: self._done(k, f))
+        return future
+
+    def _done(self, k: int, future: Future[StagedPart]) -> None:
+        with self._lock:
+            self._load[k] -= 1
+        self.timings.setdefault("first_result", time.perf_counter() - self._t0)
+        if not future.cancelled() and future.exception() is None:
+            self.on_batch(future.result().stats.scored)
+
+    def __enter__(self) -> Actors:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """The actors end, and with them their CPUs or GPUs are free for the next run."""
+        for actor in self._actors:
+            self.ray.kill(actor)
 
 
 def _ray_call(fn: Callable[[], Any]) -> Any:
@@ -239,19 +215,17 @@ def _ray_call(fn: Callable[[], Any]) -> Any:
         raise _as_ours(e) from None
 
 
-def _as_ours(e: Exception) -> Exception:
-    """The project's own error class where a worker raised one (a model that runs out of memory, a bad
-    input), else an EngineError that names the worker's error."""
-    if isinstance(e, BertAttnError) and type(e).__module__ == errors.__name__:
+def _as_ours(e: BaseException) -> BaseException:
+    """The project's own error where a worker raised one (a model out of memory, a bad input), else an
+    EngineError that names the worker's error; the driver's own errors as they are."""
+    if type(e).__module__ == errors.__name__:
         return e  # raised here, not a Ray wrapper of a worker's error
-    cause = getattr(e, "cause", None)  # a Ray task's or actor's own exception, where it could be sent
-    if isinstance(cause, BertAttnError) and type(cause).__module__ == errors.__name__:
-        log.info("a Ray worker failed:\n%s", e)
-        return type(cause)(str(cause))
-    qualname, message = worker_error(e)
     log.info("a Ray worker failed:\n%s", e)
-    module, _, name = qualname.rpartition(".")
-    cls = getattr(errors, name, None) if module == errors.__name__ else None
-    if isinstance(cls, type) and issubclass(cls, BertAttnError):
-        return cls(message)
-    return EngineError(f"the Ray run failed: {name}: {message} (rerun to resume; --debug shows more)")
+    root = e
+    while isinstance(getattr(root, "cause", None), BaseException):  # RayTaskError.cause
+        root = root.cause
+    if isinstance(root, BertAttnError):
+        return root
+    return EngineError(
+        f"the Ray run failed: {type(root).__name__}: {first_line(root)} (rerun to resume; --debug shows more)"
+    )

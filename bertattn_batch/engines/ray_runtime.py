@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import signal
 import socket
 import threading
@@ -96,7 +95,9 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
         raise
     finally:
         slow.cancel()
-        _restore(handlers)
+        for sig, handler in handlers.items():
+            if handler is not None:  # even where Python still names it: Ray's is installed below it
+                signal.signal(sig, handler)
     try:
         with _raylet_messages_logged(ray, quiet):
             yield ray
@@ -165,37 +166,8 @@ def _check_reachable(address: str) -> None:
 
 
 def _signal_handlers() -> dict[int, Any]:
-    """This process's SIGTERM and SIGINT handlers: ``ray.init`` replaces SIGTERM's with one that dumps
-    a native stack and aborts (exit 134), where the CLI commits the part in hand and exits 143."""
+    """This process's SIGTERM and SIGINT handlers, to put back after ``ray.init``: it replaces SIGTERM's
+    with one that aborts (exit 134), where the CLI's commits the part in hand and exits 143."""
     if threading.current_thread() is not threading.main_thread():
         return {}
     return {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-
-def _restore(handlers: dict[int, Any]) -> None:
-    for sig, handler in handlers.items():
-        if handler is not None:  # even where Python still names it: Ray's is installed below Python's
-            signal.signal(sig, handler)
-
-
-#: Terminal colours, which Ray may put around a worker's traceback.
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_DIRECT_CAUSE = "The above exception was the direct cause of the following exception"
-#: How Ray shows a worker's error: a traceback whose last line is "module.Class: message".
-_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Interrupt|Exit)\w*): (.*)$")
-
-
-def worker_error(e: BaseException) -> tuple[str, str]:
-    """(qualified class name, message) of the error a Ray worker first raised, read through the
-    wrappers of Ray (which keep the original only as text in the worker's traceback)."""
-    root = e
-    while isinstance(getattr(root, "cause", None), BaseException):  # RayTaskError.cause
-        root = root.cause
-    for text in (str(e), str(root)):
-        text = _ANSI.sub("", text).split(_DIRECT_CAUSE)[0]
-        if "Traceback" in text or "ray::" in text:
-            for line in reversed(text.strip().splitlines()):
-                if m := _ERROR_LINE.match(line.strip()):
-                    return m.group(1), m.group(2)
-    lines = str(root).strip().splitlines()
-    return f"{type(root).__module__}.{type(root).__qualname__}", lines[0] if lines else ""

@@ -1,5 +1,5 @@
-"""What every engine does as it starts: load the job's classifier where the windows will run, and
-describe it (with the job and the library versions) for the run's header."""
+"""What every engine does as it starts: load the job's classifier where the windows run, and describe
+it (with the job and the library versions) for the run's header."""
 
 from __future__ import annotations
 
@@ -85,16 +85,15 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
 
 def located(model: str) -> str:
     """A model as a run records it for the commands that load it again: a local folder by its absolute
-    path (named as the job named it, ``faithfulness`` failed in any other directory); a hub name,
-    ``package:NAME`` or a store's URI as it is (its credentials redacted)."""
+    path (they may run in another directory); a hub name, ``package:NAME`` or a store's URI as it is,
+    its credentials redacted."""
     local = not storage.is_remote(model) and not model.startswith(PACKAGE_PREFIX)
     return os.path.abspath(model) if local and os.path.exists(model) else storage.redact(model)
 
 
 def load_classifier(spec: JobSpec) -> Any:
-    """The job's classifier, as every engine loads it. A model that the job's settings do not fit is
-    named as another model where the run it continues was made with other weights (a folder trained
-    again since), which is what the user has to know."""
+    """The job's classifier, as every engine loads it. Where a model that the job's settings do not fit
+    has other weights than the run it continues (a folder trained again since), that is what is said."""
     try:
         return Classifier.load(
             spec.model,

@@ -11,17 +11,15 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .batching import bucket_batches
+    from .batching import BatchPlan, bucket_batches
     from .job import PartStats, PassInfo, StagedPart, Window, WindowJob
-    from .plan import BatchPlan
     from .score import ModelStage, score_batches
     from .tables import Extractor, ScoredRow, minmax_scale, vocab_array
     from .windows import WindowRows, iter_windows, select_rows
 
 _EXPORTS = {
-    "bucket_batches": "batching",
+    **dict.fromkeys(["BatchPlan", "bucket_batches"], "batching"),
     **dict.fromkeys(["PartStats", "PassInfo", "StagedPart", "Window", "WindowJob"], "job"),
-    "BatchPlan": "plan",
     **dict.fromkeys(["ModelStage", "score_batches"], "score"),
     **dict.fromkeys(["Extractor", "ScoredRow", "minmax_scale", "vocab_array"], "tables"),
     **dict.fromkeys(["WindowRows", "iter_windows", "select_rows"], "windows"),

@@ -1,20 +1,29 @@
-"""Pure batching helpers: length buckets inside a bounded window, packed by a token budget.
+"""A window's reviews cut into batches of similar length within a token budget, and the window-wide
+arrays the model's outputs for them land in.
 
 Usage::
 
     for idx in bucket_batches(lengths, batch_tokens=16384, max_batch_size=256):
         ...  # idx: positions into ``lengths``, similar lengths together
 
-No torch here: these are plain generators, tested on their own.
+    plan = BatchPlan(window.rows, clf, batch_tokens=16384, max_batch_size=256)
+    for k, outputs in enumerate(score_batches(clf, plan.batch_ids())):   # extract/score.py: the model
+        plan.fill(k, outputs)
+
+No torch here: a host process (engines/processes.py) plans and fills while the model runs elsewhere.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..model import Classifier, Outputs
+    from .tables import ScoredRow
 
 T = TypeVar("T")
 
@@ -26,12 +35,9 @@ def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
         yield block
 
 
-#: What one more batch costs, in padded tokens: a batch is worth cutting when it saves more padding
-#: than this. A share of the token budget, by device type. On a CPU, 1/64 (256 tokens of the default
-#: 16384). On a GPU, 1/16 (4096 of 65536): there the host's launch of a batch is what bounds the model
-#: stage (about 12 ms a bert-base batch beside an H200, as long as the device takes for some 20k
-#: tokens), and bigger batches ran faster at the paddings measured, up to 6% (docs/performance.md).
-#: Never below a floor, as no forward call is free.
+#: What one more batch costs, in padded tokens, as a share of the token budget by device type: a batch
+#: is worth cutting when it saves more padding than this. Larger on a GPU, where the host's launch of
+#: a batch bounds the model stage (docs/performance.md); never below a floor, as no forward is free.
 BATCH_OVERHEAD_SHARE = {"cpu": 64, "cuda": 16}
 MIN_BATCH_OVERHEAD = 32
 
@@ -48,16 +54,11 @@ def bucket_batches(
 ) -> list[np.ndarray]:
     """Split positions into batches of similar length, each within ``batch_tokens`` padded tokens.
 
-    Positions are sorted by length (stable, so ties keep input order) and cut into runs that minimise
-    padded tokens + ``overhead_tokens`` per batch (default: a CPU's, :func:`batch_overhead`),
-    with ``len(batch) * longest <= batch_tokens`` and ``len(batch) <= max_batch_size``. A greedy cut by
-    the budget alone pads a batch of short reviews to the longest of up to 256 of them (27% padding on
-    512 Chinese reviews, 15% on the English drug reviews); this cut pads 2-6% on the same reviews.
-    A review longer than the budget still gets a batch of its own. Longest batches come first, so that
-    an out-of-memory error shows up at the start of a window rather than at its end.
-
-    The cut is a dynamic programme over the distinct lengths (at most max_length of them), so it
-    costs milliseconds per window of thousands of reviews.
+    Positions are sorted by length (stable: ties keep input order) and cut into runs that minimise
+    padded tokens + ``overhead_tokens`` per batch (default: a CPU's, :func:`batch_overhead`), with
+    ``len(batch) * longest <= batch_tokens`` and ``len(batch) <= max_batch_size``; a review longer than
+    the budget gets a batch of its own. The cut is a dynamic programme over the distinct lengths
+    (milliseconds a window). Longest batches come first, so that running out of memory shows early.
     """
     if len(lengths) == 0:
         return []
@@ -86,3 +87,57 @@ def bucket_batches(
             batches.append(run_idx[max(0, hi - k) : hi])
         b = a
     return batches
+
+
+class BatchPlan:
+    """A window's scorable rows cut into batches, and the window-wide arrays their outputs land in.
+
+    Every row's outputs are views into arrays made for the whole window before its first batch; each
+    batch's own outputs are copied there and freed (kept alive by views instead, they fragmented the
+    heap: a higher peak, docs/performance.md)."""
+
+    def __init__(
+        self, rows: Sequence[ScoredRow], clf: Classifier | Any, batch_tokens: int, max_batch_size: int
+    ) -> None:
+        todo = [r for r in rows if r.status == "ok"]
+        lengths = [r.encoded.n_tokens for r in todo]
+        layers, heads = len(clf.layers), clf.num_heads
+        cls_rows = np.empty(layers * heads * sum(lengths), dtype=np.float32)
+        cls_norms = np.empty_like(cls_rows)
+        zeroing = np.empty(layers * sum(lengths), np.float32) if clf.value_zeroing else None
+        probs = np.empty((len(todo), len(clf.labels)), dtype=np.float32)
+        at = 0
+        for i, (r, n) in enumerate(zip(todo, lengths, strict=True)):
+            r.probs = probs[i]  # (C,)
+            r.cls_rows = cls_rows[at : at + layers * heads * n].reshape(layers, heads, n)  # (L, H, n)
+            r.cls_norms = cls_norms[at : at + layers * heads * n].reshape(r.cls_rows.shape)
+            if zeroing is not None:
+                start = at // heads
+                r.value_zeroing = zeroing[start : start + layers * n].reshape(layers, n)  # (L, n)
+            at += layers * heads * n
+        self.batches = [
+            [todo[i] for i in idx]
+            for idx in bucket_batches(
+                lengths, batch_tokens, max_batch_size, batch_overhead(batch_tokens, clf.device_type)
+            )
+        ]
+        self.real = sum(lengths)  # tokens the model reads
+        self.slots = 0  # padded slots of the batches that ran (after any halving)
+
+    def batch_ids(self) -> list[list[np.ndarray]]:
+        """Each batch's token ids, one array per review."""
+        return [[r.encoded.ids for r in batch] for batch in self.batches]
+
+    def fill(self, k: int, outputs: Sequence[Outputs]) -> None:
+        """Copy batch ``k``'s outputs (one, or its halves in order) into its rows: each review's own
+        tokens, no padding."""
+        rows = iter(self.batches[k])
+        for out in outputs:
+            self.slots += out.rows.shape[0] * out.rows.shape[-1]
+            for i, r in zip(range(out.rows.shape[0]), rows, strict=False):
+                n = r.encoded.n_tokens
+                r.probs[:] = out.probs[i]
+                r.cls_rows[:] = out.rows[i, :, :, :n]
+                r.cls_norms[:] = out.norms[i, :, :, :n]
+                if out.value_zeroing is not None:
+                    r.value_zeroing[:] = out.value_zeroing[i, :, :n]

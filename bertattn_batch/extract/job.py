@@ -5,16 +5,10 @@ Usage::
     job = WindowJob(clf, batch_tokens=16384, max_batch_size=256, part_writer=PartWriter(run_dir))
     part = job(window_rows)          # StagedPart: the manifest entry to commit, and the window's stats
 
-    window = job.encode(window_rows) # or step by step, each step on a thread of its own (engines/local.py)
-    job.score(window)
-    part = job.stage(window)
+    part = job.stage(job.score(job.encode(window_rows)))   # the same, each step where an engine runs it
 
-    window, ids = job.prepare(window_rows)   # or with the model in another process (host_processes.py)
-    outputs = list(score_batches(clf, map(unpack_ids, ids)))          # there
-    part = job.finish(window, outputs, model_seconds)
-
-The same object serves the local engine's threads and a Ray actor (engines/ray.py): only where its
-steps run differs, so both engines write the same parts.
+    window, batch_ids = job.prepare(window_rows)   # or with the model in another process
+    part = job.finish(window, outputs, model_seconds)   # outputs: score_batches(clf, batch_ids) there
 """
 
 from __future__ import annotations
@@ -25,12 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow.compute as pc
 
 from ..model.encode import Encoder
 from ..run import PartEntry, PartWriter
-from ..runtime import trim_heap
-from .plan import BatchPlan, ModelShape, PackedIds, pack_ids
+from .batching import BatchPlan
 from .tables import Extractor, ScoredRow, vocab_array
 
 if TYPE_CHECKING:
@@ -99,11 +93,12 @@ class StagedPart:
 
 
 class WindowJob:
-    """The steps of one window, with the model loaded once (per process, or per Ray actor)."""
+    """The steps of one window, with the model loaded once (per process, or per Ray actor). ``clf``:
+    the classifier, or for the steps around the model what they ask of it (engines/processes.py)."""
 
     def __init__(
         self,
-        clf: Classifier | ModelShape,
+        clf: Classifier | Any,
         batch_tokens: int,
         max_batch_size: int,
         part_writer: PartWriter,
@@ -121,9 +116,7 @@ class WindowJob:
         self.extractor = Extractor(vocab, clf.layers, clf.num_heads, clf.labels, pass_info.run_id, store_text)
 
     def __call__(self, rows: WindowRows) -> StagedPart:
-        window = self.encode(rows)
-        self.score(window)
-        return self.stage(window)
+        return self.stage(self.score(self.encode(rows)))
 
     def encode(self, rows: WindowRows) -> Window:
         """Tokenize the window's readable rows; a review with no content token becomes ``no_tokens``."""
@@ -144,22 +137,22 @@ class WindowJob:
         window.stats.seconds["encode"] += time.perf_counter() - t0
         return window
 
-    def score(self, window: Window, on_batch: Callable[[int], None] | None = None) -> None:
+    def score(self, window: Window, on_batch: Callable[[int], None] | None = None) -> Window:
         """Run the model over the window's scorable rows; count what it held."""
         from .score import ModelStage  # torch: here, as a host process never scores
 
         t0 = time.perf_counter()
         stage = ModelStage(self.clf, self.batch_tokens, self.max_batch_size)
         real, slots = stage(window.rows, on_batch, window.stats.seconds)
-        trim_heap()
         self._count(window, real, slots, time.perf_counter() - t0)
+        return window
 
-    def prepare(self, rows: WindowRows) -> tuple[Window, list[PackedIds]]:
+    def prepare(self, rows: WindowRows) -> tuple[Window, list[list[np.ndarray]]]:
         """Encode the window and cut it into batches, for a model in another process: returns the
-        window and each batch's token ids, packed (:func:`unpack_ids` gives the model its list)."""
+        window and each batch's token ids."""
         window = self.encode(rows)
         window.plan = BatchPlan(window.rows, self.clf, self.batch_tokens, self.max_batch_size)
-        return window, [pack_ids(ids) for ids in window.plan.batch_ids()]
+        return window, window.plan.batch_ids()
 
     def finish(self, window: Window, outputs: list[list[Outputs]], model_seconds: float) -> StagedPart:
         """Take a prepared window's scores (for each batch, its outputs or those of its halves), and
@@ -187,7 +180,7 @@ class WindowJob:
         """Build the window's tables and write them (not yet committed: see run/rundir.py)."""
         t0 = time.perf_counter()
         tables = self.extractor.tables(window.rows)
-        if self.unk_id is not None:  # over the window's token ids at once: per review it cost 5% of encode
+        if self.unk_id is not None:  # over the window's token ids at once
             window.stats.unknown = (
                 pc.sum(pc.equal(tables["tokens"].column("token_id"), self.unk_id)).as_py() or 0
             )
@@ -197,7 +190,6 @@ class WindowJob:
         )
         window.stats.seconds["extract"] += t1 - t0
         window.stats.seconds["write"] += time.perf_counter() - t1
-        trim_heap()
         return StagedPart(entry, window.stats)
 
     def close(self) -> None:

@@ -1,5 +1,5 @@
-"""The model stage of a window: length buckets packed by a token budget, queued on the device one
-batch ahead, OOM answered by halving.
+"""The model stage of a window: its batches queued on the device one ahead, running out of memory
+answered by halving.
 
 Usage::
 
@@ -23,7 +23,7 @@ import torch
 from ..errors import ModelError
 from ..model import Classifier, Outputs
 from ..model.classifier import PendingOutputs, out_of_memory
-from .plan import BatchPlan
+from .batching import BatchPlan
 from .tables import ScoredRow
 
 log = logging.getLogger(__name__)
@@ -33,12 +33,8 @@ def score_batches(
     clf: Classifier, batches: Iterable[list[np.ndarray]], seconds: Counter | None = None
 ) -> Iterator[list[Outputs]]:
     """Each batch's outputs (one, or its halves out of memory), in order. Batch ``k + 1`` is queued on
-    the device before batch ``k``'s outputs are read back, so that a GPU does not wait for the host
-    between batches.
-
-    ``seconds`` adds up where this thread's time went: ``launch`` (padding, copying and queueing the
-    batches: the host's share, which on a GPU bounds the stage when it nears the device's time) and
-    ``device_wait`` (waiting for the device's outputs)."""
+    the device before batch ``k``'s outputs are read back, so that a GPU does not wait for the host.
+    ``seconds`` adds up ``launch`` (padding, copying, queueing: the host's share) and ``device_wait``."""
     seconds = seconds if seconds is not None else Counter()
     pending: list[PendingOutputs] | None = None
     for ids in batches:
@@ -60,11 +56,8 @@ def _read_back(pending: list[PendingOutputs], seconds: Counter) -> list[Outputs]
 
 
 def launch_batch(clf: Classifier, ids: list[np.ndarray]) -> list[PendingOutputs]:
-    """One padded batch queued on the device; out of device memory, its halves, in order.
-
-    A batch of as many padded tokens as one that ran out before (``clf.oom_tokens``) is halved before it
-    is tried: each failure costs a partial forward and emptying the device's cache, which waits for
-    every batch queued."""
+    """One padded batch queued on the device; out of device memory, its halves, in order. A batch as
+    large as one that ran out before (``clf.oom_tokens``) is halved before it is tried."""
     tokens = len(ids) * max(map(len, ids))
     if len(ids) > 1 and clf.oom_tokens is not None and tokens >= clf.oom_tokens:
         return _halves(clf, ids)
@@ -96,8 +89,7 @@ def _halves(clf: Classifier, ids: list[np.ndarray]) -> list[PendingOutputs]:
 
 
 class ModelStage:
-    """Scores windows in this process: a :class:`BatchPlan` per window, its batches through
-    :func:`score_batches`."""
+    """Scores windows in this process: a :class:`BatchPlan` per window, through :func:`score_batches`."""
 
     def __init__(self, clf: Classifier, batch_tokens: int, max_batch_size: int) -> None:
         self.clf = clf
@@ -111,8 +103,7 @@ class ModelStage:
         seconds: Counter | None = None,
     ) -> tuple[int, int]:
         """Fill probs, cls_rows and cls_norms of a window's scorable rows; returns (real tokens, padded
-        slots). ``on_batch(n)`` is called after each batch of ``n`` reviews (a progress bar); ``seconds``
-        as :func:`score_batches` fills it."""
+        slots). ``on_batch(n)`` follows each batch of ``n`` reviews (a progress bar)."""
         plan = BatchPlan(rows, self.clf, self.batch_tokens, self.max_batch_size)
         for k, outputs in enumerate(score_batches(self.clf, plan.batch_ids(), seconds)):
             plan.fill(k, outputs)

@@ -456,18 +456,18 @@ def test_a_signal_after_the_work_is_done_changes_nothing(monkeypatch):
     command exit 143 (or die of SIGINT) over a run whose manifest said complete."""
     import signal
 
+    from bertattn_batch import runtime
     from bertattn_batch.cli import base as cli_app
 
-    monkeypatch.setattr(cli_app, "_state", {"debug": False, "working": False, "done": False})
+    monkeypatch.setitem(runtime.on_stop, "mode", "exit")
     assert cli_app.call(lambda: 42, completes=True) == 42
-    assert cli_app.on_signal(signal.SIGTERM, None) is None  # ignored: the work is finished
-    cli_app._state["done"] = False
-    cli_app._state["working"] = True
+    assert runtime.on_signal(signal.SIGTERM, None) is None  # ignored: the work is finished
+    runtime.on_stop["mode"] = "raise"
     with pytest.raises(cli_app.Terminated):  # inside a call: its clean-up runs
-        cli_app.on_signal(signal.SIGTERM, None)
-    cli_app._state["working"] = False
+        runtime.on_signal(signal.SIGTERM, None)
+    runtime.on_stop["mode"] = "exit"
     with pytest.raises(SystemExit) as stop:  # before any call: one line and 143
-        cli_app.on_signal(signal.SIGTERM, None)
+        runtime.on_signal(signal.SIGTERM, None)
     assert stop.value.code == 143
 
 
@@ -630,7 +630,7 @@ def test_a_sighup_that_nohup_ignores_stays_ignored():
     """Under nohup a closed terminal must not stop the job; SIGTERM is handled all the same."""
     import signal
 
-    from bertattn_batch.cli.base import install_signal_handlers, on_signal
+    from bertattn_batch.runtime import install_signal_handlers, on_signal
 
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)}
     try:

@@ -747,59 +747,6 @@ def test_resume_refuses_committed_parts_that_are_not_whole(corpus, tiny_en_dir, 
     )
 
 
-def test_ctrl_c_while_the_writer_finishes_waits_for_the_part_in_hand():
-    """A second Ctrl-C (while the job waits for its writer thread) must not let the clean-up run beside
-    a part being committed: the part in hand is finished, the ones queued are dropped."""
-    import os
-    import threading
-    import time
-
-    from bertattn_batch.engines.threads import Worker
-
-    done: list[int] = []
-
-    def slow(item: int) -> None:
-        time.sleep(0.5)
-        done.append(item)
-
-    # Python's own Ctrl-C handler, as a CLI process has it, for the test's duration: full fresh-clone runs
-    # once saw no KeyboardInterrupt come here (cause not found; no test was seen to change the handler)
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        worker = Worker(slow, depth=4)
-        for item in range(3):
-            worker.put(item)
-        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
-        with pytest.raises(KeyboardInterrupt):
-            worker.close()
-    finally:
-        signal.signal(signal.SIGINT, before)
-    assert done == [0]  # close() returned only once the part in hand was done
-
-
-@pytest.mark.parametrize("depth", [2, 0])
-def test_a_reader_thread_stops_when_the_model_stage_fails(depth):
-    """When the consumer fails, the reader thread must stop rather than wait forever for a consumer that
-    is gone: ahead (depth 2), after it has read everything, the queue full and the end marker still to
-    hand over; in turn (depth 0), while it waits to be asked for the next item."""
-    import threading
-    import time
-
-    from bertattn_batch.engines.threads import prefetch
-
-    def consume() -> None:
-        for _ in prefetch(iter(range(3)), depth=depth):
-            time.sleep(0.3)  # the reader fills the queue meanwhile
-            raise RuntimeError("the model stage failed")
-
-    with pytest.raises(RuntimeError, match="model stage failed"):
-        consume()
-    deadline = time.monotonic() + 2
-    while any(t.name == "prefetch" for t in threading.enumerate()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [t for t in threading.enumerate() if t.name == "prefetch"]
-
-
 def test_incremental_records_a_null_id_again_when_its_row_number_is_a_committed_id(
     drug_rows, tiny_en_dir, tmp_path
 ):
@@ -969,34 +916,6 @@ def test_jobs_started_together_train_their_missing_model_once(tmp_path, monkeypa
     assert len(trained) == 1
     assert (model / "config.json").is_file()
     assert sorted(p.name for p in model.parent.iterdir()) == ["m"]  # no lock file left behind
-
-
-def test_a_reader_in_turn_makes_each_item_only_when_asked():
-    """``prefetch(depth=0)`` runs the producer in its thread, but never beside the consumer: item k+1 is
-    made only after the consumer has finished with item k. The producer's errors surface in the
-    consumer, after the items made before them."""
-    import threading
-
-    from bertattn_batch.engines.threads import prefetch
-
-    events: list[str] = []
-    threads: set[str] = set()
-
-    def produce():
-        for k in range(3):
-            threads.add(threading.current_thread().name)
-            events.append(f"make {k}")
-            yield k
-        raise ValueError("bad input at item 3")
-
-    got = []
-    with pytest.raises(ValueError, match="item 3"):
-        for k in prefetch(produce(), depth=0):
-            events.append(f"use {k}")
-            got.append(k)
-    assert got == [0, 1, 2]
-    assert events == ["make 0", "use 0", "make 1", "use 1", "make 2", "use 2"]
-    assert threads == {"prefetch"}
 
 
 def test_the_feed_plan_reads_ahead_only_where_the_model_leaves_cores_free(monkeypatch):

@@ -1,4 +1,4 @@
-"""Host processes (engines/host_processes.py) write the run the threads write: the same tables, row
+"""Host processes (engines/processes.py) write the run the threads write: the same tables, row
 for row; the windows before a failure are committed, a host process that dies is a one-line error, and
 the rerun resumes."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import RUN_COLUMNS, manifest_json, read_table
 
-from bertattn_batch import runtime, schema
+from bertattn_batch import schema
 from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.engines.local import MAX_HOST_PROCESSES, host_processes
@@ -62,11 +62,11 @@ def test_host_processes_write_the_tables_the_threads_write(
     writers = [line.split() for line in notes.read_text().splitlines()]
     # two processes wrote the parts, neither of them this one, and neither imported torch; both kept
     # their heaps for the next window, and this process did not touch its own
-    assert len({pid for pid, _, _ in writers}) == 2 and all(torch == "False" for _, torch, _ in writers)
-    assert str(__import__("os").getpid()) not in {pid for pid, _, _ in writers}
-    assert all(kept == "True" for _, _, kept in writers) and not runtime._heap_kept
+    assert len({pid for pid, *_ in writers}) == 2 and all(torch == "False" for _, torch, *_ in writers)
+    assert str(__import__("os").getpid()) not in {pid for pid, *_ in writers}
+    assert all(kept == "True" for _, _, kept, _ in writers) and not host_probes.heap_kept()
     # where the job's time went, and what the host processes used (they are not this one's children)
-    assert {"host_start", "wait_prepared", "wait_finished", "launch", "device_wait"} <= set(summary.seconds)
+    assert {"load", "launch", "device_wait"} <= set(summary.seconds)
     used = manifest_json(out)["last_run"]
     assert used["host_processes_cpu_s"] > 0 and used["largest_host_process_max_rss_mb"] > 0
 
@@ -177,22 +177,17 @@ def test_a_script_without_a_main_guard_fails_with_a_hint_instead_of_hanging(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is POSIX's")
-def test_the_fork_server_imports_the_script_once_and_each_job_passes_its_environment(
-    drug_sample, tiny_en_dir, tmp_path
-):
-    """Host processes are forked from one server, which imported the job's script: forked or spawned
-    each on their own, they imported it each (a script that imports torch: seconds apiece). A second job
-    reuses the server, and its host processes still see the environment as the job set it."""
+def test_a_second_job_reuses_the_fork_server_and_passes_its_environment(drug_sample, tiny_en_dir, tmp_path):
+    """Host processes are forked from one server, which a second job in the same process reuses; its
+    host processes still see the environment as that job set it."""
     import os
     import subprocess
 
     tests = Path(__file__).resolve().parents[2]
-    imports = tmp_path / "imports"
     script = tmp_path / "job.py"
     script.write_text(
         "import os, sys\n"
         f"sys.path.insert(0, {str(tests)!r})\n"
-        f"open({str(imports)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
         "import host_probes\n"
         "from bertattn_batch import JobSpec, run_job\n"
         "if __name__ == '__main__':\n"
@@ -205,11 +200,10 @@ def test_the_fork_server_imports_the_script_once_and_each_job_passes_its_environ
     env = {k: v for k, v in os.environ.items() if k != "PROBE_NOTES"}
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
-    assert len(imports.read_text().split()) == 2  # the job's process, and the server: not each host process
-    writers = [
-        {line.split()[0] for line in (tmp_path / f"notes-{k}").read_text().splitlines()} for k in (0, 1)
-    ]
+    notes = [[line.split() for line in (tmp_path / f"notes-{k}").read_text().splitlines()] for k in (0, 1)]
+    writers = [{pid for pid, *_ in lines} for lines in notes]
     assert all(len(w) == 2 for w in writers) and not writers[0] & writers[1]  # new processes, new notes
+    assert len({server for lines in notes for *_, server in lines}) == 1  # forked from one server
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the processes in /proc")
@@ -268,9 +262,11 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _is_host_process(pid: int) -> bool:
-    """Forked from the fork server (whose command line they share), or spawned."""
+    """Forked from the fork server (whose command line they share), and set up: its thread that
+    watches the job's process runs."""
     line = _cmdline(pid)
-    return b"spawn_main" in line or (b"forkserver" in line and b"forkserver" in _cmdline(_parent(pid)))
+    forked = b"forkserver" in line and b"forkserver" in _cmdline(_parent(pid))
+    return forked and len(list(Path(f"/proc/{pid}/task").glob("*"))) > 1
 
 
 def _parent(pid: int) -> int:
@@ -310,14 +306,15 @@ def test_ctrl_c_while_the_fork_server_starts_leaves_no_traceback(drug_sample, ti
         "import os, signal, sys, threading\n"
         f"sys.path.insert(0, {str(tmp_path)!r})\n"
         "from bertattn_batch import JobSpec, run_job\n"
-        "from bertattn_batch.engines import fork_server, host_processes as hp\n"
-        "fork_server.PRELOAD.append('slow_import')\n"
-        "submit = hp.HostProcesses._submit\n"
-        "def interrupted(self, k, fn, *args):\n"
-        "    if fn is hp._start and k == 0:\n"
-        "        threading.Timer(1, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
-        "    return submit(self, k, fn, *args)\n"
-        "hp.HostProcesses._submit = interrupted\n"
+        "from bertattn_batch.engines import processes\n"
+        "processes.PRELOAD.append('slow_import')\n"
+        "pool = processes.ProcessPoolExecutor\n"
+        "def interrupted(*args, **kwargs):  # a Ctrl-C a second after the host processes start\n"
+        "    if not hasattr(interrupted, 'sent'):\n"
+        "        interrupted.sent = threading.Timer(1, os.kill, (os.getpid(), signal.SIGINT))\n"
+        "        interrupted.sent.start()\n"
+        "    return pool(*args, **kwargs)\n"
+        "processes.ProcessPoolExecutor = interrupted\n"
         "if __name__ == '__main__':\n"
         f"    run_job(JobSpec(inputs=[{str(drug_sample)!r}], model={str(tiny_en_dir)!r},"
         f" out={str(tmp_path / 'run')!r}, window=4, progress=False, host_processes=2))\n"
@@ -331,42 +328,22 @@ def test_ctrl_c_while_the_fork_server_starts_leaves_no_traceback(drug_sample, ti
 def test_the_fork_server_and_resource_tracker_are_deaf_to_what_reaches_the_process_group():
     """A closed terminal's SIGHUP reaches the whole process group: it killed the resource tracker (which
     ignores SIGINT and SIGTERM alone), and the one started in its place printed a KeyError for every
-    shared-memory block. A Ctrl-C while the server imported its modules printed its traceback."""
+    block it never knew of. A Ctrl-C while the server imported its modules printed its traceback."""
     import signal
 
     from helpers import python_probe
 
     done = python_probe(
-        "from multiprocessing import forkserver, resource_tracker",
-        "from bertattn_batch.engines import fork_server",
-        "fork_server.context()",
-        "for pid in (forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid):",
+        "import os",
+        "from bertattn_batch.engines import processes",
+        "processes.start_server()",
+        "me = os.getpid()",
+        "for pid in open(f'/proc/{me}/task/{me}/children').read().split():",
         "    status = dict(line.split(':\\t') for line in open(f'/proc/{pid}/status').read().splitlines())",
         "    print(int(status['SigBlk'], 16) | int(status['SigIgn'], 16))",
     )
     assert done.returncode == 0, done.stderr
-    for deaf in map(int, done.stdout.split()):
-        assert deaf & (1 << (signal.SIGINT - 1)) and deaf & (1 << (signal.SIGHUP - 1))
-
-
-def test_signals_held_leave_what_python_does_not_handle_as_it_is():
-    """Under nohup an ignored SIGHUP was taken over too, and re-raised at the end in place of a Ctrl-C
-    caught after it: the Ctrl-C was lost. SIGTERM at its default (a library's caller) was held too, so a
-    host process that hung in the close could no longer be stopped with it."""
-    from helpers import python_probe
-
-    done = python_probe(  # in a process of its own: signals sent here would reach the test runner
-        "import os, signal",
-        "from bertattn_batch.engines import fork_server",
-        "signal.signal(signal.SIGHUP, signal.SIG_IGN)",
-        "try:",
-        "    with fork_server.signals_held():",
-        "        os.kill(os.getpid(), signal.SIGHUP)",
-        "        os.kill(os.getpid(), signal.SIGINT)",
-        "except KeyboardInterrupt:",
-        "    print('ctrl-c kept')",
-        "with fork_server.signals_held():",
-        "    print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, signal.getsignal(signal.SIGHUP) is signal.SIG_IGN)",
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:2] == ["ctrl-c kept", "True True"], done.stdout
+    deaf = list(map(int, done.stdout.split()))
+    assert len(deaf) == 2  # the tracker and the server
+    for mask in deaf:
+        assert mask & (1 << (signal.SIGINT - 1)) and mask & (1 << (signal.SIGHUP - 1))

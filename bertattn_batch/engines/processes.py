@@ -1,0 +1,240 @@
+"""The host side of a window in processes of its own, so that it scales with cores (threads share
+Python's lock, which building a window's rows and tables holds most of the time).
+
+    window i ──▶ host process i % n: encode, cut into batches ──▶ this process: the model (a thread)
+      ──▶ host process i % n: fill the rows, extract, write ──▶ the staged part, back to ``run_job``
+
+A host process keeps a window's rows between its two steps: only token ids (there) and the model's
+outputs (back) cross. Host processes are forked from a fork server, never from this process, which
+may hold threads and a CUDA context. No torch here: the fork server imports this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from functools import partial
+from multiprocessing import forkserver, resource_tracker
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import EngineError
+from ..extract.job import PassInfo, StagedPart, Window, WindowJob
+from ..runtime import signals_deferred, tune_runtime
+from .scheduling import converted, then
+
+if TYPE_CHECKING:
+    from ..extract.windows import WindowRows
+    from ..model import Classifier, Outputs
+    from ..run import PartWriter
+
+#: What the fork server imports before any fork, where each host process would import it on its own.
+PRELOAD = [__name__, "transformers", "transformers.models"]
+#: glibc's settings for the host processes (a documented tunable, set where the user chose none):
+#: freed memory is kept for the next window, which allocates about what the last one freed, rather
+#: than mapped afresh and faulted in again (docs/performance.md).
+HOST_MALLOC = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=268435456"
+
+#: A batch's token ids as one array and each review's length: pickled in one piece.
+PackedIds = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the host side of a window needs of a classifier, sent to a host process in its place: its
+    tokenizer and the shapes of its outputs, not its weights."""
+
+    tokenizer: Any
+    max_length: int
+    layers: list[int]
+    num_heads: int
+    labels: list[str]
+    value_zeroing: bool
+    device_type: str  # where the model runs, which sizes its batches
+
+    @classmethod
+    def of(cls, clf: Classifier) -> ModelShape:
+        return cls(clf.tokenizer, clf.max_length, list(clf.layers), clf.num_heads, list(clf.labels),
+                   clf.value_zeroing, clf.device_type)  # fmt: skip
+
+
+def start_server() -> multiprocessing.context.BaseContext:
+    """The fork server's context, the server started if it is not yet (its imports run while the
+    caller goes on). The resource tracker and the server start deaf to what reaches the whole process
+    group (Ctrl-C, a closed terminal's SIGHUP), each in a block of its own (the tracker unblocks SIGINT
+    as it starts), and so are the host processes forked from the server; the job's process decides."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    tuned = not any(k.startswith("MALLOC_") or k == "GLIBC_TUNABLES" for k in os.environ)
+    for start in (resource_tracker.ensure_running, forkserver.ensure_running):
+        with _started_deaf(tuned):
+            start()
+    return ctx
+
+
+@contextlib.contextmanager
+def _started_deaf(tuned: bool) -> Iterator[None]:
+    """SIGINT and SIGHUP blocked in this thread, and :data:`HOST_MALLOC` in the environment, for the
+    processes started in the block."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGHUP})
+    if tuned:
+        os.environ["GLIBC_TUNABLES"] = HOST_MALLOC
+    try:
+        yield
+    finally:
+        if tuned:
+            del os.environ["GLIBC_TUNABLES"]
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+class HostProcesses:
+    """``n`` host processes (a pool of one each, so that a window's two steps meet in one process) and
+    the model's thread. ``seconds`` gets the model's ``launch`` and ``device_wait``; ``usage``, once it
+    is closed after a run, what the host processes used."""
+
+    def __init__(self, n: int, clf: Classifier, job: tuple, on_batch: Callable[[int], None],
+                 seconds: Counter, usage: dict[str, float]) -> None:  # fmt: skip
+        self.clf, self.on_batch, self.seconds, self.usage = clf, on_batch, seconds, usage
+        self.in_flight = 3 * n
+        args = (dict(os.environ), ModelShape.of(clf), *job)
+        ctx = start_server()
+        self._model = ThreadPoolExecutor(1, "model")
+        self._pools: list[ProcessPoolExecutor] = []
+        self._seq = itertools.count()
+        try:
+            # a process starts once the server has its imports: cut short while it waits, the job would
+            # end and the server fork it all the same, into a job that is gone (a traceback)
+            with signals_deferred():
+                for _ in range(n):
+                    self._pools.append(ProcessPoolExecutor(1, ctx, initializer=_start, initargs=args))
+                    self._pools[-1].submit(int)  # starts its process now
+        except BaseException as e:
+            self.__exit__(type(e), e, None)
+            if (error := _ended(e)) is e:
+                raise
+            raise error from None
+
+    def submit(self, rows: WindowRows) -> Future[StagedPart]:
+        seq = next(self._seq)
+        pool = self._pools[seq % len(self._pools)]
+        try:
+            prepared = pool.submit(_prepare, seq, rows)
+        except (BrokenProcessPool, ConnectionError) as e:  # the second: it failed to start
+            raise _ended(e) from None
+        scored = then(prepared, self._model, self._score)
+        return converted(then(scored, pool, partial(_finish, seq)), _ended)
+
+    def _score(self, ids: list[PackedIds]) -> tuple[list[list[Outputs]], float]:
+        from ..extract.score import score_batches  # torch, which the host processes do without
+
+        t0 = time.perf_counter()
+        outputs = []
+        for packed, out in zip(ids, score_batches(self.clf, map(_unpack, ids), self.seconds), strict=True):
+            outputs.append(out)
+            self.on_batch(len(packed[1]))
+        return outputs, time.perf_counter() - t0
+
+    def __enter__(self) -> HostProcesses:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Wait for the windows the processes have in hand (a part being written), drop the rest, and
+        end the processes; after a run, note what they used first."""
+        with signals_deferred():
+            if exc[0] is None:
+                self._note_usage()
+            for pool in [self._model, *self._pools]:
+                pool.shutdown(wait=False, cancel_futures=True)
+            for pool in [self._model, *self._pools]:
+                pool.shutdown()
+
+    def _note_usage(self) -> None:
+        """Their CPU time, page faults and largest peak memory (they are not this process's children);
+        nothing where a process ended early."""
+        try:
+            each = [pool.submit(_usage).result() for pool in self._pools]
+        except (BrokenProcessPool, OSError):
+            return
+        if all(each):
+            self.usage.update({f"host_processes_{k}": round(sum(u[k] for u in each), 3)
+                               for k in ("cpu_s", "page_faults")})  # fmt: skip
+            self.usage["largest_host_process_max_rss_mb"] = round(max(u["max_rss_mb"] for u in each), 1)
+
+
+def _ended(e: BaseException) -> BaseException:
+    if not isinstance(e, BrokenProcessPool | ConnectionError):
+        return e
+    return EngineError(
+        "a host process ended abruptly (killed, out of memory, or it failed to start: a script that "
+        'runs a job must do so under `if __name__ == "__main__":`); rerun to resume'
+    )
+
+
+def _pack(ids: Sequence[np.ndarray]) -> PackedIds:
+    return np.concatenate(ids), np.array([len(x) for x in ids], np.int64)
+
+
+def _unpack(packed: PackedIds) -> list[np.ndarray]:
+    flat, lengths = packed
+    return np.split(flat, np.cumsum(lengths)[:-1])
+
+
+# -- in a host process --------------------------------------------------------------------------------
+#: Its WindowJob, and the windows it has prepared and not yet finished.
+_job: WindowJob | None = None
+_windows: dict[int, Window] = {}
+
+
+def _start(environ: dict[str, str], model: ModelShape, batch_tokens: int, max_batch_size: int,
+           part_writer: PartWriter, pass_info: PassInfo, store_text: bool) -> None:  # fmt: skip
+    """A host process's set-up. Ctrl-C and a closed terminal's SIGHUP are left to the job's process,
+    which waits for the window in hand before it cleans up; the job's environment as it is now (the
+    fork server has the first job's); and it ends with the job's process (killed: the one the kernel
+    picks when memory runs out), which it would otherwise outlive, waiting for a task."""
+    global _job
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    threading.Thread(target=_end_with_job, name="job-watch", daemon=True).start()
+    os.environ.clear()
+    os.environ.update(environ)
+    tune_runtime()
+    _job = WindowJob(model, batch_tokens, max_batch_size, part_writer, pass_info, 1, store_text)
+
+
+def _end_with_job() -> None:
+    multiprocessing.parent_process().join()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _prepare(seq: int, rows: WindowRows) -> list[PackedIds]:
+    assert _job is not None
+    _windows[seq], ids = _job.prepare(rows)
+    return [_pack(batch) for batch in ids]
+
+
+def _finish(seq: int, scored: tuple[list[list[Outputs]], float]) -> StagedPart:
+    assert _job is not None
+    return _job.finish(_windows.pop(seq), *scored)
+
+
+def _usage() -> dict[str, float]:
+    """This process's CPU seconds, page faults and peak memory (MiB); none without ``resource``."""
+    try:
+        import resource
+    except ImportError:
+        return {}
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    rss_mb = r.ru_maxrss / (1 << 20 if sys.platform == "darwin" else 1 << 10)  # bytes there, KiB here
+    return {"cpu_s": r.ru_utime + r.ru_stime, "page_faults": r.ru_minflt, "max_rss_mb": rss_mb}

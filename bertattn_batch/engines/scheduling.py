@@ -1,0 +1,99 @@
+"""The one ordered loop over futures that every engine's windows go through, and the chaining of a
+window's steps across executors.
+
+Usage::
+
+    for part in in_order(windows, executor.submit, bound=4):   # row order, at most 4 in flight
+        commit(part)
+
+    scored = then(encode_pool.submit(encode, rows), model_pool, score)   # score(encode(rows)), there
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, Future, InvalidStateError
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def in_order(items: Iterable[T], submit: Callable[[T], Future[R]], bound: int) -> Iterator[R]:
+    """Submit each item, with at most ``bound`` submitted and not yet handed back, and yield their
+    results in the order submitted.
+
+    When a task fails, or ``items`` raises, the results of every item before it are still yielded
+    (finished work, to be committed), nothing after it; then its error is raised. What is left is
+    cancelled on the way out; whoever runs the tasks waits for those already running."""
+    pending: deque[Future[R]] = deque()
+    items = iter(items)
+    try:
+        while not any(_failed(f) for f in pending):
+            while pending and (len(pending) >= bound or pending[0].done()):
+                yield pending.popleft().result()
+            try:
+                item = next(items)
+            except StopIteration:
+                break
+            except Exception:  # the reader's error, after the work before it
+                while pending:
+                    yield pending.popleft().result()
+                raise
+            pending.append(submit(item))
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+def _failed(future: Future) -> bool:
+    return future.done() and (future.cancelled() or future.exception() is not None)
+
+
+def then(future: Future, executor: Executor, fn: Callable[[Any], R]) -> Future[R]:
+    """The future of ``fn(future.result())``, run on ``executor`` once ``future`` is done. A failure
+    passes on; cancelling the result cancels ``future``."""
+    out: Future[R] = Future()
+
+    def step(done: Future) -> None:
+        if out.cancelled():
+            return
+        try:
+            inner = executor.submit(fn, done.result())
+        except BaseException as e:  # the step before failed or was cancelled, or the executor is closed
+            settle(out, e)
+        else:
+            inner.add_done_callback(lambda f: settle(out, f))
+
+    future.add_done_callback(step)
+    out.add_done_callback(lambda f: f.cancelled() and future.cancel())
+    return out
+
+
+def converted(future: Future[R], convert: Callable[[BaseException], BaseException]) -> Future[R]:
+    """A future of the same outcome as ``future``, its error passed through ``convert``."""
+    out: Future[R] = Future()
+    future.add_done_callback(lambda f: settle(out, f, convert))
+    return out
+
+
+def settle(
+    out: Future, done: Future | BaseException, convert: Callable[[BaseException], BaseException] | None = None
+) -> None:
+    """Give ``out`` the outcome of ``done`` (a future, or an error), its error passed through ``convert``;
+    nothing where ``out`` was cancelled meanwhile."""
+    with contextlib.suppress(InvalidStateError):
+        error = done if isinstance(done, BaseException) else None
+        if error is None and done.cancelled():
+            out.cancel()
+            return
+        if error is None:
+            error = done.exception()
+        if error is not None:
+            out.set_exception(convert(error) if convert else error)
+        else:
+            out.set_result(done.result())
