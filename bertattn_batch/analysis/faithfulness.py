@@ -109,9 +109,12 @@ def faithfulness(
     device: str = "auto",
     progress: bool = False,
     model: str | None = None,
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
 ) -> Faithfulness:
     """Measure every captured head's faithfulness on a sample of the run; write and return the table.
-    ``model``: where the run's model is now, where it is not where the run recorded it (moved)."""
+    ``model``: where the run's model is now, where it is not where the run recorded it (moved). Trust
+    (the model folder's code, pickle weights) is the caller's to give, never read from the run."""
     t0 = time.perf_counter()
     if sample < 1:
         raise SpecError(f"--sample must be at least 1, got {sample}")
@@ -127,7 +130,7 @@ def faithfulness(
     path = faithfulness_path(run)
     check_writable(path.parent, "the faithfulness table")  # before minutes of measuring
     chosen = stratified_sample(preds, sample, seed)
-    clf = _run_classifier(manifest, device, model)
+    clf = _run_classifier(manifest, device, model, trust_remote_code, allow_pickle)
     doc_ids = chosen["doc_id"].to_list()
     ids = with_special_tokens(clf.tokenizer, scored_tokens(run, doc_ids, chosen["n_tokens"].to_list()))
     pred = chosen["pred_id"].to_numpy()
@@ -324,7 +327,9 @@ def _probabilities(clf: Classifier, sequences: Sequence[np.ndarray], progress: b
     return out
 
 
-def _run_classifier(manifest, device: str, source: str | None = None) -> Classifier:
+def _run_classifier(
+    manifest, device: str, source: str | None, trust_remote_code: bool, allow_pickle: bool
+) -> Classifier:
     """The run's model, with the run's layers and length."""
     spec, model = manifest.spec, manifest.model
 
@@ -335,8 +340,8 @@ def _run_classifier(manifest, device: str, source: str | None = None) -> Classif
             device=device,
             dtype=spec.get("dtype", "auto"),
             max_length=model.get("max_length") or spec.get("max_length"),
-            trust_remote_code=bool(spec.get("trust_remote_code")),
-            allow_pickle=bool(spec.get("allow_pickle")),
+            trust_remote_code=trust_remote_code,
+            allow_pickle=allow_pickle,
         )
 
     return load_run_model(manifest, source, load)

@@ -7,8 +7,10 @@ from typing import Annotated
 
 import typer
 
+from ..config import JobSpec
 from ..storage import normalize
 from .base import REDONE, Debug, app, call, setup
+from .options import spec_options
 
 
 def _run_location(value: str | None) -> str | None:
@@ -113,6 +115,7 @@ def aggregate(
 
 
 @app.command()
+@spec_options(JobSpec, only=("trust_remote_code", "allow_pickle"))
 def faithfulness(
     run_dir: RunDir,
     sample: Annotated[
@@ -127,7 +130,9 @@ def faithfulness(
         ),
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
+    *,
     debug: Debug = False,
+    **trust: bool,
 ) -> None:
     """Which heads' attention tracks what moves the prediction; writes RUN/faithfulness/head_faithfulness.parquet.
 
@@ -148,7 +153,9 @@ def faithfulness(
 
     show = progress and sys.stderr.isatty()
     result = call(
-        lambda: measure(run_dir, sample=sample, seed=seed, device=device, progress=show, model=model),
+        lambda: measure(
+            run_dir, sample=sample, seed=seed, device=device, progress=show, model=model, **trust
+        ),
         REDONE,
         completes=True,
     )

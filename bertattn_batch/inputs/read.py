@@ -121,7 +121,9 @@ def read_rows(spec: InputSpec, block_rows: int = BLOCK_ROWS) -> Iterator[RowBatc
     yield from read_sources(check_inputs(spec), spec, block_rows)
 
 
-def read_sources(sources: Iterable[Source], spec: InputSpec, block_rows: int = BLOCK_ROWS) -> Iterator[RowBatch]:
+def read_sources(
+    sources: Iterable[Source], spec: InputSpec, block_rows: int = BLOCK_ROWS
+) -> Iterator[RowBatch]:
     """:func:`read_rows` over sources :func:`check_inputs` gave (a job checks them before its model loads)."""
     text_col, id_col, label_col, limit = spec.text_col, spec.id_col, spec.label_col, spec.limit
     wanted = wanted_columns(text_col, id_col, label_col)

@@ -304,7 +304,9 @@ def finetune_files(
     among = f" among finetune.labels {spec.labels}; labels there: {sorted(seen)[:10]}" if wanted else ""
     unused = f" (rows not used: {dict(sorted(skipped.items()))})" if skipped else ""
     order = class_label_order(expanded, label_col)
-    _label_names(labels, spec.labels, order, f"{', '.join(inputs.paths)} (column {label_col!r})", among + unused)
+    _label_names(
+        labels, spec.labels, order, f"{', '.join(inputs.paths)} (column {label_col!r})", among + unused
+    )
     return finetune(
         texts,
         labels,

@@ -121,7 +121,10 @@ class TrainingPlan:
 
 
 def plan_training(
-    inputs: list[str] | None = None, out: str | None = None, job: str | Path | JobSpec | None = None, **given: Any
+    inputs: list[str] | None = None,
+    out: str | None = None,
+    job: str | Path | JobSpec | None = None,
+    **given: Any,
 ) -> TrainingPlan:
     """A training from files and ``--out``, or from a job spec's model and ``[finetune]`` table (its
     inputs and columns where the table names none; ``inputs`` given replace the files). ``given``: keys

@@ -295,3 +295,23 @@ def test_a_tokenizer_that_does_otherwise_is_warned_of_and_the_runs_token_ids_sco
         got = fa.faithfulness(run_dir, sample=5, seed=3, device="cpu", model=str(model))
     assert got.table.equals(result.table)
     assert "does otherwise than the run's (edited since, or another tokenizers version)" in caplog.text
+
+
+@pytest.mark.parametrize("given", [{}, {"trust_remote_code": True, "allow_pickle": True}])
+def test_trust_is_the_callers_never_the_runs(run_dir, tmp_path, monkeypatch, given):
+    """A run whose manifest says to trust its model's code is loaded without trust unless the caller
+    gives it: a shared run directory cannot make faithfulness import a model folder's Python."""
+    import json
+    import shutil
+
+    from bertattn_batch.model import Classifier
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["spec"].update(trust_remote_code=True, allow_pickle=True)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    seen, load = [], Classifier.load
+    monkeypatch.setattr(Classifier, "load", lambda *a, **k: seen.append(k) or load(*a, **k))
+    fa.faithfulness(run, sample=3, seed=3, device="cpu", **given)
+    assert [(k["trust_remote_code"], k["allow_pickle"]) for k in seen] == [(bool(given), bool(given))]
