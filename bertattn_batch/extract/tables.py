@@ -120,8 +120,7 @@ class Extractor:
         """(cls_attention, head_summary, tokens) for the scored rows among ``rows``.
 
         Built in chunks of whole reviews of at most ``CHUNK_TOKEN_ROWS`` token rows, so that the index
-        arithmetic's temporaries stay a few MB whatever the window, layers and heads (for a whole window
-        at once they were 2.5 times the table); the tables are the chunks' concatenation.
+        arithmetic's temporaries stay a few MB whatever the window, layers and heads.
         """
         scored = [r for r in rows if r.cls_rows is not None]
         per_review = len(self.layers) * self.num_heads
