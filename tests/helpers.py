@@ -171,3 +171,13 @@ def padded_share(lengths, batches) -> tuple[int, int]:
     real = int(sum(lens[b].sum() for b in batches))
     slots = int(sum(len(b) * lens[b].max() for b in batches))
     return real, slots
+
+
+#: The smallest header a RunDir opens with: the fingerprint keys a reopened run compares.
+RUN_HEADER = {
+    "spec": {},
+    "fingerprint": {"inputs": ["/x"], "input_format": "auto", "encoding": "utf-8", "delimiter": None,
+                    "store_text": True},
+    "model": {},
+    "versions": {},
+}  # fmt: skip

@@ -9,6 +9,7 @@ import threading
 
 import pyarrow as pa
 import pytest
+from helpers import RUN_HEADER
 from typer.testing import CliRunner
 
 from bertattn_batch import schema, storage
@@ -19,13 +20,7 @@ from bertattn_batch.errors import RunDirError
 from bertattn_batch.run import MANIFEST, StoredRunDir, read_manifest
 
 runner = CliRunner()
-HEADER = {
-    "spec": {},
-    "fingerprint": {"inputs": ["/x"], "input_format": "auto", "encoding": "utf-8", "delimiter": None,
-                    "store_text": True},
-    "model": {},
-    "versions": {},
-}  # fmt: skip
+HEADER = RUN_HEADER
 REFUSED = "committed to this run since this one last did"
 
 

@@ -7,18 +7,13 @@ import json
 
 import pyarrow as pa
 import pytest
+from helpers import RUN_HEADER
 
 from bertattn_batch import schema
 from bertattn_batch.errors import RunDirError
 from bertattn_batch.run import MANIFEST, RunDir, read_manifest
 
-HEADER = {
-    "spec": {},
-    "fingerprint": {"inputs": ["/x"], "input_format": "auto", "encoding": "utf-8", "delimiter": None,
-                    "store_text": True},
-    "model": {},
-    "versions": {},
-}  # fmt: skip
+HEADER = RUN_HEADER
 
 
 def _tables() -> dict[str, pa.Table]:

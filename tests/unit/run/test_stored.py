@@ -10,18 +10,13 @@ import uuid
 
 import pyarrow as pa
 import pytest
+from helpers import RUN_HEADER
 
 from bertattn_batch import schema, storage
 from bertattn_batch.errors import RunDirError
 from bertattn_batch.run import MANIFEST, RunDir, StoredRunDir, committed_files, read_manifest, run_dir_class
 
-HEADER = {
-    "spec": {},
-    "fingerprint": {"inputs": ["/x"], "input_format": "auto", "encoding": "utf-8", "delimiter": None,
-                    "store_text": True},
-    "model": {},
-    "versions": {},
-}  # fmt: skip
+HEADER = RUN_HEADER
 
 
 @pytest.fixture
