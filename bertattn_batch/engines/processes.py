@@ -155,10 +155,9 @@ class HostProcesses:
         with signals_deferred():
             if exc[0] is None:
                 self._note_usage()
+            # in turn, each waited for: a second shutdown of a ProcessPoolExecutor does not wait
             for pool in [self._model, *self._pools]:
-                pool.shutdown(wait=False, cancel_futures=True)
-            for pool in [self._model, *self._pools]:
-                pool.shutdown()
+                pool.shutdown(wait=True, cancel_futures=True)
 
     def _note_usage(self) -> None:
         """Their CPU time, page faults and largest peak memory (they are not this process's children);
