@@ -12,7 +12,11 @@ The path::
       ─▶ the engine's executor turns each into the future of a staged part (extract/job.py)
       ─▶ commit each part in row order (scheduling.in_order) ─▶ finalize
 
-Every input row leaves as exactly one predictions row: scored, or with the status that says why not.
+An engine is a context manager that loads the model where windows run, with ``header()`` (the run's
+header), ``executor(part_writer, pass_info, on_batch)`` (a context manager with ``submit(rows)``, the
+future of a staged part, and ``in_flight``, the windows it takes at once), ``describe()`` and
+``timings``. Every input row leaves as exactly one predictions row: scored, or with the status that
+says why not.
 """
 
 from __future__ import annotations
@@ -23,19 +27,18 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from .. import storage
 from .._terminal import bar_size, human_bytes
 from ..config import JobSpec
 from ..errors import InputError
-from ..extract import PartStats, PassInfo, StagedPart, WindowRows, iter_windows
+from ..extract import PartStats, PassInfo, StagedPart, iter_windows
 from ..inputs import Source, check_inputs, count_rows, source_files, streams_as_recorded
 from ..run import (
     PartWriter,
-    RunDir,
     check_read_unchanged,
     refuse_if_held,
     refuse_unsafe_store,
@@ -43,7 +46,6 @@ from ..run import (
     run_dir_class,
 )
 from ..runtime import tune_runtime
-from ..storage import is_remote, name_path
 from ..train import ensure_model
 from .scheduling import in_order
 
@@ -59,28 +61,25 @@ class RunSummary:
     """What a run's pass did; also stored in the manifest (``last_run``)."""
 
     run_dir: str
-    # what earlier passes committed and this one does not redo: the rows a resume starts after, plus
-    # the distinct ids an incremental pass skips
+    # the rows a resume starts after, plus the distinct ids an incremental pass skips
     skipped_committed: int = 0
     stats: PartStats = field(default_factory=PartStats)
     bytes_written: int = 0
     parts_written: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     engine: dict[str, Any] = field(default_factory=dict)  # what the engine says of itself
-    _said_unknown: bool = field(default=False, init=False, repr=False)
 
     def add(self, part: StagedPart) -> None:
+        said = self.stats.tokens >= UNKNOWN_SAMPLE and self.stats.unknown_share > UNKNOWN_WARNING
         self.stats.add(part.stats)
         self.bytes_written += part.entry.bytes
         self.parts_written += 1
-        share = self.stats.unknown_share
-        if share > UNKNOWN_WARNING and self.stats.tokens >= UNKNOWN_SAMPLE and not self._said_unknown:
-            self._said_unknown = True  # said as soon as it shows, so that a long job can be stopped
-            log.warning(
+        if not said and self.stats.tokens >= UNKNOWN_SAMPLE and self.stats.unknown_share > UNKNOWN_WARNING:
+            log.warning(  # as soon as it shows, so that a long job can be stopped
                 "%.0f%% of the tokens so far are [UNK]: the model's tokenizer does not fit these texts "
                 "(another language or script, a cased vocabulary lower-cased or the other way round, "
                 "CJK characters not split?); its attention over [UNK] says little",
-                100 * share,
+                100 * self.stats.unknown_share,
             )
 
     input_rows = property(lambda self: self.stats.input_rows)
@@ -97,75 +96,30 @@ class RunSummary:
 
     def as_dict(self) -> dict[str, Any]:
         s = self.stats
-        return {
-            "run_dir": self.run_dir,
-            "input_rows": s.input_rows,
-            "skipped_committed": self.skipped_committed,
-            "scored": s.scored,
-            "status_counts": dict(sorted(s.status_counts.items())),
-            "tokens": s.tokens,
-            "unknown_tokens": s.unknown,
-            "padded_slots": s.padded_slots,
-            "truncated": s.truncated,
-            "bytes_written": self.bytes_written,
-            "parts_written": self.parts_written,
-            "seconds": self.seconds,
-            "padding_share": self.padding_share,
-            "reviews_per_s": self.reviews_per_s,
-            **self.engine,
-        }
+        return {"run_dir": self.run_dir, "input_rows": s.input_rows, "skipped_committed": self.skipped_committed,
+                "scored": s.scored, "status_counts": dict(sorted(s.status_counts.items())), "tokens": s.tokens,
+                "unknown_tokens": s.unknown, "padded_slots": s.padded_slots, "truncated": s.truncated,
+                "bytes_written": self.bytes_written, "parts_written": self.parts_written,
+                "seconds": self.seconds, "padding_share": self.padding_share,
+                "reviews_per_s": self.reviews_per_s, **self.engine}  # fmt: skip
 
     def line(self) -> str:
         s, t = self.stats, self.seconds
-        skipped = sum(v for k, v in s.status_counts.items() if k != "ok")
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(s.status_counts.items()) if k != "ok")
         train = f"train {t['train']:.1f}s, " if "train" in t else ""
-        read_encode = t.get("read", 0) + t.get("encode", 0)
         unknown = f" ({s.unknown_share:.1%} [UNK])" if s.unknown_share >= 0.01 else ""
         return (
-            f"{s.input_rows} reviews ({s.scored} scored, {skipped} not scored"
+            f"{s.input_rows} reviews ({s.scored} scored, {s.input_rows - s.scored} not scored"
             f"{': ' + reasons if reasons else ''}), {s.tokens} tokens{unknown}, "
             f"padding {self.padding_share:.1%}, {self.reviews_per_s:.1f} reviews/s, "
             f"{human_bytes(self.bytes_written)} written in {self.parts_written} parts to {self.run_dir}; "
-            f"time: {train}read+encode {read_encode:.1f}s, model {t.get('model', 0):.1f}s, "
-            f"extract {t.get('extract', 0):.1f}s, write {t.get('write', 0):.1f}s, wall {t.get('wall', 0):.1f}s"
+            f"time: {train}read+encode {t.get('read', 0) + t.get('encode', 0):.1f}s, model "
+            f"{t.get('model', 0):.1f}s, extract {t.get('extract', 0):.1f}s, write {t.get('write', 0):.1f}s, "
+            f"wall {t.get('wall', 0):.1f}s"
         )
 
 
-class Executor(Protocol):
-    """Where windows run: ``submit`` schedules one and returns the future of its staged part. Leaving
-    it waits for the windows still running (a part being written) and drops the rest."""
-
-    #: windows submitted and not yet committed, at most
-    in_flight: int
-
-    def submit(self, rows: WindowRows) -> Future[StagedPart]: ...
-
-    def __enter__(self) -> Executor: ...
-
-    def __exit__(self, *exc: object) -> None: ...
-
-
-class Engine(Protocol):
-    """What ``run_job`` asks of an engine: start (load the model where it runs), describe the model for
-    the run's header, and an executor for a pass's windows. ``timings``: its own seconds."""
-
-    timings: dict[str, float]
-
-    def __enter__(self) -> Engine: ...
-
-    def __exit__(self, *exc: object) -> None: ...
-
-    def header(self) -> dict[str, Any]: ...
-
-    def executor(
-        self, part_writer: PartWriter, pass_info: PassInfo, on_batch: Callable[[int], None]
-    ) -> Executor: ...
-
-    def describe(self) -> dict[str, Any]: ...
-
-
-def engine_for(spec: JobSpec) -> type[Engine]:
+def engine_for(spec: JobSpec) -> type:
     if spec.engine == "ray":
         from .ray import RayEngine
 
@@ -175,23 +129,17 @@ def engine_for(spec: JobSpec) -> type[Engine]:
     return LocalEngine
 
 
-def run_job(
-    spec: JobSpec,
-    progress: bool | None = None,
-    part_writer: type[PartWriter] = PartWriter,
-    engine: type[Engine] | None = None,
-) -> RunSummary:
+def run_job(spec: JobSpec, progress: bool | None = None, part_writer: type[PartWriter] = PartWriter,
+            engine: type | None = None) -> RunSummary:  # fmt: skip
     """Run one extraction job end to end; returns its summary (also written to the manifest).
     ``part_writer`` and ``engine`` replace the classes that write parts and run windows (tests)."""
     tune_runtime()
     show = spec.progress if progress is None else progress
     engine_cls = engine or engine_for(spec)  # imports the model's code: not part of the job's time
     t_start = time.perf_counter()
-    # a mistyped path or column fails here, before a model loads or a cluster starts
+    # refused now, not once a model is trained or loaded, or a cluster joined
     sources = check_inputs(spec.inputs, spec.out)  # of a stream, no more is copied than the job reads
-
-    # refused now, not once the model is trained or loaded, or a cluster joined
-    if is_remote(spec.out):
+    if storage.is_remote(spec.out):
         refuse_unsafe_store(spec.out, spec.unsafe_store_commits)
         refuse_if_held(os.fspath(spec.out))
     if spec.engine == "local":
@@ -203,58 +151,48 @@ def run_job(
         timings["train"] = trained
     summary = RunSummary(run_dir=str(spec.out))
     incremental = spec.on_existing == "incremental"
-    with engine_cls(spec) as eng:
-        header = eng.header()
-        on_existing = "resume" if incremental else spec.on_existing
-        run_dir = run_dir_class(spec.out)
-        with run_dir(spec.out, header, on_existing, part_writer(spec.out), spec.unsafe_store_commits) as run:
-            fingerprint = source_files(sources)
-            limited = run.manifest.limit is not None  # the recorded pass's: it may have read a stream's start
-            compared = streams_as_recorded(sources, fingerprint, run.manifest.sources, limited)
-            by_id, limit = spec.inputs.id_col is not None, spec.inputs.limit
-            point = resume_point(run, incremental, by_id, fingerprint, limit, compared)
-            summary.skipped_committed = point.skipped
-            windows = iter_windows(sources, spec.inputs, spec.window, point, timings)
-            with _progress_bar(spec, show, point.skip_until, sources) as bar:
-                lock = threading.Lock()  # the engine's threads add each batch's reviews
-
-                def advance(n: int) -> None:
-                    with lock:
-                        bar.update(n)
-
-                pass_info = PassInfo(point.generation, run.manifest.run_id)
-                with (
-                    eng.executor(run.part_writer, pass_info, advance) as ex,
-                    contextlib.closing(in_order(windows, ex.submit, ex.in_flight)) as parts,
-                ):
-                    for part in parts:
-                        run.commit(part.entry)
-                        summary.add(part)
-                        advance(part.stats.input_rows - part.stats.scored)  # the scored ones: per batch
-                        bar.set_postfix_str(_postfix(summary, bar.format_dict["elapsed"], spec.workers))
-            if not incremental:  # a pass by id takes what it read; the next one reads what came since
-                _check_read_unchanged(run, fingerprint, sources)
-            timings.update(summary.stats.seconds)
-            timings.update(eng.timings)
-            summary.seconds = {k: round(v, 3) for k, v in timings.items()}
-            summary.seconds["wall"] = round(time.perf_counter() - t_start, 3)
-            summary.engine = eng.describe()
-            run.finalize(summary.as_dict())
+    on_existing = "resume" if incremental else spec.on_existing
+    with (
+        engine_cls(spec) as eng,
+        run_dir_class(spec.out)(
+            spec.out, eng.header(), on_existing, part_writer(spec.out), spec.unsafe_store_commits
+        ) as run,
+    ):
+        fingerprint = source_files(sources)
+        limited = run.manifest.limit is not None  # the recorded pass's: it may have read a stream's start
+        compared = streams_as_recorded(sources, fingerprint, run.manifest.sources, limited)
+        by_id = spec.inputs.id_col is not None
+        point = resume_point(run, incremental, by_id, fingerprint, spec.inputs.limit, compared)
+        summary.skipped_committed = point.skipped
+        windows = iter_windows(sources, spec.inputs, spec.window, point, timings)
+        with _progress_bar(spec, show, point.skip_until, sources) as (bar, advance):
+            pass_info = PassInfo(point.generation, run.manifest.run_id)
+            with (
+                eng.executor(run.part_writer, pass_info, advance) as ex,
+                contextlib.closing(in_order(windows, ex.submit, ex.in_flight)) as parts,
+            ):
+                for part in parts:
+                    run.commit(part.entry)
+                    summary.add(part)
+                    advance(part.stats.input_rows - part.stats.scored)  # the scored ones: per batch
+                    bar.set_postfix_str(_postfix(summary, bar.format_dict["elapsed"], spec.workers))
+        if not incremental:  # a pass by id takes what it read; the next one reads what came since
+            try:
+                now = source_files(sources)
+            except OSError as e:
+                raise InputError(
+                    f"{run.run_dir}: {e.filename or 'an input file'} went while this run read it "
+                    f"({e.strerror or e}), so its tables may lack its rows; once the inputs are final, "
+                    "rerun with --overwrite"
+                ) from None
+            check_read_unchanged(run, fingerprint, now)
+        timings.update(summary.stats.seconds)
+        timings.update(eng.timings)
+        summary.seconds = {k: round(v, 3) for k, v in timings.items()}
+        summary.seconds["wall"] = round(time.perf_counter() - t_start, 3)
+        summary.engine = eng.describe()
+        run.finalize(summary.as_dict())
     return summary
-
-
-def _check_read_unchanged(run: RunDir, fingerprint: list[dict[str, Any]], sources: list[Source]) -> None:
-    """The input files are still those the pass began with (``run.check_read_unchanged``); one gone
-    since is said so too."""
-    try:
-        now = source_files(sources)
-    except OSError as e:
-        gone = e.filename or "an input file"
-        raise InputError(
-            f"{run.run_dir}: {gone} went while this run read it ({e.strerror or e}), so its tables may "
-            "lack its rows; once the inputs are final, rerun with --overwrite"
-        ) from None
-    check_read_unchanged(run, fingerprint, now)
 
 
 def _postfix(summary: RunSummary, elapsed: float, workers: int) -> str:
@@ -267,7 +205,8 @@ def _postfix(summary: RunSummary, elapsed: float, workers: int) -> str:
 
 @contextlib.contextmanager
 def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -> Iterator[Any]:
-    """The job's progress bar, redrawn every second so that its time moves while a window is scored."""
+    """The job's progress bar, redrawn every second so that its time moves while a window is scored,
+    and a thread-safe ``advance(n)`` for the engine's threads."""
     from tqdm.auto import tqdm
 
     total = None
@@ -276,10 +215,13 @@ def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -
             total = count_rows(sources)
         if total is not None and spec.inputs.limit is not None:
             total = min(total, spec.inputs.limit)
-    name = f"extract {name_path(spec.out).name}"
-    bar = tqdm(total=total, initial=done if total else 0, desc=name, unit="review", disable=not show,
-               smoothing=0.1, **bar_size())  # fmt: skip
-    stop = threading.Event()
+    bar = tqdm(total=total, initial=done if total else 0, desc=f"extract {storage.name_path(spec.out).name}",
+               unit="review", disable=not show, smoothing=0.1, **bar_size())  # fmt: skip
+    lock, stop = threading.Lock(), threading.Event()
+
+    def advance(n: int) -> None:
+        with lock:
+            bar.update(n)
 
     def tick() -> None:
         while not stop.wait(1.0):
@@ -289,7 +231,7 @@ def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -
     if show:
         ticker.start()
     try:
-        yield bar
+        yield bar, advance
     finally:
         stop.set()
         if show:

@@ -18,8 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -43,10 +42,8 @@ MAX_HOST_PROCESSES = 16
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class FeedPlan:
-    """How the model is fed: windows read ahead of it, threads that encode a window, and threads that
-    extract and write windows (each its own)."""
+class FeedPlan(NamedTuple):
+    """Windows read ahead of the model, threads that encode a window, threads that stage windows."""
 
     ahead: int
     encode_threads: int
@@ -54,14 +51,10 @@ class FeedPlan:
 
 
 def feed_plan(device: torch.device) -> FeedPlan:
-    """The plan for this process's cores and ``device``.
-
-    On the CPU, where torch's threads take every core, reading and encoding beside them would preempt
-    them in the middle of their operations: a window is read and encoded (on every core) only once the
-    model is done with the one before, and one thread writes beside the model. Elsewhere two windows
-    are read ahead, and encoding and writing each get a thread per free core (every core beside an
-    accelerator; the cores torch leaves on the CPU).
-    """
+    """The plan for this process's cores and ``device``. On the CPU, where torch's threads take every
+    core, reading and encoding beside them would preempt them mid-operation: a window is read and
+    encoded (on every core) only once the model is done with the one before, and one thread writes.
+    Elsewhere two windows are read ahead, and encoding and staging get a thread per free core."""
     cores = _cores()
     if device.type == "cpu" and torch.get_num_threads() >= cores:
         return FeedPlan(0, min(cores, MAX_ENCODE_THREADS), 1)
@@ -96,21 +89,17 @@ def check_host_processes(spec: JobSpec) -> None:
         )
     if asked > cores:
         log.warning(
-            "%d host processes on %d cores: they take turns on the cores, each with its own tokenizer "
-            "and windows in memory; leave --host-processes (a job's host_processes) out for the "
-            "default of the device",
-            asked,
-            cores,
-        )
+            "%d host processes on %d cores: they take turns on the cores, each with its own tokenizer and "
+            "windows in memory; leave --host-processes (a job's host_processes) out for the default of "
+            "the device", asked, cores,
+        )  # fmt: skip
 
 
 class LocalEngine:
     """Loads the model in this process and runs every window here."""
 
     def __init__(self, spec: JobSpec) -> None:
-        self.spec = spec
-        self.timings: Counter = Counter()
-        self._usage: dict[str, float] = {}
+        self.spec, self.timings, self._usage = spec, Counter(), {}
 
     def __enter__(self) -> LocalEngine:
         t0 = time.perf_counter()
@@ -140,14 +129,13 @@ class LocalEngine:
         self, part_writer: PartWriter, pass_info: PassInfo, on_batch: Callable[[int], None]
     ) -> Threads | processes.HostProcesses:
         spec, clf = self.spec, self.clf
-        batch_tokens, max_batch_size = spec.batch_budget(clf.device_type)
+        budget = spec.batch_budget(clf.device_type)
         if n := host_processes(spec.host_processes, clf.device):
-            job = (batch_tokens, max_batch_size, part_writer, pass_info, spec.store_text)
+            job = (*budget, part_writer, pass_info, spec.store_text)
             return processes.HostProcesses(n, clf, job, on_batch, self.timings, self._usage)
         plan = feed_plan(clf.device)
-        job = WindowJob(clf, batch_tokens, max_batch_size, part_writer, pass_info, plan.encode_threads,
-                        spec.store_text)  # fmt: skip
-        return Threads(job, plan, on_batch)
+        return Threads(WindowJob(clf, *budget, part_writer, pass_info, plan.encode_threads, spec.store_text),
+                       plan, on_batch)  # fmt: skip
 
 
 class Threads:
@@ -176,7 +164,7 @@ class Threads:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        with signals_deferred():
+        with signals_deferred():  # the part in hand is finished, the windows queued dropped
             for pool in self._pools:
                 pool.shutdown(wait=False, cancel_futures=True)
             for pool in self._pools:

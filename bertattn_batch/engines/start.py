@@ -26,18 +26,18 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
     import torch
     import transformers
 
-    dtype = str(clf.dtype).removeprefix("torch.")
+    dtype, inputs = str(clf.dtype).removeprefix("torch."), spec.inputs
+    labels = {str(k): v for k, v in clf.id2label.items()}
     fingerprint = {
         "model_sha256": clf.weights_sha256,
         "model_config_sha256": clf.config_sha256,  # heads, activation, epsilon edited beside the same weights
-        # the model folder's other files: labels renamed or a tokenizer changed beside the same weights
-        "labels": {str(k): v for k, v in clf.id2label.items()},
+        "labels": labels,  # the model folder's other files: labels or a tokenizer changed beside the weights
         "tokenizer_sha256": tokenizer_hash(clf.tokenizer),
-        "inputs": [storage.absolute(p) for p in spec.inputs.paths],  # the same files, from any directory
-        "columns": [spec.inputs.text_col, spec.inputs.id_col, spec.inputs.label_col],
-        "input_format": spec.inputs.format,  # the same file read as another format has other rows
-        "encoding": spec.inputs.encoding,
-        "delimiter": spec.inputs.delimiter,
+        "inputs": [storage.absolute(p) for p in inputs.paths],  # the same files, from any directory
+        "columns": [inputs.text_col, inputs.id_col, inputs.label_col],
+        "input_format": inputs.format,  # the same file read as another format has other rows
+        "encoding": inputs.encoding,
+        "delimiter": inputs.delimiter,
         "layers": clf.layers,
         "max_length": clf.max_length,
         "dtype": dtype,
@@ -47,40 +47,25 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
     }
     fingerprint["job_sha256"] = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     source = located(clf.source)
-    return {
-        "spec": {
-            **spec.to_dict(),
-            "inputs": list(map(storage.redact, spec.inputs.paths)),
-            "model": located(spec.model),
-        },
-        "fingerprint": fingerprint,
-        "model": {
-            "source": source,
-            "weights_sha256": clf.weights_sha256,
-            "config_sha256": clf.config_sha256,
-            "model_type": clf.model.config.model_type,
-            "word_continuation": clf.word_continuation,
-            "byte_level": clf.byte_level,
-            "num_layers": clf.num_layers,
-            "num_heads": clf.num_heads,
-            "layers": clf.layers,
-            "id2label": {str(k): v for k, v in clf.id2label.items()},
-            "max_length": clf.max_length,
-            "dtype": dtype,
-            "device": str(clf.device),
-            "attention": spec.attention,
-            "training": training_record(resolve_source(source)),
-        },
-        "versions": {
-            "bertattn_batch": __version__,
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__,
-            "pyarrow": pyarrow.__version__,
-        },
+    model = {
+        "source": source, "weights_sha256": clf.weights_sha256, "config_sha256": clf.config_sha256,
+        "model_type": clf.model.config.model_type, "word_continuation": clf.word_continuation,
+        "byte_level": clf.byte_level, "num_layers": clf.num_layers, "num_heads": clf.num_heads,
+        "layers": clf.layers, "id2label": labels, "max_length": clf.max_length, "dtype": dtype,
+        "device": str(clf.device), "attention": spec.attention,
+        "training": training_record(resolve_source(source)),
+    }  # fmt: skip
+    versions = {
+        "bertattn_batch": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__, "pyarrow": pyarrow.__version__,
+    }  # fmt: skip
+    spec_dict = {
+        **spec.to_dict(),
+        "inputs": list(map(storage.redact, inputs.paths)),
+        "model": located(spec.model),
     }
+    return {"spec": spec_dict, "fingerprint": fingerprint, "model": model, "versions": versions}
 
 
 def located(model: str) -> str:
@@ -96,32 +81,22 @@ def load_classifier(spec: JobSpec) -> Any:
     has other weights than the run it continues (a folder trained again since), that is what is said."""
     try:
         return Classifier.load(
-            spec.model,
-            layers=spec.layers,
-            device=spec.device,
-            dtype=spec.dtype,
-            attention=spec.attention,
-            max_length=spec.max_length,
-            trust_remote_code=spec.trust_remote_code,
-            allow_pickle=spec.allow_pickle,
-            trim_last_layer=spec.trim_last_layer,
-            value_zeroing=spec.value_zeroing,
-            compile=spec.compile,
-        )
+            spec.model, layers=spec.layers, device=spec.device, dtype=spec.dtype, attention=spec.attention,
+            max_length=spec.max_length, trust_remote_code=spec.trust_remote_code,
+            allow_pickle=spec.allow_pickle, trim_last_layer=spec.trim_last_layer,
+            value_zeroing=spec.value_zeroing, compile=spec.compile,
+        )  # fmt: skip
     except (SpecError, ModelError) as e:
-        resumes = spec.on_existing in ("resume", "incremental")
-        if resumes and (other := other_model_files(spec.model, _run_model(spec.out))):
+        if spec.on_existing not in ("resume", "incremental"):
+            raise
+        try:
+            recorded = read_manifest(spec.out).model
+        except (RunDirError, OSError):
+            recorded = {}
+        if other := other_model_files(spec.model, recorded):
             raise RunDirError(
                 f"{spec.out} was made with {other} than the model at {spec.model} now has (trained "
                 f"again since?), which does not load with the run's settings ({first_line(e)}); pass "
                 "--overwrite or choose another --out"
             ) from None
         raise
-
-
-def _run_model(run_dir: str) -> dict:
-    """The model the run in ``run_dir`` records (its hashes), if there is a readable run there."""
-    try:
-        return read_manifest(run_dir).model
-    except (RunDirError, OSError):
-        return {}
