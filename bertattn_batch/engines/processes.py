@@ -11,7 +11,6 @@ may hold threads and a CUDA context. No torch here: the fork server imports this
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import multiprocessing
 import os
@@ -20,25 +19,24 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from functools import partial
 from multiprocessing import forkserver, resource_tracker
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import EngineError
-from ..extract.job import PassInfo, StagedPart, Window, WindowJob
+from ..extract.job import StagedPart, Window, WindowJob
 from ..runtime import signals_deferred, tune_runtime
 from .scheduling import converted, then
 
 if TYPE_CHECKING:
     from ..extract.windows import WindowRows
     from ..model import Classifier, Outputs
-    from ..run import PartWriter
 
 #: What the fork server imports before any fork, where each host process would import it on its own.
 PRELOAD = [__name__, "transformers", "transformers.models"]
@@ -46,57 +44,33 @@ PRELOAD = [__name__, "transformers", "transformers.models"]
 #: freed memory is kept for the next window, which allocates about what the last one freed, rather
 #: than mapped afresh and faulted in again (docs/performance.md).
 HOST_MALLOC = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=268435456"
+#: What the host side of a window asks of a classifier, sent to a host process in its place.
+SHAPE = ("tokenizer", "max_length", "layers", "num_heads", "labels", "value_zeroing", "device_type")
 
 #: A batch's token ids as one array and each review's length: pickled in one piece.
 PackedIds = tuple[np.ndarray, np.ndarray]
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """What the host side of a window needs of a classifier, sent to a host process in its place: its
-    tokenizer and the shapes of its outputs, not its weights."""
-
-    tokenizer: Any
-    max_length: int
-    layers: list[int]
-    num_heads: int
-    labels: list[str]
-    value_zeroing: bool
-    device_type: str  # where the model runs, which sizes its batches
-
-    @classmethod
-    def of(cls, clf: Classifier) -> ModelShape:
-        return cls(clf.tokenizer, clf.max_length, list(clf.layers), clf.num_heads, list(clf.labels),
-                   clf.value_zeroing, clf.device_type)  # fmt: skip
-
-
 def start_server() -> multiprocessing.context.BaseContext:
     """The fork server's context, the server started if it is not yet (its imports run while the
-    caller goes on). The resource tracker and the server start deaf to what reaches the whole process
-    group (Ctrl-C, a closed terminal's SIGHUP), each in a block of its own (the tracker unblocks SIGINT
-    as it starts), and so are the host processes forked from the server; the job's process decides."""
+    caller goes on). The resource tracker and the server start with SIGINT and SIGHUP blocked (what
+    reaches the whole process group: Ctrl-C, a closed terminal), each in a block of its own (the
+    tracker unblocks SIGINT as it starts), and so do the host processes forked from the server; the
+    job's process decides. They also start with :data:`HOST_MALLOC` where the user set no malloc tunable."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     tuned = not any(k.startswith("MALLOC_") or k == "GLIBC_TUNABLES" for k in os.environ)
     for start in (resource_tracker.ensure_running, forkserver.ensure_running):
-        with _started_deaf(tuned):
-            start()
-    return ctx
-
-
-@contextlib.contextmanager
-def _started_deaf(tuned: bool) -> Iterator[None]:
-    """SIGINT and SIGHUP blocked in this thread, and :data:`HOST_MALLOC` in the environment, for the
-    processes started in the block."""
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGHUP})
-    if tuned:
-        os.environ["GLIBC_TUNABLES"] = HOST_MALLOC
-    try:
-        yield
-    finally:
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGHUP})
         if tuned:
-            del os.environ["GLIBC_TUNABLES"]
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+            os.environ["GLIBC_TUNABLES"] = HOST_MALLOC
+        try:
+            start()
+        finally:
+            if tuned:
+                del os.environ["GLIBC_TUNABLES"]
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    return ctx
 
 
 class HostProcesses:
@@ -108,7 +82,8 @@ class HostProcesses:
                  seconds: Counter, usage: dict[str, float]) -> None:  # fmt: skip
         self.clf, self.on_batch, self.seconds, self.usage = clf, on_batch, seconds, usage
         self.in_flight = 3 * n
-        args = (dict(os.environ), ModelShape.of(clf), *job)
+        shape = SimpleNamespace(**{k: getattr(clf, k) for k in SHAPE})  # not its weights
+        args = (dict(os.environ), shape, *job)
         ctx = start_server()
         self._model = ThreadPoolExecutor(1, "model")
         self._pools: list[ProcessPoolExecutor] = []
@@ -141,9 +116,10 @@ class HostProcesses:
 
         t0 = time.perf_counter()
         outputs = []
-        for packed, out in zip(ids, score_batches(self.clf, map(_unpack, ids), self.seconds), strict=True):
+        batches = [np.split(flat, np.cumsum(lengths)[:-1]) for flat, lengths in ids]
+        for (_, lengths), out in zip(ids, score_batches(self.clf, batches, self.seconds), strict=True):
             outputs.append(out)
-            self.on_batch(len(packed[1]))
+            self.on_batch(len(lengths))
         return outputs, time.perf_counter() - t0
 
     def __enter__(self) -> HostProcesses:
@@ -151,25 +127,20 @@ class HostProcesses:
 
     def __exit__(self, *exc: object) -> None:
         """Wait for the windows the processes have in hand (a part being written), drop the rest, and
-        end the processes; after a run, note what they used first."""
+        end the processes; after a run, note their CPU time, page faults and largest peak memory (they
+        are not this process's children) first."""
         with signals_deferred():
-            if exc[0] is None:
-                self._note_usage()
+            try:
+                each = [pool.submit(_usage).result() for pool in self._pools] if exc[0] is None else []
+            except (BrokenProcessPool, OSError):
+                each = []
+            if each and all(each):
+                self.usage.update({f"host_processes_{k}": round(sum(u[k] for u in each), 3)
+                                   for k in ("cpu_s", "page_faults")})  # fmt: skip
+                self.usage["largest_host_process_max_rss_mb"] = round(max(u["max_rss_mb"] for u in each), 1)
             # in turn, each waited for: a second shutdown of a ProcessPoolExecutor does not wait
             for pool in [self._model, *self._pools]:
                 pool.shutdown(wait=True, cancel_futures=True)
-
-    def _note_usage(self) -> None:
-        """Their CPU time, page faults and largest peak memory (they are not this process's children);
-        nothing where a process ended early."""
-        try:
-            each = [pool.submit(_usage).result() for pool in self._pools]
-        except (BrokenProcessPool, OSError):
-            return
-        if all(each):
-            self.usage.update({f"host_processes_{k}": round(sum(u[k] for u in each), 3)
-                               for k in ("cpu_s", "page_faults")})  # fmt: skip
-            self.usage["largest_host_process_max_rss_mb"] = round(max(u["max_rss_mb"] for u in each), 1)
 
 
 def _ended(e: BaseException) -> BaseException:
@@ -181,23 +152,13 @@ def _ended(e: BaseException) -> BaseException:
     )
 
 
-def _pack(ids: Sequence[np.ndarray]) -> PackedIds:
-    return np.concatenate(ids), np.array([len(x) for x in ids], np.int64)
-
-
-def _unpack(packed: PackedIds) -> list[np.ndarray]:
-    flat, lengths = packed
-    return np.split(flat, np.cumsum(lengths)[:-1])
-
-
 # -- in a host process --------------------------------------------------------------------------------
 #: Its WindowJob, and the windows it has prepared and not yet finished.
 _job: WindowJob | None = None
 _windows: dict[int, Window] = {}
 
 
-def _start(environ: dict[str, str], model: ModelShape, batch_tokens: int, max_batch_size: int,
-           part_writer: PartWriter, pass_info: PassInfo, store_text: bool) -> None:  # fmt: skip
+def _start(environ: dict[str, str], shape: Any, *job: Any) -> None:
     """A host process's set-up. Ctrl-C and a closed terminal's SIGHUP are left to the job's process,
     which waits for the window in hand before it cleans up; the job's environment as it is now (the
     fork server has the first job's); and it ends with the job's process (killed: the one the kernel
@@ -209,7 +170,8 @@ def _start(environ: dict[str, str], model: ModelShape, batch_tokens: int, max_ba
     os.environ.clear()
     os.environ.update(environ)
     tune_runtime()
-    _job = WindowJob(model, batch_tokens, max_batch_size, part_writer, pass_info, 1, store_text)
+    batch_tokens, max_batch_size, part_writer, pass_info, store_text = job
+    _job = WindowJob(shape, batch_tokens, max_batch_size, part_writer, pass_info, 1, store_text)
 
 
 def _end_with_job() -> None:
@@ -220,7 +182,7 @@ def _end_with_job() -> None:
 def _prepare(seq: int, rows: WindowRows) -> list[PackedIds]:
     assert _job is not None
     _windows[seq], ids = _job.prepare(rows)
-    return [_pack(batch) for batch in ids]
+    return [(np.concatenate(batch), np.array([len(x) for x in batch], np.int64)) for batch in ids]
 
 
 def _finish(seq: int, scored: tuple[list[list[Outputs]], float]) -> StagedPart:

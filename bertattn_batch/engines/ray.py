@@ -5,6 +5,9 @@ Usage::
     bertattn extract reviews/ --model models/zh-senti --out runs/r1 --engine ray --workers 4
     bertattn run jobs/default.toml --engine ray --ray-address ray://head:10001   # or RAY_ADDRESS=...
 
+    with ray_runtime(address=None, num_cpus=2) as ray:   # RAY_ADDRESS, or a local runtime on loopback
+        ...
+
     driver: read + number the rows, cut the windows (the one rule, extract/windows.py)
        ──▶ an actor per worker (one GPU each where the cluster has GPUs): encode, score, extract and
            stage the window's part (extract/job.py), at most ``IN_FLIGHT_PER_WORKER`` windows each
@@ -19,23 +22,24 @@ run/stored.py) and hand back only the manifest entry; the driver alone writes th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import signal
+import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 from .. import errors
 from ..config import JobSpec
-from ..errors import BertAttnError, EngineError, SpecError, first_line
+from ..errors import BertAttnError, EngineError, SpecError, Terminated, first_line
 from ..extract import PassInfo, StagedPart, WindowJob, WindowRows
 from ..run import PartWriter
 from ..runtime import tune_runtime
-from .ray_runtime import ray_runtime
 from .scheduling import converted
 from .start import load_classifier, located, run_header
 
@@ -47,9 +51,14 @@ IN_FLIGHT_PER_WORKER = 2
 MAX_RETRIES = 3
 #: Environment variables a worker needs to see as the driver does (offline hub, tokenizer threads).
 _WORKER_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_HUB_CACHE")
+INSTALL_HINT = "pip install '.[ray]' in a checkout (or pip install 'ray[data]')"
+#: On Linux, Ray binds a local runtime to the machine's outward address unless this is "0".
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+#: After this long joining a cluster, a line says so (Ray itself says nothing while it retries).
+JOIN_WARN_SECONDS = 30.0
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Placement:
     """What each model worker asks Ray for, and the device it loads the model on."""
 
@@ -72,32 +81,18 @@ def plan_placement(spec: JobSpec, cluster_cpus: float, node_cpus: float, cluster
     return Placement(cpus=share, gpus=0, device="cpu" if spec.device == "auto" else spec.device)
 
 
-def _cluster_shape(ray: Any) -> tuple[float, float, float]:
-    res = ray.cluster_resources()
-    node_cpus = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")), default=1)
-    return res.get("CPU", 1), node_cpus, res.get("GPU", 0)
-
-
 class WindowActor:
     """A Ray actor: loads the model once, then runs whole windows (``extract.WindowJob``)."""
 
-    def __init__(
-        self,
-        spec: JobSpec,
-        part_writer: PartWriter,
-        pass_info: PassInfo,
-        threads: int,
-        env: dict[str, str],
-    ) -> None:
+    def __init__(self, spec: JobSpec, part_writer: PartWriter, pass_info: PassInfo, threads: int,
+                 env: dict[str, str]) -> None:  # fmt: skip
         os.environ.update(env)
         import torch
 
         torch.set_num_threads(max(1, threads))
         clf = load_classifier(spec)
-        batch_tokens, max_batch_size = spec.batch_budget(clf.device_type)
-        self.job = WindowJob(
-            clf, batch_tokens, max_batch_size, part_writer, pass_info, store_text=spec.store_text
-        )
+        budget = spec.batch_budget(clf.device_type)
+        self.job = WindowJob(clf, *budget, part_writer, pass_info, store_text=spec.store_text)
 
     def run(self, rows: WindowRows) -> StagedPart:
         return self.job(rows)
@@ -113,8 +108,7 @@ class RayEngine:
     actor_cls: type[WindowActor] = WindowActor
 
     def __init__(self, spec: JobSpec) -> None:
-        self.spec = spec
-        self.timings: dict[str, float] = {}
+        self.spec, self.timings = spec, {}
         self._runtime: Any = None
 
     def __enter__(self) -> RayEngine:
@@ -126,11 +120,12 @@ class RayEngine:
         ray = self.ray = self._runtime.__enter__()
         self.timings["ray_start"] = time.perf_counter() - t0
         try:
-            self.place = plan_placement(spec, *_cluster_shape(ray))
+            res = ray.cluster_resources()
+            node_cpus = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")), default=1)
+            self.place = plan_placement(spec, res.get("CPU", 1), node_cpus, res.get("GPU", 0))
             # the model by its absolute path: a worker on a cluster's node runs in the raylet's directory
-            model = located(spec.model)
             self.worker_spec = dataclasses.replace(  # (host_processes: warned of once, in spec)
-                spec, model=model, device=self.place.device, progress=False, host_processes=None
+                spec, model=located(spec.model), device=self.place.device, progress=False, host_processes=None
             )
             if self.place.gpus or address:  # the workers' device and files decide dtype and model hash
                 task = ray.remote(_header_of).options(num_cpus=1, num_gpus=self.place.gpus)
@@ -156,45 +151,38 @@ class RayEngine:
     def executor(
         self, part_writer: PartWriter, pass_info: PassInfo, on_batch: Callable[[int], None]
     ) -> Actors:
-        """A pool of :class:`WindowActor` for a pass. What Ray raises comes back as the project's error
-        (:func:`_as_ours`); the driver's own errors (reading the inputs) pass through as they are."""
-        ray, place = self.ray, self.place
+        """A pool of :class:`WindowActor` for a pass."""
+        place = self.place
         env = {k: os.environ[k] for k in _WORKER_ENV if k in os.environ} | tune_runtime()
-        remote = ray.remote(self.actor_cls).options(
+        remote = self.ray.remote(self.actor_cls).options(
             num_cpus=place.cpus, num_gpus=place.gpus, max_restarts=MAX_RETRIES, max_task_retries=MAX_RETRIES
         )
-        actors = _ray_call(
-            lambda: [
-                remote.remote(self.worker_spec, part_writer, pass_info, place.cpus, env)
-                for _ in range(self.spec.workers)
-            ]
-        )
-        return Actors(ray, actors, on_batch, self.timings)
+        args = (self.worker_spec, part_writer, pass_info, place.cpus, env)
+        actors = _ray_call(lambda: [remote.remote(*args) for _ in range(self.spec.workers)])
+        return Actors(self.ray, actors, on_batch)
 
 
 class Actors:
-    """Windows sent to the least loaded of the actors, ``IN_FLIGHT_PER_WORKER`` each at most."""
+    """Windows sent to the least loaded of the actors, ``IN_FLIGHT_PER_WORKER`` each at most. What Ray
+    raises comes back as the project's error (:func:`_as_ours`)."""
 
-    def __init__(self, ray: Any, actors: list[Any], on_batch: Callable[[int], None], timings: dict) -> None:
-        self.ray, self._actors, self.on_batch, self.timings = ray, actors, on_batch, timings
+    def __init__(self, ray: Any, actors: list[Any], on_batch: Callable[[int], None]) -> None:
+        self.ray, self._actors, self.on_batch = ray, actors, on_batch
         self.in_flight = IN_FLIGHT_PER_WORKER * len(actors)
         self._load = [0] * len(actors)
         self._lock = threading.Lock()
-        self._t0 = time.perf_counter()
 
     def submit(self, rows: WindowRows) -> Future[StagedPart]:
         with self._lock:
             k = min(range(len(self._actors)), key=self._load.__getitem__)
             self._load[k] += 1
-        ref = _ray_call(lambda: self._actors[k].run.remote(rows))
-        future = converted(ref.future(), _as_ours)
+        future = converted(_ray_call(lambda: self._actors[k].run.remote(rows)).future(), _as_ours)
         future.add_done_callback(lambda f: self._done(k, f))
         return future
 
     def _done(self, k: int, future: Future[StagedPart]) -> None:
         with self._lock:
             self._load[k] -= 1
-        self.timings.setdefault("first_result", time.perf_counter() - self._t0)
         if not future.cancelled() and future.exception() is None:
             self.on_batch(future.result().stats.scored)
 
@@ -229,3 +217,110 @@ def _as_ours(e: BaseException) -> BaseException:
     return EngineError(
         f"the Ray run failed: {type(root).__name__}: {first_line(root)} (rerun to resume; --debug shows more)"
     )
+
+
+# -- Ray itself: imported on demand, connected to a cluster or a local runtime --------------------------
+def import_ray(local: bool = True) -> Any:
+    """The ``ray`` module, or an EngineError that says how to install it."""
+    if local:
+        os.environ.setdefault(_LOOPBACK_ENV, "0")  # read when ray is first imported
+    try:
+        import ray
+    except ImportError:
+        raise EngineError(f"--engine ray needs Ray, which is not installed: {INSTALL_HINT}") from None
+    return ray
+
+
+@contextlib.contextmanager
+def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: bool = True) -> Iterator[Any]:
+    """Yield ``ray``, connected: to ``address`` (or RAY_ADDRESS), to the runtime this process already
+    has, or to a new local one bound to loopback with no dashboard. A runtime started here stops on exit."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    where = _host_port(address) if address else None
+    if where is not None:  # where nothing listens, ray.init would retry for minutes without a word
+        try:
+            socket.create_connection(where, timeout=5).close()
+        except OSError as e:
+            raise EngineError(
+                f"cannot join the Ray cluster at {address}: nothing answers there ({e.strerror or e}); "
+                "check the address and that the cluster is up"
+            ) from None
+    # a cluster on this machine's loopback is joined there too: Ray would look for it at the outward
+    # address, and retry that for a quarter of an hour
+    on_loopback = where is not None and (where[0] in ("localhost", "::1") or where[0].startswith("127."))
+    ray = import_ray(local=address is None or on_loopback)
+    if ray.is_initialized():
+        yield ray
+        return
+    level = logging.ERROR if quiet else logging.INFO
+    # ray.init replaces SIGTERM's handler with one that aborts (exit 134): ours are put back after it
+    main = threading.current_thread() is threading.main_thread()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    slow = threading.Timer(JOIN_WARN_SECONDS, log.warning, ("%s", f"still joining the Ray cluster at {address}: "
+        "Ray retries an address that answers but does not take it for many minutes; Ctrl-C stops it"))  # fmt: skip
+    slow.daemon = True
+    try:
+        if address:
+            slow.start()
+            ray.init(address=address, log_to_driver=not quiet, logging_level=level)
+        else:
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
+                     _node_ip_address="127.0.0.1", log_to_driver=not quiet, logging_level=level)  # fmt: skip
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        said = " ".join(str(e).split())[:600] or type(e).__name__  # Ray's advice runs over several lines
+        if not address:
+            raise EngineError(f"cannot start a local Ray runtime: {said}") from None
+        raise EngineError(
+            f"cannot join the Ray cluster at {address}: {said}; check the address, and for a "
+            "cluster with token authentication set RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN)"
+        ) from None
+    except (SystemExit, KeyboardInterrupt) as e:  # SIGTERM while Ray starts: its own handler exits
+        with contextlib.suppress(Exception):  # the agents it started would live on, orphaned
+            ray.shutdown()
+        if isinstance(e, SystemExit) and e.code == signal.SIGTERM:
+            raise Terminated from None  # as the CLI's own handler says it: "interrupted", exit 143
+        raise
+    finally:
+        slow.cancel()
+        for sig, handler in handlers.items():
+            if handler is not None:  # even where Python still names it: Ray's is installed below it
+                signal.signal(sig, handler)
+    try:
+        with _raylet_messages_logged(ray, quiet):
+            yield ray
+    finally:
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def _raylet_messages_logged(ray: Any, quiet: bool) -> Iterator[None]:
+    """Ray prints what the cluster pushes to the driver (each failure of a task and its retries, with
+    whole tracebacks: some 140 lines for a model that cannot load) on stderr, whatever ``log_to_driver``
+    says. Quiet, they go to this log's debug level (``--debug`` shows them); the error that ends the job
+    is one line. Through Ray's internal printer, where this version of Ray has it."""
+    module = getattr(getattr(ray, "_private", None), "worker", None)
+    printer = getattr(module, "print_to_stdstream", None)
+    if not quiet or printer is None:
+        yield
+        return
+
+    def routed(data: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(data, dict) and data.get("pid") == "raylet":
+            for line in data.get("lines") or ():
+                log.debug("(raylet) %s", line)
+        else:
+            printer(data, *args, **kwargs)
+
+    module.print_to_stdstream = routed
+    try:
+        yield
+    finally:
+        module.print_to_stdstream = printer
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``host:port`` or ``ray://host:port`` split; None for other forms (``auto``, left to Ray)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host or "/" in host:
+        return None
+    return host.strip("[]"), int(port)

@@ -18,7 +18,7 @@ from helpers import RUN_COLUMNS, SORT_KEYS, manifest_json, read_table
 from bertattn_batch import schema
 from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
-from bertattn_batch.engines.ray_runtime import ray_runtime
+from bertattn_batch.engines.ray import ray_runtime
 from bertattn_batch.errors import WriteError
 from bertattn_batch.run import PartWriter
 

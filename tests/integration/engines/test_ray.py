@@ -29,8 +29,7 @@ from bertattn_batch import schema
 from bertattn_batch.cli import app
 from bertattn_batch.config import JobSpec, from_dict, load_job
 from bertattn_batch.engines import run_job
-from bertattn_batch.engines.ray import RayEngine, WindowActor, plan_placement
-from bertattn_batch.engines.ray_runtime import ray_runtime
+from bertattn_batch.engines.ray import RayEngine, WindowActor, plan_placement, ray_runtime
 from bertattn_batch.errors import EngineError, InputError, ModelError, SpecError, WriteError
 from bertattn_batch.run import PartWriter
 
@@ -415,7 +414,7 @@ def test_sigterm_still_reaches_the_cli_once_ray_has_started(tmp_path):
     marker = tmp_path / "handled"
     code = f"""
 import os, signal, sys
-from bertattn_batch.engines.ray_runtime import ray_runtime
+from bertattn_batch.engines.ray import ray_runtime
 signal.signal(signal.SIGTERM, lambda *_: (open({str(marker)!r}, "w").close(), sys.exit(143)))
 with ray_runtime(num_cpus=1):
     os.kill(os.getpid(), signal.SIGTERM)
@@ -453,7 +452,7 @@ def test_what_the_cluster_pushes_to_the_driver_goes_to_the_debug_log(ray_local, 
     before the one-line error of a model that cannot load), whatever log_to_driver said."""
     import ray._private.worker as ray_worker
 
-    with caplog.at_level(logging.DEBUG, logger="bertattn_batch.engines.ray_runtime"):
+    with caplog.at_level(logging.DEBUG, logger="bertattn_batch.engines.ray"):
         ray_worker.print_to_stdstream(  # as Ray's listener of the cluster's errors calls it
             {
                 "lines": ["Task WindowActor.run failed. There are 3 retries remaining"],
@@ -487,7 +486,7 @@ def test_a_cluster_on_this_machines_loopback_is_joined_there(ray_local):
     address = ray_local.get_runtime_context().gcs_address
     assert address.startswith("127.0.0.1:")
     code = (
-        "from bertattn_batch.engines.ray_runtime import ray_runtime\n"
+        "from bertattn_batch.engines.ray import ray_runtime\n"
         f"with ray_runtime({address!r}) as ray: print(ray.cluster_resources()['CPU'])"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {"RAY_AUTH_MODE": "token"}

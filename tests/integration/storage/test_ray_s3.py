@@ -12,7 +12,7 @@ from helpers import SORT_KEYS, same_job_table
 from bertattn_batch import schema, storage
 from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
-from bertattn_batch.engines.ray_runtime import ray_runtime
+from bertattn_batch.engines.ray import ray_runtime
 from bertattn_batch.run import committed_files, read_manifest
 
 pytestmark = pytest.mark.xdist_group("ray")  # one worker runs every test that starts a Ray runtime
