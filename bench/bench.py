@@ -37,7 +37,7 @@ from harness import Case, Counts, Figure, Method
 
 from bertattn_batch.config import BATCH_DEFAULTS, InputSpec, JobSpec
 from bertattn_batch.engines import load_classifier, run_job
-from bertattn_batch.extract import ModelStage, ScoredRow
+from bertattn_batch.extract import ScoredRow, score_rows
 from bertattn_batch.extract.batching import bucket_batches, chunks
 from bertattn_batch.model import Classifier, resolve_device
 from bertattn_batch.model.encode import Encoded, encode_texts
@@ -124,7 +124,6 @@ def ceiling_method(clf: Classifier, encoded: list[Encoded]) -> Method:
 
 def stage_method(clf: Classifier, encoded: list[Encoded], name: str) -> Method:
     """``stage``, ``stage-full`` (no last-layer trim) or ``stage-zeroing`` (value zeroing too)."""
-    stage = ModelStage(clf, BATCH_TOKENS, MAX_BATCH_SIZE)
     rows = [ScoredRow(i, str(i), None, "ok", encoded=e) for i, e in enumerate(encoded)]
     shapes = _shapes([e.n_tokens for e in encoded])
 
@@ -133,7 +132,7 @@ def stage_method(clf: Classifier, encoded: list[Encoded], name: str) -> Method:
         clf.trim = None if name == "stage-full" else kept
         clf.value_zeroing = name == "stage-zeroing"
         try:
-            real, slots = stage(rows)
+            real, slots = score_rows(clf, rows, BATCH_TOKENS, MAX_BATCH_SIZE)
         finally:
             clf.trim, clf.value_zeroing = kept, False
         return Counts(len(rows), real, slots)

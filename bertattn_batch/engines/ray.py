@@ -256,8 +256,8 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
     # ray.init replaces SIGTERM's handler with one that aborts (exit 134): ours are put back after it
     main = threading.current_thread() is threading.main_thread()
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
-    slow = threading.Timer(JOIN_WARN_SECONDS, log.warning, ("%s", f"still joining the Ray cluster at {address}: "
-        "Ray retries an address that answers but does not take it for many minutes; Ctrl-C stops it"))  # fmt: skip
+    slow = threading.Timer(JOIN_WARN_SECONDS, log.warning, ("still joining the Ray cluster at %s: Ray retries an "
+                           "address that answers but does not take it for many minutes; Ctrl-C stops it", address))  # fmt: skip
     slow.daemon = True
     try:
         if address:

@@ -13,14 +13,14 @@ from .._lazy import lazy_exports
 if TYPE_CHECKING:
     from .batching import BatchPlan, bucket_batches
     from .job import PartStats, PassInfo, StagedPart, Window, WindowJob
-    from .score import ModelStage, score_batches
+    from .score import score_batches, score_rows
     from .tables import Extractor, ScoredRow, minmax_scale, vocab_array
     from .windows import WindowRows, iter_windows, select_rows
 
 _EXPORTS = {
     **dict.fromkeys(["BatchPlan", "bucket_batches"], "batching"),
     **dict.fromkeys(["PartStats", "PassInfo", "StagedPart", "Window", "WindowJob"], "job"),
-    **dict.fromkeys(["ModelStage", "score_batches"], "score"),
+    **dict.fromkeys(["score_rows", "score_batches"], "score"),
     **dict.fromkeys(["Extractor", "ScoredRow", "minmax_scale", "vocab_array"], "tables"),
     **dict.fromkeys(["WindowRows", "iter_windows", "select_rows"], "windows"),
 }
@@ -29,7 +29,6 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = [
     "BatchPlan",
     "Extractor",
-    "ModelStage",
     "PartStats",
     "PassInfo",
     "ScoredRow",
@@ -41,6 +40,7 @@ __all__ = [
     "iter_windows",
     "minmax_scale",
     "score_batches",
+    "score_rows",
     "select_rows",
     "vocab_array",
 ]

@@ -96,16 +96,8 @@ class WindowJob:
     """The steps of one window, with the model loaded once (per process, or per Ray actor). ``clf``:
     the classifier, or for the steps around the model what they ask of it (engines/processes.py)."""
 
-    def __init__(
-        self,
-        clf: Classifier | Any,
-        batch_tokens: int,
-        max_batch_size: int,
-        part_writer: PartWriter,
-        pass_info: PassInfo = PassInfo(),
-        encode_threads: int = 1,
-        store_text: bool = True,
-    ) -> None:
+    def __init__(self, clf: Classifier | Any, batch_tokens: int, max_batch_size: int, part_writer: PartWriter,
+                 pass_info: PassInfo = PassInfo(), encode_threads: int = 1, store_text: bool = True) -> None:  # fmt: skip
         self.clf = clf
         self.part_writer = part_writer
         self.generation = pass_info.generation
@@ -122,12 +114,8 @@ class WindowJob:
         """Tokenize the window's readable rows; a review with no content token becomes ``no_tokens``."""
         t0 = time.perf_counter()
         batch = rows.rows
-        scored = [
-            ScoredRow(
-                batch.row_index[i], batch.doc_id[i], batch.label[i], batch.status[i], text=batch.text[i]
-            )
-            for i in range(len(batch))
-        ]
+        scored = [ScoredRow(batch.row_index[i], batch.doc_id[i], batch.label[i], batch.status[i], text=batch.text[i])
+                  for i in range(len(batch))]  # fmt: skip
         todo = [i for i, r in enumerate(scored) if r.status == "ok"]
         for i, enc in zip(todo, self.encoder([batch.text[i] for i in todo]), strict=True):
             scored[i].encoded = enc
@@ -139,11 +127,11 @@ class WindowJob:
 
     def score(self, window: Window, on_batch: Callable[[int], None] | None = None) -> Window:
         """Run the model over the window's scorable rows; count what it held."""
-        from .score import ModelStage  # torch: here, as a host process never scores
+        from .score import score_rows  # torch: here, as a host process never scores
 
         t0 = time.perf_counter()
-        stage = ModelStage(self.clf, self.batch_tokens, self.max_batch_size)
-        real, slots = stage(window.rows, on_batch, window.stats.seconds)
+        real, slots = score_rows(self.clf, window.rows, self.batch_tokens, self.max_batch_size, on_batch,
+                                 window.stats.seconds)  # fmt: skip
         self._count(window, real, slots, time.perf_counter() - t0)
         return window
 
@@ -181,9 +169,8 @@ class WindowJob:
         t0 = time.perf_counter()
         tables = self.extractor.tables(window.rows)
         if self.unk_id is not None:  # over the window's token ids at once
-            window.stats.unknown = (
-                pc.sum(pc.equal(tables["tokens"].column("token_id"), self.unk_id)).as_py() or 0
-            )
+            unknown = pc.sum(pc.equal(tables["tokens"].column("token_id"), self.unk_id)).as_py()
+            window.stats.unknown = unknown or 0
         t1 = time.perf_counter()
         entry = self.part_writer.stage(
             window.start_row, window.end_row, tables, self.generation, window.digest
@@ -194,9 +181,3 @@ class WindowJob:
 
     def close(self) -> None:
         self.encoder.close()
-
-    def __enter__(self) -> WindowJob:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

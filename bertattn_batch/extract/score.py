@@ -3,8 +3,7 @@ answered by halving.
 
 Usage::
 
-    stage = ModelStage(clf, batch_tokens=16384, max_batch_size=256)
-    real, slots = stage(window.rows)     # fills each scorable row's probs, cls_rows and cls_norms
+    real, slots = score_rows(clf, window.rows, batch_tokens=16384, max_batch_size=256)   # fills them
 
     for outputs in score_batches(clf, batches):   # each batch's (its halves', out of memory), in order
         ...
@@ -88,25 +87,16 @@ def _halves(clf: Classifier, ids: list[np.ndarray]) -> list[PendingOutputs]:
     return launch_batch(clf, ids[:half]) + launch_batch(clf, ids[half:])
 
 
-class ModelStage:
-    """Scores windows in this process: a :class:`BatchPlan` per window, through :func:`score_batches`."""
-
-    def __init__(self, clf: Classifier, batch_tokens: int, max_batch_size: int) -> None:
-        self.clf = clf
-        self.batch_tokens = batch_tokens
-        self.max_batch_size = max_batch_size
-
-    def __call__(
-        self,
-        rows: list[ScoredRow],
-        on_batch: Callable[[int], None] | None = None,
-        seconds: Counter | None = None,
-    ) -> tuple[int, int]:
-        """Fill probs, cls_rows and cls_norms of a window's scorable rows; returns (real tokens, padded
-        slots). ``on_batch(n)`` follows each batch of ``n`` reviews (a progress bar)."""
-        plan = BatchPlan(rows, self.clf, self.batch_tokens, self.max_batch_size)
-        for k, outputs in enumerate(score_batches(self.clf, plan.batch_ids(), seconds)):
-            plan.fill(k, outputs)
-            if on_batch is not None:
-                on_batch(len(plan.batches[k]))
-        return plan.real, plan.slots
+def score_rows(
+    clf: Classifier, rows: list[ScoredRow], batch_tokens: int, max_batch_size: int,
+    on_batch: Callable[[int], None] | None = None, seconds: Counter | None = None,
+) -> tuple[int, int]:  # fmt: skip
+    """Score a window's rows in this process: fill probs, cls_rows and cls_norms of its scorable rows,
+    batch by batch (:class:`BatchPlan`, :func:`score_batches`); returns (real tokens, padded slots).
+    ``on_batch(n)`` follows each batch of ``n`` reviews (a progress bar)."""
+    plan = BatchPlan(rows, clf, batch_tokens, max_batch_size)
+    for k, outputs in enumerate(score_batches(clf, plan.batch_ids(), seconds)):
+        plan.fill(k, outputs)
+        if on_batch is not None:
+            on_batch(len(plan.batches[k]))
+    return plan.real, plan.slots

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from bertattn_batch.analysis.validate import validate_run
 from bertattn_batch.cli import app
 from bertattn_batch.errors import ModelError, SpecError
-from bertattn_batch.extract import ModelStage, ScoredRow, Window
+from bertattn_batch.extract import ScoredRow, Window, score_rows
 from bertattn_batch.extract.batching import bucket_batches
 from bertattn_batch.model import Classifier
 from bertattn_batch.model.encode import encode_texts
@@ -875,8 +875,8 @@ def test_out_of_memory_retries_in_halves(tiny_en_dir, drug_rows):
         return Window(0, 10, rows)
 
     big, reference = window(), window()
-    real, slots = ModelStage(clf, batch_tokens=10_000, max_batch_size=64)(big.rows)
-    ModelStage(base, batch_tokens=10_000, max_batch_size=3)(reference.rows)
+    real, slots = score_rows(clf, big.rows, 10_000, 64)
+    score_rows(base, reference.rows, 10_000, 3)
     assert clf.calls[0] == 10 and max(c for c in clf.calls if c <= 3) <= 3
     # padded slots count the batches that ran, not the one refused: each half pads to its own longest
     (order,) = bucket_batches([r.encoded.n_tokens for r in big.rows], 10_000, 64)
@@ -893,7 +893,7 @@ def test_out_of_memory_retries_in_halves(tiny_en_dir, drug_rows):
         )
     clf.limit = 0
     with pytest.raises(ModelError, match="out of memory on a single review"):
-        ModelStage(clf, batch_tokens=10_000, max_batch_size=64)(window().rows)
+        score_rows(clf, window().rows, 10_000, 64)
 
 
 def test_folder_inputs_and_run_directories_stay_apart(tiny_en_dir, tmp_path):

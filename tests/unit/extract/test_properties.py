@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 import bertattn_batch.extract.tables as extract_tables
-from bertattn_batch.extract import Extractor, ModelStage, ScoredRow, Window
+from bertattn_batch.extract import Extractor, ScoredRow, Window, score_rows
 from bertattn_batch.extract.batching import bucket_batches
 from bertattn_batch.extract.tables import minmax_scale
 from bertattn_batch.model import Outputs
@@ -75,7 +75,7 @@ def test_minmax_scale_is_plain_per_head_minmax(w):
             assert (scaled[idx] == 0).all()
 
 
-# -- (b) per-review slicing of padded [CLS] rows, through ModelStage and Extractor --------------------
+# -- (b) per-review slicing of padded [CLS] rows, through score_rows and Extractor --------------------
 
 
 class PaddedRowsModel:
@@ -157,7 +157,7 @@ def test_extraction_keeps_exactly_each_reviews_content_positions(case):
     window = Window(0, B, rows)
     zeroing = seed % 2 == 0
     model = PaddedRowsModel(truth, extra, labels=3, layers=len(layers), heads=H, value_zeroing=zeroing)
-    ModelStage(model, batch_tokens=batch_tokens, max_batch_size=max_batch)(window.rows)
+    score_rows(model, window.rows, batch_tokens, max_batch)
     vocab = pa.array([f"t{i}" for i in range(vocab_size)])
     with mock.patch.object(extract_tables, "CHUNK_TOKEN_ROWS", chunk):  # chunk borders anywhere, or none
         tables = Extractor(vocab, layers, H, ["a", "b", "c"]).tables(rows)
