@@ -30,12 +30,10 @@ _debug = {"on": False}
 REDONE = "interrupted; nothing was written: rerun the command to compute it again"
 
 
-class _Redacted(logging.Filter):
+def _redacted(record: logging.LogRecord) -> bool:
     """No log message shows a URI's credentials."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = redact(record.getMessage()), ()
-        return True
+    record.msg, record.args = redact(record.getMessage()), ()
+    return True
 
 
 def setup(debug: bool) -> None:
@@ -45,7 +43,7 @@ def setup(debug: bool) -> None:
     root = logging.getLogger()
     if not root.handlers:  # ours, not a notebook's or a test runner's
         logging.basicConfig(level=logging.INFO if debug else logging.WARNING, format="bertattn: %(message)s")
-        root.handlers[0].addFilter(_Redacted())
+        root.handlers[0].addFilter(_redacted)
     # read when transformers and the hub client are first imported (a command may never import them)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

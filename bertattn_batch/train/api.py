@@ -30,41 +30,22 @@ import torch
 from ..config import FinetuneSpec, InputSpec
 from ..errors import InputError, ModelError
 from ..inputs import check_inputs, class_label_order, read_sources, source_files
-from ..model.checks import (
-    position_limit,
-    tokenizer_limit,
-    transformers_version,
-)
+from ..model.checks import position_limit, tokenizer_limit, transformers_version
 from ..model.classifier import warn_above_tokenizer
 from ..model.encode import encode_texts
 from ..storage import is_remote
-from .loop import (
-    accuracy,
-    confusion,
-    learning_rate,
-    macro_f1,
-    predict,
-    seed_everything,
-    split_indices,
-    train_loop,
-)
+from . import loop
+from .loop import accuracy, confusion, learning_rate, macro_f1
 from .models import SPECIAL_TOKENS, start_model
 from .save import HELDOUT_FILE, check_out_dir, out_dir_lock, save_model
 
 log = logging.getLogger(__name__)
 
 
-def finetune(
-    texts: Sequence[str],
-    labels: Sequence[str],
-    out_dir: str | Path,
-    spec: FinetuneSpec,
-    progress: bool = True,
-    skipped_rows: dict[str, int] | None = None,
-    label_order: Sequence[str] = (),
-    doc_ids: tuple[Sequence[str], str | None] | None = None,
-    sources: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+def finetune(texts: Sequence[str], labels: Sequence[str], out_dir: str | Path, spec: FinetuneSpec,
+             progress: bool = True, skipped_rows: dict[str, int] | None = None, label_order: Sequence[str] = (),
+             doc_ids: tuple[Sequence[str], str | None] | None = None,
+             sources: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
     """Train a classifier on (text, label) pairs, save it to ``out_dir`` atomically, return its metrics.
 
     Label ids follow ``spec.labels``; without it, ``label_order`` (a source's own order of its classes)
@@ -80,13 +61,13 @@ def finetune(
     replaces = check_out_dir(out_dir)
     with _training_settings(spec.threads, progress), out_dir_lock(out_dir):
         started = time.monotonic()
-        seed_everything(spec.seed)
+        loop.seed_everything(spec.seed)
         label_id = {n: i for i, n in enumerate(names)}
         y = np.array([label_id[lab] for lab in labels], dtype=np.int64)
         same: list[Sequence[str]] = [[t.strip() for t in texts]]
         if doc_ids is not None and doc_ids[1] is not None:  # an id column: a repeated id is one review
             same.append(doc_ids[0])
-        train_idx, eval_idx = split_indices(y, spec.eval_fraction, spec.seed, same)
+        train_idx, eval_idx = loop.split_indices(y, spec.eval_fraction, spec.seed, same)
         if untrained := [names[c] for c in sorted(set(range(len(names))) - set(y[train_idx].tolist()))]:
             raise InputError(
                 f"label(s) {untrained} keep no training rows once {len(eval_idx)} reviews are held out: "
@@ -121,29 +102,22 @@ def finetune(
         if unk_share > 0.5:
             raise ModelError(f"{unk_share:.0%} of training tokens are [UNK]: {hint}")
 
-        fit = train_loop(model, train_ids, y[train_idx], pad_id, spec, progress)
+        fit = loop.train_loop(model, train_ids, y[train_idx], pad_id, spec, progress)
         y_eval = y[eval_idx]
-        preds = predict(model, eval_ids, pad_id, max(64, 2 * spec.batch_size)) if len(eval_ids) else None
+        preds = loop.predict(model, eval_ids, pad_id, max(64, 2 * spec.batch_size)) if len(eval_ids) else None
+        scored = preds is not None
         metrics: dict[str, Any] = {
-            "accuracy": accuracy(y_eval, preds) if preds is not None else None,
-            "macro_f1": macro_f1(y_eval, preds) if preds is not None else None,
-            "n_train": len(train_idx),
-            "n_eval": len(eval_idx),
-            "labels": names,
+            "accuracy": accuracy(y_eval, preds) if scored else None,
+            "macro_f1": macro_f1(y_eval, preds) if scored else None,
+            "n_train": len(train_idx), "n_eval": len(eval_idx), "labels": names,
             "label_counts": {n: int(np.sum(y == i)) for i, n in enumerate(names)},
             "skipped_rows": dict(sorted((skipped_rows or {}).items())),
-            "confusion": confusion(y_eval, preds, len(names)) if preds is not None else None,
-            "seconds": None,
-            **fit,
-            "vocab_size": tok_size,
-            "unk_share": round(unk_share, 5),
-            "max_length": max_length,
-            "learning_rate": learning_rate(spec),
-            "base": spec.base,
-            "base_path": base_path,
+            "confusion": confusion(y_eval, preds, len(names)) if scored else None, "seconds": None, **fit,
+            "vocab_size": tok_size, "unk_share": round(unk_share, 5), "max_length": max_length,
+            "learning_rate": learning_rate(spec), "base": spec.base, "base_path": base_path,
             "spec": dataclasses.asdict(spec),
             "versions": {"torch": torch.__version__, "transformers": transformers_version()},
-        }
+        }  # fmt: skip
         if fit["shortened"]:
             log.warning(
                 "training stopped after %d of its %d steps (%.2f of %s epochs) at max_train_seconds=%s: "
@@ -163,13 +137,8 @@ def finetune(
     return metrics
 
 
-def _label_names(
-    labels: Sequence[str],
-    wanted: Sequence[str] | None,
-    order: Sequence[str],
-    where: str = "the texts' labels",
-    note: str = "",
-) -> list[str]:
+def _label_names(labels: Sequence[str], wanted: Sequence[str] | None, order: Sequence[str],
+                 where: str = "the texts' labels", note: str = "") -> list[str]:  # fmt: skip
     """The class names in label-id order; refuses labels that cannot train a classifier. ``where``: the
     labels' source, ``note``: what else was read, for the messages."""
     counts = Counter(labels)
@@ -284,8 +253,7 @@ def finetune_files(
     doc_ids: list[str] = []
     seen: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
-    rows = read_sources(expanded, inputs)
-    for batch in rows:
+    for batch in read_sources(expanded, inputs):
         for doc_id, text, label, status in zip(
             batch.doc_id, batch.text, batch.label, batch.status, strict=True
         ):
@@ -307,14 +275,5 @@ def finetune_files(
     _label_names(
         labels, spec.labels, order, f"{', '.join(inputs.paths)} (column {label_col!r})", among + unused
     )
-    return finetune(
-        texts,
-        labels,
-        out_dir,
-        spec,
-        progress=progress,
-        skipped_rows=dict(skipped),
-        label_order=order,
-        doc_ids=(doc_ids, id_col),
-        sources=source_files(expanded),
-    )
+    return finetune(texts, labels, out_dir, spec, progress, dict(skipped), order, (doc_ids, id_col),
+                    source_files(expanded))  # fmt: skip

@@ -130,21 +130,6 @@ def predict(model: Any, ids: list[list[int]], pad_id: int, batch_size: int) -> n
     return preds
 
 
-class Schedule:
-    """Linear warmup, then linear decay to zero at ``total`` steps. A time cap shortens ``total`` during
-    training, so that the rate still decays to zero when time runs out."""
-
-    def __init__(self, total: int, warmup_ratio: float) -> None:
-        self.total = total
-        self.warmup_ratio = warmup_ratio
-
-    def __call__(self, step: int) -> float:
-        warmup = max(1, round(self.total * self.warmup_ratio)) if self.warmup_ratio > 0 else 0
-        if step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (self.total - step) / max(1, self.total - warmup))
-
-
 def _diverged(what: str, step: int, spec: FinetuneSpec) -> ModelError:
     return ModelError(
         f"training diverged: {what} at step {step} with learning rate {learning_rate(spec):g}; "
@@ -163,22 +148,26 @@ def train_loop(
     rng = np.random.default_rng(spec.seed)
     lengths = np.array([len(s) for s in ids])
     per_epoch = math.ceil(len(ids) / spec.batch_size)
-    planned = max(1, math.ceil(spec.epochs * per_epoch))
-    schedule = Schedule(planned, spec.warmup_ratio)
+    planned = total = max(1, math.ceil(spec.epochs * per_epoch))  # a time cap shortens total as it goes
+
+    def rate(step: int) -> float:  # linear warmup, then linear decay to zero at ``total`` steps
+        warmup = max(1, round(total * spec.warmup_ratio)) if spec.warmup_ratio > 0 else 0
+        return (step + 1) / warmup if step < warmup else max(0.0, (total - step) / max(1, total - warmup))
+
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
     groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=learning_rate(spec))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, rate)
     model.train()  # dropout on
     step, loss_ema, pace = 0, None, None  # pace: recent seconds a step
     cap = spec.max_train_seconds
     started = last = time.monotonic()
     bar = tqdm(total=planned, desc="finetune", unit="step", disable=not progress, leave=False, **bar_size())
     try:
-        while step < schedule.total:
+        while step < total:
             for rows in length_batches(lengths, spec.batch_size, rng):
                 input_ids, mask = _collate(ids, rows, pad_id)
                 logits = model(input_ids=input_ids, attention_mask=mask).logits  # (B, C)
@@ -202,9 +191,9 @@ def train_loop(
                     pace = now - last if pace is None else 0.9 * pace + 0.1 * (now - last)
                     last = now
                     fits = min(planned, step + int(max(0.0, cap - (now - started)) / pace))
-                    if fits != schedule.total:
-                        schedule.total = bar.total = max(step, fits)
-                if step >= schedule.total:
+                    if fits != total:
+                        total = bar.total = max(step, fits)
+                if step >= total:
                     break
     finally:
         bar.close()

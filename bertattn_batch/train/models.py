@@ -11,28 +11,12 @@ import torch
 
 from ..config import FinetuneSpec
 from ..errors import ModelError, first_line
-from ..model.checks import (
-    check_loaded_weights,
-    check_positions,
-    check_tokenizer,
-    load_config,
-    load_tokenizer,
-    resolve_source,
-    transformers_log_level,
-)
+from ..model import checks
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 #: The code-point ranges BERT's tokenizer splits into single characters.
-_CJK = (
-    (0x4E00, 0x9FFF),
-    (0x3400, 0x4DBF),
-    (0x20000, 0x2A6DF),
-    (0x2A700, 0x2B73F),
-    (0x2B740, 0x2B81F),
-    (0x2B820, 0x2CEAF),
-    (0xF900, 0xFAFF),
-    (0x2F800, 0x2FA1F),
-)
+_CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+        (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))  # fmt: skip
 
 
 def start_model(
@@ -44,10 +28,12 @@ def start_model(
         vocab = build_char_vocab(train_texts, spec.min_char_count)
         tokenizer = char_tokenizer(vocab, spec.max_length)
         return scratch_model(spec, len(vocab), names, tokenizer.pad_token_id), tokenizer, None
-    path = resolve_source(spec.base)
-    config = load_config(path, allow_pickle=None)  # refused as extract would refuse it, before training
-    tokenizer = load_tokenizer(path)
-    check_tokenizer(tokenizer, config, spec.base)
+    path = checks.resolve_source(spec.base)
+    config = checks.load_config(
+        path, allow_pickle=None
+    )  # refused as extract would refuse it, before training
+    tokenizer = checks.load_tokenizer(path)
+    checks.check_tokenizer(tokenizer, config, spec.base)
     return base_model(path, names), tokenizer, path
 
 
@@ -89,19 +75,12 @@ def scratch_model(spec: FinetuneSpec, vocab_size: int, names: list[str], pad_id:
     from transformers import BertConfig, BertForSequenceClassification
 
     config = BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=spec.hidden_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        intermediate_size=spec.intermediate_size,
-        max_position_embeddings=spec.max_length,
-        hidden_dropout_prob=spec.dropout,
-        attention_probs_dropout_prob=spec.attention_dropout,
-        pad_token_id=pad_id,
-        id2label=dict(enumerate(names)),
-        label2id={n: i for i, n in enumerate(names)},
-        attn_implementation="sdpa",
-    )
+        vocab_size=vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads, intermediate_size=spec.intermediate_size,
+        max_position_embeddings=spec.max_length, hidden_dropout_prob=spec.dropout,
+        attention_probs_dropout_prob=spec.attention_dropout, pad_token_id=pad_id, id2label=dict(enumerate(names)),
+        label2id={n: i for i, n in enumerate(names)}, attn_implementation="sdpa",
+    )  # fmt: skip
     return BertForSequenceClassification(config)
 
 
@@ -110,23 +89,18 @@ def base_model(path: str, names: list[str]) -> Any:
     from transformers import AutoModelForSequenceClassification
 
     try:
-        with transformers_log_level("error"):  # its load report lists the new head as missing
+        with checks.transformers_log_level("error"):  # its load report lists the new head as missing
+            # single-label whatever the base was trained as; a classifier base may have other labels
             model, info = AutoModelForSequenceClassification.from_pretrained(
-                path,
-                num_labels=len(names),
-                id2label=dict(enumerate(names)),
-                label2id={n: i for i, n in enumerate(names)},
-                problem_type="single_label_classification",  # whatever the base was trained as
-                dtype=torch.float32,
-                use_safetensors=True,
-                trust_remote_code=False,
-                ignore_mismatched_sizes=True,  # a classifier base with another number of labels
+                path, num_labels=len(names), id2label=dict(enumerate(names)),
+                label2id={n: i for i, n in enumerate(names)}, problem_type="single_label_classification",
+                dtype=torch.float32, use_safetensors=True, trust_remote_code=False, ignore_mismatched_sizes=True,
                 output_loading_info=True,
-            )
+            )  # fmt: skip
     except (OSError, ValueError, RuntimeError) as e:
         raise ModelError(f"cannot load base model {path}: {first_line(e)}") from None
-    check_positions(model, path)
-    check_loaded_weights(model, info, path, for_training=True)
+    checks.check_positions(model, path)
+    checks.check_loaded_weights(model, info, path, for_training=True)
     new = set(info.get("missing_keys", [])) | {
         k if isinstance(k, str) else k[0] for k in info.get("mismatched_keys", [])
     }
