@@ -22,14 +22,9 @@ RUN_OVERRIDES = ("out", "limit", "device", "dtype", "engine", "workers", "ray_ad
 Overwrite = Annotated[
     bool, typer.Option("--overwrite", help="Replace an existing run in --out.", rich_help_panel="Output")
 ]
-Incremental = Annotated[
-    bool,
-    typer.Option(
-        "--incremental",
-        help="Process only reviews whose ids are not yet in the run; append.",
-        rich_help_panel="Output",
-    ),
-]
+Incremental = Annotated[bool, typer.Option(
+    "--incremental", help="Process only reviews whose ids are not yet in the run; append.", rich_help_panel="Output"
+)]  # fmt: skip
 
 
 def _on_existing(on_existing: str | None, overwrite: bool, incremental: bool) -> str | None:
