@@ -68,13 +68,18 @@ class RunSummary:
     parts_written: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     engine: dict[str, Any] = field(default_factory=dict)  # what the engine says of itself
+    said_unknown: bool = field(default=False, init=False, repr=False)
 
     def add(self, part: StagedPart) -> None:
-        said = self.stats.tokens >= UNKNOWN_SAMPLE and self.stats.unknown_share > UNKNOWN_WARNING
         self.stats.add(part.stats)
         self.bytes_written += part.entry.bytes
         self.parts_written += 1
-        if not said and self.stats.tokens >= UNKNOWN_SAMPLE and self.stats.unknown_share > UNKNOWN_WARNING:
+        if (
+            not self.said_unknown
+            and self.stats.tokens >= UNKNOWN_SAMPLE
+            and self.stats.unknown_share > UNKNOWN_WARNING
+        ):
+            self.said_unknown = True
             log.warning(  # as soon as it shows, so that a long job can be stopped
                 "%.0f%% of the tokens so far are [UNK]: the model's tokenizer does not fit these texts "
                 "(another language or script, a cased vocabulary lower-cased or the other way round, "
