@@ -286,36 +286,9 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
             if handler is not None:  # even where Python still names it: Ray's is installed below it
                 signal.signal(sig, handler)
     try:
-        with _raylet_messages_logged(ray, quiet):
-            yield ray
+        yield ray
     finally:
         ray.shutdown()
-
-
-@contextlib.contextmanager
-def _raylet_messages_logged(ray: Any, quiet: bool) -> Iterator[None]:
-    """Ray prints what the cluster pushes to the driver (each failure of a task and its retries, with
-    whole tracebacks: some 140 lines for a model that cannot load) on stderr, whatever ``log_to_driver``
-    says. Quiet, they go to this log's debug level (``--debug`` shows them); the error that ends the job
-    is one line. Through Ray's internal printer, where this version of Ray has it."""
-    module = getattr(getattr(ray, "_private", None), "worker", None)
-    printer = getattr(module, "print_to_stdstream", None)
-    if not quiet or printer is None:
-        yield
-        return
-
-    def routed(data: Any, *args: Any, **kwargs: Any) -> None:
-        if isinstance(data, dict) and data.get("pid") == "raylet":
-            for line in data.get("lines") or ():
-                log.debug("(raylet) %s", line)
-        else:
-            printer(data, *args, **kwargs)
-
-    module.print_to_stdstream = routed
-    try:
-        yield
-    finally:
-        module.print_to_stdstream = printer
 
 
 def _host_port(address: str) -> tuple[str, int] | None:

@@ -45,7 +45,7 @@ from .checks import (
     weights_hash,
 )
 from .outputs import Outputs
-from .trim import LastLayerTrim, cls_sdpa, verified
+from .trim import LastLayerTrim, use_cls_sdpa, verified
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class Classifier:
             # and SDPA may take its fastest kernel
             padded = min(map(len, ids)) < input_ids.shape[1]
             trim = self.trim or contextlib.nullcontext()
-            with self.capture as capture, cls_sdpa(self.model.config), trim, no_cudnn_attention():
+            with self.capture as capture, trim, no_cudnn_attention():
                 out = model(input_ids=input_ids, attention_mask=mask if padded else None)
             rows = capture.rows(mask)  # (B, L, H, S)
         norms = capture.norms(rows)  # (B, L, H, S)
@@ -303,6 +303,8 @@ def _load_weights(
     try:
         try:
             model, info = from_pretrained(attention)
+            if attention == "sdpa":
+                use_cls_sdpa(model)
         except ValueError as e:
             if attention != "sdpa" or "scaled_dot_product_attention" not in str(e):
                 raise

@@ -8,7 +8,8 @@ Usage::
 
 A classifier reads only position 0 of the last layer's output, so past its keys and values the last
 layer runs for [CLS] alone: its attention for the [CLS] query only (:data:`CLS_SDPA`), then position 0 of
-the attention output and of the residual (two hooks). Only layouts with ``.self`` beside ``.output`` are
+the attention output and of the residual (two hooks); an SDPA model runs under :data:`CLS_SDPA`
+(:func:`use_cls_sdpa`). Only layouts with ``.self`` beside ``.output`` are
 trimmed, and only where a probe batch gives the same logits (:func:`verified`).
 """
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -60,20 +60,12 @@ def _sdpa_mask(*args: Any, **kw: Any) -> Any:
     return sdpa_mask(*args, **kw)
 
 
-@contextlib.contextmanager
-def cls_sdpa(config: Any) -> Iterator[None]:
-    """Run the SDPA model of this config under :data:`CLS_SDPA` (plain SDPA where no trim is entered);
-    any other model, or one already under it, as it is. Registered on first use, not on import."""
-    if getattr(config, "_attn_implementation", None) != "sdpa":
-        yield
-        return
+def use_cls_sdpa(model: nn.Module) -> None:
+    """Run an SDPA model under :data:`CLS_SDPA` from now on: plain SDPA except in the self-attention of an
+    entered trim. Registered on first use, not on import."""
     AttentionInterface.register(CLS_SDPA, _cls_sdpa)
     AttentionMaskInterface.register(CLS_SDPA, _sdpa_mask)
-    config._attn_implementation = CLS_SDPA
-    try:
-        yield
-    finally:
-        config._attn_implementation = "sdpa"
+    model.set_attn_implementation(CLS_SDPA)
 
 
 class LastLayerTrim:
@@ -83,8 +75,6 @@ class LastLayerTrim:
         self._self_attention = self_attention
         self._output_block = output_block
         self._stack = contextlib.ExitStack()
-        config = getattr(self_attention, "config", None)  # the model's, which every layer reads
-        self._config = config if getattr(config, "_attn_implementation", None) == "sdpa" else None
 
     @classmethod
     def find(cls, model: nn.Module) -> LastLayerTrim | None:
@@ -103,10 +93,8 @@ class LastLayerTrim:
     def __enter__(self) -> LastLayerTrim:
         self._stack.enter_context(self._self_attention.register_forward_hook(_keep_first_output))
         self._stack.enter_context(self._output_block.register_forward_pre_hook(_keep_first_residual))
-        if self._config is not None:
-            self._stack.enter_context(cls_sdpa(self._config))
-            _CLS_QUERY_ONLY.add(self._self_attention)
-            self._stack.callback(_CLS_QUERY_ONLY.discard, self._self_attention)
+        _CLS_QUERY_ONLY.add(self._self_attention)  # read by CLS_SDPA, where the model runs under it
+        self._stack.callback(_CLS_QUERY_ONLY.discard, self._self_attention)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
-import logging
 import lzma
 import os
 import shutil
@@ -445,24 +444,6 @@ def test_sigterm_while_ray_starts_is_an_interrupt_and_stops_what_started(monkeyp
     with pytest.raises(Terminated), ray_runtime(num_cpus=1):
         pass
     assert stopped == [True]
-
-
-def test_what_the_cluster_pushes_to_the_driver_goes_to_the_debug_log(ray_local, capsys, caplog):
-    """Each failure of a task and its retries, with whole tracebacks, came on stderr (some 140 lines
-    before the one-line error of a model that cannot load), whatever log_to_driver said."""
-    import ray._private.worker as ray_worker
-
-    with caplog.at_level(logging.DEBUG, logger="bertattn_batch.engines.ray"):
-        ray_worker.print_to_stdstream(  # as Ray's listener of the cluster's errors calls it
-            {
-                "lines": ["Task WindowActor.run failed. There are 3 retries remaining"],
-                "pid": "raylet",
-                "is_err": False,
-            },
-            ignore_prefix=False,
-        )
-    assert "retries remaining" not in capsys.readouterr().err
-    assert "(raylet) Task WindowActor.run failed" in caplog.text
 
 
 def test_a_cluster_address_where_nothing_listens_is_refused_at_once():
