@@ -71,6 +71,9 @@ class PartEntry:
             raise ValueError(f"end_row {values['end_row']} < start_row {values['start_row']}")
         return cls(**values)
 
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
 
 def parse_parts(entries: Any) -> tuple[list[PartEntry], list[str]]:
     """(the parts that parse, a message for each entry that does not, or repeats a name): strict readers
@@ -146,7 +149,7 @@ class Manifest:
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        out["parts"] = [dataclasses.asdict(p) for p in self.parts]
+        out["parts"] = [p.to_dict() for p in self.parts]
         out = {"format": out.pop("format"), **out, **self.extra}
         # an unset field is left out; a pass's limit of None says "no limit", kept once passes are
         return {
@@ -309,7 +312,7 @@ def log_commit(run_dir: Path, entry: PartEntry) -> None:
     path = run_dir / COMMIT_LOG
     try:
         with open(path, "a", encoding="utf-8") as f:
-            f.write(json_text(dataclasses.asdict(entry)) + "\n")
+            f.write(json_text(entry.to_dict()) + "\n")
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
