@@ -54,6 +54,11 @@ class RunView:
     def file(self, part: Part, table: str) -> Path:
         return self.path / part.files[table]
 
+    @property
+    def tables(self) -> list[str]:
+        """Every table of a run, and any other its parts list: each is checked by its own schema."""
+        return list(dict.fromkeys([*schema.TABLES, *(t for p in self.parts for t in p.files)]))
+
 
 def check_manifest(
     rec: ValidationReport, path: Path, m: dict[str, Any], writing: Callable[[], bool | None] = lambda: None
@@ -127,9 +132,9 @@ def _check_spec_layers(rec: ValidationReport, spec: Any, layers: list[int] | Non
 def check_files(rec: ValidationReport, run: RunView) -> None:
     """Every listed file: there, decodable, of its table's schema with no null where none may be, of the
     rows the manifest records; every other file of a table folder named; the totals of a complete run."""
-    listed: dict[str, set[str]] = {t: set() for t in schema.TABLES}
+    listed: dict[str, set[str]] = {t: set() for t in run.tables}
     for part in run.parts:
-        for table in schema.TABLES:
+        for table in part.files:
             rel, want = part.files[table], f"{table}/{part.name}"
             if rel != want:
                 rec.fail("files", f"part {part.name}: {table} file is {rel!r}, expected {want!r}")
@@ -179,7 +184,7 @@ def _check_unlisted(rec: ValidationReport, run: RunView, listed: dict[str, set[s
     """What a table folder holds that the manifest does not list; temporaries beside the manifest."""
     live = run.status == "running" and run.writing() is True
     in_hand = 0
-    for table in schema.TABLES:
+    for table in run.tables:
         folder = run.path / table  # a store has no folders: a run stopped before its first part has none
         for f in sorted(folder.iterdir()) if folder.is_dir() else ():
             rel, temporary = f"{table}/{f.name}", f.name.startswith(("_", "."))
@@ -207,7 +212,7 @@ def _check_unlisted(rec: ValidationReport, run: RunView, listed: dict[str, set[s
 
 
 def _check_counts(rec: ValidationReport, run: RunView) -> None:
-    actual = {t: sum(p.file_rows.get(t, 0) for p in run.parts) for t in schema.TABLES}
+    actual = {t: sum(p.file_rows.get(t, 0) for p in run.parts) for t in run.tables}
     if run.status != "complete":
         rec.note("counts", "totals not checked: the run is not complete")
         return
@@ -215,10 +220,13 @@ def _check_counts(rec: ValidationReport, run: RunView) -> None:
     if not isinstance(counts, dict):
         rec.fail("counts", "the manifest of a complete run has no counts")
         return
-    for table in schema.TABLES:
-        listed = sum(p.rows[table] for p in run.parts)
+    for table in run.tables:
+        listed = sum(p.rows.get(table, 0) for p in run.parts)
         if counts.get(table) != listed:
             rec.fail("counts", f"counts.{table} is {counts.get(table)}, its parts list {listed} rows")
-        elif all(table in p.file_rows for p in run.parts) and counts.get(table) != actual[table]:
+        elif (
+            all(table in p.file_rows for p in run.parts if table in p.files)
+            and counts.get(table) != actual[table]
+        ):
             rec.fail("counts", f"counts.{table} is {counts.get(table)}, its files hold {actual[table]} rows")
-    rec.note("counts", ", ".join(f"{t} {actual[t]}" for t in schema.TABLES) + " rows")
+    rec.note("counts", ", ".join(f"{t} {n}" for t, n in actual.items()) + " rows")
