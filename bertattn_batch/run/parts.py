@@ -174,35 +174,35 @@ def run_file(run_dir: str | Path, name: str) -> Any:
     return storage.join(run_dir, name) if is_remote(run_dir) else Path(run_dir) / name
 
 
-def check_part_file(run_dir: str | Path, path: Any) -> pq.FileMetaData:
-    """The footer of a committed part file; RunDirError where it is missing or cut short. On local disk,
-    a part met between its commit and its rename is waited for up to ``RENAME_WAIT_SECONDS``."""
-    name = _shown(run_dir, path)
-    if not is_remote(path):
-        tmp = path.with_name(tmp_name(path.name))
-        deadline = time.monotonic() + RENAME_WAIT_SECONDS
-        while not path.is_file() and tmp.is_file() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not path.is_file() and tmp.is_file():
-            raise RunDirError(
-                f"{run_dir}: {name} is committed but still has its temporary name (its extract stopped "
-                "before renaming it); rerun the extract to finish the run"
-            )
-    problem = "is committed in the manifest but missing"
-    if storage.is_file(path):
+def check_part(
+    run_dir: str | Path, part: PartEntry, tables: tuple[str, ...] | list[str] = TABLES
+) -> dict[str, Any]:
+    """The files of ``tables`` of a committed part; RunDirError where one is missing or cut short, or
+    holds other rows than its entry records: a part swapped for another (a restore from the wrong copy)
+    has sound files and other reviews. On local disk, a part met between its commit and its rename is
+    waited for up to ``RENAME_WAIT_SECONDS``."""
+    files = {t: run_file(run_dir, part.files[t]) for t in tables}
+    for table, path in files.items():
+        name = _shown(run_dir, path)
+        if not is_remote(path):
+            tmp = path.with_name(tmp_name(path.name))
+            deadline = time.monotonic() + RENAME_WAIT_SECONDS
+            while not path.is_file() and tmp.is_file() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not path.is_file() and tmp.is_file():
+                raise RunDirError(
+                    f"{run_dir}: {name} is committed but still has its temporary name (its extract stopped "
+                    "before renaming it); rerun the extract to finish the run"
+                )
         try:
             with storage.arrow_file(path) as f:
-                return pq.read_metadata(f)
-        except (pa.ArrowException, OSError) as e:
-            problem = f"cannot be read ({first_line(e)})"
-    raise RunDirError(f"{run_dir}: {name} {problem}; {DAMAGED}")
-
-
-def check_part_rows(run_dir: str | Path, part: PartEntry, footers: dict[str, pq.FileMetaData]) -> None:
-    """Raise unless a committed part's files (their ``footers`` by table) hold the rows its entry
-    records, and row numbers within its range in ``predictions``: a part swapped for another (a restore
-    from the wrong copy) has sound files and other reviews."""
-    for table, meta in footers.items():
+                meta = pq.read_metadata(f)
+        except (pa.ArrowException, OSError, StorageError) as e:
+            gone = not storage.is_file(path)
+            problem = (
+                "is committed in the manifest but missing" if gone else f"cannot be read ({first_line(e)})"
+            )
+            raise RunDirError(f"{run_dir}: {name} {problem}; {DAMAGED}") from None
         span = _row_index_range(meta) if table == "predictions" and meta.num_rows else None
         if meta.num_rows != part.rows[table]:
             problem = f"holds {meta.num_rows} rows where its commit recorded {part.rows[table]}"
@@ -214,6 +214,7 @@ def check_part_rows(run_dir: str | Path, part: PartEntry, footers: dict[str, pq.
             f"{run_dir}: {part.files[table]} {problem} (changed or replaced since?); bertattn validate "
             "tells what else is wrong, and --overwrite starts the run again"
         )
+    return files
 
 
 def _row_index_range(meta: pq.FileMetaData) -> tuple[int, int] | None:
@@ -240,8 +241,7 @@ def committed_files(
     run_dir = storage.normalize(run_dir)
     out = []
     for part in sorted(read_manifest(run_dir).parts, key=lambda p: p.name):
-        files = {t: run_file(run_dir, part.files[t]) for t in tables}
-        check_part_rows(run_dir, part, {t: check_part_file(run_dir, f) for t, f in files.items()})
+        files = check_part(run_dir, part, tables)
         for f in files.values() if verify else ():
             verify_pages(run_dir, f)
         out.append(CommittedPart(part.name, files))

@@ -69,7 +69,7 @@ from .manifest import (
     save_manifest,
     upgrade,
 )
-from .parts import PartWriter, check_part_file, check_part_rows, run_file
+from .parts import PartWriter, check_part, run_file
 
 
 def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest | None:
@@ -307,11 +307,7 @@ class RunDir:
         files must be sound and their row ranges whole."""
         self._sweep()
         for p in self.parts:
-            check_part_rows(
-                self.run_dir,
-                p,
-                {t: check_part_file(self.run_dir, run_file(self.run_dir, p.files[t])) for t in TABLES},
-            )
+            check_part(self.run_dir, p)
         for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in self.parts):
             raise RunDirError(
                 f"{self.run_dir}: {problem} (was the manifest edited or restored?); "

@@ -52,7 +52,8 @@ def apply_rules(rec: ValidationReport, lf: pl.LazyFrame, at: pl.Expr, rules: lis
 def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
     """row_index, doc_id and predictions checks over every readable predictions part; status counts."""
     parts = [p for p in run.parts if "predictions" in p.readable]
-    _check_row_ranges(rec, run)
+    for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in run.parts):
+        rec.fail("row_index", problem)  # generation 0 tiles 0..N-1, no generation holds a row twice
     if not parts:
         for check in ("row_index", "doc_id", "predictions"):
             rec.skip(check, "no readable predictions parts")
@@ -105,12 +106,6 @@ def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
     labels = f", {len(run.id2label)} labels" if run.id2label else ""
     rec.note("predictions", f"{sum(statuses.values())} rows{labels}")
     return statuses
-
-
-def _check_row_ranges(rec: ValidationReport, run: RunView) -> None:
-    """Generation 0's parts tile 0..N-1 with no gap or overlap; later generations do not overlap."""
-    for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in run.parts):
-        rec.fail("row_index", problem)
 
 
 def _prediction_rules(run: RunView) -> list[Rule]:
