@@ -1,5 +1,6 @@
 """The checks of what the tables hold: predictions over every part at once (lazy polars queries, a row
-per review), attention and tokens part by part (a part holds one window of reviews)."""
+per review), attention and tokens part by part (a part holds one window of reviews), and every column's
+range as ``schemas/`` declares it, for any table (:func:`check_ranges`)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,11 @@ def apply_rules(rec: ValidationReport, lf: pl.LazyFrame, at: pl.Expr, rules: lis
             rec.fail_many(check, int(n), examples.to_list())
 
 
+def report_rows(rec: ValidationReport, check: str, rows: pl.DataFrame, message: pl.Expr) -> None:
+    """Each of ``rows`` a problem of ``check``; the first ``KEPT`` of them said by ``message``."""
+    rec.fail_many(check, rows.height, rows.head(KEPT).select(message).to_series().to_list())
+
+
 def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
     """row_index, doc_id and predictions checks over every readable predictions part; status counts."""
     parts = [p for p in run.parts if "predictions" in p.readable]
@@ -96,10 +102,11 @@ def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
         .sort("doc_id")
         .collect(engine="streaming")
     )
-    rec.fail_many(
+    report_rows(
+        rec,
         "doc_id",
-        dups.height,
-        (f"doc {d!r} scored {n} times ({', '.join(f)})" for d, n, f in dups.head(KEPT).iter_rows()),
+        dups,
+        fmt("doc '{}' scored {} times ({})", "doc_id", "n", pl.col("files").list.join(", ")),
     )
     rec.note("doc_id", f"{statuses.get('ok', 0)} scored reviews")
     apply_rules(rec, lf, where("predictions", "_file"), _prediction_rules(run))
@@ -170,14 +177,8 @@ def check_attention(rec: ValidationReport, run: RunView) -> None:
             .filter(pl.col("token").list.len() > 1)
             .sort("token_id")
         )
-        rec.fail_many(
-            "tokens",
-            clashes.height,
-            (
-                f"token id {i} is written as {', '.join(map(repr, t))}"
-                for i, t in clashes.head(KEPT).iter_rows()
-            ),
-        )
+        written = pl.concat_str(pl.lit("'"), pl.col("token").list.join("', '"), pl.lit("'"))
+        report_rows(rec, "tokens", clashes, fmt("token id {} is written as {}", "token_id", written))
     tol = _mass_tolerance(run)
     rec.note("layers_heads", f"layers {run.layers} x {run.num_heads} heads")
     rec.note("positions", f"{heads} (review, layer, head) rows")
@@ -227,7 +228,7 @@ class _PartCheck:
         return summary.height, self.tokens.select("token_id", "token").unique().collect(engine="streaming")
 
     def report(self, check: str, rows: pl.DataFrame, message: pl.Expr) -> None:
-        self.rec.fail_many(check, rows.height, rows.head(KEPT).select(message).to_series().to_list())
+        report_rows(self.rec, check, rows, message)
 
     def grid(self) -> pl.DataFrame:
         """Layers and heads: every scored review has the whole grid, once, in both tables; nothing else
