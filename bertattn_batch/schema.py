@@ -1,4 +1,5 @@
-"""The table schemas, read from ``schemas/*.json``: the one place that names every column.
+"""The table schemas, read from ``schemas/*.json``: the one place that names every column, its type,
+whether it may be null, the range its values keep (``validate`` checks it) and each table's key.
 
 Usage::
 
@@ -30,13 +31,34 @@ NO_TEXT_STATUSES = ("null_text", "not_text", "empty_text", "invalid_utf8")
 STATUSES = ("ok", "no_tokens", "duplicate_id", *ROW_NUMBER_STATUSES, *NO_TEXT_STATUSES)
 
 
-def schema_dir() -> Path:
-    """Where the JSON schemas live: packaged beside the code, or the repo's ``schemas/``."""
+@cache
+def spec(table: str) -> dict[str, Any]:
+    """The raw JSON description of one table (packaged beside the code, or the repo's ``schemas/``)."""
     here = Path(__file__).resolve().parent
-    for candidate in (here / "_schemas", here.parent / "schemas"):
-        if candidate.is_dir():
-            return candidate
-    raise BertAttnError(f"schema folder not found beside {here}; reinstall bertattn-batch")
+    for folder in (here / "_schemas", here.parent / "schemas"):
+        if (folder / f"{table}.json").is_file():
+            return json.loads((folder / f"{table}.json").read_text(encoding="utf-8"))
+    raise BertAttnError(f"no schema for table {table!r} beside {here}; reinstall bertattn-batch")
+
+
+def version(table: str) -> int:
+    return int(spec(table)["version"])
+
+
+def versions() -> dict[str, int]:
+    """Every table's schema version: recorded in the manifest, checked on resume."""
+    return {t: version(t) for t in TABLES}
+
+
+def key(table: str) -> list[str]:
+    """The columns that name a row of ``table`` (what a join and a message find it by)."""
+    return list(spec(table).get("key", []))
+
+
+def ranges(table: str) -> list[tuple[str, Any, Any, str]]:
+    """``(column, low, high, check)`` for each column whose values keep a range: a bound is a number,
+    another column's name, or None (unbounded); ``check`` is the validate check that promises it."""
+    return [(c["name"], *c["range"], c["check"]) for c in spec(table)["columns"] if "range" in c]
 
 
 def _arrow_type(name: str) -> pa.DataType:
@@ -49,42 +71,17 @@ def _arrow_type(name: str) -> pa.DataType:
 
 
 @cache
-def spec(table: str) -> dict[str, Any]:
-    """The raw JSON description of one table."""
-    path = schema_dir() / f"{table}.json"
-    if not path.is_file():
-        raise BertAttnError(f"no schema for table {table!r} (looked for {path})")
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def version(table: str) -> int:
-    """A table's schema version."""
-    return int(spec(table)["version"])
-
-
-def versions() -> dict[str, int]:
-    """Every table's schema version: recorded in the manifest, checked on resume."""
-    return {t: version(t) for t in TABLES}
-
-
-@cache
 def arrow(table: str) -> pa.Schema:
     """The pyarrow schema of a table; each field carries its description as metadata."""
     s = spec(table)
     fields = [
-        pa.field(
-            c["name"],
-            _arrow_type(c["type"]),
-            nullable=bool(c["nullable"]),
-            metadata={"description": c["description"]},
-        )
+        pa.field(c["name"], _arrow_type(c["type"]), bool(c["nullable"]), {"description": c["description"]})
         for c in s["columns"]
     ]
     return pa.schema(fields, metadata={"table": table, "schema_version": str(s["version"])})
 
 
 def columns(table: str) -> list[str]:
-    """A table's column names, in order."""
     return [c["name"] for c in spec(table)["columns"]]
 
 
@@ -93,12 +90,12 @@ def cast(table: pa.Table, name: str, keep_dictionaries: bool = False) -> pa.Tabl
     ``keep_dictionaries``: a dictionary-encoded string column stays so, for the part writer to hand to
     Parquet as it is."""
     target = arrow(name)
-    missing = [f.name for f in target if f.name not in table.column_names]
-    if missing:
+    if missing := [f.name for f in target if f.name not in table.column_names]:
         raise BertAttnError(f"table {name!r} lacks columns {missing}")
+    given = {f.name: f.type for f in table.schema}
     kept = [
-        f.with_type(table.schema.field(f.name).type)
-        if keep_dictionaries and _encoded_string(table.schema.field(f.name).type, f.type)
+        f.with_type(given[f.name])
+        if keep_dictionaries and pa.types.is_dictionary(given[f.name]) and f.type == pa.string()
         else f
         for f in target
     ]
@@ -114,10 +111,6 @@ def cast(table: pa.Table, name: str, keep_dictionaries: bool = False) -> pa.Tabl
     return out
 
 
-def _encoded_string(given: pa.DataType, wanted: pa.DataType) -> bool:
-    return pa.types.is_dictionary(given) and given.value_type == wanted == pa.string()
-
-
 def declared(table_schema: pa.Schema) -> pa.Schema:
     """``table_schema`` with every dictionary-encoded column as its plain value type."""
     fields = [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in table_schema]
@@ -127,17 +120,18 @@ def declared(table_schema: pa.Schema) -> pa.Schema:
 def check(actual: pa.Schema, name: str) -> list[str]:
     """Differences between a written file's schema and the table's schema (empty when they agree)."""
     target = arrow(name)
-    problems = []
-    if actual.names != target.names:
-        problems.append(f"columns {actual.names} != {target.names}")
-    for field in target:
-        if field.name in actual.names and actual.field(field.name).type != field.type:
-            problems.append(f"{field.name}: {actual.field(field.name).type} != {field.type}")
+    problems = [f"columns {actual.names} != {target.names}"] if actual.names != target.names else []
+    problems += [
+        f"{f.name}: {actual.field(f.name).type} != {f.type}"
+        for f in target
+        if f.name in actual.names and actual.field(f.name).type != f.type
+    ]
     said = {
         k.decode(errors="replace"): v.decode(errors="replace") for k, v in (actual.metadata or {}).items()
     }
-    for key, value in (target.metadata or {}).items():  # the table and version the file says it is
-        key, value = key.decode(), value.decode()
-        if said.get(key) != value:
-            problems.append(f"its metadata says {key} {said.get(key)!r} where schemas/ says {value!r}")
+    for k, v in (target.metadata or {}).items():  # the table and version the file says it is
+        if said.get(k.decode()) != v.decode():
+            problems.append(
+                f"its metadata says {k.decode()} {said.get(k.decode())!r} where schemas/ says {v.decode()!r}"
+            )
     return problems

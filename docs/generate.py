@@ -62,6 +62,9 @@ def tables() -> str:
         ]
         for c in spec["columns"]:
             kind = c["type"] + ("" if c["nullable"] else ", not null")
+            if "range" in c:  # what validate checks of every value
+                low, high = (f"`{b}`" if isinstance(b, str) else b for b in c["range"])
+                kind += f", in [{'−∞' if low is None else low}, {'∞' if high is None else high}]"
             lines.append(f"| `{c['name']}` | {kind} | {c['description']} |")
         out.append("\n".join(lines) + "\n")
     return "\n".join(out)

@@ -21,7 +21,7 @@ from typing import Any
 from .. import schema, storage
 from .._files import atomic_write_text, json_text
 from ..config import InputSpec
-from ..errors import DamagedRunError, RunDirError, RunVersionError, StorageError, WriteError
+from ..errors import DamagedRunError, RunDirError, RunVersionError, WriteError
 from ..storage import is_remote
 from .layout import COMMIT_LOG, FORMAT, MANIFEST, TABLES
 
@@ -54,9 +54,9 @@ class PartEntry:
         """A part from its JSON form; ValueError names the field that is missing or wrong."""
         if not isinstance(data, dict):
             raise ValueError(f"expected an object, got {type(data).__name__}")
-        fields = dataclasses.fields(cls)
         values = {
-            f.name: data.get(f.name, None if f.default is dataclasses.MISSING else f.default) for f in fields
+            f.name: data.get(f.name, None if f.default is dataclasses.MISSING else f.default)
+            for f in dataclasses.fields(cls)
         }
         for key, value in values.items():
             _expect(key, value, _KINDS[key])
@@ -67,6 +67,8 @@ class PartEntry:
         for table, path in values["files"].items():  # a reader must not follow one out of the run
             if Path(path).anchor or ".." in Path(path).parts:
                 raise ValueError(f"files.{table} is {path!r}, outside the run")
+        if values["end_row"] < values["start_row"]:
+            raise ValueError(f"end_row {values['end_row']} < start_row {values['start_row']}")
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
@@ -74,17 +76,23 @@ class PartEntry:
 
 
 def parse_parts(entries: Any) -> tuple[list[PartEntry], list[str]]:
-    """(the parts that parse, a message for each entry that does not): strict readers refuse a run with
-    any message, the validator reports each one and checks the rest."""
+    """(the parts that parse, a message for each entry that does not, or repeats a name): strict readers
+    refuse a run with any message, the validator reports each one and checks the rest."""
     if not isinstance(entries, list):
         return [], [f"parts is {type(entries).__name__}, expected a list"]
-    parts, problems = [], []
+    parts: dict[str, PartEntry] = {}
+    problems = []
     for i, entry in enumerate(entries):
         try:
-            parts.append(PartEntry.parse(entry))
+            part = PartEntry.parse(entry)
         except ValueError as e:
             problems.append(f"parts[{i}] is malformed ({e})")
-    return parts, problems
+            continue
+        if part.name in parts:
+            problems.append(f"part {part.name} is listed twice")
+        else:
+            parts[part.name] = part
+    return list(parts.values()), problems
 
 
 @dataclass
@@ -113,25 +121,30 @@ class Manifest:
     format: str = FORMAT
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, kept
 
+    #: Said of a model that does not load from where the run recorded it (moved, or another machine).
+    MODEL_MOVED = "the model the run recorded; pass it with --model where it is now"
+
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "manifest") -> Manifest:
         """A manifest from its JSON form (after :func:`upgrade`); DamagedRunError for malformed fields."""
         data = upgrade(data)
-        parts, problems = parse_parts(data.get("parts"))
-        if problems:
-            raise DamagedRunError(
-                f"{where} is damaged: its list of parts is missing or malformed ({problems[0]})"
-            )
+        parts, malformed = parse_parts(data.get("parts"))
+        problems = [f"its list of parts is missing or malformed ({p})" for p in malformed]
         known = {f.name for f in dataclasses.fields(cls)} - {"extra", "parts"}
         kwargs = {k: v for k, v in data.items() if k in known}
-        for name in ("spec", "fingerprint", "model", "versions", "schema_versions"):
-            if not isinstance(kwargs.get(name, {}), dict):
-                raise DamagedRunError(f"{where} is damaged: {name} is not an object")
-        if problems := model_problems(kwargs.get("model", {})):
-            raise DamagedRunError(f"{where} is damaged: {problems[0]}")
+        problems += [
+            f"{name} is not an object"
+            for name in ("spec", "fingerprint", "model", "versions", "schema_versions")
+            if not isinstance(kwargs.get(name, {}), dict)
+        ]
+        problems += (
+            model_problems(kwargs.get("model", {})) if isinstance(kwargs.get("model", {}), dict) else []
+        )
         generation = kwargs.get("generation")
         if generation is not None and (not isinstance(generation, int) or isinstance(generation, bool)):
-            raise DamagedRunError(f"{where} is damaged: generation is {generation!r}, expected int")
+            problems.append(f"generation is {generation!r}, expected int")
+        if problems:
+            raise DamagedRunError(f"{where} is damaged: {problems[0]}")
         return cls(**kwargs, parts=parts, extra={k: v for k, v in data.items() if k not in known | {"parts"}})
 
     def to_dict(self) -> dict[str, Any]:
@@ -147,9 +160,6 @@ class Manifest:
     def inputs(self) -> list[str]:
         """The run's inputs, to read its reviews again: the fingerprint's (absolute), else the spec's."""
         return list(self.fingerprint.get("inputs") or self.spec.get("inputs") or [])
-
-    #: Said of a model that does not load from where the run recorded it (moved, or another machine).
-    MODEL_MOVED = "the model the run recorded; pass it with --model where it is now"
 
     @property
     def model_source(self) -> str | None:
@@ -208,10 +218,9 @@ def model_problems(model: dict[str, Any]) -> list[str]:
         for name in ("num_layers", "num_heads", "max_length")
         if model.get(name) is not None and not whole(model[name], 1)
     ]
-    layers = model.get("layers")
+    layers, id2label = model.get("layers"), model.get("id2label")
     if layers is not None and not (isinstance(layers, list) and all(whole(x, 0) for x in layers)):
         problems.append(f"model.layers is {layers!r}, expected a list of 0-based layer indices")
-    id2label = model.get("id2label")
     if id2label is not None and not (
         isinstance(id2label, dict)
         and all(isinstance(k, str) and k.isdigit() and isinstance(v, str) for k, v in id2label.items())
@@ -222,33 +231,28 @@ def model_problems(model: dict[str, Any]) -> list[str]:
 
 def layer_name(layer: int, num_layers: int | None) -> str:
     """``layer 4 (−2)``: as a run stores it (0-based), and counted from the end as ``--layers`` takes it."""
-    end = f" (\u2212{num_layers - layer})" if num_layers else ""
-    return f"layer {layer}{end}"
+    return f"layer {layer}" + (f" (\u2212{num_layers - layer})" if num_layers else "")
+
+
+#: Fingerprint settings older runs did not record, with the value every run had then.
+_OLD_DEFAULTS = {"encoding": "utf-8", "delimiter": None, "store_text": True, "value_zeroing": False}
 
 
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     """A manifest of an older layout in this version's (a copy): inputs made absolute, and the settings
     a fingerprint did not record yet given the values every run had then."""
     data = dict(data)
-    fingerprint = data.get("fingerprint")
+    fingerprint, spec, model = data.get("fingerprint"), data.get("spec"), data.get("model")
     if isinstance(fingerprint, dict):
-        fingerprint = dict(fingerprint)
+        fingerprint = {**_OLD_DEFAULTS, **fingerprint}
         if isinstance(fingerprint.get("inputs"), list):
             fingerprint["inputs"] = [storage.absolute(p) for p in fingerprint["inputs"]]
-        spec, model = data.get("spec"), data.get("model")
         if "input_format" not in fingerprint:
             fingerprint["input_format"] = (
                 spec.get("input_format", "auto") if isinstance(spec, dict) else "auto"
             )
         if "labels" not in fingerprint and isinstance(model, dict):
             fingerprint["labels"] = model.get("id2label")
-        for key, then in (
-            ("encoding", "utf-8"),
-            ("delimiter", None),
-            ("store_text", True),
-            ("value_zeroing", False),
-        ):
-            fingerprint.setdefault(key, then)
         data["fingerprint"] = fingerprint
     if isinstance(data.get("sources"), list):
         data["sources"] = [
@@ -273,11 +277,8 @@ def load_json(run_dir: str | Path) -> dict[str, Any]:
         raise DamagedRunError(f"{path} is damaged: {e}") from None
     if not isinstance(data, dict):
         raise DamagedRunError(f"{path} is damaged: not a JSON object")
-    if (
-        not is_remote(run_dir)
-        and (logged := _logged_parts(Path(run_dir)))
-        and isinstance(data.get("parts"), list)
-    ):
+    logged = [] if is_remote(run_dir) else _logged_parts(Path(run_dir))
+    if logged and isinstance(data.get("parts"), list):
         names = {e["name"] for e in logged if isinstance(e, dict) and "name" in e}
         data["parts"] = [p for p in data["parts"] if not (isinstance(p, dict) and p.get("name") in names)]
         data["parts"] += logged
@@ -329,36 +330,28 @@ def read_manifest(run_dir: str | Path) -> Manifest:
 
 def require_current_tables(run_dir: str | Path, written: Any) -> None:
     """Refuse a run whose tables another version wrote in another form, before a reader fails on a
-    missing column or file."""
-    if not isinstance(written, dict) or written == schema.versions():
-        return  # the same tables; or none named (a manifest made by hand), left to its own checks
-
-    def spell(versions: dict[str, Any]) -> str:
-        return ", ".join(f"{t} v{v}" for t, v in sorted(versions.items()))
-
-    raise RunVersionError(
-        f"{run_dir} holds tables of another version of bertattn-batch ({spell(written)}; this version "
-        f"reads {spell(schema.versions())}): run its job again with --overwrite, or into a new --out"
-    )
+    missing column or file (a manifest that names no versions is left to its own checks)."""
+    if isinstance(written, dict) and written != schema.versions():
+        spell = ", ".join(f"{t} v{v}" for t, v in sorted(written.items()))
+        mine = ", ".join(f"{t} v{v}" for t, v in sorted(schema.versions().items()))
+        raise RunVersionError(
+            f"{run_dir} holds tables of another version of bertattn-batch ({spell}; this version reads "
+            f"{mine}): run its job again with --overwrite, or into a new --out"
+        )
 
 
 def manifest_text(manifest: Manifest) -> str:
     return json_text(manifest.to_dict(), indent=1, default=str)
 
 
-def save_manifest(run_dir: str | Path, manifest: Manifest) -> None:
+def save_manifest(run_dir: Path, manifest: Manifest) -> None:
     """Write the whole manifest atomically, then drop the commit log it now holds (a crash in between
-    leaves entries in both, which read as one). On a store, one PUT."""
-    text = manifest_text(manifest)
-    path = storage.join(run_dir, MANIFEST)
+    leaves entries in both, which read as one)."""
     try:
-        if is_remote(run_dir):
-            storage.write_bytes(path, text.encode("utf-8"))
-        else:
-            atomic_write_text(run_dir / MANIFEST, text)
-            (run_dir / COMMIT_LOG).unlink(missing_ok=True)
-    except (OSError, StorageError) as e:
-        raise WriteError(f"writing {path} failed: {getattr(e, 'strerror', None) or e}") from e
+        atomic_write_text(run_dir / MANIFEST, manifest_text(manifest))
+        (run_dir / COMMIT_LOG).unlink(missing_ok=True)
+    except OSError as e:
+        raise WriteError(f"writing {run_dir / MANIFEST} failed: {e.strerror or e}") from e
 
 
 def row_range_problems(parts: Iterable[tuple[int, int, int]]) -> list[str]:

@@ -27,10 +27,8 @@ from .layout import LEASE_NAME, MANIFEST, TABLES
 _WRITERS_OWN = (*TABLES, MANIFEST, LEASE_NAME)
 #: The store URI of each mirror folder (resolved) this process made, for :func:`display_path`.
 _URIS: dict[Path, str] = {}
-#: Per mirror folder: a lock for this process's threads, and how deep the holding thread is in it.
-_THREAD_LOCKS: dict[Path, threading.RLock] = {}
-_DEPTH: dict[Path, int] = {}
-_GUARD = threading.Lock()
+#: The mirror folders the current thread holds (:func:`_only_user`).
+_HELD = threading.local()
 T = TypeVar("T")
 
 
@@ -64,22 +62,19 @@ def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def _only_user(local: Path, uri: str) -> Iterator[bool]:
-    """Hold the mirror for one command of this machine at a time (a file lock); the same thread may
-    enter again (a command calling another), told so by the False it gets."""
-    with _GUARD:
-        lock = _THREAD_LOCKS.setdefault(local, threading.RLock())
-    with lock:
-        depth = _DEPTH.get(local, 0)
-        _DEPTH[local] = depth + 1
+    """Hold the mirror for one command of this machine at a time (a file lock, which another thread of
+    this process waits for too); the thread holding it may enter again (a command calling another),
+    told so by the False it gets."""
+    held: set[Path] = vars(_HELD).setdefault("mirrors", set())
+    if local in held:
+        yield False
+        return
+    with file_lock(local / ".lock", waiting=f"waiting for another command on this machine that reads {uri}"):
+        held.add(local)
         try:
-            if depth:
-                yield False
-            else:
-                waiting = f"waiting for another command on this machine that reads {uri}"
-                with file_lock(local / ".lock", waiting=waiting):
-                    yield True
+            yield True
         finally:
-            _DEPTH[local] = depth
+            held.discard(local)
 
 
 def display_path(path: str | Path) -> str:

@@ -169,56 +169,52 @@ def write_options(table_schema: pa.Schema) -> dict[str, object]:
     }
 
 
-def _shown(run_dir: str | Path, path: Any) -> str:
-    """A run's file as it is named to the user: below the run."""
-    root = os.fspath(run_dir).rstrip("/") if is_remote(path) else str(Path(run_dir))
-    return os.fspath(path).removeprefix(root + "/")
+def run_file(run_dir: str | Path, name: str) -> Any:
+    """A file of a run by its name in the manifest: a path on local disk, a URI on a store."""
+    return storage.join(run_dir, name) if is_remote(run_dir) else Path(run_dir) / name
 
 
-def check_part_file(run_dir: str | Path, path: Any) -> pq.FileMetaData:
-    """The footer of a committed part file; RunDirError where it is missing or cut short. On local disk,
-    a part met between its commit and its rename is waited for up to ``RENAME_WAIT_SECONDS``."""
-    name = _shown(run_dir, path)
-    if not is_remote(path):
-        tmp = path.with_name(tmp_name(path.name))
-        deadline = time.monotonic() + RENAME_WAIT_SECONDS
-        while not path.is_file() and tmp.is_file() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not path.is_file() and tmp.is_file():
-            raise RunDirError(
-                f"{run_dir}: {name} is committed but still has its temporary name (its extract stopped "
-                "before renaming it); rerun the extract to finish the run"
-            )
-    if not storage.is_file(path):
-        problem = "is committed in the manifest but missing"
-    else:
+def check_part(
+    run_dir: str | Path, part: PartEntry, tables: tuple[str, ...] | list[str] = TABLES
+) -> dict[str, Any]:
+    """The files of ``tables`` of a committed part; RunDirError where one is missing or cut short, or
+    holds other rows than its entry records: a part swapped for another (a restore from the wrong copy)
+    has sound files and other reviews. On local disk, a part met between its commit and its rename is
+    waited for up to ``RENAME_WAIT_SECONDS``."""
+    files = {t: run_file(run_dir, part.files[t]) for t in tables}
+    for table, path in files.items():
+        name = _shown(run_dir, path)
+        if not is_remote(path):
+            tmp = path.with_name(tmp_name(path.name))
+            deadline = time.monotonic() + RENAME_WAIT_SECONDS
+            while not path.is_file() and tmp.is_file() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not path.is_file() and tmp.is_file():
+                raise RunDirError(
+                    f"{run_dir}: {name} is committed but still has its temporary name (its extract stopped "
+                    "before renaming it); rerun the extract to finish the run"
+                )
         try:
             with storage.arrow_file(path) as f:
-                return pq.read_metadata(f)
-        except (pa.ArrowException, OSError) as e:
-            problem = f"cannot be read ({first_line(e)})"
-    raise RunDirError(f"{run_dir}: {name} {problem}; {DAMAGED}")
-
-
-def check_part_rows(run_dir: str | Path, part: PartEntry, footers: dict[str, pq.FileMetaData]) -> None:
-    """Raise unless a committed part's files (their ``footers`` by table) hold the rows its entry
-    records, and row numbers within its range in ``predictions``: a part swapped for another (a restore
-    from the wrong copy) has sound files and other reviews."""
-    for table, meta in footers.items():
-        problem = None
+                meta = pq.read_metadata(f)
+        except (pa.ArrowException, OSError, StorageError) as e:
+            gone = not storage.is_file(path)
+            problem = (
+                "is committed in the manifest but missing" if gone else f"cannot be read ({first_line(e)})"
+            )
+            raise RunDirError(f"{run_dir}: {name} {problem}; {DAMAGED}") from None
+        span = _row_index_range(meta) if table == "predictions" and meta.num_rows else None
         if meta.num_rows != part.rows[table]:
             problem = f"holds {meta.num_rows} rows where its commit recorded {part.rows[table]}"
-        elif table == "predictions" and meta.num_rows and (span := _row_index_range(meta)):
-            low, high = span
-            if low < part.start_row or high >= part.end_row:
-                problem = (
-                    f"holds input rows {low}..{high}, outside its part's {part.start_row}..{part.end_row - 1}"
-                )
-        if problem:
-            raise RunDirError(
-                f"{run_dir}: {part.files[table]} {problem} (changed or replaced since?); bertattn validate "
-                "tells what else is wrong, and --overwrite starts the run again"
-            )
+        elif span and (span[0] < part.start_row or span[1] >= part.end_row):
+            problem = f"holds input rows {span[0]}..{span[1]}, outside its part's {part.start_row}..{part.end_row - 1}"
+        else:
+            continue
+        raise RunDirError(
+            f"{run_dir}: {part.files[table]} {problem} (changed or replaced since?); bertattn validate "
+            "tells what else is wrong, and --overwrite starts the run again"
+        )
+    return files
 
 
 def _row_index_range(meta: pq.FileMetaData) -> tuple[int, int] | None:
@@ -245,8 +241,7 @@ def committed_files(
     run_dir = storage.normalize(run_dir)
     out = []
     for part in sorted(read_manifest(run_dir).parts, key=lambda p: p.name):
-        files = {t: run_file(run_dir, part.files[t]) for t in tables}
-        check_part_rows(run_dir, part, {t: check_part_file(run_dir, f) for t, f in files.items()})
+        files = check_part(run_dir, part, tables)
         for f in files.values() if verify else ():
             verify_pages(run_dir, f)
         out.append(CommittedPart(part.name, files))
@@ -259,6 +254,10 @@ def part_paths(run_dir: str | Path, table: str) -> list[str]:
     return [os.fspath(p.files[table]) for p in committed_files(run_dir, [table])]
 
 
+#: The part files :func:`verify_pages` found sound, by path, size and modification time.
+_VERIFIED: set[tuple[str, int, int]] = set()
+
+
 def verify_pages(run_dir: str | Path, path: Any) -> None:
     """Decode every page of a local part file with its checksum checked, once per file a process
     (polars checks none). On a store, left to ``validate``."""
@@ -266,32 +265,26 @@ def verify_pages(run_dir: str | Path, path: Any) -> None:
         return
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns)
-    if key in _VERIFIED:
-        return
-    try:
-        decode_every_page(path)
-    except (pa.ArrowException, OSError) as e:
-        raise RunDirError(
-            f"{run_dir}: {_shown(run_dir, path)} is damaged ({first_line(e)}); {DAMAGED}"
-        ) from None
-    _VERIFIED.add(key)
+    if key not in _VERIFIED:
+        try:
+            decode_every_page(path)
+        except (pa.ArrowException, OSError) as e:
+            raise RunDirError(
+                f"{run_dir}: {_shown(run_dir, path)} is damaged ({first_line(e)}); {DAMAGED}"
+            ) from None
+        _VERIFIED.add(key)
 
 
 def decode_every_page(path: Any) -> None:
     """Decode every page of a Parquet file with its checksum checked; what pyarrow raises is raised.
     Strings are read as dictionaries, so memory does not grow with a repeated doc_id's length."""
-    strings = [
-        f.name for f in pq.read_schema(path) if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
-    ]
+    strings = [f.name for f in pq.read_schema(path) if f.type in (pa.string(), pa.large_string())]
     with pq.ParquetFile(path, page_checksum_verification=True, read_dictionary=strings) as pf:
         for _ in pf.iter_batches(batch_size=1 << 16):
             pass
 
 
-#: The part files :func:`verify_pages` found sound, by path, size and modification time.
-_VERIFIED: set[tuple[str, int, int]] = set()
-
-
-def run_file(run_dir: str | Path, name: str) -> Any:
-    """A file of a run by its name in the manifest: a path on local disk, a URI on a store."""
-    return storage.join(run_dir, name) if is_remote(run_dir) else Path(run_dir) / name
+def _shown(run_dir: str | Path, path: Any) -> str:
+    """A run's file as it is named to the user: below the run."""
+    root = os.fspath(run_dir).rstrip("/") if is_remote(path) else str(Path(run_dir))
+    return os.fspath(path).removeprefix(root + "/")

@@ -58,84 +58,59 @@ def resume_point(
     (``inputs.fingerprint.source_files``); ``compared``: those checked against the recorded pass's,
     where they differ (a stream the recorded pass copied only a start of).
     """
-    parts, generation = run.parts, run.manifest.generation or 0
+    m, parts, generation = run.manifest, run.parts, run.manifest.generation or 0
     checked = compared if compared is not None else sources
-    if sources is not None:  # the files renamed (or the folder they are in): the same inputs
-        _rename_same_files(run, sources)
-    if not incremental and (run.manifest.passes - {0} or generation):  # its row numbers are not ours
+    if sources is not None and m.sources is not None and len(m.sources) == len(sources):
+        # the files the run recorded under other names (size and end bytes, in the same order: the
+        # project moved), unless they are told apart by their size alone (older runs)
+        renamed = [{**b, "path": s["path"]} for b, s in zip(m.sources, sources, strict=True)]
+        if (run.inputs_renamed or all("ends_sha256" in b for b in m.sources)) and all(
+            map(_same_file, renamed, sources)
+        ):
+            m.sources = renamed
+    if not incremental and (m.passes - {0} or generation):  # its row numbers are not ours
         raise RunDirError(
             f"{run.run_dir} was last run with --incremental (its passes go by id, not by row number); "
             "rerun it with --incremental (or --overwrite)"
         )
     current = [p for p in parts if p.generation == generation]
     skip_until = max((p.end_row for p in current), default=0)
-    new_pass = (
-        incremental and bool(parts) and (run.reopened_status == "complete" or run.manifest.generation is None)
-    )
-    if (
-        incremental
-        and not new_pass
-        and skip_until
-        and by_id
-        and (why := _moved_on(run, checked, skip_until, limit))
-    ):
+    changes = input_changes(m.sources, checked) if checked is not None and m.sources is not None else []
+    short = limit is not None and limit < skip_until  # a limit that stops before the committed rows
+    new_pass = incremental and bool(parts) and (run.reopened_status == "complete" or m.generation is None)
+    if incremental and not new_pass and skip_until and by_id and (changes or short):
+        why = (
+            f"the inputs changed ({_listed(changes)})"
+            if changes
+            else f"--limit {limit:,} stops before the {skip_until:,} input rows it read"
+        )
         log.warning("%s: %s since its interrupted pass began; a new pass adds the reviews whose ids are "
                     "not in the run yet", run.run_dir, why)  # fmt: skip
         new_pass = True
     if new_pass:
-        generation = max(run.manifest.passes) + 1
+        generation = max(m.passes) + 1
         run.begin_pass(generation, sources, limit)
         return ResumePoint(generation, 0, run.committed_ids(), None)
-    if skip_until:
-        _check_same_inputs(run, checked, by_id)
-        _check_limit(run, skip_until, limit)
+    if skip_until and changes:  # a file sorted before the old ones would shift every row
+        fix = "restore them, or pass --overwrite to start again"
+        if by_id and run.reopened_status == "complete" and not m.generation:
+            fix += ", or --incremental to add only the reviews whose ids are new"
+        raise RunDirError(
+            f"{run.run_dir}: the inputs changed since this run began ({_listed(changes)}); "
+            f"a resume goes on by row number and would mix old and new rows: {fix}"
+        )
+    if skip_until and short:
+        raise RunDirError(
+            f"{run.run_dir}: the run already holds {skip_until:,} input rows, more than --limit {limit:,} "
+            f"(a job's limit); resume with a limit of {skip_until:,} or more (or none), or pass --overwrite "
+            "to start again"
+        )
     run.begin_pass(generation, sources, limit)
     earlier = [p for p in parts if p.generation < generation]
     taken = run.committed_ids(current, claimed=True) if by_id and skip_until else None
     skip_ids = run.committed_ids(earlier) if earlier else None
     # digests are compared only by row number: a pass by id keeps the text an id had when scored
     return ResumePoint(generation, skip_until, skip_ids, taken, [] if incremental else parts)
-
-
-def _rename_same_files(run: RunDir, sources: list[dict[str, Any]]) -> None:
-    """Where the inputs are the files the run recorded under other names (size and end bytes, in the
-    same order: the project moved), the run takes the new names."""
-    before = run.manifest.sources or []
-    if len(before) != len(sources):
-        return
-    if not run.inputs_renamed and any("ends_sha256" not in b for b in before):
-        return  # files told apart by their size alone (older runs)
-    renamed = [{**b, "path": s["path"]} for b, s in zip(before, sources, strict=True)]
-    if all(map(_same_file, renamed, sources)):  # by what a resume compares of them
-        run.manifest.sources = renamed
-
-
-def _moved_on(run: RunDir, sources: list[dict[str, Any]] | None, skip_until: int, limit: int | None) -> str:
-    """Why an interrupted incremental pass cannot go on by row number, or "" where it can."""
-    before = run.manifest.sources
-    if sources is not None and before is not None and (changes := input_changes(before, sources)):
-        return f"the inputs changed ({_listed(changes)})"
-    if limit is not None and limit < skip_until:
-        return f"--limit {limit:,} stops before the {skip_until:,} input rows it read"
-    return ""
-
-
-def _check_same_inputs(run: RunDir, sources: list[dict[str, Any]] | None, by_id: bool) -> None:
-    """Refuse to continue a pass by row number over input files that changed since it began (a file
-    sorted before the old ones would shift every row)."""
-    before = run.manifest.sources
-    if sources is None or before is None:  # runs from before sources were kept
-        return
-    changes = input_changes(before, sources)
-    if not changes:
-        return
-    fix = "restore them, or pass --overwrite to start again"
-    if by_id and run.reopened_status == "complete" and not run.manifest.generation:
-        fix += ", or --incremental to add only the reviews whose ids are new"
-    raise RunDirError(
-        f"{run.run_dir}: the inputs changed since this run began ({_listed(changes)}); "
-        f"a resume goes on by row number and would mix old and new rows: {fix}"
-    )
 
 
 def check_read_unchanged(run: RunDir, before: list[dict[str, Any]], now: list[dict[str, Any]]) -> None:
@@ -151,16 +126,6 @@ def check_read_unchanged(run: RunDir, before: list[dict[str, Any]], now: list[di
 def _listed(changes: list[str]) -> str:
     more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
     return "; ".join(changes[:3]) + more
-
-
-def _check_limit(run: RunDir, skip_until: int, limit: int | None) -> None:
-    """Refuse, before the pass begins, a resume whose ``--limit`` stops before the committed rows."""
-    if limit is not None and limit < skip_until:
-        raise RunDirError(
-            f"{run.run_dir}: the run already holds {skip_until:,} input rows, more than --limit {limit:,} "
-            f"(a job's limit); resume with a limit of {skip_until:,} or more (or none), or pass --overwrite "
-            "to start again"
-        )
 
 
 def input_changes(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[str]:

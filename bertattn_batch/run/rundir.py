@@ -56,6 +56,7 @@ from .layout import (
     MANIFEST,
     REPORT_NAME,
     TABLES,
+    tmp_name,
 )
 from .lease import DEFAULT_TTL_S, SETTLE_S, Lease
 from .manifest import (
@@ -68,34 +69,30 @@ from .manifest import (
     save_manifest,
     upgrade,
 )
-from .parts import PartWriter, check_part_file, check_part_rows, run_file
+from .parts import PartWriter, check_part, run_file
 
 
 def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest | None:
     """The manifest of the run at a job's --out (None where there is none yet). Refuses a file, and a
     folder bertattn did not make, even when asked to overwrite; with ``on_existing="new"``, a run that
     committed parts. Asked before a job trains its model too."""
-    if not is_remote(run_dir):
-        run_dir = Path(storage.normalize(run_dir))
-    not_ours = f"{run_dir} is not empty and is not a run directory; choose another --out"
-    if isinstance(run_dir, str):
-        if not storage.is_file(storage.join(run_dir, MANIFEST)):
-            if any(name != LEASE_NAME for name in storage.list_names(run_dir, recursive=True)):
-                raise RunDirError(not_ours)
-            return None
-    else:
-        if run_dir.exists() and not run_dir.is_dir():
-            raise RunDirError(f"{run_dir} is a file, not a folder; choose another --out")
-        if not run_dir.is_dir():
-            return None
-        if not (run_dir / MANIFEST).is_file():
-            if any(not _left_by_a_start(p) for p in run_dir.iterdir()):
-                raise RunDirError(not_ours)
-            return None
+    run_dir = run_dir if is_remote(run_dir) else Path(storage.normalize(run_dir))
+    if isinstance(run_dir, Path) and run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is a file, not a folder; choose another --out")
+    local = isinstance(run_dir, Path)
+    if not ((run_dir / MANIFEST).is_file() if local else storage.is_file(storage.join(run_dir, MANIFEST))):
+        if local:
+            foreign = any(not _left_by_a_start(p) for p in run_dir.iterdir()) if run_dir.is_dir() else False
+        else:
+            foreign = any(name != LEASE_NAME for name in storage.list_names(run_dir, recursive=True))
+        if foreign:
+            raise RunDirError(f"{run_dir} is not empty and is not a run directory; choose another --out")
+        return None
+    redo = on_existing == "overwrite"
     try:
         old = read_manifest(run_dir)
     except RunVersionError:
-        if on_existing == "overwrite":  # an older version's run, which this one can only redo
+        if redo:  # an older version's run, which this one can only redo
             return Manifest()
         raise
     except DamagedRunError as e:  # a run of ours (it names our format) to redo when asked
@@ -104,7 +101,7 @@ def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest |
             raise RunDirError(
                 f"{e}; bertattn did not write it, so it is left as it is: choose another --out"
             ) from None
-        if on_existing != "overwrite":
+        if not redo:
             raise RunDirError(
                 f"{e}; pass --overwrite to start the run again, or choose another --out"
             ) from None
@@ -149,8 +146,8 @@ class RunDir:
         self.reopened_status: str | None = None
         #: the reopened run's inputs are named otherwise: what they hold decides (run.resume)
         self.inputs_renamed = False
+        self._before_pass: Manifest | None = None  # set by begin_pass: the manifest as the run was reopened
         self._began = False  # whether this process began (or went on with) a pass: see fail
-        self._before_pass: Manifest | None = None  # the manifest as the run was reopened: see fail
         self._positions: dict[str, int] = {}  # part name -> its place in manifest.parts
         self._held = contextlib.ExitStack()
 
@@ -168,9 +165,32 @@ class RunDir:
     def open(self) -> None:
         """Create a run, or reopen one of the same job (rolling its parts forward), and hold it."""
         old_manifest(self.run_dir, self.on_existing)  # before the lock: a folder not ours gets no lock file
-        self._hold()
         try:
-            self._open_held()
+            self._hold()
+            old = old_manifest(self.run_dir, self.on_existing)
+            # a run that committed no part holds nothing to keep: the corrected job may start afresh
+            if old is not None and (self.on_existing == "overwrite" or not old.parts):
+                self._clear()
+                old = None
+            if old is None:
+                self.manifest = Manifest(
+                    run_id=f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}",
+                    **{
+                        k: self.header[k]
+                        for k in ("spec", "fingerprint", "model", "versions")
+                        if k in self.header
+                    },
+                    schema_versions=schema.versions(),
+                    created_at=_now(),
+                )
+            else:
+                self.manifest, self.reopened_status = old, old.status
+                self._check_compatible(old)
+                if "fingerprint" in self.header and not self.inputs_renamed:  # the same job, as this
+                    self.manifest.fingerprint = self.header["fingerprint"]  # version spells it
+                self._recover()  # saved with the status it had: "running" is for begin_pass to say
+            self._make_folders()
+            self._save()
         except BaseException:
             self.close()
             raise
@@ -197,33 +217,6 @@ class RunDir:
         """Release the run (it is left as it is)."""
         self._held.close()
 
-    def _open_held(self) -> None:
-        old = old_manifest(self.run_dir, self.on_existing)
-        # a run that committed no part holds nothing to keep: the corrected job may start afresh
-        if old is not None and (self.on_existing == "overwrite" or not old.parts):
-            self._clear()
-            old = None
-        if old is not None:
-            self.manifest = old
-            self.reopened_status = old.status
-            self._check_compatible(old)
-            if "fingerprint" in self.header and not self.inputs_renamed:  # the same job, as this version
-                self.manifest.fingerprint = self.header["fingerprint"]  # spells it
-            self._recover()  # saved with the status it had: "running" is for begin_pass to say
-        else:
-            self.manifest = Manifest(
-                run_id=f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}",
-                **{
-                    k: self.header[k]
-                    for k in ("spec", "fingerprint", "model", "versions")
-                    if k in self.header
-                },
-                schema_versions=schema.versions(),
-                created_at=_now(),
-            )
-        self._make_folders()
-        self._save()
-
     def _make_folders(self) -> None:
         for table in TABLES:
             (self.run_dir / table).mkdir(parents=True, exist_ok=True)
@@ -234,49 +227,42 @@ class RunDir:
         --incremental job finish the last pass by row number); one refused because the inputs of its
         committed rows were edited keeps its whole manifest."""
         self._sweep()
+        if not self.manifest.schema_versions:  # never opened
+            return
         if isinstance(error, InputsEditedError) and self._before_pass is not None:
             self.manifest = self._before_pass
             if self.manifest.status == "running":  # (a run that was killed) stopped, as it is
                 self.manifest.status = "interrupted"
-        elif self.manifest.schema_versions:  # opened
-            began = self._began or self.reopened_status is None
-            self.manifest.status = "interrupted" if began else (self.reopened_status or "interrupted")
-        else:
-            return
+        elif self._began or self.reopened_status is None:
+            self.manifest.status = "interrupted"
         with contextlib.suppress(OSError, WriteError):  # the first error counts
             self._save()
 
     def finalize(self, last_run: dict[str, Any]) -> Manifest:
         """Mark the run complete, with this pass's summary (a pass that read no rows keeps the last
         one's) and every table's row count."""
-        if not last_run.get("input_rows") and self.manifest.last_run:
-            last_run = self.manifest.last_run
-        else:
-            last_run = {**last_run, "ended_at": _now()}
-        self.manifest.last_run = last_run
-        self.manifest.counts = part_rows(self.manifest)
-        self.manifest.status = "complete"
-        self.manifest.completed_at = _now()
+        m = self.manifest
+        m.last_run = (
+            m.last_run if not last_run.get("input_rows") and m.last_run else {**last_run, "ended_at": _now()}
+        )
+        m.counts, m.status, m.completed_at = part_rows(m), "complete", _now()
         self._save()
-        return self.manifest
+        return m
 
     def begin_pass(
         self, generation: int, sources: list[dict[str, Any]] | None = None, limit: int | None = None
     ) -> None:
         """Record, before its first part, the pass the parts to come belong to, its input files
         (``sources``, which a resume checks are unchanged) and the rows it reads at most (``limit``)."""
+        m = self.manifest
         if self.reopened_status is not None:
-            self._before_pass = copy.deepcopy(self.manifest)
-            self.manifest.status = "running"
-            self.manifest.resumed_at = _now()
-            self.manifest.resumes += 1
-        self.manifest.generation = generation
-        self.manifest.limit = limit
-        self._began = True
+            self._before_pass = copy.deepcopy(m)
+            m.status, m.resumed_at, m.resumes = "running", _now(), m.resumes + 1
+        m.generation, m.limit, self._began = generation, limit, True
         if sources is not None:
-            self.manifest.sources = sources
+            m.sources = sources
         if self.inputs_renamed:  # accepted: the run is of the inputs by their new names from now on
-            self.manifest.fingerprint = self.header["fingerprint"]
+            m.fingerprint = self.header["fingerprint"]
         self._save()
 
     @property
@@ -302,9 +288,8 @@ class RunDir:
 
     def _list(self, entry: PartEntry) -> None:
         """Put ``entry`` in the manifest's parts, in place of one of the same name (a retried window)."""
-        at = self._positions.get(entry.name)
-        if at is None:
-            self._positions[entry.name] = len(self.manifest.parts)
+        at = self._positions.setdefault(entry.name, len(self.manifest.parts))
+        if at == len(self.manifest.parts):
             self.manifest.parts.append(entry)
         else:
             self.manifest.parts[at] = entry
@@ -322,8 +307,7 @@ class RunDir:
         files must be sound and their row ranges whole."""
         self._sweep()
         for p in self.parts:
-            footers = {t: check_part_file(self.run_dir, run_file(self.run_dir, p.files[t])) for t in TABLES}
-            check_part_rows(self.run_dir, p, footers)
+            check_part(self.run_dir, p)
         for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in self.parts):
             raise RunDirError(
                 f"{self.run_dir}: {problem} (was the manifest edited or restored?); "
@@ -336,14 +320,11 @@ class RunDir:
         for table in TABLES:
             folder = self.run_dir / table
             for f in folder.iterdir() if folder.is_dir() else ():
+                final = folder / f.name[1:-4]  # of a part's temporary
                 if f.name in listed and f.is_file():
                     continue
-                if f.name.startswith("_") and f.name.endswith(".tmp") and f.name[1:-4] in listed:
-                    final = folder / f.name[1:-4]
-                    if final.exists():
-                        f.unlink()
-                    else:
-                        f.replace(final)
+                if f.name == tmp_name(final.name) and final.name in listed and not final.exists():
+                    f.replace(final)
                 elif f.is_dir() and not f.is_symlink():  # a table folder holds parts only
                     shutil.rmtree(f)
                 else:  # a file, or a link (not what it links to)
@@ -359,20 +340,27 @@ class RunDir:
         diff = sorted(k for k in keys if mine.get(k) != theirs.get(k))
         if diff == ["inputs"] and old.sources is not None:
             self.inputs_renamed = True  # a resume decides by what the files hold (run.resume)
-            return
-        if diff:
-            detail = "; ".join(
+        elif diff:
+            spelled = [
                 f"{k}: run has {_spelled(theirs.get(k))}, job has {_spelled(mine.get(k))}" for k in diff
-            )
+            ]
             raise RunDirError(
-                f"{self.run_dir} was made by another job ({detail}); pass --overwrite or choose another --out"
+                f"{self.run_dir} was made by another job ({'; '.join(spelled)}); pass --overwrite or "
+                "choose another --out"
             )
 
     def _clear(self) -> None:
         """Remove what bertattn wrote into the run, its manifest last (a clear cut short is still a run)."""
         temporaries = [p.name for p in self.run_dir.glob(f".{REPORT_NAME}*.tmp")]
-        temporaries += [hidden_tmp(MANIFEST), COMMIT_LOG]
-        for name in (*TABLES, *DERIVED_DIRS, REPORT_NAME, *temporaries, MANIFEST):
+        for name in (
+            *TABLES,
+            *DERIVED_DIRS,
+            REPORT_NAME,
+            *temporaries,
+            hidden_tmp(MANIFEST),
+            COMMIT_LOG,
+            MANIFEST,
+        ):
             child = self.run_dir / name
             if child.is_dir() and not child.is_symlink():
                 remove_tree(child)
@@ -398,16 +386,13 @@ class StoredRunDir(RunDir):
         self._conditional = storage.has_conditional_writes(self.run_dir)
         super().open()
 
-    def _open_held(self) -> None:
-        if self._conditional:  # looked up before the manifest is read: a commit between is refused
-            self._etag = storage.etag(storage.join(self.run_dir, MANIFEST))
-        super()._open_held()
-
     def _hold(self) -> None:
         self._lease = Lease.take(self.run_dir, self.lease_ttl_s, self.lease_settle_s)
         self.part_writer.lease = self._lease.guard()
         self._held.callback(self._lease.drop)
         self._held.callback(self._lease.keep_fresh())
+        if self._conditional:  # looked up before the manifest is read: a commit between is refused
+            self._etag = storage.etag(storage.join(self.run_dir, MANIFEST))
 
     def commit(self, entry: PartEntry) -> None:
         """List the uploaded part and write the manifest, the commit point (a store cannot append)."""
@@ -415,8 +400,6 @@ class StoredRunDir(RunDir):
         self._save()
 
     def _save(self) -> None:
-        """Write the manifest, then delete the uploads it was found not to list: the write, a
-        compare-and-swap, shows that no other writer has taken the run over since they were listed."""
         self._lease.check()
         super()._save()
         for uri in self._strays:
@@ -450,14 +433,10 @@ class StoredRunDir(RunDir):
     def fail(self, error: BaseException | None = None) -> None:
         """As on local disk, unless the run is another's now (its lease lost, a commit refused); a
         store's error here does not hide the one that stopped the job."""
-        if self._refused:
-            return
-        try:
-            self._lease.check()
-        except RunDirError:
-            return
         with contextlib.suppress(StorageError, RunDirError):
-            super().fail(error)
+            if not self._refused:
+                self._lease.check()
+                super().fail(error)
 
     def _make_folders(self) -> None:
         """A store has no folders."""

@@ -26,7 +26,7 @@ from .parts import committed_files
 #: The columns ``tokens`` adds to each attention row.
 TOKEN_COLUMNS = ("token_id", "token", "start", "end")
 #: What a token row is found by.
-TOKEN_KEY = ["doc_id", "position"]
+TOKEN_KEY = schema.key("tokens")
 #: Schemes that polars reads itself (its own S3 and GCS clients, from the same environment).
 POLARS_SCHEMES = (None, "s3", "gs", "gcs")
 

@@ -25,10 +25,10 @@ from pathlib import Path
 from ...errors import RunDirError
 from ...run import FORMAT, load_json, local_run, require_current_tables, writer_is_live
 from ...storage import is_remote
-from .files import check_counts, check_files, check_manifest, check_schemas
+from .files import check_files, check_manifest
 from .inputs import check_inputs_and_spans
 from .report import CHECKS, Check, Problem, ValidationReport
-from .tables import check_attention, check_predictions
+from .tables import check_attention, check_predictions, check_ranges
 
 
 def validate_run(run_dir: str | Path, check_source: bool = True) -> ValidationReport:
@@ -60,10 +60,9 @@ def _validate(
     report = ValidationReport(shown)
     run = check_manifest(report, path, manifest, writing)
     check_files(report, run)
-    check_schemas(report, run)
-    check_counts(report, run)
     statuses = check_predictions(report, run)
     check_attention(report, run)
+    check_ranges(report, run)
     if check_source:
         check_inputs_and_spans(report, run)
     else:

@@ -10,6 +10,7 @@ problem once it is. A ``*.tmp`` beside the manifest (the manifest's or a report'
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,23 +21,20 @@ import pyarrow.parquet as pq
 
 from ... import schema
 from ...errors import first_line
-from ...run import FORMAT, decode_every_page, load_json, model_problems, parse_parts, tmp_name
+from ...run import FORMAT, PartEntry, decode_every_page, load_json, model_problems, parse_parts, tmp_name
 from .report import ValidationReport
 
 
 @dataclass
-class Part:
-    """A manifest part entry, with what the files check learned about its files."""
+class Part(PartEntry):
+    """A committed part, with what the file checks learned of its files."""
 
-    name: str
-    start_row: int
-    end_row: int
-    generation: int
-    rel: dict[str, str]
-    rows: dict[str, int]
-    rows_digest: str = ""  # of its input rows as read (inputs/digest.py)
     readable: set[str] = field(default_factory=set)  # tables whose file exists and matches its schema
     file_rows: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rel(self) -> dict[str, str]:
+        return self.files
 
 
 @dataclass
@@ -54,7 +52,12 @@ class RunView:
     writing: Callable[[], bool | None] = lambda: None  # whether a process writes the run now
 
     def file(self, part: Part, table: str) -> Path:
-        return self.path / part.rel[table]
+        return self.path / part.files[table]
+
+    @property
+    def tables(self) -> list[str]:
+        """Every table of a run, and any other its parts list: each is checked by its own schema."""
+        return list(dict.fromkeys([*schema.TABLES, *(t for p in self.parts for t in p.files)]))
 
 
 def check_manifest(
@@ -83,21 +86,17 @@ def check_manifest(
         rec.fail("manifest", f"unknown status {status!r}")
     model = m.get("model") if isinstance(m.get("model"), dict) else {}
     problems = model_problems(model)
-    for problem in problems:
-        rec.fail("manifest", problem)
-    # what the checks below need: a field that is wrong (just reported) or missing is left unchecked
-    usable = {
-        name: model.get(name) for name in model if not any(p.startswith(f"model.{name} ") for p in problems)
-    }
+    # what the checks below need: a field that is wrong (reported here) or missing is left unchecked
+    usable = {k: v for k, v in model.items() if not any(p.startswith(f"model.{k} ") for p in problems)}
     for name in ("layers", "num_heads", "id2label"):
-        if not usable.get(name):
-            if name not in model or model[name] in (None, [], {}):
-                rec.fail("manifest", f"model.{name} is {model.get(name)!r}: the run's manifest must name it")
-            usable[name] = None
-    layers, heads, id2label = usable["layers"], usable["num_heads"], usable["id2label"]
+        if name not in model or model[name] in (None, [], {}):
+            problems.append(f"model.{name} is {model.get(name)!r}: the run's manifest must name it")
+    entries, malformed = parse_parts(m.get("parts"))
+    for problem in problems + malformed:
+        rec.fail("manifest", problem)
+    layers = usable.get("layers") or None
     _check_spec_layers(rec, m.get("spec"), layers, usable.get("num_layers"))
-    max_length = usable.get("max_length")
-    parts = _parse_parts(rec, m.get("parts"))
+    parts = [Part(**dataclasses.asdict(e)) for e in entries]
     if status == "complete":
         rec.note("manifest", f"status complete, {len(parts)} parts")
     return RunView(
@@ -105,11 +104,11 @@ def check_manifest(
         manifest=m,
         status=status,
         layers=layers,
-        num_heads=heads,
-        id2label=id2label,
+        num_heads=usable.get("num_heads") or None,
+        id2label=usable.get("id2label") or None,
         dtype=str(model.get("dtype", "unknown")),
         attention=str(model.get("attention", "unknown")),
-        max_length=max_length,
+        max_length=usable.get("max_length"),
         parts=parts,
         writing=writing,
     )
@@ -130,132 +129,90 @@ def _check_spec_layers(rec: ValidationReport, spec: Any, layers: list[int] | Non
         )
 
 
-def _parse_parts(rec: ValidationReport, entries: Any) -> list[Part]:
-    parsed, problems = parse_parts(entries)
-    for problem in problems:
-        rec.fail("manifest", problem)
-    parts: list[Part] = []
-    seen: set[str] = set()
-    for e in parsed:
-        part = Part(e.name, e.start_row, e.end_row, e.generation, dict(e.files), dict(e.rows), e.rows_digest)
-        if part.name in seen:
-            rec.fail("manifest", f"part {part.name} is listed twice")
-            continue
-        if part.end_row < part.start_row:
-            rec.fail("manifest", f"part {part.name}: end_row {part.end_row} < start_row {part.start_row}")
-        seen.add(part.name)
-        parts.append(part)
-    return parts
-
-
 def check_files(rec: ValidationReport, run: RunView) -> None:
-    complete = run.status == "complete"
-    live = run.status == "running" and run.writing() is True
-    in_hand: list[str] = []
-
-    def uncommitted(rel: str, what: str) -> None:
-        if complete:
-            rec.fail("files", f"{rel}: {what} in a run marked complete")
-        elif live:  # the extract writing the run now is writing it
-            in_hand.append(rel)
-        else:
-            rec.warn("files", f"{rel}: {what} (an uncommitted part; the next resume removes it)")
-
-    listed: dict[str, set[str]] = {t: set() for t in schema.TABLES}
-    n_files = 0
+    """Every listed file: there, decodable, of its table's schema with no null where none may be, of the
+    rows the manifest records; every other file of a table folder named; the totals of a complete run."""
+    listed: dict[str, set[str]] = {t: set() for t in run.tables}
     for part in run.parts:
-        for table in schema.TABLES:
-            rel = part.rel[table]
-            want = f"{table}/{part.name}"
+        for table in part.files:
+            rel, want = part.files[table], f"{table}/{part.name}"
             if rel != want:
                 rec.fail("files", f"part {part.name}: {table} file is {rel!r}, expected {want!r}")
                 continue
             listed[table].add(part.name)
-            n_files += 1
             if run.file(part, table).is_file():
-                continue
-            if (run.path / table / tmp_name(part.name)).is_file():  # killed between commit and rename
+                _check_file(rec, run.file(part, table), part, table)
+            elif (run.path / table / tmp_name(part.name)).is_file():  # killed between commit and rename
                 listed[table].add(tmp_name(part.name))
                 rec.warn("files", f"{rel}: committed, still under its temporary name; a rerun renames it")
             else:
                 rec.fail("files", f"{rel}: listed in the manifest but missing")
-    for table in schema.TABLES:
-        folder = run.path / table
-        if not folder.is_dir():  # a store has no folders: a run stopped before its first part has none
-            continue  # (a listed part's missing file is named above)
-        for f in sorted(folder.iterdir()):
-            rel = f"{table}/{f.name}"
+    _check_unlisted(rec, run, listed)
+    rec.note("files", f"{sum(map(len, listed.values()))} files listed in {len(run.parts)} parts")
+    rec.note("schema", f"{sum(len(p.file_rows) for p in run.parts)} files read")
+    _check_counts(rec, run)
+
+
+def _check_file(rec: ValidationReport, path: Path, part: Part, table: str) -> None:
+    rel = part.files[table]
+    try:
+        pf = pq.ParquetFile(path)
+        decode_every_page(path)  # every value once: a page that no longer decodes hides behind a sound footer
+    except Exception as e:  # any reader error means the file is not usable Parquet
+        rec.fail("schema", f"{rel}: its data cannot be decoded ({first_line(e)})")
+        return
+    part.file_rows[table] = pf.metadata.num_rows
+    if part.file_rows[table] != part.rows[table]:
+        rec.fail("counts", f"{rel}: {pf.metadata.num_rows} rows, the manifest says {part.rows[table]}")
+    diffs = schema.check(pf.schema_arrow, table)
+    # a required column (as this project writes them) cannot store a null: count them where it may
+    names = pf.schema_arrow.names
+    may_not = [f.name for f in schema.arrow(table) if not f.nullable and f.name in names]
+    nulls = {
+        c: sum(b.column(0).null_count for b in pf.iter_batches(columns=[c]))
+        for c in may_not
+        if pf.schema_arrow.field(c).nullable
+    }
+    diffs += [f"column {c!r} holds {n} nulls where none may be" for c, n in nulls.items() if n]
+    for d in diffs:
+        rec.fail("schema", f"{rel}: {d}")
+    if not diffs:
+        part.readable.add(table)
+
+
+def _check_unlisted(rec: ValidationReport, run: RunView, listed: dict[str, set[str]]) -> None:
+    """What a table folder holds that the manifest does not list; temporaries beside the manifest."""
+    live = run.status == "running" and run.writing() is True
+    in_hand = 0
+    for table in run.tables:
+        folder = run.path / table  # a store has no folders: a run stopped before its first part has none
+        for f in sorted(folder.iterdir()) if folder.is_dir() else ():
+            rel, temporary = f"{table}/{f.name}", f.name.startswith(("_", "."))
             if f.name in listed[table]:
                 continue
-            if f.name.startswith(("_", ".")):
-                uncommitted(rel, "leftover temporary file")
-            elif fnmatch.fnmatch(f.name, "part-*.parquet"):
-                uncommitted(rel, "not listed in the manifest (readers that glob part-*.parquet read it)")
-            else:
+            if not temporary and not fnmatch.fnmatch(f.name, "part-*.parquet"):
                 rec.warn("files", f"{rel}: unexpected file")
+                continue
+            what = (
+                "leftover temporary file"
+                if temporary
+                else "not listed in the manifest (readers that glob part-*.parquet read it)"
+            )
+            if run.status == "complete":
+                rec.fail("files", f"{rel}: {what} in a run marked complete")
+            elif live:  # the extract writing the run now is writing it
+                in_hand += 1
+            else:
+                rec.warn("files", f"{rel}: {what} (an uncommitted part; the next resume removes it)")
     for f in sorted(run.path.iterdir()):  # the manifest's or the report's: another command writing, or
         if f.is_file() and f.name.endswith(".tmp"):  # one killed; no part, so no damage
             rec.warn("files", f"{f.name}: a temporary file of a command writing the run's manifest or report")
     if in_hand:
-        rec.note("files", f"{len(in_hand)} uncommitted files that the running extract is writing")
-    rec.note("files", f"{n_files} files listed in {len(run.parts)} parts")
+        rec.note("files", f"{in_hand} uncommitted files that the running extract is writing")
 
 
-def check_schemas(rec: ValidationReport, run: RunView) -> None:
-    checked = 0
-    for part in run.parts:
-        for table in schema.TABLES:
-            path = run.file(part, table)
-            if part.rel[table] != f"{table}/{part.name}" or not path.is_file():
-                continue
-            try:
-                pf = pq.ParquetFile(path)
-            except Exception as e:  # any reader error means the file is not usable Parquet
-                rec.fail("schema", f"{part.rel[table]}: not readable as Parquet ({first_line(e)})")
-                continue
-            try:  # every value once: a page that no longer decodes hides behind a sound footer
-                decode_every_page(path)
-            except Exception as e:
-                rec.fail("schema", f"{part.rel[table]}: its data cannot be decoded ({first_line(e)})")
-                continue
-            checked += 1
-            part.file_rows[table] = pf.metadata.num_rows
-            diffs = schema.check(pf.schema_arrow, table)
-            for d in diffs:
-                rec.fail("schema", f"{part.rel[table]}: {d}")
-            nulls = _null_counts(pf, table)
-            for col, n in nulls.items():
-                rec.fail("schema", f"{part.rel[table]}: column {col!r} holds {n} nulls where none may be")
-            if not diffs and not nulls:
-                part.readable.add(table)
-    rec.note("schema", f"{checked} files read")
-
-
-def _null_counts(pf: pq.ParquetFile, table: str) -> dict[str, int]:
-    """Nulls in the columns that may hold none, counted where the file declares the column nullable (a
-    required column, as this project writes them, cannot store a null)."""
-    names = pf.schema_arrow.names
-    may = [f.name for f in schema.arrow(table) if not f.nullable and f.name in names]
-    counts = {
-        c: sum(b.column(0).null_count for b in pf.iter_batches(columns=[c]))
-        for c in may
-        if pf.schema_arrow.field(c).nullable
-    }
-    return {c: n for c, n in counts.items() if n}
-
-
-def check_counts(rec: ValidationReport, run: RunView) -> None:
-    actual: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
-    complete_tables = set(schema.TABLES)
-    for part in run.parts:
-        for table in schema.TABLES:
-            n = part.file_rows.get(table)
-            if n is None:
-                complete_tables.discard(table)
-                continue
-            actual[table] += n
-            if n != part.rows[table]:
-                rec.fail("counts", f"{part.rel[table]}: {n} rows, the manifest says {part.rows[table]}")
+def _check_counts(rec: ValidationReport, run: RunView) -> None:
+    actual = {t: sum(p.file_rows.get(t, 0) for p in run.parts) for t in run.tables}
     if run.status != "complete":
         rec.note("counts", "totals not checked: the run is not complete")
         return
@@ -263,10 +220,13 @@ def check_counts(rec: ValidationReport, run: RunView) -> None:
     if not isinstance(counts, dict):
         rec.fail("counts", "the manifest of a complete run has no counts")
         return
-    for table in schema.TABLES:
-        listed = sum(p.rows[table] for p in run.parts)
+    for table in run.tables:
+        listed = sum(p.rows.get(table, 0) for p in run.parts)
         if counts.get(table) != listed:
             rec.fail("counts", f"counts.{table} is {counts.get(table)}, its parts list {listed} rows")
-        elif table in complete_tables and counts.get(table) != actual[table]:
+        elif (
+            all(table in p.file_rows for p in run.parts if table in p.files)
+            and counts.get(table) != actual[table]
+        ):
             rec.fail("counts", f"counts.{table} is {counts.get(table)}, its files hold {actual[table]} rows")
-    rec.note("counts", ", ".join(f"{t} {actual[t]}" for t in schema.TABLES) + " rows")
+    rec.note("counts", ", ".join(f"{t} {n}" for t, n in actual.items()) + " rows")

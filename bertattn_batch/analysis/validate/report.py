@@ -54,24 +54,17 @@ class Check:
     skipped: str | None = None
 
     @property
-    def examples(self) -> list[str]:
-        return [p.message if p.severity == "problem" else f"warning: {p.message}" for p in self.found]
-
-    @property
     def status(self) -> str:
-        if self.problems:
-            return "FAIL"
-        if self.skipped:
-            return "SKIP"
-        return "WARN" if self.warnings else "ok"
+        return "FAIL" if self.problems else "SKIP" if self.skipped else "WARN" if self.warnings else "ok"
 
     def line(self) -> str:
-        counts = ((self.problems, "problem"), (self.warnings, "warning"))
-        parts = [f"{n} {what}{'s' if n != 1 else ''}" for n, what in counts if n]
-        if self.skipped:
-            parts.append(f"skipped: {self.skipped}")
-        parts.extend(self.notes)
-        return f"{self.status:<4}  {self.name:<14}  {'; '.join(parts) or self.description}"
+        said = [
+            f"{n} {what}{'s' if n != 1 else ''}"
+            for n, what in ((self.problems, "problem"), (self.warnings, "warning"))
+            if n
+        ]
+        said += [f"skipped: {self.skipped}"] if self.skipped else []
+        return f"{self.status:<4}  {self.name:<14}  {'; '.join(said + self.notes) or self.description}"
 
 
 @dataclass
@@ -102,12 +95,11 @@ class ValidationReport:
 
     def fail_many(self, check: str, count: int, examples: Iterable[str]) -> None:
         """``count`` problems of ``check``, of which the first of ``examples`` are kept."""
-        if count <= 0:
-            return
         c = self.check(check)
-        kept = sum(p.severity == "problem" for p in c.found)
-        c.found += [Problem(check, m) for m in list(examples)[: max(0, KEPT - kept)]]
-        c.problems += count
+        if count > 0:
+            kept = sum(p.severity == "problem" for p in c.found)
+            c.found += [Problem(check, m) for m in list(examples)[: max(0, KEPT - kept)]]
+            c.problems += count
 
     def warn(self, check: str, message: str) -> None:
         c = self.check(check)
@@ -124,22 +116,22 @@ class ValidationReport:
     def render(self) -> str:
         lines = [self.header or self.run_dir]
         for c in self.checks:
-            lines.append(c.line())
-            lines += [f"        - {ex}" for ex in c.examples[:SHOWN]]
-            hidden = c.problems + c.warnings - min(len(c.examples), SHOWN)
-            if c.examples and hidden > 0:
-                lines.append(f"        ... and {hidden} more")
+            shown = [
+                p.message if p.severity == "problem" else f"warning: {p.message}" for p in c.found[:SHOWN]
+            ]
+            lines += [c.line(), *(f"        - {ex}" for ex in shown)]
+            if shown and c.problems + c.warnings > len(shown):
+                lines.append(f"        ... and {c.problems + c.warnings - len(shown)} more")
         if self.ok:
-            n_warn = sum(c.warnings for c in self.checks)
-            n_skip = sum(1 for c in self.checks if c.skipped)
+            n_warn, n_skip = sum(c.warnings for c in self.checks), sum(bool(c.skipped) for c in self.checks)
             lines.append(
                 f"clean: {len(self.checks) - n_skip} checks passed"
                 + (f", {n_skip} skipped" if n_skip else "")
                 + (f", {n_warn} warnings" if n_warn else "")
             )
         else:
-            failed = sum(1 for c in self.checks if c.problems)
             n = sum(c.problems for c in self.checks)
+            failed = sum(bool(c.problems) for c in self.checks)
             lines.append(
                 f"damaged: {n} problem{'s' if n != 1 else ''} in {failed} of {len(self.checks)} checks"
             )

@@ -1,12 +1,14 @@
 """The checks of what the tables hold: predictions over every part at once (lazy polars queries, a row
-per review), attention and tokens part by part (a part holds one window of reviews)."""
+per review), attention and tokens part by part (a part holds one window of reviews), and every column's
+range as ``schemas/`` declares it, for any table (:func:`check_ranges`)."""
 
 from __future__ import annotations
 
 import polars as pl
+import pyarrow as pa
 
 from ... import schema
-from ...run import TOKEN_KEY, row_range_problems
+from ...run import row_range_problems
 from .files import Part, RunView
 from .report import KEPT, ValidationReport
 
@@ -21,7 +23,7 @@ SCALED_TOLERANCE = 1e-4
 #: |weight_min/max - min/max of the stored weights| allowed (the same float32 numbers when intact).
 MINMAX_TOLERANCE = 1e-6
 
-_KEYS = ["doc_id", "layer", "head"]
+_KEYS = schema.key("head_summary")
 
 Rule = tuple[str, pl.Expr, pl.Expr]  # (check, True where a row breaks it, what to say of such a row)
 
@@ -48,10 +50,16 @@ def apply_rules(rec: ValidationReport, lf: pl.LazyFrame, at: pl.Expr, rules: lis
             rec.fail_many(check, int(n), examples.to_list())
 
 
+def report_rows(rec: ValidationReport, check: str, rows: pl.DataFrame, message: pl.Expr) -> None:
+    """Each of ``rows`` a problem of ``check``; the first ``KEPT`` of them said by ``message``."""
+    rec.fail_many(check, rows.height, rows.head(KEPT).select(message).to_series().to_list())
+
+
 def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
     """row_index, doc_id and predictions checks over every readable predictions part; status counts."""
     parts = [p for p in run.parts if "predictions" in p.readable]
-    _check_row_ranges(rec, run)
+    for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in run.parts):
+        rec.fail("row_index", problem)  # generation 0 tiles 0..N-1, no generation holds a row twice
     if not parts:
         for check in ("row_index", "doc_id", "predictions"):
             rec.skip(check, "no readable predictions parts")
@@ -94,22 +102,17 @@ def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
         .sort("doc_id")
         .collect(engine="streaming")
     )
-    rec.fail_many(
+    report_rows(
+        rec,
         "doc_id",
-        dups.height,
-        (f"doc {d!r} scored {n} times ({', '.join(f)})" for d, n, f in dups.head(KEPT).iter_rows()),
+        dups,
+        fmt("doc '{}' scored {} times ({})", "doc_id", "n", pl.col("files").list.join(", ")),
     )
     rec.note("doc_id", f"{statuses.get('ok', 0)} scored reviews")
-    apply_rules(rec, lf, fmt("{} row {} doc '{}'", "_file", "row_index", "doc_id"), _prediction_rules(run))
+    apply_rules(rec, lf, where("predictions", "_file"), _prediction_rules(run))
     labels = f", {len(run.id2label)} labels" if run.id2label else ""
     rec.note("predictions", f"{sum(statuses.values())} rows{labels}")
     return statuses
-
-
-def _check_row_ranges(rec: ValidationReport, run: RunView) -> None:
-    """Generation 0's parts tile 0..N-1 with no gap or overlap; later generations do not overlap."""
-    for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in run.parts):
-        rec.fail("row_index", problem)
 
 
 def _prediction_rules(run: RunView) -> list[Rule]:
@@ -174,14 +177,8 @@ def check_attention(rec: ValidationReport, run: RunView) -> None:
             .filter(pl.col("token").list.len() > 1)
             .sort("token_id")
         )
-        rec.fail_many(
-            "tokens",
-            clashes.height,
-            (
-                f"token id {i} is written as {', '.join(map(repr, t))}"
-                for i, t in clashes.head(KEPT).iter_rows()
-            ),
-        )
+        written = pl.concat_str(pl.lit("'"), pl.col("token").list.join("', '"), pl.lit("'"))
+        report_rows(rec, "tokens", clashes, fmt("token id {} is written as {}", "token_id", written))
     tol = _mass_tolerance(run)
     rec.note("layers_heads", f"layers {run.layers} x {run.num_heads} heads")
     rec.note("positions", f"{heads} (review, layer, head) rows")
@@ -207,7 +204,6 @@ class _PartCheck:
         self.summary = pl.read_parquet(run.file(part, "head_summary"), glob=False)  # reviews x layers x heads
         self.attn = pl.scan_parquet(run.file(part, "cls_attention"), glob=False)
         self.tokens = pl.scan_parquet(run.file(part, "tokens"), glob=False)
-        self.key = fmt("doc '{}' layer {} head {}", "doc_id", "layer", "head")
         self.groups = (  # each (review, layer, head) of the attention rows, summed up
             self.attn.group_by(_KEYS)
             .agg(
@@ -229,16 +225,15 @@ class _PartCheck:
         self.token_positions()
         self.heads(summary)
         self.rows(summary)
-        self.spans()
         return summary.height, self.tokens.select("token_id", "token").unique().collect(engine="streaming")
 
     def report(self, check: str, rows: pl.DataFrame, message: pl.Expr) -> None:
-        self.rec.fail_many(check, rows.height, rows.head(KEPT).select(message).to_series().to_list())
+        report_rows(self.rec, check, rows, message)
 
     def grid(self) -> pl.DataFrame:
         """Layers and heads: every scored review has the whole grid, once, in both tables; nothing else
         does. Returns head_summary with each (review, layer, head) once."""
-        run, key = self.run, self.key
+        run = self.run
         assert run.layers is not None and run.num_heads is not None
         layer_ok = pl.col("layer").is_in(run.layers) & pl.col("head").is_between(0, run.num_heads - 1)
         grid = self.scored.select("doc_id").join(
@@ -252,14 +247,13 @@ class _PartCheck:
             how="cross",
         )
         dup = self.summary.group_by(_KEYS).agg(n=pl.len()).filter(pl.col("n") > 1)
-        self.report("layers_heads", dup, fmt("{} {}: {} head_summary rows", pl.lit(self.rel_sum), key, "n"))
+        at_sum = where("head_summary", pl.lit(self.rel_sum))
+        self.report("layers_heads", dup, fmt("{}: {} head_summary rows", at_sum, "n"))
         summary = self.summary.unique(_KEYS, keep="first", maintain_order=True)
         for rel, table in ((self.rel_sum, summary), (self.rel_attn, self.groups)):
-            where = fmt("{} {}", pl.lit(rel), key)
+            at = where("head_summary", pl.lit(rel))
             wanted = f"layers {run.layers} x heads 0..{run.num_heads - 1}"
-            self.report(
-                "layers_heads", table.filter(~layer_ok), fmt("{}: not among {}", where, pl.lit(wanted))
-            )
+            self.report("layers_heads", table.filter(~layer_ok), fmt("{}: not among {}", at, pl.lit(wanted)))
             stray = (
                 table.filter(layer_ok)
                 .join(self.scored, on="doc_id", how="anti")
@@ -270,12 +264,12 @@ class _PartCheck:
                 stray,
                 fmt("{} doc '{}': not a scored review of this part", pl.lit(rel), "doc_id"),
             )
-            self.report("layers_heads", grid.join(table, on=_KEYS, how="anti"), fmt("{}: missing", where))
+            self.report("layers_heads", grid.join(table, on=_KEYS, how="anti"), fmt("{}: missing", at))
         return summary
 
     def token_positions(self) -> None:
         """One tokens row for each position the attention rows hold, and no other."""
-        where = fmt("{} doc '{}' position {}", pl.lit(self.rel_tok), "doc_id", "position")
+        at = where("tokens", pl.lit(self.rel_tok))
         # (reviews numbered: keyed by doc_id, a set of positions holds memory in proportion to its length)
         docs = (
             pl.concat([self.attn.select("doc_id"), self.tokens.select("doc_id")])
@@ -289,108 +283,100 @@ class _PartCheck:
             return frame.join(docs.lazy(), on="doc_id").select(*spot)
 
         def named(frame: pl.DataFrame) -> pl.DataFrame:
-            return frame.join(docs, on="doc").sort(TOKEN_KEY)
+            return frame.join(docs, on="doc").sort(schema.key("tokens"))
 
         written = positions(self.tokens).group_by(spot).agg(n=pl.len()).collect(engine="streaming")
-        self.report("tokens", named(written.filter(pl.col("n") > 1)), fmt("{}: written {} times", where, "n"))
+        self.report("tokens", named(written.filter(pl.col("n") > 1)), fmt("{}: written {} times", at, "n"))
         held = positions(self.attn).unique().collect(engine="streaming")
-        self.report("tokens", named(held.join(written, on=spot, how="anti")), fmt("{}: missing", where))
+        self.report("tokens", named(held.join(written, on=spot, how="anti")), fmt("{}: missing", at))
         self.report(
             "tokens",
             named(written.join(held, on=spot, how="anti")),
-            fmt("{}: no attention rows in {}", where, pl.lit(self.rel_attn)),
+            fmt("{}: no attention rows in {}", at, pl.lit(self.rel_attn)),
         )
 
     def heads(self, summary: pl.DataFrame) -> None:
         """Per scored (review, layer, head), its rows summed up beside its head_summary row: positions,
         mass, min/max."""
         tol = _mass_tolerance(self.run)
-        n, n_content, content = pl.col("n"), pl.col("n_content"), pl.col("n_tokens") - 2
-        cls, sep = pl.col("weight_cls"), pl.col("weight_sep")
-        mass = pl.col("wsum") + cls.cast(pl.Float64) + sep.cast(pl.Float64)
+        n, content = pl.col("n"), pl.col("n_tokens") - 2
+        mass = pl.col("wsum") + pl.col("weight_cls").cast(pl.Float64) + pl.col("weight_sep").cast(pl.Float64)
         minmax = ((pl.col("weight_min") - pl.col("wmin")).abs() <= MINMAX_TOLERANCE) & (
             (pl.col("weight_max") - pl.col("wmax")).abs() <= MINMAX_TOLERANCE
         )
-        count = ~((n == n_content) & (n_content == content))
-        spread = ~((pl.col("pmin") == 1) & (pl.col("pmax") == content) & (pl.col("distinct") == n))
-        ends = ~(cls.is_between(0, 1) & sep.is_between(0, 1))
+        spread = (pl.col("pmin") == 1) & (pl.col("pmax") == content) & (pl.col("distinct") == n)
         rules = [
-            ("positions", count, fmt("{} rows, n_content {}, n_tokens - 2 = {}", "n", "n_content", content)),
             (
                 "positions",
-                spread,
-                fmt(
-                    "positions {}..{} ({} distinct in {} rows), expected 1..{} once each",
-                    *("pmin", "pmax", "distinct", "n", content),
-                ),
+                ~((n == pl.col("n_content")) & (pl.col("n_content") == content)),
+                fmt("{} rows, n_content {}, n_tokens - 2 = {}", "n", "n_content", content),
+            ),
+            (
+                "positions",
+                ~spread,
+                fmt("positions {}..{} ({} distinct in {} rows), expected 1..{} once each",
+                    *("pmin", "pmax", "distinct", "n", content)),
             ),
             (
                 "attention_mass",
                 ~((mass - 1).abs() <= tol),
-                fmt(
-                    "content {} + [CLS] {} + [SEP] {} = {}, not 1 within {}",
-                    *(r("wsum"), r("weight_cls"), r("weight_sep"), mass.round(6), pl.lit(tol)),
-                ),
-            ),
-            (
-                "attention_mass",
-                ends,
-                fmt("weight_cls {} or weight_sep {} outside [0, 1]", r("weight_cls"), r("weight_sep")),
+                fmt("content {} + [CLS] {} + [SEP] {} = {}, not 1 within {}",
+                    *(r("wsum"), r("weight_cls"), r("weight_sep"), mass.round(6), pl.lit(tol))),
             ),
             (
                 "scaling",
                 ~minmax,
-                fmt(
-                    "weight_min/max {}/{}, but the weights' min/max are {}/{}",
-                    *(r("weight_min"), r("weight_max"), r("wmin"), r("wmax")),
-                ),
+                fmt("weight_min/max {}/{}, but the weights' min/max are {}/{}",
+                    *(r("weight_min"), r("weight_max"), r("wmin"), r("wmax"))),
             ),
-        ]
+        ]  # fmt: skip
         heads = self.groups.join(summary, on=_KEYS).join(self.scored, on="doc_id").lazy()
-        apply_rules(self.rec, heads, fmt("{} {}", pl.lit(self.rel_attn), self.key), rules)
+        apply_rules(self.rec, heads, where("head_summary", pl.lit(self.rel_attn)), rules)
 
     def rows(self, summary: pl.DataFrame) -> None:
-        """Per attention row, beside its head's min and max: raw weights, scaled weights, the measures."""
+        """Per attention row, beside its head's min and max: the scaled weight as the formula gives it,
+        value zeroing set exactly where the run asked for it (each column's range is checked by
+        :func:`check_ranges`)."""
         lo, hi = pl.col("weight_min").cast(pl.Float64), pl.col("weight_max").cast(pl.Float64)
         expected = pl.when(hi > lo).then((pl.col("weight").cast(pl.Float64) - lo) / (hi - lo)).otherwise(0.0)
-        scaled, norm, zeroing = pl.col("weight_scaled"), pl.col("weight_norm"), pl.col("value_zeroing")
+        scaled = pl.col("weight_scaled")
         asked = bool(self.run.manifest.get("spec", {}).get("value_zeroing", False))
         off = scaled.is_between(0, 1) & ~((scaled.cast(pl.Float64) - expected).abs() <= SCALED_TOLERANCE)
-        zeroing_wrong = (
-            "value_zeroing is null, but the run asked for it"
-            if asked
-            else "value_zeroing is set, but the run did not ask for it"
-        )
         rules = [
-            ("attention_mass", ~pl.col("weight").is_between(0, 1), fmt("weight {} outside [0, 1]", "weight")),
-            ("scaling", ~scaled.is_between(0, 1), fmt("weight_scaled {} outside [0, 1]", "weight_scaled")),
-            (
-                "scaling",
-                off,
-                fmt(
-                    "weight_scaled {}, but (w - min)/(max - min) = {}", r("weight_scaled"), expected.round(6)
-                ),
-            ),
-            (
-                "measures",
-                ~(norm.is_finite() & (norm >= 0)),
-                fmt("weight_norm {} is not a finite number >= 0", "weight_norm"),
-            ),
-            (
-                "measures",
-                zeroing.is_not_null() & ~zeroing.is_between(0, 2),
-                fmt("value_zeroing {} outside [0, 2]", "value_zeroing"),
-            ),
-            ("measures", zeroing.is_null() == asked, pl.lit(zeroing_wrong)),
-        ]
+            ("scaling", off, fmt("weight_scaled {}, but (w - min)/(max - min) = {}", r("weight_scaled"),
+                                 expected.round(6))),
+            ("measures", pl.col("value_zeroing").is_null() == asked,
+             pl.lit(f"value_zeroing is {'null' if asked else 'set'}, but the run {'asked' if asked else 'did not ask'} for it")),
+        ]  # fmt: skip
         rows = self.attn.join(summary.lazy().select(*_KEYS, "weight_min", "weight_max"), on=_KEYS, how="left")
-        apply_rules(
-            self.rec, rows, fmt("{} {} position {}", pl.lit(self.rel_attn), self.key, "position"), rules
-        )
+        apply_rules(self.rec, rows, where("cls_attention", pl.lit(self.rel_attn)), rules)
 
-    def spans(self) -> None:
-        """Per token: 0 <= start <= end (end <= the text's length is the inputs' check)."""
-        bad = ~((pl.col("start") >= 0) & (pl.col("start") <= pl.col("end")))
-        at = fmt("{} doc '{}' position {}", pl.lit(self.rel_tok), "doc_id", "position")
-        say = fmt("span {}..{} is not 0 <= start <= end", "start", "end")
-        apply_rules(self.rec, self.tokens, at, [("spans", bad, say)])
+
+def check_ranges(rec: ValidationReport, run: RunView) -> None:
+    """Every column that ``schemas/`` gives a range keeps it, in every readable file of its table: a
+    bound is a number or another column; a float is finite too."""
+    for table in run.tables:
+        files = {str(run.file(p, table)): p.files[table] for p in run.parts if table in p.readable}
+        if not (ranges := schema.ranges(table)) or not files:
+            continue
+        rules = []
+        for column, low, high, check in ranges:
+            value = pl.col(column)
+            good = (
+                value.is_finite()
+                if pa.types.is_floating(schema.arrow(table).field(column).type)
+                else pl.lit(True)
+            )
+            for bound, keep in ((low, value.__ge__), (high, value.__le__)):
+                if bound is not None:
+                    good &= keep(pl.col(bound) if isinstance(bound, str) else bound)
+            shown = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+            rules.append((check, ~good, fmt("{} {} outside {}", pl.lit(column), column, pl.lit(shown))))
+        lf = pl.scan_parquet(list(files), include_file_paths="_file", glob=False)
+        apply_rules(rec, lf.with_columns(pl.col("_file").replace_strict(files)), where(table, "_file"), rules)
+
+
+def where(table: str, file: str | pl.Expr) -> pl.Expr:
+    """Where a row of ``table`` is, for a message: its file, then its key (``schemas/``)."""
+    key = schema.key(table)
+    return fmt(" ".join(["{}", *("doc '{}'" if k == "doc_id" else f"{k} {{}}" for k in key)]), file, *key)
