@@ -233,6 +233,7 @@ def plot(
 
 
 @app.command()
+@spec_options(JobSpec, only=("label_map",), default_texts={"label_map": "the run's job's"})
 def report(
     run_dir: RunDir,
     out: Annotated[Path | None, typer.Option(help="HTML file to write (default: RUN/report.html).")] = None,
@@ -251,19 +252,24 @@ def report(
             "else 5); they keep their --rank-by."
         ),
     ] = None,
+    *,
     debug: Debug = False,
+    **given: str | None,
 ) -> None:
     """One self-contained HTML page: the run's summary, accuracy, top tokens per head, example heatmaps.
 
-    Example: bertattn report runs/default   (writes runs/default/report.html)
+    Examples:
+
+    bertattn report runs/default   (writes runs/default/report.html)
+
+    bertattn report runs/stars --label-map "1,2=negative; 4,5=positive"   (star labels as the model's)
     """
     setup(debug)
     from ..render.report import build_report
 
+    options = dict(layer=layer, examples=examples, top_k=top_k, min_reviews=min_reviews, **given)
     path = call(
-        lambda: build_report(
-            run_dir, out=out, layer=layer, examples=examples, top_k=top_k, min_reviews=min_reviews
-        ),
+        lambda: build_report(run_dir, out=out, **options),
         REDONE,
         completes=True,
     )

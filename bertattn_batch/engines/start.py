@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from .. import __version__, storage
-from ..config import PACKAGE_PREFIX, JobSpec
+from ..config import PACKAGE_PREFIX, JobSpec, parse_label_map
 from ..errors import ModelError, RunDirError, SpecError, first_line
 from ..model.checks import other_model_files, resolve_source, tokenizer_hash
 from ..model.classifier import Classifier
@@ -95,7 +95,7 @@ def load_classifier(spec: JobSpec) -> Any:
     """The job's classifier, as every engine loads it. Where a model that the job's settings do not fit
     has other weights than the run it continues (a folder trained again since), that is what is said."""
     try:
-        return Classifier.load(
+        clf = Classifier.load(
             spec.model,
             layers=spec.layers,
             device=spec.device,
@@ -117,6 +117,8 @@ def load_classifier(spec: JobSpec) -> Any:
                 "--overwrite or choose another --out"
             ) from None
         raise
+    parse_label_map(spec.label_map, clf.labels)  # before any review is read
+    return clf
 
 
 def _run_model(run_dir: str) -> dict:
