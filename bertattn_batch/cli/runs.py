@@ -184,6 +184,10 @@ def plot(
     text: Annotated[
         str | None, typer.Option(help="A review text (with --model, or the run's review's text).")
     ] = None,
+    text_file: Annotated[
+        Path | None,
+        typer.Option(help="A file holding the review text, UTF-8: no-break spaces and line breaks kept."),
+    ] = None,
     model: Annotated[
         str | None, typer.Option(help="Model folder (default for a run: the run's model).")
     ] = None,
@@ -218,14 +222,16 @@ def plot(
     bertattn plot runs/default --doc-id neg-00017 --out review.html --pairs
 
     bertattn plot --text "上菜慢，服务态度差" --model models/zh-senti --out seed.png
+
+    bertattn plot --text-file review.txt --model models/zh-senti --out review.png
     """
     setup(debug)
     from ..render.plot import output_path, review_for_plot, write_review
 
     def plot_to_file() -> Path:
         output_path(out, pairs)  # before any model loads
-        options = dict(text=text, model=model, layer=layer, pairs=pairs, device=device, tokens=tokens)
-        review = review_for_plot(run_dir, doc_id, specials=specials, **options)
+        options = dict(text=text, text_file=text_file, model=model, layer=layer, device=device)
+        review = review_for_plot(run_dir, doc_id, pairs=pairs, tokens=tokens, specials=specials, **options)
         return write_review(review, out, pairs=pairs)
 
     path = call(plot_to_file, REDONE, completes=True)
