@@ -302,7 +302,7 @@ def _examples_html(run: Path, preds: pl.DataFrame, layer: int, k: int, labels: l
             why = "No review's label is one the model predicts (see Accuracy): none can be called misclassified."
         else:
             why = "No review of a typical length is misclassified."
-        parts += [f"<h2>{title}</h2>", muted(why)]
+        parts += [f"<h2>{title}</h2>", muted(esc(why))]
     return "\n".join(parts)
 
 
