@@ -282,7 +282,8 @@ def parse_label_map(text: str | None, labels: list[str] | None = None) -> dict[s
     if text is None:
         return {}
     out: dict[str, str] = {}
-    for group in text.split(";") if text.strip() else [""]:
+    groups = [g for g in text.split(";") if g.strip()]
+    for group in groups or [""]:
         sources, eq, target = group.rpartition("=")
         names = [s.strip() for s in sources.split(",")]
         if not eq or not target.strip() or not all(names):

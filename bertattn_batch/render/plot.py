@@ -90,7 +90,7 @@ def read_text_file(path: str | Path, text: str | None = None) -> str:
     if text is not None:
         raise SpecError("give the review as --text or --text-file, not both")
     try:
-        return Path(path).read_text(encoding="utf-8-sig")
+        return Path(path).read_bytes().decode("utf-8-sig")  # line ends as they are
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
     except OSError as e:
