@@ -248,6 +248,27 @@ def test_options_plot_would_not_use_are_used_or_refused(tiny_zh_dir, tmp_path):
     assert not (tmp_path / "s.png").exists()
 
 
+def test_a_text_file_plots_the_text_it_holds(tiny_zh_dir, tmp_path):
+    """plot --text-file: the file's text, no-break spaces and line breaks in it, gives the review --text
+    gives; the file's name names it, and its table row carries the text as the file holds it."""
+    text = SEED_TEXT + "\n第二行：\xa0超级差评！"
+    path = tmp_path / "review.txt"
+    path.write_text(text, encoding="utf-8")
+    tables = {}
+    for how in (["--text", text], ["--text-file", str(path)]):
+        out = tmp_path / f"{how[0][2:]}.csv"
+        r = CliRunner().invoke(app, ["plot", *how, "--model", str(tiny_zh_dir), "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        tables[how[0]] = pl.read_csv(out)
+    assert tables["--text-file"]["text"].unique().to_list() == [text]
+    assert tables["--text-file"]["review"].unique().to_list() == ["review.txt"]
+    assert tables["--text-file"].drop("review").equals(tables["--text"].drop("review"))
+    r = CliRunner().invoke(
+        app, ["plot", "--text", "x", "--text-file", str(path), "--model", str(tiny_zh_dir)]
+    )
+    assert r.exit_code == 1 and "--text or --text-file, not both" in r.output
+
+
 def test_byte_level_tokens_are_shown_as_text():
     """RoBERTa's byte-level BPE pieces ('Ġcaf', 'Ã©') are labelled with their text; the oracle is the
     tokenizers library's own ByteLevel decoder. WordPiece and CJK tokens are left alone."""
