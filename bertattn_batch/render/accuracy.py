@@ -142,7 +142,8 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool, label
 def _line(what: str, conf: dict[str, Any], note: str) -> str:
     note = f"{conf['n_known']} {note}"
     if conf["n_unknown"]:
-        note += f"; {conf['n_unknown']} with other labels are in the matrix but not in the accuracy"
+        others = ", ".join(t for t in conf["rows"] if t not in conf["cols"])
+        note += f"; {conf['n_unknown']} with other labels ({others}) are in the matrix but not in the accuracy"
     return f'<p>{esc(what)} <b>{conf["accuracy"]:.4f}</b> <span class="meta">({esc(note)})</span></p>'
 
 

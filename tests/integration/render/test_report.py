@@ -221,7 +221,7 @@ def test_star_labels_are_read_as_the_models_through_a_label_map(tiny_en_dir, dru
     def check(html: str) -> None:
         assert f"accuracy <b>{correct / known.height:.4f}</b>" in html
         assert f"({known.height} over every labelled review;" in html
-        assert "2 with other labels are in the matrix but not in the accuracy" in html
+        assert "2 with other labels (3) are in the matrix but not in the accuracy" in html
         counts = [int((negatives["pred_label"] == p).sum()) for p in ("negative", "neutral", "positive")]
         cells = "".join(f'<td class="num">{n}</td>' for n in [*counts, sum(counts)])
         assert f"<tr><td>negative (1, 2)</td>{cells}</tr>" in html and "<tr><td>3</td>" in html
