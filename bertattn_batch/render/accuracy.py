@@ -143,7 +143,9 @@ def _line(what: str, conf: dict[str, Any], note: str) -> str:
     note = f"{conf['n_known']} {note}"
     if conf["n_unknown"]:
         others = ", ".join(t for t in conf["rows"] if t not in conf["cols"])
-        note += f"; {conf['n_unknown']} with other labels ({others}) are in the matrix but not in the accuracy"
+        note += (
+            f"; {conf['n_unknown']} with other labels ({others}) are in the matrix but not in the accuracy"
+        )
     return f'<p>{esc(what)} <b>{conf["accuracy"]:.4f}</b> <span class="meta">({esc(note)})</span></p>'
 
 

@@ -72,27 +72,46 @@ def misclassified(preds: pl.DataFrame, k: int, labels: list[str]) -> list[Exampl
     return _examples(ranked.head(k))
 
 
-def examples_html(run: Path, picks: list[Example], layer: int, mistakes: bool = False) -> str:
-    """The example reviews' section, or with ``mistakes`` the misclassified ones'."""
-    title, rule = (
-        ("Most confidently misclassified reviews", MISTAKES) if mistakes else ("Example reviews", RULE)
-    )
-    parts = [f"<h2>{title}</h2>", muted(f"Chosen as {esc(rule)}.")]
-    label = None
-    for review, example in zip(load_reviews(run, [e.doc_id for e in picks], layer), picks, strict=True):
-        if not mistakes and example.pred_label != label:
-            parts.append(f"<h3>Predicted {esc(example.pred_label)}</h3>")
-            label = example.pred_label
-        if example.label != review.label:  # a label the label map gives as the model's
-            review.label = f"{review.label} → {example.label}"
-        mark = " · misclassified" if example.misclassified else ""
-        caption = f"{review.title()} · margin {example.margin:.3f}{mark}"
+def _none_why(preds: pl.DataFrame, labels: list[str], mistakes: bool) -> str:
+    ok = preds.filter(pl.col("status") == "ok")
+    if not mistakes:
+        return "Every scored review of a typical length is misclassified."
+    if ok["label"].is_null().all():
+        return "The reviews have no labels: none can be called misclassified."
+    if not ok["label"].is_in(labels).any():
+        return "No review's label is one the model predicts (see Accuracy): none can be called misclassified."
+    return "No review of a typical length is misclassified."
+
+
+def examples_html(run: Path, preds: pl.DataFrame, layer: int, k: int, labels: list[str]) -> str:
+    """``k`` reviews typical of each predicted label by :data:`RULE`, then ``k`` mistakes by
+    :data:`MISTAKES` (``labels``: the model's); where a section has none, a sentence says why."""
+    sections = {
+        ("Example reviews", RULE): pick(preds, k, labels),
+        ("Most confidently misclassified reviews", MISTAKES): misclassified(preds, k, labels),
+    }
+    chosen = [e for picks in sections.values() for e in picks]
+    loaded = iter(load_reviews(run, [e.doc_id for e in chosen], layer) if chosen else [])
+    parts = []
+    for (title, rule), picks in sections.items():
+        mistakes = rule is MISTAKES
         parts += [
-            muted(esc(review.text)) if review.text else "",
-            img(
-                review_png(review, dpi=110),
-                alt=f"heads x tokens heatmap of {review.title()}",
-                caption=caption,
-            ),
+            f"<h2>{title}</h2>",
+            muted(f"Chosen as {esc(rule)}." if picks else esc(_none_why(preds, labels, mistakes))),
         ]
+        label = None
+        for example in picks:
+            review = next(loaded)
+            if not mistakes and example.pred_label != label:
+                parts.append(f"<h3>Predicted {esc(example.pred_label)}</h3>")
+                label = example.pred_label
+            if example.label != review.label:  # a label the label map gives as the model's
+                review.label = f"{review.label} → {example.label}"
+            mark = " · misclassified" if example.misclassified else ""
+            caption = f"{review.title()} · margin {example.margin:.3f}{mark}"
+            alt = f"heads x tokens heatmap of {review.title()}"
+            parts += [
+                muted(esc(review.text)) if review.text else "",
+                img(review_png(review, dpi=110), alt, caption),
+            ]
     return "\n".join(parts)

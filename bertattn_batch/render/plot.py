@@ -63,7 +63,7 @@ def review_for_plot(
     (``"0:40"``); ``specials``: [CLS] and [SEP] in the token x token maps; ``text_file``: the text read
     from a UTF-8 file, every character kept (no-break spaces, line breaks)."""
     if text_file is not None:
-        text, doc_id = read_text_file(text_file, text), doc_id or Path(text_file).name
+        text = read_text_file(text_file, text)
     if not specials and not pairs:
         raise SpecError("--no-specials leaves [CLS] and [SEP] out of the token x token maps: add --pairs")
     shown = token_range(tokens)
@@ -81,7 +81,14 @@ def review_for_plot(
         if text is None or model is None:
             raise SpecError("give RUN_DIR and --doc-id, or --text and --model")
         layer = -2 if layer is None else layer
-        review = review_from_text(text, model, layer, pairs=pairs, device=device, doc_id=doc_id or "text")
+        review = review_from_text(
+            text,
+            model,
+            layer,
+            pairs=pairs,
+            device=device,
+            doc_id=doc_id or (Path(text_file).name if text_file else "text"),
+        )
     return select(review, shown, specials)
 
 

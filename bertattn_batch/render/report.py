@@ -38,7 +38,7 @@ from ..run import (
     status_now,
 )
 from .accuracy import accuracy_html, mapped
-from .examples import examples_html, misclassified, pick
+from .examples import examples_html
 from .figures import png_bytes, top_heatmap
 from .html import data_table, esc, img, muted, page
 from .review import run_layer
@@ -283,29 +283,6 @@ def _believe_html(run: Path, manifest: Manifest, aggregates: pl.DataFrame) -> st
     return "\n".join(parts)
 
 
-# -- example reviews ----------------------------------------------------------------------------------
-def _examples_html(run: Path, preds: pl.DataFrame, layer: int, k: int, labels: list[str]) -> str:
-    """Reviews typical of each predicted label, then the model's confident mistakes; where there are
-    none, a sentence says why."""
-    parts = []
-    for mistakes, chosen in ((False, pick(preds, k, labels)), (True, misclassified(preds, k, labels))):
-        if chosen:
-            parts.append(examples_html(run, chosen, layer, mistakes))
-            continue
-        title = "Most confidently misclassified reviews" if mistakes else "Example reviews"
-        ok = preds.filter(pl.col("status") == "ok")
-        if not mistakes:
-            why = "Every scored review of a typical length is misclassified."
-        elif ok["label"].is_null().all():
-            why = "The reviews have no labels: none can be called misclassified."
-        elif not ok["label"].is_in(labels).any():
-            why = "No review's label is one the model predicts (see Accuracy): none can be called misclassified."
-        else:
-            why = "No review of a typical length is misclassified."
-        parts += [f"<h2>{title}</h2>", muted(esc(why))]
-    return "\n".join(parts)
-
-
 # -- the page -----------------------------------------------------------------------------------------
 def _aggregates(run: Path, min_reviews: int | None) -> tuple[pl.DataFrame, dict[str, Any]]:
     """The run's aggregates, computed again when out of date with the options they were made with, so a
@@ -365,7 +342,7 @@ def build_report(
         accuracy_html(manifest, preds, labelled, mapping),
         _tokens_html(table, meta, idx, top_k, scored, manifest.byte_level, manifest.num_layers),
         _believe_html(run, manifest, table),
-        _examples_html(run, preds, idx, examples, labels) if examples > 0 and scored else "",
+        examples_html(run, preds, idx, examples, labels) if examples > 0 and scored else "",
         muted(
             f"Written {time.strftime('%Y-%m-%d %H:%M')} by bertattn report in {time.perf_counter() - t0:.1f}s."
         ),
