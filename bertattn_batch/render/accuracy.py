@@ -84,27 +84,18 @@ def _same_first_files(trained: list[dict[str, Any]], run: list[dict[str, Any]]) 
 
 def mapped(preds: pl.DataFrame, label_map: dict[str, str]) -> pl.DataFrame:
     """``preds`` with each label as the model's where ``label_map`` names it (others as they are)."""
-    return (
-        preds.with_columns(pl.col("label").replace(label_map))
-        if label_map and not preds.is_empty()
-        else preds
-    )
+    return preds.with_columns(pl.col("label").replace(label_map)) if label_map and preds.height else preds
 
 
 def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool, label_map: dict[str, str]) -> str:
     """The section. ``preds``: labels mapped by ``label_map`` already; ``labelled``: the run read labels,
     so a missing matrix means none was scored. Where no accuracy can be given, one sentence says why."""
-    labels = manifest.labels
+    labels, training = manifest.labels, manifest.model.get("training") or {}
     parts = ["<h2>Accuracy</h2>"]
-    training = manifest.model.get("training") or {}
     if training.get("shortened"):
         steps = f"{training.get('steps')} of {training.get('planned_steps')} steps"
-        parts.append(
-            muted(
-                f"<b>The model's training was cut short</b> at {steps} (max_train_seconds): it is "
-                "not the job's full schedule."
-            )
-        )
+        cut = f"<b>The model's training was cut short</b> at {steps} (max_train_seconds): it is not the job's"
+        parts.append(muted(f"{cut} full schedule."))
     every = confusion(preds, labels) if not preds.is_empty() else None
     if every is None:
         why = "No labelled review was scored" if labelled else "The source had no labels"

@@ -56,18 +56,19 @@ def page(title: str, body: str) -> str:
     )
 
 
+NUM = ' class="num"'
+
+
 def data_table(header: Sequence[str], rows: Sequence[Sequence[object]], numeric: Sequence[bool] = ()) -> str:
     """A plain table; cells escaped, floats with 3 decimals, ``numeric`` columns right-aligned."""
+
+    def cell(i: int, value: object) -> str:
+        text = f"{value:.3f}" if isinstance(value, float) else ("" if value is None else str(value))
+        return f"<td{NUM if i < len(numeric) and numeric[i] else ''}>{esc(text)}</td>"
+
     out = ["<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
-    for row in rows:
-        cells = []
-        for i, value in enumerate(row):
-            text = f"{value:.3f}" if isinstance(value, float) else ("" if value is None else str(value))
-            cls = ' class="num"' if i < len(numeric) and numeric[i] else ""
-            cells.append(f"<td{cls}>{esc(text)}</td>")
-        out.append("<tr>" + "".join(cells) + "</tr>")
-    out.append("</table>")
-    return "\n".join(out)
+    out += ["<tr>" + "".join(cell(i, v) for i, v in enumerate(row)) + "</tr>" for row in rows]
+    return "\n".join([*out, "</table>"])
 
 
 def img(png: bytes, alt: str, caption: str = "", full_size: bool = False) -> str:
@@ -95,8 +96,7 @@ def heat_table(review: ReviewAttention) -> str:
             tip = f"head {h} · {tok} · scaled {review.scaled[h, j]:.3f} · raw {review.weight[h, j]:.5f}"
             cells.append(f'<td style="background:{to_hex(rgba[h, j])}" title="{esc(tip)}"></td>')
         lines.append(f'<tr><th class="row">head {h}</th>{"".join(cells)}</tr>')
-    lines.append("</table></div>")
-    return "\n".join(lines)
+    return "\n".join([*lines, "</table></div>"])
 
 
 def review_html(review: ReviewAttention) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._files import atomic_path, writing
-from ..analysis.spelling import readable
+from ..analysis.spelling import printable, readable
 from ..errors import InputError, SpecError
 from .figures import cls_figure, pairs_figure, review_png
 from .html import page, review_html
@@ -122,17 +122,17 @@ def _write_table(review: ReviewAttention, path: Path, suffix: str) -> None:
     """The seed's table, as the seed post read it in Excel: a row per head and measure (scaled, raw), a
     column per token (``position token``), values to :data:`SIGNIFICANT` digits; the review's id,
     prediction and label first and its text last (where it can run on into the empty cells) on every
-    row, so that a filter or a pasted row keeps them. The xlsx's third sheet holds the title."""
+    row, so that a filter or a pasted row keeps them, control characters escaped (the text keeps its
+    line breaks and tabs). The xlsx's third sheet holds the title."""
     tokens = readable(review.tokens, review.byte_level)
     about = [review.doc_id, review.pred_label, significant(review.prob), review.label]
+    about = [printable(v, None) if isinstance(v, str) else v for v in about]
+    text = review.text and "".join(c if c in "\t\n\r" else printable(c, None) for c in review.text)
     header = ["review", "predicted", "probability", "label", "head", "measure"]
     header += [*(f"{p} {t}" for p, t in zip(review.positions, tokens, strict=True)), "text"]
     measures = {"scaled": review.scaled, "raw": review.weight}
     rows = {
-        m: [
-            [*about, h, m, *map(significant, values[h].tolist()), review.text]
-            for h in range(review.num_heads)
-        ]
+        m: [[*about, h, m, *map(significant, values[h].tolist()), text] for h in range(review.num_heads)]
         for m, values in measures.items()
     }
     if suffix == ".csv":
