@@ -173,7 +173,7 @@ def pairs_figure(review: ReviewAttention, columns: int = 4):
             ax.set_yticks(range(len(w)), labels[w.start : w.stop], fontsize=6)
             turn_long_labels(ax)
             ax.tick_params(length=0)
-        fig.colorbar(image, ax=axes.tolist(), label="attention weight (raw)", shrink=0.8)
+        fig.colorbar(image, ax=axes.tolist(), label="attention weight (raw)", shrink=min(0.8, 1.6 / rows))
         fig.suptitle(title, fontsize=10)
         return fig
 
