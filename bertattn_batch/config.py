@@ -204,6 +204,9 @@ class JobSpec:
                                         "(--engine local); 0: threads.", panel="Engine", least=0,
                                         default_text="threads on the CPU or below three cores, else one per "
                                                      "core but the model's own; see docs/performance.md")
+    label_map: str | None = option(None, "The source's labels as the model's, for accuracy, e.g. stars: "
+                                   "'1,2=negative; 4,5=positive'; labels it leaves out (3) stay out of the "
+                                   "accuracy.", panel="Inputs", default_text="the labels as they are")
     finetune: FinetuneSpec | None = option(None, "How to train the model where its folder is missing: a job "
                                            "file's [finetune] table.", cli=False)
     # fmt: on
@@ -225,6 +228,7 @@ class JobSpec:
         if len(set(self.layers)) != len(self.layers):
             raise SpecError(f"layers: repeated index in {self.layers}")
         self._check_model_place()
+        parse_label_map(self.label_map)
         if self.engine == "local" and (self.workers != 1 or self.ray_address):
             log.warning(
                 "workers and ray_address are the ray engine's: engine 'local' runs one model here (add "
@@ -270,6 +274,29 @@ class JobSpec:
         device's defaults (:data:`BATCH_DEFAULTS`; a device type not named there gets the CPU's)."""
         tokens, reviews = BATCH_DEFAULTS.get(device_type, BATCH_DEFAULTS["cpu"])
         return self.batch_tokens or tokens, self.max_batch_size or reviews
+
+
+def parse_label_map(text: str | None, labels: list[str] | None = None) -> dict[str, str]:
+    """``'1,2=negative; 4,5=positive'`` -> ``{"1": "negative", ...}``; targets checked against the model's
+    ``labels`` where given. Labels are compared as a run reads them: text, spaces around them dropped."""
+    if text is None:
+        return {}
+    out: dict[str, str] = {}
+    groups = [g for g in text.split(";") if g.strip()]
+    for group in groups or [""]:
+        sources, eq, target = group.rpartition("=")
+        names = [s.strip() for s in sources.split(",")]
+        if not eq or not target.strip() or not all(names):
+            raise SpecError(f"label_map: expected groups such as '1,2=negative; 4,5=positive', got {text!r}")
+        if twice := [s for s in names if s in out]:
+            raise SpecError(f"label_map maps {', '.join(map(repr, twice))} twice: {text!r}")
+        out.update(dict.fromkeys(names, target.strip()))
+    if labels is not None and (unknown := sorted(set(out.values()) - set(labels))):
+        raise SpecError(
+            f"label_map maps to {', '.join(map(repr, unknown))}, which the model does not predict; its "
+            f"labels: {', '.join(labels)}"
+        )
+    return out
 
 
 def check_delimiter(value: str | None) -> str | None:

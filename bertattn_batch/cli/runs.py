@@ -184,6 +184,10 @@ def plot(
     text: Annotated[
         str | None, typer.Option(help="A review text (with --model, or the run's review's text).")
     ] = None,
+    text_file: Annotated[
+        Path | None,
+        typer.Option(help="A file holding the review text, UTF-8: no-break spaces and line breaks kept."),
+    ] = None,
     model: Annotated[
         str | None, typer.Option(help="Model folder (default for a run: the run's model).")
     ] = None,
@@ -218,14 +222,16 @@ def plot(
     bertattn plot runs/default --doc-id neg-00017 --out review.html --pairs
 
     bertattn plot --text "上菜慢，服务态度差" --model models/zh-senti --out seed.png
+
+    bertattn plot --text-file review.txt --model models/zh-senti --out review.png
     """
     setup(debug)
     from ..render.plot import output_path, review_for_plot, write_review
 
     def plot_to_file() -> Path:
         output_path(out, pairs)  # before any model loads
-        options = dict(text=text, model=model, layer=layer, pairs=pairs, device=device, tokens=tokens)
-        review = review_for_plot(run_dir, doc_id, specials=specials, **options)
+        options = dict(text=text, text_file=text_file, model=model, layer=layer, device=device)
+        review = review_for_plot(run_dir, doc_id, pairs=pairs, tokens=tokens, specials=specials, **options)
         return write_review(review, out, pairs=pairs)
 
     path = call(plot_to_file, REDONE, completes=True)
@@ -233,6 +239,7 @@ def plot(
 
 
 @app.command()
+@spec_options(JobSpec, only=("label_map",), default_texts={"label_map": "the run's job's"})
 def report(
     run_dir: RunDir,
     out: Annotated[Path | None, typer.Option(help="HTML file to write (default: RUN/report.html).")] = None,
@@ -251,19 +258,24 @@ def report(
             "else 5); they keep their --rank-by."
         ),
     ] = None,
+    *,
     debug: Debug = False,
+    **given: str | None,
 ) -> None:
     """One self-contained HTML page: the run's summary, accuracy, top tokens per head, example heatmaps.
 
-    Example: bertattn report runs/default   (writes runs/default/report.html)
+    Examples:
+
+    bertattn report runs/default   (writes runs/default/report.html)
+
+    bertattn report runs/stars --label-map "1,2=negative; 4,5=positive"   (star labels as the model's)
     """
     setup(debug)
     from ..render.report import build_report
 
+    options = dict(layer=layer, examples=examples, top_k=top_k, min_reviews=min_reviews, **given)
     path = call(
-        lambda: build_report(
-            run_dir, out=out, layer=layer, examples=examples, top_k=top_k, min_reviews=min_reviews
-        ),
+        lambda: build_report(run_dir, out=out, **options),
         REDONE,
         completes=True,
     )

@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from .. import __version__, storage
-from ..config import PACKAGE_PREFIX, JobSpec
+from ..config import PACKAGE_PREFIX, JobSpec, parse_label_map
 from ..errors import ModelError, RunDirError, SpecError, first_line
 from ..model.checks import other_model_files, resolve_source, tokenizer_hash
 from ..model.classifier import Classifier
@@ -80,7 +80,7 @@ def load_classifier(spec: JobSpec) -> Any:
     """The job's classifier, as every engine loads it. Where a model that the job's settings do not fit
     has other weights than the run it continues (a folder trained again since), that is what is said."""
     try:
-        return Classifier.load(
+        clf = Classifier.load(
             spec.model, layers=spec.layers, device=spec.device, dtype=spec.dtype, attention=spec.attention,
             max_length=spec.max_length, trust_remote_code=spec.trust_remote_code,
             allow_pickle=spec.allow_pickle, trim_last_layer=spec.trim_last_layer,
@@ -100,3 +100,5 @@ def load_classifier(spec: JobSpec) -> Any:
                 "--overwrite or choose another --out"
             ) from None
         raise
+    parse_label_map(spec.label_map, clf.labels)  # before any review is read
+    return clf

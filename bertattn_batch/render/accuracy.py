@@ -60,7 +60,7 @@ def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
     if id_col != manifest.spec.get("id_col"):
         if id_col is None:
             return "the model's held-out reviews are known by row number, and this run has ids"
-        return f"the model's held-out reviews are known by column {id_col!r}, which this run does not read"
+        return "the model's held-out reviews are known by ids other than this run's"
     trained_on, run = recorded.get("sources"), manifest.sources
     known = bool(trained_on) and bool(run)  # not for a model or run from before files were recorded
     if id_col is None:
@@ -82,41 +82,49 @@ def _same_first_files(trained: list[dict[str, Any]], run: list[dict[str, Any]]) 
     )
 
 
-def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool) -> str:
-    """The section; ``labelled``: the run read labels, so a missing matrix means none was scored."""
-    labels = manifest.labels
-    heldout = heldout_ids(manifest) if not preds.is_empty() else ""
+def mapped(preds: pl.DataFrame, label_map: dict[str, str]) -> pl.DataFrame:
+    """``preds`` with each label as the model's where ``label_map`` names it (others as they are)."""
+    return preds.with_columns(pl.col("label").replace(label_map)) if label_map and preds.height else preds
+
+
+def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool, label_map: dict[str, str]) -> str:
+    """The section. ``preds``: labels mapped by ``label_map`` already; ``labelled``: the run read labels,
+    so a missing matrix means none was scored. Where no accuracy can be given, one sentence says why."""
+    labels, training = manifest.labels, manifest.model.get("training") or {}
     parts = ["<h2>Accuracy</h2>"]
-    training = manifest.model.get("training") or {}
     if training.get("shortened"):
         steps = f"{training.get('steps')} of {training.get('planned_steps')} steps"
-        parts.append(
-            muted(
-                f"<b>The model's training was cut short</b> at {steps} (max_train_seconds): it is "
-                "not the job's full schedule."
-            )
+        cut = f"<b>The model's training was cut short</b> at {steps} (max_train_seconds): it is not the job's"
+        parts.append(muted(f"{cut} full schedule."))
+    every = confusion(preds, labels) if not preds.is_empty() else None
+    if every is None:
+        why = "No labelled review was scored" if labelled else "The source had no labels"
+        return "\n".join([*parts, muted(f"{why}: there is no accuracy to give.")])
+    if not every["n_known"]:
+        theirs = ", ".join(every["rows"][:12]) + (" ..." if len(every["rows"]) > 12 else "")
+        said = "after the label map" if label_map else "as the source gives them"
+        why = (
+            f"There is no accuracy to give: none of the {every['n_unknown']} labelled reviews has a label the "
+            f"model predicts (theirs {said}: {theirs}; the model's: {', '.join(labels)}). Map them with "
+            f"--label-map, e.g. '1,2={labels[0]}; 4,5={labels[-1]}', in the job or for this report."
         )
+        return "\n".join([*parts, muted(esc(why)), _matrix(every, label_map)])
+    heldout = heldout_ids(manifest)
     if isinstance(heldout, str):
-        conf = confusion(preds, labels) if not preds.is_empty() else None
-        if conf is None:
-            why = "No labelled review was scored." if labelled else "The source had no labels."
-            return "\n".join([*parts, muted(why)])
         note = f"over every labelled review; {heldout}"
-        return "\n".join([*parts, _line("accuracy", conf, note), _matrix(conf)])
+        return "\n".join([*parts, _line("accuracy", every, note), _matrix(every, label_map)])
     ids, training_files = heldout
     held = preds.filter(pl.col("doc_id").is_in(list(ids)))
     rest = preds.filter(~pl.col("doc_id").is_in(list(ids)))
     conf, trained = confusion(held, labels), confusion(rest, labels)
-    if conf is None and not labelled:  # held-out reviews may be here, without labels to score
-        return "\n".join([*parts, muted("The source had no labels.")])
-    if conf is None:
+    if conf is None or not conf["n_known"]:
         parts.append(muted("No labelled review the model was held out from is in this run."))
     else:
         note = "reviews held out from the model's training"
-        parts += [_line("held-out accuracy", conf, note), _matrix(conf)]
-    if trained is not None and training_files:
+        parts += [_line("held-out accuracy", conf, note), _matrix(conf, label_map)]
+    if trained is not None and trained["n_known"] and training_files:
         parts.append(_line("accuracy on training data", trained, "reviews the model was trained on"))
-    elif trained is not None:  # the run read other files too: not every review not held out trained it
+    elif trained is not None and trained["n_known"]:  # the run read other files: not all of them trained it
         note = "reviews not held out, of files besides those the model was trained on"
         parts.append(_line("accuracy on the other reviews", trained, note))
     return "\n".join(parts)
@@ -125,15 +133,21 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool) -> st
 def _line(what: str, conf: dict[str, Any], note: str) -> str:
     note = f"{conf['n_known']} {note}"
     if conf["n_unknown"]:
-        note += f"; {conf['n_unknown']} with other labels are in the matrix but not in the accuracy"
-    value = f"{conf['accuracy']:.4f}" if conf["n_known"] else "n/a"  # none known: no accuracy to give
-    return f'<p>{esc(what)} <b>{value}</b> <span class="meta">({esc(note)})</span></p>'
+        others = ", ".join(t for t in conf["rows"] if t not in conf["cols"])
+        note += (
+            f"; {conf['n_unknown']} with other labels ({others}) are in the matrix but not in the accuracy"
+        )
+    return f'<p>{esc(what)} <b>{conf["accuracy"]:.4f}</b> <span class="meta">({esc(note)})</span></p>'
 
 
-def _matrix(conf: dict[str, Any]) -> str:
+def _matrix(conf: dict[str, Any], label_map: dict[str, str]) -> str:
+    """The confusion counts; a mapped label's row names the source's labels it holds."""
+    held: dict[str, list[str]] = {}
+    for source, target in label_map.items():
+        held.setdefault(target, []).append(source)
     header = ["true \\ predicted", *conf["cols"], "total"]
     rows = []
     for t in conf["rows"]:
         counts = [conf["counts"].get((t, p), 0) for p in conf["cols"]]
-        rows.append([t, *counts, sum(counts)])
+        rows.append([f"{t} ({', '.join(held[t])})" if t in held else t, *counts, sum(counts)])
     return data_table(header, rows, [False] + [True] * (len(header) - 1))

@@ -19,10 +19,11 @@ from . import fonts
 from .review import ReviewAttention
 
 CMAP = "Reds"
-#: Tokens per row of a heads x tokens heatmap; more wrap onto further rows.
+#: Tokens per row of a heads x tokens heatmap at most; more wrap onto rows of even length.
 TOKENS_PER_ROW = 64
-#: Token x token maps get tick labels up to this many tokens.
-PAIR_LABELS_UP_TO = 48
+#: Tokens of a token x token map at most, every one labelled: a longer review's maps are cut into
+#: windows of even length along the diagonal.
+PAIR_WINDOW = 40
 #: Token columns of the top tokens heatmap at most: past it, each head's top k shrinks until they fit.
 HEATMAP_TOKENS = 256
 
@@ -74,16 +75,22 @@ def turn_long_labels(ax) -> None:
             text.set_rotation(90)
 
 
+def spans(n: int, most: int) -> list[range]:
+    """``range(n)`` cut into the fewest runs of at most ``most``, of even length (70, 64 -> 35 + 35)."""
+    size = -(-n // -(-n // most)) if n else 1
+    return [range(lo, min(lo + size, n)) for lo in range(0, n, size)]
+
+
 def heatmap(values: np.ndarray, tokens: list[str], rows: list[str], title: str, bar: str):
-    """Rows x tokens on 0..1 (NaN blank), wrapped every ``TOKENS_PER_ROW`` tokens, one colour bar.
+    """Rows x tokens on 0..1 (NaN blank), wrapped onto even rows of ``TOKENS_PER_ROW`` at most, one bar.
 
     Laid out by hand in inches: matplotlib's automatic layouts measure every tick label several times,
     which dominates the cost of a long review."""
     labels, title = [fonts.label(t) for t in tokens], fonts.label(title)
     with drawing([*labels, title]):
         n, heads = len(labels), len(rows)
-        chunks = range(0, n, TOKENS_PER_ROW)
-        cols = min(n, TOKENS_PER_ROW)
+        chunks = spans(n, TOKENS_PER_ROW)
+        cols = len(chunks[0])
         long_labels = [len(t) for t in labels if _columns(t) > 2]  # drawn vertically
         cell, left, right, top, gap = 0.2, 0.75, 1.05, 0.45, 0.12  # inches
         band = 0.12 + 0.075 * max(long_labels) if long_labels else 0.3  # room for the token labels
@@ -91,13 +98,13 @@ def heatmap(values: np.ndarray, tokens: list[str], rows: list[str], title: str, 
         block = heads * cell + band + gap
         height = top + block * len(chunks)
         fig = new_figure(figsize=(width, height))
-        for k, lo in enumerate(chunks):
+        for k, chunk in enumerate(chunks):
             y = height - top - k * block - heads * cell
             ax = fig.add_axes((left / width, y / height, cols * cell / width, heads * cell / height))
-            shown = np.ma.masked_invalid(values[:, lo : lo + cols])  # (rows, <= cols)
+            shown = np.ma.masked_invalid(values[:, chunk.start : chunk.stop])  # (rows, <= cols)
             image = ax.imshow(shown, vmin=0, vmax=1, cmap=CMAP, aspect="auto", interpolation="nearest")
             ax.set_xlim(-0.5, cols - 0.5)
-            ax.set_xticks(range(shown.shape[1]), labels[lo : lo + cols], fontsize=8)
+            ax.set_xticks(range(shown.shape[1]), labels[chunk.start : chunk.stop], fontsize=8)
             turn_long_labels(ax)
             ax.set_yticks(range(heads), rows, fontsize=7)
             ax.tick_params(length=0, pad=2)
@@ -137,32 +144,36 @@ def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token", by
 
 
 def pairs_figure(review: ReviewAttention, columns: int = 4):
-    """Token x token attention of every head (rows: queries), on one colour scale with one colour bar
-    so that heads compare."""
+    """Token x token attention of every head (rows: queries), every token labelled: a review longer than
+    ``PAIR_WINDOW`` tokens is shown in windows along the diagonal (attention between windows left out).
+    One colour scale and one colour bar, so that heads compare."""
     if review.pairs is None or review.pair_tokens is None:
         raise SpecError("no token x token matrices: load the review with pairs (--pairs)")
     labels = [fonts.label(t) for t in readable(review.pair_tokens, review.byte_level)]
-    title = fonts.label(review.title()) + " · token x token (row: query)"
+    heads, size = review.pairs.shape[:2]
+    windows = spans(size, PAIR_WINDOW)
+    title = f"{fonts.label(review.title())} · token x token (row: query)"
+    if len(windows) > 1:
+        title += f" in windows of {len(windows[0])} of its {size} tokens"
     with drawing([*labels, title]):
-        heads, size = review.pairs.shape[:2]
-        columns = min(columns, heads)
-        rows = -(-heads // columns)
-        labelled = size <= PAIR_LABELS_UP_TO
-        panel = max(3.2, 0.11 * size + 1.2) if labelled else 3.0
+        panels = [(w, h) for w in windows for h in range(heads)]
+        columns = min(columns, len(panels))
+        rows = -(-len(panels) // columns)
+        panel = max(3.2, 0.11 * len(windows[0]) + 1.2)
         fig = new_figure(figsize=(panel * columns + 1.0, panel * rows + 0.8), layout="constrained")
-        axes = fig.subplots(rows, columns, squeeze=False)
+        axes = fig.subplots(rows, columns, squeeze=False).ravel()
         vmax = float(review.pairs.max()) or 1.0
-        for h, ax in enumerate(axes.ravel()):
-            if h >= heads:
-                ax.axis("off")
-                continue
-            image = ax.imshow(review.pairs[h], vmin=0, vmax=vmax, cmap="viridis")  # (S, S)
-            ax.set_title(f"head {h}", fontsize=9)
-            ax.set_xticks(range(size) if labelled else [], labels if labelled else [], fontsize=6)
-            ax.set_yticks(range(size) if labelled else [], labels if labelled else [], fontsize=6)
+        for ax in axes[len(panels) :]:
+            ax.axis("off")
+        for (w, h), ax in zip(panels, axes, strict=False):
+            image = ax.imshow(review.pairs[h][np.ix_(w, w)], vmin=0, vmax=vmax, cmap="viridis")  # (s, s)
+            where = f" · tokens {w.start + 1}–{w.stop} of {size}" if len(windows) > 1 else ""
+            ax.set_title(f"head {h}{where}", fontsize=9)
+            ax.set_xticks(range(len(w)), labels[w.start : w.stop], fontsize=6)
+            ax.set_yticks(range(len(w)), labels[w.start : w.stop], fontsize=6)
             turn_long_labels(ax)
             ax.tick_params(length=0)
-        fig.colorbar(image, ax=axes.ravel().tolist(), label="attention weight (raw)", shrink=0.8)
+        fig.colorbar(image, ax=axes.tolist(), label="attention weight (raw)", shrink=min(0.8, 1.6 / rows))
         fig.suptitle(title, fontsize=10)
         return fig
 

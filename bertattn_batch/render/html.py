@@ -31,7 +31,7 @@ table.heat th.tok { writing-mode: vertical-rl; font-weight: normal; background: 
                     border: none; padding: 2px 0; white-space: nowrap; font-size: .9em; }
 table.heat th.row { background: none; border: none; white-space: nowrap; }
 .meta { color: #555; font-size: .9em; }
-img.fig { max-width: 100%; height: auto; border: 1px solid #eee; }
+img.fig { max-width: 100%; height: auto; border: 1px solid #eee; } img.full { max-width: none; }
 figure { margin: .5em 0 1.5em; } figcaption { color: #555; font-size: .9em; }
 """
 
@@ -56,25 +56,28 @@ def page(title: str, body: str) -> str:
     )
 
 
+NUM = ' class="num"'
+
+
 def data_table(header: Sequence[str], rows: Sequence[Sequence[object]], numeric: Sequence[bool] = ()) -> str:
     """A plain table; cells escaped, floats with 3 decimals, ``numeric`` columns right-aligned."""
+
+    def cell(i: int, value: object) -> str:
+        text = f"{value:.3f}" if isinstance(value, float) else ("" if value is None else str(value))
+        return f"<td{NUM if i < len(numeric) and numeric[i] else ''}>{esc(text)}</td>"
+
     out = ["<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
-    for row in rows:
-        cells = []
-        for i, value in enumerate(row):
-            text = f"{value:.3f}" if isinstance(value, float) else ("" if value is None else str(value))
-            cls = ' class="num"' if i < len(numeric) and numeric[i] else ""
-            cells.append(f"<td{cls}>{esc(text)}</td>")
-        out.append("<tr>" + "".join(cells) + "</tr>")
-    out.append("</table>")
-    return "\n".join(out)
+    out += ["<tr>" + "".join(cell(i, v) for i, v in enumerate(row)) + "</tr>" for row in rows]
+    return "\n".join([*out, "</table>"])
 
 
-def img(png: bytes, alt: str, caption: str = "") -> str:
-    """A PNG embedded as a data URI, in a figure with an optional caption."""
+def img(png: bytes, alt: str, caption: str = "", full_size: bool = False) -> str:
+    """A PNG embedded as a data URI, in a figure with an optional caption; ``full_size``: drawn at its
+    own size, scrolled sideways where wider than the page, so that its small labels stay legible."""
     src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
     cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
-    return f'<figure><img class="fig" src="{src}" alt="{esc(alt)}">{cap}</figure>'
+    image = f'<img class="fig{" full" if full_size else ""}" src="{src}" alt="{esc(alt)}">'
+    return f"<figure>{f'<div class=scroll>{image}</div>' if full_size else image}{cap}</figure>"
 
 
 def heat_table(review: ReviewAttention) -> str:
@@ -93,8 +96,7 @@ def heat_table(review: ReviewAttention) -> str:
             tip = f"head {h} · {tok} · scaled {review.scaled[h, j]:.3f} · raw {review.weight[h, j]:.5f}"
             cells.append(f'<td style="background:{to_hex(rgba[h, j])}" title="{esc(tip)}"></td>')
         lines.append(f'<tr><th class="row">head {h}</th>{"".join(cells)}</tr>')
-    lines.append("</table></div>")
-    return "\n".join(lines)
+    return "\n".join([*lines, "</table></div>"])
 
 
 def review_html(review: ReviewAttention) -> str:
@@ -107,6 +109,7 @@ def review_html(review: ReviewAttention) -> str:
                 png_bytes(pairs_figure(review)),
                 alt=f"token x token attention of every head, review {review.doc_id}",
                 caption="token x token attention per head (rows: queries; raw weights, one scale)",
+                full_size=True,
             )
         )
     return "\n".join(parts)

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._files import atomic_path, writing
-from ..analysis.spelling import readable
-from ..errors import SpecError
+from ..analysis.spelling import printable, readable
+from ..errors import InputError, SpecError
 from .figures import cls_figure, pairs_figure, review_png
 from .html import page, review_html
 from .review import ReviewAttention, add_pairs, load_review, review_from_text, select, token_range
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 SUFFIXES = (".png", ".html", ".htm", ".csv", ".xlsx")
 TABLES = (".csv", ".xlsx")
+#: Significant digits of the weights a table holds: enough to tell them apart, few enough to read.
+SIGNIFICANT = 4
 
 
 def output_path(out: str | Path, pairs: bool = False) -> Path:
@@ -54,10 +56,14 @@ def review_for_plot(
     device: str = "cpu",
     tokens: str | None = None,
     specials: bool = True,
+    text_file: str | Path | None = None,
 ) -> ReviewAttention:
     """A review of a run (``run_dir`` + ``doc_id``) or a text (``text`` + ``model``; ``doc_id`` then
     names it), with token x token matrices where ``pairs``. ``tokens``: the content tokens to show
-    (``"0:40"``); ``specials``: [CLS] and [SEP] in the token x token maps."""
+    (``"0:40"``); ``specials``: [CLS] and [SEP] in the token x token maps; ``text_file``: the text read
+    from a UTF-8 file, every character kept (no-break spaces, line breaks)."""
+    if text_file is not None:
+        text = read_text_file(text_file, text)
     if not specials and not pairs:
         raise SpecError("--no-specials leaves [CLS] and [SEP] out of the token x token maps: add --pairs")
     shown = token_range(tokens)
@@ -75,8 +81,27 @@ def review_for_plot(
         if text is None or model is None:
             raise SpecError("give RUN_DIR and --doc-id, or --text and --model")
         layer = -2 if layer is None else layer
-        review = review_from_text(text, model, layer, pairs=pairs, device=device, doc_id=doc_id or "text")
+        review = review_from_text(
+            text,
+            model,
+            layer,
+            pairs=pairs,
+            device=device,
+            doc_id=doc_id or (Path(text_file).name if text_file else "text"),
+        )
     return select(review, shown, specials)
+
+
+def read_text_file(path: str | Path, text: str | None = None) -> str:
+    """A review's text from a UTF-8 file (a byte-order mark dropped); ``text``: a text given as well."""
+    if text is not None:
+        raise SpecError("give the review as --text or --text-file, not both")
+    try:
+        return Path(path).read_bytes().decode("utf-8-sig")  # line ends as they are
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
+    except OSError as e:
+        raise InputError(f"cannot read the text file {path}: {e.strerror or e}") from None
 
 
 def plot_review(
@@ -88,14 +113,27 @@ def plot_review(
     return (cls_figure(review), pairs_figure(review)) if options.get("pairs") else cls_figure(review)
 
 
+def significant(value: float | None, digits: int = SIGNIFICANT) -> float | None:
+    """``value`` rounded to ``digits`` significant digits: what a table shows of a weight."""
+    return None if value is None else float(f"{value:.{digits}g}")
+
+
 def _write_table(review: ReviewAttention, path: Path, suffix: str) -> None:
-    """The seed's table, as the seed post read it in Excel: a row per head and measure (scaled, raw),
-    a column per token (``position token``), the header first; the xlsx's third sheet holds the title."""
+    """The seed's table, as the seed post read it in Excel: a row per head and measure (scaled, raw), a
+    column per token (``position token``), values to :data:`SIGNIFICANT` digits; the review's id,
+    prediction and label first and its text last (where it can run on into the empty cells) on every
+    row, so that a filter or a pasted row keeps them, control characters escaped (the text keeps its
+    line breaks and tabs). The xlsx's third sheet holds the title."""
     tokens = readable(review.tokens, review.byte_level)
-    header = ["head", "measure", *(f"{p} {t}" for p, t in zip(review.positions, tokens, strict=True))]
+    about = [review.doc_id, review.pred_label, significant(review.prob), review.label]
+    about = [printable(v, None) if isinstance(v, str) else v for v in about]
+    text = review.text and "".join(c if c in "\t\n\r" else printable(c, None) for c in review.text)
+    header = ["review", "predicted", "probability", "label", "head", "measure"]
+    header += [*(f"{p} {t}" for p, t in zip(review.positions, tokens, strict=True)), "text"]
     measures = {"scaled": review.scaled, "raw": review.weight}
     rows = {
-        m: [[h, m, *map(float, values[h])] for h in range(review.num_heads)] for m, values in measures.items()
+        m: [[*about, h, m, *map(significant, values[h].tolist()), text] for h in range(review.num_heads)]
+        for m, values in measures.items()
     }
     if suffix == ".csv":
         with open(path, "w", newline="", encoding="utf-8-sig") as f:  # the mark tells Excel it is UTF-8
@@ -108,7 +146,7 @@ def _write_table(review: ReviewAttention, path: Path, suffix: str) -> None:
             sheet = book.add_worksheet(measure)
             for i, row in enumerate([header, *body]):
                 sheet.write_row(i, 0, row)
-            sheet.conditional_format(1, 2, review.num_heads, len(header) - 1, {"type": "2_color_scale"})
+            sheet.conditional_format(1, 6, review.num_heads, len(header) - 2, {"type": "2_color_scale"})
         book.add_worksheet("review").write(0, 0, review.title())
 
 

@@ -24,6 +24,7 @@ from ..analysis import aggregate as agg
 from ..analysis.aggregate import top_tokens
 from ..analysis.faithfulness import FRACTIONS, faithfulness_path
 from ..analysis.spelling import readable_map
+from ..config import parse_label_map
 from ..errors import SpecError, WriteError
 from ..run import (
     REPORT_NAME,
@@ -36,8 +37,8 @@ from ..run import (
     read_manifest,
     status_now,
 )
-from .accuracy import accuracy_html
-from .examples import examples_html, misclassified, pick
+from .accuracy import accuracy_html, mapped
+from .examples import examples_html
 from .figures import png_bytes, top_heatmap
 from .html import data_table, esc, img, muted, page
 from .review import run_layer
@@ -91,6 +92,7 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
         ]
     if last:
         seconds = last.get("seconds", {})
+        reading = seconds.get("wall", 0) - seconds.get("train", 0)  # the time the throughput is of
         rows += [
             (f"{k} (last run that read reviews)", v)
             for k, v in (
@@ -98,7 +100,8 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
                 ("reviews read", last.get("input_rows")),
                 ("padding share", f"{last.get('padding_share', 0):.1%}"),
                 ("throughput", f"{last.get('reviews_per_s', 0):.1f} reviews/s"),
-                ("wall time", f"{seconds.get('wall', 0):.1f} s (model {seconds.get('model', 0):.1f} s)"),
+                ("wall time", f"{reading:.1f} s (model {seconds.get('model', 0):.1f} s)"),
+                ("training the model first", f"{seconds['train']:.1f} s" if "train" in seconds else None),
             )
         ]
     counts = manifest.counts or part_rows(manifest)  # counted when complete, else what its parts hold
@@ -307,9 +310,11 @@ def build_report(
     examples: int = 3,
     top_k: int = 8,
     min_reviews: int | None = None,
+    label_map: str | None = None,
 ) -> Path:
     """Write the run's report page (default ``RUN/report.html``); aggregates are computed first where
-    missing or out of date (``min_reviews`` None: the aggregates' own, else 5)."""
+    missing or out of date (``min_reviews`` None: the aggregates' own, else 5). ``label_map``: the
+    source's labels as the model's (``'1,2=negative; 4,5=positive'``; None: the run's job's)."""
     t0 = time.perf_counter()
     if examples < 0 or top_k < 1:
         raise SpecError(
@@ -329,16 +334,15 @@ def build_report(
     labelled = bool(manifest.spec.get("label_col")) or (
         not preds.is_empty() and preds["label"].is_not_null().any()
     )
-    shown = examples > 0 and scored
     labels = manifest.labels
-    wrong = misclassified(preds, examples, labels) if shown else []
+    mapping = parse_label_map(manifest.spec.get("label_map") if label_map is None else label_map, labels)
+    preds = mapped(preds, mapping)
     body = [
         _summary_html(manifest, preds),
-        accuracy_html(manifest, preds, labelled),
+        accuracy_html(manifest, preds, labelled, mapping),
         _tokens_html(table, meta, idx, top_k, scored, manifest.byte_level, manifest.num_layers),
         _believe_html(run, manifest, table),
-        examples_html(run, pick(preds, examples, labels), idx, "Example reviews") if shown else "",
-        examples_html(run, wrong, idx, "Most confidently misclassified reviews", False) if shown else "",
+        examples_html(run, preds, idx, examples, labels) if examples > 0 and scored else "",
         muted(
             f"Written {time.strftime('%Y-%m-%d %H:%M')} by bertattn report in {time.perf_counter() - t0:.1f}s."
         ),

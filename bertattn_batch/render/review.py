@@ -185,7 +185,7 @@ def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = No
         if found.is_empty():
             raise InputError(f"review {doc_id!r} is not among the scored reviews of {run}")
         review, pred = from_rows(rows, doc_id, idx), found.row(0, named=True)
-        review.pred_label, review.label = pred["pred_label"], pred["label"]
+        review.pred_label, review.label, review.text = pred["pred_label"], pred["label"], pred.get("text")
         review.byte_level, review.num_layers = manifest.byte_level, manifest.num_layers
         if pred["probs"] is not None and pred["pred_id"] is not None:
             review.prob = float(pred["probs"][pred["pred_id"]])

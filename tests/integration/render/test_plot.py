@@ -5,6 +5,7 @@ none, as U+XXXX codes after a warning: never boxes)."""
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from html import unescape
 from pathlib import Path
@@ -247,6 +248,27 @@ def test_options_plot_would_not_use_are_used_or_refused(tiny_zh_dir, tmp_path):
     assert not (tmp_path / "s.png").exists()
 
 
+def test_a_text_file_plots_the_text_it_holds(tiny_zh_dir, tmp_path):
+    """plot --text-file: the file's text, no-break spaces and line breaks in it, gives the review --text
+    gives; the file's name names it, and its table row carries the text as the file holds it."""
+    text = SEED_TEXT + "\n第二行：\xa0超级差评！"
+    path = tmp_path / "review.txt"
+    path.write_text(text, encoding="utf-8")
+    tables = {}
+    for how in (["--text", text], ["--text-file", str(path)]):
+        out = tmp_path / f"{how[0][2:]}.csv"
+        r = CliRunner().invoke(app, ["plot", *how, "--model", str(tiny_zh_dir), "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        tables[how[0]] = pl.read_csv(out)
+    assert tables["--text-file"]["text"].unique().to_list() == [text]
+    assert tables["--text-file"]["review"].unique().to_list() == ["review.txt"]
+    assert tables["--text-file"].drop("review").equals(tables["--text"].drop("review"))
+    r = CliRunner().invoke(
+        app, ["plot", "--text", "x", "--text-file", str(path), "--model", str(tiny_zh_dir)]
+    )
+    assert r.exit_code == 1 and "--text or --text-file, not both" in r.output
+
+
 def test_byte_level_tokens_are_shown_as_text():
     """RoBERTa's byte-level BPE pieces ('Ġcaf', 'Ã©') are labelled with their text; the oracle is the
     tokenizers library's own ByteLevel decoder. WordPiece and CJK tokens are left alone."""
@@ -355,30 +377,41 @@ def test_pictures_that_read(en_run, tmp_path):
         reviews.select(review, reviews.token_range(":0"))
 
 
+def _significant(x: float, digits: int = 4) -> float:
+    """``x`` to ``digits`` significant digits, by its power of ten."""
+    return 0.0 if x == 0 else round(x, digits - 1 - math.floor(math.log10(abs(x))))
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".xlsx"])
 def test_the_seeds_table_for_a_spreadsheet(suffix, en_run, tmp_path):
-    import csv
-
+    """A row per head and measure, a column per token, weights to 4 significant digits; the review's
+    id, prediction, label and text on every row."""
     doc = short_doc(en_run)
     review = reviews.load_review(en_run, doc)
+    pred = read_table(en_run, "predictions").to_pandas().set_index("doc_id").loc[doc]
     out = plotting.write_review(plotting.review_for_plot(en_run, doc), tmp_path / f"t{suffix}")
     if suffix == ".csv":
-        with open(out, encoding="utf-8-sig") as f:
-            rows = list(csv.reader(f))
-        # the header first, so that polars reads it as a table
-        read = pl.read_csv(out)
-        assert read.columns[:2] == ["head", "measure"] and read.height == 2 * review.num_heads
+        read = pl.read_csv(out, infer_schema_length=None)  # the header first: polars reads it as a table
+        assert read.height == 2 * review.num_heads
     else:
         import openpyxl
 
         book = openpyxl.load_workbook(out)
-        rows = [[str(c) for c in r] for r in book["scaled"].iter_rows(values_only=True)]
+        sheets = [list(book[m].iter_rows(values_only=True)) for m in ("scaled", "raw")]
+        read = pl.DataFrame([r for s in sheets for r in s[1:]], schema=list(sheets[0][0]), orient="row")
         assert book["review"]["A1"].value == review.title()
-    header, body = rows[0], rows[1:]
-    assert header[:2] == ["head", "measure"] and len(header) == 2 + len(review.tokens)
-    scaled = [r for r in body if r[1] == "scaled"]
-    assert len(scaled) == review.num_heads
-    np.testing.assert_allclose(np.array([r[2:] for r in scaled], dtype=float), review.scaled, rtol=1e-6)
+    about = ["review", "predicted", "probability", "label", "head", "measure"]
+    assert read.columns[:6] == about and read.columns[-1] == "text"
+    assert read.columns[6:-1] == [f"{p} {t}" for p, t in zip(review.positions, review.tokens, strict=True)]
+    assert read.select("review", "predicted", "label", "text").unique().rows() == [
+        (doc, pred["pred_label"], pred["label"], pred["text"])
+    ]
+    assert read["probability"][0] == _significant(float(pred["pred_prob"]))
+    for measure, values in (("scaled", review.scaled), ("raw", review.weight)):
+        rows = read.filter(pl.col("measure") == measure).sort("head")
+        assert rows["head"].to_list() == list(range(review.num_heads))
+        expected = [[_significant(float(v)) for v in head] for head in values]
+        assert rows.select(read.columns[6:-1]).rows() == [tuple(r) for r in expected]
 
 
 def test_the_plot_command_takes_negative_layers_token_ranges_and_leaves_out_the_specials(en_run, tmp_path):

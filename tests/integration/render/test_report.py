@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import byte_level_bpe, read_table
+from helpers import byte_level_bpe, manifest_json, read_table
 from typer.testing import CliRunner
 
 import bertattn_batch.analysis.aggregate as agg
@@ -75,7 +75,8 @@ def test_report_states_what_the_run_holds(run_dir, page):
         & (pl.col("rank") == 1)
     )
     assert f"{first['token'][0]} ({first['mean_scaled'][0]:.2f})" in html
-    # examples by the stated rule: typical length, then the margin between the two likeliest labels
+    # examples by the stated rules: typical length; the margin between the two likeliest labels nearest
+    # its median over the label's correct predictions, and the largest margins of the mistakes
     labels = ["negative", "neutral", "positive"]
     picks = examples.pick(pl.from_arrow(read_table(run_dir, "predictions")), 2, labels)
     lengths = sorted(p["n_tokens"] for p in preds)
@@ -87,17 +88,23 @@ def test_report_states_what_the_run_holds(run_dir, page):
         top = sorted(p["probs"], reverse=True)
         return top[0] - top[1]
 
-    for label in {p["pred_label"] for p in typical}:
+    right = [p for p in typical if p["label"] == p["pred_label"]]
+    for label in {p["pred_label"] for p in right}:
         chosen = [e for e in picks if e.pred_label == label]
-        assert 1 <= len(chosen) <= 2
-        best = sorted((margin(p) for p in typical if p["pred_label"] == label), reverse=True)
-        assert [round(e.margin, 5) for e in chosen] == [round(m, 5) for m in best[: len(chosen)]]
+        assert 1 <= len(chosen) <= 2 and not any(e.misclassified for e in chosen)
+        margins = sorted(margin(p) for p in right if p["pred_label"] == label)
+        mid = len(margins) // 2
+        median = (margins[mid] + margins[~mid]) / 2
+        nearest = sorted(abs(m - median) for m in margins)[: len(chosen)]
+        assert [round(abs(e.margin - median), 5) for e in chosen] == [round(d, 5) for d in nearest]
     for e in picks:  # each caption gives the margin, and says so where the prediction is wrong
         mark = " · misclassified" if e.misclassified else ""
         assert re.search(
             rf"<figcaption>review {re.escape(e.doc_id)} ·[^<]*margin {e.margin:.3f}{mark}</", html
         )
     wrong = examples.misclassified(pl.from_arrow(read_table(run_dir, "predictions")), 2, labels)
+    mistakes = sorted((margin(p) for p in typical if p["label"] != p["pred_label"]), reverse=True)
+    assert [round(e.margin, 5) for e in wrong] == [round(m, 5) for m in mistakes[:2]]
     assert all(e.misclassified for e in wrong) and "Most confidently misclassified reviews" in html
     assert html.count("data:image/png;base64,") == 1 + len(picks) + len(wrong)  # top tokens + examples
     assert "http://" not in html and "https://" not in html and "<script" not in html
@@ -159,17 +166,23 @@ def test_accuracy_section_says_why_there_is_no_accuracy(tiny_en_dir, drug_rows, 
     rows = [dict(r) for r in drug_rows[:4]]
     failed = _small_run(tiny_en_dir, [{**r, "text": None} for r in rows], tmp_path / "failed")
     html = report.build_report(failed, examples=1, min_reviews=1).read_text(encoding="utf-8")
-    assert "No labelled review was scored." in html and "The source had no labels." not in html
+    assert "No labelled review was scored: there is no accuracy to give." in html
+    assert "The source had no labels" not in html
     assert "No token was counted: no review of this run was scored." in html
     assert "passes the filter" not in html
     assert "Predicted labels" not in html  # no table of none
 
     other = _small_run(tiny_en_dir, [{**r, "label": "5 stars"} for r in rows], tmp_path / "other")
     html = report.build_report(other, examples=1, min_reviews=1).read_text(encoding="utf-8")
-    assert "accuracy <b>n/a</b>" in html and "<b>nan</b>" not in html
-    assert "4 with other labels are in the matrix" in html
-    # nor are they "misclassified": no example is marked so, and no section lists them
-    assert "misclassified" not in html and html.count("<figcaption>") == 1 + 1  # top tokens, an example
+    assert "<b>n/a</b>" not in html and "<b>nan</b>" not in html and "column" not in html
+    assert (
+        "There is no accuracy to give: none of the 4 labelled reviews has a label the model predicts "
+        "(theirs as the source gives them: 5 stars; the model&#x27;s: negative, neutral, positive)"
+    ) in html
+    assert "<td>5 stars</td>" in html  # the matrix still shows what was predicted for them
+    # nor are they "misclassified": no example is marked so, and the section says why it lists none
+    assert "· misclassified" not in html and html.count("<figcaption>") == 1 + 1  # top tokens, an example
+    assert "No review&#x27;s label is one the model predicts (see Accuracy): none can be called" in html
 
     unlabelled = [{k: v for k, v in r.items() if k != "label"} for r in rows]
     src = tmp_path / "unlabelled.parquet"
@@ -183,7 +196,67 @@ def test_accuracy_section_says_why_there_is_no_accuracy(tiny_en_dir, drug_rows, 
             progress=False,
         )
     )
-    assert "The source had no labels." in report.build_report(out, examples=0, min_reviews=1).read_text()
+    html = report.build_report(out, examples=1, min_reviews=1).read_text()
+    assert "The source had no labels: there is no accuracy to give." in html
+    assert "The reviews have no labels: none can be called misclassified." in html
+
+
+def test_star_labels_are_read_as_the_models_through_a_label_map(tiny_en_dir, drug_rows, tmp_path):
+    """Stars mapped to the model's labels, in the job or for the report: accuracy and the matrix over
+    the mapped reviews equal a count by hand, a star left out (3) stays out and is said so, examples
+    and mistakes read the mapped label; the map is recorded in the manifest."""
+    stars = [1, 2, 3, 4, 5, 5, 1, 3, 4, 2, 5, 1]
+    rows = [{**r, "label": s} for r, s in zip(drug_rows[:12], stars, strict=True)]
+    mapping = "1,2=negative; 4=neutral ;5=positive"
+    run = _small_run(tiny_en_dir, rows, tmp_path / "mapped", label_map=mapping)
+    assert manifest_json(run)["spec"]["label_map"] == mapping
+    preds = pl.from_arrow(read_table(run, "predictions"))
+    assert sorted(set(preds["label"])) == ["1", "2", "3", "4", "5"]  # stored as the source gives them
+    as_model = {"1": "negative", "2": "negative", "4": "neutral", "5": "positive"}
+    known = preds.filter(pl.col("label").is_in(list(as_model)))
+    truth = known["label"].replace_strict(as_model)
+    correct = int((truth == known["pred_label"]).sum())
+    negatives = known.filter(pl.col("label").is_in(["1", "2"]))
+
+    def check(html: str) -> None:
+        assert f"accuracy <b>{correct / known.height:.4f}</b>" in html
+        assert f"({known.height} over every labelled review;" in html
+        assert "2 with other labels (3) are in the matrix but not in the accuracy" in html
+        counts = [int((negatives["pred_label"] == p).sum()) for p in ("negative", "neutral", "positive")]
+        cells = "".join(f'<td class="num">{n}</td>' for n in [*counts, sum(counts)])
+        assert f"<tr><td>negative (1, 2)</td>{cells}</tr>" in html and "<tr><td>3</td>" in html
+        wrong = known.filter(truth != known["pred_label"])
+        assert ("· misclassified" in html) == (wrong.height > 0)
+        assert re.search(r"label [1245] → (negative|neutral|positive)", html)
+
+    check(report.build_report(run, examples=2, min_reviews=1).read_text(encoding="utf-8"))
+    plain = _small_run(tiny_en_dir, rows, tmp_path / "plain")  # the same run made without the map
+    assert "There is no accuracy to give" in report.build_report(plain, min_reviews=1).read_text()
+    out = tmp_path / "mapped.html"
+    args = ["report", str(plain), "--out", str(out), "--min-reviews", "1", "--examples", "2"]
+    r = CliRunner().invoke(app, [*args, "--label-map", mapping])
+    assert r.exit_code == 0, r.output
+    check(out.read_text(encoding="utf-8"))
+    r = CliRunner().invoke(app, [*args, "--label-map", "1,2=bad"])
+    assert r.exit_code == 1 and "label_map maps to 'bad', which the model does not predict" in r.output
+    with pytest.raises(SpecError, match="which the model does not predict; its labels: negative"):
+        _small_run(tiny_en_dir, rows, tmp_path / "bad", label_map="5=good")
+    assert not (tmp_path / "bad").exists()  # refused before the run began
+
+
+def test_the_run_table_gives_the_time_its_throughput_is_of_and_training_apart(run_dir, tmp_path):
+    """A job that trained its model first: the wall time beside the throughput is the reading's, the
+    training's on a row of its own."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    manifest = manifest_json(run)
+    manifest["last_run"]["seconds"] = {"train": 134.8, "wall": 144.3, "model": 8.5}
+    manifest["last_run"]["reviews_per_s"] = 29 / 9.5
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    html = report.build_report(run, examples=0, min_reviews=2).read_text(encoding="utf-8")
+    assert "<td>throughput (last run that read reviews)</td><td>3.1 reviews/s</td>" in html
+    assert "<td>wall time (last run that read reviews)</td><td>9.5 s (model 8.5 s)</td>" in html
+    assert "<td>training the model first (last run that read reviews)</td><td>134.8 s</td>" in html
 
 
 def test_a_stopped_runs_rows_per_table_are_those_of_its_committed_parts(tiny_en_dir, drug_rows, tmp_path):
@@ -287,7 +360,8 @@ def test_control_characters_and_long_tokens_are_printed_escaped_and_cut(drug_row
         written = to.read_text(encoding="utf-8")
         assert not _HIDDEN.search(written), suffix
         if doc_id == "d\x1b12" and suffix == "csv":  # the review of digits: its long token cut
-            assert "1" * 39 + "…" in written and "1" * 41 not in written
+            header = written.splitlines()[0]  # the tokens' columns (the text column holds it all)
+            assert "1" * 39 + "…" in header and "1" * 41 not in header
 
 
 # -- a real browser ----------------------------------------------------------------------------------
