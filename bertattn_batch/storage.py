@@ -329,8 +329,8 @@ def put_if(target: str | os.PathLike[str], data: bytes, version: str | None) -> 
     except ClientError as e:
         code = e.response.get("Error", {}).get("Code", "")
         status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        # 409: a conditional write to the same key in flight at the same moment
-        if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+        # 409: a conditional write to the same key in flight at the same moment; NoSuchKey: that version is gone
+        if status in (409, 412) or code == "NoSuchKey":
             raise CommitRefused(f"{os.fspath(target)}: another writer replaced it") from None
         if status == 501 or code == "NotImplemented":
             raise NoConditionalWrites(f"{os.fspath(target)}: the store refuses conditional writes") from None
@@ -370,13 +370,6 @@ def delete(target: str | os.PathLike[str]) -> None:
     fs, path = resolve(target)
     with _errors(target), contextlib.suppress(FileNotFoundError):
         fs.delete_file(path)
-
-
-def delete_folder(target: str | os.PathLike[str]) -> None:
-    """Remove every object under a folder or prefix; none there is no error."""
-    fs, path = resolve(target)
-    with _errors(target), contextlib.suppress(FileNotFoundError):
-        fs.delete_dir_contents(path, missing_dir_ok=True)
 
 
 def listing(folder: str | os.PathLike[str], recursive: bool = False) -> dict[str, pafs.FileInfo]:
