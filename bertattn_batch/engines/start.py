@@ -29,7 +29,7 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
     dtype = str(clf.dtype).removeprefix("torch.")
     fingerprint = {
         "model_sha256": clf.weights_sha256,
-        "model_config_sha256": clf.config_sha256,  # heads, activation, epsilon edited beside the same weights
+        "model_config_sha256": clf.config_sha256,  # activation, epsilon or the folder's code edited beside them
         # the model folder's other files: labels renamed or a tokenizer changed beside the same weights
         "labels": {str(k): v for k, v in clf.id2label.items()},
         "tokenizer_sha256": tokenizer_hash(clf.tokenizer),

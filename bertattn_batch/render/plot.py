@@ -54,10 +54,14 @@ def review_for_plot(
     device: str = "cpu",
     tokens: str | None = None,
     specials: bool = True,
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
 ) -> ReviewAttention:
     """A review of a run (``run_dir`` + ``doc_id``) or a text (``text`` + ``model``; ``doc_id`` then
     names it), with token x token matrices where ``pairs``. ``tokens``: the content tokens to show
-    (``"0:40"``); ``specials``: [CLS] and [SEP] in the token x token maps."""
+    (``"0:40"``); ``specials``: [CLS] and [SEP] in the token x token maps. ``trust_remote_code`` and
+    ``allow_pickle``: the caller's trust in the model folder's code and pickle weights, never the run's."""
+    trust = {"trust_remote_code": trust_remote_code, "allow_pickle": allow_pickle}
     if not specials and not pairs:
         raise SpecError("--no-specials leaves [CLS] and [SEP] out of the token x token maps: add --pairs")
     shown = token_range(tokens)
@@ -70,12 +74,14 @@ def review_for_plot(
             )
         review = load_review(run_dir, doc_id, layer)
         if pairs:
-            add_pairs(review, run_dir, model=model, text=text, device=device)
+            add_pairs(review, run_dir, model=model, text=text, device=device, **trust)
     else:
         if text is None or model is None:
             raise SpecError("give RUN_DIR and --doc-id, or --text and --model")
         layer = -2 if layer is None else layer
-        review = review_from_text(text, model, layer, pairs=pairs, device=device, doc_id=doc_id or "text")
+        review = review_from_text(
+            text, model, layer, pairs=pairs, device=device, doc_id=doc_id or "text", **trust
+        )
     return select(review, shown, specials)
 
 

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from ... import schema
 from ...errors import first_line
+from ...model.checks import other_model_files
 from ...run import FORMAT, decode_every_page, load_json, model_problems, parse_parts, tmp_name
 from .report import ValidationReport
 
@@ -95,6 +96,10 @@ def check_manifest(
                 rec.fail("manifest", f"model.{name} is {model.get(name)!r}: the run's manifest must name it")
             usable[name] = None
     layers, heads, id2label = usable["layers"], usable["num_heads"], usable["id2label"]
+    source = model.get("source")
+    if isinstance(source, str) and Path(source).is_dir() and (other := other_model_files(source, model)):
+        rec.warn("manifest", f"the model at {source} has {other} than the run records (edited since?): "
+                 "faithfulness and plot --pairs refuse it")  # fmt: skip
     _check_spec_layers(rec, m.get("spec"), layers, usable.get("num_layers"))
     max_length = usable.get("max_length")
     parts = _parse_parts(rec, m.get("parts"))
