@@ -84,15 +84,14 @@ class Lease:
         lease.version = held.version if held else None
         try:
             lease._write()
+            if not lease.conditional:
+                time.sleep(settle_s)
+                if (back := lease.read()) is None or back.holder != holder:
+                    raise storage.CommitRefused(uri)
         except storage.CommitRefused:
-            lease.lost = "taken"
-        if not lease.conditional and lease.lost is None:
-            time.sleep(settle_s)
-            lease.lost = None if (back := lease.read()) is not None and back.holder == holder else "taken"
-        if lease.lost is not None:
             raise RunDirError(
                 f"another bertattn process took {run_uri} at the same moment; choose another --out"
-            )
+            ) from None
         return lease
 
     def read(self) -> Held | None:
@@ -115,9 +114,8 @@ class Lease:
                 try:
                     self._write()
                 except storage.CommitRefused:  # another holder's, or a write of ours whose answer was lost
-                    held = self.read()
-                    if held is None or held.holder != self.holder:
-                        self.lost = f"taken over by {held.holder if held and held.holder else 'another run'}"
+                    if (held := self.read()) is None or held.holder != self.holder:
+                        self.lost = "taken over by another run"
                     else:
                         self.version = held.version
                         self._write()
