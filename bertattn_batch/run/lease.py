@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .. import storage
-from .._files import lock_is_held
+from .._files import lock_is_held, process_alive
 from ..errors import RunDirError, StorageError
 from .layout import LEASE_NAME, LOCK_NAME
 from .manifest import load_json
@@ -227,15 +227,14 @@ def status_now(run_dir: str | os.PathLike[str], status: str) -> str:
 
 def process_id(pid: int) -> str | None:
     """Process ``pid`` as told apart on this machine: host, boot, pid namespace, pid and start time (a
-    pid reused since has another); None where /proc cannot tell (not Linux), or it has ended."""
+    pid reused since has another); None where /proc cannot tell (not Linux, no such process, hidden)."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         namespace = os.stat("/proc/self/ns/pid").st_ino
-        state, *fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        started = fields[18]
-    except (OSError, ValueError, IndexError):
+        started = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
         return None
-    return None if state in "ZX" else f"{socket.gethostname()}/{boot}/{namespace}/{pid}/{started}"
+    return f"{socket.gethostname()}/{boot}/{namespace}/{pid}/{started}"
 
 
 def _gone(process: str | None) -> bool:
@@ -244,7 +243,8 @@ def _gone(process: str | None) -> bool:
     if not process or mine is None or process.rsplit("/", 2)[0] != mine.rsplit("/", 2)[0]:
         return False
     pid = process.rsplit("/", 2)[1]
-    return not pid.isdigit() or process_id(int(pid)) != process
+    now = process_id(int(pid)) if pid.isdigit() else process
+    return now != process if now is not None else not process_alive(int(pid))
 
 
 def _taken_over(uri: str, holder: str) -> str | None:
