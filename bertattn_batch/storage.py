@@ -329,7 +329,7 @@ def put_if(target: str | os.PathLike[str], data: bytes, version: str | None) -> 
     except ClientError as e:
         code = e.response.get("Error", {}).get("Code", "")
         status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        # 409: a conditional write to the same key in flight at the same moment; NoSuchKey: that version is gone
+        # 409: a conditional write to the same key in flight at that moment; NoSuchKey: that version is gone
         if status in (409, 412) or code == "NoSuchKey":
             raise CommitRefused(f"{os.fspath(target)}: another writer replaced it") from None
         if status == 501 or code == "NotImplemented":

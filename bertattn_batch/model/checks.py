@@ -479,9 +479,10 @@ def tokenizer_hash(tokenizer: Any) -> str:
 
 
 def other_model_files(source: str, recorded: Mapping[str, Any]) -> str | None:
-    """ "other weights" or "another config.json or Python code" where the model at ``source`` surely differs from a run's
-    ``recorded`` model, else None. Checked before loading: a model retrained in the same folder may fail
-    the run's settings and would be refused for that instead. A hash not recorded is not compared."""
+    """ "other weights" or "another config.json or Python code" where the model at ``source`` surely
+    differs from a run's ``recorded`` model, else None. Checked before loading: a model retrained in the
+    same folder may fail the run's settings and would be refused for that instead. A hash not recorded is
+    not compared."""
     path = resolve_source(source)
     for what, key, now in (
         ("other weights", "weights_sha256", weights_hash),

@@ -53,7 +53,7 @@ class Held(NamedTuple):
     version: str | None = None
 
     def live(self) -> bool:
-        """Whether it keeps others away: not expired, and not held by a process of this machine that is gone."""
+        """Whether it keeps others away: unexpired, and not held by a process of this machine that is gone."""
         return self.expires_at > time.time() and not _gone(self.process)
 
 
@@ -78,9 +78,9 @@ class Lease:
         lease = cls(uri, holder, ttl_s, conditional=storage.has_conditional_writes(run_uri))
         held = lease.read()
         _refuse_if_live(run_uri, held)
-        if held is not None and held.expires_at > time.time():
-            log.warning("%s: its writer (%s) ran on this machine and is gone: this run takes it over", run_uri,
-                        held.holder)  # fmt: skip
+        if held is not None and held.expires_at > time.time():  # not live: its process is gone
+            log.warning("%s: its writer (%s) ran on this machine and is gone: this run takes it over",
+                        run_uri, held.holder)  # fmt: skip
         lease.version = held.version if held else None
         try:
             lease._write()
