@@ -113,9 +113,10 @@ def test_a_writer_paused_before_any_commit_is_refused_and_the_run_it_lost_stays_
     # the documented resume on B's run: A's uploads are swept, B's parts are kept
     with StoredRunDir(run, HEADER) as c:
         assert c.parts == manifest.parts
+        _write(c, 40)
     for t, names in listed.items():
         assert set(storage.list_names(f"{run}/{t}")) == names, t
-    assert storage.read_bytes(f"{run}/{MANIFEST}") != taken_over  # the resume committed, as its own
+    assert read_manifest(run).resumes == manifest.resumes + 1  # the resume committed, as its own
 
 
 class _ParkedClear(_Parked):
