@@ -132,19 +132,28 @@ def _filesystem(scheme: str, authority: str, _env: tuple[str | None, ...]) -> pa
             raise StorageError(f"cannot reach hdfs://{authority}: {_one_line(e)}") from None
     if scheme != "s3":
         return _filesystem_class("GcsFileSystem", scheme)()
-    cls = _filesystem_class("S3FileSystem", "s3")
+    endpoint, region = _s3_place(authority)
     kwargs: dict[str, object] = {"allow_delayed_open": True}  # a small object goes up in one PutObject
-    if endpoint := os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"):
-        endpoint_scheme, rest = split_uri(endpoint)
-        kwargs["endpoint_override"] = rest if endpoint_scheme else endpoint
-        kwargs["scheme"] = endpoint_scheme or "https"
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    if not region and authority:  # a bucket outside the SDK's default region answers every call with 301
-        with contextlib.suppress(OSError):  # a missing bucket: its first request names it
-            region = pafs.resolve_s3_region(authority)
+    if endpoint:
+        kwargs["scheme"], kwargs["endpoint_override"] = split_uri(endpoint)
     if region:
         kwargs["region"] = region
-    return cls(**kwargs)
+    return _filesystem_class("S3FileSystem", "s3")(**kwargs)
+
+
+def _s3_place(bucket: str) -> tuple[str | None, str | None]:
+    """(endpoint URL, region) of an S3 bucket: the environment's, else on AWS the bucket's own region (a
+    bucket outside the SDK's default region answers every call with 301)."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint and split_uri(endpoint)[0] is None:
+        endpoint = f"https://{endpoint}"
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if not region and not endpoint and bucket:
+        import pyarrow.fs as pafs
+
+        with contextlib.suppress(OSError):  # a missing bucket: its first request names it
+            region = pafs.resolve_s3_region(bucket)
+    return endpoint, region
 
 
 def _fsspec(scheme: str, target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
@@ -266,15 +275,6 @@ def arrow_file(target: str | os.PathLike[str]) -> Iterator[Any]:
         yield f
 
 
-def open_stream(target: str | os.PathLike[str], compression: str) -> pa.NativeFile:
-    """A store's object read forward and decompressed (``gzip``, ``bz2``, ``zstd``, ``lz4``)."""
-    import pyarrow as pa
-
-    fs, path = resolve(target)
-    with _errors(target):  # compression=None: the filesystem would undo it a second time
-        return pa.CompressedInputStream(fs.open_input_stream(path, compression=None), compression)
-
-
 def read_bytes(target: str | os.PathLike[str]) -> bytes:
     """A whole (small) object: a manifest, a lease."""
     with _errors(target), open_input(target) as f:
@@ -329,8 +329,8 @@ def put_if(target: str | os.PathLike[str], data: bytes, version: str | None) -> 
     except ClientError as e:
         code = e.response.get("Error", {}).get("Code", "")
         status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        # 409: a conditional write to the same key in flight at the same moment
-        if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+        # 409: a conditional write to the same key in flight at that moment; NoSuchKey: that version is gone
+        if status in (409, 412) or code == "NoSuchKey":
             raise CommitRefused(f"{os.fspath(target)}: another writer replaced it") from None
         if status == 501 or code == "NotImplemented":
             raise NoConditionalWrites(f"{os.fspath(target)}: the store refuses conditional writes") from None
@@ -353,15 +353,7 @@ def _s3_client(bucket: str, _env: tuple[str | None, ...]) -> Any:
         import boto3
     except ImportError:
         raise StorageError(f"writing a run to s3:// needs boto3: {EXTRA_HINT}") from None
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint and split_uri(endpoint)[0] is None:
-        endpoint = f"https://{endpoint}"
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    if not region and not endpoint:
-        import pyarrow.fs as pafs
-
-        with contextlib.suppress(OSError):
-            region = pafs.resolve_s3_region(bucket)
+    endpoint, region = _s3_place(bucket)
     return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region)
 
 
@@ -370,13 +362,6 @@ def delete(target: str | os.PathLike[str]) -> None:
     fs, path = resolve(target)
     with _errors(target), contextlib.suppress(FileNotFoundError):
         fs.delete_file(path)
-
-
-def delete_folder(target: str | os.PathLike[str]) -> None:
-    """Remove every object under a folder or prefix; none there is no error."""
-    fs, path = resolve(target)
-    with _errors(target), contextlib.suppress(FileNotFoundError):
-        fs.delete_dir_contents(path, missing_dir_ok=True)
 
 
 def listing(folder: str | os.PathLike[str], recursive: bool = False) -> dict[str, pafs.FileInfo]:

@@ -74,6 +74,11 @@ def call(fn: Callable[[], T], interrupted: str = INTERRUPTED, completes: bool = 
     except KeyboardInterrupt as e:  # its args: what a rerun does where that is not to resume
         typer.echo(f"interrupted; {e.args[0]}" if e.args else interrupted, err=True)
         raise typer.Exit(128 + e.signum if isinstance(e, Terminated) else 130) from None
+    except UnicodeEncodeError as e:  # a name from the file system (an input folder's file) not in UTF-8
+        if _debug["on"] or "surrogates" not in e.reason or not isinstance(e.object, str):
+            raise
+        typer.echo(f"error: {_not_utf8(e.object)}", err=True)
+        raise typer.Exit(1) from None
     except Exception as e:
         if _debug["on"]:
             raise
@@ -158,9 +163,27 @@ class GuardedStdout:
         return getattr(self._stream, name)
 
 
+def _not_utf8(text: str) -> str:
+    """What to say of a path or text holding bytes that are no UTF-8 (Python's surrogate escapes)."""
+    try:
+        shown = repr(text.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:
+        shown = ascii(text)
+    return (
+        f"{shown} is not valid UTF-8: bertattn records paths, ids and texts in UTF-8 files; rename it, "
+        "or give it in UTF-8"
+    )
+
+
 def main() -> None:
     """Run the application; a failed write to standard output is one line and exit status 1, a pipe
-    closed by its reader no failure."""
+    closed by its reader no failure. An argument that is not UTF-8 is refused before any command runs."""
+    for arg in sys.argv[1:]:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            print(f"error: {_not_utf8(arg)}", file=sys.stderr)
+            sys.exit(2)
     if not os.environ.get("COLUMNS", "1").isdigit() or os.environ.get("COLUMNS") == "0":
         del os.environ["COLUMNS"]  # COLUMNS=0 made the help and usage errors print nothing at all
     for stream in (sys.stdout, sys.stderr):  # a character the terminal's encoding lacks is escaped

@@ -163,6 +163,7 @@ def faithfulness(
 
 
 @app.command()
+@spec_options(JobSpec, only=("trust_remote_code", "allow_pickle"))
 def plot(
     run_dir: Annotated[
         str | None,
@@ -211,7 +212,9 @@ def plot(
         bool, typer.Option(help="[CLS] and [SEP] in the token x token maps (--no-specials leaves them out).")
     ] = True,
     device: Annotated[str, typer.Option(help="Device for the model, when one is needed.")] = "cpu",
+    *,
     debug: Debug = False,
+    **trust: bool,
 ) -> None:
     """Heatmaps of one review: heads x tokens of the scaled [CLS] row, and token x token with --pairs.
 
@@ -230,7 +233,7 @@ def plot(
 
     def plot_to_file() -> Path:
         output_path(out, pairs)  # before any model loads
-        options = dict(text=text, text_file=text_file, model=model, layer=layer, device=device)
+        options = dict(text=text, text_file=text_file, model=model, layer=layer, device=device, **trust)
         review = review_for_plot(run_dir, doc_id, pairs=pairs, tokens=tokens, specials=specials, **options)
         return write_review(review, out, pairs=pairs)
 

@@ -30,7 +30,7 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
     labels = {str(k): v for k, v in clf.id2label.items()}
     fingerprint = {
         "model_sha256": clf.weights_sha256,
-        "model_config_sha256": clf.config_sha256,  # heads, activation, epsilon edited beside the same weights
+        "model_config_sha256": clf.config_sha256,  # heads, activation, epsilon or the folder's code edited beside them
         "labels": labels,  # the model folder's other files: labels or a tokenizer changed beside the weights
         "tokenizer_sha256": tokenizer_hash(clf.tokenizer),
         "inputs": [storage.absolute(p) for p in inputs.paths],  # the same files, from any directory

@@ -455,16 +455,18 @@ def _files_hash(files: tuple[tuple[str, str, int, int], ...]) -> str:
 
 def config_hash(path: str) -> str:
     """sha256 of config.json less the keys that leave the outputs as they are (and the loader's own
-    ``_`` keys). The file, not the loaded config: defaults a library upgrade adds change nothing."""
+    ``_`` keys), and of the folder's Python files (what a config's ``auto_map`` imports under
+    --trust-remote-code). The file, not the loaded config: defaults a library upgrade adds change nothing."""
     folder = _folder(path)
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder else None
     except (OSError, ValueError):
         config = None
-    if not isinstance(config, dict):
+    if not isinstance(config, dict) or folder is None:
         return "unknown"
     kept = {k: v for k, v in config.items() if k not in _INERT_CONFIG_KEYS and not k.startswith("_")}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
+    code = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.glob("*.py"))}
+    return hashlib.sha256(json.dumps([kept, code] if code else kept, sort_keys=True).encode()).hexdigest()
 
 
 def tokenizer_hash(tokenizer: Any) -> str:
@@ -477,13 +479,14 @@ def tokenizer_hash(tokenizer: Any) -> str:
 
 
 def other_model_files(source: str, recorded: Mapping[str, Any]) -> str | None:
-    """ "other weights" or "another config.json" where the model at ``source`` surely differs from a run's
-    ``recorded`` model, else None. Checked before loading: a model retrained in the same folder may fail
-    the run's settings and would be refused for that instead. A hash not recorded is not compared."""
+    """ "other weights" or "another config.json or Python code" where the model at ``source`` surely
+    differs from a run's ``recorded`` model, else None. Checked before loading: a model retrained in the
+    same folder may fail the run's settings and would be refused for that instead. A hash not recorded is
+    not compared."""
     path = resolve_source(source)
     for what, key, now in (
         ("other weights", "weights_sha256", weights_hash),
-        ("another config.json", "config_sha256", config_hash),
+        ("another config.json or Python code", "config_sha256", config_hash),
     ):
         theirs = recorded.get(key)
         if theirs not in (None, "", "unknown") and (mine := now(path)) != "unknown" and mine != theirs:

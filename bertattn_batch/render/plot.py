@@ -57,11 +57,15 @@ def review_for_plot(
     tokens: str | None = None,
     specials: bool = True,
     text_file: str | Path | None = None,
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
 ) -> ReviewAttention:
     """A review of a run (``run_dir`` + ``doc_id``) or a text (``text`` + ``model``; ``doc_id`` then
     names it), with token x token matrices where ``pairs``. ``tokens``: the content tokens to show
     (``"0:40"``); ``specials``: [CLS] and [SEP] in the token x token maps; ``text_file``: the text read
-    from a UTF-8 file, every character kept (no-break spaces, line breaks)."""
+    from a UTF-8 file, every character kept (no-break spaces, line breaks). ``trust_remote_code`` and
+    ``allow_pickle``: the caller's trust in the model folder's code and pickle weights, never the run's."""
+    trust = {"trust_remote_code": trust_remote_code, "allow_pickle": allow_pickle}
     if text_file is not None:
         text = read_text_file(text_file, text)
     if not specials and not pairs:
@@ -76,7 +80,7 @@ def review_for_plot(
             )
         review = load_review(run_dir, doc_id, layer)
         if pairs:
-            add_pairs(review, run_dir, model=model, text=text, device=device)
+            add_pairs(review, run_dir, model=model, text=text, device=device, **trust)
     else:
         if text is None or model is None:
             raise SpecError("give RUN_DIR and --doc-id, or --text and --model")
@@ -88,6 +92,7 @@ def review_for_plot(
             pairs=pairs,
             device=device,
             doc_id=doc_id or (Path(text_file).name if text_file else "text"),
+            **trust,
         )
     return select(review, shown, specials)
 

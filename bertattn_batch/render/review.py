@@ -198,12 +198,15 @@ def load_review(run_dir: str | Path, doc_id: str, layer: int | None = None) -> R
     return load_reviews(run_dir, [doc_id], layer)[0]
 
 
-def _load_classifier(model: str, layer: int, device: str, max_length: int | None = None):
-    """The classifier with eager attention: transformers' own attention matrices, the reference."""
+def _load_classifier(model: str, layer: int, device: str, max_length: int | None = None, **trust: bool):
+    """The classifier with eager attention: transformers' own attention matrices, the reference.
+    ``trust``: ``trust_remote_code`` and ``allow_pickle``, as the caller gives them."""
     from ..model import Classifier
 
     try:
-        return Classifier.load(model, layers=[layer], device=device, attention="eager", max_length=max_length)
+        return Classifier.load(
+            model, layers=[layer], device=device, attention="eager", max_length=max_length, **trust
+        )
     except SpecError as e:  # named as plot's option, not extract's
         raise SpecError(str(e).replace("(--layers)", "(--layer)")) from None
 
@@ -227,6 +230,7 @@ def review_from_text(
     device: str = "cpu",
     max_length: int | None = None,
     doc_id: str = "text",
+    **trust: bool,
 ) -> ReviewAttention:
     """Score one text and build its review through the stages a run uses (encode, model, extract)."""
     from ..extract import Extractor, ScoredRow, vocab_array
@@ -234,7 +238,7 @@ def review_from_text(
 
     if not text or not text.strip():
         raise InputError("the text to plot is empty")
-    clf = _load_classifier(model, layer, device, max_length)
+    clf = _load_classifier(model, layer, device, max_length, **trust)
     enc = encode_texts(clf.tokenizer, [text], clf.max_length)[0]
     if enc.n_tokens <= 2:
         raise InputError("the text gives no tokens to plot")
@@ -263,16 +267,18 @@ def add_pairs(
     model: str | None = None,
     text: str | None = None,
     device: str = "cpu",
+    **trust: bool,
 ) -> ReviewAttention:
     """Add token x token matrices to a review of a run: its model (or ``model``) on the token ids the
-    run scored, or on ``text`` where given (which must give the run's tokens)."""
+    run scored, or on ``text`` where given (which must give the run's tokens). ``trust``:
+    ``trust_remote_code`` and ``allow_pickle``, as the caller gives them."""
     from ..model import encode_texts, with_special_tokens
 
     manifest = read_manifest(run_dir)
     clf = load_run_model(
         manifest,
         model,
-        lambda at: _load_classifier(at, review.layer, device, manifest.model.get("max_length")),
+        lambda at: _load_classifier(at, review.layer, device, manifest.model.get("max_length"), **trust),
     )
     if text is None:
         ids = with_special_tokens(clf.tokenizer, [np.asarray(review.token_ids)])[0]

@@ -7,14 +7,19 @@ Usage::
     lease.check()                              # before each manifest write: still ours, and live?
     stop(); lease.drop()                       # when the run closes
 
-A killed process's lease expires, and the next run takes it over. Taking is write, wait, read back:
-stores are consistent for one key, so of two takers the earlier write is refused. A holder that finds
-its lease lost (taken over while it was paused, or renewals failing past its expiry) writes no more.
+Where the store has conditional writes (S3), every write of the lease is a compare-and-swap on the
+version its writer last read or wrote: of two takers the first wins, and a holder paused past its
+expiry cannot renew over the lease of the run that took it over. Elsewhere taking is write, wait, read
+back (stores are consistent for one key: of two takers the later write wins). A killed process's lease
+expires, and the next run takes it over; on the machine the killed process ran on, at once. A holder
+that finds its lease lost (taken over while it was paused, or renewals failing past its expiry) writes
+no more.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -22,17 +27,34 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from .. import storage
-from .._files import lock_is_held
+from .._files import lock_is_held, process_alive
 from ..errors import RunDirError, StorageError
 from .layout import LEASE_NAME, LOCK_NAME
 from .manifest import load_json
 
+log = logging.getLogger(__name__)
+
 #: How long a lease lives without renewal; its holder renews it every third of that.
 DEFAULT_TTL_S = 120.0
-#: How long a taker waits between writing the lease and reading it back.
+#: How long a taker waits between writing the lease and reading it back (stores without conditional writes).
 SETTLE_S = 1.0
+
+
+class Held(NamedTuple):
+    """A lease as stored: its holder, its expiry, the holder's process (:func:`process_id`) and the
+    object's version (S3's ETag, read before the lease: a write between makes it stale)."""
+
+    holder: str
+    expires_at: float
+    process: str | None = None
+    version: str | None = None
+
+    def live(self) -> bool:
+        """Whether it keeps others away: unexpired, and not held by a process of this machine that is gone."""
+        return self.expires_at > time.time() and not _gone(self.process)
 
 
 @dataclass
@@ -42,6 +64,8 @@ class Lease:
     uri: str  # the lease object
     holder: str
     ttl_s: float
+    conditional: bool = False  # whether its writes are compare-and-swaps on ``version``
+    version: str | None = None  # the lease object's version this holder last read or wrote
     expires_at: float = 0.0
     lost: str | None = None  # why this holder may no longer write, once it knows
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -50,19 +74,31 @@ class Lease:
     def take(cls, run_uri: str, ttl_s: float = DEFAULT_TTL_S, settle_s: float = SETTLE_S) -> Lease:
         """Take the lease of the run at ``run_uri``; RunDirError while another holder's is live."""
         holder = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
-        lease = cls(storage.join(run_uri, LEASE_NAME), holder, ttl_s)
-        _refuse_if_live(run_uri, lease.read())
-        lease._write()
-        time.sleep(settle_s)
-        if (back := lease.read()) is None or back[0] != holder:
+        uri = storage.join(run_uri, LEASE_NAME)
+        lease = cls(uri, holder, ttl_s, conditional=storage.has_conditional_writes(run_uri))
+        held = lease.read()
+        _refuse_if_live(run_uri, held)
+        if held is not None and held.expires_at > time.time():  # not live: its process is gone
+            log.warning("%s: its writer (%s) ran on this machine and is gone: this run takes it over",
+                        run_uri, held.holder)  # fmt: skip
+        lease.version = held.version if held else None
+        try:
+            lease._write()
+            if not lease.conditional:
+                time.sleep(settle_s)
+                if (back := lease.read()) is None or back.holder != holder:
+                    raise storage.CommitRefused(uri)
+        except storage.CommitRefused:
             raise RunDirError(
                 f"another bertattn process took {run_uri} at the same moment; choose another --out"
-            )
+            ) from None
         return lease
 
-    def read(self) -> tuple[str, float] | None:
-        """(holder, expiry) as stored; None where there is none or it is unreadable."""
-        return _read(self.uri)
+    def read(self) -> Held | None:
+        """The lease as stored; None where there is none. A damaged one is an expired one of no holder."""
+        version = storage.etag(self.uri) if self.conditional else None
+        held = _read(self.uri)
+        return held._replace(version=version) if held else Held("", 0.0, version=version) if version else None
 
     def guard(self) -> LeaseGuard:
         return LeaseGuard(self.uri, self.holder)
@@ -70,17 +106,33 @@ class Lease:
     def renew(self) -> None:
         """Extend the lease if this holder still holds it; else mark it lost, and write nothing."""
         with self._lock:
-            if self.lost is None:
-                self.lost = _taken_over(self.uri, self.holder)
             if self.lost is None and time.time() > self.expires_at:
                 self.lost = "expired before it could be renewed"
+            if self.lost is None and not self.conditional:
+                self.lost = _taken_over(self.uri, self.holder)
             if self.lost is None:
-                self._write()
+                try:
+                    self._write()
+                except storage.CommitRefused:  # another holder's, or a write of ours whose answer was lost
+                    if (held := self.read()) is None or held.holder != self.holder:
+                        self.lost = "taken over by another run"
+                    else:
+                        self.version = held.version
+                        self._write()
 
     def _write(self) -> None:
-        self.expires_at = time.time() + self.ttl_s
-        doc = {"holder": self.holder, "expires_at": self.expires_at, "ttl_s": self.ttl_s}
-        storage.write_bytes(self.uri, json.dumps(doc).encode())
+        """Write the lease, renewed, conditional on its version where the store can (CommitRefused)."""
+        expires_at = time.time() + self.ttl_s
+        doc = {"holder": self.holder, "expires_at": expires_at, "ttl_s": self.ttl_s,
+               "process": process_id(os.getpid())}  # fmt: skip
+        if self.conditional:
+            try:
+                self.version = storage.put_if(self.uri, json.dumps(doc).encode(), self.version)
+            except storage.NoConditionalWrites:  # (the manifest's write says what that means)
+                self.conditional = False
+        if not self.conditional:
+            storage.write_bytes(self.uri, json.dumps(doc).encode())
+        self.expires_at = expires_at
 
     def check(self) -> None:
         """Raise unless this holder still holds a live lease."""
@@ -94,7 +146,7 @@ class Lease:
     def drop(self) -> None:
         """Give the lease up if this holder still holds it; another's is left alone."""
         held = self.read()
-        if held is not None and held[0] == self.holder:
+        if held is not None and held.holder == self.holder:
             storage.delete(self.uri)
 
     def keep_fresh(self) -> Callable[[], None]:
@@ -143,13 +195,12 @@ def refuse_if_held(run_uri: str) -> None:
     _refuse_if_live(run_uri, _read(storage.join(run_uri, LEASE_NAME)))
 
 
-def _refuse_if_live(run_uri: str, held: tuple[str, float] | None) -> None:
-    now = time.time()
-    if held is not None and held[1] > now:
+def _refuse_if_live(run_uri: str, held: Held | None) -> None:
+    if held is not None and held.live():
         raise RunDirError(
-            f"another bertattn process ({held[0]}) is writing {run_uri} (its lease runs "
-            f"{held[1] - now:.0f} s more); wait for it to end (if it was killed, rerun once its "
-            "lease has run out) or choose another --out"
+            f"another bertattn process ({held.holder}) is writing {run_uri} (its lease runs "
+            f"{held.expires_at - time.time():.0f} s more); wait for it to end (if it was killed on another "
+            "machine, rerun once its lease has run out) or choose another --out"
         )
 
 
@@ -158,7 +209,7 @@ def writer_is_live(run_dir: str | os.PathLike[str]) -> bool | None:
     cannot be told (no locks on this file system)."""
     if storage.is_remote(run_dir):
         held = _read(storage.join(os.fspath(run_dir), LEASE_NAME))
-        return held is not None and held[1] > time.time()
+        return held is not None and held.live()
     return lock_is_held(Path(storage.normalize(run_dir)) / LOCK_NAME)
 
 
@@ -174,32 +225,53 @@ def status_now(run_dir: str | os.PathLike[str], status: str) -> str:
     return status
 
 
+def process_id(pid: int) -> str | None:
+    """Process ``pid`` as told apart on this machine: host, boot, pid namespace, pid and start time (a
+    pid reused since has another); None where /proc cannot tell (not Linux, no such process, hidden)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+        started = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+    return f"{socket.gethostname()}/{boot}/{namespace}/{pid}/{started}"
+
+
+def _gone(process: str | None) -> bool:
+    """Whether a lease holder's ``process`` ran on this machine and has ended (another machine's: unknown)."""
+    mine = process_id(os.getpid())
+    if not process or mine is None or process.rsplit("/", 2)[0] != mine.rsplit("/", 2)[0]:
+        return False
+    pid = process.rsplit("/", 2)[1]
+    now = process_id(int(pid)) if pid.isdigit() else process
+    return now != process if now is not None else not process_alive(int(pid))
+
+
 def _taken_over(uri: str, holder: str) -> str | None:
     """Why ``holder`` no longer holds the lease at ``uri`` (None while it does), looked at twice: one
     wrong answer of a store must not stop a run."""
     for wait in (0.5, None):
         held = _read(uri)
-        if held is not None and held[0] == holder:
+        if held is not None and held.holder == holder:
             return None
         if wait is not None:
             time.sleep(wait)
-    return f"taken over by {held[0] if held else 'another run, which has ended'}"
+    return f"taken over by {held.holder if held else 'another run, which has ended'}"
 
 
-def _read(uri: str) -> tuple[str, float] | None:
-    """(holder, expiry) of the lease at ``uri``; None where there is none or it stays unreadable. A
-    failed read is tried twice more (a stale connection; a lease half rewritten where writes are not
-    atomic)."""
+def _read(uri: str) -> Held | None:
+    """The lease at ``uri``; None where there is none or it stays unreadable. A failed read is tried
+    twice more (a stale connection; a lease half rewritten where writes are not atomic)."""
     for wait in (0.2, 1.0, None):
         try:
             doc = json.loads(storage.read_bytes(uri))
-            return str(doc["holder"]), float(doc["expires_at"])
+            return Held(str(doc["holder"]), float(doc["expires_at"]), doc.get("process"))
         except StorageError:
             if not storage.is_file(uri):  # there is none (or it was dropped as we looked)
                 return None
             if wait is None:
                 raise
-        except (ValueError, KeyError, TypeError):  # damaged: counts as none if it stays so
+        except (ValueError, KeyError, TypeError, AttributeError):  # damaged: counts as none if it stays so
             if wait is None:
                 return None
         time.sleep(wait)

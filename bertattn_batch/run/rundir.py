@@ -15,7 +15,8 @@ what no manifest lists, so a run killed at any point resumes with neither duplic
 An object store has no rename and no lock, so there (``StoredRunDir``) a part is uploaded under its
 final name, the driver commits it by rewriting the manifest, a compare-and-swap (S3's conditional
 writes), and a lease (run/lease.py) keeps a second writer away; objects no manifest lists are deleted
-on reopening and when a job fails, once a manifest write has shown the run is still this writer's.
+on reopening, when a job fails and on --overwrite, once a manifest write has shown the run is still
+this writer's.
 """
 
 from __future__ import annotations
@@ -443,20 +444,21 @@ class StoredRunDir(RunDir):
 
     def _sweep(self) -> None:
         """Note every object in a table folder that the manifest does not list, for :meth:`_save`."""
-        listed = {p.name for p in self.parts}
-        self._strays = tuple(
-            storage.join(self.run_dir, table, name)
-            for table in TABLES
-            for name in storage.list_names(storage.join(self.run_dir, table), recursive=True)
-            if name not in listed
-        )
+        self._strays = self._unlisted(TABLES)
 
     def _clear(self) -> None:
-        for name in (*TABLES, *DERIVED_DIRS):
-            storage.delete_folder(storage.join(self.run_dir, name))
-        for name in (REPORT_NAME, MANIFEST):
-            storage.delete(storage.join(self.run_dir, name))
-        self._etag = None
+        """Note every object bertattn wrote into the run, for :meth:`_save` to delete once the new run's
+        manifest has replaced the old one (a compare-and-swap): a writer that lost the run deletes nothing."""
+        self._strays = (*self._unlisted((*TABLES, *DERIVED_DIRS)), storage.join(self.run_dir, REPORT_NAME))
+
+    def _unlisted(self, folders: tuple[str, ...]) -> tuple[str, ...]:
+        listed = {p.name for p in self.parts}
+        return tuple(
+            storage.join(self.run_dir, folder, name)
+            for folder in folders
+            for name in storage.list_names(storage.join(self.run_dir, folder), recursive=True)
+            if name not in listed
+        )
 
 
 def refuse_unsafe_store(out: str | Path, unsafe_store_commits: bool = False) -> None:

@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import shutil
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -1199,3 +1200,40 @@ def test_a_tokenizer_that_does_not_fit_the_texts_is_said_so(tiny_en_dir, drug_sa
     with caplog.at_level(logging.WARNING):
         r = _extract(drug_sample, tiny_en_dir, tmp_path / "en", "--id-col", "doc_id")
     assert r.exit_code == 0 and "[UNK]" not in r.output and "[UNK]" not in caplog.text
+
+
+NOT_UTF8 = os.fsdecode(b"caf\xe9")  # what Python makes of Latin-1 bytes in an argument or a file's name
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["extract", "{src}", "--model", "{model}", "--out", f"run-{NOT_UTF8}"],
+        ["plot", "--text", NOT_UTF8, "--model", "{model}", "--out", "seed.png"],
+        ["plot", "{run}", "--doc-id", NOT_UTF8, "--out", "review.png"],
+        ["validate", f"run-{NOT_UTF8}"],
+        ["finetune", "{src}", "--out", f"model-{NOT_UTF8}"],
+    ],
+)
+def test_an_argument_that_is_not_utf8_is_one_line_before_anything_is_written(args, tiny_en_dir, tmp_path):
+    """Any command, any argument: refused in one line naming its bytes, before the command runs (an
+    extract had written a manifest into such an --out before failing on it)."""
+    src = tmp_path / "reviews.jsonl"
+    src.write_text('{"text": "good"}\n', encoding="utf-8")
+    given = {"src": str(src), "model": str(tiny_en_dir), "run": str(tmp_path / "run")}
+    argv = [os.fsencode(a.format(**given)) for a in args]
+    done = subprocess.run([sys.executable, "-m", "bertattn_batch", *argv], capture_output=True, cwd=tmp_path)
+    err = done.stderr.decode("utf-8", "backslashreplace")
+    assert done.returncode == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("error: b'") and "caf\\xe9' is not valid UTF-8" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reviews.jsonl"]
+
+
+def test_an_input_file_whose_name_is_not_utf8_is_one_line(tiny_en_dir, tmp_path):
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    pq.write_table(pa.table({"text": ["good"]}), folder / "a.parquet")
+    os.rename(folder / "a.parquet", os.fsencode(folder) + b"/caf\xe9.parquet")
+    r = _extract(folder, tiny_en_dir, tmp_path / "run")
+    assert r.exit_code == 1 and "caf\\xe9.parquet' is not valid UTF-8" in r.output, r.output
+    assert not (tmp_path / "run").exists()

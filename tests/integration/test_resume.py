@@ -305,9 +305,10 @@ def test_a_resume_with_a_smaller_limit_is_refused_and_leaves_the_run_as_it_was(
 def test_a_model_folder_with_other_labels_tokenizer_or_config_beside_the_same_weights_is_refused(
     corpus, tiny_en_dir, tmp_path
 ):
-    """--incremental into a run whose model folder had its labels renamed, its tokenizer changed, or its
-    config edited (another activation: every probability moves, and validate saw nothing) beside the
-    same weights mixed two models' rows silently. A key that changes no output is no other model."""
+    """--incremental into a run whose model folder had its labels renamed, its tokenizer changed, its
+    config edited (another activation: every probability moves, and validate saw nothing) or its code
+    beside the same weights mixed two models' rows silently. A key that changes no output is no other
+    model."""
     model = tmp_path / "model"
     shutil.copytree(tiny_en_dir, model)
     out = tmp_path / "run"
@@ -327,6 +328,15 @@ def test_a_model_folder_with_other_labels_tokenizer_or_config_beside_the_same_we
     r = runner.invoke(app, [*_args(corpus, model, out), "--incremental"])
     assert r.exit_code == 0 and "nothing new to process" in r.output, r.output
     (model / "config.json").write_text(json.dumps(config))
+    # the folder's Python code (what auto_map imports under --trust-remote-code), added or edited: validate
+    # says so, and a resume refuses it
+    for code in ("x = 1\n", "x = 2\n"):
+        (model / "modeling_custom.py").write_text(code)
+        r = runner.invoke(app, [*_args(corpus, model, out), "--incremental"])
+        assert r.exit_code == 1 and "made by another job (model_config_sha256: run has" in r.output, r.output
+        r = runner.invoke(app, ["validate", str(out), "--no-source"])
+        assert r.exit_code == 0 and "has another config.json or Python code than the run records" in r.output
+    (model / "modeling_custom.py").unlink()
     tok_config = json.loads((model / "tokenizer_config.json").read_text())
     (model / "tokenizer_config.json").write_text(json.dumps({**tok_config, "do_lower_case": False}))
     r = runner.invoke(app, [*_args(corpus, model, out), "--incremental"])

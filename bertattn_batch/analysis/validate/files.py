@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from ... import schema
 from ...errors import first_line
+from ...model.checks import other_model_files
 from ...run import FORMAT, PartEntry, decode_every_page, load_json, model_problems, parse_parts, tmp_name
 from .report import ValidationReport
 
@@ -95,6 +96,10 @@ def check_manifest(
     for problem in problems + malformed:
         rec.fail("manifest", problem)
     layers = usable.get("layers") or None
+    source = model.get("source")
+    if isinstance(source, str) and Path(source).is_dir() and (other := other_model_files(source, model)):
+        rec.warn("manifest", f"the model at {source} has {other} than the run records (edited since?): "
+                 "faithfulness and plot --pairs refuse it")  # fmt: skip
     _check_spec_layers(rec, m.get("spec"), layers, usable.get("num_layers"))
     parts = [Part(**dataclasses.asdict(e)) for e in entries]
     if status == "complete":

@@ -533,3 +533,52 @@ def test_plot_review_returns_figures_and_writes_nothing(en_run, tmp_path, monkey
     ).tokens[:5]
     assert maps.axes[0].images[0].get_array().shape == (7, 7)  # [CLS], 5 tokens, [SEP]
     assert list(tmp_path.iterdir()) == []
+
+
+_CODE = """import pathlib
+from transformers import BertForSequenceClassification
+class Custom(BertForSequenceClassification):
+    def __init__(self, config):
+        pathlib.Path({marker!r}).write_text("ran")
+        super().__init__(config)
+"""
+
+
+def test_plot_and_faithfulness_run_a_model_folders_code_only_when_their_caller_trusts_it(
+    tiny_en_dir, drug_sample, tmp_path
+):
+    """A run's model folder whose config names its own code (auto_map): plot (--pairs, --text) and
+    faithfulness import it only with --trust-remote-code on their own command line, whatever the run
+    recorded; and the code is part of the model: edited since the run, the folder is not the run's."""
+    import json
+    import shutil
+
+    model = shutil.copytree(tiny_en_dir, tmp_path / "model")
+    marker, runner = tmp_path / "ran", CliRunner()
+    config = json.loads((model / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForSequenceClassification": "modeling_custom.Custom"}
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "modeling_custom.py").write_text(_CODE.format(marker=str(marker)))
+    run = tmp_path / "run"
+    args = ["extract", str(drug_sample), "--model", str(model), "--out", str(run), "--id-col", "doc_id",
+            "--limit", "12", "--no-progress", "--trust-remote-code"]  # fmt: skip
+    assert runner.invoke(app, args).exit_code == 0
+    assert marker.exists()
+    doc = short_doc(run)
+    plots = {
+        "pairs": ["plot", str(run), "--doc-id", doc, "--pairs", "--out", str(tmp_path / "p.png")],
+        "text": ["plot", "--text", "good", "--model", str(model), "--out", str(tmp_path / "t.png")],
+        "faithfulness": ["faithfulness", str(run), "--sample", "2", "--device", "cpu"],
+    }
+    for name, command in plots.items():
+        for trusted in (False, True):
+            marker.unlink(missing_ok=True)
+            r = runner.invoke(app, command + ["--trust-remote-code"] * trusted)
+            assert r.exit_code == 0, (name, r.output)
+            assert marker.exists() == trusted, (name, trusted)
+    (model / "modeling_custom.py").write_text(_CODE.format(marker=str(marker)) + "# edited\n")
+    for name in ("pairs", "faithfulness"):
+        r = runner.invoke(app, plots[name] + ["--trust-remote-code"])
+        assert r.exit_code == 1 and "has another config.json or Python code than the manifest" in r.output, (
+            r.output
+        )

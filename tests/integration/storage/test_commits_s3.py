@@ -113,9 +113,54 @@ def test_a_writer_paused_before_any_commit_is_refused_and_the_run_it_lost_stays_
     # the documented resume on B's run: A's uploads are swept, B's parts are kept
     with StoredRunDir(run, HEADER) as c:
         assert c.parts == manifest.parts
+        _write(c, 40)
     for t, names in listed.items():
         assert set(storage.list_names(f"{run}/{t}")) == names, t
-    assert storage.read_bytes(f"{run}/{MANIFEST}") != taken_over  # the resume committed, as its own
+    assert read_manifest(run).resumes == manifest.resumes + 1  # the resume committed, as its own
+
+
+class _ParkedClear(_Parked):
+    """An --overwrite that stops as it begins to clear the run out, or (``park_at`` 1) between its lease
+    check and the manifest write that replaces the old run, until let go."""
+
+    def _clear(self) -> None:
+        if self.park_at == 0:
+            self.parked.set()
+            assert self.go.wait(60)
+        super()._clear()
+
+
+@pytest.mark.parametrize("park_at", [0, 1])
+def test_an_overwrite_paused_before_it_clears_deletes_nothing_of_the_run_that_took_it_over(bucket, park_at):
+    run = f"s3://{bucket}/run-over-{park_at}"
+    with StoredRunDir(run, HEADER) as first:
+        _write(first, 20)
+    a = _ParkedClear(run, HEADER, "overwrite", park_at=park_at)
+    failed: list[BaseException] = []
+
+    def writer_a() -> None:
+        try:
+            with a:
+                _write(a, 20)
+        except BaseException as e:
+            failed.append(e)
+
+    thread = threading.Thread(target=writer_a)
+    thread.start()
+    assert a.parked.wait(60), f"writer A never reached its clear-out: {failed}"
+    _expire_lease(run)
+    with _Parked(run, HEADER, park_at=0) as b:  # resumes the run and finishes it
+        _write(b, 40)
+    taken_over = storage.read_bytes(f"{run}/{MANIFEST}")
+    objects = storage.list_names(run, recursive=True)
+    a.go.set()
+    thread.join(60)
+    assert len(failed) == 1 and isinstance(failed[0], RunDirError), failed
+    assert storage.read_bytes(f"{run}/{MANIFEST}") == taken_over
+    assert storage.list_names(run, recursive=True) == objects
+    assert [(p.start_row, p.end_row) for p in read_manifest(run).parts] == [
+        (r, r + 10) for r in range(0, 40, 10)
+    ]
 
 
 def test_an_extract_paused_mid_run_leaves_the_run_that_took_it_over_whole(

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import subprocess
+import sys
 import threading
 import time
+import uuid
+from dataclasses import dataclass, field
 
 import pytest
 
 from bertattn_batch import storage
 from bertattn_batch.errors import RunDirError
 from bertattn_batch.run import Lease
+from bertattn_batch.run.lease import process_id
 
 
 @pytest.fixture
@@ -42,12 +49,19 @@ class _ReadBeforeTheOtherWrote(Lease):
     def read(self):
         if not _ReadBeforeTheOtherWrote.looked:
             _ReadBeforeTheOtherWrote.looked = True
+            deadline = time.time() + 30
+            while not storage.is_file(self.uri) and time.time() < deadline:  # until the other wrote
+                time.sleep(0.01)
             return None
         return super().read()
 
 
-def test_of_two_takers_at_the_same_moment_one_wins(run):
-    """Both find no lease and write theirs; the wait before reading back lets the later write decide."""
+@pytest.mark.parametrize("store", ["s3", "memory"])
+def test_of_two_takers_at_the_same_moment_one_wins(bucket, store):
+    """Both find no lease and write theirs. On S3 the write is conditional: the first one wins, the
+    store refuses the other; elsewhere the wait before reading back lets the later write win."""
+    run = f"s3://{bucket}/run" if store == "s3" else f"memory://leases-{uuid.uuid4().hex[:8]}/run"
+    _ReadBeforeTheOtherWrote.looked = False
     results: dict[str, object] = {}
 
     def take(name: str, kind: type[Lease], delay: float) -> None:
@@ -59,15 +73,16 @@ def test_of_two_takers_at_the_same_moment_one_wins(run):
 
     threads = [
         threading.Thread(target=take, args=("a", Lease, 0.0)),
-        threading.Thread(target=take, args=("b", _ReadBeforeTheOtherWrote, 0.2)),
+        threading.Thread(target=take, args=("b", _ReadBeforeTheOtherWrote, 0.0)),
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert isinstance(results["a"], RunDirError) and "at the same moment" in str(results["a"])
-    assert isinstance(results["b"], Lease)
-    results["b"].check()
+    winner, loser = ("a", "b") if store == "s3" else ("b", "a")
+    assert isinstance(results[loser], RunDirError) and "at the same moment" in str(results[loser])
+    assert isinstance(results[winner], Lease)
+    results[winner].check()
 
 
 def test_a_killed_holders_lease_expires_and_is_taken_over(run):
@@ -111,3 +126,77 @@ def test_keep_fresh_renews_before_expiry(run):
 def test_a_damaged_lease_counts_as_none(run):
     storage.write_bytes(f"{run}/_lease.json", b"{not json")
     Lease.take(run, settle_s=0).drop()
+
+
+@dataclass
+class _ParkedRenewal(Lease):
+    """A holder that stops in its first renewal, after its checks and before its write, until let go."""
+
+    parked: threading.Event = field(default_factory=threading.Event)
+    go: threading.Event = field(default_factory=threading.Event)
+
+    def _write(self) -> None:
+        if self.expires_at:  # renewing, not taking
+            self.parked.set()
+            assert self.go.wait(60)
+        super()._write()
+
+
+def test_a_holder_paused_in_its_renewal_does_not_renew_over_the_run_that_took_it_over(run):
+    paused = _ParkedRenewal.take(run, ttl_s=1.0, settle_s=0)
+    renewal = threading.Thread(target=paused.renew)
+    renewal.start()
+    assert paused.parked.wait(10)
+    time.sleep(1.2)  # its lease runs out while it is paused: another run takes the run over
+    other = Lease.take(run, ttl_s=600, settle_s=0)
+    paused.go.set()
+    renewal.join(60)
+    assert paused.lost and "taken over" in paused.lost
+    assert other.read().holder == other.holder
+    other.check()
+    with pytest.raises(RunDirError, match="taken over"):
+        paused.check()
+
+
+_HOLD = (
+    "import sys, time\nfrom bertattn_batch.run import Lease\nLease.take(sys.argv[1], ttl_s=600, settle_s=0)\n"
+)
+_HOLD += "print('held', flush=True)\ntime.sleep(600)\n"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tells a process's start time from /proc")
+def test_a_killed_holders_lease_is_taken_over_at_once_on_its_machine_only(run, caplog):
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, run], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirError, match="another bertattn process"):  # alive: it waits
+            Lease.take(run, settle_s=0)
+    finally:
+        holder.kill()
+        holder.wait()
+    doc = json.loads(storage.read_bytes(f"{run}/_lease.json"))
+    with caplog.at_level(logging.WARNING):
+        taken = Lease.take(run, ttl_s=600, settle_s=0)
+    assert "is gone: this run takes it over" in caplog.text and str(holder.pid) in caplog.text
+    taken.check()
+    # the same process on another machine, or one whose pid this machine has not seen die: it waits
+    host, rest = doc["process"].split("/", 1)
+    for process in (f"{host}-elsewhere/{rest}", None):
+        storage.write_bytes(f"{run}/_lease.json", json.dumps({**doc, "process": process}).encode())
+        with pytest.raises(RunDirError, match="another bertattn process"):
+            Lease.take(run, settle_s=0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tells a process's start time from /proc")
+def test_a_pid_reused_since_does_not_hold_the_lease(run):
+    """A lease names its holder's process with its start time: another process with the same pid is
+    not its holder (this test's own process, with another start time, stands for one)."""
+    me = process_id(os.getpid())
+    held = Lease.take(run, ttl_s=600, settle_s=0)
+    for process, live in ((me, True), (me.rsplit("/", 1)[0] + "/1", False)):
+        _rewrite(held, process=process)
+        if live:
+            with pytest.raises(RunDirError, match="another bertattn process"):
+                Lease.take(run, settle_s=0)
+        else:
+            Lease.take(run, settle_s=0).drop()

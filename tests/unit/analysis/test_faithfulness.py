@@ -258,7 +258,7 @@ def test_a_tokens_table_short_of_a_reviews_positions_is_named(run_dir, tmp_path)
 @pytest.mark.parametrize(
     ("edit", "said"),
     [
-        ("hidden_act", "it has another config.json than the manifest records"),
+        ("hidden_act", "it has another config.json or Python code than the manifest records"),
         ("id2label", "its label names differ from what the manifest records"),
     ],
 )
