@@ -47,6 +47,7 @@ from ..run import (
 )
 from .provenance import derived_meta, write_derived
 from .spelling import printable, readable_map
+from .words import KEY, REVIEW, run_words, word_map, word_rows
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ UNITS = ("token", "word")
 SPLITS = ("all", "pred_label", "label")
 #: The defaults of :func:`aggregate`: tokens seen in fewer reviews are left out; the ranking measure.
 MIN_REVIEWS = 5
-RANK_BY = "mean_scaled"
+RANK_BY = "log_odds_z"
 #: Measures ``rank`` may order by (descending).
 RANK_MEASURES = (
     "mean_scaled",
@@ -75,15 +76,6 @@ MAX_ROWS_PER_PASS = 1_000_000
 #: Floor of τ² (the spread of the true token means): a head whose token means differ by no more than
 #: chance shrinks every token to the head's mean.
 MIN_BETWEEN_VARIANCE = 1e-12
-#: Runs whose manifest does not record ``model.word_continuation``: model types whose tokenizers mark
-#: word starts rather than continuations.
-NON_WORDPIECE_MODELS = frozenset({"roberta", "xlm-roberta", "camembert", "albert"})
-CONTINUATION = "##"
-
-#: A review's number within its part: the key rows are reduced by (a doc_id on every row would hold
-#: memory in proportion to its length).
-KEY = "review"
-REVIEW = [KEY, "layer", "head"]
 CLASSES = ["pred_label", "label"]
 #: One head's tokens within one class; one head over a split; one token of a head over a split.
 GROUP = ["unit", "layer", "head", "split", "class_label"]
@@ -127,18 +119,39 @@ def committed_parts(run_dir: str | Path, verify: bool = False) -> list[Committed
     return committed_files(run_dir, ("cls_attention", "tokens", "predictions"), verify)
 
 
-def review_rows(part: CommittedPart) -> pl.LazyFrame:
-    """One part's attention rows of scored reviews, each with its token and labels, keyed by ``KEY``."""
-    keys = (
+@dataclass
+class PartRows:
+    """One part's scored reviews, each numbered by ``KEY``: its attention rows with their tokens and
+    labels, its reviews (``KEY``, doc_id, labels, text) and its tokens (``KEY``, position, token, start)."""
+
+    rows: pl.LazyFrame
+    reviews: pl.DataFrame
+    tokens: pl.LazyFrame
+
+    def only(self, keep: pl.Expr) -> PartRows:
+        """The reviews ``keep`` (an expression on the reviews' columns) selects, and their rows."""
+        reviews = self.reviews.filter(keep)
+        keys = reviews.lazy().select(KEY)
+        return PartRows(self.rows.join(keys, on=KEY), reviews, self.tokens.join(keys, on=KEY))
+
+    def words(self, mode: str, user_dict: str | None = None) -> pl.LazyFrame:
+        """The attention rows of the reviews' words (:mod:`.words`)."""
+        texts = self.reviews.select(KEY, "text") if mode == "jieba" else None
+        words = word_rows(self.rows, word_map(self.tokens.collect(), texts, mode, user_dict))
+        return words.join(self.reviews.lazy().select(KEY, *CLASSES), on=KEY)
+
+
+def review_rows(part: CommittedPart, text: bool = False) -> PartRows:
+    """One part's scored reviews (``text``: with their texts) and their attention rows, keyed by ``KEY``."""
+    reviews = (
         pl.scan_parquet(part.files["predictions"], glob=False)
         .filter(pl.col("status") == "ok")
-        .select("doc_id", *CLASSES)
+        .select("doc_id", *CLASSES, *(["text"] if text else []))
         .unique("doc_id", maintain_order=True)
         .with_row_index(KEY)
-        .collect()  # one row per review: small, and numbered once for both joins
-        .lazy()
+        .collect()  # one row per review: small, and numbered once for every join
     )
-    ids = keys.select("doc_id", KEY)
+    ids = reviews.lazy().select("doc_id", KEY)
     attn = (
         pl.scan_parquet(part.files["cls_attention"], glob=False)
         .select("doc_id", "layer", "head", "position", "weight", "weight_scaled", "weight_norm")
@@ -147,57 +160,16 @@ def review_rows(part: CommittedPart) -> pl.LazyFrame:
     )
     tokens = (
         pl.scan_parquet(part.files["tokens"], glob=False)
-        .select("doc_id", "position", "token")
+        .select("doc_id", "position", "token", "start")
         .join(ids, on="doc_id", how="inner")
         .drop("doc_id")
     )
-    return (
-        attn.join(tokens, on=[KEY, "position"], how="left")  # a missing token row keeps a null token
-        .join(keys.drop("doc_id"), on=KEY, how="inner")
+    rows = (
+        attn.join(tokens.drop("start"), on=[KEY, "position"], how="left")  # a missing token: a null token
+        .join(reviews.lazy().select(KEY, *CLASSES), on=KEY, how="inner")
         .with_columns(pl.col("weight", "weight_scaled", "weight_norm").cast(pl.Float64))
     )
-
-
-def word_rows(rows: pl.LazyFrame, continuation: str = CONTINUATION) -> pl.LazyFrame:
-    """Tokens joined into words, in the columns of :func:`review_rows` (position: the first piece's).
-
-    A word starts at every token that is not a continuation (``##`` piece) of the token just before it.
-    Raw and norm-based weight: the sums of the pieces' (the head's mass is kept); scaled: min-max over
-    the review's words for that head. A review's words are found once, on one head's rows.
-    """
-    one_head = (pl.col("layer") == pl.col("layer").min()) & (pl.col("head") == pl.col("head").min())
-    pieces = rows.filter(one_head).select(KEY, "position", "token").sort([KEY, "position"])
-    continues = pl.col("token").str.starts_with(continuation) & (
-        pl.col("position") == pl.col("position").shift(1).over(KEY) + 1
-    )
-    continues = continues.fill_null(False)
-    pieces = pieces.with_columns(
-        word=(~continues).cast(pl.Int32).cum_sum().over(KEY),
-        piece=pl.when(continues).then(pl.col("token").str.strip_prefix(continuation)).otherwise("token"),
-    )
-    texts = pieces.group_by([KEY, "word"]).agg(
-        token=pl.col("piece").sort_by("position").str.join(""),
-        position=pl.col("position").min(),
-    )
-    words = (
-        rows.select(*REVIEW, "position", "weight", "weight_norm", *CLASSES)
-        .join(pieces.select(KEY, "position", "word"), on=[KEY, "position"])
-        .group_by([*REVIEW, "word", *CLASSES])
-        .agg(pl.col("weight").sum(), pl.col("weight_norm").sum())
-        .join(texts, on=[KEY, "word"])
-    )
-    lo = pl.col("weight").min().over(REVIEW)
-    hi = pl.col("weight").max().over(REVIEW)
-    scaled = pl.when(hi > lo).then((pl.col("weight") - lo) / (hi - lo)).otherwise(0.0)
-    return words.with_columns(weight_scaled=scaled).drop("word")
-
-
-def word_continuation(manifest: Manifest) -> str | None:
-    """The run's word-continuation mark; for runs that did not record it, told from the model type."""
-    model = manifest.model
-    if "word_continuation" in model:
-        return model["word_continuation"] or None
-    return None if model.get("model_type", "bert") in NON_WORDPIECE_MODELS else CONTINUATION
+    return PartRows(rows, reviews, tokens)
 
 
 def part_sums(rows: pl.LazyFrame, unit: str) -> pl.LazyFrame:
@@ -326,9 +298,12 @@ def aggregate(
     rank_by: str = RANK_BY,
     units: Sequence[str] = UNITS,
     into: str | Path | None = None,
+    words: str | None = None,
+    user_dict: str | None = None,
 ) -> Aggregates:
     """Compute token (and word) influence by head for a run; write and return it. ``into``: the folder
-    to write into instead of the run's ``aggregates/`` (a run that cannot be written to)."""
+    to write into instead of the run's ``aggregates/`` (a run that cannot be written to); ``words``,
+    ``user_dict``: how tokens make words, where not as the run chose (:func:`.words.run_words`)."""
     t0 = time.perf_counter()
     if min_reviews < 1:
         raise SpecError(f"--min-reviews must be at least 1, got {min_reviews}")
@@ -343,9 +318,9 @@ def aggregate(
         if not parts:
             raise RunDirError(f"{run} has no committed parts yet; run bertattn extract first")
         log.warning("%s is %s: aggregates of its %d committed parts only", run, status, len(parts))
-    continuation = word_continuation(manifest)
-    if continuation is None:
-        units = [u for u in units if u != "word"]  # its pieces carry no continuation marks to join
+    mode, user_dict = run_words(manifest, words, user_dict)
+    if mode is None:
+        units = [u for u in units if u != "word"]
     out_dir = Path(into) if into is not None else run / AGGREGATES_DIR
     remove_stale(out_dir, "_work-*")  # left by an aggregate that was killed
     work = out_dir / f"_work-{time.time_ns()}"
@@ -357,10 +332,10 @@ def aggregate(
     try:
         sizes = class_sizes([p.files["predictions"] for p in parts])
         if parts:
-            table = combine(_summed(parts, units, continuation, work), sizes, min_reviews, rank_by)
+            table = combine(_summed(parts, units, (mode, user_dict), work), sizes, min_reviews, rank_by)
         else:  # a complete run over inputs without rows: an empty table
             table = pl.LazyFrame(schema=pl.from_arrow(schema.arrow(TABLE).empty_table()).schema)
-        options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units)}
+        options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units), "words": mode}
         table = table.collect(engine="streaming")  # small; cast by pyarrow to keep column descriptions
         final = out_dir / f"{TABLE}.parquet"
         write_derived(
@@ -391,18 +366,17 @@ def aggregate(
 
 
 def _summed(
-    parts: list[CommittedPart], units: Sequence[str], continuation: str | None, work: Path
+    parts: list[CommittedPart], units: Sequence[str], words: tuple[str | None, str | None], work: Path
 ) -> pl.LazyFrame:
     """Per-token sums over all parts: each part (slice) reduced on its own, then the partial sums added."""
     partials = []
     for part in parts:
         slices = -(-pq.ParquetFile(part.files["cls_attention"]).metadata.num_rows // MAX_ROWS_PER_PASS)
+        whole = review_rows(part, text=words[0] == "jieba")
         for k in range(max(slices, 1)):
-            rows = review_rows(part)
-            if slices > 1:  # reviews never straddle slices: the sums stay additive
-                rows = rows.filter(pl.col(KEY) % slices == k)
+            rows = whole.only(pl.col(KEY) % slices == k) if slices > 1 else whole  # sums stay additive
             for unit in units:
-                frame = part_sums(rows if unit == "token" else word_rows(rows, continuation), unit)
+                frame = part_sums(rows.rows if unit == "token" else rows.words(*words), unit)
                 path = work / f"{unit}-{k}-{part.name}"
                 frame.sink_parquet(path, engine="streaming")
                 partials.append(path)
@@ -499,7 +473,7 @@ def format_top(
     check_top_options(k, unit, split)
     has_unit = unit in units if units is not None else not table.filter(pl.col("unit") == unit).is_empty()
     if unit == "word" and not has_unit:
-        return "this run's model has no word units (its tokens carry no '##' marks to join); use --unit token"
+        return "this run has no word units (--words none, or a tokenizer without ## pieces); use --unit token"
     top = top_tokens(table, k, unit, split, layers, measure)
     if top.is_empty():
         if splits is not None and not splits:
