@@ -87,11 +87,11 @@ def segmenter(user_dict: str | None = None) -> Any:
 
 def jieba_words(tokens: pl.DataFrame, texts: pl.DataFrame, user_dict: str | None = None) -> pl.DataFrame:
     """Each token's word (``KEY``, position -> word, word_text) from the review's text segmented by jieba
-    (its accurate mode, dictionary words only): the word holding the token's first character. Word ids
+    (its default mode: dictionary words, and new ones its HMM finds): the word holding the token's first character. Word ids
     are unique across the frame; word texts are lower-cased, as an uncased tokenizer spells its tokens."""
     cut = segmenter(user_dict).lcut
     texts = texts.sort(KEY)
-    pieces = [cut(text, HMM=False) for text in texts["text"]]  # a review's words spell its whole text
+    pieces = [cut(text) for text in texts["text"]]  # a review's words spell its whole text
     lengths = np.fromiter((len(p) for ps in pieces for p in ps), np.int64)
     ends = np.cumsum(lengths)  # on the reviews' texts laid end to end
     starts = ends - lengths

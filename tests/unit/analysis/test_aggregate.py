@@ -638,8 +638,12 @@ def test_word_units_follow_the_tokenizer_not_the_model_type(
 def test_runs_from_before_the_continuation_mark_was_recorded():
     assert wordmod.word_continuation(Manifest(model={"model_type": "albert"})) is None
     assert wordmod.word_continuation(Manifest(model={"model_type": "bert"})) == "##"
-    assert wordmod.word_continuation(Manifest(model={"model_type": "albert", "word_continuation": "##"})) == "##"
-    assert wordmod.word_continuation(Manifest(model={"model_type": "bert", "word_continuation": None})) is None
+    assert (
+        wordmod.word_continuation(Manifest(model={"model_type": "albert", "word_continuation": "##"})) == "##"
+    )
+    assert (
+        wordmod.word_continuation(Manifest(model={"model_type": "bert", "word_continuation": None})) is None
+    )
 
 
 def test_an_empty_printout_names_its_real_cause(run_dir, tmp_path):
