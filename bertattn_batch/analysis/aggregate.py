@@ -32,12 +32,11 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from .. import schema
-from .._files import claim_dir, remove_stale
+from .._files import atomic_path, claim_dir, remove_stale, writing
 from ..errors import RunDirError, SpecError, WriteError
 from ..run import (
     AGGREGATES_DIR,
     CommittedPart,
-    Manifest,
     committed_files,
     display_path,
     layer_name,
@@ -141,12 +140,13 @@ class PartRows:
         return words.join(self.reviews.lazy().select(KEY, *CLASSES), on=KEY)
 
 
-def review_rows(part: CommittedPart, text: bool = False) -> PartRows:
-    """One part's scored reviews (``text``: with their texts) and their attention rows, keyed by ``KEY``."""
+def review_rows(part: CommittedPart, extra: Sequence[str] = ()) -> PartRows:
+    """One part's scored reviews (with their ``extra`` predictions columns) and their attention rows,
+    keyed by ``KEY``."""
     reviews = (
         pl.scan_parquet(part.files["predictions"], glob=False)
         .filter(pl.col("status") == "ok")
-        .select("doc_id", *CLASSES, *(["text"] if text else []))
+        .select("doc_id", *CLASSES, *extra)
         .unique("doc_id", maintain_order=True)
         .with_row_index(KEY)
         .collect()  # one row per review: small, and numbered once for every join
@@ -372,7 +372,7 @@ def _summed(
     partials = []
     for part in parts:
         slices = -(-pq.ParquetFile(part.files["cls_attention"]).metadata.num_rows // MAX_ROWS_PER_PASS)
-        whole = review_rows(part, text=words[0] == "jieba")
+        whole = review_rows(part, ("text",) if words[0] == "jieba" else ())
         for k in range(max(slices, 1)):
             rows = whole.only(pl.col(KEY) % slices == k) if slices > 1 else whole  # sums stay additive
             for unit in units:
@@ -417,22 +417,71 @@ def is_current(run_dir: str | Path, min_reviews: int | None = None) -> bool:
     return meta.get("parts") == [p.name for p in committed_parts(run_dir)]
 
 
-def top_tokens(
+def view(
     table: pl.DataFrame,
-    k: int = 5,
     unit: str = "token",
     split: str = "all",
     layers: Sequence[int] | None = None,
     measure: str | None = None,
+    heads: Sequence[int] | None = None,
 ) -> pl.DataFrame:
-    """The k best-ranked rows per (layer, head, class_label) of one unit and split: by the table's own
-    rank, or ranked again by ``measure``."""
+    """The rows of one unit and split (and ``layers``, ``heads``), ranked by the table's own rank or
+    again by ``measure``, in (layer, class_label, head, rank) order."""
     out = table.filter((pl.col("unit") == unit) & (pl.col("split") == split))
-    if layers is not None:
-        out = out.filter(pl.col("layer").is_in(list(layers)))
+    for column, wanted in (("layer", layers), ("head", heads)):
+        if wanted is not None:
+            out = out.filter(pl.col(column).is_in(list(wanted)))
     if measure is not None:
         out = ranked(out, measure)
-    return out.filter(pl.col("rank") <= k).sort(["layer", "class_label", "head", "rank"], nulls_last=False)
+    return out.sort(["layer", "class_label", "head", "rank"], nulls_last=False)
+
+
+def top_tokens(table: pl.DataFrame, k: int = 5, *args: Any, **options: Any) -> pl.DataFrame:
+    """The k best-ranked rows per (layer, head, class_label) of :func:`view`."""
+    return view(table, *args, **options).filter(pl.col("rank") <= k)
+
+
+def layer_index(layer: int | None, layers: Sequence[int], num_layers: int | None) -> int | None:
+    """A layer as a user gives it (negative counts from the end) -> its 0-based index, one of ``layers``
+    (the run's)."""
+    if layer is None:
+        return None
+    idx = layer + (num_layers or 0) if layer < 0 else layer
+    if idx not in layers:
+        raise SpecError(f"--layer {layer} is not in this run; it holds layers {list(layers)} (0-based)")
+    return idx
+
+
+#: What :func:`export` writes, by suffix; and the decimals of its CSV and XLSX cells.
+EXPORTS = (".csv", ".xlsx", ".parquet")
+DECIMALS = 4
+
+
+def export_path(path: str | Path) -> Path:
+    """``path`` checked to name a file :func:`export` writes."""
+    path = Path(path)
+    if path.suffix.lower() not in EXPORTS:
+        raise SpecError(f"--out must end in {', '.join(EXPORTS)}; got {path.name!r}")
+    return path
+
+
+def export(frame: pl.DataFrame, path: str | Path) -> Path:
+    """Write ``frame`` as CSV (UTF-8 with the mark that tells Excel so), XLSX or Parquet; the CSV and
+    XLSX cells rounded to :data:`DECIMALS` places, as a person reads them."""
+    path = export_path(path)
+    suffix = path.suffix.lower()
+    if suffix != ".parquet":
+        frame = frame.with_columns(pl.col(pl.Float32, pl.Float64).round(DECIMALS))
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path, unique=True) as tmp:
+            if suffix == ".csv":
+                frame.write_csv(tmp, include_bom=True)
+            elif suffix == ".xlsx":
+                frame.write_excel(tmp, autofit=True)
+            else:
+                frame.write_parquet(tmp)
+    return path
 
 
 def check_top_options(k: int, unit: str, split: str, measure: str = "mean_scaled") -> None:
@@ -463,8 +512,9 @@ def format_top(
     groups: pl.DataFrame | None = None,
     num_layers: int | None = None,
     byte_level: bool | None = None,
+    heads: Sequence[int] | None = None,
 ) -> str:
-    """A text table: a line per head, its top k tokens with their measure.
+    """A text table: a line per head (``heads``: those only), its top k tokens with their measure.
 
     ``units`` and ``groups`` (from :class:`Aggregates`) say what the run holds; without them it is told
     from the table, which cannot tell a group the run lacks from one ``--min-reviews`` emptied.
@@ -474,7 +524,7 @@ def format_top(
     has_unit = unit in units if units is not None else not table.filter(pl.col("unit") == unit).is_empty()
     if unit == "word" and not has_unit:
         return "this run has no word units (--words none, or a tokenizer without ## pieces); use --unit token"
-    top = top_tokens(table, k, unit, split, layers, measure)
+    top = top_tokens(table, k, unit, split, layers, measure, heads)
     if top.is_empty():
         if splits is not None and not splits:
             return (
