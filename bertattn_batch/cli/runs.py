@@ -230,6 +230,7 @@ def faithfulness(
 
 
 @app.command()
+@spec_options(JobSpec, only=("words", "user_dict"), defaults="job")
 def plot(
     run_dir: Annotated[
         str | None,
@@ -274,7 +275,10 @@ def plot(
         bool, typer.Option(help="[CLS] and [SEP] in the token x token maps (--no-specials leaves them out).")
     ] = True,
     device: Annotated[str, typer.Option(help="Device for the model, when one is needed.")] = "cpu",
+    unit: Annotated[str, typer.Option(help="Draw tokens or words.")] = "token",
+    *,
     debug: Debug = False,
+    **words: str | None,
 ) -> None:
     """Heatmaps of one review: heads x tokens of the scaled [CLS] row, and token x token with --pairs.
 
@@ -284,15 +288,17 @@ def plot(
 
     bertattn plot runs/default --doc-id neg-00017 --out review.html --pairs
 
-    bertattn plot --text "上菜慢，服务态度差" --model models/zh-senti --out seed.png
+    bertattn plot --text "上菜慢，服务态度差" --model models/zh-senti --out seed.png --unit word
     """
     setup(debug)
     from ..render.plot import output_path, review_for_plot, write_review
 
     def plot_to_file() -> Path:
         output_path(out, pairs)  # before any model loads
-        options = dict(text=text, model=model, layer=layer, pairs=pairs, device=device, tokens=tokens)
-        review = review_for_plot(run_dir, doc_id, specials=specials, **options)
+        options = dict(
+            text=text, model=model, layer=layer, pairs=pairs, device=device, tokens=tokens, unit=unit
+        )
+        review = review_for_plot(run_dir, doc_id, specials=specials, **options, **words)
         return write_review(review, out, pairs=pairs)
 
     path = call(plot_to_file, REDONE, completes=True)

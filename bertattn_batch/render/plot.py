@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from .._files import atomic_path, writing
 from ..analysis.spelling import readable
+from ..analysis.words import run_words
 from ..errors import SpecError
+from ..run import read_manifest
 from .figures import cls_figure, pairs_figure, review_png
 from .html import page, review_html
-from .review import ReviewAttention, add_pairs, load_review, review_from_text, select, token_range
+from .review import ReviewAttention, add_pairs, by_words, load_review, review_from_text, select, token_range
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -54,10 +56,16 @@ def review_for_plot(
     device: str = "cpu",
     tokens: str | None = None,
     specials: bool = True,
+    unit: str = "token",
+    words: str | None = None,
+    user_dict: str | None = None,
 ) -> ReviewAttention:
     """A review of a run (``run_dir`` + ``doc_id``) or a text (``text`` + ``model``; ``doc_id`` then
-    names it), with token x token matrices where ``pairs``. ``tokens``: the content tokens to show
-    (``"0:40"``); ``specials``: [CLS] and [SEP] in the token x token maps."""
+    names it), with token x token matrices where ``pairs``. ``tokens``: the content tokens (or words) to
+    show (``"0:40"``); ``specials``: [CLS] and [SEP] in the token x token maps; ``unit`` 'word': the
+    review's words (``words``, ``user_dict``: how they are made, where not as the run chose)."""
+    if unit not in ("token", "word"):
+        raise SpecError(f"--unit must be token or word; got {unit!r}")
     if not specials and not pairs:
         raise SpecError("--no-specials leaves [CLS] and [SEP] out of the token x token maps: add --pairs")
     shown = token_range(tokens)
@@ -76,6 +84,14 @@ def review_for_plot(
             raise SpecError("give RUN_DIR and --doc-id, or --text and --model")
         layer = -2 if layer is None else layer
         review = review_from_text(text, model, layer, pairs=pairs, device=device, doc_id=doc_id or "text")
+    if unit == "word":
+        if run_dir is not None:
+            words, user_dict = run_words(read_manifest(run_dir), words, user_dict)
+        elif words in (None, "auto"):
+            words = "jieba"  # for a text with Chinese characters; WordPiece's ## pieces for any other
+        if words in (None, "none"):
+            raise SpecError("--unit word: this run has no words (--words none)")
+        review = by_words(review, words, user_dict)
     return select(review, shown, specials)
 
 
