@@ -86,25 +86,19 @@ def segmenter(user_dict: str | None = None) -> Any:
 
 
 def jieba_words(tokens: pl.DataFrame, texts: pl.DataFrame, user_dict: str | None = None) -> pl.DataFrame:
-    """Each token's word (``KEY``, position -> word, word_text) from the review's text segmented by jieba
-    (its default mode: dictionary words, and new ones its HMM finds): the word holding the token's first character. Word ids
-    are unique across the frame; word texts are lower-cased, as an uncased tokenizer spells its tokens."""
+    """Each token's word (``KEY``, position -> word, word_text): the word of the review's text, segmented
+    by jieba in its default mode, that holds the token's first character. Word ids are unique across
+    the frame; word texts are lower-cased, as an uncased tokenizer spells its tokens."""
     cut = segmenter(user_dict).lcut
-    texts = texts.sort(KEY)
-    pieces = [cut(text) for text in texts["text"]]  # a review's words spell its whole text
-    lengths = np.fromiter((len(p) for ps in pieces for p in ps), np.int64)
-    ends = np.cumsum(lengths)  # on the reviews' texts laid end to end
-    starts = ends - lengths
-    chars = texts["text"].str.len_chars().to_numpy().astype(np.int64)
-    base = np.cumsum(chars) - chars
-    offset = dict(zip(texts[KEY].to_list(), base.tolist(), strict=True))
-    tokens = tokens.sort([KEY, "position"])
-    at = tokens[KEY].replace_strict(offset, return_dtype=pl.Int64).to_numpy() + tokens["start"].to_numpy()
-    word = np.searchsorted(starts, at, side="right") - 1  # (tokens,) the word holding the first character
-    text = pl.Series("word_text", [p for ps in pieces for p in ps], pl.String).str.to_lowercase()
-    return tokens.select(KEY, "position").with_columns(
-        word=pl.Series(word, dtype=pl.Int64), word_text=text.gather(word)
+    texts = texts.select(
+        KEY, "text", base=pl.col("text").str.len_chars().cum_sum() - pl.col("text").str.len_chars()
     )
+    words = [w for text in texts["text"] for w in cut(text)]  # a review's words spell its whole text
+    starts = np.cumsum([0, *map(len, words)])[:-1]  # on the reviews' texts laid end to end
+    tokens = tokens.join(texts.select(KEY, "base"), on=KEY).sort(KEY, "position")
+    word = np.searchsorted(starts, (tokens["base"] + tokens["start"]).to_numpy(), side="right") - 1
+    text = pl.Series(words, dtype=pl.String).str.to_lowercase()
+    return tokens.select(KEY, "position", word=pl.Series(word), word_text=text.gather(word))
 
 
 def wordpiece_words(tokens: pl.LazyFrame | pl.DataFrame, continuation: str = CONTINUATION) -> pl.LazyFrame:
