@@ -10,7 +10,7 @@ Usage::
 
 Per (layer, head, token) and group of scored reviews (all, each predicted label, each true label):
 counts, mean weights, how often the token is the head's top token, and measures that weigh rarity
-(:func:`with_contrasts`, :func:`with_shrunk_means`); by word too, for WordPiece tokenizers. The schema's
+(:func:`with_contrasts`, :func:`with_shrunk_means`); by word too (:mod:`.words`). The schema's
 descriptions define each column. Memory stays bounded: each part (in slices of whole reviews) is
 reduced to per-token sums, which add up across parts.
 """
@@ -57,16 +57,8 @@ SPLITS = ("all", "pred_label", "label")
 MIN_REVIEWS = 5
 RANK_BY = "log_odds_z"
 #: Measures ``rank`` may order by (descending).
-RANK_MEASURES = (
-    "mean_scaled",
-    "mean_weight",
-    "mean_norm",
-    "mean_scaled_shrunk",
-    "log_odds_z",
-    "log_odds",
-    "top_share",
-    "n_top",
-    "n_reviews",
+RANK_MEASURES = tuple(
+    "mean_scaled mean_weight mean_norm mean_scaled_shrunk log_odds_z log_odds top_share n_top n_reviews".split()
 )
 #: The measures that compare a label with the others: null in the split 'all'.
 CONTRASTS = ("log_odds_z", "log_odds")
@@ -105,7 +97,7 @@ class Aggregates:
         return (
             f"wrote {display_path(self.path)} ({counts or 'no rows'}) from {len(self.parts)} parts "
             f"in {self.seconds:.1f}s; min {self.options.get('min_reviews')} reviews, "
-            f"ranked by {self.options.get('rank_by')}"
+            f"ranked by {self.options.get('rank_by')}; words: {self.options.get('words') or 'none'}"
         )
 
 
