@@ -57,8 +57,9 @@ SPLITS = ("all", "pred_label", "label")
 MIN_REVIEWS = 5
 RANK_BY = "log_odds_z"
 #: Measures ``rank`` may order by (descending).
-RANK_MEASURES = tuple(
-    "mean_scaled mean_weight mean_norm mean_scaled_shrunk log_odds_z log_odds top_share n_top n_reviews".split()
+RANK_MEASURES = (
+    *("mean_scaled", "mean_weight", "mean_norm", "mean_scaled_shrunk"),
+    *("log_odds_z", "log_odds", "top_share", "n_top", "n_reviews"),
 )
 #: The measures that compare a label with the others: null in the split 'all'.
 CONTRASTS = ("log_odds_z", "log_odds")
