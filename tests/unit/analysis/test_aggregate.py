@@ -374,11 +374,17 @@ def test_a_continuation_after_a_gap_starts_a_word():
 
 
 def test_cli_prints_the_top_tokens(run_dir):
-    r = CliRunner().invoke(app, ["aggregate", str(run_dir), "--min-reviews", "2", "--top-k", "3"])
+    """By default it prints the contrast by predicted label (this tiny model predicts one label: it says
+    so); the seed's mean scaled weight over all reviews is one flag away."""
+    args = ["aggregate", str(run_dir), "--min-reviews", "2", "--top-k", "3"]
+    first_view = CliRunner().invoke(app, args)
+    assert first_view.exit_code == 0, first_view.output
+    assert "log_odds_z compares a pred_label with the others" in first_view.output
+    r = CliRunner().invoke(app, [*args, "--rank-by", "mean_scaled"])
     assert r.exit_code == 0, r.output
     table, _ = agg.read_aggregates(run_dir)
     for layer in (0, 1):
-        first = table.filter(
+        first = table.filter(  # ranked by mean_scaled, as the file records
             (pl.col("unit") == "token")
             & (pl.col("split") == "all")
             & (pl.col("layer") == layer)
