@@ -368,6 +368,8 @@ def _summed(
         whole = review_rows(part, ("text",) if words[0] == "jieba" else ())
         for k in range(max(slices, 1)):
             rows = whole.only(pl.col(KEY) % slices == k) if slices > 1 else whole  # sums stay additive
+            if len(units) > 1:  # read once for both: at most MAX_ROWS_PER_PASS rows
+                rows.rows = rows.rows.collect(engine="streaming").lazy()
             for unit in units:
                 frame = part_sums(rows.rows if unit == "token" else rows.words(*words), unit)
                 path = work / f"{unit}-{k}-{part.name}"
