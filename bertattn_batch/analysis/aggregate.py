@@ -37,6 +37,7 @@ from ..errors import RunDirError, SpecError, WriteError
 from ..run import (
     AGGREGATES_DIR,
     CommittedPart,
+    Manifest,
     committed_files,
     display_path,
     layer_name,
@@ -436,14 +437,16 @@ def top_tokens(table: pl.DataFrame, k: int = 5, *args: Any, **options: Any) -> p
     return view(table, *args, **options).filter(pl.col("rank") <= k)
 
 
-def layer_index(layer: int | None, layers: Sequence[int], num_layers: int | None) -> int | None:
-    """A layer as a user gives it (negative counts from the end) -> its 0-based index, one of ``layers``
-    (the run's)."""
+def run_layer(manifest: Manifest, layer: int | None) -> int:
+    """A layer as the user gives it (negative counts from the end; None: the run's first) -> its index."""
+    stored = manifest.layers
     if layer is None:
-        return None
-    idx = layer + (num_layers or 0) if layer < 0 else layer
-    if idx not in layers:
-        raise SpecError(f"--layer {layer} is not in this run; it holds layers {list(layers)} (0-based)")
+        if not stored:
+            raise RunDirError("the run's manifest lists no layers")
+        return int(stored[0])
+    idx = layer + int(manifest.model.get("num_layers", 0)) if layer < 0 else layer
+    if idx not in stored:
+        raise SpecError(f"layer {layer} is not in this run; it holds layers {stored} (0-based)")
     return idx
 
 

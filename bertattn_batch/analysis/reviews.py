@@ -18,7 +18,7 @@ import polars as pl
 
 from ..errors import SpecError
 from ..run import display_path, layer_name, on_local_copy, read_manifest
-from .aggregate import KEY, committed_parts, layer_index, review_rows
+from .aggregate import KEY, committed_parts, review_rows, run_layer
 from .spelling import printable
 from .words import run_words
 
@@ -54,8 +54,7 @@ def top_reviews(
     'word') at ``head`` of ``layer`` (default: the run's first) is highest, with their predictions and
     texts (:data:`COLUMNS`)."""
     manifest = read_manifest(run_dir)
-    layers = manifest.layers
-    idx = layers[0] if layer is None else layer_index(layer, layers, manifest.num_layers)
+    idx = run_layer(manifest, layer)
     heads = int(manifest.model.get("num_heads", 0))
     if not 0 <= head < heads:
         raise SpecError(f"--head {head}: the model's heads are 0 to {heads - 1}")

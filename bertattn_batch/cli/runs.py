@@ -102,19 +102,21 @@ def aggregate(
     """
     setup(debug)
     from ..analysis import aggregate as agg
+    from ..run import read_manifest
 
     if by is None:
         by = "pred_label" if rank_by in agg.CONTRASTS else "all"
     call(lambda: agg.check_top_options(top_k, unit, by, rank_by))
-    call(lambda: out is None or agg.export_path(out))  # before the work
+    if out is not None:
+        call(lambda: agg.export_path(out))  # before the work
+    layers = None if layer is None else [call(lambda: agg.run_layer(read_manifest(run_dir), layer))]
 
     result = call(
         lambda: agg.aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by, **words),
         REDONE,
         completes=True,
     )
-    layers = call(lambda: agg.layer_index(layer, result.table["layer"].unique(), result.num_layers))
-    layers, heads = (None if x is None else [x] for x in (layers, head))
+    heads = None if head is None else [head]
     printed = call(
         lambda: agg.format_top(
             result.table,
@@ -172,7 +174,8 @@ def reviews(
     def find() -> str:
         if (token is None) == (word is None):
             raise SpecError("give one of --token and --word")
-        out is None or export_path(out)
+        if out is not None:
+            export_path(out)  # before the work
         unit, term = ("token", token) if word is None else ("word", word)
         found = top_reviews(run_dir, term, head, layer, unit, top, **words)
         shown = format_reviews(found, run_dir, term, unit, read_manifest(run_dir).num_layers)

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from .._files import atomic_path, writing
 from ..analysis import aggregate as agg
-from ..analysis.aggregate import top_tokens
+from ..analysis.aggregate import run_layer, top_tokens
 from ..analysis.faithfulness import FRACTIONS, faithfulness_path
 from ..analysis.spelling import readable_map
 from ..errors import SpecError, WriteError
@@ -40,7 +40,6 @@ from .accuracy import accuracy_html
 from .examples import examples_html, misclassified, pick
 from .figures import png_bytes, top_heatmap
 from .html import data_table, esc, img, muted, page
-from .review import run_layer
 
 #: What each measure says and where it stops (docs/measures.md has the references).
 NOTES = {

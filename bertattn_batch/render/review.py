@@ -22,12 +22,12 @@ import numpy as np
 import polars as pl
 
 from .. import schema
+from ..analysis.aggregate import run_layer
 from ..analysis.provenance import load_run_model
 from ..analysis.spelling import printable
 from ..analysis.words import KEY, word_map
 from ..errors import InputError, RunDirError, SpecError
 from ..run import (
-    Manifest,
     attention_rows,
     committed_files,
     layer_name,
@@ -180,19 +180,6 @@ def from_rows(rows: pl.DataFrame, doc_id: str, layer: int) -> ReviewAttention:
         weight=rows["weight"].to_numpy().reshape(heads, n),  # (H, n)
         scaled=rows["weight_scaled"].to_numpy().reshape(heads, n),  # (H, n)
     )
-
-
-def run_layer(manifest: Manifest, layer: int | None) -> int:
-    """A layer as the user gives it (negative counts from the end; None: the run's first) -> its index."""
-    stored = manifest.layers
-    if layer is None:
-        if not stored:
-            raise RunDirError("the run's manifest lists no layers")
-        return int(stored[0])
-    idx = layer + int(manifest.model.get("num_layers", 0)) if layer < 0 else layer
-    if idx not in stored:
-        raise SpecError(f"layer {layer} is not in this run; it holds layers {stored} (0-based)")
-    return idx
 
 
 def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = None) -> list[ReviewAttention]:

@@ -231,4 +231,4 @@ def test_the_cli_answers_without_code(zh_run, tmp_path):
             assert list(sheet[0]) == want.columns and len(sheet) == want.height + 1
             assert list(sheet[1])[:6] == list(want.row(0))[:6]
     bad = CliRunner().invoke(app, ["aggregate", run, "--layer", "5"])
-    assert bad.exit_code != 0 and "--layer 5 is not in this run" in bad.output
+    assert bad.exit_code != 0 and "layer 5 is not in this run" in bad.output
