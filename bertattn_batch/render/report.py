@@ -153,10 +153,11 @@ def _tokens_html(
         ),
     ]
     contrasts = {u: top_tokens(table, k, u, "pred_label", [layer], measure="log_odds_z") for u in units}
-    if contrasts["token"].height and contrasts["token"]["log_odds_z"].is_null().all():  # one predicted label
-        label = esc(contrasts["token"]["class_label"][0])
+    lead = contrasts[units[0]]
+    if lead.height and lead["log_odds_z"].is_null().all():  # one predicted label
+        label = esc(lead["class_label"][0])
         parts.append(muted(f"Every scored review is predicted {label}: no label to contrast."))
-    elif contrasts["token"].height:
+    elif lead.height:
         parts.append(
             "<h3>What each head attends to more in one predicted label than in the others</h3>"
             + muted(
