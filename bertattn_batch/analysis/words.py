@@ -136,6 +136,8 @@ def word_map(
     if texts is None:
         raise SpecError("jieba words need the reviews' texts")
     chinese = texts.filter(pl.col("text").str.contains(HAN))
+    if chinese.is_empty():  # no dictionary to load
+        return wordpiece_words(tokens)
     ours = pl.col(KEY).is_in(chinese[KEY].implode())
     segmented = jieba_words(tokens.filter(ours), chinese, user_dict)
     after = segmented["word"].max() + 1 if segmented.height else 0  # word ids stay unique
