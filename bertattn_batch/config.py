@@ -42,6 +42,8 @@ MAX_COUNT = 2**63 - 1
 #: Padded tokens and reviews per model batch where a spec leaves them out, by device type: a GPU wants
 #: big batches, for launching each batch takes the time (docs/performance.md).
 BATCH_DEFAULTS = {"cpu": (16384, 256), "cuda": (65536, 1024)}
+#: How tokens join into words (analysis/words.py).
+WORDS = ("auto", "jieba", "wordpiece", "none")
 
 
 def option(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, **meta: Any) -> Any:
@@ -187,6 +189,12 @@ class JobSpec:
     value_zeroing: bool = option(False, "Also write value zeroing (cls_attention.value_zeroing): how far "
                                  "each token's values move the layer's [CLS] output (Mohebbi et al., 2023); "
                                  "costs model time, see docs/measures.md.", panel="Output")
+    words: str = option("auto", "How aggregate, report and plot join tokens into words: jieba (Chinese word "
+                        "segmentation of the text), wordpiece (a token and its ## pieces), none, or auto: "
+                        "jieba where the tokenizer splits Chinese into characters, else wordpiece where it "
+                        "has ## pieces.", panel="Output", choices=WORDS)
+    user_dict: str | None = option(None, "A jieba user dictionary: a word a line, optionally with its "
+                                   "frequency and tag.", panel="Output")
     on_existing: str = option("resume", "What to do when --out holds a run: resume, overwrite, new or "
                               "incremental.", panel="Output", default_text="resume",
                               choices=("resume", "overwrite", "new", "incremental"))
@@ -217,6 +225,10 @@ class JobSpec:
         paths = (str, os.PathLike)  # pathlib.Path too, from a notebook
         self.model, self.out = (normalize(p) if isinstance(p, paths) else p for p in (self.model, self.out))
         check_fields(self)
+        if self.user_dict is not None:
+            if not Path(self.user_dict).is_file():
+                raise SpecError(f"user_dict {self.user_dict} is not a file")
+            self.user_dict = os.path.abspath(self.user_dict)  # aggregate may run in another directory
         if not self.out.strip() or not self.model.strip():
             raise SpecError(
                 "out and model must name a folder (or, for model, a hub name); got an empty string"

@@ -10,7 +10,7 @@ Usage::
 
 Per (layer, head, token) and group of scored reviews (all, each predicted label, each true label):
 counts, mean weights, how often the token is the head's top token, and measures that weigh rarity
-(:func:`with_contrasts`, :func:`with_shrunk_means`); by word too, for WordPiece tokenizers. The schema's
+(:func:`with_contrasts`, :func:`with_shrunk_means`); by word too (:mod:`.words`). The schema's
 descriptions define each column. Memory stays bounded: each part (in slices of whole reviews) is
 reduced to per-token sums, which add up across parts.
 """
@@ -32,7 +32,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from .. import schema
-from .._files import claim_dir, remove_stale
+from .._files import atomic_path, claim_dir, remove_stale, writing
 from ..errors import RunDirError, SpecError, WriteError
 from ..run import (
     AGGREGATES_DIR,
@@ -47,6 +47,7 @@ from ..run import (
 )
 from .provenance import derived_meta, write_derived
 from .spelling import printable, readable_map
+from .words import KEY, REVIEW, run_words, word_map, word_rows
 
 log = logging.getLogger(__name__)
 
@@ -55,18 +56,11 @@ UNITS = ("token", "word")
 SPLITS = ("all", "pred_label", "label")
 #: The defaults of :func:`aggregate`: tokens seen in fewer reviews are left out; the ranking measure.
 MIN_REVIEWS = 5
-RANK_BY = "mean_scaled"
+RANK_BY = "log_odds_z"
 #: Measures ``rank`` may order by (descending).
 RANK_MEASURES = (
-    "mean_scaled",
-    "mean_weight",
-    "mean_norm",
-    "mean_scaled_shrunk",
-    "log_odds_z",
-    "log_odds",
-    "top_share",
-    "n_top",
-    "n_reviews",
+    *("mean_scaled", "mean_weight", "mean_norm", "mean_scaled_shrunk"),
+    *("log_odds_z", "log_odds", "top_share", "n_top", "n_reviews"),
 )
 #: The measures that compare a label with the others: null in the split 'all'.
 CONTRASTS = ("log_odds_z", "log_odds")
@@ -75,15 +69,6 @@ MAX_ROWS_PER_PASS = 1_000_000
 #: Floor of τ² (the spread of the true token means): a head whose token means differ by no more than
 #: chance shrinks every token to the head's mean.
 MIN_BETWEEN_VARIANCE = 1e-12
-#: Runs whose manifest does not record ``model.word_continuation``: model types whose tokenizers mark
-#: word starts rather than continuations.
-NON_WORDPIECE_MODELS = frozenset({"roberta", "xlm-roberta", "camembert", "albert"})
-CONTINUATION = "##"
-
-#: A review's number within its part: the key rows are reduced by (a doc_id on every row would hold
-#: memory in proportion to its length).
-KEY = "review"
-REVIEW = [KEY, "layer", "head"]
 CLASSES = ["pred_label", "label"]
 #: One head's tokens within one class; one head over a split; one token of a head over a split.
 GROUP = ["unit", "layer", "head", "split", "class_label"]
@@ -114,7 +99,7 @@ class Aggregates:
         return (
             f"wrote {display_path(self.path)} ({counts or 'no rows'}) from {len(self.parts)} parts "
             f"in {self.seconds:.1f}s; min {self.options.get('min_reviews')} reviews, "
-            f"ranked by {self.options.get('rank_by')}"
+            f"ranked by {self.options.get('rank_by')}; words: {self.options.get('words') or 'none'}"
         )
 
 
@@ -127,18 +112,40 @@ def committed_parts(run_dir: str | Path, verify: bool = False) -> list[Committed
     return committed_files(run_dir, ("cls_attention", "tokens", "predictions"), verify)
 
 
-def review_rows(part: CommittedPart) -> pl.LazyFrame:
-    """One part's attention rows of scored reviews, each with its token and labels, keyed by ``KEY``."""
-    keys = (
+@dataclass
+class PartRows:
+    """One part's scored reviews, each numbered by ``KEY``: its attention rows with their tokens and
+    labels, its reviews (``KEY``, doc_id, labels, text) and its tokens (``KEY``, position, token, start)."""
+
+    rows: pl.LazyFrame
+    reviews: pl.DataFrame
+    tokens: pl.LazyFrame
+
+    def only(self, keep: pl.Expr) -> PartRows:
+        """The reviews ``keep`` (an expression on the reviews' columns) selects, and their rows."""
+        reviews = self.reviews.filter(keep)
+        keys = reviews.lazy().select(KEY)
+        return PartRows(self.rows.join(keys, on=KEY), reviews, self.tokens.join(keys, on=KEY))
+
+    def words(self, mode: str, user_dict: str | None = None) -> pl.LazyFrame:
+        """The attention rows of the reviews' words (:mod:`.words`)."""
+        texts = self.reviews.select(KEY, "text") if mode == "jieba" else None
+        words = word_rows(self.rows, word_map(self.tokens.collect(), texts, mode, user_dict))
+        return words.join(self.reviews.lazy().select(KEY, *CLASSES), on=KEY)
+
+
+def review_rows(part: CommittedPart, extra: Sequence[str] = ()) -> PartRows:
+    """One part's scored reviews (with their ``extra`` predictions columns) and their attention rows,
+    keyed by ``KEY``."""
+    reviews = (
         pl.scan_parquet(part.files["predictions"], glob=False)
         .filter(pl.col("status") == "ok")
-        .select("doc_id", *CLASSES)
+        .select("doc_id", *CLASSES, *extra)
         .unique("doc_id", maintain_order=True)
         .with_row_index(KEY)
-        .collect()  # one row per review: small, and numbered once for both joins
-        .lazy()
+        .collect()  # one row per review: small, and numbered once for every join
     )
-    ids = keys.select("doc_id", KEY)
+    ids = reviews.lazy().select("doc_id", KEY)
     attn = (
         pl.scan_parquet(part.files["cls_attention"], glob=False)
         .select("doc_id", "layer", "head", "position", "weight", "weight_scaled", "weight_norm")
@@ -147,57 +154,16 @@ def review_rows(part: CommittedPart) -> pl.LazyFrame:
     )
     tokens = (
         pl.scan_parquet(part.files["tokens"], glob=False)
-        .select("doc_id", "position", "token")
+        .select("doc_id", "position", "token", "start")
         .join(ids, on="doc_id", how="inner")
         .drop("doc_id")
     )
-    return (
-        attn.join(tokens, on=[KEY, "position"], how="left")  # a missing token row keeps a null token
-        .join(keys.drop("doc_id"), on=KEY, how="inner")
+    rows = (
+        attn.join(tokens.drop("start"), on=[KEY, "position"], how="left")  # a missing token: a null token
+        .join(reviews.lazy().select(KEY, *CLASSES), on=KEY, how="inner")
         .with_columns(pl.col("weight", "weight_scaled", "weight_norm").cast(pl.Float64))
     )
-
-
-def word_rows(rows: pl.LazyFrame, continuation: str = CONTINUATION) -> pl.LazyFrame:
-    """Tokens joined into words, in the columns of :func:`review_rows` (position: the first piece's).
-
-    A word starts at every token that is not a continuation (``##`` piece) of the token just before it.
-    Raw and norm-based weight: the sums of the pieces' (the head's mass is kept); scaled: min-max over
-    the review's words for that head. A review's words are found once, on one head's rows.
-    """
-    one_head = (pl.col("layer") == pl.col("layer").min()) & (pl.col("head") == pl.col("head").min())
-    pieces = rows.filter(one_head).select(KEY, "position", "token").sort([KEY, "position"])
-    continues = pl.col("token").str.starts_with(continuation) & (
-        pl.col("position") == pl.col("position").shift(1).over(KEY) + 1
-    )
-    continues = continues.fill_null(False)
-    pieces = pieces.with_columns(
-        word=(~continues).cast(pl.Int32).cum_sum().over(KEY),
-        piece=pl.when(continues).then(pl.col("token").str.strip_prefix(continuation)).otherwise("token"),
-    )
-    texts = pieces.group_by([KEY, "word"]).agg(
-        token=pl.col("piece").sort_by("position").str.join(""),
-        position=pl.col("position").min(),
-    )
-    words = (
-        rows.select(*REVIEW, "position", "weight", "weight_norm", *CLASSES)
-        .join(pieces.select(KEY, "position", "word"), on=[KEY, "position"])
-        .group_by([*REVIEW, "word", *CLASSES])
-        .agg(pl.col("weight").sum(), pl.col("weight_norm").sum())
-        .join(texts, on=[KEY, "word"])
-    )
-    lo = pl.col("weight").min().over(REVIEW)
-    hi = pl.col("weight").max().over(REVIEW)
-    scaled = pl.when(hi > lo).then((pl.col("weight") - lo) / (hi - lo)).otherwise(0.0)
-    return words.with_columns(weight_scaled=scaled).drop("word")
-
-
-def word_continuation(manifest: Manifest) -> str | None:
-    """The run's word-continuation mark; for runs that did not record it, told from the model type."""
-    model = manifest.model
-    if "word_continuation" in model:
-        return model["word_continuation"] or None
-    return None if model.get("model_type", "bert") in NON_WORDPIECE_MODELS else CONTINUATION
+    return PartRows(rows, reviews, tokens)
 
 
 def part_sums(rows: pl.LazyFrame, unit: str) -> pl.LazyFrame:
@@ -326,9 +292,12 @@ def aggregate(
     rank_by: str = RANK_BY,
     units: Sequence[str] = UNITS,
     into: str | Path | None = None,
+    words: str | None = None,
+    user_dict: str | None = None,
 ) -> Aggregates:
     """Compute token (and word) influence by head for a run; write and return it. ``into``: the folder
-    to write into instead of the run's ``aggregates/`` (a run that cannot be written to)."""
+    to write into instead of the run's ``aggregates/`` (a run that cannot be written to); ``words``,
+    ``user_dict``: how tokens make words, where not as the run chose (:func:`.words.run_words`)."""
     t0 = time.perf_counter()
     if min_reviews < 1:
         raise SpecError(f"--min-reviews must be at least 1, got {min_reviews}")
@@ -343,9 +312,9 @@ def aggregate(
         if not parts:
             raise RunDirError(f"{run} has no committed parts yet; run bertattn extract first")
         log.warning("%s is %s: aggregates of its %d committed parts only", run, status, len(parts))
-    continuation = word_continuation(manifest)
-    if continuation is None:
-        units = [u for u in units if u != "word"]  # its pieces carry no continuation marks to join
+    mode, user_dict = run_words(manifest, words, user_dict)
+    if mode is None:
+        units = [u for u in units if u != "word"]
     out_dir = Path(into) if into is not None else run / AGGREGATES_DIR
     remove_stale(out_dir, "_work-*")  # left by an aggregate that was killed
     work = out_dir / f"_work-{time.time_ns()}"
@@ -357,10 +326,10 @@ def aggregate(
     try:
         sizes = class_sizes([p.files["predictions"] for p in parts])
         if parts:
-            table = combine(_summed(parts, units, continuation, work), sizes, min_reviews, rank_by)
+            table = combine(_summed(parts, units, (mode, user_dict), work), sizes, min_reviews, rank_by)
         else:  # a complete run over inputs without rows: an empty table
             table = pl.LazyFrame(schema=pl.from_arrow(schema.arrow(TABLE).empty_table()).schema)
-        options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units)}
+        options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units), "words": mode}
         table = table.collect(engine="streaming")  # small; cast by pyarrow to keep column descriptions
         final = out_dir / f"{TABLE}.parquet"
         write_derived(
@@ -391,18 +360,19 @@ def aggregate(
 
 
 def _summed(
-    parts: list[CommittedPart], units: Sequence[str], continuation: str | None, work: Path
+    parts: list[CommittedPart], units: Sequence[str], words: tuple[str | None, str | None], work: Path
 ) -> pl.LazyFrame:
     """Per-token sums over all parts: each part (slice) reduced on its own, then the partial sums added."""
     partials = []
     for part in parts:
         slices = -(-pq.ParquetFile(part.files["cls_attention"]).metadata.num_rows // MAX_ROWS_PER_PASS)
+        whole = review_rows(part, ("text",) if words[0] == "jieba" else ())
         for k in range(max(slices, 1)):
-            rows = review_rows(part)
-            if slices > 1:  # reviews never straddle slices: the sums stay additive
-                rows = rows.filter(pl.col(KEY) % slices == k)
+            rows = whole.only(pl.col(KEY) % slices == k) if slices > 1 else whole  # sums stay additive
+            if len(units) > 1:  # read once for both: at most MAX_ROWS_PER_PASS rows
+                rows.rows = rows.rows.collect(engine="streaming").lazy()
             for unit in units:
-                frame = part_sums(rows if unit == "token" else word_rows(rows, continuation), unit)
+                frame = part_sums(rows.rows if unit == "token" else rows.words(*words), unit)
                 path = work / f"{unit}-{k}-{part.name}"
                 frame.sink_parquet(path, engine="streaming")
                 partials.append(path)
@@ -443,22 +413,73 @@ def is_current(run_dir: str | Path, min_reviews: int | None = None) -> bool:
     return meta.get("parts") == [p.name for p in committed_parts(run_dir)]
 
 
-def top_tokens(
+def view(
     table: pl.DataFrame,
-    k: int = 5,
     unit: str = "token",
     split: str = "all",
     layers: Sequence[int] | None = None,
     measure: str | None = None,
+    heads: Sequence[int] | None = None,
 ) -> pl.DataFrame:
-    """The k best-ranked rows per (layer, head, class_label) of one unit and split: by the table's own
-    rank, or ranked again by ``measure``."""
+    """The rows of one unit and split (and ``layers``, ``heads``), ranked by the table's own rank or
+    again by ``measure``, in (layer, class_label, head, rank) order."""
     out = table.filter((pl.col("unit") == unit) & (pl.col("split") == split))
-    if layers is not None:
-        out = out.filter(pl.col("layer").is_in(list(layers)))
+    for column, wanted in (("layer", layers), ("head", heads)):
+        if wanted is not None:
+            out = out.filter(pl.col(column).is_in(list(wanted)))
     if measure is not None:
         out = ranked(out, measure)
-    return out.filter(pl.col("rank") <= k).sort(["layer", "class_label", "head", "rank"], nulls_last=False)
+    return out.sort(["layer", "class_label", "head", "rank"], nulls_last=False)
+
+
+def top_tokens(table: pl.DataFrame, k: int = 5, *args: Any, **options: Any) -> pl.DataFrame:
+    """The k best-ranked rows per (layer, head, class_label) of :func:`view`."""
+    return view(table, *args, **options).filter(pl.col("rank") <= k)
+
+
+def run_layer(manifest: Manifest, layer: int | None) -> int:
+    """A layer as the user gives it (negative counts from the end; None: the run's first) -> its index."""
+    stored = manifest.layers
+    if layer is None:
+        if not stored:
+            raise RunDirError("the run's manifest lists no layers")
+        return int(stored[0])
+    idx = layer + int(manifest.model.get("num_layers", 0)) if layer < 0 else layer
+    if idx not in stored:
+        raise SpecError(f"layer {layer} is not in this run; it holds layers {stored} (0-based)")
+    return idx
+
+
+#: What :func:`export` writes, by suffix; and the decimals of its CSV and XLSX cells.
+EXPORTS = (".csv", ".xlsx", ".parquet")
+DECIMALS = 4
+
+
+def export_path(path: str | Path) -> Path:
+    """``path`` checked to name a file :func:`export` writes."""
+    path = Path(path)
+    if path.suffix.lower() not in EXPORTS:
+        raise SpecError(f"--out must end in {', '.join(EXPORTS)}; got {path.name!r}")
+    return path
+
+
+def export(frame: pl.DataFrame, path: str | Path) -> Path:
+    """Write ``frame`` as CSV (UTF-8 with the mark that tells Excel so), XLSX or Parquet; the CSV and
+    XLSX cells rounded to :data:`DECIMALS` places, as a person reads them."""
+    path = export_path(path)
+    suffix = path.suffix.lower()
+    if suffix != ".parquet":
+        frame = frame.with_columns(pl.col(pl.Float32, pl.Float64).round(DECIMALS))
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path, unique=True) as tmp:
+            if suffix == ".csv":
+                frame.write_csv(tmp, include_bom=True)
+            elif suffix == ".xlsx":
+                frame.write_excel(tmp, autofit=True)
+            else:
+                frame.write_parquet(tmp)
+    return path
 
 
 def check_top_options(k: int, unit: str, split: str, measure: str = "mean_scaled") -> None:
@@ -489,8 +510,9 @@ def format_top(
     groups: pl.DataFrame | None = None,
     num_layers: int | None = None,
     byte_level: bool | None = None,
+    heads: Sequence[int] | None = None,
 ) -> str:
-    """A text table: a line per head, its top k tokens with their measure.
+    """A text table: a line per head (``heads``: those only), its top k tokens with their measure.
 
     ``units`` and ``groups`` (from :class:`Aggregates`) say what the run holds; without them it is told
     from the table, which cannot tell a group the run lacks from one ``--min-reviews`` emptied.
@@ -499,8 +521,8 @@ def format_top(
     check_top_options(k, unit, split)
     has_unit = unit in units if units is not None else not table.filter(pl.col("unit") == unit).is_empty()
     if unit == "word" and not has_unit:
-        return "this run's model has no word units (its tokens carry no '##' marks to join); use --unit token"
-    top = top_tokens(table, k, unit, split, layers, measure)
+        return "this run has no word units (--words none, or a tokenizer without ## pieces); use --unit token"
+    top = top_tokens(table, k, unit, split, layers, measure, heads)
     if top.is_empty():
         if splits is not None and not splits:
             return (

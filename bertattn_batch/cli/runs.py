@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -49,7 +49,17 @@ def validate(
         raise typer.Exit(1)
 
 
+#: Options of the commands that read a head's rows: which layer and head.
+Layer = Annotated[
+    int | None,
+    typer.Option(help="Only this layer; negative counts from the end (default: every layer of the run)."),
+]
+Head = Annotated[int | None, typer.Option(help="Only this head (0-based).")]
+Out = Annotated[Path | None, typer.Option(help="Also write the rows asked for as .csv, .xlsx or .parquet.")]
+
+
 @app.command()
+@spec_options(JobSpec, only=("words", "user_dict"), defaults="job")
 def aggregate(
     run_dir: RunDir,
     min_reviews: Annotated[
@@ -58,11 +68,11 @@ def aggregate(
     rank_by: Annotated[
         str,
         typer.Option(
-            help="mean_scaled, mean_scaled_shrunk (rare tokens pulled to the head's mean), mean_weight, "
-            "mean_norm (norm-based), log_odds_z or log_odds (one label against the others), top_share, "
-            "n_top or n_reviews."
+            help="log_odds_z or log_odds (what a head attends to more in one label than in the others: a "
+            "rare token cannot top it), mean_scaled, mean_scaled_shrunk (rare tokens pulled to the head's "
+            "mean), mean_weight, mean_norm (norm-based), top_share, n_top or n_reviews."
         ),
-    ] = "mean_scaled",
+    ] = "log_odds_z",
     top_k: Annotated[int, typer.Option(help="Tokens per head in the printed table.")] = 5,
     unit: Annotated[str, typer.Option(help="Print tokens or words.")] = "token",
     by: Annotated[
@@ -73,45 +83,105 @@ def aggregate(
             show_default=False,
         ),
     ] = None,
+    layer: Layer = None,
+    head: Head = None,
+    out: Out = None,
+    *,
     debug: Debug = False,
+    **words: str | None,
 ) -> None:
     """Token influence by head: write RUN/aggregates/token_influence.parquet and print the top tokens.
 
     Examples:
 
-    bertattn aggregate runs/default
+    bertattn aggregate runs/default   # what each head attends to more in one predicted label
 
-    bertattn aggregate runs/default --by pred_label --unit word --top-k 8
+    bertattn aggregate runs/default --rank-by mean_scaled --unit word --top-k 8
 
-    bertattn aggregate runs/default --rank-by log_odds_z   # what each head attends to more in one label
+    bertattn aggregate runs/default --by label --layer -2 --head 1 --out head1.xlsx
     """
     setup(debug)
-    from ..analysis.aggregate import CONTRASTS, check_top_options, format_top
-    from ..analysis.aggregate import aggregate as run_aggregate
+    from ..analysis import aggregate as agg
+    from ..run import read_manifest
 
     if by is None:
-        by = "pred_label" if rank_by in CONTRASTS else "all"
-    call(lambda: check_top_options(top_k, unit, by, rank_by))
+        by = "pred_label" if rank_by in agg.CONTRASTS else "all"
+    call(lambda: agg.check_top_options(top_k, unit, by, rank_by))
+    if out is not None:
+        call(lambda: agg.export_path(out))  # before the work
+    layers = None if layer is None else [call(lambda: agg.run_layer(read_manifest(run_dir), layer))]
 
     result = call(
-        lambda: run_aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by), REDONE, completes=True
+        lambda: agg.aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by, **words),
+        REDONE,
+        completes=True,
     )
-    units = result.options.get("units")
+    heads = None if head is None else [head]
     printed = call(
-        lambda: format_top(
+        lambda: agg.format_top(
             result.table,
             k=top_k,
             unit=unit,
             split=by,
+            layers=layers,
             measure=rank_by,
-            units=units,
+            units=result.options.get("units"),
             groups=result.groups,
             num_layers=result.num_layers,
             byte_level=result.byte_level,
+            heads=heads,
         )
     )
     typer.echo(printed)
     typer.echo(result.line())
+    if out is not None:
+        rows = agg.view(result.table, unit, by, layers, rank_by, heads)
+        typer.echo(f"wrote {call(lambda: agg.export(rows, out))} ({rows.height} rows)")
+
+
+@app.command()
+@spec_options(JobSpec, only=("words", "user_dict"), defaults="job")
+def reviews(
+    run_dir: RunDir,
+    head: Annotated[int, typer.Option(help="The head (0-based).")],
+    token: Annotated[str | None, typer.Option(help="The token, as the run's tokens spell it.")] = None,
+    word: Annotated[str | None, typer.Option(help="The word (instead of --token).")] = None,
+    layer: Annotated[
+        int | None,
+        typer.Option(help="The layer; negative counts from the end (default: the run's first)."),
+    ] = None,
+    top: Annotated[int, typer.Option(help="Reviews to show.")] = 10,
+    out: Out = None,
+    *,
+    debug: Debug = False,
+    **words: str | None,
+) -> None:
+    """The reviews where a head attends most to a token or word, by raw weight: each with its text,
+    prediction and the plot command that draws it.
+
+    Examples:
+
+    bertattn reviews runs/default --head 1 --token 差
+
+    bertattn reviews runs/default --head 1 --word 差评 --top 20 --out 差评.xlsx
+    """
+    setup(debug)
+    from ..analysis.aggregate import export, export_path
+    from ..analysis.reviews import format_reviews, top_reviews
+    from ..errors import SpecError
+    from ..run import read_manifest
+
+    def find() -> str:
+        if (token is None) == (word is None):
+            raise SpecError("give one of --token and --word")
+        if out is not None:
+            export_path(out)  # before the work
+        unit, term = ("token", token) if word is None else ("word", word)
+        found = top_reviews(run_dir, term, head, layer, unit, top, **words)
+        shown = format_reviews(found, run_dir, term, unit, read_manifest(run_dir).num_layers)
+        return shown if out is None else f"{shown}\nwrote {export(found, out)} ({found.height} rows)"
+
+    typer.echo(call(find, completes=True))
 
 
 @app.command()
@@ -164,6 +234,7 @@ def faithfulness(
 
 @app.command()
 @spec_options(JobSpec, only=("trust_remote_code", "allow_pickle"))
+@spec_options(JobSpec, only=("words", "user_dict"), defaults="job")
 def plot(
     run_dir: Annotated[
         str | None,
@@ -212,9 +283,10 @@ def plot(
         bool, typer.Option(help="[CLS] and [SEP] in the token x token maps (--no-specials leaves them out).")
     ] = True,
     device: Annotated[str, typer.Option(help="Device for the model, when one is needed.")] = "cpu",
+    unit: Annotated[str, typer.Option(help="Draw tokens or words.")] = "token",
     *,
     debug: Debug = False,
-    **trust: bool,
+    **options: Any,
 ) -> None:
     """Heatmaps of one review: heads x tokens of the scaled [CLS] row, and token x token with --pairs.
 
@@ -224,7 +296,7 @@ def plot(
 
     bertattn plot runs/default --doc-id neg-00017 --out review.html --pairs
 
-    bertattn plot --text "上菜慢，服务态度差" --model models/zh-senti --out seed.png
+    bertattn plot --text "上菜慢，服务态度差" --model models/zh-senti --out seed.png --unit word
 
     bertattn plot --text-file review.txt --model models/zh-senti --out review.png
     """
@@ -233,7 +305,7 @@ def plot(
 
     def plot_to_file() -> Path:
         output_path(out, pairs)  # before any model loads
-        options = dict(text=text, text_file=text_file, model=model, layer=layer, device=device, **trust)
+        options.update(text=text, text_file=text_file, model=model, layer=layer, device=device, unit=unit)
         review = review_for_plot(run_dir, doc_id, pairs=pairs, tokens=tokens, specials=specials, **options)
         return write_review(review, out, pairs=pairs)
 

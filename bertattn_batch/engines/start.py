@@ -50,6 +50,7 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
     model = {
         "source": source, "weights_sha256": clf.weights_sha256, "config_sha256": clf.config_sha256,
         "model_type": clf.model.config.model_type, "word_continuation": clf.word_continuation,
+        "words": clf.words,
         "byte_level": clf.byte_level, "num_layers": clf.num_layers, "num_heads": clf.num_heads,
         "layers": clf.layers, "id2label": labels, "max_length": clf.max_length, "dtype": dtype,
         "device": str(clf.device), "attention": spec.attention,

@@ -162,6 +162,18 @@ class Classifier:
         return model.continuing_subword_prefix if type(model).__name__ == "WordPiece" else None
 
     @property
+    def words(self) -> str | None:
+        """How words are made of this tokenizer's tokens where a job says ``auto``: ``jieba`` where it
+        splits Chinese text into characters, ``wordpiece`` where it marks ``##`` continuations."""
+        sample = "我们喜欢中文"
+        spans = self.tokenizer(sample, add_special_tokens=False, return_offsets_mapping=True)[
+            "offset_mapping"
+        ]
+        if [e - s for s, e in spans] == [1] * len(sample):
+            return "jieba"
+        return "wordpiece" if self.word_continuation else None
+
+    @property
     def device_type(self) -> str:
         """``cpu``, ``cuda`` or ``mps``: what sizes the batches (extract/batching.py)."""
         return self.device.type

@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from .._files import atomic_path, writing
 from ..analysis.spelling import printable, readable
+from ..analysis.words import run_words
 from ..errors import InputError, SpecError
+from ..run import read_manifest
 from .figures import cls_figure, pairs_figure, review_png
 from .html import page, review_html
-from .review import ReviewAttention, add_pairs, load_review, review_from_text, select, token_range
+from .review import ReviewAttention, add_pairs, by_words, load_review, review_from_text, select, token_range
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -59,12 +61,19 @@ def review_for_plot(
     text_file: str | Path | None = None,
     trust_remote_code: bool = False,
     allow_pickle: bool = False,
+    unit: str = "token",
+    words: str | None = None,
+    user_dict: str | None = None,
 ) -> ReviewAttention:
     """A review of a run (``run_dir`` + ``doc_id``) or a text (``text`` + ``model``; ``doc_id`` then
-    names it), with token x token matrices where ``pairs``. ``tokens``: the content tokens to show
-    (``"0:40"``); ``specials``: [CLS] and [SEP] in the token x token maps; ``text_file``: the text read
-    from a UTF-8 file, every character kept (no-break spaces, line breaks). ``trust_remote_code`` and
-    ``allow_pickle``: the caller's trust in the model folder's code and pickle weights, never the run's."""
+    names it), with token x token matrices where ``pairs``. ``tokens``: the content tokens (or words) to
+    show (``"0:40"``); ``specials``: [CLS] and [SEP] in the token x token maps; ``text_file``: the text
+    read from a UTF-8 file, every character kept (no-break spaces, line breaks). ``trust_remote_code`` and
+    ``allow_pickle``: the caller's trust in the model folder's code and pickle weights, never the run's.
+    ``unit`` 'word': the review's words (``words``, ``user_dict``: how they are made, where not as the run
+    chose)."""
+    if unit not in ("token", "word"):
+        raise SpecError(f"--unit must be token or word; got {unit!r}")
     trust = {"trust_remote_code": trust_remote_code, "allow_pickle": allow_pickle}
     if text_file is not None:
         text = read_text_file(text_file, text)
@@ -94,6 +103,14 @@ def review_for_plot(
             doc_id=doc_id or (Path(text_file).name if text_file else "text"),
             **trust,
         )
+    if unit == "word":
+        if run_dir is not None:
+            words, user_dict = run_words(read_manifest(run_dir), words, user_dict)
+        elif words in (None, "auto"):
+            words = "jieba"  # for a text with Chinese characters; WordPiece's ## pieces for any other
+        if words in (None, "none"):
+            raise SpecError("--unit word: this run has no words (--words none)")
+        review = by_words(review, words, user_dict)
     return select(review, shown, specials)
 
 

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from .._files import atomic_path, writing
 from ..analysis import aggregate as agg
-from ..analysis.aggregate import top_tokens
+from ..analysis.aggregate import run_layer, top_tokens
 from ..analysis.faithfulness import FRACTIONS, faithfulness_path
 from ..analysis.spelling import readable_map
 from ..config import parse_label_map
@@ -41,7 +41,6 @@ from .accuracy import accuracy_html, mapped
 from .examples import examples_html
 from .figures import png_bytes, top_heatmap
 from .html import data_table, esc, img, muted, page
-from .review import run_layer
 
 #: What each measure says and where it stops (docs/measures.md has the references).
 NOTES = {
@@ -144,52 +143,56 @@ def _tokens_html(
     byte_level: bool | None = None,
     num_layers: int | None = None,
 ) -> str:
-    """Each head's top tokens over all reviews, and what it attends to more in one predicted label.
-    ``scored``: some review was scored, so an empty table means the min-reviews filter emptied it. A
-    table ranked by a contrast between labels is shown by mean scaled weight: all reviews have none."""
+    """Each head's tokens (and words): first what it attends to more in one predicted label than in the
+    others (log-odds z: a rare token cannot top it), then its top ones by mean scaled weight over all
+    reviews. ``scored``: some review was scored, so an empty table means the min-reviews filter emptied it."""
     opts = meta.get("options", {})
-    rank_by = str(opts.get("rank_by"))
-    if rank_by in agg.CONTRASTS:
-        table, rank_by = agg.ranked(table, agg.RANK_BY), f"{agg.RANK_BY} ({rank_by} compares labels)"
+    units = opts.get("units", ["token"])
     parts = [
         f"<h2>Top tokens per head · {layer_name(layer, num_layers)}</h2>",
         muted(
             f"From {agg.AGGREGATES_DIR}/{agg.TABLE}.parquet: tokens seen in at least {opts.get('min_reviews')} "
-            f"reviews, ranked by {esc(rank_by)}; cells give the token and its mean scaled weight."
+            f"reviews{', words made by ' + esc(opts['words']) if opts.get('words') else ''}."
         ),
     ]
-    for unit in opts.get("units", ["token"]):
-        top = top_tokens(table, k, unit, "all", [layer])
+    contrasts = {u: top_tokens(table, k, u, "pred_label", [layer], measure="log_odds_z") for u in units}
+    lead = contrasts[units[0]]
+    if lead.height and lead["log_odds_z"].is_null().all():  # one predicted label
+        label = esc(lead["class_label"][0])
+        parts.append(muted(f"Every scored review is predicted {label}: no label to contrast."))
+    elif lead.height:
+        parts.append(
+            "<h3>What each head attends to more in one predicted label than in the others</h3>"
+            + muted(
+                "Cells give the token and its z-score: the log-odds of the head's attention mass on it in "
+                "this label against the others, with the run's own totals as an informative Dirichlet prior "
+                "(Monroe, Colaresi &amp; Quinn 2008). A large z needs both a large ratio and much attention "
+                "mass, so a token seen in a few reviews cannot top it by chance. It says where the head looks "
+                "differently, not that the token moves the prediction."
+            )
+        )
+        for unit, top in contrasts.items():
+            for (cls,), group in top.group_by("class_label", maintain_order=True):
+                parts += [
+                    f"<h3>{unit.capitalize()}s, reviews predicted {esc(cls)} ({group['class_reviews'][0]})</h3>",
+                    _top_table_html(group, "log_odds_z", byte_level),
+                ]
+    parts.append(
+        "<h3>Each head's top tokens over all reviews, by mean scaled weight</h3>"
+        + muted("Cells give the token and its mean scaled weight; rare tokens rank high here by chance.")
+    )
+    for unit in units:
+        top = top_tokens(table, k, unit, "all", [layer], measure="mean_scaled")
         if top.is_empty():
             why = "passes the filter" if scored else "was counted: no review of this run was scored"
             parts.append(muted(f"No {unit} {why}."))
             continue
         parts += [f"<h3>{unit.capitalize()}s, all reviews</h3>", _top_table_html(top, byte_level=byte_level)]
         if unit == "token":
-            picture = png_bytes(top_heatmap(table, layer, k, unit, byte_level), tight=False)
+            by_mean = agg.ranked(table, "mean_scaled")
+            picture = png_bytes(top_heatmap(by_mean, layer, k, unit, byte_level), tight=False)
             caption = f"Heads x top {unit}s: mean scaled weight over all reviews"
             parts.append(img(picture, alt=f"heatmap of the top {unit}s per head", caption=caption))
-    by_pred = top_tokens(table, k, "token", "pred_label", [layer], measure="log_odds_z")
-    if by_pred.is_empty():
-        return "\n".join(parts)
-    if by_pred["log_odds_z"].is_null().all():  # one predicted label
-        label = esc(by_pred["class_label"][0])
-        return "\n".join([*parts, muted(f"Every scored review is predicted {label}: no label to contrast.")])
-    parts.append(
-        "<h3>What each head attends to more in one predicted label than in the others</h3>"
-        + muted(
-            "Cells give the token and its z-score: the log-odds of the head's attention mass on it in this "
-            "label against the others, with the run's own totals as an informative Dirichlet prior "
-            "(Monroe, Colaresi &amp; Quinn 2008). A large z needs both a large ratio and much attention "
-            "mass, so a token seen in a few reviews cannot top it by chance. It says where the head looks "
-            "differently, not that the token moves the prediction."
-        )
-    )
-    for (cls,), group in by_pred.group_by("class_label", maintain_order=True):
-        parts += [
-            f"<h3>Tokens, reviews predicted {esc(cls)} ({group['class_reviews'][0]})</h3>",
-            _top_table_html(group, "log_odds_z", byte_level),
-        ]
     return "\n".join(parts)
 
 
@@ -292,7 +295,10 @@ def _aggregates(run: Path, min_reviews: int | None) -> tuple[pl.DataFrame, dict[
     if agg.is_current(run, min_reviews):
         return agg.read_aggregates(run)
     options = dict(
-        min_reviews=min_reviews, rank_by=made.get("rank_by", agg.RANK_BY), units=made.get("units", agg.UNITS)
+        min_reviews=min_reviews,
+        rank_by=made.get("rank_by", agg.RANK_BY),
+        units=made.get("units", agg.UNITS),
+        words=made.get("words") or ("none" if "words" in made else None),
     )
     try:
         result = agg.aggregate(run, **options)

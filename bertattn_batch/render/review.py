@@ -22,11 +22,12 @@ import numpy as np
 import polars as pl
 
 from .. import schema
+from ..analysis.aggregate import run_layer
 from ..analysis.provenance import load_run_model
 from ..analysis.spelling import printable
+from ..analysis.words import KEY, word_map
 from ..errors import InputError, RunDirError, SpecError
 from ..run import (
-    Manifest,
     attention_rows,
     committed_files,
     layer_name,
@@ -62,6 +63,8 @@ class ReviewAttention:
     pair_tokens: list[str] | None = None  # (S,)
     byte_level: bool | None = None  # whether the tokens spell bytes; None: told from the tokens
     num_layers: int | None = None  # the model's, to name the layer from the end too
+    starts: list[int] | None = None  # each token's first character in ``text``
+    words: str | None = None  # the rule that joined the tokens into words (:func:`by_words`), if any
 
     @property
     def num_heads(self) -> int:
@@ -78,6 +81,8 @@ class ReviewAttention:
             parts.append(f"predicted {printable(self.pred_label, TITLE_VALUE_CHARS)}{prob}")
         if self.label is not None:
             parts.append(f"label {printable(self.label, TITLE_VALUE_CHARS)}")
+        if self.words is not None:
+            parts.append(f"words ({self.words})")
         return " · ".join(parts)
 
 
@@ -119,6 +124,42 @@ def select(review: ReviewAttention, tokens: slice | None = None, specials: bool 
     return out
 
 
+def by_words(review: ReviewAttention, mode: str, user_dict: str | None = None) -> ReviewAttention:
+    """The review with its words in place of its tokens (:mod:`..analysis.words`): a word's weights are
+    its tokens' summed, scaled again over the words per head; in the token x token maps the attention a
+    word pays is its tokens' averaged, the attention it receives theirs summed (Clark et al., 2019)."""
+    if review.starts is None:
+        raise SpecError("--unit word needs the tokens' spans, which this review lacks")
+    tokens = pl.DataFrame(
+        {KEY: 0, "position": review.positions, "token": review.tokens, "start": review.starts}
+    )
+    texts = None if review.text is None else pl.DataFrame({KEY: [0], "text": [review.text]})
+    words = word_map(tokens, texts, mode, user_dict).collect().sort("position")
+    _, first, word = np.unique(words["word"].to_numpy(), return_index=True, return_inverse=True)
+    member = np.zeros((len(word), len(first)))  # (n, W): token i is in word j
+    member[np.arange(len(word)), word] = 1
+    weight = review.weight @ member  # (H, W)
+    lo, hi = weight.min(axis=1, keepdims=True), weight.max(axis=1, keepdims=True)
+    scaled = np.where(hi > lo, (weight - lo) / np.where(hi > lo, hi - lo, 1), 0.0)  # (H, W)
+    out = dataclasses.replace(
+        review,
+        tokens=words["word_text"].gather(first).to_list(),
+        token_ids=[review.token_ids[i] for i in first],
+        positions=[review.positions[i] for i in first],
+        starts=[review.starts[i] for i in first],
+        weight=weight,
+        scaled=scaled,
+        words=mode,
+    )
+    if review.pairs is not None and review.pair_tokens is not None:
+        full = np.zeros((len(word) + 2, len(first) + 2))  # (S, W + 2): [CLS] and [SEP] words of their own
+        full[0, 0] = full[-1, -1] = 1
+        full[1:-1, 1:-1] = member
+        out.pairs = np.einsum("qa,hqk,kb->hab", full / full.sum(axis=0), review.pairs, full)  # (H, W+2, W+2)
+        out.pair_tokens = [review.pair_tokens[0], *out.tokens, review.pair_tokens[-1]]
+    return out
+
+
 def from_rows(rows: pl.DataFrame, doc_id: str, layer: int) -> ReviewAttention:
     """A review from its attention rows in the long form (``run.attention_rows``), in any order."""
     rows = rows.filter((pl.col("doc_id") == doc_id) & (pl.col("layer") == layer)).sort(["head", "position"])
@@ -135,22 +176,10 @@ def from_rows(rows: pl.DataFrame, doc_id: str, layer: int) -> ReviewAttention:
         tokens=first["token"].to_list(),
         token_ids=first["token_id"].to_list(),
         positions=first["position"].to_list(),
+        starts=first["start"].to_list() if "start" in first.columns else None,
         weight=rows["weight"].to_numpy().reshape(heads, n),  # (H, n)
         scaled=rows["weight_scaled"].to_numpy().reshape(heads, n),  # (H, n)
     )
-
-
-def run_layer(manifest: Manifest, layer: int | None) -> int:
-    """A layer as the user gives it (negative counts from the end; None: the run's first) -> its index."""
-    stored = manifest.layers
-    if layer is None:
-        if not stored:
-            raise RunDirError("the run's manifest lists no layers")
-        return int(stored[0])
-    idx = layer + int(manifest.model.get("num_layers", 0)) if layer < 0 else layer
-    if idx not in stored:
-        raise SpecError(f"layer {layer} is not in this run; it holds layers {stored} (0-based)")
-    return idx
 
 
 def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = None) -> list[ReviewAttention]:

@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 
 import bertattn_batch.analysis.aggregate as agg
 import bertattn_batch.analysis.aggregate as top
+import bertattn_batch.analysis.words as wordmod
 from bertattn_batch import schema
 from bertattn_batch._files import claim_dir
 from bertattn_batch.cli import app
@@ -264,10 +265,12 @@ def test_large_parts_are_cut_into_slices_of_whole_reviews(run_dir, result, monke
 
 
 def test_rank_orders_each_group(result):
+    measure = result.options["rank_by"]  # a contrast is null in a whole group (split 'all'): ties
+    assert measure == agg.RANK_BY == "log_odds_z"
     for _, group in result.table.group_by(["unit", "layer", "head", "split", "class_label"]):
         g = group.sort("rank")
         assert g["rank"].to_list() == list(range(1, g.height + 1))
-        keys = list(zip(g["mean_scaled"], g["n_reviews"], g["token"], strict=True))
+        keys = list(zip(g[measure].fill_null(math.inf), g["n_reviews"], g["token"], strict=True))
         assert keys == sorted(keys, key=lambda k: (-k[0], -k[1], k[2]))
 
 
@@ -279,8 +282,9 @@ def test_file_matches_schema_and_records_how_it_was_made(run_dir, result):
     assert table.height == result.table.height
     assert meta["options"] == {
         "min_reviews": MIN_REVIEWS,
-        "rank_by": "mean_scaled",
+        "rank_by": "log_odds_z",
         "units": ["token", "word"],
+        "words": "jieba",  # the tokenizer splits Chinese into characters; these English reviews: WordPiece
     }
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert meta["parts"] == sorted(p["name"] for p in manifest["parts"])
@@ -370,11 +374,17 @@ def test_a_continuation_after_a_gap_starts_a_word():
 
 
 def test_cli_prints_the_top_tokens(run_dir):
-    r = CliRunner().invoke(app, ["aggregate", str(run_dir), "--min-reviews", "2", "--top-k", "3"])
+    """By default it prints the contrast by predicted label (this tiny model predicts one label: it says
+    so); the seed's mean scaled weight over all reviews is one flag away."""
+    args = ["aggregate", str(run_dir), "--min-reviews", "2", "--top-k", "3"]
+    first_view = CliRunner().invoke(app, args)
+    assert first_view.exit_code == 0, first_view.output
+    assert "log_odds_z compares a pred_label with the others" in first_view.output
+    r = CliRunner().invoke(app, [*args, "--rank-by", "mean_scaled"])
     assert r.exit_code == 0, r.output
     table, _ = agg.read_aggregates(run_dir)
     for layer in (0, 1):
-        first = table.filter(
+        first = table.filter(  # ranked by mean_scaled, as the file records
             (pl.col("unit") == "token")
             & (pl.col("split") == "all")
             & (pl.col("layer") == layer)
@@ -527,8 +537,10 @@ def test_the_long_form_recipes_give_every_attention_row_with_its_token(run_dir):
     assert view.sort(keys).equals(want.select(view.columns).sort(keys))
 
 
-def test_the_recipes_agree_with_aggregate(run_dir, result):
+def test_the_recipes_agree_with_aggregate(run_dir, tmp_path):
     duckdb = pytest.importorskip("duckdb")
+    run_dir = shutil.copytree(run_dir, tmp_path / "run")  # the recipes' order: --rank-by mean_scaled
+    result = agg.aggregate(run_dir, min_reviews=MIN_REVIEWS, rank_by="mean_scaled")
     # the recipes' question, asked of the label this random model predicts most
     preds = [p for p in read_table(run_dir, "predictions").to_pylist() if p["status"] == "ok"]
     label = max({p["pred_label"] for p in preds}, key=[p["pred_label"] for p in preds].count)
@@ -630,10 +642,14 @@ def test_word_units_follow_the_tokenizer_not_the_model_type(
 
 
 def test_runs_from_before_the_continuation_mark_was_recorded():
-    assert agg.word_continuation(Manifest(model={"model_type": "albert"})) is None
-    assert agg.word_continuation(Manifest(model={"model_type": "bert"})) == "##"
-    assert agg.word_continuation(Manifest(model={"model_type": "albert", "word_continuation": "##"})) == "##"
-    assert agg.word_continuation(Manifest(model={"model_type": "bert", "word_continuation": None})) is None
+    assert wordmod.word_continuation(Manifest(model={"model_type": "albert"})) is None
+    assert wordmod.word_continuation(Manifest(model={"model_type": "bert"})) == "##"
+    assert (
+        wordmod.word_continuation(Manifest(model={"model_type": "albert", "word_continuation": "##"})) == "##"
+    )
+    assert (
+        wordmod.word_continuation(Manifest(model={"model_type": "bert", "word_continuation": None})) is None
+    )
 
 
 def test_an_empty_printout_names_its_real_cause(run_dir, tmp_path):

@@ -1,0 +1,234 @@
+"""Words of Chinese reviews: the word rows equal jieba's own segmentation (``jieba.tokenize`` spans) applied
+to the tokens table by hand, on reviews the tokenizer was not built from; a user dictionary adds words."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import jieba
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import SEED_TEXT
+from helpers import read_table
+
+import bertattn_batch.analysis.aggregate as agg
+from bertattn_batch.config import InputSpec, JobSpec
+from bertattn_batch.engines import run_job
+
+MIXED = "这台ThinkPad才1999元，质量不错！"
+
+
+@pytest.fixture(scope="module")
+def zh_run(tiny_zh_dir, zh_rows, tmp_path_factory) -> Path:
+    """Held-out reviews (the tiny tokenizer saw the first 3000), the seed's review and a mixed one."""
+    base = tmp_path_factory.mktemp("words")
+    rows = [dict(r) for r in zh_rows[-40:]]
+    rows += [{"doc_id": "seed", "text": SEED_TEXT, "label": "negative"}]
+    rows += [{"doc_id": "mixed", "text": MIXED, "label": "positive"}]
+    pq.write_table(pa.Table.from_pylist(rows), base / "reviews.parquet")
+    spec = JobSpec(
+        inputs=InputSpec([str(base / "reviews.parquet")], id_col="doc_id", label_col="label"),
+        model=str(tiny_zh_dir),
+        out=str(base / "run"),
+        window=16,
+        progress=False,
+    )
+    run_job(spec)
+    return base / "run"
+
+
+def oracle_words(run: Path, user_dict: str | None = None) -> dict[tuple, list]:
+    """(doc_id, layer, head) -> [(word, raw, norm, scaled)] in word order: jieba's spans, each token in the
+    span holding its first character, weights summed, scaled min-max over the review's words."""
+    seg = jieba.Tokenizer()
+    if user_dict:
+        seg.load_userdict(user_dict)
+    texts = {
+        p["doc_id"]: p["text"] for p in read_table(run, "predictions").to_pylist() if p["status"] == "ok"
+    }
+    spans = {d: list(seg.tokenize(t)) for d, t in texts.items()}
+    starts = {(t["doc_id"], t["position"]): t["start"] for t in read_table(run, "tokens").to_pylist()}
+    acc: dict[tuple, dict] = defaultdict(dict)
+    for a in read_table(run, "cls_attention").to_pylist():
+        at = starts[(a["doc_id"], a["position"])]
+        i = next(i for i, (_, s, e) in enumerate(spans[a["doc_id"]]) if s <= at < e)
+        word = acc[(a["doc_id"], a["layer"], a["head"])].setdefault(
+            i, [spans[a["doc_id"]][i][0].lower(), 0, 0]
+        )
+        word[1] += a["weight"]
+        word[2] += a["weight_norm"]
+    out = {}
+    for key, words in acc.items():
+        raw = np.array([w[1] for _, w in sorted(words.items())])
+        lo, hi = raw.min(), raw.max()
+        scaled = (raw - lo) / (hi - lo) if hi > lo else np.zeros_like(raw)
+        out[key] = [(w[0], w[1], w[2], s) for (_, w), s in zip(sorted(words.items()), scaled, strict=True)]
+    return out
+
+
+def word_rows_of(run: Path, user_dict: str | None = None) -> dict[tuple, list]:
+    """The same, from the code under test: every part's word rows by doc_id."""
+    out: dict[tuple, list] = {}
+    for part in agg.committed_parts(run):
+        rows = agg.review_rows(part, ("text",))
+        words = rows.words("jieba", user_dict).join(
+            rows.reviews.lazy().select("review", "doc_id"), on="review"
+        )
+        for (doc, layer, head), g in (
+            words.collect().sort("position").group_by(["doc_id", "layer", "head"], maintain_order=True)
+        ):
+            out[(doc, layer, head)] = list(
+                zip(g["token"], g["weight"], g["weight_norm"], g["weight_scaled"], strict=True)
+            )
+    return out
+
+
+def _same(got: dict[tuple, list], want: dict[tuple, list]) -> None:
+    assert got.keys() == want.keys() and len(want) > 100
+    for key, rows in want.items():
+        assert [w for w, *_ in got[key]] == [w for w, *_ in rows], key
+        np.testing.assert_allclose([r[1:] for r in got[key]], [r[1:] for r in rows], rtol=1e-6, atol=1e-9)
+
+
+def test_word_rows_equal_jiebas_segmentation_of_the_tokens(zh_run):
+    assert json.loads((zh_run / "manifest.json").read_text())["model"]["words"] == "jieba"
+    want = oracle_words(zh_run)
+    _same(word_rows_of(zh_run), want)
+    mixed = [w for w, *_ in want[("mixed", 0, 0)]]
+    assert {"thinkpad", "1999", "不错", "质量"} <= set(mixed)
+    seed = [w for w, *_ in want[("seed", 0, 0)]]
+    assert {"服务态度", "差评"} <= set(seed)
+
+
+def test_aggregate_counts_jieba_words(zh_run):
+    """The table's word rows (split 'all') equal the oracle's rows counted and averaged by word."""
+    table = agg.aggregate(zh_run, min_reviews=1).table.filter(
+        (pl.col("unit") == "word") & (pl.col("split") == "all")
+    )
+    acc: dict[tuple, list] = defaultdict(lambda: [0, 0.0, 0.0])
+    for (_, layer, head), rows in oracle_words(zh_run).items():
+        for word, raw, _, scaled in rows:
+            a = acc[(layer, head, word)]
+            a[0], a[1], a[2] = a[0] + 1, a[1] + raw, a[2] + scaled
+    got = {(r["layer"], r["head"], r["token"]): r for r in table.iter_rows(named=True)}
+    assert got.keys() == acc.keys()
+    for key, (n, raw, scaled) in acc.items():
+        assert got[key]["n_occurrences"] == n
+        assert got[key]["mean_weight"] == pytest.approx(raw / n, rel=1e-9)
+        assert got[key]["mean_scaled"] == pytest.approx(scaled / n, rel=1e-9, abs=1e-12)
+
+
+def test_a_user_dictionary_adds_its_words(zh_run, tmp_path):
+    user = tmp_path / "user.txt"
+    user.write_text("超级差评 100 n\n服务态度超级差 50\n", encoding="utf-8")
+    want = oracle_words(zh_run, str(user))
+    _same(word_rows_of(zh_run, str(user)), want)
+    assert "超级差评" in [w for w, *_ in want[("seed", 0, 0)]]
+    result = agg.aggregate(zh_run, min_reviews=1, words="jieba", user_dict=str(user), into=tmp_path / "agg")
+    assert "超级差评" in result.table.filter(pl.col("unit") == "word")["token"].to_list()
+
+
+def test_words_none_and_wordpiece_are_chosen_per_aggregate(zh_run, tmp_path):
+    none = agg.aggregate(zh_run, min_reviews=1, words="none", into=tmp_path / "none")
+    assert set(none.table["unit"]) == {"token"} and none.options["words"] is None
+    pieces = agg.aggregate(zh_run, min_reviews=1, words="wordpiece", into=tmp_path / "wp")
+    words = pieces.table.filter(pl.col("unit") == "word")["token"].to_list()
+    assert "thinkpad" in words and "不错" not in words  # ## pieces join Latin letters, never characters
+
+
+def test_plot_by_words_sums_a_words_tokens(zh_run):
+    """Heads x words equals the oracle's rows; in the token x token maps a word pays its tokens' mean
+    attention and receives their sum (computed here cell by cell)."""
+    from bertattn_batch.render.review import by_words, load_review
+
+    review = load_review(zh_run, "seed")
+    rng = np.random.default_rng(0)
+    n = len(review.tokens)
+    review.pairs = rng.random((review.num_heads, n + 2, n + 2))  # (H, S, S)
+    review.pair_tokens = ["[CLS]", *review.tokens, "[SEP]"]
+    words = by_words(review, "jieba")
+    for head in range(review.num_heads):
+        want = oracle_words(zh_run)[("seed", review.layer, head)]
+        assert words.tokens == [w for w, *_ in want]
+        np.testing.assert_allclose(words.weight[head], [w[1] for w in want], rtol=1e-6)
+        np.testing.assert_allclose(words.scaled[head], [w[3] for w in want], rtol=1e-6, atol=1e-9)
+    member = [[]] + [[] for _ in words.tokens] + [[]]  # each word's token indices in the maps
+    member[0], member[-1] = [0], [n + 1]
+    ids = {p: i for i, p in enumerate(words.positions)}
+    word = 0
+    for i, p in enumerate(review.positions):
+        word = ids.get(p, word)
+        member[word + 1].append(i + 1)
+    for a, b in [(0, 1), (1, 2), (3, 3), (len(member) - 2, len(member) - 1)]:
+        cell = np.mean([sum(review.pairs[2, q, k] for k in member[b]) for q in member[a]])
+        assert words.pairs[2, a, b] == pytest.approx(cell, rel=1e-9)
+    assert words.pair_tokens == ["[CLS]", *words.tokens, "[SEP]"] and "words (jieba)" in words.title()
+
+
+def test_reviews_are_ranked_by_raw_weight(zh_run):
+    """Against polars over the run's tables: each review's largest weight on the token at the head."""
+    from bertattn_batch.analysis.reviews import top_reviews
+
+    attention = pl.from_arrow(read_table(zh_run, "cls_attention"))
+    tokens = pl.from_arrow(read_table(zh_run, "tokens"))
+    rows = attention.join(tokens, on=["doc_id", "position"]).filter(
+        (pl.col("layer") == 0) & (pl.col("head") == 1)
+    )
+    term = rows.group_by("token").agg(pl.col("doc_id").n_unique()).sort("doc_id", descending=True)["token"][0]
+    want = (
+        rows.filter(pl.col("token") == term)
+        .group_by("doc_id")
+        .agg(pl.col("weight").max())
+        .sort(["weight", "doc_id"], descending=[True, False])
+        .head(5)
+    )
+    got = top_reviews(zh_run, term, head=1, n=5)
+    assert got["doc_id"].to_list() == want["doc_id"].to_list()
+    np.testing.assert_allclose(got["weight"].to_numpy(), want["weight"].to_numpy(), rtol=1e-6)
+    assert got["rank"].to_list() == [1, 2, 3, 4, 5] and got["text"].null_count() == 0
+    # a word: the oracle's largest word weight of each review that holds it
+    oracle = {
+        d: max(w[1] for w in ws if w[0] == "差评")
+        for (d, lay, h), ws in oracle_words(zh_run).items()
+        if lay == 0 and h == 1 and any(w[0] == "差评" for w in ws)
+    }
+    got = top_reviews(zh_run, "差评", head=1, unit="word")
+    assert dict(zip(got["doc_id"], got["weight"], strict=True)) == pytest.approx(oracle, rel=1e-6)
+
+
+def test_the_cli_answers_without_code(zh_run, tmp_path):
+    """reviews prints each review's text, prediction and plot command; aggregate writes the rows asked
+    for as CSV and XLSX, rounded, equal to the table's."""
+    import openpyxl
+    from typer.testing import CliRunner
+
+    from bertattn_batch.cli import app
+
+    r = CliRunner().invoke(app, ["reviews", str(zh_run), "--head", "1", "--word", "差评", "--top", "3"])
+    assert r.exit_code == 0, r.output
+    assert SEED_TEXT[:20] in r.output and "predicted " in r.output
+    assert f"bertattn plot {zh_run} --doc-id seed --layer 0 --unit word --out seed.png" in r.output
+    run = str(zh_run)
+    for suffix in ("csv", "xlsx"):
+        out = tmp_path / f"head1.{suffix}"
+        args = ["aggregate", run, "--min-reviews", "1", "--unit", "word", "--layer", "-2", "--head", "1"]
+        r = CliRunner().invoke(app, [*args, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        table = agg.read_aggregates(zh_run)[0]
+        want = agg.view(table, "word", "pred_label", [0], "log_odds_z", [1]).with_columns(
+            pl.col(pl.Float64).round(4)
+        )
+        if suffix == "csv":
+            got = pl.read_csv(out, schema=want.schema)
+            assert got.equals(want)
+        else:
+            sheet = list(openpyxl.load_workbook(out).active.values)
+            assert list(sheet[0]) == want.columns and len(sheet) == want.height + 1
+            assert list(sheet[1])[:6] == list(want.row(0))[:6]
+    bad = CliRunner().invoke(app, ["aggregate", run, "--layer", "5"])
+    assert bad.exit_code != 0 and "layer 5 is not in this run" in bad.output
