@@ -17,7 +17,7 @@ from typing import Any
 from .. import storage
 from ..schema import ROW_NUMBER_STATUSES
 from .files import Source, read_once
-from .rows import RowBatch
+from .read import RowBatch
 
 #: Bytes at each end of an input file whose hash tells a rewritten file from a copy.
 ENDS_BYTES = 1 << 16
