@@ -54,30 +54,26 @@ def expand_inputs(
     """Resolve files, globs and folders to an ordered list of sources; raise when nothing matches.
     ``encoding`` and ``delimiter`` apply to every line-based file; of a stream no more is copied than
     ``limit`` rows need."""
-    first: dict[object, str] = {}  # each file by what it is (a link is the file it links to): its label
+    first: dict[object, str] = {}  # each file by what it is (a hard link is the file it links to): its label
     sources = []
     for path, fmt, name in _expand(inputs, input_format, delimiter, limit):
         src = Source(path, fmt, name, encoding, delimiter)
-        key = path if storage.is_remote(path) else _identity(Path(path))
+        key: object = path
+        if not storage.is_remote(path):
+            st = Path(path).stat()
+            key = (st.st_dev, st.st_ino) if st.st_ino else Path(path).resolve()
         if key not in first:
             first[key] = src.label
             sources.append(src)
         elif key not in _WARNED:
             _WARNED.add(key)
-            if src.label == first[key]:
-                log.warning("%s is named more than once in the inputs; it is read once", src.label)
-            else:
-                log.warning("%s is the same file as %s; it is read once", src.label, first[key])
+            same = (
+                "named more than once in the inputs"
+                if src.label == first[key]
+                else f"the same file as {first[key]}"
+            )
+            log.warning("%s is %s; it is read once", src.label, same)
     return sources
-
-
-def _identity(path: Path) -> object:
-    """A local file's device and inode (a hard link is the same file), else its resolved path."""
-    try:
-        st = path.stat()
-    except OSError:
-        return path.resolve()
-    return (st.st_dev, st.st_ino) if st.st_ino else path.resolve()
 
 
 def _expand(
@@ -242,15 +238,11 @@ def _is_saved_dataset(p: Path) -> bool:
 def _format_of(path: Path | str, input_format: str) -> str:
     if input_format != "auto":
         return input_format
+    choose = "pass --input-format (parquet, jsonl, csv, tsv, text, datasets)"
     if path == STDIN:
-        raise InputError(
-            "cannot tell the format of standard input; pass --input-format (parquet, jsonl, csv, tsv, text, datasets)"
-        )
+        raise InputError(f"cannot tell the format of standard input; {choose}")
     if (suffix := format_suffix(path)) in ARCHIVE_SUFFIXES:  # x.csv.zip, x.tar.gz
         raise InputError(f"{path} is an archive ({suffix}); extract its files first")
     if suffix not in EXTENSIONS:
-        raise InputError(
-            f"cannot tell the format of {path} from its name; pass --input-format (parquet, jsonl, csv, tsv, "
-            "text, datasets)"
-        )
+        raise InputError(f"cannot tell the format of {path} from its name; {choose}")
     return EXTENSIONS[suffix]
