@@ -222,24 +222,24 @@ def read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]:
         strings_can_be_null=True,
         quoted_strings_can_be_null=False,
     )
-    row = placed = 0  # rows yielded; of them, Arrow's (not yielded again after a read in larger blocks)
+
+    def arrow_rows(block: int) -> Iterator[tuple[Any, ...]]:
+        read = pcsv.ReadOptions(block_size=block, use_threads=False)
+        with src.open() as f:
+            for rb in pcsv.open_csv(_CheckedBytes(f, src), read, parse, convert):
+                yield from zip(*(rb.column(c).to_pylist() for c in wanted), strict=True)
+
+    row = placed = 0  # rows yielded; of them, Arrow's (skipped when read again in larger blocks)
     block = CSV_BLOCK_BYTES
     while True:
         try:
-            with src.open() as f:
-                seen = 0
-                read = pcsv.ReadOptions(block_size=block, use_threads=False)
-                for rb in pcsv.open_csv(_CheckedBytes(f, src), read, parse, convert):
-                    skip, seen = max(0, placed - seen), seen + rb.num_rows  # placed before a read again
-                    for values in islice(
-                        zip(*(rb.column(c).to_pylist() for c in wanted), strict=True), skip, None
-                    ):
-                        while ragged and ragged[0][0] <= row:
-                            first, end = ragged.popleft()
-                            row += end - first
-                            yield from repeat(WRONG_FIELD_COUNT, end - first)
-                        row, placed = row + 1, placed + 1
-                        yield values
+            for values in islice(arrow_rows(block), placed, None):
+                while ragged and ragged[0][0] <= row:
+                    first, end = ragged.popleft()
+                    row += end - first
+                    yield from repeat(WRONG_FIELD_COUNT, end - first)
+                row, placed = row + 1, placed + 1
+                yield values
             break
         except pa.ArrowInvalid as e:
             if "straddl" not in str(e) or block >= CSV_MAX_BLOCK_BYTES:
