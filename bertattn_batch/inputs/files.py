@@ -1,6 +1,6 @@
-"""An input file's bytes: decompressed as they are read (the leading bytes tell the compression, not the
-name), turned into UTF-8, and checked before any row is read; a stream (``-``, ``/dev/stdin``, a FIFO,
-a shell's ``<(...)``) copied once into a file that the job reads from then on.
+"""An input file's bytes: decompressed as read (the leading bytes tell the compression, not the name),
+turned into UTF-8, and checked before any row is read; a stream (``-``, ``/dev/stdin``, a FIFO, a shell's
+``<(...)``) copied once into a file that the job reads from then on.
 
 Usage::
 
@@ -37,19 +37,16 @@ from .. import storage
 from .._files import process_alive
 from ..errors import InputError, first_line
 
-#: What names standard input among the inputs.
 STDIN = "-"
-#: Formats read line by line, whose text is decoded (``--encoding``).
-LINE_FORMATS = ("csv", "tsv", "jsonl", "text")
-_FORMAT_NAMES = {"csv": "CSV", "tsv": "TSV", "jsonl": "JSON lines", "text": "plain text"}
+#: Formats read line by line, whose text is decoded (``--encoding``), with their names in messages.
+LINE_FORMATS = {"csv": "CSV", "tsv": "TSV", "jsonl": "JSON lines", "text": "plain text"}
 #: What reading a file through :func:`open_binary` raises on damaged bytes (EOFError: cut short).
 READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
 
 
 @dataclass(frozen=True)
 class Source:
-    """One input file and its format; ``name`` is what the user named it where that is not ``path``
-    (a stream copied into a temporary file)."""
+    """One input file and its format; ``name``: what the user named it, where not ``path`` (a stream)."""
 
     path: Path | str  # a URI (str) for a file on an object store
     format: str
@@ -67,7 +64,6 @@ class Source:
         return self.delimiter or ("\t" if self.format == "tsv" else ",")
 
     def open(self) -> BinaryIO:
-        """The file's bytes as UTF-8, decompressed as they are read."""
         return open_binary(self.path, self.encoding)
 
 
@@ -209,7 +205,7 @@ def check_bytes(src: Source) -> None:
         raise InputError(f"cannot read {src.label}: {getattr(e, 'strerror', None) or e}") from None
     if head.startswith(b"PAR1") and b"\0" in head[:64]:  # a review may begin with "PAR1"; no NUL
         raise InputError(
-            f"{src.label} is a Parquet file, not {_FORMAT_NAMES.get(src.format, src.format)}; pass "
+            f"{src.label} is a Parquet file, not {LINE_FORMATS.get(src.format, src.format)}; pass "
             "--input-format parquet (or leave --input-format auto with a .parquet name)"
         )
     if _is_utf8(src.encoding):
@@ -225,6 +221,14 @@ def _tar(block: bytes) -> str | None:
         if int(block[148:156].replace(b"\0", b" ").strip(), 8) in tarfile.calc_chksums(block[:512]):
             return "tar"
     return None
+
+
+def _decodes(data: bytes, encoding: str) -> bool:
+    try:
+        data.decode(encoding)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _check_utf8(src: Source, head: bytes) -> None:
@@ -270,14 +274,6 @@ def _check_utf8(src: Source, head: bytes) -> None:
     raise InputError(f"{src.label} is not UTF-8 text (most of its first bytes are no UTF-8{named}): {fix}")
 
 
-def _decodes(data: bytes, encoding: str) -> bool:
-    try:
-        data.decode(encoding)
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
 # -- streams ----------------------------------------------------------------------------------------------
 #: How a spool's name begins; its :func:`owner` follows, so one left by a killed process is known.
 SPOOL_PREFIX = "bertattn-stream-"
@@ -320,7 +316,9 @@ def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: st
                 if want is not None and out.tell() >= check_at:
                     out.flush()
                     # a compressed copy cut short cannot be read, and an array's rows are no lines
-                    if compression_of(path) is not None or (fmt == "jsonl" and _starts_array(path)):
+                    with open(path, "rb") as f:
+                        array = fmt == "jsonl" and json_lead(f)[0].lstrip().startswith(b"[")
+                    if array or compression_of(path) is not None:
                         want = None
                     elif (end := _rows_end(path, fmt, delimiter, want)) is not None:
                         tail = _cut(path, end)
@@ -387,11 +385,6 @@ def json_lead(f: BinaryIO) -> tuple[bytes, int]:
     while not lead.strip() and (block := f.read(1 << 16)):
         breaks, lead = breaks + lead.count(b"\n"), block
     return lead, breaks
-
-
-def _starts_array(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return json_lead(f)[0].lstrip().startswith(b"[")
 
 
 def _cut(path: Path, end: int) -> bytes:
