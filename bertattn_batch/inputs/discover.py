@@ -3,8 +3,8 @@ of sources.
 
 Usage::
 
-    sources = expand_inputs(["reviews/", "more/*.jsonl.gz"])   # [Source(path, format), ...]
-    sources = expand_inputs(["-"], "jsonl")                    # standard input, copied once
+    sources = expand_inputs(InputSpec(["reviews/", "more/*.jsonl.gz"]))   # [Source(path, format), ...]
+    sources = expand_inputs(InputSpec(["-"], format="jsonl"))             # standard input, copied once
 
 A folder is read in path order; its hidden and temporary files (``_*``, ``.*``), run directories, model
 folders and files that are not regular files (FIFOs, sockets, devices) are passed over, named in a
@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path, PurePath
 
 from .. import storage
+from ..config import InputSpec
 from ..errors import InputError, StorageError
 from ..run.layout import is_run_dir
 from .files import ARCHIVE_SUFFIXES, STDIN, Source, format_suffix, is_stream, spooled
@@ -44,20 +45,13 @@ EXTENSIONS = {
 _WARNED: set[object] = set()
 
 
-def expand_inputs(
-    inputs: Iterable[str],
-    input_format: str = "auto",
-    encoding: str = "utf-8",
-    delimiter: str | None = None,
-    limit: int | None = None,
-) -> list[Source]:
-    """Resolve files, globs and folders to an ordered list of sources; raise when nothing matches.
-    ``encoding`` and ``delimiter`` apply to every line-based file; of a stream no more is copied than
-    ``limit`` rows need."""
+def expand_inputs(spec: InputSpec) -> list[Source]:
+    """Resolve files, globs and folders to an ordered list of sources; raise when nothing matches. Of a
+    stream no more is copied than ``spec.limit`` rows need."""
     first: dict[object, str] = {}  # each file by what it is (a hard link is the file it links to): its label
     sources = []
-    for path, fmt, name in _expand(inputs, input_format, delimiter, limit):
-        src = Source(path, fmt, name, encoding, delimiter)
+    for path, fmt, name in _expand(spec.paths, spec.format, spec.delimiter, spec.limit):
+        src = Source(path, fmt, name, spec.encoding, spec.delimiter)
         key: object = path
         if not storage.is_remote(path):
             st = Path(path).stat()

@@ -82,7 +82,7 @@ def wanted_columns(spec: InputSpec) -> list[str]:
 def check_inputs(spec: InputSpec, out: str | Path | None = None) -> list[Source]:
     """The sources, once every one is found, readable as its format and has the wanted columns, and
     none inside the run directory ``out`` (which --overwrite would clear)."""
-    sources = expand_inputs(spec.paths, spec.format, spec.encoding, spec.delimiter, spec.limit)
+    sources = expand_inputs(spec)
     wanted = wanted_columns(spec)
     for src in sources:
         if out and _inside(src.path, out):

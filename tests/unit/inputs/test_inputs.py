@@ -341,7 +341,7 @@ def test_a_model_folder_inside_an_input_folder_is_no_input(tmp_path):
     model.mkdir()
     (model / "config.json").write_text('{\n  "model_type": "bert"\n}\n')
     (model / "model.safetensors").write_bytes(b"")
-    assert [s.path.name for s in inputs.expand_inputs([str(tmp_path)])] == ["a.jsonl"]
+    assert [s.path.name for s in inputs.expand_inputs(InputSpec([str(tmp_path)]))] == ["a.jsonl"]
 
 
 def test_csv_values_are_kept_byte_for_byte_across_arrows_blocks(tmp_path, monkeypatch):
@@ -516,14 +516,14 @@ def test_a_saved_dataset_inside_an_input_folder_is_read_as_a_dataset(tmp_path, c
     (folder / "c.jsonl").write_text('{"id": "c1", "text": "ok"}\n')
     assert [r[1] for r in _rows(folder, "csv")] == ["a1", "d1", "d2", "c1"]
     with caplog.at_level(logging.WARNING):
-        sources = inputs.expand_inputs([str(folder)], "csv")
+        sources = inputs.expand_inputs(InputSpec([str(folder)], format="csv"))
     assert [s.path.name for s in sources] == ["a.csv", "c.jsonl"]  # a format asked for: no dataset
     assert "passed over 1 file(s) that are not review files (b)" in caplog.text
     # the saved dataset itself, named with another format: its metadata read as csv said "columns there: {"
     with pytest.raises(
         InputError, match=r"b is a saved datasets folder, not csv: pass --input-format datasets"
     ):
-        inputs.expand_inputs([str(folder / "b")], "csv")
+        inputs.expand_inputs(InputSpec([str(folder / "b")], format="csv"))
 
 
 def test_an_empty_line_after_a_lone_carriage_return_is_a_row(tmp_path):
@@ -607,17 +607,17 @@ def test_links_and_fifos_among_the_inputs(tmp_path, caplog):
     (shared / "b.csv").write_text("text\nslow\n")
     (data / "linked").symlink_to(shared, target_is_directory=True)
     (data / "loop").symlink_to(data, target_is_directory=True)  # walked once, not forever
-    found = inputs.expand_inputs([str(data), str(tmp_path / "hard.csv")])
+    found = inputs.expand_inputs(InputSpec([str(data), str(tmp_path / "hard.csv")]))
     assert sorted(Path(s.path).name for s in found) == ["a.csv", "b.csv"]
     assert "hard.csv is the same file as" in caplog.text
     os.mkfifo(tmp_path / "pipe.csv")
     (tmp_path / "c.csv").write_text("text\nok\n")
     (tmp_path / "empty.csv").mkdir()  # a folder a glob matches, holding nothing: passed over
-    found = inputs.expand_inputs([str(tmp_path / "[cpe]*.csv")])
+    found = inputs.expand_inputs(InputSpec([str(tmp_path / "[cpe]*.csv")]))
     assert [Path(s.path).name for s in found] == ["c.csv"]
     assert "pipe.csv, which is not a regular file" in caplog.text
     with pytest.raises(InputError, match="matches no review files"):
-        inputs.expand_inputs([str(tmp_path / "[pe]*.csv")])
+        inputs.expand_inputs(InputSpec([str(tmp_path / "[pe]*.csv")]))
 
 
 def _array_rows(tmp_path, objects: list, **dump) -> list[tuple]:
