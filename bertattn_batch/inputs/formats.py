@@ -263,7 +263,7 @@ class _CheckedBytes(io.RawIOBase):
         self._fields = re.compile(
             rb'(?:[^"]++|(?<=[^%b\r\n])"|"%b(?![^%b\r\n]))*+' % (sep, _REST.pattern, sep)
         )
-        self._unscanned = b""  # read, after the last line break
+        self._unscanned = bytearray()  # read, after the last line break
         self._offset = 0  # of the first unscanned byte in the file
         self._open = -1  # where a quoted field that has not closed opens in the file (-1: none)
 
@@ -291,9 +291,9 @@ class _CheckedBytes(io.RawIOBase):
         if data and b"\n" not in data and b"\r" not in data:
             self._unscanned += data
             return
-        buf = self._unscanned + data
+        buf = bytes(self._unscanned) + data
         end = max(buf.rfind(b"\n"), buf.rfind(b"\r")) + 1 if data else len(buf)
-        self._unscanned = buf[end:]
+        self._unscanned = bytearray(buf[end:])
         start, i = self._offset, 0
         self._offset += end
         while i < end:

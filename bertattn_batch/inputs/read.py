@@ -99,8 +99,6 @@ def _inside(path: Path | str, folder: str | Path) -> bool:
 
 
 def _check_columns(src: Source, wanted: list[str]) -> None:
-    if src.format not in FORMATS:
-        raise InputError(f"unknown input format {src.format!r}")
     try:
         names = FORMATS[src.format].columns(src)
     except (pa.ArrowInvalid, csv.Error, *READ_ERRORS) as e:
