@@ -1,11 +1,7 @@
-"""One reader a format, each the same shape: a source's rows in order, each a tuple of the wanted columns'
-raw values, or an :class:`Unreadable` where a row cannot be read as a row at all (a JSON line that is no
-object, a CSV row of the wrong field count); the row rule (``read.to_rows``) decides the rest.
-
-Parquet and saved ``datasets`` folders are read in Arrow batches with bounded buffers; CSV and TSV by
-Arrow's parser, every wanted column as bytes; JSON lines, one JSON array of objects and plain text (one
-review a line) with the standard library. Strings arrive as bytes or with lone surrogates where they are
-not UTF-8, so one bad value is its row's status.
+"""One reader a format, all of one shape: a source's rows in order, each a tuple of the wanted columns'
+raw values (strings as bytes, or with lone surrogates where not UTF-8) or an :class:`Unreadable` in its
+place; the row rule (``read.to_rows``) decides the rest. Parquet and saved datasets are read in Arrow
+batches, CSV and TSV by Arrow's parser, JSON and plain text with the standard library.
 """
 
 from __future__ import annotations
@@ -54,12 +50,9 @@ Row = tuple[Any, ...] | Unreadable
 
 
 class Format(NamedTuple):
-    #: one source's rows of the wanted columns (Arrow formats read ``block_rows`` at a time)
-    read: Callable[[Source, list[str], int], Iterator[Row]]
-    #: its column names without reading the data (None where there are none to tell)
-    columns: Callable[[Source], list[str] | None]
-    #: its number of rows where the format records it
-    rows: Callable[[Source], int] | None = None
+    read: Callable[[Source, list[str], int], Iterator[Row]]  # rows, Arrow's read block_rows at a time
+    columns: Callable[[Source], list[str] | None]  # without reading the data (None: none to tell)
+    rows: Callable[[Source], int] | None = None  # where the format records its number of rows
 
 
 def some(numbers: list[int], count: int, unit: str) -> str:
@@ -172,9 +165,7 @@ def read_datasets(src: Source, wanted: list[str], block_rows: int) -> Iterator[R
 # -- text ------------------------------------------------------------------------------------------------
 def read_text(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]:
     """One review a line, in a column named ``text``; lines end in ``\\n``, ``\\r\\n`` or a lone ``\\r``
-    (universal newlines), the rows a CSV reader finds in the same bytes."""
-    # bytes that are not UTF-8 become lone surrogates (their rows: invalid_utf8); a byte-order mark is
-    # no part of the first review
+    (universal newlines), the rows a CSV reader finds in the same bytes; a byte-order mark is no text."""
     with io.TextIOWrapper(src.open(), encoding="utf-8-sig", errors="surrogateescape") as f:
         for line in f:
             yield (line.removesuffix("\n"),)

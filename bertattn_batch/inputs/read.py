@@ -1,6 +1,6 @@
-"""Check the inputs, then stream their rows in order, numbered from 0 across all of them, under one row
-rule: each row gets a doc id, a text, a label and a status, and a row that cannot be scored keeps its
-place with the reason, never dropped.
+"""Check the inputs (names, headers and first bytes only: a mistyped path or column fails before a model
+loads), then stream their rows in order, numbered from 0 across all of them, under one row rule: each
+row gets a doc id, a text, a label and a status; a row that cannot be scored keeps its place.
 
 Usage::
 
@@ -8,10 +8,6 @@ Usage::
     sources = check_inputs(spec)                    # or InputError, one line
     for batch in read_sources(sources, spec):
         batch.doc_id, batch.text, batch.label, batch.status
-
-The checks read only names, headers and first bytes, so a mistyped path or column fails before a model
-loads. Row numbers, ``limit`` and the warning that names malformed CSV rows are decided here, once, for
-every format and engine.
 """
 
 from __future__ import annotations

@@ -86,9 +86,8 @@ class _Coverage:
         self.n, self.changed, self.missing, self.first = 0, [], 0, []
 
     def _run_ids(self, parts: list[Part]) -> list[str]:
-        if not (
-            files := [str(self.run.file(p, "predictions")) for p in parts if "predictions" in p.readable]
-        ):
+        files = [str(self.run.file(p, "predictions")) for p in parts if "predictions" in p.readable]
+        if not files:
             return []
         found = pl.scan_parquet(files, glob=False).filter(~pl.col("status").is_in(schema.ROW_NUMBER_STATUSES))
         return found.select("doc_id").collect(engine="streaming")["doc_id"].to_list()
