@@ -1,15 +1,12 @@
 """Which files a job reads: files, globs, folders and object-store prefixes, resolved to an ordered list
-of sources.
+of sources. A folder is read in path order, its hidden and temporary files (``_*``, ``.*``), run
+directories, model folders and FIFOs passed over with a warning; a file named twice is read once; a
+stream named on its own is copied once into a file that the job's checks, fingerprint and rows read.
 
 Usage::
 
     sources = expand_inputs(InputSpec(["reviews/", "more/*.jsonl.gz"]))   # [Source(path, format), ...]
     sources = expand_inputs(InputSpec(["-"], format="jsonl"))             # standard input, copied once
-
-A folder is read in path order; its hidden and temporary files (``_*``, ``.*``), run directories, model
-folders and files that are not regular files (FIFOs, sockets, devices) are passed over, named in a
-warning. A file named twice is read once. A stream named on its own is copied once into a file that
-the job's checks, fingerprint and rows all read.
 """
 
 from __future__ import annotations

@@ -374,13 +374,8 @@ def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]
             yield NOT_JSON
     for why, count in counts.items():
         verb = f"1 {unit} is" if count == 1 else f"{count} {unit}s are"
-        log.warning(
-            "%s: %s %s (%s); recorded with status not_json",
-            src.label,
-            verb,
-            why,
-            some(firsts[why], count, unit),
-        )
+        where = some(firsts[why], count, unit)
+        log.warning("%s: %s %s (%s); recorded with status not_json", src.label, verb, why, where)
 
 
 def json_values(f: BinaryIO, label: str) -> tuple[str, Iterator[tuple[int, Any]]]:
