@@ -90,13 +90,12 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     try:
         yield tmp
         (tmp / DIR_LOCK).unlink(missing_ok=True)  # not part of what it holds
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        if had := path.exists():
             path.rename(old)
-            tmp.rename(path)
+        tmp.rename(path)
+        if had:
             shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -121,9 +120,9 @@ def remove_stale(parent: Path, pattern: str) -> None:
     :func:`claim_dir` once no process holds its lock, anything else once older than ``STALE_SECONDS``."""
     for stale in parent.glob(pattern):
         with contextlib.suppress(OSError):  # another process may remove it first
-            held = lock_is_held(stale / DIR_LOCK) if stale.is_dir() else None
+            held = lock_is_held(stale / DIR_LOCK) if (folder := stale.is_dir()) else None
             if held is False or (held is None and time.time() - stale.stat().st_mtime > STALE_SECONDS):
-                if stale.is_dir():
+                if folder:
                     shutil.rmtree(stale, ignore_errors=True)
                 else:
                     stale.unlink()

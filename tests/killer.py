@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 
-from bertattn_batch.inputs import rows as read
+from bertattn_batch.inputs import read
 from bertattn_batch.model import Classifier
 from bertattn_batch.run import PartWriter, RunDir, rundir
 

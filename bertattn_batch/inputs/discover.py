@@ -1,15 +1,12 @@
 """Which files a job reads: files, globs, folders and object-store prefixes, resolved to an ordered list
-of sources.
+of sources. A folder is read in path order, its hidden and temporary files (``_*``, ``.*``), run
+directories, model folders and FIFOs passed over with a warning; a file named twice is read once; a
+stream named on its own is copied once into a file that the job's checks, fingerprint and rows read.
 
 Usage::
 
-    sources = expand_inputs(["reviews/", "more/*.jsonl.gz"])   # [Source(path, format), ...]
-    sources = expand_inputs(["-"], "jsonl")                    # standard input, copied once
-
-A folder is read in path order; its hidden and temporary files (``_*``, ``.*``), run directories, model
-folders and files that are not regular files (FIFOs, sockets, devices) are passed over, named in a
-warning. A file named twice is read once. A stream named on its own is copied once into a file that
-the job's checks, fingerprint and rows all read.
+    sources = expand_inputs(InputSpec(["reviews/", "more/*.jsonl.gz"]))   # [Source(path, format), ...]
+    sources = expand_inputs(InputSpec(["-"], format="jsonl"))             # standard input, copied once
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path, PurePath
 
 from .. import storage
+from ..config import InputSpec
 from ..errors import InputError, StorageError
 from ..run.layout import is_run_dir
 from .files import ARCHIVE_SUFFIXES, STDIN, Source, format_suffix, is_stream, spooled
@@ -44,40 +42,29 @@ EXTENSIONS = {
 _WARNED: set[object] = set()
 
 
-def expand_inputs(
-    inputs: Iterable[str],
-    input_format: str = "auto",
-    encoding: str = "utf-8",
-    delimiter: str | None = None,
-    limit: int | None = None,
-) -> list[Source]:
-    """Resolve files, globs and folders to an ordered list of sources; raise when nothing matches.
-    ``encoding`` and ``delimiter`` apply to every line-based file; of a stream no more is copied than
-    ``limit`` rows need."""
-    first: dict[object, str] = {}  # each file by what it is (a link is the file it links to): its label
+def expand_inputs(spec: InputSpec) -> list[Source]:
+    """Resolve files, globs and folders to an ordered list of sources; raise when nothing matches. Of a
+    stream no more is copied than ``spec.limit`` rows need."""
+    first: dict[object, str] = {}  # each file by what it is (a hard link is the file it links to): its label
     sources = []
-    for path, fmt, name in _expand(inputs, input_format, delimiter, limit):
-        src = Source(path, fmt, name, encoding, delimiter)
-        key = path if storage.is_remote(path) else _identity(Path(path))
+    for path, fmt, name in _expand(spec.paths, spec.format, spec.delimiter, spec.limit):
+        src = Source(path, fmt, name, spec.encoding, spec.delimiter)
+        key: object = path
+        if not storage.is_remote(path):
+            st = Path(path).stat()
+            key = (st.st_dev, st.st_ino) if st.st_ino else Path(path).resolve()
         if key not in first:
             first[key] = src.label
             sources.append(src)
         elif key not in _WARNED:
             _WARNED.add(key)
-            if src.label == first[key]:
-                log.warning("%s is named more than once in the inputs; it is read once", src.label)
-            else:
-                log.warning("%s is the same file as %s; it is read once", src.label, first[key])
+            same = (
+                "named more than once in the inputs"
+                if src.label == first[key]
+                else f"the same file as {first[key]}"
+            )
+            log.warning("%s is %s; it is read once", src.label, same)
     return sources
-
-
-def _identity(path: Path) -> object:
-    """A local file's device and inode (a hard link is the same file), else its resolved path."""
-    try:
-        st = path.stat()
-    except OSError:
-        return path.resolve()
-    return (st.st_dev, st.st_ino) if st.st_ino else path.resolve()
 
 
 def _expand(
@@ -242,15 +229,11 @@ def _is_saved_dataset(p: Path) -> bool:
 def _format_of(path: Path | str, input_format: str) -> str:
     if input_format != "auto":
         return input_format
+    choose = "pass --input-format (parquet, jsonl, csv, tsv, text, datasets)"
     if path == STDIN:
-        raise InputError(
-            "cannot tell the format of standard input; pass --input-format (parquet, jsonl, csv, tsv, text, datasets)"
-        )
+        raise InputError(f"cannot tell the format of standard input; {choose}")
     if (suffix := format_suffix(path)) in ARCHIVE_SUFFIXES:  # x.csv.zip, x.tar.gz
         raise InputError(f"{path} is an archive ({suffix}); extract its files first")
     if suffix not in EXTENSIONS:
-        raise InputError(
-            f"cannot tell the format of {path} from its name; pass --input-format (parquet, jsonl, csv, tsv, "
-            "text, datasets)"
-        )
+        raise InputError(f"cannot tell the format of {path} from its name; {choose}")
     return EXTENSIONS[suffix]

@@ -1,6 +1,6 @@
-"""An input file's bytes: decompressed as they are read (the leading bytes tell the compression, not the
-name), turned into UTF-8, and checked before any row is read; a stream (``-``, ``/dev/stdin``, a FIFO,
-a shell's ``<(...)``) copied once into a file that the job reads from then on.
+"""An input file's bytes: decompressed as read (the leading bytes tell the compression, not the name),
+turned into UTF-8, and checked before any row is read; a stream (``-``, ``/dev/stdin``, a FIFO, a shell's
+``<(...)``) copied once into a file that the job reads from then on.
 
 Usage::
 
@@ -37,19 +37,16 @@ from .. import storage
 from .._files import process_alive
 from ..errors import InputError, first_line
 
-#: What names standard input among the inputs.
 STDIN = "-"
-#: Formats read line by line, whose text is decoded (``--encoding``).
-LINE_FORMATS = ("csv", "tsv", "jsonl", "text")
-_FORMAT_NAMES = {"csv": "CSV", "tsv": "TSV", "jsonl": "JSON lines", "text": "plain text"}
+#: Formats read line by line, whose text is decoded (``--encoding``), with their names in messages.
+LINE_FORMATS = {"csv": "CSV", "tsv": "TSV", "jsonl": "JSON lines", "text": "plain text"}
 #: What reading a file through :func:`open_binary` raises on damaged bytes (EOFError: cut short).
 READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
 
 
 @dataclass(frozen=True)
 class Source:
-    """One input file and its format; ``name`` is what the user named it where that is not ``path``
-    (a stream copied into a temporary file)."""
+    """One input file and its format; ``name``: what the user named it, where not ``path`` (a stream)."""
 
     path: Path | str  # a URI (str) for a file on an object store
     format: str
@@ -67,7 +64,6 @@ class Source:
         return self.delimiter or ("\t" if self.format == "tsv" else ",")
 
     def open(self) -> BinaryIO:
-        """The file's bytes as UTF-8, decompressed as they are read."""
         return open_binary(self.path, self.encoding)
 
 
@@ -120,59 +116,50 @@ def compression_of(path: Path | str) -> str | None:
 def open_binary(path: Path | str, encoding: str = "utf-8") -> BinaryIO:
     """A file's bytes, decompressed where it is compressed, and turned into UTF-8 from ``encoding``. A
     byte that is no character of it stays as it was, so its row gets ``invalid_utf8``."""
-    kind = compression_of(path)
+    kind, utf8 = compression_of(path), _is_utf8(encoding)
     raw = storage.open_input(path)
-    if kind is not None:
-        read = _PYTHON_READERS.get(kind) or (lambda f: pa.CompressedInputStream(f, kind))
-        raw = _Decompressed(read(raw), raw)
-    if not _is_utf8(encoding):
-        raw = io.BufferedReader(_ToUTF8(raw, encoding), buffer_size=1 << 20)
-    return raw
+    if kind is None and utf8:
+        return raw
+    stream = (
+        raw if kind is None else _PYTHON_READERS.get(kind, lambda f: pa.CompressedInputStream(f, kind))(raw)
+    )
+    decoder = None if utf8 else codecs.getincrementaldecoder(encoding)(errors="surrogateescape")
+    return io.BufferedReader(_Decoded(raw, stream, decoder), buffer_size=1 << 20)
 
 
 def _is_utf8(encoding: str) -> bool:
     return codecs.lookup(encoding).name == "utf-8"
 
 
-class _Decompressed(io.BufferedReader):
-    """A decompressing stream that closes the file it reads (Python's readers leave one given open)."""
+class _Decoded(io.RawIOBase):
+    """A file's bytes through a decompressing ``stream`` and a ``decoder`` (None: the bytes are UTF-8)
+    as UTF-8; closing it closes the file (Python's decompressors leave one given open)."""
 
-    def __init__(self, stream: Any, source: BinaryIO) -> None:
-        super().__init__(stream, buffer_size=1 << 20)
-        self._source = source
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            self._source.close()
-
-
-class _ToUTF8(io.RawIOBase):
-    """A binary stream of another encoding, read as UTF-8 bytes."""
-
-    def __init__(self, raw: BinaryIO, encoding: str) -> None:
-        self._raw = raw
-        self._decoder = codecs.getincrementaldecoder(encoding)(errors="surrogateescape")
-        self._held = b""
+    def __init__(self, file: BinaryIO, stream: Any, decoder: codecs.IncrementalDecoder | None) -> None:
+        self._file, self._stream, self._decoder, self._held = file, stream, decoder, b""
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: memoryview) -> int:
         while not self._held:
-            block = self._raw.read(1 << 16)
-            self._held = self._decoder.decode(block, final=not block).encode("utf-8", "surrogateescape")
+            block = self._stream.read(1 << 16)
+            if self._decoder is None:
+                self._held = block
+            else:
+                self._held = self._decoder.decode(block, final=not block).encode("utf-8", "surrogateescape")
             if not block:
                 break
         n = min(len(buffer), len(self._held))
-        buffer[:n] = self._held[:n]
-        self._held = self._held[n:]
+        buffer[:n], self._held = self._held[:n], self._held[n:]
         return n
 
     def close(self) -> None:
-        self._raw.close()
-        super().close()
+        try:
+            self._stream.close()
+        finally:
+            self._file.close()
+            super().close()
 
 
 # -- checks of the bytes ---------------------------------------------------------------------------------
@@ -181,15 +168,11 @@ ENCODING_SAMPLE_BYTES = 1 << 16
 #: Share of a sample's non-ASCII bytes that may be undecodable before the file is taken to be in
 #: another encoding (a few bad rows are those rows' status, ``invalid_utf8``).
 MAX_UNDECODABLE_SHARE = 0.2
-#: The bytes a Parquet file starts with; read as lines, it would be rows of binary garbage.
-PARQUET_MAGIC = b"PAR1"
 #: Byte-order marks of "Unicode text"; UTF-32's begin with UTF-16's, so they come first.
-_OTHER_BOMS = (
-    (codecs.BOM_UTF32_LE, "UTF-32"),
-    (codecs.BOM_UTF32_BE, "UTF-32"),
-    (codecs.BOM_UTF16_LE, "UTF-16"),
-    (codecs.BOM_UTF16_BE, "UTF-16"),
-)
+_OTHER_BOMS = {
+    codecs.BOM_UTF32_LE: "UTF-32", codecs.BOM_UTF32_BE: "UTF-32", codecs.BOM_UTF16_LE: "UTF-16",
+    codecs.BOM_UTF16_BE: "UTF-16",
+}  # fmt: skip
 
 
 def check_bytes(src: Source) -> None:
@@ -197,17 +180,20 @@ def check_bytes(src: Source) -> None:
     a Parquet file named as another format, and text in another encoding than the one given."""
     if src.format == "datasets":
         return
-    head = b""
     try:
-        check_not_archive(src.path)
+        with open_binary(src.path) as f:  # as stored: a byte-order mark says what it holds
+            head = f.read(ENCODING_SAMPLE_BYTES)
+        if kind := next((k for k, magic in _ARCHIVES.items() if magic.match(head)), None) or _tar(head):
+            raise InputError(
+                f"{src.path} is a {kind} archive; extract its files first (a file compressed on its own, "
+                "such as reviews.jsonl.gz, is read as it is)"
+            )
         if src.format == "parquet":
             if kind := compression_of(src.path):
                 raise InputError(
                     f"{src.label} is {kind}-compressed; decompress it first (Parquet compresses its own pages)"
                 )
             return
-        with open_binary(src.path) as f:  # as stored: a byte-order mark says what it holds
-            head = f.read(ENCODING_SAMPLE_BYTES)
         if not _is_utf8(src.encoding):
             with open_binary(src.path, src.encoding) as f:  # the decoder's own complaints
                 f.read(1 << 12)
@@ -217,64 +203,24 @@ def check_bytes(src: Source) -> None:
         ) from None
     except READ_ERRORS as e:
         raise InputError(f"cannot read {src.label}: {getattr(e, 'strerror', None) or e}") from None
-    if head.startswith(PARQUET_MAGIC) and b"\0" in head[:64]:  # a review may begin with "PAR1"; no NUL
+    if head.startswith(b"PAR1") and b"\0" in head[:64]:  # a review may begin with "PAR1"; no NUL
         raise InputError(
-            f"{src.label} is a Parquet file, not {_FORMAT_NAMES.get(src.format, src.format)}; pass "
+            f"{src.label} is a Parquet file, not {LINE_FORMATS.get(src.format, src.format)}; pass "
             "--input-format parquet (or leave --input-format auto with a .parquet name)"
         )
-    if not _is_utf8(src.encoding):
-        return
-    for bom, name in _OTHER_BOMS:
-        if head.startswith(bom):
-            raise InputError(
-                f"{src.label} is {name} text (it starts with a {name} byte-order mark); bertattn reads UTF-8: "
-                f"convert it first, e.g. iconv -f {name} -t UTF-8"
-            )
-    if name := _utf16_without_bom(head[:64]):
-        raise InputError(
-            f"{src.label} looks like {name} text without a byte-order mark (every other byte is NUL); "
-            f"bertattn reads UTF-8: convert it first (iconv -f {name} -t UTF-8) or pass --encoding {name.lower()}"
-        )
-    _check_mostly_utf8(src, head)
+    if _is_utf8(src.encoding):
+        _check_utf8(src, head)
 
 
-def _utf16_without_bom(head: bytes) -> str | None:
-    """``UTF-16LE`` or ``UTF-16BE`` where most bytes of one parity are NUL and few of the other (ASCII
-    spelt in UTF-16, which is valid UTF-8), else None."""
-    if len(head) < 16:
+def _tar(block: bytes) -> str | None:
+    """ "tar" for a tar header: its magic at its place and its checksum right (a review may spell
+    "mustard" there)."""
+    if len(block) < 512 or block[257:262] != b"ustar":
         return None
-    even, odd = head[0::2].count(0) / len(head[0::2]), head[1::2].count(0) / len(head[1::2])
-    if odd >= 0.6 and even <= 0.1:
-        return "UTF-16LE"
-    if even >= 0.6 and odd <= 0.1:
-        return "UTF-16BE"
+    with contextlib.suppress(ValueError):
+        if int(block[148:156].replace(b"\0", b" ").strip(), 8) in tarfile.calc_chksums(block[:512]):
+            return "tar"
     return None
-
-
-def _check_mostly_utf8(src: Source, head: bytes) -> None:
-    """Refuse a file whose text is mostly not UTF-8 (what Chinese Excel saves: GB18030), with the
-    command that converts it: read as UTF-8 nearly every review would be ``invalid_utf8``."""
-    if len(head) == ENCODING_SAMPLE_BYTES:
-        head = head[:-4]  # a character the sample cut in two is no error
-    high = sum(b >= 0x80 for b in head)
-    bad = head.decode("utf-8", errors="replace").count("\ufffd")
-    if high < 16 or bad <= MAX_UNDECODABLE_SHARE * high:
-        return
-    fits = [e for e in ("gb18030", "big5", "shift_jis", "cp1252") if _decodes(head, e)]
-    if len(fits) == 1:
-        fix = f"convert it ({_iconv(src, fits[0].upper())}) or pass --encoding {fits[0]}"
-    elif fits:  # one double-byte encoding's bytes are often valid in another: the user knows which
-        fix = (f"they read as {', '.join(e.upper() for e in fits[:-1])} or {fits[-1].upper()}: pass the one "
-               f"it was saved in (--encoding {', '.join(fits[:-1])} or {fits[-1]}; a wrong one reads as garbled "
-               f"reviews), or convert it ({_iconv(src, 'ENCODING')})")  # fmt: skip
-    else:
-        fix = "convert it to UTF-8 or pass --encoding NAME"
-    named = f", and reads as {fits[0].upper()}" if len(fits) == 1 else ""
-    raise InputError(f"{src.label} is not UTF-8 text (most of its first bytes are no UTF-8{named}): {fix}")
-
-
-def _iconv(src: Source, encoding: str) -> str:
-    return f"iconv -f {encoding} -t UTF-8 {src.label} > utf8-{Path(src.label).name}"
 
 
 def _decodes(data: bytes, encoding: str) -> bool:
@@ -285,30 +231,47 @@ def _decodes(data: bytes, encoding: str) -> bool:
     return True
 
 
-def check_not_archive(path: Path | str) -> None:
-    """Refuse an archive (zip, 7z, tar, also a compressed tar): read as lines, its files are garbage."""
-    with storage.open_input(path, buffered=False) as f:
-        head = f.read(8)
-    kind = next((kind for kind, magic in _ARCHIVES.items() if magic.match(head)), None)
-    if kind is None:
-        with open_binary(path) as f:
-            kind = "tar" if _is_tar_header(f.read(512)) else None
-    if kind is not None:
-        raise InputError(
-            f"{path} is a {kind} archive; extract its files first (a file compressed on its own, such "
-            "as reviews.jsonl.gz, is read as it is)"
-        )
-
-
-def _is_tar_header(block: bytes) -> bool:
-    """A tar header: its magic at its place and its checksum right (a review may spell "mustard" there)."""
-    if len(block) < 512 or block[257:262] != b"ustar":
-        return False
-    try:
-        recorded = int(block[148:156].replace(b"\0", b" ").strip(), 8)
-    except ValueError:
-        return False
-    return recorded in tarfile.calc_chksums(block[:512])
+def _check_utf8(src: Source, head: bytes) -> None:
+    """Refuse text in another encoding: UTF-16 or UTF-32 (with a byte-order mark or, UTF-16, with every
+    other byte NUL), or mostly no UTF-8 (what Chinese Excel saves: GB18030), with what to do about it:
+    read as UTF-8 nearly every review would be ``invalid_utf8`` or garbage."""
+    for bom, name in _OTHER_BOMS.items():
+        if head.startswith(bom):
+            raise InputError(
+                f"{src.label} is {name} text (it starts with a {name} byte-order mark); bertattn reads UTF-8: "
+                f"convert it first, e.g. iconv -f {name} -t UTF-8"
+            )
+    # ASCII spelt in UTF-16, which is valid UTF-8: most bytes of one parity NUL, few of the other
+    if len(sample := head[:64]) >= 16:
+        even, odd = sample[0::2].count(0) / len(sample[0::2]), sample[1::2].count(0) / len(sample[1::2])
+        if (
+            name := "UTF-16LE"
+            if odd >= 0.6 and even <= 0.1
+            else "UTF-16BE"
+            if even >= 0.6 and odd <= 0.1
+            else ""
+        ):
+            raise InputError(
+                f"{src.label} looks like {name} text without a byte-order mark (every other byte is NUL); "
+                f"bertattn reads UTF-8: convert it first (iconv -f {name} -t UTF-8) or pass --encoding {name.lower()}"
+            )
+    if len(head) == ENCODING_SAMPLE_BYTES:
+        head = head[:-4]  # a character the sample cut in two is no error
+    high = sum(b >= 0x80 for b in head)
+    if high < 16 or head.decode("utf-8", errors="replace").count("\ufffd") <= MAX_UNDECODABLE_SHARE * high:
+        return
+    fits = [e for e in ("gb18030", "big5", "shift_jis", "cp1252") if _decodes(head, e)]
+    iconv = f"iconv -f {{}} -t UTF-8 {src.label} > utf8-{Path(src.label).name}"
+    if len(fits) == 1:
+        fix = f"convert it ({iconv.format(fits[0].upper())}) or pass --encoding {fits[0]}"
+    elif fits:  # one double-byte encoding's bytes are often valid in another: the user knows which
+        fix = (f"they read as {', '.join(e.upper() for e in fits[:-1])} or {fits[-1].upper()}: pass the one "
+               f"it was saved in (--encoding {', '.join(fits[:-1])} or {fits[-1]}; a wrong one reads as garbled "
+               f"reviews), or convert it ({iconv.format('ENCODING')})")  # fmt: skip
+    else:
+        fix = "convert it to UTF-8 or pass --encoding NAME"
+    named = f", and reads as {fits[0].upper()}" if len(fits) == 1 else ""
+    raise InputError(f"{src.label} is not UTF-8 text (most of its first bytes are no UTF-8{named}): {fix}")
 
 
 # -- streams ----------------------------------------------------------------------------------------------
@@ -353,7 +316,9 @@ def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: st
                 if want is not None and out.tell() >= check_at:
                     out.flush()
                     # a compressed copy cut short cannot be read, and an array's rows are no lines
-                    if compression_of(path) is not None or (fmt == "jsonl" and _json_array(path)):
+                    with open(path, "rb") as f:
+                        array = fmt == "jsonl" and json_lead(f)[0].lstrip().startswith(b"[")
+                    if array or compression_of(path) is not None:
                         want = None
                     elif (end := _rows_end(path, fmt, delimiter, want)) is not None:
                         tail = _cut(path, end)
@@ -391,26 +356,25 @@ def _start(name: str) -> tuple[Path, BinaryIO]:
 def _rows_end(path: Path, fmt: str, delimiter: str | None, want: int) -> int | None:
     """Where the copy's first ``want`` rows end (a CSV's header too), in bytes; None where it holds
     fewer. Read as Latin-1: the quotes, delimiters and line breaks of any encoding read are ASCII."""
-    end = 0
+    ends = [0]
 
     def lines() -> Iterator[str]:
-        nonlocal end
         with open(path, "rb") as f:
             for line in f:
-                end += len(line)
+                ends[0] += len(line)
                 yield line.decode("latin-1")
 
-    if fmt in ("csv", "tsv"):  # a quoted field may hold line breaks: count records
+    if fmt in ("csv", "tsv"):  # a quoted field may hold line breaks: count records, and the header
         records: Iterator[object] = csv.reader(
             lines(), delimiter=delimiter or ("\t" if fmt == "tsv" else ",")
         )
-        want += 1  # the header
+        want += 1
     else:
         records = (line for line in lines() if fmt == "text" or line.strip())
     with contextlib.suppress(csv.Error):  # a quote left open where the copy stops: not yet
         for n, _ in enumerate(records, 1):
             if n == want:
-                return end
+                return ends[0]
     return None
 
 
@@ -423,17 +387,11 @@ def json_lead(f: BinaryIO) -> tuple[bytes, int]:
     return lead, breaks
 
 
-def _json_array(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return json_lead(f)[0].lstrip().startswith(b"[")
-
-
 def _cut(path: Path, end: int) -> bytes:
     """Cut the copy at ``end``; what followed, to be written again when it goes on."""
     with open(path, "r+b") as f:
         f.seek(end)
-        tail = f.read()
-        f.truncate(end)
+        tail, _ = f.read(), f.truncate(end)
     return tail
 
 

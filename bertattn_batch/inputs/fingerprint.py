@@ -1,10 +1,7 @@
-"""What a resume and ``validate`` check of the inputs: each file's fingerprint, and a digest of the rows
-each committed part read.
-
-A fingerprint (size, time, the hash of a file's ends) tells that a folder gained a file or an export was
-rewritten; a file edited in its middle keeps those, so each part of a pass by row number also records
-the digest of its rows (numbers, ids, texts, labels), which reading the same rows again gives again. A
-pass by id (``--incremental``) keeps the text an id had when it was scored: its parts record none.
+"""What a resume and ``validate`` check of the inputs: each file's fingerprint (size, time, the hash of
+its ends: a folder gained a file, an export was rewritten), and the digest of the rows each committed
+part of a pass by row number read (numbers, ids, texts, labels: an edit in a file's middle keeps its
+fingerprint). A pass by id keeps the text an id had when it was scored: its parts record none.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from typing import Any
 from .. import storage
 from ..schema import ROW_NUMBER_STATUSES
 from .files import Source, read_once
-from .rows import RowBatch
+from .read import RowBatch
 
 #: Bytes at each end of an input file whose hash tells a rewritten file from a copy.
 ENDS_BYTES = 1 << 16
@@ -87,13 +84,13 @@ def rows_digest(batch: RowBatch, start: int = 0, end: int | None = None) -> str:
 
 
 def _update(h: hashlib.blake2b, batch: RowBatch, start: int, end: int) -> None:
-    # a row whose doc id is its row number has no id: told from a row whose id is that number
+    # a row whose doc id is its row number has no id: told from a row whose id is that number; each
+    # field as its length and itself, "-" for none: unambiguous, and the same in every Python
     ids = [
         None if s in ROW_NUMBER_STATUSES else d
         for d, s in zip(batch.doc_id[start:end], batch.status[start:end], strict=True)
     ]
     rows = zip(batch.row_index[start:end], ids, batch.text[start:end], batch.label[start:end], strict=True)
-    # each field as its length and itself, "-" for none: unambiguous, and the same in every Python
     text = "".join("-" if v is None else f"{len(str(v))}:{v}" for row in rows for v in row)
     h.update(text.encode("utf-8", "surrogatepass"))
 
@@ -120,8 +117,7 @@ class RowDigests:
         return self._next >= len(self._parts)
 
     def feed(self, batch: RowBatch) -> list[tuple[str, int, int]]:
-        """The next rows read; the parts they finish whose rows now give another digest, as (name, first
-        row, end row)."""
+        """The parts the next rows finish whose rows now give another digest, as (name, first row, end)."""
         changed: list[tuple[str, int, int]] = []
         i, n = 0, len(batch)
         while i < n and not self.done:
@@ -129,16 +125,15 @@ class RowDigests:
             row = batch.row_index[i]
             if row < a:  # rows of no checked part: skip to the part's first row
                 i = min(n, i + (a - row))
-                continue
-            if self._hash is None and row > a:  # begins within rows read already (overlapping parts)
+            elif self._hash is None and row > a:  # begins within rows read already (overlapping parts)
                 self._next += 1
-                continue
-            self._hash = self._hash or hashlib.blake2b(digest_size=16)
-            end = min(n, i + (b - row))
-            _update(self._hash, batch, i, end)
-            i = end
-            if batch.row_index[end - 1] == b - 1:  # the part's last row
-                if FORM + self._hash.hexdigest() != digest:
-                    changed.append((name, a, b))
-                self._hash, self._next = None, self._next + 1
+            else:
+                self._hash = self._hash or hashlib.blake2b(digest_size=16)
+                end = min(n, i + (b - row))
+                _update(self._hash, batch, i, end)
+                i = end
+                if batch.row_index[end - 1] == b - 1:  # the part's last row
+                    if FORM + self._hash.hexdigest() != digest:
+                        changed.append((name, a, b))
+                    self._hash, self._next = None, self._next + 1
         return changed

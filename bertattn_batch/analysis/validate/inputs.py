@@ -1,11 +1,7 @@
 """The checks that read the run's inputs again, in one pass: every input row has its predictions row,
-with the id, label and text the inputs give it, and the run no review the inputs lack (``inputs``); and
-every token's span lies within its review's text (``spans``).
-
-A run whose manifest and parts agree can still lack rows of its inputs (rows appended since, a part
-deleted with the manifest edited to match). A run of plain passes covers as many rows as the inputs hold
-within its ``limit``; a run of incremental passes goes by id. A run that read a stream has its spans
-checked against the texts it stored.
+with the id, label and text the inputs give it, and the run no review the inputs lack (``inputs``; a
+run of plain passes by row number within its ``limit``, of incremental passes by id); and every token's
+span lies within its review's text (``spans``; of a run that read a stream, the texts it stored).
 """
 
 from __future__ import annotations
@@ -34,13 +30,11 @@ def check_inputs_and_spans(rec: ValidationReport, run: RunView) -> None:
             rec.skip(check, f"the manifest cannot say which inputs were read ({e})")
         return
     inputs = manifest.inputs
-    if not inputs:
+    if not inputs or (streams := [p for p in inputs if read_once(p)]):
         rec.skip("inputs", STREAM)
-        rec.skip("spans", "the manifest names no inputs: end <= text length not checked")
-        return
-    if streams := [p for p in inputs if read_once(p)]:
-        rec.skip("inputs", STREAM)
-        if not _check_stored_spans(rec, run):
+        if not inputs:
+            rec.skip("spans", "the manifest names no inputs: end <= text length not checked")
+        elif not _check_stored_spans(rec, run):
             rec.skip("spans", f"the run read {', '.join(streams)}: a stream, which cannot be read again")
         return
     # no limit (none recorded): spans of a pass whose limit a resume raised lie past the last pass's
@@ -114,11 +108,9 @@ class _Coverage:
             d for d, s in zip(block.doc_id, block.status, strict=True) if s not in schema.ROW_NUMBER_STATUSES
         ]
         self.input_ids.update(ids)
-        for doc_id in ids if self.by_id else []:
-            if doc_id not in self.ids:
-                self.missing += 1
-                if len(self.first) < 3:
-                    self.first.append(doc_id)
+        missing = [d for d in ids if d not in self.ids] if self.by_id else []
+        self.missing += len(missing)
+        self.first += missing[: 3 - len(self.first)]
 
     def finish(self) -> None:
         rec, run, n = self.rec, self.run, self.n
@@ -135,14 +127,8 @@ class _Coverage:
             )
         if self.by_id:
             if self.missing and run.status == "complete":
-                rec.fail_many(
-                    "inputs",
-                    self.missing,
-                    [
-                        f"input review {d!r} has no predictions row; rerun the extract with --incremental"
-                        for d in self.first
-                    ],
-                )
+                why = "has no predictions row; rerun the extract with --incremental"
+                rec.fail_many("inputs", self.missing, [f"input review {d!r} {why}" for d in self.first])
             rec.note("inputs", f"{n} input rows, by id{limited}")
             return
         rec.fail_many(
@@ -171,18 +157,15 @@ class _Coverage:
 
 class _StoredRows:
     """Each input row beside the predictions row the run stored of it (a pass by row number): its id, its
-    label and, where the run stores texts, its text (by the row's digest), a part at a time. A part whose
-    stored rows give the digest its manifest entry records is as committed (the inputs are compared with
-    that digest): its rows are not compared one by one."""
+    label and, where the run stores texts, its text (by the row's digest), a part at a time; a part whose
+    stored rows give its recorded digest is left to the digest check."""
 
     def __init__(self, run: RunView) -> None:
-        self.run = run
+        self.run, self.differ, self.first = run, 0, []
         self.pending = sorted(
             (p for p in run.parts if "predictions" in p.readable), key=lambda p: p.start_row
         )
         self.rows: dict[int, tuple[str, str | None, str | None]] = {}  # row -> (doc_id, label, digest)
-        self.differ = 0
-        self.first: list[str] = []
 
     def feed(self, block: RowBatch) -> None:
         hi = block.row_index[-1] + 1
@@ -215,9 +198,9 @@ class _StoredRows:
 
 
 class _Spans:
-    """The span check, fed the inputs in row order beside the parts, holding one part's reviews at a time.
-    A review of an earlier incremental pass whose row now holds another review or text is not checked:
-    a pass by id keeps its first scoring."""
+    """The span check, fed the inputs in row order beside the parts, holding one part's reviews at a time;
+    a review of an earlier incremental pass whose row now holds another review or text is not checked
+    (a pass by id keeps its first scoring)."""
 
     def __init__(self, rec: ValidationReport, run: RunView, generation: int) -> None:
         self.rec, self.run, self.current = rec, run, generation
@@ -246,25 +229,24 @@ class _Spans:
         self.active = [(p, e) for p, e in self.active if p.end_row > hi or e]
 
     def _check(self, part: Part, row: int, doc_id: str, end: int, now_id: str, text: str | None) -> None:
-        earlier = part.generation < self.current
-        if now_id != doc_id or text is None:
+        earlier = part.generation < self.current  # a pass by id keeps its first scoring
+        if text is None or now_id != doc_id:
             if earlier:
                 self.replaced += 1
                 return
             self.changed += 1
             if self.changed <= KEPT:
                 self.rec.warn("spans", f"input row {row} is now {now_id!r}, the run has {doc_id!r}")
-            return
-        if end > len(text) and earlier:
-            self.replaced += 1  # edited since: a pass by id kept its first scoring, as documented
-            return
-        self.checked += 1
-        if end > len(text):
-            self.rec.fail(
-                "spans",
-                f"{part.rel['tokens']} doc {doc_id!r} (row {row}): a token span ends at {end}, past the "
-                f"text's length {len(text)}",
-            )
+        elif end > len(text) and earlier:
+            self.replaced += 1  # edited since
+        else:
+            self.checked += 1
+            if end > len(text):
+                self.rec.fail(
+                    "spans",
+                    f"{part.rel['tokens']} doc {doc_id!r} (row {row}): a token span ends at {end}, past the "
+                    f"text's length {len(text)}",
+                )
 
     def finish(self, inputs: list[str]) -> None:
         rec = self.rec

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+from itertools import islice
 
 import numpy as np
 import pyarrow as pa
@@ -15,7 +16,7 @@ from helpers import parquet_with_a_flipped_byte
 from bertattn_batch import storage
 from bertattn_batch.config import InputSpec
 from bertattn_batch.errors import InputError
-from bertattn_batch.inputs import expand_inputs, read_columns, read_rows
+from bertattn_batch.inputs import expand_inputs, read_rows, read_values
 from bertattn_batch.inputs.fingerprint import source_files
 
 
@@ -38,29 +39,29 @@ def corpus(bucket):
 
 
 def test_a_prefix_a_glob_and_a_file(corpus):
-    found = [s.path for s in expand_inputs([corpus])]
+    found = [s.path for s in expand_inputs(InputSpec([corpus]))]
     assert found == [*(f"{corpus}/a/p{i}.parquet" for i in range(3)), f"{corpus}/b/reviews.jsonl.gz"]
-    assert [s.path for s in expand_inputs([f"{corpus}/a/*.parquet"])] == found[:3]
-    assert [s.format for s in expand_inputs([f"{corpus}/b/reviews.jsonl.gz"])] == ["jsonl"]
+    assert [s.path for s in expand_inputs(InputSpec([f"{corpus}/a/*.parquet"]))] == found[:3]
+    assert [s.format for s in expand_inputs(InputSpec([f"{corpus}/b/reviews.jsonl.gz"]))] == ["jsonl"]
 
 
 def test_nothing_matched_is_an_input_error(corpus):
     with pytest.raises(InputError, match=r"no such file, folder or match"):
-        expand_inputs([f"{corpus}/a/*.csv"])
+        expand_inputs(InputSpec([f"{corpus}/a/*.csv"]))
     with pytest.raises(InputError, match="is a bertattn run directory"):
-        expand_inputs([f"{corpus}/run"])
+        expand_inputs(InputSpec([f"{corpus}/run"]))
     with pytest.raises(InputError, match=r"is a model folder, not reviews \(a model is given with --model\)"):
-        expand_inputs([f"{corpus}/model"])
+        expand_inputs(InputSpec([f"{corpus}/model"]))
     storage.write_bytes(f"{corpus}/zipped/reviews.csv.zip", b"PK\x03\x04")
     with pytest.raises(InputError, match=r"holds archives of review files \(reviews.csv.zip\)"):
-        expand_inputs([f"{corpus}/zipped"])
+        expand_inputs(InputSpec([f"{corpus}/zipped"]))
     storage.write_bytes(f"{corpus}/ds/dataset_info.json", b"{}")
     with pytest.raises(InputError, match="is a saved datasets folder; copy it to local disk first"):
-        expand_inputs([f"{corpus}/ds"])
+        expand_inputs(InputSpec([f"{corpus}/ds"]))
 
 
 def test_rows_stream_from_parquet_and_gzip_and_are_fingerprinted(corpus):
-    sources = expand_inputs([corpus])
+    sources = expand_inputs(InputSpec([corpus]))
     texts = [t for block in read_rows(InputSpec([corpus]), block_rows=40) for t in block.text]
     assert len(texts) == 350 and texts[0] == "r0-0" and texts[-1] == "j49"
     prints = source_files(sources)
@@ -141,9 +142,11 @@ def test_a_large_parquet_file_streams_by_ranged_reads(bucket, monkeypatch):
     size = storage.info(uri).size
     real = storage.open_input
     monkeypatch.setattr(storage, "open_input", lambda t, buffered=True: _Counting(real(t, buffered=False)))
-    (src,) = expand_inputs([uri])
-    first = next(read_columns(src, ["text"], 1000))
-    assert first["text"][:2] == [t.encode() for t in texts[:2]]  # read as bytes: the row rule decodes
+    (src,) = expand_inputs(InputSpec([uri]))
+    first = list(islice(read_values(src, ["text"], 1000), 1000))
+    assert [row[0] for row in first[:2]] == [
+        t.encode() for t in texts[:2]
+    ]  # read as bytes: the row rule decodes
     assert size > 4_000_000 and _Counting.fetched < size / 3, (_Counting.fetched, size)
 
 

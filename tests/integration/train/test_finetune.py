@@ -244,10 +244,10 @@ def test_a_class_label_keeps_its_own_order(tmp_path: Path) -> None:
 
     plain = tmp_path / "plain.parquet"
     pq.write_table(pa.table({"text": texts, "label": [names[i] for i in [0, 1, 2] * 6]}), plain)
-    assert class_label_order(expand_inputs([str(plain)]), "label") == []
-    both = expand_inputs([str(tmp_path / "saved"), str(plain)])
+    assert class_label_order(expand_inputs(InputSpec([str(plain)])), "label") == []
+    both = expand_inputs(InputSpec([str(tmp_path / "saved"), str(plain)]))
     assert class_label_order(both, "label") == []  # one order must hold for every input
-    assert class_label_order(expand_inputs([str(tmp_path / "saved")]), "text") == []
+    assert class_label_order(expand_inputs(InputSpec([str(tmp_path / "saved")])), "text") == []
 
 
 def test_time_cap_shortens_the_schedule(tmp_path: Path) -> None:

@@ -18,10 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import bertattn_batch.inputs.csv as csv_input
 from bertattn_batch import inputs
 from bertattn_batch.config import InputSpec
 from bertattn_batch.errors import InputError
+from bertattn_batch.inputs import formats
 from bertattn_batch.inputs.files import compression_of
 
 
@@ -273,7 +273,7 @@ def test_csv_rows_with_the_wrong_number_of_fields_keep_their_place(tmp_path, cap
     """An unquoted delimiter in one review of a million-row export is one row with a status, not the end
     of the job: every other row keeps its id, and the ragged row its row number, as Python's csv module
     (the oracle) numbers the rows, across Arrow's blocks (the file is dozens of them) and ours."""
-    monkeypatch.setattr(csv_input, "CSV_BLOCK_BYTES", 1 << 14)
+    monkeypatch.setattr(formats, "CSV_BLOCK_BYTES", 1 << 14)
     rng = random.Random(1)
     d = delimiter
     lines = [f"id{d}text"]
@@ -294,7 +294,7 @@ def test_csv_rows_with_the_wrong_number_of_fields_keep_their_place(tmp_path, cap
     lines.append("also-last")
     path = tmp_path / ("f.csv" if d == "," else "f.tsv")
     path.write_text("\r\n".join(lines) + "\r\n")
-    assert path.stat().st_size > 30 * csv_input.CSV_BLOCK_BYTES
+    assert path.stat().st_size > 30 * formats.CSV_BLOCK_BYTES
 
     rows = [r for r in csv.reader(path.open(newline=""), delimiter=d) if r][1:]
     want = [(r[0], "ok") if len(r) == 2 else (str(n), "wrong_field_count") for n, r in enumerate(rows)]
@@ -341,14 +341,14 @@ def test_a_model_folder_inside_an_input_folder_is_no_input(tmp_path):
     model.mkdir()
     (model / "config.json").write_text('{\n  "model_type": "bert"\n}\n')
     (model / "model.safetensors").write_bytes(b"")
-    assert [s.path.name for s in inputs.expand_inputs([str(tmp_path)])] == ["a.jsonl"]
+    assert [s.path.name for s in inputs.expand_inputs(InputSpec([str(tmp_path)]))] == ["a.jsonl"]
 
 
 def test_csv_values_are_kept_byte_for_byte_across_arrows_blocks(tmp_path, monkeypatch):
     """Line breaks inside quoted reviews, rows longer than a block (read again in larger ones) and
     ragged rows among them: every review as Python's csv module (the oracle) reads it, with tiny blocks
     so that block ends fall everywhere, also between the two bytes of a quoted "\\r\\n"."""
-    monkeypatch.setattr(csv_input, "CSV_BLOCK_BYTES", 64)
+    monkeypatch.setattr(formats, "CSV_BLOCK_BYTES", 64)
     rng = random.Random(7)
     pieces = ["a", "b ", "\r\n", "\r", "\n", '""', "é", "，"]
     lines = ["id,text"]
@@ -516,14 +516,14 @@ def test_a_saved_dataset_inside_an_input_folder_is_read_as_a_dataset(tmp_path, c
     (folder / "c.jsonl").write_text('{"id": "c1", "text": "ok"}\n')
     assert [r[1] for r in _rows(folder, "csv")] == ["a1", "d1", "d2", "c1"]
     with caplog.at_level(logging.WARNING):
-        sources = inputs.expand_inputs([str(folder)], "csv")
+        sources = inputs.expand_inputs(InputSpec([str(folder)], format="csv"))
     assert [s.path.name for s in sources] == ["a.csv", "c.jsonl"]  # a format asked for: no dataset
     assert "passed over 1 file(s) that are not review files (b)" in caplog.text
     # the saved dataset itself, named with another format: its metadata read as csv said "columns there: {"
     with pytest.raises(
         InputError, match=r"b is a saved datasets folder, not csv: pass --input-format datasets"
     ):
-        inputs.expand_inputs([str(folder / "b")], "csv")
+        inputs.expand_inputs(InputSpec([str(folder / "b")], format="csv"))
 
 
 def test_an_empty_line_after_a_lone_carriage_return_is_a_row(tmp_path):
@@ -607,17 +607,17 @@ def test_links_and_fifos_among_the_inputs(tmp_path, caplog):
     (shared / "b.csv").write_text("text\nslow\n")
     (data / "linked").symlink_to(shared, target_is_directory=True)
     (data / "loop").symlink_to(data, target_is_directory=True)  # walked once, not forever
-    found = inputs.expand_inputs([str(data), str(tmp_path / "hard.csv")])
+    found = inputs.expand_inputs(InputSpec([str(data), str(tmp_path / "hard.csv")]))
     assert sorted(Path(s.path).name for s in found) == ["a.csv", "b.csv"]
     assert "hard.csv is the same file as" in caplog.text
     os.mkfifo(tmp_path / "pipe.csv")
     (tmp_path / "c.csv").write_text("text\nok\n")
     (tmp_path / "empty.csv").mkdir()  # a folder a glob matches, holding nothing: passed over
-    found = inputs.expand_inputs([str(tmp_path / "[cpe]*.csv")])
+    found = inputs.expand_inputs(InputSpec([str(tmp_path / "[cpe]*.csv")]))
     assert [Path(s.path).name for s in found] == ["c.csv"]
     assert "pipe.csv, which is not a regular file" in caplog.text
     with pytest.raises(InputError, match="matches no review files"):
-        inputs.expand_inputs([str(tmp_path / "[pe]*.csv")])
+        inputs.expand_inputs(InputSpec([str(tmp_path / "[pe]*.csv")]))
 
 
 def _array_rows(tmp_path, objects: list, **dump) -> list[tuple]:
@@ -636,9 +636,7 @@ def test_a_json_array_of_objects_reads_as_its_json_lines(tmp_path, monkeypatch, 
     """What many exports write (one array of objects, pretty or minified) reads as its JSON lines.
     Read element by element in a buffer of ``chunk`` bytes: elements, multi-byte characters and numbers
     cut by a buffer's end are read whole."""
-    from bertattn_batch.inputs import jsonl
-
-    monkeypatch.setattr(jsonl, "ARRAY_CHUNK", chunk)
+    monkeypatch.setattr(formats, "ARRAY_CHUNK", chunk)
     objects = [
         {"id": f"r{i}", "text": t, "n": 1234567890123 * i}
         for i, t in enumerate(["好吃不贵 😀", 'say "hi"\n', "", "x" * 50, None, "ünï [bracket]"])
@@ -690,9 +688,7 @@ def test_a_damaged_json_array_is_named(tmp_path, text, said):
 @pytest.mark.parametrize("chunk", range(1, 9))
 def test_a_json_arrays_numbers_are_read_whole_across_the_buffers_end(tmp_path, monkeypatch, chunk, caplog):
     """``1.5e3`` cut by the buffer's end after ``1.`` is read whole, not as ``1`` and a missing comma."""
-    from bertattn_batch.inputs import jsonl
-
-    monkeypatch.setattr(jsonl, "ARRAY_CHUNK", chunk)
+    monkeypatch.setattr(formats, "ARRAY_CHUNK", chunk)
     path = tmp_path / "a.json"
     path.write_text('[{"id": "a", "text": "x", "n": 1.5e3}, 1.5e3, 12345, {"id": "b", "text": "y"}]')
     assert [r[3] for r in _rows(path, "jsonl")] == ["ok", "not_json", "not_json", "ok"]
@@ -703,12 +699,10 @@ def test_a_json_array_with_an_element_that_is_no_json_stops_where_it_is(monkeypa
     rest of a large export would be read into memory first)."""
     import io
 
-    from bertattn_batch.inputs import jsonl
-
-    monkeypatch.setattr(jsonl, "ARRAY_CHUNK", 1024)
+    monkeypatch.setattr(formats, "ARRAY_CHUNK", 1024)
     f = io.BytesIO(b'[{"text": "a"}, {"text": nope}, ' + b'{"text": "b"}, ' * 100_000 + b"]")
     with pytest.raises(InputError, match=r"element 2 of the JSON array is not JSON \(Expecting value\)"):
-        list(jsonl.json_values(f, "big.json")[1])
+        list(formats.json_values(f, "big.json")[1])
     assert f.tell() < 10_000
 
 
