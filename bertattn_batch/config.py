@@ -135,7 +135,7 @@ class FinetuneSpec:
             self.inputs = InputSpec(self.inputs)
         check_fields(self, "finetune.")
         if self.labels is not None:
-            self.labels = [str(x).strip() for x in self.labels]  # as labels are read (inputs.rows)
+            self.labels = [str(x).strip() for x in self.labels]  # as labels are read (inputs.read)
             if twice := sorted({x for x in self.labels if self.labels.count(x) > 1}):
                 raise SpecError(f"finetune.labels names {', '.join(map(repr, twice))} twice: {self.labels}")
             if len(self.labels) < 2:

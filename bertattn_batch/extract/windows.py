@@ -38,7 +38,7 @@ class WindowRows:
     start_row: int
     end_row: int
     rows: RowBatch
-    #: of the rows as read (``inputs.digest``), where they are every row of ``[start_row, end_row)``: a
+    #: of the rows as read (``inputs.fingerprint``), where they are every row of ``[start_row, end_row)``: a
     #: pass by row number; a resume reads them again and compares (empty in a pass by id)
     digest: str = ""
 

@@ -47,7 +47,7 @@ class PartEntry:
     rows: dict[str, int]  # table -> rows in its file
     bytes: int = 0
     generation: int = 0  # the incremental pass that wrote it (0: the first)
-    rows_digest: str = ""  # of its input rows as read (inputs/digest.py); empty in a pass by id
+    rows_digest: str = ""  # of its input rows as read (inputs/fingerprint.py); empty in a pass by id
 
     @classmethod
     def parse(cls, data: Any) -> PartEntry:
