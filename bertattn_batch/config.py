@@ -187,6 +187,9 @@ class JobSpec:
     value_zeroing: bool = option(False, "Also write value zeroing (cls_attention.value_zeroing): how far "
                                  "each token's values move the layer's [CLS] output (Mohebbi et al., 2023); "
                                  "costs model time, see docs/measures.md.", panel="Output")
+    contributions: str | None = option(None, "Also write whole-model token contributions to [CLS] (table "
+                                       "contributions): alti (Ferrando et al., 2022); costs model time, see "
+                                       "docs/measures.md.", panel="Output", choices=("alti",))
     on_existing: str = option("resume", "What to do when --out holds a run: resume, overwrite, new or "
                               "incremental.", panel="Output", default_text="resume",
                               choices=("resume", "overwrite", "new", "incremental"))

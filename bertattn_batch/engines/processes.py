@@ -63,11 +63,12 @@ class ModelShape:
     labels: list[str]
     value_zeroing: bool
     device_type: str  # where the model runs, which sizes its batches
+    contributions: str | None  # "alti": each batch's outputs carry the contributions to [CLS]
 
     @classmethod
     def of(cls, clf: Classifier) -> ModelShape:
         return cls(clf.tokenizer, clf.max_length, list(clf.layers), clf.num_heads, list(clf.labels),
-                   clf.value_zeroing, clf.device_type)  # fmt: skip
+                   clf.value_zeroing, clf.device_type, clf.contributions)  # fmt: skip
 
 
 def start_server() -> multiprocessing.context.BaseContext:

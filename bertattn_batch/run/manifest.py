@@ -61,7 +61,8 @@ class PartEntry:
         for key, value in values.items():
             _expect(key, value, _KINDS[key])
         for key, kind in (("files", str), ("rows", int)):
-            values[key] = {t: values[key].get(t) for t in TABLES}
+            optional = [t for t in schema.OPTIONAL_TABLES if t in values[key]]
+            values[key] = {t: values[key].get(t) for t in (*TABLES, *optional)}
             for table, value in values[key].items():
                 _expect(f"{key}.{table}", value, kind)
         for table, path in values["files"].items():  # a reader must not follow one out of the run
@@ -247,6 +248,7 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
             ("delimiter", None),
             ("store_text", True),
             ("value_zeroing", False),
+            ("contributions", None),
         ):
             fingerprint.setdefault(key, then)
         data["fingerprint"] = fingerprint
@@ -330,8 +332,13 @@ def read_manifest(run_dir: str | Path) -> Manifest:
 def require_current_tables(run_dir: str | Path, written: Any) -> None:
     """Refuse a run whose tables another version wrote in another form, before a reader fails on a
     missing column or file."""
-    if not isinstance(written, dict) or written == schema.versions():
-        return  # the same tables; or none named (a manifest made by hand), left to its own checks
+    current = schema.versions()
+    if not isinstance(written, dict):
+        return  # none named (a manifest made by hand), left to its own checks
+    # an optional table a run never wrote needs no version (runs made before it existed too)
+    named = [t for t in current if t in written or t not in schema.OPTIONAL_TABLES]
+    if all(written.get(t) == current[t] for t in named) and set(written) <= set(current):
+        return
 
     def spell(versions: dict[str, Any]) -> str:
         return ", ".join(f"{t} v{v}" for t, v in sorted(versions.items()))

@@ -48,6 +48,7 @@ from ..errors import (
 from ..ids import IdSet
 from ..storage import is_remote
 from .layout import (
+    ALL_TABLES,
     COMMIT_LOG,
     DERIVED_DIRS,
     FORMAT,
@@ -123,7 +124,7 @@ def _left_by_a_start(path: Path) -> bool:
     table folders): not someone else's folder, or no later run could use this --out."""
     if path.name in (LOCK_NAME, hidden_tmp(MANIFEST)):
         return path.is_file()
-    return path.name in TABLES and path.is_dir() and not any(path.iterdir())
+    return path.name in ALL_TABLES and path.is_dir() and not any(path.iterdir())
 
 
 class RunDir:
@@ -322,7 +323,9 @@ class RunDir:
         files must be sound and their row ranges whole."""
         self._sweep()
         for p in self.parts:
-            footers = {t: check_part_file(self.run_dir, run_file(self.run_dir, p.files[t])) for t in TABLES}
+            footers = {
+                t: check_part_file(self.run_dir, run_file(self.run_dir, f)) for t, f in p.files.items()
+            }
             check_part_rows(self.run_dir, p, footers)
         for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in self.parts):
             raise RunDirError(
@@ -333,7 +336,7 @@ class RunDir:
     def _sweep(self) -> None:
         """Roll committed parts forward; remove every file in a table folder the manifest does not list."""
         listed = {p.name for p in self.parts}
-        for table in TABLES:
+        for table in ALL_TABLES:
             folder = self.run_dir / table
             for f in folder.iterdir() if folder.is_dir() else ():
                 if f.name in listed and f.is_file():
@@ -372,7 +375,7 @@ class RunDir:
         """Remove what bertattn wrote into the run, its manifest last (a clear cut short is still a run)."""
         temporaries = [p.name for p in self.run_dir.glob(f".{REPORT_NAME}*.tmp")]
         temporaries += [hidden_tmp(MANIFEST), COMMIT_LOG]
-        for name in (*TABLES, *DERIVED_DIRS, REPORT_NAME, *temporaries, MANIFEST):
+        for name in (*ALL_TABLES, *DERIVED_DIRS, REPORT_NAME, *temporaries, MANIFEST):
             child = self.run_dir / name
             if child.is_dir() and not child.is_symlink():
                 remove_tree(child)
@@ -467,13 +470,13 @@ class StoredRunDir(RunDir):
         listed = {p.name for p in self.parts}
         self._strays = tuple(
             storage.join(self.run_dir, table, name)
-            for table in TABLES
+            for table in ALL_TABLES
             for name in storage.list_names(storage.join(self.run_dir, table), recursive=True)
             if name not in listed
         )
 
     def _clear(self) -> None:
-        for name in (*TABLES, *DERIVED_DIRS):
+        for name in (*ALL_TABLES, *DERIVED_DIRS):
             storage.delete_folder(storage.join(self.run_dir, name))
         for name in (REPORT_NAME, MANIFEST):
             storage.delete(storage.join(self.run_dir, name))
