@@ -52,6 +52,8 @@ class RunView:
     max_length: int | None
     parts: list[Part]
     writing: Callable[[], bool | None] = lambda: None  # whether a process writes the run now
+    #: the tables every part must hold: those of every run, and the optional ones the job asked for
+    tables: tuple[str, ...] = schema.TABLES
 
     def file(self, part: Part, table: str) -> Path:
         return self.path / part.rel[table]
@@ -100,6 +102,8 @@ def check_manifest(
     parts = _parse_parts(rec, m.get("parts"))
     if status == "complete":
         rec.note("manifest", f"status complete, {len(parts)} parts")
+    spec = m.get("spec") if isinstance(m.get("spec"), dict) else {}
+    asked = [t for t in schema.OPTIONAL_TABLES if spec.get(t) or any(t in p.rel for p in parts)]
     return RunView(
         path=path,
         manifest=m,
@@ -112,6 +116,7 @@ def check_manifest(
         max_length=max_length,
         parts=parts,
         writing=writing,
+        tables=(*schema.TABLES, *asked),
     )
 
 
@@ -161,11 +166,14 @@ def check_files(rec: ValidationReport, run: RunView) -> None:
         else:
             rec.warn("files", f"{rel}: {what} (an uncommitted part; the next resume removes it)")
 
-    listed: dict[str, set[str]] = {t: set() for t in schema.TABLES}
+    listed: dict[str, set[str]] = {t: set() for t in run.tables}
     n_files = 0
     for part in run.parts:
-        for table in schema.TABLES:
-            rel = part.rel[table]
+        for table in run.tables:
+            rel = part.rel.get(table)
+            if rel is None:
+                rec.fail("files", f"part {part.name}: lists no {table} file, which the run's job asked for")
+                continue
             want = f"{table}/{part.name}"
             if rel != want:
                 rec.fail("files", f"part {part.name}: {table} file is {rel!r}, expected {want!r}")
@@ -179,7 +187,7 @@ def check_files(rec: ValidationReport, run: RunView) -> None:
                 rec.warn("files", f"{rel}: committed, still under its temporary name; a rerun renames it")
             else:
                 rec.fail("files", f"{rel}: listed in the manifest but missing")
-    for table in schema.TABLES:
+    for table in run.tables:
         folder = run.path / table
         if not folder.is_dir():  # a store has no folders: a run stopped before its first part has none
             continue  # (a listed part's missing file is named above)
@@ -204,10 +212,10 @@ def check_files(rec: ValidationReport, run: RunView) -> None:
 def check_schemas(rec: ValidationReport, run: RunView) -> None:
     checked = 0
     for part in run.parts:
-        for table in schema.TABLES:
-            path = run.file(part, table)
-            if part.rel[table] != f"{table}/{part.name}" or not path.is_file():
+        for table in run.tables:
+            if part.rel.get(table) != f"{table}/{part.name}" or not run.file(part, table).is_file():
                 continue
+            path = run.file(part, table)
             try:
                 pf = pq.ParquetFile(path)
             except Exception as e:  # any reader error means the file is not usable Parquet
@@ -245,10 +253,10 @@ def _null_counts(pf: pq.ParquetFile, table: str) -> dict[str, int]:
 
 
 def check_counts(rec: ValidationReport, run: RunView) -> None:
-    actual: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
-    complete_tables = set(schema.TABLES)
+    actual: dict[str, int] = dict.fromkeys(run.tables, 0)
+    complete_tables = set(run.tables)
     for part in run.parts:
-        for table in schema.TABLES:
+        for table in run.tables:
             n = part.file_rows.get(table)
             if n is None:
                 complete_tables.discard(table)
@@ -263,10 +271,10 @@ def check_counts(rec: ValidationReport, run: RunView) -> None:
     if not isinstance(counts, dict):
         rec.fail("counts", "the manifest of a complete run has no counts")
         return
-    for table in schema.TABLES:
-        listed = sum(p.rows[table] for p in run.parts)
+    for table in run.tables:
+        listed = sum(p.rows.get(table, 0) for p in run.parts)
         if counts.get(table) != listed:
             rec.fail("counts", f"counts.{table} is {counts.get(table)}, its parts list {listed} rows")
         elif table in complete_tables and counts.get(table) != actual[table]:
             rec.fail("counts", f"counts.{table} is {counts.get(table)}, its files hold {actual[table]} rows")
-    rec.note("counts", ", ".join(f"{t} {actual[t]}" for t in schema.TABLES) + " rows")
+    rec.note("counts", ", ".join(f"{t} {actual[t]}" for t in run.tables) + " rows")

@@ -20,6 +20,8 @@ MASS_TOLERANCE_DEFAULT = 2e-2  # a dtype not recorded or not among those
 SCALED_TOLERANCE = 1e-4
 #: |weight_min/max - min/max of the stored weights| allowed (the same float32 numbers when intact).
 MINMAX_TOLERANCE = 1e-6
+#: How far a review's ALTI values may sum over 1 (float32 rollouts).
+ALTI_TOLERANCE = 1e-4
 
 _KEYS = ["doc_id", "layer", "head"]
 
@@ -197,7 +199,7 @@ class _PartCheck:
 
     def __init__(self, rec: ValidationReport, run: RunView, part: Part) -> None:
         assert run.layers is not None and run.num_heads is not None
-        self.rec, self.run = rec, run
+        self.rec, self.run, self.part = rec, run, part
         self.rel_attn, self.rel_sum = part.rel["cls_attention"], part.rel["head_summary"]
         self.rel_tok = part.rel["tokens"]
         pred = pl.read_parquet(
@@ -230,6 +232,8 @@ class _PartCheck:
         self.heads(summary)
         self.rows(summary)
         self.spans()
+        if self.part.rel.get("contributions") and "contributions" in self.part.readable:
+            self.contributions()
         return summary.height, self.tokens.select("token_id", "token").unique().collect(engine="streaming")
 
     def report(self, check: str, rows: pl.DataFrame, message: pl.Expr) -> None:
@@ -387,6 +391,23 @@ class _PartCheck:
         apply_rules(
             self.rec, rows, fmt("{} {} position {}", pl.lit(self.rel_attn), self.key, "position"), rules
         )
+
+    def contributions(self) -> None:
+        """ALTI: one value in [0, 1] per token row, none for another position; a review's sum at most 1."""
+        rel = self.part.rel["contributions"]
+        alti = pl.scan_parquet(self.run.file(self.part, "contributions"), glob=False)
+        keys = self.tokens.select(TOKEN_KEY)
+        at = fmt("{} doc '{}' position {}", pl.lit(rel), "doc_id", "position")
+        rows = alti.join(keys.with_columns(token=pl.lit(True)), on=TOKEN_KEY, how="full", coalesce=True)
+        rules = [
+            ("measures", pl.col("alti").is_null(), pl.lit("a token without a contributions row")),
+            ("measures", pl.col("token").is_null(), pl.lit("a contributions row without a token")),
+            ("measures", ~pl.col("alti").is_between(0, 1), fmt("alti {} outside [0, 1]", "alti")),
+        ]
+        apply_rules(self.rec, rows, at, rules)
+        sums = alti.group_by("doc_id").agg(total=pl.col("alti").cast(pl.Float64).sum())
+        over = ("measures", pl.col("total") > 1 + ALTI_TOLERANCE, fmt("alti sums to {}, over 1", r("total")))
+        apply_rules(self.rec, sums, fmt("{} doc '{}'", pl.lit(rel), "doc_id"), [over])
 
     def spans(self) -> None:
         """Per token: 0 <= start <= end (end <= the text's length is the inputs' check)."""
