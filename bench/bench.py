@@ -15,7 +15,8 @@ and paired ratios: see ``harness.ratio``):
 - ``pipeline``: ``pipeline("text-classification", batch_size=32)``, predictions only;
 - ``ceiling``: our length-bucketed batches through the model with SDPA, nothing captured;
 - ``stage``: bertattn's model stage on the same batches ([CLS] rows captured, the last layer run for
-  [CLS] alone); ``stage-full`` runs the whole last layer, ``stage-zeroing`` adds value zeroing;
+  [CLS] alone); ``stage-full`` runs the whole last layer, ``stage-zeroing`` adds value zeroing,
+  ``stage-alti`` ALTI's contributions;
 - ``extract``: ``run_job`` end to end (read, encode, model, extract, write), less its model load.
 
 Figures go to ``bench/results/<device>.json``.
@@ -40,6 +41,7 @@ from bertattn_batch.engines import load_classifier, run_job
 from bertattn_batch.extract import ModelStage, ScoredRow
 from bertattn_batch.extract.batching import bucket_batches, chunks
 from bertattn_batch.model import Classifier, resolve_device
+from bertattn_batch.model.alti import AltiCapture
 from bertattn_batch.model.encode import Encoded, encode_texts
 from bertattn_batch.runtime import tune_runtime
 
@@ -123,7 +125,8 @@ def ceiling_method(clf: Classifier, encoded: list[Encoded]) -> Method:
 
 
 def stage_method(clf: Classifier, encoded: list[Encoded], name: str) -> Method:
-    """``stage``, ``stage-full`` (no last-layer trim) or ``stage-zeroing`` (value zeroing too)."""
+    """``stage``, ``stage-full`` (no last-layer trim), ``stage-zeroing`` (value zeroing too) or
+    ``stage-alti`` (ALTI contributions too)."""
     stage = ModelStage(clf, BATCH_TOKENS, MAX_BATCH_SIZE)
     rows = [ScoredRow(i, str(i), None, "ok", encoded=e) for i, e in enumerate(encoded)]
     shapes = _shapes([e.n_tokens for e in encoded])
@@ -132,10 +135,11 @@ def stage_method(clf: Classifier, encoded: list[Encoded], name: str) -> Method:
         kept = clf.trim
         clf.trim = None if name == "stage-full" else kept
         clf.value_zeroing = name == "stage-zeroing"
+        clf.alti = AltiCapture(clf.model) if name == "stage-alti" else None
         try:
             real, slots = stage(rows)
         finally:
-            clf.trim, clf.value_zeroing = kept, False
+            clf.trim, clf.value_zeroing, clf.alti = kept, False, None
         return Counts(len(rows), real, slots)
 
     return Method(name, _dtype(clf), run, harness.matmul_flops(clf.model.config, shapes))
@@ -182,7 +186,10 @@ def bench_case(
         methods += [
             pipeline_method(case, clf),
             ceiling_method(clf, encoded),
-            *(stage_method(clf, encoded, name) for name in ("stage", "stage-full", "stage-zeroing")),
+            *(
+                stage_method(clf, encoded, name)
+                for name in ("stage", "stage-full", "stage-zeroing", "stage-alti")
+            ),
             extract_method(case, clf, tmp / f"run-{case.name}-{dt}"),
         ]
     figures = harness.measure(case.name, methods, rounds, warmup, device)
