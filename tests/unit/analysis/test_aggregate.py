@@ -54,6 +54,7 @@ def run_dir(tiny_en_dir, drug_rows, tmp_path_factory) -> Path:
             out=str(out),
             layers=[-2, 0],
             window=10,
+            contributions="alti",
             progress=False,
         )
     )
@@ -102,6 +103,15 @@ def oracle(run: Path, min_reviews: int) -> dict[tuple, dict]:
     reviews: dict[tuple, list] = defaultdict(list)
     for i, (d, layer, head, pos, tok) in enumerate(zip(*cols, strict=True)):
         reviews[(d, layer, head)].append((pos, tok, weight[i], scaled[i], norm[i]))
+    # ALTI, a score of no head: its value as weight and norm, scaled min-max over the review's tokens
+    tokens = {(t["doc_id"], t["position"]): t["token"] for t in read_table(run, "tokens").to_pylist()}
+    alti: dict[str, list] = defaultdict(list)
+    for c in read_table(run, "contributions").to_pylist():
+        if c["doc_id"] in preds:
+            alti[c["doc_id"]].append((c["position"], tokens[(c["doc_id"], c["position"])], float(c["alti"])))
+    for d, items in alti.items():
+        scaled_alti = minmax(np.array([a for _, _, a in items]))
+        reviews[(d, None, None)] = [(p, t, a, s, a) for (p, t, a), s in zip(items, scaled_alti, strict=True)]
     sizes: dict[tuple, int] = defaultdict(int)
     for p in preds.values():
         sizes[("all", None)] += 1
@@ -215,6 +225,8 @@ def test_aggregates_equal_a_direct_computation(expected, result):
     assert set(got) == set(expected)
     assert {k[0] for k in got} == {"token", "word"}
     assert {k[3] for k in got} == {"all", "pred_label", "label"}
+    assert {k[0] for k in got if k[1] is None} == {"token", "word"}  # ALTI's rows, by token and word
+    assert any(k[1] is None and w["log_odds_z"] is not None for k, w in expected.items())
     assert any(w["log_odds"] is not None for w in expected.values())  # the label split has three
     for key, want in expected.items():
         row = got[key]
