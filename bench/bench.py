@@ -6,6 +6,7 @@ Usage::
     make bench                                          # zh (8192 reviews) and minilm (512), and the rest
     .venv/bin/python bench/bench.py --models minilm --n 256 --rounds 3
     .venv/bin/python bench/bench.py --models bert-base --device cuda
+    .venv/bin/python bench/bench.py --models minilm --n 200 --methods stage,stage-alti   # ALTI's cost
 
 The methods, each on the same reviews, warmed up, then timed interleaved over ``--rounds`` (best round
 and paired ratios: see ``harness.ratio``):
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
+import numpy as np
 import torch
 from harness import Case, Counts, Figure, Method
 
@@ -172,9 +174,16 @@ def extract_method(case: Case, clf: Classifier, out: Path) -> Method:
 
 
 def bench_case(
-    case: Case, device: torch.device, dtypes: Sequence[str], rounds: int, warmup: int, tmp: Path
+    case: Case,
+    device: torch.device,
+    dtypes: Sequence[str],
+    rounds: int,
+    warmup: int,
+    tmp: Path,
+    only: Sequence[str] = (),
 ) -> tuple[dict[str, Any], list[Figure]]:
-    """Every method on one case: the figures as rows with their ratios, and the figures themselves."""
+    """Every method on one case (``only`` those named, where given): the figures as rows with their
+    ratios, and the figures themselves."""
     clfs = {
         dt: Classifier.load(str(case.model_dir), device=str(device), dtype=dt, max_length=case.max_length)
         for dt in dtypes
@@ -192,9 +201,10 @@ def bench_case(
             ),
             extract_method(case, clf, tmp / f"run-{case.name}-{dt}"),
         ]
+    methods = [m for m in methods if not only or m.name in only]
     figures = harness.measure(case.name, methods, rounds, warmup, device)
     ceiling = {f.dtype: f for f in figures if f.method == "ceiling"}
-    seed = figures[0]
+    seed = next((f for f in figures if f.method == "seed"), None)
     rows = []
     for f in figures:
         base = ceiling.get(f.dtype, ceiling.get("float32"))
@@ -240,12 +250,26 @@ def format_table(rows: Sequence[dict[str, Any]], peak_tflops: float | None = Non
     return "\n".join(lines)
 
 
+def cpu_ratios(figures: Sequence[Figure]) -> str:
+    """CPU seconds of each ``stage-*`` method over ``stage``'s, per dtype: the best rounds' and the median
+    of the rounds' (interleaved, so a busy spell of the machine hits both)."""
+    stage = {f.dtype: f for f in figures if f.method == "stage"}
+    lines = []
+    for f in figures:
+        if f.method.startswith("stage-") and (base := stage.get(f.dtype)) is not None:
+            paired = np.median([a / b for a, b in zip(f.cpu_seconds, base.cpu_seconds, strict=True)])
+            best = min(f.cpu_seconds) / min(base.cpu_seconds)
+            lines.append(f"   CPU time {f.method} / stage ({f.dtype}): {best:.2f} best, {paired:.2f} paired")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="zh,minilm", help=f"comma-separated: {', '.join(harness.CASES)}")
     ap.add_argument("--n", type=int, default=None, help=f"reviews of each case (default: {DEFAULT_N})")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per method")
     ap.add_argument("--warmup", type=int, default=1, help="untimed passes of every method first")
+    ap.add_argument("--methods", default="", help="comma-separated methods to time (default: all)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
     ap.add_argument(
@@ -274,9 +298,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             n = args.n or DEFAULT_N.get(name, 512)
             print(f"\n== {name}: {n} reviews, {args.rounds} rounds after {args.warmup} warm-up", flush=True)
             case = harness.prepare_case(name, n, Path(tmp))
-            block, _ = bench_case(case, device, dtypes, args.rounds, args.warmup, Path(tmp))
+            only = [m for m in args.methods.split(",") if m]
+            block, figures = bench_case(case, device, dtypes, args.rounds, args.warmup, Path(tmp), only)
             print(f"   {block['note']}; {block['corpus']}, mean {block['mean_tokens']} tokens a review")
             print(format_table(block["figures"], peak), flush=True)
+            print(cpu_ratios(figures), flush=True)
             results["models"][name] = block
     slug = info.get("device_name") or f"cpu-{info['cpu_count']}core" + (
         "-bf16" if info["native_bf16"] else ""

@@ -148,7 +148,8 @@ def review_rows(part: CommittedPart) -> pl.LazyFrame:
         .drop("doc_id")
     )
     if "contributions" in part.files:  # ALTI: one more score, of no head (layer and head null)
-        a, lo, hi = pl.col("alti"), pl.col("alti").min().over(KEY), pl.col("alti").max().over(KEY)
+        a = pl.col("alti").cast(pl.Float64)
+        lo, hi = a.min().over(KEY), a.max().over(KEY)
         scaled = pl.when(hi > lo).then((a - lo) / (hi - lo)).otherwise(0.0)
         alti = pl.scan_parquet(part.files["contributions"], glob=False).join(ids, on="doc_id").select(
             layer=pl.lit(None, pl.Int16), head=pl.lit(None, pl.Int16), position="position", weight=a,

@@ -263,7 +263,7 @@ def test_every_review_has_one_top_token_per_head(run_dir):
         .group_by(["unit", "layer", "head"])
         .agg(pl.col("n_top").sum())
     )
-    assert tops.height == 2 * 2 * 4  # units x layers x heads
+    assert tops.height == 2 * (2 * 4 + 1)  # units x (layers x heads, and ALTI)
     assert set(tops["n_top"].to_list()) == {n_ok}
     agg.aggregate(run_dir, min_reviews=MIN_REVIEWS)  # leave the module's table as it was
 
@@ -551,6 +551,7 @@ def test_the_recipes_agree_with_aggregate(run_dir, result):
             & (pl.col("split") == "pred_label")
             & (pl.col("class_label") == label)
             & (pl.col("rank") <= 5)
+            & pl.col("layer").is_not_null()  # the heads': the recipes read attention, not ALTI
         )
         .sort(["layer", "head", "rank"])
         .with_columns(pl.col("n_reviews").cast(pl.Int64))
@@ -563,12 +564,15 @@ def test_the_recipes_agree_with_aggregate(run_dir, result):
     _same(with_polars, expected)
     _same(with_duckdb, expected)
     assert (
-        from_file.select("layer", "head", "rank", "token").rows()
+        from_file.filter(pl.col("layer").is_not_null()).select("layer", "head", "rank", "token").rows()
         == expected.select("layer", "head", "rank", "token").rows()
     )
     tops = con.sql(recipe("n_top_sql", run, label)).pl()
     everyone = result.table.filter(
-        (pl.col("unit") == "token") & (pl.col("split") == "all") & (pl.col("n_top") > 0)
+        (pl.col("unit") == "token")
+        & (pl.col("split") == "all")
+        & (pl.col("n_top") > 0)
+        & pl.col("layer").is_not_null()
     )
     want = {(r["layer"], r["head"], r["token"]): r["n_top"] for r in everyone.iter_rows(named=True)}
     got = {(r["layer"], r["head"], r["token"]): r["n_top"] for r in tops.iter_rows(named=True)}
