@@ -21,8 +21,8 @@ passes contributions through unchanged. The rollout ``R = C^L ⋯ C^1`` is accum
 The authors' code scales by an unbiased standard deviation without epsilon; this one reproduces the
 block's output exactly (docs/measures.md).
 
-A layer's ``(S, rows, hidden)`` decomposition is made in blocks of reviews and tokens, so memory stays
-bounded by :data:`CHUNK_BYTES` (and one review's attention) whatever the review length.
+A layer's ``(B, S, rows, hidden)`` decomposition is made in chunks of rows, so memory stays bounded by
+:data:`CHUNK_BYTES` (at least one row of a batch) whatever the review length.
 """
 
 from __future__ import annotations
@@ -35,11 +35,9 @@ from torch import nn
 
 from .capture import find_self_attention, head_geometry, output_projection
 
-#: The most bytes one block of a layer's decomposition (reviews, tokens j, rows i, hidden) float32 may
-#: take: small enough to stay in a CPU's cache between its matmul and its L1 distances.
-CHUNK_BYTES = 4 << 20
-#: The same on an accelerator, which wants few large launches instead.
-DEVICE_CHUNK_BYTES = 256 << 20
+#: The most bytes one chunk of a layer's decomposition (B, S, rows, hidden) float32 may take: few large
+#: operations (many small ones cost more on a CPU whose threads wait for each other).
+CHUNK_BYTES = 64 << 20
 
 
 def attention_layer_norm(model: nn.Module, attention: nn.Module) -> nn.LayerNorm | None:
@@ -118,19 +116,8 @@ class AltiCapture:
             z, y = (inp[0][:, :1], out[:, :1]) if last else (inp[0], out)  # the top: [CLS]'s row alone
             seen = self._seen
             c = layer_contributions(
-                seen["q"],
-                seen["k"],
-                seen["v"],
-                seen["x"],
-                z,
-                y,
-                self._mask,
-                norm,
-                dense,
-                heads,
-                size,
-                scaling,
-            )
+                seen["q"], seen["k"], seen["v"], seen["x"], z, y, self._mask, norm, dense, heads, size, scaling
+            )  # fmt: skip
             # (B, rows, S) @ (B, S, S): the last layer's one row is all the rollout keeps
             self._rollout = c if self._rollout is None else torch.bmm(c, self._rollout)
 
@@ -151,41 +138,39 @@ def layer_contributions(
     size: int,
     scaling: float,
 ) -> torch.Tensor:
-    """One layer's normalised contributions ``C`` (B, rows, S) float32 of the first ``rows`` positions
-    (all of them, or ``[CLS]`` alone at the top). ``q, k, v`` (B, S, H*D) are the projections, ``x``
-    (B, S, hidden) the block's input, ``z`` and ``y`` (B, rows, hidden) the LayerNorm's input and output,
-    ``mask`` (B, S) bool.
-
-    L is linear, so each head's term ``L(W_O^h v^h_j)`` is made once per token j, and ``s_i`` folded into
-    the attention weights: for every token j, ``T_i(x_j)`` of all rows i is then one small matmul
-    ``(rows, H) @ (H, hidden)``. Those are made a block of reviews and tokens j at a time, within
-    :data:`CHUNK_BYTES`, and each block's L1 distances taken while it is in cache."""
+    """One layer's normalised contributions ``C`` (B, rows, S) float32, for the ``rows`` positions the
+    LayerNorm saw (all of them, or ``[CLS]`` alone in a trimmed layer). ``q, k, v`` (B, S, H*D) are the
+    projections, ``x`` (B, S, hidden) the block's input, ``z`` and ``y`` (B, rows, hidden) the
+    LayerNorm's input and output, ``mask`` (B, S) bool."""
     B, S = k.shape[:2]
-    rows, hidden = z.shape[1], z.shape[2]
-    gamma = norm.weight.detach().float() if norm.weight is not None else torch.ones(hidden, device=z.device)
-    w = dense.weight.detach().float().view(hidden, heads, size)  # (hidden, H, D)
-    f = torch.einsum("bshd,ehd->bshe", v.float().view(B, S, heads, size), w)  # (B, S, H, hidden): W_O^h v^h_j
-    f = (f - f.mean(dim=-1, keepdim=True)) * gamma  # L(W_O^h v^h_j)
-    s = torch.rsqrt(z.float().var(dim=-1, unbiased=False, keepdim=True) + norm.eps)  # (B, rows, 1)
-    x = x[:, :rows].float()
-    own = s * (x - x.mean(dim=-1, keepdim=True)) * gamma  # (B, rows, hidden): s_i L(x_i), the residual
-    y = y.float()
+    rows = z.shape[1]
     q = q[:, :rows].float().view(B, rows, heads, size).transpose(1, 2)  # (B, H, rows, D)
     k = k.float().view(B, S, heads, size).transpose(1, 2)  # (B, H, S, D)
-    d = torch.empty(B, S, rows, device=z.device)  # d[b, j, i] = ‖y_i − T_i(x_j)‖₁
-    budget = CHUNK_BYTES if z.device.type == "cpu" else DEVICE_CHUNK_BYTES
-    nj = min(S, max(1, budget // (rows * hidden * 4)))  # tokens j a block
-    nb = max(1, budget // (S * rows * hidden * 4)) if nj == S else 1  # reviews a block
-    for b in (slice(b0, b0 + nb) for b0 in range(0, B, nb)):
-        scores = (q[b] @ k[b].transpose(-1, -2)) * scaling  # (nb, H, rows, S)
-        a = torch.softmax(scores.masked_fill(~mask[b, None, None, :], float("-inf")), dim=-1)
-        a = (a * s[b, None]).permute(0, 3, 2, 1)  # (nb, S, rows, H): s_i a^h_ij, by token j
-        for j0 in range(0, S, nj):
-            j = slice(j0, j0 + nj)
-            t = torch.matmul(a[:, j], f[b, j])  # (nb, nj, rows, hidden): T_i(x_j), less the residual
-            if j0 < rows:  # rows i = j of the block: token i contributes itself
-                i = torch.arange(j0, min(j0 + nj, rows), device=t.device)
-                t[:, i - j0, i] += own[b, i]
-            d[b, j] = torch.linalg.vector_norm(torch.sub(y[b, None], t, out=t), ord=1, dim=-1)
-    c = (y.abs().sum(dim=-1)[:, None, :] - d).clamp_min(0).transpose(1, 2) * mask[:, None, :]  # (B, rows, S)
+    scores = (q @ k.transpose(-1, -2)) * scaling  # (B, H, rows, S)
+    a = torch.softmax(scores.masked_fill(~mask[:, None, None, :], float("-inf")), dim=-1)  # (B, H, rows, S)
+    w = dense.weight.detach().float()  # (hidden, H*D)
+    w = w.view(w.shape[0], heads, size)  # (hidden, H, D)
+    x, z, y = x.float(), z.float(), y.float()
+    gamma = norm.weight.detach().float() if norm.weight is not None else torch.ones_like(z[0, 0])
+    # L is linear: each head's term is centred and scaled before the sum over heads, and s_i folded into
+    # the attention weights, so that a chunk of (rows, S, hidden) is T_i(x_j) as it is made
+    f = torch.einsum("bshd,ehd->bshe", v.float().view(B, S, heads, size), w)  # (B, S, H, hidden): W_O^h v^h_j
+    f = ((f - f.mean(dim=-1, keepdim=True)) * gamma).reshape(B * S, heads, -1)  # (B*S, H, hidden): L(·)
+    x = (x - x.mean(dim=-1, keepdim=True)) * gamma  # (B, S, hidden): L(x_i)
+    s = torch.rsqrt(z.var(dim=-1, unbiased=False, keepdim=True) + norm.eps)  # (B, rows, 1)
+    a = (a * s[:, None]).permute(0, 3, 2, 1)  # (B, S, rows, H): s_i a^h_ij, by j
+    hidden = x.shape[-1]
+    chunk = max(1, CHUNK_BYTES // max(1, B * S * hidden * 4))
+    out = []
+    for start in range(0, rows, chunk):
+        i = slice(start, min(start + chunk, rows))
+        c = i.stop - i.start
+        # (B*S, c, H) @ (B*S, H, hidden): for every token j, T_i(x_j) of the chunk's rows i, less the residual
+        t = torch.bmm(a[:, :, i].reshape(B * S, c, heads), f).view(B, S, c, hidden)  # (B, j, i, hidden)
+        idx = torch.arange(i.start, i.stop, device=t.device)
+        t[:, idx, idx - i.start] += s[:, i] * x[:, i]  # the residual: token i contributes itself
+        yi = y[:, None, i]  # (B, 1, c, hidden)
+        d = torch.linalg.vector_norm(torch.sub(yi, t, out=t), ord=1, dim=-1)  # (B, j, i): ‖y_i − T_i(x_j)‖₁
+        out.append((yi[:, 0].abs().sum(dim=-1)[:, :, None] - d.transpose(1, 2)).clamp_min(0))  # (B, c, S)
+    c = torch.cat(out, dim=1) * mask[:, None, :]  # (B, rows, S), 0 at padding
     return c / c.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)
