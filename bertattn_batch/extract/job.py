@@ -114,7 +114,13 @@ class WindowJob:
         self.unk_id = clf.tokenizer.unk_token_id  # None where a vocabulary has no unknown token
         vocab = vocab_array(clf.tokenizer)
         self.extractor = Extractor(
-            vocab, clf.layers, clf.num_heads, clf.labels, pass_info.run_id, store_text, bool(clf.contributions)
+            vocab,
+            clf.layers,
+            clf.num_heads,
+            clf.labels,
+            pass_info.run_id,
+            store_text,
+            bool(clf.contributions),
         )
 
     def __call__(self, rows: WindowRows) -> StagedPart:
