@@ -6,6 +6,7 @@ Usage::
     make bench                                          # zh (8192 reviews) and minilm (512), and the rest
     .venv/bin/python bench/bench.py --models minilm --n 256 --rounds 3
     .venv/bin/python bench/bench.py --models bert-base --device cuda
+    .venv/bin/python bench/bench.py --models minilm --n 200 --methods stage,stage-alti   # ALTI's cost
 
 The methods, each on the same reviews, warmed up, then timed interleaved over ``--rounds`` (best round
 and paired ratios: see ``harness.ratio``):
@@ -15,7 +16,8 @@ and paired ratios: see ``harness.ratio``):
 - ``pipeline``: ``pipeline("text-classification", batch_size=32)``, predictions only;
 - ``ceiling``: our length-bucketed batches through the model with SDPA, nothing captured;
 - ``stage``: bertattn's model stage on the same batches ([CLS] rows captured, the last layer run for
-  [CLS] alone); ``stage-full`` runs the whole last layer, ``stage-zeroing`` adds value zeroing;
+  [CLS] alone); ``stage-full`` runs the whole last layer, ``stage-zeroing`` adds value zeroing,
+  ``stage-alti`` ALTI's contributions;
 - ``extract``: ``run_job`` end to end (read, encode, model, extract, write), less its model load.
 
 Figures go to ``bench/results/<device>.json``.
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
+import numpy as np
 import torch
 from harness import Case, Counts, Figure, Method
 
@@ -40,6 +43,7 @@ from bertattn_batch.engines import load_classifier, run_job
 from bertattn_batch.extract import ScoredRow, score_rows
 from bertattn_batch.extract.batching import bucket_batches, chunks
 from bertattn_batch.model import Classifier, resolve_device
+from bertattn_batch.model.alti import AltiCapture
 from bertattn_batch.model.encode import Encoded, encode_texts
 from bertattn_batch.runtime import tune_runtime
 
@@ -123,7 +127,8 @@ def ceiling_method(clf: Classifier, encoded: list[Encoded]) -> Method:
 
 
 def stage_method(clf: Classifier, encoded: list[Encoded], name: str) -> Method:
-    """``stage``, ``stage-full`` (no last-layer trim) or ``stage-zeroing`` (value zeroing too)."""
+    """``stage``, ``stage-full`` (no last-layer trim), ``stage-zeroing`` (value zeroing too) or
+    ``stage-alti`` (ALTI contributions too)."""
     rows = [ScoredRow(i, str(i), None, "ok", encoded=e) for i, e in enumerate(encoded)]
     shapes = _shapes([e.n_tokens for e in encoded])
 
@@ -131,10 +136,11 @@ def stage_method(clf: Classifier, encoded: list[Encoded], name: str) -> Method:
         kept = clf.trim
         clf.trim = None if name == "stage-full" else kept
         clf.value_zeroing = name == "stage-zeroing"
+        clf.alti = AltiCapture(clf.model) if name == "stage-alti" else None
         try:
             real, slots = score_rows(clf, rows, BATCH_TOKENS, MAX_BATCH_SIZE)
         finally:
-            clf.trim, clf.value_zeroing = kept, False
+            clf.trim, clf.value_zeroing, clf.alti = kept, False, None
         return Counts(len(rows), real, slots)
 
     return Method(name, _dtype(clf), run, harness.matmul_flops(clf.model.config, shapes))
@@ -167,9 +173,16 @@ def extract_method(case: Case, clf: Classifier, out: Path) -> Method:
 
 
 def bench_case(
-    case: Case, device: torch.device, dtypes: Sequence[str], rounds: int, warmup: int, tmp: Path
+    case: Case,
+    device: torch.device,
+    dtypes: Sequence[str],
+    rounds: int,
+    warmup: int,
+    tmp: Path,
+    only: Sequence[str] = (),
 ) -> tuple[dict[str, Any], list[Figure]]:
-    """Every method on one case: the figures as rows with their ratios, and the figures themselves."""
+    """Every method on one case (``only`` those named, where given): the figures as rows with their
+    ratios, and the figures themselves."""
     clfs = {
         dt: Classifier.load(str(case.model_dir), device=str(device), dtype=dt, max_length=case.max_length)
         for dt in dtypes
@@ -181,12 +194,16 @@ def bench_case(
         methods += [
             pipeline_method(case, clf),
             ceiling_method(clf, encoded),
-            *(stage_method(clf, encoded, name) for name in ("stage", "stage-full", "stage-zeroing")),
+            *(
+                stage_method(clf, encoded, name)
+                for name in ("stage", "stage-full", "stage-zeroing", "stage-alti")
+            ),
             extract_method(case, clf, tmp / f"run-{case.name}-{dt}"),
         ]
+    methods = [m for m in methods if not only or m.name in only]
     figures = harness.measure(case.name, methods, rounds, warmup, device)
     ceiling = {f.dtype: f for f in figures if f.method == "ceiling"}
-    seed = figures[0]
+    seed = next((f for f in figures if f.method == "seed"), None)
     rows = []
     for f in figures:
         base = ceiling.get(f.dtype, ceiling.get("float32"))
@@ -232,12 +249,26 @@ def format_table(rows: Sequence[dict[str, Any]], peak_tflops: float | None = Non
     return "\n".join(lines)
 
 
+def cpu_ratios(figures: Sequence[Figure]) -> str:
+    """CPU seconds of each ``stage-*`` method over ``stage``'s, per dtype: the best rounds' and the median
+    of the rounds' (interleaved, so a busy spell of the machine hits both)."""
+    stage = {f.dtype: f for f in figures if f.method == "stage"}
+    lines = []
+    for f in figures:
+        if f.method.startswith("stage-") and (base := stage.get(f.dtype)) is not None:
+            paired = np.median([a / b for a, b in zip(f.cpu_seconds, base.cpu_seconds, strict=True)])
+            best = min(f.cpu_seconds) / min(base.cpu_seconds)
+            lines.append(f"   CPU time {f.method} / stage ({f.dtype}): {best:.2f} best, {paired:.2f} paired")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="zh,minilm", help=f"comma-separated: {', '.join(harness.CASES)}")
     ap.add_argument("--n", type=int, default=None, help=f"reviews of each case (default: {DEFAULT_N})")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per method")
     ap.add_argument("--warmup", type=int, default=1, help="untimed passes of every method first")
+    ap.add_argument("--methods", default="", help="comma-separated methods to time (default: all)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
     ap.add_argument(
@@ -266,9 +297,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             n = args.n or DEFAULT_N.get(name, 512)
             print(f"\n== {name}: {n} reviews, {args.rounds} rounds after {args.warmup} warm-up", flush=True)
             case = harness.prepare_case(name, n, Path(tmp))
-            block, _ = bench_case(case, device, dtypes, args.rounds, args.warmup, Path(tmp))
+            only = [m for m in args.methods.split(",") if m]
+            block, figures = bench_case(case, device, dtypes, args.rounds, args.warmup, Path(tmp), only)
             print(f"   {block['note']}; {block['corpus']}, mean {block['mean_tokens']} tokens a review")
             print(format_table(block["figures"], peak), flush=True)
+            print(cpu_ratios(figures), flush=True)
             results["models"][name] = block
     slug = info.get("device_name") or f"cpu-{info['cpu_count']}core" + (
         "-bf16" if info["native_bf16"] else ""

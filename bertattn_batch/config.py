@@ -195,6 +195,9 @@ class JobSpec:
                         "has ## pieces.", panel="Output", choices=WORDS)
     user_dict: str | None = option(None, "A jieba user dictionary: a word a line, optionally with its "
                                    "frequency and tag.", panel="Output")
+    contributions: str | None = option(None, "Also write whole-model token contributions to [CLS] (table "
+                                       "contributions): alti (Ferrando et al., 2022); costs model time, see "
+                                       "docs/measures.md.", panel="Output", choices=("alti",))
     on_existing: str = option("resume", "What to do when --out holds a run: resume, overwrite, new or "
                               "incremental.", panel="Output", default_text="resume",
                               choices=("resume", "overwrite", "new", "incremental"))

@@ -21,6 +21,10 @@ from .errors import BertAttnError
 
 #: Tables every run directory holds, in commit order.
 TABLES = ("predictions", "cls_attention", "head_summary", "tokens")
+#: Tables a run holds where its job asked for them (``contributions``: extract --contributions), in every
+#: part of it then.
+OPTIONAL_TABLES = ("contributions",)
+ALL_TABLES = (*TABLES, *OPTIONAL_TABLES)
 #: Statuses of rows without a source id: their doc id is their row number, which the checks for repeated
 #: and committed ids leave out.
 ROW_NUMBER_STATUSES = ("null_id", "not_json", "wrong_field_count")
@@ -42,12 +46,13 @@ def spec(table: str) -> dict[str, Any]:
 
 
 def version(table: str) -> int:
+    """A table's schema version."""
     return int(spec(table)["version"])
 
 
 def versions() -> dict[str, int]:
     """Every table's schema version: recorded in the manifest, checked on resume."""
-    return {t: version(t) for t in TABLES}
+    return {t: version(t) for t in ALL_TABLES}
 
 
 def key(table: str) -> list[str]:

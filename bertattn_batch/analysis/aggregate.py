@@ -108,8 +108,10 @@ def aggregates_path(run_dir: str | Path) -> Path:
 
 
 def committed_parts(run_dir: str | Path, verify: bool = False) -> list[CommittedPart]:
-    """The attention, token and predictions files of every part the manifest commits, in name order."""
-    return committed_files(run_dir, ("cls_attention", "tokens", "predictions"), verify)
+    """The attention, token and predictions files (and contributions, where the run wrote them) of every
+    part the manifest commits, in name order."""
+    alti = ("contributions",) if read_manifest(run_dir).spec.get("contributions") else ()
+    return committed_files(run_dir, ("cls_attention", "tokens", "predictions", *alti), verify)
 
 
 @dataclass
@@ -152,6 +154,15 @@ def review_rows(part: CommittedPart, extra: Sequence[str] = ()) -> PartRows:
         .join(ids, on="doc_id", how="inner")
         .drop("doc_id")
     )
+    if "contributions" in part.files:  # ALTI: one more score, of no head (layer and head null)
+        a = pl.col("alti").cast(pl.Float64)
+        lo, hi = a.min().over(KEY), a.max().over(KEY)
+        scaled = pl.when(hi > lo).then((a - lo) / (hi - lo)).otherwise(0.0)
+        alti = pl.scan_parquet(part.files["contributions"], glob=False).join(ids, on="doc_id").select(
+            layer=pl.lit(None, pl.Int16), head=pl.lit(None, pl.Int16), position="position", weight=a,
+            weight_scaled=scaled, weight_norm=a, **{KEY: KEY},
+        )  # fmt: skip
+        attn = pl.concat([attn, alti], how="vertical_relaxed")
     tokens = (
         pl.scan_parquet(part.files["tokens"], glob=False)
         .select("doc_id", "position", "token", "start")
@@ -546,14 +557,16 @@ def format_top(
     for (layer, cls), group in top.group_by(["layer", "class_label"], maintain_order=True):
         n = group["class_reviews"][0]
         who = "all reviews" if cls is None else f"{split} = {printable(str(cls), None)}"
-        lines = [f"{layer_name(layer, num_layers)} · {who} ({n} reviews) · top {k} {unit}s, {measure}"]
+        where = "ALTI, the whole model" if layer is None else layer_name(layer, num_layers)
+        lines = [f"{where} · {who} ({n} reviews) · top {k} {unit}s, {measure}"]
         cells: dict[int, list[str]] = {}
         for row in group.iter_rows(named=True):
             cells.setdefault(row["head"], []).append(f"{shown[row['token']]} {_fmt(row[measure])}")
         width = max(_width(c) for cs in cells.values() for c in cs)
         lines.append("head  " + "  ".join(_pad(f"#{i}", width) for i in range(1, k + 1)).rstrip())
         for head in sorted(cells):
-            lines.append(f"{head:>4}  " + "  ".join(_pad(c, width) for c in cells[head]).rstrip())
+            cell = "  ".join(_pad(c, width) for c in cells[head]).rstrip()
+            lines.append(f"{'' if head is None else head:>4}  {cell}")
         blocks.append("\n".join(lines))
     # a group with scored reviews but no row left is named, not left out
     shown_classes = set(top["class_label"].to_list())

@@ -8,8 +8,11 @@ Usage::
 
 On a seeded sample of the run's scored reviews, stratified by predicted label, each captured head's
 ``weight`` and ``weight_norm`` (and each layer's ``value_zeroing``, head null) rank the review's content
-tokens, ties by position; so do two references that depend on no head: ``random`` and
-``gradient_x_input``. For k in ``FRACTIONS`` the top ⌈k·m⌉ of the m content tokens are deleted from the
+tokens, ties by position; so do the references that depend on no head: ``random``,
+``gradient_x_input`` and, where the run wrote its contributions table, ``alti`` (whole-model
+contributions to [CLS], Ferrando et al., 2022). Beside ALTI, each head's ``alti_spearman`` says how far
+its ranking follows the whole model's: the mean over reviews of the Spearman correlation of its scores
+and ALTI over the review's content tokens. For k in ``FRACTIONS`` the top ⌈k·m⌉ of the m content tokens are deleted from the
 token ids the run scored ([CLS] and [SEP] kept) and the model runs again:
 
 - comprehensiveness = p(ŷ | x) − p(ŷ | x without them): large when the tokens mattered;
@@ -59,7 +62,7 @@ SAMPLE = 200
 HEAD_SCORES = ("weight", "weight_norm", "value_zeroing")
 #: Of those, the scores of a whole layer (head null in the table).
 LAYER_SCORES = ("value_zeroing",)
-REFERENCES = ("gradient_x_input", "random")
+REFERENCES = ("gradient_x_input", "random", "alti")
 #: Padded tokens per model batch, and reviews per batch at most, of the reruns.
 BATCH_TOKENS = 16384
 MAX_BATCH_SIZE = 256
@@ -136,6 +139,8 @@ def faithfulness(
     pred = chosen["pred_id"].to_numpy()
     scores = head_scores(run, doc_ids, bool(manifest.spec.get("value_zeroing")))
     scores.update(reference_scores(clf, ids, pred, seed))
+    if manifest.spec.get("contributions") == "alti":
+        scores[("alti", None, None)] = alti_scores(run, doc_ids, [len(x) - 2 for x in ids])
     rows = erasure_table(clf, ids, pred, scores, progress)
     table = schema.cast(pl.DataFrame(rows).to_arrow(), TABLE) if rows else schema.arrow(TABLE).empty_table()
     options = {"sample": sample, "seed": seed, "n_reviews": len(ids), "fractions": list(FRACTIONS)}
@@ -201,6 +206,31 @@ def head_scores(
         if any(x is None for x in per_review):
             raise RunDirError(f"{run}: cls_attention lacks {key[0]} rows of layer {key[1]}")
     return out
+
+
+def alti_scores(run: Path, doc_ids: list[str], content: list[int]) -> list[np.ndarray]:
+    """Each review's ALTI values of its content tokens, from the run's contributions table."""
+    rows = _rows_of(run, "contributions", doc_ids, ["position"], ["alti"])
+    out: list[np.ndarray | None] = [None] * len(doc_ids)
+    for (review,), group in rows.group_by("review", maintain_order=True):
+        if np.array_equal(group["position"].to_numpy(), np.arange(1, content[review] + 1)):
+            out[review] = group["alti"].to_numpy().astype(np.float64)
+    if missing := [doc_ids[i] for i, x in enumerate(out) if x is None]:
+        raise RunDirError(f"{run}: the contributions table lacks tokens of reviews {missing[:3]}")
+    return out  # type: ignore[return-value]  # none is None here
+
+
+def mean_spearman(a: list[np.ndarray], b: list[np.ndarray]) -> float | None:
+    """The mean over reviews of the Spearman correlation of ``a`` and ``b`` (ties ranked by their mean
+    rank); a review with fewer than two tokens, or constant scores, has none. None: no review had one."""
+    rhos = []
+    for x, y in zip(a, b, strict=True):
+        if len(x) < 2:
+            continue
+        rx, ry = (pl.Series(v).rank("average").to_numpy() for v in (x, y))
+        if rx.std() > 0 and ry.std() > 0:
+            rhos.append(float(np.corrcoef(rx, ry)[0, 1]))
+    return float(np.mean(rhos)) if rhos else None
 
 
 def scored_tokens(run: Path, doc_ids: list[str], n_tokens: list[int]) -> list[np.ndarray]:
@@ -283,6 +313,9 @@ def erasure_table(
                 for x, sc in zip(ids, per_review, strict=True)
             ]
         )
+    alti = scores.get(("alti", None, None))
+    tracks = {key: mean_spearman(sc, alti) if alti is not None and key[0] != "alti" else None
+              for key, sc in scores.items()}  # fmt: skip
     probs = _probabilities(clf, [np.frombuffer(s, dtype=np.int64) for s in sequences], progress)
     p_full = probs[full, pred]  # (reviews,)
     rows = []
@@ -300,6 +333,7 @@ def erasure_table(
                     "k": k,
                     "comprehensiveness": float(c.mean()),
                     "sufficiency": float(s.mean()),
+                    "alti_spearman": tracks[(name, layer, head)],
                     "n_reviews": len(ids),
                 }
             )

@@ -44,6 +44,7 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
         "attention": spec.attention,
         "store_text": spec.store_text,
         "value_zeroing": spec.value_zeroing,
+        "contributions": spec.contributions,
     }
     fingerprint["job_sha256"] = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     source = located(clf.source)
@@ -85,7 +86,7 @@ def load_classifier(spec: JobSpec) -> Any:
             spec.model, layers=spec.layers, device=spec.device, dtype=spec.dtype, attention=spec.attention,
             max_length=spec.max_length, trust_remote_code=spec.trust_remote_code,
             allow_pickle=spec.allow_pickle, trim_last_layer=spec.trim_last_layer,
-            value_zeroing=spec.value_zeroing, compile=spec.compile,
+            value_zeroing=spec.value_zeroing, contributions=spec.contributions, compile=spec.compile,
         )  # fmt: skip
     except (SpecError, ModelError) as e:
         if spec.on_existing not in ("resume", "incremental"):

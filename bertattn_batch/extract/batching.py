@@ -106,6 +106,7 @@ class BatchPlan:
         cls_norms = np.empty_like(cls_rows)
         zeroing = np.empty(layers * sum(lengths), np.float32) if clf.value_zeroing else None
         probs = np.empty((len(todo), len(clf.labels)), dtype=np.float32)
+        contributions = np.empty(sum(lengths), np.float32) if clf.contributions else None
         at = 0
         for i, (r, n) in enumerate(zip(todo, lengths, strict=True)):
             r.probs = probs[i]  # (C,)
@@ -114,6 +115,9 @@ class BatchPlan:
             if zeroing is not None:
                 start = at // heads
                 r.value_zeroing = zeroing[start : start + layers * n].reshape(layers, n)  # (L, n)
+            if contributions is not None:
+                start = at // (layers * heads)
+                r.contributions = contributions[start : start + n]  # (n,)
             at += layers * heads * n
         self.batches = [
             [todo[i] for i in idx]
@@ -141,3 +145,5 @@ class BatchPlan:
                 r.cls_norms[:] = out.norms[i, :, :, :n]
                 if out.value_zeroing is not None:
                     r.value_zeroing[:] = out.value_zeroing[i, :, :n]
+                if out.contributions is not None:
+                    r.contributions[:] = out.contributions[i, :n]

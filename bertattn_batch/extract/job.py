@@ -105,7 +105,15 @@ class WindowJob:
         self.encoder = Encoder(clf.tokenizer, clf.max_length, encode_threads)
         self.unk_id = clf.tokenizer.unk_token_id  # None where a vocabulary has no unknown token
         vocab = vocab_array(clf.tokenizer)
-        self.extractor = Extractor(vocab, clf.layers, clf.num_heads, clf.labels, pass_info.run_id, store_text)
+        self.extractor = Extractor(
+            vocab,
+            clf.layers,
+            clf.num_heads,
+            clf.labels,
+            pass_info.run_id,
+            store_text,
+            bool(clf.contributions),
+        )
 
     def __call__(self, rows: WindowRows) -> StagedPart:
         return self.stage(self.score(self.encode(rows)))

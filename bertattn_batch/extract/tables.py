@@ -39,6 +39,7 @@ class ScoredRow:
     cls_rows: np.ndarray | None = None  # (L, H, n): the review's own tokens only
     cls_norms: np.ndarray | None = None  # (L, H, n): norm-based weights of the same tokens
     value_zeroing: np.ndarray | None = None  # (L, n): where the run asked for it
+    contributions: np.ndarray | None = None  # (n,): ALTI's R[0, :], where the run asked for it
     text: str | None = None  # as read, for the predictions table
 
 
@@ -66,6 +67,7 @@ class Extractor:
         labels: Sequence[str],
         run_id: str = "",
         store_text: bool = True,
+        contributions: bool = False,
     ) -> None:
         self.vocab = vocab
         self.layers = np.asarray(layers, dtype=np.int16)
@@ -73,15 +75,19 @@ class Extractor:
         self.labels = list(labels)
         self.run_id = run_id
         self.store_text = store_text
+        self.contributions = contributions  # also the contributions table
 
     def tables(self, rows: Sequence[ScoredRow]) -> dict[str, pa.Table]:
         attention, summary, tokens = self.cls_attention(rows)
-        return {
+        out = {
             "predictions": self.predictions(rows),
             "cls_attention": attention,
             "head_summary": summary,
             "tokens": tokens,
         }
+        if self.contributions:
+            out["contributions"] = contributions_table(rows, tokens)
+        return out
 
     def predictions(self, rows: Sequence[ScoredRow]) -> pa.Table:
         pred_id = [int(np.argmax(r.probs)) if r.probs is not None else None for r in rows]
@@ -214,6 +220,15 @@ class Extractor:
             schema.cast(pa.table(summary), "head_summary", keep_dictionaries=True),
             schema.cast(pa.table(tokens), "tokens", keep_dictionaries=True),
         )
+
+
+def contributions_table(rows: Sequence[ScoredRow], tokens: pa.Table) -> pa.Table:
+    """One row per content token of the scored rows, in ``tokens``' order (its doc ids and positions):
+    each token's contribution to [CLS] after the last layer."""
+    scored = [r for r in rows if r.cls_rows is not None]
+    alti = _cat([r.contributions[1 : _last(r)] for r in scored], np.float32)
+    table = pa.table({"doc_id": tokens["doc_id"], "position": tokens["position"], "alti": alti})
+    return schema.cast(table, "contributions", keep_dictionaries=True)
 
 
 def _zeroing(scored: Sequence[ScoredRow], heads: int, rows: int) -> pa.Array:

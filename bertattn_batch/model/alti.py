@@ -21,8 +21,8 @@ passes contributions through unchanged. The rollout ``R = C^L ⋯ C^1`` is accum
 The authors' code scales by an unbiased standard deviation without epsilon; this one reproduces the
 block's output exactly (docs/measures.md).
 
-The ``(rows, S, hidden)`` tensor of one layer's decomposition is made in chunks of rows, so memory stays
-bounded by :data:`CHUNK_BYTES` whatever the review length.
+A layer's ``(B, S, rows, hidden)`` decomposition is made in chunks of rows, so memory stays bounded by
+:data:`CHUNK_BYTES` (at least one row of a batch) whatever the review length.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from torch import nn
 
 from .capture import find_self_attention, head_geometry, output_projection
 
-#: The most bytes one chunk of a layer's decomposition (B, rows, S, hidden) float32 may take.
+#: The most bytes one chunk of a layer's decomposition (B, S, rows, hidden) float32 may take: few large
+#: operations (many small ones cost more on a CPU whose threads wait for each other).
 CHUNK_BYTES = 64 << 20
 
 
@@ -79,13 +80,15 @@ class AltiCapture:
         """Hooks in place for one forward over a batch with this (B, S) mask."""
         self._mask, self._rollout, self._seen = attention_mask.bool(), None, {}
         handles = []
-        for module, q, k, v, dense, norm in self._blocks:
+        for n, (module, q, k, v, dense, norm) in enumerate(self._blocks, 1):
             heads, size, scaling = head_geometry(module, q)
             handles += [
                 q.register_forward_hook(self._keep("q", with_input=True)),
                 k.register_forward_hook(self._keep("k")),
                 v.register_forward_hook(self._keep("v")),
-                norm.register_forward_hook(self._on_norm(heads, size, scaling, dense)),
+                norm.register_forward_hook(
+                    self._on_norm(heads, size, scaling, dense, n == len(self._blocks))
+                ),
             ]
         try:
             yield self
@@ -108,13 +111,14 @@ class AltiCapture:
 
         return hook
 
-    def _on_norm(self, heads: int, size: int, scaling: float, dense: nn.Linear):
+    def _on_norm(self, heads: int, size: int, scaling: float, dense: nn.Linear, last: bool):
         def hook(norm: nn.LayerNorm, inp: tuple, out: torch.Tensor) -> None:
+            z, y = (inp[0][:, :1], out[:, :1]) if last else (inp[0], out)  # the top: [CLS]'s row alone
+            seen = self._seen
             c = layer_contributions(
-                self._seen["q"], self._seen["k"], self._seen["v"], self._seen["x"], inp[0], out,
-                self._mask, norm, dense, heads, size, scaling,
+                seen["q"], seen["k"], seen["v"], seen["x"], z, y, self._mask, norm, dense, heads, size, scaling
             )  # fmt: skip
-            # (B, rows, S) @ (B, S, S): rows of the last layer are what it computed (a trim keeps [CLS])
+            # (B, rows, S) @ (B, S, S): the last layer's one row is all the rollout keeps
             self._rollout = c if self._rollout is None else torch.bmm(c, self._rollout)
 
         return hook
@@ -146,21 +150,27 @@ def layer_contributions(
     a = torch.softmax(scores.masked_fill(~mask[:, None, None, :], float("-inf")), dim=-1)  # (B, H, rows, S)
     w = dense.weight.detach().float()  # (hidden, H*D)
     w = w.view(w.shape[0], heads, size)  # (hidden, H, D)
-    f = torch.einsum("bshd,ehd->bhse", v.float().view(B, S, heads, size), w)  # (B, H, S, hidden): W_O^h v^h_j
     x, z, y = x.float(), z.float(), y.float()
-    s = torch.rsqrt(z.var(dim=-1, unbiased=False, keepdim=True) + norm.eps)  # (B, rows, 1)
     gamma = norm.weight.detach().float() if norm.weight is not None else torch.ones_like(z[0, 0])
+    # L is linear: each head's term is centred and scaled before the sum over heads, and s_i folded into
+    # the attention weights, so that a chunk of (rows, S, hidden) is T_i(x_j) as it is made
+    f = torch.einsum("bshd,ehd->bshe", v.float().view(B, S, heads, size), w)  # (B, S, H, hidden): W_O^h v^h_j
+    f = ((f - f.mean(dim=-1, keepdim=True)) * gamma).reshape(B * S, heads, -1)  # (B*S, H, hidden): L(·)
+    x = (x - x.mean(dim=-1, keepdim=True)) * gamma  # (B, S, hidden): L(x_i)
+    s = torch.rsqrt(z.var(dim=-1, unbiased=False, keepdim=True) + norm.eps)  # (B, rows, 1)
+    a = (a * s[:, None]).permute(0, 3, 2, 1)  # (B, S, rows, H): s_i a^h_ij, by j
     hidden = x.shape[-1]
     chunk = max(1, CHUNK_BYTES // max(1, B * S * hidden * 4))
     out = []
     for start in range(0, rows, chunk):
         i = slice(start, min(start + chunk, rows))
-        part = torch.einsum("bhij,bhje->bije", a[:, :, i], f)  # (B, c, S, hidden): Σ_h a^h_ij W_O^h v^h_j
-        idx = torch.arange(i.start, i.stop, device=part.device)
-        part[:, idx - i.start, idx] += x[:, i]  # the residual: token i contributes itself
-        t = s[:, i, None] * gamma * (part - part.mean(dim=-1, keepdim=True))  # (B, c, S, hidden): T_i(x_j)
-        yi = y[:, i, None]  # (B, c, 1, hidden)
-        d = (yi - t).abs().sum(dim=-1)  # (B, c, S)
-        out.append((yi.abs().sum(dim=-1) - d).clamp_min(0))  # (B, c, S)
+        c = i.stop - i.start
+        # (B*S, c, H) @ (B*S, H, hidden): for every token j, T_i(x_j) of the chunk's rows i, less the residual
+        t = torch.bmm(a[:, :, i].reshape(B * S, c, heads), f).view(B, S, c, hidden)  # (B, j, i, hidden)
+        idx = torch.arange(i.start, i.stop, device=t.device)
+        t[:, idx, idx - i.start] += s[:, i] * x[:, i]  # the residual: token i contributes itself
+        yi = y[:, None, i]  # (B, 1, c, hidden)
+        d = torch.linalg.vector_norm(torch.sub(yi, t, out=t), ord=1, dim=-1)  # (B, j, i): ‖y_i − T_i(x_j)‖₁
+        out.append((yi[:, 0].abs().sum(dim=-1)[:, :, None] - d.transpose(1, 2)).clamp_min(0))  # (B, c, S)
     c = torch.cat(out, dim=1) * mask[:, None, :]  # (B, rows, S), 0 at padding
     return c / c.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)

@@ -26,6 +26,7 @@ from safetensors import SafetensorError
 
 from ..config import MIN_TOKENS
 from ..errors import ModelError, SpecError, first_line
+from .alti import AltiCapture
 from .capture import ClsRowCapture, eager_rows
 from .checks import (
     check_loaded_weights,
@@ -72,6 +73,7 @@ class Classifier:
     config_sha256: str = "unknown"
     trim: LastLayerTrim | None = field(default=None, repr=False)  # sdpa mode: last layer for [CLS] only
     value_zeroing: bool = False  # also compute value zeroing (one more pass through the layer's tail)
+    alti: AltiCapture | None = field(default=None, repr=False)  # whole-model contributions (ALTI), asked for
     compiled: torch.nn.Module | None = field(default=None, repr=False)  # torch.compile'd model (--compile)
     oom_tokens: int | None = None  # the fewest padded tokens of a batch that ran out of device memory
 
@@ -88,6 +90,7 @@ class Classifier:
         allow_pickle: bool = False,
         trim_last_layer: bool = True,
         value_zeroing: bool = False,
+        contributions: str | None = None,
         compile: bool = False,
     ) -> Classifier:
         path = resolve_source(source)
@@ -114,6 +117,10 @@ class Classifier:
                 "encoder layers (it knows BERT and its post-LayerNorm kin, DistilBERT and ALBERT); run "
                 "without --value-zeroing"
             )
+        try:
+            alti = AltiCapture(model) if contributions == "alti" else None
+        except ValueError as e:
+            raise ModelError(f"{source}: {e}; run without --contributions") from None
         if all(v.startswith("LABEL_") for v in id2label.values()):
             log.warning("%s: labels are named LABEL_n; is the classification head trained?", source)
         limit = _max_length(max_length, tokenizer, config, source)
@@ -138,6 +145,7 @@ class Classifier:
             id2label=id2label,
             trim=trim,
             value_zeroing=value_zeroing,
+            alti=alti,
         )
         if compile:
             clf.compiled = compiled_model(clf)
@@ -174,6 +182,11 @@ class Classifier:
         return "wordpiece" if self.word_continuation else None
 
     @property
+    def contributions(self) -> str | None:
+        """The whole-model contributions each batch's outputs carry: "alti", or None."""
+        return "alti" if self.alti is not None else None
+
+    @property
     def device_type(self) -> str:
         """``cpu``, ``cuda`` or ``mps``: what sizes the batches (extract/batching.py)."""
         return self.device.type
@@ -199,8 +212,9 @@ class Classifier:
         is queued while the host copies this one's outputs (:meth:`PendingOutputs.result`)."""
         input_ids, mask = self.pad(ids)  # (B, S) each
         model = self.model if self.compiled is None else self.compiled
+        alti = self.alti.forward(mask) if self.alti is not None else contextlib.nullcontext()
         if self.attention == "eager":
-            with self.capture as capture:  # the values, for the norms; the rows are transformers' own
+            with self.capture as capture, alti:  # the values, for the norms; the rows are transformers' own
                 out = model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
             rows = eager_rows(out.attentions, self.layers)  # (B, L, H, S)
         else:
@@ -208,17 +222,19 @@ class Classifier:
             # and SDPA may take its fastest kernel
             padded = min(map(len, ids)) < input_ids.shape[1]
             trim = self.trim or contextlib.nullcontext()
-            with self.capture as capture, trim, no_cudnn_attention():
+            with self.capture as capture, alti, trim, no_cudnn_attention():
                 out = model(input_ids=input_ids, attention_mask=mask if padded else None)
             rows = capture.rows(mask)  # (B, L, H, S)
         norms = capture.norms(rows)  # (B, L, H, S)
         zeroing = capture.value_zeroing(rows) if self.value_zeroing else None  # (B, L, S)
         capture.release()
+        contributions = self.alti.cls_contributions() if self.alti is not None else None  # (B, S)
         probs = torch.softmax(out.logits.float(), dim=-1)  # (B, C)
-        outputs = [probs, rows, norms] + ([zeroing] if zeroing is not None else [])
-        finite = torch.stack([torch.isfinite(t).all() for t in outputs]).all()  # on the device: no wait
+        outputs = [probs, rows, norms, zeroing, contributions]  # Outputs' fields, None where not asked for
+        finite = torch.stack([torch.isfinite(t).all() for t in outputs if t is not None]).all()  # no wait
         cuda = self.device.type == "cuda"  # elsewhere (mps) a copy is waited for here: no event to wait on
-        return PendingOutputs(self, len(ids), [t.to("cpu", non_blocking=cuda) for t in [finite, *outputs]])
+        host = [None if t is None else t.to("cpu", non_blocking=cuda) for t in [finite, *outputs]]
+        return PendingOutputs(self, len(ids), host)
 
     @torch.inference_mode()
     def probabilities(self, ids: list[np.ndarray]) -> np.ndarray:
@@ -245,7 +261,7 @@ class PendingOutputs:
     """One batch's outputs on their way to the host: copies the device makes after the batch's kernels,
     and an event that says when they are done."""
 
-    def __init__(self, clf: Classifier, size: int, host: list[torch.Tensor]) -> None:
+    def __init__(self, clf: Classifier, size: int, host: list[torch.Tensor | None]) -> None:
         self._clf, self._size, self._host = clf, size, host
         # blocking: the waiting thread sleeps rather than spinning on a core that the host side needs
         self._done = torch.cuda.Event(blocking=True) if clf.device.type == "cuda" else None
@@ -265,7 +281,12 @@ class PendingOutputs:
                 + ("; in float16, try --dtype bfloat16 or float32" if clf.dtype == torch.float16 else "")
             )
         # on CUDA, copies: the pinned buffers go back to torch's cache while a caller keeps the outputs
-        return Outputs(*(np.array(t.numpy()) if self._done is not None else t.numpy() for t in outputs))
+        return Outputs(
+            *(
+                None if t is None else np.array(t.numpy()) if self._done is not None else t.numpy()
+                for t in outputs
+            )
+        )
 
 
 def layer_count(config) -> int:

@@ -15,3 +15,4 @@ class Outputs(NamedTuple):
     rows: np.ndarray  # (B, L, H, S): the [CLS] query's attention weights
     norms: np.ndarray  # (B, L, H, S): their norm-based weights
     value_zeroing: np.ndarray | None = None  # (B, L, S), where the classifier was loaded to compute it
+    contributions: np.ndarray | None = None  # (B, S): ALTI's R[0, :], where the classifier was loaded so

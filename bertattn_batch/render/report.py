@@ -50,6 +50,9 @@ NOTES = {
     "times the length of its transformed value; still one layer, residual and feed-forward left out.",
     "value_zeroing": "how far the layer's [CLS] output moves when the token's values are removed (Mohebbi et "
     "al., 2023); one layer at a time, the attention held fixed.",
+    "alti": "each token's share of the [CLS] representation after the last layer, every layer's attention "
+    "block decomposed and rolled out (Ferrando et al., 2022; extract --contributions alti); a head whose "
+    "ranking tracks it (Spearman) can be read as whole-model influence.",
     "log-odds z": "what a head attends to more in one label than the others, rare tokens held back (Monroe "
     "et al., 2008); a difference in where it looks, not a cause.",
     "comprehensiveness / sufficiency": "how much the predicted label's probability drops when the score's "
@@ -60,6 +63,8 @@ NOTES = {
 MIN_RANDOM = 0.01
 #: Contrast tokens shown per head and predicted label.
 CONTRAST_TOKENS = 3
+#: Heads named as tracking whole-model influence: the best by mean Spearman with ALTI, at least this.
+TRACKING_HEADS, MIN_TRACKING = 3, 0.3
 
 
 # -- the run ------------------------------------------------------------------------------------------
@@ -230,12 +235,16 @@ def _faithfulness_html(
             "and its sufficiency below."
         )
     ]
+    tracked = "alti_spearman" in aopc.columns and aopc["alti_spearman"].is_not_null().any()
+    if tracked:
+        out.append(_tracking_html(aopc, num_layers))
     header = [
         "score",
         "head",
         "comprehensiveness",
         "vs random",
         "sufficiency",
+        *(["tracks ALTI (Spearman)"] if tracked else []),
         "attends to more, by prediction",
     ]
     for (layer,), rows in aopc.filter(pl.col("layer").is_not_null()).group_by("layer", maintain_order=True):
@@ -246,15 +255,40 @@ def _faithfulness_html(
                 r["comprehensiveness"],
                 f"{r['comprehensiveness'] / base:.1f}x" if base is not None and base >= MIN_RANDOM else "",
                 r["sufficiency"],
+                *([r["alti_spearman"] if r["alti_spearman"] is not None else ""] if tracked else []),
                 "" if r["head"] is None else contrasts.get((layer, r["head"]), ""),
             ]
             for r in pl.concat([rows, refs]).sort("comprehensiveness", descending=True).iter_rows(named=True)
         ]
         out += [
             f"<h3>Heads of {esc(layer_name(layer, num_layers))}, most faithful first</h3>",
-            data_table(header, body, [False, True, True, True, True, False]),
+            data_table(header, body, [False, True, True, True, True, *([True] if tracked else []), False]),
         ]
     return out
+
+
+def _tracking_html(aopc: pl.DataFrame, num_layers: int | None) -> str:
+    """Which heads track whole-model influence: the heads whose weights rank a review's tokens most as
+    ALTI does (mean Spearman over the sample)."""
+    heads = aopc.filter(pl.col("head").is_not_null() & pl.col("alti_spearman").is_not_null())
+    best = heads.sort("alti_spearman", descending=True, maintain_order=True).head(TRACKING_HEADS)
+    named = [
+        f"{esc(layer_name(r['layer'], num_layers))} head {r['head']} ({r['score']}, {r['alti_spearman']:.2f})"
+        for r in best.filter(pl.col("alti_spearman") >= MIN_TRACKING).iter_rows(named=True)
+    ]
+    alti = aopc.filter(pl.col("score") == "alti")
+    said = (
+        f"ALTI's own comprehensiveness is {alti['comprehensiveness'][0]:.3f}, sufficiency "
+        f"{alti['sufficiency'][0]:.3f}. "
+        if alti.height
+        else ""
+    )
+    if named:
+        return f"<p>{said}Heads that track whole-model influence (mean Spearman with ALTI): {', '.join(named)}.</p>"
+    return (
+        f"<p>{said}No head tracks whole-model influence: none ranks a review's tokens as ALTI does with a mean "
+        f"Spearman of {MIN_TRACKING} or more; read the heads as where they look, not as influence.</p>"
+    )
 
 
 def _believe_html(run: Path, manifest: Manifest, aggregates: pl.DataFrame) -> str:

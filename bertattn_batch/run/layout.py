@@ -20,6 +20,7 @@ REPORT_NAME = "report.html"
 LOCK_NAME = ".bertattn.lock"  # held by the process writing a run on local disk
 LEASE_NAME = "_lease.json"  # on an object store (run/lease.py)
 TABLES = schema.TABLES
+ALL_TABLES = schema.ALL_TABLES
 
 
 def part_name(start_row: int, generation: int = 0, writer: str = "") -> str:

@@ -61,7 +61,8 @@ class PartEntry:
         for key, value in values.items():
             _expect(key, value, _KINDS[key])
         for key, kind in (("files", str), ("rows", int)):
-            values[key] = {t: values[key].get(t) for t in TABLES}
+            optional = [t for t in schema.OPTIONAL_TABLES if t in values[key]]
+            values[key] = {t: values[key].get(t) for t in (*TABLES, *optional)}
             for table, value in values[key].items():
                 _expect(f"{key}.{table}", value, kind)
         for table, path in values["files"].items():  # a reader must not follow one out of the run
@@ -235,7 +236,9 @@ def layer_name(layer: int, num_layers: int | None) -> str:
 
 
 #: Fingerprint settings older runs did not record, with the value every run had then.
-_OLD_DEFAULTS = {"encoding": "utf-8", "delimiter": None, "store_text": True, "value_zeroing": False}
+_OLD_DEFAULTS = {
+    "encoding": "utf-8", "delimiter": None, "store_text": True, "value_zeroing": False, "contributions": None,
+}  # fmt: skip
 
 
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
@@ -330,14 +333,22 @@ def read_manifest(run_dir: str | Path) -> Manifest:
 
 def require_current_tables(run_dir: str | Path, written: Any) -> None:
     """Refuse a run whose tables another version wrote in another form, before a reader fails on a
-    missing column or file (a manifest that names no versions is left to its own checks)."""
-    if isinstance(written, dict) and written != schema.versions():
-        spell = ", ".join(f"{t} v{v}" for t, v in sorted(written.items()))
-        mine = ", ".join(f"{t} v{v}" for t, v in sorted(schema.versions().items()))
-        raise RunVersionError(
-            f"{run_dir} holds tables of another version of bertattn-batch ({spell}; this version reads "
-            f"{mine}): run its job again with --overwrite, or into a new --out"
-        )
+    missing column or file."""
+    current = schema.versions()
+    if not isinstance(written, dict):
+        return  # none named (a manifest made by hand), left to its own checks
+    # an optional table a run never wrote needs no version (runs made before it existed too)
+    named = [t for t in current if t in written or t not in schema.OPTIONAL_TABLES]
+    if all(written.get(t) == current[t] for t in named) and set(written) <= set(current):
+        return
+
+    def spell(versions: dict[str, Any]) -> str:
+        return ", ".join(f"{t} v{v}" for t, v in sorted(versions.items()))
+
+    raise RunVersionError(
+        f"{run_dir} holds tables of another version of bertattn-batch ({spell(written)}; this version "
+        f"reads {spell(schema.versions())}): run its job again with --overwrite, or into a new --out"
+    )
 
 
 def manifest_text(manifest: Manifest) -> str:

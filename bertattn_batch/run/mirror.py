@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 from .. import storage
 from .._files import file_lock
 from ..errors import BertAttnError
-from .layout import LEASE_NAME, MANIFEST, TABLES
+from .layout import ALL_TABLES, LEASE_NAME, MANIFEST
 
 #: What the writer of a run owns, never uploaded from a mirror.
-_WRITERS_OWN = (*TABLES, MANIFEST, LEASE_NAME)
+_WRITERS_OWN = (*ALL_TABLES, MANIFEST, LEASE_NAME)
 #: The store URI of each mirror folder (resolved) this process made, for :func:`display_path`.
 _URIS: dict[Path, str] = {}
 #: The mirror folders the current thread holds (:func:`_only_user`).

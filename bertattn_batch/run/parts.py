@@ -24,8 +24,9 @@ import pyarrow.parquet as pq
 from .. import schema, storage
 from .._files import fsync_file
 from ..errors import RunDirError, StorageError, WriteError, first_line
+from ..schema import OPTIONAL_TABLES
 from ..storage import is_remote
-from .layout import TABLES, part_name, tmp_name
+from .layout import ALL_TABLES, TABLES, part_name, tmp_name
 from .lease import LeaseGuard
 from .manifest import PartEntry, read_manifest
 
@@ -68,8 +69,10 @@ class PartWriter:
         if self.lease is not None:
             self.lease()
         try:
-            for table_name in TABLES:
+            for table_name in (t for t in ALL_TABLES if t in tables):
                 table = schema.cast(tables[table_name], table_name, keep_dictionaries=True)
+                if table_name in OPTIONAL_TABLES and not self.stored:  # a folder where a run asks for it
+                    (self.run_dir / table_name).mkdir(exist_ok=True)
                 if self.stored:
                     sink = pa.BufferOutputStream()
                     self._write_parquet(table, sink)
@@ -92,7 +95,7 @@ class PartWriter:
         if self.stored:
             return
         try:
-            for table_name in TABLES:
+            for table_name in entry.files:
                 folder = self.run_dir / table_name
                 (folder / tmp_name(entry.name)).replace(folder / entry.name)
         except OSError as e:
@@ -181,6 +184,8 @@ def check_part(
     holds other rows than its entry records: a part swapped for another (a restore from the wrong copy)
     has sound files and other reviews. On local disk, a part met between its commit and its rename is
     waited for up to ``RENAME_WAIT_SECONDS``."""
+    if missing := [t for t in tables if t not in part.files]:
+        raise RunDirError(f"{run_dir}: part {part.name} holds no {', '.join(missing)} table")
     files = {t: run_file(run_dir, part.files[t]) for t in tables}
     for table, path in files.items():
         name = _shown(run_dir, path)

@@ -49,6 +49,7 @@ from ..errors import (
 from ..ids import IdSet
 from ..storage import is_remote
 from .layout import (
+    ALL_TABLES,
     COMMIT_LOG,
     DERIVED_DIRS,
     FORMAT,
@@ -121,7 +122,7 @@ def _left_by_a_start(path: Path) -> bool:
     table folders): not someone else's folder, or no later run could use this --out."""
     if path.name in (LOCK_NAME, hidden_tmp(MANIFEST)):
         return path.is_file()
-    return path.name in TABLES and path.is_dir() and not any(path.iterdir())
+    return path.name in ALL_TABLES and path.is_dir() and not any(path.iterdir())
 
 
 class RunDir:
@@ -308,7 +309,7 @@ class RunDir:
         files must be sound and their row ranges whole."""
         self._sweep()
         for p in self.parts:
-            check_part(self.run_dir, p)
+            check_part(self.run_dir, p, tuple(p.files))
         for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in self.parts):
             raise RunDirError(
                 f"{self.run_dir}: {problem} (was the manifest edited or restored?); "
@@ -318,7 +319,7 @@ class RunDir:
     def _sweep(self) -> None:
         """Roll committed parts forward; remove every file in a table folder the manifest does not list."""
         listed = {p.name for p in self.parts}
-        for table in TABLES:
+        for table in ALL_TABLES:
             folder = self.run_dir / table
             for f in folder.iterdir() if folder.is_dir() else ():
                 final = folder / f.name[1:-4]  # of a part's temporary
@@ -354,7 +355,7 @@ class RunDir:
         """Remove what bertattn wrote into the run, its manifest last (a clear cut short is still a run)."""
         temporaries = [p.name for p in self.run_dir.glob(f".{REPORT_NAME}*.tmp")]
         for name in (
-            *TABLES,
+            *ALL_TABLES,
             *DERIVED_DIRS,
             REPORT_NAME,
             *temporaries,
@@ -444,7 +445,7 @@ class StoredRunDir(RunDir):
 
     def _sweep(self) -> None:
         """Note every object in a table folder that the manifest does not list, for :meth:`_save`."""
-        self._strays = self._unlisted(TABLES)
+        self._strays = self._unlisted(ALL_TABLES)
 
     def _clear(self) -> None:
         """Note every object bertattn wrote into the run, for :meth:`_save` to delete once the new run's

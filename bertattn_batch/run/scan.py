@@ -5,6 +5,7 @@ Usage::
     run = scan_run("runs/default")       # or "s3://bucket/runs/r1"
     run.predictions.filter(pl.col("status") == "ok")
     run.attention                          # cls_attention joined with tokens: the long form
+    run.contributions                      # ALTI per token, where the job asked for it (else empty)
 
 A token is stored once per review position in ``tokens``, not once per layer and head in
 ``cls_attention``; :func:`attention_rows` joins them back into the one wide table questions start from.
@@ -21,6 +22,7 @@ import polars as pl
 import pyarrow.dataset as ds
 
 from .. import schema, storage
+from .manifest import read_manifest
 from .parts import committed_files
 
 #: The columns ``tokens`` adds to each attention row.
@@ -39,6 +41,7 @@ class RunFrames:
     cls_attention: pl.LazyFrame
     head_summary: pl.LazyFrame
     tokens: pl.LazyFrame
+    contributions: pl.LazyFrame  # empty where the job did not ask for it (extract --contributions)
 
     @property
     def attention(self) -> pl.LazyFrame:
@@ -48,10 +51,17 @@ class RunFrames:
 
 def scan_run(run_dir: str | Path) -> RunFrames:
     """Every table of a run, lazily, from the parts its manifest commits (a stray file is never read;
-    a run of an empty input has empty tables). Local runs and runs on a store alike."""
-    parts = committed_files(run_dir)
+    a run of an empty input has empty tables, and so has a table its job did not ask for). Local runs
+    and runs on a store alike."""
+    listed = read_manifest(run_dir).parts
+    optional = [t for t in schema.OPTIONAL_TABLES if listed and all(t in p.files for p in listed)]
+    parts = committed_files(run_dir, (*schema.TABLES, *optional))
     return RunFrames(
-        **{t: scan_parts([p.files[t] for p in parts]) if parts else _empty(t) for t in schema.TABLES}
+        **{t: scan_parts([p.files[t] for p in parts]) if parts else _empty(t) for t in schema.TABLES},
+        **{
+            t: scan_parts([p.files[t] for p in parts]) if t in optional else _empty(t)
+            for t in schema.OPTIONAL_TABLES
+        },
     )
 
 

@@ -30,7 +30,7 @@ def test_every_method_sees_the_same_reviews_and_tokens(tiny_en_dir, drug_sample,
     tok = AutoTokenizer.from_pretrained(case.model_dir)
     lengths = [len(x) for x in tok(case.texts, truncation=True, max_length=128)["input_ids"]]
     by = {(f["method"], f["dtype"]): f for f in block["figures"]}
-    assert len(by) == 1 + 6 * 2  # the seed, then six batched methods per dtype
+    assert len(by) == 1 + 7 * 2  # the seed, then seven batched methods per dtype
     for f in block["figures"]:
         assert f["reviews"] == 12
         assert f["tokens"] == sum(lengths), f["method"]
@@ -45,7 +45,9 @@ def test_every_method_sees_the_same_reviews_and_tokens(tiny_en_dir, drug_sample,
     assert by[("pipeline", "float32")]["padded_slots"] == 12 * max(lengths)
     for dt in ("float32", "bfloat16"):
         assert by[("ceiling", dt)]["vs_ceiling"] == 1
-        slots = {by[(m, dt)]["padded_slots"] for m in ("ceiling", "stage", "stage-full", "extract")}
+        slots = {
+            by[(m, dt)]["padded_slots"] for m in ("ceiling", "stage", "stage-full", "stage-alti", "extract")
+        }
         assert len(slots) == 1  # the same batches
         assert by[("extract", dt)]["detail"]["model"] > 0
     # the ratios printed agree with the figures

@@ -56,9 +56,15 @@ class RunView:
         return self.path / part.files[table]
 
     @property
+    def asked(self) -> list[str]:
+        """The tables every part must hold: those of every run, and the optional ones its job asked for."""
+        spec = self.manifest.get("spec") if isinstance(self.manifest.get("spec"), dict) else {}
+        return [*schema.TABLES, *(t for t in schema.OPTIONAL_TABLES if spec.get(t))]
+
+    @property
     def tables(self) -> list[str]:
-        """Every table of a run, and any other its parts list: each is checked by its own schema."""
-        return list(dict.fromkeys([*schema.TABLES, *(t for p in self.parts for t in p.files)]))
+        """The tables asked for, and any other its parts list: each is checked by its own schema."""
+        return list(dict.fromkeys([*self.asked, *(t for p in self.parts for t in p.files)]))
 
 
 def check_manifest(
@@ -139,6 +145,8 @@ def check_files(rec: ValidationReport, run: RunView) -> None:
     rows the manifest records; every other file of a table folder named; the totals of a complete run."""
     listed: dict[str, set[str]] = {t: set() for t in run.tables}
     for part in run.parts:
+        for table in (t for t in run.asked if t not in part.files):
+            rec.fail("files", f"part {part.name}: lists no {table} file, which the run's job asked for")
         for table in part.files:
             rel, want = part.files[table], f"{table}/{part.name}"
             if rel != want:

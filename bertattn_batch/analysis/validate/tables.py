@@ -22,6 +22,8 @@ MASS_TOLERANCE_DEFAULT = 2e-2  # a dtype not recorded or not among those
 SCALED_TOLERANCE = 1e-4
 #: |weight_min/max - min/max of the stored weights| allowed (the same float32 numbers when intact).
 MINMAX_TOLERANCE = 1e-6
+#: How far a review's ALTI values may sum over 1 (float32 rollouts).
+ALTI_TOLERANCE = 1e-4
 
 _KEYS = schema.key("head_summary")
 
@@ -194,7 +196,7 @@ class _PartCheck:
 
     def __init__(self, rec: ValidationReport, run: RunView, part: Part) -> None:
         assert run.layers is not None and run.num_heads is not None
-        self.rec, self.run = rec, run
+        self.rec, self.run, self.part = rec, run, part
         self.rel_attn, self.rel_sum = part.rel["cls_attention"], part.rel["head_summary"]
         self.rel_tok = part.rel["tokens"]
         pred = pl.read_parquet(
@@ -225,6 +227,8 @@ class _PartCheck:
         self.token_positions()
         self.heads(summary)
         self.rows(summary)
+        if "contributions" in self.part.readable:
+            self.contributions()
         return summary.height, self.tokens.select("token_id", "token").unique().collect(engine="streaming")
 
     def report(self, check: str, rows: pl.DataFrame, message: pl.Expr) -> None:
@@ -350,6 +354,24 @@ class _PartCheck:
         ]  # fmt: skip
         rows = self.attn.join(summary.lazy().select(*_KEYS, "weight_min", "weight_max"), on=_KEYS, how="left")
         apply_rules(self.rec, rows, where("cls_attention", pl.lit(self.rel_attn)), rules)
+
+    def contributions(self) -> None:
+        """ALTI: a value for each token row and none for another position; a review's sum at most 1 (the
+        range of each value is :func:`check_ranges`')."""
+        alti = pl.scan_parquet(self.run.file(self.part, "contributions"), glob=False)
+        key = schema.key("contributions")
+        rows = alti.join(
+            self.tokens.select(key).with_columns(token=pl.lit(True)), on=key, how="full", coalesce=True
+        )
+        rules = [
+            ("measures", pl.col("alti").is_null(), pl.lit("a token without a contributions row")),
+            ("measures", pl.col("token").is_null(), pl.lit("a contributions row without a token")),
+        ]
+        rel = pl.lit(self.part.files["contributions"])
+        apply_rules(self.rec, rows, where("contributions", rel), rules)
+        sums = alti.group_by("doc_id").agg(total=pl.col("alti").cast(pl.Float64).sum())
+        over = ("measures", pl.col("total") > 1 + ALTI_TOLERANCE, fmt("alti sums to {}, over 1", r("total")))
+        apply_rules(self.rec, sums, fmt("{} doc '{}'", rel, "doc_id"), [over])
 
 
 def check_ranges(rec: ValidationReport, run: RunView) -> None:

@@ -55,6 +55,7 @@ def run_dir(tiny_en_dir, drug_rows, tmp_path_factory) -> Path:
             out=str(out),
             layers=[-2, 0],
             window=10,
+            contributions="alti",
             progress=False,
         )
     )
@@ -103,6 +104,15 @@ def oracle(run: Path, min_reviews: int) -> dict[tuple, dict]:
     reviews: dict[tuple, list] = defaultdict(list)
     for i, (d, layer, head, pos, tok) in enumerate(zip(*cols, strict=True)):
         reviews[(d, layer, head)].append((pos, tok, weight[i], scaled[i], norm[i]))
+    # ALTI, a score of no head: its value as weight and norm, scaled min-max over the review's tokens
+    tokens = {(t["doc_id"], t["position"]): t["token"] for t in read_table(run, "tokens").to_pylist()}
+    alti: dict[str, list] = defaultdict(list)
+    for c in read_table(run, "contributions").to_pylist():
+        if c["doc_id"] in preds:
+            alti[c["doc_id"]].append((c["position"], tokens[(c["doc_id"], c["position"])], float(c["alti"])))
+    for d, items in alti.items():
+        scaled_alti = minmax(np.array([a for _, _, a in items]))
+        reviews[(d, None, None)] = [(p, t, a, s, a) for (p, t, a), s in zip(items, scaled_alti, strict=True)]
     sizes: dict[tuple, int] = defaultdict(int)
     for p in preds.values():
         sizes[("all", None)] += 1
@@ -216,6 +226,8 @@ def test_aggregates_equal_a_direct_computation(expected, result):
     assert set(got) == set(expected)
     assert {k[0] for k in got} == {"token", "word"}
     assert {k[3] for k in got} == {"all", "pred_label", "label"}
+    assert {k[0] for k in got if k[1] is None} == {"token", "word"}  # ALTI's rows, by token and word
+    assert any(k[1] is None and w["log_odds_z"] is not None for k, w in expected.items())
     assert any(w["log_odds"] is not None for w in expected.values())  # the label split has three
     for key, want in expected.items():
         row = got[key]
@@ -252,7 +264,7 @@ def test_every_review_has_one_top_token_per_head(run_dir):
         .group_by(["unit", "layer", "head"])
         .agg(pl.col("n_top").sum())
     )
-    assert tops.height == 2 * 2 * 4  # units x layers x heads
+    assert tops.height == 2 * (2 * 4 + 1)  # units x (layers x heads, and ALTI)
     assert set(tops["n_top"].to_list()) == {n_ok}
     agg.aggregate(run_dir, min_reviews=MIN_REVIEWS)  # leave the module's table as it was
 
@@ -551,6 +563,7 @@ def test_the_recipes_agree_with_aggregate(run_dir, tmp_path):
             & (pl.col("split") == "pred_label")
             & (pl.col("class_label") == label)
             & (pl.col("rank") <= 5)
+            & pl.col("layer").is_not_null()  # the heads': the recipes read attention, not ALTI
         )
         .sort(["layer", "head", "rank"])
         .with_columns(pl.col("n_reviews").cast(pl.Int64))
@@ -563,12 +576,15 @@ def test_the_recipes_agree_with_aggregate(run_dir, tmp_path):
     _same(with_polars, expected)
     _same(with_duckdb, expected)
     assert (
-        from_file.select("layer", "head", "rank", "token").rows()
+        from_file.filter(pl.col("layer").is_not_null()).select("layer", "head", "rank", "token").rows()
         == expected.select("layer", "head", "rank", "token").rows()
     )
     tops = con.sql(recipe("n_top_sql", run, label)).pl()
     everyone = result.table.filter(
-        (pl.col("unit") == "token") & (pl.col("split") == "all") & (pl.col("n_top") > 0)
+        (pl.col("unit") == "token")
+        & (pl.col("split") == "all")
+        & (pl.col("n_top") > 0)
+        & pl.col("layer").is_not_null()
     )
     want = {(r["layer"], r["head"], r["token"]): r["n_top"] for r in everyone.iter_rows(named=True)}
     got = {(r["layer"], r["head"], r["token"]): r["n_top"] for r in tops.iter_rows(named=True)}

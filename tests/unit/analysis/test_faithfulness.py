@@ -315,3 +315,83 @@ def test_trust_is_the_callers_never_the_runs(run_dir, tmp_path, monkeypatch, giv
     monkeypatch.setattr(Classifier, "load", lambda *a, **k: seen.append(k) or load(*a, **k))
     fa.faithfulness(run, sample=3, seed=3, device="cpu", **given)
     assert [(k["trust_remote_code"], k["allow_pickle"]) for k in seen] == [(bool(given), bool(given))]
+
+
+@pytest.fixture(scope="module")
+def alti_result(tiny_en_dir, drug_rows, tmp_path_factory):
+    base = tmp_path_factory.mktemp("faith_alti")
+    src = base / "reviews.parquet"
+    pq.write_table(pa.Table.from_pylist([dict(r) for r in drug_rows[:12]]), src)
+    out = base / "run"
+    spec = JobSpec(
+        InputSpec([str(src)], id_col="doc_id"),
+        str(tiny_en_dir),
+        str(out),
+        max_length=48,
+        contributions="alti",
+        progress=False,
+    )
+    run_job(spec)
+    return out, fa.faithfulness(out, sample=5, seed=3, device="cpu")
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Average ranks, written out: ties share the mean of their places."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x))
+    return np.array([ranks[x == v].mean() for v in x])
+
+
+def test_alti_ranks_tokens_from_the_runs_contributions_and_heads_say_how_they_track_it(
+    alti_result, tiny_en_dir
+):
+    run_dir, result = alti_result
+    model = AutoModelForSequenceClassification.from_pretrained(
+        tiny_en_dir, attn_implementation="eager"
+    ).eval()
+    docs = json.loads(pq.read_schema(result.path).metadata[b"doc_ids"])
+    preds = {p["doc_id"]: p for p in read_table(run_dir, "predictions").to_pylist()}
+    alti = pl.from_arrow(read_table(run_dir, "contributions"))
+    tokens = pl.from_arrow(read_table(run_dir, "tokens"))
+    attn = pl.from_arrow(read_table(run_dir, "cls_attention"))
+    layer, head = int(attn["layer"][0]), 1
+    rhos = []
+    for k in fa.FRACTIONS:
+        comps, suffs = [], []
+        for doc in docs:
+            values = alti.filter(pl.col("doc_id") == doc).sort("position")["alti"].to_numpy()
+            ranking = sorted(range(len(values)), key=lambda j: (-values[j], j))
+            content = tokens.filter(pl.col("doc_id") == doc).sort("position")["token_id"].to_list()
+            c, s = _direct(model, [101, *content, 102], ranking, k, preds[doc]["pred_id"])
+            comps.append(c)
+            suffs.append(s)
+            if k == fa.FRACTIONS[0]:
+                w = attn.filter(
+                    (pl.col("doc_id") == doc) & (pl.col("layer") == layer) & (pl.col("head") == head)
+                )
+                rx, ry = _ranks(w.sort("position")["weight"].to_numpy()), _ranks(values.astype(np.float64))
+                if len(values) > 1 and rx.std() > 0 and ry.std() > 0:
+                    rhos.append(np.corrcoef(rx, ry)[0, 1])
+        got = result.table.filter((pl.col("score") == "alti") & (pl.col("k") == k))
+        assert got.height == 1 and got["layer"][0] is None and got["alti_spearman"][0] is None
+        assert got["comprehensiveness"][0] == pytest.approx(np.mean(comps), abs=1e-5)
+        assert got["sufficiency"][0] == pytest.approx(np.mean(suffs), abs=1e-5)
+    tracked = result.table.filter(
+        (pl.col("score") == "weight") & (pl.col("layer") == layer) & (pl.col("head") == head)
+    )["alti_spearman"]
+    assert tracked.n_unique() == 1 and tracked[0] == pytest.approx(np.mean(rhos), abs=1e-9)
+    assert schema.check(pq.read_schema(result.path), "head_faithfulness") == []
+
+
+def test_without_contributions_there_is_no_alti_ranking(result):
+    assert "alti" not in set(result.table["score"])
+    assert result.table["alti_spearman"].is_null().all()
+
+
+def test_the_report_names_the_heads_that_track_whole_model_influence(alti_result):
+    from bertattn_batch.render.report import _faithfulness_html
+
+    html = "\n".join(_faithfulness_html(alti_result[1].table, 3, {}))
+    assert "tracks ALTI (Spearman)" in html
+    assert "whole-model influence" in html and "ALTI's own comprehensiveness" in html

@@ -932,3 +932,81 @@ def test_an_incremental_pass_holding_a_review_no_input_row_has_is_a_problem(en_s
     report = validate_run(out)
     assert report.check("inputs").problems == 1, report.render()
     assert "'FORGED'" in report.render()
+
+
+@pytest.fixture(scope="module")
+def alti_run(en_source, tiny_en_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "alti"
+    run_job(
+        JobSpec(
+            InputSpec([str(en_source)], id_col="doc_id"),
+            str(tiny_en_dir),
+            str(out),
+            window=10,
+            contributions="alti",
+            progress=False,
+        )
+    )
+    return out
+
+
+def test_a_contributions_table_is_checked_clean(alti_run):
+    report = validate_run(alti_run)
+    assert report.ok, report.render()
+    counts = next(c for c in report.checks if c.name == "counts")
+    assert any("contributions" in note for note in counts.notes), report.render()
+
+
+def _alti_out_of_range(run: Path) -> None:
+    def change(c):
+        c["alti"][2] = 1.5
+
+    _rewrite(run / "contributions" / PART0, change)
+
+
+def _alti_row_dropped(run: Path) -> None:
+    def change(c):
+        for v in c.values():
+            del v[1]
+
+    _rewrite(run / "contributions" / PART0, change)
+
+
+def _alti_wrong_type(run: Path) -> None:
+    t = pq.read_table(run / "contributions" / PART0)
+    pq.write_table(
+        t.set_column(2, "alti", t.column("alti").cast(pa.float64())), run / "contributions" / PART0
+    )
+
+
+def _alti_part_missing(run: Path) -> None:
+    (run / "contributions" / PART0).unlink()
+
+
+def _alti_unlisted(run: Path) -> None:
+    m = _manifest(run)
+    for part in m["parts"]:
+        part["files"].pop("contributions")
+        part["rows"].pop("contributions")
+    _save_manifest(run, m)
+    (run / "commits.jsonl").unlink(missing_ok=True)
+
+
+ALTI_DAMAGE = [
+    ("alti outside [0, 1]", _alti_out_of_range, {"measures"}),
+    ("a contributions row dropped", _alti_row_dropped, {"measures", "counts"}),
+    ("alti of the wrong type", _alti_wrong_type, {"schema"}),
+    ("a contributions part missing", _alti_part_missing, {"files"}),
+    ("parts without the table the job asked for", _alti_unlisted, {"files"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"), [(d[1], d[2]) for d in ALTI_DAMAGE], ids=[d[0] for d in ALTI_DAMAGE]
+)
+def test_contributions_table_damage_is_reported(alti_run, tmp_path, damage, expected):
+    run = _copy(alti_run, tmp_path)
+    damage(run)
+    report = validate_run(run)
+    failed = {c.name for c in report.checks if c.problems}
+    assert expected <= failed, report.render()

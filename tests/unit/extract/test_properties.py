@@ -96,6 +96,7 @@ class PaddedRowsModel:
         value_zeroing: bool = False,
     ) -> None:
         self.value_zeroing = value_zeroing
+        self.contributions = None  # no whole-model contributions (extract --contributions)
         self.truth = truth  # review key (its ids[1]) -> (L, H, n) weights
         self.extra = extra
         self.labels = [f"label-{i}" for i in range(labels)]

@@ -64,8 +64,8 @@ def test_trimmed_run_equals_the_eager_reference(arch, en_tokenizer, drug_sample,
     fast = Classifier.load(str(tmp_path), layers=[-1, -2])
     reference = Classifier.load(str(tmp_path), layers=[-1, -2], attention="eager")
     assert (fast.trim is not None) == trimmed
-    probs, rows, norms, _ = fast.forward(ids)  # one padded batch of mixed lengths
-    ref_probs, ref_rows, ref_norms, _ = reference.forward(ids)
+    probs, rows, norms, *_ = fast.forward(ids)  # one padded batch of mixed lengths
+    ref_probs, ref_rows, ref_norms, *_ = reference.forward(ids)
     np.testing.assert_allclose(probs, ref_probs, atol=1e-5, rtol=0)
     np.testing.assert_allclose(rows, ref_rows, atol=1e-5, rtol=0)
     np.testing.assert_allclose(norms, ref_norms, atol=1e-5, rtol=0)
