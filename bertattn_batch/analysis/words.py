@@ -145,6 +145,10 @@ def word_map(
     return pl.concat([segmented.lazy(), pieces])
 
 
+#: The layer and head number in a word's key of rows of no layer or head (ALTI's): the key stays in int64.
+_NO_HEAD = 2**14 - 1
+
+
 def word_rows(rows: pl.LazyFrame, words: pl.LazyFrame | None = None) -> pl.LazyFrame:
     """The attention rows of words, in the columns of ``rows`` but its labels (position: the word's first
     token's; token: the word's text). Raw and norm-based weights: sums of the tokens'; scaled: min-max
@@ -153,7 +157,9 @@ def word_rows(rows: pl.LazyFrame, words: pl.LazyFrame | None = None) -> pl.LazyF
     if words is None:
         one_head = (pl.col("layer") == pl.col("layer").min()) & (pl.col("head") == pl.col("head").min())
         words = wordpiece_words(rows.filter(one_head))
-    head = pl.col("layer").cast(pl.Int64) * 2**16 + pl.col("head").cast(pl.Int64)
+    head = pl.col("layer").cast(pl.Int64).fill_null(_NO_HEAD) * 2**16 + pl.col("head").cast(
+        pl.Int64
+    ).fill_null(_NO_HEAD)
     key = pl.col("key")
     summed = (  # by one integer key, (layer, head, word): word ids are unique across reviews
         rows.select(*REVIEW, "position", "weight", "weight_norm")
@@ -161,7 +167,9 @@ def word_rows(rows: pl.LazyFrame, words: pl.LazyFrame | None = None) -> pl.LazyF
         .group_by(key=head * 2**32 + pl.col("word"))
         .agg(pl.col("weight", "weight_norm").sum(), pl.col("position").min())
         .with_columns(
-            word=key % 2**32, layer=(key // 2**48).cast(pl.Int16), head=(key // 2**32 % 2**16).cast(pl.Int16)
+            word=key % 2**32,
+            layer=pl.when(key // 2**48 != _NO_HEAD).then(key // 2**48).cast(pl.Int16),
+            head=pl.when(key // 2**32 % 2**16 != _NO_HEAD).then(key // 2**32 % 2**16).cast(pl.Int16),
         )
         .join(words.select("word", KEY, token="word_text").unique("word"), on="word")
     )

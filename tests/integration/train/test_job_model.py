@@ -153,9 +153,10 @@ def test_finetune_id_col_records_held_out_reviews_by_id(zh_rows, tmp_path):
     )
     run_job(load_job(unlabelled))  # its held-out reviews are there, without labels to score
     page = build_report(tmp_path / "nolabels", examples=1, min_reviews=1).read_text(encoding="utf-8")
-    assert "The source had no labels." in page and "held out from is in this run" not in page
+    assert "The source had no labels: there is no accuracy to give." in page
+    assert "held out from is in this run" not in page
     by_number = _run_report(tmp_path, model, data, "numbers")
-    assert "known by column &#x27;doc_id&#x27;, which this run does not read" in by_number
+    assert "held-out reviews are known by ids other than this run" in by_number
     # the folder trained again (another split): the run's model is gone, and so is its split
     assert CliRunner().invoke(app, [*args, "--seed", "5"]).exit_code == 0
     again = build_report(tmp_path / "ids", examples=1, min_reviews=1).read_text(encoding="utf-8")
