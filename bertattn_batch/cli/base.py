@@ -12,7 +12,7 @@ from typing import Annotated, TypeVar
 import typer
 
 from ..errors import BertAttnError, Terminated
-from ..runtime import INTERRUPTED, on_stop, tune_runtime
+from ..runtime import INTERRUPTED, on_stop, signals_deferred, tune_runtime
 from ..storage import redact
 
 app = typer.Typer(
@@ -36,10 +36,15 @@ def _redacted(record: logging.LogRecord) -> bool:
     return True
 
 
-def setup(debug: bool) -> None:
-    """What every command does first: logging, and the native libraries' settings."""
+def setup(debug: bool, loads_model: bool = False) -> None:
+    """What every command does first: logging, and the native libraries' settings. A command that
+    ``loads_model`` imports torch here with stop signals held: a stop raised inside torch's native import
+    code (a callback into Python) aborts the process without its exit code or the interrupted line."""
     _debug["on"] = debug
     tune_runtime()
+    if loads_model:
+        with signals_deferred():
+            import torch.utils.data  # noqa: F401  (torch, and the distributed package it imports)
     root = logging.getLogger()
     if not root.handlers:  # ours, not a notebook's or a test runner's
         logging.basicConfig(level=logging.INFO if debug else logging.WARNING, format="bertattn: %(message)s")

@@ -92,7 +92,7 @@ def extract(
 
     bertattn extract reviews/ --model M --out runs/r1 --incremental   (a nightly run: new ids only)
     """
-    setup(debug)
+    setup(debug, loads_model=True)
 
     def spec() -> JobSpec:
         values = spec_values(given, JobSpec)
@@ -125,7 +125,7 @@ def run(
 
     bertattn run jobs/default.toml --incremental --out runs/nightly   (new ids only, appended)
     """
-    setup(debug)
+    setup(debug, loads_model=True)
 
     def spec() -> JobSpec:
         return load_job(

@@ -216,7 +216,7 @@ def faithfulness(
 
     bertattn faithfulness runs/default --sample 1000 --seed 1
     """
-    setup(debug)
+    setup(debug, loads_model=True)
     import sys
 
     from ..analysis.faithfulness import faithfulness as measure

