@@ -77,22 +77,28 @@ def _expire_lease(run: str) -> None:
     )
 
 
+def _writing(writer: _Parked, rows: int) -> tuple[threading.Thread, list[BaseException]]:
+    """``writer`` writing ``rows`` rows on a thread of its own, started; the list gets what it raised."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with writer:
+                _write(writer, rows)
+        except BaseException as e:
+            failed.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, failed
+
+
 # A's manifest writes: opening the run, beginning the pass, committing part 1, part 2, finalizing
 @pytest.mark.parametrize("park_at", [1, 2, 3, 4, 5])
 def test_a_writer_paused_before_any_commit_is_refused_and_the_run_it_lost_stays_whole(bucket, park_at):
     run = f"s3://{bucket}/run-{park_at}"  # (the bucket's name, cut short, is the same for each)
     a = _Parked(run, HEADER, park_at=park_at)
-    failed: list[BaseException] = []
-
-    def writer_a() -> None:
-        try:
-            with a:
-                _write(a, 20)
-        except BaseException as e:
-            failed.append(e)
-
-    thread = threading.Thread(target=writer_a)
-    thread.start()
+    thread, failed = _writing(a, 20)
     assert a.parked.wait(60), f"writer A never reached its commit: {failed}"
     _expire_lease(run)  # A's lease ran out while it was paused: B takes the run over and finishes it
     b = _Parked(run, HEADER, park_at=0)
@@ -136,17 +142,7 @@ def test_an_overwrite_paused_before_it_clears_deletes_nothing_of_the_run_that_to
     with StoredRunDir(run, HEADER) as first:
         _write(first, 20)
     a = _ParkedClear(run, HEADER, "overwrite", park_at=park_at)
-    failed: list[BaseException] = []
-
-    def writer_a() -> None:
-        try:
-            with a:
-                _write(a, 20)
-        except BaseException as e:
-            failed.append(e)
-
-    thread = threading.Thread(target=writer_a)
-    thread.start()
+    thread, failed = _writing(a, 20)
     assert a.parked.wait(60), f"writer A never reached its clear-out: {failed}"
     _expire_lease(run)
     with _Parked(run, HEADER, park_at=0) as b:  # resumes the run and finishes it
