@@ -16,7 +16,6 @@ from .layout import (
     LOCK_NAME,
     MANIFEST,
     REPORT_NAME,
-    is_run_dir,
     tmp_name,
 )
 from .lease import Lease, refuse_if_held, status_now, writer_is_live
@@ -33,61 +32,22 @@ from .manifest import (
 )
 from .mirror import display_path, local_run, on_local_copy
 from .parts import CommittedPart, PartWriter, committed_files, decode_every_page, part_paths, verify_pages
-from .resume import ResumePoint, check_read_unchanged, input_changes, resume_point
+from .resume import check_read_unchanged, input_changes, resume_point
 from .rundir import RunDir, StoredRunDir, old_manifest, part_rows, refuse_unsafe_store, run_dir_class
 
 if TYPE_CHECKING:
-    from .scan import TOKEN_KEY, RunFrames, attention_rows, scan_attention, scan_parts, scan_run
+    from .scan import attention_rows, scan_attention, scan_parts, scan_run
 
-_SCANS = ["TOKEN_KEY", "RunFrames", "attention_rows", "scan_attention", "scan_parts", "scan_run"]
-__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(_SCANS, "scan"))
+__getattr__, __dir__ = lazy_exports(
+    __name__, dict.fromkeys(["attention_rows", "scan_attention", "scan_parts", "scan_run"], "scan")
+)
 
 __all__ = [
-    "AGGREGATES_DIR",
-    "COMMIT_LOG",
-    "FAITHFULNESS_DIR",
-    "FORMAT",
-    "LOCK_NAME",
-    "MANIFEST",
-    "REPORT_NAME",
-    "TOKEN_KEY",
-    "CommittedPart",
-    "Lease",
-    "Manifest",
-    "PartEntry",
-    "PartWriter",
-    "ResumePoint",
-    "RunDir",
-    "RunFrames",
-    "StoredRunDir",
-    "attention_rows",
-    "check_read_unchanged",
-    "committed_files",
-    "decode_every_page",
-    "display_path",
-    "input_changes",
-    "is_run_dir",
-    "layer_name",
-    "load_json",
-    "local_run",
-    "model_problems",
-    "old_manifest",
-    "on_local_copy",
-    "parse_parts",
-    "part_paths",
-    "part_rows",
-    "read_manifest",
-    "refuse_if_held",
-    "refuse_unsafe_store",
-    "require_current_tables",
-    "resume_point",
-    "row_range_problems",
-    "run_dir_class",
-    "scan_attention",
-    "scan_parts",
-    "scan_run",
-    "status_now",
-    "tmp_name",
-    "verify_pages",
-    "writer_is_live",
-]
+    "AGGREGATES_DIR", "COMMIT_LOG", "FAITHFULNESS_DIR", "FORMAT", "LOCK_NAME", "MANIFEST", "REPORT_NAME",
+    "CommittedPart", "Lease", "Manifest", "PartEntry", "PartWriter", "RunDir", "StoredRunDir",
+    "attention_rows", "check_read_unchanged", "committed_files", "decode_every_page", "display_path",
+    "input_changes", "layer_name", "load_json", "local_run", "model_problems", "old_manifest",
+    "on_local_copy", "parse_parts", "part_paths", "part_rows", "read_manifest", "refuse_if_held",
+    "refuse_unsafe_store", "require_current_tables", "resume_point", "row_range_problems", "run_dir_class",
+    "scan_attention", "scan_parts", "scan_run", "status_now", "tmp_name", "verify_pages", "writer_is_live",
+]  # fmt: skip
