@@ -12,6 +12,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -23,11 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from .errors import WriteError
-
-try:
-    import fcntl
-except ImportError:  # Windows: no locks; temporaries are told by their age
-    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +129,6 @@ def claim_dir(path: Path) -> int | None:
     is closed), so that :func:`remove_stale` removes the folder as soon as its process is killed. The
     lock file gets its name only once held. None where no lock can be taken: the folder is then told
     by its age."""
-    if fcntl is None:
-        return None
     new = path / f"{DIR_LOCK}.new"
     try:
         fd = os.open(new, os.O_RDWR | os.O_CREAT, 0o644)
@@ -154,8 +148,6 @@ def _take_lock(path: Path, wait: bool, tries: int = 1) -> int | None:
     """An exclusive ``flock`` on ``path`` (created if missing): its descriptor, or None (with a warning)
     where the file system has no locks. Raises BlockingIOError while another process holds it and not
     ``wait``, after ``tries`` attempts 0.1 s apart."""
-    if fcntl is None:
-        return None
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         for attempt in range(tries):
@@ -178,8 +170,6 @@ def _take_lock(path: Path, wait: bool, tries: int = 1) -> int | None:
 def lock_is_held(path: Path) -> bool | None:
     """Whether a process holds the :func:`file_lock` on ``path``; None where that cannot be told. Creates
     nothing; takes a shared lock for an instant."""
-    if fcntl is None:
-        return None
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

@@ -32,7 +32,7 @@ RUNTIME_ENV = {
     "LRU_CACHE_CAPACITY": "16",
     "TOKENIZERS_PARALLELISM": "false",  # a job runs its own encode threads
 }
-if sys.platform.startswith("linux"):  # where pyarrow's wheels include jemalloc
+if sys.platform == "linux":  # where pyarrow's wheels include jemalloc
     RUNTIME_ENV["ARROW_DEFAULT_MEMORY_POOL"] = "jemalloc"
 
 
@@ -44,8 +44,8 @@ def tune_runtime() -> dict[str, str]:
     return {key: os.environ[key] for key in RUNTIME_ENV}
 
 
-#: The signals that stop a job as Ctrl-C does (Windows has no SIGHUP).
-STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+#: The signals that stop a job as Ctrl-C does.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 INTERRUPTED = "interrupted; rerun the same command to resume"
 #: What the CLI's handler does with a stop signal: "exit" (before a library call: the ``interrupted``
 #: line and 128 + the signal), "raise" (inside one, so that its clean-up runs), "ignore" (once the
@@ -70,9 +70,8 @@ def on_signal(signum: int, frame: object) -> None:
 def install_signal_handlers() -> None:
     """Install :func:`on_signal` for every stop signal but a SIGHUP that ``nohup`` set to be ignored (a
     job started so must outlive its terminal). Called once, first thing, by ``bertattn``."""
-    hangup = getattr(signal, "SIGHUP", None)
     for sig in STOP_SIGNALS:
-        if not (sig == hangup and signal.getsignal(sig) is signal.SIG_IGN):
+        if not (sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN):
             signal.signal(sig, on_signal)
 
 
