@@ -59,14 +59,12 @@ def split_uri(target: str | os.PathLike[str]) -> tuple[str | None, str]:
 
 
 def redact(text: str | os.PathLike[str]) -> str:
-    """``text`` with the credentials in each URI it holds replaced by ``***``: how a URI is recorded or
-    shown (a manifest, a report, a log, an error)."""
+    """``text`` with the credentials in each URI it holds replaced by ``***``."""
     return _URI.sub(lambda m: _SECRET.sub(lambda s: f"{s[1]}***" if s[1] else "***@", m[0]), os.fspath(text))
 
 
 def normalize(target: str | os.PathLike[str]) -> str:
-    """A ``file://`` URI as its local path, ``~`` as the home folder; a store's URI as it is (one that
-    names no bucket, or holds keys, refused)."""
+    """A ``file://`` URI as its local path, ``~`` as the home folder; a store's URI as it is (checked)."""
     scheme, rest = split_uri(target)
     if scheme is not None and scheme != "file":
         _check_bucket(scheme, rest)
@@ -100,8 +98,7 @@ def _no_query(target: str) -> str:
 
 
 def resolve(target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
-    """``(pyarrow.fs.FileSystem, path)`` for a path or URI; StorageError naming what to install where
-    nothing serves its scheme (pyarrow serves s3, gs and hdfs; fsspec packages the others)."""
+    """``(pyarrow.fs.FileSystem, path)`` for a path or URI (s3, gs and hdfs by pyarrow, others by fsspec)."""
     import pyarrow.fs as pafs
 
     scheme, rest = split_uri(target)
@@ -142,8 +139,7 @@ def _filesystem(scheme: str, authority: str, _env: tuple[str | None, ...]) -> pa
 
 
 def _s3_place(bucket: str) -> tuple[str | None, str | None]:
-    """(endpoint URL, region) of an S3 bucket: the environment's, else on AWS the bucket's own region (a
-    bucket outside the SDK's default region answers every call with 301)."""
+    """(endpoint URL, region) of an S3 bucket: the environment's, else on AWS the bucket's own region."""
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint and split_uri(endpoint)[0] is None:
         endpoint = f"https://{endpoint}"
@@ -178,8 +174,7 @@ def _fsspec(scheme: str, target: str | os.PathLike[str]) -> tuple[pafs.FileSyste
 
 
 def _check_bucket(scheme: str, rest: str) -> None:
-    """Refuse a store's URI that names no bucket (``s3://``, not a local folder ``s3:``), or holds keys,
-    which a run would record and log with it (the refusal does not repeat them)."""
+    """Refuse a store's URI that names no bucket, or holds keys (which a run would record)."""
     bucket = rest.split("/", 1)[0]
     if scheme in ("s3", "gs", "gcs") and not bucket:
         raise StorageError(f"{scheme}:// names no bucket: give {scheme}://BUCKET/PATH")
@@ -255,8 +250,8 @@ def is_file(target: str | os.PathLike[str]) -> bool:
 
 
 def open_input(target: str | os.PathLike[str], buffered: bool = True) -> BinaryIO:
-    """A file's bytes, random access: on a store, ranged reads of ``READ_BLOCK_BYTES`` (``buffered``) or
-    of what is asked (Parquet's reader)."""
+    """A file's bytes, random access: on a store, ranged reads of ``READ_BLOCK_BYTES`` or (not
+    ``buffered``) of what is asked."""
     if not is_remote(target):
         return open(normalize(target), "rb")
     fs, path = resolve(target)
@@ -317,9 +312,8 @@ def etag(target: str | os.PathLike[str]) -> str | None:
 
 
 def put_if(target: str | os.PathLike[str], data: bytes, version: str | None) -> str:
-    """Put an S3 object whole only if it is still ``version`` (an ETag), or, ``version`` None, only if
-    there is none: a compare-and-swap. Returns the new ETag; CommitRefused where another writer put
-    one since; NoConditionalWrites where the store refuses the condition (501 Not Implemented)."""
+    """Put an S3 object whole only if it is still ``version`` (an ETag; None: only if there is none):
+    its new ETag, or CommitRefused, or NoConditionalWrites where the store refuses the condition."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     client, bucket, key = _s3(target)
@@ -347,8 +341,7 @@ def _s3(target: str | os.PathLike[str]) -> tuple[Any, str, str]:
 
 @functools.lru_cache(maxsize=16)
 def _s3_client(bucket: str, _env: tuple[str | None, ...]) -> Any:
-    """A boto3 S3 client that reaches the store pyarrow's filesystem reaches: the same endpoint and
-    region, and the standard credential chain."""
+    """A boto3 S3 client of the endpoint and region pyarrow's filesystem uses."""
     try:
         import boto3
     except ImportError:
@@ -380,8 +373,7 @@ def list_names(folder: str | os.PathLike[str], recursive: bool = False) -> list[
 
 
 def glob_base(target: str) -> str:
-    """The fixed folder a glob lists below (``s3://b/corpus`` of ``s3://b/corpus/*/day-*.parquet``); a web
-    URL's query (``?token=``) is no glob."""
+    """The fixed folder a glob lists below (``s3://b/corpus`` of ``s3://b/corpus/*/day-*.parquet``)."""
     pattern = _no_query(target)
     if not glob.has_magic(split_uri(pattern)[1]):
         return target.rstrip("/")
@@ -390,7 +382,7 @@ def glob_base(target: str) -> str:
 
 def list_files(target: str) -> list[str]:
     """Every file a URI names, sorted: the file, a folder's files at any depth, or a glob's matches
-    (``*`` within one folder, ``**`` across any). StorageError where nothing matches."""
+    (``**`` across folders); StorageError where nothing matches."""
     target = target.rstrip("/")
     base = glob_base(target)
     if base != target:
@@ -431,8 +423,8 @@ def _matches(parts: list[str], pattern: list[str]) -> bool:
 
 # -- local copies --------------------------------------------------------------------------------------
 def cache_folder(kind: str, uri: str) -> Path:
-    """Where a store's ``kind`` of thing (``runs``, ``models``) is copied on this machine, one folder a
-    URI: ``$BERTATTN_CACHE`` or ``~/.cache/bertattn``."""
+    """Where a store's ``kind`` of thing (``runs``, ``models``) is copied, one folder a URI, under
+    ``$BERTATTN_CACHE`` or ``~/.cache/bertattn``."""
     root = Path(os.environ.get("BERTATTN_CACHE") or Path.home() / ".cache" / "bertattn")
     folder = root / kind / hashlib.sha256(uri.encode()).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
@@ -452,8 +444,8 @@ def local_files(local: Path) -> dict[str, tuple[int, int]]:
 
 
 def mirror(uri: str, local: Path, skip: tuple[str, ...] = ()) -> None:
-    """Bring ``local`` up to date with every object under ``uri`` but ``skip``: an object whose size and
-    time its copy records is not fetched again; a copy whose object is gone is removed."""
+    """Bring ``local`` up to date with every object under ``uri`` but ``skip`` (unchanged ones are not
+    fetched again; copies of objects gone are removed)."""
     found = listing(uri, recursive=True)
     if not found:
         raise StorageError(f"{uri}: no such folder, or it is empty")
@@ -467,8 +459,7 @@ def mirror(uri: str, local: Path, skip: tuple[str, ...] = ()) -> None:
 
 
 def download(uri: str, target: Path, obj: pafs.FileInfo | None = None) -> None:
-    """Copy one object to ``target`` through a temporary of this process's own (workers of one machine
-    may copy one model at once), stamped with the object's time."""
+    """Copy one object to ``target`` through a temporary of this process's own, stamped with its time."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     try:

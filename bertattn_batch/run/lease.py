@@ -7,13 +7,9 @@ Usage::
     lease.check()                              # before each manifest write: still ours, and live?
     stop(); lease.drop()                       # when the run closes
 
-Where the store has conditional writes (S3), every write of the lease is a compare-and-swap on the
-version its writer last read or wrote: of two takers the first wins, and a holder paused past its
-expiry cannot renew over the lease of the run that took it over. Elsewhere taking is write, wait, read
-back (stores are consistent for one key: of two takers the later write wins). A killed process's lease
-expires, and the next run takes it over; on the machine the killed process ran on, at once. A holder
-that finds its lease lost (taken over while it was paused, or renewals failing past its expiry) writes
-no more.
+On S3 every write of the lease is a compare-and-swap on the version its writer last saw; elsewhere
+taking is write, wait, read back. A killed process's lease expires (on its own machine, at once) and
+the next run takes it over; a holder that finds its lease lost writes no more.
 """
 
 from __future__ import annotations
@@ -44,8 +40,7 @@ SETTLE_S = 1.0
 
 
 class Held(NamedTuple):
-    """A lease as stored: its holder, its expiry, the holder's process (:func:`process_id`) and the
-    object's version (S3's ETag, read before the lease: a write between makes it stale)."""
+    """A lease as stored: holder, expiry, the holder's :func:`process_id` and the object's ETag."""
 
     holder: str
     expires_at: float
@@ -53,7 +48,7 @@ class Held(NamedTuple):
     version: str | None = None
 
     def live(self) -> bool:
-        """Whether it keeps others away: unexpired, and not held by a process of this machine that is gone."""
+        """Unexpired, and not held by a process of this machine that is gone."""
         return self.expires_at > time.time() and not _gone(self.process)
 
 
@@ -150,8 +145,7 @@ class Lease:
             storage.delete(self.uri)
 
     def keep_fresh(self) -> Callable[[], None]:
-        """Renew the lease every third of its life from a thread; returns what stops it (waiting for a
-        renewal in flight, so that none lands after :meth:`drop`)."""
+        """Renew the lease every third of its life from a thread; returns what stops it (and waits)."""
         stop = threading.Event()
 
         def loop() -> None:
@@ -174,8 +168,7 @@ class Lease:
 @dataclass(frozen=True)
 class LeaseGuard:
     """What a part's writer (a thread, or a Ray worker: it pickles) asks before each upload: does the
-    lease still name this run's holder? An upload past the check carries the holder's token in its name,
-    which no other run's manifest lists."""
+    lease still name this run's holder?"""
 
     uri: str
     holder: str
@@ -205,8 +198,7 @@ def _refuse_if_live(run_uri: str, held: Held | None) -> None:
 
 
 def writer_is_live(run_dir: str | os.PathLike[str]) -> bool | None:
-    """Whether a process writes the run now (its lease is live, or its lock held); None where that
-    cannot be told (no locks on this file system)."""
+    """Whether a process writes the run now (a live lease, a held lock); None where that cannot be told."""
     if storage.is_remote(run_dir):
         held = _read(storage.join(os.fspath(run_dir), LEASE_NAME))
         return held is not None and held.live()
@@ -214,8 +206,7 @@ def writer_is_live(run_dir: str | os.PathLike[str]) -> bool | None:
 
 
 def status_now(run_dir: str | os.PathLike[str], status: str) -> str:
-    """A run's status as a reader should say it: "running" with no process writing the run is
-    "interrupted" (rerunning the extract resumes it)."""
+    """A run's status as a reader should say it: "running" with no process writing it is "interrupted"."""
     if status == "running" and writer_is_live(run_dir) is False:
         try:  # a job that ended since its manifest was read wrote its last status first
             now = load_json(run_dir).get("status")
@@ -226,8 +217,8 @@ def status_now(run_dir: str | os.PathLike[str], status: str) -> str:
 
 
 def process_id(pid: int) -> str | None:
-    """Process ``pid`` as told apart on this machine: host, boot, pid namespace, pid and start time (a
-    pid reused since has another); None where /proc cannot tell (not Linux, no such process, hidden)."""
+    """Process ``pid`` as told apart on this machine (host, boot, pid namespace, pid, start time); None
+    where /proc cannot tell."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         namespace = os.stat("/proc/self/ns/pid").st_ino
@@ -248,8 +239,7 @@ def _gone(process: str | None) -> bool:
 
 
 def _taken_over(uri: str, holder: str) -> str | None:
-    """Why ``holder`` no longer holds the lease at ``uri`` (None while it does), looked at twice: one
-    wrong answer of a store must not stop a run."""
+    """Why ``holder`` no longer holds the lease at ``uri`` (None while it does), looked at twice."""
     for wait in (0.5, None):
         held = _read(uri)
         if held is not None and held.holder == holder:
@@ -260,8 +250,7 @@ def _taken_over(uri: str, holder: str) -> str | None:
 
 
 def _read(uri: str) -> Held | None:
-    """The lease at ``uri``; None where there is none or it stays unreadable. A failed read is tried
-    twice more (a stale connection; a lease half rewritten where writes are not atomic)."""
+    """The lease at ``uri``; None where there is none or it stays unreadable (after two more tries)."""
     for wait in (0.2, 1.0, None):
         try:
             doc = json.loads(storage.read_bytes(uri))

@@ -62,8 +62,7 @@ class PartWriter:
         generation: int = 0,
         rows_digest: str = "",
     ) -> PartEntry:
-        """Write every table's file under its temporary name (on a store, its final one); returns the
-        manifest entry."""
+        """Write every table's file under its temporary name (on a store, its final one): its entry."""
         name = part_name(start_row, generation, self.lease.token if self.lease else "")
         files, counts, nbytes = {}, {}, 0
         if self.lease is not None:
@@ -109,9 +108,9 @@ class PartWriter:
 
 
 def write_table(table: pa.Table, where: Path | pa.NativeFile, **options: Any) -> None:
-    """Write ``table`` as one Parquet file with :func:`write_options` (``options`` override them); a
-    file that fails is removed. A dictionary column goes in as Parquet's dictionary, unhashed, under
-    the declared Arrow schema (plain strings): every reader reads strings."""
+    """Write ``table`` as one Parquet file with :func:`write_options` (``options`` override them); a file
+    that fails is removed. A dictionary column is written as Parquet's dictionary under the declared
+    Arrow schema (plain strings)."""
     declared = schema.declared(table.schema)
     metadata = {
         **(declared.metadata or {}),
@@ -130,8 +129,8 @@ def write_table(table: pa.Table, where: Path | pa.NativeFile, **options: Any) ->
 
 
 def _row_groups(table: pa.Table) -> Iterator[pa.Table]:
-    """``table`` a row group at a time, each dictionary cut to the stretch its rows use, so that a row
-    group's dictionary lists its own ids only (readers such as Spark skip row groups by it)."""
+    """``table`` a row group at a time, each dictionary cut to the stretch its rows use (readers such as
+    Spark skip row groups by it)."""
     if table.num_rows == 0:
         yield table
         return
@@ -144,8 +143,8 @@ def _row_groups(table: pa.Table) -> Iterator[pa.Table]:
 
 
 def _used_stretch(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """``column`` over its dictionary's stretch between its smallest and largest index (a window's rows
-    come review by review); as it is where its chunks do not share one dictionary."""
+    """``column`` over its dictionary's stretch between its smallest and largest index (as it is where
+    its chunks do not share one dictionary)."""
     chunks = column.chunks
     dictionary = chunks[0].dictionary
     bounds = pc.min_max(pa.chunked_array([c.indices for c in chunks], chunks[0].indices.type))
@@ -180,10 +179,8 @@ def run_file(run_dir: str | Path, name: str) -> Any:
 def check_part(
     run_dir: str | Path, part: PartEntry, tables: tuple[str, ...] | list[str] = TABLES
 ) -> dict[str, Any]:
-    """The files of ``tables`` of a committed part; RunDirError where one is missing or cut short, or
-    holds other rows than its entry records: a part swapped for another (a restore from the wrong copy)
-    has sound files and other reviews. On local disk, a part met between its commit and its rename is
-    waited for up to ``RENAME_WAIT_SECONDS``."""
+    """The files of ``tables`` of a committed part; RunDirError where one is missing, cut short, or holds
+    other rows than its entry records. A local part between its commit and its rename is waited for."""
     if missing := [t for t in tables if t not in part.files]:
         raise RunDirError(f"{run_dir}: part {part.name} holds no {', '.join(missing)} table")
     files = {t: run_file(run_dir, part.files[t]) for t in tables}
@@ -240,9 +237,8 @@ class CommittedPart:
 def committed_files(
     run_dir: str | Path, tables: tuple[str, ...] | list[str] = TABLES, verify: bool = False
 ) -> list[CommittedPart]:
-    """The files of ``tables`` of every part the manifest commits, in name order: a stray file is never
-    read, and a committed one missing, cut short or holding other rows stops the reader. ``verify``:
-    every page's checksum checked too (:func:`verify_pages`)."""
+    """The files of ``tables`` of every part the manifest commits, in name order, checked with
+    :func:`check_part` (``verify``: every page's checksum too)."""
     run_dir = storage.normalize(run_dir)
     out = []
     for part in sorted(read_manifest(run_dir).parts, key=lambda p: p.name):
@@ -254,8 +250,7 @@ def committed_files(
 
 
 def part_paths(run_dir: str | Path, table: str) -> list[str]:
-    """The files of one table that a run's manifest commits, as paths or URIs, for any Parquet reader
-    (DuckDB, Spark): a glob over the table's folder would also read what no manifest lists."""
+    """The files of one table a run's manifest commits, for any Parquet reader (a glob reads strays)."""
     return [os.fspath(p.files[table]) for p in committed_files(run_dir, [table])]
 
 
@@ -264,8 +259,7 @@ _VERIFIED: set[tuple[str, int, int]] = set()
 
 
 def verify_pages(run_dir: str | Path, path: Any) -> None:
-    """Decode every page of a local part file with its checksum checked, once per file a process
-    (polars checks none). On a store, left to ``validate``."""
+    """Decode every page of a local part file with its checksum checked, once per file a process."""
     if is_remote(path):
         return
     st = path.stat()
@@ -281,8 +275,8 @@ def verify_pages(run_dir: str | Path, path: Any) -> None:
 
 
 def decode_every_page(path: Any) -> None:
-    """Decode every page of a Parquet file with its checksum checked; what pyarrow raises is raised.
-    Strings are read as dictionaries, so memory does not grow with a repeated doc_id's length."""
+    """Decode every page of a Parquet file with its checksum checked (strings as dictionaries: memory
+    does not grow with a repeated doc_id's length)."""
     strings = [f.name for f in pq.read_schema(path) if f.type in (pa.string(), pa.large_string())]
     with pq.ParquetFile(path, page_checksum_verification=True, read_dictionary=strings) as pf:
         for _ in pf.iter_batches(batch_size=1 << 16):

@@ -7,16 +7,10 @@ Usage::
         run.commit(run.part_writer.stage(start_row, end_row, tables))
         run.finalize(last_run)
 
-A part's life, every table together (compare Ray Data's ``Datasink``): ``stage`` writes each file under
-a name readers skip, fsynced, wherever the window was scored; ``commit`` appends the part to the commit
-log, the commit point; ``publish`` renames the files. Reopening rolls listed parts forward and removes
-what no manifest lists, so a run killed at any point resumes with neither duplicates nor gaps.
-
-An object store has no rename and no lock, so there (``StoredRunDir``) a part is uploaded under its
-final name, the driver commits it by rewriting the manifest, a compare-and-swap (S3's conditional
-writes), and a lease (run/lease.py) keeps a second writer away; objects no manifest lists are deleted
-on reopening, when a job fails and on --overwrite, once a manifest write has shown the run is still
-this writer's.
+A part is staged under a name readers skip, committed by a line of the commit log, then renamed;
+reopening rolls listed parts forward and removes what no manifest lists. On an object store
+(``StoredRunDir``) a part is uploaded under its final name and committed by a compare-and-swap of the
+manifest, under a lease (run/lease.py). docs/reliability.md and docs/storage.md tell why.
 """
 
 from __future__ import annotations
@@ -75,9 +69,8 @@ from .parts import PartWriter, check_part, run_file
 
 
 def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest | None:
-    """The manifest of the run at a job's --out (None where there is none yet). Refuses a file, and a
-    folder bertattn did not make, even when asked to overwrite; with ``on_existing="new"``, a run that
-    committed parts. Asked before a job trains its model too."""
+    """The manifest of the run at a job's --out (None where there is none yet); refuses a file, a folder
+    bertattn did not make, and with ``on_existing="new"`` a run that committed parts."""
     run_dir = run_dir if is_remote(run_dir) else Path(storage.normalize(run_dir))
     if isinstance(run_dir, Path) and run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"{run_dir} is a file, not a folder; choose another --out")
@@ -118,8 +111,8 @@ def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest |
 
 
 def _left_by_a_start(path: Path) -> bool:
-    """What a run stopped before its first manifest leaves (the lock, the manifest's temporary, empty
-    table folders): not someone else's folder, or no later run could use this --out."""
+    """What a run stopped before its first manifest leaves: the lock, the manifest's temporary, empty
+    table folders."""
     if path.name in (LOCK_NAME, hidden_tmp(MANIFEST)):
         return path.is_file()
     return path.name in ALL_TABLES and path.is_dir() and not any(path.iterdir())
@@ -136,7 +129,6 @@ class RunDir:
         part_writer: PartWriter | None = None,
         unsafe_store_commits: bool = False,
     ) -> None:
-        """``unsafe_store_commits``: write a run on a store without conditional writes (docs/storage.md)."""
         run_dir = storage.normalize(run_dir)
         self.run_dir: Any = run_dir.rstrip("/") if is_remote(run_dir) else Path(run_dir)
         self.header = header
@@ -224,10 +216,8 @@ class RunDir:
             (self.run_dir / table).mkdir(parents=True, exist_ok=True)
 
     def fail(self, error: BaseException | None = None) -> None:
-        """Leave the run resumable and "interrupted", files of uncommitted parts removed. A reopened run
-        refused before its pass began keeps its status (a complete one would otherwise have its next
-        --incremental job finish the last pass by row number); one refused because the inputs of its
-        committed rows were edited keeps its whole manifest."""
+        """Leave the run resumable and "interrupted", files of uncommitted parts removed; a run refused
+        before its pass began keeps its status, and one whose committed inputs were edited its manifest."""
         self._sweep()
         if not self.manifest.schema_versions:  # never opened
             return
@@ -241,8 +231,7 @@ class RunDir:
             self._save()
 
     def finalize(self, last_run: dict[str, Any]) -> Manifest:
-        """Mark the run complete, with this pass's summary (a pass that read no rows keeps the last
-        one's) and every table's row count."""
+        """Mark the run complete with this pass's summary (or the last, where it read no rows) and counts."""
         m = self.manifest
         m.last_run = (
             m.last_run if not last_run.get("input_rows") and m.last_run else {**last_run, "ended_at": _now()}
@@ -254,8 +243,7 @@ class RunDir:
     def begin_pass(
         self, generation: int, sources: list[dict[str, Any]] | None = None, limit: int | None = None
     ) -> None:
-        """Record, before its first part, the pass the parts to come belong to, its input files
-        (``sources``, which a resume checks are unchanged) and the rows it reads at most (``limit``)."""
+        """Record, before its first part, the pass, its input files and the rows it reads at most."""
         m = self.manifest
         if self.reopened_status is not None:
             self._before_pass = copy.deepcopy(m)
@@ -272,8 +260,8 @@ class RunDir:
         return self.manifest.parts
 
     def committed_ids(self, parts: list[PartEntry] | None = None, claimed: bool = False) -> IdSet:
-        """Source ids of the committed reviews (of ``parts``, by default all) whose doc id is not a row
-        number; ``claimed``: only those with a text (the ids a pass resumed by row number has seen)."""
+        """Source ids of the committed reviews (of ``parts``, default all) whose doc id is no row number;
+        ``claimed``: only those with a text."""
         ids = IdSet()
         no_id = pa.array(schema.ROW_NUMBER_STATUSES + (schema.NO_TEXT_STATUSES if claimed else ()))
         for p in self.parts if parts is None else parts:
@@ -305,8 +293,7 @@ class RunDir:
         save_manifest(self.run_dir, self.manifest)
 
     def _recover(self) -> None:
-        """Sweep, then check the committed parts: a resume starts after the last committed row, so their
-        files must be sound and their row ranges whole."""
+        """Sweep, then check that the committed parts' files are sound and their row ranges whole."""
         self._sweep()
         for p in self.parts:
             check_part(self.run_dir, p, tuple(p.files))
@@ -344,7 +331,9 @@ class RunDir:
             self.inputs_renamed = True  # a resume decides by what the files hold (run.resume)
         elif diff:
             spelled = [
-                f"{k}: run has {_spelled(theirs.get(k))}, job has {_spelled(mine.get(k))}" for k in diff
+                f"{k}: run has {json.dumps(theirs.get(k), ensure_ascii=False)}, job has "
+                f"{json.dumps(mine.get(k), ensure_ascii=False)}"
+                for k in diff
             ]
             raise RunDirError(
                 f"{self.run_dir} was made by another job ({'; '.join(spelled)}); pass --overwrite or "
@@ -377,8 +366,8 @@ class StoredRunDir(RunDir):
     lease_ttl_s = DEFAULT_TTL_S
     #: seconds between writing the lease and reading it back, when taking it
     lease_settle_s = SETTLE_S
-    _lease: Lease  # taken by open
-    _conditional = False  # whether manifest writes are compare-and-swaps (set by open)
+    _lease: Lease
+    _conditional = False  # whether manifest writes are compare-and-swaps
     _etag: str | None = None  # the manifest's version this writer last read or wrote
     _refused = False  # a manifest write was refused: the run is another writer's now
     _strays: tuple[str, ...] = ()  # uploads no manifest lists, deleted after the next manifest write
@@ -433,8 +422,7 @@ class StoredRunDir(RunDir):
             raise WriteError(f"writing {path} failed: {e}") from e
 
     def fail(self, error: BaseException | None = None) -> None:
-        """As on local disk, unless the run is another's now (its lease lost, a commit refused); a
-        store's error here does not hide the one that stopped the job."""
+        """As on local disk, unless the run is another's now; a store's error here hides no job's error."""
         with contextlib.suppress(StorageError, RunDirError):
             if not self._refused:
                 self._lease.check()
@@ -448,8 +436,8 @@ class StoredRunDir(RunDir):
         self._strays = self._unlisted(ALL_TABLES)
 
     def _clear(self) -> None:
-        """Note every object bertattn wrote into the run, for :meth:`_save` to delete once the new run's
-        manifest has replaced the old one (a compare-and-swap): a writer that lost the run deletes nothing."""
+        """Note every object bertattn wrote into the run, for :meth:`_save` to delete once the new
+        manifest has replaced the old one."""
         self._strays = (*self._unlisted((*TABLES, *DERIVED_DIRS)), storage.join(self.run_dir, REPORT_NAME))
 
     def _unlisted(self, folders: tuple[str, ...]) -> tuple[str, ...]:
@@ -463,8 +451,7 @@ class StoredRunDir(RunDir):
 
 
 def refuse_unsafe_store(out: str | Path, unsafe_store_commits: bool = False) -> None:
-    """RunDirError where ``out`` is on a store whose manifest writes cannot be compare-and-swaps, unless
-    the user accepts the risk (``unsafe_store_commits``)."""
+    """RunDirError where ``out`` is on a store without compare-and-swaps, unless ``unsafe_store_commits``."""
     if is_remote(out) and not unsafe_store_commits and not storage.has_conditional_writes(out):
         raise RunDirError(_unsafe_store(out, "has no conditional writes"))
 
@@ -493,8 +480,3 @@ def part_rows(manifest: Manifest) -> dict[str, int]:
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def _spelled(value: Any) -> str:
-    """A fingerprint value as a job file spells it (JSON: null, not Python's None)."""
-    return json.dumps(value, ensure_ascii=False)
