@@ -89,8 +89,20 @@ class InputSpec:
         check_fields(self)
         if not self.paths:
             raise SpecError("no inputs given")
-        self.delimiter = check_delimiter(self.delimiter)
-        check_encoding(self.encoding)
+        if self.delimiter is not None:  # one character; \t as typed on a command line is a tab
+            self.delimiter = {"\\t": "\t", "tab": "\t"}.get(self.delimiter, self.delimiter)
+            if len(self.delimiter) != 1 or self.delimiter in '\r\n"':
+                raise SpecError(
+                    f"delimiter must be one character (not a quote or line break), got {self.delimiter!r}"
+                )
+        for check, problem in (
+            (codecs.lookup, "is not one Python knows"),
+            ("".encode, "is no text encoding"),
+        ):
+            try:  # a codec such as rot13 or hex encodes no text file
+                check(self.encoding)
+            except LookupError:
+                raise SpecError(f"encoding {self.encoding!r} {problem} (utf-8, gb18030, big5 ...)") from None
 
 
 @dataclass
@@ -314,29 +326,6 @@ def parse_label_map(text: str | None, labels: list[str] | None = None) -> dict[s
     return out
 
 
-def check_delimiter(value: str | None) -> str | None:
-    """A field delimiter: one character (``\\t`` as typed on a command line is a tab)."""
-    if value is None:
-        return None
-    value = {"\\t": "\t", "tab": "\t"}.get(value, value)
-    if len(value) != 1 or value in '\r\n"':
-        raise SpecError(f"delimiter must be one character (not a quote or line break), got {value!r}")
-    return value
-
-
-def check_encoding(value: str) -> None:
-    """A text encoding Python knows; codecs such as rot13 or hex encode no text file."""
-    examples = "(utf-8, gb18030, big5, cp1252 ...)"
-    try:
-        codecs.lookup(value)
-    except LookupError:
-        raise SpecError(f"encoding {value!r} is not one Python knows {examples}") from None
-    try:
-        "".encode(value)
-    except LookupError:
-        raise SpecError(f"encoding {value!r} is no text encoding {examples}") from None
-
-
 def key(f: dataclasses.Field) -> str:
     """A field's key in a job file and its name on the command line."""
     return f.metadata.get("key", f.name)
@@ -427,10 +416,8 @@ def non_none(hint: Any) -> Any:
     return hint
 
 
-@functools.cache
-def type_hints(cls: type) -> dict[str, Any]:
-    """A spec's field types, resolved (cached)."""
-    return typing.get_type_hints(cls)
+#: A spec's field types, resolved.
+type_hints = functools.cache(typing.get_type_hints)
 
 
 def _inside(path: str, folder: str) -> bool:

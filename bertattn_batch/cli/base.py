@@ -16,8 +16,6 @@ from ..runtime import INTERRUPTED, on_stop, signals_deferred, tune_runtime
 from ..storage import redact
 
 app = typer.Typer(
-    help="Stream review corpora through a fine-tuned BERT classifier; write each review's prediction "
-    "and its per-head [CLS] attention to Parquet.",
     no_args_is_help=True,
     add_completion=False,
     add_help_option=False,  # its own, below: shown without a type

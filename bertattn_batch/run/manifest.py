@@ -77,8 +77,7 @@ class PartEntry:
 
 
 def parse_parts(entries: Any) -> tuple[list[PartEntry], list[str]]:
-    """(the parts that parse, a message for each entry that does not, or repeats a name): strict readers
-    refuse a run with any message, the validator reports each one and checks the rest."""
+    """(the parts that parse, a message for each entry that does not or repeats a name)."""
     if not isinstance(entries, list):
         return [], [f"parts is {type(entries).__name__}, expected a list"]
     parts: dict[str, PartEntry] = {}
@@ -168,8 +167,7 @@ class Manifest:
         return self.model.get("source") or self.spec.get("model")
 
     def read_options(self) -> InputSpec:
-        """How the run read its inputs (labels left out, and no limit): to read its reviews again as
-        they were read."""
+        """How the run read its inputs (labels left out, and no limit), to read its reviews again."""
         spec = self.spec
         return InputSpec(
             self.inputs,
@@ -242,8 +240,8 @@ _OLD_DEFAULTS = {
 
 
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
-    """A manifest of an older layout in this version's (a copy): inputs made absolute, and the settings
-    a fingerprint did not record yet given the values every run had then."""
+    """A manifest of an older layout in this version's (a copy): inputs made absolute, settings a
+    fingerprint did not record yet given the values every run had then."""
     data = dict(data)
     fingerprint, spec, model = data.get("fingerprint"), data.get("spec"), data.get("model")
     if isinstance(fingerprint, dict):
@@ -289,8 +287,8 @@ def load_json(run_dir: str | Path) -> dict[str, Any]:
 
 
 def _logged_parts(run_dir: Path) -> list[Any]:
-    """The commit log's entries, a later entry of a name replacing an earlier one; a last line cut short
-    (killed as it was appended) was never committed."""
+    """The commit log's entries, a later one of a name replacing an earlier; a last line cut short was
+    never committed."""
     path = run_dir / COMMIT_LOG
     try:
         lines = path.read_bytes().splitlines()
@@ -332,8 +330,7 @@ def read_manifest(run_dir: str | Path) -> Manifest:
 
 
 def require_current_tables(run_dir: str | Path, written: Any) -> None:
-    """Refuse a run whose tables another version wrote in another form, before a reader fails on a
-    missing column or file."""
+    """Refuse a run whose tables another version of bertattn-batch wrote in another form."""
     current = schema.versions()
     if not isinstance(written, dict):
         return  # none named (a manifest made by hand), left to its own checks
@@ -356,8 +353,8 @@ def manifest_text(manifest: Manifest) -> str:
 
 
 def save_manifest(run_dir: Path, manifest: Manifest) -> None:
-    """Write the whole manifest atomically, then drop the commit log it now holds (a crash in between
-    leaves entries in both, which read as one)."""
+    """Write the whole manifest atomically, then drop the commit log it now holds (entries in both read
+    as one)."""
     try:
         atomic_write_text(run_dir / MANIFEST, manifest_text(manifest))
         (run_dir / COMMIT_LOG).unlink(missing_ok=True)
@@ -367,7 +364,7 @@ def save_manifest(run_dir: Path, manifest: Manifest) -> None:
 
 def row_range_problems(parts: Iterable[tuple[int, int, int]]) -> list[str]:
     """What is wrong with committed parts' (generation, start_row, end_row): the first pass must tile
-    rows 0..N-1 without a gap, and no pass may hold a row twice. The writer and the validator share it."""
+    rows 0..N-1 without a gap, and no pass may hold a row twice."""
     by_gen: dict[int, list[tuple[int, int]]] = {}
     for gen, start, end in parts:
         by_gen.setdefault(gen, []).append((start, end))

@@ -34,8 +34,8 @@ T = TypeVar("T")
 
 @contextlib.contextmanager
 def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
-    """``run_dir`` as a local folder: itself, or its mirror brought up to date. With ``write_back``, what
-    the block wrote outside the tables is uploaded when it ends without an error."""
+    """``run_dir`` as a local folder: itself, or its mirror brought up to date; ``write_back``: what the
+    block wrote outside the tables is uploaded when it succeeds."""
     if not storage.is_remote(run_dir):
         yield Path(storage.normalize(run_dir))
         return
@@ -62,8 +62,7 @@ def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def _only_user(local: Path, uri: str) -> Iterator[bool]:
-    """Hold the mirror for one command of this machine at a time (a file lock, which another thread of
-    this process waits for too); the thread holding it may enter again (a command calling another),
+    """Hold the mirror for one command of this machine at a time; the thread holding it may enter again,
     told so by the False it gets."""
     held: set[Path] = vars(_HELD).setdefault("mirrors", set())
     if local in held:
@@ -100,9 +99,8 @@ def _upload_written(local: Path, uri: str, before: dict[str, tuple[int, int]]) -
 
 
 def on_local_copy(write_back: bool = False) -> Callable[[Callable[..., T]], Callable[..., T]]:
-    """Decorate a function whose first argument is a run directory so that it also takes a store's URI:
-    it is called with the run's mirror (:func:`local_run`), and a path it returns inside the mirror is
-    returned as the URI it was uploaded to."""
+    """Let a function whose first argument is a run directory take a store's URI: it is called with the
+    run's mirror (:func:`local_run`), and a path it returns inside it becomes the URI."""
 
     def wrap(fn: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(fn)

@@ -25,9 +25,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """Which pass the parts to come are of, and what of the input they skip: the rows before
-    ``skip_until``, and rows with ``skip_ids``. ``taken_ids``: ids committed rows of this pass claimed
-    with a text, so that a later repeat of one is still ``duplicate_id``."""
+    """Which pass the parts to come are of, and what they skip: the rows before ``skip_until`` and rows
+    with ``skip_ids``. ``taken_ids``: ids this pass's committed rows claimed (a repeat is a duplicate)."""
 
     generation: int = 0
     skip_until: int = 0
@@ -50,14 +49,10 @@ def resume_point(
     limit: int | None = None,
     compared: list[dict[str, Any]] | None = None,
 ) -> ResumePoint:
-    """The resume point of a reopened run (``by_id``: the job has an id column), its pass begun.
-
-    An incremental job starts a new pass over a run whose last pass completed; over an interrupted pass
-    it finishes that pass by row number, unless its inputs changed or a lower limit stops before its
-    rows, which only a new pass can go on from. ``sources``: the pass's input files
-    (``inputs.fingerprint.source_files``); ``compared``: those checked against the recorded pass's,
-    where they differ (a stream the recorded pass copied only a start of).
-    """
+    """The resume point of a reopened run (``by_id``: the job has an id column), its pass begun. An
+    incremental job starts a new pass over a complete run, and finishes an interrupted one by row number
+    unless its inputs changed or a lower limit stops before its rows. ``sources``: the pass's input
+    files; ``compared``: those checked against the recorded pass's, where they differ."""
     m, parts, generation = run.manifest, run.parts, run.manifest.generation or 0
     checked = compared if compared is not None else sources
     if sources is not None and m.sources is not None and len(m.sources) == len(sources):
@@ -114,8 +109,7 @@ def resume_point(
 
 
 def check_read_unchanged(run: RunDir, before: list[dict[str, Any]], now: list[dict[str, Any]]) -> None:
-    """Refuse to finish a pass whose input files changed while it read them (an export still being
-    written, a file replaced): the pass stays interrupted."""
+    """Refuse to finish a pass whose input files changed while it read them: it stays interrupted."""
     if changes := input_changes(before, now):
         raise InputError(
             f"{run.run_dir}: the inputs changed while this run read them ({_listed(changes)}), so its "
@@ -129,8 +123,7 @@ def _listed(changes: list[str]) -> str:
 
 
 def input_changes(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[str]:
-    """How the input files ``now`` differ from those a pass recorded, a phrase each; none where they are
-    the same files, in the same order."""
+    """How the input files ``now`` differ from those a pass recorded, a phrase each."""
     if len(before) == len(now) and all(map(_same_file, before, now)):
         return []
     old = {s["path"]: s for s in before}
@@ -148,7 +141,7 @@ def input_changes(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> li
 
 def _same_file(was: dict[str, Any], now: dict[str, Any]) -> bool:
     """The same input file as when the pass began: its size and the bytes at its start and end (older
-    runs: the size alone), whatever its time says (``cp -p`` keeps a time, a copy gets a new one)."""
+    runs: the size alone), whatever its time says."""
     if was["path"] != now["path"] or was["bytes"] != now["bytes"]:
         return False
     return "ends_sha256" not in was or was["ends_sha256"] == now["ends_sha256"]

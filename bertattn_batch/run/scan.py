@@ -50,9 +50,8 @@ class RunFrames:
 
 
 def scan_run(run_dir: str | Path) -> RunFrames:
-    """Every table of a run, lazily, from the parts its manifest commits (a stray file is never read;
-    a run of an empty input has empty tables, and so has a table its job did not ask for). Local runs
-    and runs on a store alike."""
+    """Every table of a run, lazily, from the parts its manifest commits (a table with no part is empty),
+    local or on a store."""
     listed = read_manifest(run_dir).parts
     optional = [t for t in schema.OPTIONAL_TABLES if listed and all(t in p.files for p in listed)]
     parts = committed_files(run_dir, (*schema.TABLES, *optional))
@@ -71,14 +70,12 @@ def scan_attention(run_dir: str | Path) -> pl.LazyFrame:
 
 
 def attention_rows(attention: pl.LazyFrame, tokens: pl.LazyFrame) -> pl.LazyFrame:
-    """Attention rows joined with their tokens: a left join, so that a row whose token is missing keeps
-    null token columns rather than vanishing (``validate`` reports it)."""
+    """Attention rows left-joined with their tokens: a row whose token is missing keeps null columns."""
     return attention.join(tokens.select(*TOKEN_KEY, *TOKEN_COLUMNS), on=TOKEN_KEY, how="left")
 
 
 def scan_parts(files: list[Any]) -> pl.LazyFrame:
-    """A lazy scan of part files of one run: local ones and those on S3 or GCS by polars itself, other
-    schemes (HDFS, what fsspec serves) through a pyarrow dataset on their filesystem."""
+    """A lazy scan of part files: local, S3 and GCS by polars itself, others through a pyarrow dataset."""
     scheme = storage.split_uri(files[0])[0] if files else None
     if scheme in POLARS_SCHEMES:
         options = None
