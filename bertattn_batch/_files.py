@@ -70,10 +70,8 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 @contextlib.contextmanager
 def atomic_dir(path: Path) -> Iterator[Path]:
-    """Yield a new temporary folder beside ``path`` that takes ``path``'s place when the block succeeds
-    (an old folder there is moved aside, then removed), and is removed when it fails. The caller holds
-    a lock on ``path``. A folder that a killed process moved aside goes back first, and stale
-    temporaries are removed."""
+    """Yield a new temporary folder beside ``path`` that takes its place when the block succeeds and is
+    removed when it fails (the caller holds a lock on ``path``); a killed process's leftovers go first."""
     path.parent.mkdir(parents=True, exist_ok=True)
     aside = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime)
     if aside and not path.exists():
@@ -126,9 +124,7 @@ def remove_stale(parent: Path, pattern: str) -> None:
 
 def claim_dir(path: Path) -> int | None:
     """Hold a lock in the new folder ``path`` while this process runs (or until the returned descriptor
-    is closed), so that :func:`remove_stale` removes the folder as soon as its process is killed. The
-    lock file gets its name only once held. None where no lock can be taken: the folder is then told
-    by its age."""
+    is closed), so that :func:`remove_stale` removes it once its process is gone; None where it cannot."""
     new = path / f"{DIR_LOCK}.new"
     try:
         fd = os.open(new, os.O_RDWR | os.O_CREAT, 0o644)
@@ -145,9 +141,8 @@ def claim_dir(path: Path) -> int | None:
 
 
 def _take_lock(path: Path, wait: bool, tries: int = 1) -> int | None:
-    """An exclusive ``flock`` on ``path`` (created if missing): its descriptor, or None (with a warning)
-    where the file system has no locks. Raises BlockingIOError while another process holds it and not
-    ``wait``, after ``tries`` attempts 0.1 s apart."""
+    """An exclusive ``flock`` on ``path``: its descriptor, or None where the file system has no locks;
+    BlockingIOError while another process holds it and not ``wait`` (after ``tries`` 0.1 s apart)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         for attempt in range(tries):
@@ -192,10 +187,8 @@ def file_lock(
     waiting: str | None = None,
     remove: bool = False,
 ) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` for the block; it dies with its process, and the file records
-    the holder's pid. Where another process holds it: raise ``busy(holder)`` (holder: ``" (pid N)"``
-    or ``""``), or without ``busy`` wait for it, logging ``waiting``. ``remove``: delete the file when
-    done."""
+    """Hold an exclusive lock on ``path`` (recording the holder's pid) for the block. Where another
+    process holds it: raise ``busy(" (pid N)")``, or without ``busy`` wait, logging ``waiting``."""
     try:
         fd = _take_lock(path, wait=False, tries=5 if busy is not None else 1)
     except BlockingIOError:

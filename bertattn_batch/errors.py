@@ -49,9 +49,7 @@ class EngineError(BertAttnError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler stopping the job) or SIGHUP (its terminal closed), handled as Ctrl-C is: the
-    part in hand is committed or dropped whole, the manifest says "interrupted", and the same command
-    resumes. ``signum``: which, for the exit status (128 + it)."""
+    """SIGTERM or SIGHUP, handled as Ctrl-C is; ``signum``: which, for the exit status (128 + it)."""
 
     signum: int = signal.SIGTERM
 

@@ -77,11 +77,8 @@ def install_signal_handlers() -> None:
 
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
-    """Hold Ctrl-C, SIGTERM and SIGHUP until the end of the block, where they act as they would have.
-
-    For a block that must finish once begun: waiting for the part a thread or process is writing,
-    starting or stopping processes. Only Python's own handlers are held (a signal ignored or left at
-    its default stays so), and only in the main thread; elsewhere the block runs as it is."""
+    """Hold Ctrl-C, SIGTERM and SIGHUP (their Python handlers, in the main thread) until the end of the
+    block, where they act as they would have: for a block that must finish once begun."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

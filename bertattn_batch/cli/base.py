@@ -35,9 +35,8 @@ def _redacted(record: logging.LogRecord) -> bool:
 
 
 def setup(debug: bool, loads_model: bool = False) -> None:
-    """What every command does first: logging, and the native libraries' settings. A command that
-    ``loads_model`` imports torch here with stop signals held: a stop raised inside torch's native import
-    code (a callback into Python) aborts the process without its exit code or the interrupted line."""
+    """What every command does first: logging, and the native libraries' settings. ``loads_model``:
+    import torch with stop signals held (a stop raised inside its native import code aborts)."""
     _debug["on"] = debug
     tune_runtime()
     if loads_model:
