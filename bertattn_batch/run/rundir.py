@@ -71,13 +71,13 @@ from .parts import PartWriter, check_part, run_file
 def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest | None:
     """The manifest of the run at a job's --out (None where there is none yet); refuses a file, a folder
     bertattn did not make, and with ``on_existing="new"`` a run that committed parts."""
-    run_dir = run_dir if is_remote(run_dir) else Path(storage.normalize(run_dir))
-    if isinstance(run_dir, Path) and run_dir.exists() and not run_dir.is_dir():
+    local = not is_remote(run_dir)
+    run_dir = Path(storage.normalize(run_dir)) if local else run_dir
+    if local and run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"{run_dir} is a file, not a folder; choose another --out")
-    local = isinstance(run_dir, Path)
-    if not ((run_dir / MANIFEST).is_file() if local else storage.is_file(storage.join(run_dir, MANIFEST))):
+    if not storage.is_file(storage.join(run_dir, MANIFEST)):
         if local:
-            foreign = any(not _left_by_a_start(p) for p in run_dir.iterdir()) if run_dir.is_dir() else False
+            foreign = run_dir.is_dir() and any(not _left_by_a_start(p) for p in run_dir.iterdir())
         else:
             foreign = any(name != LEASE_NAME for name in storage.list_names(run_dir, recursive=True))
         if foreign:
@@ -183,7 +183,8 @@ class RunDir:
                 if "fingerprint" in self.header and not self.inputs_renamed:  # the same job, as this
                     self.manifest.fingerprint = self.header["fingerprint"]  # version spells it
                 self._recover()  # saved with the status it had: "running" is for begin_pass to say
-            self._make_folders()
+            for table in TABLES if isinstance(self.run_dir, Path) else ():  # a store has no folders
+                (self.run_dir / table).mkdir(exist_ok=True)
             self._save()
         except BaseException:
             self.close()
@@ -210,10 +211,6 @@ class RunDir:
     def close(self) -> None:
         """Release the run (it is left as it is)."""
         self._held.close()
-
-    def _make_folders(self) -> None:
-        for table in TABLES:
-            (self.run_dir / table).mkdir(parents=True, exist_ok=True)
 
     def fail(self, error: BaseException | None = None) -> None:
         """Leave the run resumable and "interrupted", files of uncommitted parts removed; a run refused
@@ -427,9 +424,6 @@ class StoredRunDir(RunDir):
             if not self._refused:
                 self._lease.check()
                 super().fail(error)
-
-    def _make_folders(self) -> None:
-        """A store has no folders."""
 
     def _sweep(self) -> None:
         """Note every object in a table folder that the manifest does not list, for :meth:`_save`."""

@@ -54,13 +54,13 @@ def scan_run(run_dir: str | Path) -> RunFrames:
     local or on a store."""
     listed = read_manifest(run_dir).parts
     optional = [t for t in schema.OPTIONAL_TABLES if listed and all(t in p.files for p in listed)]
-    parts = committed_files(run_dir, (*schema.TABLES, *optional))
+    tables = (*schema.TABLES, *optional)
+    parts = committed_files(run_dir, tables)
     return RunFrames(
-        **{t: scan_parts([p.files[t] for p in parts]) if parts else _empty(t) for t in schema.TABLES},
         **{
-            t: scan_parts([p.files[t] for p in parts]) if t in optional else _empty(t)
-            for t in schema.OPTIONAL_TABLES
-        },
+            t: scan_parts([p.files[t] for p in parts]) if parts and t in tables else _empty(t)
+            for t in (*schema.TABLES, *schema.OPTIONAL_TABLES)
+        }
     )
 
 
