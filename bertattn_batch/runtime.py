@@ -1,4 +1,4 @@
-"""The process a job runs in: the native libraries' settings, and how it answers stop signals.
+"""The process a job runs in: its stop-signal handlers, and the native libraries' settings.
 
 Usage::
 

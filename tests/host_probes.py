@@ -1,4 +1,4 @@
-"""Part writers that a host process (engines/host_processes.py) unpickles: kept apart from the tests
+"""Part writers that a host process (engines/processes.py) unpickles: kept apart from the tests
 that use them, so that importing them in that process imports no more than it would itself. They are
 set through the environment, which a host process inherits (a class attribute set in a test is not)."""
 

@@ -1,4 +1,5 @@
-"""The commands that read a run: ``validate``, ``aggregate``, ``faithfulness``, ``plot`` and ``report``."""
+"""The commands that read a run: ``validate``, ``aggregate``, ``reviews``, ``faithfulness``, ``plot``,
+``report``."""
 
 from __future__ import annotations
 

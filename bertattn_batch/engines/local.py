@@ -1,4 +1,4 @@
-"""The local engine: the model runs in this process, and a window's other steps overlap with it.
+"""The local engine: the model in this process, a window's other steps on threads or host processes.
 
     read (run_job's thread) ──▶ encode (a thread) ──▶ score (the model's thread)
       ──▶ extract + stage the part (threads) ──▶ staged parts back to ``run_job``, in row order

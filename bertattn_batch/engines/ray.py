@@ -17,7 +17,7 @@ The driver streams: Ray's object store holds only the windows in flight, never t
 part is named by its first row, so when a worker dies Ray restarts it and retries the window, and the
 retry rewrites the same files. Workers write their parts into the run directory themselves (under
 temporary names on a filesystem every node mounts; under their final names on an object store,
-run/stored.py) and hand back only the manifest entry; the driver alone writes the manifest.
+run/parts.py) and hand back only the manifest entry; the driver alone writes the manifest.
 """
 
 from __future__ import annotations

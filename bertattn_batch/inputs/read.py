@@ -1,6 +1,8 @@
-"""Check the inputs (names, headers and first bytes only: a mistyped path or column fails before a model
-loads), then stream their rows in order, numbered from 0 across all of them, under one row rule: each
-row gets a doc id, a text, a label and a status; a row that cannot be scored keeps its place.
+"""Check the inputs, then stream their rows in order under one row rule.
+
+The checks read names, headers and first bytes only: a mistyped path or column fails before a model
+loads. Rows are numbered from 0 across all inputs, and each gets a doc id, a text, a label and a
+status; a row that cannot be scored keeps its place.
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""What a model folder must be for bertattn to read its [CLS] row, and the hashes that tell models apart.
+"""A model folder's config and tokenizer, loaded and checked for what bertattn needs; hashes of models.
 
 Shared by extraction and training (a base model), so both refuse the same models in the same words:
 an unsupported architecture, a decoder, pickle weights not allowed, a head that is no single-label

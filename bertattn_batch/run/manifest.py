@@ -98,7 +98,7 @@ def parse_parts(entries: Any) -> tuple[list[PartEntry], list[str]]:
 @dataclass
 class Manifest:
     """A run's manifest. ``spec``, ``fingerprint``, ``model`` and ``versions`` are fixed for the life of
-    the run (``engines.base.run_header``); the rest changes as parts are committed."""
+    the run (``engines.start.run_header``); the rest changes as parts are committed."""
 
     run_id: str = ""  # names the run in every predictions row
     spec: dict[str, Any] = field(default_factory=dict)
