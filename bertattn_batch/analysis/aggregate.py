@@ -461,9 +461,15 @@ def run_layer(manifest: Manifest, layer: int | None) -> int:
     return idx
 
 
-#: What :func:`export` writes, by suffix; and the decimals of its CSV and XLSX cells.
+#: What :func:`export` writes, by suffix; and the significant digits of a weight in any CSV or XLSX
+#: this package writes (the tables of ``plot`` too): small weights keep their size.
 EXPORTS = (".csv", ".xlsx", ".parquet")
-DECIMALS = 4
+SIGNIFICANT = 4
+
+
+def significant(value: float | None) -> float | None:
+    """``value`` rounded to :data:`SIGNIFICANT` significant digits, as :func:`export` rounds a cell."""
+    return None if value is None else float(f"{value:.{SIGNIFICANT}g}")
 
 
 def export_path(path: str | Path) -> Path:
@@ -476,11 +482,11 @@ def export_path(path: str | Path) -> Path:
 
 def export(frame: pl.DataFrame, path: str | Path) -> Path:
     """Write ``frame`` as CSV (UTF-8 with the mark that tells Excel so), XLSX or Parquet; the CSV and
-    XLSX cells rounded to :data:`DECIMALS` places, as a person reads them."""
+    XLSX cells rounded to :data:`SIGNIFICANT` digits, as a person reads them."""
     path = export_path(path)
     suffix = path.suffix.lower()
     if suffix != ".parquet":
-        frame = frame.with_columns(pl.col(pl.Float32, pl.Float64).round(DECIMALS))
+        frame = frame.with_columns(pl.col(pl.Float32, pl.Float64).round_sig_figs(SIGNIFICANT))
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path, unique=True) as tmp:

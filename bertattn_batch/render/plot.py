@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._files import atomic_path, writing
+from ..analysis.aggregate import significant
 from ..analysis.spelling import printable, readable
 from ..analysis.words import run_words
 from ..errors import InputError, SpecError
@@ -31,8 +32,6 @@ if TYPE_CHECKING:
 
 SUFFIXES = (".png", ".html", ".htm", ".csv", ".xlsx")
 TABLES = (".csv", ".xlsx")
-#: Significant digits of the weights a table holds: enough to tell them apart, few enough to read.
-SIGNIFICANT = 4
 
 
 def output_path(out: str | Path, pairs: bool = False) -> Path:
@@ -135,17 +134,12 @@ def plot_review(
     return (cls_figure(review), pairs_figure(review)) if options.get("pairs") else cls_figure(review)
 
 
-def significant(value: float | None, digits: int = SIGNIFICANT) -> float | None:
-    """``value`` rounded to ``digits`` significant digits: what a table shows of a weight."""
-    return None if value is None else float(f"{value:.{digits}g}")
-
-
 def _write_table(review: ReviewAttention, path: Path, suffix: str) -> None:
     """The seed's table, as the seed post read it in Excel: a row per head and measure (scaled, raw), a
-    column per token (``position token``), values to :data:`SIGNIFICANT` digits; the review's id,
-    prediction and label first and its text last (where it can run on into the empty cells) on every
-    row, so that a filter or a pasted row keeps them, control characters escaped (the text keeps its
-    line breaks and tabs). The xlsx's third sheet holds the title."""
+    column per token (``position token``), values rounded as every export rounds them (``significant``);
+    the review's id, prediction and label first and its text last (where it can run on into the empty
+    cells) on every row, so that a filter or a pasted row keeps them, control characters escaped (the
+    text keeps its line breaks and tabs). The xlsx's third sheet holds the title."""
     tokens = readable(review.tokens, review.byte_level)
     about = [review.doc_id, review.pred_label, significant(review.prob), review.label]
     about = [printable(v, None) if isinstance(v, str) else v for v in about]

@@ -221,7 +221,7 @@ def test_the_cli_answers_without_code(zh_run, tmp_path):
         assert r.exit_code == 0, r.output
         table = agg.read_aggregates(zh_run)[0]
         want = agg.view(table, "word", "pred_label", [0], "log_odds_z", [1]).with_columns(
-            pl.col(pl.Float64).round(4)
+            pl.col(pl.Float64).round_sig_figs(4)
         )
         if suffix == "csv":
             got = pl.read_csv(out, schema=want.schema)
