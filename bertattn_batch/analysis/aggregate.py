@@ -267,8 +267,17 @@ def with_shrunk_means(sums: pl.LazyFrame) -> pl.LazyFrame:
     return sums.with_columns(mean_scaled_shrunk=(n_rev * mean + kappa * head_mean) / (n_rev + kappa))
 
 
-def combine(sums: pl.LazyFrame, sizes: pl.DataFrame, min_reviews: int, rank_by: str) -> pl.LazyFrame:
-    """Per-part sums -> the token_influence table: every split, means, the filter and the rank."""
+def combine(
+    sums: pl.LazyFrame,
+    sizes: pl.DataFrame,
+    min_reviews: int,
+    rank_by: str,
+    tracks: pl.LazyFrame | None = None,
+) -> pl.LazyFrame:
+    """Per-part sums -> the token_influence table: every split, means, the filter and the rank.
+    ``tracks``: each head's ``alti_spearman`` (:func:`tracks_alti`), where the run has ALTI."""
+    if tracks is None:
+        tracks = pl.LazyFrame(schema={"layer": pl.Int16, "head": pl.Int16, "alti_spearman": pl.Float64})
     cols = ["unit", "layer", "head", "split", "class_label", "token", *_SUMS]
     frames = _splits(sums, ["unit", "layer", "head", "token"], [pl.col(c).sum() for c in _SUMS])
     every_token = pl.concat([f.select(cols) for f in frames])
@@ -282,8 +291,25 @@ def combine(sums: pl.LazyFrame, sizes: pl.DataFrame, min_reviews: int, rank_by: 
             mean_norm=pl.col("norm_sum") / pl.col("n_occurrences"),
             top_share=pl.col("n_top") / pl.col("n_reviews"),
         )
+        .join(tracks, on=["layer", "head"], how="left")  # ALTI's own rows (null layer) get none
     )
     return ranked(table, rank_by).select(schema.columns(TABLE))
+
+
+def tracks_alti(rows: pl.LazyFrame) -> pl.LazyFrame:
+    """Per (layer, head) of one part's rows: the sum (``rho_sum``) and count (``rho_n``) over reviews of
+    the Spearman correlation between the head's raw weight and ALTI over the review's tokens (ties at
+    their mean rank, as ``faithfulness`` ranks them); a review with constant scores has none."""
+    alti = rows.filter(pl.col("layer").is_null()).select(KEY, "position", alti="weight")
+    return (
+        rows.filter(pl.col("layer").is_not_null())
+        .join(alti, on=[KEY, "position"])
+        .group_by([KEY, "layer", "head"])
+        .agg(rho=pl.corr("weight", "alti", method="spearman"))
+        .filter(pl.col("rho").is_not_nan())
+        .group_by(["layer", "head"])
+        .agg(rho_sum=pl.col("rho").sum(), rho_n=pl.len())
+    )
 
 
 def ranked(table: pl.LazyFrame | pl.DataFrame, measure: str) -> pl.LazyFrame | pl.DataFrame:
@@ -337,7 +363,8 @@ def aggregate(
     try:
         sizes = class_sizes([p.files["predictions"] for p in parts])
         if parts:
-            table = combine(_summed(parts, units, (mode, user_dict), work), sizes, min_reviews, rank_by)
+            sums, tracks = _summed(parts, units, (mode, user_dict), work)
+            table = combine(sums, sizes, min_reviews, rank_by, tracks)
         else:  # a complete run over inputs without rows: an empty table
             table = pl.LazyFrame(schema=pl.from_arrow(schema.arrow(TABLE).empty_table()).schema)
         options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units), "words": mode}
@@ -372,16 +399,21 @@ def aggregate(
 
 def _summed(
     parts: list[CommittedPart], units: Sequence[str], words: tuple[str | None, str | None], work: Path
-) -> pl.LazyFrame:
-    """Per-token sums over all parts: each part (slice) reduced on its own, then the partial sums added."""
-    partials = []
+) -> tuple[pl.LazyFrame, pl.LazyFrame | None]:
+    """Per-token sums over all parts, and each head's ``alti_spearman`` where the run has ALTI: each part
+    (slice) reduced on its own, then the partial sums added."""
+    partials, rhos = [], []
     for part in parts:
         slices = -(-pq.ParquetFile(part.files["cls_attention"]).metadata.num_rows // MAX_ROWS_PER_PASS)
         whole = review_rows(part, ("text",) if words[0] == "jieba" else ())
         for k in range(max(slices, 1)):
             rows = whole.only(pl.col(KEY) % slices == k) if slices > 1 else whole  # sums stay additive
-            if len(units) > 1:  # read once for both: at most MAX_ROWS_PER_PASS rows
+            alti = "contributions" in part.files
+            if len(units) + alti > 1:  # read once for all: at most MAX_ROWS_PER_PASS rows
                 rows.rows = rows.rows.collect(engine="streaming").lazy()
+            if alti:
+                rhos.append(work / f"rho-{k}-{part.name}")
+                tracks_alti(rows.rows).sink_parquet(rhos[-1], engine="streaming")
             for unit in units:
                 frame = part_sums(rows.rows if unit == "token" else rows.words(*words), unit)
                 path = work / f"{unit}-{k}-{part.name}"
@@ -394,7 +426,14 @@ def _summed(
         .agg([pl.col(c).sum() for c in _SUMS])
         .sink_parquet(base_path, engine="streaming")
     )
-    return pl.scan_parquet(base_path, glob=False)
+    tracks = (
+        pl.scan_parquet(rhos, glob=False)
+        .group_by(["layer", "head"])
+        .agg(alti_spearman=pl.col("rho_sum").sum() / pl.col("rho_n").sum())
+        if rhos
+        else None
+    )
+    return pl.scan_parquet(base_path, glob=False), tracks
 
 
 def read_aggregates(run_dir: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
@@ -566,13 +605,22 @@ def format_top(
         where = "ALTI, the whole model" if layer is None else layer_name(layer, num_layers)
         lines = [f"{where} · {who} ({n} reviews) · top {k} {unit}s, {measure}"]
         cells: dict[int, list[str]] = {}
+        rho: dict[int, float | None] = {}
         for row in group.iter_rows(named=True):
             cells.setdefault(row["head"], []).append(f"{shown[row['token']]} {_fmt(row[measure])}")
+            rho[row["head"]] = row.get("alti_spearman")
         width = max(_width(c) for cs in cells.values() for c in cs)
-        lines.append("head  " + "  ".join(_pad(f"#{i}", width) for i in range(1, k + 1)).rstrip())
-        for head in sorted(cells):
+        # where the run has ALTI: how far each head tracks it, before its tokens
+        tracks = {h: "" if r is None else f"{r:+.2f}" for h, r in rho.items()} if any(rho.values()) else {}
+        lines.append(
+            "head  "
+            + ("ALTI ρ  " if tracks else "")
+            + "  ".join(_pad(f"#{i}", width) for i in range(1, k + 1)).rstrip()
+        )
+        for head in sorted(cells, key=lambda h: -1 if h is None else h):
             cell = "  ".join(_pad(c, width) for c in cells[head]).rstrip()
-            lines.append(f"{'' if head is None else head:>4}  {cell}")
+            rho_cell = f"{tracks[head]:>6}  " if tracks else ""
+            lines.append(f"{'' if head is None else head:>4}  {rho_cell}{cell}")
         blocks.append("\n".join(lines))
     # a group with scored reviews but no row left is named, not left out
     shown_classes = set(top["class_label"].to_list())

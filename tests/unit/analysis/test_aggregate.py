@@ -242,6 +242,46 @@ def test_aggregates_equal_a_direct_computation(expected, result):
                 assert math.isclose(row[col], want[col], rel_tol=1e-9, abs_tol=1e-12), (key, col)
 
 
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """0-based ranks, tied values sharing their mean rank."""
+    ranks = np.empty(len(x))
+    ranks[np.argsort(x, kind="stable")] = np.arange(len(x))
+    for value in np.unique(x):
+        ranks[x == value] = ranks[x == value].mean()
+    return ranks
+
+
+def test_each_head_says_how_far_it_tracks_alti(run_dir, result):
+    """alti_spearman: each head's mean over the scored reviews of the Spearman correlation between its
+    raw weights and ALTI over the review's tokens, from the run's tables by hand; none for ALTI's rows."""
+    ok = {p["doc_id"] for p in read_table(run_dir, "predictions").to_pylist() if p["status"] == "ok"}
+    alti = {(c["doc_id"], c["position"]): c["alti"] for c in read_table(run_dir, "contributions").to_pylist()}
+    heads: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for r in read_attention(run_dir).select(["doc_id", "layer", "head", "position", "weight"]).to_pylist():
+        if r["doc_id"] in ok:
+            heads[(r["layer"], r["head"])][r["doc_id"]].append((r["position"], r["weight"]))
+    want = {}
+    for key, reviews in heads.items():
+        rhos = []
+        for doc, items in reviews.items():
+            items.sort()
+            x = np.array([w for _, w in items])
+            y = np.array([alti[(doc, p)] for p, _ in items])
+            rx, ry = average_ranks(x), average_ranks(y)
+            if len(x) > 1 and rx.std() > 0 and ry.std() > 0:
+                rhos.append(np.corrcoef(rx, ry)[0, 1])
+        want[key] = float(np.mean(rhos))
+    got = result.table.select("layer", "head", "alti_spearman").unique()
+    assert got.filter(pl.col("layer").is_null())["alti_spearman"].is_null().all()
+    got = {(r["layer"], r["head"]): r["alti_spearman"] for r in got.drop_nulls("layer").iter_rows(named=True)}
+    assert set(got) == set(want)
+    for key, rho in want.items():
+        assert math.isclose(got[key], rho, rel_tol=1e-9, abs_tol=1e-12), key
+    printed = CliRunner().invoke(app, ["aggregate", str(run_dir), "--rank-by", "mean_scaled", "--layer", "0"])
+    assert printed.exit_code == 0, printed.output
+    assert "ALTI ρ" in printed.output and f"{got[(0, 0)]:+.2f}" in printed.output
+
+
 def test_only_scored_reviews_count(run_dir, result):
     preds = read_table(run_dir, "predictions").to_pylist()
     ok = [p for p in preds if p["status"] == "ok"]
