@@ -314,12 +314,23 @@ def etag(target: str | os.PathLike[str]) -> str | None:
 def put_if(target: str | os.PathLike[str], data: bytes, version: str | None) -> str:
     """Put an S3 object whole only if it is still ``version`` (an ETag; None: only if there is none):
     its new ETag, or CommitRefused, or NoConditionalWrites where the store refuses the condition."""
+    condition = {"IfMatch": version} if version is not None else {"IfNoneMatch": "*"}
+    return str(_conditionally(target, "put_object", Body=data, **condition)["ETag"])
+
+
+def delete_if(target: str | os.PathLike[str], version: str) -> None:
+    """Delete an S3 object only if it is still ``version`` (an ETag): CommitRefused where another
+    writer replaced it, NoConditionalWrites where the store refuses the condition."""
+    _conditionally(target, "delete_object", IfMatch=version)
+
+
+def _conditionally(target: str | os.PathLike[str], call: str, **args: Any) -> Any:
+    """An S3 call with a precondition, its refusals said as CommitRefused or NoConditionalWrites."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     client, bucket, key = _s3(target)
-    condition = {"IfMatch": version} if version is not None else {"IfNoneMatch": "*"}
     try:
-        return str(client.put_object(Bucket=bucket, Key=key, Body=data, **condition)["ETag"])
+        return getattr(client, call)(Bucket=bucket, Key=key, **args)
     except ClientError as e:
         code = e.response.get("Error", {}).get("Code", "")
         status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")

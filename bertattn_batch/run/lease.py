@@ -139,8 +139,17 @@ class Lease:
             raise RunDirError(f"{self.uri}: this run's lease was {self.lost}; it stops without writing")
 
     def drop(self) -> None:
-        """Give the lease up if this holder still holds it; another's is left alone."""
-        held = self.read()
+        """Give the lease up if this holder still holds it; another's is left alone. On S3 the delete is
+        conditional on the version this holder wrote last, so a taker's lease written meanwhile stays."""
+        if self.conditional and self.version is not None:
+            try:
+                storage.delete_if(self.uri, self.version)
+                return
+            except storage.CommitRefused:  # another holder's now
+                return
+            except storage.NoConditionalWrites:
+                self.conditional = False
+        held = _read(self.uri)
         if held is not None and held.holder == self.holder:
             storage.delete(self.uri)
 

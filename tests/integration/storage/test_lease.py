@@ -99,6 +99,20 @@ def test_a_killed_holders_lease_expires_and_is_taken_over(run):
     second.check()
 
 
+def test_a_drop_racing_a_takeover_leaves_the_takers_lease(run, monkeypatch):
+    """A holder whose lease ran out drops it as another takes it over, its look at the lease made just
+    before the other wrote: the delete is conditional on the version it wrote last, so the taker's stays."""
+    from bertattn_batch.run import lease as lease_module
+
+    paused = Lease.take(run, ttl_s=600, settle_s=0)
+    looked = lease_module._read(paused.uri)
+    taker = Lease(paused.uri, "taker", 600.0, conditional=True, version=paused.version)
+    taker._write()  # what Lease.take writes once the paused holder's lease has run out
+    monkeypatch.setattr(lease_module, "_read", lambda uri: looked)  # it still sees its own
+    paused.drop()
+    assert storage.is_file(paused.uri) and json.loads(storage.read_bytes(paused.uri))["holder"] == "taker"
+
+
 def test_a_lease_past_its_expiry_stops_its_holder(run):
     lease = Lease.take(run, ttl_s=0.3, settle_s=0)
     time.sleep(0.4)  # its renewals failed (a store away): another run may take it now
