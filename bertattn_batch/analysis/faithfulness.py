@@ -1,24 +1,12 @@
 """Faithfulness per head (ERASER: DeYoung et al., ACL 2020): does deleting the tokens a head ranks
-highest move the prediction more than deleting random tokens?
+highest move the prediction more than deleting random tokens? ``faithfulness(run)`` writes
+RUN/faithfulness/head_faithfulness.parquet; docs/measures.md gives the method.
 
-Usage::
-
-    result = faithfulness("runs/r1", sample=200, seed=0)   # RUN/faithfulness/head_faithfulness.parquet
-    print(result.summary())
-
-On a seeded sample of the run's scored reviews, stratified by predicted label, each captured head's
-``weight`` and ``weight_norm`` (and each layer's ``value_zeroing``, head null) rank the review's content
-tokens, ties by position; so do the references that depend on no head: ``random``,
-``gradient_x_input`` and, where the run wrote its contributions table, ``alti`` (whole-model
-contributions to [CLS], Ferrando et al., 2022). Beside ALTI, each head's ``alti_spearman`` says how far
-its ranking follows the whole model's: the mean over reviews of the Spearman correlation of its scores
-and ALTI over the review's content tokens. For k in ``FRACTIONS`` the top ⌈k·m⌉ of the m content tokens are deleted from the
-token ids the run scored ([CLS] and [SEP] kept) and the model runs again:
-
-- comprehensiveness = p(ŷ | x) − p(ŷ | x without them): large when the tokens mattered;
-- sufficiency = p(ŷ | x) − p(ŷ | them alone): small when they suffice;
-
-ŷ being the prediction on the whole review. Rows with k null hold the means over k (AOPC).
+On a seeded sample of the run's scored reviews, stratified by predicted label, each head's scores (and
+the references random, gradient × input and ALTI) rank the content tokens; for each k in ``FRACTIONS``
+the top ⌈k·m⌉ are deleted from the ids the run scored and the model runs again: comprehensiveness =
+p(ŷ | x) − p(ŷ | x without them), sufficiency = p(ŷ | x) − p(ŷ | them alone). Rows with k null hold the
+means over k (AOPC).
 """
 
 from __future__ import annotations
@@ -92,10 +80,8 @@ class Faithfulness:
                 f"{'score':<18}{'head':>5}{'comprehensiveness':>19}{'sufficiency':>13}",
             ]
             ranked = pl.concat([rows, refs]).sort("comprehensiveness", descending=True)
-            for score, head, comp, suff in ranked.select(
-                "score", "head", "comprehensiveness", "sufficiency"
-            ).rows():
-                lines.append(f"{score:<18}{'-' if head is None else head:>5}{comp:>19.3f}{suff:>13.3f}")
+            cells = ranked.select("score", "head", "comprehensiveness", "sufficiency").rows()
+            lines += [f"{s:<18}{'-' if h is None else h:>5}{c:>19.3f}{u:>13.3f}" for s, h, c, u in cells]
             blocks.append("\n".join(lines))
         return "\n\n".join(blocks) + f"\nwrote {display_path(self.path)} in {self.seconds:.1f}s"
 
@@ -289,10 +275,7 @@ def erased(ids: np.ndarray, top: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     content = ids[1:-1]
     chosen = np.zeros(len(content), dtype=bool)
     chosen[top] = True
-    ends = ids[:1], ids[-1:]
-    return np.concatenate([ends[0], content[~chosen], ends[1]]), np.concatenate(
-        [ends[0], content[chosen], ends[1]]
-    )
+    return tuple(np.concatenate([ids[:1], content[keep], ids[-1:]]) for keep in (~chosen, chosen))
 
 
 def erasure_table(
@@ -346,15 +329,8 @@ def _probabilities(clf: Classifier, sequences: Sequence[np.ndarray], progress: b
 
     out = np.empty((len(sequences), len(clf.labels)), dtype=np.float64)
     lengths = [len(s) for s in sequences]
-    bar = tqdm(
-        total=len(sequences),
-        desc="faithfulness",
-        unit="input",
-        disable=not progress,
-        leave=False,
-        **bar_size(),
-    )
-    with bar:
+    with tqdm(total=len(sequences), desc="faithfulness", unit="input", disable=not progress, leave=False,
+              **bar_size()) as bar:  # fmt: skip
         for batch in bucket_batches(lengths, BATCH_TOKENS, MAX_BATCH_SIZE):
             out[batch] = clf.probabilities([sequences[i] for i in batch])
             bar.update(len(batch))
