@@ -244,7 +244,7 @@ class _Spans:
             if end > len(text):
                 self.rec.fail(
                     "spans",
-                    f"{part.rel['tokens']} doc {doc_id!r} (row {row}): a token span ends at {end}, past the "
+                    f"{part.files['tokens']} doc {doc_id!r} (row {row}): a token span ends at {end}, past the "
                     f"text's length {len(text)}",
                 )
 
@@ -302,7 +302,7 @@ def _check_stored_spans(rec: ValidationReport, run: RunView) -> bool:
         for doc_id, row, end, length in past.head(KEPT).iter_rows():
             rec.fail(
                 "spans",
-                f"{part.rel['tokens']} doc {doc_id!r} (row {row}): a token span ends at {end}, past the "
+                f"{part.files['tokens']} doc {doc_id!r} (row {row}): a token span ends at {end}, past the "
                 f"stored text's length {length}",
             )
     rec.note("spans", f"{checked} reviews checked against the texts the run stored (it read a stream)")
