@@ -25,18 +25,9 @@ from .words import run_words
 #: Characters of a review's text printed.
 TEXT_CHARS = 200
 COLUMNS = [
-    "rank",
-    "doc_id",
-    "layer",
-    "head",
-    "weight",
-    "weight_scaled",
-    "position",
-    "pred_label",
-    "pred_prob",
-    "label",
-    "text",
-]
+    "rank", "doc_id", "layer", "head", "weight", "weight_scaled", "position", "pred_label", "pred_prob",
+    "label", "text",
+]  # fmt: skip
 
 
 @on_local_copy()

@@ -1,11 +1,6 @@
 """An input file's bytes: decompressed as read (the leading bytes tell the compression, not the name),
 turned into UTF-8, and checked before any row is read; a stream (``-``, ``/dev/stdin``, a FIFO, a shell's
 ``<(...)``) copied once into a file that the job reads from then on.
-
-Usage::
-
-    with Source(path, "csv").open() as f: ...     # UTF-8 bytes, whatever the compression and encoding
-    path = spooled("-", rows=2000, fmt="jsonl")   # enough of standard input for 2000 rows
 """
 
 from __future__ import annotations

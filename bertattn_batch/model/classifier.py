@@ -423,18 +423,14 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """auto: bfloat16 on CUDA devices that support it, float16 on older ones, float32 on CPU."""
+    """auto: bfloat16 on CUDA devices with bfloat16 tensor cores (compute capability 8.0 or later:
+    ``torch.cuda.is_bf16_supported()`` also says yes where it is emulated, and slow), float16 on older
+    ones, float32 on CPU."""
     if dtype == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if cuda_bf16(device) else torch.float16
+            return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
         return torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-
-
-def cuda_bf16(device: torch.device) -> bool:
-    """Whether CUDA ``device`` has bfloat16 tensor cores (compute capability 8.0 or later);
-    ``torch.cuda.is_bf16_supported()`` also says yes where bfloat16 is emulated, and slow."""
-    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def out_of_memory(e: BaseException) -> bool:
