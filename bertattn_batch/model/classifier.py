@@ -35,7 +35,6 @@ from .checks import (
     check_tokenizer,
     config_hash,
     label_names,
-    length_limit,
     load_config,
     load_tokenizer,
     pickle_reason,
@@ -281,12 +280,8 @@ class PendingOutputs:
                 + ("; in float16, try --dtype bfloat16 or float32" if clf.dtype == torch.float16 else "")
             )
         # on CUDA, copies: the pinned buffers go back to torch's cache while a caller keeps the outputs
-        return Outputs(
-            *(
-                None if t is None else np.array(t.numpy()) if self._done is not None else t.numpy()
-                for t in outputs
-            )
-        )
+        copy = np.array if self._done is not None else np.asarray
+        return Outputs(*(None if t is None else copy(t.numpy()) for t in outputs))
 
 
 def layer_count(config) -> int:
@@ -374,7 +369,7 @@ def _max_length(asked: int | None, tokenizer, config, source: str) -> int:
     if positions < MIN_TOKENS:
         raise ModelError(f"{source} has positions for {positions} tokens: {few}")
     if asked is None:
-        if (limit := length_limit(tokenizer, config)) < MIN_TOKENS:
+        if (limit := min(positions, tokenizer_limit(tokenizer) or positions)) < MIN_TOKENS:
             raise ModelError(
                 f"{source}'s tokenizer keeps {limit} tokens (its model_max_length): {few}; pass "
                 f"--max-length (its model has positions for {positions})"

@@ -73,19 +73,13 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
     (a resume or an ``--incremental`` pass reads only part of the run)."""
     model, spec, last = manifest.model, manifest.spec, manifest.last_run or {}
     ok = preds.filter(pl.col("status") == "ok") if not preds.is_empty() else preds
+    shape = f"{model.get('model_type')}, {model.get('num_layers')} layers x {model.get('num_heads')} heads"
     rows: list[tuple[str, Any]] = [
         ("status", manifest.status),
-        ("inputs", ", ".join(str(i) for i in spec.get("inputs", []))),
-        (
-            "model",
-            f"{model.get('source')} ({model.get('model_type')}, {model.get('num_layers')} layers x "
-            f"{model.get('num_heads')} heads)",
-        ),
-        ("layers stored (0-based)", ", ".join(str(x) for x in model.get("layers", []))),
-        (
-            "device, dtype, attention",
-            f"{model.get('device')}, {model.get('dtype')}, {model.get('attention')}",
-        ),
+        ("inputs", ", ".join(map(str, spec.get("inputs", [])))),
+        ("model", f"{model.get('source')} ({shape})"),
+        ("layers stored (0-based)", ", ".join(map(str, model.get("layers", [])))),
+        ("device, dtype, attention", ", ".join(str(model.get(k)) for k in ("device", "dtype", "attention"))),
     ]
     if not preds.is_empty():
         rows += [
@@ -238,15 +232,8 @@ def _faithfulness_html(
     tracked = "alti_spearman" in aopc.columns and aopc["alti_spearman"].is_not_null().any()
     if tracked:
         out.append(_tracking_html(aopc, num_layers))
-    header = [
-        "score",
-        "head",
-        "comprehensiveness",
-        "vs random",
-        "sufficiency",
-        *(["tracks ALTI (Spearman)"] if tracked else []),
-        "attends to more, by prediction",
-    ]
+    header = ["score", "head", "comprehensiveness", "vs random", "sufficiency",
+              *(["tracks ALTI (Spearman)"] if tracked else []), "attends to more, by prediction"]  # fmt: skip
     for (layer,), rows in aopc.filter(pl.col("layer").is_not_null()).group_by("layer", maintain_order=True):
         body = [
             [
@@ -276,13 +263,9 @@ def _tracking_html(aopc: pl.DataFrame, num_layers: int | None) -> str:
         f"{esc(layer_name(r['layer'], num_layers))} head {r['head']} ({r['score']}, {r['alti_spearman']:.2f})"
         for r in best.filter(pl.col("alti_spearman") >= MIN_TRACKING).iter_rows(named=True)
     ]
-    alti = aopc.filter(pl.col("score") == "alti")
-    said = (
-        f"ALTI's own comprehensiveness is {alti['comprehensiveness'][0]:.3f}, sufficiency "
-        f"{alti['sufficiency'][0]:.3f}. "
-        if alti.height
-        else ""
-    )
+    alti = aopc.filter(pl.col("score") == "alti").rows(named=True)
+    said = "".join(f"ALTI's own comprehensiveness is {a['comprehensiveness']:.3f}, sufficiency "
+                   f"{a['sufficiency']:.3f}. " for a in alti[:1])  # fmt: skip
     if named:
         return f"<p>{said}Heads that track whole-model influence (mean Spearman with ALTI): {', '.join(named)}.</p>"
     return (

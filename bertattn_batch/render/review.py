@@ -27,14 +27,7 @@ from ..analysis.provenance import load_run_model
 from ..analysis.spelling import printable
 from ..analysis.words import KEY, word_map
 from ..errors import InputError, RunDirError, SpecError
-from ..run import (
-    attention_rows,
-    committed_files,
-    layer_name,
-    read_manifest,
-    scan_parts,
-    verify_pages,
-)
+from ..run import attention_rows, committed_files, layer_name, read_manifest, scan_parts, verify_pages
 
 log = logging.getLogger(__name__)
 
@@ -322,10 +315,6 @@ def add_pairs(
     _attach_pairs(review, clf, ids)
     gap = float(np.abs(review.pairs[:, 0, 1:-1] - review.weight).max())  # the [CLS] row, (H, n)
     if gap > PAIRS_TOLERANCE:
-        log.warning(
-            "review %s: the [CLS] row recomputed in float32 differs from the run's by up to %.4f "
-            "(a run in bf16/fp16 or on another device?)",
-            review.doc_id,
-            gap,
-        )
+        log.warning("review %s: the [CLS] row recomputed in float32 differs from the run's by up to %.4f "
+                    "(a run in bf16/fp16 or on another device?)", review.doc_id, gap)  # fmt: skip
     return review
