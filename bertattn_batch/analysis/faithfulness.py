@@ -121,12 +121,14 @@ def faithfulness(
     chosen = stratified_sample(preds, sample, seed)
     clf = _run_classifier(manifest, device, model, trust_remote_code, allow_pickle)
     doc_ids = chosen["doc_id"].to_list()
-    ids = with_special_tokens(clf.tokenizer, scored_tokens(run, doc_ids, chosen["n_tokens"].to_list()))
+    content = [n - 2 for n in chosen["n_tokens"].to_list()]
+    ids = with_special_tokens(clf.tokenizer, content_values(run, "tokens", "token_id", doc_ids, content))
     pred = chosen["pred_id"].to_numpy()
     scores = head_scores(run, doc_ids, bool(manifest.spec.get("value_zeroing")))
     scores.update(reference_scores(clf, ids, pred, seed))
     if manifest.spec.get("contributions") == "alti":
-        scores[("alti", None, None)] = alti_scores(run, doc_ids, [len(x) - 2 for x in ids])
+        alti = content_values(run, "contributions", "alti", doc_ids, content)
+        scores[("alti", None, None)] = [x.astype(np.float64) for x in alti]
     rows = erasure_table(clf, ids, pred, scores, progress)
     table = schema.cast(pl.DataFrame(rows).to_arrow(), TABLE) if rows else schema.arrow(TABLE).empty_table()
     options = {"sample": sample, "seed": seed, "n_reviews": len(ids), "fractions": list(FRACTIONS)}
@@ -194,18 +196,6 @@ def head_scores(
     return out
 
 
-def alti_scores(run: Path, doc_ids: list[str], content: list[int]) -> list[np.ndarray]:
-    """Each review's ALTI values of its content tokens, from the run's contributions table."""
-    rows = _rows_of(run, "contributions", doc_ids, ["position"], ["alti"])
-    out: list[np.ndarray | None] = [None] * len(doc_ids)
-    for (review,), group in rows.group_by("review", maintain_order=True):
-        if np.array_equal(group["position"].to_numpy(), np.arange(1, content[review] + 1)):
-            out[review] = group["alti"].to_numpy().astype(np.float64)
-    if missing := [doc_ids[i] for i, x in enumerate(out) if x is None]:
-        raise RunDirError(f"{run}: the contributions table lacks tokens of reviews {missing[:3]}")
-    return out  # type: ignore[return-value]  # none is None here
-
-
 def mean_spearman(a: list[np.ndarray], b: list[np.ndarray]) -> float | None:
     """The mean over reviews of the Spearman correlation of ``a`` and ``b`` (ties ranked by their mean
     rank); a review with fewer than two tokens, or constant scores, has none. None: no review had one."""
@@ -219,21 +209,20 @@ def mean_spearman(a: list[np.ndarray], b: list[np.ndarray]) -> float | None:
     return float(np.mean(rhos)) if rhos else None
 
 
-def scored_tokens(run: Path, doc_ids: list[str], n_tokens: list[int]) -> list[np.ndarray]:
-    """Each review's content token ids as the run scored them, from its tokens table: not encoded again
-    from the text, so a run without stored text needs no inputs and what is erased is what was scored."""
-    rows = _rows_of(run, "tokens", doc_ids, ["position"], ["token_id"])
-    content: list[np.ndarray | None] = [None] * len(doc_ids)
+def content_values(run: Path, table: str, column: str, doc_ids: list[str], content: list[int]) -> list:
+    """Each review's ``column`` of its content tokens (positions 1 to ``content[i]``) from the run's
+    ``table``: the token ids the run scored (not encoded again from the text, so that what is erased is
+    what was scored, and a run without stored text needs no inputs), or its ALTI values."""
+    rows = _rows_of(run, table, doc_ids, ["position"], [column])
+    out: list[np.ndarray | None] = [None] * len(doc_ids)
     for (review,), group in rows.group_by("review", maintain_order=True):
-        if np.array_equal(group["position"].to_numpy(), np.arange(1, n_tokens[review] - 1)):
-            content[review] = group["token_id"].to_numpy()
-    for i, tokens in enumerate(content):
-        if tokens is None:
-            raise RunDirError(
-                f"{run}: the tokens table does not hold positions 1 to {n_tokens[i] - 2} of review "
-                f"{doc_ids[i]!r} ({n_tokens[i]} tokens in predictions)"
-            )
-    return content  # type: ignore[return-value]  # none is None here
+        if np.array_equal(group["position"].to_numpy(), np.arange(1, content[review] + 1)):
+            out[review] = group[column].to_numpy()
+    for i, values in enumerate(out):
+        if values is None:
+            raise RunDirError(f"{run}: the {table} table does not hold positions 1 to {content[i]} of review "
+                              f"{doc_ids[i]!r} (its content tokens in predictions)")  # fmt: skip
+    return out
 
 
 def _rows_of(run: Path, table: str, doc_ids: list[str], order: list[str], values: list[str]) -> pl.DataFrame:

@@ -1,11 +1,6 @@
 """One self-contained HTML page about a run: what it did, its accuracy, the tokens each head attends to,
-how far to believe that, and example reviews. Figures are PNG data URIs and styles inline: the page opens
-without a network.
-
-Usage::
-
-    bertattn report runs/r1 --out r1.html --examples 3 --top-k 8     # default: runs/r1/report.html
-    bertattn_batch.build_report("runs/r1")
+how far to believe that, and example reviews (``bertattn report``, ``build_report``). Figures are PNG
+data URIs and styles inline: the page opens without a network.
 """
 
 from __future__ import annotations

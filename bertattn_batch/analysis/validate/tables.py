@@ -69,9 +69,7 @@ def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
     lf = pl.scan_parquet(list(by_file), include_file_paths="_file", glob=False).with_columns(
         pl.col("_file").replace_strict({f: p.files["predictions"] for f, p in by_file.items()})
     )
-    statuses = dict(
-        lf.group_by("status").agg(pl.len()).collect(engine="streaming").iter_rows()  # (status, n)
-    )
+    statuses = dict(lf.group_by("status").agg(pl.len()).collect(engine="streaming").iter_rows())
 
     per_file = lf.group_by("_file").agg(
         n=pl.len(),
@@ -103,12 +101,8 @@ def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
         .sort("doc_id")
         .collect(engine="streaming")
     )
-    report_rows(
-        rec,
-        "doc_id",
-        dups,
-        fmt("doc '{}' scored {} times ({})", "doc_id", "n", pl.col("files").list.join(", ")),
-    )
+    said = fmt("doc '{}' scored {} times ({})", "doc_id", "n", pl.col("files").list.join(", "))
+    report_rows(rec, "doc_id", dups, said)
     rec.note("doc_id", f"{statuses.get('ok', 0)} scored reviews")
     apply_rules(rec, lf, where("predictions", "_file"), _prediction_rules(run))
     labels = f", {len(run.id2label)} labels" if run.id2label else ""
@@ -261,11 +255,8 @@ class _PartCheck:
                 .join(self.scored, on="doc_id", how="anti")
                 .unique("doc_id", maintain_order=True)
             )
-            self.report(
-                "layers_heads",
-                stray,
-                fmt("{} doc '{}': not a scored review of this part", pl.lit(rel), "doc_id"),
-            )
+            said = fmt("{} doc '{}': not a scored review of this part", pl.lit(rel), "doc_id")
+            self.report("layers_heads", stray, said)
             self.report("layers_heads", grid.join(table, on=_KEYS, how="anti"), fmt("{}: missing", at))
         return summary
 
@@ -291,11 +282,8 @@ class _PartCheck:
         self.report("tokens", named(written.filter(pl.col("n") > 1)), fmt("{}: written {} times", at, "n"))
         held = positions(self.attn).unique().collect(engine="streaming")
         self.report("tokens", named(held.join(written, on=spot, how="anti")), fmt("{}: missing", at))
-        self.report(
-            "tokens",
-            named(written.join(held, on=spot, how="anti")),
-            fmt("{}: no attention rows in {}", at, pl.lit(self.rel_attn)),
-        )
+        said = fmt("{}: no attention rows in {}", at, pl.lit(self.rel_attn))
+        self.report("tokens", named(written.join(held, on=spot, how="anti")), said)
 
     def heads(self, summary: pl.DataFrame) -> None:
         """Per scored (review, layer, head), its rows summed up beside its head_summary row: positions,
