@@ -39,8 +39,6 @@ class Example(NamedTuple):
 def _typical(preds: pl.DataFrame, labels: list[str]) -> pl.DataFrame:
     """Scored reviews of typical length with their margin (``labels``: the model's)."""
     ok = preds.filter(pl.col("status") == "ok")
-    if ok.is_empty():
-        return ok.with_columns(margin=pl.lit(0.0), misclassified=pl.lit(False), off_median=pl.lit(0))
     lo, mid, hi = (ok["n_tokens"].quantile(q, "nearest") for q in (0.25, 0.5, 0.75))
     top2 = pl.col("probs").list.sort(descending=True)
     return ok.filter(pl.col("n_tokens").is_between(lo, hi)).with_columns(

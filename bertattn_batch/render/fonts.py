@@ -1,9 +1,5 @@
-"""A font for CJK text: in matplotlib figures, and embedded (as a subset) in HTML pages.
-
-Usage::
-
-    with matplotlib.rc_context({"font.family": fonts.family(tokens)}):   # ["DejaVu Sans", "Noto Sans CJK SC"]
-        ax.set_xticklabels([fonts.label(t) for t in tokens])
+"""A font for CJK text: in matplotlib figures (``family``, ``label``), and embedded (as a subset) in
+HTML pages (``font_face_css``).
 
 matplotlib's default font draws Chinese as empty boxes. The CJK font is the first of:
 ``$BERTATTN_CJK_FONT`` (a font file, or ``none`` to look no further), a font a Python package ships

@@ -1,10 +1,5 @@
-"""One review's [CLS] attention at one layer, ready to draw: from a run by its id, or from a text.
-
-Usage::
-
-    review = load_review("runs/r1", "42", layer=-2)      # exactly the stored weights
-    review = review_from_text("上菜慢，服务态度差", "models/zh-senti", pairs=True)
-    review.tokens, review.weight, review.scaled           # (H, n) each
+"""One review's [CLS] attention at one layer, ready to draw: from a run by its id (``load_review``:
+exactly the stored weights), or from a text (``review_from_text``).
 
 Token x token matrices (``pairs``) need every query's row, which a run does not keep: they are computed
 for the one review with eager attention (``output_attentions=True``), on the token ids the run scored
