@@ -292,10 +292,9 @@ def add_pairs(
     from ..model import encode_texts, with_special_tokens
 
     manifest = read_manifest(run_dir)
+    length = manifest.model.get("max_length")
     clf = load_run_model(
-        manifest,
-        model,
-        lambda at: _load_classifier(at, review.layer, device, manifest.model.get("max_length"), **trust),
+        manifest, model, lambda src: _load_classifier(src, review.layer, device, length, **trust)
     )
     if text is None:
         ids = with_special_tokens(clf.tokenizer, [np.asarray(review.token_ids)])[0]
