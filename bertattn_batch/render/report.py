@@ -442,6 +442,7 @@ def _believe_html(run: Path, manifest: Manifest, aggregates: pl.DataFrame) -> st
 # -- example reviews ----------------------------------------------------------------------------------
 # Chosen by stated rules (RULE, MISTAKES). A review whose label is one the model predicts and differs from
 # its prediction is misclassified; a label the model cannot predict marks none, as the accuracy leaves it out.
+
 #: How the example reviews are chosen: the largest margins tie by the hundred where label smoothing caps
 #: the probabilities (and pick reviews of ？？？ and ！！！), and the shortest reviews say nothing of what a
 #: head reads.
