@@ -186,11 +186,6 @@ def _same_first_files(trained: list[dict[str, Any]], run: list[dict[str, Any]]) 
     )
 
 
-def mapped(preds: pl.DataFrame, label_map: dict[str, str]) -> pl.DataFrame:
-    """``preds`` with each label as the model's where ``label_map`` names it (others as they are)."""
-    return preds.with_columns(pl.col("label").replace(label_map)) if label_map and preds.height else preds
-
-
 def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool, label_map: dict[str, str]) -> str:
     """The section. ``preds``: labels mapped by ``label_map`` already; ``labelled``: the run read labels,
     so a missing matrix means none was scored. Where no accuracy can be given, one sentence says why."""
@@ -601,7 +596,8 @@ def build_report(
     )
     labels = manifest.labels
     mapping = parse_label_map(manifest.spec.get("label_map") if label_map is None else label_map, labels)
-    preds = mapped(preds, mapping)
+    if mapping and preds.height:  # each label as the model's where the map names it
+        preds = preds.with_columns(pl.col("label").replace(mapping))
     body = [
         _summary_html(manifest, preds),
         accuracy_html(manifest, preds, labelled, mapping),
