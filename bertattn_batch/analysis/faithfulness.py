@@ -1,24 +1,12 @@
 """Faithfulness per head (ERASER: DeYoung et al., ACL 2020): does deleting the tokens a head ranks
-highest move the prediction more than deleting random tokens?
+highest move the prediction more than deleting random tokens? ``faithfulness(run)`` writes
+RUN/faithfulness/head_faithfulness.parquet; docs/measures.md gives the method.
 
-Usage::
-
-    result = faithfulness("runs/r1", sample=200, seed=0)   # RUN/faithfulness/head_faithfulness.parquet
-    print(result.summary())
-
-On a seeded sample of the run's scored reviews, stratified by predicted label, each captured head's
-``weight`` and ``weight_norm`` (and each layer's ``value_zeroing``, head null) rank the review's content
-tokens, ties by position; so do the references that depend on no head: ``random``,
-``gradient_x_input`` and, where the run wrote its contributions table, ``alti`` (whole-model
-contributions to [CLS], Ferrando et al., 2022). Beside ALTI, each head's ``alti_spearman`` says how far
-its ranking follows the whole model's: the mean over reviews of the Spearman correlation of its scores
-and ALTI over the review's content tokens. For k in ``FRACTIONS`` the top ⌈k·m⌉ of the m content tokens are deleted from the
-token ids the run scored ([CLS] and [SEP] kept) and the model runs again:
-
-- comprehensiveness = p(ŷ | x) − p(ŷ | x without them): large when the tokens mattered;
-- sufficiency = p(ŷ | x) − p(ŷ | them alone): small when they suffice;
-
-ŷ being the prediction on the whole review. Rows with k null hold the means over k (AOPC).
+On a seeded sample of the run's scored reviews, stratified by predicted label, each head's scores (and
+the references random, gradient × input and ALTI) rank the content tokens; for each k in ``FRACTIONS``
+the top ⌈k·m⌉ are deleted from the ids the run scored and the model runs again: comprehensiveness =
+p(ŷ | x) − p(ŷ | x without them), sufficiency = p(ŷ | x) − p(ŷ | them alone). Rows with k null hold the
+means over k (AOPC).
 """
 
 from __future__ import annotations
@@ -92,10 +80,8 @@ class Faithfulness:
                 f"{'score':<18}{'head':>5}{'comprehensiveness':>19}{'sufficiency':>13}",
             ]
             ranked = pl.concat([rows, refs]).sort("comprehensiveness", descending=True)
-            for score, head, comp, suff in ranked.select(
-                "score", "head", "comprehensiveness", "sufficiency"
-            ).rows():
-                lines.append(f"{score:<18}{'-' if head is None else head:>5}{comp:>19.3f}{suff:>13.3f}")
+            cells = ranked.select("score", "head", "comprehensiveness", "sufficiency").rows()
+            lines += [f"{s:<18}{'-' if h is None else h:>5}{c:>19.3f}{u:>13.3f}" for s, h, c, u in cells]
             blocks.append("\n".join(lines))
         return "\n\n".join(blocks) + f"\nwrote {display_path(self.path)} in {self.seconds:.1f}s"
 
@@ -135,12 +121,14 @@ def faithfulness(
     chosen = stratified_sample(preds, sample, seed)
     clf = _run_classifier(manifest, device, model, trust_remote_code, allow_pickle)
     doc_ids = chosen["doc_id"].to_list()
-    ids = with_special_tokens(clf.tokenizer, scored_tokens(run, doc_ids, chosen["n_tokens"].to_list()))
+    content = [n - 2 for n in chosen["n_tokens"].to_list()]
+    ids = with_special_tokens(clf.tokenizer, content_values(run, "tokens", "token_id", doc_ids, content))
     pred = chosen["pred_id"].to_numpy()
     scores = head_scores(run, doc_ids, bool(manifest.spec.get("value_zeroing")))
     scores.update(reference_scores(clf, ids, pred, seed))
     if manifest.spec.get("contributions") == "alti":
-        scores[("alti", None, None)] = alti_scores(run, doc_ids, [len(x) - 2 for x in ids])
+        alti = content_values(run, "contributions", "alti", doc_ids, content)
+        scores[("alti", None, None)] = [x.astype(np.float64) for x in alti]
     rows = erasure_table(clf, ids, pred, scores, progress)
     table = schema.cast(pl.DataFrame(rows).to_arrow(), TABLE) if rows else schema.arrow(TABLE).empty_table()
     options = {"sample": sample, "seed": seed, "n_reviews": len(ids), "fractions": list(FRACTIONS)}
@@ -208,18 +196,6 @@ def head_scores(
     return out
 
 
-def alti_scores(run: Path, doc_ids: list[str], content: list[int]) -> list[np.ndarray]:
-    """Each review's ALTI values of its content tokens, from the run's contributions table."""
-    rows = _rows_of(run, "contributions", doc_ids, ["position"], ["alti"])
-    out: list[np.ndarray | None] = [None] * len(doc_ids)
-    for (review,), group in rows.group_by("review", maintain_order=True):
-        if np.array_equal(group["position"].to_numpy(), np.arange(1, content[review] + 1)):
-            out[review] = group["alti"].to_numpy().astype(np.float64)
-    if missing := [doc_ids[i] for i, x in enumerate(out) if x is None]:
-        raise RunDirError(f"{run}: the contributions table lacks tokens of reviews {missing[:3]}")
-    return out  # type: ignore[return-value]  # none is None here
-
-
 def mean_spearman(a: list[np.ndarray], b: list[np.ndarray]) -> float | None:
     """The mean over reviews of the Spearman correlation of ``a`` and ``b`` (ties ranked by their mean
     rank); a review with fewer than two tokens, or constant scores, has none. None: no review had one."""
@@ -233,21 +209,20 @@ def mean_spearman(a: list[np.ndarray], b: list[np.ndarray]) -> float | None:
     return float(np.mean(rhos)) if rhos else None
 
 
-def scored_tokens(run: Path, doc_ids: list[str], n_tokens: list[int]) -> list[np.ndarray]:
-    """Each review's content token ids as the run scored them, from its tokens table: not encoded again
-    from the text, so a run without stored text needs no inputs and what is erased is what was scored."""
-    rows = _rows_of(run, "tokens", doc_ids, ["position"], ["token_id"])
-    content: list[np.ndarray | None] = [None] * len(doc_ids)
+def content_values(run: Path, table: str, column: str, doc_ids: list[str], content: list[int]) -> list:
+    """Each review's ``column`` of its content tokens (positions 1 to ``content[i]``) from the run's
+    ``table``: the token ids the run scored (not encoded again from the text, so that what is erased is
+    what was scored, and a run without stored text needs no inputs), or its ALTI values."""
+    rows = _rows_of(run, table, doc_ids, ["position"], [column])
+    out: list[np.ndarray | None] = [None] * len(doc_ids)
     for (review,), group in rows.group_by("review", maintain_order=True):
-        if np.array_equal(group["position"].to_numpy(), np.arange(1, n_tokens[review] - 1)):
-            content[review] = group["token_id"].to_numpy()
-    for i, tokens in enumerate(content):
-        if tokens is None:
-            raise RunDirError(
-                f"{run}: the tokens table does not hold positions 1 to {n_tokens[i] - 2} of review "
-                f"{doc_ids[i]!r} ({n_tokens[i]} tokens in predictions)"
-            )
-    return content  # type: ignore[return-value]  # none is None here
+        if np.array_equal(group["position"].to_numpy(), np.arange(1, content[review] + 1)):
+            out[review] = group[column].to_numpy()
+    for i, values in enumerate(out):
+        if values is None:
+            raise RunDirError(f"{run}: the {table} table does not hold positions 1 to {content[i]} of review "
+                              f"{doc_ids[i]!r} (its content tokens in predictions)")  # fmt: skip
+    return out
 
 
 def _rows_of(run: Path, table: str, doc_ids: list[str], order: list[str], values: list[str]) -> pl.DataFrame:
@@ -289,10 +264,7 @@ def erased(ids: np.ndarray, top: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     content = ids[1:-1]
     chosen = np.zeros(len(content), dtype=bool)
     chosen[top] = True
-    ends = ids[:1], ids[-1:]
-    return np.concatenate([ends[0], content[~chosen], ends[1]]), np.concatenate(
-        [ends[0], content[chosen], ends[1]]
-    )
+    return tuple(np.concatenate([ids[:1], content[keep], ids[-1:]]) for keep in (~chosen, chosen))
 
 
 def erasure_table(
@@ -346,15 +318,8 @@ def _probabilities(clf: Classifier, sequences: Sequence[np.ndarray], progress: b
 
     out = np.empty((len(sequences), len(clf.labels)), dtype=np.float64)
     lengths = [len(s) for s in sequences]
-    bar = tqdm(
-        total=len(sequences),
-        desc="faithfulness",
-        unit="input",
-        disable=not progress,
-        leave=False,
-        **bar_size(),
-    )
-    with bar:
+    with tqdm(total=len(sequences), desc="faithfulness", unit="input", disable=not progress, leave=False,
+              **bar_size()) as bar:  # fmt: skip
         for batch in bucket_batches(lengths, BATCH_TOKENS, MAX_BATCH_SIZE):
             out[batch] = clf.probabilities([sequences[i] for i in batch])
             bar.update(len(batch))

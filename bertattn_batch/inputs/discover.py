@@ -2,11 +2,6 @@
 of sources. A folder is read in path order, its hidden and temporary files (``_*``, ``.*``), run
 directories, model folders and FIFOs passed over with a warning; a file named twice is read once; a
 stream named on its own is copied once into a file that the job's checks, fingerprint and rows read.
-
-Usage::
-
-    sources = expand_inputs(InputSpec(["reviews/", "more/*.jsonl.gz"]))   # [Source(path, format), ...]
-    sources = expand_inputs(InputSpec(["-"], format="jsonl"))             # standard input, copied once
 """
 
 from __future__ import annotations
@@ -27,16 +22,9 @@ log = logging.getLogger(__name__)
 
 #: Formats told by a file's name (under one compression suffix: ``reviews.jsonl.gz`` is JSON lines).
 EXTENSIONS = {
-    ".parquet": "parquet",
-    ".pq": "parquet",
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".json": "jsonl",
-    ".csv": "csv",
-    ".tsv": "tsv",
-    ".txt": "text",
-    ".text": "text",
-}
+    ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
+    ".csv": "csv", ".tsv": "tsv", ".txt": "text", ".text": "text",
+}  # fmt: skip
 #: Folders whose other files, and files named twice, a warning named: once a process, as a job's
 #: inputs are expanded more than once.
 _WARNED: set[object] = set()

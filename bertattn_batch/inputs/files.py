@@ -1,11 +1,6 @@
 """An input file's bytes: decompressed as read (the leading bytes tell the compression, not the name),
 turned into UTF-8, and checked before any row is read; a stream (``-``, ``/dev/stdin``, a FIFO, a shell's
 ``<(...)``) copied once into a file that the job reads from then on.
-
-Usage::
-
-    with Source(path, "csv").open() as f: ...     # UTF-8 bytes, whatever the compression and encoding
-    path = spooled("-", rows=2000, fmt="jsonl")   # enough of standard input for 2000 rows
 """
 
 from __future__ import annotations
@@ -244,13 +239,8 @@ def _check_utf8(src: Source, head: bytes) -> None:
     # ASCII spelt in UTF-16, which is valid UTF-8: most bytes of one parity NUL, few of the other
     if len(sample := head[:64]) >= 16:
         even, odd = sample[0::2].count(0) / len(sample[0::2]), sample[1::2].count(0) / len(sample[1::2])
-        if (
-            name := "UTF-16LE"
-            if odd >= 0.6 and even <= 0.1
-            else "UTF-16BE"
-            if even >= 0.6 and odd <= 0.1
-            else ""
-        ):
+        name = "UTF-16LE" if odd >= 0.6 and even <= 0.1 else "UTF-16BE" if even >= 0.6 and odd <= 0.1 else ""
+        if name:
             raise InputError(
                 f"{src.label} looks like {name} text without a byte-order mark (every other byte is NUL); "
                 f"bertattn reads UTF-8: convert it first (iconv -f {name} -t UTF-8) or pass --encoding {name.lower()}"

@@ -100,15 +100,9 @@ class RowDigests:
     ``end_row``, ``rows_digest``) recorded: :meth:`feed` every block in row order."""
 
     def __init__(self, parts: Iterable[Any]) -> None:
-        #: (name, start_row, end_row, digest) in row order; parts without a digest of this form unchecked
-        self._parts = sorted(
-            (
-                (p.name, p.start_row, p.end_row, p.rows_digest)
-                for p in parts
-                if p.rows_digest.startswith(FORM)
-            ),
-            key=lambda p: p[1],
-        )
+        # (name, start_row, end_row, digest) in row order; parts without a digest of this form unchecked
+        digests = ((p.name, p.start_row, p.end_row, p.rows_digest) for p in parts)
+        self._parts = sorted((d for d in digests if d[3].startswith(FORM)), key=lambda d: d[1])
         self._next = 0  # the first part not yet finished
         self._hash: hashlib.blake2b | None = None  # of the part being read
 

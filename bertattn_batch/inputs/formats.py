@@ -106,14 +106,9 @@ def read_parquet(src: Source, wanted: list[str], block_rows: int) -> Iterator[Ro
             yield from zip(*(column_values(rb.column(c)) for c in wanted), strict=True)
 
 
-def parquet_columns(src: Source) -> list[str]:
+def parquet_metadata(src: Source) -> pq.FileMetaData:
     with storage.arrow_file(src.path) as f:
-        return pq.read_schema(f).names
-
-
-def parquet_rows(src: Source) -> int:
-    with storage.arrow_file(src.path) as f:
-        return pq.read_metadata(f).num_rows
+        return pq.read_metadata(f)
 
 
 def load_dataset(path: Path | str) -> Any:
@@ -478,7 +473,11 @@ def json_keys(src: Source) -> list[str] | None:
 
 
 FORMATS = {
-    "parquet": Format(read_parquet, parquet_columns, parquet_rows),
+    "parquet": Format(
+        read_parquet,
+        lambda src: parquet_metadata(src).schema.to_arrow_schema().names,
+        lambda src: parquet_metadata(src).num_rows,
+    ),
     "csv": Format(read_csv, lambda src: _header(src)[0]),
     "tsv": Format(read_csv, lambda src: _header(src)[0]),
     "jsonl": Format(read_jsonl, json_keys),

@@ -162,13 +162,9 @@ def read_sources(
         finally:  # also when the reading stops early (a limit, an interrupt)
             rows.close()
             if count:
-                log.warning(
-                    "%s: %s another number of fields than the header (%s); recorded with status "
-                    "wrong_field_count",
-                    src.label,
-                    "1 row has" if count == 1 else f"{count} rows have",
-                    some(ragged, count, "row"),
-                )
+                have = "1 row has" if count == 1 else f"{count} rows have"
+                log.warning("%s: %s another number of fields than the header (%s); recorded with status "
+                            "wrong_field_count", src.label, have, some(ragged, count, "row"))  # fmt: skip
 
 
 def read_values(src: Source, wanted: list[str], block_rows: int = BLOCK_ROWS) -> Iterator[Row]:

@@ -1,12 +1,5 @@
 """The ``[CLS]`` query's attention row at chosen layers, its norms and value zeroing, without n x n attention.
 
-Usage::
-
-    capture = ClsRowCapture(model, layers=[4])     # hooks the query/key/value projections
-    with capture:
-        logits = model(input_ids, attention_mask=mask).logits
-    rows = capture.rows(mask)                      # (B, len(layers), H, S) float32
-
 Under SDPA transformers returns no attention weights, and eager attention materialises layers x heads x
 n x n floats per review; we need one row, so it is recomputed from the layer's own projections:
 ``softmax(q_cls . K^T * scaling + padding mask)`` per head, in float32. Layers are counted by the call

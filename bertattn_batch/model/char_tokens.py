@@ -2,11 +2,6 @@
 surrounds them: CJK ideographs (the normalizer puts spaces around each) and punctuation (the
 pre-tokenizer splits at each mark).
 
-Usage::
-
-    chars = CharTokens.for_backend(backend)     # None where the tokenizer is not BERT's kind
-    ids, offsets, truncated = chars.encode(["好吃!", "wifi 差"], max_length=512)[0]
-
 A Chinese review is mostly such characters, each one token. Each character's token is asked of the
 tokenizer once and kept in a table; the stretches between table characters (Latin words, digits,
 spaces) go to the tokenizer, each as a text of its own, and their tokens are put back in place. Every

@@ -256,11 +256,6 @@ def tokenizer_limit(tokenizer) -> int | None:
     return int(limit) if limit and limit < 1e9 else None
 
 
-def length_limit(tokenizer, config) -> int:
-    """The most tokens (specials included) the model has positions for and the tokenizer allows."""
-    return min(position_limit(config), tokenizer_limit(tokenizer) or position_limit(config))
-
-
 # --- the weights ---
 
 

@@ -35,7 +35,6 @@ from .checks import (
     check_tokenizer,
     config_hash,
     label_names,
-    length_limit,
     load_config,
     load_tokenizer,
     pickle_reason,
@@ -281,12 +280,8 @@ class PendingOutputs:
                 + ("; in float16, try --dtype bfloat16 or float32" if clf.dtype == torch.float16 else "")
             )
         # on CUDA, copies: the pinned buffers go back to torch's cache while a caller keeps the outputs
-        return Outputs(
-            *(
-                None if t is None else np.array(t.numpy()) if self._done is not None else t.numpy()
-                for t in outputs
-            )
-        )
+        copy = np.array if self._done is not None else np.asarray
+        return Outputs(*(None if t is None else copy(t.numpy()) for t in outputs))
 
 
 def layer_count(config) -> int:
@@ -374,7 +369,7 @@ def _max_length(asked: int | None, tokenizer, config, source: str) -> int:
     if positions < MIN_TOKENS:
         raise ModelError(f"{source} has positions for {positions} tokens: {few}")
     if asked is None:
-        if (limit := length_limit(tokenizer, config)) < MIN_TOKENS:
+        if (limit := min(positions, tokenizer_limit(tokenizer) or positions)) < MIN_TOKENS:
             raise ModelError(
                 f"{source}'s tokenizer keeps {limit} tokens (its model_max_length): {few}; pass "
                 f"--max-length (its model has positions for {positions})"
@@ -423,18 +418,14 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """auto: bfloat16 on CUDA devices that support it, float16 on older ones, float32 on CPU."""
+    """auto: bfloat16 on CUDA devices with bfloat16 tensor cores (compute capability 8.0 or later:
+    ``torch.cuda.is_bf16_supported()`` also says yes where it is emulated, and slow), float16 on older
+    ones, float32 on CPU."""
     if dtype == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if cuda_bf16(device) else torch.float16
+            return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
         return torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-
-
-def cuda_bf16(device: torch.device) -> bool:
-    """Whether CUDA ``device`` has bfloat16 tensor cores (compute capability 8.0 or later);
-    ``torch.cuda.is_bf16_supported()`` also says yes where bfloat16 is emulated, and slow."""
-    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def out_of_memory(e: BaseException) -> bool:

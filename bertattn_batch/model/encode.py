@@ -1,13 +1,5 @@
 """Texts -> token ids and character offsets, with truncation recorded per review.
 
-Usage::
-
-    encoded = encode_texts(tokenizer, ["好吃", "slow service"], max_length=512)
-    encoded[0].ids, encoded[0].offsets, encoded[0].truncated
-
-    with Encoder(tokenizer, max_length=512, threads=2) as encode:   # the same, on two threads
-        encoded = encode(texts)
-
 Needs a fast (Rust-backed) tokenizer: only it gives offsets into the original text, which trace each
 token back to its characters (BERT's Chinese tokenizer drops whitespace such as ``\\xa0``). Imports no
 torch: host processes encode.

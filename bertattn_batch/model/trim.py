@@ -1,15 +1,8 @@
 """The last encoder layer computed for the ``[CLS]`` position only: the same logits, less work.
 
-Usage::
-
-    trim = LastLayerTrim.find(model)       # None where the model's layout does not allow it
-    with trim:
-        logits = model(input_ids, attention_mask=mask).logits
-
 A classifier reads only position 0 of the last layer's output, so past its keys and values the last
 layer runs for [CLS] alone: its attention for the [CLS] query only (:data:`CLS_SDPA`), then position 0 of
-the attention output and of the residual (two hooks); an SDPA model runs under :data:`CLS_SDPA`
-(:func:`use_cls_sdpa`). Only layouts with ``.self`` beside ``.output`` are
+the attention output and of the residual (two hooks). Only layouts with ``.self`` beside ``.output`` are
 trimmed, and only where a probe batch gives the same logits (:func:`verified`).
 """
 

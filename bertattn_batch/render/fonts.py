@@ -1,9 +1,5 @@
-"""A font for CJK text: in matplotlib figures, and embedded (as a subset) in HTML pages.
-
-Usage::
-
-    with matplotlib.rc_context({"font.family": fonts.family(tokens)}):   # ["DejaVu Sans", "Noto Sans CJK SC"]
-        ax.set_xticklabels([fonts.label(t) for t in tokens])
+"""A font for CJK text: in matplotlib figures (``family``, ``label``), and embedded (as a subset) in
+HTML pages (``font_face_css``).
 
 matplotlib's default font draws Chinese as empty boxes. The CJK font is the first of:
 ``$BERTATTN_CJK_FONT`` (a font file, or ``none`` to look no further), a font a Python package ships
@@ -19,7 +15,6 @@ import importlib.util
 import io
 import logging
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from functools import cache
@@ -82,14 +77,13 @@ def _candidates() -> Iterator[Path]:
         yield from (Path(folder) / relpath for folder in (spec and spec.submodule_search_locations) or [])
     by_name = {f.name: Path(f.fname) for f in font_manager.fontManager.ttflist}
     yield from (by_name[name] for name in SYSTEM_FAMILIES if name in by_name)
-    if shutil.which("fc-list"):
-        try:
-            out = subprocess.run(
-                ["fc-list", ":lang=zh", "file"], capture_output=True, text=True, timeout=20
-            ).stdout
-        except (OSError, subprocess.SubprocessError):
-            return
-        yield from sorted(Path(line.split(":")[0].strip()) for line in out.splitlines() if line.strip())
+    try:
+        out = subprocess.run(
+            ["fc-list", ":lang=zh", "file"], capture_output=True, text=True, timeout=20
+        ).stdout
+    except (OSError, subprocess.SubprocessError):  # no fontconfig here
+        return
+    yield from sorted(Path(line.split(":")[0].strip()) for line in out.splitlines() if line.strip())
 
 
 @cache

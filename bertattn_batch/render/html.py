@@ -104,12 +104,7 @@ def review_html(review: ReviewAttention) -> str:
     parts = [f'<p class="meta">{esc(review.text)}</p>'] if review.text else []
     parts.append(heat_table(review))
     if review.pairs is not None:
-        parts.append(
-            img(
-                png_bytes(pairs_figure(review)),
-                alt=f"token x token attention of every head, review {review.doc_id}",
-                caption="token x token attention per head (rows: queries; raw weights, one scale)",
-                full_size=True,
-            )
-        )
+        alt = f"token x token attention of every head, review {review.doc_id}"
+        caption = "token x token attention per head (rows: queries; raw weights, one scale)"
+        parts.append(img(png_bytes(pairs_figure(review)), alt, caption, full_size=True))
     return "\n".join(parts)

@@ -93,15 +93,8 @@ def review_for_plot(
         if text is None or model is None:
             raise SpecError("give RUN_DIR and --doc-id, or --text and --model")
         layer = -2 if layer is None else layer
-        review = review_from_text(
-            text,
-            model,
-            layer,
-            pairs=pairs,
-            device=device,
-            doc_id=doc_id or (Path(text_file).name if text_file else "text"),
-            **trust,
-        )
+        name = doc_id or (Path(text_file).name if text_file else "text")
+        review = review_from_text(text, model, layer, pairs=pairs, device=device, doc_id=name, **trust)
     if unit == "word":
         if run_dir is not None:
             words, user_dict = run_words(read_manifest(run_dir), words, user_dict)

@@ -1,20 +1,16 @@
 """One self-contained HTML page about a run: what it did, its accuracy, the tokens each head attends to,
-how far to believe that, and example reviews. Figures are PNG data URIs and styles inline: the page opens
-without a network.
-
-Usage::
-
-    bertattn report runs/r1 --out r1.html --examples 3 --top-k 8     # default: runs/r1/report.html
-    bertattn_batch.build_report("runs/r1")
+how far to believe that, and example reviews (``bertattn report``, ``build_report``). Figures are PNG
+data URIs and styles inline: the page opens without a network.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import polars as pl
 import pyarrow.parquet as pq
@@ -37,10 +33,9 @@ from ..run import (
     read_manifest,
     status_now,
 )
-from .accuracy import accuracy_html, mapped
-from .examples import examples_html
-from .figures import png_bytes, top_heatmap
+from .figures import png_bytes, review_png, top_heatmap
 from .html import data_table, esc, img, muted, page
+from .review import load_reviews
 
 #: What each measure says and where it stops (docs/measures.md has the references).
 NOTES = {
@@ -73,19 +68,13 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
     (a resume or an ``--incremental`` pass reads only part of the run)."""
     model, spec, last = manifest.model, manifest.spec, manifest.last_run or {}
     ok = preds.filter(pl.col("status") == "ok") if not preds.is_empty() else preds
+    shape = f"{model.get('model_type')}, {model.get('num_layers')} layers x {model.get('num_heads')} heads"
     rows: list[tuple[str, Any]] = [
         ("status", manifest.status),
-        ("inputs", ", ".join(str(i) for i in spec.get("inputs", []))),
-        (
-            "model",
-            f"{model.get('source')} ({model.get('model_type')}, {model.get('num_layers')} layers x "
-            f"{model.get('num_heads')} heads)",
-        ),
-        ("layers stored (0-based)", ", ".join(str(x) for x in model.get("layers", []))),
-        (
-            "device, dtype, attention",
-            f"{model.get('device')}, {model.get('dtype')}, {model.get('attention')}",
-        ),
+        ("inputs", ", ".join(map(str, spec.get("inputs", [])))),
+        ("model", f"{model.get('source')} ({shape})"),
+        ("layers stored (0-based)", ", ".join(map(str, model.get("layers", [])))),
+        ("device, dtype, attention", ", ".join(str(model.get(k)) for k in ("device", "dtype", "attention"))),
     ]
     if not preds.is_empty():
         rows += [
@@ -125,6 +114,142 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
         by_pred = ok.group_by("pred_label").len().sort("pred_label").rows()
         parts += ["<h3>Predicted labels</h3>", data_table(["predicted", "reviews"], by_pred, [False, True])]
     return "\n".join(parts)
+
+
+# -- accuracy -----------------------------------------------------------------------------------------
+# On reviews held out from the model's training apart from those that trained it (where its training
+# recorded which: ``train.save.HELDOUT_FILE``), since most of a job's labelled reviews train it.
+def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
+    """Accuracy over labelled reviews whose label the model knows, and the confusion counts. Rows: every
+    true label seen (one the model cannot predict gets a row but stays out of the accuracy); columns:
+    the model's labels."""
+    ok = preds.filter((pl.col("status") == "ok") & pl.col("label").is_not_null())
+    if ok.is_empty():
+        return None
+    counts = {(t, p): n for t, p, n in ok.group_by(["label", "pred_label"]).len().rows()}
+    true_labels = sorted(
+        {t for t, _ in counts}, key=lambda t: (t not in labels, labels.index(t) if t in labels else 0, t)
+    )
+    known = ok.filter(pl.col("label").is_in(labels))
+    correct = known.filter(pl.col("label") == pl.col("pred_label")).height
+    return {
+        "rows": true_labels,
+        "cols": labels,
+        "counts": counts,
+        "accuracy": correct / known.height if known.height else float("nan"),
+        "n_known": known.height,
+        "n_unknown": ok.height - known.height,
+    }
+
+
+def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
+    """The doc ids the run's model was not trained on, and whether the run read just the files it was
+    trained on (so that its other reviews trained it); else why they are not known.
+
+    Ids of an id column name the same reviews in any corpus; row numbers only where the run read the
+    files the model was trained on, first and in the same order.
+    """
+    training = manifest.model.get("training") or {}
+    path = training.get("heldout_ids")
+    if not path:
+        return "which of them trained the model is not recorded"
+    try:
+        raw = Path(path).read_bytes()
+        recorded = json.loads(raw)
+    except (OSError, ValueError):
+        return f"which of them trained the model is not readable ({path})"
+    if training.get("heldout_sha256") not in (None, hashlib.sha256(raw).hexdigest()):
+        return "the model's folder was trained again since this run: which of them trained its model is not known"
+    id_col = recorded.get("id_col")
+    if id_col != manifest.spec.get("id_col"):
+        if id_col is None:
+            return "the model's held-out reviews are known by row number, and this run has ids"
+        return "the model's held-out reviews are known by ids other than this run's"
+    trained_on, run = recorded.get("sources"), manifest.sources
+    known = bool(trained_on) and bool(run)  # not for a model or run from before files were recorded
+    if id_col is None:
+        if not known:
+            return "the model's held-out reviews are known by row number, but not of which files"
+        if not _same_first_files(trained_on, run):
+            return "the model was trained on other files, whose row numbers name other reviews"
+    same = not known or (len(trained_on) == len(run) and _same_first_files(trained_on, run))
+    return set(recorded.get("doc_ids") or ()), same
+
+
+def _same_first_files(trained: list[dict[str, Any]], run: list[dict[str, Any]]) -> bool:
+    """The files the model was trained on are the run's first files, by size and end bytes."""
+    if len(trained) > len(run):
+        return False
+    return all(
+        (t.get("bytes"), t.get("ends_sha256")) == (r.get("bytes"), r.get("ends_sha256"))
+        for t, r in zip(trained, run, strict=False)
+    )
+
+
+def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool, label_map: dict[str, str]) -> str:
+    """The section. ``preds``: labels mapped by ``label_map`` already; ``labelled``: the run read labels,
+    so a missing matrix means none was scored. Where no accuracy can be given, one sentence says why."""
+    labels, training = manifest.labels, manifest.model.get("training") or {}
+    parts = ["<h2>Accuracy</h2>"]
+    if training.get("shortened"):
+        steps = f"{training.get('steps')} of {training.get('planned_steps')} steps"
+        cut = f"<b>The model's training was cut short</b> at {steps} (max_train_seconds): it is not the job's"
+        parts.append(muted(f"{cut} full schedule."))
+    every = confusion(preds, labels) if not preds.is_empty() else None
+    if every is None:
+        why = "No labelled review was scored" if labelled else "The source had no labels"
+        return "\n".join([*parts, muted(f"{why}: there is no accuracy to give.")])
+    if not every["n_known"]:
+        theirs = ", ".join(every["rows"][:12]) + (" ..." if len(every["rows"]) > 12 else "")
+        said = "after the label map" if label_map else "as the source gives them"
+        why = (
+            f"There is no accuracy to give: none of the {every['n_unknown']} labelled reviews has a label the "
+            f"model predicts (theirs {said}: {theirs}; the model's: {', '.join(labels)}). Map them with "
+            f"--label-map, e.g. '1,2={labels[0]}; 4,5={labels[-1]}', in the job or for this report."
+        )
+        return "\n".join([*parts, muted(esc(why)), _matrix(every, label_map)])
+    heldout = heldout_ids(manifest)
+    if isinstance(heldout, str):
+        note = f"over every labelled review; {heldout}"
+        return "\n".join([*parts, _line("accuracy", every, note), _matrix(every, label_map)])
+    ids, training_files = heldout
+    held = preds.filter(pl.col("doc_id").is_in(list(ids)))
+    rest = preds.filter(~pl.col("doc_id").is_in(list(ids)))
+    conf, trained = confusion(held, labels), confusion(rest, labels)
+    if conf is None or not conf["n_known"]:
+        parts.append(muted("No labelled review the model was held out from is in this run."))
+    else:
+        note = "reviews held out from the model's training"
+        parts += [_line("held-out accuracy", conf, note), _matrix(conf, label_map)]
+    if trained is not None and trained["n_known"] and training_files:
+        parts.append(_line("accuracy on training data", trained, "reviews the model was trained on"))
+    elif trained is not None and trained["n_known"]:  # the run read other files: not all of them trained it
+        note = "reviews not held out, of files besides those the model was trained on"
+        parts.append(_line("accuracy on the other reviews", trained, note))
+    return "\n".join(parts)
+
+
+def _line(what: str, conf: dict[str, Any], note: str) -> str:
+    note = f"{conf['n_known']} {note}"
+    if conf["n_unknown"]:
+        others = ", ".join(t for t in conf["rows"] if t not in conf["cols"])
+        note += (
+            f"; {conf['n_unknown']} with other labels ({others}) are in the matrix but not in the accuracy"
+        )
+    return f'<p>{esc(what)} <b>{conf["accuracy"]:.4f}</b> <span class="meta">({esc(note)})</span></p>'
+
+
+def _matrix(conf: dict[str, Any], label_map: dict[str, str]) -> str:
+    """The confusion counts; a mapped label's row names the source's labels it holds."""
+    held: dict[str, list[str]] = {}
+    for source, target in label_map.items():
+        held.setdefault(target, []).append(source)
+    header = ["true \\ predicted", *conf["cols"], "total"]
+    rows = []
+    for t in conf["rows"]:
+        counts = [conf["counts"].get((t, p), 0) for p in conf["cols"]]
+        rows.append([f"{t} ({', '.join(held[t])})" if t in held else t, *counts, sum(counts)])
+    return data_table(header, rows, [False] + [True] * (len(header) - 1))
 
 
 # -- top tokens ---------------------------------------------------------------------------------------
@@ -238,15 +363,8 @@ def _faithfulness_html(
     tracked = "alti_spearman" in aopc.columns and aopc["alti_spearman"].is_not_null().any()
     if tracked:
         out.append(_tracking_html(aopc, num_layers))
-    header = [
-        "score",
-        "head",
-        "comprehensiveness",
-        "vs random",
-        "sufficiency",
-        *(["tracks ALTI (Spearman)"] if tracked else []),
-        "attends to more, by prediction",
-    ]
+    header = ["score", "head", "comprehensiveness", "vs random", "sufficiency",
+              *(["tracks ALTI (Spearman)"] if tracked else []), "attends to more, by prediction"]  # fmt: skip
     for (layer,), rows in aopc.filter(pl.col("layer").is_not_null()).group_by("layer", maintain_order=True):
         body = [
             [
@@ -276,13 +394,9 @@ def _tracking_html(aopc: pl.DataFrame, num_layers: int | None) -> str:
         f"{esc(layer_name(r['layer'], num_layers))} head {r['head']} ({r['score']}, {r['alti_spearman']:.2f})"
         for r in best.filter(pl.col("alti_spearman") >= MIN_TRACKING).iter_rows(named=True)
     ]
-    alti = aopc.filter(pl.col("score") == "alti")
-    said = (
-        f"ALTI's own comprehensiveness is {alti['comprehensiveness'][0]:.3f}, sufficiency "
-        f"{alti['sufficiency'][0]:.3f}. "
-        if alti.height
-        else ""
-    )
+    alti = aopc.filter(pl.col("score") == "alti").rows(named=True)
+    said = "".join(f"ALTI's own comprehensiveness is {a['comprehensiveness']:.3f}, sufficiency "
+                   f"{a['sufficiency']:.3f}. " for a in alti[:1])  # fmt: skip
     if named:
         return f"<p>{said}Heads that track whole-model influence (mean Spearman with ALTI): {', '.join(named)}.</p>"
     return (
@@ -317,6 +431,112 @@ def _believe_html(run: Path, manifest: Manifest, aggregates: pl.DataFrame) -> st
         contrasts = head_contrasts(aggregates, manifest.layers, manifest.byte_level)
         parts += _faithfulness_html(pl.read_parquet(path), manifest.num_layers, contrasts)
     parts.append("<ul>" + "".join(f"<li><b>{esc(m)}</b>: {esc(t)}</li>" for m, t in NOTES.items()) + "</ul>")
+    return "\n".join(parts)
+
+
+# -- example reviews ----------------------------------------------------------------------------------
+# Chosen by stated rules (RULE, MISTAKES). A review whose label is one the model predicts and differs from
+# its prediction is misclassified; a label the model cannot predict marks none, as the accuracy leaves it out.
+
+#: How the example reviews are chosen: the largest margins tie by the hundred where label smoothing caps
+#: the probabilities (and pick reviews of ？？？ and ！！！), and the shortest reviews say nothing of what a
+#: head reads.
+RULE = (
+    "reviews of a typical length (tokens between the 25th and 75th percentile of the run's), not "
+    "misclassified (correctly predicted first), whose margin between the two most probable labels is "
+    "nearest the median margin of their predicted label; ties by the length nearest the median"
+)
+#: How the misclassified reviews are chosen: the model's confident mistakes.
+MISTAKES = (
+    "misclassified reviews of a typical length, largest margin between the two most probable labels "
+    "first; ties by the length nearest the median"
+)
+
+
+class Example(NamedTuple):
+    doc_id: str
+    pred_label: str
+    label: str | None
+    margin: float
+    misclassified: bool  # the label is one the model predicts, and not the prediction
+
+
+def _typical(preds: pl.DataFrame, labels: list[str]) -> pl.DataFrame:
+    """Scored reviews of typical length with their margin (``labels``: the model's)."""
+    ok = preds.filter(pl.col("status") == "ok")
+    lo, mid, hi = (ok["n_tokens"].quantile(q, "nearest") for q in (0.25, 0.5, 0.75))
+    top2 = pl.col("probs").list.sort(descending=True)
+    return ok.filter(pl.col("n_tokens").is_between(lo, hi)).with_columns(
+        margin=(top2.list.get(0) - top2.list.get(1, null_on_oob=True).fill_null(0.0)).cast(pl.Float64),
+        off_median=(pl.col("n_tokens") - mid).abs(),
+        misclassified=pl.col("label").is_in(labels).fill_null(False)
+        & (pl.col("label") != pl.col("pred_label")),
+    )
+
+
+def _examples(rows: pl.DataFrame) -> list[Example]:
+    return [Example(*r) for r in rows.select(*Example._fields).rows()]
+
+
+def pick(preds: pl.DataFrame, per_label: int, labels: list[str]) -> list[Example]:
+    """``per_label`` examples of each predicted label by :data:`RULE`, labels in order."""
+    rows = _typical(preds, labels).filter(~pl.col("misclassified"))
+    off = (pl.col("margin") - pl.col("margin").median().over("pred_label")).abs()
+    unknown = (pl.col("label") != pl.col("pred_label")).fill_null(True)  # the label is not the model's
+    ranked = rows.with_columns(off_typical=off, unknown=unknown)
+    ranked = ranked.sort(["unknown", "off_typical", "off_median", "doc_id"])
+    return _examples(ranked.group_by("pred_label", maintain_order=True).head(per_label).sort("pred_label"))
+
+
+def misclassified(preds: pl.DataFrame, k: int, labels: list[str]) -> list[Example]:
+    """The ``k`` misclassified reviews by :data:`MISTAKES`."""
+    rows = _typical(preds, labels).filter(pl.col("misclassified"))
+    ranked = rows.sort(["margin", "off_median", "doc_id"], descending=[True, False, False])
+    return _examples(ranked.head(k))
+
+
+def _none_why(preds: pl.DataFrame, labels: list[str], mistakes: bool) -> str:
+    ok = preds.filter(pl.col("status") == "ok")
+    if not mistakes:
+        return "Every scored review of a typical length is misclassified."
+    if ok["label"].is_null().all():
+        return "The reviews have no labels: none can be called misclassified."
+    if not ok["label"].is_in(labels).any():
+        return "No review's label is one the model predicts (see Accuracy): none can be called misclassified."
+    return "No review of a typical length is misclassified."
+
+
+def examples_html(run: Path, preds: pl.DataFrame, layer: int, k: int, labels: list[str]) -> str:
+    """``k`` reviews typical of each predicted label by :data:`RULE`, then ``k`` mistakes by
+    :data:`MISTAKES` (``labels``: the model's); where a section has none, a sentence says why."""
+    sections = {
+        ("Example reviews", RULE): pick(preds, k, labels),
+        ("Most confidently misclassified reviews", MISTAKES): misclassified(preds, k, labels),
+    }
+    chosen = [e for picks in sections.values() for e in picks]
+    loaded = iter(load_reviews(run, [e.doc_id for e in chosen], layer) if chosen else [])
+    parts = []
+    for (title, rule), picks in sections.items():
+        mistakes = rule is MISTAKES
+        parts += [
+            f"<h2>{title}</h2>",
+            muted(f"Chosen as {esc(rule)}." if picks else esc(_none_why(preds, labels, mistakes))),
+        ]
+        label = None
+        for example in picks:
+            review = next(loaded)
+            if not mistakes and example.pred_label != label:
+                parts.append(f"<h3>Predicted {esc(example.pred_label)}</h3>")
+                label = example.pred_label
+            if example.label != review.label:  # a label the label map gives as the model's
+                review.label = f"{review.label} → {example.label}"
+            mark = " · misclassified" if example.misclassified else ""
+            caption = f"{review.title()} · margin {example.margin:.3f}{mark}"
+            alt = f"heads x tokens heatmap of {review.title()}"
+            parts += [
+                muted(esc(review.text)) if review.text else "",
+                img(review_png(review, dpi=110), alt, caption),
+            ]
     return "\n".join(parts)
 
 
@@ -376,7 +596,8 @@ def build_report(
     )
     labels = manifest.labels
     mapping = parse_label_map(manifest.spec.get("label_map") if label_map is None else label_map, labels)
-    preds = mapped(preds, mapping)
+    if mapping and preds.height:  # each label as the model's where the map names it
+        preds = preds.with_columns(pl.col("label").replace(mapping))
     body = [
         _summary_html(manifest, preds),
         accuracy_html(manifest, preds, labelled, mapping),

@@ -1,10 +1,5 @@
-"""One review's [CLS] attention at one layer, ready to draw: from a run by its id, or from a text.
-
-Usage::
-
-    review = load_review("runs/r1", "42", layer=-2)      # exactly the stored weights
-    review = review_from_text("上菜慢，服务态度差", "models/zh-senti", pairs=True)
-    review.tokens, review.weight, review.scaled           # (H, n) each
+"""One review's [CLS] attention at one layer, ready to draw: from a run by its id (``load_review``:
+exactly the stored weights), or from a text (``review_from_text``).
 
 Token x token matrices (``pairs``) need every query's row, which a run does not keep: they are computed
 for the one review with eager attention (``output_attentions=True``), on the token ids the run scored
@@ -27,14 +22,7 @@ from ..analysis.provenance import load_run_model
 from ..analysis.spelling import printable
 from ..analysis.words import KEY, word_map
 from ..errors import InputError, RunDirError, SpecError
-from ..run import (
-    attention_rows,
-    committed_files,
-    layer_name,
-    read_manifest,
-    scan_parts,
-    verify_pages,
-)
+from ..run import attention_rows, committed_files, layer_name, read_manifest, scan_parts, verify_pages
 
 log = logging.getLogger(__name__)
 
@@ -304,10 +292,9 @@ def add_pairs(
     from ..model import encode_texts, with_special_tokens
 
     manifest = read_manifest(run_dir)
+    length = manifest.model.get("max_length")
     clf = load_run_model(
-        manifest,
-        model,
-        lambda at: _load_classifier(at, review.layer, device, manifest.model.get("max_length"), **trust),
+        manifest, model, lambda src: _load_classifier(src, review.layer, device, length, **trust)
     )
     if text is None:
         ids = with_special_tokens(clf.tokenizer, [np.asarray(review.token_ids)])[0]
@@ -322,10 +309,6 @@ def add_pairs(
     _attach_pairs(review, clf, ids)
     gap = float(np.abs(review.pairs[:, 0, 1:-1] - review.weight).max())  # the [CLS] row, (H, n)
     if gap > PAIRS_TOLERANCE:
-        log.warning(
-            "review %s: the [CLS] row recomputed in float32 differs from the run's by up to %.4f "
-            "(a run in bf16/fp16 or on another device?)",
-            review.doc_id,
-            gap,
-        )
+        log.warning("review %s: the [CLS] row recomputed in float32 differs from the run's by up to %.4f "
+                    "(a run in bf16/fp16 or on another device?)", review.doc_id, gap)  # fmt: skip
     return review

@@ -1,14 +1,6 @@
-"""Check a run directory against ``schemas/`` and its own manifest, and report every problem found.
-
-Usage::
-
-    bertattn validate runs/r1              # one line per check; exit status 1 on any problem
-    bertattn validate runs/r1 --no-source  # do not read the inputs again
-
-    from bertattn_batch import validate_run
-    report = validate_run("runs/r1")
-    report.ok, report.problems, report.checks
-    print(report.render())
+"""Check a run directory against ``schemas/`` and its own manifest, and report every problem found:
+``bertattn validate RUN`` (exit status 1 on any problem), or ``validate_run(RUN)`` whose report has
+``ok``, ``problems``, ``checks`` and ``render()``.
 
 A run is read by other tools long after it was written: this says whether its files are the ones the
 manifest committed, and whether their numbers keep the promises extraction makes (``report.CHECKS``).

@@ -33,10 +33,6 @@ class Part(PartEntry):
     readable: set[str] = field(default_factory=set)  # tables whose file exists and matches its schema
     file_rows: dict[str, int] = field(default_factory=dict)
 
-    @property
-    def rel(self) -> dict[str, str]:
-        return self.files
-
 
 @dataclass
 class RunView:

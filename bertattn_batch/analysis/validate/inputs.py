@@ -120,26 +120,17 @@ class _Coverage:
         if not self.by_row:
             ids = self._run_ids(self.last_pass)
             gone = [d for d, has in zip(ids, self.input_ids.contains_each(ids), strict=True) if not has]
-            rec.fail_many(
-                "inputs",
-                len(gone),
-                (f"the run holds review {d!r}, which no input row has{redo}" for d in gone[:3]),
-            )
+            said = [f"the run holds review {d!r}, which no input row has{redo}" for d in gone[:3]]
+            rec.fail_many("inputs", len(gone), said)
         if self.by_id:
             if self.missing and run.status == "complete":
                 why = "has no predictions row; rerun the extract with --incremental"
                 rec.fail_many("inputs", self.missing, [f"input review {d!r} {why}" for d in self.first])
             rec.note("inputs", f"{n} input rows, by id{limited}")
             return
-        rec.fail_many(
-            "inputs",
-            len(self.changed),
-            [
-                f"input rows {a}..{b - 1} read otherwise now than when {name} was written (the inputs edited "
-                "since?); rerun the extract with --overwrite to redo the run"
-                for name, a, b in self.changed[:3]
-            ],
-        )
+        edited = [f"input rows {a}..{b - 1} read otherwise now than when {name} was written (the inputs "
+                  f"edited since?){redo}" for name, a, b in self.changed[:3]]  # fmt: skip
+        rec.fail_many("inputs", len(self.changed), edited)
         covered = max((p.end_row for p in run.parts if p.generation == 0), default=0)
         if n > covered and run.status == "complete":
             rec.fail(
@@ -242,11 +233,7 @@ class _Spans:
         else:
             self.checked += 1
             if end > len(text):
-                self.rec.fail(
-                    "spans",
-                    f"{part.rel['tokens']} doc {doc_id!r} (row {row}): a token span ends at {end}, past the "
-                    f"text's length {len(text)}",
-                )
+                self.rec.fail("spans", _past_end(part, doc_id, row, end, f"text's length {len(text)}"))
 
     def finish(self, inputs: list[str]) -> None:
         rec = self.rec
@@ -300,10 +287,10 @@ def _check_stored_spans(rec: ValidationReport, run: RunView) -> bool:
         checked += ends.height
         past = ends.filter(pl.col("end") > pl.col("length")).select("doc_id", "row_index", "end", "length")
         for doc_id, row, end, length in past.head(KEPT).iter_rows():
-            rec.fail(
-                "spans",
-                f"{part.rel['tokens']} doc {doc_id!r} (row {row}): a token span ends at {end}, past the "
-                f"stored text's length {length}",
-            )
+            rec.fail("spans", _past_end(part, doc_id, row, end, f"stored text's length {length}"))
     rec.note("spans", f"{checked} reviews checked against the texts the run stored (it read a stream)")
     return True
+
+
+def _past_end(part: Part, doc_id: str, row: int, end: int, length: str) -> str:
+    return f"{part.files['tokens']} doc {doc_id!r} (row {row}): a token span ends at {end}, past the {length}"

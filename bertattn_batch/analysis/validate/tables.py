@@ -14,10 +14,9 @@ from .report import KEPT, ValidationReport
 
 #: |sum(probs) - 1| allowed: probabilities are a float32 softmax whatever the model's dtype.
 PROBS_TOLERANCE = 1e-4
-#: |content + [CLS] + [SEP] - 1| allowed, by the run's dtype: eager attention in half precision is a
-#: rounded softmax; the SDPA capture computes the row in float32 whatever the dtype.
-MASS_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
-MASS_TOLERANCE_DEFAULT = 2e-2  # a dtype not recorded or not among those
+#: |content + [CLS] + [SEP] - 1| allowed: of a float32 softmax (the SDPA capture's, whatever the dtype),
+#: and of eager attention in half precision (a rounded softmax) or a dtype not recorded.
+FLOAT32_MASS_TOLERANCE, MASS_TOLERANCE = 1e-4, 2e-2
 #: |weight_scaled - (w - min)/(max - min)| allowed (both from the stored float32 weights).
 SCALED_TOLERANCE = 1e-4
 #: |weight_min/max - min/max of the stored weights| allowed (the same float32 numbers when intact).
@@ -68,11 +67,9 @@ def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
         return {}
     by_file = {str(run.file(p, "predictions")): p for p in parts}
     lf = pl.scan_parquet(list(by_file), include_file_paths="_file", glob=False).with_columns(
-        pl.col("_file").replace_strict({f: p.rel["predictions"] for f, p in by_file.items()})
+        pl.col("_file").replace_strict({f: p.files["predictions"] for f, p in by_file.items()})
     )
-    statuses = dict(
-        lf.group_by("status").agg(pl.len()).collect(engine="streaming").iter_rows()  # (status, n)
-    )
+    statuses = dict(lf.group_by("status").agg(pl.len()).collect(engine="streaming").iter_rows())
 
     per_file = lf.group_by("_file").agg(
         n=pl.len(),
@@ -80,7 +77,7 @@ def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
         hi=pl.col("row_index").max(),
         distinct=pl.col("row_index").n_unique(),
     )
-    rel_to_part = {p.rel["predictions"]: p for p in parts}
+    rel_to_part = {p.files["predictions"]: p for p in parts}
     for rel, n, lo, hi, distinct in per_file.collect(engine="streaming").iter_rows():
         p = rel_to_part[rel]
         if p.generation == 0:
@@ -104,12 +101,8 @@ def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
         .sort("doc_id")
         .collect(engine="streaming")
     )
-    report_rows(
-        rec,
-        "doc_id",
-        dups,
-        fmt("doc '{}' scored {} times ({})", "doc_id", "n", pl.col("files").list.join(", ")),
-    )
+    said = fmt("doc '{}' scored {} times ({})", "doc_id", "n", pl.col("files").list.join(", "))
+    report_rows(rec, "doc_id", dups, said)
     rec.note("doc_id", f"{statuses.get('ok', 0)} scored reviews")
     apply_rules(rec, lf, where("predictions", "_file"), _prediction_rules(run))
     labels = f", {len(run.id2label)} labels" if run.id2label else ""
@@ -151,9 +144,8 @@ def _prediction_rules(run: RunView) -> list[Rule]:
 
 
 def _mass_tolerance(run: RunView) -> float:
-    if run.attention == "sdpa":  # the capture's softmax is float32 in every dtype
-        return MASS_TOLERANCE["float32"]
-    return MASS_TOLERANCE.get(run.dtype, MASS_TOLERANCE_DEFAULT)
+    float32 = run.attention == "sdpa" or run.dtype == "float32"
+    return FLOAT32_MASS_TOLERANCE if float32 else MASS_TOLERANCE
 
 
 def check_attention(rec: ValidationReport, run: RunView) -> None:
@@ -197,8 +189,8 @@ class _PartCheck:
     def __init__(self, rec: ValidationReport, run: RunView, part: Part) -> None:
         assert run.layers is not None and run.num_heads is not None
         self.rec, self.run, self.part = rec, run, part
-        self.rel_attn, self.rel_sum = part.rel["cls_attention"], part.rel["head_summary"]
-        self.rel_tok = part.rel["tokens"]
+        self.rel_attn, self.rel_sum = part.files["cls_attention"], part.files["head_summary"]
+        self.rel_tok = part.files["tokens"]
         pred = pl.read_parquet(
             run.file(part, "predictions"), columns=["doc_id", "status", "n_tokens"], glob=False
         )
@@ -263,11 +255,8 @@ class _PartCheck:
                 .join(self.scored, on="doc_id", how="anti")
                 .unique("doc_id", maintain_order=True)
             )
-            self.report(
-                "layers_heads",
-                stray,
-                fmt("{} doc '{}': not a scored review of this part", pl.lit(rel), "doc_id"),
-            )
+            said = fmt("{} doc '{}': not a scored review of this part", pl.lit(rel), "doc_id")
+            self.report("layers_heads", stray, said)
             self.report("layers_heads", grid.join(table, on=_KEYS, how="anti"), fmt("{}: missing", at))
         return summary
 
@@ -293,11 +282,8 @@ class _PartCheck:
         self.report("tokens", named(written.filter(pl.col("n") > 1)), fmt("{}: written {} times", at, "n"))
         held = positions(self.attn).unique().collect(engine="streaming")
         self.report("tokens", named(held.join(written, on=spot, how="anti")), fmt("{}: missing", at))
-        self.report(
-            "tokens",
-            named(written.join(held, on=spot, how="anti")),
-            fmt("{}: no attention rows in {}", at, pl.lit(self.rel_attn)),
-        )
+        said = fmt("{}: no attention rows in {}", at, pl.lit(self.rel_attn))
+        self.report("tokens", named(written.join(held, on=spot, how="anti")), said)
 
     def heads(self, summary: pl.DataFrame) -> None:
         """Per scored (review, layer, head), its rows summed up beside its head_summary row: positions,

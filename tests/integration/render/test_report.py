@@ -32,7 +32,7 @@ from bertattn_batch.cli import app
 from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
 from bertattn_batch.errors import SpecError
-from bertattn_batch.render import accuracy, examples, figures, report
+from bertattn_batch.render import figures, report
 
 #: Screenshots of the browser tests, to look at: BERTATTN_TEST_ARTIFACTS, else a temporary folder.
 ARTIFACTS = Path(os.environ.get("BERTATTN_TEST_ARTIFACTS") or tempfile.mkdtemp(prefix="bertattn-artifacts-"))
@@ -60,7 +60,7 @@ def test_report_states_what_the_run_holds(run_dir, page):
     preds = [p for p in read_table(run_dir, "predictions").to_pylist() if p["status"] == "ok"]
     correct = sum(p["label"] == p["pred_label"] for p in preds)
     assert f"accuracy <b>{correct / len(preds):.4f}</b>" in html  # the tiny model knows all three labels
-    conf = accuracy.confusion(
+    conf = report.confusion(
         pl.from_arrow(read_table(run_dir, "predictions")), ["negative", "neutral", "positive"]
     )
     for (t, p), n in conf["counts"].items():
@@ -78,7 +78,7 @@ def test_report_states_what_the_run_holds(run_dir, page):
     # examples by the stated rules: typical length; the margin between the two likeliest labels nearest
     # its median over the label's correct predictions, and the largest margins of the mistakes
     labels = ["negative", "neutral", "positive"]
-    picks = examples.pick(pl.from_arrow(read_table(run_dir, "predictions")), 2, labels)
+    picks = report.pick(pl.from_arrow(read_table(run_dir, "predictions")), 2, labels)
     lengths = sorted(p["n_tokens"] for p in preds)
     typical = [
         p for p in preds if lengths[len(lengths) // 4] <= p["n_tokens"] <= lengths[3 * len(lengths) // 4]
@@ -102,7 +102,7 @@ def test_report_states_what_the_run_holds(run_dir, page):
         assert re.search(
             rf"<figcaption>review {re.escape(e.doc_id)} ·[^<]*margin {e.margin:.3f}{mark}</", html
         )
-    wrong = examples.misclassified(pl.from_arrow(read_table(run_dir, "predictions")), 2, labels)
+    wrong = report.misclassified(pl.from_arrow(read_table(run_dir, "predictions")), 2, labels)
     mistakes = sorted((margin(p) for p in typical if p["label"] != p["pred_label"]), reverse=True)
     assert [round(e.margin, 5) for e in wrong] == [round(m, 5) for m in mistakes[:2]]
     assert all(e.misclassified for e in wrong) and "Most confidently misclassified reviews" in html

@@ -11,7 +11,7 @@ import pytest
 
 from bertattn_batch.config import JobSpec, from_dict, parse_label_map
 from bertattn_batch.errors import InputError, SpecError
-from bertattn_batch.render import examples, figures, plot
+from bertattn_batch.render import figures, plot, report
 from bertattn_batch.render.review import ReviewAttention
 
 
@@ -134,8 +134,8 @@ def test_examples_are_typical_of_their_label_not_its_capped_largest_margins():
         }
     )
     assert sorted(margins)[len(margins) // 2] == 0.82  # the median: d9's, whose label is no model's
-    chosen = examples.pick(preds, 2, ["negative", "positive"])
+    chosen = report.pick(preds, 2, ["negative", "positive"])
     assert [e.doc_id for e in chosen] == ["d5", "d10"]  # 0.005 and 0.02 from it
-    assert examples.misclassified(preds, 2, ["negative", "positive"]) == []
+    assert report.misclassified(preds, 2, ["negative", "positive"]) == []
     wrong = preds.with_columns(label=pl.Series(["positive"] * 2 + ["negative"] * 9))
-    assert [e.doc_id for e in examples.misclassified(wrong, 1, ["negative", "positive"])] == ["d0"]
+    assert [e.doc_id for e in report.misclassified(wrong, 1, ["negative", "positive"])] == ["d0"]
