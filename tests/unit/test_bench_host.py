@@ -9,12 +9,12 @@ from helpers import load_bench
 
 import bertattn_batch.engines.local as local
 
-host = load_bench("host")
+harness, host = load_bench("harness"), load_bench("host")
 
 
 @pytest.mark.parametrize("processes", [0, 2])
 def test_the_stand_in_feeds_the_real_pipeline(processes, tiny_zh_dir, zh_sample, tmp_path):
-    inputs = host.harness.repeated_corpus(zh_sample, 300, tmp_path / "in.parquet", ids=True)
+    inputs = harness.repeated_corpus(zh_sample, 300, tmp_path / "in.parquet", ids=True)
     real = local.load_classifier
     figures = host.one(inputs, tmp_path / "run", processes, model=tiny_zh_dir)
     assert figures["plan"]["host_processes"] == processes
