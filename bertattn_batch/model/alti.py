@@ -21,9 +21,9 @@ passes contributions through unchanged. The rollout ``R = C^L ⋯ C^1`` is accum
 The authors' code scales by an unbiased standard deviation without epsilon; this one reproduces the
 block's output exactly (docs/measures.md).
 
-Each review is decomposed at its own length (padding costs nothing), its ``(tokens, rows, hidden)``
-decomposition made in chunks of rows in one reused buffer of :data:`CHUNK_BYTES` (larger only where one
-row needs more), so memory stays bounded whatever the review length.
+A layer's ``(B, S, rows, hidden)`` decomposition is made in chunks of rows in one reused buffer of
+:data:`CHUNK_BYTES` (larger only where one row of a batch needs more), so memory stays bounded whatever
+the review length.
 """
 
 from __future__ import annotations
@@ -151,31 +151,31 @@ def layer_contributions(
     buffer the decomposition is made in, a review's rows at a time (a larger one where one row needs it)."""
     B, S = k.shape[:2]
     rows, hidden = z.shape[1:]
+    q = q[:, :rows].float().view(B, rows, heads, size).transpose(1, 2)  # (B, H, rows, D)
+    k = k.float().view(B, S, heads, size).transpose(1, 2)  # (B, H, S, D)
+    scores = (q @ k.transpose(-1, -2)) * scaling  # (B, H, rows, S)
+    a = torch.softmax(scores.masked_fill(~mask[:, None, None, :], float("-inf")), dim=-1)  # (B, H, rows, S)
     w = dense.weight.detach().float().view(hidden, heads, size)  # (hidden, H, D)
     gamma = norm.weight.detach().float() if norm.weight is not None else torch.ones_like(w[:, 0, 0])
     s = torch.rsqrt(z.float().var(dim=-1, unbiased=False, keepdim=True) + norm.eps)  # (B, rows, 1)
+    # L is linear: each head's term is centred and scaled before the sum over heads, the residual x_i is
+    # one more "head" that token i alone reads, and s_i is folded into the weights, so that
+    # Σ_h a^h_ij f^h_j is T_i(x_j): one matmul of inner dimension H + 1 per token j
+    a = torch.cat([a, torch.eye(rows, S, device=a.device).expand(B, 1, rows, S)], dim=1) * s[:, None]
+    a = a.permute(0, 3, 2, 1)  # (B, S, rows, H+1): s_i a^h_ij, by token j
+    f = torch.einsum("bshd,ehd->bshe", v.float().view(B, S, heads, size), w)  # (B, S, H, hidden): W_O^h v^h_j
+    f = torch.cat([f, x.float()[:, :, None]], dim=2)  # (B, S, H+1, hidden): then x_j
+    f = ((f - f.mean(dim=-1, keepdim=True)) * gamma).view(B * S, heads + 1, hidden)  # L(·)
     y = y.float()
-    c = torch.zeros(B, rows, S, device=y.device)
-    for b, n in enumerate(mask.sum(dim=1).tolist()):  # each review at its own length: no padding
-        r = min(rows, n)
-        qb = q[b, :r].float().view(r, heads, size).transpose(0, 1)  # (H, r, D)
-        kb = k[b, :n].float().view(n, heads, size).transpose(0, 1)  # (H, n, D)
-        a = torch.softmax((qb @ kb.transpose(1, 2)) * scaling, dim=-1)  # (H, r, n)
-        # L is linear: each head's term is centred and scaled before the sum over heads, the residual x_i
-        # is one more "head" that token i alone reads, and s_i is folded into the weights, so that
-        # Σ_h a^h_ij f^h_j is T_i(x_j), one matmul of inner dimension H + 1 per token j
-        a = torch.cat([a, torch.eye(r, n, device=a.device)[None]]) * s[b, :r]  # (H+1, r, n)
-        a = a.permute(2, 1, 0).contiguous()  # (n, r, H+1): by token j
-        f = torch.einsum("jhd,ehd->jhe", v[b, :n].float().view(n, heads, size), w)  # (n, H, hidden)
-        f = torch.cat([f, x[b, :n, None].float()], dim=1)  # (n, H+1, hidden): W_O^h v^h_j, then x_j
-        f = (f - f.mean(dim=-1, keepdim=True)) * gamma  # L(·)
-        if work.numel() < n * hidden:
-            work = torch.empty(n * hidden, device=y.device)
-        chunk = work.numel() // (n * hidden)
-        for start in range(0, r, chunk):
-            i = slice(start, min(start + chunk, r))
-            t = work[: n * (i.stop - i.start) * hidden].view(n, -1, hidden)  # (j, i, hidden)
-            torch.bmm(a[:, i], f, out=t).sub_(y[b, i])  # T_i(x_j) − y_i
-            c[b, i, :n] = t.abs_().sum(dim=-1).T  # ‖y_i − T_i(x_j)‖₁ (vector_norm's ord=1 is slower)
-        c[b, :r, :n] = (y[b, :r].abs().sum(dim=-1, keepdim=True) - c[b, :r, :n]).clamp_min(0)
+    if work.numel() < B * S * hidden:
+        work = torch.empty(B * S * hidden, device=y.device)
+    chunk = work.numel() // (B * S * hidden)
+    c = torch.empty(B, rows, S, device=y.device)
+    for start in range(0, rows, chunk):
+        i = slice(start, min(start + chunk, rows))
+        t = work[: B * S * (i.stop - i.start) * hidden].view(B * S, -1, hidden)  # (B*S, i, hidden)
+        torch.bmm(a[:, :, i].reshape(B * S, -1, heads + 1), f, out=t)  # T_i(x_j), by token j
+        t = t.view(B, S, -1, hidden).sub_(y[:, None, i])  # (B, j, i, hidden): T_i(x_j) − y_i
+        c[:, i] = t.abs_().sum(dim=-1).transpose(1, 2)  # ‖y_i − T_i(x_j)‖₁ (vector_norm's ord=1 is slower)
+    c = (y.abs().sum(dim=-1, keepdim=True) - c).clamp_min(0) * mask[:, None, :]  # (B, rows, S), 0 at padding
     return c / c.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)
