@@ -148,7 +148,7 @@ def layer_contributions(
     LayerNorm saw (all of them, or ``[CLS]`` alone in a trimmed layer); 0 at padding. ``q, k, v``
     (B, S, H*D) are the projections, ``x`` (B, S, hidden) the block's input, ``z`` and ``y``
     (B, rows, hidden) the LayerNorm's input and output, ``mask`` (B, S) bool; ``work`` is a float32
-    buffer the decomposition is made in, a review's rows at a time (a larger one where one row needs it)."""
+    buffer the decomposition is made in, a chunk of rows at a time (a larger one where one row needs it)."""
     B, S = k.shape[:2]
     rows, hidden = z.shape[1:]
     q = q[:, :rows].float().view(B, rows, heads, size).transpose(1, 2)  # (B, H, rows, D)
