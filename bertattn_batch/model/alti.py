@@ -21,8 +21,9 @@ passes contributions through unchanged. The rollout ``R = C^L ⋯ C^1`` is accum
 The authors' code scales by an unbiased standard deviation without epsilon; this one reproduces the
 block's output exactly (docs/measures.md).
 
-A layer's ``(B, S, rows, hidden)`` decomposition is made in chunks of rows, so memory stays bounded by
-:data:`CHUNK_BYTES` (at least one row of a batch) whatever the review length.
+A layer's ``(B, S, rows, hidden)`` decomposition is made in chunks of rows in one reused buffer of
+:data:`CHUNK_BYTES` (larger only where one row of a batch needs more), so memory stays bounded whatever
+the review length.
 """
 
 from __future__ import annotations
@@ -74,11 +75,14 @@ class AltiCapture:
         self._seen: dict[str, torch.Tensor] = {}
         self._rollout: torch.Tensor | None = None  # (B, rows, S): C^l ⋯ C^1 so far
         self._mask: torch.Tensor | None = None
+        self._work = torch.empty(0)  # reused: a fresh buffer a layer costs the kernel's page faults
 
     @contextlib.contextmanager
     def forward(self, attention_mask: torch.Tensor) -> Iterator[AltiCapture]:
         """Hooks in place for one forward over a batch with this (B, S) mask."""
         self._mask, self._rollout, self._seen = attention_mask.bool(), None, {}
+        if self._work.device != attention_mask.device or not self._work.numel():
+            self._work = torch.empty(CHUNK_BYTES // 4, device=attention_mask.device)
         handles = []
         for n, (module, q, k, v, dense, norm) in enumerate(self._blocks, 1):
             heads, size, scaling = head_geometry(module, q)
@@ -116,7 +120,8 @@ class AltiCapture:
             z, y = (inp[0][:, :1], out[:, :1]) if last else (inp[0], out)  # the top: [CLS]'s row alone
             seen = self._seen
             c = layer_contributions(
-                seen["q"], seen["k"], seen["v"], seen["x"], z, y, self._mask, norm, dense, heads, size, scaling
+                seen["q"], seen["k"], seen["v"], seen["x"], z, y, self._mask, norm, dense, heads, size, scaling,
+                self._work,
             )  # fmt: skip
             # (B, rows, S) @ (B, S, S): the last layer's one row is all the rollout keeps
             self._rollout = c if self._rollout is None else torch.bmm(c, self._rollout)
@@ -137,40 +142,40 @@ def layer_contributions(
     heads: int,
     size: int,
     scaling: float,
+    work: torch.Tensor,
 ) -> torch.Tensor:
     """One layer's normalised contributions ``C`` (B, rows, S) float32, for the ``rows`` positions the
-    LayerNorm saw (all of them, or ``[CLS]`` alone in a trimmed layer). ``q, k, v`` (B, S, H*D) are the
-    projections, ``x`` (B, S, hidden) the block's input, ``z`` and ``y`` (B, rows, hidden) the
-    LayerNorm's input and output, ``mask`` (B, S) bool."""
+    LayerNorm saw (all of them, or ``[CLS]`` alone in a trimmed layer); 0 at padding. ``q, k, v``
+    (B, S, H*D) are the projections, ``x`` (B, S, hidden) the block's input, ``z`` and ``y``
+    (B, rows, hidden) the LayerNorm's input and output, ``mask`` (B, S) bool; ``work`` is a float32
+    buffer the decomposition is made in, a chunk of rows at a time (a larger one where one row needs it)."""
     B, S = k.shape[:2]
-    rows = z.shape[1]
+    rows, hidden = z.shape[1:]
     q = q[:, :rows].float().view(B, rows, heads, size).transpose(1, 2)  # (B, H, rows, D)
     k = k.float().view(B, S, heads, size).transpose(1, 2)  # (B, H, S, D)
     scores = (q @ k.transpose(-1, -2)) * scaling  # (B, H, rows, S)
     a = torch.softmax(scores.masked_fill(~mask[:, None, None, :], float("-inf")), dim=-1)  # (B, H, rows, S)
-    w = dense.weight.detach().float()  # (hidden, H*D)
-    w = w.view(w.shape[0], heads, size)  # (hidden, H, D)
-    x, z, y = x.float(), z.float(), y.float()
-    gamma = norm.weight.detach().float() if norm.weight is not None else torch.ones_like(z[0, 0])
-    # L is linear: each head's term is centred and scaled before the sum over heads, and s_i folded into
-    # the attention weights, so that a chunk of (rows, S, hidden) is T_i(x_j) as it is made
+    w = dense.weight.detach().float().view(hidden, heads, size)  # (hidden, H, D)
+    gamma = norm.weight.detach().float() if norm.weight is not None else torch.ones_like(w[:, 0, 0])
+    s = torch.rsqrt(z.float().var(dim=-1, unbiased=False, keepdim=True) + norm.eps)  # (B, rows, 1)
+    # L is linear: each head's term is centred and scaled before the sum over heads, the residual x_i is
+    # one more "head" that token i alone reads, and s_i is folded into the weights, so that
+    # Σ_h a^h_ij f^h_j is T_i(x_j): one matmul of inner dimension H + 1 per token j
+    a = torch.cat([a, torch.eye(rows, S, device=a.device).expand(B, 1, rows, S)], dim=1) * s[:, None]
+    a = a.permute(0, 3, 2, 1)  # (B, S, rows, H+1): s_i a^h_ij, by token j
     f = torch.einsum("bshd,ehd->bshe", v.float().view(B, S, heads, size), w)  # (B, S, H, hidden): W_O^h v^h_j
-    f = ((f - f.mean(dim=-1, keepdim=True)) * gamma).reshape(B * S, heads, -1)  # (B*S, H, hidden): L(·)
-    x = (x - x.mean(dim=-1, keepdim=True)) * gamma  # (B, S, hidden): L(x_i)
-    s = torch.rsqrt(z.var(dim=-1, unbiased=False, keepdim=True) + norm.eps)  # (B, rows, 1)
-    a = (a * s[:, None]).permute(0, 3, 2, 1)  # (B, S, rows, H): s_i a^h_ij, by j
-    hidden = x.shape[-1]
-    chunk = max(1, CHUNK_BYTES // max(1, B * S * hidden * 4))
-    out = []
+    f = torch.cat([f, x.float()[:, :, None]], dim=2)  # (B, S, H+1, hidden): then x_j
+    f = ((f - f.mean(dim=-1, keepdim=True)) * gamma).view(B * S, heads + 1, hidden)  # L(·)
+    y = y.float()
+    if work.numel() < B * S * hidden:
+        work = torch.empty(B * S * hidden, device=y.device)
+    chunk = work.numel() // (B * S * hidden)
+    c = torch.empty(B, rows, S, device=y.device)
     for start in range(0, rows, chunk):
         i = slice(start, min(start + chunk, rows))
-        c = i.stop - i.start
-        # (B*S, c, H) @ (B*S, H, hidden): for every token j, T_i(x_j) of the chunk's rows i, less the residual
-        t = torch.bmm(a[:, :, i].reshape(B * S, c, heads), f).view(B, S, c, hidden)  # (B, j, i, hidden)
-        idx = torch.arange(i.start, i.stop, device=t.device)
-        t[:, idx, idx - i.start] += s[:, i] * x[:, i]  # the residual: token i contributes itself
-        yi = y[:, None, i]  # (B, 1, c, hidden)
-        d = torch.linalg.vector_norm(torch.sub(yi, t, out=t), ord=1, dim=-1)  # (B, j, i): ‖y_i − T_i(x_j)‖₁
-        out.append((yi[:, 0].abs().sum(dim=-1)[:, :, None] - d.transpose(1, 2)).clamp_min(0))  # (B, c, S)
-    c = torch.cat(out, dim=1) * mask[:, None, :]  # (B, rows, S), 0 at padding
+        t = work[: B * S * (i.stop - i.start) * hidden].view(B * S, -1, hidden)  # (B*S, i, hidden)
+        torch.bmm(a[:, :, i].reshape(B * S, -1, heads + 1), f, out=t)  # T_i(x_j), by token j
+        t = t.view(B, S, -1, hidden).sub_(y[:, None, i])  # (B, j, i, hidden): T_i(x_j) − y_i
+        c[:, i] = t.abs_().sum(dim=-1).transpose(1, 2)  # ‖y_i − T_i(x_j)‖₁ (vector_norm's ord=1 is slower)
+    c = (y.abs().sum(dim=-1, keepdim=True) - c).clamp_min(0) * mask[:, None, :]  # (B, rows, S), 0 at padding
     return c / c.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)
