@@ -610,16 +610,16 @@ def format_top(
             cells.setdefault(row["head"], []).append(f"{shown[row['token']]} {_fmt(row[measure])}")
             rho[row["head"]] = row.get("alti_spearman")
         width = max(_width(c) for cs in cells.values() for c in cs)
-        # where the run has ALTI: how far each head tracks it, before its tokens
-        tracks = {h: "" if r is None else f"{r:+.2f}" for h, r in rho.items()} if any(rho.values()) else {}
+        tracked = any(r is not None for r in rho.values())  # the run has ALTI: how far each head tracks it
         lines.append(
             "head  "
-            + ("ALTI ρ  " if tracks else "")
+            + ("ALTI ρ  " if tracked else "")
             + "  ".join(_pad(f"#{i}", width) for i in range(1, k + 1)).rstrip()
         )
         for head in sorted(cells, key=lambda h: -1 if h is None else h):
             cell = "  ".join(_pad(c, width) for c in cells[head]).rstrip()
-            rho_cell = f"{tracks[head]:>6}  " if tracks else ""
+            r = rho[head]
+            rho_cell = f"{'' if r is None else f'{r:+.2f}':>6}  " if tracked else ""
             lines.append(f"{'' if head is None else head:>4}  {rho_cell}{cell}")
         blocks.append("\n".join(lines))
     # a group with scored reviews but no row left is named, not left out
