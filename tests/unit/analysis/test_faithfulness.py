@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -22,24 +23,20 @@ from bertattn_batch.engines import run_job
 from bertattn_batch.errors import ModelError, SpecError
 
 
-@pytest.fixture(scope="module")
-def run_dir(tiny_en_dir, drug_rows, tmp_path_factory):
-    base = tmp_path_factory.mktemp("faith")
+def tiny_run(tiny_en_dir, drug_rows, tmp_path_factory, name: str, **options) -> Path:
+    """A run of the tiny model over 12 drug reviews, 48 tokens at most, with the job's ``options``."""
+    base = tmp_path_factory.mktemp(name)
     src = base / "reviews.parquet"
     pq.write_table(pa.Table.from_pylist([dict(r) for r in drug_rows[:12]]), src)
     out = base / "run"
-    run_job(
-        JobSpec(
-            inputs=InputSpec([str(src)], id_col="doc_id"),
-            model=str(tiny_en_dir),
-            out=str(out),
-            layers=[-2, 0],
-            max_length=48,
-            value_zeroing=True,
-            progress=False,
-        )
-    )
+    run_job(JobSpec(InputSpec([str(src)], id_col="doc_id"), str(tiny_en_dir), str(out), max_length=48,
+                    progress=False, **options))  # fmt: skip
     return out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_en_dir, drug_rows, tmp_path_factory):
+    return tiny_run(tiny_en_dir, drug_rows, tmp_path_factory, "faith", layers=[-2, 0], value_zeroing=True)
 
 
 @pytest.fixture(scope="module")
@@ -319,19 +316,7 @@ def test_trust_is_the_callers_never_the_runs(run_dir, tmp_path, monkeypatch, giv
 
 @pytest.fixture(scope="module")
 def alti_result(tiny_en_dir, drug_rows, tmp_path_factory):
-    base = tmp_path_factory.mktemp("faith_alti")
-    src = base / "reviews.parquet"
-    pq.write_table(pa.Table.from_pylist([dict(r) for r in drug_rows[:12]]), src)
-    out = base / "run"
-    spec = JobSpec(
-        InputSpec([str(src)], id_col="doc_id"),
-        str(tiny_en_dir),
-        str(out),
-        max_length=48,
-        contributions="alti",
-        progress=False,
-    )
-    run_job(spec)
+    out = tiny_run(tiny_en_dir, drug_rows, tmp_path_factory, "faith_alti", contributions="alti")
     return out, fa.faithfulness(out, sample=5, seed=3, device="cpu")
 
 
