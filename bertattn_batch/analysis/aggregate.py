@@ -616,7 +616,7 @@ def format_top(
             + ("ALTI ρ  " if tracked else "")
             + "  ".join(_pad(f"#{i}", width) for i in range(1, k + 1)).rstrip()
         )
-        for head in sorted(cells, key=lambda h: -1 if h is None else h):
+        for head in sorted(cells):  # one group: every head of a layer, or ALTI alone
             cell = "  ".join(_pad(c, width) for c in cells[head]).rstrip()
             r = rho[head]
             rho_cell = f"{'' if r is None else f'{r:+.2f}':>6}  " if tracked else ""
