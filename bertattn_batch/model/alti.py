@@ -21,9 +21,11 @@ passes contributions through unchanged. The rollout ``R = C^L ⋯ C^1`` is accum
 The authors' code scales by an unbiased standard deviation without epsilon; this one reproduces the
 block's output exactly (docs/measures.md).
 
-A layer's ``(B, S, rows, hidden)`` decomposition is made in chunks of rows in one reused buffer of
-:data:`CHUNK_BYTES` (larger only where one row of a batch needs more), so memory stays bounded whatever
-the review length.
+A layer's ``(B, S, rows, hidden)`` decomposition is made in blocks whose terms fit :data:`BLOCK_BYTES`
+(several whole reviews, or one review's tokens j a block at a time), each cut to its longest review's
+tokens: the matmul that makes the terms has an inner dimension of only H + 1, so its speed is that of
+the memory it writes, and a block that stays in a core's cache is read back by the L1 distance at the
+cache's speed. Memory stays bounded whatever the review length.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ from torch import nn
 
 from .capture import find_self_attention, head_geometry, output_projection
 
-#: The most bytes one chunk of a layer's decomposition (B, S, rows, hidden) float32 may take: few large
-#: operations (many small ones cost more on a CPU whose threads wait for each other).
-CHUNK_BYTES = 64 << 20
+#: The bytes one block of the decomposition (j, rows, hidden) float32 aims at on a CPU: about a core's
+#: L2 cache (a GPU takes blocks 256 times larger).
+BLOCK_BYTES = 1 << 20
 
 
 def attention_layer_norm(model: nn.Module, attention: nn.Module) -> nn.LayerNorm | None:
@@ -75,14 +77,11 @@ class AltiCapture:
         self._seen: dict[str, torch.Tensor] = {}
         self._rollout: torch.Tensor | None = None  # (B, rows, S): C^l ⋯ C^1 so far
         self._mask: torch.Tensor | None = None
-        self._work = torch.empty(0)  # reused: a fresh buffer a layer costs the kernel's page faults
 
     @contextlib.contextmanager
     def forward(self, attention_mask: torch.Tensor) -> Iterator[AltiCapture]:
         """Hooks in place for one forward over a batch with this (B, S) mask."""
         self._mask, self._rollout, self._seen = attention_mask.bool(), None, {}
-        if self._work.device != attention_mask.device or not self._work.numel():
-            self._work = torch.empty(CHUNK_BYTES // 4, device=attention_mask.device)
         handles = []
         for n, (module, q, k, v, dense, norm) in enumerate(self._blocks, 1):
             heads, size, scaling = head_geometry(module, q)
@@ -120,8 +119,7 @@ class AltiCapture:
             z, y = (inp[0][:, :1], out[:, :1]) if last else (inp[0], out)  # the top: [CLS]'s row alone
             seen = self._seen
             c = layer_contributions(
-                seen["q"], seen["k"], seen["v"], seen["x"], z, y, self._mask, norm, dense, heads, size, scaling,
-                self._work,
+                seen["q"], seen["k"], seen["v"], seen["x"], z, y, self._mask, norm, dense, heads, size, scaling
             )  # fmt: skip
             # (B, rows, S) @ (B, S, S): the last layer's one row is all the rollout keeps
             self._rollout = c if self._rollout is None else torch.bmm(c, self._rollout)
@@ -142,40 +140,45 @@ def layer_contributions(
     heads: int,
     size: int,
     scaling: float,
-    work: torch.Tensor,
 ) -> torch.Tensor:
     """One layer's normalised contributions ``C`` (B, rows, S) float32, for the ``rows`` positions the
     LayerNorm saw (all of them, or ``[CLS]`` alone in a trimmed layer); 0 at padding. ``q, k, v``
     (B, S, H*D) are the projections, ``x`` (B, S, hidden) the block's input, ``z`` and ``y``
-    (B, rows, hidden) the LayerNorm's input and output, ``mask`` (B, S) bool; ``work`` is a float32
-    buffer the decomposition is made in, a chunk of rows at a time (a larger one where one row needs it)."""
+    (B, rows, hidden) the LayerNorm's input and output, ``mask`` (B, S) bool."""
     B, S = k.shape[:2]
     rows, hidden = z.shape[1:]
-    q = q[:, :rows].float().view(B, rows, heads, size).transpose(1, 2)  # (B, H, rows, D)
+    q = q[:, :rows].float().view(B, rows, heads, size).transpose(1, 2) * scaling  # (B, H, rows, D)
     k = k.float().view(B, S, heads, size).transpose(1, 2)  # (B, H, S, D)
-    scores = (q @ k.transpose(-1, -2)) * scaling  # (B, H, rows, S)
-    a = torch.softmax(scores.masked_fill(~mask[:, None, None, :], float("-inf")), dim=-1)  # (B, H, rows, S)
-    w = dense.weight.detach().float().view(hidden, heads, size)  # (hidden, H, D)
-    gamma = norm.weight.detach().float() if norm.weight is not None else torch.ones_like(w[:, 0, 0])
+    a = torch.softmax((q @ k.transpose(-1, -2)).masked_fill_(~mask[:, None, None, :], float("-inf")), dim=-1)
     s = torch.rsqrt(z.float().var(dim=-1, unbiased=False, keepdim=True) + norm.eps)  # (B, rows, 1)
-    # L is linear: each head's term is centred and scaled before the sum over heads, the residual x_i is
-    # one more "head" that token i alone reads, and s_i is folded into the weights, so that
-    # Σ_h a^h_ij f^h_j is T_i(x_j): one matmul of inner dimension H + 1 per token j
-    a = torch.cat([a, torch.eye(rows, S, device=a.device).expand(B, 1, rows, S)], dim=1) * s[:, None]
-    a = a.permute(0, 3, 2, 1)  # (B, S, rows, H+1): s_i a^h_ij, by token j
-    f = torch.einsum("bshd,ehd->bshe", v.float().view(B, S, heads, size), w)  # (B, S, H, hidden): W_O^h v^h_j
-    f = torch.cat([f, x.float()[:, :, None]], dim=2)  # (B, S, H+1, hidden): then x_j
-    f = ((f - f.mean(dim=-1, keepdim=True)) * gamma).view(B * S, heads + 1, hidden)  # L(·)
+    # s_i is folded into the attention, and L, being linear, into W_O, so that Σ_h a^h_ij f^h_j (one matmul
+    # of inner dimension H per token j) plus token i's own term s_i L(x_i) where j = i is T_i(x_j)
+    a = torch.mul(a.permute(0, 3, 2, 1), s[:, None], out=torch.empty(B, S, rows, heads, device=a.device))
+    gamma = norm.weight.detach().float() if norm.weight is not None else torch.ones(hidden, device=a.device)
+    w = dense.weight.detach().float()  # (hidden, H*D)
+    w = ((w - w.mean(dim=0)) * gamma[:, None]).view(hidden, heads, size)
+    f = torch.einsum("bshd,ehd->bshe", v.float().view(B, S, heads, size), w).contiguous()  # L(W_O^h v^h_j)
+    x = x[:, :rows].float()
+    own = (x - x.mean(dim=-1, keepdim=True)) * gamma * s  # (B, rows, hidden): s_i L(x_i)
     y = y.float()
-    if work.numel() < B * S * hidden:
-        work = torch.empty(B * S * hidden, device=y.device)
-    chunk = work.numel() // (B * S * hidden)
-    c = torch.empty(B, rows, S, device=y.device)
-    for start in range(0, rows, chunk):
-        i = slice(start, min(start + chunk, rows))
-        t = work[: B * S * (i.stop - i.start) * hidden].view(B * S, -1, hidden)  # (B*S, i, hidden)
-        torch.bmm(a[:, :, i].reshape(B * S, -1, heads + 1), f, out=t)  # T_i(x_j), by token j
-        t = t.view(B, S, -1, hidden).sub_(y[:, None, i])  # (B, j, i, hidden): T_i(x_j) − y_i
-        c[:, i] = t.abs_().sum(dim=-1).transpose(1, 2)  # ‖y_i − T_i(x_j)‖₁ (vector_norm's ord=1 is slower)
+    # a review's tokens end at its last unmasked position; padding after it is neither read nor reading
+    lengths = (mask.cumsum(dim=-1) * mask).argmax(dim=-1).add(1).tolist()
+    budget = BLOCK_BYTES if y.device.type == "cpu" else 256 * BLOCK_BYTES  # a GPU: few, large launches
+    block = max(1, budget // (4 * rows * hidden))  # tokens j a block holds
+    work = torch.empty(block * rows * hidden, device=y.device)
+    c = torch.zeros(B, rows, S, device=y.device)
+    reviews = max(1, block // S)  # whole reviews a block holds, or one review's tokens in blocks of j
+    for b in range(0, B, reviews):
+        r = slice(b, min(b + reviews, B))
+        n = max(lengths[r])  # the longest of these reviews: its tokens j and rows i
+        m, step = min(rows, n), max(1, block // (r.stop - r.start))
+        for j in range(0, n, step):
+            k = slice(j, min(j + step, n))
+            t = work[: (r.stop - r.start) * (k.stop - k.start) * m * hidden].view(-1, m, hidden)
+            torch.bmm(a[r, k, :m].flatten(0, 1), f[r, k].flatten(0, 1), out=t)  # the heads' terms, by j
+            t = t.view(r.stop - r.start, -1, m, hidden)  # (b, j, i, hidden)
+            mine = t.diagonal(offset=j, dim1=1, dim2=2)  # (b, hidden, i = j): where i reads itself
+            mine.add_(own[r, j : j + mine.shape[-1]].transpose(1, 2))  # T_i(x_j)
+            c[r, :m, k] = t.sub_(y[r, None, :m]).abs_().sum(dim=-1).transpose(1, 2)  # ‖y_i − T_i(x_j)‖₁
     c = (y.abs().sum(dim=-1, keepdim=True) - c).clamp_min(0) * mask[:, None, :]  # (B, rows, S), 0 at padding
     return c / c.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)

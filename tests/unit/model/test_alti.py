@@ -46,14 +46,14 @@ def test_alti_matches_eager_on_minilm(minilm_dir):
     _check(minilm_dir)
 
 
-def test_alti_chunks_give_the_same_values(tiny_en_dir, monkeypatch):
+def test_alti_blocks_give_the_same_values(tiny_en_dir, monkeypatch):
     import bertattn_batch.model.alti as alti_module
 
     model = AutoModelForSequenceClassification.from_pretrained(tiny_en_dir, attn_implementation="sdpa").eval()
     batch = AutoTokenizer.from_pretrained(tiny_en_dir)(TEXTS, padding=True, return_tensors="pt")
     results = []
-    for chunk_bytes in (64 << 20, 1):  # whole layers, then one row at a time
-        monkeypatch.setattr(alti_module, "CHUNK_BYTES", chunk_bytes)
+    for block_bytes in (64 << 20, 1):  # whole reviews, then one token j at a time
+        monkeypatch.setattr(alti_module, "BLOCK_BYTES", block_bytes)
         alti = AltiCapture(model)
         with torch.inference_mode(), alti.forward(batch["attention_mask"]):
             model(**batch)
