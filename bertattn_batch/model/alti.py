@@ -38,9 +38,9 @@ from torch import nn
 
 from .capture import find_self_attention, head_geometry, output_projection
 
-#: The bytes one block of the decomposition (j, rows, hidden) float32 aims at on a CPU: about a core's
-#: L2 cache (a GPU takes blocks 256 times larger).
-BLOCK_BYTES = 1 << 20
+#: The bytes one block of the decomposition (j, rows, hidden) float32 aims at on a CPU: a few cores' L2
+#: caches, well inside a shared L3 (a GPU takes blocks 64 times larger).
+BLOCK_BYTES = 4 << 20
 
 
 def attention_layer_norm(model: nn.Module, attention: nn.Module) -> nn.LayerNorm | None:
@@ -149,21 +149,22 @@ def layer_contributions(
     rows, hidden = z.shape[1:]
     q = q[:, :rows].float().view(B, rows, heads, size).transpose(1, 2) * scaling  # (B, H, rows, D)
     k = k.float().view(B, S, heads, size).transpose(1, 2)  # (B, H, S, D)
-    a = torch.softmax((q @ k.transpose(-1, -2)).masked_fill_(~mask[:, None, None, :], float("-inf")), dim=-1)
+    # (B, H, S, rows), a^h_ij at [h, j, i]: by token j, the (i, h) matrices the matmul below reads as they lie
+    a = torch.softmax((k @ q.transpose(-1, -2)).masked_fill_(~mask[:, None, :, None], float("-inf")), dim=-2)
     s = torch.rsqrt(z.float().var(dim=-1, unbiased=False, keepdim=True) + norm.eps)  # (B, rows, 1)
     # s_i is folded into the attention, and L, being linear, into W_O, so that Σ_h a^h_ij f^h_j (one matmul
     # of inner dimension H per token j) plus token i's own term s_i L(x_i) where j = i is T_i(x_j)
-    a = torch.mul(a.permute(0, 3, 2, 1), s[:, None], out=torch.empty(B, S, rows, heads, device=a.device))
+    a.mul_(s.view(B, 1, 1, rows))
     gamma = norm.weight.detach().float() if norm.weight is not None else torch.ones(hidden, device=a.device)
     w = dense.weight.detach().float()  # (hidden, H*D)
-    w = ((w - w.mean(dim=0)) * gamma[:, None]).view(hidden, heads, size)
-    f = torch.einsum("bshd,ehd->bshe", v.float().view(B, S, heads, size), w).contiguous()  # L(W_O^h v^h_j)
+    w = ((w - w.mean(dim=0)) * gamma[:, None]).view(hidden, heads, size).permute(1, 2, 0)  # (H, D, hidden)
+    f = v.float().view(B, S, heads, size).transpose(1, 2) @ w  # (B, H, S, hidden): L(W_O^h v^h_j)
     x = x[:, :rows].float()
     own = (x - x.mean(dim=-1, keepdim=True)) * gamma * s  # (B, rows, hidden): s_i L(x_i)
     y = y.float()
     # a review's tokens end at its last unmasked position; padding after it is neither read nor reading
     lengths = (mask.cumsum(dim=-1) * mask).argmax(dim=-1).add(1).tolist()
-    budget = BLOCK_BYTES if y.device.type == "cpu" else 256 * BLOCK_BYTES  # a GPU: few, large launches
+    budget = BLOCK_BYTES if y.device.type == "cpu" else 64 * BLOCK_BYTES  # a GPU: few, large launches
     block = max(1, budget // (4 * rows * hidden))  # tokens j a block holds
     work = torch.empty(block * rows * hidden, device=y.device)
     c = torch.zeros(B, rows, S, device=y.device)
@@ -175,7 +176,8 @@ def layer_contributions(
         for j in range(0, n, step):
             k = slice(j, min(j + step, n))
             t = work[: (r.stop - r.start) * (k.stop - k.start) * m * hidden].view(-1, m, hidden)
-            torch.bmm(a[r, k, :m].flatten(0, 1), f[r, k].flatten(0, 1), out=t)  # the heads' terms, by j
+            heads_j = a[r, :, k, :m].permute(0, 2, 3, 1).flatten(0, 1)  # (b*j, i, H)
+            torch.bmm(heads_j, f[r, :, k].transpose(1, 2).flatten(0, 1), out=t)  # the heads' terms, by j
             t = t.view(r.stop - r.start, -1, m, hidden)  # (b, j, i, hidden)
             mine = t.diagonal(offset=j, dim1=1, dim2=2)  # (b, hidden, i = j): where i reads itself
             mine.add_(own[r, j : j + mine.shape[-1]].transpose(1, 2))  # T_i(x_j)
