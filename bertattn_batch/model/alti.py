@@ -23,7 +23,7 @@ block's output exactly (docs/measures.md).
 
 A layer's ``(B, S, rows, hidden)`` decomposition is made in blocks whose terms fit :data:`BLOCK_BYTES`
 (several whole reviews, or one review's tokens j a block at a time), each cut to its longest review's
-tokens: the matmul that makes the terms has an inner dimension of only H + 1, so its speed is that of
+tokens: the matmul that makes the terms has an inner dimension of only H (heads), so its speed is that of
 the memory it writes, and a block that stays in a core's cache is read back by the L1 distance at the
 cache's speed. Memory stays bounded whatever the review length.
 """
