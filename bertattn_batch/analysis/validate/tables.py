@@ -1,6 +1,5 @@
-"""The checks of what the tables hold: predictions over every part at once (lazy polars queries, a row
-per review), attention and tokens part by part (a part holds one window of reviews), and every column's
-range as ``schemas/`` declares it, for any table (:func:`check_ranges`)."""
+"""The checks of what the tables hold: predictions over every part at once (lazy polars queries),
+attention and tokens part by part, and every column's range as ``schemas/`` declares it."""
 
 from __future__ import annotations
 
@@ -187,7 +186,6 @@ class _PartCheck:
     """One part's tables, read once, and the checks over them, one method per kind."""
 
     def __init__(self, rec: ValidationReport, run: RunView, part: Part) -> None:
-        assert run.layers is not None and run.num_heads is not None
         self.rec, self.run, self.part = rec, run, part
         self.rel_attn, self.rel_sum = part.files["cls_attention"], part.files["head_summary"]
         self.rel_tok = part.files["tokens"]
@@ -223,14 +221,10 @@ class _PartCheck:
             self.contributions()
         return summary.height, self.tokens.select("token_id", "token").unique().collect(engine="streaming")
 
-    def report(self, check: str, rows: pl.DataFrame, message: pl.Expr) -> None:
-        report_rows(self.rec, check, rows, message)
-
     def grid(self) -> pl.DataFrame:
         """Layers and heads: every scored review has the whole grid, once, in both tables; nothing else
         does. Returns head_summary with each (review, layer, head) once."""
         run = self.run
-        assert run.layers is not None and run.num_heads is not None
         layer_ok = pl.col("layer").is_in(run.layers) & pl.col("head").is_between(0, run.num_heads - 1)
         grid = self.scored.select("doc_id").join(
             pl.DataFrame(
@@ -244,20 +238,24 @@ class _PartCheck:
         )
         dup = self.summary.group_by(_KEYS).agg(n=pl.len()).filter(pl.col("n") > 1)
         at_sum = where("head_summary", pl.lit(self.rel_sum))
-        self.report("layers_heads", dup, fmt("{}: {} head_summary rows", at_sum, "n"))
+        report_rows(self.rec, "layers_heads", dup, fmt("{}: {} head_summary rows", at_sum, "n"))
         summary = self.summary.unique(_KEYS, keep="first", maintain_order=True)
         for rel, table in ((self.rel_sum, summary), (self.rel_attn, self.groups)):
             at = where("head_summary", pl.lit(rel))
             wanted = f"layers {run.layers} x heads 0..{run.num_heads - 1}"
-            self.report("layers_heads", table.filter(~layer_ok), fmt("{}: not among {}", at, pl.lit(wanted)))
+            report_rows(
+                self.rec, "layers_heads", table.filter(~layer_ok), fmt("{}: not among {}", at, pl.lit(wanted))
+            )
             stray = (
                 table.filter(layer_ok)
                 .join(self.scored, on="doc_id", how="anti")
                 .unique("doc_id", maintain_order=True)
             )
             said = fmt("{} doc '{}': not a scored review of this part", pl.lit(rel), "doc_id")
-            self.report("layers_heads", stray, said)
-            self.report("layers_heads", grid.join(table, on=_KEYS, how="anti"), fmt("{}: missing", at))
+            report_rows(self.rec, "layers_heads", stray, said)
+            report_rows(
+                self.rec, "layers_heads", grid.join(table, on=_KEYS, how="anti"), fmt("{}: missing", at)
+            )
         return summary
 
     def token_positions(self) -> None:
@@ -279,11 +277,15 @@ class _PartCheck:
             return frame.join(docs, on="doc").sort(schema.key("tokens"))
 
         written = positions(self.tokens).group_by(spot).agg(n=pl.len()).collect(engine="streaming")
-        self.report("tokens", named(written.filter(pl.col("n") > 1)), fmt("{}: written {} times", at, "n"))
+        report_rows(
+            self.rec, "tokens", named(written.filter(pl.col("n") > 1)), fmt("{}: written {} times", at, "n")
+        )
         held = positions(self.attn).unique().collect(engine="streaming")
-        self.report("tokens", named(held.join(written, on=spot, how="anti")), fmt("{}: missing", at))
+        report_rows(
+            self.rec, "tokens", named(held.join(written, on=spot, how="anti")), fmt("{}: missing", at)
+        )
         said = fmt("{}: no attention rows in {}", at, pl.lit(self.rel_attn))
-        self.report("tokens", named(written.join(held, on=spot, how="anti")), said)
+        report_rows(self.rec, "tokens", named(written.join(held, on=spot, how="anti")), said)
 
     def heads(self, summary: pl.DataFrame) -> None:
         """Per scored (review, layer, head), its rows summed up beside its head_summary row: positions,
