@@ -70,13 +70,13 @@ def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
     )
     statuses = dict(lf.group_by("status").agg(pl.len()).collect(engine="streaming").iter_rows())
 
+    rel_to_part = {p.files["predictions"]: p for p in parts}
     per_file = lf.group_by("_file").agg(
         n=pl.len(),
         lo=pl.col("row_index").min(),
         hi=pl.col("row_index").max(),
         distinct=pl.col("row_index").n_unique(),
     )
-    rel_to_part = {p.files["predictions"]: p for p in parts}
     for rel, n, lo, hi, distinct in per_file.collect(engine="streaming").iter_rows():
         p = rel_to_part[rel]
         if p.generation == 0:
@@ -155,14 +155,9 @@ def check_attention(rec: ValidationReport, run: RunView) -> None:
         return
     parts = [p for p in run.parts if p.readable >= set(schema.TABLES)]
     skipped = len(run.parts) - len(parts)
-    heads = 0
-    spellings = []  # each part's distinct (token_id, token) pairs
-    for part in parts:
-        n, spelling = _PartCheck(rec, run, part).check()
-        heads += n
-        spellings.append(spelling)
-    if spellings:
-        pairs = pl.concat(spellings).unique()
+    found = [_PartCheck(rec, run, part).check() for part in parts]  # heads, distinct (token_id, token)
+    if found:
+        pairs = pl.concat([spelling for _, spelling in found]).unique()
         rec.note("tokens", f"{pairs.height} distinct tokens")
         clashes = (
             pairs.group_by("token_id")
@@ -174,7 +169,7 @@ def check_attention(rec: ValidationReport, run: RunView) -> None:
         report_rows(rec, "tokens", clashes, fmt("token id {} is written as {}", "token_id", written))
     tol = _mass_tolerance(run)
     rec.note("layers_heads", f"layers {run.layers} x {run.num_heads} heads")
-    rec.note("positions", f"{heads} (review, layer, head) rows")
+    rec.note("positions", f"{sum(n for n, _ in found)} (review, layer, head) rows")
     rec.note("attention_mass", f"tolerance {tol:g} ({run.dtype}, {run.attention})")
     rec.note("scaling", f"tolerance {SCALED_TOLERANCE:g}")
     if skipped:
