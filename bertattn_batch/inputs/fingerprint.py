@@ -1,8 +1,6 @@
-"""What a resume and ``validate`` check of the inputs: each file's fingerprint (size, time, the hash of
-its ends: a folder gained a file, an export was rewritten), and the digest of the rows each committed
-part of a pass by row number read (numbers, ids, texts, labels: an edit in a file's middle keeps its
-fingerprint). A pass by id keeps the text an id had when it was scored: its parts record none.
-"""
+"""What a resume and ``validate`` check of the inputs: each file's fingerprint (size, time, hash of its
+ends), and the digest of the rows each committed part of a pass by row number read (an edit in a file's
+middle keeps its fingerprint)."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ FORM = "r1:"
 
 def source_files(sources: Iterable[Source]) -> list[dict[str, Any]]:
     """Each source in reading order with its size, modification time and a hash of its first and last
-    ``ENDS_BYTES`` (a saved dataset: over all its files). Row numbers count across the sources, so a
-    resume must know that none was added, removed or rewritten since the rows it skips were committed."""
+    ``ENDS_BYTES`` (a saved dataset: over all its files)."""
     out = []
     for src in sources:
         p = src.path
@@ -50,9 +47,8 @@ def source_files(sources: Iterable[Source]) -> list[dict[str, Any]]:
 def streams_as_recorded(
     sources: list[Source], now: list[dict[str, Any]], before: list[dict[str, Any]] | None, limited: bool
 ) -> list[dict[str, Any]]:
-    """``now`` (``source_files(sources)``) to compare with a pass's record ``before``: where that pass had
-    a limit and so copied only a start of a stream, the stream is taken as that start, since a stream
-    piped again whole is the same input if it begins with the same bytes."""
+    """``now`` (``source_files(sources)``) to compare with a pass's record ``before``: a stream that pass
+    copied only the start of (a limit) is taken as that start."""
     if not limited or not before or len(before) != len(now):
         return now
     out = []
@@ -78,14 +74,11 @@ def _ends_sha256(files: list[Any], sizes: list[int]) -> str:
 
 def rows_digest(batch: RowBatch, start: int = 0, end: int | None = None) -> str:
     """The digest of rows ``[start, end)`` of ``batch`` (positions in the batch, not row numbers)."""
-    h = hashlib.blake2b(digest_size=16)
-    _update(h, batch, start, len(batch) if end is None else end)
-    return FORM + h.hexdigest()
+    return FORM + _update(hashlib.blake2b(digest_size=16), batch, start, len(batch) if end is None else end)
 
 
-def _update(h: hashlib.blake2b, batch: RowBatch, start: int, end: int) -> None:
-    # a row whose doc id is its row number has no id: told from a row whose id is that number; each
-    # field as its length and itself, "-" for none: unambiguous, and the same in every Python
+def _update(h: hashlib.blake2b, batch: RowBatch, start: int, end: int) -> str:
+    # a row whose doc id is its row number has no id; each field as its length and itself, "-" for none
     ids = [
         None if s in ROW_NUMBER_STATUSES else d
         for d, s in zip(batch.doc_id[start:end], batch.status[start:end], strict=True)
@@ -93,6 +86,7 @@ def _update(h: hashlib.blake2b, batch: RowBatch, start: int, end: int) -> None:
     rows = zip(batch.row_index[start:end], ids, batch.text[start:end], batch.label[start:end], strict=True)
     text = "".join("-" if v is None else f"{len(str(v))}:{v}" for row in rows for v in row)
     h.update(text.encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
 
 
 class RowDigests:

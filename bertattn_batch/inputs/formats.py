@@ -1,7 +1,5 @@
-"""One reader a format, all of one shape: a source's rows in order, each a tuple of the wanted columns'
-raw values (strings as bytes, or with lone surrogates where not UTF-8) or an :class:`Unreadable` in its
-place; the row rule (``read.to_rows``) decides the rest. Parquet and saved datasets are read in Arrow
-batches, CSV and TSV by Arrow's parser, JSON and plain text with the standard library.
+"""One reader a format: a source's rows in order, each a tuple of the wanted columns' raw values (strings
+as bytes, or with lone surrogates where not UTF-8) or an :class:`Unreadable`; ``read.to_rows`` decides the rest.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ import logging
 import re
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from itertools import chain, islice, repeat
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
@@ -32,18 +31,17 @@ from .files import Source, json_lead
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
 class Unreadable:
     """A row a reader could not read as a row: ``status`` says why; its doc id is its row number."""
 
-    def __init__(self, status: str) -> None:
-        self.status = status
+    status: str
 
 
 NOT_JSON = Unreadable("not_json")
 #: More or fewer fields than the header: which value is which is unknown.
 WRONG_FIELD_COUNT = Unreadable("wrong_field_count")
-#: A value nested in a list or struct holding bytes that are not UTF-8: as text ``invalid_utf8``, as an
-#: id or label missing.
+#: A nested value holding bytes that are not UTF-8: as text ``invalid_utf8``, as an id or label missing.
 UNDECODABLE = object()
 
 Row = tuple[Any, ...] | Unreadable
@@ -87,14 +85,13 @@ def column_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
     try:
         return column.to_pylist()
     except UnicodeDecodeError:  # a string nested in a list or struct: only the bad values are lost
-        return [_as_py(v) for v in column]
-
-
-def _as_py(value: pa.Scalar) -> Any:
-    try:
-        return value.as_py()
-    except UnicodeDecodeError:
-        return UNDECODABLE
+        values = []
+        for v in column:
+            try:
+                values.append(v.as_py())
+            except UnicodeDecodeError:
+                values.append(UNDECODABLE)
+        return values
 
 
 def read_parquet(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]:
@@ -132,8 +129,8 @@ def class_label_names(ds: Any) -> dict[str, list[str]]:
 
 
 def class_label_order(sources: Iterable[Source], column: str) -> list[str]:
-    """The names of ``column``'s ``ClassLabel`` in id order where every source is a saved dataset with
-    that same ``ClassLabel`` (a classifier trained on them keeps the dataset's ids), else none."""
+    """``column``'s ``ClassLabel`` names in id order where every source is a saved dataset with that same
+    ``ClassLabel`` (a classifier trained on them keeps the dataset's ids), else none."""
     orders = {
         tuple(class_label_names(load_dataset(src.path)).get(column, ())) if src.format == "datasets" else ()
         for src in sources
@@ -142,8 +139,7 @@ def class_label_order(sources: Iterable[Source], column: str) -> list[str]:
 
 
 def read_datasets(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]:
-    """A ``ClassLabel``'s ids are read as their names (ids out of range: null), so that ``label``
-    compares with ``pred_label`` and a classifier trains on the real names."""
+    """A ``ClassLabel``'s ids are read as their names (out of range: null), to compare with ``pred_label``."""
     ds = load_dataset(src.path).select_columns(wanted)
     names = class_label_names(ds)
     for table in ds.with_format("arrow").iter(batch_size=block_rows):
@@ -159,16 +155,14 @@ def read_datasets(src: Source, wanted: list[str], block_rows: int) -> Iterator[R
 
 # -- text ------------------------------------------------------------------------------------------------
 def read_text(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]:
-    """One review a line, in a column named ``text``; lines end in ``\\n``, ``\\r\\n`` or a lone ``\\r``
-    (universal newlines), the rows a CSV reader finds in the same bytes; a byte-order mark is no text."""
+    """One review a line (universal newlines, as a CSV reader splits the same bytes), in column ``text``."""
     with io.TextIOWrapper(src.open(), encoding="utf-8-sig", errors="surrogateescape") as f:
         for line in f:
             yield (line.removesuffix("\n"),)
 
 
 # -- CSV and TSV -----------------------------------------------------------------------------------------
-#: Bytes Arrow parses at a time; a row longer than that is read again in blocks four times larger, up
-#: to CSV_MAX_BLOCK_BYTES (an Arrow block must hold every row that starts in it).
+#: Bytes Arrow parses at a time; a row longer than that is read again in blocks four times larger.
 CSV_BLOCK_BYTES = 1 << 22
 CSV_MAX_BLOCK_BYTES = 1 << 30
 #: How far into a file its header line is looked for, past empty lines.
@@ -178,13 +172,12 @@ _REST = re.compile(rb'[^"]*+(?:""[^"]*+)*+"')
 
 
 def read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]:
-    """A row with more or fewer fields than the header keeps its place as ``wrong_field_count``; a quoted
-    value may hold line breaks, kept byte for byte; an empty cell is missing, a quoted "" is empty."""
+    """A row of another field count than the header is ``wrong_field_count`` in its place; quoted line breaks
+    are kept byte for byte; an empty cell is missing, a quoted "" is empty."""
     header, rows_follow = _header(src)
     if header is None or not rows_follow:  # Arrow refuses a header without its newline
         return
-    # Arrow skips the rows of another field count; they are put back by their numbers, kept as runs
-    # [first, end) so that a file of such rows only (a wrong delimiter) holds a few numbers
+    # Arrow skips rows of another field count; they are put back by number, kept as runs [first, end)
     ragged: deque[list[int]] = deque()
     recorded = 0  # one past the last ragged row recorded: a read again in larger blocks meets them again
 
@@ -236,16 +229,14 @@ def read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]:
 
 
 class _CheckedBytes(io.RawIOBase):
-    """A CSV file's bytes as Arrow reads them. A read never ends between the ``\\r`` and ``\\n`` of a line
-    break: where an Arrow block ends there inside a quoted value, Arrow drops the ``\\n`` (pyarrow 26). A
-    quoted field that never closes, or spans lines and has more than the delimiter or a line break after
-    its closing quote, is refused with its line: Arrow reads the lines after such a stray ``"`` into it."""
+    """A CSV file's bytes as Arrow reads them: a read never ends between a ``\\r\\n`` (Arrow drops the ``\\n``
+    at a block's end inside a quoted value), and a quoted field that never closes, or spans lines and has
+    more than the delimiter after its closing quote, is refused with its line (a stray ``"``)."""
 
     def __init__(self, raw: BinaryIO, src: Source) -> None:
         self._raw, self._held, self._src = raw, b"", src
         sep = re.escape(src.sep.encode())
-        # bytes up to a quoted field that does not close in them or has more than sep or a line break after
-        # it (a field that starts with a quote is quoted; a quote further in is a character)
+        # bytes up to a quoted field that does not close in them or has more than sep or a line break after it
         self._fields = re.compile(
             rb'(?:[^"]++|(?<=[^%b\r\n])"|"%b(?![^%b\r\n]))*+' % (sep, _REST.pattern, sep)
         )
@@ -273,7 +264,6 @@ class _CheckedBytes(io.RawIOBase):
         return data
 
     def _scan(self, data: bytes) -> None:
-        """Scan the bytes read up to the last line break; at the end of the file (``data`` empty), all."""
         if data and b"\n" not in data and b"\r" not in data:
             self._unscanned += data
             return
@@ -311,9 +301,8 @@ class _CheckedBytes(io.RawIOBase):
 
 
 def _header(src: Source) -> tuple[list[str] | None, bool]:
-    """The fields of the first line that is not empty, where Arrow takes the header from (None for a file
-    of empty lines only), and whether a line follows it. Parsed with the ``csv`` module: Arrow's reader in
-    a process that also runs polars' streaming engine can abort the interpreter at exit."""
+    """The fields of the first line that is not empty (None: none), and whether a line follows it; by the
+    ``csv`` module, as Arrow's reader in a process that runs polars' streaming engine can abort at exit."""
     with src.open() as f:
         head, more = f.read(HEADER_SCAN_BYTES), bool(f.read(1))
     lines = head.removeprefix(codecs.BOM_UTF8).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
@@ -339,12 +328,12 @@ KEY_SCAN_OBJECTS = 1000
 
 
 class _Unparsed(Exception):
-    """A value that may be valid JSON but that Python's JSON reader cannot read; its message says why."""
+    """A value that may be valid JSON but that Python's JSON reader cannot read."""
 
 
 def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]:
-    """JSON lines, or one JSON array of objects as many exports write; a key an object leaves out
-    (exporters drop null fields) is a missing value, a value that is no object a ``not_json`` row."""
+    """JSON lines or one JSON array of objects; a key an object leaves out is missing, a value that is no
+    object a ``not_json`` row."""
     counts: Counter[str] = Counter()  # of each reason a value is no row, and its first numbers
     firsts: dict[str, list[int]] = defaultdict(list)
     with src.open() as f:
@@ -374,8 +363,8 @@ def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]
 
 
 def json_values(f: BinaryIO, label: str) -> tuple[str, Iterator[tuple[int, Any]]]:
-    """The values of a JSON lines file or of a JSON array, numbered from 1, each a value or the exception
-    that reading it raised; and what the numbers count ("line" or "element")."""
+    """What the numbers count ("line" or "element"), and the values numbered from 1, each a value or the
+    exception that reading it raised."""
     lead, blank = json_lead(f)
     if lead.lstrip().startswith(b"["):
         return "element", _array_elements(lead, f, label)
@@ -384,8 +373,7 @@ def json_values(f: BinaryIO, label: str) -> tuple[str, Iterator[tuple[int, Any]]
 
 
 def _json_line(raw: bytes) -> Any:
-    """One JSON line's value, or the exception that reading it raised. Bytes that are not UTF-8 become
-    lone surrogates: the row keeps its id and label, and such a text gets the status invalid_utf8."""
+    """One JSON line's value, or the exception reading it raised; bytes not UTF-8 become lone surrogates."""
     try:
         return json.loads(raw.decode("utf-8", "surrogateescape").removeprefix("\ufeff"))
     except json.JSONDecodeError as e:
@@ -397,9 +385,8 @@ def _json_line(raw: bytes) -> Any:
 
 
 def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int, Any]]:
-    """The elements of a JSON array whose text begins with ``lead`` (its ``[`` included), decoded one
-    at a time from a buffer of about ``ARRAY_CHUNK``. An element that is not JSON stops the read: where
-    the next one starts is not known."""
+    """The elements of a JSON array whose text begins with ``lead``, decoded one at a time from a buffer of
+    about ``ARRAY_CHUNK``; an element that is not JSON stops the read (where the next starts is unknown)."""
     decode = json.JSONDecoder().raw_decode
     text = codecs.getincrementaldecoder("utf-8")("surrogateescape")  # as a JSON line's bytes
     buf, pos, ended = text.decode(lead).lstrip()[1:], 0, False
@@ -410,20 +397,19 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
         chunk = f.read(max(ARRAY_CHUNK, len(buf) - pos))
         buf, pos, ended = buf[pos:] + text.decode(chunk, final=not chunk), 0, not chunk
 
-    def error(what: str) -> InputError:
-        return InputError(f"{label}: {what}")
-
     while True:
         pos = _SPACES.match(buf, pos).end()
         if pos == len(buf):
             if ended:
-                raise error("the JSON array ends without its closing ] (the file is cut short?)")
+                raise InputError(
+                    f"{label}: the JSON array ends without its closing ] (the file is cut short?)"
+                )
             more()
         elif buf[pos] == "]" and (after_element or number == 0):
             break
         elif after_element:
             if buf[pos] != ",":
-                raise error(f"expected , or ] after element {number} of the JSON array")
+                raise InputError(f"{label}: expected , or ] after element {number} of the JSON array")
             pos, after_element = pos + 1, False
         else:
             try:
@@ -434,13 +420,15 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
                     more()
                     continue
                 if cut:
-                    raise error(
-                        f"the JSON array ends inside element {number + 1} (the file is cut short?)"
+                    raise InputError(
+                        f"{label}: the JSON array ends inside element {number + 1} (the file is cut short?)"
                     ) from None
-                raise error(f"element {number + 1} of the JSON array is not JSON ({e.msg})") from None
+                raise InputError(
+                    f"{label}: element {number + 1} of the JSON array is not JSON ({e.msg})"
+                ) from None
             except (RecursionError, ValueError):
-                raise error(
-                    f"element {number + 1} of the JSON array is nested deeper, or holds an integer longer, "
+                raise InputError(
+                    f"{label}: element {number + 1} of the JSON array is nested deeper, or holds an integer longer, "
                     "than the JSON reader reads"
                 ) from None
             if not ended and len(buf) - end < _SLACK:  # "1." of "1.5e3" decodes too: read on, decode it whole
@@ -452,13 +440,14 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
     while (pos := _SPACES.match(buf, pos).end()) == len(buf) and not ended:
         more()
     if pos < len(buf):
-        raise error("text follows the JSON array's closing ] (one array a file, or JSON lines)")
+        raise InputError(
+            f"{label}: text follows the JSON array's closing ] (one array a file, or JSON lines)"
+        )
 
 
 def json_keys(src: Source) -> list[str] | None:
-    """Every key of the first ``KEY_SCAN_OBJECTS`` objects of a JSON file, in order of first sight: a
-    column none of them has is a typo, not a sparse field. None for an empty file, or a first value the
-    reader will name with its number."""
+    """Every key of the first ``KEY_SCAN_OBJECTS`` objects, in order of first sight (a column none has is a
+    typo); None for an empty file, or a first value the reader will name with its number."""
     keys: dict[str, None] = {}
     seen = 0
     with src.open() as f, contextlib.suppress(InputError):  # an array the reader stops at, in its words

@@ -1,10 +1,5 @@
-"""Check the inputs, then stream their rows in order under one row rule.
-
-The checks read names, headers and first bytes only: a mistyped path or column fails before a model
-loads. Rows are numbered from 0 across all inputs, and each gets a doc id, a text, a label and a
-status; a row that cannot be scored keeps its place.
-
-Usage::
+"""Check the inputs (names, headers, first bytes: before a model loads), then stream their rows in order,
+numbered from 0 across inputs, each with a doc id, text, label and status::
 
     spec = InputSpec(["reviews/*.parquet"], id_col="id")
     sources = check_inputs(spec)                    # or InputError, one line
@@ -78,8 +73,7 @@ def wanted_columns(spec: InputSpec) -> list[str]:
 
 # -- checks ----------------------------------------------------------------------------------------------
 def check_inputs(spec: InputSpec, out: str | Path | None = None) -> list[Source]:
-    """The sources, once every one is found, readable as its format and has the wanted columns, and
-    none inside the run directory ``out`` (which --overwrite would clear)."""
+    """The sources, each found, readable as its format, with the wanted columns, none inside ``out``."""
     sources = expand_inputs(spec)
     wanted = wanted_columns(spec)
     for src in sources:
@@ -134,14 +128,14 @@ def _delimiter_hint(src: Source, names: list[str], wanted: list[str]) -> str:
 
 # -- reading ---------------------------------------------------------------------------------------------
 def read_rows(spec: InputSpec, block_rows: int = BLOCK_ROWS) -> Iterator[RowBatch]:
-    """RowBatches over all inputs in order; ``row_index`` counts across inputs from 0."""
+    """RowBatches over all inputs in order."""
     yield from read_sources(check_inputs(spec), spec, block_rows)
 
 
 def read_sources(
     sources: Iterable[Source], spec: InputSpec, block_rows: int = BLOCK_ROWS
 ) -> Iterator[RowBatch]:
-    """:func:`read_rows` over sources :func:`check_inputs` gave (a job checks them before its model loads)."""
+    """:func:`read_rows` over sources :func:`check_inputs` gave."""
     wanted, limit = wanted_columns(spec), spec.limit
     id_at, label_at = (wanted.index(c) if c else None for c in (spec.id_col, spec.label_col))
     row = 0
@@ -187,8 +181,8 @@ def count_rows(sources: Iterable[Source]) -> int | None:
 
 # -- the row rule ----------------------------------------------------------------------------------------
 def to_rows(rows: list[Row], first_row: int, id_at: int | None, label_at: int | None) -> RowBatch:
-    """``rows`` (text first, the id and label at ``id_at`` and ``label_at``) numbered from ``first_row``,
-    with their statuses: the one place that decides a row's text, id, label and status."""
+    """``rows`` (text first, id and label at ``id_at``, ``label_at``) numbered from ``first_row``: the one
+    place that decides a row's text, id, label and status."""
     out = RowBatch(list(range(first_row, first_row + len(rows))))
     doc_ids, texts, labels, statuses = out.doc_id, out.text, out.label, out.status
     for row, values in enumerate(rows, first_row):
@@ -224,12 +218,8 @@ _LONE_SURROGATE = re.compile("([\ud800-\udc7f\udd00-\udfff])")
 
 
 def _to_str(value: Any) -> str:
-    """An id or label as text, one-to-one: two different values never get the same text, in any format.
-
-    A byte that is not UTF-8 is written ``\\xff`` and a lone surrogate that stands for no byte (JSON's
-    ``"\\ud800"``) ``\\ud800``; a text that itself spells such an escape has its backslashes doubled.
-    Numbers are spelled as JSON spells them (``1``, ``1e+300``), booleans ``true``/``false``.
-    """
+    """An id or label as text, one-to-one: a byte not UTF-8 as ``\\xff``, a lone surrogate as ``\\ud800`` (a
+    text spelling such an escape gets its backslashes doubled), numbers and booleans as JSON spells them."""
     if isinstance(value, bytes):
         value = value.decode("utf-8", errors="surrogateescape")
     if isinstance(value, str):

@@ -1,12 +1,5 @@
-"""The checks of a run's files: its manifest, the files it lists, their schemas and row counts.
-
-They build :class:`RunView`, what the later checks know of the run: its parts, and which of their files
-exist and match their schema.
-
-Files the manifest does not list (``part-*.parquet``, ``_*``/``.*`` temporaries in a table folder) are
-a warning while the run is not complete (an uncommitted part, which the next resume removes) and a
-problem once it is. A ``*.tmp`` beside the manifest (the manifest's or a report's) is a warning.
-"""
+"""The checks of a run's files (its manifest, the files it lists, their schemas and row counts), which
+build :class:`RunView`: what the later checks know of the run's parts and their files."""
 
 from __future__ import annotations
 
@@ -66,8 +59,7 @@ class RunView:
 def check_manifest(
     rec: ValidationReport, path: Path, m: dict[str, Any], writing: Callable[[], bool | None] = lambda: None
 ) -> RunView:
-    """``writing``: asks whether a process writes the run now (``run.writer_is_live``; None: unknown),
-    after its manifest ``m`` was read (a job that ends in between is told by reading it again)."""
+    """The manifest ``m``'s checks; ``writing`` asks whether a process writes the run now (None: unknown)."""
     if m.get("format") != FORMAT:
         rec.fail("manifest", f"format is {m.get('format')!r}, expected {FORMAT!r}")
     status = str(m.get("status"))
@@ -106,18 +98,10 @@ def check_manifest(
     parts = [Part(**dataclasses.asdict(e)) for e in entries]
     if status == "complete":
         rec.note("manifest", f"status complete, {len(parts)} parts")
+    dtype, attention = (str(model.get(k, "unknown")) for k in ("dtype", "attention"))
+    heads, id2label = usable.get("num_heads") or None, usable.get("id2label") or None
     return RunView(
-        path=path,
-        manifest=m,
-        status=status,
-        layers=layers,
-        num_heads=usable.get("num_heads") or None,
-        id2label=usable.get("id2label") or None,
-        dtype=str(model.get("dtype", "unknown")),
-        attention=str(model.get("attention", "unknown")),
-        max_length=usable.get("max_length"),
-        parts=parts,
-        writing=writing,
+        path, m, status, layers, heads, id2label, dtype, attention, usable.get("max_length"), parts, writing
     )
 
 
@@ -137,8 +121,8 @@ def _check_spec_layers(rec: ValidationReport, spec: Any, layers: list[int] | Non
 
 
 def check_files(rec: ValidationReport, run: RunView) -> None:
-    """Every listed file: there, decodable, of its table's schema with no null where none may be, of the
-    rows the manifest records; every other file of a table folder named; the totals of a complete run."""
+    """Every listed file there, decodable, of its table's schema and of the rows the manifest records; every
+    other file of a table folder named; the totals of a complete run."""
     listed: dict[str, set[str]] = {t: set() for t in run.tables}
     for part in run.parts:
         for table in (t for t in run.asked if t not in part.files):
@@ -190,7 +174,8 @@ def _check_file(rec: ValidationReport, path: Path, part: Part, table: str) -> No
 
 
 def _check_unlisted(rec: ValidationReport, run: RunView, listed: dict[str, set[str]]) -> None:
-    """What a table folder holds that the manifest does not list; temporaries beside the manifest."""
+    """What a table folder holds that the manifest does not list (a problem once the run is complete);
+    temporaries beside the manifest."""
     live = run.status == "running" and run.writing() is True
     in_hand = 0
     for table in run.tables:

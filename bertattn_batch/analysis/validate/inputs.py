@@ -1,8 +1,6 @@
-"""The checks that read the run's inputs again, in one pass: every input row has its predictions row,
-with the id, label and text the inputs give it, and the run no review the inputs lack (``inputs``; a
-run of plain passes by row number within its ``limit``, of incremental passes by id); and every token's
-span lies within its review's text (``spans``; of a run that read a stream, the texts it stored).
-"""
+"""The checks that read the run's inputs again, in one pass: every input row has its predictions row with
+the id, label and text the inputs give it, and the run no review they lack (``inputs``); every token's
+span lies within its review's text (``spans``; of a run that read a stream, the texts it stored)."""
 
 from __future__ import annotations
 
@@ -65,9 +63,8 @@ def check_inputs_and_spans(rec: ValidationReport, run: RunView) -> None:
 
 
 class _Coverage:
-    """The inputs check: as many rows as the run covers and, by row number, each part's rows as they read
-    when it was written (a digest: an edit in place keeps a file's size) and as the run stored them; by
-    id, every id in the run, and every id of the last pass in the inputs."""
+    """The inputs check: by row number, as many rows as the run covers, each part's rows as they read when
+    it was written (a digest) and as the run stored them; by id, every id of both sides on the other."""
 
     def __init__(self, rec: ValidationReport, run: RunView, manifest: Manifest) -> None:
         self.rec, self.run = rec, run
@@ -147,9 +144,8 @@ class _Coverage:
 
 
 class _StoredRows:
-    """Each input row beside the predictions row the run stored of it (a pass by row number): its id, its
-    label and, where the run stores texts, its text (by the row's digest), a part at a time; a part whose
-    stored rows give its recorded digest is left to the digest check."""
+    """Each input row beside the predictions row the run stored of it: its id, label and text (by digest),
+    a part at a time; a part whose stored rows give its recorded digest is left to the digest check."""
 
     def __init__(self, run: RunView) -> None:
         self.run, self.differ, self.first = run, 0, []
@@ -190,8 +186,7 @@ class _StoredRows:
 
 class _Spans:
     """The span check, fed the inputs in row order beside the parts, holding one part's reviews at a time;
-    a review of an earlier incremental pass whose row now holds another review or text is not checked
-    (a pass by id keeps its first scoring)."""
+    a review of an earlier pass by id whose row now holds another review or text is not checked."""
 
     def __init__(self, rec: ValidationReport, run: RunView, generation: int) -> None:
         self.rec, self.run, self.current = rec, run, generation
@@ -254,8 +249,7 @@ class _Spans:
 
 
 def _span_ends(run: RunView, part: Part, *more: pl.Expr) -> pl.DataFrame:
-    """doc_id, its largest span end and row_index (and ``more`` of its predictions row) for the scored
-    reviews of one part."""
+    """doc_id, its largest span end, row_index and ``more`` for the scored reviews of one part."""
     return (
         pl.scan_parquet(run.file(part, "tokens"), glob=False)
         .group_by("doc_id")

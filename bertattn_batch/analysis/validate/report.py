@@ -60,7 +60,7 @@ class Check:
 
     def line(self) -> str:
         said = [
-            f"{n} {what}{'s' if n != 1 else ''}"
+            f"{n} {what}{'s' * (n != 1)}"
             for n, what in ((self.problems, "problem"), (self.warnings, "warning"))
             if n
         ]
@@ -117,23 +117,15 @@ class ValidationReport:
     def render(self) -> str:
         lines = [self.header or self.run_dir]
         for c in self.checks:
-            shown = [
-                p.message if p.severity == "problem" else f"warning: {p.message}" for p in c.found[:SHOWN]
-            ]
+            shown = [f"{'warning: ' * (p.severity == 'warning')}{p.message}" for p in c.found[:SHOWN]]
             lines += [c.line(), *(f"        - {ex}" for ex in shown)]
             if shown and c.problems + c.warnings > len(shown):
                 lines.append(f"        ... and {c.problems + c.warnings - len(shown)} more")
-        if self.ok:
-            n_warn, n_skip = sum(c.warnings for c in self.checks), sum(bool(c.skipped) for c in self.checks)
-            lines.append(
-                f"clean: {len(self.checks) - n_skip} checks passed"
-                + (f", {n_skip} skipped" if n_skip else "")
-                + (f", {n_warn} warnings" if n_warn else "")
+        n, failed = sum(c.problems for c in self.checks), sum(bool(c.problems) for c in self.checks)
+        if not self.ok:
+            return "\n".join(
+                [*lines, f"damaged: {n} problem{'s' * (n != 1)} in {failed} of {len(self.checks)} checks"]
             )
-        else:
-            n = sum(c.problems for c in self.checks)
-            failed = sum(bool(c.problems) for c in self.checks)
-            lines.append(
-                f"damaged: {n} problem{'s' if n != 1 else ''} in {failed} of {len(self.checks)} checks"
-            )
-        return "\n".join(lines)
+        n_warn, n_skip = sum(c.warnings for c in self.checks), sum(bool(c.skipped) for c in self.checks)
+        skipped, warned = f", {n_skip} skipped" * bool(n_skip), f", {n_warn} warnings" * bool(n_warn)
+        return "\n".join([*lines, f"clean: {len(self.checks) - n_skip} checks passed{skipped}{warned}"])

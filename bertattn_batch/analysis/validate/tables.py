@@ -1,6 +1,5 @@
-"""The checks of what the tables hold: predictions over every part at once (lazy polars queries, a row
-per review), attention and tokens part by part (a part holds one window of reviews), and every column's
-range as ``schemas/`` declares it, for any table (:func:`check_ranges`)."""
+"""The checks of what the tables hold: predictions over every part at once (lazy polars queries),
+attention and tokens part by part, and every column's range as ``schemas/`` declares it."""
 
 from __future__ import annotations
 
@@ -71,13 +70,13 @@ def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
     )
     statuses = dict(lf.group_by("status").agg(pl.len()).collect(engine="streaming").iter_rows())
 
+    rel_to_part = {p.files["predictions"]: p for p in parts}
     per_file = lf.group_by("_file").agg(
         n=pl.len(),
         lo=pl.col("row_index").min(),
         hi=pl.col("row_index").max(),
         distinct=pl.col("row_index").n_unique(),
     )
-    rel_to_part = {p.files["predictions"]: p for p in parts}
     for rel, n, lo, hi, distinct in per_file.collect(engine="streaming").iter_rows():
         p = rel_to_part[rel]
         if p.generation == 0:
@@ -156,14 +155,9 @@ def check_attention(rec: ValidationReport, run: RunView) -> None:
         return
     parts = [p for p in run.parts if p.readable >= set(schema.TABLES)]
     skipped = len(run.parts) - len(parts)
-    heads = 0
-    spellings = []  # each part's distinct (token_id, token) pairs
-    for part in parts:
-        n, spelling = _PartCheck(rec, run, part).check()
-        heads += n
-        spellings.append(spelling)
-    if spellings:
-        pairs = pl.concat(spellings).unique()
+    found = [_PartCheck(rec, run, part).check() for part in parts]  # heads, distinct (token_id, token)
+    if found:
+        pairs = pl.concat([spelling for _, spelling in found]).unique()
         rec.note("tokens", f"{pairs.height} distinct tokens")
         clashes = (
             pairs.group_by("token_id")
@@ -175,7 +169,7 @@ def check_attention(rec: ValidationReport, run: RunView) -> None:
         report_rows(rec, "tokens", clashes, fmt("token id {} is written as {}", "token_id", written))
     tol = _mass_tolerance(run)
     rec.note("layers_heads", f"layers {run.layers} x {run.num_heads} heads")
-    rec.note("positions", f"{heads} (review, layer, head) rows")
+    rec.note("positions", f"{sum(n for n, _ in found)} (review, layer, head) rows")
     rec.note("attention_mass", f"tolerance {tol:g} ({run.dtype}, {run.attention})")
     rec.note("scaling", f"tolerance {SCALED_TOLERANCE:g}")
     if skipped:
@@ -187,7 +181,6 @@ class _PartCheck:
     """One part's tables, read once, and the checks over them, one method per kind."""
 
     def __init__(self, rec: ValidationReport, run: RunView, part: Part) -> None:
-        assert run.layers is not None and run.num_heads is not None
         self.rec, self.run, self.part = rec, run, part
         self.rel_attn, self.rel_sum = part.files["cls_attention"], part.files["head_summary"]
         self.rel_tok = part.files["tokens"]
@@ -223,14 +216,10 @@ class _PartCheck:
             self.contributions()
         return summary.height, self.tokens.select("token_id", "token").unique().collect(engine="streaming")
 
-    def report(self, check: str, rows: pl.DataFrame, message: pl.Expr) -> None:
-        report_rows(self.rec, check, rows, message)
-
     def grid(self) -> pl.DataFrame:
         """Layers and heads: every scored review has the whole grid, once, in both tables; nothing else
         does. Returns head_summary with each (review, layer, head) once."""
         run = self.run
-        assert run.layers is not None and run.num_heads is not None
         layer_ok = pl.col("layer").is_in(run.layers) & pl.col("head").is_between(0, run.num_heads - 1)
         grid = self.scored.select("doc_id").join(
             pl.DataFrame(
@@ -244,20 +233,24 @@ class _PartCheck:
         )
         dup = self.summary.group_by(_KEYS).agg(n=pl.len()).filter(pl.col("n") > 1)
         at_sum = where("head_summary", pl.lit(self.rel_sum))
-        self.report("layers_heads", dup, fmt("{}: {} head_summary rows", at_sum, "n"))
+        report_rows(self.rec, "layers_heads", dup, fmt("{}: {} head_summary rows", at_sum, "n"))
         summary = self.summary.unique(_KEYS, keep="first", maintain_order=True)
         for rel, table in ((self.rel_sum, summary), (self.rel_attn, self.groups)):
             at = where("head_summary", pl.lit(rel))
             wanted = f"layers {run.layers} x heads 0..{run.num_heads - 1}"
-            self.report("layers_heads", table.filter(~layer_ok), fmt("{}: not among {}", at, pl.lit(wanted)))
+            report_rows(
+                self.rec, "layers_heads", table.filter(~layer_ok), fmt("{}: not among {}", at, pl.lit(wanted))
+            )
             stray = (
                 table.filter(layer_ok)
                 .join(self.scored, on="doc_id", how="anti")
                 .unique("doc_id", maintain_order=True)
             )
             said = fmt("{} doc '{}': not a scored review of this part", pl.lit(rel), "doc_id")
-            self.report("layers_heads", stray, said)
-            self.report("layers_heads", grid.join(table, on=_KEYS, how="anti"), fmt("{}: missing", at))
+            report_rows(self.rec, "layers_heads", stray, said)
+            report_rows(
+                self.rec, "layers_heads", grid.join(table, on=_KEYS, how="anti"), fmt("{}: missing", at)
+            )
         return summary
 
     def token_positions(self) -> None:
@@ -279,11 +272,15 @@ class _PartCheck:
             return frame.join(docs, on="doc").sort(schema.key("tokens"))
 
         written = positions(self.tokens).group_by(spot).agg(n=pl.len()).collect(engine="streaming")
-        self.report("tokens", named(written.filter(pl.col("n") > 1)), fmt("{}: written {} times", at, "n"))
+        report_rows(
+            self.rec, "tokens", named(written.filter(pl.col("n") > 1)), fmt("{}: written {} times", at, "n")
+        )
         held = positions(self.attn).unique().collect(engine="streaming")
-        self.report("tokens", named(held.join(written, on=spot, how="anti")), fmt("{}: missing", at))
+        report_rows(
+            self.rec, "tokens", named(held.join(written, on=spot, how="anti")), fmt("{}: missing", at)
+        )
         said = fmt("{}: no attention rows in {}", at, pl.lit(self.rel_attn))
-        self.report("tokens", named(written.join(held, on=spot, how="anti")), said)
+        report_rows(self.rec, "tokens", named(written.join(held, on=spot, how="anti")), said)
 
     def heads(self, summary: pl.DataFrame) -> None:
         """Per scored (review, layer, head), its rows summed up beside its head_summary row: positions,
