@@ -44,13 +44,9 @@ def split_indices(
     seed: int,
     same: Sequence[Sequence[Hashable]] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A seeded, stratified (train, eval) split of row indices, each sorted.
-
-    ``same``: keys per row (its text, its id); rows that share one form a group, which goes to one side
-    whole, so that no held-out review was trained on. A group counts in the class of its first row. Each
-    class holds out whole groups, in a seeded order, while they fit in its share of rows; where none
-    fits, its smallest group. A class that is one group stays in training.
-    """
+    """A seeded, stratified (train, eval) split of row indices, each sorted. Rows that share a key of ``same``
+    (text, id) form a group, held out whole or not at all, in the class of its first row: each class holds
+    out groups in a seeded order while they fit its share, else its smallest; a class of one group trains."""
     y = np.asarray(label_ids)
     group = _groups(len(y), same)
     firsts = np.flatnonzero(group == np.arange(len(y)))  # one row a group, in row order
@@ -95,8 +91,7 @@ def _groups(n: int, same: Sequence[Sequence[Hashable]]) -> np.ndarray:
 
 
 def length_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Shuffled batches of similar length: shuffle, sort within chunks, cut, shuffle the batches (random
-    enough to train on, with little padding)."""
+    """Shuffled batches of similar length: shuffle, sort within chunks, cut, shuffle the batches."""
     order = rng.permutation(len(lengths))
     chunk = batch_size * BUCKET_CHUNK_BATCHES
     batches: list[np.ndarray] = []
@@ -140,11 +135,8 @@ def _diverged(what: str, step: int, spec: FinetuneSpec) -> ModelError:
 def train_loop(
     model: Any, ids: list[list[int]], y: np.ndarray, pad_id: int, spec: FinetuneSpec, progress: bool
 ) -> dict[str, Any]:
-    """Train ``model`` on token ids and label ids; what the training did.
-
-    AdamW without weight decay on biases and LayerNorm. With ``max_train_seconds`` the loop measures its
-    recent pace and fits the schedule (never longer than planned) into the time left.
-    """
+    """Train ``model`` on token ids and label ids (AdamW, no decay on biases and LayerNorm); what it did.
+    With ``max_train_seconds`` the schedule is fitted, from the recent pace, into the time left."""
     rng = np.random.default_rng(spec.seed)
     lengths = np.array([len(s) for s in ids])
     per_epoch = math.ceil(len(ids) / spec.batch_size)
@@ -220,8 +212,7 @@ def accuracy(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[int] | np.ndar
 
 
 def macro_f1(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[int] | np.ndarray) -> float:
-    """Unweighted mean of per-class F1, 2TP / (2TP + FP + FN) (0 without a true positive), over the classes
-    in the truth or the predictions: a class the model never predicts counts."""
+    """Unweighted mean of per-class F1 over the classes in the truth or the predictions."""
     t, p = _pair(y_true, y_pred)
     classes, ids = np.unique(np.concatenate([t, p]), return_inverse=True)
     if not classes.size:
