@@ -17,7 +17,7 @@ import logging
 import pickle
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -133,24 +133,11 @@ class Classifier:
             with no_cudnn_attention():  # the kernels the batches run
                 trim = trim if verified(model, trim, len(tokenizer), dev, limit) else None
         clf = cls(
-            tokenizer=tokenizer,
-            model=model,
-            device=dev,
-            dtype=torch_dtype,
-            layers=resolved,
-            max_length=limit,
-            attention=attention,
-            source=source,
-            weights_sha256=weights_hash(path),
-            config_sha256=config_hash(path),
-            num_layers=num_layers,
-            num_heads=int(getattr(config, "num_attention_heads", None) or config.n_heads),
-            capture=capture,
-            id2label=id2label,
-            trim=trim,
-            value_zeroing=value_zeroing,
-            alti=alti,
-        )
+            tokenizer=tokenizer, model=model, device=dev, dtype=torch_dtype, layers=resolved, max_length=limit,
+            attention=attention, source=source, weights_sha256=weights_hash(path), config_sha256=config_hash(path),
+            num_layers=num_layers, num_heads=int(getattr(config, "num_attention_heads", None) or config.n_heads),
+            capture=capture, id2label=id2label, trim=trim, value_zeroing=value_zeroing, alti=alti,
+        )  # fmt: skip
         if compile:
             clf.compiled = compiled_model(clf)
         return clf
@@ -194,12 +181,8 @@ class Classifier:
         return self.device.type
 
     def pad(self, ids: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-pad a batch: (B, S) input ids and attention mask on the model's device, in one scatter."""
-        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        keep = np.arange(lengths.max()) < lengths[:, None]  # (B, S)
-        input_ids = np.full(keep.shape, self.tokenizer.pad_token_id or 0, dtype=np.int64)
-        input_ids[keep] = np.concatenate(ids)
-        t_ids, t_mask = torch.from_numpy(input_ids), torch.from_numpy(keep.astype(np.int64))
+        """Right-pad a batch: (B, S) input ids and attention mask on the model's device."""
+        t_ids, t_mask = pad_batch(ids, self.tokenizer.pad_token_id or 0)
         if self.device.type == "cuda":
             t_ids, t_mask = t_ids.pin_memory(), t_mask.pin_memory()
         return t_ids.to(self.device, non_blocking=True), t_mask.to(self.device, non_blocking=True)
@@ -284,6 +267,15 @@ class PendingOutputs:
         # on CUDA, copies: the pinned buffers go back to torch's cache while a caller keeps the outputs
         copy = np.array if self._done is not None else np.asarray
         return Outputs(*(None if t is None else copy(t.numpy()) for t in outputs))
+
+
+def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token ids: (B, S) input ids and attention mask, in one scatter."""
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    keep = np.arange(lengths.max()) < lengths[:, None]  # (B, S)
+    input_ids = np.full(keep.shape, pad_id, dtype=np.int64)
+    input_ids[keep] = np.concatenate(ids)
+    return torch.from_numpy(input_ids), torch.from_numpy(keep.astype(np.int64))
 
 
 def layer_count(config) -> int:

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from .._terminal import bar_size
 from ..config import FinetuneSpec
 from ..errors import ModelError
+from ..model.classifier import pad_batch
 
 #: Batches are sorted by length within chunks of this many batches, then shuffled.
 BUCKET_CHUNK_BATCHES = 64
@@ -102,16 +103,6 @@ def length_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generato
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def _collate(ids: list[list[int]], rows: np.ndarray, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(ids[i]) for i in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, S)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, S)
-    for r, i in enumerate(rows):
-        input_ids[r, : len(ids[i])] = torch.tensor(ids[i], dtype=torch.long)
-        mask[r, : len(ids[i])] = 1
-    return input_ids, mask
-
-
 def predict(model: Any, ids: list[list[int]], pad_id: int, batch_size: int) -> np.ndarray:
     """Argmax predictions in the order of ``ids``, batched by length."""
     model.eval()
@@ -120,7 +111,7 @@ def predict(model: Any, ids: list[list[int]], pad_id: int, batch_size: int) -> n
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            input_ids, mask = _collate(ids, rows, pad_id)
+            input_ids, mask = pad_batch([ids[i] for i in rows], pad_id)
             preds[rows] = model(input_ids=input_ids, attention_mask=mask).logits.argmax(-1).numpy()
     return preds
 
@@ -161,7 +152,7 @@ def train_loop(
     try:
         while step < total:
             for rows in length_batches(lengths, spec.batch_size, rng):
-                input_ids, mask = _collate(ids, rows, pad_id)
+                input_ids, mask = pad_batch([ids[i] for i in rows], pad_id)
                 logits = model(input_ids=input_ids, attention_mask=mask).logits  # (B, C)
                 loss = F.cross_entropy(
                     logits, torch.from_numpy(y[rows]), label_smoothing=spec.label_smoothing
@@ -191,7 +182,7 @@ def train_loop(
         bar.close()
     model.eval()
     # the loss is checked before each update: the last update can still leave outputs that are not finite
-    input_ids, mask = _collate(ids, np.arange(min(len(ids), spec.batch_size)), pad_id)
+    input_ids, mask = pad_batch(ids[: spec.batch_size], pad_id)
     with torch.inference_mode():
         if not bool(torch.isfinite(model(input_ids=input_ids, attention_mask=mask).logits).all()):
             raise _diverged("the model's outputs are not finite", step, spec)
