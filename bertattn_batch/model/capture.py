@@ -37,11 +37,14 @@ def output_projection(model: nn.Module, self_attention: nn.Module) -> nn.Linear 
     for name in ("out_lin", "dense"):
         if isinstance(getattr(self_attention, name, None), nn.Linear):
             return getattr(self_attention, name)
-    for module in model.modules():
-        if getattr(module, "self", None) is self_attention:
-            dense = getattr(getattr(module, "output", None), "dense", None)
-            return dense if isinstance(dense, nn.Linear) else None
-    return None
+    dense = getattr(getattr(attention_block(model, self_attention), "output", None), "dense", None)
+    return dense if isinstance(dense, nn.Linear) else None
+
+
+def attention_block(model: nn.Module, self_attention: nn.Module) -> nn.Module | None:
+    """The block that holds a self-attention module as ``.self``, beside its ``.output`` (BERT's layout)."""
+    blocks = (m for m in model.modules() if getattr(m, "self", None) is self_attention)
+    return next((m for m in blocks if isinstance(getattr(m, "output", None), nn.Module)), None)
 
 
 def layer_tail(model: nn.Module, attention: nn.Module) -> LayerTail | None:

@@ -77,21 +77,10 @@ class Classifier:
     oom_tokens: int | None = None  # the fewest padded tokens of a batch that ran out of device memory
 
     @classmethod
-    def load(
-        cls,
-        source: str,
-        layers: list[int] | tuple[int, ...] = (-2,),
-        device: str = "auto",
-        dtype: str = "auto",
-        attention: str = "sdpa",
-        max_length: int | None = None,
-        trust_remote_code: bool = False,
-        allow_pickle: bool = False,
-        trim_last_layer: bool = True,
-        value_zeroing: bool = False,
-        contributions: str | None = None,
-        compile: bool = False,
-    ) -> Classifier:
+    def load(cls, source: str, layers: list[int] | tuple[int, ...] = (-2,), device: str = "auto", dtype: str = "auto",
+             attention: str = "sdpa", max_length: int | None = None, trust_remote_code: bool = False,
+             allow_pickle: bool = False, trim_last_layer: bool = True, value_zeroing: bool = False,
+             contributions: str | None = None, compile: bool = False) -> Classifier:  # fmt: skip
         path = resolve_source(source)
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)

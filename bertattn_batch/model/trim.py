@@ -16,7 +16,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .capture import find_self_attention
+from .capture import attention_block, find_self_attention
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +66,8 @@ class LastLayerTrim:
     def find(cls, model: nn.Module) -> LastLayerTrim | None:
         """The trim for ``model``'s last layer, or None where its layout is not the one we know."""
         found = find_self_attention(model)
-        if not found:
-            return None
-        last = found[-1][0]
-        for module in model.modules():
-            if getattr(module, "self", None) is last and isinstance(
-                getattr(module, "output", None), nn.Module
-            ):
-                return cls(last, module.output)
-        return None
+        block = attention_block(model, found[-1][0]) if found else None
+        return cls(block.self, block.output) if block is not None else None
 
     def __enter__(self) -> LastLayerTrim:
         self._stack.enter_context(self._self_attention.register_forward_hook(_keep_first_output))
