@@ -184,7 +184,7 @@ class Extractor:
 def contributions_table(rows: Sequence[ScoredRow], tokens: pa.Table) -> pa.Table:
     """Each content token's contribution to [CLS] after the last layer, in ``tokens``' order."""
     scored = [r for r in rows if r.cls_rows is not None]
-    alti = _cat([r.contributions[1 : _last(r)] for r in scored], np.float32)
+    alti = _cat([r.contributions[1 : r.encoded.n_tokens - 1] for r in scored], np.float32)  # content tokens
     table = pa.table({"doc_id": tokens["doc_id"], "position": tokens["position"], "alti": alti})
     return schema.cast(table, "contributions", keep_dictionaries=True)
 
@@ -194,13 +194,10 @@ def _zeroing(scored: Sequence[ScoredRow], heads: int, rows: int) -> pa.Array:
     if not scored or scored[0].value_zeroing is None:
         return pa.nulls(rows, pa.float32())
 
-    parts = [np.repeat(r.value_zeroing[:, None, 1 : _last(r)], heads, axis=1).reshape(-1) for r in scored]
+    parts = [
+        np.repeat(r.value_zeroing[:, None, 1 : r.encoded.n_tokens - 1], heads, axis=1).ravel() for r in scored
+    ]
     return pa.array(_cat(parts, np.float32))
-
-
-def _last(row: ScoredRow) -> int:
-    """Position of the review's [SEP]: its content tokens are 1 .. _last - 1."""
-    return row.encoded.n_tokens - 1
 
 
 def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:

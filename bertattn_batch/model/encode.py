@@ -53,19 +53,17 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
     if not keeps_start:
         cap = len(max(texts, key=len))  # the cut keeps the start; truncation from the left keeps the end
     cut = [t[:cap] if len(t) > cap else t for t in texts]
-    mark = _word_mark_id(tokenizer.backend_tokenizer)
-    trims = _trims_offsets(tokenizer.backend_tokenizer)
+    backend = tokenizer.backend_tokenizer
+    mark, trims = _word_mark_id(backend), _trims_offsets(backend)
     out = []
     for i, (ids, offsets, truncated) in enumerate(_encode_batch(tokenizer, cut, max_length)):
-        if len(cut[i]) != len(texts[i]):
-            if truncated and _cut_is_exact(tokenizer.backend_tokenizer, cut[i], offsets):
-                pass  # the review overflows anyway, and the cut did not touch what was kept
-            else:  # rare: mostly whitespace, dropped characters or words of hundreds of letters
-                ids, offsets, truncated = _encode_batch(tokenizer, [texts[i]], max_length)[0]
+        # a cut text is encoded whole where the cut may change what it keeps (rare: long words, whitespace)
+        if len(cut[i]) != len(texts[i]) and not (truncated and _cut_is_exact(backend, cut[i], offsets)):
+            ids, offsets, truncated = _encode_batch(tokenizer, [texts[i]], max_length)[0]
         if mark is not None:
             _unpin_prepended_marks(texts[i], ids, offsets, mark)
         if trims:
-            _span_trimmed_spaces(tokenizer.backend_tokenizer, texts[i], ids, offsets)
+            _span_trimmed_spaces(backend, texts[i], ids, offsets)
         if not texts[i].isascii() and _marks().search(texts[i]):
             _widen_over_marks(texts[i], offsets, end_known=not (truncated and keeps_start))
         out.append(Encoded(ids=ids, offsets=offsets, truncated=truncated))
