@@ -298,17 +298,13 @@ def _load_weights(
         # quiet: what its load report says, check_loaded_weights says as one error
         with warnings.catch_warnings(), transformers_log_level("error"):
             warnings.simplefilter("ignore")
+            # mismatched sizes are refused below, naming the weights; outputs are objects (.logits) whatever
+            # config.json says; eager mode asks for attentions per call, and SDPA cannot return them
             return AutoModelForSequenceClassification.from_pretrained(
-                path,
-                dtype=dtype,
-                attn_implementation=implementation,
-                use_safetensors=None if allow_pickle else True,
-                trust_remote_code=trust_remote_code,
-                output_loading_info=True,
-                ignore_mismatched_sizes=True,  # refused below, naming the weights, not raised bare
-                return_dict=True,  # outputs as objects (.logits), whatever config.json says
-                output_attentions=False,  # eager mode asks per call; sdpa cannot return them
-            )
+                path, dtype=dtype, attn_implementation=implementation, use_safetensors=None if allow_pickle else True,
+                trust_remote_code=trust_remote_code, output_loading_info=True, ignore_mismatched_sizes=True,
+                return_dict=True, output_attentions=False,
+            )  # fmt: skip
 
     try:
         try:
@@ -368,10 +364,8 @@ def warn_above_tokenizer(length: int, tokenizer, positions: int, source: str) ->
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    for kind, name, available in (
-        ("cuda", "CUDA", torch.cuda.is_available),
-        ("mps", "Apple MPS", torch.backends.mps.is_available),
-    ):
+    for kind, name, available in (("cuda", "CUDA", torch.cuda.is_available),
+                                  ("mps", "Apple MPS", torch.backends.mps.is_available)):  # fmt: skip
         if device.startswith(kind) and not available():
             raise SpecError(
                 f"device {device!r} asked for, but no {name} device is available; use --device cpu"
