@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import json
 from collections.abc import Iterator, Mapping
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +68,6 @@ def resolve_source(base: str) -> str:
     return str(module.get_model_path())
 
 
-def transformers_version() -> str:
-    import transformers
-
-    return transformers.__version__
-
-
 @contextlib.contextmanager
 def transformers_log_level(level: str) -> Iterator[None]:
     """transformers' log at ``level`` and its progress bars off inside: for loads whose failures we report."""
@@ -110,7 +105,10 @@ def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool
         # quiet: a value it cannot set makes transformers log the whole config before it raises
         with transformers_log_level("critical"):
             config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-        _check_geometry(config)
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "n_layers"):
+            value = getattr(config, name, 1)  # sizes no encoder can have would fail deep in torch
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} is {value!r}, not a whole number of at least 1")
     except Exception as e:  # a damaged config.json fails in many ways (wrong types, nulls, bad keys)
         if not folder.exists():
             raise ModelError(
@@ -172,14 +170,6 @@ def _unsupported(model_type: str) -> str:
     )
 
 
-def _check_geometry(config) -> None:
-    """Refuse sizes no encoder can have, which would fail deep in torch."""
-    for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "n_layers"):
-        value = getattr(config, name, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} is {value!r}, not a whole number of at least 1")
-
-
 def _check_architecture(config, source: str) -> None:
     """Only bidirectional encoders whose layers are counted the way ``--layers`` counts them."""
     if config.model_type not in SUPPORTED_MODEL_TYPES:
@@ -202,22 +192,18 @@ def _check_architecture(config, source: str) -> None:
             raise ModelError(source + why)
 
 
-def check_single_label(config, source: str) -> None:
-    """Refuse heads that are no softmax over two or more labels: probs would lie."""
+def label_names(config, source: str) -> dict[int, str]:
+    """id2label with ids 0..n-1 (output i is label i), each named once, of a single-label head."""
     problem = getattr(config, "problem_type", None)
+    kind = None
     if problem == "regression" or (problem is None and config.num_labels < 2):
         kind = f"a regression model ({config.num_labels} outputs)"
     elif problem == "multi_label_classification":
         kind = "a multi-label classifier (independent sigmoids)"
-    else:
-        return
-    raise ModelError(
-        f"{source} is {kind}; bertattn reads single-label classifiers (a softmax over two or more labels)"
-    )
-
-
-def label_names(config, source: str) -> dict[int, str]:
-    """id2label with ids 0..n-1 (output i is label i), each named once."""
+    if kind:  # probs would lie
+        raise ModelError(
+            f"{source} is {kind}; bertattn reads single-label classifiers (a softmax over two or more labels)"
+        )
     id2label = {int(k): str(v) for k, v in config.id2label.items()}
     if sorted(id2label) != list(range(len(id2label))):
         raise ModelError(
@@ -249,6 +235,14 @@ def tokenizer_limit(tokenizer) -> int | None:
 def check_loaded_weights(model, info: dict[str, Any], source: str, for_training: bool = False) -> None:
     """Every weight came from the checkpoint and every encoder weight there is used (transformers makes a
     missing one random, drops an unplaced one, and only logs it). ``for_training``: head and pooler are new."""
+    # relative position embeddings first: where this transformers version drops them silently, their
+    # weights are what the checks below would name
+    kind = getattr(model.config, "position_embedding_type", None) or "absolute"
+    if kind != "absolute" and not any(hasattr(m, "distance_embedding") for m in model.modules()):
+        raise ModelError(
+            f"{source} uses position_embedding_type={kind!r}, which transformers "
+            f"{version('transformers')} does not implement; it would run the model without it"
+        )
     prefix = f"{model.base_model_prefix}."
     missing = sorted(info.get("missing_keys", []))
     mismatched = sorted(info.get("mismatched_keys", []))  # (name, saved shape, shape the config makes)
@@ -285,18 +279,8 @@ def check_loaded_weights(model, info: dict[str, Any], source: str, for_training:
     )
     if unused:
         raise ModelError(
-            f"{source}: transformers {transformers_version()} has no place for {len(unused)} of its "
+            f"{source}: transformers {version('transformers')} has no place for {len(unused)} of its "
             f"encoder weights ({_some(unused)}), so it would run another model than the one saved"
-        )
-
-
-def check_positions(model, source: str) -> None:
-    """Refuse relative position embeddings where this transformers version drops them silently."""
-    kind = getattr(model.config, "position_embedding_type", None) or "absolute"
-    if kind != "absolute" and not any(hasattr(m, "distance_embedding") for m in model.modules()):
-        raise ModelError(
-            f"{source} uses position_embedding_type={kind!r}, which transformers "
-            f"{transformers_version()} does not implement; it would run the model without it"
         )
 
 

@@ -30,8 +30,6 @@ from .alti import AltiCapture
 from .capture import ClsRowCapture, eager_rows
 from .checks import (
     check_loaded_weights,
-    check_positions,
-    check_single_label,
     check_tokenizer,
     config_hash,
     label_names,
@@ -85,7 +83,6 @@ class Classifier:
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         config = load_config(path, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
-        check_single_label(config, source)
         id2label = label_names(config, source)
         tokenizer = load_tokenizer(path, trust_remote_code)
         check_tokenizer(tokenizer, config, source)
@@ -323,7 +320,6 @@ def _load_weights(
         ) from None
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         raise ModelError(f"cannot load model weights from {source!r}: {first_line(e)}") from None
-    check_positions(model, source)  # first: its dropped weights are what the next check names
     check_loaded_weights(model, info, source)
     return model
 

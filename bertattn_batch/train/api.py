@@ -20,6 +20,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ import torch
 from ..config import FinetuneSpec, InputSpec
 from ..errors import InputError, ModelError
 from ..inputs import check_inputs, class_label_order, read_sources, source_files
-from ..model.checks import position_limit, tokenizer_limit, transformers_version
+from ..model.checks import position_limit, tokenizer_limit
 from ..model.classifier import warn_above_tokenizer
 from ..model.encode import encode_texts
 from ..storage import is_remote
@@ -113,7 +114,7 @@ def finetune(texts: Sequence[str], labels: Sequence[str], out_dir: str | Path, s
             "vocab_size": tok_size, "unk_share": round(unk_share, 5), "max_length": max_length,
             "learning_rate": learning_rate(spec), "base": spec.base, "base_path": base_path,
             "spec": dataclasses.asdict(spec),
-            "versions": {"torch": torch.__version__, "transformers": transformers_version()},
+            "versions": {"torch": torch.__version__, "transformers": version("transformers")},
         }  # fmt: skip
         if fit["shortened"]:
             log.warning(

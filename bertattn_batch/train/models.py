@@ -91,7 +91,6 @@ def base_model(path: str, names: list[str]) -> Any:
             )  # fmt: skip
     except (OSError, ValueError, RuntimeError) as e:
         raise ModelError(f"cannot load base model {path}: {first_line(e)}") from None
-    checks.check_positions(model, path)
     checks.check_loaded_weights(model, info, path, for_training=True)
     new = set(info.get("missing_keys", [])) | {
         k if isinstance(k, str) else k[0] for k in info.get("mismatched_keys", [])
