@@ -94,8 +94,18 @@ class Classifier:
             if not out_of_memory(e):
                 raise
             model = None  # raised below, out of this block, whose traceback holds the weights moved already
-        if model is None:
-            raise does_not_fit(source, dev, torch_dtype)
+        if model is None:  # what it took on the device given back first
+            free = ""
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+                left, total = torch.cuda.mem_get_info(dev)
+                free = f" ({left / 2**30:.1f} of {total / 2**30:.1f} GiB free)"
+            half = (
+                ", or load it in half the memory (--dtype bfloat16)" if torch_dtype == torch.float32 else ""
+            )
+            raise ModelError(
+                f"{source} does not fit on {dev}{free}: free the device or choose another (--device){half}"
+            )
         num_layers = layer_count(config)
         resolved = resolve_layers(layers, num_layers)
         capture = ClsRowCapture(model, resolved)
@@ -393,19 +403,6 @@ def out_of_memory(e: BaseException) -> bool:
     if isinstance(e, torch.cuda.OutOfMemoryError):
         return True
     return isinstance(e, RuntimeError) and any(s in str(e) for s in ("out of memory", "ALLOC_FAILED"))
-
-
-def does_not_fit(source: str, dev: torch.device, dtype: torch.dtype) -> ModelError:
-    """The error for a model too big for its device, once what it took there is given back."""
-    free = ""
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-        left, total = torch.cuda.mem_get_info(dev)
-        free = f" ({left / 2**30:.1f} of {total / 2**30:.1f} GiB free)"
-    half = ", or load it in half the memory (--dtype bfloat16)" if dtype == torch.float32 else ""
-    return ModelError(
-        f"{source} does not fit on {dev}{free}: free the device or choose another (--device){half}"
-    )
 
 
 _cudnn_lock = threading.Lock()

@@ -35,17 +35,20 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> float:
         return 0.0  # a model on a store is read as it is: a job trains into a local folder only
     t0 = time.perf_counter()
     old_manifest(spec.out, spec.on_existing)  # an --out that would be refused: found before training
-    if spec.finetune.base is not None:
-        _check_base_fits(spec)
+    if (base := spec.finetune.base) is not None:  # the job's layers and length, before a vain training
+        config = load_config(resolve_source(base), allow_pickle=None)
+        resolve_layers(spec.layers, layer_count(config))
+        if spec.max_length is not None and spec.max_length > (positions := position_limit(config)):
+            raise SpecError(
+                f"max_length {spec.max_length} exceeds the {positions} tokens that finetune.base {base} has "
+                "positions for"
+            )
     model = Path(spec.model)
     try:
         model.parent.mkdir(parents=True, exist_ok=True)
         # with the model there, waiters find it and later jobs need no lock
-        with file_lock(
-            model.with_name(f".{model.name}.training.lock"),
-            waiting=f"another job is training {model}; waiting for it",
-            remove=True,
-        ):
+        waiting = f"another job is training {model}; waiting for it"
+        with file_lock(model.with_name(f".{model.name}.training.lock"), waiting=waiting, remove=True):
             if (model / "config.json").is_file():
                 log.warning("model %s was trained by another job meanwhile; using it", spec.model)
             else:
@@ -57,19 +60,6 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> float:
     except OSError as e:
         raise ModelError(f"cannot write beside {model} to train it: {e.strerror or e}") from None
     return time.perf_counter() - t0
-
-
-def _check_base_fits(spec: JobSpec) -> None:
-    """The job's layers and length against the base's config, before a training they would make vain."""
-    assert spec.finetune is not None and spec.finetune.base is not None
-    config = load_config(resolve_source(spec.finetune.base), allow_pickle=None)
-    resolve_layers(spec.layers, layer_count(config))
-    positions = position_limit(config)
-    if spec.max_length is not None and spec.max_length > positions:
-        raise SpecError(
-            f"max_length {spec.max_length} exceeds the {positions} tokens that finetune.base "
-            f"{spec.finetune.base} has positions for"
-        )
 
 
 def training_inputs(spec: JobSpec, paths: list[str] | None = None) -> InputSpec:
