@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .batching import BatchPlan, bucket_batches
-    from .job import PartStats, PassInfo, StagedPart, Window, WindowJob
-    from .score import score_batches, score_rows
-    from .tables import Extractor, ScoredRow, minmax_scale, vocab_array
-    from .windows import WindowRows, iter_windows, select_rows
+    from .batching import BatchPlan, bucket_batches  # noqa: F401
+    from .job import PartStats, PassInfo, StagedPart, Window, WindowJob  # noqa: F401
+    from .score import score_batches, score_rows  # noqa: F401
+    from .tables import Extractor, ScoredRow, minmax_scale, vocab_array  # noqa: F401
+    from .windows import WindowRows, iter_windows, select_rows  # noqa: F401
 
 _EXPORTS = {
     **dict.fromkeys(["BatchPlan", "bucket_batches"], "batching"),
@@ -26,21 +26,4 @@ _EXPORTS = {
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = [
-    "BatchPlan",
-    "Extractor",
-    "PartStats",
-    "PassInfo",
-    "ScoredRow",
-    "StagedPart",
-    "Window",
-    "WindowJob",
-    "WindowRows",
-    "bucket_batches",
-    "iter_windows",
-    "minmax_scale",
-    "score_batches",
-    "score_rows",
-    "select_rows",
-    "vocab_array",
-]
+__all__ = sorted(_EXPORTS)

@@ -35,16 +35,14 @@ def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
         yield block
 
 
-#: What one more batch costs, in padded tokens, as a share of the token budget by device type: a batch
-#: is worth cutting when it saves more padding than this. Larger on a GPU, where the host's launch of
-#: a batch bounds the model stage (docs/performance.md); never below a floor, as no forward is free.
+#: What one more batch costs in padded tokens, as a share of the token budget by device type (larger on a
+#: GPU, where the host's launch of a batch bounds the model stage: docs/performance.md), and its floor.
 BATCH_OVERHEAD_SHARE = {"cpu": 64, "cuda": 16}
 MIN_BATCH_OVERHEAD = 32
 
 
 def batch_overhead(batch_tokens: int, device_type: str = "cpu") -> int:
-    """What one more batch costs on a device of this type, in padded tokens (a type not named in
-    :data:`BATCH_OVERHEAD_SHARE` is taken as a CPU)."""
+    """What one more batch costs on a device of this type, in padded tokens (any other type as a CPU)."""
     share = BATCH_OVERHEAD_SHARE.get(device_type, BATCH_OVERHEAD_SHARE["cpu"])
     return max(MIN_BATCH_OVERHEAD, batch_tokens // share)
 
@@ -52,14 +50,9 @@ def batch_overhead(batch_tokens: int, device_type: str = "cpu") -> int:
 def bucket_batches(
     lengths: Sequence[int], batch_tokens: int, max_batch_size: int, overhead_tokens: int | None = None
 ) -> list[np.ndarray]:
-    """Split positions into batches of similar length, each within ``batch_tokens`` padded tokens.
-
-    Positions are sorted by length (stable: ties keep input order) and cut into runs that minimise
-    padded tokens + ``overhead_tokens`` per batch (default: a CPU's, :func:`batch_overhead`), with
-    ``len(batch) * longest <= batch_tokens`` and ``len(batch) <= max_batch_size``; a review longer than
-    the budget gets a batch of its own. The cut is a dynamic programme over the distinct lengths
-    (milliseconds a window). Longest batches come first, so that running out of memory shows early.
-    """
+    """Split positions into batches of similar length, each within ``batch_tokens`` padded tokens (a longer
+    review alone) and ``max_batch_size``, cut by a dynamic programme over the distinct lengths to minimise
+    padded tokens + ``overhead_tokens`` a batch. Longest first, so that running out of memory shows early."""
     if len(lengths) == 0:
         return []
     if overhead_tokens is None:
@@ -90,11 +83,8 @@ def bucket_batches(
 
 
 class BatchPlan:
-    """A window's scorable rows cut into batches, and the window-wide arrays their outputs land in.
-
-    Every row's outputs are views into arrays made for the whole window before its first batch; each
-    batch's own outputs are copied there and freed (kept alive by views instead, they fragmented the
-    heap: a higher peak, docs/performance.md)."""
+    """A window's scorable rows cut into batches, and the window-wide arrays their outputs are copied into
+    (views into each batch's own would fragment the heap: docs/performance.md)."""
 
     def __init__(
         self, rows: Sequence[ScoredRow], clf: Classifier | Any, batch_tokens: int, max_batch_size: int
@@ -133,8 +123,7 @@ class BatchPlan:
         return [[r.encoded.ids for r in batch] for batch in self.batches]
 
     def fill(self, k: int, outputs: Sequence[Outputs]) -> None:
-        """Copy batch ``k``'s outputs (one, or its halves in order) into its rows: each review's own
-        tokens, no padding."""
+        """Copy batch ``k``'s outputs (one, or its halves) into its rows, each review's own tokens."""
         rows = iter(self.batches[k])
         for out in outputs:
             self.slots += out.rows.shape[0] * out.rows.shape[-1]

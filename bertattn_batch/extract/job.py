@@ -50,7 +50,7 @@ class PartStats:
         for name in ("input_rows", "scored", "tokens", "unknown", "padded_slots", "truncated"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.status_counts.update(other.status_counts)
-        self.seconds.update(other.seconds)
+        self.seconds.update(other.seconds)  # an update, not +, which would drop a key of 0 seconds
 
     @property
     def padding_share(self) -> float:
@@ -65,8 +65,7 @@ class PartStats:
 
 @dataclass(frozen=True)
 class PassInfo:
-    """What every part of a pass shares: its generation (in the part names) and the run's id (in every
-    predictions row)."""
+    """What every part of a pass shares: its generation (in part names) and the run's id (in predictions)."""
 
     generation: int = 0
     run_id: str = ""
@@ -93,8 +92,8 @@ class StagedPart:
 
 
 class WindowJob:
-    """The steps of one window, with the model loaded once (per process, or per Ray actor). ``clf``:
-    the classifier, or for the steps around the model what they ask of it (engines/processes.py)."""
+    """The steps of one window, with the model loaded once; ``clf`` may be a stand-in with what the steps
+    around the model ask of it (engines/processes.py)."""
 
     def __init__(self, clf: Classifier | Any, batch_tokens: int, max_batch_size: int, part_writer: PartWriter,
                  pass_info: PassInfo = PassInfo(), encode_threads: int = 1, store_text: bool = True) -> None:  # fmt: skip
@@ -104,16 +103,8 @@ class WindowJob:
         self.batch_tokens, self.max_batch_size = batch_tokens, max_batch_size
         self.encoder = Encoder(clf.tokenizer, clf.max_length, encode_threads)
         self.unk_id = clf.tokenizer.unk_token_id  # None where a vocabulary has no unknown token
-        vocab = vocab_array(clf.tokenizer)
-        self.extractor = Extractor(
-            vocab,
-            clf.layers,
-            clf.num_heads,
-            clf.labels,
-            pass_info.run_id,
-            store_text,
-            bool(clf.contributions),
-        )
+        self.extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels,
+                                   pass_info.run_id, store_text, bool(clf.contributions))  # fmt: skip
 
     def __call__(self, rows: WindowRows) -> StagedPart:
         return self.stage(self.score(self.encode(rows)))
@@ -144,15 +135,13 @@ class WindowJob:
         return window
 
     def prepare(self, rows: WindowRows) -> tuple[Window, list[list[np.ndarray]]]:
-        """Encode the window and cut it into batches, for a model in another process: returns the
-        window and each batch's token ids."""
+        """The encoded window and its batches' token ids, for a model in another process."""
         window = self.encode(rows)
         window.plan = BatchPlan(window.rows, self.clf, self.batch_tokens, self.max_batch_size)
         return window, window.plan.batch_ids()
 
     def finish(self, window: Window, outputs: list[list[Outputs]], model_seconds: float) -> StagedPart:
-        """Take a prepared window's scores (for each batch, its outputs or those of its halves), and
-        stage it."""
+        """Stage a prepared window with its batches' outputs (each one's, or its halves')."""
         plan = window.plan
         assert plan is not None, "finish() takes a window from prepare()"
         for k, out in enumerate(outputs):

@@ -15,6 +15,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
 
 import numpy as np
 import torch
@@ -31,32 +32,24 @@ log = logging.getLogger(__name__)
 def score_batches(
     clf: Classifier, batches: Iterable[list[np.ndarray]], seconds: Counter | None = None
 ) -> Iterator[list[Outputs]]:
-    """Each batch's outputs (one, or its halves out of memory), in order. Batch ``k + 1`` is queued on
-    the device before batch ``k``'s outputs are read back, so that a GPU does not wait for the host.
-    ``seconds`` adds up ``launch`` (padding, copying, queueing: the host's share) and ``device_wait``."""
+    """Each batch's outputs (one, or its halves out of memory), in order, with batch ``k + 1`` queued before
+    batch ``k``'s are read back. ``seconds`` adds up ``launch`` (the host's share) and ``device_wait``."""
     seconds = seconds if seconds is not None else Counter()
     pending: list[PendingOutputs] | None = None
-    for ids in batches:
+    for ids in chain(batches, [None]):
         t0 = time.perf_counter()
-        launched = launch_batch(clf, ids)
-        seconds["launch"] += time.perf_counter() - t0
+        launched = launch_batch(clf, ids) if ids is not None else None
+        t1 = time.perf_counter()
+        seconds["launch"] += t1 - t0
         if pending is not None:
-            yield _read_back(pending, seconds)
+            outputs = [p.result() for p in pending]
+            seconds["device_wait"] += time.perf_counter() - t1
+            yield outputs
         pending = launched
-    if pending is not None:
-        yield _read_back(pending, seconds)
-
-
-def _read_back(pending: list[PendingOutputs], seconds: Counter) -> list[Outputs]:
-    t0 = time.perf_counter()
-    outputs = [p.result() for p in pending]
-    seconds["device_wait"] += time.perf_counter() - t0
-    return outputs
 
 
 def launch_batch(clf: Classifier, ids: list[np.ndarray]) -> list[PendingOutputs]:
-    """One padded batch queued on the device; out of device memory, its halves, in order. A batch as
-    large as one that ran out before (``clf.oom_tokens``) is halved before it is tried."""
+    """One padded batch queued on the device; out of memory (or as large as a batch that ran out), halves."""
     tokens = len(ids) * max(map(len, ids))
     if len(ids) > 1 and clf.oom_tokens is not None and tokens >= clf.oom_tokens:
         return _halves(clf, ids)
@@ -74,11 +67,8 @@ def launch_batch(clf: Classifier, ids: list[np.ndarray]) -> list[PendingOutputs]
     if clf.device.type == "cuda":
         torch.cuda.empty_cache()
     clf.oom_tokens = tokens if clf.oom_tokens is None else min(clf.oom_tokens, tokens)
-    log.warning(
-        "out of memory on a batch of %d reviews (%d padded tokens); batches as big are halved from now on",
-        len(ids),
-        tokens,
-    )
+    log.warning("out of memory on a batch of %d reviews (%d padded tokens); batches as big are halved from "
+                "now on", len(ids), tokens)  # fmt: skip
     return _halves(clf, ids)
 
 
@@ -91,8 +81,7 @@ def score_rows(
     clf: Classifier, rows: list[ScoredRow], batch_tokens: int, max_batch_size: int,
     on_batch: Callable[[int], None] | None = None, seconds: Counter | None = None,
 ) -> tuple[int, int]:  # fmt: skip
-    """Score a window's rows in this process: fill probs, cls_rows and cls_norms of its scorable rows,
-    batch by batch (:class:`BatchPlan`, :func:`score_batches`); returns (real tokens, padded slots).
+    """Score a window's rows in this process, filling their outputs; (real tokens, padded slots).
     ``on_batch(n)`` follows each batch of ``n`` reviews (a progress bar)."""
     plan = BatchPlan(rows, clf, batch_tokens, max_batch_size)
     for k, outputs in enumerate(score_batches(clf, plan.batch_ids(), seconds)):

@@ -2,15 +2,12 @@
 
 Usage::
 
-    extractor = Extractor(vocab=clf.tokenizer, layers=clf.layers, num_heads=clf.num_heads)
+    extractor = Extractor(vocab_array(clf.tokenizer), layers=clf.layers, num_heads=clf.num_heads, labels=clf.labels)
     tables = extractor.tables(scored)   # {"predictions", "cls_attention", "head_summary", "tokens"}
 
-Every review is sliced by its own length: content tokens are positions 1 .. n-2 of that review, never
-the padded batch's ``[:, 0, 1:-1]`` (that keeps padding and drops a pad instead of [SEP]). A token's
-id, text and span are written once per review position (``tokens``), not once per layer and head:
-``run.attention_rows`` joins them back. Their ``doc_id`` columns come dictionary-encoded, one
-dictionary of the window's ids (a part writer takes it as it is); ``schema.cast(t, name)`` gives plain
-strings, as the files read back.
+Each review is sliced by its own length (content tokens are its positions 1 .. n-2, never the padded
+batch's). A token's id, text and span are written once per position (``tokens``), not per layer and head.
+``doc_id`` columns come dictionary-encoded over the window's ids, which a part writer takes as they are.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ from ..model.encode import Encoded, id_limit
 
 @dataclass
 class ScoredRow:
-    """One input row after the model stage; ``probs``/``cls_rows``/``cls_norms`` are None when not
-    scored."""
+    """One input row after the model stage; its outputs are None where it was not scored."""
 
     row_index: int
     doc_id: str
@@ -44,8 +40,7 @@ class ScoredRow:
 
 
 def vocab_array(tokenizer) -> pa.Array:
-    """Token text for every id, so token columns are built by index in C++ rather than per row; an id
-    the vocabulary leaves unused is an empty string."""
+    """Token text for every id ("" where unused), so token columns are built by index."""
     n = id_limit(tokenizer)
     tokens = tokenizer.convert_ids_to_tokens(list(range(n)))
     return pa.array([t if t is not None else "" for t in tokens], type=pa.string())
@@ -59,16 +54,8 @@ CHUNK_TOKEN_ROWS = 1 << 18
 class Extractor:
     """Builds the tables of a run from scored rows; stateless apart from the vocabulary."""
 
-    def __init__(
-        self,
-        vocab: pa.Array,
-        layers: Sequence[int],
-        num_heads: int,
-        labels: Sequence[str],
-        run_id: str = "",
-        store_text: bool = True,
-        contributions: bool = False,
-    ) -> None:
+    def __init__(self, vocab: pa.Array, layers: Sequence[int], num_heads: int, labels: Sequence[str],
+                 run_id: str = "", store_text: bool = True, contributions: bool = False) -> None:  # fmt: skip
         self.vocab = vocab
         self.layers = np.asarray(layers, dtype=np.int16)
         self.num_heads = num_heads
@@ -79,55 +66,29 @@ class Extractor:
 
     def tables(self, rows: Sequence[ScoredRow]) -> dict[str, pa.Table]:
         attention, summary, tokens = self.cls_attention(rows)
-        out = {
-            "predictions": self.predictions(rows),
-            "cls_attention": attention,
-            "head_summary": summary,
-            "tokens": tokens,
-        }
+        out = {"predictions": self.predictions(rows), "cls_attention": attention, "head_summary": summary,
+               "tokens": tokens}  # fmt: skip
         if self.contributions:
             out["contributions"] = contributions_table(rows, tokens)
         return out
 
     def predictions(self, rows: Sequence[ScoredRow]) -> pa.Table:
-        pred_id = [int(np.argmax(r.probs)) if r.probs is not None else None for r in rows]
-        table = pa.table(
-            {
-                "doc_id": [r.doc_id for r in rows],
-                "row_index": pa.array([r.row_index for r in rows], pa.int64()),
-                "status": [r.status for r in rows],
-                "label": pa.array([r.label for r in rows], pa.string()),
-                "pred_id": pa.array(pred_id, pa.int32()),
-                "pred_label": pa.array(
-                    [self.labels[p] if p is not None else None for p in pred_id], pa.string()
-                ),
-                "pred_prob": pa.array(
-                    [
-                        float(r.probs[p]) if p is not None else None
-                        for r, p in zip(rows, pred_id, strict=True)
-                    ],
-                    pa.float32(),
-                ),
-                "probs": pa.array(
-                    [r.probs.astype(np.float32) if r.probs is not None else None for r in rows],
-                    pa.list_(pa.float32()),
-                ),
-                "n_tokens": pa.array(
-                    [r.encoded.n_tokens if r.probs is not None else 0 for r in rows], pa.int32()
-                ),
-                "truncated": pa.array([bool(r.encoded and r.encoded.truncated) for r in rows], pa.bool_()),
-                "text": pa.array([r.text if self.store_text else None for r in rows], pa.string()),
-                "run_id": pa.array([self.run_id] * len(rows), pa.string()),
-            }
-        )
+        pred = [int(np.argmax(r.probs)) if r.probs is not None else None for r in rows]
+        table = pa.table({  # typed by the cast below
+            "doc_id": [r.doc_id for r in rows], "row_index": [r.row_index for r in rows],
+            "status": [r.status for r in rows], "label": [r.label for r in rows], "pred_id": pred,
+            "pred_label": [self.labels[p] if p is not None else None for p in pred],
+            "pred_prob": [float(r.probs[p]) if p is not None else None for r, p in zip(rows, pred, strict=True)],
+            "probs": [r.probs for r in rows],
+            "n_tokens": [r.encoded.n_tokens if r.probs is not None else 0 for r in rows],
+            "truncated": [bool(r.encoded and r.encoded.truncated) for r in rows],
+            "text": [r.text if self.store_text else None for r in rows], "run_id": [self.run_id] * len(rows),
+        })  # fmt: skip
         return schema.cast(table, "predictions")
 
     def cls_attention(self, rows: Sequence[ScoredRow]) -> tuple[pa.Table, pa.Table, pa.Table]:
-        """(cls_attention, head_summary, tokens) for the scored rows among ``rows``.
-
-        Built in chunks of whole reviews of at most ``CHUNK_TOKEN_ROWS`` token rows, so that the index
-        arithmetic's temporaries stay a few MB whatever the window, layers and heads.
-        """
+        """(cls_attention, head_summary, tokens) for the scored rows among ``rows``, built in chunks of whole
+        reviews of about ``CHUNK_TOKEN_ROWS`` token rows, so that temporaries stay a few MB."""
         scored = [r for r in rows if r.cls_rows is not None]
         per_review = len(self.layers) * self.num_heads
         starts, size = [0], 0
@@ -148,10 +109,8 @@ class Extractor:
     def _cls_chunk(
         self, scored: Sequence[ScoredRow], docs: pa.Array, first: int
     ) -> tuple[pa.Table, pa.Table, pa.Table]:
-        """The three tables for a chunk of scored reviews (their ids from ``docs[first]`` on): every
-        column from a few vectorised operations over the concatenated content tokens. Attention rows
-        are ordered (review, layer, head, position); each (review, layer, head) is one segment of ``m``
-        content tokens, scaled over itself."""
+        """The three tables for a chunk of scored reviews (ids from ``docs[first]`` on), vectorised over their
+        content tokens; rows in (review, layer, head, position) order, each (review, layer, head) a segment."""
         L, H = len(self.layers), self.num_heads
         n = np.array([r.encoded.n_tokens for r in scored], dtype=np.int64)
         m = n - 2  # content tokens: positions 1 .. n-2
@@ -223,27 +182,22 @@ class Extractor:
 
 
 def contributions_table(rows: Sequence[ScoredRow], tokens: pa.Table) -> pa.Table:
-    """One row per content token of the scored rows, in ``tokens``' order (its doc ids and positions):
-    each token's contribution to [CLS] after the last layer."""
+    """Each content token's contribution to [CLS] after the last layer, in ``tokens``' order."""
     scored = [r for r in rows if r.cls_rows is not None]
-    alti = _cat([r.contributions[1 : _last(r)] for r in scored], np.float32)
+    alti = _cat([r.contributions[1 : r.encoded.n_tokens - 1] for r in scored], np.float32)  # content tokens
     table = pa.table({"doc_id": tokens["doc_id"], "position": tokens["position"], "alti": alti})
     return schema.cast(table, "contributions", keep_dictionaries=True)
 
 
 def _zeroing(scored: Sequence[ScoredRow], heads: int, rows: int) -> pa.Array:
-    """The value_zeroing column of ``rows`` token rows: each (layer, token)'s distance repeated for
-    every head, in the token rows' order; nulls where the run did not compute it."""
+    """The value_zeroing column: each (layer, token)'s distance for every head; nulls where not computed."""
     if not scored or scored[0].value_zeroing is None:
         return pa.nulls(rows, pa.float32())
 
-    parts = [np.repeat(r.value_zeroing[:, None, 1 : _last(r)], heads, axis=1).reshape(-1) for r in scored]
+    parts = [
+        np.repeat(r.value_zeroing[:, None, 1 : r.encoded.n_tokens - 1], heads, axis=1).ravel() for r in scored
+    ]
     return pa.array(_cat(parts, np.float32))
-
-
-def _last(row: ScoredRow) -> int:
-    """Position of the review's [SEP]: its content tokens are 1 .. _last - 1."""
-    return row.encoded.n_tokens - 1
 
 
 def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
@@ -251,12 +205,8 @@ def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
 
 
 def minmax_scale(weights: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Min-max scaling to [0, 1] of each segment of a flat array (the seed's MinMaxScaler per head).
-
-    ``weights``: (N,) raw weights, one segment per (review, layer, head) over that review's content
-    tokens; ``lengths``: (S,) segment lengths, each at least 1, summing to N. Returns (scaled (N,),
-    min (S,), max (S,)); a segment with no range (all equal) scales to 0, as MinMaxScaler does.
-    """
+    """Min-max scaling to [0, 1] of each segment (``lengths`` (S,), each at least 1) of ``weights`` (N,), as
+    MinMaxScaler per head: (scaled (N,), min (S,), max (S,)); a segment with no range scales to 0."""
     if len(weights) == 0:
         return weights.astype(np.float32), weights, weights
     starts = np.cumsum(lengths) - lengths

@@ -5,14 +5,11 @@ Usage::
     for w in iter_windows(sources, inputs, window=4096, point=ResumePoint()):
         w.start_row, w.end_row, w.rows          # rows[start_row, end_row) still to do, in order
 
-Windows lie on a grid of ``window`` rows counted from 0 across all inputs: window k holds rows
-``[k * window, (k + 1) * window)``, whichever files they come from (a corpus of many small files packs
-into few parts). A resume starts at its resume point and goes on to the next grid line. So a part's
-name and rows follow from the inputs alone, and a run resumes under either engine.
-
-Rows already committed are left out: those before the resume point, and in an incremental pass every
-row whose id an earlier pass committed; a later row with a text and an id that an earlier row with a
-text had is marked ``duplicate_id`` (this pass's committed ids count as seen).
+Window k holds rows ``[k * window, (k + 1) * window)`` counted across all inputs, whichever files they
+come from; a resume starts at its resume point and goes on to the next grid line. So a part's name and
+rows follow from the inputs alone, under either engine. Rows committed already are left out (before the
+resume point, or by id in an incremental pass); a later row with a text and an id seen already is
+``duplicate_id``.
 """
 
 from __future__ import annotations
@@ -32,14 +29,13 @@ from ..run.resume import ResumePoint
 
 @dataclass
 class WindowRows:
-    """A window's rows still to do, read and numbered but not yet encoded: the unit of work an engine
-    schedules. ``start_row`` names its part; ``end_row`` is one past its last row."""
+    """A window's rows still to do, read but not encoded: what an engine schedules. ``start_row`` names its
+    part; ``end_row`` is one past its last row."""
 
     start_row: int
     end_row: int
     rows: RowBatch
-    #: of the rows as read (``inputs.fingerprint``), where they are every row of ``[start_row, end_row)``: a
-    #: pass by row number; a resume reads them again and compares (empty in a pass by id)
+    #: of the rows as read, which a resume reads again and compares (empty in a pass by id)
     digest: str = ""
 
 
@@ -50,8 +46,7 @@ def iter_windows(
     point: ResumePoint | None = None,
     timings: Counter | None = None,
 ) -> Iterator[WindowRows]:
-    """Read the inputs (as ``inputs.check_inputs`` gave them, with ``inputs``' columns and limit) and cut
-    them on the grid; see the module docstring. ``timings["read"]`` adds up the seconds spent reading."""
+    """Read the inputs and cut them on the grid; ``timings["read"]`` adds up the seconds spent reading."""
     point = point or ResumePoint()
     # ids are checked for repeats only where the job has an id column: no copy of them otherwise
     seen = (point.skip_ids or IdSet()) | (point.taken_ids or IdSet()) if inputs.id_col else None
@@ -60,8 +55,12 @@ def iter_windows(
     committed = RowDigests(point.digested)
     t0 = time.perf_counter()
     for block in read_sources(sources, inputs, block_rows=window):
-        if not committed.done:
-            _check_committed(committed.feed(block), inputs)
+        if not committed.done and (changed := committed.feed(block)):
+            name, a, b = changed[0]
+            raise InputsEditedError(
+                f"input rows {a}..{b - 1} read otherwise now than when the run committed them (part {name}): "
+                f"the inputs were edited since (see bertattn validate); {_ways_out(inputs)}"
+            )
         for piece in _on_grid(block, window):
             if pending and piece.row_index[0] // window != pending.row_index[0] // window:
                 timings["read"] += time.perf_counter() - t0
@@ -79,15 +78,6 @@ def iter_windows(
             f"the run's committed parts hold rows up to {point.skip_until - 1}, but the inputs"
             f"{' (as limited)' if inputs.limit is not None else ''} have {read} rows: they changed since the "
             f"run (see bertattn validate); {_ways_out(inputs)}"
-        )
-
-
-def _check_committed(changed: list[tuple[str, int, int]], inputs: InputSpec) -> None:
-    if changed:
-        name, a, b = changed[0]
-        raise InputsEditedError(
-            f"input rows {a}..{b - 1} read otherwise now than when the run committed them (part {name}): "
-            f"the inputs were edited since (see bertattn validate); {_ways_out(inputs)}"
         )
 
 

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .capture import ClsRowCapture, eager_rows, find_self_attention
-    from .checks import load_config, load_tokenizer, other_model_files, resolve_source, tokenizer_hash
-    from .classifier import Classifier, resolve_device, resolve_dtype
-    from .encode import Encoded, Encoder, encode_texts, with_special_tokens
-    from .outputs import Outputs
+    from .capture import ClsRowCapture, eager_rows, find_self_attention  # noqa: F401
+    from .checks import load_config, load_tokenizer, other_model_files, resolve_source, tokenizer_hash  # noqa: F401
+    from .classifier import Classifier, resolve_device, resolve_dtype  # noqa: F401
+    from .encode import Encoded, Encoder, encode_texts, with_special_tokens  # noqa: F401
+    from .outputs import Outputs  # noqa: F401
 
 _EXPORTS = {
     **dict.fromkeys(["ClsRowCapture", "eager_rows", "find_self_attention"], "capture"),
@@ -28,21 +28,4 @@ _EXPORTS = {
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = [
-    "Classifier",
-    "ClsRowCapture",
-    "Encoded",
-    "Encoder",
-    "Outputs",
-    "eager_rows",
-    "encode_texts",
-    "find_self_attention",
-    "load_config",
-    "load_tokenizer",
-    "other_model_files",
-    "resolve_device",
-    "resolve_dtype",
-    "resolve_source",
-    "tokenizer_hash",
-    "with_special_tokens",
-]
+__all__ = sorted(_EXPORTS)

@@ -1,9 +1,6 @@
-"""The ``[CLS]`` query's attention row at chosen layers, its norms and value zeroing, without n x n attention.
-
-Under SDPA transformers returns no attention weights, and eager attention materialises layers x heads x
-n x n floats per review; we need one row, so it is recomputed from the layer's own projections:
-``softmax(q_cls . K^T * scaling + padding mask)`` per head, in float32. Layers are counted by the call
-order of their projections, which also covers a layer shared across depth (ALBERT).
+"""The ``[CLS]`` query's attention row at chosen layers, its norms and value zeroing, without n x n attention:
+``softmax(q_cls . K^T * scaling + padding mask)`` per head in float32, from the layer's own projections
+(SDPA returns no weights). Layers are counted by the call order of their projections (ALBERT shares one).
 """
 
 from __future__ import annotations
@@ -35,22 +32,24 @@ def find_self_attention(model: nn.Module) -> list[tuple[nn.Module, nn.Linear, nn
 
 
 def output_projection(model: nn.Module, self_attention: nn.Module) -> nn.Linear | None:
-    """The linear map from a self-attention module's heads to the hidden size: DistilBERT's ``out_lin``,
-    ALBERT's ``dense``, else (BERT and its kin) the sibling block's ``output.dense``."""
+    """The linear map from a self-attention module's heads to the hidden size (``out_lin``, ``dense`` or
+    the sibling block's ``output.dense``)."""
     for name in ("out_lin", "dense"):
         if isinstance(getattr(self_attention, name, None), nn.Linear):
             return getattr(self_attention, name)
-    for module in model.modules():
-        if getattr(module, "self", None) is self_attention:
-            dense = getattr(getattr(module, "output", None), "dense", None)
-            return dense if isinstance(dense, nn.Linear) else None
-    return None
+    dense = getattr(getattr(attention_block(model, self_attention), "output", None), "dense", None)
+    return dense if isinstance(dense, nn.Linear) else None
+
+
+def attention_block(model: nn.Module, self_attention: nn.Module) -> nn.Module | None:
+    """The block that holds a self-attention module as ``.self``, beside its ``.output`` (BERT's layout)."""
+    blocks = (m for m in model.modules() if getattr(m, "self", None) is self_attention)
+    return next((m for m in blocks if isinstance(getattr(m, "output", None), nn.Module)), None)
 
 
 def layer_tail(model: nn.Module, attention: nn.Module) -> LayerTail | None:
-    """What follows a self-attention module's weighted sum of values in its encoder layer, for the
-    post-LayerNorm layouts: BERT and its kin, DistilBERT and ALBERT. None for others (Megatron-BERT's
-    pre-LayerNorm layer reads a residual the capture does not keep)."""
+    """What follows a self-attention module's weighted sum of values in a post-LayerNorm encoder layer
+    (BERT and its kin, DistilBERT, ALBERT); None for others (Megatron-BERT)."""
 
     def has(module: nn.Module, *names: str) -> bool:
         return all(hasattr(module, n) for n in names)
@@ -93,8 +92,8 @@ def head_geometry(module: nn.Module, query: nn.Linear) -> tuple[int, int, float]
 
 
 class ClsRowCapture:
-    """Forward hooks that keep, for the chosen layers during one forward, the [CLS] query and input and
-    every key and value: enough for the [CLS] row of attention weights, its norms and value zeroing."""
+    """Forward hooks that keep, for the chosen layers of one forward, the [CLS] query and input and every key
+    and value."""
 
     def __init__(self, model: nn.Module, layers: list[int]) -> None:
         self.layers = list(layers)
@@ -134,8 +133,7 @@ class ClsRowCapture:
             self.release()
 
     def release(self) -> None:
-        """Let go of a batch's activations: once its outputs are made, and before a batch out of memory
-        is retried in halves."""
+        """Let go of a batch's activations (made into outputs, or out of memory)."""
         for store in self._kept.values():
             store.clear()
 
@@ -169,10 +167,8 @@ class ClsRowCapture:
         return torch.stack(out, dim=1)  # (B, L, H, S)
 
     def norms(self, rows: torch.Tensor) -> torch.Tensor:
-        """Norm-based weights (Kobayashi et al., 2020) of the rows: ``‖α_j · f_h(x_j)‖``, where ``f_h(x_j)``
-        is token j's value (bias included) through head h's slice of the layer's output projection.
-        (B, L, H, S) float32, 0 on padding. ``‖v W_hᵀ‖² = v G_h vᵀ`` with ``G_h = W_hᵀ W_h``, so no
-        (B, S, H, hidden) tensor is made."""
+        """Norm-based weights (Kobayashi et al., 2020): ``‖α_j · v_j W_hᵀ‖``, (B, L, H, S) float32, 0 on
+        padding; ``‖v W_hᵀ‖² = v G_h vᵀ`` with ``G_h = W_hᵀ W_h``, so no (B, S, H, hidden) tensor is made."""
         out = []
         for i, layer in enumerate(self.layers):
             gram = self._per_module[self._owner[layer]][3]  # (H, D, D)
@@ -184,10 +180,9 @@ class ClsRowCapture:
         return torch.stack(out, dim=1)  # (B, L, H, S)
 
     def value_zeroing(self, rows: torch.Tensor) -> torch.Tensor:
-        """Value zeroing (Mohebbi et al., EACL 2023) of the rows: per layer and token j, the cosine distance
-        between the layer's [CLS] output and that output with v_j zeroed in every head. (B, L, S) float32
-        in [0, 2], 0 on padding. Zeroing v_j changes only the attention output, by ``-α_hj v_hj`` in head
-        h, so the [CLS] output is recomputed through the rest of the layer once per token, batched."""
+        """Value zeroing (Mohebbi et al., 2023): per token j, the cosine distance of the layer's [CLS] output
+        to that output with v_j zeroed in every head, (B, L, S) float32, 0 on padding. Zeroing v_j takes
+        ``α_hj v_hj`` off the attention output, so only the rest of the layer is run again, batched."""
         out = []
         for i, layer in enumerate(self.layers):
             tail = self._per_module[self._owner[layer]][4]
@@ -212,6 +207,5 @@ class ClsRowCapture:
 
 
 def eager_rows(attentions: tuple[torch.Tensor, ...], layers: list[int]) -> torch.Tensor:
-    """The reference: [CLS] rows (B, L, H, S) float32 from transformers' ``output_attentions``, each
-    layer's (B, H, S, S)."""
+    """The reference: [CLS] rows (B, L, H, S) float32 from ``output_attentions``' (B, H, S, S) per layer."""
     return torch.stack([attentions[layer][:, :, 0, :].float() for layer in layers], dim=1)

@@ -1,10 +1,5 @@
-"""A model folder's config and tokenizer, loaded and checked for what bertattn needs; hashes of models.
-
-Shared by extraction and training (a base model), so both refuse the same models in the same words:
-an unsupported architecture, a decoder, pickle weights not allowed, a head that is no single-label
-softmax, weights that would be random or dropped, a tokenizer without offsets or [CLS] first. A run
-records the hashes; a resume, ``faithfulness`` or ``plot --pairs`` refuses a folder that now holds
-another model.
+"""A model folder's config, weights and tokenizer checked for what bertattn reads, and the hashes that tell
+models apart. Extraction and training (a base) share them, so both refuse the same models in the same words.
 """
 
 from __future__ import annotations
@@ -17,6 +12,7 @@ import importlib
 import importlib.util
 import json
 from collections.abc import Iterator, Mapping
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -72,16 +68,9 @@ def resolve_source(base: str) -> str:
     return str(module.get_model_path())
 
 
-def transformers_version() -> str:
-    import transformers
-
-    return transformers.__version__
-
-
 @contextlib.contextmanager
 def transformers_log_level(level: str) -> Iterator[None]:
-    """transformers' log at ``level`` ("error", "critical") and its progress bars off inside: for loads
-    whose every failure becomes one of our errors and whose expected reports (a new head) are no news."""
+    """transformers' log at ``level`` and its progress bars off inside: for loads whose failures we report."""
     from transformers.utils import logging as hf_logging
 
     was, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
@@ -100,7 +89,7 @@ def transformers_log_level(level: str) -> Iterator[None]:
 
 def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool | None = False):
     """A model's config, refused before any weights load where bertattn cannot read its [CLS] row.
-    ``allow_pickle`` None: the caller has no --allow-pickle option (pickle weights are never read)."""
+    ``allow_pickle`` None: the caller has no --allow-pickle option."""
     from transformers import AutoConfig
 
     folder = Path(source)
@@ -116,7 +105,10 @@ def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool
         # quiet: a value it cannot set makes transformers log the whole config before it raises
         with transformers_log_level("critical"):
             config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-        _check_geometry(config)
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "n_layers"):
+            value = getattr(config, name, 1)  # sizes no encoder can have would fail deep in torch
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} is {value!r}, not a whole number of at least 1")
     except Exception as e:  # a damaged config.json fails in many ways (wrong types, nulls, bad keys)
         if not folder.exists():
             raise ModelError(
@@ -135,8 +127,8 @@ def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool
 
 
 def _missing_folder(source: str) -> str | None:
-    """The error for a path that is no folder, unless it may name a hub model ("name" or "owner/name"
-    beside no local folder): a mistyped ``models/zh-sent`` is not sent to the hub."""
+    """The error for a path that is no folder, unless it may name a hub model: a mistyped ``models/zh-sent``
+    is not sent to the hub."""
     folder = Path(source)
     parent = folder.parent
     hub_like = not source.startswith((".", "~", "/", "-")) and "\\" not in source and source.count("/") <= 1
@@ -148,8 +140,7 @@ def _missing_folder(source: str) -> str | None:
 
 
 def _check_raw_config(path: Path, source: str) -> None:
-    """What transformers reports badly, said before it reads config.json: a model type of its own, and
-    label names as id2label's keys or as a list."""
+    """What transformers reports badly: a model type of its own, and id2label as a list or label2id."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -179,58 +170,40 @@ def _unsupported(model_type: str) -> str:
     )
 
 
-def _check_geometry(config) -> None:
-    """Refuse sizes no encoder can have (a hand-edited config.json), which would fail deep in torch."""
-    for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "n_layers"):
-        value = getattr(config, name, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} is {value!r}, not a whole number of at least 1")
-
-
 def _check_architecture(config, source: str) -> None:
     """Only bidirectional encoders whose layers are counted the way ``--layers`` counts them."""
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelError(_unsupported(config.model_type))
-    if getattr(config, "add_cross_attention", False):
-        raise ModelError(
-            f"{source} is built with cross-attention (add_cross_attention=true), as a decoder of an "
-            "encoder-decoder model; bertattn reads encoders alone"
-        )
-    if getattr(config, "is_decoder", False):
-        raise ModelError(
-            f"{source} is built as a decoder (is_decoder=true): a causal model's [CLS] sees only itself; "
-            "bertattn reads bidirectional encoders"
-        )
-    if getattr(config, "type_vocab_size", 1) == 0:
-        raise ModelError(f"{source}: type_vocab_size=0 leaves its embeddings no token-type row to look up")
-    if config.model_type in _POSITION_OFFSET_TYPES and config.pad_token_id is None:
-        raise ModelError(
-            f"{source}: a {config.model_type} model numbers positions from its padding id, and its "
-            "config.json gives pad_token_id null; set it to the tokenizer's pad token id (1 in RoBERTa)"
-        )
-    if int(getattr(config, "inner_group_num", 1) or 1) > 1:  # ALBERT: attention calls != layers
-        raise ModelError(
-            f"{source}: ALBERT with inner_group_num={config.inner_group_num} runs several attentions per "
-            "layer, so --layers cannot name one; only inner_group_num=1 is supported"
-        )
+    get = functools.partial(getattr, config)
+    for refused, why in (
+        (get("add_cross_attention", False), " is built with cross-attention (add_cross_attention=true), as "
+         "a decoder of an encoder-decoder model; bertattn reads encoders alone"),
+        (get("is_decoder", False), " is built as a decoder (is_decoder=true): a causal model's [CLS] sees "
+         "only itself; bertattn reads bidirectional encoders"),
+        (get("type_vocab_size", 1) == 0, ": type_vocab_size=0 leaves its embeddings no token-type row to "
+         "look up"),
+        (config.model_type in _POSITION_OFFSET_TYPES and config.pad_token_id is None, f": a "
+         f"{config.model_type} model numbers positions from its padding id, and its config.json gives "
+         "pad_token_id null; set it to the tokenizer's pad token id (1 in RoBERTa)"),
+        (int(get("inner_group_num", 1) or 1) > 1, f": ALBERT with inner_group_num={get('inner_group_num', 1)} "
+         "runs several attentions per layer, so --layers cannot name one; only inner_group_num=1 is supported"),
+    ):  # fmt: skip
+        if refused:
+            raise ModelError(source + why)
 
 
-def check_single_label(config, source: str) -> None:
-    """Refuse heads whose outputs are not one softmax over two or more labels: probs would lie."""
+def label_names(config, source: str) -> dict[int, str]:
+    """id2label with ids 0..n-1 (output i is label i), each named once, of a single-label head."""
     problem = getattr(config, "problem_type", None)
+    kind = None
     if problem == "regression" or (problem is None and config.num_labels < 2):
         kind = f"a regression model ({config.num_labels} outputs)"
     elif problem == "multi_label_classification":
         kind = "a multi-label classifier (independent sigmoids)"
-    else:
-        return
-    raise ModelError(
-        f"{source} is {kind}; bertattn reads single-label classifiers (a softmax over two or more labels)"
-    )
-
-
-def label_names(config, source: str) -> dict[int, str]:
-    """id2label with ids 0..n-1 (output i is label i), each named once."""
+    if kind:  # probs would lie
+        raise ModelError(
+            f"{source} is {kind}; bertattn reads single-label classifiers (a softmax over two or more labels)"
+        )
     id2label = {int(k): str(v) for k, v in config.id2label.items()}
     if sorted(id2label) != list(range(len(id2label))):
         raise ModelError(
@@ -260,9 +233,16 @@ def tokenizer_limit(tokenizer) -> int | None:
 
 
 def check_loaded_weights(model, info: dict[str, Any], source: str, for_training: bool = False) -> None:
-    """Every weight of the model came from the checkpoint, and every encoder weight of the checkpoint is
-    used: transformers fills a missing weight with random values and drops an unplaced one, with no more
-    than a log line. ``for_training``: a base for fine-tuning, whose head and pooler training makes."""
+    """Every weight came from the checkpoint and every encoder weight there is used (transformers makes a
+    missing one random, drops an unplaced one, and only logs it). ``for_training``: head and pooler are new."""
+    # relative position embeddings first: where this transformers version drops them silently, their
+    # weights are what the checks below would name
+    kind = getattr(model.config, "position_embedding_type", None) or "absolute"
+    if kind != "absolute" and not any(hasattr(m, "distance_embedding") for m in model.modules()):
+        raise ModelError(
+            f"{source} uses position_embedding_type={kind!r}, which transformers "
+            f"{version('transformers')} does not implement; it would run the model without it"
+        )
     prefix = f"{model.base_model_prefix}."
     missing = sorted(info.get("missing_keys", []))
     mismatched = sorted(info.get("mismatched_keys", []))  # (name, saved shape, shape the config makes)
@@ -299,25 +279,13 @@ def check_loaded_weights(model, info: dict[str, Any], source: str, for_training:
     )
     if unused:
         raise ModelError(
-            f"{source}: transformers {transformers_version()} has no place for {len(unused)} of its "
+            f"{source}: transformers {version('transformers')} has no place for {len(unused)} of its "
             f"encoder weights ({_some(unused)}), so it would run another model than the one saved"
         )
 
 
-def check_positions(model, source: str) -> None:
-    """Refuse relative position embeddings where this transformers version no longer computes them (it
-    keeps the config field, drops the weights and runs the model with absolute positions only)."""
-    kind = getattr(model.config, "position_embedding_type", None) or "absolute"
-    if kind != "absolute" and not any(hasattr(m, "distance_embedding") for m in model.modules()):
-        raise ModelError(
-            f"{source} uses position_embedding_type={kind!r}, which transformers "
-            f"{transformers_version()} does not implement; it would run the model without it"
-        )
-
-
 def pickle_reason(e: BaseException) -> str:
-    """Why torch refused a pickle: the line naming the blocked global or the unpickler's error, not the
-    first, which advises turning the check off."""
+    """Why torch refused a pickle: the blocked global or the unpickler's error, not its advice to turn it off."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     for line, after in zip(lines, [*lines[1:], ""], strict=True):
         if "GLOBAL" in line:
@@ -345,7 +313,20 @@ def load_tokenizer(source: str, trust_remote_code: bool = False):
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except Exception as e:  # a damaged tokenizer.json fails in many ways (KeyError, Rust errors...)
-        _check_sentencepiece(source)  # what failed may be a package missing, not a file damaged
+        # a SentencePiece model alone (no tokenizer.json) needs its package: without it transformers'
+        # fallback reader reports something else
+        folder = Path(source)
+        found = [name for name in SENTENCEPIECE_FILES if (folder / name).is_file()]
+        if (
+            found
+            and not (folder / "tokenizer.json").is_file()
+            and importlib.util.find_spec("sentencepiece") is None
+        ):
+            raise ModelError(
+                f"{source}: its tokenizer is a SentencePiece model alone ({found[0]}, no tokenizer.json), which "
+                "needs the sentencepiece package: pip install sentencepiece (or save the model with a fast "
+                "tokenizer's tokenizer.json)"
+            ) from None
         raise ModelError(
             f"cannot load tokenizer from {source!r} (are its tokenizer files damaged?): "
             f"{type(e).__name__}: {first_line(e)}"
@@ -354,21 +335,6 @@ def load_tokenizer(source: str, trust_remote_code: bool = False):
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float)):
         raise ModelError(f"{source}: tokenizer_config.json's model_max_length is {limit!r}, not a number")
     return tokenizer
-
-
-def _check_sentencepiece(source: str) -> None:
-    """A SentencePiece model alone (no tokenizer.json) needs the package that reads it; without it
-    transformers' fallback reader reports something else."""
-    folder = Path(source)
-    if not folder.is_dir() or (folder / "tokenizer.json").is_file():
-        return
-    found = [name for name in SENTENCEPIECE_FILES if (folder / name).is_file()]
-    if found and importlib.util.find_spec("sentencepiece") is None:
-        raise ModelError(
-            f"{source}: its tokenizer is a SentencePiece model alone ({found[0]}, no tokenizer.json), which "
-            "needs the sentencepiece package: pip install sentencepiece (or save the model with a fast "
-            "tokenizer's tokenizer.json)"
-        )
 
 
 def check_tokenizer(tokenizer, config, source: str) -> None:
@@ -392,7 +358,7 @@ def check_tokenizer(tokenizer, config, source: str) -> None:
 
 
 def check_cls_first(tokenizer, source: str) -> None:
-    """One text is [CLS] first, [SEP] last, no other special token, all of token type 0 (what is fed)."""
+    """One text is [CLS] first, [SEP] last, no other special token, all of token type 0."""
     enc = tokenizer("a b", return_special_tokens_mask=True, return_token_type_ids=True)
     if any(types := enc.get("token_type_ids") or ()):
         raise ModelError(
@@ -426,7 +392,7 @@ def _folder(path: str) -> Path | None:
 
 
 def weights_hash(path: str) -> str:
-    """sha256 over the weight files of a local model folder (or its hub cache); "unknown" without any."""
+    """sha256 over a model folder's weight files; "unknown" without any."""
     folder = _folder(path)
     files = (sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))) if folder else []
     if not files:
@@ -449,9 +415,8 @@ def _files_hash(files: tuple[tuple[str, str, int, int], ...]) -> str:
 
 
 def config_hash(path: str) -> str:
-    """sha256 of config.json less the keys that leave the outputs as they are (and the loader's own
-    ``_`` keys), and of the folder's Python files (what a config's ``auto_map`` imports under
-    --trust-remote-code). The file, not the loaded config: defaults a library upgrade adds change nothing."""
+    """sha256 of config.json's file (so a library's new defaults change nothing) less inert and ``_`` keys,
+    and of the folder's Python files (``auto_map`` code)."""
     folder = _folder(path)
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder else None
@@ -465,8 +430,8 @@ def config_hash(path: str) -> str:
 
 
 def tokenizer_hash(tokenizer: Any) -> str:
-    """sha256 of what the tokenizer does (its vocabulary, a probe text's ids and spans, its truncation
-    side), not of its saved form, which a library upgrade may spell otherwise."""
+    """sha256 of what the tokenizer does (vocabulary, a probe's ids and spans, truncation side), not of its
+    saved form, which a library upgrade may spell otherwise."""
     enc = tokenizer(_PROBE, return_offsets_mapping=True, verbose=False)  # verbose: of a length limit
     state = [sorted(tokenizer.get_vocab().items()), enc["input_ids"], enc["offset_mapping"]]
     state.append(getattr(tokenizer, "truncation_side", "right"))
@@ -474,10 +439,8 @@ def tokenizer_hash(tokenizer: Any) -> str:
 
 
 def other_model_files(source: str, recorded: Mapping[str, Any]) -> str | None:
-    """ "other weights" or "another config.json or Python code" where the model at ``source`` surely
-    differs from a run's ``recorded`` model, else None. Checked before loading: a model retrained in the
-    same folder may fail the run's settings and would be refused for that instead. A hash not recorded is
-    not compared."""
+    """What surely differs between the model at ``source`` and a run's ``recorded`` one, else None; checked
+    before loading, so that a retrained model is named as such."""
     path = resolve_source(source)
     for what, key, now in (
         ("other weights", "weights_sha256", weights_hash),

@@ -17,7 +17,7 @@ import logging
 import pickle
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,8 +30,6 @@ from .alti import AltiCapture
 from .capture import ClsRowCapture, eager_rows
 from .checks import (
     check_loaded_weights,
-    check_positions,
-    check_single_label,
     check_tokenizer,
     config_hash,
     label_names,
@@ -77,34 +75,37 @@ class Classifier:
     oom_tokens: int | None = None  # the fewest padded tokens of a batch that ran out of device memory
 
     @classmethod
-    def load(
-        cls,
-        source: str,
-        layers: list[int] | tuple[int, ...] = (-2,),
-        device: str = "auto",
-        dtype: str = "auto",
-        attention: str = "sdpa",
-        max_length: int | None = None,
-        trust_remote_code: bool = False,
-        allow_pickle: bool = False,
-        trim_last_layer: bool = True,
-        value_zeroing: bool = False,
-        contributions: str | None = None,
-        compile: bool = False,
-    ) -> Classifier:
+    def load(cls, source: str, layers: list[int] | tuple[int, ...] = (-2,), device: str = "auto", dtype: str = "auto",
+             attention: str = "sdpa", max_length: int | None = None, trust_remote_code: bool = False,
+             allow_pickle: bool = False, trim_last_layer: bool = True, value_zeroing: bool = False,
+             contributions: str | None = None, compile: bool = False) -> Classifier:  # fmt: skip
         path = resolve_source(source)
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         config = load_config(path, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
-        check_single_label(config, source)
         id2label = label_names(config, source)
         tokenizer = load_tokenizer(path, trust_remote_code)
         check_tokenizer(tokenizer, config, source)
 
         model = _load_weights(path, source, attention, torch_dtype, trust_remote_code, allow_pickle)
-        if not _moved(model, dev):
-            del model  # the error's traceback holds this frame: the weights go before it is raised
-            raise does_not_fit(source, dev, torch_dtype)
+        try:
+            model.eval().to(dev)  # eval: dropout off
+        except RuntimeError as e:  # torch's OutOfMemoryError is one
+            if not out_of_memory(e):
+                raise
+            model = None  # raised below, out of this block, whose traceback holds the weights moved already
+        if model is None:  # what it took on the device given back first
+            free = ""
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+                left, total = torch.cuda.mem_get_info(dev)
+                free = f" ({left / 2**30:.1f} of {total / 2**30:.1f} GiB free)"
+            half = (
+                ", or load it in half the memory (--dtype bfloat16)" if torch_dtype == torch.float32 else ""
+            )
+            raise ModelError(
+                f"{source} does not fit on {dev}{free}: free the device or choose another (--device){half}"
+            )
         num_layers = layer_count(config)
         resolved = resolve_layers(layers, num_layers)
         capture = ClsRowCapture(model, resolved)
@@ -128,24 +129,11 @@ class Classifier:
             with no_cudnn_attention():  # the kernels the batches run
                 trim = trim if verified(model, trim, len(tokenizer), dev, limit) else None
         clf = cls(
-            tokenizer=tokenizer,
-            model=model,
-            device=dev,
-            dtype=torch_dtype,
-            layers=resolved,
-            max_length=limit,
-            attention=attention,
-            source=source,
-            weights_sha256=weights_hash(path),
-            config_sha256=config_hash(path),
-            num_layers=num_layers,
-            num_heads=int(getattr(config, "num_attention_heads", None) or config.n_heads),
-            capture=capture,
-            id2label=id2label,
-            trim=trim,
-            value_zeroing=value_zeroing,
-            alti=alti,
-        )
+            tokenizer=tokenizer, model=model, device=dev, dtype=torch_dtype, layers=resolved, max_length=limit,
+            attention=attention, source=source, weights_sha256=weights_hash(path), config_sha256=config_hash(path),
+            num_layers=num_layers, num_heads=int(getattr(config, "num_attention_heads", None) or config.n_heads),
+            capture=capture, id2label=id2label, trim=trim, value_zeroing=value_zeroing, alti=alti,
+        )  # fmt: skip
         if compile:
             clf.compiled = compiled_model(clf)
         return clf
@@ -170,12 +158,10 @@ class Classifier:
 
     @property
     def words(self) -> str | None:
-        """How words are made of this tokenizer's tokens where a job says ``auto``: ``jieba`` where it
-        splits Chinese text into characters, ``wordpiece`` where it marks ``##`` continuations."""
+        """How a job's ``auto`` words are made: ``jieba`` where Chinese splits into characters, ``wordpiece``
+        where ``##`` marks continuations."""
         sample = "我们喜欢中文"
-        spans = self.tokenizer(sample, add_special_tokens=False, return_offsets_mapping=True)[
-            "offset_mapping"
-        ]
+        spans = self.tokenizer(sample, add_special_tokens=False, return_offsets_mapping=True).offset_mapping
         if [e - s for s, e in spans] == [1] * len(sample):
             return "jieba"
         return "wordpiece" if self.word_continuation else None
@@ -191,24 +177,20 @@ class Classifier:
         return self.device.type
 
     def pad(self, ids: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-pad a batch: (B, S) input ids and attention mask on the model's device, in one scatter."""
-        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        keep = np.arange(lengths.max()) < lengths[:, None]  # (B, S)
-        input_ids = np.full(keep.shape, self.tokenizer.pad_token_id or 0, dtype=np.int64)
-        input_ids[keep] = np.concatenate(ids)
-        t_ids, t_mask = torch.from_numpy(input_ids), torch.from_numpy(keep.astype(np.int64))
+        """Right-pad a batch: (B, S) input ids and attention mask on the model's device."""
+        t_ids, t_mask = pad_batch(ids, self.tokenizer.pad_token_id or 0)
         if self.device.type == "cuda":
             t_ids, t_mask = t_ids.pin_memory(), t_mask.pin_memory()
         return t_ids.to(self.device, non_blocking=True), t_mask.to(self.device, non_blocking=True)
 
     def forward(self, ids: list[np.ndarray]) -> Outputs:
-        """Probabilities, [CLS] rows, their norms and (where asked for) value zeroing of one padded batch."""
+        """One padded batch's outputs, waited for."""
         return self.launch(ids).result()
 
     @torch.inference_mode()
     def launch(self, ids: list[np.ndarray]) -> PendingOutputs:
-        """Queue one padded batch on the device and return at once, reading nothing back: the next batch
-        is queued while the host copies this one's outputs (:meth:`PendingOutputs.result`)."""
+        """Queue one padded batch on the device and return at once, so the next is queued while the host
+        copies this one's outputs."""
         input_ids, mask = self.pad(ids)  # (B, S) each
         model = self.model if self.compiled is None else self.compiled
         alti = self.alti.forward(mask) if self.alti is not None else contextlib.nullcontext()
@@ -244,8 +226,8 @@ class Classifier:
         return torch.softmax(logits.float(), dim=-1).cpu().numpy()
 
     def gradient_x_input(self, ids: list[np.ndarray], classes: np.ndarray) -> np.ndarray:
-        """Gradient × input (B, S) float32 of one padded batch: per token, its input embedding · the
-        gradient of p(``classes[b]``) with respect to it; 0 on padding."""
+        """Gradient × input (B, S) float32: each token's embedding · the gradient of p(``classes[b]``); 0 on
+        padding."""
         input_ids, mask = self.pad(ids)
         with torch.enable_grad(), no_cudnn_attention():
             embeds = self.model.get_input_embeddings()(input_ids).detach().requires_grad_(True)  # (B, S, E)
@@ -257,8 +239,7 @@ class Classifier:
 
 
 class PendingOutputs:
-    """One batch's outputs on their way to the host: copies the device makes after the batch's kernels,
-    and an event that says when they are done."""
+    """One batch's outputs on their way to the host, and an event that says when the copies are done."""
 
     def __init__(self, clf: Classifier, size: int, host: list[torch.Tensor | None]) -> None:
         self._clf, self._size, self._host = clf, size, host
@@ -268,7 +249,7 @@ class PendingOutputs:
             self._done.record(torch.cuda.current_stream(clf.device))
 
     def result(self) -> Outputs:
-        """The batch's outputs as float32 numpy arrays, once the device has copied them."""
+        """The batch's outputs as float32 numpy arrays."""
         if self._done is not None:
             self._done.synchronize()
         finite, *outputs = self._host
@@ -284,13 +265,22 @@ class PendingOutputs:
         return Outputs(*(None if t is None else copy(t.numpy()) for t in outputs))
 
 
+def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token ids: (B, S) input ids and attention mask, in one scatter."""
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    keep = np.arange(lengths.max()) < lengths[:, None]  # (B, S)
+    input_ids = np.full(keep.shape, pad_id, dtype=np.int64)
+    input_ids[keep] = np.concatenate(ids)
+    return torch.from_numpy(input_ids), torch.from_numpy(keep.astype(np.int64))
+
+
 def layer_count(config) -> int:
-    """The encoder's layers (DistilBERT's config calls them ``n_layers``)."""
+    """The encoder's layers (DistilBERT's ``n_layers``)."""
     return int(getattr(config, "num_hidden_layers", None) or config.n_layers)
 
 
 def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list[int]:
-    """Negative indices count from the end (-2 of 6 layers is 4); out-of-range ones are refused."""
+    """Negative indices count from the end (-2 of 6 layers is 4)."""
     out = []
     for layer in layers:
         idx = layer + num_layers if layer < 0 else layer
@@ -308,25 +298,20 @@ def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list
 def _load_weights(
     path: str, source: str, attention: str, dtype: torch.dtype, trust_remote_code: bool, allow_pickle: bool
 ) -> torch.nn.Module:
-    """The classifier's weights, every one loaded and fitting its positions. An architecture without
-    SDPA runs its own eager attention (its [CLS] rows are captured all the same)."""
+    """The classifier, every weight loaded; without SDPA, its own eager attention (rows captured alike)."""
     from transformers import AutoModelForSequenceClassification
 
     def from_pretrained(implementation: str):
         # quiet: what its load report says, check_loaded_weights says as one error
         with warnings.catch_warnings(), transformers_log_level("error"):
             warnings.simplefilter("ignore")
+            # mismatched sizes are refused below, naming the weights; outputs are objects (.logits) whatever
+            # config.json says; eager mode asks for attentions per call, and SDPA cannot return them
             return AutoModelForSequenceClassification.from_pretrained(
-                path,
-                dtype=dtype,
-                attn_implementation=implementation,
-                use_safetensors=None if allow_pickle else True,
-                trust_remote_code=trust_remote_code,
-                output_loading_info=True,
-                ignore_mismatched_sizes=True,  # refused below, naming the weights, not raised bare
-                return_dict=True,  # outputs as objects (.logits), whatever config.json says
-                output_attentions=False,  # eager mode asks per call; sdpa cannot return them
-            )
+                path, dtype=dtype, attn_implementation=implementation, use_safetensors=None if allow_pickle else True,
+                trust_remote_code=trust_remote_code, output_loading_info=True, ignore_mismatched_sizes=True,
+                return_dict=True, output_attentions=False,
+            )  # fmt: skip
 
     try:
         try:
@@ -345,25 +330,12 @@ def _load_weights(
         ) from None
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         raise ModelError(f"cannot load model weights from {source!r}: {first_line(e)}") from None
-    check_positions(model, source)  # first: its dropped weights are what the next check names
     check_loaded_weights(model, info, source)
     return model
 
 
-def _moved(model: torch.nn.Module, dev: torch.device) -> bool:
-    """Whether the model is now on its device, in eval mode (dropout off), or the device is too small."""
-    try:
-        model.eval().to(dev)
-        return True
-    except RuntimeError as e:  # torch's OutOfMemoryError is one
-        if not out_of_memory(e):
-            raise
-    return False  # out of the except block, whose traceback holds the weights moved already
-
-
 def _max_length(asked: int | None, tokenizer, config, source: str) -> int:
-    """The tokens a review keeps: the tokenizer's ``model_max_length`` unless asked for more, never more
-    than the model has positions for."""
+    """The tokens a review keeps: the tokenizer's ``model_max_length`` unless asked, at most the positions."""
     positions = position_limit(config)
     few = "too few for [CLS], one token and [SEP]"
     if positions < MIN_TOKENS:
@@ -382,8 +354,7 @@ def _max_length(asked: int | None, tokenizer, config, source: str) -> int:
 
 
 def warn_above_tokenizer(length: int, tokenizer, positions: int, source: str) -> None:
-    """Warn where reviews keep more tokens than the tokenizer's ``model_max_length``: the positions allow
-    it, but the model may not have been trained that long."""
+    """Warn above the tokenizer's ``model_max_length``: the model may not have been trained that long."""
     tok_limit = tokenizer_limit(tokenizer)
     if tok_limit is not None and length > tok_limit:
         log.warning(
@@ -399,12 +370,12 @@ def warn_above_tokenizer(length: int, tokenizer, positions: int, source: str) ->
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise SpecError(f"device {device!r} asked for, but no CUDA device is available; use --device cpu")
-    if device.startswith("mps") and not torch.backends.mps.is_available():
-        raise SpecError(
-            f"device {device!r} asked for, but no Apple MPS device is available; use --device cpu"
-        )
+    for kind, name, available in (("cuda", "CUDA", torch.cuda.is_available),
+                                  ("mps", "Apple MPS", torch.backends.mps.is_available)):  # fmt: skip
+        if device.startswith(kind) and not available():
+            raise SpecError(
+                f"device {device!r} asked for, but no {name} device is available; use --device cpu"
+            )
     try:
         dev = torch.device(device)
     except RuntimeError as e:
@@ -418,35 +389,20 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """auto: bfloat16 on CUDA devices with bfloat16 tensor cores (compute capability 8.0 or later:
-    ``torch.cuda.is_bf16_supported()`` also says yes where it is emulated, and slow), float16 on older
-    ones, float32 on CPU."""
+    """auto: bfloat16 on CUDA from compute capability 8.0 (``is_bf16_supported`` also says yes where it is
+    emulated, and slow), float16 before, float32 elsewhere."""
     if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
         return torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    return getattr(torch, dtype)  # float32, bfloat16 or float16
 
 
 def out_of_memory(e: BaseException) -> bool:
-    """Whether ``e`` says the device ran out of memory: torch's own error, or the RuntimeError of an
-    allocation outside its caching allocator (pinned host memory, a cuBLAS handle, Apple's MPS)."""
+    """Whether ``e`` says the device ran out of memory, in torch's caching allocator or outside it."""
     if isinstance(e, torch.cuda.OutOfMemoryError):
         return True
     return isinstance(e, RuntimeError) and any(s in str(e) for s in ("out of memory", "ALLOC_FAILED"))
-
-
-def does_not_fit(source: str, dev: torch.device, dtype: torch.dtype) -> ModelError:
-    """The error for a model too big for its device, made once what it took there is given back."""
-    free = ""
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-        left, total = torch.cuda.mem_get_info(dev)
-        free = f" ({left / 2**30:.1f} of {total / 2**30:.1f} GiB free)"
-    half = ", or load it in half the memory (--dtype bfloat16)" if dtype == torch.float32 else ""
-    return ModelError(
-        f"{source} does not fit on {dev}{free}: free the device or choose another (--device){half}"
-    )
 
 
 _cudnn_lock = threading.Lock()
@@ -456,8 +412,7 @@ _cudnn_was = True
 
 @contextlib.contextmanager
 def no_cudnn_attention() -> Iterator[None]:
-    """SDPA without cuDNN's kernel while any thread is inside (the flag is process-wide; the last thread
-    out restores it): cuDNN plans each new (batch, length) shape anew, and bucketed batches have many."""
+    """SDPA without cuDNN, which plans each new (batch, length) shape anew, while any thread is inside."""
     global _cudnn_users, _cudnn_was
     with _cudnn_lock:
         if _cudnn_users == 0:
@@ -474,9 +429,7 @@ def no_cudnn_attention() -> Iterator[None]:
 
 
 def compiled_model(clf: Classifier) -> torch.nn.Module:
-    """``clf.model`` under ``torch.compile`` (dynamic shapes), once probe batches of each graph a job needs
-    (padded, unpadded, one review) give eager's outputs through it; else a ModelError says why.
-    The capture's and trim's hooks are traced into the graph."""
+    """``clf.model`` under ``torch.compile``, once probe batches of each graph a job runs give eager's outputs."""
     rng = np.random.default_rng(0)
     probes = [
         [rng.integers(0, len(clf.tokenizer), min(n, clf.max_length)) for n in lengths]

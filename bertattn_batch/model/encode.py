@@ -1,8 +1,5 @@
-"""Texts -> token ids and character offsets, with truncation recorded per review.
-
-Needs a fast (Rust-backed) tokenizer: only it gives offsets into the original text, which trace each
-token back to its characters (BERT's Chinese tokenizer drops whitespace such as ``\\xa0``). Imports no
-torch: host processes encode.
+"""Texts -> token ids and character offsets into the original text (a fast tokenizer's), with truncation
+recorded per review. Imports no torch: host processes encode.
 """
 
 from __future__ import annotations
@@ -56,19 +53,17 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
     if not keeps_start:
         cap = len(max(texts, key=len))  # the cut keeps the start; truncation from the left keeps the end
     cut = [t[:cap] if len(t) > cap else t for t in texts]
-    mark = _word_mark_id(tokenizer.backend_tokenizer)
-    trims = _trims_offsets(tokenizer.backend_tokenizer)
+    backend = tokenizer.backend_tokenizer
+    mark, trims = _word_mark_id(backend), _trims_offsets(backend)
     out = []
     for i, (ids, offsets, truncated) in enumerate(_encode_batch(tokenizer, cut, max_length)):
-        if len(cut[i]) != len(texts[i]):
-            if truncated and _cut_is_exact(tokenizer.backend_tokenizer, cut[i], offsets):
-                pass  # the review overflows anyway, and the cut did not touch what was kept
-            else:  # rare: mostly whitespace, dropped characters or words of hundreds of letters
-                ids, offsets, truncated = _encode_batch(tokenizer, [texts[i]], max_length)[0]
+        # a cut text is encoded whole where the cut may change what it keeps (rare: long words, whitespace)
+        if len(cut[i]) != len(texts[i]) and not (truncated and _cut_is_exact(backend, cut[i], offsets)):
+            ids, offsets, truncated = _encode_batch(tokenizer, [texts[i]], max_length)[0]
         if mark is not None:
             _unpin_prepended_marks(texts[i], ids, offsets, mark)
         if trims:
-            _span_trimmed_spaces(tokenizer.backend_tokenizer, texts[i], ids, offsets)
+            _span_trimmed_spaces(backend, texts[i], ids, offsets)
         if not texts[i].isascii() and _marks().search(texts[i]):
             _widen_over_marks(texts[i], offsets, end_known=not (truncated and keeps_start))
         out.append(Encoded(ids=ids, offsets=offsets, truncated=truncated))
@@ -76,8 +71,8 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
 
 
 class Encoder:
-    """:func:`encode_texts` with a fixed ``max_length``, on ``threads`` threads at once, each with its own
-    copy of the tokenizer (calls on one tokenizer wait for each other). Configure the tokenizer first."""
+    """:func:`encode_texts` on ``threads`` threads, each with its own copy of the tokenizer (calls on one
+    tokenizer wait for each other)."""
 
     def __init__(self, tokenizer, max_length: int, threads: int = 1) -> None:
         self.max_length = max_length
@@ -102,20 +97,18 @@ class Encoder:
             out += future.result()
         return out
 
-    def close(self) -> None:
+    def close(self, *_exc: object) -> None:
         for thread in self._threads:
             thread.shutdown(cancel_futures=True)
 
     def __enter__(self) -> Encoder:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    __exit__ = close
 
 
 def _word_mark_id(backend) -> int | None:
-    """Id of the token that is a word-start mark alone: Metaspace's '▁', or byte-level BPE's 'Ġ' where
-    it adds a space before the text; None for tokenizers that prepend no mark (WordPiece)."""
+    """Id of a prepended word-start mark alone (Metaspace's '▁', byte-level BPE's 'Ġ'), or None."""
     state = json.loads(backend.pre_tokenizer.__getstate__()) if backend.pre_tokenizer is not None else {}
     for part in [state, *state.get("pretokenizers", [])]:
         if part.get("type") == "Metaspace" and part.get("prepend_scheme", "always") != "never":
@@ -126,12 +119,8 @@ def _word_mark_id(backend) -> int | None:
 
 
 def _unpin_prepended_marks(text: str, ids: np.ndarray, offsets: np.ndarray, mark: int) -> None:
-    """Give a lone word mark that stands for no character of the text an empty span, in place.
-
-    A prepended mark is aligned with its word's first character, which the next token covers too ('▁'
-    and '好' of "好吃" both at 0..1). A mark whose span ends before the next token (a tokenizer that keeps
-    spaces) spans real text and is kept; a last one (truncation cut after it) where its span holds no space.
-    """
+    """Give a lone word mark that stands for no character an empty span, in place: a prepended one shares
+    its word's first character with the next token ('▁' and '好' of "好吃" both at 0..1)."""
     for k in np.flatnonzero(ids[1:-1] == mark) + 1:
         start, end = offsets[k]
         if k + 1 < len(ids) - 1:
@@ -151,8 +140,7 @@ def _trims_offsets(backend) -> bool:
 
 
 def _span_trimmed_spaces(backend, text: str, ids: np.ndarray, offsets: np.ndarray) -> None:
-    """Give each content token that is whitespace alone (a trimmed, empty span) the whitespace it stands
-    for, in place; a prepended mark stands for no character and keeps its empty span."""
+    """Give each whitespace token whose span was trimmed empty the whitespace it stands for, in place."""
     inner = offsets[1:-1]
     for k in np.flatnonzero(inner[:, 0] == inner[:, 1]) + 1:
         at = int(offsets[k, 1])
@@ -168,8 +156,7 @@ def _span_trimmed_spaces(backend, text: str, ids: np.ndarray, offsets: np.ndarra
 
 
 def _joins_previous(char: str) -> bool:
-    """A combining mark, or a Hangul vowel or final jamo: what a normalizer composes into or strips from
-    the character before it."""
+    """A combining mark or a Hangul vowel or final jamo: what a normalizer joins to the character before."""
     return (
         unicodedata.category(char)[0] == "M" or "\u1160" <= char <= "\u11ff" or "\ud7b0" <= char <= "\ud7ff"
     )
@@ -177,16 +164,14 @@ def _joins_previous(char: str) -> bool:
 
 @functools.cache
 def _marks() -> re.Pattern:
-    """One fast class of the characters of :func:`_joins_previous` in the Basic Multilingual Plane and
-    every character beyond it: a text without any has no mark to span."""
+    """A character class of :func:`_joins_previous` in the BMP, and everything beyond it: a quick test."""
     chars = "".join(chr(c) for c in range(0x10000) if _joins_previous(chr(c)))
     return re.compile(f"[{re.escape(chars)}\U00010000-\U0010ffff]")
 
 
 def _widen_over_marks(text: str, offsets: np.ndarray, end_known: bool) -> None:
-    """Extend each content token's span, in place, over the marks after it that no token covers (a
-    composed 'é' from 'e' + U+0301 is aligned with the 'e'). The last token reaches to the text's end
-    only where that end is kept (``end_known``)."""
+    """Extend each content token's span over the marks after it that no token covers ('e' + U+0301), in
+    place; the last one to the text's end only where that end is kept (``end_known``)."""
     last = len(offsets) - 1  # the [SEP]
     for k in range(1, last):
         start, end = offsets[k]
@@ -206,16 +191,13 @@ _PREPARED: weakref.WeakKeyDictionary[Any, tuple[Any, Any, CharTokens | None]] = 
 
 
 def text_backend(tokenizer):
-    """The Rust tokenizer that encodes a review's text as text, special tokens' text included:
-    ``encode_special_tokens`` on, and for a Unigram vocabulary (XLM-R, CamemBERT), which also holds
-    ``<s>`` and ``<pad>`` as pieces, a copy whose special pieces are out of reach of any text (every
-    other piece, id and score the same)."""
+    """The Rust tokenizer that encodes a review's text as text, a special token's text included (a Unigram
+    vocabulary's special pieces made unreachable)."""
     return _prepared(tokenizer)[0]
 
 
 def without_fast_path(tokenizer) -> None:
-    """Encode every text with ``tokenizer``'s own Rust path from now on, not :mod:`.char_tokens`'s (to
-    compare the two)."""
+    """Encode with ``tokenizer``'s own Rust path from now on, not :mod:`.char_tokens`'s (to compare them)."""
     _PREPARED[tokenizer] = (tokenizer.backend_tokenizer, text_backend(tokenizer), None)
 
 
@@ -241,8 +223,7 @@ def _prepared(tokenizer) -> tuple[Any, CharTokens | None]:
 
 
 def with_special_tokens(tokenizer, contents: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Each review's content token ids (as a run's tokens table holds them) between [CLS] and [SEP]: the
-    ids the run scored."""
+    """Each review's content token ids (a run's tokens table) between [CLS] and [SEP]: the ids it scored."""
     ends = _encode_batch(tokenizer, [""], 2)[0][0]
     return [np.concatenate([ends[:1], np.asarray(c, dtype=np.int32), ends[1:]]) for c in contents]
 
@@ -253,10 +234,8 @@ def id_limit(tokenizer) -> int:
 
 
 def _cut_is_exact(backend, cut: str, offsets: np.ndarray) -> bool:
-    """Whether the tokens kept from a cut text are those the whole text would give: they end before its
-    last whitespace (words split there), or, in WordPiece, what follows them is longer than
-    ``max_input_chars_per_word`` (a word that long is one [UNK] reaching past the cut either way).
-    """
+    """Whether a cut text keeps the whole text's tokens: they end before its last whitespace, or in WordPiece
+    the rest is longer than ``max_input_chars_per_word`` (one [UNK] either way)."""
     end = int(offsets[:, 1].max(initial=0))
     space = _LAST_SPACE.search(cut)
     if space is not None and end <= space.start():
@@ -269,8 +248,7 @@ def _cut_is_exact(backend, cut: str, offsets: np.ndarray) -> bool:
 
 
 def _encode_batch(tokenizer, texts: list[str], max_length: int) -> list[Encoding]:
-    """The tokenizer's own ids and offsets with [CLS] and [SEP], truncated to ``max_length``, and whether
-    each text was truncated; a special token's text in a review is text (:func:`text_backend`)."""
+    """The tokenizer's own (ids, offsets, truncated) with [CLS] and [SEP], at most ``max_length`` tokens."""
     backend, chars = _prepared(tokenizer)
     side = getattr(tokenizer, "truncation_side", "right")
     encoded = chars.encode(texts, max_length, keep_start=side == "right") if chars is not None else None

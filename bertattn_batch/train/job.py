@@ -28,28 +28,27 @@ log = logging.getLogger(__name__)
 
 
 def ensure_model(spec: JobSpec, progress: bool = True) -> float:
-    """Train the job's model on first run when the job has a [finetune] table and the folder is missing;
-    returns the seconds that took (0 where the model was there), which a run's summary reports apart.
-
-    One job trains it; a job started meanwhile waits for that and uses the same model. Why: each would
-    otherwise train its own and replace the other's folder, and as training is capped by time its
-    weights differ, so the first job's run would be refused as another job's on every resume.
-    """
+    """Train the job's model where its [finetune] table says and the folder is missing; the seconds it took.
+    A job started meanwhile waits and uses the same model (a time-capped training differs each time, and a
+    run of the other model would be refused on resume)."""
     if spec.finetune is None or is_remote(spec.model) or (Path(spec.model) / "config.json").is_file():
         return 0.0  # a model on a store is read as it is: a job trains into a local folder only
     t0 = time.perf_counter()
     old_manifest(spec.out, spec.on_existing)  # an --out that would be refused: found before training
-    if spec.finetune.base is not None:
-        _check_base_fits(spec)
+    if (base := spec.finetune.base) is not None:  # the job's layers and length, before a vain training
+        config = load_config(resolve_source(base), allow_pickle=None)
+        resolve_layers(spec.layers, layer_count(config))
+        if spec.max_length is not None and spec.max_length > (positions := position_limit(config)):
+            raise SpecError(
+                f"max_length {spec.max_length} exceeds the {positions} tokens that finetune.base {base} has "
+                "positions for"
+            )
     model = Path(spec.model)
     try:
         model.parent.mkdir(parents=True, exist_ok=True)
         # with the model there, waiters find it and later jobs need no lock
-        with file_lock(
-            model.with_name(f".{model.name}.training.lock"),
-            waiting=f"another job is training {model}; waiting for it",
-            remove=True,
-        ):
+        waiting = f"another job is training {model}; waiting for it"
+        with file_lock(model.with_name(f".{model.name}.training.lock"), waiting=waiting, remove=True):
             if (model / "config.json").is_file():
                 log.warning("model %s was trained by another job meanwhile; using it", spec.model)
             else:
@@ -63,23 +62,9 @@ def ensure_model(spec: JobSpec, progress: bool = True) -> float:
     return time.perf_counter() - t0
 
 
-def _check_base_fits(spec: JobSpec) -> None:
-    """The job's layers and length against the base's config, before a training that would otherwise
-    end in their refusal (a model from scratch has them checked with the job spec)."""
-    assert spec.finetune is not None and spec.finetune.base is not None
-    config = load_config(resolve_source(spec.finetune.base), allow_pickle=None)
-    resolve_layers(spec.layers, layer_count(config))
-    positions = position_limit(config)
-    if spec.max_length is not None and spec.max_length > positions:
-        raise SpecError(
-            f"max_length {spec.max_length} exceeds the {positions} tokens that finetune.base "
-            f"{spec.finetune.base} has positions for"
-        )
-
-
 def training_inputs(spec: JobSpec, paths: list[str] | None = None) -> InputSpec:
-    """What a job's model is trained on: ``[finetune]``'s inputs where it names them, else the job's own
-    (all their rows); ``paths`` given replace the files, read by their names, with the same columns."""
+    """What a job's model is trained on: ``[finetune]``'s inputs, else all the job's rows; ``paths`` replace
+    the files, with the same columns."""
     own = spec.finetune.inputs if spec.finetune and spec.finetune.inputs else spec.inputs
     label_col = own.label_col or "label"
     if paths:
@@ -89,23 +74,17 @@ def training_inputs(spec: JobSpec, paths: list[str] | None = None) -> InputSpec:
 
 def _train_model(spec: JobSpec, progress: bool) -> None:
     assert spec.finetune is not None
-    # on every row of its inputs, --limit or not: a model trained on a trial's few rows would stay
-    # in the model folder and score every later run of the job
+    # on every row, --limit or not: a model trained on a trial's few rows would score every later run
     every = (
         " (on all its rows: --limit applies to the reviews scored)" if spec.inputs.limit is not None else ""
     )
     log.warning("model %s not found: training it now from the job's [finetune] table%s", spec.model, every)
-    plan = TrainingPlan(training_inputs(spec), spec.model, spec.finetune)
-    metrics = plan.run(progress)
+    metrics = api.finetune_files(training_inputs(spec), spec.model, spec.finetune, progress)
     if metrics.get("accuracy") is None:  # eval_fraction = 0; an accuracy of 0.0 is still printed
         log.warning("trained %s: no held-out split", spec.model)
     else:
-        log.warning(
-            "trained %s: held-out accuracy %.4f, macro-F1 %.4f",
-            spec.model,
-            metrics["accuracy"],
-            metrics["macro_f1"],
-        )
+        log.warning("trained %s: held-out accuracy %.4f, macro-F1 %.4f", spec.model, metrics["accuracy"],
+                    metrics["macro_f1"])  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,10 +105,8 @@ def plan_training(
     job: str | Path | JobSpec | None = None,
     **given: Any,
 ) -> TrainingPlan:
-    """A training from files and ``--out``, or from a job spec's model and ``[finetune]`` table (its
-    inputs and columns where the table names none; ``inputs`` given replace the files). ``given``: keys
-    of :class:`InputSpec` and of :class:`FinetuneSpec` as a job file names them (None: not given), which
-    replace the job's."""
+    """A training from files and ``--out``, or from a job's model and ``[finetune]`` table; ``given``: keys
+    of :class:`InputSpec` and :class:`FinetuneSpec` as a job file names them (None: not given)."""
     given = {k: v for k, v in given.items() if v is not None}
     reading = {keys(InputSpec)[k][1].name: given.pop(k) for k in list(given) if k in keys(InputSpec)}
     if job is not None:

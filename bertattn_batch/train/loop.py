@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from .._terminal import bar_size
 from ..config import FinetuneSpec
 from ..errors import ModelError
+from ..model.classifier import pad_batch
 
 #: Batches are sorted by length within chunks of this many batches, then shuffled.
 BUCKET_CHUNK_BATCHES = 64
@@ -44,13 +45,9 @@ def split_indices(
     seed: int,
     same: Sequence[Sequence[Hashable]] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A seeded, stratified (train, eval) split of row indices, each sorted.
-
-    ``same``: keys per row (its text, its id); rows that share one form a group, which goes to one side
-    whole, so that no held-out review was trained on. A group counts in the class of its first row. Each
-    class holds out whole groups, in a seeded order, while they fit in its share of rows; where none
-    fits, its smallest group. A class that is one group stays in training.
-    """
+    """A seeded, stratified (train, eval) split of row indices, each sorted. Rows that share a key of ``same``
+    (text, id) form a group, held out whole or not at all, in the class of its first row: each class holds
+    out groups in a seeded order while they fit its share, else its smallest; a class of one group trains."""
     y = np.asarray(label_ids)
     group = _groups(len(y), same)
     firsts = np.flatnonzero(group == np.arange(len(y)))  # one row a group, in row order
@@ -95,8 +92,7 @@ def _groups(n: int, same: Sequence[Sequence[Hashable]]) -> np.ndarray:
 
 
 def length_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Shuffled batches of similar length: shuffle, sort within chunks, cut, shuffle the batches (random
-    enough to train on, with little padding)."""
+    """Shuffled batches of similar length: shuffle, sort within chunks, cut, shuffle the batches."""
     order = rng.permutation(len(lengths))
     chunk = batch_size * BUCKET_CHUNK_BATCHES
     batches: list[np.ndarray] = []
@@ -107,16 +103,6 @@ def length_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generato
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def _collate(ids: list[list[int]], rows: np.ndarray, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(ids[i]) for i in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, S)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, S)
-    for r, i in enumerate(rows):
-        input_ids[r, : len(ids[i])] = torch.tensor(ids[i], dtype=torch.long)
-        mask[r, : len(ids[i])] = 1
-    return input_ids, mask
-
-
 def predict(model: Any, ids: list[list[int]], pad_id: int, batch_size: int) -> np.ndarray:
     """Argmax predictions in the order of ``ids``, batched by length."""
     model.eval()
@@ -125,7 +111,7 @@ def predict(model: Any, ids: list[list[int]], pad_id: int, batch_size: int) -> n
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            input_ids, mask = _collate(ids, rows, pad_id)
+            input_ids, mask = pad_batch([ids[i] for i in rows], pad_id)
             preds[rows] = model(input_ids=input_ids, attention_mask=mask).logits.argmax(-1).numpy()
     return preds
 
@@ -140,11 +126,8 @@ def _diverged(what: str, step: int, spec: FinetuneSpec) -> ModelError:
 def train_loop(
     model: Any, ids: list[list[int]], y: np.ndarray, pad_id: int, spec: FinetuneSpec, progress: bool
 ) -> dict[str, Any]:
-    """Train ``model`` on token ids and label ids; what the training did.
-
-    AdamW without weight decay on biases and LayerNorm. With ``max_train_seconds`` the loop measures its
-    recent pace and fits the schedule (never longer than planned) into the time left.
-    """
+    """Train ``model`` on token ids and label ids (AdamW, no decay on biases and LayerNorm); what it did.
+    With ``max_train_seconds`` the schedule is fitted, from the recent pace, into the time left."""
     rng = np.random.default_rng(spec.seed)
     lengths = np.array([len(s) for s in ids])
     per_epoch = math.ceil(len(ids) / spec.batch_size)
@@ -169,7 +152,7 @@ def train_loop(
     try:
         while step < total:
             for rows in length_batches(lengths, spec.batch_size, rng):
-                input_ids, mask = _collate(ids, rows, pad_id)
+                input_ids, mask = pad_batch([ids[i] for i in rows], pad_id)
                 logits = model(input_ids=input_ids, attention_mask=mask).logits  # (B, C)
                 loss = F.cross_entropy(
                     logits, torch.from_numpy(y[rows]), label_smoothing=spec.label_smoothing
@@ -199,7 +182,7 @@ def train_loop(
         bar.close()
     model.eval()
     # the loss is checked before each update: the last update can still leave outputs that are not finite
-    input_ids, mask = _collate(ids, np.arange(min(len(ids), spec.batch_size)), pad_id)
+    input_ids, mask = pad_batch(ids[: spec.batch_size], pad_id)
     with torch.inference_mode():
         if not bool(torch.isfinite(model(input_ids=input_ids, attention_mask=mask).logits).all()):
             raise _diverged("the model's outputs are not finite", step, spec)
@@ -220,8 +203,7 @@ def accuracy(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[int] | np.ndar
 
 
 def macro_f1(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[int] | np.ndarray) -> float:
-    """Unweighted mean of per-class F1, 2TP / (2TP + FP + FN) (0 without a true positive), over the classes
-    in the truth or the predictions: a class the model never predicts counts."""
+    """Unweighted mean of per-class F1 over the classes in the truth or the predictions."""
     t, p = _pair(y_true, y_pred)
     classes, ids = np.unique(np.concatenate([t, p]), return_inverse=True)
     if not classes.size:

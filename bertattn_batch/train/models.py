@@ -29,18 +29,14 @@ def start_model(
         tokenizer = char_tokenizer(vocab, spec.max_length)
         return scratch_model(spec, len(vocab), names, tokenizer.pad_token_id), tokenizer, None
     path = checks.resolve_source(spec.base)
-    config = checks.load_config(
-        path, allow_pickle=None
-    )  # refused as extract would refuse it, before training
+    config = checks.load_config(path, allow_pickle=None)  # refused as extract would, before training
     tokenizer = checks.load_tokenizer(path)
     checks.check_tokenizer(tokenizer, config, spec.base)
     return base_model(path, names), tokenizer, path
 
 
 def char_tokenizer(vocab: dict[str, int], max_length: int = 512) -> Any:
-    """A BERT WordPiece tokenizer over ``vocab`` (lowercasing, CJK split into characters). In
-    transformers 5 ``BertTokenizer`` is the Rust-backed class that takes the vocabulary itself
-    (``BertTokenizerFast(vocab_file=...)`` ignores the file), hence the size check."""
+    """A BERT WordPiece tokenizer over ``vocab`` (lowercasing, CJK split into characters), checked to hold it."""
     from transformers import BertTokenizer
 
     tok = BertTokenizer(
@@ -52,12 +48,8 @@ def char_tokenizer(vocab: dict[str, int], max_length: int = 512) -> Any:
 
 
 def build_char_vocab(texts: Sequence[str], min_count: int = 2) -> dict[str, int]:
-    """Special tokens, every character seen ``min_count`` times, then ``##c`` continuations.
-
-    Characters are counted after the tokenizer's own normalisation and pre-splitting, so the vocabulary
-    holds what WordPiece looks up. A non-CJK character seen inside a word also gets ``##c``, so that
-    WordPiece can spell any word of known characters instead of making it ``[UNK]``.
-    """
+    """Special tokens, every character seen ``min_count`` times after the tokenizer's normalisation, then
+    ``##c`` for the non-CJK ones seen inside a word, so that any word of known characters can be spelt."""
     base = char_tokenizer({t: i for i, t in enumerate(SPECIAL_TOKENS)}).backend_tokenizer
     counts: Counter[str] = Counter()
     inner: set[str] = set()
@@ -99,7 +91,6 @@ def base_model(path: str, names: list[str]) -> Any:
             )  # fmt: skip
     except (OSError, ValueError, RuntimeError) as e:
         raise ModelError(f"cannot load base model {path}: {first_line(e)}") from None
-    checks.check_positions(model, path)
     checks.check_loaded_weights(model, info, path, for_training=True)
     new = set(info.get("missing_keys", [])) | {
         k if isinstance(k, str) else k[0] for k in info.get("mismatched_keys", [])
@@ -109,8 +100,8 @@ def base_model(path: str, names: list[str]) -> Any:
 
 
 def _fresh_head(model: Any, new: set[str]) -> None:
-    """Initialise every module outside the encoder anew, as BERT initialises them, unless the load made
-    them all (``new``): a classifier base's head would keep the meaning of its own label ids."""
+    """Initialise every module outside the encoder anew unless the load made them all (``new``): a classifier
+    base's head would keep the meaning of its own label ids."""
     prefix = f"{model.base_model_prefix}."
     if all(name in new for name, _ in model.named_parameters() if not name.startswith(prefix)):
         return

@@ -1,5 +1,4 @@
-"""Saving a trained classifier: into a temporary folder beside its place, checked, then renamed; and
-what a run records of it."""
+"""Saving a trained classifier into a temporary folder, checked, then renamed; what a run records of it."""
 
 from __future__ import annotations
 
@@ -16,14 +15,12 @@ from .._files import atomic_dir, file_lock, json_text
 from ..errors import ModelError, WriteError, first_line
 
 METRICS_FILE = "finetune_metrics.json"
-#: The doc ids of the reviews held out from training (``{"id_col": ..., "sources": ..., "doc_ids": [...]}``),
-#: by which a run's report tells held-out accuracy from accuracy on training data.
+#: The doc ids of the reviews held out from training, by which a run's report tells held-out accuracy.
 HELDOUT_FILE = "heldout_ids.json"
 
 
 def check_out_dir(out_dir: Path) -> bool:
-    """Refuse, before training, a file or non-empty folder that is not a model trained here, and a place
-    where the model could not be saved; whether a model trained here is there, to be replaced."""
+    """Refuse a place that holds something else or cannot be written; whether a trained model is there."""
     trained = out_dir.is_dir() and (out_dir / METRICS_FILE).is_file()
     if out_dir.exists() and not trained and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ModelError(f"{out_dir} exists and is not a model trained here; remove it or choose another")
@@ -38,28 +35,18 @@ def check_out_dir(out_dir: Path) -> bool:
 @contextlib.contextmanager
 def out_dir_lock(out_dir: Path) -> Iterator[None]:
     """One training per output folder at a time; the lock file beside the folder goes when it ends."""
-
-    def busy(_holder: str) -> ModelError:
-        return ModelError(f"another finetune is training into {out_dir}; wait for it or choose another --out")
-
+    busy = f"another finetune is training into {out_dir}; wait for it or choose another --out"
     try:
-        with file_lock(out_dir.with_name(f".{out_dir.name}.finetune.lock"), busy=busy, remove=True):
+        with file_lock(out_dir.with_name(f".{out_dir.name}.finetune.lock"), busy=lambda _: ModelError(busy),
+                       remove=True):  # fmt: skip
             yield
     except OSError as e:
         raise ModelError(f"cannot write beside {out_dir}: {e.strerror or e}") from None
 
 
-def save_model(
-    model: Any,
-    tokenizer: Any,
-    metrics: dict[str, Any],
-    out_dir: Path,
-    tok_size: int,
-    names: list[str],
-    heldout: dict[str, Any] | None = None,
-) -> None:
-    """Write to a temporary folder beside ``out_dir``, check that it reloads, then rename it into place;
-    a save that fails leaves the model that was there."""
+def save_model(model: Any, tokenizer: Any, metrics: dict[str, Any], out_dir: Path, tok_size: int, names: list[str],
+               heldout: dict[str, Any] | None = None) -> None:  # fmt: skip
+    """Write beside ``out_dir``, check that it reloads, rename it into place; a failed save keeps the old."""
     from safetensors import SafetensorError
 
     try:
@@ -70,8 +57,7 @@ def save_model(
                 backend.no_truncation()
                 backend.no_padding()
             tokenizer.save_pretrained(tmp)
-            text = json_text(metrics, indent=2) + "\n"
-            (tmp / METRICS_FILE).write_text(text, encoding="utf-8")
+            (tmp / METRICS_FILE).write_text(json_text(metrics, indent=2) + "\n", encoding="utf-8")
             if heldout is not None:
                 (tmp / HELDOUT_FILE).write_text(json_text(heldout) + "\n", encoding="utf-8")
             _plain_permissions(tmp)
@@ -117,16 +103,11 @@ def training_record(folder: str | Path) -> dict[str, Any] | None:
         metrics = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    heldout = Path(folder) / HELDOUT_FILE
+    heldout, spec = Path(folder) / HELDOUT_FILE, metrics.get("spec") or {}
     return {
-        "accuracy": metrics.get("accuracy"),
-        "macro_f1": metrics.get("macro_f1"),
-        "n_train": metrics.get("n_train"),
-        "n_eval": metrics.get("n_eval"),
-        "seed": (metrics.get("spec") or {}).get("seed"),
-        "epochs": (metrics.get("spec") or {}).get("epochs"),
-        "steps": metrics.get("steps"),
-        "planned_steps": metrics.get("planned_steps"),
+        **{k: metrics.get(k) for k in ("accuracy", "macro_f1", "n_train", "n_eval")},
+        **{k: spec.get(k) for k in ("seed", "epochs")},
+        **{k: metrics.get(k) for k in ("steps", "planned_steps")},
         "shortened": bool(metrics.get("shortened")),
         "heldout_ids": str(heldout.resolve()) if heldout.is_file() else None,
         # the report reads the ids later: a model trained into the folder since has other ids
