@@ -183,35 +183,50 @@ RUN_HEADER = {
 }  # fmt: skip
 
 
+def _attention_parts(model, layer: int):
+    """(value, output dense, LayerNorm, heads, head size) of one layer's attention block, named as each
+    architecture names them (BERT, DistilBERT, ALBERT's one shared layer)."""
+    kind = model.config.model_type
+    if kind == "distilbert":
+        block = model.distilbert.transformer.layer[layer]
+        sa = block.attention
+        return sa.v_lin, sa.out_lin, block.sa_layer_norm, sa.n_heads, sa.dim // sa.n_heads
+    if kind == "albert":
+        sa = model.albert.encoder.albert_layer_groups[0].albert_layers[0].attention
+        return sa.value, sa.dense, sa.LayerNorm, sa.num_attention_heads, sa.attention_head_size
+    sa, so = (
+        model.base_model.encoder.layer[layer].attention.self,
+        model.base_model.encoder.layer[layer].attention.output,
+    )
+    return sa.value, so.dense, so.LayerNorm, sa.num_attention_heads, sa.attention_head_size
+
+
 def alti_reference(model, ids: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
     """R[0, :] for one unpadded review, from eager ``attentions`` and ``hidden_states``, with full C
-    matrices; also each layer's largest gap between the decomposition and the block's real output."""
+    matrices; also each layer's largest gap between the decomposition and the block's real output
+    (the LayerNorm applied to the eager heads' output plus the residual)."""
     out = model(ids, output_attentions=True, output_hidden_states=True)
-    bert = model.base_model
     n = ids.shape[1]
     rollout = torch.eye(n, dtype=torch.float64)
     gaps = []
-    for layer, block in enumerate(bert.encoder.layer):
+    for layer in range(model.config.num_hidden_layers):
+        value, dense, ln, heads, size = _attention_parts(model, layer)
         x = out.hidden_states[layer][0].double()  # (n, hidden)
         a = out.attentions[layer][0].double()  # (H, n, n)
-        sa, so = block.attention.self, block.attention.output
-        heads, size = sa.num_attention_heads, sa.attention_head_size
-        v = (x @ sa.value.weight.double().T + sa.value.bias.double()).view(n, heads, size)  # (n, H, D)
-        w = so.dense.weight.double()  # (hidden, H*D)
+        v = (x @ value.weight.double().T + value.bias.double()).view(n, heads, size)  # (n, H, D)
+        w, bias = dense.weight.double(), dense.bias.double()  # (hidden, H*D)
         terms = torch.zeros(n, n, x.shape[1], dtype=torch.float64)  # (i, j, hidden)
         for h in range(heads):
             fh = v[:, h] @ w[:, h * size : (h + 1) * size].T  # (n, hidden): W_O^h v^h_j
             terms += a[h][:, :, None] * fh[None, :, :]
         terms[range(n), range(n)] += x
-        z = terms.sum(dim=1) + so.dense.bias.double()  # the LayerNorm's input
-        ln = so.LayerNorm
+        z = terms.sum(dim=1) + bias  # the LayerNorm's input
         scale = 1 / torch.sqrt(z.var(dim=-1, unbiased=False, keepdim=True) + ln.eps)  # (n, 1)
         gamma = ln.weight.double()
         t = scale[:, None] * gamma * (terms - terms.mean(dim=-1, keepdim=True))  # (i, j, hidden)
-        bias_term = scale * gamma * (so.dense.bias.double() - so.dense.bias.double().mean())
-        y_decomposed = t.sum(dim=1) + bias_term + ln.bias.double()
-        ctx = (a @ v.transpose(0, 1)).transpose(0, 1).reshape(1, n, heads * size)  # (1, n, H*D)
-        y = so(ctx.float(), x[None].float())[0].double()  # the block's real output
+        y_decomposed = t.sum(dim=1) + scale * gamma * (bias - bias.mean()) + ln.bias.double()
+        ctx = (a @ v.transpose(0, 1)).transpose(0, 1).reshape(n, heads * size)  # (n, H*D)
+        y = ln(dense(ctx.float()) + x.float()).double()  # the block's real output
         gaps.append(float((y_decomposed - y).abs().max()))
         d = (y[:, None, :] - t).abs().sum(dim=-1)  # (i, j)
         c = (y.abs().sum(dim=-1, keepdim=True) - d).clamp_min(0)

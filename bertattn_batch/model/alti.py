@@ -36,7 +36,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .capture import find_self_attention, head_geometry, output_projection
+from .capture import attention_block, find_self_attention, head_geometry, output_projection
 
 #: The bytes one block of the decomposition (j, rows, hidden) float32 aims at on a CPU: a few cores' L2
 #: caches, well inside a shared L3 (a GPU takes blocks 64 times larger).
@@ -46,18 +46,13 @@ BLOCK_BYTES = 4 << 20
 def attention_layer_norm(model: nn.Module, attention: nn.Module) -> nn.LayerNorm | None:
     """The LayerNorm that closes a self-attention block (residual included): BERT and its kin's
     ``attention.output.LayerNorm``, DistilBERT's ``sa_layer_norm``, ALBERT's ``attention.LayerNorm``."""
-    if isinstance(getattr(attention, "LayerNorm", None), nn.LayerNorm):  # ALBERT
-        return attention.LayerNorm
-    for module in model.modules():
-        block = getattr(module, "attention", None)
-        if block is None:
-            continue
-        if getattr(block, "self", None) is attention:
-            norm = getattr(getattr(block, "output", None), "LayerNorm", None)
-            return norm if isinstance(norm, nn.LayerNorm) else None
-        if block is attention and isinstance(getattr(module, "sa_layer_norm", None), nn.LayerNorm):
-            return module.sa_layer_norm
-    return None
+    norm = getattr(attention, "LayerNorm", None)  # ALBERT
+    if norm is None:
+        norm = getattr(getattr(attention_block(model, attention), "output", None), "LayerNorm", None)
+    if norm is None:  # DistilBERT: a layer's sa_layer_norm beside its attention
+        layer = next((m for m in model.modules() if getattr(m, "attention", None) is attention), None)
+        norm = getattr(layer, "sa_layer_norm", None)
+    return norm if isinstance(norm, nn.LayerNorm) else None
 
 
 class AltiCapture:
@@ -77,21 +72,23 @@ class AltiCapture:
         self._seen: dict[str, torch.Tensor] = {}
         self._rollout: torch.Tensor | None = None  # (B, rows, S): C^l ⋯ C^1 so far
         self._mask: torch.Tensor | None = None
+        self._layers = (
+            model.config.num_hidden_layers
+        )  # calls of the hooks a forward makes (ALBERT shares one)
+        self._calls = 0
 
     @contextlib.contextmanager
     def forward(self, attention_mask: torch.Tensor) -> Iterator[AltiCapture]:
         """Hooks in place for one forward over a batch with this (B, S) mask."""
-        self._mask, self._rollout, self._seen = attention_mask.bool(), None, {}
+        self._mask, self._rollout, self._seen, self._calls = attention_mask.bool(), None, {}, 0
         handles = []
-        for n, (module, q, k, v, dense, norm) in enumerate(self._blocks, 1):
+        for module, q, k, v, dense, norm in self._blocks:
             heads, size, scaling = head_geometry(module, q)
             handles += [
                 q.register_forward_hook(self._keep("q", with_input=True)),
                 k.register_forward_hook(self._keep("k")),
                 v.register_forward_hook(self._keep("v")),
-                norm.register_forward_hook(
-                    self._on_norm(heads, size, scaling, dense, n == len(self._blocks))
-                ),
+                norm.register_forward_hook(self._on_norm(heads, size, scaling, dense)),
             ]
         try:
             yield self
@@ -114,8 +111,10 @@ class AltiCapture:
 
         return hook
 
-    def _on_norm(self, heads: int, size: int, scaling: float, dense: nn.Linear, last: bool):
+    def _on_norm(self, heads: int, size: int, scaling: float, dense: nn.Linear):
         def hook(norm: nn.LayerNorm, inp: tuple, out: torch.Tensor) -> None:
+            self._calls += 1
+            last = self._calls == self._layers
             z, y = (inp[0][:, :1], out[:, :1]) if last else (inp[0], out)  # the top: [CLS]'s row alone
             seen = self._seen
             c = layer_contributions(

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import alti_reference
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import (
+    AlbertConfig,
+    AlbertForSequenceClassification,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    DistilBertConfig,
+    DistilBertForSequenceClassification,
+)
 
 from bertattn_batch.model.alti import AltiCapture
 
@@ -18,10 +25,10 @@ TEXTS = [
 ]
 
 
-def _check(model_dir) -> None:
+def _check(model_dir, tokenizer_dir=None) -> None:
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="sdpa").eval()
     eager = AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="eager").eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
     batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
     alti = AltiCapture(model)
     with torch.inference_mode(), alti.forward(batch["attention_mask"]):
@@ -39,6 +46,22 @@ def _check(model_dir) -> None:
 
 def test_alti_matches_eager_on_tiny_bert(tiny_en_dir):
     _check(tiny_en_dir)
+
+
+@pytest.mark.parametrize("kind", ["distilbert", "albert"])
+def test_alti_matches_eager_on_distilbert_and_albert(kind, tiny_en_dir, tmp_path):
+    """DistilBERT's LayerNorm sits beside its attention; ALBERT's one layer is called once per depth."""
+    torch.manual_seed(0)
+    vocab = AutoTokenizer.from_pretrained(tiny_en_dir).vocab_size
+    if kind == "distilbert":
+        config = DistilBertConfig(vocab_size=vocab, dim=32, n_layers=3, n_heads=4, hidden_dim=64)
+        model = DistilBertForSequenceClassification(config)
+    else:
+        config = AlbertConfig(vocab_size=vocab, embedding_size=16, hidden_size=32, num_hidden_layers=3,
+                              num_attention_heads=4, intermediate_size=64)  # fmt: skip
+        model = AlbertForSequenceClassification(config)
+    model.save_pretrained(tmp_path)
+    _check(tmp_path, tokenizer_dir=tiny_en_dir)
 
 
 @pytest.mark.slow
