@@ -105,7 +105,8 @@ def compression_of(path: Path | str) -> str | None:
 
 
 def open_binary(path: Path | str, encoding: str = "utf-8") -> BinaryIO:
-    """A file's bytes decompressed and turned into UTF-8 from ``encoding`` (a byte no character of it stays)."""
+    """A file's bytes, decompressed, and turned into UTF-8 from ``encoding``; a byte that is no character
+    of it stays as it was, so that its row gets ``invalid_utf8``."""
     kind, utf8 = compression_of(path), _is_utf8(encoding)
     raw = storage.open_input(path)
     if kind is None and utf8:
