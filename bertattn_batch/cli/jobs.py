@@ -36,26 +36,18 @@ def _on_existing(on_existing: str | None, overwrite: bool, incremental: bool) ->
     return asked.pop() if asked else None
 
 
-def resume_hint(on_existing: str) -> str:
-    """How to go on after an interruption or a failed write: with ``overwrite`` the same command starts
-    the run over, and with ``new`` it refuses the run it left."""
-    if on_existing in ("resume", "incremental"):
-        return "rerun the same command to resume"
-    if on_existing == "overwrite":
-        return (
-            'to resume, rerun without --overwrite (or on_existing = "overwrite" in the job): as it is, '
-            "the same command starts the run over"
-        )
-    return (
-        f'to resume, rerun with --on-existing resume (or on_existing = "resume" in the job): with '
-        f"{on_existing!r} the same command refuses a run that holds parts"
-    )
-
-
 def _run(spec: JobSpec) -> None:
     from ..engines import run_job
 
-    hint = resume_hint(spec.on_existing)
+    # how to go on after an interruption or a failed write: with overwrite the same command starts the
+    # run over, and with new it refuses the run it left
+    hint = {
+        "resume": "rerun the same command to resume",
+        "incremental": "rerun the same command to resume",
+        "overwrite": 'to resume, rerun without --overwrite (or on_existing = "overwrite" in the job): as it '
+        "is, the same command starts the run over",
+    }.get(spec.on_existing, 'to resume, rerun with --on-existing resume (or on_existing = "resume" in the job): '
+          f"with {spec.on_existing!r} the same command refuses a run that holds parts")  # fmt: skip
 
     def job():
         try:

@@ -112,28 +112,12 @@ def aggregate(
         call(lambda: agg.export_path(out))  # before the work
     layers = None if layer is None else [call(lambda: agg.run_layer(read_manifest(run_dir), layer))]
 
-    result = call(
-        lambda: agg.aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by, **words),
-        REDONE,
-        completes=True,
-    )
+    result = call(lambda: agg.aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by, **words), REDONE,
+                  completes=True)  # fmt: skip
     heads = None if head is None else [head]
-    printed = call(
-        lambda: agg.format_top(
-            result.table,
-            k=top_k,
-            unit=unit,
-            split=by,
-            layers=layers,
-            measure=rank_by,
-            units=result.options.get("units"),
-            groups=result.groups,
-            num_layers=result.num_layers,
-            byte_level=result.byte_level,
-            heads=heads,
-        )
-    )
-    typer.echo(printed)
+    shown = dict(units=result.options.get("units"), groups=result.groups, num_layers=result.num_layers,
+                 byte_level=result.byte_level, heads=heads)  # fmt: skip
+    typer.echo(call(lambda: agg.format_top(result.table, top_k, unit, by, layers, rank_by, **shown)))
     typer.echo(result.line())
     if out is not None:
         rows = agg.view(result.table, unit, by, layers, rank_by, heads)
@@ -222,15 +206,10 @@ def faithfulness(
 
     from ..analysis.faithfulness import faithfulness as measure
 
-    show = progress and sys.stderr.isatty()
-    result = call(
-        lambda: measure(
-            run_dir, sample=sample, seed=seed, device=device, progress=show, model=model, **trust
-        ),
-        REDONE,
-        completes=True,
+    options = dict(
+        sample=sample, seed=seed, device=device, progress=progress and sys.stderr.isatty(), model=model
     )
-    typer.echo(result.summary())
+    typer.echo(call(lambda: measure(run_dir, **options, **trust), REDONE, completes=True).summary())
 
 
 @app.command()
@@ -310,8 +289,7 @@ def plot(
         review = review_for_plot(run_dir, doc_id, pairs=pairs, tokens=tokens, specials=specials, **options)
         return write_review(review, out, pairs=pairs)
 
-    path = call(plot_to_file, REDONE, completes=True)
-    typer.echo(f"wrote {path}")
+    typer.echo(f"wrote {call(plot_to_file, REDONE, completes=True)}")
 
 
 @app.command()
@@ -350,9 +328,4 @@ def report(
     from ..render.report import build_report
 
     options = dict(layer=layer, examples=examples, top_k=top_k, min_reviews=min_reviews, **given)
-    path = call(
-        lambda: build_report(run_dir, out=out, **options),
-        REDONE,
-        completes=True,
-    )
-    typer.echo(f"wrote {path}")
+    typer.echo(f"wrote {call(lambda: build_report(run_dir, out=out, **options), REDONE, completes=True)}")

@@ -220,23 +220,14 @@ def _as_ours(e: BaseException) -> BaseException:
 
 
 # -- Ray itself: imported on demand, connected to a cluster or a local runtime --------------------------
-def import_ray(local: bool = True) -> Any:
-    """The ``ray`` module, or an EngineError that says how to install it."""
-    if local:
-        os.environ.setdefault(_LOOPBACK_ENV, "0")  # read when ray is first imported
-    try:
-        import ray
-    except ImportError:
-        raise EngineError(f"--engine ray needs Ray, which is not installed: {INSTALL_HINT}") from None
-    return ray
-
-
 @contextlib.contextmanager
 def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: bool = True) -> Iterator[Any]:
     """Yield ``ray``, connected: to ``address`` (or RAY_ADDRESS), to the runtime this process already
     has, or to a new local one bound to loopback with no dashboard. A runtime started here stops on exit."""
     address = address or os.environ.get("RAY_ADDRESS") or None
-    where = _host_port(address) if address else None
+    # host:port or ray://host:port; other forms (auto) are left to Ray
+    host, sep, port = (address or "").removeprefix("ray://").rpartition(":")
+    where = (host.strip("[]"), int(port)) if sep and port.isdigit() and host and "/" not in host else None
     if where is not None:  # where nothing listens, ray.init would retry for minutes without a word
         try:
             socket.create_connection(where, timeout=5).close()
@@ -248,7 +239,12 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
     # a cluster on this machine's loopback is joined there too: Ray would look for it at the outward
     # address, and retry that for a quarter of an hour
     on_loopback = where is not None and (where[0] in ("localhost", "::1") or where[0].startswith("127."))
-    ray = import_ray(local=address is None or on_loopback)
+    if address is None or on_loopback:
+        os.environ.setdefault(_LOOPBACK_ENV, "0")  # read when ray is first imported
+    try:
+        import ray
+    except ImportError:
+        raise EngineError(f"--engine ray needs Ray, which is not installed: {INSTALL_HINT}") from None
     if ray.is_initialized():
         yield ray
         return
@@ -289,11 +285,3 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
         yield ray
     finally:
         ray.shutdown()
-
-
-def _host_port(address: str) -> tuple[str, int] | None:
-    """``host:port`` or ``ray://host:port`` split; None for other forms (``auto``, left to Ray)."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not port.isdigit() or not host or "/" in host:
-        return None
-    return host.strip("[]"), int(port)

@@ -48,8 +48,14 @@ class Held(NamedTuple):
     version: str | None = None
 
     def live(self) -> bool:
-        """Unexpired, and not held by a process of this machine that is gone."""
-        return self.expires_at > time.time() and not _gone(self.process)
+        """Unexpired, and not held by a process of this machine (host, boot, pid namespace) that is gone."""
+        mine, process = process_id(os.getpid()), self.process
+        if not process or mine is None or process.rsplit("/", 2)[0] != mine.rsplit("/", 2)[0]:
+            return self.expires_at > time.time()  # another machine's: its expiry decides
+        pid = process.rsplit("/", 2)[1]
+        now = process_id(int(pid)) if pid.isdigit() else process
+        gone = now != process if now is not None else not process_alive(int(pid))
+        return self.expires_at > time.time() and not gone
 
 
 @dataclass
@@ -94,9 +100,6 @@ class Lease:
         version = storage.etag(self.uri) if self.conditional else None
         held = _read(self.uri)
         return held._replace(version=version) if held else Held("", 0.0, version=version) if version else None
-
-    def guard(self) -> LeaseGuard:
-        return LeaseGuard(self.uri, self.holder)
 
     def renew(self) -> None:
         """Extend the lease if this holder still holds it; else mark it lost, and write nothing."""
@@ -235,16 +238,6 @@ def process_id(pid: int) -> str | None:
     except (OSError, IndexError):
         return None
     return f"{socket.gethostname()}/{boot}/{namespace}/{pid}/{started}"
-
-
-def _gone(process: str | None) -> bool:
-    """Whether a lease holder's ``process`` ran on this machine and has ended (another machine's: unknown)."""
-    mine = process_id(os.getpid())
-    if not process or mine is None or process.rsplit("/", 2)[0] != mine.rsplit("/", 2)[0]:
-        return False
-    pid = process.rsplit("/", 2)[1]
-    now = process_id(int(pid)) if pid.isdigit() else process
-    return now != process if now is not None else not process_alive(int(pid))
 
 
 def _taken_over(uri: str, holder: str) -> str | None:

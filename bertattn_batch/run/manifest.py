@@ -278,34 +278,26 @@ def load_json(run_dir: str | Path) -> dict[str, Any]:
         raise DamagedRunError(f"{path} is damaged: {e}") from None
     if not isinstance(data, dict):
         raise DamagedRunError(f"{path} is damaged: not a JSON object")
-    logged = [] if is_remote(run_dir) else _logged_parts(Path(run_dir))
-    if logged and isinstance(data.get("parts"), list):
-        names = {e["name"] for e in logged if isinstance(e, dict) and "name" in e}
-        data["parts"] = [p for p in data["parts"] if not (isinstance(p, dict) and p.get("name") in names)]
-        data["parts"] += logged
-    return data
-
-
-def _logged_parts(run_dir: Path) -> list[Any]:
-    """The commit log's entries, a later one of a name replacing an earlier; a last line cut short was
-    never committed."""
-    path = run_dir / COMMIT_LOG
-    try:
-        lines = path.read_bytes().splitlines()
+    log = Path(run_dir) / COMMIT_LOG
+    try:  # the commit log's entries, a later one of a name replacing an earlier
+        lines = [] if is_remote(run_dir) else log.read_bytes().splitlines()
     except FileNotFoundError:
-        return []
+        lines = []
     except OSError as e:
-        raise RunDirError(f"{path} cannot be read: {e.strerror or e}") from None
-    entries: dict[str, Any] = {}
+        raise RunDirError(f"{log} cannot be read: {e.strerror or e}") from None
+    logged: dict[str, Any] = {}
     for i, line in enumerate(lines):
         try:
             entry = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            if i == len(lines) - 1:
+            if i == len(lines) - 1:  # a last line cut short was never committed
                 break
-            raise DamagedRunError(f"{path} is damaged: line {i + 1} is no JSON") from None
-        entries[entry.get("name") if isinstance(entry, dict) else str(i)] = entry
-    return list(entries.values())
+            raise DamagedRunError(f"{log} is damaged: line {i + 1} is no JSON") from None
+        logged[entry.get("name") if isinstance(entry, dict) else str(i)] = entry
+    if logged and isinstance(data.get("parts"), list):
+        data["parts"] = [p for p in data["parts"] if not (isinstance(p, dict) and p.get("name") in logged)]
+        data["parts"] += logged.values()
+    return data
 
 
 def log_commit(run_dir: Path, entry: PartEntry) -> None:

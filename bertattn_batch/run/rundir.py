@@ -54,7 +54,7 @@ from .layout import (
     TABLES,
     tmp_name,
 )
-from .lease import DEFAULT_TTL_S, SETTLE_S, Lease
+from .lease import DEFAULT_TTL_S, SETTLE_S, Lease, LeaseGuard
 from .manifest import (
     Manifest,
     PartEntry,
@@ -131,9 +131,7 @@ class RunDir:
     ) -> None:
         run_dir = storage.normalize(run_dir)
         self.run_dir: Any = run_dir.rstrip("/") if is_remote(run_dir) else Path(run_dir)
-        self.header = header
-        self.on_existing = on_existing
-        self.unsafe_store_commits = unsafe_store_commits
+        self.header, self.on_existing, self.unsafe_store_commits = header, on_existing, unsafe_store_commits
         self.part_writer = part_writer or PartWriter(self.run_dir)
         self.manifest = Manifest()
         #: the status of the reopened run (None for a new run)
@@ -167,15 +165,14 @@ class RunDir:
                 self._clear()
                 old = None
             if old is None:
+                header = {
+                    k: self.header[k]
+                    for k in ("spec", "fingerprint", "model", "versions")
+                    if k in self.header
+                }
+                run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
                 self.manifest = Manifest(
-                    run_id=f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}",
-                    **{
-                        k: self.header[k]
-                        for k in ("spec", "fingerprint", "model", "versions")
-                        if k in self.header
-                    },
-                    schema_versions=schema.versions(),
-                    created_at=_now(),
+                    run_id, **header, schema_versions=schema.versions(), created_at=_now()
                 )
             else:
                 self.manifest, self.reopened_status = old, old.status
@@ -376,7 +373,7 @@ class StoredRunDir(RunDir):
 
     def _hold(self) -> None:
         self._lease = Lease.take(self.run_dir, self.lease_ttl_s, self.lease_settle_s)
-        self.part_writer.lease = self._lease.guard()
+        self.part_writer.lease = LeaseGuard(self._lease.uri, self._lease.holder)
         self._held.callback(self._lease.drop)
         self._held.callback(self._lease.keep_fresh())
         if self._conditional:  # looked up before the manifest is read: a commit between is refused
