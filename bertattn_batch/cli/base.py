@@ -110,20 +110,16 @@ def _help(ctx: typer.Context, value: bool) -> None:
         raise typer.Exit()
 
 
+# fmt: off
 @app.callback()
 def _options(
     ctx: typer.Context,
-    version: Annotated[
-        bool,
-        typer.Option(
-            "--version", callback=_version, is_eager=True, help="Print the version and exit.", metavar=""
-        ),
-    ] = False,
-    _: Annotated[
-        bool,
-        typer.Option("--help", callback=_help, is_eager=True, help="Show this message and exit.", metavar=""),
-    ] = False,
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.", metavar="")] = False,
+    _: Annotated[bool, typer.Option(
+        "--help", callback=_help, is_eager=True, help="Show this message and exit.", metavar="")] = False,
 ) -> None:
+    # fmt: on
     """Stream review corpora through a fine-tuned BERT classifier; write each review's prediction and its
     per-head [CLS] attention to Parquet."""
     # an on/off flag has no value to type: its help shows no ``<bool>`` (this runs before a command
@@ -149,10 +145,6 @@ class GuardedStdout:
             except OSError as e:
                 self.error = e
         return len(text)
-
-    def writelines(self, lines) -> None:
-        for line in lines:
-            self.write(line)
 
     def flush(self) -> None:
         if self.error is None:

@@ -19,9 +19,8 @@ CLI_ONLY_OPTIONS = ("overwrite", "incremental", "debug")
 RUN_OVERRIDES = ("out", "limit", "device", "dtype", "engine", "workers", "ray_address", "value_zeroing",
                  "contributions", "compile")  # fmt: skip
 
-Overwrite = Annotated[
-    bool, typer.Option("--overwrite", help="Replace an existing run in --out.", rich_help_panel="Output")
-]
+Overwrite = Annotated[bool, typer.Option(
+    "--overwrite", help="Replace an existing run in --out.", rich_help_panel="Output")]  # fmt: skip
 Incremental = Annotated[bool, typer.Option(
     "--incremental", help="Process only reviews whose ids are not yet in the run; append.", rich_help_panel="Output"
 )]  # fmt: skip
@@ -94,21 +93,15 @@ def extract(
     _run(call(spec))
 
 
+# fmt: off
 @app.command()
 @spec_options(JobSpec, only=RUN_OVERRIDES, defaults="job")
 def run(
-    job: Annotated[
-        Path,
-        typer.Argument(
-            help="A TOML job spec (see jobs/): a key per extract option (on_existing for --overwrite)."
-        ),
-    ],
-    *,
-    overwrite: Overwrite = False,
-    incremental: Incremental = False,
-    debug: Debug = False,
-    **given: Any,
+    job: Annotated[Path, typer.Argument(
+        help="A TOML job spec (see jobs/): a key per extract option (on_existing for --overwrite).")],
+    *, overwrite: Overwrite = False, incremental: Incremental = False, debug: Debug = False, **given: Any,
 ) -> None:
+    # fmt: on
     """Run the job a TOML spec describes (training its model first when the spec says how).
 
     Examples:

@@ -15,22 +15,19 @@ from .options import spec_options, spec_values
 NOTHING_SAVED = "interrupted; nothing was saved (a rerun trains from the start)"
 
 
+# fmt: off
 @app.command()
 @spec_options(FinetuneSpec, skip=("limit",), defaults="spec or job", default_texts={"label_col": "label"})
 def finetune(
     out: Annotated[str | None, typer.Option(help="Folder to save the classifier to (safetensors).")] = None,
-    job: Annotated[
-        Path | None,
-        typer.Option(
-            help="Train the model a job spec names (into its model folder, unless --out), with the settings of "
-            "its \\[finetune] table; inputs and columns not given there are the job's own."
-        ),
-    ] = None,
+    job: Annotated[Path | None, typer.Option(
+        help="Train the model a job spec names (into its model folder, unless --out), with the settings of "
+        "its \\[finetune] table; inputs and columns not given there are the job's own.")] = None,
     *,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
-    debug: Debug = False,
-    **given: Any,
+    debug: Debug = False, **given: Any,
 ) -> None:
+    # fmt: on
     """Train a sequence classifier from a pretrained BERT or from scratch; report held-out accuracy.
 
     Examples:
