@@ -46,9 +46,7 @@ WORDS = ("auto", "jieba", "wordpiece", "none")
 
 
 def option(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, **meta: Any) -> Any:
-    """A spec field with its key's help and rules, for the job file's checks and the command line.
-
-    ``meta``: ``panel`` (its group in ``--help``), ``key`` (its name in a job file, where the field's
+    """A spec field with its key's help and rules, for the job file's checks and the command line. ``meta``: ``panel`` (its group in ``--help``), ``key`` (its name in a job file, where the field's
     differs), ``default_text`` (what the default means, where a value cannot say it), ``choices``,
     ``least``, ``within`` (``[lo, hi)``), ``positive``, ``items`` (a list's items, named where a
     comma-separated value is refused), ``argument``, ``flat`` (its spec's keys are this spec's),
@@ -330,8 +328,7 @@ def key(f: dataclasses.Field) -> str:
 
 @functools.cache
 def keys(cls: type) -> dict[str, tuple[type, dataclasses.Field]]:
-    """A spec's keys as a job file names them, each with the spec that holds it: a flat field's spec's
-    keys are its own."""
+    """A spec's keys as a job file names them, each with its spec (a flat field's keys are its spec's)."""
     out: dict[str, tuple[type, dataclasses.Field]] = {}
     for f in fields(cls):
         out.update(keys(InputSpec) if f.metadata.get("flat") else {key(f): (cls, f)})
@@ -423,8 +420,7 @@ def _inside(path: str, folder: str) -> bool:
 
 
 def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
-    """Build spec ``cls`` from a job file's table (its values are checked as the spec is built); unknown
-    and missing keys raise SpecError."""
+    """Build and check spec ``cls`` from a job file's table; unknown and missing keys raise SpecError."""
     known = keys(cls)
     if unknown := sorted(set(data) - set(known)):
         raise SpecError(

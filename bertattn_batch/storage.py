@@ -235,8 +235,7 @@ def is_file(target: str | os.PathLike[str]) -> bool:
 
 
 def open_input(target: str | os.PathLike[str], buffered: bool = True) -> BinaryIO:
-    """A file's bytes, random access: on a store, ranged reads of ``READ_BLOCK_BYTES`` or (not
-    ``buffered``) of what is asked."""
+    """A file's bytes, random access: on a store, ranged reads of ``READ_BLOCK_BYTES`` (or unbuffered)."""
     if not is_remote(target):
         return open(normalize(target), "rb")
     fs, path = resolve(target)
@@ -399,8 +398,7 @@ def _matches(parts: list[str], pattern: list[str]) -> bool:
 
 # -- local copies --------------------------------------------------------------------------------------
 def cache_folder(kind: str, uri: str) -> Path:
-    """Where a store's ``kind`` of thing (``runs``, ``models``) is copied, one folder a URI, under
-    ``$BERTATTN_CACHE`` or ``~/.cache/bertattn``."""
+    """The folder a store's ``kind`` of thing (runs, models) is copied to under ``$BERTATTN_CACHE``."""
     root = Path(os.environ.get("BERTATTN_CACHE") or Path.home() / ".cache" / "bertattn")
     folder = root / kind / hashlib.sha256(uri.encode()).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
@@ -420,8 +418,7 @@ def local_files(local: Path) -> dict[str, tuple[int, int]]:
 
 
 def mirror(uri: str, local: Path, skip: tuple[str, ...] = ()) -> None:
-    """Bring ``local`` up to date with every object under ``uri`` but ``skip`` (unchanged ones are not
-    fetched again; copies of objects gone are removed)."""
+    """Bring ``local`` up to date with every object under ``uri`` but ``skip``, fetching changed ones only."""
     found = listing(uri, recursive=True)
     if not found:
         raise StorageError(f"{uri}: no such folder, or it is empty")

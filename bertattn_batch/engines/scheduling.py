@@ -51,8 +51,7 @@ def in_order(items: Iterable[T], submit: Callable[[T], Future[R]], bound: int) -
 
 
 def then(future: Future, executor: Executor, fn: Callable[[Any], R]) -> Future[R]:
-    """The future of ``fn(future.result())``, run on ``executor`` once ``future`` is done. A failure
-    passes on; cancelling the result cancels ``future``."""
+    """The future of ``fn(future.result())`` on ``executor``; a failure passes on, a cancel goes back."""
     out: Future[R] = Future()
 
     def step(done: Future) -> None:
@@ -80,8 +79,7 @@ def converted(future: Future[R], convert: Callable[[BaseException], BaseExceptio
 def settle(
     out: Future, done: Future | BaseException, convert: Callable[[BaseException], BaseException] = lambda e: e
 ) -> None:
-    """Give ``out`` the outcome of ``done`` (a future, or an error), its error passed through ``convert``;
-    nothing where ``out`` was cancelled meanwhile."""
+    """Give ``out`` the outcome of ``done`` (a future, or an error), an error through ``convert``."""
     with contextlib.suppress(InvalidStateError):
         if isinstance(done, BaseException):
             out.set_exception(convert(done))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,15 +21,10 @@ from typing import Any
 
 from .. import schema, storage
 from .._files import atomic_write_text, json_text
-from ..config import InputSpec
+from ..config import InputSpec, type_hints
 from ..errors import DamagedRunError, RunDirError, RunVersionError, WriteError
 from ..storage import is_remote
 from .layout import COMMIT_LOG, FORMAT, MANIFEST, TABLES
-
-#: The JSON type of each field of a part entry.
-_KINDS = dict(
-    name=str, start_row=int, end_row=int, files=dict, rows=dict, bytes=int, generation=int, rows_digest=str
-)
 
 
 def _expect(key: str, value: Any, kind: type) -> None:
@@ -58,8 +54,8 @@ class PartEntry:
             f.name: data.get(f.name, None if f.default is dataclasses.MISSING else f.default)
             for f in dataclasses.fields(cls)
         }
-        for key, value in values.items():
-            _expect(key, value, _KINDS[key])
+        for key, hint in type_hints(cls).items():  # the JSON type of each field
+            _expect(key, values[key], typing.get_origin(hint) or hint)
         for key, kind in (("files", str), ("rows", int)):
             optional = [t for t in schema.OPTIONAL_TABLES if t in values[key]]
             values[key] = {t: values[key].get(t) for t in (*TABLES, *optional)}
@@ -168,15 +164,10 @@ class Manifest:
 
     def read_options(self) -> InputSpec:
         """How the run read its inputs (labels left out, and no limit), to read its reviews again."""
-        spec = self.spec
-        return InputSpec(
-            self.inputs,
-            text_col=spec.get("text_col") or "text",
-            id_col=spec.get("id_col"),
-            format=spec.get("input_format") or "auto",
-            encoding=spec.get("encoding") or "utf-8",
-            delimiter=spec.get("delimiter"),
-        )
+        s = self.spec
+        return InputSpec(self.inputs, text_col=s.get("text_col") or "text", id_col=s.get("id_col"),
+                         format=s.get("input_format") or "auto", encoding=s.get("encoding") or "utf-8",
+                         delimiter=s.get("delimiter"))  # fmt: skip
 
     @property
     def layers(self) -> list[int]:
@@ -345,8 +336,7 @@ def manifest_text(manifest: Manifest) -> str:
 
 
 def save_manifest(run_dir: Path, manifest: Manifest) -> None:
-    """Write the whole manifest atomically, then drop the commit log it now holds (entries in both read
-    as one)."""
+    """Write the whole manifest atomically, then drop the commit log it now holds."""
     try:
         atomic_write_text(run_dir / MANIFEST, manifest_text(manifest))
         (run_dir / COMMIT_LOG).unlink(missing_ok=True)

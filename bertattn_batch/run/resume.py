@@ -41,14 +41,9 @@ class ResumePoint:
         return self.skip_until + len(self.skip_ids or ())
 
 
-def resume_point(
-    run: RunDir,
-    incremental: bool,
-    by_id: bool,
-    sources: list[dict[str, Any]] | None = None,
-    limit: int | None = None,
-    compared: list[dict[str, Any]] | None = None,
-) -> ResumePoint:
+def resume_point(run: RunDir, incremental: bool, by_id: bool, sources: list[dict[str, Any]] | None = None,
+                 limit: int | None = None, compared: list[dict[str, Any]] | None = None,
+                 ) -> ResumePoint:  # fmt: skip
     """The resume point of a reopened run (``by_id``: the job has an id column), its pass begun. An
     incremental job starts a new pass over a complete run, and finishes an interrupted one by row number
     unless its inputs changed or a lower limit stops before its rows. ``sources``: the pass's input

@@ -111,8 +111,7 @@ def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest |
 
 
 def _left_by_a_start(path: Path) -> bool:
-    """What a run stopped before its first manifest leaves: the lock, the manifest's temporary, empty
-    table folders."""
+    """What a run stopped before its first manifest leaves: lock, manifest temporary, empty table folders."""
     if path.name in (LOCK_NAME, hidden_tmp(MANIFEST)):
         return path.is_file()
     return path.name in ALL_TABLES and path.is_dir() and not any(path.iterdir())
@@ -121,14 +120,9 @@ def _left_by_a_start(path: Path) -> bool:
 class RunDir:
     """One run directory on local disk, held by this process (a lock) from :meth:`open` to :meth:`close`."""
 
-    def __init__(
-        self,
-        run_dir: str | Path,
-        header: dict[str, Any],
-        on_existing: str = "resume",
-        part_writer: PartWriter | None = None,
-        unsafe_store_commits: bool = False,
-    ) -> None:
+    def __init__(self, run_dir: str | Path, header: dict[str, Any], on_existing: str = "resume",
+                 part_writer: PartWriter | None = None, unsafe_store_commits: bool = False,
+                 ) -> None:  # fmt: skip
         run_dir = storage.normalize(run_dir)
         self.run_dir: Any = run_dir.rstrip("/") if is_remote(run_dir) else Path(run_dir)
         self.header, self.on_existing, self.unsafe_store_commits = header, on_existing, unsafe_store_commits
@@ -254,8 +248,7 @@ class RunDir:
         return self.manifest.parts
 
     def committed_ids(self, parts: list[PartEntry] | None = None, claimed: bool = False) -> IdSet:
-        """Source ids of the committed reviews (of ``parts``, default all) whose doc id is no row number;
-        ``claimed``: only those with a text."""
+        """Source ids of the committed reviews (of ``parts``; ``claimed``: only those with a text)."""
         ids = IdSet()
         no_id = pa.array(schema.ROW_NUMBER_STATUSES + (schema.NO_TEXT_STATUSES if claimed else ()))
         for p in self.parts if parts is None else parts:
@@ -427,8 +420,7 @@ class StoredRunDir(RunDir):
         self._strays = self._unlisted(ALL_TABLES)
 
     def _clear(self) -> None:
-        """Note every object bertattn wrote into the run, for :meth:`_save` to delete once the new
-        manifest has replaced the old one."""
+        """Note what bertattn wrote into the run, for :meth:`_save` to delete once a new manifest is in."""
         self._strays = (*self._unlisted((*TABLES, *DERIVED_DIRS)), storage.join(self.run_dir, REPORT_NAME))
 
     def _unlisted(self, folders: tuple[str, ...]) -> tuple[str, ...]:

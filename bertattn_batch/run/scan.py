@@ -50,8 +50,7 @@ class RunFrames:
 
 
 def scan_run(run_dir: str | Path) -> RunFrames:
-    """Every table of a run, lazily, from the parts its manifest commits (a table with no part is empty),
-    local or on a store."""
+    """Every table of a run, lazily, from the parts its manifest commits, local or on a store."""
     listed = read_manifest(run_dir).parts
     optional = [t for t in schema.OPTIONAL_TABLES if listed and all(t in p.files for p in listed)]
     tables = (*schema.TABLES, *optional)
