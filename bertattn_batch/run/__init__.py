@@ -32,8 +32,17 @@ from .manifest import (
 )
 from .mirror import display_path, local_run, on_local_copy
 from .parts import CommittedPart, PartWriter, committed_files, decode_every_page, part_paths, verify_pages
-from .resume import check_read_unchanged, input_changes, resume_point
-from .rundir import RunDir, StoredRunDir, old_manifest, part_rows, refuse_unsafe_store, run_dir_class
+from .rundir import (
+    RunDir,
+    StoredRunDir,
+    check_read_unchanged,
+    input_changes,
+    old_manifest,
+    part_rows,
+    refuse_unsafe_store,
+    resume_point,
+    run_dir_class,
+)
 
 if TYPE_CHECKING:
     from .scan import attention_rows, scan_attention, scan_parts, scan_run
