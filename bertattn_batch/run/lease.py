@@ -28,8 +28,7 @@ from typing import NamedTuple
 from .. import storage
 from .._files import lock_is_held, process_alive
 from ..errors import RunDirError, StorageError
-from .layout import LEASE_NAME, LOCK_NAME
-from .manifest import load_json
+from .manifest import LEASE_NAME, LOCK_NAME, load_json
 
 log = logging.getLogger(__name__)
 

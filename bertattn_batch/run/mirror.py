@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from .. import storage
 from .._files import file_lock
 from ..errors import BertAttnError
-from .layout import ALL_TABLES, LEASE_NAME, MANIFEST
+from .manifest import ALL_TABLES, LEASE_NAME, MANIFEST
 
 #: What the writer of a run owns, never uploaded from a mirror.
 _WRITERS_OWN = (*ALL_TABLES, MANIFEST, LEASE_NAME)

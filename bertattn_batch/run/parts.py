@@ -26,9 +26,8 @@ from .._files import fsync_file
 from ..errors import RunDirError, StorageError, WriteError, first_line
 from ..schema import OPTIONAL_TABLES
 from ..storage import is_remote
-from .layout import ALL_TABLES, TABLES, part_name, tmp_name
 from .lease import LeaseGuard
-from .manifest import PartEntry, read_manifest
+from .manifest import ALL_TABLES, TABLES, PartEntry, part_name, read_manifest, tmp_name
 
 #: Rows in a row group at most: one to a few a part (DuckDB and Spark parallelise over part files).
 ROW_GROUP_ROWS = 1 << 20
