@@ -49,7 +49,8 @@ from ..errors import (
 )
 from ..ids import IdSet
 from ..storage import is_remote
-from .layout import (
+from .lease import DEFAULT_TTL_S, SETTLE_S, Lease, LeaseGuard
+from .manifest import (
     ALL_TABLES,
     COMMIT_LOG,
     DERIVED_DIRS,
@@ -59,10 +60,6 @@ from .layout import (
     MANIFEST,
     REPORT_NAME,
     TABLES,
-    tmp_name,
-)
-from .lease import DEFAULT_TTL_S, SETTLE_S, Lease, LeaseGuard
-from .manifest import (
     Manifest,
     PartEntry,
     log_commit,
@@ -70,6 +67,7 @@ from .manifest import (
     read_manifest,
     row_range_problems,
     save_manifest,
+    tmp_name,
     upgrade,
 )
 from .parts import PartWriter, check_part, run_file
