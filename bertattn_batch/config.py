@@ -458,7 +458,9 @@ def load_job(path: str | Path, **overrides: Any) -> JobSpec:
     if isinstance(table, dict) and set(table) & set(keys(InputSpec)):
         table = {k: v for k, v in table.items() if (k, v) != ("inputs", [])}  # no inputs: the job's
         shared = (
-            ["text_col", "label_col"] if "inputs" in table else [k for k in keys(InputSpec) if k != "limit"]
+            [k for k in keys(InputSpec) if k != "limit"]
+            if "inputs" not in table
+            else ["text_col", "label_col"]
         )
         data["finetune"] = {**{k: data[k] for k in shared if k in data}, **table}
     return from_dict(JobSpec, data, where=str(path))

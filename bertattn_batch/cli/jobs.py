@@ -154,10 +154,8 @@ def finetune(
         scores = "no held-out split"
     else:
         scores = f"held-out accuracy {metrics['accuracy']:.4f}, macro-F1 {metrics['macro_f1']:.4f}"
-    skipped = metrics.get("skipped_rows") or {}
-    not_used = (
-        f"; rows not trained on: {', '.join(f'{k} {v}' for k, v in skipped.items())}" if skipped else ""
-    )
+    skipped = ", ".join(f"{k} {v}" for k, v in (metrics.get("skipped_rows") or {}).items())
+    not_used = f"; rows not trained on: {skipped}" if skipped else ""
     typer.echo(
         f"saved {plan.out_dir}: {scores} ({metrics.get('n_train', '?')} train / {metrics.get('n_eval', '?')} "
         f"held out, {metrics.get('seconds', 0):.0f}s){not_used}"

@@ -74,11 +74,8 @@ class RunSummary:
         self.stats.add(part.stats)
         self.bytes_written += part.entry.bytes
         self.parts_written += 1
-        if (
-            not self.said_unknown
-            and self.stats.tokens >= UNKNOWN_SAMPLE
-            and self.stats.unknown_share > UNKNOWN_WARNING
-        ):
+        s = self.stats
+        if not self.said_unknown and s.tokens >= UNKNOWN_SAMPLE and s.unknown_share > UNKNOWN_WARNING:
             self.said_unknown = True
             log.warning(  # as soon as it shows, so that a long job can be stopped
                 "%.0f%% of the tokens so far are [UNK]: the model's tokenizer does not fit these texts "

@@ -166,9 +166,8 @@ class Manifest:
             for name in ("spec", "fingerprint", "model", "versions", "schema_versions")
             if not isinstance(kwargs.get(name, {}), dict)
         ]
-        problems += (
-            model_problems(kwargs.get("model", {})) if isinstance(kwargs.get("model", {}), dict) else []
-        )
+        if isinstance(model := kwargs.get("model", {}), dict):
+            problems += model_problems(model)
         generation = kwargs.get("generation")
         if generation is not None and (not isinstance(generation, int) or isinstance(generation, bool)):
             problems.append(f"generation is {generation!r}, expected int")

@@ -192,10 +192,9 @@ def check_part(
             with storage.arrow_file(path) as f:
                 meta = pq.read_metadata(f)
         except (pa.ArrowException, OSError, StorageError) as e:
-            gone = not storage.is_file(path)
-            problem = (
-                "is committed in the manifest but missing" if gone else f"cannot be read ({first_line(e)})"
-            )
+            problem = f"cannot be read ({first_line(e)})"
+            if not storage.is_file(path):
+                problem = "is committed in the manifest but missing"
             raise RunDirError(f"{run_dir}: {name} {problem}; {DAMAGED}") from None
         span = _row_index_range(meta) if table == "predictions" and meta.num_rows else None
         if meta.num_rows != part.rows[table]:

@@ -228,9 +228,8 @@ class RunDir:
     def finalize(self, last_run: dict[str, Any]) -> Manifest:
         """Mark the run complete with this pass's summary (or the last, where it read no rows) and counts."""
         m = self.manifest
-        m.last_run = (
-            m.last_run if not last_run.get("input_rows") and m.last_run else {**last_run, "ended_at": _now()}
-        )
+        if last_run.get("input_rows") or not m.last_run:
+            m.last_run = {**last_run, "ended_at": _now()}
         m.counts, m.status, m.completed_at = part_rows(m), "complete", _now()
         self._save()
         return m
@@ -518,11 +517,9 @@ def resume_point(run: RunDir, incremental: bool, by_id: bool, sources: list[dict
     short = limit is not None and limit < skip_until  # a limit that stops before the committed rows
     new_pass = incremental and bool(parts) and (run.reopened_status == "complete" or m.generation is None)
     if incremental and not new_pass and skip_until and by_id and (changes or short):
-        why = (
-            f"the inputs changed ({_listed(changes)})"
-            if changes
-            else f"--limit {limit:,} stops before the {skip_until:,} input rows it read"
-        )
+        why = f"--limit {limit:,} stops before the {skip_until:,} input rows it read"
+        if changes:
+            why = f"the inputs changed ({_listed(changes)})"
         log.warning("%s: %s since its interrupted pass began; a new pass adds the reviews whose ids are "
                     "not in the run yet", run.run_dir, why)  # fmt: skip
         new_pass = True

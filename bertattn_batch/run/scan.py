@@ -55,7 +55,7 @@ def scan_run(run_dir: str | Path) -> RunFrames:
     optional = [t for t in schema.OPTIONAL_TABLES if listed and all(t in p.files for p in listed)]
     tables = (*schema.TABLES, *optional)
     parts = committed_files(run_dir, tables)
-    empty = {t: pl.from_arrow(schema.arrow(t).empty_table()).lazy() for t in schema.ALL_TABLES}  # type: ignore[union-attr]
+    empty = {t: pl.DataFrame(schema.arrow(t).empty_table()).lazy() for t in schema.ALL_TABLES}
     return RunFrames(**empty | {t: scan_parts([p.files[t] for p in parts]) for t in tables if parts})
 
 
