@@ -139,17 +139,16 @@ class GuardedStdout:
         self.error: OSError | None = None
 
     def write(self, text: str) -> int:
-        if self.error is None:
-            try:
-                return self._stream.write(text)
-            except OSError as e:
-                self.error = e
+        self._guarded(lambda: self._stream.write(text))
         return len(text)
 
     def flush(self) -> None:
+        self._guarded(self._stream.flush)
+
+    def _guarded(self, call: Callable[[], object]) -> None:
         if self.error is None:
             try:
-                self._stream.flush()
+                call()
             except OSError as e:
                 self.error = e
 
@@ -172,12 +171,9 @@ def _not_utf8(text: str) -> str:
 def main() -> None:
     """Run the application; a failed write to standard output is one line and exit status 1, a pipe
     closed by its reader no failure. An argument that is not UTF-8 is refused before any command runs."""
-    for arg in sys.argv[1:]:
-        try:
-            arg.encode("utf-8")
-        except UnicodeEncodeError:
-            print(f"error: {_not_utf8(arg)}", file=sys.stderr)
-            sys.exit(2)
+    if bad := [arg for arg in sys.argv[1:] if any("\ud800" <= c <= "\udfff" for c in arg)]:
+        print(f"error: {_not_utf8(bad[0])}", file=sys.stderr)
+        sys.exit(2)
     if not os.environ.get("COLUMNS", "1").isdigit() or os.environ.get("COLUMNS") == "0":
         del os.environ["COLUMNS"]  # COLUMNS=0 made the help and usage errors print nothing at all
     for stream in (sys.stdout, sys.stderr):  # a character the terminal's encoding lacks is escaped

@@ -14,6 +14,7 @@ the next run takes it over; a holder that finds its lease lost writes no more.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -145,8 +146,7 @@ class Lease:
         conditional on the version this holder wrote last, so a taker's lease written meanwhile stays."""
         if self.conditional and self.version is not None:
             try:
-                storage.delete_if(self.uri, self.version)
-                return
+                return storage.delete_if(self.uri, self.version)
             except storage.CommitRefused:  # another holder's now
                 return
             except storage.NoConditionalWrites:
@@ -161,10 +161,8 @@ class Lease:
 
         def loop() -> None:
             while not stop.wait(self.ttl_s / 3):
-                try:
+                with contextlib.suppress(OSError, StorageError):  # a store briefly away: the next one says
                     self.renew()
-                except (OSError, StorageError):  # a store briefly away: the next renewal, or check, says
-                    continue
 
         thread = threading.Thread(target=loop, name="lease", daemon=True)
         thread.start()
