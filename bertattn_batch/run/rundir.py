@@ -517,9 +517,11 @@ def resume_point(run: RunDir, incremental: bool, by_id: bool, sources: list[dict
     short = limit is not None and limit < skip_until  # a limit that stops before the committed rows
     new_pass = incremental and bool(parts) and (run.reopened_status == "complete" or m.generation is None)
     if incremental and not new_pass and skip_until and by_id and (changes or short):
-        why = f"--limit {limit:,} stops before the {skip_until:,} input rows it read"
-        if changes:
-            why = f"the inputs changed ({_listed(changes)})"
+        why = (
+            f"the inputs changed ({_listed(changes)})"
+            if changes
+            else f"--limit {limit:,} stops before the {skip_until:,} input rows it read"
+        )
         log.warning("%s: %s since its interrupted pass began; a new pass adds the reviews whose ids are "
                     "not in the run yet", run.run_dir, why)  # fmt: skip
         new_pass = True
