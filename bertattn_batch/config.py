@@ -46,11 +46,11 @@ WORDS = ("auto", "jieba", "wordpiece", "none")
 
 
 def option(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, **meta: Any) -> Any:
-    """A spec field with its key's help and rules, for the job file's checks and the command line. ``meta``: ``panel`` (its group in ``--help``), ``key`` (its name in a job file, where the field's
-    differs), ``default_text`` (what the default means, where a value cannot say it), ``choices``,
-    ``least``, ``within`` (``[lo, hi)``), ``positive``, ``items`` (a list's items, named where a
-    comma-separated value is refused), ``argument``, ``flat`` (its spec's keys are this spec's),
-    ``cli=False`` (no option)."""
+    """A spec field with its key's help and rules, for the job file's checks and the command line. ``meta``:
+    ``panel`` (its group in ``--help``), ``key`` (its name in a job file, where the field's differs),
+    ``default_text`` (what the default means, where a value cannot say it), ``choices``, ``least``,
+    ``within`` (``[lo, hi)``), ``positive``, ``items`` (a list's items, named where a comma-separated
+    value is refused), ``argument``, ``flat`` (its spec's keys are this spec's), ``cli=False`` (no option)."""
     return field(default=default, default_factory=factory, metadata={"help": help, **meta})
 
 
@@ -457,10 +457,8 @@ def load_job(path: str | Path, **overrides: Any) -> JobSpec:
     table = data.get("finetune")
     if isinstance(table, dict) and set(table) & set(keys(InputSpec)):
         table = {k: v for k, v in table.items() if (k, v) != ("inputs", [])}  # no inputs: the job's
-        shared = (
-            [k for k in keys(InputSpec) if k != "limit"]
-            if "inputs" not in table
-            else ["text_col", "label_col"]
-        )
+        shared = ["text_col", "label_col"]
+        if "inputs" not in table:
+            shared = [k for k in keys(InputSpec) if k != "limit"]
         data["finetune"] = {**{k: data[k] for k in shared if k in data}, **table}
     return from_dict(JobSpec, data, where=str(path))
