@@ -335,16 +335,8 @@ class RunDir:
 
     def _clear(self) -> None:
         """Remove what bertattn wrote into the run, its manifest last (a clear cut short is still a run)."""
-        temporaries = [p.name for p in self.run_dir.glob(f".{REPORT_NAME}*.tmp")]
-        for name in (
-            *ALL_TABLES,
-            *DERIVED_DIRS,
-            REPORT_NAME,
-            *temporaries,
-            hidden_tmp(MANIFEST),
-            COMMIT_LOG,
-            MANIFEST,
-        ):
+        tmps = [p.name for p in self.run_dir.glob(f".{REPORT_NAME}*.tmp")] + [hidden_tmp(MANIFEST)]
+        for name in (*ALL_TABLES, *DERIVED_DIRS, REPORT_NAME, *tmps, COMMIT_LOG, MANIFEST):
             child = self.run_dir / name
             if child.is_dir() and not child.is_symlink():
                 remove_tree(child)
