@@ -108,16 +108,15 @@ class RayEngine:
     actor_cls: type[WindowActor] = WindowActor
 
     def __init__(self, spec: JobSpec) -> None:
-        self.spec, self.timings = spec, {}
-        self._runtime: Any = None
+        self.spec, self.timings, self._runtime = spec, {}, contextlib.ExitStack()
 
     def __enter__(self) -> RayEngine:
         spec = self.spec
         quiet = not logging.getLogger("bertattn_batch").isEnabledFor(logging.INFO)
         address = spec.ray_address or os.environ.get("RAY_ADDRESS") or None
         t0 = time.perf_counter()
-        self._runtime = ray_runtime(address, num_cpus=max(os.cpu_count() or 1, spec.workers), quiet=quiet)
-        ray = self.ray = self._runtime.__enter__()
+        runtime = ray_runtime(address, num_cpus=max(os.cpu_count() or 1, spec.workers), quiet=quiet)
+        ray = self.ray = self._runtime.enter_context(runtime)
         self.timings["ray_start"] = time.perf_counter() - t0
         try:
             res = ray.cluster_resources()
@@ -133,14 +132,12 @@ class RayEngine:
             else:
                 self._header = _header_of(spec, self.worker_spec)
         except BaseException:
-            self.__exit__(None, None, None)
+            self._runtime.close()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._runtime is not None:
-            self._runtime.__exit__(None, None, None)
-            self._runtime = None
+        self._runtime.close()
 
     def header(self) -> dict[str, Any]:
         return self._header
