@@ -15,11 +15,9 @@ from ..errors import BertAttnError, Terminated
 from ..runtime import INTERRUPTED, on_stop, signals_deferred, tune_runtime
 from ..storage import redact
 
+# its own help option, below: shown without a type
 app = typer.Typer(
-    no_args_is_help=True,
-    add_completion=False,
-    add_help_option=False,  # its own, below: shown without a type
-    pretty_exceptions_enable=False,
+    no_args_is_help=True, add_completion=False, add_help_option=False, pretty_exceptions_enable=False
 )
 
 T = TypeVar("T")
