@@ -13,11 +13,9 @@ Usage::
            stage the window's part (extract/job.py), at most ``IN_FLIGHT_PER_WORKER`` windows each
        ──▶ the driver commits the parts in row order (``run_job``)
 
-The driver streams: Ray's object store holds only the windows in flight, never the corpus. A window's
-part is named by its first row, so when a worker dies Ray restarts it and retries the window, and the
-retry rewrites the same files. Workers write their parts into the run directory themselves (under
-temporary names on a filesystem every node mounts; under their final names on an object store,
-run/parts.py) and hand back only the manifest entry; the driver alone writes the manifest.
+Workers write their parts into the run directory themselves (run/parts.py) and hand back only the
+manifest entry; the driver alone writes the manifest. docs/ray.md tells how the driver streams and how a
+dead worker's window is retried.
 """
 
 from __future__ import annotations
