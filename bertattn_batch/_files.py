@@ -171,22 +171,16 @@ def lock_is_held(path: Path) -> bool | None:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return None
+        return False
+    except OSError as e:
+        return True if isinstance(e, BlockingIOError) else None
     finally:
         os.close(fd)
-    return False
 
 
 @contextlib.contextmanager
-def file_lock(
-    path: Path,
-    busy: Callable[[str], BaseException] | None = None,
-    waiting: str | None = None,
-    remove: bool = False,
-) -> Iterator[None]:
+def file_lock(path: Path, busy: Callable[[str], BaseException] | None = None, waiting: str | None = None,
+              remove: bool = False) -> Iterator[None]:  # fmt: skip
     """Hold an exclusive lock on ``path`` (recording the holder's pid) for the block. Where another
     process holds it: raise ``busy(" (pid N)")``, or without ``busy`` wait, logging ``waiting``."""
     try:
@@ -226,16 +220,12 @@ def process_alive(pid: int) -> bool:
 
 def fsync_file(path: Path) -> None:
     """Wait until ``path``'s data is on disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
 
 
 def check_writable(folder: Path, what: str) -> None:
-    """Raise WriteError unless a file can be made in ``folder`` (made where missing): asked before long
-    work whose result goes there."""
+    """Raise WriteError unless a file can be made in ``folder``: asked before long work that writes there."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
@@ -254,8 +244,7 @@ def writing(path: Path) -> Iterator[None]:
 
 
 def json_text(value: Any, **options: Any) -> str:
-    """``value`` as JSON in valid UTF-8: text as it is, or escaped where it holds a file name that is no
-    UTF-8 (lone surrogates)."""
+    """``value`` as JSON in valid UTF-8: escaped where it holds a file name that is no UTF-8."""
     text = json.dumps(value, ensure_ascii=False, **options)
     try:
         text.encode("utf-8")

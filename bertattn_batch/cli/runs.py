@@ -19,14 +19,20 @@ def _run_location(value: str | None) -> str | None:
     return None if value is None else normalize(value)
 
 
+# fmt: off
 #: A run as every command names it: a local folder, or a store's URI (credentials from the environment).
-RunDir = Annotated[
-    str,
-    typer.Argument(
-        help="A run directory (holding manifest.json): a path, or an s3://, gs:// or hdfs:// URI.",
-        callback=_run_location,
-    ),
-]
+RunDir = Annotated[str, typer.Argument(
+    help="A run directory (holding manifest.json): a path, or an s3://, gs:// or hdfs:// URI.",
+    callback=_run_location)]
+#: Options of the commands that read a head's rows: which layer and head.
+Layer = Annotated[int | None, typer.Option(
+    help="Only this layer; negative counts from the end (default: every layer of the run).")]
+Head = Annotated[int | None, typer.Option(help="Only this head (0-based).")]
+Out = Annotated[Path | None, typer.Option(help="Also write the rows asked for as .csv, .xlsx or .parquet.")]
+#: The layer a command shows, the run's first by default.
+FirstLayer = Annotated[int | None, typer.Option(
+    help="Layer to show; negative counts from the end (default: the run's first).")]
+# fmt: on
 
 
 @app.command()
@@ -50,47 +56,24 @@ def validate(
         raise typer.Exit(1)
 
 
-#: Options of the commands that read a head's rows: which layer and head.
-Layer = Annotated[
-    int | None,
-    typer.Option(help="Only this layer; negative counts from the end (default: every layer of the run)."),
-]
-Head = Annotated[int | None, typer.Option(help="Only this head (0-based).")]
-Out = Annotated[Path | None, typer.Option(help="Also write the rows asked for as .csv, .xlsx or .parquet.")]
-
-
+# fmt: off
 @app.command()
 @spec_options(JobSpec, only=("words", "user_dict"), defaults="job")
 def aggregate(
     run_dir: RunDir,
-    min_reviews: Annotated[
-        int, typer.Option(help="Keep tokens seen in at least this many reviews of a group.")
-    ] = 5,
-    rank_by: Annotated[
-        str,
-        typer.Option(
-            help="log_odds_z or log_odds (what a head attends to more in one label than in the others: a "
-            "rare token cannot top it), mean_scaled, mean_scaled_shrunk (rare tokens pulled to the head's "
-            "mean), mean_weight, mean_norm (norm-based), top_share, n_top or n_reviews."
-        ),
-    ] = "log_odds_z",
+    min_reviews: Annotated[int, typer.Option(
+        help="Keep tokens seen in at least this many reviews of a group.")] = 5,
+    rank_by: Annotated[str, typer.Option(
+        help="log_odds_z or log_odds (what a head attends to more in one label than in the others: a rare "
+        "token cannot top it), mean_scaled, mean_scaled_shrunk (rare tokens pulled to the head's mean), "
+        "mean_weight, mean_norm (norm-based), top_share, n_top or n_reviews.")] = "log_odds_z",
     top_k: Annotated[int, typer.Option(help="Tokens per head in the printed table.")] = 5,
     unit: Annotated[str, typer.Option(help="Print tokens or words.")] = "token",
-    by: Annotated[
-        str | None,
-        typer.Option(
-            help="Print for all reviews, by pred_label or by label \\[default: all; pred_label for a log-odds "
-            "--rank-by].",
-            show_default=False,
-        ),
-    ] = None,
-    layer: Layer = None,
-    head: Head = None,
-    out: Out = None,
-    *,
-    debug: Debug = False,
-    **words: str | None,
+    by: Annotated[str | None, typer.Option(show_default=False, help="Print for all reviews, by pred_label "
+                  "or by label \\[default: all; pred_label for a log-odds --rank-by].")] = None,
+    layer: Layer = None, head: Head = None, out: Out = None, *, debug: Debug = False, **words: str | None,
 ) -> None:
+    # fmt: on
     """Token influence by head: write RUN/aggregates/token_influence.parquet and print the top tokens.
 
     Examples:
@@ -112,34 +95,19 @@ def aggregate(
         call(lambda: agg.export_path(out))  # before the work
     layers = None if layer is None else [call(lambda: agg.run_layer(read_manifest(run_dir), layer))]
 
-    result = call(
-        lambda: agg.aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by, **words),
-        REDONE,
-        completes=True,
-    )
+    result = call(lambda: agg.aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by, **words), REDONE,
+                  completes=True)  # fmt: skip
     heads = None if head is None else [head]
-    printed = call(
-        lambda: agg.format_top(
-            result.table,
-            k=top_k,
-            unit=unit,
-            split=by,
-            layers=layers,
-            measure=rank_by,
-            units=result.options.get("units"),
-            groups=result.groups,
-            num_layers=result.num_layers,
-            byte_level=result.byte_level,
-            heads=heads,
-        )
-    )
-    typer.echo(printed)
+    shown = dict(units=result.options.get("units"), groups=result.groups, num_layers=result.num_layers,
+                 byte_level=result.byte_level, heads=heads)  # fmt: skip
+    typer.echo(call(lambda: agg.format_top(result.table, top_k, unit, by, layers, rank_by, **shown)))
     typer.echo(result.line())
     if out is not None:
         rows = agg.view(result.table, unit, by, layers, rank_by, heads)
         typer.echo(f"wrote {call(lambda: agg.export(rows, out))} ({rows.height} rows)")
 
 
+# fmt: off
 @app.command()
 @spec_options(JobSpec, only=("words", "user_dict"), defaults="job")
 def reviews(
@@ -147,16 +115,11 @@ def reviews(
     head: Annotated[int, typer.Option(help="The head (0-based).")],
     token: Annotated[str | None, typer.Option(help="The token, as the run's tokens spell it.")] = None,
     word: Annotated[str | None, typer.Option(help="The word (instead of --token).")] = None,
-    layer: Annotated[
-        int | None,
-        typer.Option(help="The layer; negative counts from the end (default: the run's first)."),
-    ] = None,
+    layer: FirstLayer = None,
     top: Annotated[int, typer.Option(help="Reviews to show.")] = 10,
-    out: Out = None,
-    *,
-    debug: Debug = False,
-    **words: str | None,
+    out: Out = None, *, debug: Debug = False, **words: str | None,
 ) -> None:
+    # fmt: on
     """The reviews where a head attends most to a token or word, by raw weight: each with its text,
     prediction and the plot command that draws it.
 
@@ -185,26 +148,21 @@ def reviews(
     typer.echo(call(find, completes=True))
 
 
+# fmt: off
 @app.command()
 @spec_options(JobSpec, only=("trust_remote_code", "allow_pickle"))
 def faithfulness(
     run_dir: RunDir,
-    sample: Annotated[
-        int, typer.Option(help="Reviews to measure on, stratified by predicted label (all where fewer).")
-    ] = 200,
+    sample: Annotated[int, typer.Option(
+        help="Reviews to measure on, stratified by predicted label (all where fewer).")] = 200,
     seed: Annotated[int, typer.Option(help="Seed of the sample and of the random ranking.")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    model: Annotated[
-        str | None,
-        typer.Option(
-            help="The run's model, where it is not where the run recorded it (moved, another machine)."
-        ),
-    ] = None,
+    model: Annotated[str | None, typer.Option(
+        help="The run's model, where it is not where the run recorded it (moved, another machine).")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on a terminal.")] = True,
-    *,
-    debug: Debug = False,
-    **trust: bool,
+    *, debug: Debug = False, **trust: bool,
 ) -> None:
+    # fmt: on
     """Which heads' attention tracks what moves the prediction; writes RUN/faithfulness/head_faithfulness.parquet.
 
     Deletes the tokens each head ranks highest (1 to 50% of a review) and measures how much the
@@ -222,73 +180,45 @@ def faithfulness(
 
     from ..analysis.faithfulness import faithfulness as measure
 
-    show = progress and sys.stderr.isatty()
-    result = call(
-        lambda: measure(
-            run_dir, sample=sample, seed=seed, device=device, progress=show, model=model, **trust
-        ),
-        REDONE,
-        completes=True,
+    options = dict(
+        sample=sample, seed=seed, device=device, progress=progress and sys.stderr.isatty(), model=model
     )
-    typer.echo(result.summary())
+    typer.echo(call(lambda: measure(run_dir, **options, **trust), REDONE, completes=True).summary())
 
 
+# fmt: off
 @app.command()
 @spec_options(JobSpec, only=("trust_remote_code", "allow_pickle"))
 @spec_options(JobSpec, only=("words", "user_dict"), defaults="job")
 def plot(
-    run_dir: Annotated[
-        str | None,
-        typer.Argument(
-            help="A run directory (or a store's URI); omit it to plot --text through --model.",
-            callback=_run_location,
-        ),
+    run_dir: Annotated[str | None, typer.Argument(
+        help="A run directory (or a store's URI); omit it to plot --text through --model.",
+        callback=_run_location)] = None,
+    out: Annotated[Path, typer.Option(help="What to write: a picture (.png, or .html: self-contained), or "
+                                      "the heads x tokens table (.csv, .xlsx).")] = Path("review.png"),
+    doc_id: Annotated[str | None, typer.Option(
+        help="Id of the review in the run (with --text: a name for the title).")] = None,
+    text: Annotated[str | None, typer.Option(
+        help="A review text (with --model, or the run's review's text).")] = None,
+    text_file: Annotated[Path | None, typer.Option(
+        help="A file holding the review text, UTF-8: no-break spaces and line breaks kept.")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="Model folder (default for a run: the run's model).")] = None,
+    layer: Annotated[int | None, typer.Option(
+        help="Layer to show; negative counts from the end (default: the run's first; -2 for --text)."),
     ] = None,
-    out: Annotated[
-        Path,
-        typer.Option(
-            help="What to write: a picture (.png, or .html: self-contained), or the heads x tokens table "
-            "(.csv, .xlsx)."
-        ),
-    ] = Path("review.png"),
-    doc_id: Annotated[
-        str | None, typer.Option(help="Id of the review in the run (with --text: a name for the title).")
-    ] = None,
-    text: Annotated[
-        str | None, typer.Option(help="A review text (with --model, or the run's review's text).")
-    ] = None,
-    text_file: Annotated[
-        Path | None,
-        typer.Option(help="A file holding the review text, UTF-8: no-break spaces and line breaks kept."),
-    ] = None,
-    model: Annotated[
-        str | None, typer.Option(help="Model folder (default for a run: the run's model).")
-    ] = None,
-    layer: Annotated[
-        int | None,
-        typer.Option(
-            help="Layer to show; negative counts from the end (default: the run's first; -2 for --text)."
-        ),
-    ] = None,
-    pairs: Annotated[
-        bool, typer.Option("--pairs", help="Token x token maps per head (computed with eager attention).")
-    ] = False,
-    tokens: Annotated[
-        str | None,
-        typer.Option(
-            help="Only these content tokens (long reviews), as a Python range counted from 0 at the first "
-            "after [CLS]: 0:40 shows the tables' positions 1 to 40."
-        ),
-    ] = None,
-    specials: Annotated[
-        bool, typer.Option(help="[CLS] and [SEP] in the token x token maps (--no-specials leaves them out).")
-    ] = True,
+    pairs: Annotated[bool, typer.Option(
+        "--pairs", help="Token x token maps per head (computed with eager attention).")] = False,
+    tokens: Annotated[str | None, typer.Option(
+        help="Only these content tokens (long reviews), as a Python range counted from 0 at the first "
+        "after [CLS]: 0:40 shows the tables' positions 1 to 40.")] = None,
+    specials: Annotated[bool, typer.Option(
+        help="[CLS] and [SEP] in the token x token maps (--no-specials leaves them out).")] = True,
     device: Annotated[str, typer.Option(help="Device for the model, when one is needed.")] = "cpu",
     unit: Annotated[str, typer.Option(help="Draw tokens or words.")] = "token",
-    *,
-    debug: Debug = False,
-    **options: Any,
+    *, debug: Debug = False, **options: Any,
 ) -> None:
+    # fmt: on
     """Heatmaps of one review: heads x tokens of the scaled [CLS] row, and token x token with --pairs.
 
     Examples:
@@ -310,34 +240,25 @@ def plot(
         review = review_for_plot(run_dir, doc_id, pairs=pairs, tokens=tokens, specials=specials, **options)
         return write_review(review, out, pairs=pairs)
 
-    path = call(plot_to_file, REDONE, completes=True)
-    typer.echo(f"wrote {path}")
+    typer.echo(f"wrote {call(plot_to_file, REDONE, completes=True)}")
 
 
+# fmt: off
 @app.command()
 @spec_options(JobSpec, only=("label_map",), default_texts={"label_map": "the run's job's"})
 def report(
     run_dir: RunDir,
     out: Annotated[Path | None, typer.Option(help="HTML file to write (default: RUN/report.html).")] = None,
-    layer: Annotated[
-        int | None,
-        typer.Option(help="Layer to show; negative counts from the end (default: the run's first)."),
-    ] = None,
-    examples: Annotated[
-        int, typer.Option(help="Example reviews per predicted label, and misclassified ones shown.")
-    ] = 3,
+    layer: FirstLayer = None,
+    examples: Annotated[int, typer.Option(
+        help="Example reviews per predicted label, and misclassified ones shown.")] = 3,
     top_k: Annotated[int, typer.Option(help="Top tokens per head.")] = 8,
-    min_reviews: Annotated[
-        int | None,
-        typer.Option(
-            help="min-reviews for aggregates computed on the way (default: the run's aggregates' own, "
-            "else 5); they keep their --rank-by."
-        ),
-    ] = None,
-    *,
-    debug: Debug = False,
-    **given: str | None,
+    min_reviews: Annotated[int | None, typer.Option(help="min-reviews for aggregates computed on the way "
+                           "(default: the run's aggregates' own, else 5); they keep their --rank-by.")]
+    = None,
+    *, debug: Debug = False, **given: str | None,
 ) -> None:
+    # fmt: on
     """One self-contained HTML page: the run's summary, accuracy, top tokens per head, example heatmaps.
 
     Examples:
@@ -350,9 +271,4 @@ def report(
     from ..render.report import build_report
 
     options = dict(layer=layer, examples=examples, top_k=top_k, min_reviews=min_reviews, **given)
-    path = call(
-        lambda: build_report(run_dir, out=out, **options),
-        REDONE,
-        completes=True,
-    )
-    typer.echo(f"wrote {path}")
+    typer.echo(f"wrote {call(lambda: build_report(run_dir, out=out, **options), REDONE, completes=True)}")

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .base import Engine, RunSummary, engine_for, run_job
+    from .base import RunSummary, run_job
     from .start import load_classifier, run_header
 
 _EXPORTS = {
-    **dict.fromkeys(["Engine", "RunSummary", "engine_for", "run_job"], "base"),
+    **dict.fromkeys(["RunSummary", "run_job"], "base"),
     **dict.fromkeys(["load_classifier", "run_header"], "start"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = ["Engine", "RunSummary", "engine_for", "load_classifier", "run_header", "run_job"]
+__all__ = ["RunSummary", "load_classifier", "run_header", "run_job"]

@@ -74,11 +74,8 @@ class RunSummary:
         self.stats.add(part.stats)
         self.bytes_written += part.entry.bytes
         self.parts_written += 1
-        if (
-            not self.said_unknown
-            and self.stats.tokens >= UNKNOWN_SAMPLE
-            and self.stats.unknown_share > UNKNOWN_WARNING
-        ):
+        s = self.stats
+        if not self.said_unknown and s.tokens >= UNKNOWN_SAMPLE and s.unknown_share > UNKNOWN_WARNING:
             self.said_unknown = True
             log.warning(  # as soon as it shows, so that a long job can be stopped
                 "%.0f%% of the tokens so far are [UNK]: the model's tokenizer does not fit these texts "
@@ -124,23 +121,17 @@ class RunSummary:
         )
 
 
-def engine_for(spec: JobSpec) -> type:
-    if spec.engine == "ray":
-        from .ray import RayEngine
-
-        return RayEngine
-    from .local import LocalEngine
-
-    return LocalEngine
-
-
 def run_job(spec: JobSpec, progress: bool | None = None, part_writer: type[PartWriter] = PartWriter,
             engine: type | None = None) -> RunSummary:  # fmt: skip
     """Run one extraction job end to end; returns its summary (also written to the manifest).
     ``part_writer`` and ``engine`` replace the classes that write parts and run windows (tests)."""
     tune_runtime()
     show = spec.progress if progress is None else progress
-    engine_cls = engine or engine_for(spec)  # imports the model's code: not part of the job's time
+    if engine is None:  # imports the model's code: not part of the job's time
+        from .local import LocalEngine
+        from .ray import RayEngine
+
+        engine = RayEngine if spec.engine == "ray" else LocalEngine
     t_start = time.perf_counter()
     # refused now, not once a model is trained or loaded, or a cluster joined
     sources = check_inputs(spec.inputs, spec.out)  # of a stream, no more is copied than the job reads
@@ -158,7 +149,7 @@ def run_job(spec: JobSpec, progress: bool | None = None, part_writer: type[PartW
     incremental = spec.on_existing == "incremental"
     on_existing = "resume" if incremental else spec.on_existing
     with (
-        engine_cls(spec) as eng,
+        engine(spec) as eng,
         run_dir_class(spec.out)(
             spec.out, eng.header(), on_existing, part_writer(spec.out), spec.unsafe_store_commits
         ) as run,

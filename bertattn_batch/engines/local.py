@@ -117,13 +117,9 @@ class LocalEngine:
 
     def describe(self) -> dict[str, Any]:
         """The batch sizes and host processes the run had (the spec may leave them to the device)."""
-        batch_tokens, max_batch_size = self.spec.batch_budget(self.clf.device_type)
+        tokens, reviews = self.spec.batch_budget(self.clf.device_type)
         n = host_processes(self.spec.host_processes, self.clf.device)
-        return {
-            "batch_tokens": batch_tokens,
-            "max_batch_size": max_batch_size,
-            "host_processes": n,
-        } | self._usage
+        return {"batch_tokens": tokens, "max_batch_size": reviews, "host_processes": n} | self._usage
 
     def executor(
         self, part_writer: PartWriter, pass_info: PassInfo, on_batch: Callable[[int], None]

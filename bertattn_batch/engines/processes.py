@@ -136,7 +136,7 @@ class HostProcesses:
                 each = [pool.submit(_usage).result() for pool in self._pools] if exc[0] is None else []
             except (BrokenProcessPool, OSError):
                 each = []
-            if each and all(each):
+            if each:
                 self.usage.update({f"host_processes_{k}": round(sum(u[k] for u in each), 3)
                                    for k in ("cpu_s", "page_faults")})  # fmt: skip
                 self.usage["largest_host_process_max_rss_mb"] = round(max(u["max_rss_mb"] for u in each), 1)
@@ -193,11 +193,9 @@ def _finish(seq: int, scored: tuple[list[list[Outputs]], float]) -> StagedPart:
 
 
 def _usage() -> dict[str, float]:
-    """This process's CPU seconds, page faults and peak memory (MiB); none without ``resource``."""
-    try:
-        import resource
-    except ImportError:
-        return {}
+    """This process's CPU seconds, page faults and peak memory (MiB)."""
+    import resource
+
     r = resource.getrusage(resource.RUSAGE_SELF)
     rss_mb = r.ru_maxrss / (1 << 20 if sys.platform == "darwin" else 1 << 10)  # bytes there, KiB here
     return {"cpu_s": r.ru_utime + r.ru_stime, "page_faults": r.ru_minflt, "max_rss_mb": rss_mb}

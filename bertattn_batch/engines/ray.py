@@ -13,11 +13,9 @@ Usage::
            stage the window's part (extract/job.py), at most ``IN_FLIGHT_PER_WORKER`` windows each
        ──▶ the driver commits the parts in row order (``run_job``)
 
-The driver streams: Ray's object store holds only the windows in flight, never the corpus. A window's
-part is named by its first row, so when a worker dies Ray restarts it and retries the window, and the
-retry rewrites the same files. Workers write their parts into the run directory themselves (under
-temporary names on a filesystem every node mounts; under their final names on an object store,
-run/parts.py) and hand back only the manifest entry; the driver alone writes the manifest.
+Workers write their parts into the run directory themselves (run/parts.py) and hand back only the
+manifest entry; the driver alone writes the manifest. docs/ray.md tells how the driver streams and how a
+dead worker's window is retried.
 """
 
 from __future__ import annotations
@@ -108,16 +106,15 @@ class RayEngine:
     actor_cls: type[WindowActor] = WindowActor
 
     def __init__(self, spec: JobSpec) -> None:
-        self.spec, self.timings = spec, {}
-        self._runtime: Any = None
+        self.spec, self.timings, self._runtime = spec, {}, contextlib.ExitStack()
 
     def __enter__(self) -> RayEngine:
         spec = self.spec
         quiet = not logging.getLogger("bertattn_batch").isEnabledFor(logging.INFO)
         address = spec.ray_address or os.environ.get("RAY_ADDRESS") or None
         t0 = time.perf_counter()
-        self._runtime = ray_runtime(address, num_cpus=max(os.cpu_count() or 1, spec.workers), quiet=quiet)
-        ray = self.ray = self._runtime.__enter__()
+        runtime = ray_runtime(address, num_cpus=max(os.cpu_count() or 1, spec.workers), quiet=quiet)
+        ray = self.ray = self._runtime.enter_context(runtime)
         self.timings["ray_start"] = time.perf_counter() - t0
         try:
             res = ray.cluster_resources()
@@ -133,14 +130,12 @@ class RayEngine:
             else:
                 self._header = _header_of(spec, self.worker_spec)
         except BaseException:
-            self.__exit__(None, None, None)
+            self._runtime.close()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._runtime is not None:
-            self._runtime.__exit__(None, None, None)
-            self._runtime = None
+        self._runtime.close()
 
     def header(self) -> dict[str, Any]:
         return self._header
@@ -220,23 +215,14 @@ def _as_ours(e: BaseException) -> BaseException:
 
 
 # -- Ray itself: imported on demand, connected to a cluster or a local runtime --------------------------
-def import_ray(local: bool = True) -> Any:
-    """The ``ray`` module, or an EngineError that says how to install it."""
-    if local:
-        os.environ.setdefault(_LOOPBACK_ENV, "0")  # read when ray is first imported
-    try:
-        import ray
-    except ImportError:
-        raise EngineError(f"--engine ray needs Ray, which is not installed: {INSTALL_HINT}") from None
-    return ray
-
-
 @contextlib.contextmanager
 def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: bool = True) -> Iterator[Any]:
     """Yield ``ray``, connected: to ``address`` (or RAY_ADDRESS), to the runtime this process already
     has, or to a new local one bound to loopback with no dashboard. A runtime started here stops on exit."""
     address = address or os.environ.get("RAY_ADDRESS") or None
-    where = _host_port(address) if address else None
+    # host:port or ray://host:port; other forms (auto) are left to Ray
+    host, sep, port = (address or "").removeprefix("ray://").rpartition(":")
+    where = (host.strip("[]"), int(port)) if sep and port.isdigit() and host and "/" not in host else None
     if where is not None:  # where nothing listens, ray.init would retry for minutes without a word
         try:
             socket.create_connection(where, timeout=5).close()
@@ -248,7 +234,12 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
     # a cluster on this machine's loopback is joined there too: Ray would look for it at the outward
     # address, and retry that for a quarter of an hour
     on_loopback = where is not None and (where[0] in ("localhost", "::1") or where[0].startswith("127."))
-    ray = import_ray(local=address is None or on_loopback)
+    if address is None or on_loopback:
+        os.environ.setdefault(_LOOPBACK_ENV, "0")  # read when ray is first imported
+    try:
+        import ray
+    except ImportError:
+        raise EngineError(f"--engine ray needs Ray, which is not installed: {INSTALL_HINT}") from None
     if ray.is_initialized():
         yield ray
         return
@@ -289,11 +280,3 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
         yield ray
     finally:
         ray.shutdown()
-
-
-def _host_port(address: str) -> tuple[str, int] | None:
-    """``host:port`` or ``ray://host:port`` split; None for other forms (``auto``, left to Ray)."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not port.isdigit() or not host or "/" in host:
-        return None
-    return host.strip("[]"), int(port)

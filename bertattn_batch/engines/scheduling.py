@@ -31,7 +31,7 @@ def in_order(items: Iterable[T], submit: Callable[[T], Future[R]], bound: int) -
     pending: deque[Future[R]] = deque()
     items = iter(items)
     try:
-        while not any(_failed(f) for f in pending):
+        while not any(f.done() and (f.cancelled() or f.exception()) for f in pending):
             while pending and (len(pending) >= bound or pending[0].done()):
                 yield pending.popleft().result()
             try:
@@ -50,13 +50,8 @@ def in_order(items: Iterable[T], submit: Callable[[T], Future[R]], bound: int) -
             future.cancel()
 
 
-def _failed(future: Future) -> bool:
-    return future.done() and (future.cancelled() or future.exception() is not None)
-
-
 def then(future: Future, executor: Executor, fn: Callable[[Any], R]) -> Future[R]:
-    """The future of ``fn(future.result())``, run on ``executor`` once ``future`` is done. A failure
-    passes on; cancelling the result cancels ``future``."""
+    """The future of ``fn(future.result())`` on ``executor``; a failure passes on, a cancel goes back."""
     out: Future[R] = Future()
 
     def step(done: Future) -> None:
@@ -82,18 +77,15 @@ def converted(future: Future[R], convert: Callable[[BaseException], BaseExceptio
 
 
 def settle(
-    out: Future, done: Future | BaseException, convert: Callable[[BaseException], BaseException] | None = None
+    out: Future, done: Future | BaseException, convert: Callable[[BaseException], BaseException] = lambda e: e
 ) -> None:
-    """Give ``out`` the outcome of ``done`` (a future, or an error), its error passed through ``convert``;
-    nothing where ``out`` was cancelled meanwhile."""
+    """Give ``out`` the outcome of ``done`` (a future, or an error), an error through ``convert``."""
     with contextlib.suppress(InvalidStateError):
-        error = done if isinstance(done, BaseException) else None
-        if error is None and done.cancelled():
+        if isinstance(done, BaseException):
+            out.set_exception(convert(done))
+        elif done.cancelled():
             out.cancel()
-            return
-        if error is None:
-            error = done.exception()
-        if error is not None:
-            out.set_exception(convert(error) if convert else error)
+        elif (error := done.exception()) is not None:
+            out.set_exception(convert(error))
         else:
             out.set_result(done.result())

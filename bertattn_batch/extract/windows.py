@@ -24,7 +24,7 @@ from ..config import InputSpec
 from ..errors import InputsEditedError
 from ..ids import IdSet
 from ..inputs import RowBatch, RowDigests, Source, read_sources, rows_digest
-from ..run.resume import ResumePoint
+from ..run.rundir import ResumePoint
 
 
 @dataclass

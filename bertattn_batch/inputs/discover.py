@@ -13,7 +13,7 @@ from pathlib import Path, PurePath
 from .. import storage
 from ..config import InputSpec
 from ..errors import InputError, StorageError
-from ..run.layout import is_run_dir
+from ..run.manifest import is_run_dir
 from .files import ARCHIVE_SUFFIXES, STDIN, Source, format_suffix, is_stream, spooled
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The run directory: its layout, its typed manifest, the life cycle of its parts, resuming, reading.
+"""The run directory: its names and typed manifest, the life cycle of its parts, resuming, reading.
 
 The polars scans (``scan.py``) are imported on first use: writing a run needs no polars.
 """
@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
-from .layout import (
+from .lease import Lease, refuse_if_held, status_now, writer_is_live
+from .manifest import (
     AGGREGATES_DIR,
     COMMIT_LOG,
     FAITHFULNESS_DIR,
@@ -16,10 +17,6 @@ from .layout import (
     LOCK_NAME,
     MANIFEST,
     REPORT_NAME,
-    tmp_name,
-)
-from .lease import Lease, refuse_if_held, status_now, writer_is_live
-from .manifest import (
     Manifest,
     PartEntry,
     layer_name,
@@ -29,11 +26,21 @@ from .manifest import (
     read_manifest,
     require_current_tables,
     row_range_problems,
+    tmp_name,
 )
 from .mirror import display_path, local_run, on_local_copy
 from .parts import CommittedPart, PartWriter, committed_files, decode_every_page, part_paths, verify_pages
-from .resume import check_read_unchanged, input_changes, resume_point
-from .rundir import RunDir, StoredRunDir, old_manifest, part_rows, refuse_unsafe_store, run_dir_class
+from .rundir import (
+    RunDir,
+    StoredRunDir,
+    check_read_unchanged,
+    input_changes,
+    old_manifest,
+    part_rows,
+    refuse_unsafe_store,
+    resume_point,
+    run_dir_class,
+)
 
 if TYPE_CHECKING:
     from .scan import attention_rows, scan_attention, scan_parts, scan_run

@@ -14,6 +14,7 @@ the next run takes it over; a holder that finds its lease lost writes no more.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -28,8 +29,7 @@ from typing import NamedTuple
 from .. import storage
 from .._files import lock_is_held, process_alive
 from ..errors import RunDirError, StorageError
-from .layout import LEASE_NAME, LOCK_NAME
-from .manifest import load_json
+from .manifest import LEASE_NAME, LOCK_NAME, load_json
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,14 @@ class Held(NamedTuple):
     version: str | None = None
 
     def live(self) -> bool:
-        """Unexpired, and not held by a process of this machine that is gone."""
-        return self.expires_at > time.time() and not _gone(self.process)
+        """Unexpired, and not held by a process of this machine (host, boot, pid namespace) that is gone."""
+        mine, process = process_id(os.getpid()), self.process
+        if not process or mine is None or process.rsplit("/", 2)[0] != mine.rsplit("/", 2)[0]:
+            return self.expires_at > time.time()  # another machine's: its expiry decides
+        pid = process.rsplit("/", 2)[1]
+        now = process_id(int(pid)) if pid.isdigit() else process
+        gone = now != process if now is not None else not process_alive(int(pid))
+        return self.expires_at > time.time() and not gone
 
 
 @dataclass
@@ -94,9 +100,6 @@ class Lease:
         version = storage.etag(self.uri) if self.conditional else None
         held = _read(self.uri)
         return held._replace(version=version) if held else Held("", 0.0, version=version) if version else None
-
-    def guard(self) -> LeaseGuard:
-        return LeaseGuard(self.uri, self.holder)
 
     def renew(self) -> None:
         """Extend the lease if this holder still holds it; else mark it lost, and write nothing."""
@@ -143,8 +146,7 @@ class Lease:
         conditional on the version this holder wrote last, so a taker's lease written meanwhile stays."""
         if self.conditional and self.version is not None:
             try:
-                storage.delete_if(self.uri, self.version)
-                return
+                return storage.delete_if(self.uri, self.version)
             except storage.CommitRefused:  # another holder's now
                 return
             except storage.NoConditionalWrites:
@@ -159,10 +161,8 @@ class Lease:
 
         def loop() -> None:
             while not stop.wait(self.ttl_s / 3):
-                try:
+                with contextlib.suppress(OSError, StorageError):  # a store briefly away: the next one says
                     self.renew()
-                except (OSError, StorageError):  # a store briefly away: the next renewal, or check, says
-                    continue
 
         thread = threading.Thread(target=loop, name="lease", daemon=True)
         thread.start()
@@ -235,16 +235,6 @@ def process_id(pid: int) -> str | None:
     except (OSError, IndexError):
         return None
     return f"{socket.gethostname()}/{boot}/{namespace}/{pid}/{started}"
-
-
-def _gone(process: str | None) -> bool:
-    """Whether a lease holder's ``process`` ran on this machine and has ended (another machine's: unknown)."""
-    mine = process_id(os.getpid())
-    if not process or mine is None or process.rsplit("/", 2)[0] != mine.rsplit("/", 2)[0]:
-        return False
-    pid = process.rsplit("/", 2)[1]
-    now = process_id(int(pid)) if pid.isdigit() else process
-    return now != process if now is not None else not process_alive(int(pid))
 
 
 def _taken_over(uri: str, holder: str) -> str | None:

@@ -1,4 +1,5 @@
-"""``manifest.json``, typed: what a run is, and the parts it committed. Nothing else parses the file.
+"""The names inside a run directory (docs/run-directory.md draws it), and ``manifest.json``, typed: what
+a run is, and the parts it committed. Nothing else spells those names or parses the file.
 
 Usage::
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,15 +22,42 @@ from typing import Any
 
 from .. import schema, storage
 from .._files import atomic_write_text, json_text
-from ..config import InputSpec
+from ..config import InputSpec, type_hints
 from ..errors import DamagedRunError, RunDirError, RunVersionError, WriteError
 from ..storage import is_remote
-from .layout import COMMIT_LOG, FORMAT, MANIFEST, TABLES
 
-#: The JSON type of each field of a part entry.
-_KINDS = dict(
-    name=str, start_row=int, end_row=int, files=dict, rows=dict, bytes=int, generation=int, rows_digest=str
-)
+MANIFEST = "manifest.json"
+#: Parts committed since the manifest was last written, one a line: a commit costs the same however
+#: many parts came before.
+COMMIT_LOG = "commits.jsonl"
+FORMAT = "bertattn-batch run"
+AGGREGATES_DIR = "aggregates"
+FAITHFULNESS_DIR = "faithfulness"
+#: What the analysis commands write into a run; with the tables and the manifest, all that --overwrite
+#: removes (anything else in the folder is the user's).
+DERIVED_DIRS = (AGGREGATES_DIR, FAITHFULNESS_DIR)
+REPORT_NAME = "report.html"
+LOCK_NAME = ".bertattn.lock"  # held by the process writing a run on local disk
+LEASE_NAME = "_lease.json"  # on an object store (run/lease.py)
+TABLES = schema.TABLES
+ALL_TABLES = schema.ALL_TABLES
+
+
+def part_name(start_row: int, generation: int = 0, writer: str = "") -> str:
+    """A part's name: its first row (a retried window replaces, never adds), its pass (``generation``)
+    and, on a store, the token of the process holding the run (run/lease.py), so that a writer that
+    lost the run uploads under a name no manifest lists."""
+    suffix = (f"-g{generation}" if generation else "") + (f"-{writer}" if writer else "")
+    return f"part-{start_row:012d}{suffix}.parquet"
+
+
+def tmp_name(name: str) -> str:
+    """A part's file until it is published: a name readers skip."""
+    return f"_{name}.tmp"
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / MANIFEST).is_file() and (path / "predictions").is_dir()
 
 
 def _expect(key: str, value: Any, kind: type) -> None:
@@ -58,8 +87,8 @@ class PartEntry:
             f.name: data.get(f.name, None if f.default is dataclasses.MISSING else f.default)
             for f in dataclasses.fields(cls)
         }
-        for key, value in values.items():
-            _expect(key, value, _KINDS[key])
+        for key, hint in type_hints(cls).items():  # the JSON type of each field
+            _expect(key, values[key], typing.get_origin(hint) or hint)
         for key, kind in (("files", str), ("rows", int)):
             optional = [t for t in schema.OPTIONAL_TABLES if t in values[key]]
             values[key] = {t: values[key].get(t) for t in (*TABLES, *optional)}
@@ -137,9 +166,8 @@ class Manifest:
             for name in ("spec", "fingerprint", "model", "versions", "schema_versions")
             if not isinstance(kwargs.get(name, {}), dict)
         ]
-        problems += (
-            model_problems(kwargs.get("model", {})) if isinstance(kwargs.get("model", {}), dict) else []
-        )
+        if isinstance(model := kwargs.get("model", {}), dict):
+            problems += model_problems(model)
         generation = kwargs.get("generation")
         if generation is not None and (not isinstance(generation, int) or isinstance(generation, bool)):
             problems.append(f"generation is {generation!r}, expected int")
@@ -168,15 +196,10 @@ class Manifest:
 
     def read_options(self) -> InputSpec:
         """How the run read its inputs (labels left out, and no limit), to read its reviews again."""
-        spec = self.spec
-        return InputSpec(
-            self.inputs,
-            text_col=spec.get("text_col") or "text",
-            id_col=spec.get("id_col"),
-            format=spec.get("input_format") or "auto",
-            encoding=spec.get("encoding") or "utf-8",
-            delimiter=spec.get("delimiter"),
-        )
+        s = self.spec
+        return InputSpec(self.inputs, text_col=s.get("text_col") or "text", id_col=s.get("id_col"),
+                         format=s.get("input_format") or "auto", encoding=s.get("encoding") or "utf-8",
+                         delimiter=s.get("delimiter"))  # fmt: skip
 
     @property
     def layers(self) -> list[int]:
@@ -278,34 +301,26 @@ def load_json(run_dir: str | Path) -> dict[str, Any]:
         raise DamagedRunError(f"{path} is damaged: {e}") from None
     if not isinstance(data, dict):
         raise DamagedRunError(f"{path} is damaged: not a JSON object")
-    logged = [] if is_remote(run_dir) else _logged_parts(Path(run_dir))
-    if logged and isinstance(data.get("parts"), list):
-        names = {e["name"] for e in logged if isinstance(e, dict) and "name" in e}
-        data["parts"] = [p for p in data["parts"] if not (isinstance(p, dict) and p.get("name") in names)]
-        data["parts"] += logged
-    return data
-
-
-def _logged_parts(run_dir: Path) -> list[Any]:
-    """The commit log's entries, a later one of a name replacing an earlier; a last line cut short was
-    never committed."""
-    path = run_dir / COMMIT_LOG
-    try:
-        lines = path.read_bytes().splitlines()
+    log = Path(run_dir) / COMMIT_LOG
+    try:  # the commit log's entries, a later one of a name replacing an earlier
+        lines = [] if is_remote(run_dir) else log.read_bytes().splitlines()
     except FileNotFoundError:
-        return []
+        lines = []
     except OSError as e:
-        raise RunDirError(f"{path} cannot be read: {e.strerror or e}") from None
-    entries: dict[str, Any] = {}
+        raise RunDirError(f"{log} cannot be read: {e.strerror or e}") from None
+    logged: dict[str, Any] = {}
     for i, line in enumerate(lines):
         try:
             entry = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            if i == len(lines) - 1:
+            if i == len(lines) - 1:  # a last line cut short was never committed
                 break
-            raise DamagedRunError(f"{path} is damaged: line {i + 1} is no JSON") from None
-        entries[entry.get("name") if isinstance(entry, dict) else str(i)] = entry
-    return list(entries.values())
+            raise DamagedRunError(f"{log} is damaged: line {i + 1} is no JSON") from None
+        logged[entry.get("name") if isinstance(entry, dict) else str(i)] = entry
+    if logged and isinstance(data.get("parts"), list):
+        data["parts"] = [p for p in data["parts"] if not (isinstance(p, dict) and p.get("name") in logged)]
+        data["parts"] += logged.values()
+    return data
 
 
 def log_commit(run_dir: Path, entry: PartEntry) -> None:
@@ -353,8 +368,7 @@ def manifest_text(manifest: Manifest) -> str:
 
 
 def save_manifest(run_dir: Path, manifest: Manifest) -> None:
-    """Write the whole manifest atomically, then drop the commit log it now holds (entries in both read
-    as one)."""
+    """Write the whole manifest atomically, then drop the commit log it now holds."""
     try:
         atomic_write_text(run_dir / MANIFEST, manifest_text(manifest))
         (run_dir / COMMIT_LOG).unlink(missing_ok=True)

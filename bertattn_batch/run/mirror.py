@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from .. import storage
 from .._files import file_lock
 from ..errors import BertAttnError
-from .layout import ALL_TABLES, LEASE_NAME, MANIFEST
+from .manifest import ALL_TABLES, LEASE_NAME, MANIFEST
 
 #: What the writer of a run owns, never uploaded from a mirror.
 _WRITERS_OWN = (*ALL_TABLES, MANIFEST, LEASE_NAME)
@@ -56,8 +56,16 @@ def local_run(run_dir: str | Path, write_back: bool = False) -> Iterator[Path]:
         except BertAttnError as e:  # said of the run, not of a cache folder the user never named
             e.args = (str(e).replace(str(local), uri),)
             raise
-        if write_back:
-            _upload_written(local, uri, before)
+        if not write_back:
+            return
+        after = storage.local_files(local)
+        for name, stamp in after.items():
+            if name.split("/", 1)[0] not in _WRITERS_OWN and before.get(name) != stamp:
+                storage.write_bytes(storage.join(uri, name), (local / name).read_bytes())
+                storage.stamp(local / name, storage.info(storage.join(uri, name)))
+        for name in set(before) - set(after):
+            if name.split("/", 1)[0] not in _WRITERS_OWN:
+                storage.delete(storage.join(uri, name))
 
 
 @contextlib.contextmanager
@@ -85,17 +93,6 @@ def display_path(path: str | Path) -> str:
                 rel = resolved.relative_to(local).as_posix()
                 return uri if rel == "." else storage.join(uri, rel)
     return os.fspath(path)
-
-
-def _upload_written(local: Path, uri: str, before: dict[str, tuple[int, int]]) -> None:
-    after = storage.local_files(local)
-    for name, stamp in after.items():
-        if name.split("/", 1)[0] not in _WRITERS_OWN and before.get(name) != stamp:
-            storage.write_bytes(storage.join(uri, name), (local / name).read_bytes())
-            storage.stamp(local / name, storage.info(storage.join(uri, name)))
-    for name in set(before) - set(after):
-        if name.split("/", 1)[0] not in _WRITERS_OWN:
-            storage.delete(storage.join(uri, name))
 
 
 def on_local_copy(write_back: bool = False) -> Callable[[Callable[..., T]], Callable[..., T]]:

@@ -26,9 +26,8 @@ from .._files import fsync_file
 from ..errors import RunDirError, StorageError, WriteError, first_line
 from ..schema import OPTIONAL_TABLES
 from ..storage import is_remote
-from .layout import ALL_TABLES, TABLES, part_name, tmp_name
 from .lease import LeaseGuard
-from .manifest import PartEntry, read_manifest
+from .manifest import ALL_TABLES, TABLES, PartEntry, part_name, read_manifest, tmp_name
 
 #: Rows in a row group at most: one to a few a part (DuckDB and Spark parallelise over part files).
 ROW_GROUP_ROWS = 1 << 20
@@ -54,14 +53,8 @@ class PartWriter:
             os.fspath(run_dir) if self.stored else Path(storage.absolute(storage.normalize(run_dir)))
         )
 
-    def stage(
-        self,
-        start_row: int,
-        end_row: int,
-        tables: dict[str, pa.Table],
-        generation: int = 0,
-        rows_digest: str = "",
-    ) -> PartEntry:
+    def stage(self, start_row: int, end_row: int, tables: dict[str, pa.Table], generation: int = 0,
+              rows_digest: str = "") -> PartEntry:  # fmt: skip
         """Write every table's file under its temporary name (on a store, its final one): its entry."""
         name = part_name(start_row, generation, self.lease.token if self.lease else "")
         files, counts, nbytes = {}, {}, 0
@@ -143,8 +136,7 @@ def _row_groups(table: pa.Table) -> Iterator[pa.Table]:
 
 
 def _used_stretch(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """``column`` over its dictionary's stretch between its smallest and largest index (as it is where
-    its chunks do not share one dictionary)."""
+    """``column`` over the stretch of its dictionary that its indices use (chunks of one dictionary)."""
     chunks = column.chunks
     dictionary = chunks[0].dictionary
     bounds = pc.min_max(pa.chunked_array([c.indices for c in chunks], chunks[0].indices.type))
@@ -200,10 +192,9 @@ def check_part(
             with storage.arrow_file(path) as f:
                 meta = pq.read_metadata(f)
         except (pa.ArrowException, OSError, StorageError) as e:
-            gone = not storage.is_file(path)
-            problem = (
-                "is committed in the manifest but missing" if gone else f"cannot be read ({first_line(e)})"
-            )
+            problem = f"cannot be read ({first_line(e)})"
+            if not storage.is_file(path):
+                problem = "is committed in the manifest but missing"
             raise RunDirError(f"{run_dir}: {name} {problem}; {DAMAGED}") from None
         span = _row_index_range(meta) if table == "predictions" and meta.num_rows else None
         if meta.num_rows != part.rows[table]:
@@ -237,8 +228,7 @@ class CommittedPart:
 def committed_files(
     run_dir: str | Path, tables: tuple[str, ...] | list[str] = TABLES, verify: bool = False
 ) -> list[CommittedPart]:
-    """The files of ``tables`` of every part the manifest commits, in name order, checked with
-    :func:`check_part` (``verify``: every page's checksum too)."""
+    """The checked files of ``tables`` of each committed part (``verify``: every page's checksum too)."""
     run_dir = storage.normalize(run_dir)
     out = []
     for part in sorted(read_manifest(run_dir).parts, key=lambda p: p.name):

@@ -3,14 +3,18 @@
 Usage::
 
     with run_dir_class(out)(out, header, on_existing="resume") as run:   # header: spec, model...
-        run.begin_pass(0, sources)              # run.resume.resume_point: which pass, which inputs
-        run.commit(run.part_writer.stage(start_row, end_row, tables))
+        point = resume_point(run, incremental=False, by_id=True, sources=source_files(sources))
+        run.commit(run.part_writer.stage(start_row, end_row, tables))   # from row point.skip_until on
         run.finalize(last_run)
 
 A part is staged under a name readers skip, committed by a line of the commit log, then renamed;
 reopening rolls listed parts forward and removes what no manifest lists. On an object store
 (``StoredRunDir``) a part is uploaded under its final name and committed by a compare-and-swap of the
 manifest, under a lease (run/lease.py). docs/reliability.md and docs/storage.md tell why.
+
+A reopened run's resume point (:func:`resume_point`) says which pass goes on, and which rows and ids it
+skips: a resume goes on by row number, over the same inputs (refused where they changed); an incremental
+pass over a complete run goes by id, skipping every committed id.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import os
 import re
 import shutil
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +40,7 @@ from .. import schema, storage
 from .._files import file_lock, hidden_tmp, remove_tree
 from ..errors import (
     DamagedRunError,
+    InputError,
     InputsEditedError,
     RunDirError,
     RunVersionError,
@@ -42,7 +49,8 @@ from ..errors import (
 )
 from ..ids import IdSet
 from ..storage import is_remote
-from .layout import (
+from .lease import DEFAULT_TTL_S, SETTLE_S, Lease, LeaseGuard
+from .manifest import (
     ALL_TABLES,
     COMMIT_LOG,
     DERIVED_DIRS,
@@ -52,10 +60,6 @@ from .layout import (
     MANIFEST,
     REPORT_NAME,
     TABLES,
-    tmp_name,
-)
-from .lease import DEFAULT_TTL_S, SETTLE_S, Lease
-from .manifest import (
     Manifest,
     PartEntry,
     log_commit,
@@ -63,9 +67,12 @@ from .manifest import (
     read_manifest,
     row_range_problems,
     save_manifest,
+    tmp_name,
     upgrade,
 )
 from .parts import PartWriter, check_part, run_file
+
+log = logging.getLogger(__name__)
 
 
 def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest | None:
@@ -111,8 +118,7 @@ def old_manifest(run_dir: str | Path, on_existing: str = "resume") -> Manifest |
 
 
 def _left_by_a_start(path: Path) -> bool:
-    """What a run stopped before its first manifest leaves: the lock, the manifest's temporary, empty
-    table folders."""
+    """What a run stopped before its first manifest leaves: lock, manifest temporary, empty table folders."""
     if path.name in (LOCK_NAME, hidden_tmp(MANIFEST)):
         return path.is_file()
     return path.name in ALL_TABLES and path.is_dir() and not any(path.iterdir())
@@ -121,19 +127,12 @@ def _left_by_a_start(path: Path) -> bool:
 class RunDir:
     """One run directory on local disk, held by this process (a lock) from :meth:`open` to :meth:`close`."""
 
-    def __init__(
-        self,
-        run_dir: str | Path,
-        header: dict[str, Any],
-        on_existing: str = "resume",
-        part_writer: PartWriter | None = None,
-        unsafe_store_commits: bool = False,
-    ) -> None:
+    def __init__(self, run_dir: str | Path, header: dict[str, Any], on_existing: str = "resume",
+                 part_writer: PartWriter | None = None, unsafe_store_commits: bool = False,
+                 ) -> None:  # fmt: skip
         run_dir = storage.normalize(run_dir)
         self.run_dir: Any = run_dir.rstrip("/") if is_remote(run_dir) else Path(run_dir)
-        self.header = header
-        self.on_existing = on_existing
-        self.unsafe_store_commits = unsafe_store_commits
+        self.header, self.on_existing, self.unsafe_store_commits = header, on_existing, unsafe_store_commits
         self.part_writer = part_writer or PartWriter(self.run_dir)
         self.manifest = Manifest()
         #: the status of the reopened run (None for a new run)
@@ -167,15 +166,14 @@ class RunDir:
                 self._clear()
                 old = None
             if old is None:
+                header = {
+                    k: self.header[k]
+                    for k in ("spec", "fingerprint", "model", "versions")
+                    if k in self.header
+                }
+                run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
                 self.manifest = Manifest(
-                    run_id=f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}",
-                    **{
-                        k: self.header[k]
-                        for k in ("spec", "fingerprint", "model", "versions")
-                        if k in self.header
-                    },
-                    schema_versions=schema.versions(),
-                    created_at=_now(),
+                    run_id, **header, schema_versions=schema.versions(), created_at=_now()
                 )
             else:
                 self.manifest, self.reopened_status = old, old.status
@@ -230,9 +228,8 @@ class RunDir:
     def finalize(self, last_run: dict[str, Any]) -> Manifest:
         """Mark the run complete with this pass's summary (or the last, where it read no rows) and counts."""
         m = self.manifest
-        m.last_run = (
-            m.last_run if not last_run.get("input_rows") and m.last_run else {**last_run, "ended_at": _now()}
-        )
+        if last_run.get("input_rows") or not m.last_run:
+            m.last_run = {**last_run, "ended_at": _now()}
         m.counts, m.status, m.completed_at = part_rows(m), "complete", _now()
         self._save()
         return m
@@ -257,8 +254,7 @@ class RunDir:
         return self.manifest.parts
 
     def committed_ids(self, parts: list[PartEntry] | None = None, claimed: bool = False) -> IdSet:
-        """Source ids of the committed reviews (of ``parts``, default all) whose doc id is no row number;
-        ``claimed``: only those with a text."""
+        """Source ids of the committed reviews (of ``parts``; ``claimed``: only those with a text)."""
         ids = IdSet()
         no_id = pa.array(schema.ROW_NUMBER_STATUSES + (schema.NO_TEXT_STATUSES if claimed else ()))
         for p in self.parts if parts is None else parts:
@@ -339,16 +335,8 @@ class RunDir:
 
     def _clear(self) -> None:
         """Remove what bertattn wrote into the run, its manifest last (a clear cut short is still a run)."""
-        temporaries = [p.name for p in self.run_dir.glob(f".{REPORT_NAME}*.tmp")]
-        for name in (
-            *ALL_TABLES,
-            *DERIVED_DIRS,
-            REPORT_NAME,
-            *temporaries,
-            hidden_tmp(MANIFEST),
-            COMMIT_LOG,
-            MANIFEST,
-        ):
+        tmps = [p.name for p in self.run_dir.glob(f".{REPORT_NAME}*.tmp")] + [hidden_tmp(MANIFEST)]
+        for name in (*ALL_TABLES, *DERIVED_DIRS, REPORT_NAME, *tmps, COMMIT_LOG, MANIFEST):
             child = self.run_dir / name
             if child.is_dir() and not child.is_symlink():
                 remove_tree(child)
@@ -376,7 +364,7 @@ class StoredRunDir(RunDir):
 
     def _hold(self) -> None:
         self._lease = Lease.take(self.run_dir, self.lease_ttl_s, self.lease_settle_s)
-        self.part_writer.lease = self._lease.guard()
+        self.part_writer.lease = LeaseGuard(self._lease.uri, self._lease.holder)
         self._held.callback(self._lease.drop)
         self._held.callback(self._lease.keep_fresh())
         if self._conditional:  # looked up before the manifest is read: a commit between is refused
@@ -430,8 +418,7 @@ class StoredRunDir(RunDir):
         self._strays = self._unlisted(ALL_TABLES)
 
     def _clear(self) -> None:
-        """Note every object bertattn wrote into the run, for :meth:`_save` to delete once the new
-        manifest has replaced the old one."""
+        """Note what bertattn wrote into the run, for :meth:`_save` to delete once a new manifest is in."""
         self._strays = (*self._unlisted((*TABLES, *DERIVED_DIRS)), storage.join(self.run_dir, REPORT_NAME))
 
     def _unlisted(self, folders: tuple[str, ...]) -> tuple[str, ...]:
@@ -474,3 +461,122 @@ def part_rows(manifest: Manifest) -> dict[str, int]:
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Which pass the parts to come are of, and what they skip: the rows before ``skip_until`` and rows
+    with ``skip_ids``. ``taken_ids``: ids this pass's committed rows claimed (a repeat is a duplicate)."""
+
+    generation: int = 0
+    skip_until: int = 0
+    skip_ids: IdSet | None = None
+    taken_ids: IdSet | None = None
+    #: the committed parts a pass by row number reads again: rows whose digest changed are refused
+    digested: list[PartEntry] = field(default_factory=list)
+
+    @property
+    def skipped(self) -> int:
+        """Input rows committed before that this pass does not redo (for the summary)."""
+        return self.skip_until + len(self.skip_ids or ())
+
+
+def resume_point(run: RunDir, incremental: bool, by_id: bool, sources: list[dict[str, Any]] | None = None,
+                 limit: int | None = None, compared: list[dict[str, Any]] | None = None,
+                 ) -> ResumePoint:  # fmt: skip
+    """The resume point of a reopened run (``by_id``: the job has an id column), its pass begun. An
+    incremental job starts a new pass over a complete run, and finishes an interrupted one by row number
+    unless its inputs changed or a lower limit stops before its rows. ``sources``: the pass's input
+    files; ``compared``: those checked against the recorded pass's, where they differ."""
+    m, parts, generation = run.manifest, run.parts, run.manifest.generation or 0
+    checked = compared if compared is not None else sources
+    if sources is not None and m.sources is not None and len(m.sources) == len(sources):
+        # the files the run recorded under other names (size and end bytes, in the same order: the
+        # project moved), unless they are told apart by their size alone (older runs)
+        renamed = [{**b, "path": s["path"]} for b, s in zip(m.sources, sources, strict=True)]
+        if (run.inputs_renamed or all("ends_sha256" in b for b in m.sources)) and all(
+            map(_same_file, renamed, sources)
+        ):
+            m.sources = renamed
+    if not incremental and (m.passes - {0} or generation):  # its row numbers are not ours
+        raise RunDirError(
+            f"{run.run_dir} was last run with --incremental (its passes go by id, not by row number); "
+            "rerun it with --incremental (or --overwrite)"
+        )
+    current = [p for p in parts if p.generation == generation]
+    skip_until = max((p.end_row for p in current), default=0)
+    changes = input_changes(m.sources, checked) if checked is not None and m.sources is not None else []
+    short = limit is not None and limit < skip_until  # a limit that stops before the committed rows
+    new_pass = incremental and bool(parts) and (run.reopened_status == "complete" or m.generation is None)
+    if incremental and not new_pass and skip_until and by_id and (changes or short):
+        why = (
+            f"the inputs changed ({_listed(changes)})"
+            if changes
+            else f"--limit {limit:,} stops before the {skip_until:,} input rows it read"
+        )
+        log.warning("%s: %s since its interrupted pass began; a new pass adds the reviews whose ids are "
+                    "not in the run yet", run.run_dir, why)  # fmt: skip
+        new_pass = True
+    if new_pass:
+        generation = max(m.passes) + 1
+        run.begin_pass(generation, sources, limit)
+        return ResumePoint(generation, 0, run.committed_ids(), None)
+    if skip_until and changes:  # a file sorted before the old ones would shift every row
+        fix = "restore them, or pass --overwrite to start again"
+        if by_id and run.reopened_status == "complete" and not m.generation:
+            fix += ", or --incremental to add only the reviews whose ids are new"
+        raise RunDirError(
+            f"{run.run_dir}: the inputs changed since this run began ({_listed(changes)}); "
+            f"a resume goes on by row number and would mix old and new rows: {fix}"
+        )
+    if skip_until and short:
+        raise RunDirError(
+            f"{run.run_dir}: the run already holds {skip_until:,} input rows, more than --limit {limit:,} "
+            f"(a job's limit); resume with a limit of {skip_until:,} or more (or none), or pass --overwrite "
+            "to start again"
+        )
+    run.begin_pass(generation, sources, limit)
+    earlier = [p for p in parts if p.generation < generation]
+    taken = run.committed_ids(current, claimed=True) if by_id and skip_until else None
+    skip_ids = run.committed_ids(earlier) if earlier else None
+    # digests are compared only by row number: a pass by id keeps the text an id had when scored
+    return ResumePoint(generation, skip_until, skip_ids, taken, [] if incremental else parts)
+
+
+def check_read_unchanged(run: RunDir, before: list[dict[str, Any]], now: list[dict[str, Any]]) -> None:
+    """Refuse to finish a pass whose input files changed while it read them: it stays interrupted."""
+    if changes := input_changes(before, now):
+        raise InputError(
+            f"{run.run_dir}: the inputs changed while this run read them ({_listed(changes)}), so its "
+            "tables may hold rows of two versions of them; once they are final, rerun with --overwrite"
+        )
+
+
+def _listed(changes: list[str]) -> str:
+    more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
+    return "; ".join(changes[:3]) + more
+
+
+def input_changes(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[str]:
+    """How the input files ``now`` differ from those a pass recorded, a phrase each."""
+    if len(before) == len(now) and all(map(_same_file, before, now)):
+        return []
+    old = {s["path"]: s for s in before}
+    paths = {s["path"] for s in now}
+    changes = [f"{s['path']} is new" for s in now if s["path"] not in old]
+    changes += [f"{p} is gone" for p in old if p not in paths]
+    for s in now:
+        was = old.get(s["path"])
+        if was is not None and was["bytes"] != s["bytes"]:
+            changes.append(f"{s['path']} changed size")
+        elif was is not None and not _same_file(was, s):
+            changes.append(f"{s['path']} was rewritten (same size, other bytes at its start or end)")
+    return changes or ["the files are read in another order"]
+
+
+def _same_file(was: dict[str, Any], now: dict[str, Any]) -> bool:
+    """The same input file as when the pass began: its size and the bytes at its start and end (older
+    runs: the size alone), whatever its time says."""
+    if was["path"] != now["path"] or was["bytes"] != now["bytes"]:
+        return False
+    return "ends_sha256" not in was or was["ends_sha256"] == now["ends_sha256"]

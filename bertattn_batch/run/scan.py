@@ -50,18 +50,13 @@ class RunFrames:
 
 
 def scan_run(run_dir: str | Path) -> RunFrames:
-    """Every table of a run, lazily, from the parts its manifest commits (a table with no part is empty),
-    local or on a store."""
+    """Every table of a run, lazily, from the parts its manifest commits, local or on a store."""
     listed = read_manifest(run_dir).parts
     optional = [t for t in schema.OPTIONAL_TABLES if listed and all(t in p.files for p in listed)]
     tables = (*schema.TABLES, *optional)
     parts = committed_files(run_dir, tables)
-    return RunFrames(
-        **{
-            t: scan_parts([p.files[t] for p in parts]) if parts and t in tables else _empty(t)
-            for t in (*schema.TABLES, *schema.OPTIONAL_TABLES)
-        }
-    )
+    empty = {t: pl.DataFrame(schema.arrow(t).empty_table()).lazy() for t in schema.ALL_TABLES}
+    return RunFrames(**empty | {t: scan_parts([p.files[t] for p in parts]) for t in tables if parts})
 
 
 def scan_attention(run_dir: str | Path) -> pl.LazyFrame:
@@ -86,7 +81,3 @@ def scan_parts(files: list[Any]) -> pl.LazyFrame:
     return pl.scan_pyarrow_dataset(
         ds.dataset([storage.resolve(f)[1] for f in files], format="parquet", filesystem=fs)
     )
-
-
-def _empty(table: str) -> pl.LazyFrame:
-    return pl.from_arrow(schema.arrow(table).empty_table()).lazy()  # type: ignore[union-attr]

@@ -86,7 +86,7 @@ def test_every_finetune_option_is_a_setting_of_the_spec_or_of_its_inputs():
     import dataclasses
     import inspect
 
-    from bertattn_batch.cli.training import finetune
+    from bertattn_batch.cli.jobs import finetune
     from bertattn_batch.config import FinetuneSpec, InputSpec, keys
 
     reading = set(keys(InputSpec)) | {"out", "job"}  # files, columns, --out, --job

@@ -16,7 +16,7 @@ from bertattn_batch import schema
 from bertattn_batch.extract import Extractor, ScoredRow
 from bertattn_batch.model.encode import Encoded
 from bertattn_batch.run import parts
-from bertattn_batch.run.layout import TABLES
+from bertattn_batch.run.manifest import TABLES
 
 LAYERS, HEADS = [4], 3
 
