@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import torch
+import transformers as tf
 
 
 def tiny_bert_config(vocab_size: int, **kwargs):
@@ -233,3 +234,29 @@ def alti_reference(model, ids: torch.Tensor) -> tuple[torch.Tensor, list[float]]
         c = c / c.sum(dim=-1, keepdim=True)
         rollout = c @ rollout
     return rollout[0], gaps
+
+
+#: A tiny encoder's geometry.
+TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64)
+#: model type -> (config class, model class, extra config, trimmed?)
+ARCHITECTURES = {
+    "bert": (tf.BertConfig, tf.BertForSequenceClassification, TINY, True),
+    "roberta": (tf.RobertaConfig, tf.RobertaForSequenceClassification, TINY | {"pad_token_id": 0}, True),
+    "xlm-roberta": (
+        tf.XLMRobertaConfig,
+        tf.XLMRobertaForSequenceClassification,
+        TINY | {"pad_token_id": 0},
+        True,
+    ),
+    "electra": (tf.ElectraConfig, tf.ElectraForSequenceClassification, TINY, True),
+    "ernie": (tf.ErnieConfig, tf.ErnieForSequenceClassification, TINY, True),
+    "megatron-bert": (tf.MegatronBertConfig, tf.MegatronBertForSequenceClassification, TINY, True),
+    # layouts the trim does not fit run untrimmed
+    "distilbert": (
+        tf.DistilBertConfig,
+        tf.DistilBertForSequenceClassification,
+        dict(dim=32, n_layers=3, n_heads=4, hidden_dim=64),
+        False,
+    ),
+    "albert": (tf.AlbertConfig, tf.AlbertForSequenceClassification, TINY | {"embedding_size": 16}, False),
+}

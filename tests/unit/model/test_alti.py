@@ -3,18 +3,14 @@ eager attentions and hidden states, and its decomposition reproduces every atten
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
-from helpers import alti_reference
-from transformers import (
-    AlbertConfig,
-    AlbertForSequenceClassification,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    DistilBertConfig,
-    DistilBertForSequenceClassification,
-)
+from helpers import ARCHITECTURES, alti_reference
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from bertattn_batch.errors import ModelError
+from bertattn_batch.model import Classifier
 from bertattn_batch.model.alti import AltiCapture
 
 TEXTS = [
@@ -25,10 +21,10 @@ TEXTS = [
 ]
 
 
-def _check(model_dir, tokenizer_dir=None) -> None:
+def _check(model_dir) -> None:
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="sdpa").eval()
     eager = AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="eager").eval()
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
     alti = AltiCapture(model)
     with torch.inference_mode(), alti.forward(batch["attention_mask"]):
@@ -48,20 +44,31 @@ def test_alti_matches_eager_on_tiny_bert(tiny_en_dir):
     _check(tiny_en_dir)
 
 
-@pytest.mark.parametrize("kind", ["distilbert", "albert"])
-def test_alti_matches_eager_on_distilbert_and_albert(kind, tiny_en_dir, tmp_path):
-    """DistilBERT's LayerNorm sits beside its attention; ALBERT's one layer is called once per depth."""
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_the_classifier_gives_eager_alti_on_every_architecture(arch, tiny_en_dir, tmp_path):
+    """Through the job's own path (padded SDPA batches, the last layer trimmed where it can be): BERT's kin,
+    DistilBERT (its LayerNorm beside its attention), ALBERT (one layer called at every depth); a
+    pre-LayerNorm encoder (Megatron-BERT) is refused in one line."""
+    config_cls, model_cls, extra, _ = ARCHITECTURES[arch]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_en_dir)
     torch.manual_seed(0)
-    vocab = AutoTokenizer.from_pretrained(tiny_en_dir).vocab_size
-    if kind == "distilbert":
-        config = DistilBertConfig(vocab_size=vocab, dim=32, n_layers=3, n_heads=4, hidden_dim=64)
-        model = DistilBertForSequenceClassification(config)
-    else:
-        config = AlbertConfig(vocab_size=vocab, embedding_size=16, hidden_size=32, num_hidden_layers=3,
-                              num_attention_heads=4, intermediate_size=64)  # fmt: skip
-        model = AlbertForSequenceClassification(config)
-    model.save_pretrained(tmp_path)
-    _check(tmp_path, tokenizer_dir=tiny_en_dir)
+    labels = {0: "negative", 1: "positive"}
+    config = config_cls(vocab_size=len(tokenizer), id2label=labels, label2id={"negative": 0, "positive": 1},
+                        **extra)  # fmt: skip
+    model_cls(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    if arch == "megatron-bert":
+        with pytest.raises(ModelError, match=r"post-LayerNorm.*run without --contributions"):
+            Classifier.load(str(tmp_path), contributions="alti")
+        return
+    ids = [np.asarray(tokenizer(text)["input_ids"]) for text in TEXTS]
+    got = Classifier.load(str(tmp_path), contributions="alti").forward(ids).contributions  # (B, S)
+    eager = AutoModelForSequenceClassification.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    for b, row in enumerate(ids):
+        with torch.inference_mode():
+            expected, gaps = alti_reference(eager, torch.as_tensor(row)[None])
+        assert max(gaps) < 1e-5, gaps
+        np.testing.assert_allclose(got[b, : len(row)], expected.numpy(), atol=1e-5, rtol=0)
 
 
 @pytest.mark.slow

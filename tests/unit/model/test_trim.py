@@ -8,34 +8,11 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
+from helpers import ARCHITECTURES, TINY
 from torch import nn
 
 from bertattn_batch.model import Classifier
 from bertattn_batch.model.trim import LastLayerTrim, use_cls_sdpa, verified
-
-TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64)
-#: model type -> (config class, model class, extra config, trimmed?)
-ARCHITECTURES = {
-    "bert": (tf.BertConfig, tf.BertForSequenceClassification, TINY, True),
-    "roberta": (tf.RobertaConfig, tf.RobertaForSequenceClassification, TINY | {"pad_token_id": 0}, True),
-    "xlm-roberta": (
-        tf.XLMRobertaConfig,
-        tf.XLMRobertaForSequenceClassification,
-        TINY | {"pad_token_id": 0},
-        True,
-    ),
-    "electra": (tf.ElectraConfig, tf.ElectraForSequenceClassification, TINY, True),
-    "ernie": (tf.ErnieConfig, tf.ErnieForSequenceClassification, TINY, True),
-    "megatron-bert": (tf.MegatronBertConfig, tf.MegatronBertForSequenceClassification, TINY, True),
-    # layouts the trim does not fit run untrimmed
-    "distilbert": (
-        tf.DistilBertConfig,
-        tf.DistilBertForSequenceClassification,
-        dict(dim=32, n_layers=3, n_heads=4, hidden_dim=64),
-        False,
-    ),
-    "albert": (tf.AlbertConfig, tf.AlbertForSequenceClassification, TINY | {"embedding_size": 16}, False),
-}
 
 
 @pytest.fixture(scope="module")
