@@ -140,6 +140,10 @@ class GuardedStdout:
         self._guarded(lambda: self._stream.write(text))
         return len(text)
 
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
     def flush(self) -> None:
         self._guarded(self._stream.flush)
 

@@ -254,8 +254,7 @@ def report(
         help="Example reviews per predicted label, and misclassified ones shown.")] = 3,
     top_k: Annotated[int, typer.Option(help="Top tokens per head.")] = 8,
     min_reviews: Annotated[int | None, typer.Option(help="min-reviews for aggregates computed on the way "
-                           "(default: the run's aggregates' own, else 5); they keep their --rank-by.")]
-    = None,
+        "(default: the run's aggregates' own, else 5); they keep their --rank-by.")] = None,
     *, debug: Debug = False, **given: str | None,
 ) -> None:
     # fmt: on

