@@ -1,19 +1,7 @@
-"""Token influence by head across a run (the ``token_influence`` table), and its printed top tokens.
-
-Usage::
-
-    bertattn aggregate runs/r1 --min-reviews 5 --top-k 5
-
-    from bertattn_batch.analysis.aggregate import aggregate, format_top
-    result = aggregate("runs/r1")          # writes runs/r1/aggregates/token_influence.parquet
-    print(format_top(result.table, k=5))
-
-Per (layer, head, token) and group of scored reviews (all, each predicted label, each true label):
-counts, mean weights, how often the token is the head's top token, and measures that weigh rarity
-(:func:`with_contrasts`, :func:`with_shrunk_means`); by word too (:mod:`.words`). The schema's
-descriptions define each column. Memory stays bounded: each part (in slices of whole reviews) is
-reduced to per-token sums, which add up across parts.
-"""
+"""Token influence by head across a run (the ``token_influence`` table, its columns defined in the schema),
+and its printed top tokens: per (layer, head, token or word) and group of scored reviews, counts, mean
+weights, top shares and rarity-weighed measures. Each part, in slices of whole reviews, is reduced to
+per-token sums that add up across parts, so memory stays bounded."""
 
 from __future__ import annotations
 
@@ -22,7 +10,6 @@ import logging
 import os
 import shutil
 import time
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +33,7 @@ from ..run import (
     status_now,
 )
 from .provenance import derived_meta, write_derived
-from .spelling import printable, readable_map
+from .spelling import columns, printable, readable_map
 from .words import KEY, REVIEW, run_words, word_map, word_rows
 
 log = logging.getLogger(__name__)
@@ -453,14 +440,12 @@ def aggregates_meta(run_dir: str | Path) -> dict[str, Any]:
 def is_current(run_dir: str | Path, min_reviews: int | None = None) -> bool:
     """True when the written aggregates, in this schema version, cover exactly the run's committed parts
     (and were computed with ``min_reviews``, where given)."""
-    if not aggregates_path(run_dir).is_file():
-        return False
-    meta = aggregates_meta(run_dir)
-    if meta.get("schema_version") != str(schema.version(TABLE)):
-        return False
-    if min_reviews is not None and meta.get("options", {}).get("min_reviews") != min_reviews:
-        return False
-    return meta.get("parts") == [p.name for p in committed_parts(run_dir)]
+    meta = aggregates_meta(run_dir) if aggregates_path(run_dir).is_file() else {}
+    return (
+        meta.get("schema_version") == str(schema.version(TABLE))
+        and min_reviews in (None, meta["options"].get("min_reviews"))
+        and meta["parts"] == [p.name for p in committed_parts(run_dir)]
+    )
 
 
 def view(
@@ -569,26 +554,21 @@ def format_top(
     heads: Sequence[int] | None = None,
 ) -> str:
     """A text table: a line per head (``heads``: those only), its top k tokens with their measure.
-
     ``units`` and ``groups`` (from :class:`Aggregates`) say what the run holds; without them it is told
-    from the table, which cannot tell a group the run lacks from one ``--min-reviews`` emptied.
-    ``byte_level``: the tokens spell bytes (byte-level BPE) and are printed decoded."""
-    splits = None if groups is None else set(groups["split"].to_list())
+    from the table, which cannot tell a group the run lacks from one ``--min-reviews`` emptied."""
     check_top_options(k, unit, split)
-    has_unit = unit in units if units is not None else not table.filter(pl.col("unit") == unit).is_empty()
-    if unit == "word" and not has_unit:
+    units = table["unit"].unique() if units is None else units
+    splits = table["split"].unique() if groups is None else groups["split"]
+    if unit == "word" and unit not in units:
         return "this run has no word units (--words none, or a tokenizer without ## pieces); use --unit token"
     top = top_tokens(table, k, unit, split, layers, measure, heads)
     if top.is_empty():
-        if splits is not None and not splits:
+        if groups is not None and groups.is_empty():
             return (
                 "no review of this run was scored (its inputs held no rows, or see the statuses in its "
                 "predictions); nothing to print"
             )
-        has_split = (
-            split in splits if splits is not None else not table.filter(pl.col("split") == split).is_empty()
-        )
-        if split == "label" and not has_split:
+        if split == "label" and split not in splits:
             raise SpecError("--by label: this run has no input labels to split by (extract with --label-col)")
         return f"no {unit}s pass the filter for split {split!r}; lower --min-reviews"
     if measure in CONTRASTS and top[measure].is_null().all():
@@ -600,26 +580,25 @@ def format_top(
     shown = readable_map(top["token"].to_list(), byte_level)
     blocks = []
     for (layer, cls), group in top.group_by(["layer", "class_label"], maintain_order=True):
-        n = group["class_reviews"][0]
         who = "all reviews" if cls is None else f"{split} = {printable(str(cls), None)}"
         where = "ALTI, the whole model" if layer is None else layer_name(layer, num_layers)
-        lines = [f"{where} · {who} ({n} reviews) · top {k} {unit}s, {measure}"]
+        lines = [f"{where} · {who} ({group['class_reviews'][0]} reviews) · top {k} {unit}s, {measure}"]
         cells: dict[int, list[str]] = {}
         rho: dict[int, float | None] = {}
         for row in group.iter_rows(named=True):
-            cells.setdefault(row["head"], []).append(f"{shown[row['token']]} {_fmt(row[measure])}")
+            value = row[measure]
+            cells.setdefault(row["head"], []).append(
+                f"{shown[row['token']]} {f'{value:.3f}' if isinstance(value, float) else value}"
+            )
             rho[row["head"]] = row.get("alti_spearman")
-        width = max(_width(c) for cs in cells.values() for c in cs)
+        width = max(columns(c) for cs in cells.values() for c in cs)
         tracked = any(r is not None for r in rho.values())  # the run has ALTI: how far each head tracks it
-        lines.append(
-            "head  "
-            + ("ALTI ρ  " if tracked else "")
-            + "  ".join(_pad(f"#{i}", width) for i in range(1, k + 1)).rstrip()
-        )
+        head_line = "  ".join(f"#{i}".ljust(width) for i in range(1, k + 1)).rstrip()
+        lines.append("head  " + ("ALTI ρ  " if tracked else "") + head_line)
         for head in sorted(cells):  # one group: every head of a layer, or ALTI alone
-            cell = "  ".join(_pad(c, width) for c in cells[head]).rstrip()
             r = rho[head]
             rho_cell = f"{'' if r is None else f'{r:+.2f}':>6}  " if tracked else ""
+            cell = "  ".join(c + " " * (width - columns(c)) for c in cells[head]).rstrip()
             lines.append(f"{'' if head is None else head:>4}  {rho_cell}{cell}")
         blocks.append("\n".join(lines))
     # a group with scored reviews but no row left is named, not left out
@@ -632,16 +611,3 @@ def format_top(
         if g["class_label"] not in shown_classes
     ]
     return "\n\n".join(blocks)
-
-
-def _fmt(value: float) -> str:
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
-
-
-def _width(text: str) -> int:
-    """Terminal columns: CJK characters take two."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
-def _pad(text: str, width: int) -> str:
-    return text + " " * max(0, width - _width(text))

@@ -1,13 +1,8 @@
-"""Faithfulness per head (ERASER: DeYoung et al., ACL 2020): does deleting the tokens a head ranks
-highest move the prediction more than deleting random tokens? ``faithfulness(run)`` writes
-RUN/faithfulness/head_faithfulness.parquet; docs/measures.md gives the method.
-
-On a seeded sample of the run's scored reviews, stratified by predicted label, each head's scores (and
-the references random, gradient × input and ALTI) rank the content tokens; for each k in ``FRACTIONS``
-the top ⌈k·m⌉ are deleted from the ids the run scored and the model runs again: comprehensiveness =
-p(ŷ | x) − p(ŷ | x without them), sufficiency = p(ŷ | x) − p(ŷ | them alone). Rows with k null hold the
-means over k (AOPC).
-"""
+"""Faithfulness per head (ERASER: DeYoung et al., ACL 2020): on a seeded sample of scored reviews,
+stratified by predicted label, does deleting the top ⌈k·m⌉ content tokens a head (or a reference:
+random, gradient × input, ALTI) ranks highest move the prediction more than random deletion?
+Comprehensiveness = p(ŷ | x) − p(ŷ | x without them), sufficiency = p(ŷ | x) − p(ŷ | them alone); rows
+with k null hold the means over k (AOPC). Writes RUN/faithfulness/head_faithfulness.parquet."""
 
 from __future__ import annotations
 
@@ -113,13 +108,24 @@ def faithfulness(
     manifest = read_manifest(run)
     if (status := status_now(run, manifest.status)) != "complete":
         log.warning("%s is %s: its committed parts alone are sampled", run, status)
-    preds = scored_predictions(run, ["doc_id", "pred_id", "pred_label", "n_tokens"])
+    files = [p.files["predictions"] for p in committed_files(run, ("predictions",), verify=True)]
+    columns = ["doc_id", "pred_id", "pred_label", "n_tokens"]
+    preds = (
+        scan_parts(files).filter(pl.col("status") == "ok").select(columns).collect()
+        if files
+        else pl.DataFrame()
+    )
     if preds.is_empty():
         raise RunDirError(f"{run} has no scored reviews to measure")
     path = faithfulness_path(run)
     check_writable(path.parent, "the faithfulness table")  # before minutes of measuring
     chosen = stratified_sample(preds, sample, seed)
-    clf = _run_classifier(manifest, device, model, trust_remote_code, allow_pickle)
+    spec, info = manifest.spec, manifest.model  # the run's model, with the run's layers and length
+    clf = load_run_model(manifest, model, lambda at: Classifier.load(
+        at, layers=info.get("layers") or spec.get("layers", [-2]), device=device, dtype=spec.get("dtype", "auto"),
+        max_length=info.get("max_length") or spec.get("max_length"), trust_remote_code=trust_remote_code,
+        allow_pickle=allow_pickle,
+    ))  # fmt: skip
     doc_ids = chosen["doc_id"].to_list()
     content = [n - 2 for n in chosen["n_tokens"].to_list()]
     ids = with_special_tokens(clf.tokenizer, content_values(run, "tokens", "token_id", doc_ids, content))
@@ -144,14 +150,6 @@ def faithfulness(
         parts=json.dumps(sorted(p.name for p in manifest.parts)),
     )
     return Faithfulness(path, pl.from_arrow(table), options, manifest.num_layers, time.perf_counter() - t0)
-
-
-def scored_predictions(run_dir: Path, columns: list[str]) -> pl.DataFrame:
-    """The committed predictions of scored reviews (``status == 'ok'``), every page's checksum checked."""
-    files = [p.files["predictions"] for p in committed_files(run_dir, ("predictions",), verify=True)]
-    if not files:
-        return pl.DataFrame()
-    return scan_parts(files).filter(pl.col("status") == "ok").select(columns).collect()
 
 
 def stratified_sample(preds: pl.DataFrame, n: int, seed: int) -> pl.DataFrame:
@@ -277,14 +275,11 @@ def erasure_table(
         return sequences.setdefault(seq.astype(np.int64).tobytes(), len(sequences))
 
     full = [index(x) for x in ids]
-    plan = {}  # (score, layer, head) -> (reviews, k, 2) sequence indices
-    for key, per_review in scores.items():
-        plan[key] = np.array(
-            [
-                [[index(s) for s in erased(x, top_tokens(sc, k))] for k in FRACTIONS]
-                for x, sc in zip(ids, per_review, strict=True)
-            ]
-        )
+    plan = {  # (score, layer, head) -> (reviews, k, 2) sequence indices
+        key: np.array([[[index(s) for s in erased(x, top_tokens(sc, k))] for k in FRACTIONS]
+                       for x, sc in zip(ids, per_review, strict=True)])
+        for key, per_review in scores.items()
+    }  # fmt: skip
     alti = scores.get(("alti", None, None))
     tracks = {key: mean_spearman(sc, alti) if alti is not None and key[0] != "alti" else None
               for key, sc in scores.items()}  # fmt: skip
@@ -297,18 +292,9 @@ def erasure_table(
         for j, k in enumerate([*FRACTIONS, None]):
             c = comp.mean(axis=1) if k is None else comp[:, j]
             s = suff.mean(axis=1) if k is None else suff[:, j]
-            rows.append(
-                {
-                    "layer": layer,
-                    "head": head,
-                    "score": name,
-                    "k": k,
-                    "comprehensiveness": float(c.mean()),
-                    "sufficiency": float(s.mean()),
-                    "alti_spearman": tracks[(name, layer, head)],
-                    "n_reviews": len(ids),
-                }
-            )
+            rows.append(dict(layer=layer, head=head, score=name, k=k, comprehensiveness=float(c.mean()),
+                             sufficiency=float(s.mean()), alti_spearman=tracks[(name, layer, head)],
+                             n_reviews=len(ids)))  # fmt: skip
     return rows
 
 
@@ -324,23 +310,3 @@ def _probabilities(clf: Classifier, sequences: Sequence[np.ndarray], progress: b
             out[batch] = clf.probabilities([sequences[i] for i in batch])
             bar.update(len(batch))
     return out
-
-
-def _run_classifier(
-    manifest, device: str, source: str | None, trust_remote_code: bool, allow_pickle: bool
-) -> Classifier:
-    """The run's model, with the run's layers and length."""
-    spec, model = manifest.spec, manifest.model
-
-    def load(at: str) -> Classifier:
-        return Classifier.load(
-            at,
-            layers=model.get("layers") or spec.get("layers", [-2]),
-            device=device,
-            dtype=spec.get("dtype", "auto"),
-            max_length=model.get("max_length") or spec.get("max_length"),
-            trust_remote_code=trust_remote_code,
-            allow_pickle=allow_pickle,
-        )
-
-    return load_run_model(manifest, source, load)

@@ -10,13 +10,8 @@ import unicodedata
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet (RoBERTa's tokens): a printable character for each byte, inverted."""
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars, shifted = list(printable), 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + shifted)
-            shifted += 1
-    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+    others = [b for b in range(256) if b not in printable]  # drawn as 256, 257, ...
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(others)}}
 
 
 _BYTES = _byte_decoder()
@@ -32,6 +27,11 @@ def printable(text: str, limit: int | None = PRINTED_CHARS) -> str:
     ('\\n', '\\x1b', '\\u202e'), cut to ``limit`` characters."""
     text = "".join(repr(c)[1:-1] if _hidden(c) else c for c in text)
     return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+
+
+def columns(text: str) -> int:
+    """Terminal columns: CJK characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
 def _hidden(c: str) -> bool:

@@ -1,16 +1,7 @@
-"""Words from a review's tokens: which word each token belongs to, and a word's weights from its tokens'.
-
-Usage::
-
-    mode, user_dict = run_words(manifest)                  # the run's choice: "jieba", "wordpiece" or None
-    words = word_map(tokens, texts, mode, user_dict)      # (review, position) -> (word, word_text)
-    rows = word_rows(attention_rows, words)               # the attention rows of words
-
-Two rules make words. ``jieba`` segments the review's text (scripts written without spaces: Chinese),
-and a token belongs to the word that holds its first character; ``wordpiece`` joins a token and the
-``##`` continuations that follow it. Either way a word's raw and norm-based weights are the sums of its
-tokens' (the head's mass is kept), and its scaled weight is min-max over the review's words, per head.
-"""
+"""Words from a review's tokens: ``jieba`` segments the review's text (scripts written without spaces:
+Chinese) and a token belongs to the word holding its first character; ``wordpiece`` joins a token and
+the ``##`` continuations after it. A word's raw and norm-based weights are its tokens' summed (the head's
+mass is kept); its scaled weight is min-max over the review's words, per head."""
 
 from __future__ import annotations
 
@@ -157,9 +148,8 @@ def word_rows(rows: pl.LazyFrame, words: pl.LazyFrame | None = None) -> pl.LazyF
     if words is None:
         one_head = (pl.col("layer") == pl.col("layer").min()) & (pl.col("head") == pl.col("head").min())
         words = wordpiece_words(rows.filter(one_head))
-    head = pl.col("layer").cast(pl.Int64).fill_null(_NO_HEAD) * 2**16 + pl.col("head").cast(
-        pl.Int64
-    ).fill_null(_NO_HEAD)
+    layer_code, head_code = (pl.col(c).cast(pl.Int64).fill_null(_NO_HEAD) for c in ("layer", "head"))
+    head = layer_code * 2**16 + head_code
     key = pl.col("key")
     summed = (  # by one integer key, (layer, head, word): word ids are unique across reviews
         rows.select(*REVIEW, "position", "weight", "weight_norm")

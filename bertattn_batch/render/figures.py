@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import unicodedata
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from ..analysis.spelling import readable
+from ..analysis.spelling import columns, readable
 from ..errors import SpecError
 from . import fonts
 from .review import ReviewAttention
@@ -56,11 +55,6 @@ def png_bytes(fig, dpi: int = 110, tight: bool = True) -> bytes:
     return buf.getvalue()
 
 
-def _columns(text: str) -> int:
-    """Width in character cells: CJK characters take two."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
 def _inches(text: str, fontsize: float) -> float:
     """How wide ``text`` is drawn in the fonts set (measured: characters differ in width)."""
     scratch = new_figure()
@@ -71,7 +65,7 @@ def _inches(text: str, fontsize: float) -> float:
 def turn_long_labels(ax) -> None:
     """x tick labels wider than one CJK character are drawn vertically; single characters stay upright."""
     for text in ax.get_xticklabels():
-        if _columns(text.get_text()) > 2:
+        if columns(text.get_text()) > 2:
             text.set_rotation(90)
 
 
@@ -91,7 +85,7 @@ def heatmap(values: np.ndarray, tokens: list[str], rows: list[str], title: str, 
         n, heads = len(labels), len(rows)
         chunks = spans(n, TOKENS_PER_ROW)
         cols = len(chunks[0])
-        long_labels = [len(t) for t in labels if _columns(t) > 2]  # drawn vertically
+        long_labels = [len(t) for t in labels if columns(t) > 2]  # drawn vertically
         cell, left, right, top, gap = 0.2, 0.75, 1.05, 0.45, 0.12  # inches
         band = 0.12 + 0.075 * max(long_labels) if long_labels else 0.3  # room for the token labels
         width = max(left + cols * cell + right, left + _inches(title, 10) + 0.2)

@@ -1,14 +1,6 @@
-"""One review's pictures: ``plot_review`` returns them as matplotlib figures, ``write_review`` writes
-them (``bertattn plot``) as PNG or HTML, or the heads x tokens table as CSV or XLSX.
-
-Usage::
-
-    fig = plot_review("runs/r1", "42")                                   # heads x tokens, [CLS] row
-    fig, maps = plot_review("runs/r1", "42", pairs=True)                 # + token x token per head
-    fig = plot_review(text="上菜慢，服务态度差", model="models/zh-senti")
-
-The heads x tokens picture is the seed's: each head's ``[CLS]`` row over the content tokens, min-max
-scaled per head; from a run it shows exactly the stored ``weight_scaled``.
+"""One review's pictures: ``plot_review`` returns matplotlib figures (heads x tokens: each head's [CLS]
+row, min-max scaled, from a run exactly its stored ``weight_scaled``; token x token maps with ``pairs``);
+``write_review`` (``bertattn plot``) writes them as PNG or HTML, or the heads x tokens table as CSV or XLSX.
 """
 
 from __future__ import annotations
@@ -64,13 +56,10 @@ def review_for_plot(
     words: str | None = None,
     user_dict: str | None = None,
 ) -> ReviewAttention:
-    """A review of a run (``run_dir`` + ``doc_id``) or a text (``text`` + ``model``; ``doc_id`` then
-    names it), with token x token matrices where ``pairs``. ``tokens``: the content tokens (or words) to
-    show (``"0:40"``); ``specials``: [CLS] and [SEP] in the token x token maps; ``text_file``: the text
-    read from a UTF-8 file, every character kept (no-break spaces, line breaks). ``trust_remote_code`` and
-    ``allow_pickle``: the caller's trust in the model folder's code and pickle weights, never the run's.
-    ``unit`` 'word': the review's words (``words``, ``user_dict``: how they are made, where not as the run
-    chose)."""
+    """A review of a run (``run_dir`` + ``doc_id``) or a text (``text`` or ``text_file`` + ``model``;
+    ``doc_id`` then names it), with token x token matrices where ``pairs``; ``tokens``: the content tokens
+    (or words, ``unit='word'``) to show (``"0:40"``); ``specials``: [CLS] and [SEP] in the maps. Trust in the
+    model folder's code and pickle weights is the caller's, never the run's."""
     if unit not in ("token", "word"):
         raise SpecError(f"--unit must be token or word; got {unit!r}")
     trust = {"trust_remote_code": trust_remote_code, "allow_pickle": allow_pickle}
@@ -128,11 +117,9 @@ def plot_review(
 
 
 def _write_table(review: ReviewAttention, path: Path, suffix: str) -> None:
-    """The seed's table, as the seed post read it in Excel: a row per head and measure (scaled, raw), a
-    column per token (``position token``), values rounded as every export rounds them (``significant``);
-    the review's id, prediction and label first and its text last (where it can run on into the empty
-    cells) on every row, so that a filter or a pasted row keeps them, control characters escaped (the
-    text keeps its line breaks and tabs). The xlsx's third sheet holds the title."""
+    """The seed's table: a row per head and measure (scaled, raw), a column per token, values rounded as
+    every export rounds them; the review's id, prediction and label first and its text last on every row,
+    so that a filter or a pasted row keeps them. The xlsx's third sheet holds the title."""
     tokens = readable(review.tokens, review.byte_level)
     about = [review.doc_id, review.pred_label, significant(review.prob), review.label]
     about = [printable(v, None) if isinstance(v, str) else v for v in about]

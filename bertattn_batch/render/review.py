@@ -1,10 +1,6 @@
-"""One review's [CLS] attention at one layer, ready to draw: from a run by its id (``load_review``:
-exactly the stored weights), or from a text (``review_from_text``).
-
-Token x token matrices (``pairs``) need every query's row, which a run does not keep: they are computed
-for the one review with eager attention (``output_attentions=True``), on the token ids the run scored
-(or on the text given).
-"""
+"""One review's [CLS] attention at one layer, ready to draw: from a run by its id (``load_review``: exactly
+the stored weights), or from a text (``review_from_text``). Token x token matrices (``pairs``), which a run
+does not keep, are computed for the one review with eager attention on the token ids the run scored."""
 
 from __future__ import annotations
 
@@ -60,18 +56,16 @@ class ReviewAttention:
 
     def title(self) -> str:
         """One line: id, layer, prediction and label, each cut to ``TITLE_VALUE_CHARS``."""
+        prob = f" ({self.prob:.3f})" if self.prob is not None else ""
         parts = [
             f"review {printable(self.doc_id, TITLE_VALUE_CHARS)}",
             layer_name(self.layer, self.num_layers),
+            self.pred_label is not None
+            and f"predicted {printable(self.pred_label, TITLE_VALUE_CHARS)}{prob}",
+            self.label is not None and f"label {printable(self.label, TITLE_VALUE_CHARS)}",
+            self.words is not None and f"words ({self.words})",
         ]
-        if self.pred_label is not None:
-            prob = f" ({self.prob:.3f})" if self.prob is not None else ""
-            parts.append(f"predicted {printable(self.pred_label, TITLE_VALUE_CHARS)}{prob}")
-        if self.label is not None:
-            parts.append(f"label {printable(self.label, TITLE_VALUE_CHARS)}")
-        if self.words is not None:
-            parts.append(f"words ({self.words})")
-        return " · ".join(parts)
+        return " · ".join(p for p in parts if p)
 
 
 def token_range(value: str | None) -> slice | None:
@@ -170,10 +164,9 @@ def from_rows(rows: pl.DataFrame, doc_id: str, layer: int) -> ReviewAttention:
     )
 
 
-def load_reviews(run_dir: str | Path, doc_ids: list[str], layer: int | None = None) -> list[ReviewAttention]:
+def load_reviews(run: str | Path, doc_ids: list[str], layer: int | None = None) -> list[ReviewAttention]:
     """Several reviews of a run with their predictions, in one scan of its committed parts. The pages of
     the parts that hold them are checked first: polars would draw a flipped bit as a weight."""
-    run = run_dir
     doc_ids = [str(d) for d in doc_ids]  # ids are stored as text: row number 0 is "0"
     manifest = read_manifest(run)
     idx = run_layer(manifest, layer)
