@@ -1,12 +1,7 @@
-"""A font for CJK text: in matplotlib figures (``family``, ``label``), and embedded (as a subset) in
-HTML pages (``font_face_css``).
-
-matplotlib's default font draws Chinese as empty boxes. The CJK font is the first of:
-``$BERTATTN_CJK_FONT`` (a font file, or ``none`` to look no further), a font a Python package ships
-(``pip install noto-cjk-sans-otc``), a CJK family matplotlib knows, a font ``fc-list :lang=zh`` lists
-(``apt-get install fonts-noto-cjk``). Characters no font here draws become ``U+XXXX`` codes, after one
-warning that says how to install a font.
-"""
+"""A CJK font for matplotlib figures (``family``, ``label``) and, as a subset, for HTML pages
+(``font_face_css``): the first of ``$BERTATTN_CJK_FONT`` (a font file, or ``none``), a font a Python
+package ships, a CJK family matplotlib knows, one ``fc-list :lang=zh`` lists. Characters no font here
+draws become ``U+XXXX`` codes, after one warning that says how to install a font."""
 
 from __future__ import annotations
 

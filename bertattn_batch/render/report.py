@@ -1,7 +1,5 @@
-"""One self-contained HTML page about a run: what it did, its accuracy, the tokens each head attends to,
-how far to believe that, and example reviews (``bertattn report``, ``build_report``). Figures are PNG
-data URIs and styles inline: the page opens without a network.
-"""
+"""One self-contained HTML page about a run (``bertattn report``, ``build_report``): what it did, its
+accuracy, the tokens each head attends to, how far to believe that, and example reviews."""
 
 from __future__ import annotations
 
@@ -116,9 +114,7 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
     return "\n".join(parts)
 
 
-# -- accuracy -----------------------------------------------------------------------------------------
-# On reviews held out from the model's training apart from those that trained it (where its training
-# recorded which: ``train.save.HELDOUT_FILE``), since most of a job's labelled reviews train it.
+# -- accuracy: on held-out reviews apart from those that trained the model, where its training recorded which
 def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
     """Accuracy over labelled reviews whose label the model knows, and the confusion counts. Rows: every
     true label seen (one the model cannot predict gets a row but stays out of the accuracy); columns:
@@ -144,11 +140,8 @@ def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
 
 def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
     """The doc ids the run's model was not trained on, and whether the run read just the files it was
-    trained on (so that its other reviews trained it); else why they are not known.
-
-    Ids of an id column name the same reviews in any corpus; row numbers only where the run read the
-    files the model was trained on, first and in the same order.
-    """
+    trained on (so that its other reviews trained it); else why they are not known. Row numbers name the
+    same reviews only where the run read the model's training files first and in the same order."""
     training = manifest.model.get("training") or {}
     path = training.get("heldout_ids")
     if not path:
@@ -178,9 +171,7 @@ def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
 
 def _same_first_files(trained: list[dict[str, Any]], run: list[dict[str, Any]]) -> bool:
     """The files the model was trained on are the run's first files, by size and end bytes."""
-    if len(trained) > len(run):
-        return False
-    return all(
+    return len(trained) <= len(run) and all(
         (t.get("bytes"), t.get("ends_sha256")) == (r.get("bytes"), r.get("ends_sha256"))
         for t, r in zip(trained, run, strict=False)
     )
@@ -434,13 +425,9 @@ def _believe_html(run: Path, manifest: Manifest, aggregates: pl.DataFrame) -> st
     return "\n".join(parts)
 
 
-# -- example reviews ----------------------------------------------------------------------------------
-# Chosen by stated rules (RULE, MISTAKES). A review whose label is one the model predicts and differs from
-# its prediction is misclassified; a label the model cannot predict marks none, as the accuracy leaves it out.
-
-#: How the example reviews are chosen: the largest margins tie by the hundred where label smoothing caps
-#: the probabilities (and pick reviews of ？？？ and ！！！), and the shortest reviews say nothing of what a
-#: head reads.
+# -- example reviews: misclassified where the label is one the model predicts and not the prediction
+#: How the example reviews are chosen: the largest margins tie where label smoothing caps the
+#: probabilities, and the shortest reviews say nothing of what a head reads.
 RULE = (
     "reviews of a typical length (tokens between the 25th and 75th percentile of the run's), not "
     "misclassified (correctly predicted first), whose margin between the two most probable labels is "

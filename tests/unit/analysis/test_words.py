@@ -172,7 +172,7 @@ def test_plot_by_words_sums_a_words_tokens(zh_run):
 
 def test_reviews_are_ranked_by_raw_weight(zh_run):
     """Against polars over the run's tables: each review's largest weight on the token at the head."""
-    from bertattn_batch.analysis.reviews import top_reviews
+    from bertattn_batch.analysis.aggregate import top_reviews
 
     attention = pl.from_arrow(read_table(zh_run, "cls_attention"))
     tokens = pl.from_arrow(read_table(zh_run, "tokens"))
