@@ -55,13 +55,6 @@ def png_bytes(fig, dpi: int = 110, tight: bool = True) -> bytes:
     return buf.getvalue()
 
 
-def _inches(text: str, fontsize: float) -> float:
-    """How wide ``text`` is drawn in the fonts set (measured: characters differ in width)."""
-    scratch = new_figure()
-    drawn = scratch.text(0, 0, text, fontsize=fontsize)
-    return drawn.get_window_extent(renderer=scratch.canvas.get_renderer()).width / scratch.dpi
-
-
 def turn_long_labels(ax) -> None:
     """x tick labels wider than one CJK character are drawn vertically; single characters stay upright."""
     for text in ax.get_xticklabels():
@@ -75,20 +68,25 @@ def spans(n: int, most: int) -> list[range]:
     return [range(lo, min(lo + size, n)) for lo in range(0, n, size)]
 
 
-def heatmap(values: np.ndarray, tokens: list[str], rows: list[str], title: str, bar: str):
-    """Rows x tokens on 0..1 (NaN blank), wrapped onto even rows of ``TOKENS_PER_ROW`` at most, one bar.
+def heatmap(values: np.ndarray, tokens: list[str], heads: list[int], title: str):
+    """Heads x tokens, scaled weights on 0..1 (NaN blank), wrapped onto even rows of ``TOKENS_PER_ROW`` at
+    most, one bar.
 
     Laid out by hand in inches: matplotlib's automatic layouts measure every tick label several times,
     which dominates the cost of a long review."""
     labels, title = [fonts.label(t) for t in tokens], fonts.label(title)
     with drawing([*labels, title]):
-        n, heads = len(labels), len(rows)
-        chunks = spans(n, TOKENS_PER_ROW)
+        rows, heads = [f"head {h}" for h in heads], len(heads)
+        chunks = spans(len(labels), TOKENS_PER_ROW)
         cols = len(chunks[0])
         long_labels = [len(t) for t in labels if columns(t) > 2]  # drawn vertically
         cell, left, right, top, gap = 0.2, 0.75, 1.05, 0.45, 0.12  # inches
         band = 0.12 + 0.075 * max(long_labels) if long_labels else 0.3  # room for the token labels
-        width = max(left + cols * cell + right, left + _inches(title, 10) + 0.2)
+        scratch = new_figure()  # the title as drawn: characters differ in width
+        drawn = scratch.text(0, 0, title, fontsize=10).get_window_extent(
+            renderer=scratch.canvas.get_renderer()
+        )
+        width = max(left + cols * cell + right, left + drawn.width / scratch.dpi + 0.2)
         block = heads * cell + band + gap
         height = top + block * len(chunks)
         fig = new_figure(figsize=(width, height))
@@ -105,17 +103,15 @@ def heatmap(values: np.ndarray, tokens: list[str], rows: list[str], title: str, 
         y = (height - top - heads * cell) / height
         cax = fig.add_axes(((left + cols * cell + 0.15) / width, y, 0.12 / width, heads * cell / height))
         # a bar of a few heads is shorter than its label would be: it would run into the title
-        fig.colorbar(image, cax=cax).set_label(bar if heads >= 6 else bar.split()[0], fontsize=8)
+        fig.colorbar(image, cax=cax).set_label("scaled weight" if heads >= 6 else "scaled", fontsize=8)
         fig.text(left / width, 1 - 0.2 / height, title, fontsize=10, va="center")
         return fig
 
 
 def cls_figure(review: ReviewAttention):
     """The seed's picture: heads x tokens, each head's scaled [CLS] row."""
-    heads = [f"head {h}" for h in range(review.num_heads)]
-    return heatmap(
-        review.scaled, readable(review.tokens, review.byte_level), heads, review.title(), "scaled weight"
-    )
+    tokens = readable(review.tokens, review.byte_level)
+    return heatmap(review.scaled, tokens, list(range(review.num_heads)), review.title())
 
 
 def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token", byte_level: bool | None = None):
@@ -133,8 +129,7 @@ def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token", by
     lookup = {(h, t): v for h, t, v in cells}
     values = np.array([[lookup.get((h, t), np.nan) for t in tokens] for h in heads], dtype=float)  # (H, n)
     title = f"layer {layer}: mean scaled [CLS] weight of each head's top {k} {unit}s"
-    heads_shown = [f"head {h}" for h in heads]
-    return heatmap(values, readable(tokens, byte_level), heads_shown, title, "scaled weight")
+    return heatmap(values, readable(tokens, byte_level), heads, title)
 
 
 def pairs_figure(review: ReviewAttention, columns: int = 4):
@@ -177,12 +172,13 @@ def review_png(review: ReviewAttention, pairs: bool = False, dpi: int = 130) -> 
     top = png_bytes(cls_figure(review), dpi=dpi, tight=False)
     if not pairs:
         return top
-    from PIL import Image
+    from matplotlib import image
 
-    images = [Image.open(io.BytesIO(b)).convert("RGB") for b in (top, png_bytes(pairs_figure(review), dpi))]
-    out = Image.new("RGB", (max(i.width for i in images), sum(i.height for i in images)), "white")
-    out.paste(images[0], (0, 0))
-    out.paste(images[1], (0, images[0].height))
+    a, b = (image.imread(io.BytesIO(png))[..., :3] for png in (top, png_bytes(pairs_figure(review), dpi)))
+    width = max(a.shape[1], b.shape[1])
     buf = io.BytesIO()
-    out.save(buf, format="PNG")
+    image.imsave(
+        buf,
+        np.vstack([np.pad(x, ((0, 0), (0, width - x.shape[1]), (0, 0)), constant_values=1) for x in (a, b)]),
+    )
     return buf.getvalue()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,17 +71,10 @@ class ReviewAttention:
 
 def token_range(value: str | None) -> slice | None:
     """``--tokens 0:40``: content tokens 0..39 (0 is the first after [CLS]), as Python slices go."""
-    if value is None:
-        return None
-    lo, sep, hi = value.partition(":")
-    try:
-        if not sep:
-            raise ValueError
-        return slice(int(lo) if lo.strip() else None, int(hi) if hi.strip() else None)
-    except ValueError:
-        raise SpecError(
-            f"--tokens takes a range of token positions such as 0:40 or 10:, got {value!r}"
-        ) from None
+    bounds = None if value is None else re.fullmatch(r"\s*([+-]?\d+)?\s*:\s*([+-]?\d+)?\s*", value)
+    if value is not None and bounds is None:
+        raise SpecError(f"--tokens takes a range of token positions such as 0:40 or 10:, got {value!r}")
+    return bounds and slice(*(None if b is None else int(b) for b in bounds.groups()))
 
 
 def select(review: ReviewAttention, tokens: slice | None = None, specials: bool = True) -> ReviewAttention:
