@@ -12,7 +12,7 @@ import shlex
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,14 +72,12 @@ class Aggregates:
 
     path: Path
     table: pl.DataFrame
-    options: dict[str, Any] = field(default_factory=dict)
-    parts: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    #: Scored reviews per group (split, class_label, class_reviews): what a printout names its missing
-    #: groups by, as the table cannot tell a group --min-reviews emptied from one the run lacks.
-    groups: pl.DataFrame | None = None
-    num_layers: int | None = None  # the model's, to name layers from the end too
-    byte_level: bool | None = None  # the run's tokens spell bytes: printed decoded
+    options: dict[str, Any]
+    parts: list[str]
+    seconds: float
+    groups: pl.DataFrame  # scored reviews per (split, class_label): a printout names its emptied groups
+    num_layers: int | None  # the model's, to name layers from the end too
+    byte_level: bool | None  # the run's tokens spell bytes: printed decoded
 
     def line(self) -> str:
         units = self.table.group_by("unit").len().sort("unit").rows()
@@ -96,8 +94,7 @@ def aggregates_path(run_dir: str | Path) -> Path:
 
 
 def committed_parts(run_dir: str | Path, verify: bool = False) -> list[CommittedPart]:
-    """The attention, token and predictions files (and contributions, where the run wrote them) of every
-    part the manifest commits, in name order."""
+    """The attention, token, predictions (and contributions) files of every committed part, by name."""
     alti = ("contributions",) if read_manifest(run_dir).spec.get("contributions") else ()
     return committed_files(run_dir, ("cls_attention", "tokens", "predictions", *alti), verify)
 
@@ -125,8 +122,7 @@ class PartRows:
 
 
 def review_rows(part: CommittedPart, extra: Sequence[str] = ()) -> PartRows:
-    """One part's scored reviews (with their ``extra`` predictions columns) and their attention rows,
-    keyed by ``KEY``."""
+    """One part's scored reviews (with their ``extra`` predictions columns) and attention rows, by ``KEY``."""
     reviews = (
         pl.scan_parquet(part.files["predictions"], glob=False)
         .filter(pl.col("status") == "ok")
@@ -166,8 +162,7 @@ def review_rows(part: CommittedPart, extra: Sequence[str] = ()) -> PartRows:
 
 
 def part_sums(rows: pl.LazyFrame, unit: str) -> pl.LazyFrame:
-    """Additive per-(layer, head, token, pred_label, label) sums of one part's reviews (a review lives in
-    one part, so ``n_reviews`` adds up across parts)."""
+    """Per-(layer, head, token, pred_label, label) sums of one part's reviews, additive across parts."""
     peak = pl.col("weight").max().over(REVIEW)
     top_position = pl.col("position").filter(pl.col("weight") == peak).min().over(REVIEW)
     return (
@@ -262,8 +257,7 @@ def combine(
     rank_by: str,
     tracks: pl.LazyFrame | None = None,
 ) -> pl.LazyFrame:
-    """Per-part sums -> the token_influence table: every split, means, the filter and the rank.
-    ``tracks``: each head's ``alti_spearman`` (:func:`tracks_alti`), where the run has ALTI."""
+    """Per-part sums (and ``tracks``, each head's ``alti_spearman``) -> the token_influence table."""
     if tracks is None:
         tracks = pl.LazyFrame(schema={"layer": pl.Int16, "head": pl.Int16, "alti_spearman": pl.Float64})
     cols = ["unit", "layer", "head", "split", "class_label", "token", *_SUMS]
@@ -301,8 +295,7 @@ def tracks_alti(rows: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def ranked(table: pl.LazyFrame | pl.DataFrame, measure: str) -> pl.LazyFrame | pl.DataFrame:
-    """``table`` sorted by group and ``measure`` (descending; ties: more reviews, then token text), with
-    ``rank`` 1, 2, ... within each group."""
+    """``table`` by group and ``measure`` (descending; ties: more reviews, token), ranked within groups."""
     return table.sort(
         [*GROUP, measure, "n_reviews", "token"],
         descending=[False] * len(GROUP) + [True, True, False],
@@ -358,14 +351,12 @@ def aggregate(
         options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units), "words": mode}
         table = table.collect(engine="streaming")  # small; cast by pyarrow to keep column descriptions
         final = out_dir / f"{TABLE}.parquet"
+        meta = {
+            "parts": json.dumps([p.name for p in parts]),
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         write_derived(
-            final,
-            schema.cast(table.to_arrow(), TABLE),
-            TABLE,
-            options,
-            manifest.job_sha256,
-            parts=json.dumps([p.name for p in parts]),
-            created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            final, schema.cast(table.to_arrow(), TABLE), TABLE, options, manifest.job_sha256, **meta
         )
     except pl.exceptions.ComputeError as e:  # polars's word for a write that failed
         if "No space left" not in str(e):
@@ -380,16 +371,15 @@ def aggregate(
         shutil.rmtree(work, ignore_errors=True)
         if claim is not None:
             os.close(claim)
-    names = [p.name for p in parts]
     seconds = time.perf_counter() - t0
+    names = [p.name for p in parts]
     return Aggregates(final, table, options, names, seconds, sizes, manifest.num_layers, manifest.byte_level)
 
 
 def _summed(
     parts: list[CommittedPart], units: Sequence[str], words: tuple[str | None, str | None], work: Path
 ) -> tuple[pl.LazyFrame, pl.LazyFrame | None]:
-    """Per-token sums over all parts, and each head's ``alti_spearman`` where the run has ALTI: each part
-    (slice) reduced on its own, then the partial sums added."""
+    """Per-token sums over all parts (each slice reduced on its own), and each head's ALTI tracking."""
     partials, rhos = [], []
     for part in parts:
         slices = -(-pq.ParquetFile(part.files["cls_attention"]).metadata.num_rows // MAX_ROWS_PER_PASS)
@@ -457,8 +447,7 @@ def view(
     measure: str | None = None,
     heads: Sequence[int] | None = None,
 ) -> pl.DataFrame:
-    """The rows of one unit and split (and ``layers``, ``heads``), ranked by the table's own rank or
-    again by ``measure``, in (layer, class_label, head, rank) order."""
+    """The rows of one unit and split (and ``layers``, ``heads``), ranked again by ``measure`` if given."""
     out = table.filter((pl.col("unit") == unit) & (pl.col("split") == split))
     for column, wanted in (("layer", layers), ("head", heads)):
         if wanted is not None:
@@ -636,8 +625,7 @@ def top_reviews(
     user_dict: str | None = None,
 ) -> pl.DataFrame:
     """The ``n`` scored reviews whose largest raw weight on ``term`` (a token, or a word with ``unit``
-    'word') at ``head`` of ``layer`` (default: the run's first) is highest, with their predictions and
-    texts (:data:`COLUMNS`)."""
+    'word') at ``head`` of ``layer`` (default: the run's first) is highest (:data:`COLUMNS`)."""
     manifest = read_manifest(run_dir)
     idx = run_layer(manifest, layer)
     heads = int(manifest.model.get("num_heads", 0))
@@ -666,8 +654,7 @@ def top_reviews(
 def format_reviews(
     top: pl.DataFrame, run_dir: str | Path, term: str, unit: str, num_layers: int | None
 ) -> str:
-    """Each review: its rank, weights, prediction and text, and the ``bertattn plot`` command that draws
-    it."""
+    """Each review: its rank, weights, prediction, text, and the ``bertattn plot`` command that draws it."""
     if top.is_empty():
         return f"no scored review holds the {unit} {term!r} (spelled as the run's {unit}s are)"
     layer = top["layer"][0]

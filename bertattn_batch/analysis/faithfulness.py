@@ -138,17 +138,9 @@ def faithfulness(
     rows = erasure_table(clf, ids, pred, scores, progress)
     table = schema.cast(pl.DataFrame(rows).to_arrow(), TABLE) if rows else schema.arrow(TABLE).empty_table()
     options = {"sample": sample, "seed": seed, "n_reviews": len(ids), "fractions": list(FRACTIONS)}
-    write_derived(
-        path,
-        table,
-        TABLE,
-        options,
-        manifest.job_sha256,
-        doc_ids=json.dumps(doc_ids),
-        run_id=manifest.run_id,
-        # the parts it sampled from: a later --incremental pass adds reviews it has not seen
-        parts=json.dumps(sorted(p.name for p in manifest.parts)),
-    )
+    # the parts it sampled from: a later --incremental pass adds reviews it has not seen
+    meta = {"doc_ids": json.dumps(doc_ids), "parts": json.dumps(sorted(p.name for p in manifest.parts))}
+    write_derived(path, table, TABLE, options, manifest.job_sha256, run_id=manifest.run_id, **meta)
     return Faithfulness(path, pl.from_arrow(table), options, manifest.num_layers, time.perf_counter() - t0)
 
 
@@ -177,8 +169,7 @@ def stratified_sample(preds: pl.DataFrame, n: int, seed: int) -> pl.DataFrame:
 def head_scores(
     run: Path, doc_ids: list[str], with_zeroing: bool
 ) -> dict[tuple[str, int | None, int | None], list]:
-    """Every captured head's scores of each review's content tokens, from the run's cls_attention:
-    {(score, layer, head): [one (m,) array per review, in ``doc_ids`` order]}."""
+    """{(score, layer, head): [each review's (m,) content-token scores]} from the run's cls_attention."""
     names = [s for s in HEAD_SCORES if s != "value_zeroing" or with_zeroing]
     rows = _rows_of(run, "cls_attention", doc_ids, ["layer", "head", "position"], names)
     out: dict[tuple[str, int | None, int | None], list] = {}
@@ -257,8 +248,7 @@ def top_tokens(scores: np.ndarray, k: float) -> np.ndarray:
 
 
 def erased(ids: np.ndarray, top: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the review without the ``top`` content tokens, those tokens alone), [CLS] and [SEP] kept and the
-    kept tokens in their order."""
+    """(the review without the ``top`` content tokens, those alone), [CLS] and [SEP] kept, in order."""
     content = ids[1:-1]
     chosen = np.zeros(len(content), dtype=bool)
     chosen[top] = True

@@ -39,11 +39,8 @@ def _hidden(c: str) -> bool:
 
 
 def readable(tokens: list[str], byte_level: bool | None = None) -> list[str]:
-    """Tokens as a reader sees them (:func:`printable`). Byte-level BPE tokens (RoBERTa: 'Ġgood', 'cafÃ©')
-    are decoded back to their text; a piece holding part of a character shows '�'.
-
-    ``byte_level``: whether the run's tokenizer is byte-level, as its manifest says; None (a manifest
-    that does not say): told from the tokens."""
+    """Tokens as a reader sees them (:func:`printable`), byte-level BPE tokens decoded (part of a
+    character shows '�'); ``byte_level`` None (a manifest that does not say): told from the tokens."""
     if _spells_bytes(tokens, byte_level):
         tokens = [_decode(t).strip() or _visible_space(_decode(t)) for t in tokens]
     return [printable(t) for t in tokens]

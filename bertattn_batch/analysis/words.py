@@ -141,10 +141,8 @@ _NO_HEAD = 2**14 - 1
 
 
 def word_rows(rows: pl.LazyFrame, words: pl.LazyFrame | None = None) -> pl.LazyFrame:
-    """The attention rows of words, in the columns of ``rows`` but its labels (position: the word's first
-    token's; token: the word's text). Raw and norm-based weights: sums of the tokens'; scaled: min-max
-    over the review's words for that head. ``words``: each token's word (:func:`word_map`); None: WordPiece
-    words of the rows' own tokens."""
+    """The attention rows of words (position: the first token's; token: the word's text), from each
+    token's word (:func:`word_map`; None: WordPiece words of the rows' own tokens)."""
     if words is None:
         one_head = (pl.col("layer") == pl.col("layer").min()) & (pl.col("head") == pl.col("head").min())
         words = wordpiece_words(rows.filter(one_head))

@@ -70,10 +70,7 @@ def spans(n: int, most: int) -> list[range]:
 
 def heatmap(values: np.ndarray, tokens: list[str], heads: list[int], title: str):
     """Heads x tokens, scaled weights on 0..1 (NaN blank), wrapped onto even rows of ``TOKENS_PER_ROW`` at
-    most, one bar.
-
-    Laid out by hand in inches: matplotlib's automatic layouts measure every tick label several times,
-    which dominates the cost of a long review."""
+    most; laid out by hand, as matplotlib's layouts measure every tick label several times."""
     labels, title = [fonts.label(t) for t in tokens], fonts.label(title)
     with drawing([*labels, title]):
         rows, heads = [f"head {h}" for h in heads], len(heads)

@@ -1,8 +1,5 @@
-"""Self-contained HTML: a page with inline CSS, tables, a review's heatmap table, PNGs as data URIs.
-
-Nothing here loads from the network (no scripts, fonts or images from elsewhere): a page opens the same
-offline, attached to a mail, or years later.
-"""
+"""Self-contained HTML (inline CSS, tables, a review's heatmap table, PNGs as data URIs): nothing loads
+from the network, so a page opens the same offline, attached to a mail, or years later."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import polars as pl
 import pyarrow.parquet as pq
 
+from .. import schema
 from .._files import atomic_path, writing
 from ..analysis import aggregate as agg
 from ..analysis.aggregate import run_layer, top_tokens
@@ -65,7 +66,7 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
     """The run's settings; counts over every committed part; the speed of the last run that read reviews
     (a resume or an ``--incremental`` pass reads only part of the run)."""
     model, spec, last = manifest.model, manifest.spec, manifest.last_run or {}
-    ok = preds.filter(pl.col("status") == "ok") if not preds.is_empty() else preds
+    ok = preds.filter(pl.col("status") == "ok")
     shape = f"{model.get('model_type')}, {model.get('num_layers')} layers x {model.get('num_heads')} heads"
     rows: list[tuple[str, Any]] = [
         ("status", manifest.status),
@@ -103,11 +104,8 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
     ]
     parts = ["<h2>Run</h2>", data_table(["", ""], [(k, v) for k, v in rows if v is not None])]
     if not preds.is_empty():
-        statuses = preds.group_by("status").len().sort(["len", "status"], descending=[True, False])
-        parts += [
-            "<h3>Reviews by status</h3>",
-            data_table(["status", "reviews"], statuses.rows(), [False, True]),
-        ]
+        statuses = preds.group_by("status").len().sort(["len", "status"], descending=[True, False]).rows()
+        parts += ["<h3>Reviews by status</h3>", data_table(["status", "reviews"], statuses, [False, True])]
     if not ok.is_empty():
         by_pred = ok.group_by("pred_label").len().sort("pred_label").rows()
         parts += ["<h3>Predicted labels</h3>", data_table(["predicted", "reviews"], by_pred, [False, True])]
@@ -186,7 +184,7 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool, label
         steps = f"{training.get('steps')} of {training.get('planned_steps')} steps"
         cut = f"<b>The model's training was cut short</b> at {steps} (max_train_seconds): it is not the job's"
         parts.append(muted(f"{cut} full schedule."))
-    every = confusion(preds, labels) if not preds.is_empty() else None
+    every = confusion(preds, labels)
     if every is None:
         why = "No labelled review was scored" if labelled else "The source had no labels"
         return "\n".join([*parts, muted(f"{why}: there is no accuracy to give.")])
@@ -204,9 +202,8 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool, label
         note = f"over every labelled review; {heldout}"
         return "\n".join([*parts, _line("accuracy", every, note), _matrix(every, label_map)])
     ids, training_files = heldout
-    held = preds.filter(pl.col("doc_id").is_in(list(ids)))
-    rest = preds.filter(~pl.col("doc_id").is_in(list(ids)))
-    conf, trained = confusion(held, labels), confusion(rest, labels)
+    held = pl.col("doc_id").is_in(list(ids))
+    conf, trained = confusion(preds.filter(held), labels), confusion(preds.filter(~held), labels)
     if conf is None or not conf["n_known"]:
         parts.append(muted("No labelled review the model was held out from is in this run."))
     else:
@@ -576,14 +573,13 @@ def build_report(
     table, meta = _aggregates(run, min_reviews)
     files = [p.files["predictions"] for p in committed_files(run, ("predictions",), verify=True)]
     columns = ["doc_id", "status", "label", "pred_id", "pred_label", "probs", "n_tokens", "truncated"]
-    preds = pl.scan_parquet(files, glob=False).select(columns).collect() if files else pl.DataFrame()
-    scored = not preds.is_empty() and (preds["status"] == "ok").any()
-    labelled = bool(manifest.spec.get("label_col")) or (
-        not preds.is_empty() and preds["label"].is_not_null().any()
-    )
+    none = pl.from_arrow(schema.arrow("predictions").empty_table()).lazy()  # a run without parts
+    preds = (pl.scan_parquet(files, glob=False) if files else none).select(columns).collect()
+    scored = (preds["status"] == "ok").any()
+    labelled = bool(manifest.spec.get("label_col")) or preds["label"].is_not_null().any()
     labels = manifest.labels
     mapping = parse_label_map(manifest.spec.get("label_map") if label_map is None else label_map, labels)
-    if mapping and preds.height:  # each label as the model's where the map names it
+    if mapping:  # each label as the model's where the map names it
         preds = preds.with_columns(pl.col("label").replace(mapping))
     body = [
         _summary_html(manifest, preds),

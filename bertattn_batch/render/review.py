@@ -203,8 +203,7 @@ def load_review(run_dir: str | Path, doc_id: str, layer: int | None = None) -> R
 
 
 def _load_classifier(model: str, layer: int, device: str, max_length: int | None = None, **trust: bool):
-    """The classifier with eager attention: transformers' own attention matrices, the reference.
-    ``trust``: ``trust_remote_code`` and ``allow_pickle``, as the caller gives them."""
+    """The classifier with eager attention: transformers' own attention matrices, the reference."""
     from ..model import Classifier
 
     try:
@@ -274,8 +273,7 @@ def add_pairs(
     **trust: bool,
 ) -> ReviewAttention:
     """Add token x token matrices to a review of a run: its model (or ``model``) on the token ids the
-    run scored, or on ``text`` where given (which must give the run's tokens). ``trust``:
-    ``trust_remote_code`` and ``allow_pickle``, as the caller gives them."""
+    run scored, or on ``text`` where given (which must give the run's tokens)."""
     from ..model import encode_texts, with_special_tokens
 
     manifest = read_manifest(run_dir)
