@@ -132,27 +132,22 @@ def review_rows(part: CommittedPart, extra: Sequence[str] = ()) -> PartRows:
         .collect()  # one row per review: small, and numbered once for every join
     )
     ids = reviews.lazy().select("doc_id", KEY)
-    attn = (
-        pl.scan_parquet(part.files["cls_attention"], glob=False)
-        .select("doc_id", "layer", "head", "position", "weight", "weight_scaled", "weight_norm")
-        .join(ids, on="doc_id", how="inner")
-        .drop("doc_id")
-    )
+
+    def keyed(table: str, *columns: str) -> pl.LazyFrame:
+        scan = pl.scan_parquet(part.files[table], glob=False).select("doc_id", *columns)
+        return scan.join(ids, on="doc_id").drop("doc_id")
+
+    attn = keyed("cls_attention", "layer", "head", "position", "weight", "weight_scaled", "weight_norm")
     if "contributions" in part.files:  # ALTI: one more score, of no head (layer and head null)
         a = pl.col("alti").cast(pl.Float64)
         lo, hi = a.min().over(KEY), a.max().over(KEY)
         scaled = pl.when(hi > lo).then((a - lo) / (hi - lo)).otherwise(0.0)
-        alti = pl.scan_parquet(part.files["contributions"], glob=False).join(ids, on="doc_id").select(
+        alti = keyed("contributions", "position", "alti").select(
             layer=pl.lit(None, pl.Int16), head=pl.lit(None, pl.Int16), position="position", weight=a,
             weight_scaled=scaled, weight_norm=a, **{KEY: KEY},
         )  # fmt: skip
         attn = pl.concat([attn, alti], how="vertical_relaxed")
-    tokens = (
-        pl.scan_parquet(part.files["tokens"], glob=False)
-        .select("doc_id", "position", "token", "start")
-        .join(ids, on="doc_id", how="inner")
-        .drop("doc_id")
-    )
+    tokens = keyed("tokens", "position", "token", "start")
     rows = (
         attn.join(tokens.drop("start"), on=[KEY, "position"], how="left")  # a missing token: a null token
         .join(reviews.lazy().select(KEY, *CLASSES), on=KEY, how="inner")
@@ -486,11 +481,11 @@ def significant(value: float | None) -> float | None:
     return None if value is None else float(f"{value:.{SIGNIFICANT}g}")
 
 
-def export_path(path: str | Path) -> Path:
-    """``path`` checked to name a file :func:`export` writes."""
+def export_path(path: str | Path, suffixes: Sequence[str] = EXPORTS) -> Path:
+    """``path`` checked to name a file :func:`export` (or another writer of ``suffixes``) writes."""
     path = Path(path)
-    if path.suffix.lower() not in EXPORTS:
-        raise SpecError(f"--out must end in {', '.join(EXPORTS)}; got {path.name!r}")
+    if path.suffix.lower() not in suffixes:
+        raise SpecError(f"--out must end in {', '.join(suffixes)}; got {path.name!r}")
     return path
 
 

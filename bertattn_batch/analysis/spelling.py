@@ -6,16 +6,11 @@ from __future__ import annotations
 
 import unicodedata
 
-
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet (RoBERTa's tokens): a printable character for each byte, inverted."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    others = [b for b in range(256) if b not in printable]  # drawn as 256, 257, ...
-    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(others)}}
-
-
-_BYTES = _byte_decoder()
-_SHIFTED = {c for c, b in _BYTES.items() if ord(c) >= 256}  # bytes with no printable self: 'Ġ' (space)
+#: GPT-2's byte-level alphabet (RoBERTa's tokens) inverted: each byte's printable character -> the byte;
+#: the bytes with no printable self are drawn from chr(256) on ('Ġ' is the space).
+_DRAWN = [*range(33, 127), *range(161, 173), *range(174, 256)]
+_SHIFTED = dict(zip(map(chr, range(256, 512)), (b for b in range(256) if b not in _DRAWN), strict=False))
+_BYTES = {chr(b): b for b in _DRAWN} | _SHIFTED
 #: The most characters a token shows in a table cell or on a figure (the stored tables keep it whole).
 PRINTED_CHARS = 40
 #: Characters that reorder what follows them on screen (bidi embeddings, overrides and isolates).
@@ -25,17 +20,14 @@ _BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\
 def printable(text: str, limit: int | None = PRINTED_CHARS) -> str:
     """``text`` fit to print on one line: control characters, line breaks and bidi controls as escapes
     ('\\n', '\\x1b', '\\u202e'), cut to ``limit`` characters."""
-    text = "".join(repr(c)[1:-1] if _hidden(c) else c for c in text)
+    hidden = [unicodedata.category(c) in ("Cc", "Zl", "Zp") or c in _BIDI for c in text]
+    text = "".join(repr(c)[1:-1] if h else c for c, h in zip(text, hidden, strict=True))
     return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
 def columns(text: str) -> int:
     """Terminal columns: CJK characters take two."""
     return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
-def _hidden(c: str) -> bool:
-    return unicodedata.category(c) in ("Cc", "Zl", "Zp") or c in _BIDI
 
 
 def readable(tokens: list[str], byte_level: bool | None = None) -> list[str]:

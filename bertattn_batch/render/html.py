@@ -77,31 +77,27 @@ def img(png: bytes, alt: str, caption: str = "", full_size: bool = False) -> str
     return f"<figure>{f'<div class=scroll>{image}</div>' if full_size else image}{cap}</figure>"
 
 
-def heat_table(review: ReviewAttention) -> str:
-    """The heads x tokens heatmap as a table of coloured cells: real text (any script the browser has a
-    font for reads right), token labels written vertically, both weights in each cell's tooltip."""
+def review_html(review: ReviewAttention) -> str:
+    """A review's page body: its text where known; the heads x tokens heatmap as a table of coloured cells
+    (real text, which any script the browser has a font for reads right, both weights in each cell's
+    tooltip); its token x token maps if any."""
     from matplotlib import colormaps
     from matplotlib.colors import to_hex
 
     tokens = readable(review.tokens, review.byte_level)
     rgba = colormaps[CMAP].with_extremes(bad="white")(np.clip(review.scaled, 0, 1))  # (H, n, 4)
     head = "".join(f'<th class="tok">{esc(t)}</th>' for t in tokens)
-    lines = [f'<div class="scroll"><table class="heat"><tr><th></th>{head}</tr>']
+    lines = [f'<p class="meta">{esc(review.text)}</p>'] if review.text else []
+    lines.append(f'<div class="scroll"><table class="heat"><tr><th></th>{head}</tr>')
     for h in range(review.num_heads):
         cells = []
         for j, tok in enumerate(tokens):
             tip = f"head {h} · {tok} · scaled {review.scaled[h, j]:.3f} · raw {review.weight[h, j]:.5f}"
             cells.append(f'<td style="background:{to_hex(rgba[h, j])}" title="{esc(tip)}"></td>')
         lines.append(f'<tr><th class="row">head {h}</th>{"".join(cells)}</tr>')
-    return "\n".join([*lines, "</table></div>"])
-
-
-def review_html(review: ReviewAttention) -> str:
-    """A review's page body: its text where known, the heatmap table, its token x token maps if any."""
-    parts = [f'<p class="meta">{esc(review.text)}</p>'] if review.text else []
-    parts.append(heat_table(review))
+    lines.append("</table></div>")
     if review.pairs is not None:
         alt = f"token x token attention of every head, review {review.doc_id}"
         caption = "token x token attention per head (rows: queries; raw weights, one scale)"
-        parts.append(img(png_bytes(pairs_figure(review)), alt, caption, full_size=True))
-    return "\n".join(parts)
+        lines.append(img(png_bytes(pairs_figure(review)), alt, caption, full_size=True))
+    return "\n".join(lines)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._files import atomic_path, writing
-from ..analysis.aggregate import significant
+from ..analysis.aggregate import export_path, significant
 from ..analysis.spelling import printable, readable
 from ..analysis.words import run_words
 from ..errors import InputError, SpecError
@@ -28,9 +28,7 @@ TABLES = (".csv", ".xlsx")
 
 def output_path(out: str | Path, pairs: bool = False) -> Path:
     """``out`` checked to name a file ``write_review`` writes (before any model loads)."""
-    path = Path(out)
-    if path.suffix.lower() not in SUFFIXES:
-        raise SpecError(f"--out must end in {', '.join(SUFFIXES)}; got {path.name!r}")
+    path = export_path(out, SUFFIXES)
     if pairs and path.suffix.lower() in TABLES:
         raise SpecError(
             f"--pairs draws token x token maps, which a {path.suffix} table cannot hold; write .png or .html"

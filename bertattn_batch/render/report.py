@@ -349,8 +349,25 @@ def _faithfulness_html(
         )
     ]
     tracked = "alti_spearman" in aopc.columns and aopc["alti_spearman"].is_not_null().any()
-    if tracked:
-        out.append(_tracking_html(aopc, num_layers))
+    if tracked:  # which heads track whole-model influence: rank a review's tokens most as ALTI does
+        heads = aopc.filter(pl.col("head").is_not_null() & pl.col("alti_spearman").is_not_null())
+        best = heads.sort("alti_spearman", descending=True, maintain_order=True).head(TRACKING_HEADS)
+        named = [
+            f"{esc(layer_name(r['layer'], num_layers))} head {r['head']} ({r['score']}, {r['alti_spearman']:.2f})"
+            for r in best.filter(pl.col("alti_spearman") >= MIN_TRACKING).iter_rows(named=True)
+        ]
+        alti = aopc.filter(pl.col("score") == "alti").rows(named=True)
+        said = "".join(f"ALTI's own comprehensiveness is {a['comprehensiveness']:.3f}, sufficiency "
+                       f"{a['sufficiency']:.3f}. " for a in alti[:1])  # fmt: skip
+        if named:
+            out.append(
+                f"<p>{said}Heads that track whole-model influence (mean Spearman with ALTI): {', '.join(named)}.</p>"
+            )
+        else:
+            out.append(
+                f"<p>{said}No head tracks whole-model influence: none ranks a review's tokens as ALTI does with a "
+                f"mean Spearman of {MIN_TRACKING} or more; read the heads as where they look, not as influence.</p>"
+            )
     header = ["score", "head", "comprehensiveness", "vs random", "sufficiency",
               *(["tracks ALTI (Spearman)"] if tracked else []), "attends to more, by prediction"]  # fmt: skip
     for (layer,), rows in aopc.filter(pl.col("layer").is_not_null()).group_by("layer", maintain_order=True):
@@ -371,26 +388,6 @@ def _faithfulness_html(
             data_table(header, body, [False, True, True, True, True, *([True] if tracked else []), False]),
         ]
     return out
-
-
-def _tracking_html(aopc: pl.DataFrame, num_layers: int | None) -> str:
-    """Which heads track whole-model influence: the heads whose weights rank a review's tokens most as
-    ALTI does (mean Spearman over the sample)."""
-    heads = aopc.filter(pl.col("head").is_not_null() & pl.col("alti_spearman").is_not_null())
-    best = heads.sort("alti_spearman", descending=True, maintain_order=True).head(TRACKING_HEADS)
-    named = [
-        f"{esc(layer_name(r['layer'], num_layers))} head {r['head']} ({r['score']}, {r['alti_spearman']:.2f})"
-        for r in best.filter(pl.col("alti_spearman") >= MIN_TRACKING).iter_rows(named=True)
-    ]
-    alti = aopc.filter(pl.col("score") == "alti").rows(named=True)
-    said = "".join(f"ALTI's own comprehensiveness is {a['comprehensiveness']:.3f}, sufficiency "
-                   f"{a['sufficiency']:.3f}. " for a in alti[:1])  # fmt: skip
-    if named:
-        return f"<p>{said}Heads that track whole-model influence (mean Spearman with ALTI): {', '.join(named)}.</p>"
-    return (
-        f"<p>{said}No head tracks whole-model influence: none ranks a review's tokens as ALTI does with a mean "
-        f"Spearman of {MIN_TRACKING} or more; read the heads as where they look, not as influence.</p>"
-    )
 
 
 def _believe_html(run: Path, manifest: Manifest, aggregates: pl.DataFrame) -> str:

@@ -253,9 +253,8 @@ def review_from_text(
         name: pl.from_arrow(schema.cast(t, name)).lazy()  # ids as plain strings, as in the files
         for name, t in extractor.tables([scored]).items()
     }
-    review = from_rows(
-        attention_rows(tables["cls_attention"], tables["tokens"]).collect(), doc_id, clf.layers[0]
-    )
+    rows = attention_rows(tables["cls_attention"], tables["tokens"]).collect()
+    review = from_rows(rows, doc_id, clf.layers[0])
     pred = int(np.argmax(probs[0]))
     review.pred_label, review.prob, review.text = clf.labels[pred], float(probs[0, pred]), text
     review.byte_level, review.num_layers = clf.byte_level, clf.num_layers
