@@ -1,6 +1,5 @@
-"""matplotlib figures: heads x tokens heatmaps (one review's scaled [CLS] row, or a run's top tokens per
-head) and one review's token x token maps per head. Each figure is drawn by Agg and unknown to pyplot,
-and the user's matplotlib settings are as they were after it."""
+"""matplotlib figures, heads x tokens heatmaps among them, each drawn by Agg and unknown to pyplot, the
+user's matplotlib settings as they were after it; and PNG bytes of them."""
 
 from __future__ import annotations
 
@@ -13,16 +12,11 @@ import numpy as np
 import polars as pl
 
 from ..analysis.spelling import columns, readable
-from ..errors import SpecError
 from . import fonts
-from .review import ReviewAttention
 
 CMAP = "Reds"
 #: Tokens per row of a heads x tokens heatmap at most; more wrap onto rows of even length.
 TOKENS_PER_ROW = 64
-#: Tokens of a token x token map at most, every one labelled: a longer review's maps are cut into
-#: windows of even length along the diagonal.
-PAIR_WINDOW = 40
 #: Token columns of the top tokens heatmap at most: past it, each head's top k shrinks until they fit.
 HEATMAP_TOKENS = 256
 
@@ -105,12 +99,6 @@ def heatmap(values: np.ndarray, tokens: list[str], heads: list[int], title: str)
         return fig
 
 
-def cls_figure(review: ReviewAttention):
-    """The seed's picture: heads x tokens, each head's scaled [CLS] row."""
-    tokens = readable(review.tokens, review.byte_level)
-    return heatmap(review.scaled, tokens, list(range(review.num_heads)), review.title())
-
-
 def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token", byte_level: bool | None = None):
     """Heads x the union of every head's top k tokens (aggregates' mean scaled weight over all reviews);
     where that union passes ``HEATMAP_TOKENS``, the largest k' < k whose union fits."""
@@ -127,55 +115,3 @@ def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token", by
     values = np.array([[lookup.get((h, t), np.nan) for t in tokens] for h in heads], dtype=float)  # (H, n)
     title = f"layer {layer}: mean scaled [CLS] weight of each head's top {k} {unit}s"
     return heatmap(values, readable(tokens, byte_level), heads, title)
-
-
-def pairs_figure(review: ReviewAttention, columns: int = 4):
-    """Token x token attention of every head (rows: queries), every token labelled: a review longer than
-    ``PAIR_WINDOW`` tokens is shown in windows along the diagonal (attention between windows left out).
-    One colour scale and one colour bar, so that heads compare."""
-    if review.pairs is None or review.pair_tokens is None:
-        raise SpecError("no token x token matrices: load the review with pairs (--pairs)")
-    labels = [fonts.label(t) for t in readable(review.pair_tokens, review.byte_level)]
-    heads, size = review.pairs.shape[:2]
-    windows = spans(size, PAIR_WINDOW)
-    title = f"{fonts.label(review.title())} · token x token (row: query)"
-    if len(windows) > 1:
-        title += f" in windows of {len(windows[0])} of its {size} tokens"
-    with drawing([*labels, title]):
-        panels = [(w, h) for w in windows for h in range(heads)]
-        columns = min(columns, len(panels))
-        rows = -(-len(panels) // columns)
-        panel = max(3.2, 0.11 * len(windows[0]) + 1.2)
-        fig = new_figure(figsize=(panel * columns + 1.0, panel * rows + 0.8), layout="constrained")
-        axes = fig.subplots(rows, columns, squeeze=False).ravel()
-        vmax = float(review.pairs.max()) or 1.0
-        for ax in axes[len(panels) :]:
-            ax.axis("off")
-        for (w, h), ax in zip(panels, axes, strict=False):
-            image = ax.imshow(review.pairs[h][np.ix_(w, w)], vmin=0, vmax=vmax, cmap="viridis")  # (s, s)
-            where = f" · tokens {w.start + 1}–{w.stop} of {size}" if len(windows) > 1 else ""
-            ax.set_title(f"head {h}{where}", fontsize=9)
-            ax.set_xticks(range(len(w)), labels[w.start : w.stop], fontsize=6)
-            ax.set_yticks(range(len(w)), labels[w.start : w.stop], fontsize=6)
-            turn_long_labels(ax)
-            ax.tick_params(length=0)
-        fig.colorbar(image, ax=axes.tolist(), label="attention weight (raw)", shrink=min(0.8, 1.6 / rows))
-        fig.suptitle(title, fontsize=10)
-        return fig
-
-
-def review_png(review: ReviewAttention, pairs: bool = False, dpi: int = 130) -> bytes:
-    """The heads x tokens picture, with the token x token maps below it where ``pairs``."""
-    top = png_bytes(cls_figure(review), dpi=dpi, tight=False)
-    if not pairs:
-        return top
-    from matplotlib import image
-
-    a, b = (image.imread(io.BytesIO(png))[..., :3] for png in (top, png_bytes(pairs_figure(review), dpi)))
-    width = max(a.shape[1], b.shape[1])
-    buf = io.BytesIO()
-    image.imsave(
-        buf,
-        np.vstack([np.pad(x, ((0, 0), (0, width - x.shape[1]), (0, 0)), constant_values=1) for x in (a, b)]),
-    )
-    return buf.getvalue()

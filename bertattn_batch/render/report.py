@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import polars as pl
-import pyarrow.parquet as pq
 
 from .. import schema
 from .._files import atomic_path, writing
 from ..analysis import aggregate as agg
 from ..analysis.aggregate import run_layer, top_tokens
 from ..analysis.faithfulness import FRACTIONS, faithfulness_path
+from ..analysis.provenance import derived_meta
 from ..analysis.spelling import readable_map
 from ..config import parse_label_map
 from ..errors import SpecError, WriteError
@@ -32,9 +32,9 @@ from ..run import (
     read_manifest,
     status_now,
 )
-from .figures import png_bytes, review_png, top_heatmap
+from .figures import png_bytes, top_heatmap
 from .html import data_table, esc, img, muted, page
-from .review import load_reviews
+from .plot import load_reviews, review_png
 
 #: What each measure says and where it stops (docs/measures.md has the references).
 NOTES = {
@@ -396,23 +396,18 @@ def _believe_html(run: Path, manifest: Manifest, aggregates: pl.DataFrame) -> st
     command = f"<code>bertattn faithfulness {esc(display_path(run))}</code>"
     parts = ["<h2>What to believe</h2>"]
     path = faithfulness_path(run)
-    meta = (pq.read_schema(path).metadata or {}) if path.is_file() else None
+    meta = derived_meta(path) if path.is_file() else None
     if meta is None:
         what = "ranks every head by how much deleting its top tokens moves the prediction"
         parts.append(muted(f"No faithfulness measured yet: {command} {what}."))
-    elif meta.get(b"run_id", b"").decode() != manifest.run_id:
+    elif meta.get("run_id") != manifest.run_id:
         where = "faithfulness/head_faithfulness.parquet was measured on an earlier run in this folder"
         parts.append(muted(f"{where}: run {command} again."))
     else:
-        sampled = meta.get(b"parts")
-        if sampled is not None and json.loads(sampled) != sorted(p.name for p in manifest.parts):
-            parts.append(
-                muted(
-                    "Measured before the run's latest parts were committed (an <code>--incremental</code> "
-                    f"pass or a resume): its sample leaves their reviews out. Run {command} again to sample "
-                    "them all."
-                )
-            )
+        if meta.get("parts") not in (None, sorted(p.name for p in manifest.parts)):
+            when = "Measured before the run's latest parts were committed (an <code>--incremental</code> pass"
+            leaves = f"its sample leaves their reviews out. Run {command} again to sample them all."
+            parts.append(muted(f"{when} or a resume): {leaves}"))
         contrasts = head_contrasts(aggregates, manifest.layers, manifest.byte_level)
         parts += _faithfulness_html(pl.read_parquet(path), manifest.num_layers, contrasts)
     parts.append("<ul>" + "".join(f"<li><b>{esc(m)}</b>: {esc(t)}</li>" for m, t in NOTES.items()) + "</ul>")
