@@ -192,16 +192,10 @@ def class_sizes(preds_paths: Sequence[Path | str]) -> pl.DataFrame:
     """Scored reviews per group: (split, class_label, class_reviews)."""
     if not preds_paths:
         return pl.DataFrame(schema=_SIZES)
-    ok = (
-        pl.scan_parquet(list(preds_paths), glob=False)
-        .filter(pl.col("status") == "ok")
-        .group_by(CLASSES)
-        .agg(n=pl.len().cast(pl.Int64))
-        .collect(engine="streaming")
-    )
-    frames = _splits(ok, [], [pl.col("n").sum().alias("class_reviews")])
-    sizes = pl.concat([f.select(*_SIZES).cast(_SIZES) for f in frames])
-    return sizes.filter(pl.col("class_reviews") > 0)
+    ok = pl.scan_parquet(list(preds_paths), glob=False).filter(pl.col("status") == "ok")
+    counts = ok.group_by(CLASSES).agg(n=pl.len().cast(pl.Int64)).collect(engine="streaming")
+    frames = _splits(counts, [], [pl.col("n").sum().alias("class_reviews")])
+    return pl.concat([f.select(*_SIZES).cast(_SIZES) for f in frames]).filter(pl.col("class_reviews") > 0)
 
 
 def with_contrasts(sums: pl.LazyFrame) -> pl.LazyFrame:
@@ -393,18 +387,11 @@ def _summed(
                 frame.sink_parquet(path, engine="streaming")
                 partials.append(path)
     base_path = work / "base.parquet"
-    (
-        pl.scan_parquet(partials, glob=False)
-        .group_by(["unit", "layer", "head", "token", *CLASSES])
-        .agg([pl.col(c).sum() for c in _SUMS])
-        .sink_parquet(base_path, engine="streaming")
-    )
+    by_token = pl.scan_parquet(partials, glob=False).group_by(["unit", "layer", "head", "token", *CLASSES])
+    by_token.agg([pl.col(c).sum() for c in _SUMS]).sink_parquet(base_path, engine="streaming")
+    rho = pl.col("rho_sum").sum() / pl.col("rho_n").sum()
     tracks = (
-        pl.scan_parquet(rhos, glob=False)
-        .group_by(["layer", "head"])
-        .agg(alti_spearman=pl.col("rho_sum").sum() / pl.col("rho_n").sum())
-        if rhos
-        else None
+        pl.scan_parquet(rhos, glob=False).group_by(["layer", "head"]).agg(alti_spearman=rho) if rhos else None
     )
     return pl.scan_parquet(base_path, glob=False), tracks
 

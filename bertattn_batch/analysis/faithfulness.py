@@ -110,12 +110,8 @@ def faithfulness(
         log.warning("%s is %s: its committed parts alone are sampled", run, status)
     files = [p.files["predictions"] for p in committed_files(run, ("predictions",), verify=True)]
     columns = ["doc_id", "pred_id", "pred_label", "n_tokens"]
-    preds = (
-        scan_parts(files).filter(pl.col("status") == "ok").select(columns).collect()
-        if files
-        else pl.DataFrame()
-    )
-    if preds.is_empty():
+    preds = scan_parts(files).filter(pl.col("status") == "ok").select(columns).collect() if files else None
+    if preds is None or preds.is_empty():
         raise RunDirError(f"{run} has no scored reviews to measure")
     path = faithfulness_path(run)
     check_writable(path.parent, "the faithfulness table")  # before minutes of measuring
@@ -188,13 +184,9 @@ def head_scores(
 def mean_spearman(a: list[np.ndarray], b: list[np.ndarray]) -> float | None:
     """The mean over reviews of the Spearman correlation of ``a`` and ``b`` (ties ranked by their mean
     rank); a review with fewer than two tokens, or constant scores, has none. None: no review had one."""
-    rhos = []
-    for x, y in zip(a, b, strict=True):
-        if len(x) < 2:
-            continue
-        rx, ry = (pl.Series(v).rank("average").to_numpy() for v in (x, y))
-        if rx.std() > 0 and ry.std() > 0:
-            rhos.append(float(np.corrcoef(rx, ry)[0, 1]))
+    rho = pl.corr("x", "y", method="spearman")
+    rhos = [pl.DataFrame({"x": x, "y": y}).select(rho).item() for x, y in zip(a, b, strict=True)]
+    rhos = [r for r in rhos if r is not None and not math.isnan(r)]
     return float(np.mean(rhos)) if rhos else None
 
 
@@ -219,13 +211,8 @@ def _rows_of(run: Path, table: str, doc_ids: list[str], order: list[str], values
     doc_id on every row would take memory in proportion to its length), sorted by review and ``order``."""
     files = [p.files[table] for p in committed_files(run, (table,), verify=True)]
     places = pl.LazyFrame({"doc_id": doc_ids, "review": range(len(doc_ids))})
-    return (
-        pl.scan_parquet(files, glob=False)
-        .join(places, on="doc_id")
-        .select("review", *order, *values)
-        .sort("review", *order)
-        .collect(engine="streaming")
-    )
+    rows = pl.scan_parquet(files, glob=False).join(places, on="doc_id").select("review", *order, *values)
+    return rows.sort("review", *order).collect(engine="streaming")
 
 
 def reference_scores(clf: Classifier, ids: list[np.ndarray], pred: np.ndarray, seed: int) -> dict:

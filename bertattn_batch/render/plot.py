@@ -42,6 +42,9 @@ PAIR_WINDOW = 40
 PAIRS_TOLERANCE = 1e-3
 #: Longest id or label a title shows whole, so that a figure stays a readable width.
 TITLE_VALUE_CHARS = 80
+#: What ``write_review`` writes, by suffix: pictures, or the heads x tokens table.
+SUFFIXES = (".png", ".html", ".htm", ".csv", ".xlsx")
+TABLES = (".csv", ".xlsx")
 
 
 @dataclass
@@ -186,11 +189,8 @@ def load_reviews(run: str | Path, doc_ids: list[str], layer: int | None = None) 
             raise InputError(f"{run} holds no reviews: {read} no rows")
         raise RunDirError(f"{run} has no committed parts yet; run bertattn extract first")
     wanted = pl.col("doc_id").is_in(doc_ids)
-    preds = (
-        scan_parts([p.files["predictions"] for p in parts])
-        .filter(wanted & (pl.col("status") == "ok"))
-        .collect(engine="streaming")
-    )
+    scan = scan_parts([p.files["predictions"] for p in parts])
+    preds = scan.filter(wanted & (pl.col("status") == "ok")).collect(engine="streaming")
     holding = {e.name for e in manifest.parts for i in preds["row_index"] if e.start_row <= i < e.end_row}
     for f in (f for p in parts if p.name in holding for f in p.files.values()):
         verify_pages(run, f)
@@ -395,10 +395,6 @@ def review_html(review: ReviewAttention) -> str:
         caption = "token x token attention per head (rows: queries; raw weights, one scale)"
         lines.append(img(png_bytes(pairs_figure(review)), alt, caption, full_size=True))
     return "\n".join(lines)
-
-
-SUFFIXES = (".png", ".html", ".htm", ".csv", ".xlsx")
-TABLES = (".csv", ".xlsx")
 
 
 def output_path(out: str | Path, pairs: bool = False) -> Path:
