@@ -74,9 +74,7 @@ def heatmap(values: np.ndarray, tokens: list[str], heads: list[int], title: str)
         cell, left, right, top, gap = 0.2, 0.75, 1.05, 0.45, 0.12  # inches
         band = 0.12 + 0.075 * max(long_labels) if long_labels else 0.3  # room for the token labels
         scratch = new_figure()  # the title as drawn: characters differ in width
-        drawn = scratch.text(0, 0, title, fontsize=10).get_window_extent(
-            renderer=scratch.canvas.get_renderer()
-        )
+        drawn = scratch.text(0, 0, title, fontsize=10).get_window_extent(scratch.canvas.get_renderer())
         width = max(left + cols * cell + right, left + drawn.width / scratch.dpi + 0.2)
         block = heads * cell + band + gap
         height = top + block * len(chunks)
