@@ -339,14 +339,10 @@ def aggregate(
             table = pl.LazyFrame(schema=pl.from_arrow(schema.arrow(TABLE).empty_table()).schema)
         options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units), "words": mode}
         table = table.collect(engine="streaming")  # small; cast by pyarrow to keep column descriptions
-        final = out_dir / f"{TABLE}.parquet"
-        meta = {
-            "parts": json.dumps([p.name for p in parts]),
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        write_derived(
-            final, schema.cast(table.to_arrow(), TABLE), TABLE, options, manifest.job_sha256, **meta
-        )
+        dest = out_dir / f"{TABLE}.parquet"
+        created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        meta = {"parts": json.dumps([p.name for p in parts]), "created_at": created}
+        write_derived(dest, schema.cast(table.to_arrow(), TABLE), TABLE, options, manifest.job_sha256, **meta)
     except pl.exceptions.ComputeError as e:  # polars's word for a write that failed
         if "No space left" not in str(e):
             raise
@@ -362,7 +358,7 @@ def aggregate(
             os.close(claim)
     seconds = time.perf_counter() - t0
     names = [p.name for p in parts]
-    return Aggregates(final, table, options, names, seconds, sizes, manifest.num_layers, manifest.byte_level)
+    return Aggregates(dest, table, options, names, seconds, sizes, manifest.num_layers, manifest.byte_level)
 
 
 def _summed(
@@ -398,22 +394,16 @@ def _summed(
 
 def read_aggregates(run_dir: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
     """The written table and its metadata (options, parts); raise when there is none."""
-    meta = aggregates_meta(run_dir)
-    return pl.read_parquet(aggregates_path(run_dir), glob=False), meta
-
-
-def aggregates_meta(run_dir: str | Path) -> dict[str, Any]:
-    """The written table's metadata (options, parts), from its footer; raise when there is none."""
     path = aggregates_path(run_dir)
     if not path.is_file():
         raise RunDirError(f"{path} does not exist; run bertattn aggregate {run_dir}")
-    return derived_meta(path)
+    return pl.read_parquet(path, glob=False), derived_meta(path)
 
 
 def is_current(run_dir: str | Path, min_reviews: int | None = None) -> bool:
     """True when the written aggregates, in this schema version, cover exactly the run's committed parts
     (and were computed with ``min_reviews``, where given)."""
-    meta = aggregates_meta(run_dir) if aggregates_path(run_dir).is_file() else {}
+    meta = derived_meta(path) if (path := aggregates_path(run_dir)).is_file() else {}
     return (
         meta.get("schema_version") == str(schema.version(TABLE))
         and min_reviews in (None, meta["options"].get("min_reviews"))

@@ -81,9 +81,8 @@ def jieba_words(tokens: pl.DataFrame, texts: pl.DataFrame, user_dict: str | None
     by jieba in its default mode, that holds the token's first character. Word ids are unique across
     the frame; word texts are lower-cased, as an uncased tokenizer spells its tokens."""
     cut = segmenter(user_dict).lcut
-    texts = texts.select(
-        KEY, "text", base=pl.col("text").str.len_chars().cum_sum() - pl.col("text").str.len_chars()
-    )
+    chars = pl.col("text").str.len_chars()
+    texts = texts.select(KEY, "text", base=chars.cum_sum() - chars)
     words = [w for text in texts["text"] for w in cut(text)]  # a review's words spell its whole text
     starts = np.cumsum([0, *map(len, words)])[:-1]  # on the reviews' texts laid end to end
     tokens = tokens.join(texts.select(KEY, "base"), on=KEY).sort(KEY, "position")

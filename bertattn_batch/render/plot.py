@@ -364,10 +364,8 @@ def review_png(review: ReviewAttention, pairs: bool = False, dpi: int = 130) -> 
     a, b = (image.imread(io.BytesIO(png))[..., :3] for png in (top, png_bytes(pairs_figure(review), dpi)))
     width = max(a.shape[1], b.shape[1])
     buf = io.BytesIO()
-    image.imsave(
-        buf,
-        np.vstack([np.pad(x, ((0, 0), (0, width - x.shape[1]), (0, 0)), constant_values=1) for x in (a, b)]),
-    )
+    padded = [np.pad(x, ((0, 0), (0, width - x.shape[1]), (0, 0)), constant_values=1) for x in (a, b)]
+    image.imsave(buf, np.vstack(padded))
     return buf.getvalue()
 
 
@@ -495,10 +493,9 @@ def _write_table(review: ReviewAttention, path: Path, suffix: str) -> None:
     text = review.text and "".join(c if c in "\t\n\r" else printable(c, None) for c in review.text)
     header = ["review", "predicted", "probability", "label", "head", "measure"]
     header += [*(f"{p} {t}" for p, t in zip(review.positions, tokens, strict=True)), "text"]
-    measures = {"scaled": review.scaled, "raw": review.weight}
     rows = {
         m: [[*about, h, m, *map(significant, values[h].tolist()), text] for h in range(review.num_heads)]
-        for m, values in measures.items()
+        for m, values in (("scaled", review.scaled), ("raw", review.weight))
     }
     if suffix == ".csv":
         with open(path, "w", newline="", encoding="utf-8-sig") as f:  # the mark tells Excel it is UTF-8

@@ -220,10 +220,8 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool, label
 def _line(what: str, conf: dict[str, Any], note: str) -> str:
     note = f"{conf['n_known']} {note}"
     if conf["n_unknown"]:
-        others = ", ".join(t for t in conf["rows"] if t not in conf["cols"])
-        note += (
-            f"; {conf['n_unknown']} with other labels ({others}) are in the matrix but not in the accuracy"
-        )
+        rest = ", ".join(t for t in conf["rows"] if t not in conf["cols"])
+        note += f"; {conf['n_unknown']} with other labels ({rest}) are in the matrix but not in the accuracy"
     return f'<p>{esc(what)} <b>{conf["accuracy"]:.4f}</b> <span class="meta">({esc(note)})</span></p>'
 
 
@@ -359,15 +357,13 @@ def _faithfulness_html(
         alti = aopc.filter(pl.col("score") == "alti").rows(named=True)
         said = "".join(f"ALTI's own comprehensiveness is {a['comprehensiveness']:.3f}, sufficiency "
                        f"{a['sufficiency']:.3f}. " for a in alti[:1])  # fmt: skip
-        if named:
-            out.append(
-                f"<p>{said}Heads that track whole-model influence (mean Spearman with ALTI): {', '.join(named)}.</p>"
-            )
-        else:
-            out.append(
-                f"<p>{said}No head tracks whole-model influence: none ranks a review's tokens as ALTI does with a "
-                f"mean Spearman of {MIN_TRACKING} or more; read the heads as where they look, not as influence.</p>"
-            )
+        verdict = (
+            f"Heads that track whole-model influence (mean Spearman with ALTI): {', '.join(named)}."
+            if named
+            else "No head tracks whole-model influence: none ranks a review's tokens as ALTI does with a mean "
+            f"Spearman of {MIN_TRACKING} or more; read the heads as where they look, not as influence."
+        )
+        out.append(f"<p>{said}{verdict}</p>")
     header = ["score", "head", "comprehensiveness", "vs random", "sufficiency",
               *(["tracks ALTI (Spearman)"] if tracked else []), "attends to more, by prediction"]  # fmt: skip
     for (layer,), rows in aopc.filter(pl.col("layer").is_not_null()).group_by("layer", maintain_order=True):
@@ -520,7 +516,7 @@ def examples_html(run: Path, preds: pl.DataFrame, layer: int, k: int, labels: li
 def _aggregates(run: Path, min_reviews: int | None) -> tuple[pl.DataFrame, dict[str, Any]]:
     """The run's aggregates, computed again when out of date with the options they were made with, so a
     report never swaps the table a user made for another; beside the report where the run is read-only."""
-    made = agg.aggregates_meta(run).get("options", {}) if agg.aggregates_path(run).is_file() else {}
+    made = derived_meta(path).get("options", {}) if (path := agg.aggregates_path(run)).is_file() else {}
     min_reviews = min_reviews if min_reviews is not None else made.get("min_reviews", agg.MIN_REVIEWS)
     if agg.is_current(run, min_reviews):
         return agg.read_aggregates(run)
