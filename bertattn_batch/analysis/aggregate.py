@@ -213,13 +213,9 @@ def with_contrasts(sums: pl.LazyFrame) -> pl.LazyFrame:
     y_rest, n_rest = prior - y, prior_total - n_class
     odds_class = (y + prior) / (n_class + prior_total - y - prior)
     odds_rest = (y_rest + prior) / (n_rest + prior_total - y_rest - prior)
-    delta = odds_class.log() - odds_rest.log()
     sd = (1 / (y + prior) + 1 / (y_rest + prior)).sqrt()
-    contrast = (pl.col("split") != "all") & (n_rest > 0)
-    return sums.with_columns(
-        log_odds=pl.when(contrast).then(delta),
-        log_odds_z=pl.when(contrast).then(delta / sd),
-    )
+    log_odds = pl.when((pl.col("split") != "all") & (n_rest > 0)).then(odds_class.log() - odds_rest.log())
+    return sums.with_columns(log_odds=log_odds, log_odds_z=log_odds / sd)
 
 
 def with_shrunk_means(sums: pl.LazyFrame) -> pl.LazyFrame:

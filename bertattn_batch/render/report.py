@@ -505,10 +505,8 @@ def examples_html(run: Path, preds: pl.DataFrame, layer: int, k: int, labels: li
             mark = " · misclassified" if example.misclassified else ""
             caption = f"{review.title()} · margin {example.margin:.3f}{mark}"
             alt = f"heads x tokens heatmap of {review.title()}"
-            parts += [
-                muted(esc(review.text)) if review.text else "",
-                img(review_png(review, dpi=110), alt, caption),
-            ]
+            text = muted(esc(review.text)) if review.text else ""
+            parts += [text, img(review_png(review, dpi=110), alt, caption)]
     return "\n".join(parts)
 
 
