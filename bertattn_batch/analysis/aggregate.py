@@ -1,7 +1,6 @@
-"""Token influence by head across a run (the ``token_influence`` table, its columns defined in the
-schema), its printed top tokens, and the reviews behind one token (``top_reviews``): per (layer, head,
-token or word) and group of scored reviews, counts, mean weights, top shares and rarity-weighed measures.
-Each part, in slices of whole reviews, is reduced to per-token sums that add up across parts."""
+"""Token influence by head across a run (the ``token_influence`` table), its printed top tokens, and the
+reviews behind one token (``top_reviews``): each part, in slices of whole reviews, is reduced to
+per-(layer, head, token or word, group) sums that add up across parts, so memory stays bounded."""
 
 from __future__ import annotations
 
@@ -199,13 +198,10 @@ def class_sizes(preds_paths: Sequence[Path | str]) -> pl.DataFrame:
 
 
 def with_contrasts(sums: pl.LazyFrame) -> pl.LazyFrame:
-    """``sums`` with ``log_odds`` and ``log_odds_z`` of each token in its class against the rest.
-
-    The weighted log-odds ratio with an informative Dirichlet prior (Monroe, Colaresi & Quinn 2008,
-    "Fightin' Words", eq. 16 to 22): a head's raw attention mass (``weight_sum``) is the token's count,
-    the split's own totals the prior. The z-score divides by the estimate's standard deviation, large
-    for a token with little mass, so a rare token cannot win by chance. Null for the split 'all' and
-    where the split has one class only."""
+    """``sums`` with ``log_odds`` and ``log_odds_z`` of each token in its class against the rest: the
+    weighted log-odds ratio with an informative Dirichlet prior (Monroe, Colaresi & Quinn 2008, eq. 16 to
+    22), a head's raw attention mass as the token's count and the split's totals as the prior; the z-score
+    keeps a rare token from winning by chance. Null for the split 'all' and a split of one class."""
     y = pl.col("weight_sum")
     prior = y.sum().over(_TOKEN)  # α_w: the token's mass in every class of the split
     prior_total = y.sum().over(_SPLIT)  # α_0: the head's mass over the split
@@ -219,12 +215,9 @@ def with_contrasts(sums: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def with_shrunk_means(sums: pl.LazyFrame) -> pl.LazyFrame:
-    """``sums`` with ``mean_scaled_shrunk``: each token's mean scaled weight pulled toward its head's
-    mean in the group, the more so the fewer reviews it was seen in.
-
-    An empirical-Bayes (normal-normal) estimate with method-of-moments variances:
-    ``(n·m + κ·μ) / (n + κ)``, ``κ = s² / τ²``, ``s²`` the pooled within-token variance and ``τ²`` the
-    variance of the token means less their mean sampling variance ``s²/n``."""
+    """``sums`` with ``mean_scaled_shrunk``: each token's mean scaled weight pulled toward its head's mean
+    in the group, the more the fewer reviews it was seen in: ``(n·m + κ·μ) / (n + κ)``, ``κ = s² / τ²``
+    (empirical Bayes; ``s²`` the pooled within-token variance, ``τ²`` that of the token means less ``s²/n``)."""
     n_occ, n_rev = pl.col("n_occurrences"), pl.col("n_reviews")
     mean = pl.col("scaled_sum") / n_occ
     head_mean = pl.col("scaled_sum").sum().over(GROUP) / n_occ.sum().over(GROUP)
@@ -264,9 +257,8 @@ def combine(
 
 
 def tracks_alti(rows: pl.LazyFrame) -> pl.LazyFrame:
-    """Per (layer, head) of one part's rows: the sum (``rho_sum``) and count (``rho_n``) over reviews of
-    the Spearman correlation between the head's raw weight and ALTI over the review's tokens (ties at
-    their mean rank, as ``faithfulness`` ranks them); a review with constant scores has none."""
+    """Per (layer, head) of one part's rows: the sum and count over reviews of the Spearman correlation
+    between the head's raw weight and ALTI over the review's tokens (constant scores: none)."""
     alti = rows.filter(pl.col("layer").is_null()).select(KEY, "position", alti="weight")
     return (
         rows.filter(pl.col("layer").is_not_null())
@@ -298,9 +290,8 @@ def aggregate(
     words: str | None = None,
     user_dict: str | None = None,
 ) -> Aggregates:
-    """Compute token (and word) influence by head for a run; write and return it. ``into``: the folder
-    to write into instead of the run's ``aggregates/`` (a run that cannot be written to); ``words``,
-    ``user_dict``: how tokens make words, where not as the run chose (:func:`.words.run_words`)."""
+    """Compute token (and word) influence by head for a run; write and return it. ``into``: a folder in
+    place of the run's ``aggregates/``; ``words``, ``user_dict``: how tokens make words, if not the run's."""
     t0 = time.perf_counter()
     if min_reviews < 1:
         raise SpecError(f"--min-reviews must be at least 1, got {min_reviews}")

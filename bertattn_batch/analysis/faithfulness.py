@@ -1,8 +1,6 @@
-"""Faithfulness per head (ERASER: DeYoung et al., ACL 2020): on a seeded sample of scored reviews,
-stratified by predicted label, does deleting the top ⌈k·m⌉ content tokens a head (or a reference:
-random, gradient × input, ALTI) ranks highest move the prediction more than random deletion?
-Comprehensiveness = p(ŷ | x) − p(ŷ | x without them), sufficiency = p(ŷ | x) − p(ŷ | them alone); rows
-with k null hold the means over k (AOPC). Writes RUN/faithfulness/head_faithfulness.parquet."""
+"""Faithfulness per head (ERASER: DeYoung et al., ACL 2020): on a seeded, stratified sample of scored
+reviews, does deleting the content tokens a head (or random, gradient × input, ALTI) ranks highest move
+the prediction (comprehensiveness, sufficiency; k null: means over k)? docs/measures.md has the method."""
 
 from __future__ import annotations
 
@@ -97,8 +95,7 @@ def faithfulness(
     allow_pickle: bool = False,
 ) -> Faithfulness:
     """Measure every captured head's faithfulness on a sample of the run; write and return the table.
-    ``model``: where the run's model is now, where it is not where the run recorded it (moved). Trust
-    (the model folder's code, pickle weights) is the caller's to give, never read from the run."""
+    ``model``: where the run's model is now, if moved; trust in its code is the caller's, not the run's."""
     t0 = time.perf_counter()
     if sample < 1:
         raise SpecError(f"--sample must be at least 1, got {sample}")
@@ -141,9 +138,8 @@ def faithfulness(
 
 
 def stratified_sample(preds: pl.DataFrame, n: int, seed: int) -> pl.DataFrame:
-    """``n`` reviews (all where there are fewer), each predicted label in proportion to its share
-    (largest remainders; every label at least one where ``n`` allows), drawn with ``seed`` from the
-    reviews in doc_id order, so the sample does not depend on how the run's parts are cut."""
+    """``n`` reviews, each predicted label in proportion (largest remainders; each at least one where ``n``
+    allows), drawn with ``seed`` in doc_id order, so the sample does not depend on how parts are cut."""
     preds = preds.sort("doc_id")
     if n >= preds.height:
         return preds
@@ -192,8 +188,7 @@ def mean_spearman(a: list[np.ndarray], b: list[np.ndarray]) -> float | None:
 
 def content_values(run: Path, table: str, column: str, doc_ids: list[str], content: list[int]) -> list:
     """Each review's ``column`` of its content tokens (positions 1 to ``content[i]``) from the run's
-    ``table``: the token ids the run scored (not encoded again from the text, so that what is erased is
-    what was scored, and a run without stored text needs no inputs), or its ALTI values."""
+    ``table``: the token ids the run scored (what is erased is what was scored), or its ALTI values."""
     rows = _rows_of(run, table, doc_ids, ["position"], [column])
     out: list[np.ndarray | None] = [None] * len(doc_ids)
     for (review,), group in rows.group_by("review", maintain_order=True):
@@ -267,8 +262,7 @@ def erasure_table(
         p = probs[where, pred[:, None, None]]  # (reviews, k, 2): without, alone
         comp, suff = p_full[:, None] - p[..., 0], p_full[:, None] - p[..., 1]
         for j, k in enumerate([*FRACTIONS, None]):
-            c = comp.mean(axis=1) if k is None else comp[:, j]
-            s = suff.mean(axis=1) if k is None else suff[:, j]
+            c, s = (x.mean(axis=1) if k is None else x[:, j] for x in (comp, suff))
             rows.append(dict(layer=layer, head=head, score=name, k=k, comprehensiveness=float(c.mean()),
                              sufficiency=float(s.mean()), alti_spearman=tracks[(name, layer, head)],
                              n_reviews=len(ids)))  # fmt: skip

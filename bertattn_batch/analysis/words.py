@@ -1,7 +1,6 @@
-"""Words from a review's tokens: ``jieba`` segments the review's text (scripts written without spaces:
-Chinese) and a token belongs to the word holding its first character; ``wordpiece`` joins a token and
-the ``##`` continuations after it. A word's raw and norm-based weights are its tokens' summed (the head's
-mass is kept); its scaled weight is min-max over the review's words, per head."""
+"""Words from a review's tokens: ``jieba`` segments the text (Chinese) and a token joins the word holding
+its first character; ``wordpiece`` joins a token and its ``##`` continuations. A word's raw and norm-based
+weights are its tokens' summed; its scaled weight is min-max over the review's words, per head."""
 
 from __future__ import annotations
 
@@ -40,9 +39,8 @@ def word_continuation(manifest: Manifest) -> str | None:
 def run_words(
     manifest: Manifest, words: str | None = None, user_dict: str | None = None
 ) -> tuple[str | None, str | None]:
-    """(rule, user dictionary) of a run's words: ``words`` or the run's own choice, ``auto`` resolved
-    as the run's tokenizer was found at extraction (runs that did not record it: WordPiece where its
-    pieces carry ``##``). The rule is None where there are no words to make."""
+    """(rule, user dictionary) of a run's words: ``words`` or the run's own choice, ``auto`` resolved as
+    the extraction found the tokenizer (else WordPiece where pieces carry ``##``); None: no words."""
     spec = manifest.spec
     choice = words or spec.get("words") or "auto"
     user_dict = user_dict or spec.get("user_dict")
@@ -77,9 +75,8 @@ def segmenter(user_dict: str | None = None) -> Any:
 
 
 def jieba_words(tokens: pl.DataFrame, texts: pl.DataFrame, user_dict: str | None = None) -> pl.DataFrame:
-    """Each token's word (``KEY``, position -> word, word_text): the word of the review's text, segmented
-    by jieba in its default mode, that holds the token's first character. Word ids are unique across
-    the frame; word texts are lower-cased, as an uncased tokenizer spells its tokens."""
+    """Each token's word (``KEY``, position -> word, word_text): the jieba word of the review's text that
+    holds the token's first character; ids unique across the frame, texts lower-cased."""
     cut = segmenter(user_dict).lcut
     chars = pl.col("text").str.len_chars()
     texts = texts.select(KEY, "text", base=chars.cum_sum() - chars)

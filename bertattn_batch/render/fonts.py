@@ -1,7 +1,6 @@
-"""A CJK font for matplotlib figures (``family``, ``label``) and, as a subset, for HTML pages
-(``font_face_css``): the first of ``$BERTATTN_CJK_FONT`` (a font file, or ``none``), a font a Python
-package ships, a CJK family matplotlib knows, one ``fc-list :lang=zh`` lists. Characters no font here
-draws become ``U+XXXX`` codes, after one warning that says how to install a font."""
+"""A CJK font for matplotlib figures and, as a subset, HTML pages: the first of ``$BERTATTN_CJK_FONT`` (a
+file, or ``none``), a font a Python package ships, a CJK family matplotlib knows, one ``fc-list :lang=zh``
+lists. Characters no font draws become ``U+XXXX`` codes, after a warning that says how to install one."""
 
 from __future__ import annotations
 

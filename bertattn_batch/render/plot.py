@@ -1,8 +1,6 @@
-"""One review's [CLS] attention at one layer: loaded from a run by its id (``load_review``: exactly the
-stored weights) or scored from a text (``review_from_text``), with token x token matrices (``pairs``)
-computed for the one review with eager attention on the token ids the run scored; drawn (``plot_review``:
-heads x tokens, each head's scaled [CLS] row, and the token x token maps) and written (``write_review``,
-``bertattn plot``) as PNG or HTML, or the heads x tokens table as CSV or XLSX."""
+"""One review's [CLS] attention at one layer, from a run (``load_review``: the stored weights) or a text
+(``review_from_text``), with token x token maps computed by eager attention (``pairs``); drawn
+(``plot_review``) and written (``write_review``, ``bertattn plot``) as PNG, HTML, CSV or XLSX."""
 
 from __future__ import annotations
 
@@ -119,9 +117,8 @@ def select(review: ReviewAttention, tokens: slice | None = None, specials: bool 
 
 
 def by_words(review: ReviewAttention, mode: str, user_dict: str | None = None) -> ReviewAttention:
-    """The review with its words in place of its tokens (:mod:`..analysis.words`): a word's weights are
-    its tokens' summed, scaled again over the words per head; in the token x token maps the attention a
-    word pays is its tokens' averaged, the attention it receives theirs summed (Clark et al., 2019)."""
+    """The review with its words in place of its tokens, weights summed and scaled again per head; in the
+    token x token maps a word pays its tokens' mean attention and receives their sum (Clark et al., 2019)."""
     if review.starts is None:
         raise SpecError("--unit word needs the tokens' spans, which this review lacks")
     tokens = pl.DataFrame(
@@ -484,9 +481,8 @@ def plot_review(
 
 
 def _write_table(review: ReviewAttention, path: Path, suffix: str) -> None:
-    """The seed's table: a row per head and measure (scaled, raw), a column per token, values rounded as
-    every export rounds them; the review's id, prediction and label first and its text last on every row,
-    so that a filter or a pasted row keeps them. The xlsx's third sheet holds the title."""
+    """The seed's table: a row per head and measure (scaled, raw), a column per token, rounded as every
+    export is; the review's id, prediction, label and text on every row, so that a filter keeps them."""
     tokens = readable(review.tokens, review.byte_level)
     about = [review.doc_id, review.pred_label, significant(review.prob), review.label]
     about = [printable(v, None) if isinstance(v, str) else v for v in about]

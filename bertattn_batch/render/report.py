@@ -114,9 +114,8 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
 
 # -- accuracy: on held-out reviews apart from those that trained the model, where its training recorded which
 def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
-    """Accuracy over labelled reviews whose label the model knows, and the confusion counts. Rows: every
-    true label seen (one the model cannot predict gets a row but stays out of the accuracy); columns:
-    the model's labels."""
+    """Accuracy over labelled reviews whose label the model knows, and the confusion counts: a row per true
+    label seen (one the model cannot predict stays out of the accuracy), a column per model label."""
     ok = preds.filter((pl.col("status") == "ok") & pl.col("label").is_not_null())
     if ok.is_empty():
         return None
@@ -259,9 +258,8 @@ def _tokens_html(
     byte_level: bool | None = None,
     num_layers: int | None = None,
 ) -> str:
-    """Each head's tokens (and words): first what it attends to more in one predicted label than in the
-    others (log-odds z: a rare token cannot top it), then its top ones by mean scaled weight over all
-    reviews. ``scored``: some review was scored, so an empty table means the min-reviews filter emptied it."""
+    """Each head's tokens (and words): what it attends to more in one predicted label than the others,
+    then its top ones by mean scaled weight over all reviews. ``scored``: some review was scored."""
     opts = meta.get("options", {})
     units = opts.get("units", ["token"])
     parts = [
@@ -542,9 +540,8 @@ def build_report(
     min_reviews: int | None = None,
     label_map: str | None = None,
 ) -> Path:
-    """Write the run's report page (default ``RUN/report.html``); aggregates are computed first where
-    missing or out of date (``min_reviews`` None: the aggregates' own, else 5). ``label_map``: the
-    source's labels as the model's (``'1,2=negative; 4,5=positive'``; None: the run's job's)."""
+    """Write the run's report page (default ``RUN/report.html``), computing aggregates first where missing
+    or out of date; ``label_map``: the source's labels as the model's (None: the run's job's)."""
     t0 = time.perf_counter()
     if examples < 0 or top_k < 1:
         raise SpecError(
