@@ -10,7 +10,7 @@ import os
 import shlex
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,8 +100,7 @@ def committed_parts(run_dir: str | Path, verify: bool = False) -> list[Committed
 
 @dataclass
 class PartRows:
-    """One part's scored reviews, each numbered by ``KEY``: its attention rows with their tokens and
-    labels, its reviews (``KEY``, doc_id, labels, text) and its tokens (``KEY``, position, token, start)."""
+    """One part's scored reviews, numbered by ``KEY``: attention rows (with tokens, labels), reviews, tokens."""
 
     rows: pl.LazyFrame
     reviews: pl.DataFrame
@@ -175,16 +174,14 @@ def part_sums(rows: pl.LazyFrame, unit: str) -> pl.LazyFrame:
     )
 
 
-def _splits(frame: pl.LazyFrame | pl.DataFrame, keys: list[str], aggs: list[pl.Expr]) -> list:
+def _splits(frame: pl.LazyFrame | pl.DataFrame, keys: list[str], aggs: list[pl.Expr]) -> Iterator[Any]:
     """``frame`` grouped by ``keys`` within each split, with its ``split`` and ``class_label``."""
-    out = []
     for split in SPLITS:
         part = frame.filter(pl.col("label").is_not_null()) if split == "label" else frame
         label = pl.lit(None, dtype=pl.String) if split == "all" else pl.col(split)
         by = keys if split == "all" else [*keys, split]
         grouped = part.group_by(by).agg(aggs) if by else part.select(aggs)
-        out.append(grouped.with_columns(split=pl.lit(split), class_label=label))
-    return out
+        yield grouped.with_columns(split=pl.lit(split), class_label=label)
 
 
 def class_sizes(preds_paths: Sequence[Path | str]) -> pl.DataFrame:
@@ -502,9 +499,8 @@ def format_top(
     byte_level: bool | None = None,
     heads: Sequence[int] | None = None,
 ) -> str:
-    """A text table: a line per head (``heads``: those only), its top k tokens with their measure.
-    ``units`` and ``groups`` (from :class:`Aggregates`) say what the run holds; without them it is told
-    from the table, which cannot tell a group the run lacks from one ``--min-reviews`` emptied."""
+    """A text table: a line per head (``heads``: those only), its top k tokens with their measure; ``units``
+    and ``groups`` (:class:`Aggregates`) say what the run holds, else the table tells it."""
     check_top_options(k, unit, split)
     units = table["unit"].unique() if units is None else units
     splits = table["split"].unique() if groups is None else groups["split"]

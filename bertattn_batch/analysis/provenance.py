@@ -55,9 +55,8 @@ def derived_meta(path: Path) -> dict[str, Any]:
 
 
 def load_run_model(manifest: Manifest, given: str | None, load: Callable[[str], Classifier]) -> Classifier:
-    """``load`` the run's model from ``given`` (``--model``), else from where the run recorded it: its
-    files' hashes compared before loading, its label names after; another tokenizer is only warned of,
-    as what reads the run again scores the token ids the run stored."""
+    """``load`` the run's model from ``given`` (``--model``) or where the run recorded it, its files' hashes
+    and label names checked; another tokenizer is only warned of (the run's token ids are scored)."""
     from ..model import other_model_files, tokenizer_hash
 
     source = given or manifest.model_source

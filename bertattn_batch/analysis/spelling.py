@@ -55,9 +55,8 @@ def _visible_space(text: str) -> str:
 
 
 def readable_map(tokens: list[str], byte_level: bool | None = None) -> dict[str, str]:
-    """Each distinct token and how it reads (see :func:`readable`), for a table's cells, where no
-    context tells tokens apart: two that read alike ('Ġgood' starts a word, 'good' does not) show their
-    spaces ('␣good', 'good'), and two that still do (pieces of characters, '�') their own spelling."""
+    """Each distinct token and how it reads (:func:`readable`) in a table's cells: two that read alike show
+    their spaces ('␣good', 'good'), and two that still do (pieces of characters, '�') their own spelling."""
     distinct = list(dict.fromkeys(tokens))
     cells = dict(zip(distinct, readable(distinct, byte_level), strict=True))
     if _spells_bytes(distinct, byte_level):

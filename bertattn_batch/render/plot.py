@@ -94,8 +94,7 @@ def token_range(value: str | None) -> slice | None:
 
 
 def select(review: ReviewAttention, tokens: slice | None = None, specials: bool = True) -> ReviewAttention:
-    """The review with only the content tokens ``tokens``, and [CLS] and [SEP] in its token x token
-    maps only with ``specials``: a long review's picture stays readable."""
+    """The review with only the content tokens ``tokens`` (and [CLS], [SEP] in its maps with ``specials``)."""
     idx = list(range(len(review.tokens))[tokens or slice(None)])
     if not idx:
         lo, hi = ("" if end is None else end for end in (tokens.start, tokens.stop))
@@ -420,10 +419,9 @@ def review_for_plot(
     words: str | None = None,
     user_dict: str | None = None,
 ) -> ReviewAttention:
-    """A review of a run (``run_dir`` + ``doc_id``) or a text (``text`` or ``text_file`` + ``model``;
-    ``doc_id`` then names it), with token x token matrices where ``pairs``; ``tokens``: the content tokens
-    (or words, ``unit='word'``) to show (``"0:40"``); ``specials``: [CLS] and [SEP] in the maps. Trust in the
-    model folder's code and pickle weights is the caller's, never the run's."""
+    """A review of a run (``run_dir`` + ``doc_id``) or a text (``text`` or ``text_file`` + ``model``), with
+    token x token maps where ``pairs``; ``tokens``: the content tokens (or words) to show (``"0:40"``);
+    ``specials``: [CLS] and [SEP] in the maps. Trust in the model's code is the caller's, not the run's."""
     if unit not in ("token", "word"):
         raise SpecError(f"--unit must be token or word; got {unit!r}")
     trust = {"trust_remote_code": trust_remote_code, "allow_pickle": allow_pickle}

@@ -136,9 +136,8 @@ def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
 
 
 def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
-    """The doc ids the run's model was not trained on, and whether the run read just the files it was
-    trained on (so that its other reviews trained it); else why they are not known. Row numbers name the
-    same reviews only where the run read the model's training files first and in the same order."""
+    """The doc ids the run's model was not trained on, and whether the run read just its training files
+    (so its other reviews trained it); else why they are not known (row numbers name other reviews)."""
     training = manifest.model.get("training") or {}
     path = training.get("heldout_ids")
     if not path:
