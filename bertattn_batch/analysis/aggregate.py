@@ -100,7 +100,7 @@ def committed_parts(run_dir: str | Path, verify: bool = False) -> list[Committed
 
 @dataclass
 class PartRows:
-    """One part's scored reviews, numbered by ``KEY``: attention rows (with tokens, labels), reviews, tokens."""
+    """One part's scored reviews, numbered by ``KEY``: attention rows (tokens, labels), reviews, tokens."""
 
     rows: pl.LazyFrame
     reviews: pl.DataFrame

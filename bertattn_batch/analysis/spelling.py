@@ -56,7 +56,7 @@ def _visible_space(text: str) -> str:
 
 def readable_map(tokens: list[str], byte_level: bool | None = None) -> dict[str, str]:
     """Each distinct token and how it reads (:func:`readable`) in a table's cells: two that read alike show
-    their spaces ('␣good', 'good'), and two that still do (pieces of characters, '�') their own spelling."""
+    their spaces ('␣good', 'good'); two that still do (pieces of characters, '�') their own spelling."""
     distinct = list(dict.fromkeys(tokens))
     cells = dict(zip(distinct, readable(distinct, byte_level), strict=True))
     if _spells_bytes(distinct, byte_level):
