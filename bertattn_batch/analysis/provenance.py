@@ -30,8 +30,7 @@ JSON_KEYS = ("options", "parts")
 def write_derived(
     path: Path, arrow: pa.Table, table: str, options: dict[str, Any], run_job_sha256: str, **meta: str
 ) -> None:
-    """Write ``arrow`` (cast to the schema of ``table``) to ``path`` at once, with its metadata;
-    ``meta``: more keys, as strings."""
+    """Write ``arrow`` (of the schema of ``table``) to ``path`` at once, with ``meta`` and its metadata."""
     metadata = {
         "table": table,
         "schema_version": str(schema.version(table)),

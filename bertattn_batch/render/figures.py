@@ -32,8 +32,7 @@ def drawing(texts: list[str] | str = "") -> Iterator[None]:
 
 
 def new_figure(**options: Any):
-    """A figure drawn by Agg whatever the user's backend is, unknown to pyplot (so a notebook's own
-    figures are left alone) and freed with its last reference."""
+    """A figure drawn by Agg, unknown to pyplot (a notebook's own figures are left alone)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

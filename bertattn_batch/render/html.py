@@ -65,8 +65,7 @@ def data_table(header: Sequence[str], rows: Sequence[Sequence[object]], numeric:
 
 
 def img(png: bytes, alt: str, caption: str = "", full_size: bool = False) -> str:
-    """A PNG embedded as a data URI, in a figure with an optional caption; ``full_size``: drawn at its
-    own size, scrolled sideways where wider than the page, so that its small labels stay legible."""
+    """A PNG as a data URI in a figure; ``full_size``: at its own size, scrolled, its labels legible."""
     src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
     cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
     image = f'<img class="fig{" full" if full_size else ""}" src="{src}" alt="{esc(alt)}">'

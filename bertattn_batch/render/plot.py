@@ -472,8 +472,7 @@ def read_text_file(path: str | Path, text: str | None = None) -> str:
 def plot_review(
     run_dir: str | Path | None = None, doc_id: str | None = None, **options: Any
 ) -> Figure | tuple[Figure, Figure]:
-    """The heads x tokens figure of a review (see :func:`review_for_plot` for the options); with
-    ``pairs=True``, that figure and the token x token maps' figure."""
+    """A review's heads x tokens figure (options: :func:`review_for_plot`), and its maps' with ``pairs``."""
     review = review_for_plot(run_dir, doc_id, **options)
     return (cls_figure(review), pairs_figure(review)) if options.get("pairs") else cls_figure(review)
 
@@ -507,8 +506,7 @@ def _write_table(review: ReviewAttention, path: Path, suffix: str) -> None:
 
 
 def write_review(review: ReviewAttention, out: str | Path, pairs: bool = False) -> Path:
-    """Write a review to ``out``: PNG or HTML (heads x tokens, and its token x token maps with ``pairs``:
-    the same content either way), or the heads x tokens table as CSV or XLSX."""
+    """Write a review to ``out``: PNG or HTML (with its token x token maps where ``pairs``), CSV or XLSX."""
     path = output_path(out, pairs)
     suffix = path.suffix.lower()
     with writing(path):

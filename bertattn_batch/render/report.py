@@ -63,8 +63,7 @@ TRACKING_HEADS, MIN_TRACKING = 3, 0.3
 
 # -- the run ------------------------------------------------------------------------------------------
 def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
-    """The run's settings; counts over every committed part; the speed of the last run that read reviews
-    (a resume or an ``--incremental`` pass reads only part of the run)."""
+    """The run's settings, counts over every committed part, the speed of the last run that read reviews."""
     model, spec, last = manifest.model, manifest.spec, manifest.last_run or {}
     ok = preds.filter(pl.col("status") == "ok")
     shape = f"{model.get('model_type')}, {model.get('num_layers')} layers x {model.get('num_heads')} heads"
@@ -384,8 +383,7 @@ def _faithfulness_html(
 
 
 def _believe_html(run: Path, manifest: Manifest, aggregates: pl.DataFrame) -> str:
-    """The faithfulness table where ``bertattn faithfulness`` measured this run, else the command that
-    does; what each measure means either way."""
+    """The run's faithfulness table, or the command that measures it; what each measure means."""
     command = f"<code>bertattn faithfulness {esc(display_path(run))}</code>"
     parts = ["<h2>What to believe</h2>"]
     path = faithfulness_path(run)
@@ -476,8 +474,7 @@ def _none_why(preds: pl.DataFrame, labels: list[str], mistakes: bool) -> str:
 
 
 def examples_html(run: Path, preds: pl.DataFrame, layer: int, k: int, labels: list[str]) -> str:
-    """``k`` reviews typical of each predicted label by :data:`RULE`, then ``k`` mistakes by
-    :data:`MISTAKES` (``labels``: the model's); where a section has none, a sentence says why."""
+    """``k`` reviews per predicted label by :data:`RULE`, ``k`` mistakes by :data:`MISTAKES`, or why none."""
     sections = {
         ("Example reviews", RULE): pick(preds, k, labels),
         ("Most confidently misclassified reviews", MISTAKES): misclassified(preds, k, labels),
