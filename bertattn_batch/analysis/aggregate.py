@@ -531,10 +531,8 @@ def format_top(
         cells: dict[int, list[str]] = {}
         rho: dict[int, float | None] = {}
         for row in group.iter_rows(named=True):
-            value = row[measure]
-            cells.setdefault(row["head"], []).append(
-                f"{shown[row['token']]} {f'{value:.3f}' if isinstance(value, float) else value}"
-            )
+            value = f"{row[measure]:.3f}" if isinstance(row[measure], float) else row[measure]
+            cells.setdefault(row["head"], []).append(f"{shown[row['token']]} {value}")
             rho[row["head"]] = row.get("alti_spearman")
         width = max(columns(c) for cs in cells.values() for c in cs)
         tracked = any(r is not None for r in rho.values())  # the run has ALTI: how far each head tracks it

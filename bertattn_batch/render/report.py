@@ -319,9 +319,8 @@ def head_contrasts(
     shown = readable_map(top["token"].to_list(), byte_level)
     out: dict[tuple[int, int], list[str]] = {}
     for (layer, head, label), rows in top.group_by("layer", "head", "class_label", maintain_order=True):
-        out.setdefault((layer, head), []).append(
-            f"{label}: {' '.join(shown[t] for t in rows.sort('rank')['token'])}"
-        )
+        tokens = " ".join(shown[t] for t in rows.sort("rank")["token"])
+        out.setdefault((layer, head), []).append(f"{label}: {tokens}")
     return {key: " · ".join(labels) for key, labels in out.items()}
 
 
