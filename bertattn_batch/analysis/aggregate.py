@@ -1,30 +1,17 @@
-"""Token influence by head across a run (the ``token_influence`` table), and its printed top tokens.
-
-Usage::
-
-    bertattn aggregate runs/r1 --min-reviews 5 --top-k 5
-
-    from bertattn_batch.analysis.aggregate import aggregate, format_top
-    result = aggregate("runs/r1")          # writes runs/r1/aggregates/token_influence.parquet
-    print(format_top(result.table, k=5))
-
-Per (layer, head, token) and group of scored reviews (all, each predicted label, each true label):
-counts, mean weights, how often the token is the head's top token, and measures that weigh rarity
-(:func:`with_contrasts`, :func:`with_shrunk_means`); by word too (:mod:`.words`). The schema's
-descriptions define each column. Memory stays bounded: each part (in slices of whole reviews) is
-reduced to per-token sums, which add up across parts.
-"""
+"""Token influence by head across a run (the ``token_influence`` table), its printed top tokens, and the
+reviews behind one token (``top_reviews``): each part, in slices of whole reviews, is reduced to
+per-(layer, head, token or word, group) sums that add up across parts, so memory stays bounded."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import shlex
 import shutil
 import time
-import unicodedata
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +33,7 @@ from ..run import (
     status_now,
 )
 from .provenance import derived_meta, write_derived
-from .spelling import printable, readable_map
+from .spelling import columns, printable, readable_map
 from .words import KEY, REVIEW, run_words, word_map, word_rows
 
 log = logging.getLogger(__name__)
@@ -84,14 +71,12 @@ class Aggregates:
 
     path: Path
     table: pl.DataFrame
-    options: dict[str, Any] = field(default_factory=dict)
-    parts: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    #: Scored reviews per group (split, class_label, class_reviews): what a printout names its missing
-    #: groups by, as the table cannot tell a group --min-reviews emptied from one the run lacks.
-    groups: pl.DataFrame | None = None
-    num_layers: int | None = None  # the model's, to name layers from the end too
-    byte_level: bool | None = None  # the run's tokens spell bytes: printed decoded
+    options: dict[str, Any]
+    parts: list[str]
+    seconds: float
+    groups: pl.DataFrame  # scored reviews per (split, class_label): a printout names its emptied groups
+    num_layers: int | None  # the model's, to name layers from the end too
+    byte_level: bool | None  # the run's tokens spell bytes: printed decoded
 
     def line(self) -> str:
         units = self.table.group_by("unit").len().sort("unit").rows()
@@ -108,16 +93,14 @@ def aggregates_path(run_dir: str | Path) -> Path:
 
 
 def committed_parts(run_dir: str | Path, verify: bool = False) -> list[CommittedPart]:
-    """The attention, token and predictions files (and contributions, where the run wrote them) of every
-    part the manifest commits, in name order."""
+    """The attention, token, predictions (and contributions) files of every committed part, by name."""
     alti = ("contributions",) if read_manifest(run_dir).spec.get("contributions") else ()
     return committed_files(run_dir, ("cls_attention", "tokens", "predictions", *alti), verify)
 
 
 @dataclass
 class PartRows:
-    """One part's scored reviews, each numbered by ``KEY``: its attention rows with their tokens and
-    labels, its reviews (``KEY``, doc_id, labels, text) and its tokens (``KEY``, position, token, start)."""
+    """One part's scored reviews, numbered by ``KEY``: attention rows (tokens, labels), reviews, tokens."""
 
     rows: pl.LazyFrame
     reviews: pl.DataFrame
@@ -137,8 +120,7 @@ class PartRows:
 
 
 def review_rows(part: CommittedPart, extra: Sequence[str] = ()) -> PartRows:
-    """One part's scored reviews (with their ``extra`` predictions columns) and their attention rows,
-    keyed by ``KEY``."""
+    """One part's scored reviews (with their ``extra`` predictions columns) and attention rows, by ``KEY``."""
     reviews = (
         pl.scan_parquet(part.files["predictions"], glob=False)
         .filter(pl.col("status") == "ok")
@@ -148,27 +130,22 @@ def review_rows(part: CommittedPart, extra: Sequence[str] = ()) -> PartRows:
         .collect()  # one row per review: small, and numbered once for every join
     )
     ids = reviews.lazy().select("doc_id", KEY)
-    attn = (
-        pl.scan_parquet(part.files["cls_attention"], glob=False)
-        .select("doc_id", "layer", "head", "position", "weight", "weight_scaled", "weight_norm")
-        .join(ids, on="doc_id", how="inner")
-        .drop("doc_id")
-    )
+
+    def keyed(table: str, *columns: str) -> pl.LazyFrame:
+        scan = pl.scan_parquet(part.files[table], glob=False).select("doc_id", *columns)
+        return scan.join(ids, on="doc_id").drop("doc_id")
+
+    attn = keyed("cls_attention", "layer", "head", "position", "weight", "weight_scaled", "weight_norm")
     if "contributions" in part.files:  # ALTI: one more score, of no head (layer and head null)
         a = pl.col("alti").cast(pl.Float64)
         lo, hi = a.min().over(KEY), a.max().over(KEY)
         scaled = pl.when(hi > lo).then((a - lo) / (hi - lo)).otherwise(0.0)
-        alti = pl.scan_parquet(part.files["contributions"], glob=False).join(ids, on="doc_id").select(
+        alti = keyed("contributions", "position", "alti").select(
             layer=pl.lit(None, pl.Int16), head=pl.lit(None, pl.Int16), position="position", weight=a,
             weight_scaled=scaled, weight_norm=a, **{KEY: KEY},
         )  # fmt: skip
         attn = pl.concat([attn, alti], how="vertical_relaxed")
-    tokens = (
-        pl.scan_parquet(part.files["tokens"], glob=False)
-        .select("doc_id", "position", "token", "start")
-        .join(ids, on="doc_id", how="inner")
-        .drop("doc_id")
-    )
+    tokens = keyed("tokens", "position", "token", "start")
     rows = (
         attn.join(tokens.drop("start"), on=[KEY, "position"], how="left")  # a missing token: a null token
         .join(reviews.lazy().select(KEY, *CLASSES), on=KEY, how="inner")
@@ -178,8 +155,7 @@ def review_rows(part: CommittedPart, extra: Sequence[str] = ()) -> PartRows:
 
 
 def part_sums(rows: pl.LazyFrame, unit: str) -> pl.LazyFrame:
-    """Additive per-(layer, head, token, pred_label, label) sums of one part's reviews (a review lives in
-    one part, so ``n_reviews`` adds up across parts)."""
+    """Per-(layer, head, token, pred_label, label) sums of one part's reviews, additive across parts."""
     peak = pl.col("weight").max().over(REVIEW)
     top_position = pl.col("position").filter(pl.col("weight") == peak).min().over(REVIEW)
     return (
@@ -198,42 +174,31 @@ def part_sums(rows: pl.LazyFrame, unit: str) -> pl.LazyFrame:
     )
 
 
-def _splits(frame: pl.LazyFrame | pl.DataFrame, keys: list[str], aggs: list[pl.Expr]) -> list:
+def _splits(frame: pl.LazyFrame | pl.DataFrame, keys: list[str], aggs: list[pl.Expr]) -> Iterator[Any]:
     """``frame`` grouped by ``keys`` within each split, with its ``split`` and ``class_label``."""
-    out = []
     for split in SPLITS:
         part = frame.filter(pl.col("label").is_not_null()) if split == "label" else frame
         label = pl.lit(None, dtype=pl.String) if split == "all" else pl.col(split)
         by = keys if split == "all" else [*keys, split]
         grouped = part.group_by(by).agg(aggs) if by else part.select(aggs)
-        out.append(grouped.with_columns(split=pl.lit(split), class_label=label))
-    return out
+        yield grouped.with_columns(split=pl.lit(split), class_label=label)
 
 
 def class_sizes(preds_paths: Sequence[Path | str]) -> pl.DataFrame:
     """Scored reviews per group: (split, class_label, class_reviews)."""
     if not preds_paths:
         return pl.DataFrame(schema=_SIZES)
-    ok = (
-        pl.scan_parquet(list(preds_paths), glob=False)
-        .filter(pl.col("status") == "ok")
-        .group_by(CLASSES)
-        .agg(n=pl.len().cast(pl.Int64))
-        .collect(engine="streaming")
-    )
-    frames = _splits(ok, [], [pl.col("n").sum().alias("class_reviews")])
-    sizes = pl.concat([f.select(*_SIZES).cast(_SIZES) for f in frames])
-    return sizes.filter(pl.col("class_reviews") > 0)
+    ok = pl.scan_parquet(list(preds_paths), glob=False).filter(pl.col("status") == "ok")
+    counts = ok.group_by(CLASSES).agg(n=pl.len().cast(pl.Int64)).collect(engine="streaming")
+    frames = _splits(counts, [], [pl.col("n").sum().alias("class_reviews")])
+    return pl.concat([f.select(*_SIZES).cast(_SIZES) for f in frames]).filter(pl.col("class_reviews") > 0)
 
 
 def with_contrasts(sums: pl.LazyFrame) -> pl.LazyFrame:
-    """``sums`` with ``log_odds`` and ``log_odds_z`` of each token in its class against the rest.
-
-    The weighted log-odds ratio with an informative Dirichlet prior (Monroe, Colaresi & Quinn 2008,
-    "Fightin' Words", eq. 16 to 22): a head's raw attention mass (``weight_sum``) is the token's count,
-    the split's own totals the prior. The z-score divides by the estimate's standard deviation, large
-    for a token with little mass, so a rare token cannot win by chance. Null for the split 'all' and
-    where the split has one class only."""
+    """``sums`` with ``log_odds`` and ``log_odds_z`` of each token in its class against the rest: the
+    weighted log-odds ratio with an informative Dirichlet prior (Monroe, Colaresi & Quinn 2008, eq. 16 to
+    22), a head's raw attention mass as the token's count and the split's totals as the prior; the z-score
+    keeps a rare token from winning by chance. Null for the split 'all' and a split of one class."""
     y = pl.col("weight_sum")
     prior = y.sum().over(_TOKEN)  # α_w: the token's mass in every class of the split
     prior_total = y.sum().over(_SPLIT)  # α_0: the head's mass over the split
@@ -241,22 +206,15 @@ def with_contrasts(sums: pl.LazyFrame) -> pl.LazyFrame:
     y_rest, n_rest = prior - y, prior_total - n_class
     odds_class = (y + prior) / (n_class + prior_total - y - prior)
     odds_rest = (y_rest + prior) / (n_rest + prior_total - y_rest - prior)
-    delta = odds_class.log() - odds_rest.log()
     sd = (1 / (y + prior) + 1 / (y_rest + prior)).sqrt()
-    contrast = (pl.col("split") != "all") & (n_rest > 0)
-    return sums.with_columns(
-        log_odds=pl.when(contrast).then(delta),
-        log_odds_z=pl.when(contrast).then(delta / sd),
-    )
+    log_odds = pl.when((pl.col("split") != "all") & (n_rest > 0)).then(odds_class.log() - odds_rest.log())
+    return sums.with_columns(log_odds=log_odds, log_odds_z=log_odds / sd)
 
 
 def with_shrunk_means(sums: pl.LazyFrame) -> pl.LazyFrame:
-    """``sums`` with ``mean_scaled_shrunk``: each token's mean scaled weight pulled toward its head's
-    mean in the group, the more so the fewer reviews it was seen in.
-
-    An empirical-Bayes (normal-normal) estimate with method-of-moments variances:
-    ``(n·m + κ·μ) / (n + κ)``, ``κ = s² / τ²``, ``s²`` the pooled within-token variance and ``τ²`` the
-    variance of the token means less their mean sampling variance ``s²/n``."""
+    """``sums`` with ``mean_scaled_shrunk``: each token's mean scaled weight pulled toward its head's mean
+    in the group, the more the fewer reviews it was seen in: ``(n·m + κ·μ) / (n + κ)``, ``κ = s² / τ²``
+    (empirical Bayes; ``s²`` the pooled within-token variance, ``τ²`` that of the token means less ``s²/n``)."""
     n_occ, n_rev = pl.col("n_occurrences"), pl.col("n_reviews")
     mean = pl.col("scaled_sum") / n_occ
     head_mean = pl.col("scaled_sum").sum().over(GROUP) / n_occ.sum().over(GROUP)
@@ -274,8 +232,7 @@ def combine(
     rank_by: str,
     tracks: pl.LazyFrame | None = None,
 ) -> pl.LazyFrame:
-    """Per-part sums -> the token_influence table: every split, means, the filter and the rank.
-    ``tracks``: each head's ``alti_spearman`` (:func:`tracks_alti`), where the run has ALTI."""
+    """Per-part sums (and ``tracks``, each head's ``alti_spearman``) -> the token_influence table."""
     if tracks is None:
         tracks = pl.LazyFrame(schema={"layer": pl.Int16, "head": pl.Int16, "alti_spearman": pl.Float64})
     cols = ["unit", "layer", "head", "split", "class_label", "token", *_SUMS]
@@ -297,9 +254,8 @@ def combine(
 
 
 def tracks_alti(rows: pl.LazyFrame) -> pl.LazyFrame:
-    """Per (layer, head) of one part's rows: the sum (``rho_sum``) and count (``rho_n``) over reviews of
-    the Spearman correlation between the head's raw weight and ALTI over the review's tokens (ties at
-    their mean rank, as ``faithfulness`` ranks them); a review with constant scores has none."""
+    """Per (layer, head) of one part's rows: the sum and count over reviews of the Spearman correlation
+    between the head's raw weight and ALTI over the review's tokens (constant scores: none)."""
     alti = rows.filter(pl.col("layer").is_null()).select(KEY, "position", alti="weight")
     return (
         rows.filter(pl.col("layer").is_not_null())
@@ -313,8 +269,7 @@ def tracks_alti(rows: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def ranked(table: pl.LazyFrame | pl.DataFrame, measure: str) -> pl.LazyFrame | pl.DataFrame:
-    """``table`` sorted by group and ``measure`` (descending; ties: more reviews, then token text), with
-    ``rank`` 1, 2, ... within each group."""
+    """``table`` by group and ``measure`` (descending; ties: more reviews, token), ranked within groups."""
     return table.sort(
         [*GROUP, measure, "n_reviews", "token"],
         descending=[False] * len(GROUP) + [True, True, False],
@@ -332,9 +287,8 @@ def aggregate(
     words: str | None = None,
     user_dict: str | None = None,
 ) -> Aggregates:
-    """Compute token (and word) influence by head for a run; write and return it. ``into``: the folder
-    to write into instead of the run's ``aggregates/`` (a run that cannot be written to); ``words``,
-    ``user_dict``: how tokens make words, where not as the run chose (:func:`.words.run_words`)."""
+    """Compute token (and word) influence by head for a run; write and return it. ``into``: a folder in
+    place of the run's ``aggregates/``; ``words``, ``user_dict``: how tokens make words, if not the run's."""
     t0 = time.perf_counter()
     if min_reviews < 1:
         raise SpecError(f"--min-reviews must be at least 1, got {min_reviews}")
@@ -369,16 +323,10 @@ def aggregate(
             table = pl.LazyFrame(schema=pl.from_arrow(schema.arrow(TABLE).empty_table()).schema)
         options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units), "words": mode}
         table = table.collect(engine="streaming")  # small; cast by pyarrow to keep column descriptions
-        final = out_dir / f"{TABLE}.parquet"
-        write_derived(
-            final,
-            schema.cast(table.to_arrow(), TABLE),
-            TABLE,
-            options,
-            manifest.job_sha256,
-            parts=json.dumps([p.name for p in parts]),
-            created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        )
+        dest = out_dir / f"{TABLE}.parquet"
+        created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        meta = {"parts": json.dumps([p.name for p in parts]), "created_at": created}
+        write_derived(dest, schema.cast(table.to_arrow(), TABLE), TABLE, options, manifest.job_sha256, **meta)
     except pl.exceptions.ComputeError as e:  # polars's word for a write that failed
         if "No space left" not in str(e):
             raise
@@ -392,16 +340,15 @@ def aggregate(
         shutil.rmtree(work, ignore_errors=True)
         if claim is not None:
             os.close(claim)
-    names = [p.name for p in parts]
     seconds = time.perf_counter() - t0
-    return Aggregates(final, table, options, names, seconds, sizes, manifest.num_layers, manifest.byte_level)
+    names = [p.name for p in parts]
+    return Aggregates(dest, table, options, names, seconds, sizes, manifest.num_layers, manifest.byte_level)
 
 
 def _summed(
     parts: list[CommittedPart], units: Sequence[str], words: tuple[str | None, str | None], work: Path
 ) -> tuple[pl.LazyFrame, pl.LazyFrame | None]:
-    """Per-token sums over all parts, and each head's ``alti_spearman`` where the run has ALTI: each part
-    (slice) reduced on its own, then the partial sums added."""
+    """Per-token sums over all parts (each slice reduced on its own), and each head's ALTI tracking."""
     partials, rhos = [], []
     for part in parts:
         slices = -(-pq.ParquetFile(part.files["cls_attention"]).metadata.num_rows // MAX_ROWS_PER_PASS)
@@ -420,47 +367,32 @@ def _summed(
                 frame.sink_parquet(path, engine="streaming")
                 partials.append(path)
     base_path = work / "base.parquet"
-    (
-        pl.scan_parquet(partials, glob=False)
-        .group_by(["unit", "layer", "head", "token", *CLASSES])
-        .agg([pl.col(c).sum() for c in _SUMS])
-        .sink_parquet(base_path, engine="streaming")
-    )
+    by_token = pl.scan_parquet(partials, glob=False).group_by(["unit", "layer", "head", "token", *CLASSES])
+    by_token.agg([pl.col(c).sum() for c in _SUMS]).sink_parquet(base_path, engine="streaming")
+    rho = pl.col("rho_sum").sum() / pl.col("rho_n").sum()
     tracks = (
-        pl.scan_parquet(rhos, glob=False)
-        .group_by(["layer", "head"])
-        .agg(alti_spearman=pl.col("rho_sum").sum() / pl.col("rho_n").sum())
-        if rhos
-        else None
+        pl.scan_parquet(rhos, glob=False).group_by(["layer", "head"]).agg(alti_spearman=rho) if rhos else None
     )
     return pl.scan_parquet(base_path, glob=False), tracks
 
 
 def read_aggregates(run_dir: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
     """The written table and its metadata (options, parts); raise when there is none."""
-    meta = aggregates_meta(run_dir)
-    return pl.read_parquet(aggregates_path(run_dir), glob=False), meta
-
-
-def aggregates_meta(run_dir: str | Path) -> dict[str, Any]:
-    """The written table's metadata (options, parts), from its footer; raise when there is none."""
     path = aggregates_path(run_dir)
     if not path.is_file():
         raise RunDirError(f"{path} does not exist; run bertattn aggregate {run_dir}")
-    return derived_meta(path)
+    return pl.read_parquet(path, glob=False), derived_meta(path)
 
 
 def is_current(run_dir: str | Path, min_reviews: int | None = None) -> bool:
     """True when the written aggregates, in this schema version, cover exactly the run's committed parts
     (and were computed with ``min_reviews``, where given)."""
-    if not aggregates_path(run_dir).is_file():
-        return False
-    meta = aggregates_meta(run_dir)
-    if meta.get("schema_version") != str(schema.version(TABLE)):
-        return False
-    if min_reviews is not None and meta.get("options", {}).get("min_reviews") != min_reviews:
-        return False
-    return meta.get("parts") == [p.name for p in committed_parts(run_dir)]
+    meta = derived_meta(path) if (path := aggregates_path(run_dir)).is_file() else {}
+    return (
+        meta.get("schema_version") == str(schema.version(TABLE))
+        and min_reviews in (None, meta["options"].get("min_reviews"))
+        and meta["parts"] == [p.name for p in committed_parts(run_dir)]
+    )
 
 
 def view(
@@ -471,8 +403,7 @@ def view(
     measure: str | None = None,
     heads: Sequence[int] | None = None,
 ) -> pl.DataFrame:
-    """The rows of one unit and split (and ``layers``, ``heads``), ranked by the table's own rank or
-    again by ``measure``, in (layer, class_label, head, rank) order."""
+    """The rows of one unit and split (and ``layers``, ``heads``), ranked again by ``measure`` if given."""
     out = table.filter((pl.col("unit") == unit) & (pl.col("split") == split))
     for column, wanted in (("layer", layers), ("head", heads)):
         if wanted is not None:
@@ -511,11 +442,11 @@ def significant(value: float | None) -> float | None:
     return None if value is None else float(f"{value:.{SIGNIFICANT}g}")
 
 
-def export_path(path: str | Path) -> Path:
-    """``path`` checked to name a file :func:`export` writes."""
+def export_path(path: str | Path, suffixes: Sequence[str] = EXPORTS) -> Path:
+    """``path`` checked to name a file :func:`export` (or another writer of ``suffixes``) writes."""
     path = Path(path)
-    if path.suffix.lower() not in EXPORTS:
-        raise SpecError(f"--out must end in {', '.join(EXPORTS)}; got {path.name!r}")
+    if path.suffix.lower() not in suffixes:
+        raise SpecError(f"--out must end in {', '.join(suffixes)}; got {path.name!r}")
     return path
 
 
@@ -568,27 +499,21 @@ def format_top(
     byte_level: bool | None = None,
     heads: Sequence[int] | None = None,
 ) -> str:
-    """A text table: a line per head (``heads``: those only), its top k tokens with their measure.
-
-    ``units`` and ``groups`` (from :class:`Aggregates`) say what the run holds; without them it is told
-    from the table, which cannot tell a group the run lacks from one ``--min-reviews`` emptied.
-    ``byte_level``: the tokens spell bytes (byte-level BPE) and are printed decoded."""
-    splits = None if groups is None else set(groups["split"].to_list())
+    """A text table: a line per head (``heads``: those only), its top k tokens with their measure; ``units``
+    and ``groups`` (:class:`Aggregates`) say what the run holds, else the table tells it."""
     check_top_options(k, unit, split)
-    has_unit = unit in units if units is not None else not table.filter(pl.col("unit") == unit).is_empty()
-    if unit == "word" and not has_unit:
+    units = table["unit"].unique() if units is None else units
+    splits = table["split"].unique() if groups is None else groups["split"]
+    if unit == "word" and unit not in units:
         return "this run has no word units (--words none, or a tokenizer without ## pieces); use --unit token"
     top = top_tokens(table, k, unit, split, layers, measure, heads)
     if top.is_empty():
-        if splits is not None and not splits:
+        if groups is not None and groups.is_empty():
             return (
                 "no review of this run was scored (its inputs held no rows, or see the statuses in its "
                 "predictions); nothing to print"
             )
-        has_split = (
-            split in splits if splits is not None else not table.filter(pl.col("split") == split).is_empty()
-        )
-        if split == "label" and not has_split:
+        if split == "label" and split not in splits:
             raise SpecError("--by label: this run has no input labels to split by (extract with --label-col)")
         return f"no {unit}s pass the filter for split {split!r}; lower --min-reviews"
     if measure in CONTRASTS and top[measure].is_null().all():
@@ -600,26 +525,23 @@ def format_top(
     shown = readable_map(top["token"].to_list(), byte_level)
     blocks = []
     for (layer, cls), group in top.group_by(["layer", "class_label"], maintain_order=True):
-        n = group["class_reviews"][0]
         who = "all reviews" if cls is None else f"{split} = {printable(str(cls), None)}"
         where = "ALTI, the whole model" if layer is None else layer_name(layer, num_layers)
-        lines = [f"{where} · {who} ({n} reviews) · top {k} {unit}s, {measure}"]
+        lines = [f"{where} · {who} ({group['class_reviews'][0]} reviews) · top {k} {unit}s, {measure}"]
         cells: dict[int, list[str]] = {}
         rho: dict[int, float | None] = {}
         for row in group.iter_rows(named=True):
-            cells.setdefault(row["head"], []).append(f"{shown[row['token']]} {_fmt(row[measure])}")
+            value = f"{row[measure]:.3f}" if isinstance(row[measure], float) else row[measure]
+            cells.setdefault(row["head"], []).append(f"{shown[row['token']]} {value}")
             rho[row["head"]] = row.get("alti_spearman")
-        width = max(_width(c) for cs in cells.values() for c in cs)
+        width = max(columns(c) for cs in cells.values() for c in cs)
         tracked = any(r is not None for r in rho.values())  # the run has ALTI: how far each head tracks it
-        lines.append(
-            "head  "
-            + ("ALTI ρ  " if tracked else "")
-            + "  ".join(_pad(f"#{i}", width) for i in range(1, k + 1)).rstrip()
-        )
+        head_line = "  ".join(f"#{i}".ljust(width) for i in range(1, k + 1)).rstrip()
+        lines.append("head  " + ("ALTI ρ  " if tracked else "") + head_line)
         for head in sorted(cells):  # one group: every head of a layer, or ALTI alone
-            cell = "  ".join(_pad(c, width) for c in cells[head]).rstrip()
             r = rho[head]
             rho_cell = f"{'' if r is None else f'{r:+.2f}':>6}  " if tracked else ""
+            cell = "  ".join(c + " " * (width - columns(c)) for c in cells[head]).rstrip()
             lines.append(f"{'' if head is None else head:>4}  {rho_cell}{cell}")
         blocks.append("\n".join(lines))
     # a group with scored reviews but no row left is named, not left out
@@ -634,14 +556,73 @@ def format_top(
     return "\n\n".join(blocks)
 
 
-def _fmt(value: float) -> str:
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
+# -- the reviews where one head attends most to one token or word (``bertattn reviews``): ranked by the raw
+# weight (a word's: its tokens' summed), as the scaled weight ties at 1.0 wherever the token is the review's top.
+#: Characters of a review's text printed.
+TEXT_CHARS = 200
+COLUMNS = [
+    "rank", "doc_id", "layer", "head", "weight", "weight_scaled", "position", "pred_label", "pred_prob",
+    "label", "text",
+]  # fmt: skip
 
 
-def _width(text: str) -> int:
-    """Terminal columns: CJK characters take two."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+@on_local_copy()
+def top_reviews(
+    run_dir: str | Path,
+    term: str,
+    head: int,
+    layer: int | None = None,
+    unit: str = "token",
+    n: int = 10,
+    words: str | None = None,
+    user_dict: str | None = None,
+) -> pl.DataFrame:
+    """The ``n`` scored reviews whose largest raw weight on ``term`` (a token, or a word with ``unit``
+    'word') at ``head`` of ``layer`` (default: the run's first) is highest (:data:`COLUMNS`)."""
+    manifest = read_manifest(run_dir)
+    idx = run_layer(manifest, layer)
+    heads = int(manifest.model.get("num_heads", 0))
+    if not 0 <= head < heads:
+        raise SpecError(f"--head {head}: the model's heads are 0 to {heads - 1}")
+    if n < 1:
+        raise SpecError(f"--top must be at least 1; got {n}")
+    mode, user_dict = run_words(manifest, words, user_dict) if unit == "word" else ("", None)
+    if mode is None:
+        raise SpecError("this run has no words (--words none); ask for a --token")
+    term = term.lower() if unit == "word" else term  # word texts are lower-cased
+    found = []
+    for part in committed_parts(run_dir):
+        rows = review_rows(part, extra=("text", "pred_prob"))
+        rows.rows = rows.rows.filter((pl.col("layer") == idx) & (pl.col("head") == head))
+        if unit == "word":  # only the reviews whose text holds it are segmented
+            rows = rows.only(pl.col("text").str.to_lowercase().str.contains(term, literal=True))
+        hits = (rows.words(mode, user_dict) if unit == "word" else rows.rows).filter(pl.col("token") == term)
+        best = hits.sort("weight", "position", descending=[True, False]).group_by(KEY).first()
+        best = best.select(KEY, "layer", "head", "weight", "weight_scaled", "position")
+        found.append(best.join(rows.reviews.lazy(), on=KEY))
+    top = pl.concat(found).sort(["weight", "doc_id"], descending=[True, False]).head(n).collect()
+    return top.with_row_index("rank", offset=1).select(COLUMNS)
 
 
-def _pad(text: str, width: int) -> str:
-    return text + " " * max(0, width - _width(text))
+def format_reviews(
+    top: pl.DataFrame, run_dir: str | Path, term: str, unit: str, num_layers: int | None
+) -> str:
+    """Each review: its rank, weights, prediction, text, and the ``bertattn plot`` command that draws it."""
+    if top.is_empty():
+        return f"no scored review holds the {unit} {term!r} (spelled as the run's {unit}s are)"
+    layer = top["layer"][0]
+    where = f"head {top['head'][0]} of {layer_name(layer, num_layers)}"
+    lines = [f"the {top.height} reviews where {where} attends most to the {unit} {term!r}, by raw weight"]
+    run = shlex.quote(display_path(run_dir))
+    for r in top.iter_rows(named=True):
+        prob = "" if r["pred_prob"] is None else f" ({r['pred_prob']:.3f})"
+        label = "" if r["label"] is None else f" · label {printable(r['label'], 40)}"
+        doc = printable(r["doc_id"], 80)
+        lines += [
+            f"{r['rank']:>3}. {doc} · weight {r['weight']:.4f} (scaled {r['weight_scaled']:.3f}) · "
+            f"predicted {printable(r['pred_label'] or '', 40)}{prob}{label}",
+            f"     {printable(r['text'], TEXT_CHARS) if r['text'] is not None else '(text not stored)'}",
+            f"     bertattn plot {run} --doc-id {shlex.quote(r['doc_id'])} --layer {layer} --unit {unit} "
+            f"--out {shlex.quote(r['doc_id'])}.png",
+        ]
+    return "\n".join(lines)

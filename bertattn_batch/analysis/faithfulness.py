@@ -1,13 +1,6 @@
-"""Faithfulness per head (ERASER: DeYoung et al., ACL 2020): does deleting the tokens a head ranks
-highest move the prediction more than deleting random tokens? ``faithfulness(run)`` writes
-RUN/faithfulness/head_faithfulness.parquet; docs/measures.md gives the method.
-
-On a seeded sample of the run's scored reviews, stratified by predicted label, each head's scores (and
-the references random, gradient × input and ALTI) rank the content tokens; for each k in ``FRACTIONS``
-the top ⌈k·m⌉ are deleted from the ids the run scored and the model runs again: comprehensiveness =
-p(ŷ | x) − p(ŷ | x without them), sufficiency = p(ŷ | x) − p(ŷ | them alone). Rows with k null hold the
-means over k (AOPC).
-"""
+"""Faithfulness per head (ERASER: DeYoung et al., ACL 2020): on a seeded, stratified sample of scored
+reviews, does deleting the content tokens a head (or random, gradient × input, ALTI) ranks highest move
+the prediction (comprehensiveness, sufficiency; k null: means over k)? docs/measures.md has the method."""
 
 from __future__ import annotations
 
@@ -102,8 +95,7 @@ def faithfulness(
     allow_pickle: bool = False,
 ) -> Faithfulness:
     """Measure every captured head's faithfulness on a sample of the run; write and return the table.
-    ``model``: where the run's model is now, where it is not where the run recorded it (moved). Trust
-    (the model folder's code, pickle weights) is the caller's to give, never read from the run."""
+    ``model``: where the run's model is now, if moved; trust in its code is the caller's, not the run's."""
     t0 = time.perf_counter()
     if sample < 1:
         raise SpecError(f"--sample must be at least 1, got {sample}")
@@ -113,13 +105,20 @@ def faithfulness(
     manifest = read_manifest(run)
     if (status := status_now(run, manifest.status)) != "complete":
         log.warning("%s is %s: its committed parts alone are sampled", run, status)
-    preds = scored_predictions(run, ["doc_id", "pred_id", "pred_label", "n_tokens"])
-    if preds.is_empty():
+    files = [p.files["predictions"] for p in committed_files(run, ("predictions",), verify=True)]
+    columns = ["doc_id", "pred_id", "pred_label", "n_tokens"]
+    preds = scan_parts(files).filter(pl.col("status") == "ok").select(columns).collect() if files else None
+    if preds is None or preds.is_empty():
         raise RunDirError(f"{run} has no scored reviews to measure")
     path = faithfulness_path(run)
     check_writable(path.parent, "the faithfulness table")  # before minutes of measuring
     chosen = stratified_sample(preds, sample, seed)
-    clf = _run_classifier(manifest, device, model, trust_remote_code, allow_pickle)
+    spec, info = manifest.spec, manifest.model  # the run's model, with the run's layers and length
+    clf = load_run_model(manifest, model, lambda at: Classifier.load(
+        at, layers=info.get("layers") or spec.get("layers", [-2]), device=device, dtype=spec.get("dtype", "auto"),
+        max_length=info.get("max_length") or spec.get("max_length"), trust_remote_code=trust_remote_code,
+        allow_pickle=allow_pickle,
+    ))  # fmt: skip
     doc_ids = chosen["doc_id"].to_list()
     content = [n - 2 for n in chosen["n_tokens"].to_list()]
     ids = with_special_tokens(clf.tokenizer, content_values(run, "tokens", "token_id", doc_ids, content))
@@ -132,32 +131,15 @@ def faithfulness(
     rows = erasure_table(clf, ids, pred, scores, progress)
     table = schema.cast(pl.DataFrame(rows).to_arrow(), TABLE) if rows else schema.arrow(TABLE).empty_table()
     options = {"sample": sample, "seed": seed, "n_reviews": len(ids), "fractions": list(FRACTIONS)}
-    write_derived(
-        path,
-        table,
-        TABLE,
-        options,
-        manifest.job_sha256,
-        doc_ids=json.dumps(doc_ids),
-        run_id=manifest.run_id,
-        # the parts it sampled from: a later --incremental pass adds reviews it has not seen
-        parts=json.dumps(sorted(p.name for p in manifest.parts)),
-    )
+    # the parts it sampled from: a later --incremental pass adds reviews it has not seen
+    meta = {"doc_ids": json.dumps(doc_ids), "parts": json.dumps(sorted(p.name for p in manifest.parts))}
+    write_derived(path, table, TABLE, options, manifest.job_sha256, run_id=manifest.run_id, **meta)
     return Faithfulness(path, pl.from_arrow(table), options, manifest.num_layers, time.perf_counter() - t0)
 
 
-def scored_predictions(run_dir: Path, columns: list[str]) -> pl.DataFrame:
-    """The committed predictions of scored reviews (``status == 'ok'``), every page's checksum checked."""
-    files = [p.files["predictions"] for p in committed_files(run_dir, ("predictions",), verify=True)]
-    if not files:
-        return pl.DataFrame()
-    return scan_parts(files).filter(pl.col("status") == "ok").select(columns).collect()
-
-
 def stratified_sample(preds: pl.DataFrame, n: int, seed: int) -> pl.DataFrame:
-    """``n`` reviews (all where there are fewer), each predicted label in proportion to its share
-    (largest remainders; every label at least one where ``n`` allows), drawn with ``seed`` from the
-    reviews in doc_id order, so the sample does not depend on how the run's parts are cut."""
+    """``n`` reviews, each predicted label in proportion (largest remainders; each at least one where ``n``
+    allows), drawn with ``seed`` in doc_id order, so the sample does not depend on how parts are cut."""
     preds = preds.sort("doc_id")
     if n >= preds.height:
         return preds
@@ -179,8 +161,7 @@ def stratified_sample(preds: pl.DataFrame, n: int, seed: int) -> pl.DataFrame:
 def head_scores(
     run: Path, doc_ids: list[str], with_zeroing: bool
 ) -> dict[tuple[str, int | None, int | None], list]:
-    """Every captured head's scores of each review's content tokens, from the run's cls_attention:
-    {(score, layer, head): [one (m,) array per review, in ``doc_ids`` order]}."""
+    """{(score, layer, head): [each review's (m,) content-token scores]} from the run's cls_attention."""
     names = [s for s in HEAD_SCORES if s != "value_zeroing" or with_zeroing]
     rows = _rows_of(run, "cls_attention", doc_ids, ["layer", "head", "position"], names)
     out: dict[tuple[str, int | None, int | None], list] = {}
@@ -199,20 +180,15 @@ def head_scores(
 def mean_spearman(a: list[np.ndarray], b: list[np.ndarray]) -> float | None:
     """The mean over reviews of the Spearman correlation of ``a`` and ``b`` (ties ranked by their mean
     rank); a review with fewer than two tokens, or constant scores, has none. None: no review had one."""
-    rhos = []
-    for x, y in zip(a, b, strict=True):
-        if len(x) < 2:
-            continue
-        rx, ry = (pl.Series(v).rank("average").to_numpy() for v in (x, y))
-        if rx.std() > 0 and ry.std() > 0:
-            rhos.append(float(np.corrcoef(rx, ry)[0, 1]))
+    rho = pl.corr("x", "y", method="spearman")
+    rhos = [pl.DataFrame({"x": x, "y": y}).select(rho).item() for x, y in zip(a, b, strict=True)]
+    rhos = [r for r in rhos if r is not None and not math.isnan(r)]
     return float(np.mean(rhos)) if rhos else None
 
 
 def content_values(run: Path, table: str, column: str, doc_ids: list[str], content: list[int]) -> list:
     """Each review's ``column`` of its content tokens (positions 1 to ``content[i]``) from the run's
-    ``table``: the token ids the run scored (not encoded again from the text, so that what is erased is
-    what was scored, and a run without stored text needs no inputs), or its ALTI values."""
+    ``table``: the token ids the run scored (what is erased is what was scored), or its ALTI values."""
     rows = _rows_of(run, table, doc_ids, ["position"], [column])
     out: list[np.ndarray | None] = [None] * len(doc_ids)
     for (review,), group in rows.group_by("review", maintain_order=True):
@@ -230,13 +206,8 @@ def _rows_of(run: Path, table: str, doc_ids: list[str], order: list[str], values
     doc_id on every row would take memory in proportion to its length), sorted by review and ``order``."""
     files = [p.files[table] for p in committed_files(run, (table,), verify=True)]
     places = pl.LazyFrame({"doc_id": doc_ids, "review": range(len(doc_ids))})
-    return (
-        pl.scan_parquet(files, glob=False)
-        .join(places, on="doc_id")
-        .select("review", *order, *values)
-        .sort("review", *order)
-        .collect(engine="streaming")
-    )
+    rows = pl.scan_parquet(files, glob=False).join(places, on="doc_id").select("review", *order, *values)
+    return rows.sort("review", *order).collect(engine="streaming")
 
 
 def reference_scores(clf: Classifier, ids: list[np.ndarray], pred: np.ndarray, seed: int) -> dict:
@@ -259,8 +230,7 @@ def top_tokens(scores: np.ndarray, k: float) -> np.ndarray:
 
 
 def erased(ids: np.ndarray, top: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the review without the ``top`` content tokens, those tokens alone), [CLS] and [SEP] kept and the
-    kept tokens in their order."""
+    """(the review without the ``top`` content tokens, those alone), [CLS] and [SEP] kept, in order."""
     content = ids[1:-1]
     chosen = np.zeros(len(content), dtype=bool)
     chosen[top] = True
@@ -277,14 +247,11 @@ def erasure_table(
         return sequences.setdefault(seq.astype(np.int64).tobytes(), len(sequences))
 
     full = [index(x) for x in ids]
-    plan = {}  # (score, layer, head) -> (reviews, k, 2) sequence indices
-    for key, per_review in scores.items():
-        plan[key] = np.array(
-            [
-                [[index(s) for s in erased(x, top_tokens(sc, k))] for k in FRACTIONS]
-                for x, sc in zip(ids, per_review, strict=True)
-            ]
-        )
+    plan = {  # (score, layer, head) -> (reviews, k, 2) sequence indices
+        key: np.array([[[index(s) for s in erased(x, top_tokens(sc, k))] for k in FRACTIONS]
+                       for x, sc in zip(ids, per_review, strict=True)])
+        for key, per_review in scores.items()
+    }  # fmt: skip
     alti = scores.get(("alti", None, None))
     tracks = {key: mean_spearman(sc, alti) if alti is not None and key[0] != "alti" else None
               for key, sc in scores.items()}  # fmt: skip
@@ -295,20 +262,10 @@ def erasure_table(
         p = probs[where, pred[:, None, None]]  # (reviews, k, 2): without, alone
         comp, suff = p_full[:, None] - p[..., 0], p_full[:, None] - p[..., 1]
         for j, k in enumerate([*FRACTIONS, None]):
-            c = comp.mean(axis=1) if k is None else comp[:, j]
-            s = suff.mean(axis=1) if k is None else suff[:, j]
-            rows.append(
-                {
-                    "layer": layer,
-                    "head": head,
-                    "score": name,
-                    "k": k,
-                    "comprehensiveness": float(c.mean()),
-                    "sufficiency": float(s.mean()),
-                    "alti_spearman": tracks[(name, layer, head)],
-                    "n_reviews": len(ids),
-                }
-            )
+            c, s = (x.mean(axis=1) if k is None else x[:, j] for x in (comp, suff))
+            rows.append(dict(layer=layer, head=head, score=name, k=k, comprehensiveness=float(c.mean()),
+                             sufficiency=float(s.mean()), alti_spearman=tracks[(name, layer, head)],
+                             n_reviews=len(ids)))  # fmt: skip
     return rows
 
 
@@ -324,23 +281,3 @@ def _probabilities(clf: Classifier, sequences: Sequence[np.ndarray], progress: b
             out[batch] = clf.probabilities([sequences[i] for i in batch])
             bar.update(len(batch))
     return out
-
-
-def _run_classifier(
-    manifest, device: str, source: str | None, trust_remote_code: bool, allow_pickle: bool
-) -> Classifier:
-    """The run's model, with the run's layers and length."""
-    spec, model = manifest.spec, manifest.model
-
-    def load(at: str) -> Classifier:
-        return Classifier.load(
-            at,
-            layers=model.get("layers") or spec.get("layers", [-2]),
-            device=device,
-            dtype=spec.get("dtype", "auto"),
-            max_length=model.get("max_length") or spec.get("max_length"),
-            trust_remote_code=trust_remote_code,
-            allow_pickle=allow_pickle,
-        )
-
-    return load_run_model(manifest, source, load)

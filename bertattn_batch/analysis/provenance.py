@@ -30,8 +30,7 @@ JSON_KEYS = ("options", "parts")
 def write_derived(
     path: Path, arrow: pa.Table, table: str, options: dict[str, Any], run_job_sha256: str, **meta: str
 ) -> None:
-    """Write ``arrow`` (cast to the schema of ``table``) to ``path`` at once, with its metadata;
-    ``meta``: more keys, as strings."""
+    """Write ``arrow`` (of the schema of ``table``) to ``path`` at once, with ``meta`` and its metadata."""
     metadata = {
         "table": table,
         "schema_version": str(schema.version(table)),
@@ -55,11 +54,8 @@ def derived_meta(path: Path) -> dict[str, Any]:
 
 
 def load_run_model(manifest: Manifest, given: str | None, load: Callable[[str], Classifier]) -> Classifier:
-    """``load`` the run's model from ``given`` (``--model``), else from where the run recorded it.
-
-    Its files' hashes are compared before loading (a model retrained into the same folder is refused as
-    another model, not for the run's settings), its label names after. Another tokenizer is only
-    warned of: what reads the run again scores the token ids the run stored."""
+    """``load`` the run's model from ``given`` (``--model``) or where the run recorded it, its files' hashes
+    and label names checked; another tokenizer is only warned of (the run's token ids are scored)."""
     from ..model import other_model_files, tokenizer_hash
 
     source = given or manifest.model_source

@@ -6,21 +6,11 @@ from __future__ import annotations
 
 import unicodedata
 
-
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet (RoBERTa's tokens): a printable character for each byte, inverted."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars, shifted = list(printable), 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + shifted)
-            shifted += 1
-    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
-
-
-_BYTES = _byte_decoder()
-_SHIFTED = {c for c, b in _BYTES.items() if ord(c) >= 256}  # bytes with no printable self: 'Ġ' (space)
+#: GPT-2's byte-level alphabet (RoBERTa's tokens) inverted: each byte's printable character -> the byte;
+#: the bytes with no printable self are drawn from chr(256) on ('Ġ' is the space).
+_DRAWN = [*range(33, 127), *range(161, 173), *range(174, 256)]
+_SHIFTED = dict(zip(map(chr, range(256, 512)), (b for b in range(256) if b not in _DRAWN), strict=False))
+_BYTES = {chr(b): b for b in _DRAWN} | _SHIFTED
 #: The most characters a token shows in a table cell or on a figure (the stored tables keep it whole).
 PRINTED_CHARS = 40
 #: Characters that reorder what follows them on screen (bidi embeddings, overrides and isolates).
@@ -30,20 +20,19 @@ _BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\
 def printable(text: str, limit: int | None = PRINTED_CHARS) -> str:
     """``text`` fit to print on one line: control characters, line breaks and bidi controls as escapes
     ('\\n', '\\x1b', '\\u202e'), cut to ``limit`` characters."""
-    text = "".join(repr(c)[1:-1] if _hidden(c) else c for c in text)
+    hidden = [unicodedata.category(c) in ("Cc", "Zl", "Zp") or c in _BIDI for c in text]
+    text = "".join(repr(c)[1:-1] if h else c for c, h in zip(text, hidden, strict=True))
     return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _hidden(c: str) -> bool:
-    return unicodedata.category(c) in ("Cc", "Zl", "Zp") or c in _BIDI
+def columns(text: str) -> int:
+    """Terminal columns: CJK characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
 def readable(tokens: list[str], byte_level: bool | None = None) -> list[str]:
-    """Tokens as a reader sees them (:func:`printable`). Byte-level BPE tokens (RoBERTa: 'Ġgood', 'cafÃ©')
-    are decoded back to their text; a piece holding part of a character shows '�'.
-
-    ``byte_level``: whether the run's tokenizer is byte-level, as its manifest says; None (a manifest
-    that does not say): told from the tokens."""
+    """Tokens as a reader sees them (:func:`printable`), byte-level BPE tokens decoded (part of a
+    character shows '�'); ``byte_level`` None (a manifest that does not say): told from the tokens."""
     if _spells_bytes(tokens, byte_level):
         tokens = [_decode(t).strip() or _visible_space(_decode(t)) for t in tokens]
     return [printable(t) for t in tokens]
@@ -66,9 +55,8 @@ def _visible_space(text: str) -> str:
 
 
 def readable_map(tokens: list[str], byte_level: bool | None = None) -> dict[str, str]:
-    """Each distinct token and how it reads (see :func:`readable`), for a table's cells, where no
-    context tells tokens apart: two that read alike ('Ġgood' starts a word, 'good' does not) show their
-    spaces ('␣good', 'good'), and two that still do (pieces of characters, '�') their own spelling."""
+    """Each distinct token and how it reads (:func:`readable`) in a table's cells: two that read alike show
+    their spaces ('␣good', 'good'); two that still do (pieces of characters, '�') their own spelling."""
     distinct = list(dict.fromkeys(tokens))
     cells = dict(zip(distinct, readable(distinct, byte_level), strict=True))
     if _spells_bytes(distinct, byte_level):

@@ -1,16 +1,6 @@
-"""Words from a review's tokens: which word each token belongs to, and a word's weights from its tokens'.
-
-Usage::
-
-    mode, user_dict = run_words(manifest)                  # the run's choice: "jieba", "wordpiece" or None
-    words = word_map(tokens, texts, mode, user_dict)      # (review, position) -> (word, word_text)
-    rows = word_rows(attention_rows, words)               # the attention rows of words
-
-Two rules make words. ``jieba`` segments the review's text (scripts written without spaces: Chinese),
-and a token belongs to the word that holds its first character; ``wordpiece`` joins a token and the
-``##`` continuations that follow it. Either way a word's raw and norm-based weights are the sums of its
-tokens' (the head's mass is kept), and its scaled weight is min-max over the review's words, per head.
-"""
+"""Words from a review's tokens: ``jieba`` segments the text (Chinese) and a token joins the word holding
+its first character; ``wordpiece`` joins a token and its ``##`` continuations. A word's raw and norm-based
+weights are its tokens' summed; its scaled weight is min-max over the review's words, per head."""
 
 from __future__ import annotations
 
@@ -49,9 +39,8 @@ def word_continuation(manifest: Manifest) -> str | None:
 def run_words(
     manifest: Manifest, words: str | None = None, user_dict: str | None = None
 ) -> tuple[str | None, str | None]:
-    """(rule, user dictionary) of a run's words: ``words`` or the run's own choice, ``auto`` resolved
-    as the run's tokenizer was found at extraction (runs that did not record it: WordPiece where its
-    pieces carry ``##``). The rule is None where there are no words to make."""
+    """(rule, user dictionary) of a run's words: ``words`` or the run's own choice, ``auto`` resolved as
+    the extraction found the tokenizer (else WordPiece where pieces carry ``##``); None: no words."""
     spec = manifest.spec
     choice = words or spec.get("words") or "auto"
     user_dict = user_dict or spec.get("user_dict")
@@ -86,13 +75,11 @@ def segmenter(user_dict: str | None = None) -> Any:
 
 
 def jieba_words(tokens: pl.DataFrame, texts: pl.DataFrame, user_dict: str | None = None) -> pl.DataFrame:
-    """Each token's word (``KEY``, position -> word, word_text): the word of the review's text, segmented
-    by jieba in its default mode, that holds the token's first character. Word ids are unique across
-    the frame; word texts are lower-cased, as an uncased tokenizer spells its tokens."""
+    """Each token's word (``KEY``, position -> word, word_text): the jieba word of the review's text that
+    holds the token's first character; ids unique across the frame, texts lower-cased."""
     cut = segmenter(user_dict).lcut
-    texts = texts.select(
-        KEY, "text", base=pl.col("text").str.len_chars().cum_sum() - pl.col("text").str.len_chars()
-    )
+    chars = pl.col("text").str.len_chars()
+    texts = texts.select(KEY, "text", base=chars.cum_sum() - chars)
     words = [w for text in texts["text"] for w in cut(text)]  # a review's words spell its whole text
     starts = np.cumsum([0, *map(len, words)])[:-1]  # on the reviews' texts laid end to end
     tokens = tokens.join(texts.select(KEY, "base"), on=KEY).sort(KEY, "position")
@@ -150,16 +137,13 @@ _NO_HEAD = 2**14 - 1
 
 
 def word_rows(rows: pl.LazyFrame, words: pl.LazyFrame | None = None) -> pl.LazyFrame:
-    """The attention rows of words, in the columns of ``rows`` but its labels (position: the word's first
-    token's; token: the word's text). Raw and norm-based weights: sums of the tokens'; scaled: min-max
-    over the review's words for that head. ``words``: each token's word (:func:`word_map`); None: WordPiece
-    words of the rows' own tokens."""
+    """The attention rows of words (position: the first token's; token: the word's text), from each
+    token's word (:func:`word_map`; None: WordPiece words of the rows' own tokens)."""
     if words is None:
         one_head = (pl.col("layer") == pl.col("layer").min()) & (pl.col("head") == pl.col("head").min())
         words = wordpiece_words(rows.filter(one_head))
-    head = pl.col("layer").cast(pl.Int64).fill_null(_NO_HEAD) * 2**16 + pl.col("head").cast(
-        pl.Int64
-    ).fill_null(_NO_HEAD)
+    layer_code, head_code = (pl.col(c).cast(pl.Int64).fill_null(_NO_HEAD) for c in ("layer", "head"))
+    head = layer_code * 2**16 + head_code
     key = pl.col("key")
     summed = (  # by one integer key, (layer, head, word): word ids are unique across reviews
         rows.select(*REVIEW, "position", "weight", "weight_norm")

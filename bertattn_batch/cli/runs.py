@@ -130,8 +130,7 @@ def reviews(
     bertattn reviews runs/default --head 1 --word 差评 --top 20 --out 差评.xlsx
     """
     setup(debug)
-    from ..analysis.aggregate import export, export_path
-    from ..analysis.reviews import format_reviews, top_reviews
+    from ..analysis.aggregate import export, export_path, format_reviews, top_reviews
     from ..errors import SpecError
     from ..run import read_manifest
 

@@ -1,29 +1,22 @@
-"""matplotlib figures: heads x tokens heatmaps (one review's scaled [CLS] row, or a run's top tokens per
-head) and one review's token x token maps per head. Each figure is drawn by Agg and unknown to pyplot,
-and the user's matplotlib settings are as they were after it."""
+"""matplotlib figures, heads x tokens heatmaps among them, each drawn by Agg and unknown to pyplot, the
+user's matplotlib settings as they were after it; and PNG bytes of them."""
 
 from __future__ import annotations
 
 import contextlib
 import io
-import unicodedata
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from ..analysis.spelling import readable
-from ..errors import SpecError
+from ..analysis.spelling import columns, readable
 from . import fonts
-from .review import ReviewAttention
 
 CMAP = "Reds"
 #: Tokens per row of a heads x tokens heatmap at most; more wrap onto rows of even length.
 TOKENS_PER_ROW = 64
-#: Tokens of a token x token map at most, every one labelled: a longer review's maps are cut into
-#: windows of even length along the diagonal.
-PAIR_WINDOW = 40
 #: Token columns of the top tokens heatmap at most: past it, each head's top k shrinks until they fit.
 HEATMAP_TOKENS = 256
 
@@ -39,8 +32,7 @@ def drawing(texts: list[str] | str = "") -> Iterator[None]:
 
 
 def new_figure(**options: Any):
-    """A figure drawn by Agg whatever the user's backend is, unknown to pyplot (so a notebook's own
-    figures are left alone) and freed with its last reference."""
+    """A figure drawn by Agg, unknown to pyplot (a notebook's own figures are left alone)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -56,22 +48,10 @@ def png_bytes(fig, dpi: int = 110, tight: bool = True) -> bytes:
     return buf.getvalue()
 
 
-def _columns(text: str) -> int:
-    """Width in character cells: CJK characters take two."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
-def _inches(text: str, fontsize: float) -> float:
-    """How wide ``text`` is drawn in the fonts set (measured: characters differ in width)."""
-    scratch = new_figure()
-    drawn = scratch.text(0, 0, text, fontsize=fontsize)
-    return drawn.get_window_extent(renderer=scratch.canvas.get_renderer()).width / scratch.dpi
-
-
 def turn_long_labels(ax) -> None:
     """x tick labels wider than one CJK character are drawn vertically; single characters stay upright."""
     for text in ax.get_xticklabels():
-        if _columns(text.get_text()) > 2:
+        if columns(text.get_text()) > 2:
             text.set_rotation(90)
 
 
@@ -81,20 +61,20 @@ def spans(n: int, most: int) -> list[range]:
     return [range(lo, min(lo + size, n)) for lo in range(0, n, size)]
 
 
-def heatmap(values: np.ndarray, tokens: list[str], rows: list[str], title: str, bar: str):
-    """Rows x tokens on 0..1 (NaN blank), wrapped onto even rows of ``TOKENS_PER_ROW`` at most, one bar.
-
-    Laid out by hand in inches: matplotlib's automatic layouts measure every tick label several times,
-    which dominates the cost of a long review."""
+def heatmap(values: np.ndarray, tokens: list[str], heads: list[int], title: str):
+    """Heads x tokens, scaled weights on 0..1 (NaN blank), wrapped onto even rows of ``TOKENS_PER_ROW`` at
+    most; laid out by hand, as matplotlib's layouts measure every tick label several times."""
     labels, title = [fonts.label(t) for t in tokens], fonts.label(title)
     with drawing([*labels, title]):
-        n, heads = len(labels), len(rows)
-        chunks = spans(n, TOKENS_PER_ROW)
+        rows, heads = [f"head {h}" for h in heads], len(heads)
+        chunks = spans(len(labels), TOKENS_PER_ROW)
         cols = len(chunks[0])
-        long_labels = [len(t) for t in labels if _columns(t) > 2]  # drawn vertically
+        long_labels = [len(t) for t in labels if columns(t) > 2]  # drawn vertically
         cell, left, right, top, gap = 0.2, 0.75, 1.05, 0.45, 0.12  # inches
         band = 0.12 + 0.075 * max(long_labels) if long_labels else 0.3  # room for the token labels
-        width = max(left + cols * cell + right, left + _inches(title, 10) + 0.2)
+        scratch = new_figure()  # the title as drawn: characters differ in width
+        drawn = scratch.text(0, 0, title, fontsize=10).get_window_extent(scratch.canvas.get_renderer())
+        width = max(left + cols * cell + right, left + drawn.width / scratch.dpi + 0.2)
         block = heads * cell + band + gap
         height = top + block * len(chunks)
         fig = new_figure(figsize=(width, height))
@@ -111,17 +91,9 @@ def heatmap(values: np.ndarray, tokens: list[str], rows: list[str], title: str, 
         y = (height - top - heads * cell) / height
         cax = fig.add_axes(((left + cols * cell + 0.15) / width, y, 0.12 / width, heads * cell / height))
         # a bar of a few heads is shorter than its label would be: it would run into the title
-        fig.colorbar(image, cax=cax).set_label(bar if heads >= 6 else bar.split()[0], fontsize=8)
+        fig.colorbar(image, cax=cax).set_label("scaled weight" if heads >= 6 else "scaled", fontsize=8)
         fig.text(left / width, 1 - 0.2 / height, title, fontsize=10, va="center")
         return fig
-
-
-def cls_figure(review: ReviewAttention):
-    """The seed's picture: heads x tokens, each head's scaled [CLS] row."""
-    heads = [f"head {h}" for h in range(review.num_heads)]
-    return heatmap(
-        review.scaled, readable(review.tokens, review.byte_level), heads, review.title(), "scaled weight"
-    )
 
 
 def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token", byte_level: bool | None = None):
@@ -139,56 +111,4 @@ def top_heatmap(table: pl.DataFrame, layer: int, k: int, unit: str = "token", by
     lookup = {(h, t): v for h, t, v in cells}
     values = np.array([[lookup.get((h, t), np.nan) for t in tokens] for h in heads], dtype=float)  # (H, n)
     title = f"layer {layer}: mean scaled [CLS] weight of each head's top {k} {unit}s"
-    heads_shown = [f"head {h}" for h in heads]
-    return heatmap(values, readable(tokens, byte_level), heads_shown, title, "scaled weight")
-
-
-def pairs_figure(review: ReviewAttention, columns: int = 4):
-    """Token x token attention of every head (rows: queries), every token labelled: a review longer than
-    ``PAIR_WINDOW`` tokens is shown in windows along the diagonal (attention between windows left out).
-    One colour scale and one colour bar, so that heads compare."""
-    if review.pairs is None or review.pair_tokens is None:
-        raise SpecError("no token x token matrices: load the review with pairs (--pairs)")
-    labels = [fonts.label(t) for t in readable(review.pair_tokens, review.byte_level)]
-    heads, size = review.pairs.shape[:2]
-    windows = spans(size, PAIR_WINDOW)
-    title = f"{fonts.label(review.title())} · token x token (row: query)"
-    if len(windows) > 1:
-        title += f" in windows of {len(windows[0])} of its {size} tokens"
-    with drawing([*labels, title]):
-        panels = [(w, h) for w in windows for h in range(heads)]
-        columns = min(columns, len(panels))
-        rows = -(-len(panels) // columns)
-        panel = max(3.2, 0.11 * len(windows[0]) + 1.2)
-        fig = new_figure(figsize=(panel * columns + 1.0, panel * rows + 0.8), layout="constrained")
-        axes = fig.subplots(rows, columns, squeeze=False).ravel()
-        vmax = float(review.pairs.max()) or 1.0
-        for ax in axes[len(panels) :]:
-            ax.axis("off")
-        for (w, h), ax in zip(panels, axes, strict=False):
-            image = ax.imshow(review.pairs[h][np.ix_(w, w)], vmin=0, vmax=vmax, cmap="viridis")  # (s, s)
-            where = f" · tokens {w.start + 1}–{w.stop} of {size}" if len(windows) > 1 else ""
-            ax.set_title(f"head {h}{where}", fontsize=9)
-            ax.set_xticks(range(len(w)), labels[w.start : w.stop], fontsize=6)
-            ax.set_yticks(range(len(w)), labels[w.start : w.stop], fontsize=6)
-            turn_long_labels(ax)
-            ax.tick_params(length=0)
-        fig.colorbar(image, ax=axes.tolist(), label="attention weight (raw)", shrink=min(0.8, 1.6 / rows))
-        fig.suptitle(title, fontsize=10)
-        return fig
-
-
-def review_png(review: ReviewAttention, pairs: bool = False, dpi: int = 130) -> bytes:
-    """The heads x tokens picture, with the token x token maps below it where ``pairs``."""
-    top = png_bytes(cls_figure(review), dpi=dpi, tight=False)
-    if not pairs:
-        return top
-    from PIL import Image
-
-    images = [Image.open(io.BytesIO(b)).convert("RGB") for b in (top, png_bytes(pairs_figure(review), dpi))]
-    out = Image.new("RGB", (max(i.width for i in images), sum(i.height for i in images)), "white")
-    out.paste(images[0], (0, 0))
-    out.paste(images[1], (0, images[0].height))
-    buf = io.BytesIO()
-    out.save(buf, format="PNG")
-    return buf.getvalue()
+    return heatmap(values, readable(tokens, byte_level), heads, title)

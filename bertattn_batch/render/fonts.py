@@ -1,12 +1,6 @@
-"""A font for CJK text: in matplotlib figures (``family``, ``label``), and embedded (as a subset) in
-HTML pages (``font_face_css``).
-
-matplotlib's default font draws Chinese as empty boxes. The CJK font is the first of:
-``$BERTATTN_CJK_FONT`` (a font file, or ``none`` to look no further), a font a Python package ships
-(``pip install noto-cjk-sans-otc``), a CJK family matplotlib knows, a font ``fc-list :lang=zh`` lists
-(``apt-get install fonts-noto-cjk``). Characters no font here draws become ``U+XXXX`` codes, after one
-warning that says how to install a font.
-"""
+"""A CJK font for matplotlib figures and, as a subset, HTML pages: the first of ``$BERTATTN_CJK_FONT`` (a
+file, or ``none``), a font a Python package ships, a CJK family matplotlib knows, one ``fc-list :lang=zh``
+lists. Characters no font draws become ``U+XXXX`` codes, after a warning that says how to install one."""
 
 from __future__ import annotations
 
@@ -71,16 +65,16 @@ def _candidates() -> Iterator[Path]:
     if env.lower() == "none":
         return
     if env:
-        yield Path(env)
+        yield Path(env)  # asked for the next: the font there was not taken
+        log.warning("%s=%s is no font file with CJK characters; looking further", ENV_VAR, env)
     for package, relpath in PACKAGED_FONTS:  # found without importing the package
         spec = importlib.util.find_spec(package)
         yield from (Path(folder) / relpath for folder in (spec and spec.submodule_search_locations) or [])
     by_name = {f.name: Path(f.fname) for f in font_manager.fontManager.ttflist}
     yield from (by_name[name] for name in SYSTEM_FAMILIES if name in by_name)
     try:
-        out = subprocess.run(
-            ["fc-list", ":lang=zh", "file"], capture_output=True, text=True, timeout=20
-        ).stdout
+        command = ["fc-list", ":lang=zh", "file"]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.SubprocessError):  # no fontconfig here
         return
     yield from sorted(Path(line.split(":")[0].strip()) for line in out.splitlines() if line.strip())
@@ -92,7 +86,6 @@ def cjk_font() -> CjkFont | None:
     simplified Chinese one: the first face (JP) draws characters such as 骨 and 直 in Japanese forms."""
     from matplotlib import font_manager
 
-    env = os.environ.get(ENV_VAR, "").strip()
     rank = {name: k for k, name in enumerate(SYSTEM_FAMILIES)}
     for path in _candidates():
         if path.is_file() and ord("中") in _charmap(str(path)):
@@ -104,8 +97,6 @@ def cjk_font() -> CjkFont | None:
             best = min(faces, key=lambda f: rank.get(f.name, len(rank)))
             log.debug("CJK font: %s (%s)", best.name, path)
             return CjkFont(best.name, path, int(getattr(best, "index", 0)))  # index: matplotlib >= 3.10
-        if env and path == Path(env):
-            log.warning("%s=%s is no font file with CJK characters; looking further", ENV_VAR, env)
     return None
 
 
@@ -139,11 +130,9 @@ def label(text: str) -> str:
         return text
     if not _warned:
         _warned.add("missing")
-        shown = min(missing, key=lambda c: (not is_cjk(c), text.index(c)))
-        advice = f"for CJK: {INSTALL_HINT}" if is_cjk(shown) else "install a font that has them (fc-list)"
-        log.warning(
-            "no font here draws %r (U+%04X): it is shown as a U+XXXX code; %s", shown, ord(shown), advice
-        )
+        c = min(missing, key=lambda c: (not is_cjk(c), text.index(c)))
+        fix = f"for CJK: {INSTALL_HINT}" if is_cjk(c) else "install a font that has them (fc-list)"
+        log.warning("no font here draws %r (U+%04X): it is shown as a U+XXXX code; %s", c, ord(c), fix)
     return "".join(f"U+{ord(c):04X}" if c in missing else c for c in text)
 
 

@@ -1,8 +1,5 @@
-"""Self-contained HTML: a page with inline CSS, tables, a review's heatmap table, PNGs as data URIs.
-
-Nothing here loads from the network (no scripts, fonts or images from elsewhere): a page opens the same
-offline, attached to a mail, or years later.
-"""
+"""Self-contained HTML (inline CSS, tables, PNGs as data URIs): nothing loads from the network, so a page
+opens the same offline, attached to a mail, or years later."""
 
 from __future__ import annotations
 
@@ -10,12 +7,8 @@ import base64
 from collections.abc import Sequence
 from html import escape
 
-import numpy as np
-
-from ..analysis.spelling import printable, readable
+from ..analysis.spelling import printable
 from . import fonts
-from .figures import CMAP, pairs_figure, png_bytes
-from .review import ReviewAttention
 
 _CSS = """
 body { font-family: "bertattn-cjk", system-ui, -apple-system, "Segoe UI", "Noto Sans", "Noto Sans CJK SC",
@@ -72,39 +65,8 @@ def data_table(header: Sequence[str], rows: Sequence[Sequence[object]], numeric:
 
 
 def img(png: bytes, alt: str, caption: str = "", full_size: bool = False) -> str:
-    """A PNG embedded as a data URI, in a figure with an optional caption; ``full_size``: drawn at its
-    own size, scrolled sideways where wider than the page, so that its small labels stay legible."""
+    """A PNG as a data URI in a figure; ``full_size``: at its own size, scrolled, its labels legible."""
     src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
     cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
     image = f'<img class="fig{" full" if full_size else ""}" src="{src}" alt="{esc(alt)}">'
     return f"<figure>{f'<div class=scroll>{image}</div>' if full_size else image}{cap}</figure>"
-
-
-def heat_table(review: ReviewAttention) -> str:
-    """The heads x tokens heatmap as a table of coloured cells: real text (any script the browser has a
-    font for reads right), token labels written vertically, both weights in each cell's tooltip."""
-    from matplotlib import colormaps
-    from matplotlib.colors import to_hex
-
-    tokens = readable(review.tokens, review.byte_level)
-    rgba = colormaps[CMAP].with_extremes(bad="white")(np.clip(review.scaled, 0, 1))  # (H, n, 4)
-    head = "".join(f'<th class="tok">{esc(t)}</th>' for t in tokens)
-    lines = [f'<div class="scroll"><table class="heat"><tr><th></th>{head}</tr>']
-    for h in range(review.num_heads):
-        cells = []
-        for j, tok in enumerate(tokens):
-            tip = f"head {h} · {tok} · scaled {review.scaled[h, j]:.3f} · raw {review.weight[h, j]:.5f}"
-            cells.append(f'<td style="background:{to_hex(rgba[h, j])}" title="{esc(tip)}"></td>')
-        lines.append(f'<tr><th class="row">head {h}</th>{"".join(cells)}</tr>')
-    return "\n".join([*lines, "</table></div>"])
-
-
-def review_html(review: ReviewAttention) -> str:
-    """A review's page body: its text where known, the heatmap table, its token x token maps if any."""
-    parts = [f'<p class="meta">{esc(review.text)}</p>'] if review.text else []
-    parts.append(heat_table(review))
-    if review.pairs is not None:
-        alt = f"token x token attention of every head, review {review.doc_id}"
-        caption = "token x token attention per head (rows: queries; raw weights, one scale)"
-        parts.append(img(png_bytes(pairs_figure(review)), alt, caption, full_size=True))
-    return "\n".join(parts)

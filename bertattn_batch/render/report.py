@@ -1,7 +1,5 @@
-"""One self-contained HTML page about a run: what it did, its accuracy, the tokens each head attends to,
-how far to believe that, and example reviews (``bertattn report``, ``build_report``). Figures are PNG
-data URIs and styles inline: the page opens without a network.
-"""
+"""One self-contained HTML page about a run (``bertattn report``, ``build_report``): what it did, its
+accuracy, the tokens each head attends to, how far to believe that, and example reviews."""
 
 from __future__ import annotations
 
@@ -13,12 +11,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import polars as pl
-import pyarrow.parquet as pq
 
+from .. import schema
 from .._files import atomic_path, writing
 from ..analysis import aggregate as agg
 from ..analysis.aggregate import run_layer, top_tokens
 from ..analysis.faithfulness import FRACTIONS, faithfulness_path
+from ..analysis.provenance import derived_meta
 from ..analysis.spelling import readable_map
 from ..config import parse_label_map
 from ..errors import SpecError, WriteError
@@ -33,9 +32,9 @@ from ..run import (
     read_manifest,
     status_now,
 )
-from .figures import png_bytes, review_png, top_heatmap
+from .figures import png_bytes, top_heatmap
 from .html import data_table, esc, img, muted, page
-from .review import load_reviews
+from .plot import load_reviews, review_png
 
 #: What each measure says and where it stops (docs/measures.md has the references).
 NOTES = {
@@ -64,10 +63,9 @@ TRACKING_HEADS, MIN_TRACKING = 3, 0.3
 
 # -- the run ------------------------------------------------------------------------------------------
 def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
-    """The run's settings; counts over every committed part; the speed of the last run that read reviews
-    (a resume or an ``--incremental`` pass reads only part of the run)."""
+    """The run's settings, counts over every committed part, the speed of the last run that read reviews."""
     model, spec, last = manifest.model, manifest.spec, manifest.last_run or {}
-    ok = preds.filter(pl.col("status") == "ok") if not preds.is_empty() else preds
+    ok = preds.filter(pl.col("status") == "ok")
     shape = f"{model.get('model_type')}, {model.get('num_layers')} layers x {model.get('num_heads')} heads"
     rows: list[tuple[str, Any]] = [
         ("status", manifest.status),
@@ -105,24 +103,18 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
     ]
     parts = ["<h2>Run</h2>", data_table(["", ""], [(k, v) for k, v in rows if v is not None])]
     if not preds.is_empty():
-        statuses = preds.group_by("status").len().sort(["len", "status"], descending=[True, False])
-        parts += [
-            "<h3>Reviews by status</h3>",
-            data_table(["status", "reviews"], statuses.rows(), [False, True]),
-        ]
+        statuses = preds.group_by("status").len().sort(["len", "status"], descending=[True, False]).rows()
+        parts += ["<h3>Reviews by status</h3>", data_table(["status", "reviews"], statuses, [False, True])]
     if not ok.is_empty():
         by_pred = ok.group_by("pred_label").len().sort("pred_label").rows()
         parts += ["<h3>Predicted labels</h3>", data_table(["predicted", "reviews"], by_pred, [False, True])]
     return "\n".join(parts)
 
 
-# -- accuracy -----------------------------------------------------------------------------------------
-# On reviews held out from the model's training apart from those that trained it (where its training
-# recorded which: ``train.save.HELDOUT_FILE``), since most of a job's labelled reviews train it.
+# -- accuracy: on held-out reviews apart from those that trained the model, where its training recorded which
 def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
-    """Accuracy over labelled reviews whose label the model knows, and the confusion counts. Rows: every
-    true label seen (one the model cannot predict gets a row but stays out of the accuracy); columns:
-    the model's labels."""
+    """Accuracy over labelled reviews whose label the model knows, and the confusion counts: a row per true
+    label seen (one the model cannot predict stays out of the accuracy), a column per model label."""
     ok = preds.filter((pl.col("status") == "ok") & pl.col("label").is_not_null())
     if ok.is_empty():
         return None
@@ -143,12 +135,8 @@ def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
 
 
 def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
-    """The doc ids the run's model was not trained on, and whether the run read just the files it was
-    trained on (so that its other reviews trained it); else why they are not known.
-
-    Ids of an id column name the same reviews in any corpus; row numbers only where the run read the
-    files the model was trained on, first and in the same order.
-    """
+    """The doc ids the run's model was not trained on, and whether the run read just its training files
+    (so its other reviews trained it); else why they are not known (row numbers name other reviews)."""
     training = manifest.model.get("training") or {}
     path = training.get("heldout_ids")
     if not path:
@@ -178,9 +166,7 @@ def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
 
 def _same_first_files(trained: list[dict[str, Any]], run: list[dict[str, Any]]) -> bool:
     """The files the model was trained on are the run's first files, by size and end bytes."""
-    if len(trained) > len(run):
-        return False
-    return all(
+    return len(trained) <= len(run) and all(
         (t.get("bytes"), t.get("ends_sha256")) == (r.get("bytes"), r.get("ends_sha256"))
         for t, r in zip(trained, run, strict=False)
     )
@@ -195,7 +181,7 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool, label
         steps = f"{training.get('steps')} of {training.get('planned_steps')} steps"
         cut = f"<b>The model's training was cut short</b> at {steps} (max_train_seconds): it is not the job's"
         parts.append(muted(f"{cut} full schedule."))
-    every = confusion(preds, labels) if not preds.is_empty() else None
+    every = confusion(preds, labels)
     if every is None:
         why = "No labelled review was scored" if labelled else "The source had no labels"
         return "\n".join([*parts, muted(f"{why}: there is no accuracy to give.")])
@@ -213,9 +199,8 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool, label
         note = f"over every labelled review; {heldout}"
         return "\n".join([*parts, _line("accuracy", every, note), _matrix(every, label_map)])
     ids, training_files = heldout
-    held = preds.filter(pl.col("doc_id").is_in(list(ids)))
-    rest = preds.filter(~pl.col("doc_id").is_in(list(ids)))
-    conf, trained = confusion(held, labels), confusion(rest, labels)
+    held = pl.col("doc_id").is_in(list(ids))
+    conf, trained = confusion(preds.filter(held), labels), confusion(preds.filter(~held), labels)
     if conf is None or not conf["n_known"]:
         parts.append(muted("No labelled review the model was held out from is in this run."))
     else:
@@ -232,10 +217,8 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool, label
 def _line(what: str, conf: dict[str, Any], note: str) -> str:
     note = f"{conf['n_known']} {note}"
     if conf["n_unknown"]:
-        others = ", ".join(t for t in conf["rows"] if t not in conf["cols"])
-        note += (
-            f"; {conf['n_unknown']} with other labels ({others}) are in the matrix but not in the accuracy"
-        )
+        rest = ", ".join(t for t in conf["rows"] if t not in conf["cols"])
+        note += f"; {conf['n_unknown']} with other labels ({rest}) are in the matrix but not in the accuracy"
     return f'<p>{esc(what)} <b>{conf["accuracy"]:.4f}</b> <span class="meta">({esc(note)})</span></p>'
 
 
@@ -273,9 +256,8 @@ def _tokens_html(
     byte_level: bool | None = None,
     num_layers: int | None = None,
 ) -> str:
-    """Each head's tokens (and words): first what it attends to more in one predicted label than in the
-    others (log-odds z: a rare token cannot top it), then its top ones by mean scaled weight over all
-    reviews. ``scored``: some review was scored, so an empty table means the min-reviews filter emptied it."""
+    """Each head's tokens (and words): what it attends to more in one predicted label than the others,
+    then its top ones by mean scaled weight over all reviews. ``scored``: some review was scored."""
     opts = meta.get("options", {})
     units = opts.get("units", ["token"])
     parts = [
@@ -337,9 +319,8 @@ def head_contrasts(
     shown = readable_map(top["token"].to_list(), byte_level)
     out: dict[tuple[int, int], list[str]] = {}
     for (layer, head, label), rows in top.group_by("layer", "head", "class_label", maintain_order=True):
-        out.setdefault((layer, head), []).append(
-            f"{label}: {' '.join(shown[t] for t in rows.sort('rank')['token'])}"
-        )
+        tokens = " ".join(shown[t] for t in rows.sort("rank")["token"])
+        out.setdefault((layer, head), []).append(f"{label}: {tokens}")
     return {key: " · ".join(labels) for key, labels in out.items()}
 
 
@@ -361,8 +342,23 @@ def _faithfulness_html(
         )
     ]
     tracked = "alti_spearman" in aopc.columns and aopc["alti_spearman"].is_not_null().any()
-    if tracked:
-        out.append(_tracking_html(aopc, num_layers))
+    if tracked:  # which heads track whole-model influence: rank a review's tokens most as ALTI does
+        heads = aopc.filter(pl.col("head").is_not_null() & pl.col("alti_spearman").is_not_null())
+        best = heads.sort("alti_spearman", descending=True, maintain_order=True).head(TRACKING_HEADS)
+        named = [
+            f"{esc(layer_name(r['layer'], num_layers))} head {r['head']} ({r['score']}, {r['alti_spearman']:.2f})"
+            for r in best.filter(pl.col("alti_spearman") >= MIN_TRACKING).iter_rows(named=True)
+        ]
+        alti = aopc.filter(pl.col("score") == "alti").rows(named=True)
+        said = "".join(f"ALTI's own comprehensiveness is {a['comprehensiveness']:.3f}, sufficiency "
+                       f"{a['sufficiency']:.3f}. " for a in alti[:1])  # fmt: skip
+        verdict = (
+            f"Heads that track whole-model influence (mean Spearman with ALTI): {', '.join(named)}."
+            if named
+            else "No head tracks whole-model influence: none ranks a review's tokens as ALTI does with a mean "
+            f"Spearman of {MIN_TRACKING} or more; read the heads as where they look, not as influence."
+        )
+        out.append(f"<p>{said}{verdict}</p>")
     header = ["score", "head", "comprehensiveness", "vs random", "sufficiency",
               *(["tracks ALTI (Spearman)"] if tracked else []), "attends to more, by prediction"]  # fmt: skip
     for (layer,), rows in aopc.filter(pl.col("layer").is_not_null()).group_by("layer", maintain_order=True):
@@ -385,62 +381,32 @@ def _faithfulness_html(
     return out
 
 
-def _tracking_html(aopc: pl.DataFrame, num_layers: int | None) -> str:
-    """Which heads track whole-model influence: the heads whose weights rank a review's tokens most as
-    ALTI does (mean Spearman over the sample)."""
-    heads = aopc.filter(pl.col("head").is_not_null() & pl.col("alti_spearman").is_not_null())
-    best = heads.sort("alti_spearman", descending=True, maintain_order=True).head(TRACKING_HEADS)
-    named = [
-        f"{esc(layer_name(r['layer'], num_layers))} head {r['head']} ({r['score']}, {r['alti_spearman']:.2f})"
-        for r in best.filter(pl.col("alti_spearman") >= MIN_TRACKING).iter_rows(named=True)
-    ]
-    alti = aopc.filter(pl.col("score") == "alti").rows(named=True)
-    said = "".join(f"ALTI's own comprehensiveness is {a['comprehensiveness']:.3f}, sufficiency "
-                   f"{a['sufficiency']:.3f}. " for a in alti[:1])  # fmt: skip
-    if named:
-        return f"<p>{said}Heads that track whole-model influence (mean Spearman with ALTI): {', '.join(named)}.</p>"
-    return (
-        f"<p>{said}No head tracks whole-model influence: none ranks a review's tokens as ALTI does with a mean "
-        f"Spearman of {MIN_TRACKING} or more; read the heads as where they look, not as influence.</p>"
-    )
-
-
 def _believe_html(run: Path, manifest: Manifest, aggregates: pl.DataFrame) -> str:
-    """The faithfulness table where ``bertattn faithfulness`` measured this run, else the command that
-    does; what each measure means either way."""
+    """The run's faithfulness table, or the command that measures it; what each measure means."""
     command = f"<code>bertattn faithfulness {esc(display_path(run))}</code>"
     parts = ["<h2>What to believe</h2>"]
     path = faithfulness_path(run)
-    meta = (pq.read_schema(path).metadata or {}) if path.is_file() else None
+    meta = derived_meta(path) if path.is_file() else None
     if meta is None:
         what = "ranks every head by how much deleting its top tokens moves the prediction"
         parts.append(muted(f"No faithfulness measured yet: {command} {what}."))
-    elif meta.get(b"run_id", b"").decode() != manifest.run_id:
+    elif meta.get("run_id") != manifest.run_id:
         where = "faithfulness/head_faithfulness.parquet was measured on an earlier run in this folder"
         parts.append(muted(f"{where}: run {command} again."))
     else:
-        sampled = meta.get(b"parts")
-        if sampled is not None and json.loads(sampled) != sorted(p.name for p in manifest.parts):
-            parts.append(
-                muted(
-                    "Measured before the run's latest parts were committed (an <code>--incremental</code> "
-                    f"pass or a resume): its sample leaves their reviews out. Run {command} again to sample "
-                    "them all."
-                )
-            )
+        if meta.get("parts") not in (None, sorted(p.name for p in manifest.parts)):
+            when = "Measured before the run's latest parts were committed (an <code>--incremental</code> pass"
+            leaves = f"its sample leaves their reviews out. Run {command} again to sample them all."
+            parts.append(muted(f"{when} or a resume): {leaves}"))
         contrasts = head_contrasts(aggregates, manifest.layers, manifest.byte_level)
         parts += _faithfulness_html(pl.read_parquet(path), manifest.num_layers, contrasts)
     parts.append("<ul>" + "".join(f"<li><b>{esc(m)}</b>: {esc(t)}</li>" for m, t in NOTES.items()) + "</ul>")
     return "\n".join(parts)
 
 
-# -- example reviews ----------------------------------------------------------------------------------
-# Chosen by stated rules (RULE, MISTAKES). A review whose label is one the model predicts and differs from
-# its prediction is misclassified; a label the model cannot predict marks none, as the accuracy leaves it out.
-
-#: How the example reviews are chosen: the largest margins tie by the hundred where label smoothing caps
-#: the probabilities (and pick reviews of ？？？ and ！！！), and the shortest reviews say nothing of what a
-#: head reads.
+# -- example reviews: misclassified where the label is one the model predicts and not the prediction
+#: How the example reviews are chosen: the largest margins tie where label smoothing caps the
+#: probabilities, and the shortest reviews say nothing of what a head reads.
 RULE = (
     "reviews of a typical length (tokens between the 25th and 75th percentile of the run's), not "
     "misclassified (correctly predicted first), whose margin between the two most probable labels is "
@@ -507,8 +473,7 @@ def _none_why(preds: pl.DataFrame, labels: list[str], mistakes: bool) -> str:
 
 
 def examples_html(run: Path, preds: pl.DataFrame, layer: int, k: int, labels: list[str]) -> str:
-    """``k`` reviews typical of each predicted label by :data:`RULE`, then ``k`` mistakes by
-    :data:`MISTAKES` (``labels``: the model's); where a section has none, a sentence says why."""
+    """``k`` reviews per predicted label by :data:`RULE`, ``k`` mistakes by :data:`MISTAKES`, or why none."""
     sections = {
         ("Example reviews", RULE): pick(preds, k, labels),
         ("Most confidently misclassified reviews", MISTAKES): misclassified(preds, k, labels),
@@ -533,10 +498,8 @@ def examples_html(run: Path, preds: pl.DataFrame, layer: int, k: int, labels: li
             mark = " · misclassified" if example.misclassified else ""
             caption = f"{review.title()} · margin {example.margin:.3f}{mark}"
             alt = f"heads x tokens heatmap of {review.title()}"
-            parts += [
-                muted(esc(review.text)) if review.text else "",
-                img(review_png(review, dpi=110), alt, caption),
-            ]
+            text = muted(esc(review.text)) if review.text else ""
+            parts += [text, img(review_png(review, dpi=110), alt, caption)]
     return "\n".join(parts)
 
 
@@ -544,7 +507,7 @@ def examples_html(run: Path, preds: pl.DataFrame, layer: int, k: int, labels: li
 def _aggregates(run: Path, min_reviews: int | None) -> tuple[pl.DataFrame, dict[str, Any]]:
     """The run's aggregates, computed again when out of date with the options they were made with, so a
     report never swaps the table a user made for another; beside the report where the run is read-only."""
-    made = agg.aggregates_meta(run).get("options", {}) if agg.aggregates_path(run).is_file() else {}
+    made = derived_meta(path).get("options", {}) if (path := agg.aggregates_path(run)).is_file() else {}
     min_reviews = min_reviews if min_reviews is not None else made.get("min_reviews", agg.MIN_REVIEWS)
     if agg.is_current(run, min_reviews):
         return agg.read_aggregates(run)
@@ -572,9 +535,8 @@ def build_report(
     min_reviews: int | None = None,
     label_map: str | None = None,
 ) -> Path:
-    """Write the run's report page (default ``RUN/report.html``); aggregates are computed first where
-    missing or out of date (``min_reviews`` None: the aggregates' own, else 5). ``label_map``: the
-    source's labels as the model's (``'1,2=negative; 4,5=positive'``; None: the run's job's)."""
+    """Write the run's report page (default ``RUN/report.html``), computing aggregates first where missing
+    or out of date; ``label_map``: the source's labels as the model's (None: the run's job's)."""
     t0 = time.perf_counter()
     if examples < 0 or top_k < 1:
         raise SpecError(
@@ -589,14 +551,13 @@ def build_report(
     table, meta = _aggregates(run, min_reviews)
     files = [p.files["predictions"] for p in committed_files(run, ("predictions",), verify=True)]
     columns = ["doc_id", "status", "label", "pred_id", "pred_label", "probs", "n_tokens", "truncated"]
-    preds = pl.scan_parquet(files, glob=False).select(columns).collect() if files else pl.DataFrame()
-    scored = not preds.is_empty() and (preds["status"] == "ok").any()
-    labelled = bool(manifest.spec.get("label_col")) or (
-        not preds.is_empty() and preds["label"].is_not_null().any()
-    )
+    none = pl.from_arrow(schema.arrow("predictions").empty_table()).lazy()  # a run without parts
+    preds = (pl.scan_parquet(files, glob=False) if files else none).select(columns).collect()
+    scored = (preds["status"] == "ok").any()
+    labelled = bool(manifest.spec.get("label_col")) or preds["label"].is_not_null().any()
     labels = manifest.labels
     mapping = parse_label_map(manifest.spec.get("label_map") if label_map is None else label_map, labels)
-    if mapping and preds.height:  # each label as the model's where the map names it
+    if mapping:  # each label as the model's where the map names it
         preds = preds.with_columns(pl.col("label").replace(mapping))
     body = [
         _summary_html(manifest, preds),

@@ -20,7 +20,6 @@ from typer.testing import CliRunner
 
 import bertattn_batch.render.figures as figures
 import bertattn_batch.render.plot as plotting
-import bertattn_batch.render.review as reviews
 from bertattn_batch.cli import app
 from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
@@ -82,13 +81,13 @@ def short_doc(run: Path) -> str:
 def test_matrix_equals_the_stored_weights(en_run):
     doc = longest_doc(en_run)
     for layer in (None, -1):  # default: the run's first layer (-2 of 3 is 1); -1 is 2
-        review = reviews.load_review(en_run, doc, layer)
+        review = plotting.load_review(en_run, doc, layer)
         idx = 1 if layer is None else 2
         assert review.layer == idx
         np.testing.assert_array_equal(review.scaled, stored(en_run, doc, idx, "weight_scaled"))
         np.testing.assert_array_equal(review.weight, stored(en_run, doc, idx, "weight"))
     # and the picture draws exactly that matrix, wrapped into rows of TOKENS_PER_ROW tokens
-    fig = figures.cls_figure(review)
+    fig = plotting.cls_figure(review)
     drawn = [ax.images[0].get_array() for ax in fig.axes if ax.images]
     assert len(review.tokens) > figures.TOKENS_PER_ROW and len(drawn) > 1
     np.testing.assert_array_equal(np.concatenate([np.asarray(d) for d in drawn], axis=1), review.scaled)
@@ -98,7 +97,7 @@ def test_matrix_equals_the_stored_weights(en_run):
 
 def test_pred_and_label_come_with_the_review(en_run):
     doc = longest_doc(en_run)
-    review = reviews.load_review(en_run, doc)
+    review = plotting.load_review(en_run, doc)
     pred = next(p for p in read_table(en_run, "predictions").to_pylist() if p["doc_id"] == doc)
     assert (review.pred_label, review.label) == (pred["pred_label"], pred["label"])
     assert review.prob == pytest.approx(max(pred["probs"]))
@@ -107,7 +106,7 @@ def test_pred_and_label_come_with_the_review(en_run):
 
 def test_pairs_from_a_run_are_eager_attention(en_run):
     doc = short_doc(en_run)
-    review = reviews.add_pairs(reviews.load_review(en_run, doc), en_run)  # model and token ids of the run
+    review = plotting.add_pairs(plotting.load_review(en_run, doc), en_run)  # model and token ids of the run
     heads, n = review.weight.shape
     assert review.pairs.shape == (heads, n + 2, n + 2)
     np.testing.assert_allclose(review.pairs.sum(-1), 1.0, atol=1e-5)  # every query row is a softmax
@@ -115,20 +114,20 @@ def test_pairs_from_a_run_are_eager_attention(en_run):
         review.pairs[:, 0, 1:-1], review.weight, atol=1e-5
     )  # its [CLS] row is the run's
     assert review.pair_tokens[0] == "[CLS]" and review.pair_tokens[-1] == "[SEP]"
-    fig = figures.pairs_figure(review)
+    fig = plotting.pairs_figure(review)
     np.testing.assert_array_equal(np.asarray(fig.axes[0].images[0].get_array()), review.pairs[0])
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == review.pair_tokens
 
 
 def test_pairs_refuse_a_text_that_is_not_the_review(en_run):
-    review = reviews.load_review(en_run, longest_doc(en_run))
-    with pytest.raises(reviews.InputError, match="do not give review"):
-        reviews.add_pairs(review, en_run, text="an entirely different review")
+    review = plotting.load_review(en_run, longest_doc(en_run))
+    with pytest.raises(plotting.InputError, match="do not give review"):
+        plotting.add_pairs(review, en_run, text="an entirely different review")
 
 
 def test_text_and_model_go_through_the_library(tiny_en_dir, drug_rows):
     text = drug_rows[7]["text"]
-    review = reviews.review_from_text(text, str(tiny_en_dir), layer=-2, pairs=True)
+    review = plotting.review_from_text(text, str(tiny_en_dir), layer=-2, pairs=True)
     expected = eager_oracle(tiny_en_dir, [text], layer=-2)[0]  # (H, n): transformers' own
     np.testing.assert_allclose(review.weight, expected, atol=1e-5)
     np.testing.assert_allclose(review.scaled, minmax(expected), atol=1e-5)
@@ -138,7 +137,7 @@ def test_text_and_model_go_through_the_library(tiny_en_dir, drug_rows):
 
 def test_png_and_html_files(en_run, tmp_path):
     doc = short_doc(en_run)
-    review = reviews.add_pairs(reviews.load_review(en_run, doc), en_run)
+    review = plotting.add_pairs(plotting.load_review(en_run, doc), en_run)
     png = plotting.write_review(review, tmp_path / "r.png")
     pairs_png = plotting.write_review(review, tmp_path / "pairs.png", pairs=True)
     page = plotting.write_review(review, tmp_path / "r.html")
@@ -170,9 +169,9 @@ def test_chinese_renders_with_a_cjk_font(zh_run):
     fonts.reset()
     if fonts.cjk_font() is None:
         pytest.skip(f"no CJK font on this machine ({fonts.INSTALL_HINT})")
-    review = reviews.load_review(zh_run, "seed")
+    review = plotting.load_review(zh_run, "seed")
     assert "超" in review.tokens and "[UNK]" in review.tokens
-    fig = figures.cls_figure(review)
+    fig = plotting.cls_figure(review)
     labels = [t.get_text() for ax in fig.axes if ax.images for t in ax.get_xticklabels()]
     assert labels == review.tokens  # drawn as they are
     assert _missing_glyph_warnings(fig) == []
@@ -182,9 +181,9 @@ def test_without_a_cjk_font_codes_not_boxes(zh_run, monkeypatch, caplog):
     monkeypatch.setenv(fonts.ENV_VAR, "none")
     fonts.reset()
     try:
-        review = reviews.load_review(zh_run, "seed")
+        review = plotting.load_review(zh_run, "seed")
         with caplog.at_level(logging.WARNING, logger="bertattn_batch.render.fonts"):
-            fig = figures.cls_figure(review)
+            fig = plotting.cls_figure(review)
         labels = [t.get_text() for ax in fig.axes if ax.images for t in ax.get_xticklabels()]
         assert labels[review.tokens.index("超")] == f"U+{ord('超'):04X}"
         assert "[UNK]" in labels  # what the font has stays as it is
@@ -199,7 +198,7 @@ def test_without_a_cjk_font_codes_not_boxes(zh_run, monkeypatch, caplog):
 def test_a_layer_out_of_range_names_plots_option(tiny_en_dir):
     """The error names plot's own option, --layer."""
     with pytest.raises(plotting.SpecError, match=r"give one of -3 to 2 \(--layer\)$"):
-        reviews.review_from_text("good food", str(tiny_en_dir), layer=3)
+        plotting.review_from_text("good food", str(tiny_en_dir), layer=3)
 
 
 def test_cli_plots_a_run_and_a_text(en_run, tiny_zh_dir, tmp_path):
@@ -297,29 +296,29 @@ def test_byte_level_tokens_are_shown_as_text():
 
 
 def test_a_run_records_whether_its_tokens_spell_bytes(en_run):
-    review = reviews.load_review(en_run, short_doc(en_run))
+    review = plotting.load_review(en_run, short_doc(en_run))
     assert review.byte_level is False  # WordPiece: whatever letters its tokens hold, shown as they are
 
 
 def test_titles_are_literal_one_line_and_bounded(en_run, tmp_path):
     """'$...$' in an id or label is text, not a formula, and a long or multi-line id is cut
     to one line: the figure stays a readable width."""
-    review = reviews.load_review(en_run, short_doc(en_run))
+    review = plotting.load_review(en_run, short_doc(en_run))
     review.doc_id, review.label = "c$\\frac$ " + "x" * 3000 + "\nnext", "m$x^2$d"
     title = review.title()
     assert "\n" not in title and len(title) < 250 and "m$x^2$d" in title
-    fig = figures.cls_figure(review)
+    fig = plotting.cls_figure(review)
     assert fig.get_size_inches()[0] < 25
     png = plotting.write_review(review, tmp_path / "odd.png")
     assert png.stat().st_size > 0
 
 
 def test_pairs_refuse_a_model_that_is_not_the_runs(en_run, tiny_zh_dir):
-    review = reviews.load_review(en_run, longest_doc(en_run))
+    review = plotting.load_review(en_run, longest_doc(en_run))
     with pytest.raises(
-        reviews.InputError, match="is not the run's: it has other weights than the manifest records"
+        plotting.InputError, match="is not the run's: it has other weights than the manifest records"
     ):
-        reviews.add_pairs(review, en_run, model=str(tiny_zh_dir))
+        plotting.add_pairs(review, en_run, model=str(tiny_zh_dir))
 
 
 @pytest.mark.parametrize("store_text", [True, False])
@@ -347,7 +346,7 @@ def test_pairs_are_of_the_scored_review_with_its_inputs_gone(tiny_en_dir, tmp_pa
     )
     assert r.exit_code == 0, r.output
     src.unlink()
-    review = reviews.add_pairs(reviews.load_review(out, "0"), out)
+    review = plotting.add_pairs(plotting.load_review(out, "0"), out)
     assert review.pair_tokens == ["[CLS]", "the", "real", "review", "zero", "[SEP]"]
     np.testing.assert_allclose(review.pairs[:, 0, 1:-1], review.weight, atol=1e-5)
 
@@ -358,13 +357,13 @@ def test_pictures_that_read(en_run, tmp_path):
     from PIL import Image
 
     doc = short_doc(en_run)
-    review = reviews.add_pairs(reviews.load_review(en_run, doc), en_run)
+    review = plotting.add_pairs(plotting.load_review(en_run, doc), en_run)
     assert "layer 1 (\u22122)" in review.title()  # the 3-layer tiny model: 0-based, and from the end
-    part = reviews.select(review, reviews.token_range("2:9"), specials=False)
+    part = plotting.select(review, plotting.token_range("2:9"), specials=False)
     assert part.tokens == review.tokens[2:9] and part.scaled.shape == (review.num_heads, 7)
     assert part.pair_tokens == review.pair_tokens[3:10]  # content tokens 2..8, no [CLS]/[SEP]
     np.testing.assert_array_equal(part.pairs, review.pairs[:, 3:10, 3:10])
-    fig = figures.pairs_figure(part)
+    fig = plotting.pairs_figure(part)
     images = [im for ax in fig.axes for im in ax.get_images()]
     assert len({im.get_clim() for im in images}) == 1  # one colour scale for every head
     assert sum(ax.get_label() == "<colorbar>" for ax in fig.axes) == 1
@@ -372,9 +371,9 @@ def test_pictures_that_read(en_run, tmp_path):
     alone = Image.open(plotting.write_review(part, tmp_path / "cls.png"))
     assert Image.open(png).height > alone.height  # the heads x tokens chart, and the maps below it
     with pytest.raises(plotting.SpecError, match="--tokens takes a range"):
-        reviews.token_range("0-40")
+        plotting.token_range("0-40")
     with pytest.raises(plotting.SpecError, match=r"--tokens :0 selects none"):  # the range as typed
-        reviews.select(review, reviews.token_range(":0"))
+        plotting.select(review, plotting.token_range(":0"))
 
 
 def _significant(x: float, digits: int = 4) -> float:
@@ -387,7 +386,7 @@ def test_the_seeds_table_for_a_spreadsheet(suffix, en_run, tmp_path):
     """A row per head and measure, a column per token, weights to 4 significant digits; the review's
     id, prediction, label and text on every row."""
     doc = short_doc(en_run)
-    review = reviews.load_review(en_run, doc)
+    review = plotting.load_review(en_run, doc)
     pred = read_table(en_run, "predictions").to_pandas().set_index("doc_id").loc[doc]
     out = plotting.write_review(plotting.review_for_plot(en_run, doc), tmp_path / f"t{suffix}")
     if suffix == ".csv":
@@ -421,7 +420,7 @@ def test_the_plot_command_takes_negative_layers_token_ranges_and_leaves_out_the_
     import re
 
     doc = short_doc(en_run)
-    review = reviews.load_review(en_run, doc)
+    review = plotting.load_review(en_run, doc)
     args = ["plot", str(en_run), "--doc-id", doc, "--layer", "-2", "--tokens", "2:6", "--pairs"]
     pages = {}
     for specials in ("--specials", "--no-specials"):
@@ -445,9 +444,9 @@ def test_the_whole_title_is_drawn_whatever_its_script(zh_run, doc_id):
     characters no font here draws (written as U+XXXX codes)."""
     import dataclasses
 
-    review = reviews.select(reviews.load_review(zh_run, "seed"), slice(0, 4))  # a short review
+    review = plotting.select(plotting.load_review(zh_run, "seed"), slice(0, 4))  # a short review
     review = dataclasses.replace(review, doc_id=doc_id)
-    fig = figures.cls_figure(review)
+    fig = plotting.cls_figure(review)
     fig.canvas.draw()
     (title,) = fig.texts
     assert title.get_text().endswith(f"label {review.label}")
@@ -500,7 +499,7 @@ def test_drawing_leaves_the_users_matplotlib_as_it_was(zh_run):
     plt.switch_backend("svg")  # a backend of the user's own
     with matplotlib.rc_context({"font.family": ["serif"], "text.parse_math": True}):
         plt.figure()  # pyplot in use, as in a notebook
-        figures.review_png(reviews.load_review(zh_run, "seed"))
+        plotting.review_png(plotting.load_review(zh_run, "seed"))
         plotting.plot_review(zh_run, "seed")
         assert matplotlib.rcParams["font.family"] == ["serif"] and matplotlib.rcParams["text.parse_math"]
         assert plt.get_fignums() == [1]  # none of its figures left with pyplot
@@ -514,7 +513,7 @@ def test_a_row_number_given_as_an_int_finds_its_review(tiny_en_dir, tmp_path):
     src = tmp_path / "r.csv"
     src.write_text("text\na good drug\nslow and bad\n")
     run_job(JobSpec(inputs=[str(src)], model=str(tiny_en_dir), out=str(tmp_path / "run"), progress=False))
-    assert reviews.load_review(tmp_path / "run", 1).doc_id == "1"
+    assert plotting.load_review(tmp_path / "run", 1).doc_id == "1"
 
 
 def test_plot_review_returns_figures_and_writes_nothing(en_run, tmp_path, monkeypatch):
@@ -528,7 +527,7 @@ def test_plot_review_returns_figures_and_writes_nothing(en_run, tmp_path, monkey
     drawn = np.concatenate([np.asarray(ax.images[0].get_array()) for ax in fig.axes if ax.images], axis=1)
     np.testing.assert_array_equal(drawn, stored(en_run, doc, 1, "weight_scaled"))
     heads_fig, maps = bertattn_batch.plot_review(en_run, doc, pairs=True, tokens="0:5")
-    assert [t.get_text() for t in heads_fig.axes[0].get_xticklabels()] == reviews.load_review(
+    assert [t.get_text() for t in heads_fig.axes[0].get_xticklabels()] == plotting.load_review(
         en_run, doc
     ).tokens[:5]
     assert maps.axes[0].images[0].get_array().shape == (7, 7)  # [CLS], 5 tokens, [SEP]

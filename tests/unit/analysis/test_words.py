@@ -144,7 +144,7 @@ def test_words_none_and_wordpiece_are_chosen_per_aggregate(zh_run, tmp_path):
 def test_plot_by_words_sums_a_words_tokens(zh_run):
     """Heads x words equals the oracle's rows; in the token x token maps a word pays its tokens' mean
     attention and receives their sum (computed here cell by cell)."""
-    from bertattn_batch.render.review import by_words, load_review
+    from bertattn_batch.render.plot import by_words, load_review
 
     review = load_review(zh_run, "seed")
     rng = np.random.default_rng(0)
@@ -172,7 +172,7 @@ def test_plot_by_words_sums_a_words_tokens(zh_run):
 
 def test_reviews_are_ranked_by_raw_weight(zh_run):
     """Against polars over the run's tables: each review's largest weight on the token at the head."""
-    from bertattn_batch.analysis.reviews import top_reviews
+    from bertattn_batch.analysis.aggregate import top_reviews
 
     attention = pl.from_arrow(read_table(zh_run, "cls_attention"))
     tokens = pl.from_arrow(read_table(zh_run, "tokens"))

@@ -12,7 +12,7 @@ import pytest
 from bertattn_batch.config import JobSpec, from_dict, parse_label_map
 from bertattn_batch.errors import InputError, SpecError
 from bertattn_batch.render import figures, plot, report
-from bertattn_batch.render.review import ReviewAttention
+from bertattn_batch.render.plot import ReviewAttention
 
 
 def made_up(n: int, heads: int = 3, pairs: bool = True) -> ReviewAttention:
@@ -42,7 +42,7 @@ def test_spans_are_the_fewest_of_even_length(n, most):
 
 def test_heads_by_tokens_rows_wrap_evenly():
     review = made_up(69, pairs=False)
-    fig = figures.cls_figure(review)
+    fig = plot.cls_figure(review)
     rows = [[t.get_text() for t in ax.get_xticklabels()] for ax in fig.axes[:-1]]  # the colour bar last
     assert [len(r) for r in rows] == [35, 34]  # not 64 and a row of five
     assert [t for r in rows for t in r] == review.tokens
@@ -53,10 +53,10 @@ def test_token_by_token_maps_label_every_token(n):
     """Every panel labels each of its rows and columns; a long review is cut into windows along the
     diagonal, each window's panel holding exactly those rows and columns of the head's map."""
     review = made_up(n)
-    fig = figures.pairs_figure(review)
+    fig = plot.pairs_figure(review)
     panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>" and ax.get_images()]
     size = n + 2
-    windows = figures.spans(size, figures.PAIR_WINDOW)
+    windows = figures.spans(size, plot.PAIR_WINDOW)
     assert len(panels) == len(windows) * review.num_heads
     seen: dict[int, list[str]] = {}
     for ax in panels:
