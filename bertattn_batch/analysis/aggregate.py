@@ -387,11 +387,12 @@ def read_aggregates(run_dir: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
 def is_current(run_dir: str | Path, min_reviews: int | None = None) -> bool:
     """True when the written aggregates, in this schema version, cover exactly the run's committed parts
     (and were computed with ``min_reviews``, where given)."""
-    meta = derived_meta(path) if (path := aggregates_path(run_dir)).is_file() else {}
+    path = aggregates_path(run_dir)
+    meta = derived_meta(path) if path.is_file() else {}
     return (
         meta.get("schema_version") == str(schema.version(TABLE))
-        and min_reviews in (None, meta["options"].get("min_reviews"))
-        and meta["parts"] == [p.name for p in committed_parts(run_dir)]
+        and min_reviews in (None, meta.get("options", {}).get("min_reviews"))
+        and meta.get("parts") == [p.name for p in committed_parts(run_dir)]
     )
 
 

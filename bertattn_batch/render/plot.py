@@ -355,13 +355,14 @@ def review_png(review: ReviewAttention, pairs: bool = False, dpi: int = 130) -> 
     top = png_bytes(cls_figure(review), dpi=dpi, tight=False)
     if not pairs:
         return top
-    from matplotlib import image
+    from PIL import Image  # pasted as 8-bit RGB: a long review's stack stays a few hundred MB
 
-    a, b = (image.imread(io.BytesIO(png))[..., :3] for png in (top, png_bytes(pairs_figure(review), dpi)))
-    width = max(a.shape[1], b.shape[1])
+    images = [Image.open(io.BytesIO(b)).convert("RGB") for b in (top, png_bytes(pairs_figure(review), dpi))]
+    out = Image.new("RGB", (max(i.width for i in images), sum(i.height for i in images)), "white")
+    out.paste(images[0], (0, 0))
+    out.paste(images[1], (0, images[0].height))
     buf = io.BytesIO()
-    padded = [np.pad(x, ((0, 0), (0, width - x.shape[1]), (0, 0)), constant_values=1) for x in (a, b)]
-    image.imsave(buf, np.vstack(padded))
+    out.save(buf, format="PNG")
     return buf.getvalue()
 
 

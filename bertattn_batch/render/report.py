@@ -507,7 +507,8 @@ def examples_html(run: Path, preds: pl.DataFrame, layer: int, k: int, labels: li
 def _aggregates(run: Path, min_reviews: int | None) -> tuple[pl.DataFrame, dict[str, Any]]:
     """The run's aggregates, computed again when out of date with the options they were made with, so a
     report never swaps the table a user made for another; beside the report where the run is read-only."""
-    made = derived_meta(path).get("options", {}) if (path := agg.aggregates_path(run)).is_file() else {}
+    path = agg.aggregates_path(run)
+    made = derived_meta(path).get("options", {}) if path.is_file() else {}
     min_reviews = min_reviews if min_reviews is not None else made.get("min_reviews", agg.MIN_REVIEWS)
     if agg.is_current(run, min_reviews):
         return agg.read_aggregates(run)
