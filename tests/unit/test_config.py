@@ -264,8 +264,8 @@ def test_a_job_files_flat_input_keys_make_its_input_spec_and_are_recorded_flat(t
         ["a.csv"], text_col="body", id_col="doc_id", format="csv", encoding="gb18030", delimiter=";", limit=5
     )
     recorded = spec.to_dict()
-    keys = ("inputs", "text_col", "id_col", "label_col", "input_format", "limit")
-    assert {k: recorded[k] for k in keys} == {
+    assert {k: recorded[k]
+            for k in ("inputs", "text_col", "id_col", "label_col", "input_format", "limit")} == {
         "inputs": ["a.csv"], "text_col": "body", "id_col": "doc_id", "label_col": None, "input_format": "csv",
         "limit": 5,
     }  # fmt: skip
