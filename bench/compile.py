@@ -4,11 +4,12 @@ batches through one classifier with and without its compiled model, in turn each
 Usage::
 
     .venv/bin/python bench/compile.py                                  # zh 4096 and bert-base 256
-    .venv/bin/python bench/compile.py --models bert-base --n 256 --rounds 3 --out bench/results/compile-cpu-2core.txt
+    .venv/bin/python bench/compile.py --models bert-base --n 256 --rounds 3 \
+        --out bench/results/compile-cpu-2core.txt
 
 Batches are cut as a job cuts them (windows of 4096 rows, the device's token budget). Compiling is
-timed apart (the load's probe and the first pass over new variants, together); each round then scores the batches
-eager and compiled. Prints each round's seconds, the median of the paired ratios (eager / compiled),
+timed apart (the load's probe and the first pass over new variants, together); each round then scores the
+batches eager and compiled. Prints each round's seconds, the median of the paired ratios (eager / compiled),
 and the largest difference of any output.
 """
 

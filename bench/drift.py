@@ -40,8 +40,8 @@ def precision_drift(
     for dt in ("float32", low):
         spec = JobSpec(
             inputs=InputSpec([str(corpus)], id_col=id_col, label_col=label_col), model=str(model),
-            out=str(out_root / f"drift-{dt}"), max_length=max_length, device=device, dtype=dt, on_existing="overwrite",
-            progress=False,
+            out=str(out_root / f"drift-{dt}"), max_length=max_length, device=device, dtype=dt,
+            on_existing="overwrite", progress=False,
         )  # fmt: skip
         runs[dt] = run_job(spec)
 

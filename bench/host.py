@@ -209,19 +209,22 @@ def main() -> None:
         )
         print(
             f"{c} core(s), {processes} host processes: {rate[c, processes]:,.0f} reviews/s, "
-            f"{r['attn_rows'] / r['wall_s']:,.0f} attention rows/s ({_rate(r['steady_reviews_per_s'])} reviews/s "
-            f"after the first parts); per stage: {stages}; CPU a review {1e6 * r['cpu_s'] / r['reviews']:.0f} µs "
-            f"here, {1e6 * r['host_processes_cpu_s'] / r['reviews']:.0f} µs in host processes; minor page faults "
-            f"a review {(r['page_faults'] + r['host_processes_page_faults']) / r['reviews']:.1f}; peak memory "
-            f"{r['max_rss_mb']:,} MB here, {r['largest_host_process_max_rss_mb']:,} MB in the largest host process"
+            f"{r['attn_rows'] / r['wall_s']:,.0f} attention rows/s "
+            f"({_rate(r['steady_reviews_per_s'])} reviews/s after the first parts); per stage: {stages}; "
+            f"CPU a review {1e6 * r['cpu_s'] / r['reviews']:.0f} µs here, "
+            f"{1e6 * r['host_processes_cpu_s'] / r['reviews']:.0f} µs in host processes; minor page faults "
+            f"a review {(r['page_faults'] + r['host_processes_page_faults']) / r['reviews']:.1f}; "
+            f"peak memory {r['max_rss_mb']:,} MB here, "
+            f"{r['largest_host_process_max_rss_mb']:,} MB in the largest host process"
         )
     top, low = max(counts), min(counts)
     best = {c: max((key for key in results if key[0] == c), key=rate.__getitem__) for c in counts}
     per = results[top, args.host_processes or top]
     main_us, host_us = (1e6 * per[k] / per["reviews"] for k in ("cpu_s", "host_processes_cpu_s"))
     print(
-        f"host processes on {top} cores: CPU a review {main_us:.0f} µs in the model's process, {host_us:.0f} µs in "
-        f"host processes; so on C cores at most about min({1e6 / main_us:,.0f}, (C - 1) × {1e6 / host_us:,.0f}) "
+        f"host processes on {top} cores: CPU a review {main_us:.0f} µs in the model's process, "
+        f"{host_us:.0f} µs in host processes; "
+        f"so on C cores at most about min({1e6 / main_us:,.0f}, (C - 1) × {1e6 / host_us:,.0f}) "
         "reviews/s (a bound, not a measurement)"
     )
     if copies:
@@ -229,19 +232,22 @@ def main() -> None:
         paces, alone = [r["steady_reviews_per_s"] for r in copies], results[1, 1]["steady_reviews_per_s"]
         paced = f"{sum(paces) / alone:.2f}×" if all(paces) and alone else "n/a"
         print(
-            f"independent copies (one job a core, pinned, sharing nothing): {both:,.0f} reviews/s on {len(copies)} "
-            f"cores, {both / rate[1, 1]:.2f}× one such job alone (after the first parts {paced}): the ceiling of any split"
+            f"independent copies (one job a core, pinned, sharing nothing): {both:,.0f} reviews/s "
+            f"on {len(copies)} cores, {both / rate[1, 1]:.2f}× one such job alone "
+            f"(after the first parts {paced}): the ceiling of any split"
         )
     steady = {key: r["steady_reviews_per_s"] or 0.0 for key, r in results.items()}
     fastest = {c: max((key for key in results if key[0] == c), key=steady.__getitem__) for c in counts}
     top_pace, low_pace = steady[fastest[top]], steady[fastest[low]]
     scaled = f"{top_pace / low_pace:.2f}×" if top_pace and low_pace else "n/a (too few parts: more --rows)"
     print(
-        f"after the first parts: {_rate(top_pace)} reviews/s on {top} cores, {_rate(low_pace)} on {low}, scaling {scaled}"
+        f"after the first parts: {_rate(top_pace)} reviews/s on {top} cores, {_rate(low_pace)} on {low}, "
+        f"scaling {scaled}"
     )
     r = results[best[top]]
     print(
-        f"host: {rate[best[top]]:,.0f} reviews/s on {top} cores ({r['attn_rows'] / r['wall_s']:,.0f} rows/s), "
+        f"host: {rate[best[top]]:,.0f} reviews/s on {top} cores "
+        f"({r['attn_rows'] / r['wall_s']:,.0f} rows/s), "
         f"scaling {rate[best[top]] / rate[best[low]]:.2f}× from {low} core"
     )
 

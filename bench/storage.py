@@ -24,8 +24,8 @@ zstd, page checksums and dictionaries for the strings):
   as in numcodecs' ``BitRound``); ``lean-scaled+bits7`` also drops ``weight_scaled``.
 
 Prints bytes per attention row and write time per million attention rows for each, best of
-``--rounds`` (the layouts in turn each round), the write time of cls_attention alone under variants of the options (``option_costs``),
-and the size of every column of the run as written.
+``--rounds`` (the layouts in turn each round), the write time of cls_attention alone under variants of
+the options (``option_costs``), and the size of every column of the run as written.
 """
 
 from __future__ import annotations
@@ -223,7 +223,8 @@ def main(argv: list[str] | None = None) -> dict:
     base = options["wide"]
     for name, o in options.items():
         print(
-            f"{name:12s} {o['bytes_per_row']:6.2f} B/row ({o['bytes_per_row'] / base['bytes_per_row']:.2f}x), "
+            f"{name:12s} {o['bytes_per_row']:6.2f} B/row "
+            f"({o['bytes_per_row'] / base['bytes_per_row']:.2f}x), "
             f"write {o['write_s_per_million_rows']:.3f} s per 1M rows "
             f"({o['write_s_per_million_rows'] / base['write_s_per_million_rows']:.2f}x)"
         )

@@ -150,7 +150,8 @@ class FinetuneSpec:
                 raise SpecError(f"finetune.labels: give at least two labels, got {self.labels}")
         if self.hidden_size % self.num_heads:
             raise SpecError(
-                f"finetune.hidden_size ({self.hidden_size}) must be a multiple of num_heads ({self.num_heads})"
+                f"finetune.hidden_size ({self.hidden_size}) must be a multiple of "
+                f"num_heads ({self.num_heads})"
             )
 
 
@@ -280,12 +281,14 @@ class JobSpec:
         if ft is not None and ft.base is None and not Path(self.model).exists():
             if bad := [i for i in self.layers if not -ft.num_layers <= i < ft.num_layers]:
                 raise SpecError(
-                    f"layers {bad} are out of range for the {ft.num_layers}-layer model that [finetune] trains"
+                    f"layers {bad} are out of range for the {ft.num_layers}-layer model "
+                    "that [finetune] trains"
                 )
             if (self.max_length or 0) > ft.max_length:
                 raise SpecError(
                     f"max_length {self.max_length} exceeds finetune.max_length {ft.max_length}: a model "
-                    "trained from scratch only knows the positions it was trained on; raise finetune.max_length"
+                    "trained from scratch only knows the positions it was trained on; "
+                    "raise finetune.max_length"
                 )
 
     def to_dict(self) -> dict[str, Any]:

@@ -45,7 +45,8 @@ class StorageError(BertAttnError):
 
 
 class EngineError(BertAttnError):
-    """The distributed engine cannot run: Ray is not installed, a cluster is unreachable, or a worker failed."""
+    """The distributed engine cannot run: Ray is not installed, a cluster is unreachable, or a worker
+    failed."""
 
 
 class Terminated(KeyboardInterrupt):

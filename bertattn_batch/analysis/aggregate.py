@@ -214,7 +214,8 @@ def with_contrasts(sums: pl.LazyFrame) -> pl.LazyFrame:
 def with_shrunk_means(sums: pl.LazyFrame) -> pl.LazyFrame:
     """``sums`` with ``mean_scaled_shrunk``: each token's mean scaled weight pulled toward its head's mean
     in the group, the more the fewer reviews it was seen in: ``(n·m + κ·μ) / (n + κ)``, ``κ = s² / τ²``
-    (empirical Bayes; ``s²`` the pooled within-token variance, ``τ²`` that of the token means less ``s²/n``)."""
+    (empirical Bayes; ``s²`` the pooled within-token variance, ``τ²`` that of the token means less
+    ``s²/n``)."""
     n_occ, n_rev = pl.col("n_occurrences"), pl.col("n_reviews")
     mean = pl.col("scaled_sum") / n_occ
     head_mean = pl.col("scaled_sum").sum().over(GROUP) / n_occ.sum().over(GROUP)
@@ -558,7 +559,8 @@ def format_top(
 
 
 # -- the reviews where one head attends most to one token or word (``bertattn reviews``): ranked by the raw
-# weight (a word's: its tokens' summed), as the scaled weight ties at 1.0 wherever the token is the review's top.
+# weight (a word's: its tokens' summed), as the scaled weight ties at 1.0 wherever the token is the
+# review's top.
 #: Characters of a review's text printed.
 TEXT_CHARS = 200
 COLUMNS = [

@@ -115,9 +115,9 @@ def faithfulness(
     chosen = stratified_sample(preds, sample, seed)
     spec, info = manifest.spec, manifest.model  # the run's model, with the run's layers and length
     clf = load_run_model(manifest, model, lambda at: Classifier.load(
-        at, layers=info.get("layers") or spec.get("layers", [-2]), device=device, dtype=spec.get("dtype", "auto"),
-        max_length=info.get("max_length") or spec.get("max_length"), trust_remote_code=trust_remote_code,
-        allow_pickle=allow_pickle,
+        at, layers=info.get("layers") or spec.get("layers", [-2]), device=device,
+        dtype=spec.get("dtype", "auto"), max_length=info.get("max_length") or spec.get("max_length"),
+        trust_remote_code=trust_remote_code, allow_pickle=allow_pickle,
     ))  # fmt: skip
     doc_ids = chosen["doc_id"].to_list()
     content = [n - 2 for n in chosen["n_tokens"].to_list()]

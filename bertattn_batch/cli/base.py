@@ -113,7 +113,8 @@ def _help(ctx: typer.Context, value: bool) -> None:
 def _options(
     ctx: typer.Context,
     version: Annotated[bool, typer.Option(
-        "--version", callback=_version, is_eager=True, help="Print the version and exit.", metavar="")] = False,
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.", metavar=""
+    )] = False,
     _: Annotated[bool, typer.Option(
         "--help", callback=_help, is_eager=True, help="Show this message and exit.", metavar="")] = False,
 ) -> None:

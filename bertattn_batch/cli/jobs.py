@@ -23,7 +23,8 @@ RUN_OVERRIDES = ("out", "limit", "device", "dtype", "engine", "workers", "ray_ad
 Overwrite = Annotated[bool, typer.Option(
     "--overwrite", help="Replace an existing run in --out.", rich_help_panel="Output")]  # fmt: skip
 Incremental = Annotated[bool, typer.Option(
-    "--incremental", help="Process only reviews whose ids are not yet in the run; append.", rich_help_panel="Output"
+    "--incremental", help="Process only reviews whose ids are not yet in the run; append.",
+    rich_help_panel="Output",
 )]  # fmt: skip
 
 
@@ -46,8 +47,9 @@ def _run(spec: JobSpec) -> None:
         "incremental": "rerun the same command to resume",
         "overwrite": 'to resume, rerun without --overwrite (or on_existing = "overwrite" in the job): as it '
         "is, the same command starts the run over",
-    }.get(spec.on_existing, 'to resume, rerun with --on-existing resume (or on_existing = "resume" in the job): '
-          f"with {spec.on_existing!r} the same command refuses a run that holds parts")  # fmt: skip
+    }.get(spec.on_existing, "to resume, rerun with --on-existing resume "
+          f'(or on_existing = "resume" in the job): with {spec.on_existing!r} the same command refuses a run '
+          "that holds parts")  # fmt: skip
 
     def job():
         try:

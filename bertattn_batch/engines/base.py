@@ -98,8 +98,9 @@ class RunSummary:
 
     def as_dict(self) -> dict[str, Any]:
         s = self.stats
-        return {"run_dir": self.run_dir, "input_rows": s.input_rows, "skipped_committed": self.skipped_committed,
-                "scored": s.scored, "status_counts": dict(sorted(s.status_counts.items())), "tokens": s.tokens,
+        return {"run_dir": self.run_dir, "input_rows": s.input_rows,
+                "skipped_committed": self.skipped_committed, "scored": s.scored,
+                "status_counts": dict(sorted(s.status_counts.items())), "tokens": s.tokens,
                 "unknown_tokens": s.unknown, "padded_slots": s.padded_slots, "truncated": s.truncated,
                 "bytes_written": self.bytes_written, "parts_written": self.parts_written,
                 "seconds": self.seconds, "padding_share": self.padding_share,

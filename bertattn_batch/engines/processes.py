@@ -46,7 +46,8 @@ PRELOAD = [__name__, "transformers", "transformers.models"]
 HOST_MALLOC = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=268435456"
 #: What the host side of a window asks of a classifier, sent to a host process in its place.
 SHAPE = (
-    "tokenizer", "max_length", "layers", "num_heads", "labels", "value_zeroing", "device_type", "contributions",
+    "tokenizer", "max_length", "layers", "num_heads", "labels", "value_zeroing", "device_type",
+    "contributions",
 )  # fmt: skip
 
 #: A batch's token ids as one array and each review's length: pickled in one piece.

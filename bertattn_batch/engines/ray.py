@@ -69,7 +69,8 @@ def plan_placement(spec: JobSpec, cluster_cpus: float, node_cpus: float, cluster
     """One GPU per worker where the cluster has GPUs (unless --device cpu); else a fair share of CPUs."""
     if spec.device.startswith("cuda:"):
         raise SpecError(
-            f"with --engine ray every worker gets a GPU of its own: use --device cuda or auto, not {spec.device}"
+            f"with --engine ray every worker gets a GPU of its own: use --device cuda or auto, "
+            f"not {spec.device}"
         )
     if spec.device in ("auto", "cuda") and cluster_gpus >= 1:
         return Placement(cpus=1, gpus=1, device="cuda")
@@ -247,8 +248,9 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = None, quiet: 
     # ray.init replaces SIGTERM's handler with one that aborts (exit 134): ours are put back after it
     main = threading.current_thread() is threading.main_thread()
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
-    slow = threading.Timer(JOIN_WARN_SECONDS, log.warning, ("still joining the Ray cluster at %s: Ray retries an "
-                           "address that answers but does not take it for many minutes; Ctrl-C stops it", address))  # fmt: skip
+    slow = threading.Timer(JOIN_WARN_SECONDS, log.warning, (
+        "still joining the Ray cluster at %s: Ray retries an address that answers but does not take it "
+        "for many minutes; Ctrl-C stops it", address))  # fmt: skip
     slow.daemon = True
     try:
         if address:

@@ -30,23 +30,26 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
     labels = {str(k): v for k, v in clf.id2label.items()}
     fingerprint = {
         "model_sha256": clf.weights_sha256,
-        "model_config_sha256": clf.config_sha256,  # heads, activation, epsilon or the folder's code edited beside them
+        # heads, activation, epsilon or the folder's code edited beside them
+        "model_config_sha256": clf.config_sha256,
         "labels": labels,  # the model folder's other files: labels or a tokenizer changed beside the weights
         "tokenizer_sha256": tokenizer_hash(clf.tokenizer),
         "inputs": [storage.absolute(p) for p in inputs.paths],  # the same files, from any directory
         "columns": [inputs.text_col, inputs.id_col, inputs.label_col],
         "input_format": inputs.format,  # the same file read as another format has other rows
         "encoding": inputs.encoding, "delimiter": inputs.delimiter, "layers": clf.layers,
-        "max_length": clf.max_length, "dtype": dtype, "attention": spec.attention, "store_text": spec.store_text,
-        "value_zeroing": spec.value_zeroing, "contributions": spec.contributions,
+        "max_length": clf.max_length, "dtype": dtype, "attention": spec.attention,
+        "store_text": spec.store_text, "value_zeroing": spec.value_zeroing,
+        "contributions": spec.contributions,
     }  # fmt: skip
     fingerprint["job_sha256"] = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     source = located(clf.source)
     model = {
         "source": source, "weights_sha256": clf.weights_sha256, "config_sha256": clf.config_sha256,
         "model_type": clf.model.config.model_type, "word_continuation": clf.word_continuation,
-        "words": clf.words, "byte_level": clf.byte_level, "num_layers": clf.num_layers, "num_heads": clf.num_heads,
-        "layers": clf.layers, "id2label": labels, "max_length": clf.max_length, "dtype": dtype,
+        "words": clf.words, "byte_level": clf.byte_level, "num_layers": clf.num_layers,
+        "num_heads": clf.num_heads, "layers": clf.layers, "id2label": labels, "max_length": clf.max_length,
+        "dtype": dtype,
         "device": str(clf.device), "attention": spec.attention,
         "training": training_record(resolve_source(source)),
     }  # fmt: skip

@@ -96,7 +96,8 @@ class WindowJob:
     around the model ask of it (engines/processes.py)."""
 
     def __init__(self, clf: Classifier | Any, batch_tokens: int, max_batch_size: int, part_writer: PartWriter,
-                 pass_info: PassInfo = PassInfo(), encode_threads: int = 1, store_text: bool = True) -> None:  # fmt: skip
+                 pass_info: PassInfo = PassInfo(), encode_threads: int = 1,
+                 store_text: bool = True) -> None:  # fmt: skip
         self.clf = clf
         self.part_writer = part_writer
         self.generation = pass_info.generation
@@ -113,8 +114,8 @@ class WindowJob:
         """Tokenize the window's readable rows; a review with no content token becomes ``no_tokens``."""
         t0 = time.perf_counter()
         batch = rows.rows
-        scored = [ScoredRow(batch.row_index[i], batch.doc_id[i], batch.label[i], batch.status[i], text=batch.text[i])
-                  for i in range(len(batch))]  # fmt: skip
+        scored = [ScoredRow(batch.row_index[i], batch.doc_id[i], batch.label[i], batch.status[i],
+                            text=batch.text[i]) for i in range(len(batch))]  # fmt: skip
         todo = [i for i, r in enumerate(scored) if r.status == "ok"]
         for i, enc in zip(todo, self.encoder([batch.text[i] for i in todo]), strict=True):
             scored[i].encoded = enc

@@ -2,7 +2,8 @@
 
 Usage::
 
-    extractor = Extractor(vocab_array(clf.tokenizer), layers=clf.layers, num_heads=clf.num_heads, labels=clf.labels)
+    extractor = Extractor(vocab_array(clf.tokenizer), layers=clf.layers, num_heads=clf.num_heads,
+                          labels=clf.labels)
     tables = extractor.tables(scored)   # {"predictions", "cls_attention", "head_summary", "tokens"}
 
 Each review is sliced by its own length (content tokens are its positions 1 .. n-2, never the padded
@@ -78,7 +79,9 @@ class Extractor:
             "doc_id": [r.doc_id for r in rows], "row_index": [r.row_index for r in rows],
             "status": [r.status for r in rows], "label": [r.label for r in rows], "pred_id": pred,
             "pred_label": [self.labels[p] if p is not None else None for p in pred],
-            "pred_prob": [float(r.probs[p]) if p is not None else None for r, p in zip(rows, pred, strict=True)],
+            "pred_prob": [
+                float(r.probs[p]) if p is not None else None for r, p in zip(rows, pred, strict=True)
+            ],
             "probs": [r.probs for r in rows],
             "n_tokens": [r.encoded.n_tokens if r.probs is not None else 0 for r in rows],
             "truncated": [bool(r.encoded and r.encoded.truncated) for r in rows],
@@ -109,8 +112,9 @@ class Extractor:
     def _cls_chunk(
         self, scored: Sequence[ScoredRow], docs: pa.Array, first: int
     ) -> tuple[pa.Table, pa.Table, pa.Table]:
-        """The three tables for a chunk of scored reviews (ids from ``docs[first]`` on), vectorised over their
-        content tokens; rows in (review, layer, head, position) order, each (review, layer, head) a segment."""
+        """The three tables for a chunk of scored reviews (ids from ``docs[first]`` on), vectorised over
+        their content tokens; rows in (review, layer, head, position) order, each (review, layer, head) a
+        segment."""
         L, H = len(self.layers), self.num_heads
         n = np.array([r.encoded.n_tokens for r in scored], dtype=np.int64)
         m = n - 2  # content tokens: positions 1 .. n-2

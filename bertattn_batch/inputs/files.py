@@ -123,7 +123,8 @@ def _is_utf8(encoding: str) -> bool:
 
 
 class _Decoded(io.RawIOBase):
-    """``file``'s bytes through a decompressing ``stream`` and a ``decoder`` (None: UTF-8); closes ``file``."""
+    """``file``'s bytes through a decompressing ``stream`` and a ``decoder`` (None: UTF-8); closes
+    ``file``."""
 
     def __init__(self, file: BinaryIO, stream: Any, decoder: codecs.IncrementalDecoder | None) -> None:
         self._file, self._stream, self._decoder, self._held = file, stream, decoder, b""
@@ -179,7 +180,8 @@ def check_bytes(src: Source) -> None:
         if src.format == "parquet":
             if kind := compression_of(src.path):
                 raise InputError(
-                    f"{src.label} is {kind}-compressed; decompress it first (Parquet compresses its own pages)"
+                    f"{src.label} is {kind}-compressed; decompress it first "
+                    "(Parquet compresses its own pages)"
                 )
             return
         if not _is_utf8(src.encoding):
@@ -215,7 +217,8 @@ def _check_utf8(src: Source, head: bytes) -> None:
     for bom, name in _OTHER_BOMS.items():
         if head.startswith(bom):
             raise InputError(
-                f"{src.label} is {name} text (it starts with a {name} byte-order mark); bertattn reads UTF-8: "
+                f"{src.label} is {name} text (it starts with a {name} byte-order mark); "
+                "bertattn reads UTF-8: "
                 f"convert it first, e.g. iconv -f {name} -t UTF-8"
             )
     # ASCII spelt in UTF-16, which is valid UTF-8: most bytes of one parity NUL, few of the other
@@ -225,7 +228,8 @@ def _check_utf8(src: Source, head: bytes) -> None:
         if name:
             raise InputError(
                 f"{src.label} looks like {name} text without a byte-order mark (every other byte is NUL); "
-                f"bertattn reads UTF-8: convert it first (iconv -f {name} -t UTF-8) or pass --encoding {name.lower()}"
+                f"bertattn reads UTF-8: convert it first (iconv -f {name} -t UTF-8) "
+                f"or pass --encoding {name.lower()}"
             )
     if len(head) == ENCODING_SAMPLE_BYTES:
         head = head[:-4]  # a character the sample cut in two is no error
@@ -239,9 +243,10 @@ def _check_utf8(src: Source, head: bytes) -> None:
     if len(fits) == 1:
         fix = f"convert it ({iconv.format(fits[0].upper())}) or pass --encoding {fits[0]}"
     elif fits:  # one double-byte encoding's bytes are often valid in another: the user knows which
-        fix = (f"they read as {', '.join(e.upper() for e in fits[:-1])} or {fits[-1].upper()}: pass the one "
-               f"it was saved in (--encoding {', '.join(fits[:-1])} or {fits[-1]}; a wrong one reads as garbled "
-               f"reviews), or convert it ({iconv.format('ENCODING')})")  # fmt: skip
+        fix = (f"they read as {', '.join(e.upper() for e in fits[:-1])} or {fits[-1].upper()}: "
+               f"pass the one it was saved in (--encoding {', '.join(fits[:-1])} or {fits[-1]}; "
+               f"a wrong one reads as garbled reviews), "
+               f"or convert it ({iconv.format('ENCODING')})")  # fmt: skip
     else:
         fix = "convert it to UTF-8 or pass --encoding NAME"
     named = f", and reads as {fits[0].upper()}" if len(fits) == 1 else ""
@@ -349,7 +354,8 @@ def _rows_end(path: Path, fmt: str, delimiter: str | None, want: int) -> int | N
 
 
 def json_lead(f: BinaryIO) -> tuple[bytes, int]:
-    """A JSON file's first bytes that hold more than spaces (no byte-order mark), and the line breaks before."""
+    """A JSON file's first bytes that hold more than spaces (no byte-order mark), and the line breaks
+    before."""
     lead, breaks = f.read(3).removeprefix(codecs.BOM_UTF8), 0
     while not lead.strip() and (block := f.read(1 << 16)):
         breaks, lead = breaks + lead.count(b"\n"), block

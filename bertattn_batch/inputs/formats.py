@@ -1,5 +1,6 @@
 """One reader a format: a source's rows in order, each a tuple of the wanted columns' raw values (strings
-as bytes, or with lone surrogates where not UTF-8) or an :class:`Unreadable`; ``read.to_rows`` decides the rest.
+as bytes, or with lone surrogates where not UTF-8) or an :class:`Unreadable`; ``read.to_rows`` decides
+the rest.
 """
 
 from __future__ import annotations
@@ -428,8 +429,8 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
                 ) from None
             except (RecursionError, ValueError):
                 raise InputError(
-                    f"{label}: element {number + 1} of the JSON array is nested deeper, or holds an integer longer, "
-                    "than the JSON reader reads"
+                    f"{label}: element {number + 1} of the JSON array is nested deeper, "
+                    "or holds an integer longer, than the JSON reader reads"
                 ) from None
             if not ended and len(buf) - end < _SLACK:  # "1." of "1.5e3" decodes too: read on, decode it whole
                 more()

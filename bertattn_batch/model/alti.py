@@ -123,8 +123,8 @@ class AltiCapture:
             z, y = (inp[0][:, :1], out[:, :1]) if last else (inp[0], out)  # the top: [CLS]'s row alone
             seen = self._seen
             c = layer_contributions(
-                seen["q"], seen["k"], seen["v"], seen["x"], z, y, self._mask, self._lengths, norm, dense, heads,
-                size, scaling,
+                seen["q"], seen["k"], seen["v"], seen["x"], z, y, self._mask, self._lengths, norm, dense,
+                heads, size, scaling,
             )  # fmt: skip
             # (B, rows, S) @ (B, S, S): the last layer's one row is all the rollout keeps
             self._rollout = c if self._rollout is None else torch.bmm(c, self._rollout)

@@ -152,6 +152,7 @@ class CharTokens:
 
 
 def _untruncated_unpadded(backend) -> None:
-    """Turn off the truncation and padding a tokenizer may carry: each run is encoded whole, truncated after."""
+    """Turn off the truncation and padding a tokenizer may carry: each run is encoded whole, truncated
+    after."""
     backend.no_truncation()
     backend.no_padding()

@@ -23,7 +23,8 @@ from .encode import id_limit
 
 #: Encoders whose [CLS] (or <s>) sits at position 0 and whose self-attention we can read.
 SUPPORTED_MODEL_TYPES = frozenset(
-    {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "albert", "ernie", "megatron-bert"}
+    {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "albert", "ernie",
+     "megatron-bert"}
 )  # fmt: skip
 #: Models whose position ids start at pad_token_id + 1, so that many positions are not usable.
 _POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "camembert"})
@@ -185,8 +186,9 @@ def _check_architecture(config, source: str) -> None:
         (config.model_type in _POSITION_OFFSET_TYPES and config.pad_token_id is None, f": a "
          f"{config.model_type} model numbers positions from its padding id, and its config.json gives "
          "pad_token_id null; set it to the tokenizer's pad token id (1 in RoBERTa)"),
-        (int(get("inner_group_num", 1) or 1) > 1, f": ALBERT with inner_group_num={get('inner_group_num', 1)} "
-         "runs several attentions per layer, so --layers cannot name one; only inner_group_num=1 is supported"),
+        (int(get("inner_group_num", 1) or 1) > 1,
+         f": ALBERT with inner_group_num={get('inner_group_num', 1)} runs several attentions per layer, "
+         "so --layers cannot name one; only inner_group_num=1 is supported"),
     ):  # fmt: skip
         if refused:
             raise ModelError(source + why)
@@ -234,7 +236,8 @@ def tokenizer_limit(tokenizer) -> int | None:
 
 def check_loaded_weights(model, info: dict[str, Any], source: str, for_training: bool = False) -> None:
     """Every weight came from the checkpoint and every encoder weight there is used (transformers makes a
-    missing one random, drops an unplaced one, and only logs it). ``for_training``: head and pooler are new."""
+    missing one random, drops an unplaced one, and only logs it). ``for_training``: head and pooler are
+    new."""
     # relative position embeddings first: where this transformers version drops them silently, their
     # weights are what the checks below would name
     kind = getattr(model.config, "position_embedding_type", None) or "absolute"
@@ -285,7 +288,8 @@ def check_loaded_weights(model, info: dict[str, Any], source: str, for_training:
 
 
 def pickle_reason(e: BaseException) -> str:
-    """Why torch refused a pickle: the blocked global or the unpickler's error, not its advice to turn it off."""
+    """Why torch refused a pickle: the blocked global or the unpickler's error, not its advice to turn it
+    off."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     for line, after in zip(lines, [*lines[1:], ""], strict=True):
         if "GLOBAL" in line:
@@ -323,9 +327,9 @@ def load_tokenizer(source: str, trust_remote_code: bool = False):
             and importlib.util.find_spec("sentencepiece") is None
         ):
             raise ModelError(
-                f"{source}: its tokenizer is a SentencePiece model alone ({found[0]}, no tokenizer.json), which "
-                "needs the sentencepiece package: pip install sentencepiece (or save the model with a fast "
-                "tokenizer's tokenizer.json)"
+                f"{source}: its tokenizer is a SentencePiece model alone ({found[0]}, no tokenizer.json), "
+                "which needs the sentencepiece package: pip install sentencepiece "
+                "(or save the model with a fast tokenizer's tokenizer.json)"
             ) from None
         raise ModelError(
             f"cannot load tokenizer from {source!r} (are its tokenizer files damaged?): "
@@ -369,7 +373,8 @@ def check_cls_first(tokenizer, source: str) -> None:
     if cls_id is None or enc["input_ids"][0] != cls_id or specials[0] != 1 or specials[-1] != 1:
         raise ModelError(
             f"{source}: the tokenizer does not put [CLS] at position 0 and [SEP] last "
-            f"(tokens: {tokenizer.convert_ids_to_tokens(enc['input_ids'])}); only BERT-style inputs are supported"
+            f"(tokens: {tokenizer.convert_ids_to_tokens(enc['input_ids'])}); "
+            "only BERT-style inputs are supported"
         )
     if sum(specials) != 2:
         raise ModelError(f"{source}: expected exactly one special token at each end, got mask {specials}")

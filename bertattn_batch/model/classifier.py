@@ -75,8 +75,9 @@ class Classifier:
     oom_tokens: int | None = None  # the fewest padded tokens of a batch that ran out of device memory
 
     @classmethod
-    def load(cls, source: str, layers: list[int] | tuple[int, ...] = (-2,), device: str = "auto", dtype: str = "auto",
-             attention: str = "sdpa", max_length: int | None = None, trust_remote_code: bool = False,
+    def load(cls, source: str, layers: list[int] | tuple[int, ...] = (-2,), device: str = "auto",
+             dtype: str = "auto", attention: str = "sdpa", max_length: int | None = None,
+             trust_remote_code: bool = False,
              allow_pickle: bool = False, trim_last_layer: bool = True, value_zeroing: bool = False,
              contributions: str | None = None, compile: bool = False) -> Classifier:  # fmt: skip
         path = resolve_source(source)
@@ -129,9 +130,10 @@ class Classifier:
             with no_cudnn_attention():  # the kernels the batches run
                 trim = trim if verified(model, trim, len(tokenizer), dev, limit) else None
         clf = cls(
-            tokenizer=tokenizer, model=model, device=dev, dtype=torch_dtype, layers=resolved, max_length=limit,
-            attention=attention, source=source, weights_sha256=weights_hash(path), config_sha256=config_hash(path),
-            num_layers=num_layers, num_heads=int(getattr(config, "num_attention_heads", None) or config.n_heads),
+            tokenizer=tokenizer, model=model, device=dev, dtype=torch_dtype, layers=resolved,
+            max_length=limit, attention=attention, source=source, weights_sha256=weights_hash(path),
+            config_sha256=config_hash(path), num_layers=num_layers,
+            num_heads=int(getattr(config, "num_attention_heads", None) or config.n_heads),
             capture=capture, id2label=id2label, trim=trim, value_zeroing=value_zeroing, alti=alti,
         )  # fmt: skip
         if compile:
@@ -312,8 +314,9 @@ def _load_weights(
             # mismatched sizes are refused below, naming the weights; outputs are objects (.logits) whatever
             # config.json says; eager mode asks for attentions per call, and SDPA cannot return them
             return AutoModelForSequenceClassification.from_pretrained(
-                path, dtype=dtype, attn_implementation=implementation, use_safetensors=None if allow_pickle else True,
-                trust_remote_code=trust_remote_code, output_loading_info=True, ignore_mismatched_sizes=True,
+                path, dtype=dtype, attn_implementation=implementation,
+                use_safetensors=None if allow_pickle else True, trust_remote_code=trust_remote_code,
+                output_loading_info=True, ignore_mismatched_sizes=True,
                 return_dict=True, output_attentions=False,
             )  # fmt: skip
 
@@ -435,7 +438,8 @@ def no_cudnn_attention() -> Iterator[None]:
 
 
 def compiled_model(clf: Classifier) -> torch.nn.Module:
-    """``clf.model`` under ``torch.compile``, once probe batches of each graph a job runs give eager's outputs."""
+    """``clf.model`` under ``torch.compile``, once probe batches of each graph a job runs give eager's
+    outputs."""
     rng = np.random.default_rng(0)
     probes = [
         [rng.integers(0, len(clf.tokenizer), min(n, clf.max_length)) for n in lengths]

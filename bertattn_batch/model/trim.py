@@ -28,7 +28,8 @@ _CLS_QUERY_ONLY: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 def _cls_sdpa(
     module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, **kw
 ):
-    """SDPA; in a trimmed layer for query 0 only, broadcast. query, key, value (B, H, S, D) -> (B, S, H, D)."""
+    """SDPA; in a trimmed layer for query 0 only, broadcast. query, key, value (B, H, S, D) ->
+    (B, S, H, D)."""
     if module not in _CLS_QUERY_ONLY:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
     if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-2] > 1:

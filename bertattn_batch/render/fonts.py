@@ -18,7 +18,10 @@ from typing import NamedTuple
 log = logging.getLogger(__name__)
 
 ENV_VAR = "BERTATTN_CJK_FONT"
-INSTALL_HINT = f"pip install noto-cjk-sans-otc, or apt-get install fonts-noto-cjk, or set {ENV_VAR}=/path/to/a/cjk-font.ttf"
+INSTALL_HINT = (
+    "pip install noto-cjk-sans-otc, or apt-get install fonts-noto-cjk, "
+    f"or set {ENV_VAR}=/path/to/a/cjk-font.ttf"
+)
 #: (package, font file inside it): CJK fonts that PyPI packages ship, best first.
 PACKAGED_FONTS = (
     ("noto_cjk_sans_otc", "NotoSansCJK-Regular.ttc"),

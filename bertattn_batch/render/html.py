@@ -15,7 +15,8 @@ body { font-family: "bertattn-cjk", system-ui, -apple-system, "Segoe UI", "Noto 
        "WenQuanYi Micro Hei", sans-serif; margin: 1.5em; color: #222; max-width: 100%; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; } h3 { font-size: 1em; }
 table { border-collapse: collapse; margin: .4em 0 1em; font-size: .85em; }
-th, td { border: 1px solid #ddd; padding: 2px 6px; text-align: left; max-width: 24em; overflow-wrap: anywhere; }
+th, td { border: 1px solid #ddd; padding: 2px 6px; text-align: left; max-width: 24em;
+         overflow-wrap: anywhere; }
 th { background: #f4f4f4; font-weight: 600; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .scroll { overflow-x: auto; max-width: 100%; }

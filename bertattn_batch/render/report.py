@@ -147,7 +147,10 @@ def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
     except (OSError, ValueError):
         return f"which of them trained the model is not readable ({path})"
     if training.get("heldout_sha256") not in (None, hashlib.sha256(raw).hexdigest()):
-        return "the model's folder was trained again since this run: which of them trained its model is not known"
+        return (
+            "the model's folder was trained again since this run: "
+            "which of them trained its model is not known"
+        )
     id_col = recorded.get("id_col")
     if id_col != manifest.spec.get("id_col"):
         if id_col is None:
@@ -189,8 +192,8 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool, label
         theirs = ", ".join(every["rows"][:12]) + (" ..." if len(every["rows"]) > 12 else "")
         said = "after the label map" if label_map else "as the source gives them"
         why = (
-            f"There is no accuracy to give: none of the {every['n_unknown']} labelled reviews has a label the "
-            f"model predicts (theirs {said}: {theirs}; the model's: {', '.join(labels)}). Map them with "
+            f"There is no accuracy to give: none of the {every['n_unknown']} labelled reviews has a label "
+            f"the model predicts (theirs {said}: {theirs}; the model's: {', '.join(labels)}). Map them with "
             f"--label-map, e.g. '1,2={labels[0]}; 4,5={labels[-1]}', in the job or for this report."
         )
         return "\n".join([*parts, muted(esc(why)), _matrix(every, label_map)])
@@ -263,7 +266,8 @@ def _tokens_html(
     parts = [
         f"<h2>Top tokens per head · {layer_name(layer, num_layers)}</h2>",
         muted(
-            f"From {agg.AGGREGATES_DIR}/{agg.TABLE}.parquet: tokens seen in at least {opts.get('min_reviews')} "
+            f"From {agg.AGGREGATES_DIR}/{agg.TABLE}.parquet: "
+            f"tokens seen in at least {opts.get('min_reviews')} "
             f"reviews{', words made by ' + esc(opts['words']) if opts.get('words') else ''}."
         ),
     ]
@@ -279,14 +283,15 @@ def _tokens_html(
                 "Cells give the token and its z-score: the log-odds of the head's attention mass on it in "
                 "this label against the others, with the run's own totals as an informative Dirichlet prior "
                 "(Monroe, Colaresi &amp; Quinn 2008). A large z needs both a large ratio and much attention "
-                "mass, so a token seen in a few reviews cannot top it by chance. It says where the head looks "
-                "differently, not that the token moves the prediction."
+                "mass, so a token seen in a few reviews cannot top it by chance. "
+                "It says where the head looks differently, not that the token moves the prediction."
             )
         )
         for unit, top in contrasts.items():
             for (cls,), group in top.group_by("class_label", maintain_order=True):
                 parts += [
-                    f"<h3>{unit.capitalize()}s, reviews predicted {esc(cls)} ({group['class_reviews'][0]})</h3>",
+                    f"<h3>{unit.capitalize()}s, reviews predicted {esc(cls)} "
+                    f"({group['class_reviews'][0]})</h3>",
                     _top_table_html(group, "log_odds_z", byte_level),
                 ]
     parts.append(
@@ -346,7 +351,8 @@ def _faithfulness_html(
         heads = aopc.filter(pl.col("head").is_not_null() & pl.col("alti_spearman").is_not_null())
         best = heads.sort("alti_spearman", descending=True, maintain_order=True).head(TRACKING_HEADS)
         named = [
-            f"{esc(layer_name(r['layer'], num_layers))} head {r['head']} ({r['score']}, {r['alti_spearman']:.2f})"
+            f"{esc(layer_name(r['layer'], num_layers))} head {r['head']} "
+            f"({r['score']}, {r['alti_spearman']:.2f})"
             for r in best.filter(pl.col("alti_spearman") >= MIN_TRACKING).iter_rows(named=True)
         ]
         alti = aopc.filter(pl.col("score") == "alti").rows(named=True)
@@ -355,7 +361,8 @@ def _faithfulness_html(
         verdict = (
             f"Heads that track whole-model influence (mean Spearman with ALTI): {', '.join(named)}."
             if named
-            else "No head tracks whole-model influence: none ranks a review's tokens as ALTI does with a mean "
+            else "No head tracks whole-model influence: "
+            "none ranks a review's tokens as ALTI does with a mean "
             f"Spearman of {MIN_TRACKING} or more; read the heads as where they look, not as influence."
         )
         out.append(f"<p>{said}{verdict}</p>")
@@ -567,7 +574,8 @@ def build_report(
         _believe_html(run, manifest, table),
         examples_html(run, preds, idx, examples, labels) if examples > 0 and scored else "",
         muted(
-            f"Written {time.strftime('%Y-%m-%d %H:%M')} by bertattn report in {time.perf_counter() - t0:.1f}s."
+            f"Written {time.strftime('%Y-%m-%d %H:%M')} by bertattn report "
+            f"in {time.perf_counter() - t0:.1f}s."
         ),
     ]
     path = Path(out) if out is not None else run / REPORT_NAME

@@ -200,7 +200,10 @@ def check_part(
         if meta.num_rows != part.rows[table]:
             problem = f"holds {meta.num_rows} rows where its commit recorded {part.rows[table]}"
         elif span and (span[0] < part.start_row or span[1] >= part.end_row):
-            problem = f"holds input rows {span[0]}..{span[1]}, outside its part's {part.start_row}..{part.end_row - 1}"
+            problem = (
+                f"holds input rows {span[0]}..{span[1]}, "
+                f"outside its part's {part.start_row}..{part.end_row - 1}"
+            )
         else:
             continue
         raise RunDirError(

@@ -43,8 +43,8 @@ log = logging.getLogger(__name__)
 
 
 def finetune(texts: Sequence[str], labels: Sequence[str], out_dir: str | Path, spec: FinetuneSpec,
-             progress: bool = True, skipped_rows: dict[str, int] | None = None, label_order: Sequence[str] = (),
-             doc_ids: tuple[Sequence[str], str | None] | None = None,
+             progress: bool = True, skipped_rows: dict[str, int] | None = None,
+             label_order: Sequence[str] = (), doc_ids: tuple[Sequence[str], str | None] | None = None,
              sources: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
     """Train a classifier on (text, label) pairs, save it to ``out_dir`` atomically, return its metrics.
 

@@ -36,7 +36,8 @@ def start_model(
 
 
 def char_tokenizer(vocab: dict[str, int], max_length: int = 512) -> Any:
-    """A BERT WordPiece tokenizer over ``vocab`` (lowercasing, CJK split into characters), checked to hold it."""
+    """A BERT WordPiece tokenizer over ``vocab`` (lowercasing, CJK split into characters), checked to
+    hold it."""
     from transformers import BertTokenizer
 
     tok = BertTokenizer(
@@ -70,8 +71,9 @@ def scratch_model(spec: FinetuneSpec, vocab_size: int, names: list[str], pad_id:
         vocab_size=vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads, intermediate_size=spec.intermediate_size,
         max_position_embeddings=spec.max_length, hidden_dropout_prob=spec.dropout,
-        attention_probs_dropout_prob=spec.attention_dropout, pad_token_id=pad_id, id2label=dict(enumerate(names)),
-        label2id={n: i for i, n in enumerate(names)}, attn_implementation="sdpa",
+        attention_probs_dropout_prob=spec.attention_dropout, pad_token_id=pad_id,
+        id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
+        attn_implementation="sdpa",
     )  # fmt: skip
     return BertForSequenceClassification(config)
 
@@ -86,8 +88,8 @@ def base_model(path: str, names: list[str]) -> Any:
             model, info = AutoModelForSequenceClassification.from_pretrained(
                 path, num_labels=len(names), id2label=dict(enumerate(names)),
                 label2id={n: i for i, n in enumerate(names)}, problem_type="single_label_classification",
-                dtype=torch.float32, use_safetensors=True, trust_remote_code=False, ignore_mismatched_sizes=True,
-                output_loading_info=True,
+                dtype=torch.float32, use_safetensors=True, trust_remote_code=False,
+                ignore_mismatched_sizes=True, output_loading_info=True,
             )  # fmt: skip
     except (OSError, ValueError, RuntimeError) as e:
         raise ModelError(f"cannot load base model {path}: {first_line(e)}") from None

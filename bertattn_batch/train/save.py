@@ -44,8 +44,8 @@ def out_dir_lock(out_dir: Path) -> Iterator[None]:
         raise ModelError(f"cannot write beside {out_dir}: {e.strerror or e}") from None
 
 
-def save_model(model: Any, tokenizer: Any, metrics: dict[str, Any], out_dir: Path, tok_size: int, names: list[str],
-               heldout: dict[str, Any] | None = None) -> None:  # fmt: skip
+def save_model(model: Any, tokenizer: Any, metrics: dict[str, Any], out_dir: Path, tok_size: int,
+               names: list[str], heldout: dict[str, Any] | None = None) -> None:  # fmt: skip
     """Write beside ``out_dir``, check that it reloads, rename it into place; a failed save keeps the old."""
     from safetensors import SafetensorError
 

@@ -528,7 +528,8 @@ def test_a_mistyped_model_path_is_named_at_once_with_the_folder_meant(tiny_en_di
     assert time.perf_counter() - t0 < 5
     with pytest.raises(
         ModelError,
-        match=r"models/zh-senti/config.json is a file; give the model's folder, which holds it: models/zh-senti",
+        match=r"models/zh-senti/config.json is a file; "
+        r"give the model's folder, which holds it: models/zh-senti",
     ):
         Classifier.load("models/zh-senti/config.json")
 

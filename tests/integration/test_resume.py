@@ -379,8 +379,9 @@ def test_another_model_or_spec_is_refused(corpus, tiny_en_dir, minilm_dir, tmp_p
 def test_a_resume_from_another_directory_knows_the_same_inputs(corpus, tiny_en_dir, tmp_path, monkeypatch):
     """Inputs are known by their absolute paths: a run started with a relative path resumes from
     another directory that spells the same file another way; a file that only shares the relative
-    spelling is the same input where it holds the same bytes (a copy, a project moved), else not. A run whose manifest holds relative paths (written by an earlier
-    version) resumes from the directory it began in."""
+    spelling is the same input where it holds the same bytes (a copy, a project moved), else not. A run
+    whose manifest holds relative paths (written by an earlier version) resumes from the directory it
+    began in."""
     (tmp_path / "a").mkdir()
     shutil.copy(corpus, tmp_path / "reviews.parquet")
     out = tmp_path / "run"

@@ -172,10 +172,14 @@ def test_spools_of_killed_processes_are_removed(tmp_path, monkeypatch):
 def test_a_limit_copies_no_more_of_an_endless_stream_than_it_reads(tiny_en_dir, tmp_path):
     """`producer | bertattn extract - --limit N` copies no more than it reads: a producer may not end."""
     out = tmp_path / "run"
-    endless = 'import itertools\nfor i in itertools.count():\n    print(\'{"id": "r%d", "text": "good food %d"}\' % (i, i))'
+    endless = (
+        "import itertools\nfor i in itertools.count():\n"
+        '    print(\'{"id": "r%d", "text": "good food %d"}\' % (i, i))'
+    )
     producer = subprocess.Popen([sys.executable, "-c", endless], stdout=subprocess.PIPE)
     try:
-        args = ["extract", "-", "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "id", "--no-progress"]  # fmt: skip
+        args = ["extract", "-", "--model", str(tiny_en_dir), "--out", str(out), "--id-col", "id",
+                "--no-progress"]  # fmt: skip
         done = subprocess.run(
             [sys.executable, "-m", "bertattn_batch", *args, "--input-format", "jsonl", "--limit", "300"],
             stdin=producer.stdout, capture_output=True, text=True, timeout=240,

@@ -140,7 +140,10 @@ def test_paths_are_accepted_as_in_a_notebook(tmp_path):
 def test_finetune_limits_apply_only_to_the_model_it_would_train(tmp_path):
     """[finetune] trains the model only when its folder is not there: a folder that is there is the
     model, and its own depth and positions count (extract checks them when it loads it)."""
-    body = 'inputs = ["a"]\nmodel = "{m}"\nout = "o"\nlayers = [-5]\nmax_length = 512\n[finetune]\nnum_layers = 2\n'
+    body = (
+        'inputs = ["a"]\nmodel = "{m}"\nout = "o"\nlayers = [-5]\nmax_length = 512\n'
+        "[finetune]\nnum_layers = 2\n"
+    )
     with pytest.raises(SpecError, match="out of range for the 2-layer"):
         load_job(_write(tmp_path, body.format(m=tmp_path / "missing")))
     (tmp_path / "there").mkdir()
@@ -261,7 +264,8 @@ def test_a_job_files_flat_input_keys_make_its_input_spec_and_are_recorded_flat(t
         ["a.csv"], text_col="body", id_col="doc_id", format="csv", encoding="gb18030", delimiter=";", limit=5
     )
     recorded = spec.to_dict()
-    assert {k: recorded[k] for k in ("inputs", "text_col", "id_col", "label_col", "input_format", "limit")} == {
+    assert {k: recorded[k]
+            for k in ("inputs", "text_col", "id_col", "label_col", "input_format", "limit")} == {
         "inputs": ["a.csv"], "text_col": "body", "id_col": "doc_id", "label_col": None, "input_format": "csv",
         "limit": 5,
     }  # fmt: skip

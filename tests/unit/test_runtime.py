@@ -25,7 +25,8 @@ def test_deferred_signals_act_at_the_end_and_leave_what_python_does_not_handle_a
         "except KeyboardInterrupt:",
         "    print('ctrl-c kept')",
         "with signals_deferred():",
-        "    print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, signal.getsignal(signal.SIGHUP) is signal.SIG_IGN)",
+        "    print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,"
+        " signal.getsignal(signal.SIGHUP) is signal.SIG_IGN)",
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:3] == ["block done", "ctrl-c kept", "True True"], done.stdout

@@ -21,8 +21,11 @@ CHECKS = {
     "tokens": "a review's position has one token id, token and span in all its layers and heads; "
     "a token id one token",
     "attention_mass": "per head: content weights + [CLS] + [SEP] = 1, every weight in [0, 1]",
-    "scaling": "weight_scaled in [0, 1] and = (w - min)/(max - min), 0 with no range; min/max of the weights",
-    "measures": "weight_norm finite and >= 0; value_zeroing in [0, 2], set exactly when the run asked for it; "
+    "scaling": (
+        "weight_scaled in [0, 1] and = (w - min)/(max - min), 0 with no range; min/max of the weights"
+    ),
+    "measures": "weight_norm finite and >= 0; value_zeroing in [0, 2], "
+    "set exactly when the run asked for it; "
     "alti in [0, 1] for each token once, a review's sum at most 1",
     "spans": "0 <= start <= end <= the review text's length",
 }

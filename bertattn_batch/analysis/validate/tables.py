@@ -333,7 +333,8 @@ class _PartCheck:
             ("scaling", off, fmt("weight_scaled {}, but (w - min)/(max - min) = {}", r("weight_scaled"),
                                  expected.round(6))),
             ("measures", pl.col("value_zeroing").is_null() == asked,
-             pl.lit(f"value_zeroing is {'null' if asked else 'set'}, but the run {'asked' if asked else 'did not ask'} for it")),
+             pl.lit(f"value_zeroing is {'null' if asked else 'set'}, "
+                    f"but the run {'asked' if asked else 'did not ask'} for it")),
         ]  # fmt: skip
         rows = self.attn.join(summary.lazy().select(*_KEYS, "weight_min", "weight_max"), on=_KEYS, how="left")
         apply_rules(self.rec, rows, where("cls_attention", pl.lit(self.rel_attn)), rules)

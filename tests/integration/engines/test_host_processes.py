@@ -31,8 +31,10 @@ def _spec(src, model, out, **kw) -> JobSpec:
 
 
 def _tables(run) -> dict:
-    return {t: read_table(run, t).drop_columns(list(RUN_COLUMNS)) if t == "predictions" else read_table(run, t)
-            for t in schema.TABLES}  # fmt: skip
+    return {
+        t: read_table(run, t).drop_columns(list(RUN_COLUMNS)) if t == "predictions" else read_table(run, t)
+        for t in schema.TABLES
+    }
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +170,8 @@ def test_a_script_without_a_main_guard_fails_with_a_hint_instead_of_hanging(
     script = tmp_path / "job.py"
     script.write_text(
         "from bertattn_batch import JobSpec, run_job\n"
-        f"run_job(JobSpec(inputs=[{str(drug_sample)!r}], model={str(tiny_en_dir)!r}, out={str(tmp_path / 'run')!r},"
+        f"run_job(JobSpec(inputs=[{str(drug_sample)!r}], model={str(tiny_en_dir)!r}, "
+        f"out={str(tmp_path / 'run')!r},"
         " window=4, progress=False, host_processes=1))\n"
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)

@@ -58,7 +58,8 @@ FLOATS = {
 
 @pytest.fixture(scope="module")
 def ray_local():
-    """A local Ray runtime with 2 CPUs for this module's runs (the engine reuses it, as it would a cluster)."""
+    """A local Ray runtime with 2 CPUs for this module's runs (the engine reuses it, as it would a
+    cluster)."""
     if not HAS_RAY:
         pytest.skip("ray is not installed (pip install '.[ray]')")
     with ray_runtime(num_cpus=2) as ray:

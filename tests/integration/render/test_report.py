@@ -336,7 +336,8 @@ _HIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u
 
 def test_control_characters_and_long_tokens_are_printed_escaped_and_cut(drug_rows, tmp_path):
     """Control characters in tokens, ids and labels (NUL, BEL, ESC, DEL, line breaks, bidi
-    controls) are printed escaped by aggregate, report and plot (HTML, CSV), and a 500-character token is cut."""
+    controls) are printed escaped by aggregate, report and plot (HTML, CSV), and a 500-character token is
+    cut."""
     odd = ["good\x00 stuff\x07 here\x1b[31m red\x7f", "bad \u202eevil\u0085 end", "1" * 3000]
     texts = [" ".join(r["text"].split())[:200] for r in drug_rows[:100]] + odd * 20
     tok = _roberta(texts, tmp_path / "model", vocab_size=700)
@@ -462,7 +463,8 @@ class Browser:
         probe = """JSON.stringify({
             tables: document.querySelectorAll('table').length,
             heat_tables: document.querySelectorAll('table.heat').length,
-            images: [...document.images].map(i => ({ok: i.complete && i.naturalWidth > 0, w: i.naturalWidth})),
+            images: [...document.images].map(i => ({ok: i.complete && i.naturalWidth > 0,
+                                                     w: i.naturalWidth})),
             headings: [...document.querySelectorAll('h2')].map(h => h.textContent),
             fonts: [...document.fonts].map(f => f.family.replaceAll('"', '') + ' ' + f.status),
             height: document.documentElement.scrollHeight,
@@ -565,7 +567,8 @@ def test_chinese_reads_in_the_browser_without_system_fonts(browser, tiny_zh_dir,
 def test_the_browser_check_can_fail(browser, tmp_path):
     bad = tmp_path / "bad.html"
     bad.write_text(
-        '<!DOCTYPE html><html><body><img src="missing.png"><script>console.error("boom")</script></body></html>'
+        '<!DOCTYPE html><html><body><img src="missing.png">'
+        '<script>console.error("boom")</script></body></html>'
     )
     shown = browser.open(bad.resolve().as_uri())
     assert len(shown["errors"]) >= 2  # the console error and the image that failed to load

@@ -171,8 +171,8 @@ def test_an_extract_paused_mid_run_leaves_the_run_that_took_it_over_whole(
     corpus = tmp_path / "reviews.parquet"
     pq.write_table(pa.Table.from_pylist(rows), corpus)
     run = f"s3://{bucket}/runs/paused"
-    spec = JobSpec(inputs=InputSpec([str(corpus)], id_col="doc_id"), model=str(tiny_en_dir), out=run, window=10,
-                   batch_tokens=1500, progress=False)  # fmt: skip
+    spec = JobSpec(inputs=InputSpec([str(corpus)], id_col="doc_id"), model=str(tiny_en_dir), out=run,
+                   window=10, batch_tokens=1500, progress=False)  # fmt: skip
     monkeypatch.setattr(StoredRunDir, "lease_settle_s", 0.0)
     parked, go, writes = threading.Event(), threading.Event(), []
     write_manifest = StoredRunDir._write_manifest

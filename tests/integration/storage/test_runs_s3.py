@@ -124,8 +124,8 @@ def test_sigkill_then_resume_on_s3_gives_the_uninterrupted_tables(
     r = runner.invoke(app, ["validate", run, "--no-source"])
     assert r.output.startswith(f"{run}: status interrupted"), r.output
     assert (
-        "status 'running', but no process is writing it: it was stopped (killed, or its last manifest write failed)"
-        in r.output
+        "status 'running', but no process is writing it: "
+        "it was stopped (killed, or its last manifest write failed)" in r.output
     )
     assert json.loads(storage.read_bytes(f"{run}/_lease.json"))["expires_at"] > time.time()
     with caplog.at_level(logging.WARNING):
@@ -395,7 +395,8 @@ def test_a_paused_run_whose_lease_was_taken_over_writes_nothing(bucket, corpus, 
     args = _args(str(corpus), tiny_en_dir, run)
     first = subprocess.Popen(
         [sys.executable, str(KILLER), "forward", "2", "--", *args],
-        env={**os.environ, "KILLER_SIGNAL": "STOP"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "KILLER_SIGNAL": "STOP"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
     )  # fmt: skip
     try:
         assert _stopped(first.pid), "the first extract did not reach its second batch"

@@ -872,7 +872,8 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_old_model(tmp_path: 
     class FullDisk:
         def save_pretrained(self, folder, **kwargs):
             raise SafetensorError(
-                'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+                "Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                'message: "No space left on device" })'
             )
 
     out = tmp_path / "m"

@@ -28,8 +28,8 @@ def _job(tmp_path: Path, rows: list[dict], name: str, **finetune) -> Path:
     job = tmp_path / f"{name}.toml"
     job.write_text(
         f'inputs = ["{data}"]\nmodel = "{tmp_path / name}"\nout = "{tmp_path / (name + "-run")}"\n'
-        'id_col = "doc_id"\nlabel_col = "label"\nlayers = [0]\nmax_length = 64\nprogress = false\n[finetune]\n'
-        + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items())
+        'id_col = "doc_id"\nlabel_col = "label"\nlayers = [0]\nmax_length = 64\nprogress = false\n'
+        "[finetune]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items())
     )
     return job
 

@@ -879,7 +879,10 @@ def test_a_killed_aggregates_work_folder_goes_with_the_next_one(run_dir, tmp_pat
     for folder in (killed, live):
         folder.mkdir()
         (folder / "token-0-part.parquet").write_bytes(b"sums")
-    claim = f"import os, pathlib, bertattn_batch._files as u; u.claim_dir(pathlib.Path({str(killed)!r})); os._exit(0)"
+    claim = (
+        "import os, pathlib, bertattn_batch._files as u; "
+        f"u.claim_dir(pathlib.Path({str(killed)!r})); os._exit(0)"
+    )
     subprocess.run([sys.executable, "-c", claim], check=True)  # its process is gone: so is its lock
     held = claim_dir(live)  # this process works in it
     try:

@@ -21,8 +21,8 @@ def test_the_line_gives_tokens_a_second_and_the_models_busy_share():
 
 
 def test_the_manifest_and_the_summary_line_give_the_same_figures():
-    """The report read a padding share a tenth of a percent above the line's: the manifest's figures were rounded once
-    and the report rounded them again. They are stored unrounded."""
+    """The report read a padding share a tenth of a percent above the line's: the manifest's figures were
+    rounded once and the report rounded them again. They are stored unrounded."""
     s = RunSummary(
         run_dir="r",
         stats=PartStats(tokens=90_051, padded_slots=100_000, scored=1413),  # padding 9.949%

@@ -22,8 +22,8 @@ from bertattn_batch.model.encode import text_backend
 POOL = [
     *"好差吃的很服务不错酒店书价格便宜催豈諸﨑", *"，。！？、；：“”《》（）…",
     *"!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", *"abcXYZ019ΣσİÉé", "\u0301", "\u0308", "\x00", "\x1f",
-    "\u200b", "\ufeff", " ", "  ", "\t", "\n", "\xa0", "\u3000", *"ｗｉｆｉ１２", "😀", "👍🏽", "[SEP]", "[UNK]",
-    "wifi", "unbelievable", "e\u0301",
+    "\u200b", "\ufeff", " ", "  ", "\t", "\n", "\xa0", "\u3000", *"ｗｉｆｉ１２", "😀", "👍🏽", "[SEP]",
+    "[UNK]", "wifi", "unbelievable", "e\u0301",
 ]  # fmt: skip
 
 

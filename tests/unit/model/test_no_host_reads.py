@@ -34,8 +34,8 @@ class HostReads(TorchFunctionMode):
 def test_launch_reads_nothing_back(tiny_en_dir, trim, lengths):
     clf = Classifier.load(str(tiny_en_dir), device="cpu", dtype="float32", trim_last_layer=trim)
     assert (clf.trim is not None) == trim
-    ids = [np.array([clf.tokenizer.cls_token_id] + [100 + i for i in range(n - 2)] + [clf.tokenizer.sep_token_id])
-           for n in lengths]  # fmt: skip
+    ids = [np.array([clf.tokenizer.cls_token_id] + [100 + i for i in range(n - 2)]
+                    + [clf.tokenizer.sep_token_id]) for n in lengths]  # fmt: skip
     with HostReads() as reads:
         pending = clf.launch(ids)
     assert reads.seen == []
