@@ -162,12 +162,12 @@ def faithfulness(
     *, debug: Debug = False, **trust: bool,
 ) -> None:
     # fmt: on
-    """Which heads' attention tracks what moves the prediction; writes
-    RUN/faithfulness/head_faithfulness.parquet.
+    """Which heads' attention tracks what moves the prediction.
 
-    Deletes the tokens each head ranks highest (1 to 50% of a review) and measures how much the
-    prediction's probability drops (comprehensiveness) and how much of it the tokens keep alone
-    (sufficiency), against random tokens and gradient × input. See docs/measures.md.
+    Writes RUN/faithfulness/head_faithfulness.parquet. Deletes the tokens each head ranks highest (1 to
+    50% of a review) and measures how much the prediction's probability drops (comprehensiveness) and how
+    much of it the tokens keep alone (sufficiency), against random tokens and gradient × input. See
+    docs/measures.md.
 
     Examples:
 
