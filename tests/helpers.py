@@ -260,3 +260,15 @@ ARCHITECTURES = {
     ),
     "albert": (tf.AlbertConfig, tf.AlbertForSequenceClassification, TINY | {"embedding_size": 16}, False),
 }
+
+
+def save_tiny_classifier(arch: str, tokenizer, folder: Path) -> None:
+    """A seeded random two-label classifier of architecture ``arch``, with ``tokenizer``, in ``folder``."""
+    config_cls, model_cls, extra, _ = ARCHITECTURES[arch]
+    torch.manual_seed(0)
+    labels = {0: "negative", 1: "positive"}
+    config = config_cls(
+        vocab_size=len(tokenizer), id2label=labels, label2id={v: k for k, v in labels.items()}, **extra
+    )
+    model_cls(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import ARCHITECTURES, alti_reference
+from helpers import ARCHITECTURES, alti_reference, save_tiny_classifier
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from bertattn_batch.errors import ModelError
@@ -49,14 +49,8 @@ def test_the_classifier_gives_eager_alti_on_every_architecture(arch, tiny_en_dir
     """Through the job's own path (padded SDPA batches, the last layer trimmed where it can be): BERT's kin,
     DistilBERT (its LayerNorm beside its attention), ALBERT (one layer called at every depth); a
     pre-LayerNorm encoder (Megatron-BERT) is refused in one line."""
-    config_cls, model_cls, extra, _ = ARCHITECTURES[arch]
     tokenizer = AutoTokenizer.from_pretrained(tiny_en_dir)
-    torch.manual_seed(0)
-    labels = {0: "negative", 1: "positive"}
-    config = config_cls(vocab_size=len(tokenizer), id2label=labels, label2id={"negative": 0, "positive": 1},
-                        **extra)  # fmt: skip
-    model_cls(config).save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
+    save_tiny_classifier(arch, tokenizer, tmp_path)
     if arch == "megatron-bert":
         with pytest.raises(ModelError, match=r"post-LayerNorm.*run without --contributions"):
             Classifier.load(str(tmp_path), contributions="alti")
