@@ -227,15 +227,9 @@ def with_shrunk_means(sums: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def combine(
-    sums: pl.LazyFrame,
-    sizes: pl.DataFrame,
-    min_reviews: int,
-    rank_by: str,
-    tracks: pl.LazyFrame | None = None,
+    sums: pl.LazyFrame, sizes: pl.DataFrame, min_reviews: int, rank_by: str, tracks: pl.LazyFrame
 ) -> pl.LazyFrame:
     """Per-part sums (and ``tracks``, each head's ``alti_spearman``) -> the token_influence table."""
-    if tracks is None:
-        tracks = pl.LazyFrame(schema={"layer": pl.Int16, "head": pl.Int16, "alti_spearman": pl.Float64})
     cols = ["unit", "layer", "head", "split", "class_label", "token", *_SUMS]
     frames = _splits(sums, ["unit", "layer", "head", "token"], [pl.col(c).sum() for c in _SUMS])
     every_token = pl.concat([f.select(cols) for f in frames])
@@ -324,8 +318,7 @@ def aggregate(
             table = pl.LazyFrame(schema=pl.from_arrow(schema.arrow(TABLE).empty_table()).schema)
         options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units), "words": mode}
         table = table.collect(engine="streaming")  # small; cast by pyarrow to keep column descriptions
-        dest = out_dir / f"{TABLE}.parquet"
-        created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        dest, created = out_dir / f"{TABLE}.parquet", time.strftime("%Y-%m-%dT%H:%M:%S%z")
         meta = {"parts": json.dumps([p.name for p in parts]), "created_at": created}
         write_derived(dest, schema.cast(table.to_arrow(), TABLE), TABLE, options, manifest.job_sha256, **meta)
     except pl.exceptions.ComputeError as e:  # polars's word for a write that failed
@@ -341,14 +334,13 @@ def aggregate(
         shutil.rmtree(work, ignore_errors=True)
         if claim is not None:
             os.close(claim)
-    seconds = time.perf_counter() - t0
-    names = [p.name for p in parts]
+    names, seconds = [p.name for p in parts], time.perf_counter() - t0
     return Aggregates(dest, table, options, names, seconds, sizes, manifest.num_layers, manifest.byte_level)
 
 
 def _summed(
     parts: list[CommittedPart], units: Sequence[str], words: tuple[str | None, str | None], work: Path
-) -> tuple[pl.LazyFrame, pl.LazyFrame | None]:
+) -> tuple[pl.LazyFrame, pl.LazyFrame]:
     """Per-token sums over all parts (each slice reduced on its own), and each head's ALTI tracking."""
     partials, rhos = [], []
     for part in parts:
@@ -371,9 +363,9 @@ def _summed(
     by_token = pl.scan_parquet(partials, glob=False).group_by(["unit", "layer", "head", "token", *CLASSES])
     by_token.agg([pl.col(c).sum() for c in _SUMS]).sink_parquet(base_path, engine="streaming")
     rho = pl.col("rho_sum").sum() / pl.col("rho_n").sum()
-    tracks = (
-        pl.scan_parquet(rhos, glob=False).group_by(["layer", "head"]).agg(alti_spearman=rho) if rhos else None
-    )
+    tracks = pl.LazyFrame(schema={"layer": pl.Int16, "head": pl.Int16, "alti_spearman": pl.Float64})
+    if rhos:
+        tracks = pl.scan_parquet(rhos, glob=False).group_by(["layer", "head"]).agg(alti_spearman=rho)
     return pl.scan_parquet(base_path, glob=False), tracks
 
 
@@ -408,10 +400,8 @@ def view(
     """The rows of one unit and split (and ``layers``, ``heads``), ranked again by ``measure`` if given."""
     out = table.filter((pl.col("unit") == unit) & (pl.col("split") == split))
     for column, wanted in (("layer", layers), ("head", heads)):
-        if wanted is not None:
-            out = out.filter(pl.col(column).is_in(list(wanted)))
-    if measure is not None:
-        out = ranked(out, measure)
+        out = out if wanted is None else out.filter(pl.col(column).is_in(list(wanted)))
+    out = out if measure is None else ranked(out, measure)
     return out.sort(["layer", "class_label", "head", "rank"], nulls_last=False)
 
 
@@ -423,9 +413,9 @@ def top_tokens(table: pl.DataFrame, k: int = 5, *args: Any, **options: Any) -> p
 def run_layer(manifest: Manifest, layer: int | None) -> int:
     """A layer as the user gives it (negative counts from the end; None: the run's first) -> its index."""
     stored = manifest.layers
+    if layer is None and not stored:
+        raise RunDirError("the run's manifest lists no layers")
     if layer is None:
-        if not stored:
-            raise RunDirError("the run's manifest lists no layers")
         return int(stored[0])
     idx = layer + int(manifest.model.get("num_layers", 0)) if layer < 0 else layer
     if idx not in stored:

@@ -74,31 +74,26 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
         ("layers stored (0-based)", ", ".join(map(str, model.get("layers", [])))),
         ("device, dtype, attention", ", ".join(str(model.get(k)) for k in ("device", "dtype", "attention"))),
     ]
-    if not preds.is_empty():
-        rows += [
-            ("prediction rows", preds.height),  # an unreadable row is recorded again each pass
-            ("reviews scored", ok.height),
-            ("tokens", int(ok["n_tokens"].sum())),
-            ("truncated reviews", int(ok["truncated"].sum())),
-        ]
+    if not preds.is_empty():  # prediction rows: an unreadable row is recorded again each pass
+        rows += [("prediction rows", preds.height), ("reviews scored", ok.height)]
+        rows += [("tokens", int(ok["n_tokens"].sum())), ("truncated reviews", int(ok["truncated"].sum()))]
     if last:
         seconds = last.get("seconds", {})
         reading = seconds.get("wall", 0) - seconds.get("train", 0)  # the time the throughput is of
-        rows += [
-            (f"{k} (last run that read reviews)", v)
-            for k, v in (
-                ("ended", last.get("ended_at")),
-                ("reviews read", last.get("input_rows")),
-                ("padding share", f"{last.get('padding_share', 0):.1%}"),
-                ("throughput", f"{last.get('reviews_per_s', 0):.1f} reviews/s"),
-                ("wall time", f"{reading:.1f} s (model {seconds.get('model', 0):.1f} s)"),
-                ("training the model first", f"{seconds['train']:.1f} s" if "train" in seconds else None),
-            )
-        ]
+        said = {
+            "ended": last.get("ended_at"),
+            "reviews read": last.get("input_rows"),
+            "padding share": f"{last.get('padding_share', 0):.1%}",
+            "throughput": f"{last.get('reviews_per_s', 0):.1f} reviews/s",
+            "wall time": f"{reading:.1f} s (model {seconds.get('model', 0):.1f} s)",
+            "training the model first": f"{seconds['train']:.1f} s" if "train" in seconds else None,
+        }
+        rows += [(f"{k} (last run that read reviews)", v) for k, v in said.items()]
     counts = manifest.counts or part_rows(manifest)  # counted when complete, else what its parts hold
+    per_table = ", ".join(f"{k} {v}" for k, v in counts.items())
     rows += [
         ("parts committed", len(manifest.parts)),
-        ("rows per table", ", ".join(f"{k} {v}" for k, v in counts.items())),
+        ("rows per table", per_table),
         ("created", manifest.created_at),
     ]
     parts = ["<h2>Run</h2>", data_table(["", ""], [(k, v) for k, v in rows if v is not None])]
@@ -124,14 +119,9 @@ def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
     )
     known = ok.filter(pl.col("label").is_in(labels))
     correct = known.filter(pl.col("label") == pl.col("pred_label")).height
-    return {
-        "rows": true_labels,
-        "cols": labels,
-        "counts": counts,
-        "accuracy": correct / known.height if known.height else float("nan"),
-        "n_known": known.height,
-        "n_unknown": ok.height - known.height,
-    }
+    accuracy = correct / known.height if known.height else float("nan")
+    return dict(rows=true_labels, cols=labels, counts=counts, accuracy=accuracy, n_known=known.height,
+                n_unknown=ok.height - known.height)  # fmt: skip
 
 
 def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
@@ -147,10 +137,7 @@ def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
     except (OSError, ValueError):
         return f"which of them trained the model is not readable ({path})"
     if training.get("heldout_sha256") not in (None, hashlib.sha256(raw).hexdigest()):
-        return (
-            "the model's folder was trained again since this run: "
-            "which of them trained its model is not known"
-        )
+        return "the model's folder was trained again since this run: which of them trained it is unknown"
     id_col = recorded.get("id_col")
     if id_col != manifest.spec.get("id_col"):
         if id_col is None:
@@ -169,10 +156,8 @@ def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
 
 def _same_first_files(trained: list[dict[str, Any]], run: list[dict[str, Any]]) -> bool:
     """The files the model was trained on are the run's first files, by size and end bytes."""
-    return len(trained) <= len(run) and all(
-        (t.get("bytes"), t.get("ends_sha256")) == (r.get("bytes"), r.get("ends_sha256"))
-        for t, r in zip(trained, run, strict=False)
-    )
+    same = [(t.get("bytes"), t.get("ends_sha256")) for t in trained]
+    return same == [(r.get("bytes"), r.get("ends_sha256")) for r in run[: len(trained)]]
 
 
 def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool, label_map: dict[str, str]) -> str:
@@ -434,66 +419,57 @@ class Example(NamedTuple):
     misclassified: bool  # the label is one the model predicts, and not the prediction
 
 
-def _typical(preds: pl.DataFrame, labels: list[str]) -> pl.DataFrame:
-    """Scored reviews of typical length with their margin (``labels``: the model's)."""
+def _typical(preds: pl.DataFrame, labels: list[str], wrong: bool) -> pl.DataFrame:
+    """Scored reviews of typical length, misclassified or not (``labels``: the model's), with their margin."""
     ok = preds.filter(pl.col("status") == "ok")
     lo, mid, hi = (ok["n_tokens"].quantile(q, "nearest") for q in (0.25, 0.5, 0.75))
     top2 = pl.col("probs").list.sort(descending=True)
-    return ok.filter(pl.col("n_tokens").is_between(lo, hi)).with_columns(
+    mistaken = pl.col("label").is_in(labels).fill_null(False) & (pl.col("label") != pl.col("pred_label"))
+    return ok.filter(pl.col("n_tokens").is_between(lo, hi) & (mistaken == wrong)).with_columns(
         margin=(top2.list.get(0) - top2.list.get(1, null_on_oob=True).fill_null(0.0)).cast(pl.Float64),
         off_median=(pl.col("n_tokens") - mid).abs(),
-        misclassified=pl.col("label").is_in(labels).fill_null(False)
-        & (pl.col("label") != pl.col("pred_label")),
+        misclassified=pl.lit(wrong),
     )
-
-
-def _examples(rows: pl.DataFrame) -> list[Example]:
-    return [Example(*r) for r in rows.select(*Example._fields).rows()]
 
 
 def pick(preds: pl.DataFrame, per_label: int, labels: list[str]) -> list[Example]:
     """``per_label`` examples of each predicted label by :data:`RULE`, labels in order."""
-    rows = _typical(preds, labels).filter(~pl.col("misclassified"))
     off = (pl.col("margin") - pl.col("margin").median().over("pred_label")).abs()
     unknown = (pl.col("label") != pl.col("pred_label")).fill_null(True)  # the label is not the model's
-    ranked = rows.with_columns(off_typical=off, unknown=unknown)
+    ranked = _typical(preds, labels, False).with_columns(off_typical=off, unknown=unknown)
     ranked = ranked.sort(["unknown", "off_typical", "off_median", "doc_id"])
-    return _examples(ranked.group_by("pred_label", maintain_order=True).head(per_label).sort("pred_label"))
+    rows = ranked.group_by("pred_label", maintain_order=True).head(per_label).sort("pred_label")
+    return [Example(*r) for r in rows.select(*Example._fields).rows()]
 
 
 def misclassified(preds: pl.DataFrame, k: int, labels: list[str]) -> list[Example]:
     """The ``k`` misclassified reviews by :data:`MISTAKES`."""
-    rows = _typical(preds, labels).filter(pl.col("misclassified"))
-    ranked = rows.sort(["margin", "off_median", "doc_id"], descending=[True, False, False])
-    return _examples(ranked.head(k))
-
-
-def _none_why(preds: pl.DataFrame, labels: list[str], mistakes: bool) -> str:
-    ok = preds.filter(pl.col("status") == "ok")
-    if not mistakes:
-        return "Every scored review of a typical length is misclassified."
-    if ok["label"].is_null().all():
-        return "The reviews have no labels: none can be called misclassified."
-    if not ok["label"].is_in(labels).any():
-        return "No review's label is one the model predicts (see Accuracy): none can be called misclassified."
-    return "No review of a typical length is misclassified."
+    rows = _typical(preds, labels, True).sort(
+        ["margin", "off_median", "doc_id"], descending=[True, False, False]
+    )
+    return [Example(*r) for r in rows.head(k).select(*Example._fields).rows()]
 
 
 def examples_html(run: Path, preds: pl.DataFrame, layer: int, k: int, labels: list[str]) -> str:
     """``k`` reviews per predicted label by :data:`RULE`, ``k`` mistakes by :data:`MISTAKES`, or why none."""
-    sections = {
-        ("Example reviews", RULE): pick(preds, k, labels),
-        ("Most confidently misclassified reviews", MISTAKES): misclassified(preds, k, labels),
-    }
-    chosen = [e for picks in sections.values() for e in picks]
+    ok = preds.filter(pl.col("status") == "ok")
+    if ok["label"].is_null().all():
+        why = "The reviews have no labels: none can be called misclassified."
+    elif not ok["label"].is_in(labels).any():
+        why = "No review's label is one the model predicts (see Accuracy): none can be called misclassified."
+    else:
+        why = "No review of a typical length is misclassified."
+    all_wrong = "Every scored review of a typical length is misclassified."
+    sections = [
+        ("Example reviews", RULE, pick(preds, k, labels), all_wrong),
+        ("Most confidently misclassified reviews", MISTAKES, misclassified(preds, k, labels), why),
+    ]
+    chosen = [e for *_, picks, _ in sections for e in picks]
     loaded = iter(load_reviews(run, [e.doc_id for e in chosen], layer) if chosen else [])
     parts = []
-    for (title, rule), picks in sections.items():
+    for title, rule, picks, why_none in sections:
         mistakes = rule is MISTAKES
-        parts += [
-            f"<h2>{title}</h2>",
-            muted(f"Chosen as {esc(rule)}." if picks else esc(_none_why(preds, labels, mistakes))),
-        ]
+        parts += [f"<h2>{title}</h2>", muted(f"Chosen as {esc(rule)}." if picks else esc(why_none))]
         label = None
         for example in picks:
             review = next(loaded)

@@ -97,19 +97,16 @@ class ValidationReport:
     def fail(self, check: str, message: str) -> None:
         self.fail_many(check, 1, [message])
 
-    def fail_many(self, check: str, count: int, examples: Iterable[str]) -> None:
-        """``count`` problems of ``check``, of which the first of ``examples`` are kept."""
+    def fail_many(self, check: str, count: int, examples: Iterable[str], severity: str = "problem") -> None:
+        """``count`` problems (or warnings) of ``check``, of which the first of ``examples`` are kept."""
         c = self.check(check)
-        if count > 0:
-            kept = sum(p.severity == "problem" for p in c.found)
-            c.found += [Problem(check, m) for m in list(examples)[: max(0, KEPT - kept)]]
-            c.problems += count
+        kept = sum(p.severity == severity for p in c.found)
+        c.found += [Problem(check, m, severity) for m in list(examples)[: max(0, KEPT - kept)]]
+        c.problems += count * (severity == "problem")
+        c.warnings += count * (severity == "warning")
 
     def warn(self, check: str, message: str) -> None:
-        c = self.check(check)
-        c.warnings += 1
-        if c.warnings <= KEPT:
-            c.found.append(Problem(check, message, "warning"))
+        self.fail_many(check, 1, [message], "warning")
 
     def note(self, check: str, text: str) -> None:
         self.check(check).notes.append(text)

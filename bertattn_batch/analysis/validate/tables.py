@@ -221,33 +221,22 @@ class _PartCheck:
         does. Returns head_summary with each (review, layer, head) once."""
         run = self.run
         layer_ok = pl.col("layer").is_in(run.layers) & pl.col("head").is_between(0, run.num_heads - 1)
-        grid = self.scored.select("doc_id").join(
-            pl.DataFrame(
-                {
-                    "layer": [la for la in run.layers for _ in range(run.num_heads)],
-                    "head": list(range(run.num_heads)) * len(run.layers),
-                },
-                schema={"layer": pl.Int16, "head": pl.Int16},
-            ),
-            how="cross",
-        )
+        heads = pl.DataFrame({"head": range(run.num_heads)}, schema={"head": pl.Int16})
+        layers = pl.DataFrame({"layer": run.layers}, schema={"layer": pl.Int16}).join(heads, how="cross")
+        grid = self.scored.select("doc_id").join(layers, how="cross")
         dup = self.summary.group_by(_KEYS).agg(n=pl.len()).filter(pl.col("n") > 1)
         at_sum = where("head_summary", pl.lit(self.rel_sum))
         report_rows(self.rec, "layers_heads", dup, fmt("{}: {} head_summary rows", at_sum, "n"))
         summary = self.summary.unique(_KEYS, keep="first", maintain_order=True)
+        wanted = pl.lit(f"layers {run.layers} x heads 0..{run.num_heads - 1}")
         for rel, table in ((self.rel_sum, summary), (self.rel_attn, self.groups)):
             at = where("head_summary", pl.lit(rel))
-            wanted = f"layers {run.layers} x heads 0..{run.num_heads - 1}"
-            report_rows(
-                self.rec, "layers_heads", table.filter(~layer_ok), fmt("{}: not among {}", at, pl.lit(wanted))
-            )
-            stray = (
-                table.filter(layer_ok)
-                .join(self.scored, on="doc_id", how="anti")
-                .unique("doc_id", maintain_order=True)
-            )
+            stray = table.filter(layer_ok).join(self.scored, on="doc_id", how="anti").unique("doc_id")
             said = fmt("{} doc '{}': not a scored review of this part", pl.lit(rel), "doc_id")
-            report_rows(self.rec, "layers_heads", stray, said)
+            report_rows(
+                self.rec, "layers_heads", table.filter(~layer_ok), fmt("{}: not among {}", at, wanted)
+            )
+            report_rows(self.rec, "layers_heads", stray.sort("doc_id"), said)
             report_rows(
                 self.rec, "layers_heads", grid.join(table, on=_KEYS, how="anti"), fmt("{}: missing", at)
             )
@@ -272,15 +261,16 @@ class _PartCheck:
             return frame.join(docs, on="doc").sort(schema.key("tokens"))
 
         written = positions(self.tokens).group_by(spot).agg(n=pl.len()).collect(engine="streaming")
-        report_rows(
-            self.rec, "tokens", named(written.filter(pl.col("n") > 1)), fmt("{}: written {} times", at, "n")
-        )
         held = positions(self.attn).unique().collect(engine="streaming")
-        report_rows(
-            self.rec, "tokens", named(held.join(written, on=spot, how="anti")), fmt("{}: missing", at)
-        )
-        said = fmt("{}: no attention rows in {}", at, pl.lit(self.rel_attn))
-        report_rows(self.rec, "tokens", named(written.join(held, on=spot, how="anti")), said)
+        for rows, said in (
+            (written.filter(pl.col("n") > 1), fmt("{}: written {} times", at, "n")),
+            (held.join(written, on=spot, how="anti"), fmt("{}: missing", at)),
+            (
+                written.join(held, on=spot, how="anti"),
+                fmt("{}: no attention rows in {}", at, pl.lit(self.rel_attn)),
+            ),
+        ):
+            report_rows(self.rec, "tokens", named(rows), said)
 
     def heads(self, summary: pl.DataFrame) -> None:
         """Per scored (review, layer, head), its rows summed up beside its head_summary row: positions,
@@ -293,29 +283,14 @@ class _PartCheck:
         )
         spread = (pl.col("pmin") == 1) & (pl.col("pmax") == content) & (pl.col("distinct") == n)
         rules = [
-            (
-                "positions",
-                ~((n == pl.col("n_content")) & (pl.col("n_content") == content)),
-                fmt("{} rows, n_content {}, n_tokens - 2 = {}", "n", "n_content", content),
-            ),
-            (
-                "positions",
-                ~spread,
-                fmt("positions {}..{} ({} distinct in {} rows), expected 1..{} once each",
-                    *("pmin", "pmax", "distinct", "n", content)),
-            ),
-            (
-                "attention_mass",
-                ~((mass - 1).abs() <= tol),
-                fmt("content {} + [CLS] {} + [SEP] {} = {}, not 1 within {}",
-                    *(r("wsum"), r("weight_cls"), r("weight_sep"), mass.round(6), pl.lit(tol))),
-            ),
-            (
-                "scaling",
-                ~minmax,
-                fmt("weight_min/max {}/{}, but the weights' min/max are {}/{}",
-                    *(r("weight_min"), r("weight_max"), r("wmin"), r("wmax"))),
-            ),
+            ("positions", ~((n == pl.col("n_content")) & (pl.col("n_content") == content)),
+             fmt("{} rows, n_content {}, n_tokens - 2 = {}", "n", "n_content", content)),
+            ("positions", ~spread, fmt("positions {}..{} ({} distinct in {} rows), expected 1..{} once each",
+                                       *("pmin", "pmax", "distinct", "n", content))),
+            ("attention_mass", ~((mass - 1).abs() <= tol), fmt("content {} + [CLS] {} + [SEP] {} = {}, not 1 "
+             "within {}", *(r("wsum"), r("weight_cls"), r("weight_sep"), mass.round(6), pl.lit(tol)))),
+            ("scaling", ~minmax, fmt("weight_min/max {}/{}, but the weights' min/max are {}/{}",
+                                     *(r("weight_min"), r("weight_max"), r("wmin"), r("wmax")))),
         ]  # fmt: skip
         heads = self.groups.join(summary, on=_KEYS).join(self.scored, on="doc_id").lazy()
         apply_rules(self.rec, heads, where("head_summary", pl.lit(self.rel_attn)), rules)
