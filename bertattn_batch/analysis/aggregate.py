@@ -515,25 +515,24 @@ def format_top(
             "nothing to contrast; rank by another measure (--rank-by mean_scaled)"
         )
     shown = readable_map(top["token"].to_list(), byte_level)
+    said = [
+        f"{shown[t]} {f'{v:.3f}' if isinstance(v, float) else v}"
+        for t, v in top.select("token", measure).rows()
+    ]
+    cells = top.with_columns(cell=pl.Series(said, dtype=pl.String))
     blocks = []
-    for (layer, cls), group in top.group_by(["layer", "class_label"], maintain_order=True):
+    for (layer, cls), group in cells.group_by(["layer", "class_label"], maintain_order=True):
         who = "all reviews" if cls is None else f"{split} = {printable(str(cls), None)}"
         where = "ALTI, the whole model" if layer is None else layer_name(layer, num_layers)
         lines = [f"{where} · {who} ({group['class_reviews'][0]} reviews) · top {k} {unit}s, {measure}"]
-        cells: dict[int, list[str]] = {}
-        rho: dict[int, float | None] = {}
-        for row in group.iter_rows(named=True):
-            value = f"{row[measure]:.3f}" if isinstance(row[measure], float) else row[measure]
-            cells.setdefault(row["head"], []).append(f"{shown[row['token']]} {value}")
-            rho[row["head"]] = row.get("alti_spearman")
-        width = max(columns(c) for cs in cells.values() for c in cs)
-        tracked = any(r is not None for r in rho.values())  # the run has ALTI: how far each head tracks it
+        width = max(map(columns, group["cell"]))
+        tracked = group["alti_spearman"].is_not_null().any()  # the run has ALTI: how far each head tracks it
         head_line = "  ".join(f"#{i}".ljust(width) for i in range(1, k + 1)).rstrip()
         lines.append("head  " + ("ALTI ρ  " if tracked else "") + head_line)
-        for head in sorted(cells):  # one group: every head of a layer, or ALTI alone
-            r = rho[head]
+        for (head,), rows in group.group_by("head", maintain_order=True):  # every head of a layer, or ALTI
+            r = rows["alti_spearman"][0]
             rho_cell = f"{'' if r is None else f'{r:+.2f}':>6}  " if tracked else ""
-            cell = "  ".join(c + " " * (width - columns(c)) for c in cells[head]).rstrip()
+            cell = "  ".join(c + " " * (width - columns(c)) for c in rows["cell"]).rstrip()
             lines.append(f"{'' if head is None else head:>4}  {rho_cell}{cell}")
         blocks.append("\n".join(lines))
     # a group with scored reviews but no row left is named, not left out

@@ -34,7 +34,7 @@ def readable(tokens: list[str], byte_level: bool | None = None) -> list[str]:
     """Tokens as a reader sees them (:func:`printable`), byte-level BPE tokens decoded (part of a
     character shows '�'); ``byte_level`` None (a manifest that does not say): told from the tokens."""
     if _spells_bytes(tokens, byte_level):
-        tokens = [_decode(t).strip() or _visible_space(_decode(t)) for t in tokens]
+        tokens = [_decode(t).strip() or _decode(t, spaces=True) for t in tokens]
     return [printable(t) for t in tokens]
 
 
@@ -44,14 +44,11 @@ def _spells_bytes(tokens: list[str], byte_level: bool | None) -> bool:
     return byte_level and all(c in _BYTES for t in tokens for c in t)
 
 
-def _decode(token: str) -> str:
-    return bytes(_BYTES[c] for c in token).decode("utf-8", errors="replace")
-
-
-def _visible_space(text: str) -> str:
-    """A decoded token with its spaces shown ('␣good', '␣'), and other unprintable characters as
-    escapes ('\\n'): for a token of spaces alone, and for two tokens that differ only in a space."""
-    return "".join("␣" if c == " " else repr(c)[1:-1] for c in text)
+def _decode(token: str, spaces: bool = False) -> str:
+    """A byte-level token's text; ``spaces``: spaces shown ('␣good') and other unprintable characters as
+    escapes, for a token of spaces alone and for two tokens that differ only in a space."""
+    text = bytes(_BYTES[c] for c in token).decode("utf-8", errors="replace")
+    return "".join("␣" if c == " " else repr(c)[1:-1] for c in text) if spaces else text
 
 
 def readable_map(tokens: list[str], byte_level: bool | None = None) -> dict[str, str]:
@@ -61,7 +58,7 @@ def readable_map(tokens: list[str], byte_level: bool | None = None) -> dict[str,
     cells = dict(zip(distinct, readable(distinct, byte_level), strict=True))
     if _spells_bytes(distinct, byte_level):
         for clash in _alike(cells):
-            cells.update({t: printable(_visible_space(_decode(t)), None) for t in clash})
+            cells.update({t: printable(_decode(t, spaces=True), None) for t in clash})
     for clash in _alike(cells):  # cut alike, or pieces of one character
         cells.update({t: printable(t, None) for t in clash})
     return cells

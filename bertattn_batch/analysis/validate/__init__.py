@@ -1,8 +1,5 @@
-"""Check a run directory against ``schemas/`` and its own manifest, and report every problem found:
-``bertattn validate RUN`` (exit status 1 on any problem), or ``validate_run(RUN)`` whose report has
-``ok``, ``problems``, ``checks`` and ``render()``. Memory stays bounded: predictions are checked by lazy
-queries over all parts, attention part by part, and the inputs are streamed once beside the parts.
-"""
+"""Check a run directory against ``schemas/`` and its own manifest, and report every problem found. Memory
+stays bounded: predictions are checked by lazy queries, attention part by part, the inputs streamed once."""
 
 from __future__ import annotations
 
@@ -46,8 +43,10 @@ def validate_run(run_dir: str | Path, check_source: bool = True) -> ValidationRe
                 f"{run_dir}: {e.filename or 'a part'} went while validate read it (an --overwrite of the run "
                 "meanwhile?); run validate again"
             ) from None
-    n = sum(statuses.values())
-    others = "".join(f", {k} {v}" for k, v in sorted(statuses.items()) if k != "ok")
+    n, others = (
+        sum(statuses.values()),
+        "".join(f", {k} {v}" for k, v in sorted(statuses.items()) if k != "ok"),
+    )
     report.header = (
         f"{shown}: status {run.status}, {len(run.parts)} parts, {n} reviews "
         f"({statuses.get('ok', 0)} scored{others}), layers {run.layers}, {run.num_heads} heads, {run.dtype}"
