@@ -515,10 +515,8 @@ def format_top(
             "nothing to contrast; rank by another measure (--rank-by mean_scaled)"
         )
     shown = readable_map(top["token"].to_list(), byte_level)
-    said = [
-        f"{shown[t]} {f'{v:.3f}' if isinstance(v, float) else v}"
-        for t, v in top.select("token", measure).rows()
-    ]
+    values = top.select("token", measure).rows()
+    said = [f"{shown[t]} {f'{v:.3f}' if isinstance(v, float) else v}" for t, v in values]
     cells = top.with_columns(cell=pl.Series(said, dtype=pl.String))
     blocks = []
     for (layer, cls), group in cells.group_by(["layer", "class_label"], maintain_order=True):

@@ -31,13 +31,8 @@ def write_derived(
     path: Path, arrow: pa.Table, table: str, options: dict[str, Any], run_job_sha256: str, **meta: str
 ) -> None:
     """Write ``arrow`` (of the schema of ``table``) to ``path`` at once, with ``meta`` and its metadata."""
-    metadata = {
-        "table": table,
-        "schema_version": str(schema.version(table)),
-        "options": json.dumps(options),
-        "run_job_sha256": run_job_sha256,
-        **meta,
-    }
+    metadata = dict(table=table, schema_version=str(schema.version(table)), options=json.dumps(options))
+    metadata |= dict(run_job_sha256=run_job_sha256, **meta)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path, unique=True) as tmp:
@@ -61,11 +56,9 @@ def load_run_model(manifest: Manifest, given: str | None, load: Callable[[str], 
     source = given or manifest.model_source
     if not source:
         raise SpecError("this needs the run's model: pass --model")
+    not_it, fix = f"the model at {source} is not the run's", "pass the run's model with --model"
     if other := other_model_files(source, manifest.model):
-        raise InputError(
-            f"the model at {source} is not the run's: it has {other} than the manifest records; pass the "
-            "run's model with --model"
-        )
+        raise InputError(f"{not_it}: it has {other} than the manifest records; {fix}")
     try:
         clf = load(source)
     except ModelError as e:
@@ -74,10 +67,7 @@ def load_run_model(manifest: Manifest, given: str | None, load: Callable[[str], 
         raise ModelError(f"{e} ({manifest.MODEL_MOVED})") from None
     recorded = manifest.fingerprint  # what the run did not record is not compared
     if recorded.get("labels") not in (None, {str(k): v for k, v in clf.id2label.items()}):
-        raise InputError(
-            f"the model at {source} is not the run's: its label names differ from what the manifest "
-            "records; pass the run's model with --model"
-        )
+        raise InputError(f"{not_it}: its label names differ from what the manifest records; {fix}")
     if recorded.get("tokenizer_sha256") not in (None, tokenizer_hash(clf.tokenizer)):
         log.warning(
             "the tokenizer of the model at %s does otherwise than the run's (edited since, or another "

@@ -99,14 +99,8 @@ def select(review: ReviewAttention, tokens: slice | None = None, specials: bool 
     if not idx:
         lo, hi = ("" if end is None else end for end in (tokens.start, tokens.stop))
         raise SpecError(f"--tokens {lo}:{hi} selects none of the review's {len(review.tokens)} tokens")
-    out = dataclasses.replace(
-        review,
-        tokens=[review.tokens[i] for i in idx],
-        token_ids=[review.token_ids[i] for i in idx],
-        positions=[review.positions[i] for i in idx],
-        weight=review.weight[:, idx],
-        scaled=review.scaled[:, idx],
-    )
+    taken = {k: [getattr(review, k)[i] for i in idx] for k in ("tokens", "token_ids", "positions")}
+    out = dataclasses.replace(review, **taken, weight=review.weight[:, idx], scaled=review.scaled[:, idx])
     if review.pairs is not None and review.pair_tokens is not None:
         last = review.pairs.shape[1] - 1
         rows = ([0] if specials else []) + [i + 1 for i in idx] + ([last] if specials else [])
@@ -131,16 +125,9 @@ def by_words(review: ReviewAttention, mode: str, user_dict: str | None = None) -
     weight = review.weight @ member  # (H, W)
     lo, hi = weight.min(axis=1, keepdims=True), weight.max(axis=1, keepdims=True)
     scaled = np.where(hi > lo, (weight - lo) / np.where(hi > lo, hi - lo, 1), 0.0)  # (H, W)
-    out = dataclasses.replace(
-        review,
-        tokens=words["word_text"].gather(first).to_list(),
-        token_ids=[review.token_ids[i] for i in first],
-        positions=[review.positions[i] for i in first],
-        starts=[review.starts[i] for i in first],
-        weight=weight,
-        scaled=scaled,
-        words=mode,
-    )
+    taken = {k: [getattr(review, k)[i] for i in first] for k in ("token_ids", "positions", "starts")}
+    tokens = words["word_text"].gather(first).to_list()
+    out = dataclasses.replace(review, **taken, tokens=tokens, weight=weight, scaled=scaled, words=mode)
     if review.pairs is not None and review.pair_tokens is not None:
         full = np.zeros((len(word) + 2, len(first) + 2))  # (S, W + 2): [CLS] and [SEP] words of their own
         full[0, 0] = full[-1, -1] = 1

@@ -91,11 +91,8 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
         rows += [(f"{k} (last run that read reviews)", v) for k, v in said.items()]
     counts = manifest.counts or part_rows(manifest)  # counted when complete, else what its parts hold
     per_table = ", ".join(f"{k} {v}" for k, v in counts.items())
-    rows += [
-        ("parts committed", len(manifest.parts)),
-        ("rows per table", per_table),
-        ("created", manifest.created_at),
-    ]
+    rows += [("parts committed", len(manifest.parts)), ("rows per table", per_table)]
+    rows.append(("created", manifest.created_at))
     parts = ["<h2>Run</h2>", data_table(["", ""], [(k, v) for k, v in rows if v is not None])]
     if not preds.is_empty():
         statuses = preds.group_by("status").len().sort(["len", "status"], descending=[True, False]).rows()
@@ -274,14 +271,11 @@ def _tokens_html(
         )
         for unit, top in contrasts.items():
             for (cls,), group in top.group_by("class_label", maintain_order=True):
-                parts += [
-                    f"<h3>{unit.capitalize()}s, reviews predicted {esc(cls)} "
-                    f"({group['class_reviews'][0]})</h3>",
-                    _top_table_html(group, "log_odds_z", byte_level),
-                ]
+                title = f"{unit.capitalize()}s, reviews predicted {esc(cls)} ({group['class_reviews'][0]})"
+                parts += [f"<h3>{title}</h3>", _top_table_html(group, "log_odds_z", byte_level)]
+    parts.append("<h3>Each head's top tokens over all reviews, by mean scaled weight</h3>")
     parts.append(
-        "<h3>Each head's top tokens over all reviews, by mean scaled weight</h3>"
-        + muted("Cells give the token and its mean scaled weight; rare tokens rank high here by chance.")
+        muted("Cells give the token and its mean scaled weight; rare tokens rank high here by chance.")
     )
     for unit in units:
         top = top_tokens(table, k, unit, "all", [layer], measure="mean_scaled")

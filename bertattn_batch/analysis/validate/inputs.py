@@ -101,9 +101,8 @@ class _Coverage:
             self.changed += self.digests.feed(block)
             self.stored.feed(block)
             return
-        ids = [
-            d for d, s in zip(block.doc_id, block.status, strict=True) if s not in schema.ROW_NUMBER_STATUSES
-        ]
+        rows = zip(block.doc_id, block.status, strict=True)
+        ids = [d for d, s in rows if s not in schema.ROW_NUMBER_STATUSES]
         self.input_ids.update(ids)
         missing = [d for d in ids if d not in self.ids] if self.by_id else []
         self.missing += len(missing)
@@ -250,19 +249,10 @@ class _Spans:
 
 def _span_ends(run: RunView, part: Part, *more: pl.Expr) -> pl.DataFrame:
     """doc_id, its largest span end, row_index and ``more`` for the scored reviews of one part."""
-    return (
-        pl.scan_parquet(run.file(part, "tokens"), glob=False)
-        .group_by("doc_id")
-        .agg(end=pl.col("end").max())
-        .join(
-            pl.scan_parquet(run.file(part, "predictions"), glob=False)
-            .filter(pl.col("status") == "ok")
-            .select("doc_id", "row_index", *more),
-            on="doc_id",
-            how="inner",
-        )
-        .collect(engine="streaming")
-    )
+    tokens = pl.scan_parquet(run.file(part, "tokens"), glob=False)
+    ends = tokens.group_by("doc_id").agg(end=pl.col("end").max())
+    scored = pl.scan_parquet(run.file(part, "predictions"), glob=False).filter(pl.col("status") == "ok")
+    return ends.join(scored.select("doc_id", "row_index", *more), on="doc_id").collect(engine="streaming")
 
 
 def _ends_by_row(run: RunView, part: Part) -> dict[int, tuple[str, int]]:

@@ -62,11 +62,8 @@ class Check:
         return "FAIL" if self.problems else "SKIP" if self.skipped else "WARN" if self.warnings else "ok"
 
     def line(self) -> str:
-        said = [
-            f"{n} {what}{'s' * (n != 1)}"
-            for n, what in ((self.problems, "problem"), (self.warnings, "warning"))
-            if n
-        ]
+        counts = ((self.problems, "problem"), (self.warnings, "warning"))
+        said = [f"{n} {what}{'s' * (n != 1)}" for n, what in counts if n]
         said += [f"skipped: {self.skipped}"] if self.skipped else []
         return f"{self.status:<4}  {self.name:<14}  {'; '.join(said + self.notes) or self.description}"
 
@@ -123,9 +120,8 @@ class ValidationReport:
                 lines.append(f"        ... and {c.problems + c.warnings - len(shown)} more")
         n, failed = sum(c.problems for c in self.checks), sum(bool(c.problems) for c in self.checks)
         if not self.ok:
-            return "\n".join(
-                [*lines, f"damaged: {n} problem{'s' * (n != 1)} in {failed} of {len(self.checks)} checks"]
-            )
+            damaged = f"damaged: {n} problem{'s' * (n != 1)} in {failed} of {len(self.checks)} checks"
+            return "\n".join([*lines, damaged])
         n_warn, n_skip = sum(c.warnings for c in self.checks), sum(bool(c.skipped) for c in self.checks)
         skipped, warned = f", {n_skip} skipped" * bool(n_skip), f", {n_warn} warnings" * bool(n_warn)
         return "\n".join([*lines, f"clean: {len(self.checks) - n_skip} checks passed{skipped}{warned}"])

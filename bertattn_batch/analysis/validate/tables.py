@@ -64,19 +64,10 @@ def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
         for check in ("row_index", "doc_id", "predictions"):
             rec.skip(check, "no readable predictions parts")
         return {}
-    by_file = {str(run.file(p, "predictions")): p for p in parts}
-    lf = pl.scan_parquet(list(by_file), include_file_paths="_file", glob=False).with_columns(
-        pl.col("_file").replace_strict({f: p.files["predictions"] for f, p in by_file.items()})
-    )
+    lf = scan_files(run, "predictions")
     statuses = dict(lf.group_by("status").agg(pl.len()).collect(engine="streaming").iter_rows())
-
-    rel_to_part = {p.files["predictions"]: p for p in parts}
-    per_file = lf.group_by("_file").agg(
-        n=pl.len(),
-        lo=pl.col("row_index").min(),
-        hi=pl.col("row_index").max(),
-        distinct=pl.col("row_index").n_unique(),
-    )
+    rel_to_part, row = {p.files["predictions"]: p for p in parts}, pl.col("row_index")
+    per_file = lf.group_by("_file").agg(n=pl.len(), lo=row.min(), hi=row.max(), distinct=row.n_unique())
     for rel, n, lo, hi, distinct in per_file.collect(engine="streaming").iter_rows():
         p = rel_to_part[rel]
         if p.generation == 0:
@@ -87,8 +78,7 @@ def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
             want = f"distinct indices within {p.start_row}..{p.end_row - 1}"
         if not good:
             rec.fail(
-                "row_index",
-                f"{rel}: {n} rows, {distinct} distinct row_index in {lo}..{hi}; expected {want}",
+                "row_index", f"{rel}: {n} rows, {distinct} distinct row_index in {lo}..{hi}; expected {want}"
             )
     rec.note("row_index", f"{sum(statuses.values())} rows in {len(parts)} parts")
 
@@ -160,11 +150,9 @@ def check_attention(rec: ValidationReport, run: RunView) -> None:
         pairs = pl.concat([spelling for _, spelling in found]).unique()
         rec.note("tokens", f"{pairs.height} distinct tokens")
         clashes = (
-            pairs.group_by("token_id")
-            .agg(pl.col("token").sort())
-            .filter(pl.col("token").list.len() > 1)
-            .sort("token_id")
+            pairs.group_by("token_id").agg(pl.col("token").sort()).filter(pl.col("token").list.len() > 1)
         )
+        clashes = clashes.sort("token_id")
         written = pl.concat_str(pl.lit("'"), pl.col("token").list.join("', '"), pl.lit("'"))
         report_rows(rec, "tokens", clashes, fmt("token id {} is written as {}", "token_id", written))
     tol = _mass_tolerance(run)
@@ -183,27 +171,16 @@ class _PartCheck:
     def __init__(self, rec: ValidationReport, run: RunView, part: Part) -> None:
         self.rec, self.run, self.part = rec, run, part
         self.rel_attn, self.rel_sum = part.files["cls_attention"], part.files["head_summary"]
-        self.rel_tok = part.files["tokens"]
-        pred = pl.read_parquet(
-            run.file(part, "predictions"), columns=["doc_id", "status", "n_tokens"], glob=False
-        )
+        self.rel_tok, columns = part.files["tokens"], ["doc_id", "status", "n_tokens"]
+        pred = pl.read_parquet(run.file(part, "predictions"), columns=columns, glob=False)
         self.scored = pred.filter(pl.col("status") == "ok").select("doc_id", "n_tokens").unique("doc_id")
         self.summary = pl.read_parquet(run.file(part, "head_summary"), glob=False)  # reviews x layers x heads
         self.attn = pl.scan_parquet(run.file(part, "cls_attention"), glob=False)
         self.tokens = pl.scan_parquet(run.file(part, "tokens"), glob=False)
-        self.groups = (  # each (review, layer, head) of the attention rows, summed up
-            self.attn.group_by(_KEYS)
-            .agg(
-                n=pl.len(),
-                wsum=pl.col("weight").cast(pl.Float64).sum(),
-                wmin=pl.col("weight").min(),
-                wmax=pl.col("weight").max(),
-                pmin=pl.col("position").min(),
-                pmax=pl.col("position").max(),
-                distinct=pl.col("position").n_unique(),
-            )
-            .collect(engine="streaming")
-        )
+        w, at = pl.col("weight"), pl.col("position")  # each (review, layer, head) of the rows, summed up
+        sums = dict(n=pl.len(), wsum=w.cast(pl.Float64).sum(), wmin=w.min(), wmax=w.max(), pmin=at.min())
+        sums |= dict(pmax=at.max(), distinct=at.n_unique())
+        self.groups = self.attn.group_by(_KEYS).agg(**sums).collect(engine="streaming")
 
     def check(self) -> tuple[int, pl.DataFrame]:
         """Every check of the part; how many heads it checked, and its distinct (token_id, token) pairs,
@@ -319,9 +296,8 @@ class _PartCheck:
         range of each value is :func:`check_ranges`')."""
         alti = pl.scan_parquet(self.run.file(self.part, "contributions"), glob=False)
         key = schema.key("contributions")
-        rows = alti.join(
-            self.tokens.select(key).with_columns(token=pl.lit(True)), on=key, how="full", coalesce=True
-        )
+        tokens = self.tokens.select(key).with_columns(token=pl.lit(True))
+        rows = alti.join(tokens, on=key, how="full", coalesce=True)
         rules = [
             ("measures", pl.col("alti").is_null(), pl.lit("a token without a contributions row")),
             ("measures", pl.col("token").is_null(), pl.lit("a contributions row without a token")),
@@ -337,24 +313,25 @@ def check_ranges(rec: ValidationReport, run: RunView) -> None:
     """Every column that ``schemas/`` gives a range keeps it, in every readable file of its table: a
     bound is a number or another column; a float is finite too."""
     for table in run.tables:
-        files = {str(run.file(p, table)): p.files[table] for p in run.parts if table in p.readable}
-        if not (ranges := schema.ranges(table)) or not files:
+        if not (ranges := schema.ranges(table)) or not any(table in p.readable for p in run.parts):
             continue
         rules = []
         for column, low, high, check in ranges:
-            value = pl.col(column)
-            good = (
-                value.is_finite()
-                if pa.types.is_floating(schema.arrow(table).field(column).type)
-                else pl.lit(True)
-            )
+            value, floating = pl.col(column), pa.types.is_floating(schema.arrow(table).field(column).type)
+            good = value.is_finite() if floating else pl.lit(True)
             for bound, keep in ((low, value.__ge__), (high, value.__le__)):
                 if bound is not None:
                     good &= keep(pl.col(bound) if isinstance(bound, str) else bound)
             shown = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
             rules.append((check, ~good, fmt("{} {} outside {}", pl.lit(column), column, pl.lit(shown))))
-        lf = pl.scan_parquet(list(files), include_file_paths="_file", glob=False)
-        apply_rules(rec, lf.with_columns(pl.col("_file").replace_strict(files)), where(table, "_file"), rules)
+        apply_rules(rec, scan_files(run, table), where(table, "_file"), rules)
+
+
+def scan_files(run: RunView, table: str) -> pl.LazyFrame:
+    """The readable files of ``table``, each row with its file (as the manifest names it) in ``_file``."""
+    files = {str(run.file(p, table)): p.files[table] for p in run.parts if table in p.readable}
+    lf = pl.scan_parquet(list(files), include_file_paths="_file", glob=False)
+    return lf.with_columns(pl.col("_file").replace_strict(files))
 
 
 def where(table: str, file: str | pl.Expr) -> pl.Expr:
