@@ -16,8 +16,6 @@ from ...run import Manifest, input_changes
 from .files import Part, RunView
 from .report import KEPT, ValidationReport
 
-STREAM = "the run read a stream (or names no inputs), which cannot be read again"
-
 
 def check_inputs_and_spans(rec: ValidationReport, run: RunView) -> None:
     """Read the inputs once, as the run read them, feeding both checks."""
@@ -29,7 +27,7 @@ def check_inputs_and_spans(rec: ValidationReport, run: RunView) -> None:
         return
     inputs = manifest.inputs
     if not inputs or (streams := [p for p in inputs if read_once(p)]):
-        rec.skip("inputs", STREAM)
+        rec.skip("inputs", "the run read a stream (or names no inputs), which cannot be read again")
         if not inputs:
             rec.skip("spans", "the manifest names no inputs: end <= text length not checked")
         elif not _check_stored_spans(rec, run):
@@ -194,7 +192,7 @@ class _Spans:
             key=lambda p: (p.start_row, p.generation),
         )
         self.active: list[tuple[Part, dict[int, tuple[str, int]]]] = []
-        self.checked = self.changed = self.replaced = 0
+        self.checked = self.replaced = 0
 
     @property
     def done(self) -> bool:
@@ -218,9 +216,7 @@ class _Spans:
         if text is None or now_id != doc_id:
             if earlier:
                 self.replaced += 1
-                return
-            self.changed += 1
-            if self.changed <= KEPT:
+            else:
                 self.rec.warn("spans", f"input row {row} is now {now_id!r}, the run has {doc_id!r}")
         elif end > len(text) and earlier:
             self.replaced += 1  # edited since
@@ -236,8 +232,6 @@ class _Spans:
             rec.warn(
                 "spans", f"the inputs end before {left} scored reviews of the run; those were not checked"
             )
-        if self.changed > KEPT:
-            rec.check("spans").warnings += self.changed - KEPT
         if self.replaced:
             rec.note(
                 "spans",
