@@ -229,7 +229,6 @@ def review_from_text(
     layer: int = -2,
     pairs: bool = False,
     device: str = "cpu",
-    max_length: int | None = None,
     doc_id: str = "text",
     **trust: bool,
 ) -> ReviewAttention:
@@ -239,7 +238,7 @@ def review_from_text(
 
     if not text or not text.strip():
         raise InputError("the text to plot is empty")
-    clf = _load_classifier(model, layer, device, max_length, **trust)
+    clf = _load_classifier(model, layer, device, **trust)
     enc = encode_texts(clf.tokenizer, [text], clf.max_length)[0]
     if enc.n_tokens <= 2:
         raise InputError("the text gives no tokens to plot")
@@ -247,11 +246,9 @@ def review_from_text(
     n, probs = enc.n_tokens, out.probs
     scored = ScoredRow(0, doc_id, None, "ok", enc, probs[0], out.rows[0, :, :, :n], out.norms[0, :, :, :n])
     extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels)
-    tables = {
-        name: pl.from_arrow(schema.cast(t, name)).lazy()  # ids as plain strings, as in the files
-        for name, t in extractor.tables([scored]).items()
-    }
-    rows = attention_rows(tables["cls_attention"], tables["tokens"]).collect()
+    tables = extractor.tables([scored])  # cast: ids as plain strings, as in the files
+    attn, tokens = (pl.from_arrow(schema.cast(tables[t], t)).lazy() for t in ("cls_attention", "tokens"))
+    rows = attention_rows(attn, tokens).collect()
     review = from_rows(rows, doc_id, clf.layers[0])
     pred = int(np.argmax(probs[0]))
     review.pred_label, review.prob, review.text = clf.labels[pred], float(probs[0, pred]), text

@@ -111,9 +111,8 @@ def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
     if ok.is_empty():
         return None
     counts = {(t, p): n for t, p, n in ok.group_by(["label", "pred_label"]).len().rows()}
-    true_labels = sorted(
-        {t for t, _ in counts}, key=lambda t: (t not in labels, labels.index(t) if t in labels else 0, t)
-    )
+    rank = {t: i for i, t in enumerate(labels)}  # the model's labels first, in its order; the rest by name
+    true_labels = sorted({t for t, _ in counts}, key=lambda t: (rank.get(t, len(labels)), t))
     known = ok.filter(pl.col("label").is_in(labels))
     correct = known.filter(pl.col("label") == pl.col("pred_label")).height
     accuracy = correct / known.height if known.height else float("nan")
@@ -209,9 +208,7 @@ def _line(what: str, conf: dict[str, Any], note: str) -> str:
 
 def _matrix(conf: dict[str, Any], label_map: dict[str, str]) -> str:
     """The confusion counts; a mapped label's row names the source's labels it holds."""
-    held: dict[str, list[str]] = {}
-    for source, target in label_map.items():
-        held.setdefault(target, []).append(source)
+    held = {t: [s for s, x in label_map.items() if x == t] for t in set(label_map.values())}
     header = ["true \\ predicted", *conf["cols"], "total"]
     rows = []
     for t in conf["rows"]:
@@ -489,12 +486,9 @@ def _aggregates(run: Path, min_reviews: int | None) -> tuple[pl.DataFrame, dict[
     min_reviews = min_reviews if min_reviews is not None else made.get("min_reviews", agg.MIN_REVIEWS)
     if agg.is_current(run, min_reviews):
         return agg.read_aggregates(run)
-    options = dict(
-        min_reviews=min_reviews,
-        rank_by=made.get("rank_by", agg.RANK_BY),
-        units=made.get("units", agg.UNITS),
-        words=made.get("words") or ("none" if "words" in made else None),
-    )
+    words = made.get("words") or ("none" if "words" in made else None)
+    options = dict(min_reviews=min_reviews, rank_by=made.get("rank_by", agg.RANK_BY), words=words)
+    options["units"] = made.get("units", agg.UNITS)
     try:
         result = agg.aggregate(run, **options)
     except WriteError:
@@ -515,7 +509,7 @@ def build_report(
 ) -> Path:
     """Write the run's report page (default ``RUN/report.html``), computing aggregates first where missing
     or out of date; ``label_map``: the source's labels as the model's (None: the run's job's)."""
-    t0 = time.perf_counter()
+    t0, when = time.perf_counter(), time.strftime("%Y-%m-%d %H:%M")
     if examples < 0 or top_k < 1:
         raise SpecError(
             f"--examples must not be negative and --top-k must be at least 1; got {examples}, {top_k}"
@@ -543,10 +537,7 @@ def build_report(
         _tokens_html(table, meta, idx, top_k, scored, manifest.byte_level, manifest.num_layers),
         _believe_html(run, manifest, table),
         examples_html(run, preds, idx, examples, labels) if examples > 0 and scored else "",
-        muted(
-            f"Written {time.strftime('%Y-%m-%d %H:%M')} by bertattn report "
-            f"in {time.perf_counter() - t0:.1f}s."
-        ),
+        muted(f"Written {when} by bertattn report in {time.perf_counter() - t0:.1f}s."),
     ]
     path = Path(out) if out is not None else run / REPORT_NAME
     name = display_path(run.resolve()).rstrip("/").rsplit("/", 1)[-1]
