@@ -413,9 +413,9 @@ def top_tokens(table: pl.DataFrame, k: int = 5, *args: Any, **options: Any) -> p
 def run_layer(manifest: Manifest, layer: int | None) -> int:
     """A layer as the user gives it (negative counts from the end; None: the run's first) -> its index."""
     stored = manifest.layers
-    if layer is None and not stored:
-        raise RunDirError("the run's manifest lists no layers")
     if layer is None:
+        if not stored:
+            raise RunDirError("the run's manifest lists no layers")
         return int(stored[0])
     idx = layer + int(manifest.model.get("num_layers", 0)) if layer < 0 else layer
     if idx not in stored:
