@@ -108,9 +108,8 @@ def wordpiece_words(tokens: pl.LazyFrame | pl.DataFrame, continuation: str = CON
         .group_by("word")
         .agg(joined=token.str.strip_prefix(continuation).sort_by(position).str.join(""))
     )
-    return pieces.join(joined, on="word", how="left").select(
-        KEY, "position", "word", word_text=pl.coalesce("joined", "token")
-    )
+    text = pl.coalesce("joined", "token")
+    return pieces.join(joined, on="word", how="left").select(KEY, "position", "word", word_text=text)
 
 
 def word_map(

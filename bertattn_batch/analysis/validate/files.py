@@ -203,11 +203,9 @@ def _check_counts(rec: ValidationReport, run: RunView) -> None:
         return
     for table in run.tables:
         listed = sum(p.rows.get(table, 0) for p in run.parts)
+        all_read = all(table in p.file_rows for p in run.parts if table in p.files)
         if counts.get(table) != listed:
             rec.fail("counts", f"counts.{table} is {counts.get(table)}, its parts list {listed} rows")
-        elif (
-            all(table in p.file_rows for p in run.parts if table in p.files)
-            and counts.get(table) != actual[table]
-        ):
+        elif all_read and counts.get(table) != actual[table]:
             rec.fail("counts", f"counts.{table} is {counts.get(table)}, its files hold {actual[table]} rows")
     rec.note("counts", ", ".join(f"{t} {n}" for t, n in actual.items()) + " rows")
