@@ -398,18 +398,16 @@ def review_for_plot(
     tokens: str | None = None,
     specials: bool = True,
     text_file: str | Path | None = None,
-    trust_remote_code: bool = False,
-    allow_pickle: bool = False,
     unit: str = "token",
     words: str | None = None,
     user_dict: str | None = None,
+    **trust: bool,
 ) -> ReviewAttention:
     """A review of a run (``run_dir`` + ``doc_id``) or a text (``text`` or ``text_file`` + ``model``), with
     token x token maps where ``pairs``; ``tokens``: the content tokens (or words) to show (``"0:40"``);
-    ``specials``: [CLS] and [SEP] in the maps. Trust in the model's code is the caller's, not the run's."""
+    ``specials``: [CLS] and [SEP] in the maps. ``trust`` (code, pickles) is the caller's, not the run's."""
     if unit not in ("token", "word"):
         raise SpecError(f"--unit must be token or word; got {unit!r}")
-    trust = {"trust_remote_code": trust_remote_code, "allow_pickle": allow_pickle}
     if text_file is not None:
         text = read_text_file(text_file, text)
     if not specials and not pairs:
