@@ -242,14 +242,10 @@ def _tokens_html(
     then its top ones by mean scaled weight over all reviews. ``scored``: some review was scored."""
     opts = meta.get("options", {})
     units = opts.get("units", ["token"])
-    parts = [
-        f"<h2>Top tokens per head · {layer_name(layer, num_layers)}</h2>",
-        muted(
-            f"From {agg.AGGREGATES_DIR}/{agg.TABLE}.parquet: "
-            f"tokens seen in at least {opts.get('min_reviews')} "
-            f"reviews{', words made by ' + esc(opts['words']) if opts.get('words') else ''}."
-        ),
-    ]
+    words = f", words made by {esc(opts['words'])}" if opts.get("words") else ""
+    seen = f"tokens seen in at least {opts.get('min_reviews')} reviews{words}"
+    parts = [f"<h2>Top tokens per head · {layer_name(layer, num_layers)}</h2>"]
+    parts.append(muted(f"From {agg.AGGREGATES_DIR}/{agg.TABLE}.parquet: {seen}."))
     contrasts = {u: top_tokens(table, k, u, "pred_label", [layer], measure="log_odds_z") for u in units}
     lead = contrasts[units[0]]
     if lead.height and lead["log_odds_z"].is_null().all():  # one predicted label
@@ -270,9 +266,9 @@ def _tokens_html(
             for (cls,), group in top.group_by("class_label", maintain_order=True):
                 title = f"{unit.capitalize()}s, reviews predicted {esc(cls)} ({group['class_reviews'][0]})"
                 parts += [f"<h3>{title}</h3>", _top_table_html(group, "log_odds_z", byte_level)]
-    parts.append("<h3>Each head's top tokens over all reviews, by mean scaled weight</h3>")
     parts.append(
-        muted("Cells give the token and its mean scaled weight; rare tokens rank high here by chance.")
+        "<h3>Each head's top tokens over all reviews, by mean scaled weight</h3>"
+        + muted("Cells give the token and its mean scaled weight; rare tokens rank high here by chance.")
     )
     for unit in units:
         top = top_tokens(table, k, unit, "all", [layer], measure="mean_scaled")
