@@ -31,8 +31,13 @@ def write_derived(
     path: Path, arrow: pa.Table, table: str, options: dict[str, Any], run_job_sha256: str, **meta: str
 ) -> None:
     """Write ``arrow`` (of the schema of ``table``) to ``path`` at once, with ``meta`` and its metadata."""
-    metadata = dict(table=table, schema_version=str(schema.version(table)), options=json.dumps(options))
-    metadata |= dict(run_job_sha256=run_job_sha256, **meta)
+    metadata = {
+        "table": table,
+        "schema_version": str(schema.version(table)),
+        "options": json.dumps(options),
+        "run_job_sha256": run_job_sha256,
+        **meta,
+    }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path, unique=True) as tmp:

@@ -43,10 +43,8 @@ def validate_run(run_dir: str | Path, check_source: bool = True) -> ValidationRe
                 f"{run_dir}: {e.filename or 'a part'} went while validate read it (an --overwrite of the run "
                 "meanwhile?); run validate again"
             ) from None
-    n, others = (
-        sum(statuses.values()),
-        "".join(f", {k} {v}" for k, v in sorted(statuses.items()) if k != "ok"),
-    )
+    n = sum(statuses.values())
+    others = "".join(f", {k} {v}" for k, v in sorted(statuses.items()) if k != "ok")
     report.header = (
         f"{shown}: status {run.status}, {len(run.parts)} parts, {n} reviews "
         f"({statuses.get('ok', 0)} scored{others}), layers {run.layers}, {run.num_heads} heads, {run.dtype}"

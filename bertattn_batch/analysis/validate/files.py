@@ -177,8 +177,8 @@ def _check_unlisted(rec: ValidationReport, run: RunView, listed: dict[str, set[s
             if not temporary and not fnmatch.fnmatch(f.name, "part-*.parquet"):
                 rec.warn("files", f"{rel}: unexpected file")
                 continue
-            what = "not listed in the manifest (readers that glob part-*.parquet read it)"
-            what = "leftover temporary file" if temporary else what
+            unlisted = "not listed in the manifest (readers that glob part-*.parquet read it)"
+            what = "leftover temporary file" if temporary else unlisted
             if run.status == "complete":
                 rec.fail("files", f"{rel}: {what} in a run marked complete")
             elif live:  # the extract writing the run now is writing it

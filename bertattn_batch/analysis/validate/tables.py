@@ -177,10 +177,20 @@ class _PartCheck:
         self.summary = pl.read_parquet(run.file(part, "head_summary"), glob=False)  # reviews x layers x heads
         self.attn = pl.scan_parquet(run.file(part, "cls_attention"), glob=False)
         self.tokens = pl.scan_parquet(run.file(part, "tokens"), glob=False)
-        w, at = pl.col("weight"), pl.col("position")  # each (review, layer, head) of the rows, summed up
-        sums = dict(n=pl.len(), wsum=w.cast(pl.Float64).sum(), wmin=w.min(), wmax=w.max(), pmin=at.min())
-        sums |= dict(pmax=at.max(), distinct=at.n_unique())
-        self.groups = self.attn.group_by(_KEYS).agg(**sums).collect(engine="streaming")
+        w, at = pl.col("weight"), pl.col("position")
+        self.groups = (  # each (review, layer, head) of the attention rows, summed up
+            self.attn.group_by(_KEYS)
+            .agg(
+                n=pl.len(),
+                wsum=w.cast(pl.Float64).sum(),
+                wmin=w.min(),
+                wmax=w.max(),
+                pmin=at.min(),
+                pmax=at.max(),
+                distinct=at.n_unique(),
+            )
+            .collect(engine="streaming")
+        )
 
     def check(self) -> tuple[int, pl.DataFrame]:
         """Every check of the part; how many heads it checked, and its distinct (token_id, token) pairs,
