@@ -1,7 +1,6 @@
 """One reader a format: a source's rows in order, each a tuple of the wanted columns' raw values (strings
 as bytes, or with lone surrogates where not UTF-8) or an :class:`Unreadable`; ``read.to_rows`` decides
-the rest.
-"""
+the rest."""
 
 from __future__ import annotations
 
@@ -61,7 +60,6 @@ def some(numbers: list[int], count: int, unit: str) -> str:
 
 
 # -- Arrow columns: Parquet and saved datasets -----------------------------------------------------------
-#: Arrow's string types, each with the binary type of the same layout.
 _AS_BINARY = {
     pa.string(): pa.binary(),
     pa.large_string(): pa.large_binary(),
@@ -104,13 +102,7 @@ def read_parquet(src: Source, wanted: list[str], block_rows: int) -> Iterator[Ro
             yield from zip(*(column_values(rb.column(c)) for c in wanted), strict=True)
 
 
-def parquet_metadata(src: Source) -> pq.FileMetaData:
-    with storage.arrow_file(src.path) as f:
-        return pq.read_metadata(f)
-
-
 def load_dataset(path: Path | str) -> Any:
-    """A folder ``Dataset.save_to_disk`` wrote, memory-mapped."""
     import datasets
 
     try:
@@ -154,6 +146,11 @@ def read_datasets(src: Source, wanted: list[str], block_rows: int) -> Iterator[R
         yield from zip(*columns, strict=True)
 
 
+def _parquet_metadata(src: Source) -> pq.FileMetaData:
+    with storage.arrow_file(src.path) as f:
+        return pq.read_metadata(f)
+
+
 # -- text ------------------------------------------------------------------------------------------------
 def read_text(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]:
     """One review a line (universal newlines, as a CSV reader splits the same bytes), in column ``text``."""
@@ -184,8 +181,6 @@ def read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]:
 
     def skip_ragged(bad: pcsv.InvalidRow) -> str:
         nonlocal recorded
-        if bad.number is None:  # Arrow numbers rows only when it parses on one thread
-            return "error"
         number = bad.number - 2  # Arrow counts rows from 1, the header included
         if number >= recorded:
             recorded = number + 1
@@ -364,8 +359,7 @@ def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]
 
 
 def json_values(f: BinaryIO, label: str) -> tuple[str, Iterator[tuple[int, Any]]]:
-    """What the numbers count ("line" or "element"), and the values numbered from 1, each a value or the
-    exception that reading it raised."""
+    """What the numbers count ("line" or "element"), and the values numbered from 1 (or the exception)."""
     lead, blank = json_lead(f)
     if lead.lstrip().startswith(b"["):
         return "element", _array_elements(lead, f, label)
@@ -374,7 +368,6 @@ def json_values(f: BinaryIO, label: str) -> tuple[str, Iterator[tuple[int, Any]]
 
 
 def _json_line(raw: bytes) -> Any:
-    """One JSON line's value, or the exception reading it raised; bytes not UTF-8 become lone surrogates."""
     try:
         return json.loads(raw.decode("utf-8", "surrogateescape").removeprefix("\ufeff"))
     except json.JSONDecodeError as e:
@@ -465,8 +458,8 @@ def json_keys(src: Source) -> list[str] | None:
 FORMATS = {
     "parquet": Format(
         read_parquet,
-        lambda src: parquet_metadata(src).schema.to_arrow_schema().names,
-        lambda src: parquet_metadata(src).num_rows,
+        lambda src: _parquet_metadata(src).schema.to_arrow_schema().names,
+        lambda src: _parquet_metadata(src).num_rows,
     ),
     "csv": Format(read_csv, lambda src: _header(src)[0]),
     "tsv": Format(read_csv, lambda src: _header(src)[0]),
