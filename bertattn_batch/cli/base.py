@@ -26,8 +26,7 @@ _debug = {"on": False}
 REDONE = "interrupted; nothing was written: rerun the command to compute it again"
 
 
-def _redacted(record: logging.LogRecord) -> bool:
-    """No log message shows a URI's credentials."""
+def _redacted(record: logging.LogRecord) -> bool:  # no log message shows a URI's credentials
     record.msg, record.args = redact(record.getMessage()), ()
     return True
 
@@ -140,10 +139,6 @@ class GuardedStdout:
     def write(self, text: str) -> int:
         self._guarded(lambda: self._stream.write(text))
         return len(text)
-
-    def writelines(self, lines) -> None:
-        for line in lines:
-            self.write(line)
 
     def flush(self) -> None:
         self._guarded(self._stream.flush)

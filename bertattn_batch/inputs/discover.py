@@ -165,7 +165,8 @@ def _stored(spec: str, input_format: str) -> list[str]:
 def _pass_over(where: str, others: list[Path] | list[str], what: str) -> None:
     """Refuse archives of review files among the files passed over; name the others in a warning."""
     names = sorted(storage.name_path(o) for o in others)
-    if packed := [n for n in names if _is_packed_reviews(n)]:
+    suffixes = [(n, n.suffix.lower(), n.with_suffix("").suffix.lower()) for n in names]
+    if packed := [n for n, last, inner in suffixes if last in ARCHIVE_SUFFIXES and inner in EXTENSIONS]:
         raise InputError(
             f"{where} holds archives of review files ({_some(packed)}); extract them first "
             "(a file compressed on its own, such as reviews.jsonl.gz, is read as it is)"
@@ -175,12 +176,6 @@ def _pass_over(where: str, others: list[Path] | list[str], what: str) -> None:
         log.warning(
             "%s: passed over %d %s that are not review files (%s)", where, len(names), what, _some(names)
         )
-
-
-def _is_packed_reviews(path: PurePath) -> bool:
-    """An archive of a review file, such as ``x.csv.zip``."""
-    suffixes = [x.lower() for x in path.suffixes]
-    return len(suffixes) > 1 and suffixes[-1] in ARCHIVE_SUFFIXES and suffixes[-2] in EXTENSIONS
 
 
 def _some(paths: Sequence[PurePath]) -> str:

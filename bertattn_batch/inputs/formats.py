@@ -243,19 +243,16 @@ class _CheckedBytes(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def read(self, size: int | None = -1) -> bytes:
-        if size is None or size < 0:
-            data, self._held = self._held + self._raw.read(), b""
-        else:
-            data, self._held = self._held + self._raw.read(max(1, size - len(self._held))), b""
-            if data.endswith(b"\r"):
-                after = self._raw.read(1)
-                if len(data) > 1:
-                    data, self._held = data[:-1], b"\r" + after
-                else:  # a read of one byte, "\r": give it with the byte after it, if that is no "\r"
-                    data += after
-                    if data.endswith(b"\r\r"):
-                        data, self._held = data[:-1], b"\r"
+    def read(self, size: int) -> bytes:  # Arrow always asks for a size
+        data, self._held = self._held + self._raw.read(max(1, size - len(self._held))), b""
+        if data.endswith(b"\r"):
+            after = self._raw.read(1)
+            if len(data) > 1:
+                data, self._held = data[:-1], b"\r" + after
+            else:  # a read of one byte, "\r": give it with the byte after it, if that is no "\r"
+                data += after
+                if data.endswith(b"\r\r"):
+                    data, self._held = data[:-1], b"\r"
         self._scan(data)
         return data
 
