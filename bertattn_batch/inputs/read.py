@@ -167,7 +167,8 @@ def count_rows(sources: Iterable[Source]) -> int | None:
 def to_rows(rows: list[Row], first_row: int, id_at: int | None, label_at: int | None) -> RowBatch:
     """``rows`` (text first, id and label at ``id_at``, ``label_at``) numbered from ``first_row``: the one
     place that decides a row's text, id, label and status."""
-    out = RowBatch()
+    out = RowBatch(list(range(first_row, first_row + len(rows))))
+    doc_ids, texts, labels, statuses = out.doc_id, out.text, out.label, out.status
     for row, values in enumerate(rows, first_row):
         if isinstance(values, Unreadable):
             text, status, doc_id, label = None, values.status, str(row), None
@@ -181,7 +182,10 @@ def to_rows(rows: list[Row], first_row: int, id_at: int | None, label_at: int | 
             # a label's surrounding spaces are a spreadsheet's ('positive '), and a blank one is no class
             raw = None if label_at is None else values[label_at]
             label = None if _is_null(raw) else _to_str(raw).strip() or None
-        out.append(row, doc_id, text, label, status)
+        doc_ids.append(doc_id)
+        texts.append(text)
+        labels.append(label)
+        statuses.append(status)
     return out
 
 
