@@ -215,9 +215,8 @@ def _check_utf8(src: Source, head: bytes) -> None:
     for bom, name in _OTHER_BOMS.items():
         if head.startswith(bom):
             raise InputError(
-                f"{src.label} is {name} text (it starts with a {name} byte-order mark); "
-                "bertattn reads UTF-8: "
-                f"convert it first, e.g. iconv -f {name} -t UTF-8"
+                f"{src.label} is {name} text (it starts with a {name} byte-order mark); bertattn reads "
+                f"UTF-8: convert it first, e.g. iconv -f {name} -t UTF-8"
             )
     # ASCII spelt in UTF-16, which is valid UTF-8: most bytes of one parity NUL, few of the other
     if len(sample := head[:64]) >= 16:

@@ -383,6 +383,9 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
     buf, pos, ended = text.decode(lead).lstrip()[1:], 0, False
     number, after_element = 0, False
 
+    def fail(what: str) -> InputError:
+        return InputError(f"{label}: {what}")
+
     def more() -> None:  # at least as much again as the buffer holds: a long element costs linear time
         nonlocal buf, pos, ended
         chunk = f.read(max(ARRAY_CHUNK, len(buf) - pos))
@@ -392,15 +395,13 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
         pos = _SPACES.match(buf, pos).end()
         if pos == len(buf):
             if ended:
-                raise InputError(
-                    f"{label}: the JSON array ends without its closing ] (the file is cut short?)"
-                )
+                raise fail("the JSON array ends without its closing ] (the file is cut short?)")
             more()
         elif buf[pos] == "]" and (after_element or number == 0):
             break
         elif after_element:
             if buf[pos] != ",":
-                raise InputError(f"{label}: expected , or ] after element {number} of the JSON array")
+                raise fail(f"expected , or ] after element {number} of the JSON array")
             pos, after_element = pos + 1, False
         else:
             try:
@@ -411,16 +412,14 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
                     more()
                     continue
                 if cut:
-                    raise InputError(
-                        f"{label}: the JSON array ends inside element {number + 1} (the file is cut short?)"
+                    raise fail(
+                        f"the JSON array ends inside element {number + 1} (the file is cut short?)"
                     ) from None
-                raise InputError(
-                    f"{label}: element {number + 1} of the JSON array is not JSON ({e.msg})"
-                ) from None
+                raise fail(f"element {number + 1} of the JSON array is not JSON ({e.msg})") from None
             except (RecursionError, ValueError):
-                raise InputError(
-                    f"{label}: element {number + 1} of the JSON array is nested deeper, "
-                    "or holds an integer longer, than the JSON reader reads"
+                raise fail(
+                    f"element {number + 1} of the JSON array is nested deeper, or holds an integer longer, "
+                    "than the JSON reader reads"
                 ) from None
             if not ended and len(buf) - end < _SLACK:  # "1." of "1.5e3" decodes too: read on, decode it whole
                 more()
@@ -431,9 +430,7 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
     while (pos := _SPACES.match(buf, pos).end()) == len(buf) and not ended:
         more()
     if pos < len(buf):
-        raise InputError(
-            f"{label}: text follows the JSON array's closing ] (one array a file, or JSON lines)"
-        )
+        raise fail("text follows the JSON array's closing ] (one array a file, or JSON lines)")
 
 
 def json_keys(src: Source) -> list[str] | None:
