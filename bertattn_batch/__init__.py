@@ -1,17 +1,7 @@
 """bertattn-batch: a fine-tuned BERT classifier's [CLS] attention, per head, over whole review corpora.
 
-Library entry points (the CLI is a thin layer over these)::
-
-    import bertattn_batch as ba
-    ba.tune_runtime()                        # first, in a notebook: see runtime.py
-    summary = ba.run_job(ba.JobSpec(inputs=["reviews.parquet"], model="models/zh-senti", out="runs/r1"))
-    report = ba.validate_run("runs/r1")
-    result = ba.aggregate("runs/r1")
-    ba.build_report("runs/r1")
-    fig = ba.plot_review("runs/r1", "42")    # a matplotlib figure of one review
-
-Importing the package sets nothing and imports neither torch nor polars: each entry point loads its
-stage when first used.
+The library entry points below (the CLI is a thin layer over them; README shows their use). Importing the
+package sets nothing and imports neither torch nor polars: each entry point loads its stage when first used.
 """
 
 from __future__ import annotations
@@ -20,7 +10,6 @@ from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-#: name -> module (or module:attribute): the public API, imported on first use.
 _API = {
     "BertAttnError": "errors",
     "JobSpec": "config",

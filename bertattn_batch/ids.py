@@ -1,15 +1,7 @@
-"""Sets of review ids at 16 bytes an id, for the duplicate and resume checks of an ``--id-col`` run.
-
-Usage::
-
-    seen = IdSet(["r-1", "r-2"])
-    seen.add_each(["r-3", "r-1"])      # [True, False]: whether each was new
-    "r-1" in seen, len(seen)          # True, 3
-
-A Python set of strings costs about 90 bytes an id. This keeps a 128-bit blake2b digest of each id in
-a sorted array, with recent additions in a small set merged in as it grows. Two distinct ids share a
-digest with a probability of about n² / 2¹²⁹ (1e-25 for ten million ids).
-"""
+"""Sets of review ids at 16 bytes an id (a Python set of strings costs about 90), for the duplicate and
+resume checks of an ``--id-col`` run: a 128-bit blake2b digest of each id in a sorted array, recent
+additions in a small set merged in as it grows. Two ids share a digest with a probability of about
+n² / 2¹²⁹ (1e-25 for ten million ids)."""
 
 from __future__ import annotations
 
@@ -51,7 +43,6 @@ class IdSet:
         return out
 
     def add(self, doc_id: str) -> bool:
-        """Add ``doc_id``; whether it was new."""
         return self.add_each([doc_id])[0]
 
     def update(self, ids: Iterable[str]) -> None:
@@ -72,7 +63,6 @@ class IdSet:
         return new
 
     def contains_each(self, ids: Sequence[str]) -> list[bool]:
-        """``[doc_id in self for doc_id in ids]``."""
         return [old or d in self._recent for d, old in self._search(ids)]
 
     def _search(self, ids: Sequence[str]) -> list[tuple[bytes, bool]]:

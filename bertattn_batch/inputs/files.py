@@ -48,8 +48,7 @@ class Source:
     delimiter: str | None = None  # of a CSV or TSV file's fields (None: "," or a tab)
 
     @property
-    def label(self) -> str:
-        """The source as the user named it (messages, the run's record of its inputs)."""
+    def label(self) -> str:  # as the user named it: in messages and the run's record of its inputs
         return self.name or str(self.path)
 
     @property
@@ -123,8 +122,7 @@ def _is_utf8(encoding: str) -> bool:
 
 
 class _Decoded(io.RawIOBase):
-    """``file``'s bytes through a decompressing ``stream`` and a ``decoder`` (None: UTF-8); closes
-    ``file``."""
+    """``file``'s bytes through a decompressing ``stream`` and a ``decoder`` (None: UTF-8)."""
 
     def __init__(self, file: BinaryIO, stream: Any, decoder: codecs.IncrementalDecoder | None) -> None:
         self._file, self._stream, self._decoder, self._held = file, stream, decoder, b""
@@ -203,7 +201,7 @@ def check_bytes(src: Source) -> None:
 
 
 def _tar(block: bytes) -> str | None:
-    """ "tar" for a tar header: its magic at its place and its checksum right."""
+    """ "tar" for a tar header (its magic at its place, its checksum right), else None."""
     if len(block) < 512 or block[257:262] != b"ustar":
         return None
     with contextlib.suppress(ValueError):
@@ -217,9 +215,8 @@ def _check_utf8(src: Source, head: bytes) -> None:
     for bom, name in _OTHER_BOMS.items():
         if head.startswith(bom):
             raise InputError(
-                f"{src.label} is {name} text (it starts with a {name} byte-order mark); "
-                "bertattn reads UTF-8: "
-                f"convert it first, e.g. iconv -f {name} -t UTF-8"
+                f"{src.label} is {name} text (it starts with a {name} byte-order mark); bertattn reads "
+                f"UTF-8: convert it first, e.g. iconv -f {name} -t UTF-8"
             )
     # ASCII spelt in UTF-16, which is valid UTF-8: most bytes of one parity NUL, few of the other
     if len(sample := head[:64]) >= 16:
@@ -262,7 +259,7 @@ _SPOOLS: dict[str, tuple[Path, BinaryIO | None, bytes]] = {}
 
 
 def read_once(spec: str) -> bool:
-    """Whether an input a run recorded was a stream, which cannot be read again: ``-``, a device or a FIFO."""
+    """Whether an input a run recorded was a stream, which cannot be read again."""
     return spec == STDIN or spec.startswith(("/dev/", "/proc/")) or is_stream(Path(spec))
 
 
@@ -297,7 +294,9 @@ def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: st
                     if array or compression_of(path) is not None:
                         want = None
                     elif (end := _rows_end(path, fmt, delimiter, want)) is not None:
-                        tail = _cut(path, end)
+                        with open(path, "r+b") as f:  # cut there; what follows is kept for a later call
+                            f.seek(end)
+                            tail, _ = f.read(), f.truncate(end)
                         break
                     check_at = out.tell() * 2
             else:
@@ -354,20 +353,11 @@ def _rows_end(path: Path, fmt: str, delimiter: str | None, want: int) -> int | N
 
 
 def json_lead(f: BinaryIO) -> tuple[bytes, int]:
-    """A JSON file's first bytes that hold more than spaces (no byte-order mark), and the line breaks
-    before."""
+    """A JSON file's first bytes that hold more than spaces (no byte-order mark), and the breaks before."""
     lead, breaks = f.read(3).removeprefix(codecs.BOM_UTF8), 0
     while not lead.strip() and (block := f.read(1 << 16)):
         breaks, lead = breaks + lead.count(b"\n"), block
     return lead, breaks
-
-
-def _cut(path: Path, end: int) -> bytes:
-    """Cut the copy at ``end``; returns what followed."""
-    with open(path, "r+b") as f:
-        f.seek(end)
-        tail, _ = f.read(), f.truncate(end)
-    return tail
 
 
 def owner(pid: int | None = None) -> str:

@@ -1,11 +1,5 @@
 """Check the inputs (names, headers, first bytes: before a model loads), then stream their rows in order,
-numbered from 0 across inputs, each with a doc id, text, label and status::
-
-    spec = InputSpec(["reviews/*.parquet"], id_col="id")
-    sources = check_inputs(spec)                    # or InputError, one line
-    for batch in read_sources(sources, spec):
-        batch.doc_id, batch.text, batch.label, batch.status
-"""
+numbered from 0 across inputs, each with a doc id, text, label and status (:func:`to_rows`)."""
 
 from __future__ import annotations
 
@@ -13,7 +7,6 @@ import csv
 import json
 import logging
 import math
-import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
@@ -23,9 +16,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..config import InputSpec
+from ..config import InputSpec, inside
 from ..errors import InputError, first_line
-from ..storage import is_remote
 from .discover import expand_inputs
 from .files import READ_ERRORS, Source, check_bytes
 from .formats import FORMATS, UNDECODABLE, Row, Unreadable, some
@@ -77,17 +69,11 @@ def check_inputs(spec: InputSpec, out: str | Path | None = None) -> list[Source]
     sources = expand_inputs(spec)
     wanted = wanted_columns(spec)
     for src in sources:
-        if out and _inside(src.path, out):
+        if out and inside(src.path, out):
             raise InputError(f"input {src.label} lies inside the run directory {out}; choose another --out")
         check_bytes(src)
         _check_columns(src, wanted)
     return sources
-
-
-def _inside(path: Path | str, folder: str | Path) -> bool:
-    if is_remote(path) or is_remote(folder):
-        return os.fspath(path).startswith(os.fspath(folder).rstrip("/") + "/")
-    return Path(folder).resolve() in Path(path).resolve().parents
 
 
 def _check_columns(src: Source, wanted: list[str]) -> None:
@@ -128,7 +114,6 @@ def _delimiter_hint(src: Source, names: list[str], wanted: list[str]) -> str:
 
 # -- reading ---------------------------------------------------------------------------------------------
 def read_rows(spec: InputSpec, block_rows: int = BLOCK_ROWS) -> Iterator[RowBatch]:
-    """RowBatches over all inputs in order."""
     yield from read_sources(check_inputs(spec), spec, block_rows)
 
 
@@ -153,7 +138,7 @@ def read_sources(
                 ragged += bad[: 5 - len(ragged)]
                 yield batch
                 row += len(block)
-        finally:  # also when the reading stops early (a limit, an interrupt)
+        finally:  # also when the reading stops early
             rows.close()
             if count:
                 have = "1 row has" if count == 1 else f"{count} rows have"
@@ -162,7 +147,6 @@ def read_sources(
 
 
 def read_values(src: Source, wanted: list[str], block_rows: int = BLOCK_ROWS) -> Iterator[Row]:
-    """One source's rows of raw values of the ``wanted`` columns, in order."""
     try:
         yield from FORMATS[src.format].read(src, wanted, block_rows)
     except (pa.ArrowInvalid, *READ_ERRORS) as e:
