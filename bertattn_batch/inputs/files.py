@@ -296,7 +296,8 @@ def spooled(name: str, rows: int | None = None, fmt: str = "auto", delimiter: st
                     elif (end := _rows_end(path, fmt, delimiter, want)) is not None:
                         with open(path, "r+b") as f:  # cut there; what follows is kept for a later call
                             f.seek(end)
-                            tail, _ = f.read(), f.truncate(end)
+                            tail = f.read()
+                            f.truncate(end)
                         break
                     check_at = out.tell() * 2
             else:
