@@ -10,6 +10,7 @@ from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
+#: name -> module (or module:attribute): the public API, imported on first use.
 _API = {
     "BertAttnError": "errors",
     "JobSpec": "config",

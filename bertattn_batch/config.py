@@ -260,7 +260,8 @@ class JobSpec:
         """The model beside the run, and a model that [finetune] trains from scratch able to give what
         the job asks of it, checked before it is trained (a folder that is there is the model)."""
         ft = self.finetune
-        if (ft is not None or Path(self.model).exists()) and inside(self.model, self.out):
+        local = not is_remote(self.model)  # a store's model is read, never trained
+        if local and (ft is not None or Path(self.model).exists()) and inside(self.model, self.out):
             raise SpecError(
                 f"the model folder {self.model} is inside out {self.out}, which holds the run alone: put "
                 "the model beside it"

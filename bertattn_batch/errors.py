@@ -24,7 +24,8 @@ class RunDirError(BertAttnError):
 
 
 class InputsEditedError(RunDirError):
-    """Input rows a run committed read otherwise now (found before the pass writes anything)."""
+    """Input rows a run committed read otherwise now: found on the way to the resume point, before the
+    pass writes anything, so the run keeps the manifest it had."""
 
 
 class DamagedRunError(RunDirError):
@@ -44,7 +45,8 @@ class StorageError(BertAttnError):
 
 
 class EngineError(BertAttnError):
-    """The distributed engine cannot run: no Ray, no cluster, or a failed worker."""
+    """The distributed engine cannot run: Ray is not installed, a cluster is unreachable, or a worker
+    failed."""
 
 
 class Terminated(KeyboardInterrupt):
@@ -54,6 +56,7 @@ class Terminated(KeyboardInterrupt):
 
 
 def first_line(e: BaseException) -> str:
-    """An exception's first line (libraries' messages run over many); one ending in a colon, with the next."""
+    """An exception's first line: library messages run over many lines, ours are one. A first line that
+    ends in a colon only announces the next, so that one is kept too."""
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [type(e).__name__]
     return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]

@@ -43,6 +43,7 @@ class IdSet:
         return out
 
     def add(self, doc_id: str) -> bool:
+        """Add ``doc_id``; whether it was new."""
         return self.add_each([doc_id])[0]
 
     def update(self, ids: Iterable[str]) -> None:
@@ -63,6 +64,7 @@ class IdSet:
         return new
 
     def contains_each(self, ids: Sequence[str]) -> list[bool]:
+        """``[doc_id in self for doc_id in ids]``."""
         return [old or d in self._recent for d, old in self._search(ids)]
 
     def _search(self, ids: Sequence[str]) -> list[tuple[bytes, bool]]:

@@ -1,5 +1,12 @@
 """The table schemas, read from ``schemas/*.json``: the one place that names every column, its type,
-whether it may be null, the range its values keep (``validate`` checks it) and each table's key."""
+whether it may be null, the range its values keep (``validate`` checks it) and each table's key.
+
+Usage::
+
+    from bertattn_batch import schema
+    schema.arrow("predictions")      # pyarrow.Schema with descriptions as field metadata
+    schema.cast(table, "predictions")  # reorder/cast a table to the schema, or raise
+"""
 
 from __future__ import annotations
 
@@ -14,7 +21,8 @@ from .errors import BertAttnError
 
 #: Tables every run directory holds, in commit order.
 TABLES = ("predictions", "cls_attention", "head_summary", "tokens")
-#: Tables a run holds where its job asked for them (extract --contributions), in every part then.
+#: Tables a run holds where its job asked for them (``contributions``: extract --contributions), in every
+#: part of it then.
 OPTIONAL_TABLES = ("contributions",)
 ALL_TABLES = (*TABLES, *OPTIONAL_TABLES)
 #: Statuses of rows without a source id: their doc id is their row number, which the checks for repeated
@@ -61,7 +69,10 @@ def ranges(table: str) -> list[tuple[str, Any, Any, str]]:
 def _arrow_type(name: str) -> pa.DataType:
     if name.startswith("list<") and name.endswith(">"):
         return pa.list_(_arrow_type(name[5:-1]))
-    return pa.type_for_alias(name)
+    try:
+        return pa.type_for_alias(name)
+    except ValueError:
+        raise BertAttnError(f"unknown column type {name!r} in schemas/") from None
 
 
 @cache

@@ -318,7 +318,8 @@ def aggregate(
             table = pl.LazyFrame(schema=pl.from_arrow(schema.arrow(TABLE).empty_table()).schema)
         options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units), "words": mode}
         table = table.collect(engine="streaming")  # small; cast by pyarrow to keep column descriptions
-        dest, created = out_dir / f"{TABLE}.parquet", time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        dest = out_dir / f"{TABLE}.parquet"
+        created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         meta = {"parts": json.dumps([p.name for p in parts]), "created_at": created}
         write_derived(dest, schema.cast(table.to_arrow(), TABLE), TABLE, options, manifest.job_sha256, **meta)
     except pl.exceptions.ComputeError as e:  # polars's word for a write that failed
@@ -334,7 +335,8 @@ def aggregate(
         shutil.rmtree(work, ignore_errors=True)
         if claim is not None:
             os.close(claim)
-    names, seconds = [p.name for p in parts], time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    names = [p.name for p in parts]
     return Aggregates(dest, table, options, names, seconds, sizes, manifest.num_layers, manifest.byte_level)
 
 
@@ -363,9 +365,10 @@ def _summed(
     by_token = pl.scan_parquet(partials, glob=False).group_by(["unit", "layer", "head", "token", *CLASSES])
     by_token.agg([pl.col(c).sum() for c in _SUMS]).sink_parquet(base_path, engine="streaming")
     rho = pl.col("rho_sum").sum() / pl.col("rho_n").sum()
-    tracks = pl.LazyFrame(schema={"layer": pl.Int16, "head": pl.Int16, "alti_spearman": pl.Float64})
     if rhos:
         tracks = pl.scan_parquet(rhos, glob=False).group_by(["layer", "head"]).agg(alti_spearman=rho)
+    else:
+        tracks = pl.LazyFrame(schema={"layer": pl.Int16, "head": pl.Int16, "alti_spearman": pl.Float64})
     return pl.scan_parquet(base_path, glob=False), tracks
 
 
@@ -400,8 +403,10 @@ def view(
     """The rows of one unit and split (and ``layers``, ``heads``), ranked again by ``measure`` if given."""
     out = table.filter((pl.col("unit") == unit) & (pl.col("split") == split))
     for column, wanted in (("layer", layers), ("head", heads)):
-        out = out if wanted is None else out.filter(pl.col(column).is_in(list(wanted)))
-    out = out if measure is None else ranked(out, measure)
+        if wanted is not None:
+            out = out.filter(pl.col(column).is_in(list(wanted)))
+    if measure is not None:
+        out = ranked(out, measure)
     return out.sort(["layer", "class_label", "head", "rank"], nulls_last=False)
 
 

@@ -61,9 +61,11 @@ def load_run_model(manifest: Manifest, given: str | None, load: Callable[[str], 
     source = given or manifest.model_source
     if not source:
         raise SpecError("this needs the run's model: pass --model")
-    not_it, fix = f"the model at {source} is not the run's", "pass the run's model with --model"
     if other := other_model_files(source, manifest.model):
-        raise InputError(f"{not_it}: it has {other} than the manifest records; {fix}")
+        raise InputError(
+            f"the model at {source} is not the run's: it has {other} than the manifest records; pass the "
+            "run's model with --model"
+        )
     try:
         clf = load(source)
     except ModelError as e:
@@ -72,7 +74,10 @@ def load_run_model(manifest: Manifest, given: str | None, load: Callable[[str], 
         raise ModelError(f"{e} ({manifest.MODEL_MOVED})") from None
     recorded = manifest.fingerprint  # what the run did not record is not compared
     if recorded.get("labels") not in (None, {str(k): v for k, v in clf.id2label.items()}):
-        raise InputError(f"{not_it}: its label names differ from what the manifest records; {fix}")
+        raise InputError(
+            f"the model at {source} is not the run's: its label names differ from what the manifest "
+            "records; pass the run's model with --model"
+        )
     if recorded.get("tokenizer_sha256") not in (None, tokenizer_hash(clf.tokenizer)):
         log.warning(
             "the tokenizer of the model at %s does otherwise than the run's (edited since, or another "

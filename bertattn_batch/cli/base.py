@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Annotated, TypeVar
 
 import typer
@@ -76,10 +76,10 @@ def call(fn: Callable[[], T], interrupted: str = INTERRUPTED, completes: bool = 
     except Exception as e:
         if _debug["on"]:
             raise
-        said = f"{type(e).__name__}: {redact(str(e))} (rerun with --debug for the traceback)"
-        # a name from the file system (an input folder's file) not in UTF-8
         if isinstance(e, UnicodeEncodeError) and "surrogates" in e.reason and isinstance(e.object, str):
-            said = _not_utf8(e.object)
+            said = _not_utf8(e.object)  # a name from the file system (an input folder's file) not in UTF-8
+        else:
+            said = f"{type(e).__name__}: {redact(str(e))} (rerun with --debug for the traceback)"
         typer.echo(f"error: {said}", err=True)
         raise typer.Exit(1) from None
     finally:
@@ -136,6 +136,10 @@ class GuardedStdout:
     def write(self, text: str) -> int:
         self._guarded(lambda: self._stream.write(text))
         return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
 
     def flush(self) -> None:
         self._guarded(self._stream.flush)

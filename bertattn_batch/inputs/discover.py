@@ -7,7 +7,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path, PurePath
 
 from .. import storage
@@ -31,7 +31,7 @@ def expand_inputs(spec: InputSpec) -> list[Source]:
     """Resolve files, globs and folders to an ordered list of sources; raise when nothing matches."""
     first: dict[object, str] = {}  # each file by what it is (a hard link is the file it links to): its label
     sources = []
-    for path, fmt, name in _expand(spec):
+    for path, fmt, name in _expand(spec.paths, spec.format, spec.delimiter, spec.limit):
         src = Source(path, fmt, name, spec.encoding, spec.delimiter)
         key: object = path
         if not storage.is_remote(path):
@@ -51,16 +51,17 @@ def expand_inputs(spec: InputSpec) -> list[Source]:
     return sources
 
 
-def _expand(inputs: InputSpec) -> Iterator[tuple[Path | str, str, str | None]]:
+def _expand(
+    inputs: Iterable[str], input_format: str, delimiter: str | None, limit: int | None
+) -> Iterator[tuple[Path | str, str, str | None]]:
     """(path, format, the name a stream was given) of each input file in order."""
-    input_format = inputs.format
-    for spec in inputs.paths:
+    for spec in inputs:
         if storage.is_remote(spec):
             yield from ((uri, _format_of(uri, input_format), None) for uri in _stored(spec, input_format))
             continue
         if spec == STDIN or is_stream(Path(spec)):
             fmt = _format_of(spec, input_format)
-            yield spooled(spec, inputs.limit, fmt, inputs.delimiter), fmt, spec
+            yield spooled(spec, limit, fmt, delimiter), fmt, spec
             continue
         globbed = glob.has_magic(spec) and not Path(spec).exists()  # a file named 'x[1].csv' is that file
         matches = sorted(glob.glob(spec, recursive=True)) if globbed else [spec]
@@ -164,8 +165,7 @@ def _stored(spec: str, input_format: str) -> list[str]:
 def _pass_over(where: str, others: list[Path] | list[str], what: str) -> None:
     """Refuse archives of review files among the files passed over; name the others in a warning."""
     names = sorted(storage.name_path(o) for o in others)
-    suffixes = [(n, n.suffix.lower(), n.with_suffix("").suffix.lower()) for n in names]
-    if packed := [n for n, last, inner in suffixes if last in ARCHIVE_SUFFIXES and inner in EXTENSIONS]:
+    if packed := [n for n in names if _is_packed_reviews(n)]:
         raise InputError(
             f"{where} holds archives of review files ({_some(packed)}); extract them first "
             "(a file compressed on its own, such as reviews.jsonl.gz, is read as it is)"
@@ -175,6 +175,12 @@ def _pass_over(where: str, others: list[Path] | list[str], what: str) -> None:
         log.warning(
             "%s: passed over %d %s that are not review files (%s)", where, len(names), what, _some(names)
         )
+
+
+def _is_packed_reviews(path: PurePath) -> bool:
+    """An archive of a review file, such as ``x.csv.zip``."""
+    suffixes = [x.lower() for x in path.suffixes]
+    return len(suffixes) > 1 and suffixes[-1] in ARCHIVE_SUFFIXES and suffixes[-2] in EXTENSIONS
 
 
 def _some(paths: Sequence[PurePath]) -> str:

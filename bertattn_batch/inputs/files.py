@@ -122,7 +122,8 @@ def _is_utf8(encoding: str) -> bool:
 
 
 class _Decoded(io.RawIOBase):
-    """``file``'s bytes through a decompressing ``stream`` and a ``decoder`` (None: UTF-8)."""
+    """``file``'s bytes through a decompressing ``stream`` and a ``decoder`` (None: UTF-8); closes
+    ``file``."""
 
     def __init__(self, file: BinaryIO, stream: Any, decoder: codecs.IncrementalDecoder | None) -> None:
         self._file, self._stream, self._decoder, self._held = file, stream, decoder, b""
@@ -259,7 +260,7 @@ _SPOOLS: dict[str, tuple[Path, BinaryIO | None, bytes]] = {}
 
 
 def read_once(spec: str) -> bool:
-    """Whether an input a run recorded was a stream, which cannot be read again."""
+    """Whether an input a run recorded was a stream, which cannot be read again: ``-``, a device or a FIFO."""
     return spec == STDIN or spec.startswith(("/dev/", "/proc/")) or is_stream(Path(spec))
 
 

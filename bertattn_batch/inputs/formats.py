@@ -1,6 +1,7 @@
 """One reader a format: a source's rows in order, each a tuple of the wanted columns' raw values (strings
 as bytes, or with lone surrogates where not UTF-8) or an :class:`Unreadable`; ``read.to_rows`` decides
-the rest."""
+the rest.
+"""
 
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def some(numbers: list[int], count: int, unit: str) -> str:
 
 
 # -- Arrow columns: Parquet and saved datasets -----------------------------------------------------------
+#: Arrow's string types, each with the binary type of the same layout.
 _AS_BINARY = {
     pa.string(): pa.binary(),
     pa.large_string(): pa.large_binary(),
@@ -102,7 +104,13 @@ def read_parquet(src: Source, wanted: list[str], block_rows: int) -> Iterator[Ro
             yield from zip(*(column_values(rb.column(c)) for c in wanted), strict=True)
 
 
+def parquet_metadata(src: Source) -> pq.FileMetaData:
+    with storage.arrow_file(src.path) as f:
+        return pq.read_metadata(f)
+
+
 def load_dataset(path: Path | str) -> Any:
+    """A folder ``Dataset.save_to_disk`` wrote, memory-mapped."""
     import datasets
 
     try:
@@ -146,11 +154,6 @@ def read_datasets(src: Source, wanted: list[str], block_rows: int) -> Iterator[R
         yield from zip(*columns, strict=True)
 
 
-def _parquet_metadata(src: Source) -> pq.FileMetaData:
-    with storage.arrow_file(src.path) as f:
-        return pq.read_metadata(f)
-
-
 # -- text ------------------------------------------------------------------------------------------------
 def read_text(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]:
     """One review a line (universal newlines, as a CSV reader splits the same bytes), in column ``text``."""
@@ -181,6 +184,8 @@ def read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]:
 
     def skip_ragged(bad: pcsv.InvalidRow) -> str:
         nonlocal recorded
+        if bad.number is None:  # Arrow numbers rows only when it parses on one thread
+            return "error"
         number = bad.number - 2  # Arrow counts rows from 1, the header included
         if number >= recorded:
             recorded = number + 1
@@ -243,16 +248,19 @@ class _CheckedBytes(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def read(self, size: int) -> bytes:  # Arrow always asks for a size
-        data, self._held = self._held + self._raw.read(max(1, size - len(self._held))), b""
-        if data.endswith(b"\r"):
-            after = self._raw.read(1)
-            if len(data) > 1:
-                data, self._held = data[:-1], b"\r" + after
-            else:  # a read of one byte, "\r": give it with the byte after it, if that is no "\r"
-                data += after
-                if data.endswith(b"\r\r"):
-                    data, self._held = data[:-1], b"\r"
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            data, self._held = self._held + self._raw.read(), b""
+        else:
+            data, self._held = self._held + self._raw.read(max(1, size - len(self._held))), b""
+            if data.endswith(b"\r"):
+                after = self._raw.read(1)
+                if len(data) > 1:
+                    data, self._held = data[:-1], b"\r" + after
+                else:  # a read of one byte, "\r": give it with the byte after it, if that is no "\r"
+                    data += after
+                    if data.endswith(b"\r\r"):
+                        data, self._held = data[:-1], b"\r"
         self._scan(data)
         return data
 
@@ -356,7 +364,8 @@ def read_jsonl(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]
 
 
 def json_values(f: BinaryIO, label: str) -> tuple[str, Iterator[tuple[int, Any]]]:
-    """What the numbers count ("line" or "element"), and the values numbered from 1 (or the exception)."""
+    """What the numbers count ("line" or "element"), and the values numbered from 1, each a value or the
+    exception that reading it raised."""
     lead, blank = json_lead(f)
     if lead.lstrip().startswith(b"["):
         return "element", _array_elements(lead, f, label)
@@ -365,6 +374,7 @@ def json_values(f: BinaryIO, label: str) -> tuple[str, Iterator[tuple[int, Any]]
 
 
 def _json_line(raw: bytes) -> Any:
+    """One JSON line's value, or the exception reading it raised; bytes not UTF-8 become lone surrogates."""
     try:
         return json.loads(raw.decode("utf-8", "surrogateescape").removeprefix("\ufeff"))
     except json.JSONDecodeError as e:
@@ -383,9 +393,6 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
     buf, pos, ended = text.decode(lead).lstrip()[1:], 0, False
     number, after_element = 0, False
 
-    def fail(what: str) -> InputError:
-        return InputError(f"{label}: {what}")
-
     def more() -> None:  # at least as much again as the buffer holds: a long element costs linear time
         nonlocal buf, pos, ended
         chunk = f.read(max(ARRAY_CHUNK, len(buf) - pos))
@@ -395,13 +402,15 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
         pos = _SPACES.match(buf, pos).end()
         if pos == len(buf):
             if ended:
-                raise fail("the JSON array ends without its closing ] (the file is cut short?)")
+                raise InputError(
+                    f"{label}: the JSON array ends without its closing ] (the file is cut short?)"
+                )
             more()
         elif buf[pos] == "]" and (after_element or number == 0):
             break
         elif after_element:
             if buf[pos] != ",":
-                raise fail(f"expected , or ] after element {number} of the JSON array")
+                raise InputError(f"{label}: expected , or ] after element {number} of the JSON array")
             pos, after_element = pos + 1, False
         else:
             try:
@@ -412,14 +421,16 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
                     more()
                     continue
                 if cut:
-                    raise fail(
-                        f"the JSON array ends inside element {number + 1} (the file is cut short?)"
+                    raise InputError(
+                        f"{label}: the JSON array ends inside element {number + 1} (the file is cut short?)"
                     ) from None
-                raise fail(f"element {number + 1} of the JSON array is not JSON ({e.msg})") from None
+                raise InputError(
+                    f"{label}: element {number + 1} of the JSON array is not JSON ({e.msg})"
+                ) from None
             except (RecursionError, ValueError):
-                raise fail(
-                    f"element {number + 1} of the JSON array is nested deeper, or holds an integer longer, "
-                    "than the JSON reader reads"
+                raise InputError(
+                    f"{label}: element {number + 1} of the JSON array is nested deeper, "
+                    "or holds an integer longer, than the JSON reader reads"
                 ) from None
             if not ended and len(buf) - end < _SLACK:  # "1." of "1.5e3" decodes too: read on, decode it whole
                 more()
@@ -430,7 +441,9 @@ def _array_elements(lead: bytes, f: BinaryIO, label: str) -> Iterator[tuple[int,
     while (pos := _SPACES.match(buf, pos).end()) == len(buf) and not ended:
         more()
     if pos < len(buf):
-        raise fail("text follows the JSON array's closing ] (one array a file, or JSON lines)")
+        raise InputError(
+            f"{label}: text follows the JSON array's closing ] (one array a file, or JSON lines)"
+        )
 
 
 def json_keys(src: Source) -> list[str] | None:
@@ -452,8 +465,8 @@ def json_keys(src: Source) -> list[str] | None:
 FORMATS = {
     "parquet": Format(
         read_parquet,
-        lambda src: _parquet_metadata(src).schema.to_arrow_schema().names,
-        lambda src: _parquet_metadata(src).num_rows,
+        lambda src: parquet_metadata(src).schema.to_arrow_schema().names,
+        lambda src: parquet_metadata(src).num_rows,
     ),
     "csv": Format(read_csv, lambda src: _header(src)[0]),
     "tsv": Format(read_csv, lambda src: _header(src)[0]),

@@ -99,8 +99,14 @@ def select(review: ReviewAttention, tokens: slice | None = None, specials: bool 
     if not idx:
         lo, hi = ("" if end is None else end for end in (tokens.start, tokens.stop))
         raise SpecError(f"--tokens {lo}:{hi} selects none of the review's {len(review.tokens)} tokens")
-    taken = {k: [getattr(review, k)[i] for i in idx] for k in ("tokens", "token_ids", "positions")}
-    out = dataclasses.replace(review, **taken, weight=review.weight[:, idx], scaled=review.scaled[:, idx])
+    out = dataclasses.replace(
+        review,
+        tokens=[review.tokens[i] for i in idx],
+        token_ids=[review.token_ids[i] for i in idx],
+        positions=[review.positions[i] for i in idx],
+        weight=review.weight[:, idx],
+        scaled=review.scaled[:, idx],
+    )
     if review.pairs is not None and review.pair_tokens is not None:
         last = review.pairs.shape[1] - 1
         rows = ([0] if specials else []) + [i + 1 for i in idx] + ([last] if specials else [])
@@ -125,9 +131,16 @@ def by_words(review: ReviewAttention, mode: str, user_dict: str | None = None) -
     weight = review.weight @ member  # (H, W)
     lo, hi = weight.min(axis=1, keepdims=True), weight.max(axis=1, keepdims=True)
     scaled = np.where(hi > lo, (weight - lo) / np.where(hi > lo, hi - lo, 1), 0.0)  # (H, W)
-    taken = {k: [getattr(review, k)[i] for i in first] for k in ("token_ids", "positions", "starts")}
-    tokens = words["word_text"].gather(first).to_list()
-    out = dataclasses.replace(review, **taken, tokens=tokens, weight=weight, scaled=scaled, words=mode)
+    out = dataclasses.replace(
+        review,
+        tokens=words["word_text"].gather(first).to_list(),
+        token_ids=[review.token_ids[i] for i in first],
+        positions=[review.positions[i] for i in first],
+        starts=[review.starts[i] for i in first],
+        weight=weight,
+        scaled=scaled,
+        words=mode,
+    )
     if review.pairs is not None and review.pair_tokens is not None:
         full = np.zeros((len(word) + 2, len(first) + 2))  # (S, W + 2): [CLS] and [SEP] words of their own
         full[0, 0] = full[-1, -1] = 1
@@ -229,6 +242,7 @@ def review_from_text(
     layer: int = -2,
     pairs: bool = False,
     device: str = "cpu",
+    max_length: int | None = None,
     doc_id: str = "text",
     **trust: bool,
 ) -> ReviewAttention:
@@ -238,7 +252,7 @@ def review_from_text(
 
     if not text or not text.strip():
         raise InputError("the text to plot is empty")
-    clf = _load_classifier(model, layer, device, **trust)
+    clf = _load_classifier(model, layer, device, max_length, **trust)
     enc = encode_texts(clf.tokenizer, [text], clf.max_length)[0]
     if enc.n_tokens <= 2:
         raise InputError("the text gives no tokens to plot")
@@ -246,9 +260,11 @@ def review_from_text(
     n, probs = enc.n_tokens, out.probs
     scored = ScoredRow(0, doc_id, None, "ok", enc, probs[0], out.rows[0, :, :, :n], out.norms[0, :, :, :n])
     extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels)
-    tables = extractor.tables([scored])  # cast: ids as plain strings, as in the files
-    attn, tokens = (pl.from_arrow(schema.cast(tables[t], t)).lazy() for t in ("cls_attention", "tokens"))
-    rows = attention_rows(attn, tokens).collect()
+    tables = {
+        name: pl.from_arrow(schema.cast(t, name)).lazy()  # ids as plain strings, as in the files
+        for name, t in extractor.tables([scored]).items()
+    }
+    rows = attention_rows(tables["cls_attention"], tables["tokens"]).collect()
     review = from_rows(rows, doc_id, clf.layers[0])
     pred = int(np.argmax(probs[0]))
     review.pred_label, review.prob, review.text = clf.labels[pred], float(probs[0, pred]), text
@@ -398,16 +414,18 @@ def review_for_plot(
     tokens: str | None = None,
     specials: bool = True,
     text_file: str | Path | None = None,
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
     unit: str = "token",
     words: str | None = None,
     user_dict: str | None = None,
-    **trust: bool,
 ) -> ReviewAttention:
     """A review of a run (``run_dir`` + ``doc_id``) or a text (``text`` or ``text_file`` + ``model``), with
     token x token maps where ``pairs``; ``tokens``: the content tokens (or words) to show (``"0:40"``);
-    ``specials``: [CLS] and [SEP] in the maps. ``trust`` (code, pickles) is the caller's, not the run's."""
+    ``specials``: [CLS] and [SEP] in the maps. Trust in the model's code is the caller's, not the run's."""
     if unit not in ("token", "word"):
         raise SpecError(f"--unit must be token or word; got {unit!r}")
+    trust = {"trust_remote_code": trust_remote_code, "allow_pickle": allow_pickle}
     if text_file is not None:
         text = read_text_file(text_file, text)
     if not specials and not pairs:

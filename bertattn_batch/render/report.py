@@ -74,25 +74,33 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
         ("layers stored (0-based)", ", ".join(map(str, model.get("layers", [])))),
         ("device, dtype, attention", ", ".join(str(model.get(k)) for k in ("device", "dtype", "attention"))),
     ]
-    if not preds.is_empty():  # prediction rows: an unreadable row is recorded again each pass
-        rows += [("prediction rows", preds.height), ("reviews scored", ok.height)]
-        rows += [("tokens", int(ok["n_tokens"].sum())), ("truncated reviews", int(ok["truncated"].sum()))]
+    if not preds.is_empty():
+        rows += [
+            ("prediction rows", preds.height),  # an unreadable row is recorded again each pass
+            ("reviews scored", ok.height),
+            ("tokens", int(ok["n_tokens"].sum())),
+            ("truncated reviews", int(ok["truncated"].sum())),
+        ]
     if last:
         seconds = last.get("seconds", {})
         reading = seconds.get("wall", 0) - seconds.get("train", 0)  # the time the throughput is of
-        said = {
-            "ended": last.get("ended_at"),
-            "reviews read": last.get("input_rows"),
-            "padding share": f"{last.get('padding_share', 0):.1%}",
-            "throughput": f"{last.get('reviews_per_s', 0):.1f} reviews/s",
-            "wall time": f"{reading:.1f} s (model {seconds.get('model', 0):.1f} s)",
-            "training the model first": f"{seconds['train']:.1f} s" if "train" in seconds else None,
-        }
-        rows += [(f"{k} (last run that read reviews)", v) for k, v in said.items()]
+        rows += [
+            (f"{k} (last run that read reviews)", v)
+            for k, v in (
+                ("ended", last.get("ended_at")),
+                ("reviews read", last.get("input_rows")),
+                ("padding share", f"{last.get('padding_share', 0):.1%}"),
+                ("throughput", f"{last.get('reviews_per_s', 0):.1f} reviews/s"),
+                ("wall time", f"{reading:.1f} s (model {seconds.get('model', 0):.1f} s)"),
+                ("training the model first", f"{seconds['train']:.1f} s" if "train" in seconds else None),
+            )
+        ]
     counts = manifest.counts or part_rows(manifest)  # counted when complete, else what its parts hold
-    per_table = ", ".join(f"{k} {v}" for k, v in counts.items())
-    rows += [("parts committed", len(manifest.parts)), ("rows per table", per_table)]
-    rows.append(("created", manifest.created_at))
+    rows += [
+        ("parts committed", len(manifest.parts)),
+        ("rows per table", ", ".join(f"{k} {v}" for k, v in counts.items())),
+        ("created", manifest.created_at),
+    ]
     parts = ["<h2>Run</h2>", data_table(["", ""], [(k, v) for k, v in rows if v is not None])]
     if not preds.is_empty():
         statuses = preds.group_by("status").len().sort(["len", "status"], descending=[True, False]).rows()
@@ -111,13 +119,19 @@ def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
     if ok.is_empty():
         return None
     counts = {(t, p): n for t, p, n in ok.group_by(["label", "pred_label"]).len().rows()}
-    rank = {t: i for i, t in enumerate(labels)}  # the model's labels first, in its order; the rest by name
-    true_labels = sorted({t for t, _ in counts}, key=lambda t: (rank.get(t, len(labels)), t))
+    true_labels = sorted(
+        {t for t, _ in counts}, key=lambda t: (t not in labels, labels.index(t) if t in labels else 0, t)
+    )
     known = ok.filter(pl.col("label").is_in(labels))
     correct = known.filter(pl.col("label") == pl.col("pred_label")).height
-    accuracy = correct / known.height if known.height else float("nan")
-    return dict(rows=true_labels, cols=labels, counts=counts, accuracy=accuracy, n_known=known.height,
-                n_unknown=ok.height - known.height)  # fmt: skip
+    return {
+        "rows": true_labels,
+        "cols": labels,
+        "counts": counts,
+        "accuracy": correct / known.height if known.height else float("nan"),
+        "n_known": known.height,
+        "n_unknown": ok.height - known.height,
+    }
 
 
 def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
@@ -133,7 +147,10 @@ def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
     except (OSError, ValueError):
         return f"which of them trained the model is not readable ({path})"
     if training.get("heldout_sha256") not in (None, hashlib.sha256(raw).hexdigest()):
-        return "the model's folder was trained again since this run: which of them trained it is unknown"
+        return (
+            "the model's folder was trained again since this run: "
+            "which of them trained its model is not known"
+        )
     id_col = recorded.get("id_col")
     if id_col != manifest.spec.get("id_col"):
         if id_col is None:
@@ -152,8 +169,10 @@ def heldout_ids(manifest: Manifest) -> tuple[set[str], bool] | str:
 
 def _same_first_files(trained: list[dict[str, Any]], run: list[dict[str, Any]]) -> bool:
     """The files the model was trained on are the run's first files, by size and end bytes."""
-    same = [(t.get("bytes"), t.get("ends_sha256")) for t in trained]
-    return same == [(r.get("bytes"), r.get("ends_sha256")) for r in run[: len(trained)]]
+    return len(trained) <= len(run) and all(
+        (t.get("bytes"), t.get("ends_sha256")) == (r.get("bytes"), r.get("ends_sha256"))
+        for t, r in zip(trained, run, strict=False)
+    )
 
 
 def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool, label_map: dict[str, str]) -> str:
@@ -208,7 +227,9 @@ def _line(what: str, conf: dict[str, Any], note: str) -> str:
 
 def _matrix(conf: dict[str, Any], label_map: dict[str, str]) -> str:
     """The confusion counts; a mapped label's row names the source's labels it holds."""
-    held = {t: [s for s, x in label_map.items() if x == t] for t in set(label_map.values())}
+    held: dict[str, list[str]] = {}
+    for source, target in label_map.items():
+        held.setdefault(target, []).append(source)
     header = ["true \\ predicted", *conf["cols"], "total"]
     rows = []
     for t in conf["rows"]:
@@ -242,10 +263,14 @@ def _tokens_html(
     then its top ones by mean scaled weight over all reviews. ``scored``: some review was scored."""
     opts = meta.get("options", {})
     units = opts.get("units", ["token"])
-    words = f", words made by {esc(opts['words'])}" if opts.get("words") else ""
-    seen = f"tokens seen in at least {opts.get('min_reviews')} reviews{words}"
-    parts = [f"<h2>Top tokens per head · {layer_name(layer, num_layers)}</h2>"]
-    parts.append(muted(f"From {agg.AGGREGATES_DIR}/{agg.TABLE}.parquet: {seen}."))
+    parts = [
+        f"<h2>Top tokens per head · {layer_name(layer, num_layers)}</h2>",
+        muted(
+            f"From {agg.AGGREGATES_DIR}/{agg.TABLE}.parquet: "
+            f"tokens seen in at least {opts.get('min_reviews')} "
+            f"reviews{', words made by ' + esc(opts['words']) if opts.get('words') else ''}."
+        ),
+    ]
     contrasts = {u: top_tokens(table, k, u, "pred_label", [layer], measure="log_odds_z") for u in units}
     lead = contrasts[units[0]]
     if lead.height and lead["log_odds_z"].is_null().all():  # one predicted label
@@ -264,8 +289,11 @@ def _tokens_html(
         )
         for unit, top in contrasts.items():
             for (cls,), group in top.group_by("class_label", maintain_order=True):
-                title = f"{unit.capitalize()}s, reviews predicted {esc(cls)} ({group['class_reviews'][0]})"
-                parts += [f"<h3>{title}</h3>", _top_table_html(group, "log_odds_z", byte_level)]
+                parts += [
+                    f"<h3>{unit.capitalize()}s, reviews predicted {esc(cls)} "
+                    f"({group['class_reviews'][0]})</h3>",
+                    _top_table_html(group, "log_odds_z", byte_level),
+                ]
     parts.append(
         "<h3>Each head's top tokens over all reviews, by mean scaled weight</h3>"
         + muted("Cells give the token and its mean scaled weight; rare tokens rank high here by chance.")
@@ -406,57 +434,66 @@ class Example(NamedTuple):
     misclassified: bool  # the label is one the model predicts, and not the prediction
 
 
-def _typical(preds: pl.DataFrame, labels: list[str], wrong: bool) -> pl.DataFrame:
-    """Scored reviews of typical length, misclassified or not (``labels``: the model's), with their margin."""
+def _typical(preds: pl.DataFrame, labels: list[str]) -> pl.DataFrame:
+    """Scored reviews of typical length with their margin (``labels``: the model's)."""
     ok = preds.filter(pl.col("status") == "ok")
     lo, mid, hi = (ok["n_tokens"].quantile(q, "nearest") for q in (0.25, 0.5, 0.75))
     top2 = pl.col("probs").list.sort(descending=True)
-    mistaken = pl.col("label").is_in(labels).fill_null(False) & (pl.col("label") != pl.col("pred_label"))
-    return ok.filter(pl.col("n_tokens").is_between(lo, hi) & (mistaken == wrong)).with_columns(
+    return ok.filter(pl.col("n_tokens").is_between(lo, hi)).with_columns(
         margin=(top2.list.get(0) - top2.list.get(1, null_on_oob=True).fill_null(0.0)).cast(pl.Float64),
         off_median=(pl.col("n_tokens") - mid).abs(),
-        misclassified=pl.lit(wrong),
+        misclassified=pl.col("label").is_in(labels).fill_null(False)
+        & (pl.col("label") != pl.col("pred_label")),
     )
+
+
+def _examples(rows: pl.DataFrame) -> list[Example]:
+    return [Example(*r) for r in rows.select(*Example._fields).rows()]
 
 
 def pick(preds: pl.DataFrame, per_label: int, labels: list[str]) -> list[Example]:
     """``per_label`` examples of each predicted label by :data:`RULE`, labels in order."""
+    rows = _typical(preds, labels).filter(~pl.col("misclassified"))
     off = (pl.col("margin") - pl.col("margin").median().over("pred_label")).abs()
     unknown = (pl.col("label") != pl.col("pred_label")).fill_null(True)  # the label is not the model's
-    ranked = _typical(preds, labels, False).with_columns(off_typical=off, unknown=unknown)
+    ranked = rows.with_columns(off_typical=off, unknown=unknown)
     ranked = ranked.sort(["unknown", "off_typical", "off_median", "doc_id"])
-    rows = ranked.group_by("pred_label", maintain_order=True).head(per_label).sort("pred_label")
-    return [Example(*r) for r in rows.select(*Example._fields).rows()]
+    return _examples(ranked.group_by("pred_label", maintain_order=True).head(per_label).sort("pred_label"))
 
 
 def misclassified(preds: pl.DataFrame, k: int, labels: list[str]) -> list[Example]:
     """The ``k`` misclassified reviews by :data:`MISTAKES`."""
-    rows = _typical(preds, labels, True).sort(
-        ["margin", "off_median", "doc_id"], descending=[True, False, False]
-    )
-    return [Example(*r) for r in rows.head(k).select(*Example._fields).rows()]
+    rows = _typical(preds, labels).filter(pl.col("misclassified"))
+    ranked = rows.sort(["margin", "off_median", "doc_id"], descending=[True, False, False])
+    return _examples(ranked.head(k))
+
+
+def _none_why(preds: pl.DataFrame, labels: list[str], mistakes: bool) -> str:
+    ok = preds.filter(pl.col("status") == "ok")
+    if not mistakes:
+        return "Every scored review of a typical length is misclassified."
+    if ok["label"].is_null().all():
+        return "The reviews have no labels: none can be called misclassified."
+    if not ok["label"].is_in(labels).any():
+        return "No review's label is one the model predicts (see Accuracy): none can be called misclassified."
+    return "No review of a typical length is misclassified."
 
 
 def examples_html(run: Path, preds: pl.DataFrame, layer: int, k: int, labels: list[str]) -> str:
     """``k`` reviews per predicted label by :data:`RULE`, ``k`` mistakes by :data:`MISTAKES`, or why none."""
-    ok = preds.filter(pl.col("status") == "ok")
-    if ok["label"].is_null().all():
-        why = "The reviews have no labels: none can be called misclassified."
-    elif not ok["label"].is_in(labels).any():
-        why = "No review's label is one the model predicts (see Accuracy): none can be called misclassified."
-    else:
-        why = "No review of a typical length is misclassified."
-    all_wrong = "Every scored review of a typical length is misclassified."
-    sections = [
-        ("Example reviews", RULE, pick(preds, k, labels), all_wrong),
-        ("Most confidently misclassified reviews", MISTAKES, misclassified(preds, k, labels), why),
-    ]
-    chosen = [e for *_, picks, _ in sections for e in picks]
+    sections = {
+        ("Example reviews", RULE): pick(preds, k, labels),
+        ("Most confidently misclassified reviews", MISTAKES): misclassified(preds, k, labels),
+    }
+    chosen = [e for picks in sections.values() for e in picks]
     loaded = iter(load_reviews(run, [e.doc_id for e in chosen], layer) if chosen else [])
     parts = []
-    for title, rule, picks, why_none in sections:
+    for (title, rule), picks in sections.items():
         mistakes = rule is MISTAKES
-        parts += [f"<h2>{title}</h2>", muted(f"Chosen as {esc(rule)}." if picks else esc(why_none))]
+        parts += [
+            f"<h2>{title}</h2>",
+            muted(f"Chosen as {esc(rule)}." if picks else esc(_none_why(preds, labels, mistakes))),
+        ]
         label = None
         for example in picks:
             review = next(loaded)
@@ -482,9 +519,12 @@ def _aggregates(run: Path, min_reviews: int | None) -> tuple[pl.DataFrame, dict[
     min_reviews = min_reviews if min_reviews is not None else made.get("min_reviews", agg.MIN_REVIEWS)
     if agg.is_current(run, min_reviews):
         return agg.read_aggregates(run)
-    words = made.get("words") or ("none" if "words" in made else None)
-    options = dict(min_reviews=min_reviews, rank_by=made.get("rank_by", agg.RANK_BY), words=words)
-    options["units"] = made.get("units", agg.UNITS)
+    options = dict(
+        min_reviews=min_reviews,
+        rank_by=made.get("rank_by", agg.RANK_BY),
+        units=made.get("units", agg.UNITS),
+        words=made.get("words") or ("none" if "words" in made else None),
+    )
     try:
         result = agg.aggregate(run, **options)
     except WriteError:
@@ -505,7 +545,7 @@ def build_report(
 ) -> Path:
     """Write the run's report page (default ``RUN/report.html``), computing aggregates first where missing
     or out of date; ``label_map``: the source's labels as the model's (None: the run's job's)."""
-    t0, when = time.perf_counter(), time.strftime("%Y-%m-%d %H:%M")
+    t0 = time.perf_counter()
     if examples < 0 or top_k < 1:
         raise SpecError(
             f"--examples must not be negative and --top-k must be at least 1; got {examples}, {top_k}"
@@ -533,7 +573,10 @@ def build_report(
         _tokens_html(table, meta, idx, top_k, scored, manifest.byte_level, manifest.num_layers),
         _believe_html(run, manifest, table),
         examples_html(run, preds, idx, examples, labels) if examples > 0 and scored else "",
-        muted(f"Written {when} by bertattn report in {time.perf_counter() - t0:.1f}s."),
+        muted(
+            f"Written {time.strftime('%Y-%m-%d %H:%M')} by bertattn report "
+            f"in {time.perf_counter() - t0:.1f}s."
+        ),
     ]
     path = Path(out) if out is not None else run / REPORT_NAME
     name = display_path(run.resolve()).rstrip("/").rsplit("/", 1)[-1]

@@ -1,5 +1,8 @@
-"""Check a run directory against ``schemas/`` and its own manifest, and report every problem found. Memory
-stays bounded: predictions are checked by lazy queries, attention part by part, the inputs streamed once."""
+"""Check a run directory against ``schemas/`` and its own manifest, and report every problem found:
+``bertattn validate RUN`` (exit status 1 on any problem), or ``validate_run(RUN)`` whose report has
+``ok``, ``problems``, ``checks`` and ``render()``. Memory stays bounded: predictions are checked by lazy
+queries over all parts, attention part by part, and the inputs are streamed once beside the parts.
+"""
 
 from __future__ import annotations
 

@@ -66,8 +66,11 @@ def check_manifest(
     if status == "running" and writing() is False:
         ended = load_json(path)  # the job may have ended between the read and the probe
         if ended.get("status") == "running":
-            stopped = "it was stopped (killed, or its last manifest write failed)"
-            rec.warn("manifest", f"status 'running', but no process is writing it: {stopped}")
+            rec.warn(
+                "manifest",
+                "status 'running', but no process is writing it: it was stopped (killed, or its last "
+                "manifest write failed)",
+            )
             status = "interrupted"  # rerunning the extract resumes it
         else:  # checked as it ended
             m, status = ended, str(ended.get("status"))
@@ -97,8 +100,9 @@ def check_manifest(
         rec.note("manifest", f"status complete, {len(parts)} parts")
     dtype, attention = (str(model.get(k, "unknown")) for k in ("dtype", "attention"))
     heads, id2label = usable.get("num_heads") or None, usable.get("id2label") or None
-    length = usable.get("max_length")
-    return RunView(path, m, status, layers, heads, id2label, dtype, attention, length, parts, writing)
+    return RunView(
+        path, m, status, layers, heads, id2label, dtype, attention, usable.get("max_length"), parts, writing
+    )
 
 
 def _check_spec_layers(rec: ValidationReport, spec: Any, layers: list[int] | None, num_layers: Any) -> None:
@@ -109,8 +113,11 @@ def _check_spec_layers(rec: ValidationReport, spec: Any, layers: list[int] | Non
     if not all(isinstance(x, int) for x in asked):
         rec.fail("manifest", f"spec.layers is {asked!r}, expected layer numbers")
     elif [x + num_layers if x < 0 else x for x in asked] != list(layers):
-        named = f"spec.layers {asked} name layers {[x % num_layers for x in asked]} of {num_layers}"
-        rec.fail("manifest", f"{named}, but model.layers (the layers stored) is {layers}")
+        rec.fail(
+            "manifest",
+            f"spec.layers {asked} name layers {[x % num_layers for x in asked]} of {num_layers}, but "
+            f"model.layers (the layers stored) is {layers}",
+        )
 
 
 def check_files(rec: ValidationReport, run: RunView) -> None:
@@ -154,8 +161,11 @@ def _check_file(rec: ValidationReport, path: Path, part: Part, table: str) -> No
     # a required column (as this project writes them) cannot store a null: count them where it may
     names = pf.schema_arrow.names
     may_not = [f.name for f in schema.arrow(table) if not f.nullable and f.name in names]
-    may_not = [c for c in may_not if pf.schema_arrow.field(c).nullable]
-    nulls = {c: sum(b.column(0).null_count for b in pf.iter_batches(columns=[c])) for c in may_not}
+    nulls = {
+        c: sum(b.column(0).null_count for b in pf.iter_batches(columns=[c]))
+        for c in may_not
+        if pf.schema_arrow.field(c).nullable
+    }
     diffs += [f"column {c!r} holds {n} nulls where none may be" for c, n in nulls.items() if n]
     for d in diffs:
         rec.fail("schema", f"{rel}: {d}")
@@ -177,8 +187,11 @@ def _check_unlisted(rec: ValidationReport, run: RunView, listed: dict[str, set[s
             if not temporary and not fnmatch.fnmatch(f.name, "part-*.parquet"):
                 rec.warn("files", f"{rel}: unexpected file")
                 continue
-            unlisted = "not listed in the manifest (readers that glob part-*.parquet read it)"
-            what = "leftover temporary file" if temporary else unlisted
+            what = (
+                "leftover temporary file"
+                if temporary
+                else "not listed in the manifest (readers that glob part-*.parquet read it)"
+            )
             if run.status == "complete":
                 rec.fail("files", f"{rel}: {what} in a run marked complete")
             elif live:  # the extract writing the run now is writing it
@@ -203,9 +216,11 @@ def _check_counts(rec: ValidationReport, run: RunView) -> None:
         return
     for table in run.tables:
         listed = sum(p.rows.get(table, 0) for p in run.parts)
-        all_read = all(table in p.file_rows for p in run.parts if table in p.files)
         if counts.get(table) != listed:
             rec.fail("counts", f"counts.{table} is {counts.get(table)}, its parts list {listed} rows")
-        elif all_read and counts.get(table) != actual[table]:
+        elif (
+            all(table in p.file_rows for p in run.parts if table in p.files)
+            and counts.get(table) != actual[table]
+        ):
             rec.fail("counts", f"counts.{table} is {counts.get(table)}, its files hold {actual[table]} rows")
     rec.note("counts", ", ".join(f"{t} {n}" for t, n in actual.items()) + " rows")

@@ -62,8 +62,11 @@ class Check:
         return "FAIL" if self.problems else "SKIP" if self.skipped else "WARN" if self.warnings else "ok"
 
     def line(self) -> str:
-        counts = ((self.problems, "problem"), (self.warnings, "warning"))
-        said = [f"{n} {what}{'s' * (n != 1)}" for n, what in counts if n]
+        said = [
+            f"{n} {what}{'s' * (n != 1)}"
+            for n, what in ((self.problems, "problem"), (self.warnings, "warning"))
+            if n
+        ]
         said += [f"skipped: {self.skipped}"] if self.skipped else []
         return f"{self.status:<4}  {self.name:<14}  {'; '.join(said + self.notes) or self.description}"
 
@@ -94,16 +97,19 @@ class ValidationReport:
     def fail(self, check: str, message: str) -> None:
         self.fail_many(check, 1, [message])
 
-    def fail_many(self, check: str, count: int, examples: Iterable[str], severity: str = "problem") -> None:
-        """``count`` problems (or warnings) of ``check``, of which the first of ``examples`` are kept."""
+    def fail_many(self, check: str, count: int, examples: Iterable[str]) -> None:
+        """``count`` problems of ``check``, of which the first of ``examples`` are kept."""
         c = self.check(check)
-        kept = sum(p.severity == severity for p in c.found)
-        c.found += [Problem(check, m, severity) for m in list(examples)[: max(0, KEPT - kept)]]
-        c.problems += count * (severity == "problem")
-        c.warnings += count * (severity == "warning")
+        if count > 0:
+            kept = sum(p.severity == "problem" for p in c.found)
+            c.found += [Problem(check, m) for m in list(examples)[: max(0, KEPT - kept)]]
+            c.problems += count
 
     def warn(self, check: str, message: str) -> None:
-        self.fail_many(check, 1, [message], "warning")
+        c = self.check(check)
+        c.warnings += 1
+        if c.warnings <= KEPT:
+            c.found.append(Problem(check, message, "warning"))
 
     def note(self, check: str, text: str) -> None:
         self.check(check).notes.append(text)
@@ -120,8 +126,9 @@ class ValidationReport:
                 lines.append(f"        ... and {c.problems + c.warnings - len(shown)} more")
         n, failed = sum(c.problems for c in self.checks), sum(bool(c.problems) for c in self.checks)
         if not self.ok:
-            damaged = f"damaged: {n} problem{'s' * (n != 1)} in {failed} of {len(self.checks)} checks"
-            return "\n".join([*lines, damaged])
+            return "\n".join(
+                [*lines, f"damaged: {n} problem{'s' * (n != 1)} in {failed} of {len(self.checks)} checks"]
+            )
         n_warn, n_skip = sum(c.warnings for c in self.checks), sum(bool(c.skipped) for c in self.checks)
         skipped, warned = f", {n_skip} skipped" * bool(n_skip), f", {n_warn} warnings" * bool(n_warn)
         return "\n".join([*lines, f"clean: {len(self.checks) - n_skip} checks passed{skipped}{warned}"])

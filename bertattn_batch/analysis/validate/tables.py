@@ -64,10 +64,19 @@ def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
         for check in ("row_index", "doc_id", "predictions"):
             rec.skip(check, "no readable predictions parts")
         return {}
-    lf = scan_files(run, "predictions")
+    by_file = {str(run.file(p, "predictions")): p for p in parts}
+    lf = pl.scan_parquet(list(by_file), include_file_paths="_file", glob=False).with_columns(
+        pl.col("_file").replace_strict({f: p.files["predictions"] for f, p in by_file.items()})
+    )
     statuses = dict(lf.group_by("status").agg(pl.len()).collect(engine="streaming").iter_rows())
-    rel_to_part, row = {p.files["predictions"]: p for p in parts}, pl.col("row_index")
-    per_file = lf.group_by("_file").agg(n=pl.len(), lo=row.min(), hi=row.max(), distinct=row.n_unique())
+
+    rel_to_part = {p.files["predictions"]: p for p in parts}
+    per_file = lf.group_by("_file").agg(
+        n=pl.len(),
+        lo=pl.col("row_index").min(),
+        hi=pl.col("row_index").max(),
+        distinct=pl.col("row_index").n_unique(),
+    )
     for rel, n, lo, hi, distinct in per_file.collect(engine="streaming").iter_rows():
         p = rel_to_part[rel]
         if p.generation == 0:
@@ -78,7 +87,8 @@ def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
             want = f"distinct indices within {p.start_row}..{p.end_row - 1}"
         if not good:
             rec.fail(
-                "row_index", f"{rel}: {n} rows, {distinct} distinct row_index in {lo}..{hi}; expected {want}"
+                "row_index",
+                f"{rel}: {n} rows, {distinct} distinct row_index in {lo}..{hi}; expected {want}",
             )
     rec.note("row_index", f"{sum(statuses.values())} rows in {len(parts)} parts")
 
@@ -150,9 +160,11 @@ def check_attention(rec: ValidationReport, run: RunView) -> None:
         pairs = pl.concat([spelling for _, spelling in found]).unique()
         rec.note("tokens", f"{pairs.height} distinct tokens")
         clashes = (
-            pairs.group_by("token_id").agg(pl.col("token").sort()).filter(pl.col("token").list.len() > 1)
+            pairs.group_by("token_id")
+            .agg(pl.col("token").sort())
+            .filter(pl.col("token").list.len() > 1)
+            .sort("token_id")
         )
-        clashes = clashes.sort("token_id")
         written = pl.concat_str(pl.lit("'"), pl.col("token").list.join("', '"), pl.lit("'"))
         report_rows(rec, "tokens", clashes, fmt("token id {} is written as {}", "token_id", written))
     tol = _mass_tolerance(run)
@@ -171,23 +183,24 @@ class _PartCheck:
     def __init__(self, rec: ValidationReport, run: RunView, part: Part) -> None:
         self.rec, self.run, self.part = rec, run, part
         self.rel_attn, self.rel_sum = part.files["cls_attention"], part.files["head_summary"]
-        self.rel_tok, columns = part.files["tokens"], ["doc_id", "status", "n_tokens"]
-        pred = pl.read_parquet(run.file(part, "predictions"), columns=columns, glob=False)
+        self.rel_tok = part.files["tokens"]
+        pred = pl.read_parquet(
+            run.file(part, "predictions"), columns=["doc_id", "status", "n_tokens"], glob=False
+        )
         self.scored = pred.filter(pl.col("status") == "ok").select("doc_id", "n_tokens").unique("doc_id")
         self.summary = pl.read_parquet(run.file(part, "head_summary"), glob=False)  # reviews x layers x heads
         self.attn = pl.scan_parquet(run.file(part, "cls_attention"), glob=False)
         self.tokens = pl.scan_parquet(run.file(part, "tokens"), glob=False)
-        w, at = pl.col("weight"), pl.col("position")
         self.groups = (  # each (review, layer, head) of the attention rows, summed up
             self.attn.group_by(_KEYS)
             .agg(
                 n=pl.len(),
-                wsum=w.cast(pl.Float64).sum(),
-                wmin=w.min(),
-                wmax=w.max(),
-                pmin=at.min(),
-                pmax=at.max(),
-                distinct=at.n_unique(),
+                wsum=pl.col("weight").cast(pl.Float64).sum(),
+                wmin=pl.col("weight").min(),
+                wmax=pl.col("weight").max(),
+                pmin=pl.col("position").min(),
+                pmax=pl.col("position").max(),
+                distinct=pl.col("position").n_unique(),
             )
             .collect(engine="streaming")
         )
@@ -208,22 +221,33 @@ class _PartCheck:
         does. Returns head_summary with each (review, layer, head) once."""
         run = self.run
         layer_ok = pl.col("layer").is_in(run.layers) & pl.col("head").is_between(0, run.num_heads - 1)
-        heads = pl.DataFrame({"head": range(run.num_heads)}, schema={"head": pl.Int16})
-        layers = pl.DataFrame({"layer": run.layers}, schema={"layer": pl.Int16}).join(heads, how="cross")
-        grid = self.scored.select("doc_id").join(layers, how="cross")
+        grid = self.scored.select("doc_id").join(
+            pl.DataFrame(
+                {
+                    "layer": [la for la in run.layers for _ in range(run.num_heads)],
+                    "head": list(range(run.num_heads)) * len(run.layers),
+                },
+                schema={"layer": pl.Int16, "head": pl.Int16},
+            ),
+            how="cross",
+        )
         dup = self.summary.group_by(_KEYS).agg(n=pl.len()).filter(pl.col("n") > 1)
         at_sum = where("head_summary", pl.lit(self.rel_sum))
         report_rows(self.rec, "layers_heads", dup, fmt("{}: {} head_summary rows", at_sum, "n"))
         summary = self.summary.unique(_KEYS, keep="first", maintain_order=True)
-        wanted = pl.lit(f"layers {run.layers} x heads 0..{run.num_heads - 1}")
         for rel, table in ((self.rel_sum, summary), (self.rel_attn, self.groups)):
             at = where("head_summary", pl.lit(rel))
-            stray = table.filter(layer_ok).join(self.scored, on="doc_id", how="anti").unique("doc_id")
-            said = fmt("{} doc '{}': not a scored review of this part", pl.lit(rel), "doc_id")
+            wanted = f"layers {run.layers} x heads 0..{run.num_heads - 1}"
             report_rows(
-                self.rec, "layers_heads", table.filter(~layer_ok), fmt("{}: not among {}", at, wanted)
+                self.rec, "layers_heads", table.filter(~layer_ok), fmt("{}: not among {}", at, pl.lit(wanted))
             )
-            report_rows(self.rec, "layers_heads", stray.sort("doc_id"), said)
+            stray = (
+                table.filter(layer_ok)
+                .join(self.scored, on="doc_id", how="anti")
+                .unique("doc_id", maintain_order=True)
+            )
+            said = fmt("{} doc '{}': not a scored review of this part", pl.lit(rel), "doc_id")
+            report_rows(self.rec, "layers_heads", stray, said)
             report_rows(
                 self.rec, "layers_heads", grid.join(table, on=_KEYS, how="anti"), fmt("{}: missing", at)
             )
@@ -248,16 +272,15 @@ class _PartCheck:
             return frame.join(docs, on="doc").sort(schema.key("tokens"))
 
         written = positions(self.tokens).group_by(spot).agg(n=pl.len()).collect(engine="streaming")
+        report_rows(
+            self.rec, "tokens", named(written.filter(pl.col("n") > 1)), fmt("{}: written {} times", at, "n")
+        )
         held = positions(self.attn).unique().collect(engine="streaming")
-        for rows, said in (
-            (written.filter(pl.col("n") > 1), fmt("{}: written {} times", at, "n")),
-            (held.join(written, on=spot, how="anti"), fmt("{}: missing", at)),
-            (
-                written.join(held, on=spot, how="anti"),
-                fmt("{}: no attention rows in {}", at, pl.lit(self.rel_attn)),
-            ),
-        ):
-            report_rows(self.rec, "tokens", named(rows), said)
+        report_rows(
+            self.rec, "tokens", named(held.join(written, on=spot, how="anti")), fmt("{}: missing", at)
+        )
+        said = fmt("{}: no attention rows in {}", at, pl.lit(self.rel_attn))
+        report_rows(self.rec, "tokens", named(written.join(held, on=spot, how="anti")), said)
 
     def heads(self, summary: pl.DataFrame) -> None:
         """Per scored (review, layer, head), its rows summed up beside its head_summary row: positions,
@@ -270,14 +293,29 @@ class _PartCheck:
         )
         spread = (pl.col("pmin") == 1) & (pl.col("pmax") == content) & (pl.col("distinct") == n)
         rules = [
-            ("positions", ~((n == pl.col("n_content")) & (pl.col("n_content") == content)),
-             fmt("{} rows, n_content {}, n_tokens - 2 = {}", "n", "n_content", content)),
-            ("positions", ~spread, fmt("positions {}..{} ({} distinct in {} rows), expected 1..{} once each",
-                                       *("pmin", "pmax", "distinct", "n", content))),
-            ("attention_mass", ~((mass - 1).abs() <= tol), fmt("content {} + [CLS] {} + [SEP] {} = {}, not 1 "
-             "within {}", *(r("wsum"), r("weight_cls"), r("weight_sep"), mass.round(6), pl.lit(tol)))),
-            ("scaling", ~minmax, fmt("weight_min/max {}/{}, but the weights' min/max are {}/{}",
-                                     *(r("weight_min"), r("weight_max"), r("wmin"), r("wmax")))),
+            (
+                "positions",
+                ~((n == pl.col("n_content")) & (pl.col("n_content") == content)),
+                fmt("{} rows, n_content {}, n_tokens - 2 = {}", "n", "n_content", content),
+            ),
+            (
+                "positions",
+                ~spread,
+                fmt("positions {}..{} ({} distinct in {} rows), expected 1..{} once each",
+                    *("pmin", "pmax", "distinct", "n", content)),
+            ),
+            (
+                "attention_mass",
+                ~((mass - 1).abs() <= tol),
+                fmt("content {} + [CLS] {} + [SEP] {} = {}, not 1 within {}",
+                    *(r("wsum"), r("weight_cls"), r("weight_sep"), mass.round(6), pl.lit(tol))),
+            ),
+            (
+                "scaling",
+                ~minmax,
+                fmt("weight_min/max {}/{}, but the weights' min/max are {}/{}",
+                    *(r("weight_min"), r("weight_max"), r("wmin"), r("wmax"))),
+            ),
         ]  # fmt: skip
         heads = self.groups.join(summary, on=_KEYS).join(self.scored, on="doc_id").lazy()
         apply_rules(self.rec, heads, where("head_summary", pl.lit(self.rel_attn)), rules)
@@ -306,8 +344,9 @@ class _PartCheck:
         range of each value is :func:`check_ranges`')."""
         alti = pl.scan_parquet(self.run.file(self.part, "contributions"), glob=False)
         key = schema.key("contributions")
-        tokens = self.tokens.select(key).with_columns(token=pl.lit(True))
-        rows = alti.join(tokens, on=key, how="full", coalesce=True)
+        rows = alti.join(
+            self.tokens.select(key).with_columns(token=pl.lit(True)), on=key, how="full", coalesce=True
+        )
         rules = [
             ("measures", pl.col("alti").is_null(), pl.lit("a token without a contributions row")),
             ("measures", pl.col("token").is_null(), pl.lit("a contributions row without a token")),
@@ -323,25 +362,24 @@ def check_ranges(rec: ValidationReport, run: RunView) -> None:
     """Every column that ``schemas/`` gives a range keeps it, in every readable file of its table: a
     bound is a number or another column; a float is finite too."""
     for table in run.tables:
-        if not (ranges := schema.ranges(table)) or not any(table in p.readable for p in run.parts):
+        files = {str(run.file(p, table)): p.files[table] for p in run.parts if table in p.readable}
+        if not (ranges := schema.ranges(table)) or not files:
             continue
         rules = []
         for column, low, high, check in ranges:
-            value, floating = pl.col(column), pa.types.is_floating(schema.arrow(table).field(column).type)
-            good = value.is_finite() if floating else pl.lit(True)
+            value = pl.col(column)
+            good = (
+                value.is_finite()
+                if pa.types.is_floating(schema.arrow(table).field(column).type)
+                else pl.lit(True)
+            )
             for bound, keep in ((low, value.__ge__), (high, value.__le__)):
                 if bound is not None:
                     good &= keep(pl.col(bound) if isinstance(bound, str) else bound)
             shown = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
             rules.append((check, ~good, fmt("{} {} outside {}", pl.lit(column), column, pl.lit(shown))))
-        apply_rules(rec, scan_files(run, table), where(table, "_file"), rules)
-
-
-def scan_files(run: RunView, table: str) -> pl.LazyFrame:
-    """The readable files of ``table``, each row with its file (as the manifest names it) in ``_file``."""
-    files = {str(run.file(p, table)): p.files[table] for p in run.parts if table in p.readable}
-    lf = pl.scan_parquet(list(files), include_file_paths="_file", glob=False)
-    return lf.with_columns(pl.col("_file").replace_strict(files))
+        lf = pl.scan_parquet(list(files), include_file_paths="_file", glob=False)
+        apply_rules(rec, lf.with_columns(pl.col("_file").replace_strict(files)), where(table, "_file"), rules)
 
 
 def where(table: str, file: str | pl.Expr) -> pl.Expr:
