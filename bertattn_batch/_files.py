@@ -1,13 +1,4 @@
-"""Files the commands write: atomic replacement, one lock helper, and the leftovers of killed processes.
-
-Usage::
-
-    with atomic_path(out / "report.html") as tmp:      # write tmp; it replaces the file on success
-        tmp.write_text(html)
-    atomic_write_text(run / "manifest.json", text)    # the same, fsynced, for a few bytes of text
-    with file_lock(run / ".bertattn.lock", busy=lambda who: RunDirError(f"held by {who}")):
-        ...                                           # one process at a time; the lock dies with it
-"""
+"""Files the commands write: atomic replacement, one lock helper, and the leftovers of killed processes."""
 
 from __future__ import annotations
 
@@ -63,7 +54,6 @@ def atomic_path(path: Path, fsync: bool = False, unique: bool = False) -> Iterat
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text``, fsynced."""
     with atomic_path(path, fsync=True) as tmp:
         tmp.write_text(text, encoding="utf-8")
 
@@ -146,13 +136,10 @@ def _take_lock(path: Path, wait: bool, tries: int = 1) -> int | None:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         for attempt in range(tries):
-            try:
+            with contextlib.suppress(BlockingIOError if attempt < tries - 1 else ()):
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
                 break
-            except BlockingIOError:
-                if attempt == tries - 1:
-                    raise
-                time.sleep(0.1)
+            time.sleep(0.1)
     except BaseException as e:  # a stop signal while waiting too: the descriptor goes with it
         os.close(fd)
         if isinstance(e, BlockingIOError) or not isinstance(e, OSError):
@@ -219,7 +206,6 @@ def process_alive(pid: int) -> bool:
 
 
 def fsync_file(path: Path) -> None:
-    """Wait until ``path``'s data is on disk."""
     with open(path, "rb") as f:
         os.fsync(f.fileno())
 

@@ -1,22 +1,8 @@
-"""``run_job(spec)``: the data path, written once. Engines only decide where a window's work runs.
-
-Usage::
-
-    from bertattn_batch import load_job, run_job
-    summary = run_job(load_job("jobs/default.toml"))
-
-The path::
-
-    check inputs ─▶ train the job's model on first run ─▶ the engine starts (loads the model)
-      ─▶ open the run directory ─▶ resume point ─▶ windows of rows (extract/windows.py)
-      ─▶ the engine's executor turns each into the future of a staged part (extract/job.py)
-      ─▶ commit each part in row order (scheduling.in_order) ─▶ finalize
-
-An engine is a context manager that loads the model where windows run, with ``header()`` (the run's
-header), ``executor(part_writer, pass_info, on_batch)`` (a context manager with ``submit(rows)``, the
-future of a staged part, and ``in_flight``, the windows it takes at once), ``describe()`` and
-``timings``. Every input row leaves as exactly one predictions row: scored, or with the status that
-says why not.
+"""``run_job(spec)``: the data path, written once (docs/development.md draws it). Engines only decide
+where a window's work runs: an engine is a context manager that loads the model, with ``header()``,
+``executor(part_writer, pass_info, on_batch)`` (``submit(rows)``: the future of a staged part;
+``in_flight``: the windows it takes at once), ``describe()`` and ``timings``. Every input row leaves as
+exactly one predictions row: scored, or with the status that says why not.
 """
 
 from __future__ import annotations

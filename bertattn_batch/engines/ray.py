@@ -1,21 +1,7 @@
-"""The Ray engine (``--engine ray``): the same windows and parts, scored by a pool of Ray actors.
-
-Usage::
-
-    bertattn extract reviews/ --model models/zh-senti --out runs/r1 --engine ray --workers 4
-    bertattn run jobs/default.toml --engine ray --ray-address ray://head:10001   # or RAY_ADDRESS=...
-
-    with ray_runtime(address=None, num_cpus=2) as ray:   # RAY_ADDRESS, or a local runtime on loopback
-        ...
-
-    driver: read + number the rows, cut the windows (the one rule, extract/windows.py)
-       ──▶ an actor per worker (one GPU each where the cluster has GPUs): encode, score, extract and
-           stage the window's part (extract/job.py), at most ``IN_FLIGHT_PER_WORKER`` windows each
-       ──▶ the driver commits the parts in row order (``run_job``)
-
-Workers write their parts into the run directory themselves (run/parts.py) and hand back only the
-manifest entry; the driver alone writes the manifest. docs/ray.md tells how the driver streams and how a
-dead worker's window is retried.
+"""The Ray engine (``--engine ray``): the same windows and parts, each encoded, scored, extracted and
+staged by one of a pool of Ray actors (one GPU each where the cluster has GPUs), at most
+``IN_FLIGHT_PER_WORKER`` windows each. Workers write their parts into the run directory themselves and
+hand back only the manifest entry; the driver alone commits (docs/ray.md).
 """
 
 from __future__ import annotations

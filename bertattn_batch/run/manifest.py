@@ -1,12 +1,6 @@
-"""The names inside a run directory (docs/run-directory.md draws it), and ``manifest.json``, typed: what
-a run is, and the parts it committed. Nothing else spells those names or parses the file.
-
-Usage::
-
-    m = read_manifest("runs/r1")          # Manifest; RunDirError names what is wrong with the file
-    m.status, m.parts[0].start_row, m.labels, m.layers, m.inputs
-
-Older layouts are brought to this version's in one place, :func:`upgrade`, so readers see one shape.
+"""The names inside a run directory (docs/run-directory.md), and ``manifest.json`` typed: what a run is,
+and the parts it committed. Nothing else spells those names or parses the file; older layouts are
+brought to this version's in one place, :func:`upgrade`.
 """
 
 from __future__ import annotations

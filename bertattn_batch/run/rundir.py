@@ -1,20 +1,8 @@
-"""The run directory while a job writes it: open (or reopen), commit parts in row order, finalize.
-
-Usage::
-
-    with run_dir_class(out)(out, header, on_existing="resume") as run:   # header: spec, model...
-        point = resume_point(run, incremental=False, by_id=True, sources=source_files(sources))
-        run.commit(run.part_writer.stage(start_row, end_row, tables))   # from row point.skip_until on
-        run.finalize(last_run)
-
-A part is staged under a name readers skip, committed by a line of the commit log, then renamed;
-reopening rolls listed parts forward and removes what no manifest lists. On an object store
-(``StoredRunDir``) a part is uploaded under its final name and committed by a compare-and-swap of the
+"""The run directory while a job writes it: open (or reopen), commit parts in row order, finalize; and a
+reopened run's resume point (which pass goes on, which rows and ids it skips). On local disk a part is
+staged under a name readers skip, committed by a line of the commit log, then renamed; on an object store
+(``StoredRunDir``) it is uploaded under its final name and committed by a compare-and-swap of the
 manifest, under a lease (run/lease.py). docs/reliability.md and docs/storage.md tell why.
-
-A reopened run's resume point (:func:`resume_point`) says which pass goes on, and which rows and ids it
-skips: a resume goes on by row number, over the same inputs (refused where they changed); an incremental
-pass over a complete run goes by id, skipping every committed id.
 """
 
 from __future__ import annotations
