@@ -193,11 +193,10 @@ def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -
     from tqdm.auto import tqdm
 
     total = None
-    if show:
-        with contextlib.suppress(Exception):  # a count is a nicety; the reader reports real problems
-            total = count_rows(sources)
-        if total is not None and spec.inputs.limit is not None:
-            total = min(total, spec.inputs.limit)
+    with contextlib.suppress(Exception):  # a count is a nicety; the reader reports real problems
+        total = count_rows(sources) if show else None
+    if total is not None and spec.inputs.limit is not None:
+        total = min(total, spec.inputs.limit)
     bar = tqdm(total=total, initial=done if total else 0, desc=f"extract {storage.name_path(spec.out).name}",
                unit="review", disable=not show, smoothing=0.1, **bar_size())  # fmt: skip
     lock, stop = threading.Lock(), threading.Event()
@@ -207,16 +206,14 @@ def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -
             bar.update(n)
 
     def tick() -> None:
-        while not stop.wait(1.0):
+        while show and not stop.wait(1.0):
             bar.refresh()
 
     ticker = threading.Thread(target=tick, name="progress", daemon=True)
-    if show:
-        ticker.start()
+    ticker.start()
     try:
         yield bar, advance
     finally:
         stop.set()
-        if show:
-            ticker.join()
+        ticker.join()
         bar.close()

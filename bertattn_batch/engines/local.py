@@ -10,6 +10,7 @@ host processes instead (engines/processes.py): threads share Python's lock, whic
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -134,7 +135,7 @@ class LocalEngine:
                        plan, on_batch)  # fmt: skip
 
 
-class Threads:
+class Threads(contextlib.AbstractContextManager):
     """A window's steps on threads, overlapping across windows: encoding (one thread, the encoder's own
     threads under it), the model (one thread) and staging (``plan.stage_threads``). ``submit`` waits
     while the model has ``plan.ahead + 1`` windows to score."""
@@ -155,9 +156,6 @@ class Threads:
 
     def _score(self, window: Window) -> Window:
         return self.job.score(window, self.on_batch)
-
-    def __enter__(self) -> Threads:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         with signals_deferred():  # the part in hand is finished, the windows queued dropped

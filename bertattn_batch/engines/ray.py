@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import errors
 from ..config import JobSpec
@@ -42,8 +42,7 @@ _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 JOIN_WARN_SECONDS = 30.0
 
 
-@dataclasses.dataclass(frozen=True)
-class Placement:
+class Placement(NamedTuple):
     """What each model worker asks Ray for, and the device it loads the model on."""
 
     cpus: int
@@ -128,7 +127,7 @@ class RayEngine:
         return self._header
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": "ray", "workers": self.spec.workers, "placement": dataclasses.asdict(self.place)}
+        return {"engine": "ray", "workers": self.spec.workers, "placement": self.place._asdict()}
 
     def executor(
         self, part_writer: PartWriter, pass_info: PassInfo, on_batch: Callable[[int], None]
@@ -144,7 +143,7 @@ class RayEngine:
         return Actors(self.ray, actors, on_batch)
 
 
-class Actors:
+class Actors(contextlib.AbstractContextManager):
     """Windows sent to the least loaded of the actors, ``IN_FLIGHT_PER_WORKER`` each at most. What Ray
     raises comes back as the project's error (:func:`_as_ours`)."""
 
@@ -167,9 +166,6 @@ class Actors:
             self._load[k] -= 1
         if not future.cancelled() and future.exception() is None:
             self.on_batch(future.result().stats.scored)
-
-    def __enter__(self) -> Actors:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         """The actors end, and with them their CPUs or GPUs are free for the next run."""

@@ -155,9 +155,7 @@ class RunDir:
                 old = None
             if old is None:
                 header = {
-                    k: self.header[k]
-                    for k in ("spec", "fingerprint", "model", "versions")
-                    if k in self.header
+                    k: v for k, v in self.header.items() if k in ("spec", "fingerprint", "model", "versions")
                 }
                 run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
                 self.manifest = Manifest(
@@ -178,16 +176,13 @@ class RunDir:
 
     def _hold(self) -> None:
         """Take the run for this process until :meth:`close`: on local disk, a lock on its folder."""
-
-        def busy(holder: str) -> RunDirError:
-            return RunDirError(
-                f"another bertattn process{holder} is writing {self.run_dir}; wait for it to end or choose "
-                "another --out"
-            )
-
+        busy = f" is writing {self.run_dir}; wait for it to end or choose another --out"
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._held.enter_context(file_lock(self.run_dir / LOCK_NAME, busy=busy))
+            lock = file_lock(
+                self.run_dir / LOCK_NAME, busy=lambda who: RunDirError(f"another bertattn process{who}{busy}")
+            )
+            self._held.enter_context(lock)
         except OSError as e:
             if self.run_dir.is_symlink() and not self.run_dir.exists():
                 where = os.readlink(self.run_dir)
