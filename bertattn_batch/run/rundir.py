@@ -232,9 +232,7 @@ class RunDir:
             m.fingerprint = self.header["fingerprint"]
         self._save()
 
-    @property
-    def parts(self) -> list[PartEntry]:
-        return self.manifest.parts
+    parts = property(lambda self: self.manifest.parts)
 
     def committed_ids(self, parts: list[PartEntry] | None = None, claimed: bool = False) -> IdSet:
         """Source ids of the committed reviews (of ``parts``; ``claimed``: only those with a text)."""
@@ -458,10 +456,8 @@ class ResumePoint:
     #: the committed parts a pass by row number reads again: rows whose digest changed are refused
     digested: list[PartEntry] = field(default_factory=list)
 
-    @property
-    def skipped(self) -> int:
-        """Input rows committed before that this pass does not redo (for the summary)."""
-        return self.skip_until + len(self.skip_ids or ())
+    #: Input rows committed before that this pass does not redo (for the summary).
+    skipped = property(lambda self: self.skip_until + len(self.skip_ids or ()))
 
 
 def resume_point(run: RunDir, incremental: bool, by_id: bool, sources: list[dict[str, Any]] | None = None,
