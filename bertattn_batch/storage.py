@@ -205,8 +205,6 @@ def _errors(target: str | os.PathLike[str]) -> Iterator[None]:
     """A store's OSError as a one-line StorageError."""
     try:
         yield
-    except StorageError:
-        raise
     except OSError as e:
         raise store_error(e, target) from None
 
@@ -234,14 +232,11 @@ def open_input(target: str | os.PathLike[str], buffered: bool = True) -> BinaryI
     return io.BufferedReader(native, buffer_size=READ_BLOCK_BYTES) if buffered else native
 
 
-@contextlib.contextmanager
-def arrow_file(target: str | os.PathLike[str]) -> Iterator[Any]:
+def arrow_file(target: str | os.PathLike[str]) -> contextlib.AbstractContextManager[Any]:
     """What pyarrow reads: a local path, or a store's object as a file of ranged reads."""
-    if not is_remote(target):
-        yield normalize(target)
-        return
-    with open_input(target, buffered=False) as f:
-        yield f
+    return (
+        open_input(target, buffered=False) if is_remote(target) else contextlib.nullcontext(normalize(target))
+    )
 
 
 def read_bytes(target: str | os.PathLike[str]) -> bytes:

@@ -16,6 +16,7 @@ import re
 import shutil
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -433,11 +434,10 @@ def run_dir_class(out: str | Path) -> type[RunDir]:
 
 def part_rows(manifest: Manifest) -> dict[str, int]:
     """Rows of every table over the committed parts: the run's ``counts``."""
-    counts = dict.fromkeys(TABLES, 0)
+    counts = Counter(dict.fromkeys(TABLES, 0))
     for p in manifest.parts:
-        for table, n in p.rows.items():
-            counts[table] = counts.get(table, 0) + n
-    return counts
+        counts.update(p.rows)
+    return dict(counts)
 
 
 def _now() -> str:
