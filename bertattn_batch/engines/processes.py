@@ -99,9 +99,7 @@ class HostProcesses(contextlib.AbstractContextManager):
                     self._pools[-1].submit(int)  # starts its process now
         except BaseException as e:
             self.__exit__(type(e), e, None)
-            if (error := _ended(e)) is e:
-                raise
-            raise error from None
+            raise _ended(e) from None
 
     def submit(self, rows: WindowRows) -> Future[StagedPart]:
         seq = next(self._seq)
@@ -116,8 +114,7 @@ class HostProcesses(contextlib.AbstractContextManager):
     def _score(self, ids: list[PackedIds]) -> tuple[list[list[Outputs]], float]:
         from ..extract.score import score_batches  # torch, which the host processes do without
 
-        t0 = time.perf_counter()
-        outputs = []
+        t0, outputs = time.perf_counter(), []
         batches = [np.split(flat, np.cumsum(lengths)[:-1]) for flat, lengths in ids]
         for (_, lengths), out in zip(ids, score_batches(self.clf, batches, self.seconds), strict=True):
             outputs.append(out)
@@ -152,7 +149,7 @@ def _ended(e: BaseException) -> BaseException:
 
 # -- in a host process --------------------------------------------------------------------------------
 #: Its WindowJob, and the windows it has prepared and not yet finished.
-_job: WindowJob | None = None
+_job: WindowJob
 _windows: dict[int, Window] = {}
 
 
@@ -167,8 +164,7 @@ def _start(environ: dict[str, str], shape: Any, *job: Any) -> None:
     os.environ.clear()
     os.environ.update(environ)
     tune_runtime()
-    batch_tokens, max_batch_size, part_writer, pass_info, store_text = job
-    _job = WindowJob(shape, batch_tokens, max_batch_size, part_writer, pass_info, 1, store_text)
+    _job = WindowJob(shape, *job)
 
 
 def _end_with_job() -> None:
@@ -177,13 +173,11 @@ def _end_with_job() -> None:
 
 
 def _prepare(seq: int, rows: WindowRows) -> list[PackedIds]:
-    assert _job is not None
     _windows[seq], ids = _job.prepare(rows)
     return [(np.concatenate(batch), np.array([len(x) for x in batch], np.int64)) for batch in ids]
 
 
 def _finish(seq: int, scored: tuple[list[list[Outputs]], float]) -> StagedPart:
-    assert _job is not None
     return _job.finish(_windows.pop(seq), *scored)
 
 
