@@ -298,21 +298,19 @@ class RunDir:
         """Refuse a run of another job: every fingerprint key the run recorded is compared, but their hash."""
         mine = upgrade({"fingerprint": self.header.get("fingerprint", {})})["fingerprint"]
         theirs = old.fingerprint
-        keys = {
-            k for k in set(mine) | set(theirs) if k != "job_sha256" and theirs.get(k, "unknown") != "unknown"
-        }
-        diff = sorted(k for k in keys if mine.get(k) != theirs.get(k))
+        recorded = (k for k in set(mine) | set(theirs) if theirs.get(k, "unknown") != "unknown")
+        diff = sorted(k for k in recorded if k != "job_sha256" and mine.get(k) != theirs.get(k))
         if diff == ["inputs"] and old.sources is not None:
             self.inputs_renamed = True  # a resume decides by what the files hold (resume_point)
         elif diff:
-            spelled = [
+            spelled = "; ".join(
                 f"{k}: run has {json.dumps(theirs.get(k), ensure_ascii=False)}, job has "
                 f"{json.dumps(mine.get(k), ensure_ascii=False)}"
                 for k in diff
-            ]
+            )
             raise RunDirError(
-                f"{self.run_dir} was made by another job ({'; '.join(spelled)}); pass --overwrite or "
-                "choose another --out"
+                f"{self.run_dir} was made by another job ({spelled}); pass --overwrite or choose "
+                "another --out"
             )
 
     def _clear(self) -> None:
