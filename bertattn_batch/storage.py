@@ -393,13 +393,8 @@ def cache_folder(kind: str, uri: str) -> Path:
 
 def local_files(local: Path) -> dict[str, tuple[int, int]]:
     """A folder's files by their names below it: (size, modification time); hidden ones left out."""
-    out = {}
-    for f in local.rglob("*"):
-        name = f.relative_to(local).as_posix()
-        if f.is_file() and not any(part.startswith(".") for part in name.split("/")):
-            st = f.stat()
-            out[name] = (st.st_size, st.st_mtime_ns)
-    return out
+    found = {f.relative_to(local): f for f in local.rglob("*") if f.is_file()}
+    return {n.as_posix(): stamp(f) for n, f in found.items() if not any(p.startswith(".") for p in n.parts)}
 
 
 def mirror(uri: str, local: Path, skip: tuple[str, ...] = ()) -> None:
