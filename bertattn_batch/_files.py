@@ -136,10 +136,13 @@ def _take_lock(path: Path, wait: bool, tries: int = 1) -> int | None:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         for attempt in range(tries):
-            with contextlib.suppress(BlockingIOError if attempt < tries - 1 else ()):
+            try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
                 break
-            time.sleep(0.1)
+            except BlockingIOError:
+                if attempt == tries - 1:
+                    raise
+                time.sleep(0.1)
     except BaseException as e:  # a stop signal while waiting too: the descriptor goes with it
         os.close(fd)
         if isinstance(e, BlockingIOError) or not isinstance(e, OSError):

@@ -174,8 +174,10 @@ class LeaseGuard:
     uri: str
     holder: str
 
-    #: The holder's random part, which its parts carry in their names.
-    token = property(lambda self: self.holder.rsplit(":", 1)[-1])
+    @property
+    def token(self) -> str:
+        """The holder's random part, which its parts carry in their names."""
+        return self.holder.rsplit(":", 1)[-1]
 
     def __call__(self) -> None:
         if (lost := _taken_over(self.uri, self.holder)) is not None:

@@ -178,10 +178,15 @@ class Manifest:
             k: v for k, v in out.items() if v is not None or (k == "limit" and self.generation is not None)
         }
 
-    #: The run's inputs, to read its reviews again: the fingerprint's (absolute), else the spec's.
-    inputs = property(lambda self: list(self.fingerprint.get("inputs") or self.spec.get("inputs") or []))
-    #: Where the run's model is, to load it again: a local folder, a hub name or a store's URI.
-    model_source = property(lambda self: self.model.get("source") or self.spec.get("model"))
+    @property
+    def inputs(self) -> list[str]:
+        """The run's inputs, to read its reviews again: the fingerprint's (absolute), else the spec's."""
+        return list(self.fingerprint.get("inputs") or self.spec.get("inputs") or [])
+
+    @property
+    def model_source(self) -> str | None:
+        """Where the run's model is, to load it again: a local folder, a hub name or a store's URI."""
+        return self.model.get("source") or self.spec.get("model")
 
     def read_options(self) -> InputSpec:
         """How the run read its inputs (labels left out, and no limit), to read its reviews again."""
@@ -190,12 +195,26 @@ class Manifest:
                          format=s.get("input_format") or "auto", encoding=s.get("encoding") or "utf-8",
                          delimiter=s.get("delimiter"))  # fmt: skip
 
-    layers = property(lambda self: list(self.model.get("layers") or []))
-    num_layers = property(lambda self: self.model.get("num_layers"))
-    #: Whether the run's tokens spell bytes (byte-level BPE); None where the run did not record it.
-    byte_level = property(lambda self: self.model.get("byte_level"))
-    job_sha256 = property(lambda self: str(self.fingerprint.get("job_sha256", "")))
-    passes = property(lambda self: {p.generation for p in self.parts})
+    @property
+    def layers(self) -> list[int]:
+        return list(self.model.get("layers") or [])
+
+    @property
+    def num_layers(self) -> int | None:
+        return self.model.get("num_layers")
+
+    @property
+    def byte_level(self) -> bool | None:
+        """Whether the run's tokens spell bytes (byte-level BPE); None where the run did not record it."""
+        return self.model.get("byte_level")
+
+    @property
+    def job_sha256(self) -> str:
+        return str(self.fingerprint.get("job_sha256", ""))
+
+    @property
+    def passes(self) -> set[int]:
+        return {p.generation for p in self.parts}
 
     @property
     def labels(self) -> list[str]:

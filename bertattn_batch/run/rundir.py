@@ -233,7 +233,9 @@ class RunDir:
             m.fingerprint = self.header["fingerprint"]
         self._save()
 
-    parts = property(lambda self: self.manifest.parts)
+    @property
+    def parts(self) -> list[PartEntry]:
+        return self.manifest.parts
 
     def committed_ids(self, parts: list[PartEntry] | None = None, claimed: bool = False) -> IdSet:
         """Source ids of the committed reviews (of ``parts``; ``claimed``: only those with a text)."""
@@ -454,8 +456,10 @@ class ResumePoint:
     #: the committed parts a pass by row number reads again: rows whose digest changed are refused
     digested: list[PartEntry] = field(default_factory=list)
 
-    #: Input rows committed before that this pass does not redo (for the summary).
-    skipped = property(lambda self: self.skip_until + len(self.skip_ids or ()))
+    @property
+    def skipped(self) -> int:
+        """Input rows committed before that this pass does not redo (for the summary)."""
+        return self.skip_until + len(self.skip_ids or ())
 
 
 def resume_point(run: RunDir, incremental: bool, by_id: bool, sources: list[dict[str, Any]] | None = None,
