@@ -1,13 +1,4 @@
-"""Files the commands write: atomic replacement, one lock helper, and the leftovers of killed processes.
-
-Usage::
-
-    with atomic_path(out / "report.html") as tmp:      # write tmp; it replaces the file on success
-        tmp.write_text(html)
-    atomic_write_text(run / "manifest.json", text)    # the same, fsynced, for a few bytes of text
-    with file_lock(run / ".bertattn.lock", busy=lambda who: RunDirError(f"held by {who}")):
-        ...                                           # one process at a time; the lock dies with it
-"""
+"""Files the commands write: atomic replacement, one lock helper, and the leftovers of killed processes."""
 
 from __future__ import annotations
 
@@ -63,7 +54,6 @@ def atomic_path(path: Path, fsync: bool = False, unique: bool = False) -> Iterat
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text``, fsynced."""
     with atomic_path(path, fsync=True) as tmp:
         tmp.write_text(text, encoding="utf-8")
 
@@ -219,7 +209,6 @@ def process_alive(pid: int) -> bool:
 
 
 def fsync_file(path: Path) -> None:
-    """Wait until ``path``'s data is on disk."""
     with open(path, "rb") as f:
         os.fsync(f.fileno())
 

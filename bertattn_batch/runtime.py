@@ -1,16 +1,6 @@
-"""The process a job runs in: its stop-signal handlers, and the native libraries' settings.
-
-Usage::
-
-    import bertattn_batch
-    bertattn_batch.tune_runtime()    # first thing in a notebook, before torch computes anything
-
-    install_signal_handlers()        # the CLI, once, as it starts
-    with signals_deferred():         # a block that a stop signal must not cut short
-        ...
-
-``run_job`` and every ``bertattn`` command call :func:`tune_runtime` themselves; importing the package
-changes nothing. What it sets, and why, is in ``docs/performance.md`` (memory).
+"""The process a job runs in: its stop-signal handlers (installed once by the CLI; ``signals_deferred``
+for a block that must finish), and the native libraries' settings (``tune_runtime``, called by
+``run_job`` and every command; docs/performance.md tells why).
 """
 
 from __future__ import annotations

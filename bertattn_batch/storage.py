@@ -1,13 +1,6 @@
-"""Local disk and object stores (S3, GCS, HDFS, what fsspec serves) behind one set of calls.
-
-Usage::
-
-    fs, path = resolve("s3://corpora/reviews/part-0.parquet")   # endpoint and keys from the environment
-    write_bytes("s3://b/run/manifest.json", data)                 # visible whole, or not at all
-    list_files("s3://b/corpus/**/*.parquet")                      # URIs; a glob as on local disk
-
-Every scheme but ``file://`` is taken to have no rename and no locks. Credentials come only from the
-standard environment, never from an option, so they land in no shell history and no manifest.
+"""Local disk and object stores (S3, GCS, HDFS, what fsspec serves) behind one set of calls. Every scheme
+but ``file://`` is taken to have no rename and no locks. Credentials come only from the standard
+environment, never from an option, so they land in no shell history and no manifest.
 """
 
 from __future__ import annotations
@@ -34,6 +27,7 @@ if TYPE_CHECKING:  # pyarrow is imported where used: a command's start does not 
 
 #: What to install where this pyarrow lacks a scheme's filesystem.
 EXTRA_HINT = "pip install '.[s3]' in a checkout"
+NO_BUCKET = "bucket {!r} does not exist (create it first)"
 #: Bytes read from a store per request while a file is streamed.
 READ_BLOCK_BYTES = 8 << 20
 #: The environment a store's filesystem is made from: one filesystem is kept per value of it.
@@ -182,10 +176,6 @@ def _check_bucket(scheme: str, rest: str) -> None:
         )
 
 
-def _no_bucket(bucket: str) -> str:
-    return f"bucket {bucket!r} does not exist (create it first)"
-
-
 def store_error(e: BaseException, target: str | os.PathLike[str]) -> StorageError:
     """A store's refusal as one line that says what to fix."""
     code = str(e).upper().replace("_", "")  # the SDK spells its codes NO_SUCH_BUCKET or NoSuchBucket
@@ -193,7 +183,7 @@ def store_error(e: BaseException, target: str | os.PathLike[str]) -> StorageErro
     if "NOSUCHBUCKET" in code:
         scheme, rest = split_uri(name)
         bucket = rest.strip("/").split("/", 1)[0]
-        return StorageError(f"{f'{scheme}://{bucket}' if scheme else name}: {_no_bucket(bucket)}")
+        return StorageError(f"{f'{scheme}://{bucket}' if scheme else name}: {NO_BUCKET.format(bucket)}")
     refused = ("ACCESSDENIED", "INVALIDACCESSKEYID", "SIGNATUREDOESNOTMATCH", "EXPIREDTOKEN", "FORBIDDEN")
     if any(k in code for k in refused):
         return StorageError(
@@ -215,8 +205,6 @@ def _errors(target: str | os.PathLike[str]) -> Iterator[None]:
     """A store's OSError as a one-line StorageError."""
     try:
         yield
-    except StorageError:
-        raise
     except OSError as e:
         raise store_error(e, target) from None
 
@@ -244,14 +232,11 @@ def open_input(target: str | os.PathLike[str], buffered: bool = True) -> BinaryI
     return io.BufferedReader(native, buffer_size=READ_BLOCK_BYTES) if buffered else native
 
 
-@contextlib.contextmanager
-def arrow_file(target: str | os.PathLike[str]) -> Iterator[Any]:
+def arrow_file(target: str | os.PathLike[str]) -> contextlib.AbstractContextManager[Any]:
     """What pyarrow reads: a local path, or a store's object as a file of ranged reads."""
-    if not is_remote(target):
-        yield normalize(target)
-        return
-    with open_input(target, buffered=False) as f:
-        yield f
+    return (
+        open_input(target, buffered=False) if is_remote(target) else contextlib.nullcontext(normalize(target))
+    )
 
 
 def read_bytes(target: str | os.PathLike[str]) -> bytes:
@@ -384,7 +369,7 @@ def list_files(target: str) -> list[str]:
         bucket = rest.strip("/").split("/", 1)[0]
         with contextlib.suppress(OSError):  # not allowed to look: the listing's answer stands
             if resolve(f"{scheme}://{bucket}")[0].get_file_info(bucket).type.name == "NotFound":
-                why = _no_bucket(bucket)
+                why = NO_BUCKET.format(bucket)
     raise StorageError(f"{target}: {why}")
 
 
@@ -408,13 +393,8 @@ def cache_folder(kind: str, uri: str) -> Path:
 
 def local_files(local: Path) -> dict[str, tuple[int, int]]:
     """A folder's files by their names below it: (size, modification time); hidden ones left out."""
-    out = {}
-    for f in local.rglob("*"):
-        name = f.relative_to(local).as_posix()
-        if f.is_file() and not any(part.startswith(".") for part in name.split("/")):
-            st = f.stat()
-            out[name] = (st.st_size, st.st_mtime_ns)
-    return out
+    found = {f.relative_to(local): f for f in local.rglob("*") if f.is_file()}
+    return {n.as_posix(): stamp(f) for n, f in found.items() if not any(p.startswith(".") for p in n.parts)}
 
 
 def mirror(uri: str, local: Path, skip: tuple[str, ...] = ()) -> None:

@@ -1,22 +1,8 @@
-"""``run_job(spec)``: the data path, written once. Engines only decide where a window's work runs.
-
-Usage::
-
-    from bertattn_batch import load_job, run_job
-    summary = run_job(load_job("jobs/default.toml"))
-
-The path::
-
-    check inputs ─▶ train the job's model on first run ─▶ the engine starts (loads the model)
-      ─▶ open the run directory ─▶ resume point ─▶ windows of rows (extract/windows.py)
-      ─▶ the engine's executor turns each into the future of a staged part (extract/job.py)
-      ─▶ commit each part in row order (scheduling.in_order) ─▶ finalize
-
-An engine is a context manager that loads the model where windows run, with ``header()`` (the run's
-header), ``executor(part_writer, pass_info, on_batch)`` (a context manager with ``submit(rows)``, the
-future of a staged part, and ``in_flight``, the windows it takes at once), ``describe()`` and
-``timings``. Every input row leaves as exactly one predictions row: scored, or with the status that
-says why not.
+"""``run_job(spec)``: the data path, written once (docs/development.md draws it). Engines only decide
+where a window's work runs: an engine is a context manager that loads the model, with ``header()``,
+``executor(part_writer, pass_info, on_batch)`` (``submit(rows)``: the future of a staged part;
+``in_flight``: the windows it takes at once), ``describe()`` and ``timings``. Every input row leaves as
+exactly one predictions row: scored, or with the status that says why not.
 """
 
 from __future__ import annotations
@@ -207,11 +193,10 @@ def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -
     from tqdm.auto import tqdm
 
     total = None
-    if show:
-        with contextlib.suppress(Exception):  # a count is a nicety; the reader reports real problems
-            total = count_rows(sources)
-        if total is not None and spec.inputs.limit is not None:
-            total = min(total, spec.inputs.limit)
+    with contextlib.suppress(Exception):  # a count is a nicety; the reader reports real problems
+        total = count_rows(sources) if show else None
+    if total is not None and spec.inputs.limit is not None:
+        total = min(total, spec.inputs.limit)
     bar = tqdm(total=total, initial=done if total else 0, desc=f"extract {storage.name_path(spec.out).name}",
                unit="review", disable=not show, smoothing=0.1, **bar_size())  # fmt: skip
     lock, stop = threading.Lock(), threading.Event()
@@ -221,16 +206,14 @@ def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -
             bar.update(n)
 
     def tick() -> None:
-        while not stop.wait(1.0):
+        while show and not stop.wait(1.0):
             bar.refresh()
 
     ticker = threading.Thread(target=tick, name="progress", daemon=True)
-    if show:
-        ticker.start()
+    ticker.start()
     try:
         yield bar, advance
     finally:
         stop.set()
-        if show:
-            ticker.join()
+        ticker.join()
         bar.close()

@@ -1,21 +1,7 @@
-"""The Ray engine (``--engine ray``): the same windows and parts, scored by a pool of Ray actors.
-
-Usage::
-
-    bertattn extract reviews/ --model models/zh-senti --out runs/r1 --engine ray --workers 4
-    bertattn run jobs/default.toml --engine ray --ray-address ray://head:10001   # or RAY_ADDRESS=...
-
-    with ray_runtime(address=None, num_cpus=2) as ray:   # RAY_ADDRESS, or a local runtime on loopback
-        ...
-
-    driver: read + number the rows, cut the windows (the one rule, extract/windows.py)
-       ──▶ an actor per worker (one GPU each where the cluster has GPUs): encode, score, extract and
-           stage the window's part (extract/job.py), at most ``IN_FLIGHT_PER_WORKER`` windows each
-       ──▶ the driver commits the parts in row order (``run_job``)
-
-Workers write their parts into the run directory themselves (run/parts.py) and hand back only the
-manifest entry; the driver alone writes the manifest. docs/ray.md tells how the driver streams and how a
-dead worker's window is retried.
+"""The Ray engine (``--engine ray``): the same windows and parts, each encoded, scored, extracted and
+staged by one of a pool of Ray actors (one GPU each where the cluster has GPUs), at most
+``IN_FLIGHT_PER_WORKER`` windows each. Workers write their parts into the run directory themselves and
+hand back only the manifest entry; the driver alone commits (docs/ray.md).
 """
 
 from __future__ import annotations
@@ -30,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import errors
 from ..config import JobSpec
@@ -56,8 +42,7 @@ _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 JOIN_WARN_SECONDS = 30.0
 
 
-@dataclasses.dataclass(frozen=True)
-class Placement:
+class Placement(NamedTuple):
     """What each model worker asks Ray for, and the device it loads the model on."""
 
     cpus: int
@@ -142,7 +127,7 @@ class RayEngine:
         return self._header
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": "ray", "workers": self.spec.workers, "placement": dataclasses.asdict(self.place)}
+        return {"engine": "ray", "workers": self.spec.workers, "placement": self.place._asdict()}
 
     def executor(
         self, part_writer: PartWriter, pass_info: PassInfo, on_batch: Callable[[int], None]
@@ -158,7 +143,7 @@ class RayEngine:
         return Actors(self.ray, actors, on_batch)
 
 
-class Actors:
+class Actors(contextlib.AbstractContextManager):
     """Windows sent to the least loaded of the actors, ``IN_FLIGHT_PER_WORKER`` each at most. What Ray
     raises comes back as the project's error (:func:`_as_ours`)."""
 
@@ -181,9 +166,6 @@ class Actors:
             self._load[k] -= 1
         if not future.cancelled() and future.exception() is None:
             self.on_batch(future.result().stats.scored)
-
-    def __enter__(self) -> Actors:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         """The actors end, and with them their CPUs or GPUs are free for the next run."""

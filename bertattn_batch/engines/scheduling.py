@@ -1,13 +1,5 @@
-"""The one ordered loop over futures that every engine's windows go through, and the chaining of a
-window's steps across executors.
-
-Usage::
-
-    for part in in_order(windows, executor.submit, bound=4):   # row order, at most 4 in flight
-        commit(part)
-
-    scored = then(encode_pool.submit(encode, rows), model_pool, score)   # score(encode(rows)), there
-"""
+"""The one ordered loop over futures that every engine's windows go through (``in_order``), and the
+chaining of a window's steps across executors (``then``)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""Who writes a run: on an object store, which has no locks, a lease with a stated expiry.
-
-Usage::
-
-    lease = Lease.take(run_uri, ttl_s=120)    # RunDirError while another process holds a live lease
-    stop = lease.keep_fresh()                  # renewed from a thread of the holder's own
-    lease.check()                              # before each manifest write: still ours, and live?
-    stop(); lease.drop()                       # when the run closes
-
-On S3 every write of the lease is a compare-and-swap on the version its writer last saw; elsewhere
-taking is write, wait, read back. A killed process's lease expires (on its own machine, at once) and
-the next run takes it over; a holder that finds its lease lost writes no more.
+"""Who writes a run: on an object store, which has no locks, a lease with a stated expiry, renewed from a
+thread of its holder and checked before each manifest write. On S3 every write of the lease is a
+compare-and-swap on the version its writer last saw; elsewhere taking is write, wait, read back. A killed
+process's lease expires (on its own machine, at once); a holder that finds its lease lost writes no more.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The names inside a run directory (docs/run-directory.md draws it), and ``manifest.json``, typed: what
-a run is, and the parts it committed. Nothing else spells those names or parses the file.
-
-Usage::
-
-    m = read_manifest("runs/r1")          # Manifest; RunDirError names what is wrong with the file
-    m.status, m.parts[0].start_row, m.labels, m.layers, m.inputs
-
-Older layouts are brought to this version's in one place, :func:`upgrade`, so readers see one shape.
+"""The names inside a run directory (docs/run-directory.md), and ``manifest.json`` typed: what a run is,
+and the parts it committed. Nothing else spells those names or parses the file; older layouts are
+brought to this version's in one place, :func:`upgrade`.
 """
 
 from __future__ import annotations
@@ -210,12 +204,6 @@ class Manifest:
         return self.model.get("num_layers")
 
     @property
-    def labels(self) -> list[str]:
-        """The model's label names in id order."""
-        id2label = self.model.get("id2label") or {}
-        return [id2label[k] for k in sorted(id2label, key=int)]
-
-    @property
     def byte_level(self) -> bool | None:
         """Whether the run's tokens spell bytes (byte-level BPE); None where the run did not record it."""
         return self.model.get("byte_level")
@@ -227,6 +215,12 @@ class Manifest:
     @property
     def passes(self) -> set[int]:
         return {p.generation for p in self.parts}
+
+    @property
+    def labels(self) -> list[str]:
+        """The model's label names in id order."""
+        id2label = self.model.get("id2label") or {}
+        return [id2label[k] for k in sorted(id2label, key=int)]
 
 
 def model_problems(model: dict[str, Any]) -> list[str]:

@@ -1,11 +1,5 @@
-"""A run on an object store, mirrored into a local cache for the commands that read all of it.
-
-Usage::
-
-    with local_run("s3://bucket/runs/r1", write_back=True) as run:   # a local Path; a local run as it is
-        aggregate(run)             # reads the parts, writes aggregates/ into the mirror, then uploaded
-
-The mirror persists between commands; an unchanged object is not fetched again.
+"""A run on an object store, mirrored into a local cache (kept between commands; an unchanged object is
+not fetched again) for the commands that read all of it (``local_run``, ``on_local_copy``).
 """
 
 from __future__ import annotations

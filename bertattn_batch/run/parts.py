@@ -1,10 +1,5 @@
-"""Part files: written by whoever scored a window, published after their commit, checked when read.
-
-Usage::
-
-    entry = PartWriter(run_dir).stage(start_row, end_row, tables)   # needs no manifest (Ray workers)
-    for part in committed_files(run_dir, ["cls_attention"]):        # what readers read
-        part.files["cls_attention"]
+"""Part files: written by whoever scored a window (``PartWriter.stage``: no manifest needed, so Ray
+workers write their own), published after their commit, checked when read (``committed_files``).
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
-"""The run directory while a job writes it: open (or reopen), commit parts in row order, finalize.
-
-Usage::
-
-    with run_dir_class(out)(out, header, on_existing="resume") as run:   # header: spec, model...
-        point = resume_point(run, incremental=False, by_id=True, sources=source_files(sources))
-        run.commit(run.part_writer.stage(start_row, end_row, tables))   # from row point.skip_until on
-        run.finalize(last_run)
-
-A part is staged under a name readers skip, committed by a line of the commit log, then renamed;
-reopening rolls listed parts forward and removes what no manifest lists. On an object store
-(``StoredRunDir``) a part is uploaded under its final name and committed by a compare-and-swap of the
+"""The run directory while a job writes it: open (or reopen), commit parts in row order, finalize; and a
+reopened run's resume point (which pass goes on, which rows and ids it skips). On local disk a part is
+staged under a name readers skip, committed by a line of the commit log, then renamed; on an object store
+(``StoredRunDir``) it is uploaded under its final name and committed by a compare-and-swap of the
 manifest, under a lease (run/lease.py). docs/reliability.md and docs/storage.md tell why.
-
-A reopened run's resume point (:func:`resume_point`) says which pass goes on, and which rows and ids it
-skips: a resume goes on by row number, over the same inputs (refused where they changed); an incremental
-pass over a complete run goes by id, skipping every committed id.
 """
 
 from __future__ import annotations
@@ -28,6 +16,7 @@ import re
 import shutil
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,9 +156,7 @@ class RunDir:
                 old = None
             if old is None:
                 header = {
-                    k: self.header[k]
-                    for k in ("spec", "fingerprint", "model", "versions")
-                    if k in self.header
+                    k: v for k, v in self.header.items() if k in ("spec", "fingerprint", "model", "versions")
                 }
                 run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
                 self.manifest = Manifest(
@@ -190,16 +177,13 @@ class RunDir:
 
     def _hold(self) -> None:
         """Take the run for this process until :meth:`close`: on local disk, a lock on its folder."""
-
-        def busy(holder: str) -> RunDirError:
-            return RunDirError(
-                f"another bertattn process{holder} is writing {self.run_dir}; wait for it to end or choose "
-                "another --out"
-            )
-
+        busy = f" is writing {self.run_dir}; wait for it to end or choose another --out"
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._held.enter_context(file_lock(self.run_dir / LOCK_NAME, busy=busy))
+            lock = file_lock(
+                self.run_dir / LOCK_NAME, busy=lambda who: RunDirError(f"another bertattn process{who}{busy}")
+            )
+            self._held.enter_context(lock)
         except OSError as e:
             if self.run_dir.is_symlink() and not self.run_dir.exists():
                 where = os.readlink(self.run_dir)
@@ -316,21 +300,19 @@ class RunDir:
         """Refuse a run of another job: every fingerprint key the run recorded is compared, but their hash."""
         mine = upgrade({"fingerprint": self.header.get("fingerprint", {})})["fingerprint"]
         theirs = old.fingerprint
-        keys = {
-            k for k in set(mine) | set(theirs) if k != "job_sha256" and theirs.get(k, "unknown") != "unknown"
-        }
-        diff = sorted(k for k in keys if mine.get(k) != theirs.get(k))
+        recorded = (k for k in set(mine) | set(theirs) if theirs.get(k, "unknown") != "unknown")
+        diff = sorted(k for k in recorded if k != "job_sha256" and mine.get(k) != theirs.get(k))
         if diff == ["inputs"] and old.sources is not None:
             self.inputs_renamed = True  # a resume decides by what the files hold (resume_point)
         elif diff:
-            spelled = [
+            spelled = "; ".join(
                 f"{k}: run has {json.dumps(theirs.get(k), ensure_ascii=False)}, job has "
                 f"{json.dumps(mine.get(k), ensure_ascii=False)}"
                 for k in diff
-            ]
+            )
             raise RunDirError(
-                f"{self.run_dir} was made by another job ({'; '.join(spelled)}); pass --overwrite or "
-                "choose another --out"
+                f"{self.run_dir} was made by another job ({spelled}); pass --overwrite or choose "
+                "another --out"
             )
 
     def _clear(self) -> None:
@@ -452,11 +434,10 @@ def run_dir_class(out: str | Path) -> type[RunDir]:
 
 def part_rows(manifest: Manifest) -> dict[str, int]:
     """Rows of every table over the committed parts: the run's ``counts``."""
-    counts = dict.fromkeys(TABLES, 0)
+    counts = Counter(dict.fromkeys(TABLES, 0))
     for p in manifest.parts:
-        for table, n in p.rows.items():
-            counts[table] = counts.get(table, 0) + n
-    return counts
+        counts.update(p.rows)
+    return dict(counts)
 
 
 def _now() -> str:

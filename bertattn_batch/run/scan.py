@@ -1,14 +1,6 @@
-"""A run's committed parts as polars LazyFrames, read through the manifest.
-
-Usage::
-
-    run = scan_run("runs/default")       # or "s3://bucket/runs/r1"
-    run.predictions.filter(pl.col("status") == "ok")
-    run.attention                          # cls_attention joined with tokens: the long form
-    run.contributions                      # ALTI per token, where the job asked for it (else empty)
-
-A token is stored once per review position in ``tokens``, not once per layer and head in
-``cls_attention``; :func:`attention_rows` joins them back into the one wide table questions start from.
+"""A run's committed parts as polars LazyFrames, read through the manifest (``scan_run``). A token is
+stored once per review position in ``tokens``; :func:`attention_rows` joins it back to each
+``cls_attention`` row: the long form.
 """
 
 from __future__ import annotations
