@@ -1,15 +1,5 @@
-"""One window's work, from its rows to a staged part: encode, score, extract, stage. Engines schedule it.
-
-Usage::
-
-    job = WindowJob(clf, batch_tokens=16384, max_batch_size=256, part_writer=PartWriter(run_dir))
-    part = job(window_rows)          # StagedPart: the manifest entry to commit, and the window's stats
-
-    part = job.stage(job.score(job.encode(window_rows)))   # the same, each step where an engine runs it
-
-    window, batch_ids = job.prepare(window_rows)   # or with the model in another process
-    part = job.finish(window, outputs, model_seconds)   # outputs: score_batches(clf, batch_ids) there
-"""
+"""One window's work, from its rows to a staged part: encode, score, extract, stage. Engines schedule it,
+each step where they run it; ``prepare`` and ``finish`` wrap a model that runs in another process."""
 
 from __future__ import annotations
 

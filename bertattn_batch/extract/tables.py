@@ -1,14 +1,8 @@
 """Per-review slicing of [CLS] rows and per-head scaling, into Arrow tables cast to ``schemas/``.
 
-Usage::
-
-    extractor = Extractor(vocab_array(clf.tokenizer), layers=clf.layers, num_heads=clf.num_heads,
-                          labels=clf.labels)
-    tables = extractor.tables(scored)   # {"predictions", "cls_attention", "head_summary", "tokens"}
-
-Each review is sliced by its own length (content tokens are its positions 1 .. n-2, never the padded
-batch's). A token's id, text and span are written once per position (``tokens``), not per layer and head.
-``doc_id`` columns come dictionary-encoded over the window's ids, which a part writer takes as they are.
+Each review is sliced by its own length (content tokens are its positions 1 .. n-2). A token's id, text
+and span are written once per position (``tokens``), not per layer and head. ``doc_id`` columns come
+dictionary-encoded over the window's ids, which a part writer takes as they are.
 """
 
 from __future__ import annotations

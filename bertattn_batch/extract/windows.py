@@ -1,15 +1,9 @@
 """The one windowing rule: which input rows make up each part, for every engine.
 
-Usage::
-
-    for w in iter_windows(sources, inputs, window=4096, point=ResumePoint()):
-        w.start_row, w.end_row, w.rows          # rows[start_row, end_row) still to do, in order
-
-Window k holds rows ``[k * window, (k + 1) * window)`` counted across all inputs, whichever files they
-come from; a resume starts at its resume point and goes on to the next grid line. So a part's name and
-rows follow from the inputs alone, under either engine. Rows committed already are left out (before the
-resume point, or by id in an incremental pass); a later row with a text and an id seen already is
-``duplicate_id``.
+Window k holds rows ``[k * window, (k + 1) * window)`` counted across all inputs; a resume starts at its
+resume point and goes on to the next grid line. So a part's name and rows follow from the inputs alone.
+Rows committed already are left out (before the resume point, or by id in an incremental pass); a later
+row with a text and an id seen already is ``duplicate_id``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Load a BERT-family sequence classifier onto its device once; run padded batches under ``inference_mode``.
-
-Usage::
-
-    clf = Classifier.load("models/zh-senti", layers=[-2])
-    out = clf.forward([enc.ids for enc in encoded])   # out.probs (B, C), out.rows (B, L, H, S), ...
-    pending = clf.launch(ids)                          # queued on the device; pending.result() later
-
-It turns token ids into probabilities and [CLS] attention rows and knows nothing of schemas. Weights
-load as safetensors unless pickle is allowed; remote code runs only where asked for.
+"""Load a BERT-family sequence classifier onto its device once; run padded batches under ``inference_mode``:
+token ids in, probabilities and [CLS] attention rows out (no schemas). Weights load as safetensors unless
+pickle is allowed; remote code runs only where asked for.
 """
 
 from __future__ import annotations
@@ -58,9 +51,7 @@ class Classifier:
     dtype: torch.dtype
     layers: list[int]  # 0-based encoder layer indices
     max_length: int
-    # how [CLS] rows are read: "sdpa", captured from each layer's queries and keys (a model without SDPA
-    # runs its own eager attention then), or "eager", transformers' output_attentions
-    attention: str
+    attention: str  # "sdpa": rows captured from queries and keys; "eager": transformers' output_attentions
     source: str
     weights_sha256: str
     num_layers: int
@@ -96,14 +87,13 @@ class Classifier:
                 raise
             model = None  # raised below, out of this block, whose traceback holds the weights moved already
         if model is None:  # what it took on the device given back first
-            free = ""
+            free = half = ""
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
                 left, total = torch.cuda.mem_get_info(dev)
                 free = f" ({left / 2**30:.1f} of {total / 2**30:.1f} GiB free)"
-            half = (
-                ", or load it in half the memory (--dtype bfloat16)" if torch_dtype == torch.float32 else ""
-            )
+            if torch_dtype == torch.float32:
+                half = ", or load it in half the memory (--dtype bfloat16)"
             raise ModelError(
                 f"{source} does not fit on {dev}{free}: free the device or choose another (--device){half}"
             )
@@ -153,14 +143,13 @@ class Classifier:
 
     @property
     def word_continuation(self) -> str | None:
-        """The mark of a piece that continues a word ("##" in WordPiece), or None where the tokenizer
-        marks word starts instead (byte-level BPE, SentencePiece): how words are joined."""
+        """WordPiece's mark of a piece that continues a word ("##"); None where word starts are marked."""
         model = self.tokenizer.backend_tokenizer.model
         return model.continuing_subword_prefix if type(model).__name__ == "WordPiece" else None
 
     @property
     def words(self) -> str | None:
-        """How a job's ``auto`` words are made: ``jieba`` where Chinese splits into characters, ``wordpiece``
+        """How ``auto`` words are made: ``jieba`` where Chinese splits into characters, else ``wordpiece``
         where ``##`` marks continuations."""
         sample = "我们喜欢中文"
         spans = self.tokenizer(sample, add_special_tokens=False, return_offsets_mapping=True).offset_mapping
@@ -170,12 +159,10 @@ class Classifier:
 
     @property
     def contributions(self) -> str | None:
-        """The whole-model contributions each batch's outputs carry: "alti", or None."""
         return "alti" if self.alti is not None else None
 
     @property
     def device_type(self) -> str:
-        """``cpu``, ``cuda`` or ``mps``: what sizes the batches (extract/batching.py)."""
         return self.device.type
 
     def pad(self, ids: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,7 +173,6 @@ class Classifier:
         return t_ids.to(self.device, non_blocking=True), t_mask.to(self.device, non_blocking=True)
 
     def forward(self, ids: list[np.ndarray]) -> Outputs:
-        """One padded batch's outputs, waited for."""
         return self.launch(ids).result()
 
     @torch.inference_mode()
@@ -195,18 +181,13 @@ class Classifier:
         copies this one's outputs."""
         input_ids, mask = self.pad(ids)  # (B, S) each
         model = self.model if self.compiled is None else self.compiled
-        alti = (
-            self.alti.forward(mask, list(map(len, ids)))
-            if self.alti is not None
-            else contextlib.nullcontext()
-        )
+        alti = self.alti.forward(mask, list(map(len, ids))) if self.alti else contextlib.nullcontext()
         if self.attention == "eager":
             with self.capture as capture, alti:  # the values, for the norms; the rows are transformers' own
                 out = model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
             rows = eager_rows(out.attentions, self.layers)  # (B, L, H, S)
         else:
-            # no mask for a batch without padding: transformers then skips it without reading it back,
-            # and SDPA may take its fastest kernel
+            # no mask for a batch without padding: none is read back, and SDPA may take its fastest kernel
             padded = min(map(len, ids)) < input_ids.shape[1]
             trim = self.trim or contextlib.nullcontext()
             with self.capture as capture, alti, trim, no_cudnn_attention():
