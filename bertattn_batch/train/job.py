@@ -1,11 +1,4 @@
-"""A job's own model: trained on first run from its ``[finetune]`` table, and by ``bertattn finetune``.
-
-Usage::
-
-    seconds = ensure_model(spec)              # train spec.model if it is missing; 0.0 if it is there
-    plan = plan_training(job="jobs/default.toml", epochs=2.0)
-    metrics = plan.run()
-"""
+"""A job's own model: trained on first run from its ``[finetune]`` table, and by ``bertattn finetune``."""
 
 from __future__ import annotations
 

@@ -21,9 +21,6 @@ from ..model.classifier import pad_batch
 
 #: Batches are sorted by length within chunks of this many batches, then shuffled.
 BUCKET_CHUNK_BATCHES = 64
-#: Default peak learning rates: a random model needs a far higher one than a pretrained one.
-SCRATCH_LEARNING_RATE = 1e-3
-BASE_LEARNING_RATE = 5e-5
 
 
 def seed_everything(seed: int) -> None:
@@ -33,10 +30,10 @@ def seed_everything(seed: int) -> None:
 
 
 def learning_rate(spec: FinetuneSpec) -> float:
-    """The spec's peak learning rate, else the default for its kind of start."""
+    """The spec's peak learning rate, else the default: a random model needs a far higher one."""
     if spec.learning_rate is not None:
         return spec.learning_rate
-    return SCRATCH_LEARNING_RATE if spec.base is None else BASE_LEARNING_RATE
+    return 1e-3 if spec.base is None else 5e-5
 
 
 def split_indices(
