@@ -229,8 +229,7 @@ def tokenizer_limit(tokenizer) -> int | None:
 
 def check_loaded_weights(model, info: dict[str, Any], source: str, for_training: bool = False) -> None:
     """Every weight came from the checkpoint and every encoder weight there is used (transformers makes a
-    missing one random, drops an unplaced one, and only logs it). ``for_training``: head and pooler are
-    new."""
+    missing one random, drops an unplaced one, and only logs it); ``for_training``: head and pooler new."""
     # relative position embeddings first: where this transformers version drops them silently, their
     # weights are what the checks below would name
     kind = getattr(model.config, "position_embedding_type", None) or "absolute"
@@ -252,11 +251,10 @@ def check_loaded_weights(model, info: dict[str, Any], source: str, for_training:
         )
     if mismatched:
         name, saved, made = mismatched[0]
+        hint = "was config.json edited, or saved for another model?"
         if all(not m[0].startswith(prefix) for m in mismatched):
             hint = f"its classification head has {saved[0]} outputs, config.json {made[0]} labels (its "
             hint += "num_labels or id2label)"
-        else:
-            hint = "was config.json edited, or saved for another model?"
         raise ModelError(
             f"{source}: {len(mismatched)} of its weights do not have the shape its config.json gives them "
             f"({name}: saved {_shape(saved)}, config {_shape(made)}); {hint}"
@@ -281,8 +279,7 @@ def check_loaded_weights(model, info: dict[str, Any], source: str, for_training:
 
 
 def pickle_reason(e: BaseException) -> str:
-    """Why torch refused a pickle: the blocked global or the unpickler's error, not its advice to turn it
-    off."""
+    """Why torch refused a pickle: the blocked global or the unpickler's error, not its advice."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     for line, after in zip(lines, [*lines[1:], ""], strict=True):
         if "GLOBAL" in line:
@@ -311,11 +308,8 @@ def load_tokenizer(source: str, trust_remote_code: bool = False):
         # fallback reader reports something else
         folder = Path(source)
         found = [name for name in SENTENCEPIECE_FILES if (folder / name).is_file()]
-        if (
-            found
-            and not (folder / "tokenizer.json").is_file()
-            and importlib.util.find_spec("sentencepiece") is None
-        ):
+        alone = found and not (folder / "tokenizer.json").is_file()
+        if alone and importlib.util.find_spec("sentencepiece") is None:
             raise ModelError(
                 f"{source}: its tokenizer is a SentencePiece model alone ({found[0]}, no tokenizer.json), "
                 "which needs the sentencepiece package: pip install sentencepiece "

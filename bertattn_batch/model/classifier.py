@@ -36,7 +36,7 @@ from .checks import (
     weights_hash,
 )
 from .outputs import Outputs
-from .trim import LastLayerTrim, use_cls_sdpa, verified
+from .trim import LastLayerTrim, tolerance, use_cls_sdpa, verified
 
 log = logging.getLogger(__name__)
 
@@ -436,8 +436,7 @@ def compiled_model(clf: Classifier) -> torch.nn.Module:
                          "run without --compile") from None  # fmt: skip
     finally:
         clf.compiled = None
-    # as trim.verified: kernels sum in other orders; bfloat16 and float16 keep about 3 significant digits
-    tol = 1e-4 if clf.dtype == torch.float32 else 5e-2
+    tol = tolerance(clf.dtype)
     worst = max(
         float(np.abs(a - b).max())
         for want, have in zip(expected, got, strict=True)

@@ -145,8 +145,9 @@ def train_loop(
     step, loss_ema, pace = 0, None, None  # pace: recent seconds a step
     cap = spec.max_train_seconds
     started = last = time.monotonic()
-    bar = tqdm(total=planned, desc="finetune", unit="step", disable=not progress, leave=False, **bar_size())
-    try:
+    with tqdm(
+        total=planned, desc="finetune", unit="step", disable=not progress, leave=False, **bar_size()
+    ) as bar:
         while step < total:
             for rows in length_batches(lengths, spec.batch_size, rng):
                 input_ids, mask = pad_batch([ids[i] for i in rows], pad_id)
@@ -175,8 +176,6 @@ def train_loop(
                         total = bar.total = max(step, fits)
                 if step >= total:
                     break
-    finally:
-        bar.close()
     model.eval()
     # the loss is checked before each update: the last update can still leave outputs that are not finite
     input_ids, mask = pad_batch(ids[: spec.batch_size], pad_id)
