@@ -84,8 +84,6 @@ class AltiCapture:
 
     def cls_contributions(self) -> torch.Tensor:
         """``R[0, :]``: each token's contribution to ``[CLS]`` after the last layer, (B, S) float32."""
-        if self._rollout is None:
-            raise RuntimeError("no forward pass was captured")
         return self._rollout[:, 0]  # (B, S)
 
     def _keep(self, name: str, with_input: bool = False):
