@@ -114,11 +114,9 @@ class Extractor:
         m = n - 2  # content tokens: positions 1 .. n-2
         if (m < 1).any():
             raise ValueError("a scored review must have at least one content token")
-        # every review's whole rows, [CLS] and [SEP] included, joined in one copy each (a slice per
-        # review and array held Python's lock for longer than the copies themselves took)
+        # every review's whole rows, [CLS] and [SEP] included, joined in one copy each
         rows = _cat([r.cls_rows.reshape(-1) for r in scored], np.float32)  # segments of n_i tokens
         norms = _cat([r.cls_norms.reshape(-1) for r in scored], np.float32)
-        # int32 indices, unless the chunk's rows overflow them
         index = np.int32 if len(rows) < 2**31 else np.int64
         whole = np.repeat(n, L * H).astype(index)  # one segment per (review, layer, head)
         whole_start = (np.cumsum(whole) - whole).astype(index)

@@ -304,8 +304,7 @@ def load_tokenizer(source: str, trust_remote_code: bool = False):
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except Exception as e:  # a damaged tokenizer.json fails in many ways (KeyError, Rust errors...)
-        # a SentencePiece model alone (no tokenizer.json) needs its package: without it transformers'
-        # fallback reader reports something else
+        # a SentencePiece model alone needs its package, whose absence transformers reports otherwise
         folder = Path(source)
         found = [name for name in SENTENCEPIECE_FILES if (folder / name).is_file()]
         alone = found and not (folder / "tokenizer.json").is_file()

@@ -289,11 +289,10 @@ def _load_weights(
     from transformers import AutoModelForSequenceClassification
 
     def from_pretrained(implementation: str):
-        # quiet: what its load report says, check_loaded_weights says as one error
+        # quiet: check_loaded_weights says what its load report says, as one error; mismatched sizes are
+        # refused there; eager mode asks for attentions per call, and SDPA cannot return them
         with warnings.catch_warnings(), transformers_log_level("error"):
             warnings.simplefilter("ignore")
-            # mismatched sizes are refused below, naming the weights; outputs are objects (.logits) whatever
-            # config.json says; eager mode asks for attentions per call, and SDPA cannot return them
             return AutoModelForSequenceClassification.from_pretrained(
                 path, dtype=dtype, attn_implementation=implementation,
                 use_safetensors=None if allow_pickle else True, trust_remote_code=trust_remote_code,
@@ -350,9 +349,6 @@ def warn_above_tokenizer(length: int, tokenizer, positions: int, source: str) ->
             "model has positions for %d, so reviews keep up to %d",
             length, tok_limit, source, positions, length,
         )  # fmt: skip
-
-
-# --- the device ---
 
 
 def resolve_device(device: str) -> torch.device:
