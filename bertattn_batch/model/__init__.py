@@ -9,8 +9,7 @@ _EXPORTS = {
         ["load_config", "load_tokenizer", "other_model_files", "resolve_source", "tokenizer_hash"], "checks"
     ),
     **dict.fromkeys(["Classifier", "resolve_device", "resolve_dtype"], "classifier"),
-    **dict.fromkeys(["Encoded", "Encoder", "encode_texts", "with_special_tokens"], "encode"),
-    "Outputs": "outputs",
+    **dict.fromkeys(["Encoded", "Encoder", "Outputs", "encode_texts", "with_special_tokens"], "encode"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

@@ -19,23 +19,10 @@ from safetensors import SafetensorError
 
 from ..config import MIN_TOKENS
 from ..errors import ModelError, SpecError, first_line
+from . import checks
 from .alti import AltiCapture
 from .capture import ClsRowCapture, eager_rows
-from .checks import (
-    check_loaded_weights,
-    check_tokenizer,
-    config_hash,
-    label_names,
-    load_config,
-    load_tokenizer,
-    pickle_reason,
-    position_limit,
-    resolve_source,
-    tokenizer_limit,
-    transformers_log_level,
-    weights_hash,
-)
-from .outputs import Outputs
+from .encode import Outputs
 from .trim import LastLayerTrim, tolerance, use_cls_sdpa, verified
 
 log = logging.getLogger(__name__)
@@ -71,13 +58,13 @@ class Classifier:
              trust_remote_code: bool = False,
              allow_pickle: bool = False, trim_last_layer: bool = True, value_zeroing: bool = False,
              contributions: str | None = None, compile: bool = False) -> Classifier:  # fmt: skip
-        path = resolve_source(source)
+        path = checks.resolve_source(source)
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
-        config = load_config(path, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
-        id2label = label_names(config, source)
-        tokenizer = load_tokenizer(path, trust_remote_code)
-        check_tokenizer(tokenizer, config, source)
+        config = checks.load_config(path, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+        id2label = checks.label_names(config, source)
+        tokenizer = checks.load_tokenizer(path, trust_remote_code)
+        checks.check_tokenizer(tokenizer, config, source)
 
         model = _load_weights(path, source, attention, torch_dtype, trust_remote_code, allow_pickle)
         try:
@@ -121,8 +108,8 @@ class Classifier:
                 trim = trim if verified(model, trim, len(tokenizer), dev, limit) else None
         clf = cls(
             tokenizer=tokenizer, model=model, device=dev, dtype=torch_dtype, layers=resolved,
-            max_length=limit, attention=attention, source=source, weights_sha256=weights_hash(path),
-            config_sha256=config_hash(path), num_layers=num_layers,
+            max_length=limit, attention=attention, source=source, weights_sha256=checks.weights_hash(path),
+            config_sha256=checks.config_hash(path), num_layers=num_layers,
             num_heads=int(getattr(config, "num_attention_heads", None) or config.n_heads),
             capture=capture, id2label=id2label, trim=trim, value_zeroing=value_zeroing, alti=alti,
         )  # fmt: skip
@@ -291,7 +278,7 @@ def _load_weights(
     def from_pretrained(implementation: str):
         # quiet: check_loaded_weights says what its load report says, as one error; mismatched sizes are
         # refused there; eager mode asks for attentions per call, and SDPA cannot return them
-        with warnings.catch_warnings(), transformers_log_level("error"):
+        with warnings.catch_warnings(), checks.transformers_log_level("error"):
             warnings.simplefilter("ignore")
             return AutoModelForSequenceClassification.from_pretrained(
                 path, dtype=dtype, attn_implementation=implementation,
@@ -313,22 +300,22 @@ def _load_weights(
     except pickle.UnpicklingError as e:
         raise ModelError(
             f"cannot load model weights from {source!r} "
-            f"(pickle refused by torch.load(weights_only=True): {pickle_reason(e)})"
+            f"(pickle refused by torch.load(weights_only=True): {checks.pickle_reason(e)})"
         ) from None
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         raise ModelError(f"cannot load model weights from {source!r}: {first_line(e)}") from None
-    check_loaded_weights(model, info, source)
+    checks.check_loaded_weights(model, info, source)
     return model
 
 
 def _max_length(asked: int | None, tokenizer, config, source: str) -> int:
     """The tokens a review keeps: the tokenizer's ``model_max_length`` unless asked, at most the positions."""
-    positions = position_limit(config)
+    positions = checks.position_limit(config)
     few = "too few for [CLS], one token and [SEP]"
     if positions < MIN_TOKENS:
         raise ModelError(f"{source} has positions for {positions} tokens: {few}")
     if asked is None:
-        if (limit := min(positions, tokenizer_limit(tokenizer) or positions)) < MIN_TOKENS:
+        if (limit := min(positions, checks.tokenizer_limit(tokenizer) or positions)) < MIN_TOKENS:
             raise ModelError(
                 f"{source}'s tokenizer keeps {limit} tokens (its model_max_length): {few}; pass "
                 f"--max-length (its model has positions for {positions})"
@@ -342,7 +329,7 @@ def _max_length(asked: int | None, tokenizer, config, source: str) -> int:
 
 def warn_above_tokenizer(length: int, tokenizer, positions: int, source: str) -> None:
     """Warn above the tokenizer's ``model_max_length``: the model may not have been trained that long."""
-    tok_limit = tokenizer_limit(tokenizer)
+    tok_limit = checks.tokenizer_limit(tokenizer)
     if tok_limit is not None and length > tok_limit:
         log.warning(
             "max_length %d is above the %d tokens %s's tokenizer is set for (model_max_length); its "

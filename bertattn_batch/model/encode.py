@@ -1,5 +1,5 @@
-"""Texts -> token ids and character offsets into the original text, with truncation recorded per review.
-Imports no torch: host processes encode."""
+"""The model's plain-array inputs and outputs: texts -> token ids and character offsets into the original
+text, with truncation recorded per review; and what a batch hands back. No torch: host processes use them."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -40,6 +40,16 @@ class Encoded:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "n_tokens", int(self.ids.shape[0]))
+
+
+class Outputs(NamedTuple):
+    """One padded batch's outputs, float32 numpy arrays."""
+
+    probs: np.ndarray  # (B, C)
+    rows: np.ndarray  # (B, L, H, S): the [CLS] query's attention weights
+    norms: np.ndarray  # (B, L, H, S): their norm-based weights
+    value_zeroing: np.ndarray | None = None  # (B, L, S), where the classifier was loaded to compute it
+    contributions: np.ndarray | None = None  # (B, S): ALTI's R[0, :], where the classifier was loaded so
 
 
 def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encoded]:
