@@ -255,15 +255,12 @@ def layer_count(config) -> int:
 
 def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list[int]:
     """Negative indices count from the end (-2 of 6 layers is 4)."""
-    out = []
-    for layer in layers:
-        idx = layer + num_layers if layer < 0 else layer
-        if not 0 <= idx < num_layers:
-            raise SpecError(
-                f"layer {layer} is out of range for a model with {num_layers} layer(s): give one of "
-                f"{-num_layers} to {num_layers - 1} (--layers)"
-            )
-        out.append(idx)
+    out = [layer + num_layers if layer < 0 else layer for layer in layers]
+    if bad := [layer for layer, idx in zip(layers, out, strict=True) if not 0 <= idx < num_layers]:
+        raise SpecError(
+            f"layer {bad[0]} is out of range for a model with {num_layers} layer(s): give one of "
+            f"{-num_layers} to {num_layers - 1} (--layers)"
+        )
     if len(set(out)) != len(out):
         raise SpecError(f"layers {list(layers)} name the same layer twice")
     return out
@@ -372,9 +369,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def out_of_memory(e: BaseException) -> bool:
-    """Whether ``e`` says the device ran out of memory, in torch's caching allocator or outside it."""
-    if isinstance(e, torch.cuda.OutOfMemoryError):
-        return True
+    """Whether ``e`` says the device ran out of memory, in torch's caching allocator (its OutOfMemoryError,
+    a RuntimeError, says so too) or outside it."""
     return isinstance(e, RuntimeError) and any(s in str(e) for s in ("out of memory", "ALLOC_FAILED"))
 
 
