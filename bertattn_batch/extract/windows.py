@@ -33,13 +33,8 @@ class WindowRows:
     digest: str = ""
 
 
-def iter_windows(
-    sources: Iterable[Source],
-    inputs: InputSpec,
-    window: int,
-    point: ResumePoint | None = None,
-    timings: Counter | None = None,
-) -> Iterator[WindowRows]:
+def iter_windows(sources: Iterable[Source], inputs: InputSpec, window: int, point: ResumePoint | None = None,
+                 timings: Counter | None = None) -> Iterator[WindowRows]:  # fmt: skip
     """Read the inputs and cut them on the grid; ``timings["read"]`` adds up the seconds spent reading."""
     point = point or ResumePoint()
     # ids are checked for repeats only where the job has an id column: no copy of them otherwise

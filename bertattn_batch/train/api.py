@@ -235,11 +235,8 @@ def finetune_files(
                 "it or choose another --out"
             )
     wanted = set(spec.labels) if spec.labels is not None else None
-    texts: list[str] = []
-    labels: list[str] = []
-    doc_ids: list[str] = []
-    seen: Counter[str] = Counter()
-    skipped: Counter[str] = Counter()
+    texts, labels, doc_ids = [], [], []  # of the rows trained on
+    seen, skipped = Counter(), Counter()  # labels read; why rows were not trained on
     for batch in read_sources(expanded, inputs):
         for doc_id, text, label, status in zip(
             batch.doc_id, batch.text, batch.label, batch.status, strict=True

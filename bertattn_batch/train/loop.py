@@ -36,12 +36,8 @@ def learning_rate(spec: FinetuneSpec) -> float:
     return 1e-3 if spec.base is None else 5e-5
 
 
-def split_indices(
-    label_ids: Sequence[int] | np.ndarray,
-    eval_fraction: float,
-    seed: int,
-    same: Sequence[Sequence[Hashable]] = (),
-) -> tuple[np.ndarray, np.ndarray]:
+def split_indices(label_ids: Sequence[int] | np.ndarray, eval_fraction: float, seed: int,
+                  same: Sequence[Sequence[Hashable]] = ()) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """A seeded, stratified (train, eval) split of row indices, each sorted. Rows that share a key of ``same``
     (text, id) form a group, held out whole or not at all, in the class of its first row: each class holds
     out groups in a seeded order while they fit its share, else its smallest; a class of one group trains."""
