@@ -172,11 +172,10 @@ def _label_names(labels: Sequence[str], wanted: Sequence[str] | None, order: Seq
 
 def _label_order(label: str) -> tuple[int, float, str]:
     """Numbers in numeric order (1, 2, 10: star ratings), before other labels in text order."""
-    try:
-        value = float(label)
-    except ValueError:
-        return 1, 0.0, label
-    return (0, value, label) if math.isfinite(value) else (1, 0.0, label)
+    with contextlib.suppress(ValueError):
+        if math.isfinite(value := float(label)):
+            return 0, value, label
+    return 1, 0.0, label
 
 
 @contextlib.contextmanager
