@@ -82,12 +82,10 @@ class BatchPlan:
             r.probs = probs[i]  # (C,)
             r.cls_rows = cls_rows[at : at + layers * heads * n].reshape(layers, heads, n)  # (L, H, n)
             r.cls_norms = cls_norms[at : at + layers * heads * n].reshape(r.cls_rows.shape)
-            if zeroing is not None:
-                start = at // heads
-                r.value_zeroing = zeroing[start : start + layers * n].reshape(layers, n)  # (L, n)
+            if zeroing is not None:  # every (L, n) and (n,) block starts where its (L, H, n) one does
+                r.value_zeroing = zeroing[at // heads :][: layers * n].reshape(layers, n)
             if contributions is not None:
-                start = at // (layers * heads)
-                r.contributions = contributions[start : start + n]  # (n,)
+                r.contributions = contributions[at // (layers * heads) :][:n]
             at += layers * heads * n
         self.batches = [
             [todo[i] for i in idx]
