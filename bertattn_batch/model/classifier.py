@@ -136,8 +136,8 @@ class Classifier:
 
     @property
     def words(self) -> str | None:
-        """How ``auto`` words are made: ``jieba`` where Chinese splits into characters, else ``wordpiece``
-        where ``##`` marks continuations."""
+        """How ``auto`` words are made: ``jieba`` where Chinese splits into characters, ``wordpiece`` where
+        ``##`` marks continuations, else None."""
         sample = "我们喜欢中文"
         spans = self.tokenizer(sample, add_special_tokens=False, return_offsets_mapping=True).offset_mapping
         if [e - s for s, e in spans] == [1] * len(sample):
