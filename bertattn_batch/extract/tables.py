@@ -36,8 +36,7 @@ class ScoredRow:
 
 def vocab_array(tokenizer) -> pa.Array:
     """Token text for every id ("" where unused), so token columns are built by index."""
-    n = id_limit(tokenizer)
-    tokens = tokenizer.convert_ids_to_tokens(list(range(n)))
+    tokens = tokenizer.convert_ids_to_tokens(list(range(id_limit(tokenizer))))
     return pa.array([t if t is not None else "" for t in tokens], type=pa.string())
 
 
@@ -51,12 +50,8 @@ class Extractor:
 
     def __init__(self, vocab: pa.Array, layers: Sequence[int], num_heads: int, labels: Sequence[str],
                  run_id: str = "", store_text: bool = True, contributions: bool = False) -> None:  # fmt: skip
-        self.vocab = vocab
-        self.layers = np.asarray(layers, dtype=np.int16)
-        self.num_heads = num_heads
-        self.labels = list(labels)
-        self.run_id = run_id
-        self.store_text = store_text
+        self.vocab, self.layers, self.num_heads = vocab, np.asarray(layers, dtype=np.int16), num_heads
+        self.labels, self.run_id, self.store_text = list(labels), run_id, store_text
         self.contributions = contributions  # also the contributions table
 
     def tables(self, rows: Sequence[ScoredRow]) -> dict[str, pa.Table]:
@@ -100,8 +95,7 @@ class Extractor:
         docs = pa.array([r.doc_id for r in scored], pa.string())
         ends = [*starts[1:], len(scored)]
         built = [self._cls_chunk(scored[a:b], docs, a) for a, b in zip(starts, ends, strict=True)]
-        attention, summary, tokens = (pa.concat_tables(tables) for tables in zip(*built, strict=True))
-        return attention, summary, tokens
+        return tuple(pa.concat_tables(tables) for tables in zip(*built, strict=True))
 
     def _cls_chunk(
         self, scored: Sequence[ScoredRow], docs: pa.Array, first: int

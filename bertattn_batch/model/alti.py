@@ -70,11 +70,9 @@ class AltiCapture:
         for module, q, k, v, dense, norm in self._blocks:
             heads, size, scaling = head_geometry(module, q)
             handles += [
-                q.register_forward_hook(self._keep("q", with_input=True)),
-                k.register_forward_hook(self._keep("k")),
-                v.register_forward_hook(self._keep("v")),
-                norm.register_forward_hook(self._on_norm(heads, size, scaling, dense)),
+                p.register_forward_hook(self._keep(name)) for name, p in zip("qkv", (q, k, v), strict=True)
             ]
+            handles.append(norm.register_forward_hook(self._on_norm(heads, size, scaling, dense)))
         try:
             yield self
         finally:
@@ -86,11 +84,10 @@ class AltiCapture:
         """``R[0, :]``: each token's contribution to ``[CLS]`` after the last layer, (B, S) float32."""
         return self._rollout[:, 0]  # (B, S)
 
-    def _keep(self, name: str, with_input: bool = False):
+    def _keep(self, name: str):
         def hook(_m: nn.Module, inp: tuple, out: torch.Tensor) -> None:
-            self._seen[name] = out  # (B, S, H*D)
-            if with_input:
-                self._seen["x"] = inp[0]  # (B, S, hidden): the block's input, its residual
+            # (B, S, H*D), and the block's input (B, S, hidden), its residual: the same tensor for q, k, v
+            self._seen[name], self._seen["x"] = out, inp[0]
 
         return hook
 
