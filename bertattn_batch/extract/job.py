@@ -88,7 +88,9 @@ class WindowJob:
     def __init__(self, clf: Classifier | Any, batch_tokens: int, max_batch_size: int, part_writer: PartWriter,
                  pass_info: PassInfo = PassInfo(), encode_threads: int = 1,
                  store_text: bool = True) -> None:  # fmt: skip
-        self.clf, self.part_writer, self.generation = clf, part_writer, pass_info.generation
+        self.clf = clf
+        self.part_writer = part_writer
+        self.generation = pass_info.generation
         self.batch_tokens, self.max_batch_size = batch_tokens, max_batch_size
         self.encoder = Encoder(clf.tokenizer, clf.max_length, encode_threads)
         self.unk_id = clf.tokenizer.unk_token_id  # None where a vocabulary has no unknown token

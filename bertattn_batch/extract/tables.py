@@ -50,8 +50,12 @@ class Extractor:
 
     def __init__(self, vocab: pa.Array, layers: Sequence[int], num_heads: int, labels: Sequence[str],
                  run_id: str = "", store_text: bool = True, contributions: bool = False) -> None:  # fmt: skip
-        self.vocab, self.layers, self.num_heads = vocab, np.asarray(layers, dtype=np.int16), num_heads
-        self.labels, self.run_id, self.store_text = list(labels), run_id, store_text
+        self.vocab = vocab
+        self.layers = np.asarray(layers, dtype=np.int16)
+        self.num_heads = num_heads
+        self.labels = list(labels)
+        self.run_id = run_id
+        self.store_text = store_text
         self.contributions = contributions  # also the contributions table
 
     def tables(self, rows: Sequence[ScoredRow]) -> dict[str, pa.Table]:
@@ -134,20 +138,35 @@ class Extractor:
         def doc_ids(review_of_row: np.ndarray) -> pa.DictionaryArray:
             return pa.DictionaryArray.from_arrays(pa.array(review_of_row), docs)
 
-        attn = {"doc_id": doc_ids(np.repeat(review_of_seg, seg)), "layer": np.repeat(seg_layer, seg),
-                "head": np.repeat(seg_head, seg), "position": position, "weight": weight,
-                "weight_scaled": scaled, "weight_norm": weight_norm,
-                "value_zeroing": _zeroing(scored, H, len(weight))}  # fmt: skip
+        attn = {
+            "doc_id": doc_ids(np.repeat(review_of_seg, seg)),
+            "layer": np.repeat(seg_layer, seg),
+            "head": np.repeat(seg_head, seg),
+            "position": position,
+            "weight": weight,
+            "weight_scaled": scaled,
+            "weight_norm": weight_norm,
+            "value_zeroing": _zeroing(scored, H, len(weight)),
+        }
         first_token = (np.cumsum(m) - m).astype(np.int32)  # each review's first content token in ``ids``
-        tokens = {"doc_id": doc_ids(np.repeat(review, m)),
-                  "position": np.arange(len(ids), dtype=np.int32) - np.repeat(first_token, m) + 1,
-                  "token_id": ids, "token": self.vocab.take(pa.array(ids)),
-                  "start": offsets[:, 0].astype(np.int32, copy=False),
-                  "end": offsets[:, 1].astype(np.int32, copy=False)}  # fmt: skip
-        summary = {"doc_id": doc_ids(review_of_seg), "layer": seg_layer, "head": seg_head,
-                   "n_content": seg.astype(np.int32, copy=False), "weight_cls": rows[whole_start],
-                   "weight_sep": rows[whole_start + whole - 1], "weight_min": lo,
-                   "weight_max": hi}  # fmt: skip
+        tokens = {
+            "doc_id": doc_ids(np.repeat(review, m)),
+            "position": np.arange(len(ids), dtype=np.int32) - np.repeat(first_token, m) + 1,
+            "token_id": ids,
+            "token": self.vocab.take(pa.array(ids)),
+            "start": offsets[:, 0].astype(np.int32, copy=False),
+            "end": offsets[:, 1].astype(np.int32, copy=False),
+        }
+        summary = {
+            "doc_id": doc_ids(review_of_seg),
+            "layer": seg_layer,
+            "head": seg_head,
+            "n_content": seg.astype(np.int32, copy=False),
+            "weight_cls": rows[whole_start],
+            "weight_sep": rows[whole_start + whole - 1],
+            "weight_min": lo,
+            "weight_max": hi,
+        }
         return (
             schema.cast(pa.table(attn), "cls_attention", keep_dictionaries=True),
             schema.cast(pa.table(summary), "head_summary", keep_dictionaries=True),
