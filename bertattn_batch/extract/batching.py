@@ -1,17 +1,5 @@
 """A window's reviews cut into batches of similar length within a token budget, and the window-wide
-arrays the model's outputs for them land in.
-
-Usage::
-
-    for idx in bucket_batches(lengths, batch_tokens=16384, max_batch_size=256):
-        ...  # idx: positions into ``lengths``, similar lengths together
-
-    plan = BatchPlan(window.rows, clf, batch_tokens=16384, max_batch_size=256)
-    for k, outputs in enumerate(score_batches(clf, plan.batch_ids())):   # extract/score.py: the model
-        plan.fill(k, outputs)
-
-No torch here: a host process (engines/processes.py) plans and fills while the model runs elsewhere.
-"""
+arrays the model's outputs for them land in. No torch: a host process plans and fills them."""
 
 from __future__ import annotations
 
@@ -29,22 +17,15 @@ T = TypeVar("T")
 
 
 def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
-    """Consecutive lists of ``size`` items (the last may be shorter)."""
     it = iter(items)
     while block := list(islice(it, size)):
         yield block
 
 
-#: What one more batch costs in padded tokens, as a share of the token budget by device type (larger on a
-#: GPU, where the host's launch of a batch bounds the model stage: docs/performance.md), and its floor.
-BATCH_OVERHEAD_SHARE = {"cpu": 64, "cuda": 16}
-MIN_BATCH_OVERHEAD = 32
-
-
 def batch_overhead(batch_tokens: int, device_type: str = "cpu") -> int:
-    """What one more batch costs on a device of this type, in padded tokens (any other type as a CPU)."""
-    share = BATCH_OVERHEAD_SHARE.get(device_type, BATCH_OVERHEAD_SHARE["cpu"])
-    return max(MIN_BATCH_OVERHEAD, batch_tokens // share)
+    """What one more batch costs, in padded tokens: a share of the budget, larger on a GPU, where the host's
+    launch of a batch bounds the model stage (docs/performance.md)."""
+    return max(32, batch_tokens // (16 if device_type == "cuda" else 64))
 
 
 def bucket_batches(
@@ -62,8 +43,7 @@ def bucket_batches(
     values, counts = np.unique(lens[order], return_counts=True)  # (G,) distinct lengths, ascending
     bounds = np.concatenate([[0], np.cumsum(counts)])  # (G+1,) group g is order[bounds[g]:bounds[g+1]]
     cap = np.maximum(1, np.minimum(max_batch_size, batch_tokens // values))  # (G,) batch size at that length
-    # cost[b]: cheapest cut of groups [0, b); a run of groups [a, b) is padded to values[b-1] and split
-    # into ceil(n / cap) batches of at most cap reviews each.
+    # cost[b]: cheapest cut of groups [0, b); a run [a, b) is padded to values[b-1], in ceil(n / cap) batches
     cost = np.zeros(len(values) + 1)
     start = np.zeros(len(values) + 1, dtype=np.int64)
     for b in range(1, len(values) + 1):
@@ -102,12 +82,10 @@ class BatchPlan:
             r.probs = probs[i]  # (C,)
             r.cls_rows = cls_rows[at : at + layers * heads * n].reshape(layers, heads, n)  # (L, H, n)
             r.cls_norms = cls_norms[at : at + layers * heads * n].reshape(r.cls_rows.shape)
-            if zeroing is not None:
-                start = at // heads
-                r.value_zeroing = zeroing[start : start + layers * n].reshape(layers, n)  # (L, n)
+            if zeroing is not None:  # every (L, n) and (n,) block starts where its (L, H, n) one does
+                r.value_zeroing = zeroing[at // heads :][: layers * n].reshape(layers, n)
             if contributions is not None:
-                start = at // (layers * heads)
-                r.contributions = contributions[start : start + n]  # (n,)
+                r.contributions = contributions[at // (layers * heads) :][:n]
             at += layers * heads * n
         self.batches = [
             [todo[i] for i in idx]

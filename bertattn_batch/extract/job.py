@@ -1,15 +1,5 @@
-"""One window's work, from its rows to a staged part: encode, score, extract, stage. Engines schedule it.
-
-Usage::
-
-    job = WindowJob(clf, batch_tokens=16384, max_batch_size=256, part_writer=PartWriter(run_dir))
-    part = job(window_rows)          # StagedPart: the manifest entry to commit, and the window's stats
-
-    part = job.stage(job.score(job.encode(window_rows)))   # the same, each step where an engine runs it
-
-    window, batch_ids = job.prepare(window_rows)   # or with the model in another process
-    part = job.finish(window, outputs, model_seconds)   # outputs: score_batches(clf, batch_ids) there
-"""
+"""One window's work, from its rows to a staged part: encode, score, extract, stage. Engines schedule it,
+each step where they run it; ``prepare`` and ``finish`` wrap a model that runs in another process."""
 
 from __future__ import annotations
 
@@ -144,7 +134,6 @@ class WindowJob:
     def finish(self, window: Window, outputs: list[list[Outputs]], model_seconds: float) -> StagedPart:
         """Stage a prepared window with its batches' outputs (each one's, or its halves')."""
         plan = window.plan
-        assert plan is not None, "finish() takes a window from prepare()"
         for k, out in enumerate(outputs):
             plan.fill(k, out)
         self._count(window, plan.real, plan.slots, model_seconds)

@@ -1,13 +1,5 @@
 """The model stage of a window: its batches queued on the device one ahead, running out of memory
-answered by halving.
-
-Usage::
-
-    real, slots = score_rows(clf, window.rows, batch_tokens=16384, max_batch_size=256)   # fills them
-
-    for outputs in score_batches(clf, batches):   # each batch's (its halves', out of memory), in order
-        ...
-"""
+answered by halving."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """Per-review slicing of [CLS] rows and per-head scaling, into Arrow tables cast to ``schemas/``.
 
-Usage::
-
-    extractor = Extractor(vocab_array(clf.tokenizer), layers=clf.layers, num_heads=clf.num_heads,
-                          labels=clf.labels)
-    tables = extractor.tables(scored)   # {"predictions", "cls_attention", "head_summary", "tokens"}
-
-Each review is sliced by its own length (content tokens are its positions 1 .. n-2, never the padded
-batch's). A token's id, text and span are written once per position (``tokens``), not per layer and head.
-``doc_id`` columns come dictionary-encoded over the window's ids, which a part writer takes as they are.
+Each review is sliced by its own length (content tokens are its positions 1 .. n-2). A token's id, text
+and span are written once per position (``tokens``), not per layer and head. ``doc_id`` columns come
+dictionary-encoded over the window's ids, which a part writer takes as they are.
 """
 
 from __future__ import annotations
@@ -42,8 +36,7 @@ class ScoredRow:
 
 def vocab_array(tokenizer) -> pa.Array:
     """Token text for every id ("" where unused), so token columns are built by index."""
-    n = id_limit(tokenizer)
-    tokens = tokenizer.convert_ids_to_tokens(list(range(n)))
+    tokens = tokenizer.convert_ids_to_tokens(list(range(id_limit(tokenizer))))
     return pa.array([t if t is not None else "" for t in tokens], type=pa.string())
 
 
@@ -106,8 +99,7 @@ class Extractor:
         docs = pa.array([r.doc_id for r in scored], pa.string())
         ends = [*starts[1:], len(scored)]
         built = [self._cls_chunk(scored[a:b], docs, a) for a, b in zip(starts, ends, strict=True)]
-        attention, summary, tokens = (pa.concat_tables(tables) for tables in zip(*built, strict=True))
-        return attention, summary, tokens
+        return tuple(pa.concat_tables(tables) for tables in zip(*built, strict=True))
 
     def _cls_chunk(
         self, scored: Sequence[ScoredRow], docs: pa.Array, first: int
@@ -120,11 +112,9 @@ class Extractor:
         m = n - 2  # content tokens: positions 1 .. n-2
         if (m < 1).any():
             raise ValueError("a scored review must have at least one content token")
-        # every review's whole rows, [CLS] and [SEP] included, joined in one copy each (a slice per
-        # review and array held Python's lock for longer than the copies themselves took)
+        # every review's whole rows, [CLS] and [SEP] included, joined in one copy each
         rows = _cat([r.cls_rows.reshape(-1) for r in scored], np.float32)  # segments of n_i tokens
         norms = _cat([r.cls_norms.reshape(-1) for r in scored], np.float32)
-        # int32 indices, unless the chunk's rows overflow them
         index = np.int32 if len(rows) < 2**31 else np.int64
         whole = np.repeat(n, L * H).astype(index)  # one segment per (review, layer, head)
         whole_start = (np.cumsum(whole) - whole).astype(index)
@@ -167,7 +157,6 @@ class Extractor:
             "start": offsets[:, 0].astype(np.int32, copy=False),
             "end": offsets[:, 1].astype(np.int32, copy=False),
         }
-
         summary = {
             "doc_id": doc_ids(review_of_seg),
             "layer": seg_layer,

@@ -1,15 +1,9 @@
 """The one windowing rule: which input rows make up each part, for every engine.
 
-Usage::
-
-    for w in iter_windows(sources, inputs, window=4096, point=ResumePoint()):
-        w.start_row, w.end_row, w.rows          # rows[start_row, end_row) still to do, in order
-
-Window k holds rows ``[k * window, (k + 1) * window)`` counted across all inputs, whichever files they
-come from; a resume starts at its resume point and goes on to the next grid line. So a part's name and
-rows follow from the inputs alone, under either engine. Rows committed already are left out (before the
-resume point, or by id in an incremental pass); a later row with a text and an id seen already is
-``duplicate_id``.
+Window k holds rows ``[k * window, (k + 1) * window)`` counted across all inputs; a resume starts at its
+resume point and goes on to the next grid line. So a part's name and rows follow from the inputs alone.
+Rows committed already are left out (before the resume point, or by id in an incremental pass); a later
+row with a text and an id seen already is ``duplicate_id``.
 """
 
 from __future__ import annotations
@@ -39,13 +33,8 @@ class WindowRows:
     digest: str = ""
 
 
-def iter_windows(
-    sources: Iterable[Source],
-    inputs: InputSpec,
-    window: int,
-    point: ResumePoint | None = None,
-    timings: Counter | None = None,
-) -> Iterator[WindowRows]:
+def iter_windows(sources: Iterable[Source], inputs: InputSpec, window: int, point: ResumePoint | None = None,
+                 timings: Counter | None = None) -> Iterator[WindowRows]:  # fmt: skip
     """Read the inputs and cut them on the grid; ``timings["read"]`` adds up the seconds spent reading."""
     point = point or ResumePoint()
     # ids are checked for repeats only where the job has an id column: no copy of them otherwise
@@ -97,8 +86,7 @@ def _on_grid(block: RowBatch, window: int) -> Iterator[RowBatch]:
 
 
 def _window(block: RowBatch, point: ResumePoint, seen: IdSet | None) -> WindowRows | None:
-    rows = select_rows(block, point.skip_until, point.skip_ids, seen)
-    if not rows:
+    if not (rows := select_rows(block, point.skip_until, point.skip_ids, seen)):
         return None
     digest = rows_digest(rows) if point.skip_ids is None else ""  # by row number: every row in its range
     return WindowRows(rows.row_index[0], rows.row_index[-1] + 1, rows, digest)
@@ -106,22 +94,20 @@ def _window(block: RowBatch, point: ResumePoint, seen: IdSet | None) -> WindowRo
 
 def select_rows(block: RowBatch, skip_until: int, skip_ids: IdSet | None, seen_ids: IdSet | None) -> RowBatch:
     """The block's rows still to do, in order; a repeated id (``seen_ids`` grows) becomes duplicate_id."""
-    # a row without a source id has its row number as doc id, which is no committed source id (the row
-    # is recorded again every pass) and no repeat of one
-    has_id = [status not in schema.ROW_NUMBER_STATUSES for status in block.status]
-    # only a row with a text claims its id: after a null or empty text, the review under the same id
-    # is still scored (the statuses that RunDir.committed_ids(claimed=True) leaves out on a resume)
-    unclaimed = schema.ROW_NUMBER_STATUSES + schema.NO_TEXT_STATUSES
-    claims = [status not in unclaimed for status in block.status]
     todo = [i for i in range(len(block)) if block.row_index[i] >= skip_until]
     if skip_ids is not None:
-        with_id = [i for i in todo if has_id[i]]
+        # a row without a source id has its row number as doc id, which is no committed source id (the row
+        # is recorded again every pass)
+        with_id = [i for i in todo if block.status[i] not in schema.ROW_NUMBER_STATUSES]
         had = skip_ids.contains_each([block.doc_id[i] for i in with_id])
         done = {i for i, is_done in zip(with_id, had, strict=True) if is_done}
         todo = [i for i in todo if i not in done]
     repeated: set[int] = set()
     if seen_ids is not None:
-        with_text = [i for i in todo if claims[i]]
+        # only a row with a text claims its id: after a null or empty text, the review under the same id is
+        # still scored (the statuses that RunDir.committed_ids(claimed=True) leaves out on a resume)
+        unclaimed = schema.ROW_NUMBER_STATUSES + schema.NO_TEXT_STATUSES
+        with_text = [i for i in todo if block.status[i] not in unclaimed]
         new = seen_ids.add_each([block.doc_id[i] for i in with_text])
         repeated = {i for i, is_new in zip(with_text, new, strict=True) if not is_new}
     out = RowBatch()

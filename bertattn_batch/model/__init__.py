@@ -1,21 +1,7 @@
 """The model stage: load a BERT-family classifier, encode texts, capture [CLS] rows, trim the last layer.
-
-Names are imported on first use, so that ``model.encode`` alone (as a host process needs it) imports
-no torch.
-"""
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
+Names are imported on first use, so that ``model.encode`` alone (a host process's) imports no torch."""
 
 from .._lazy import lazy_exports
-
-if TYPE_CHECKING:
-    from .capture import ClsRowCapture, eager_rows, find_self_attention  # noqa: F401
-    from .checks import load_config, load_tokenizer, other_model_files, resolve_source, tokenizer_hash  # noqa: F401
-    from .classifier import Classifier, resolve_device, resolve_dtype  # noqa: F401
-    from .encode import Encoded, Encoder, encode_texts, with_special_tokens  # noqa: F401
-    from .outputs import Outputs  # noqa: F401
 
 _EXPORTS = {
     **dict.fromkeys(["ClsRowCapture", "eager_rows", "find_self_attention"], "capture"),
@@ -23,8 +9,7 @@ _EXPORTS = {
         ["load_config", "load_tokenizer", "other_model_files", "resolve_source", "tokenizer_hash"], "checks"
     ),
     **dict.fromkeys(["Classifier", "resolve_device", "resolve_dtype"], "classifier"),
-    **dict.fromkeys(["Encoded", "Encoder", "encode_texts", "with_special_tokens"], "encode"),
-    "Outputs": "outputs",
+    **dict.fromkeys(["Encoded", "Encoder", "Outputs", "encode_texts", "with_special_tokens"], "encode"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

@@ -133,7 +133,7 @@ class ClsRowCapture:
             self.release()
 
     def release(self) -> None:
-        """Let go of a batch's activations (made into outputs, or out of memory)."""
+        """Let go of a batch's activations."""
         for store in self._kept.values():
             store.clear()
 
@@ -185,9 +185,7 @@ class ClsRowCapture:
         ``α_hj v_hj`` off the attention output, so only the rest of the layer is run again, batched."""
         out = []
         for i, layer in enumerate(self.layers):
-            tail = self._per_module[self._owner[layer]][4]
-            if tail is None:
-                raise RuntimeError("value zeroing does not know this model's encoder layer layout")
+            tail = self._per_module[self._owner[layer]][4]  # not None: checked on load
             dtype = self._kept["v"][layer].dtype
             v = self._heads("v", layer)  # (B, S, H, D)
             B, S, H, D = v.shape
@@ -196,9 +194,7 @@ class ClsRowCapture:
             contexts = torch.cat([context, context - part], dim=1).view(B * (S + 1), H * D)  # row 0: intact
             x = self._kept["x"][layer]  # (B, hidden)
             residual = x.unsqueeze(1).expand(B, S + 1, x.shape[-1]).reshape(B * (S + 1), -1)
-            after = (
-                tail(contexts.to(dtype), residual.to(dtype)).float().view(B, S + 1, -1)
-            )  # (B, S + 1, hidden)
+            after = tail(contexts.to(dtype), residual.to(dtype)).float().view(B, S + 1, -1)  # (B, S+1, E)
             unit = nn.functional.normalize(after, dim=-1)
             # 1 - cos(a, b) = |a/|a| - b/|b||² / 2: exact in float32 for small distances, where 1 - cos is not
             distance = (unit[:, 1:] - unit[:, :1]).pow(2).sum(dim=-1) / 2  # (B, S)

@@ -1,6 +1,5 @@
 """A model folder's config, weights and tokenizer checked for what bertattn reads, and the hashes that tell
-models apart. Extraction and training (a base) share them, so both refuse the same models in the same words.
-"""
+models apart; extraction and training (a base) refuse the same models in the same words."""
 
 from __future__ import annotations
 
@@ -50,7 +49,7 @@ _PROBE = "Hello WORLD! Ünïcödé café naïve 123,456.7 好吃不贵 ＡＢＣ
 
 def resolve_source(base: str) -> str:
     """``package:NAME`` -> the folder that package ships (``NAME.get_model_path()``); a store's URI -> its
-    local mirror (fetched once, then only what changed); else unchanged."""
+    local mirror; else unchanged."""
     if storage.is_remote(base):
         local = storage.cache_folder("models", base.rstrip("/"))
         storage.mirror(base.rstrip("/"), local)
@@ -71,7 +70,7 @@ def resolve_source(base: str) -> str:
 
 @contextlib.contextmanager
 def transformers_log_level(level: str) -> Iterator[None]:
-    """transformers' log at ``level`` and its progress bars off inside: for loads whose failures we report."""
+    """transformers' log at ``level``, its progress bars off: for loads whose failures we report."""
     from transformers.utils import logging as hf_logging
 
     was, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
@@ -85,12 +84,9 @@ def transformers_log_level(level: str) -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-# --- the config ---
-
-
 def load_config(source: str, trust_remote_code: bool = False, allow_pickle: bool | None = False):
-    """A model's config, refused before any weights load where bertattn cannot read its [CLS] row.
-    ``allow_pickle`` None: the caller has no --allow-pickle option."""
+    """A model's config, refused before any weights load where bertattn cannot read its [CLS] row
+    (``allow_pickle`` None: the caller has no --allow-pickle option)."""
     from transformers import AutoConfig
 
     folder = Path(source)
@@ -231,13 +227,9 @@ def tokenizer_limit(tokenizer) -> int | None:
     return int(limit) if limit and limit < 1e9 else None
 
 
-# --- the weights ---
-
-
 def check_loaded_weights(model, info: dict[str, Any], source: str, for_training: bool = False) -> None:
     """Every weight came from the checkpoint and every encoder weight there is used (transformers makes a
-    missing one random, drops an unplaced one, and only logs it). ``for_training``: head and pooler are
-    new."""
+    missing one random, drops an unplaced one, and only logs it); ``for_training``: head and pooler new."""
     # relative position embeddings first: where this transformers version drops them silently, their
     # weights are what the checks below would name
     kind = getattr(model.config, "position_embedding_type", None) or "absolute"
@@ -259,11 +251,10 @@ def check_loaded_weights(model, info: dict[str, Any], source: str, for_training:
         )
     if mismatched:
         name, saved, made = mismatched[0]
+        hint = "was config.json edited, or saved for another model?"
         if all(not m[0].startswith(prefix) for m in mismatched):
             hint = f"its classification head has {saved[0]} outputs, config.json {made[0]} labels (its "
             hint += "num_labels or id2label)"
-        else:
-            hint = "was config.json edited, or saved for another model?"
         raise ModelError(
             f"{source}: {len(mismatched)} of its weights do not have the shape its config.json gives them "
             f"({name}: saved {_shape(saved)}, config {_shape(made)}); {hint}"
@@ -288,8 +279,7 @@ def check_loaded_weights(model, info: dict[str, Any], source: str, for_training:
 
 
 def pickle_reason(e: BaseException) -> str:
-    """Why torch refused a pickle: the blocked global or the unpickler's error, not its advice to turn it
-    off."""
+    """Why torch refused a pickle: the blocked global or the unpickler's error, not its advice."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     for line, after in zip(lines, [*lines[1:], ""], strict=True):
         if "GLOBAL" in line:
@@ -307,9 +297,6 @@ def _some(keys: list[str]) -> str:
     return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
-# --- the tokenizer ---
-
-
 def load_tokenizer(source: str, trust_remote_code: bool = False):
     """A model's tokenizer; any failure to load is one line naming the folder."""
     from transformers import AutoTokenizer
@@ -317,15 +304,11 @@ def load_tokenizer(source: str, trust_remote_code: bool = False):
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except Exception as e:  # a damaged tokenizer.json fails in many ways (KeyError, Rust errors...)
-        # a SentencePiece model alone (no tokenizer.json) needs its package: without it transformers'
-        # fallback reader reports something else
+        # a SentencePiece model alone needs its package, whose absence transformers reports otherwise
         folder = Path(source)
         found = [name for name in SENTENCEPIECE_FILES if (folder / name).is_file()]
-        if (
-            found
-            and not (folder / "tokenizer.json").is_file()
-            and importlib.util.find_spec("sentencepiece") is None
-        ):
+        alone = found and not (folder / "tokenizer.json").is_file()
+        if alone and importlib.util.find_spec("sentencepiece") is None:
             raise ModelError(
                 f"{source}: its tokenizer is a SentencePiece model alone ({found[0]}, no tokenizer.json), "
                 "which needs the sentencepiece package: pip install sentencepiece "
@@ -378,9 +361,6 @@ def check_cls_first(tokenizer, source: str) -> None:
         )
     if sum(specials) != 2:
         raise ModelError(f"{source}: expected exactly one special token at each end, got mask {specials}")
-
-
-# --- telling models apart ---
 
 
 def _folder(path: str) -> Path | None:

@@ -1,13 +1,6 @@
-"""Load a BERT-family sequence classifier onto its device once; run padded batches under ``inference_mode``.
-
-Usage::
-
-    clf = Classifier.load("models/zh-senti", layers=[-2])
-    out = clf.forward([enc.ids for enc in encoded])   # out.probs (B, C), out.rows (B, L, H, S), ...
-    pending = clf.launch(ids)                          # queued on the device; pending.result() later
-
-It turns token ids into probabilities and [CLS] attention rows and knows nothing of schemas. Weights
-load as safetensors unless pickle is allowed; remote code runs only where asked for.
+"""Load a BERT-family sequence classifier onto its device once; run padded batches under ``inference_mode``:
+token ids in, probabilities and [CLS] attention rows out (no schemas). Weights load as safetensors unless
+pickle is allowed; remote code runs only where asked for.
 """
 
 from __future__ import annotations
@@ -26,24 +19,11 @@ from safetensors import SafetensorError
 
 from ..config import MIN_TOKENS
 from ..errors import ModelError, SpecError, first_line
+from . import checks
 from .alti import AltiCapture
 from .capture import ClsRowCapture, eager_rows
-from .checks import (
-    check_loaded_weights,
-    check_tokenizer,
-    config_hash,
-    label_names,
-    load_config,
-    load_tokenizer,
-    pickle_reason,
-    position_limit,
-    resolve_source,
-    tokenizer_limit,
-    transformers_log_level,
-    weights_hash,
-)
-from .outputs import Outputs
-from .trim import LastLayerTrim, use_cls_sdpa, verified
+from .encode import Outputs
+from .trim import LastLayerTrim, tolerance, use_cls_sdpa, verified
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +38,7 @@ class Classifier:
     dtype: torch.dtype
     layers: list[int]  # 0-based encoder layer indices
     max_length: int
-    # how [CLS] rows are read: "sdpa", captured from each layer's queries and keys (a model without SDPA
-    # runs its own eager attention then), or "eager", transformers' output_attentions
-    attention: str
+    attention: str  # "sdpa": rows captured from queries and keys; "eager": transformers' output_attentions
     source: str
     weights_sha256: str
     num_layers: int
@@ -80,13 +58,13 @@ class Classifier:
              trust_remote_code: bool = False,
              allow_pickle: bool = False, trim_last_layer: bool = True, value_zeroing: bool = False,
              contributions: str | None = None, compile: bool = False) -> Classifier:  # fmt: skip
-        path = resolve_source(source)
+        path = checks.resolve_source(source)
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
-        config = load_config(path, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
-        id2label = label_names(config, source)
-        tokenizer = load_tokenizer(path, trust_remote_code)
-        check_tokenizer(tokenizer, config, source)
+        config = checks.load_config(path, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+        id2label = checks.label_names(config, source)
+        tokenizer = checks.load_tokenizer(path, trust_remote_code)
+        checks.check_tokenizer(tokenizer, config, source)
 
         model = _load_weights(path, source, attention, torch_dtype, trust_remote_code, allow_pickle)
         try:
@@ -96,14 +74,13 @@ class Classifier:
                 raise
             model = None  # raised below, out of this block, whose traceback holds the weights moved already
         if model is None:  # what it took on the device given back first
-            free = ""
+            free = half = ""
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
                 left, total = torch.cuda.mem_get_info(dev)
                 free = f" ({left / 2**30:.1f} of {total / 2**30:.1f} GiB free)"
-            half = (
-                ", or load it in half the memory (--dtype bfloat16)" if torch_dtype == torch.float32 else ""
-            )
+            if torch_dtype == torch.float32:
+                half = ", or load it in half the memory (--dtype bfloat16)"
             raise ModelError(
                 f"{source} does not fit on {dev}{free}: free the device or choose another (--device){half}"
             )
@@ -131,8 +108,8 @@ class Classifier:
                 trim = trim if verified(model, trim, len(tokenizer), dev, limit) else None
         clf = cls(
             tokenizer=tokenizer, model=model, device=dev, dtype=torch_dtype, layers=resolved,
-            max_length=limit, attention=attention, source=source, weights_sha256=weights_hash(path),
-            config_sha256=config_hash(path), num_layers=num_layers,
+            max_length=limit, attention=attention, source=source, weights_sha256=checks.weights_hash(path),
+            config_sha256=checks.config_hash(path), num_layers=num_layers,
             num_heads=int(getattr(config, "num_attention_heads", None) or config.n_heads),
             capture=capture, id2label=id2label, trim=trim, value_zeroing=value_zeroing, alti=alti,
         )  # fmt: skip
@@ -153,15 +130,14 @@ class Classifier:
 
     @property
     def word_continuation(self) -> str | None:
-        """The mark of a piece that continues a word ("##" in WordPiece), or None where the tokenizer
-        marks word starts instead (byte-level BPE, SentencePiece): how words are joined."""
+        """WordPiece's mark of a piece that continues a word ("##"); None where word starts are marked."""
         model = self.tokenizer.backend_tokenizer.model
         return model.continuing_subword_prefix if type(model).__name__ == "WordPiece" else None
 
     @property
     def words(self) -> str | None:
-        """How a job's ``auto`` words are made: ``jieba`` where Chinese splits into characters, ``wordpiece``
-        where ``##`` marks continuations."""
+        """How ``auto`` words are made: ``jieba`` where Chinese splits into characters, ``wordpiece`` where
+        ``##`` marks continuations, else None."""
         sample = "我们喜欢中文"
         spans = self.tokenizer(sample, add_special_tokens=False, return_offsets_mapping=True).offset_mapping
         if [e - s for s, e in spans] == [1] * len(sample):
@@ -170,12 +146,10 @@ class Classifier:
 
     @property
     def contributions(self) -> str | None:
-        """The whole-model contributions each batch's outputs carry: "alti", or None."""
         return "alti" if self.alti is not None else None
 
     @property
     def device_type(self) -> str:
-        """``cpu``, ``cuda`` or ``mps``: what sizes the batches (extract/batching.py)."""
         return self.device.type
 
     def pad(self, ids: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,7 +160,6 @@ class Classifier:
         return t_ids.to(self.device, non_blocking=True), t_mask.to(self.device, non_blocking=True)
 
     def forward(self, ids: list[np.ndarray]) -> Outputs:
-        """One padded batch's outputs, waited for."""
         return self.launch(ids).result()
 
     @torch.inference_mode()
@@ -195,18 +168,13 @@ class Classifier:
         copies this one's outputs."""
         input_ids, mask = self.pad(ids)  # (B, S) each
         model = self.model if self.compiled is None else self.compiled
-        alti = (
-            self.alti.forward(mask, list(map(len, ids)))
-            if self.alti is not None
-            else contextlib.nullcontext()
-        )
+        alti = self.alti.forward(mask, list(map(len, ids))) if self.alti else contextlib.nullcontext()
         if self.attention == "eager":
             with self.capture as capture, alti:  # the values, for the norms; the rows are transformers' own
                 out = model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
             rows = eager_rows(out.attentions, self.layers)  # (B, L, H, S)
         else:
-            # no mask for a batch without padding: transformers then skips it without reading it back,
-            # and SDPA may take its fastest kernel
+            # no mask for a batch without padding: none is read back, and SDPA may take its fastest kernel
             padded = min(map(len, ids)) < input_ids.shape[1]
             trim = self.trim or contextlib.nullcontext()
             with self.capture as capture, alti, trim, no_cudnn_attention():
@@ -287,15 +255,12 @@ def layer_count(config) -> int:
 
 def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list[int]:
     """Negative indices count from the end (-2 of 6 layers is 4)."""
-    out = []
-    for layer in layers:
-        idx = layer + num_layers if layer < 0 else layer
-        if not 0 <= idx < num_layers:
-            raise SpecError(
-                f"layer {layer} is out of range for a model with {num_layers} layer(s): give one of "
-                f"{-num_layers} to {num_layers - 1} (--layers)"
-            )
-        out.append(idx)
+    out = [layer + num_layers if layer < 0 else layer for layer in layers]
+    if bad := [layer for layer, idx in zip(layers, out, strict=True) if not 0 <= idx < num_layers]:
+        raise SpecError(
+            f"layer {bad[0]} is out of range for a model with {num_layers} layer(s): give one of "
+            f"{-num_layers} to {num_layers - 1} (--layers)"
+        )
     if len(set(out)) != len(out):
         raise SpecError(f"layers {list(layers)} name the same layer twice")
     return out
@@ -308,11 +273,10 @@ def _load_weights(
     from transformers import AutoModelForSequenceClassification
 
     def from_pretrained(implementation: str):
-        # quiet: what its load report says, check_loaded_weights says as one error
-        with warnings.catch_warnings(), transformers_log_level("error"):
+        # quiet: check_loaded_weights says what its load report says, as one error; mismatched sizes are
+        # refused there; eager mode asks for attentions per call, and SDPA cannot return them
+        with warnings.catch_warnings(), checks.transformers_log_level("error"):
             warnings.simplefilter("ignore")
-            # mismatched sizes are refused below, naming the weights; outputs are objects (.logits) whatever
-            # config.json says; eager mode asks for attentions per call, and SDPA cannot return them
             return AutoModelForSequenceClassification.from_pretrained(
                 path, dtype=dtype, attn_implementation=implementation,
                 use_safetensors=None if allow_pickle else True, trust_remote_code=trust_remote_code,
@@ -333,22 +297,22 @@ def _load_weights(
     except pickle.UnpicklingError as e:
         raise ModelError(
             f"cannot load model weights from {source!r} "
-            f"(pickle refused by torch.load(weights_only=True): {pickle_reason(e)})"
+            f"(pickle refused by torch.load(weights_only=True): {checks.pickle_reason(e)})"
         ) from None
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         raise ModelError(f"cannot load model weights from {source!r}: {first_line(e)}") from None
-    check_loaded_weights(model, info, source)
+    checks.check_loaded_weights(model, info, source)
     return model
 
 
 def _max_length(asked: int | None, tokenizer, config, source: str) -> int:
     """The tokens a review keeps: the tokenizer's ``model_max_length`` unless asked, at most the positions."""
-    positions = position_limit(config)
+    positions = checks.position_limit(config)
     few = "too few for [CLS], one token and [SEP]"
     if positions < MIN_TOKENS:
         raise ModelError(f"{source} has positions for {positions} tokens: {few}")
     if asked is None:
-        if (limit := min(positions, tokenizer_limit(tokenizer) or positions)) < MIN_TOKENS:
+        if (limit := min(positions, checks.tokenizer_limit(tokenizer) or positions)) < MIN_TOKENS:
             raise ModelError(
                 f"{source}'s tokenizer keeps {limit} tokens (its model_max_length): {few}; pass "
                 f"--max-length (its model has positions for {positions})"
@@ -362,16 +326,13 @@ def _max_length(asked: int | None, tokenizer, config, source: str) -> int:
 
 def warn_above_tokenizer(length: int, tokenizer, positions: int, source: str) -> None:
     """Warn above the tokenizer's ``model_max_length``: the model may not have been trained that long."""
-    tok_limit = tokenizer_limit(tokenizer)
+    tok_limit = checks.tokenizer_limit(tokenizer)
     if tok_limit is not None and length > tok_limit:
         log.warning(
             "max_length %d is above the %d tokens %s's tokenizer is set for (model_max_length); its "
             "model has positions for %d, so reviews keep up to %d",
             length, tok_limit, source, positions, length,
         )  # fmt: skip
-
-
-# --- the device ---
 
 
 def resolve_device(device: str) -> torch.device:
@@ -408,9 +369,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def out_of_memory(e: BaseException) -> bool:
-    """Whether ``e`` says the device ran out of memory, in torch's caching allocator or outside it."""
-    if isinstance(e, torch.cuda.OutOfMemoryError):
-        return True
+    """Whether ``e`` says the device ran out of memory, in torch's caching allocator (its OutOfMemoryError,
+    a RuntimeError, says so too) or outside it."""
     return isinstance(e, RuntimeError) and any(s in str(e) for s in ("out of memory", "ALLOC_FAILED"))
 
 
@@ -455,8 +415,7 @@ def compiled_model(clf: Classifier) -> torch.nn.Module:
                          "run without --compile") from None  # fmt: skip
     finally:
         clf.compiled = None
-    # as trim.verified: kernels sum in other orders; bfloat16 and float16 keep about 3 significant digits
-    tol = 1e-4 if clf.dtype == torch.float32 else 5e-2
+    tol = tolerance(clf.dtype)
     worst = max(
         float(np.abs(a - b).max())
         for want, have in zip(expected, got, strict=True)

@@ -1,6 +1,5 @@
-"""Texts -> token ids and character offsets into the original text (a fast tokenizer's), with truncation
-recorded per review. Imports no torch: host processes encode.
-"""
+"""The model's plain-array inputs and outputs: texts -> token ids and character offsets into the original
+text, with truncation recorded per review; and what a batch hands back. No torch: host processes use them."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -37,11 +36,20 @@ class Encoded:
     ids: np.ndarray
     offsets: np.ndarray
     truncated: bool
-    #: len(ids) as a plain int: every stage asks for it per review
-    n_tokens: int = field(init=False)
+    n_tokens: int = field(init=False)  # len(ids) as a plain int: every stage asks for it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "n_tokens", int(self.ids.shape[0]))
+
+
+class Outputs(NamedTuple):
+    """One padded batch's outputs, float32 numpy arrays."""
+
+    probs: np.ndarray  # (B, C)
+    rows: np.ndarray  # (B, L, H, S): the [CLS] query's attention weights
+    norms: np.ndarray  # (B, L, H, S): their norm-based weights
+    value_zeroing: np.ndarray | None = None  # (B, L, S), where the classifier was loaded to compute it
+    contributions: np.ndarray | None = None  # (B, S): ALTI's R[0, :], where the classifier was loaded so
 
 
 def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encoded]:
@@ -72,12 +80,11 @@ def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[Encod
 
 class Encoder:
     """:func:`encode_texts` on ``threads`` threads, each with its own copy of the tokenizer (calls on one
-    tokenizer wait for each other)."""
+    wait for each other), and a thread per copy: a shared pool may queue two shares on one thread."""
 
     def __init__(self, tokenizer, max_length: int, threads: int = 1) -> None:
         self.max_length = max_length
         self._tokenizers = [tokenizer] + [copy.deepcopy(tokenizer) for _ in range(threads - 1)]
-        # a thread per copy: a shared pool may queue two shares on one thread while another idles
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"encode-{i}") for i in range(1, threads)]
 
     def __call__(self, texts: Sequence[str]) -> list[Encoded]:
@@ -119,8 +126,8 @@ def _word_mark_id(backend) -> int | None:
 
 
 def _unpin_prepended_marks(text: str, ids: np.ndarray, offsets: np.ndarray, mark: int) -> None:
-    """Give a lone word mark that stands for no character an empty span, in place: a prepended one shares
-    its word's first character with the next token ('▁' and '好' of "好吃" both at 0..1)."""
+    """Give a lone word mark that stands for no character an empty span, in place ('▁' and '好' of "好吃"
+    would both be at 0..1)."""
     for k in np.flatnonzero(ids[1:-1] == mark) + 1:
         start, end = offsets[k]
         if k + 1 < len(ids) - 1:
@@ -171,7 +178,7 @@ def _marks() -> re.Pattern:
 
 def _widen_over_marks(text: str, offsets: np.ndarray, end_known: bool) -> None:
     """Extend each content token's span over the marks after it that no token covers ('e' + U+0301), in
-    place; the last one to the text's end only where that end is kept (``end_known``)."""
+    place; the last one only where the text's end is kept (``end_known``)."""
     last = len(offsets) - 1  # the [SEP]
     for k in range(1, last):
         start, end = offsets[k]
@@ -183,26 +190,25 @@ def _widen_over_marks(text: str, offsets: np.ndarray, end_known: bool) -> None:
         offsets[k, 1] = end
 
 
-#: Put before a special token's piece in a Unigram vocabulary so that no text matches it (random, as a
-#: fixed prefix can be typed); the piece keeps its id and score.
+#: Put before a special token's piece in a Unigram vocabulary so that no text matches it (random: a fixed
+#: prefix can be typed).
 _UNREACHABLE = f"\ue000{secrets.token_hex(16)}"
-#: Per tokenizer object: (its backend, the Rust tokenizer that encodes text as text, the fast path or None).
+#: Per tokenizer: (its backend, the Rust tokenizer that encodes text as text, the fast path or None).
 _PREPARED: weakref.WeakKeyDictionary[Any, tuple[Any, Any, CharTokens | None]] = weakref.WeakKeyDictionary()
 
 
 def text_backend(tokenizer):
-    """The Rust tokenizer that encodes a review's text as text, a special token's text included (a Unigram
-    vocabulary's special pieces made unreachable)."""
+    """The Rust tokenizer that encodes a review's text as text, a special token's text included."""
     return _prepared(tokenizer)[0]
 
 
 def without_fast_path(tokenizer) -> None:
-    """Encode with ``tokenizer``'s own Rust path from now on, not :mod:`.char_tokens`'s (to compare them)."""
+    """Encode with ``tokenizer``'s own Rust path from now on, not :mod:`.char_tokens`'s."""
     _PREPARED[tokenizer] = (tokenizer.backend_tokenizer, text_backend(tokenizer), None)
 
 
 def _prepared(tokenizer) -> tuple[Any, CharTokens | None]:
-    """:func:`text_backend` and the fast path of :mod:`.char_tokens` for it, made once per tokenizer."""
+    """:func:`text_backend` and its fast path, made once per tokenizer."""
     backend = tokenizer.backend_tokenizer
     cached = _PREPARED.get(tokenizer)
     if cached is None or cached[0] is not backend:
@@ -223,7 +229,7 @@ def _prepared(tokenizer) -> tuple[Any, CharTokens | None]:
 
 
 def with_special_tokens(tokenizer, contents: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Each review's content token ids (a run's tokens table) between [CLS] and [SEP]: the ids it scored."""
+    """Each review's content token ids between [CLS] and [SEP]: the ids it scored."""
     ends = _encode_batch(tokenizer, [""], 2)[0][0]
     return [np.concatenate([ends[:1], np.asarray(c, dtype=np.int32), ends[1:]]) for c in contents]
 

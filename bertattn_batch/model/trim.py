@@ -28,8 +28,7 @@ _CLS_QUERY_ONLY: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 def _cls_sdpa(
     module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, **kw
 ):
-    """SDPA; in a trimmed layer for query 0 only, broadcast. query, key, value (B, H, S, D) ->
-    (B, S, H, D)."""
+    """SDPA; in a trimmed layer for query 0 only, broadcast. (B, H, S, D) each -> (B, S, H, D)."""
     if module not in _CLS_QUERY_ONLY:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
     if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-2] > 1:
@@ -59,8 +58,7 @@ class LastLayerTrim:
     """Context manager: while entered, the model's last layer runs for [CLS] only past its keys and values."""
 
     def __init__(self, self_attention: nn.Module, output_block: nn.Module) -> None:
-        self._self_attention = self_attention
-        self._output_block = output_block
+        self._self_attention, self._output_block = self_attention, output_block
         self._stack = contextlib.ExitStack()
 
     @classmethod
@@ -113,9 +111,12 @@ def verified(
     except (RuntimeError, ValueError, TypeError, IndexError) as e:
         log.info("last-layer trim does not fit this model (%s); running it untrimmed", e)
         return False
-    # exact in float32 up to kernel order; bfloat16/float16 keep about 3 significant digits
-    tol = 1e-4 if next(model.parameters()).dtype == torch.float32 else 5e-2
-    ok = cut.shape == full.shape and bool(torch.allclose(cut, full, atol=tol, rtol=tol))
-    if not ok:
+    tol = tolerance(next(model.parameters()).dtype)
+    if not (ok := cut.shape == full.shape and bool(torch.allclose(cut, full, atol=tol, rtol=tol))):
         log.info("last-layer trim changes this model's logits; running it untrimmed")
     return ok
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """How far two kernels' outputs may differ: float32 up to summation order, else 3 significant digits."""
+    return 1e-4 if dtype == torch.float32 else 5e-2

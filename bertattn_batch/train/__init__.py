@@ -1,14 +1,13 @@
 """The training stage: the classifier a job reads reviews with, fine-tuned or trained from scratch."""
 
 from .api import finetune, finetune_files
-from .job import TrainingPlan, ensure_model, plan_training
+from .job import ensure_model, plan_training
 from .loop import accuracy, macro_f1, split_indices
-from .save import HELDOUT_FILE, METRICS_FILE, training_record
+from .save import HELDOUT_FILE, METRICS_FILE
 
 __all__ = [
     "HELDOUT_FILE",
     "METRICS_FILE",
-    "TrainingPlan",
     "accuracy",
     "ensure_model",
     "finetune",
@@ -16,5 +15,4 @@ __all__ = [
     "macro_f1",
     "plan_training",
     "split_indices",
-    "training_record",
 ]

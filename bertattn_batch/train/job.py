@@ -1,11 +1,4 @@
-"""A job's own model: trained on first run from its ``[finetune]`` table, and by ``bertattn finetune``.
-
-Usage::
-
-    seconds = ensure_model(spec)              # train spec.model if it is missing; 0.0 if it is there
-    plan = plan_training(job="jobs/default.toml", epochs=2.0)
-    metrics = plan.run()
-"""
+"""A job's own model: trained on first run from its ``[finetune]`` table, and by ``bertattn finetune``."""
 
 from __future__ import annotations
 
@@ -73,7 +66,6 @@ def training_inputs(spec: JobSpec, paths: list[str] | None = None) -> InputSpec:
 
 
 def _train_model(spec: JobSpec, progress: bool) -> None:
-    assert spec.finetune is not None
     # on every row, --limit or not: a model trained on a trial's few rows would score every later run
     every = (
         " (on all its rows: --limit applies to the reviews scored)" if spec.inputs.limit is not None else ""
@@ -99,12 +91,8 @@ class TrainingPlan:
         return api.finetune_files(self.inputs, self.out_dir, self.spec, progress)
 
 
-def plan_training(
-    inputs: list[str] | None = None,
-    out: str | None = None,
-    job: str | Path | JobSpec | None = None,
-    **given: Any,
-) -> TrainingPlan:
+def plan_training(inputs: list[str] | None = None, out: str | None = None,
+                  job: str | Path | JobSpec | None = None, **given: Any) -> TrainingPlan:  # fmt: skip
     """A training from files and ``--out``, or from a job's model and ``[finetune]`` table; ``given``: keys
     of :class:`InputSpec` and :class:`FinetuneSpec` as a job file names them (None: not given)."""
     given = {k: v for k, v in given.items() if v is not None}

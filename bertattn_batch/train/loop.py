@@ -21,9 +21,6 @@ from ..model.classifier import pad_batch
 
 #: Batches are sorted by length within chunks of this many batches, then shuffled.
 BUCKET_CHUNK_BATCHES = 64
-#: Default peak learning rates: a random model needs a far higher one than a pretrained one.
-SCRATCH_LEARNING_RATE = 1e-3
-BASE_LEARNING_RATE = 5e-5
 
 
 def seed_everything(seed: int) -> None:
@@ -33,18 +30,14 @@ def seed_everything(seed: int) -> None:
 
 
 def learning_rate(spec: FinetuneSpec) -> float:
-    """The spec's peak learning rate, else the default for its kind of start."""
+    """The spec's peak learning rate, else the default: a random model needs a far higher one."""
     if spec.learning_rate is not None:
         return spec.learning_rate
-    return SCRATCH_LEARNING_RATE if spec.base is None else BASE_LEARNING_RATE
+    return 1e-3 if spec.base is None else 5e-5
 
 
-def split_indices(
-    label_ids: Sequence[int] | np.ndarray,
-    eval_fraction: float,
-    seed: int,
-    same: Sequence[Sequence[Hashable]] = (),
-) -> tuple[np.ndarray, np.ndarray]:
+def split_indices(label_ids: Sequence[int] | np.ndarray, eval_fraction: float, seed: int,
+                  same: Sequence[Sequence[Hashable]] = ()) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """A seeded, stratified (train, eval) split of row indices, each sorted. Rows that share a key of ``same``
     (text, id) form a group, held out whole or not at all, in the class of its first row: each class holds
     out groups in a seeded order while they fit its share, else its smallest; a class of one group trains."""
@@ -148,8 +141,9 @@ def train_loop(
     step, loss_ema, pace = 0, None, None  # pace: recent seconds a step
     cap = spec.max_train_seconds
     started = last = time.monotonic()
-    bar = tqdm(total=planned, desc="finetune", unit="step", disable=not progress, leave=False, **bar_size())
-    try:
+    with tqdm(
+        total=planned, desc="finetune", unit="step", disable=not progress, leave=False, **bar_size()
+    ) as bar:
         while step < total:
             for rows in length_batches(lengths, spec.batch_size, rng):
                 input_ids, mask = pad_batch([ids[i] for i in rows], pad_id)
@@ -178,8 +172,6 @@ def train_loop(
                         total = bar.total = max(step, fits)
                 if step >= total:
                     break
-    finally:
-        bar.close()
     model.eval()
     # the loss is checked before each update: the last update can still leave outputs that are not finite
     input_ids, mask = pad_batch(ids[: spec.batch_size], pad_id)

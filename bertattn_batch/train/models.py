@@ -22,8 +22,8 @@ _CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73
 def start_model(
     spec: FinetuneSpec, names: list[str], train_texts: Sequence[str]
 ) -> tuple[Any, Any, str | None]:
-    """(model, tokenizer, the base's local path or None): from ``spec.base``, checked as extract checks
-    it, or from scratch over the characters of ``train_texts``."""
+    """(model, tokenizer, the base's local path or None): from ``spec.base``, checked as extract checks it,
+    or from scratch over the characters of ``train_texts``."""
     if spec.base is None:
         vocab = build_char_vocab(train_texts, spec.min_char_count)
         tokenizer = char_tokenizer(vocab, spec.max_length)
@@ -36,8 +36,7 @@ def start_model(
 
 
 def char_tokenizer(vocab: dict[str, int], max_length: int = 512) -> Any:
-    """A BERT WordPiece tokenizer over ``vocab`` (lowercasing, CJK split into characters), checked to
-    hold it."""
+    """A BERT WordPiece tokenizer over ``vocab`` (lowercasing, CJK split into characters)."""
     from transformers import BertTokenizer
 
     tok = BertTokenizer(
@@ -94,19 +93,14 @@ def base_model(path: str, names: list[str]) -> Any:
     except (OSError, ValueError, RuntimeError) as e:
         raise ModelError(f"cannot load base model {path}: {first_line(e)}") from None
     checks.check_loaded_weights(model, info, path, for_training=True)
+    # every module outside the encoder made anew, unless the load did: a classifier base's head would keep
+    # the meaning of its own label ids
     new = set(info.get("missing_keys", [])) | {
         k if isinstance(k, str) else k[0] for k in info.get("mismatched_keys", [])
     }
-    _fresh_head(model, new)
-    return model
-
-
-def _fresh_head(model: Any, new: set[str]) -> None:
-    """Initialise every module outside the encoder anew unless the load made them all (``new``): a classifier
-    base's head would keep the meaning of its own label ids."""
     prefix = f"{model.base_model_prefix}."
     if all(name in new for name, _ in model.named_parameters() if not name.startswith(prefix)):
-        return
+        return model
     std = float(getattr(model.config, "initializer_range", 0.02))
     with torch.no_grad():
         for name, child in model.named_children():
@@ -119,3 +113,4 @@ def _fresh_head(model: Any, new: set[str]) -> None:
                         module.bias.zero_()
                 elif isinstance(module, torch.nn.LayerNorm):
                     module.reset_parameters()
+    return model

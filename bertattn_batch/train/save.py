@@ -60,7 +60,10 @@ def save_model(model: Any, tokenizer: Any, metrics: dict[str, Any], out_dir: Pat
             (tmp / METRICS_FILE).write_text(json_text(metrics, indent=2) + "\n", encoding="utf-8")
             if heldout is not None:
                 (tmp / HELDOUT_FILE).write_text(json_text(heldout) + "\n", encoding="utf-8")
-            _plain_permissions(tmp)
+            umask = os.umask(0)  # the temporary folder's 0700 and its files' modes made the umask's usual
+            os.umask(umask)
+            for f in [tmp, *tmp.rglob("*")]:
+                f.chmod((0o777 if f.is_dir() else 0o666) & ~umask)
             check_saved(tmp, tok_size, names)
     except (OSError, SafetensorError) as e:  # safetensors says a full disk in its own words
         why = "no space left on the device" if "No space left" in str(e) else first_line(e)
@@ -69,22 +72,10 @@ def save_model(model: Any, tokenizer: Any, metrics: dict[str, Any], out_dir: Pat
         ) from None
 
 
-def _plain_permissions(folder: Path) -> None:
-    """Give a temporary folder (0700) and its files the umask's usual modes."""
-    umask = os.umask(0)
-    os.umask(umask)
-    folder.chmod(0o777 & ~umask)
-    for f in folder.rglob("*"):
-        f.chmod((0o777 if f.is_dir() else 0o666) & ~umask)
-
-
 def check_saved(folder: str | Path, tok_size: int, names: list[str]) -> None:
-    """Reload a saved folder and check what goes wrong silently: vocabulary, labels, weights format."""
+    """Reload a saved folder (safetensors only) and check what goes wrong silently: vocabulary, labels."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    folder = Path(folder)
-    if not list(folder.glob("*.safetensors")):
-        raise ModelError(f"{folder}: no .safetensors weights were written")
     tok = AutoTokenizer.from_pretrained(folder)
     if len(tok) != tok_size:
         raise ModelError(f"{folder}: reloaded tokenizer has {len(tok)} tokens, trained with {tok_size}")
