@@ -34,7 +34,7 @@ from ..run import (
 )
 from .provenance import derived_meta, write_derived
 from .spelling import columns, printable, readable_map
-from .words import KEY, REVIEW, run_words, word_map, word_rows
+from .words import KEY, NO_WORDS, REVIEW, check_words, run_words, word_map, word_rows
 
 log = logging.getLogger(__name__)
 
@@ -428,6 +428,13 @@ def run_layer(manifest: Manifest, layer: int | None) -> int:
     return idx
 
 
+def check_head(manifest: Manifest, head: int) -> None:
+    """SpecError where ``head`` is not one of the run's model's heads."""
+    heads = int(manifest.model.get("num_heads", 0))
+    if not 0 <= head < heads:
+        raise SpecError(f"--head {head}: the model's heads are 0 to {heads - 1}")
+
+
 #: What :func:`export` writes, by suffix; and the significant digits of a weight in any CSV or XLSX
 #: this package writes (the tables of ``plot`` too): small weights keep their size.
 EXPORTS = (".csv", ".xlsx", ".parquet")
@@ -576,14 +583,13 @@ def top_reviews(
     'word') at ``head`` of ``layer`` (default: the run's first) is highest (:data:`COLUMNS`)."""
     manifest = read_manifest(run_dir)
     idx = run_layer(manifest, layer)
-    heads = int(manifest.model.get("num_heads", 0))
-    if not 0 <= head < heads:
-        raise SpecError(f"--head {head}: the model's heads are 0 to {heads - 1}")
+    check_head(manifest, head)
+    check_words(words)
     if n < 1:
         raise SpecError(f"--top must be at least 1; got {n}")
     mode, user_dict = run_words(manifest, words, user_dict) if unit == "word" else ("", None)
     if mode is None:
-        raise SpecError("this run has no words (--words none); ask for a --token")
+        raise SpecError(f"{NO_WORDS}; ask for a --token")
     term = term.lower() if unit == "word" else term  # word texts are lower-cased
     found = []
     for part in committed_parts(run_dir):

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from ..config import WORDS
 from ..errors import SpecError
 from ..run import Manifest
 
@@ -26,6 +27,13 @@ CONTINUATION = "##"
 NON_WORDPIECE_MODELS = frozenset({"roberta", "xlm-roberta", "camembert", "albert"})
 #: A Chinese character: a review that holds one is segmented by jieba under the rule ``jieba``.
 HAN = r"\p{Han}"
+NO_WORDS = "this run has no words (--words none, or a tokenizer without ## pieces or Chinese characters)"
+
+
+def check_words(words: str | None) -> None:
+    """SpecError for a ``--words`` rule that is none of :data:`~bertattn_batch.config.WORDS`."""
+    if words is not None and words not in WORDS:
+        raise SpecError(f"--words must be one of {', '.join(WORDS)}; got {words!r}")
 
 
 def word_continuation(manifest: Manifest) -> str | None:
@@ -41,6 +49,7 @@ def run_words(
 ) -> tuple[str | None, str | None]:
     """(rule, user dictionary) of a run's words: ``words`` or the run's own choice, ``auto`` resolved as
     the extraction found the tokenizer (else WordPiece where pieces carry ``##``); None: no words."""
+    check_words(words)
     spec = manifest.spec
     choice = words or spec.get("words") or "auto"
     user_dict = user_dict or spec.get("user_dict")

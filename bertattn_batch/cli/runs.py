@@ -94,6 +94,8 @@ def aggregate(
     if out is not None:
         call(lambda: agg.export_path(out))  # before the work
     layers = None if layer is None else [call(lambda: agg.run_layer(read_manifest(run_dir), layer))]
+    if head is not None:
+        call(lambda: agg.check_head(read_manifest(run_dir), head))
 
     result = call(lambda: agg.aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by, **words), REDONE,
                   completes=True)  # fmt: skip

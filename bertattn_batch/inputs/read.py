@@ -70,6 +70,8 @@ def check_inputs(spec: InputSpec, out: str | Path | None = None) -> list[Source]
     wanted = wanted_columns(spec)
     for src in sources:
         if out and inside(src.path, out):
+            if inside(out, src.path):  # the same path
+                raise InputError(f"--out {out} is the input {src.label}; give a folder for the run")
             raise InputError(f"input {src.label} lies inside the run directory {out}; choose another --out")
         check_bytes(src)
         _check_columns(src, wanted)

@@ -21,7 +21,7 @@ from .._files import atomic_path, writing
 from ..analysis.aggregate import export_path, run_layer, significant
 from ..analysis.provenance import load_run_model
 from ..analysis.spelling import printable, readable
-from ..analysis.words import KEY, run_words, word_map
+from ..analysis.words import KEY, NO_WORDS, check_words, run_words, word_map
 from ..errors import InputError, RunDirError, SpecError
 from ..run import attention_rows, committed_files, layer_name, read_manifest, scan_parts, verify_pages
 from . import fonts
@@ -425,6 +425,7 @@ def review_for_plot(
     ``specials``: [CLS] and [SEP] in the maps. Trust in the model's code is the caller's, not the run's."""
     if unit not in ("token", "word"):
         raise SpecError(f"--unit must be token or word; got {unit!r}")
+    check_words(words)
     trust = {"trust_remote_code": trust_remote_code, "allow_pickle": allow_pickle}
     if text_file is not None:
         text = read_text_file(text_file, text)
@@ -453,7 +454,7 @@ def review_for_plot(
         elif words in (None, "auto"):
             words = "jieba"  # for a text with Chinese characters; WordPiece's ## pieces for any other
         if words in (None, "none"):
-            raise SpecError("--unit word: this run has no words (--words none)")
+            raise SpecError(f"--unit word: {NO_WORDS}")
         review = by_words(review, words, user_dict)
     return select(review, shown, specials)
 

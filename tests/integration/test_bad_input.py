@@ -919,6 +919,9 @@ def test_folder_inputs_and_run_directories_stay_apart(tiny_en_dir, tmp_path):
     r = _extract(inside, tiny_en_dir, out, "--overwrite")
     assert r.exit_code == 1 and "lies inside the run directory" in r.output
     assert inside.is_file()
+    r = _extract(inside, tiny_en_dir, inside)  # --out names the input file itself
+    assert r.exit_code == 1 and f"--out {inside} is the input" in r.output, r.output
+    assert inside.is_file()
 
 
 def test_overwrite_never_clears_a_folder_bertattn_did_not_write(tiny_en_dir, tmp_path):

@@ -483,9 +483,18 @@ def test_cli_refuses_options_it_cannot_print(run_dir):
         (["--by", "foo"], "--by must be one of all, pred_label, label; got 'foo'"),
         (["--rank-by", "max"], "--rank-by must be one of mean_scaled,"),
         (["--top-k", "0"], "--top-k must be at least 1; got 0"),
+        (["--head", "99"], "--head 99: the model's heads are 0 to"),
+        (["--words", "bogus"], "--words must be one of auto, jieba, wordpiece, none; got 'bogus'"),
     ):
         r = CliRunner().invoke(app, ["aggregate", str(run_dir), *option])
         assert r.exit_code == 1 and message in r.output, (option, r.output)
+    doc_id = pq.read_table(sorted((run_dir / "predictions").glob("part-*.parquet"))[0])["doc_id"][0].as_py()
+    for command in (  # every command that makes words checks the rule before it reads anything
+        ["reviews", str(run_dir), "--head", "0", "--word", "x", "--words", "bogus"],
+        ["plot", str(run_dir), "--doc-id", doc_id, "--unit", "word", "--words", "bogus"],
+    ):
+        r = CliRunner().invoke(app, command)
+        assert r.exit_code == 1 and "--words must be one of" in r.output, (command, r.output)
 
 
 def test_the_manifest_decides_which_parts_are_read(run_dir, tmp_path):
