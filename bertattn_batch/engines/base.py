@@ -206,14 +206,16 @@ def _progress_bar(spec: JobSpec, show: bool, done: int, sources: list[Source]) -
             bar.update(n)
 
     def tick() -> None:
-        while show and not stop.wait(1.0):
+        while not stop.wait(1.0):
             bar.refresh()
 
     ticker = threading.Thread(target=tick, name="progress", daemon=True)
-    ticker.start()
+    if show:
+        ticker.start()
     try:
         yield bar, advance
     finally:
         stop.set()
-        ticker.join()
+        if show:
+            ticker.join()
         bar.close()

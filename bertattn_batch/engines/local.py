@@ -10,7 +10,6 @@ host processes instead (engines/processes.py): threads share Python's lock, whic
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing
 import os
@@ -19,14 +18,13 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import partial
 from typing import Any, NamedTuple
 
 import torch
 
 from ..config import JobSpec
 from ..errors import SpecError
-from ..extract import PassInfo, StagedPart, WindowJob, WindowRows
+from ..extract import PassInfo, StagedPart, Window, WindowJob, WindowRows
 from ..model import resolve_device
 from ..run import PartWriter
 from ..runtime import signals_deferred
@@ -127,16 +125,16 @@ class LocalEngine:
         self, part_writer: PartWriter, pass_info: PassInfo, on_batch: Callable[[int], None]
     ) -> Threads | processes.HostProcesses:
         spec, clf = self.spec, self.clf
-        job = (*spec.batch_budget(clf.device_type), part_writer, pass_info)
+        budget = spec.batch_budget(clf.device_type)
         if n := host_processes(spec.host_processes, clf.device):
-            return processes.HostProcesses(
-                n, clf, (*job, 1, spec.store_text), on_batch, self.timings, self._usage
-            )
+            job = (*budget, part_writer, pass_info, spec.store_text)
+            return processes.HostProcesses(n, clf, job, on_batch, self.timings, self._usage)
         plan = feed_plan(clf.device)
-        return Threads(WindowJob(clf, *job, plan.encode_threads, spec.store_text), plan, on_batch)
+        return Threads(WindowJob(clf, *budget, part_writer, pass_info, plan.encode_threads, spec.store_text),
+                       plan, on_batch)  # fmt: skip
 
 
-class Threads(contextlib.AbstractContextManager):
+class Threads:
     """A window's steps on threads, overlapping across windows: encoding (one thread, the encoder's own
     threads under it), the model (one thread) and staging (``plan.stage_threads``). ``submit`` waits
     while the model has ``plan.ahead + 1`` windows to score."""
@@ -150,12 +148,16 @@ class Threads(contextlib.AbstractContextManager):
 
     def submit(self, rows: WindowRows) -> Future[StagedPart]:
         encode, model, stage = self._pools
-        scored = then(
-            encode.submit(self.job.encode, rows), model, partial(self.job.score, on_batch=self.on_batch)
-        )
+        scored = then(encode.submit(self.job.encode, rows), model, self._score)
         scored.add_done_callback(lambda _: self._room.release())
         self._room.acquire()
         return then(scored, stage, self.job.stage)
+
+    def _score(self, window: Window) -> Window:
+        return self.job.score(window, self.on_batch)
+
+    def __enter__(self) -> Threads:
+        return self
 
     def __exit__(self, *exc: object) -> None:
         with signals_deferred():  # the part in hand is finished, the windows queued dropped

@@ -1,18 +1,19 @@
 """The host side of a window in processes of its own, so that it scales with cores (threads share
-Python's lock, which building a window's rows and tables holds most of the time): window i is encoded
-and cut into batches in host process i % n, scored on the model's thread here, then filled, extracted
-and written back in process i % n, which keeps its rows between the two steps (only token ids and the
-model's outputs cross). Host processes are forked from a fork server, never from this process, which may
-hold threads and a CUDA context. No torch here: the fork server imports this module.
+Python's lock, which building a window's rows and tables holds most of the time).
+
+    window i ──▶ host process i % n: encode, cut into batches ──▶ this process: the model (a thread)
+      ──▶ host process i % n: fill the rows, extract, write ──▶ the staged part, back to ``run_job``
+
+A host process keeps a window's rows between its two steps: only token ids (there) and the model's
+outputs (back) cross. Host processes are forked from a fork server, never from this process, which
+may hold threads and a CUDA context. No torch here: the fork server imports this module.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import multiprocessing
 import os
-import resource
 import signal
 import sys
 import threading
@@ -54,11 +55,11 @@ PackedIds = tuple[np.ndarray, np.ndarray]
 
 
 def start_server() -> multiprocessing.context.BaseContext:
-    """The fork server's context, the server started if it is not yet (its imports run while the caller
-    goes on). It and the resource tracker start with SIGINT and SIGHUP blocked (Ctrl-C and a closed
-    terminal reach the whole process group: the job's process decides), each in a block of its own (the
-    tracker unblocks SIGINT as it starts), and with :data:`HOST_MALLOC` where the user set no malloc
-    tunable."""
+    """The fork server's context, the server started if it is not yet (its imports run while the
+    caller goes on). The resource tracker and the server start with SIGINT and SIGHUP blocked (what
+    reaches the whole process group: Ctrl-C, a closed terminal), each in a block of its own (the
+    tracker unblocks SIGINT as it starts), and so do the host processes forked from the server; the
+    job's process decides. They also start with :data:`HOST_MALLOC` where the user set no malloc tunable."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     tuned = not any(k.startswith("MALLOC_") or k == "GLIBC_TUNABLES" for k in os.environ)
@@ -75,7 +76,7 @@ def start_server() -> multiprocessing.context.BaseContext:
     return ctx
 
 
-class HostProcesses(contextlib.AbstractContextManager):
+class HostProcesses:
     """``n`` host processes (a pool of one each, so that a window's two steps meet in one process) and
     the model's thread. ``seconds`` gets the model's ``launch`` and ``device_wait``; ``usage``, once it
     is closed after a run, what the host processes used."""
@@ -99,7 +100,9 @@ class HostProcesses(contextlib.AbstractContextManager):
                     self._pools[-1].submit(int)  # starts its process now
         except BaseException as e:
             self.__exit__(type(e), e, None)
-            raise _ended(e) from None
+            if (error := _ended(e)) is e:
+                raise
+            raise error from None
 
     def submit(self, rows: WindowRows) -> Future[StagedPart]:
         seq = next(self._seq)
@@ -114,16 +117,21 @@ class HostProcesses(contextlib.AbstractContextManager):
     def _score(self, ids: list[PackedIds]) -> tuple[list[list[Outputs]], float]:
         from ..extract.score import score_batches  # torch, which the host processes do without
 
-        t0, outputs = time.perf_counter(), []
+        t0 = time.perf_counter()
+        outputs = []
         batches = [np.split(flat, np.cumsum(lengths)[:-1]) for flat, lengths in ids]
         for (_, lengths), out in zip(ids, score_batches(self.clf, batches, self.seconds), strict=True):
             outputs.append(out)
             self.on_batch(len(lengths))
         return outputs, time.perf_counter() - t0
 
+    def __enter__(self) -> HostProcesses:
+        return self
+
     def __exit__(self, *exc: object) -> None:
-        """Note what the processes used (after a run), wait for the windows they have in hand (a part
-        being written), drop the rest, and end them."""
+        """Wait for the windows the processes have in hand (a part being written), drop the rest, and
+        end the processes; after a run, note their CPU time, page faults and largest peak memory (they
+        are not this process's children) first."""
         with signals_deferred():
             try:
                 each = [pool.submit(_usage).result() for pool in self._pools] if exc[0] is None else []
@@ -149,14 +157,15 @@ def _ended(e: BaseException) -> BaseException:
 
 # -- in a host process --------------------------------------------------------------------------------
 #: Its WindowJob, and the windows it has prepared and not yet finished.
-_job: WindowJob
+_job: WindowJob | None = None
 _windows: dict[int, Window] = {}
 
 
 def _start(environ: dict[str, str], shape: Any, *job: Any) -> None:
-    """A host process's set-up: Ctrl-C and SIGHUP left to the job's process, the job's environment as it
-    is now (the fork server has the first job's), and an end with the job's process (killed: by the
-    kernel when memory runs out), which it would otherwise outlive."""
+    """A host process's set-up. Ctrl-C and a closed terminal's SIGHUP are left to the job's process,
+    which waits for the window in hand before it cleans up; the job's environment as it is now (the
+    fork server has the first job's); and it ends with the job's process (killed: the one the kernel
+    picks when memory runs out), which it would otherwise outlive, waiting for a task."""
     global _job
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
@@ -164,7 +173,8 @@ def _start(environ: dict[str, str], shape: Any, *job: Any) -> None:
     os.environ.clear()
     os.environ.update(environ)
     tune_runtime()
-    _job = WindowJob(shape, *job)
+    batch_tokens, max_batch_size, part_writer, pass_info, store_text = job
+    _job = WindowJob(shape, batch_tokens, max_batch_size, part_writer, pass_info, 1, store_text)
 
 
 def _end_with_job() -> None:
@@ -173,16 +183,20 @@ def _end_with_job() -> None:
 
 
 def _prepare(seq: int, rows: WindowRows) -> list[PackedIds]:
+    assert _job is not None
     _windows[seq], ids = _job.prepare(rows)
     return [(np.concatenate(batch), np.array([len(x) for x in batch], np.int64)) for batch in ids]
 
 
 def _finish(seq: int, scored: tuple[list[list[Outputs]], float]) -> StagedPart:
+    assert _job is not None
     return _job.finish(_windows.pop(seq), *scored)
 
 
 def _usage() -> dict[str, float]:
     """This process's CPU seconds, page faults and peak memory (MiB)."""
+    import resource
+
     r = resource.getrusage(resource.RUSAGE_SELF)
     rss_mb = r.ru_maxrss / (1 << 20 if sys.platform == "darwin" else 1 << 10)  # bytes there, KiB here
     return {"cpu_s": r.ru_utime + r.ru_stime, "page_faults": r.ru_minflt, "max_rss_mb": rss_mb}

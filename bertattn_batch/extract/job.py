@@ -134,6 +134,7 @@ class WindowJob:
     def finish(self, window: Window, outputs: list[list[Outputs]], model_seconds: float) -> StagedPart:
         """Stage a prepared window with its batches' outputs (each one's, or its halves')."""
         plan = window.plan
+        assert plan is not None, "finish() takes a window from prepare()"
         for k, out in enumerate(outputs):
             plan.fill(k, out)
         self._count(window, plan.real, plan.slots, model_seconds)

@@ -99,7 +99,8 @@ class Extractor:
         docs = pa.array([r.doc_id for r in scored], pa.string())
         ends = [*starts[1:], len(scored)]
         built = [self._cls_chunk(scored[a:b], docs, a) for a, b in zip(starts, ends, strict=True)]
-        return tuple(pa.concat_tables(tables) for tables in zip(*built, strict=True))
+        attention, summary, tokens = (pa.concat_tables(tables) for tables in zip(*built, strict=True))
+        return attention, summary, tokens
 
     def _cls_chunk(
         self, scored: Sequence[ScoredRow], docs: pa.Array, first: int

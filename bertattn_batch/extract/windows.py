@@ -97,7 +97,7 @@ def select_rows(block: RowBatch, skip_until: int, skip_ids: IdSet | None, seen_i
     todo = [i for i in range(len(block)) if block.row_index[i] >= skip_until]
     if skip_ids is not None:
         # a row without a source id has its row number as doc id, which is no committed source id (the row
-        # is recorded again every pass)
+        # is recorded again every pass) and no repeat of one
         with_id = [i for i in todo if block.status[i] not in schema.ROW_NUMBER_STATUSES]
         had = skip_ids.contains_each([block.doc_id[i] for i in with_id])
         done = {i for i, is_done in zip(with_id, had, strict=True) if is_done}

@@ -1,12 +1,31 @@
 """ALTI (Ferrando, Gállego & Costa-jussà, EMNLP 2022): each token's contribution to the ``[CLS]``
 representation after the last layer, rolled out over every layer, captured during the job's own forward.
 
-Per layer, the attention block's output ``y_i`` is decomposed over the tokens j it reads,
-``T_i(x_j) = s_i · L(Σ_h a^h_ij W_O^h v^h_j + [i = j] x_i)`` (``L``: the LayerNorm's centring times its
-weight, ``s_i`` its scale for token i), then ``c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁)``, rows normalised;
-the rollout ``R = C^L ⋯ C^1`` keeps ``R[0]`` only, so a trimmed last layer needs no more than it computes.
-The decomposition is made in blocks of about :data:`BLOCK_BYTES`, which stay in a core's cache between the
-matmul that writes them and the L1 distance that reads them (docs/measures.md).
+Usage::
+
+    alti = AltiCapture(model)
+    with alti.forward(attention_mask):
+        logits = model(input_ids, attention_mask=attention_mask).logits
+    contributions = alti.cls_contributions()      # (B, S) float32, 0 on padding
+
+Per layer, the attention block's output for token i is decomposed over the tokens j it reads::
+
+    T_i(x_j) = s_i · L(Σ_h a^h_ij W_O^h v^h_j + [i = j] x_i)
+
+where ``L`` is the block's LayerNorm centring times its weight and ``s_i`` that LayerNorm's own scale
+for token i (biased variance plus epsilon, as ``torch.nn.LayerNorm``), so that
+``Σ_j T_i(x_j) + s_i · L(b_O) + β`` is the block's real output ``y_i``. Then
+``c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁)``, each row normalised to sum to 1; the feed-forward block
+passes contributions through unchanged. The rollout ``R = C^L ⋯ C^1`` is accumulated bottom up, and only
+``R[0]`` is kept, so a trimmed last layer (its rows cut to ``[CLS]``) needs no more than it computes.
+The authors' code scales by an unbiased standard deviation without epsilon; this one reproduces the
+block's output exactly (docs/measures.md).
+
+A layer's ``(B, S, rows, hidden)`` decomposition is made in blocks whose terms fit :data:`BLOCK_BYTES`
+(several whole reviews, or one review's tokens j a block at a time), each cut to its longest review's
+tokens: the matmul that makes the terms has an inner dimension of only H (heads), so its speed is that of
+the memory it writes, and a block that stays in a core's cache is read back by the L1 distance at the
+cache's speed. Memory stays bounded whatever the review length.
 """
 
 from __future__ import annotations
@@ -19,7 +38,8 @@ from torch import nn
 
 from .capture import attention_block, find_self_attention, head_geometry, output_projection
 
-#: The bytes of one block (j, rows, hidden) of the decomposition on a CPU (64 times more on a GPU).
+#: The bytes one block of the decomposition (j, rows, hidden) float32 aims at on a CPU: a few cores' L2
+#: caches, well inside a shared L3 (a GPU takes blocks 64 times larger).
 BLOCK_BYTES = 4 << 20
 
 
@@ -36,7 +56,7 @@ def attention_layer_norm(model: nn.Module, attention: nn.Module) -> nn.LayerNorm
 
 
 class AltiCapture:
-    """Forward hooks that decompose every attention block of one forward pass."""
+    """Forward hooks that decompose every attention block of one forward pass (see the module's doc)."""
 
     def __init__(self, model: nn.Module) -> None:
         self._blocks = []
@@ -60,8 +80,8 @@ class AltiCapture:
     def forward(
         self, attention_mask: torch.Tensor, lengths: Sequence[int] | None = None
     ) -> Iterator[AltiCapture]:
-        """Hooks in place for one forward over a batch with this (B, S) mask; ``lengths``: each review's
-        tokens in a right-padded batch, else read back from the mask."""
+        """Hooks in place for one forward over a batch with this (B, S) mask; ``lengths``: where each review's
+        tokens end, if the caller knows it (a right-padded batch's lengths), else read back from the mask."""
         self._mask, self._rollout, self._seen, self._calls = attention_mask.bool(), None, {}, 0
         if lengths is None:  # past the last unmasked position
             lengths = (attention_mask.cumsum(dim=-1) * attention_mask).argmax(dim=-1).add(1).tolist()
@@ -70,9 +90,11 @@ class AltiCapture:
         for module, q, k, v, dense, norm in self._blocks:
             heads, size, scaling = head_geometry(module, q)
             handles += [
-                p.register_forward_hook(self._keep(name)) for name, p in zip("qkv", (q, k, v), strict=True)
+                q.register_forward_hook(self._keep("q", with_input=True)),
+                k.register_forward_hook(self._keep("k")),
+                v.register_forward_hook(self._keep("v")),
+                norm.register_forward_hook(self._on_norm(heads, size, scaling, dense)),
             ]
-            handles.append(norm.register_forward_hook(self._on_norm(heads, size, scaling, dense)))
         try:
             yield self
         finally:
@@ -82,12 +104,15 @@ class AltiCapture:
 
     def cls_contributions(self) -> torch.Tensor:
         """``R[0, :]``: each token's contribution to ``[CLS]`` after the last layer, (B, S) float32."""
+        if self._rollout is None:
+            raise RuntimeError("no forward pass was captured")
         return self._rollout[:, 0]  # (B, S)
 
-    def _keep(self, name: str):
+    def _keep(self, name: str, with_input: bool = False):
         def hook(_m: nn.Module, inp: tuple, out: torch.Tensor) -> None:
-            # (B, S, H*D), and the block's input (B, S, hidden), its residual: the same tensor for q, k, v
-            self._seen[name], self._seen["x"] = out, inp[0]
+            self._seen[name] = out  # (B, S, H*D)
+            if with_input:
+                self._seen["x"] = inp[0]  # (B, S, hidden): the block's input, its residual
 
         return hook
 
@@ -107,13 +132,26 @@ class AltiCapture:
         return hook
 
 
-def layer_contributions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, z: torch.Tensor,
-                        y: torch.Tensor, mask: torch.Tensor, lengths: list[int], norm: nn.LayerNorm,
-                        dense: nn.Linear, heads: int, size: int, scaling: float) -> torch.Tensor:  # fmt: skip
-    """One layer's normalised contributions ``C`` (B, rows, S) float32 for the ``rows`` positions the
-    LayerNorm saw (all, or ``[CLS]`` alone in a trimmed layer), 0 at padding: from the projections ``q, k, v``
-    (B, S, H*D), the block's input ``x`` (B, S, hidden), the LayerNorm's input ``z`` and output ``y``
-    (B, rows, hidden), ``mask`` (B, S) and each review's tokens ``lengths``."""
+def layer_contributions(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    y: torch.Tensor,
+    mask: torch.Tensor,
+    lengths: list[int],
+    norm: nn.LayerNorm,
+    dense: nn.Linear,
+    heads: int,
+    size: int,
+    scaling: float,
+) -> torch.Tensor:
+    """One layer's normalised contributions ``C`` (B, rows, S) float32, for the ``rows`` positions the
+    LayerNorm saw (all of them, or ``[CLS]`` alone in a trimmed layer); 0 at padding. ``q, k, v``
+    (B, S, H*D) are the projections, ``x`` (B, S, hidden) the block's input, ``z`` and ``y``
+    (B, rows, hidden) the LayerNorm's input and output, ``mask`` (B, S) bool, ``lengths`` each review's
+    tokens (padding after them is neither read nor reading)."""
     B, S = k.shape[:2]
     rows, hidden = z.shape[1:]
     q = q[:, :rows].float().view(B, rows, heads, size).transpose(1, 2) * scaling  # (B, H, rows, D)

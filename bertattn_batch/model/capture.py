@@ -185,7 +185,9 @@ class ClsRowCapture:
         ``α_hj v_hj`` off the attention output, so only the rest of the layer is run again, batched."""
         out = []
         for i, layer in enumerate(self.layers):
-            tail = self._per_module[self._owner[layer]][4]  # not None: checked on load
+            tail = self._per_module[self._owner[layer]][4]
+            if tail is None:
+                raise RuntimeError("value zeroing does not know this model's encoder layer layout")
             dtype = self._kept["v"][layer].dtype
             v = self._heads("v", layer)  # (B, S, H, D)
             B, S, H, D = v.shape

@@ -369,8 +369,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def out_of_memory(e: BaseException) -> bool:
-    """Whether ``e`` says the device ran out of memory, in torch's caching allocator (its OutOfMemoryError,
-    a RuntimeError, says so too) or outside it."""
+    """Whether ``e`` says the device ran out of memory, in torch's caching allocator or outside it."""
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return True
     return isinstance(e, RuntimeError) and any(s in str(e) for s in ("out of memory", "ALLOC_FAILED"))
 
 

@@ -191,14 +191,15 @@ def _widen_over_marks(text: str, offsets: np.ndarray, end_known: bool) -> None:
 
 
 #: Put before a special token's piece in a Unigram vocabulary so that no text matches it (random: a fixed
-#: prefix can be typed).
+#: prefix can be typed); the piece keeps its id and score.
 _UNREACHABLE = f"\ue000{secrets.token_hex(16)}"
 #: Per tokenizer: (its backend, the Rust tokenizer that encodes text as text, the fast path or None).
 _PREPARED: weakref.WeakKeyDictionary[Any, tuple[Any, Any, CharTokens | None]] = weakref.WeakKeyDictionary()
 
 
 def text_backend(tokenizer):
-    """The Rust tokenizer that encodes a review's text as text, a special token's text included."""
+    """The Rust tokenizer that encodes a review's text as text, a special token's text included (a Unigram
+    vocabulary's special pieces made unreachable)."""
     return _prepared(tokenizer)[0]
 
 

@@ -177,13 +177,16 @@ class RunDir:
 
     def _hold(self) -> None:
         """Take the run for this process until :meth:`close`: on local disk, a lock on its folder."""
-        busy = f" is writing {self.run_dir}; wait for it to end or choose another --out"
+
+        def busy(holder: str) -> RunDirError:
+            return RunDirError(
+                f"another bertattn process{holder} is writing {self.run_dir}; wait for it to end or choose "
+                "another --out"
+            )
+
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            lock = file_lock(
-                self.run_dir / LOCK_NAME, busy=lambda who: RunDirError(f"another bertattn process{who}{busy}")
-            )
-            self._held.enter_context(lock)
+            self._held.enter_context(file_lock(self.run_dir / LOCK_NAME, busy=busy))
         except OSError as e:
             if self.run_dir.is_symlink() and not self.run_dir.exists():
                 where = os.readlink(self.run_dir)

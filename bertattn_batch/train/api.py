@@ -172,10 +172,11 @@ def _label_names(labels: Sequence[str], wanted: Sequence[str] | None, order: Seq
 
 def _label_order(label: str) -> tuple[int, float, str]:
     """Numbers in numeric order (1, 2, 10: star ratings), before other labels in text order."""
-    with contextlib.suppress(ValueError):
-        if math.isfinite(value := float(label)):
-            return 0, value, label
-    return 1, 0.0, label
+    try:
+        value = float(label)
+    except ValueError:
+        return 1, 0.0, label
+    return (0, value, label) if math.isfinite(value) else (1, 0.0, label)
 
 
 @contextlib.contextmanager
@@ -234,8 +235,11 @@ def finetune_files(
                 "it or choose another --out"
             )
     wanted = set(spec.labels) if spec.labels is not None else None
-    texts, labels, doc_ids = [], [], []  # of the rows trained on
-    seen, skipped = Counter(), Counter()  # labels read; why rows were not trained on
+    texts: list[str] = []  # of the rows trained on, with their labels and ids
+    labels: list[str] = []
+    doc_ids: list[str] = []
+    seen: Counter[str] = Counter()  # labels read
+    skipped: Counter[str] = Counter()  # why rows were not trained on
     for batch in read_sources(expanded, inputs):
         for doc_id, text, label, status in zip(
             batch.doc_id, batch.text, batch.label, batch.status, strict=True

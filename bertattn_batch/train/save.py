@@ -73,9 +73,12 @@ def save_model(model: Any, tokenizer: Any, metrics: dict[str, Any], out_dir: Pat
 
 
 def check_saved(folder: str | Path, tok_size: int, names: list[str]) -> None:
-    """Reload a saved folder (safetensors only) and check what goes wrong silently: vocabulary, labels."""
+    """Reload a saved folder and check what goes wrong silently: vocabulary, labels, weights format."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    folder = Path(folder)
+    if not list(folder.glob("*.safetensors")):
+        raise ModelError(f"{folder}: no .safetensors weights were written")
     tok = AutoTokenizer.from_pretrained(folder)
     if len(tok) != tok_size:
         raise ModelError(f"{folder}: reloaded tokenizer has {len(tok)} tokens, trained with {tok_size}")
