@@ -93,9 +93,11 @@ def aggregate(
     call(lambda: agg.check_top_options(top_k, unit, by, rank_by))
     if out is not None:
         call(lambda: agg.export_path(out))  # before the work
-    layers = None if layer is None else [call(lambda: agg.run_layer(read_manifest(run_dir), layer))]
+    if layer is not None or head is not None:  # checked before the work, from one read of the manifest
+        manifest = call(lambda: read_manifest(run_dir))
+    layers = None if layer is None else [call(lambda: agg.run_layer(manifest, layer))]
     if head is not None:
-        call(lambda: agg.check_head(read_manifest(run_dir), head))
+        call(lambda: agg.check_head(manifest, head))
 
     result = call(lambda: agg.aggregate(run_dir, min_reviews=min_reviews, rank_by=rank_by, **words), REDONE,
                   completes=True)  # fmt: skip
