@@ -21,26 +21,60 @@ passes contributions through unchanged. The rollout ``R = C^L ⋯ C^1`` is accum
 The authors' code scales by an unbiased standard deviation without epsilon; this one reproduces the
 block's output exactly (docs/measures.md).
 
-A layer's ``(B, S, rows, hidden)`` decomposition is made in blocks whose terms fit :data:`BLOCK_BYTES`
-(several whole reviews, or one review's tokens j a block at a time), each cut to its longest review's
-tokens: the matmul that makes the terms has an inner dimension of only H (heads), so its speed is that of
-the memory it writes, and a block that stays in a core's cache is read back by the L1 distance at the
-cache's speed. Memory stays bounded whatever the review length.
+The distances ``‖y_i − T_i(x_j)‖₁`` are the cost: ``B × S × rows × hidden`` terms, each a sum over only H
+heads. On a CPU they are made by one kernel that ``torch.compile`` fuses (:func:`head_distances`): each term
+is summed over its heads, its distance to ``y_i`` taken and added up where it is made, so no term is
+stored and memory stays that of the attention. Where that kernel cannot be compiled (no C++ compiler,
+``TORCHDYNAMO_DISABLE=1``), and on a GPU, the terms are made by a matmul in blocks that fit
+:data:`BLOCK_BYTES` (several whole reviews, or one review's tokens j a block at a time), each cut to its
+longest review's tokens, and read back by the L1 distance while the block is in cache. Memory stays
+bounded whatever the review length, either way.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
 
+from ..errors import first_line
 from .capture import attention_block, find_self_attention, head_geometry, output_projection
 
 #: The bytes one block of the decomposition (j, rows, hidden) float32 aims at on a CPU: a few cores' L2
 #: caches, well inside a shared L3 (a GPU takes blocks 64 times larger).
 BLOCK_BYTES = 4 << 20
+
+#: inductor's thresholds for storing an intermediate, raised so that a term's sum over every head (12 or
+#: 16 of them, each a read) stays inside the one kernel that measures its distance
+FUSE_EVERY_HEAD = {
+    "realize_reads_threshold": 1 << 10,
+    "realize_cpu_acc_reads_threshold": 1 << 10,
+    "realize_cpu_opcount_threshold": 1 << 10,
+}
+
+log = logging.getLogger(__name__)
+
+
+def head_distances(a: torch.Tensor, f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``‖y_i − Σ_h a[h, j, i] f[h, j]‖₁`` for every review, token j and row i: ``a`` (b, H, n, m), ``f``
+    (b, H, n, hidden), ``y`` (b, m, hidden) -> (b, n, m). Written as one expression for ``torch.compile``
+    to fuse; run eagerly it would store all ``b × n × m × hidden`` terms."""
+    t = -y[:, None]
+    for h in range(a.shape[1]):  # unrolled: H multiply-adds a term, all in registers once compiled
+        t = t + a[:, h, :, :, None] * f[:, h, :, None, :]
+    return t.abs().sum(dim=-1)
+
+
+def compiled_head_distances() -> Callable[..., torch.Tensor] | None:
+    """:func:`head_distances` under ``torch.compile`` (it compiles at its first call, a few seconds once a
+    process, cached on disk after), or None where torch's compiler is switched off."""
+    if os.environ.get("TORCHDYNAMO_DISABLE", "") not in ("", "0"):
+        return None
+    return torch.compile(head_distances, dynamic=True, options=FUSE_EVERY_HEAD)
 
 
 def attention_layer_norm(model: nn.Module, attention: nn.Module) -> nn.LayerNorm | None:
@@ -75,6 +109,7 @@ class AltiCapture:
         # a forward calls the hooks once per layer, several times for a module that layers share (ALBERT)
         self._layers, self._calls = model.config.num_hidden_layers, 0
         self._lengths: list[int] = []
+        self._fused = compiled_head_distances()  # on a CPU; None: the matmul in blocks
 
     @contextlib.contextmanager
     def forward(
@@ -122,10 +157,18 @@ class AltiCapture:
             last = self._calls == self._layers
             z, y = (inp[0][:, :1], out[:, :1]) if last else (inp[0], out)  # the top: [CLS]'s row alone
             seen = self._seen
-            c = layer_contributions(
-                seen["q"], seen["k"], seen["v"], seen["x"], z, y, self._mask, self._lengths, norm, dense,
-                heads, size, scaling,
-            )  # fmt: skip
+            fused = self._fused if y.device.type == "cpu" else None
+            args = (seen["q"], seen["k"], seen["v"], seen["x"], z, y, self._mask, self._lengths, norm, dense)
+            try:
+                c = layer_contributions(*args, heads, size, scaling, fused)
+            except Exception as e:  # what torch raises varies: no C++ compiler, an op inductor cannot lower
+                if fused is None:
+                    raise
+                log.warning(
+                    "ALTI: the fused distance kernel fails here (%s); distances by blocks", first_line(e)
+                )
+                self._fused = None
+                c = layer_contributions(*args, heads, size, scaling)
             # (B, rows, S) @ (B, S, S): the last layer's one row is all the rollout keeps
             self._rollout = c if self._rollout is None else torch.bmm(c, self._rollout)
 
@@ -146,46 +189,62 @@ def layer_contributions(
     heads: int,
     size: int,
     scaling: float,
+    fused: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One layer's normalised contributions ``C`` (B, rows, S) float32, for the ``rows`` positions the
     LayerNorm saw (all of them, or ``[CLS]`` alone in a trimmed layer); 0 at padding. ``q, k, v``
     (B, S, H*D) are the projections, ``x`` (B, S, hidden) the block's input, ``z`` and ``y``
     (B, rows, hidden) the LayerNorm's input and output, ``mask`` (B, S) bool, ``lengths`` each review's
-    tokens (padding after them is neither read nor reading)."""
+    tokens (padding after them is neither read nor reading); ``fused``: :func:`head_distances` compiled,
+    or None for the matmul in blocks."""
     B, S = k.shape[:2]
     rows, hidden = z.shape[1:]
-    q = q[:, :rows].float().view(B, rows, heads, size).transpose(1, 2) * scaling  # (B, H, rows, D)
-    k = k.float().view(B, S, heads, size).transpose(1, 2)  # (B, H, S, D)
-    # (B, H, S, rows), a^h_ij at [h, j, i]: by token j, the (i, h) matrices the matmul below reads as they lie
-    a = torch.softmax((k @ q.transpose(-1, -2)).masked_fill_(~mask[:, None, :, None], float("-inf")), dim=-2)
-    s = torch.rsqrt(z.float().var(dim=-1, unbiased=False, keepdim=True) + norm.eps)  # (B, rows, 1)
-    # s_i is folded into the attention, and L, being linear, into W_O, so that Σ_h a^h_ij f^h_j (one matmul
-    # of inner dimension H per token j) plus token i's own term s_i L(x_i) where j = i is T_i(x_j)
-    a.mul_(s.view(B, 1, 1, rows))
-    gamma = norm.weight.detach().float() if norm.weight is not None else torch.ones(hidden, device=a.device)
+    z = z.float() - z.float().mean(dim=-1, keepdim=True)
+    s = torch.rsqrt(z.square().mean(dim=-1, keepdim=True) + norm.eps)  # (B, rows, 1); faster than var()
+    # s_i is folded into the attention, and L, being linear, into W_O, so that Σ_h a^h_ij f^h_j plus token
+    # i's own term s_i L(x_i) where j = i is T_i(x_j)
+    gamma = norm.weight.detach().float() if norm.weight is not None else torch.ones(hidden, device=z.device)
     w = dense.weight.detach().float()  # (hidden, H*D)
     w = ((w - w.mean(dim=0)) * gamma[:, None]).view(hidden, heads, size).permute(1, 2, 0)  # (H, D, hidden)
-    f = v.float().view(B, S, heads, size).transpose(1, 2) @ w  # (B, H, S, hidden): L(W_O^h v^h_j)
     x = x[:, :rows].float()
     own = (x - x.mean(dim=-1, keepdim=True)) * gamma * s  # (B, rows, hidden): s_i L(x_i)
     y = y.float()
     budget = BLOCK_BYTES if y.device.type == "cpu" else 64 * BLOCK_BYTES  # a GPU: few, large launches
-    block = max(1, budget // (4 * rows * hidden))  # tokens j a block holds
-    work = torch.empty(block * rows * hidden, device=y.device)
-    c = torch.zeros(B, rows, S, device=y.device)
-    reviews = max(1, block // S)  # whole reviews a block holds, or one review's tokens in blocks of j
-    for b in range(0, B, reviews):
-        r = slice(b, min(b + reviews, B))
+    c = torch.zeros(B, rows, S, device=y.device)  # ‖y_i − T_i(x_j)‖₁, then the contributions
+    step = max(1, budget // (4 * heads * S * (S + hidden)))  # reviews whose attention and f fit the budget
+    for b in range(0, B, step):
+        r = slice(b, min(b + step, B))
         n = max(lengths[r])  # the longest of these reviews: its tokens j and rows i
-        m, step = min(rows, n), max(1, block // (r.stop - r.start))
-        for j in range(0, n, step):
-            js = slice(j, min(j + step, n))
-            t = work[: (r.stop - r.start) * (js.stop - js.start) * m * hidden].view(-1, m, hidden)
-            heads_j = a[r, :, js, :m].permute(0, 2, 3, 1).flatten(0, 1)  # (b*j, i, H)
-            torch.bmm(heads_j, f[r, :, js].transpose(1, 2).flatten(0, 1), out=t)  # the heads' terms, by j
-            t = t.view(r.stop - r.start, -1, m, hidden)  # (b, j, i, hidden)
-            mine = t.diagonal(offset=j, dim1=1, dim2=2)  # (b, hidden, i = j): where i reads itself
-            mine.add_(own[r, j : j + mine.shape[-1]].transpose(1, 2))  # T_i(x_j)
-            c[r, :m, js] = t.sub_(y[r, None, :m]).abs_().sum(dim=-1).transpose(1, 2)  # ‖y_i − T_i(x_j)‖₁
+        m = min(rows, n)
+        qr = q[r, :m].float().unflatten(-1, (heads, size)).transpose(1, 2) * scaling  # (b, H, m, D)
+        kr = k[r, :n].float().unflatten(-1, (heads, size)).transpose(1, 2)  # (b, H, n, D)
+        # (b, H, n, m), a^h_ij at [h, j, i], with s_i folded in
+        a = torch.softmax(
+            (kr @ qr.transpose(-1, -2)).masked_fill_(~mask[r, None, :n, None], -torch.inf), dim=-2
+        )
+        a.mul_(s[r, :m].view(-1, 1, 1, m))
+        vr = v[r, :n].float().reshape(-1, heads, size).transpose(0, 1)  # (H, b*n, D)
+        f = torch.bmm(vr, w).unflatten(1, (-1, n)).transpose(0, 1)  # (b, H, n, hidden): L(W_O^h v^h_j)
+        d = (fused or block_distances)(a, f, y[r, :m])  # (b, n, m), each without token i's own term
+        mine = (a[:, :, :m].diagonal(dim1=2, dim2=3)[..., None] * f[:, :, :m]).sum(dim=1) + own[r, :m]
+        d.diagonal(dim1=1, dim2=2).copy_((y[r, :m] - mine).abs().sum(dim=-1))  # T_i(x_i), with it
+        c[r, :m, :n] = d.transpose(1, 2)
     c = (y.abs().sum(dim=-1, keepdim=True) - c).clamp_min(0) * mask[:, None, :]  # (B, rows, S), 0 at padding
     return c / c.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)
+
+
+def block_distances(a: torch.Tensor, f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """:func:`head_distances` without a compiler: the terms made by a matmul of inner dimension H, in
+    blocks of tokens j that fit :data:`BLOCK_BYTES` (64 times that on a GPU), each read back by the L1
+    distance while it is in cache."""
+    b, _, n, m = a.shape
+    hidden = y.shape[-1]
+    budget = BLOCK_BYTES if y.device.type == "cpu" else 64 * BLOCK_BYTES
+    step = max(1, budget // (4 * b * m * hidden))
+    d = torch.empty(b, n, m, device=y.device)
+    for j in range(0, n, step):
+        js = slice(j, min(j + step, n))
+        heads_j = a[:, :, js].permute(0, 2, 3, 1).flatten(0, 1)  # (b*j, m, H)
+        t = torch.bmm(heads_j, f[:, :, js].transpose(1, 2).flatten(0, 1))  # (b*j, m, hidden)
+        d[:, js] = t.unflatten(0, (b, -1)).sub_(y[:, None]).abs_().sum(dim=-1)
+    return d

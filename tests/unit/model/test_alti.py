@@ -70,16 +70,35 @@ def test_alti_matches_eager_on_minilm(minilm_dir):
     _check(minilm_dir)
 
 
-def test_alti_blocks_give_the_same_values(tiny_en_dir, monkeypatch):
+def _contributions(model_dir) -> torch.Tensor:
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+    batch = AutoTokenizer.from_pretrained(model_dir)(TEXTS, padding=True, return_tensors="pt")
+    alti = AltiCapture(model)
+    with torch.inference_mode(), alti.forward(batch["attention_mask"]):
+        model(**batch)
+    return alti.cls_contributions()
+
+
+def test_the_fused_kernel_and_the_blocks_give_the_same_values(tiny_en_dir, monkeypatch):
+    """The compiled kernel (the CPU's way) against the matmul in blocks (a GPU's, and the fallback), the
+    blocks both of whole reviews and of one token j at a time."""
     import bertattn_batch.model.alti as alti_module
 
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_en_dir, attn_implementation="sdpa").eval()
-    batch = AutoTokenizer.from_pretrained(tiny_en_dir)(TEXTS, padding=True, return_tensors="pt")
-    results = []
-    for block_bytes in (64 << 20, 1):  # whole reviews, then one token j at a time
+    fused = _contributions(tiny_en_dir)
+    monkeypatch.setattr(alti_module, "compiled_head_distances", lambda: None)
+    for block_bytes in (64 << 20, 1):
         monkeypatch.setattr(alti_module, "BLOCK_BYTES", block_bytes)
-        alti = AltiCapture(model)
-        with torch.inference_mode(), alti.forward(batch["attention_mask"]):
-            model(**batch)
-        results.append(alti.cls_contributions())
-    torch.testing.assert_close(results[0], results[1], atol=1e-6, rtol=0)
+        torch.testing.assert_close(_contributions(tiny_en_dir), fused, atol=1e-6, rtol=0)
+
+
+def test_a_kernel_that_fails_to_compile_leaves_the_blocks(tiny_en_dir, monkeypatch, caplog):
+    import bertattn_batch.model.alti as alti_module
+
+    expected = _contributions(tiny_en_dir)
+
+    def fails(*_args):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
+    monkeypatch.setattr(alti_module, "compiled_head_distances", lambda: fails)
+    torch.testing.assert_close(_contributions(tiny_en_dir), expected, atol=1e-6, rtol=0)
+    assert "fused distance kernel fails here (InvalidCxxCompiler: No working C++ compiler" in caplog.text
