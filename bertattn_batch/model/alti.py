@@ -22,20 +22,19 @@ The authors' code scales by an unbiased standard deviation without epsilon; this
 block's output exactly (docs/measures.md).
 
 The distances ``‖y_i − T_i(x_j)‖₁`` are the cost: ``B × S × rows × hidden`` terms, each a sum over only H
-heads. On a CPU they are made by one kernel that ``torch.compile`` fuses (:func:`head_distances`): each term
-is summed over its heads, its distance to ``y_i`` taken and added up where it is made, so no term is
-stored and memory stays that of the attention. Where that kernel cannot be compiled (no C++ compiler,
-``TORCHDYNAMO_DISABLE=1``), and on a GPU, the terms are made by a matmul in blocks that fit
-:data:`BLOCK_BYTES` (several whole reviews, or one review's tokens j a block at a time), each cut to its
-longest review's tokens, and read back by the L1 distance while the block is in cache. Memory stays
-bounded whatever the review length, either way.
+heads. A layer is decomposed in chunks of reviews whose attention fits :data:`BLOCK_BYTES`, each cut to
+its longest review's tokens. On a CPU a chunk runs under ``torch.compile`` (:func:`compiled_chunk_distances`),
+which fuses each term's sum over the heads, its distance to ``y_i`` and the sum of those into one kernel
+that stores no term. Where that cannot compile (no C++ compiler, ``TORCHDYNAMO_DISABLE=1``), and on a GPU,
+the terms are made by a matmul in blocks of tokens j, each read back by the L1 distance while it is in
+cache. Memory stays bounded whatever the review length, either way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-import os
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -56,25 +55,72 @@ FUSE_EVERY_HEAD = {
     "realize_cpu_opcount_threshold": 1 << 10,
 }
 
+#: graphs one process may compile: 4 a model (a chunk of one review or more, the last layer's one row or
+#: more), for the models a process loads
+RECOMPILES = 32
+
 log = logging.getLogger(__name__)
+
+
+def chunk_distances(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    s: torch.Tensor,
+    own: torch.Tensor,
+    y: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """``‖y_i − T_i(x_j)‖₁`` (b, n, m) for a chunk of b reviews, their n tokens j and m rows i: ``q``
+    (b, H, m, D) scaled and ``k`` (b, H, n, D) the heads' queries and keys, ``v`` (b, n, H*D) the values,
+    ``w`` (H, D, hidden) W_O with L folded in, ``s`` (b, m, 1) the LayerNorm's scales, ``own`` and ``y``
+    (b, m, hidden) each row's own term and the block's output, ``mask`` (b, n)."""
+    b, heads, m, size = q.shape
+    n = k.shape[2]
+    # (b, H, n, m), a^h_ij at [h, j, i], with s_i folded in
+    a = torch.softmax((k @ q.transpose(-1, -2)).masked_fill(~mask[:, None, :, None], -torch.inf), dim=-2)
+    a = a * s.view(b, 1, 1, m)
+    f = torch.bmm(v.reshape(b * n, heads, size).transpose(0, 1), w)  # (H, b*n, hidden): L(W_O^h v^h_j)
+    f = f.view(heads, b, n, -1).transpose(0, 1)  # (b, H, n, hidden)
+    d = head_distances(a, f, y)  # without token i's own term where j = i
+    mine = (a[:, :, :m].diagonal(dim1=2, dim2=3)[..., None] * f[:, :, :m]).sum(dim=1) + own  # T_i(x_i)
+    diagonal = torch.arange(n, device=d.device)[:, None] == torch.arange(m, device=d.device)  # (n, m)
+    return torch.where(diagonal, (y - mine).abs().sum(dim=-1)[:, None, :], d)
 
 
 def head_distances(a: torch.Tensor, f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``‖y_i − Σ_h a[h, j, i] f[h, j]‖₁`` for every review, token j and row i: ``a`` (b, H, n, m), ``f``
-    (b, H, n, hidden), ``y`` (b, m, hidden) -> (b, n, m). Written as one expression for ``torch.compile``
-    to fuse; run eagerly it would store all ``b × n × m × hidden`` terms."""
-    t = -y[:, None]
-    for h in range(a.shape[1]):  # unrolled: H multiply-adds a term, all in registers once compiled
-        t = t + a[:, h, :, :, None] * f[:, h, :, None, :]
-    return t.abs().sum(dim=-1)
+    (b, H, n, hidden), ``y`` (b, m, hidden) -> (b, n, m). Under ``torch.compile``, one expression that it
+    fuses into a kernel storing no term; eagerly, the terms made by a matmul of inner dimension H in
+    blocks of tokens j that fit :data:`BLOCK_BYTES` (64 times that on a GPU), each read back by the L1
+    distance while it is in cache."""
+    b, heads, n, m = a.shape
+    if torch.compiler.is_compiling():
+        t = -y[:, None]
+        for h in range(heads):  # unrolled: H multiply-adds a term, in registers
+            t = t + a[:, h, :, :, None] * f[:, h, :, None, :]
+        return t.abs().sum(dim=-1)
+    hidden = y.shape[-1]
+    budget = BLOCK_BYTES if y.device.type == "cpu" else 64 * BLOCK_BYTES
+    step = max(1, budget // (4 * b * m * hidden))
+    d = torch.empty(b, n, m, device=y.device)
+    for j in range(0, n, step):
+        js = slice(j, min(j + step, n))
+        heads_j = a[:, :, js].permute(0, 2, 3, 1).flatten(0, 1)  # (b*j, m, H)
+        t = torch.bmm(heads_j, f[:, :, js].transpose(1, 2).flatten(0, 1))  # (b*j, m, hidden)
+        d[:, js] = t.unflatten(0, (b, -1)).sub_(y[:, None]).abs_().sum(dim=-1)
+    return d
 
 
-def compiled_head_distances() -> Callable[..., torch.Tensor] | None:
-    """:func:`head_distances` under ``torch.compile`` (it compiles at its first call, a few seconds once a
-    process, cached on disk after), or None where torch's compiler is switched off."""
-    if os.environ.get("TORCHDYNAMO_DISABLE", "") not in ("", "0"):
-        return None
-    return torch.compile(head_distances, dynamic=True, options=FUSE_EVERY_HEAD)
+@functools.cache
+def compiled_chunk_distances() -> Callable[..., torch.Tensor]:
+    """:func:`chunk_distances` under ``torch.compile``: it compiles at its first call, a few seconds once a
+    process for each head count (cached on disk after); where it cannot (no C++ compiler, more shapes
+    than :data:`RECOMPILES`), it raises, and the caller runs :func:`chunk_distances` eagerly."""
+    return torch.compile(
+        chunk_distances, dynamic=True, fullgraph=True, recompile_limit=RECOMPILES, options=FUSE_EVERY_HEAD
+    )
 
 
 def attention_layer_norm(model: nn.Module, attention: nn.Module) -> nn.LayerNorm | None:
@@ -109,7 +155,7 @@ class AltiCapture:
         # a forward calls the hooks once per layer, several times for a module that layers share (ALBERT)
         self._layers, self._calls = model.config.num_hidden_layers, 0
         self._lengths: list[int] = []
-        self._fused = compiled_head_distances()  # on a CPU; None: the matmul in blocks
+        self._fused: Callable[..., torch.Tensor] | None = compiled_chunk_distances()  # None: eagerly
 
     @contextlib.contextmanager
     def forward(
@@ -165,7 +211,7 @@ class AltiCapture:
                 if fused is None:
                     raise
                 log.warning(
-                    "ALTI: the fused distance kernel fails here (%s); distances by blocks", first_line(e)
+                    "ALTI: torch.compile fails here (%s); its distances run eagerly, slower", first_line(e)
                 )
                 self._fused = None
                 c = layer_contributions(*args, heads, size, scaling)
@@ -195,8 +241,8 @@ def layer_contributions(
     LayerNorm saw (all of them, or ``[CLS]`` alone in a trimmed layer); 0 at padding. ``q, k, v``
     (B, S, H*D) are the projections, ``x`` (B, S, hidden) the block's input, ``z`` and ``y``
     (B, rows, hidden) the LayerNorm's input and output, ``mask`` (B, S) bool, ``lengths`` each review's
-    tokens (padding after them is neither read nor reading); ``fused``: :func:`head_distances` compiled,
-    or None for the matmul in blocks."""
+    tokens (padding after them is neither read nor reading); ``fused``: :func:`chunk_distances` compiled,
+    or None to run it eagerly."""
     B, S = k.shape[:2]
     rows, hidden = z.shape[1:]
     z = z.float() - z.float().mean(dim=-1, keepdim=True)
@@ -218,33 +264,10 @@ def layer_contributions(
         m = min(rows, n)
         qr = q[r, :m].float().unflatten(-1, (heads, size)).transpose(1, 2) * scaling  # (b, H, m, D)
         kr = k[r, :n].float().unflatten(-1, (heads, size)).transpose(1, 2)  # (b, H, n, D)
-        # (b, H, n, m), a^h_ij at [h, j, i], with s_i folded in
-        a = torch.softmax(
-            (kr @ qr.transpose(-1, -2)).masked_fill_(~mask[r, None, :n, None], -torch.inf), dim=-2
-        )
-        a.mul_(s[r, :m].view(-1, 1, 1, m))
-        vr = v[r, :n].float().reshape(-1, heads, size).transpose(0, 1)  # (H, b*n, D)
-        f = torch.bmm(vr, w).unflatten(1, (-1, n)).transpose(0, 1)  # (b, H, n, hidden): L(W_O^h v^h_j)
-        d = (fused or block_distances)(a, f, y[r, :m])  # (b, n, m), each without token i's own term
-        mine = (a[:, :, :m].diagonal(dim1=2, dim2=3)[..., None] * f[:, :, :m]).sum(dim=1) + own[r, :m]
-        d.diagonal(dim1=1, dim2=2).copy_((y[r, :m] - mine).abs().sum(dim=-1))  # T_i(x_i), with it
+        args = (qr, kr, v[r, :n].float(), w, s[r, :m], own[r, :m], y[r, :m], mask[r, :n])
+        # contiguous: a compiled graph then holds for every chunk of its kind (one review or more, one row
+        # or all), where views' strides would each ask for a graph of their own
+        d = (fused or chunk_distances)(*(t.contiguous() for t in args))  # (b, n, m)
         c[r, :m, :n] = d.transpose(1, 2)
     c = (y.abs().sum(dim=-1, keepdim=True) - c).clamp_min(0) * mask[:, None, :]  # (B, rows, S), 0 at padding
     return c / c.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)
-
-
-def block_distances(a: torch.Tensor, f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """:func:`head_distances` without a compiler: the terms made by a matmul of inner dimension H, in
-    blocks of tokens j that fit :data:`BLOCK_BYTES` (64 times that on a GPU), each read back by the L1
-    distance while it is in cache."""
-    b, _, n, m = a.shape
-    hidden = y.shape[-1]
-    budget = BLOCK_BYTES if y.device.type == "cpu" else 64 * BLOCK_BYTES
-    step = max(1, budget // (4 * b * m * hidden))
-    d = torch.empty(b, n, m, device=y.device)
-    for j in range(0, n, step):
-        js = slice(j, min(j + step, n))
-        heads_j = a[:, :, js].permute(0, 2, 3, 1).flatten(0, 1)  # (b*j, m, H)
-        t = torch.bmm(heads_j, f[:, :, js].transpose(1, 2).flatten(0, 1))  # (b*j, m, hidden)
-        d[:, js] = t.unflatten(0, (b, -1)).sub_(y[:, None]).abs_().sum(dim=-1)
-    return d

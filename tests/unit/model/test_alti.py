@@ -85,7 +85,7 @@ def test_the_fused_kernel_and_the_blocks_give_the_same_values(tiny_en_dir, monke
     import bertattn_batch.model.alti as alti_module
 
     fused = _contributions(tiny_en_dir)
-    monkeypatch.setattr(alti_module, "compiled_head_distances", lambda: None)
+    monkeypatch.setattr(alti_module, "compiled_chunk_distances", lambda: None)
     for block_bytes in (64 << 20, 1):
         monkeypatch.setattr(alti_module, "BLOCK_BYTES", block_bytes)
         torch.testing.assert_close(_contributions(tiny_en_dir), fused, atol=1e-6, rtol=0)
@@ -99,6 +99,6 @@ def test_a_kernel_that_fails_to_compile_leaves_the_blocks(tiny_en_dir, monkeypat
     def fails(*_args):
         raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
 
-    monkeypatch.setattr(alti_module, "compiled_head_distances", lambda: fails)
+    monkeypatch.setattr(alti_module, "compiled_chunk_distances", lambda: fails)
     torch.testing.assert_close(_contributions(tiny_en_dir), expected, atol=1e-6, rtol=0)
-    assert "fused distance kernel fails here (InvalidCxxCompiler: No working C++ compiler" in caplog.text
+    assert "torch.compile fails here (InvalidCxxCompiler: No working C++ compiler" in caplog.text
