@@ -22,12 +22,13 @@ The authors' code scales by an unbiased standard deviation without epsilon; this
 block's output exactly (docs/measures.md).
 
 The distances ``‖y_i − T_i(x_j)‖₁`` are the cost: ``B × S × rows × hidden`` terms, each a sum over only H
-heads. A layer is decomposed in chunks of reviews whose attention fits :data:`BLOCK_BYTES`, each cut to
-its longest review's tokens. On a CPU a chunk runs under ``torch.compile`` (:func:`compiled_chunk_distances`),
-which fuses each term's sum over the heads, its distance to ``y_i`` and the sum of those into one kernel
-that stores no term. Where that cannot compile (no C++ compiler, ``TORCHDYNAMO_DISABLE=1``), and on a GPU,
-the terms are made by a matmul in blocks of tokens j, each read back by the L1 distance while it is in
-cache. Memory stays bounded whatever the review length, either way.
+heads. A layer is decomposed in chunks of reviews whose attention and value terms fit :data:`BLOCK_BYTES`,
+each cut to its longest review's tokens. On a CPU a chunk runs under ``torch.compile``
+(:func:`compiled_chunk_distances`), which fuses each term's sum over the heads, its distance to ``y_i``
+and the sum of those into one kernel that stores no term. Where that cannot compile (no C++ compiler,
+``TORCHDYNAMO_DISABLE=1``), on a GPU, and for a trimmed layer's one row, the terms are made by a matmul in
+blocks of tokens j, each read back by the L1 distance while it is in cache. Memory stays bounded
+whatever the review length, either way.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ from torch import nn
 from ..errors import first_line
 from .capture import attention_block, find_self_attention, head_geometry, output_projection
 
-#: The bytes one block of the decomposition (j, rows, hidden) float32 aims at on a CPU: a few cores' L2
-#: caches, well inside a shared L3 (a GPU takes blocks 64 times larger).
+#: The bytes a chunk's attention and value terms, and an eager block of the decomposition (j, rows,
+#: hidden), aim at on a CPU: a few cores' L2 caches, inside a shared L3 (a GPU takes 64 times more).
 BLOCK_BYTES = 4 << 20
 
 #: inductor's thresholds for storing an intermediate, raised so that a term's sum over every head (12 or
@@ -55,8 +56,8 @@ FUSE_EVERY_HEAD = {
     "realize_cpu_opcount_threshold": 1 << 10,
 }
 
-#: graphs one process may compile: 4 a model (a chunk of one review or more, the last layer's one row or
-#: more), for the models a process loads
+#: graphs one process may compile: 2 a model (a chunk of one review, or of more), for the models a
+#: process loads
 RECOMPILES = 32
 
 log = logging.getLogger(__name__)
@@ -265,9 +266,10 @@ def layer_contributions(
         qr = q[r, :m].float().unflatten(-1, (heads, size)).transpose(1, 2) * scaling  # (b, H, m, D)
         kr = k[r, :n].float().unflatten(-1, (heads, size)).transpose(1, 2)  # (b, H, n, D)
         args = (qr, kr, v[r, :n].float(), w, s[r, :m], own[r, :m], y[r, :m], mask[r, :n])
-        # contiguous: a compiled graph then holds for every chunk of its kind (one review or more, one row
-        # or all), where views' strides would each ask for a graph of their own
-        d = (fused or chunk_distances)(*(t.contiguous() for t in args))  # (b, n, m)
+        # contiguous: a compiled graph then holds for every chunk of one review, or of more, where views'
+        # strides would each ask for a graph of their own; a trimmed layer's one row is cheap eagerly
+        run = fused if fused is not None and m > 1 else chunk_distances
+        d = run(*(t.contiguous() for t in args))  # (b, n, m)
         c[r, :m, :n] = d.transpose(1, 2)
     c = (y.abs().sum(dim=-1, keepdim=True) - c).clamp_min(0) * mask[:, None, :]  # (B, rows, S), 0 at padding
     return c / c.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)
