@@ -5,8 +5,9 @@ Python's lock, which building a window's rows and tables holds most of the time)
       ──▶ host process i % n: fill the rows, extract, write ──▶ the staged part, back to ``run_job``
 
 A host process keeps a window's rows between its two steps: only token ids (there) and the model's
-outputs (back) cross. Host processes are forked from a fork server, never from this process, which
-may hold threads and a CUDA context. No torch here: the fork server imports this module.
+outputs (back, in shared memory: engines/shared_outputs.py) cross. Host processes are forked from a fork
+server, never from this process, which may hold threads and a CUDA context. No torch here: the fork
+server imports this module.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from multiprocessing import forkserver, resource_tracker
+from multiprocessing.shared_memory import SharedMemory
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +35,7 @@ from ..errors import EngineError
 from ..extract.job import StagedPart, Window, WindowJob
 from ..runtime import signals_deferred, tune_runtime
 from .scheduling import converted, then
+from .shared_outputs import OutputBlocks, SharedOutputs, take
 
 if TYPE_CHECKING:
     from ..extract.windows import WindowRows
@@ -89,6 +92,8 @@ class HostProcesses:
         args = (dict(os.environ), shape, *job)
         ctx = start_server()
         self._model = ThreadPoolExecutor(1, "model")
+        self._blocks = OutputBlocks()
+        self._lent: dict[int, SharedMemory | None] = {}  # window -> its outputs' block, until finished
         self._pools: list[ProcessPoolExecutor] = []
         self._seq = itertools.count()
         try:
@@ -111,10 +116,12 @@ class HostProcesses:
             prepared = pool.submit(_prepare, seq, rows)
         except (BrokenProcessPool, ConnectionError) as e:  # the second: it failed to start
             raise _ended(e) from None
-        scored = then(prepared, self._model, self._score)
-        return converted(then(scored, pool, partial(_finish, seq)), _ended)
+        scored = then(prepared, self._model, partial(self._score, seq))
+        finished = then(scored, pool, partial(_finish, seq))
+        finished.add_done_callback(lambda _: self._blocks.release(self._lent.pop(seq, None)))
+        return converted(finished, _ended)
 
-    def _score(self, ids: list[PackedIds]) -> tuple[list[list[Outputs]], float]:
+    def _score(self, seq: int, ids: list[PackedIds]) -> tuple[SharedOutputs | list[list[Outputs]], float]:
         from ..extract.score import score_batches  # torch, which the host processes do without
 
         t0 = time.perf_counter()
@@ -123,7 +130,8 @@ class HostProcesses:
         for (_, lengths), out in zip(ids, score_batches(self.clf, batches, self.seconds), strict=True):
             outputs.append(out)
             self.on_batch(len(lengths))
-        return outputs, time.perf_counter() - t0
+        sent, self._lent[seq] = self._blocks.put(outputs)
+        return sent, time.perf_counter() - t0
 
     def __enter__(self) -> HostProcesses:
         return self
@@ -144,6 +152,7 @@ class HostProcesses:
             # in turn, each waited for: a second shutdown of a ProcessPoolExecutor does not wait
             for pool in [self._model, *self._pools]:
                 pool.shutdown(wait=True, cancel_futures=True)
+            self._blocks.close()
 
 
 def _ended(e: BaseException) -> BaseException:
@@ -188,9 +197,10 @@ def _prepare(seq: int, rows: WindowRows) -> list[PackedIds]:
     return [(np.concatenate(batch), np.array([len(x) for x in batch], np.int64)) for batch in ids]
 
 
-def _finish(seq: int, scored: tuple[list[list[Outputs]], float]) -> StagedPart:
+def _finish(seq: int, scored: tuple[SharedOutputs | list[list[Outputs]], float]) -> StagedPart:
     assert _job is not None
-    return _job.finish(_windows.pop(seq), *scored)
+    sent, model_seconds = scored
+    return _job.finish(_windows.pop(seq), take(sent), model_seconds)
 
 
 def _usage() -> dict[str, float]:

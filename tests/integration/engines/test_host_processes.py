@@ -14,7 +14,7 @@ from helpers import RUN_COLUMNS, manifest_json, read_table
 
 from bertattn_batch import schema
 from bertattn_batch.config import InputSpec, JobSpec
-from bertattn_batch.engines import run_job
+from bertattn_batch.engines import run_job, shared_outputs
 from bertattn_batch.engines.local import MAX_HOST_PROCESSES, host_processes
 from bertattn_batch.errors import EngineError, SpecError, WriteError
 
@@ -49,8 +49,13 @@ def test_host_processes_write_the_tables_the_threads_write(
 ):
     notes = tmp_path / "notes"
     monkeypatch.setenv("PROBE_NOTES", str(notes))
+    put, sent = shared_outputs.OutputBlocks.put, []  # how the outputs crossed: shared memory
+    monkeypatch.setattr(
+        shared_outputs.OutputBlocks, "put", lambda self, o: sent.append(put(self, o)) or sent[-1]
+    )
     out = tmp_path / "run"
     summary = run_job(_spec(drug_sample, tiny_en_dir, out, host_processes=2), part_writer=host_probes.Probe)
+    assert len(sent) == 6 and all(isinstance(s, shared_outputs.SharedOutputs) for s, _ in sent)
     got = _tables(out)
     for table in schema.TABLES:
         assert got[table].equals(threaded[table]), table
