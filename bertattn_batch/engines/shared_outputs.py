@@ -33,7 +33,7 @@ SHM_DIR = "/dev/shm"
 #: Each array starts at a multiple of this many bytes (a cache line).
 ALIGN = 64
 #: Blocks a host process keeps mapped; the model's process lends about as many as windows in flight.
-MAPPED = 16
+MAPPED = 64
 
 #: An array's place in a block, (offset, shape, dtype), or None for an output not computed.
 Place = tuple[int, tuple[int, ...], str] | None
