@@ -23,12 +23,12 @@ block's output exactly (docs/measures.md).
 
 The distances ``‖y_i − T_i(x_j)‖₁`` are the cost: ``B × S × rows × hidden`` terms, each a sum over only H
 heads. A layer is decomposed in chunks of reviews whose attention and value terms fit :data:`BLOCK_BYTES`,
-each cut to its longest review's tokens. On a CPU a chunk runs under ``torch.compile``
-(:func:`compiled_chunk_distances`), which fuses each term's sum over the heads, its distance to ``y_i``
-and the sum of those into one kernel that stores no term. Where that cannot compile (no C++ compiler,
-``TORCHDYNAMO_DISABLE=1``), on a GPU, and for a trimmed layer's one row, the terms are made by a matmul in
-blocks of tokens j, each read back by the L1 distance while it is in cache. Memory stays bounded
-whatever the review length, either way.
+each cut to its longest review's tokens. On a CPU, once a capture has run :data:`COMPILE_AFTER_S` seconds
+eagerly, a chunk runs under ``torch.compile`` (:func:`compiled_chunk_distances`), which fuses each term's
+sum over the heads, its distance to ``y_i`` and the sum of those into one kernel that stores no term.
+Before that, where it cannot compile (no C++ compiler, ``TORCHDYNAMO_DISABLE=1``), on a GPU, and for a
+trimmed layer's one row, the terms are made by a matmul in blocks of tokens j, each read back by the L1
+distance while it is in cache. Memory stays bounded whatever the review length, either way.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -55,6 +56,11 @@ FUSE_EVERY_HEAD = {
     "realize_cpu_acc_reads_threshold": 1 << 10,
     "realize_cpu_opcount_threshold": 1 << 10,
 }
+
+#: Seconds of ALTI a capture runs eagerly before it compiles its kernel: compiling costs about 7 s once a
+#: process (about 35 s the first time on a machine), which a small job never earns back and a corpus does
+#: in its first minutes, so no job pays more than about twice the faster way's time for it.
+COMPILE_AFTER_S = 10.0
 
 #: graphs one process may compile: 2 a model (a chunk of one review, or of more), for the models a
 #: process loads
@@ -156,7 +162,8 @@ class AltiCapture:
         # a forward calls the hooks once per layer, several times for a module that layers share (ALBERT)
         self._layers, self._calls = model.config.num_hidden_layers, 0
         self._lengths: list[int] = []
-        self._fused: Callable[..., torch.Tensor] | None = compiled_chunk_distances()  # None: eagerly
+        self._fused: Callable[..., torch.Tensor] | None = None  # chunk_distances compiled, once it pays
+        self._eager_s, self._may_compile = 0.0, True
 
     @contextlib.contextmanager
     def forward(
@@ -204,8 +211,12 @@ class AltiCapture:
             last = self._calls == self._layers
             z, y = (inp[0][:, :1], out[:, :1]) if last else (inp[0], out)  # the top: [CLS]'s row alone
             seen = self._seen
-            fused = self._fused if y.device.type == "cpu" else None
+            cpu = y.device.type == "cpu"
+            if cpu and self._fused is None and self._may_compile and self._eager_s >= COMPILE_AFTER_S:
+                self._fused = compiled_chunk_distances()
+            fused = self._fused if cpu else None
             args = (seen["q"], seen["k"], seen["v"], seen["x"], z, y, self._mask, self._lengths, norm, dense)
+            t0 = time.perf_counter()
             try:
                 c = layer_contributions(*args, heads, size, scaling, fused)
             except Exception as e:  # what torch raises varies: no C++ compiler, an op inductor cannot lower
@@ -214,8 +225,10 @@ class AltiCapture:
                 log.warning(
                     "ALTI: torch.compile fails here (%s); its distances run eagerly, slower", first_line(e)
                 )
-                self._fused = None
+                self._fused, self._may_compile = None, False
                 c = layer_contributions(*args, heads, size, scaling)
+            if fused is None:
+                self._eager_s += time.perf_counter() - t0
             # (B, rows, S) @ (B, S, S): the last layer's one row is all the rollout keeps
             self._rollout = c if self._rollout is None else torch.bmm(c, self._rollout)
 

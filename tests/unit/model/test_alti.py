@@ -13,6 +13,15 @@ from bertattn_batch.errors import ModelError
 from bertattn_batch.model import Classifier
 from bertattn_batch.model.alti import AltiCapture
 
+
+@pytest.fixture(autouse=True)
+def compiled_from_the_start(monkeypatch):
+    """The values through the compiled kernel, the CPU's way once a job has run a few seconds of ALTI."""
+    import bertattn_batch.model.alti as alti_module
+
+    monkeypatch.setattr(alti_module, "COMPILE_AFTER_S", 0.0)
+
+
 TEXTS = [
     "The food was great but the service was painfully slow.",
     "Terrible.",
@@ -102,3 +111,17 @@ def test_a_kernel_that_fails_to_compile_leaves_the_blocks(tiny_en_dir, monkeypat
     monkeypatch.setattr(alti_module, "compiled_chunk_distances", lambda: fails)
     torch.testing.assert_close(_contributions(tiny_en_dir), expected, atol=1e-6, rtol=0)
     assert "torch.compile fails here (InvalidCxxCompiler: No working C++ compiler" in caplog.text
+
+
+def test_a_small_job_does_not_pay_for_compiling(tiny_en_dir, monkeypatch):
+    """Below COMPILE_AFTER_S seconds of ALTI a capture stays eager; past it, it compiles once."""
+    import bertattn_batch.model.alti as alti_module
+
+    asked = []
+    monkeypatch.setattr(alti_module, "compiled_chunk_distances", lambda: asked.append(1) or None)
+    monkeypatch.setattr(alti_module, "COMPILE_AFTER_S", 3600.0)
+    _contributions(tiny_en_dir)
+    assert not asked
+    monkeypatch.setattr(alti_module, "COMPILE_AFTER_S", 0.0)
+    _contributions(tiny_en_dir)
+    assert asked
