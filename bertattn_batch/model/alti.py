@@ -59,7 +59,7 @@ FUSE_EVERY_HEAD = {
 
 #: Seconds of ALTI a capture runs eagerly before it compiles its kernel: compiling costs about 7 s once a
 #: process (about 35 s the first time on a machine), which a small job never earns back and a corpus does
-#: in its first minutes, so no job pays more than about twice the faster way's time for it.
+#: in its first minutes; a large job loses at most these seconds of the slower way.
 COMPILE_AFTER_S = 10.0
 
 #: graphs one process may compile: 2 a model (a chunk of one review, or of more), for the models a
