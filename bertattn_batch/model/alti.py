@@ -49,6 +49,12 @@ from .capture import attention_block, find_self_attention, head_geometry, output
 #: hidden), aim at on a CPU: a few cores' L2 caches, inside a shared L3 (a GPU takes 64 times more).
 BLOCK_BYTES = 4 << 20
 
+
+def block_bytes(device: torch.device) -> int:
+    """:data:`BLOCK_BYTES` on a CPU; 64 times that on a GPU, for few, large launches."""
+    return BLOCK_BYTES if device.type == "cpu" else 64 * BLOCK_BYTES
+
+
 #: inductor's thresholds for storing an intermediate, raised so that a term's sum over every head (12 or
 #: 16 of them, each a read) stays inside the one kernel that measures its distance
 FUSE_EVERY_HEAD = {
@@ -100,8 +106,8 @@ def head_distances(a: torch.Tensor, f: torch.Tensor, y: torch.Tensor) -> torch.T
     """``‖y_i − Σ_h a[h, j, i] f[h, j]‖₁`` for every review, token j and row i: ``a`` (b, H, n, m), ``f``
     (b, H, n, hidden), ``y`` (b, m, hidden) -> (b, n, m). Under ``torch.compile``, one expression that it
     fuses into a kernel storing no term; eagerly, the terms made by a matmul of inner dimension H in
-    blocks of tokens j that fit :data:`BLOCK_BYTES` (64 times that on a GPU), each read back by the L1
-    distance while it is in cache."""
+    blocks of tokens j that fit :func:`block_bytes`, each read back by the L1 distance while it is in
+    cache."""
     b, heads, n, m = a.shape
     if torch.compiler.is_compiling():
         t = -y[:, None]
@@ -109,8 +115,7 @@ def head_distances(a: torch.Tensor, f: torch.Tensor, y: torch.Tensor) -> torch.T
             t = t + a[:, h, :, :, None] * f[:, h, :, None, :]
         return t.abs().sum(dim=-1)
     hidden = y.shape[-1]
-    budget = BLOCK_BYTES if y.device.type == "cpu" else 64 * BLOCK_BYTES
-    step = max(1, budget // (4 * b * m * hidden))
+    step = max(1, block_bytes(y.device) // (4 * b * m * hidden))
     d = torch.empty(b, n, m, device=y.device)
     for j in range(0, n, step):
         js = slice(j, min(j + step, n))
@@ -259,7 +264,8 @@ def layer_contributions(
     or None to run it eagerly."""
     B, S = k.shape[:2]
     rows, hidden = z.shape[1:]
-    z = z.float() - z.float().mean(dim=-1, keepdim=True)
+    z = z.float()
+    z = z - z.mean(dim=-1, keepdim=True)
     s = torch.rsqrt(z.square().mean(dim=-1, keepdim=True) + norm.eps)  # (B, rows, 1); faster than var()
     # s_i is folded into the attention, and L, being linear, into W_O, so that Σ_h a^h_ij f^h_j plus token
     # i's own term s_i L(x_i) where j = i is T_i(x_j)
@@ -269,9 +275,9 @@ def layer_contributions(
     x = x[:, :rows].float()
     own = (x - x.mean(dim=-1, keepdim=True)) * gamma * s  # (B, rows, hidden): s_i L(x_i)
     y = y.float()
-    budget = BLOCK_BYTES if y.device.type == "cpu" else 64 * BLOCK_BYTES  # a GPU: few, large launches
     c = torch.zeros(B, rows, S, device=y.device)  # ‖y_i − T_i(x_j)‖₁, then the contributions
-    step = max(1, budget // (4 * heads * S * (S + hidden)))  # reviews whose attention and f fit the budget
+    # reviews whose attention and value terms fit a block
+    step = max(1, block_bytes(y.device) // (4 * heads * S * (S + hidden)))
     for b in range(0, B, step):
         r = slice(b, min(b + step, B))
         n = max(lengths[r])  # the longest of these reviews: its tokens j and rows i

@@ -30,15 +30,19 @@ TEXTS = [
 ]
 
 
-def _check(model_dir) -> None:
+def _contributions(model_dir) -> torch.Tensor:
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="sdpa").eval()
-    eager = AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="eager").eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    batch = AutoTokenizer.from_pretrained(model_dir)(TEXTS, padding=True, return_tensors="pt")
     alti = AltiCapture(model)
     with torch.inference_mode(), alti.forward(batch["attention_mask"]):
         model(**batch)
-    got = alti.cls_contributions()  # (B, S)
+    return alti.cls_contributions()
+
+
+def _check(model_dir) -> None:
+    eager = AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="eager").eval()
+    batch = AutoTokenizer.from_pretrained(model_dir)(TEXTS, padding=True, return_tensors="pt")
+    got = _contributions(model_dir)  # (B, S)
     lengths = batch["attention_mask"].sum(dim=1).tolist()
     for b, n in enumerate(lengths):
         with torch.inference_mode():
@@ -77,15 +81,6 @@ def test_the_classifier_gives_eager_alti_on_every_architecture(arch, tiny_en_dir
 @pytest.mark.slow
 def test_alti_matches_eager_on_minilm(minilm_dir):
     _check(minilm_dir)
-
-
-def _contributions(model_dir) -> torch.Tensor:
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="sdpa").eval()
-    batch = AutoTokenizer.from_pretrained(model_dir)(TEXTS, padding=True, return_tensors="pt")
-    alti = AltiCapture(model)
-    with torch.inference_mode(), alti.forward(batch["attention_mask"]):
-        model(**batch)
-    return alti.cls_contributions()
 
 
 def test_the_fused_kernel_and_the_blocks_give_the_same_values(tiny_en_dir, monkeypatch):
