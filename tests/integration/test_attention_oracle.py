@@ -121,13 +121,14 @@ def test_head_mass_closes_to_one(minilm_dir, drug_sample, tmp_path):
         assert row["weight_min"] <= row["weight_max"]
 
 
-def test_compiled_model_matches_eager_output_attentions(minilm_dir, drug_sample, tmp_path):
+@pytest.mark.xdist_group("compile")  # with the other tests that compile: each graph compiled once
+def test_compiled_model_matches_eager_output_attentions(tiny_en_dir, drug_sample, tmp_path):
     """--compile (torch.compile, dynamic shapes) traces the hooks that capture the rows and trim the
     last layer: its weights and probabilities still equal transformers' own, over batches of many
     shapes, padded and not."""
     from torch._dynamo.utils import counters
 
     graphs = counters["stats"]["unique_graphs"]
-    out = _run_in_small_batches(minilm_dir, drug_sample, tmp_path, layers=[-2, -1], window=10, compile=True)
+    out = _run_in_small_batches(tiny_en_dir, drug_sample, tmp_path, layers=[-2, -1], window=10, compile=True)
     assert counters["stats"]["unique_graphs"] > graphs  # the batches ran compiled (CPU: in this process)
-    _assert_as_transformers(out, minilm_dir, drug_sample, [-2, -1])
+    _assert_as_transformers(out, tiny_en_dir, drug_sample, [-2, -1])

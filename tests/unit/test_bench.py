@@ -18,6 +18,7 @@ drift = load_bench("drift")
 harness = bench.harness
 
 
+@pytest.mark.xdist_group("compile")  # stage-alti compiles ALTI's kernel, as the ALTI tests do
 def test_every_method_sees_the_same_reviews_and_tokens(tiny_en_dir, drug_sample, tmp_path, capsys):
     sample = tmp_path / "sample.parquet"
     texts = harness.sample_corpus(Path(drug_sample), 12, sample)

@@ -13,8 +13,11 @@ from bertattn_batch.errors import ModelError
 from bertattn_batch.model import Classifier
 from bertattn_batch.model.alti import AltiCapture
 
+#: Every test here that compiles runs in one worker, which then compiles each graph once.
+pytestmark = pytest.mark.xdist_group("compile")
 
-@pytest.fixture(autouse=True)
+
+@pytest.fixture
 def compiled_from_the_start(monkeypatch):
     """The values through the compiled kernel, the CPU's way once a job has run a few seconds of ALTI."""
     import bertattn_batch.model.alti as alti_module
@@ -53,6 +56,7 @@ def _check(model_dir) -> None:
         assert 0.99 < float(expected.sum()) < 1.01
 
 
+@pytest.mark.usefixtures("compiled_from_the_start")
 def test_alti_matches_eager_on_tiny_bert(tiny_en_dir):
     _check(tiny_en_dir)
 
@@ -61,7 +65,8 @@ def test_alti_matches_eager_on_tiny_bert(tiny_en_dir):
 def test_the_classifier_gives_eager_alti_on_every_architecture(arch, tiny_en_dir, tmp_path):
     """Through the job's own path (padded SDPA batches, the last layer trimmed where it can be): BERT's kin,
     DistilBERT (its LayerNorm beside its attention), ALBERT (one layer called at every depth); a
-    pre-LayerNorm encoder (Megatron-BERT) is refused in one line."""
+    pre-LayerNorm encoder (Megatron-BERT) is refused in one line. A short job's way: eager (the compiled
+    kernel has its own oracle tests here)."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_en_dir)
     save_tiny_classifier(arch, tokenizer, tmp_path)
     if arch == "megatron-bert":
@@ -79,10 +84,12 @@ def test_the_classifier_gives_eager_alti_on_every_architecture(arch, tiny_en_dir
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("compiled_from_the_start")
 def test_alti_matches_eager_on_minilm(minilm_dir):
     _check(minilm_dir)
 
 
+@pytest.mark.usefixtures("compiled_from_the_start")
 def test_the_fused_kernel_and_the_blocks_give_the_same_values(tiny_en_dir, monkeypatch):
     """The compiled kernel (the CPU's way) against the matmul in blocks (a GPU's, and the fallback), the
     blocks both of whole reviews and of one token j at a time."""
@@ -95,6 +102,7 @@ def test_the_fused_kernel_and_the_blocks_give_the_same_values(tiny_en_dir, monke
         torch.testing.assert_close(_contributions(tiny_en_dir), fused, atol=1e-6, rtol=0)
 
 
+@pytest.mark.usefixtures("compiled_from_the_start")
 def test_a_kernel_that_fails_to_compile_leaves_the_blocks(tiny_en_dir, monkeypatch, caplog):
     import bertattn_batch.model.alti as alti_module
 
