@@ -187,9 +187,10 @@ class JobSpec:
     store_text: bool = option(True, "Keep each review's text in predictions (--no-store-text leaves it out: "
                               "validate's span check then reads it again from the run's inputs).",
                               panel="Output")
-    value_zeroing: bool = option(False, "Also write value zeroing (cls_attention.value_zeroing): how far "
-                                 "each token's values move the layer's [CLS] output (Mohebbi et al., 2023); "
-                                 "costs model time, see docs/measures.md.", panel="Output")
+    value_zeroing: bool = option(False, "Also write value zeroing (the column value_zeroing of "
+                                 "cls_attention): how far each token's values move the layer's [CLS] output "
+                                 "(Mohebbi et al., 2023); costs model time, see docs/measures.md.",
+                                 panel="Output")
     words: str = option("auto", "How aggregate, report and plot join tokens into words: jieba (Chinese word "
                         "segmentation of the text), wordpiece (a token and its ## pieces), none, or auto: "
                         "jieba where the tokenizer splits Chinese into characters, else wordpiece where it "

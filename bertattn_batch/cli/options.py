@@ -65,7 +65,9 @@ def _parameter(name: str, f: Any, hint: Any, defaults: Defaults, said: str | Non
         info: Any = typer.Argument(help=text, show_default=False)
     else:
         flag = name.replace("_", "-")
-        decls = [f"--{flag}/--no-{flag}"] if kind is bool else [f"--{flag}"]
+        # a flag off by default needs no --no- form, save to override a job file's value
+        pair = kind is bool and (value is not False or defaults != "spec")
+        decls = [f"--{flag}/--no-{flag}"] if pair else [f"--{flag}"]
         info = typer.Option(*decls, help=text, rich_help_panel=meta.get("panel"), show_default=own)
         if typing.get_origin(kind) is list:  # comma-separated
             kind, value = str, ",".join(map(str, value)) if isinstance(value, list) else value

@@ -124,8 +124,9 @@ def reviews(
     out: Out = None, *, debug: Debug = False, **words: str | None,
 ) -> None:
     # fmt: on
-    """The reviews where a head attends most to a token or word, by raw weight: each with its text,
-    prediction and the plot command that draws it.
+    """The reviews where a head attends most to a token or word, by raw weight.
+
+    Each comes with its text, its prediction and the plot command that draws it.
 
     Examples:
 
