@@ -142,11 +142,18 @@ def _rate(value: float | None) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument(
+        "--rows", type=int, default=200_000,
+        help="reviews a run reads (the default corpus repeated); the pace after the first parts needs more "
+        "than 2 parts of 4,096 rows a core (over 16,384 rows on 2 cores)",
+    )  # fmt: skip
     ap.add_argument("--cores", default=None, help="comma-separated core counts (default: 1 and all)")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each core count, interleaved")
     ap.add_argument(
-        "--host-processes", type=int, default=None, help="of the second way (default: one a core)"
+        "--host-processes",
+        type=int,
+        default=None,
+        help="host processes of the host-process way (default: one a core)",
     )
     ap.add_argument(
         "--device-like", type=float, nargs=2, default=None, metavar=("LAUNCH_MS", "DEVICE_US_PER_TOKEN"),
@@ -239,7 +246,11 @@ def main() -> None:
     steady = {key: r["steady_reviews_per_s"] or 0.0 for key, r in results.items()}
     fastest = {c: max((key for key in results if key[0] == c), key=steady.__getitem__) for c in counts}
     top_pace, low_pace = steady[fastest[top]], steady[fastest[low]]
-    scaled = f"{top_pace / low_pace:.2f}×" if top_pace and low_pace else "n/a (too few parts: more --rows)"
+    scaled = (
+        f"{top_pace / low_pace:.2f}×"
+        if top_pace and low_pace
+        else "n/a (too few parts: more --rows, over 8,192 a core)"
+    )
     print(
         f"after the first parts: {_rate(top_pace)} reviews/s on {top} cores, {_rate(low_pace)} on {low}, "
         f"scaling {scaled}"
