@@ -658,8 +658,8 @@ def test_a_run_directory_that_does_not_exist_is_said_so(tmp_path):
 
 
 def test_every_help_shows_whole_at_80_columns():
-    """At 80 columns (a common terminal, and the width where output is no terminal) the help printed
-    ``--trust-remote-c…``: a flag off by default now has no ``--no-`` form beside it, save where it
+    """At 80 columns (a common terminal, and the width where output is no terminal) every option name
+    and help word shows whole: a flag off by default has no ``--no-`` form beside it, save where it
     overrides a job file's value (``run``), and no help text holds a word too long for its column."""
     assert app.registered_commands
     for command in app.registered_commands:
