@@ -285,10 +285,10 @@ def layer_contributions(
         qr = q[r, :m].float().unflatten(-1, (heads, size)).transpose(1, 2) * scaling  # (b, H, m, D)
         kr = k[r, :n].float().unflatten(-1, (heads, size)).transpose(1, 2)  # (b, H, n, D)
         args = (qr, kr, v[r, :n].float(), w, s[r, :m], own[r, :m], y[r, :m], mask[r, :n])
-        # contiguous: a compiled graph then holds for every chunk of one review, or of more, where views'
-        # strides would each ask for a graph of their own; a trimmed layer's one row is cheap eagerly
-        run = fused if fused is not None and m > 1 else chunk_distances
-        d = run(*(t.contiguous() for t in args))  # (b, n, m)
+        # compiled (not for a trimmed layer's one row, cheap eagerly), contiguous: a graph then holds for
+        # every chunk of one review, or of more, where views' strides would each ask for one of their own
+        compiled = fused is not None and m > 1
+        d = fused(*(t.contiguous() for t in args)) if compiled else chunk_distances(*args)  # (b, n, m)
         c[r, :m, :n] = d.transpose(1, 2)
     c = (y.abs().sum(dim=-1, keepdim=True) - c).clamp_min(0) * mask[:, None, :]  # (B, rows, S), 0 at padding
     return c / c.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)
