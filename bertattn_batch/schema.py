@@ -1,12 +1,5 @@
 """The table schemas, read from ``schemas/*.json``: the one place that names every column, its type,
-whether it may be null, the range its values keep (``validate`` checks it) and each table's key.
-
-Usage::
-
-    from bertattn_batch import schema
-    schema.arrow("predictions")      # pyarrow.Schema with descriptions as field metadata
-    schema.cast(table, "predictions")  # reorder/cast a table to the schema, or raise
-"""
+whether it may be null, the range its values keep (``validate`` checks it) and each table's key."""
 
 from __future__ import annotations
 

@@ -341,9 +341,7 @@ def _rows_end(path: Path, fmt: str, delimiter: str | None, want: int) -> int | N
                 yield line.decode("latin-1")
 
     if fmt in ("csv", "tsv"):  # a quoted field may hold line breaks: count records, and the header
-        records: Iterator[object] = csv.reader(
-            lines(), delimiter=delimiter or ("\t" if fmt == "tsv" else ",")
-        )
+        records: Iterator[object] = csv.reader(lines(), delimiter=Source(path, fmt, delimiter=delimiter).sep)
         want += 1
     else:
         records = (line for line in lines() if fmt == "text" or line.strip())
