@@ -67,8 +67,7 @@ _AS_BINARY = {
     pa.large_string(): pa.large_binary(),
     pa.string_view(): pa.binary_view(),
 }
-#: Bytes read at a time from a column chunk: without it Arrow pre-buffers a row group's whole column
-#: chunks (about 150 MB of text for pyarrow's default million-row group).
+#: Bytes read at a time from a column chunk, where Arrow would pre-buffer a row group's whole chunks.
 PARQUET_BUFFER_BYTES = 1 << 20
 
 
