@@ -287,8 +287,7 @@ def aggregate(
     t0 = time.perf_counter()
     if min_reviews < 1:
         raise SpecError(f"--min-reviews must be at least 1, got {min_reviews}")
-    if rank_by not in RANK_MEASURES:
-        raise SpecError(f"rank_by must be one of {', '.join(RANK_MEASURES)}; got {rank_by!r}")
+    one_of("rank_by", rank_by, RANK_MEASURES)
     if not units or any(u not in UNITS for u in units):
         raise SpecError(f"units must be among {', '.join(UNITS)}; got {list(units)}")
     run = Path(run_dir)
@@ -319,8 +318,8 @@ def aggregate(
         options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units), "words": mode}
         table = table.collect(engine="streaming")  # small; cast by pyarrow to keep column descriptions
         dest = out_dir / f"{TABLE}.parquet"
-        created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        meta = {"parts": json.dumps([p.name for p in parts]), "created_at": created}
+        names = [p.name for p in parts]
+        meta = {"parts": json.dumps(names), "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         write_derived(dest, schema.cast(table.to_arrow(), TABLE), TABLE, options, manifest.job_sha256, **meta)
     except pl.exceptions.ComputeError as e:  # polars's word for a write that failed
         if "No space left" not in str(e):
@@ -336,7 +335,6 @@ def aggregate(
         if claim is not None:
             os.close(claim)
     seconds = time.perf_counter() - t0
-    names = [p.name for p in parts]
     return Aggregates(dest, table, options, names, seconds, sizes, manifest.num_layers, manifest.byte_level)
 
 
@@ -473,15 +471,17 @@ def export(frame: pl.DataFrame, path: str | Path) -> Path:
     return path
 
 
+def one_of(option: str, value: str, allowed: Sequence[str]) -> None:
+    """SpecError where ``value`` of ``option`` is none of ``allowed``."""
+    if value not in allowed:
+        raise SpecError(f"{option} must be one of {', '.join(allowed)}; got {value!r}")
+
+
 def check_top_options(k: int, unit: str, split: str, measure: str = "mean_scaled") -> None:
     """What :func:`format_top` can print; the CLI checks it before the aggregate is computed."""
-    for option, value, allowed in (
-        ("--unit", unit, UNITS),
-        ("--by", split, SPLITS),
-        ("--rank-by", measure, RANK_MEASURES),
-    ):
-        if value not in allowed:
-            raise SpecError(f"{option} must be one of {', '.join(allowed)}; got {value!r}")
+    one_of("--unit", unit, UNITS)
+    one_of("--by", split, SPLITS)
+    one_of("--rank-by", measure, RANK_MEASURES)
     if k < 1:
         raise SpecError(f"--top-k must be at least 1; got {k}")
     if measure in CONTRASTS and split == "all":

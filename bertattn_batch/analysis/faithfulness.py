@@ -9,7 +9,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +55,9 @@ class Faithfulness:
 
     path: Path
     table: pl.DataFrame
-    options: dict[str, Any] = field(default_factory=dict)
-    num_layers: int | None = None
-    seconds: float = 0.0
+    options: dict[str, Any]
+    num_layers: int | None
+    seconds: float
 
     def summary(self) -> str:
         """Per layer: each score's AOPC, best comprehensiveness first, the references among them."""

@@ -29,9 +29,10 @@ def validate_run(run_dir: str | Path, check_source: bool = True) -> ValidationRe
             manifest = load_json(path)
             if manifest.get("format") == FORMAT:  # another version's tables: nothing here can be checked
                 require_current_tables(path, manifest.get("schema_versions"))
+            if not is_remote(run_dir) and manifest.get("status") == "running":
+                live = writer_is_live(run_dir)
             report = ValidationReport(shown)
-            writing = (lambda: live) if is_remote(run_dir) else (lambda: writer_is_live(run_dir))
-            run = check_manifest(report, path, manifest, writing)
+            run = check_manifest(report, path, manifest, live)
             check_files(report, run)
             statuses = check_predictions(report, run)
             check_attention(report, run)

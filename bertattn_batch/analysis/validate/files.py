@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ class RunView:
     attention: str
     max_length: int | None
     parts: list[Part]
-    writing: Callable[[], bool | None] = lambda: None  # whether a process writes the run now
+    live: bool | None  # whether a process writes the run now (None: not known)
 
     def file(self, part: Part, table: str) -> Path:
         return self.path / part.files[table]
@@ -56,14 +55,12 @@ class RunView:
         return list(dict.fromkeys([*self.asked, *(t for p in self.parts for t in p.files)]))
 
 
-def check_manifest(
-    rec: ValidationReport, path: Path, m: dict[str, Any], writing: Callable[[], bool | None] = lambda: None
-) -> RunView:
-    """The manifest ``m``'s checks; ``writing`` asks whether a process writes the run now (None: unknown)."""
+def check_manifest(rec: ValidationReport, path: Path, m: dict[str, Any], live: bool | None) -> RunView:
+    """The manifest ``m``'s checks; ``live``: whether a process writes the run now (None: not known)."""
     if m.get("format") != FORMAT:
         rec.fail("manifest", f"format is {m.get('format')!r}, expected {FORMAT!r}")
     status = str(m.get("status"))
-    if status == "running" and writing() is False:
+    if status == "running" and live is False:
         ended = load_json(path)  # the job may have ended between the read and the probe
         if ended.get("status") == "running":
             rec.warn(
@@ -101,7 +98,7 @@ def check_manifest(
     dtype, attention = (str(model.get(k, "unknown")) for k in ("dtype", "attention"))
     heads, id2label = usable.get("num_heads") or None, usable.get("id2label") or None
     return RunView(
-        path, m, status, layers, heads, id2label, dtype, attention, usable.get("max_length"), parts, writing
+        path, m, status, layers, heads, id2label, dtype, attention, usable.get("max_length"), parts, live
     )
 
 
@@ -176,7 +173,7 @@ def _check_file(rec: ValidationReport, path: Path, part: Part, table: str) -> No
 def _check_unlisted(rec: ValidationReport, run: RunView, listed: dict[str, set[str]]) -> None:
     """What a table folder holds that the manifest does not list (a problem once the run is complete);
     temporaries beside the manifest."""
-    live = run.status == "running" and run.writing() is True
+    live = run.status == "running" and run.live is True
     in_hand = 0
     for table in run.tables:
         folder = run.path / table  # a store has no folders: a run stopped before its first part has none
@@ -187,11 +184,8 @@ def _check_unlisted(rec: ValidationReport, run: RunView, listed: dict[str, set[s
             if not temporary and not fnmatch.fnmatch(f.name, "part-*.parquet"):
                 rec.warn("files", f"{rel}: unexpected file")
                 continue
-            what = (
-                "leftover temporary file"
-                if temporary
-                else "not listed in the manifest (readers that glob part-*.parquet read it)"
-            )
+            unlisted = "not listed in the manifest (readers that glob part-*.parquet read it)"
+            what = "leftover temporary file" if temporary else unlisted
             if run.status == "complete":
                 rec.fail("files", f"{rel}: {what} in a run marked complete")
             elif live:  # the extract writing the run now is writing it

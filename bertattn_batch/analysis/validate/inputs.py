@@ -5,6 +5,8 @@ span lies within its review's text (``spans``; of a run that read a stream, the 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import polars as pl
 
@@ -43,7 +45,7 @@ def check_inputs_and_spans(rec: ValidationReport, run: RunView) -> None:
             for change in input_changes(manifest.sources, source_files(sources))[:3]:
                 rec.warn("inputs", f"the inputs changed since the run read them: {change}")
         for block in read_sources(sources, read_as):
-            if coverage.done and spans.done:
+            if coverage.done and spans.ends.done:
                 break
             coverage.feed(block)
             spans.feed(block)
@@ -60,6 +62,38 @@ def check_inputs_and_spans(rec: ValidationReport, run: RunView) -> None:
     spans.finish(inputs)
 
 
+class _ByRow:
+    """What ``load`` reads of each part, by input row, for the inputs fed in row order: a part is read when
+    the inputs reach its first row and let go once they have passed it, so one part at a time is held."""
+
+    def __init__(self, parts: list[Part], load: Callable[[Part], dict[int, Any]]) -> None:
+        self.pending = sorted(parts, key=lambda p: (p.start_row, p.generation))
+        self.load = load
+        self.active: list[tuple[Part, dict[int, Any]]] = []
+
+    @property
+    def done(self) -> bool:
+        return not self.pending and not self.active
+
+    def hits(self, block: RowBatch) -> Iterator[tuple[int, Part, Any]]:
+        """(position in ``block``, part, what it holds of that row) for each row of ``block`` a part holds."""
+        if self.done or not len(block):
+            return
+        hi = block.row_index[-1] + 1
+        while self.pending and self.pending[0].start_row < hi:
+            part = self.pending.pop(0)
+            self.active.append((part, self.load(part)))
+        for j, row in enumerate(block.row_index):
+            for part, held in self.active:
+                if (hit := held.pop(row, None)) is not None:
+                    yield j, part, hit
+        self.active = [(p, held) for p, held in self.active if p.end_row > hi or held]
+
+    def left(self) -> int:
+        """How many rows of the parts the inputs never reached."""
+        return sum(len(held) for _, held in self.active) + sum(len(self.load(p)) for p in self.pending)
+
+
 class _Coverage:
     """The inputs check: by row number, as many rows as the run covers, each part's rows as they read when
     it was written (a digest) and as the run stored them; by id, every id of both sides on the other."""
@@ -73,12 +107,13 @@ class _Coverage:
         # a run made with --incremental keeps the text an id had when scored: not compared
         self.by_row = not self.by_id and spec.get("on_existing") != "incremental"
         self.digests = RowDigests(run.parts if self.by_row else [])
-        self.stored = _StoredRows(run)
+        self.stored = _ByRow([p for p in run.parts if "predictions" in p.readable], self._stored_rows)
         self.ids, self.input_ids = IdSet(), IdSet()
         if self.by_id:
             self.ids.update(self._run_ids(run.parts))
         self.last_pass = [p for p in run.parts if p.generation == (manifest.generation or 0)]
         self.n, self.changed, self.missing, self.first = 0, [], 0, []
+        self.differ, self.differ_first = 0, []
 
     def _run_ids(self, parts: list[Part]) -> list[str]:
         files = [str(self.run.file(p, "predictions")) for p in parts if "predictions" in p.readable]
@@ -86,6 +121,17 @@ class _Coverage:
             return []
         found = pl.scan_parquet(files, glob=False).filter(~pl.col("status").is_in(schema.ROW_NUMBER_STATUSES))
         return found.select("doc_id").collect(engine="streaming")["doc_id"].to_list()
+
+    def _stored_rows(self, part: Part) -> dict[int, tuple[str, str | None, str | None]]:
+        """row -> (doc_id, label, text digest) as the run stored the part; none where the stored rows give
+        the part's recorded digest (the digest check compares the inputs with it)."""
+        columns = ["row_index", "doc_id", "text", "label", "status"]
+        frame = pl.read_parquet(self.run.file(part, "predictions"), columns=columns, glob=False)
+        rows = RowBatch(*(frame.sort("row_index")[c].to_list() for c in columns))
+        if rows_digest(rows) == part.rows_digest:
+            return {}
+        digests = [None if t is None else rows_digest(rows, i, i + 1) for i, t in enumerate(rows.text)]
+        return dict(zip(rows.row_index, zip(rows.doc_id, rows.label, digests, strict=True), strict=True))
 
     @property
     def done(self) -> bool:
@@ -97,7 +143,8 @@ class _Coverage:
         self.n += len(block)
         if self.by_row:
             self.changed += self.digests.feed(block)
-            self.stored.feed(block)
+            for j, _, (doc_id, label, digest) in self.stored.hits(block):
+                self._compare(block, j, doc_id, label, digest)
             return
         rows = zip(block.doc_id, block.status, strict=True)
         ids = [d for d, s in rows if s not in schema.ROW_NUMBER_STATUSES]
@@ -106,11 +153,26 @@ class _Coverage:
         self.missing += len(missing)
         self.first += missing[: 3 - len(self.first)]
 
+    def _compare(self, block: RowBatch, j: int, doc_id: str, label: str | None, digest: str | None) -> None:
+        """Input row ``j`` of ``block`` against the id, label and text digest the run stored of it."""
+        row, now = block.row_index[j], block.doc_id[j]
+        if doc_id != now:
+            say = f"input row {row} is review {now!r}, but the run's row {row} is {doc_id!r}"
+        elif label != block.label[j]:
+            say = f"input row {row} (review {now!r}) has a label other than the one the run stored"
+        elif digest and digest != rows_digest(block, j, j + 1):
+            say = f"input row {row} (review {now!r}) has a text other than the one the run stored"
+        else:
+            return
+        self.differ += 1
+        if len(self.differ_first) < 3:
+            self.differ_first.append(say)
+
     def finish(self) -> None:
         rec, run, n = self.rec, self.run, self.n
         limited = f" (limit {self.limit})" if self.limit is not None else ""
         redo = "; rerun the extract with --overwrite to redo the run"
-        rec.fail_many("inputs", self.stored.differ, (m + redo for m in self.stored.first))
+        rec.fail_many("inputs", self.differ, (m + redo for m in self.differ_first))
         if not self.by_row:
             ids = self._run_ids(self.last_pass)
             gone = [d for d, has in zip(ids, self.input_ids.contains_each(ids), strict=True) if not has]
@@ -140,76 +202,19 @@ class _Coverage:
         rec.note("inputs", f"{n} input rows{limited}")
 
 
-class _StoredRows:
-    """Each input row beside the predictions row the run stored of it: its id, label and text (by digest),
-    a part at a time; a part whose stored rows give its recorded digest is left to the digest check."""
-
-    def __init__(self, run: RunView) -> None:
-        self.run, self.differ, self.first = run, 0, []
-        self.pending = sorted(
-            (p for p in run.parts if "predictions" in p.readable), key=lambda p: p.start_row
-        )
-        self.rows: dict[int, tuple[str, str | None, str | None]] = {}  # row -> (doc_id, label, digest)
-
-    def feed(self, block: RowBatch) -> None:
-        hi = block.row_index[-1] + 1
-        while self.pending and self.pending[0].start_row < hi:
-            self.rows.update(self._read(self.pending.pop(0)))
-        for j, row in enumerate(block.row_index):
-            if (stored := self.rows.pop(row, None)) is None:
-                continue
-            (doc_id, label, digest), now = stored, block.doc_id[j]
-            if doc_id != now:
-                say = f"input row {row} is review {now!r}, but the run's row {row} is {doc_id!r}"
-            elif label != block.label[j]:
-                say = f"input row {row} (review {now!r}) has a label other than the one the run stored"
-            elif digest and digest != rows_digest(block, j, j + 1):
-                say = f"input row {row} (review {now!r}) has a text other than the one the run stored"
-            else:
-                continue
-            self.differ += 1
-            if len(self.first) < 3:
-                self.first.append(say)
-
-    def _read(self, part: Part) -> dict[int, tuple[str, str | None, str | None]]:
-        columns = ["row_index", "doc_id", "text", "label", "status"]
-        frame = pl.read_parquet(self.run.file(part, "predictions"), columns=columns, glob=False)
-        rows = RowBatch(*(frame.sort("row_index")[c].to_list() for c in columns))
-        if rows_digest(rows) == part.rows_digest:
-            return {}
-        digests = [None if t is None else rows_digest(rows, i, i + 1) for i, t in enumerate(rows.text)]
-        return dict(zip(rows.row_index, zip(rows.doc_id, rows.label, digests, strict=True), strict=True))
-
-
 class _Spans:
     """The span check, fed the inputs in row order beside the parts, holding one part's reviews at a time;
     a review of an earlier pass by id whose row now holds another review or text is not checked."""
 
     def __init__(self, rec: ValidationReport, run: RunView, generation: int) -> None:
-        self.rec, self.run, self.current = rec, run, generation
-        self.pending = sorted(
-            (p for p in run.parts if p.readable >= {"predictions", "tokens"}),
-            key=lambda p: (p.start_row, p.generation),
-        )
-        self.active: list[tuple[Part, dict[int, tuple[str, int]]]] = []
+        self.rec, self.current = rec, generation
+        parts = [p for p in run.parts if p.readable >= {"predictions", "tokens"}]
+        self.ends = _ByRow(parts, lambda part: {r: (d, e) for d, e, r in _span_ends(run, part).iter_rows()})
         self.checked = self.replaced = 0
 
-    @property
-    def done(self) -> bool:
-        return not self.pending and not self.active
-
     def feed(self, block: RowBatch) -> None:
-        if self.done:
-            return
-        hi = block.row_index[-1] + 1
-        while self.pending and self.pending[0].start_row < hi:
-            part = self.pending.pop(0)
-            self.active.append((part, _ends_by_row(self.run, part)))
-        for j, row in enumerate(block.row_index):
-            for part, ends in self.active:
-                if (hit := ends.pop(row, None)) is not None:
-                    self._check(part, row, *hit, block.doc_id[j], block.text[j])
-        self.active = [(p, e) for p, e in self.active if p.end_row > hi or e]
+        for j, part, (doc_id, end) in self.ends.hits(block):
+            self._check(part, block.row_index[j], doc_id, end, block.doc_id[j], block.text[j])
 
     def _check(self, part: Part, row: int, doc_id: str, end: int, now_id: str, text: str | None) -> None:
         earlier = part.generation < self.current  # a pass by id keeps its first scoring
@@ -227,8 +232,7 @@ class _Spans:
 
     def finish(self, inputs: list[str]) -> None:
         rec = self.rec
-        left = sum(len(e) for _, e in self.active) + sum(len(_ends_by_row(self.run, p)) for p in self.pending)
-        if left:
+        if left := self.ends.left():
             rec.warn(
                 "spans", f"the inputs end before {left} scored reviews of the run; those were not checked"
             )
@@ -247,12 +251,6 @@ def _span_ends(run: RunView, part: Part, *more: pl.Expr) -> pl.DataFrame:
     ends = tokens.group_by("doc_id").agg(end=pl.col("end").max())
     scored = pl.scan_parquet(run.file(part, "predictions"), glob=False).filter(pl.col("status") == "ok")
     return ends.join(scored.select("doc_id", "row_index", *more), on="doc_id").collect(engine="streaming")
-
-
-def _ends_by_row(run: RunView, part: Part) -> dict[int, tuple[str, int]]:
-    """row_index -> (doc_id, largest span end) for the scored reviews of one part."""
-    ends = _span_ends(run, part)
-    return {r: (d, e) for d, e, r in ends.select("doc_id", "end", "row_index").iter_rows()}
 
 
 def _check_stored_spans(rec: ValidationReport, run: RunView) -> bool:

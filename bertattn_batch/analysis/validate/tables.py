@@ -64,13 +64,11 @@ def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
         for check in ("row_index", "doc_id", "predictions"):
             rec.skip(check, "no readable predictions parts")
         return {}
-    by_file = {str(run.file(p, "predictions")): p for p in parts}
-    lf = pl.scan_parquet(list(by_file), include_file_paths="_file", glob=False).with_columns(
-        pl.col("_file").replace_strict({f: p.files["predictions"] for f, p in by_file.items()})
-    )
+    by_rel = {p.files["predictions"]: p for p in parts}
+    lf = pl.scan_parquet([str(run.path / rel) for rel in by_rel], include_file_paths="_file", glob=False)
+    lf = lf.with_columns(pl.col("_file").replace_strict({str(run.path / rel): rel for rel in by_rel}))
     statuses = dict(lf.group_by("status").agg(pl.len()).collect(engine="streaming").iter_rows())
 
-    rel_to_part = {p.files["predictions"]: p for p in parts}
     per_file = lf.group_by("_file").agg(
         n=pl.len(),
         lo=pl.col("row_index").min(),
@@ -78,13 +76,12 @@ def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
         distinct=pl.col("row_index").n_unique(),
     )
     for rel, n, lo, hi, distinct in per_file.collect(engine="streaming").iter_rows():
-        p = rel_to_part[rel]
-        if p.generation == 0:
-            good = n == distinct == p.end_row - p.start_row and lo == p.start_row and hi == p.end_row - 1
+        p = by_rel[rel]
+        good = n == distinct and lo >= p.start_row and hi < p.end_row
+        want = f"distinct indices within {p.start_row}..{p.end_row - 1}"
+        if p.generation == 0:  # as many distinct indices within its range as it has: each of them
+            good &= n == p.end_row - p.start_row
             want = f"each of {p.start_row}..{p.end_row - 1} once"
-        else:
-            good = n == distinct and (n == 0 or (lo >= p.start_row and hi < p.end_row))
-            want = f"distinct indices within {p.start_row}..{p.end_row - 1}"
         if not good:
             rec.fail(
                 "row_index",
@@ -221,16 +218,9 @@ class _PartCheck:
         does. Returns head_summary with each (review, layer, head) once."""
         run = self.run
         layer_ok = pl.col("layer").is_in(run.layers) & pl.col("head").is_between(0, run.num_heads - 1)
-        grid = self.scored.select("doc_id").join(
-            pl.DataFrame(
-                {
-                    "layer": [la for la in run.layers for _ in range(run.num_heads)],
-                    "head": list(range(run.num_heads)) * len(run.layers),
-                },
-                schema={"layer": pl.Int16, "head": pl.Int16},
-            ),
-            how="cross",
-        )
+        heads = pl.DataFrame({"layer": run.layers, "head": [list(range(run.num_heads))] * len(run.layers)})
+        heads = heads.explode("head").cast({"layer": pl.Int16, "head": pl.Int16})
+        grid = self.scored.select("doc_id").join(heads, how="cross")
         dup = self.summary.group_by(_KEYS).agg(n=pl.len()).filter(pl.col("n") > 1)
         at_sum = where("head_summary", pl.lit(self.rel_sum))
         report_rows(self.rec, "layers_heads", dup, fmt("{}: {} head_summary rows", at_sum, "n"))
@@ -368,11 +358,8 @@ def check_ranges(rec: ValidationReport, run: RunView) -> None:
         rules = []
         for column, low, high, check in ranges:
             value = pl.col(column)
-            good = (
-                value.is_finite()
-                if pa.types.is_floating(schema.arrow(table).field(column).type)
-                else pl.lit(True)
-            )
+            floating = pa.types.is_floating(schema.arrow(table).field(column).type)
+            good = value.is_finite() if floating else pl.lit(True)
             for bound, keep in ((low, value.__ge__), (high, value.__le__)):
                 if bound is not None:
                     good &= keep(pl.col(bound) if isinstance(bound, str) else bound)
