@@ -135,14 +135,12 @@ def _take_lock(path: Path, wait: bool, tries: int = 1) -> int | None:
     BlockingIOError while another process holds it and not ``wait`` (after ``tries`` 0.1 s apart)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        for attempt in range(tries):
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-                break
-            except BlockingIOError:
-                if attempt == tries - 1:
-                    raise
-                time.sleep(0.1)
+        for _ in range(tries - 1):
+            with contextlib.suppress(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            time.sleep(0.1)
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BaseException as e:  # a stop signal while waiting too: the descriptor goes with it
         os.close(fd)
         if isinstance(e, BlockingIOError) or not isinstance(e, OSError):

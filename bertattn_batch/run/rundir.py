@@ -257,12 +257,10 @@ class RunDir:
         self.part_writer.publish(entry)
 
     def _list(self, entry: PartEntry) -> None:
-        """Put ``entry`` in the manifest's parts, in place of one of the same name (a retried window)."""
+        """Put ``entry`` in the manifest's parts: in place of one of the same name (a retried window), else
+        at the end."""
         at = self._positions.setdefault(entry.name, len(self.manifest.parts))
-        if at == len(self.manifest.parts):
-            self.manifest.parts.append(entry)
-        else:
-            self.manifest.parts[at] = entry
+        self.manifest.parts[at : at + 1] = [entry]
 
     def _save(self) -> None:
         self.manifest.updated_at = _now()
@@ -549,11 +547,10 @@ def input_changes(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> li
     paths = {s["path"] for s in now}
     changes = [f"{s['path']} is new" for s in now if s["path"] not in old]
     changes += [f"{p} is gone" for p in old if p not in paths]
-    for s in now:
-        was = old.get(s["path"])
-        if was is not None and was["bytes"] != s["bytes"]:
+    for s in (s for s in now if s["path"] in old):
+        if old[s["path"]]["bytes"] != s["bytes"]:
             changes.append(f"{s['path']} changed size")
-        elif was is not None and not _same_file(was, s):
+        elif not _same_file(old[s["path"]], s):
             changes.append(f"{s['path']} was rewritten (same size, other bytes at its start or end)")
     return changes or ["the files are read in another order"]
 
