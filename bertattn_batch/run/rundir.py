@@ -257,10 +257,12 @@ class RunDir:
         self.part_writer.publish(entry)
 
     def _list(self, entry: PartEntry) -> None:
-        """Put ``entry`` in the manifest's parts: in place of one of the same name (a retried window), else
-        at the end."""
+        """Put ``entry`` in the manifest's parts, in place of one of the same name (a retried window)."""
         at = self._positions.setdefault(entry.name, len(self.manifest.parts))
-        self.manifest.parts[at : at + 1] = [entry]
+        if at == len(self.manifest.parts):
+            self.manifest.parts.append(entry)
+        else:
+            self.manifest.parts[at] = entry
 
     def _save(self) -> None:
         self.manifest.updated_at = _now()
