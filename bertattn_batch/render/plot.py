@@ -9,6 +9,7 @@ import dataclasses
 import io
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,21 +94,25 @@ def token_range(value: str | None) -> slice | None:
     return bounds and slice(*(None if b is None else int(b) for b in bounds.groups()))
 
 
+def _at(review: ReviewAttention, idx: Sequence[int], **changes: Any) -> ReviewAttention:
+    """The review with only its content tokens ``idx`` (ids, positions, spans, weights), then ``changes``."""
+
+    def at(values: list[Any] | None) -> list[Any] | None:
+        return None if values is None else [values[i] for i in idx]
+
+    kept = {k: at(getattr(review, k)) for k in ("tokens", "token_ids", "positions", "starts")}
+    weights = {"weight": review.weight[:, idx], "scaled": review.scaled[:, idx]}
+    return dataclasses.replace(review, **kept | weights | changes)
+
+
 def select(review: ReviewAttention, tokens: slice | None = None, specials: bool = True) -> ReviewAttention:
     """The review with only the content tokens ``tokens`` (and [CLS], [SEP] in its maps with ``specials``)."""
     idx = list(range(len(review.tokens))[tokens or slice(None)])
     if not idx:
         lo, hi = ("" if end is None else end for end in (tokens.start, tokens.stop))
         raise SpecError(f"--tokens {lo}:{hi} selects none of the review's {len(review.tokens)} tokens")
-    out = dataclasses.replace(
-        review,
-        tokens=[review.tokens[i] for i in idx],
-        token_ids=[review.token_ids[i] for i in idx],
-        positions=[review.positions[i] for i in idx],
-        weight=review.weight[:, idx],
-        scaled=review.scaled[:, idx],
-    )
-    if review.pairs is not None and review.pair_tokens is not None:
+    out = _at(review, idx)
+    if review.pairs is not None:
         last = review.pairs.shape[1] - 1
         rows = ([0] if specials else []) + [i + 1 for i in idx] + ([last] if specials else [])
         out.pairs = review.pairs[:, rows][:, :, rows]  # (H, s, s)
@@ -131,17 +136,9 @@ def by_words(review: ReviewAttention, mode: str, user_dict: str | None = None) -
     weight = review.weight @ member  # (H, W)
     lo, hi = weight.min(axis=1, keepdims=True), weight.max(axis=1, keepdims=True)
     scaled = np.where(hi > lo, (weight - lo) / np.where(hi > lo, hi - lo, 1), 0.0)  # (H, W)
-    out = dataclasses.replace(
-        review,
-        tokens=words["word_text"].gather(first).to_list(),
-        token_ids=[review.token_ids[i] for i in first],
-        positions=[review.positions[i] for i in first],
-        starts=[review.starts[i] for i in first],
-        weight=weight,
-        scaled=scaled,
-        words=mode,
-    )
-    if review.pairs is not None and review.pair_tokens is not None:
+    tokens = words["word_text"].gather(first).to_list()  # a word at its first token
+    out = _at(review, first, tokens=tokens, weight=weight, scaled=scaled, words=mode)
+    if review.pairs is not None:
         full = np.zeros((len(word) + 2, len(first) + 2))  # (S, W + 2): [CLS] and [SEP] words of their own
         full[0, 0] = full[-1, -1] = 1
         full[1:-1, 1:-1] = member
@@ -242,7 +239,6 @@ def review_from_text(
     layer: int = -2,
     pairs: bool = False,
     device: str = "cpu",
-    max_length: int | None = None,
     doc_id: str = "text",
     **trust: bool,
 ) -> ReviewAttention:
@@ -252,19 +248,17 @@ def review_from_text(
 
     if not text or not text.strip():
         raise InputError("the text to plot is empty")
-    clf = _load_classifier(model, layer, device, max_length, **trust)
+    clf = _load_classifier(model, layer, device, **trust)
     enc = encode_texts(clf.tokenizer, [text], clf.max_length)[0]
     if enc.n_tokens <= 2:
         raise InputError("the text gives no tokens to plot")
     out = clf.forward([enc.ids])
     n, probs = enc.n_tokens, out.probs
     scored = ScoredRow(0, doc_id, None, "ok", enc, probs[0], out.rows[0, :, :, :n], out.norms[0, :, :, :n])
-    extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels)
-    tables = {
-        name: pl.from_arrow(schema.cast(t, name)).lazy()  # ids as plain strings, as in the files
-        for name, t in extractor.tables([scored]).items()
-    }
-    rows = attention_rows(tables["cls_attention"], tables["tokens"]).collect()
+    tables = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels).tables([scored])
+    # ids as plain strings, as in the files
+    attention, tokens = (pl.from_arrow(schema.cast(tables[n], n)).lazy() for n in ("cls_attention", "tokens"))
+    rows = attention_rows(attention, tokens).collect()
     review = from_rows(rows, doc_id, clf.layers[0])
     pred = int(np.argmax(probs[0]))
     review.pred_label, review.prob, review.text = clf.labels[pred], float(probs[0, pred]), text
@@ -511,13 +505,12 @@ def write_review(review: ReviewAttention, out: str | Path, pairs: bool = False) 
     """Write a review to ``out``: PNG or HTML (with its token x token maps where ``pairs``), CSV or XLSX."""
     path = output_path(out, pairs)
     suffix = path.suffix.lower()
-    with writing(path):
+    with writing(path), atomic_path(path, unique=True) as tmp:  # a full disk leaves no half-written file
         path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path, unique=True) as tmp:  # a full disk leaves no half-written file behind
-            if suffix in TABLES:
-                _write_table(review, tmp, suffix)
-            elif suffix == ".png":
-                tmp.write_bytes(review_png(review, pairs=pairs))
-            else:
-                tmp.write_text(page(review.title(), review_html(review)), encoding="utf-8")
+        if suffix in TABLES:
+            _write_table(review, tmp, suffix)
+        elif suffix == ".png":
+            tmp.write_bytes(review_png(review, pairs=pairs))
+        else:
+            tmp.write_text(page(review.title(), review_html(review)), encoding="utf-8")
     return path
