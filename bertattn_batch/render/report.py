@@ -369,15 +369,15 @@ def _faithfulness_html(
     header = ["score", "head", "comprehensiveness", "vs random", "sufficiency",
               *(["tracks ALTI (Spearman)"] if tracked else []), "attends to more, by prediction"]  # fmt: skip
     for (layer,), rows in aopc.filter(pl.col("layer").is_not_null()).group_by("layer", maintain_order=True):
-        body = [
+        body = [  # a reference score's row has no head: its cells left empty
             [
                 r["score"],
-                "" if r["head"] is None else r["head"],
+                r["head"],
                 r["comprehensiveness"],
                 f"{r['comprehensiveness'] / base:.1f}x" if base is not None and base >= MIN_RANDOM else "",
                 r["sufficiency"],
-                *([r["alti_spearman"] if r["alti_spearman"] is not None else ""] if tracked else []),
-                "" if r["head"] is None else contrasts.get((layer, r["head"]), ""),
+                *([r["alti_spearman"]] if tracked else []),
+                contrasts.get((layer, r["head"]), ""),
             ]
             for r in pl.concat([rows, refs]).sort("comprehensiveness", descending=True).iter_rows(named=True)
         ]
