@@ -147,8 +147,9 @@ def by_words(review: ReviewAttention, mode: str, user_dict: str | None = None) -
     return out
 
 
-def from_rows(rows: pl.DataFrame, doc_id: str, layer: int) -> ReviewAttention:
-    """A review from its attention rows in the long form (``run.attention_rows``), in any order."""
+def from_rows(rows: pl.DataFrame, doc_id: str, layer: int, **about: Any) -> ReviewAttention:
+    """A review from its attention rows in the long form (``run.attention_rows``), in any order;
+    ``about``: its other fields (prediction, label, text, the model's)."""
     rows = rows.filter((pl.col("doc_id") == doc_id) & (pl.col("layer") == layer)).sort(["head", "position"])
     if rows.is_empty():
         raise RunDirError(f"review {doc_id!r} has no attention rows at layer {layer}")
@@ -166,6 +167,7 @@ def from_rows(rows: pl.DataFrame, doc_id: str, layer: int) -> ReviewAttention:
         starts=first["start"].to_list() if "start" in first.columns else None,
         weight=rows["weight"].to_numpy().reshape(heads, n),  # (H, n)
         scaled=rows["weight_scaled"].to_numpy().reshape(heads, n),  # (H, n)
+        **about,
     )
 
 
@@ -191,17 +193,16 @@ def load_reviews(run: str | Path, doc_ids: list[str], layer: int | None = None) 
         scan_parts([p.files["cls_attention"] for p in parts]).filter(wanted & (pl.col("layer") == idx)),
         scan_parts([p.files["tokens"] for p in parts]).filter(wanted),
     ).collect(engine="streaming")
-    out = []
+    out, model = [], {"byte_level": manifest.byte_level, "num_layers": manifest.num_layers}
     for doc_id in doc_ids:
         found = preds.filter(pl.col("doc_id") == doc_id)
         if found.is_empty():
             raise InputError(f"review {doc_id!r} is not among the scored reviews of {run}")
-        review, pred = from_rows(rows, doc_id, idx), found.row(0, named=True)
-        review.pred_label, review.label, review.text = pred["pred_label"], pred["label"], pred.get("text")
-        review.byte_level, review.num_layers = manifest.byte_level, manifest.num_layers
-        if pred["probs"] is not None and pred["pred_id"] is not None:
-            review.prob = float(pred["probs"][pred["pred_id"]])
-        out.append(review)
+        pred = found.row(0, named=True)
+        probs, pred_id = pred["probs"], pred["pred_id"]
+        prob = None if probs is None or pred_id is None else float(probs[pred_id])
+        about = {k: pred.get(k) for k in ("pred_label", "label", "text")}
+        out.append(from_rows(rows, doc_id, idx, prob=prob, **about, **model))
     return out
 
 
@@ -257,12 +258,12 @@ def review_from_text(
     scored = ScoredRow(0, doc_id, None, "ok", enc, probs[0], out.rows[0, :, :, :n], out.norms[0, :, :, :n])
     tables = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels).tables([scored])
     # ids as plain strings, as in the files
-    attention, tokens = (pl.from_arrow(schema.cast(tables[n], n)).lazy() for n in ("cls_attention", "tokens"))
+    attention, tokens = (pl.from_arrow(schema.cast(tables[t], t)).lazy() for t in ("cls_attention", "tokens"))
     rows = attention_rows(attention, tokens).collect()
-    review = from_rows(rows, doc_id, clf.layers[0])
     pred = int(np.argmax(probs[0]))
-    review.pred_label, review.prob, review.text = clf.labels[pred], float(probs[0, pred]), text
-    review.byte_level, review.num_layers = clf.byte_level, clf.num_layers
+    model = {"byte_level": clf.byte_level, "num_layers": clf.num_layers}
+    about = {"pred_label": clf.labels[pred], "prob": float(probs[0, pred]), "text": text, **model}
+    review = from_rows(rows, doc_id, clf.layers[0], **about)
     if pairs:
         _attach_pairs(review, clf, enc.ids)
     return review
