@@ -350,7 +350,7 @@ def review_png(review: ReviewAttention, pairs: bool = False, dpi: int = 130) -> 
     top = png_bytes(cls_figure(review), dpi=dpi, tight=False)
     if not pairs:
         return top
-    from PIL import Image  # pasted as 8-bit RGB: a long review's stack stays a few hundred MB
+    from PIL import Image  # pasted as 8-bit RGB, which keeps a long review's stack small
 
     images = [Image.open(io.BytesIO(b)).convert("RGB") for b in (top, png_bytes(pairs_figure(review), dpi))]
     out = Image.new("RGB", (max(i.width for i in images), sum(i.height for i in images)), "white")
