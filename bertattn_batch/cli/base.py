@@ -51,7 +51,7 @@ def setup(debug: bool, loads_model: bool = False) -> None:
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-    # the hub client's own stderr handler printed each of its warnings twice: once, through ours
+    # the hub client's warnings go through our handler only, so each prints once
     logging.getLogger("huggingface_hub").handlers.clear()
 
 
@@ -174,7 +174,7 @@ def main() -> None:
         print(f"error: {_not_utf8(bad[0])}", file=sys.stderr)
         sys.exit(2)
     if not os.environ.get("COLUMNS", "1").isdigit() or os.environ.get("COLUMNS") == "0":
-        del os.environ["COLUMNS"]  # COLUMNS=0 made the help and usage errors print nothing at all
+        del os.environ["COLUMNS"]  # with COLUMNS=0 the help and usage errors would print nothing
     for stream in (sys.stdout, sys.stderr):  # a character the terminal's encoding lacks is escaped
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")

@@ -87,10 +87,9 @@ def _spelled(name: str, value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
-def spec_values(given: dict[str, Any], *classes: type) -> dict[str, Any]:
+def spec_values(given: dict[str, Any], cls: type) -> dict[str, Any]:
     """The options given (not None) as a job file spells them, a comma-separated list as its items."""
-    known = {k: v for cls in classes for k, v in keys(cls).items()}
-    values = {}
+    known, values = keys(cls), {}
     for name, value in given.items():
         if value is None or name not in known:
             continue

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -181,8 +182,6 @@ def faithfulness(
     bertattn faithfulness runs/default --sample 1000 --seed 1
     """
     setup(debug, loads_model=True)
-    import sys
-
     from ..analysis.faithfulness import faithfulness as measure
 
     options = dict(

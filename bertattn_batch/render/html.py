@@ -50,15 +50,13 @@ def page(title: str, body: str) -> str:
     )
 
 
-NUM = ' class="num"'
-
-
 def data_table(header: Sequence[str], rows: Sequence[Sequence[object]], numeric: Sequence[bool] = ()) -> str:
     """A plain table; cells escaped, floats with 3 decimals, ``numeric`` columns right-aligned."""
 
     def cell(i: int, value: object) -> str:
         text = f"{value:.3f}" if isinstance(value, float) else ("" if value is None else str(value))
-        return f"<td{NUM if i < len(numeric) and numeric[i] else ''}>{esc(text)}</td>"
+        num = ' class="num"' if i < len(numeric) and numeric[i] else ""
+        return f"<td{num}>{esc(text)}</td>"
 
     out = ["<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
     out += ["<tr>" + "".join(cell(i, v) for i, v in enumerate(row)) + "</tr>" for row in rows]

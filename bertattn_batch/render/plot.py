@@ -9,6 +9,7 @@ import dataclasses
 import io
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,21 +94,25 @@ def token_range(value: str | None) -> slice | None:
     return bounds and slice(*(None if b is None else int(b) for b in bounds.groups()))
 
 
+def _at(review: ReviewAttention, idx: Sequence[int], **changes: Any) -> ReviewAttention:
+    """The review with only its content tokens ``idx`` (ids, positions, spans, weights), then ``changes``."""
+
+    def at(values: list[Any] | None) -> list[Any] | None:
+        return None if values is None else [values[i] for i in idx]
+
+    kept = {k: at(getattr(review, k)) for k in ("tokens", "token_ids", "positions", "starts")}
+    weights = {"weight": review.weight[:, idx], "scaled": review.scaled[:, idx]}
+    return dataclasses.replace(review, **kept | weights | changes)
+
+
 def select(review: ReviewAttention, tokens: slice | None = None, specials: bool = True) -> ReviewAttention:
     """The review with only the content tokens ``tokens`` (and [CLS], [SEP] in its maps with ``specials``)."""
     idx = list(range(len(review.tokens))[tokens or slice(None)])
     if not idx:
         lo, hi = ("" if end is None else end for end in (tokens.start, tokens.stop))
         raise SpecError(f"--tokens {lo}:{hi} selects none of the review's {len(review.tokens)} tokens")
-    out = dataclasses.replace(
-        review,
-        tokens=[review.tokens[i] for i in idx],
-        token_ids=[review.token_ids[i] for i in idx],
-        positions=[review.positions[i] for i in idx],
-        weight=review.weight[:, idx],
-        scaled=review.scaled[:, idx],
-    )
-    if review.pairs is not None and review.pair_tokens is not None:
+    out = _at(review, idx)
+    if review.pairs is not None:
         last = review.pairs.shape[1] - 1
         rows = ([0] if specials else []) + [i + 1 for i in idx] + ([last] if specials else [])
         out.pairs = review.pairs[:, rows][:, :, rows]  # (H, s, s)
@@ -131,17 +136,9 @@ def by_words(review: ReviewAttention, mode: str, user_dict: str | None = None) -
     weight = review.weight @ member  # (H, W)
     lo, hi = weight.min(axis=1, keepdims=True), weight.max(axis=1, keepdims=True)
     scaled = np.where(hi > lo, (weight - lo) / np.where(hi > lo, hi - lo, 1), 0.0)  # (H, W)
-    out = dataclasses.replace(
-        review,
-        tokens=words["word_text"].gather(first).to_list(),
-        token_ids=[review.token_ids[i] for i in first],
-        positions=[review.positions[i] for i in first],
-        starts=[review.starts[i] for i in first],
-        weight=weight,
-        scaled=scaled,
-        words=mode,
-    )
-    if review.pairs is not None and review.pair_tokens is not None:
+    tokens = words["word_text"].gather(first).to_list()  # a word at its first token
+    out = _at(review, first, tokens=tokens, weight=weight, scaled=scaled, words=mode)
+    if review.pairs is not None:
         full = np.zeros((len(word) + 2, len(first) + 2))  # (S, W + 2): [CLS] and [SEP] words of their own
         full[0, 0] = full[-1, -1] = 1
         full[1:-1, 1:-1] = member
@@ -150,8 +147,9 @@ def by_words(review: ReviewAttention, mode: str, user_dict: str | None = None) -
     return out
 
 
-def from_rows(rows: pl.DataFrame, doc_id: str, layer: int) -> ReviewAttention:
-    """A review from its attention rows in the long form (``run.attention_rows``), in any order."""
+def from_rows(rows: pl.DataFrame, doc_id: str, layer: int, **about: Any) -> ReviewAttention:
+    """A review from its attention rows in the long form (``run.attention_rows``), in any order;
+    ``about``: its other fields (prediction, label, text, the model's)."""
     rows = rows.filter((pl.col("doc_id") == doc_id) & (pl.col("layer") == layer)).sort(["head", "position"])
     if rows.is_empty():
         raise RunDirError(f"review {doc_id!r} has no attention rows at layer {layer}")
@@ -169,6 +167,7 @@ def from_rows(rows: pl.DataFrame, doc_id: str, layer: int) -> ReviewAttention:
         starts=first["start"].to_list() if "start" in first.columns else None,
         weight=rows["weight"].to_numpy().reshape(heads, n),  # (H, n)
         scaled=rows["weight_scaled"].to_numpy().reshape(heads, n),  # (H, n)
+        **about,
     )
 
 
@@ -194,17 +193,16 @@ def load_reviews(run: str | Path, doc_ids: list[str], layer: int | None = None) 
         scan_parts([p.files["cls_attention"] for p in parts]).filter(wanted & (pl.col("layer") == idx)),
         scan_parts([p.files["tokens"] for p in parts]).filter(wanted),
     ).collect(engine="streaming")
-    out = []
+    out, model = [], {"byte_level": manifest.byte_level, "num_layers": manifest.num_layers}
     for doc_id in doc_ids:
         found = preds.filter(pl.col("doc_id") == doc_id)
         if found.is_empty():
             raise InputError(f"review {doc_id!r} is not among the scored reviews of {run}")
-        review, pred = from_rows(rows, doc_id, idx), found.row(0, named=True)
-        review.pred_label, review.label, review.text = pred["pred_label"], pred["label"], pred.get("text")
-        review.byte_level, review.num_layers = manifest.byte_level, manifest.num_layers
-        if pred["probs"] is not None and pred["pred_id"] is not None:
-            review.prob = float(pred["probs"][pred["pred_id"]])
-        out.append(review)
+        pred = found.row(0, named=True)
+        probs, pred_id = pred["probs"], pred["pred_id"]
+        prob = None if probs is None or pred_id is None else float(probs[pred_id])
+        about = {k: pred.get(k) for k in ("pred_label", "label", "text")}
+        out.append(from_rows(rows, doc_id, idx, prob=prob, **about, **model))
     return out
 
 
@@ -242,7 +240,6 @@ def review_from_text(
     layer: int = -2,
     pairs: bool = False,
     device: str = "cpu",
-    max_length: int | None = None,
     doc_id: str = "text",
     **trust: bool,
 ) -> ReviewAttention:
@@ -252,23 +249,21 @@ def review_from_text(
 
     if not text or not text.strip():
         raise InputError("the text to plot is empty")
-    clf = _load_classifier(model, layer, device, max_length, **trust)
+    clf = _load_classifier(model, layer, device, **trust)
     enc = encode_texts(clf.tokenizer, [text], clf.max_length)[0]
     if enc.n_tokens <= 2:
         raise InputError("the text gives no tokens to plot")
     out = clf.forward([enc.ids])
     n, probs = enc.n_tokens, out.probs
     scored = ScoredRow(0, doc_id, None, "ok", enc, probs[0], out.rows[0, :, :, :n], out.norms[0, :, :, :n])
-    extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels)
-    tables = {
-        name: pl.from_arrow(schema.cast(t, name)).lazy()  # ids as plain strings, as in the files
-        for name, t in extractor.tables([scored]).items()
-    }
-    rows = attention_rows(tables["cls_attention"], tables["tokens"]).collect()
-    review = from_rows(rows, doc_id, clf.layers[0])
+    tables = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels).tables([scored])
+    # ids as plain strings, as in the files
+    attention, tokens = (pl.from_arrow(schema.cast(tables[t], t)).lazy() for t in ("cls_attention", "tokens"))
+    rows = attention_rows(attention, tokens).collect()
     pred = int(np.argmax(probs[0]))
-    review.pred_label, review.prob, review.text = clf.labels[pred], float(probs[0, pred]), text
-    review.byte_level, review.num_layers = clf.byte_level, clf.num_layers
+    model = {"byte_level": clf.byte_level, "num_layers": clf.num_layers}
+    about = {"pred_label": clf.labels[pred], "prob": float(probs[0, pred]), "text": text, **model}
+    review = from_rows(rows, doc_id, clf.layers[0], **about)
     if pairs:
         _attach_pairs(review, clf, enc.ids)
     return review
@@ -355,7 +350,7 @@ def review_png(review: ReviewAttention, pairs: bool = False, dpi: int = 130) -> 
     top = png_bytes(cls_figure(review), dpi=dpi, tight=False)
     if not pairs:
         return top
-    from PIL import Image  # pasted as 8-bit RGB: a long review's stack stays a few hundred MB
+    from PIL import Image  # pasted as 8-bit RGB, which keeps a long review's stack small
 
     images = [Image.open(io.BytesIO(b)).convert("RGB") for b in (top, png_bytes(pairs_figure(review), dpi))]
     out = Image.new("RGB", (max(i.width for i in images), sum(i.height for i in images)), "white")
@@ -511,13 +506,12 @@ def write_review(review: ReviewAttention, out: str | Path, pairs: bool = False) 
     """Write a review to ``out``: PNG or HTML (with its token x token maps where ``pairs``), CSV or XLSX."""
     path = output_path(out, pairs)
     suffix = path.suffix.lower()
-    with writing(path):
+    with writing(path), atomic_path(path, unique=True) as tmp:  # a full disk leaves no half-written file
         path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path, unique=True) as tmp:  # a full disk leaves no half-written file behind
-            if suffix in TABLES:
-                _write_table(review, tmp, suffix)
-            elif suffix == ".png":
-                tmp.write_bytes(review_png(review, pairs=pairs))
-            else:
-                tmp.write_text(page(review.title(), review_html(review)), encoding="utf-8")
+        if suffix in TABLES:
+            _write_table(review, tmp, suffix)
+        elif suffix == ".png":
+            tmp.write_bytes(review_png(review, pairs=pairs))
+        else:
+            tmp.write_text(page(review.title(), review_html(review)), encoding="utf-8")
     return path

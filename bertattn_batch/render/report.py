@@ -369,15 +369,15 @@ def _faithfulness_html(
     header = ["score", "head", "comprehensiveness", "vs random", "sufficiency",
               *(["tracks ALTI (Spearman)"] if tracked else []), "attends to more, by prediction"]  # fmt: skip
     for (layer,), rows in aopc.filter(pl.col("layer").is_not_null()).group_by("layer", maintain_order=True):
-        body = [
+        body = [  # a reference score's row has no head: its cells left empty
             [
                 r["score"],
-                "" if r["head"] is None else r["head"],
+                r["head"],
                 r["comprehensiveness"],
                 f"{r['comprehensiveness'] / base:.1f}x" if base is not None and base >= MIN_RANDOM else "",
                 r["sufficiency"],
-                *([r["alti_spearman"] if r["alti_spearman"] is not None else ""] if tracked else []),
-                "" if r["head"] is None else contrasts.get((layer, r["head"]), ""),
+                *([r["alti_spearman"]] if tracked else []),
+                contrasts.get((layer, r["head"]), ""),
             ]
             for r in pl.concat([rows, refs]).sort("comprehensiveness", descending=True).iter_rows(named=True)
         ]
@@ -468,10 +468,8 @@ def misclassified(preds: pl.DataFrame, k: int, labels: list[str]) -> list[Exampl
     return _examples(ranked.head(k))
 
 
-def _none_why(preds: pl.DataFrame, labels: list[str], mistakes: bool) -> str:
+def _why_no_mistakes(preds: pl.DataFrame, labels: list[str]) -> str:
     ok = preds.filter(pl.col("status") == "ok")
-    if not mistakes:
-        return "Every scored review of a typical length is misclassified."
     if ok["label"].is_null().all():
         return "The reviews have no labels: none can be called misclassified."
     if not ok["label"].is_in(labels).any():
@@ -481,23 +479,18 @@ def _none_why(preds: pl.DataFrame, labels: list[str], mistakes: bool) -> str:
 
 def examples_html(run: Path, preds: pl.DataFrame, layer: int, k: int, labels: list[str]) -> str:
     """``k`` reviews per predicted label by :data:`RULE`, ``k`` mistakes by :data:`MISTAKES`, or why none."""
-    sections = {
-        ("Example reviews", RULE): pick(preds, k, labels),
-        ("Most confidently misclassified reviews", MISTAKES): misclassified(preds, k, labels),
-    }
-    chosen = [e for picks in sections.values() for e in picks]
-    loaded = iter(load_reviews(run, [e.doc_id for e in chosen], layer) if chosen else [])
-    parts = []
-    for (title, rule), picks in sections.items():
-        mistakes = rule is MISTAKES
-        parts += [
-            f"<h2>{title}</h2>",
-            muted(f"Chosen as {esc(rule)}." if picks else esc(_none_why(preds, labels, mistakes))),
-        ]
-        label = None
-        for example in picks:
-            review = next(loaded)
-            if not mistakes and example.pred_label != label:
+    typical, mistakes = pick(preds, k, labels), misclassified(preds, k, labels)
+    sections = [
+        ("Example reviews", RULE, typical, "Every scored review of a typical length is misclassified."),
+        ("Most confidently misclassified reviews", MISTAKES, mistakes, _why_no_mistakes(preds, labels)),
+    ]
+    chosen = [e.doc_id for e in typical + mistakes]
+    loaded = iter(load_reviews(run, chosen, layer) if chosen else [])
+    parts, label = [], None
+    for title, rule, picks, none in sections:
+        parts += [f"<h2>{title}</h2>", muted(f"Chosen as {esc(rule)}." if picks else esc(none))]
+        for example, review in zip(picks, loaded, strict=False):
+            if not example.misclassified and example.pred_label != label:  # the examples, by label
                 parts.append(f"<h3>Predicted {esc(example.pred_label)}</h3>")
                 label = example.pred_label
             if example.label != review.label:  # a label the label map gives as the model's
