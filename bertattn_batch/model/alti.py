@@ -31,13 +31,12 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import first_line
-from .capture import attention_block, find_self_attention, head_geometry, output_projection
+from .capture import SelfAttention, self_attentions
 
 #: The bytes a chunk's attention and value terms, and an eager block of the decomposition (j, rows,
 #: hidden), aim at on a CPU: a few cores' L2 caches, inside a shared L3 (a GPU takes 64 times more).
@@ -121,43 +120,13 @@ def compiled_chunk_distances() -> Callable[..., Tensor]:
     )
 
 
-def attention_layer_norm(model: nn.Module, attention: nn.Module) -> nn.LayerNorm | None:
-    """The LayerNorm that closes a self-attention block (residual included): BERT and its kin's
-    ``attention.output.LayerNorm``, DistilBERT's ``sa_layer_norm``, ALBERT's ``attention.LayerNorm``."""
-    norm = getattr(attention, "LayerNorm", None)  # ALBERT
-    if norm is None:
-        norm = getattr(getattr(attention_block(model, attention), "output", None), "LayerNorm", None)
-    if norm is None:  # DistilBERT: a layer's sa_layer_norm beside its attention
-        layer = next((m for m in model.modules() if getattr(m, "attention", None) is attention), None)
-        norm = getattr(layer, "sa_layer_norm", None)
-    return norm if isinstance(norm, nn.LayerNorm) else None
-
-
-class Block(NamedTuple):
-    """One attention block as ALTI reads it: projections, heads, W_O and the LayerNorm that closes it."""
-
-    q: nn.Linear
-    k: nn.Linear
-    v: nn.Linear
-    dense: nn.Linear
-    norm: nn.LayerNorm
-    heads: int
-    size: int
-    scaling: float
-
-
 class AltiCapture:
     """Forward hooks that decompose every attention block of one forward pass (see the module's doc)."""
 
     def __init__(self, model: nn.Module) -> None:
-        self._blocks = []
-        for module, q, k, v in find_self_attention(model):
-            dense, norm = output_projection(model, module), attention_layer_norm(model, module)
-            if dense is None or norm is None:
-                raise ValueError(
-                    "ALTI needs post-LayerNorm attention blocks (BERT, RoBERTa, DistilBERT, ALBERT)"
-                )
-            self._blocks.append(Block(q, k, v, dense, norm, *head_geometry(module, q)))
+        self._blocks = self_attentions(model)
+        if any(block.dense is None or block.norm is None for block in self._blocks):
+            raise ValueError("ALTI needs post-LayerNorm attention blocks (BERT, RoBERTa, DistilBERT, ALBERT)")
         if not self._blocks:
             raise ValueError("no self-attention modules with query/key/value projections found")
         self._seen: dict[str, Tensor] = {}  # this layer's "q", "k", "v" and "x", the block's input
@@ -179,7 +148,7 @@ class AltiCapture:
         self._lengths = list(lengths)
         with contextlib.ExitStack() as hooks:
             for block in self._blocks:
-                for name, module in zip("qkv", block, strict=False):
+                for name, module in zip("qkv", (block.q, block.k, block.v), strict=True):
                     hooks.enter_context(module.register_forward_hook(functools.partial(self._keep, name)))
                 hooks.enter_context(block.norm.register_forward_hook(functools.partial(self._on_norm, block)))
             try:
@@ -198,7 +167,7 @@ class AltiCapture:
         if name == "q":
             self._seen["x"] = inp[0]  # (B, S, hidden): the block's input, its residual
 
-    def _on_norm(self, block: Block, _norm: nn.Module, inp: tuple, out: Tensor) -> None:
+    def _on_norm(self, block: SelfAttention, _norm: nn.Module, inp: tuple, out: Tensor) -> None:
         """Decompose the block that this LayerNorm closes, and roll its contributions out."""
         self._calls += 1
         last = self._calls == self._layers
@@ -223,7 +192,9 @@ class AltiCapture:
         # (B, rows, S) @ (B, S, S): the last layer's one row is all the rollout keeps
         self._rollout = c if self._rollout is None else torch.bmm(c, self._rollout)
 
-    def _contributions(self, block: Block, z: Tensor, y: Tensor, fused: Callable | None = None) -> Tensor:
+    def _contributions(
+        self, block: SelfAttention, z: Tensor, y: Tensor, fused: Callable | None = None
+    ) -> Tensor:
         """One layer's normalised contributions ``C`` (B, rows, S) float32, for the ``rows`` positions the
         LayerNorm saw (all of them, or ``[CLS]`` alone in a trimmed layer); 0 at padding. ``z`` and ``y``
         (B, rows, hidden) are the LayerNorm's input and output; padding after a review's length is neither

@@ -87,7 +87,7 @@ class Classifier:
         num_layers = layer_count(config)
         resolved = resolve_layers(layers, num_layers)
         capture = ClsRowCapture(model, resolved)
-        if not capture.modules:
+        if not capture.attentions:
             raise ModelError(f"{source}: no self-attention query/key projections found")
         if value_zeroing and not capture.supports_value_zeroing():
             raise ModelError(
