@@ -192,9 +192,7 @@ class ClsRowCapture:
         ``α_hj v_hj`` off the attention output, so only the rest of the layer is run again, batched."""
         out = []
         for i, layer in enumerate(self.layers):
-            tail = self.attentions[self._owner[layer]].tail
-            if tail is None:
-                raise RuntimeError("value zeroing does not know this model's encoder layer layout")
+            tail = self.attentions[self._owner[layer]].tail  # not None: Classifier.load refuses the model
             dtype = self._kept["v"][layer].dtype
             v = self._heads("v", layer)  # (B, S, H, D)
             B, S, H, D = v.shape
