@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ExitStack
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -54,19 +54,10 @@ def self_attentions(model: nn.Module) -> list[SelfAttention]:
         heads = int(getattr(module, "num_attention_heads", None) or module.n_heads)
         size = int(getattr(module, "attention_head_size", None) or q.out_features // heads)
         block = parent.get(module)
-        if getattr(block, "self", None) is not module or not isinstance(
-            getattr(block, "output", None), nn.Module
-        ):
-            block = None
-        layer = parent.get(block or module)
         output = getattr(block, "output", None)
-        dense = [
-            getattr(module, "out_lin", None),
-            getattr(module, "dense", None),
-            getattr(output, "dense", None),
-        ]
-        norm = [getattr(module, "LayerNorm", None), getattr(output, "LayerNorm", None)]
-        norm.append(getattr(layer, "sa_layer_norm", None) if block is None else None)  # DistilBERT's
+        if getattr(block, "self", None) is not module or not isinstance(output, nn.Module):
+            block = output = None  # not BERT's layout, of .self beside .output
+        layer = parent.get(module if block is None else block)
         tail = None
         if block is not None and _has(layer, "intermediate", "output") and _has(output, "LayerNorm"):
             tail = partial(_bert_tail, block, layer)
@@ -76,14 +67,20 @@ def self_attentions(model: nn.Module) -> list[SelfAttention]:
             tail = partial(_albert_tail, layer)
         found.append(SelfAttention(
             module, q, k, v, heads, size, float(getattr(module, "scaling", size**-0.5)),
-            next((d for d in dense if isinstance(d, nn.Linear)), None),
-            next((n for n in norm if isinstance(n, nn.LayerNorm)), None), tail, block,
+            _first(nn.Linear, [(module, "out_lin"), (module, "dense"), (output, "dense")]),
+            _first(nn.LayerNorm, [(module, "LayerNorm"), (output, "LayerNorm"), (layer, "sa_layer_norm")]),
+            tail, block,
         ))  # fmt: skip
     return found
 
 
 def _has(module: nn.Module | None, *names: str) -> bool:
     return all(hasattr(module, n) for n in names)
+
+
+def _first(kind: type[nn.Module], places: list[tuple[nn.Module | None, str]]) -> Any:
+    """The first ``owner.name`` of ``places`` that is a ``kind``, or None."""
+    return next((m for owner, name in places if isinstance(m := getattr(owner, name, None), kind)), None)
 
 
 def _bert_tail(block: nn.Module, layer: nn.Module, ctx: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
