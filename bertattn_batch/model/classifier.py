@@ -69,7 +69,9 @@ class Classifier:
 
         # eager mode asks for attentions per call, and SDPA cannot return them
         options = dict(trust_remote_code=trust_remote_code, return_dict=True, output_attentions=False)
-        model, _ = load_weights(path, source, torch_dtype, attention, allow_pickle, **options)
+        model, _ = load_weights(
+            path, source, torch_dtype, allow_pickle, attn_implementation=attention, **options
+        )
         try:
             model.eval().to(dev)  # eval: dropout off
         except RuntimeError as e:  # torch's OutOfMemoryError is one
@@ -269,34 +271,35 @@ def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list
     return out
 
 
-def load_weights(path: str, source: str, dtype: torch.dtype, attention: str | None = None,
-                 allow_pickle: bool = False, for_training: bool = False,
-                 **options: Any) -> tuple[torch.nn.Module, dict[str, Any]]:  # fmt: skip
+def load_weights(path: str, source: str, dtype: torch.dtype, allow_pickle: bool = False,
+                 for_training: bool = False, **options: Any) -> tuple[torch.nn.Module, dict]:  # fmt: skip
     """The sequence classifier at ``path`` (``options``: from_pretrained's), every weight loaded, and its
     load report; asked for SDPA, one without it runs its own eager attention (rows captured alike). Any
     failure is one error."""
     from transformers import AutoModelForSequenceClassification
 
-    def from_pretrained(implementation: str | None):
+    sdpa = options.get("attn_implementation") == "sdpa"
+
+    def from_pretrained(**more: Any):
         # quiet: check_loaded_weights says what its load report says, as one error; mismatched sizes are
         # refused there
         with warnings.catch_warnings(), checks.transformers_log_level("error"):
             warnings.simplefilter("ignore")
             return AutoModelForSequenceClassification.from_pretrained(
-                path, dtype=dtype, attn_implementation=implementation, output_loading_info=True,
-                use_safetensors=None if allow_pickle else True, ignore_mismatched_sizes=True, **options,
+                path, dtype=dtype, output_loading_info=True, use_safetensors=None if allow_pickle else True,
+                ignore_mismatched_sizes=True, **(options | more),
             )  # fmt: skip
 
     try:
         try:
-            model, info = from_pretrained(attention)
-            if attention == "sdpa":
+            model, info = from_pretrained()
+            if sdpa:
                 use_cls_sdpa(model)
         except ValueError as e:
-            if attention != "sdpa" or "scaled_dot_product_attention" not in str(e):
+            if not sdpa or "scaled_dot_product_attention" not in str(e):
                 raise
             log.info("%s has no SDPA attention; running its eager attention", source)  # Megatron-BERT
-            model, info = from_pretrained("eager")
+            model, info = from_pretrained(attn_implementation="eager")
     except pickle.UnpicklingError as e:
         raise ModelError(
             f"cannot load model weights from {source!r} "
