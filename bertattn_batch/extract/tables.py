@@ -128,11 +128,8 @@ class Extractor:
         scaled, lo, hi = minmax_scale(weight, seg)
         lh = np.tile(np.arange(L * H, dtype=np.int32), len(scored))  # each segment's (layer, head)
         seg_layer, seg_head = self.layers[lh // H], (lh % H).astype(np.int16)
-        token_start = np.cumsum(n) - n
-        inner = np.ones(int(n.sum()), dtype=bool)
-        inner[token_start] = inner[token_start + n - 1] = False  # [CLS] and [SEP] of every review
-        ids = _cat([r.encoded.ids for r in scored], np.int32)[inner]  # every content token, once
-        offsets = np.concatenate([r.encoded.offsets for r in scored] or [np.zeros((0, 2), np.int32)])[inner]
+        ids = _cat([r.encoded.ids[1:-1] for r in scored], np.int32)  # every content token, once
+        offsets = np.concatenate([r.encoded.offsets[1:-1] for r in scored] or [np.zeros((0, 2), np.int32)])
         review = np.arange(first, first + len(scored), dtype=np.int32)  # each review's index in ``docs``
         review_of_seg = np.repeat(review, L * H)
 

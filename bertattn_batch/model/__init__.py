@@ -4,7 +4,7 @@ Names are imported on first use, so that ``model.encode`` alone (a host process'
 from .._lazy import lazy_exports
 
 _EXPORTS = {
-    **dict.fromkeys(["ClsRowCapture", "eager_rows", "find_self_attention"], "capture"),
+    **dict.fromkeys(["ClsRowCapture", "eager_rows", "self_attentions"], "capture"),
     **dict.fromkeys(
         ["load_config", "load_tokenizer", "other_model_files", "resolve_source", "tokenizer_hash"], "checks"
     ),

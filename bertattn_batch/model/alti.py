@@ -13,22 +13,15 @@ Per layer, the attention block's output for token i is decomposed over the token
     T_i(x_j) = s_i · L(Σ_h a^h_ij W_O^h v^h_j + [i = j] x_i)
 
 where ``L`` is the block's LayerNorm centring times its weight and ``s_i`` that LayerNorm's own scale
-for token i (biased variance plus epsilon, as ``torch.nn.LayerNorm``), so that
-``Σ_j T_i(x_j) + s_i · L(b_O) + β`` is the block's real output ``y_i``. Then
-``c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁)``, each row normalised to sum to 1; the feed-forward block
-passes contributions through unchanged. The rollout ``R = C^L ⋯ C^1`` is accumulated bottom up, and only
-``R[0]`` is kept, so a trimmed last layer (its rows cut to ``[CLS]``) needs no more than it computes.
-The authors' code scales by an unbiased standard deviation without epsilon; this one reproduces the
-block's output exactly (docs/measures.md).
+for token i (as ``torch.nn.LayerNorm``, so that ``Σ_j T_i(x_j) + s_i · L(b_O) + β`` is the block's real
+output ``y_i``; docs/measures.md). Then ``c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁)``, each row normalised
+to sum to 1; the feed-forward block passes contributions through unchanged. The rollout
+``R = C^L ⋯ C^1`` is accumulated bottom up, keeping only ``R[0]``, so a trimmed last layer (its rows cut
+to ``[CLS]``) needs no more than it computes.
 
-The distances ``‖y_i − T_i(x_j)‖₁`` are the cost: ``B × S × rows × hidden`` terms, each a sum over only H
-heads. A layer is decomposed in chunks of reviews whose attention and value terms fit :data:`BLOCK_BYTES`,
-each cut to its longest review's tokens. On a CPU, once a capture has run :data:`COMPILE_AFTER_S` seconds
-eagerly, a chunk runs under ``torch.compile`` (:func:`compiled_chunk_distances`), which fuses each term's
-sum over the heads, its distance to ``y_i`` and the sum of those into one kernel that stores no term.
-Before that, where it cannot compile (no C++ compiler, ``TORCHDYNAMO_DISABLE=1``), on a GPU, and for a
-trimmed layer's one row, the terms are made by a matmul in blocks of tokens j, each read back by the L1
-distance while it is in cache. Memory stays bounded whatever the review length, either way.
+The distances ``‖y_i − T_i(x_j)‖₁`` are the cost. A layer is decomposed in chunks of reviews that fit
+:func:`block_bytes`; on a CPU, once a capture has run :data:`COMPILE_AFTER_S` seconds eagerly, a chunk
+runs under ``torch.compile`` (:func:`head_distances`). Memory stays bounded whatever the review length.
 """
 
 from __future__ import annotations
@@ -40,10 +33,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ..errors import first_line
-from .capture import attention_block, find_self_attention, head_geometry, output_projection
+from .capture import SelfAttention, self_attentions
 
 #: The bytes a chunk's attention and value terms, and an eager block of the decomposition (j, rows,
 #: hidden), aim at on a CPU: a few cores' L2 caches, inside a shared L3 (a GPU takes 64 times more).
@@ -63,9 +56,8 @@ FUSE_EVERY_HEAD = {
     "realize_cpu_opcount_threshold": 1 << 10,
 }
 
-#: Seconds of ALTI a capture runs eagerly before it compiles its kernel: compiling costs about 7 s once a
-#: process (about 35 s the first time on a machine), which a small job never earns back and a corpus does
-#: in its first minutes; a large job loses at most these seconds of the slower way.
+#: Seconds of ALTI a capture runs eagerly before it compiles its kernel: compiling costs seconds once a
+#: process, which a small job never earns back and a corpus does in its first minutes.
 COMPILE_AFTER_S = 10.0
 
 #: graphs one process may compile: 2 a model (a chunk of one review, or of more), for the models a
@@ -76,15 +68,8 @@ log = logging.getLogger(__name__)
 
 
 def chunk_distances(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    w: torch.Tensor,
-    s: torch.Tensor,
-    own: torch.Tensor,
-    y: torch.Tensor,
-    mask: torch.Tensor,
-) -> torch.Tensor:
+    q: Tensor, k: Tensor, v: Tensor, w: Tensor, s: Tensor, own: Tensor, y: Tensor, mask: Tensor
+) -> Tensor:
     """``‖y_i − T_i(x_j)‖₁`` (b, n, m) for a chunk of b reviews, their n tokens j and m rows i: ``q``
     (b, H, m, D) scaled and ``k`` (b, H, n, D) the heads' queries and keys, ``v`` (b, n, H*D) the values,
     ``w`` (H, D, hidden) W_O with L folded in, ``s`` (b, m, 1) the LayerNorm's scales, ``own`` and ``y``
@@ -102,7 +87,7 @@ def chunk_distances(
     return torch.where(diagonal, (y - mine).abs().sum(dim=-1)[:, None, :], d)
 
 
-def head_distances(a: torch.Tensor, f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def head_distances(a: Tensor, f: Tensor, y: Tensor) -> Tensor:
     """``‖y_i − Σ_h a[h, j, i] f[h, j]‖₁`` for every review, token j and row i: ``a`` (b, H, n, m), ``f``
     (b, H, n, hidden), ``y`` (b, m, hidden) -> (b, n, m). Under ``torch.compile``, one expression that it
     fuses into a kernel storing no term; eagerly, the terms made by a matmul of inner dimension H in
@@ -126,7 +111,7 @@ def head_distances(a: torch.Tensor, f: torch.Tensor, y: torch.Tensor) -> torch.T
 
 
 @functools.cache
-def compiled_chunk_distances() -> Callable[..., torch.Tensor]:
+def compiled_chunk_distances() -> Callable[..., Tensor]:
     """:func:`chunk_distances` under ``torch.compile``: it compiles at its first call, a few seconds once a
     process for each head count (cached on disk after); where it cannot (no C++ compiler, more shapes
     than :data:`RECOMPILES`), it raises, and the caller runs :func:`chunk_distances` eagerly."""
@@ -135,160 +120,116 @@ def compiled_chunk_distances() -> Callable[..., torch.Tensor]:
     )
 
 
-def attention_layer_norm(model: nn.Module, attention: nn.Module) -> nn.LayerNorm | None:
-    """The LayerNorm that closes a self-attention block (residual included): BERT and its kin's
-    ``attention.output.LayerNorm``, DistilBERT's ``sa_layer_norm``, ALBERT's ``attention.LayerNorm``."""
-    norm = getattr(attention, "LayerNorm", None)  # ALBERT
-    if norm is None:
-        norm = getattr(getattr(attention_block(model, attention), "output", None), "LayerNorm", None)
-    if norm is None:  # DistilBERT: a layer's sa_layer_norm beside its attention
-        layer = next((m for m in model.modules() if getattr(m, "attention", None) is attention), None)
-        norm = getattr(layer, "sa_layer_norm", None)
-    return norm if isinstance(norm, nn.LayerNorm) else None
-
-
 class AltiCapture:
     """Forward hooks that decompose every attention block of one forward pass (see the module's doc)."""
 
     def __init__(self, model: nn.Module) -> None:
-        self._blocks = []
-        for module, q, k, v in find_self_attention(model):
-            dense, norm = output_projection(model, module), attention_layer_norm(model, module)
-            if dense is None or norm is None:
-                raise ValueError(
-                    "ALTI needs post-LayerNorm attention blocks (BERT, RoBERTa, DistilBERT, ALBERT)"
-                )
-            self._blocks.append((module, q, k, v, dense, norm))
+        self._blocks = self_attentions(model)
+        if any(block.dense is None or block.norm is None for block in self._blocks):
+            raise ValueError("ALTI needs post-LayerNorm attention blocks (BERT, RoBERTa, DistilBERT, ALBERT)")
         if not self._blocks:
             raise ValueError("no self-attention modules with query/key/value projections found")
-        self._seen: dict[str, torch.Tensor] = {}
-        self._rollout: torch.Tensor | None = None  # (B, rows, S): C^l ⋯ C^1 so far
-        self._mask: torch.Tensor | None = None
+        self._seen: dict[str, Tensor] = {}  # this layer's "q", "k", "v" and "x", the block's input
+        self._rollout: Tensor | None = None  # (B, rows, S): C^l ⋯ C^1 so far
+        self._mask: Tensor | None = None
         # a forward calls the hooks once per layer, several times for a module that layers share (ALBERT)
         self._layers, self._calls = model.config.num_hidden_layers, 0
         self._lengths: list[int] = []
-        self._fused: Callable[..., torch.Tensor] | None = None  # chunk_distances compiled, once it pays
+        self._fused: Callable[..., Tensor] | None = None  # chunk_distances compiled, once it pays
         self._eager_s, self._may_compile = 0.0, True
 
     @contextlib.contextmanager
-    def forward(
-        self, attention_mask: torch.Tensor, lengths: Sequence[int] | None = None
-    ) -> Iterator[AltiCapture]:
+    def forward(self, attention_mask: Tensor, lengths: Sequence[int] | None = None) -> Iterator[AltiCapture]:
         """Hooks in place for one forward over a batch with this (B, S) mask; ``lengths``: where each review's
         tokens end, if the caller knows it (a right-padded batch's lengths), else read back from the mask."""
         self._mask, self._rollout, self._seen, self._calls = attention_mask.bool(), None, {}, 0
         if lengths is None:  # past the last unmasked position
             lengths = (attention_mask.cumsum(dim=-1) * attention_mask).argmax(dim=-1).add(1).tolist()
         self._lengths = list(lengths)
-        handles = []
-        for module, q, k, v, dense, norm in self._blocks:
-            heads, size, scaling = head_geometry(module, q)
-            handles += [
-                q.register_forward_hook(self._keep("q", with_input=True)),
-                k.register_forward_hook(self._keep("k")),
-                v.register_forward_hook(self._keep("v")),
-                norm.register_forward_hook(self._on_norm(heads, size, scaling, dense)),
-            ]
-        try:
-            yield self
-        finally:
-            for h in handles:
-                h.remove()
-            self._seen = {}
+        with contextlib.ExitStack() as hooks:
+            for block in self._blocks:
+                for name, module in zip("qkv", (block.q, block.k, block.v), strict=True):
+                    hooks.enter_context(module.register_forward_hook(functools.partial(self._keep, name)))
+                hooks.enter_context(block.norm.register_forward_hook(functools.partial(self._on_norm, block)))
+            try:
+                yield self
+            finally:
+                self._seen = {}
 
-    def cls_contributions(self) -> torch.Tensor:
+    def cls_contributions(self) -> Tensor:
         """``R[0, :]``: each token's contribution to ``[CLS]`` after the last layer, (B, S) float32."""
         if self._rollout is None:
             raise RuntimeError("no forward pass was captured")
         return self._rollout[:, 0]  # (B, S)
 
-    def _keep(self, name: str, with_input: bool = False):
-        def hook(_m: nn.Module, inp: tuple, out: torch.Tensor) -> None:
-            self._seen[name] = out  # (B, S, H*D)
-            if with_input:
-                self._seen["x"] = inp[0]  # (B, S, hidden): the block's input, its residual
+    def _keep(self, name: str, _m: nn.Module, inp: tuple, out: Tensor) -> None:
+        self._seen[name] = out  # (B, S, H*D)
+        if name == "q":
+            self._seen["x"] = inp[0]  # (B, S, hidden): the block's input, its residual
 
-        return hook
-
-    def _on_norm(self, heads: int, size: int, scaling: float, dense: nn.Linear):
-        def hook(norm: nn.LayerNorm, inp: tuple, out: torch.Tensor) -> None:
-            self._calls += 1
-            last = self._calls == self._layers
-            z, y = (inp[0][:, :1], out[:, :1]) if last else (inp[0], out)  # the top: [CLS]'s row alone
-            seen = self._seen
-            cpu = y.device.type == "cpu"
-            if cpu and self._fused is None and self._may_compile and self._eager_s >= COMPILE_AFTER_S:
-                self._fused = compiled_chunk_distances()
-            fused = self._fused if cpu else None
-            args = (seen["q"], seen["k"], seen["v"], seen["x"], z, y, self._mask, self._lengths, norm, dense)
-            t0 = time.perf_counter()
-            try:
-                c = layer_contributions(*args, heads, size, scaling, fused)
-            except Exception as e:  # what torch raises varies: no C++ compiler, an op inductor cannot lower
-                if fused is None:
-                    raise
-                log.warning(
-                    "ALTI: torch.compile fails here (%s); its distances run eagerly, slower", first_line(e)
-                )
-                self._fused, self._may_compile = None, False
-                c = layer_contributions(*args, heads, size, scaling)
+    def _on_norm(self, block: SelfAttention, _norm: nn.Module, inp: tuple, out: Tensor) -> None:
+        """Decompose the block that this LayerNorm closes, and roll its contributions out."""
+        self._calls += 1
+        last = self._calls == self._layers
+        z, y = (inp[0][:, :1], out[:, :1]) if last else (inp[0], out)  # the top: [CLS]'s row alone
+        cpu = y.device.type == "cpu"
+        if cpu and self._fused is None and self._may_compile and self._eager_s >= COMPILE_AFTER_S:
+            self._fused = compiled_chunk_distances()
+        fused = self._fused if cpu else None
+        t0 = time.perf_counter()
+        try:
+            c = self._contributions(block, z, y, fused)
+        except Exception as e:  # what torch raises varies: no C++ compiler, an op inductor cannot lower
             if fused is None:
-                self._eager_s += time.perf_counter() - t0
-            # (B, rows, S) @ (B, S, S): the last layer's one row is all the rollout keeps
-            self._rollout = c if self._rollout is None else torch.bmm(c, self._rollout)
+                raise
+            log.warning(
+                "ALTI: torch.compile fails here (%s); its distances run eagerly, slower", first_line(e)
+            )
+            self._fused, self._may_compile = None, False
+            c = self._contributions(block, z, y)
+        if fused is None:
+            self._eager_s += time.perf_counter() - t0
+        # (B, rows, S) @ (B, S, S): the last layer's one row is all the rollout keeps
+        self._rollout = c if self._rollout is None else torch.bmm(c, self._rollout)
 
-        return hook
-
-
-def layer_contributions(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    x: torch.Tensor,
-    z: torch.Tensor,
-    y: torch.Tensor,
-    mask: torch.Tensor,
-    lengths: list[int],
-    norm: nn.LayerNorm,
-    dense: nn.Linear,
-    heads: int,
-    size: int,
-    scaling: float,
-    fused: Callable[..., torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """One layer's normalised contributions ``C`` (B, rows, S) float32, for the ``rows`` positions the
-    LayerNorm saw (all of them, or ``[CLS]`` alone in a trimmed layer); 0 at padding. ``q, k, v``
-    (B, S, H*D) are the projections, ``x`` (B, S, hidden) the block's input, ``z`` and ``y``
-    (B, rows, hidden) the LayerNorm's input and output, ``mask`` (B, S) bool, ``lengths`` each review's
-    tokens (padding after them is neither read nor reading); ``fused``: :func:`chunk_distances` compiled,
-    or None to run it eagerly."""
-    B, S = k.shape[:2]
-    rows, hidden = z.shape[1:]
-    z = z.float()
-    z = z - z.mean(dim=-1, keepdim=True)
-    s = torch.rsqrt(z.square().mean(dim=-1, keepdim=True) + norm.eps)  # (B, rows, 1); faster than var()
-    # s_i is folded into the attention, and L, being linear, into W_O, so that Σ_h a^h_ij f^h_j plus token
-    # i's own term s_i L(x_i) where j = i is T_i(x_j)
-    gamma = norm.weight.detach().float() if norm.weight is not None else torch.ones(hidden, device=z.device)
-    w = dense.weight.detach().float()  # (hidden, H*D)
-    w = ((w - w.mean(dim=0)) * gamma[:, None]).view(hidden, heads, size).permute(1, 2, 0)  # (H, D, hidden)
-    x = x[:, :rows].float()
-    own = (x - x.mean(dim=-1, keepdim=True)) * gamma * s  # (B, rows, hidden): s_i L(x_i)
-    y = y.float()
-    c = torch.zeros(B, rows, S, device=y.device)  # ‖y_i − T_i(x_j)‖₁, then the contributions
-    # reviews whose attention and value terms fit a block
-    step = max(1, block_bytes(y.device) // (4 * heads * S * (S + hidden)))
-    for b in range(0, B, step):
-        r = slice(b, min(b + step, B))
-        n = max(lengths[r])  # the longest of these reviews: its tokens j and rows i
-        m = min(rows, n)
-        qr = q[r, :m].float().unflatten(-1, (heads, size)).transpose(1, 2) * scaling  # (b, H, m, D)
-        kr = k[r, :n].float().unflatten(-1, (heads, size)).transpose(1, 2)  # (b, H, n, D)
-        args = (qr, kr, v[r, :n].float(), w, s[r, :m], own[r, :m], y[r, :m], mask[r, :n])
-        # compiled (not for a trimmed layer's one row, cheap eagerly), contiguous: a graph then holds for
-        # every chunk of one review, or of more, where views' strides would each ask for one of their own
-        compiled = fused is not None and m > 1
-        d = fused(*(t.contiguous() for t in args)) if compiled else chunk_distances(*args)  # (b, n, m)
-        c[r, :m, :n] = d.transpose(1, 2)
-    c = (y.abs().sum(dim=-1, keepdim=True) - c).clamp_min(0) * mask[:, None, :]  # (B, rows, S), 0 at padding
-    return c / c.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)
+    def _contributions(
+        self, block: SelfAttention, z: Tensor, y: Tensor, fused: Callable | None = None
+    ) -> Tensor:
+        """One layer's normalised contributions ``C`` (B, rows, S) float32, for the ``rows`` positions the
+        LayerNorm saw (all of them, or ``[CLS]`` alone in a trimmed layer); 0 at padding. ``z`` and ``y``
+        (B, rows, hidden) are the LayerNorm's input and output; padding after a review's length is neither
+        read nor reading. ``fused``: :func:`chunk_distances` compiled, or None to run it eagerly."""
+        q, k, v, x = (self._seen[name] for name in "qkvx")
+        mask, lengths = self._mask, self._lengths
+        heads, size = block.heads, block.size
+        B, S = k.shape[:2]
+        rows, hidden = z.shape[1:]
+        z = z.float()
+        z = z - z.mean(dim=-1, keepdim=True)
+        s = torch.rsqrt(z.square().mean(dim=-1, keepdim=True) + block.norm.eps)  # (B, rows, 1)
+        # s_i is folded into the attention, and L, being linear, into W_O, so that Σ_h a^h_ij f^h_j plus
+        # token i's own term s_i L(x_i) where j = i is T_i(x_j)
+        weight = block.norm.weight
+        gamma = weight.detach().float() if weight is not None else torch.ones(hidden, device=z.device)
+        w = block.dense.weight.detach().float()  # (hidden, H*D)
+        w = ((w - w.mean(dim=0)) * gamma[:, None]).view(hidden, heads, size).permute(1, 2, 0)  # (H, D, E)
+        x = x[:, :rows].float()
+        own = (x - x.mean(dim=-1, keepdim=True)) * gamma * s  # (B, rows, hidden): s_i L(x_i)
+        y = y.float()
+        c = torch.zeros(B, rows, S, device=y.device)  # ‖y_i − T_i(x_j)‖₁, then the contributions
+        # reviews whose attention and value terms fit a block
+        step = max(1, block_bytes(y.device) // (4 * heads * S * (S + hidden)))
+        for b in range(0, B, step):
+            r = slice(b, min(b + step, B))
+            n = max(lengths[r])  # the longest of these reviews: its tokens j and rows i
+            m = min(rows, n)
+            qr = q[r, :m].float().unflatten(-1, (heads, size)).transpose(1, 2) * block.scaling  # (b, H, m, D)
+            kr = k[r, :n].float().unflatten(-1, (heads, size)).transpose(1, 2)  # (b, H, n, D)
+            args = (qr, kr, v[r, :n].float(), w, s[r, :m], own[r, :m], y[r, :m], mask[r, :n])
+            # compiled (not for a trimmed layer's one row, cheap eagerly), contiguous: a graph then holds
+            # for every chunk of one review, or of more, where views' strides would each need their own
+            compiled = fused is not None and m > 1
+            d = fused(*(t.contiguous() for t in args)) if compiled else chunk_distances(*args)  # (b, n, m)
+            c[r, :m, :n] = d.transpose(1, 2)
+        c = (y.abs().sum(dim=-1, keepdim=True) - c).clamp_min(0) * mask[:, None, :]  # 0 at padding
+        return c / c.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)

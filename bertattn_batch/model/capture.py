@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack
 from functools import partial
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -17,78 +19,83 @@ _PROJECTIONS = (("query", "key", "value"), ("q_lin", "k_lin", "v_lin"))
 LayerTail = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def find_self_attention(model: nn.Module) -> list[tuple[nn.Module, nn.Linear, nn.Linear, nn.Linear]]:
-    """Self-attention modules in forward order (each once), with their query, key and value projections."""
+class SelfAttention(NamedTuple):
+    """A self-attention module, its projections and heads, and the parts of its encoder layer that the
+    measures read; None where the layout has no such part."""
+
+    module: nn.Module
+    q: nn.Linear
+    k: nn.Linear
+    v: nn.Linear
+    heads: int
+    size: int  # of a head
+    scaling: float  # of the scores (eager-only modules have none: size ** -0.5)
+    dense: nn.Linear | None  # from the heads to the hidden size
+    norm: nn.LayerNorm | None  # the LayerNorm that closes the attention block, residual included
+    tail: LayerTail | None  # what follows the weighted sum of values, in a post-LayerNorm layer
+    block: nn.Module | None  # BERT's layout: the block that holds the module as ``.self`` beside ``.output``
+
+
+def self_attentions(model: nn.Module) -> list[SelfAttention]:
+    """The self-attention modules in forward order (each once, though ALBERT's layers share one), in BERT's
+    layout and its kin's, DistilBERT's and ALBERT's."""
+    parent = {}
+    for module in model.modules():
+        for child in module.children():
+            parent.setdefault(child, module)
     found = []
     for module in model.modules():
         if not (hasattr(module, "scaling") or hasattr(module, "attention_head_size")):
             continue
-        for names in _PROJECTIONS:
-            q, k, v = (getattr(module, name, None) for name in names)
-            if all(isinstance(p, nn.Linear) for p in (q, k, v)):
-                found.append((module, q, k, v))
-                break
+        names = [n for n in _PROJECTIONS if all(isinstance(getattr(module, x, None), nn.Linear) for x in n)]
+        if not names:
+            continue
+        q, k, v = (getattr(module, name) for name in names[0])
+        heads = int(getattr(module, "num_attention_heads", None) or module.n_heads)
+        size = int(getattr(module, "attention_head_size", None) or q.out_features // heads)
+        block = parent.get(module)
+        output = getattr(block, "output", None)
+        if getattr(block, "self", None) is not module or not isinstance(output, nn.Module):
+            block = output = None  # not BERT's layout, of .self beside .output
+        layer = parent.get(module if block is None else block)
+        tail = None
+        if block is not None and _has(layer, "intermediate", "output") and _has(output, "LayerNorm"):
+            tail = partial(_bert_tail, block, layer)
+        elif block is None and _has(layer, "sa_layer_norm", "ffn", "output_layer_norm"):
+            tail = partial(_distilbert_tail, layer)
+        elif block is None and _has(layer, "ffn", "ffn_output", "full_layer_layer_norm"):
+            tail = partial(_albert_tail, layer)
+        found.append(SelfAttention(
+            module, q, k, v, heads, size, float(getattr(module, "scaling", size**-0.5)),
+            _first(nn.Linear, [(module, "out_lin"), (module, "dense"), (output, "dense")]),
+            _first(nn.LayerNorm, [(module, "LayerNorm"), (output, "LayerNorm"), (layer, "sa_layer_norm")]),
+            tail, block,
+        ))  # fmt: skip
     return found
 
 
-def output_projection(model: nn.Module, self_attention: nn.Module) -> nn.Linear | None:
-    """The linear map from a self-attention module's heads to the hidden size (``out_lin``, ``dense`` or
-    the sibling block's ``output.dense``)."""
-    for name in ("out_lin", "dense"):
-        if isinstance(getattr(self_attention, name, None), nn.Linear):
-            return getattr(self_attention, name)
-    dense = getattr(getattr(attention_block(model, self_attention), "output", None), "dense", None)
-    return dense if isinstance(dense, nn.Linear) else None
+def _has(module: nn.Module | None, *names: str) -> bool:
+    return all(hasattr(module, n) for n in names)
 
 
-def attention_block(model: nn.Module, self_attention: nn.Module) -> nn.Module | None:
-    """The block that holds a self-attention module as ``.self``, beside its ``.output`` (BERT's layout)."""
-    blocks = (m for m in model.modules() if getattr(m, "self", None) is self_attention)
-    return next((m for m in blocks if isinstance(getattr(m, "output", None), nn.Module)), None)
+def _first(kind: type[nn.Module], places: list[tuple[nn.Module | None, str]]) -> Any:
+    """The first ``owner.name`` of ``places`` that is a ``kind``, or None."""
+    return next((m for owner, name in places if isinstance(m := getattr(owner, name, None), kind)), None)
 
 
-def layer_tail(model: nn.Module, attention: nn.Module) -> LayerTail | None:
-    """What follows a self-attention module's weighted sum of values in a post-LayerNorm encoder layer
-    (BERT and its kin, DistilBERT, ALBERT); None for others (Megatron-BERT)."""
-
-    def has(module: nn.Module, *names: str) -> bool:
-        return all(hasattr(module, n) for n in names)
-
-    for layer in model.modules():
-        block = getattr(layer, "attention", None)
-        if block is None:
-            continue
-        if getattr(block, "self", None) is attention and has(layer, "intermediate", "output"):
-            if not hasattr(block.output, "LayerNorm"):
-                return None
-
-            def bert(ctx: torch.Tensor, x: torch.Tensor, layer=layer) -> torch.Tensor:
-                a = layer.attention.output(ctx, x)
-                return layer.output(layer.intermediate(a), a)
-
-            return bert
-        if block is attention and has(layer, "sa_layer_norm", "ffn", "output_layer_norm"):
-
-            def distilbert(ctx: torch.Tensor, x: torch.Tensor, layer=layer) -> torch.Tensor:
-                a = layer.sa_layer_norm(layer.attention.out_lin(ctx) + x)
-                return layer.output_layer_norm(layer.ffn(a) + a)
-
-            return distilbert
-        if block is attention and has(layer, "ffn", "ffn_output", "full_layer_layer_norm"):
-
-            def albert(ctx: torch.Tensor, x: torch.Tensor, layer=layer) -> torch.Tensor:
-                a = layer.attention.LayerNorm(layer.attention.dense(ctx) + x)
-                return layer.full_layer_layer_norm(layer.ffn_output(layer.activation(layer.ffn(a))) + a)
-
-            return albert
-    return None
+def _bert_tail(block: nn.Module, layer: nn.Module, ctx: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    a = block.output(ctx, x)
+    return layer.output(layer.intermediate(a), a)
 
 
-def head_geometry(module: nn.Module, query: nn.Linear) -> tuple[int, int, float]:
-    """(heads, head size, score scaling) of a self-attention module and its query projection."""
-    heads = int(getattr(module, "num_attention_heads", None) or module.n_heads)
-    size = int(getattr(module, "attention_head_size", None) or query.out_features // heads)
-    return heads, size, float(getattr(module, "scaling", size**-0.5))  # eager-only modules have none
+def _distilbert_tail(layer: nn.Module, ctx: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    a = layer.sa_layer_norm(layer.attention.out_lin(ctx) + x)
+    return layer.output_layer_norm(layer.ffn(a) + a)
+
+
+def _albert_tail(layer: nn.Module, ctx: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    a = layer.attention.LayerNorm(layer.attention.dense(ctx) + x)
+    return layer.full_layer_layer_norm(layer.ffn_output(layer.activation(layer.ffn(a))) + a)
 
 
 class ClsRowCapture:
@@ -97,17 +104,16 @@ class ClsRowCapture:
 
     def __init__(self, model: nn.Module, layers: list[int]) -> None:
         self.layers = list(layers)
-        self.modules = find_self_attention(model)
-        self._per_module = []  # (heads H, head size D, scaling, (H, D, D) Gram matrix or None, tail or None)
-        for module, q, *_ in self.modules:
-            heads, size, scaling = head_geometry(module, q)
+        self.attentions = self_attentions(model)
+        self._grams = []  # per module: its heads' (H, D, D) Gram matrices of W_O, or None
+        for a in self.attentions:
             gram = None
-            if (projection := output_projection(model, module)) is not None:
-                w = projection.weight.detach().float()  # (hidden, H*D): y = x Wᵀ
-                w = w.view(w.shape[0], heads, size).permute(1, 0, 2)  # (H, hidden, D)
+            if a.dense is not None:
+                w = a.dense.weight.detach().float()  # (hidden, H*D): y = x Wᵀ
+                w = w.view(w.shape[0], a.heads, a.size).permute(1, 0, 2)  # (H, hidden, D)
                 gram = w.transpose(1, 2) @ w  # (H, D, D)
-            self._per_module.append((heads, size, scaling, gram, layer_tail(model, module)))
-        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+            self._grams.append(gram)
+        self._hooks = ExitStack()
         self._calls = dict.fromkeys("qkv", 0)
         # by layer: "q" (B, H*D) the [CLS] query, "x" (B, hidden) the layer's input at [CLS] (its
         # residual), "k" and "v" (B, S, H*D)
@@ -115,20 +121,18 @@ class ClsRowCapture:
         self._owner: dict[int, int] = {}  # layer -> index of its module (ALBERT shares one)
 
     def supports_value_zeroing(self) -> bool:
-        return all(tail is not None for *_, tail in self._per_module)
+        return all(a.tail is not None for a in self.attentions)
 
     def __enter__(self) -> ClsRowCapture:
         self.release()
         self._calls = dict.fromkeys("qkv", 0)
-        for i, (_, *projections) in enumerate(self.modules):
-            for name, projection in zip("qkv", projections, strict=True):
-                self._handles.append(projection.register_forward_hook(partial(self._keep, name, i)))
+        for i, a in enumerate(self.attentions):
+            for name, projection in zip("qkv", (a.q, a.k, a.v), strict=True):
+                self._hooks.enter_context(projection.register_forward_hook(partial(self._keep, name, i)))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        self._hooks.close()
         if exc[0] is not None:  # a forward that failed (out of memory): nothing of it is read
             self.release()
 
@@ -151,8 +155,8 @@ class ClsRowCapture:
 
     def _heads(self, name: str, layer: int) -> torch.Tensor:
         """A kept projection in float32, split into heads: (B, H, D) for "q", (B, S, H, D) for "k", "v"."""
-        heads, size, *_ = self._per_module[self._owner[layer]]
-        return self._kept[name][layer].float().unflatten(-1, (heads, size))
+        a = self.attentions[self._owner[layer]]
+        return self._kept[name][layer].float().unflatten(-1, (a.heads, a.size))
 
     def rows(self, attention_mask: torch.Tensor) -> torch.Tensor:
         """The [CLS] rows: (B, len(layers), H, S) float32, exactly 0 on padding."""
@@ -161,7 +165,7 @@ class ClsRowCapture:
         keep = attention_mask.bool()[:, None, :]  # (B, 1, S)
         out = []
         for layer in self.layers:
-            scaling = self._per_module[self._owner[layer]][2]
+            scaling = self.attentions[self._owner[layer]].scaling
             scores = torch.einsum("bhd,bshd->bhs", self._heads("q", layer), self._heads("k", layer)) * scaling
             out.append(torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1))  # (B, H, S)
         return torch.stack(out, dim=1)  # (B, L, H, S)
@@ -171,7 +175,7 @@ class ClsRowCapture:
         padding; ``‖v W_hᵀ‖² = v G_h vᵀ`` with ``G_h = W_hᵀ W_h``, so no (B, S, H, hidden) tensor is made."""
         out = []
         for i, layer in enumerate(self.layers):
-            gram = self._per_module[self._owner[layer]][3]  # (H, D, D)
+            gram = self._grams[self._owner[layer]]  # (H, D, D)
             if gram is None:
                 raise RuntimeError("no output projection found beside the self-attention module")
             v = self._heads("v", layer)  # (B, S, H, D)
@@ -185,9 +189,7 @@ class ClsRowCapture:
         ``α_hj v_hj`` off the attention output, so only the rest of the layer is run again, batched."""
         out = []
         for i, layer in enumerate(self.layers):
-            tail = self._per_module[self._owner[layer]][4]
-            if tail is None:
-                raise RuntimeError("value zeroing does not know this model's encoder layer layout")
+            tail = self.attentions[self._owner[layer]].tail  # not None: Classifier.load refuses the model
             dtype = self._kept["v"][layer].dtype
             v = self._heads("v", layer)  # (B, S, H, D)
             B, S, H, D = v.shape

@@ -12,6 +12,7 @@ import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,7 +67,11 @@ class Classifier:
         tokenizer = checks.load_tokenizer(path, trust_remote_code)
         checks.check_tokenizer(tokenizer, config, source)
 
-        model = _load_weights(path, source, attention, torch_dtype, trust_remote_code, allow_pickle)
+        # eager mode asks for attentions per call, and SDPA cannot return them
+        options = dict(trust_remote_code=trust_remote_code, return_dict=True, output_attentions=False)
+        model, _ = load_weights(
+            path, source, torch_dtype, allow_pickle, attn_implementation=attention, **options
+        )
         try:
             model.eval().to(dev)  # eval: dropout off
         except RuntimeError as e:  # torch's OutOfMemoryError is one
@@ -87,7 +92,7 @@ class Classifier:
         num_layers = layer_count(config)
         resolved = resolve_layers(layers, num_layers)
         capture = ClsRowCapture(model, resolved)
-        if not capture.modules:
+        if not capture.attentions:
             raise ModelError(f"{source}: no self-attention query/key projections found")
         if value_zeroing and not capture.supports_value_zeroing():
             raise ModelError(
@@ -266,34 +271,35 @@ def resolve_layers(layers: list[int] | tuple[int, ...], num_layers: int) -> list
     return out
 
 
-def _load_weights(
-    path: str, source: str, attention: str, dtype: torch.dtype, trust_remote_code: bool, allow_pickle: bool
-) -> torch.nn.Module:
-    """The classifier, every weight loaded; without SDPA, its own eager attention (rows captured alike)."""
+def load_weights(path: str, source: str, dtype: torch.dtype, allow_pickle: bool = False,
+                 for_training: bool = False, **options: Any) -> tuple[torch.nn.Module, dict]:  # fmt: skip
+    """The sequence classifier at ``path`` (``options``: from_pretrained's), every weight loaded, and its
+    load report; asked for SDPA, one without it runs its own eager attention (rows captured alike). Any
+    failure is one error."""
     from transformers import AutoModelForSequenceClassification
 
-    def from_pretrained(implementation: str):
+    sdpa = options.get("attn_implementation") == "sdpa"
+
+    def from_pretrained(**more: Any):
         # quiet: check_loaded_weights says what its load report says, as one error; mismatched sizes are
-        # refused there; eager mode asks for attentions per call, and SDPA cannot return them
+        # refused there
         with warnings.catch_warnings(), checks.transformers_log_level("error"):
             warnings.simplefilter("ignore")
             return AutoModelForSequenceClassification.from_pretrained(
-                path, dtype=dtype, attn_implementation=implementation,
-                use_safetensors=None if allow_pickle else True, trust_remote_code=trust_remote_code,
-                output_loading_info=True, ignore_mismatched_sizes=True,
-                return_dict=True, output_attentions=False,
+                path, dtype=dtype, output_loading_info=True, use_safetensors=None if allow_pickle else True,
+                ignore_mismatched_sizes=True, **(options | more),
             )  # fmt: skip
 
     try:
         try:
-            model, info = from_pretrained(attention)
-            if attention == "sdpa":
+            model, info = from_pretrained()
+            if sdpa:
                 use_cls_sdpa(model)
         except ValueError as e:
-            if attention != "sdpa" or "scaled_dot_product_attention" not in str(e):
+            if not sdpa or "scaled_dot_product_attention" not in str(e):
                 raise
             log.info("%s has no SDPA attention; running its eager attention", source)  # Megatron-BERT
-            model, info = from_pretrained("eager")
+            model, info = from_pretrained(attn_implementation="eager")
     except pickle.UnpicklingError as e:
         raise ModelError(
             f"cannot load model weights from {source!r} "
@@ -301,8 +307,8 @@ def _load_weights(
         ) from None
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         raise ModelError(f"cannot load model weights from {source!r}: {first_line(e)}") from None
-    checks.check_loaded_weights(model, info, source)
-    return model
+    checks.check_loaded_weights(model, info, source, for_training)
+    return model, info
 
 
 def _max_length(asked: int | None, tokenizer, config, source: str) -> int:

@@ -16,7 +16,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .capture import attention_block, find_self_attention
+from .capture import self_attentions
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,8 @@ class LastLayerTrim:
     @classmethod
     def find(cls, model: nn.Module) -> LastLayerTrim | None:
         """The trim for ``model``'s last layer, or None where its layout is not the one we know."""
-        found = find_self_attention(model)
-        block = attention_block(model, found[-1][0]) if found else None
+        found = self_attentions(model)
+        block = found[-1].block if found else None
         return cls(block.self, block.output) if block is not None else None
 
     def __enter__(self) -> LastLayerTrim:

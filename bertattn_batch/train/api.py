@@ -24,7 +24,7 @@ import torch
 from ..config import FinetuneSpec, InputSpec
 from ..errors import InputError, ModelError
 from ..inputs import check_inputs, class_label_order, read_sources, source_files
-from ..model.checks import position_limit, tokenizer_limit
+from ..model.checks import position_limit
 from ..model.classifier import warn_above_tokenizer
 from ..model.encode import encode_texts
 from ..storage import is_remote
@@ -46,6 +46,8 @@ def finetune(texts: Sequence[str], labels: Sequence[str], out_dir: str | Path, s
     ``skipped_rows`` (why rows were not trained on) is saved with the metrics; ``doc_ids`` (each text's id,
     and their column or None) and ``sources`` name the held-out reviews for a run's report.
     """
+    from transformers import set_seed
+
     if len(texts) != len(labels):
         raise InputError(f"{len(texts)} texts but {len(labels)} labels")
     names = _label_names(labels, spec.labels, label_order)
@@ -53,7 +55,7 @@ def finetune(texts: Sequence[str], labels: Sequence[str], out_dir: str | Path, s
     replaces = check_out_dir(out_dir)
     with _training_settings(spec.threads, progress), out_dir_lock(out_dir):
         started = time.monotonic()
-        loop.seed_everything(spec.seed)
+        set_seed(spec.seed)  # random, numpy and torch
         label_id = {n: i for i, n in enumerate(names)}
         y = np.array([label_id[lab] for lab in labels], dtype=np.int64)
         same: list[Sequence[str]] = [[t.strip() for t in texts]]
@@ -211,7 +213,7 @@ def _training_length(spec: FinetuneSpec, tokenizer: Any, config: Any) -> int:
             length, positions, spec.base, positions,
         )  # fmt: skip
         length = positions
-    elif (tokenizer_limit(tokenizer) or positions) < length:
+    else:
         warn_above_tokenizer(length, tokenizer, positions, spec.base or "the base")
     tokenizer.model_max_length = length
     return length

@@ -4,7 +4,6 @@ on a linear schedule with clipped gradients, and held-out accuracy and macro-F1.
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -21,12 +20,6 @@ from ..model.classifier import pad_batch
 
 #: Batches are sorted by length within chunks of this many batches, then shuffled.
 BUCKET_CHUNK_BATCHES = 64
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def learning_rate(spec: FinetuneSpec) -> float:

@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from ..config import FinetuneSpec
-from ..errors import ModelError, first_line
+from ..errors import ModelError
 from ..model import checks
+from ..model.classifier import load_weights
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 #: The code-point ranges BERT's tokenizer splits into single characters.
@@ -79,20 +80,12 @@ def scratch_model(spec: FinetuneSpec, vocab_size: int, names: list[str], pad_id:
 
 def base_model(path: str, names: list[str]) -> Any:
     """A pretrained base as a float32 single-label classifier of ``names``, its head initialised anew."""
-    from transformers import AutoModelForSequenceClassification
-
-    try:
-        with checks.transformers_log_level("error"):  # its load report lists the new head as missing
-            # single-label whatever the base was trained as; a classifier base may have other labels
-            model, info = AutoModelForSequenceClassification.from_pretrained(
-                path, num_labels=len(names), id2label=dict(enumerate(names)),
-                label2id={n: i for i, n in enumerate(names)}, problem_type="single_label_classification",
-                dtype=torch.float32, use_safetensors=True, trust_remote_code=False,
-                ignore_mismatched_sizes=True, output_loading_info=True,
-            )  # fmt: skip
-    except (OSError, ValueError, RuntimeError) as e:
-        raise ModelError(f"cannot load base model {path}: {first_line(e)}") from None
-    checks.check_loaded_weights(model, info, path, for_training=True)
+    # single-label whatever the base was trained as; a classifier base may have other labels
+    model, info = load_weights(
+        path, path, torch.float32, for_training=True, num_labels=len(names), id2label=dict(enumerate(names)),
+        label2id={n: i for i, n in enumerate(names)}, problem_type="single_label_classification",
+        trust_remote_code=False,
+    )  # fmt: skip
     # every module outside the encoder made anew, unless the load did: a classifier base's head would keep
     # the meaning of its own label ids
     new = set(info.get("missing_keys", [])) | {
