@@ -506,12 +506,13 @@ def write_review(review: ReviewAttention, out: str | Path, pairs: bool = False) 
     """Write a review to ``out``: PNG or HTML (with its token x token maps where ``pairs``), CSV or XLSX."""
     path = output_path(out, pairs)
     suffix = path.suffix.lower()
-    with writing(path), atomic_path(path, unique=True) as tmp:  # a full disk leaves no half-written file
+    with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        if suffix in TABLES:
-            _write_table(review, tmp, suffix)
-        elif suffix == ".png":
-            tmp.write_bytes(review_png(review, pairs=pairs))
-        else:
-            tmp.write_text(page(review.title(), review_html(review)), encoding="utf-8")
+        with atomic_path(path, unique=True) as tmp:  # a full disk leaves no half-written file
+            if suffix in TABLES:
+                _write_table(review, tmp, suffix)
+            elif suffix == ".png":
+                tmp.write_bytes(review_png(review, pairs=pairs))
+            else:
+                tmp.write_text(page(review.title(), review_html(review)), encoding="utf-8")
     return path

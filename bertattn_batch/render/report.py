@@ -480,16 +480,18 @@ def _why_no_mistakes(preds: pl.DataFrame, labels: list[str]) -> str:
 def examples_html(run: Path, preds: pl.DataFrame, layer: int, k: int, labels: list[str]) -> str:
     """``k`` reviews per predicted label by :data:`RULE`, ``k`` mistakes by :data:`MISTAKES`, or why none."""
     typical, mistakes = pick(preds, k, labels), misclassified(preds, k, labels)
+    no_mistakes = "" if mistakes else _why_no_mistakes(preds, labels)
     sections = [
         ("Example reviews", RULE, typical, "Every scored review of a typical length is misclassified."),
-        ("Most confidently misclassified reviews", MISTAKES, mistakes, _why_no_mistakes(preds, labels)),
+        ("Most confidently misclassified reviews", MISTAKES, mistakes, no_mistakes),
     ]
     chosen = [e.doc_id for e in typical + mistakes]
     loaded = iter(load_reviews(run, chosen, layer) if chosen else [])
     parts, label = [], None
     for title, rule, picks, none in sections:
         parts += [f"<h2>{title}</h2>", muted(f"Chosen as {esc(rule)}." if picks else esc(none))]
-        for example, review in zip(picks, loaded, strict=False):
+        for example in picks:
+            review = next(loaded)
             if not example.misclassified and example.pred_label != label:  # the examples, by label
                 parts.append(f"<h3>Predicted {esc(example.pred_label)}</h3>")
                 label = example.pred_label
