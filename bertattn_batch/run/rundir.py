@@ -549,10 +549,11 @@ def input_changes(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> li
     paths = {s["path"] for s in now}
     changes = [f"{s['path']} is new" for s in now if s["path"] not in old]
     changes += [f"{p} is gone" for p in old if p not in paths]
-    for s in (s for s in now if s["path"] in old):
-        if old[s["path"]]["bytes"] != s["bytes"]:
+    for s in now:
+        was = old.get(s["path"])
+        if was is not None and was["bytes"] != s["bytes"]:
             changes.append(f"{s['path']} changed size")
-        elif not _same_file(old[s["path"]], s):
+        elif was is not None and not _same_file(was, s):
             changes.append(f"{s['path']} was rewritten (same size, other bytes at its start or end)")
     return changes or ["the files are read in another order"]
 
