@@ -21,7 +21,8 @@ to ``[CLS]``) needs no more than it computes.
 
 The distances ``‖y_i − T_i(x_j)‖₁`` are the cost. A layer is decomposed in chunks of reviews that fit
 :func:`block_bytes`; on a CPU, once a capture has run :data:`COMPILE_AFTER_S` seconds eagerly, a chunk
-runs under ``torch.compile`` (:func:`head_distances`). Memory stays bounded whatever the review length.
+runs under ``torch.compile`` (:func:`chunk_distances`); a trimmed layer's one row takes one matmul
+(:func:`row_distances`). Memory stays bounded whatever the review length.
 """
 
 from __future__ import annotations
