@@ -76,9 +76,10 @@ def chunk_distances(
     """``‖y_i − T_i(x_j)‖₁`` (b, m, n) for a chunk of b reviews, their m rows i and n tokens j: ``q``
     (b, m, H*D) the rows' queries; ``k`` and ``v`` (b, n, H*D) the tokens' keys and values; ``s`` (b, m, 1)
     the LayerNorm's scales; ``own`` and ``y`` (b, m, hidden) each row's own term and the block's output;
-    ``mask`` (b, n); ``w`` (H, D, hidden) W_O with L folded in; ``scale`` the attention scores'."""
+    ``mask`` (b, n); ``w`` (H, D, hidden) W_O with L folded in; ``scale`` the attention scores'; ``s``,
+    ``own`` and ``y`` in float32."""
     heads, size = w.shape[:2]
-    q, k, v, y = (t.float() for t in (q, k, v, y))
+    q, k, v = (t.float() for t in (q, k, v))
     q, k = (t.unflatten(-1, (heads, size)).transpose(1, 2) for t in (q * scale, k))  # (b, H, rows, D)
     a = torch.softmax((k @ q.transpose(-1, -2)).masked_fill(~mask[:, None, :, None], -torch.inf), dim=-2)
     a = a * s.transpose(1, 2)[:, None]  # (b, H, n, m): a^h_ij at [h, j, i], with s_i folded in
@@ -236,6 +237,7 @@ class AltiCapture:
         w = ((w - w.mean(dim=0)) * gamma[:, None]).view(hidden, heads, size).permute(1, 2, 0).contiguous()
         x = x[:, :rows].float()
         own = (x - x.mean(dim=-1, keepdim=True)) * gamma * s  # (B, rows, hidden): s_i L(x_i)
+        y = y.float()
         c = torch.zeros(B, rows, S, device=y.device)  # ‖y_i − T_i(x_j)‖₁, then the contributions
         # reviews whose attention and value terms fit a block
         per_review = 4 * S * (heads * (S + hidden) if rows > 1 else 2 * hidden)  # bytes of its terms
@@ -249,5 +251,5 @@ class AltiCapture:
                 c[r, :m, :n] = chunk_distances(*chunk, block.scaling)
             else:  # contiguous: one graph then holds for every chunk's strides
                 c[r, :m, :n] = fused(*(t.contiguous() for t in chunk), block.scaling)
-        c = (y.float().abs().sum(dim=-1, keepdim=True) - c).clamp_min(0) * mask[:, None, :]  # 0 at padding
+        c = (y.abs().sum(dim=-1, keepdim=True) - c).clamp_min(0) * mask[:, None, :]  # 0 at padding
         return c / c.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)
