@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from .. import schema
 from .._files import atomic_path, claim_dir, remove_stale, writing
 from ..errors import RunDirError, SpecError, WriteError
+from ..extract.words import word_map
 from ..run import (
     AGGREGATES_DIR,
     CommittedPart,
@@ -34,7 +35,7 @@ from ..run import (
 )
 from .provenance import derived_meta, write_derived
 from .spelling import columns, printable, readable_map
-from .words import KEY, NO_WORDS, REVIEW, check_words, run_words, word_map, word_rows
+from .words import KEY, NO_WORDS, SEGMENT, Words, check_words, first_positions, run_words, word_rows
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,9 @@ def committed_parts(run_dir: str | Path, verify: bool = False) -> list[Committed
 
 @dataclass
 class PartRows:
-    """One part's scored reviews, numbered by ``KEY``: attention rows (tokens, labels), reviews, tokens."""
+    """One part's scored reviews, numbered by ``KEY``: attention rows, reviews, tokens. The rows carry
+    integers only: their token as ``term`` (its id) and their review's labels as ``cls`` (a code of
+    ``reviews``), so that the reductions group by integers; texts join the few rows they leave."""
 
     rows: pl.LazyFrame
     reviews: pl.DataFrame
@@ -112,15 +115,29 @@ class PartRows:
         keys = reviews.lazy().select(KEY)
         return PartRows(self.rows.join(keys, on=KEY), reviews, self.tokens.join(keys, on=KEY))
 
-    def words(self, mode: str, user_dict: str | None = None) -> pl.LazyFrame:
-        """The attention rows of the reviews' words (:mod:`.words`)."""
-        texts = self.reviews.select(KEY, "text") if mode == "jieba" else None
-        words = word_rows(self.rows, word_map(self.tokens.collect(), texts, mode, user_dict))
-        return words.join(self.reviews.lazy().select(KEY, *CLASSES), on=KEY)
+    def units(self, unit: str, words: Words | None = None) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+        """The attention rows of ``unit``: the tokens', or those of the reviews' words (:mod:`.words`; the
+        run's own where ``words`` are the stored ones, else made again); and each ``term``'s text (term,
+        token): a token's id, a word's number in this part."""
+        if unit == "token":
+            return self.rows, self.tokens.select(term="token_id", token="token").unique("term")
+        assert words is not None and words.rule is not None, "words need a rule"
+        if words.stored:
+            each = self.tokens.select(KEY, "position", "word", "word_text").collect()
+        else:
+            texts = self.reviews.select(KEY, "text") if words.rule == "jieba" else None
+            each = first_positions(word_map(self.tokens.collect(), texts, words.rule, words.user_dict))
+        texts = each.select(token="word_text").unique().with_row_index("term")
+        each = each.join(texts, left_on="word_text", right_on="token").lazy()
+        return word_rows(self.rows, each), texts.lazy()
 
 
-def review_rows(part: CommittedPart, extra: Sequence[str] = ()) -> PartRows:
-    """One part's scored reviews (with their ``extra`` predictions columns) and attention rows, by ``KEY``."""
+def review_rows(part: CommittedPart, extra: Sequence[str] = (), words: Words | None = None) -> PartRows:
+    """One part's scored reviews (with their ``extra`` predictions columns) and attention rows, by ``KEY``;
+    their tokens with their stored words where ``words`` reads them, and with the texts where it makes
+    them again."""
+    if words is not None and words.rule == "jieba" and not words.stored:
+        extra = (*extra, "text")
     reviews = (
         pl.scan_parquet(part.files["predictions"], glob=False)
         .filter(pl.col("status") == "ok")
@@ -129,6 +146,8 @@ def review_rows(part: CommittedPart, extra: Sequence[str] = ()) -> PartRows:
         .with_row_index(KEY)
         .collect()  # one row per review: small, and numbered once for every join
     )
+    codes = reviews.select(CLASSES).unique().with_row_index("cls")
+    reviews = reviews.join(codes, on=CLASSES, nulls_equal=True, maintain_order="left")
     ids = reviews.lazy().select("doc_id", KEY)
 
     def keyed(table: str, *columns: str) -> pl.LazyFrame:
@@ -145,32 +164,49 @@ def review_rows(part: CommittedPart, extra: Sequence[str] = ()) -> PartRows:
             weight_scaled=scaled, weight_norm=a, **{KEY: KEY},
         )  # fmt: skip
         attn = pl.concat([attn, alti], how="vertical_relaxed")
-    tokens = keyed("tokens", "position", "token", "start")
+    stored = ("word", "word_text") if words is not None and words.stored else ()
+    tokens = keyed("tokens", "position", "token_id", "token", "start", *stored)
     rows = (
-        attn.join(tokens.drop("start"), on=[KEY, "position"], how="left")  # a missing token: a null token
-        .join(reviews.lazy().select(KEY, *CLASSES), on=KEY, how="inner")
+        # a missing token: a null term
+        attn.join(tokens.select(KEY, "position", term="token_id"), on=[KEY, "position"], how="left")
+        .join(reviews.lazy().select(KEY, "cls"), on=KEY, how="inner")
         .with_columns(pl.col("weight", "weight_scaled", "weight_norm").cast(pl.Float64))
     )
     return PartRows(rows, reviews, tokens)
 
 
-def part_sums(rows: pl.LazyFrame, unit: str) -> pl.LazyFrame:
-    """Per-(layer, head, token, pred_label, label) sums of one part's reviews, additive across parts."""
-    peak = pl.col("weight").max().over(REVIEW)
-    top_position = pl.col("position").filter(pl.col("weight") == peak).min().over(REVIEW)
+def part_sums(rows: pl.LazyFrame, texts: pl.LazyFrame, reviews: pl.DataFrame, unit: str) -> pl.DataFrame:
+    """Per-(layer, head, token, pred_label, label) sums of one part's reviews, additive across parts:
+    occurrences and weights; ``n_top``, the reviews where the token is the head's largest weight (the
+    first such position); ``n_reviews``, the reviews that hold it, counted on one head's rows, for every
+    (layer, head) reads every token of a review. ``rows`` and ``texts`` as :meth:`PartRows.units` makes
+    them; ``reviews`` with their labels' code."""
+    rows = rows.collect().lazy()  # read by three reductions
+    by = ["layer", "head", "term", "cls"]
+    sums = rows.group_by(by).agg(
+        n_occurrences=pl.len().cast(pl.Int64),
+        weight_sum=pl.col("weight").sum(),
+        scaled_sum=pl.col("weight_scaled").sum(),
+        scaled_sq_sum=(pl.col("weight_scaled") ** 2).sum(),
+        norm_sum=pl.col("weight_norm").sum(),
+    )
+    tops = (
+        rows.with_columns(segment=SEGMENT)
+        .filter(pl.col("weight") == pl.col("weight").max().over("segment"))
+        .group_by("segment").agg(pl.col(by).sort_by("position").first())
+        .group_by(by).agg(n_top=pl.len().cast(pl.Int64))
+    )  # fmt: skip
+    one_head = rows.filter(*(pl.col(c) == pl.col(c).min() for c in ("layer", "head")))
+    held = one_head.group_by("term", "cls").agg(n_reviews=pl.col(KEY).n_unique().cast(pl.Int64))
+    sums, tops, held = pl.collect_all([sums, tops, held])
+    classes = reviews.select("cls", *CLASSES).unique("cls")
     return (
-        rows.with_columns(is_top=pl.col("position") == top_position)
-        .group_by(["layer", "head", "token", *CLASSES])
-        .agg(
-            n_reviews=pl.col(KEY).n_unique().cast(pl.Int64),
-            n_occurrences=pl.len().cast(pl.Int64),
-            weight_sum=pl.col("weight").sum(),
-            scaled_sum=pl.col("weight_scaled").sum(),
-            scaled_sq_sum=(pl.col("weight_scaled") ** 2).sum(),
-            norm_sum=pl.col("weight_norm").sum(),
-            n_top=pl.col("is_top").sum().cast(pl.Int64),
-        )
-        .with_columns(unit=pl.lit(unit))
+        sums.join(tops, on=by, how="left", nulls_equal=True)
+        .join(held, on=["term", "cls"], how="left", nulls_equal=True)
+        .join(texts.collect(), on="term", how="left", nulls_equal=True)
+        .join(classes, on="cls")
+        .select("layer", "head", "token", *CLASSES, *_SUMS, unit=pl.lit(unit))
+        .with_columns(pl.col("n_top").fill_null(0))
     )
 
 
@@ -297,8 +333,8 @@ def aggregate(
         if not parts:
             raise RunDirError(f"{run} has no committed parts yet; run bertattn extract first")
         log.warning("%s is %s: aggregates of its %d committed parts only", run, status, len(parts))
-    mode, user_dict = run_words(manifest, words, user_dict)
-    if mode is None:
+    rule = run_words(manifest, words, user_dict)
+    if rule.rule is None:
         units = [u for u in units if u != "word"]
     out_dir = Path(into) if into is not None else run / AGGREGATES_DIR
     remove_stale(out_dir, "_work-*")  # left by an aggregate that was killed
@@ -311,11 +347,11 @@ def aggregate(
     try:
         sizes = class_sizes([p.files["predictions"] for p in parts])
         if parts:
-            sums, tracks = _summed(parts, units, (mode, user_dict), work)
+            sums, tracks = _summed(parts, units, rule, work)
             table = combine(sums, sizes, min_reviews, rank_by, tracks)
         else:  # a complete run over inputs without rows: an empty table
             table = pl.LazyFrame(schema=pl.from_arrow(schema.arrow(TABLE).empty_table()).schema)
-        options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units), "words": mode}
+        options = {"min_reviews": min_reviews, "rank_by": rank_by, "units": list(units), "words": rule.rule}
         table = table.collect(engine="streaming")  # small; cast by pyarrow to keep column descriptions
         dest = out_dir / f"{TABLE}.parquet"
         names = [p.name for p in parts]
@@ -339,25 +375,22 @@ def aggregate(
 
 
 def _summed(
-    parts: list[CommittedPart], units: Sequence[str], words: tuple[str | None, str | None], work: Path
+    parts: list[CommittedPart], units: Sequence[str], words: Words, work: Path
 ) -> tuple[pl.LazyFrame, pl.LazyFrame]:
     """Per-token sums over all parts (each slice reduced on its own), and each head's ALTI tracking."""
     partials, rhos = [], []
     for part in parts:
         slices = -(-pq.ParquetFile(part.files["cls_attention"]).metadata.num_rows // MAX_ROWS_PER_PASS)
-        whole = review_rows(part, ("text",) if words[0] == "jieba" else ())
+        whole = review_rows(part, words=words if "word" in units else None)
         for k in range(max(slices, 1)):
             rows = whole.only(pl.col(KEY) % slices == k) if slices > 1 else whole  # sums stay additive
-            alti = "contributions" in part.files
-            if len(units) + alti > 1:  # read once for all: at most MAX_ROWS_PER_PASS rows
-                rows.rows = rows.rows.collect(engine="streaming").lazy()
-            if alti:
+            rows.rows = rows.rows.collect(engine="streaming").lazy()  # at most MAX_ROWS_PER_PASS rows
+            if "contributions" in part.files:
                 rhos.append(work / f"rho-{k}-{part.name}")
-                tracks_alti(rows.rows).sink_parquet(rhos[-1], engine="streaming")
+                tracks_alti(rows.rows).collect().write_parquet(rhos[-1])
             for unit in units:
-                frame = part_sums(rows.rows if unit == "token" else rows.words(*words), unit)
                 path = work / f"{unit}-{k}-{part.name}"
-                frame.sink_parquet(path, engine="streaming")
+                part_sums(*rows.units(unit, words), rows.reviews, unit).write_parquet(path)
                 partials.append(path)
     base_path = work / "base.parquet"
     by_token = pl.scan_parquet(partials, glob=False).group_by(["unit", "layer", "head", "token", *CLASSES])
@@ -587,17 +620,18 @@ def top_reviews(
     check_words(words)
     if n < 1:
         raise SpecError(f"--top must be at least 1; got {n}")
-    mode, user_dict = run_words(manifest, words, user_dict) if unit == "word" else ("", None)
-    if mode is None:
+    rule = run_words(manifest, words, user_dict) if unit == "word" else None
+    if rule is not None and rule.rule is None:
         raise SpecError(f"{NO_WORDS}; ask for a --token")
     term = term.lower() if unit == "word" else term  # word texts are lower-cased
     found = []
     for part in committed_parts(run_dir):
-        rows = review_rows(part, extra=("text", "pred_prob"))
+        rows = review_rows(part, extra=("text", "pred_prob"), words=rule)
         rows.rows = rows.rows.filter((pl.col("layer") == idx) & (pl.col("head") == head))
-        if unit == "word":  # only the reviews whose text holds it are segmented
+        if rule is not None and not rule.stored:  # only the reviews whose text holds it are segmented
             rows = rows.only(pl.col("text").str.to_lowercase().str.contains(term, literal=True))
-        hits = (rows.words(mode, user_dict) if unit == "word" else rows.rows).filter(pl.col("token") == term)
+        unit_rows, texts = rows.units(unit, rule)
+        hits = unit_rows.join(texts.filter(pl.col("token") == term), on="term")
         best = hits.sort("weight", "position", descending=[True, False]).group_by(KEY).first()
         best = best.select(KEY, "layer", "head", "weight", "weight_scaled", "position")
         found.append(best.join(rows.reviews.lazy(), on=KEY))

@@ -24,7 +24,7 @@ import torch
 
 from ..config import JobSpec
 from ..errors import SpecError
-from ..extract import PassInfo, StagedPart, Window, WindowJob, WindowRows
+from ..extract import PassInfo, StagedPart, TableOptions, Window, WindowJob, WindowRows
 from ..model import resolve_device
 from ..run import PartWriter
 from ..runtime import signals_deferred
@@ -127,11 +127,11 @@ class LocalEngine:
         spec, clf = self.spec, self.clf
         budget = spec.batch_budget(clf.device_type)
         if n := host_processes(spec.host_processes, clf.device):
-            job = (*budget, part_writer, pass_info, spec.store_text)
+            job = (*budget, part_writer, pass_info, TableOptions.of(spec, clf))
             return processes.HostProcesses(n, clf, job, on_batch, self.timings, self._usage)
         plan = feed_plan(clf.device)
-        return Threads(WindowJob(clf, *budget, part_writer, pass_info, plan.encode_threads, spec.store_text),
-                       plan, on_batch)  # fmt: skip
+        job = WindowJob(clf, *budget, part_writer, pass_info, plan.encode_threads, TableOptions.of(spec, clf))
+        return Threads(job, plan, on_batch)
 
 
 class Threads:

@@ -182,8 +182,8 @@ def _start(environ: dict[str, str], shape: Any, *job: Any) -> None:
     os.environ.clear()
     os.environ.update(environ)
     tune_runtime()
-    batch_tokens, max_batch_size, part_writer, pass_info, store_text = job
-    _job = WindowJob(shape, batch_tokens, max_batch_size, part_writer, pass_info, 1, store_text)
+    batch_tokens, max_batch_size, part_writer, pass_info, options = job
+    _job = WindowJob(shape, batch_tokens, max_batch_size, part_writer, pass_info, 1, options)
 
 
 def _end_with_job() -> None:

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from .. import errors
 from ..config import JobSpec
 from ..errors import BertAttnError, EngineError, SpecError, Terminated, first_line
-from ..extract import PassInfo, StagedPart, WindowJob, WindowRows
+from ..extract import PassInfo, StagedPart, TableOptions, WindowJob, WindowRows
 from ..run import PartWriter
 from ..runtime import tune_runtime
 from .scheduling import converted
@@ -76,7 +76,7 @@ class WindowActor:
         torch.set_num_threads(max(1, threads))
         clf = load_classifier(spec)
         budget = spec.batch_budget(clf.device_type)
-        self.job = WindowJob(clf, *budget, part_writer, pass_info, store_text=spec.store_text)
+        self.job = WindowJob(clf, *budget, part_writer, pass_info, options=TableOptions.of(spec, clf))
 
     def run(self, rows: WindowRows) -> StagedPart:
         return self.job(rows)

@@ -13,6 +13,8 @@ from typing import Any
 from .. import __version__, storage
 from ..config import PACKAGE_PREFIX, JobSpec, parse_label_map
 from ..errors import ModelError, RunDirError, SpecError, first_line
+from ..extract import TableOptions
+from ..extract.words import dictionary_sha256
 from ..model.checks import other_model_files, resolve_source, tokenizer_hash
 from ..model.classifier import Classifier
 from ..run import read_manifest
@@ -27,6 +29,7 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
     import transformers
 
     dtype, inputs = str(clf.dtype).removeprefix("torch."), spec.inputs
+    words = TableOptions.of(spec, clf)  # the words its tokens table holds
     labels = {str(k): v for k, v in clf.id2label.items()}
     fingerprint = {
         "model_sha256": clf.weights_sha256,
@@ -40,7 +43,8 @@ def run_header(spec: JobSpec, clf: Any) -> dict[str, Any]:
         "encoding": inputs.encoding, "delimiter": inputs.delimiter, "layers": clf.layers,
         "max_length": clf.max_length, "dtype": dtype, "attention": spec.attention,
         "store_text": spec.store_text, "value_zeroing": spec.value_zeroing,
-        "contributions": spec.contributions,
+        "contributions": spec.contributions, "words": words.words,
+        "user_dict_sha256": dictionary_sha256(words.user_dict),
     }  # fmt: skip
     fingerprint["job_sha256"] = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     source = located(clf.source)

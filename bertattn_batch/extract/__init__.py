@@ -7,7 +7,7 @@ _EXPORTS = {
     **dict.fromkeys(["BatchPlan", "bucket_batches"], "batching"),
     **dict.fromkeys(["PartStats", "PassInfo", "StagedPart", "Window", "WindowJob"], "job"),
     **dict.fromkeys(["score_rows", "score_batches"], "score"),
-    **dict.fromkeys(["Extractor", "ScoredRow", "minmax_scale", "vocab_array"], "tables"),
+    **dict.fromkeys(["Extractor", "ScoredRow", "TableOptions", "minmax_scale", "vocab_array"], "tables"),
     **dict.fromkeys(["WindowRows", "iter_windows", "select_rows"], "windows"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from ..model.encode import Encoder
 from ..run import PartEntry, PartWriter
 from .batching import BatchPlan
-from .tables import Extractor, ScoredRow, vocab_array
+from .tables import Extractor, ScoredRow, TableOptions, vocab_array
 
 if TYPE_CHECKING:
     from ..model import Classifier, Outputs
@@ -87,7 +87,7 @@ class WindowJob:
 
     def __init__(self, clf: Classifier | Any, batch_tokens: int, max_batch_size: int, part_writer: PartWriter,
                  pass_info: PassInfo = PassInfo(), encode_threads: int = 1,
-                 store_text: bool = True) -> None:  # fmt: skip
+                 options: TableOptions = TableOptions()) -> None:  # fmt: skip
         self.clf = clf
         self.part_writer = part_writer
         self.generation = pass_info.generation
@@ -95,7 +95,7 @@ class WindowJob:
         self.encoder = Encoder(clf.tokenizer, clf.max_length, encode_threads)
         self.unk_id = clf.tokenizer.unk_token_id  # None where a vocabulary has no unknown token
         self.extractor = Extractor(vocab_array(clf.tokenizer), clf.layers, clf.num_heads, clf.labels,
-                                   pass_info.run_id, store_text, bool(clf.contributions))  # fmt: skip
+                                   pass_info.run_id, options, bool(clf.contributions))  # fmt: skip
 
     def __call__(self, rows: WindowRows) -> StagedPart:
         return self.stage(self.score(self.encode(rows)))

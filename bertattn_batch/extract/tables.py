@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from .. import schema
 from ..model.encode import Encoded, id_limit
+from .words import KEY, token_words, word_rule
+
+if TYPE_CHECKING:
+    from ..config import JobSpec
 
 
 @dataclass
@@ -34,6 +39,22 @@ class ScoredRow:
     text: str | None = None  # as read, for the predictions table
 
 
+@dataclass(frozen=True)
+class TableOptions:
+    """What a run's tables hold besides the model's outputs: the reviews' texts, and each token's word
+    by ``words`` (``jieba`` or ``wordpiece``; None: no words) with jieba's ``user_dict``."""
+
+    store_text: bool = True
+    words: str | None = None
+    user_dict: str | None = None
+
+    @classmethod
+    def of(cls, spec: JobSpec, clf: Any) -> TableOptions:
+        """A job's options, ``auto`` words resolved for its classifier."""
+        words = word_rule(spec.words, clf.words, clf.word_continuation)
+        return cls(spec.store_text, words, spec.user_dict if words == "jieba" else None)
+
+
 def vocab_array(tokenizer) -> pa.Array:
     """Token text for every id ("" where unused), so token columns are built by index."""
     tokens = tokenizer.convert_ids_to_tokens(list(range(id_limit(tokenizer))))
@@ -49,13 +70,14 @@ class Extractor:
     """Builds the tables of a run from scored rows; stateless apart from the vocabulary."""
 
     def __init__(self, vocab: pa.Array, layers: Sequence[int], num_heads: int, labels: Sequence[str],
-                 run_id: str = "", store_text: bool = True, contributions: bool = False) -> None:  # fmt: skip
+                 run_id: str = "", options: TableOptions = TableOptions(),
+                 contributions: bool = False) -> None:  # fmt: skip
         self.vocab = vocab
         self.layers = np.asarray(layers, dtype=np.int16)
         self.num_heads = num_heads
         self.labels = list(labels)
         self.run_id = run_id
-        self.store_text = store_text
+        self.options = options
         self.contributions = contributions  # also the contributions table
 
     def tables(self, rows: Sequence[ScoredRow]) -> dict[str, pa.Table]:
@@ -78,7 +100,8 @@ class Extractor:
             "probs": [r.probs for r in rows],
             "n_tokens": [r.encoded.n_tokens if r.probs is not None else 0 for r in rows],
             "truncated": [bool(r.encoded and r.encoded.truncated) for r in rows],
-            "text": [r.text if self.store_text else None for r in rows], "run_id": [self.run_id] * len(rows),
+            "text": [r.text if self.options.store_text else None for r in rows],
+            "run_id": [self.run_id] * len(rows),
         })  # fmt: skip
         return schema.cast(table, "predictions")
 
@@ -154,7 +177,13 @@ class Extractor:
             "token": self.vocab.take(pa.array(ids)),
             "start": offsets[:, 0].astype(np.int32, copy=False),
             "end": offsets[:, 1].astype(np.int32, copy=False),
+            "word": pa.nulls(len(ids), pa.int32()),
+            "word_text": pa.nulls(len(ids), pa.string()),
         }
+        if (words := self.options.words) is not None:
+            tokens[KEY] = np.repeat(np.arange(len(scored)), m)
+            texts = [r.text or "" for r in scored]
+            tokens["word"], tokens["word_text"] = token_words(tokens, texts, words, self.options.user_dict)
         summary = {
             "doc_id": doc_ids(review_of_seg),
             "layer": seg_layer,

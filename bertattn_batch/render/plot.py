@@ -22,8 +22,9 @@ from .._files import atomic_path, writing
 from ..analysis.aggregate import export_path, run_layer, significant
 from ..analysis.provenance import load_run_model
 from ..analysis.spelling import printable, readable
-from ..analysis.words import KEY, NO_WORDS, check_words, run_words, word_map
+from ..analysis.words import NO_WORDS, check_words, run_words
 from ..errors import InputError, RunDirError, SpecError
+from ..extract.words import KEY, word_map
 from ..run import attention_rows, committed_files, layer_name, read_manifest, scan_parts, verify_pages
 from . import fonts
 from .figures import CMAP, drawing, heatmap, new_figure, png_bytes, spans, turn_long_labels
@@ -445,7 +446,7 @@ def review_for_plot(
         review = review_from_text(text, model, layer, pairs=pairs, device=device, doc_id=name, **trust)
     if unit == "word":
         if run_dir is not None:
-            words, user_dict = run_words(read_manifest(run_dir), words, user_dict)
+            words, user_dict, _ = run_words(read_manifest(run_dir), words, user_dict)
         elif words in (None, "auto"):
             words = "jieba"  # for a text with Chinese characters; WordPiece's ## pieces for any other
         if words in (None, "none"):

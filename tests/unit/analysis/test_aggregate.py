@@ -29,6 +29,7 @@ import bertattn_batch.analysis.aggregate as top
 import bertattn_batch.analysis.words as wordmod
 from bertattn_batch import schema
 from bertattn_batch._files import claim_dir
+from bertattn_batch.analysis.words import Words
 from bertattn_batch.cli import app
 from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
@@ -354,24 +355,35 @@ def test_min_reviews_filters_per_group(expected, result):
     assert not kept & dropped
 
 
-def tokens_to_rows(tokens: list[str], weights: np.ndarray) -> pl.LazyFrame:
-    """cls_attention-like rows of one review: heads x tokens weights, positions from 1."""
+def tokens_to_rows(tokens: list[str], weights: np.ndarray) -> agg.PartRows:
+    """One review's part, cls_attention-like: heads x tokens weights, positions from 1."""
     heads, n = weights.shape
-    return pl.LazyFrame(
+    rows = pl.LazyFrame(
         {
             "review": [0] * (heads * n),
             "layer": [4] * (heads * n),
             "head": np.repeat(np.arange(heads), n).tolist(),
             "position": np.tile(np.arange(1, n + 1), heads).tolist(),
-            "token": tokens * heads,
+            "term": np.tile(np.arange(n), heads).tolist(),
             "weight": weights.reshape(-1).tolist(),
             "weight_scaled": np.zeros(heads * n).tolist(),
             "weight_norm": weights.reshape(-1).tolist(),
-            "pred_label": ["positive"] * (heads * n),
-            "label": [None] * (heads * n),
+            "cls": [0] * (heads * n),
         },
-        schema_overrides={"label": pl.String, "layer": pl.Int16, "head": pl.Int16, "position": pl.Int32},
+        schema_overrides={"layer": pl.Int16, "head": pl.Int16, "position": pl.Int32},
     )
+    tokens = pl.LazyFrame(
+        {"review": [0] * n, "position": np.arange(1, n + 1), "token_id": np.arange(n), "token": tokens},
+        schema_overrides={"position": pl.Int32},
+    )
+    reviews = pl.DataFrame({"review": [0], "cls": [0], "pred_label": ["positive"], "label": [None]})
+    return agg.PartRows(rows, reviews, tokens)
+
+
+def words_of(part: agg.PartRows) -> pl.LazyFrame:
+    """The part's WordPiece word rows, each with its text as ``token``."""
+    rows, texts = part.units("word", Words("wordpiece"))
+    return rows.join(texts, on="term")
 
 
 def test_word_joining_on_english_wordpieces():
@@ -384,7 +396,7 @@ def test_word_joining_on_english_wordpieces():
     assert sum(t.startswith("##") for t in tokens) >= 3, tokens  # real multi-piece words
     rng = np.random.default_rng(0)
     weights = rng.random((2, len(tokens)))
-    words = agg.word_rows(tokens_to_rows(tokens, weights)).sort(["head", "position"]).collect()
+    words = words_of(tokens_to_rows(tokens, weights)).sort(["head", "position"]).collect()
     expected = [
         "unbelievably",
         ",",
@@ -412,16 +424,16 @@ def test_chinese_characters_stay_one_word_each(tiny_zh_dir):
 
     tokens = AutoTokenizer.from_pretrained(tiny_zh_dir).tokenize(SEED_TEXT)
     weights = np.linspace(0.1, 0.9, len(tokens))[None, :]
-    words = agg.word_rows(tokens_to_rows(tokens, weights)).sort("position").collect()
+    words = words_of(tokens_to_rows(tokens, weights)).sort("position").collect()
     assert words["token"].to_list() == tokens
     assert "[UNK]" in tokens  # 催 is out of the vocabulary and stays visible
 
 
 def test_a_continuation_after_a_gap_starts_a_word():
-    rows = tokens_to_rows(["pain", "##ful", "##ly"], np.array([[0.2, 0.3, 0.5]])).with_columns(
-        position=pl.Series([1, 2, 5], dtype=pl.Int32)  # position 5 does not follow 2
-    )
-    words = agg.word_rows(rows).sort("position").collect()
+    part = tokens_to_rows(["pain", "##ful", "##ly"], np.array([[0.2, 0.3, 0.5]]))
+    gap = pl.Series([1, 2, 5], dtype=pl.Int32)  # position 5 does not follow 2
+    part.rows, part.tokens = part.rows.with_columns(position=gap), part.tokens.with_columns(position=gap)
+    words = words_of(part).sort("position").collect()
     assert words["token"].to_list() == ["painful", "##ly"]
     np.testing.assert_allclose(words["weight"].to_numpy(), [0.5, 0.5])
 

@@ -17,8 +17,10 @@ from conftest import SEED_TEXT
 from helpers import read_table
 
 import bertattn_batch.analysis.aggregate as agg
+from bertattn_batch.analysis.words import run_words
 from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
+from bertattn_batch.run import read_manifest
 
 MIXED = "这台ThinkPad才1999元，质量不错！"
 
@@ -71,16 +73,20 @@ def oracle_words(run: Path, user_dict: str | None = None) -> dict[tuple, list]:
     return out
 
 
-def word_rows_of(run: Path, user_dict: str | None = None) -> dict[tuple, list]:
-    """The same, from the code under test: every part's word rows by doc_id."""
+def word_rows_of(run: Path, user_dict: str | None = None, stored: bool = True) -> dict[tuple, list]:
+    """The same, from the code under test: every part's word rows by doc_id; ``stored``: whether they
+    are the words extraction stored in the tokens table (else segmented again)."""
+    words = run_words(read_manifest(run), "jieba", user_dict)
+    assert words.stored is stored
     out: dict[tuple, list] = {}
     for part in agg.committed_parts(run):
-        rows = agg.review_rows(part, ("text",))
-        words = rows.words("jieba", user_dict).join(
+        rows = agg.review_rows(part, words=words)
+        unit_rows, texts = rows.units("word", words)
+        found = unit_rows.join(texts, on="term").join(
             rows.reviews.lazy().select("review", "doc_id"), on="review"
         )
         for (doc, layer, head), g in (
-            words.collect().sort("position").group_by(["doc_id", "layer", "head"], maintain_order=True)
+            found.collect().sort("position").group_by(["doc_id", "layer", "head"], maintain_order=True)
         ):
             out[(doc, layer, head)] = list(
                 zip(g["token"], g["weight"], g["weight_norm"], g["weight_scaled"], strict=True)
@@ -105,6 +111,34 @@ def test_word_rows_equal_jiebas_segmentation_of_the_tokens(zh_run):
     assert {"服务态度", "差评"} <= set(seed)
 
 
+def test_the_tokens_table_holds_each_tokens_jieba_word(zh_run):
+    """Extraction stores each token's word: the position of the first token of the jieba word that holds
+    the token's first character, and the word lower-cased; the fingerprint names the rule."""
+    assert json.loads((zh_run / "manifest.json").read_text())["fingerprint"]["words"] == "jieba"
+    seg = jieba.Tokenizer()
+    texts = {p["doc_id"]: p["text"] for p in read_table(zh_run, "predictions").to_pylist()}
+    tokens = read_table(zh_run, "tokens").to_pylist()
+    first: dict[tuple, int] = {}
+    for t in sorted(tokens, key=lambda t: (t["doc_id"], t["position"])):
+        span = next(w for w in seg.tokenize(texts[t["doc_id"]]) if w[1] <= t["start"] < w[2])
+        first.setdefault((t["doc_id"], span[1]), t["position"])
+        assert t["word"] == first[(t["doc_id"], span[1])] and t["word_text"] == span[0].lower(), t
+
+
+def test_words_need_no_stored_text(tiny_zh_dir, zh_run, tmp_path):
+    """A run that keeps no texts still has its words: extraction segmented them."""
+    spec = JobSpec(
+        inputs=InputSpec([str(zh_run.parent / "reviews.parquet")], id_col="doc_id", label_col="label"),
+        model=str(tiny_zh_dir), out=str(tmp_path / "lean"), window=16, store_text=False, progress=False,
+    )  # fmt: skip
+    run_job(spec)
+    assert read_table(tmp_path / "lean", "predictions")["text"].null_count > 0
+    lean = agg.aggregate(tmp_path / "lean", min_reviews=1).table.filter(pl.col("unit") == "word")
+    full = agg.aggregate(zh_run, min_reviews=1, into=tmp_path / "full").table.filter(pl.col("unit") == "word")
+    key = ["layer", "head", "split", "class_label", "token"]
+    assert lean.height > 100 and lean.sort(key)["token"].to_list() == full.sort(key)["token"].to_list()
+
+
 def test_aggregate_counts_jieba_words(zh_run):
     """The table's word rows (split 'all') equal the oracle's rows counted and averaged by word."""
     table = agg.aggregate(zh_run, min_reviews=1).table.filter(
@@ -127,7 +161,7 @@ def test_a_user_dictionary_adds_its_words(zh_run, tmp_path):
     user = tmp_path / "user.txt"
     user.write_text("超级差评 100 n\n服务态度超级差 50\n", encoding="utf-8")
     want = oracle_words(zh_run, str(user))
-    _same(word_rows_of(zh_run, str(user)), want)
+    _same(word_rows_of(zh_run, str(user), stored=False), want)
     assert "超级差评" in [w for w, *_ in want[("seed", 0, 0)]]
     result = agg.aggregate(zh_run, min_reviews=1, words="jieba", user_dict=str(user), into=tmp_path / "agg")
     assert "超级差评" in result.table.filter(pl.col("unit") == "word")["token"].to_list()

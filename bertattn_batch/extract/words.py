@@ -1,0 +1,135 @@
+"""Words from a review's tokens: ``jieba`` segments the text (Chinese) and a token joins the word holding
+its first character; ``wordpiece`` joins a token and its ``##`` continuations. Extraction stores each
+token's word in the ``tokens`` table, so that the commands after it read words without segmenting again;
+they segment only under a rule or dictionary other than the run's."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from ..errors import SpecError
+
+#: A review's number within a frame, the key its rows are reduced by.
+KEY = "review"
+CONTINUATION = "##"
+#: A Chinese character: a review that holds one is segmented by jieba under the rule ``jieba``.
+HAN = r"\p{Han}"
+
+
+def word_rule(choice: str | None, auto: str | None, continuation: str | None) -> str | None:
+    """The rule a ``--words`` choice names (None for ``none``): ``auto`` is ``auto``'s finding for the
+    model, ``continuation`` its tokenizer's mark of a continued word (None: it marks none)."""
+    if choice in (None, "auto"):
+        choice = auto or ("wordpiece" if continuation else "none")
+    if choice == "wordpiece" and continuation is None:
+        raise SpecError(
+            "--words wordpiece: this run's tokenizer marks no '##' continuations; use jieba or none"
+        )
+    return None if choice == "none" else choice
+
+
+def dictionary_sha256(user_dict: str | None) -> str | None:
+    """The user dictionary's content hash, which decides whether a resumed run may keep its words."""
+    if user_dict is None:
+        return None
+    if not Path(user_dict).is_file():
+        raise SpecError(f"user dictionary {user_dict} is not a file (--user-dict)")
+    return hashlib.sha256(Path(user_dict).read_bytes()).hexdigest()
+
+
+@functools.cache
+def segmenter(user_dict: str | None = None) -> Any:
+    """A jieba tokenizer with its own dictionary (and ``user_dict``), loaded once per process."""
+    import jieba
+
+    jieba.setLogLevel(logging.WARNING)  # its dictionary's loading is not news
+    tokenizer = jieba.Tokenizer()
+    tokenizer.initialize()
+    if user_dict is not None:
+        if not Path(user_dict).is_file():
+            raise SpecError(f"user dictionary {user_dict} is not a file (--user-dict)")
+        try:
+            tokenizer.load_userdict(user_dict)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise SpecError(f"user dictionary {user_dict} is not one jieba reads: {e}") from None
+    return tokenizer
+
+
+def jieba_words(tokens: pl.DataFrame, texts: pl.DataFrame, user_dict: str | None = None) -> pl.DataFrame:
+    """Each token's word (``KEY``, position -> word, word_text): the jieba word of the review's text that
+    holds the token's first character; ids unique across the frame, texts lower-cased."""
+    cut = segmenter(user_dict).lcut
+    chars = pl.col("text").str.len_chars()
+    texts = texts.select(KEY, "text", base=chars.cum_sum() - chars)
+    words = [w for text in texts["text"] for w in cut(text)]  # a review's words spell its whole text
+    starts = np.cumsum([0, *map(len, words)])[:-1]  # on the reviews' texts laid end to end
+    tokens = tokens.join(texts.select(KEY, "base"), on=KEY).sort(KEY, "position")
+    word = np.searchsorted(starts, (tokens["base"] + tokens["start"]).to_numpy(), side="right") - 1
+    text = pl.Series(words, dtype=pl.String).str.to_lowercase()
+    return tokens.select(KEY, "position", word=pl.Series(word), word_text=text.gather(word))
+
+
+def wordpiece_words(tokens: pl.LazyFrame | pl.DataFrame, continuation: str = CONTINUATION) -> pl.LazyFrame:
+    """Each token's word (``KEY``, position -> word, word_text): a word starts at every token that is not
+    a continuation (``##`` piece) of the token just before it; its text is its pieces joined."""
+    token, position = pl.col("token"), pl.col("position")
+    continues = token.str.starts_with(continuation) & (position == position.shift(1).over(KEY) + 1)
+    pieces = (
+        tokens.lazy()
+        .select(KEY, "position", "token")
+        .sort([KEY, "position"])
+        .with_columns(continues=continues.fill_null(False))
+        .with_columns(
+            word=(~pl.col("continues")).cast(pl.Int64).cum_sum(),
+            alone=~pl.col("continues").shift(-1, fill_value=False),
+        )
+    )
+    joined = (  # the few words of several pieces
+        pieces.filter(~(pl.col("alone") & ~pl.col("continues")))
+        .group_by("word")
+        .agg(joined=token.str.strip_prefix(continuation).sort_by(position).str.join(""))
+    )
+    text = pl.coalesce("joined", "token")
+    return pieces.join(joined, on="word", how="left").select(KEY, "position", "word", word_text=text)
+
+
+def word_map(
+    tokens: pl.DataFrame, texts: pl.DataFrame | None, mode: str, user_dict: str | None = None
+) -> pl.LazyFrame:
+    """Each token's word by rule ``mode`` (``tokens``: ``KEY``, position, token, start): ``jieba`` for the
+    reviews whose text (``texts``: ``KEY``, text) holds a Chinese character, WordPiece for the others."""
+    if mode != "jieba":
+        return wordpiece_words(tokens)
+    if texts is None:
+        raise SpecError("jieba words need the reviews' texts")
+    chinese = texts.filter(pl.col("text").str.contains(HAN))
+    if chinese.is_empty():  # no dictionary to load
+        return wordpiece_words(tokens)
+    ours = pl.col(KEY).is_in(chinese[KEY].implode())
+    segmented = jieba_words(tokens.filter(ours), chinese, user_dict)
+    after = segmented["word"].max() + 1 if segmented.height else 0  # word ids stay unique
+    pieces = wordpiece_words(tokens.filter(~ours)).with_columns(pl.col("word") + after)
+    return pl.concat([segmented.lazy(), pieces])
+
+
+def token_words(
+    tokens: dict[str, Any], texts: list[str], mode: str, user_dict: str | None = None
+) -> tuple[pa.Array, pa.Array]:
+    """The ``word`` and ``word_text`` columns of a ``tokens`` table: for each of ``tokens``' rows (``KEY``:
+    its review's index in ``texts``; position, token and start; in review and position order), the
+    position of its word's first token and the word's text, as :func:`word_map` makes them."""
+    frame = pl.DataFrame({c: pl.Series(tokens[c]) for c in (KEY, "position", "token", "start")})
+    text = pl.DataFrame({KEY: np.arange(len(texts)), "text": pl.Series(texts, dtype=pl.String)})
+    words = (
+        word_map(frame, text if mode == "jieba" else None, mode, user_dict).collect().sort(KEY, "position")
+    )
+    first = words.select(pl.col("position").min().over("word").cast(pl.Int32)).to_series()
+    return first.to_arrow(), words["word_text"].to_arrow()
