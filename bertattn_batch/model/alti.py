@@ -105,8 +105,8 @@ def row_distances(a: Tensor, v: Tensor, w: Tensor, own: Tensor, y: Tensor) -> Te
     b, heads, n, _ = a.shape
     weighted = v.unflatten(-1, (heads, -1)) * a.view(b, heads, n, 1).transpose(1, 2)  # (b, n, H, D)
     t = weighted.flatten(2) @ w.flatten(0, 1)  # (b, n, hidden)
-    t = torch.cat([t[:, :1] + own, t[:, 1:]], dim=1)  # token i's own term, where j = i
-    return (y - t).abs().sum(dim=-1, keepdim=True)
+    t[:, :1] += own  # token i's own term, where j = i
+    return t.sub_(y).abs_().sum(dim=-1, keepdim=True)
 
 
 def head_distances(a: Tensor, f: Tensor, y: Tensor) -> Tensor:
