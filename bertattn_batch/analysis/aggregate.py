@@ -126,7 +126,9 @@ class PartRows:
             each = self.tokens.select(KEY, "position", "word", "word_text").collect()
         else:
             texts = self.reviews.select(KEY, "text") if words.rule == "jieba" else None
-            each = first_positions(word_map(self.tokens.collect(), texts, words.rule, words.user_dict))
+            each = first_positions(
+                word_map(self.tokens.collect(), texts, words.rule, words.user_dict)
+            ).collect()
         texts = each.select(token="word_text").unique().with_row_index("term")
         each = each.join(texts, left_on="word_text", right_on="token").lazy()
         return word_rows(self.rows, each), texts.lazy()
@@ -136,7 +138,7 @@ def review_rows(part: CommittedPart, extra: Sequence[str] = (), words: Words | N
     """One part's scored reviews (with their ``extra`` predictions columns) and attention rows, by ``KEY``;
     their tokens with their stored words where ``words`` reads them, and with the texts where it makes
     them again."""
-    if words is not None and words.rule == "jieba" and not words.stored:
+    if words is not None and words.rule == "jieba" and not words.stored and "text" not in extra:
         extra = (*extra, "text")
     reviews = (
         pl.scan_parquet(part.files["predictions"], glob=False)

@@ -12,7 +12,7 @@ import polars as pl
 
 from ..config import WORDS
 from ..errors import SpecError
-from ..extract.words import CONTINUATION, KEY, word_rule
+from ..extract.words import CONTINUATION, KEY, dictionary_sha256, word_rule
 from ..run import Manifest
 
 log = logging.getLogger(__name__)
@@ -55,14 +55,16 @@ def word_continuation(manifest: Manifest) -> str | None:
 
 def run_words(manifest: Manifest, words: str | None = None, user_dict: str | None = None) -> Words:
     """A run's words: by ``words`` or the run's own choice, ``auto`` resolved as the extraction found the
-    tokenizer (else WordPiece where pieces carry ``##``); stored where the rule and the dictionary's path
-    are the run's."""
+    tokenizer (else WordPiece where pieces carry ``##``); stored where the rule and the dictionary (its
+    path, or its content) are the run's."""
     check_words(words)
     spec = manifest.spec
     rule = word_rule(words or spec.get("words"), manifest.model.get("words"), word_continuation(manifest))
     own = spec.get("user_dict") if rule == "jieba" else None
     user_dict = (user_dict or own) if rule == "jieba" else None
-    stored = rule is not None and manifest.fingerprint.get("words") == rule and user_dict == own
+    recorded = manifest.fingerprint
+    same_dictionary = user_dict == own or dictionary_sha256(user_dict) == recorded.get("user_dict_sha256")
+    stored = rule is not None and recorded.get("words") == rule and same_dictionary
     if rule == "jieba" and not stored and spec.get("store_text") is False:
         log.warning("jieba words need the reviews' texts, which this run did not store: no word units")
         return Words(None)

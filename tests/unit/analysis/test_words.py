@@ -139,27 +139,56 @@ def test_words_need_no_stored_text(tiny_zh_dir, zh_run, tmp_path):
     assert lean.height > 100 and lean.sort(key)["token"].to_list() == full.sort(key)["token"].to_list()
 
 
-def test_aggregate_counts_jieba_words(zh_run):
-    """The table's word rows (split 'all') equal the oracle's rows counted and averaged by word."""
-    table = agg.aggregate(zh_run, min_reviews=1).table.filter(
-        (pl.col("unit") == "word") & (pl.col("split") == "all")
-    )
-    acc: dict[tuple, list] = defaultdict(lambda: [0, 0.0, 0.0])
-    for (_, layer, head), rows in oracle_words(zh_run).items():
+USER_DICT = "超级差评 100 n\n服务态度超级差 50\n"
+
+
+@pytest.mark.parametrize("own_dictionary", [False, True], ids=["stored", "made-again"])
+def test_aggregate_counts_jieba_words(zh_run, tmp_path, own_dictionary):
+    """The table's word rows (split 'all') equal the oracle's rows counted and averaged by word: the words
+    extraction stored, and those made again with a user dictionary."""
+    user = None
+    if own_dictionary:
+        user = tmp_path / "user.txt"
+        user.write_text(USER_DICT, encoding="utf-8")
+    result = agg.aggregate(zh_run, min_reviews=1, user_dict=user and str(user), into=tmp_path / "agg")
+    table = result.table.filter((pl.col("unit") == "word") & (pl.col("split") == "all"))
+    acc: dict[tuple, list] = defaultdict(lambda: [0, 0.0, 0.0, set()])
+    for (doc, layer, head), rows in oracle_words(zh_run, user and str(user)).items():
         for word, raw, _, scaled in rows:
             a = acc[(layer, head, word)]
             a[0], a[1], a[2] = a[0] + 1, a[1] + raw, a[2] + scaled
+            a[3].add(doc)
     got = {(r["layer"], r["head"], r["token"]): r for r in table.iter_rows(named=True)}
     assert got.keys() == acc.keys()
-    for key, (n, raw, scaled) in acc.items():
-        assert got[key]["n_occurrences"] == n
+    for key, (n, raw, scaled, docs) in acc.items():
+        assert got[key]["n_occurrences"] == n and got[key]["n_reviews"] == len(docs)
         assert got[key]["mean_weight"] == pytest.approx(raw / n, rel=1e-9)
         assert got[key]["mean_scaled"] == pytest.approx(scaled / n, rel=1e-9, abs=1e-12)
 
 
+def test_a_dictionary_given_again_reads_the_stored_words(tiny_zh_dir, zh_run, tmp_path, monkeypatch):
+    """A run's user dictionary named by another path, with the same words, reads the stored words; one with
+    other words makes them again."""
+    user = tmp_path / "user.txt"
+    user.write_text(USER_DICT, encoding="utf-8")
+    spec = JobSpec(
+        inputs=InputSpec([str(zh_run.parent / "reviews.parquet")], id_col="doc_id", label_col="label",
+                         limit=8),
+        model=str(tiny_zh_dir), out=str(tmp_path / "run"), window=16, user_dict=str(user), progress=False,
+    )  # fmt: skip
+    run_job(spec)
+    manifest = read_manifest(tmp_path / "run")
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "user.txt").write_text(USER_DICT, encoding="utf-8")
+    monkeypatch.chdir(tmp_path / "copy")
+    assert run_words(manifest).stored and run_words(manifest, user_dict="user.txt").stored
+    (tmp_path / "copy" / "user.txt").write_text("质量不错\n", encoding="utf-8")
+    assert not run_words(manifest, user_dict="user.txt").stored
+
+
 def test_a_user_dictionary_adds_its_words(zh_run, tmp_path):
     user = tmp_path / "user.txt"
-    user.write_text("超级差评 100 n\n服务态度超级差 50\n", encoding="utf-8")
+    user.write_text(USER_DICT, encoding="utf-8")
     want = oracle_words(zh_run, str(user))
     _same(word_rows_of(zh_run, str(user), stored=False), want)
     assert "超级差评" in [w for w, *_ in want[("seed", 0, 0)]]
@@ -204,7 +233,7 @@ def test_plot_by_words_sums_a_words_tokens(zh_run):
     assert words.pair_tokens == ["[CLS]", *words.tokens, "[SEP]"] and "words (jieba)" in words.title()
 
 
-def test_reviews_are_ranked_by_raw_weight(zh_run):
+def test_reviews_are_ranked_by_raw_weight(zh_run, tmp_path):
     """Against polars over the run's tables: each review's largest weight on the token at the head."""
     from bertattn_batch.analysis.aggregate import top_reviews
 
@@ -231,8 +260,14 @@ def test_reviews_are_ranked_by_raw_weight(zh_run):
         for (d, lay, h), ws in oracle_words(zh_run).items()
         if lay == 0 and h == 1 and any(w[0] == "差评" for w in ws)
     }
+    user = tmp_path / "user.txt"  # words made again: a dictionary that leaves 差评 a word
+    user.write_text("质量不错 5\n", encoding="utf-8")
     got = top_reviews(zh_run, "差评", head=1, unit="word")
     assert dict(zip(got["doc_id"], got["weight"], strict=True)) == pytest.approx(oracle, rel=1e-6)
+    made = top_reviews(zh_run, "差评", head=1, unit="word", words="jieba", user_dict=str(user))
+    assert dict(zip(made["doc_id"], made["weight"], strict=True)) == pytest.approx(
+        {d: w for d, w in oracle.items() if d in set(made["doc_id"])}, rel=1e-6
+    )
 
 
 def test_the_cli_answers_without_code(zh_run, tmp_path):
