@@ -67,6 +67,8 @@ class ReviewAttention:
     byte_level: bool | None = None  # whether the tokens spell bytes; None: told from the tokens
     num_layers: int | None = None  # the model's, to name the layer from the end too
     starts: list[int] | None = None  # each token's first character in ``text``
+    word_starts: list[int] | None = None  # the run's words: the position of each token's word's first token
+    word_texts: list[str] | None = None  # and that word's text
     words: str | None = None  # the rule that joined the tokens into words (:func:`by_words`), if any
 
     @property
@@ -101,7 +103,8 @@ def _at(review: ReviewAttention, idx: Sequence[int], **changes: Any) -> ReviewAt
     def at(values: list[Any] | None) -> list[Any] | None:
         return None if values is None else [values[i] for i in idx]
 
-    kept = {k: at(getattr(review, k)) for k in ("tokens", "token_ids", "positions", "starts")}
+    names = ("tokens", "token_ids", "positions", "starts", "word_starts", "word_texts")
+    kept = {k: at(getattr(review, k)) for k in names}
     weights = {"weight": review.weight[:, idx], "scaled": review.scaled[:, idx]}
     return dataclasses.replace(review, **kept | weights | changes)
 
@@ -121,16 +124,22 @@ def select(review: ReviewAttention, tokens: slice | None = None, specials: bool 
     return out
 
 
-def by_words(review: ReviewAttention, mode: str, user_dict: str | None = None) -> ReviewAttention:
+def by_words(
+    review: ReviewAttention, mode: str, user_dict: str | None = None, stored: bool = False
+) -> ReviewAttention:
     """The review with its words in place of its tokens, weights summed and scaled again per head; in the
-    token x token maps a word pays its tokens' mean attention and receives their sum (Clark et al., 2019)."""
-    if review.starts is None:
-        raise SpecError("--unit word needs the tokens' spans, which this review lacks")
-    tokens = pl.DataFrame(
-        {KEY: 0, "position": review.positions, "token": review.tokens, "start": review.starts}
-    )
-    texts = None if review.text is None else pl.DataFrame({KEY: [0], "text": [review.text]})
-    words = word_map(tokens, texts, mode, user_dict).collect().sort("position")
+    token x token maps a word pays its tokens' mean attention and receives their sum (Clark et al., 2019).
+    ``stored``: the words are the run's, which the review holds; else made by ``mode``."""
+    if stored and review.word_starts is not None:
+        words = pl.DataFrame({"word": review.word_starts, "word_text": review.word_texts})
+    else:
+        if review.starts is None:
+            raise SpecError("--unit word needs the tokens' spans, which this review lacks")
+        tokens = pl.DataFrame(
+            {KEY: 0, "position": review.positions, "token": review.tokens, "start": review.starts}
+        )
+        texts = None if review.text is None else pl.DataFrame({KEY: [0], "text": [review.text]})
+        words = word_map(tokens, texts, mode, user_dict).collect().sort("position")
     _, first, word = np.unique(words["word"].to_numpy(), return_index=True, return_inverse=True)
     member = np.zeros((len(word), len(first)))  # (n, W): token i is in word j
     member[np.arange(len(word)), word] = 1
@@ -157,6 +166,7 @@ def from_rows(rows: pl.DataFrame, doc_id: str, layer: int, **about: Any) -> Revi
     heads = rows["head"].n_unique()
     n = rows.height // heads
     first = rows.filter(pl.col("head") == rows["head"][0])
+    stored = "word" in first.columns and first["word"].null_count() == 0
     if n * heads != rows.height or first.height != n:
         raise RunDirError(f"review {doc_id!r}: heads hold different numbers of tokens at layer {layer}")
     return ReviewAttention(
@@ -166,6 +176,8 @@ def from_rows(rows: pl.DataFrame, doc_id: str, layer: int, **about: Any) -> Revi
         token_ids=first["token_id"].to_list(),
         positions=first["position"].to_list(),
         starts=first["start"].to_list() if "start" in first.columns else None,
+        word_starts=first["word"].to_list() if stored else None,
+        word_texts=first["word_text"].to_list() if stored else None,
         weight=rows["weight"].to_numpy().reshape(heads, n),  # (H, n)
         scaled=rows["weight_scaled"].to_numpy().reshape(heads, n),  # (H, n)
         **about,
@@ -445,13 +457,14 @@ def review_for_plot(
         name = doc_id or (Path(text_file).name if text_file else "text")
         review = review_from_text(text, model, layer, pairs=pairs, device=device, doc_id=name, **trust)
     if unit == "word":
+        stored = False
         if run_dir is not None:
-            words, user_dict, _ = run_words(read_manifest(run_dir), words, user_dict)
+            words, user_dict, stored = run_words(read_manifest(run_dir), words, user_dict)
         elif words in (None, "auto"):
             words = "jieba"  # for a text with Chinese characters; WordPiece's ## pieces for any other
         if words in (None, "none"):
             raise SpecError(f"--unit word: {NO_WORDS}")
-        review = by_words(review, words, user_dict)
+        review = by_words(review, words, user_dict, stored)
     return select(review, shown, specials)
 
 

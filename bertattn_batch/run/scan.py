@@ -18,7 +18,7 @@ from .manifest import read_manifest
 from .parts import committed_files
 
 #: The columns ``tokens`` adds to each attention row.
-TOKEN_COLUMNS = ("token_id", "token", "start", "end")
+TOKEN_COLUMNS = ("token_id", "token", "start", "end", "word", "word_text")
 #: What a token row is found by.
 TOKEN_KEY = schema.key("tokens")
 #: Schemes that polars reads itself (its own S3 and GCS clients, from the same environment).

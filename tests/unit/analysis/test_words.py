@@ -137,6 +137,10 @@ def test_words_need_no_stored_text(tiny_zh_dir, zh_run, tmp_path):
     full = agg.aggregate(zh_run, min_reviews=1, into=tmp_path / "full").table.filter(pl.col("unit") == "word")
     key = ["layer", "head", "split", "class_label", "token"]
     assert lean.height > 100 and lean.sort(key)["token"].to_list() == full.sort(key)["token"].to_list()
+    from bertattn_batch.render.plot import review_for_plot
+
+    review = review_for_plot(tmp_path / "lean", "seed", unit="word")
+    assert review.text is None and review.tokens == review_for_plot(zh_run, "seed", unit="word").tokens
 
 
 USER_DICT = "超级差评 100 n\n服务态度超级差 50\n"
@@ -231,6 +235,9 @@ def test_plot_by_words_sums_a_words_tokens(zh_run):
         cell = np.mean([sum(review.pairs[2, q, k] for k in member[b]) for q in member[a]])
         assert words.pairs[2, a, b] == pytest.approx(cell, rel=1e-9)
     assert words.pair_tokens == ["[CLS]", *words.tokens, "[SEP]"] and "words (jieba)" in words.title()
+    stored = by_words(review, "jieba", stored=True)  # the words the run's tokens table holds
+    assert stored.tokens == words.tokens and np.array_equal(stored.pairs, words.pairs)
+    np.testing.assert_array_equal(stored.weight, words.weight)
 
 
 def test_reviews_are_ranked_by_raw_weight(zh_run, tmp_path):
