@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from .. import schema
 from ..model.encode import Encoded, id_limit
-from .words import KEY, token_words, word_rule
+from .words import KEY, segmenter, token_words, word_rule
 
 if TYPE_CHECKING:
     from ..config import JobSpec
@@ -50,9 +50,13 @@ class TableOptions:
 
     @classmethod
     def of(cls, spec: JobSpec, clf: Any) -> TableOptions:
-        """A job's options, ``auto`` words resolved for its classifier."""
+        """A job's options, ``auto`` words resolved for its classifier; a user dictionary that jieba cannot
+        read is refused here, before any window."""
         words = word_rule(spec.words, clf.words, clf.word_continuation)
-        return cls(spec.store_text, words, spec.user_dict if words == "jieba" else None)
+        user_dict = spec.user_dict if words == "jieba" else None
+        if words == "jieba":
+            segmenter(user_dict)
+        return cls(spec.store_text, words, user_dict)
 
 
 def vocab_array(tokenizer) -> pa.Array:

@@ -20,6 +20,7 @@ import bertattn_batch.analysis.aggregate as agg
 from bertattn_batch.analysis.words import run_words
 from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
+from bertattn_batch.errors import SpecError
 from bertattn_batch.run import read_manifest
 
 MIXED = "这台ThinkPad才1999元，质量不错！"
@@ -144,6 +145,19 @@ def test_words_need_no_stored_text(tiny_zh_dir, zh_run, tmp_path):
 
 
 USER_DICT = "超级差评 100 n\n服务态度超级差 50\n"
+
+
+def test_a_user_dictionary_jieba_cannot_read_stops_the_job_first(tiny_zh_dir, zh_run, tmp_path):
+    user = tmp_path / "user.txt"
+    inputs = InputSpec([str(zh_run.parent / "reviews.parquet")], id_col="doc_id", label_col="label")
+    with pytest.raises(SpecError, match="is not a file"):
+        JobSpec(inputs=inputs, model=str(tiny_zh_dir), out=str(tmp_path / "run"), user_dict=str(user))
+    user.write_bytes(b"\xff\xfe not utf-8\n")
+    spec = JobSpec(inputs=inputs, model=str(tiny_zh_dir), out=str(tmp_path / "run"), user_dict=str(user),
+                   progress=False)  # fmt: skip
+    with pytest.raises(SpecError, match="not one jieba reads"):
+        run_job(spec)
+    assert not list((tmp_path / "run").glob("*/part-*.parquet"))
 
 
 @pytest.mark.parametrize("own_dictionary", [False, True], ids=["stored", "made-again"])
