@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from .. import schema
 from .._files import atomic_path, claim_dir, remove_stale, writing
 from ..errors import RunDirError, SpecError, WriteError
-from ..extract.words import word_map
+from ..extract.words import first_positions, word_map
 from ..run import (
     AGGREGATES_DIR,
     CommittedPart,
@@ -35,7 +35,7 @@ from ..run import (
 )
 from .provenance import derived_meta, write_derived
 from .spelling import columns, printable, readable_map
-from .words import KEY, NO_WORDS, SEGMENT, Words, check_words, first_positions, run_words, word_rows
+from .words import KEY, NO_WORDS, SEGMENT, Words, check_words, run_words, word_rows
 
 log = logging.getLogger(__name__)
 

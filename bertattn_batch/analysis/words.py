@@ -86,9 +86,3 @@ def word_rows(rows: pl.LazyFrame, words: pl.LazyFrame) -> pl.LazyFrame:
     lo, hi = pl.col("weight").min().over("segment"), pl.col("weight").max().over("segment")
     scaled = pl.when(hi > lo).then((pl.col("weight") - lo) / (hi - lo)).otherwise(0.0)
     return summed.with_columns(weight_scaled=scaled).drop("segment")
-
-
-def first_positions(words: pl.LazyFrame) -> pl.LazyFrame:
-    """:func:`~bertattn_batch.extract.words.word_map`'s words (ids unique across the frame) as the
-    ``tokens`` table stores them: each token's word as the position of its first token."""
-    return words.select(KEY, "position", "word_text", word=pl.col("position").min().over("word"))

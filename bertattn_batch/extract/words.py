@@ -128,8 +128,12 @@ def token_words(
     position of its word's first token and the word's text, as :func:`word_map` makes them."""
     frame = pl.DataFrame({c: pl.Series(tokens[c]) for c in (KEY, "position", "token", "start")})
     text = pl.DataFrame({KEY: np.arange(len(texts)), "text": pl.Series(texts, dtype=pl.String)})
-    words = (
-        word_map(frame, text if mode == "jieba" else None, mode, user_dict).collect().sort(KEY, "position")
-    )
-    first = words.select(pl.col("position").min().over("word").cast(pl.Int32)).to_series()
-    return first.to_arrow(), words["word_text"].to_arrow()
+    words = first_positions(word_map(frame, text if mode == "jieba" else None, mode, user_dict))
+    words = words.collect().sort(KEY, "position")
+    return words["word"].cast(pl.Int32).to_arrow(), words["word_text"].to_arrow()
+
+
+def first_positions(words: pl.LazyFrame) -> pl.LazyFrame:
+    """:func:`word_map`'s words (ids unique across the frame) as the ``tokens`` table stores them: each
+    token's word as the position of its first token."""
+    return words.select(KEY, "position", "word_text", word=pl.col("position").min().over("word"))
