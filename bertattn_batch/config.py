@@ -192,12 +192,14 @@ class JobSpec:
                                  "cls_attention): how far each token's values move the layer's [CLS] output "
                                  "(Mohebbi et al., 2023); costs model time, see docs/measures.md.",
                                  panel="Output")
-    words: str = option("auto", "How aggregate, report and plot join tokens into words: jieba (Chinese word "
+    words: str = option("auto", "How tokens join into words (extract stores each token's word in tokens; "
+                        "aggregate, reviews, report and plot read them): jieba (Chinese word "
                         "segmentation of the text), wordpiece (a token and its ## pieces), none, or auto: "
                         "jieba where the tokenizer splits Chinese into characters, else wordpiece where it "
                         "has ## pieces.", panel="Output", choices=WORDS)
     user_dict: str | None = option(None, "A jieba user dictionary: a word a line, optionally with its "
-                                   "frequency and tag.", panel="Output")
+                                   "frequency and tag (extract reads it where it stages windows: with "
+                                   "--engine ray, on every worker).", panel="Output")
     contributions: str | None = option(None, "Also write whole-model token contributions to [CLS] (table "
                                        "contributions): alti (Ferrando et al., 2022); costs model time, see "
                                        "docs/measures.md.", panel="Output", choices=("alti",))
