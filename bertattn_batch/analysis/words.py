@@ -12,7 +12,7 @@ import polars as pl
 
 from ..config import WORDS
 from ..errors import SpecError
-from ..extract.words import CONTINUATION, KEY, dictionary_sha256, word_rule
+from ..extract.words import KEY, dictionary_sha256, word_rule
 from ..run import Manifest
 
 log = logging.getLogger(__name__)
@@ -24,9 +24,6 @@ SEGMENT = (
     + pl.col("layer").cast(pl.Int64).fill_null(-1) * 2**16
     + pl.col("head").cast(pl.Int64).fill_null(-1)
 )
-#: Runs whose manifest does not record ``model.word_continuation``: model types whose tokenizers mark
-#: word starts rather than continuations.
-NON_WORDPIECE_MODELS = frozenset({"roberta", "xlm-roberta", "camembert", "albert"})
 NO_WORDS = "this run has no words (--words none, or a tokenizer without ## pieces or Chinese characters)"
 
 
@@ -45,21 +42,14 @@ def check_words(words: str | None) -> None:
         raise SpecError(f"--words must be one of {', '.join(WORDS)}; got {words!r}")
 
 
-def word_continuation(manifest: Manifest) -> str | None:
-    """The run's word-continuation mark; for runs that did not record it, told from the model type."""
-    model = manifest.model
-    if "word_continuation" in model:
-        return model["word_continuation"] or None
-    return None if model.get("model_type", "bert") in NON_WORDPIECE_MODELS else CONTINUATION
-
-
 def run_words(manifest: Manifest, words: str | None = None, user_dict: str | None = None) -> Words:
     """A run's words: by ``words`` or the run's own choice, ``auto`` resolved as the extraction found the
     tokenizer (else WordPiece where pieces carry ``##``); stored where the rule and the dictionary (its
     path, or its content) are the run's."""
     check_words(words)
     spec = manifest.spec
-    rule = word_rule(words or spec.get("words"), manifest.model.get("words"), word_continuation(manifest))
+    model = manifest.model
+    rule = word_rule(words or spec.get("words"), model.get("words"), model.get("word_continuation"))
     own = spec.get("user_dict") if rule == "jieba" else None
     user_dict = (user_dict or own) if rule == "jieba" else None
     recorded = manifest.fingerprint

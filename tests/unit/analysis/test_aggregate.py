@@ -26,14 +26,12 @@ from typer.testing import CliRunner
 
 import bertattn_batch.analysis.aggregate as agg
 import bertattn_batch.analysis.aggregate as top
-import bertattn_batch.analysis.words as wordmod
 from bertattn_batch import schema
 from bertattn_batch._files import claim_dir
 from bertattn_batch.analysis.words import Words
 from bertattn_batch.cli import app
 from bertattn_batch.config import InputSpec, JobSpec
 from bertattn_batch.engines import run_job
-from bertattn_batch.run import Manifest
 
 MIN_REVIEWS = 2
 
@@ -718,17 +716,6 @@ def test_word_units_follow_the_tokenizer_not_the_model_type(
     assert manifest["model"]["word_continuation"] == continuation
     units = set(agg.aggregate(out, min_reviews=1).table["unit"].to_list())
     assert units == ({"token"} if continuation is None else {"token", "word"})
-
-
-def test_runs_from_before_the_continuation_mark_was_recorded():
-    assert wordmod.word_continuation(Manifest(model={"model_type": "albert"})) is None
-    assert wordmod.word_continuation(Manifest(model={"model_type": "bert"})) == "##"
-    assert (
-        wordmod.word_continuation(Manifest(model={"model_type": "albert", "word_continuation": "##"})) == "##"
-    )
-    assert (
-        wordmod.word_continuation(Manifest(model={"model_type": "bert", "word_continuation": None})) is None
-    )
 
 
 def test_an_empty_printout_names_its_real_cause(run_dir, tmp_path):
