@@ -1,6 +1,6 @@
 """The names inside a run directory (docs/run-directory.md), and ``manifest.json`` typed: what a run is,
-and the parts it committed. Nothing else spells those names or parses the file; older layouts are
-brought to this version's in one place, :func:`upgrade`.
+and the parts it committed. Nothing else spells those names or parses the file; a run whose tables
+another version wrote is refused (:func:`require_current_tables`).
 """
 
 from __future__ import annotations
@@ -149,8 +149,7 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "manifest") -> Manifest:
-        """A manifest from its JSON form (after :func:`upgrade`); DamagedRunError for malformed fields."""
-        data = upgrade(data)
+        """A manifest from its JSON form; DamagedRunError for malformed fields."""
         parts, malformed = parse_parts(data.get("parts"))
         problems = [f"its list of parts is missing or malformed ({p})" for p in malformed]
         known = {f.name for f in dataclasses.fields(cls)} - {"extra", "parts"}
@@ -248,36 +247,6 @@ def model_problems(model: dict[str, Any]) -> list[str]:
 def layer_name(layer: int, num_layers: int | None) -> str:
     """``layer 4 (−2)``: as a run stores it (0-based), and counted from the end as ``--layers`` takes it."""
     return f"layer {layer}" + (f" (\u2212{num_layers - layer})" if num_layers else "")
-
-
-#: Fingerprint settings older runs did not record, with the value every run had then.
-_OLD_DEFAULTS = {
-    "encoding": "utf-8", "delimiter": None, "store_text": True, "value_zeroing": False, "contributions": None,
-}  # fmt: skip
-
-
-def upgrade(data: dict[str, Any]) -> dict[str, Any]:
-    """A manifest of an older layout in this version's (a copy): inputs made absolute, settings a
-    fingerprint did not record yet given the values every run had then."""
-    data = dict(data)
-    fingerprint, spec, model = data.get("fingerprint"), data.get("spec"), data.get("model")
-    if isinstance(fingerprint, dict):
-        fingerprint = {**_OLD_DEFAULTS, **fingerprint}
-        if isinstance(fingerprint.get("inputs"), list):
-            fingerprint["inputs"] = [storage.absolute(p) for p in fingerprint["inputs"]]
-        if "input_format" not in fingerprint:
-            fingerprint["input_format"] = (
-                spec.get("input_format", "auto") if isinstance(spec, dict) else "auto"
-            )
-        if "labels" not in fingerprint and isinstance(model, dict):
-            fingerprint["labels"] = model.get("id2label")
-        data["fingerprint"] = fingerprint
-    if isinstance(data.get("sources"), list):
-        data["sources"] = [
-            {**s, "path": storage.absolute(s["path"])} if isinstance(s, dict) and "path" in s else s
-            for s in data["sources"]
-        ]
-    return data
 
 
 def load_json(run_dir: str | Path) -> dict[str, Any]:

@@ -57,7 +57,6 @@ from .manifest import (
     row_range_problems,
     save_manifest,
     tmp_name,
-    upgrade,
 )
 from .parts import PartWriter, check_part, run_file
 
@@ -301,7 +300,7 @@ class RunDir:
 
     def _check_compatible(self, old: Manifest) -> None:
         """Refuse a run of another job: every fingerprint key the run recorded is compared, but their hash."""
-        mine = upgrade({"fingerprint": self.header.get("fingerprint", {})})["fingerprint"]
+        mine = self.header.get("fingerprint", {})
         theirs = old.fingerprint
         recorded = (k for k in set(mine) | set(theirs) if theirs.get(k, "unknown") != "unknown")
         diff = sorted(k for k in recorded if k != "job_sha256" and mine.get(k) != theirs.get(k))
