@@ -475,11 +475,9 @@ def resume_point(run: RunDir, incremental: bool, by_id: bool, sources: list[dict
     checked = compared if compared is not None else sources
     if sources is not None and m.sources is not None and len(m.sources) == len(sources):
         # the files the run recorded under other names (size and end bytes, in the same order: the
-        # project moved), unless they are told apart by their size alone (older runs)
+        # project moved)
         renamed = [{**b, "path": s["path"]} for b, s in zip(m.sources, sources, strict=True)]
-        if (run.inputs_renamed or all("ends_sha256" in b for b in m.sources)) and all(
-            map(_same_file, renamed, sources)
-        ):
+        if all(map(_same_file, renamed, sources)):
             m.sources = renamed
     if not incremental and (m.passes - {0} or generation):  # its row numbers are not ours
         raise RunDirError(
@@ -558,8 +556,6 @@ def input_changes(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> li
 
 
 def _same_file(was: dict[str, Any], now: dict[str, Any]) -> bool:
-    """The same input file as when the pass began: its size and the bytes at its start and end (older
-    runs: the size alone), whatever its time says."""
-    if was["path"] != now["path"] or was["bytes"] != now["bytes"]:
-        return False
-    return "ends_sha256" not in was or was["ends_sha256"] == now["ends_sha256"]
+    """The same input file as when the pass began: its size and the bytes at its start and end, whatever
+    its time says."""
+    return all(was[k] == now[k] for k in ("path", "bytes", "ends_sha256"))
