@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -158,3 +159,23 @@ def test_paired_ratios_compare_rounds_with_their_own_round():
     assert harness.ratio(other, ceiling) == pytest.approx(0.5)
     assert harness.ratio(other, ceiling, paired=True) == pytest.approx(1.0)
     assert math.isnan(harness.ratio(other, None))  # no baseline measured
+
+
+def test_words_times_aggregate_and_extraction_with_and_without_words(
+    tiny_zh_dir, zh_rows, tmp_path, monkeypatch
+):
+    """bench/words.py on 40 Chinese reviews: every pair timed, and the shares it prints are its figures'."""
+    words = load_bench("words")
+    corpus = tmp_path / "zh.parquet"
+    pq.write_table(pa.Table.from_pylist([dict(r) for r in zh_rows[:40]]), corpus)
+    monkeypatch.setattr(words.harness, "zh_model", lambda: (Path(tiny_zh_dir), 128))
+    monkeypatch.setattr(words.harness, "ZH_CORPUS", corpus)
+    out = words.main(["--rounds", "2", "--out", str(tmp_path / "words.json")])
+    assert (
+        json.loads((tmp_path / "words.json").read_text())["aggregate_words_add"] == out["aggregate_words_add"]
+    )
+    for block, pair in (("aggregate", ("none", "auto")), ("extract", ("none", "jieba"))):
+        for name in pair:
+            assert len(out[block][name]["wall"]) == 2 and min(out[block][name]["cpu"]) > 0
+    none, auto = (min(out["aggregate"][k]["wall"]) for k in ("none", "auto"))
+    assert out["aggregate_words_add"]["wall"] == pytest.approx(auto / none - 1, abs=1e-3)
