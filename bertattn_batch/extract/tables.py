@@ -51,10 +51,11 @@ class TableOptions:
     @classmethod
     def of(cls, spec: JobSpec, clf: Any) -> TableOptions:
         """A job's options, ``auto`` words resolved for its classifier; a user dictionary that jieba cannot
-        read is refused here, before any window."""
+        read is refused here, before any window (jieba's own dictionary is loaded where windows are
+        staged)."""
         words = word_rule(spec.words, clf.words, clf.word_continuation)
         user_dict = spec.user_dict if words == "jieba" else None
-        if words == "jieba":
+        if user_dict is not None:
             segmenter(user_dict)
         return cls(spec.store_text, words, user_dict)
 

@@ -36,13 +36,16 @@ def word_rule(choice: str | None, auto: str | None, continuation: str | None) ->
     return None if choice == "none" else choice
 
 
-def dictionary_sha256(user_dict: str | None) -> str | None:
-    """The user dictionary's content hash, which decides whether a resumed run may keep its words."""
-    if user_dict is None:
-        return None
+def dictionary_file(user_dict: str) -> Path:
+    """The user dictionary's path; SpecError where it is not a file."""
     if not Path(user_dict).is_file():
         raise SpecError(f"user dictionary {user_dict} is not a file (--user-dict)")
-    return hashlib.sha256(Path(user_dict).read_bytes()).hexdigest()
+    return Path(user_dict)
+
+
+def dictionary_sha256(user_dict: str | None) -> str | None:
+    """The user dictionary's content hash, which decides whether a resumed run may keep its words."""
+    return None if user_dict is None else hashlib.sha256(dictionary_file(user_dict).read_bytes()).hexdigest()
 
 
 @functools.cache
@@ -54,10 +57,8 @@ def segmenter(user_dict: str | None = None) -> Any:
     tokenizer = jieba.Tokenizer()
     tokenizer.initialize()
     if user_dict is not None:
-        if not Path(user_dict).is_file():
-            raise SpecError(f"user dictionary {user_dict} is not a file (--user-dict)")
         try:
-            tokenizer.load_userdict(user_dict)
+            tokenizer.load_userdict(str(dictionary_file(user_dict)))
         except (ValueError, UnicodeDecodeError) as e:
             raise SpecError(f"user dictionary {user_dict} is not one jieba reads: {e}") from None
     return tokenizer
