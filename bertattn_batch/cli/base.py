@@ -15,9 +15,14 @@ from ..errors import BertAttnError, Terminated
 from ..runtime import INTERRUPTED, on_stop, signals_deferred, tune_runtime
 from ..storage import redact
 
-# its own help option, below: shown without a type
+# its own help option, below: shown without a type; help read as Markdown, so that a docstring's paragraph
+# wraps to the terminal's width, not at its source lines
 app = typer.Typer(
-    no_args_is_help=True, add_completion=False, add_help_option=False, pretty_exceptions_enable=False
+    no_args_is_help=True,
+    add_completion=False,
+    add_help_option=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
 )
 
 T = TypeVar("T")

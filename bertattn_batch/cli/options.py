@@ -60,7 +60,7 @@ def _parameter(name: str, f: Any, hint: Any, defaults: Defaults, said: str | Non
             if what and defaults == "spec or job"
             else " (default: the job's)"
         )
-    text = f"{text}.".replace("[", "\\[")  # rich markup takes [word] for a style
+    text = f"{text}.".replace("[", "\\[")  # a bracket as typed, never markup
     if meta.get("argument"):
         info: Any = typer.Argument(help=text, show_default=False)
     else:

@@ -56,8 +56,9 @@ def test_every_command_explains_itself():
 
 
 def test_no_help_text_is_swallowed_as_markup():
-    """The help is rendered with rich markup, which takes an unescaped ``[name...]`` for a style tag and
-    drops it ("with its [finetune] table" printed as "with its  table"); ``[CLS]`` is no tag."""
+    """Every bracket of a help text is escaped: rich markup takes ``[name...]`` for a style tag and drops it
+    ("with its [finetune] table" printed as "with its  table"), Markdown ``[text](...)`` for a link;
+    ``[CLS]`` is neither."""
     import re
 
     import typer.main
@@ -101,6 +102,12 @@ def test_every_finetune_option_is_a_setting_of_the_spec_or_of_its_inputs():
         default = fields[name]
         if default is not None and not isinstance(default, list):
             assert f"(default: {default}, or the job's)" in help_text, name
+
+
+def test_a_help_paragraph_wraps_to_the_terminal():
+    """A docstring's paragraph is one paragraph on the terminal, whatever its source lines."""
+    out = runner.invoke(app, ["faithfulness", "--help"], env={"COLUMNS": "200"}).output
+    assert "each head ranks highest (1 to 50% of a review) and measures how much" in out
 
 
 def test_help_keeps_text_in_square_brackets():
