@@ -71,7 +71,7 @@ def load_run_model(manifest: Manifest, given: str | None, load: Callable[[str], 
     except ModelError as e:
         if given or Path(source).exists():  # there, but it does not load: not a move
             raise
-        raise ModelError(f"{e} ({manifest.MODEL_MOVED})") from None
+        raise ModelError(f"{e} (the model the run recorded; pass it with --model where it is now)") from None
     recorded = manifest.fingerprint  # what the run did not record is not compared
     if recorded.get("labels") not in (None, {str(k): v for k, v in clf.id2label.items()}):
         raise InputError(

@@ -19,7 +19,6 @@ from ..errors import SpecError
 
 #: A review's number within a frame, the key its rows are reduced by.
 KEY = "review"
-CONTINUATION = "##"
 #: A Chinese character: a review that holds one is segmented by jieba under the rule ``jieba``.
 HAN = r"\p{Han}"
 
@@ -78,11 +77,11 @@ def jieba_words(tokens: pl.DataFrame, texts: pl.DataFrame, user_dict: str | None
     return tokens.select(KEY, "position", word=pl.Series(word), word_text=text.gather(word))
 
 
-def wordpiece_words(tokens: pl.LazyFrame | pl.DataFrame, continuation: str = CONTINUATION) -> pl.LazyFrame:
+def wordpiece_words(tokens: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
     """Each token's word (``KEY``, position -> word, word_text): a word starts at every token that is not
     a continuation (``##`` piece) of the token just before it; its text is its pieces joined."""
     token, position = pl.col("token"), pl.col("position")
-    continues = token.str.starts_with(continuation) & (position == position.shift(1).over(KEY) + 1)
+    continues = token.str.starts_with("##") & (position == position.shift(1).over(KEY) + 1)
     pieces = (
         tokens.lazy()
         .select(KEY, "position", "token")
@@ -96,7 +95,7 @@ def wordpiece_words(tokens: pl.LazyFrame | pl.DataFrame, continuation: str = CON
     joined = (  # the few words of several pieces
         pieces.filter(~(pl.col("alone") & ~pl.col("continues")))
         .group_by("word")
-        .agg(joined=token.str.strip_prefix(continuation).sort_by(position).str.join(""))
+        .agg(joined=token.str.strip_prefix("##").sort_by(position).str.join(""))
     )
     text = pl.coalesce("joined", "token")
     return pieces.join(joined, on="word", how="left").select(KEY, "position", "word", word_text=text)

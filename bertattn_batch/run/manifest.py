@@ -144,9 +144,6 @@ class Manifest:
     format: str = FORMAT
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, kept
 
-    #: Said of a model that does not load from where the run recorded it (moved, or another machine).
-    MODEL_MOVED = "the model the run recorded; pass it with --model where it is now"
-
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "manifest") -> Manifest:
         """A manifest from its JSON form; DamagedRunError for malformed fields."""
@@ -312,7 +309,7 @@ def require_current_tables(run_dir: str | Path, written: Any) -> None:
     current = schema.versions()
     if not isinstance(written, dict):
         return  # none named (a manifest made by hand), left to its own checks
-    # an optional table a run never wrote needs no version (runs made before it existed too)
+    # an optional table a run never wrote needs no version
     named = [t for t in current if t in written or t not in schema.OPTIONAL_TABLES]
     if all(written.get(t) == current[t] for t in named) and set(written) <= set(current):
         return
