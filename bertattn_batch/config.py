@@ -249,6 +249,8 @@ class JobSpec:
             raise SpecError(f"layers: repeated index in {self.layers}")
         self._check_model_place()
         parse_label_map(self.label_map)
+        if self.label_map is not None and self.inputs.label_col is None:
+            raise SpecError("label_map maps the source's labels: name their column, label_col (--label-col)")
         if self.engine == "local" and (self.workers != 1 or self.ray_address):
             log.warning(
                 "workers and ray_address are the ray engine's: engine 'local' runs one model here (add "

@@ -627,7 +627,7 @@ def top_reviews(
         raise SpecError(f"{NO_WORDS}; ask for a --token")
     term = term.lower() if unit == "word" else term  # word texts are lower-cased
     found = []
-    for part in committed_parts(run_dir):
+    for part in committed_parts(run_dir, verify=True):
         rows = review_rows(part, extra=("text", "pred_prob"), words=rule)
         rows.rows = rows.rows.filter((pl.col("layer") == idx) & (pl.col("head") == head))
         if rule is not None and not rule.stored:  # only the reviews whose text holds it are segmented

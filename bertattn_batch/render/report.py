@@ -112,6 +112,19 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
 
 
 # -- accuracy: on held-out reviews apart from those that trained the model, where its training recorded which
+#: What a source's label that a label map leaves out is called where the model has a label of its name.
+NOT_MAPPED = "{} (not in the map)"
+
+
+def mapped_labels(label: pl.Expr, mapping: dict[str, str], labels: list[str]) -> pl.Expr:
+    """``label`` as the model's where ``mapping`` names it; one the map leaves out keeps its name, out of
+    the accuracy even where the model has a label so named (then called :data:`NOT_MAPPED`)."""
+    if not mapping:
+        return label
+    left_out = pl.when(label.is_in(labels)).then(pl.format(NOT_MAPPED, label)).otherwise(label)
+    return label.replace_strict(mapping, default=left_out, return_dtype=pl.String)
+
+
 def confusion(preds: pl.DataFrame, labels: list[str]) -> dict[str, Any] | None:
     """Accuracy over labelled reviews whose label the model knows, and the confusion counts: a row per true
     label seen (one the model cannot predict stays out of the accuracy), a column per model label."""
@@ -560,8 +573,7 @@ def build_report(
     labelled = bool(manifest.spec.get("label_col")) or preds["label"].is_not_null().any()
     labels = manifest.labels
     mapping = parse_label_map(manifest.spec.get("label_map") if label_map is None else label_map, labels)
-    if mapping:  # each label as the model's where the map names it
-        preds = preds.with_columns(pl.col("label").replace(mapping))
+    preds = preds.with_columns(label=mapped_labels(pl.col("label"), mapping, labels))
     body = [
         _summary_html(manifest, preds),
         accuracy_html(manifest, preds, labelled, mapping),

@@ -671,10 +671,11 @@ def test_a_flipped_byte_in_a_page_is_caught_by_its_checksum(table, column, en_ru
     )
 
 
-@pytest.mark.parametrize("command", ["aggregate", "report", "faithfulness"])
+@pytest.mark.parametrize("command", ["aggregate", "report", "faithfulness", "reviews"])
 def test_commands_that_read_a_whole_run_refuse_a_flipped_bit(command, en_run, tmp_path):
-    """polars reads no checksums: a flipped bit in a weight was summed into the aggregates as 2e24. The
-    commands that read whole runs check every page first and name the damaged file."""
+    """polars reads no checksums: a flipped bit in a weight was summed into the aggregates as 2e24, and
+    ranked first by reviews. The commands that read whole runs check every page first and name the
+    damaged file."""
     run = _copy(en_run, tmp_path)
     shutil.rmtree(run / "aggregates", ignore_errors=True)
     if command == "report":  # aggregates current: what report reads of the parts itself is checked
@@ -682,7 +683,8 @@ def test_commands_that_read_a_whole_run_refuse_a_flipped_bit(command, en_run, tm
     table, column = ("predictions", "label") if command == "report" else ("cls_attention", "weight")
     part = sorted((run / table).glob("part-*.parquet"))[-1]
     _flip_one_byte(part, column)
-    result = CliRunner().invoke(app, [command, str(run)])
+    asked = ["--head", "0", "--token", "the"] if command == "reviews" else []
+    result = CliRunner().invoke(app, [command, str(run), *asked])
     assert result.exit_code == 1, result.output
     assert f"{table}/{part.name} is damaged" in result.output
     assert "bertattn validate tells what else is wrong; an extract with --overwrite redoes" in result.output

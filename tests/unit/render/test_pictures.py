@@ -113,10 +113,42 @@ def test_a_label_map_is_parsed_and_checked():
             parse_label_map(bad)
     with pytest.raises(SpecError, match="maps to 'good', which the model does not predict"):
         parse_label_map("5=good", ["negative", "positive"])
-    job = {"inputs": ["r.parquet"], "model": "m", "out": "o", "label_map": "1,2=negative"}
+    job = {
+        "inputs": ["r.parquet"],
+        "model": "m",
+        "out": "o",
+        "label_col": "stars",
+        "label_map": "1,2=negative",
+    }
     assert from_dict(JobSpec, job).to_dict()["label_map"] == "1,2=negative"  # what the manifest records
     with pytest.raises(SpecError, match="label_map"):
         from_dict(JobSpec, {**job, "label_map": "1,2"})
+    del job["label_col"]
+    with pytest.raises(SpecError, match="label_map maps the source's labels: name their column, label_col"):
+        from_dict(JobSpec, job)
+
+
+def test_a_label_the_map_leaves_out_stays_out_of_the_accuracy():
+    """Even where it is spelled as one of the model's labels: a source that mixes stars with words."""
+    preds = pl.DataFrame({
+        "status": ["ok"] * 6, "label": ["1", "positive", "3", None, "5", "5"],
+        "pred_label": ["negative", "positive", "negative", "positive", "positive", "negative"],
+    })  # fmt: skip
+    labels = ["negative", "positive"]
+    mapped = preds.with_columns(
+        label=report.mapped_labels(pl.col("label"), {"1": "negative", "5": "positive"}, labels)
+    )
+    assert mapped["label"].to_list() == [
+        "negative",
+        "positive (not in the map)",
+        "3",
+        None,
+        "positive",
+        "positive",
+    ]
+    conf = report.confusion(mapped, labels)
+    assert (conf["n_known"], conf["n_unknown"], conf["accuracy"]) == (3, 2, 2 / 3)
+    assert report.mapped_labels(pl.col("label"), {}, labels).meta.eq(pl.col("label"))  # no map: as they are
 
 
 def test_examples_are_typical_of_their_label_not_its_capped_largest_margins():
