@@ -253,15 +253,24 @@ def with_shrunk_means(sums: pl.LazyFrame) -> pl.LazyFrame:
     """``sums`` with ``mean_scaled_shrunk``: each token's mean scaled weight pulled toward its head's mean
     in the group, the more the fewer reviews it was seen in: ``(n·m + κ·μ) / (n + κ)``, ``κ = s² / τ²``
     (empirical Bayes; ``s²`` the pooled within-token variance, ``τ²`` that of the token means less
-    ``s²/n``)."""
+    ``s²/n``). The groups' figures are reduced once and joined, not broadcast row by row."""
     n_occ, n_rev = pl.col("n_occurrences"), pl.col("n_reviews")
     mean = pl.col("scaled_sum") / n_occ
-    head_mean = pl.col("scaled_sum").sum().over(GROUP) / n_occ.sum().over(GROUP)
     within = (pl.col("scaled_sq_sum") - n_occ * mean**2).clip(lower_bound=0)
-    pooled = within.sum().over(GROUP) / n_occ.sum().over(GROUP)  # s²
-    between = (mean.var(ddof=0).over(GROUP) - (pooled / n_rev).mean().over(GROUP)).fill_null(0)
-    kappa = pooled / pl.max_horizontal(between, pl.lit(MIN_BETWEEN_VARIANCE))
-    return sums.with_columns(mean_scaled_shrunk=(n_rev * mean + kappa * head_mean) / (n_rev + kappa))
+    groups = sums.group_by(GROUP).agg(
+        head_mean=pl.col("scaled_sum").sum() / n_occ.sum(),  # μ
+        pooled=within.sum() / n_occ.sum(),  # s²
+        spread=mean.var(ddof=0),
+        per_review=(1 / n_rev).mean(),
+    )
+    between = (pl.col("spread") - pl.col("pooled") * pl.col("per_review")).fill_null(0)  # τ²
+    kappa = pl.col("pooled") / pl.max_horizontal(between, pl.lit(MIN_BETWEEN_VARIANCE))
+    shrunk = (n_rev * mean + kappa * pl.col("head_mean")) / (n_rev + kappa)
+    return (
+        sums.join(groups, on=GROUP, how="left", nulls_equal=True)
+        .with_columns(mean_scaled_shrunk=shrunk)
+        .drop("head_mean", "pooled", "spread", "per_review")
+    )
 
 
 def combine(
