@@ -92,6 +92,8 @@ def aggregate(
     if by is None:
         by = "pred_label" if rank_by in agg.CONTRASTS else "all"
     call(lambda: agg.check_top_options(top_k, unit, by, rank_by))
+    if unit == "word":
+        call(lambda: agg.check_word_unit(run_dir, **words))
     if out is not None:
         call(lambda: agg.export_path(out))  # before the work
     if layer is not None or head is not None:  # checked before the work, from one read of the manifest

@@ -342,7 +342,7 @@ def pairs_figure(review: ReviewAttention, columns: int = 4):
         panel = max(3.2, 0.11 * len(windows[0]) + 1.2)
         fig = new_figure(figsize=(panel * columns + 1.0, panel * rows + 0.8), layout="constrained")
         axes = fig.subplots(rows, columns, squeeze=False).ravel()
-        vmax = float(review.pairs.max()) or 1.0
+        vmax = max(float(review.pairs[h][np.ix_(w, w)].max()) for w, h in panels) or 1.0  # of what is drawn
         for ax in axes[len(panels) :]:
             ax.axis("off")
         for (w, h), ax in zip(panels, axes, strict=False):

@@ -67,9 +67,10 @@ def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
     model, spec, last = manifest.model, manifest.spec, manifest.last_run or {}
     ok = preds.filter(pl.col("status") == "ok")
     shape = f"{model.get('model_type')}, {model.get('num_layers')} layers x {model.get('num_heads')} heads"
+    inputs = f"inputs of its last pass (pass {manifest.generation + 1})" if manifest.generation else "inputs"
     rows: list[tuple[str, Any]] = [
         ("status", manifest.status),
-        ("inputs", ", ".join(map(str, spec.get("inputs", [])))),
+        (inputs, ", ".join(str(s.get("path")) for s in manifest.sources or spec.get("inputs", []))),
         ("model", f"{model.get('source')} ({shape})"),
         ("layers stored (0-based)", ", ".join(map(str, model.get("layers", [])))),
         ("device, dtype, attention", ", ".join(str(model.get(k)) for k in ("device", "dtype", "attention"))),
@@ -225,7 +226,10 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool, label
     if trained is not None and trained["n_known"] and training_files:
         parts.append(_line("accuracy on training data", trained, "reviews the model was trained on"))
     elif trained is not None and trained["n_known"]:  # the run read other files: not all of them trained it
-        note = "reviews not held out, of files besides those the model was trained on"
+        note = (
+            "reviews not held out; the run read files besides those the model was trained on, so not all of "
+        )
+        note += "them trained it"
         parts.append(_line("accuracy on the other reviews", trained, note))
     return "\n".join(parts)
 
@@ -234,7 +238,7 @@ def _line(what: str, conf: dict[str, Any], note: str) -> str:
     note = f"{conf['n_known']} {note}"
     if conf["n_unknown"]:
         rest = ", ".join(t for t in conf["rows"] if t not in conf["cols"])
-        note += f"; {conf['n_unknown']} with other labels ({rest}) are in the matrix but not in the accuracy"
+        note += f"; {conf['n_unknown']} with other labels ({rest}) are left out of the accuracy"
     return f'<p>{esc(what)} <b>{conf["accuracy"]:.4f}</b> <span class="meta">({esc(note)})</span></p>'
 
 

@@ -221,7 +221,7 @@ def test_star_labels_are_read_as_the_models_through_a_label_map(tiny_en_dir, dru
     def check(html: str) -> None:
         assert f"accuracy <b>{correct / known.height:.4f}</b>" in html
         assert f"({known.height} over every labelled review;" in html
-        assert "2 with other labels (3) are in the matrix but not in the accuracy" in html
+        assert "2 with other labels (3) are left out of the accuracy" in html
         counts = [int((negatives["pred_label"] == p).sum()) for p in ("negative", "neutral", "positive")]
         cells = "".join(f'<td class="num">{n}</td>' for n in [*counts, sum(counts)])
         assert f"<tr><td>negative (1, 2)</td>{cells}</tr>" in html and "<tr><td>3</td>" in html
@@ -285,6 +285,7 @@ def test_counts_cover_every_pass_and_speed_the_last_run(tiny_en_dir, drug_rows, 
     assert f"<td>truncated reviews</td><td>{truncated}</td>" in html
     assert "<td>reviews read (last run that read reviews)</td><td>4</td>" in html
     assert "<td>throughput (last run that read reviews)</td>" in html and "<td>ended (last run" in html
+    assert "<td>inputs of its last pass (pass 2)</td>" in html
     before = json.loads((out / "manifest.json").read_text())["last_run"]
     _small_run(tiny_en_dir, rows, tmp_path / "run", max_length=32, on_existing="incremental")  # nothing new
     assert json.loads((out / "manifest.json").read_text())["last_run"] == before

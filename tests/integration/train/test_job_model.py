@@ -144,7 +144,7 @@ def test_finetune_id_col_records_held_out_reviews_by_id(zh_rows, tmp_path):
     assert "accuracy on training data" not in elsewhere
     assert (
         "accuracy on the other reviews" in elsewhere
-        and "40 reviews not held out, of files besides" in elsewhere
+        and "40 reviews not held out; the run read files besides those the model was trained on" in elsewhere
     )
     unlabelled = tmp_path / "unlabelled.toml"
     unlabelled.write_text(

@@ -741,6 +741,18 @@ def test_an_empty_printout_names_its_real_cause(run_dir, tmp_path):
     assert "no review of this run was scored" in r.output
 
 
+def test_unit_word_without_words_is_refused_before_the_work(run_dir, tmp_path):
+    """--words none --unit word printed a note, exited 0, and replaced the run's aggregates by ones
+    without their word rows."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    assert CliRunner().invoke(app, ["aggregate", str(run), "--min-reviews", "1"]).exit_code == 0
+    written = agg.aggregates_path(run).read_bytes()
+    r = CliRunner().invoke(app, ["aggregate", str(run), "--words", "none", "--unit", "word"])
+    assert r.exit_code == 1 and "--unit word: --words none turns them off; use --unit token" in r.output
+    assert agg.aggregates_path(run).read_bytes() == written
+
+
 def test_by_label_on_a_run_without_labels_is_an_error(run_dir, tmp_path):
     """It printed a note and exited 0, so a script could not tell it printed nothing."""
     run = tmp_path / "run"
