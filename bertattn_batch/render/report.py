@@ -227,9 +227,9 @@ def accuracy_html(manifest: Manifest, preds: pl.DataFrame, labelled: bool, label
         parts.append(_line("accuracy on training data", trained, "reviews the model was trained on"))
     elif trained is not None and trained["n_known"]:  # the run read other files: not all of them trained it
         note = (
-            "reviews not held out; the run read files besides those the model was trained on, so not all of "
+            "reviews not held out; the run read files besides those the model was trained on, so not all "
+            "of them trained it"
         )
-        note += "them trained it"
         parts.append(_line("accuracy on the other reviews", trained, note))
     return "\n".join(parts)
 
