@@ -521,10 +521,10 @@ def one_of(option: str, value: str, allowed: Sequence[str]) -> None:
         raise SpecError(f"{option} must be one of {', '.join(allowed)}; got {value!r}")
 
 
-def check_word_unit(run_dir: str | Path, words: str | None = None, user_dict: str | None = None) -> None:
+def check_word_unit(manifest: Manifest, words: str | None = None, user_dict: str | None = None) -> None:
     """SpecError where ``--unit word`` is asked of a run that, under ``words``, makes no words: checked
     before the work, as its aggregates would replace the run's own without their words."""
-    if run_words(read_manifest(run_dir), words, user_dict).rule is None:
+    if run_words(manifest, words, user_dict).rule is None:
         why = "--words none turns them off" if words == "none" else NO_WORDS
         raise SpecError(f"--unit word: {why}; use --unit token")
 

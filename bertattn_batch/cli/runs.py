@@ -10,14 +10,19 @@ from typing import Annotated, Any
 import typer
 
 from ..config import JobSpec
+from ..errors import StorageError
 from ..storage import normalize
 from .base import REDONE, Debug, app, call, setup
 from .options import spec_options
 
 
 def _run_location(value: str | None) -> str | None:
-    """A ``file://`` URI as the path it names; a store's URI as it is."""
-    return None if value is None else normalize(value)
+    """A ``file://`` URI as the path it names; a store's URI as it is; one naming no bucket, a usage
+    error."""
+    try:
+        return None if value is None else normalize(value)
+    except StorageError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 # fmt: off
@@ -92,12 +97,12 @@ def aggregate(
     if by is None:
         by = "pred_label" if rank_by in agg.CONTRASTS else "all"
     call(lambda: agg.check_top_options(top_k, unit, by, rank_by))
-    if unit == "word":
-        call(lambda: agg.check_word_unit(run_dir, **words))
     if out is not None:
         call(lambda: agg.export_path(out))  # before the work
-    if layer is not None or head is not None:  # checked before the work, from one read of the manifest
+    if layer is not None or head is not None or unit == "word":  # checked before the work, from one read
         manifest = call(lambda: read_manifest(run_dir))
+    if unit == "word":
+        call(lambda: agg.check_word_unit(manifest, **words))
     layers = None if layer is None else [call(lambda: agg.run_layer(manifest, layer))]
     if head is not None:
         call(lambda: agg.check_head(manifest, head))

@@ -64,13 +64,13 @@ TRACKING_HEADS, MIN_TRACKING = 3, 0.3
 # -- the run ------------------------------------------------------------------------------------------
 def _summary_html(manifest: Manifest, preds: pl.DataFrame) -> str:
     """The run's settings, counts over every committed part, the speed of the last run that read reviews."""
-    model, spec, last = manifest.model, manifest.spec, manifest.last_run or {}
+    model, last = manifest.model, manifest.last_run or {}
     ok = preds.filter(pl.col("status") == "ok")
     shape = f"{model.get('model_type')}, {model.get('num_layers')} layers x {model.get('num_heads')} heads"
     inputs = f"inputs of its last pass (pass {manifest.generation + 1})" if manifest.generation else "inputs"
     rows: list[tuple[str, Any]] = [
         ("status", manifest.status),
-        (inputs, ", ".join(str(s.get("path")) for s in manifest.sources or spec.get("inputs", []))),
+        (inputs, ", ".join(manifest.inputs)),
         ("model", f"{model.get('source')} ({shape})"),
         ("layers stored (0-based)", ", ".join(map(str, model.get("layers", [])))),
         ("device, dtype, attention", ", ".join(str(model.get(k)) for k in ("device", "dtype", "attention"))),

@@ -104,6 +104,22 @@ def test_every_finetune_option_is_a_setting_of_the_spec_or_of_its_inputs():
             assert f"(default: {default}, or the job's)" in help_text, name
 
 
+def test_a_store_uri_without_a_bucket_is_a_usage_error():
+    r = runner.invoke(app, ["validate", "s3://"])
+    assert r.exit_code == 2 and "s3:// names no bucket" in r.output
+
+
+def test_every_word_of_a_help_text_shows():
+    """Help is read as Markdown: no word of a command's or an option's help may vanish into markup."""
+    import typer.main
+
+    for name, command in typer.main.get_command(app).commands.items():
+        shown = set(runner.invoke(app, [name, "--help"], env={"COLUMNS": "1000"}).output.split())
+        for text in [command.help or ""] + [getattr(p, "help", None) or "" for p in command.params]:
+            missing = [w for w in text.replace("\\[", "[").split() if w not in shown]
+            assert not missing, (name, missing)
+
+
 def test_a_help_paragraph_wraps_to_the_terminal():
     """A docstring's paragraph is one paragraph on the terminal, whatever its source lines."""
     out = runner.invoke(app, ["faithfulness", "--help"], env={"COLUMNS": "200"}).output

@@ -285,7 +285,8 @@ def test_counts_cover_every_pass_and_speed_the_last_run(tiny_en_dir, drug_rows, 
     assert f"<td>truncated reviews</td><td>{truncated}</td>" in html
     assert "<td>reviews read (last run that read reviews)</td><td>4</td>" in html
     assert "<td>throughput (last run that read reviews)</td>" in html and "<td>ended (last run" in html
-    assert "<td>inputs of its last pass (pass 2)</td>" in html
+    inputs = json.loads((out / "manifest.json").read_text())["fingerprint"]["inputs"]
+    assert f"<td>inputs of its last pass (pass 2)</td><td>{', '.join(inputs)}</td>" in html
     before = json.loads((out / "manifest.json").read_text())["last_run"]
     _small_run(tiny_en_dir, rows, tmp_path / "run", max_length=32, on_existing="incremental")  # nothing new
     assert json.loads((out / "manifest.json").read_text())["last_run"] == before
