@@ -561,7 +561,7 @@ def format_top(
     units = table["unit"].unique() if units is None else units
     splits = table["split"].unique() if groups is None else groups["split"]
     if unit == "word" and unit not in units:
-        return "this run has no word units (--words none, or a tokenizer without ## pieces); use --unit token"
+        return f"{NO_WORDS}; use --unit token"
     top = top_tokens(table, k, unit, split, layers, measure, heads)
     if top.is_empty():
         if groups is not None and groups.is_empty():

@@ -485,7 +485,7 @@ def test_cli_prints_the_tokens_ranked_by_the_measure_asked_for(run_dir, measure,
 
 def test_no_word_units_is_said_so(result):
     tokens_only = result.table.filter(pl.col("unit") == "token")
-    assert "no word units" in top.format_top(tokens_only, unit="word")
+    assert "this run has no words" in top.format_top(tokens_only, unit="word")
 
 
 def test_cli_refuses_options_it_cannot_print(run_dir):
@@ -728,7 +728,7 @@ def test_an_empty_printout_names_its_real_cause(run_dir, tmp_path):
         r = CliRunner().invoke(app, ["aggregate", str(run), "--min-reviews", "1000000", *option])
         assert r.exit_code == 0, r.output
         assert "lower --min-reviews" in r.output, option
-        assert "no input labels" not in r.output and "no word units" not in r.output, option
+        assert "no input labels" not in r.output and "has no words" not in r.output, option
 
     manifest = json.loads((run / "manifest.json").read_text())
     for part in manifest["parts"]:  # every review of the run unscored
