@@ -127,7 +127,7 @@ class PartRows:
         else:
             texts = self.reviews.select(KEY, "text") if words.rule == "jieba" else None
             each = first_positions(
-                word_map(self.tokens.collect(), texts, words.rule, words.user_dict)
+                word_map(self.tokens.collect(), texts, words.rule, words.user_dict, words.continuation)
             ).collect()
         texts = each.select(token="word_text").unique().with_row_index("term")
         each = each.join(texts, left_on="word_text", right_on="token").lazy()

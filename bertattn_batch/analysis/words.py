@@ -28,12 +28,13 @@ NO_WORDS = "this run has no words (--words none, or a tokenizer without ## piece
 
 
 class Words(NamedTuple):
-    """How a command makes a run's words: ``rule`` (None: no words), jieba's ``user_dict``, and whether
-    they are the ones the run's ``tokens`` table holds (``stored``)."""
+    """How a command makes a run's words: ``rule`` (None: no words), jieba's ``user_dict``, whether they
+    are the ones the run's ``tokens`` table holds (``stored``), and the tokenizer's ``continuation`` mark."""
 
     rule: str | None
     user_dict: str | None = None
     stored: bool = False
+    continuation: str = "##"
 
 
 def check_words(words: str | None) -> None:
@@ -58,7 +59,7 @@ def run_words(manifest: Manifest, words: str | None = None, user_dict: str | Non
     if rule == "jieba" and not stored and spec.get("store_text") is False:
         log.warning("jieba words need the reviews' texts, which this run did not store: no word units")
         return Words(None)
-    return Words(rule, user_dict, stored)
+    return Words(rule, user_dict, stored, model.get("word_continuation") or "##")
 
 
 def word_rows(rows: pl.LazyFrame, words: pl.LazyFrame) -> pl.LazyFrame:

@@ -42,11 +42,13 @@ class ScoredRow:
 @dataclass(frozen=True)
 class TableOptions:
     """What a run's tables hold besides the model's outputs: the reviews' texts, and each token's word
-    by ``words`` (``jieba`` or ``wordpiece``; None: no words) with jieba's ``user_dict``."""
+    by ``words`` (``jieba`` or ``wordpiece``; None: no words) with jieba's ``user_dict`` and the tokenizer's
+    ``continuation`` mark."""
 
     store_text: bool = True
     words: str | None = None
     user_dict: str | None = None
+    continuation: str = "##"
 
     @classmethod
     def of(cls, spec: JobSpec, clf: Any) -> TableOptions:
@@ -57,7 +59,7 @@ class TableOptions:
         user_dict = spec.user_dict if words == "jieba" else None
         if user_dict is not None:
             segmenter(user_dict)
-        return cls(spec.store_text, words, user_dict)
+        return cls(spec.store_text, words, user_dict, clf.word_continuation or "##")
 
 
 def vocab_array(tokenizer) -> pa.Array:
@@ -188,7 +190,9 @@ class Extractor:
         if (words := self.options.words) is not None:
             tokens[KEY] = np.repeat(np.arange(len(scored)), m)
             texts = [r.text or "" for r in scored]
-            tokens["word"], tokens["word_text"] = token_words(tokens, texts, words, self.options.user_dict)
+            tokens["word"], tokens["word_text"] = token_words(
+                tokens, texts, words, self.options.user_dict, self.options.continuation
+            )
         summary = {
             "doc_id": doc_ids(review_of_seg),
             "layer": seg_layer,

@@ -77,11 +77,12 @@ def jieba_words(tokens: pl.DataFrame, texts: pl.DataFrame, user_dict: str | None
     return tokens.select(KEY, "position", word=pl.Series(word), word_text=text.gather(word))
 
 
-def wordpiece_words(tokens: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
+def wordpiece_words(tokens: pl.LazyFrame | pl.DataFrame, continuation: str = "##") -> pl.LazyFrame:
     """Each token's word (``KEY``, position -> word, word_text): a word starts at every token that is not
-    a continuation (``##`` piece) of the token just before it; its text is its pieces joined."""
+    a continuation (a piece that starts with the tokenizer's ``continuation`` mark) of the token just
+    before it; its text is its pieces joined."""
     token, position = pl.col("token"), pl.col("position")
-    continues = token.str.starts_with("##") & (position == position.shift(1).over(KEY) + 1)
+    continues = token.str.starts_with(continuation) & (position == position.shift(1).over(KEY) + 1)
     pieces = (
         tokens.lazy()
         .select(KEY, "position", "token")
@@ -95,40 +96,49 @@ def wordpiece_words(tokens: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
     joined = (  # the few words of several pieces
         pieces.filter(~(pl.col("alone") & ~pl.col("continues")))
         .group_by("word")
-        .agg(joined=token.str.strip_prefix("##").sort_by(position).str.join(""))
+        .agg(joined=token.str.strip_prefix(continuation).sort_by(position).str.join(""))
     )
     text = pl.coalesce("joined", "token")
     return pieces.join(joined, on="word", how="left").select(KEY, "position", "word", word_text=text)
 
 
 def word_map(
-    tokens: pl.DataFrame, texts: pl.DataFrame | None, mode: str, user_dict: str | None = None
+    tokens: pl.DataFrame,
+    texts: pl.DataFrame | None,
+    mode: str,
+    user_dict: str | None = None,
+    continuation: str = "##",
 ) -> pl.LazyFrame:
     """Each token's word by rule ``mode`` (``tokens``: ``KEY``, position, token, start): ``jieba`` for the
-    reviews whose text (``texts``: ``KEY``, text) holds a Chinese character, WordPiece for the others."""
+    reviews whose text (``texts``: ``KEY``, text) holds a Chinese character, WordPiece (pieces marked by
+    ``continuation``) for the others."""
     if mode != "jieba":
-        return wordpiece_words(tokens)
+        return wordpiece_words(tokens, continuation)
     if texts is None:
         raise SpecError("jieba words need the reviews' texts")
     chinese = texts.filter(pl.col("text").str.contains(HAN))
     if chinese.is_empty():  # no dictionary to load
-        return wordpiece_words(tokens)
+        return wordpiece_words(tokens, continuation)
     ours = pl.col(KEY).is_in(chinese[KEY].implode())
     segmented = jieba_words(tokens.filter(ours), chinese, user_dict)
     after = segmented["word"].max() + 1 if segmented.height else 0  # word ids stay unique
-    pieces = wordpiece_words(tokens.filter(~ours)).with_columns(pl.col("word") + after)
+    pieces = wordpiece_words(tokens.filter(~ours), continuation).with_columns(pl.col("word") + after)
     return pl.concat([segmented.lazy(), pieces])
 
 
 def token_words(
-    tokens: dict[str, Any], texts: list[str], mode: str, user_dict: str | None = None
+    tokens: dict[str, Any],
+    texts: list[str],
+    mode: str,
+    user_dict: str | None = None,
+    continuation: str = "##",
 ) -> tuple[pa.Array, pa.Array]:
     """The ``word`` and ``word_text`` columns of a ``tokens`` table: for each of ``tokens``' rows (``KEY``:
     its review's index in ``texts``; position, token and start; in review and position order), the
     position of its word's first token and the word's text, as :func:`word_map` makes them."""
     frame = pl.DataFrame({c: pl.Series(tokens[c]) for c in (KEY, "position", "token", "start")})
     text = pl.DataFrame({KEY: np.arange(len(texts)), "text": pl.Series(texts, dtype=pl.String)})
-    words = first_positions(word_map(frame, text if mode == "jieba" else None, mode, user_dict))
+    words = first_positions(word_map(frame, text if mode == "jieba" else None, mode, user_dict, continuation))
     words = words.collect().sort(KEY, "position")
     return words["word"].cast(pl.Int32).to_arrow(), words["word_text"].to_arrow()
 

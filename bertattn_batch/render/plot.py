@@ -70,6 +70,7 @@ class ReviewAttention:
     word_starts: list[int] | None = None  # the run's words: the position of each token's word's first token
     word_texts: list[str] | None = None  # and that word's text
     words: str | None = None  # the rule that joined the tokens into words (:func:`by_words`), if any
+    continuation: str = "##"  # the tokenizer's mark of a piece that continues a word
 
     @property
     def num_heads(self) -> int:
@@ -139,7 +140,7 @@ def by_words(
             {KEY: 0, "position": review.positions, "token": review.tokens, "start": review.starts}
         )
         texts = None if review.text is None else pl.DataFrame({KEY: [0], "text": [review.text]})
-        words = word_map(tokens, texts, mode, user_dict).collect().sort("position")
+        words = word_map(tokens, texts, mode, user_dict, review.continuation).collect().sort("position")
     _, first, word = np.unique(words["word"].to_numpy(), return_index=True, return_inverse=True)
     member = np.zeros((len(word), len(first)))  # (n, W): token i is in word j
     member[np.arange(len(word)), word] = 1
@@ -274,7 +275,11 @@ def review_from_text(
     attention, tokens = (pl.from_arrow(schema.cast(tables[t], t)).lazy() for t in ("cls_attention", "tokens"))
     rows = attention_rows(attention, tokens).collect()
     pred = int(np.argmax(probs[0]))
-    model = {"byte_level": clf.byte_level, "num_layers": clf.num_layers}
+    model = {
+        "byte_level": clf.byte_level,
+        "num_layers": clf.num_layers,
+        "continuation": clf.word_continuation or "##",
+    }
     about = {"pred_label": clf.labels[pred], "prob": float(probs[0, pred]), "text": text, **model}
     review = from_rows(rows, doc_id, clf.layers[0], **about)
     if pairs:
@@ -459,7 +464,9 @@ def review_for_plot(
     if unit == "word":
         stored = False
         if run_dir is not None:
-            words, user_dict, stored = run_words(read_manifest(run_dir), words, user_dict)
+            words, user_dict, stored, review.continuation = run_words(
+                read_manifest(run_dir), words, user_dict
+            )
         elif words in (None, "auto"):
             words = "jieba"  # for a text with Chinese characters; WordPiece's ## pieces for any other
         if words in (None, "none"):

@@ -322,3 +322,33 @@ def test_the_cli_answers_without_code(zh_run, tmp_path):
             assert list(sheet[1])[:6] == list(want.row(0))[:6]
     bad = CliRunner().invoke(app, ["aggregate", run, "--layer", "5"])
     assert bad.exit_code != 0 and "layer 5 is not in this run" in bad.output
+
+
+def test_wordpiece_words_follow_the_tokenizers_own_mark():
+    """A WordPiece tokenizer marks continued words with its own prefix (BERT's ``##``; another may use
+    ``@@``): extraction, and commands that make words again, read the mark the run recorded."""
+    from types import SimpleNamespace
+
+    from bertattn_batch.extract.tables import TableOptions
+    from bertattn_batch.extract.words import KEY, first_positions, word_map
+    from bertattn_batch.run import Manifest
+
+    tokens = pl.DataFrame(
+        {
+            KEY: [0] * 4,
+            "position": [1, 2, 3, 4],
+            "token": ["un", "@@believ", "@@able", "##x"],
+            "start": [0, 2, 8, 12],
+        }
+    )
+    words = first_positions(word_map(tokens, None, "wordpiece", continuation="@@")).collect().sort("position")
+    assert words["word"].to_list() == [1, 1, 1, 4]
+    assert words["word_text"].to_list() == ["unbelievable"] * 3 + ["##x"]
+    clf = SimpleNamespace(words="wordpiece", word_continuation="@@")
+    spec = JobSpec(inputs=["r.parquet"], model="m", out="o")
+    assert TableOptions.of(spec, clf).continuation == "@@"
+    manifest = Manifest(
+        spec={"words": "auto"}, fingerprint={"words": "wordpiece"},
+        model={"words": "wordpiece", "word_continuation": "@@"},
+    )  # fmt: skip
+    assert run_words(manifest) == ("wordpiece", None, True, "@@")
