@@ -12,7 +12,7 @@ import polars as pl
 
 from ..config import WORDS
 from ..errors import SpecError
-from ..extract.words import KEY, dictionary_sha256, word_rule
+from ..extract.words import CONTINUATION, KEY, dictionary_sha256, word_rule
 from ..run import Manifest
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ class Words(NamedTuple):
     rule: str | None
     user_dict: str | None = None
     stored: bool = False
-    continuation: str = "##"
+    continuation: str = CONTINUATION
 
 
 def check_words(words: str | None) -> None:
@@ -59,7 +59,7 @@ def run_words(manifest: Manifest, words: str | None = None, user_dict: str | Non
     if rule == "jieba" and not stored and spec.get("store_text") is False:
         log.warning("jieba words need the reviews' texts, which this run did not store: no word units")
         return Words(None)
-    return Words(rule, user_dict, stored, model.get("word_continuation") or "##")
+    return Words(rule, user_dict, stored, model.get("word_continuation") or CONTINUATION)
 
 
 def word_rows(rows: pl.LazyFrame, words: pl.LazyFrame) -> pl.LazyFrame:

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from .. import schema
 from ..model.encode import Encoded, id_limit
-from .words import KEY, segmenter, token_words, word_rule
+from .words import CONTINUATION, KEY, segmenter, token_words, word_rule
 
 if TYPE_CHECKING:
     from ..config import JobSpec
@@ -48,7 +48,7 @@ class TableOptions:
     store_text: bool = True
     words: str | None = None
     user_dict: str | None = None
-    continuation: str = "##"
+    continuation: str = CONTINUATION
 
     @classmethod
     def of(cls, spec: JobSpec, clf: Any) -> TableOptions:
@@ -59,7 +59,7 @@ class TableOptions:
         user_dict = spec.user_dict if words == "jieba" else None
         if user_dict is not None:
             segmenter(user_dict)
-        return cls(spec.store_text, words, user_dict, clf.word_continuation or "##")
+        return cls(spec.store_text, words, user_dict, clf.word_continuation or CONTINUATION)
 
 
 def vocab_array(tokenizer) -> pa.Array:

@@ -19,6 +19,8 @@ from ..errors import SpecError
 
 #: A review's number within a frame, the key its rows are reduced by.
 KEY = "review"
+#: WordPiece's mark of a piece that continues a word (BERT's), where a tokenizer has no mark of its own.
+CONTINUATION = "##"
 #: A Chinese character: a review that holds one is segmented by jieba under the rule ``jieba``.
 HAN = r"\p{Han}"
 
@@ -77,7 +79,7 @@ def jieba_words(tokens: pl.DataFrame, texts: pl.DataFrame, user_dict: str | None
     return tokens.select(KEY, "position", word=pl.Series(word), word_text=text.gather(word))
 
 
-def wordpiece_words(tokens: pl.LazyFrame | pl.DataFrame, continuation: str = "##") -> pl.LazyFrame:
+def wordpiece_words(tokens: pl.LazyFrame | pl.DataFrame, continuation: str = CONTINUATION) -> pl.LazyFrame:
     """Each token's word (``KEY``, position -> word, word_text): a word starts at every token that is not
     a continuation (a piece that starts with the tokenizer's ``continuation`` mark) of the token just
     before it; its text is its pieces joined."""
@@ -107,7 +109,7 @@ def word_map(
     texts: pl.DataFrame | None,
     mode: str,
     user_dict: str | None = None,
-    continuation: str = "##",
+    continuation: str = CONTINUATION,
 ) -> pl.LazyFrame:
     """Each token's word by rule ``mode`` (``tokens``: ``KEY``, position, token, start): ``jieba`` for the
     reviews whose text (``texts``: ``KEY``, text) holds a Chinese character, WordPiece (pieces marked by
@@ -131,7 +133,7 @@ def token_words(
     texts: list[str],
     mode: str,
     user_dict: str | None = None,
-    continuation: str = "##",
+    continuation: str = CONTINUATION,
 ) -> tuple[pa.Array, pa.Array]:
     """The ``word`` and ``word_text`` columns of a ``tokens`` table: for each of ``tokens``' rows (``KEY``:
     its review's index in ``texts``; position, token and start; in review and position order), the

@@ -24,7 +24,7 @@ from ..analysis.provenance import load_run_model
 from ..analysis.spelling import printable, readable
 from ..analysis.words import NO_WORDS, check_words, run_words
 from ..errors import InputError, RunDirError, SpecError
-from ..extract.words import KEY, word_map
+from ..extract.words import CONTINUATION, KEY, word_map
 from ..run import attention_rows, committed_files, layer_name, read_manifest, scan_parts, verify_pages
 from . import fonts
 from .figures import CMAP, drawing, heatmap, new_figure, png_bytes, spans, turn_long_labels
@@ -70,7 +70,7 @@ class ReviewAttention:
     word_starts: list[int] | None = None  # the run's words: the position of each token's word's first token
     word_texts: list[str] | None = None  # and that word's text
     words: str | None = None  # the rule that joined the tokens into words (:func:`by_words`), if any
-    continuation: str = "##"  # the tokenizer's mark of a piece that continues a word
+    continuation: str = CONTINUATION  # the tokenizer's mark of a piece that continues a word
 
     @property
     def num_heads(self) -> int:
@@ -278,7 +278,7 @@ def review_from_text(
     model = {
         "byte_level": clf.byte_level,
         "num_layers": clf.num_layers,
-        "continuation": clf.word_continuation or "##",
+        "continuation": clf.word_continuation or CONTINUATION,
     }
     about = {"pred_label": clf.labels[pred], "prob": float(probs[0, pred]), "text": text, **model}
     review = from_rows(rows, doc_id, clf.layers[0], **about)
