@@ -18,7 +18,7 @@ from .options import spec_options, spec_values
 CLI_ONLY_OPTIONS = ("overwrite", "incremental", "debug")
 #: The keys ``run`` can override on the command line.
 RUN_OVERRIDES = ("out", "limit", "device", "dtype", "engine", "workers", "ray_address", "value_zeroing",
-                 "contributions", "compile")  # fmt: skip
+                 "contributions", "compile", "progress")  # fmt: skip
 
 Overwrite = Annotated[bool, typer.Option(
     "--overwrite", help="Replace an existing run in --out.", rich_help_panel="Output")]  # fmt: skip

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import polars as pl
@@ -19,6 +20,7 @@ from typer.testing import CliRunner
 
 from bertattn_batch import schema
 from bertattn_batch.cli import app
+from bertattn_batch.cli.base import setup
 
 runner = CliRunner()
 
@@ -305,9 +307,9 @@ def test_run_job_file(tiny_en_dir, drug_sample, tmp_path):
     job = tmp_path / "job.toml"
     job.write_text(
         f'inputs = ["{drug_sample}"]\nmodel = "{tiny_en_dir}"\nout = "{tmp_path / "run"}"\n'
-        'id_col = "doc_id"\nlayers = [-1]\nprogress = false\n'
+        'id_col = "doc_id"\nlayers = [-1]\n'
     )
-    r = runner.invoke(app, ["run", str(job)])
+    r = runner.invoke(app, ["run", str(job), "--no-progress"])  # a scheduled run's override of the job
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "run" / "manifest.json").read_text())["model"]["layers"] == [2]
     job.write_text(job.read_text() + "batch_size = 3\n")
@@ -693,3 +695,13 @@ def test_every_help_shows_whole_at_80_columns():
         assert not cut, (name, cut)
     r = runner.invoke(app, ["extract", "--help"], env={"COLUMNS": "80"})
     assert "--unsafe-store-commits" in r.output and "--no-trust-remote-code" not in r.output
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_library_future_warnings_show_with_debug_only(debug):
+    """torch's compiler warns of its own coming changes as ALTI compiles: noise to the user of a command."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        setup(debug)
+        warnings.warn("this changes in the next release", FutureWarning, stacklevel=1)
+    assert len(seen) == (1 if debug else 0)
