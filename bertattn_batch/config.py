@@ -194,9 +194,11 @@ class JobSpec:
                                  panel="Output")
     words: str = option("auto", "How tokens join into words (extract stores each token's word in tokens; "
                         "aggregate, reviews, report and plot read them): jieba (Chinese word "
-                        "segmentation of the text), wordpiece (a token and its ## pieces), none, or auto: "
-                        "jieba where the tokenizer splits Chinese into characters, else wordpiece where it "
-                        "has ## pieces.", panel="Output", choices=WORDS)
+                        "segmentation of the text; other reviews as wordpiece), wordpiece (the tokenizer's "
+                        "pieces joined: a token and its ## pieces, or for byte-level BPE and SentencePiece "
+                        "the pieces that meet inside a word of the text), none, or auto: jieba where the "
+                        "tokenizer splits Chinese into characters, else wordpiece.", panel="Output",
+                        choices=WORDS)
     user_dict: str | None = option(None, "A jieba user dictionary: a word a line, optionally with its "
                                    "frequency and tag (extract reads it where it stages windows: with "
                                    "--engine ray, on every worker).", panel="Output")

@@ -34,7 +34,7 @@ from ..run import (
     status_now,
 )
 from .provenance import derived_meta, write_derived
-from .spelling import columns, printable, readable_map
+from .spelling import columns, printable, readable, readable_map
 from .words import KEY, NO_WORDS, SEGMENT, Words, check_words, run_words, word_rows
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class PartRows:
         if words.stored:
             each = self.tokens.select(KEY, "position", "word", "word_text").collect()
         else:
-            texts = self.reviews.select(KEY, "text") if words.rule == "jieba" else None
+            texts = self.reviews.select(KEY, "text") if words.need_texts else None
             each = first_positions(
                 word_map(self.tokens.collect(), texts, words.rule, words.user_dict, words.continuation)
             ).collect()
@@ -138,7 +138,7 @@ def review_rows(part: CommittedPart, extra: Sequence[str] = (), words: Words | N
     """One part's scored reviews (with their ``extra`` predictions columns) and attention rows, by ``KEY``;
     their tokens with their stored words where ``words`` reads them, and with the texts where it makes
     them again."""
-    if words is not None and words.rule == "jieba" and not words.stored and "text" not in extra:
+    if words is not None and words.need_texts and not words.stored and "text" not in extra:
         extra = (*extra, "text")
     reviews = (
         pl.scan_parquet(part.files["predictions"], glob=False)
@@ -167,7 +167,7 @@ def review_rows(part: CommittedPart, extra: Sequence[str] = (), words: Words | N
         )  # fmt: skip
         attn = pl.concat([attn, alti], how="vertical_relaxed")
     stored = ("word", "word_text") if words is not None and words.stored else ()
-    tokens = keyed("tokens", "position", "token_id", "token", "start", *stored)
+    tokens = keyed("tokens", "position", "token_id", "token", "start", "end", *stored)
     rows = (
         # a missing token: a null term
         attn.join(tokens.select(KEY, "position", term="token_id"), on=[KEY, "position"], how="left")
@@ -650,12 +650,30 @@ def top_reviews(
         if rule is not None and not rule.stored:  # only the reviews whose text holds it are segmented
             rows = rows.only(pl.col("text").str.to_lowercase().str.contains(term, literal=True))
         unit_rows, texts = rows.units(unit, rule)
-        hits = unit_rows.join(texts.filter(pl.col("token") == term), on="term")
+        hits = unit_rows.join(named(texts, term, unit, manifest.byte_level), on="term")
         best = hits.sort("weight", "position", descending=[True, False]).group_by(KEY).first()
         best = best.select(KEY, "layer", "head", "weight", "weight_scaled", "position")
         found.append(best.join(rows.reviews.lazy(), on=KEY))
     top = pl.concat(found).sort(["weight", "doc_id"], descending=[True, False]).head(n).collect()
     return top.with_row_index("rank", offset=1).select(COLUMNS)
+
+
+def named(texts: pl.LazyFrame, term: str, unit: str, byte_level: bool | None) -> pl.LazyFrame:
+    """The terms (term, token) that ``term`` names: a word in any case; a token as stored or as the
+    printouts spell it, where tokens spell bytes (RoBERTa's 'Ġgood' and 'good' both print 'good')."""
+    token = pl.col("token")
+    if unit == "word":
+        return texts.filter(token.str.to_lowercase() == term)
+    if byte_level is False:
+        return texts.filter(token == term)
+    spelled = texts.collect()
+    plain = term.replace("␣", " ").strip()
+    shown = readable(spelled["token"].to_list(), byte_level)
+    kept = [
+        t == term or s.replace("␣", " ").strip() == plain
+        for t, s in zip(spelled["token"], shown, strict=True)
+    ]
+    return spelled.filter(pl.Series(kept, dtype=pl.Boolean)).lazy()
 
 
 def format_reviews(
@@ -666,7 +684,8 @@ def format_reviews(
         return f"no scored review holds the {unit} {term!r} (spelled as the run's {unit}s are)"
     layer = top["layer"][0]
     where = f"head {top['head'][0]} of {layer_name(layer, num_layers)}"
-    lines = [f"the {top.height} reviews where {where} attends most to the {unit} {term!r}, by raw weight"]
+    reviews = "the review" if top.height == 1 else f"the {top.height} reviews"
+    lines = [f"{reviews} where {where} attends most to the {unit} {term!r}, by raw weight"]
     run = shlex.quote(display_path(run_dir))
     for r in top.iter_rows(named=True):
         prob = "" if r["pred_prob"] is None else f" ({r['pred_prob']:.3f})"

@@ -24,17 +24,24 @@ SEGMENT = (
     + pl.col("layer").cast(pl.Int64).fill_null(-1) * 2**16
     + pl.col("head").cast(pl.Int64).fill_null(-1)
 )
-NO_WORDS = "this run has no words (--words none, or a tokenizer without ## pieces or Chinese characters)"
+NO_WORDS = "this run has no words (--words none; --words wordpiece or jieba makes them from its tokens)"
 
 
 class Words(NamedTuple):
     """How a command makes a run's words: ``rule`` (None: no words), jieba's ``user_dict``, whether they
-    are the ones the run's ``tokens`` table holds (``stored``), and the tokenizer's ``continuation`` mark."""
+    are the ones the run's ``tokens`` table holds (``stored``), and the tokenizer's ``continuation`` mark
+    (None: it has none)."""
 
     rule: str | None
     user_dict: str | None = None
     stored: bool = False
-    continuation: str = CONTINUATION
+    continuation: str | None = CONTINUATION
+
+    @property
+    def need_texts(self) -> bool:
+        """Whether making them again reads the reviews' texts: jieba's, and pieces of a tokenizer with no
+        continuation mark (:func:`~bertattn_batch.extract.words.span_words`)."""
+        return self.rule == "jieba" or (self.rule is not None and self.continuation is None)
 
 
 def check_words(words: str | None) -> None:
@@ -50,16 +57,19 @@ def run_words(manifest: Manifest, words: str | None = None, user_dict: str | Non
     check_words(words)
     spec = manifest.spec
     model = manifest.model
-    rule = word_rule(words or spec.get("words"), model.get("words"), model.get("word_continuation"))
+    # a run recorded before the mark was: WordPiece's, the one tokenizer then given words
+    continuation = model.get("word_continuation", CONTINUATION)
+    rule = word_rule(words or spec.get("words"), model.get("words"), continuation)
     own = spec.get("user_dict") if rule == "jieba" else None
     user_dict = (user_dict or own) if rule == "jieba" else None
     recorded = manifest.fingerprint
     same_dictionary = user_dict == own or dictionary_sha256(user_dict) == recorded.get("user_dict_sha256")
     stored = rule is not None and recorded.get("words") == rule and same_dictionary
-    if rule == "jieba" and not stored and spec.get("store_text") is False:
-        log.warning("jieba words need the reviews' texts, which this run did not store: no word units")
+    words = Words(rule, user_dict, stored, continuation)
+    if words.need_texts and not stored and spec.get("store_text") is False:
+        log.warning("%s words need the reviews' texts, which this run did not store: no word units", rule)
         return Words(None)
-    return Words(rule, user_dict, stored, model.get("word_continuation") or CONTINUATION)
+    return words
 
 
 def word_rows(rows: pl.LazyFrame, words: pl.LazyFrame) -> pl.LazyFrame:

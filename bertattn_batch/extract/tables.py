@@ -43,12 +43,12 @@ class ScoredRow:
 class TableOptions:
     """What a run's tables hold besides the model's outputs: the reviews' texts, and each token's word
     by ``words`` (``jieba`` or ``wordpiece``; None: no words) with jieba's ``user_dict`` and the tokenizer's
-    ``continuation`` mark."""
+    ``continuation`` mark (None: it marks word starts instead)."""
 
     store_text: bool = True
     words: str | None = None
     user_dict: str | None = None
-    continuation: str = CONTINUATION
+    continuation: str | None = CONTINUATION
 
     @classmethod
     def of(cls, spec: JobSpec, clf: Any) -> TableOptions:
@@ -59,7 +59,7 @@ class TableOptions:
         user_dict = spec.user_dict if words == "jieba" else None
         if user_dict is not None:
             segmenter(user_dict)
-        return cls(spec.store_text, words, user_dict, clf.word_continuation or CONTINUATION)
+        return cls(spec.store_text, words, user_dict, clf.word_continuation)
 
 
 def vocab_array(tokenizer) -> pa.Array:

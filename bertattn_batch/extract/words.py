@@ -1,7 +1,9 @@
 """Words from a review's tokens: ``jieba`` segments the text (Chinese) and a token joins the word holding
-its first character; ``wordpiece`` joins a token and its ``##`` continuations. Extraction stores each
-token's word in the ``tokens`` table, so that the commands after it read words without segmenting again;
-they segment only under a rule or dictionary other than the run's."""
+its first character; ``wordpiece`` joins a tokenizer's pieces into its words: a piece and its ``##``
+continuations (WordPiece), or, for tokenizers that mark where words start instead (byte-level BPE's
+``Ġ``, SentencePiece's ``▁``), the pieces that meet inside a word of the text (:func:`span_words`).
+Extraction stores each token's word in the ``tokens`` table, so that the commands after it read words
+without segmenting again; they segment only under a rule or dictionary other than the run's."""
 
 from __future__ import annotations
 
@@ -23,17 +25,16 @@ KEY = "review"
 CONTINUATION = "##"
 #: A Chinese character: a review that holds one is segmented by jieba under the rule ``jieba``.
 HAN = r"\p{Han}"
+#: A character inside a word, where two pieces that meet there join (a Chinese character is a word alone).
+WORD_CHARACTER = r"^[\w--\p{Han}]$"
 
 
 def word_rule(choice: str | None, auto: str | None, continuation: str | None) -> str | None:
     """The rule a ``--words`` choice names (None for ``none``): ``auto`` is ``auto``'s finding for the
-    model, ``continuation`` its tokenizer's mark of a continued word (None: it marks none)."""
+    model (None in a run recorded before every tokenizer had words: WordPiece's where it has ``##``
+    pieces, ``continuation``, else none)."""
     if choice in (None, "auto"):
         choice = auto or ("wordpiece" if continuation else "none")
-    if choice == "wordpiece" and continuation is None:
-        raise SpecError(
-            "--words wordpiece: this run's tokenizer marks no '##' continuations; use jieba or none"
-        )
     return None if choice == "none" else choice
 
 
@@ -67,14 +68,18 @@ def segmenter(user_dict: str | None = None) -> Any:
 
 def jieba_words(tokens: pl.DataFrame, texts: pl.DataFrame, user_dict: str | None = None) -> pl.DataFrame:
     """Each token's word (``KEY``, position -> word, word_text): the jieba word of the review's text that
-    holds the token's first character; ids unique across the frame, texts lower-cased."""
+    holds the token's first character (a token of blank text, a byte-level ``Ġ``, the character after
+    it); ids unique across the frame, texts lower-cased."""
     cut = segmenter(user_dict).lcut
     chars = pl.col("text").str.len_chars()
     texts = texts.select(KEY, "text", base=chars.cum_sum() - chars)
     words = [w for text in texts["text"] for w in cut(text)]  # a review's words spell its whole text
     starts = np.cumsum([0, *map(len, words)])[:-1]  # on the reviews' texts laid end to end
-    tokens = tokens.join(texts.select(KEY, "base"), on=KEY).sort(KEY, "position")
-    word = np.searchsorted(starts, (tokens["base"] + tokens["start"]).to_numpy(), side="right") - 1
+    start, end, text = pl.col("start"), pl.col("end"), pl.col("text")
+    blank = (text.str.slice(start, end - start).str.strip_chars() == "") & (end < chars)
+    at = pl.col("base") + pl.when(blank).then(end).otherwise(start)
+    tokens = tokens.join(texts, on=KEY).sort(KEY, "position").with_columns(at=at)
+    word = np.searchsorted(starts, tokens["at"].to_numpy(), side="right") - 1
     text = pl.Series(words, dtype=pl.String).str.to_lowercase()
     return tokens.select(KEY, "position", word=pl.Series(word), word_text=text.gather(word))
 
@@ -104,28 +109,60 @@ def wordpiece_words(tokens: pl.LazyFrame | pl.DataFrame, continuation: str = CON
     return pieces.join(joined, on="word", how="left").select(KEY, "position", "word", word_text=text)
 
 
+def span_words(tokens: pl.DataFrame, texts: pl.DataFrame) -> pl.LazyFrame:
+    """Each token's word (``KEY``, position -> word, word_text) for a tokenizer that marks no continued
+    piece: a token continues the word before it where their spans overlap (bytes of one character),
+    where the token before spans no text (a lone ``Ġ`` or ``▁``), or where they meet between two word
+    characters (:data:`WORD_CHARACTER`); the word's text is the review's over its tokens, stripped and
+    lower-cased."""
+    start, end, text, position = pl.col("start"), pl.col("end"), pl.col("text"), pl.col("position")
+    blank = text.str.slice(start, end - start).str.strip_chars() == ""
+    inside = [text.str.slice(at, 1).str.contains(WORD_CHARACTER) for at in ((start - 1).clip(0), start)]
+    before_end = end.shift(1).over(KEY)
+    continues = (position == position.shift(1).over(KEY) + 1) & (
+        (start < before_end) | blank.shift(1).over(KEY) | ((start == before_end) & inside[0] & inside[1])
+    )
+    pieces = (
+        tokens.lazy()
+        .select(KEY, "position", "start", "end")
+        .join(texts.lazy().select(KEY, "text"), on=KEY)
+        .sort([KEY, "position"])
+        .with_columns(word=(~continues.fill_null(False)).cast(pl.Int64).cum_sum())
+    )
+    first, last = start.min().over("word"), end.max().over("word")
+    spelled = text.str.slice(first, last - first).str.strip_chars().str.to_lowercase()
+    return pieces.select(KEY, "position", "word", word_text=spelled)
+
+
 def word_map(
     tokens: pl.DataFrame,
     texts: pl.DataFrame | None,
     mode: str,
     user_dict: str | None = None,
-    continuation: str = CONTINUATION,
+    continuation: str | None = CONTINUATION,
 ) -> pl.LazyFrame:
-    """Each token's word by rule ``mode`` (``tokens``: ``KEY``, position, token, start): ``jieba`` for the
-    reviews whose text (``texts``: ``KEY``, text) holds a Chinese character, WordPiece (pieces marked by
-    ``continuation``) for the others."""
-    if mode != "jieba":
+    """Each token's word by rule ``mode`` (``tokens``: ``KEY``, position, token, start, end): ``jieba`` for
+    the reviews whose text (``texts``: ``KEY``, text) holds a Chinese character, the tokenizer's pieces
+    for the others: WordPiece's, marked by ``continuation``, or where it marks none, :func:`span_words`
+    (which reads the texts too)."""
+    if (mode == "jieba" or continuation is None) and texts is None:
+        raise SpecError(f"{mode} words of this tokenizer need the reviews' texts")
+
+    def pieces(tokens: pl.DataFrame) -> pl.LazyFrame:
+        if continuation is None:
+            return span_words(tokens, texts)
         return wordpiece_words(tokens, continuation)
-    if texts is None:
-        raise SpecError("jieba words need the reviews' texts")
+
+    if mode != "jieba":
+        return pieces(tokens)
     chinese = texts.filter(pl.col("text").str.contains(HAN))
     if chinese.is_empty():  # no dictionary to load
-        return wordpiece_words(tokens, continuation)
+        return pieces(tokens)
     ours = pl.col(KEY).is_in(chinese[KEY].implode())
     segmented = jieba_words(tokens.filter(ours), chinese, user_dict)
     after = segmented["word"].max() + 1 if segmented.height else 0  # word ids stay unique
-    pieces = wordpiece_words(tokens.filter(~ours), continuation).with_columns(pl.col("word") + after)
-    return pl.concat([segmented.lazy(), pieces])
+    rest = pieces(tokens.filter(~ours)).with_columns(pl.col("word") + after)
+    return pl.concat([segmented.lazy(), rest])
 
 
 def token_words(
@@ -133,14 +170,14 @@ def token_words(
     texts: list[str],
     mode: str,
     user_dict: str | None = None,
-    continuation: str = CONTINUATION,
+    continuation: str | None = CONTINUATION,
 ) -> tuple[pa.Array, pa.Array]:
     """The ``word`` and ``word_text`` columns of a ``tokens`` table: for each of ``tokens``' rows (``KEY``:
-    its review's index in ``texts``; position, token and start; in review and position order), the
+    its review's index in ``texts``; position, token, start and end; in review and position order), the
     position of its word's first token and the word's text, as :func:`word_map` makes them."""
-    frame = pl.DataFrame({c: pl.Series(tokens[c]) for c in (KEY, "position", "token", "start")})
+    frame = pl.DataFrame({c: pl.Series(tokens[c]) for c in (KEY, "position", "token", "start", "end")})
     text = pl.DataFrame({KEY: np.arange(len(texts)), "text": pl.Series(texts, dtype=pl.String)})
-    words = first_positions(word_map(frame, text if mode == "jieba" else None, mode, user_dict, continuation))
+    words = first_positions(word_map(frame, text, mode, user_dict, continuation))
     words = words.collect().sort(KEY, "position")
     return words["word"].cast(pl.Int32).to_arrow(), words["word_text"].to_arrow()
 

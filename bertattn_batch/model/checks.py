@@ -195,7 +195,7 @@ def label_names(config, source: str) -> dict[int, str]:
     problem = getattr(config, "problem_type", None)
     kind = None
     if problem == "regression" or (problem is None and config.num_labels < 2):
-        kind = f"a regression model ({config.num_labels} outputs)"
+        kind = f"a regression model ({config.num_labels} output{'s' if config.num_labels != 1 else ''})"
     elif problem == "multi_label_classification":
         kind = "a multi-label classifier (independent sigmoids)"
     if kind:  # probs would lie

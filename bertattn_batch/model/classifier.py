@@ -140,14 +140,14 @@ class Classifier:
         return model.continuing_subword_prefix if type(model).__name__ == "WordPiece" else None
 
     @property
-    def words(self) -> str | None:
-        """How ``auto`` words are made: ``jieba`` where Chinese splits into characters, ``wordpiece`` where
-        ``##`` marks continuations, else None."""
+    def words(self) -> str:
+        """How ``auto`` words are made: ``jieba`` where Chinese splits into characters, else ``wordpiece``
+        (the tokenizer's own pieces joined)."""
         sample = "我们喜欢中文"
         spans = self.tokenizer(sample, add_special_tokens=False, return_offsets_mapping=True).offset_mapping
         if [e - s for s, e in spans] == [1] * len(sample):
             return "jieba"
-        return "wordpiece" if self.word_continuation else None
+        return "wordpiece"
 
     @property
     def contributions(self) -> str | None:

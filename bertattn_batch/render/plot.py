@@ -67,10 +67,11 @@ class ReviewAttention:
     byte_level: bool | None = None  # whether the tokens spell bytes; None: told from the tokens
     num_layers: int | None = None  # the model's, to name the layer from the end too
     starts: list[int] | None = None  # each token's first character in ``text``
+    ends: list[int] | None = None  # and the character after its last
     word_starts: list[int] | None = None  # the run's words: the position of each token's word's first token
     word_texts: list[str] | None = None  # and that word's text
     words: str | None = None  # the rule that joined the tokens into words (:func:`by_words`), if any
-    continuation: str = CONTINUATION  # the tokenizer's mark of a piece that continues a word
+    continuation: str | None = CONTINUATION  # the tokenizer's mark of a continued piece (None: it has none)
 
     @property
     def num_heads(self) -> int:
@@ -104,7 +105,7 @@ def _at(review: ReviewAttention, idx: Sequence[int], **changes: Any) -> ReviewAt
     def at(values: list[Any] | None) -> list[Any] | None:
         return None if values is None else [values[i] for i in idx]
 
-    names = ("tokens", "token_ids", "positions", "starts", "word_starts", "word_texts")
+    names = ("tokens", "token_ids", "positions", "starts", "ends", "word_starts", "word_texts")
     kept = {k: at(getattr(review, k)) for k in names}
     weights = {"weight": review.weight[:, idx], "scaled": review.scaled[:, idx]}
     return dataclasses.replace(review, **kept | weights | changes)
@@ -134,11 +135,10 @@ def by_words(
     if stored and review.word_starts is not None:
         words = pl.DataFrame({"word": review.word_starts, "word_text": review.word_texts})
     else:
-        if review.starts is None:
+        if review.starts is None or review.ends is None:
             raise SpecError("--unit word needs the tokens' spans, which this review lacks")
-        tokens = pl.DataFrame(
-            {KEY: 0, "position": review.positions, "token": review.tokens, "start": review.starts}
-        )
+        spans = {"start": review.starts, "end": review.ends}
+        tokens = pl.DataFrame({KEY: 0, "position": review.positions, "token": review.tokens, **spans})
         texts = None if review.text is None else pl.DataFrame({KEY: [0], "text": [review.text]})
         words = word_map(tokens, texts, mode, user_dict, review.continuation).collect().sort("position")
     _, first, word = np.unique(words["word"].to_numpy(), return_index=True, return_inverse=True)
@@ -177,6 +177,7 @@ def from_rows(rows: pl.DataFrame, doc_id: str, layer: int, **about: Any) -> Revi
         token_ids=first["token_id"].to_list(),
         positions=first["position"].to_list(),
         starts=first["start"].to_list() if "start" in first.columns else None,
+        ends=first["end"].to_list() if "end" in first.columns else None,
         word_starts=first["word"].to_list() if stored else None,
         word_texts=first["word_text"].to_list() if stored else None,
         weight=rows["weight"].to_numpy().reshape(heads, n),  # (H, n)
@@ -278,7 +279,7 @@ def review_from_text(
     model = {
         "byte_level": clf.byte_level,
         "num_layers": clf.num_layers,
-        "continuation": clf.word_continuation or CONTINUATION,
+        "continuation": clf.word_continuation,
     }
     about = {"pred_label": clf.labels[pred], "prob": float(probs[0, pred]), "text": text, **model}
     review = from_rows(rows, doc_id, clf.layers[0], **about)

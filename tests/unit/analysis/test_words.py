@@ -352,3 +352,20 @@ def test_wordpiece_words_follow_the_tokenizers_own_mark():
         model={"words": "wordpiece", "word_continuation": "@@"},
     )  # fmt: skip
     assert run_words(manifest) == ("wordpiece", None, True, "@@")
+
+
+def test_reviews_finds_a_term_as_the_printouts_spell_it():
+    """`reviews --token` takes a byte-level token as aggregate prints it ('Ġa' and 'a' both print 'a',
+    or '␣a' where they meet), or as stored; a word in any case (a cased WordPiece word keeps its case)."""
+    from bertattn_batch.analysis.aggregate import named
+
+    texts = pl.LazyFrame({"term": [0, 1, 2, 3], "token": ["Ġa", "a", "Ġgood", "ab"]})
+
+    def found(term: str, unit: str = "token", byte_level: bool | None = True) -> list[str]:
+        return sorted(named(texts, term, unit, byte_level).collect()["token"])
+
+    assert found("a") == found("␣a") == ["a", "Ġa"]
+    assert found("Ġa") == ["Ġa"] and found("good") == ["Ġgood"]
+    assert found("a", byte_level=False) == ["a"] and found("good", byte_level=False) == []
+    words = pl.LazyFrame({"term": [0, 1], "token": ["Good", "goods"]})
+    assert named(words, "good", "word", False).collect()["token"].to_list() == ["Good"]
