@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import time
@@ -18,7 +19,7 @@ from typing import Any
 import polars as pl
 import pyarrow.parquet as pq
 
-from .. import schema
+from .. import schema, storage
 from .._files import atomic_path, claim_dir, remove_stale, writing
 from ..errors import RunDirError, SpecError, WriteError
 from ..extract.words import first_positions, word_map
@@ -488,11 +489,17 @@ def significant(value: float | None) -> float | None:
     return None if value is None else float(f"{value:.{SIGNIFICANT}g}")
 
 
-def export_path(path: str | Path, suffixes: Sequence[str] = EXPORTS) -> Path:
-    """``path`` checked to name a file :func:`export` (or another writer of ``suffixes``) writes."""
+def export_path(
+    path: str | Path, suffixes: Sequence[str] = EXPORTS, run_dir: str | Path | None = None
+) -> Path:
+    """``path`` checked to name a file :func:`export` (or another writer of ``suffixes``) writes, and not
+    one inside the folders of ``run_dir``, where it would replace a part or a derived table."""
     path = Path(path)
     if path.suffix.lower() not in suffixes:
         raise SpecError(f"--out must end in {', '.join(suffixes)}; got {path.name!r}")
+    run = None if run_dir is None or storage.is_remote(str(run_dir)) else Path(run_dir).resolve()
+    if run is not None and path.resolve().parent.is_relative_to(run) and path.resolve().parent != run:
+        raise SpecError(f"--out {path} is inside a folder of the run {run_dir}; write it elsewhere")
     return path
 
 
@@ -676,6 +683,11 @@ def named(texts: pl.LazyFrame, term: str, unit: str, byte_level: bool | None) ->
     return spelled.filter(pl.Series(kept, dtype=pl.Boolean)).lazy()
 
 
+def file_name(doc_id: str) -> str:
+    """A review's id made a plain file name in the current folder: '../x' and 'a/b' name no other."""
+    return re.sub(r"[^\w.-]+", "_", doc_id).lstrip(".")[:100] or "review"
+
+
 def format_reviews(
     top: pl.DataFrame, run_dir: str | Path, term: str, unit: str, num_layers: int | None
 ) -> str:
@@ -696,6 +708,6 @@ def format_reviews(
             f"predicted {printable(r['pred_label'] or '', 40)}{prob}{label}",
             f"     {printable(r['text'], TEXT_CHARS) if r['text'] is not None else '(text not stored)'}",
             f"     bertattn plot {run} --doc-id {shlex.quote(r['doc_id'])} --layer {layer} --unit {unit} "
-            f"--out {shlex.quote(r['doc_id'])}.png",
+            f"--out {shlex.quote(file_name(r['doc_id']))}.png",
         ]
     return "\n".join(lines)

@@ -98,7 +98,7 @@ def aggregate(
         by = "pred_label" if rank_by in agg.CONTRASTS else "all"
     call(lambda: agg.check_top_options(top_k, unit, by, rank_by))
     if out is not None:
-        call(lambda: agg.export_path(out))  # before the work
+        call(lambda: agg.export_path(out, run_dir=run_dir))  # before the work
     if layer is not None or head is not None or unit == "word":  # checked before the work, from one read
         manifest = call(lambda: read_manifest(run_dir))
     if unit == "word":
@@ -151,7 +151,7 @@ def reviews(
         if (token is None) == (word is None):
             raise SpecError("give one of --token and --word")
         if out is not None:
-            export_path(out)  # before the work
+            export_path(out, run_dir=run_dir)  # before the work
         unit, term = ("token", token) if word is None else ("word", word)
         found = top_reviews(run_dir, term, head, layer, unit, top, **words)
         shown = format_reviews(found, run_dir, term, unit, read_manifest(run_dir).num_layers)

@@ -35,7 +35,10 @@ def expand_inputs(spec: InputSpec) -> list[Source]:
         src = Source(path, fmt, name, spec.encoding, spec.delimiter)
         key: object = path
         if not storage.is_remote(path):
-            st = Path(path).stat()
+            try:
+                st = Path(path).stat()
+            except OSError as e:  # a link in a folder that points nowhere, a file gone since it was listed
+                raise InputError(f"input {src.label} cannot be read: {e.strerror}") from None
             key = (st.st_dev, st.st_ino) if st.st_ino else Path(path).resolve()
         if key not in first:
             first[key] = src.label

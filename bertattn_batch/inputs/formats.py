@@ -198,6 +198,7 @@ def read_csv(src: Source, wanted: list[str], block_rows: int) -> Iterator[Row]:
     convert = pcsv.ConvertOptions(
         include_columns=wanted,
         column_types=dict.fromkeys(wanted, pa.binary()),
+        null_values=[""],  # an empty cell alone: "NA", "null" or "NaN" is a review's text or id
         strings_can_be_null=True,
         quoted_strings_can_be_null=False,
     )

@@ -241,10 +241,11 @@ def check_loaded_weights(model, info: dict[str, Any], source: str, for_training:
     prefix = f"{model.base_model_prefix}."
     missing = sorted(info.get("missing_keys", []))
     mismatched = sorted(info.get("mismatched_keys", []))  # (name, saved shape, shape the config makes)
+    head = [k for k in missing if "classifier" in k or "score" in k]
     if for_training:  # a head of another size is replaced, and trained
         missing = [k for k in missing if k.startswith(prefix) and ".pooler." not in k]
         mismatched = [m for m in mismatched if m[0].startswith(prefix)]
-    elif missing and all("classifier" in k or "score" in k for k in missing):
+    elif head and all(k in head or ".pooler." in k for k in missing):  # a masked LM's lacks its pooler too
         raise ModelError(
             f"{source} has no trained classification head (missing {', '.join(missing)}); "
             "fine-tune it first: bertattn finetune"

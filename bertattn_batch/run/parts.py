@@ -191,8 +191,11 @@ def check_part(
             if not storage.is_file(path):
                 problem = "is committed in the manifest but missing"
             raise RunDirError(f"{run_dir}: {name} {problem}; {DAMAGED}") from None
-        span = _row_index_range(meta) if table == "predictions" and meta.num_rows else None
-        if meta.num_rows != part.rows[table]:
+        ordered = table == "predictions" and meta.num_rows
+        span = _row_index_range(meta) if ordered and "row_index" in meta.schema.names else None
+        if ordered and "row_index" not in meta.schema.names:
+            problem = "has no row_index column"
+        elif meta.num_rows != part.rows[table]:
             problem = f"holds {meta.num_rows} rows where its commit recorded {part.rows[table]}"
         elif span and (span[0] < part.start_row or span[1] >= part.end_row):
             problem = (

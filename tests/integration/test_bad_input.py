@@ -397,18 +397,22 @@ def test_file_level_problems_are_one_line_errors(setup, message, tiny_en_dir, tm
         assert not (tmp_path / "out").is_dir()
 
 
-def _bert_without_head(minilm_dir: Path, dest: Path) -> Path:
-    from transformers import AutoModel, AutoTokenizer
+def _bert_without_head(minilm_dir: Path, dest: Path, masked_lm: bool = False) -> Path:
+    from transformers import AutoConfig, AutoModel, AutoTokenizer, BertForMaskedLM
 
-    AutoModel.from_pretrained(minilm_dir).save_pretrained(dest)
+    if masked_lm:  # a pretraining checkpoint: no pooler, a language-model head
+        BertForMaskedLM(AutoConfig.from_pretrained(minilm_dir)).save_pretrained(dest)
+    else:
+        AutoModel.from_pretrained(minilm_dir).save_pretrained(dest)
     AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(dest)
     return dest
 
 
-def test_model_without_classification_head(minilm_dir, tmp_path):
+@pytest.mark.parametrize("masked_lm", [False, True])
+def test_model_without_classification_head(minilm_dir, tmp_path, masked_lm):
     src = tmp_path / "in.txt"
     src.write_text("hello\n")
-    model = _bert_without_head(minilm_dir, tmp_path / "bare")
+    model = _bert_without_head(minilm_dir, tmp_path / "bare", masked_lm)
     r = _extract(src, model, tmp_path / "out")
     assert r.exit_code == 1 and "no trained classification head" in r.output
     assert len(r.output.strip().splitlines()) == 1

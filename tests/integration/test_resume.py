@@ -748,6 +748,10 @@ def test_resume_refuses_committed_parts_that_are_not_whole(corpus, tiny_en_dir, 
         "predictions/part-000000000010.parquet holds input rows 0..9, outside its part's 10..19"
         in damaged("swapped", swapped("predictions"))
     )
+    foreign = lambda out: shutil.copyfile(  # noqa: E731  (another table's file in its place)
+        out / "head_summary" / "part-000000000010.parquet", out / "predictions" / "part-000000000010.parquet"
+    )
+    assert "predictions/part-000000000010.parquet has no row_index column" in damaged("foreign", foreign)
     swapped_rows = damaged("swapped-attention", swapped("cls_attention"))
     assert re.search(
         r"cls_attention/part-000000000010.parquet holds \d+ rows where its commit recorded", swapped_rows

@@ -322,6 +322,21 @@ def test_the_cli_answers_without_code(zh_run, tmp_path):
             assert list(sheet[1])[:6] == list(want.row(0))[:6]
     bad = CliRunner().invoke(app, ["aggregate", run, "--layer", "5"])
     assert bad.exit_code != 0 and "layer 5 is not in this run" in bad.output
+    part = next((zh_run / "predictions").glob("*.parquet"))
+    before = part.read_bytes()
+    for command in (["aggregate", run], ["reviews", run, "--head", "1", "--token", "差"]):
+        bad = CliRunner().invoke(app, [*command, "--out", str(part)])  # a part of the run it reads
+        assert bad.exit_code == 1 and "inside a folder of the run" in bad.output, bad.output
+    assert part.read_bytes() == before
+
+
+def test_a_suggested_plot_writes_into_the_current_folder_alone():
+    from bertattn_batch.analysis.aggregate import file_name
+
+    for doc_id in ("../../etc", "a/b\nc", ".hidden", "/", "评论-1.x"):
+        name = file_name(doc_id)
+        assert name and "/" not in name and "\n" not in name and not name.startswith("."), name
+    assert file_name("评论-1.x") == "评论-1.x"
 
 
 def test_wordpiece_words_follow_the_tokenizers_own_mark():

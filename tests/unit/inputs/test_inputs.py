@@ -618,6 +618,23 @@ def test_links_and_fifos_among_the_inputs(tmp_path, caplog):
     assert "pipe.csv, which is not a regular file" in caplog.text
     with pytest.raises(InputError, match="matches no review files"):
         inputs.expand_inputs(InputSpec([str(tmp_path / "[pe]*.csv")]))
+    (data / "real" / "gone.csv").symlink_to(tmp_path / "nowhere.csv")  # a link in a folder, to nothing
+    with pytest.raises(InputError, match=r"gone.csv cannot be read: No such file"):
+        inputs.expand_inputs(InputSpec([str(data)]))
+
+
+@pytest.mark.parametrize("sep", [",", "\t"])
+def test_only_an_empty_cell_is_missing_in_csv(tmp_path, sep):
+    """Words that other tools take for missing values ("NA", "null", "NaN", "#N/A") are reviews and ids."""
+    words = ["NA", "null", "NaN", "#N/A", "N/A", "nan"]
+    sep = sep.encode().decode("unicode_escape")
+    path = tmp_path / ("r.csv" if sep == "," else "r.tsv")
+    path.write_text(
+        f"id{sep}text\n" + "".join(f"{w}{sep}{w}\n" for w in words) + f"x{sep}\n", encoding="utf-8"
+    )
+    rows = _rows(path, "csv" if sep == "," else "tsv")
+    assert [(d, t, s) for _, d, t, s in rows[:-1]] == [(w, w, "ok") for w in words]
+    assert rows[-1][3] == "null_text"
 
 
 def _array_rows(tmp_path, objects: list, **dump) -> list[tuple]:
