@@ -22,7 +22,7 @@ from ..errors import RunDirError, StorageError, WriteError, first_line
 from ..schema import OPTIONAL_TABLES
 from ..storage import is_remote
 from .lease import LeaseGuard
-from .manifest import ALL_TABLES, TABLES, PartEntry, part_name, read_manifest, tmp_name
+from .manifest import ALL_TABLES, TABLES, PartEntry, part_name, read_manifest, row_range_problems, tmp_name
 
 #: Rows in a row group at most: one to a few a part (DuckDB and Spark parallelise over part files).
 ROW_GROUP_ROWS = 1 << 20
@@ -229,10 +229,14 @@ class CommittedPart:
 def committed_files(
     run_dir: str | Path, tables: tuple[str, ...] | list[str] = TABLES, verify: bool = False
 ) -> list[CommittedPart]:
-    """The checked files of ``tables`` of each committed part (``verify``: every page's checksum too)."""
+    """The checked files of ``tables`` of each committed part (``verify``: every page's checksum too); a
+    RunDirError where the parts leave input rows out (a manifest edited or restored)."""
     run_dir = storage.normalize(run_dir)
+    parts = read_manifest(run_dir).parts
+    for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in parts):
+        raise RunDirError(f"{run_dir}: {problem} (was the manifest edited or restored?); {DAMAGED}")
     out = []
-    for part in sorted(read_manifest(run_dir).parts, key=lambda p: p.name):
+    for part in sorted(parts, key=lambda p: p.name):
         files = check_part(run_dir, part, tables)
         for f in files.values() if verify else ():
             verify_pages(run_dir, f)

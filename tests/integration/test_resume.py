@@ -738,6 +738,9 @@ def test_resume_refuses_committed_parts_that_are_not_whole(corpus, tiny_en_dir, 
         "gone", lambda out: shutil.rmtree(out / "cls_attention")
     )
     assert "rows 20..29 are in no committed part" in damaged("gap", drop_entry)
+    for command in ("aggregate", "report"):  # the readers of a run say so too, not read the rest alone
+        r = runner.invoke(app, [command, str(tmp_path / "gap")])
+        assert r.exit_code == 1 and "rows 20..29 are in no committed part" in r.output, r.output
 
     def swapped(table: str):  # a restore from the wrong copy: sound files, another part's reviews
         return lambda out: shutil.copyfile(
