@@ -498,7 +498,8 @@ def export_path(
     if path.suffix.lower() not in suffixes:
         raise SpecError(f"--out must end in {', '.join(suffixes)}; got {path.name!r}")
     run = None if run_dir is None or storage.is_remote(str(run_dir)) else Path(run_dir).resolve()
-    if run is not None and path.resolve().parent.is_relative_to(run) and path.resolve().parent != run:
+    folder = path.absolute().parent.resolve()  # a link at --out itself is replaced, not written through
+    if run is not None and folder.is_relative_to(run) and folder != run:
         raise SpecError(f"--out {path} is inside a folder of the run {run_dir}; write it elsewhere")
     return path
 
@@ -585,7 +586,7 @@ def format_top(
             f"{measure} compares a {split} with the others, and every scored review has {split} {classes}: "
             "nothing to contrast; rank by another measure (--rank-by mean_scaled)"
         )
-    shown = readable_map(top["token"].to_list(), byte_level)
+    shown = readable_map(top["token"].to_list(), byte_level and unit == "token")  # words are text
     values = top.select("token", measure).rows()
     said = [f"{shown[t]} {f'{v:.3f}' if isinstance(v, float) else v}" for t, v in values]
     cells = top.with_columns(cell=pl.Series(said, dtype=pl.String))

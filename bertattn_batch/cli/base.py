@@ -59,8 +59,8 @@ def setup(debug: bool, loads_model: bool = False) -> None:
         hf_logging.disable_progress_bar()
     # the hub client's warnings go through our handler only, so each prints once
     logging.getLogger("huggingface_hub").handlers.clear()
-    if not debug:  # a library's notice of its own coming changes (torch's compiler's) is not the user's
-        warnings.filterwarnings("ignore", category=FutureWarning)
+    if not debug:  # torch's notice of its own coming changes (its compiler's, as ALTI compiles)
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.")
 
 
 def call(fn: Callable[[], T], interrupted: str = INTERRUPTED, completes: bool = False) -> T:

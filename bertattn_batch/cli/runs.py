@@ -125,7 +125,8 @@ def aggregate(
 def reviews(
     run_dir: RunDir,
     head: Annotated[int, typer.Option(help="The head (0-based).")],
-    token: Annotated[str | None, typer.Option(help="The token, as the run's tokens spell it or as aggregate prints it.")] = None,
+    token: Annotated[str | None, typer.Option(
+        help="The token, as the run's tokens spell it or as aggregate prints it.")] = None,
     word: Annotated[str | None, typer.Option(help="The word (instead of --token).")] = None,
     layer: FirstLayer = None,
     top: Annotated[int, typer.Option(help="Reviews to show.")] = 10,

@@ -66,19 +66,40 @@ def segmenter(user_dict: str | None = None) -> Any:
     return tokenizer
 
 
+def spanned(tokens: pl.DataFrame | pl.LazyFrame, texts: pl.DataFrame) -> pl.LazyFrame:
+    """``tokens`` (``KEY``, position, start, end) in order, each with its review's ``text`` cut after the
+    last token's span (a long text is not copied whole to every token), whether its span is ``blank`` (a
+    byte-level ``Ġ`` or ``Ċ``, a SentencePiece ``▁``), whether it is ``trailing``, blank and followed by
+    blank tokens alone, and ``text_end``: where the last token not blank up to it ends."""
+    start, end, text = pl.col("start"), pl.col("end"), pl.col("text")
+    tokens = tokens.lazy().select(KEY, "position", "start", "end")
+    covered = tokens.group_by(KEY).agg(stop=end.max())
+    texts = texts.lazy().join(covered, on=KEY).select(KEY, text=text.str.slice(0, pl.col("stop")))
+    return (
+        tokens.join(texts, on=KEY)
+        .sort([KEY, "position"])
+        .with_columns(blank=text.str.slice(start, end - start).str.strip_chars() == "")
+        .with_columns(
+            trailing=(~pl.col("blank")).cum_sum(reverse=True).over(KEY) == 0,
+            text_end=pl.when(~pl.col("blank")).then(end).forward_fill().over(KEY),
+        )
+    )
+
+
 def jieba_words(tokens: pl.DataFrame, texts: pl.DataFrame, user_dict: str | None = None) -> pl.DataFrame:
     """Each token's word (``KEY``, position -> word, word_text): the jieba word of the review's text that
-    holds the token's first character (a token of blank text, a byte-level ``Ġ``, the character after
-    it); ids unique across the frame, texts lower-cased."""
+    holds the token's first character (a token of blank text: the character after it, or at the review's
+    end the last one before it); ids unique across the frame, texts lower-cased."""
     cut = segmenter(user_dict).lcut
     chars = pl.col("text").str.len_chars()
     texts = texts.select(KEY, "text", base=chars.cum_sum() - chars)
     words = [w for text in texts["text"] for w in cut(text)]  # a review's words spell its whole text
     starts = np.cumsum([0, *map(len, words)])[:-1]  # on the reviews' texts laid end to end
-    start, end, text = pl.col("start"), pl.col("end"), pl.col("text")
-    blank = (text.str.slice(start, end - start).str.strip_chars() == "") & (end < chars)
-    at = pl.col("base") + pl.when(blank).then(end).otherwise(start)
-    tokens = tokens.join(texts, on=KEY).sort(KEY, "position").with_columns(at=at)
+    blank, text_end = pl.col("blank"), pl.col("text_end")
+    at = pl.when(blank & ~pl.col("trailing")).then("end").when(blank & text_end.is_not_null())
+    at = at.then(text_end - 1).otherwise("start")
+    tokens = spanned(tokens, texts).join(texts.lazy().select(KEY, "base"), on=KEY)
+    tokens = tokens.select(KEY, "position", at=pl.col("base") + at).collect()
     word = np.searchsorted(starts, tokens["at"].to_numpy(), side="right") - 1
     text = pl.Series(words, dtype=pl.String).str.to_lowercase()
     return tokens.select(KEY, "position", word=pl.Series(word), word_text=text.gather(word))
@@ -112,23 +133,16 @@ def wordpiece_words(tokens: pl.LazyFrame | pl.DataFrame, continuation: str = CON
 def span_words(tokens: pl.DataFrame, texts: pl.DataFrame) -> pl.LazyFrame:
     """Each token's word (``KEY``, position -> word, word_text) for a tokenizer that marks no continued
     piece: a token continues the word before it where their spans overlap (bytes of one character),
-    where the token before spans no text (a lone ``Ġ`` or ``▁``), or where they meet between two word
-    characters (:data:`WORD_CHARACTER`); the word's text is the review's over its tokens, stripped and
-    lower-cased."""
+    where the token before spans no text (a lone ``Ġ`` or ``▁``) or this one does at the review's end,
+    or where they meet between two word characters (:data:`WORD_CHARACTER`); the word's text is the
+    review's over its tokens, stripped and lower-cased."""
     start, end, text, position = pl.col("start"), pl.col("end"), pl.col("text"), pl.col("position")
-    blank = text.str.slice(start, end - start).str.strip_chars() == ""
     inside = [text.str.slice(at, 1).str.contains(WORD_CHARACTER) for at in ((start - 1).clip(0), start)]
     before_end = end.shift(1).over(KEY)
-    continues = (position == position.shift(1).over(KEY) + 1) & (
-        (start < before_end) | blank.shift(1).over(KEY) | ((start == before_end) & inside[0] & inside[1])
-    )
-    pieces = (
-        tokens.lazy()
-        .select(KEY, "position", "start", "end")
-        .join(texts.lazy().select(KEY, "text"), on=KEY)
-        .sort([KEY, "position"])
-        .with_columns(word=(~continues.fill_null(False)).cast(pl.Int64).cum_sum())
-    )
+    meets = (start < before_end) | ((start == before_end) & inside[0] & inside[1])
+    joins = meets | pl.col("blank").shift(1).over(KEY) | pl.col("trailing")
+    continues = (position == position.shift(1).over(KEY) + 1) & joins
+    pieces = spanned(tokens, texts).with_columns(word=(~continues.fill_null(False)).cast(pl.Int64).cum_sum())
     first, last = start.min().over("word"), end.max().over("word")
     spelled = text.str.slice(first, last - first).str.strip_chars().str.to_lowercase()
     return pieces.select(KEY, "position", "word", word_text=spelled)

@@ -38,7 +38,7 @@ def expand_inputs(spec: InputSpec) -> list[Source]:
             try:
                 st = Path(path).stat()
             except OSError as e:  # a link in a folder that points nowhere, a file gone since it was listed
-                raise InputError(f"input {src.label} cannot be read: {e.strerror}") from None
+                raise InputError(f"input {src.label} cannot be read: {e.strerror or e}") from None
             key = (st.st_dev, st.st_ino) if st.st_ino else Path(path).resolve()
         if key not in first:
             first[key] = src.label

@@ -148,7 +148,7 @@ def by_words(
     lo, hi = weight.min(axis=1, keepdims=True), weight.max(axis=1, keepdims=True)
     scaled = np.where(hi > lo, (weight - lo) / np.where(hi > lo, hi - lo, 1), 0.0)  # (H, W)
     tokens = words["word_text"].gather(first).to_list()  # a word at its first token
-    out = _at(review, first, tokens=tokens, weight=weight, scaled=scaled, words=mode)
+    out = _at(review, first, tokens=tokens, weight=weight, scaled=scaled, words=mode, byte_level=False)
     if review.pairs is not None:
         full = np.zeros((len(word) + 2, len(first) + 2))  # (S, W + 2): [CLS] and [SEP] words of their own
         full[0, 0] = full[-1, -1] = 1
@@ -469,7 +469,7 @@ def review_for_plot(
                 read_manifest(run_dir), words, user_dict
             )
         elif words in (None, "auto"):
-            words = "jieba"  # for a text with Chinese characters; WordPiece's ## pieces for any other
+            words = "jieba"  # for a text with Chinese characters; the tokenizer's own words for any other
         if words in (None, "none"):
             raise SpecError(f"--unit word: {NO_WORDS}")
         review = by_words(review, words, user_dict, stored)

@@ -309,7 +309,7 @@ def _tokens_html(
                 parts += [
                     f"<h3>{unit.capitalize()}s, reviews predicted {esc(cls)} "
                     f"({group['class_reviews'][0]})</h3>",
-                    _top_table_html(group, "log_odds_z", byte_level),
+                    _top_table_html(group, "log_odds_z", byte_level and unit == "token"),
                 ]
     parts.append(
         "<h3>Each head's top tokens over all reviews, by mean scaled weight</h3>"
@@ -321,7 +321,8 @@ def _tokens_html(
             why = "passes the filter" if scored else "was counted: no review of this run was scored"
             parts.append(muted(f"No {unit} {why}."))
             continue
-        parts += [f"<h3>{unit.capitalize()}s, all reviews</h3>", _top_table_html(top, byte_level=byte_level)]
+        spelled = byte_level and unit == "token"  # a word's text is the review's own
+        parts += [f"<h3>{unit.capitalize()}s, all reviews</h3>", _top_table_html(top, byte_level=spelled)]
         if unit == "token":
             by_mean = agg.ranked(table, "mean_scaled")
             picture = png_bytes(top_heatmap(by_mean, layer, k, unit, byte_level), tight=False)

@@ -312,9 +312,14 @@ class RunDir:
                 f"{json.dumps(mine.get(k), ensure_ascii=False)}"
                 for k in diff
             )
+            same_words = (  # a run made before its tokenizer had words, or with others
+                f", or --words {theirs.get('words') or 'none'} (the job key words) to go on with its words"
+                if "words" in diff
+                else ""
+            )
             raise RunDirError(
                 f"{self.run_dir} was made by another job ({spelled}); pass --overwrite or choose "
-                "another --out"
+                f"another --out{same_words}"
             )
 
     def _clear(self) -> None:

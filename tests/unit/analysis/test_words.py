@@ -384,3 +384,40 @@ def test_reviews_finds_a_term_as_the_printouts_spell_it():
     assert found("a", byte_level=False) == ["a"] and found("good", byte_level=False) == []
     words = pl.LazyFrame({"term": [0, 1], "token": ["Good", "goods"]})
     assert named(words, "good", "word", False).collect()["token"].to_list() == ["Good"]
+
+
+def test_a_byte_level_tokenizers_words_are_the_texts_words():
+    """Pieces of a byte-level BPE tokenizer join into the words of the text, whatever their spaces and
+    line breaks (a trailing one makes no empty word), and print as the text spells them (no byte
+    decoding of 'café'); under jieba the Chinese reviews' words are jieba's."""
+    from helpers import byte_level_bpe
+
+    from bertattn_batch.analysis.spelling import readable
+    from bertattn_batch.extract.words import KEY, token_words
+    from bertattn_batch.render.plot import ReviewAttention, by_words
+
+    texts = ["good movie \n", "naïve  café\r\n\r\n", "the 好吃 food was great!! ok", "x" * 50 + " end"]
+    tok = byte_level_bpe(texts * 5, vocab_size=300)
+    columns = {KEY: [], "position": [], "token": [], "start": [], "end": []}
+    for i, text in enumerate(texts):
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        for p, (piece, (start, end)) in enumerate(zip(enc.tokens(), enc["offset_mapping"], strict=True), 1):
+            for key, value in zip(columns, (i, p, piece, start, end), strict=True):
+                columns[key].append(value)
+    for mode, chinese, marks in (("wordpiece", ["好", "吃"], "!!"), ("jieba", ["好吃"], "!")):
+        word, text = token_words(columns, texts, mode, continuation=None)
+        frame = pl.DataFrame({"review": columns[KEY], "word": word, "text": text})
+        words = frame.unique(["review", "word"], maintain_order=True)["text"].to_list()
+        assert words == [
+            *("good", "movie", "naïve", "café", "the", *chinese, "food", "was", "great", marks, "ok"),
+            *("x" * 50, "end"),
+        ], mode
+    first = [i for i, r in enumerate(columns[KEY]) if r == 1]
+    review = ReviewAttention(
+        "d", 0, [columns["token"][i] for i in first], list(range(len(first))),
+        [columns["position"][i] for i in first], np.ones((1, len(first))), np.ones((1, len(first))),
+        text=texts[1], starts=[columns["start"][i] for i in first], ends=[columns["end"][i] for i in first],
+        byte_level=True, continuation=None,
+    )  # fmt: skip
+    shown = by_words(review, "wordpiece")
+    assert readable(shown.tokens, shown.byte_level) == ["naïve", "café"]
