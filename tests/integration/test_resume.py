@@ -302,6 +302,17 @@ def test_a_resume_with_a_smaller_limit_is_refused_and_leaves_the_run_as_it_was(
     assert runner.invoke(app, ["validate", str(out)]).exit_code == 0
 
 
+def test_a_run_of_other_words_is_told_how_to_go_on_with_its_own(corpus, tiny_en_dir, tmp_path):
+    """A run made with no words (or before its tokenizer had them) and resumed under auto words is refused
+    with the --words that goes on with the run, and goes on with it."""
+    out = tmp_path / "run"
+    assert runner.invoke(app, [*_args(corpus, tiny_en_dir, out), "--words", "none"]).exit_code == 0
+    r = runner.invoke(app, [*_args(corpus, tiny_en_dir, out), "--incremental"])
+    assert r.exit_code == 1 and "or --words none (the job key words) to go on with its words" in r.output
+    r = runner.invoke(app, [*_args(corpus, tiny_en_dir, out), "--incremental", "--words", "none"])
+    assert r.exit_code == 0, r.output
+
+
 def test_a_model_folder_with_other_labels_tokenizer_or_config_beside_the_same_weights_is_refused(
     corpus, tiny_en_dir, tmp_path
 ):
