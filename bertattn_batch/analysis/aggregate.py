@@ -4,6 +4,7 @@ per-(layer, head, token or word, group) sums that add up across parts, so memory
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -533,7 +534,11 @@ def check_word_unit(manifest: Manifest, words: str | None = None, user_dict: str
     """SpecError where ``--unit word`` is asked of a run that, under ``words``, makes no words: checked
     before the work, as its aggregates would replace the run's own without their words."""
     if run_words(manifest, words, user_dict).rule is None:
-        why = "--words none turns them off" if words == "none" else NO_WORDS
+        why = NO_WORDS
+        if words == "none":
+            why = "--words none turns them off"
+        elif words not in (None, "auto"):  # a rule that reads the texts, of a run that stored none
+            why = f"{words} words need the reviews' texts, which this run did not store"
         raise SpecError(f"--unit word: {why}; use --unit token")
 
 
@@ -685,8 +690,12 @@ def named(texts: pl.LazyFrame, term: str, unit: str, byte_level: bool | None) ->
 
 
 def file_name(doc_id: str) -> str:
-    """A review's id made a plain file name in the current folder: '../x' and 'a/b' name no other."""
-    return re.sub(r"[^\w.-]+", "_", doc_id).lstrip(".")[:100] or "review"
+    """A review's id made a plain file name in the current folder: '../x' and 'a/b' name no other; an id
+    that had to change keeps a hash of itself, so that two ids (a/b, a_b) name two files."""
+    name = re.sub(r"[^\w.-]+", "_", doc_id).lstrip(".")[:100]
+    if name == doc_id:
+        return name
+    return f"{name or 'review'}-{hashlib.sha256(doc_id.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
 
 
 def format_reviews(

@@ -142,6 +142,10 @@ def test_words_need_no_stored_text(tiny_zh_dir, zh_run, tmp_path):
 
     review = review_for_plot(tmp_path / "lean", "seed", unit="word")
     assert review.text is None and review.tokens == review_for_plot(zh_run, "seed", unit="word").tokens
+    user = tmp_path / "user.txt"
+    user.write_text("超级差评 100 n\n", encoding="utf-8")
+    with pytest.raises(SpecError, match="jieba words need the reviews' texts, which this run did not"):
+        agg.check_word_unit(read_manifest(tmp_path / "lean"), "jieba", str(user))  # words made again
 
 
 USER_DICT = "超级差评 100 n\n服务态度超级差 50\n"
@@ -336,7 +340,7 @@ def test_a_suggested_plot_writes_into_the_current_folder_alone():
     for doc_id in ("../../etc", "a/b\nc", ".hidden", "/", "评论-1.x"):
         name = file_name(doc_id)
         assert name and "/" not in name and "\n" not in name and not name.startswith("."), name
-    assert file_name("评论-1.x") == "评论-1.x"
+    assert file_name("评论-1.x") == "评论-1.x" and file_name("a/b") != file_name("a_b") == "a_b"
 
 
 def test_wordpiece_words_follow_the_tokenizers_own_mark():
