@@ -555,6 +555,13 @@ def check_top_options(k: int, unit: str, split: str, measure: str = "mean_scaled
         )
 
 
+def shown_terms(top: pl.DataFrame, byte_level: bool | None) -> dict[str, str]:
+    """How each term of rows of one unit prints (:func:`~.spelling.readable_map`): a token as a reader
+    sees it, decoded where tokens spell bytes; a word as its review's text spells it, never decoded."""
+    words = not top.is_empty() and top["unit"][0] == "word"
+    return readable_map(top["token"].to_list(), False if words else byte_level)
+
+
 def format_top(
     table: pl.DataFrame,
     k: int = 5,
@@ -591,7 +598,7 @@ def format_top(
             f"{measure} compares a {split} with the others, and every scored review has {split} {classes}: "
             "nothing to contrast; rank by another measure (--rank-by mean_scaled)"
         )
-    shown = readable_map(top["token"].to_list(), byte_level and unit == "token")  # words are text
+    shown = shown_terms(top, byte_level)
     values = top.select("token", measure).rows()
     said = [f"{shown[t]} {f'{v:.3f}' if isinstance(v, float) else v}" for t, v in values]
     cells = top.with_columns(cell=pl.Series(said, dtype=pl.String))

@@ -258,7 +258,7 @@ def _matrix(conf: dict[str, Any], label_map: dict[str, str]) -> str:
 # -- top tokens ---------------------------------------------------------------------------------------
 def _top_table_html(top: pl.DataFrame, measure: str = "mean_scaled", byte_level: bool | None = None) -> str:
     """A row per head: its top tokens, each with its ``measure``."""
-    shown = readable_map(top["token"].to_list(), byte_level)
+    shown = agg.shown_terms(top, byte_level)
     cells: dict[int, list[str]] = {}
     for row in top.iter_rows(named=True):
         cells.setdefault(row["head"], []).append(f"{shown[row['token']]} ({row[measure]:.2f})")
@@ -309,7 +309,7 @@ def _tokens_html(
                 parts += [
                     f"<h3>{unit.capitalize()}s, reviews predicted {esc(cls)} "
                     f"({group['class_reviews'][0]})</h3>",
-                    _top_table_html(group, "log_odds_z", byte_level and unit == "token"),
+                    _top_table_html(group, "log_odds_z", byte_level),
                 ]
     parts.append(
         "<h3>Each head's top tokens over all reviews, by mean scaled weight</h3>"
@@ -321,8 +321,7 @@ def _tokens_html(
             why = "passes the filter" if scored else "was counted: no review of this run was scored"
             parts.append(muted(f"No {unit} {why}."))
             continue
-        spelled = byte_level and unit == "token"  # a word's text is the review's own
-        parts += [f"<h3>{unit.capitalize()}s, all reviews</h3>", _top_table_html(top, byte_level=spelled)]
+        parts += [f"<h3>{unit.capitalize()}s, all reviews</h3>", _top_table_html(top, byte_level=byte_level)]
         if unit == "token":
             by_mean = agg.ranked(table, "mean_scaled")
             picture = png_bytes(top_heatmap(by_mean, layer, k, unit, byte_level), tight=False)

@@ -336,12 +336,12 @@ def save_manifest(run_dir: Path, manifest: Manifest) -> None:
         raise WriteError(f"writing {run_dir / MANIFEST} failed: {e.strerror or e}") from e
 
 
-def row_range_problems(parts: Iterable[tuple[int, int, int]]) -> list[str]:
-    """What is wrong with committed parts' (generation, start_row, end_row): the first pass must tile
-    rows 0..N-1 without a gap, and no pass may hold a row twice."""
+def row_range_problems(parts: Iterable[PartEntry]) -> list[str]:
+    """What is wrong with committed parts' row ranges: the first pass must tile rows 0..N-1 without a
+    gap, and no pass may hold a row twice."""
     by_gen: dict[int, list[tuple[int, int]]] = {}
-    for gen, start, end in parts:
-        by_gen.setdefault(gen, []).append((start, end))
+    for p in parts:
+        by_gen.setdefault(p.generation, []).append((p.start_row, p.end_row))
     problems = []
     for gen, ranges in sorted(by_gen.items()):
         ranges.sort()

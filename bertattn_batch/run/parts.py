@@ -191,9 +191,10 @@ def check_part(
             if not storage.is_file(path):
                 problem = "is committed in the manifest but missing"
             raise RunDirError(f"{run_dir}: {name} {problem}; {DAMAGED}") from None
-        ordered = table == "predictions" and meta.num_rows
-        span = _row_index_range(meta) if ordered and "row_index" in meta.schema.names else None
-        if ordered and "row_index" not in meta.schema.names:
+        ordered = table == "predictions" and meta.num_rows > 0
+        indexed = "row_index" in meta.schema.names
+        span = _row_index_range(meta) if ordered and indexed else None
+        if ordered and not indexed:
             problem = "has no row_index column"
         elif meta.num_rows != part.rows[table]:
             problem = f"holds {meta.num_rows} rows where its commit recorded {part.rows[table]}"
@@ -226,6 +227,13 @@ class CommittedPart:
     files: dict[str, Any]  # table -> absolute path, or URI on a store
 
 
+def check_row_ranges(run_dir: str | Path, parts: list[PartEntry], then: str = DAMAGED) -> None:
+    """RunDirError where committed parts leave input rows out or hold one twice (:func:`row_range_problems`):
+    a manifest edited or restored; ``then``: what the user may do."""
+    for problem in row_range_problems(parts):
+        raise RunDirError(f"{run_dir}: {problem} (was the manifest edited or restored?); {then}")
+
+
 def committed_files(
     run_dir: str | Path, tables: tuple[str, ...] | list[str] = TABLES, verify: bool = False
 ) -> list[CommittedPart]:
@@ -233,8 +241,7 @@ def committed_files(
     RunDirError where the parts leave input rows out (a manifest edited or restored)."""
     run_dir = storage.normalize(run_dir)
     parts = read_manifest(run_dir).parts
-    for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in parts):
-        raise RunDirError(f"{run_dir}: {problem} (was the manifest edited or restored?); {DAMAGED}")
+    check_row_ranges(run_dir, parts)
     out = []
     for part in sorted(parts, key=lambda p: p.name):
         files = check_part(run_dir, part, tables)

@@ -54,11 +54,10 @@ from .manifest import (
     log_commit,
     manifest_text,
     read_manifest,
-    row_range_problems,
     save_manifest,
     tmp_name,
 )
-from .parts import PartWriter, check_part, run_file
+from .parts import PartWriter, check_part, check_row_ranges, run_file
 
 log = logging.getLogger(__name__)
 
@@ -276,11 +275,7 @@ class RunDir:
         self._sweep()
         for p in self.parts:
             check_part(self.run_dir, p, tuple(p.files))
-        for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in self.parts):
-            raise RunDirError(
-                f"{self.run_dir}: {problem} (was the manifest edited or restored?); "
-                "pass --overwrite to start the run again"
-            )
+        check_row_ranges(self.run_dir, self.parts, then="pass --overwrite to start the run again")
 
     def _sweep(self) -> None:
         """Roll committed parts forward; remove every file in a table folder the manifest does not list."""

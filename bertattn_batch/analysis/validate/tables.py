@@ -58,7 +58,7 @@ def report_rows(rec: ValidationReport, check: str, rows: pl.DataFrame, message: 
 def check_predictions(rec: ValidationReport, run: RunView) -> dict[str, int]:
     """row_index, doc_id and predictions checks over every readable predictions part; status counts."""
     parts = [p for p in run.parts if "predictions" in p.readable]
-    for problem in row_range_problems((p.generation, p.start_row, p.end_row) for p in run.parts):
+    for problem in row_range_problems(run.parts):
         rec.fail("row_index", problem)  # generation 0 tiles 0..N-1, no generation holds a row twice
     if not parts:
         for check in ("row_index", "doc_id", "predictions"):

@@ -425,3 +425,13 @@ def test_a_byte_level_tokenizers_words_are_the_texts_words():
     )  # fmt: skip
     shown = by_words(review, "wordpiece")
     assert readable(shown.tokens, shown.byte_level) == ["naïve", "café"]
+
+
+def test_printed_words_are_never_byte_decoded():
+    """A word is its review's text: 'café' prints 'café' in a byte-level run (and where the run does not
+    say), while that run's tokens are decoded ('Ġgood' reads 'good', 'cafÃ©' reads 'café')."""
+    words = pl.DataFrame({"unit": ["word", "word"], "token": ["café", "naïve"]})
+    for byte_level in (True, None):
+        assert agg.shown_terms(words, byte_level) == {"café": "café", "naïve": "naïve"}
+    tokens = pl.DataFrame({"unit": ["token", "token"], "token": ["Ġgood", "cafÃ©"]})
+    assert agg.shown_terms(tokens, True) == {"Ġgood": "good", "cafÃ©": "café"}
